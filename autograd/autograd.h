@@ -1,0 +1,44 @@
+// autograd/autograd.h: running recorded graphs backward (the engine), grad(), gradcheck, Graphviz
+// export. Recording itself happens in ops/ (ops/record.h); the graph's types are in core/node.h.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include "autograd/function.h"
+#include "core/grad_mode.h"
+#include "core/saved_tensor.h"
+#include "core/tensor.h"
+
+namespace kiln::autograd {
+
+// Accumulates d(sum_i <tensors[i], grad_tensors[i]>)/d(leaf) into every leaf's .grad(). An empty
+// grad_tensors means ones for single-element tensors. retain_graph keeps saved tensors for another
+// backward; create_graph records the backward itself, for higher-order derivatives.
+void backward(const TensorList& tensors, const TensorList& grad_tensors = {}, bool retain_graph = false,
+              bool create_graph = false);
+
+// d(sum_i <outputs[i], grad_outputs[i]>)/d(inputs[j]) for each j, without touching .grad().
+// retain_graph defaults to create_graph, as in PyTorch. allow_unused: an input the outputs do not
+// depend on gets an undefined tensor instead of an Error.
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs = {},
+                std::optional<bool> retain_graph = {}, bool create_graph = false, bool allow_unused = false);
+
+// Finite-difference checks in float64 (central differences), against the backward with a random
+// cotangent: pass when |analytic - numeric| <= atol + rtol * |numeric| everywhere.
+struct GradcheckOptions {
+  double eps = 1e-6;
+  double atol = 1e-5;
+  double rtol = 1e-3;
+  uint64_t seed = 0;            // of the random cotangents
+  bool raise_exception = true;  // throw an Error describing the first mismatch (else return false)
+};
+using DifferentiableFn = std::function<TensorList(const TensorList&)>;
+bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& options = {});
+// The same check applied to the backward of fn (derivatives of the vector-Jacobian product).
+bool gradgradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& options = {});
+
+// The graph that produced `t`, in Graphviz's DOT language (`dot -Tpng graph.dot -o graph.png`).
+std::string to_dot(const Tensor& t);
+
+}  // namespace kiln::autograd

@@ -1,0 +1,237 @@
+// autograd/engine.cpp: runs a recorded graph backward.
+//
+// 1. Walk the graph from the roots and count, for each node, how many edges point at it.
+// 2. Start from the roots with their gradients; a node runs once every edge into it has delivered
+//    (its count reaches 0). Among ready nodes the most recently created runs first, as in PyTorch.
+// 3. A node's outputs are added into the input buffers of the nodes its edges point to.
+// 4. Unless retain_graph, each node frees what it saved once it has run; running it again is the
+//    "backward through the graph a second time" Error.
+// grad() runs the same walk but only the nodes that lead to the requested inputs, and reads the
+// gradients arriving there instead of accumulating into leaves.
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "autograd/autograd.h"
+#include "ops/ops.h"
+#include "ops/record.h"
+
+namespace kiln::autograd {
+
+TensorList AutogradContext::get_saved_variables() const {
+  TensorList out;
+  for (const auto& s : saved_) out.push_back(s.unpack("CppFunction"));
+  return out;
+}
+
+void AutogradContext::wire_saved(const TensorList& outputs) {
+  for (const auto& t : to_save_) {
+    bool is_output = false;
+    for (const auto& o : outputs) is_output |= t.defined() && o.defined() && t.is_same(o);
+    saved_.emplace_back(t, is_output);  // outputs without their grad_fn: see Note [saving outputs]
+  }
+  to_save_.clear();
+}
+
+namespace {
+
+struct Capture {  // grad(): read the gradient arriving at (node, input_nr)
+  Node* node;
+  uint32_t input_nr;
+};
+
+TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, bool keep_graph, bool create_graph,
+               const std::vector<Capture>* captures) {
+  // 1. Dependencies.
+  std::unordered_map<Node*, int> deps;
+  std::unordered_map<Node*, std::shared_ptr<Node>> alive;  // keeps every node alive while we run
+  std::vector<Node*> stack;
+  for (const auto& e : roots) {
+    if (alive.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
+  }
+  std::vector<Node*> order;  // discovery order, for the "needed" pass
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    order.push_back(n);
+    for (const auto& e : n->next_edges) {
+      if (!e.valid()) continue;
+      ++deps[e.fn.get()];
+      if (alive.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
+    }
+  }
+  // grad(): a node is needed when a captured gradient is reachable from it.
+  std::unordered_set<Node*> needed;
+  if (captures) {
+    std::unordered_set<Node*> targets;
+    for (const auto& c : *captures) targets.insert(c.node);
+    bool changed = true;
+    for (auto* n : order)
+      if (targets.count(n)) needed.insert(n);
+    while (changed) {  // graphs are small next to their tensors; a fixed point is cheap enough
+      changed = false;
+      for (auto* n : order) {
+        if (needed.count(n)) continue;
+        for (const auto& e : n->next_edges) {
+          if (e.valid() && needed.count(e.fn.get())) {
+            needed.insert(n);
+            changed = true;
+            break;
+          }
+        }
+      }
+    }
+  }
+  TensorList captured(captures ? captures->size() : 0);
+
+  // 2. Input buffers and the ready queue.
+  std::unordered_map<Node*, TensorList> buffers;
+  auto deliver = [&](Node* n, uint32_t slot, Tensor g) {
+    TensorList& buf = buffers[n];
+    if (buf.empty()) buf.resize(n->num_outputs);
+    KILN_CHECK(slot < buf.size(), "autograd: internal error: gradient slot {} of {} ({} slots)", slot, n->name(),
+               buf.size());
+    if (!g.defined()) return;
+    buf[slot] = buf[slot].defined() ? ops::add(buf[slot], g) : std::move(g);
+  };
+  auto later_first = [](Node* a, Node* b) { return a->sequence_nr < b->sequence_nr; };
+  std::priority_queue<Node*, std::vector<Node*>, decltype(later_first)> ready(later_first);
+  for (size_t i = 0; i < roots.size(); ++i) deliver(roots[i].fn.get(), roots[i].input_nr, root_grads[i]);
+  std::unordered_set<Node*> started;
+  for (const auto& e : roots) {
+    if (deps[e.fn.get()] == 0 && started.insert(e.fn.get()).second) ready.push(e.fn.get());
+  }
+
+  AutoGradMode mode(create_graph);
+  while (!ready.empty()) {
+    Node* n = ready.top();
+    ready.pop();
+    TensorList grads = std::move(buffers[n]);
+    buffers.erase(n);
+    grads.resize(n->num_outputs);
+    for (const auto& hook : n->pre_hooks) {
+      if (hook.output_nr < grads.size() && grads[hook.output_nr].defined()) {
+        Tensor r = hook.fn(grads[hook.output_nr]);
+        if (r.defined()) grads[hook.output_nr] = r;
+      }
+    }
+    if (captures) {
+      for (size_t i = 0; i < captures->size(); ++i) {
+        const Capture& c = (*captures)[i];
+        if (c.node == n && c.input_nr < grads.size()) captured[i] = grads[c.input_nr];
+      }
+    }
+    const bool is_leaf_node = dynamic_cast<AccumulateGrad*>(n) != nullptr;
+    bool any_grad = false;
+    for (const auto& g : grads) any_grad |= g.defined();
+    TensorList outputs;
+    if (any_grad && !(captures && (!needed.count(n) || is_leaf_node))) {
+      outputs = n->apply(std::move(grads));
+      if (!keep_graph) n->release_saved();
+    }
+    outputs.resize(n->next_edges.size());
+    for (size_t i = 0; i < n->next_edges.size(); ++i) {
+      const Edge& e = n->next_edges[i];
+      if (!e.valid()) continue;
+      deliver(e.fn.get(), e.input_nr, std::move(outputs[i]));
+      if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
+    }
+  }
+  return captured;
+}
+
+// The root gradient for `t`: the given one (checked), or 1 for a single element.
+Tensor root_grad(const Tensor& t, const Tensor& given, size_t i) {
+  if (given.defined()) {
+    KILN_CHECK(given.sizes() == t.sizes(),
+               "backward: the gradient for output {} has shape {} but the output has shape {}", i,
+               given.sizes().str(), t.sizes().str());
+    return given;
+  }
+  KILN_CHECK(t.numel() == 1,
+             "backward: a gradient can be created implicitly only for single-element outputs; output {} has "
+             "shape {}, so pass a gradient of that shape (e.g. ones_like(out))",
+             i, t.sizes().str());
+  return ones_like(t);
+}
+
+std::vector<Edge> root_edges(const TensorList& tensors, const char* op) {
+  std::vector<Edge> roots;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    KILN_CHECK(tensors[i].defined() && tensors[i].requires_grad(),
+               "{}: element {} of the outputs does not require grad and has no grad_fn: nothing to "
+               "differentiate (was it computed under no_grad, or from tensors without requires_grad?)",
+               op, i);
+    roots.push_back(gradient_edge(tensors[i]));
+  }
+  return roots;
+}
+
+}  // namespace
+
+void backward(const TensorList& tensors, const TensorList& grad_tensors, bool retain_graph, bool create_graph) {
+  KILN_CHECK(grad_tensors.empty() || grad_tensors.size() == tensors.size(),
+             "backward: got {} gradients for {} outputs", grad_tensors.size(), tensors.size());
+  std::vector<Edge> roots = root_edges(tensors, "backward");
+  TensorList grads;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    grads.push_back(root_grad(tensors[i], grad_tensors.empty() ? Tensor() : grad_tensors[i], i));
+  }
+  run(roots, grads, retain_graph || create_graph, create_graph, nullptr);
+}
+
+TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
+                std::optional<bool> retain_graph, bool create_graph, bool allow_unused) {
+  KILN_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(),
+             "grad: got {} grad_outputs for {} outputs", grad_outputs.size(), outputs.size());
+  std::vector<Edge> roots = root_edges(outputs, "grad");
+  TensorList grads;
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    grads.push_back(root_grad(outputs[i], grad_outputs.empty() ? Tensor() : grad_outputs[i], i));
+  }
+  std::vector<Capture> captures;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    KILN_CHECK(inputs[i].defined() && inputs[i].requires_grad(),
+               "grad: input {} does not require grad; call requires_grad_() on it before computing", i);
+    Edge e = gradient_edge(inputs[i]);
+    captures.push_back({e.fn.get(), e.input_nr});
+  }
+  TensorList result = run(roots, grads, retain_graph.value_or(create_graph), create_graph, &captures);
+  for (size_t i = 0; i < result.size(); ++i) {
+    KILN_CHECK(result[i].defined() || allow_unused,
+               "grad: input {} was not used to compute the outputs; pass allow_unused=true if that is expected", i);
+  }
+  return result;
+}
+
+}  // namespace kiln::autograd
+
+namespace kiln {
+
+void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph) const {
+  autograd::backward({*this}, gradient.defined() ? autograd::TensorList{gradient} : autograd::TensorList{},
+                     retain_graph, create_graph);
+}
+
+void Tensor::register_hook(TensorHook fn) const {
+  KILN_CHECK(requires_grad(), "register_hook: the tensor does not require grad, so no gradient will reach it");
+  if (is_leaf()) impl_->leaf_hooks.push_back(std::move(fn));
+  else impl_->grad_fn->pre_hooks.push_back({impl_->output_nr, std::move(fn)});
+}
+
+void Tensor::retain_grad() const {
+  KILN_CHECK(requires_grad(), "retain_grad: the tensor does not require grad");
+  if (is_leaf() || impl_->retains_grad) return;  // leaves keep .grad() anyway
+  impl_->retains_grad = true;
+  std::weak_ptr<TensorImpl> weak = impl_;  // weak: the node must not keep its own output alive
+  impl_->grad_fn->pre_hooks.push_back({impl_->output_nr, [weak](const Tensor& g) -> Tensor {
+                                         if (auto impl = weak.lock()) {
+                                           Tensor copy = GradMode::is_enabled() ? g : g.detach().clone();
+                                           impl->grad = impl->grad ? ops::add(Tensor(impl->grad), copy).impl_ptr()
+                                                                   : copy.impl_ptr();
+                                         }
+                                         return Tensor();
+                                       }});
+}
+
+}  // namespace kiln

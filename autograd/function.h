@@ -1,0 +1,117 @@
+// autograd/function.h: user-defined differentiable functions, as LibTorch's torch::autograd::Function:
+//
+//   struct Cube : autograd::Function<Cube> {
+//     static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x) {
+//       ctx->save_for_backward({x});
+//       return x * x * x;
+//     }
+//     static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
+//       Tensor x = ctx->get_saved_variables()[0];
+//       return {g[0] * 3 * x * x};
+//     }
+//   };
+//   Tensor y = Cube::apply(x);
+//
+// forward runs with recording off and returns a Tensor or a TensorList; backward returns one gradient
+// per forward argument (an undefined Tensor for arguments that are not tensors or need none).
+#pragma once
+
+#include <any>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <unordered_map>
+#include <vector>
+
+#include "core/grad_mode.h"
+#include "core/node.h"
+#include "core/saved_tensor.h"
+#include "core/tensor.h"
+
+namespace kiln::autograd {
+
+// Defined in ops/record.cpp.
+Edge gradient_edge(const Tensor& t);
+bool should_record(const std::vector<Tensor>& inputs);
+
+class AutogradContext {
+ public:
+  void save_for_backward(TensorList tensors) { to_save_ = std::move(tensors); }
+  TensorList get_saved_variables() const;
+  bool needs_input_grad(size_t i) const { return i < needs_.size() && needs_[i]; }
+  std::unordered_map<std::string, std::any> saved_data;  // anything else backward needs
+
+ private:
+  template <class T> friend struct Function;
+  template <class T> friend class CppNode;
+  void wire_saved(const TensorList& outputs);
+  TensorList to_save_;
+  std::vector<SavedTensor> saved_;
+  std::vector<bool> needs_;
+  bool released_ = false;
+};
+
+template <class T>
+class CppNode final : public Node {
+ public:
+  const char* name() const override { return "CppFunction"; }
+  TensorList apply(TensorList&& grads) override {
+    KILN_CHECK(!ctx.released_,
+               "CppFunction: trying to backward through the graph a second time; pass retain_graph=true "
+               "to the first backward()");
+    ctx.needs_.resize(next_edges.size());
+    for (size_t i = 0; i < next_edges.size(); ++i) ctx.needs_[i] = next_edges[i].valid();
+    TensorList out = T::backward(&ctx, std::move(grads));
+    KILN_CHECK(out.size() >= next_edges.size(),
+               "CppFunction: backward returned {} gradients but forward took {} arguments", out.size(),
+               next_edges.size());
+    out.resize(next_edges.size());
+    return out;
+  }
+  void release_saved() override {
+    ctx.saved_.clear();
+    ctx.released_ = true;
+  }
+  AutogradContext ctx;
+};
+
+template <class T>
+struct Function {
+  template <typename... Args>
+  static auto apply(Args&&... args) {
+    auto node = std::make_shared<CppNode<T>>();
+    TensorList inputs;
+    (inputs.push_back(as_tensor(args)), ...);
+    const bool record = should_record(inputs);
+    using Out = decltype(T::forward(&node->ctx, std::forward<Args>(args)...));
+    Out out = [&] {
+      AutoGradMode off(false);
+      return T::forward(&node->ctx, std::forward<Args>(args)...);
+    }();
+    if (record) {
+      for (const auto& t : inputs) node->next_edges.push_back(gradient_edge(t));
+      TensorList outputs;
+      if constexpr (std::is_same_v<Out, Tensor>) outputs = {out};
+      else outputs = out;
+      node->num_outputs = static_cast<uint32_t>(outputs.size());
+      for (size_t i = 0; i < outputs.size(); ++i) {
+        if (!outputs[i].defined() || !outputs[i].is_floating_point()) continue;
+        outputs[i].impl()->grad_fn = node;
+        outputs[i].impl()->output_nr = static_cast<uint32_t>(i);
+      }
+      node->ctx.wire_saved(outputs);
+    } else {
+      node->ctx.wire_saved({});
+    }
+    return out;
+  }
+
+ private:
+  template <typename A>
+  static Tensor as_tensor(const A& a) {
+    if constexpr (std::is_convertible_v<const A&, const Tensor&>) return a;
+    else return Tensor();
+  }
+};
+
+}  // namespace kiln::autograd

@@ -1,0 +1,49 @@
+// bench_gemm: BENCHMARKS.md workload "a. gemm" for Kiln: C = A B, square float32 n x n, inputs
+// uniform [0, 1); 2 warm-up calls, then single calls timed until at least 5 calls and 1 s;
+// GFLOP/s = 2 n^3 / median. One JSON line per n. Anchor: benchmarks/anchors/anchor_gemm.cpp.
+//   bench_gemm [--sizes 256,512,1024,2048]
+#include <kiln/kiln.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+using namespace kiln;
+
+int main(int argc, char** argv) {
+  std::vector<int64_t> sizes = {256, 512, 1024, 2048};
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--sizes" && i + 1 < argc) {
+      sizes.clear();
+      std::stringstream list(argv[++i]);
+      for (std::string item; std::getline(list, item, ',');) sizes.push_back(std::stoll(item));
+    } else {
+      std::fprintf(stderr, "usage: %s [--sizes 256,512,1024,2048]\n", argv[0]);
+      return 2;
+    }
+  }
+  using Clock = std::chrono::steady_clock;
+  for (int64_t n : sizes) {
+    Tensor a = rand({n, n}), b = rand({n, n});
+    for (int w = 0; w < 2; ++w) matmul(a, b);
+    std::vector<double> times;
+    auto start = Clock::now();
+    while (times.size() < 5 || std::chrono::duration<double>(Clock::now() - start).count() < 1.0) {
+      auto t0 = Clock::now();
+      Tensor c = matmul(a, b);
+      times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    std::sort(times.begin(), times.end());
+    double median = times[times.size() / 2];
+    std::printf("{\"bench\":\"gemm\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,\"n\":%lld,"
+                "\"gflops_%lld\":%.2f,\"median_s\":%.6g,\"calls\":%zu}\n",
+                get_num_threads(), static_cast<long long>(n), static_cast<long long>(n),
+                2.0 * n * n * n / median / 1e9, median, times.size());
+    std::fflush(stdout);
+  }
+  return 0;
+}

@@ -1,0 +1,119 @@
+// core/backend.h: the kernel contract every device backend implements (cpu/, cuda/).
+//
+// A kernel sees raw strided views and a stream, never a Tensor: no autograd, no shape rules, no
+// allocation. ops/ has already checked the arguments, broadcast the inputs (a broadcast dim has
+// stride 0), promoted dtypes and allocated the output; kernels only compute. Strides are in
+// elements and may be 0 (broadcast) or negative (flip). See docs/tensors-and-autograd.md.
+//
+// ops/dispatch.cpp is the one place that picks a backend for a device.
+#pragma once
+
+#include <cstdint>
+
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/scalar.h"
+#include "core/shape.h"
+
+namespace kiln {
+
+// A tensor as a kernel sees it: a pointer to element 0, the dtype, sizes and strides.
+struct View {
+  void* data = nullptr;
+  DType dtype = kFloat32;
+  Shape sizes;
+  Shape strides;
+
+  int ndim() const { return sizes.size(); }
+  int64_t numel() const { return sizes.numel(); }
+  bool is_contiguous() const;  // row-major with no gaps (size-1 dims may have any stride)
+  template <typename T> T* ptr() const { return static_cast<T*>(data); }
+};
+
+// A device's work queue; the CPU runs everything in order and ignores it.
+struct Stream {
+  Device device;
+  void* handle = nullptr;  // cudaStream_t on CUDA
+};
+
+enum class UnaryOp : uint8_t {
+  Neg, Abs, Sign, Exp, Log, Log1p, Expm1, Sqrt, Rsqrt, Reciprocal, Sin, Cos, Tanh, Sigmoid,
+  Relu, GeluErf, GeluTanh, Silu, Softplus, Erf, Square,
+  PowScalar,  // x^a            (args.a)
+  Clamp,      // min(max(x, a), b) with a = -inf / b = +inf meaning "no bound"
+  LogicalNot, // output bool
+};
+struct UnaryArgs {
+  double a = 0, b = 0;
+};
+
+enum class BinaryOp : uint8_t {
+  Add, Sub,  // a + alpha * b, a - alpha * b
+  Mul, Div, Pow, Maximum, Minimum,
+  Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,  // output bool
+};
+constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
+
+enum class ReduceOp : uint8_t { Sum, Prod, Max, Min, ArgMax, ArgMin, All, Any };
+
+enum class RandomKind : uint8_t {
+  Uniform,    // U[a, b)
+  Normal,     // N(a, b^2)
+  Randint,    // integers in [a, b)
+  Bernoulli,  // 1 with probability a
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // -- memory --
+  virtual Allocator& allocator(int device_index) = 0;
+  virtual Stream current_stream(int device_index) = 0;
+  virtual void synchronize(int device_index) = 0;
+  // dst = src, converting dtype; src is broadcast to dst's shape. Either side may be on the CPU when
+  // this is a device backend (host <-> device copies are the device backend's job).
+  virtual void copy(const View& src, Device src_device, const View& dst, Device dst_device,
+                    const Stream& s) = 0;
+  virtual void fill(const View& out, const Scalar& value, const Stream& s) = 0;
+  // out[i] = start + i * step along the flattened (contiguous) out.
+  virtual void arange(const View& out, double start, double step, const Stream& s) = 0;
+  // See Note [random element mapping] in core/generator.h.
+  virtual void random(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a,
+                      double b, const Stream& s) = 0;
+
+  // -- elementwise: inputs already have out's shape (stride 0 where broadcast) and dtype (but the
+  //    bool outputs of comparisons and LogicalNot) --
+  virtual void unary(UnaryOp op, const View& in, const View& out, UnaryArgs args,
+                     const Stream& s) = 0;
+  virtual void binary(BinaryOp op, const View& a, const View& b, const View& out, double alpha,
+                      const Stream& s) = 0;
+  virtual void where(const View& cond, const View& a, const View& b, const View& out,
+                     const Stream& s) = 0;
+
+  // -- reductions: out has in's rank with size 1 in each reduced dim; ArgMax/ArgMin write int64
+  //    and reduce exactly one dim (or the whole tensor, flattened, when out has one element) --
+  virtual void reduce(ReduceOp op, const View& in, const View& out, const Stream& s) = 0;
+
+  // -- linear algebra: c[..., M, N] = a[..., M, K] @ b[..., K, N]; batch dims already broadcast --
+  virtual void matmul(const View& a, const View& b, const View& c, const Stream& s) = 0;
+
+  // -- softmax along `dim` (log_softmax when log is true) --
+  virtual void softmax(const View& in, const View& out, int dim, bool log, const Stream& s) = 0;
+
+  // -- indexing: index is int64; out[..., i, ...] = in[..., index[i], ...] along dim --
+  virtual void index_select(const View& in, int dim, const View& index, const View& out,
+                            const Stream& s) = 0;
+  // out[..., index[i], ...] += src[..., i, ...] along dim
+  virtual void index_add(const View& out, int dim, const View& index, const View& src,
+                         const Stream& s) = 0;
+  // out[i][j] = in[i][index[i][j]] (dim 1; likewise for any dim); index has out's shape
+  virtual void gather(const View& in, int dim, const View& index, const View& out,
+                      const Stream& s) = 0;
+  // out[i][index[i][j]] = src[i][j] (or += when accumulate)
+  virtual void scatter(const View& out, int dim, const View& index, const View& src,
+                       bool accumulate, const Stream& s) = 0;
+};
+
+}  // namespace kiln

@@ -1,0 +1,128 @@
+// core/core.cpp: the small out-of-line pieces of core: errors, dtype names and promotion, devices,
+// shapes, views, grad mode, the node counter and the default generator.
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+
+#include "core/backend.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/generator.h"
+#include "core/grad_mode.h"
+#include "core/node.h"
+#include "core/shape.h"
+#include "core/tensor_impl.h"
+
+namespace kiln {
+
+void throw_error(std::string message) { throw Error(std::move(message)); }
+
+// ---- dtypes ----
+
+std::string_view dtype_name(DType t) {
+  switch (t) {
+    case DType::Bool: return "bool";
+    case DType::Int32: return "int32";
+    case DType::Int64: return "int64";
+    case DType::Float16: return "float16";
+    case DType::BFloat16: return "bfloat16";
+    case DType::Float32: return "float32";
+    case DType::Float64: return "float64";
+  }
+  return "unknown";
+}
+
+DType promote_types(DType a, DType b) {
+  if (a == b) return a;
+  if (a > b) std::swap(a, b);  // now a < b in the enum's order
+  // bool < int32 < int64 < {float16, bfloat16} < float32 < float64; the two 16-bit floats meet at
+  // float32 (neither holds the other's range and precision).
+  if (a == DType::Float16 && b == DType::BFloat16) return DType::Float32;
+  return b;
+}
+
+// ---- devices ----
+
+Device Device::parse(std::string_view text) {
+  if (text == "cpu") return cpu();
+  if (text == "cuda") return cuda(0);
+  if (text.starts_with("cuda:")) {
+    std::string_view num = text.substr(5);
+    int index = -1;
+    auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), index);
+    if (ec == std::errc() && end == num.data() + num.size() && index >= 0 && index < 4096) {
+      return cuda(index);
+    }
+  }
+  KILN_FAIL("Device: cannot parse \"{}\"; expected \"cpu\", \"cuda\" or \"cuda:N\"", text);
+}
+
+std::string Device::str() const {
+  return is_cpu() ? std::string("cpu") : fmt::format("cuda:{}", index);
+}
+
+// ---- shapes ----
+
+std::string Shape::str() const {
+  std::string s = "[";
+  for (int i = 0; i < n_; ++i) s += (i ? ", " : "") + std::to_string(d_[i]);
+  return s + "]";
+}
+
+Shape contiguous_strides(const Shape& sizes) {
+  Shape strides = Shape::filled(sizes.size(), 1);
+  int64_t running = 1;
+  for (int i = sizes.size() - 1; i >= 0; --i) {
+    strides[i] = running;
+    running *= std::max<int64_t>(sizes[i], 1);
+  }
+  return strides;
+}
+
+int wrap_dim(int64_t dim, int ndim, const char* op) {
+  int64_t n = std::max(ndim, 1);
+  KILN_CHECK(dim >= -n && dim < n,
+             "{}: dim {} is out of range for a tensor of {} dimension{} (expected {}..{})", op, dim,
+             ndim, ndim == 1 ? "" : "s", -n, n - 1);
+  return static_cast<int>(dim < 0 ? dim + n : dim);
+}
+
+static bool strides_are_contiguous(const Shape& sizes, const Shape& strides) {
+  int64_t expected = 1;
+  for (int i = sizes.size() - 1; i >= 0; --i) {
+    if (sizes[i] == 1) continue;  // a size-1 dim's stride never matters
+    if (strides[i] != expected) return sizes.numel() == 0;
+    expected *= sizes[i];
+  }
+  return true;
+}
+bool View::is_contiguous() const { return strides_are_contiguous(sizes, strides); }
+bool TensorImpl::is_contiguous() const { return strides_are_contiguous(sizes, strides); }
+
+// ---- autograd state that core carries ----
+
+namespace {
+thread_local bool grad_mode_enabled = true;
+std::atomic<uint64_t> next_sequence_nr{0};
+}  // namespace
+bool GradMode::is_enabled() { return grad_mode_enabled; }
+void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
+
+autograd::Node::Node() : sequence_nr(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
+
+namespace {
+thread_local autograd::Node* running_node = nullptr;
+}
+autograd::Node* autograd::current_node() { return running_node; }
+autograd::CurrentNodeGuard::CurrentNodeGuard(Node* n) : prev_(running_node) { running_node = n; }
+autograd::CurrentNodeGuard::~CurrentNodeGuard() { running_node = prev_; }
+
+// ---- random ----
+
+Generator& default_generator() {
+  static Generator gen;
+  return gen;
+}
+void manual_seed(uint64_t seed) { default_generator().manual_seed(seed); }
+
+}  // namespace kiln

@@ -1,0 +1,65 @@
+// core/generator.h: Generator, the state of random number generation: a seed and an offset.
+//
+// Note [random element mapping]
+// A random op over n elements reserves counters [offset, offset + ceil(n / 2)) and advances the
+// offset past them; element i uses the two 32-bit words of counter offset + i / 2 (the first or the
+// second pair of Philox's four words). From those two words:
+//   uniform float:  (w0 >> 8) * 2^-24                     in [0, 1)
+//   uniform double: ((w0 << 21) ^ (w1 >> 11)) * 2^-53      in [0, 1)
+//   normal:         Box-Muller on u1 = ((w0 >> 8) + 1) * 2^-24 in (0, 1], u2 = (w1 >> 8) * 2^-24,
+//                   computed in double, rounded to the output dtype
+//   integers:       the 64-bit word (w0 << 32 | w1) reduced into the range
+// The CPU and CUDA backends implement this same mapping, so a seed gives the same tensor anywhere.
+// The numbers differ from PyTorch's (which uses Mersenne Twister on the CPU).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+
+namespace kiln {
+
+class Generator {
+ public:
+  static constexpr uint64_t kDefaultSeed = 67280421310721ull;  // PyTorch's default seed
+
+  explicit Generator(uint64_t seed = kDefaultSeed) : seed_(seed) {}
+
+  void manual_seed(uint64_t seed) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    seed_ = seed;
+    offset_ = 0;
+  }
+  uint64_t seed() const { return seed_; }
+  uint64_t offset() const { return offset_; }
+
+  struct State {
+    uint64_t seed;
+    uint64_t offset;
+  };
+  State get_state() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {seed_, offset_};
+  }
+  void set_state(State s) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    seed_ = s.seed;
+    offset_ = s.offset;
+  }
+  // Reserves the counters for `numel` elements; returns the state the draw must use.
+  State reserve(int64_t numel) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    State s{seed_, offset_};
+    offset_ += static_cast<uint64_t>(numel + 1) / 2;
+    return s;
+  }
+
+ private:
+  std::mutex mutex_;
+  uint64_t seed_;
+  uint64_t offset_ = 0;
+};
+
+Generator& default_generator();  // the process-wide generator every random op uses by default
+void manual_seed(uint64_t seed);  // seeds it, like torch::manual_seed
+
+}  // namespace kiln

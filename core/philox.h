@@ -1,0 +1,47 @@
+// core/philox.h: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", 2011),
+// the counter-based generator behind every random op on every device.
+//
+// A counter-based generator is a pure function: (counter, key) -> four 32-bit words. Element i of a
+// random tensor reads the words of counter `offset + i / 2` (two words per element, see
+// Note [random element mapping] in core/generator.h), so a CPU thread or a CUDA thread can make
+// element i without making elements 0..i-1, and both devices produce the same numbers.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "core/half.h"  // KILN_HOST_DEVICE
+
+namespace kiln {
+
+struct Philox4x32 {
+  static constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;  // round multipliers
+  static constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;  // key schedule (Weyl)
+
+  // counter: 128 bits as c[0] (low) .. c[3]; key: the seed's two halves.
+  KILN_HOST_DEVICE static std::array<uint32_t, 4> block(std::array<uint32_t, 4> c, uint32_t k0,
+                                                          uint32_t k1) {
+    for (int round = 0; round < 10; ++round) {
+      uint64_t p0 = static_cast<uint64_t>(kM0) * c[0];
+      uint64_t p1 = static_cast<uint64_t>(kM1) * c[2];
+      uint32_t hi0 = static_cast<uint32_t>(p0 >> 32), lo0 = static_cast<uint32_t>(p0);
+      uint32_t hi1 = static_cast<uint32_t>(p1 >> 32), lo1 = static_cast<uint32_t>(p1);
+      c = {hi1 ^ c[1] ^ k0, lo1, hi0 ^ c[3] ^ k1, lo0};
+      k0 += kW0;
+      k1 += kW1;
+    }
+    return c;
+  }
+
+  // The two words element `i` of a draw that starts at counter `offset` gets, for `seed`.
+  KILN_HOST_DEVICE static void element_words(uint64_t seed, uint64_t offset, uint64_t i,
+                                             uint32_t& w0, uint32_t& w1) {
+    uint64_t counter = offset + i / 2;
+    auto r = block({static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u},
+                   static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    w0 = (i & 1) ? r[2] : r[0];
+    w1 = (i & 1) ? r[3] : r[1];
+  }
+};
+
+}  // namespace kiln

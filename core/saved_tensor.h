@@ -1,0 +1,62 @@
+// core/saved_tensor.h: SavedTensor, how a backward formula keeps a tensor from its forward.
+//
+// Note [version counter]
+// Every in-place op bumps its storage's version counter (core/storage.h). A SavedTensor remembers
+// the version at save time; unpacking it at a different version means the data the backward needs
+// was overwritten, and is an Error (PyTorch's "modified by an inplace operation").
+//
+// Note [saving outputs]
+// A node that saves its own output (exp saves exp(x)) must not own that output's grad_fn (itself):
+// that would be a reference cycle. So an output is saved without its grad_fn, and unpack() gives
+// back a tensor re-attached to the node that produced it, so double backward still works. An output
+// is usually saved before the node exists (the backward lambda is built first), so that node is found
+// when unpacking: it is the one running (core/node.h, current_node()).
+//
+// Saved-tensor hooks (pack on save, unpack on use) are the basis of activation offload.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "core/tensor.h"
+
+namespace kiln::autograd {
+
+struct SavedTensorHooks {
+  std::function<Tensor(const Tensor&)> pack;    // at save time: e.g. copy to host memory
+  std::function<Tensor(const Tensor&)> unpack;  // at backward time: e.g. copy back
+};
+
+// RAII: installs hooks for every tensor saved in this scope on this thread (nested scopes stack).
+class SavedTensorHooksGuard {
+ public:
+  explicit SavedTensorHooksGuard(SavedTensorHooks hooks);
+  ~SavedTensorHooksGuard();
+  SavedTensorHooksGuard(const SavedTensorHooksGuard&) = delete;
+  SavedTensorHooksGuard& operator=(const SavedTensorHooksGuard&) = delete;
+};
+
+class SavedTensor {
+ public:
+  SavedTensor() = default;
+  // is_output: `t` is an output of the node that saves it (see Note [saving outputs]).
+  SavedTensor(const Tensor& t, bool is_output);
+
+  // The saved tensor, checked against its version; `op` names the node for the error message.
+  Tensor unpack(const char* op) const;
+  bool defined() const { return data_.defined(); }
+  void reset() { *this = SavedTensor(); }
+
+ private:
+  Tensor data_;  // without grad_fn when saved as an output; packed form when hooks are on
+  std::shared_ptr<Storage> storage_;  // to read the live version (packing may change storage)
+  uint64_t saved_version_ = 0;
+  bool is_output_ = false;
+  bool requires_grad_ = false;
+  uint32_t output_nr_ = 0;
+  std::weak_ptr<Node> grad_fn_;  // for outputs: the node that produced them
+  std::shared_ptr<Node> grad_fn_strong_;  // for non-leaf inputs: their own producer
+  std::function<Tensor(const Tensor&)> unpack_hook_;
+};
+
+}  // namespace kiln::autograd

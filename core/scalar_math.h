@@ -1,0 +1,125 @@
+// core/scalar_math.h: the math of every elementwise op, on one element, defined once.
+//
+// The CPU backend's scalar loops and the CUDA backend's kernels both call these, so "what gelu is"
+// has one definition. T is the op-math type (float for the 16-bit floats). Vectorized CPU fast paths
+// (cpu/unary.cpp) are checked against these in the op tests.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "core/backend.h"
+#include "core/half.h"
+
+namespace kiln::math {
+
+template <typename T>
+KILN_HOST_DEVICE inline T sigmoid(T x) {
+  using std::exp;
+  return T(1) / (T(1) + exp(-x));
+}
+
+template <typename T>
+KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
+  using std::abs, std::exp, std::log, std::log1p, std::expm1, std::sqrt, std::sin, std::cos,
+      std::tanh, std::erf, std::pow;
+  if constexpr (std::is_integral_v<T>) {
+    switch (op) {
+      case UnaryOp::Neg: return static_cast<T>(-x);
+      case UnaryOp::Abs: return x < 0 ? static_cast<T>(-x) : x;
+      case UnaryOp::Sign: return static_cast<T>((x > 0) - (x < 0));
+      case UnaryOp::Relu: return x > 0 ? x : T(0);
+      case UnaryOp::Square: return static_cast<T>(x * x);
+      case UnaryOp::Clamp: {
+        double v = static_cast<double>(x);
+        v = v < a ? a : v;
+        v = v > b ? b : v;
+        return static_cast<T>(v);
+      }
+      case UnaryOp::PowScalar: {
+        T r = 1;
+        for (int64_t e = static_cast<int64_t>(a); e > 0; --e) r = static_cast<T>(r * x);
+        return r;
+      }
+      default: return x;  // ops/ promotes integers to float for every other op
+    }
+  } else {
+    constexpr T kSqrt1_2 = T(0.70710678118654752440);
+    constexpr T kSqrt2OverPi = T(0.79788456080286535588);
+    switch (op) {
+      case UnaryOp::Neg: return -x;
+      case UnaryOp::Abs: return abs(x);
+      case UnaryOp::Sign: return x != x ? x : static_cast<T>((x > 0) - (x < 0));
+      case UnaryOp::Exp: return exp(x);
+      case UnaryOp::Log: return log(x);
+      case UnaryOp::Log1p: return log1p(x);
+      case UnaryOp::Expm1: return expm1(x);
+      case UnaryOp::Sqrt: return sqrt(x);
+      case UnaryOp::Rsqrt: return T(1) / sqrt(x);
+      case UnaryOp::Reciprocal: return T(1) / x;
+      case UnaryOp::Sin: return sin(x);
+      case UnaryOp::Cos: return cos(x);
+      case UnaryOp::Tanh: return tanh(x);
+      case UnaryOp::Sigmoid: return sigmoid(x);
+      case UnaryOp::Relu: return x > 0 ? x : (x != x ? x : T(0));
+      case UnaryOp::GeluErf: return T(0.5) * x * (T(1) + erf(x * kSqrt1_2));
+      case UnaryOp::GeluTanh:
+        return T(0.5) * x * (T(1) + tanh(kSqrt2OverPi * (x + T(0.044715) * x * x * x)));
+      case UnaryOp::Silu: return x * sigmoid(x);
+      case UnaryOp::Softplus: return x > T(20) ? x : log1p(exp(x));  // PyTorch's threshold 20
+      case UnaryOp::Erf: return erf(x);
+      case UnaryOp::Square: return x * x;
+      case UnaryOp::PowScalar: return pow(x, static_cast<T>(a));
+      case UnaryOp::Clamp: {
+        if (x != x) return x;
+        T lo = static_cast<T>(a), hi = static_cast<T>(b);
+        return x < lo ? lo : (x > hi ? hi : x);
+      }
+      case UnaryOp::LogicalNot: return x == T(0) ? T(1) : T(0);
+    }
+    return x;
+  }
+}
+
+template <typename T>
+KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
+  using std::pow;
+  switch (op) {
+    case BinaryOp::Add: return static_cast<T>(x + alpha * y);
+    case BinaryOp::Sub: return static_cast<T>(x - alpha * y);
+    case BinaryOp::Mul: return static_cast<T>(x * y);
+    case BinaryOp::Div: return static_cast<T>(x / y);
+    case BinaryOp::Pow:
+      if constexpr (std::is_integral_v<T>) {
+        T r = 1;
+        for (T e = y; e > 0; --e) r = static_cast<T>(r * x);
+        return r;
+      } else {
+        return pow(x, y);
+      }
+    case BinaryOp::Maximum:
+      if (x != x) return x;  // NaN propagates
+      return x > y ? x : y;  // and y when y is NaN
+    case BinaryOp::Minimum:
+      if (x != x) return x;
+      return x < y ? x : y;
+    default: return x;  // comparisons go through compare()
+  }
+}
+
+template <typename T>
+KILN_HOST_DEVICE inline bool compare(BinaryOp op, T x, T y) {
+  switch (op) {
+    case BinaryOp::Eq: return x == y;
+    case BinaryOp::Ne: return x != y;
+    case BinaryOp::Lt: return x < y;
+    case BinaryOp::Le: return x <= y;
+    case BinaryOp::Gt: return x > y;
+    case BinaryOp::Ge: return x >= y;
+    case BinaryOp::LogicalAnd: return (x != T(0)) && (y != T(0));
+    case BinaryOp::LogicalOr: return (x != T(0)) || (y != T(0));
+    default: return false;
+  }
+}
+
+}  // namespace kiln::math

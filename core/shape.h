@@ -1,0 +1,99 @@
+// core/shape.h: Shape, a small fixed-capacity list of int64 used for sizes and strides.
+//
+// Kiln tensors have at most kMaxDims dimensions. Keeping sizes and strides inline (no heap)
+// is what lets a tiny op cost a fraction of a microsecond. Strides count elements, not bytes.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+
+namespace kiln {
+
+inline constexpr int kMaxDims = 8;
+
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims) { assign(dims.begin(), dims.size()); }  // NOLINT
+  Shape(const std::vector<int64_t>& dims) { assign(dims.data(), dims.size()); }      // NOLINT
+  Shape(std::span<const int64_t> dims) { assign(dims.data(), dims.size()); }         // NOLINT
+  static Shape filled(int n, int64_t value) {
+    Shape s;
+    s.resize(n, value);
+    return s;
+  }
+
+  int size() const { return n_; }
+  bool empty() const { return n_ == 0; }
+  int64_t operator[](int i) const { return d_[i]; }
+  int64_t& operator[](int i) { return d_[i]; }
+  const int64_t* begin() const { return d_; }
+  const int64_t* end() const { return d_ + n_; }
+  int64_t* begin() { return d_; }
+  int64_t* end() { return d_ + n_; }
+  const int64_t* data() const { return d_; }
+  int64_t back() const { return d_[n_ - 1]; }
+
+  void push_back(int64_t v) {
+    check_capacity(n_ + 1);
+    d_[n_++] = v;
+  }
+  void insert(int pos, int64_t v) {
+    check_capacity(n_ + 1);
+    for (int i = n_; i > pos; --i) d_[i] = d_[i - 1];
+    d_[pos] = v;
+    ++n_;
+  }
+  void erase(int pos) {
+    for (int i = pos; i + 1 < n_; ++i) d_[i] = d_[i + 1];
+    --n_;
+  }
+  void resize(int n, int64_t fill = 0) {
+    check_capacity(n);
+    for (int i = n_; i < n; ++i) d_[i] = fill;
+    n_ = n;
+  }
+  std::vector<int64_t> vec() const { return {begin(), end()}; }
+  operator std::span<const int64_t>() const { return {d_, static_cast<size_t>(n_)}; }  // NOLINT
+
+  int64_t numel() const {  // product of the entries; 1 for an empty shape (a scalar)
+    int64_t n = 1;
+    for (int i = 0; i < n_; ++i) n *= d_[i];
+    return n;
+  }
+  std::string str() const;  // "[2, 3]"
+
+  friend bool operator==(const Shape& a, const Shape& b) {
+    if (a.n_ != b.n_) return false;
+    for (int i = 0; i < a.n_; ++i)
+      if (a.d_[i] != b.d_[i]) return false;
+    return true;
+  }
+
+ private:
+  void assign(const int64_t* p, size_t n) {
+    check_capacity(static_cast<int64_t>(n));
+    n_ = static_cast<int>(n);
+    for (int i = 0; i < n_; ++i) d_[i] = p[i];
+  }
+  static void check_capacity(int64_t n) {
+    KILN_CHECK(n <= kMaxDims, "Kiln tensors have at most {} dimensions; {} were asked for", kMaxDims, n);
+  }
+
+  int64_t d_[kMaxDims] = {};
+  int n_ = 0;
+};
+
+// Row-major (C-contiguous) strides of a shape.
+Shape contiguous_strides(const Shape& sizes);
+
+// Wraps a possibly negative dim into [0, ndim) or throws, naming the op: "sum: dim 3 is out of
+// range for a tensor of 2 dimensions (expected -2..1)". ndim 0 accepts dims -1 and 0, as PyTorch.
+int wrap_dim(int64_t dim, int ndim, const char* op);
+
+}  // namespace kiln

@@ -1,0 +1,31 @@
+// core/storage.h: Storage, one device buffer shared by a tensor and all of its views.
+//
+// It also holds the version counter: every in-place write bumps it, and autograd compares it with
+// the version a saved tensor had when it was saved. See Note [version counter] in core/saved_tensor.h.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/allocator.h"
+#include "core/device.h"
+
+namespace kiln {
+
+struct Storage {
+  Storage(void* data, size_t nbytes, Device device, Allocator* allocator)
+      : data(data), nbytes(nbytes), device(device), allocator(allocator) {}
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() {
+    if (allocator != nullptr && data != nullptr) allocator->deallocate(data, nbytes);
+  }
+
+  void* data;
+  size_t nbytes;
+  Device device;
+  Allocator* allocator;  // null: memory not owned by Kiln (from_blob)
+  uint64_t version = 0;
+};
+
+}  // namespace kiln

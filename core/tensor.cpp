@@ -1,0 +1,117 @@
+// core/tensor.cpp: the Tensor methods that need no backend: dims, autograd fields, saved tensors.
+#include "core/tensor.h"
+
+#include <vector>
+
+#include "core/grad_mode.h"
+#include "core/saved_tensor.h"
+
+namespace kiln {
+
+int64_t Tensor::size(int64_t dim) const {
+  KILN_CHECK(this->dim() > 0, "size: a 0-dimensional tensor has no dim {}", dim);
+  return impl_->sizes[wrap_dim(dim, this->dim(), "size")];
+}
+int64_t Tensor::stride(int64_t dim) const {
+  KILN_CHECK(this->dim() > 0, "stride: a 0-dimensional tensor has no dim {}", dim);
+  return impl_->strides[wrap_dim(dim, this->dim(), "stride")];
+}
+
+Tensor& Tensor::requires_grad_(bool requires_grad) {
+  KILN_CHECK(is_leaf() || requires_grad,
+             "requires_grad_: a non-leaf tensor (made by {}) always requires grad; use detach() "
+             "to get a tensor without history",
+             impl_->grad_fn->name());
+  KILN_CHECK(!requires_grad || is_floating(dtype()),
+             "requires_grad_: only floating-point tensors can require gradients, this one is {}; "
+             "convert it first, e.g. x.to(kFloat32)",
+             dtype_name(dtype()));
+  impl_->requires_grad = requires_grad;
+  return *this;
+}
+
+Tensor Tensor::grad() const {
+  return impl_->grad ? Tensor(impl_->grad) : Tensor();
+}
+
+void Tensor::set_grad(const Tensor& grad) {
+  if (grad.defined()) {
+    KILN_CHECK(grad.sizes() == sizes() && grad.dtype() == dtype() && grad.device() == device(),
+               "set_grad: the gradient ({} {} on {}) must match the tensor ({} {} on {})",
+               grad.sizes().str(), dtype_name(grad.dtype()), grad.device().str(), sizes().str(),
+               dtype_name(dtype()), device().str());
+  }
+  impl_->grad = grad.impl_ptr();
+}
+
+namespace autograd {
+
+// A new TensorImpl on the same storage and layout, with no autograd history.
+static Tensor alias_of(const Tensor& t) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = t.impl()->storage;
+  impl->sizes = t.sizes();
+  impl->strides = t.strides();
+  impl->offset = t.storage_offset();
+  impl->dtype = t.dtype();
+  impl->is_view = true;
+  return Tensor(std::move(impl));
+}
+
+namespace {
+thread_local std::vector<SavedTensorHooks> hook_stack;
+}
+
+SavedTensorHooksGuard::SavedTensorHooksGuard(SavedTensorHooks hooks) {
+  hook_stack.push_back(std::move(hooks));
+}
+SavedTensorHooksGuard::~SavedTensorHooksGuard() { hook_stack.pop_back(); }
+
+SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
+  if (!t.defined()) return;
+  storage_ = t.impl()->storage;
+  saved_version_ = storage_->version;
+  is_output_ = is_output;
+  // An output saved before its node is attached will require grad once it is (see the Note).
+  requires_grad_ = t.requires_grad() || (is_output && is_floating(t.dtype()) && GradMode::is_enabled());
+  output_nr_ = t.output_nr();
+  bool hooked = !hook_stack.empty();
+  if (is_output) {
+    grad_fn_ = t.grad_fn();
+    data_ = alias_of(t);  // no grad_fn: see Note [saving outputs]
+  } else if (hooked && t.grad_fn()) {
+    grad_fn_strong_ = t.grad_fn();
+    data_ = alias_of(t);
+  } else {
+    data_ = t;
+  }
+  if (hooked) {
+    data_ = hook_stack.back().pack(data_);
+    unpack_hook_ = hook_stack.back().unpack;
+  }
+}
+
+Tensor SavedTensor::unpack(const char* op) const {
+  if (!data_.defined()) return {};
+  KILN_CHECK(storage_->version == saved_version_,
+             "{}: a tensor it saved for backward was modified by an in-place operation: it is at "
+             "version {}, it was at version {} when saved. Use the out-of-place form (x = x.mul(y) "
+             "instead of x.mul_(y)) or clone() the tensor before changing it",
+             op, storage_->version, saved_version_);
+  Tensor t = unpack_hook_ ? unpack_hook_(data_) : data_;
+  std::shared_ptr<Node> fn = grad_fn_strong_;
+  if (is_output_) {
+    fn = grad_fn_.lock();
+    if (!fn && current_node() != nullptr) fn = current_node()->shared_from_this();
+  }
+  if (requires_grad_ && fn) {
+    Tensor attached = alias_of(t);
+    attached.impl()->grad_fn = std::move(fn);
+    attached.impl()->output_nr = output_nr_;
+    return attached;
+  }
+  return t;
+}
+
+}  // namespace autograd
+}  // namespace kiln

@@ -1,0 +1,255 @@
+// core/tensor.h: Tensor, the cheap shared handle users hold (copying it shares the data).
+//
+// This header declares the whole method surface, but core/ defines only the parts that need no
+// backend (shape, dtype, autograd fields). The methods that compute are thin forwards to the free
+// functions of ops/ (ops/tensor_methods.cpp), and backward() is the autograd engine's
+// (autograd/engine.cpp): link kiln::kiln to get them all. See docs/tensors-and-autograd.md.
+#pragma once
+
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "core/node.h"
+#include "core/scalar.h"
+#include "core/tensor_impl.h"
+#include "core/tensor_options.h"
+
+namespace kiln {
+
+class Tensor {
+ public:
+  Tensor() = default;  // undefined: holds nothing
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- identity and layout (core/tensor.cpp) ----
+  bool defined() const { return impl_ != nullptr; }
+  TensorImpl* impl() const { return impl_.get(); }
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
+
+  const Shape& sizes() const { return impl_->sizes; }
+  const Shape& shape() const { return impl_->sizes; }
+  const Shape& strides() const { return impl_->strides; }
+  int64_t size(int64_t dim) const;
+  int64_t stride(int64_t dim) const;
+  int dim() const { return impl_->sizes.size(); }
+  int64_t numel() const { return impl_->numel(); }
+  int64_t storage_offset() const { return impl_->offset; }
+  DType dtype() const { return impl_->dtype; }
+  Device device() const { return impl_->device(); }
+  TensorOptions options() const { return TensorOptions(dtype()).device(device()); }
+  bool is_cpu() const { return device().is_cpu(); }
+  bool is_cuda() const { return device().is_cuda(); }
+  bool is_floating_point() const { return is_floating(dtype()); }
+  bool is_contiguous() const { return impl_->is_contiguous(); }
+  int64_t element_size() const { return itemsize(dtype()); }
+  int64_t nbytes() const { return numel() * element_size(); }
+  void* data_ptr() const { return impl_->data(); }
+  template <typename T> T* data_ptr() const;  // checks that T matches dtype()
+
+  // ---- autograd fields (core/tensor.cpp) ----
+  bool requires_grad() const { return impl_->requires_grad || impl_->grad_fn != nullptr; }
+  Tensor& requires_grad_(bool requires_grad = true);  // leaves only; floating dtypes only
+  bool is_leaf() const { return impl_->grad_fn == nullptr; }
+  Tensor grad() const;  // undefined until a backward reaches this leaf
+  void set_grad(const Tensor& grad);
+  const std::shared_ptr<autograd::Node>& grad_fn() const { return impl_->grad_fn; }
+  uint32_t output_nr() const { return impl_->output_nr; }
+  uint64_t _version() const { return impl_->storage->version; }
+  void bump_version() const { ++impl_->storage->version; }
+
+  // ---- autograd engine (autograd/engine.cpp) ----
+  // gradient: required unless this is a single element (then it defaults to 1).
+  void backward(const Tensor& gradient = {}, bool retain_graph = false, bool create_graph = false) const;
+  // fn(grad) -> replacement grad (or an undefined Tensor to keep it); runs when this tensor's
+  // gradient is computed.
+  void register_hook(TensorHook fn) const;
+  void retain_grad() const;  // keep .grad() on a non-leaf
+  bool retains_grad() const { return impl_->retains_grad; }
+
+  // ---- conversions and copies (ops/) ----
+  Tensor contiguous() const;
+  Tensor clone() const;
+  Tensor to(DType dtype) const;
+  Tensor to(Device device) const;
+  Tensor to(Device device, DType dtype) const;
+  Tensor cpu() const { return to(Device::cpu()); }
+  Tensor cuda(int index = 0) const { return to(Device::cuda(index)); }
+  Tensor detach() const;  // same data, no history
+  Tensor& detach_();
+  Scalar item() const;    // one element only
+  template <typename T> T item() const { return item().to<T>(); }
+  template <typename T> std::vector<T> to_vector() const;  // converts to T, row-major
+  std::string str() const;  // as PyTorch prints it
+
+  // ---- views: share storage (ops/views.cpp) ----
+  Tensor view(const Shape& shape) const;  // strides must allow it; see reshape
+  Tensor view_as(const Tensor& other) const { return view(other.sizes()); }
+  Tensor reshape(const Shape& shape) const;  // a view when possible, else a copy
+  Tensor permute(const Shape& dims) const;
+  Tensor transpose(int64_t dim0, int64_t dim1) const;
+  Tensor t() const;   // 2-D transpose
+  Tensor mT() const;  // transpose of the last two dims
+  Tensor narrow(int64_t dim, int64_t start, int64_t length) const;
+  Tensor slice(int64_t dim, std::optional<int64_t> start = {}, std::optional<int64_t> end = {},
+               int64_t step = 1) const;
+  Tensor select(int64_t dim, int64_t index) const;
+  Tensor operator[](int64_t index) const { return select(0, index); }
+  Tensor expand(const Shape& shape) const;  // -1 keeps a size
+  Tensor expand_as(const Tensor& other) const { return expand(other.sizes()); }
+  Tensor squeeze() const;
+  Tensor squeeze(int64_t dim) const;
+  Tensor unsqueeze(int64_t dim) const;
+  Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
+  Tensor unflatten(int64_t dim, const Shape& sizes) const;
+
+  // ---- elementwise (ops/elementwise.cpp) ----
+  Tensor neg() const;
+  Tensor abs() const;
+  Tensor sign() const;
+  Tensor exp() const;
+  Tensor log() const;
+  Tensor log1p() const;
+  Tensor expm1() const;
+  Tensor sqrt() const;
+  Tensor rsqrt() const;
+  Tensor reciprocal() const;
+  Tensor sin() const;
+  Tensor cos() const;
+  Tensor tanh() const;
+  Tensor sigmoid() const;
+  Tensor relu() const;
+  Tensor square() const;
+  Tensor pow(const Scalar& exponent) const;
+  Tensor pow(const Tensor& exponent) const;
+  Tensor clamp(std::optional<Scalar> min, std::optional<Scalar> max = {}) const;
+  Tensor add(const Tensor& other, const Scalar& alpha = 1) const;
+  Tensor add(const Scalar& other) const;
+  Tensor sub(const Tensor& other, const Scalar& alpha = 1) const;
+  Tensor sub(const Scalar& other) const;
+  Tensor mul(const Tensor& other) const;
+  Tensor mul(const Scalar& other) const;
+  Tensor div(const Tensor& other) const;
+  Tensor div(const Scalar& other) const;
+  Tensor maximum(const Tensor& other) const;
+  Tensor minimum(const Tensor& other) const;
+  Tensor eq(const Tensor& other) const;
+  Tensor eq(const Scalar& other) const;
+  Tensor ne(const Tensor& other) const;
+  Tensor ne(const Scalar& other) const;
+  Tensor lt(const Tensor& other) const;
+  Tensor lt(const Scalar& other) const;
+  Tensor le(const Tensor& other) const;
+  Tensor le(const Scalar& other) const;
+  Tensor gt(const Tensor& other) const;
+  Tensor gt(const Scalar& other) const;
+  Tensor ge(const Tensor& other) const;
+  Tensor ge(const Scalar& other) const;
+  Tensor logical_and(const Tensor& other) const;
+  Tensor logical_or(const Tensor& other) const;
+  Tensor logical_not() const;
+  Tensor masked_fill(const Tensor& mask, const Scalar& value) const;
+
+  // ---- in place: bump the version counter (ops/elementwise.cpp, ops/copy.cpp) ----
+  Tensor& add_(const Tensor& other, const Scalar& alpha = 1);
+  Tensor& add_(const Scalar& other);
+  Tensor& sub_(const Tensor& other, const Scalar& alpha = 1);
+  Tensor& sub_(const Scalar& other);
+  Tensor& mul_(const Tensor& other);
+  Tensor& mul_(const Scalar& other);
+  Tensor& div_(const Tensor& other);
+  Tensor& div_(const Scalar& other);
+  Tensor& clamp_(std::optional<Scalar> min, std::optional<Scalar> max = {});
+  Tensor& relu_();
+  Tensor& neg_();
+  Tensor& exp_();
+  Tensor& sqrt_();
+  Tensor& pow_(const Scalar& exponent);
+  Tensor& masked_fill_(const Tensor& mask, const Scalar& value);
+  Tensor& fill_(const Scalar& value);
+  Tensor& zero_();
+  Tensor& copy_(const Tensor& src);  // src broadcasts to this; any dtype and device
+
+  // ---- reductions (ops/reduce.cpp): dims may be negative; {} means all ----
+  Tensor sum(std::optional<DType> dtype = {}) const;
+  Tensor sum(const Shape& dims, bool keepdim = false) const;
+  Tensor mean() const;
+  Tensor mean(const Shape& dims, bool keepdim = false) const;
+  Tensor prod() const;
+  Tensor prod(int64_t dim, bool keepdim = false) const;
+  Tensor max() const;
+  std::tuple<Tensor, Tensor> max(int64_t dim, bool keepdim = false) const;
+  Tensor min() const;
+  std::tuple<Tensor, Tensor> min(int64_t dim, bool keepdim = false) const;
+  Tensor amax(const Shape& dims, bool keepdim = false) const;
+  Tensor amin(const Shape& dims, bool keepdim = false) const;
+  Tensor argmax(std::optional<int64_t> dim = {}, bool keepdim = false) const;
+  Tensor argmin(std::optional<int64_t> dim = {}, bool keepdim = false) const;
+  Tensor var(const Shape& dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor std(const Shape& dims = {}, int64_t correction = 1, bool keepdim = false) const;
+  Tensor norm(double p = 2, const Shape& dims = {}, bool keepdim = false) const;
+  Tensor logsumexp(const Shape& dims, bool keepdim = false) const;
+  Tensor all() const;
+  Tensor all(int64_t dim, bool keepdim = false) const;
+  Tensor any() const;
+  Tensor any(int64_t dim, bool keepdim = false) const;
+
+  // ---- linear algebra, softmax, shape and index ops (ops/) ----
+  Tensor matmul(const Tensor& other) const;
+  Tensor mm(const Tensor& other) const;
+  Tensor bmm(const Tensor& other) const;
+  Tensor softmax(int64_t dim) const;
+  Tensor log_softmax(int64_t dim) const;
+  std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
+  std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
+  Tensor flip(const Shape& dims) const;
+  Tensor repeat(const Shape& repeats) const;
+  Tensor tril(int64_t diagonal = 0) const;
+  Tensor triu(int64_t diagonal = 0) const;
+  Tensor index_select(int64_t dim, const Tensor& index) const;
+  Tensor gather(int64_t dim, const Tensor& index) const;
+  Tensor scatter(int64_t dim, const Tensor& index, const Tensor& src) const;
+  Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Operators, as in LibTorch (ops/tensor_methods.cpp).
+Tensor operator-(const Tensor& a);
+Tensor operator+(const Tensor& a, const Tensor& b);
+Tensor operator-(const Tensor& a, const Tensor& b);
+Tensor operator*(const Tensor& a, const Tensor& b);
+Tensor operator/(const Tensor& a, const Tensor& b);
+Tensor operator+(const Tensor& a, const Scalar& b);
+Tensor operator-(const Tensor& a, const Scalar& b);
+Tensor operator*(const Tensor& a, const Scalar& b);
+Tensor operator/(const Tensor& a, const Scalar& b);
+Tensor operator+(const Scalar& a, const Tensor& b);
+Tensor operator-(const Scalar& a, const Tensor& b);
+Tensor operator*(const Scalar& a, const Tensor& b);
+Tensor operator/(const Scalar& a, const Tensor& b);
+Tensor& operator+=(Tensor& a, const Tensor& b);
+Tensor& operator-=(Tensor& a, const Tensor& b);
+Tensor& operator*=(Tensor& a, const Tensor& b);
+Tensor& operator/=(Tensor& a, const Tensor& b);
+Tensor& operator+=(Tensor& a, const Scalar& b);
+Tensor& operator-=(Tensor& a, const Scalar& b);
+Tensor& operator*=(Tensor& a, const Scalar& b);
+Tensor& operator/=(Tensor& a, const Scalar& b);
+
+std::ostream& operator<<(std::ostream& os, const Tensor& t);  // ops/print.cpp
+
+template <> std::vector<bool> Tensor::to_vector() const;  // ops/copy.cpp
+
+template <typename T> T* Tensor::data_ptr() const {
+  KILN_CHECK(dtype_of<T>() == dtype(), "data_ptr: the tensor holds {}, not {}", dtype_name(dtype()),
+             dtype_name(dtype_of<T>()));
+  return static_cast<T*>(data_ptr());
+}
+
+}  // namespace kiln

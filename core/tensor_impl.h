@@ -1,0 +1,54 @@
+// core/tensor_impl.h: TensorImpl, what a Tensor handle points to.
+//
+//   storage ──► one buffer, shared with every view of it
+//   sizes, strides, offset (in elements), dtype: how this tensor reads that buffer
+//   autograd fields: requires_grad, grad, grad_fn (the Node that made it), output_nr
+//
+// A view is a second TensorImpl on the same Storage. The autograd fields are declared here because
+// ops/ records graphs, but the Node type they point to is only an interface (core/node.h); the
+// engine that runs the graph lives in autograd/.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/shape.h"
+#include "core/storage.h"
+
+namespace kiln {
+
+class Tensor;
+namespace autograd {
+struct Node;
+}
+
+using TensorHook = std::function<Tensor(const Tensor&)>;
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  Shape sizes;
+  Shape strides;
+  int64_t offset = 0;  // in elements
+  DType dtype = kFloat32;
+
+  // --- autograd ---
+  bool requires_grad = false;  // leaves only; a non-leaf requires grad iff it has a grad_fn
+  bool retains_grad = false;
+  bool is_view = false;  // shares storage with another tensor (in-place autograd refuses views)
+  uint32_t output_nr = 0;                      // which output of grad_fn this tensor is
+  std::shared_ptr<autograd::Node> grad_fn;     // null for leaves
+  std::weak_ptr<autograd::Node> grad_accumulator;  // a leaf's AccumulateGrad, made on first use
+  std::shared_ptr<TensorImpl> grad;
+  std::vector<TensorHook> leaf_hooks;  // run on a leaf's gradient before it is accumulated
+
+  Device device() const { return storage->device; }
+  int64_t numel() const { return sizes.numel(); }
+  void* data() const {
+    return static_cast<char*>(storage->data) + offset * itemsize(dtype);
+  }
+  bool is_contiguous() const;
+};
+
+}  // namespace kiln

@@ -1,0 +1,74 @@
+// cpu/backend.cpp: the CPU implementation of the Backend contract: each entry forwards to the kernel
+// of the same name in this folder.
+#include "core/error.h"
+#include "cpu/cpu.h"
+#include "cpu/kernels.h"
+
+namespace kiln::cpu {
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  Allocator& allocator(int) override { return cpu_allocator(); }
+  Stream current_stream(int) override { return {Device::cpu(), nullptr}; }
+  void synchronize(int) override {}
+  void copy(const View& src, Device src_device, const View& dst, Device dst_device,
+            const Stream&) override {
+    KILN_CHECK(src_device.is_cpu() && dst_device.is_cpu(),
+               "copy: the CPU backend copies between CPU tensors only, not {} -> {}",
+               src_device.str(), dst_device.str());
+    copy_kernel(src, dst);
+  }
+  void fill(const View& out, const Scalar& value, const Stream&) override { fill_kernel(out, value); }
+  void arange(const View& out, double start, double step, const Stream&) override {
+    arange_kernel(out, start, step);
+  }
+  void random(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a, double b,
+              const Stream&) override {
+    random_kernel(kind, out, seed, offset, a, b);
+  }
+  void unary(UnaryOp op, const View& in, const View& out, UnaryArgs args, const Stream&) override {
+    unary_kernel(op, in, out, args);
+  }
+  void binary(BinaryOp op, const View& a, const View& b, const View& out, double alpha,
+              const Stream&) override {
+    binary_kernel(op, a, b, out, alpha);
+  }
+  void where(const View& cond, const View& a, const View& b, const View& out,
+             const Stream&) override {
+    where_kernel(cond, a, b, out);
+  }
+  void reduce(ReduceOp op, const View& in, const View& out, const Stream&) override {
+    reduce_kernel(op, in, out);
+  }
+  void matmul(const View& a, const View& b, const View& c, const Stream&) override {
+    matmul_kernel(a, b, c);
+  }
+  void softmax(const View& in, const View& out, int dim, bool log, const Stream&) override {
+    softmax_kernel(in, out, dim, log);
+  }
+  void index_select(const View& in, int dim, const View& index, const View& out,
+                    const Stream&) override {
+    index_select_kernel(in, dim, index, out);
+  }
+  void index_add(const View& out, int dim, const View& index, const View& src,
+                 const Stream&) override {
+    index_add_kernel(out, dim, index, src);
+  }
+  void gather(const View& in, int dim, const View& index, const View& out, const Stream&) override {
+    gather_kernel(in, dim, index, out);
+  }
+  void scatter(const View& out, int dim, const View& index, const View& src, bool accumulate,
+               const Stream&) override {
+    scatter_kernel(out, dim, index, src, accumulate);
+  }
+};
+
+}  // namespace
+
+Backend& backend() {
+  static CpuBackend instance;
+  return instance;
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,24 @@
+// cpu/convert.h: one element converted between dtypes, as PyTorch converts (private to cpu/).
+// 16-bit floats go through float; to bool is "nonzero"; float to integer truncates toward zero.
+#pragma once
+
+#include <type_traits>
+
+#include "core/dtype.h"
+
+namespace kiln::cpu {
+
+template <typename To, typename From>
+inline To convert(From x) {
+  if constexpr (std::is_same_v<To, From>) {
+    return x;
+  } else if constexpr (std::is_same_v<To, bool>) {
+    return static_cast<opmath_t<From>>(x) != 0;
+  } else if constexpr (std::is_same_v<From, bool>) {
+    return static_cast<To>(static_cast<opmath_t<To>>(x ? 1 : 0));
+  } else {
+    return static_cast<To>(static_cast<opmath_t<To>>(static_cast<opmath_t<From>>(x)));
+  }
+}
+
+}  // namespace kiln::cpu

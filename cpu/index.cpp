@@ -1,0 +1,142 @@
+// cpu/index.cpp: index_select, index_add, gather and scatter along one dim. Every index is checked
+// against the dim's size; a bad one is an Error naming the op, the index and the size.
+#include "cpu/kernels.h"
+#include "cpu/loops.h"
+
+namespace kiln::cpu {
+namespace {
+
+inline int64_t checked(int64_t idx, int64_t size, const char* op, int dim) {
+  if (idx < -size || idx >= size) [[unlikely]] {
+    KILN_FAIL("{}: index {} is out of bounds for dim {} with size {}", op, idx, dim, size);
+  }
+  return idx < 0 ? idx + size : idx;
+}
+
+// Offsets of all positions of `v` with dim `dim` fixed at 0, in row-major order of the other dims.
+// (outer, inner) split: position p = (o, i) where `dim` sits between them.
+struct DimSplit {
+  int64_t outer = 1, inner = 1;
+  DimSplit(const Shape& sizes, int dim) {
+    for (int d = 0; d < dim; ++d) outer *= sizes[d];
+    for (int d = dim + 1; d < sizes.size(); ++d) inner *= sizes[d];
+  }
+};
+
+// Element offset of (o, j, i) in a view, where o indexes dims before `dim` and i the dims after.
+inline int64_t offset_of(const View& v, int dim, int64_t o, int64_t j, int64_t i) {
+  int64_t off = j * v.strides[dim];
+  for (int d = v.ndim() - 1; d > dim; --d) {
+    off += (i % v.sizes[d]) * v.strides[d];
+    i /= v.sizes[d];
+  }
+  for (int d = dim - 1; d >= 0; --d) {
+    off += (o % v.sizes[d]) * v.strides[d];
+    o /= v.sizes[d];
+  }
+  return off;
+}
+
+// a + b in the op-math type (or for bool).
+template <typename T>
+inline T add_values(T a, T b) {
+  if constexpr (std::is_same_v<T, bool>) return a || b;
+  else return static_cast<T>(static_cast<opmath_t<T>>(a) + static_cast<opmath_t<T>>(b));
+}
+
+}  // namespace
+
+void index_select_kernel(const View& in, int dim, const View& index, const View& out) {
+  const int64_t* idx = index.ptr<int64_t>();
+  const int64_t istride = index.ndim() ? index.strides[0] : 0;
+  DimSplit split(out.sizes, dim);
+  const int64_t n = out.sizes[dim], size = in.sizes[dim];
+  KILN_DISPATCH_ALL_TYPES(in.dtype, "index_select", [&] {
+    const scalar_t* x = in.ptr<scalar_t>();
+    scalar_t* y = out.ptr<scalar_t>();
+    parallel_for(0, split.outer * n, std::max<int64_t>(1, kGrain / std::max<int64_t>(split.inner, 1)),
+                 [&](int64_t b, int64_t e) {
+                   for (int64_t p = b; p < e; ++p) {
+                     int64_t o = p / n, j = p % n;
+                     int64_t src = checked(idx[j * istride], size, "index_select", dim);
+                     for (int64_t i = 0; i < split.inner; ++i) {
+                       y[offset_of(out, dim, o, j, i)] = x[offset_of(in, dim, o, src, i)];
+                     }
+                   }
+                 });
+  });
+}
+
+void index_add_kernel(const View& out, int dim, const View& index, const View& src) {
+  const int64_t* idx = index.ptr<int64_t>();
+  const int64_t istride = index.ndim() ? index.strides[0] : 0;
+  DimSplit split(src.sizes, dim);
+  const int64_t n = src.sizes[dim], size = out.sizes[dim];
+  KILN_DISPATCH_NUMERIC_TYPES(out.dtype, "index_add", [&] {
+    using M = opmath_t<scalar_t>;
+    const scalar_t* x = src.ptr<scalar_t>();
+    scalar_t* y = out.ptr<scalar_t>();
+    // Serial over the indexed dim (repeated indices add into the same row); parallel over `outer`.
+    parallel_for(0, split.outer, 1, [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        for (int64_t j = 0; j < n; ++j) {
+          int64_t dst = checked(idx[j * istride], size, "index_add", dim);
+          for (int64_t i = 0; i < split.inner; ++i) {
+            scalar_t& t = y[offset_of(out, dim, o, dst, i)];
+            t = static_cast<scalar_t>(static_cast<M>(t) + static_cast<M>(x[offset_of(src, dim, o, j, i)]));
+          }
+        }
+      }
+    });
+  });
+}
+
+void gather_kernel(const View& in, int dim, const View& index, const View& out) {
+  StridedLoop<2> loop({&out, &index});  // walks out and index together; in is addressed by hand
+  const int64_t size = in.sizes[dim];
+  const int nd = out.ndim();
+  KILN_DISPATCH_ALL_TYPES(in.dtype, "gather", [&] {
+    const scalar_t* x = in.ptr<scalar_t>();
+    scalar_t* y = out.ptr<scalar_t>();
+    const int64_t* ix = index.ptr<int64_t>();
+    parallel_for(0, out.numel(), kGrain, [&](int64_t b, int64_t e) {
+      for (int64_t p = b; p < e; ++p) {
+        int64_t rem = p, oo = 0, oi = 0, ox = 0;
+        for (int d = nd - 1; d >= 0; --d) {
+          int64_t c = rem % out.sizes[d];
+          rem /= out.sizes[d];
+          oo += c * out.strides[d];
+          oi += c * index.strides[d];
+          if (d != dim) ox += c * in.strides[d];
+        }
+        ox += checked(ix[oi], size, "gather", dim) * in.strides[dim];
+        y[oo] = x[ox];
+      }
+    });
+  });
+}
+
+void scatter_kernel(const View& out, int dim, const View& index, const View& src, bool accumulate) {
+  const int64_t size = out.sizes[dim];
+  const int nd = index.ndim();
+  KILN_DISPATCH_ALL_TYPES(out.dtype, "scatter", [&] {
+    const scalar_t* x = src.ptr<scalar_t>();
+    scalar_t* y = out.ptr<scalar_t>();
+    const int64_t* ix = index.ptr<int64_t>();
+    // Serial: two positions may scatter into the same element.
+    for (int64_t p = 0, n = index.numel(); p < n; ++p) {
+      int64_t rem = p, oi = 0, os = 0, oy = 0;
+      for (int d = nd - 1; d >= 0; --d) {
+        int64_t c = rem % index.sizes[d];
+        rem /= index.sizes[d];
+        oi += c * index.strides[d];
+        os += c * src.strides[d];
+        if (d != dim) oy += c * out.strides[d];
+      }
+      oy += checked(ix[oi], size, accumulate ? "scatter_add" : "scatter", dim) * out.strides[dim];
+      y[oy] = accumulate ? add_values(y[oy], x[os]) : x[os];
+    }
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,237 @@
+// cpu/reduce.cpp: reductions (sum, prod, max, min, argmax, argmin, all, any) over any set of dims.
+//
+// Two walks, chosen by where the reduced dims lie in memory:
+//  - "inner": the reduced dims include the input's fastest-moving dim (sum over the last dim, or over
+//    everything). Each output reduces its own slice in one pass; outputs are split across threads,
+//    or, for one output, the slice is cut into pieces whose partial results merge in order.
+//  - "outer": the fastest dim is kept (sum over the batch dim of (B, C)). Rows of the input are
+//    added into a row of accumulators, which keeps memory access sequential.
+// Floating sums and products accumulate in double, so results do not depend on the thread count
+// beyond double rounding; integer ones in int64.
+#include <cmath>
+#include <cstdlib>
+#include <limits>
+#include <memory>
+#include <type_traits>
+#include <vector>
+
+#include "cpu/convert.h"
+#include "cpu/kernels.h"
+#include "cpu/loops.h"
+
+namespace kiln::cpu {
+namespace {
+
+template <typename T>
+using wide_t = std::conditional_t<std::is_floating_point_v<opmath_t<T>>, double, int64_t>;
+
+template <typename T> struct SumR {
+  using acc_t = wide_t<T>;
+  using out_t = T;
+  static acc_t init() { return 0; }
+  static void update(acc_t& a, T x, int64_t) { a += static_cast<acc_t>(static_cast<opmath_t<T>>(x)); }
+  static void merge(acc_t& a, const acc_t& b) { a += b; }
+  static out_t result(acc_t a) { return static_cast<T>(static_cast<opmath_t<T>>(a)); }
+};
+template <typename T> struct ProdR {
+  using acc_t = wide_t<T>;
+  using out_t = T;
+  static acc_t init() { return 1; }
+  static void update(acc_t& a, T x, int64_t) { a *= static_cast<acc_t>(static_cast<opmath_t<T>>(x)); }
+  static void merge(acc_t& a, const acc_t& b) { a *= b; }
+  static out_t result(acc_t a) { return static_cast<T>(static_cast<opmath_t<T>>(a)); }
+};
+// Max (kMax true) or min; NaN wins, as in PyTorch.
+template <typename T, bool kMax> struct ExtremeR {
+  using M = opmath_t<T>;
+  using acc_t = M;
+  using out_t = T;
+  static acc_t init() {
+    if constexpr (std::is_floating_point_v<M>) return kMax ? -std::numeric_limits<M>::infinity() : std::numeric_limits<M>::infinity();
+    else return kMax ? std::numeric_limits<M>::lowest() : std::numeric_limits<M>::max();
+  }
+  static bool better(M x, M a) {
+    if (x != x) return a == a;  // x is NaN and a is not yet
+    return kMax ? x > a : x < a;
+  }
+  static void update(acc_t& a, T x, int64_t) {
+    M v = static_cast<M>(x);
+    if (better(v, a)) a = v;
+  }
+  static void merge(acc_t& a, const acc_t& b) {
+    if (better(b, a)) a = b;
+  }
+  static out_t result(acc_t a) { return static_cast<T>(a); }
+};
+// The index of the first max (or min); NaN counts as the largest, as in PyTorch.
+template <typename T, bool kMax> struct ArgR {
+  using M = opmath_t<T>;
+  struct acc_t {
+    M value;
+    int64_t index;
+  };
+  using out_t = int64_t;
+  static acc_t init() { return {ExtremeR<T, kMax>::init(), -1}; }
+  static void update(acc_t& a, T x, int64_t i) {
+    M v = static_cast<M>(x);
+    if (a.index < 0 || ExtremeR<T, kMax>::better(v, a.value)) a = {v, i};
+  }
+  static void merge(acc_t& a, const acc_t& b) {
+    if (b.index >= 0 && (a.index < 0 || ExtremeR<T, kMax>::better(b.value, a.value))) a = b;
+  }
+  static out_t result(acc_t a) { return a.index < 0 ? 0 : a.index; }
+};
+template <bool kAll> struct LogicalR {
+  using acc_t = bool;
+  using out_t = bool;
+  static acc_t init() { return kAll; }
+  static void update(acc_t& a, bool x, int64_t) { a = kAll ? (a && x) : (a || x); }
+  static void merge(acc_t& a, const acc_t& b) { a = kAll ? (a && b) : (a || b); }
+  static out_t result(acc_t a) { return a; }
+};
+
+struct Plan {
+  View kept;        // the kept dims: sizes, input strides (in elements); data = in.data
+  Shape kept_out_strides;
+  View reduced;     // the reduced dims: sizes and input strides
+  bool inner = true;
+};
+
+Plan make_plan(const View& in, const View& out) {
+  Plan p;
+  p.kept.data = p.reduced.data = in.data;
+  p.kept.dtype = p.reduced.dtype = in.dtype;
+  int fastest = -1;
+  for (int d = 0; d < in.ndim(); ++d) {
+    if (in.sizes[d] == 1) continue;
+    if (fastest < 0 || std::llabs(in.strides[d]) < std::llabs(in.strides[fastest])) fastest = d;
+    bool reduced = out.sizes[d] == 1;
+    if (reduced) {
+      p.reduced.sizes.push_back(in.sizes[d]);
+      p.reduced.strides.push_back(in.strides[d]);
+    } else {
+      p.kept.sizes.push_back(in.sizes[d]);
+      p.kept.strides.push_back(in.strides[d]);
+      p.kept_out_strides.push_back(out.strides[d]);
+    }
+  }
+  p.inner = fastest < 0 || out.sizes[fastest] == 1;
+  return p;
+}
+
+// One output's slice, reduced over [begin, end) of its flattened reduced index.
+template <typename R, typename T>
+typename R::acc_t reduce_slice(const StridedLoop<1>& loop, int64_t begin, int64_t end) {
+  typename R::acc_t acc = R::init();
+  int64_t pos = begin;
+  loop.run(begin, end, [&](char* const* p, const int64_t* s, int64_t n) {
+    const char* x = p[0];
+    for (int64_t i = 0; i < n; ++i) R::update(acc, at<T>(const_cast<char*>(x), i * s[0]), pos + i);
+    pos += n;
+  });
+  return acc;
+}
+
+template <typename R, typename T>
+void reduce_inner(const Plan& plan, const View& out) {
+  using out_t = typename R::out_t;
+  StridedLoop<1> slice({&plan.reduced});
+  const int64_t slice_len = plan.reduced.numel();
+  const int64_t outputs = plan.kept.numel();
+  const int64_t in_item = itemsize(plan.kept.dtype);
+  if (outputs == 1) {  // one output: cut the slice into pieces, merge the partials in order
+    int pieces = parallel_pieces(slice_len, kGrain);
+    std::vector<typename R::acc_t> partial(static_cast<size_t>(pieces), R::init());
+    parallel_for(0, pieces, 1, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e; ++k) {
+        partial[k] = reduce_slice<R, T>(slice, slice_len * k / pieces, slice_len * (k + 1) / pieces);
+      }
+    });
+    typename R::acc_t acc = partial[0];
+    for (int k = 1; k < pieces; ++k) R::merge(acc, partial[k]);
+    *out.ptr<out_t>() = R::result(acc);
+    return;
+  }
+  const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(slice_len, 1));
+  parallel_for(0, outputs, grain, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      int64_t rem = k, in_off = 0, out_off = 0;
+      for (int d = plan.kept.ndim() - 1; d >= 0; --d) {
+        int64_t i = rem % plan.kept.sizes[d];
+        rem /= plan.kept.sizes[d];
+        in_off += i * plan.kept.strides[d];
+        out_off += i * plan.kept_out_strides[d];
+      }
+      auto acc = reduce_slice<R, T>(slice.shifted({in_off * in_item}), 0, slice_len);
+      out.ptr<out_t>()[out_off] = R::result(acc);
+    }
+  });
+}
+
+// Outer reductions: accumulate every input element into acc[its output], walking the input in
+// memory order. Serial: these are the bias-gradient sums, small next to the GEMMs around them.
+template <typename R, typename T>
+void reduce_outer(const View& in, const View& out) {
+  using acc_t = typename R::acc_t;
+  using out_t = typename R::out_t;
+  // unique_ptr rather than vector: vector<bool> has no data().
+  const int64_t n_out = out.numel();
+  std::unique_ptr<acc_t[]> acc(new acc_t[static_cast<size_t>(n_out)]);
+  for (int64_t i = 0; i < n_out; ++i) acc[i] = R::init();
+  View acc_view;  // acc laid out as `out` contiguous, broadcast (stride 0) over the reduced dims
+  acc_view.data = acc.get();
+  acc_view.dtype = in.dtype;  // only its item size is used below; fixed by the byte strides
+  acc_view.sizes = in.sizes;
+  Shape acc_strides = contiguous_strides(out.sizes);
+  acc_view.strides = Shape::filled(in.ndim(), 0);
+  for (int d = 0; d < in.ndim(); ++d) {
+    if (out.sizes[d] != 1) {
+      acc_view.strides[d] = acc_strides[d] * static_cast<int64_t>(sizeof(acc_t)) / itemsize(in.dtype);
+    }
+  }
+  // acc strides in units of in's item size must be exact: sizeof(acc_t) is a multiple of it.
+  StridedLoop<2> loop({&acc_view, &in});
+  loop.run(0, loop.numel(), [](char* const* p, const int64_t* s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) R::update(at<acc_t>(p[0], i * s[0]), at<T>(p[1], i * s[1]), 0);
+  });
+  StridedLoop<1> out_loop({&out});
+  int64_t k = 0;
+  out_loop.run(0, out_loop.numel(), [&](char* const* p, const int64_t* s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) at<out_t>(p[0], i * s[0]) = R::result(acc[k++]);
+  });
+}
+
+template <typename R, typename T>
+void reduce_with(const View& in, const View& out, bool allow_outer) {
+  Plan plan = make_plan(in, out);
+  if (!plan.inner && allow_outer && sizeof(typename R::acc_t) % itemsize(in.dtype) == 0) {
+    reduce_outer<R, T>(in, out);
+  } else {
+    reduce_inner<R, T>(plan, out);
+  }
+}
+
+}  // namespace
+
+void reduce_kernel(ReduceOp op, const View& in, const View& out) {
+  if (op == ReduceOp::All || op == ReduceOp::Any) {
+    KILN_CHECK(in.dtype == kBool, "all/any: the CPU kernel expects bool input");
+    if (op == ReduceOp::All) reduce_with<LogicalR<true>, bool>(in, out, true);
+    else reduce_with<LogicalR<false>, bool>(in, out, true);
+    return;
+  }
+  KILN_DISPATCH_NUMERIC_TYPES(in.dtype, "reduce", [&] {
+    using T = scalar_t;
+    switch (op) {
+      case ReduceOp::Sum: return reduce_with<SumR<T>, T>(in, out, true);
+      case ReduceOp::Prod: return reduce_with<ProdR<T>, T>(in, out, true);
+      case ReduceOp::Max: return reduce_with<ExtremeR<T, true>, T>(in, out, true);
+      case ReduceOp::Min: return reduce_with<ExtremeR<T, false>, T>(in, out, true);
+      case ReduceOp::ArgMax: return reduce_with<ArgR<T, true>, T>(in, out, false);
+      case ReduceOp::ArgMin: return reduce_with<ArgR<T, false>, T>(in, out, false);
+      default: KILN_FAIL("reduce: unexpected op");
+    }
+  });
+}
+
+}  // namespace kiln::cpu

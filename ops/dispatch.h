@@ -1,0 +1,23 @@
+// ops/dispatch.h: the helpers every op uses: the backend of a device (the one switch), the raw View of
+// a tensor, broadcast views, and output allocation.
+#pragma once
+
+#include "core/backend.h"
+#include "core/tensor.h"
+
+namespace kiln {
+
+Backend& backend_for(Device device);  // cpu::backend() or cuda::backend()
+Stream stream_for(Device device);     // the device's current stream
+
+View view_of(const Tensor& t);
+// t's view stretched to `shape` (right-aligned, stride 0 where t has size 1 or no dim).
+View broadcast_view(const Tensor& t, const Shape& shape);
+
+// A new contiguous tensor, uninitialized, on `device`.
+Tensor empty_tensor(const Shape& shape, DType dtype, Device device);
+
+// "add: expected all tensors on one device, got cpu and cuda:0 (move one with .to(device))"
+void check_same_device(const char* op, const Tensor& a, const Tensor& b);
+
+}  // namespace kiln

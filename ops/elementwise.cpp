@@ -1,0 +1,565 @@
+// ops/elementwise.cpp: unary and binary elementwise ops, where/masked_fill, their in-place forms, and
+// PyTorch's type promotion. Each op's backward formula sits right after its forward.
+#include <cmath>
+#include <limits>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+#include "ops/record.h"
+
+namespace kiln {
+
+using autograd::Grads;
+using autograd::record;
+using autograd::SavedTensor;
+using autograd::should_record;
+using autograd::TensorList;
+
+namespace {
+
+enum class Category { Bool, Integral, Floating };
+Category category(DType t) {
+  return t == kBool ? Category::Bool : is_floating(t) ? Category::Floating : Category::Integral;
+}
+Category category(const Scalar& s) {
+  return s.is_bool() ? Category::Bool : s.is_floating() ? Category::Floating : Category::Integral;
+}
+
+// PyTorch's can_cast: no float -> integer and no number -> bool for in-place results.
+bool can_cast(DType from, DType to) { return category(from) <= category(to); }
+
+Tensor cast_no_grad(const Tensor& x, DType dtype) {
+  if (x.dtype() == dtype) return x;
+  NoGradGuard no_grad;
+  return x.to(dtype);
+}
+
+DType floating_of(DType t) { return is_floating(t) ? t : kFloat32; }
+
+// ---- unary ----
+
+Tensor unary_forward(UnaryOp op, const Tensor& x, DType dtype, UnaryArgs args = {}) {
+  Tensor in = cast_no_grad(x, dtype);
+  Tensor out = empty_tensor(x.sizes(), op == UnaryOp::LogicalNot ? kBool : dtype, x.device());
+  backend_for(x.device()).unary(op, view_of(in), view_of(out), args, stream_for(x.device()));
+  return out;
+}
+
+void check_not_bool(const Tensor& x, const char* op) {
+  KILN_CHECK(x.dtype() != kBool, "{}: not defined for bool tensors; convert first, e.g. x.to(kFloat32)", op);
+}
+
+// A floating unary op: integers are promoted to float32, as in PyTorch.
+Tensor float_unary(UnaryOp op, const Tensor& x, const char* name, UnaryArgs args = {}) {
+  check_not_bool(x, name);
+  return unary_forward(op, x, floating_of(x.dtype()), args);
+}
+
+// The three shapes a unary backward takes: from the input, from the output, or from neither.
+template <typename F>
+Tensor with_input_grad(Tensor y, const Tensor& x, const char* name, F formula) {
+  if (should_record(x)) {
+    record(name, {x}, {y}, [name, formula, xs = SavedTensor(x, false)](const Grads& g) -> TensorList {
+      return {formula(g[0], xs.unpack(name))};
+    });
+  }
+  return y;
+}
+template <typename F>
+Tensor with_output_grad(Tensor y, const Tensor& x, const char* name, F formula) {
+  if (should_record(x)) {
+    record(name, {x}, {y}, [name, formula, ys = SavedTensor(y, true)](const Grads& g) -> TensorList {
+      return {formula(g[0], ys.unpack(name))};
+    });
+  }
+  return y;
+}
+
+// ---- binary ----
+
+struct Broadcast {
+  Shape shape;
+  DType dtype;
+};
+
+Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, DType compute, double alpha,
+                      const char* name) {
+  check_same_device(name, a, b);
+  Shape shape = a.sizes() == b.sizes() ? a.sizes() : broadcast_shapes(a.sizes(), b.sizes(), name);
+  Tensor ac = cast_no_grad(a, compute), bc = cast_no_grad(b, compute);
+  Tensor out = empty_tensor(shape, is_comparison(op) ? kBool : compute, a.device());
+  backend_for(a.device())
+      .binary(op, broadcast_view(ac, shape), broadcast_view(bc, shape), view_of(out), alpha,
+              stream_for(a.device()));
+  return out;
+}
+
+// The gradient of an input that was broadcast and converted on the way in.
+Tensor grad_for(const Tensor& g, const Tensor& input_like, const Shape& shape, DType dtype) {
+  Tensor r = g.sizes() == shape ? g : sum_to(g, shape);
+  return r.dtype() == dtype ? r : r.to(dtype);
+}
+
+struct InputInfo {
+  Shape shape;
+  DType dtype;
+  explicit InputInfo(const Tensor& t) : shape(t.sizes()), dtype(t.dtype()) {}
+  Tensor fit(const Tensor& g) const { return grad_for(g, g, shape, dtype); }
+};
+
+Tensor arithmetic(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, const char* name) {
+  check_not_bool(a, name);
+  check_not_bool(b, name);
+  DType dt = result_type(a, b);
+  if (op == BinaryOp::Div) dt = floating_of(dt);
+  return binary_forward(op, a, b, dt, alpha, name);
+}
+
+Tensor compare(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  return binary_forward(op, a, b, result_type(a, b), 1, name);
+}
+
+// A Scalar operand becomes a 0-dim tensor of the dtype the op will compute in.
+Tensor wrap(const Scalar& s, const Tensor& like) {
+  DType dt = result_type(like, s);
+  return scalar_tensor(s, TensorOptions(dt).device(like.device()));
+}
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+}  // namespace
+
+inline namespace ops {
+
+// ---- type promotion ----
+
+DType result_type(const Tensor& a, const Tensor& b) {
+  // Dimensioned tensors decide; a 0-dim tensor only raises the category (int tensor + float 0-dim
+  // tensor gives the 0-dim's float type), as in PyTorch.
+  bool a0 = a.dim() == 0, b0 = b.dim() == 0;
+  if (a0 == b0) return promote_types(a.dtype(), b.dtype());
+  const Tensor& dimmed = a0 ? b : a;
+  const Tensor& zero = a0 ? a : b;
+  if (category(zero.dtype()) > category(dimmed.dtype())) return zero.dtype();
+  return dimmed.dtype();
+}
+
+DType result_type(const Tensor& a, const Scalar& b) {
+  if (category(b) <= category(a.dtype())) return a.dtype();
+  return b.is_floating() ? kFloat32 : kInt64;  // the default dtype of the scalar's category
+}
+
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op) {
+  const int n = std::max(a.size(), b.size());
+  Shape out = Shape::filled(n, 1);
+  for (int i = 0; i < n; ++i) {
+    int ia = i - (n - a.size()), ib = i - (n - b.size());
+    int64_t sa = ia >= 0 ? a[ia] : 1, sb = ib >= 0 ? b[ib] : 1;
+    KILN_CHECK(sa == sb || sa == 1 || sb == 1,
+               "{}: shapes {} and {} cannot be broadcast: dim {} has sizes {} and {} (sizes must match "
+               "or one must be 1)",
+               op, a.str(), b.str(), i - n, sa, sb);
+    out[i] = sa == 1 ? sb : sa;
+  }
+  return out;
+}
+
+// ---- unary ops ----
+
+Tensor neg(const Tensor& x) {
+  check_not_bool(x, "neg");
+  Tensor y = unary_forward(UnaryOp::Neg, x, x.dtype());
+  if (should_record(x)) record("NegBackward", {x}, {y}, [](const Grads& g) -> TensorList { return {-g[0]}; });
+  return y;
+}
+Tensor abs(const Tensor& x) {
+  check_not_bool(x, "abs");
+  return with_input_grad(unary_forward(UnaryOp::Abs, x, x.dtype()), x, "AbsBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * x.sign(); });
+}
+Tensor sign(const Tensor& x) {
+  check_not_bool(x, "sign");
+  Tensor y = unary_forward(UnaryOp::Sign, x, x.dtype());
+  if (should_record(x)) record("SignBackward", {x}, {y}, [](const Grads& g) -> TensorList { return {zeros_like(g[0])}; });
+  return y;
+}
+Tensor exp(const Tensor& x) {
+  return with_output_grad(float_unary(UnaryOp::Exp, x, "exp"), x, "ExpBackward",
+                          [](const Tensor& g, const Tensor& y) { return g * y; });  // d e^x = e^x
+}
+Tensor log(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::Log, x, "log"), x, "LogBackward",
+                         [](const Tensor& g, const Tensor& x) { return g / x; });
+}
+Tensor log1p(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::Log1p, x, "log1p"), x, "Log1pBackward",
+                         [](const Tensor& g, const Tensor& x) { return g / (x + 1); });
+}
+Tensor expm1(const Tensor& x) {
+  return with_output_grad(float_unary(UnaryOp::Expm1, x, "expm1"), x, "Expm1Backward",
+                          [](const Tensor& g, const Tensor& y) { return g * (y + 1); });
+}
+Tensor sqrt(const Tensor& x) {
+  return with_output_grad(float_unary(UnaryOp::Sqrt, x, "sqrt"), x, "SqrtBackward",
+                          [](const Tensor& g, const Tensor& y) { return g / (y * 2); });
+}
+Tensor rsqrt(const Tensor& x) {  // d x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
+  return with_output_grad(float_unary(UnaryOp::Rsqrt, x, "rsqrt"), x, "RsqrtBackward",
+                          [](const Tensor& g, const Tensor& y) { return g * y * y * y * -0.5; });
+}
+Tensor reciprocal(const Tensor& x) {  // d 1/x = -1/x^2
+  return with_output_grad(float_unary(UnaryOp::Reciprocal, x, "reciprocal"), x, "ReciprocalBackward",
+                          [](const Tensor& g, const Tensor& y) { return -(g * y * y); });
+}
+Tensor sin(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::Sin, x, "sin"), x, "SinBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * x.cos(); });
+}
+Tensor cos(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::Cos, x, "cos"), x, "CosBackward",
+                         [](const Tensor& g, const Tensor& x) { return -(g * x.sin()); });
+}
+Tensor tanh(const Tensor& x) {  // d tanh = 1 - tanh^2
+  return with_output_grad(float_unary(UnaryOp::Tanh, x, "tanh"), x, "TanhBackward",
+                          [](const Tensor& g, const Tensor& y) { return g * (1 - y * y); });
+}
+Tensor sigmoid(const Tensor& x) {  // d s = s (1 - s)
+  return with_output_grad(float_unary(UnaryOp::Sigmoid, x, "sigmoid"), x, "SigmoidBackward",
+                          [](const Tensor& g, const Tensor& y) { return g * y * (1 - y); });
+}
+Tensor relu(const Tensor& x) {
+  check_not_bool(x, "relu");
+  return with_output_grad(unary_forward(UnaryOp::Relu, x, x.dtype()), x, "ReluBackward",
+                          [](const Tensor& g, const Tensor& y) { return g * y.gt(0); });
+}
+Tensor gelu(const Tensor& x, std::string_view approximate) {
+  KILN_CHECK(approximate == "none" || approximate == "tanh",
+             "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
+  if (approximate == "tanh") {
+    // d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2)
+    return with_input_grad(float_unary(UnaryOp::GeluTanh, x, "gelu"), x, "GeluBackward",
+                           [](const Tensor& g, const Tensor& x) {
+                             const double k = 0.79788456080286535588, c = 0.044715;
+                             Tensor x2 = x * x;
+                             Tensor t = ((x + x2 * x * c) * k).tanh();
+                             return g * ((t + 1) * 0.5 + x * (1 - t * t) * (x2 * (3 * c) + 1) * (0.5 * k));
+                           });
+  }
+  // d/dx x Phi(x) = Phi(x) + x phi(x)
+  return with_input_grad(float_unary(UnaryOp::GeluErf, x, "gelu"), x, "GeluBackward",
+                         [](const Tensor& g, const Tensor& x) {
+                           Tensor cdf = (erf(x * 0.70710678118654752440) + 1) * 0.5;
+                           Tensor pdf = (x * x * -0.5).exp() * 0.39894228040143267794;
+                           return g * (cdf + x * pdf);
+                         });
+}
+Tensor silu(const Tensor& x) {  // d x s(x) = s (1 + x (1 - s))
+  return with_input_grad(float_unary(UnaryOp::Silu, x, "silu"), x, "SiluBackward",
+                         [](const Tensor& g, const Tensor& x) {
+                           Tensor s = x.sigmoid();
+                           return g * s * (x * (1 - s) + 1);
+                         });
+}
+Tensor softplus(const Tensor& x) {  // d log(1 + e^x) = sigmoid(x); the identity above 20
+  return with_input_grad(float_unary(UnaryOp::Softplus, x, "softplus"), x, "SoftplusBackward",
+                         [](const Tensor& g, const Tensor& x) { return where(x.gt(20), g, g * x.sigmoid()); });
+}
+Tensor erf(const Tensor& x) {  // d erf = 2/sqrt(pi) e^(-x^2)
+  return with_input_grad(float_unary(UnaryOp::Erf, x, "erf"), x, "ErfBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * (x * x).neg().exp() * 1.1283791670955126; });
+}
+Tensor square(const Tensor& x) {
+  check_not_bool(x, "square");
+  return with_input_grad(unary_forward(UnaryOp::Square, x, x.dtype()), x, "SquareBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * x * 2; });
+}
+Tensor pow(const Tensor& x, const Scalar& exponent) {
+  check_not_bool(x, "pow");
+  DType dt = result_type(x, exponent);
+  KILN_CHECK(!(is_integral(dt) && exponent.to_double() < 0),
+             "pow: integers to negative integer powers are not allowed; convert the base to float");
+  const double p = exponent.to_double();
+  return with_input_grad(unary_forward(UnaryOp::PowScalar, x, dt, {p, 0}), x, "PowBackward",
+                         [p](const Tensor& g, const Tensor& x) {
+                           if (p == 0) return zeros_like(g);
+                           return g * x.pow(p - 1) * p;  // d x^p = p x^(p-1)
+                         });
+}
+Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
+  check_not_bool(x, "clamp");
+  KILN_CHECK(min || max, "clamp: at least one of min and max must be given");
+  double lo = min ? min->to_double() : -kInf, hi = max ? max->to_double() : kInf;
+  DType dt = x.dtype();
+  if (min) dt = promote_types(dt, result_type(x, *min));
+  if (max) dt = promote_types(dt, result_type(x, *max));
+  return with_input_grad(unary_forward(UnaryOp::Clamp, x, dt, {lo, hi}), x, "ClampBackward",
+                         [lo, hi](const Tensor& g, const Tensor& x) {
+                           return g * x.ge(lo).logical_and(x.le(hi));  // 1 inside [min, max]
+                         });
+}
+Tensor logical_not(const Tensor& x) { return unary_forward(UnaryOp::LogicalNot, x, x.dtype()); }
+
+// ---- binary ops ----
+
+Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha) {
+  Tensor out = arithmetic(BinaryOp::Add, a, b, alpha.to_double(), "add");
+  if (should_record(a, b)) {
+    double al = alpha.to_double();
+    record("AddBackward", {a, b}, {out}, [ia = InputInfo(a), ib = InputInfo(b), al](const Grads& g) -> TensorList {
+      return {g.needs_grad(0) ? ia.fit(g[0]) : Tensor(),
+              g.needs_grad(1) ? ib.fit(al == 1 ? g[0] : g[0] * al) : Tensor()};
+    });
+  }
+  return out;
+}
+Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha) {
+  Tensor out = arithmetic(BinaryOp::Sub, a, b, alpha.to_double(), "sub");
+  if (should_record(a, b)) {
+    double al = alpha.to_double();
+    record("SubBackward", {a, b}, {out}, [ia = InputInfo(a), ib = InputInfo(b), al](const Grads& g) -> TensorList {
+      return {g.needs_grad(0) ? ia.fit(g[0]) : Tensor(),
+              g.needs_grad(1) ? ib.fit(g[0] * -al) : Tensor()};
+    });
+  }
+  return out;
+}
+Tensor mul(const Tensor& a, const Tensor& b) {
+  Tensor out = arithmetic(BinaryOp::Mul, a, b, 1, "mul");
+  if (should_record(a, b)) {
+    record("MulBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),
+            sb = SavedTensor(a.requires_grad() ? b : Tensor(), false)](const Grads& g) -> TensorList {
+             return {g.needs_grad(0) ? ia.fit(g[0] * sb.unpack("MulBackward")) : Tensor(),
+                     g.needs_grad(1) ? ib.fit(g[0] * sa.unpack("MulBackward")) : Tensor()};
+           });
+  }
+  return out;
+}
+Tensor div(const Tensor& a, const Tensor& b) {
+  Tensor out = arithmetic(BinaryOp::Div, a, b, 1, "div");
+  if (should_record(a, b)) {
+    record("DivBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),
+            sb = SavedTensor(b, false)](const Grads& g) -> TensorList {
+             Tensor bv = sb.unpack("DivBackward");
+             return {g.needs_grad(0) ? ia.fit(g[0] / bv) : Tensor(),  // d a/b / da = 1/b
+                     g.needs_grad(1) ? ib.fit(-(g[0] * sa.unpack("DivBackward")) / (bv * bv)) : Tensor()};
+           });
+  }
+  return out;
+}
+Tensor pow(const Tensor& a, const Tensor& b) {
+  Tensor out = arithmetic(BinaryOp::Pow, a, b, 1, "pow");
+  if (should_record(a, b)) {
+    record("PowBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(a, false), sb = SavedTensor(b, false),
+            so = SavedTensor(out, true)](const Grads& g) -> TensorList {
+             Tensor av = sa.unpack("PowBackward"), bv = sb.unpack("PowBackward");
+             Tensor ga, gb;
+             if (g.needs_grad(0)) ga = ia.fit(g[0] * bv * av.pow(bv - 1));  // b a^(b-1)
+             if (g.needs_grad(1)) {  // a^b log a, taken as 0 where a = 0 and b >= 0
+               Tensor d = g[0] * so.unpack("PowBackward") * av.log();
+               gb = ib.fit(where(av.eq(0).logical_and(bv.ge(0)), zeros_like(d), d));
+             }
+             return {ga, gb};
+           });
+  }
+  return out;
+}
+// maximum/minimum: the gradient goes to the larger (smaller) input; ties split it in half.
+static Tensor extreme(const Tensor& a, const Tensor& b, bool is_max) {
+  Tensor out = arithmetic(is_max ? BinaryOp::Maximum : BinaryOp::Minimum, a, b, 1, is_max ? "maximum" : "minimum");
+  if (should_record(a, b)) {
+    record(is_max ? "MaximumBackward" : "MinimumBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(a, false), sb = SavedTensor(b, false),
+            is_max](const Grads& g) -> TensorList {
+             Tensor av = sa.unpack("MaximumBackward"), bv = sb.unpack("MaximumBackward");
+             Tensor wins = (is_max ? av.gt(bv) : av.lt(bv)).to(g[0].dtype()) + av.eq(bv).to(g[0].dtype()) * 0.5;
+             return {g.needs_grad(0) ? ia.fit(g[0] * wins) : Tensor(),
+                     g.needs_grad(1) ? ib.fit(g[0] * (1 - wins)) : Tensor()};
+           });
+  }
+  return out;
+}
+Tensor maximum(const Tensor& a, const Tensor& b) { return extreme(a, b, true); }
+Tensor minimum(const Tensor& a, const Tensor& b) { return extreme(a, b, false); }
+
+Tensor add(const Tensor& a, const Scalar& b) { return add(a, wrap(b, a)); }
+Tensor sub(const Tensor& a, const Scalar& b) { return sub(a, wrap(b, a)); }
+Tensor rsub(const Tensor& a, const Scalar& b) { return sub(wrap(b, a), a); }
+Tensor mul(const Tensor& a, const Scalar& b) { return mul(a, wrap(b, a)); }
+Tensor div(const Tensor& a, const Scalar& b) { return div(a, wrap(b, a)); }
+
+Tensor eq(const Tensor& a, const Tensor& b) { return compare(BinaryOp::Eq, a, b, "eq"); }
+Tensor ne(const Tensor& a, const Tensor& b) { return compare(BinaryOp::Ne, a, b, "ne"); }
+Tensor lt(const Tensor& a, const Tensor& b) { return compare(BinaryOp::Lt, a, b, "lt"); }
+Tensor le(const Tensor& a, const Tensor& b) { return compare(BinaryOp::Le, a, b, "le"); }
+Tensor gt(const Tensor& a, const Tensor& b) { return compare(BinaryOp::Gt, a, b, "gt"); }
+Tensor ge(const Tensor& a, const Tensor& b) { return compare(BinaryOp::Ge, a, b, "ge"); }
+Tensor eq(const Tensor& a, const Scalar& b) { return eq(a, wrap(b, a)); }
+Tensor ne(const Tensor& a, const Scalar& b) { return ne(a, wrap(b, a)); }
+Tensor lt(const Tensor& a, const Scalar& b) { return lt(a, wrap(b, a)); }
+Tensor le(const Tensor& a, const Scalar& b) { return le(a, wrap(b, a)); }
+Tensor gt(const Tensor& a, const Scalar& b) { return gt(a, wrap(b, a)); }
+Tensor ge(const Tensor& a, const Scalar& b) { return ge(a, wrap(b, a)); }
+Tensor logical_and(const Tensor& a, const Tensor& b) { return compare(BinaryOp::LogicalAnd, a, b, "logical_and"); }
+Tensor logical_or(const Tensor& a, const Tensor& b) { return compare(BinaryOp::LogicalOr, a, b, "logical_or"); }
+
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
+  KILN_CHECK(condition.dtype() == kBool, "where: the condition must be a bool tensor, got {}",
+             dtype_name(condition.dtype()));
+  check_same_device("where", condition, a);
+  check_same_device("where", a, b);
+  Shape shape = broadcast_shapes(broadcast_shapes(condition.sizes(), a.sizes(), "where"), b.sizes(), "where");
+  DType dt = result_type(a, b);
+  Tensor ac = cast_no_grad(a, dt), bc = cast_no_grad(b, dt);
+  Tensor out = empty_tensor(shape, dt, a.device());
+  backend_for(a.device()).where(broadcast_view(condition, shape), broadcast_view(ac, shape),
+                                broadcast_view(bc, shape), view_of(out), stream_for(a.device()));
+  if (should_record(a, b)) {
+    record("WhereBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), c = SavedTensor(condition, false)](const Grads& g) -> TensorList {
+             Tensor cond = c.unpack("WhereBackward"), zero = zeros({}, g[0].options());
+             return {g.needs_grad(0) ? ia.fit(where(cond, g[0], zero)) : Tensor(),
+                     g.needs_grad(1) ? ib.fit(where(cond, zero, g[0])) : Tensor()};
+           });
+  }
+  return out;
+}
+Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b) {
+  return where(condition, a, scalar_tensor(b, TensorOptions(result_type(a, b)).device(a.device())));
+}
+
+Tensor masked_fill(const Tensor& x, const Tensor& mask, const Scalar& value) {
+  KILN_CHECK(mask.dtype() == kBool, "masked_fill: the mask must be a bool tensor, got {}", dtype_name(mask.dtype()));
+  KILN_CHECK(broadcast_shapes(mask.sizes(), x.sizes(), "masked_fill") == x.sizes(),
+             "masked_fill: the mask of shape {} must broadcast to the tensor's shape {}", mask.sizes().str(),
+             x.sizes().str());
+  return where(mask, scalar_tensor(value, x.options()), x);
+}
+
+}  // namespace ops
+
+// ---- in-place forms ----
+// Without autograd the kernel writes into self directly. With autograd, the op runs out of place on
+// a clone of self (so what its backward saves is the old value, not the overwritten one), the result
+// is copied into self, and self takes over the result's place in the graph.
+
+namespace {
+
+template <typename OutOfPlace>
+Tensor& inplace_recorded(Tensor& self, const char* op, OutOfPlace&& f) {
+  autograd::check_inplace(self, op);
+  Tensor r = f(self.clone());
+  {
+    NoGradGuard no_grad;
+    backend_for(self.device()).copy(view_of(r), r.device(), view_of(self), self.device(), stream_for(self.device()));
+  }
+  self.bump_version();
+  self.impl()->grad_fn = r.grad_fn();
+  self.impl()->output_nr = r.output_nr();
+  return self;
+}
+
+Tensor& binary_inplace(Tensor& self, BinaryOp op, const Tensor& other, double alpha, const char* name,
+                       Tensor (*out_of_place)(const Tensor&, const Tensor&, double)) {
+  DType dt = result_type(self, other);
+  if (op == BinaryOp::Div) dt = floating_of(dt);
+  KILN_CHECK(can_cast(dt, self.dtype()), "{}: the result type {} can't be cast to the tensor's type {}", name,
+             dtype_name(dt), dtype_name(self.dtype()));
+  KILN_CHECK(broadcast_shapes(other.sizes(), self.sizes(), name) == self.sizes(),
+             "{}: the other operand's shape {} must broadcast to this tensor's shape {}", name,
+             other.sizes().str(), self.sizes().str());
+  if (should_record(self, other)) {
+    return inplace_recorded(self, name, [&](const Tensor& s) { return out_of_place(s, other, alpha); });
+  }
+  check_same_device(name, self, other);
+  KILN_CHECK(self.dtype() != kBool, "{}: not defined for bool tensors", name);
+  Tensor o = cast_no_grad(other, self.dtype());
+  backend_for(self.device())
+      .binary(op, view_of(self), broadcast_view(o, self.sizes()), view_of(self), alpha, stream_for(self.device()));
+  self.bump_version();
+  return self;
+}
+
+Tensor& unary_inplace(Tensor& self, UnaryOp op, UnaryArgs args, const char* name, Tensor (*out_of_place)(const Tensor&)) {
+  if (should_record(self)) return inplace_recorded(self, name, out_of_place);
+  KILN_CHECK(self.dtype() != kBool, "{}: not defined for bool tensors", name);
+  backend_for(self.device()).unary(op, view_of(self), view_of(self), args, stream_for(self.device()));
+  self.bump_version();
+  return self;
+}
+
+}  // namespace
+
+Tensor& Tensor::add_(const Tensor& other, const Scalar& alpha) {
+  return binary_inplace(*this, BinaryOp::Add, other, alpha.to_double(), "add_",
+                        [](const Tensor& a, const Tensor& b, double al) { return ops::add(a, b, al); });
+}
+Tensor& Tensor::sub_(const Tensor& other, const Scalar& alpha) {
+  return binary_inplace(*this, BinaryOp::Sub, other, alpha.to_double(), "sub_",
+                        [](const Tensor& a, const Tensor& b, double al) { return ops::sub(a, b, al); });
+}
+Tensor& Tensor::mul_(const Tensor& other) {
+  return binary_inplace(*this, BinaryOp::Mul, other, 1, "mul_",
+                        [](const Tensor& a, const Tensor& b, double) { return ops::mul(a, b); });
+}
+Tensor& Tensor::div_(const Tensor& other) {
+  return binary_inplace(*this, BinaryOp::Div, other, 1, "div_",
+                        [](const Tensor& a, const Tensor& b, double) { return ops::div(a, b); });
+}
+Tensor& Tensor::add_(const Scalar& other) { return add_(wrap(other, *this)); }
+Tensor& Tensor::sub_(const Scalar& other) { return sub_(wrap(other, *this)); }
+Tensor& Tensor::mul_(const Scalar& other) { return mul_(wrap(other, *this)); }
+Tensor& Tensor::div_(const Scalar& other) { return div_(wrap(other, *this)); }
+
+Tensor& Tensor::relu_() {
+  return unary_inplace(*this, UnaryOp::Relu, {}, "relu_", [](const Tensor& x) { return ops::relu(x); });
+}
+Tensor& Tensor::neg_() {
+  return unary_inplace(*this, UnaryOp::Neg, {}, "neg_", [](const Tensor& x) { return ops::neg(x); });
+}
+Tensor& Tensor::exp_() {
+  KILN_CHECK(is_floating_point(), "exp_: needs a floating tensor, got {}", dtype_name(dtype()));
+  return unary_inplace(*this, UnaryOp::Exp, {}, "exp_", [](const Tensor& x) { return ops::exp(x); });
+}
+Tensor& Tensor::sqrt_() {
+  KILN_CHECK(is_floating_point(), "sqrt_: needs a floating tensor, got {}", dtype_name(dtype()));
+  return unary_inplace(*this, UnaryOp::Sqrt, {}, "sqrt_", [](const Tensor& x) { return ops::sqrt(x); });
+}
+Tensor& Tensor::pow_(const Scalar& exponent) {
+  KILN_CHECK(can_cast(result_type(*this, exponent), dtype()), "pow_: the result type can't be cast to {}",
+             dtype_name(dtype()));
+  if (should_record(*this)) return inplace_recorded(*this, "pow_", [&](const Tensor& x) { return ops::pow(x, exponent); });
+  backend_for(device()).unary(UnaryOp::PowScalar, view_of(*this), view_of(*this), {exponent.to_double(), 0},
+                              stream_for(device()));
+  bump_version();
+  return *this;
+}
+Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
+  if (should_record(*this)) return inplace_recorded(*this, "clamp_", [&](const Tensor& x) { return ops::clamp(x, min, max); });
+  KILN_CHECK(min || max, "clamp_: at least one of min and max must be given");
+  backend_for(device()).unary(UnaryOp::Clamp, view_of(*this), view_of(*this),
+                              {min ? min->to_double() : -kInf, max ? max->to_double() : kInf}, stream_for(device()));
+  bump_version();
+  return *this;
+}
+Tensor& Tensor::masked_fill_(const Tensor& mask, const Scalar& value) {
+  if (should_record(*this)) {
+    return inplace_recorded(*this, "masked_fill_", [&](const Tensor& x) { return ops::masked_fill(x, mask, value); });
+  }
+  Tensor filled = ops::masked_fill(*this, mask, value);
+  backend_for(device()).copy(view_of(filled), device(), view_of(*this), device(), stream_for(device()));
+  bump_version();
+  return *this;
+}
+Tensor& Tensor::fill_(const Scalar& value) {
+  if (should_record(*this)) autograd::check_inplace(*this, "fill_");
+  backend_for(device()).fill(view_of(*this), value, stream_for(device()));
+  bump_version();
+  if (impl_->grad_fn) impl_->grad_fn.reset();  // the old history no longer matters
+  return *this;
+}
+Tensor& Tensor::zero_() { return fill_(0); }
+
+}  // namespace kiln

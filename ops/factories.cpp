@@ -1,0 +1,161 @@
+// ops/factories.cpp: tensors made from nothing: empty, zeros, ones, full, arange, linspace, eye, the
+// random factories (Philox, core/generator.h), and tensors made from C++ data.
+#include <cmath>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+
+namespace kiln {
+inline namespace ops {
+
+static Tensor finish(Tensor t, const TensorOptions& options) {
+  if (options.requires_grad()) t.requires_grad_(true);
+  return t;
+}
+
+Tensor empty(const Shape& shape, TensorOptions options) {
+  return finish(empty_tensor(shape, options.dtype(), options.device()), options);
+}
+
+Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
+  Tensor t = empty_tensor(shape, options.dtype(), options.device());
+  backend_for(t.device()).fill(view_of(t), value, stream_for(t.device()));
+  return finish(t, options);
+}
+Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0, options); }
+Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1, options); }
+Tensor scalar_tensor(const Scalar& value, TensorOptions options) { return full({}, value, options); }
+
+Tensor arange(const Scalar& end, TensorOptions options) {
+  return arange(0, end, 1, options.dtype(), options.device());
+}
+
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, std::optional<DType> dtype,
+              Device device) {
+  double s = start.to_double(), e = end.to_double(), st = step.to_double();
+  KILN_CHECK(st != 0, "arange: step must be nonzero");
+  KILN_CHECK((st > 0 && e >= s) || (st < 0 && e <= s),
+             "arange: the range [{}, {}) cannot be walked with step {}", s, e, st);
+  auto n = static_cast<int64_t>(std::ceil((e - s) / st));
+  // As PyTorch: integer arguments give int64, any float argument gives the default float.
+  DType dt = dtype.value_or(start.is_floating() || end.is_floating() || step.is_floating() ? kFloat32 : kInt64);
+  Tensor t = empty_tensor({n}, dt, device);
+  backend_for(device).arange(view_of(t), s, st, stream_for(device));
+  return t;
+}
+
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
+  KILN_CHECK(steps >= 0, "linspace: steps must be non-negative, got {}", steps);
+  Tensor t = empty_tensor({steps}, options.dtype(), options.device());
+  double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
+  backend_for(t.device()).arange(view_of(t), start, step, stream_for(t.device()));
+  return finish(t, options);
+}
+
+Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
+  int64_t cols = m.value_or(n);
+  KILN_CHECK(n >= 0 && cols >= 0, "eye: sizes must be non-negative, got {} x {}", n, cols);
+  Tensor t = zeros({n, cols}, TensorOptions(options.dtype()).device(options.device()));
+  Tensor diag = as_strided(t, {std::min(n, cols)}, {cols + 1}, 0);
+  backend_for(t.device()).fill(view_of(diag), 1, stream_for(t.device()));
+  return finish(t, options);
+}
+
+static Tensor random_tensor(RandomKind kind, const Shape& shape, double a, double b,
+                            TensorOptions options, Generator* gen) {
+  Tensor t = empty_tensor(shape, options.dtype(), options.device());
+  auto state = (gen ? *gen : default_generator()).reserve(t.numel());
+  backend_for(t.device()).random(kind, view_of(t), state.seed, state.offset, a, b, stream_for(t.device()));
+  return finish(t, options);
+}
+
+Tensor rand(const Shape& shape, TensorOptions options, Generator* gen) {
+  KILN_CHECK(is_floating(options.dtype()), "rand: needs a floating dtype, got {}", dtype_name(options.dtype()));
+  return random_tensor(RandomKind::Uniform, shape, 0, 1, options, gen);
+}
+Tensor randn(const Shape& shape, TensorOptions options, Generator* gen) {
+  KILN_CHECK(is_floating(options.dtype()), "randn: needs a floating dtype, got {}", dtype_name(options.dtype()));
+  return random_tensor(RandomKind::Normal, shape, 0, 1, options, gen);
+}
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options, Generator* gen) {
+  KILN_CHECK(high > low, "randint: expected low < high, got low={} high={}", low, high);
+  return random_tensor(RandomKind::Randint, shape, static_cast<double>(low), static_cast<double>(high),
+                       options, gen);
+}
+Tensor bernoulli(const Shape& shape, double p, TensorOptions options, Generator* gen) {
+  KILN_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got {}", p);
+  return random_tensor(RandomKind::Bernoulli, shape, p, 0, options, gen);
+}
+
+Tensor randperm(int64_t n, TensorOptions options, Generator* gen) {
+  KILN_CHECK(n >= 0, "randperm: n must be non-negative, got {}", n);
+  // Fisher-Yates on the host, drawing one Philox word pair per swap; the result is then moved.
+  Tensor keys = randint(0, std::numeric_limits<int32_t>::max(), {n}, kInt64, gen);
+  const int64_t* k = keys.data_ptr<int64_t>();
+  std::vector<int64_t> perm(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) perm[i] = i;
+  for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[k[i] % (i + 1)]);
+  return from_vector(perm, {n}).to(options.device(), options.dtype());
+}
+
+Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.options()); }
+Tensor zeros_like(const Tensor& t) { return zeros(t.sizes(), t.options()); }
+Tensor ones_like(const Tensor& t) { return ones(t.sizes(), t.options()); }
+Tensor full_like(const Tensor& t, const Scalar& value) { return full(t.sizes(), value, t.options()); }
+Tensor rand_like(const Tensor& t, Generator* gen) { return rand(t.sizes(), t.options(), gen); }
+Tensor randn_like(const Tensor& t, Generator* gen) { return randn(t.sizes(), t.options(), gen); }
+Tensor randint_like(const Tensor& t, int64_t low, int64_t high, Generator* gen) {
+  return randint(low, high, t.sizes(), t.options(), gen);
+}
+
+Tensor tensor(std::initializer_list<double> values, TensorOptions options) {
+  std::vector<double> v(values);
+  Tensor t = from_vector(v, {static_cast<int64_t>(v.size())}).to(options.device(), options.dtype());
+  return finish(t, options);
+}
+
+Tensor tensor(std::initializer_list<std::initializer_list<double>> rows, TensorOptions options) {
+  std::vector<double> v;
+  const int64_t cols = rows.size() ? static_cast<int64_t>(rows.begin()->size()) : 0;
+  for (const auto& row : rows) {
+    KILN_CHECK(static_cast<int64_t>(row.size()) == cols,
+               "tensor: every row must have the same length; got {} and {}", cols, row.size());
+    v.insert(v.end(), row.begin(), row.end());
+  }
+  Tensor t = from_vector(v, {static_cast<int64_t>(rows.size()), cols}).to(options.device(), options.dtype());
+  return finish(t, options);
+}
+
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
+  KILN_CHECK(shape.numel() == static_cast<int64_t>(values.size()),
+             "from_vector: {} values cannot fill shape {} ({} elements)", values.size(), shape.str(),
+             shape.numel());
+  Tensor t = empty_tensor(shape, dtype_of<T>(), Device::cpu());
+  if constexpr (std::is_same_v<T, bool>) {
+    for (size_t i = 0; i < values.size(); ++i) t.data_ptr<bool>()[i] = values[i];
+  } else {
+    std::copy(values.begin(), values.end(), t.data_ptr<T>());
+  }
+  return device.is_cpu() ? t : t.to(device);
+}
+template Tensor from_vector(const std::vector<float>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<double>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<int32_t>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<int64_t>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<bool>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<Half>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<BFloat16>&, const Shape&, Device);
+
+Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = std::make_shared<Storage>(data, static_cast<size_t>(shape.numel() * itemsize(dtype)),
+                                            device, nullptr);
+  impl->sizes = shape;
+  impl->strides = contiguous_strides(shape);
+  impl->dtype = dtype;
+  return Tensor(std::move(impl));
+}
+
+}  // namespace ops
+}  // namespace kiln

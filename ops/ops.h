@@ -1,0 +1,198 @@
+// ops/ops.h: every op Kiln has, as free functions (namespace kiln, also spelled kiln::ops).
+//
+// Each op checks its arguments, broadcasts, promotes dtypes (PyTorch's rules), allocates its output,
+// calls its device's backend (ops/dispatch.cpp) and, when an input requires grad, records a node
+// whose backward formula is written beside the forward with these same functions. Sections follow
+// the .cpp files that define them. Tensor's methods (core/tensor.h) forward here.
+#pragma once
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+#include "core/allocator.h"
+#include "core/generator.h"
+#include "core/tensor.h"
+
+namespace kiln {
+inline namespace ops {
+
+// ---- factories.cpp ----
+Tensor empty(const Shape& shape, TensorOptions options = {});
+Tensor zeros(const Shape& shape, TensorOptions options = {});
+Tensor ones(const Shape& shape, TensorOptions options = {});
+Tensor full(const Shape& shape, const Scalar& value, TensorOptions options = {});
+Tensor scalar_tensor(const Scalar& value, TensorOptions options = {});  // 0-dimensional
+Tensor arange(const Scalar& end, TensorOptions options = kInt64);        // [0, end)
+Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step = 1,
+              std::optional<DType> dtype = {}, Device device = Device::cpu());
+Tensor linspace(double start, double end, int64_t steps, TensorOptions options = {});
+Tensor eye(int64_t n, std::optional<int64_t> m = {}, TensorOptions options = {});
+Tensor rand(const Shape& shape, TensorOptions options = {}, Generator* gen = nullptr);   // U[0, 1)
+Tensor randn(const Shape& shape, TensorOptions options = {}, Generator* gen = nullptr);  // N(0, 1)
+Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options = kInt64,
+               Generator* gen = nullptr);
+Tensor randperm(int64_t n, TensorOptions options = kInt64, Generator* gen = nullptr);
+Tensor bernoulli(const Shape& shape, double p, TensorOptions options = {}, Generator* gen = nullptr);
+Tensor empty_like(const Tensor& t);
+Tensor zeros_like(const Tensor& t);
+Tensor ones_like(const Tensor& t);
+Tensor full_like(const Tensor& t, const Scalar& value);
+Tensor rand_like(const Tensor& t, Generator* gen = nullptr);
+Tensor randn_like(const Tensor& t, Generator* gen = nullptr);
+Tensor randint_like(const Tensor& t, int64_t low, int64_t high, Generator* gen = nullptr);
+// From data: tensor({1, 2, 3}) is float32 (as LibTorch); from_vector keeps T's dtype.
+Tensor tensor(std::initializer_list<double> values, TensorOptions options = {});
+Tensor tensor(std::initializer_list<std::initializer_list<double>> rows, TensorOptions options = {});
+template <typename T>
+Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device = Device::cpu());
+template <typename T>
+Tensor from_vector(const std::vector<T>& values) {
+  return from_vector(values, Shape{static_cast<int64_t>(values.size())});
+}
+// Wraps memory Kiln does not own (no copy; the caller keeps it alive). Strides default to contiguous.
+Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device = Device::cpu());
+
+// ---- copy.cpp ----
+Tensor contiguous(const Tensor& t);
+Tensor clone(const Tensor& t);
+Tensor to(const Tensor& t, Device device, DType dtype);
+Tensor detach(const Tensor& t);
+
+// ---- views.cpp (share storage with their input) ----
+Tensor view(const Tensor& t, const Shape& shape);
+Tensor reshape(const Tensor& t, const Shape& shape);
+Tensor permute(const Tensor& t, const Shape& dims);
+Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1);
+Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length);
+Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end,
+             int64_t step = 1);
+Tensor select(const Tensor& t, int64_t dim, int64_t index);
+Tensor expand(const Tensor& t, const Shape& shape);
+Tensor squeeze(const Tensor& t, std::optional<int64_t> dim = {});
+Tensor unsqueeze(const Tensor& t, int64_t dim);
+Tensor flatten(const Tensor& t, int64_t start_dim = 0, int64_t end_dim = -1);
+Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes);
+Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset);
+
+// ---- elementwise.cpp ----
+Tensor neg(const Tensor& x);
+Tensor abs(const Tensor& x);
+Tensor sign(const Tensor& x);
+Tensor exp(const Tensor& x);
+Tensor log(const Tensor& x);
+Tensor log1p(const Tensor& x);
+Tensor expm1(const Tensor& x);
+Tensor sqrt(const Tensor& x);
+Tensor rsqrt(const Tensor& x);
+Tensor reciprocal(const Tensor& x);
+Tensor sin(const Tensor& x);
+Tensor cos(const Tensor& x);
+Tensor tanh(const Tensor& x);
+Tensor sigmoid(const Tensor& x);
+Tensor relu(const Tensor& x);
+Tensor gelu(const Tensor& x, std::string_view approximate = "none");  // "none" (erf) or "tanh"
+Tensor silu(const Tensor& x);
+Tensor softplus(const Tensor& x);
+Tensor erf(const Tensor& x);
+Tensor square(const Tensor& x);
+Tensor pow(const Tensor& x, const Scalar& exponent);
+Tensor pow(const Tensor& x, const Tensor& exponent);
+Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max = {});
+Tensor add(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
+Tensor add(const Tensor& a, const Scalar& b);
+Tensor sub(const Tensor& a, const Tensor& b, const Scalar& alpha = 1);
+Tensor sub(const Tensor& a, const Scalar& b);
+Tensor rsub(const Tensor& a, const Scalar& b);  // b - a
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Scalar& b);
+Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give float32
+Tensor div(const Tensor& a, const Scalar& b);
+Tensor maximum(const Tensor& a, const Tensor& b);
+Tensor minimum(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Tensor& b);
+Tensor ne(const Tensor& a, const Tensor& b);
+Tensor lt(const Tensor& a, const Tensor& b);
+Tensor le(const Tensor& a, const Tensor& b);
+Tensor gt(const Tensor& a, const Tensor& b);
+Tensor ge(const Tensor& a, const Tensor& b);
+Tensor eq(const Tensor& a, const Scalar& b);
+Tensor ne(const Tensor& a, const Scalar& b);
+Tensor lt(const Tensor& a, const Scalar& b);
+Tensor le(const Tensor& a, const Scalar& b);
+Tensor gt(const Tensor& a, const Scalar& b);
+Tensor ge(const Tensor& a, const Scalar& b);
+Tensor logical_and(const Tensor& a, const Tensor& b);
+Tensor logical_or(const Tensor& a, const Tensor& b);
+Tensor logical_not(const Tensor& x);
+Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
+Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b);
+Tensor masked_fill(const Tensor& x, const Tensor& mask, const Scalar& value);
+DType result_type(const Tensor& a, const Tensor& b);
+DType result_type(const Tensor& a, const Scalar& b);
+Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op = "broadcast_shapes");
+
+// ---- reduce.cpp ({} dims = all dims) ----
+Tensor sum(const Tensor& x, const Shape& dims = {}, bool keepdim = false,
+           std::optional<DType> dtype = {});
+Tensor mean(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor prod(const Tensor& x, std::optional<int64_t> dim = {}, bool keepdim = false);
+Tensor amax(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor amin(const Tensor& x, const Shape& dims = {}, bool keepdim = false);
+Tensor max(const Tensor& x);  // of all elements
+Tensor min(const Tensor& x);
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim = false);  // values, indices
+std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim = {}, bool keepdim = false);
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim = {}, bool keepdim = false);
+Tensor var(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor std(const Tensor& x, const Shape& dims = {}, int64_t correction = 1, bool keepdim = false);
+Tensor norm(const Tensor& x, double p = 2, const Shape& dims = {}, bool keepdim = false);
+Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim = false);
+Tensor all(const Tensor& x, std::optional<int64_t> dim = {}, bool keepdim = false);
+Tensor any(const Tensor& x, std::optional<int64_t> dim = {}, bool keepdim = false);
+Tensor sum_to(const Tensor& x, const Shape& shape);  // undoes broadcasting: sums the expanded dims
+
+// ---- linalg.cpp ----
+Tensor matmul(const Tensor& a, const Tensor& b);  // PyTorch's rank rules, broadcast batch dims
+Tensor mm(const Tensor& a, const Tensor& b);      // 2-D only
+Tensor bmm(const Tensor& a, const Tensor& b);     // 3-D only, equal batch
+
+// ---- softmax.cpp ----
+Tensor softmax(const Tensor& x, int64_t dim);
+Tensor log_softmax(const Tensor& x, int64_t dim);
+
+// ---- shape_ops.cpp ----
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim = 0);
+std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim = 0);
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim = 0);
+Tensor flip(const Tensor& x, const Shape& dims);
+Tensor repeat(const Tensor& x, const Shape& repeats);
+// pad: (left, right) pairs starting from the last dim, as torch.nn.functional.pad; constant mode.
+Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, double value = 0);
+Tensor tril(const Tensor& x, int64_t diagonal = 0);
+Tensor triu(const Tensor& x, int64_t diagonal = 0);
+
+// ---- index.cpp (indices are int64 or int32) ----
+Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& source);
+Tensor gather(const Tensor& x, int64_t dim, const Tensor& index);
+Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
+Tensor embedding(const Tensor& weight, const Tensor& indices);  // weight (V, C), any index shape
+Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);  // int64 output
+
+// ---- print.cpp ----
+std::string to_string(const Tensor& t);
+
+}  // namespace ops
+
+// ---- dispatch.cpp: the allocator statistics of a device (core/allocator.h) ----
+namespace memory {
+MemoryStats stats(Device device);
+void reset_peak(Device device);
+}  // namespace memory
+
+}  // namespace kiln

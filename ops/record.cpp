@@ -1,0 +1,91 @@
+// ops/record.cpp: graph recording: edges, AccumulateGrad, and the function node.
+#include "ops/record.h"
+
+#include "ops/ops.h"
+
+namespace kiln::autograd {
+
+bool should_record(const std::vector<Tensor>& inputs) {
+  if (!GradMode::is_enabled()) return false;
+  for (const auto& t : inputs)
+    if (t.defined() && t.requires_grad()) return true;
+  return false;
+}
+
+TensorList FunctionNode::apply(TensorList&& grads) {
+  KILN_CHECK(fn_ != nullptr,
+             "{}: trying to backward through the graph a second time (or after its saved tensors "
+             "were freed). Pass retain_graph=true to the first backward() if you need to run it again",
+             name_);
+  CurrentNodeGuard running(this);  // outputs this node saved are re-attached to it
+  Grads g{std::move(grads), std::vector<bool>(next_edges.size())};
+  for (size_t i = 0; i < next_edges.size(); ++i) g.needs[i] = next_edges[i].valid();
+  TensorList out = fn_(g);
+  out.resize(next_edges.size());
+  return out;
+}
+
+TensorList AccumulateGrad::apply(TensorList&& grads) {
+  Tensor g = std::move(grads[0]);
+  if (!g.defined()) return {};
+  for (const auto& hook : leaf_->leaf_hooks) {
+    Tensor replaced = hook(g);
+    if (replaced.defined()) g = replaced;
+  }
+  Tensor leaf(leaf_);
+  if (!leaf_->grad) {
+    // Keep the incoming gradient if nothing else holds it; otherwise copy, so that later in-place
+    // accumulation cannot write into a tensor someone else sees.
+    bool exclusive = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 &&
+                     g.is_contiguous() && g.sizes() == leaf.sizes();
+    Tensor stored = GradMode::is_enabled() ? g : (exclusive ? g.detach() : g.detach().clone());
+    if (stored.sizes() != leaf.sizes()) stored = sum_to(stored, leaf.sizes()).contiguous();
+    leaf_->grad = stored.impl_ptr();
+  } else if (GradMode::is_enabled()) {  // create_graph: keep the sum differentiable
+    leaf_->grad = add(Tensor(leaf_->grad), g).impl_ptr();
+  } else {
+    Tensor(leaf_->grad).add_(g);
+  }
+  return {};
+}
+
+std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
+  auto acc = leaf.impl()->grad_accumulator.lock();
+  if (!acc) {
+    acc = std::make_shared<AccumulateGrad>(leaf.impl_ptr());
+    leaf.impl()->grad_accumulator = acc;
+  }
+  return acc;
+}
+
+Edge gradient_edge(const Tensor& t) {
+  if (!t.defined() || !t.requires_grad()) return {};
+  if (t.grad_fn()) return {t.grad_fn(), t.output_nr()};
+  return {grad_accumulator(t), 0};
+}
+
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            BackwardFn fn) {
+  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+  node->num_outputs = static_cast<uint32_t>(outputs.size());
+  node->next_edges.reserve(inputs.size());
+  for (const auto& t : inputs) node->next_edges.push_back(gradient_edge(t));
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (!outputs[i].defined()) continue;
+    outputs[i].impl()->grad_fn = node;
+    outputs[i].impl()->output_nr = static_cast<uint32_t>(i);
+  }
+}
+
+void check_inplace(const Tensor& self, const char* op) {
+  KILN_CHECK(!(self.is_leaf() && self.requires_grad()),
+             "{}: a leaf tensor that requires grad cannot be changed in place while grad mode is on; "
+             "do the update inside a NoGradGuard (as optimizers do) or use the out-of-place form",
+             op);
+  KILN_CHECK(!self.impl()->is_view,
+             "{}: in-place ops on a view are not recorded by autograd in Kiln; use the out-of-place "
+             "form (y = x.mul(2)) or make the view a copy first with clone()",
+             op);
+}
+
+}  // namespace kiln::autograd

@@ -1,0 +1,81 @@
+// ops/record.h: how an op records itself on the autograd tape.
+//
+// An op that has an input requiring grad (and grad mode on) calls record() with its inputs, its
+// outputs and a backward formula: a lambda from the output gradients to the input gradients,
+// written with ops:: calls so that it runs on any device and can itself be differentiated
+// (create_graph). Typical use, in ops/elementwise.cpp:
+//
+//   Tensor y = unary_forward(UnaryOp::Exp, x);
+//   if (should_record(x)) {
+//     record("ExpBackward", {x}, {y}, [y = SavedTensor(y, true)](const Grads& g) -> TensorList {
+//       return {g[0] * y.unpack("ExpBackward")};  // d exp(x)/dx = exp(x)
+//     });
+//   }
+//
+// The engine (autograd/engine.cpp) runs the nodes; AccumulateGrad ends every path at a leaf.
+#pragma once
+
+#include <functional>
+#include <initializer_list>
+#include <vector>
+
+#include "core/grad_mode.h"
+#include "core/node.h"
+#include "core/saved_tensor.h"
+#include "core/tensor.h"
+
+namespace kiln::autograd {
+
+// What a backward formula receives: one gradient per forward output (undefined where none
+// arrived), and which inputs need a gradient (compute only those; return {} for the rest).
+struct Grads {
+  TensorList grads;
+  std::vector<bool> needs;
+  const Tensor& operator[](size_t i) const { return grads[i]; }
+  bool needs_grad(size_t i) const { return needs[i]; }
+};
+using BackwardFn = std::function<TensorList(const Grads&)>;
+
+inline bool should_record(const Tensor& a) { return GradMode::is_enabled() && a.requires_grad(); }
+inline bool should_record(const Tensor& a, const Tensor& b) {
+  return GradMode::is_enabled() && (a.requires_grad() || (b.defined() && b.requires_grad()));
+}
+bool should_record(const std::vector<Tensor>& inputs);
+
+// A node whose backward is a lambda. release_saved() drops the lambda (and what it captured).
+class FunctionNode final : public Node {
+ public:
+  FunctionNode(const char* name, BackwardFn fn) : name_(name), fn_(std::move(fn)) {}
+  const char* name() const override { return name_; }
+  TensorList apply(TensorList&& grads) override;
+  void release_saved() override { fn_ = nullptr; }
+
+ private:
+  const char* name_;
+  BackwardFn fn_;
+};
+
+// The end of every path at a leaf: runs the leaf's hooks and adds the gradient into leaf.grad().
+class AccumulateGrad final : public Node {
+ public:
+  explicit AccumulateGrad(std::shared_ptr<TensorImpl> leaf) : leaf_(std::move(leaf)) { num_outputs = 1; }
+  const char* name() const override { return "AccumulateGrad"; }
+  TensorList apply(TensorList&& grads) override;
+  const std::shared_ptr<TensorImpl>& leaf() const { return leaf_; }
+
+ private:
+  std::shared_ptr<TensorImpl> leaf_;
+};
+
+// Where the gradient of `t` goes: its grad_fn, its leaf's AccumulateGrad, or nowhere.
+Edge gradient_edge(const Tensor& t);
+std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
+
+// Attaches a new node to `outputs` (each gets grad_fn and its output_nr) with edges to `inputs`.
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+            BackwardFn fn);
+
+// In-place ops with autograd: refuses leaves that require grad and views (see ops/elementwise.cpp).
+void check_inplace(const Tensor& self, const char* op);
+
+}  // namespace kiln::autograd

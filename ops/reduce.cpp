@@ -1,0 +1,258 @@
+// ops/reduce.cpp: reductions. The kernels (ReduceOp) do sum, prod, max, min, argmax, argmin, all and
+// any; mean, var, std, norm and logsumexp are compositions of those with elementwise ops, so their
+// gradients come from the pieces'.
+#include <cmath>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+#include "ops/record.h"
+
+namespace kiln {
+
+using autograd::Grads;
+using autograd::record;
+using autograd::SavedTensor;
+using autograd::should_record;
+using autograd::TensorList;
+
+namespace {
+
+// Which dims a reduction removes, and the shapes of its result with and without keepdim.
+struct Plan {
+  bool reduced[kMaxDims] = {};
+  Shape keep_shape;  // the input's shape with 1 in each reduced dim
+  Shape out_shape;   // keep_shape without the reduced dims, unless keepdim
+  int64_t count = 1; // elements reduced into each output
+};
+
+Plan make_plan(const Tensor& x, const Shape& dims, bool keepdim, const char* op) {
+  Plan p;
+  const int nd = x.dim();
+  if (dims.empty()) {
+    for (int d = 0; d < nd; ++d) p.reduced[d] = true;
+  } else {
+    for (int64_t d : dims) {
+      int w = wrap_dim(d, nd, op);
+      if (nd == 0) continue;
+      KILN_CHECK(!p.reduced[w], "{}: dim {} appears more than once in the dims {}", op, w, dims.str());
+      p.reduced[w] = true;
+    }
+  }
+  for (int d = 0; d < nd; ++d) {
+    p.keep_shape.push_back(p.reduced[d] ? 1 : x.sizes()[d]);
+    if (p.reduced[d]) p.count *= x.sizes()[d];
+    if (!p.reduced[d] || keepdim) p.out_shape.push_back(p.reduced[d] ? 1 : x.sizes()[d]);
+  }
+  return p;
+}
+
+Tensor reduce_raw(ReduceOp op, const Tensor& x, const Plan& plan, DType out_dtype) {
+  Tensor out = empty_tensor(plan.keep_shape, out_dtype, x.device());
+  backend_for(x.device()).reduce(op, view_of(x), view_of(out), stream_for(x.device()));
+  return out.sizes() == plan.out_shape ? out : out.view(plan.out_shape);
+}
+
+// A reduced result (or its gradient) brought back to the input's shape.
+Tensor expand_back(const Tensor& r, const Shape& keep_shape, const Shape& input_shape) {
+  return r.reshape(keep_shape).expand(input_shape);
+}
+
+void check_nonempty(const Tensor& x, const Plan& p, const char* op) {
+  for (int d = 0; d < x.dim(); ++d) {
+    KILN_CHECK(!(p.reduced[d] && x.sizes()[d] == 0),
+               "{}: cannot reduce over dim {} of size 0 (the result would be undefined); shape {}", op, d,
+               x.sizes().str());
+  }
+  KILN_CHECK(x.numel() > 0 || x.dim() > 0, "{}: the input is empty", op);
+}
+
+Tensor floating_input(const Tensor& x, const char* op) {
+  KILN_CHECK(is_floating(x.dtype()),
+             "{}: needs a floating-point input, got {}; convert it first, e.g. x.to(kFloat32)", op,
+             dtype_name(x.dtype()));
+  return x;
+}
+
+Shape reduced_dims(const Plan& p, int nd) {
+  Shape d;
+  for (int i = 0; i < nd; ++i)
+    if (p.reduced[i]) d.push_back(i);
+  return d;
+}
+
+// amax / amin: the gradient is shared evenly among the elements equal to the extreme.
+Tensor extreme(const Tensor& x, const Shape& dims, bool keepdim, bool is_max) {
+  const char* name = is_max ? "amax" : "amin";
+  KILN_CHECK(x.dtype() != kBool, "{}: not defined for bool tensors", name);
+  Plan p = make_plan(x, dims, keepdim, name);
+  check_nonempty(x, p, name);
+  Tensor out = reduce_raw(is_max ? ReduceOp::Max : ReduceOp::Min, x, p, x.dtype());
+  if (should_record(x)) {
+    record(is_max ? "AmaxBackward" : "AminBackward", {x}, {out},
+           [p, xs = SavedTensor(x, false), ys = SavedTensor(out, true)](const Grads& g) -> TensorList {
+             Tensor xv = xs.unpack("AmaxBackward"), yv = ys.unpack("AmaxBackward");
+             Tensor mask = xv.eq(expand_back(yv, p.keep_shape, xv.sizes())).to(g[0].dtype());
+             Tensor counts = ops::sum(mask, reduced_dims(p, xv.dim()), true);
+             return {expand_back(g[0], p.keep_shape, xv.sizes()) * mask / counts};
+           });
+  }
+  return out;
+}
+
+}  // namespace
+
+inline namespace ops {
+
+Tensor sum(const Tensor& x, const Shape& dims, bool keepdim, std::optional<DType> dtype) {
+  DType out_dtype = dtype.value_or(is_floating(x.dtype()) ? x.dtype() : kInt64);
+  Plan p = make_plan(x, dims, keepdim, "sum");
+  Tensor in = x;
+  if (x.dtype() != out_dtype) {
+    NoGradGuard no_grad;
+    in = x.to(out_dtype);
+  }
+  Tensor out = reduce_raw(ReduceOp::Sum, in, p, out_dtype);
+  if (is_floating(out_dtype) && should_record(x)) {
+    Shape shape = x.sizes();
+    DType in_dtype = x.dtype();
+    record("SumBackward", {x}, {out}, [p, shape, in_dtype](const Grads& g) -> TensorList {
+      Tensor r = expand_back(g[0], p.keep_shape, shape);
+      return {r.dtype() == in_dtype ? r : r.to(in_dtype)};
+    });
+  }
+  return out;
+}
+
+Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
+  floating_input(x, "mean");
+  Plan p = make_plan(x, dims, keepdim, "mean");
+  return sum(x, dims, keepdim) / static_cast<double>(p.count);
+}
+
+Tensor prod(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  KILN_CHECK(x.dtype() != kBool, "prod: not defined for bool tensors");
+  Shape dims = dim ? Shape{*dim} : Shape{};
+  Plan p = make_plan(x, dims, keepdim, "prod");
+  Tensor out = reduce_raw(ReduceOp::Prod, x, p, x.dtype());
+  if (should_record(x)) {
+    // d prod / d x_i = product of the others: prod / x_i where x_i != 0; where a slice has exactly one
+    // zero, that element gets the product of the rest and the others 0; with two zeros, all 0.
+    std::optional<int64_t> d = dim ? std::optional<int64_t>(wrap_dim(*dim, x.dim(), "prod")) : std::nullopt;
+    record("ProdBackward", {x}, {out}, [p, d, xs = SavedTensor(x, false)](const Grads& g) -> TensorList {
+      Tensor xv = xs.unpack("ProdBackward");
+      Tensor is_zero = xv.eq(0);
+      Tensor zeros_in_slice = expand_back(ops::sum(is_zero, reduced_dims(p, xv.dim()), true), p.keep_shape, xv.sizes());
+      Tensor masked = where(is_zero, ones({}, xv.options()), xv);
+      Tensor nonzero_prod = expand_back(d ? ops::prod(masked, d, true) : ops::prod(masked), p.keep_shape, xv.sizes());
+      Tensor zero = zeros({}, xv.options());
+      Tensor others = where(zeros_in_slice.eq(0), nonzero_prod / xv,
+                            where(zeros_in_slice.eq(1).logical_and(is_zero), nonzero_prod, zero));
+      return {expand_back(g[0], p.keep_shape, xv.sizes()) * others};
+    });
+  }
+  return out;
+}
+
+Tensor amax(const Tensor& x, const Shape& dims, bool keepdim) { return extreme(x, dims, keepdim, true); }
+Tensor amin(const Tensor& x, const Shape& dims, bool keepdim) { return extreme(x, dims, keepdim, false); }
+Tensor max(const Tensor& x) { return extreme(x, {}, false, true); }
+Tensor min(const Tensor& x) { return extreme(x, {}, false, false); }
+
+static Tensor arg_extreme(const Tensor& x, std::optional<int64_t> dim, bool keepdim, bool is_max) {
+  const char* name = is_max ? "argmax" : "argmin";
+  KILN_CHECK(x.dtype() != kBool, "{}: not defined for bool tensors", name);
+  if (!dim) {  // over the flattened tensor
+    KILN_CHECK(x.numel() > 0, "{}: cannot take the {} of an empty tensor", name, name);
+    Tensor flat = x.reshape({-1});
+    Plan p = make_plan(flat, {}, false, name);
+    Tensor idx = reduce_raw(is_max ? ReduceOp::ArgMax : ReduceOp::ArgMin, flat.detach(), p, kInt64);
+    return keepdim ? idx.reshape(Shape::filled(x.dim(), 1)) : idx;
+  }
+  Plan p = make_plan(x, {*dim}, keepdim, name);
+  check_nonempty(x, p, name);
+  return reduce_raw(is_max ? ReduceOp::ArgMax : ReduceOp::ArgMin, x.detach(), p, kInt64);
+}
+Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) { return arg_extreme(x, dim, keepdim, true); }
+Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) { return arg_extreme(x, dim, keepdim, false); }
+
+static std::tuple<Tensor, Tensor> extreme_dim(const Tensor& x, int64_t dim, bool keepdim, bool is_max) {
+  int d = wrap_dim(dim, x.dim(), is_max ? "max" : "min");
+  Tensor idx = arg_extreme(x, d, true, is_max);
+  Tensor values = x.dim() == 0 ? x.clone() : x.gather(d, idx);  // gather carries the gradient
+  if (!keepdim && x.dim() > 0) return {values.squeeze(d), idx.squeeze(d)};
+  return {values, idx};
+}
+std::tuple<Tensor, Tensor> max(const Tensor& x, int64_t dim, bool keepdim) { return extreme_dim(x, dim, keepdim, true); }
+std::tuple<Tensor, Tensor> min(const Tensor& x, int64_t dim, bool keepdim) { return extreme_dim(x, dim, keepdim, false); }
+
+Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
+  floating_input(x, "var");
+  Plan p = make_plan(x, dims, keepdim, "var");
+  Tensor centered = x - x.mean(dims, true);
+  double denom = std::max<double>(0, static_cast<double>(p.count - correction));
+  return sum(centered * centered, dims, keepdim) / denom;
+}
+Tensor std(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
+  return var(x, dims, correction, keepdim).sqrt();
+}
+
+Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
+  floating_input(x, "norm");
+  if (std::isinf(p)) return p > 0 ? amax(x.abs(), dims, keepdim) : amin(x.abs(), dims, keepdim);
+  if (p == 1) return sum(x.abs(), dims, keepdim);
+  if (p == 2) {
+    // sqrt(sum x^2), with the gradient x / norm taken as 0 where the norm is 0 (as PyTorch).
+    Plan plan = make_plan(x, dims, keepdim, "norm");
+    Tensor out;
+    {
+      NoGradGuard no_grad;
+      out = sum(x * x, dims, keepdim).sqrt();
+    }
+    if (should_record(x)) {
+      record("NormBackward", {x}, {out}, [plan, xs = SavedTensor(x, false), ns = SavedTensor(out, true)](const Grads& g) -> TensorList {
+        Tensor xv = xs.unpack("NormBackward");
+        Tensor n = expand_back(ns.unpack("NormBackward"), plan.keep_shape, xv.sizes());
+        Tensor scale = where(n.eq(0), zeros({}, xv.options()), expand_back(g[0], plan.keep_shape, xv.sizes()) / n);
+        return {xv * scale};
+      });
+    }
+    return out;
+  }
+  return sum(x.abs().pow(p), dims, keepdim).pow(1.0 / p);
+}
+
+Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
+  floating_input(x, "logsumexp");
+  Tensor m = amax(x.detach(), dims, true);
+  m = where(m.abs().eq(std::numeric_limits<double>::infinity()), zeros({}, m.options()), m);
+  Tensor r = (x - m).exp().sum(dims, true).log() + m;  // d/dx = softmax(x); m is a constant
+  if (keepdim) return r;
+  Plan p = make_plan(x, dims, keepdim, "logsumexp");
+  return r.reshape(p.out_shape);
+}
+
+Tensor all(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  Tensor b = x.dtype() == kBool ? x : x.ne(0);
+  Plan p = make_plan(b, dim ? Shape{*dim} : Shape{}, keepdim, "all");
+  return reduce_raw(ReduceOp::All, b.detach(), p, kBool);
+}
+Tensor any(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  Tensor b = x.dtype() == kBool ? x : x.ne(0);
+  Plan p = make_plan(b, dim ? Shape{*dim} : Shape{}, keepdim, "any");
+  return reduce_raw(ReduceOp::Any, b.detach(), p, kBool);
+}
+
+Tensor sum_to(const Tensor& x, const Shape& shape) {
+  if (x.sizes() == shape) return x;
+  const int lead = x.dim() - shape.size();
+  KILN_CHECK(lead >= 0, "sum_to: cannot sum shape {} to the larger shape {}", x.sizes().str(), shape.str());
+  Shape dims;
+  for (int d = 0; d < x.dim(); ++d) {
+    if (d < lead || (shape[d - lead] == 1 && x.sizes()[d] != 1)) dims.push_back(d);
+  }
+  Tensor r = dims.empty() ? x : sum(x, dims, true);
+  return r.reshape(shape);
+}
+
+}  // namespace ops
+}  // namespace kiln

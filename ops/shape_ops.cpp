@@ -1,0 +1,196 @@
+// ops/shape_ops.cpp: ops that rearrange whole tensors: cat, stack, split, chunk, flip, repeat, pad,
+// tril and triu. Most are views plus copies; the split family returns views.
+#include <numeric>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+#include "ops/record.h"
+
+namespace kiln {
+
+using autograd::Grads;
+using autograd::record;
+using autograd::should_record;
+using autograd::TensorList;
+
+namespace {
+void raw_copy_into(const Tensor& src, const Tensor& dst) {
+  backend_for(dst.device()).copy(broadcast_view(src, dst.sizes()), src.device(), view_of(dst), dst.device(),
+                                 stream_for(dst.device()));
+}
+}  // namespace
+
+inline namespace ops {
+
+Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
+  KILN_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
+  // As PyTorch, 1-D tensors of size 0 are skipped whatever the others' shapes.
+  std::vector<Tensor> parts;
+  for (const auto& t : tensors)
+    if (!(t.dim() == 1 && t.numel() == 0)) parts.push_back(t);
+  if (parts.empty()) return tensors[0].clone();
+  const Tensor& first = parts[0];
+  KILN_CHECK(first.dim() > 0, "cat: zero-dimensional tensors cannot be concatenated; unsqueeze them first");
+  int d = wrap_dim(dim, first.dim(), "cat");
+  DType dt = first.dtype();
+  Shape shape = first.sizes();
+  shape[d] = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const Tensor& t = parts[i];
+    check_same_device("cat", first, t);
+    KILN_CHECK(t.dim() == first.dim(), "cat: tensor {} has {} dims but tensor 0 has {}", i, t.dim(), first.dim());
+    for (int k = 0; k < t.dim(); ++k) {
+      KILN_CHECK(k == d || t.sizes()[k] == first.sizes()[k],
+                 "cat: sizes must match except in dim {}; tensor 0 has shape {} and tensor {} has shape {}", d,
+                 first.sizes().str(), i, t.sizes().str());
+    }
+    shape[d] += t.sizes()[d];
+    dt = promote_types(dt, t.dtype());
+  }
+  Tensor out = empty_tensor(shape, dt, first.device());
+  std::vector<int64_t> offsets, sizes;
+  int64_t offset = 0;
+  for (const auto& t : parts) {
+    raw_copy_into(t, out.detach().narrow(d, offset, t.sizes()[d]));
+    offsets.push_back(offset);
+    sizes.push_back(t.sizes()[d]);
+    offset += t.sizes()[d];
+  }
+  if (should_record(parts)) {
+    std::vector<DType> dtypes;
+    for (const auto& t : parts) dtypes.push_back(t.dtype());
+    record("CatBackward", parts, {out}, [d, offsets, sizes, dtypes](const Grads& g) -> TensorList {
+      TensorList grads;
+      for (size_t i = 0; i < offsets.size(); ++i) {
+        grads.push_back(g.needs_grad(i) ? g[0].narrow(d, offsets[i], sizes[i]).to(dtypes[i]) : Tensor());
+      }
+      return grads;
+    });
+  }
+  return out;
+}
+
+Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
+  KILN_CHECK(!tensors.empty(), "stack: expected a non-empty list of tensors");
+  int d = wrap_dim(dim, tensors[0].dim() + 1, "stack");
+  std::vector<Tensor> parts;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    KILN_CHECK(tensors[i].sizes() == tensors[0].sizes(),
+               "stack: expects tensors of one shape, got {} at 0 and {} at {}", tensors[0].sizes().str(),
+               tensors[i].sizes().str(), i);
+    parts.push_back(tensors[i].unsqueeze(d));
+  }
+  return cat(parts, d);
+}
+
+std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  int d = wrap_dim(dim, x.dim(), "split");
+  int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  KILN_CHECK(total == x.sizes()[d], "split: the sizes add up to {} but dim {} has size {}", total, d, x.sizes()[d]);
+  std::vector<Tensor> out;
+  int64_t offset = 0;
+  for (int64_t s : sizes) {
+    out.push_back(x.narrow(d, offset, s));
+    offset += s;
+  }
+  return out;
+}
+
+std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
+  KILN_CHECK(split_size > 0, "split: split_size must be positive, got {}", split_size);
+  int d = wrap_dim(dim, x.dim(), "split");
+  std::vector<int64_t> sizes;
+  for (int64_t left = x.sizes()[d]; left > 0; left -= split_size) sizes.push_back(std::min(left, split_size));
+  if (sizes.empty()) sizes.push_back(0);
+  return split_with_sizes(x, sizes, d);
+}
+
+std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
+  KILN_CHECK(chunks > 0, "chunk: chunks must be positive, got {}", chunks);
+  int d = wrap_dim(dim, x.dim(), "chunk");
+  int64_t n = x.sizes()[d];
+  return split(x, std::max<int64_t>(1, (n + chunks - 1) / chunks), d);
+}
+
+Tensor flip(const Tensor& x, const Shape& dims) {
+  View src = view_of(x);
+  bool seen[kMaxDims] = {};
+  for (int64_t dim : dims) {
+    int d = wrap_dim(dim, x.dim(), "flip");
+    KILN_CHECK(!seen[d], "flip: dim {} appears more than once in {}", d, dims.str());
+    seen[d] = true;
+    if (x.sizes()[d] == 0) continue;
+    // Start at the last element along d and walk backwards: a negative stride, which kernels accept.
+    src.data = static_cast<char*>(src.data) + (x.sizes()[d] - 1) * x.strides()[d] * x.element_size();
+    src.strides[d] = -src.strides[d];
+  }
+  Tensor out = empty_tensor(x.sizes(), x.dtype(), x.device());
+  backend_for(x.device()).copy(src, x.device(), view_of(out), x.device(), stream_for(x.device()));
+  if (should_record(x)) {
+    record("FlipBackward", {x}, {out}, [dims](const Grads& g) -> TensorList { return {g[0].flip(dims)}; });
+  }
+  return out;
+}
+
+Tensor repeat(const Tensor& x, const Shape& repeats) {
+  KILN_CHECK(repeats.size() >= x.dim(),
+             "repeat: needs at least as many repeats ({}) as the tensor has dims ({})", repeats.size(), x.dim());
+  for (int64_t r : repeats) KILN_CHECK(r >= 0, "repeat: repeats must be non-negative, got {}", repeats.str());
+  const int n = repeats.size();
+  KILN_CHECK(2 * n <= kMaxDims, "repeat: at most {} repeat dims are supported", kMaxDims / 2);
+  Shape padded = Shape::filled(n - x.dim(), 1);
+  for (int64_t s : x.sizes()) padded.push_back(s);
+  // (s0, s1) -> (1, s0, 1, s1) -> expand (r0, s0, r1, s1) -> (r0*s0, r1*s1): autograd through views.
+  Shape interleaved, expanded, result;
+  for (int i = 0; i < n; ++i) {
+    interleaved.push_back(1), interleaved.push_back(padded[i]);
+    expanded.push_back(repeats[i]), expanded.push_back(padded[i]);
+    result.push_back(repeats[i] * padded[i]);
+  }
+  return x.reshape(interleaved).expand(expanded).contiguous().view(result);
+}
+
+Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, double value) {
+  KILN_CHECK(padding.size() % 2 == 0 && static_cast<int>(padding.size()) / 2 <= x.dim(),
+             "pad: expects (left, right) pairs for at most {} dims, got {} values", x.dim(), padding.size());
+  Shape shape = x.sizes();
+  Tensor src = x.detach();
+  std::vector<std::tuple<int, int64_t, int64_t>> windows;  // dim, start in out, length
+  for (size_t i = 0; i < padding.size() / 2; ++i) {
+    int d = x.dim() - 1 - static_cast<int>(i);
+    int64_t lo = padding[2 * i], hi = padding[2 * i + 1];
+    shape[d] = x.sizes()[d] + lo + hi;
+    KILN_CHECK(shape[d] >= 0, "pad: padding ({}, {}) makes dim {} of size {} negative", lo, hi, d, x.sizes()[d]);
+    // Negative padding crops the input.
+    int64_t crop_lo = std::max<int64_t>(0, -lo), crop_hi = std::max<int64_t>(0, -hi);
+    int64_t len = std::max<int64_t>(0, x.sizes()[d] - crop_lo - crop_hi);
+    src = src.narrow(d, std::min(crop_lo, x.sizes()[d]), len);
+    windows.emplace_back(d, std::max<int64_t>(0, lo), len);
+  }
+  Tensor out = full(shape, value, x.options());
+  Tensor window = out.detach();
+  for (auto [d, start, len] : windows) window = window.narrow(d, start, len);
+  raw_copy_into(src, window);
+  if (should_record(x)) {
+    std::vector<int64_t> negated;
+    for (int64_t p : padding) negated.push_back(-p);
+    record("PadBackward", {x}, {out}, [negated](const Grads& g) -> TensorList { return {pad(g[0], negated, 0)}; });
+  }
+  return out;
+}
+
+static Tensor triangle(const Tensor& x, int64_t diagonal, bool upper) {
+  const char* name = upper ? "triu" : "tril";
+  KILN_CHECK(x.dim() >= 2, "{}: needs at least 2 dims, got shape {}", name, x.sizes().str());
+  int64_t rows = x.sizes()[x.dim() - 2], cols = x.sizes()[x.dim() - 1];
+  Tensor r = arange(rows, TensorOptions(kInt64).device(x.device())).unsqueeze(1);
+  Tensor c = arange(cols, TensorOptions(kInt64).device(x.device())).unsqueeze(0);
+  Tensor offset = c - r;  // column minus row: 0 on the diagonal
+  Tensor keep = upper ? offset.ge(diagonal) : offset.le(diagonal);
+  return where(keep, x, zeros({}, x.options()));
+}
+Tensor tril(const Tensor& x, int64_t diagonal) { return triangle(x, diagonal, false); }
+Tensor triu(const Tensor& x, int64_t diagonal) { return triangle(x, diagonal, true); }
+
+}  // namespace ops
+}  // namespace kiln

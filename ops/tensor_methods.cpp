@@ -1,0 +1,116 @@
+// ops/tensor_methods.cpp: Tensor's computing methods and operators, each a one-line forward to the
+// free function of the same name in ops/ops.h.
+#include "ops/ops.h"
+
+namespace kiln {
+
+Tensor Tensor::neg() const { return ops::neg(*this); }
+Tensor Tensor::abs() const { return ops::abs(*this); }
+Tensor Tensor::sign() const { return ops::sign(*this); }
+Tensor Tensor::exp() const { return ops::exp(*this); }
+Tensor Tensor::log() const { return ops::log(*this); }
+Tensor Tensor::log1p() const { return ops::log1p(*this); }
+Tensor Tensor::expm1() const { return ops::expm1(*this); }
+Tensor Tensor::sqrt() const { return ops::sqrt(*this); }
+Tensor Tensor::rsqrt() const { return ops::rsqrt(*this); }
+Tensor Tensor::reciprocal() const { return ops::reciprocal(*this); }
+Tensor Tensor::sin() const { return ops::sin(*this); }
+Tensor Tensor::cos() const { return ops::cos(*this); }
+Tensor Tensor::tanh() const { return ops::tanh(*this); }
+Tensor Tensor::sigmoid() const { return ops::sigmoid(*this); }
+Tensor Tensor::relu() const { return ops::relu(*this); }
+Tensor Tensor::square() const { return ops::square(*this); }
+Tensor Tensor::pow(const Scalar& e) const { return ops::pow(*this, e); }
+Tensor Tensor::pow(const Tensor& e) const { return ops::pow(*this, e); }
+Tensor Tensor::clamp(std::optional<Scalar> lo, std::optional<Scalar> hi) const { return ops::clamp(*this, lo, hi); }
+Tensor Tensor::add(const Tensor& o, const Scalar& alpha) const { return ops::add(*this, o, alpha); }
+Tensor Tensor::add(const Scalar& o) const { return ops::add(*this, o); }
+Tensor Tensor::sub(const Tensor& o, const Scalar& alpha) const { return ops::sub(*this, o, alpha); }
+Tensor Tensor::sub(const Scalar& o) const { return ops::sub(*this, o); }
+Tensor Tensor::mul(const Tensor& o) const { return ops::mul(*this, o); }
+Tensor Tensor::mul(const Scalar& o) const { return ops::mul(*this, o); }
+Tensor Tensor::div(const Tensor& o) const { return ops::div(*this, o); }
+Tensor Tensor::div(const Scalar& o) const { return ops::div(*this, o); }
+Tensor Tensor::maximum(const Tensor& o) const { return ops::maximum(*this, o); }
+Tensor Tensor::minimum(const Tensor& o) const { return ops::minimum(*this, o); }
+Tensor Tensor::eq(const Tensor& o) const { return ops::eq(*this, o); }
+Tensor Tensor::eq(const Scalar& o) const { return ops::eq(*this, o); }
+Tensor Tensor::ne(const Tensor& o) const { return ops::ne(*this, o); }
+Tensor Tensor::ne(const Scalar& o) const { return ops::ne(*this, o); }
+Tensor Tensor::lt(const Tensor& o) const { return ops::lt(*this, o); }
+Tensor Tensor::lt(const Scalar& o) const { return ops::lt(*this, o); }
+Tensor Tensor::le(const Tensor& o) const { return ops::le(*this, o); }
+Tensor Tensor::le(const Scalar& o) const { return ops::le(*this, o); }
+Tensor Tensor::gt(const Tensor& o) const { return ops::gt(*this, o); }
+Tensor Tensor::gt(const Scalar& o) const { return ops::gt(*this, o); }
+Tensor Tensor::ge(const Tensor& o) const { return ops::ge(*this, o); }
+Tensor Tensor::ge(const Scalar& o) const { return ops::ge(*this, o); }
+Tensor Tensor::logical_and(const Tensor& o) const { return ops::logical_and(*this, o); }
+Tensor Tensor::logical_or(const Tensor& o) const { return ops::logical_or(*this, o); }
+Tensor Tensor::logical_not() const { return ops::logical_not(*this); }
+Tensor Tensor::masked_fill(const Tensor& mask, const Scalar& v) const { return ops::masked_fill(*this, mask, v); }
+
+Tensor Tensor::sum(std::optional<DType> dtype) const { return ops::sum(*this, {}, false, dtype); }
+Tensor Tensor::sum(const Shape& dims, bool keepdim) const { return ops::sum(*this, dims, keepdim); }
+Tensor Tensor::mean() const { return ops::mean(*this); }
+Tensor Tensor::mean(const Shape& dims, bool keepdim) const { return ops::mean(*this, dims, keepdim); }
+Tensor Tensor::prod() const { return ops::prod(*this); }
+Tensor Tensor::prod(int64_t dim, bool keepdim) const { return ops::prod(*this, dim, keepdim); }
+Tensor Tensor::max() const { return ops::max(*this); }
+std::tuple<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim) const { return ops::max(*this, dim, keepdim); }
+Tensor Tensor::min() const { return ops::min(*this); }
+std::tuple<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim) const { return ops::min(*this, dim, keepdim); }
+Tensor Tensor::amax(const Shape& dims, bool keepdim) const { return ops::amax(*this, dims, keepdim); }
+Tensor Tensor::amin(const Shape& dims, bool keepdim) const { return ops::amin(*this, dims, keepdim); }
+Tensor Tensor::argmax(std::optional<int64_t> dim, bool keepdim) const { return ops::argmax(*this, dim, keepdim); }
+Tensor Tensor::argmin(std::optional<int64_t> dim, bool keepdim) const { return ops::argmin(*this, dim, keepdim); }
+Tensor Tensor::var(const Shape& dims, int64_t c, bool keepdim) const { return ops::var(*this, dims, c, keepdim); }
+Tensor Tensor::std(const Shape& dims, int64_t c, bool keepdim) const { return ops::std(*this, dims, c, keepdim); }
+Tensor Tensor::norm(double p, const Shape& dims, bool keepdim) const { return ops::norm(*this, p, dims, keepdim); }
+Tensor Tensor::logsumexp(const Shape& dims, bool keepdim) const { return ops::logsumexp(*this, dims, keepdim); }
+Tensor Tensor::all() const { return ops::all(*this); }
+Tensor Tensor::all(int64_t dim, bool keepdim) const { return ops::all(*this, dim, keepdim); }
+Tensor Tensor::any() const { return ops::any(*this); }
+Tensor Tensor::any(int64_t dim, bool keepdim) const { return ops::any(*this, dim, keepdim); }
+
+Tensor Tensor::matmul(const Tensor& o) const { return ops::matmul(*this, o); }
+Tensor Tensor::mm(const Tensor& o) const { return ops::mm(*this, o); }
+Tensor Tensor::bmm(const Tensor& o) const { return ops::bmm(*this, o); }
+Tensor Tensor::softmax(int64_t dim) const { return ops::softmax(*this, dim); }
+Tensor Tensor::log_softmax(int64_t dim) const { return ops::log_softmax(*this, dim); }
+std::vector<Tensor> Tensor::split(int64_t size, int64_t dim) const { return ops::split(*this, size, dim); }
+std::vector<Tensor> Tensor::chunk(int64_t chunks, int64_t dim) const { return ops::chunk(*this, chunks, dim); }
+Tensor Tensor::flip(const Shape& dims) const { return ops::flip(*this, dims); }
+Tensor Tensor::repeat(const Shape& repeats) const { return ops::repeat(*this, repeats); }
+Tensor Tensor::tril(int64_t k) const { return ops::tril(*this, k); }
+Tensor Tensor::triu(int64_t k) const { return ops::triu(*this, k); }
+Tensor Tensor::index_select(int64_t dim, const Tensor& i) const { return ops::index_select(*this, dim, i); }
+Tensor Tensor::gather(int64_t dim, const Tensor& i) const { return ops::gather(*this, dim, i); }
+Tensor Tensor::scatter(int64_t dim, const Tensor& i, const Tensor& s) const { return ops::scatter(*this, dim, i, s); }
+Tensor Tensor::scatter_add(int64_t dim, const Tensor& i, const Tensor& s) const {
+  return ops::scatter_add(*this, dim, i, s);
+}
+
+Tensor operator-(const Tensor& a) { return ops::neg(a); }
+Tensor operator+(const Tensor& a, const Tensor& b) { return ops::add(a, b); }
+Tensor operator-(const Tensor& a, const Tensor& b) { return ops::sub(a, b); }
+Tensor operator*(const Tensor& a, const Tensor& b) { return ops::mul(a, b); }
+Tensor operator/(const Tensor& a, const Tensor& b) { return ops::div(a, b); }
+Tensor operator+(const Tensor& a, const Scalar& b) { return ops::add(a, b); }
+Tensor operator-(const Tensor& a, const Scalar& b) { return ops::sub(a, b); }
+Tensor operator*(const Tensor& a, const Scalar& b) { return ops::mul(a, b); }
+Tensor operator/(const Tensor& a, const Scalar& b) { return ops::div(a, b); }
+Tensor operator+(const Scalar& a, const Tensor& b) { return ops::add(b, a); }
+Tensor operator-(const Scalar& a, const Tensor& b) { return ops::rsub(b, a); }
+Tensor operator*(const Scalar& a, const Tensor& b) { return ops::mul(b, a); }
+Tensor operator/(const Scalar& a, const Tensor& b) { return ops::reciprocal(b) * a; }
+Tensor& operator+=(Tensor& a, const Tensor& b) { return a.add_(b); }
+Tensor& operator-=(Tensor& a, const Tensor& b) { return a.sub_(b); }
+Tensor& operator*=(Tensor& a, const Tensor& b) { return a.mul_(b); }
+Tensor& operator/=(Tensor& a, const Tensor& b) { return a.div_(b); }
+Tensor& operator+=(Tensor& a, const Scalar& b) { return a.add_(b); }
+Tensor& operator-=(Tensor& a, const Scalar& b) { return a.sub_(b); }
+Tensor& operator*=(Tensor& a, const Scalar& b) { return a.mul_(b); }
+Tensor& operator/=(Tensor& a, const Scalar& b) { return a.div_(b); }
+
+}  // namespace kiln

@@ -1,0 +1,331 @@
+// ops/views.cpp: views: new shapes and strides over the same storage, no data copied. Each records a
+// backward that maps the gradient back to the input's shape (reshape, permute back, pad out a slice,
+// sum over expanded dims).
+#include <algorithm>
+#include <numeric>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+#include "ops/record.h"
+
+namespace kiln {
+
+using autograd::Grads;
+using autograd::record;
+using autograd::should_record;
+using autograd::TensorList;
+
+namespace {
+
+Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, int64_t offset) {
+  auto impl = std::make_shared<TensorImpl>();
+  impl->storage = base.impl()->storage;
+  impl->sizes = sizes;
+  impl->strides = strides;
+  impl->offset = offset;
+  impl->dtype = base.dtype();
+  impl->is_view = true;
+  return Tensor(std::move(impl));
+}
+
+// Resolves one -1 and checks the element count.
+Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
+  Shape out = shape;
+  int infer = -1;
+  int64_t known = 1;
+  for (int i = 0; i < out.size(); ++i) {
+    if (out[i] == -1) {
+      KILN_CHECK(infer < 0, "{}: only one dimension can be -1, got {}", op, shape.str());
+      infer = i;
+    } else {
+      KILN_CHECK(out[i] >= 0, "{}: invalid size {} in shape {}", op, out[i], shape.str());
+      known *= out[i];
+    }
+  }
+  if (infer >= 0) {
+    KILN_CHECK(known != 0 && numel % known == 0, "{}: shape {} is invalid for input of size {}", op,
+               shape.str(), numel);
+    out[infer] = numel / known;
+  }
+  KILN_CHECK(out.numel() == numel, "{}: shape {} is invalid for input of size {}", op, shape.str(), numel);
+  return out;
+}
+
+// Strides that read `old` data in row-major order of `shape`, if any exist without copying.
+// Groups of old dims that are contiguous among themselves can be split or merged freely.
+std::optional<Shape> view_strides(Shape old_sizes, Shape old_strides, const Shape& shape) {
+  if (old_sizes.numel() == 0 || shape.size() == 0) return contiguous_strides(shape);
+  if (old_sizes.size() == 0) {
+    old_sizes = {1};
+    old_strides = {1};
+  }
+  Shape strides = Shape::filled(shape.size(), 0);
+  int view_d = shape.size() - 1;
+  int64_t chunk_stride = old_strides.back(), tensor_numel = 1, view_numel = 1;
+  for (int d = old_sizes.size() - 1; d >= 0; --d) {
+    tensor_numel *= old_sizes[d];
+    bool chunk_ends = d == 0 || (old_sizes[d - 1] != 1 && old_strides[d - 1] != tensor_numel * chunk_stride);
+    if (!chunk_ends) continue;
+    while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+      strides[view_d] = view_numel * chunk_stride;
+      view_numel *= shape[view_d];
+      --view_d;
+    }
+    if (view_numel != tensor_numel) return std::nullopt;
+    if (d > 0) {
+      chunk_stride = old_strides[d - 1];
+      tensor_numel = view_numel = 1;
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return strides;
+}
+
+void record_reshape_back(const Tensor& in, const Tensor& out, const char* name) {
+  if (!should_record(in)) return;
+  Shape shape = in.sizes();
+  record(name, {in}, {out}, [shape](const Grads& g) -> TensorList { return {g[0].reshape(shape)}; });
+}
+
+// The gradient of a slice: zeros of the input's shape with g written into the slice.
+Tensor slice_backward(const Tensor& g, const Shape& input_shape, int dim, int64_t start, int64_t end,
+                      int64_t step) {
+  Tensor out = zeros(input_shape, g.options());
+  Tensor window = out.slice(dim, start, end, step);
+  {
+    NoGradGuard no_grad;
+    window.copy_(g);
+  }
+  if (should_record(g)) {
+    record("SliceBackwardBackward", {g}, {out}, [dim, start, end, step](const Grads& gg) -> TensorList {
+      return {gg[0].slice(dim, start, end, step)};
+    });
+  }
+  return out;
+}
+
+}  // namespace
+
+inline namespace ops {
+
+Tensor view(const Tensor& t, const Shape& shape) {
+  Shape sizes = infer_shape(shape, t.numel(), "view");
+  auto strides = view_strides(t.sizes(), t.strides(), sizes);
+  KILN_CHECK(strides.has_value(),
+             "view: shape {} is not compatible with the input's sizes {} and strides {} (at least "
+             "one dimension spans across two contiguous subspaces); use reshape() instead",
+             sizes.str(), t.sizes().str(), t.strides().str());
+  Tensor out = make_view(t, sizes, *strides, t.storage_offset());
+  record_reshape_back(t, out, "ViewBackward");
+  return out;
+}
+
+Tensor reshape(const Tensor& t, const Shape& shape) {
+  Shape sizes = infer_shape(shape, t.numel(), "reshape");
+  if (auto strides = view_strides(t.sizes(), t.strides(), sizes)) {
+    Tensor out = make_view(t, sizes, *strides, t.storage_offset());
+    record_reshape_back(t, out, "ReshapeBackward");
+    return out;
+  }
+  return view(clone(t), sizes);
+}
+
+Tensor permute(const Tensor& t, const Shape& dims) {
+  const int nd = t.dim();
+  KILN_CHECK(dims.size() == nd, "permute: got {} dims {} for a tensor of {} dimensions", dims.size(),
+             dims.str(), nd);
+  Shape sizes = t.sizes(), strides = t.strides(), inverse = Shape::filled(nd, 0);
+  bool seen[kMaxDims] = {};
+  for (int i = 0; i < nd; ++i) {
+    int d = wrap_dim(dims[i], nd, "permute");
+    KILN_CHECK(!seen[d], "permute: dim {} appears twice in {}", d, dims.str());
+    seen[d] = true;
+    sizes[i] = t.sizes()[d];
+    strides[i] = t.strides()[d];
+    inverse[d] = i;
+  }
+  Tensor out = make_view(t, sizes, strides, t.storage_offset());
+  if (should_record(t)) {
+    record("PermuteBackward", {t}, {out}, [inverse](const Grads& g) -> TensorList { return {g[0].permute(inverse)}; });
+  }
+  return out;
+}
+
+Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
+  const int nd = t.dim();
+  if (nd == 0) return t;
+  Shape dims = Shape::filled(nd, 0);
+  for (int i = 0; i < nd; ++i) dims[i] = i;
+  std::swap(dims[wrap_dim(dim0, nd, "transpose")], dims[wrap_dim(dim1, nd, "transpose")]);
+  return permute(t, dims);
+}
+
+Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
+  KILN_CHECK(t.dim() > 0, "narrow: cannot narrow a 0-dimensional tensor");
+  int d = wrap_dim(dim, t.dim(), "narrow");
+  int64_t size = t.sizes()[d];
+  if (start < 0) start += size;
+  KILN_CHECK(start >= 0 && length >= 0 && start + length <= size,
+             "narrow: start {} and length {} are out of range for dim {} of size {}", start, length, d, size);
+  return slice(t, d, start, start + length, 1);
+}
+
+Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start_opt,
+             std::optional<int64_t> end_opt, int64_t step) {
+  KILN_CHECK(t.dim() > 0, "slice: cannot slice a 0-dimensional tensor");
+  KILN_CHECK(step > 0, "slice: step must be positive, got {}", step);
+  int d = wrap_dim(dim, t.dim(), "slice");
+  int64_t size = t.sizes()[d];
+  auto clampi = [size](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + size : v, 0, size); };
+  int64_t start = clampi(start_opt.value_or(0)), end = clampi(end_opt.value_or(size));
+  if (end < start) end = start;
+  Shape sizes = t.sizes(), strides = t.strides();
+  sizes[d] = (end - start + step - 1) / step;
+  strides[d] *= step;
+  Tensor out = make_view(t, sizes, strides, t.storage_offset() + start * t.strides()[d]);
+  if (should_record(t)) {
+    Shape shape = t.sizes();
+    record("SliceBackward", {t}, {out}, [shape, d, start, end, step](const Grads& g) -> TensorList {
+      return {slice_backward(g[0], shape, d, start, end, step)};
+    });
+  }
+  return out;
+}
+
+Tensor select(const Tensor& t, int64_t dim, int64_t index) {
+  KILN_CHECK(t.dim() > 0, "select: cannot index a 0-dimensional tensor");
+  int d = wrap_dim(dim, t.dim(), "select");
+  int64_t size = t.sizes()[d];
+  KILN_CHECK(index >= -size && index < size, "select: index {} is out of range for dim {} of size {}",
+             index, d, size);
+  if (index < 0) index += size;
+  Shape sizes = t.sizes(), strides = t.strides();
+  sizes.erase(d);
+  strides.erase(d);
+  Tensor out = make_view(t, sizes, strides, t.storage_offset() + index * t.strides()[d]);
+  if (should_record(t)) {
+    Shape shape = t.sizes();
+    record("SelectBackward", {t}, {out}, [shape, d, index](const Grads& g) -> TensorList {
+      return {slice_backward(g[0].unsqueeze(d), shape, d, index, index + 1, 1)};
+    });
+  }
+  return out;
+}
+
+Tensor expand(const Tensor& t, const Shape& shape) {
+  const int nd = shape.size(), lead = nd - t.dim();
+  KILN_CHECK(lead >= 0, "expand: the target shape {} has fewer dims than the tensor's {}", shape.str(),
+             t.sizes().str());
+  Shape sizes = shape, strides = Shape::filled(nd, 0);
+  for (int i = 0; i < nd; ++i) {
+    int j = i - lead;  // the tensor's dim, if any
+    if (j < 0) {
+      KILN_CHECK(shape[i] >= 0, "expand: -1 is not allowed for a new leading dim ({})", shape.str());
+      continue;
+    }
+    int64_t have = t.sizes()[j];
+    if (shape[i] == -1 || shape[i] == have) {
+      sizes[i] = have;
+      strides[i] = t.strides()[j];
+    } else {
+      KILN_CHECK(have == 1,
+                 "expand: the size of dim {} ({}) must match the target size ({}) unless it is 1; "
+                 "tensor shape {}, target {}",
+                 j, have, shape[i], t.sizes().str(), shape.str());
+    }
+  }
+  Tensor out = make_view(t, sizes, strides, t.storage_offset());
+  if (should_record(t)) {
+    Shape from = t.sizes();
+    record("ExpandBackward", {t}, {out}, [from](const Grads& g) -> TensorList { return {sum_to(g[0], from)}; });
+  }
+  return out;
+}
+
+Tensor squeeze(const Tensor& t, std::optional<int64_t> dim) {
+  Shape sizes, strides;
+  int only = dim ? (t.dim() == 0 ? -1 : wrap_dim(*dim, t.dim(), "squeeze")) : -1;
+  for (int d = 0; d < t.dim(); ++d) {
+    bool drop = t.sizes()[d] == 1 && (!dim || d == only);
+    if (!drop) {
+      sizes.push_back(t.sizes()[d]);
+      strides.push_back(t.strides()[d]);
+    }
+  }
+  Tensor out = make_view(t, sizes, strides, t.storage_offset());
+  record_reshape_back(t, out, "SqueezeBackward");
+  return out;
+}
+
+Tensor unsqueeze(const Tensor& t, int64_t dim) {
+  int d = wrap_dim(dim, t.dim() + 1, "unsqueeze");
+  Shape sizes = t.sizes(), strides = t.strides();
+  int64_t stride = d < t.dim() ? t.sizes()[d] * t.strides()[d] : 1;
+  sizes.insert(d, 1);
+  strides.insert(d, stride);
+  Tensor out = make_view(t, sizes, strides, t.storage_offset());
+  record_reshape_back(t, out, "UnsqueezeBackward");
+  return out;
+}
+
+Tensor flatten(const Tensor& t, int64_t start_dim, int64_t end_dim) {
+  if (t.dim() == 0) return t.reshape({1});
+  int s = wrap_dim(start_dim, t.dim(), "flatten"), e = wrap_dim(end_dim, t.dim(), "flatten");
+  KILN_CHECK(s <= e, "flatten: start_dim {} comes after end_dim {}", start_dim, end_dim);
+  Shape shape;
+  int64_t merged = 1;
+  for (int d = 0; d < t.dim(); ++d) {
+    if (d < s || d > e) shape.push_back(t.sizes()[d]);
+    else {
+      merged *= t.sizes()[d];
+      if (d == e) shape.push_back(merged);
+    }
+  }
+  return t.reshape(shape);
+}
+
+Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes) {
+  int d = wrap_dim(dim, t.dim(), "unflatten");
+  Shape inner = infer_shape(sizes, t.sizes()[d], "unflatten");
+  Shape shape;
+  for (int i = 0; i < t.dim(); ++i) {
+    if (i == d) for (int64_t s : inner) shape.push_back(s);
+    else shape.push_back(t.sizes()[i]);
+  }
+  return t.view(shape);
+}
+
+Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset) {
+  KILN_CHECK(!should_record(t), "as_strided: not differentiable; call it on a detached tensor");
+  return make_view(t, sizes, strides, offset);
+}
+
+}  // namespace ops
+
+Tensor Tensor::view(const Shape& shape) const { return ops::view(*this, shape); }
+Tensor Tensor::reshape(const Shape& shape) const { return ops::reshape(*this, shape); }
+Tensor Tensor::permute(const Shape& dims) const { return ops::permute(*this, dims); }
+Tensor Tensor::transpose(int64_t d0, int64_t d1) const { return ops::transpose(*this, d0, d1); }
+Tensor Tensor::t() const {
+  KILN_CHECK(dim() <= 2, "t: expects a tensor of at most 2 dims, got shape {}; use transpose()", sizes().str());
+  return dim() < 2 ? *this : ops::transpose(*this, 0, 1);
+}
+Tensor Tensor::mT() const {
+  KILN_CHECK(dim() >= 2, "mT: expects at least 2 dims, got shape {}", sizes().str());
+  return ops::transpose(*this, -2, -1);
+}
+Tensor Tensor::narrow(int64_t dim, int64_t start, int64_t length) const {
+  return ops::narrow(*this, dim, start, length);
+}
+Tensor Tensor::slice(int64_t dim, std::optional<int64_t> start, std::optional<int64_t> end, int64_t step) const {
+  return ops::slice(*this, dim, start, end, step);
+}
+Tensor Tensor::select(int64_t dim, int64_t index) const { return ops::select(*this, dim, index); }
+Tensor Tensor::expand(const Shape& shape) const { return ops::expand(*this, shape); }
+Tensor Tensor::squeeze() const { return ops::squeeze(*this); }
+Tensor Tensor::squeeze(int64_t dim) const { return ops::squeeze(*this, dim); }
+Tensor Tensor::unsqueeze(int64_t dim) const { return ops::unsqueeze(*this, dim); }
+Tensor Tensor::flatten(int64_t s, int64_t e) const { return ops::flatten(*this, s, e); }
+Tensor Tensor::unflatten(int64_t dim, const Shape& sizes) const { return ops::unflatten(*this, dim, sizes); }
+
+}  // namespace kiln

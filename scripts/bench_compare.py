@@ -1,0 +1,307 @@
+#!/usr/bin/python3
+"""bench_compare.py: runs Kiln's benchmark programs and their LibTorch anchors side by side.
+
+Siblings: the anchors are benchmarks/anchors/ (anchor_*.cpp, built by benchmarks/anchors/
+CMakeLists.txt, described in benchmarks/anchors/README.md); the Kiln programs bench_* are built by
+the top-level CMakeLists.txt; results files go to benchmarks/results/. Standard library only.
+
+For each bench NAME it runs BUILD/bin/bench_NAME (Kiln, with no tuning variables set: Kiln must be
+good out of the box) and BUILD_ANCHORS/bin/anchor_NAME (LibTorch at its best, with
+OMP_WAIT_POLICY=passive) alternately, A B A B ..., for --rounds rounds. Every stdout line that is a
+JSON object is a result; figures are grouped by (bench, key) for the keys that start with gflops_ or
+us_ (plus any named with --keys), and a table of per-impl medians, min-max and the ratio
+kiln/libtorch of the medians is printed. With --out, a JSON-lines file is written: a "meta" line
+(machine, date, commit, command), every raw result tagged with its round, then one "summary" line
+per key.
+
+Example:
+  scripts/bench_compare.py --kiln-bin build/bin --anchor-bin build-anchors/bin --rounds 3 \\
+      --bench gemm,op_overhead --out benchmarks/results/2026-11-gemm.jsonl
+"""
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+
+KILN = "kiln"
+LIBTORCH = "libtorch"
+DEFAULT_BENCHES = "gemm,op_overhead"
+DEFAULT_PREFIXES = ("gflops_", "us_")
+
+# Variables that tune threading in OpenMP, OpenBLAS or MKL. They are removed from the environment of
+# both programs so that an exported value in the caller's shell cannot change the result; the
+# anchor then gets OMP_WAIT_POLICY=passive back, Kiln gets nothing.
+TUNING_PREFIXES = ("OMP_", "GOMP_", "KMP_", "OPENBLAS_", "GOTO_", "MKL_")
+ANCHOR_ENV = {"OMP_WAIT_POLICY": "passive"}
+
+# Fields that tell apart the cases of one bench. A key printed by several cases (say median_s,
+# once per n) is compared per case; keys such as gflops_256 already name their case.
+CASE_FIELDS = ("n", "numel", "requires_grad", "dtype")
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(
+        description="Run Kiln benchmarks and their LibTorch anchors alternately and compare them.")
+    parser.add_argument("--kiln-bin", help="folder holding Kiln's bench_<name> programs")
+    parser.add_argument("--anchor-bin", help="folder holding the anchor_<name> programs")
+    parser.add_argument("--rounds", type=int, default=3, help="A B rounds per bench (default 3)")
+    parser.add_argument("--bench", default=DEFAULT_BENCHES,
+                        help="comma-separated bench names (default %s)" % DEFAULT_BENCHES)
+    parser.add_argument("--keys", default="",
+                        help="comma-separated extra numeric keys to compare (e.g. s_per_epoch)")
+    parser.add_argument("--args", action="append", default=[], metavar="NAME=ARGS",
+                        help="extra arguments for both programs of bench NAME, e.g. "
+                             "--args 'gemm=--sizes 256,512' (may be repeated)")
+    parser.add_argument("--only", choices=[KILN, LIBTORCH],
+                        help="run one side only (e.g. to record anchor figures alone)")
+    parser.add_argument("--timeout", type=float, default=3600.0,
+                        help="seconds before one program run is killed (default 3600)")
+    parser.add_argument("--out", help="write a JSON-lines results file here")
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    if args.only != LIBTORCH and not args.kiln_bin:
+        parser.error("--kiln-bin is required (unless --only libtorch)")
+    if args.only != KILN and not args.anchor_bin:
+        parser.error("--anchor-bin is required (unless --only kiln)")
+    args.bench = [name for name in args.bench.split(",") if name]
+    args.keys = [key for key in args.keys.split(",") if key]
+    extra = {}
+    for item in args.args:
+        name, sep, rest = item.partition("=")
+        if not sep:
+            parser.error("--args wants NAME=ARGS, got %r" % item)
+        extra[name] = shlex.split(rest)
+    args.args = extra
+    return args
+
+
+def clean_env(additions):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(TUNING_PREFIXES)}
+    env.update(additions)
+    return env
+
+
+def is_executable(path):
+    return os.path.isfile(path) and os.access(path, os.X_OK)
+
+
+def run_program(path, extra_args, env, timeout):
+    """Runs one benchmark program; returns (list of JSON result dicts, error text or None)."""
+    command = [path] + extra_args
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              universal_newlines=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return [], "timed out after %.0f s" % timeout
+    except OSError as err:
+        return [], "could not start: %s" % err
+    elapsed = time.monotonic() - start
+    results = []
+    for line in proc.stdout.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            results.append(record)
+    error = None
+    if proc.returncode != 0:
+        tail = proc.stderr.strip().splitlines()[-5:]
+        error = "exit status %d%s" % (proc.returncode, (": " + " | ".join(tail)) if tail else "")
+    elif not results:
+        error = "printed no JSON result lines"
+    print("  %-40s %6.1f s, %d results%s" % (
+        os.path.basename(path) + " " + " ".join(extra_args), elapsed, len(results),
+        "" if error is None else " -- " + error), file=sys.stderr)
+    return results, error
+
+
+def is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def better_direction(key):
+    """'higher' or 'lower' is better for this key, or '?' if the name does not say."""
+    k = key.lower()
+    if "per_s" in k or k.startswith(("gflops", "tflops", "gbps", "tokens")) or "acc" in k:
+        return "higher"
+    if k.startswith(("us_", "ms_", "s_")) or k.endswith(("_us", "_ms", "_s")):
+        return "lower"
+    if "rss" in k or "mib" in k or "loss" in k or "bytes" in k:
+        return "lower"
+    return "?"
+
+
+def summarize(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def machine_info():
+    info = {"cpu": "unknown", "nproc": None, "mem_total": "unknown"}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        info["nproc"] = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        info["nproc"] = os.cpu_count()
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal"):
+                    info["mem_total"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return info
+
+
+def git_commit():
+    def git(*git_args):
+        return subprocess.run(["git", "-C", REPO_ROOT] + list(git_args), stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, universal_newlines=True)
+    try:
+        head = git("rev-parse", "HEAD")
+        status = git("status", "--porcelain")
+    except OSError:
+        return "unknown"
+    commit = head.stdout.strip() if head.returncode == 0 else "no-commits"
+    if status.returncode == 0 and status.stdout.strip():
+        commit += "-dirty"
+    return commit
+
+
+def format_figure(stats):
+    if stats is None:
+        return "-"
+    return "%.4g [%.4g-%.4g]" % (stats["median"], stats["min"], stats["max"])
+
+
+def main(argv):
+    args = parse_args(argv)
+    command = shlex.join([sys.executable] + [sys.argv[0]] + argv)
+    meta = {"record": "meta", "machine": machine_info(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "git_commit": git_commit(), "command": command}
+
+    sides = []
+    if args.only != LIBTORCH:
+        sides.append((KILN, args.kiln_bin, "bench_", clean_env({})))
+    if args.only != KILN:
+        sides.append((LIBTORCH, args.anchor_bin, "anchor_", clean_env(ANCHOR_ENV)))
+
+    raw = []       # every result line, tagged with round
+    errors = []    # runs that failed
+    skipped = []   # benches not run, with the reason
+    for name in args.bench:
+        programs = [(impl, os.path.join(folder, prefix + name), env)
+                    for impl, folder, prefix, env in sides]
+        missing = [(impl, path) for impl, path, _ in programs if not is_executable(path)]
+        if missing:
+            for impl, path in missing:
+                reason = "%s program %s is missing (not built?)" % (impl, path)
+                print("SKIP %s: %s" % (name, reason), file=sys.stderr)
+                skipped.append({"record": "skipped", "bench": name, "reason": reason})
+            continue
+        extra_args = args.args.get(name, [])
+        for round_index in range(1, args.rounds + 1):
+            print("%s round %d/%d" % (name, round_index, args.rounds), file=sys.stderr)
+            for impl, path, env in programs:
+                results, error = run_program(path, extra_args, env, args.timeout)
+                if error is not None:
+                    errors.append({"record": "error", "bench": name, "impl": impl,
+                                   "round": round_index, "program": path, "error": error})
+                for result in results:
+                    tagged = {"record": "result", "round": round_index, "bench": name,
+                              "impl": impl}
+                    tagged.update(result)
+                    tagged["record"] = "result"
+                    tagged["round"] = round_index
+                    raw.append(tagged)
+
+    # Group figures by (bench, key) and impl, in first-seen order. A key that one impl prints for
+    # several cases in one round (median_s once per n, say) is split further by case.
+    entries = []
+    cases_seen = {}
+    for result in raw:
+        case = tuple((field, result[field]) for field in CASE_FIELDS if field in result)
+        for key, value in result.items():
+            if (key.startswith(DEFAULT_PREFIXES) or key in args.keys) and is_number(value):
+                entries.append((result["bench"], key, case, result["impl"], float(value)))
+                cases_seen.setdefault((result["bench"], key, result["impl"], result["round"]),
+                                      set()).add(case)
+    split = {(bench, key) for (bench, key, _, _), cases in cases_seen.items() if len(cases) > 1}
+    groups = {}
+    for bench, key, case, impl, value in entries:
+        group_case = case if (bench, key) in split else ()
+        groups.setdefault((bench, key, group_case), {}).setdefault(impl, []).append(value)
+
+    summaries = []
+    for (bench, key, case), by_impl in groups.items():
+        label = key
+        if case:
+            label += " (%s)" % ", ".join("%s=%s" % (f, json.dumps(v)) for f, v in case)
+        kiln = summarize(by_impl[KILN]) if KILN in by_impl else None
+        torch = summarize(by_impl[LIBTORCH]) if LIBTORCH in by_impl else None
+        ratio = None
+        if kiln and torch and torch["median"] != 0:
+            ratio = kiln["median"] / torch["median"]
+        summaries.append({"record": "summary", "bench": bench, "key": key, "label": label,
+                          "case": dict(case), "better": better_direction(key),
+                          KILN: kiln, LIBTORCH: torch, "ratio_kiln_over_libtorch": ratio})
+
+    header = ("bench", "key", "better", "kiln median [min-max]", "libtorch median [min-max]",
+              "kiln/libtorch")
+    rows = [header]
+    for s in summaries:
+        ratio = "-" if s["ratio_kiln_over_libtorch"] is None else "%.3f" % s[
+            "ratio_kiln_over_libtorch"]
+        rows.append((s["bench"], s["label"], s["better"], format_figure(s[KILN]),
+                     format_figure(s[LIBTORCH]), ratio))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    print()
+    if summaries:
+        for row in rows:
+            print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+        print("(rounds: %d; ratio < 1 is good for Kiln where lower is better, > 1 where higher is)"
+              % args.rounds)
+    else:
+        print("no results to compare")
+    for item in skipped:
+        print("skipped %s: %s" % (item["bench"], item["reason"]))
+    for item in errors:
+        print("error in %s round %d (%s): %s" % (item["bench"], item["round"], item["impl"],
+                                                 item["error"]))
+
+    if args.out:
+        out_dir = os.path.dirname(os.path.abspath(args.out))
+        os.makedirs(out_dir, exist_ok=True)
+        with open(args.out, "w") as f:
+            for record in [meta] + raw + skipped + errors + summaries:
+                f.write(json.dumps(record) + "\n")
+        print("wrote %s" % args.out)
+
+    return 1 if errors or (skipped and not summaries) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

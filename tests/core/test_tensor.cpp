@@ -1,0 +1,196 @@
+// tests/core/test_tensor.cpp: the tensor model: storage sharing, strides of views, factories, copies,
+// devices, the allocator's statistics, printing, and the Error for each misuse.
+#include <sstream>
+
+#include "support.h"
+
+using namespace kiln;
+
+TEST_CASE("factories give the right shapes, dtypes and values") {
+  test::check_equal(zeros({2, 3}), from_vector(std::vector<float>(6, 0.f), {2, 3}));
+  test::check_equal(full({2}, 7, kInt32), from_vector(std::vector<int32_t>{7, 7}));
+  test::check_equal(arange(5), from_vector(std::vector<int64_t>{0, 1, 2, 3, 4}));
+  test::check_equal(arange(1, 2, 0.25), tensor({1, 1.25, 1.5, 1.75}));
+  test::check_close(linspace(0, 1, 5), tensor({0, 0.25, 0.5, 0.75, 1}));
+  test::check_equal(eye(2, 3), tensor({{1, 0, 0}, {0, 1, 0}}));
+  CHECK(ones_like(zeros({4}, kFloat64)).dtype() == kFloat64);
+  CHECK(empty({0, 3}).numel() == 0);
+  CHECK(zeros({2}, TensorOptions().requires_grad(true)).requires_grad());
+  test::check_error([] { zeros({2, -1}); }, {"empty", "non-negative", "[2, -1]"});
+  test::check_error([] { from_vector(std::vector<float>{1, 2, 3}, {2, 2}); }, {"3 values", "[2, 2]"});
+  test::check_error([] { tensor({{1, 2}, {3}}); }, {"same length"});
+  test::check_error([] { zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}); }, {"at most 8 dimensions"});
+}
+
+TEST_CASE("views share storage and have the expected strides") {
+  Tensor x = arange(24, kFloat32).view({2, 3, 4});
+  CHECK(x.strides() == Shape{12, 4, 1});
+  Tensor p = x.permute({2, 0, 1});
+  CHECK(p.sizes() == Shape{4, 2, 3});
+  CHECK(p.strides() == Shape{1, 12, 4});
+  CHECK(!p.is_contiguous());
+  Tensor t = x.transpose(0, 2);
+  CHECK(t.strides() == Shape{1, 4, 12});
+  Tensor n = x.narrow(1, 1, 2);
+  CHECK(n.storage_offset() == 4);
+  CHECK(x.select(2, 3).sizes() == Shape{2, 3});
+  CHECK(x.slice(2, 0, 4, 2).strides() == Shape{12, 4, 2});
+  CHECK(x[1][2][3].item<float>() == 23);
+  Tensor e = tensor({1, 2, 3}).unsqueeze(0).expand({4, 3});
+  CHECK(e.strides() == Shape{0, 1});
+  CHECK(x.flatten(1).sizes() == Shape{2, 12});
+  CHECK(x.unflatten(2, {2, 2}).sizes() == Shape{2, 3, 2, 2});
+  CHECK(x.view({-1, 4}).sizes() == Shape{6, 4});
+  CHECK(zeros({1, 3, 1}).squeeze().sizes() == Shape{3});
+  CHECK(zeros({1, 3, 1}).squeeze(0).sizes() == Shape{3, 1});
+  // A write through a view is seen by the base.
+  Tensor base = zeros({3, 3});
+  base.select(0, 1).fill_(5);
+  CHECK(base.sum().item<float>() == 15);
+  CHECK(base[1][2].item<float>() == 5);
+  // reshape copies when it must; view refuses and says to use reshape.
+  Tensor merged = p.reshape({4, 6});  // dims 1 and 2 of p are contiguous together: still a view
+  CHECK(merged.strides() == Shape{1, 4});
+  CHECK(merged.impl()->storage == x.impl()->storage);
+  Tensor r = p.reshape({24});  // impossible as a view: a copy
+  CHECK(r.is_contiguous());
+  CHECK(r.impl()->storage != x.impl()->storage);
+  test::check_equal(r, p.contiguous().view({24}));
+  test::check_error([&] { p.view({24}); }, {"view", "reshape"});
+  test::check_error([&] { x.view({5, -1}); }, {"invalid for input of size 24"});
+  test::check_error([&] { x.permute({0, 0, 1}); }, {"permute", "appears twice"});
+  test::check_error([&] { x.narrow(1, 2, 2); }, {"narrow", "out of range"});
+  test::check_error([&] { x.select(0, 2); }, {"select", "index 2", "size 2"});
+  test::check_error([&] { x.expand({2, 5, 4}); }, {"expand", "must match"});
+  test::check_error([&] { x.sum({3}); }, {"dim 3 is out of range", "3 dimensions"});
+}
+
+TEST_CASE("copies: contiguous, clone, to, copy_ and in-place version counters") {
+  Tensor x = arange(6, kFloat32).view({2, 3}).t();
+  Tensor c = x.contiguous();
+  CHECK(c.is_contiguous());
+  CHECK(c.to_vector<float>() == std::vector<float>{0, 3, 1, 4, 2, 5});
+  Tensor cl = c.clone();
+  cl.fill_(1);
+  CHECK(c.sum().item<float>() == 15);  // clone does not share
+  Tensor d = zeros({3, 2}, kFloat64);
+  uint64_t v0 = d._version();
+  d.copy_(x);
+  CHECK(d._version() == v0 + 1);
+  CHECK(d.dtype() == kFloat64);
+  test::check_close(d, x.to(kFloat64));
+  Tensor row = zeros({2, 3});
+  row.copy_(tensor({1, 2, 3}));  // broadcast
+  CHECK(row.sum().item<float>() == 12);
+  test::check_error([&] { row.copy_(zeros({4})); }, {"copy_", "[4]", "[2, 3]"});
+}
+
+TEST_CASE("item and to_vector") {
+  CHECK(tensor({2.5}).item<double>() == 2.5);
+  CHECK(full({}, 3, kInt64).item<int64_t>() == 3);
+  test::check_error([] { zeros({2, 3}).item(); }, {"item", "[2, 3]", "6 elements"});
+}
+
+TEST_CASE("devices: parsing, and CUDA without a GPU is an Error, not a crash") {
+  CHECK(Device::parse("cuda:3") == Device::cuda(3));
+  CHECK(Device::parse("cpu").is_cpu());
+  CHECK(Device::cuda(1).str() == "cuda:1");
+  test::check_error([] { Device::parse("gpu0"); }, {"Device", "gpu0", "cuda:N"});
+  if (!cuda::is_available()) {
+    test::check_error([] { zeros({2}, Device::cuda()); }, {"CUDA"});
+  }
+  float fake[2] = {0, 0};  // a tensor that only claims to be on a GPU: the check comes first
+  Tensor on_gpu = from_blob(fake, {2}, kFloat32, Device::cuda(0));
+  test::check_error([&] { auto keep = zeros({2}) + on_gpu; }, {"add", "one device", "cpu", "cuda:0"});
+}
+
+TEST_CASE("the CPU allocator is 64-byte aligned and its statistics return to baseline") {
+  MemoryStats before = memory::stats(Device::cpu());
+  {
+    Tensor a = empty({1000});
+    CHECK(reinterpret_cast<uintptr_t>(a.data_ptr()) % 64 == 0);
+    Tensor b = empty({3}, kFloat64);
+    CHECK(reinterpret_cast<uintptr_t>(b.data_ptr()) % 64 == 0);
+    MemoryStats during = memory::stats(Device::cpu());
+    CHECK(during.allocated_bytes - before.allocated_bytes == 4000 + 24);
+    CHECK(during.allocation_count - before.allocation_count == 2);
+    CHECK(during.peak_allocated_bytes >= during.allocated_bytes);
+  }
+  MemoryStats after = memory::stats(Device::cpu());
+  CHECK(after.allocated_bytes == before.allocated_bytes);
+  CHECK(after.free_count - before.free_count == 2);
+  memory::reset_peak(Device::cpu());
+  CHECK(memory::stats(Device::cpu()).peak_allocated_bytes == after.allocated_bytes);
+}
+
+TEST_CASE("printing matches PyTorch") {
+  // Expected strings are PyTorch 1.13's repr() with torch. -> kiln. and grad_fn names without the
+  // trailing 0.
+  CHECK(tensor({{0.1, 0.2}}, TensorOptions().requires_grad(true)).str() == "tensor([[0.1000, 0.2000]], requires_grad=True)");
+  CHECK(tensor({1, 2, 3}).str() == "tensor([1., 2., 3.])");
+  CHECK(arange(1, 4).str() == "tensor([1, 2, 3])");
+  CHECK(arange(1, 3).to(kInt32).str() == "tensor([1, 2], dtype=kiln.int32)");
+  CHECK(from_vector(std::vector<bool>{true, false}).str() == "tensor([ True, False])");
+  CHECK(full({}, 3.5).str() == "tensor(3.5000)");
+  CHECK(tensor({1e-5, 1.0}).str() == "tensor([1.0000e-05, 1.0000e+00])");
+  CHECK(zeros({0, 3}).str() == "tensor([], size=(0, 3))");
+  CHECK(zeros({0}).str() == "tensor([])");
+  CHECK(arange(2000).str() == "tensor([   0,    1,    2,  ..., 1997, 1998, 1999])");
+  CHECK(tensor({1.5, 2.0}, kFloat64).str() == "tensor([1.5000, 2.0000], dtype=kiln.float64)");
+  CHECK((tensor({1.0}, TensorOptions().requires_grad(true)) * 2).str() == "tensor([2.], grad_fn=<MulBackward>)");
+  CHECK((arange(12, kFloat32).view({3, 4}) / 7).str() ==
+        "tensor([[0.0000, 0.1429, 0.2857, 0.4286],\n"
+        "        [0.5714, 0.7143, 0.8571, 1.0000],\n"
+        "        [1.1429, 1.2857, 1.4286, 1.5714]])");
+  CHECK((arange(40, kFloat32) / 3).str() ==
+        "tensor([ 0.0000,  0.3333,  0.6667,  1.0000,  1.3333,  1.6667,  2.0000,  2.3333,\n"
+        "         2.6667,  3.0000,  3.3333,  3.6667,  4.0000,  4.3333,  4.6667,  5.0000,\n"
+        "         5.3333,  5.6667,  6.0000,  6.3333,  6.6667,  7.0000,  7.3333,  7.6667,\n"
+        "         8.0000,  8.3333,  8.6667,  9.0000,  9.3333,  9.6667, 10.0000, 10.3333,\n"
+        "        10.6667, 11.0000, 11.3333, 11.6667, 12.0000, 12.3333, 12.6667, 13.0000])");
+  CHECK(arange(3000, kFloat32).view({30, 100}).str() ==
+        "tensor([[0.0000e+00, 1.0000e+00, 2.0000e+00,  ..., 9.7000e+01, 9.8000e+01,\n"
+        "         9.9000e+01],\n"
+        "        [1.0000e+02, 1.0100e+02, 1.0200e+02,  ..., 1.9700e+02, 1.9800e+02,\n"
+        "         1.9900e+02],\n"
+        "        [2.0000e+02, 2.0100e+02, 2.0200e+02,  ..., 2.9700e+02, 2.9800e+02,\n"
+        "         2.9900e+02],\n"
+        "        ...,\n"
+        "        [2.7000e+03, 2.7010e+03, 2.7020e+03,  ..., 2.7970e+03, 2.7980e+03,\n"
+        "         2.7990e+03],\n"
+        "        [2.8000e+03, 2.8010e+03, 2.8020e+03,  ..., 2.8970e+03, 2.8980e+03,\n"
+        "         2.8990e+03],\n"
+        "        [2.9000e+03, 2.9010e+03, 2.9020e+03,  ..., 2.9970e+03, 2.9980e+03,\n"
+        "         2.9990e+03]])");
+  CHECK(tensor({NAN, INFINITY, -1.5}).str() == "tensor([    nan,     inf, -1.5000])");
+  CHECK(tensor({1, 2}, kFloat16).str() == "tensor([1., 2.], dtype=kiln.float16)");
+  CHECK(arange(24, kFloat32).view({2, 3, 4}).str() ==
+        "tensor([[[ 0.,  1.,  2.,  3.],\n"
+        "         [ 4.,  5.,  6.,  7.],\n"
+        "         [ 8.,  9., 10., 11.]],\n"
+        "\n"
+        "        [[12., 13., 14., 15.],\n"
+        "         [16., 17., 18., 19.],\n"
+        "         [20., 21., 22., 23.]]])");
+  std::ostringstream os;
+  os << tensor({1, 2});
+  CHECK(os.str() == "tensor([1., 2.])");
+}
+
+TEST_CASE("set_num_threads controls the pool and rejects nonsense") {
+  set_num_threads(1);
+  CHECK(get_num_threads() == 1);
+  Tensor a = rand({300, 300});
+  Tensor serial = matmul(a, a);
+  set_num_threads(2);
+  CHECK(get_num_threads() == 2);
+  test::check_close(matmul(a, a), serial);
+  test::check_error([] { set_num_threads(0); }, {"set_num_threads", "at least 1"});
+}
+
+TEST_CASE("kernel errors thrown on a worker thread reach the caller") {
+  Tensor x = rand({200000});
+  Tensor idx = zeros({200000}, kInt64);
+  idx.narrow(0, 199999, 1).fill_(1000000);  // in the second half: the pool's second thread
+  test::check_error([&] { x.gather(0, idx); }, {"gather", "index 1000000", "out of bounds", "size 200000"});
+}

@@ -1,0 +1,68 @@
+// tests/support.cpp: see support.h.
+#include "support.h"
+
+#include <cmath>
+#include <sstream>
+
+namespace kiln::test {
+
+Tolerance tolerance_for(DType dtype) {
+  switch (dtype) {
+    case kFloat64: return {1e-7, 1e-7};
+    case kFloat16: return {1e-3, 1e-5};
+    case kBFloat16: return {1.6e-2, 1e-5};
+    default: return {1.3e-6, 1e-5};
+  }
+}
+
+void check_close(const Tensor& actual, const Tensor& expected, Tolerance tol) {
+  INFO("actual shape " << actual.sizes().str() << ", expected shape " << expected.sizes().str());
+  REQUIRE(actual.sizes() == expected.sizes());
+  std::vector<double> a = actual.to_vector<double>(), e = expected.to_vector<double>();
+  int64_t bad = -1;
+  double worst = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    bool ok;
+    if (std::isnan(e[i])) ok = std::isnan(a[i]);
+    else if (std::isinf(e[i])) ok = a[i] == e[i];
+    else ok = std::fabs(a[i] - e[i]) <= tol.atol + tol.rtol * std::fabs(e[i]);
+    if (!ok && bad < 0) bad = static_cast<int64_t>(i);
+    if (!ok) worst = std::max(worst, std::fabs(a[i] - e[i]));
+  }
+  if (bad >= 0) {
+    FAIL_CHECK("element " << bad << " (flat) differs: actual " << a[bad] << ", expected " << e[bad]
+                          << "; worst |diff| " << worst << " (rtol " << tol.rtol << ", atol " << tol.atol << ")");
+  }
+}
+
+void check_close(const Tensor& actual, const Tensor& expected) {
+  check_close(actual, expected, tolerance_for(actual.dtype()));
+}
+
+void check_equal(const Tensor& actual, const Tensor& expected) {
+  REQUIRE(actual.sizes() == expected.sizes());
+  REQUIRE(dtype_name(actual.dtype()) == dtype_name(expected.dtype()));
+  CHECK(actual.to_vector<double>() == expected.to_vector<double>());
+}
+
+void check_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    for (const auto& f : fragments) {
+      INFO("message: " << msg);
+      CHECK(msg.find(f) != std::string::npos);
+    }
+    return;
+  }
+  FAIL("expected a kiln::Error, but nothing was thrown");
+}
+
+Tensor sample(const Shape& shape, DType dtype, double seed) {
+  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = 2 * std::sin(1.3 * static_cast<double>(i) + seed) * 0.99;
+  return from_vector(v, shape).to(dtype);
+}
+
+}  // namespace kiln::test

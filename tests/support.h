@@ -1,0 +1,32 @@
+// tests/support.h: what the tests share: closeness checks with the tolerances of DESIGN.md §8,
+// checks on Error messages, and small tensor builders.
+#pragma once
+
+#include <catch2/catch.hpp>
+#include <functional>
+#include <string>
+
+#include <kiln/kiln.h>
+
+namespace kiln::test {
+
+struct Tolerance {
+  double rtol, atol;
+};
+// f64 1e-7/1e-7, f32 1.3e-6/1e-5, f16 1e-3/1e-5, bf16 1.6e-2/1e-5 (DESIGN.md §8).
+Tolerance tolerance_for(DType dtype);
+
+// Every element of `actual` within atol + rtol * |expected| of `expected` (same shape; NaNs must
+// match NaNs, infinities must match). On failure, says where and by how much.
+void check_close(const Tensor& actual, const Tensor& expected, Tolerance tol);
+void check_close(const Tensor& actual, const Tensor& expected);  // tolerance of actual's dtype
+// Exact equality of shape, dtype and values.
+void check_equal(const Tensor& actual, const Tensor& expected);
+
+// fn() must throw kiln::Error whose message contains every one of `fragments`.
+void check_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments);
+
+// Deterministic, non-trivial values in (-2, 2) (no RNG needed): element i gets sin(1.3 i + seed).
+Tensor sample(const Shape& shape, DType dtype = kFloat32, double seed = 0.5);
+
+}  // namespace kiln::test
