@@ -49,7 +49,9 @@ class SavedTensor {
 
  private:
   Tensor data_;  // without grad_fn when saved as an output; packed form when hooks are on
-  std::shared_ptr<Storage> storage_;  // to read the live version (packing may change storage)
+  // To read the live version. Weak: with pack hooks the original buffer must be free to go (that is
+  // the point of offloading), and a buffer that is gone can no longer be modified in place.
+  std::weak_ptr<Storage> storage_;
   uint64_t saved_version_ = 0;
   bool is_output_ = false;
   bool requires_grad_ = false;

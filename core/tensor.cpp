@@ -70,7 +70,7 @@ SavedTensorHooksGuard::~SavedTensorHooksGuard() { hook_stack.pop_back(); }
 SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   if (!t.defined()) return;
   storage_ = t.impl()->storage;
-  saved_version_ = storage_->version;
+  saved_version_ = t.impl()->storage->version;
   is_output_ = is_output;
   // An output saved before its node is attached will require grad once it is (see the Note).
   requires_grad_ = t.requires_grad() || (is_output && is_floating(t.dtype()) && GradMode::is_enabled());
@@ -93,11 +93,12 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
 
 Tensor SavedTensor::unpack(const char* op) const {
   if (!data_.defined()) return {};
-  KILN_CHECK(storage_->version == saved_version_,
+  auto storage = storage_.lock();
+  KILN_CHECK(!storage || storage->version == saved_version_,
              "{}: a tensor it saved for backward was modified by an in-place operation: it is at "
              "version {}, it was at version {} when saved. Use the out-of-place form (x = x.mul(y) "
              "instead of x.mul_(y)) or clone() the tensor before changing it",
-             op, storage_->version, saved_version_);
+             op, storage ? storage->version : 0, saved_version_);
   Tensor t = unpack_hook_ ? unpack_hook_(data_) : data_;
   std::shared_ptr<Node> fn = grad_fn_strong_;
   if (is_output_) {

@@ -1,6 +1,8 @@
 // tests/autograd/test_engine.cpp: the autograd engine: gradients of small graphs against hand-derived
 // values, accumulation, retain_graph and the freed-graph Error, create_graph (second derivatives),
 // grad(), no_grad, detach, hooks, retain_grad, in-place ops, saved-tensor hooks, and to_dot.
+#include <optional>
+
 #include "support.h"
 
 using namespace kiln;
@@ -176,4 +178,28 @@ TEST_CASE("deep chains do not lose gradient and graphs free their memory") {
     CHECK(x.grad().to_vector<double>()[0] == Approx(std::pow(1.01, 200)));
   }
   CHECK(memory::stats(Device::cpu()).allocated_bytes == before.allocated_bytes);
+}
+
+TEST_CASE("saved-tensor hooks can shrink what a graph holds (the basis of offloading)") {
+  Tensor x = full({1 << 20}, 0.5, TensorOptions().requires_grad(true));  // 4 MiB
+  auto held_by_graph = [&](bool packed) {
+    int64_t before = memory::stats(Device::cpu()).allocated_bytes;
+    std::optional<autograd::SavedTensorHooksGuard> hooks;
+    if (packed) {  // keep exp's output as float16, restore it to float32 for the backward
+      hooks.emplace(autograd::SavedTensorHooks{[](const Tensor& t) { return t.to(kFloat16); },
+                                               [](const Tensor& t) { return t.to(kFloat32); }});
+    }
+    Tensor y = x.exp().sum();
+    hooks.reset();
+    int64_t held = memory::stats(Device::cpu()).allocated_bytes - before;
+    y.backward();
+    return held;
+  };
+  int64_t plain = held_by_graph(false);
+  Tensor g_plain = x.grad().clone();
+  x.grad().zero_();
+  int64_t packed = held_by_graph(true);
+  CHECK(plain >= (4 << 20));
+  CHECK(packed < (2 << 20) + 4096);  // the float32 buffer was freed; only the float16 copy stays
+  test::check_close(x.grad(), g_plain, {1e-3, 1e-5});
 }

@@ -1,0 +1,70 @@
+// cuda/context.h: the per-device state of the CUDA backend and the helpers every file in cuda/
+// uses (private to cuda/): the device guard, the default stream, the per-device allocators and the
+// backend instance. Plain C++ against the CUDA runtime: runtime.cpp, allocator.cpp and backend.cu
+// implement it; copy.cpp and the .cu files (backend.cu, elementwise.cu, reduce.cu, index.cu) use
+// it.
+//
+// Note [CUDA streams]
+// Each device's current stream is its legacy default stream (handle nullptr), as in PyTorch: work
+// on it runs in issue order and waits for (and is waited for by) every other blocking stream of the
+// device, so a kernel never races a cudaMemcpy or another kernel. Kernels launch on the Stream they
+// are given, so a caller with its own stream (a communicator, say) is honoured. Copies that hand
+// data to or from the host, or between two devices, synchronize before returning (PyTorch's
+// non_blocking=false): `x.to(Device::cpu())` and `item()` see finished results. Indexing ops
+// synchronize too, to check their indices (Note [index checks on the device] in index.cu). Device
+// buffers are freed with cudaFree, which waits for the device, so dropping a tensor whose kernels
+// are still queued is safe; the caching allocator (a later issue) will have to record streams
+// instead.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/backend.h"
+
+namespace kiln::cuda {
+
+// Makes `device_index` the current device for a scope and restores the previous one. Throws an
+// Error naming `what` (the op) when the index names no device of this machine.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int device_index, const char* what = "cuda");
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool changed_ = false;
+};
+
+// Throws a clear Error when `device_index` is not a device of this machine, naming `what`.
+void check_device(int device_index, const char* what);
+
+inline cudaStream_t stream_of(const Stream& s) { return static_cast<cudaStream_t>(s.handle); }
+inline Stream default_stream(int device_index) { return {Device::cuda(device_index), nullptr}; }
+
+// The allocator of one device (allocator.cpp); throws for a bad index.
+Allocator& device_allocator(int device_index);
+
+// The CudaBackend (backend.cu); cuda::backend() in runtime.cpp returns it.
+Backend& backend_instance();
+
+// A device buffer from the device's allocator, returned to it at scope exit: the staging space of
+// copies and matmuls. It counts in memory::stats like any tensor's buffer.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(int device_index, size_t nbytes)
+      : allocator_(&device_allocator(device_index)), nbytes_(nbytes),
+        data_(allocator_->allocate(nbytes)) {}
+  ~DeviceBuffer() { allocator_->deallocate(data_, nbytes_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void* data() const { return data_; }
+
+ private:
+  Allocator* allocator_;
+  size_t nbytes_;
+  void* data_;
+};
+
+}  // namespace kiln::cuda

@@ -1,0 +1,296 @@
+// cuda/reduce.cu: reductions (sum, prod, max, min, argmax, argmin, all, any) over any set of dims,
+// and softmax / log_softmax along one dim: the row-wise kernels of the CUDA backend. CPU siblings:
+// cpu/reduce.cpp and cpu/softmax.cpp, whose semantics these follow: floating sums and products
+// accumulate in double and integer ones in int64; max/min let NaN win; argmax/argmin give the first
+// index of the extreme (NaN counting as the largest); a softmax row of -inf gives nan.
+// Siblings: backend.cu, elementwise.cu, index.cu; helpers in loops.cuh.
+//
+// Reduce: each output is reduced by a group of `group` threads (a power of two up to a block);
+// thread t of a group takes elements t, t + group, ... of the output's slice, then the group merges
+// its partials in shared memory. Short slices get small groups, so a block serves many outputs.
+// (A first version: one huge slice runs on one block; splitting it across blocks comes later.)
+// Softmax: one block per row; the row max and the sum of exp(x - max) are block reductions.
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+#include "cuda/context.h"
+#include "cuda/kernels.h"
+#include "cuda/loops.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+// ---- reducers: init / update / merge / result, as in cpu/reduce.cpp ----
+
+template <typename T>
+using wide_t = std::conditional_t<std::is_floating_point_v<opmath_t<T>>, double, int64_t>;
+
+template <typename T> struct SumR {
+  using acc_t = wide_t<T>;
+  using out_t = T;
+  __device__ static acc_t init() { return 0; }
+  __device__ static void update(acc_t& a, T x, int64_t) {
+    a += static_cast<acc_t>(static_cast<opmath_t<T>>(x));
+  }
+  __device__ static void merge(acc_t& a, const acc_t& b) { a += b; }
+  __device__ static out_t result(acc_t a) { return static_cast<T>(static_cast<opmath_t<T>>(a)); }
+};
+template <typename T> struct ProdR {
+  using acc_t = wide_t<T>;
+  using out_t = T;
+  __device__ static acc_t init() { return 1; }
+  __device__ static void update(acc_t& a, T x, int64_t) {
+    a *= static_cast<acc_t>(static_cast<opmath_t<T>>(x));
+  }
+  __device__ static void merge(acc_t& a, const acc_t& b) { a *= b; }
+  __device__ static out_t result(acc_t a) { return static_cast<T>(static_cast<opmath_t<T>>(a)); }
+};
+// Max (kMax true) or min; NaN wins, as in PyTorch.
+template <typename T, bool kMax> struct ExtremeR {
+  using M = opmath_t<T>;
+  using acc_t = M;
+  using out_t = T;
+  __device__ static acc_t init() {
+    if constexpr (std::is_floating_point_v<M>) {
+      return kMax ? -std::numeric_limits<M>::infinity() : std::numeric_limits<M>::infinity();
+    } else {
+      return kMax ? std::numeric_limits<M>::lowest() : std::numeric_limits<M>::max();
+    }
+  }
+  __device__ static bool better(M x, M a) {
+    if (x != x) return a == a;  // x is NaN and a is not yet
+    return kMax ? x > a : x < a;
+  }
+  __device__ static void update(acc_t& a, T x, int64_t) {
+    M v = static_cast<M>(x);
+    if (better(v, a)) a = v;
+  }
+  __device__ static void merge(acc_t& a, const acc_t& b) {
+    if (better(b, a)) a = b;
+  }
+  __device__ static out_t result(acc_t a) { return static_cast<T>(a); }
+};
+// The index of the first max (or min). Partials cover interleaved elements, so merge breaks a tie
+// (equal values, or both NaN) by the smaller index: the result is the CPU's sequential first index.
+template <typename T, bool kMax> struct ArgR {
+  using M = opmath_t<T>;
+  using E = ExtremeR<T, kMax>;
+  struct acc_t {
+    M value;
+    int64_t index;
+  };
+  using out_t = int64_t;
+  __device__ static acc_t init() { return {E::init(), -1}; }
+  __device__ static void update(acc_t& a, T x, int64_t i) {
+    M v = static_cast<M>(x);
+    if (a.index < 0 || E::better(v, a.value)) a = {v, i};
+  }
+  __device__ static void merge(acc_t& a, const acc_t& b) {
+    if (b.index < 0) return;
+    if (a.index < 0 || E::better(b.value, a.value) ||
+        (!E::better(a.value, b.value) && b.index < a.index)) {
+      a = b;
+    }
+  }
+  __device__ static out_t result(acc_t a) { return a.index < 0 ? 0 : a.index; }
+};
+template <bool kAll> struct LogicalR {
+  using acc_t = bool;
+  using out_t = bool;
+  __device__ static acc_t init() { return kAll; }
+  __device__ static void update(acc_t& a, bool x, int64_t) { a = kAll ? (a && x) : (a || x); }
+  __device__ static void merge(acc_t& a, const acc_t& b) { a = kAll ? (a && b) : (a || b); }
+  __device__ static out_t result(acc_t a) { return a; }
+};
+
+// NaN-propagating max and plain sum, the two block reductions of softmax.
+struct MaxOp {
+  template <typename M> __device__ M operator()(M a, M b) const {
+    if (a != a) return a;
+    if (b != b) return b;
+    return a > b ? a : b;
+  }
+};
+struct SumOp {
+  template <typename M> __device__ M operator()(M a, M b) const { return a + b; }
+};
+
+// The reduction of v over the block (blockDim.x a multiple of 32), returned to every thread.
+// `shared` holds one M per warp.
+template <typename M, typename Op>
+__device__ M block_reduce(M v, Op op, M* shared) {
+  for (int delta = 16; delta > 0; delta >>= 1) v = op(v, __shfl_down_sync(0xffffffffu, v, delta));
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();  // the previous use of `shared` is over
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    M r = shared[0];
+    for (int w = 1; w < warps; ++w) r = op(r, shared[w]);
+    shared[0] = r;
+  }
+  __syncthreads();
+  return shared[0];
+}
+
+// ---- kernels ----
+
+// Output k (of `outputs`): kept.get(k) gives its slice's start in `in` and its offset in `out`;
+// reduced.get(j) the offset of the slice's j-th element (row-major over the reduced dims).
+template <typename R, typename T>
+__global__ void reduce_kernel(const T* in, typename R::out_t* out, int64_t outputs, int64_t len,
+                              OffsetCalc<2> kept, OffsetCalc<1> reduced, int group) {
+  using acc_t = typename R::acc_t;
+  extern __shared__ __align__(16) unsigned char reduce_shared[];
+  acc_t* partial = reinterpret_cast<acc_t*>(reduce_shared);
+  const int lane = threadIdx.x % group;
+  const int per_block = blockDim.x / group;
+  // Every thread of the block runs the same number of iterations: __syncthreads() is safe.
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * per_block; first < outputs;
+       first += static_cast<int64_t>(gridDim.x) * per_block) {
+    const int64_t k = first + threadIdx.x / group;
+    int64_t ko[2] = {0, 0};
+    acc_t acc = R::init();
+    if (k < outputs) {
+      kept.get(k, ko);
+      for (int64_t j = lane; j < len; j += group) {
+        int64_t ro[1];
+        reduced.get(j, ro);
+        R::update(acc, in[ko[0] + ro[0]], j);
+      }
+    }
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    for (int half = group / 2; half > 0; half /= 2) {
+      if (lane < half) R::merge(partial[threadIdx.x], partial[threadIdx.x + half]);
+      __syncthreads();
+    }
+    if (lane == 0 && k < outputs) out[ko[1]] = R::result(partial[threadIdx.x]);
+    __syncthreads();
+  }
+}
+
+// One row per block (grid-stride over rows): rows.get(r) gives row r's start in `in` and `out`.
+template <typename T>
+__global__ void softmax_kernel(const T* in, T* out, int64_t n_rows, int64_t len, int64_t in_step,
+                               int64_t out_step, OffsetCalc<2> rows, bool log_softmax) {
+  using M = opmath_t<T>;
+  __shared__ M shared[32];
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    int64_t o[2];
+    rows.get(r, o);
+    const T* x = in + o[0];
+    T* y = out + o[1];
+    M mx = -std::numeric_limits<M>::infinity();
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+      mx = MaxOp()(mx, static_cast<M>(x[j * in_step]));
+    }
+    mx = block_reduce(mx, MaxOp(), shared);
+    if (isinf(mx) && mx < 0) mx = 0;  // a row of -inf: exp(-inf - 0) = 0, and 0 / 0 gives nan
+    M sum = 0;
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+      sum += exp(static_cast<M>(x[j * in_step]) - mx);
+    }
+    sum = block_reduce(sum, SumOp(), shared);
+    if (log_softmax) {
+      const M lse = log(sum) + mx;
+      for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+        y[j * out_step] = static_cast<T>(static_cast<M>(x[j * in_step]) - lse);
+      }
+    } else {
+      for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+        y[j * out_step] = static_cast<T>(exp(static_cast<M>(x[j * in_step]) - mx) / sum);
+      }
+    }
+  }
+}
+
+// ---- launchers ----
+
+// Which dims a reduction keeps and which it reduces (size-1 dims are in neither), as in
+// cpu/reduce.cpp's make_plan.
+struct Plan {
+  Shape kept_sizes, kept_in_strides, kept_out_strides;
+  Shape reduced_sizes, reduced_strides;
+};
+
+Plan make_plan(const View& in, const View& out) {
+  Plan p;
+  for (int d = 0; d < in.ndim(); ++d) {
+    if (in.sizes[d] == 1) continue;
+    if (out.sizes[d] == 1) {
+      p.reduced_sizes.push_back(in.sizes[d]);
+      p.reduced_strides.push_back(in.strides[d]);
+    } else {
+      p.kept_sizes.push_back(in.sizes[d]);
+      p.kept_in_strides.push_back(in.strides[d]);
+      p.kept_out_strides.push_back(out.strides[d]);
+    }
+  }
+  return p;
+}
+
+template <typename R, typename T>
+void reduce_with(const View& in, const View& out, cudaStream_t stream) {
+  using acc_t = typename R::acc_t;
+  const Plan plan = make_plan(in, out);
+  const int64_t outputs = out.numel();
+  const int64_t len = plan.reduced_sizes.numel();
+  if (outputs == 0) return;
+  const auto kept =
+      make_offset_calc<2>(plan.kept_sizes, {plan.kept_in_strides, plan.kept_out_strides});
+  const auto reduced = make_offset_calc<1>(plan.reduced_sizes, {plan.reduced_strides});
+  int group = 1;
+  while (group < kThreads && group < len) group *= 2;
+  const int per_block = kThreads / group;
+  const auto blocks = static_cast<unsigned>(
+      std::clamp<int64_t>((outputs + per_block - 1) / per_block, 1, kMaxBlocks));
+  reduce_kernel<R, T><<<blocks, kThreads, kThreads * sizeof(acc_t), stream>>>(
+      in.ptr<T>(), out.ptr<typename R::out_t>(), outputs, len, kept, reduced, group);
+  KILN_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void reduce_launch(ReduceOp op, const View& in, const View& out, const Stream& s) {
+  cudaStream_t stream = stream_of(s);
+  if (op == ReduceOp::All || op == ReduceOp::Any) {
+    KILN_CHECK(in.dtype == kBool, "all/any: the CUDA kernel expects bool input, got {}",
+               dtype_name(in.dtype));
+    if (op == ReduceOp::All) reduce_with<LogicalR<true>, bool>(in, out, stream);
+    else reduce_with<LogicalR<false>, bool>(in, out, stream);
+    return;
+  }
+  KILN_DISPATCH_NUMERIC_TYPES(in.dtype, "reduce", [&] {
+    using T = scalar_t;
+    switch (op) {
+      case ReduceOp::Sum: return reduce_with<SumR<T>, T>(in, out, stream);
+      case ReduceOp::Prod: return reduce_with<ProdR<T>, T>(in, out, stream);
+      case ReduceOp::Max: return reduce_with<ExtremeR<T, true>, T>(in, out, stream);
+      case ReduceOp::Min: return reduce_with<ExtremeR<T, false>, T>(in, out, stream);
+      case ReduceOp::ArgMax: return reduce_with<ArgR<T, true>, T>(in, out, stream);
+      case ReduceOp::ArgMin: return reduce_with<ArgR<T, false>, T>(in, out, stream);
+      default: KILN_FAIL("reduce: unexpected op");
+    }
+  });
+}
+
+void softmax_launch(const View& in, const View& out, int dim, bool log, const Stream& s) {
+  if (out.numel() == 0) return;
+  const int64_t len = in.sizes[dim];
+  Shape row_sizes = in.sizes;  // every index but `dim`
+  row_sizes[dim] = 1;
+  const int64_t n_rows = row_sizes.numel();
+  const auto rows = make_offset_calc<2>(row_sizes, {in.strides, out.strides});
+  const int threads = len <= 32 ? 32 : len <= 64 ? 64 : len <= 128 ? 128 : kThreads;
+  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(n_rows, 1, kMaxBlocks));
+  KILN_DISPATCH_FLOAT_TYPES(in.dtype, "softmax", [&] {
+    softmax_kernel<scalar_t><<<blocks, threads, 0, stream_of(s)>>>(
+        in.ptr<scalar_t>(), out.ptr<scalar_t>(), n_rows, len, in.strides[dim], out.strides[dim],
+        rows, log);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+}  // namespace kiln::cuda
