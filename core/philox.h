@@ -8,9 +8,11 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 
-#include "core/half.h"  // KILN_HOST_DEVICE
+#include "core/backend.h"  // RandomKind
+#include "core/half.h"     // KILN_HOST_DEVICE
 
 namespace kiln {
 
@@ -43,5 +45,34 @@ struct Philox4x32 {
     w1 = (i & 1) ? r[3] : r[1];
   }
 };
+
+// The value of element i of a draw, in double, before rounding to the output dtype: Note [random
+// element mapping] in core/generator.h, computed by this one function on the CPU and on CUDA.
+// kDoubleUniform: the output is float64, so a uniform draw uses 53 bits instead of 24.
+template <bool kDoubleUniform>
+KILN_HOST_DEVICE inline double random_value(RandomKind kind, uint64_t seed, uint64_t offset, uint64_t i,
+                                            double a, double b) {
+  using std::cos, std::log, std::sqrt;
+  uint32_t w0, w1;
+  Philox4x32::element_words(seed, offset, i, w0, w1);
+  switch (kind) {
+    case RandomKind::Uniform: {
+      double u = kDoubleUniform ? static_cast<double>((static_cast<uint64_t>(w0) << 21) ^ (w1 >> 11)) * 0x1.0p-53
+                                : static_cast<double>(w0 >> 8) * 0x1.0p-24;
+      return a + (b - a) * u;
+    }
+    case RandomKind::Normal: {  // Box-Muller; u1 in (0, 1] so the log is finite
+      double u1 = static_cast<double>((w0 >> 8) + 1) * 0x1.0p-24;
+      double u2 = static_cast<double>(w1 >> 8) * 0x1.0p-24;
+      return a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+    }
+    case RandomKind::Randint: {
+      uint64_t word = (static_cast<uint64_t>(w0) << 32) | w1;
+      return a + static_cast<double>(word % static_cast<uint64_t>(b - a));
+    }
+    case RandomKind::Bernoulli: return (static_cast<double>(w0 >> 8) * 0x1.0p-24) < a ? 1 : 0;
+  }
+  return 0;
+}
 
 }  // namespace kiln

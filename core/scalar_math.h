@@ -2,7 +2,7 @@
 //
 // The CPU backend's scalar loops and the CUDA backend's kernels both call these, so "what gelu is"
 // has one definition. T is the op-math type (float for the 16-bit floats). Vectorized CPU fast paths
-// (cpu/unary.cpp) are checked against these in the op tests.
+// (cpu/elementwise.cpp) are checked against these in the op tests.
 #pragma once
 
 #include <cmath>
@@ -65,11 +65,16 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
       case UnaryOp::GeluErf: return T(0.5) * x * (T(1) + erf(x * kSqrt1_2));
       case UnaryOp::GeluTanh:
         return T(0.5) * x * (T(1) + tanh(kSqrt2OverPi * (x + T(0.044715) * x * x * x)));
-      case UnaryOp::Silu: return x * sigmoid(x);
+      case UnaryOp::Silu: return x / (T(1) + exp(-x));  // silu(-inf) = nan, as PyTorch
       case UnaryOp::Softplus: return x > T(20) ? x : log1p(exp(x));  // PyTorch's threshold 20
       case UnaryOp::Erf: return erf(x);
       case UnaryOp::Square: return x * x;
-      case UnaryOp::PowScalar: return pow(x, static_cast<T>(a));
+      case UnaryOp::PowScalar:  // PyTorch's special exponents (and pow(-inf, 0.5) = nan, as sqrt)
+        if (a == 2) return x * x;
+        if (a == 0.5) return sqrt(x);
+        if (a == -0.5) return T(1) / sqrt(x);
+        if (a == -1) return T(1) / x;
+        return pow(x, static_cast<T>(a));
       case UnaryOp::Clamp: {
         if (x != x) return x;
         T lo = static_cast<T>(a), hi = static_cast<T>(b);

@@ -1,4 +1,5 @@
-// cuda/kernels.h: the CUDA launchers, one group per file (private to cuda/). backend.cu binds
+// cuda/kernels.h: the CUDA launchers, one group per file (private to cuda/), each file with the
+// stem of its CPU sibling in cpu/ (copy, elementwise, reduce, matmul, index, random). backend.cu binds
 // them to the Backend contract of core/backend.h, whose comments say what each computes. Each
 // launcher runs on the stream it is given, on the current device (the caller holds a DeviceGuard;
 // copy_between sets the devices itself), and checks its launch with
@@ -13,13 +14,17 @@ namespace kiln::cuda {
 void copy_between(const View& src, Device src_device, const View& dst, Device dst_device,
                   const Stream& s);
 
-// elementwise.cu. copy_on_device: dst = src, both on the current device, any dtypes and strides
+// copy.cu. copy_on_device: dst = src, both on the current device, any dtypes and strides
 // (src already has dst's sizes).
 void copy_on_device(const View& src, const View& dst, const Stream& s);
 void fill_launch(const View& out, const Scalar& value, const Stream& s);
 void arange_launch(const View& out, double start, double step, const Stream& s);
+
+// random.cu
 void random_launch(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a,
                    double b, const Stream& s);
+
+// elementwise.cu
 void unary_launch(UnaryOp op, const View& in, const View& out, UnaryArgs args, const Stream& s);
 void binary_launch(BinaryOp op, const View& a, const View& b, const View& out, double alpha,
                    const Stream& s);
@@ -29,6 +34,9 @@ void where_launch(const View& cond, const View& a, const View& b, const View& ou
 // reduce.cu
 void reduce_launch(ReduceOp op, const View& in, const View& out, const Stream& s);
 void softmax_launch(const View& in, const View& out, int dim, bool log, const Stream& s);
+
+// matmul.cu: c = a @ b on device `device` (cuBLAS for the floating dtypes).
+void matmul_launch(const View& a, const View& b, const View& c, int device, const Stream& s);
 
 // index.cu. Indices are checked on the device; a bad one is an Error after the kernel (which
 // synchronizes the stream: see Note [index checks on the device] in index.cu).

@@ -1,9 +1,10 @@
 // cuda/reduce.cu: reductions (sum, prod, max, min, argmax, argmin, all, any) over any set of dims,
-// and softmax / log_softmax along one dim: the row-wise kernels of the CUDA backend. CPU siblings:
-// cpu/reduce.cpp and cpu/softmax.cpp, whose semantics these follow: floating sums and products
+// and softmax / log_softmax along one dim: the row-wise kernels of the CUDA backend. CPU sibling:
+// cpu/reduce.cpp (softmax included), whose semantics these follow: floating sums and products
 // accumulate in double and integer ones in int64; max/min let NaN win; argmax/argmin give the first
 // index of the extreme (NaN counting as the largest); a softmax row of -inf gives nan.
-// Siblings: backend.cu, elementwise.cu, index.cu; helpers in loops.cuh.
+// Siblings: backend.cu, copy.cu, random.cu, elementwise.cu, matmul.cu, index.cu; helpers in
+// loops.cuh.
 //
 // Reduce: each output is reduced by a group of `group` threads (a power of two up to a block);
 // thread t of a group takes elements t, t + group, ... of the output's slice, then the group merges
@@ -193,10 +194,10 @@ __global__ void softmax_kernel(const T* in, T* out, int64_t n_rows, int64_t len,
       sum += exp(static_cast<M>(x[j * in_step]) - mx);
     }
     sum = block_reduce(sum, SumOp(), shared);
-    if (log_softmax) {
-      const M lse = log(sum) + mx;
+    if (log_softmax) {  // (x - max) - log(sum): keeps the low bits of large inputs (as the CPU)
+      const M log_sum = log(sum);
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
-        y[j * out_step] = static_cast<T>(static_cast<M>(x[j * in_step]) - lse);
+        y[j * out_step] = static_cast<T>((static_cast<M>(x[j * in_step]) - mx) - log_sum);
       }
     } else {
       for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {

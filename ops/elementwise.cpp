@@ -77,11 +77,6 @@ Tensor with_output_grad(Tensor y, const Tensor& x, const char* name, F formula) 
 
 // ---- binary ----
 
-struct Broadcast {
-  Shape shape;
-  DType dtype;
-};
-
 Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, DType compute, double alpha,
                       const char* name) {
   check_same_device(name, a, b);
@@ -94,23 +89,22 @@ Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, DType compu
   return out;
 }
 
-// The gradient of an input that was broadcast and converted on the way in.
-Tensor grad_for(const Tensor& g, const Tensor& input_like, const Shape& shape, DType dtype) {
-  Tensor r = g.sizes() == shape ? g : sum_to(g, shape);
-  return r.dtype() == dtype ? r : r.to(dtype);
-}
-
+// What a binary op's backward needs to know of an input that was broadcast and converted on the way
+// in: fit() sums the gradient back to the input's shape and converts it to the input's dtype.
 struct InputInfo {
   Shape shape;
   DType dtype;
   explicit InputInfo(const Tensor& t) : shape(t.sizes()), dtype(t.dtype()) {}
-  Tensor fit(const Tensor& g) const { return grad_for(g, g, shape, dtype); }
+  Tensor fit(const Tensor& g) const {
+    Tensor r = g.sizes() == shape ? g : sum_to(g, shape);
+    return r.dtype() == dtype ? r : r.to(dtype);
+  }
 };
 
 Tensor arithmetic(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, const char* name) {
-  check_not_bool(a, name);
-  check_not_bool(b, name);
-  DType dt = result_type(a, b);
+  DType dt = result_type(a, b);  // bool operands promote (mask * float is float)
+  KILN_CHECK(dt != kBool || op == BinaryOp::Div,
+             "{}: not defined for two bool tensors; convert one first, e.g. x.to(kFloat32)", name);
   if (op == BinaryOp::Div) dt = floating_of(dt);
   return binary_forward(op, a, b, dt, alpha, name);
 }

@@ -26,8 +26,8 @@ Tensor zeros(const Shape& shape, TensorOptions options) { return full(shape, 0, 
 Tensor ones(const Shape& shape, TensorOptions options) { return full(shape, 1, options); }
 Tensor scalar_tensor(const Scalar& value, TensorOptions options) { return full({}, value, options); }
 
-Tensor arange(const Scalar& end, TensorOptions options) {
-  return arange(0, end, 1, options.dtype(), options.device());
+Tensor arange(const Scalar& end, std::optional<DType> dtype, Device device) {
+  return arange(0, end, 1, dtype, device);
 }
 
 Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, std::optional<DType> dtype,

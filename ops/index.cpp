@@ -136,7 +136,7 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes) {
                num_classes, lo, hi);
   }
   KILN_CHECK(num_classes >= 0, "one_hot: cannot infer the number of classes from an empty tensor; pass it");
-  return indices.unsqueeze(-1).eq(arange(num_classes, TensorOptions(kInt64).device(indices.device()))).to(kInt64);
+  return indices.unsqueeze(-1).eq(arange(num_classes, kInt64, indices.device())).to(kInt64);
 }
 
 }  // namespace ops

@@ -23,7 +23,8 @@ Tensor zeros(const Shape& shape, TensorOptions options = {});
 Tensor ones(const Shape& shape, TensorOptions options = {});
 Tensor full(const Shape& shape, const Scalar& value, TensorOptions options = {});
 Tensor scalar_tensor(const Scalar& value, TensorOptions options = {});  // 0-dimensional
-Tensor arange(const Scalar& end, TensorOptions options = kInt64);        // [0, end)
+// [0, end); the dtype, unless given, is int64 for integer arguments and float32 for float ones.
+Tensor arange(const Scalar& end, std::optional<DType> dtype = {}, Device device = Device::cpu());
 Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step = 1,
               std::optional<DType> dtype = {}, Device device = Device::cpu());
 Tensor linspace(double start, double end, int64_t steps, TensorOptions options = {});

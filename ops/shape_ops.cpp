@@ -183,8 +183,8 @@ static Tensor triangle(const Tensor& x, int64_t diagonal, bool upper) {
   const char* name = upper ? "triu" : "tril";
   KILN_CHECK(x.dim() >= 2, "{}: needs at least 2 dims, got shape {}", name, x.sizes().str());
   int64_t rows = x.sizes()[x.dim() - 2], cols = x.sizes()[x.dim() - 1];
-  Tensor r = arange(rows, TensorOptions(kInt64).device(x.device())).unsqueeze(1);
-  Tensor c = arange(cols, TensorOptions(kInt64).device(x.device())).unsqueeze(0);
+  Tensor r = arange(rows, kInt64, x.device()).unsqueeze(1);
+  Tensor c = arange(cols, kInt64, x.device()).unsqueeze(0);
   Tensor offset = c - r;  // column minus row: 0 on the diagonal
   Tensor keep = upper ? offset.ge(diagonal) : offset.le(diagonal);
   return where(keep, x, zeros({}, x.options()));

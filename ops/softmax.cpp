@@ -1,4 +1,5 @@
-// ops/softmax.cpp: softmax and log_softmax along a dim (kernels: cpu/softmax.cpp), with backward
+// ops/softmax.cpp: softmax and log_softmax along a dim, with their backward (kernels: cpu/reduce.cpp,
+// cuda/reduce.cu):
 //   softmax:     dx = y * (g - sum(g * y))
 //   log_softmax: dx = g - exp(y) * sum(g)
 #include "ops/dispatch.h"

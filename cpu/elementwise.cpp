@@ -1,0 +1,172 @@
+// cpu/elementwise.cpp: elementwise unary and binary ops (broadcasting already in the strides) and
+// where(). The math is core/scalar_math.h's, shared with cuda/elementwise.cu; contiguous float32 and
+// float64 runs of the transcendental unary ops take Eigen's vectorized (AVX-512 here) versions of the
+// same functions, and the contiguous and scalar-broadcast runs of binary ops are plain loops the
+// compiler vectorizes.
+#include <Eigen/Core>
+#include <limits>
+#include <unsupported/Eigen/SpecialFunctions>
+
+#include "core/scalar_math.h"
+#include "cpu/convert.h"
+#include "cpu/kernels.h"
+#include "cpu/loops.h"
+
+namespace kiln::cpu {
+
+// ======== unary ========
+
+namespace {
+
+// Eigen's array expression for op on a contiguous run; false when there is none (scalar loop).
+template <typename T>
+bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
+  using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+  Eigen::Map<const Arr> in(x, n);
+  Eigen::Map<Arr> out(y, n);
+  const T a = static_cast<T>(args.a), b = static_cast<T>(args.b);
+  // Not here: sqrt. Eigen 3.4's AVX-512 sqrt goes through rsqrt and gives sqrt(inf) = nan; the
+  // scalar loop's std::sqrt is exact.
+  switch (op) {
+    case UnaryOp::Neg: out = -in; return true;
+    case UnaryOp::Abs: out = in.abs(); return true;
+    case UnaryOp::Exp: out = in.exp(); return true;
+    case UnaryOp::Log: out = in.log(); return true;
+    case UnaryOp::Log1p: out = in.log1p(); return true;
+    case UnaryOp::Expm1: out = in.expm1(); return true;
+    case UnaryOp::Rsqrt: out = in.rsqrt(); return true;
+    case UnaryOp::Reciprocal: out = in.inverse(); return true;
+    case UnaryOp::Sin: out = in.sin(); return true;
+    case UnaryOp::Cos: out = in.cos(); return true;
+    case UnaryOp::Tanh: out = in.tanh(); return true;
+    case UnaryOp::Sigmoid: out = in.logistic(); return true;
+    case UnaryOp::Erf: out = in.erf(); return true;
+    case UnaryOp::Square: out = in.square(); return true;
+    case UnaryOp::GeluErf: out = T(0.5) * in * (T(1) + (in * T(0.70710678118654752440)).erf()); return true;
+    case UnaryOp::Silu: out = in / (T(1) + (-in).exp()); return true;  // -inf gives nan, as PyTorch
+    case UnaryOp::Relu:  // NaN stays NaN, as in PyTorch
+      out = (in != in).select(in, in.max(T(0)));
+      return true;
+    case UnaryOp::Clamp: out = (in != in).select(in, in.max(a).min(b)); return true;
+    case UnaryOp::PowScalar:
+      if (args.a == 2) { out = in.square(); return true; }
+      if (args.a == 1) { out = in; return true; }
+      return false;
+    default: return false;
+  }
+}
+
+template <typename T>
+void unary_typed(UnaryOp op, const StridedLoop<2>& loop, UnaryArgs args) {
+  using M = opmath_t<T>;
+  loop.parallel_run([op, args](char* const* p, const int64_t* s, int64_t n) {
+    constexpr int64_t kSize = sizeof(T);
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      if (s[0] == kSize && s[1] == kSize &&
+          unary_vectorized<T>(op, reinterpret_cast<const T*>(p[1]), reinterpret_cast<T*>(p[0]), n, args)) {
+        return;
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      M x = static_cast<M>(at<T>(p[1], i * s[1]));
+      at<T>(p[0], i * s[0]) = static_cast<T>(math::unary<M>(op, x, args.a, args.b));
+    }
+  });
+}
+
+}  // namespace
+
+void unary_kernel(UnaryOp op, const View& in, const View& out, UnaryArgs args) {
+  StridedLoop<2> loop({&out, &in});
+  if (op == UnaryOp::LogicalNot) {  // any dtype in, bool out
+    KILN_DISPATCH_ALL_TYPES(in.dtype, "logical_not", [&] {
+      loop.parallel_run([](char* const* p, const int64_t* s, int64_t n) {
+        for (int64_t i = 0; i < n; ++i) at<bool>(p[0], i * s[0]) = !convert<bool>(at<scalar_t>(p[1], i * s[1]));
+      });
+    });
+    return;
+  }
+  if (op == UnaryOp::Clamp) {  // "no bound" is +-infinity
+    if (std::isnan(args.a)) args.a = -std::numeric_limits<double>::infinity();
+    if (std::isnan(args.b)) args.b = std::numeric_limits<double>::infinity();
+  }
+  KILN_DISPATCH_NUMERIC_TYPES(in.dtype, "unary op", [&] { unary_typed<scalar_t>(op, loop, args); });
+}
+
+// ======== binary ========
+
+namespace {
+
+// out[i] = f(a[i], b[i]) over one run, with the three common stride patterns specialized.
+template <typename T, typename R, typename F>
+inline void binary_run(char* const* p, const int64_t* s, int64_t n, const F& f) {
+  constexpr int64_t kT = sizeof(T), kR = sizeof(R);
+  R* out = reinterpret_cast<R*>(p[0]);
+  const T* a = reinterpret_cast<const T*>(p[1]);
+  const T* b = reinterpret_cast<const T*>(p[2]);
+  if (s[0] == kR && s[1] == kT && s[2] == kT) {
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], b[i]);
+  } else if (s[0] == kR && s[1] == kT && s[2] == 0) {
+    const T bv = *b;
+    for (int64_t i = 0; i < n; ++i) out[i] = f(a[i], bv);
+  } else if (s[0] == kR && s[1] == 0 && s[2] == kT) {
+    const T av = *a;
+    for (int64_t i = 0; i < n; ++i) out[i] = f(av, b[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) at<R>(p[0], i * s[0]) = f(at<T>(p[1], i * s[1]), at<T>(p[2], i * s[2]));
+  }
+}
+
+template <typename T>
+void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
+  using M = opmath_t<T>;
+  const M alpha = static_cast<M>(alpha_d);
+  auto run = [&](auto f) {
+    loop.parallel_run([&](char* const* p, const int64_t* s, int64_t n) { binary_run<T, T>(p, s, n, f); });
+  };
+  auto cvt = [](M v) { return static_cast<T>(v); };
+  // The four hot ops get their own loops so the compiler sees straight-line arithmetic.
+  switch (op) {
+    case BinaryOp::Add:
+      if (alpha == M(1)) return run([&](T x, T y) { return cvt(M(x) + M(y)); });
+      return run([&](T x, T y) { return cvt(M(x) + alpha * M(y)); });
+    case BinaryOp::Sub:
+      if (alpha == M(1)) return run([&](T x, T y) { return cvt(M(x) - M(y)); });
+      return run([&](T x, T y) { return cvt(M(x) - alpha * M(y)); });
+    case BinaryOp::Mul: return run([&](T x, T y) { return cvt(M(x) * M(y)); });
+    case BinaryOp::Div: return run([&](T x, T y) { return cvt(M(x) / M(y)); });
+    default: return run([&](T x, T y) { return cvt(math::binary<M>(op, M(x), M(y), alpha)); });
+  }
+}
+
+}  // namespace
+
+void binary_kernel(BinaryOp op, const View& a, const View& b, const View& out, double alpha) {
+  StridedLoop<3> loop({&out, &a, &b});
+  if (is_comparison(op)) {
+    KILN_DISPATCH_ALL_TYPES(a.dtype, "comparison", [&] {
+      using M = opmath_t<scalar_t>;
+      loop.parallel_run([op](char* const* p, const int64_t* s, int64_t n) {
+        binary_run<scalar_t, bool>(p, s, n, [op](scalar_t x, scalar_t y) {
+          return math::compare<M>(op, static_cast<M>(x), static_cast<M>(y));
+        });
+      });
+    });
+    return;
+  }
+  KILN_DISPATCH_NUMERIC_TYPES(a.dtype, "binary op", [&] { arithmetic<scalar_t>(op, loop, alpha); });
+}
+
+void where_kernel(const View& cond, const View& a, const View& b, const View& out) {
+  StridedLoop<4> loop({&out, &cond, &a, &b});
+  KILN_DISPATCH_ALL_TYPES(out.dtype, "where", [&] {
+    loop.parallel_run([](char* const* p, const int64_t* s, int64_t n) {
+      for (int64_t i = 0; i < n; ++i) {
+        at<scalar_t>(p[0], i * s[0]) =
+            at<bool>(p[1], i * s[1]) ? at<scalar_t>(p[2], i * s[2]) : at<scalar_t>(p[3], i * s[3]);
+      }
+    });
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,33 @@
+// cuda/random.cu: random draws. Element i is random_value() of (seed, offset, i) (core/philox.h,
+// Note [random element mapping] in core/generator.h), the very function cpu/random.cpp uses, so a
+// seed gives the same tensor on both devices (bit for bit for integers, bools and float32 uniforms;
+// normals and float64 uniforms may differ in the last bit, since the GPU's log/sqrt/cos are not
+// glibc's). CPU sibling: cpu/random.cpp.
+#include <type_traits>
+
+#include "core/philox.h"
+#include "cuda/context.h"
+#include "cuda/kernels.h"
+#include "cuda/loops.cuh"
+
+namespace kiln::cuda {
+
+void random_launch(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a,
+                   double b, const Stream& s) {
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  KILN_CHECK(kind != RandomKind::Randint || b > a,
+             "randint: the range [{}, {}) is empty; high must be greater than low", a, b);
+  // Element i is the i-th in row-major order of out, whatever out's strides.
+  const auto calc = make_offset_calc<1>({&out});
+  KILN_DISPATCH_ALL_TYPES(out.dtype, "random", [&] {
+    scalar_t* y = out.ptr<scalar_t>();
+    launch_elementwise(n, calc, stream_of(s), [=] __device__(int64_t i, const int64_t* o) {
+      const double v = random_value<std::is_same_v<scalar_t, double>>(kind, seed, offset,
+                                                                       static_cast<uint64_t>(i), a, b);
+      y[o[0]] = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(v));
+    });
+  });
+}
+
+}  // namespace kiln::cuda

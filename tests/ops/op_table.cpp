@@ -1,0 +1,441 @@
+// tests/ops/op_table.cpp: the table-driven op test (DESIGN.md §8). One row per op of ops/ops.h that computes
+// values; each row runs its cases from the golden fixture (tests/fixtures/op_golden.{txt,bin}, made with
+// PyTorch by tests/fixtures/gen_golden.py): broadcast shapes, non-contiguous inputs (transposed, strided,
+// expanded, permuted views), size-0 and size-1 dims, 0-d tensors, float32/float64 and, for many ops,
+// float16/bfloat16 and integer dtypes, special values, and a few sizes that cross vector widths
+// (72x73x74, 9x17x33, 7x37). Every output's dtype and shape must equal PyTorch's, and its values must be
+// within DESIGN's tolerances of PyTorch's (computed in float64, rounded once to the result dtype).
+// Every differentiable op also runs kiln::autograd::gradcheck in float64 (random cotangent) on the cases
+// the fixture marks grad=1, and gradgradcheck on those marked grad=2 (the smooth ops).
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "golden_fixture.h"
+#include "support.h"
+
+namespace kiln::test {
+namespace {
+
+using autograd::TensorList;
+
+// ---------------------------------------------------------------------------------------------------------
+// The table
+
+enum class Deriv { None, Grad, GradGrad };  // not differentiable | gradcheck | gradcheck and gradgradcheck
+
+using OpFn = std::function<TensorList(const TensorList&, const GoldenCase&)>;
+struct OpRow {
+  std::string op;
+  Deriv deriv;
+  OpFn fn;
+};
+
+using Fn1 = std::function<Tensor(const Tensor&)>;
+using Fn1a = std::function<Tensor(const Tensor&, const GoldenCase&)>;
+using Fn2 = std::function<Tensor(const Tensor&, const Tensor&)>;
+
+OpRow unary(std::string op, Deriv d, Fn1 f) {
+  return {std::move(op), d, [f](const TensorList& in, const GoldenCase&) { return TensorList{f(in.at(0))}; }};
+}
+OpRow unary_args(std::string op, Deriv d, Fn1a f) {
+  return {std::move(op), d, [f](const TensorList& in, const GoldenCase& c) { return TensorList{f(in.at(0), c)}; }};
+}
+OpRow binary(std::string op, Deriv d, Fn2 f) {
+  return {std::move(op), d,
+          [f](const TensorList& in, const GoldenCase&) { return TensorList{f(in.at(0), in.at(1))}; }};
+}
+// A view followed by contiguous(): the copy must be contiguous and hold the view's values.
+OpRow view_op(std::string op, Fn1a f) {
+  return {std::move(op), Deriv::GradGrad, [f](const TensorList& in, const GoldenCase& c) {
+            Tensor r = f(in.at(0), c).contiguous();
+            CHECK(r.is_contiguous());
+            return TensorList{r};
+          }};
+}
+
+Shape dims_arg(const GoldenCase& c) { return c.shape("dims", Shape{}); }
+bool keepdim_arg(const GoldenCase& c) { return c.flag("keepdim"); }
+
+const std::vector<OpRow>& op_table() {
+  using D = Deriv;
+  static const std::vector<OpRow> rows = {
+      // ---- elementwise, unary ----
+      unary("neg", D::GradGrad, [](const Tensor& x) { return kiln::neg(x); }),
+      unary("abs", D::Grad, [](const Tensor& x) { return kiln::abs(x); }),
+      unary("sign", D::None, [](const Tensor& x) { return kiln::sign(x); }),
+      unary("exp", D::GradGrad, [](const Tensor& x) { return kiln::exp(x); }),
+      unary("log", D::GradGrad, [](const Tensor& x) { return kiln::log(x); }),
+      unary("log1p", D::GradGrad, [](const Tensor& x) { return kiln::log1p(x); }),
+      unary("expm1", D::GradGrad, [](const Tensor& x) { return kiln::expm1(x); }),
+      unary("sqrt", D::GradGrad, [](const Tensor& x) { return kiln::sqrt(x); }),
+      unary("rsqrt", D::GradGrad, [](const Tensor& x) { return kiln::rsqrt(x); }),
+      unary("reciprocal", D::GradGrad, [](const Tensor& x) { return kiln::reciprocal(x); }),
+      unary("sin", D::GradGrad, [](const Tensor& x) { return kiln::sin(x); }),
+      unary("cos", D::GradGrad, [](const Tensor& x) { return kiln::cos(x); }),
+      unary("tanh", D::GradGrad, [](const Tensor& x) { return kiln::tanh(x); }),
+      unary("sigmoid", D::GradGrad, [](const Tensor& x) { return kiln::sigmoid(x); }),
+      unary("relu", D::Grad, [](const Tensor& x) { return kiln::relu(x); }),
+      unary_args("gelu", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::gelu(x, c.str("approximate")); }),
+      unary("silu", D::GradGrad, [](const Tensor& x) { return kiln::silu(x); }),
+      unary("softplus", D::GradGrad, [](const Tensor& x) { return kiln::softplus(x); }),
+      unary("erf", D::GradGrad, [](const Tensor& x) { return kiln::erf(x); }),
+      unary("square", D::GradGrad, [](const Tensor& x) { return kiln::square(x); }),
+      unary_args("pow_scalar", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::pow(x, c.scalar("exponent")); }),
+      unary_args("clamp", D::Grad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::clamp(x, c.opt_scalar("min"), c.opt_scalar("max"));
+      }),
+      unary("logical_not", D::None, [](const Tensor& x) { return kiln::logical_not(x); }),
+
+      // ---- elementwise, binary ----
+      {"add", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::add(in.at(0), in.at(1), c.scalar("alpha", Scalar(1)))};
+       }},
+      {"sub", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::sub(in.at(0), in.at(1), c.scalar("alpha", Scalar(1)))};
+       }},
+      binary("mul", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::mul(a, b); }),
+      binary("div", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::div(a, b); }),
+      binary("pow", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::pow(a, b); }),
+      binary("maximum", D::Grad, [](const Tensor& a, const Tensor& b) { return kiln::maximum(a, b); }),
+      binary("minimum", D::Grad, [](const Tensor& a, const Tensor& b) { return kiln::minimum(a, b); }),
+      binary("eq", D::None, [](const Tensor& a, const Tensor& b) { return kiln::eq(a, b); }),
+      binary("ne", D::None, [](const Tensor& a, const Tensor& b) { return kiln::ne(a, b); }),
+      binary("lt", D::None, [](const Tensor& a, const Tensor& b) { return kiln::lt(a, b); }),
+      binary("le", D::None, [](const Tensor& a, const Tensor& b) { return kiln::le(a, b); }),
+      binary("gt", D::None, [](const Tensor& a, const Tensor& b) { return kiln::gt(a, b); }),
+      binary("ge", D::None, [](const Tensor& a, const Tensor& b) { return kiln::ge(a, b); }),
+      binary("logical_and", D::None, [](const Tensor& a, const Tensor& b) { return kiln::logical_and(a, b); }),
+      binary("logical_or", D::None, [](const Tensor& a, const Tensor& b) { return kiln::logical_or(a, b); }),
+      {"where", D::GradGrad,
+       [](const TensorList& in, const GoldenCase&) { return TensorList{kiln::where(in.at(0), in.at(1), in.at(2))}; }},
+      {"masked_fill", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::masked_fill(in.at(0), in.at(1), c.scalar("value"))};
+       }},
+
+      // ---- elementwise, scalar forms ----
+      unary_args("add_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::add(x, c.scalar("s")); }),
+      unary_args("sub_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::sub(x, c.scalar("s")); }),
+      unary_args("rsub_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::rsub(x, c.scalar("s")); }),
+      unary_args("mul_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::mul(x, c.scalar("s")); }),
+      unary_args("div_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::div(x, c.scalar("s")); }),
+      unary_args("eq_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::eq(x, c.scalar("s")); }),
+      unary_args("ne_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::ne(x, c.scalar("s")); }),
+      unary_args("lt_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::lt(x, c.scalar("s")); }),
+      unary_args("le_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::le(x, c.scalar("s")); }),
+      unary_args("gt_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::gt(x, c.scalar("s")); }),
+      unary_args("ge_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::ge(x, c.scalar("s")); }),
+      {"where_scalar", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::where(in.at(0), in.at(1), c.scalar("s"))};
+       }},
+
+      // ---- reductions ----
+      unary_args("sum", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::sum(x, dims_arg(c), keepdim_arg(c), c.opt_dtype("dtype"));
+      }),
+      unary_args("mean", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::mean(x, dims_arg(c), keepdim_arg(c)); }),
+      unary_args("prod", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::prod(x, c.opt_integer("dim"), keepdim_arg(c)); }),
+      unary_args("amax", D::Grad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::amax(x, dims_arg(c), keepdim_arg(c)); }),
+      unary_args("amin", D::Grad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::amin(x, dims_arg(c), keepdim_arg(c)); }),
+      unary("max_all", D::Grad, [](const Tensor& x) { return kiln::max(x); }),
+      unary("min_all", D::Grad, [](const Tensor& x) { return kiln::min(x); }),
+      {"max_dim", D::Grad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::max(in.at(0), c.integer("dim"), keepdim_arg(c));
+         return TensorList{values, indices};
+       }},
+      {"min_dim", D::Grad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::min(in.at(0), c.integer("dim"), keepdim_arg(c));
+         return TensorList{values, indices};
+       }},
+      unary_args("argmax", D::None,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::argmax(x, c.opt_integer("dim"), keepdim_arg(c)); }),
+      unary_args("argmin", D::None,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::argmin(x, c.opt_integer("dim"), keepdim_arg(c)); }),
+      unary_args("var", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::var(x, dims_arg(c), c.integer("correction", 1), keepdim_arg(c));
+      }),
+      unary_args("std", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::std(x, dims_arg(c), c.integer("correction", 1), keepdim_arg(c));
+      }),
+      unary_args("norm", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::norm(x, c.real("p"), dims_arg(c), keepdim_arg(c));
+      }),
+      unary_args("logsumexp", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::logsumexp(x, c.shape("dims"), keepdim_arg(c)); }),
+      unary_args("all", D::None,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::all(x, c.opt_integer("dim"), keepdim_arg(c)); }),
+      unary_args("any", D::None,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::any(x, c.opt_integer("dim"), keepdim_arg(c)); }),
+
+      // ---- linear algebra, softmax ----
+      binary("matmul", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::matmul(a, b); }),
+      binary("mm", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::mm(a, b); }),
+      binary("bmm", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::bmm(a, b); }),
+      unary_args("softmax", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::softmax(x, c.integer("dim")); }),
+      unary_args("log_softmax", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::log_softmax(x, c.integer("dim")); }),
+
+      // ---- shape ops ----
+      {"cat", D::GradGrad, [](const TensorList& in, const GoldenCase& c) { return TensorList{kiln::cat(in, c.integer("dim"))}; }},
+      {"stack", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) { return TensorList{kiln::stack(in, c.integer("dim"))}; }},
+      {"split", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) { return kiln::split(in.at(0), c.integer("size"), c.integer("dim")); }},
+      {"split_with_sizes", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return kiln::split_with_sizes(in.at(0), c.ints("sizes"), c.integer("dim"));
+       }},
+      {"chunk", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) { return kiln::chunk(in.at(0), c.integer("chunks"), c.integer("dim")); }},
+      unary_args("flip", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::flip(x, c.shape("dims")); }),
+      unary_args("repeat", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::repeat(x, c.shape("repeats")); }),
+      unary_args("pad", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::pad(x, c.ints("padding"), c.real("value", 0)); }),
+      unary_args("tril", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::tril(x, c.integer("diagonal", 0)); }),
+      unary_args("triu", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::triu(x, c.integer("diagonal", 0)); }),
+
+      // ---- index ops ----
+      {"index_select", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::index_select(in.at(0), c.integer("dim"), in.at(1))};
+       }},
+      {"index_add", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::index_add(in.at(0), c.integer("dim"), in.at(1), in.at(2))};
+       }},
+      {"gather", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) { return TensorList{kiln::gather(in.at(0), c.integer("dim"), in.at(1))}; }},
+      {"scatter", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::scatter(in.at(0), c.integer("dim"), in.at(1), in.at(2))};
+       }},
+      {"scatter_add", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::scatter_add(in.at(0), c.integer("dim"), in.at(1), in.at(2))};
+       }},
+      binary("embedding", D::GradGrad, [](const Tensor& w, const Tensor& i) { return kiln::embedding(w, i); }),
+      unary_args("one_hot", D::None,
+                 [](const Tensor& i, const GoldenCase& c) { return kiln::one_hot(i, c.integer("num_classes", -1)); }),
+
+      // ---- casts and copies ----
+      unary_args("to", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return x.to(c.dtype("dtype")); }),
+      unary("clone", D::GradGrad, [](const Tensor& x) { return kiln::clone(x); }),
+      unary("contiguous", D::GradGrad, [](const Tensor& x) {
+        Tensor r = kiln::contiguous(x);
+        CHECK(r.is_contiguous());
+        return r;
+      }),
+      unary_args("sum_to", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::sum_to(x, c.shape("shape")); }),
+      // Not differentiable in Kiln (by design: it says so); values only.
+      unary_args("as_strided", D::None, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::as_strided(x, c.shape("sizes"), c.shape("strides"), c.integer("offset")).contiguous();
+      }),
+
+      // ---- factories (no inputs; the C++ default dtype is float32, arange's is inferred) ----
+      {"arange", D::None,
+       [](const TensorList&, const GoldenCase& c) {
+         if (!c.has("start")) {
+           return TensorList{c.has("dtype") ? kiln::arange(c.scalar("end"), c.dtype("dtype")) : kiln::arange(c.scalar("end"))};
+         }
+         return TensorList{kiln::arange(c.scalar("start"), c.scalar("end"), c.scalar("step", Scalar(1)), c.opt_dtype("dtype"))};
+       }},
+      {"linspace", D::None,
+       [](const TensorList&, const GoldenCase& c) {
+         return TensorList{kiln::linspace(c.real("start"), c.real("end"), c.integer("steps"),
+                                          c.opt_dtype("dtype").value_or(kFloat32))};
+       }},
+      {"eye", D::None,
+       [](const TensorList&, const GoldenCase& c) {
+         return TensorList{kiln::eye(c.integer("n"), c.opt_integer("m"), c.opt_dtype("dtype").value_or(kFloat32))};
+       }},
+      {"full", D::None,
+       [](const TensorList&, const GoldenCase& c) {
+         return TensorList{kiln::full(c.shape("shape"), c.scalar("value"), c.opt_dtype("dtype").value_or(kFloat32))};
+       }},
+
+      // ---- views, then contiguous() ----
+      view_op("permute", [](const Tensor& x, const GoldenCase& c) { return kiln::permute(x, c.shape("dims")); }),
+      view_op("transpose",
+              [](const Tensor& x, const GoldenCase& c) { return kiln::transpose(x, c.integer("dim0"), c.integer("dim1")); }),
+      view_op("narrow", [](const Tensor& x, const GoldenCase& c) {
+        return kiln::narrow(x, c.integer("dim"), c.integer("start"), c.integer("length"));
+      }),
+      view_op("slice", [](const Tensor& x, const GoldenCase& c) {
+        return kiln::slice(x, c.integer("dim"), c.opt_integer("start"), c.opt_integer("end"), c.integer("step"));
+      }),
+      view_op("select",
+              [](const Tensor& x, const GoldenCase& c) { return kiln::select(x, c.integer("dim"), c.integer("index")); }),
+      view_op("expand", [](const Tensor& x, const GoldenCase& c) { return kiln::expand(x, c.shape("shape")); }),
+      view_op("squeeze", [](const Tensor& x, const GoldenCase& c) { return kiln::squeeze(x, c.opt_integer("dim")); }),
+      view_op("unsqueeze", [](const Tensor& x, const GoldenCase& c) { return kiln::unsqueeze(x, c.integer("dim")); }),
+      view_op("flatten", [](const Tensor& x, const GoldenCase& c) {
+        return kiln::flatten(x, c.integer("start", 0), c.integer("end", -1));
+      }),
+      view_op("unflatten",
+              [](const Tensor& x, const GoldenCase& c) { return kiln::unflatten(x, c.integer("dim"), c.shape("sizes")); }),
+      view_op("view", [](const Tensor& x, const GoldenCase& c) { return kiln::view(x, c.shape("shape")); }),
+      view_op("reshape", [](const Tensor& x, const GoldenCase& c) { return kiln::reshape(x, c.shape("shape")); }),
+  };
+  return rows;
+}
+
+
+// ---------------------------------------------------------------------------------------------------------
+// Running a case
+
+std::vector<const GoldenCase*> cases_of(const std::string& op) {
+  std::vector<const GoldenCase*> out;
+  for (const auto& c : GoldenFile::get().cases())
+    if (c.op == op) out.push_back(&c);
+  return out;
+}
+
+// Runs one case's forward and compares every output with PyTorch's: dtype, shape, then values.
+void check_golden(const OpRow& row, const GoldenCase& c) {
+  const GoldenFile& file = GoldenFile::get();
+  INFO("case " << c.describe());
+  try {
+    TensorList inputs;
+    for (size_t k = 0; k < c.inputs.size(); ++k) {
+      Tensor x = file.input(c, k);
+      // A layout that should make a view non-contiguous must do so (PyTorch agreed when the case was made).
+      if (c.inputs[k].layout != "-" && x.numel() > 1) {
+        INFO("input " << k << " with layout " << c.inputs[k].layout << ": strides " << x.strides().str());
+        CHECK_FALSE(x.is_contiguous());
+      }
+      inputs.push_back(x);
+    }
+    TensorList outs = row.fn(inputs, c);
+    REQUIRE(outs.size() == c.outputs.size());
+    for (size_t k = 0; k < outs.size(); ++k) {
+      Tensor expected = file.output(c, k);
+      INFO("output " << k << ": actual " << dtype_name(outs[k].dtype()) << " " << outs[k].sizes().str()
+                     << ", expected " << dtype_name(expected.dtype()) << " " << expected.sizes().str());
+      CHECK(dtype_name(outs[k].dtype()) == dtype_name(expected.dtype()));
+      CHECK(outs[k].sizes() == expected.sizes());
+      if (outs[k].sizes() != expected.sizes()) continue;
+      // DESIGN's tolerance of the expected dtype (so a result in a wrong dtype is still judged fairly);
+      // integer and bool results must be exact.
+      Tolerance tol = is_floating(expected.dtype()) ? tolerance_for(expected.dtype()) : Tolerance{0, 0};
+      check_close(outs[k], expected, tol);
+    }
+  } catch (const Catch::TestFailureException&) {
+    throw;
+  } catch (const std::exception& e) {
+    FAIL_CHECK("threw: " << e.what());
+  }
+}
+
+// gradcheck (and gradgradcheck for grad=2) in float64 with respect to every floating input's stored base;
+// the layout views are part of the function, so non-contiguous inputs are differentiated too.
+void check_grad(const OpRow& row, const GoldenCase& c) {
+  const GoldenFile& file = GoldenFile::get();
+  INFO("gradcheck of case " << c.describe());
+  try {
+    TensorList leaves;
+    for (size_t k = 0; k < c.inputs.size(); ++k) {
+      Tensor base = file.base_input(c, k);
+      if (base.is_floating_point()) {
+        REQUIRE(base.dtype() == kFloat64);
+        base.requires_grad_();
+      }
+      leaves.push_back(base);
+    }
+    const OpFn fn = row.fn;
+    const GoldenCase* cp = &c;
+    autograd::DifferentiableFn f = [fn, cp](const TensorList& xs) {
+      TensorList views;
+      for (size_t k = 0; k < xs.size(); ++k) views.push_back(GoldenFile::apply_layout(xs[k], cp->inputs[k].layout));
+      return fn(views, *cp);
+    };
+    CHECK(autograd::gradcheck(f, leaves));
+    if (c.grad_level() >= 2) CHECK(autograd::gradgradcheck(f, leaves));
+  } catch (const Catch::TestFailureException&) {
+    throw;
+  } catch (const std::exception& e) {
+    FAIL_CHECK("threw: " << e.what());
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------
+// Test cases
+
+TEST_CASE("op table: the fixture and the table agree (every op has cases, every case an op)", "[ops][op_table]") {
+  const auto& cases = GoldenFile::get().cases();
+  std::set<std::string> ops;
+  for (const auto& r : op_table()) {
+    INFO("row " << r.op);
+    CHECK(ops.insert(r.op).second);  // one row per op
+    auto mine = cases_of(r.op);
+    CHECK(mine.size() >= 3);
+    int max_grad = 0;
+    for (const auto* c : mine) max_grad = std::max(max_grad, c->grad_level());
+    // The table says which ops are differentiable; the fixture must give each its checks, and none to others.
+    CHECK(max_grad == (r.deriv == Deriv::None ? 0 : r.deriv == Deriv::Grad ? 1 : 2));
+  }
+  std::set<std::string> ids;
+  for (const auto& c : cases) {
+    INFO("case " << c.id());
+    CHECK(ids.insert(c.id()).second);
+    if (c.op == "_sample") continue;
+    CHECK(ops.count(c.op) == 1);
+    CHECK(!c.outputs.empty());
+  }
+  CHECK(ops.size() >= 100);
+  CHECK(cases.size() >= 1000);
+}
+
+TEST_CASE("op table: sample() makes the inputs gen_golden.py makes (bit for bit)", "[ops][op_table]") {
+  for (const auto& c : GoldenFile::get().cases()) {
+    if (c.op != "_sample") continue;
+    Tensor expected = GoldenFile::get().output(c, 0);
+    check_close(sample(expected.sizes(), kFloat64, c.real("seed")), expected, Tolerance{0, 0});
+    return;
+  }
+  FAIL("op_golden.txt has no _sample case");
+}
+
+TEST_CASE("op table: every op matches PyTorch's golden values", "[ops][op_table]") {
+  for (const auto& row : op_table()) {
+    DYNAMIC_SECTION(row.op) {
+      for (const auto* c : cases_of(row.op))
+        check_golden(row, *c);
+    }
+  }
+}
+
+TEST_CASE("op table: gradcheck and gradgradcheck in float64 for every differentiable op", "[ops][op_table][grad]") {
+  for (const auto& row : op_table()) {
+    if (row.deriv == Deriv::None) continue;
+    DYNAMIC_SECTION(row.op) {
+      int checked = 0;
+      for (const auto* c : cases_of(row.op)) {
+        if (c->grad_level() == 0) continue;
+        ++checked;
+        check_grad(row, *c);
+      }
+      CHECK(checked > 0);
+    }
+  }
+}
+
+
+}  // namespace kiln::test
