@@ -22,7 +22,7 @@ KILN_HOST_DEVICE inline T sigmoid(T x) {
 template <typename T>
 KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
   using std::abs, std::exp, std::log, std::log1p, std::expm1, std::sqrt, std::sin, std::cos,
-      std::tanh, std::erf, std::pow;
+      std::tanh, std::erf, std::erfc, std::pow;
   if constexpr (std::is_integral_v<T>) {
     switch (op) {
       case UnaryOp::Neg: return static_cast<T>(-x);
@@ -62,7 +62,9 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
       case UnaryOp::Tanh: return tanh(x);
       case UnaryOp::Sigmoid: return sigmoid(x);
       case UnaryOp::Relu: return x > 0 ? x : (x != x ? x : T(0));
-      case UnaryOp::GeluErf: return T(0.5) * x * (T(1) + erf(x * kSqrt1_2));
+      // x Phi(x) with Phi(x) = erfc(-x / sqrt 2) / 2: for negative x, 1 + erf(x / sqrt 2) would
+      // cancel (1 - 0.99...) and lose the low bits that erfc keeps.
+      case UnaryOp::GeluErf: return T(0.5) * x * erfc(-x * kSqrt1_2);
       case UnaryOp::GeluTanh:
         return T(0.5) * x * (T(1) + tanh(kSqrt2OverPi * (x + T(0.044715) * x * x * x)));
       case UnaryOp::Silu: return x / (T(1) + exp(-x));  // silu(-inf) = nan, as PyTorch

@@ -42,7 +42,16 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
     case UnaryOp::Sigmoid: out = in.logistic(); return true;
     case UnaryOp::Erf: out = in.erf(); return true;
     case UnaryOp::Square: out = in.square(); return true;
-    case UnaryOp::GeluErf: out = T(0.5) * in * (T(1) + (in * T(0.70710678118654752440)).erf()); return true;
+    case UnaryOp::GeluErf: {
+      // x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 with Eigen's vectorized erf where that is
+      // accurate (x >= -1: 1 + erf >= 0.31); below, 1 + erf cancels, so those elements take
+      // core/scalar_math.h's erfc form (Eigen's erfc is not vectorized).
+      out = T(0.5) * in * (T(1) + (in * T(0.70710678118654752440)).erf());
+      for (int64_t i = 0; i < n; ++i) {
+        if (x[i] < T(-1)) y[i] = math::unary<T>(op, x[i], args.a, args.b);
+      }
+      return true;
+    }
     case UnaryOp::Silu: out = in / (T(1) + (-in).exp()); return true;  // -inf gives nan, as PyTorch
     case UnaryOp::Relu:  // NaN stays NaN, as in PyTorch
       out = (in != in).select(in, in.max(T(0)));
