@@ -5,6 +5,7 @@
 // reads them. The CUDA caching allocator lives in cuda/.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -16,6 +17,38 @@ struct MemoryStats {
   int64_t peak_allocated_bytes = 0;  // high-water mark of allocated_bytes since the last reset_peak
   int64_t allocation_count = 0;      // allocate() calls since start
   int64_t free_count = 0;            // deallocate() calls since start
+};
+
+// The statistics every allocator keeps, in relaxed atomics: exact totals, no lock on the hot path.
+class MemoryCounter {
+ public:
+  void on_allocate(size_t nbytes) {
+    int64_t now = allocated_.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed) +
+                  static_cast<int64_t>(nbytes);
+    int64_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+    allocations_.fetch_add(1, std::memory_order_relaxed);
+  }
+  void on_free(size_t nbytes) {
+    allocated_.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
+    frees_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // reserved: what the allocator holds from the system (equal to allocated without a cache).
+  MemoryStats stats(int64_t reserved) const {
+    MemoryStats s;
+    s.allocated_bytes = allocated_.load(std::memory_order_relaxed);
+    s.reserved_bytes = reserved;
+    s.peak_allocated_bytes = peak_.load(std::memory_order_relaxed);
+    s.allocation_count = allocations_.load(std::memory_order_relaxed);
+    s.free_count = frees_.load(std::memory_order_relaxed);
+    return s;
+  }
+  MemoryStats stats() const { return stats(allocated_.load(std::memory_order_relaxed)); }
+  void reset_peak() { peak_.store(allocated_.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+
+ private:
+  std::atomic<int64_t> allocated_{0}, peak_{0}, allocations_{0}, frees_{0};
 };
 
 class Allocator {

@@ -1,7 +1,7 @@
 // cpu/copy.cpp: copy with dtype conversion (strided, broadcasting), fill and arange.
 #include <cstring>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 

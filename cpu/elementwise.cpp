@@ -8,7 +8,7 @@
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include "core/scalar_math.h"
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 

@@ -11,7 +11,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 

@@ -2,7 +2,7 @@
 // (seed, offset, i) (core/philox.h, Note [random element mapping] in core/generator.h): the split
 // across threads does not change the numbers, and cuda/random.cu computes the same ones.
 #include "core/philox.h"
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 

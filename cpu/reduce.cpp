@@ -17,7 +17,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "cpu/convert.h"
+#include "core/convert.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 

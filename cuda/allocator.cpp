@@ -1,9 +1,8 @@
-// cuda/allocator.cpp: the CUDA allocator of each device: cudaMalloc / cudaFree with the CPU
-// allocator's statistics (core/allocator.cpp), kept in relaxed atomics. No cache yet: reserved
+// cuda/allocator.cpp: the CUDA allocator of each device: cudaMalloc / cudaFree with the statistics
+// every allocator keeps (MemoryCounter, core/allocator.h). No cache yet: reserved
 // equals allocated, and every allocate() is a cudaMalloc. The caching allocator (size classes,
 // block splitting, stream-aware reuse) replaces this file later; see Note [CUDA streams] in
 // cuda/context.h for why freeing a buffer with queued kernels is safe here.
-#include <atomic>
 #include <vector>
 
 #include "cuda/check.h"
@@ -33,16 +32,11 @@ class CudaAllocator final : public Allocator {
                 "tensors hold {:.1f} MiB, the device has {:.1f} MiB free of {:.1f} MiB. Use a "
                 "smaller batch, free tensors, or try activation checkpointing",
                 device_index_, nbytes, static_cast<double>(nbytes) / kMiB,
-                static_cast<double>(allocated_.load(std::memory_order_relaxed)) / kMiB,
+                static_cast<double>(counter_.stats().allocated_bytes) / kMiB,
                 static_cast<double>(free_bytes) / kMiB, static_cast<double>(total_bytes) / kMiB);
     }
     KILN_CUDA_CHECK(status);
-    int64_t now = allocated_.fetch_add(static_cast<int64_t>(nbytes), std::memory_order_relaxed) +
-                  static_cast<int64_t>(nbytes);
-    int64_t peak = peak_.load(std::memory_order_relaxed);
-    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
-    }
-    allocations_.fetch_add(1, std::memory_order_relaxed);
+    counter_.on_allocate(nbytes);
     return p;
   }
 
@@ -55,24 +49,15 @@ class CudaAllocator final : public Allocator {
     (void)cudaFree(ptr);
     if (switched) (void)cudaSetDevice(previous);
     (void)cudaGetLastError();
-    allocated_.fetch_sub(static_cast<int64_t>(nbytes), std::memory_order_relaxed);
-    frees_.fetch_add(1, std::memory_order_relaxed);
+    counter_.on_free(nbytes);
   }
 
-  MemoryStats stats() const override {
-    MemoryStats s;
-    s.allocated_bytes = allocated_.load(std::memory_order_relaxed);
-    s.reserved_bytes = s.allocated_bytes;  // no cache: what is allocated is what is held
-    s.peak_allocated_bytes = peak_.load(std::memory_order_relaxed);
-    s.allocation_count = allocations_.load(std::memory_order_relaxed);
-    s.free_count = frees_.load(std::memory_order_relaxed);
-    return s;
-  }
-  void reset_peak() override { peak_.store(allocated_.load(std::memory_order_relaxed)); }
+  MemoryStats stats() const override { return counter_.stats(); }  // reserved = allocated
+  void reset_peak() override { counter_.reset_peak(); }
 
  private:
   int device_index_;
-  std::atomic<int64_t> allocated_{0}, peak_{0}, allocations_{0}, frees_{0};
+  MemoryCounter counter_;
 };
 
 }  // namespace

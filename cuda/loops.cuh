@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "core/backend.h"
+#include "core/convert.h"
 #include "cuda/check.h"
 
 // `#pragma unroll` for device code only (the host compiler would warn about an unknown pragma).
@@ -120,21 +121,6 @@ void launch_elementwise(int64_t n, const OffsetCalc<N>& calc, cudaStream_t strea
 }
 
 // ---- per-element helpers ----
-
-// One element converted between dtypes exactly as cpu/convert.h does: 16-bit floats go through
-// float; to bool is "nonzero"; float to integer truncates toward zero.
-template <typename To, typename From>
-__host__ __device__ inline To convert(From x) {
-  if constexpr (std::is_same_v<To, From>) {
-    return x;
-  } else if constexpr (std::is_same_v<To, bool>) {
-    return static_cast<opmath_t<From>>(x) != 0;
-  } else if constexpr (std::is_same_v<From, bool>) {
-    return static_cast<To>(static_cast<opmath_t<To>>(x ? 1 : 0));
-  } else {
-    return static_cast<To>(static_cast<opmath_t<To>>(static_cast<opmath_t<From>>(x)));
-  }
-}
 
 // Element `off` of a buffer of dtype `t`, converted to To. `t` is the same for every thread, so the
 // switch costs no divergence; it saves instantiating a kernel per (source, destination) pair.

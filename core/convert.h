@@ -1,15 +1,16 @@
-// cpu/convert.h: one element converted between dtypes, as PyTorch converts (private to cpu/).
-// 16-bit floats go through float; to bool is "nonzero"; float to integer truncates toward zero.
+// core/convert.h: one element converted between dtypes, as PyTorch converts; the CPU and CUDA
+// backends both use it. 16-bit floats go through float; to bool is "nonzero"; float to integer
+// truncates toward zero.
 #pragma once
 
 #include <type_traits>
 
 #include "core/dtype.h"
 
-namespace kiln::cpu {
+namespace kiln {
 
 template <typename To, typename From>
-inline To convert(From x) {
+KILN_HOST_DEVICE inline To convert(From x) {
   if constexpr (std::is_same_v<To, From>) {
     return x;
   } else if constexpr (std::is_same_v<To, bool>) {
@@ -21,4 +22,4 @@ inline To convert(From x) {
   }
 }
 
-}  // namespace kiln::cpu
+}  // namespace kiln
