@@ -1,8 +1,26 @@
 # check.cmake: builds and runs tests/install_consumer against Kiln, in MODE "install" (cmake --install
-# the build tree KILN_BUILD into WORK/prefix, then find_package) or "subdirectory" (add_subdirectory
-# of KILN_SOURCE). Run by CTest as `cmake -DMODE=... -P check.cmake`; fails on any step's failure.
+# the build tree KILN_BUILD into WORK/prefix, then find_package), "subdirectory" (add_subdirectory
+# of KILN_SOURCE) or "readme" (as "install", with main.cpp replaced by the first ```cpp block of
+# README.md, so the README's example is compiled and run). Run by CTest as
+# `cmake -DMODE=... -P check.cmake`; fails on any step's failure.
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
+set(CONSUMER ${KILN_SOURCE}/tests/install_consumer)
+if(MODE STREQUAL "readme")
+  file(READ ${KILN_SOURCE}/README.md readme)
+  string(FIND "${readme}" "```cpp\n" start)
+  if(start EQUAL -1)
+    message(FATAL_ERROR "README.md has no ```cpp block")
+  endif()
+  math(EXPR start "${start} + 7")
+  string(SUBSTRING "${readme}" ${start} -1 rest)
+  string(FIND "${rest}" "```" end)
+  string(SUBSTRING "${rest}" 0 ${end} example)
+  file(COPY ${CONSUMER}/CMakeLists.txt DESTINATION ${WORK}/src)
+  file(WRITE ${WORK}/src/main.cpp "${example}")
+  set(CONSUMER ${WORK}/src)
+  set(MODE install)
+endif()
 function(step)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
@@ -12,10 +30,10 @@ function(step)
 endfunction()
 if(MODE STREQUAL "install")
   step(${CMAKE_COMMAND} --install ${KILN_BUILD} --prefix ${WORK}/prefix)
-  step(${CMAKE_COMMAND} -S ${KILN_SOURCE}/tests/install_consumer -B ${WORK}/build -G ${GENERATOR}
+  step(${CMAKE_COMMAND} -S ${CONSUMER} -B ${WORK}/build -G ${GENERATOR}
        -DCMAKE_PREFIX_PATH=${WORK}/prefix -DCMAKE_BUILD_TYPE=Release)
 else()
-  step(${CMAKE_COMMAND} -S ${KILN_SOURCE}/tests/install_consumer -B ${WORK}/build -G ${GENERATOR}
+  step(${CMAKE_COMMAND} -S ${CONSUMER} -B ${WORK}/build -G ${GENERATOR}
        -DKILN_VENDORED=${KILN_SOURCE} -DCMAKE_BUILD_TYPE=Release)
 endif()
 step(${CMAKE_COMMAND} --build ${WORK}/build)
