@@ -45,7 +45,7 @@ void check_equal(const Tensor& actual, const Tensor& expected) {
   CHECK(actual.to_vector<double>() == expected.to_vector<double>());
 }
 
-void check_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments) {
+void check_error(const std::function<void()>& fn, const std::vector<std::string>& fragments) {
   try {
     fn();
   } catch (const Error& e) {

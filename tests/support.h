@@ -24,7 +24,7 @@ void check_close(const Tensor& actual, const Tensor& expected);  // tolerance of
 void check_equal(const Tensor& actual, const Tensor& expected);
 
 // fn() must throw kiln::Error whose message contains every one of `fragments`.
-void check_error(const std::function<void()>& fn, std::initializer_list<std::string> fragments);
+void check_error(const std::function<void()>& fn, const std::vector<std::string>& fragments);
 
 // Deterministic, non-trivial values in (-2, 2) (no RNG needed): element i gets sin(1.3 i + seed).
 Tensor sample(const Shape& shape, DType dtype = kFloat32, double seed = 0.5);

@@ -1,0 +1,115 @@
+// tests/ops/test_errors.cpp: every Error an op raises, one row each: the call that misuses the op and
+// the fragments its message must contain (the op's name, the shapes/dtypes/values involved, and
+// what to do). Errors of views, autograd and the tensor model are in tests/core and tests/autograd.
+#include "support.h"
+
+using namespace kiln;
+
+namespace {
+
+struct ErrorRow {
+  const char* name;
+  std::function<void()> call;
+  std::vector<std::string> fragments;
+};
+
+Tensor f32(const Shape& s) { return zeros(s); }
+Tensor i64(const Shape& s) { return zeros(s, kInt64); }
+Tensor b8(const Shape& s) { return zeros(s, kBool); }
+
+}  // namespace
+
+TEST_CASE("every op's misuse is an Error that names the problem") {
+  const std::vector<ErrorRow> rows = {
+      // elementwise and promotion
+      {"broadcast", [] { f32({2, 3}) + f32({4}); }, {"add", "[2, 3]", "[4]", "cannot be broadcast", "dim -1", "3 and 4"}},
+      {"bool arithmetic", [] { b8({2}) - b8({2}); }, {"sub", "two bool tensors"}},
+      {"neg of bool", [] { neg(b8({2})); }, {"neg", "bool"}},
+      {"exp of bool", [] { exp(b8({2})); }, {"exp", "bool"}},
+      {"gelu approximate", [] { gelu(f32({2}), "fast"); }, {"gelu", "\"none\" or \"tanh\"", "fast"}},
+      {"int negative power", [] { pow(i64({2}), -1); }, {"pow", "negative integer powers"}},
+      {"clamp without bounds", [] { clamp(f32({2}), std::nullopt, std::nullopt); }, {"clamp", "min and max"}},
+      {"where condition dtype", [] { where(f32({2}), f32({2}), f32({2})); }, {"where", "bool", "float32"}},
+      {"masked_fill mask dtype", [] { masked_fill(f32({2}), i64({2}), 1); }, {"masked_fill", "bool", "int64"}},
+      {"masked_fill mask shape", [] { masked_fill(f32({2}), b8({3, 2}), 1); }, {"masked_fill", "[3, 2]", "[2]"}},
+      {"in-place result type", [] { Tensor x = i64({2}); x.add_(f32({2})); }, {"add_", "float32", "int64"}},
+      {"in-place broadcast", [] { Tensor x = f32({2}); x.mul_(f32({3, 2})); }, {"mul_", "[3, 2]", "[2]"}},
+      {"in-place on bool", [] { Tensor x = b8({2}); x.add_(b8({2})); }, {"add_", "bool"}},
+      {"exp_ of int", [] { Tensor x = i64({2}); x.exp_(); }, {"exp_", "floating", "int64"}},
+      {"sqrt_ of int", [] { Tensor x = i64({2}); x.sqrt_(); }, {"sqrt_", "floating"}},
+      {"pow_ result type", [] { Tensor x = i64({2}); x.pow_(0.5); }, {"pow_", "int64"}},
+      {"clamp_ without bounds", [] { Tensor x = f32({2}); x.clamp_(std::nullopt); }, {"clamp_", "min and max"}},
+      // factories
+      {"arange step 0", [] { arange(0, 5, 0); }, {"arange", "step must be nonzero"}},
+      {"arange direction", [] { arange(5, 0, 1); }, {"arange", "[5, 0)", "step 1"}},
+      {"linspace steps", [] { linspace(0, 1, -1); }, {"linspace", "-1"}},
+      {"eye size", [] { eye(-2); }, {"eye", "-2"}},
+      {"randn dtype", [] { randn({2}, kInt32); }, {"randn", "floating", "int32"}},
+      {"bernoulli p", [] { bernoulli({2}, 1.5); }, {"bernoulli", "[0, 1]", "1.5"}},
+      {"randperm n", [] { randperm(-1); }, {"randperm", "-1"}},
+      // reductions
+      {"duplicate dim", [] { sum(f32({2, 3}), {1, -1}); }, {"sum", "dim 1", "more than once"}},
+      {"dim out of range", [] { mean(f32({2, 3}), {2}); }, {"mean", "dim 2 is out of range", "-2..1"}},
+      {"amax over empty", [] { amax(f32({0, 3}), {0}); }, {"amax", "dim 0 of size 0", "[0, 3]"}},
+      {"max of empty", [] { max(f32({0})); }, {"amax", "size 0"}},
+      {"argmax of empty", [] { argmax(f32({0})); }, {"argmax", "empty"}},
+      {"mean of int", [] { mean(i64({3})); }, {"mean", "floating-point", "int64"}},
+      {"var of int", [] { var(i64({3})); }, {"var", "floating-point"}},
+      {"prod of bool", [] { prod(b8({3})); }, {"prod", "bool"}},
+      {"sum_to larger", [] { sum_to(f32({3}), {2, 3}); }, {"sum_to", "[3]", "[2, 3]"}},
+      // linear algebra and softmax
+      {"matmul shapes", [] { matmul(f32({4, 3}), f32({4, 5})); },
+       {"matmul: shapes (4, 3) and (4, 5) cannot be multiplied: dim 1 of the first (3) must equal dim 0 of the second (4)"}},
+      {"matmul batched shapes", [] { matmul(f32({2, 4, 3}), f32({2, 4, 5})); }, {"matmul", "dim -1", "dim -2"}},
+      {"matmul batch broadcast", [] { matmul(f32({2, 4, 3}), f32({3, 3, 5})); }, {"matmul", "cannot be broadcast"}},
+      {"matmul 0-dim", [] { matmul(f32({}), f32({3})); }, {"matmul", "at least 1 dimension"}},
+      {"matmul dtypes", [] { matmul(f32({2, 2}), zeros({2, 2}, kFloat64)); }, {"matmul", "same dtype", "float32", "float64"}},
+      {"dot sizes", [] { matmul(f32({3}), f32({4})); }, {"matmul", "3 and 4"}},
+      {"mm rank", [] { mm(f32({2, 2, 2}), f32({2, 2})); }, {"mm", "2-D", "matmul"}},
+      {"bmm rank", [] { bmm(f32({2, 2}), f32({2, 2})); }, {"bmm", "3-D"}},
+      {"bmm batch", [] { bmm(f32({2, 2, 2}), f32({3, 2, 2})); }, {"bmm", "2 and 3"}},
+      {"softmax of int", [] { softmax(i64({3}), 0); }, {"softmax", "floating-point", "int64"}},
+      {"softmax dim", [] { log_softmax(f32({3}), 1); }, {"log_softmax", "dim 1 is out of range"}},
+      // shape ops
+      {"cat empty list", [] { cat({}); }, {"cat", "non-empty"}},
+      {"cat 0-dim", [] { cat({f32({}), f32({})}); }, {"cat", "zero-dimensional"}},
+      {"cat ranks", [] { cat({f32({2, 3}), f32({3})}); }, {"cat", "tensor 1 has 1 dims", "tensor 0 has 2"}},
+      {"cat sizes", [] { cat({f32({2, 3}), f32({2, 4})}, 0); }, {"cat", "except in dim 0", "[2, 3]", "[2, 4]"}},
+      {"stack shapes", [] { stack({f32({2}), f32({3})}); }, {"stack", "[2]", "[3]"}},
+      {"split size", [] { split(f32({4}), 0); }, {"split", "split_size", "0"}},
+      {"split_with_sizes", [] { split_with_sizes(f32({4}), {1, 2}); }, {"split", "add up to 3", "size 4"}},
+      {"chunk count", [] { chunk(f32({4}), 0); }, {"chunk", "positive"}},
+      {"flip duplicate", [] { flip(f32({2, 2}), {0, -2}); }, {"flip", "more than once"}},
+      {"repeat count", [] { repeat(f32({2, 2}), {2}); }, {"repeat", "at least as many repeats (1)", "dims (2)"}},
+      {"repeat negative", [] { repeat(f32({2}), {-1}); }, {"repeat", "non-negative"}},
+      {"pad pairs", [] { pad(f32({2}), {1}); }, {"pad", "(left, right) pairs", "1 values"}},
+      {"pad negative size", [] { pad(f32({2}), {-2, -1}); }, {"pad", "(-2, -1)", "negative"}},
+      {"tril rank", [] { tril(f32({3})); }, {"tril", "2 dims", "[3]"}},
+      // indexing
+      {"index dtype", [] { index_select(f32({3}), 0, f32({1})); }, {"index_select", "int64 or int32", "float32"}},
+      {"index_select rank", [] { index_select(f32({3}), 0, i64({1, 1})); }, {"index_select", "1-D", "[1, 1]"}},
+      {"index_select bounds", [] { index_select(f32({3}), 0, full({1}, 3, kInt64)); },
+       {"index_select", "index 3 is out of bounds for dim 0 with size 3"}},
+      {"gather rank", [] { gather(f32({3, 3}), 1, i64({3})); }, {"gather", "as many dims", "[3]"}},
+      {"gather shape", [] { gather(f32({3, 3}), 1, i64({4, 1})); }, {"gather", "[4, 1]", "[3, 3]", "dim 0"}},
+      {"gather bounds", [] { gather(f32({2, 2}), 1, full({2, 1}, -3, kInt64)); }, {"gather", "index -3", "size 2"}},
+      {"scatter source shape", [] { scatter(f32({3, 3}), 1, i64({3, 2}), f32({3, 1})); }, {"scatter", "source shape", "[3, 1]"}},
+      {"scatter dtypes", [] { scatter_add(f32({3}), 0, i64({3}), zeros({3}, kFloat64)); }, {"scatter_add", "float64", "float32"}},
+      {"index_add shape", [] { index_add(f32({3, 2}), 0, i64({2}), f32({3, 2})); }, {"index_add", "1-D index"}},
+      {"embedding weight", [] { embedding(f32({3}), i64({2})); }, {"embedding", "2-D", "[3]"}},
+      {"one_hot dtype", [] { one_hot(f32({2})); }, {"one_hot", "int64", "float32"}},
+      {"one_hot range", [] { one_hot(full({2}, 5, kInt64), 3); }, {"one_hot", "[0, 3)", "[5, 5]"}},
+      // views (the rest are in tests/core/test_tensor.cpp)
+      {"view -1 twice", [] { f32({4}).view({-1, -1}); }, {"view", "only one dimension can be -1"}},
+      {"narrow 0-dim", [] { f32({}).narrow(0, 0, 1); }, {"narrow", "0-dimensional"}},
+      {"slice step", [] { f32({4}).slice(0, 0, 4, 0); }, {"slice", "step must be positive"}},
+      {"expand rank", [] { f32({2, 3}).expand({3}); }, {"expand", "fewer dims"}},
+      {"flatten order", [] { f32({2, 3}).flatten(1, 0); }, {"flatten", "start_dim 1", "end_dim 0"}},
+      {"t rank", [] { f32({2, 2, 2}).t(); }, {"t:", "at most 2 dims", "transpose"}},
+      {"mT rank", [] { f32({2}).mT(); }, {"mT", "at least 2 dims"}},
+  };
+  for (const auto& row : rows) {
+    INFO("row: " << row.name);
+    test::check_error(row.call, row.fragments);
+  }
+}
