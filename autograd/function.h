@@ -27,6 +27,7 @@
 #include "core/node.h"
 #include "core/saved_tensor.h"
 #include "core/tensor.h"
+#include "ops/ops.h"
 
 namespace kiln::autograd {
 
@@ -96,9 +97,14 @@ struct Function {
       node->num_outputs = static_cast<uint32_t>(outputs.size());
       for (size_t i = 0; i < outputs.size(); ++i) {
         if (!outputs[i].defined() || !outputs[i].is_floating_point()) continue;
+        for (const auto& in : inputs) {  // forward returned an input as is: give the node an alias
+          if (in.defined() && in.is_same(outputs[i])) outputs[i] = ops::detach(outputs[i]);
+        }
         outputs[i].impl()->grad_fn = node;
         outputs[i].impl()->output_nr = static_cast<uint32_t>(i);
       }
+      if constexpr (std::is_same_v<Out, Tensor>) out = outputs[0];
+      else out = outputs;
       node->ctx.wire_saved(outputs);
     } else {
       node->ctx.wire_saved({});

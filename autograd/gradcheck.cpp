@@ -28,6 +28,9 @@ bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const Gradc
     KILN_CHECK(!inputs[i].defined() || !inputs[i].requires_grad() || inputs[i].dtype() == kFloat64,
                "gradcheck: input {} is {}; finite differences need float64 inputs (x.to(kFloat64))", i,
                dtype_name(inputs[i].dtype()));
+    KILN_CHECK(!inputs[i].defined() || inputs[i].is_cpu(),
+               "gradcheck: input {} is on {}; run the check on CPU inputs (the function may move them)", i,
+               inputs[i].device().str());
   }
   TensorList outs = fn(inputs);
   Generator gen(opt.seed);

@@ -19,6 +19,20 @@ KILN_HOST_DEVICE inline T sigmoid(T x) {
   return T(1) / (T(1) + exp(-x));
 }
 
+// Integer power by squaring, wrapping on overflow (as two's complement, like PyTorch); a negative
+// exponent gives 1 / x^|e| truncated: 1 for x = 1, +-1 for x = -1, else 0.
+template <typename T>
+KILN_HOST_DEVICE inline T int_pow(T x, T e) {
+  using U = std::make_unsigned_t<T>;
+  if (e < 0) return x == 1 ? T(1) : x == -1 ? ((e & 1) ? T(-1) : T(1)) : T(0);
+  U result = 1, base = static_cast<U>(x);
+  for (U n = static_cast<U>(e); n > 0; n >>= 1) {
+    if (n & 1) result *= base;
+    base *= base;
+  }
+  return static_cast<T>(result);
+}
+
 template <typename T>
 KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
   using std::abs, std::exp, std::log, std::log1p, std::expm1, std::sqrt, std::sin, std::cos,
@@ -36,11 +50,7 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
         v = v > b ? b : v;
         return static_cast<T>(v);
       }
-      case UnaryOp::PowScalar: {
-        T r = 1;
-        for (int64_t e = static_cast<int64_t>(a); e > 0; --e) r = static_cast<T>(r * x);
-        return r;
-      }
+      case UnaryOp::PowScalar: return int_pow(x, static_cast<T>(a));
       default: return x;  // ops/ promotes integers to float for every other op
     }
   } else {
@@ -80,7 +90,8 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
       case UnaryOp::Clamp: {
         if (x != x) return x;
         T lo = static_cast<T>(a), hi = static_cast<T>(b);
-        return x < lo ? lo : (x > hi ? hi : x);
+        T v = x < lo ? lo : x;
+        return v > hi ? hi : v;  // max wins when min > max, as in PyTorch
       }
       case UnaryOp::LogicalNot: return x == T(0) ? T(1) : T(0);
     }
@@ -98,9 +109,7 @@ KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
     case BinaryOp::Div: return static_cast<T>(x / y);
     case BinaryOp::Pow:
       if constexpr (std::is_integral_v<T>) {
-        T r = 1;
-        for (T e = y; e > 0; --e) r = static_cast<T>(r * x);
-        return r;
+        return int_pow(x, y);
       } else {
         return pow(x, y);
       }

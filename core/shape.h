@@ -51,7 +51,7 @@ class Shape {
   }
   void erase(int pos) {
     for (int i = pos; i + 1 < n_; ++i) d_[i] = d_[i + 1];
-    --n_;
+    d_[--n_] = 0;  // no stale entry past the end (operator== and copies compare only n_ entries)
   }
   void resize(int n, int64_t fill = 0) {
     check_capacity(n);

@@ -26,6 +26,9 @@ struct Storage {
   Device device;
   Allocator* allocator;  // null: memory not owned by Kiln (from_blob)
   uint64_t version = 0;
+  // A view of this buffer was made from a tensor that requires grad: an in-place op on the base
+  // would not reach the views' gradients, so autograd refuses it (ops/record.cpp, check_inplace).
+  bool has_autograd_views = false;
 };
 
 }  // namespace kiln

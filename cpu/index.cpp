@@ -6,11 +6,12 @@
 namespace kiln::cpu {
 namespace {
 
+// Indices must lie in [0, size): negative ones are an Error, as in PyTorch's index ops.
 inline int64_t checked(int64_t idx, int64_t size, const char* op, int dim) {
-  if (idx < -size || idx >= size) [[unlikely]] {
+  if (idx < 0 || idx >= size) [[unlikely]] {
     KILN_FAIL("{}: index {} is out of bounds for dim {} with size {}", op, idx, dim, size);
   }
-  return idx < 0 ? idx + size : idx;
+  return idx;
 }
 
 // Offsets of all positions of `v` with dim `dim` fixed at 0, in row-major order of the other dims.

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -47,30 +48,38 @@ class ThreadPool {
 
   void run(int pieces, int64_t begin, int64_t end, RangeFn fn, const void* ctx) {
     std::lock_guard<std::mutex> one_job_at_a_time(run_mutex_);
-    pieces_ = pieces;
-    begin_ = begin;
-    end_ = end;
-    fn_ = fn;
-    ctx_ = ctx;
+    Job job{pieces, begin, end, fn, ctx};
     error_ = nullptr;
     pending_.store(pieces - 1, std::memory_order_relaxed);
     {
+      // Note [job snapshot]: a worker copies the job and its generation together under this lock,
+      // so a worker that wakes late (after the job it was woken for has finished and the next one
+      // is published) runs the job it read exactly once. The master waits only for the workers
+      // that have a piece; those cannot miss the job, since it stays published until they are done.
       std::lock_guard<std::mutex> lock(mutex_);
+      job_ = job;
       generation_.fetch_add(1, std::memory_order_release);
     }
     cv_.notify_all();
-    run_piece(0);
+    run_piece(job, 0);
     while (pending_.load(std::memory_order_acquire) != 0) KILN_CPU_RELAX();
     if (error_) std::rethrow_exception(error_);
   }
 
  private:
-  void run_piece(int piece) {
-    int64_t n = end_ - begin_;
-    int64_t b = begin_ + n * piece / pieces_, e = begin_ + n * (piece + 1) / pieces_;
+  struct Job {
+    int pieces = 0;
+    int64_t begin = 0, end = 0;
+    RangeFn fn = nullptr;
+    const void* ctx = nullptr;
+  };
+
+  void run_piece(const Job& job, int piece) {
+    int64_t n = job.end - job.begin;
+    int64_t b = job.begin + n * piece / job.pieces, e = job.begin + n * (piece + 1) / job.pieces;
     inside_pool_job = true;
     try {
-      fn_(ctx_, b, e);
+      job.fn(job.ctx, b, e);
     } catch (...) {
       std::lock_guard<std::mutex> lock(error_mutex_);
       if (!error_) error_ = std::current_exception();
@@ -85,14 +94,16 @@ class ThreadPool {
       for (int i = 0; i < 4000 && generation_.load(std::memory_order_acquire) == seen; ++i) {
         KILN_CPU_RELAX();
       }
-      if (generation_.load(std::memory_order_acquire) == seen) {
+      Job job;
+      {
         std::unique_lock<std::mutex> lock(mutex_);
         cv_.wait(lock, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+        seen = generation_.load(std::memory_order_acquire);  // See Note [job snapshot]
+        if (stop_) return;
+        job = job_;
       }
-      seen = generation_.load(std::memory_order_acquire);
-      if (stop_) return;
-      if (w < pieces_) {
-        run_piece(w);
+      if (w < job.pieces) {
+        run_piece(job, w);
         pending_.fetch_sub(1, std::memory_order_acq_rel);
       }
     }
@@ -105,48 +116,56 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<int> pending_{0};
   bool stop_ = false;
-  // The current job.
-  int pieces_ = 0;
-  int64_t begin_ = 0, end_ = 0;
-  RangeFn fn_ = nullptr;
-  const void* ctx_ = nullptr;
+  Job job_;  // the current job, guarded by mutex_
   std::exception_ptr error_;
 };
 
+// The pool is shared: a caller holds it for the length of its job, so set_num_threads can replace it
+// while another thread is using the old one. The last pool is leaked at exit on purpose: joining
+// threads from static destructors can hang.
 std::mutex pool_mutex;
-ThreadPool* pool = nullptr;  // leaked at exit on purpose: joining threads in static destructors hangs
+std::shared_ptr<ThreadPool>* pool = new std::shared_ptr<ThreadPool>();
 
 int default_threads() {
   unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : static_cast<int>(hw);
 }
 
-ThreadPool& get_pool() {
+std::shared_ptr<ThreadPool> get_pool() {
   std::lock_guard<std::mutex> lock(pool_mutex);
-  if (pool == nullptr) {
+  if (!*pool) {
 #ifdef KILN_HAVE_OPENBLAS
     openblas_set_num_threads(1);  // Kiln's pool does the splitting: see matmul.cpp
 #endif
-    pool = new ThreadPool(default_threads());
+    *pool = std::make_shared<ThreadPool>(default_threads());
   }
   return *pool;
 }
 
 }  // namespace
 
+static int pieces_for(const ThreadPool& p, int64_t n, int64_t grain) {
+  int64_t by_grain = n / std::max<int64_t>(grain, 1);
+  return static_cast<int>(std::min<int64_t>(p.threads(), std::max<int64_t>(by_grain, 1)));
+}
+
 int parallel_pieces(int64_t n, int64_t grain) {
   if (inside_pool_job || n <= grain) return 1;
-  int64_t by_grain = n / std::max<int64_t>(grain, 1);
-  return static_cast<int>(std::min<int64_t>(get_pool().threads(), std::max<int64_t>(by_grain, 1)));
+  return pieces_for(*get_pool(), n, grain);
 }
 
 void parallel_for_impl(int64_t begin, int64_t end, int64_t grain, RangeFn fn, const void* ctx) {
-  int pieces = parallel_pieces(end - begin, grain);
+  if (inside_pool_job || end - begin <= grain) {  // small or nested: run here, touch no pool
+    fn(ctx, begin, end);
+    return;
+  }
+  std::shared_ptr<ThreadPool> p = get_pool();  // one pool for the whole job (set_num_threads may swap it)
+  int pieces = pieces_for(*p, end - begin, grain);
   if (pieces <= 1) {
     fn(ctx, begin, end);
     return;
   }
-  get_pool().run(pieces, begin, end, fn, ctx);
+  p->run(pieces, begin, end, fn, ctx);
 }
 
 }  // namespace kiln::cpu
@@ -159,11 +178,10 @@ void set_num_threads(int n) {
 #ifdef KILN_HAVE_OPENBLAS
   openblas_set_num_threads(1);
 #endif
-  if (cpu::pool != nullptr && cpu::pool->threads() == n) return;
-  delete cpu::pool;
-  cpu::pool = new cpu::ThreadPool(n);
+  if (*cpu::pool && (*cpu::pool)->threads() == n) return;
+  *cpu::pool = std::make_shared<cpu::ThreadPool>(n);  // a job still running keeps the old one alive
 }
 
-int get_num_threads() { return cpu::get_pool().threads(); }
+int get_num_threads() { return cpu::get_pool()->threads(); }
 
 }  // namespace kiln

@@ -41,12 +41,15 @@ View broadcast_view(const Tensor& t, const Shape& shape) {
 }
 
 Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
-  int64_t numel = 1;
+  int64_t numel = 1, nbytes_signed = 0;
   for (int64_t s : shape) {
     KILN_CHECK(s >= 0, "empty: sizes must be non-negative, got {}", shape.str());
-    numel *= s;
+    KILN_CHECK(!__builtin_mul_overflow(numel, s, &numel), "empty: shape {} has more elements than fit in 64 bits",
+               shape.str());
   }
-  size_t nbytes = static_cast<size_t>(numel * itemsize(dtype));
+  KILN_CHECK(!__builtin_mul_overflow(numel, itemsize(dtype), &nbytes_signed) && nbytes_signed < (int64_t{1} << 60),
+             "empty: shape {} of {} needs more bytes than any device has", shape.str(), dtype_name(dtype));
+  size_t nbytes = static_cast<size_t>(nbytes_signed);
   Allocator& alloc = backend_for(device).allocator(device.index);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(alloc.allocate(nbytes), nbytes, device, &alloc);

@@ -378,11 +378,33 @@ static Tensor extreme(const Tensor& a, const Tensor& b, bool is_max) {
 Tensor maximum(const Tensor& a, const Tensor& b) { return extreme(a, b, true); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return extreme(a, b, false); }
 
-Tensor add(const Tensor& a, const Scalar& b) { return add(a, wrap(b, a)); }
-Tensor sub(const Tensor& a, const Scalar& b) { return sub(a, wrap(b, a)); }
-Tensor rsub(const Tensor& a, const Scalar& b) { return sub(wrap(b, a), a); }
-Tensor mul(const Tensor& a, const Scalar& b) { return mul(a, wrap(b, a)); }
-Tensor div(const Tensor& a, const Scalar& b) { return div(a, wrap(b, a)); }
+// A 16-bit float tensor with a number computes in float32 and rounds once, as PyTorch's opmath
+// does: rounding the number first would turn 70000 into inf and 0.999 into 0.99902.
+template <typename F>
+static Tensor with_number(const Tensor& a, const Scalar& b, F op) {
+  if (is_reduced_float(a.dtype()) && !b.is_bool()) {
+    return op(a.to(kFloat32), scalar_tensor(b, TensorOptions(kFloat32).device(a.device()))).to(a.dtype());
+  }
+  return op(a, wrap(b, a));
+}
+Tensor add(const Tensor& a, const Scalar& b) {
+  return with_number(a, b, [](const Tensor& x, const Tensor& y) { return add(x, y); });
+}
+Tensor sub(const Tensor& a, const Scalar& b) {
+  return with_number(a, b, [](const Tensor& x, const Tensor& y) { return sub(x, y); });
+}
+Tensor rsub(const Tensor& a, const Scalar& b) {
+  return with_number(a, b, [](const Tensor& x, const Tensor& y) { return sub(y, x); });
+}
+Tensor mul(const Tensor& a, const Scalar& b) {
+  return with_number(a, b, [](const Tensor& x, const Tensor& y) { return mul(x, y); });
+}
+Tensor div(const Tensor& a, const Scalar& b) {
+  return with_number(a, b, [](const Tensor& x, const Tensor& y) { return div(x, y); });
+}
+Tensor rdiv(const Scalar& a, const Tensor& b) {
+  return with_number(b, a, [](const Tensor& x, const Tensor& y) { return div(y, x); });
+}
 
 Tensor eq(const Tensor& a, const Tensor& b) { return compare(BinaryOp::Eq, a, b, "eq"); }
 Tensor ne(const Tensor& a, const Tensor& b) { return compare(BinaryOp::Ne, a, b, "ne"); }
@@ -548,10 +570,15 @@ Tensor& Tensor::masked_fill_(const Tensor& mask, const Scalar& value) {
   return *this;
 }
 Tensor& Tensor::fill_(const Scalar& value) {
-  if (should_record(*this)) autograd::check_inplace(*this, "fill_");
+  if (should_record(*this)) {  // still in the graph, with a zero gradient to its old value
+    return inplace_recorded(*this, "fill_", [&](const Tensor& x) {
+      Tensor r = full_like(x, value);
+      record("FillBackward", {x}, {r}, [](const Grads& g) -> TensorList { return {zeros_like(g[0])}; });
+      return r;
+    });
+  }
   backend_for(device()).fill(view_of(*this), value, stream_for(device()));
   bump_version();
-  if (impl_->grad_fn) impl_->grad_fn.reset();  // the old history no longer matters
   return *this;
 }
 Tensor& Tensor::zero_() { return fill_(0); }

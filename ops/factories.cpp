@@ -148,6 +148,7 @@ template Tensor from_vector(const std::vector<Half>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<BFloat16>&, const Shape&, Device);
 
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device) {
+  for (int64_t s : shape) KILN_CHECK(s >= 0, "from_blob: sizes must be non-negative, got {}", shape.str());
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(data, static_cast<size_t>(shape.numel() * itemsize(dtype)),
                                             device, nullptr);

@@ -67,6 +67,11 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index_in, const Ten
              "index_add: expects a 1-D index with one entry per slice of the source along dim {}; got index {} "
              "and source {}",
              d, index.sizes().str(), source.sizes().str());
+  for (int k = 0; k < x.dim(); ++k) {
+    KILN_CHECK(k == d || source.sizes()[k] == x.sizes()[k],
+               "index_add: the source's shape {} must match the tensor's {} outside dim {}", source.sizes().str(),
+               x.sizes().str(), d);
+  }
   KILN_CHECK(source.dtype() == x.dtype(), "index_add: source dtype {} must match the tensor's {}",
              dtype_name(source.dtype()), dtype_name(x.dtype()));
   Tensor out = x.detach().clone();

@@ -109,6 +109,7 @@ Tensor mul(const Tensor& a, const Tensor& b);
 Tensor mul(const Tensor& a, const Scalar& b);
 Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give float32
 Tensor div(const Tensor& a, const Scalar& b);
+Tensor rdiv(const Scalar& a, const Tensor& b);  // a / b
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 Tensor eq(const Tensor& a, const Tensor& b);

@@ -38,7 +38,9 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
     // accumulation cannot write into a tensor someone else sees.
     bool exclusive = g.impl_ptr().use_count() == 1 && g.impl()->storage.use_count() == 1 &&
                      g.is_contiguous() && g.sizes() == leaf.sizes();
-    Tensor stored = GradMode::is_enabled() ? g : (exclusive ? g.detach() : g.detach().clone());
+    // With create_graph the gradient keeps its history, but it is still copied: the tensor that
+    // arrives may be shared with another leaf's gradient or be an expanded view.
+    Tensor stored = GradMode::is_enabled() ? g.clone() : (exclusive ? g.detach() : g.detach().clone());
     if (stored.sizes() != leaf.sizes()) stored = sum_to(stored, leaf.sizes()).contiguous();
     leaf_->grad = stored.impl_ptr();
   } else if (GradMode::is_enabled()) {  // create_graph: keep the sum differentiable
@@ -85,6 +87,11 @@ void check_inplace(const Tensor& self, const char* op) {
   KILN_CHECK(!self.impl()->is_view,
              "{}: in-place ops on a view are not recorded by autograd in Kiln; use the out-of-place "
              "form (y = x.mul(2)) or make the view a copy first with clone()",
+             op);
+  KILN_CHECK(!self.impl()->storage->has_autograd_views,
+             "{}: this tensor has views (view, slice, transpose, ...) that take part in autograd, and an "
+             "in-place change would not reach their gradients; use the out-of-place form, or clone() "
+             "the tensor before taking views",
              op);
 }
 

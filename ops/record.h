@@ -75,7 +75,8 @@ std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
             BackwardFn fn);
 
-// In-place ops with autograd: refuses leaves that require grad and views (see ops/elementwise.cpp).
+// In-place ops with autograd: refuses leaves that require grad, views, and tensors that have views
+// taking part in autograd (see ops/elementwise.cpp).
 void check_inplace(const Tensor& self, const char* op);
 
 }  // namespace kiln::autograd

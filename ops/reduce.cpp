@@ -126,6 +126,9 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim, std::optional<DType
 Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
   floating_input(x, "mean");
   Plan p = make_plan(x, dims, keepdim, "mean");
+  if (is_reduced_float(x.dtype())) {  // sum and divide in float32: a float16 sum overflows at 65504
+    return (sum(x, dims, keepdim, kFloat32) / static_cast<double>(p.count)).to(x.dtype());
+  }
   return sum(x, dims, keepdim) / static_cast<double>(p.count);
 }
 
@@ -133,6 +136,7 @@ Tensor prod(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   KILN_CHECK(x.dtype() != kBool, "prod: not defined for bool tensors");
   Shape dims = dim ? Shape{*dim} : Shape{};
   Plan p = make_plan(x, dims, keepdim, "prod");
+  if (!is_floating(x.dtype()) && x.dtype() != kInt64) return prod(x.to(kInt64), dim, keepdim);  // as sum
   Tensor out = reduce_raw(ReduceOp::Prod, x, p, x.dtype());
   if (should_record(x)) {
     // d prod / d x_i = product of the others: prod / x_i where x_i != 0; where a slice has exactly one
@@ -199,6 +203,7 @@ Tensor std(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
 Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
   floating_input(x, "norm");
   if (std::isinf(p)) return p > 0 ? amax(x.abs(), dims, keepdim) : amin(x.abs(), dims, keepdim);
+  if (p == 0) return sum(x.ne(0), dims, keepdim).to(x.dtype());  // the count of nonzeros
   if (p == 1) return sum(x.abs(), dims, keepdim);
   if (p == 2) {
     // sqrt(sum x^2), with the gradient x / norm taken as 0 where the norm is 0 (as PyTorch).

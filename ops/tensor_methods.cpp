@@ -103,7 +103,7 @@ Tensor operator/(const Tensor& a, const Scalar& b) { return ops::div(a, b); }
 Tensor operator+(const Scalar& a, const Tensor& b) { return ops::add(b, a); }
 Tensor operator-(const Scalar& a, const Tensor& b) { return ops::rsub(b, a); }
 Tensor operator*(const Scalar& a, const Tensor& b) { return ops::mul(b, a); }
-Tensor operator/(const Scalar& a, const Tensor& b) { return ops::reciprocal(b) * a; }
+Tensor operator/(const Scalar& a, const Tensor& b) { return ops::rdiv(a, b); }
 Tensor& operator+=(Tensor& a, const Tensor& b) { return a.add_(b); }
 Tensor& operator-=(Tensor& a, const Tensor& b) { return a.sub_(b); }
 Tensor& operator*=(Tensor& a, const Tensor& b) { return a.mul_(b); }

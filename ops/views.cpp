@@ -25,6 +25,7 @@ Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, i
   impl->offset = offset;
   impl->dtype = base.dtype();
   impl->is_view = true;
+  if (GradMode::is_enabled() && base.requires_grad()) impl->storage->has_autograd_views = true;
   return Tensor(std::move(impl));
 }
 
@@ -228,6 +229,7 @@ Tensor expand(const Tensor& t, const Shape& shape) {
       sizes[i] = have;
       strides[i] = t.strides()[j];
     } else {
+      KILN_CHECK(shape[i] >= 0, "expand: invalid size {} in the target shape {}", shape[i], shape.str());
       KILN_CHECK(have == 1,
                  "expand: the size of dim {} ({}) must match the target size ({}) unless it is 1; "
                  "tensor shape {}, target {}",
@@ -285,6 +287,7 @@ Tensor flatten(const Tensor& t, int64_t start_dim, int64_t end_dim) {
 }
 
 Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes) {
+  KILN_CHECK(t.dim() > 0, "unflatten: a 0-dimensional tensor has no dim to unflatten");
   int d = wrap_dim(dim, t.dim(), "unflatten");
   Shape inner = infer_shape(sizes, t.sizes()[d], "unflatten");
   Shape shape;
@@ -297,6 +300,19 @@ Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes) {
 
 Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset) {
   KILN_CHECK(!should_record(t), "as_strided: not differentiable; call it on a detached tensor");
+  KILN_CHECK(sizes.size() == strides.size(), "as_strided: {} sizes but {} strides", sizes.size(), strides.size());
+  // Every element it can address must lie inside the storage.
+  int64_t lo = offset, hi = offset;
+  bool empty = false;
+  for (int i = 0; i < sizes.size(); ++i) {
+    KILN_CHECK(sizes[i] >= 0, "as_strided: sizes must be non-negative, got {}", sizes.str());
+    empty |= sizes[i] == 0;
+    (strides[i] < 0 ? lo : hi) += (sizes[i] - 1) * strides[i];
+  }
+  const int64_t capacity = static_cast<int64_t>(t.impl()->storage->nbytes) / t.element_size();
+  KILN_CHECK(empty || (lo >= 0 && hi < capacity),
+             "as_strided: sizes {}, strides {} and offset {} reach elements {}..{}, outside the storage's {}",
+             sizes.str(), strides.str(), offset, lo, hi, capacity);
   return make_view(t, sizes, strides, offset);
 }
 

@@ -2,6 +2,7 @@
 // values, accumulation, retain_graph and the freed-graph Error, create_graph (second derivatives),
 // grad(), no_grad, detach, hooks, retain_grad, in-place ops, saved-tensor hooks, and to_dot.
 #include <optional>
+#include <thread>
 
 #include "support.h"
 
@@ -202,4 +203,57 @@ TEST_CASE("saved-tensor hooks can shrink what a graph holds (the basis of offloa
   CHECK(plain >= (4 << 20));
   CHECK(packed < (2 << 20) + 4096);  // the float32 buffer was freed; only the float16 copy stays
   test::check_close(x.grad(), g_plain, {1e-3, 1e-5});
+}
+
+TEST_CASE("a create_graph backward stores a copy of each gradient, so later accumulation stays separate") {
+  Tensor x = ones({3}, grad_f64()), y = ones({3}, grad_f64());
+  (x + y).sum().backward({}, false, /*create_graph=*/true);  // both leaves receive the same tensor
+  (x * 1).sum().backward();
+  test::check_close(x.grad(), full({3}, 2.0, kFloat64));
+  test::check_close(y.grad(), full({3}, 1.0, kFloat64));
+}
+
+TEST_CASE("an in-place op on a tensor whose views take part in autograd is an Error") {
+  Tensor a = tensor({1.0, 2.0}, grad_f64());
+  Tensor x = a * 1;
+  Tensor v = x.view({2});
+  test::check_error([&] { x.mul_(3); }, {"mul_", "has views", "clone()"});
+  test::check_error([&] { v.mul_(3); }, {"mul_", "view"});
+}
+
+TEST_CASE("fill_ and zero_ keep a non-leaf in the graph with a zero gradient to its old value") {
+  Tensor x = tensor({1.0, 2.0}, grad_f64());
+  Tensor h = x * 2;
+  h.fill_(3);
+  CHECK(h.requires_grad());
+  (h * x).sum().backward();  // d/dx sum(3 x) = 3; the old value (2x) contributes nothing
+  test::check_close(x.grad(), full({2}, 3.0, kFloat64));
+}
+
+namespace {
+struct Identity : autograd::Function<Identity> {
+  static Tensor forward(autograd::AutogradContext*, const Tensor& x) { return x; }
+  static TensorList backward(autograd::AutogradContext*, TensorList g) { return {g[0] * 2}; }
+};
+}  // namespace
+
+TEST_CASE("a Function that returns its input unchanged does not turn the input into a non-leaf") {
+  Tensor x = tensor({1.0, 2.0}, grad_f64());
+  Tensor y = Identity::apply(x);
+  CHECK(x.is_leaf());
+  CHECK(!y.is_leaf());
+  y.sum().backward();
+  test::check_close(x.grad(), full({2}, 2.0, kFloat64));
+}
+
+TEST_CASE("the pool runs every piece exactly once, also oversubscribed with changing piece counts") {
+  set_num_threads(3);  // more threads than this machine's 2 cores
+  Tensor small = ones({70000}), large = ones({200000});  // 2 and 3 pieces of the elementwise grain
+  bool all_right = true;
+  for (int i = 0; i < 300 && all_right; ++i) {
+    Tensor s = small.mul(2), l = large.add(1);
+    all_right = s.sum().item<double>() == 140000 && l.sum().item<double>() == 400000;
+  }
+  set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  CHECK(all_right);
 }

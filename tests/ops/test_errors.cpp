@@ -96,10 +96,20 @@ TEST_CASE("every op's misuse is an Error that names the problem") {
       {"scatter source shape", [] { scatter(f32({3, 3}), 1, i64({3, 2}), f32({3, 1})); }, {"scatter", "source shape", "[3, 1]"}},
       {"scatter dtypes", [] { scatter_add(f32({3}), 0, i64({3}), zeros({3}, kFloat64)); }, {"scatter_add", "float64", "float32"}},
       {"index_add shape", [] { index_add(f32({3, 2}), 0, i64({2}), f32({3, 2})); }, {"index_add", "1-D index"}},
+      {"index_add source shape", [] { index_add(f32({2, 3}), 0, i64({2}), f32({2, 5})); },
+       {"index_add", "[2, 5]", "[2, 3]", "outside dim 0"}},
+      {"negative index", [] { index_select(f32({3}), 0, full({1}, -1, kInt64)); }, {"index_select", "index -1", "out of bounds"}},
       {"embedding weight", [] { embedding(f32({3}), i64({2})); }, {"embedding", "2-D", "[3]"}},
       {"one_hot dtype", [] { one_hot(f32({2})); }, {"one_hot", "int64", "float32"}},
       {"one_hot range", [] { one_hot(full({2}, 5, kInt64), 3); }, {"one_hot", "[0, 3)", "[5, 5]"}},
+      {"huge size", [] { empty({int64_t{1} << 62, 8}); }, {"empty", "64 bits"}},
+      {"huge bytes", [] { empty({int64_t{1} << 62}); }, {"empty", "more bytes than any device has"}},
+      {"from_blob size", [] { float f = 0; from_blob(&f, {-1}, kFloat32); }, {"from_blob", "non-negative"}},
       // views (the rest are in tests/core/test_tensor.cpp)
+      {"as_strided bounds", [] { as_strided(f32({2}), {4}, {1000000}, 0); }, {"as_strided", "outside the storage"}},
+      {"as_strided negative offset", [] { as_strided(f32({4}), {2}, {-1}, 0); }, {"as_strided", "-1..0"}},
+      {"expand negative", [] { f32({1}).expand({-2}); }, {"expand", "invalid size -2"}},
+      {"unflatten 0-dim", [] { f32({}).unflatten(0, {1}); }, {"unflatten", "0-dimensional"}},
       {"view -1 twice", [] { f32({4}).view({-1, -1}); }, {"view", "only one dimension can be -1"}},
       {"narrow 0-dim", [] { f32({}).narrow(0, 0, 1); }, {"narrow", "0-dimensional"}},
       {"slice step", [] { f32({4}).slice(0, 0, 4, 0); }, {"slice", "step must be positive"}},
@@ -112,4 +122,26 @@ TEST_CASE("every op's misuse is an Error that names the problem") {
     INFO("row: " << row.name);
     test::check_error(row.call, row.fragments);
   }
+}
+
+TEST_CASE("16-bit floats with numbers compute in float32, and their mean does not overflow") {
+  Tensor h = ones({100000}, kFloat16);
+  CHECK(h.mean().item<double>() == 1.0);
+  CHECK(h.mean().dtype() == kFloat16);
+  CHECK((ones({4}, kFloat16) / 70000).to(kFloat32).to_vector<float>()[0] == static_cast<float>(Half(1.0f / 70000)));
+  CHECK((ones({4}, kBFloat16) * 0.999).to(kFloat32).to_vector<float>()[0] == static_cast<float>(BFloat16(0.999f)));
+  CHECK(ones({257}, kBFloat16).mean().item<double>() == 1.0);
+}
+
+TEST_CASE("edge cases PyTorch defines: clamp with min > max, norm p = 0, integer powers") {
+  Tensor x = tensor({-2, 0, 2});
+  test::check_equal(clamp(x, 1, -1), full({3}, -1.0f));                     // max wins
+  test::check_equal(clamp(x.to(kFloat16), 1, -1).to(kFloat32), full({3}, -1.0f));
+  test::check_equal(clamp(x.expand({2, 3}).t(), 1, -1), full({3, 2}, -1.0f));  // strided path
+  CHECK(norm(tensor({0, 2, -3}), 0).item<double>() == 2);
+  test::check_equal(pow(full({2}, 2, kInt64), full({2}, -1, kInt64)), full({2}, 0, kInt64));
+  test::check_equal(pow(full({2}, -1, kInt64), full({2}, -3, kInt64)), full({2}, -1, kInt64));
+  test::check_equal(pow(full({2}, 1, kInt64), full({2}, int64_t{1} << 40, kInt64)), full({2}, 1, kInt64));  // no hang
+  test::check_equal(pow(full({1}, 3, kInt32), 4), full({1}, 81, kInt32));
+  CHECK(prod(full({3}, 2, kInt32)).dtype() == kInt64);
 }
