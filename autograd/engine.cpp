@@ -8,6 +8,7 @@
 //    "backward through the graph a second time" Error.
 // grad() runs the same walk but only the nodes that lead to the requested inputs, and reads the
 // gradients arriving there instead of accumulating into leaves.
+#include <algorithm>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -49,37 +50,38 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
   for (const auto& e : roots) {
     if (alive.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
   }
-  std::vector<Node*> order;  // discovery order, for the "needed" pass
   while (!stack.empty()) {
     Node* n = stack.back();
     stack.pop_back();
-    order.push_back(n);
     for (const auto& e : n->next_edges) {
       if (!e.valid()) continue;
       ++deps[e.fn.get()];
       if (alive.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
     }
   }
-  // grad(): a node is needed when a captured gradient is reachable from it.
+  // grad(): a node is needed when a captured gradient is reachable from it. Visiting the nodes in
+  // topological order (Kahn's algorithm on the counts above) and deciding in reverse sees every
+  // node's children before the node: one pass.
   std::unordered_set<Node*> needed;
   if (captures) {
     std::unordered_set<Node*> targets;
     for (const auto& c : *captures) targets.insert(c.node);
-    bool changed = true;
-    for (auto* n : order)
-      if (targets.count(n)) needed.insert(n);
-    while (changed) {  // graphs are small next to their tensors; a fixed point is cheap enough
-      changed = false;
-      for (auto* n : order) {
-        if (needed.count(n)) continue;
-        for (const auto& e : n->next_edges) {
-          if (e.valid() && needed.count(e.fn.get())) {
-            needed.insert(n);
-            changed = true;
-            break;
-          }
-        }
+    std::unordered_map<Node*, int> left = deps;
+    std::vector<Node*> topo;
+    for (const auto& e : roots) {
+      if (left[e.fn.get()] == 0 && std::find(topo.begin(), topo.end(), e.fn.get()) == topo.end()) {
+        topo.push_back(e.fn.get());
       }
+    }
+    for (size_t i = 0; i < topo.size(); ++i) {
+      for (const auto& e : topo[i]->next_edges) {
+        if (e.valid() && --left[e.fn.get()] == 0) topo.push_back(e.fn.get());
+      }
+    }
+    for (auto it = topo.rbegin(); it != topo.rend(); ++it) {
+      bool need = targets.count(*it) != 0;
+      for (const auto& e : (*it)->next_edges) need = need || (e.valid() && needed.count(e.fn.get()));
+      if (need) needed.insert(*it);
     }
   }
   TensorList captured(captures ? captures->size() : 0);

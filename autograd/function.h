@@ -67,6 +67,11 @@ class CppNode final : public Node {
                "CppFunction: backward returned {} gradients but forward took {} arguments", out.size(),
                next_edges.size());
     out.resize(next_edges.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      KILN_CHECK(!out[i].defined() || !next_edges[i].valid() || out[i].sizes() == input_shapes[i],
+                 "CppFunction: backward returned a gradient of shape {} for argument {} of shape {}",
+                 out[i].sizes().str(), i, input_shapes[i].str());
+    }
     return out;
   }
   void release_saved() override {
@@ -74,6 +79,7 @@ class CppNode final : public Node {
     ctx.released_ = true;
   }
   AutogradContext ctx;
+  std::vector<Shape> input_shapes;  // of the forward's tensor arguments (empty for the others)
 };
 
 template <class T>
@@ -90,7 +96,10 @@ struct Function {
       return T::forward(&node->ctx, std::forward<Args>(args)...);
     }();
     if (record) {
-      for (const auto& t : inputs) node->next_edges.push_back(gradient_edge(t));
+      for (const auto& t : inputs) {
+        node->next_edges.push_back(gradient_edge(t));
+        node->input_shapes.push_back(t.defined() ? t.sizes() : Shape());
+      }
       TensorList outputs;
       if constexpr (std::is_same_v<Out, Tensor>) outputs = {out};
       else outputs = out;

@@ -253,6 +253,9 @@ Tensor sum_to(const Tensor& x, const Shape& shape) {
   KILN_CHECK(lead >= 0, "sum_to: cannot sum shape {} to the larger shape {}", x.sizes().str(), shape.str());
   Shape dims;
   for (int d = 0; d < x.dim(); ++d) {
+    KILN_CHECK(d < lead || shape[d - lead] == 1 || shape[d - lead] == x.sizes()[d],
+               "sum_to: shape {} does not broadcast to {}; a gradient of the wrong shape?", shape.str(),
+               x.sizes().str());
     if (d < lead || (shape[d - lead] == 1 && x.sizes()[d] != 1)) dims.push_back(d);
   }
   Tensor r = dims.empty() ? x : sum(x, dims, true);

@@ -84,3 +84,15 @@ TEST_CASE("gradgradcheck checks second derivatives through create_graph") {
   // Cube's backward is built from differentiable ops, so its second derivative is right too.
   CHECK(autograd::gradgradcheck([](const TensorList& in) -> TensorList { return {Cube::apply(in[0])}; }, {x}));
 }
+
+namespace {
+struct WrongShape : autograd::Function<WrongShape> {
+  static Tensor forward(AutogradContext*, const Tensor& x) { return x * 2; }
+  static TensorList backward(AutogradContext*, TensorList g) { return {g[0].t().contiguous()}; }
+};
+}  // namespace
+
+TEST_CASE("a user backward returning a gradient of the wrong shape is an Error") {
+  Tensor x = zeros({2, 3}, TensorOptions(kFloat64).requires_grad(true));
+  test::check_error([&] { WrongShape::apply(x).sum().backward(); }, {"CppFunction", "[3, 2]", "[2, 3]"});
+}
