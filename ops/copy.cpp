@@ -73,8 +73,9 @@ Tensor& Tensor::copy_(const Tensor& src) {
   KILN_CHECK(broadcast_shapes(src.sizes(), sizes(), "copy_") == sizes(),
              "copy_: the source of shape {} cannot be broadcast to the destination's shape {}",
              src.sizes().str(), sizes().str());
+  check_no_internal_overlap(*this, "copy_");
   if (!should_record(*this, src)) {
-    raw_copy(src, *this);
+    raw_copy(unaliased(src, *this), *this);
     bump_version();
     return *this;
   }

@@ -4,6 +4,7 @@
 
 #include "cpu/cpu.h"
 #include "cuda/cuda.h"
+#include "core/grad_mode.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -63,6 +64,37 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
   KILN_CHECK(a.device() == b.device(),
              "{}: expected all tensors on one device, got {} and {}; move one with .to(device)", op,
              a.device().str(), b.device().str());
+}
+
+void check_no_internal_overlap(const Tensor& self, const char* op) {
+  for (int d = 0; d < self.dim(); ++d) {
+    KILN_CHECK(self.sizes()[d] <= 1 || self.strides()[d] != 0,
+               "{}: more than one element of the written tensor refers to one memory location (dim {} is "
+               "expanded); clone() it before writing",
+               op, d);
+  }
+}
+
+// The element range [lo, hi] a tensor reaches in its storage.
+static std::pair<int64_t, int64_t> element_span(const Tensor& t) {
+  int64_t lo = t.storage_offset(), hi = lo;
+  for (int d = 0; d < t.dim(); ++d) {
+    if (t.sizes()[d] == 0) return {0, -1};
+    (t.strides()[d] < 0 ? lo : hi) += (t.sizes()[d] - 1) * t.strides()[d];
+  }
+  return {lo, hi};
+}
+
+Tensor unaliased(const Tensor& operand, const Tensor& self) {
+  if (operand.impl()->storage != self.impl()->storage) return operand;
+  bool same_layout = operand.storage_offset() == self.storage_offset() && operand.sizes() == self.sizes() &&
+                     operand.strides() == self.strides() && operand.dtype() == self.dtype();
+  if (same_layout) return operand;  // x.add_(x): each element reads itself before writing it
+  auto [a_lo, a_hi] = element_span(operand);
+  auto [b_lo, b_hi] = element_span(self);
+  if (a_hi < b_lo || b_hi < a_lo) return operand;  // disjoint parts of one buffer
+  NoGradGuard no_grad;
+  return operand.clone();
 }
 
 namespace memory {

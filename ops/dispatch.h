@@ -20,4 +20,10 @@ Tensor empty_tensor(const Shape& shape, DType dtype, Device device);
 // "add: expected all tensors on one device, got cpu and cuda:0 (move one with .to(device))"
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);
 
+// In-place writes. The written tensor must not have two elements at one memory location (an
+// expanded tensor); an operand that shares memory with it other than element for element (x.t()
+// read while x is written) is read from a copy instead.
+void check_no_internal_overlap(const Tensor& self, const char* op);
+Tensor unaliased(const Tensor& operand, const Tensor& self);
+
 }  // namespace kiln

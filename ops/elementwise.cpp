@@ -491,7 +491,8 @@ Tensor& binary_inplace(Tensor& self, BinaryOp op, const Tensor& other, double al
   }
   check_same_device(name, self, other);
   KILN_CHECK(self.dtype() != kBool, "{}: not defined for bool tensors", name);
-  Tensor o = cast_no_grad(other, self.dtype());
+  check_no_internal_overlap(self, name);
+  Tensor o = unaliased(cast_no_grad(other, self.dtype()), self);
   backend_for(self.device())
       .binary(op, view_of(self), broadcast_view(o, self.sizes()), view_of(self), alpha, stream_for(self.device()));
   self.bump_version();
@@ -501,6 +502,7 @@ Tensor& binary_inplace(Tensor& self, BinaryOp op, const Tensor& other, double al
 Tensor& unary_inplace(Tensor& self, UnaryOp op, UnaryArgs args, const char* name, Tensor (*out_of_place)(const Tensor&)) {
   if (should_record(self)) return inplace_recorded(self, name, out_of_place);
   KILN_CHECK(self.dtype() != kBool, "{}: not defined for bool tensors", name);
+  check_no_internal_overlap(self, name);
   backend_for(self.device()).unary(op, view_of(self), view_of(self), args, stream_for(self.device()));
   self.bump_version();
   return self;

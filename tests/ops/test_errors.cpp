@@ -145,3 +145,16 @@ TEST_CASE("edge cases PyTorch defines: clamp with min > max, norm p = 0, integer
   test::check_equal(pow(full({1}, 3, kInt32), 4), full({1}, 81, kInt32));
   CHECK(prod(full({3}, 2, kInt32)).dtype() == kInt64);
 }
+
+TEST_CASE("in-place ops read an overlapping operand as it was, and refuse expanded outputs") {
+  Tensor x = arange(9, kFloat32).view({3, 3});
+  Tensor expected = x + x.t();
+  x.add_(x.t());  // reads x.t() while writing x: the operand is copied first
+  test::check_equal(x, expected);
+  Tensor y = arange(5, kFloat32);
+  y.narrow(0, 1, 4).copy_(y.narrow(0, 0, 4));  // a shifted copy within one buffer
+  test::check_equal(y, tensor({0, 0, 1, 2, 3}));
+  Tensor z = zeros({3});
+  test::check_error([&] { Tensor e = z.expand({2, 3}); e.add_(1); }, {"add_", "one memory location", "clone()"});
+  test::check_error([&] { Tensor e = z.expand({2, 3}); e.copy_(ones({2, 3})); }, {"copy_", "expanded"});
+}
