@@ -97,6 +97,7 @@ struct Plan {
   Shape kept_out_strides;
   View reduced;     // the reduced dims: sizes and input strides
   bool inner = true;
+  int fastest = -1;  // the input's fastest-moving dim of size > 1
 };
 
 Plan make_plan(const View& in, const View& out) {
@@ -118,6 +119,7 @@ Plan make_plan(const View& in, const View& out) {
     }
   }
   p.inner = fastest < 0 || out.sizes[fastest] == 1;
+  p.fastest = fastest;
   return p;
 }
 
@@ -171,7 +173,8 @@ void reduce_inner(const Plan& plan, const View& out) {
 }
 
 // Outer reductions: accumulate every input element into acc[its output], walking the input in
-// memory order. Serial: these are the bias-gradient sums, small next to the GEMMs around them.
+// memory order. (reduce_with splits the kept fastest dim across threads: disjoint outputs, and each
+// output still sums its inputs in the same order, whatever the thread count.)
 template <typename R, typename T>
 void reduce_outer(const View& in, const View& out) {
   using acc_t = typename R::acc_t;
@@ -207,7 +210,16 @@ template <typename R, typename T>
 void reduce_with(const View& in, const View& out, bool allow_outer) {
   Plan plan = make_plan(in, out);
   if (!plan.inner && allow_outer && sizeof(typename R::acc_t) % itemsize(in.dtype) == 0) {
-    reduce_outer<R, T>(in, out);
+    // Cut the kept fastest dim into column blocks, one reduce_outer per block and thread.
+    const int f = plan.fastest;
+    const int64_t cols = in.sizes[f], per_col = in.numel() / std::max<int64_t>(cols, 1);
+    parallel_for(0, cols, std::max<int64_t>(1, kGrain / std::max<int64_t>(per_col, 1)), [&](int64_t c0, int64_t c1) {
+      View in_block = in, out_block = out;
+      in_block.data = static_cast<char*>(in.data) + c0 * in.strides[f] * itemsize(in.dtype);
+      out_block.data = static_cast<char*>(out.data) + c0 * out.strides[f] * itemsize(out.dtype);
+      in_block.sizes[f] = out_block.sizes[f] = c1 - c0;
+      reduce_outer<R, T>(in_block, out_block);
+    });
   } else {
     reduce_inner<R, T>(plan, out);
   }

@@ -194,3 +194,16 @@ TEST_CASE("kernel errors thrown on a worker thread reach the caller") {
   idx.narrow(0, 199999, 1).fill_(1000000);  // in the second half: the pool's second thread
   test::check_error([&] { x.gather(0, idx); }, {"gather", "index 1000000", "out of bounds", "size 200000"});
 }
+
+TEST_CASE("reductions give bit-identical results on 1 and 2 threads") {
+  Tensor x = test::sample({3000, 64}), y = test::sample({64, 3000}, kFloat32, 1.0).t();
+  auto run = [&] {
+    return std::vector<Tensor>{x.sum({0}), x.sum({1}), x.sum(), y.sum({0}), y.amax({1}), x.mean({0}, true)};
+  };
+  set_num_threads(1);
+  std::vector<Tensor> serial = run();
+  set_num_threads(2);
+  std::vector<Tensor> parallel = run();
+  for (size_t i = 0; i < serial.size(); ++i) test::check_equal(parallel[i], serial[i]);
+  test::check_close(x.sum({0}), x.to(kFloat64).sum({0}).to(kFloat32));
+}
