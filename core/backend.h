@@ -31,6 +31,29 @@ struct View {
   template <typename T> T* ptr() const { return static_cast<T*>(data); }
 };
 
+// How a BLAS library can read a (rows x cols) matrix with element strides (rs, cs): row-major
+// (transposed = false, leading dimension ld between rows) or column-major (transposed = true, ld
+// between columns). False when it has neither layout (two non-unit strides): copy it first. Size-1
+// dims may have any stride. Used by the GEMMs of cpu/matmul.cpp and cuda/matmul.cu.
+inline bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool& transposed, int64_t& ld) {
+  const int64_t min_cols = cols > 1 ? cols : 1, min_rows = rows > 1 ? rows : 1;
+  if (cs == 1 || cols == 1) {
+    ld = rows == 1 ? min_cols : rs;
+    if (ld >= min_cols) {
+      transposed = false;
+      return true;
+    }
+  }
+  if (rs == 1 || rows == 1) {
+    ld = cols == 1 ? min_rows : cs;
+    if (ld >= min_rows) {
+      transposed = true;
+      return true;
+    }
+  }
+  return false;
+}
+
 // A device's work queue; the CPU runs everything in order and ignores it.
 struct Stream {
   Device device;

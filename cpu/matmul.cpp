@@ -33,24 +33,8 @@ template <typename T>
 struct Mat {
   T* data;
   int64_t rows, cols, rs, cs;
-  // A BLAS layout for it, if it has one: row-major (transposed = false) with leading dimension
-  // `ld`, or column-major (transposed = true). Size-1 dims may have any stride.
-  bool blas_layout(bool& transposed, int64_t& ld) const {
-    if (cs == 1 || cols == 1) {
-      ld = rows == 1 ? std::max<int64_t>(cols, 1) : rs;
-      if (ld >= std::max<int64_t>(cols, 1)) {
-        transposed = false;
-        return true;
-      }
-    }
-    if (rs == 1 || rows == 1) {
-      ld = cols == 1 ? std::max<int64_t>(rows, 1) : cs;
-      if (ld >= std::max<int64_t>(rows, 1)) {
-        transposed = true;
-        return true;
-      }
-    }
-    return false;
+  bool blas_layout(bool& transposed, int64_t& ld) const {  // core/backend.h
+    return kiln::blas_layout(rows, cols, rs, cs, transposed, ld);
   }
 };
 

@@ -41,28 +41,6 @@ cublasHandle_t cublas_handle(int device_index) {
   return handle;
 }
 
-// A matrix operand as cuBLAS sees it: its data and whether it is row-major (transposed = false,
-// leading dimension ld between rows) or column-major (transposed = true, ld between columns).
-// Size-1 dims may have any stride. The same rule as cpu/matmul.cpp's Mat::blas_layout.
-bool blas_layout(int64_t rows, int64_t cols, int64_t rs, int64_t cs, bool& transposed,
-                 int64_t& ld) {
-  if (cs == 1 || cols == 1) {
-    ld = rows == 1 ? std::max<int64_t>(cols, 1) : rs;
-    if (ld >= std::max<int64_t>(cols, 1)) {
-      transposed = false;
-      return true;
-    }
-  }
-  if (rs == 1 || rows == 1) {
-    ld = cols == 1 ? std::max<int64_t>(rows, 1) : cs;
-    if (ld >= std::max<int64_t>(rows, 1)) {
-      transposed = true;
-      return true;
-    }
-  }
-  return false;
-}
-
 // A flipped batch dim: cuBLAS documents no negative batch strides, so such an operand is staged.
 bool negative_batch_stride(const View& v) {
   for (int d = 0; d < v.ndim() - 2; ++d) {
