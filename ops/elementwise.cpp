@@ -526,10 +526,41 @@ Tensor& Tensor::div_(const Tensor& other) {
   return binary_inplace(*this, BinaryOp::Div, other, 1, "div_",
                         [](const Tensor& a, const Tensor& b, double) { return ops::div(a, b); });
 }
-Tensor& Tensor::add_(const Scalar& other) { return add_(wrap(other, *this)); }
-Tensor& Tensor::sub_(const Scalar& other) { return sub_(wrap(other, *this)); }
-Tensor& Tensor::mul_(const Scalar& other) { return mul_(wrap(other, *this)); }
-Tensor& Tensor::div_(const Scalar& other) { return div_(wrap(other, *this)); }
+// A 16-bit float tensor with a number: computed out of place in float32 (see with_number) and
+// written back, so the number is not rounded to 16 bits first.
+template <typename F>
+static Tensor& number_inplace(Tensor& self, const Scalar& v, const char* name, F op) {
+  if (should_record(self)) return inplace_recorded(self, name, [&](const Tensor& s) { return op(s, v); });
+  check_no_internal_overlap(self, name);
+  Tensor r = op(self, v);
+  backend_for(self.device()).copy(view_of(r), r.device(), view_of(self), self.device(), stream_for(self.device()));
+  self.bump_version();
+  return self;
+}
+Tensor& Tensor::add_(const Scalar& other) {
+  if (is_reduced_float(dtype()) && !other.is_bool()) {
+    return number_inplace(*this, other, "add_", [](const Tensor& x, const Scalar& v) { return ops::add(x, v); });
+  }
+  return add_(wrap(other, *this));
+}
+Tensor& Tensor::sub_(const Scalar& other) {
+  if (is_reduced_float(dtype()) && !other.is_bool()) {
+    return number_inplace(*this, other, "sub_", [](const Tensor& x, const Scalar& v) { return ops::sub(x, v); });
+  }
+  return sub_(wrap(other, *this));
+}
+Tensor& Tensor::mul_(const Scalar& other) {
+  if (is_reduced_float(dtype()) && !other.is_bool()) {
+    return number_inplace(*this, other, "mul_", [](const Tensor& x, const Scalar& v) { return ops::mul(x, v); });
+  }
+  return mul_(wrap(other, *this));
+}
+Tensor& Tensor::div_(const Scalar& other) {
+  if (is_reduced_float(dtype()) && !other.is_bool()) {
+    return number_inplace(*this, other, "div_", [](const Tensor& x, const Scalar& v) { return ops::div(x, v); });
+  }
+  return div_(wrap(other, *this));
+}
 
 Tensor& Tensor::relu_() {
   return unary_inplace(*this, UnaryOp::Relu, {}, "relu_", [](const Tensor& x) { return ops::relu(x); });

@@ -131,6 +131,9 @@ TEST_CASE("16-bit floats with numbers compute in float32, and their mean does no
   CHECK((ones({4}, kFloat16) / 70000).to(kFloat32).to_vector<float>()[0] == static_cast<float>(Half(1.0f / 70000)));
   CHECK((ones({4}, kBFloat16) * 0.999).to(kFloat32).to_vector<float>()[0] == static_cast<float>(BFloat16(0.999f)));
   CHECK(ones({257}, kBFloat16).mean().item<double>() == 1.0);
+  Tensor in_place = ones({4}, kFloat16);
+  in_place.div_(70000);  // in place too: the number stays float32
+  CHECK(in_place.to(kFloat32).to_vector<float>()[0] == static_cast<float>(Half(1.0f / 70000)));
 }
 
 TEST_CASE("edge cases PyTorch defines: clamp with min > max, norm p = 0, integer powers") {
