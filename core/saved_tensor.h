@@ -12,7 +12,8 @@
 // is usually saved before the node exists (the backward lambda is built first), so that node is found
 // when unpacking: it is the one running (core/node.h, current_node()).
 //
-// Saved-tensor hooks (pack on save, unpack on use) are the basis of activation offload.
+// Saved-tensor hooks (pack on save, unpack on use) are the basis of activation offload. They apply
+// to every saved tensor but leaves that require grad (parameters), which are saved as they are.
 #pragma once
 
 #include <functional>

@@ -75,7 +75,9 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   // An output saved before its node is attached will require grad once it is (see the Note).
   requires_grad_ = t.requires_grad() || (is_output && is_floating(t.dtype()) && GradMode::is_enabled());
   output_nr_ = t.output_nr();
-  bool hooked = !hook_stack.empty();
+  // A leaf that requires grad (a parameter) is kept as it is, hooks or not: it stays alive anyway,
+  // and only the tensor itself can carry double backward to its .grad().
+  bool hooked = !hook_stack.empty() && !(t.is_leaf() && t.requires_grad());
   if (is_output) {
     grad_fn_ = t.grad_fn();
     data_ = alias_of(t);  // no grad_fn: see Note [saving outputs]

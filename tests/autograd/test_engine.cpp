@@ -257,3 +257,16 @@ TEST_CASE("the pool runs every piece exactly once, also oversubscribed with chan
   set_num_threads(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   CHECK(all_right);
 }
+
+TEST_CASE("with saved-tensor hooks, double backward still reaches a leaf input") {
+  Tensor x = tensor({1.5, -0.5}, grad_f64());
+  Tensor y;
+  {
+    autograd::SavedTensorHooksGuard hooks({[](const Tensor& t) { return t.detach().clone(); },
+                                           [](const Tensor& t) { return t; }});
+    y = (x * x * x).sum();
+  }
+  TensorList g = autograd::grad({y}, {x}, {}, {}, /*create_graph=*/true);  // 3 x^2
+  g[0].sum().backward();                                                     // d/dx = 6 x
+  test::check_close(x.grad(), x.detach() * 6);
+}
