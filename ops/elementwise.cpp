@@ -528,8 +528,9 @@ Tensor& Tensor::div_(const Tensor& other) {
 }
 // A 16-bit float tensor with a number: computed out of place in float32 (see with_number) and
 // written back, so the number is not rounded to 16 bits first.
-template <typename F>
-static Tensor& number_inplace(Tensor& self, const Scalar& v, const char* name, F op) {
+static bool number_in_float32(const Tensor& t, const Scalar& v) { return is_reduced_float(t.dtype()) && !v.is_bool(); }
+static Tensor& number_inplace(Tensor& self, const Scalar& v, const char* name,
+                              Tensor (*op)(const Tensor&, const Scalar&)) {
   if (should_record(self)) return inplace_recorded(self, name, [&](const Tensor& s) { return op(s, v); });
   check_no_internal_overlap(self, name);
   Tensor r = op(self, v);
@@ -538,28 +539,16 @@ static Tensor& number_inplace(Tensor& self, const Scalar& v, const char* name, F
   return self;
 }
 Tensor& Tensor::add_(const Scalar& other) {
-  if (is_reduced_float(dtype()) && !other.is_bool()) {
-    return number_inplace(*this, other, "add_", [](const Tensor& x, const Scalar& v) { return ops::add(x, v); });
-  }
-  return add_(wrap(other, *this));
+  return number_in_float32(*this, other) ? number_inplace(*this, other, "add_", ops::add) : add_(wrap(other, *this));
 }
 Tensor& Tensor::sub_(const Scalar& other) {
-  if (is_reduced_float(dtype()) && !other.is_bool()) {
-    return number_inplace(*this, other, "sub_", [](const Tensor& x, const Scalar& v) { return ops::sub(x, v); });
-  }
-  return sub_(wrap(other, *this));
+  return number_in_float32(*this, other) ? number_inplace(*this, other, "sub_", ops::sub) : sub_(wrap(other, *this));
 }
 Tensor& Tensor::mul_(const Scalar& other) {
-  if (is_reduced_float(dtype()) && !other.is_bool()) {
-    return number_inplace(*this, other, "mul_", [](const Tensor& x, const Scalar& v) { return ops::mul(x, v); });
-  }
-  return mul_(wrap(other, *this));
+  return number_in_float32(*this, other) ? number_inplace(*this, other, "mul_", ops::mul) : mul_(wrap(other, *this));
 }
 Tensor& Tensor::div_(const Scalar& other) {
-  if (is_reduced_float(dtype()) && !other.is_bool()) {
-    return number_inplace(*this, other, "div_", [](const Tensor& x, const Scalar& v) { return ops::div(x, v); });
-  }
-  return div_(wrap(other, *this));
+  return number_in_float32(*this, other) ? number_inplace(*this, other, "div_", ops::div) : div_(wrap(other, *this));
 }
 
 Tensor& Tensor::relu_() {
