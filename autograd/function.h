@@ -28,12 +28,9 @@
 #include "core/saved_tensor.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
+#include "ops/record.h"  // gradient_edge, should_record
 
 namespace kiln::autograd {
-
-// Defined in ops/record.cpp.
-Edge gradient_edge(const Tensor& t);
-bool should_record(const std::vector<Tensor>& inputs);
 
 class AutogradContext {
  public:
