@@ -11,6 +11,7 @@
 #include "core/generator.h"
 #include "core/grad_mode.h"
 #include "core/tensor.h"
+#include "core/tensor_dict.h"
 #include "cpu/parallel.h"
 #include "cuda/cuda.h"
 #include "ops/ops.h"
