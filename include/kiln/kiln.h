@@ -15,3 +15,4 @@
 #include "cpu/parallel.h"
 #include "cuda/cuda.h"
 #include "ops/ops.h"
+#include "optim/optim.h"

@@ -1,0 +1,51 @@
+// optim/clip_grad.cpp: clip_grad_norm_ and clip_grad_value_ (see clip_grad.h).
+#include "optim/clip_grad.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "core/grad_mode.h"
+#include "ops/ops.h"
+
+namespace kiln::nn::utils {
+
+Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type,
+                       bool error_if_nonfinite) {
+  NoGradGuard no_grad;
+  KILN_CHECK(norm_type > 0 || std::isinf(norm_type),
+             "clip_grad_norm_: norm_type must be positive or infinity, got {}", norm_type);
+  std::vector<Tensor> grads;
+  for (const Tensor& p : parameters) {
+    Tensor g = p.grad();
+    if (g.defined()) grads.push_back(g);
+  }
+  if (grads.empty()) return scalar_tensor(0.0);
+  const Device device = grads[0].device();
+  // The norm of the per-tensor norms is the norm of the concatenation (and max of maxes for inf).
+  std::vector<Tensor> norms;
+  norms.reserve(grads.size());
+  for (const Tensor& g : grads) norms.push_back(norm(g, norm_type).to(device));
+  Tensor total = norms.size() == 1 ? norms[0] : norm(stack(norms), norm_type);
+  if (error_if_nonfinite) {
+    const double value = total.item<double>();
+    KILN_CHECK(std::isfinite(value),
+               "clip_grad_norm_: the total norm of order {} of the gradients is non-finite ({}), so "
+               "it cannot be clipped; to scale the gradients by it anyway, pass "
+               "error_if_nonfinite = false", norm_type, value);
+  }
+  // Multiplying by the clamped coefficient even when it is 1 avoids reading the norm back from the
+  // device (as PyTorch does).
+  Tensor coef = clamp(rdiv(max_norm, total + 1e-6), std::nullopt, 1.0);
+  for (Tensor& g : grads) g.mul_(coef.to(g.device(), g.dtype()));
+  return total;
+}
+
+void clip_grad_value_(const std::vector<Tensor>& parameters, double clip_value) {
+  NoGradGuard no_grad;
+  for (const Tensor& p : parameters) {
+    Tensor g = p.grad();
+    if (g.defined()) g.clamp_(-clip_value, clip_value);
+  }
+}
+
+}  // namespace kiln::nn::utils

@@ -1,0 +1,405 @@
+// optim/lr_scheduler.cpp: PyTorch 1.13's schedulers (see lr_scheduler.h). Each get_lr() follows
+// torch.optim.lr_scheduler's get_lr (the recursive form) and closed_form_lr() its _get_closed_form_lr.
+#include "optim/lr_scheduler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "core/error.h"
+#include "ops/ops.h"
+
+namespace kiln::optim {
+
+// ---- LRScheduler ----
+
+LRScheduler::LRScheduler(Optimizer& optimizer, std::string name, bool record_initial_lr)
+    : optimizer_(optimizer), name_(std::move(name)) {
+  for (ParamGroup& group : optimizer_.param_groups()) {
+    if (record_initial_lr && !group.has("initial_lr")) group.set("initial_lr", group.lr());
+    base_lrs_.push_back(record_initial_lr ? group.get("initial_lr") : group.lr());
+  }
+}
+
+void LRScheduler::initial_step() {
+  step_count_ = 0;
+  step();
+}
+
+void LRScheduler::apply(const std::vector<double>& lrs) {
+  auto& groups = optimizer_.param_groups();
+  KILN_CHECK(lrs.size() == groups.size(), "{}: computed {} lrs for {} parameter groups; build the "
+             "scheduler after adding every group", name_, lrs.size(), groups.size());
+  for (size_t g = 0; g < groups.size(); ++g) groups[g].set_lr(lrs[g]);
+  last_lr_ = lrs;
+}
+
+void LRScheduler::step() {
+  ++step_count_;
+  ++last_epoch_;
+  apply(get_lr());
+}
+
+void LRScheduler::step_to(int64_t epoch) {
+  ++step_count_;
+  last_epoch_ = epoch;
+  apply(closed_form_lr());
+}
+
+const std::vector<double>& LRScheduler::get_last_lr() const {
+  KILN_CHECK(!last_lr_.empty(), "{}: get_last_lr() before the first step(); call step() first", name_);
+  return last_lr_;
+}
+
+TensorDict LRScheduler::state_dict() const {
+  TensorDict dict;
+  dict.insert("last_epoch", scalar_tensor(last_epoch_, kInt64));
+  dict.insert("step_count", scalar_tensor(step_count_, kInt64));
+  dict.insert("base_lrs", from_vector(base_lrs_));
+  dict.insert("last_lr", from_vector(last_lr_));
+  return dict;
+}
+
+void LRScheduler::load_state_dict(const TensorDict& dict) {
+  auto entry = [&](const char* key) -> const Tensor& {
+    const Tensor* t = dict.find(key);
+    KILN_CHECK(t != nullptr, "{}.load_state_dict: the state dict lacks '{}'", name_, key);
+    return *t;
+  };
+  const Tensor& base = entry("base_lrs");
+  const Tensor& last = entry("last_lr");
+  KILN_CHECK(base.numel() == static_cast<int64_t>(base_lrs_.size()),
+             "{}.load_state_dict: 'base_lrs' has {} values but the optimizer has {} groups", name_,
+             base.numel(), base_lrs_.size());
+  KILN_CHECK(last.numel() == 0 || last.numel() == static_cast<int64_t>(base_lrs_.size()),
+             "{}.load_state_dict: 'last_lr' has {} values but the optimizer has {} groups", name_,
+             last.numel(), base_lrs_.size());
+  last_epoch_ = entry("last_epoch").item<int64_t>();
+  step_count_ = entry("step_count").item<int64_t>();
+  base_lrs_ = base.to(kFloat64).to_vector<double>();
+  last_lr_ = last.to(kFloat64).to_vector<double>();
+}
+
+// Each group's current lr.
+static std::vector<double> current_lrs(const Optimizer& optimizer) {
+  std::vector<double> lrs;
+  for (const ParamGroup& group : optimizer.param_groups()) lrs.push_back(group.lr());
+  return lrs;
+}
+
+// ---- StepLR ----
+
+StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
+    : LRScheduler(optimizer, "StepLR"), step_size_(step_size), gamma_(gamma) {
+  KILN_CHECK(step_size > 0, "StepLR: step_size must be positive, got {}", step_size);
+  initial_step();
+}
+
+std::vector<double> StepLR::get_lr() {
+  std::vector<double> lrs = current_lrs(optimizer_);
+  if (last_epoch_ == 0 || last_epoch_ % step_size_ != 0) return lrs;
+  for (double& lr : lrs) lr *= gamma_;
+  return lrs;
+}
+
+std::vector<double> StepLR::closed_form_lr() {
+  std::vector<double> lrs;
+  for (double base : base_lrs_) {
+    lrs.push_back(base * std::pow(gamma_, static_cast<double>(last_epoch_ / step_size_)));
+  }
+  return lrs;
+}
+
+// ---- MultiStepLR ----
+
+MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma)
+    : LRScheduler(optimizer, "MultiStepLR"), milestones_(std::move(milestones)), gamma_(gamma) {
+  std::sort(milestones_.begin(), milestones_.end());
+  initial_step();
+}
+
+std::vector<double> MultiStepLR::get_lr() {
+  std::vector<double> lrs = current_lrs(optimizer_);
+  const auto count = std::count(milestones_.begin(), milestones_.end(), last_epoch_);
+  if (count == 0) return lrs;
+  for (double& lr : lrs) lr *= std::pow(gamma_, static_cast<double>(count));
+  return lrs;
+}
+
+std::vector<double> MultiStepLR::closed_form_lr() {
+  // bisect_right: the milestones <= last_epoch.
+  const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) -
+                      milestones_.begin();
+  std::vector<double> lrs;
+  for (double base : base_lrs_) lrs.push_back(base * std::pow(gamma_, static_cast<double>(passed)));
+  return lrs;
+}
+
+// ---- ExponentialLR ----
+
+ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma)
+    : LRScheduler(optimizer, "ExponentialLR"), gamma_(gamma) {
+  initial_step();
+}
+
+std::vector<double> ExponentialLR::get_lr() {
+  std::vector<double> lrs = current_lrs(optimizer_);
+  if (last_epoch_ == 0) return lrs;
+  for (double& lr : lrs) lr *= gamma_;
+  return lrs;
+}
+
+std::vector<double> ExponentialLR::closed_form_lr() {
+  std::vector<double> lrs;
+  for (double base : base_lrs_) lrs.push_back(base * std::pow(gamma_, static_cast<double>(last_epoch_)));
+  return lrs;
+}
+
+// ---- CosineAnnealingLR ----
+
+CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min)
+    : LRScheduler(optimizer, "CosineAnnealingLR"), T_max_(T_max), eta_min_(eta_min) {
+  KILN_CHECK(T_max > 0, "CosineAnnealingLR: T_max must be positive, got {}", T_max);
+  initial_step();
+}
+
+std::vector<double> CosineAnnealingLR::get_lr() {
+  constexpr double pi = std::numbers::pi;
+  const double T = static_cast<double>(T_max_), e = static_cast<double>(last_epoch_);
+  std::vector<double> lrs = current_lrs(optimizer_);
+  if (last_epoch_ == 0) return lrs;
+  if (step_count_ == 1 && last_epoch_ > 0) return closed_form_lr();
+  for (size_t g = 0; g < lrs.size(); ++g) {
+    if ((last_epoch_ - 1 - T_max_) % (2 * T_max_) == 0) {
+      // The bottom of a cycle: the recursive ratio below would divide by zero.
+      lrs[g] += (base_lrs_[g] - eta_min_) * (1 - std::cos(pi / T)) / 2;
+    } else {
+      lrs[g] = (1 + std::cos(pi * e / T)) / (1 + std::cos(pi * (e - 1) / T)) * (lrs[g] - eta_min_) +
+               eta_min_;
+    }
+  }
+  return lrs;
+}
+
+std::vector<double> CosineAnnealingLR::closed_form_lr() {
+  constexpr double pi = std::numbers::pi;
+  std::vector<double> lrs;
+  for (double base : base_lrs_) {
+    lrs.push_back(eta_min_ + (base - eta_min_) *
+                                 (1 + std::cos(pi * static_cast<double>(last_epoch_) /
+                                               static_cast<double>(T_max_))) / 2);
+  }
+  return lrs;
+}
+
+// ---- LinearLR ----
+
+LinearLR::LinearLR(Optimizer& optimizer, double start_factor, double end_factor, int64_t total_iters)
+    : LRScheduler(optimizer, "LinearLR"),
+      start_factor_(start_factor),
+      end_factor_(end_factor),
+      total_iters_(total_iters) {
+  KILN_CHECK(start_factor > 0 && start_factor <= 1,
+             "LinearLR: start_factor must be in (0, 1], got {}", start_factor);
+  KILN_CHECK(end_factor >= 0 && end_factor <= 1, "LinearLR: end_factor must be in [0, 1], got {}",
+             end_factor);
+  KILN_CHECK(total_iters > 0, "LinearLR: total_iters must be positive, got {}", total_iters);
+  initial_step();
+}
+
+std::vector<double> LinearLR::get_lr() {
+  std::vector<double> lrs = current_lrs(optimizer_);
+  if (last_epoch_ == 0) {
+    for (double& lr : lrs) lr *= start_factor_;
+    return lrs;
+  }
+  if (last_epoch_ > total_iters_) return lrs;
+  const double delta = end_factor_ - start_factor_;
+  const double factor = 1.0 + delta / (static_cast<double>(total_iters_) * start_factor_ +
+                                       static_cast<double>(last_epoch_ - 1) * delta);
+  for (double& lr : lrs) lr *= factor;
+  return lrs;
+}
+
+std::vector<double> LinearLR::closed_form_lr() {
+  std::vector<double> lrs;
+  const double done = static_cast<double>(std::min(total_iters_, last_epoch_));
+  for (double base : base_lrs_) {
+    lrs.push_back(base * (start_factor_ + (end_factor_ - start_factor_) * done /
+                                              static_cast<double>(total_iters_)));
+  }
+  return lrs;
+}
+
+// ---- LambdaLR ----
+
+LambdaLR::LambdaLR(Optimizer& optimizer, Lambda lr_lambda)
+    : LambdaLR(optimizer, std::vector<Lambda>(optimizer.param_groups().size(), lr_lambda)) {}
+
+LambdaLR::LambdaLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas)
+    : LRScheduler(optimizer, "LambdaLR"), lr_lambdas_(std::move(lr_lambdas)) {
+  KILN_CHECK(lr_lambdas_.size() == optimizer.param_groups().size(),
+             "LambdaLR: expected {} lr_lambdas (one per group), got {}",
+             optimizer.param_groups().size(), lr_lambdas_.size());
+  for (size_t g = 0; g < lr_lambdas_.size(); ++g) {
+    KILN_CHECK(static_cast<bool>(lr_lambdas_[g]), "LambdaLR: lr_lambda {} is empty", g);
+  }
+  initial_step();
+}
+
+std::vector<double> LambdaLR::get_lr() {
+  std::vector<double> lrs;
+  for (size_t g = 0; g < base_lrs_.size(); ++g) lrs.push_back(base_lrs_[g] * lr_lambdas_[g](last_epoch_));
+  return lrs;
+}
+
+// ---- OneCycleLR ----
+
+OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
+    : LRScheduler(optimizer, "OneCycleLR", /*record_initial_lr=*/false), options_(std::move(options)) {
+  const OneCycleLROptions& o = options_;
+  if (o.total_steps > 0) {
+    total_steps_ = o.total_steps;
+  } else {
+    KILN_CHECK(o.total_steps == 0, "OneCycleLR: expected a positive total_steps, got {}", o.total_steps);
+    KILN_CHECK(o.epochs > 0 && o.steps_per_epoch > 0,
+               "OneCycleLR: define either total_steps or (epochs and steps_per_epoch), all positive "
+               "(got epochs {}, steps_per_epoch {})", o.epochs, o.steps_per_epoch);
+    total_steps_ = o.epochs * o.steps_per_epoch;
+  }
+  KILN_CHECK(o.max_lr > 0, "OneCycleLR: max_lr is required and must be positive, got {}", o.max_lr);
+  KILN_CHECK(o.pct_start >= 0 && o.pct_start <= 1,
+             "OneCycleLR: expected pct_start in [0, 1], got {}", o.pct_start);
+  KILN_CHECK(o.anneal_strategy == "cos" || o.anneal_strategy == "linear",
+             "OneCycleLR: anneal_strategy must be 'cos' or 'linear', got '{}'", o.anneal_strategy);
+  const double total = static_cast<double>(total_steps_);
+  if (o.three_phase) {
+    phases_ = {{o.pct_start * total - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"},
+               {2 * o.pct_start * total - 2, "max_lr", "initial_lr", "base_momentum", "max_momentum"},
+               {total - 1, "initial_lr", "min_lr", "max_momentum", "max_momentum"}};
+  } else {
+    phases_ = {{o.pct_start * total - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"},
+               {total - 1, "max_lr", "min_lr", "base_momentum", "max_momentum"}};
+  }
+  if (o.cycle_momentum) {
+    const ParamGroup& first = optimizer.param_groups().at(0);
+    momentum_name_ = first.has("beta1") ? "beta1" : first.has("momentum") ? "momentum" : nullptr;
+    KILN_CHECK(momentum_name_ != nullptr, "OneCycleLR: {} has no momentum or beta1 to cycle; pass "
+               "cycle_momentum = false", optimizer.name());
+  }
+  base_lrs_.clear();
+  for (ParamGroup& group : optimizer.param_groups()) {
+    group.set("initial_lr", o.max_lr / o.div_factor);
+    group.set("max_lr", o.max_lr);
+    group.set("min_lr", group.get("initial_lr") / o.final_div_factor);
+    if (momentum_name_ != nullptr) {
+      group.set(momentum_name_, o.max_momentum);
+      group.set("max_momentum", o.max_momentum);
+      group.set("base_momentum", o.base_momentum);
+    }
+    base_lrs_.push_back(group.get("initial_lr"));
+  }
+  initial_step();
+}
+
+double OneCycleLR::anneal(double start, double end, double pct) const {
+  if (options_.anneal_strategy == "cos") return end + (start - end) / 2.0 * (std::cos(std::numbers::pi * pct) + 1);
+  return (end - start) * pct + start;
+}
+
+std::vector<double> OneCycleLR::get_lr() {
+  KILN_CHECK(last_epoch_ <= total_steps_,
+             "OneCycleLR: tried to step {} times; the specified number of total steps is {}",
+             last_epoch_ + 1, total_steps_);
+  const double step_num = static_cast<double>(last_epoch_);
+  std::vector<double> lrs;
+  for (ParamGroup& group : optimizer_.param_groups()) {
+    double start_step = 0;
+    for (size_t i = 0; i < phases_.size(); ++i) {
+      const Phase& phase = phases_[i];
+      if (step_num <= phase.end_step || i + 1 == phases_.size()) {
+        const double pct = (step_num - start_step) / (phase.end_step - start_step);
+        lrs.push_back(anneal(group.get(phase.start_lr), group.get(phase.end_lr), pct));
+        if (momentum_name_ != nullptr) {
+          group.set(momentum_name_,
+                    anneal(group.get(phase.start_momentum), group.get(phase.end_momentum), pct));
+        }
+        break;
+      }
+      start_step = phase.end_step;
+    }
+  }
+  return lrs;
+}
+
+// ---- SequentialLR ----
+
+SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
+                           std::vector<int64_t> milestones)
+    : LRScheduler(optimizer, "SequentialLR", /*record_initial_lr=*/false),
+      schedulers_(std::move(schedulers)),
+      milestones_(std::move(milestones)) {
+  KILN_CHECK(!schedulers_.empty(), "SequentialLR: got no schedulers");
+  for (size_t k = 0; k < schedulers_.size(); ++k) {
+    KILN_CHECK(schedulers_[k] != nullptr, "SequentialLR: scheduler {} is null", k);
+    KILN_CHECK(&schedulers_[k]->optimizer_ == &optimizer,
+               "SequentialLR: scheduler {} ({}) drives another optimizer; all must drive the one "
+               "passed in", k, schedulers_[k]->name_);
+  }
+  KILN_CHECK(milestones_.size() + 1 == schedulers_.size(),
+             "SequentialLR: expects one milestone fewer than schedulers, got {} schedulers and {} "
+             "milestones", schedulers_.size(), milestones_.size());
+  last_epoch_ = 0;
+  // Undo the first step each child took when built, then start the first one again.
+  for (ParamGroup& group : optimizer.param_groups()) group.set_lr(group.get("initial_lr"));
+  for (auto& s : schedulers_) --s->last_epoch_;
+  schedulers_[0]->initial_step();
+  last_lr_ = schedulers_[0]->get_last_lr();
+}
+
+void SequentialLR::step() {
+  ++last_epoch_;
+  const size_t k = std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) -
+                   milestones_.begin();
+  LRScheduler& s = *schedulers_[k];
+  if (k > 0 && milestones_[k - 1] == last_epoch_) {
+    s.step_to(0);
+  } else {
+    s.step();
+  }
+  last_lr_ = s.get_last_lr();
+}
+
+TensorDict SequentialLR::state_dict() const {
+  TensorDict dict;
+  dict.insert("last_epoch", scalar_tensor(last_epoch_, kInt64));
+  dict.insert("last_lr", from_vector(last_lr_));
+  for (size_t k = 0; k < schedulers_.size(); ++k) {
+    for (const auto& [key, t] : schedulers_[k]->state_dict()) {
+      dict.insert(fmt::format("schedulers.{}.{}", k, key), t);
+    }
+  }
+  return dict;
+}
+
+void SequentialLR::load_state_dict(const TensorDict& dict) {
+  std::vector<TensorDict> children(schedulers_.size());
+  for (const auto& [key, t] : dict) {
+    if (key.rfind("schedulers.", 0) != 0) continue;
+    const size_t dot = key.find('.', 11);
+    KILN_CHECK(dot != std::string::npos, "SequentialLR.load_state_dict: malformed entry '{}'", key);
+    const size_t k = std::stoul(key.substr(11, dot - 11));
+    KILN_CHECK(k < schedulers_.size(), "SequentialLR.load_state_dict: '{}' names scheduler {} but "
+               "there are {}", key, k, schedulers_.size());
+    children[k].insert(key.substr(dot + 1), t);
+  }
+  const Tensor* last_epoch = dict.find("last_epoch");
+  const Tensor* last_lr = dict.find("last_lr");
+  KILN_CHECK(last_epoch != nullptr && last_lr != nullptr,
+             "SequentialLR.load_state_dict: the state dict lacks 'last_epoch' or 'last_lr'");
+  for (size_t k = 0; k < schedulers_.size(); ++k) schedulers_[k]->load_state_dict(children[k]);
+  last_epoch_ = last_epoch->item<int64_t>();
+  last_lr_ = last_lr->to(kFloat64).to_vector<double>();
+}
+
+}  // namespace kiln::optim

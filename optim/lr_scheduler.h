@@ -1,0 +1,215 @@
+// optim/lr_scheduler.h: learning-rate schedulers, torch.optim.lr_scheduler of PyTorch 1.13: the
+// LRScheduler base and StepLR, MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR, LambdaLR,
+// OneCycleLR, SequentialLR. DeepSpeed's warmup schedules are in warmup_lr.h.
+//
+// As in PyTorch, building a scheduler records each group's "initial_lr" (the base lr) and takes the
+// first step (last_epoch 0), so the optimizer's lr is already the schedule's first value; call
+// opt.step() then sched.step() once per epoch (or batch). get_lr() is PyTorch's recursive
+// ("chainable") form, which reads the group's current lr, so several schedulers can act on one group.
+//
+// state_dict(): a TensorDict of the scheduler's counters: "last_epoch" and "step_count" (int64 0-d),
+// "base_lrs" and "last_lr" (float64, one per group), and SequentialLR's children as
+// "schedulers.<k>.<key>". The configuration (gamma, milestones...) is not saved: build the scheduler
+// with the same arguments, load the optimizer's state_dict (which holds the lr and the schedule's
+// group entries such as initial_lr), then the scheduler's.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor_dict.h"
+#include "optim/optimizer.h"
+
+namespace kiln::optim {
+
+class LRScheduler {
+ public:
+  virtual ~LRScheduler() = default;
+  LRScheduler(const LRScheduler&) = delete;
+  LRScheduler& operator=(const LRScheduler&) = delete;
+
+  // Advances last_epoch by one and sets each group's lr to the schedule's value.
+  virtual void step();
+  // The lr of each group set by the last step(); an Error before the first step.
+  const std::vector<double>& get_last_lr() const;
+  int64_t last_epoch() const { return last_epoch_; }
+  const std::vector<double>& base_lrs() const { return base_lrs_; }
+  Optimizer& optimizer() const { return optimizer_; }
+  const std::string& name() const { return name_; }
+
+  virtual TensorDict state_dict() const;
+  // An Error naming the entry when one is missing or has the wrong number of groups.
+  virtual void load_state_dict(const TensorDict& dict);
+
+ protected:
+  // record_initial_lr: PyTorch's schedulers set each group's "initial_lr" (when absent) and take
+  // their base lrs from it; DeepSpeed's do neither.
+  LRScheduler(Optimizer& optimizer, std::string name, bool record_initial_lr = true);
+  // PyTorch's _initial_step: step_count 0, then one step. Derived constructors call it last.
+  void initial_step();
+  // The schedule's values at last_epoch, in PyTorch's recursive form.
+  virtual std::vector<double> get_lr() = 0;
+  // The closed form, used by step_to (PyTorch's step(epoch)); get_lr() when a schedule has none.
+  virtual std::vector<double> closed_form_lr() { return get_lr(); }
+  // Sets last_epoch to `epoch` and the lrs to the closed form (how SequentialLR restarts a child).
+  void step_to(int64_t epoch);
+  void apply(const std::vector<double>& lrs);
+
+  Optimizer& optimizer_;
+  std::string name_;
+  std::vector<double> base_lrs_, last_lr_;
+  int64_t last_epoch_ = -1;
+  int64_t step_count_ = 0;
+
+  friend class SequentialLR;
+};
+
+// lr *= gamma every step_size epochs.
+class StepLR : public LRScheduler {
+ public:
+  StepLR(Optimizer& optimizer, int64_t step_size, double gamma = 0.1);
+
+ protected:
+  std::vector<double> get_lr() override;
+  std::vector<double> closed_form_lr() override;
+
+ private:
+  int64_t step_size_;
+  double gamma_;
+};
+
+// lr *= gamma at each milestone (a milestone listed k times multiplies by gamma^k).
+class MultiStepLR : public LRScheduler {
+ public:
+  MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma = 0.1);
+
+ protected:
+  std::vector<double> get_lr() override;
+  std::vector<double> closed_form_lr() override;
+
+ private:
+  std::vector<int64_t> milestones_;  // sorted
+  double gamma_;
+};
+
+// lr *= gamma every epoch.
+class ExponentialLR : public LRScheduler {
+ public:
+  ExponentialLR(Optimizer& optimizer, double gamma);
+
+ protected:
+  std::vector<double> get_lr() override;
+  std::vector<double> closed_form_lr() override;
+
+ private:
+  double gamma_;
+};
+
+// eta_min + (base_lr - eta_min) * (1 + cos(pi * epoch / T_max)) / 2, computed recursively from the
+// current lr as PyTorch 1.13's get_lr does (so it keeps cycling past T_max).
+class CosineAnnealingLR : public LRScheduler {
+ public:
+  CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min = 0);
+
+ protected:
+  std::vector<double> get_lr() override;
+  std::vector<double> closed_form_lr() override;
+
+ private:
+  int64_t T_max_;
+  double eta_min_;
+};
+
+// The lr factor goes linearly from start_factor to end_factor over total_iters epochs.
+class LinearLR : public LRScheduler {
+ public:
+  LinearLR(Optimizer& optimizer, double start_factor = 1.0 / 3, double end_factor = 1.0,
+           int64_t total_iters = 5);
+
+ protected:
+  std::vector<double> get_lr() override;
+  std::vector<double> closed_form_lr() override;
+
+ private:
+  double start_factor_, end_factor_;
+  int64_t total_iters_;
+};
+
+// lr = base_lr * lr_lambda(epoch); one function for every group, or one per group.
+class LambdaLR : public LRScheduler {
+ public:
+  using Lambda = std::function<double(int64_t)>;
+  LambdaLR(Optimizer& optimizer, Lambda lr_lambda);
+  LambdaLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas);
+
+ protected:
+  std::vector<double> get_lr() override;
+
+ private:
+  std::vector<Lambda> lr_lambdas_;
+};
+
+struct OneCycleLROptions {
+  double max_lr = 0;              // required (> 0)
+  int64_t total_steps = 0;        // or epochs * steps_per_epoch
+  int64_t epochs = 0;
+  int64_t steps_per_epoch = 0;
+  double pct_start = 0.3;
+  std::string anneal_strategy = "cos";  // "cos" or "linear"
+  bool cycle_momentum = true;
+  double base_momentum = 0.85;
+  double max_momentum = 0.95;
+  double div_factor = 25;
+  double final_div_factor = 1e4;
+  bool three_phase = false;
+};
+
+// The 1cycle policy: lr warms from max_lr / div_factor to max_lr over pct_start of the steps, then
+// anneals to initial_lr / final_div_factor (three_phase: back to initial_lr first, then down).
+// With cycle_momentum, the momentum (SGD's "momentum" or Adam's "beta1") moves inversely between
+// max_momentum and base_momentum. Writes initial_lr, max_lr, min_lr, max_momentum and base_momentum
+// into each group, as PyTorch does. Stepping past total_steps is an Error.
+class OneCycleLR : public LRScheduler {
+ public:
+  OneCycleLR(Optimizer& optimizer, OneCycleLROptions options);
+
+ protected:
+  std::vector<double> get_lr() override;
+
+ private:
+  struct Phase {
+    double end_step;
+    const char *start_lr, *end_lr, *start_momentum, *end_momentum;  // group option names
+  };
+  double anneal(double start, double end, double pct) const;
+
+  OneCycleLROptions options_;
+  int64_t total_steps_;
+  std::vector<Phase> phases_;
+  const char* momentum_name_ = nullptr;  // "beta1" or "momentum"
+};
+
+// Runs schedulers one after another: schedulers[k] from milestones[k-1] on, restarted (epoch 0, its
+// closed form) at its milestone. All must drive `optimizer`.
+class SequentialLR : public LRScheduler {
+ public:
+  SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
+               std::vector<int64_t> milestones);
+
+  void step() override;
+  TensorDict state_dict() const override;
+  void load_state_dict(const TensorDict& dict) override;
+
+ protected:
+  std::vector<double> get_lr() override { return last_lr_; }
+
+ private:
+  std::vector<std::shared_ptr<LRScheduler>> schedulers_;
+  std::vector<int64_t> milestones_;
+};
+
+}  // namespace kiln::optim

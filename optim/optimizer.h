@@ -1,0 +1,92 @@
+// optim/optimizer.h: Optimizer, the base of SGD, Adam, AdamW, RMSprop and Adagrad, and ParamGroup.
+//
+// As in PyTorch, an optimizer holds parameter groups (each its own parameters and hyperparameters)
+// and per-parameter state. Parameters are leaf Tensors that require grad; step() reads p.grad() and
+// updates p in place under NoGradGuard, skipping parameters whose grad is undefined. State is held as
+// Tensors per parameter (ParamState) so that a sharded optimizer (ZeRO) can partition it.
+// The concrete optimizers live in sgd.h, adam.h, rmsprop.h, adagrad.h; schedulers in lr_scheduler.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "core/tensor.h"
+#include "core/tensor_dict.h"
+
+namespace kiln::optim {
+
+// One parameter group: its parameters and its hyperparameters, by PyTorch's names ("lr",
+// "momentum", "weight_decay"...; Adam's betas are "beta1" and "beta2"; flags are 0 or 1).
+// Schedulers read and write "lr" (and "momentum"/"beta1" for OneCycleLR) through get/set.
+struct ParamGroup {
+  std::vector<Tensor> params;
+  std::vector<std::pair<std::string, double>> options;
+
+  bool has(std::string_view name) const;
+  double get(std::string_view name) const;      // an Error naming the known options when absent
+  void set(std::string_view name, double value);  // adds the option when absent (e.g. initial_lr)
+  double lr() const { return get("lr"); }
+  void set_lr(double lr) { set("lr", lr); }
+};
+
+// The state of one parameter: how many steps it has taken and its buffers (exp_avg, momentum_buffer...),
+// each shaped like the parameter.
+struct ParamState {
+  int64_t step = 0;
+  TensorDict buffers;
+};
+
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // One update of every parameter that has a grad.
+  virtual void step() = 0;
+  // Clears every parameter's grad: drops it (set_to_none, PyTorch's default) or fills it with zeros.
+  void zero_grad(bool set_to_none = true);
+
+  std::vector<ParamGroup>& param_groups() { return groups_; }
+  const std::vector<ParamGroup>& param_groups() const { return groups_; }
+  const std::string& name() const { return name_; }
+
+  // The state of `param` (created empty on first use); find_state gives nullptr when it has none.
+  ParamState& state(const Tensor& param) { return state_[param.impl()]; }
+  const ParamState* find_state(const Tensor& param) const;
+
+  // Everything needed to resume bit-identically. Parameters are numbered across groups in order
+  // (PyTorch's indices) and the entries are:
+  //   "param_groups.<g>.params"   int64 (n): the indices of group g's parameters
+  //   "param_groups.<g>.<option>" float64 0-d: each hyperparameter (lr, betas, flags as 0/1...)
+  //   "state.<i>.step"            int64 0-d: steps taken by parameter i (only for those with state)
+  //   "state.<i>.<buffer>"        the buffers, shared with the optimizer (not copies, as in PyTorch)
+  TensorDict state_dict() const;
+  // Restores a state_dict() of an optimizer built over the same parameters: an Error when the group
+  // count, a group's parameter count or a buffer's shape differs, or an entry is unknown. Buffers are
+  // copied, cast to their parameter's dtype and device.
+  void load_state_dict(const TensorDict& dict);
+
+ protected:
+  explicit Optimizer(std::string name) : name_(std::move(name)) {}
+  // Checks the parameters (defined, floating, leaves, not already in a group) and appends a group.
+  void add_group(std::vector<Tensor> params, std::vector<std::pair<std::string, double>> options);
+
+  std::string name_;
+  std::vector<ParamGroup> groups_;
+  std::unordered_map<const TensorImpl*, ParamState> state_;
+};
+
+// Parameters and options of one group, for constructors that take several groups:
+//   optim::SGD opt({{net.body.parameters(), {.lr = 0.1}}, {net.head.parameters(), {.lr = 0.01}}});
+template <typename Options>
+struct GroupSpec {
+  std::vector<Tensor> params;
+  Options options;
+};
+
+}  // namespace kiln::optim

@@ -1,0 +1,77 @@
+// optim/rmsprop.cpp: RMSprop's option checks and update (see rmsprop.h for the rule).
+#include "optim/rmsprop.h"
+
+#include "core/error.h"
+#include "core/grad_mode.h"
+#include "ops/ops.h"
+
+namespace kiln::optim {
+
+RMSprop::RMSprop(std::vector<Tensor> params, RMSpropOptions options) : Optimizer("RMSprop") {
+  add_param_group(std::move(params), options);
+}
+
+RMSprop::RMSprop(std::vector<GroupSpec<RMSpropOptions>> groups) : Optimizer("RMSprop") {
+  KILN_CHECK(!groups.empty(), "RMSprop: got no parameter groups");
+  for (auto& group : groups) add_param_group(std::move(group.params), group.options);
+}
+
+void RMSprop::add_param_group(std::vector<Tensor> params, RMSpropOptions o) {
+  KILN_CHECK(o.lr >= 0, "RMSprop: invalid learning rate {}; lr must be >= 0", o.lr);
+  KILN_CHECK(o.eps >= 0, "RMSprop: invalid epsilon value {}; eps must be >= 0", o.eps);
+  KILN_CHECK(o.momentum >= 0, "RMSprop: invalid momentum value {}; it must be >= 0", o.momentum);
+  KILN_CHECK(o.weight_decay >= 0, "RMSprop: invalid weight_decay value {}; it must be >= 0",
+             o.weight_decay);
+  KILN_CHECK(o.alpha >= 0, "RMSprop: invalid alpha value {}; it must be >= 0", o.alpha);
+  add_group(std::move(params), {{"lr", o.lr},
+                                {"alpha", o.alpha},
+                                {"eps", o.eps},
+                                {"weight_decay", o.weight_decay},
+                                {"momentum", o.momentum},
+                                {"centered", o.centered ? 1.0 : 0.0},
+                                {"maximize", o.maximize ? 1.0 : 0.0}});
+}
+
+void RMSprop::step() {
+  NoGradGuard no_grad;
+  for (ParamGroup& group : groups_) {
+    const double lr = group.get("lr"), alpha = group.get("alpha"), eps = group.get("eps");
+    const double weight_decay = group.get("weight_decay"), momentum = group.get("momentum");
+    const bool centered = group.get("centered") != 0, maximize = group.get("maximize") != 0;
+    for (Tensor& p : group.params) {
+      Tensor grad = p.grad();
+      if (!grad.defined()) continue;
+      if (maximize) grad = neg(grad);
+      ParamState& st = state(p);
+      if (st.buffers.empty()) {
+        st.buffers.insert("square_avg", zeros_like(p));
+        if (momentum > 0) st.buffers.insert("momentum_buffer", zeros_like(p));
+        if (centered) st.buffers.insert("grad_avg", zeros_like(p));
+      }
+      ++st.step;
+      if (weight_decay != 0) grad = add(grad, p, weight_decay);
+
+      Tensor square_avg = st.buffers.at("square_avg");
+      square_avg.mul_(alpha).add_(grad * grad, 1 - alpha);  // addcmul_(grad, grad, 1 - alpha)
+      Tensor avg;
+      if (centered) {
+        Tensor grad_avg = st.buffers.at("grad_avg");
+        grad_avg.mul_(alpha).add_(grad, 1 - alpha);
+        avg = sub(square_avg, grad_avg * grad_avg);  // addcmul(grad_avg, grad_avg, -1)
+        avg.sqrt_();
+      } else {
+        avg = sqrt(square_avg);
+      }
+      avg.add_(eps);
+      if (momentum > 0) {
+        Tensor buf = st.buffers.at("momentum_buffer");
+        buf.mul_(momentum).add_(grad / avg);  // addcdiv_(grad, avg)
+        p.add_(buf, -lr);
+      } else {
+        p.add_(grad / avg, -lr);  // addcdiv_(grad, avg, -lr)
+      }
+    }
+  }
+}
+
+}  // namespace kiln::optim
