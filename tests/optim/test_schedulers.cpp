@@ -1,0 +1,278 @@
+// tests/optim/test_schedulers.cpp: the learning-rate schedulers over 30-40 steps, against the values
+// PyTorch 1.13 and DeepSpeed 0.12.6 give (tests/fixtures/optim_golden.txt) and against each
+// schedule's closed-form formula written out here.
+#include <cmath>
+#include <numbers>
+
+#include "optim_golden.h"
+#include "support.h"
+
+using namespace kiln;
+using namespace kiln::optim;
+using namespace kiln::test;
+
+namespace {
+
+constexpr double kPi = std::numbers::pi;
+
+// Two groups (lr 0.1 and 0.05) as the generator's; SGD with momentum 0.9, or Adam.
+struct Setup {
+  Tensor a = zeros({2}).requires_grad_();
+  Tensor b = zeros({3}).requires_grad_();
+  std::unique_ptr<Optimizer> opt;
+  explicit Setup(bool adam = false) {
+    if (adam) {
+      opt = std::make_unique<Adam>(std::vector<GroupSpec<AdamOptions>>{{{a}, {.lr = 0.1}}, {{b}, {.lr = 0.05}}});
+    } else {
+      opt = std::make_unique<SGD>(std::vector<GroupSpec<SGDOptions>>{
+          {{a}, {.lr = 0.1, .momentum = 0.9}}, {{b}, {.lr = 0.05, .momentum = 0.9}}});
+    }
+  }
+};
+
+// The schedulers of the fixture's "sched" records, with the generator's arguments.
+std::unique_ptr<LRScheduler> make_scheduler(const std::string& id, Optimizer& o) {
+  if (id == "step") return std::make_unique<StepLR>(o, 7, 0.5);
+  if (id == "multistep") return std::make_unique<MultiStepLR>(o, std::vector<int64_t>{3, 10, 10, 20}, 0.3);
+  if (id == "exponential") return std::make_unique<ExponentialLR>(o, 0.9);
+  if (id == "cosine") return std::make_unique<CosineAnnealingLR>(o, 10, 0.001);
+  if (id == "linear") return std::make_unique<LinearLR>(o, 0.25, 0.9, 12);
+  if (id == "lambda") {
+    return std::make_unique<LambdaLR>(o, [](int64_t e) { return 1.0 / (1 + e) + 0.05 * (e % 3); });
+  }
+  if (id == "onecycle_cos") return std::make_unique<OneCycleLR>(o, OneCycleLROptions{.max_lr = 0.5, .total_steps = 30});
+  if (id == "onecycle_linear_3phase") {
+    return std::make_unique<OneCycleLR>(
+        o, OneCycleLROptions{.max_lr = 0.4, .total_steps = 30, .pct_start = 0.25, .anneal_strategy = "linear",
+                             .div_factor = 10, .final_div_factor = 100, .three_phase = true});
+  }
+  if (id == "onecycle_adam") {
+    return std::make_unique<OneCycleLR>(o, OneCycleLROptions{.max_lr = 0.3, .epochs = 3, .steps_per_epoch = 10,
+                                                             .base_momentum = 0.8, .max_momentum = 0.9});
+  }
+  if (id == "sequential") {
+    auto warm = std::make_shared<LinearLR>(o, 0.1, 1.0, 5);
+    auto cosine = std::make_shared<CosineAnnealingLR>(o, 20, 0.0);
+    return std::make_unique<SequentialLR>(o, std::vector<std::shared_ptr<LRScheduler>>{warm, cosine},
+                                          std::vector<int64_t>{5});
+  }
+  if (id == "sequential3") {
+    auto e = std::make_shared<ExponentialLR>(o, 0.8);
+    auto s = std::make_shared<StepLR>(o, 3, 0.5);
+    auto l = std::make_shared<LinearLR>(o, 0.5, 1.0, 4);
+    return std::make_unique<SequentialLR>(o, std::vector<std::shared_ptr<LRScheduler>>{e, s, l},
+                                          std::vector<int64_t>{4, 15});
+  }
+  if (id == "ds_warmup_log") {
+    return std::make_unique<WarmupLR>(o, WarmupLROptions{.warmup_min_lr = 0.001, .warmup_max_lr = 0.1,
+                                                         .warmup_num_steps = 10, .warmup_type = "log"});
+  }
+  if (id == "ds_warmup_linear") {
+    return std::make_unique<WarmupLR>(o, WarmupLROptions{.warmup_min_lr = 0.0, .warmup_max_lr = 0.02,
+                                                         .warmup_num_steps = 15, .warmup_type = "linear"});
+  }
+  if (id == "ds_warmup_decay") {
+    return std::make_unique<WarmupDecayLR>(
+        o, WarmupDecayLROptions{.total_num_steps = 30, .warmup_min_lr = 0.001, .warmup_max_lr = 0.1,
+                                .warmup_num_steps = 10, .warmup_type = "linear"});
+  }
+  if (id == "ds_warmup_decay_log") {
+    return std::make_unique<WarmupDecayLR>(
+        o, WarmupDecayLROptions{.total_num_steps = 25, .warmup_max_lr = 0.05, .warmup_num_steps = 8});
+  }
+  if (id == "ds_warmup_cosine") {
+    return std::make_unique<WarmupCosineLR>(
+        o, WarmupCosineLROptions{.total_num_steps = 30, .warmup_min_ratio = 0.1, .warmup_num_steps = 8,
+                                 .cos_min_ratio = 0.01, .warmup_type = "linear"});
+  }
+  if (id == "ds_warmup_cosine_log") {
+    return std::make_unique<WarmupCosineLR>(o, WarmupCosineLROptions{.total_num_steps = 35, .warmup_num_steps = 6});
+  }
+  FAIL("no scheduler " << id);
+  return nullptr;
+}
+
+bool is_deepspeed(const std::string& id) { return id.rfind("ds_", 0) == 0; }
+
+// lrs[k] of group g: PyTorch's schedulers after construction then after each step; DeepSpeed's after
+// each step (they take none when built). momentum: group 0's momentum (or beta1) alongside.
+struct Run {
+  std::vector<double> lr0, lr1, momentum;
+};
+
+Run run(const std::string& id, size_t values) {
+  Setup s(id == "onecycle_adam");
+  auto sched = make_scheduler(id, *s.opt);
+  Run r;
+  auto record = [&] {
+    r.lr0.push_back(s.opt->param_groups()[0].lr());
+    r.lr1.push_back(s.opt->param_groups()[1].lr());
+    const ParamGroup& g = s.opt->param_groups()[0];
+    r.momentum.push_back(g.has("beta1") ? g.get("beta1") : g.get("momentum"));
+  };
+  if (!is_deepspeed(id)) record();
+  while (r.lr0.size() < values) {
+    s.opt->step();
+    sched->step();
+    record();
+    CHECK(sched->get_last_lr()[0] == r.lr0.back());
+  }
+  return r;
+}
+
+void check_values(const std::vector<double>& actual, const std::vector<double>& expected, double rtol) {
+  REQUIRE(actual.size() == expected.size());
+  for (size_t k = 0; k < actual.size(); ++k) {
+    INFO("value " << k << ": " << actual[k] << " vs " << expected[k]);
+    CHECK(std::abs(actual[k] - expected[k]) <= 1e-15 + rtol * std::abs(expected[k]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every scheduler gives PyTorch's / DeepSpeed's values, for both groups and the momentum") {
+  const OptimGolden& golden = OptimGolden::get();
+  REQUIRE(golden.sched.size() == 17);
+  for (const auto& [id, expected] : golden.sched) {
+    INFO("scheduler " << id);
+    Run r = run(id, expected.size());
+    check_values(r.lr0, expected, 1e-12);
+    check_values(r.lr1, golden.sched1.at(id), 1e-12);
+    if (golden.momentum.count(id)) check_values(r.momentum, golden.momentum.at(id), 1e-12);
+  }
+}
+
+TEST_CASE("PyTorch's schedulers match their closed forms") {
+  const size_t n = 31;
+  auto closed = [&](const std::string& id, auto&& formula) {
+    INFO("scheduler " << id);
+    Run r = run(id, n);
+    std::vector<double> expected;
+    for (size_t e = 0; e < n; ++e) expected.push_back(formula(static_cast<double>(e), 0.1));
+    check_values(r.lr0, expected, 1e-9);
+  };
+  closed("step", [](double e, double base) { return base * std::pow(0.5, std::floor(e / 7)); });
+  closed("multistep", [](double e, double base) {
+    return base * std::pow(0.3, (e >= 3) + 2 * (e >= 10) + (e >= 20));
+  });
+  closed("exponential", [](double e, double base) { return base * std::pow(0.9, e); });
+  closed("cosine", [](double e, double base) {
+    return 0.001 + (base - 0.001) * (1 + std::cos(kPi * e / 10)) / 2;
+  });
+  closed("linear", [](double e, double base) {
+    return base * (0.25 + (0.9 - 0.25) * std::min(e, 12.0) / 12);
+  });
+  closed("lambda", [](double e, double base) {
+    return base * (1.0 / (1 + e) + 0.05 * (static_cast<int>(e) % 3));
+  });
+  // OneCycleLR, two phases, cos: up from 0.5/25 to 0.5 until step 0.3*30-1 = 8, then down to 0.02/1e4.
+  closed("onecycle_cos", [](double e, double) {
+    auto cos_anneal = [](double start, double end, double pct) {
+      return end + (start - end) / 2 * (1 + std::cos(kPi * pct));
+    };
+    return e <= 8 ? cos_anneal(0.02, 0.5, e / 8) : cos_anneal(0.5, 0.02 / 1e4, (e - 8) / (29 - 8));
+  });
+  // SequentialLR: LinearLR(0.1 -> 1 over 5), then cosine from 0.1 with T_max 20 restarted at 5.
+  closed("sequential", [](double e, double base) {
+    if (e < 5) return base * (0.1 + 0.9 * e / 5);
+    return base * (1 + std::cos(kPi * (e - 5) / 20)) / 2;
+  });
+}
+
+TEST_CASE("DeepSpeed's warmup schedules match their formulas") {
+  const size_t n = 40;
+  auto check = [&](const std::string& id, auto&& formula) {
+    INFO("scheduler " << id);
+    Run r = run(id, n);
+    std::vector<double> expected;
+    for (size_t i = 0; i < n; ++i) expected.push_back(formula(static_cast<double>(i)));
+    check_values(r.lr0, expected, 1e-12);
+  };
+  check("ds_warmup_log", [](double i) {
+    return 0.001 + (0.1 - 0.001) * (i < 10 ? std::log(i + 1) / std::log(10.0) : 1.0);
+  });
+  check("ds_warmup_linear", [](double i) { return 0.02 * (i < 15 ? i / 15 : 1.0); });
+  check("ds_warmup_decay", [](double i) {
+    const double gamma = i < 10 ? i / 10 : std::max(0.0, (30 - i) / 20);
+    return 0.001 + (0.1 - 0.001) * gamma;
+  });
+  check("ds_warmup_cosine", [](double i) {
+    if (i < 8) return 0.1 * (0.1 + 0.9 * i / 8);
+    return 0.1 * std::max(0.0, 0.01 + 0.99 * (1 + std::cos(kPi * (i - 7) / 22)) / 2);
+  });
+  // They leave the lr alone until their first step.
+  Setup s;
+  WarmupLR warm(*s.opt, {.warmup_max_lr = 0.5, .warmup_num_steps = 10});
+  CHECK(s.opt->param_groups()[0].lr() == 0.1);
+  check_error([&] { warm.get_last_lr(); }, {"WarmupLR", "step() first"});
+  warm.step();
+  CHECK(warm.last_epoch() == 0);
+  CHECK(s.opt->param_groups()[0].lr() == 0.0);  // log(1) = 0: the min lr
+}
+
+TEST_CASE("scheduler state_dict round trip: 5 steps, save, load into fresh ones, 5 more == 10 steps") {
+  for (const std::string id : {"step", "cosine", "onecycle_cos", "onecycle_adam", "sequential3",
+                               "lambda", "ds_warmup_decay", "ds_warmup_cosine"}) {
+    INFO("scheduler " << id);
+    const bool adam = id == "onecycle_adam";
+    Run whole = run(id, is_deepspeed(id) ? 10 : 11);
+
+    Setup s(adam);
+    auto sched = make_scheduler(id, *s.opt);
+    for (int k = 0; k < 5; ++k) {
+      s.opt->step();
+      sched->step();
+    }
+    const TensorDict opt_state = s.opt->state_dict(), sched_state = sched->state_dict();
+
+    Setup fresh(adam);
+    auto resumed = make_scheduler(id, *fresh.opt);
+    fresh.opt->load_state_dict(opt_state);
+    resumed->load_state_dict(sched_state);
+    CHECK(resumed->last_epoch() == sched->last_epoch());
+    CHECK(resumed->get_last_lr() == sched->get_last_lr());
+    for (int k = 0; k < 5; ++k) {
+      fresh.opt->step();
+      resumed->step();
+    }
+    CHECK(fresh.opt->param_groups()[0].lr() == whole.lr0.back());
+    CHECK(fresh.opt->param_groups()[1].lr() == whole.lr1.back());
+    const ParamGroup& g = fresh.opt->param_groups()[0];
+    CHECK((g.has("beta1") ? g.get("beta1") : g.get("momentum")) == whole.momentum.back());
+  }
+}
+
+TEST_CASE("bad scheduler arguments are Errors that name the problem") {
+  Setup s;
+  Optimizer& o = *s.opt;
+  check_error([&] { StepLR(o, 0); }, {"StepLR", "step_size"});
+  check_error([&] { CosineAnnealingLR(o, 0); }, {"CosineAnnealingLR", "T_max"});
+  check_error([&] { LinearLR(o, 1.5); }, {"LinearLR", "start_factor"});
+  check_error([&] { LambdaLR(o, std::vector<LambdaLR::Lambda>{[](int64_t) { return 1.0; }}); },
+              {"LambdaLR", "expected 2 lr_lambdas", "got 1"});
+  check_error([&] { OneCycleLR(o, {.max_lr = 0.1}); }, {"OneCycleLR", "total_steps", "epochs"});
+  check_error([&] { OneCycleLR(o, {.max_lr = 0.1, .total_steps = 10, .anneal_strategy = "cosine"}); },
+              {"OneCycleLR", "anneal_strategy", "cosine"});
+  check_error([&] { OneCycleLR(o, {.max_lr = 0.1, .total_steps = 10, .pct_start = 1.5}); },
+              {"OneCycleLR", "pct_start"});
+  Tensor p = zeros({2}).requires_grad_();
+  Adagrad adagrad({p}, {});
+  check_error([&] { OneCycleLR(adagrad, {.max_lr = 0.1, .total_steps = 10}); },
+              {"OneCycleLR", "Adagrad", "cycle_momentum = false"});
+  OneCycleLR short_cycle(o, {.max_lr = 0.1, .total_steps = 3});
+  for (int k = 0; k < 3; ++k) short_cycle.step();
+  check_error([&] { short_cycle.step(); }, {"OneCycleLR", "tried to step 5 times", "total steps is 3"});
+  Setup other;
+  auto foreign = std::make_shared<StepLR>(*other.opt, 3);
+  auto mine = std::make_shared<StepLR>(o, 3);
+  check_error([&] { SequentialLR(o, {mine, foreign}, {3}); }, {"SequentialLR", "scheduler 1", "another optimizer"});
+  check_error([&] { SequentialLR(o, {mine}, {3}); }, {"SequentialLR", "one milestone fewer"});
+  check_error([&] { WarmupLR(o, {.warmup_type = "cos"}); }, {"WarmupLR", "warmup_type", "'cos'"});
+  check_error([&] { WarmupCosineLR(o, {.total_num_steps = 5, .warmup_num_steps = 10}); },
+              {"WarmupCosineLR", "total_num_steps", "warmup_num_steps"});
+  check_error([&] { WarmupDecayLR(o, {}); }, {"WarmupDecayLR", "total_num_steps"});
+  StepLR step(o, 2);
+  TensorDict missing = step.state_dict();
+  TensorDict partial{{"last_epoch", missing.at("last_epoch")}};
+  check_error([&] { step.load_state_dict(partial); }, {"StepLR", "lacks"});
+}
