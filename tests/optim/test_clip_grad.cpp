@@ -1,0 +1,53 @@
+// tests/optim/test_clip_grad.cpp: nn::utils::clip_grad_norm_ and clip_grad_value_ against PyTorch.
+#include <cmath>
+#include <limits>
+
+#include "optim_golden.h"
+#include "support.h"
+
+using namespace kiln;
+using namespace kiln::test;
+
+TEST_CASE("clip_grad_norm_ returns PyTorch's total norm and scales the grads as it does (2, inf, 1, 3)") {
+  const auto& clips = OptimGolden::get().clips;
+  REQUIRE(clips.size() == 5);
+  for (const auto& c : clips) {
+    INFO("case " << c.id);
+    std::vector<Tensor> params;
+    for (const Tensor& g : c.before) {
+      Tensor p = zeros(g.sizes()).requires_grad_();
+      p.set_grad(g.clone());
+      params.push_back(p);
+    }
+    params.push_back(zeros({7}).requires_grad_());  // no grad: skipped
+    Tensor total = nn::utils::clip_grad_norm_(params, c.max_norm, c.norm_type);
+    CHECK(total.dim() == 0);
+    CHECK(std::abs(total.item<double>() - c.total_norm) <= 2e-6 * c.total_norm);
+    for (size_t i = 0; i < c.after.size(); ++i) check_close(params[i].grad(), c.after[i]);
+    CHECK(!params.back().grad().defined());
+  }
+}
+
+TEST_CASE("clip_grad_norm_: non-finite norms, no grads, bad norm_type") {
+  Tensor p = zeros({3}).requires_grad_();
+  p.set_grad(tensor({1.0, std::numeric_limits<double>::infinity(), 2.0}));
+  check_error([&] { nn::utils::clip_grad_norm_({p}, 1.0, 2.0, true); },
+              {"clip_grad_norm_", "non-finite", "error_if_nonfinite = false"});
+  check_equal(p.grad(), tensor({1.0, std::numeric_limits<double>::infinity(), 2.0}));  // unchanged
+  Tensor total = nn::utils::clip_grad_norm_({p}, 1.0);  // as PyTorch: scaled by 1 / inf
+  CHECK(std::isinf(total.item<double>()));
+  CHECK(p.grad().to_vector<float>()[0] == 0.0f);
+  Tensor q = zeros({2}).requires_grad_();
+  CHECK(nn::utils::clip_grad_norm_({q}, 1.0).item<double>() == 0.0);
+  check_error([&] { nn::utils::clip_grad_norm_({q}, 1.0, -1.0); }, {"norm_type", "-1"});
+}
+
+TEST_CASE("clip_grad_value_ clamps every grad to [-v, v]") {
+  Tensor a = zeros({4}).requires_grad_(), b = zeros({2}).requires_grad_(), c = zeros({1}).requires_grad_();
+  a.set_grad(tensor({-3.0, -0.5, 0.25, 2.0}));
+  b.set_grad(tensor({1.5, -1.0}));
+  nn::utils::clip_grad_value_({a, b, c}, 1.0);
+  check_equal(a.grad(), tensor({-1.0, -0.5, 0.25, 1.0}));
+  check_equal(b.grad(), tensor({1.0, -1.0}));
+  CHECK(!c.grad().defined());
+}
