@@ -3,6 +3,7 @@
 #include "optim/lr_scheduler.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <numbers>
 
@@ -387,8 +388,10 @@ void SequentialLR::load_state_dict(const TensorDict& dict) {
   for (const auto& [key, t] : dict) {
     if (key.rfind("schedulers.", 0) != 0) continue;
     const size_t dot = key.find('.', 11);
-    KILN_CHECK(dot != std::string::npos, "SequentialLR.load_state_dict: malformed entry '{}'", key);
-    const size_t k = std::stoul(key.substr(11, dot - 11));
+    size_t k = 0;
+    const auto [end, ec] = std::from_chars(key.data() + 11, key.data() + std::min(dot, key.size()), k);
+    KILN_CHECK(dot != std::string::npos && ec == std::errc() && end == key.data() + dot,
+               "SequentialLR.load_state_dict: malformed entry '{}'; expected schedulers.<k>.<name>", key);
     KILN_CHECK(k < schedulers_.size(), "SequentialLR.load_state_dict: '{}' names scheduler {} but "
                "there are {}", key, k, schedulers_.size());
     children[k].insert(key.substr(dot + 1), t);
