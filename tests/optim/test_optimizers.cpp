@@ -175,3 +175,24 @@ TEST_CASE("bad options and parameters are Errors that name the problem") {
   check_error([&] { opt.add_param_group({p}, {}); }, {"already in group 0"});
   check_error([&] { opt.param_groups()[0].get("momentum"); }, {"no option 'momentum'", "lr", "beta1"});
 }
+
+TEST_CASE("the training loop of DESIGN.md: zero_grad, backward, step fits a least-squares problem") {
+  // y = x w* with w* = (1, -2, 0.5); float64 parameters keep float64 state.
+  Generator gen(7);
+  Tensor x = randn({32, 3}, kFloat64, &gen);
+  Tensor y = matmul(x, tensor({1.0, -2.0, 0.5}, kFloat64).view({3, 1}));
+  Tensor w = zeros({3, 1}, kFloat64).requires_grad_();
+  optim::Adam opt({w}, {.lr = 0.1});
+  double first = 0, last = 0;
+  for (int k = 0; k < 300; ++k) {
+    opt.zero_grad();
+    Tensor loss = (matmul(x, w) - y).square().mean();
+    loss.backward();
+    opt.step();
+    (k == 0 ? first : last) = loss.item<double>();
+  }
+  CHECK(last < 1e-6 * first);
+  check_close(w.detach(), tensor({1.0, -2.0, 0.5}, kFloat64).view({3, 1}), {1e-3, 1e-3});
+  CHECK(opt.state(w).buffers.at("exp_avg").dtype() == kFloat64);
+  CHECK(opt.state(w).step == 300);
+}
