@@ -2,11 +2,13 @@
 // mlp_fmnist (SGD lr 0.05 momentum 0.9, 535,818 parameters) and cnn_fmnist (Adam lr 1e-3,
 // 421,642 parameters), plus AdamW on the CNN set. Grads are fixed random tensors; ms per step =
 // median of 5 loops of 100 steps after 20 warm-up steps. One JSON line per case.
+// Usage: bench_optim_step [threads] (default: every core).
 #include <kiln/kiln.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <vector>
 
@@ -47,7 +49,8 @@ void bench(const char* name, const std::vector<Tensor>& params, optim::Optimizer
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1) set_num_threads(std::max(1, std::atoi(argv[1])));
   const std::vector<Shape> mlp = {{512, 784}, {512}, {256, 512}, {256}, {10, 256}, {10}};
   const std::vector<Shape> cnn = {{32, 1, 3, 3}, {32}, {64, 32, 3, 3}, {64}, {128, 3136}, {128}, {10, 128}, {10}};
   {
