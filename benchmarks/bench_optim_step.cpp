@@ -42,9 +42,10 @@ void bench(const char* name, const std::vector<Tensor>& params, optim::Optimizer
     ms.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / 100 * 1e3);
   }
   std::sort(ms.begin(), ms.end());
-  std::printf("{\"bench\":\"optim_step\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,"
-              "\"case\":\"%s\",\"params\":%lld,\"tensors\":%zu,\"ms_per_step\":%.4f}\n",
-              get_num_threads(), name, static_cast<long long>(count(params)), params.size(), ms[2]);
+  std::printf(
+      "{\"bench\":\"optim_step\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,"
+      "\"case\":\"%s\",\"params\":%lld,\"tensors\":%zu,\"ms_per_step\":%.4f}\n",
+      get_num_threads(), name, static_cast<long long>(count(params)), params.size(), ms[2]);
 }
 
 }  // namespace
@@ -52,7 +53,8 @@ void bench(const char* name, const std::vector<Tensor>& params, optim::Optimizer
 int main(int argc, char** argv) {
   if (argc > 1) set_num_threads(std::max(1, std::atoi(argv[1])));
   const std::vector<Shape> mlp = {{512, 784}, {512}, {256, 512}, {256}, {10, 256}, {10}};
-  const std::vector<Shape> cnn = {{32, 1, 3, 3}, {32}, {64, 32, 3, 3}, {64}, {128, 3136}, {128}, {10, 128}, {10}};
+  const std::vector<Shape> cnn = {{32, 1, 3, 3}, {32},  {64, 32, 3, 3}, {64},
+                                  {128, 3136},   {128}, {10, 128},      {10}};
   {
     auto params = make_params(mlp);
     optim::SGD opt(params, {.lr = 0.05, .momentum = 0.9});

@@ -33,7 +33,7 @@ void Adagrad::add_param_group(std::vector<Tensor> params, AdagradOptions o) {
                                 {"weight_decay", o.weight_decay},
                                 {"initial_accumulator_value", o.initial_accumulator_value},
                                 {"maximize", o.maximize ? 1.0 : 0.0}});
-  // As PyTorch, every parameter gets its accumulator when it joins (even one that never gets a grad).
+  // As PyTorch, every parameter gets its accumulator when it joins (even one never given a grad).
   for (const Tensor& p : groups_.back().params) {
     state(p).buffers.insert("sum", full_like(p.detach(), o.initial_accumulator_value));
   }

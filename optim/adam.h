@@ -9,7 +9,7 @@ namespace kiln::optim {
 
 struct AdamOptions {
   double lr = 1e-3;
-  double beta1 = 0.9;   // PyTorch's betas[0]
+  double beta1 = 0.9;    // PyTorch's betas[0]
   double beta2 = 0.999;  // PyTorch's betas[1]
   double eps = 1e-8;
   double weight_decay = 0;
@@ -43,7 +43,7 @@ class Adam : public Optimizer {
   void step() override;
 
  protected:
-  Adam(std::string name) : Optimizer(std::move(name)) {}
+  explicit Adam(std::string name) : Optimizer(std::move(name)) {}
   void step_impl(bool decoupled_weight_decay);
 };
 

@@ -28,10 +28,12 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   Tensor total = norms.size() == 1 ? norms[0] : norm(stack(norms), norm_type);
   if (error_if_nonfinite) {
     const double value = total.item<double>();
-    KILN_CHECK(std::isfinite(value),
-               "clip_grad_norm_: the total norm of order {} of the gradients is non-finite ({}), so "
-               "it cannot be clipped; to scale the gradients by it anyway, pass "
-               "error_if_nonfinite = false", norm_type, value);
+    KILN_CHECK(
+        std::isfinite(value),
+        "clip_grad_norm_: the total norm of order {} of the gradients is non-finite ({}), so "
+        "it cannot be clipped; to scale the gradients by it anyway, pass "
+        "error_if_nonfinite = false",
+        norm_type, value);
   }
   // Multiplying by the clamped coefficient even when it is 1 avoids reading the norm back from the
   // device (as PyTorch does).

@@ -1,6 +1,6 @@
 // optim/clip_grad.h: gradient clipping, torch.nn.utils.clip_grad_norm_ / clip_grad_value_.
-// They keep PyTorch's names and namespace (kiln::nn::utils) but live in the optim target, beside the
-// optimizers whose step they precede.
+// They keep PyTorch's names and namespace (kiln::nn::utils) but live in the optim target, beside
+// the optimizers whose step they precede.
 #pragma once
 
 #include <vector>
@@ -9,8 +9,8 @@
 
 namespace kiln::nn::utils {
 
-// Scales the grads of `parameters` in place so that their total norm (the norm of all grads viewed as
-// one vector) is at most max_norm: each grad is multiplied by min(1, max_norm / (total + 1e-6)).
+// Scales the grads of `parameters` in place so that their total norm (the norm of all grads viewed
+// as one vector) is at most max_norm: each grad is multiplied by min(1, max_norm / (total + 1e-6)).
 // norm_type is p > 0 or infinity (the largest |g|). Parameters without a grad are skipped. Returns
 // the total norm before clipping (a 0-d tensor; 0 when no parameter has a grad). With
 // error_if_nonfinite, a nan or infinite total norm is an Error and the grads are left unchanged.

@@ -1,5 +1,6 @@
 // optim/lr_scheduler.cpp: PyTorch 1.13's schedulers (see lr_scheduler.h). Each get_lr() follows
-// torch.optim.lr_scheduler's get_lr (the recursive form) and closed_form_lr() its _get_closed_form_lr.
+// torch.optim.lr_scheduler's get_lr (the recursive form) and closed_form_lr() its
+// _get_closed_form_lr.
 #include "optim/lr_scheduler.h"
 
 #include <algorithm>
@@ -29,8 +30,10 @@ void LRScheduler::initial_step() {
 
 void LRScheduler::apply(const std::vector<double>& lrs) {
   auto& groups = optimizer_.param_groups();
-  KILN_CHECK(lrs.size() == groups.size(), "{}: computed {} lrs for {} parameter groups; build the "
-             "scheduler after adding every group", name_, lrs.size(), groups.size());
+  KILN_CHECK(lrs.size() == groups.size(),
+             "{}: computed {} lrs for {} parameter groups; build the "
+             "scheduler after adding every group",
+             name_, lrs.size(), groups.size());
   for (size_t g = 0; g < groups.size(); ++g) groups[g].set_lr(lrs[g]);
   last_lr_ = lrs;
 }
@@ -48,7 +51,8 @@ void LRScheduler::step_to(int64_t epoch) {
 }
 
 const std::vector<double>& LRScheduler::get_last_lr() const {
-  KILN_CHECK(!last_lr_.empty(), "{}: get_last_lr() before the first step(); call step() first", name_);
+  KILN_CHECK(!last_lr_.empty(), "{}: get_last_lr() before the first step(); call step() first",
+             name_);
   return last_lr_;
 }
 
@@ -129,8 +133,8 @@ std::vector<double> MultiStepLR::get_lr() {
 
 std::vector<double> MultiStepLR::closed_form_lr() {
   // bisect_right: the milestones <= last_epoch.
-  const auto passed = std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) -
-                      milestones_.begin();
+  const auto passed =
+      std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin();
   std::vector<double> lrs;
   for (double base : base_lrs_) lrs.push_back(base * std::pow(gamma_, static_cast<double>(passed)));
   return lrs;
@@ -152,7 +156,8 @@ std::vector<double> ExponentialLR::get_lr() {
 
 std::vector<double> ExponentialLR::closed_form_lr() {
   std::vector<double> lrs;
-  for (double base : base_lrs_) lrs.push_back(base * std::pow(gamma_, static_cast<double>(last_epoch_)));
+  for (double base : base_lrs_)
+    lrs.push_back(base * std::pow(gamma_, static_cast<double>(last_epoch_)));
   return lrs;
 }
 
@@ -188,14 +193,16 @@ std::vector<double> CosineAnnealingLR::closed_form_lr() {
   for (double base : base_lrs_) {
     lrs.push_back(eta_min_ + (base - eta_min_) *
                                  (1 + std::cos(pi * static_cast<double>(last_epoch_) /
-                                               static_cast<double>(T_max_))) / 2);
+                                               static_cast<double>(T_max_))) /
+                                 2);
   }
   return lrs;
 }
 
 // ---- LinearLR ----
 
-LinearLR::LinearLR(Optimizer& optimizer, double start_factor, double end_factor, int64_t total_iters)
+LinearLR::LinearLR(Optimizer& optimizer, double start_factor, double end_factor,
+                   int64_t total_iters)
     : LRScheduler(optimizer, "LinearLR"),
       start_factor_(start_factor),
       end_factor_(end_factor),
@@ -250,22 +257,27 @@ LambdaLR::LambdaLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas)
 
 std::vector<double> LambdaLR::get_lr() {
   std::vector<double> lrs;
-  for (size_t g = 0; g < base_lrs_.size(); ++g) lrs.push_back(base_lrs_[g] * lr_lambdas_[g](last_epoch_));
+  for (size_t g = 0; g < base_lrs_.size(); ++g)
+    lrs.push_back(base_lrs_[g] * lr_lambdas_[g](last_epoch_));
   return lrs;
 }
 
 // ---- OneCycleLR ----
 
 OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
-    : LRScheduler(optimizer, "OneCycleLR", /*record_initial_lr=*/false), options_(std::move(options)) {
+    : LRScheduler(optimizer, "OneCycleLR", /*record_initial_lr=*/false),
+      options_(std::move(options)) {
   const OneCycleLROptions& o = options_;
   if (o.total_steps > 0) {
     total_steps_ = o.total_steps;
   } else {
-    KILN_CHECK(o.total_steps == 0, "OneCycleLR: expected a positive total_steps, got {}", o.total_steps);
-    KILN_CHECK(o.epochs > 0 && o.steps_per_epoch > 0,
-               "OneCycleLR: define either total_steps or (epochs and steps_per_epoch), all positive "
-               "(got epochs {}, steps_per_epoch {})", o.epochs, o.steps_per_epoch);
+    KILN_CHECK(o.total_steps == 0, "OneCycleLR: expected a positive total_steps, got {}",
+               o.total_steps);
+    KILN_CHECK(
+        o.epochs > 0 && o.steps_per_epoch > 0,
+        "OneCycleLR: define either total_steps or (epochs and steps_per_epoch), all positive "
+        "(got epochs {}, steps_per_epoch {})",
+        o.epochs, o.steps_per_epoch);
     total_steps_ = o.epochs * o.steps_per_epoch;
   }
   KILN_CHECK(o.max_lr > 0, "OneCycleLR: max_lr is required and must be positive, got {}", o.max_lr);
@@ -275,9 +287,10 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
              "OneCycleLR: anneal_strategy must be 'cos' or 'linear', got '{}'", o.anneal_strategy);
   const double total = static_cast<double>(total_steps_);
   if (o.three_phase) {
-    phases_ = {{o.pct_start * total - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"},
-               {2 * o.pct_start * total - 2, "max_lr", "initial_lr", "base_momentum", "max_momentum"},
-               {total - 1, "initial_lr", "min_lr", "max_momentum", "max_momentum"}};
+    phases_ = {
+        {o.pct_start * total - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"},
+        {2 * o.pct_start * total - 2, "max_lr", "initial_lr", "base_momentum", "max_momentum"},
+        {total - 1, "initial_lr", "min_lr", "max_momentum", "max_momentum"}};
   } else {
     phases_ = {{o.pct_start * total - 1, "initial_lr", "max_lr", "max_momentum", "base_momentum"},
                {total - 1, "max_lr", "min_lr", "base_momentum", "max_momentum"}};
@@ -285,8 +298,10 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
   if (o.cycle_momentum) {
     const ParamGroup& first = optimizer.param_groups().at(0);
     momentum_name_ = first.has("beta1") ? "beta1" : first.has("momentum") ? "momentum" : nullptr;
-    KILN_CHECK(momentum_name_ != nullptr, "OneCycleLR: {} has no momentum or beta1 to cycle; pass "
-               "cycle_momentum = false", optimizer.name());
+    KILN_CHECK(momentum_name_ != nullptr,
+               "OneCycleLR: {} has no momentum or beta1 to cycle; pass "
+               "cycle_momentum = false",
+               optimizer.name());
   }
   base_lrs_.clear();
   for (ParamGroup& group : optimizer.param_groups()) {
@@ -304,7 +319,8 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
 }
 
 double OneCycleLR::anneal(double start, double end, double pct) const {
-  if (options_.anneal_strategy == "cos") return end + (start - end) / 2.0 * (std::cos(std::numbers::pi * pct) + 1);
+  if (options_.anneal_strategy == "cos")
+    return end + (start - end) / 2.0 * (std::cos(std::numbers::pi * pct) + 1);
   return (end - start) * pct + start;
 }
 
@@ -335,7 +351,8 @@ std::vector<double> OneCycleLR::get_lr() {
 
 // ---- SequentialLR ----
 
-SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
+SequentialLR::SequentialLR(Optimizer& optimizer,
+                           std::vector<std::shared_ptr<LRScheduler>> schedulers,
                            std::vector<int64_t> milestones)
     : LRScheduler(optimizer, "SequentialLR", /*record_initial_lr=*/false),
       schedulers_(std::move(schedulers)),
@@ -345,11 +362,13 @@ SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRS
     KILN_CHECK(schedulers_[k] != nullptr, "SequentialLR: scheduler {} is null", k);
     KILN_CHECK(&schedulers_[k]->optimizer_ == &optimizer,
                "SequentialLR: scheduler {} ({}) drives another optimizer; all must drive the one "
-               "passed in", k, schedulers_[k]->name_);
+               "passed in",
+               k, schedulers_[k]->name_);
   }
   KILN_CHECK(milestones_.size() + 1 == schedulers_.size(),
              "SequentialLR: expects one milestone fewer than schedulers, got {} schedulers and {} "
-             "milestones", schedulers_.size(), milestones_.size());
+             "milestones",
+             schedulers_.size(), milestones_.size());
   last_epoch_ = 0;
   // Undo the first step each child took when built, then start the first one again.
   for (ParamGroup& group : optimizer.param_groups()) group.set_lr(group.get("initial_lr"));
@@ -360,8 +379,8 @@ SequentialLR::SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRS
 
 void SequentialLR::step() {
   ++last_epoch_;
-  const size_t k = std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) -
-                   milestones_.begin();
+  const size_t k =
+      std::upper_bound(milestones_.begin(), milestones_.end(), last_epoch_) - milestones_.begin();
   LRScheduler& s = *schedulers_[k];
   if (k > 0 && milestones_[k - 1] == last_epoch_) {
     s.step_to(0);
@@ -389,11 +408,15 @@ void SequentialLR::load_state_dict(const TensorDict& dict) {
     if (key.rfind("schedulers.", 0) != 0) continue;
     const size_t dot = key.find('.', 11);
     size_t k = 0;
-    const auto [end, ec] = std::from_chars(key.data() + 11, key.data() + std::min(dot, key.size()), k);
+    const auto [end, ec] =
+        std::from_chars(key.data() + 11, key.data() + std::min(dot, key.size()), k);
     KILN_CHECK(dot != std::string::npos && ec == std::errc() && end == key.data() + dot,
-               "SequentialLR.load_state_dict: malformed entry '{}'; expected schedulers.<k>.<name>", key);
-    KILN_CHECK(k < schedulers_.size(), "SequentialLR.load_state_dict: '{}' names scheduler {} but "
-               "there are {}", key, k, schedulers_.size());
+               "SequentialLR.load_state_dict: malformed entry '{}'; expected schedulers.<k>.<name>",
+               key);
+    KILN_CHECK(k < schedulers_.size(),
+               "SequentialLR.load_state_dict: '{}' names scheduler {} but "
+               "there are {}",
+               key, k, schedulers_.size());
     children[k].insert(key.substr(dot + 1), t);
   }
   const Tensor* last_epoch = dict.find("last_epoch");

@@ -5,13 +5,13 @@
 // As in PyTorch, building a scheduler records each group's "initial_lr" (the base lr) and takes the
 // first step (last_epoch 0), so the optimizer's lr is already the schedule's first value; call
 // opt.step() then sched.step() once per epoch (or batch). get_lr() is PyTorch's recursive
-// ("chainable") form, which reads the group's current lr, so several schedulers can act on one group.
+// ("chainable") form, which reads the group's current lr, so several schedulers can share a group.
 //
-// state_dict(): a TensorDict of the scheduler's counters: "last_epoch" and "step_count" (int64 0-d),
-// "base_lrs" and "last_lr" (float64, one per group), and SequentialLR's children as
-// "schedulers.<k>.<key>". The configuration (gamma, milestones...) is not saved: build the scheduler
-// with the same arguments, load the optimizer's state_dict (which holds the lr and the schedule's
-// group entries such as initial_lr), then the scheduler's.
+// state_dict(): a TensorDict of the scheduler's counters: "last_epoch" and "step_count" (int64
+// 0-d), "base_lrs" and "last_lr" (float64, one per group), and SequentialLR's children as
+// "schedulers.<k>.<key>". The configuration (gamma, milestones...) is not saved: build the
+// scheduler with the same arguments, load the optimizer's state_dict (which holds the lr and the
+// schedule's group entries such as initial_lr), then the scheduler's.
 #pragma once
 
 #include <cstdint>
@@ -154,8 +154,8 @@ class LambdaLR : public LRScheduler {
 };
 
 struct OneCycleLROptions {
-  double max_lr = 0;              // required (> 0)
-  int64_t total_steps = 0;        // or epochs * steps_per_epoch
+  double max_lr = 0;        // required (> 0)
+  int64_t total_steps = 0;  // or epochs * steps_per_epoch
   int64_t epochs = 0;
   int64_t steps_per_epoch = 0;
   double pct_start = 0.3;

@@ -39,19 +39,25 @@ void ParamGroup::set(std::string_view name, double value) {
 
 void Optimizer::add_group(std::vector<Tensor> params,
                           std::vector<std::pair<std::string, double>> options) {
-  KILN_CHECK(!params.empty(), "{}: got an empty parameter list; pass the tensors to optimize", name_);
+  KILN_CHECK(!params.empty(), "{}: got an empty parameter list; pass the tensors to optimize",
+             name_);
   for (size_t i = 0; i < params.size(); ++i) {
     const Tensor& p = params[i];
     KILN_CHECK(p.defined(), "{}: parameter {} of group {} is an undefined Tensor", name_, i,
                groups_.size());
-    KILN_CHECK(p.is_floating_point(), "{}: parameter {} of group {} is {}; only floating tensors can be optimized",
-               name_, i, groups_.size(), dtype_name(p.dtype()));
-    KILN_CHECK(p.is_leaf(), "{}: can't optimize a non-leaf Tensor (parameter {} of group {}); pass "
-               "leaves, e.g. t.detach().requires_grad_()", name_, i, groups_.size());
+    KILN_CHECK(p.is_floating_point(),
+               "{}: parameter {} of group {} is {}; only floating tensors can be optimized", name_,
+               i, groups_.size(), dtype_name(p.dtype()));
+    KILN_CHECK(p.is_leaf(),
+               "{}: can't optimize a non-leaf Tensor (parameter {} of group {}); pass "
+               "leaves, e.g. t.detach().requires_grad_()",
+               name_, i, groups_.size());
     for (size_t g = 0; g < groups_.size(); ++g) {
       for (const Tensor& q : groups_[g].params) {
-        KILN_CHECK(!q.is_same(p), "{}: parameter {} of the new group is already in group {}; a "
-                   "parameter may appear in one group only", name_, i, g);
+        KILN_CHECK(!q.is_same(p),
+                   "{}: parameter {} of the new group is already in group {}; a "
+                   "parameter may appear in one group only",
+                   name_, i, g);
       }
     }
     for (size_t j = 0; j < i; ++j) {
@@ -88,7 +94,8 @@ TensorDict Optimizer::state_dict() const {
   for (size_t g = 0; g < groups_.size(); ++g) {
     const ParamGroup& group = groups_[g];
     std::vector<int64_t> indices;
-    for (size_t i = 0; i < group.params.size(); ++i) indices.push_back(index + static_cast<int64_t>(i));
+    for (size_t i = 0; i < group.params.size(); ++i)
+      indices.push_back(index + static_cast<int64_t>(i));
     dict.insert(fmt::format("param_groups.{}.params", g), from_vector(indices));
     for (const auto& [key, value] : group.options) {
       dict.insert(fmt::format("param_groups.{}.{}", g, key), scalar_tensor(value, kFloat64));
@@ -140,8 +147,8 @@ void Optimizer::load_state_dict(const TensorDict& dict) {
     if (split_key(key, "param_groups", n, rest)) {
       KILN_CHECK(n < static_cast<int64_t>(groups_.size()),
                  "{}.load_state_dict: the state dict has a parameter group {} ('{}') but this "
-                 "optimizer has {} groups; build the optimizer with the same groups", name_, n, key,
-                 groups_.size());
+                 "optimizer has {} groups; build the optimizer with the same groups",
+                 name_, n, key, groups_.size());
       if (rest == "params") {
         KILN_CHECK(t.dim() == 1, "{}.load_state_dict: '{}' should be 1-d, got shape {}", name_, key,
                    t.sizes().str());
@@ -161,8 +168,10 @@ void Optimizer::load_state_dict(const TensorDict& dict) {
         buffers.insert(rest, t);
       }
     } else {
-      KILN_FAIL("{}.load_state_dict: unexpected entry '{}'; expected param_groups.<g>.<option> or "
-                "state.<i>.<name>", name_, key);
+      KILN_FAIL(
+          "{}.load_state_dict: unexpected entry '{}'; expected param_groups.<g>.<option> or "
+          "state.<i>.<name>",
+          name_, key);
     }
   }
   KILN_CHECK(group_sizes.size() == groups_.size(),
@@ -173,11 +182,13 @@ void Optimizer::load_state_dict(const TensorDict& dict) {
     const ParamGroup& group = groups_[g];
     KILN_CHECK(group_sizes[g] == static_cast<int64_t>(group.params.size()),
                "{}.load_state_dict: parameter group {} has {} parameters in the state dict but {} "
-               "in this optimizer", name_, g, group_sizes[g], group.params.size());
+               "in this optimizer",
+               name_, g, group_sizes[g], group.params.size());
     for (const auto& [key, value] : group.options) {
       bool found = false;
       for (const auto& [k, v] : options[g]) found = found || k == key;
-      KILN_CHECK(found, "{}.load_state_dict: the state dict lacks 'param_groups.{}.{}'", name_, g, key);
+      KILN_CHECK(found, "{}.load_state_dict: the state dict lacks 'param_groups.{}.{}'", name_, g,
+                 key);
     }
     for (const Tensor& p : group.params) params.push_back(&p);
   }

@@ -2,9 +2,9 @@
 //
 // As in PyTorch, an optimizer holds parameter groups (each its own parameters and hyperparameters)
 // and per-parameter state. Parameters are leaf Tensors that require grad; step() reads p.grad() and
-// updates p in place under NoGradGuard, skipping parameters whose grad is undefined. State is held as
-// Tensors per parameter (ParamState) so that a sharded optimizer (ZeRO) can partition it.
-// The concrete optimizers live in sgd.h, adam.h, rmsprop.h, adagrad.h; schedulers in lr_scheduler.h.
+// updates p in place under NoGradGuard, skipping parameters whose grad is undefined. State is held
+// as Tensors per parameter (ParamState) so that a sharded optimizer (ZeRO) can partition it. The
+// concrete optimizers live in sgd.h, adam.h, rmsprop.h, adagrad.h; schedulers in lr_scheduler.h.
 #pragma once
 
 #include <cstdint>
@@ -27,14 +27,14 @@ struct ParamGroup {
   std::vector<std::pair<std::string, double>> options;
 
   bool has(std::string_view name) const;
-  double get(std::string_view name) const;      // an Error naming the known options when absent
+  double get(std::string_view name) const;        // an Error naming the known options when absent
   void set(std::string_view name, double value);  // adds the option when absent (e.g. initial_lr)
   double lr() const { return get("lr"); }
   void set_lr(double lr) { set("lr", lr); }
 };
 
-// The state of one parameter: how many steps it has taken and its buffers (exp_avg, momentum_buffer...),
-// each shaped like the parameter.
+// The state of one parameter: how many steps it has taken and its buffers (exp_avg,
+// momentum_buffer...), each shaped like the parameter.
 struct ParamState {
   int64_t step = 0;
   TensorDict buffers;
@@ -48,7 +48,7 @@ class Optimizer {
 
   // One update of every parameter that has a grad.
   virtual void step() = 0;
-  // Clears every parameter's grad: drops it (set_to_none, PyTorch's default) or fills it with zeros.
+  // Clears every grad: drops it (set_to_none, PyTorch's default) or fills it with zeros.
   void zero_grad(bool set_to_none = true);
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
@@ -64,11 +64,11 @@ class Optimizer {
   //   "param_groups.<g>.params"   int64 (n): the indices of group g's parameters
   //   "param_groups.<g>.<option>" float64 0-d: each hyperparameter (lr, betas, flags as 0/1...)
   //   "state.<i>.step"            int64 0-d: steps taken by parameter i (only for those with state)
-  //   "state.<i>.<buffer>"        the buffers, shared with the optimizer (not copies, as in PyTorch)
+  //   "state.<i>.<buffer>"        the buffers, shared with the optimizer (as PyTorch's)
   TensorDict state_dict() const;
   // Restores a state_dict() of an optimizer built over the same parameters: an Error when the group
-  // count, a group's parameter count or a buffer's shape differs, or an entry is unknown. Buffers are
-  // copied, cast to their parameter's dtype and device.
+  // count, a group's parameter count or a buffer's shape differs, or an entry is unknown. Buffers
+  // are copied, cast to their parameter's dtype and device.
   void load_state_dict(const TensorDict& dict);
 
  protected:

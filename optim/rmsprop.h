@@ -18,8 +18,10 @@ struct RMSpropOptions {
 // Per parameter, with g its grad:
 //   g = maximize ? -g : g;  g += weight_decay * p
 //   v = alpha * v + (1 - alpha) * g * g
-//   avg = sqrt(v) + eps, or, centered: gbar = alpha * gbar + (1 - alpha) * g; avg = sqrt(v - gbar^2) + eps
-//   momentum > 0: buf = momentum * buf + g / avg; p -= lr * buf     else: p -= lr * g / avg
+//   avg = sqrt(v) + eps, or, centered: gbar = alpha * gbar + (1 - alpha) * g
+//                                      avg = sqrt(v - gbar^2) + eps
+//   momentum > 0: buf = momentum * buf + g / avg; p -= lr * buf
+//   otherwise:    p -= lr * g / avg
 // State: "square_avg", "momentum_buffer" (momentum > 0), "grad_avg" (centered).
 class RMSprop : public Optimizer {
  public:

@@ -19,13 +19,16 @@ SGD::SGD(std::vector<GroupSpec<SGDOptions>> groups) : Optimizer("SGD") {
 }
 
 void SGD::add_param_group(std::vector<Tensor> params, SGDOptions o) {
-  KILN_CHECK(!std::isnan(o.lr), "SGD: lr is required (PyTorch's SGD has no default); pass {{.lr = ...}}");
+  KILN_CHECK(!std::isnan(o.lr),
+             "SGD: lr is required (PyTorch's SGD has no default); pass {{.lr = ...}}");
   KILN_CHECK(o.lr >= 0, "SGD: invalid learning rate {}; lr must be >= 0", o.lr);
   KILN_CHECK(o.momentum >= 0, "SGD: invalid momentum value {}; momentum must be >= 0", o.momentum);
-  KILN_CHECK(o.weight_decay >= 0, "SGD: invalid weight_decay value {}; it must be >= 0", o.weight_decay);
+  KILN_CHECK(o.weight_decay >= 0, "SGD: invalid weight_decay value {}; it must be >= 0",
+             o.weight_decay);
   KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
              "SGD: Nesterov momentum requires a momentum and zero dampening (got momentum {}, "
-             "dampening {})", o.momentum, o.dampening);
+             "dampening {})",
+             o.momentum, o.dampening);
   add_group(std::move(params), {{"lr", o.lr},
                                 {"momentum", o.momentum},
                                 {"dampening", o.dampening},

@@ -19,8 +19,8 @@ double warmup_fraction(const std::string& type, int64_t i, int64_t n) {
 
 void check_warmup_type(const char* name, const std::string& type) {
   // DeepSpeed falls back to "log" with a warning on an unknown type; a typo here is an Error.
-  KILN_CHECK(type == "log" || type == "linear", "{}: warmup_type must be 'log' or 'linear', got '{}'",
-             name, type);
+  KILN_CHECK(type == "log" || type == "linear",
+             "{}: warmup_type must be 'log' or 'linear', got '{}'", name, type);
 }
 
 }  // namespace
@@ -44,7 +44,8 @@ double WarmupLR::warmup_gamma() const {
 double WarmupLR::gamma() const { return last_epoch_ < warmup_num_steps_ ? warmup_gamma() : 1.0; }
 
 std::vector<double> WarmupLR::get_lr() {
-  const double lr = options_.warmup_min_lr + (options_.warmup_max_lr - options_.warmup_min_lr) * gamma();
+  const double lr =
+      options_.warmup_min_lr + (options_.warmup_max_lr - options_.warmup_min_lr) * gamma();
   return std::vector<double>(optimizer_.param_groups().size(), lr);
 }
 
@@ -54,14 +55,17 @@ WarmupDecayLR::WarmupDecayLR(Optimizer& optimizer, WarmupDecayLROptions o)
     : WarmupLR(optimizer, {o.warmup_min_lr, o.warmup_max_lr, o.warmup_num_steps, o.warmup_type},
                "WarmupDecayLR"),
       total_num_steps_(o.total_num_steps) {
-  KILN_CHECK(o.total_num_steps > 0, "WarmupDecayLR: total_num_steps is required and must be "
-             "positive, got {}", o.total_num_steps);
+  KILN_CHECK(o.total_num_steps > 0,
+             "WarmupDecayLR: total_num_steps is required and must be "
+             "positive, got {}",
+             o.total_num_steps);
 }
 
 double WarmupDecayLR::gamma() const {
   if (last_epoch_ < warmup_num_steps_) return warmup_gamma();
-  return std::max(0.0, static_cast<double>(total_num_steps_ - last_epoch_) /
-                           std::max(1.0, static_cast<double>(total_num_steps_ - warmup_num_steps_)));
+  return std::max(0.0,
+                  static_cast<double>(total_num_steps_ - last_epoch_) /
+                      std::max(1.0, static_cast<double>(total_num_steps_ - warmup_num_steps_)));
 }
 
 // ---- WarmupCosineLR ----
@@ -81,12 +85,13 @@ std::vector<double> WarmupCosineLR::get_lr() {
   const WarmupCosineLROptions& o = options_;
   double ratio;
   if (last_epoch_ < warmup_num_steps_) {
-    ratio = o.warmup_min_ratio +
-            (1.0 - o.warmup_min_ratio) * warmup_fraction(o.warmup_type, last_epoch_, warmup_num_steps_);
+    ratio = o.warmup_min_ratio + (1.0 - o.warmup_min_ratio) *
+                                     warmup_fraction(o.warmup_type, last_epoch_, warmup_num_steps_);
   } else {
     const double s = static_cast<double>(last_epoch_ - warmup_num_steps_ + 1);
     const double n = static_cast<double>(o.total_num_steps - warmup_num_steps_);
-    ratio = std::max(0.0, o.cos_min_ratio + (1.0 - o.cos_min_ratio) * (1 + std::cos(std::numbers::pi * s / n)) / 2);
+    ratio = std::max(0.0, o.cos_min_ratio + (1.0 - o.cos_min_ratio) *
+                                                (1 + std::cos(std::numbers::pi * s / n)) / 2);
   }
   std::vector<double> lrs;
   for (double base : base_lrs_) lrs.push_back(base * ratio);

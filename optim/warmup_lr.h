@@ -66,9 +66,9 @@ struct WarmupCosineLROptions {
   std::string warmup_type = "log";
 };
 
-// lr = (each group's lr when the scheduler was built) * ratio, where during the warmup (i <
-// warmup_num_steps) ratio = warmup_min_ratio + (1 - warmup_min_ratio) * gamma (gamma as WarmupLR's),
-// and afterwards, with s = i - warmup_num_steps + 1 and n = total_num_steps - warmup_num_steps,
+// lr = (each group's lr when the scheduler was built) * ratio. During the warmup
+// (i < warmup_num_steps), ratio = warmup_min_ratio + (1 - warmup_min_ratio) * gamma (WarmupLR's
+// gamma); afterwards, with s = i - warmup_num_steps + 1 and n = total_num_steps - warmup_num_steps,
 //   ratio = max(0, cos_min_ratio + (1 - cos_min_ratio) * (1 + cos(pi * s / n)) / 2).
 class WarmupCosineLR : public LRScheduler {
  public:

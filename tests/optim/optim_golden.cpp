@@ -1,4 +1,5 @@
-// tests/optim/optim_golden.cpp: the reader of optim_golden.txt and the optimizer factory of its cases.
+// tests/optim/optim_golden.cpp: the reader of optim_golden.txt and the optimizer factory of its
+// cases.
 #include "optim_golden.h"
 
 #include <fstream>
@@ -57,7 +58,8 @@ OptimGolden load() {
           while (std::getline(ss, k, ',')) c->groups.push_back(std::stoi(k));
         } else if (key[0] == 'g' && key.find('.') != std::string::npos) {
           const size_t dot = key.find('.');
-          c->group_options[std::stoi(key.substr(1, dot - 1))][key.substr(dot + 1)] = std::stod(value);
+          c->group_options[std::stoi(key.substr(1, dot - 1))][key.substr(dot + 1)] =
+              std::stod(value);
         } else {
           c->options[key] = std::stod(value);
         }
@@ -151,45 +153,59 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimCase& c, std::vector
   using namespace optim;
   if (c.optimizer == "SGD") {
     return std::make_unique<SGD>(specs<SGDOptions>(c, params, [](const auto& o) {
-      return SGDOptions{.lr = get(o, "lr", 0), .momentum = get(o, "momentum", 0),
-                        .dampening = get(o, "dampening", 0), .weight_decay = get(o, "weight_decay", 0),
-                        .nesterov = get(o, "nesterov", 0) != 0, .maximize = get(o, "maximize", 0) != 0};
+      return SGDOptions{.lr = get(o, "lr", 0),
+                        .momentum = get(o, "momentum", 0),
+                        .dampening = get(o, "dampening", 0),
+                        .weight_decay = get(o, "weight_decay", 0),
+                        .nesterov = get(o, "nesterov", 0) != 0,
+                        .maximize = get(o, "maximize", 0) != 0};
     }));
   }
   if (c.optimizer == "Adam") {
     return std::make_unique<Adam>(specs<AdamOptions>(c, params, [](const auto& o) {
       AdamOptions d;
-      return AdamOptions{.lr = get(o, "lr", d.lr), .beta1 = get(o, "beta1", d.beta1),
-                         .beta2 = get(o, "beta2", d.beta2), .eps = get(o, "eps", d.eps),
+      return AdamOptions{.lr = get(o, "lr", d.lr),
+                         .beta1 = get(o, "beta1", d.beta1),
+                         .beta2 = get(o, "beta2", d.beta2),
+                         .eps = get(o, "eps", d.eps),
                          .weight_decay = get(o, "weight_decay", d.weight_decay),
-                         .amsgrad = get(o, "amsgrad", 0) != 0, .maximize = get(o, "maximize", 0) != 0};
+                         .amsgrad = get(o, "amsgrad", 0) != 0,
+                         .maximize = get(o, "maximize", 0) != 0};
     }));
   }
   if (c.optimizer == "AdamW") {
     return std::make_unique<AdamW>(specs<AdamWOptions>(c, params, [](const auto& o) {
       AdamWOptions d;
-      return AdamWOptions{.lr = get(o, "lr", d.lr), .beta1 = get(o, "beta1", d.beta1),
-                          .beta2 = get(o, "beta2", d.beta2), .eps = get(o, "eps", d.eps),
+      return AdamWOptions{.lr = get(o, "lr", d.lr),
+                          .beta1 = get(o, "beta1", d.beta1),
+                          .beta2 = get(o, "beta2", d.beta2),
+                          .eps = get(o, "eps", d.eps),
                           .weight_decay = get(o, "weight_decay", d.weight_decay),
-                          .amsgrad = get(o, "amsgrad", 0) != 0, .maximize = get(o, "maximize", 0) != 0};
+                          .amsgrad = get(o, "amsgrad", 0) != 0,
+                          .maximize = get(o, "maximize", 0) != 0};
     }));
   }
   if (c.optimizer == "RMSprop") {
     return std::make_unique<RMSprop>(specs<RMSpropOptions>(c, params, [](const auto& o) {
       RMSpropOptions d;
-      return RMSpropOptions{.lr = get(o, "lr", d.lr), .alpha = get(o, "alpha", d.alpha),
-                            .eps = get(o, "eps", d.eps), .weight_decay = get(o, "weight_decay", 0),
-                            .momentum = get(o, "momentum", 0), .centered = get(o, "centered", 0) != 0,
+      return RMSpropOptions{.lr = get(o, "lr", d.lr),
+                            .alpha = get(o, "alpha", d.alpha),
+                            .eps = get(o, "eps", d.eps),
+                            .weight_decay = get(o, "weight_decay", 0),
+                            .momentum = get(o, "momentum", 0),
+                            .centered = get(o, "centered", 0) != 0,
                             .maximize = get(o, "maximize", 0) != 0};
     }));
   }
   if (c.optimizer == "Adagrad") {
     return std::make_unique<Adagrad>(specs<AdagradOptions>(c, params, [](const auto& o) {
       AdagradOptions d;
-      return AdagradOptions{.lr = get(o, "lr", d.lr), .lr_decay = get(o, "lr_decay", 0),
+      return AdagradOptions{.lr = get(o, "lr", d.lr),
+                            .lr_decay = get(o, "lr_decay", 0),
                             .weight_decay = get(o, "weight_decay", 0),
                             .initial_accumulator_value = get(o, "initial_accumulator_value", 0),
-                            .eps = get(o, "eps", d.eps), .maximize = get(o, "maximize", 0) != 0};
+                            .eps = get(o, "eps", d.eps),
+                            .maximize = get(o, "maximize", 0) != 0};
     }));
   }
   throw std::runtime_error("unknown optimizer " + c.optimizer);

@@ -1,24 +1,24 @@
-// tests/optim/optim_golden.h: reads tests/fixtures/optim_golden.txt (written by gen_optim_golden.py,
-// whose header describes the format) and builds the optimizers its cases name.
+// tests/optim/optim_golden.h: reads tests/fixtures/optim_golden.txt (written by
+// gen_optim_golden.py, whose header describes the format) and builds the optimizers its cases name.
 #pragma once
+
+#include <kiln/kiln.h>
 
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <kiln/kiln.h>
-
 namespace kiln::test {
 
 struct OptimCase {
   std::string id, optimizer;
-  std::map<std::string, double> options;                   // for every group
+  std::map<std::string, double> options;                       // for every group
   std::map<int, std::map<std::string, double>> group_options;  // "gK.key" overrides
-  std::vector<int> groups;                                 // parameter -> group
-  std::vector<Tensor> params, targets;                     // targets undefined for "nograd"
-  std::vector<std::vector<Tensor>> after;                  // [step - 1][param]
-  std::map<int, std::map<std::string, Tensor>> state;      // after step 10
+  std::vector<int> groups;                                     // parameter -> group
+  std::vector<Tensor> params, targets;                         // targets undefined for "nograd"
+  std::vector<std::vector<Tensor>> after;                      // [step - 1][param]
+  std::map<int, std::map<std::string, Tensor>> state;          // after step 10
 };
 
 struct OptimGolden {

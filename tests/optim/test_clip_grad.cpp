@@ -8,7 +8,8 @@
 using namespace kiln;
 using namespace kiln::test;
 
-TEST_CASE("clip_grad_norm_ returns PyTorch's total norm and scales the grads as it does (2, inf, 1, 3)") {
+TEST_CASE(
+    "clip_grad_norm_ returns PyTorch's total norm and scales the grads as it does (2, inf, 1, 3)") {
   const auto& clips = OptimGolden::get().clips;
   REQUIRE(clips.size() == 5);
   for (const auto& c : clips) {
@@ -43,7 +44,8 @@ TEST_CASE("clip_grad_norm_: non-finite norms, no grads, bad norm_type") {
 }
 
 TEST_CASE("clip_grad_value_ clamps every grad to [-v, v]") {
-  Tensor a = zeros({4}).requires_grad_(), b = zeros({2}).requires_grad_(), c = zeros({1}).requires_grad_();
+  Tensor a = zeros({4}).requires_grad_(), b = zeros({2}).requires_grad_(),
+         c = zeros({1}).requires_grad_();
   a.set_grad(tensor({-3.0, -0.5, 0.25, 2.0}));
   b.set_grad(tensor({1.5, -1.0}));
   nn::utils::clip_grad_value_({a, b, c}, 1.0);

@@ -59,7 +59,8 @@ void check_cases_of(const std::string& optimizer) {
 
 }  // namespace
 
-TEST_CASE("SGD (momentum, dampening, Nesterov, weight decay, maximize) follows PyTorch for 10 steps") {
+TEST_CASE(
+    "SGD (momentum, dampening, Nesterov, weight decay, maximize) follows PyTorch for 10 steps") {
   check_cases_of("SGD");
 }
 
@@ -71,7 +72,8 @@ TEST_CASE("AdamW (decoupled weight decay, amsgrad, maximize) follows PyTorch for
   check_cases_of("AdamW");
 }
 
-TEST_CASE("RMSprop (alpha, momentum, centered, weight decay, maximize) follows PyTorch for 10 steps") {
+TEST_CASE(
+    "RMSprop (alpha, momentum, centered, weight decay, maximize) follows PyTorch for 10 steps") {
   check_cases_of("RMSprop");
 }
 
@@ -116,7 +118,8 @@ TEST_CASE("the construction forms of DESIGN.md, add_param_group and writable lr"
   CHECK(two.param_groups()[1].get("momentum") == 0.9);
 }
 
-TEST_CASE("zero_grad drops grads (set_to_none) or zeroes them; parameters without grad are skipped") {
+TEST_CASE(
+    "zero_grad drops grads (set_to_none) or zeroes them; parameters without grad are skipped") {
   Tensor a = sample({3}).requires_grad_();
   Tensor b = sample({2}, kFloat32, 2.0).requires_grad_();
   Tensor b0 = b.detach().clone();
@@ -154,8 +157,9 @@ TEST_CASE("bad options and parameters are Errors that name the problem") {
   check_error([&] { optim::SGD({p}, {}); }, {"SGD", "lr is required"});
   check_error([&] { optim::SGD({p}, {.lr = 0.1, .nesterov = true}); },
               {"Nesterov", "momentum", "dampening"});
-  check_error([&] { optim::SGD({p}, {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .nesterov = true}); },
-              {"Nesterov", "zero dampening"});
+  check_error(
+      [&] { optim::SGD({p}, {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .nesterov = true}); },
+      {"Nesterov", "zero dampening"});
   check_error([&] { optim::SGD({p}, {.lr = 0.1, .momentum = -1}); }, {"momentum", "-1"});
   check_error([&] { optim::Adam({p}, {.beta1 = 1.0}); }, {"Adam", "beta", "index 0", "[0, 1)"});
   check_error([&] { optim::Adam({p}, {.beta2 = -0.5}); }, {"Adam", "beta", "index 1"});
@@ -173,10 +177,12 @@ TEST_CASE("bad options and parameters are Errors that name the problem") {
   check_error([&] { optim::Adam({zeros({2}, kInt64)}, {}); }, {"Adam", "int64", "floating"});
   optim::Adam opt({p}, {});
   check_error([&] { opt.add_param_group({p}, {}); }, {"already in group 0"});
-  check_error([&] { opt.param_groups()[0].get("momentum"); }, {"no option 'momentum'", "lr", "beta1"});
+  check_error([&] { opt.param_groups()[0].get("momentum"); },
+              {"no option 'momentum'", "lr", "beta1"});
 }
 
-TEST_CASE("the training loop of DESIGN.md: zero_grad, backward, step fits a least-squares problem") {
+TEST_CASE(
+    "the training loop of DESIGN.md: zero_grad, backward, step fits a least-squares problem") {
   // y = x w* with w* = (1, -2, 0.5); float64 parameters keep float64 state.
   Generator gen(7);
   Tensor x = randn({32, 3}, kFloat64, &gen);

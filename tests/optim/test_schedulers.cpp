@@ -1,5 +1,5 @@
-// tests/optim/test_schedulers.cpp: the learning-rate schedulers over 30-40 steps, against the values
-// PyTorch 1.13 and DeepSpeed 0.12.6 give (tests/fixtures/optim_golden.txt) and against each
+// tests/optim/test_schedulers.cpp: the learning-rate schedulers over 30-40 steps, against the
+// values PyTorch 1.13 and DeepSpeed 0.12.6 give (tests/fixtures/optim_golden.txt) and against each
 // schedule's closed-form formula written out here.
 #include <cmath>
 #include <numbers>
@@ -22,7 +22,8 @@ struct Setup {
   std::unique_ptr<Optimizer> opt;
   explicit Setup(bool adam = false) {
     if (adam) {
-      opt = std::make_unique<Adam>(std::vector<GroupSpec<AdamOptions>>{{{a}, {.lr = 0.1}}, {{b}, {.lr = 0.05}}});
+      opt = std::make_unique<Adam>(
+          std::vector<GroupSpec<AdamOptions>>{{{a}, {.lr = 0.1}}, {{b}, {.lr = 0.05}}});
     } else {
       opt = std::make_unique<SGD>(std::vector<GroupSpec<SGDOptions>>{
           {{a}, {.lr = 0.1, .momentum = 0.9}}, {{b}, {.lr = 0.05, .momentum = 0.9}}});
@@ -33,28 +34,37 @@ struct Setup {
 // The schedulers of the fixture's "sched" records, with the generator's arguments.
 std::unique_ptr<LRScheduler> make_scheduler(const std::string& id, Optimizer& o) {
   if (id == "step") return std::make_unique<StepLR>(o, 7, 0.5);
-  if (id == "multistep") return std::make_unique<MultiStepLR>(o, std::vector<int64_t>{3, 10, 10, 20}, 0.3);
+  if (id == "multistep")
+    return std::make_unique<MultiStepLR>(o, std::vector<int64_t>{3, 10, 10, 20}, 0.3);
   if (id == "exponential") return std::make_unique<ExponentialLR>(o, 0.9);
   if (id == "cosine") return std::make_unique<CosineAnnealingLR>(o, 10, 0.001);
   if (id == "linear") return std::make_unique<LinearLR>(o, 0.25, 0.9, 12);
   if (id == "lambda") {
     return std::make_unique<LambdaLR>(o, [](int64_t e) { return 1.0 / (1 + e) + 0.05 * (e % 3); });
   }
-  if (id == "onecycle_cos") return std::make_unique<OneCycleLR>(o, OneCycleLROptions{.max_lr = 0.5, .total_steps = 30});
+  if (id == "onecycle_cos")
+    return std::make_unique<OneCycleLR>(o, OneCycleLROptions{.max_lr = 0.5, .total_steps = 30});
   if (id == "onecycle_linear_3phase") {
-    return std::make_unique<OneCycleLR>(
-        o, OneCycleLROptions{.max_lr = 0.4, .total_steps = 30, .pct_start = 0.25, .anneal_strategy = "linear",
-                             .div_factor = 10, .final_div_factor = 100, .three_phase = true});
+    return std::make_unique<OneCycleLR>(o, OneCycleLROptions{.max_lr = 0.4,
+                                                             .total_steps = 30,
+                                                             .pct_start = 0.25,
+                                                             .anneal_strategy = "linear",
+                                                             .div_factor = 10,
+                                                             .final_div_factor = 100,
+                                                             .three_phase = true});
   }
   if (id == "onecycle_adam") {
-    return std::make_unique<OneCycleLR>(o, OneCycleLROptions{.max_lr = 0.3, .epochs = 3, .steps_per_epoch = 10,
-                                                             .base_momentum = 0.8, .max_momentum = 0.9});
+    return std::make_unique<OneCycleLR>(o, OneCycleLROptions{.max_lr = 0.3,
+                                                             .epochs = 3,
+                                                             .steps_per_epoch = 10,
+                                                             .base_momentum = 0.8,
+                                                             .max_momentum = 0.9});
   }
   if (id == "sequential") {
     auto warm = std::make_shared<LinearLR>(o, 0.1, 1.0, 5);
     auto cosine = std::make_shared<CosineAnnealingLR>(o, 20, 0.0);
-    return std::make_unique<SequentialLR>(o, std::vector<std::shared_ptr<LRScheduler>>{warm, cosine},
-                                          std::vector<int64_t>{5});
+    return std::make_unique<SequentialLR>(
+        o, std::vector<std::shared_ptr<LRScheduler>>{warm, cosine}, std::vector<int64_t>{5});
   }
   if (id == "sequential3") {
     auto e = std::make_shared<ExponentialLR>(o, 0.8);
@@ -64,29 +74,39 @@ std::unique_ptr<LRScheduler> make_scheduler(const std::string& id, Optimizer& o)
                                           std::vector<int64_t>{4, 15});
   }
   if (id == "ds_warmup_log") {
-    return std::make_unique<WarmupLR>(o, WarmupLROptions{.warmup_min_lr = 0.001, .warmup_max_lr = 0.1,
-                                                         .warmup_num_steps = 10, .warmup_type = "log"});
+    return std::make_unique<WarmupLR>(o, WarmupLROptions{.warmup_min_lr = 0.001,
+                                                         .warmup_max_lr = 0.1,
+                                                         .warmup_num_steps = 10,
+                                                         .warmup_type = "log"});
   }
   if (id == "ds_warmup_linear") {
-    return std::make_unique<WarmupLR>(o, WarmupLROptions{.warmup_min_lr = 0.0, .warmup_max_lr = 0.02,
-                                                         .warmup_num_steps = 15, .warmup_type = "linear"});
+    return std::make_unique<WarmupLR>(o, WarmupLROptions{.warmup_min_lr = 0.0,
+                                                         .warmup_max_lr = 0.02,
+                                                         .warmup_num_steps = 15,
+                                                         .warmup_type = "linear"});
   }
   if (id == "ds_warmup_decay") {
-    return std::make_unique<WarmupDecayLR>(
-        o, WarmupDecayLROptions{.total_num_steps = 30, .warmup_min_lr = 0.001, .warmup_max_lr = 0.1,
-                                .warmup_num_steps = 10, .warmup_type = "linear"});
+    return std::make_unique<WarmupDecayLR>(o, WarmupDecayLROptions{.total_num_steps = 30,
+                                                                   .warmup_min_lr = 0.001,
+                                                                   .warmup_max_lr = 0.1,
+                                                                   .warmup_num_steps = 10,
+                                                                   .warmup_type = "linear"});
   }
   if (id == "ds_warmup_decay_log") {
     return std::make_unique<WarmupDecayLR>(
-        o, WarmupDecayLROptions{.total_num_steps = 25, .warmup_max_lr = 0.05, .warmup_num_steps = 8});
+        o,
+        WarmupDecayLROptions{.total_num_steps = 25, .warmup_max_lr = 0.05, .warmup_num_steps = 8});
   }
   if (id == "ds_warmup_cosine") {
-    return std::make_unique<WarmupCosineLR>(
-        o, WarmupCosineLROptions{.total_num_steps = 30, .warmup_min_ratio = 0.1, .warmup_num_steps = 8,
-                                 .cos_min_ratio = 0.01, .warmup_type = "linear"});
+    return std::make_unique<WarmupCosineLR>(o, WarmupCosineLROptions{.total_num_steps = 30,
+                                                                     .warmup_min_ratio = 0.1,
+                                                                     .warmup_num_steps = 8,
+                                                                     .cos_min_ratio = 0.01,
+                                                                     .warmup_type = "linear"});
   }
   if (id == "ds_warmup_cosine_log") {
-    return std::make_unique<WarmupCosineLR>(o, WarmupCosineLROptions{.total_num_steps = 35, .warmup_num_steps = 6});
+    return std::make_unique<WarmupCosineLR>(
+        o, WarmupCosineLROptions{.total_num_steps = 35, .warmup_num_steps = 6});
   }
   FAIL("no scheduler " << id);
   return nullptr;
@@ -94,8 +114,8 @@ std::unique_ptr<LRScheduler> make_scheduler(const std::string& id, Optimizer& o)
 
 bool is_deepspeed(const std::string& id) { return id.rfind("ds_", 0) == 0; }
 
-// lrs[k] of group g: PyTorch's schedulers after construction then after each step; DeepSpeed's after
-// each step (they take none when built). momentum: group 0's momentum (or beta1) alongside.
+// lrs[k] of group g: PyTorch's schedulers after construction then after each step; DeepSpeed's
+// after each step (they take none when built). momentum: group 0's momentum (or beta1) alongside.
 struct Run {
   std::vector<double> lr0, lr1, momentum;
 };
@@ -120,7 +140,8 @@ Run run(const std::string& id, size_t values) {
   return r;
 }
 
-void check_values(const std::vector<double>& actual, const std::vector<double>& expected, double rtol) {
+void check_values(const std::vector<double>& actual, const std::vector<double>& expected,
+                  double rtol) {
   REQUIRE(actual.size() == expected.size());
   for (size_t k = 0; k < actual.size(); ++k) {
     INFO("value " << k << ": " << actual[k] << " vs " << expected[k]);
@@ -130,7 +151,8 @@ void check_values(const std::vector<double>& actual, const std::vector<double>& 
 
 }  // namespace
 
-TEST_CASE("every scheduler gives PyTorch's / DeepSpeed's values, for both groups and the momentum") {
+TEST_CASE(
+    "every scheduler gives PyTorch's / DeepSpeed's values, for both groups and the momentum") {
   const OptimGolden& golden = OptimGolden::get();
   REQUIRE(golden.sched.size() == 17);
   for (const auto& [id, expected] : golden.sched) {
@@ -165,7 +187,7 @@ TEST_CASE("PyTorch's schedulers match their closed forms") {
   closed("lambda", [](double e, double base) {
     return base * (1.0 / (1 + e) + 0.05 * (static_cast<int>(e) % 3));
   });
-  // OneCycleLR, two phases, cos: up from 0.5/25 to 0.5 until step 0.3*30-1 = 8, then down to 0.02/1e4.
+  // OneCycleLR, two phases, cos: from 0.5/25 up to 0.5 until step 0.3*30-1 = 8, then to 0.02/1e4.
   closed("onecycle_cos", [](double e, double) {
     auto cos_anneal = [](double start, double end, double pct) {
       return end + (start - end) / 2 * (1 + std::cos(kPi * pct));
@@ -210,7 +232,8 @@ TEST_CASE("DeepSpeed's warmup schedules match their formulas") {
   CHECK(s.opt->param_groups()[0].lr() == 0.0);  // log(1) = 0: the min lr
 }
 
-TEST_CASE("scheduler state_dict round trip: 5 steps, save, load into fresh ones, 5 more == 10 steps") {
+TEST_CASE(
+    "scheduler state_dict round trip: 5 steps, save, load into fresh ones, 5 more == 10 steps") {
   for (const std::string id : {"step", "cosine", "onecycle_cos", "onecycle_adam", "sequential3",
                                "lambda", "ds_warmup_decay", "ds_warmup_cosine"}) {
     INFO("scheduler " << id);
@@ -251,8 +274,9 @@ TEST_CASE("bad scheduler arguments are Errors that name the problem") {
   check_error([&] { LambdaLR(o, std::vector<LambdaLR::Lambda>{[](int64_t) { return 1.0; }}); },
               {"LambdaLR", "expected 2 lr_lambdas", "got 1"});
   check_error([&] { OneCycleLR(o, {.max_lr = 0.1}); }, {"OneCycleLR", "total_steps", "epochs"});
-  check_error([&] { OneCycleLR(o, {.max_lr = 0.1, .total_steps = 10, .anneal_strategy = "cosine"}); },
-              {"OneCycleLR", "anneal_strategy", "cosine"});
+  check_error(
+      [&] { OneCycleLR(o, {.max_lr = 0.1, .total_steps = 10, .anneal_strategy = "cosine"}); },
+      {"OneCycleLR", "anneal_strategy", "cosine"});
   check_error([&] { OneCycleLR(o, {.max_lr = 0.1, .total_steps = 10, .pct_start = 1.5}); },
               {"OneCycleLR", "pct_start"});
   Tensor p = zeros({2}).requires_grad_();
@@ -261,11 +285,16 @@ TEST_CASE("bad scheduler arguments are Errors that name the problem") {
               {"OneCycleLR", "Adagrad", "cycle_momentum = false"});
   OneCycleLR short_cycle(o, {.max_lr = 0.1, .total_steps = 3});
   for (int k = 0; k < 3; ++k) short_cycle.step();
-  check_error([&] { short_cycle.step(); }, {"OneCycleLR", "tried to step 5 times", "total steps is 3"});
+  check_error([&] { short_cycle.step(); },
+              {"OneCycleLR", "tried to step 5 times", "total steps is 3"});
   Setup other;
   auto foreign = std::make_shared<StepLR>(*other.opt, 3);
   auto mine = std::make_shared<StepLR>(o, 3);
-  check_error([&] { SequentialLR(o, {mine, foreign}, {3}); }, {"SequentialLR", "scheduler 1", "another optimizer"});
+  check_error(
+      [&] {
+        SequentialLR(o, {mine, foreign}, {3});
+      },
+      {"SequentialLR", "scheduler 1", "another optimizer"});
   check_error([&] { SequentialLR(o, {mine}, {3}); }, {"SequentialLR", "one milestone fewer"});
   check_error([&] { WarmupLR(o, {.warmup_type = "cos"}); }, {"WarmupLR", "warmup_type", "'cos'"});
   check_error([&] { WarmupCosineLR(o, {.total_num_steps = 5, .warmup_num_steps = 10}); },

@@ -1,5 +1,5 @@
-// tests/optim/test_state_dict.cpp: an optimizer's state_dict resumes bit-identically (5 steps, save,
-// load into a fresh optimizer, 5 more == 10 steps), and load_state_dict names each mismatch.
+// tests/optim/test_state_dict.cpp: an optimizer's state_dict resumes bit-identically (5 steps,
+// save, load into a fresh optimizer, 5 more == 10 steps), and load_state_dict names each mismatch.
 #include "optim_golden.h"
 #include "support.h"
 
@@ -59,7 +59,7 @@ TEST_CASE("state_dict names follow PyTorch's indices across groups") {
   auto opt = make_optimizer(c, params);
   for (int k = 0; k < 2; ++k) golden_step(c, *opt, params);
   const TensorDict d = opt->state_dict();
-  // Group 0 holds parameters 1 and 2 of the case (indices 0, 1), group 1 holds parameter 0 (index 2).
+  // Group 0 holds the case's parameters 1 and 2 (indices 0, 1); group 1 its parameter 0 (index 2).
   check_equal(d.at("param_groups.0.params"), from_vector(std::vector<int64_t>{0, 1}));
   check_equal(d.at("param_groups.1.params"), from_vector(std::vector<int64_t>{2}));
   CHECK(d.at("param_groups.1.lr").item<double>() == 0.01);
