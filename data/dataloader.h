@@ -33,13 +33,13 @@ struct DataLoaderOptions {
   bool shuffle = false;
   // Seed of the shuffle order; when absent, drawn once at construction from kiln's default generator
   // (so kiln::manual_seed makes a run reproducible, as torch.manual_seed does for PyTorch).
-  std::optional<uint64_t> seed;
+  std::optional<uint64_t> seed = {};
   bool drop_last = false;   // drop the last batch when it is smaller than batch_size
   int num_workers = 0;      // background threads building batches; 0 builds them in the loop
   int prefetch = 2;         // batches each worker keeps in flight (PyTorch's prefetch_factor)
   // Builds a batch from its samples (PyTorch's collate_fn). When empty, the loader calls the dataset's
   // get_batch(indices), which is the fast path.
-  std::function<Example(std::vector<Example>)> collate;
+  std::function<Example(std::vector<Example>)> collate = {};
 };
 
 class DataLoader {
