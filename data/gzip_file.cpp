@@ -35,7 +35,8 @@ std::vector<uint8_t> inflate_file(std::FILE* f, const std::string& path) {
   KILN_CHECK(inflateInit2(&zs, 16 + MAX_WBITS) == Z_OK, "'{}': zlib inflateInit2 failed", path);
   std::unique_ptr<z_stream, int (*)(z_stream*)> guard(&zs, inflateEnd);
 
-  std::vector<uint8_t> out(std::max<size_t>(isize_hint(f), 1 << 16));
+  // One byte more than the hint, so that a correct hint never makes the buffer grow.
+  std::vector<uint8_t> out(std::max<size_t>(isize_hint(f) + 1, 1 << 16));
   std::vector<uint8_t> in(1 << 18);
   size_t produced = 0, consumed = 0;
   bool member_done = false;  // the last inflate ended a gzip member
@@ -53,7 +54,7 @@ std::vector<uint8_t> inflate_file(std::FILE* f, const std::string& path) {
       inflateReset(&zs);
       member_done = false;
     }
-    if (produced == out.size()) out.resize(out.size() * 2);
+    if (produced == out.size()) out.resize(out.size() + out.size() / 2);
     zs.next_out = out.data() + produced;
     zs.avail_out = static_cast<uInt>(std::min<size_t>(out.size() - produced, UINT32_MAX));
     const uInt before = zs.avail_out;
@@ -71,7 +72,7 @@ std::vector<uint8_t> inflate_file(std::FILE* f, const std::string& path) {
              "end of its data); the file is incomplete, fetch it again",
              path, consumed, produced);
   out.resize(produced);
-  out.shrink_to_fit();
+  if (out.capacity() - produced > produced / 4) out.shrink_to_fit();  // a copy: only when it pays
   return out;
 }
 
