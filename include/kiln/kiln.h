@@ -14,5 +14,6 @@
 #include "core/tensor_dict.h"
 #include "cpu/parallel.h"
 #include "cuda/cuda.h"
+#include "data/data.h"
 #include "ops/ops.h"
 #include "optim/optim.h"

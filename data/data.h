@@ -1,0 +1,10 @@
+// data/data.h: everything in data/, in one include: datasets, the DataLoader, Fashion-MNIST / MNIST,
+// synthetic images, byte-level text, and safetensors files.
+#pragma once
+
+#include "data/byte_text.h"
+#include "data/dataloader.h"
+#include "data/dataset.h"
+#include "data/mnist.h"
+#include "data/safetensors.h"
+#include "data/synthetic.h"
