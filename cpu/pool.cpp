@@ -60,15 +60,24 @@ void max_pool2d_typed(const View& in, const View& out, const View& indices, cons
         const T* r0 = xp + 2 * oh * W;
         const T* r1 = r0 + W;
         const int64_t base = 2 * oh * W;
+        // Branch-free selects in PyTorch's scan order (a later value wins when larger or NaN), so
+        // the compiler can vectorize the row.
         for (int64_t ow = 0; ow < Wo; ++ow) {
           const int64_t c = 2 * ow;
-          T best = r0[c];
-          int64_t bi = base + c;
-          take_max(r0[c + 1], base + c + 1, best, bi);
-          take_max(r1[c], base + W + c, best, bi);
-          take_max(r1[c + 1], base + W + c + 1, best, bi);
+          const T v0 = r0[c], v1 = r0[c + 1], v2 = r1[c], v3 = r1[c + 1];
+          T best = v0;
+          int64_t off = 0;
+          const bool t1 = v1 > best || v1 != v1;
+          best = t1 ? v1 : best;
+          off = t1 ? 1 : off;
+          const bool t2 = v2 > best || v2 != v2;
+          best = t2 ? v2 : best;
+          off = t2 ? W : off;
+          const bool t3 = v3 > best || v3 != v3;
+          best = t3 ? v3 : best;
+          off = t3 ? W + 1 : off;
           yp[oh * Wo + ow] = best;
-          ip[oh * Wo + ow] = bi;
+          ip[oh * Wo + ow] = base + c + off;
         }
       }
       return;
