@@ -14,4 +14,5 @@
 #include "core/tensor_dict.h"
 #include "cpu/parallel.h"
 #include "cuda/cuda.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
