@@ -87,6 +87,21 @@ enum class RandomKind : uint8_t {
   Bernoulli,  // 1 with probability a
 };
 
+// The geometry of a 2-D convolution (per dim: h, w).
+struct Conv2dArgs {
+  int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
+  int64_t groups = 1;
+};
+
+// The geometry of a 2-D pooling window. Window (oh, ow) covers input rows
+// oh * stride_h - pad_h + i * dilation_h for i in [0, kernel_h), likewise columns.
+struct Pool2dArgs {
+  int64_t kernel_h = 1, kernel_w = 1, stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0;
+  int64_t dilation_h = 1, dilation_w = 1;  // max pooling only
+  bool count_include_pad = true;           // avg pooling: padded positions count in the divisor
+  int64_t divisor = 0;                     // avg pooling: divide by this instead (0: none)
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -137,6 +152,43 @@ class Backend {
   // out[i][index[i][j]] = src[i][j] (or += when accumulate)
   virtual void scatter(const View& out, int dim, const View& index, const View& src,
                        bool accumulate, const Stream& s) = 0;
+
+  // -- convolution: NCHW, every view contiguous, floating dtypes; input (N, C_in, H, W), weight
+  //    (C_out, C_in / groups, kH, kW), out (N, C_out, H_out, W_out) with PyTorch's output size;
+  //    bias (C_out) or data == nullptr for none. Group g maps input channels
+  //    [g * C_in/groups, (g+1) * C_in/groups) to output channels likewise --
+  virtual void conv2d(const View& input, const View& weight, const View& bias, const View& out,
+                      const Conv2dArgs& args, const Stream& s) = 0;
+  // grad_input (N, C_in, H, W) = d<grad_out, conv2d(input, weight)> / d input (overwritten)
+  virtual void conv2d_backward_input(const View& grad_out, const View& weight, const View& grad_input,
+                                     const Conv2dArgs& args, const Stream& s) = 0;
+  // grad_weight (C_out, C_in / groups, kH, kW) = d<grad_out, conv2d(input, weight)> / d weight
+  virtual void conv2d_backward_weight(const View& grad_out, const View& input, const View& grad_weight,
+                                      const Conv2dArgs& args, const Stream& s) = 0;
+
+  // -- pooling over the last two dims of contiguous (N, C, H, W) views (N * C planes) --
+  // out: the max of each window (padding never wins; NaN wins), indices (int64, out's shape): its
+  // position h * W + w in the input plane.
+  virtual void max_pool2d(const View& in, const View& out, const View& indices, const Pool2dArgs& args,
+                          const Stream& s) = 0;
+  // grad_in = 0, then grad_in[plane][indices[plane][i]] += grad_out[plane][i]
+  virtual void max_pool2d_backward(const View& grad_out, const View& indices, const View& grad_in,
+                                   const Stream& s) = 0;
+  // out: the sum of each window (clipped to the input) over PyTorch's divisor: args.divisor if
+  // nonzero, else the window size clipped to the padded input (count_include_pad) or to the input.
+  virtual void avg_pool2d(const View& in, const View& out, const Pool2dArgs& args, const Stream& s) = 0;
+  virtual void avg_pool2d_backward(const View& grad_out, const View& grad_in, const Pool2dArgs& args,
+                                   const Stream& s) = 0;  // grad_in overwritten
+  // Output element i of a dim of size in -> out averages [floor(i * in / out), ceil((i + 1) * in / out)).
+  virtual void adaptive_avg_pool2d(const View& in, const View& out, const Stream& s) = 0;
+  virtual void adaptive_avg_pool2d_backward(const View& grad_out, const View& grad_in,
+                                            const Stream& s) = 0;  // grad_in overwritten
+
+  // -- normalisation of each row of a contiguous (R, M) view: mean[r] and rstd[r] = 1 / sqrt(var[r] +
+  //    eps) (biased variance), out = (in - mean) * rstd. rms: mean = 0 and var = mean(in^2) (RMSNorm).
+  //    mean and rstd are (R) in in's dtype --
+  virtual void norm_rows(const View& in, const View& out, const View& mean, const View& rstd, double eps,
+                         bool rms, const Stream& s) = 0;
 };
 
 }  // namespace kiln

@@ -62,6 +62,43 @@ class CpuBackend final : public Backend {
                const Stream&) override {
     scatter_kernel(out, dim, index, src, accumulate);
   }
+  void conv2d(const View& input, const View& weight, const View& bias, const View& out,
+              const Conv2dArgs& args, const Stream&) override {
+    conv2d_kernel(input, weight, bias, out, args);
+  }
+  void conv2d_backward_input(const View& grad_out, const View& weight, const View& grad_input,
+                             const Conv2dArgs& args, const Stream&) override {
+    conv2d_backward_input_kernel(grad_out, weight, grad_input, args);
+  }
+  void conv2d_backward_weight(const View& grad_out, const View& input, const View& grad_weight,
+                              const Conv2dArgs& args, const Stream&) override {
+    conv2d_backward_weight_kernel(grad_out, input, grad_weight, args);
+  }
+  void max_pool2d(const View& in, const View& out, const View& indices, const Pool2dArgs& args,
+                  const Stream&) override {
+    max_pool2d_kernel(in, out, indices, args);
+  }
+  void max_pool2d_backward(const View& grad_out, const View& indices, const View& grad_in,
+                           const Stream&) override {
+    max_pool2d_backward_kernel(grad_out, indices, grad_in);
+  }
+  void avg_pool2d(const View& in, const View& out, const Pool2dArgs& args, const Stream&) override {
+    avg_pool2d_kernel(in, out, args);
+  }
+  void avg_pool2d_backward(const View& grad_out, const View& grad_in, const Pool2dArgs& args,
+                           const Stream&) override {
+    avg_pool2d_backward_kernel(grad_out, grad_in, args);
+  }
+  void adaptive_avg_pool2d(const View& in, const View& out, const Stream&) override {
+    adaptive_avg_pool2d_kernel(in, out);
+  }
+  void adaptive_avg_pool2d_backward(const View& grad_out, const View& grad_in, const Stream&) override {
+    adaptive_avg_pool2d_backward_kernel(grad_out, grad_in);
+  }
+  void norm_rows(const View& in, const View& out, const View& mean, const View& rstd, double eps, bool rms,
+                 const Stream&) override {
+    norm_rows_kernel(in, out, mean, rstd, eps, rms);
+  }
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 // cpu/kernels.h: the CPU kernels, one group per file (private to cpu/). backend.cpp binds them to
 // the Backend contract of core/backend.h, whose comments say what each computes. Each file's CUDA
-// counterpart has the same stem in cuda/ (copy, elementwise, reduce, matmul, index, random).
+// counterpart has the same stem in cuda/ (copy, elementwise, reduce, matmul, index, random; the
+// nn kernels conv, pool and norm are in cuda/backend.cu until cuDNN implements them).
 #pragma once
 
 #include "core/backend.h"
@@ -23,5 +24,27 @@ void gather_kernel(const View& in, int dim, const View& index, const View& out);
 void scatter_kernel(const View& out, int dim, const View& index, const View& src, bool accumulate);
 void random_kernel(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a,
                    double b);                                                // random.cpp
+void conv2d_kernel(const View& input, const View& weight, const View& bias, const View& out,
+                   const Conv2dArgs& args);                                  // conv.cpp
+void conv2d_backward_input_kernel(const View& grad_out, const View& weight, const View& grad_input,
+                                  const Conv2dArgs& args);
+void conv2d_backward_weight_kernel(const View& grad_out, const View& input, const View& grad_weight,
+                                   const Conv2dArgs& args);
+void max_pool2d_kernel(const View& in, const View& out, const View& indices,
+                       const Pool2dArgs& args);                              // pool.cpp
+void max_pool2d_backward_kernel(const View& grad_out, const View& indices, const View& grad_in);
+void avg_pool2d_kernel(const View& in, const View& out, const Pool2dArgs& args);
+void avg_pool2d_backward_kernel(const View& grad_out, const View& grad_in, const Pool2dArgs& args);
+void adaptive_avg_pool2d_kernel(const View& in, const View& out);
+void adaptive_avg_pool2d_backward_kernel(const View& grad_out, const View& grad_in);
+void norm_rows_kernel(const View& in, const View& out, const View& mean, const View& rstd, double eps,
+                      bool rms);                                             // norm.cpp
+
+// Single-threaded c = op(a) @ op(b) (+ c when accumulate) on row-major matrices, c (m, n) with
+// leading dims lda/ldb/ldc; op transposes when ta/tb. float and double (matmul.cpp). The conv
+// kernels call it from their own parallel_for.
+template <typename T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+          int64_t ldb, bool accumulate, T* c, int64_t ldc);
 
 }  // namespace kiln::cpu

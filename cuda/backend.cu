@@ -96,6 +96,48 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(s.device.index, accumulate ? "scatter_add" : "scatter");
     scatter_launch(out, dim, index, src, accumulate, s);
   }
+
+  // The nn kernels: not on CUDA yet. The CUDA issue implements them with cuDNN (convolution,
+  // pooling) and its own kernels (norm_rows); until then each is a clear Error.
+  void conv2d(const View&, const View&, const View&, const View&, const Conv2dArgs&,
+              const Stream&) override {
+    not_yet("conv2d");
+  }
+  void conv2d_backward_input(const View&, const View&, const View&, const Conv2dArgs&,
+                             const Stream&) override {
+    not_yet("conv2d_backward_input");
+  }
+  void conv2d_backward_weight(const View&, const View&, const View&, const Conv2dArgs&,
+                              const Stream&) override {
+    not_yet("conv2d_backward_weight");
+  }
+  void max_pool2d(const View&, const View&, const View&, const Pool2dArgs&, const Stream&) override {
+    not_yet("max_pool2d");
+  }
+  void max_pool2d_backward(const View&, const View&, const View&, const Stream&) override {
+    not_yet("max_pool2d_backward");
+  }
+  void avg_pool2d(const View&, const View&, const Pool2dArgs&, const Stream&) override {
+    not_yet("avg_pool2d");
+  }
+  void avg_pool2d_backward(const View&, const View&, const Pool2dArgs&, const Stream&) override {
+    not_yet("avg_pool2d_backward");
+  }
+  void adaptive_avg_pool2d(const View&, const View&, const Stream&) override {
+    not_yet("adaptive_avg_pool2d");
+  }
+  void adaptive_avg_pool2d_backward(const View&, const View&, const Stream&) override {
+    not_yet("adaptive_avg_pool2d_backward");
+  }
+  void norm_rows(const View&, const View&, const View&, const View&, double, bool,
+                 const Stream&) override {
+    not_yet("norm_rows (layer_norm, rms_norm, group_norm, batch_norm)");
+  }
+
+ private:
+  [[noreturn]] static void not_yet(const char* op) {
+    KILN_FAIL("{}: not implemented on CUDA yet; run it on the CPU (.to(Device::cpu())) for now", op);
+  }
 };
 
 }  // namespace

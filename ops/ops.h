@@ -35,6 +35,10 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
                Generator* gen = nullptr);
 Tensor randperm(int64_t n, TensorOptions options = kInt64, Generator* gen = nullptr);
 Tensor bernoulli(const Shape& shape, double p, TensorOptions options = {}, Generator* gen = nullptr);
+// ---- dropout (in the random section) ----
+// Zeroes each element with probability p (a bernoulli(1 - p) mask from gen) and scales the rest by
+// 1 / (1 - p); train = false or p = 0 returns the input itself, p = 1 gives zeros.
+Tensor dropout(const Tensor& input, double p = 0.5, bool train = true, Generator* gen = nullptr);
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);
@@ -185,6 +189,48 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& 
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src);
 Tensor embedding(const Tensor& weight, const Tensor& indices);  // weight (V, C), any index shape
 Tensor one_hot(const Tensor& indices, int64_t num_classes = -1);  // int64 output
+
+// ---- conv.cpp ---- (input N,C,H,W or unbatched C,H,W as PyTorch; weight (C_out, C_in/groups, kH, kW))
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+              const Shape& stride = {1, 1}, const Shape& padding = {0, 0},
+              const Shape& dilation = {1, 1}, int64_t groups = 1);
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, int64_t stride = 1,
+              int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+// The gradients of conv2d (its backward; ordinary ops, so they have a backward too): with respect to
+// the input, of shape input_shape (N, C_in, H, W), and with respect to the weight, of weight_shape.
+Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
+                             const Shape& stride, const Shape& padding, const Shape& dilation,
+                             int64_t groups);
+Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,
+                              const Shape& stride, const Shape& padding, const Shape& dilation,
+                              int64_t groups);
+
+// ---- pool.cpp ---- (stride {} means = kernel_size; a single-element Shape {k} means {k, k})
+Tensor max_pool2d(const Tensor& x, const Shape& kernel_size, const Shape& stride = {},
+                  const Shape& padding = {0, 0}, const Shape& dilation = {1, 1}, bool ceil_mode = false);
+std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Shape& kernel_size,
+                  const Shape& stride = {}, const Shape& padding = {0, 0},
+                  const Shape& dilation = {1, 1}, bool ceil_mode = false);  // indices int64 into H*W as PyTorch
+Tensor avg_pool2d(const Tensor& x, const Shape& kernel_size, const Shape& stride = {},
+                  const Shape& padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true,
+                  std::optional<int64_t> divisor_override = {});
+Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size);
+// max_pool2d(x, 2): a square kernel given as one number.
+inline Tensor max_pool2d(const Tensor& x, int64_t kernel_size) { return max_pool2d(x, Shape{kernel_size}); }
+inline Tensor avg_pool2d(const Tensor& x, int64_t kernel_size) { return avg_pool2d(x, Shape{kernel_size}); }
+
+// ---- norm.cpp ----
+// training: normalises with batch statistics and updates running_mean/var in place (unbiased var,
+// momentum as PyTorch) when they are defined; eval: uses the running statistics.
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                  const Tensor& weight, const Tensor& bias, bool training, double momentum = 0.1,
+                  double eps = 1e-5);
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
+Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {},
+                std::optional<double> eps = {});  // eps default: machine epsilon of the dtype (PyTorch)
+Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight = {},
+                  const Tensor& bias = {}, double eps = 1e-5);
 
 // ---- print.cpp ----
 std::string to_string(const Tensor& t);
