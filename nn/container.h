@@ -2,7 +2,8 @@
 // children are owned (see Note [module ownership] in nn/module.h): they are moved in or shared.
 //
 //   nn::Sequential seq{nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2)};   // children "0", "1", "2"
-//   nn::ModuleList blocks;  blocks.push_back(nn::Linear(8, 8));
+//   nn::ModuleList blocks{std::make_shared<Block>(), std::make_shared<Block>()};
+//   blocks.push_back(nn::Linear(8, 8));
 //   nn::ModuleDict heads;   heads.insert("cls", nn::Linear(8, 10));
 //
 // A Sequential given a single Sequential rvalue is moved (the move constructor), not nested; nest with
@@ -22,12 +23,17 @@ namespace kiln::nn {
 
 template <class M>
 concept ModuleValue = std::derived_from<std::remove_cvref_t<M>, Module> && !std::is_lvalue_reference_v<M>;
+// What a container's constructor takes: a module moved in, or a std::shared_ptr to one (shared).
+template <class M>
+concept ModuleItem = ModuleValue<M> || requires(M m) {
+  { std::shared_ptr<Module>(m) };
+};
 
 // An ordered list of owned modules named "0", "1", ...
 class ModuleList : public Module {
  public:
   ModuleList() = default;
-  template <ModuleValue... Ms>
+  template <ModuleItem... Ms>
     requires(sizeof...(Ms) >= 1)
   explicit ModuleList(Ms&&... modules) {
     (push_back(std::forward<Ms>(modules)), ...);

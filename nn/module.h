@@ -19,7 +19,7 @@
 // replaces the data behind that same handle (as PyTorch's `param.data = ...`), so every holder sees the
 // moved tensor; an optimizer is built afterwards, as in PyTorch.
 //
-// Layers are in nn/linear.h, nn/conv.h, nn/norm.h, nn/activation.h, nn/container.h.
+// Layers are in nn/linear.h, nn/conv.h, nn/norm.h (with Dropout), nn/activation.h, nn/container.h.
 #pragma once
 
 #include <functional>

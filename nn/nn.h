@@ -4,7 +4,9 @@
 
 #include "nn/activation.h"
 #include "nn/container.h"
+#include "nn/conv.h"
 #include "nn/functional.h"
 #include "nn/init.h"
 #include "nn/linear.h"
 #include "nn/module.h"
+#include "nn/norm.h"
