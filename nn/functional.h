@@ -11,9 +11,30 @@
 #include <string>
 
 #include "core/tensor.h"
+#include "ops/ops.h"
 
 namespace kiln::nn {
 inline namespace functional {
+
+// The ops that torch.nn.functional also has, under the same names (the same functions as kiln::).
+using ops::adaptive_avg_pool2d;
+using ops::avg_pool2d;
+using ops::batch_norm;
+using ops::conv1d;
+using ops::conv2d;
+using ops::dropout;
+using ops::gelu;
+using ops::group_norm;
+using ops::layer_norm;
+using ops::log_softmax;
+using ops::max_pool2d;
+using ops::max_pool2d_with_indices;
+using ops::one_hot;
+using ops::pad;
+using ops::relu;
+using ops::rms_norm;
+using ops::silu;
+using ops::softmax;
 
 // ---- layers ----
 // x (*, in) @ weight (out, in)^T + bias (out): the bias is added in place into the product and the

@@ -58,3 +58,26 @@ TEST_CASE("Identity passes its input through", "[nn][layers]") {
   Tensor x = test::sample({2, 3});
   CHECK(id(x).is_same(x));
 }
+
+TEST_CASE("linear and embedding record one node each and pass gradcheck and gradgradcheck", "[nn][layers][gradcheck]") {
+  using autograd::TensorList;
+  Tensor x = test::sample({2, 3, 4}, kFloat64, 0.2).requires_grad_();
+  Tensor w = test::sample({5, 4}, kFloat64, 0.7).requires_grad_();
+  Tensor b = test::sample({5}, kFloat64, 1.3).requires_grad_();
+  Tensor y = nn::linear(x, w, b);
+  REQUIRE(y.grad_fn());
+  CHECK(std::string(y.grad_fn()->name()) == "LinearBackward");
+  auto fn = [](const TensorList& in) { return TensorList{nn::linear(in[0], in[1], in[2])}; };
+  CHECK(autograd::gradcheck(fn, {x, w, b}));
+  CHECK(autograd::gradgradcheck(fn, {x, w, b}));
+  Tensor table = test::sample({6, 3}, kFloat64, 0.4).requires_grad_();
+  Tensor idx = from_vector<int64_t>({1, 4, 4, 0, 5, 1}, {2, 3});
+  auto emb = [&](const TensorList& in) { return TensorList{nn::embedding(idx, in[0])}; };
+  CHECK(autograd::gradcheck(emb, {table}));
+  // The padding row's gradient is exactly zero even though index 4 appears twice.
+  Tensor g = autograd::grad({nn::embedding(idx, table, 4)}, {table}, {ones({2, 3, 3}, kFloat64)})[0];
+  test::check_equal(g[4], zeros({3}, kFloat64));
+  test::check_equal(g[1], full({3}, 2.0, kFloat64));
+  test::check_error([&] { nn::linear(x, zeros({5, 3}, kFloat64)); },
+                    {"linear", "last dim (4)", "in_features (3)"});
+}
