@@ -47,15 +47,17 @@ void check_class_weight(const Tensor& weight, int64_t classes, const char* op) {
              weight.sizes().str());
 }
 
-// The negative log-likelihood of class-index targets, per element and reduced, given log-probabilities
-// (N, C, d...) or (C). Also returns the per-element weights (0 where ignored) for label smoothing.
+// The negative log-likelihood of class-index targets given log-probabilities (N, C, d...) or (C), reduced,
+// recorded as one node: it is linear in logp, so its gradient is -w[t] (times the reduction's factor) at
+// each target class and zero elsewhere: one scatter. Also returns the per-element weights w[t] (1 without
+// a weight; 0 where target == ignore_index), which label smoothing reuses.
 struct Nll {
-  Tensor loss;     // -w[t] * logp[t], shape of target
-  Tensor weights;  // w[t] (or 1), 0 where target == ignore_index; undefined when neither applies
+  Tensor loss;
+  Tensor weights;  // shape of target
 };
 
-Nll nll_elements(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t ignore_index,
-                 const char* op) {
+Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t ignore_index, Reduction r,
+        const char* op) {
   KILN_CHECK(target.dtype() == kInt64 || target.dtype() == kInt32,
              "{}: class-index targets must be int64 or int32, got {}; for class probabilities pass a "
              "floating target of the input's shape",
@@ -66,30 +68,37 @@ Nll nll_elements(const Tensor& logp, const Tensor& target, const Tensor& weight,
   KILN_CHECK(target.sizes() == expected,
              "{}: for input of shape {} the class-index target must have shape {}, got {}", op,
              logp.sizes().str(), expected.str(), target.sizes().str());
-  int64_t classes = logp.size(cdim);
-  if (weight.defined()) check_class_weight(weight, classes, op);
+  if (weight.defined()) check_class_weight(weight, logp.size(cdim), op);
 
-  // Targets that are ignored index class 0 (then masked), so gather stays in range.
-  Tensor keep = target.ne(ignore_index);
-  Tensor safe = target.masked_fill(keep.logical_not(), 0);
-  Tensor picked = gather(logp, cdim, safe.unsqueeze(cdim)).squeeze(cdim);
   Nll out;
-  if (weight.defined()) {
-    out.weights = index_select(weight, 0, safe.reshape({-1})).view(target.sizes()) * keep;
-  } else {
-    out.weights = keep.to(logp.dtype());
+  Tensor index, denom;
+  {
+    NoGradGuard no_grad;
+    // Ignored targets index class 0 (with weight 0), so gather stays in range.
+    Tensor keep = target.ne(ignore_index);
+    Tensor safe = target.masked_fill(keep.logical_not(), 0);
+    index = safe.unsqueeze(cdim);
+    out.weights = weight.defined() ? index_select(weight, 0, safe.reshape({-1})).view(target.sizes()) * keep
+                                   : keep.to(logp.dtype());
+    Tensor picked = gather(logp, cdim, index).squeeze(cdim) * out.weights;  // -loss per element
+    switch (r) {
+      case Reduction::Mean:  // PyTorch's weighted mean
+        denom = out.weights.sum();
+        out.loss = picked.sum().div_(denom).neg_();
+        break;
+      case Reduction::Sum: out.loss = picked.sum().neg_(); break;
+      case Reduction::None: out.loss = picked.neg_(); break;
+    }
   }
-  out.loss = -(picked * out.weights);
+  if (autograd::should_record(logp)) {
+    autograd::record("NllLossBackward", {logp}, {out.loss},
+                     [index, w = out.weights, denom, cdim, sizes = logp.sizes(), options = logp.options()](
+                         const autograd::Grads& g) -> autograd::TensorList {
+                       Tensor coef = denom.defined() ? g[0] / denom * w : g[0] * w;
+                       return {zeros(sizes, options).scatter(cdim, index, -coef.unsqueeze(cdim))};
+                     });
+  }
   return out;
-}
-
-Tensor nll_reduce(const Nll& nll, Reduction r) {
-  switch (r) {
-    case Reduction::Mean: return nll.loss.sum() / nll.weights.sum();  // PyTorch's weighted mean
-    case Reduction::Sum: return nll.loss.sum();
-    case Reduction::None: break;
-  }
-  return nll.loss;
 }
 
 }  // namespace
@@ -156,7 +165,7 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
 
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
   Reduction r = parse_reduction(options.reduction, "nll_loss");
-  return nll_reduce(nll_elements(input, target, options.weight, options.ignore_index, "nll_loss"), r);
+  return nll(input, target, options.weight, options.ignore_index, r, "nll_loss").loss;
 }
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options) {
@@ -184,20 +193,20 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
     return reduce(loss, r);
   }
 
-  Nll nll = nll_elements(logp, target, options.weight, options.ignore_index, op);
-  if (eps == 0) return nll_reduce(nll, r);
+  Nll nl = nll(logp, target, options.weight, options.ignore_index, r, op);
+  if (eps == 0) return nl.loss;
   // Label smoothing: (1 - eps) * nll + eps / C * (-sum_c w_c logp_c), ignored elements masked.
   Tensor all = options.weight.defined() ? logp * along_classes(options.weight, input.dim()) : logp;
   Tensor smooth = -all.sum({cdim}) * target.ne(options.ignore_index);
   Tensor smooth_reduced;
   switch (r) {
     case Reduction::Mean:
-      smooth_reduced = smooth.sum() / nll.weights.sum();
+      smooth_reduced = smooth.sum() / nl.weights.sum();
       break;
     case Reduction::Sum: smooth_reduced = smooth.sum(); break;
     case Reduction::None: smooth_reduced = smooth; break;
   }
-  return nll_reduce(nll, r) * (1 - eps) + smooth_reduced * (eps / classes);
+  return nl.loss * (1 - eps) + smooth_reduced * (eps / classes);
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& options) {

@@ -84,6 +84,12 @@ TEST_CASE("Losses pass gradcheck in float64", "[nn][losses][gradcheck]") {
         return TensorList{nn::cross_entropy(in[0], labels, {.weight = w, .label_smoothing = 0.1})};
       },
       {logits}));
+  auto ce = [&](const TensorList& in) { return TensorList{nn::cross_entropy(in[0], labels, {.reduction = "sum"})}; };
+  CHECK(autograd::gradcheck(ce, {logits}));
+  CHECK(autograd::gradgradcheck(ce, {logits}));
+  // The hot path is two nodes: log_softmax, then the fused negative log-likelihood.
+  Tensor loss = nn::cross_entropy(logits, from_vector<int64_t>({1, 2, 4, 0}, {4}));
+  CHECK(std::string(loss.grad_fn()->name()) == "NllLossBackward");
   CHECK(autograd::gradcheck(
       [&](const TensorList& in) { return TensorList{nn::cross_entropy(in[0], in[1], {.label_smoothing = 0.2})}; },
       {logits, probs}));
