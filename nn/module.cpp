@@ -40,19 +40,30 @@ std::string join(const std::vector<std::string>& names) {
 
 Module::Module() : hooks_(std::make_shared<Hooks>()) {}
 
-Module::Module(Module&& other)
-    : parameters_(std::move(other.parameters_)),
-      buffers_(std::move(other.buffers_)),
-      training_(other.training_),
-      hooks_(std::exchange(other.hooks_, std::make_shared<Hooks>())) {
-  for (const Child& c : other.children_) {
-    KILN_CHECK(c.owned != nullptr,
+// Checked before anything is moved, so a refused move leaves `other` intact.
+static Module& check_movable(Module& other, const std::vector<std::pair<std::string, bool>>& borrowed) {
+  for (const auto& [name, is_borrowed] : borrowed) {
+    KILN_CHECK(!is_borrowed,
                "nn::Module: cannot move a {} that registers submodule '{}' by reference: the moved "
                "module would point at the old one's members. Keep the module in place (or hold it in a "
                "std::shared_ptr), or register owned children: register_module(name, std::make_shared<M>(...))",
-               other.name(), c.name);
+               other.name(), name);
   }
-  children_ = std::move(other.children_);
+  return other;
+}
+
+std::vector<std::pair<std::string, bool>> Module::borrowed_children() const {
+  std::vector<std::pair<std::string, bool>> out;
+  for (const Child& c : children_) out.emplace_back(c.name, c.owned == nullptr);
+  return out;
+}
+
+Module::Module(Module&& other)
+    : parameters_(std::move(check_movable(other, other.borrowed_children()).parameters_)),
+      buffers_(std::move(other.buffers_)),
+      children_(std::move(other.children_)),
+      training_(other.training_),
+      hooks_(std::exchange(other.hooks_, std::make_shared<Hooks>())) {
   other.parameters_.clear();
   other.buffers_.clear();
   other.children_.clear();
@@ -102,7 +113,7 @@ void Module::check_new_name(const std::string& name, const char* what) const {
              "nn::Module: {} already has an attribute '{}'; choose another {} name", this->name(), name, what);
 }
 
-Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
+Tensor Module::register_parameter(const std::string& name, Tensor t, bool requires_grad) {
   check_new_name(name, "parameter");
   if (t.defined()) {
     KILN_CHECK(t.is_floating_point(), "nn::Module: parameter '{}' must be floating, not {}", name,
@@ -114,7 +125,7 @@ Tensor& Module::register_parameter(const std::string& name, Tensor t, bool requi
   return parameters_.back().tensor;
 }
 
-Tensor& Module::register_buffer(const std::string& name, Tensor t, bool persistent) {
+Tensor Module::register_buffer(const std::string& name, Tensor t, bool persistent) {
   check_new_name(name, "buffer");
   buffers_.push_back({name, std::move(t), persistent});
   return buffers_.back().tensor;

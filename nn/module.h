@@ -76,9 +76,10 @@ class Module {
 
   // ---- registration ----
   // A parameter: a floating tensor that requires grad (set here). An undefined tensor registers nothing.
-  Tensor& register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
+  // Returns the handle to keep in a member: `weight = register_parameter("weight", empty({4, 3}));`.
+  Tensor register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
   // A buffer: state that is not trained (running statistics); persistent ones go into state_dict().
-  Tensor& register_buffer(const std::string& name, Tensor t, bool persistent = true);
+  Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
   // Borrowed (see Note [module ownership]); returns the module.
   template <class M> M& register_module(const std::string& name, M& module) {
     add_child(name, &module, nullptr);
@@ -147,6 +148,7 @@ class Module {
   };
 
   void add_child(const std::string& name, Module* module, std::shared_ptr<Module> owned);
+  std::vector<std::pair<std::string, bool>> borrowed_children() const;  // (name, is borrowed)
   void check_new_name(const std::string& name, const char* what) const;
   void collect_parameters(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;
   void collect_buffers(const std::string& prefix, bool persistent_only,

@@ -135,6 +135,7 @@ TEST_CASE("Modules cannot be copied; leaf layers move; modules with borrowed chi
 
   Inner inner;
   test::check_error([&] { Inner moved(std::move(inner)); }, {"cannot move a Inner", "submodule 'fc'"});
+  CHECK(inner.parameters().size() == 3);  // the refused move left it intact
   // Owned children can be nested through shared_ptr.
   nn::Sequential outer;
   outer.push_back(std::make_shared<Inner>());
