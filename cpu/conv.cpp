@@ -1,15 +1,235 @@
-// cpu/conv.cpp: 2-D convolution and its two backward kernels (not written yet).
+// cpu/conv.cpp: 2-D convolution and its two backward kernels, by im2col + GEMM.
+//
+// For one sample and one group, the (C_in/groups * kH * kW, H_out * W_out) "column" matrix holds, for
+// each output position, the input patch it sees (zeros in the padding); then
+//   forward:         out (C_out/g, P)  = W (C_out/g, K) @ col (K, P)
+//   backward input:  col (K, P)        = W^T @ grad_out (C_out/g, P), scattered back (col2im)
+//   backward weight: grad_W (C_out/g, K) += grad_out @ col^T
+// The GEMMs are gemm() of matmul.cpp (OpenBLAS, single-threaded); the pool of cpu/parallel.h splits the
+// batch, each piece with its own column buffer (and, for the weight gradient, its own accumulator,
+// summed in piece order so the result does not depend on timing). A 1x1 convolution with stride 1 and
+// no padding needs no columns: the input plane is the column matrix.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
 #include "core/error.h"
 #include "cpu/kernels.h"
+#include "cpu/parallel.h"
 
 namespace kiln::cpu {
-void conv2d_kernel(const View&, const View&, const View&, const View&, const Conv2dArgs&) {
-  KILN_FAIL("conv2d: not implemented yet");
+namespace {
+
+struct Geometry {
+  int64_t N, C, H, W, Co, kH, kW, Ho, Wo, G, Cg, Cog, K, P;
+  Conv2dArgs a;
+  bool pointwise() const {
+    return kH == 1 && kW == 1 && a.stride_h == 1 && a.stride_w == 1 && a.pad_h == 0 && a.pad_w == 0;
+  }
+};
+
+Geometry geometry(const View& input, const View& weight, const View& out, const Conv2dArgs& a) {
+  Geometry g;
+  g.N = input.sizes[0], g.C = input.sizes[1], g.H = input.sizes[2], g.W = input.sizes[3];
+  g.Co = weight.sizes[0], g.kH = weight.sizes[2], g.kW = weight.sizes[3];
+  g.Ho = out.sizes[2], g.Wo = out.sizes[3];
+  g.G = a.groups, g.Cg = g.C / a.groups, g.Cog = g.Co / a.groups;
+  g.K = g.Cg * g.kH * g.kW, g.P = g.Ho * g.Wo;
+  g.a = a;
+  return g;
 }
-void conv2d_backward_input_kernel(const View&, const View&, const View&, const Conv2dArgs&) {
-  KILN_FAIL("conv2d_backward_input: not implemented yet");
+
+// col (K, P) = the patches of x (Cg, H, W), one row per (channel, kernel row, kernel column).
+template <typename T>
+void im2col(const T* x, const Geometry& g, T* col) {
+  const auto& a = g.a;
+  for (int64_t c = 0; c < g.Cg; ++c) {
+    for (int64_t i = 0; i < g.kH; ++i) {
+      for (int64_t j = 0; j < g.kW; ++j) {
+        T* row = col + ((c * g.kH + i) * g.kW + j) * g.P;
+        const T* plane = x + c * g.H * g.W;
+        const int64_t w_off = j * a.dilation_w - a.pad_w;
+        // The output columns whose input column is inside [0, W).
+        int64_t ow_lo = 0, ow_hi = g.Wo;
+        while (ow_lo < g.Wo && ow_lo * a.stride_w + w_off < 0) ++ow_lo;
+        while (ow_hi > ow_lo && (ow_hi - 1) * a.stride_w + w_off >= g.W) --ow_hi;
+        for (int64_t oh = 0; oh < g.Ho; ++oh) {
+          T* dst = row + oh * g.Wo;
+          const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dilation_h;
+          if (ih < 0 || ih >= g.H) {
+            std::memset(dst, 0, sizeof(T) * g.Wo);
+            continue;
+          }
+          const T* src = plane + ih * g.W;  // input column ow * stride_w + w_off
+          for (int64_t ow = 0; ow < ow_lo; ++ow) dst[ow] = T(0);
+          if (a.stride_w == 1) {
+            if (ow_hi > ow_lo) std::memcpy(dst + ow_lo, src + ow_lo + w_off, sizeof(T) * (ow_hi - ow_lo));
+          } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dst[ow] = src[ow * a.stride_w + w_off];
+          }
+          for (int64_t ow = ow_hi; ow < g.Wo; ++ow) dst[ow] = T(0);
+        }
+      }
+    }
+  }
 }
-void conv2d_backward_weight_kernel(const View&, const View&, const View&, const Conv2dArgs&) {
-  KILN_FAIL("conv2d_backward_weight: not implemented yet");
+
+// x (Cg, H, W) += the columns scattered back to where im2col read them (x zeroed by the caller).
+template <typename T>
+void col2im(const T* col, const Geometry& g, T* x) {
+  const auto& a = g.a;
+  for (int64_t c = 0; c < g.Cg; ++c) {
+    for (int64_t i = 0; i < g.kH; ++i) {
+      for (int64_t j = 0; j < g.kW; ++j) {
+        const T* row = col + ((c * g.kH + i) * g.kW + j) * g.P;
+        T* plane = x + c * g.H * g.W;
+        const int64_t w_off = j * a.dilation_w - a.pad_w;
+        int64_t ow_lo = 0, ow_hi = g.Wo;
+        while (ow_lo < g.Wo && ow_lo * a.stride_w + w_off < 0) ++ow_lo;
+        while (ow_hi > ow_lo && (ow_hi - 1) * a.stride_w + w_off >= g.W) --ow_hi;
+        for (int64_t oh = 0; oh < g.Ho; ++oh) {
+          const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dilation_h;
+          if (ih < 0 || ih >= g.H) continue;
+          const T* src = row + oh * g.Wo;
+          T* dst = plane + ih * g.W;
+          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dst[ow * a.stride_w + w_off] += src[ow];
+        }
+      }
+    }
+  }
 }
+
+// Splits the batch into pieces (at most one per thread) and runs fn(piece, n0, n1) on each.
+template <typename F>
+void for_batch_pieces(int64_t N, int64_t work_per_sample, const F& fn) {
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(work_per_sample, 1));
+  const int pieces = parallel_pieces(N, grain);
+  parallel_for(0, pieces, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) fn(p, N * p / pieces, N * (p + 1) / pieces);
+  });
+}
+
+template <typename T>
+void conv2d_typed(const View& input, const View& weight, const View& bias, const View& out,
+                  const Conv2dArgs& args) {
+  const Geometry g = geometry(input, weight, out, args);
+  const T* x = input.ptr<T>();
+  const T* w = weight.ptr<T>();
+  const T* b = bias.data ? bias.ptr<T>() : nullptr;
+  T* y = out.ptr<T>();
+  const bool direct = g.pointwise();
+  for_batch_pieces(g.N, g.Co * g.K * g.P, [&](int64_t, int64_t n0, int64_t n1) {
+    std::vector<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t grp = 0; grp < g.G; ++grp) {
+        const T* xg = x + (n * g.C + grp * g.Cg) * g.H * g.W;
+        if (!direct) im2col(xg, g, col.data());
+        T* yg = y + (n * g.Co + grp * g.Cog) * g.P;
+        gemm<T>(false, false, g.Cog, g.P, g.K, w + grp * g.Cog * g.K, g.K, direct ? xg : col.data(), g.P,
+                false, yg, g.P);
+        if (b) {
+          for (int64_t co = 0; co < g.Cog; ++co) {
+            const T bv = b[grp * g.Cog + co];
+            T* row = yg + co * g.P;
+            for (int64_t p = 0; p < g.P; ++p) row[p] += bv;
+          }
+        }
+      }
+    }
+  });
+}
+
+template <typename T>
+void conv2d_backward_input_typed(const View& grad_out, const View& weight, const View& grad_input,
+                                 const Conv2dArgs& args) {
+  const Geometry g = geometry(grad_input, weight, grad_out, args);
+  const T* gy = grad_out.ptr<T>();
+  const T* w = weight.ptr<T>();
+  T* gx = grad_input.ptr<T>();
+  const bool direct = g.pointwise();
+  for_batch_pieces(g.N, g.Co * g.K * g.P, [&](int64_t, int64_t n0, int64_t n1) {
+    std::vector<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t grp = 0; grp < g.G; ++grp) {
+        T* gxg = gx + (n * g.C + grp * g.Cg) * g.H * g.W;
+        const T* gyg = gy + (n * g.Co + grp * g.Cog) * g.P;
+        const T* wg = w + grp * g.Cog * g.K;
+        if (direct) {
+          gemm<T>(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, gxg, g.P);
+          continue;
+        }
+        gemm<T>(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, col.data(), g.P);
+        std::memset(gxg, 0, sizeof(T) * g.Cg * g.H * g.W);
+        col2im(col.data(), g, gxg);
+      }
+    }
+  });
+}
+
+template <typename T>
+void conv2d_backward_weight_typed(const View& grad_out, const View& input, const View& grad_weight,
+                                  const Conv2dArgs& args) {
+  const Geometry g = geometry(input, grad_weight, grad_out, args);
+  const T* gy = grad_out.ptr<T>();
+  const T* x = input.ptr<T>();
+  T* gw = grad_weight.ptr<T>();
+  const int64_t wsize = g.Co * g.K;
+  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(wsize * g.P, 1));
+  const int pieces = parallel_pieces(g.N, grain);
+  // Piece 0 accumulates straight into grad_weight; the others into their own buffers.
+  std::vector<T> partial(static_cast<size_t>(wsize) * (pieces - 1));
+  const bool direct = g.pointwise();
+  std::memset(gw, 0, sizeof(T) * wsize);
+  parallel_for(0, pieces, 1, [&](int64_t p0, int64_t p1) {
+    std::vector<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
+    for (int64_t p = p0; p < p1; ++p) {
+      T* acc = p == 0 ? gw : partial.data() + (p - 1) * wsize;
+      for (int64_t n = g.N * p / pieces; n < g.N * (p + 1) / pieces; ++n) {
+        for (int64_t grp = 0; grp < g.G; ++grp) {
+          const T* xg = x + (n * g.C + grp * g.Cg) * g.H * g.W;
+          if (!direct) im2col(xg, g, col.data());
+          gemm<T>(false, true, g.Cog, g.K, g.P, gy + (n * g.Co + grp * g.Cog) * g.P, g.P,
+                  direct ? xg : col.data(), g.P, true, acc + grp * g.Cog * g.K, g.K);
+        }
+      }
+    }
+  });
+  for (int p = 1; p < pieces; ++p) {
+    const T* part = partial.data() + (p - 1) * wsize;
+    for (int64_t i = 0; i < wsize; ++i) gw[i] += part[i];
+  }
+}
+
+template <typename F>
+void dispatch_float(DType dtype, const char* op, const F& f) {
+  switch (dtype) {
+    case DType::Float32: return f(float{});
+    case DType::Float64: return f(double{});
+    default: KILN_FAIL("{}: the CPU kernel takes float32 or float64, got {}", op, dtype_name(dtype));
+  }
+}
+
+}  // namespace
+
+void conv2d_kernel(const View& input, const View& weight, const View& bias, const View& out,
+                   const Conv2dArgs& args) {
+  dispatch_float(out.dtype, "conv2d", [&](auto t) {
+    conv2d_typed<decltype(t)>(input, weight, bias, out, args);
+  });
+}
+
+void conv2d_backward_input_kernel(const View& grad_out, const View& weight, const View& grad_input,
+                                  const Conv2dArgs& args) {
+  dispatch_float(grad_input.dtype, "conv2d_backward_input", [&](auto t) {
+    conv2d_backward_input_typed<decltype(t)>(grad_out, weight, grad_input, args);
+  });
+}
+
+void conv2d_backward_weight_kernel(const View& grad_out, const View& input, const View& grad_weight,
+                                   const Conv2dArgs& args) {
+  dispatch_float(grad_weight.dtype, "conv2d_backward_weight", [&](auto t) {
+    conv2d_backward_weight_typed<decltype(t)>(grad_out, input, grad_weight, args);
+  });
+}
+
 }  // namespace kiln::cpu

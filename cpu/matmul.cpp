@@ -170,6 +170,39 @@ void matmul_via_float(const View& a, const View& b, const View& c) {
 
 }  // namespace
 
+template <typename T>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+          int64_t ldb, bool accumulate, T* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+#ifdef KILN_HAVE_OPENBLAS
+  constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
+  auto i = [](int64_t v) { return static_cast<int>(v); };
+  if (k > 0) {
+    if constexpr (std::is_same_v<T, float>) {
+      cblas_sgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, i(m), i(n), i(k), 1.0f, a,
+                  i(lda), b, i(ldb), accumulate ? 1.0f : 0.0f, c, i(ldc));
+    } else {
+      cblas_dgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, i(m), i(n), i(k), 1.0, a,
+                  i(lda), b, i(ldb), accumulate ? 1.0 : 0.0, c, i(ldc));
+    }
+    return;
+  }
+#endif
+  // op(a) as a strided (m, k) matrix: element (r, j) at a[r * lda + j], or a[j * lda + r] when ta.
+  EigenStrided<T> A(const_cast<T*>(a), m, k, {ta ? 1 : lda, ta ? lda : 1});
+  EigenStrided<T> B(const_cast<T*>(b), k, n, {tb ? 1 : ldb, tb ? ldb : 1});
+  EigenStrided<T> C(c, m, n, {ldc, 1});
+  if (accumulate) {
+    C.noalias() += A * B;
+  } else {
+    C.noalias() = A * B;
+  }
+}
+template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                          int64_t, bool, float*, int64_t);
+template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*,
+                           int64_t, bool, double*, int64_t);
+
 void matmul_kernel(const View& a, const View& b, const View& c) {
   switch (c.dtype) {
     case DType::Float32: return matmul_typed<float>(a, b, c);

@@ -1,9 +1,57 @@
-// cpu/norm.cpp: row normalisation (not written yet).
+// cpu/norm.cpp: normalisation of the rows of a contiguous (R, M) view (layer_norm, rms_norm and, through
+// reshapes in ops/norm.cpp, group_norm and batch_norm): per row, mean and rstd = 1 / sqrt(var + eps)
+// accumulated in double (two passes: a one-pass sum of squares loses digits when |mean| >> std), then
+// out = (x - mean) * rstd. Rows are split over the pool of cpu/parallel.h.
+#include <algorithm>
+#include <cmath>
+
 #include "core/error.h"
 #include "cpu/kernels.h"
+#include "cpu/parallel.h"
 
 namespace kiln::cpu {
-void norm_rows_kernel(const View&, const View&, const View&, const View&, double, bool) {
-  KILN_FAIL("norm: not implemented yet");
+namespace {
+
+template <typename T>
+void norm_rows_typed(const View& in, const View& out, const View& mean, const View& rstd, double eps,
+                     bool rms) {
+  const int64_t R = in.sizes[0], M = in.sizes[1];
+  const T* x = in.ptr<T>();
+  T* y = out.ptr<T>();
+  T* mu = mean.ptr<T>();
+  T* rs = rstd.ptr<T>();
+  parallel_for(0, R, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(M, 1)), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* xr = x + r * M;
+      T* yr = y + r * M;
+      double m = 0;
+      if (!rms) {
+        for (int64_t i = 0; i < M; ++i) m += xr[i];
+        m /= static_cast<double>(M);
+      }
+      double ss = 0;
+      for (int64_t i = 0; i < M; ++i) {
+        const double d = xr[i] - m;
+        ss += d * d;
+      }
+      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(M) + eps);
+      const T tm = static_cast<T>(m), ti = static_cast<T>(inv);
+      for (int64_t i = 0; i < M; ++i) yr[i] = (xr[i] - tm) * ti;
+      mu[r] = tm;
+      rs[r] = ti;
+    }
+  });
 }
+
+}  // namespace
+
+void norm_rows_kernel(const View& in, const View& out, const View& mean, const View& rstd, double eps,
+                      bool rms) {
+  switch (out.dtype) {
+    case DType::Float32: return norm_rows_typed<float>(in, out, mean, rstd, eps, rms);
+    case DType::Float64: return norm_rows_typed<double>(in, out, mean, rstd, eps, rms);
+    default: KILN_FAIL("norm: the CPU kernel takes float32 or float64, got {}", dtype_name(out.dtype));
+  }
+}
+
 }  // namespace kiln::cpu

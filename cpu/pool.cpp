@@ -1,12 +1,244 @@
-// cpu/pool.cpp: 2-D pooling kernels (not written yet).
+// cpu/pool.cpp: max, average and adaptive average pooling over the (H, W) planes of contiguous
+// (N, C, H, W) views, forward and backward, split over the N * C planes by the pool of cpu/parallel.h.
+// Max pooling with a 2x2 window, stride 2, no padding and no dilation (the common CNN case) has its own
+// loop: two input rows per output row, no window bookkeeping.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
 #include "core/error.h"
 #include "cpu/kernels.h"
+#include "cpu/parallel.h"
 
 namespace kiln::cpu {
-void max_pool2d_kernel(const View&, const View&, const View&, const Pool2dArgs&) { KILN_FAIL("max_pool2d: not implemented yet"); }
-void max_pool2d_backward_kernel(const View&, const View&, const View&) { KILN_FAIL("max_pool2d: not implemented yet"); }
-void avg_pool2d_kernel(const View&, const View&, const Pool2dArgs&) { KILN_FAIL("avg_pool2d: not implemented yet"); }
-void avg_pool2d_backward_kernel(const View&, const View&, const Pool2dArgs&) { KILN_FAIL("avg_pool2d: not implemented yet"); }
-void adaptive_avg_pool2d_kernel(const View&, const View&) { KILN_FAIL("adaptive_avg_pool2d: not implemented yet"); }
-void adaptive_avg_pool2d_backward_kernel(const View&, const View&) { KILN_FAIL("adaptive_avg_pool2d: not implemented yet"); }
+namespace {
+
+template <typename F>
+void dispatch_float(DType dtype, const char* op, const F& f) {
+  switch (dtype) {
+    case DType::Float32: return f(float{});
+    case DType::Float64: return f(double{});
+    default: KILN_FAIL("{}: the CPU kernel takes float32 or float64, got {}", op, dtype_name(dtype));
+  }
+}
+
+// Runs fn(plane) for every plane of a (N, C, ...) view, in parallel; `work` is the cost of one plane.
+template <typename F>
+void for_planes(int64_t planes, int64_t work, const F& fn) {
+  parallel_for(0, planes, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(work, 1)),
+               [&](int64_t p0, int64_t p1) {
+                 for (int64_t p = p0; p < p1; ++p) fn(p);
+               });
+}
+
+// A max-pooling step: NaN wins, and so does a larger value (PyTorch's rule).
+template <typename T>
+inline void take_max(T v, int64_t index, T& best, int64_t& best_index) {
+  if (v > best || std::isnan(v)) {
+    best = v;
+    best_index = index;
+  }
+}
+
+template <typename T>
+void max_pool2d_typed(const View& in, const View& out, const View& indices, const Pool2dArgs& a) {
+  const int64_t H = in.sizes[2], W = in.sizes[3], Ho = out.sizes[2], Wo = out.sizes[3];
+  const int64_t planes = in.sizes[0] * in.sizes[1];
+  const T* x = in.ptr<T>();
+  T* y = out.ptr<T>();
+  int64_t* idx = indices.ptr<int64_t>();
+  const bool two_by_two = a.kernel_h == 2 && a.kernel_w == 2 && a.stride_h == 2 && a.stride_w == 2 &&
+                          a.pad_h == 0 && a.pad_w == 0 && a.dilation_h == 1 && a.dilation_w == 1 &&
+                          Ho * 2 <= H && Wo * 2 <= W;  // not ceil_mode's partial windows
+  for_planes(planes, H * W, [&](int64_t p) {
+    const T* xp = x + p * H * W;
+    T* yp = y + p * Ho * Wo;
+    int64_t* ip = idx + p * Ho * Wo;
+    if (two_by_two) {
+      for (int64_t oh = 0; oh < Ho; ++oh) {
+        const T* r0 = xp + 2 * oh * W;
+        const T* r1 = r0 + W;
+        const int64_t base = 2 * oh * W;
+        for (int64_t ow = 0; ow < Wo; ++ow) {
+          const int64_t c = 2 * ow;
+          T best = r0[c];
+          int64_t bi = base + c;
+          take_max(r0[c + 1], base + c + 1, best, bi);
+          take_max(r1[c], base + W + c, best, bi);
+          take_max(r1[c + 1], base + W + c + 1, best, bi);
+          yp[oh * Wo + ow] = best;
+          ip[oh * Wo + ow] = bi;
+        }
+      }
+      return;
+    }
+    for (int64_t oh = 0; oh < Ho; ++oh) {
+      int64_t h0 = oh * a.stride_h - a.pad_h;
+      const int64_t h1 = std::min(h0 + (a.kernel_h - 1) * a.dilation_h + 1, H);
+      while (h0 < 0) h0 += a.dilation_h;
+      for (int64_t ow = 0; ow < Wo; ++ow) {
+        int64_t w0 = ow * a.stride_w - a.pad_w;
+        const int64_t w1 = std::min(w0 + (a.kernel_w - 1) * a.dilation_w + 1, W);
+        while (w0 < 0) w0 += a.dilation_w;
+        T best = -std::numeric_limits<T>::infinity();
+        int64_t bi = h0 * W + w0;
+        for (int64_t h = h0; h < h1; h += a.dilation_h) {
+          for (int64_t w = w0; w < w1; w += a.dilation_w) take_max(xp[h * W + w], h * W + w, best, bi);
+        }
+        yp[oh * Wo + ow] = best;
+        ip[oh * Wo + ow] = bi;
+      }
+    }
+  });
+}
+
+template <typename T>
+void max_pool2d_backward_typed(const View& grad_out, const View& indices, const View& grad_in) {
+  const int64_t HW = grad_in.sizes[2] * grad_in.sizes[3];
+  const int64_t out_hw = grad_out.sizes[2] * grad_out.sizes[3];
+  const int64_t planes = grad_in.sizes[0] * grad_in.sizes[1];
+  const T* gy = grad_out.ptr<T>();
+  const int64_t* idx = indices.ptr<int64_t>();
+  T* gx = grad_in.ptr<T>();
+  for_planes(planes, HW, [&](int64_t p) {
+    T* gp = gx + p * HW;
+    std::memset(gp, 0, sizeof(T) * HW);
+    const T* g = gy + p * out_hw;
+    const int64_t* ip = idx + p * out_hw;
+    for (int64_t i = 0; i < out_hw; ++i) gp[ip[i]] += g[i];
+  });
+}
+
+// The window of avg pooling output (oh, ow), clipped to the input, and its divisor (PyTorch's rule).
+struct AvgWindow {
+  int64_t h0, h1, w0, w1;
+  double divisor;
+};
+inline AvgWindow avg_window(int64_t oh, int64_t ow, int64_t H, int64_t W, const Pool2dArgs& a) {
+  int64_t h0 = oh * a.stride_h - a.pad_h, w0 = ow * a.stride_w - a.pad_w;
+  int64_t h1 = std::min(h0 + a.kernel_h, H + a.pad_h), w1 = std::min(w0 + a.kernel_w, W + a.pad_w);
+  const int64_t padded_size = (h1 - h0) * (w1 - w0);
+  h0 = std::max<int64_t>(h0, 0), w0 = std::max<int64_t>(w0, 0);
+  h1 = std::min(h1, H), w1 = std::min(w1, W);
+  double divisor = a.divisor != 0            ? static_cast<double>(a.divisor)
+                   : a.count_include_pad ? static_cast<double>(padded_size)
+                                         : static_cast<double>((h1 - h0) * (w1 - w0));
+  return {h0, h1, w0, w1, divisor};
+}
+
+template <typename T>
+void avg_pool2d_typed(const View& in, const View& out, const Pool2dArgs& a) {
+  const int64_t H = in.sizes[2], W = in.sizes[3], Ho = out.sizes[2], Wo = out.sizes[3];
+  const T* x = in.ptr<T>();
+  T* y = out.ptr<T>();
+  for_planes(in.sizes[0] * in.sizes[1], H * W, [&](int64_t p) {
+    const T* xp = x + p * H * W;
+    T* yp = y + p * Ho * Wo;
+    for (int64_t oh = 0; oh < Ho; ++oh) {
+      for (int64_t ow = 0; ow < Wo; ++ow) {
+        const AvgWindow win = avg_window(oh, ow, H, W, a);
+        if (win.h0 >= win.h1 || win.w0 >= win.w1) {
+          yp[oh * Wo + ow] = T(0);
+          continue;
+        }
+        T sum = 0;
+        for (int64_t h = win.h0; h < win.h1; ++h)
+          for (int64_t w = win.w0; w < win.w1; ++w) sum += xp[h * W + w];
+        yp[oh * Wo + ow] = sum / static_cast<T>(win.divisor);
+      }
+    }
+  });
+}
+
+template <typename T>
+void avg_pool2d_backward_typed(const View& grad_out, const View& grad_in, const Pool2dArgs& a) {
+  const int64_t H = grad_in.sizes[2], W = grad_in.sizes[3], Ho = grad_out.sizes[2], Wo = grad_out.sizes[3];
+  const T* gy = grad_out.ptr<T>();
+  T* gx = grad_in.ptr<T>();
+  for_planes(grad_in.sizes[0] * grad_in.sizes[1], H * W, [&](int64_t p) {
+    T* gp = gx + p * H * W;
+    std::memset(gp, 0, sizeof(T) * H * W);
+    const T* g = gy + p * Ho * Wo;
+    for (int64_t oh = 0; oh < Ho; ++oh) {
+      for (int64_t ow = 0; ow < Wo; ++ow) {
+        const AvgWindow win = avg_window(oh, ow, H, W, a);
+        const T share = g[oh * Wo + ow] / static_cast<T>(win.divisor);
+        for (int64_t h = win.h0; h < win.h1; ++h)
+          for (int64_t w = win.w0; w < win.w1; ++w) gp[h * W + w] += share;
+      }
+    }
+  });
+}
+
+// Adaptive windows: [floor(i * in / out), ceil((i + 1) * in / out)).
+inline int64_t adaptive_start(int64_t i, int64_t in, int64_t out) { return i * in / out; }
+inline int64_t adaptive_end(int64_t i, int64_t in, int64_t out) { return ((i + 1) * in + out - 1) / out; }
+
+template <typename T>
+void adaptive_avg_pool2d_typed(const View& in, const View& out) {
+  const int64_t H = in.sizes[2], W = in.sizes[3], Ho = out.sizes[2], Wo = out.sizes[3];
+  const T* x = in.ptr<T>();
+  T* y = out.ptr<T>();
+  for_planes(in.sizes[0] * in.sizes[1], H * W, [&](int64_t p) {
+    const T* xp = x + p * H * W;
+    T* yp = y + p * Ho * Wo;
+    for (int64_t oh = 0; oh < Ho; ++oh) {
+      const int64_t h0 = adaptive_start(oh, H, Ho), h1 = adaptive_end(oh, H, Ho);
+      for (int64_t ow = 0; ow < Wo; ++ow) {
+        const int64_t w0 = adaptive_start(ow, W, Wo), w1 = adaptive_end(ow, W, Wo);
+        T sum = 0;
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t w = w0; w < w1; ++w) sum += xp[h * W + w];
+        yp[oh * Wo + ow] = sum / static_cast<T>((h1 - h0) * (w1 - w0));
+      }
+    }
+  });
+}
+
+template <typename T>
+void adaptive_avg_pool2d_backward_typed(const View& grad_out, const View& grad_in) {
+  const int64_t H = grad_in.sizes[2], W = grad_in.sizes[3], Ho = grad_out.sizes[2], Wo = grad_out.sizes[3];
+  const T* gy = grad_out.ptr<T>();
+  T* gx = grad_in.ptr<T>();
+  for_planes(grad_in.sizes[0] * grad_in.sizes[1], H * W, [&](int64_t p) {
+    T* gp = gx + p * H * W;
+    std::memset(gp, 0, sizeof(T) * H * W);
+    const T* g = gy + p * Ho * Wo;
+    for (int64_t oh = 0; oh < Ho; ++oh) {
+      const int64_t h0 = adaptive_start(oh, H, Ho), h1 = adaptive_end(oh, H, Ho);
+      for (int64_t ow = 0; ow < Wo; ++ow) {
+        const int64_t w0 = adaptive_start(ow, W, Wo), w1 = adaptive_end(ow, W, Wo);
+        const T share = g[oh * Wo + ow] / static_cast<T>((h1 - h0) * (w1 - w0));
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t w = w0; w < w1; ++w) gp[h * W + w] += share;
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void max_pool2d_kernel(const View& in, const View& out, const View& indices, const Pool2dArgs& args) {
+  dispatch_float(out.dtype, "max_pool2d", [&](auto t) { max_pool2d_typed<decltype(t)>(in, out, indices, args); });
+}
+void max_pool2d_backward_kernel(const View& grad_out, const View& indices, const View& grad_in) {
+  dispatch_float(grad_in.dtype, "max_pool2d_backward",
+                 [&](auto t) { max_pool2d_backward_typed<decltype(t)>(grad_out, indices, grad_in); });
+}
+void avg_pool2d_kernel(const View& in, const View& out, const Pool2dArgs& args) {
+  dispatch_float(out.dtype, "avg_pool2d", [&](auto t) { avg_pool2d_typed<decltype(t)>(in, out, args); });
+}
+void avg_pool2d_backward_kernel(const View& grad_out, const View& grad_in, const Pool2dArgs& args) {
+  dispatch_float(grad_in.dtype, "avg_pool2d_backward",
+                 [&](auto t) { avg_pool2d_backward_typed<decltype(t)>(grad_out, grad_in, args); });
+}
+void adaptive_avg_pool2d_kernel(const View& in, const View& out) {
+  dispatch_float(out.dtype, "adaptive_avg_pool2d", [&](auto t) { adaptive_avg_pool2d_typed<decltype(t)>(in, out); });
+}
+void adaptive_avg_pool2d_backward_kernel(const View& grad_out, const View& grad_in) {
+  dispatch_float(grad_in.dtype, "adaptive_avg_pool2d_backward",
+                 [&](auto t) { adaptive_avg_pool2d_backward_typed<decltype(t)>(grad_out, grad_in); });
+}
+
 }  // namespace kiln::cpu

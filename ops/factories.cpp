@@ -1,5 +1,5 @@
 // ops/factories.cpp: tensors made from nothing: empty, zeros, ones, full, arange, linspace, eye, the
-// random factories (Philox, core/generator.h), and tensors made from C++ data.
+// random factories (Philox, core/generator.h) and dropout, and tensors made from C++ data.
 #include <cmath>
 
 #include "ops/dispatch.h"
@@ -85,6 +85,17 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
 Tensor bernoulli(const Shape& shape, double p, TensorOptions options, Generator* gen) {
   KILN_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got {}", p);
   return random_tensor(RandomKind::Bernoulli, shape, p, 0, options, gen);
+}
+
+Tensor dropout(const Tensor& input, double p, bool train, Generator* gen) {
+  KILN_CHECK(p >= 0 && p <= 1, "dropout: probability p must be in [0, 1], got {}", p);
+  if (!train || p == 0) return input;
+  KILN_CHECK(is_floating(input.dtype()), "dropout: needs a floating-point input, got {}", dtype_name(input.dtype()));
+  if (p == 1) return input * zeros_like(input);  // as PyTorch: zeros that still carry autograd
+  // The mask is scaled first, then multiplied (PyTorch's order): out == input * (mask / (1 - p)).
+  Tensor mask = bernoulli(input.sizes(), 1 - p, input.options(), gen);
+  mask.div_(1 - p);
+  return input * mask;
 }
 
 Tensor randperm(int64_t n, TensorOptions options, Generator* gen) {

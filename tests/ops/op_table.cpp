@@ -55,6 +55,7 @@ OpRow view_op(std::string op, Fn1a f) {
           }};
 }
 
+Tensor opt_input(const TensorList& in, size_t k) { return k < in.size() ? in[k] : Tensor(); }
 Shape dims_arg(const GoldenCase& c) { return c.shape("dims", Shape{}); }
 bool keepdim_arg(const GoldenCase& c) { return c.flag("keepdim"); }
 
@@ -291,6 +292,70 @@ const std::vector<OpRow>& op_table() {
               [](const Tensor& x, const GoldenCase& c) { return kiln::unflatten(x, c.integer("dim"), c.shape("sizes")); }),
       view_op("view", [](const Tensor& x, const GoldenCase& c) { return kiln::view(x, c.shape("shape")); }),
       view_op("reshape", [](const Tensor& x, const GoldenCase& c) { return kiln::reshape(x, c.shape("shape")); }),
+
+      // ---- nn ops (optional tensors: the inputs after the required ones, when the case has them) ----
+      {"conv2d", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::conv2d(in.at(0), in.at(1), opt_input(in, 2), c.shape("stride", Shape{1, 1}),
+                                        c.shape("padding", Shape{0, 0}), c.shape("dilation", Shape{1, 1}),
+                                        c.integer("groups", 1))};
+       }},
+      {"conv1d", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::conv1d(in.at(0), in.at(1), opt_input(in, 2), c.integer("stride", 1),
+                                        c.integer("padding", 0), c.integer("dilation", 1), c.integer("groups", 1))};
+       }},
+      unary_args("max_pool2d", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::max_pool2d(x, c.shape("kernel"), c.shape("stride", Shape{}), c.shape("padding", Shape{0, 0}),
+                                c.shape("dilation", Shape{1, 1}), c.flag("ceil_mode"));
+      }),
+      {"max_pool2d_with_indices", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::max_pool2d_with_indices(
+             in.at(0), c.shape("kernel"), c.shape("stride", Shape{}), c.shape("padding", Shape{0, 0}),
+             c.shape("dilation", Shape{1, 1}), c.flag("ceil_mode"));
+         return TensorList{values, indices};
+       }},
+      unary_args("avg_pool2d", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::avg_pool2d(x, c.shape("kernel"), c.shape("stride", Shape{}), c.shape("padding", Shape{0, 0}),
+                                c.flag("ceil_mode"), c.flag("count_include_pad", true), c.opt_integer("divisor"));
+      }),
+      unary_args("adaptive_avg_pool2d", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::adaptive_avg_pool2d(x, c.shape("size")); }),
+      {"layer_norm", D::Grad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::layer_norm(in.at(0), c.shape("shape"), opt_input(in, 1), opt_input(in, 2),
+                                            c.real("eps", 1e-5))};
+       }},
+      {"rms_norm", D::Grad,
+       [](const TensorList& in, const GoldenCase& c) {
+         std::optional<double> eps;
+         if (c.has("eps")) eps = c.real("eps");
+         return TensorList{kiln::rms_norm(in.at(0), c.shape("shape"), opt_input(in, 1), eps)};
+       }},
+      {"group_norm", D::Grad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::group_norm(in.at(0), c.integer("groups"), opt_input(in, 1), opt_input(in, 2),
+                                            c.real("eps", 1e-5))};
+       }},
+      {"batch_norm", D::Grad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::batch_norm(in.at(0), {}, {}, opt_input(in, 1), opt_input(in, 2), true, 0.1,
+                                            c.real("eps", 1e-5))};
+       }},
+      {"batch_norm_eval", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::batch_norm(in.at(0), in.at(1), in.at(2), in.at(3), in.at(4), false, 0.1,
+                                            c.real("eps", 1e-5))};
+       }},
+      // Training updates the running statistics in place: the output and both updated buffers.
+      {"batch_norm_stats", D::None,
+       [](const TensorList& in, const GoldenCase& c) {
+         Tensor running_mean = in.at(1).clone(), running_var = in.at(2).clone();
+         Tensor y = kiln::batch_norm(in.at(0), running_mean, running_var, in.at(3), in.at(4), true,
+                                     c.real("momentum"));
+         return TensorList{y, running_mean, running_var};
+       }},
   };
   return rows;
 }

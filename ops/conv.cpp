@@ -1,0 +1,238 @@
+// ops/conv.cpp: conv2d and conv1d (a conv2d over a height-1 image), and the two ops that are conv2d's
+// backward: the gradient with respect to the input and with respect to the weight (kernels:
+// cpu/conv.cpp). All three are linear in each argument, so each one's backward is written with the
+// other two:
+//   out = conv2d(x, w):                 dx = backward_input(g, w),  dw = backward_weight(g, x)
+//   gx = backward_input(g, w):          dg = conv2d(ggx, w),        dw = backward_weight(g, ggx)
+//   gw = backward_weight(g, x):         dg = conv2d(x, ggw),        dx = backward_input(g, ggw)
+// which gives double backward (gradient penalties) for free. 16-bit floats run in float32.
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+#include "ops/record.h"
+
+namespace kiln {
+
+using autograd::Grads;
+using autograd::record;
+using autograd::SavedTensor;
+using autograd::should_record;
+using autograd::TensorList;
+
+namespace {
+
+// stride/padding/dilation: one number for both dims, or two.
+void pair_arg(const Shape& s, const char* op, const char* name, int64_t min, int64_t& h, int64_t& w) {
+  KILN_CHECK(s.size() == 1 || s.size() == 2, "{}: {} must have one or two elements, got {}", op, name, s.str());
+  h = s[0];
+  w = s.size() == 2 ? s[1] : s[0];
+  KILN_CHECK(h >= min && w >= min, "{}: {} must be {}, got {}", op, name, min == 0 ? "non-negative" : "positive",
+             s.str());
+}
+
+Conv2dArgs conv_args(const Shape& stride, const Shape& padding, const Shape& dilation, int64_t groups,
+                     const char* op) {
+  Conv2dArgs a;
+  pair_arg(stride, op, "stride", 1, a.stride_h, a.stride_w);
+  pair_arg(padding, op, "padding", 0, a.pad_h, a.pad_w);
+  pair_arg(dilation, op, "dilation", 1, a.dilation_h, a.dilation_w);
+  KILN_CHECK(groups >= 1, "{}: groups must be positive, got {}", op, groups);
+  a.groups = groups;
+  return a;
+}
+
+int64_t conv_out_size(int64_t in, int64_t k, int64_t pad, int64_t dil, int64_t stride) {
+  return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+}
+
+// The output shape of conv2d; checks the channels and the sizes.
+Shape conv_output_shape(const Shape& in, const Shape& w, const Conv2dArgs& a, const char* op) {
+  KILN_CHECK(w[0] % a.groups == 0, "{}: the weight's {} output channels are not divisible by groups {}", op,
+             w[0], a.groups);
+  KILN_CHECK(in[1] == w[1] * a.groups,
+             "{}: the input {} has {} channels, but the weight {} with groups {} expects {} (weight dim 1 times "
+             "groups)",
+             op, in.str(), in[1], w.str(), a.groups, w[1] * a.groups);
+  const int64_t eff_h = a.dilation_h * (w[2] - 1) + 1, eff_w = a.dilation_w * (w[3] - 1) + 1;
+  KILN_CHECK(in[2] + 2 * a.pad_h >= eff_h && in[3] + 2 * a.pad_w >= eff_w,
+             "{}: the padded input ({} x {}) is smaller than the dilated kernel ({} x {}); input {}, weight {}",
+             op, in[2] + 2 * a.pad_h, in[3] + 2 * a.pad_w, eff_h, eff_w, in.str(), w.str());
+  return {in[0], w[0], conv_out_size(in[2], w[2], a.pad_h, a.dilation_h, a.stride_h),
+          conv_out_size(in[3], w[3], a.pad_w, a.dilation_w, a.stride_w)};
+}
+
+Shape stride_of(const Conv2dArgs& a) { return {a.stride_h, a.stride_w}; }
+Shape padding_of(const Conv2dArgs& a) { return {a.pad_h, a.pad_w}; }
+Shape dilation_of(const Conv2dArgs& a) { return {a.dilation_h, a.dilation_w}; }
+
+bool is_half(DType t) { return t == kFloat16 || t == kBFloat16; }
+
+void check_float_pair(const char* op, const Tensor& a, const Tensor& b) {
+  check_same_device(op, a, b);
+  KILN_CHECK(is_floating(a.dtype()), "{}: needs floating-point tensors, got {}", op, dtype_name(a.dtype()));
+  KILN_CHECK(a.dtype() == b.dtype(), "{}: the input and weight must have the same dtype, got {} and {}", op,
+             dtype_name(a.dtype()), dtype_name(b.dtype()));
+}
+
+Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dArgs& a,
+                   const char* op) {
+  check_float_pair(op, input, weight);
+  if (bias.defined()) {
+    check_float_pair(op, input, bias);
+    KILN_CHECK(bias.dim() == 1 && bias.sizes()[0] == weight.sizes()[0],
+               "{}: bias must have shape [{}] (one per output channel), got {}", op, weight.sizes()[0],
+               bias.sizes().str());
+  }
+  Shape out_shape = conv_output_shape(input.sizes(), weight.sizes(), a, op);
+  if (is_half(input.dtype())) {
+    Tensor b = bias.defined() ? bias.to(kFloat32) : Tensor();
+    return conv2d_impl(input.to(kFloat32), weight.to(kFloat32), b, a, op).to(input.dtype());
+  }
+  Tensor x = input.contiguous(), w = weight.contiguous(), b = bias.defined() ? bias.contiguous() : Tensor();
+  Tensor out = empty_tensor(out_shape, x.dtype(), x.device());
+  View bias_view;
+  if (b.defined()) bias_view = view_of(b);
+  if (out.numel() > 0) {
+    backend_for(x.device()).conv2d(view_of(x), view_of(w), bias_view, view_of(out), a, stream_for(x.device()));
+  }
+  if (should_record({input, weight, bias})) {
+    record("Conv2dBackward", {input, weight, bias}, {out},
+           [xs = SavedTensor(weight.requires_grad() ? x : Tensor(), false),
+            ws = SavedTensor(input.requires_grad() ? w : Tensor(), false), a, in_shape = x.sizes(),
+            w_shape = w.sizes()](const Grads& g) -> TensorList {
+             Tensor gx, gw, gb;
+             if (g.needs_grad(0)) {
+               gx = conv2d_backward_input(g[0], ws.unpack("Conv2dBackward"), in_shape, stride_of(a),
+                                          padding_of(a), dilation_of(a), a.groups);
+             }
+             if (g.needs_grad(1)) {
+               gw = conv2d_backward_weight(g[0], xs.unpack("Conv2dBackward"), w_shape, stride_of(a),
+                                           padding_of(a), dilation_of(a), a.groups);
+             }
+             if (g.needs_grad(2)) gb = g[0].sum({0, 2, 3});
+             return {gx, gw, gb};
+           });
+  }
+  return out;
+}
+
+}  // namespace
+
+inline namespace ops {
+
+Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              const Shape& padding, const Shape& dilation, int64_t groups) {
+  KILN_CHECK(input.dim() == 3 || input.dim() == 4,
+             "conv2d: expected a 3-D (unbatched C, H, W) or 4-D (batched N, C, H, W) input, got shape {}",
+             input.sizes().str());
+  KILN_CHECK(weight.dim() == 4, "conv2d: expected a 4-D weight (C_out, C_in / groups, kH, kW), got shape {}",
+             weight.sizes().str());
+  Conv2dArgs a = conv_args(stride, padding, dilation, groups, "conv2d");
+  if (input.dim() == 3) return conv2d_impl(input.unsqueeze(0), weight, bias, a, "conv2d").squeeze(0);
+  return conv2d_impl(input, weight, bias, a, "conv2d");
+}
+
+Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
+              int64_t dilation, int64_t groups) {
+  KILN_CHECK(input.dim() == 2 || input.dim() == 3,
+             "conv1d: expected a 2-D (unbatched C, L) or 3-D (batched N, C, L) input, got shape {}",
+             input.sizes().str());
+  KILN_CHECK(weight.dim() == 3, "conv1d: expected a 3-D weight (C_out, C_in / groups, k), got shape {}",
+             weight.sizes().str());
+  Conv2dArgs a = conv_args({1, stride}, {0, padding}, {1, dilation}, groups, "conv1d");
+  Tensor x = input.dim() == 2 ? input.unsqueeze(0) : input;
+  Tensor out = conv2d_impl(x.unsqueeze(2), weight.unsqueeze(2), bias, a, "conv1d").squeeze(2);
+  return input.dim() == 2 ? out.squeeze(0) : out;
+}
+
+Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
+                             const Shape& stride, const Shape& padding, const Shape& dilation, int64_t groups) {
+  const char* op = "conv2d_backward_input";
+  check_float_pair(op, grad_output, weight);
+  KILN_CHECK(weight.dim() == 4 && input_shape.size() == 4 && grad_output.dim() == 4,
+             "{}: expected a 4-D grad_output, weight and input shape, got {}, {} and {}", op,
+             grad_output.sizes().str(), weight.sizes().str(), input_shape.str());
+  Conv2dArgs a = conv_args(stride, padding, dilation, groups, op);
+  Shape out_shape = conv_output_shape(input_shape, weight.sizes(), a, op);
+  KILN_CHECK(grad_output.sizes() == out_shape, "{}: grad_output has shape {}, but the convolution's output is {}",
+             op, grad_output.sizes().str(), out_shape.str());
+  if (is_half(weight.dtype())) {
+    return conv2d_backward_input(grad_output.to(kFloat32), weight.to(kFloat32), input_shape, stride, padding,
+                                 dilation, groups)
+        .to(weight.dtype());
+  }
+  Tensor g = grad_output.contiguous(), w = weight.contiguous();
+  Tensor gx = empty_tensor(input_shape, w.dtype(), w.device());
+  if (gx.numel() > 0) {
+    if (g.numel() == 0 || w.numel() == 0) {
+      gx.zero_();
+    } else {
+      backend_for(w.device()).conv2d_backward_input(view_of(g), view_of(w), view_of(gx), a, stream_for(w.device()));
+    }
+  }
+  if (should_record(grad_output, weight)) {
+    record("Conv2dBackwardInputBackward", {grad_output, weight}, {gx},
+           [gs = SavedTensor(weight.requires_grad() ? g : Tensor(), false),
+            ws = SavedTensor(grad_output.requires_grad() ? w : Tensor(), false), a,
+            w_shape = w.sizes()](const Grads& gg) -> TensorList {
+             Tensor dg, dw;
+             if (gg.needs_grad(0)) {
+               dg = conv2d(gg[0], ws.unpack("Conv2dBackwardInputBackward"), {}, stride_of(a), padding_of(a),
+                           dilation_of(a), a.groups);
+             }
+             if (gg.needs_grad(1)) {
+               dw = conv2d_backward_weight(gs.unpack("Conv2dBackwardInputBackward"), gg[0], w_shape, stride_of(a),
+                                           padding_of(a), dilation_of(a), a.groups);
+             }
+             return {dg, dw};
+           });
+  }
+  return gx;
+}
+
+Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,
+                              const Shape& stride, const Shape& padding, const Shape& dilation, int64_t groups) {
+  const char* op = "conv2d_backward_weight";
+  check_float_pair(op, grad_output, input);
+  KILN_CHECK(input.dim() == 4 && weight_shape.size() == 4 && grad_output.dim() == 4,
+             "{}: expected a 4-D grad_output, input and weight shape, got {}, {} and {}", op,
+             grad_output.sizes().str(), input.sizes().str(), weight_shape.str());
+  Conv2dArgs a = conv_args(stride, padding, dilation, groups, op);
+  Shape out_shape = conv_output_shape(input.sizes(), weight_shape, a, op);
+  KILN_CHECK(grad_output.sizes() == out_shape, "{}: grad_output has shape {}, but the convolution's output is {}",
+             op, grad_output.sizes().str(), out_shape.str());
+  if (is_half(input.dtype())) {
+    return conv2d_backward_weight(grad_output.to(kFloat32), input.to(kFloat32), weight_shape, stride, padding,
+                                  dilation, groups)
+        .to(input.dtype());
+  }
+  Tensor g = grad_output.contiguous(), x = input.contiguous();
+  Tensor gw = empty_tensor(weight_shape, x.dtype(), x.device());
+  if (gw.numel() > 0) {
+    if (g.numel() == 0) {
+      gw.zero_();
+    } else {
+      backend_for(x.device()).conv2d_backward_weight(view_of(g), view_of(x), view_of(gw), a, stream_for(x.device()));
+    }
+  }
+  if (should_record(grad_output, input)) {
+    record("Conv2dBackwardWeightBackward", {grad_output, input}, {gw},
+           [gs = SavedTensor(input.requires_grad() ? g : Tensor(), false),
+            xs = SavedTensor(grad_output.requires_grad() ? x : Tensor(), false), a,
+            x_shape = x.sizes()](const Grads& gg) -> TensorList {
+             Tensor dg, dx;
+             if (gg.needs_grad(0)) {
+               dg = conv2d(xs.unpack("Conv2dBackwardWeightBackward"), gg[0], {}, stride_of(a), padding_of(a),
+                           dilation_of(a), a.groups);
+             }
+             if (gg.needs_grad(1)) {
+               dx = conv2d_backward_input(gs.unpack("Conv2dBackwardWeightBackward"), gg[0], x_shape, stride_of(a),
+                                          padding_of(a), dilation_of(a), a.groups);
+             }
+             return {dg, dx};
+           });
+  }
+  return gw;
+}
+
+}  // namespace ops
+}  // namespace kiln

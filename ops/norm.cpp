@@ -1,0 +1,178 @@
+// ops/norm.cpp: layer_norm, rms_norm, group_norm and batch_norm. All of them normalise the rows of a
+// (R, M) matrix with one kernel (norm_rows: cpu/norm.cpp), which also returns each row's mean and
+// rstd = 1 / sqrt(var + eps), and then apply the affine weight and bias as ordinary broadcasting ops:
+//   layer_norm / rms_norm: rows = the trailing normalized_shape dims
+//   group_norm:            rows = (N * G, C / G * spatial)
+//   batch_norm (training): rows = (C, N * spatial), on the input with C moved first
+// The row normalisation y = (x - mean) * rstd records its backward, written with ops from the saved
+// output and rstd:  dx = rstd * (g - mean(g) - y * mean(g * y))  (rms: without the mean(g) term).
+// batch_norm in eval mode is only broadcasting ops with the running statistics.
+#include <limits>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+#include "ops/record.h"
+
+namespace kiln {
+
+using autograd::Grads;
+using autograd::record;
+using autograd::SavedTensor;
+using autograd::should_record;
+using autograd::TensorList;
+
+namespace {
+
+bool is_half(DType t) { return t == kFloat16 || t == kBFloat16; }
+
+// y = (x - mean) * rstd per row of x (R, M); mean and rstd (R) returned when asked for.
+Tensor normalize_rows(const Tensor& x2d, double eps, bool rms, Tensor* mean_out = nullptr,
+                      Tensor* rstd_out = nullptr) {
+  if (is_half(x2d.dtype())) {
+    Tensor y = normalize_rows(x2d.to(kFloat32), eps, rms, mean_out, rstd_out);
+    if (mean_out) *mean_out = mean_out->to(x2d.dtype());
+    if (rstd_out) *rstd_out = rstd_out->to(x2d.dtype());
+    return y.to(x2d.dtype());
+  }
+  Tensor x = x2d.contiguous();
+  const int64_t R = x.sizes()[0];
+  Tensor y = empty_tensor(x.sizes(), x.dtype(), x.device());
+  Tensor mean = empty_tensor({R}, x.dtype(), x.device()), rstd = empty_tensor({R}, x.dtype(), x.device());
+  if (x.numel() > 0) {
+    backend_for(x.device()).norm_rows(view_of(x), view_of(y), view_of(mean), view_of(rstd), eps, rms,
+                                      stream_for(x.device()));
+  }
+  if (should_record(x2d)) {
+    record(rms ? "RmsNormBackward" : "NormBackward", {x2d}, {y},
+           [ys = SavedTensor(y, true), rstd, rms](const Grads& g) -> TensorList {
+             Tensor yv = ys.unpack("NormBackward");
+             Tensor r = rstd.unsqueeze(1);
+             Tensor inner = g[0] - yv * (g[0] * yv).mean({1}, true);
+             if (!rms) inner = inner - g[0].mean({1}, true);
+             return {r * inner};
+           });
+  }
+  if (mean_out) *mean_out = mean;
+  if (rstd_out) *rstd_out = rstd;
+  return y;
+}
+
+void check_affine(const Tensor& t, const char* what, const Shape& shape, const Tensor& input, const char* op) {
+  if (!t.defined()) return;
+  KILN_CHECK(t.sizes() == shape, "{}: {} must have shape {}, got {}", op, what, shape.str(), t.sizes().str());
+  check_same_device(op, input, t);
+}
+
+// The trailing-dims norms: input (..., normalized_shape).
+Tensor trailing_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                     double eps, bool rms, const char* op) {
+  KILN_CHECK(is_floating(input.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(input.dtype()));
+  const int k = normalized_shape.size();
+  KILN_CHECK(k >= 1, "{}: normalized_shape must have at least one dim", op);
+  bool matches = input.dim() >= k;
+  for (int i = 0; matches && i < k; ++i) matches = input.sizes()[input.dim() - k + i] == normalized_shape[i];
+  KILN_CHECK(matches, "{}: normalized_shape {} must equal the last {} dims of the input, whose shape is {}", op,
+             normalized_shape.str(), k, input.sizes().str());
+  check_affine(weight, "weight", normalized_shape, input, op);
+  check_affine(bias, "bias", normalized_shape, input, op);
+  const int64_t M = normalized_shape.numel();
+  const int64_t R = M == 0 ? 0 : input.numel() / M;
+  Tensor y = normalize_rows(input.reshape({R, M}), eps, rms).reshape(input.sizes());
+  if (weight.defined()) y = y * weight;
+  if (bias.defined()) y = y + bias;
+  return y;
+}
+
+// Shape (C, 1, ..., 1) that broadcasts a per-channel vector against an (N, C, ...) input of `dim` dims.
+Tensor per_channel(const Tensor& v, int dim) {
+  Shape s = Shape::filled(dim - 1, 1);
+  s[0] = v.numel();
+  return v.reshape(s);
+}
+
+}  // namespace
+
+inline namespace ops {
+
+Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                  double eps) {
+  return trailing_norm(input, normalized_shape, weight, bias, eps, false, "layer_norm");
+}
+
+Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
+                std::optional<double> eps) {
+  double e = 0;
+  if (eps) {
+    e = *eps;
+  } else {
+    switch (input.dtype()) {
+      case DType::Float64: e = std::numeric_limits<double>::epsilon(); break;
+      case DType::Float16: e = 0.0009765625; break;  // 2^-10
+      case DType::BFloat16: e = 0.0078125; break;    // 2^-7
+      default: e = std::numeric_limits<float>::epsilon(); break;
+    }
+  }
+  return trailing_norm(input, normalized_shape, weight, {}, e, true, "rms_norm");
+}
+
+Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = "group_norm";
+  KILN_CHECK(input.dim() >= 2, "{}: expected an input of at least 2 dims (N, C, *), got shape {}", op,
+             input.sizes().str());
+  KILN_CHECK(is_floating(input.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(input.dtype()));
+  const int64_t N = input.sizes()[0], C = input.sizes()[1];
+  KILN_CHECK(num_groups >= 1 && C % num_groups == 0,
+             "{}: the {} channels of the input {} must divide into num_groups = {} groups", op, C,
+             input.sizes().str(), num_groups);
+  check_affine(weight, "weight", {C}, input, op);
+  check_affine(bias, "bias", {C}, input, op);
+  const int64_t M = input.numel() / std::max<int64_t>(N * num_groups, 1);
+  Tensor y = normalize_rows(input.reshape({N * num_groups, M}), eps, false).reshape(input.sizes());
+  if (weight.defined()) y = y * per_channel(weight, input.dim());
+  if (bias.defined()) y = y + per_channel(bias, input.dim());
+  return y;
+}
+
+Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                  const Tensor& bias, bool training, double momentum, double eps) {
+  const char* op = "batch_norm";
+  KILN_CHECK(input.dim() >= 2, "{}: expected an input of at least 2 dims (N, C) or (N, C, *), got shape {}", op,
+             input.sizes().str());
+  KILN_CHECK(is_floating(input.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(input.dtype()));
+  const int64_t C = input.sizes()[1];
+  check_affine(weight, "weight", {C}, input, op);
+  check_affine(bias, "bias", {C}, input, op);
+  check_affine(running_mean, "running_mean", {C}, input, op);
+  check_affine(running_var, "running_var", {C}, input, op);
+  KILN_CHECK(running_mean.defined() == running_var.defined(),
+             "{}: give both running_mean and running_var, or neither", op);
+  const int d = input.dim();
+  Tensor y;
+  if (training) {
+    const int64_t count = input.numel() / std::max<int64_t>(C, 1);
+    KILN_CHECK(count > 1, "{}: expected more than 1 value per channel when training, got input of shape {}", op,
+               input.sizes().str());
+    Tensor xc = input.transpose(0, 1).reshape({C, count}).contiguous();  // channel rows
+    Tensor mean, rstd;
+    Tensor yc = normalize_rows(xc, eps, false, &mean, &rstd);
+    Shape moved = input.sizes();
+    std::swap(moved[0], moved[1]);
+    y = yc.reshape(moved).transpose(0, 1).contiguous();
+    if (running_mean.defined()) {
+      NoGradGuard no_grad;
+      Tensor unbiased_var = xc.detach().var({1}, 1);
+      Tensor rm = running_mean, rv = running_var;  // handles to the caller's buffers, updated in place
+      rm.mul_(1 - momentum).add_(mean.to(rm.dtype()), momentum);
+      rv.mul_(1 - momentum).add_(unbiased_var.to(rv.dtype()), momentum);
+    }
+  } else {
+    KILN_CHECK(running_mean.defined(), "{}: running_mean and running_var are needed in evaluation mode", op);
+    y = (input - per_channel(running_mean, d)) * per_channel((running_var + eps).rsqrt(), d);
+  }
+  if (weight.defined()) y = y * per_channel(weight, d);
+  if (bias.defined()) y = y + per_channel(bias, d);
+  return y;
+}
+
+}  // namespace ops
+}  // namespace kiln

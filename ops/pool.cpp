@@ -1,0 +1,209 @@
+// ops/pool.cpp: max, average and adaptive average 2-D pooling over the last two dims of an (N, C, H, W)
+// or unbatched (C, H, W) input, with PyTorch's output sizes (ceil_mode included) and checks (kernels:
+// cpu/pool.cpp). Each backward is a private op that records its own backward, so double backward works:
+// max pooling's backward scatters the gradient to the saved indices (its own backward gathers at
+// them); the average poolings' backward is the transpose of a linear map (its backward is the forward).
+// 16-bit floats run in float32.
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+#include "ops/record.h"
+
+namespace kiln {
+
+using autograd::Grads;
+using autograd::record;
+using autograd::SavedTensor;
+using autograd::should_record;
+using autograd::TensorList;
+
+namespace {
+
+bool is_half(DType t) { return t == kFloat16 || t == kBFloat16; }
+
+// kernel_size / stride / padding / dilation: one number for both dims, or two.
+void pair_arg(const Shape& s, const char* op, const char* name, int64_t min, int64_t& h, int64_t& w) {
+  KILN_CHECK(s.size() == 1 || s.size() == 2, "{}: {} must have one or two elements, got {}", op, name, s.str());
+  h = s[0];
+  w = s.size() == 2 ? s[1] : s[0];
+  KILN_CHECK(h >= min && w >= min, "{}: {} must be {}, got {}", op, name, min == 0 ? "non-negative" : "positive",
+             s.str());
+}
+
+Pool2dArgs pool_args(const Shape& kernel_size, const Shape& stride, const Shape& padding, const Shape& dilation,
+                     const char* op) {
+  Pool2dArgs a;
+  pair_arg(kernel_size, op, "kernel_size", 1, a.kernel_h, a.kernel_w);
+  pair_arg(stride.empty() ? kernel_size : stride, op, "stride", 1, a.stride_h, a.stride_w);
+  pair_arg(padding, op, "padding", 0, a.pad_h, a.pad_w);
+  pair_arg(dilation, op, "dilation", 1, a.dilation_h, a.dilation_w);
+  KILN_CHECK(a.pad_h <= a.kernel_h / 2 && a.pad_w <= a.kernel_w / 2,
+             "{}: padding {} must be at most half of the kernel size {}", op, padding.str(), kernel_size.str());
+  return a;
+}
+
+// PyTorch's pooling output size: floor (or ceil) division, and with ceil_mode the last window must start
+// inside the input or its left padding.
+int64_t pool_out_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil_mode) {
+  int64_t num = in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
+  int64_t out = (num >= 0 ? num / stride : -((-num + stride - 1) / stride)) + 1;
+  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
+  return out;
+}
+
+void check_pool_input(const Tensor& x, const char* op) {
+  KILN_CHECK(x.dim() == 3 || x.dim() == 4,
+             "{}: expected a 3-D (unbatched C, H, W) or 4-D (batched N, C, H, W) input, got shape {}", op,
+             x.sizes().str());
+  for (int d = x.dim() - 3; d < x.dim(); ++d) {
+    KILN_CHECK(x.sizes()[d] > 0, "{}: expected non-empty channel, height and width dims, got shape {}", op,
+               x.sizes().str());
+  }
+  KILN_CHECK(is_floating(x.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(x.dtype()));
+}
+
+Shape pool_output_shape(const Tensor& x, const Pool2dArgs& a, bool ceil_mode, const char* op) {
+  const int64_t H = x.sizes()[2], W = x.sizes()[3];
+  const int64_t Ho = pool_out_size(H, a.kernel_h, a.pad_h, a.stride_h, a.dilation_h, ceil_mode);
+  const int64_t Wo = pool_out_size(W, a.kernel_w, a.pad_w, a.stride_w, a.dilation_w, ceil_mode);
+  KILN_CHECK(Ho > 0 && Wo > 0,
+             "{}: the output would be empty ({} x {}): the input {} is too small for kernel {} x {} with padding "
+             "{} x {} and dilation {} x {}",
+             op, Ho, Wo, x.sizes().str(), a.kernel_h, a.kernel_w, a.pad_h, a.pad_w, a.dilation_h, a.dilation_w);
+  return {x.sizes()[0], x.sizes()[1], Ho, Wo};
+}
+
+Tensor batched(const Tensor& x) { return x.dim() == 3 ? x.unsqueeze(0) : x; }
+Tensor unbatched_like(const Tensor& out, const Tensor& x) { return x.dim() == 3 ? out.squeeze(0) : out; }
+
+// grad_in (input_shape) = scatter of grad_out to indices; backward: gather at indices.
+Tensor max_pool2d_backward(const Tensor& grad_out, const Tensor& indices, const Shape& input_shape) {
+  Tensor g = grad_out.contiguous();
+  Tensor gx = empty_tensor(input_shape, g.dtype(), g.device());
+  backend_for(g.device()).max_pool2d_backward(view_of(g), view_of(indices), view_of(gx), stream_for(g.device()));
+  if (should_record(grad_out)) {
+    record("MaxPool2DBackwardBackward", {grad_out}, {gx}, [indices](const Grads& gg) -> TensorList {
+      const Shape& s = indices.sizes();
+      Tensor flat = gg[0].reshape({s[0], s[1], -1});
+      return {flat.gather(2, indices.reshape({s[0], s[1], -1})).reshape(s)};
+    });
+  }
+  return gx;
+}
+
+Tensor avg_pool2d_forward(const Tensor& x, const Pool2dArgs& a, const Shape& out_shape);
+
+Tensor avg_pool2d_backward(const Tensor& grad_out, const Shape& input_shape, const Pool2dArgs& a) {
+  Tensor g = grad_out.contiguous();
+  Tensor gx = empty_tensor(input_shape, g.dtype(), g.device());
+  backend_for(g.device()).avg_pool2d_backward(view_of(g), view_of(gx), a, stream_for(g.device()));
+  if (should_record(grad_out)) {
+    record("AvgPool2DBackwardBackward", {grad_out}, {gx}, [a, out_shape = g.sizes()](const Grads& gg) -> TensorList {
+      return {avg_pool2d_forward(gg[0], a, out_shape)};
+    });
+  }
+  return gx;
+}
+
+Tensor avg_pool2d_forward(const Tensor& input, const Pool2dArgs& a, const Shape& out_shape) {
+  Tensor x = input.contiguous();
+  Tensor out = empty_tensor(out_shape, x.dtype(), x.device());
+  backend_for(x.device()).avg_pool2d(view_of(x), view_of(out), a, stream_for(x.device()));
+  if (should_record(input)) {
+    record("AvgPool2DBackward", {input}, {out}, [a, in_shape = x.sizes()](const Grads& g) -> TensorList {
+      return {avg_pool2d_backward(g[0], in_shape, a)};
+    });
+  }
+  return out;
+}
+
+Tensor adaptive_forward(const Tensor& input, const Shape& out_shape);
+
+Tensor adaptive_backward(const Tensor& grad_out, const Shape& input_shape) {
+  Tensor g = grad_out.contiguous();
+  Tensor gx = empty_tensor(input_shape, g.dtype(), g.device());
+  backend_for(g.device()).adaptive_avg_pool2d_backward(view_of(g), view_of(gx), stream_for(g.device()));
+  if (should_record(grad_out)) {
+    record("AdaptiveAvgPool2DBackwardBackward", {grad_out}, {gx},
+           [out_shape = g.sizes()](const Grads& gg) -> TensorList { return {adaptive_forward(gg[0], out_shape)}; });
+  }
+  return gx;
+}
+
+Tensor adaptive_forward(const Tensor& input, const Shape& out_shape) {
+  Tensor x = input.contiguous();
+  Tensor out = empty_tensor(out_shape, x.dtype(), x.device());
+  backend_for(x.device()).adaptive_avg_pool2d(view_of(x), view_of(out), stream_for(x.device()));
+  if (should_record(input)) {
+    record("AdaptiveAvgPool2DBackward", {input}, {out},
+           [in_shape = x.sizes()](const Grads& g) -> TensorList { return {adaptive_backward(g[0], in_shape)}; });
+  }
+  return out;
+}
+
+}  // namespace
+
+inline namespace ops {
+
+std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Shape& kernel_size, const Shape& stride,
+                                                   const Shape& padding, const Shape& dilation, bool ceil_mode) {
+  const char* op = "max_pool2d";
+  check_pool_input(x, op);
+  Pool2dArgs a = pool_args(kernel_size, stride, padding, dilation, op);
+  if (is_half(x.dtype())) {
+    auto [out, indices] = max_pool2d_with_indices(x.to(kFloat32), kernel_size, stride, padding, dilation, ceil_mode);
+    return {out.to(x.dtype()), indices};
+  }
+  Tensor input = batched(x).contiguous();
+  Shape out_shape = pool_output_shape(input, a, ceil_mode, op);
+  Tensor out = empty_tensor(out_shape, input.dtype(), input.device());
+  Tensor indices = empty_tensor(out_shape, kInt64, input.device());
+  backend_for(input.device()).max_pool2d(view_of(input), view_of(out), view_of(indices), a,
+                                         stream_for(input.device()));
+  if (should_record(x)) {
+    record("MaxPool2DBackward", {input}, {out}, [indices, in_shape = input.sizes()](const Grads& g) -> TensorList {
+      return {max_pool2d_backward(g[0], indices, in_shape)};
+    });
+  }
+  // The input recorded is batched(x).contiguous(), so autograd reaches x through those ops.
+  if (x.dim() == 3) return {out.squeeze(0), indices.squeeze(0)};
+  return {out, indices};
+}
+
+Tensor max_pool2d(const Tensor& x, const Shape& kernel_size, const Shape& stride, const Shape& padding,
+                  const Shape& dilation, bool ceil_mode) {
+  return std::get<0>(max_pool2d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode));
+}
+
+Tensor avg_pool2d(const Tensor& x, const Shape& kernel_size, const Shape& stride, const Shape& padding,
+                  bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor_override) {
+  const char* op = "avg_pool2d";
+  check_pool_input(x, op);
+  Pool2dArgs a = pool_args(kernel_size, stride, padding, {1, 1}, op);
+  a.count_include_pad = count_include_pad;
+  if (divisor_override) {
+    KILN_CHECK(*divisor_override != 0, "avg_pool2d: divisor_override must be nonzero");
+    a.divisor = *divisor_override;
+  }
+  if (is_half(x.dtype())) {
+    return avg_pool2d(x.to(kFloat32), kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+        .to(x.dtype());
+  }
+  Tensor input = batched(x);
+  Shape out_shape = pool_output_shape(input, a, ceil_mode, op);
+  return unbatched_like(avg_pool2d_forward(input, a, out_shape), x);
+}
+
+Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size) {
+  const char* op = "adaptive_avg_pool2d";
+  check_pool_input(x, op);
+  KILN_CHECK(output_size.size() == 1 || output_size.size() == 2,
+             "{}: output_size must have one or two elements, got {}", op, output_size.str());
+  const int64_t Ho = output_size[0], Wo = output_size.size() == 2 ? output_size[1] : output_size[0];
+  KILN_CHECK(Ho >= 0 && Wo >= 0, "{}: output_size must be non-negative, got {}", op, output_size.str());
+  if (is_half(x.dtype())) return adaptive_avg_pool2d(x.to(kFloat32), output_size).to(x.dtype());
+  Tensor input = batched(x);
+  return unbatched_like(adaptive_forward(input, {input.sizes()[0], input.sizes()[1], Ho, Wo}), x);
+}
+
+}  // namespace ops
+}  // namespace kiln

@@ -1,0 +1,89 @@
+// tests/ops/test_nn_ops.cpp: what the op table (op_table.cpp) cannot say about the nn ops: dropout's
+// randomness (its exact relation to the bernoulli mask, its statistics, determinism for a seeded
+// Generator), the number forms of the pooling kernel size, and the CNN-sized conv and pool paths (the
+// multi-threaded batch split and the 2x2 pooling loop) against an independent float64 computation.
+#include "support.h"
+
+using namespace kiln;
+
+TEST_CASE("dropout is input * mask / (1 - p) with the Generator's bernoulli(1 - p) mask", "[ops][dropout]") {
+  Tensor x = test::sample({7, 33});
+  Generator g(1234), g_mask(1234);
+  Tensor out = dropout(x, 0.3, true, &g);
+  Tensor mask = bernoulli(x.sizes(), 0.7, x.options(), &g_mask);
+  test::check_close(out, x * (mask / 0.7), test::Tolerance{0, 0});
+  // Determinism: the same seed gives the same result, another seed another one.
+  Generator again(1234), other(99);
+  test::check_close(dropout(x, 0.3, true, &again), out, test::Tolerance{0, 0});
+  CHECK_FALSE(dropout(x, 0.3, true, &other).eq(out).all().item<bool>());
+}
+
+TEST_CASE("dropout's statistics: about p of the elements are zero, the rest scaled by 1 / (1 - p)", "[ops][dropout]") {
+  Generator g(7);
+  const int64_t n = 200000;
+  for (double p : {0.1, 0.5, 0.8}) {
+    INFO("p = " << p);
+    Tensor out = dropout(ones({n}), p, true, &g);
+    const double zeros_fraction = out.eq(0.0).to(kFloat64).mean().item<double>();
+    CHECK(zeros_fraction == Approx(p).margin(0.005));  // ~5 standard deviations at n = 200000
+    CHECK(out.max().item<double>() == Approx(1 / (1 - p)).epsilon(1e-6));
+    CHECK(out.masked_fill(out.eq(0.0), 1 / (1 - p)).min().item<double>() == Approx(1 / (1 - p)).epsilon(1e-6));
+    CHECK(out.mean().item<double>() == Approx(1.0).margin(0.03));
+  }
+}
+
+TEST_CASE("dropout: eval and p = 0 return the input, p = 1 zeros; the gradient is the scaled mask", "[ops][dropout]") {
+  Tensor x = test::sample({4, 5}).requires_grad_();
+  CHECK(dropout(x, 0.5, false).impl_ptr() == x.impl_ptr());
+  CHECK(dropout(x, 0.0, true).impl_ptr() == x.impl_ptr());
+  Tensor all_dropped = dropout(x, 1.0, true);
+  test::check_close(all_dropped, zeros({4, 5}), test::Tolerance{0, 0});
+  Generator g(5), g_mask(5);
+  Tensor out = dropout(x, 0.25, true, &g);
+  out.sum().backward();
+  Tensor mask = bernoulli({4, 5}, 0.75, kFloat32, &g_mask);
+  test::check_close(x.grad(), mask / 0.75, test::Tolerance{0, 0});
+}
+
+TEST_CASE("pooling takes the kernel size as one number", "[ops][pool]") {
+  Tensor x = test::sample({2, 3, 6, 6});
+  test::check_close(max_pool2d(x, 2), max_pool2d(x, Shape{2, 2}, Shape{2, 2}), test::Tolerance{0, 0});
+  test::check_close(avg_pool2d(x, 2), avg_pool2d(x, Shape{2, 2}, Shape{2, 2}), test::Tolerance{0, 0});
+  CHECK(max_pool2d(x, 2).sizes() == Shape{2, 3, 3, 3});
+}
+
+// conv2d as a sum of shifted products, in float64: an independent check of the im2col + GEMM kernel.
+static Tensor conv_reference(const Tensor& x, const Tensor& w, int64_t pad) {
+  Tensor xp = pad > 0 ? kiln::pad(x, {pad, pad, pad, pad}) : x;
+  const int64_t kh = w.sizes()[2], kw = w.sizes()[3];
+  const int64_t Ho = xp.sizes()[2] - kh + 1, Wo = xp.sizes()[3] - kw + 1;
+  Tensor out = zeros({x.sizes()[0], w.sizes()[0], Ho, Wo}, kFloat64);
+  for (int64_t i = 0; i < kh; ++i) {
+    for (int64_t j = 0; j < kw; ++j) {
+      Tensor patch = xp.narrow(2, i, Ho).narrow(3, j, Wo);                      // (N, C, Ho, Wo)
+      Tensor wij = w.select(3, j).select(2, i);                                  // (Co, C)
+      out = out + matmul(wij, patch.flatten(2)).view(out.sizes());               // (N, Co, Ho*Wo)
+    }
+  }
+  return out;
+}
+
+TEST_CASE("the CNN's conv and pool at batch 32 on several threads match a float64 reference", "[ops][conv]") {
+  Tensor x = test::sample({32, 4, 14, 14}, kFloat64);
+  Tensor w = test::sample({8, 4, 3, 3}, kFloat64, 1.7) * 0.2;
+  Tensor y = conv2d(x.to(kFloat32), w.to(kFloat32), {}, {1, 1}, {1, 1});
+  test::check_close(y, conv_reference(x, w, 1).to(kFloat32));
+  // Backward against the reference's autograd (matmul, narrow, pad), in float64.
+  Tensor xa = x.clone().requires_grad_(), wa = w.clone().requires_grad_();
+  Tensor xb = x.clone().requires_grad_(), wb = w.clone().requires_grad_();
+  Tensor cot = test::sample({32, 8, 14, 14}, kFloat64, 0.3);
+  (conv2d(xa, wa, {}, {1, 1}, {1, 1}) * cot).sum().backward();
+  (conv_reference(xb, wb, 1) * cot).sum().backward();
+  test::check_close(xa.grad(), xb.grad());
+  test::check_close(wa.grad(), wb.grad());
+  // 2x2 max pooling's fast loop against the general one (a 2x2 window given with padding 0 as 3 numbers
+  // takes the same loop, so compare with amax over the window instead).
+  Tensor pooled = max_pool2d(y, 2);
+  Tensor windows = y.unflatten(3, {7, 2}).unflatten(2, {7, 2}).amax({3, 5});
+  test::check_close(pooled, windows, test::Tolerance{0, 0});
+}
