@@ -14,7 +14,7 @@ TEST_CASE("Linear matches torch (3-D input, with and without bias)", "[nn][layer
   check_layer(b, "linear_nobias");
 }
 
-TEST_CASE("Embedding matches torch; the padding row gets no gradient", "[nn][layers]") {
+TEST_CASE("Embedding matches torch and its padding row gets no gradient", "[nn][layers]") {
   nn::Embedding e(7, 3, {.padding_idx = 2});
   check_layer(e, "embedding_padding");
   nn::Embedding fresh(7, 3, {.padding_idx = -5});  // -5 is row 2, as in PyTorch

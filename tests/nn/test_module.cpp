@@ -114,7 +114,7 @@ TEST_CASE("state_dict round-trips and load_state_dict reports what is wrong", "[
                     {"size mismatch for 'seq.2.weight'", "[3, 4]", "[2, 4]"});
 }
 
-TEST_CASE("Modules cannot be copied; leaf layers move; modules with borrowed children refuse to move",
+TEST_CASE("Modules cannot be copied, leaf layers move, modules with borrowed children refuse to move",
           "[nn][module]") {
   static_assert(!std::is_copy_constructible_v<nn::Linear>);
   static_assert(!std::is_copy_assignable_v<nn::Linear>);
@@ -175,7 +175,7 @@ TEST_CASE("zero_grad clears or zeroes the gradients", "[nn][module]") {
   CHECK_FALSE(l.weight.grad().defined());
 }
 
-TEST_CASE("train/eval reach every submodule; apply visits children first", "[nn][module]") {
+TEST_CASE("train and eval reach every submodule, apply visits children first", "[nn][module]") {
   Outer m;
   CHECK(m.is_training());
   m.eval();
