@@ -263,3 +263,21 @@ TEST_CASE("Printing shows the module tree as PyTorch, then the parameter count",
   CHECK(nn::py_float(1) == "1.0");
   CHECK(nn::py_float(0.1) == "0.1");
 }
+
+TEST_CASE("Containers: ModuleList and ModuleDict take modules by value or shared_ptr", "[nn][module]") {
+  auto shared = std::make_shared<nn::Linear>(2, 2);
+  nn::ModuleList list{nn::Linear(2, 3), shared};
+  CHECK(list.size() == 2);
+  CHECK(&list[1] == shared.get());  // shared, not copied
+  list.push_back(nn::GELU());
+  std::vector<std::string> names;
+  for (auto& [name, m] : list.named_children()) names.push_back(name + ":" + m->name());
+  CHECK(names == std::vector<std::string>{"0:Linear", "1:Linear", "2:GELU"});
+  nn::ModuleDict dict{{"enc", std::make_shared<nn::Linear>(4, 4)}, {"act", std::make_shared<nn::ReLU>()}};
+  CHECK(dict.keys() == std::vector<std::string>{"enc", "act"});
+  CHECK(dict["act"].name() == "ReLU");
+  test::check_error([&] { dict["dec"]; }, {"no module named 'dec'"});
+  test::check_error([&] { dict.insert("enc", nn::Tanh()); }, {"already has an attribute 'enc'"});
+  // ModuleList has no forward of its own; Sequential does.
+  test::check_error([&] { list(zeros({1, 2})); }, {"ModuleList has no forward"});
+}
