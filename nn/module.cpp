@@ -125,6 +125,19 @@ Tensor Module::register_parameter(const std::string& name, Tensor t, bool requir
   return parameters_.back().tensor;
 }
 
+Tensor Module::set_parameter(const std::string& name, Tensor t) {
+  for (Slot& p : parameters_) {
+    if (p.name != name) continue;
+    KILN_CHECK(!t.defined() || !p.tensor.defined() || t.sizes() == p.tensor.sizes(),
+               "nn::Module::set_parameter: '{}' of {} has shape {}; the new tensor has {}", name, this->name(),
+               p.tensor.sizes().str(), t.sizes().str());
+    p.tensor = std::move(t);
+    return p.tensor;
+  }
+  KILN_FAIL("nn::Module::set_parameter: {} has no parameter '{}'; use register_parameter to add one", this->name(),
+            name);
+}
+
 Tensor Module::register_buffer(const std::string& name, Tensor t, bool persistent) {
   check_new_name(name, "buffer");
   buffers_.push_back({name, std::move(t), persistent});

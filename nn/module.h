@@ -78,6 +78,10 @@ class Module {
   // A parameter: a floating tensor that requires grad (set here). An undefined tensor registers nothing.
   // Returns the handle to keep in a member: `weight = register_parameter("weight", empty({4, 3}));`.
   Tensor register_parameter(const std::string& name, Tensor t, bool requires_grad = true);
+  // Replaces the registered parameter `name` (weight tying: both modules then hold one tensor, which
+  // parameters() lists once and state_dict() under both names, as PyTorch). Assign the member too:
+  //   head.weight = head.set_parameter("weight", embedding.weight);
+  Tensor set_parameter(const std::string& name, Tensor t);
   // A buffer: state that is not trained (running statistics); persistent ones go into state_dict().
   Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
   // Borrowed (see Note [module ownership]); returns the module.

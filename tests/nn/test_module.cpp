@@ -68,17 +68,29 @@ TEST_CASE("Modules register parameters, buffers and children in PyTorch's order"
   test::check_error([&] { m.a.register_parameter("n", zeros({1}, kInt64)); }, {"parameter 'n' must be floating"});
 }
 
-TEST_CASE("A shared parameter is listed once", "[nn][module]") {
+TEST_CASE("Tied weights are listed once by parameters() and twice in the state dict", "[nn][module]") {
   struct Tied : nn::Module {
     nn::Embedding emb{5, 3};
     nn::Linear out{3, 5, {.bias = false}};
     Tied() {
       register_modules({{"emb", emb}, {"out", out}});
-      out.weight = emb.weight;
+      out.weight = out.set_parameter("weight", emb.weight);
     }
+    Tensor forward(const Tensor& idx) override { return out(emb(idx)); }
   } tied;
-  // The registry of `out` still holds its own weight: tie through the registry, as PyTorch does by assignment.
-  CHECK(tied.parameters().size() == 2);
+  CHECK(tied.parameters().size() == 1);
+  CHECK(tied.out.weight.is_same(tied.emb.weight));
+  CHECK(tied.state_dict().keys() == std::vector<std::string>{"emb.weight", "out.weight"});
+  // Both uses accumulate into the one gradient.
+  Tensor idx = from_vector<int64_t>({0, 3}, {2});
+  Tensor cot = test::sample({2, 5});
+  tied(idx).backward(cot);
+  Tensor w = tied.emb.weight.detach();
+  Tensor expected = matmul(cot.t(), index_select(w, 0, idx))                    // through out
+                    + index_add(zeros({5, 3}), 0, idx, matmul(cot, w));         // through emb
+  test::check_close(tied.emb.weight.grad(), expected);
+  test::check_error([&] { tied.out.set_parameter("bias", zeros({5})); }, {"has no parameter 'bias'"});
+  test::check_error([&] { tied.out.set_parameter("weight", zeros({2, 2})); }, {"'weight'", "[5, 3]", "[2, 2]"});
 }
 
 TEST_CASE("state_dict round-trips and load_state_dict reports what is wrong", "[nn][module][state]") {
