@@ -15,5 +15,6 @@
 #include "cpu/parallel.h"
 #include "cuda/cuda.h"
 #include "data/data.h"
+#include "nn/nn.h"
 #include "ops/ops.h"
 #include "optim/optim.h"

@@ -1,0 +1,102 @@
+// nn/container.h: Sequential, ModuleList and ModuleDict. Unlike the members of a user's module, their
+// children are owned (see Note [module ownership] in nn/module.h): they are moved in or shared.
+//
+//   nn::Sequential seq{nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2)};   // children "0", "1", "2"
+//   nn::ModuleList blocks{std::make_shared<Block>(), std::make_shared<Block>()};
+//   blocks.push_back(nn::Linear(8, 8));
+//   nn::ModuleDict heads;   heads.insert("cls", nn::Linear(8, 10));
+//
+// A Sequential given a single Sequential rvalue is moved (the move constructor), not nested; nest with
+// push_back(std::make_shared<nn::Sequential>(...)).
+#pragma once
+
+#include <concepts>
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "nn/module.h"
+
+namespace kiln::nn {
+
+template <class M>
+concept ModuleValue = std::derived_from<std::remove_cvref_t<M>, Module> && !std::is_lvalue_reference_v<M>;
+// What a container's constructor takes: a module moved in, or a std::shared_ptr to one (shared).
+template <class M>
+concept ModuleItem = ModuleValue<M> || requires(M m) {
+  { std::shared_ptr<Module>(m) };
+};
+
+// An ordered list of owned modules named "0", "1", ...
+class ModuleList : public Module {
+ public:
+  ModuleList() = default;
+  template <ModuleItem... Ms>
+    requires(sizeof...(Ms) >= 1)
+  explicit ModuleList(Ms&&... modules) {
+    (push_back(std::forward<Ms>(modules)), ...);
+  }
+  ModuleList(ModuleList&&) = default;
+
+  template <ModuleValue M> std::remove_cvref_t<M>& push_back(M&& module) {
+    return push_back(std::make_shared<std::remove_cvref_t<M>>(std::move(module)));
+  }
+  template <class M> M& push_back(std::shared_ptr<M> module) {
+    M& ref = register_module(std::to_string(items_.size()), module);
+    items_.push_back(std::move(module));
+    return ref;
+  }
+
+  size_t size() const { return items_.size(); }
+  bool empty() const { return items_.empty(); }
+  Module& operator[](size_t i) const;
+  template <class M> M& at(size_t i) const {
+    M* m = dynamic_cast<M*>(&(*this)[i]);
+    KILN_CHECK(m != nullptr, "nn::{}: element {} is a {}, not the type asked for", name(), i, (*this)[i].name());
+    return *m;
+  }
+  auto begin() const { return items_.begin(); }  // iterates std::shared_ptr<Module>
+  auto end() const { return items_.end(); }
+
+ protected:
+  std::vector<std::shared_ptr<Module>> items_;
+};
+
+// Applies its children in order: forward(x) = ..._1(_0(x)), each through its hooks.
+class Sequential : public ModuleList {
+ public:
+  using ModuleList::ModuleList;
+  Sequential() = default;
+  Sequential(Sequential&&) = default;
+  Tensor forward(const Tensor& input) override;
+};
+
+// Owned modules by name, in insertion order.
+class ModuleDict : public Module {
+ public:
+  ModuleDict() = default;
+  ModuleDict(std::initializer_list<std::pair<std::string, std::shared_ptr<Module>>> items);
+  ModuleDict(ModuleDict&&) = default;
+
+  template <ModuleValue M> std::remove_cvref_t<M>& insert(const std::string& key, M&& module) {
+    return insert(key, std::make_shared<std::remove_cvref_t<M>>(std::move(module)));
+  }
+  template <class M> M& insert(const std::string& key, std::shared_ptr<M> module) {
+    M& ref = register_module(key, module);
+    items_.emplace_back(key, std::move(module));
+    return ref;
+  }
+  bool contains(const std::string& key) const;
+  Module& operator[](const std::string& key) const;
+  std::vector<std::string> keys() const;
+  size_t size() const { return items_.size(); }
+  auto begin() const { return items_.begin(); }  // iterates (name, std::shared_ptr<Module>)
+  auto end() const { return items_.end(); }
+
+ private:
+  std::vector<std::pair<std::string, std::shared_ptr<Module>>> items_;
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,164 @@
+// nn/conv.cpp: see nn/conv.h.
+#include "nn/conv.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "nn/init.h"
+#include "ops/ops.h"
+
+namespace kiln::nn {
+
+namespace {
+
+// "same" padding of one spatial dim: total d * (k - 1), the smaller half on the left; an odd total puts
+// the extra element on the right (PyTorch's rule), done by padding the input first.
+struct SamePad {
+  int64_t left, extra;
+};
+SamePad same_pad(int64_t kernel, int64_t dilation) {
+  int64_t total = dilation * (kernel - 1);
+  return {total / 2, total - 2 * (total / 2)};
+}
+
+void check_mode(const std::string& mode, bool strided, const char* layer) {
+  KILN_CHECK(mode.empty() || mode == "same" || mode == "valid",
+             "nn::{}: padding '{}' is not a number, 'same' or 'valid'", layer, mode);
+  KILN_CHECK(mode != "same" || !strided,
+             "nn::{}: padding='same' is not supported for strided convolutions; use stride 1 or a number", layer);
+}
+
+void check_channels(int64_t in, int64_t out, int64_t groups, const char* layer) {
+  KILN_CHECK(groups > 0 && in % groups == 0 && out % groups == 0,
+             "nn::{}: in_channels ({}) and out_channels ({}) must both be divisible by groups ({})", layer, in, out,
+             groups);
+}
+
+// PyTorch's initialisation of a convolution's (or linear's) weight and bias.
+void reset_conv(Tensor& weight, Tensor& bias) {
+  init::kaiming_uniform_(weight, std::sqrt(5.0));
+  if (bias.defined()) {
+    int64_t fan_in = init::calculate_fan_in_and_fan_out(weight).fan_in;
+    double bound = fan_in > 0 ? 1 / std::sqrt(static_cast<double>(fan_in)) : 0;
+    init::uniform_(bias, -bound, bound);
+  }
+}
+
+std::string size_or_pair(const Size2& s) { return s.h == s.w ? std::to_string(s.h) : s.str(); }
+
+}  // namespace
+
+std::string Size2::str() const { return fmt::format("({}, {})", h, w); }
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Conv2dOptions options)
+    : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(std::move(options)) {
+  check_channels(in_channels, out_channels, this->options.groups, "Conv2d");
+  check_mode(this->options.padding.mode, this->options.stride.h != 1 || this->options.stride.w != 1, "Conv2d");
+  weight = register_parameter(
+      "weight", empty({out_channels, in_channels / this->options.groups, kernel_size.h, kernel_size.w}));
+  if (this->options.bias) bias = register_parameter("bias", empty({out_channels}));
+  reset_conv(weight, bias);
+}
+
+Tensor Conv2d::forward(const Tensor& input) {
+  const Conv2dOptions& o = options;
+  Shape padding = o.padding.size.shape();
+  Tensor x = input;
+  if (o.padding.mode == "same") {
+    SamePad ph = same_pad(kernel_size.h, o.dilation.h), pw = same_pad(kernel_size.w, o.dilation.w);
+    if (ph.extra || pw.extra) x = pad(x, {0, pw.extra, 0, ph.extra});
+    padding = {ph.left, pw.left};
+  } else if (o.padding.mode == "valid") {
+    padding = {0, 0};
+  }
+  return conv2d(x, weight, bias, o.stride.shape(), padding, o.dilation.shape(), o.groups);
+}
+
+std::string Conv2d::extra_repr() const {
+  const Conv2dOptions& o = options;
+  std::string s = fmt::format("{}, {}, kernel_size={}, stride={}", in_channels, out_channels, kernel_size.str(),
+                              o.stride.str());
+  if (!o.padding.mode.empty()) {
+    s += ", padding=" + o.padding.mode;
+  } else if (o.padding.size.h != 0 || o.padding.size.w != 0) {
+    s += ", padding=" + o.padding.size.str();
+  }
+  if (o.dilation.h != 1 || o.dilation.w != 1) s += ", dilation=" + o.dilation.str();
+  if (o.groups != 1) s += fmt::format(", groups={}", o.groups);
+  if (!bias.defined()) s += ", bias=False";
+  return s;
+}
+
+Conv1d::Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv1dOptions options)
+    : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(std::move(options)) {
+  check_channels(in_channels, out_channels, this->options.groups, "Conv1d");
+  check_mode(this->options.padding.mode, this->options.stride != 1, "Conv1d");
+  weight = register_parameter("weight", empty({out_channels, in_channels / this->options.groups, kernel_size}));
+  if (this->options.bias) bias = register_parameter("bias", empty({out_channels}));
+  reset_conv(weight, bias);
+}
+
+Tensor Conv1d::forward(const Tensor& input) {
+  const Conv1dOptions& o = options;
+  int64_t padding = o.padding.size;
+  Tensor x = input;
+  if (o.padding.mode == "same") {
+    SamePad p = same_pad(kernel_size, o.dilation);
+    if (p.extra) x = pad(x, {0, p.extra});
+    padding = p.left;
+  } else if (o.padding.mode == "valid") {
+    padding = 0;
+  }
+  return conv1d(x, weight, bias, o.stride, padding, o.dilation, o.groups);
+}
+
+std::string Conv1d::extra_repr() const {
+  const Conv1dOptions& o = options;
+  std::string s =
+      fmt::format("{}, {}, kernel_size=({},), stride=({},)", in_channels, out_channels, kernel_size, o.stride);
+  if (!o.padding.mode.empty()) {
+    s += ", padding=" + o.padding.mode;
+  } else if (o.padding.size != 0) {
+    s += fmt::format(", padding=({},)", o.padding.size);
+  }
+  if (o.dilation != 1) s += fmt::format(", dilation=({},)", o.dilation);
+  if (o.groups != 1) s += fmt::format(", groups={}", o.groups);
+  if (!bias.defined()) s += ", bias=False";
+  return s;
+}
+
+MaxPool2d::MaxPool2d(Size2 kernel_size, MaxPool2dOptions options) : kernel_size(kernel_size), options(options) {
+  if (!this->options.stride.has_value()) this->options.stride = kernel_size;
+}
+
+Tensor MaxPool2d::forward(const Tensor& input) {
+  return max_pool2d(input, kernel_size.shape(), options.stride.shape(), options.padding.shape(),
+                    options.dilation.shape(), options.ceil_mode);
+}
+
+std::string MaxPool2d::extra_repr() const {
+  return fmt::format("kernel_size={}, stride={}, padding={}, dilation={}, ceil_mode={}", size_or_pair(kernel_size),
+                     size_or_pair(options.stride), size_or_pair(options.padding), size_or_pair(options.dilation),
+                     options.ceil_mode ? "True" : "False");
+}
+
+AvgPool2d::AvgPool2d(Size2 kernel_size, AvgPool2dOptions options) : kernel_size(kernel_size), options(options) {
+  if (!this->options.stride.has_value()) this->options.stride = kernel_size;
+}
+
+Tensor AvgPool2d::forward(const Tensor& input) {
+  return avg_pool2d(input, kernel_size.shape(), options.stride.shape(), options.padding.shape(), options.ceil_mode,
+                    options.count_include_pad, options.divisor_override);
+}
+
+std::string AvgPool2d::extra_repr() const {
+  return fmt::format("kernel_size={}, stride={}, padding={}", size_or_pair(kernel_size), size_or_pair(options.stride),
+                     size_or_pair(options.padding));
+}
+
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_pool2d(input, output_size.shape()); }
+
+std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + size_or_pair(output_size); }
+
+}  // namespace kiln::nn

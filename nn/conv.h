@@ -1,0 +1,135 @@
+// nn/conv.h: Conv1d, Conv2d and the 2-D pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), over
+// the ops of ops/ops.h (conv.cpp, pool.cpp). Options follow PyTorch's keyword arguments:
+//   nn::Conv2d c1{1, 32, 3, {.padding = 1}};
+//   nn::Conv2d c2{32, 32, {3, 2}, {.stride = {2, 1}, .padding = "same" /* stride 1 only */}};
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "nn/module.h"
+
+namespace kiln::nn {
+
+// A 2-D size given as one number (3 means (3, 3)) or as a pair ({3, 2}); default-constructed: unset.
+class Size2 {
+ public:
+  Size2() = default;
+  Size2(int64_t v) : h(v), w(v), set_(true) {}  // NOLINT: `.stride = 2`
+  Size2(int64_t h, int64_t w) : h(h), w(w), set_(true) {}
+  bool has_value() const { return set_; }
+  Shape shape() const { return {h, w}; }
+  std::string str() const;  // "(3, 2)"
+  int64_t h = 0, w = 0;
+
+ private:
+  bool set_ = false;
+};
+
+// Padding: a number, a pair, or PyTorch's mode strings "same" (output size = input size; stride 1)
+// and "valid" (no padding).
+class Padding2d {
+ public:
+  Padding2d(int64_t v) : size(v) {}  // NOLINT
+  Padding2d(int64_t h, int64_t w) : size(h, w) {}
+  template <size_t N> Padding2d(const char (&m)[N]) : mode(m) {}  // NOLINT: `.padding = "same"`
+  explicit Padding2d(std::string m) : mode(std::move(m)) {}
+  Size2 size{0};
+  std::string mode;  // empty: explicit size
+};
+class Padding1d {
+ public:
+  Padding1d(int64_t v) : size(v) {}  // NOLINT
+  template <size_t N> Padding1d(const char (&m)[N]) : mode(m) {}  // NOLINT
+  explicit Padding1d(std::string m) : mode(std::move(m)) {}
+  int64_t size = 0;
+  std::string mode;
+};
+
+struct Conv2dOptions {
+  Size2 stride = 1;
+  Padding2d padding = 0;
+  Size2 dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+
+// input (N, C_in, H, W) or (C_in, H, W) -> (N, C_out, H', W'). weight (C_out, C_in / groups, kH, kW) and
+// bias (C_out) ~ U(+-1/sqrt(fan_in)), fan_in = C_in / groups * kH * kW, as PyTorch.
+class Conv2d : public Module {
+ public:
+  Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Conv2dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels;
+  Size2 kernel_size;
+  Conv2dOptions options;
+  Tensor weight;  // (C_out, C_in / groups, kH, kW)
+  Tensor bias;    // (C_out), undefined without bias
+};
+
+struct Conv1dOptions {
+  int64_t stride = 1;
+  Padding1d padding = 0;
+  int64_t dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+
+// input (N, C_in, L) or (C_in, L) -> (N, C_out, L'). weight (C_out, C_in / groups, k).
+class Conv1d : public Module {
+ public:
+  Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv1dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels, kernel_size;
+  Conv1dOptions options;
+  Tensor weight;  // (C_out, C_in / groups, k)
+  Tensor bias;    // (C_out)
+};
+
+struct MaxPool2dOptions {
+  Size2 stride = {};  // unset: kernel_size
+  Size2 padding = 0;
+  Size2 dilation = 1;
+  bool ceil_mode = false;
+};
+class MaxPool2d : public Module {
+ public:
+  explicit MaxPool2d(Size2 kernel_size, MaxPool2dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Size2 kernel_size;
+  MaxPool2dOptions options;
+};
+
+struct AvgPool2dOptions {
+  Size2 stride = {};  // unset: kernel_size
+  Size2 padding = 0;
+  bool ceil_mode = false;
+  bool count_include_pad = true;
+  std::optional<int64_t> divisor_override = {};
+};
+class AvgPool2d : public Module {
+ public:
+  explicit AvgPool2d(Size2 kernel_size, AvgPool2dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Size2 kernel_size;
+  AvgPool2dOptions options;
+};
+
+class AdaptiveAvgPool2d : public Module {
+ public:
+  explicit AdaptiveAvgPool2d(Size2 output_size) : output_size(output_size) {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Size2 output_size;
+};
+
+}  // namespace kiln::nn

@@ -1,0 +1,264 @@
+// nn/functional.cpp: linear, embedding and the losses of nn/functional.h, written with ops:: calls
+// (so they run on any device and their backward is differentiable again).
+#include "nn/functional.h"
+
+#include "ops/ops.h"
+#include "ops/record.h"
+
+namespace kiln::nn {
+inline namespace functional {
+
+namespace {
+
+enum class Reduction { None, Mean, Sum };
+
+Reduction parse_reduction(const std::string& r, const char* op) {
+  if (r == "mean") return Reduction::Mean;
+  if (r == "sum") return Reduction::Sum;
+  if (r == "none") return Reduction::None;
+  KILN_FAIL("{}: reduction '{}' is not one of 'mean', 'sum', 'none'", op, r);
+}
+
+Tensor reduce(const Tensor& loss, Reduction r) {
+  switch (r) {
+    case Reduction::Mean: return loss.mean();
+    case Reduction::Sum: return loss.sum();
+    case Reduction::None: break;
+  }
+  return loss;
+}
+
+void check_same_shape(const Tensor& input, const Tensor& target, const char* op) {
+  KILN_CHECK(input.sizes() == target.sizes(),
+             "{}: the target's shape {} must equal the input's {} (Kiln does not broadcast losses)", op,
+             target.sizes().str(), input.sizes().str());
+}
+
+// Shape (1, C, 1, ...) of a per-class vector, to broadcast against (N, C, d1, ...).
+Tensor along_classes(const Tensor& w, int ndim) {
+  Shape s = Shape::filled(ndim, 1);
+  s[ndim == 1 ? 0 : 1] = w.numel();
+  return w.view(s);
+}
+
+void check_class_weight(const Tensor& weight, int64_t classes, const char* op) {
+  KILN_CHECK(weight.dim() == 1 && weight.numel() == classes,
+             "{}: weight must be a 1-D tensor of {} elements (one per class), got shape {}", op, classes,
+             weight.sizes().str());
+}
+
+// The negative log-likelihood of class-index targets given log-probabilities (N, C, d...) or (C), reduced,
+// recorded as one node: it is linear in logp, so its gradient is -w[t] (times the reduction's factor) at
+// each target class and zero elsewhere: one scatter. Also returns the per-element weights w[t] (1 without
+// a weight; 0 where target == ignore_index), which label smoothing reuses.
+struct Nll {
+  Tensor loss;
+  Tensor weights;  // shape of target
+};
+
+Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t ignore_index, Reduction r,
+        const char* op) {
+  KILN_CHECK(target.dtype() == kInt64 || target.dtype() == kInt32,
+             "{}: class-index targets must be int64 or int32, got {}; for class probabilities pass a "
+             "floating target of the input's shape",
+             op, dtype_name(target.dtype()));
+  int cdim = logp.dim() == 1 ? 0 : 1;
+  Shape expected = logp.sizes();
+  expected.erase(cdim);
+  KILN_CHECK(target.sizes() == expected,
+             "{}: for input of shape {} the class-index target must have shape {}, got {}", op,
+             logp.sizes().str(), expected.str(), target.sizes().str());
+  if (weight.defined()) check_class_weight(weight, logp.size(cdim), op);
+
+  Nll out;
+  Tensor index, denom;
+  {
+    NoGradGuard no_grad;
+    // Ignored targets index class 0 (with weight 0), so gather stays in range.
+    Tensor keep = target.ne(ignore_index);
+    Tensor safe = target.masked_fill(keep.logical_not(), 0);
+    index = safe.unsqueeze(cdim);
+    out.weights = weight.defined() ? index_select(weight, 0, safe.reshape({-1})).view(target.sizes()) * keep
+                                   : keep.to(logp.dtype());
+    Tensor picked = gather(logp, cdim, index).squeeze(cdim) * out.weights;  // -loss per element
+    switch (r) {
+      case Reduction::Mean:  // PyTorch's weighted mean
+        denom = out.weights.sum();
+        out.loss = picked.sum().div_(denom).neg_();
+        break;
+      case Reduction::Sum: out.loss = picked.sum().neg_(); break;
+      case Reduction::None: out.loss = picked.neg_(); break;
+    }
+  }
+  if (autograd::should_record(logp)) {
+    autograd::record("NllLossBackward", {logp}, {out.loss},
+                     [index, w = out.weights, denom, cdim, sizes = logp.sizes(), options = logp.options()](
+                         const autograd::Grads& g) -> autograd::TensorList {
+                       Tensor coef = denom.defined() ? g[0] / denom * w : g[0] * w;
+                       return {zeros(sizes, options).scatter(cdim, index, -coef.unsqueeze(cdim))};
+                     });
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---- layers ----
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  KILN_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape {}",
+             weight.sizes().str());
+  KILN_CHECK(input.dim() >= 1 && input.size(-1) == weight.size(1),
+             "linear: the input's last dim ({}) must equal in_features ({}); input shape {}, weight shape {}",
+             input.dim() >= 1 ? input.size(-1) : 0, weight.size(1), input.sizes().str(), weight.sizes().str());
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
+             "linear: bias must have shape ({}), got {}", weight.size(0), bias.sizes().str());
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = matmul(input, weight.t());
+    if (bias.defined()) y.add_(bias);  // in place: no second output buffer
+  }
+  std::vector<Tensor> inputs{input, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  if (autograd::should_record(inputs)) {
+    autograd::record(
+        "LinearBackward", inputs, {y},
+        [x = autograd::SavedTensor(input, false), w = autograd::SavedTensor(weight, false), has_bias = bias.defined()](
+            const autograd::Grads& g) -> autograd::TensorList {
+          Tensor gy = g[0];
+          autograd::TensorList out(has_bias ? 3 : 2);
+          Tensor xv = x.unpack("LinearBackward");
+          if (g.needs_grad(0)) out[0] = matmul(gy, w.unpack("LinearBackward"));  // dL/dx = gy W
+          Tensor gy2 = gy.reshape({-1, gy.size(-1)});
+          if (g.needs_grad(1)) out[1] = matmul(gy2.t(), xv.reshape({-1, xv.size(-1)}));  // gy^T x
+          if (has_bias && g.needs_grad(2)) out[2] = gy2.sum({0});
+          return out;
+        });
+  }
+  return y;
+}
+
+Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {
+  Tensor y;
+  {
+    NoGradGuard no_grad;
+    y = ops::embedding(weight, indices);
+  }
+  if (autograd::should_record(weight)) {
+    int64_t pad = padding_idx.value_or(-1);
+    if (pad < 0 && padding_idx) pad += weight.size(0);
+    autograd::record("EmbeddingBackward", {weight}, {y},
+                     [idx = indices, rows = weight.size(0), pad, dtype = weight.dtype()](
+                         const autograd::Grads& g) -> autograd::TensorList {
+                       Tensor flat = idx.reshape({-1});
+                       Tensor gy = g[0].reshape({-1, g[0].size(-1)});
+                       if (pad >= 0) gy = gy.masked_fill(flat.eq(pad).unsqueeze(1), 0);  // no gradient
+                       Tensor zero = zeros({rows, gy.size(1)}, TensorOptions(dtype).device(gy.device()));
+                       return {index_add(zero, 0, flat, gy)};
+                     });
+  }
+  return y;
+}
+
+// ---- losses ----
+
+Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
+  Reduction r = parse_reduction(options.reduction, "nll_loss");
+  return nll(input, target, options.weight, options.ignore_index, r, "nll_loss").loss;
+}
+
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options) {
+  const char* op = "cross_entropy";
+  Reduction r = parse_reduction(options.reduction, op);
+  double eps = options.label_smoothing;
+  KILN_CHECK(eps >= 0 && eps <= 1, "cross_entropy: label_smoothing must be in [0, 1], got {}", eps);
+  KILN_CHECK(input.dim() >= 1 && input.is_floating_point(),
+             "cross_entropy: input must be floating logits of shape (N, C, ...) or (C), got {} {}",
+             dtype_name(input.dtype()), input.sizes().str());
+  int cdim = input.dim() == 1 ? 0 : 1;
+  int64_t classes = input.size(cdim);
+  Tensor logp = log_softmax(input, cdim);
+
+  if (target.is_floating_point()) {  // class probabilities
+    check_same_shape(input, target, op);
+    Tensor t = eps > 0 ? target * (1 - eps) + eps / classes : target;
+    Tensor prod = logp * t;
+    if (options.weight.defined()) {
+      check_class_weight(options.weight, classes, op);
+      prod = prod * along_classes(options.weight, input.dim());
+    }
+    Tensor loss = -prod.sum({cdim});
+    if (r == Reduction::Mean) return loss.sum() / static_cast<double>(input.numel() / classes);
+    return reduce(loss, r);
+  }
+
+  Nll nl = nll(logp, target, options.weight, options.ignore_index, r, op);
+  if (eps == 0) return nl.loss;
+  // Label smoothing: (1 - eps) * nll + eps / C * (-sum_c w_c logp_c), ignored elements masked.
+  Tensor all = options.weight.defined() ? logp * along_classes(options.weight, input.dim()) : logp;
+  Tensor smooth = -all.sum({cdim}) * target.ne(options.ignore_index);
+  Tensor smooth_reduced;
+  switch (r) {
+    case Reduction::Mean:
+      smooth_reduced = smooth.sum() / nl.weights.sum();
+      break;
+    case Reduction::Sum: smooth_reduced = smooth.sum(); break;
+    case Reduction::None: smooth_reduced = smooth; break;
+  }
+  return nl.loss * (1 - eps) + smooth_reduced * (eps / classes);
+}
+
+Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& options) {
+  Reduction r = parse_reduction(options.reduction, "mse_loss");
+  check_same_shape(input, target, "mse_loss");
+  return reduce((input - target).square(), r);
+}
+
+Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& options) {
+  Reduction r = parse_reduction(options.reduction, "l1_loss");
+  check_same_shape(input, target, "l1_loss");
+  return reduce((input - target).abs(), r);
+}
+
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1LossOptions& options) {
+  Reduction r = parse_reduction(options.reduction, "smooth_l1_loss");
+  check_same_shape(input, target, "smooth_l1_loss");
+  KILN_CHECK(options.beta >= 0, "smooth_l1_loss: beta must be >= 0, got {}", options.beta);
+  Tensor d = (input - target).abs();
+  if (options.beta == 0) return reduce(d, r);
+  Tensor loss = where(d.lt(options.beta), d.square() * (0.5 / options.beta), d - 0.5 * options.beta);
+  return reduce(loss, r);
+}
+
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCELossOptions& options) {
+  Reduction r = parse_reduction(options.reduction, "binary_cross_entropy");
+  check_same_shape(input, target, "binary_cross_entropy");
+  // log(p) and log(1 - p) clamped at -100, so p = 0 or 1 gives a finite loss (PyTorch's rule).
+  Tensor log_p = input.log().clamp(-100.0);
+  Tensor log_q = (1 - input).log().clamp(-100.0);
+  Tensor loss = -(target * log_p + (1 - target) * log_q);
+  if (options.weight.defined()) loss = loss * options.weight;
+  return reduce(loss, r);
+}
+
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const BCEWithLogitsLossOptions& options) {
+  Reduction r = parse_reduction(options.reduction, "binary_cross_entropy_with_logits");
+  check_same_shape(input, target, "binary_cross_entropy_with_logits");
+  // -log sigmoid(x) = softplus(-x), which never overflows (the identity above 20) and, unlike
+  // log1p(exp(-|x|)) + max(-x, 0), has no kink at 0 for autograd to get wrong.
+  Tensor neg_log_sigmoid = softplus(-input);
+  Tensor loss;
+  if (options.pos_weight.defined()) {
+    Tensor log_weight = (options.pos_weight - 1) * target + 1;
+    loss = (1 - target) * input + log_weight * neg_log_sigmoid;
+  } else {
+    loss = (1 - target) * input + neg_log_sigmoid;
+  }
+  if (options.weight.defined()) loss = loss * options.weight;
+  return reduce(loss, r);
+}
+
+}  // namespace functional
+}  // namespace kiln::nn

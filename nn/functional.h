@@ -1,0 +1,96 @@
+// nn/functional.h: the functional forms of the layers and the losses, as torch.nn.functional. They are
+// compositions of ops (ops/ops.h), except linear() and embedding(), which record one fused node each.
+// Reachable as nn::cross_entropy and nn::functional::cross_entropy alike (an inline namespace).
+//
+// Losses take an options struct with PyTorch's names and defaults:
+//   nn::cross_entropy(logits, labels, {.ignore_index = 0, .label_smoothing = 0.1, .reduction = "sum"})
+// reduction: "mean" (default), "sum" or "none".
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace kiln::nn {
+inline namespace functional {
+
+// The ops that torch.nn.functional also has, under the same names (the same functions as kiln::).
+using ops::adaptive_avg_pool2d;
+using ops::avg_pool2d;
+using ops::batch_norm;
+using ops::conv1d;
+using ops::conv2d;
+using ops::dropout;
+using ops::gelu;
+using ops::group_norm;
+using ops::layer_norm;
+using ops::log_softmax;
+using ops::max_pool2d;
+using ops::max_pool2d_with_indices;
+using ops::one_hot;
+using ops::pad;
+using ops::relu;
+using ops::rms_norm;
+using ops::silu;
+using ops::softmax;
+
+// ---- layers ----
+// x (*, in) @ weight (out, in)^T + bias (out): the bias is added in place into the product and the
+// backward is one node (the hot path of an MLP).
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
+// weight (V, C), indices of any shape -> (*indices, C). The row padding_idx receives no gradient.
+Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx = {});
+
+// ---- losses ----
+struct CrossEntropyOptions {
+  Tensor weight = {};          // (C): a rescaling weight per class
+  int64_t ignore_index = -100;  // class-index targets equal to it contribute nothing
+  std::string reduction = "mean";
+  double label_smoothing = 0.0;  // in [0, 1]
+};
+// input (N, C) / (N, C, d1, ...) / (C) logits; target: class indices (N) / (N, d1, ...) / () of int64
+// or int32, or class probabilities of the input's shape and a floating dtype. "mean" with class
+// indices divides by the sum of the targets' weights (PyTorch's weighted mean); with probabilities
+// by the number of samples.
+Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options = {});
+
+struct NLLLossOptions {
+  Tensor weight = {};
+  int64_t ignore_index = -100;
+  std::string reduction = "mean";
+};
+// input: log-probabilities (N, C) / (N, C, d1, ...) / (C); target: class indices.
+Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options = {});
+
+struct LossOptions {
+  std::string reduction = "mean";
+};
+Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& options = {});
+Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& options = {});
+
+struct SmoothL1LossOptions {
+  std::string reduction = "mean";
+  double beta = 1.0;  // 0.5 d^2 / beta below beta, |d| - 0.5 beta above; beta = 0 is l1_loss
+};
+Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1LossOptions& options = {});
+
+struct BCELossOptions {
+  Tensor weight = {};  // broadcasts to the input
+  std::string reduction = "mean";
+};
+// input: probabilities in [0, 1]; the logs are clamped at -100, as PyTorch.
+Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCELossOptions& options = {});
+
+struct BCEWithLogitsLossOptions {
+  Tensor weight = {};      // broadcasts to the input
+  Tensor pos_weight = {};  // weight of the positive term, broadcast along the last (class) dim
+  std::string reduction = "mean";
+};
+// sigmoid + binary cross-entropy in one numerically stable formula (no overflow for large |x|).
+Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
+                                        const BCEWithLogitsLossOptions& options = {});
+
+}  // namespace functional
+}  // namespace kiln::nn

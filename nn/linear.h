@@ -1,0 +1,66 @@
+// nn/linear.h: Linear, Embedding, Flatten and Identity. Their functional forms are in nn/functional.h.
+#pragma once
+
+#include <optional>
+
+#include "nn/module.h"
+
+namespace kiln::nn {
+
+struct LinearOptions {
+  bool bias = true;
+};
+
+// y = x W^T + b. weight (out_features, in_features) ~ kaiming_uniform_(a = sqrt(5)), i.e.
+// U(+-1/sqrt(in_features)); bias (out_features) ~ U(+-1/sqrt(in_features)), as PyTorch.
+class Linear : public Module {
+ public:
+  Linear(int64_t in_features, int64_t out_features, LinearOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+  void reset_parameters();
+
+  int64_t in_features, out_features;
+  Tensor weight;  // (out_features, in_features)
+  Tensor bias;    // (out_features), undefined without bias
+};
+
+struct EmbeddingOptions {
+  std::optional<int64_t> padding_idx = {};  // that row starts at zero and receives no gradient
+};
+
+// A lookup table: indices (any shape, int64/int32) -> (*indices, embedding_dim). weight ~ N(0, 1).
+class Embedding : public Module {
+ public:
+  Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options = {});
+  Tensor forward(const Tensor& indices) override;
+  std::string extra_repr() const override;
+
+  int64_t num_embeddings, embedding_dim;
+  std::optional<int64_t> padding_idx;  // normalised to [0, num_embeddings)
+  Tensor weight;                       // (num_embeddings, embedding_dim)
+};
+
+struct FlattenOptions {
+  int64_t start_dim = 1;
+  int64_t end_dim = -1;
+};
+class Flatten : public Module {
+ public:
+  explicit Flatten(FlattenOptions options = {}) : options(options) {}
+  Flatten(int64_t start_dim, int64_t end_dim = -1) : options{start_dim, end_dim} {}
+  Tensor forward(const Tensor& input) override { return input.flatten(options.start_dim, options.end_dim); }
+  std::string extra_repr() const override;
+
+  FlattenOptions options;
+};
+
+class Identity : public Module {
+ public:
+  Tensor forward(const Tensor& input) override { return input; }
+};
+
+// Python's repr of a float ("1e-05", "0.1", "1.0"), for extra_repr().
+std::string py_float(double value);
+
+}  // namespace kiln::nn

@@ -1,0 +1,12 @@
+// nn/nn.h: everything of kiln::nn in one include: Module, the layers, the losses and functional forms,
+// and nn::init.
+#pragma once
+
+#include "nn/activation.h"
+#include "nn/container.h"
+#include "nn/conv.h"
+#include "nn/functional.h"
+#include "nn/init.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+#include "nn/norm.h"

@@ -1,0 +1,121 @@
+// nn/norm.cpp: see nn/norm.h.
+#include "nn/norm.h"
+
+#include <fmt/format.h>
+
+#include "core/grad_mode.h"
+#include "nn/linear.h"  // py_float
+#include "ops/ops.h"
+
+namespace kiln::nn {
+
+namespace {
+
+std::string py_tuple(const Shape& s) {  // (8,) or (3, 4)
+  std::string out = "(";
+  for (int i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + (s.size() == 1 ? ",)" : ")");
+}
+
+const char* py_bool(bool b) { return b ? "True" : "False"; }
+
+}  // namespace
+
+BatchNormBase::BatchNormBase(int64_t num_features, BatchNormOptions options)
+    : num_features(num_features), options(options) {
+  KILN_CHECK(num_features > 0, "nn::BatchNorm: num_features must be positive, got {}", num_features);
+  if (options.affine) {
+    weight = register_parameter("weight", ones({num_features}));
+    bias = register_parameter("bias", zeros({num_features}));
+  }
+  if (options.track_running_stats) {
+    running_mean = register_buffer("running_mean", zeros({num_features}));
+    running_var = register_buffer("running_var", ones({num_features}));
+    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, kInt64));
+  }
+}
+
+Tensor BatchNormBase::forward(const Tensor& input) {
+  check_input(input);
+  KILN_CHECK(input.size(1) == num_features, "nn::{}: expected {} channels (dim 1), got input of shape {}", name(),
+             num_features, input.sizes().str());
+  double factor = options.momentum.value_or(0.0);
+  if (is_training() && options.track_running_stats) {
+    NoGradGuard no_grad;
+    num_batches_tracked.add_(1);
+    if (!options.momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
+  }
+  // Batch statistics while training, and always when there are no running statistics.
+  bool use_batch_stats = is_training() || !options.track_running_stats;
+  return batch_norm(input, running_mean, running_var, weight, bias, use_batch_stats, factor, options.eps);
+}
+
+std::string BatchNormBase::extra_repr() const {
+  return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}", num_features,
+                     py_float(options.eps), options.momentum ? py_float(*options.momentum) : "None",
+                     py_bool(options.affine), py_bool(options.track_running_stats));
+}
+
+void BatchNorm1d::check_input(const Tensor& input) const {
+  KILN_CHECK(input.dim() == 2 || input.dim() == 3, "nn::BatchNorm1d: expected 2D or 3D input (got {}D input)",
+             input.dim());
+}
+
+void BatchNorm2d::check_input(const Tensor& input) const {
+  KILN_CHECK(input.dim() == 4, "nn::BatchNorm2d: expected 4D input (got {}D input)", input.dim());
+}
+
+LayerNorm::LayerNorm(Shape normalized_shape, LayerNormOptions options)
+    : normalized_shape(normalized_shape), options(options) {
+  if (options.elementwise_affine) {
+    weight = register_parameter("weight", ones(normalized_shape));
+    bias = register_parameter("bias", zeros(normalized_shape));
+  }
+}
+
+Tensor LayerNorm::forward(const Tensor& input) {
+  return layer_norm(input, normalized_shape, weight, bias, options.eps);
+}
+
+std::string LayerNorm::extra_repr() const {
+  return fmt::format("{}, eps={}, elementwise_affine={}", py_tuple(normalized_shape), py_float(options.eps),
+                     py_bool(options.elementwise_affine));
+}
+
+RMSNorm::RMSNorm(Shape normalized_shape, RMSNormOptions options) : normalized_shape(normalized_shape), options(options) {
+  if (options.elementwise_affine) weight = register_parameter("weight", ones(normalized_shape));
+}
+
+Tensor RMSNorm::forward(const Tensor& input) { return rms_norm(input, normalized_shape, weight, options.eps); }
+
+std::string RMSNorm::extra_repr() const {
+  return fmt::format("{}, eps={}, elementwise_affine={}", py_tuple(normalized_shape),
+                     options.eps ? py_float(*options.eps) : "None", py_bool(options.elementwise_affine));
+}
+
+GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, GroupNormOptions options)
+    : num_groups(num_groups), num_channels(num_channels), options(options) {
+  KILN_CHECK(num_groups > 0 && num_channels % num_groups == 0,
+             "nn::GroupNorm: num_channels ({}) must be divisible by num_groups ({})", num_channels, num_groups);
+  if (options.affine) {
+    weight = register_parameter("weight", ones({num_channels}));
+    bias = register_parameter("bias", zeros({num_channels}));
+  }
+}
+
+Tensor GroupNorm::forward(const Tensor& input) { return group_norm(input, num_groups, weight, bias, options.eps); }
+
+std::string GroupNorm::extra_repr() const {
+  return fmt::format("{}, {}, eps={}, affine={}", num_groups, num_channels, py_float(options.eps),
+                     py_bool(options.affine));
+}
+
+Dropout::Dropout(double p) : p(p) {
+  KILN_CHECK(p >= 0 && p <= 1, "nn::Dropout: p must be in [0, 1], got {}", p);
+}
+
+Tensor Dropout::forward(const Tensor& input) { return dropout(input, p, is_training()); }
+
+std::string Dropout::extra_repr() const { return fmt::format("p={}, inplace=False", py_float(p)); }
+
+}  // namespace kiln::nn

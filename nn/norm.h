@@ -1,0 +1,117 @@
+// nn/norm.h: BatchNorm1d/2d, LayerNorm, RMSNorm and GroupNorm over the ops of ops/ops.h (norm.cpp), and
+// Dropout. Affine weights start at one and biases at zero, as PyTorch.
+#pragma once
+
+#include <optional>
+
+#include "nn/module.h"
+
+namespace kiln::nn {
+
+struct BatchNormOptions {
+  double eps = 1e-5;
+  // Weight of the new batch in the running statistics; none: a cumulative average (1 / batches seen).
+  std::optional<double> momentum = 0.1;
+  bool affine = true;               // learnable weight and bias (C)
+  bool track_running_stats = true;  // running_mean, running_var (C) and num_batches_tracked (int64)
+};
+
+// Normalises each channel over the batch (and spatial dims). Training: batch statistics, and the running
+// statistics are updated (by batch_norm) and num_batches_tracked counts the batches; eval: the running
+// statistics. Without running statistics the batch statistics are used in both modes.
+class BatchNormBase : public Module {
+ public:
+  BatchNormBase(int64_t num_features, BatchNormOptions options);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t num_features;
+  BatchNormOptions options;
+  Tensor weight, bias;                 // (C) when affine
+  Tensor running_mean, running_var;    // (C) when tracking
+  Tensor num_batches_tracked;          // () int64 when tracking
+
+ protected:
+  virtual void check_input(const Tensor& input) const = 0;
+};
+
+// input (N, C) or (N, C, L).
+class BatchNorm1d : public BatchNormBase {
+ public:
+  explicit BatchNorm1d(int64_t num_features, BatchNormOptions options = {}) : BatchNormBase(num_features, options) {}
+
+ protected:
+  void check_input(const Tensor& input) const override;
+};
+
+// input (N, C, H, W).
+class BatchNorm2d : public BatchNormBase {
+ public:
+  explicit BatchNorm2d(int64_t num_features, BatchNormOptions options = {}) : BatchNormBase(num_features, options) {}
+
+ protected:
+  void check_input(const Tensor& input) const override;
+};
+
+struct LayerNormOptions {
+  double eps = 1e-5;
+  bool elementwise_affine = true;  // weight and bias of normalized_shape
+};
+// Normalises over the trailing normalized_shape dims of each sample.
+class LayerNorm : public Module {
+ public:
+  explicit LayerNorm(Shape normalized_shape, LayerNormOptions options = {});
+  explicit LayerNorm(int64_t normalized_size, LayerNormOptions options = {})
+      : LayerNorm(Shape{normalized_size}, options) {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Shape normalized_shape;
+  LayerNormOptions options;
+  Tensor weight, bias;  // normalized_shape
+};
+
+struct RMSNormOptions {
+  std::optional<double> eps = {};  // none: the machine epsilon of the input's dtype (PyTorch)
+  bool elementwise_affine = true;  // a weight of normalized_shape
+};
+// x / sqrt(mean(x^2 over normalized_shape) + eps) * weight.
+class RMSNorm : public Module {
+ public:
+  explicit RMSNorm(Shape normalized_shape, RMSNormOptions options = {});
+  explicit RMSNorm(int64_t normalized_size, RMSNormOptions options = {}) : RMSNorm(Shape{normalized_size}, options) {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Shape normalized_shape;
+  RMSNormOptions options;
+  Tensor weight;  // normalized_shape
+};
+
+struct GroupNormOptions {
+  double eps = 1e-5;
+  bool affine = true;  // weight and bias (C)
+};
+// input (N, C, *): normalises each of num_groups groups of C / num_groups channels per sample.
+class GroupNorm : public Module {
+ public:
+  GroupNorm(int64_t num_groups, int64_t num_channels, GroupNormOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t num_groups, num_channels;
+  GroupNormOptions options;
+  Tensor weight, bias;  // (C)
+};
+
+// Zeroes elements with probability p while training (scaling the rest by 1 / (1 - p)); the identity in eval.
+class Dropout : public Module {
+ public:
+  explicit Dropout(double p = 0.5);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  double p;
+};
+
+}  // namespace kiln::nn

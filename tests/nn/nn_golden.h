@@ -1,0 +1,30 @@
+// tests/nn/nn_golden.h: reads tests/fixtures/nn_golden.txt (written by tests/fixtures/gen_nn_golden.py;
+// the format is in that script's header) and checks Kiln layers against it.
+#pragma once
+
+#include <map>
+#include <string>
+
+#include "support.h"
+
+namespace kiln::test {
+
+struct NnCase {
+  std::string name;
+  std::map<std::string, Tensor> tensors;  // float64 or int64
+  std::map<std::string, std::string> strings;
+
+  const Tensor& at(const std::string& key) const;
+  bool has(const std::string& key) const { return tensors.count(key) != 0; }
+  // The p.* entries as a state dict (without the prefix).
+  TensorDict state() const;
+};
+
+// The case of that name (the file is read once); fails the test when it is missing.
+const NnCase& nn_case(const std::string& name);
+
+// Loads the case's parameters into `layer` (made float64), runs it on in.0 (a leaf requiring grad when
+// floating), checks out, every after.<buffer>, and the gradients g.in.0 and g.<param> of <out, cot>.
+void check_layer(nn::Module& layer, const std::string& case_name, bool train = true);
+
+}  // namespace kiln::test

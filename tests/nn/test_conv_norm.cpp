@@ -1,0 +1,103 @@
+// tests/nn/test_conv_norm.cpp: the convolution, pooling, normalisation and dropout layers against
+// PyTorch (gen_nn_golden.py), and their train/eval behaviour.
+#include "nn_golden.h"
+
+using namespace kiln;
+using kiln::test::check_layer;
+
+TEST_CASE("Conv2d matches torch: stride, padding, dilation, groups, 'same' (even kernels) and 'valid'",
+          "[nn][layers][conv]") {
+  nn::Conv2d plain(2, 3, 3);
+  check_layer(plain, "conv2d");
+  nn::Conv2d strided(2, 4, {3, 2}, {.stride = {2, 1}, .padding = {1, 2}});
+  check_layer(strided, "conv2d_stride_pad");
+  nn::Conv2d grouped(4, 6, 3, {.dilation = 2, .groups = 2, .bias = false});
+  check_layer(grouped, "conv2d_dilation_groups");
+  nn::Conv2d same_even(2, 3, {4, 2}, {.padding = "same"});
+  check_layer(same_even, "conv2d_same_even");
+  nn::Conv2d same_dilated(2, 2, 3, {.padding = "same", .dilation = {1, 2}});
+  check_layer(same_dilated, "conv2d_same_dilated");
+  nn::Conv2d valid(2, 2, 3, {.padding = "valid"});
+  check_layer(valid, "conv2d_valid");
+}
+
+TEST_CASE("Conv1d matches torch", "[nn][layers][conv]") {
+  nn::Conv1d a(3, 4, 3, {.stride = 2, .padding = 1});
+  check_layer(a, "conv1d");
+  nn::Conv1d same(2, 2, 4, {.padding = "same", .groups = 2});
+  check_layer(same, "conv1d_same_even");
+}
+
+TEST_CASE("Pooling layers match torch", "[nn][layers][pool]") {
+  nn::MaxPool2d mp(2);
+  check_layer(mp, "maxpool2d");
+  nn::MaxPool2d mp_opts(3, {.stride = 2, .padding = 1, .ceil_mode = true});
+  check_layer(mp_opts, "maxpool2d_opts");
+  nn::AvgPool2d ap(2);
+  check_layer(ap, "avgpool2d");
+  nn::AvgPool2d ap_opts(3, {.stride = 2, .padding = 1, .count_include_pad = false});
+  check_layer(ap_opts, "avgpool2d_opts");
+  nn::AdaptiveAvgPool2d aap({2, 3});
+  check_layer(aap, "adaptive_avgpool2d");
+  nn::AdaptiveAvgPool2d aap1(1);
+  check_layer(aap1, "adaptive_avgpool2d_1");
+}
+
+TEST_CASE("BatchNorm matches torch in train and eval mode, running statistics included", "[nn][layers][norm]") {
+  nn::BatchNorm2d train_bn(3, {.momentum = 0.2});
+  check_layer(train_bn, "batchnorm2d_train");  // also checks running_mean/var after the step
+  CHECK(train_bn.num_batches_tracked.item<int64_t>() == 1);
+  nn::BatchNorm2d eval_bn(3);
+  check_layer(eval_bn, "batchnorm2d_eval", /*train=*/false);
+  CHECK(eval_bn.num_batches_tracked.item<int64_t>() == 0);  // eval does not count
+  nn::BatchNorm1d bn1(4);
+  check_layer(bn1, "batchnorm1d_train");
+  nn::BatchNorm1d bn1_3d(3, {.affine = false});
+  CHECK(bn1_3d.parameters().empty());
+  check_layer(bn1_3d, "batchnorm1d_3d_noaffine");
+  nn::BatchNorm2d untracked(2, {.track_running_stats = false});
+  CHECK(untracked.buffers().empty());
+  check_layer(untracked, "batchnorm2d_no_running", /*train=*/false);  // batch statistics even in eval
+  test::check_error([&] { train_bn(zeros({2, 3, 4})); }, {"BatchNorm2d", "expected 4D input (got 3D input)"});
+  test::check_error([&] { train_bn(zeros({2, 5, 4, 4})); }, {"expected 3 channels", "[2, 5, 4, 4]"});
+}
+
+TEST_CASE("BatchNorm with momentum none keeps a cumulative average", "[nn][layers][norm]") {
+  nn::BatchNorm1d bn(2, {.momentum = std::nullopt, .affine = false});
+  Tensor a = tensor({{1.0, 2.0}, {3.0, 6.0}}), b = tensor({{5.0, 0.0}, {7.0, 0.0}});
+  bn(a);
+  bn(b);
+  // Batch means (2, 4) then (6, 0): their average (4, 2).
+  test::check_close(bn.running_mean, tensor({4.0, 2.0}));
+  CHECK(bn.num_batches_tracked.item<int64_t>() == 2);
+}
+
+TEST_CASE("LayerNorm, RMSNorm and GroupNorm match torch", "[nn][layers][norm]") {
+  nn::LayerNorm ln(Shape{3, 4});
+  check_layer(ln, "layernorm");
+  nn::LayerNorm ln_plain(6, {.eps = 1e-3, .elementwise_affine = false});
+  check_layer(ln_plain, "layernorm_noaffine");
+  nn::RMSNorm rms(4, {.eps = 1e-5});
+  check_layer(rms, "rmsnorm");
+  nn::RMSNorm rms_default(Shape{2, 3});
+  check_layer(rms_default, "rmsnorm_default_eps");
+  nn::GroupNorm gn(2, 4);
+  check_layer(gn, "groupnorm");
+}
+
+TEST_CASE("Dropout drops while training and is the identity in eval", "[nn][layers][dropout]") {
+  nn::Dropout drop(0.25);
+  Tensor x = ones({200, 500});
+  Tensor y = drop(x);
+  std::vector<float> v = y.to_vector<float>();
+  int64_t zeros_seen = 0, wrong = 0;
+  for (float e : v) {
+    if (e == 0) ++zeros_seen;
+    else if (std::fabs(e - 1 / 0.75f) > 1e-6f) ++wrong;  // the kept ones are scaled by 1 / (1 - p)
+  }
+  CHECK(wrong == 0);
+  double frac = static_cast<double>(zeros_seen) / static_cast<double>(v.size());
+  CHECK(std::fabs(frac - 0.25) < 5 * std::sqrt(0.25 * 0.75 / static_cast<double>(v.size())));
+  drop.eval();
+  test::check_equal(drop(x), x);
+}

@@ -1,0 +1,152 @@
+// tests/nn/test_init.cpp: nn::init and the layers' default initialisation, checked by their distributions:
+// exact bounds, and moments within a few standard errors on large tensors (Kiln's Philox numbers differ
+// from torch's, so the values themselves cannot be compared).
+#include <cmath>
+
+#include "nn_golden.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Moments {
+  double min, max, mean, var;
+};
+Moments moments(const Tensor& t) {
+  std::vector<double> v = t.to_vector<double>();
+  Moments m{v[0], v[0], 0, 0};
+  for (double x : v) {
+    m.min = std::min(m.min, x);
+    m.max = std::max(m.max, x);
+    m.mean += x;
+  }
+  m.mean /= static_cast<double>(v.size());
+  for (double x : v) m.var += (x - m.mean) * (x - m.mean);
+  m.var /= static_cast<double>(v.size() - 1);
+  return m;
+}
+
+// Uniform on [-bound, bound): the bounds hold, are nearly reached, and the moments match.
+void check_uniform(const Tensor& t, double lo, double hi) {
+  Moments m = moments(t);
+  double n = static_cast<double>(t.numel()), width = hi - lo;
+  CHECK(m.min >= lo);
+  CHECK(m.max <= hi);
+  CHECK(m.min < lo + width * 1e-3);
+  CHECK(m.max > hi - width * 1e-3);
+  double var = width * width / 12;
+  CHECK(std::fabs(m.mean - (lo + hi) / 2) < 5 * std::sqrt(var / n));
+  CHECK(std::fabs(m.var / var - 1) < 5 * std::sqrt(0.8 / n));  // var of the sample variance: 4/5 var^2 / n
+}
+
+void check_normal(const Tensor& t, double mean, double std) {
+  Moments m = moments(t);
+  double n = static_cast<double>(t.numel());
+  CHECK(std::fabs(m.mean - mean) < 5 * std / std::sqrt(n));
+  CHECK(std::fabs(m.var / (std * std) - 1) < 5 * std::sqrt(2 / n));
+}
+
+}  // namespace
+
+TEST_CASE("calculate_gain and fans follow PyTorch", "[nn][init]") {
+  CHECK(nn::init::calculate_gain("linear") == 1);
+  CHECK(nn::init::calculate_gain("conv2d") == 1);
+  CHECK(nn::init::calculate_gain("sigmoid") == 1);
+  CHECK(nn::init::calculate_gain("tanh") == Approx(5.0 / 3));
+  CHECK(nn::init::calculate_gain("relu") == Approx(std::sqrt(2.0)));
+  CHECK(nn::init::calculate_gain("leaky_relu") == Approx(std::sqrt(2.0 / (1 + 0.0001))));
+  CHECK(nn::init::calculate_gain("leaky_relu", std::sqrt(5.0)) == Approx(std::sqrt(1.0 / 3)));
+  CHECK(nn::init::calculate_gain("selu") == 0.75);
+  test::check_error([] { nn::init::calculate_gain("swish"); }, {"unsupported nonlinearity 'swish'"});
+  auto f = nn::init::calculate_fan_in_and_fan_out(empty({8, 3, 5, 2}));
+  CHECK(f.fan_in == 30);
+  CHECK(f.fan_out == 80);
+  test::check_error([] { nn::init::calculate_fan_in_and_fan_out(empty({4})); }, {"fewer than 2 dimensions"});
+}
+
+TEST_CASE("Initialisers draw from the right distributions, in place, under no_grad", "[nn][init]") {
+  Generator gen(42);
+  Tensor w = empty({400, 500}).requires_grad_();  // a leaf that requires grad, like a parameter
+  Tensor& same = nn::init::uniform_(w, -0.5, 1.5, &gen);
+  CHECK(&same == &w);
+  CHECK(w.requires_grad());
+  CHECK(w.is_leaf());
+  check_uniform(w, -0.5, 1.5);
+
+  nn::init::normal_(w, 2.0, 0.5, &gen);
+  check_normal(w, 2.0, 0.5);
+
+  nn::init::kaiming_uniform_(w, 0, "fan_in", "relu", &gen);  // bound sqrt(2) * sqrt(3 / 500)
+  double b = std::sqrt(2.0) * std::sqrt(3.0 / 500);
+  check_uniform(w, -b, b);
+  nn::init::kaiming_uniform_(w, std::sqrt(5.0), "fan_out", "leaky_relu", &gen);  // 1 / sqrt(fan_out)
+  check_uniform(w, -1 / std::sqrt(400.0), 1 / std::sqrt(400.0));
+  nn::init::kaiming_normal_(w, 0, "fan_out", "relu", &gen);
+  check_normal(w, 0, std::sqrt(2.0) / std::sqrt(400.0));
+  nn::init::xavier_uniform_(w, 2.0, &gen);
+  double xb = 2.0 * std::sqrt(6.0 / 900);
+  check_uniform(w, -xb, xb);
+  nn::init::xavier_normal_(w, 0.5, &gen);
+  check_normal(w, 0, 0.5 * std::sqrt(2.0 / 900));
+
+  nn::init::constant_(w, 0.25);
+  test::check_equal(w.detach(), full({400, 500}, 0.25));
+  nn::init::zeros_(w);
+  CHECK(w.abs().max().item<double>() == 0);
+  nn::init::ones_(w);
+  CHECK(w.min().item<double>() == 1);
+  test::check_error([&] { nn::init::kaiming_uniform_(w, 0, "fan_avg"); }, {"mode 'fan_avg'"});
+  Tensor idx = zeros({3, 3}, kInt64);
+  test::check_error([&] { nn::init::normal_(idx); }, {"normal_", "floating", "int64"});
+}
+
+TEST_CASE("trunc_normal_ gives the truncated normal distribution", "[nn][init]") {
+  Generator gen(3);
+  Tensor w = empty({200000}, kFloat64);
+  double mean = 0.5, std = 1.0, a = 0.0, b = 3.0;
+  nn::init::trunc_normal_(w, mean, std, a, b, &gen);
+  Moments m = moments(w);
+  CHECK(m.min >= a);
+  CHECK(m.max <= b);
+  // Moments of N(mean, std^2) restricted to [a, b].
+  auto pdf = [](double x) { return std::exp(-x * x / 2) / std::sqrt(2 * M_PI); };
+  auto cdf = [](double x) { return 0.5 * (1 + std::erf(x / std::sqrt(2.0))); };
+  double al = (a - mean) / std, be = (b - mean) / std, z = cdf(be) - cdf(al);
+  double emean = mean + std * (pdf(al) - pdf(be)) / z;
+  double evar = std * std * (1 + (al * pdf(al) - be * pdf(be)) / z - std::pow((pdf(al) - pdf(be)) / z, 2));
+  double n = static_cast<double>(w.numel());
+  CHECK(std::fabs(m.mean - emean) < 5 * std::sqrt(evar / n));
+  CHECK(std::fabs(m.var / evar - 1) < 5 * std::sqrt(2 / n));
+  test::check_error([&] { nn::init::trunc_normal_(w, 0, 1, 10, 12); }, {"more than 5 std"});
+}
+
+TEST_CASE("A generator makes initialisation reproducible", "[nn][init]") {
+  Generator g1(5), g2(5);
+  Tensor a = empty({10, 10}), b = empty({10, 10});
+  nn::init::kaiming_normal_(a, 0, "fan_in", "relu", &g1);
+  nn::init::kaiming_normal_(b, 0, "fan_in", "relu", &g2);
+  test::check_equal(a, b);
+}
+
+TEST_CASE("Layers initialise as PyTorch: U(+-1/sqrt(fan_in)) weights and biases, N(0, 1) embeddings",
+          "[nn][init][layers]") {
+  manual_seed(11);
+  nn::Linear lin(256, 512);
+  check_uniform(lin.weight.detach(), -1 / 16.0, 1 / 16.0);
+  Moments bm = moments(lin.bias.detach());
+  CHECK(bm.min >= -1 / 16.0);
+  CHECK(bm.max <= 1 / 16.0);
+  nn::Conv2d conv(16, 64, 5, {.groups = 2});  // fan_in = 8 * 25 = 200
+  CHECK(conv.weight.sizes() == Shape{64, 8, 5, 5});
+  double cb = 1 / std::sqrt(200.0);
+  check_uniform(conv.weight.detach(), -cb, cb);
+  Moments cbm = moments(conv.bias.detach());
+  CHECK(cbm.min >= -cb);
+  CHECK(cbm.max <= cb);
+  nn::Embedding emb(1000, 200);
+  check_normal(emb.weight.detach(), 0, 1);
+  nn::BatchNorm2d bn(4);
+  test::check_equal(bn.weight.detach(), ones({4}));
+  test::check_equal(bn.bias.detach(), zeros({4}));
+  test::check_equal(bn.running_var, ones({4}));
+}

@@ -1,0 +1,83 @@
+// tests/nn/test_layers.cpp: every layer against PyTorch (tests/fixtures/gen_nn_golden.py): the output,
+// the buffers after the forward, and the gradients of the input and of every parameter for a random
+// cotangent, all in float64 with torch's weights loaded through load_state_dict.
+#include "nn_golden.h"
+
+using namespace kiln;
+using kiln::test::check_layer;
+
+TEST_CASE("Linear matches torch (3-D input, with and without bias)", "[nn][layers]") {
+  nn::Linear a(4, 5);
+  check_layer(a, "linear");
+  nn::Linear b(4, 3, {.bias = false});
+  CHECK_FALSE(b.bias.defined());
+  check_layer(b, "linear_nobias");
+}
+
+TEST_CASE("Embedding matches torch and its padding row gets no gradient", "[nn][layers]") {
+  nn::Embedding e(7, 3, {.padding_idx = 2});
+  check_layer(e, "embedding_padding");
+  nn::Embedding fresh(7, 3, {.padding_idx = -5});  // -5 is row 2, as in PyTorch
+  CHECK(*fresh.padding_idx == 2);
+  test::check_equal(fresh.weight[2].detach(), zeros({3}));
+  test::check_error([] { nn::Embedding(7, 3, {.padding_idx = 7}); }, {"padding_idx 7", "[-7, 7)"});
+}
+
+TEST_CASE("Activations match torch", "[nn][layers]") {
+  nn::ReLU relu;
+  check_layer(relu, "relu");
+  nn::GELU gelu;
+  check_layer(gelu, "gelu");
+  nn::GELU gelu_tanh({.approximate = "tanh"});
+  check_layer(gelu_tanh, "gelu_tanh");
+  nn::SiLU silu;
+  check_layer(silu, "silu");
+  nn::Tanh tanh;
+  check_layer(tanh, "tanh");
+  nn::Sigmoid sigmoid;
+  check_layer(sigmoid, "sigmoid");
+  nn::Softmax softmax(1);
+  check_layer(softmax, "softmax");
+  nn::Flatten flatten;
+  check_layer(flatten, "flatten");
+  test::check_error([] { nn::GELU({.approximate = "fast"}); }, {"GELU", "'fast'"});
+}
+
+TEST_CASE("Sequential matches torch and names its children 0, 1, 2", "[nn][layers]") {
+  nn::Sequential seq{nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2)};
+  CHECK(seq.size() == 3);
+  check_layer(seq, "sequential");
+  CHECK(seq.state_dict().keys() == std::vector<std::string>{"0.weight", "0.bias", "2.weight", "2.bias"});
+  CHECK(seq.at<nn::Linear>(2).out_features == 2);
+  test::check_error([&] { seq.at<nn::Linear>(1); }, {"element 1 is a ReLU"});
+  test::check_error([&] { seq[3]; }, {"index 3 is out of range (3 modules)"});
+}
+
+TEST_CASE("Identity passes its input through", "[nn][layers]") {
+  nn::Identity id;
+  Tensor x = test::sample({2, 3});
+  CHECK(id(x).is_same(x));
+}
+
+TEST_CASE("linear and embedding record one node each and pass gradcheck and gradgradcheck", "[nn][layers][gradcheck]") {
+  using autograd::TensorList;
+  Tensor x = test::sample({2, 3, 4}, kFloat64, 0.2).requires_grad_();
+  Tensor w = test::sample({5, 4}, kFloat64, 0.7).requires_grad_();
+  Tensor b = test::sample({5}, kFloat64, 1.3).requires_grad_();
+  Tensor y = nn::linear(x, w, b);
+  REQUIRE(y.grad_fn());
+  CHECK(std::string(y.grad_fn()->name()) == "LinearBackward");
+  auto fn = [](const TensorList& in) { return TensorList{nn::linear(in[0], in[1], in[2])}; };
+  CHECK(autograd::gradcheck(fn, {x, w, b}));
+  CHECK(autograd::gradgradcheck(fn, {x, w, b}));
+  Tensor table = test::sample({6, 3}, kFloat64, 0.4).requires_grad_();
+  Tensor idx = from_vector<int64_t>({1, 4, 4, 0, 5, 1}, {2, 3});
+  auto emb = [&](const TensorList& in) { return TensorList{nn::embedding(idx, in[0])}; };
+  CHECK(autograd::gradcheck(emb, {table}));
+  // The padding row's gradient is exactly zero even though index 4 appears twice.
+  Tensor g = autograd::grad({nn::embedding(idx, table, 4)}, {table}, {ones({2, 3, 3}, kFloat64)})[0];
+  test::check_equal(g[4], zeros({3}, kFloat64));
+  test::check_equal(g[1], full({3}, 2.0, kFloat64));
+  test::check_error([&] { nn::linear(x, zeros({5, 3}, kFloat64)); },
+                    {"linear", "last dim (4)", "in_features (3)"});
+}

@@ -1,0 +1,133 @@
+// tests/nn/test_losses.cpp: each loss with its options against PyTorch (value and input gradients for a
+// random cotangent), gradcheck in float64, and the errors on bad input.
+#include "nn_golden.h"
+
+using namespace kiln;
+using autograd::TensorList;
+
+namespace {
+
+using LossFn = std::function<Tensor(const std::vector<Tensor>&)>;
+
+// Runs fn on the case's inputs (the floating ones that torch differentiated require grad here too) and
+// checks the output and those inputs' gradients.
+void check_loss(const std::string& name, const LossFn& fn) {
+  INFO("golden case " << name);
+  const test::NnCase& c = test::nn_case(name);
+  std::vector<Tensor> in;
+  for (int i = 0; c.has("in." + std::to_string(i)); ++i) {
+    Tensor x = c.at("in." + std::to_string(i)).clone();
+    if (c.has("g.in." + std::to_string(i))) x.requires_grad_();
+    in.push_back(x);
+  }
+  Tensor y = fn(in);
+  test::check_close(y, c.at("out"));
+  std::vector<Tensor> targets;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i].requires_grad()) {
+      targets.push_back(in[i]);
+      names.push_back("g.in." + std::to_string(i));
+    }
+  }
+  auto grads = autograd::grad({y}, targets, {c.at("cot")});
+  for (size_t i = 0; i < grads.size(); ++i) {
+    INFO("gradient " << names[i]);
+    test::check_close(grads[i], c.at(names[i]));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Losses match torch for every reduction and option", "[nn][losses]") {
+  for (std::string red : {"mean", "sum", "none"}) {
+    INFO("reduction " << red);
+    check_loss("ce_" + red, [&](auto& in) { return nn::cross_entropy(in[0], in[1], {.reduction = red}); });
+    check_loss("ce_weight_ignore_" + red,
+               [&](auto& in) { return nn::cross_entropy(in[0], in[1], {.weight = in[2], .reduction = red}); });
+    check_loss("ce_smooth_weight_ignore_" + red, [&](auto& in) {
+      return nn::cross_entropy(in[0], in[1], {.weight = in[2], .reduction = red, .label_smoothing = 0.2});
+    });
+    check_loss("ce_probs_" + red, [&](auto& in) {
+      return nn::cross_entropy(in[0], in[1], {.weight = in[2], .reduction = red, .label_smoothing = 0.1});
+    });
+    check_loss("nll_" + red, [&](auto& in) {
+      return nn::nll_loss(in[0], in[1], {.weight = in[2], .ignore_index = 1, .reduction = red});
+    });
+    check_loss("mse_" + red, [&](auto& in) { return nn::mse_loss(in[0], in[1], {.reduction = red}); });
+    check_loss("l1_" + red, [&](auto& in) { return nn::l1_loss(in[0], in[1], {.reduction = red}); });
+    check_loss("smooth_l1_" + red,
+               [&](auto& in) { return nn::smooth_l1_loss(in[0], in[1], {.reduction = red, .beta = 0.7}); });
+    check_loss("bce_" + red, [&](auto& in) {
+      return nn::binary_cross_entropy(in[0], in[1], {.weight = in[2], .reduction = red});
+    });
+    check_loss("bce_logits_" + red, [&](auto& in) {
+      return nn::functional::binary_cross_entropy_with_logits(
+          in[0], in[1], {.weight = in[2], .pos_weight = in[3], .reduction = red});
+    });
+  }
+  check_loss("ce_spatial", [](auto& in) { return nn::cross_entropy(in[0], in[1], {.ignore_index = 1}); });
+  check_loss("ce_1d", [](auto& in) { return nn::functional::cross_entropy(in[0], in[1]); });
+  check_loss("smooth_l1_beta0", [](auto& in) { return nn::smooth_l1_loss(in[0], in[1], {.beta = 0}); });
+  check_loss("bce_logits_large", [](auto& in) {
+    return nn::binary_cross_entropy_with_logits(in[0], in[1], {.reduction = "none"});
+  });
+}
+
+TEST_CASE("Losses pass gradcheck in float64", "[nn][losses][gradcheck]") {
+  Tensor logits = test::sample({4, 5}, kFloat64, 0.3).requires_grad_();
+  Tensor labels = from_vector<int64_t>({1, -100, 4, 0}, {4});
+  Tensor w = test::sample({5}, kFloat64, 1.1).abs() + 0.5;
+  Tensor probs = softmax(test::sample({4, 5}, kFloat64, 2.0), 1).requires_grad_();
+  CHECK(autograd::gradcheck(
+      [&](const TensorList& in) {
+        return TensorList{nn::cross_entropy(in[0], labels, {.weight = w, .label_smoothing = 0.1})};
+      },
+      {logits}));
+  auto ce = [&](const TensorList& in) { return TensorList{nn::cross_entropy(in[0], labels, {.reduction = "sum"})}; };
+  CHECK(autograd::gradcheck(ce, {logits}));
+  CHECK(autograd::gradgradcheck(ce, {logits}));
+  // The hot path is two nodes: log_softmax, then the fused negative log-likelihood.
+  Tensor loss = nn::cross_entropy(logits, from_vector<int64_t>({1, 2, 4, 0}, {4}));
+  CHECK(std::string(loss.grad_fn()->name()) == "NllLossBackward");
+  CHECK(autograd::gradcheck(
+      [&](const TensorList& in) { return TensorList{nn::cross_entropy(in[0], in[1], {.label_smoothing = 0.2})}; },
+      {logits, probs}));
+  Tensor a = test::sample({3, 4}, kFloat64, 0.1).requires_grad_();
+  Tensor b = test::sample({3, 4}, kFloat64, 0.9).requires_grad_();
+  CHECK(autograd::gradcheck([](const TensorList& in) { return TensorList{nn::mse_loss(in[0], in[1])}; }, {a, b}));
+  CHECK(autograd::gradcheck([](const TensorList& in) { return TensorList{nn::l1_loss(in[0], in[1])}; }, {a, b}));
+  CHECK(autograd::gradcheck(
+      [](const TensorList& in) { return TensorList{nn::smooth_l1_loss(in[0], in[1], {.beta = 0.5})}; }, {a, b}));
+  Tensor p = (sigmoid(test::sample({3, 4}, kFloat64, 0.4))).detach().requires_grad_();
+  Tensor t = sigmoid(test::sample({3, 4}, kFloat64, 1.7)).requires_grad_();
+  CHECK(autograd::gradcheck(
+      [](const TensorList& in) { return TensorList{nn::binary_cross_entropy(in[0], in[1], {.reduction = "sum"})}; },
+      {p, t}));
+  Tensor pw = test::sample({4}, kFloat64, 0.2).abs() + 0.5;
+  CHECK(autograd::gradcheck(
+      [&](const TensorList& in) {
+        return TensorList{nn::binary_cross_entropy_with_logits(in[0], in[1], {.weight = pw, .pos_weight = pw})};
+      },
+      {a, t}));
+}
+
+TEST_CASE("Losses reject bad input with a clear error", "[nn][losses][errors]") {
+  Tensor logits = test::sample({4, 5});
+  test::check_error([&] { nn::cross_entropy(logits, from_vector<int64_t>({1, 2, 3}, {3})); },
+                    {"cross_entropy", "shape [4]", "got [3]"});
+  test::check_error([&] { nn::cross_entropy(logits, from_vector<int64_t>({1, 2, 3, 0}, {4}), {.reduction = "avg"}); },
+                    {"reduction 'avg'"});
+  test::check_error([&] { nn::cross_entropy(logits, from_vector<int64_t>({1, 2, 3, 0}, {4}), {.weight = ones({3})}); },
+                    {"weight", "5 elements"});
+  test::check_error([&] { nn::cross_entropy(logits, from_vector<int64_t>({1, 2, 3, 0}, {4}), {.label_smoothing = 1.5}); },
+                    {"label_smoothing", "[0, 1]"});
+  test::check_error([&] { nn::mse_loss(logits, zeros({4, 1})); }, {"mse_loss", "[4, 1]", "[4, 5]"});
+  test::check_error([&] { nn::smooth_l1_loss(logits, logits, {.beta = -1}); }, {"beta must be >= 0"});
+}
+
+TEST_CASE("cross_entropy stays finite for huge logits", "[nn][losses]") {
+  Tensor logits = tensor({{1000.0, -1000.0, 0.0}, {-5000.0, 5000.0, 1.0}});
+  Tensor loss = nn::cross_entropy(logits, from_vector<int64_t>({1, 1}, {2}), {.reduction = "none"});
+  test::check_close(loss, tensor({2000.0, 0.0}));
+}

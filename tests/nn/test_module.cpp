@@ -1,0 +1,295 @@
+// tests/nn/test_module.cpp: nn::Module's registry, traversal, state dicts, placement, hooks, copy/move
+// rules and printing.
+#include <sstream>
+#include <type_traits>
+
+#include "nn_golden.h"
+
+using namespace kiln;
+
+namespace {
+
+struct Inner : nn::Module {
+  nn::Linear fc{3, 4};
+  Tensor scale;  // (4)
+  Inner() {
+    register_module("fc", fc);
+    scale = register_parameter("scale", ones({4}));
+    register_buffer("steps", zeros({}, kInt64));
+    register_buffer("scratch", zeros({2}), /*persistent=*/false);
+  }
+  Tensor forward(const Tensor& x) override { return fc(x) * scale; }
+};
+
+struct Outer : nn::Module {
+  Inner a;
+  nn::Sequential seq{nn::Linear(4, 4), nn::Tanh(), nn::Linear(4, 2)};
+  nn::ModuleDict heads;
+  Outer() {
+    heads.insert("x", nn::Linear(2, 1));
+    heads.insert("emb", nn::Embedding(5, 2));
+    register_modules({{"a", a}, {"seq", seq}, {"heads", heads}});
+  }
+  Tensor forward(const Tensor& x) override { return heads["x"](seq(a(x))); }
+};
+
+}  // namespace
+
+TEST_CASE("Modules register parameters, buffers and children in PyTorch's order", "[nn][module]") {
+  Outer m;
+  std::vector<std::string> names;
+  for (auto& [name, p] : m.named_parameters()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"a.scale", "a.fc.weight", "a.fc.bias", "seq.0.weight", "seq.0.bias",
+                                          "seq.2.weight", "seq.2.bias", "heads.x.weight", "heads.x.bias",
+                                          "heads.emb.weight"});
+  CHECK(m.parameters().size() == 10);
+  CHECK(m.parameters(false).empty());
+  CHECK(m.a.parameters(false).size() == 1);
+  names.clear();
+  for (auto& [name, b] : m.named_buffers()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"a.steps", "a.scratch"});
+  CHECK(m.state_dict().keys() ==
+        std::vector<std::string>{"a.scale", "a.steps", "a.fc.weight", "a.fc.bias", "seq.0.weight", "seq.0.bias",
+                                 "seq.2.weight", "seq.2.bias", "heads.x.weight", "heads.x.bias", "heads.emb.weight"});
+  names.clear();
+  for (auto& [name, mod] : m.named_modules()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"", "a", "a.fc", "seq", "seq.0", "seq.1", "seq.2", "heads", "heads.x",
+                                          "heads.emb"});
+  CHECK(m.children().size() == 3);
+  CHECK(m.named_children()[1].first == "seq");
+  CHECK(m.heads.keys() == std::vector<std::string>{"x", "emb"});
+  CHECK(m.heads.contains("emb"));
+  // The parameter handles are the members themselves.
+  CHECK(m.named_parameters()[1].second.is_same(m.a.fc.weight));
+  CHECK(m.a.fc.weight.requires_grad());
+  CHECK(m.num_parameters() == 4 + 12 + 4 + 16 + 4 + 8 + 2 + 2 + 1 + 10);
+  test::check_error([&] { m.a.register_parameter("scale", zeros({1})); }, {"already has an attribute 'scale'"});
+  test::check_error([&] { m.a.register_buffer("a.b", zeros({1})); }, {"'a.b'", "no '.'"});
+  test::check_error([&] { m.a.register_parameter("n", zeros({1}, kInt64)); }, {"parameter 'n' must be floating"});
+}
+
+TEST_CASE("Tied weights are listed once by parameters() and twice in the state dict", "[nn][module]") {
+  struct Tied : nn::Module {
+    nn::Embedding emb{5, 3};
+    nn::Linear out{3, 5, {.bias = false}};
+    Tied() {
+      register_modules({{"emb", emb}, {"out", out}});
+      out.weight = out.set_parameter("weight", emb.weight);
+    }
+    Tensor forward(const Tensor& idx) override { return out(emb(idx)); }
+  } tied;
+  CHECK(tied.parameters().size() == 1);
+  CHECK(tied.out.weight.is_same(tied.emb.weight));
+  CHECK(tied.state_dict().keys() == std::vector<std::string>{"emb.weight", "out.weight"});
+  // Both uses accumulate into the one gradient.
+  Tensor idx = from_vector<int64_t>({0, 3}, {2});
+  Tensor cot = test::sample({2, 5});
+  tied(idx).backward(cot);
+  Tensor w = tied.emb.weight.detach();
+  Tensor expected = matmul(cot.t(), index_select(w, 0, idx))                    // through out
+                    + index_add(zeros({5, 3}), 0, idx, matmul(cot, w));         // through emb
+  test::check_close(tied.emb.weight.grad(), expected);
+  test::check_error([&] { tied.out.set_parameter("bias", zeros({5})); }, {"has no parameter 'bias'"});
+  test::check_error([&] { tied.out.set_parameter("weight", zeros({2, 2})); }, {"'weight'", "[5, 3]", "[2, 2]"});
+}
+
+TEST_CASE("state_dict round-trips and load_state_dict reports what is wrong", "[nn][module][state]") {
+  Outer a, b;
+  manual_seed(7);
+  for (Tensor& p : a.parameters()) {
+    NoGradGuard g;
+    p.copy_(randn(p.sizes()));
+  }
+  b.load_state_dict(a.state_dict());
+  for (auto& [key, t] : a.state_dict()) {
+    INFO(key);
+    test::check_equal(b.state_dict().at(key), t);
+  }
+  // Loading copies into the existing tensors: the handles stay.
+  Tensor w = b.a.fc.weight;
+  b.load_state_dict(a.state_dict());
+  CHECK(b.a.fc.weight.is_same(w));
+  CHECK(b.state_dict().at("a.fc.weight").data_ptr() == w.data_ptr());  // state_dict shares the data
+
+  TensorDict missing = a.state_dict();
+  TensorDict partial;
+  for (auto& [k, t] : missing)
+    if (k != "seq.0.bias" && k != "a.steps") partial.insert(k, t);
+  partial.insert("seq.9.weight", zeros({1}));
+  test::check_error([&] { b.load_state_dict(partial); },
+                    {"missing key(s): \"a.steps\", \"seq.0.bias\"", "unexpected key(s): \"seq.9.weight\"",
+                     "strict=false"});
+  b.load_state_dict(partial, /*strict=*/false);  // loads the rest
+  TensorDict bad = a.state_dict();
+  bad.set("seq.2.weight", zeros({3, 4}));
+  test::check_error([&] { b.load_state_dict(bad, false); },
+                    {"size mismatch for 'seq.2.weight'", "[3, 4]", "[2, 4]"});
+}
+
+TEST_CASE("Modules cannot be copied, leaf layers move, modules with borrowed children refuse to move",
+          "[nn][module]") {
+  static_assert(!std::is_copy_constructible_v<nn::Linear>);
+  static_assert(!std::is_copy_assignable_v<nn::Linear>);
+  static_assert(!std::is_copy_constructible_v<Outer>);
+  static_assert(!std::is_copy_constructible_v<nn::Sequential>);
+  nn::Linear a(3, 2);
+  Tensor w = a.weight;
+  nn::Linear b(std::move(a));
+  CHECK(b.weight.is_same(w));
+  CHECK(b.parameters().size() == 2);
+  CHECK(b.parameters()[0].is_same(w));
+  CHECK(a.parameters().empty());
+
+  nn::Sequential s1{nn::Linear(2, 2), nn::ReLU()};
+  nn::Sequential s2(std::move(s1));
+  CHECK(s2.size() == 2);
+  CHECK(s2.state_dict().size() == 2);
+
+  Inner inner;
+  test::check_error([&] { Inner moved(std::move(inner)); }, {"cannot move a Inner", "submodule 'fc'"});
+  CHECK(inner.parameters().size() == 3);  // the refused move left it intact
+  // Owned children can be nested through shared_ptr.
+  nn::Sequential outer;
+  outer.push_back(std::make_shared<Inner>());
+  outer.push_back(nn::ReLU());
+  CHECK(outer.state_dict().keys() == std::vector<std::string>{"0.scale", "0.steps", "0.fc.weight", "0.fc.bias"});
+}
+
+TEST_CASE("to(dtype) keeps parameter identity, so an optimizer built afterwards sees the new data",
+          "[nn][module]") {
+  Outer m;
+  Tensor w = m.a.fc.weight;
+  std::vector<float> before = w.to_vector<float>();
+  m.to(kFloat64);
+  CHECK(w.dtype() == kFloat64);
+  CHECK(m.a.fc.weight.is_same(w));
+  CHECK(m.parameters()[1].is_same(w));
+  CHECK(m.state_dict().at("a.steps").dtype() == kInt64);  // integer buffers keep their dtype
+  std::vector<double> after = w.to_vector<double>();
+  for (size_t i = 0; i < after.size(); ++i) CHECK(after[i] == static_cast<double>(before[i]));
+  // Training still reaches the moved tensors.
+  Tensor loss = m(test::sample({2, 3}, kFloat64)).sum();
+  loss.backward();
+  REQUIRE(w.grad().defined());
+  CHECK(w.grad().dtype() == kFloat64);
+  m.to(Device::cpu());  // a no-op on the same device
+  CHECK(m.a.fc.weight.is_same(w));
+  test::check_error([&] { m.to(kInt32); }, {"only floating dtypes"});
+}
+
+TEST_CASE("zero_grad clears or zeroes the gradients", "[nn][module]") {
+  nn::Linear l(3, 2);
+  l(test::sample({4, 3})).sum().backward();
+  REQUIRE(l.weight.grad().defined());
+  l.zero_grad(false);
+  test::check_equal(l.weight.grad(), zeros({2, 3}));
+  l.zero_grad();
+  CHECK_FALSE(l.weight.grad().defined());
+}
+
+TEST_CASE("train and eval reach every submodule, apply visits children first", "[nn][module]") {
+  Outer m;
+  CHECK(m.is_training());
+  m.eval();
+  for (nn::Module* sub : m.modules()) CHECK_FALSE(sub->is_training());
+  m.train();
+  CHECK(m.seq[1].is_training());
+  std::vector<std::string> order;
+  m.seq.apply([&](nn::Module& mod) { order.push_back(mod.name()); });
+  CHECK(order == std::vector<std::string>{"Linear", "Tanh", "Linear", "Sequential"});
+  // apply is how users initialise weights.
+  m.apply([](nn::Module& mod) {
+    if (auto* lin = dynamic_cast<nn::Linear*>(&mod)) nn::init::zeros_(lin->weight);
+  });
+  test::check_equal(m.seq.at<nn::Linear>(0).weight.detach(), zeros({4, 4}));
+}
+
+TEST_CASE("Forward hooks run around forward, can replace values and be removed", "[nn][module][hooks]") {
+  nn::Linear l(3, 2);
+  Tensor x = test::sample({4, 3});
+  std::vector<std::string> calls;
+  auto pre = l.register_forward_pre_hook([&](nn::Module& m, const Tensor& in) {
+    calls.push_back("pre " + m.name());
+    return in * 2;  // replaces the input
+  });
+  auto post = l.register_forward_hook([&](nn::Module&, const Tensor& in, const Tensor& out) {
+    calls.push_back("post");
+    test::check_close(out, nn::linear(in, l.weight, l.bias));  // `in` is what forward received
+    return Tensor();  // keeps the output
+  });
+  test::check_close(l(x), nn::linear(x * 2, l.weight, l.bias));
+  CHECK(calls == std::vector<std::string>{"pre Linear", "post"});
+  pre.remove();
+  pre.remove();  // twice is fine
+  test::check_close(l(x), nn::linear(x, l.weight, l.bias));
+  CHECK(calls.size() == 3);
+  post.remove();
+  l(x);
+  CHECK(calls.size() == 3);
+  // Hooks on a child run when the parent calls it; forward() itself bypasses them, as in PyTorch.
+  nn::Sequential seq{nn::Linear(3, 3), nn::ReLU()};
+  int relu_calls = 0;
+  auto h = seq[1].register_forward_hook([&](nn::Module&, const Tensor&, const Tensor& y) {
+    ++relu_calls;
+    return -y;
+  });
+  Tensor y = seq(x);
+  CHECK(relu_calls == 1);
+  CHECK(y.max().item<float>() <= 0);
+  {
+    nn::Linear gone(2, 2);
+    h = gone.register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
+  }
+  h.remove();  // after its module is gone: nothing happens
+}
+
+TEST_CASE("A module without forward says so", "[nn][module]") {
+  struct NoForward : nn::Module {};
+  NoForward m;
+  test::check_error([&] { m(zeros({1})); }, {"NoForward has no forward"});
+}
+
+TEST_CASE("Printing shows the module tree as PyTorch, then the parameter count", "[nn][module][print]") {
+  Outer m;
+  std::string expected =
+      "Outer(\n"
+      "  (a): Inner(\n"
+      "    (fc): Linear(in_features=3, out_features=4, bias=True)\n"
+      "  )\n"
+      "  (seq): Sequential(\n"
+      "    (0): Linear(in_features=4, out_features=4, bias=True)\n"
+      "    (1): Tanh()\n"
+      "    (2): Linear(in_features=4, out_features=2, bias=True)\n"
+      "  )\n"
+      "  (heads): ModuleDict(\n"
+      "    (x): Linear(in_features=2, out_features=1, bias=True)\n"
+      "    (emb): Embedding(5, 2)\n"
+      "  )\n"
+      ")\n"
+      "Parameters: 63 (63 trainable)";
+  CHECK(m.to_string() == expected);
+  std::ostringstream os;
+  os << m.seq[0];
+  CHECK(os.str() == "Linear(in_features=4, out_features=4, bias=True)\nParameters: 20 (20 trainable)");
+  CHECK(nn::py_float(1e-5) == "1e-05");
+  CHECK(nn::py_float(1) == "1.0");
+  CHECK(nn::py_float(0.1) == "0.1");
+}
+
+TEST_CASE("Containers: ModuleList and ModuleDict take modules by value or shared_ptr", "[nn][module]") {
+  auto shared = std::make_shared<nn::Linear>(2, 2);
+  nn::ModuleList list{nn::Linear(2, 3), shared};
+  CHECK(list.size() == 2);
+  CHECK(&list[1] == shared.get());  // shared, not copied
+  list.push_back(nn::GELU());
+  std::vector<std::string> names;
+  for (auto& [name, m] : list.named_children()) names.push_back(name + ":" + m->name());
+  CHECK(names == std::vector<std::string>{"0:Linear", "1:Linear", "2:GELU"});
+  nn::ModuleDict dict{{"enc", std::make_shared<nn::Linear>(4, 4)}, {"act", std::make_shared<nn::ReLU>()}};
+  CHECK(dict.keys() == std::vector<std::string>{"enc", "act"});
+  CHECK(dict["act"].name() == "ReLU");
+  test::check_error([&] { dict["dec"]; }, {"no module named 'dec'"});
+  test::check_error([&] { dict.insert("enc", nn::Tanh()); }, {"already has an attribute 'enc'"});
+  // ModuleList has no forward of its own; Sequential does.
+  test::check_error([&] { list(zeros({1, 2})); }, {"ModuleList has no forward"});
+}
