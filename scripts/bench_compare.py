@@ -16,9 +16,9 @@ written: a "meta" line (machine, date, commit, command), every raw result tagged
 one "summary" line per key, then one "target" line per target checked.
 
 Example:
-  scripts/bench_compare.py --kiln-bin build/bin --anchor-bin build-anchors/bin --rounds 3 \\
+  scripts/bench_compare.py --kiln-bin build/release/bin --anchor-bin build/anchors/bin --rounds 3 \\
       --bench gemm,op_overhead --out benchmarks/results/2026-11-gemm.jsonl
-  scripts/bench_compare.py --kiln-bin build/bin --anchor-bin build-anchors/bin --rounds 2 \\
+  scripts/bench_compare.py --kiln-bin build/release/bin --anchor-bin build/anchors/bin --rounds 2 \\
       --bench mlp_fmnist,cnn_fmnist --out benchmarks/results/2026-11-fmnist.jsonl
 """
 
@@ -80,7 +80,7 @@ def parse_args(argv):
     parser.add_argument("--bench", default=DEFAULT_BENCHES,
                         help="comma-separated bench names (default %s)" % DEFAULT_BENCHES)
     parser.add_argument("--keys", default="",
-                        help="comma-separated extra numeric keys to compare (e.g. s_per_epoch)")
+                        help="comma-separated extra numeric keys to compare (e.g. loss_final)")
     parser.add_argument("--args", action="append", default=[], metavar="NAME=ARGS",
                         help="extra arguments for both programs of bench NAME, e.g. "
                              "--args 'gemm=--sizes 256,512' (may be repeated)")
