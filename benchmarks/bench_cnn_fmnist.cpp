@@ -15,10 +15,10 @@ struct Cnn : nn::Module {
   nn::Linear f1{64 * 7 * 7, 128};            // weight (128, 3136)
   nn::Linear f2{128, 10};                    // weight (10, 128)
   Cnn() { register_modules({{"c1", c1}, {"c2", c2}, {"f1", f1}, {"f2", f2}}); }
-  Tensor forward(const Tensor& x) {         // x (B, 1, 28, 28)
-    Tensor h = max_pool2d(relu(c1(x)), 2);  // (B, 32, 14, 14)
-    h = max_pool2d(relu(c2(h)), 2);         // (B, 64, 7, 7)
-    return f2(relu(f1(h.flatten(1))));      // (B, 10)
+  Tensor forward(const Tensor& x) override {  // x (B, 1, 28, 28)
+    Tensor h = max_pool2d(relu(c1(x)), 2);    // (B, 32, 14, 14)
+    h = max_pool2d(relu(c2(h)), 2);           // (B, 64, 7, 7)
+    return f2(relu(f1(h.flatten(1))));        // (B, 10)
   }
 };
 

@@ -13,7 +13,7 @@ struct Mlp : nn::Module {
   nn::Linear fc2{512, 256};  // weight (256, 512)
   nn::Linear fc3{256, 10};   // weight (10, 256)
   Mlp() { register_modules({{"fc1", fc1}, {"fc2", fc2}, {"fc3", fc3}}); }
-  Tensor forward(const Tensor& x) {  // x (B, 1, 28, 28) -> logits (B, 10)
+  Tensor forward(const Tensor& x) override {  // x (B, 1, 28, 28) -> logits (B, 10)
     Tensor h = relu(fc1(x.flatten(1)));
     h = relu(fc2(h));
     return fc3(h);
