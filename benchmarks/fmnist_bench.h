@@ -99,7 +99,10 @@ int run(const char* bench, Net& net, Optimizer& optimizer, int epochs) {
     double accuracy = static_cast<double>(correct) / static_cast<double>(total);
 
     std::string per_epoch;
-    for (double s : seconds) per_epoch += (per_epoch.empty() ? "" : ",") + std::to_string(s);
+    for (double s : seconds) {
+      if (!per_epoch.empty()) per_epoch += ',';
+      per_epoch += std::to_string(s);
+    }
     std::printf(
         "{\"bench\":\"%s\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,"
         "\"epochs\":%d,"
