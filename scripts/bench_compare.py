@@ -9,14 +9,17 @@ For each bench NAME it runs BUILD/bin/bench_NAME (Kiln, with no tuning variables
 good out of the box) and BUILD_ANCHORS/bin/anchor_NAME (LibTorch at its best, with
 OMP_WAIT_POLICY=passive) alternately, A B A B ..., for --rounds rounds. Every stdout line that is a
 JSON object is a result; figures are grouped by (bench, key) for the keys that start with gflops_ or
-us_ (plus any named with --keys), and a table of per-impl medians, min-max and the ratio
-kiln/libtorch of the medians is printed. With --out, a JSON-lines file is written: a "meta" line
-(machine, date, commit, command), every raw result tagged with its round, then one "summary" line
-per key.
+us_, the keys s_epoch_median, test_acc and peak_rss_mib (plus any named with --keys), and a table of
+per-impl medians, min-max and the ratio kiln/libtorch of the medians is printed, followed by one
+PASS/FAIL line per target of BENCHMARKS.md that the run measured. With --out, a JSON-lines file is
+written: a "meta" line (machine, date, commit, command), every raw result tagged with its round,
+one "summary" line per key, then one "target" line per target checked.
 
 Example:
-  scripts/bench_compare.py --kiln-bin build/bin --anchor-bin build-anchors/bin --rounds 3 \\
+  scripts/bench_compare.py --kiln-bin build/release/bin --anchor-bin build/anchors/bin --rounds 3 \\
       --bench gemm,op_overhead --out benchmarks/results/2026-11-gemm.jsonl
+  scripts/bench_compare.py --kiln-bin build/release/bin --anchor-bin build/anchors/bin --rounds 2 \\
+      --bench mlp_fmnist,cnn_fmnist --out benchmarks/results/2026-11-fmnist.jsonl
 """
 
 import argparse
@@ -33,6 +36,27 @@ KILN = "kiln"
 LIBTORCH = "libtorch"
 DEFAULT_BENCHES = "gemm,op_overhead"
 DEFAULT_PREFIXES = ("gflops_", "us_")
+DEFAULT_KEYS = ("s_epoch_median", "test_acc", "peak_rss_mib")
+
+# The CPU targets of BENCHMARKS.md, checked on the summaries: (bench, key, what, op, bound), where
+# what is "ratio" (the Kiln/LibTorch ratio of the medians) or "kiln" (Kiln's median itself). A key
+# that is compared per case (median_s once per n, say) is checked per case.
+TARGETS = (
+    ("gemm", "gflops_256", "ratio", ">=", 1.0),
+    ("gemm", "gflops_512", "ratio", ">=", 1.0),
+    ("gemm", "gflops_1024", "ratio", ">=", 1.0),
+    ("gemm", "gflops_2048", "ratio", ">=", 1.0),
+    ("op_overhead", "us_n1_nograd", "kiln", "<=", 0.35),
+    ("op_overhead", "us_n64_nograd", "kiln", "<=", 0.35),
+    ("op_overhead", "us_n1_grad", "kiln", "<=", 0.6),
+    ("op_overhead", "us_n64_grad", "kiln", "<=", 0.6),
+    ("mlp_fmnist", "s_epoch_median", "ratio", "<=", 0.8),
+    ("mlp_fmnist", "test_acc", "kiln", ">=", 0.85),
+    ("mlp_fmnist", "peak_rss_mib", "ratio", "<=", 0.5),
+    ("cnn_fmnist", "s_epoch_median", "ratio", "<=", 0.8),
+    ("cnn_fmnist", "test_acc", "kiln", ">=", 0.86),
+    ("cnn_fmnist", "peak_rss_mib", "ratio", "<=", 0.6),
+)
 
 # Variables that tune threading in OpenMP, OpenBLAS or MKL. They are removed from the environment of
 # both programs so that an exported value in the caller's shell cannot change the result; the
@@ -56,7 +80,7 @@ def parse_args(argv):
     parser.add_argument("--bench", default=DEFAULT_BENCHES,
                         help="comma-separated bench names (default %s)" % DEFAULT_BENCHES)
     parser.add_argument("--keys", default="",
-                        help="comma-separated extra numeric keys to compare (e.g. s_per_epoch)")
+                        help="comma-separated extra numeric keys to compare (e.g. loss_final)")
     parser.add_argument("--args", action="append", default=[], metavar="NAME=ARGS",
                         help="extra arguments for both programs of bench NAME, e.g. "
                              "--args 'gemm=--sizes 256,512' (may be repeated)")
@@ -190,6 +214,34 @@ def git_commit():
     return commit
 
 
+def check_targets(summaries):
+    """One "target" record per target of TARGETS that the summaries measured with a Kiln figure; a
+    ratio target without a LibTorch figure (a run with --only kiln) is reported as not checked."""
+    checks = []
+    for bench, key, what, op, bound in TARGETS:
+        for s in summaries:
+            if s["bench"] != bench or s["key"] != key or s[KILN] is None:
+                continue
+            if what == "ratio":
+                value = s["ratio_kiln_over_libtorch"]
+                name = "kiln/libtorch"
+            else:
+                value = s[KILN]["median"] if s[KILN] else None
+                name = "kiln median"
+            if value is None:
+                verdict = "NOT CHECKED"
+                shown = "no %s figure" % name
+            else:
+                passed = value <= bound if op == "<=" else value >= bound
+                verdict = "PASS" if passed else "FAIL"
+                shown = "%s %.4g %s %g" % (name, value, op, bound)
+            line = "%-11s %s %s: %s" % (verdict, bench, s["label"], shown)
+            checks.append({"record": "target", "bench": bench, "key": key, "label": s["label"],
+                           "case": s["case"], "what": what, "op": op, "bound": bound,
+                           "value": value, "verdict": verdict, "line": line})
+    return checks
+
+
 def format_figure(stats):
     if stats is None:
         return "-"
@@ -245,7 +297,8 @@ def main(argv):
     for result in raw:
         case = tuple((field, result[field]) for field in CASE_FIELDS if field in result)
         for key, value in result.items():
-            if (key.startswith(DEFAULT_PREFIXES) or key in args.keys) and is_number(value):
+            if ((key.startswith(DEFAULT_PREFIXES) or key in DEFAULT_KEYS or key in args.keys)
+                    and is_number(value)):
                 entries.append((result["bench"], key, case, result["impl"], float(value)))
                 cases_seen.setdefault((result["bench"], key, result["impl"], result["round"]),
                                       set()).add(case)
@@ -292,11 +345,17 @@ def main(argv):
         print("error in %s round %d (%s): %s" % (item["bench"], item["round"], item["impl"],
                                                  item["error"]))
 
+    checks = check_targets(summaries)
+    if checks:
+        print("targets (BENCHMARKS.md):")
+    for check in checks:
+        print("  " + check["line"])
+
     if args.out:
         out_dir = os.path.dirname(os.path.abspath(args.out))
         os.makedirs(out_dir, exist_ok=True)
         with open(args.out, "w") as f:
-            for record in [meta] + raw + skipped + errors + summaries:
+            for record in [meta] + raw + skipped + errors + summaries + checks:
                 f.write(json.dumps(record) + "\n")
         print("wrote %s" % args.out)
 

@@ -1,0 +1,121 @@
+// fmnist_bench.h: what bench_mlp_fmnist.cpp and bench_cnn_fmnist.cpp share: the
+// training epoch and test pass of BENCHMARKS.md "Fashion-MNIST", peak RSS, and
+// the JSON result line (the same keys as the LibTorch anchors,
+// benchmarks/anchors/fmnist_anchor.h).
+//
+// Data comes from Kiln's data::FashionMNIST (Debian's dataset-fashion-mnist,
+// read gzipped) through a data::DataLoader: batches of 128, a fresh seeded
+// shuffle each epoch, the last partial batch kept (469 steps), each batch float
+// [B, 1, 28, 28] with pixels / 255. A step is zero_grad, mean cross-entropy,
+// backward, optimizer step; only the training loop is timed.
+#pragma once
+
+#include <kiln/kiln.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <string>
+#include <vector>
+
+namespace fmnist_bench {
+
+constexpr int64_t kBatch = 128;
+constexpr uint64_t kSeed = 0;
+
+// Peak resident set size of the whole process so far, in MiB (ru_maxrss is in
+// KiB on Linux).
+inline double peak_rss_mib() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;
+}
+
+inline double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  size_t mid = values.size() / 2;
+  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+// Parses --epochs N; exits with a usage line on anything else.
+inline int parse_epochs(int argc, char** argv, int default_epochs) {
+  int epochs = default_epochs;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--epochs" && i + 1 < argc) {
+      char* end = nullptr;
+      long value = std::strtol(argv[++i], &end, 10);
+      if (*end != '\0' || value <= 0) {
+        std::fprintf(stderr, "%s: bad --epochs value '%s'\n", argv[0], argv[i]);
+        std::exit(2);
+      }
+      epochs = static_cast<int>(value);
+    } else {
+      std::fprintf(stderr, "usage: %s [--epochs %d]\n", argv[0], default_epochs);
+      std::exit(arg == "--help" || arg == "-h" ? 0 : 2);
+    }
+  }
+  return epochs;
+}
+
+// Trains net for `epochs` epochs with `optimizer`, tests it, and prints the one
+// JSON result line. Returns the process exit status.
+template <typename Net, typename Optimizer>
+int run(const char* bench, Net& net, Optimizer& optimizer, int epochs) {
+  using Clock = std::chrono::steady_clock;
+  try {
+    kiln::data::DataLoader train(kiln::data::FashionMNIST::train(),
+                                 {.batch_size = kBatch, .shuffle = true, .seed = kSeed});
+    std::vector<double> seconds;
+    double loss_final = 0;
+    int64_t steps = 0;
+    for (int epoch = 0; epoch < epochs; ++epoch) {
+      net.train();
+      steps = 0;
+      kiln::Tensor loss;
+      Clock::time_point start = Clock::now();
+      for (auto& [x, y] : train) {
+        optimizer.zero_grad();
+        loss = kiln::nn::cross_entropy(net.forward(x), y);
+        loss.backward();
+        optimizer.step();
+        ++steps;
+      }
+      loss_final = loss.template item<double>();
+      seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+
+    kiln::NoGradGuard no_grad;
+    net.eval();
+    kiln::data::DataLoader test(kiln::data::FashionMNIST::test(), {.batch_size = 1000});
+    int64_t correct = 0, total = 0;
+    for (auto& [x, y] : test) {
+      correct += net.forward(x).argmax(1).eq(y).sum().template item<int64_t>();
+      total += y.size(0);
+    }
+    double accuracy = static_cast<double>(correct) / static_cast<double>(total);
+
+    std::string per_epoch;
+    for (double s : seconds) {
+      if (!per_epoch.empty()) per_epoch += ',';
+      per_epoch += std::to_string(s);
+    }
+    std::printf(
+        "{\"bench\":\"%s\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,"
+        "\"epochs\":%d,"
+        "\"steps_per_epoch\":%lld,\"s_per_epoch\":[%s],\"s_epoch_median\":%.4f,"
+        "\"loss_final\":%.4f,\"test_acc\":%.4f,\"peak_rss_mib\":%.1f}\n",
+        bench, kiln::get_num_threads(), epochs, static_cast<long long>(steps), per_epoch.c_str(),
+        median(seconds), loss_final, accuracy, peak_rss_mib());
+    std::fflush(stdout);
+  } catch (const std::exception& err) {
+    std::fprintf(stderr, "%s: %s\n", bench, err.what());
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace fmnist_bench
