@@ -42,4 +42,25 @@ Example TensorDataset::get_batch(const std::vector<int64_t>& indices) const {
   return {data_.index_select(0, idx), target_.index_select(0, idx.to(target_.device()))};
 }
 
+Subset::Subset(std::shared_ptr<const Dataset> dataset, std::vector<int64_t> indices)
+    : dataset_(std::move(dataset)), indices_(std::move(indices)) {
+  KILN_CHECK(dataset_ != nullptr, "Subset: the dataset is null");
+  for (int64_t i : indices_) check_index("Subset: an index into its dataset", i, dataset_->size());
+}
+
+Example Subset::get(int64_t index) const {
+  check_index("Subset", index, size());
+  return dataset_->get(indices_[static_cast<size_t>(index)]);
+}
+
+Example Subset::get_batch(const std::vector<int64_t>& indices) const {
+  std::vector<int64_t> inner;
+  inner.reserve(indices.size());
+  for (int64_t i : indices) {
+    check_index("Subset", i, size());
+    inner.push_back(indices_[static_cast<size_t>(i)]);
+  }
+  return dataset_->get_batch(inner);
+}
+
 }  // namespace kiln::data

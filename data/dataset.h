@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
@@ -39,6 +40,20 @@ class TensorDataset : public Dataset {
  private:
   Tensor data_;    // (N, ...)
   Tensor target_;  // (N, ...)
+};
+
+// The samples of `dataset` at `indices`, in that order: sample i is dataset[indices[i]]. Like
+// torch.utils.data.Subset (kiln-train's --limit-train takes the first N samples this way).
+class Subset : public Dataset {
+ public:
+  Subset(std::shared_ptr<const Dataset> dataset, std::vector<int64_t> indices);
+  int64_t size() const override { return static_cast<int64_t>(indices_.size()); }
+  Example get(int64_t index) const override;
+  Example get_batch(const std::vector<int64_t>& indices) const override;
+
+ private:
+  std::shared_ptr<const Dataset> dataset_;
+  std::vector<int64_t> indices_;
 };
 
 // The Error a Dataset raises for an index outside [0, size).

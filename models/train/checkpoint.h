@@ -1,0 +1,41 @@
+// models/train/checkpoint.h: a training checkpoint: everything needed to continue a run exactly where
+// it stopped, so that N steps, save, load, N steps equals 2N steps bit for bit.
+//
+// A checkpoint is a directory:
+//   model.safetensors      the model's state_dict (parameters and buffers)
+//   optimizer.safetensors  the optimizer's state_dict (state tensors, group hyperparameters, steps)
+//   scheduler.safetensors  the learning-rate scheduler's counters (absent when there is none)
+//   checkpoint.json        the manifest: format, step, epoch, data-loader position, RNG state, the
+//                          run's configuration and the trainer's running sums
+// Every file is written atomically (temporary file, fsync, rename) and the manifest last, so a
+// directory with a manifest is a complete checkpoint; a crash mid-save leaves the previous one whole.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/generator.h"
+#include "core/tensor_dict.h"
+#include "data/dataloader.h"
+
+namespace kiln::train {
+
+struct Checkpoint {
+  TensorDict model, optimizer, scheduler;
+  int64_t step = 0;   // optimizer steps taken
+  int64_t epoch = 0;  // epochs finished
+  data::DataLoader::State loader;
+  Generator::State rng{0, 0};
+  std::string config;  // the run's configuration, a JSON object (text)
+  std::string extra;   // the trainer's own state, a JSON object (text)
+};
+
+void save_checkpoint(const std::string& dir, const Checkpoint& ckpt);
+// An Error naming the file and what is wrong when the directory holds no complete checkpoint.
+Checkpoint load_checkpoint(const std::string& dir);
+
+// Writes `text` to `path` atomically (temporary file in the same directory, fsync, rename, fsync of
+// the directory). An Error naming the path on failure; the old file is then untouched.
+void write_file_atomic(const std::string& path, const std::string& text);
+
+}  // namespace kiln::train

@@ -1,0 +1,107 @@
+// models/train/flags.cpp: see flags.h.
+#include "models/train/flags.h"
+
+#include <fmt/format.h>
+
+#include <cerrno>
+#include <cstdlib>
+
+#include "core/error.h"
+
+namespace kiln::train {
+
+Flags::Flags(std::string program, std::string summary)
+    : program_(std::move(program)), summary_(std::move(summary)) {}
+
+void Flags::add(std::string name, std::string value, std::string help) {
+  flags_.push_back({std::move(name), std::move(value), std::move(help)});
+}
+
+void Flags::add_switch(std::string name, std::string help) {
+  flags_.push_back({std::move(name), "", std::move(help), /*is_switch=*/true});
+}
+
+const Flags::Flag& Flags::find(const std::string& name) const {
+  for (const Flag& f : flags_) {
+    if (f.name == name) return f;
+  }
+  KILN_FAIL("{}: no flag --{} is declared (a bug in {})", program_, name, program_);
+}
+
+void Flags::parse(int argc, const char* const* argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "-h" || arg == "--help") {
+      help_ = true;
+      continue;
+    }
+    KILN_CHECK(arg.size() > 2 && arg.starts_with("--"),
+               "unexpected argument '{}': flags look like --name value (see --help)", arg);
+    std::string name = arg.substr(2), value;
+    bool inline_value = false;
+    if (size_t eq = name.find('='); eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      inline_value = true;
+    }
+    Flag* flag = nullptr;
+    for (Flag& f : flags_) {
+      if (f.name == name) flag = &f;
+    }
+    KILN_CHECK(flag != nullptr, "unknown flag --{} (see --help for the flags {} takes)", name, program_);
+    if (flag->is_switch) {
+      KILN_CHECK(!inline_value, "--{} takes no value", name);
+      flag->value = "1";
+    } else if (!inline_value) {
+      KILN_CHECK(i + 1 < argc, "--{} needs a value ({})", name, flag->help);
+      value = argv[++i];
+    }
+    if (!flag->is_switch) flag->value = value;
+    flag->given = true;
+  }
+}
+
+std::string Flags::help() const {
+  std::string out = fmt::format("usage: {} [flags]\n{}\n\nflags:\n", program_, summary_);
+  for (const Flag& f : flags_) {
+    std::string left = f.is_switch ? "--" + f.name : "--" + f.name + " VALUE";
+    std::string def = f.is_switch || f.value.empty() ? "" : fmt::format(" (default: {})", f.value);
+    out += fmt::format("  {:<24} {}{}\n", left, f.help, def);
+  }
+  out += "  --help                   this text\n";
+  return out;
+}
+
+bool Flags::given(const std::string& name) const { return find(name).given; }
+const std::string& Flags::get(const std::string& name) const { return find(name).value; }
+bool Flags::get_switch(const std::string& name) const { return !find(name).value.empty(); }
+
+int64_t Flags::get_int(const std::string& name, int64_t min) const {
+  const std::string& v = get(name);
+  char* end = nullptr;
+  errno = 0;
+  long long x = std::strtoll(v.c_str(), &end, 10);
+  KILN_CHECK(!v.empty() && *end == '\0' && errno == 0, "--{} must be an integer, not '{}'", name, v);
+  KILN_CHECK(x >= min, "--{} must be at least {}, not {}", name, min, x);
+  return x;
+}
+
+double Flags::get_double(const std::string& name) const {
+  const std::string& v = get(name);
+  char* end = nullptr;
+  errno = 0;
+  double x = std::strtod(v.c_str(), &end);
+  KILN_CHECK(!v.empty() && *end == '\0' && errno == 0, "--{} must be a number, not '{}'", name, v);
+  return x;
+}
+
+const std::string& Flags::get_choice(const std::string& name,
+                                     const std::vector<std::string>& choices) const {
+  const std::string& v = get(name);
+  for (const std::string& c : choices) {
+    if (c == v) return v;
+  }
+  KILN_FAIL("--{} must be one of {}, not '{}'", name, fmt::format("{}", fmt::join(choices, ", ")), v);
+}
+
+}  // namespace kiln::train

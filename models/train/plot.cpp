@@ -1,0 +1,67 @@
+// models/train/plot.cpp: see plot.h.
+#include "models/train/plot.h"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+namespace kiln::train {
+
+namespace {
+
+bool write_text(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f) return false;
+  bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  return std::fclose(f) == 0 && ok;
+}
+
+bool have_gnuplot() { return std::system("command -v gnuplot > /dev/null 2>&1") == 0; }
+
+}  // namespace
+
+std::string plot_history(const History& h, const std::string& dir, std::string* why) {
+  namespace fs = std::filesystem;
+  // Two blocks in one file: gnuplot addresses them as index 0 and index 1.
+  std::string data = "# step\tloss\n";
+  for (size_t i = 0; i < h.step.size(); ++i) data += fmt::format("{}\t{:.6g}\n", h.step[i], h.loss[i]);
+  data += "\n\n# epoch\ttest_loss\ttest_accuracy\n";
+  for (size_t i = 0; i < h.epoch.size(); ++i) {
+    data += fmt::format("{}\t{:.6g}\t{:.6g}\n", h.epoch[i], h.test_loss[i], h.test_accuracy[i]);
+  }
+  const std::string tsv = (fs::path(dir) / "history.tsv").string();
+  const std::string png = (fs::path(dir) / "training.png").string();
+  const std::string gp = (fs::path(dir) / "plot.gp").string();
+  std::string script = fmt::format(
+      "set terminal pngcairo size 1000,420\n"
+      "set output '{}'\n"
+      "set multiplot layout 1,2\n"
+      "set title 'training loss'; set xlabel 'step'; set ylabel 'loss'; set grid\n"
+      "plot '{}' index 0 using 1:2 with lines title 'train loss'\n"
+      "set title 'test accuracy'; set xlabel 'epoch'; set ylabel 'accuracy'; set yrange [0:1]\n"
+      "plot '{}' index 1 using 1:3 with linespoints pt 7 title 'test accuracy'\n"
+      "unset multiplot\n",
+      png, tsv, tsv);
+  if (!write_text(tsv, data) || !write_text(gp, script)) {
+    *why = fmt::format("could not write {} or {}", tsv, gp);
+    return "";
+  }
+  if (!have_gnuplot()) {
+    *why = "gnuplot is not installed (apt-get install gnuplot-nox) so there is no training.png";
+    return "";
+  }
+  if (h.epoch.empty()) {
+    *why = "no epoch finished, so there is nothing to plot";
+    return "";
+  }
+  const std::string cmd = fmt::format("gnuplot '{}' > /dev/null 2>&1", gp);
+  if (std::system(cmd.c_str()) != 0 || !fs::exists(png)) {
+    *why = fmt::format("gnuplot failed on {}", gp);
+    return "";
+  }
+  return png;
+}
+
+}  // namespace kiln::train

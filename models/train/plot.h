@@ -1,0 +1,19 @@
+// models/train/plot.h: a PNG of a training run (loss against step, test accuracy against epoch),
+// drawn by gnuplot when it is installed (the README's setup installs gnuplot-nox).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kiln::train {
+
+struct History {
+  std::vector<double> step, loss;                        // training loss per logged step
+  std::vector<double> epoch, test_loss, test_accuracy;  // after each epoch
+};
+
+// Writes DIR/history.tsv and DIR/plot.gp, then runs gnuplot to make DIR/training.png. Returns the
+// PNG's path, or "" with `why` set when gnuplot is missing or fails (the run goes on without a plot).
+std::string plot_history(const History& history, const std::string& dir, std::string* why);
+
+}  // namespace kiln::train

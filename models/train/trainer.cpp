@@ -1,0 +1,352 @@
+// models/train/trainer.cpp: see trainer.h.
+#include "models/train/trainer.h"
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <cmath>
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+
+#include <kiln/kiln.h>
+
+#include "models/train/checkpoint.h"
+#include "models/train/progress.h"
+#include "models/vision.h"
+
+namespace kiln::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// The settings a checkpoint fixes: a resumed run takes these from the checkpoint.
+json config_of(const TrainOptions& o) {
+  return {{"model", o.model},         {"dataset", o.dataset},     {"data_root", o.data_root},
+          {"batch_size", o.batch_size}, {"optimizer", o.optimizer}, {"lr", o.lr},
+          {"momentum", o.momentum},   {"weight_decay", o.weight_decay}, {"scheduler", o.scheduler},
+          {"seed", o.seed},           {"limit_train", o.limit_train}, {"limit_test", o.limit_test},
+          {"total_epochs", o.epochs}};
+}
+
+void apply_config(const json& c, TrainOptions& o) {
+  try {
+    o.model = c.at("model").get<std::string>();
+    o.dataset = c.at("dataset").get<std::string>();
+    o.data_root = c.at("data_root").get<std::string>();
+    o.batch_size = c.at("batch_size").get<int64_t>();
+    o.optimizer = c.at("optimizer").get<std::string>();
+    // JSON has no NaN: nlohmann writes it as null, meaning "the optimizer's default".
+    auto number = [&](const char* key) {
+      return c.at(key).is_null() ? std::nan("") : c.at(key).get<double>();
+    };
+    o.lr = number("lr");
+    o.momentum = number("momentum");
+    o.weight_decay = number("weight_decay");
+    o.scheduler = c.at("scheduler").get<std::string>();
+    o.seed = c.at("seed").get<uint64_t>();
+    o.limit_train = c.at("limit_train").get<int64_t>();
+    o.limit_test = c.at("limit_test").get<int64_t>();
+  } catch (const json::exception& e) {
+    KILN_FAIL("the checkpoint's configuration is incomplete ({}): was it written by kiln-train?", e.what());
+  }
+}
+
+void check_options(const TrainOptions& o) {
+  auto one_of = [](const std::string& flag, const std::string& v, std::initializer_list<const char*> choices) {
+    for (const char* c : choices) {
+      if (v == c) return;
+    }
+    std::string list;
+    for (const char* c : choices) list += (list.empty() ? "" : ", ") + std::string(c);
+    KILN_FAIL("--{} must be one of {}, not '{}'", flag, list, v);
+  };
+  one_of("model", o.model, {"mlp", "cnn", "resnet"});
+  one_of("dataset", o.dataset, {"fashion-mnist", "synthetic"});
+  one_of("optimizer", o.optimizer, {"sgd", "adam", "adamw", "rmsprop", "adagrad"});
+  one_of("scheduler", o.scheduler, {"none", "step", "cosine", "onecycle", "warmup-cosine"});
+  KILN_CHECK(o.epochs >= 1, "--epochs must be at least 1, not {}", o.epochs);
+  KILN_CHECK(o.batch_size >= 1, "--batch-size must be at least 1, not {}", o.batch_size);
+  KILN_CHECK(o.threads >= 0, "--threads must be 0 (every core) or more, not {}", o.threads);
+  KILN_CHECK(o.num_workers >= 0, "--workers must be 0 or more, not {}", o.num_workers);
+  KILN_CHECK(std::isnan(o.lr) || o.lr > 0, "--lr must be positive, not {}", o.lr);
+  KILN_CHECK(o.log_every >= 1, "log_every must be at least 1, not {}", o.log_every);
+  KILN_CHECK(o.limit_train >= 0 && o.limit_test >= 0 && o.max_steps >= 0,
+             "--limit-train, --limit-test and --max-steps must be 0 (no limit) or more");
+}
+
+// The first `limit` samples of `ds` (all when limit is 0 or too large).
+std::shared_ptr<const data::Dataset> first(std::shared_ptr<const data::Dataset> ds, int64_t begin,
+                                           int64_t limit) {
+  const int64_t n = limit > 0 ? std::min(limit, ds->size() - begin) : ds->size() - begin;
+  if (begin == 0 && n == ds->size()) return ds;
+  std::vector<int64_t> indices(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) indices[static_cast<size_t>(i)] = begin + i;
+  return std::make_shared<data::Subset>(std::move(ds), std::move(indices));
+}
+
+struct Data {
+  std::shared_ptr<const data::Dataset> train, test;
+};
+
+Data make_data(const TrainOptions& o) {
+  if (o.dataset == "fashion-mnist") {
+    return {first(std::make_shared<data::FashionMNIST>(data::FashionMNIST::train(o.data_root)), 0, o.limit_train),
+            first(std::make_shared<data::FashionMNIST>(data::FashionMNIST::test(o.data_root)), 0, o.limit_test)};
+  }
+  // Synthetic: one set of class patterns; the test samples are the ones after the training samples.
+  const int64_t n_train = o.limit_train > 0 ? o.limit_train : 12000;
+  const int64_t n_test = o.limit_test > 0 ? o.limit_test : 2000;
+  auto all = std::make_shared<data::SyntheticImages>(n_train + n_test, Shape{1, 28, 28}, 10, o.seed);
+  return {first(all, 0, n_train), first(all, n_train, n_test)};
+}
+
+double default_lr(const TrainOptions& o) {
+  if (!std::isnan(o.lr)) return o.lr;
+  return o.optimizer == "sgd" ? 0.05 : o.optimizer == "rmsprop" || o.optimizer == "adagrad" ? 1e-2 : 1e-3;
+}
+
+std::unique_ptr<optim::Optimizer> make_optimizer(const TrainOptions& o, std::vector<Tensor> params) {
+  const double lr = default_lr(o);
+  auto or_default = [](double v, double d) { return std::isnan(v) ? d : v; };
+  if (o.optimizer == "sgd") {
+    return std::make_unique<optim::SGD>(std::move(params),
+        optim::SGDOptions{.lr = lr, .momentum = or_default(o.momentum, 0.9),
+                          .weight_decay = or_default(o.weight_decay, 0)});
+  }
+  if (o.optimizer == "adam") {
+    return std::make_unique<optim::Adam>(std::move(params),
+        optim::AdamOptions{.lr = lr, .weight_decay = or_default(o.weight_decay, 0)});
+  }
+  if (o.optimizer == "adamw") {
+    return std::make_unique<optim::AdamW>(std::move(params),
+        optim::AdamWOptions{.lr = lr, .weight_decay = or_default(o.weight_decay, 1e-2)});
+  }
+  if (o.optimizer == "rmsprop") {
+    return std::make_unique<optim::RMSprop>(std::move(params),
+        optim::RMSpropOptions{.lr = lr, .weight_decay = or_default(o.weight_decay, 0),
+                              .momentum = or_default(o.momentum, 0)});
+  }
+  return std::make_unique<optim::Adagrad>(std::move(params),
+      optim::AdagradOptions{.lr = lr, .weight_decay = or_default(o.weight_decay, 0)});
+}
+
+// Schedules advance once per batch over the whole run.
+std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainOptions& o, optim::Optimizer& opt,
+                                                   int64_t steps_per_epoch, int64_t total_steps) {
+  if (o.scheduler == "step") return std::make_unique<optim::StepLR>(opt, steps_per_epoch, 0.5);
+  if (o.scheduler == "cosine") return std::make_unique<optim::CosineAnnealingLR>(opt, total_steps);
+  if (o.scheduler == "onecycle") {
+    return std::make_unique<optim::OneCycleLR>(opt, optim::OneCycleLROptions{.max_lr = default_lr(o),
+                                                                             .total_steps = total_steps});
+  }
+  if (o.scheduler == "warmup-cosine") {
+    return std::make_unique<optim::WarmupCosineLR>(opt, optim::WarmupCosineLROptions{
+        .total_num_steps = total_steps, .warmup_num_steps = std::max<int64_t>(1, total_steps / 20)});
+  }
+  return nullptr;
+}
+
+struct Evaluation {
+  double loss = 0, accuracy = 0;
+};
+
+Evaluation evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
+  NoGradGuard no_grad;
+  model.eval();
+  double loss_sum = 0;
+  int64_t correct = 0, seen = 0;
+  for (auto& [x, y] : loader) {
+    Tensor yd = y.to(device);
+    Tensor logits = model(x.to(device));
+    loss_sum += nn::cross_entropy(logits, yd, {.reduction = "sum"}).item<double>();
+    correct += eq(argmax(logits, 1), yd).sum().item<int64_t>();
+    seen += y.size(0);
+  }
+  model.train();
+  return {seen ? loss_sum / static_cast<double>(seen) : 0, seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0};
+}
+
+// The out directory must exist (it is created) and take files: an Error now, not after an epoch.
+void prepare_out_dir(const std::string& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KILN_CHECK(!ec && fs::is_directory(dir), "cannot use --out {}: {}", dir,
+             ec ? ec.message() : "a file of that name is in the way");
+  const std::string probe = (fs::path(dir) / ".kiln-write-test").string();
+  std::FILE* f = std::fopen(probe.c_str(), "w");
+  KILN_CHECK(f != nullptr, "cannot write into --out {}: {}", dir, std::strerror(errno));
+  std::fclose(f);
+  fs::remove(probe, ec);
+}
+
+}  // namespace
+
+TrainResult train(const TrainOptions& options, std::FILE* out) {
+  TrainOptions o = options;
+  std::optional<Checkpoint> ckpt;
+  if (!o.resume.empty()) {
+    ckpt = load_checkpoint(o.resume);
+    apply_config(json::parse(ckpt->config), o);
+  }
+  check_options(o);
+  if (o.threads > 0) set_num_threads(o.threads);
+  const Device device = Device::parse(o.device);
+  manual_seed(o.seed);
+
+  Data ds = make_data(o);
+  prepare_out_dir(o.out_dir);
+  std::shared_ptr<nn::Module> model = models::make_vision_model(o.model);
+  model->to(device);
+  std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
+  data::DataLoader train_loader(ds.train, {.batch_size = o.batch_size, .shuffle = true, .seed = o.seed,
+                                           .num_workers = o.num_workers});
+  data::DataLoader test_loader(ds.test, {.batch_size = 1000, .num_workers = o.num_workers});
+  const int64_t steps_per_epoch = train_loader.size();
+  std::unique_ptr<optim::LRScheduler> sched =
+      make_scheduler(o, *opt, steps_per_epoch, o.epochs * steps_per_epoch);
+
+  int64_t step = 0, epoch = 0, epoch_batches = 0, window_steps = 0;
+  double epoch_loss_sum = 0, window_sum = 0;
+  History history;
+  if (ckpt) {
+    model->load_state_dict(ckpt->model);
+    opt->load_state_dict(ckpt->optimizer);  // before the scheduler's: see optim/lr_scheduler.h
+    if (sched) sched->load_state_dict(ckpt->scheduler);
+    train_loader.load_state_dict(ckpt->loader);
+    default_generator().set_state(ckpt->rng);
+    step = ckpt->step;
+    epoch = ckpt->epoch;
+    const json extra = json::parse(ckpt->extra);
+    epoch_batches = extra.value("epoch_batches", int64_t{0});
+    epoch_loss_sum = extra.value("epoch_loss_sum", 0.0);
+    window_steps = extra.value("window_steps", int64_t{0});
+    window_sum = extra.value("window_sum", 0.0);
+    history.step = extra.value("history_step", std::vector<double>{});
+    history.loss = extra.value("history_loss", std::vector<double>{});
+    history.epoch = extra.value("history_epoch", std::vector<double>{});
+    history.test_loss = extra.value("history_test_loss", std::vector<double>{});
+    history.test_accuracy = extra.value("history_test_accuracy", std::vector<double>{});
+  }
+
+  const std::string metrics_path = (fs::path(o.out_dir) / "metrics.jsonl").string();
+  std::FILE* metrics = std::fopen(metrics_path.c_str(), ckpt ? "a" : "w");
+  KILN_CHECK(metrics != nullptr, "cannot write {}: {}", metrics_path, std::strerror(errno));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_guard(metrics, std::fclose);
+  auto log = [&](const json& line) {
+    std::fprintf(metrics, "%s\n", line.dump().c_str());
+    std::fflush(metrics);
+  };
+
+  const std::string ckpt_dir = (fs::path(o.out_dir) / "checkpoint").string();
+  auto save = [&] {
+    Checkpoint c;
+    c.model = model->state_dict();
+    c.optimizer = opt->state_dict();
+    if (sched) c.scheduler = sched->state_dict();
+    c.step = step;
+    c.epoch = epoch;
+    c.loader = train_loader.state_dict();
+    c.rng = default_generator().get_state();
+    c.config = config_of(o).dump();
+    c.extra = json{{"epoch_batches", epoch_batches}, {"epoch_loss_sum", epoch_loss_sum},
+                   {"window_steps", window_steps}, {"window_sum", window_sum},
+                   {"history_step", history.step}, {"history_loss", history.loss},
+                   {"history_epoch", history.epoch}, {"history_test_loss", history.test_loss},
+                   {"history_test_accuracy", history.test_accuracy}}.dump();
+    save_checkpoint(ckpt_dir, c);
+  };
+
+  const bool terminal = !o.quiet && is_terminal(out);
+  if (!o.quiet) {
+    std::fprintf(out, "kiln-train: %s (%lld parameters) on %s: %lld training / %lld test samples; %s lr %g, "
+                 "batch %lld, %lld epoch%s, %d threads, %s%s\n",
+                 o.model.c_str(), static_cast<long long>(model->num_parameters()), o.dataset.c_str(),
+                 static_cast<long long>(ds.train->size()), static_cast<long long>(ds.test->size()),
+                 o.optimizer.c_str(), default_lr(o), static_cast<long long>(o.batch_size),
+                 static_cast<long long>(o.epochs), o.epochs == 1 ? "" : "s", get_num_threads(),
+                 device.str().c_str(), ckpt ? fmt::format(", resumed at step {}", step).c_str() : "");
+  }
+
+  TrainResult result;
+  Tensor loss;
+  bool stopped = false;
+  while (epoch < o.epochs && !stopped) {
+    ProgressBar bar(fmt::format("epoch {}/{}", epoch + 1, o.epochs), steps_per_epoch, terminal, out);
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& [x, y] : train_loader) {
+      Tensor logits = (*model)(x.to(device));
+      loss = nn::cross_entropy(logits, y.to(device));
+      opt->zero_grad();
+      loss.backward();
+      opt->step();
+      if (sched) sched->step();
+      ++step;
+      ++epoch_batches;
+      const double l = loss.item<double>();
+      epoch_loss_sum += l;
+      result.last_loss = l;
+      window_sum += l;
+      ++window_steps;
+      if (step % o.log_every == 0) {  // the mean loss of the steps since the last line
+        const double mean = window_sum / static_cast<double>(window_steps);
+        history.step.push_back(static_cast<double>(step));
+        history.loss.push_back(mean);
+        log({{"type", "step"}, {"step", step}, {"epoch", epoch + 1}, {"loss", mean},
+             {"lr", opt->param_groups()[0].lr()}});
+        window_sum = 0;
+        window_steps = 0;
+      }
+      if (!o.quiet) bar.update(epoch_batches, l);
+      if (o.max_steps > 0 && step >= o.max_steps && epoch_batches < steps_per_epoch) {
+        stopped = true;
+        break;
+      }
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    result.train_seconds += seconds;
+    if (!o.quiet) bar.finish();
+    if (stopped) break;
+
+    const Evaluation ev = evaluate(*model, test_loader, device);
+    const double train_loss = epoch_batches ? epoch_loss_sum / static_cast<double>(epoch_batches) : 0;
+    ++epoch;
+    history.epoch.push_back(static_cast<double>(epoch));
+    history.test_loss.push_back(ev.loss);
+    history.test_accuracy.push_back(ev.accuracy);
+    log({{"type", "epoch"}, {"epoch", epoch}, {"step", step}, {"train_loss", train_loss},
+         {"test_loss", ev.loss}, {"test_accuracy", ev.accuracy}, {"epoch_seconds", seconds}});
+    if (!o.quiet) {
+      std::fprintf(out, "epoch %lld/%lld: train loss %.4f, test loss %.4f, test accuracy %.4f (%.1f s)\n",
+                   static_cast<long long>(epoch), static_cast<long long>(o.epochs), train_loss, ev.loss,
+                   ev.accuracy, seconds);
+    }
+    result.test_loss = ev.loss;
+    result.test_accuracy = ev.accuracy;
+    epoch_batches = 0;
+    epoch_loss_sum = 0;
+    train_loader.set_epoch(epoch);
+    if (o.max_steps > 0 && step >= o.max_steps) stopped = true;
+    if (epoch < o.epochs && !stopped) save();  // the last one is saved below
+  }
+  save();
+  result.steps = step;
+  result.epochs = epoch;
+  result.checkpoint_dir = ckpt_dir;
+  if (o.plot) {
+    std::string why;
+    result.plot_path = plot_history(history, o.out_dir, &why);
+    if (result.plot_path.empty() && !o.quiet) std::fprintf(out, "kiln-train: no plot: %s\n", why.c_str());
+  }
+  if (!o.quiet) {
+    std::fprintf(out, "kiln-train: %lld steps; checkpoint %s; metrics %s%s%s\n", static_cast<long long>(step),
+                 ckpt_dir.c_str(), metrics_path.c_str(), result.plot_path.empty() ? "" : "; plot ",
+                 result.plot_path.c_str());
+  }
+  return result;
+}
+
+}  // namespace kiln::train

@@ -1,0 +1,57 @@
+// models/train/trainer.h: the training loop of kiln-train, as a library so that tests can run it:
+// build the data, the model, the optimizer and the schedule from TrainOptions; train with a progress
+// bar; evaluate after each epoch; write metrics, a plot and checkpoints; resume from a checkpoint.
+//
+// One step is what DESIGN.md §2 shows: forward, cross-entropy, zero_grad, backward, optimizer step
+// (docs/training-step.md follows one step through Module, autograd and Optimizer).
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <string>
+
+#include "models/train/plot.h"
+
+namespace kiln::train {
+
+struct TrainOptions {
+  std::string model = "cnn";               // mlp | cnn | resnet
+  std::string dataset = "fashion-mnist";   // fashion-mnist | synthetic
+  std::string data_root = "/usr/share/datasets/fashion-mnist";
+  int64_t epochs = 1;
+  int64_t batch_size = 128;
+  std::string optimizer = "adam";  // sgd | adam | adamw | rmsprop | adagrad
+  double lr = std::numeric_limits<double>::quiet_NaN();  // NaN: 0.05 for sgd, 1e-3 for the others
+  double momentum = std::numeric_limits<double>::quiet_NaN();      // NaN: 0.9 (sgd), 0 (rmsprop)
+  double weight_decay = std::numeric_limits<double>::quiet_NaN();  // NaN: 0.01 (adamw), 0 (others)
+  std::string scheduler = "none";  // none | step | cosine | onecycle | warmup-cosine (per batch)
+  uint64_t seed = 0;
+  std::string device = "cpu";  // cpu | cuda | cuda:N
+  int threads = 0;             // 0: every core
+  int num_workers = 1;         // data-loader threads
+  int64_t limit_train = 0;     // > 0: only the first N training samples
+  int64_t limit_test = 0;      // > 0: only the first N test samples
+  int64_t max_steps = 0;       // > 0: stop (and checkpoint) after this many steps in all
+  std::string out_dir = "runs/kiln-train";
+  std::string resume;          // a checkpoint directory to continue from
+  int64_t log_every = 10;      // steps between "step" lines (their mean loss) in metrics.jsonl
+  bool plot = true;
+  bool quiet = false;          // no progress output (tests)
+};
+
+struct TrainResult {
+  int64_t steps = 0, epochs = 0;
+  double last_loss = 0;           // the loss of the last step
+  double test_loss = 0, test_accuracy = 0;  // after the last finished epoch (0 when none)
+  double train_seconds = 0;       // time in the training loop, this run only
+  std::string checkpoint_dir;     // where the final checkpoint is
+  std::string plot_path;          // "" when there is no plot
+};
+
+// Runs training as `options` says. With options.resume set, the model, data and optimizer settings
+// come from the checkpoint; epochs, max_steps, out_dir, threads, num_workers, quiet and plot come from
+// `options`. Throws kiln::Error for bad options, a missing dataset or an unwritable out_dir.
+TrainResult train(const TrainOptions& options, std::FILE* out = stdout);
+
+}  // namespace kiln::train

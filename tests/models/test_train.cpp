@@ -1,0 +1,181 @@
+// models/train: the progress bar's text, flag parsing, checkpoints, and the training loop's resume:
+// N steps, save, load, N steps equals 2N steps bit for bit.
+#include <filesystem>
+#include <fstream>
+
+#include "models/train/checkpoint.h"
+#include "models/train/flags.h"
+#include "models/train/progress.h"
+#include "models/train/trainer.h"
+#include "support.h"
+
+using namespace kiln;
+using namespace kiln::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string scratch_dir(const std::string& name) {
+  fs::path p = fs::temp_directory_path() / ("kiln-test-train-" + std::to_string(::getpid())) / name;
+  fs::remove_all(p);
+  return p.string();
+}
+
+void check_same_state(const TensorDict& a, const TensorDict& b) {
+  REQUIRE(a.keys() == b.keys());
+  for (const auto& [name, t] : a) {
+    INFO(name);
+    check_equal(t, b.at(name));
+  }
+}
+
+train::TrainOptions small_run(const std::string& model, const std::string& out) {
+  train::TrainOptions o;
+  o.model = model;
+  o.dataset = "synthetic";
+  o.limit_train = model == "resnet" ? 96 : 320;
+  o.limit_test = 64;
+  o.batch_size = 32;
+  o.epochs = 2;
+  o.seed = 7;
+  o.num_workers = 0;
+  o.out_dir = out;
+  o.quiet = true;
+  o.plot = false;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("ProgressBar renders tqdm's bar on a terminal and plain lines elsewhere") {
+  CHECK(train::ProgressBar::render("epoch 1/3", 174, 469, 21.0, 0.43211, true, 20) ==
+        "epoch 1/3  37%|███████▍            | 174/469 [00:21<00:36, 8.29 it/s, loss=0.4321]");
+  CHECK(train::ProgressBar::render("epoch 1/3", 469, 469, 60.0, 0.25, true, 10) ==
+        "epoch 1/3 100%|██████████| 469/469 [01:00<00:00, 7.82 it/s, loss=0.2500]");
+  CHECK(train::ProgressBar::render("epoch 2/3", 50, 200, 10.0, 1.5, false) ==
+        "epoch 2/3 step 50/200 (25%) loss 1.5000 5.00 it/s elapsed 00:10 eta 00:30");
+  CHECK(train::format_duration(3725) == "1:02:05");
+}
+
+TEST_CASE("Flags parse values, switches and defaults, and name what is wrong") {
+  train::Flags f("prog", "does things");
+  f.add("epochs", "1", "passes");
+  f.add("lr", "", "learning rate");
+  f.add("model", "cnn", "which model");
+  f.add_switch("quiet", "say less");
+  const char* argv[] = {"prog", "--epochs", "3", "--lr=0.5", "--quiet"};
+  f.parse(5, argv);
+  CHECK(f.get_int("epochs", 1) == 3);
+  CHECK(f.get_double("lr") == 0.5);
+  CHECK(f.get_switch("quiet"));
+  CHECK_FALSE(f.given("model"));
+  CHECK(f.get_choice("model", {"mlp", "cnn"}) == "cnn");
+  CHECK(f.help().find("--epochs VALUE") != std::string::npos);
+
+  train::Flags g("prog", "does things");
+  g.add("epochs", "1", "passes");
+  g.add("model", "cnn", "which model");
+  const char* unknown[] = {"prog", "--epoch", "3"};
+  check_error([&] { g.parse(3, unknown); }, {"unknown flag --epoch", "--help"});
+  const char* missing[] = {"prog", "--epochs"};
+  check_error([&] { g.parse(2, missing); }, {"--epochs needs a value"});
+  const char* bad[] = {"prog", "--epochs", "two", "--model", "vgg"};
+  g.parse(5, bad);
+  check_error([&] { (void)g.get_int("epochs", 1); }, {"--epochs must be an integer, not 'two'"});
+  check_error([&] { (void)g.get_choice("model", {"mlp", "cnn"}); }, {"--model must be one of mlp, cnn, not 'vgg'"});
+}
+
+TEST_CASE("write_file_atomic replaces a file whole and leaves it untouched on failure") {
+  const std::string dir = scratch_dir("atomic");
+  fs::create_directories(dir);
+  const std::string path = dir + "/a.json";
+  train::write_file_atomic(path, "first");
+  train::write_file_atomic(path, "second");
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  CHECK(text == "second");
+  // A parent that is a regular file: the write fails (even as root) and nothing is left behind.
+  check_error([&] { train::write_file_atomic(path + "/x.json", "y"); }, {"cannot write", "a.json/x.json"});
+  CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 1);
+}
+
+TEST_CASE("load_checkpoint names what is missing or damaged") {
+  const std::string dir = scratch_dir("bad-ckpt");
+  check_error([&] { train::load_checkpoint(dir); }, {"no checkpoint in", "checkpoint.json is missing"});
+  fs::create_directories(dir);
+  train::write_file_atomic(dir + "/checkpoint.json", "{\"format\": ");
+  check_error([&] { train::load_checkpoint(dir); }, {"checkpoint.json is not valid JSON"});
+  train::write_file_atomic(dir + "/checkpoint.json", "{\"format\": \"other\"}");
+  check_error([&] { train::load_checkpoint(dir); }, {"is not a Kiln checkpoint manifest"});
+  train::write_file_atomic(dir + "/checkpoint.json", "{\"format\": \"kiln-checkpoint\", \"version\": 1}");
+  check_error([&] { train::load_checkpoint(dir); }, {"a field is missing", "damaged"});
+}
+
+TEST_CASE("Training resumed from a checkpoint equals training straight through, bit for bit") {
+  // (model, steps before the stop): mid-epoch, at an epoch's end, with BatchNorm buffers.
+  const std::vector<std::pair<std::string, int64_t>> cases = {{"mlp", 4}, {"mlp", 10}, {"cnn", 13}, {"resnet", 2}};
+  for (const auto& [model, stop] : cases) {
+    DYNAMIC_SECTION(model << " stopped after " << stop << " steps") {
+      train::TrainOptions straight = small_run(model, scratch_dir(model + "-straight"));
+      if (model == "cnn") straight.scheduler = "onecycle";
+      train::TrainResult a = train::train(straight);
+
+      train::TrainOptions first = straight;
+      first.out_dir = scratch_dir(model + "-first");
+      first.max_steps = stop;
+      train::TrainResult b1 = train::train(first);
+      REQUIRE(b1.steps == stop);
+
+      train::TrainOptions second;
+      second.resume = b1.checkpoint_dir;
+      second.epochs = straight.epochs;
+      second.num_workers = 2;  // the order does not depend on the worker count
+      second.out_dir = scratch_dir(model + "-second");
+      second.quiet = true;
+      second.plot = false;
+      train::TrainResult b2 = train::train(second);
+
+      CHECK(b2.steps == a.steps);
+      CHECK(b2.last_loss == a.last_loss);
+      CHECK(b2.test_accuracy == a.test_accuracy);
+      train::Checkpoint ca = train::load_checkpoint(a.checkpoint_dir);
+      train::Checkpoint cb = train::load_checkpoint(b2.checkpoint_dir);
+      check_same_state(ca.model, cb.model);
+      check_same_state(ca.optimizer, cb.optimizer);
+      check_same_state(ca.scheduler, cb.scheduler);
+      CHECK(ca.step == cb.step);
+      CHECK(ca.epoch == cb.epoch);
+    }
+  }
+}
+
+TEST_CASE("The training loop learns the synthetic set and writes metrics and a checkpoint") {
+  train::TrainOptions o = small_run("mlp", scratch_dir("learn"));
+  o.limit_train = 2000;
+  o.limit_test = 500;
+  o.epochs = 2;
+  train::TrainResult r = train::train(o);
+  CHECK(r.steps == 2 * 63);
+  CHECK(r.test_accuracy > 0.9);  // ten distinct patterns under noise: chance is 0.1
+  std::ifstream metrics(o.out_dir + "/metrics.jsonl");
+  int epochs = 0;
+  for (std::string line; std::getline(metrics, line);) epochs += line.find("\"type\":\"epoch\"") != std::string::npos;
+  CHECK(epochs == 2);
+  train::Checkpoint c = train::load_checkpoint(r.checkpoint_dir);
+  CHECK(c.epoch == 2);
+  CHECK(c.step == r.steps);
+  CHECK(c.model.contains("fc1.weight"));
+}
+
+TEST_CASE("Bad training options are Errors that name the option") {
+  train::TrainOptions o = small_run("mlp", scratch_dir("bad"));
+  o.model = "vgg";
+  check_error([&] { train::train(o); }, {"--model must be one of mlp, cnn, resnet, not 'vgg'"});
+  o = small_run("mlp", scratch_dir("bad"));
+  o.dataset = "fashion-mnist";
+  o.data_root = "/nonexistent/fmnist";
+  check_error([&] { train::train(o); }, {"/nonexistent/fmnist", "dataset-fashion-mnist"});
+  o = small_run("mlp", scratch_dir("bad"));
+  o.out_dir = "/proc/version/out";  // under a regular file: not creatable, even as root
+  check_error([&] { train::train(o); }, {"cannot use --out /proc/version/out"});
+}
