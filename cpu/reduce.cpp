@@ -123,6 +123,20 @@ Plan make_plan(const View& in, const View& out) {
   return p;
 }
 
+// The sum of a contiguous run of floats in double, in eight independent lanes: one chain of
+// dependent double adds would cost ~4 cycles an element; eight chains vectorize.
+template <typename T>
+double sum_run(const T* x, int64_t n) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(x[i + j]);
+  }
+  double tail = 0;
+  for (; i < n; ++i) tail += static_cast<double>(x[i]);
+  return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7])) + tail;
+}
+
 // One output's slice, reduced over [begin, end) of its flattened reduced index.
 template <typename R, typename T>
 typename R::acc_t reduce_slice(const StridedLoop<1>& loop, int64_t begin, int64_t end) {
@@ -130,6 +144,13 @@ typename R::acc_t reduce_slice(const StridedLoop<1>& loop, int64_t begin, int64_
   int64_t pos = begin;
   loop.run(begin, end, [&](char* const* p, const int64_t* s, int64_t n) {
     const char* x = p[0];
+    if constexpr (std::is_same_v<R, SumR<T>> && std::is_floating_point_v<T>) {
+      if (s[0] == static_cast<int64_t>(sizeof(T))) {
+        acc += sum_run(reinterpret_cast<const T*>(x), n);
+        pos += n;
+        return;
+      }
+    }
     for (int64_t i = 0; i < n; ++i) R::update(acc, at<T>(const_cast<char*>(x), i * s[0]), pos + i);
     pos += n;
   });
