@@ -1,5 +1,6 @@
-// data/dataloader.cpp: DataLoader and one pass over it (Pass): the epoch's order, the worker threads
-// and the in-order hand-over of their batches. See Note [data loader order] in data/dataloader.h.
+// data/dataloader.cpp: DataLoader and one pass over it (Pass): the epoch's order, the worker
+// threads and the in-order hand-over of their batches. See Note [data loader order] in
+// data/dataloader.h.
 #include "data/dataloader.h"
 
 #include <condition_variable>

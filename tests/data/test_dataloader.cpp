@@ -90,8 +90,11 @@ TEST_CASE("DataLoader: the same seed gives the same batches for 0, 1 and 3 worke
   for (bool drop_last : {false, true}) {
     for (int workers : {0, 1, 3}) {
       CAPTURE(drop_last, workers);
-      DataLoader loader(numbered(n), {.batch_size = batch, .shuffle = true, .seed = seed,
-                                      .drop_last = drop_last, .num_workers = workers});
+      DataLoader loader(numbered(n), {.batch_size = batch,
+                                      .shuffle = true,
+                                      .seed = seed,
+                                      .drop_last = drop_last,
+                                      .num_workers = workers});
       for (int64_t epoch = 0; epoch < 3; ++epoch) {
         CAPTURE(epoch);
         auto got = one_epoch(loader);
@@ -143,7 +146,8 @@ TEST_CASE("DataLoader: set_epoch chooses the next pass's permutation", "[data]")
 
 TEST_CASE("DataLoader: a custom collate builds batches from the samples", "[data]") {
   for (int workers : {0, 2}) {
-    DataLoader loader(numbered(7), {.batch_size = 3, .num_workers = workers,
+    DataLoader loader(numbered(7), {.batch_size = 3,
+                                    .num_workers = workers,
                                     .collate = [](std::vector<data::Example> samples) {
                                       std::vector<Tensor> xs;
                                       int64_t total = 0;
@@ -165,11 +169,13 @@ TEST_CASE("DataLoader: a custom collate builds batches from the samples", "[data
   }
 }
 
-TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batches left", "[data]") {
+TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batches left",
+          "[data]") {
   const DataLoader::State fresh{};
   for (int workers : {0, 2}) {
     CAPTURE(workers);
-    data::DataLoaderOptions options{.batch_size = 4, .shuffle = true, .seed = 99, .num_workers = workers};
+    data::DataLoaderOptions options{
+        .batch_size = 4, .shuffle = true, .seed = 99, .num_workers = workers};
     DataLoader a(numbered(30), options);
     one_epoch(a);  // epoch 0
     DataLoader::State saved;
@@ -195,7 +201,8 @@ TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batch
   }
 }
 
-TEST_CASE("DataLoader: breaking out ends the pass; the next begin() starts the next epoch", "[data]") {
+TEST_CASE("DataLoader: breaking out ends the pass; the next begin() starts the next epoch",
+          "[data]") {
   DataLoader loader(numbered(40), {.batch_size = 4, .shuffle = true, .seed = 5, .num_workers = 3});
   int seen = 0;
   for (auto& batch : loader) {
@@ -210,8 +217,8 @@ TEST_CASE("DataLoader: breaking out ends the pass; the next begin() starts the n
 TEST_CASE("DataLoader: workers stop when the loop breaks or the loader is destroyed", "[data]") {
   auto dataset = std::make_shared<SlowDataset>(2000);
   for (int round = 0; round < 5; ++round) {
-    DataLoader loader(dataset, {.batch_size = 8, .shuffle = true, .seed = 1, .num_workers = 3,
-                                .prefetch = 4});
+    DataLoader loader(
+        dataset, {.batch_size = 8, .shuffle = true, .seed = 1, .num_workers = 3, .prefetch = 4});
     for (auto& [x, y] : loader) {
       CHECK(x.sizes() == Shape{8, 2});
       break;
@@ -219,8 +226,8 @@ TEST_CASE("DataLoader: workers stop when the loop breaks or the loader is destro
     // The loader goes out of scope right after a break, with workers mid-batch.
   }
   {
-    auto loader = std::make_unique<DataLoader>(dataset, data::DataLoaderOptions{.batch_size = 8,
-                                                                                .num_workers = 2});
+    auto loader = std::make_unique<DataLoader>(
+        dataset, data::DataLoaderOptions{.batch_size = 8, .num_workers = 2});
     auto it = loader->begin();
     CHECK((*it).target.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7});
     loader.reset();  // the iterator outlives its loader: the workers are joined now
