@@ -68,7 +68,8 @@ class SlowDataset : public data::Dataset {
 
 }  // namespace
 
-TEST_CASE("DataLoader: without shuffle, batches in order; the last partial batch kept", "[data]") {
+TEST_CASE("DataLoader: without shuffle, batches in order and the last partial batch kept",
+          "[data]") {
   DataLoader loader(numbered(10), {.batch_size = 4});
   CHECK(loader.size() == 3);
   auto got = one_epoch(loader);
@@ -201,7 +202,7 @@ TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batch
   }
 }
 
-TEST_CASE("DataLoader: breaking out ends the pass; the next begin() starts the next epoch",
+TEST_CASE("DataLoader: breaking out ends the pass and the next begin() starts the next epoch",
           "[data]") {
   DataLoader loader(numbered(40), {.batch_size = 4, .shuffle = true, .seed = 5, .num_workers = 3});
   int seen = 0;

@@ -95,7 +95,8 @@ TEST_CASE("SyntheticImages: learnable (a nearest-mean classifier gets most right
   CHECK(accuracy > 0.95);
 }
 
-TEST_CASE("ByteText: windows x = bytes[o:o+T], y = bytes[o+1:o+T+1], o in [0, N-T-1)", "[data]") {
+TEST_CASE("ByteText: windows of T bytes and the T that follow, at offsets uniform below N - T - 1",
+          "[data]") {
   TempDir dir;
   Bytes text;
   for (int i = 0; i < 300; ++i) text.push_back(static_cast<uint8_t>((i * 7) % 251));

@@ -281,7 +281,8 @@ TEST_CASE("safetensors: a failed write leaves the old file and no temporary",
   check_equal(st::load_file(path).at("old"), full({4}, 1.5));
 }
 
-TEST_CASE("safetensors: damaged copies of a good file load or raise an Error", "[data][safetensors]") {
+TEST_CASE("safetensors: damaged copies of a good file load or raise an Error",
+          "[data][safetensors]") {
   // Random bytes in the length and the header (the first 300 copies) or anywhere, some copies cut
   // short: the reader must never crash or hang (the sanitizer builds run this too).
   TempDir dir;
