@@ -2,6 +2,7 @@
 // that only the inflated bytes are held in memory.
 #include "data/gzip_file.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -87,6 +88,9 @@ std::vector<uint8_t> inflate_file(std::FILE* f, const std::string& path) {
 std::vector<uint8_t> read_file_maybe_gzip(const std::string& path) {
   File f(std::fopen(path.c_str(), "rb"));
   KILN_CHECK(f != nullptr, "cannot open '{}': {}", path, std::strerror(errno));
+  struct stat st {};
+  KILN_CHECK(::fstat(::fileno(f.get()), &st) == 0 && S_ISREG(st.st_mode),
+             "'{}' is not a regular file; give the path of a file", path);
   unsigned char magic[2] = {0, 0};
   const size_t got = std::fread(magic, 1, 2, f.get());
   if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {

@@ -364,6 +364,9 @@ Header read_header(std::FILE* f, const std::string& path) {
 std::unique_ptr<std::FILE, FileCloser> open_for_reading(const std::string& path) {
   std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
   KILN_CHECK(f != nullptr, "safetensors: cannot open '{}': {}", path, std::strerror(errno));
+  struct stat st {};
+  KILN_CHECK(::fstat(::fileno(f.get()), &st) == 0 && S_ISREG(st.st_mode),
+             "safetensors: '{}' is not a regular file; give the path of a .safetensors file", path);
   return f;
 }
 

@@ -166,6 +166,8 @@ TEST_CASE("IDX: bad files are Errors that say what is wrong", "[data][idx]") {
     fragments.push_back(path);
     check_error([&] { data::read_idx(path, c.magic); }, fragments);
   }
+  check_error([&] { data::read_idx(dir.path().string(), data::kIdxLabelsMagic); },
+              {"is not a regular file"});
   check_error([&] { data::read_idx(dir / "absent", data::kIdxLabelsMagic); },
               {"cannot open", "absent", "No such file"});
 }

@@ -217,6 +217,7 @@ TEST_CASE("safetensors: bad files are Errors that name the rule", "[data][safete
     fragments.push_back(path);
     check_error([&] { st::load_file(path); }, fragments);
   }
+  check_error([&] { st::load_file(dir.path().string()); }, {"is not a regular file"});
   check_error([&] { st::load_file(dir / "absent.safetensors"); },
               {"cannot open", "absent.safetensors"});
   // A header that is valid on its own still has its file checked by load_metadata.
