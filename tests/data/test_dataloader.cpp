@@ -172,12 +172,13 @@ TEST_CASE("DataLoader: a custom collate builds batches from the samples", "[data
 
 TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batches left",
           "[data]") {
-  const DataLoader::State fresh{};
   for (int workers : {0, 2}) {
     CAPTURE(workers);
     data::DataLoaderOptions options{
         .batch_size = 4, .shuffle = true, .seed = 99, .num_workers = workers};
     DataLoader a(numbered(30), options);
+    CHECK(a.state_dict().epoch == 0);  // a new loader's position
+    CHECK(a.state_dict().batch == 0);
     one_epoch(a);  // epoch 0
     DataLoader::State saved;
     std::vector<std::vector<int64_t>> rest;
@@ -189,6 +190,8 @@ TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batch
     CHECK(saved.epoch == 1);
     CHECK(saved.batch == 3);
     CHECK(saved.seed == 99);
+    const auto epoch1 = batches_of(expected_order(30, 99, 1), 4, false);  // 8 batches
+    CHECK(rest == std::vector<std::vector<int64_t>>(epoch1.begin() + 3, epoch1.end()));
     auto epoch2 = one_epoch(a);
 
     options.seed = 12345;  // the state's seed wins
@@ -198,7 +201,11 @@ TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batch
     CHECK(b.state_dict().epoch == 2);
     CHECK(b.state_dict().batch == 0);
     CHECK(one_epoch(b) == epoch2);
-    CHECK(fresh.epoch == 0);
+    // Saved after the last batch of an epoch: nothing is left of it, then the next epoch.
+    DataLoader c(numbered(30), options);
+    c.load_state_dict({.epoch = 1, .batch = c.size(), .seed = 99});
+    CHECK(one_epoch(c).empty());
+    CHECK(one_epoch(c) == epoch2);
   }
 }
 
