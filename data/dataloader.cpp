@@ -38,13 +38,10 @@ class DataLoader::Pass {
     int64_t b;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_ || next_ >= num_batches_) {
-        b = -1;
-      } else {
-        b = next_;
-      }
+      if (stopping_) return nullptr;  // ended early: the loader's position stays where it was
+      b = next_;
     }
-    if (b < 0) {
+    if (b >= num_batches_) {
       finish();
       return nullptr;
     }
