@@ -1,5 +1,5 @@
-// data/data.h: everything in data/, in one include: datasets, the DataLoader, Fashion-MNIST / MNIST,
-// synthetic images, byte-level text, and safetensors files.
+// data/data.h: everything in data/, in one include: datasets, the DataLoader, Fashion-MNIST /
+// MNIST, synthetic images, byte-level text, and safetensors files.
 #pragma once
 
 #include "data/byte_text.h"

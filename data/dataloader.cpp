@@ -1,5 +1,6 @@
-// data/dataloader.cpp: DataLoader and one pass over it (Pass): the epoch's order, the worker threads
-// and the in-order hand-over of their batches. See Note [data loader order] in data/dataloader.h.
+// data/dataloader.cpp: DataLoader and one pass over it (Pass): the epoch's order, the worker
+// threads and the in-order hand-over of their batches. See Note [data loader order] in
+// data/dataloader.h.
 #include "data/dataloader.h"
 
 #include <condition_variable>
@@ -37,13 +38,10 @@ class DataLoader::Pass {
     int64_t b;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      if (stopping_ || next_ >= num_batches_) {
-        b = -1;
-      } else {
-        b = next_;
-      }
+      if (stopping_) return nullptr;  // ended early: the loader's position stays where it was
+      b = next_;
     }
-    if (b < 0) {
+    if (b >= num_batches_) {
       finish();
       return nullptr;
     }

@@ -5,15 +5,16 @@
 //   for (auto& [x, y] : loader) { ... }          // x (128, 1, 28, 28) float32, y (128) int64
 //
 // Note [data loader order]
-// Each pass over the loader (each begin()) is one epoch. With shuffle, epoch e visits the samples in
-// randperm(n) drawn from a Philox generator with key `seed` and counters starting at e * 2^40, so the
-// order depends only on (seed, epoch): not on num_workers, not on timing. Batch b of the epoch is
-// order[b * batch_size, (b + 1) * batch_size); workers build batches in any order but the loader
-// delivers them in order. The position (epoch, batches delivered in it, seed) is state_dict(); a
-// loader given it by load_state_dict() continues with exactly the batches that were left.
+// Each pass over the loader (each begin()) is one epoch. With shuffle, epoch e visits the samples
+// in randperm(n) drawn from a Philox generator with key `seed` and counters starting at e * 2^40,
+// so the order depends only on (seed, epoch): not on num_workers, not on timing. Batch b of the
+// epoch is order[b * batch_size, (b + 1) * batch_size); workers build batches in any order but the
+// loader delivers them in order. The position (epoch, batches delivered in it, seed) is
+// state_dict(); a loader given it by load_state_dict() continues with exactly the batches that were
+// left.
 //
-// A begin() while an earlier pass is unfinished (the loop broke early) ends that pass and starts the
-// next epoch, as a Python DataLoader starts a fresh iteration. One consumer thread at a time.
+// A begin() while an earlier pass is unfinished (the loop broke early) ends that pass and starts
+// the next epoch, as a Python DataLoader starts a fresh iteration. One consumer thread at a time.
 #pragma once
 
 #include <concepts>
@@ -31,14 +32,15 @@ namespace kiln::data {
 struct DataLoaderOptions {
   int64_t batch_size = 1;
   bool shuffle = false;
-  // Seed of the shuffle order; when absent, drawn once at construction from kiln's default generator
-  // (so kiln::manual_seed makes a run reproducible, as torch.manual_seed does for PyTorch).
+  // Seed of the shuffle order; when absent, drawn once at construction from kiln's default
+  // generator (so kiln::manual_seed makes a run reproducible, as torch.manual_seed does for
+  // PyTorch).
   std::optional<uint64_t> seed = {};
-  bool drop_last = false;   // drop the last batch when it is smaller than batch_size
-  int num_workers = 0;      // background threads building batches; 0 builds them in the loop
-  int prefetch = 2;         // batches each worker keeps in flight (PyTorch's prefetch_factor)
-  // Builds a batch from its samples (PyTorch's collate_fn). When empty, the loader calls the dataset's
-  // get_batch(indices), which is the fast path.
+  bool drop_last = false;  // drop the last batch when it is smaller than batch_size
+  int num_workers = 0;     // background threads building batches; 0 builds them in the loop
+  int prefetch = 2;        // batches each worker keeps in flight (PyTorch's prefetch_factor)
+  // Builds a batch from its samples (PyTorch's collate_fn). When empty, the loader calls the
+  // dataset's get_batch(indices), which is the fast path.
   std::function<Example(std::vector<Example>)> collate = {};
 };
 
@@ -73,8 +75,8 @@ class DataLoader {
 
    private:
     friend class DataLoader;
-    std::shared_ptr<Pass> pass_;         // stops its workers when the last iterator lets go
-    std::shared_ptr<Example> current_;   // null at the end
+    std::shared_ptr<Pass> pass_;        // stops its workers when the last iterator lets go
+    std::shared_ptr<Example> current_;  // null at the end
   };
 
   Iterator begin();
@@ -92,7 +94,7 @@ class DataLoader {
   std::shared_ptr<const Dataset> dataset_;
   DataLoaderOptions options_;
   State state_;
-  bool fresh_ = true;          // state_ names a pass not yet begun (else begin() moves to the next epoch)
+  bool fresh_ = true;  // state_ names a pass not yet begun (else begin() moves to the next epoch)
   std::weak_ptr<Pass> pass_;  // the pass in progress, stopped when the loader goes away
 };
 

@@ -25,7 +25,8 @@ Example Dataset::get_batch(const std::vector<int64_t>& indices) const {
 
 TensorDataset::TensorDataset(Tensor data, Tensor target)
     : data_(std::move(data)), target_(std::move(target)) {
-  KILN_CHECK(data_.defined() && target_.defined(), "TensorDataset: data and target must be defined");
+  KILN_CHECK(data_.defined() && target_.defined(),
+             "TensorDataset: data and target must be defined");
   KILN_CHECK(data_.dim() >= 1 && target_.dim() >= 1 && data_.size(0) == target_.size(0),
              "TensorDataset: data {} and target {} must have the same size in dim 0",
              data_.sizes().str(), target_.sizes().str());

@@ -2,6 +2,7 @@
 // that only the inflated bytes are held in memory.
 #include "data/gzip_file.h"
 
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -20,14 +21,17 @@ struct FileCloser {
 using File = std::unique_ptr<std::FILE, FileCloser>;
 
 // gzip's trailer ends with the inflated length mod 2^32 (ISIZE): a good first guess for the buffer.
+// A damaged trailer must not make us allocate gigabytes, so the guess is capped by deflate's
+// largest ratio (1032:1).
 size_t isize_hint(std::FILE* f) {
   unsigned char tail[4];
-  size_t hint = 0;
+  size_t hint = 0, compressed = 0;
   if (std::fseek(f, -4, SEEK_END) == 0 && std::fread(tail, 1, 4, f) == 4) {
     hint = tail[0] | (tail[1] << 8) | (tail[2] << 16) | (static_cast<size_t>(tail[3]) << 24);
+    compressed = static_cast<size_t>(std::ftell(f));
   }
   std::fseek(f, 0, SEEK_SET);
-  return std::min<size_t>(hint, size_t{1} << 30);
+  return std::min(hint, compressed * 1032);
 }
 
 std::vector<uint8_t> inflate_file(std::FILE* f, const std::string& path) {
@@ -63,14 +67,17 @@ std::vector<uint8_t> inflate_file(std::FILE* f, const std::string& path) {
     if (rc == Z_STREAM_END) {
       member_done = true;
     } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
-      KILN_FAIL("'{}': corrupt gzip data near compressed byte {} ({}); the file is damaged, fetch it again",
-                path, consumed - zs.avail_in, zs.msg ? zs.msg : "zlib error");
+      KILN_FAIL(
+          "'{}': corrupt gzip data near compressed byte {} ({}); the file is damaged, fetch it "
+          "again",
+          path, consumed - zs.avail_in, zs.msg ? zs.msg : "zlib error");
     }
   }
-  KILN_CHECK(member_done,
-             "'{}': truncated gzip stream (it ends after {} compressed bytes, {} inflated, before the "
-             "end of its data); the file is incomplete, fetch it again",
-             path, consumed, produced);
+  KILN_CHECK(
+      member_done,
+      "'{}': truncated gzip stream (it ends after {} compressed bytes, {} inflated, before the "
+      "end of its data); the file is incomplete, fetch it again",
+      path, consumed, produced);
   out.resize(produced);
   if (out.capacity() - produced > produced / 4) out.shrink_to_fit();  // a copy: only when it pays
   return out;
@@ -81,6 +88,9 @@ std::vector<uint8_t> inflate_file(std::FILE* f, const std::string& path) {
 std::vector<uint8_t> read_file_maybe_gzip(const std::string& path) {
   File f(std::fopen(path.c_str(), "rb"));
   KILN_CHECK(f != nullptr, "cannot open '{}': {}", path, std::strerror(errno));
+  struct stat st {};
+  KILN_CHECK(::fstat(::fileno(f.get()), &st) == 0 && S_ISREG(st.st_mode),
+             "'{}' is not a regular file; give the path of a file", path);
   unsigned char magic[2] = {0, 0};
   const size_t got = std::fread(magic, 1, 2, f.get());
   if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {

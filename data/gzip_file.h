@@ -10,7 +10,8 @@
 namespace kiln::data {
 
 // The file's bytes, or its inflated bytes when it is gzip'd (several members are concatenated, as
-// gunzip does). A missing file, a read error, a truncated or corrupt stream: an Error naming `path`.
+// gunzip does). A missing file, a read error, a truncated or corrupt stream: an Error naming
+// `path`.
 std::vector<uint8_t> read_file_maybe_gzip(const std::string& path);
 
 }  // namespace kiln::data

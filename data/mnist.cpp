@@ -1,10 +1,10 @@
 // data/mnist.cpp: the IDX reader and MNIST / FashionMNIST.
 #include "data/mnist.h"
 
+#include <fmt/format.h>
+
 #include <array>
 #include <filesystem>
-
-#include <fmt/format.h>
 
 #include "data/gzip_file.h"
 #include "ops/ops.h"
@@ -73,25 +73,28 @@ MNIST::MNIST(const std::string& root, bool train)
     : MNIST(root, train, "MNIST", "pass the folder that holds the MNIST files as root") {}
 
 FashionMNIST::FashionMNIST(const std::string& root, bool train)
-    : MNIST(root, train, "FashionMNIST",
-            "install it with `apt-get install dataset-fashion-mnist`, or pass the folder that holds "
-            "the files as root") {}
+    : MNIST(
+          root, train, "FashionMNIST",
+          "install it with `apt-get install dataset-fashion-mnist`, or pass the folder that holds "
+          "the files as root") {}
 
 MNIST::MNIST(const std::string& root, bool train, const char* name, const char* install_hint)
     : name_(name) {
   const std::string prefix = train ? "train" : "t10k";
-  const std::string images_path = find_file(root, prefix + "-images-idx3-ubyte", name, install_hint);
-  const std::string labels_path = find_file(root, prefix + "-labels-idx1-ubyte", name, install_hint);
+  const std::string images_path =
+      find_file(root, prefix + "-images-idx3-ubyte", name, install_hint);
+  const std::string labels_path =
+      find_file(root, prefix + "-labels-idx1-ubyte", name, install_hint);
   auto images = std::make_shared<IdxArray>(read_idx(images_path, kIdxImagesMagic));
   auto labels = std::make_shared<IdxArray>(read_idx(labels_path, kIdxLabelsMagic));
   KILN_CHECK(images->dims[1] == kRows && images->dims[2] == kCols,
              "{}: '{}' holds {} x {} images, expected {} x {}", name, images_path, images->dims[1],
              images->dims[2], kRows, kCols);
-  KILN_CHECK(images->dims[0] == labels->dims[0], "{}: '{}' holds {} images but '{}' {} labels", name,
-             images_path, images->dims[0], labels_path, labels->dims[0]);
+  KILN_CHECK(images->dims[0] == labels->dims[0], "{}: '{}' holds {} images but '{}' {} labels",
+             name, images_path, images->dims[0], labels_path, labels->dims[0]);
   for (int64_t i = 0; i < labels->dims[0]; ++i) {
-    KILN_CHECK(labels->data()[i] < kClasses, "{}: '{}': label {} at index {} is not in [0, {})", name,
-               labels_path, labels->data()[i], i, kClasses);
+    KILN_CHECK(labels->data()[i] < kClasses, "{}: '{}': label {} at index {} is not in [0, {})",
+               name, labels_path, labels->data()[i], i, kClasses);
   }
   size_ = images->dims[0];
   images_ = std::move(images);

@@ -1,12 +1,12 @@
 // data/mnist.h: the IDX file format, and MNIST / Fashion-MNIST read from it.
 //
-// IDX (LeCun's MNIST format): a big-endian magic 0x000008NN (0x08 = unsigned bytes, NN = rank), NN
-// big-endian uint32 dims, then the bytes, row-major. Files are read gzip'd ("...-ubyte.gz") or plain
-// ("...-ubyte"). The pixels stay bytes in memory (47 MB for the 60,000 training images, not 188 MB of
-// floats); get_batch converts a batch to float32 / 255.
+// IDX (LeCun's MNIST format): a big-endian magic 0x000008NN (0x08 = unsigned bytes, NN = rank),
+// NN big-endian uint32 dims, then the bytes, row-major. Files are read gzip'd ("...-ubyte.gz") or
+// plain ("...-ubyte"). The pixels stay bytes in memory (47 MB for the 60,000 training images, not
+// 188 MB of floats); get_batch converts a batch to float32 / 255.
 //
-//   data::FashionMNIST::train()   // /usr/share/datasets/fashion-mnist (apt-get install dataset-fashion-mnist)
-//   data::MNIST::test("/data/mnist")
+//   data::FashionMNIST::train()          // apt-get install dataset-fashion-mnist
+//   data::MNIST::test("/data/mnist")     // root is required
 #pragma once
 
 #include <cstdint>
@@ -55,7 +55,8 @@ class MNIST : public Dataset {
  private:
   const char* name_;
   int64_t size_ = 0;
-  std::shared_ptr<const IdxArray> images_;  // (N, 28, 28); shared, so copies of the dataset are cheap
+  // Shared, so that copies of the dataset are cheap.
+  std::shared_ptr<const IdxArray> images_;  // (N, 28, 28)
   std::shared_ptr<const IdxArray> labels_;  // (N)
 };
 
@@ -65,8 +66,12 @@ class FashionMNIST : public MNIST {
  public:
   static constexpr const char* kDefaultRoot = "/usr/share/datasets/fashion-mnist";
   explicit FashionMNIST(const std::string& root = kDefaultRoot, bool train = true);
-  static FashionMNIST train(const std::string& root = kDefaultRoot) { return FashionMNIST(root, true); }
-  static FashionMNIST test(const std::string& root = kDefaultRoot) { return FashionMNIST(root, false); }
+  static FashionMNIST train(const std::string& root = kDefaultRoot) {
+    return FashionMNIST(root, true);
+  }
+  static FashionMNIST test(const std::string& root = kDefaultRoot) {
+    return FashionMNIST(root, false);
+  }
 };
 
 }  // namespace kiln::data

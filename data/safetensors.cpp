@@ -1,6 +1,6 @@
-// data/safetensors.cpp: the safetensors writer (atomic) and the validating reader. Format and rules:
-// data/safetensors.h; the spec: github.com/huggingface/safetensors (README, and safetensors/src/
-// tensor.rs for the writer's order and the reader's checks).
+// data/safetensors.cpp: the safetensors writer (atomic) and the validating reader. Format and
+// rules: data/safetensors.h. The spec: github.com/huggingface/safetensors, its README and
+// safetensors/src/tensor.rs (the writer's order, the reader's checks).
 #include "data/safetensors.h"
 
 #include <fcntl.h>
@@ -29,18 +29,19 @@ static_assert(std::endian::native == std::endian::little,
 using Json = nlohmann::ordered_json;
 constexpr uint64_t kMaxHeader = 100'000'000;  // the reference reader's limit
 
-// Kiln's dtypes by their safetensors names; `align` orders the writer's data section (larger first).
+// Kiln's dtypes by their safetensors names; `align` orders the writer's data section (larger
+// first).
 struct DTypeName {
   DType dtype;
   std::string_view name;
   int align;
 };
 constexpr DTypeName kDTypes[] = {
-    {kInt64, "I64", 6},   {kFloat64, "F64", 5}, {kFloat32, "F32", 4}, {kInt32, "I32", 3},
+    {kInt64, "I64", 6},     {kFloat64, "F64", 5}, {kFloat32, "F32", 4}, {kInt32, "I32", 3},
     {kBFloat16, "BF16", 2}, {kFloat16, "F16", 1}, {kBool, "BOOL", 0},
 };
 // Names the format knows that Kiln has no tensor type for.
-constexpr std::string_view kForeignDTypes[] = {"U8",      "I8",      "U16",     "I16", "U32",
+constexpr std::string_view kForeignDTypes[] = {"U8",      "I8",      "U16",     "I16",     "U32",
                                                "U64",     "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4",
                                                "F6_E2M3", "F6_E3M2", "C64"};
 constexpr std::string_view kKilnDTypes = "F64, F32, F16, BF16, I64, I32, BOOL";
@@ -64,8 +65,8 @@ class AtomicFile {
       tmp_ = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
       fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       KILN_CHECK(fd_ >= 0 || (errno == EEXIST && attempt < 100),
-                 "safetensors: cannot write '{}': creating the temporary file '{}' failed: {}", path,
-                 tmp_, std::strerror(errno));
+                 "safetensors: cannot write '{}': creating the temporary file '{}' failed: {}",
+                 path, tmp_, std::strerror(errno));
     }
   }
   ~AtomicFile() {
@@ -78,8 +79,8 @@ class AtomicFile {
     while (n > 0) {
       const ssize_t w = ::write(fd_, p, std::min<size_t>(n, size_t{1} << 30));
       if (w < 0 && errno == EINTR) continue;
-      KILN_CHECK(w > 0, "safetensors: writing '{}' failed after {} bytes: {}; '{}' is unchanged", tmp_,
-                 written_, std::strerror(w < 0 ? errno : EIO), path_);
+      KILN_CHECK(w > 0, "safetensors: writing '{}' failed after {} bytes: {}; '{}' is unchanged",
+                 tmp_, written_, std::strerror(w < 0 ? errno : EIO), path_);
       p += w;
       n -= static_cast<size_t>(w);
       written_ += static_cast<uint64_t>(w);
@@ -101,8 +102,10 @@ class AtomicFile {
     const std::string parent = std::filesystem::path(path_).parent_path().string();
     const char* dir = parent.empty() ? "." : parent.c_str();
     const int dfd = ::open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    KILN_CHECK(dfd >= 0 && ::fsync(dfd) == 0, "safetensors: wrote '{}' but fsync of its directory "
-               "'{}' failed: {}", path_, dir, std::strerror(errno));
+    KILN_CHECK(dfd >= 0 && ::fsync(dfd) == 0,
+               "safetensors: wrote '{}' but fsync of its directory "
+               "'{}' failed: {}",
+               path_, dir, std::strerror(errno));
     ::close(dfd);
   }
 
@@ -125,7 +128,8 @@ void save_file(const TensorDict& tensors, const std::string& path, const Metadat
   for (const auto& [name, t] : tensors) {
     KILN_CHECK(t.defined(), "safetensors::save_file '{}': tensor '{}' is undefined", path, name);
     KILN_CHECK(name != "__metadata__",
-               "safetensors::save_file '{}': '__metadata__' is reserved and cannot name a tensor", path);
+               "safetensors::save_file '{}': '__metadata__' is reserved and cannot name a tensor",
+               path);
     entries.push_back({&name, &t, &name_of(t.dtype())});
   }
   // The reference writer's order: larger alignment first, then by name (bytewise).
@@ -208,12 +212,16 @@ Header read_header(std::FILE* f, const std::string& path) {
   uint64_t n = 0;
   if (std::fread(&n, 1, 8, f) != 8) fail("read error in the header length");
   if (n > kMaxHeader) {
-    fail(fmt::format("header length {} exceeds the limit of {} bytes; this is not a safetensors "
-                     "file, or it is damaged", n, kMaxHeader));
+    fail(
+        fmt::format("header length {} exceeds the limit of {} bytes; this is not a safetensors "
+                    "file, or it is damaged",
+                    n, kMaxHeader));
   }
   if (n > file_size - 8) {
-    fail(fmt::format("header length {} runs past the end of the file ({} bytes); the file is "
-                     "truncated", n, file_size));
+    fail(
+        fmt::format("header length {} runs past the end of the file ({} bytes); the file is "
+                    "truncated",
+                    n, file_size));
   }
   std::string text(n, '\0');
   if (std::fread(text.data(), 1, n, f) != n) fail("read error in the header");
@@ -244,8 +252,10 @@ Header read_header(std::FILE* f, const std::string& path) {
       bool ok = value.is_object();
       if (ok) {
         for (const auto& [k, v] : value.items()) {
-          if (!v.is_string()) ok = false;
-          else h.metadata[k] = v.get<std::string>();
+          if (!v.is_string())
+            ok = false;
+          else
+            h.metadata[k] = v.get<std::string>();
         }
       }
       if (!ok) fail("__metadata__ must be an object whose values are strings");
@@ -254,8 +264,10 @@ Header read_header(std::FILE* f, const std::string& path) {
     const std::string where = fmt::format("tensor '{}'", name);
     if (!value.is_object() || value.size() != 3 || !value.contains("dtype") ||
         !value.contains("shape") || !value.contains("data_offsets")) {
-      fail(fmt::format("{} must be an object with exactly the keys dtype, shape and data_offsets, "
-                       "got {}", where, value.dump()));
+      fail(
+          fmt::format("{} must be an object with exactly the keys dtype, shape and data_offsets, "
+                      "got {}",
+                      where, value.dump()));
     }
     Entry e;
     e.name = name;
@@ -276,7 +288,8 @@ Header read_header(std::FILE* f, const std::string& path) {
     }
     e.dtype = known->dtype;
     const Json& shape = value["shape"];
-    if (!shape.is_array()) fail(fmt::format("{}: shape must be a list of non-negative integers", where));
+    if (!shape.is_array())
+      fail(fmt::format("{}: shape must be a list of non-negative integers", where));
     if (shape.size() > static_cast<size_t>(kMaxDims)) {
       fail(fmt::format("{}: shape has {} dims; Kiln tensors have at most {}", where, shape.size(),
                        kMaxDims));
@@ -285,7 +298,8 @@ Header read_header(std::FILE* f, const std::string& path) {
     bool overflow = false;
     for (const Json& d : shape) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{INT64_MAX}) {
-        fail(fmt::format("{}: shape {} must be a list of non-negative integers", where, shape.dump()));
+        fail(fmt::format("{}: shape {} must be a list of non-negative integers", where,
+                         shape.dump()));
       }
       e.shape.push_back(d.get<int64_t>());
       overflow |= __builtin_mul_overflow(numel, d.get<uint64_t>(), &numel);
@@ -302,8 +316,10 @@ Header read_header(std::FILE* f, const std::string& path) {
       fail(fmt::format("{}: data_offsets [{}, {}] have begin > end", where, e.begin, e.end));
     }
     if (e.end > data_size) {
-      fail(fmt::format("{}: data_offsets [{}, {}] lie outside the data section of {} bytes; the "
-                       "file is truncated or the header is wrong", where, e.begin, e.end, data_size));
+      fail(
+          fmt::format("{}: data_offsets [{}, {}] lie outside the data section of {} bytes; the "
+                      "file is truncated or the header is wrong",
+                      where, e.begin, e.end, data_size));
     }
     uint64_t bytes = 0;
     overflow |= __builtin_mul_overflow(numel, static_cast<uint64_t>(itemsize(e.dtype)), &bytes);
@@ -325,8 +341,9 @@ Header read_header(std::FILE* f, const std::string& path) {
   const Entry* previous = nullptr;
   for (const Entry* e : sorted) {
     if (e->begin < cursor) {
-      fail(fmt::format("tensor '{}' at data_offsets [{}, {}] overlaps tensor '{}' (which ends at {})",
-                       e->name, e->begin, e->end, previous->name, cursor));
+      fail(fmt::format(
+          "tensor '{}' at data_offsets [{}, {}] overlaps tensor '{}' (which ends at {})", e->name,
+          e->begin, e->end, previous->name, cursor));
     }
     if (e->begin > cursor) {
       fail(fmt::format("hole in the data section: bytes [{}, {}) belong to no tensor (next: '{}')",
@@ -336,8 +353,10 @@ Header read_header(std::FILE* f, const std::string& path) {
     previous = e;
   }
   if (cursor != data_size) {
-    fail(fmt::format("trailing bytes: the tensors cover {} bytes but the data section has {} (file "
-                     "length {}, expected {})", cursor, data_size, file_size, h.data_start + cursor));
+    fail(
+        fmt::format("trailing bytes: the tensors cover {} bytes but the data section has {} (file "
+                    "length {}, expected {})",
+                    cursor, data_size, file_size, h.data_start + cursor));
   }
   return h;
 }
@@ -345,6 +364,9 @@ Header read_header(std::FILE* f, const std::string& path) {
 std::unique_ptr<std::FILE, FileCloser> open_for_reading(const std::string& path) {
   std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
   KILN_CHECK(f != nullptr, "safetensors: cannot open '{}': {}", path, std::strerror(errno));
+  struct stat st {};
+  KILN_CHECK(::fstat(::fileno(f.get()), &st) == 0 && S_ISREG(st.st_mode),
+             "safetensors: '{}' is not a regular file; give the path of a .safetensors file", path);
   return f;
 }
 
@@ -365,8 +387,10 @@ TensorDict load_file(const std::string& path, Device device) {
     if (e.dtype == kBool) {
       const auto* p = static_cast<const uint8_t*>(t.data_ptr());
       for (size_t i = 0; i < n; ++i) {
-        KILN_CHECK(p[i] <= 1, "safetensors '{}': tensor '{}' (BOOL) holds byte {} at element {}; "
-                   "booleans must be 0 or 1", path, e.name, p[i], i);
+        KILN_CHECK(p[i] <= 1,
+                   "safetensors '{}': tensor '{}' (BOOL) holds byte {} at element {}; "
+                   "booleans must be 0 or 1",
+                   path, e.name, p[i], i);
       }
     }
     out.insert(e.name, device.is_cpu() ? t : t.to(device));

@@ -1,5 +1,5 @@
-// data/safetensors.h: tensors in files, in Hugging Face's safetensors format (readable by the Python
-// `safetensors` package and by PyTorch through it). See DESIGN.md §7.
+// data/safetensors.h: tensors in files, in Hugging Face's safetensors format (readable by the
+// Python `safetensors` package and by PyTorch through it). See DESIGN.md §7.
 //
 // A file: 8 bytes N (little-endian uint64), N bytes of JSON, then the data section. The JSON object
 // maps each tensor's name to {"dtype":"F32","shape":[2,3],"data_offsets":[begin,end]} (offsets into
@@ -9,8 +9,8 @@
 // "__metadata__" first (its keys sorted: the reference writer's order is a hash map's); the header
 // padded with spaces to a multiple of 8 bytes.
 //
-// Writes are atomic: a temporary file in the same directory, fsync, rename over the target, fsync of
-// the directory; on failure the target is untouched. Reads enforce every rule of the format and
+// Writes are atomic: a temporary file in the same directory, fsync, rename over the target, fsync
+// of the directory; on failure the target is untouched. Reads enforce every rule of the format and
 // report a violation as an Error naming the file and the rule.
 #pragma once
 

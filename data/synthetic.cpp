@@ -28,7 +28,8 @@ SyntheticImages::SyntheticImages(int64_t size, Shape shape, int64_t num_classes,
   KILN_CHECK(size >= 0, "SyntheticImages: size must be non-negative, got {}", size);
   KILN_CHECK(shape.size() == 3 && shape[0] > 0 && shape[1] > 0 && shape[2] > 0,
              "SyntheticImages: shape must be (C, H, W) with positive sizes, got {}", shape.str());
-  KILN_CHECK(num_classes >= 1, "SyntheticImages: num_classes must be at least 1, got {}", num_classes);
+  KILN_CHECK(num_classes >= 1, "SyntheticImages: num_classes must be at least 1, got {}",
+             num_classes);
   KILN_CHECK(noise >= 0, "SyntheticImages: noise must be non-negative, got {}", noise);
   numel_ = shape[0] * shape[1] * shape[2];
   patterns_.resize(static_cast<size_t>(num_classes * numel_));

@@ -1,5 +1,5 @@
-// data/synthetic.h: SyntheticImages, a learnable stand-in for Fashion-MNIST (kiln-train's `synthetic`
-// dataset when the package is absent): same layout, no files.
+// data/synthetic.h: SyntheticImages, a learnable stand-in for Fashion-MNIST (kiln-train's
+// `synthetic` dataset when the package is absent): same layout, no files.
 //
 // Class c has a fixed pattern: a sum of two plane waves whose frequencies and phases come from the
 // seed. Sample i has label i % num_classes (balanced) and is clamp(pattern + noise, 0, 1), with

@@ -1,5 +1,5 @@
-// tests/data/files.h: what the data tests share: a temporary directory, and files written from bytes
-// (plain or gzip'd through zlib).
+// tests/data/files.h: what the data tests share: a temporary directory, and files written from
+// bytes (plain or gzip'd through zlib).
 #pragma once
 
 #include <zlib.h>

@@ -68,7 +68,8 @@ class SlowDataset : public data::Dataset {
 
 }  // namespace
 
-TEST_CASE("DataLoader: without shuffle, batches in order; the last partial batch kept", "[data]") {
+TEST_CASE("DataLoader: without shuffle, batches in order and the last partial batch kept",
+          "[data]") {
   DataLoader loader(numbered(10), {.batch_size = 4});
   CHECK(loader.size() == 3);
   auto got = one_epoch(loader);
@@ -90,8 +91,11 @@ TEST_CASE("DataLoader: the same seed gives the same batches for 0, 1 and 3 worke
   for (bool drop_last : {false, true}) {
     for (int workers : {0, 1, 3}) {
       CAPTURE(drop_last, workers);
-      DataLoader loader(numbered(n), {.batch_size = batch, .shuffle = true, .seed = seed,
-                                      .drop_last = drop_last, .num_workers = workers});
+      DataLoader loader(numbered(n), {.batch_size = batch,
+                                      .shuffle = true,
+                                      .seed = seed,
+                                      .drop_last = drop_last,
+                                      .num_workers = workers});
       for (int64_t epoch = 0; epoch < 3; ++epoch) {
         CAPTURE(epoch);
         auto got = one_epoch(loader);
@@ -143,7 +147,8 @@ TEST_CASE("DataLoader: set_epoch chooses the next pass's permutation", "[data]")
 
 TEST_CASE("DataLoader: a custom collate builds batches from the samples", "[data]") {
   for (int workers : {0, 2}) {
-    DataLoader loader(numbered(7), {.batch_size = 3, .num_workers = workers,
+    DataLoader loader(numbered(7), {.batch_size = 3,
+                                    .num_workers = workers,
                                     .collate = [](std::vector<data::Example> samples) {
                                       std::vector<Tensor> xs;
                                       int64_t total = 0;
@@ -165,12 +170,15 @@ TEST_CASE("DataLoader: a custom collate builds batches from the samples", "[data
   }
 }
 
-TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batches left", "[data]") {
-  const DataLoader::State fresh{};
+TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batches left",
+          "[data]") {
   for (int workers : {0, 2}) {
     CAPTURE(workers);
-    data::DataLoaderOptions options{.batch_size = 4, .shuffle = true, .seed = 99, .num_workers = workers};
+    data::DataLoaderOptions options{
+        .batch_size = 4, .shuffle = true, .seed = 99, .num_workers = workers};
     DataLoader a(numbered(30), options);
+    CHECK(a.state_dict().epoch == 0);  // a new loader's position
+    CHECK(a.state_dict().batch == 0);
     one_epoch(a);  // epoch 0
     DataLoader::State saved;
     std::vector<std::vector<int64_t>> rest;
@@ -182,6 +190,8 @@ TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batch
     CHECK(saved.epoch == 1);
     CHECK(saved.batch == 3);
     CHECK(saved.seed == 99);
+    const auto epoch1 = batches_of(expected_order(30, 99, 1), 4, false);  // 8 batches
+    CHECK(rest == std::vector<std::vector<int64_t>>(epoch1.begin() + 3, epoch1.end()));
     auto epoch2 = one_epoch(a);
 
     options.seed = 12345;  // the state's seed wins
@@ -191,11 +201,16 @@ TEST_CASE("DataLoader: resuming from state_dict continues with exactly the batch
     CHECK(b.state_dict().epoch == 2);
     CHECK(b.state_dict().batch == 0);
     CHECK(one_epoch(b) == epoch2);
-    CHECK(fresh.epoch == 0);
+    // Saved after the last batch of an epoch: nothing is left of it, then the next epoch.
+    DataLoader c(numbered(30), options);
+    c.load_state_dict({.epoch = 1, .batch = c.size(), .seed = 99});
+    CHECK(one_epoch(c).empty());
+    CHECK(one_epoch(c) == epoch2);
   }
 }
 
-TEST_CASE("DataLoader: breaking out ends the pass; the next begin() starts the next epoch", "[data]") {
+TEST_CASE("DataLoader: breaking out ends the pass and the next begin() starts the next epoch",
+          "[data]") {
   DataLoader loader(numbered(40), {.batch_size = 4, .shuffle = true, .seed = 5, .num_workers = 3});
   int seen = 0;
   for (auto& batch : loader) {
@@ -210,8 +225,8 @@ TEST_CASE("DataLoader: breaking out ends the pass; the next begin() starts the n
 TEST_CASE("DataLoader: workers stop when the loop breaks or the loader is destroyed", "[data]") {
   auto dataset = std::make_shared<SlowDataset>(2000);
   for (int round = 0; round < 5; ++round) {
-    DataLoader loader(dataset, {.batch_size = 8, .shuffle = true, .seed = 1, .num_workers = 3,
-                                .prefetch = 4});
+    DataLoader loader(
+        dataset, {.batch_size = 8, .shuffle = true, .seed = 1, .num_workers = 3, .prefetch = 4});
     for (auto& [x, y] : loader) {
       CHECK(x.sizes() == Shape{8, 2});
       break;
@@ -219,8 +234,8 @@ TEST_CASE("DataLoader: workers stop when the loop breaks or the loader is destro
     // The loader goes out of scope right after a break, with workers mid-batch.
   }
   {
-    auto loader = std::make_unique<DataLoader>(dataset, data::DataLoaderOptions{.batch_size = 8,
-                                                                                .num_workers = 2});
+    auto loader = std::make_unique<DataLoader>(
+        dataset, data::DataLoaderOptions{.batch_size = 8, .num_workers = 2});
     auto it = loader->begin();
     CHECK((*it).target.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7});
     loader.reset();  // the iterator outlives its loader: the workers are joined now

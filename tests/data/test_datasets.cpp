@@ -41,8 +41,11 @@ TEST_CASE("TensorDataset: samples and batches are rows of its tensors", "[data]"
   CHECK(batch.target.to_vector<int64_t>() == std::vector<int64_t>{50, 0, 50});
   check_error([&] { ds.get(6); }, {"TensorDataset", "index 6"});
   check_error([&] { ds.get_batch({-1}); }, {"TensorDataset", "index -1"});
-  check_error([] { data::TensorDataset(zeros({3, 2}), zeros({4})); },
-              {"TensorDataset", "[3, 2]", "[4]", "dim 0"});
+  check_error(
+      [] {
+        data::TensorDataset(zeros({3, 2}), zeros({4}));
+      },
+      {"TensorDataset", "[3, 2]", "[4]", "dim 0"});
 }
 
 TEST_CASE("SyntheticImages: Fashion-MNIST's layout, deterministic per index", "[data]") {
@@ -57,10 +60,14 @@ TEST_CASE("SyntheticImages: Fashion-MNIST's layout, deterministic per index", "[
   // Sample i is the same however it is asked for; another seed gives other images.
   check_equal(ds.get(17).data, batch.data[1]);
   check_equal(data::SyntheticImages(1000, {1, 28, 28}, 10, 3).get(999).data, batch.data[2]);
-  CHECK((data::SyntheticImages(1000, {1, 28, 28}, 10, 4).get(17).data - batch.data[1]).abs().max().item<float>() > 0.1f);
+  CHECK((data::SyntheticImages(1000, {1, 28, 28}, 10, 4).get(17).data - batch.data[1])
+            .abs()
+            .max()
+            .item<float>() > 0.1f);
   // Two samples of one class differ (noise) but less than two of different classes.
   const Tensor a = ds.get(3).data, b = ds.get(13).data, c = ds.get(4).data;
-  const float same = (a - b).square().mean().item<float>(), other = (a - c).square().mean().item<float>();
+  const float same = (a - b).square().mean().item<float>(),
+              other = (a - c).square().mean().item<float>();
   CHECK(same > 0.0f);
   CHECK(same < other);
   auto rgb = data::SyntheticImages(4, {3, 8, 8}, 2, 0).get_batch({0, 1, 2, 3});
@@ -81,14 +88,15 @@ TEST_CASE("SyntheticImages: learnable (a nearest-mean classifier gets most right
   for (int64_t c = 0; c < 10; ++c) {
     means.push_back(train.data.flatten(1).index_select(0, arange(c, 1000, 10)).mean({0}));
   }
-  Tensor centres = stack(means);                                          // (10, 784)
+  Tensor centres = stack(means);                                           // (10, 784)
   Tensor diff = test.data.flatten(1).unsqueeze(1) - centres.unsqueeze(0);  // (1000, 10, 784)
   Tensor predicted = diff.square().sum({2}).argmin(1);
   const double accuracy = predicted.eq(test.target).to(kFloat64).mean().item<double>();
   CHECK(accuracy > 0.95);
 }
 
-TEST_CASE("ByteText: windows x = bytes[o:o+T], y = bytes[o+1:o+T+1], o in [0, N-T-1)", "[data]") {
+TEST_CASE("ByteText: windows of T bytes and the T that follow, at offsets uniform below N - T - 1",
+          "[data]") {
   TempDir dir;
   Bytes text;
   for (int i = 0; i < 300; ++i) text.push_back(static_cast<uint8_t>((i * 7) % 251));
@@ -123,10 +131,12 @@ TEST_CASE("ByteText: windows x = bytes[o:o+T], y = bytes[o+1:o+T+1], o in [0, N-
   auto w = tiny.sample(3, 4, gen);
   CHECK(w.data.to_vector<int64_t>() == std::vector<int64_t>{1, 2, 3, 4, 1, 2, 3, 4, 1, 2, 3, 4});
   CHECK(w.target.to_vector<int64_t>() == std::vector<int64_t>{2, 3, 4, 5, 2, 3, 4, 5, 2, 3, 4, 5});
-  check_error([&] { tiny.sample(1, 5, gen); }, {"ByteText", "6 bytes", "fewer than context + 2 = 7"});
+  check_error([&] { tiny.sample(1, 5, gen); },
+              {"ByteText", "6 bytes", "fewer than context + 2 = 7"});
   check_error([&] { tiny.sample(0, 2, gen); }, {"ByteText::sample", "batch (0)"});
   write_bytes(dir / "short.txt", {'a', 'b'});
-  check_error([&] { data::ByteText(dir / "short.txt").sample(1, 1, gen); }, {"short.txt", "2 bytes"});
+  check_error([&] { data::ByteText(dir / "short.txt").sample(1, 1, gen); },
+              {"short.txt", "2 bytes"});
   // A gzip'd corpus reads as its text.
   write_bytes(dir / "corpus.txt.gz", gzip(text));
   CHECK(data::ByteText(dir / "corpus.txt.gz").bytes() == text);

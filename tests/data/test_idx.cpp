@@ -126,18 +126,33 @@ TEST_CASE("IDX: bad files are Errors that say what is wrong", "[data][idx]") {
   };
   const std::vector<Case> cases = {
       {"empty", {}, data::kIdxImagesMagic, {"too short for the 4-byte magic"}},
-      {"labels read as images", good_labels, data::kIdxImagesMagic,
+      {"labels read as images",
+       good_labels,
+       data::kIdxImagesMagic,
        {"magic number 0x00000801, expected 0x00000803"}},
-      {"images read as labels", good_images, data::kIdxLabelsMagic,
+      {"images read as labels",
+       good_images,
+       data::kIdxLabelsMagic,
        {"magic number 0x00000803, expected 0x00000801"}},
-      {"not IDX", {'h', 'e', 'l', 'l', 'o', '!'}, data::kIdxLabelsMagic, {"magic number 0x68656c6c"}},
-      {"header cut", Bytes(good_images.begin(), good_images.begin() + 10), data::kIdxImagesMagic,
+      {"not IDX",
+       {'h', 'e', 'l', 'l', 'o', '!'},
+       data::kIdxLabelsMagic,
+       {"magic number 0x68656c6c"}},
+      {"header cut",
+       Bytes(good_images.begin(), good_images.begin() + 10),
+       data::kIdxImagesMagic,
        {"too short for the header of 3 dims (16 bytes)"}},
-      {"data cut", Bytes(good_images.begin(), good_images.end() - 1), data::kIdxImagesMagic,
+      {"data cut",
+       Bytes(good_images.begin(), good_images.end() - 1),
+       data::kIdxImagesMagic,
        {"1567 bytes of data", "expected 1568 (2 x 28 x 28)", "truncated"}},
-      {"trailing byte", long_images, data::kIdxImagesMagic,
+      {"trailing byte",
+       long_images,
+       data::kIdxImagesMagic,
        {"1569 bytes of data", "expected 1568", "trailing bytes"}},
-      {"huge dims", idx(data::kIdxImagesMagic, {60000, 28, 28}, {1, 2, 3}), data::kIdxImagesMagic,
+      {"huge dims",
+       idx(data::kIdxImagesMagic, {60000, 28, 28}, {1, 2, 3}),
+       data::kIdxImagesMagic,
        {"need more bytes than the file's 19"}},
       {"truncated gzip", truncated_gz, data::kIdxImagesMagic, {"truncated gzip stream"}},
       {"bad gzip checksum", bad_crc_gz, data::kIdxImagesMagic, {"corrupt gzip data"}},
@@ -151,6 +166,8 @@ TEST_CASE("IDX: bad files are Errors that say what is wrong", "[data][idx]") {
     fragments.push_back(path);
     check_error([&] { data::read_idx(path, c.magic); }, fragments);
   }
+  check_error([&] { data::read_idx(dir.path().string(), data::kIdxLabelsMagic); },
+              {"is not a regular file"});
   check_error([&] { data::read_idx(dir / "absent", data::kIdxLabelsMagic); },
               {"cannot open", "absent", "No such file"});
 }
@@ -163,7 +180,8 @@ TEST_CASE("MNIST: inconsistent files and missing files are Errors", "[data][idx]
     write_bytes(dir / "train-labels-idx1-ubyte.gz", gzip(lbls));
   };
   put(images(2, 27, 28), labels({1, 2}));
-  check_error([&] { data::MNIST::train(root); }, {"MNIST", "holds 27 x 28 images, expected 28 x 28"});
+  check_error([&] { data::MNIST::train(root); },
+              {"MNIST", "holds 27 x 28 images, expected 28 x 28"});
   put(images(3), labels({1, 2}));
   check_error([&] { data::MNIST::train(root); },
               {"train-images-idx3-ubyte' holds 3 images", "train-labels-idx1-ubyte.gz' 2 labels"});
@@ -215,4 +233,28 @@ TEST_CASE("FashionMNIST: Debian's dataset-fashion-mnist, when installed", "[data
   CHECK(it->data.sizes() == Shape{128, 1, 28, 28});
   CHECK(it->target.sizes() == Shape{128});
   CHECK(it->data.max().item<float>() <= 1.0f);
+}
+
+TEST_CASE("IDX: damaged gzip'd files read or raise an Error", "[data][idx]") {
+  TempDir dir;
+  const Bytes good = gzip(images(2));
+  const std::string path = dir / "damaged.gz";
+  Generator gen(9);
+  const auto noise = randint(0, 1 << 30, {1500}, kInt64, &gen).to_vector<int64_t>();
+  int64_t read = 0, rejected = 0;
+  for (size_t k = 0; k + 2 < noise.size(); k += 3) {
+    Bytes bad = good;
+    bad[static_cast<size_t>(noise[k]) % bad.size()] ^= static_cast<uint8_t>(1 + noise[k + 1] % 255);
+    if (noise[k + 2] % 3 == 0) bad.resize(static_cast<size_t>(noise[k + 2]) % bad.size());
+    write_bytes(path, bad);
+    try {
+      data::read_idx(path, data::kIdxImagesMagic);
+      ++read;
+    } catch (const Error& e) {
+      CHECK_THAT(e.what(), Catch::Contains(path));
+      ++rejected;
+    }
+  }
+  CHECK(read + rejected == 500);
+  CHECK(rejected > 400);  // the CRC catches nearly every change that still inflates
 }
