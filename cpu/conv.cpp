@@ -7,7 +7,8 @@
 //   backward weight: grad_W (C_out/g, K) += grad_out @ col^T
 // The GEMMs are gemm() of matmul.cpp (OpenBLAS, single-threaded); the pool of cpu/parallel.h splits the
 // batch, each piece with its own column buffer (and, for the weight gradient, its own accumulator,
-// summed in piece order so the result does not depend on timing). A 1x1 convolution with stride 1 and
+// summed in piece order so the result does not depend on timing). With fewer images than threads, the
+// columns of each GEMM are split instead. A 1x1 convolution with stride 1 and
 // no padding needs no columns: the input plane is the column matrix.
 #include <algorithm>
 #include <cstring>
@@ -99,13 +100,34 @@ void col2im(const T* col, const Geometry& g, T* x) {
   }
 }
 
-// Splits the batch into pieces (at most one per thread) and runs fn(piece, n0, n1) on each.
-template <typename F>
-void for_batch_pieces(int64_t N, int64_t work_per_sample, const F& fn) {
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(work_per_sample, 1));
-  const int pieces = parallel_pieces(N, grain);
+// How the batch is split: into `pieces` runs of samples, at most one per thread; or, when there are
+// fewer samples than threads (one image) and the work is large, one piece whose GEMMs split the columns
+// of each product over the threads instead (split_gemm).
+struct BatchSplit {
+  int pieces = 1;
+  bool split_gemm = false;
+};
+BatchSplit batch_split(int64_t N, int64_t work_per_sample) {
+  if (N < get_num_threads() && work_per_sample >= (1 << 18)) return {1, true};
+  return {parallel_pieces(N, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(work_per_sample, 1))), false};
+}
+
+// Runs fn(piece, n0, n1, gemm) for each piece of the batch, where gemm has gemm<T>'s signature.
+template <typename T, typename F>
+void run_batch(const BatchSplit& split, int64_t N, const F& fn) {
+  if (split.split_gemm) {
+    fn(0, 0, N, [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+                   int64_t ldb, bool accumulate, T* c, int64_t ldc) {
+      const int64_t grain = std::max<int64_t>(16, (1 << 16) / std::max<int64_t>(m * k, 1));
+      parallel_for(0, n, grain, [&](int64_t j0, int64_t j1) {
+        gemm<T>(ta, tb, m, j1 - j0, k, a, lda, tb ? b + j0 * ldb : b + j0, ldb, accumulate, c + j0, ldc);
+      });
+    });
+    return;
+  }
+  const int pieces = split.pieces;
   parallel_for(0, pieces, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) fn(p, N * p / pieces, N * (p + 1) / pieces);
+    for (int64_t p = p0; p < p1; ++p) fn(p, N * p / pieces, N * (p + 1) / pieces, gemm<T>);
   });
 }
 
@@ -118,14 +140,14 @@ void conv2d_typed(const View& input, const View& weight, const View& bias, const
   const T* b = bias.data ? bias.ptr<T>() : nullptr;
   T* y = out.ptr<T>();
   const bool direct = g.pointwise();
-  for_batch_pieces(g.N, g.Co * g.K * g.P, [&](int64_t, int64_t n0, int64_t n1) {
+  run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
     std::vector<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t grp = 0; grp < g.G; ++grp) {
         const T* xg = x + (n * g.C + grp * g.Cg) * g.H * g.W;
         if (!direct) im2col(xg, g, col.data());
         T* yg = y + (n * g.Co + grp * g.Cog) * g.P;
-        gemm<T>(false, false, g.Cog, g.P, g.K, w + grp * g.Cog * g.K, g.K, direct ? xg : col.data(), g.P,
+        gemm(false, false, g.Cog, g.P, g.K, w + grp * g.Cog * g.K, g.K, direct ? xg : col.data(), g.P,
                 false, yg, g.P);
         if (b) {
           for (int64_t co = 0; co < g.Cog; ++co) {
@@ -147,7 +169,7 @@ void conv2d_backward_input_typed(const View& grad_out, const View& weight, const
   const T* w = weight.ptr<T>();
   T* gx = grad_input.ptr<T>();
   const bool direct = g.pointwise();
-  for_batch_pieces(g.N, g.Co * g.K * g.P, [&](int64_t, int64_t n0, int64_t n1) {
+  run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
     std::vector<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t grp = 0; grp < g.G; ++grp) {
@@ -155,10 +177,10 @@ void conv2d_backward_input_typed(const View& grad_out, const View& weight, const
         const T* gyg = gy + (n * g.Co + grp * g.Cog) * g.P;
         const T* wg = w + grp * g.Cog * g.K;
         if (direct) {
-          gemm<T>(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, gxg, g.P);
+          gemm(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, gxg, g.P);
           continue;
         }
-        gemm<T>(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, col.data(), g.P);
+        gemm(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, col.data(), g.P);
         std::memset(gxg, 0, sizeof(T) * g.Cg * g.H * g.W);
         col2im(col.data(), g, gxg);
       }
@@ -174,23 +196,21 @@ void conv2d_backward_weight_typed(const View& grad_out, const View& input, const
   const T* x = input.ptr<T>();
   T* gw = grad_weight.ptr<T>();
   const int64_t wsize = g.Co * g.K;
-  const int64_t grain = std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(wsize * g.P, 1));
-  const int pieces = parallel_pieces(g.N, grain);
+  const BatchSplit split = batch_split(g.N, wsize * g.P);
+  const int pieces = split.pieces;
   // Piece 0 accumulates straight into grad_weight; the others into their own buffers.
   std::vector<T> partial(static_cast<size_t>(wsize) * (pieces - 1));
   const bool direct = g.pointwise();
   std::memset(gw, 0, sizeof(T) * wsize);
-  parallel_for(0, pieces, 1, [&](int64_t p0, int64_t p1) {
+  run_batch<T>(split, g.N, [&](int64_t p, int64_t n0, int64_t n1, const auto& gemm) {
     std::vector<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
-    for (int64_t p = p0; p < p1; ++p) {
-      T* acc = p == 0 ? gw : partial.data() + (p - 1) * wsize;
-      for (int64_t n = g.N * p / pieces; n < g.N * (p + 1) / pieces; ++n) {
-        for (int64_t grp = 0; grp < g.G; ++grp) {
-          const T* xg = x + (n * g.C + grp * g.Cg) * g.H * g.W;
-          if (!direct) im2col(xg, g, col.data());
-          gemm<T>(false, true, g.Cog, g.K, g.P, gy + (n * g.Co + grp * g.Cog) * g.P, g.P,
-                  direct ? xg : col.data(), g.P, true, acc + grp * g.Cog * g.K, g.K);
-        }
+    T* acc = p == 0 ? gw : partial.data() + (p - 1) * wsize;
+    for (int64_t n = n0; n < n1; ++n) {
+      for (int64_t grp = 0; grp < g.G; ++grp) {
+        const T* xg = x + (n * g.C + grp * g.Cg) * g.H * g.W;
+        if (!direct) im2col(xg, g, col.data());
+        gemm(false, true, g.Cog, g.K, g.P, gy + (n * g.Co + grp * g.Cog) * g.P, g.P, direct ? xg : col.data(),
+             g.P, true, acc + grp * g.Cog * g.K, g.K);
       }
     }
   });

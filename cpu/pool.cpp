@@ -41,6 +41,37 @@ inline void take_max(T v, int64_t index, T& best, int64_t& best_index) {
   }
 }
 
+// One plane of 2x2, stride-2 max pooling: branch-free selects in PyTorch's scan order (a later value
+// wins when larger or NaN) on restrict pointers, so the compiler vectorizes the row.
+template <typename T>
+void max_pool_2x2_plane(const T* __restrict x, T* __restrict y, int64_t* __restrict idx, int64_t W, int64_t Ho,
+                        int64_t Wo) {
+  for (int64_t oh = 0; oh < Ho; ++oh) {
+    const T* r0 = x + 2 * oh * W;
+    const T* r1 = r0 + W;
+    const int64_t base = 2 * oh * W;
+    T* yr = y + oh * Wo;
+    int64_t* ir = idx + oh * Wo;
+    for (int64_t ow = 0; ow < Wo; ++ow) {
+      const int64_t c = 2 * ow;
+      const T v0 = r0[c], v1 = r0[c + 1], v2 = r1[c], v3 = r1[c + 1];
+      T best = v0;
+      int64_t off = 0;
+      const bool t1 = v1 > best || v1 != v1;
+      best = t1 ? v1 : best;
+      off = t1 ? 1 : off;
+      const bool t2 = v2 > best || v2 != v2;
+      best = t2 ? v2 : best;
+      off = t2 ? W : off;
+      const bool t3 = v3 > best || v3 != v3;
+      best = t3 ? v3 : best;
+      off = t3 ? W + 1 : off;
+      yr[ow] = best;
+      ir[ow] = base + c + off;
+    }
+  }
+}
+
 template <typename T>
 void max_pool2d_typed(const View& in, const View& out, const View& indices, const Pool2dArgs& a) {
   const int64_t H = in.sizes[2], W = in.sizes[3], Ho = out.sizes[2], Wo = out.sizes[3];
@@ -56,21 +87,7 @@ void max_pool2d_typed(const View& in, const View& out, const View& indices, cons
     T* yp = y + p * Ho * Wo;
     int64_t* ip = idx + p * Ho * Wo;
     if (two_by_two) {
-      for (int64_t oh = 0; oh < Ho; ++oh) {
-        const T* r0 = xp + 2 * oh * W;
-        const T* r1 = r0 + W;
-        const int64_t base = 2 * oh * W;
-        for (int64_t ow = 0; ow < Wo; ++ow) {
-          const int64_t c = 2 * ow;
-          T best = r0[c];
-          int64_t bi = base + c;
-          take_max(r0[c + 1], base + c + 1, best, bi);
-          take_max(r1[c], base + W + c, best, bi);
-          take_max(r1[c + 1], base + W + c + 1, best, bi);
-          yp[oh * Wo + ow] = best;
-          ip[oh * Wo + ow] = bi;
-        }
-      }
+      max_pool_2x2_plane(xp, yp, ip, W, Ho, Wo);
       return;
     }
     for (int64_t oh = 0; oh < Ho; ++oh) {

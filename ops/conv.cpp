@@ -66,10 +66,10 @@ Shape dilation_of(const Conv2dArgs& a) { return {a.dilation_h, a.dilation_w}; }
 
 bool is_half(DType t) { return t == kFloat16 || t == kBFloat16; }
 
-void check_float_pair(const char* op, const Tensor& a, const Tensor& b) {
+void check_float_pair(const char* op, const Tensor& a, const Tensor& b, const char* names = "input and weight") {
   check_same_device(op, a, b);
   KILN_CHECK(is_floating(a.dtype()), "{}: needs floating-point tensors, got {}", op, dtype_name(a.dtype()));
-  KILN_CHECK(a.dtype() == b.dtype(), "{}: the input and weight must have the same dtype, got {} and {}", op,
+  KILN_CHECK(a.dtype() == b.dtype(), "{}: the {} must have the same dtype, got {} and {}", op, names,
              dtype_name(a.dtype()), dtype_name(b.dtype()));
 }
 
@@ -77,7 +77,7 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
                    const char* op) {
   check_float_pair(op, input, weight);
   if (bias.defined()) {
-    check_float_pair(op, input, bias);
+    check_float_pair(op, input, bias, "input and bias");
     KILN_CHECK(bias.dim() == 1 && bias.sizes()[0] == weight.sizes()[0],
                "{}: bias must have shape [{}] (one per output channel), got {}", op, weight.sizes()[0],
                bias.sizes().str());
@@ -139,6 +139,19 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
   KILN_CHECK(weight.dim() == 3, "conv1d: expected a 3-D weight (C_out, C_in / groups, k), got shape {}",
              weight.sizes().str());
   Conv2dArgs a = conv_args({1, stride}, {0, padding}, {1, dilation}, groups, "conv1d");
+  // The channel and length checks here, so that their messages show the 1-D shapes.
+  const Shape& in = input.sizes();
+  const Shape& w = weight.sizes();
+  const int64_t channels = in[in.size() - 2], length = in[in.size() - 1];
+  KILN_CHECK(w[0] % groups == 0, "conv1d: the weight's {} output channels are not divisible by groups {}", w[0],
+             groups);
+  KILN_CHECK(channels == w[1] * groups,
+             "conv1d: the input {} has {} channels, but the weight {} with groups {} expects {} (weight dim 1 times "
+             "groups)",
+             in.str(), channels, w.str(), groups, w[1] * groups);
+  KILN_CHECK(length + 2 * padding >= dilation * (w[2] - 1) + 1,
+             "conv1d: the padded input length {} is shorter than the dilated kernel ({}); input {}, weight {}",
+             length + 2 * padding, dilation * (w[2] - 1) + 1, in.str(), w.str());
   Tensor x = input.dim() == 2 ? input.unsqueeze(0) : input;
   Tensor out = conv2d_impl(x.unsqueeze(2), weight.unsqueeze(2), bias, a, "conv1d").squeeze(2);
   return input.dim() == 2 ? out.squeeze(0) : out;

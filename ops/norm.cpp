@@ -5,7 +5,8 @@
 //   group_norm:            rows = (N * G, C / G * spatial)
 //   batch_norm (training): rows = (C, N * spatial), on the input with C moved first
 // The row normalisation y = (x - mean) * rstd records its backward, written with ops from the saved
-// output and rstd:  dx = rstd * (g - mean(g) - y * mean(g * y))  (rms: without the mean(g) term).
+// output and rstd:  dx = rstd * (g - mean(g) - y * mean(g * y))  (rms: without the mean(g) term); under
+// create_graph it recomputes y and rstd from x with ops, so double backward is exact.
 // batch_norm in eval mode is only broadcasting ops with the running statistics.
 #include <limits>
 
@@ -44,9 +45,19 @@ Tensor normalize_rows(const Tensor& x2d, double eps, bool rms, Tensor* mean_out 
   }
   if (should_record(x2d)) {
     record(rms ? "RmsNormBackward" : "NormBackward", {x2d}, {y},
-           [ys = SavedTensor(y, true), rstd, rms](const Grads& g) -> TensorList {
-             Tensor yv = ys.unpack("NormBackward");
-             Tensor r = rstd.unsqueeze(1);
+           [xs = SavedTensor(x2d, false), ys = SavedTensor(y, true), rstd, rms, eps](const Grads& g) -> TensorList {
+             Tensor yv, r;
+             if (GradMode::is_enabled()) {
+               // create_graph: the statistics again, from x with ops, so that the gradient's own
+               // gradient sees how mean and rstd depend on x (double backward).
+               Tensor x = xs.unpack("NormBackward");
+               Tensor centred = rms ? x : x - x.mean({1}, true);
+               r = (centred.square().mean({1}, true) + eps).rsqrt();
+               yv = centred * r;
+             } else {
+               yv = ys.unpack("NormBackward");
+               r = rstd.unsqueeze(1);
+             }
              Tensor inner = g[0] - yv * (g[0] * yv).mean({1}, true);
              if (!rms) inner = inner - g[0].mean({1}, true);
              return {r * inner};

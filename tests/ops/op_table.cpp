@@ -322,23 +322,23 @@ const std::vector<OpRow>& op_table() {
       }),
       unary_args("adaptive_avg_pool2d", D::GradGrad,
                  [](const Tensor& x, const GoldenCase& c) { return kiln::adaptive_avg_pool2d(x, c.shape("size")); }),
-      {"layer_norm", D::Grad,
+      {"layer_norm", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
          return TensorList{kiln::layer_norm(in.at(0), c.shape("shape"), opt_input(in, 1), opt_input(in, 2),
                                             c.real("eps", 1e-5))};
        }},
-      {"rms_norm", D::Grad,
+      {"rms_norm", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
          std::optional<double> eps;
          if (c.has("eps")) eps = c.real("eps");
          return TensorList{kiln::rms_norm(in.at(0), c.shape("shape"), opt_input(in, 1), eps)};
        }},
-      {"group_norm", D::Grad,
+      {"group_norm", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
          return TensorList{kiln::group_norm(in.at(0), c.integer("groups"), opt_input(in, 1), opt_input(in, 2),
                                             c.real("eps", 1e-5))};
        }},
-      {"batch_norm", D::Grad,
+      {"batch_norm", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
          return TensorList{kiln::batch_norm(in.at(0), {}, {}, opt_input(in, 1), opt_input(in, 2), true, 0.1,
                                             c.real("eps", 1e-5))};

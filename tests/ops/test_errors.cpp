@@ -134,7 +134,10 @@ TEST_CASE("every op's misuse is an Error that names the problem") {
       {"conv2d dtypes", [] { conv2d(f32({1, 1, 4, 4}), zeros({1, 1, 3, 3}, kFloat64)); }, {"conv2d", "float32", "float64"}},
       {"conv2d int", [] { conv2d(i64({1, 1, 4, 4}), i64({1, 1, 3, 3})); }, {"conv2d", "floating-point", "int64"}},
       {"conv1d input rank", [] { conv1d(f32({1, 2, 3, 4}), f32({1, 2, 3})); }, {"conv1d", "2-D", "3-D", "[1, 2, 3, 4]"}},
-      {"conv1d channels", [] { conv1d(f32({1, 2, 8}), f32({1, 3, 3})); }, {"conv1d", "2 channels", "expects 3"}},
+      {"conv1d channels", [] { conv1d(f32({1, 2, 8}), f32({1, 3, 3})); }, {"conv1d", "[1, 2, 8]", "2 channels", "expects 3"}},
+      {"conv1d length", [] { conv1d(f32({2, 2}), f32({1, 2, 3})); }, {"conv1d", "length 2", "dilated kernel (3)"}},
+      {"conv2d bias dtype", [] { conv2d(f32({1, 1, 4, 4}), f32({1, 1, 3, 3}), zeros({1}, kFloat64)); },
+       {"conv2d", "input and bias", "float64"}},
       {"conv backward shape", [] { conv2d_backward_input(f32({1, 2, 3, 3}), f32({2, 1, 3, 3}), {1, 1, 6, 6}, {1, 1}, {0, 0}, {1, 1}, 1); },
        {"conv2d_backward_input", "[1, 2, 3, 3]", "[1, 2, 4, 4]"}},
       // pooling

@@ -52,6 +52,13 @@ TEST_CASE("pooling takes the kernel size as one number", "[ops][pool]") {
   CHECK(max_pool2d(x, 2).sizes() == Shape{2, 3, 3, 3});
 }
 
+// Runs a test with n threads (the CNN benchmark's 2), restoring the count afterwards.
+struct ThreadsGuard {
+  explicit ThreadsGuard(int n) : previous(get_num_threads()) { set_num_threads(n); }
+  ~ThreadsGuard() { set_num_threads(previous); }
+  int previous;
+};
+
 // conv2d as a sum of shifted products, in float64: an independent check of the im2col + GEMM kernel.
 static Tensor conv_reference(const Tensor& x, const Tensor& w, int64_t pad) {
   Tensor xp = pad > 0 ? kiln::pad(x, {pad, pad, pad, pad}) : x;
@@ -69,6 +76,7 @@ static Tensor conv_reference(const Tensor& x, const Tensor& w, int64_t pad) {
 }
 
 TEST_CASE("the CNN's conv and pool at batch 32 on several threads match a float64 reference", "[ops][conv]") {
+  ThreadsGuard two_threads(2);
   Tensor x = test::sample({32, 4, 14, 14}, kFloat64);
   Tensor w = test::sample({8, 4, 3, 3}, kFloat64, 1.7) * 0.2;
   Tensor y = conv2d(x.to(kFloat32), w.to(kFloat32), {}, {1, 1}, {1, 1});
@@ -86,4 +94,20 @@ TEST_CASE("the CNN's conv and pool at batch 32 on several threads match a float6
   Tensor pooled = max_pool2d(y, 2);
   Tensor windows = y.unflatten(3, {7, 2}).unflatten(2, {7, 2}).amax({3, 5});
   test::check_close(pooled, windows, test::Tolerance{0, 0});
+}
+
+TEST_CASE("one large image (the GEMMs split over the threads) matches a float64 reference", "[ops][conv]") {
+  ThreadsGuard two_threads(2);
+  Tensor x = test::sample({1, 4, 32, 32}, kFloat64);
+  Tensor w = test::sample({8, 4, 3, 3}, kFloat64, 1.7) * 0.2;
+  Tensor xa = x.clone().requires_grad_(), wa = w.clone().requires_grad_();
+  Tensor xb = x.clone().requires_grad_(), wb = w.clone().requires_grad_();
+  Tensor ya = conv2d(xa.squeeze(0), wa, {}, {1, 1}, {1, 1});  // unbatched
+  Tensor yb = conv_reference(xb, wb, 1).squeeze(0);
+  test::check_close(ya, yb);
+  Tensor cot = test::sample(ya.sizes(), kFloat64, 0.3);
+  (ya * cot).sum().backward();
+  (yb * cot).sum().backward();
+  test::check_close(xa.grad(), xb.grad());
+  test::check_close(wa.grad(), wb.grad());
 }

@@ -1,0 +1,72 @@
+// bench_cnn_layers: the convolution and pooling part of BENCHMARKS.md workload "d" (the CNN) for Kiln,
+// at batch 128: Conv(1->32, 3x3, pad 1)-ReLU-MaxPool2-Conv(32->64, 3x3, pad 1)-ReLU-MaxPool2 on a
+// (128, 1, 28, 28) input, forward alone and forward + backward (gradients of both convolutions' weights
+// and biases; the input needs none), and each layer's forward alone. ms = median of 15 runs after 3
+// warm-up runs. One JSON line per result. Its PyTorch counterpart: benchmarks/torch_cnn_layers.py.
+// Usage: bench_cnn_layers [threads] (default 2).
+#include <kiln/kiln.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+using namespace kiln;
+
+static double median_ms(const std::function<void()>& fn) {
+  using Clock = std::chrono::steady_clock;
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < 15; ++i) {
+    auto t0 = Clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  set_num_threads(argc > 1 ? std::atoi(argv[1]) : 2);
+  Generator gen(0);
+  Tensor x = randn({128, 1, 28, 28}, {}, &gen);
+  Tensor w1 = (randn({32, 1, 3, 3}, {}, &gen) * 0.3).requires_grad_();
+  Tensor b1 = zeros({32}).requires_grad_();
+  Tensor w2 = (randn({64, 32, 3, 3}, {}, &gen) * 0.06).requires_grad_();
+  Tensor b2 = zeros({64}).requires_grad_();
+  auto forward = [&] {
+    Tensor h = max_pool2d(relu(conv2d(x, w1, b1, {1, 1}, {1, 1})), 2);
+    return max_pool2d(relu(conv2d(h, w2, b2, {1, 1}, {1, 1})), 2);
+  };
+  Tensor cot = randn({128, 64, 7, 7}, {}, &gen);
+  auto report = [](const char* what, double ms) {
+    std::printf("{\"bench\":\"cnn_layers\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,\"batch\":128,"
+                "\"part\":\"%s\",\"ms\":%.3f}\n",
+                get_num_threads(), what, ms);
+  };
+  report("forward_backward", median_ms([&] {
+           for (Tensor* p : {&w1, &b1, &w2, &b2}) p->set_grad(Tensor());
+           forward().backward(cot);
+         }));
+  {
+    NoGradGuard no_grad;
+    report("forward", median_ms([&] { forward(); }));
+    Tensor c1 = relu(conv2d(x, w1, b1, {1, 1}, {1, 1}));
+    Tensor p1 = max_pool2d(c1, 2);
+    Tensor c2 = relu(conv2d(p1, w2, b2, {1, 1}, {1, 1}));
+    report("conv1_forward", median_ms([&] { conv2d(x, w1, b1, {1, 1}, {1, 1}); }));
+    report("pool1_forward", median_ms([&] { max_pool2d(c1, 2); }));
+    report("conv2_forward", median_ms([&] { conv2d(p1, w2, b2, {1, 1}, {1, 1}); }));
+    report("pool2_forward", median_ms([&] { max_pool2d(c2, 2); }));
+    Tensor g2 = randn(c2.sizes(), {}, &gen);
+    report("conv2_backward_input", median_ms([&] {
+             conv2d_backward_input(g2, w2, p1.sizes(), {1, 1}, {1, 1}, {1, 1}, 1);
+           }));
+    report("conv2_backward_weight", median_ms([&] {
+             conv2d_backward_weight(g2, p1, w2.sizes(), {1, 1}, {1, 1}, {1, 1}, 1);
+           }));
+  }
+  return 0;
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/python3
+# benchmarks/torch_cnn_layers.py: PyTorch's side of bench_cnn_layers.cpp (same layers, shapes, parts and
+# timing rule: median of 15 runs after 3 warm-up runs), for Debian's /usr/bin/python3 with torch.
+# Usage: /usr/bin/python3 benchmarks/torch_cnn_layers.py [threads] (default 2).
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+torch.set_num_threads(threads)
+torch.manual_seed(0)
+x = torch.randn(128, 1, 28, 28)
+w1 = (torch.randn(32, 1, 3, 3) * 0.3).requires_grad_()
+b1 = torch.zeros(32, requires_grad=True)
+w2 = (torch.randn(64, 32, 3, 3) * 0.06).requires_grad_()
+b2 = torch.zeros(64, requires_grad=True)
+cot = torch.randn(128, 64, 7, 7)
+
+
+def forward():
+    h = F.max_pool2d(F.relu(F.conv2d(x, w1, b1, padding=1)), 2)
+    return F.max_pool2d(F.relu(F.conv2d(h, w2, b2, padding=1)), 2)
+
+
+def median_ms(fn):
+    for _ in range(3):
+        fn()
+    ms = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        fn()
+        ms.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(ms)
+
+
+def report(part, ms):
+    print(json.dumps({"bench": "cnn_layers", "impl": "torch " + torch.__version__, "device": "cpu",
+                      "threads": threads, "batch": 128, "part": part, "ms": round(ms, 3)}))
+
+
+def fwd_bwd():
+    for p in (w1, b1, w2, b2):
+        p.grad = None
+    forward().backward(cot)
+
+
+report("forward_backward", median_ms(fwd_bwd))
+with torch.no_grad():
+    report("forward", median_ms(forward))
+    c1 = F.relu(F.conv2d(x, w1, b1, padding=1))
+    p1 = F.max_pool2d(c1, 2)
+    c2 = F.relu(F.conv2d(p1, w2, b2, padding=1))
+    report("conv1_forward", median_ms(lambda: F.conv2d(x, w1, b1, padding=1)))
+    report("pool1_forward", median_ms(lambda: F.max_pool2d(c1, 2)))
+    report("conv2_forward", median_ms(lambda: F.conv2d(p1, w2, b2, padding=1)))
+    report("pool2_forward", median_ms(lambda: F.max_pool2d(c2, 2)))
+    g2 = torch.randn(c2.shape)
+    report("conv2_backward_input",
+           median_ms(lambda: torch.nn.grad.conv2d_input(p1.shape, w2, g2, padding=1)))
+    report("conv2_backward_weight",
+           median_ms(lambda: torch.nn.grad.conv2d_weight(p1, w2.shape, g2, padding=1)))
