@@ -1,7 +1,8 @@
 // nn/conv.h: Conv1d, Conv2d and the 2-D pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), over
 // the ops of ops/ops.h (conv.cpp, pool.cpp). Options follow PyTorch's keyword arguments:
 //   nn::Conv2d c1{1, 32, 3, {.padding = 1}};
-//   nn::Conv2d c2{32, 32, {3, 2}, {.stride = {2, 1}, .padding = "same" /* stride 1 only */}};
+//   nn::Conv2d c2{32, 32, {3, 2}, {.stride = {2, 1}, .padding = {1, 0}}};
+//   nn::Conv2d c3{32, 32, 4, {.padding = "same", .dilation = 2}};  // "same": stride 1 only
 #pragma once
 
 #include <optional>

@@ -149,9 +149,9 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
     int64_t pad = padding_idx.value_or(-1);
     if (pad < 0 && padding_idx) pad += weight.size(0);
     autograd::record("EmbeddingBackward", {weight}, {y},
-                     [idx = indices, rows = weight.size(0), pad, dtype = weight.dtype()](
-                         const autograd::Grads& g) -> autograd::TensorList {
-                       Tensor flat = idx.reshape({-1});
+                     [idx = autograd::SavedTensor(indices, false), rows = weight.size(0), pad,
+                      dtype = weight.dtype()](const autograd::Grads& g) -> autograd::TensorList {
+                       Tensor flat = idx.unpack("EmbeddingBackward").reshape({-1});
                        Tensor gy = g[0].reshape({-1, g[0].size(-1)});
                        if (pad >= 0) gy = gy.masked_fill(flat.eq(pad).unsqueeze(1), 0);  // no gradient
                        Tensor zero = zeros({rows, gy.size(1)}, TensorOptions(dtype).device(gy.device()));

@@ -3,7 +3,8 @@
 // Reachable as nn::cross_entropy and nn::functional::cross_entropy alike (an inline namespace).
 //
 // Losses take an options struct with PyTorch's names and defaults:
-//   nn::cross_entropy(logits, labels, {.ignore_index = 0, .label_smoothing = 0.1, .reduction = "sum"})
+//   nn::cross_entropy(logits, labels, {.ignore_index = 0, .reduction = "sum", .label_smoothing = 0.1})
+// (designated initialisers go in the struct's order, which is PyTorch's keyword order)
 // reduction: "mean" (default), "sum" or "none".
 #pragma once
 

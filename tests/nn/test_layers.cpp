@@ -81,3 +81,11 @@ TEST_CASE("linear and embedding record one node each and pass gradcheck and grad
   test::check_error([&] { nn::linear(x, zeros({5, 3}, kFloat64)); },
                     {"linear", "last dim (4)", "in_features (3)"});
 }
+
+TEST_CASE("Embedding's backward refuses indices modified in place after the forward", "[nn][layers]") {
+  nn::Embedding e(5, 2);
+  Tensor idx = from_vector<int64_t>({1, 2}, {2});
+  Tensor y = e(idx);
+  idx.fill_(0);
+  test::check_error([&] { y.sum().backward(); }, {"EmbeddingBackward"});
+}

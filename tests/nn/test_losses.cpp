@@ -93,6 +93,11 @@ TEST_CASE("Losses pass gradcheck in float64", "[nn][losses][gradcheck]") {
   CHECK(autograd::gradcheck(
       [&](const TensorList& in) { return TensorList{nn::cross_entropy(in[0], in[1], {.label_smoothing = 0.2})}; },
       {logits, probs}));
+  CHECK(autograd::gradcheck(
+      [&](const TensorList& in) {
+        return TensorList{nn::nll_loss(log_softmax(in[0], 1), labels, {.weight = w, .reduction = "none"})};
+      },
+      {logits}));
   Tensor a = test::sample({3, 4}, kFloat64, 0.1).requires_grad_();
   Tensor b = test::sample({3, 4}, kFloat64, 0.9).requires_grad_();
   CHECK(autograd::gradcheck([](const TensorList& in) { return TensorList{nn::mse_loss(in[0], in[1])}; }, {a, b}));

@@ -293,3 +293,14 @@ TEST_CASE("Containers: ModuleList and ModuleDict take modules by value or shared
   // ModuleList has no forward of its own; Sequential does.
   test::check_error([&] { list(zeros({1, 2})); }, {"ModuleList has no forward"});
 }
+
+TEST_CASE("to(device) on a device that cannot be used fails cleanly and leaves the module where it was",
+          "[nn][module]") {
+  if (cuda::is_available()) return;  // on a GPU machine the move succeeds (the DESIGN test covers that)
+  nn::Linear l(3, 2);
+  Tensor w = l.weight;
+  test::check_error([&] { l.to(Device::cuda(0)); }, {"CUDA"});
+  CHECK(l.weight.is_same(w));
+  CHECK(l.weight.is_cpu());
+  CHECK(l(zeros({1, 3})).sizes() == Shape{1, 2});
+}

@@ -1,0 +1,55 @@
+// tests/nn/test_header_examples.cpp: the examples in the nn/ headers' comments, compiled and run
+// (a stale comment is a bug).
+#include "support.h"
+
+using namespace kiln;
+
+namespace {
+
+// nn/module.h
+struct Net : nn::Module {
+  nn::Linear f1{784, 128};  nn::Linear f2{128, 10};
+  Net() { register_modules({{"f1", f1}, {"f2", f2}}); }
+  Tensor forward(const Tensor& x) override { return f2(relu(f1(x))); }
+};
+
+struct Block : nn::Module {
+  nn::Linear fc{8, 8};
+  Block() { register_module("fc", fc); }
+};
+
+}  // namespace
+
+TEST_CASE("The nn headers' examples compile and run", "[nn][examples]") {
+  Net net;
+  CHECK(net(zeros({2, 784})).sizes() == Shape{2, 10});
+
+  // nn/container.h
+  nn::Sequential seq{nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2)};   // children "0", "1", "2"
+  nn::ModuleList blocks{std::make_shared<Block>(), std::make_shared<Block>()};
+  blocks.push_back(nn::Linear(8, 8));
+  nn::ModuleDict heads;   heads.insert("cls", nn::Linear(8, 10));
+  CHECK(seq(zeros({3, 4})).sizes() == Shape{3, 2});
+  CHECK(blocks.size() == 3);
+  CHECK(heads["cls"](zeros({1, 8})).sizes() == Shape{1, 10});
+
+  // nn/conv.h
+  nn::Conv2d c1{1, 32, 3, {.padding = 1}};
+  nn::Conv2d c2{32, 32, {3, 2}, {.stride = {2, 1}, .padding = {1, 0}}};
+  nn::Conv2d c3{32, 32, 4, {.padding = "same", .dilation = 2}};  // "same": stride 1 only
+  Tensor h = c1(zeros({1, 1, 8, 8}));
+  CHECK(c2(h).sizes() == Shape{1, 32, 4, 7});
+  CHECK(c3(h).sizes() == Shape{1, 32, 8, 8});
+
+  // nn/functional.h
+  Tensor logits = test::sample({4, 3});
+  Tensor labels = from_vector<int64_t>({0, 2, 1, 0}, {4});
+  Tensor loss = nn::cross_entropy(logits, labels, {.ignore_index = 0, .reduction = "sum", .label_smoothing = 0.1});
+  CHECK(loss.dim() == 0);
+
+  // nn/module.h, Module::set_parameter
+  nn::Embedding embedding(10, 8);
+  nn::Linear head(8, 10, {.bias = false});
+  head.weight = head.set_parameter("weight", embedding.weight);
+  CHECK(head.weight.is_same(embedding.weight));
+}
