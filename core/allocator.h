@@ -13,7 +13,7 @@ namespace kiln {
 
 struct MemoryStats {
   int64_t allocated_bytes = 0;       // bytes in live tensors' buffers now
-  int64_t reserved_bytes = 0;        // bytes held from the system (>= allocated for caching allocators)
+  int64_t reserved_bytes = 0;        // allocated plus the bytes of cached free blocks
   int64_t peak_allocated_bytes = 0;  // high-water mark of allocated_bytes since the last reset_peak
   int64_t allocation_count = 0;      // allocate() calls since start
   int64_t free_count = 0;            // deallocate() calls since start
@@ -58,11 +58,14 @@ class Allocator {
   virtual void deallocate(void* ptr, size_t nbytes) = 0;
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
+  // Returns cached free blocks to the system (allocators without a cache have nothing to do).
+  virtual void empty_cache() {}
 };
 
 inline constexpr size_t kCpuAlignment = 64;  // one cache line; every AVX-512 load is aligned
 
-// The process-wide CPU allocator (64-byte aligned, thread-safe statistics).
+// The process-wide CPU allocator (64-byte aligned, thread-safe statistics, large freed blocks cached
+// for reuse: Note [CPU block cache] in core/allocator.cpp).
 Allocator& cpu_allocator();
 
 }  // namespace kiln

@@ -100,6 +100,7 @@ Tensor unaliased(const Tensor& operand, const Tensor& self) {
 namespace memory {
 MemoryStats stats(Device device) { return backend_for(device).allocator(device.index).stats(); }
 void reset_peak(Device device) { backend_for(device).allocator(device.index).reset_peak(); }
+void empty_cache(Device device) { backend_for(device).allocator(device.index).empty_cache(); }
 }  // namespace memory
 
 }  // namespace kiln

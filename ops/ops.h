@@ -241,6 +241,7 @@ std::string to_string(const Tensor& t);
 namespace memory {
 MemoryStats stats(Device device);
 void reset_peak(Device device);
+void empty_cache(Device device);  // returns the allocator's cached free blocks to the system
 }  // namespace memory
 
 }  // namespace kiln

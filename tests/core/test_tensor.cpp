@@ -123,6 +123,33 @@ TEST_CASE("the CPU allocator is 64-byte aligned and its statistics return to bas
   CHECK(memory::stats(Device::cpu()).peak_allocated_bytes == after.allocated_bytes);
 }
 
+TEST_CASE("the CPU allocator reuses a large freed block and empty_cache gives it back") {
+  memory::empty_cache(Device::cpu());
+  MemoryStats base = memory::stats(Device::cpu());
+  CHECK(base.reserved_bytes == base.allocated_bytes);
+  void* first = nullptr;
+  {
+    Tensor big = empty({1 << 18});  // 1 MiB: cached when freed
+    first = big.data_ptr();
+  }
+  MemoryStats after_free = memory::stats(Device::cpu());
+  CHECK(after_free.allocated_bytes == base.allocated_bytes);
+#if !defined(__SANITIZE_ADDRESS__)  // the cache is off under AddressSanitizer
+  CHECK(after_free.reserved_bytes == base.reserved_bytes + (1 << 20));
+  {
+    Tensor again = empty({1 << 18});
+    CHECK(again.data_ptr() == first);  // the same block, no new pages
+    CHECK(memory::stats(Device::cpu()).reserved_bytes == base.reserved_bytes + (1 << 20));
+    Tensor other = empty({(1 << 18) + 1000});  // another size class: a new block
+    CHECK(other.data_ptr() != first);
+  }
+#endif
+  memory::empty_cache(Device::cpu());
+  MemoryStats emptied = memory::stats(Device::cpu());
+  CHECK(emptied.reserved_bytes == emptied.allocated_bytes);
+  CHECK(emptied.allocated_bytes == base.allocated_bytes);
+}
+
 TEST_CASE("printing matches PyTorch") {
   // Expected strings are PyTorch 1.13's repr() with torch. -> kiln. and grad_fn names without the
   // trailing 0.
