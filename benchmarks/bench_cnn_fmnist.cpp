@@ -1,10 +1,9 @@
 // bench_cnn_fmnist: BENCHMARKS.md workload "d. cnn_fmnist" for Kiln:
-// Conv(1->32, 3x3, pad 1)-ReLU- MaxPool2 - Conv(32->64, 3x3, pad
-// 1)-ReLU-MaxPool2 - Flatten(3136) - Linear(3136,128)-ReLU- Linear(128,10) on
-// Fashion-MNIST, PyTorch's default init, Adam lr 1e-3 (its defaults: betas
-// (0.9, 0.999), eps 1e-8), batches of 128, 1 epoch (--epochs to change). One
-// JSON line with s_per_epoch, s_epoch_median, test_acc and peak_rss_mib. Shared
-// loop: fmnist_bench.h. Anchor: benchmarks/anchors/anchor_cnn_fmnist.cpp.
+// Conv(1->32, 3x3, pad 1)-ReLU-MaxPool2 - Conv(32->64, 3x3, pad 1)-ReLU-MaxPool2 - Flatten(3136) -
+// Linear(3136,128)-ReLU-Linear(128,10) on Fashion-MNIST, PyTorch's default init, Adam lr 1e-3 (its
+// defaults: betas (0.9, 0.999), eps 1e-8), batches of 128, 1 epoch (--epochs, --data DIR to
+// change). One JSON line with s_per_epoch, s_epoch_median, test_acc and peak_rss_mib. Shared loop:
+// fmnist_bench.h. Anchor: benchmarks/anchors/anchor_cnn_fmnist.cpp.
 #include "fmnist_bench.h"
 
 using namespace kiln;
@@ -23,9 +22,9 @@ struct Cnn : nn::Module {
 };
 
 int main(int argc, char** argv) {
-  int epochs = fmnist_bench::parse_epochs(argc, argv, /*default_epochs=*/1);
+  fmnist_bench::Options options = fmnist_bench::parse_args(argc, argv, /*default_epochs=*/1);
   manual_seed(fmnist_bench::kSeed);
   Cnn net;
   optim::Adam optimizer(net.parameters(), {.lr = 1e-3});
-  return fmnist_bench::run("cnn_fmnist", net, optimizer, epochs);
+  return fmnist_bench::run("cnn_fmnist", net, optimizer, options);
 }

@@ -1,9 +1,8 @@
 // bench_mlp_fmnist: BENCHMARKS.md workload "c. mlp_fmnist" for Kiln:
-// Linear(784,512)-ReLU- Linear(512,256)-ReLU-Linear(256,10) on Fashion-MNIST,
-// PyTorch's default init, SGD lr 0.05 momentum 0.9, batches of 128, 3 epochs
-// (--epochs to change). One JSON line with s_per_epoch, s_epoch_median,
-// test_acc and peak_rss_mib. Shared loop: fmnist_bench.h. Anchor:
-// benchmarks/anchors/anchor_mlp_fmnist.cpp.
+// Linear(784,512)-ReLU-Linear(512,256)-ReLU-Linear(256,10) on Fashion-MNIST, PyTorch's default
+// init, SGD lr 0.05 momentum 0.9, batches of 128, 3 epochs (--epochs, --data DIR to change). One
+// JSON line with s_per_epoch, s_epoch_median, test_acc and peak_rss_mib. Shared loop:
+// fmnist_bench.h. Anchor: benchmarks/anchors/anchor_mlp_fmnist.cpp.
 #include "fmnist_bench.h"
 
 using namespace kiln;
@@ -21,9 +20,9 @@ struct Mlp : nn::Module {
 };
 
 int main(int argc, char** argv) {
-  int epochs = fmnist_bench::parse_epochs(argc, argv, /*default_epochs=*/3);
+  fmnist_bench::Options options = fmnist_bench::parse_args(argc, argv, /*default_epochs=*/3);
   manual_seed(fmnist_bench::kSeed);
   Mlp net;
   optim::SGD optimizer(net.parameters(), {.lr = 0.05, .momentum = 0.9});
-  return fmnist_bench::run("mlp_fmnist", net, optimizer, epochs);
+  return fmnist_bench::run("mlp_fmnist", net, optimizer, options);
 }

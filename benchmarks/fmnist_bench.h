@@ -1,13 +1,11 @@
-// fmnist_bench.h: what bench_mlp_fmnist.cpp and bench_cnn_fmnist.cpp share: the
-// training epoch and test pass of BENCHMARKS.md "Fashion-MNIST", peak RSS, and
-// the JSON result line (the same keys as the LibTorch anchors,
-// benchmarks/anchors/fmnist_anchor.h).
+// fmnist_bench.h: what bench_mlp_fmnist.cpp and bench_cnn_fmnist.cpp share: the training epoch and
+// test pass of BENCHMARKS.md "Fashion-MNIST", peak RSS, and the JSON result line (the same keys as
+// the LibTorch anchors, benchmarks/anchors/fmnist_anchor.h).
 //
-// Data comes from Kiln's data::FashionMNIST (Debian's dataset-fashion-mnist,
-// read gzipped) through a data::DataLoader: batches of 128, a fresh seeded
-// shuffle each epoch, the last partial batch kept (469 steps), each batch float
-// [B, 1, 28, 28] with pixels / 255. A step is zero_grad, mean cross-entropy,
-// backward, optimizer step; only the training loop is timed.
+// Data comes from Kiln's data::FashionMNIST (Debian's dataset-fashion-mnist, read gzipped) through
+// a data::DataLoader: batches of 128, a fresh seeded shuffle each epoch, the last partial batch
+// kept (469 steps), each batch float [B, 1, 28, 28] with pixels / 255. A step is zero_grad, mean
+// cross-entropy, backward, optimizer step; only the training loop is timed.
 #pragma once
 
 #include <kiln/kiln.h>
@@ -26,8 +24,7 @@ namespace fmnist_bench {
 constexpr int64_t kBatch = 128;
 constexpr uint64_t kSeed = 0;
 
-// Peak resident set size of the whole process so far, in MiB (ru_maxrss is in
-// KiB on Linux).
+// Peak resident set size of the whole process so far, in MiB (ru_maxrss is in KiB on Linux).
 inline double peak_rss_mib() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
@@ -40,9 +37,15 @@ inline double median(std::vector<double> values) {
   return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
 }
 
-// Parses --epochs N; exits with a usage line on anything else.
-inline int parse_epochs(int argc, char** argv, int default_epochs) {
-  int epochs = default_epochs;
+struct Options {
+  int epochs = 0;
+  std::string root = kiln::data::FashionMNIST::kDefaultRoot;
+};
+
+// Parses --epochs N and --data DIR (the flags of the anchors); exits with a usage line on anything
+// else.
+inline Options parse_args(int argc, char** argv, int default_epochs) {
+  Options options{.epochs = default_epochs};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--epochs" && i + 1 < argc) {
@@ -52,27 +55,30 @@ inline int parse_epochs(int argc, char** argv, int default_epochs) {
         std::fprintf(stderr, "%s: bad --epochs value '%s'\n", argv[0], argv[i]);
         std::exit(2);
       }
-      epochs = static_cast<int>(value);
+      options.epochs = static_cast<int>(value);
+    } else if (arg == "--data" && i + 1 < argc) {
+      options.root = argv[++i];
     } else {
-      std::fprintf(stderr, "usage: %s [--epochs %d]\n", argv[0], default_epochs);
+      std::fprintf(stderr, "usage: %s [--epochs %d] [--data %s]\n", argv[0], default_epochs,
+                   kiln::data::FashionMNIST::kDefaultRoot);
       std::exit(arg == "--help" || arg == "-h" ? 0 : 2);
     }
   }
-  return epochs;
+  return options;
 }
 
-// Trains net for `epochs` epochs with `optimizer`, tests it, and prints the one
-// JSON result line. Returns the process exit status.
+// Trains net for options.epochs epochs with `optimizer`, tests it, and prints the one JSON result
+// line. Returns the process exit status.
 template <typename Net, typename Optimizer>
-int run(const char* bench, Net& net, Optimizer& optimizer, int epochs) {
+int run(const char* bench, Net& net, Optimizer& optimizer, const Options& options) {
   using Clock = std::chrono::steady_clock;
   try {
-    kiln::data::DataLoader train(kiln::data::FashionMNIST::train(),
+    kiln::data::DataLoader train(kiln::data::FashionMNIST::train(options.root),
                                  {.batch_size = kBatch, .shuffle = true, .seed = kSeed});
     std::vector<double> seconds;
     double loss_final = 0;
     int64_t steps = 0;
-    for (int epoch = 0; epoch < epochs; ++epoch) {
+    for (int epoch = 0; epoch < options.epochs; ++epoch) {
       net.train();
       steps = 0;
       kiln::Tensor loss;
@@ -90,7 +96,7 @@ int run(const char* bench, Net& net, Optimizer& optimizer, int epochs) {
 
     kiln::NoGradGuard no_grad;
     net.eval();
-    kiln::data::DataLoader test(kiln::data::FashionMNIST::test(), {.batch_size = 1000});
+    kiln::data::DataLoader test(kiln::data::FashionMNIST::test(options.root), {.batch_size = 1000});
     int64_t correct = 0, total = 0;
     for (auto& [x, y] : test) {
       correct += net.forward(x).argmax(1).eq(y).sum().template item<int64_t>();
@@ -108,8 +114,8 @@ int run(const char* bench, Net& net, Optimizer& optimizer, int epochs) {
         "\"epochs\":%d,"
         "\"steps_per_epoch\":%lld,\"s_per_epoch\":[%s],\"s_epoch_median\":%.4f,"
         "\"loss_final\":%.4f,\"test_acc\":%.4f,\"peak_rss_mib\":%.1f}\n",
-        bench, kiln::get_num_threads(), epochs, static_cast<long long>(steps), per_epoch.c_str(),
-        median(seconds), loss_final, accuracy, peak_rss_mib());
+        bench, kiln::get_num_threads(), options.epochs, static_cast<long long>(steps),
+        per_epoch.c_str(), median(seconds), loss_final, accuracy, peak_rss_mib());
     std::fflush(stdout);
   } catch (const std::exception& err) {
     std::fprintf(stderr, "%s: %s\n", bench, err.what());

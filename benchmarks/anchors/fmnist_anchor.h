@@ -1,17 +1,15 @@
 // fmnist_anchor.h: what the two Fashion-MNIST anchors (anchor_mlp_fmnist.cpp,
-// anchor_cnn_fmnist.cpp) share: reading the gzipped IDX files with zlib, the
-// training epoch and test pass of BENCHMARKS.md "Fashion-MNIST", peak RSS, and
-// the JSON result line. Siblings: CMakeLists.txt and README.md in
-// benchmarks/anchors/. The Kiln counterparts (bench_mlp_fmnist,
-// bench_cnn_fmnist) use Kiln's own data::FashionMNIST instead; this project
-// must not depend on Kiln.
+// anchor_cnn_fmnist.cpp) share: reading the gzipped IDX files with zlib, the training epoch and
+// test pass of BENCHMARKS.md "Fashion-MNIST", peak RSS, and the JSON result line. Siblings:
+// CMakeLists.txt and README.md in benchmarks/anchors/. The Kiln counterparts (bench_mlp_fmnist,
+// bench_cnn_fmnist) use Kiln's own data::FashionMNIST instead; this project must not depend on
+// Kiln.
 //
-// The data is held the way torch::data::datasets::MNIST holds it: images as one
-// float tensor [N, 1, 28, 28] with pixels / 255 (no normalisation), labels as
-// int64 [N]. Each epoch draws a fresh permutation of the training set (seeded
-// through torch::manual_seed), takes batches of 128 with the last partial batch
-// kept (60,000 -> 469 steps) and runs zero_grad, mean cross-entropy, backward
-// and the optimizer step. Only that loop is timed.
+// The data is held the way torch::data::datasets::MNIST holds it: images as one float tensor
+// [N, 1, 28, 28] with pixels / 255 (no normalisation), labels as int64 [N]. Each epoch draws a
+// fresh permutation of the training set (seeded through torch::manual_seed), takes batches of 128
+// with the last partial batch kept (60,000 -> 469 steps) and runs zero_grad, mean cross-entropy,
+// backward and the optimizer step. Only that loop is timed.
 
 #pragma once
 
@@ -66,9 +64,8 @@ inline uint32_t BigEndian32(const std::vector<uint8_t>& bytes, size_t offset) {
          (uint32_t{bytes[offset + 2]} << 8) | uint32_t{bytes[offset + 3]};
 }
 
-// Reads an IDX file of unsigned bytes with the given number of dimensions
-// (magic 0x0000080N); returns the dimensions and leaves the payload in
-// *payload.
+// Reads an IDX file of unsigned bytes with the given number of dimensions (magic 0x0000080N);
+// returns the dimensions and leaves the payload in *payload.
 inline std::vector<int64_t> ReadIdx(const std::string& path, int ndim,
                                     std::vector<uint8_t>* payload) {
   std::vector<uint8_t> bytes = ReadGz(path);
@@ -110,8 +107,7 @@ inline Split LoadSplit(const std::string& root, const std::string& prefix) {
   return split;
 }
 
-// Peak resident set size of the whole process so far, in MiB (ru_maxrss is in
-// KiB on Linux).
+// Peak resident set size of the whole process so far, in MiB (ru_maxrss is in KiB on Linux).
 inline double PeakRssMib() {
   struct rusage usage {};
   getrusage(RUSAGE_SELF, &usage);
@@ -130,8 +126,7 @@ struct EpochResult {
   int64_t steps = 0;
 };
 
-// One training epoch over a fresh permutation. Returns its wall time (the loop
-// only).
+// One training epoch over a fresh permutation. Returns its wall time (the loop only).
 template <typename Model>
 EpochResult TrainEpoch(Model& model, torch::optim::Optimizer& optimizer, const Split& train) {
   using Clock = std::chrono::steady_clock;
@@ -201,8 +196,7 @@ inline Options ParseArgs(int argc, char** argv, int default_epochs) {
   return options;
 }
 
-// Loads the data, trains for options.epochs, tests, and prints the one JSON
-// result line.
+// Loads the data, trains for options.epochs, tests, and prints the one JSON result line.
 template <typename Model>
 int Run(const char* bench, Model& model, torch::optim::Optimizer& optimizer,
         const Options& options) {
