@@ -94,8 +94,12 @@ struct Data {
 
 Data make_data(const TrainOptions& o) {
   if (o.dataset == "fashion-mnist") {
-    return {first(std::make_shared<data::FashionMNIST>(data::FashionMNIST::train(o.data_root)), 0, o.limit_train),
-            first(std::make_shared<data::FashionMNIST>(data::FashionMNIST::test(o.data_root)), 0, o.limit_test)};
+    try {
+      return {first(std::make_shared<data::FashionMNIST>(data::FashionMNIST::train(o.data_root)), 0, o.limit_train),
+              first(std::make_shared<data::FashionMNIST>(data::FashionMNIST::test(o.data_root)), 0, o.limit_test)};
+    } catch (const Error& e) {
+      KILN_FAIL("{} (or train on --dataset synthetic, which needs no files)", e.what());
+    }
   }
   // Synthetic: one set of class patterns; the test samples are the ones after the training samples.
   const int64_t n_train = o.limit_train > 0 ? o.limit_train : 12000;
