@@ -41,9 +41,10 @@ std::string plot_history(const History& h, const std::string& dir, std::string* 
       "set title 'training loss'; set xlabel 'step'; set ylabel 'loss'; set grid\n"
       "plot '{}' index 0 using 1:2 with lines title 'train loss'\n"
       "set title 'test accuracy'; set xlabel 'epoch'; set ylabel 'accuracy'; set yrange [0:1]\n"
+      "set xrange [0.5:{}]; set xtics 1; set key bottom right\n"  // whole epochs, even just one
       "plot '{}' index 1 using 1:3 with linespoints pt 7 title 'test accuracy'\n"
       "unset multiplot\n",
-      png, tsv, tsv);
+      png, tsv, h.epoch.empty() ? 1.5 : h.epoch.back() + 0.5, tsv);
   if (!write_text(tsv, data) || !write_text(gp, script)) {
     *why = fmt::format("could not write {} or {}", tsv, gp);
     return "";
