@@ -220,36 +220,23 @@ void conv2d_backward_weight_typed(const View& grad_out, const View& input, const
   }
 }
 
-template <typename F>
-void dispatch_float(DType dtype, const char* op, const F& f) {
-  switch (dtype) {
-    case DType::Float32: return f(float{});
-    case DType::Float64: return f(double{});
-    default: KILN_FAIL("{}: the CPU kernel takes float32 or float64, got {}", op, dtype_name(dtype));
-  }
-}
-
 }  // namespace
 
 void conv2d_kernel(const View& input, const View& weight, const View& bias, const View& out,
                    const Conv2dArgs& args) {
-  dispatch_float(out.dtype, "conv2d", [&](auto t) {
-    conv2d_typed<decltype(t)>(input, weight, bias, out, args);
-  });
+  KILN_DISPATCH_F32_F64(out.dtype, "conv2d", [&] { conv2d_typed<scalar_t>(input, weight, bias, out, args); });
 }
 
 void conv2d_backward_input_kernel(const View& grad_out, const View& weight, const View& grad_input,
                                   const Conv2dArgs& args) {
-  dispatch_float(grad_input.dtype, "conv2d_backward_input", [&](auto t) {
-    conv2d_backward_input_typed<decltype(t)>(grad_out, weight, grad_input, args);
-  });
+  KILN_DISPATCH_F32_F64(grad_input.dtype, "conv2d_backward_input",
+                        [&] { conv2d_backward_input_typed<scalar_t>(grad_out, weight, grad_input, args); });
 }
 
 void conv2d_backward_weight_kernel(const View& grad_out, const View& input, const View& grad_weight,
                                    const Conv2dArgs& args) {
-  dispatch_float(grad_weight.dtype, "conv2d_backward_weight", [&](auto t) {
-    conv2d_backward_weight_typed<decltype(t)>(grad_out, input, grad_weight, args);
-  });
+  KILN_DISPATCH_F32_F64(grad_weight.dtype, "conv2d_backward_weight",
+                        [&] { conv2d_backward_weight_typed<scalar_t>(grad_out, input, grad_weight, args); });
 }
 
 }  // namespace kiln::cpu

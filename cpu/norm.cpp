@@ -47,11 +47,7 @@ void norm_rows_typed(const View& in, const View& out, const View& mean, const Vi
 
 void norm_rows_kernel(const View& in, const View& out, const View& mean, const View& rstd, double eps,
                       bool rms) {
-  switch (out.dtype) {
-    case DType::Float32: return norm_rows_typed<float>(in, out, mean, rstd, eps, rms);
-    case DType::Float64: return norm_rows_typed<double>(in, out, mean, rstd, eps, rms);
-    default: KILN_FAIL("norm: the CPU kernel takes float32 or float64, got {}", dtype_name(out.dtype));
-  }
+  KILN_DISPATCH_F32_F64(out.dtype, "norm", [&] { norm_rows_typed<scalar_t>(in, out, mean, rstd, eps, rms); });
 }
 
 }  // namespace kiln::cpu

@@ -14,14 +14,6 @@
 namespace kiln::cpu {
 namespace {
 
-template <typename F>
-void dispatch_float(DType dtype, const char* op, const F& f) {
-  switch (dtype) {
-    case DType::Float32: return f(float{});
-    case DType::Float64: return f(double{});
-    default: KILN_FAIL("{}: the CPU kernel takes float32 or float64, got {}", op, dtype_name(dtype));
-  }
-}
 
 // Runs fn(plane) for every plane of a (N, C, ...) view, in parallel; `work` is the cost of one plane.
 template <typename F>
@@ -144,8 +136,10 @@ inline AvgWindow avg_window(int64_t oh, int64_t ow, int64_t H, int64_t W, const 
   return {h0, h1, w0, w1, divisor};
 }
 
-template <typename T>
-void avg_pool2d_typed(const View& in, const View& out, const Pool2dArgs& a) {
+// Average pooling over windows: window(oh, ow) gives output (oh, ow)'s window, clipped to the input,
+// and its divisor. Plain and adaptive average pooling differ only in that function.
+template <typename T, typename Window>
+void avg_windows_forward(const View& in, const View& out, const Window& window) {
   const int64_t H = in.sizes[2], W = in.sizes[3], Ho = out.sizes[2], Wo = out.sizes[3];
   const T* x = in.ptr<T>();
   T* y = out.ptr<T>();
@@ -154,22 +148,19 @@ void avg_pool2d_typed(const View& in, const View& out, const Pool2dArgs& a) {
     T* yp = y + p * Ho * Wo;
     for (int64_t oh = 0; oh < Ho; ++oh) {
       for (int64_t ow = 0; ow < Wo; ++ow) {
-        const AvgWindow win = avg_window(oh, ow, H, W, a);
-        if (win.h0 >= win.h1 || win.w0 >= win.w1) {
-          yp[oh * Wo + ow] = T(0);
-          continue;
-        }
-        T sum = 0;
+        const AvgWindow win = window(oh, ow);
+        T sum = 0;  // an empty window (all padding) averages to 0
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) sum += xp[h * W + w];
-        yp[oh * Wo + ow] = sum / static_cast<T>(win.divisor);
+        yp[oh * Wo + ow] = win.h0 < win.h1 && win.w0 < win.w1 ? sum / static_cast<T>(win.divisor) : T(0);
       }
     }
   });
 }
 
-template <typename T>
-void avg_pool2d_backward_typed(const View& grad_out, const View& grad_in, const Pool2dArgs& a) {
+// Each output's gradient, divided by its divisor, is added to every input of its window.
+template <typename T, typename Window>
+void avg_windows_backward(const View& grad_out, const View& grad_in, const Window& window) {
   const int64_t H = grad_in.sizes[2], W = grad_in.sizes[3], Ho = grad_out.sizes[2], Wo = grad_out.sizes[3];
   const T* gy = grad_out.ptr<T>();
   T* gx = grad_in.ptr<T>();
@@ -179,7 +170,7 @@ void avg_pool2d_backward_typed(const View& grad_out, const View& grad_in, const 
     const T* g = gy + p * Ho * Wo;
     for (int64_t oh = 0; oh < Ho; ++oh) {
       for (int64_t ow = 0; ow < Wo; ++ow) {
-        const AvgWindow win = avg_window(oh, ow, H, W, a);
+        const AvgWindow win = window(oh, ow);
         const T share = g[oh * Wo + ow] / static_cast<T>(win.divisor);
         for (int64_t h = win.h0; h < win.h1; ++h)
           for (int64_t w = win.w0; w < win.w1; ++w) gp[h * W + w] += share;
@@ -188,74 +179,46 @@ void avg_pool2d_backward_typed(const View& grad_out, const View& grad_in, const 
   });
 }
 
-// Adaptive windows: [floor(i * in / out), ceil((i + 1) * in / out)).
-inline int64_t adaptive_start(int64_t i, int64_t in, int64_t out) { return i * in / out; }
-inline int64_t adaptive_end(int64_t i, int64_t in, int64_t out) { return ((i + 1) * in + out - 1) / out; }
-
-template <typename T>
-void adaptive_avg_pool2d_typed(const View& in, const View& out) {
-  const int64_t H = in.sizes[2], W = in.sizes[3], Ho = out.sizes[2], Wo = out.sizes[3];
-  const T* x = in.ptr<T>();
-  T* y = out.ptr<T>();
-  for_planes(in.sizes[0] * in.sizes[1], H * W, [&](int64_t p) {
-    const T* xp = x + p * H * W;
-    T* yp = y + p * Ho * Wo;
-    for (int64_t oh = 0; oh < Ho; ++oh) {
-      const int64_t h0 = adaptive_start(oh, H, Ho), h1 = adaptive_end(oh, H, Ho);
-      for (int64_t ow = 0; ow < Wo; ++ow) {
-        const int64_t w0 = adaptive_start(ow, W, Wo), w1 = adaptive_end(ow, W, Wo);
-        T sum = 0;
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t w = w0; w < w1; ++w) sum += xp[h * W + w];
-        yp[oh * Wo + ow] = sum / static_cast<T>((h1 - h0) * (w1 - w0));
-      }
-    }
-  });
-}
-
-template <typename T>
-void adaptive_avg_pool2d_backward_typed(const View& grad_out, const View& grad_in) {
-  const int64_t H = grad_in.sizes[2], W = grad_in.sizes[3], Ho = grad_out.sizes[2], Wo = grad_out.sizes[3];
-  const T* gy = grad_out.ptr<T>();
-  T* gx = grad_in.ptr<T>();
-  for_planes(grad_in.sizes[0] * grad_in.sizes[1], H * W, [&](int64_t p) {
-    T* gp = gx + p * H * W;
-    std::memset(gp, 0, sizeof(T) * H * W);
-    const T* g = gy + p * Ho * Wo;
-    for (int64_t oh = 0; oh < Ho; ++oh) {
-      const int64_t h0 = adaptive_start(oh, H, Ho), h1 = adaptive_end(oh, H, Ho);
-      for (int64_t ow = 0; ow < Wo; ++ow) {
-        const int64_t w0 = adaptive_start(ow, W, Wo), w1 = adaptive_end(ow, W, Wo);
-        const T share = g[oh * Wo + ow] / static_cast<T>((h1 - h0) * (w1 - w0));
-        for (int64_t h = h0; h < h1; ++h)
-          for (int64_t w = w0; w < w1; ++w) gp[h * W + w] += share;
-      }
-    }
-  });
-}
+// Adaptive windows: [floor(i * in / out), ceil((i + 1) * in / out)) in each dim, divided by their size.
+struct AdaptiveWindows {
+  int64_t H, W, Ho, Wo;
+  AvgWindow operator()(int64_t oh, int64_t ow) const {
+    const int64_t h0 = oh * H / Ho, h1 = ((oh + 1) * H + Ho - 1) / Ho;
+    const int64_t w0 = ow * W / Wo, w1 = ((ow + 1) * W + Wo - 1) / Wo;
+    return {h0, h1, w0, w1, static_cast<double>((h1 - h0) * (w1 - w0))};
+  }
+};
 
 }  // namespace
 
 void max_pool2d_kernel(const View& in, const View& out, const View& indices, const Pool2dArgs& args) {
-  dispatch_float(out.dtype, "max_pool2d", [&](auto t) { max_pool2d_typed<decltype(t)>(in, out, indices, args); });
+  KILN_DISPATCH_F32_F64(out.dtype, "max_pool2d", [&] { max_pool2d_typed<scalar_t>(in, out, indices, args); });
 }
 void max_pool2d_backward_kernel(const View& grad_out, const View& indices, const View& grad_in) {
-  dispatch_float(grad_in.dtype, "max_pool2d_backward",
-                 [&](auto t) { max_pool2d_backward_typed<decltype(t)>(grad_out, indices, grad_in); });
+  KILN_DISPATCH_F32_F64(grad_in.dtype, "max_pool2d_backward",
+                        [&] { max_pool2d_backward_typed<scalar_t>(grad_out, indices, grad_in); });
 }
 void avg_pool2d_kernel(const View& in, const View& out, const Pool2dArgs& args) {
-  dispatch_float(out.dtype, "avg_pool2d", [&](auto t) { avg_pool2d_typed<decltype(t)>(in, out, args); });
+  const int64_t H = in.sizes[2], W = in.sizes[3];
+  KILN_DISPATCH_F32_F64(out.dtype, "avg_pool2d", [&] {
+    avg_windows_forward<scalar_t>(in, out, [&](int64_t oh, int64_t ow) { return avg_window(oh, ow, H, W, args); });
+  });
 }
 void avg_pool2d_backward_kernel(const View& grad_out, const View& grad_in, const Pool2dArgs& args) {
-  dispatch_float(grad_in.dtype, "avg_pool2d_backward",
-                 [&](auto t) { avg_pool2d_backward_typed<decltype(t)>(grad_out, grad_in, args); });
+  const int64_t H = grad_in.sizes[2], W = grad_in.sizes[3];
+  KILN_DISPATCH_F32_F64(grad_in.dtype, "avg_pool2d_backward", [&] {
+    avg_windows_backward<scalar_t>(grad_out, grad_in,
+                                   [&](int64_t oh, int64_t ow) { return avg_window(oh, ow, H, W, args); });
+  });
 }
 void adaptive_avg_pool2d_kernel(const View& in, const View& out) {
-  dispatch_float(out.dtype, "adaptive_avg_pool2d", [&](auto t) { adaptive_avg_pool2d_typed<decltype(t)>(in, out); });
+  const AdaptiveWindows windows{in.sizes[2], in.sizes[3], out.sizes[2], out.sizes[3]};
+  KILN_DISPATCH_F32_F64(out.dtype, "adaptive_avg_pool2d", [&] { avg_windows_forward<scalar_t>(in, out, windows); });
 }
 void adaptive_avg_pool2d_backward_kernel(const View& grad_out, const View& grad_in) {
-  dispatch_float(grad_in.dtype, "adaptive_avg_pool2d_backward",
-                 [&](auto t) { adaptive_avg_pool2d_backward_typed<decltype(t)>(grad_out, grad_in); });
+  const AdaptiveWindows windows{grad_in.sizes[2], grad_in.sizes[3], grad_out.sizes[2], grad_out.sizes[3]};
+  KILN_DISPATCH_F32_F64(grad_in.dtype, "adaptive_avg_pool2d_backward",
+                        [&] { avg_windows_backward<scalar_t>(grad_out, grad_in, windows); });
 }
 
 }  // namespace kiln::cpu

@@ -45,16 +45,16 @@ int main(int argc, char** argv) {
       return 0;
     }
     train::TrainOptions o;
-    o.model = flags.get_choice("model", {"mlp", "cnn", "resnet"});
-    o.dataset = flags.get_choice("dataset", {"fashion-mnist", "synthetic"});
+    o.model = flags.get_choice("model", train::Choices::model);
+    o.dataset = flags.get_choice("dataset", train::Choices::dataset);
     o.data_root = flags.get("data-root");
     o.epochs = flags.get_int("epochs", 1);
     o.batch_size = flags.get_int("batch-size", 1);
-    o.optimizer = flags.get_choice("optimizer", {"sgd", "adam", "adamw", "rmsprop", "adagrad"});
+    o.optimizer = flags.get_choice("optimizer", train::Choices::optimizer);
     if (flags.given("lr")) o.lr = flags.get_double("lr");
     if (flags.given("momentum")) o.momentum = flags.get_double("momentum");
     if (flags.given("weight-decay")) o.weight_decay = flags.get_double("weight-decay");
-    o.scheduler = flags.get_choice("scheduler", {"none", "step", "cosine", "onecycle", "warmup-cosine"});
+    o.scheduler = flags.get_choice("scheduler", train::Choices::scheduler);
     o.seed = static_cast<uint64_t>(flags.get_int("seed", 0));
     o.device = flags.get("device");
     o.threads = static_cast<int>(flags.get_int("threads", 0));

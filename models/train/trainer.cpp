@@ -1,6 +1,8 @@
 // models/train/trainer.cpp: see trainer.h.
 #include "models/train/trainer.h"
 
+#include <fmt/format.h>
+
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -20,6 +22,11 @@ namespace kiln::train {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+
+const std::vector<std::string> Choices::model = models::vision_model_names();
+const std::vector<std::string> Choices::dataset = {"fashion-mnist", "synthetic"};
+const std::vector<std::string> Choices::optimizer = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
+const std::vector<std::string> Choices::scheduler = {"none", "step", "cosine", "onecycle", "warmup-cosine"};
 
 namespace {
 
@@ -56,18 +63,16 @@ void apply_config(const json& c, TrainOptions& o) {
 }
 
 void check_options(const TrainOptions& o) {
-  auto one_of = [](const std::string& flag, const std::string& v, std::initializer_list<const char*> choices) {
-    for (const char* c : choices) {
+  auto one_of = [](const char* flag, const std::string& v, const std::vector<std::string>& choices) {
+    for (const std::string& c : choices) {
       if (v == c) return;
     }
-    std::string list;
-    for (const char* c : choices) list += (list.empty() ? "" : ", ") + std::string(c);
-    KILN_FAIL("--{} must be one of {}, not '{}'", flag, list, v);
+    KILN_FAIL("--{} must be one of {}, not '{}'", flag, fmt::format("{}", fmt::join(choices, ", ")), v);
   };
-  one_of("model", o.model, {"mlp", "cnn", "resnet"});
-  one_of("dataset", o.dataset, {"fashion-mnist", "synthetic"});
-  one_of("optimizer", o.optimizer, {"sgd", "adam", "adamw", "rmsprop", "adagrad"});
-  one_of("scheduler", o.scheduler, {"none", "step", "cosine", "onecycle", "warmup-cosine"});
+  one_of("model", o.model, Choices::model);
+  one_of("dataset", o.dataset, Choices::dataset);
+  one_of("optimizer", o.optimizer, Choices::optimizer);
+  one_of("scheduler", o.scheduler, Choices::scheduler);
   KILN_CHECK(o.epochs >= 1, "--epochs must be at least 1, not {}", o.epochs);
   KILN_CHECK(o.batch_size >= 1, "--batch-size must be at least 1, not {}", o.batch_size);
   KILN_CHECK(o.threads >= 0, "--threads must be 0 (every core) or more, not {}", o.threads);

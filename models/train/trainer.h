@@ -10,10 +10,16 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "models/train/plot.h"
 
 namespace kiln::train {
+
+// The values of TrainOptions' named choices; kiln-train's flags and train()'s checks both use them.
+struct Choices {
+  static const std::vector<std::string> model, dataset, optimizer, scheduler;
+};
 
 struct TrainOptions {
   std::string model = "cnn";               // mlp | cnn | resnet
