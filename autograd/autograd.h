@@ -24,6 +24,11 @@ void backward(const TensorList& tensors, const TensorList& grad_tensors = {}, bo
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs = {},
                 std::optional<bool> retain_graph = {}, bool create_graph = false, bool allow_unused = false);
 
+// Runs fn when the backward now running on this thread has finished with every node (PyTorch's
+// Variable._execution_engine.queue_callback). Call it from a hook; DistributedDataParallel waits
+// for its last all-reduce this way, so that backward() returns with the gradients averaged.
+void queue_callback(std::function<void()> fn);
+
 // Finite-difference checks in float64 (central differences), against the backward with a random
 // cotangent: pass when |analytic - numeric| <= atol + rtol * |numeric| everywhere.
 struct GradcheckOptions {

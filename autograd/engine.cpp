@@ -9,6 +9,7 @@
 // grad() runs the same walk but only the nodes that lead to the requested inputs, and reads the
 // gradients arriving there instead of accumulating into leaves.
 #include <algorithm>
+#include <atomic>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -35,6 +36,29 @@ void AutogradContext::wire_saved(const TensorList& outputs) {
 }
 
 namespace {
+
+// queue_callback(): the callbacks of the backward running on this thread (a backward started from
+// inside a hook gets its own list).
+thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;
+
+class CallbackScope {
+ public:
+  CallbackScope() : outer_(t_callbacks) { t_callbacks = &mine_; }
+  ~CallbackScope() { t_callbacks = outer_; }
+  CallbackScope(const CallbackScope&) = delete;
+  CallbackScope& operator=(const CallbackScope&) = delete;
+  void run() {  // in order; a callback may queue more
+    for (size_t i = 0; i < mine_.size(); ++i) {
+      auto fn = std::move(mine_[i]);
+      fn();
+    }
+    mine_.clear();
+  }
+
+ private:
+  std::vector<std::function<void()>>* outer_;
+  std::vector<std::function<void()>> mine_;
+};
 
 struct Capture {  // grad(): read the gradient arriving at (node, input_nr)
   Node* node;
@@ -105,6 +129,7 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
   }
 
   AutoGradMode mode(create_graph);
+  CallbackScope callbacks;
   while (!ready.empty()) {
     Node* n = ready.top();
     ready.pop();
@@ -139,6 +164,7 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
       if (--deps[e.fn.get()] == 0) ready.push(e.fn.get());
     }
   }
+  callbacks.run();
   return captured;
 }
 
@@ -206,6 +232,12 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
   return result;
 }
 
+void queue_callback(std::function<void()> fn) {
+  KILN_CHECK(t_callbacks != nullptr,
+             "queue_callback: no backward is running on this thread; call it from a hook during backward");
+  t_callbacks->push_back(std::move(fn));
+}
+
 }  // namespace kiln::autograd
 
 namespace kiln {
@@ -219,6 +251,22 @@ void Tensor::register_hook(TensorHook fn) const {
   KILN_CHECK(requires_grad(), "register_hook: the tensor does not require grad, so no gradient will reach it");
   if (is_leaf()) impl_->leaf_hooks.push_back(std::move(fn));
   else impl_->grad_fn->pre_hooks.push_back({impl_->output_nr, std::move(fn)});
+}
+
+uint64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook fn) const {
+  KILN_CHECK(is_leaf() && requires_grad(),
+             "register_post_accumulate_grad_hook: only a leaf that requires grad accumulates a gradient "
+             "(this tensor is {}); register it on a parameter",
+             is_leaf() ? "a leaf without requires_grad" : "the result of an op");
+  static std::atomic<uint64_t> next_handle{1};
+  const uint64_t handle = next_handle++;
+  impl_->post_accumulate_hooks.emplace_back(handle, std::move(fn));
+  return handle;
+}
+
+void Tensor::remove_post_accumulate_grad_hook(uint64_t handle) const {
+  auto& hooks = impl_->post_accumulate_hooks;
+  std::erase_if(hooks, [&](const auto& h) { return h.first == handle; });
 }
 
 void Tensor::retain_grad() const {

@@ -78,7 +78,7 @@ enum class BinaryOp : uint8_t {
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
 
-enum class ReduceOp : uint8_t { Sum, Prod, Max, Min, ArgMax, ArgMin, All, Any };
+enum class ReduceKind : uint8_t { Sum, Prod, Max, Min, ArgMax, ArgMin, All, Any };
 
 enum class RandomKind : uint8_t {
   Uniform,    // U[a, b)
@@ -132,7 +132,7 @@ class Backend {
 
   // -- reductions: out has in's rank with size 1 in each reduced dim; ArgMax/ArgMin write int64
   //    and reduce exactly one dim (or the whole tensor, flattened, when out has one element) --
-  virtual void reduce(ReduceOp op, const View& in, const View& out, const Stream& s) = 0;
+  virtual void reduce(ReduceKind op, const View& in, const View& out, const Stream& s) = 0;
 
   // -- linear algebra: c[..., M, N] = a[..., M, K] @ b[..., K, N]; batch dims already broadcast --
   virtual void matmul(const View& a, const View& b, const View& c, const Stream& s) = 0;

@@ -68,6 +68,11 @@ class Tensor {
   // fn(grad) -> replacement grad (or an undefined Tensor to keep it); runs when this tensor's
   // gradient is computed.
   void register_hook(TensorHook fn) const;
+  // fn(leaf) runs after a backward has accumulated into this leaf's .grad() (leaves only).
+  // Returns a handle for remove_post_accumulate_grad_hook. DistributedDataParallel starts its
+  // gradient all-reduce from these.
+  uint64_t register_post_accumulate_grad_hook(PostAccumulateGradHook fn) const;
+  void remove_post_accumulate_grad_hook(uint64_t handle) const;
   void retain_grad() const;  // keep .grad() on a non-leaf
   bool retains_grad() const { return impl_->retains_grad; }
 

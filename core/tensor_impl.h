@@ -11,6 +11,7 @@
 
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -25,6 +26,8 @@ struct Node;
 }
 
 using TensorHook = std::function<Tensor(const Tensor&)>;
+// Runs on a leaf after its .grad() has been updated by a backward (PyTorch's post-accumulate-grad hook).
+using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
 
 struct TensorImpl {
   std::shared_ptr<Storage> storage;
@@ -42,6 +45,7 @@ struct TensorImpl {
   std::weak_ptr<autograd::Node> grad_accumulator;  // a leaf's AccumulateGrad, made on first use
   std::shared_ptr<TensorImpl> grad;
   std::vector<TensorHook> leaf_hooks;  // run on a leaf's gradient before it is accumulated
+  std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_hooks;  // (handle, hook)
 
   Device device() const { return storage->device; }
   int64_t numel() const { return sizes.numel(); }

@@ -38,7 +38,7 @@ class CpuBackend final : public Backend {
              const Stream&) override {
     where_kernel(cond, a, b, out);
   }
-  void reduce(ReduceOp op, const View& in, const View& out, const Stream&) override {
+  void reduce(ReduceKind op, const View& in, const View& out, const Stream&) override {
     reduce_kernel(op, in, out);
   }
   void matmul(const View& a, const View& b, const View& c, const Stream&) override {

@@ -248,22 +248,22 @@ void reduce_with(const View& in, const View& out, bool allow_outer) {
 
 }  // namespace
 
-void reduce_kernel(ReduceOp op, const View& in, const View& out) {
-  if (op == ReduceOp::All || op == ReduceOp::Any) {
+void reduce_kernel(ReduceKind op, const View& in, const View& out) {
+  if (op == ReduceKind::All || op == ReduceKind::Any) {
     KILN_CHECK(in.dtype == kBool, "all/any: the CPU kernel expects bool input");
-    if (op == ReduceOp::All) reduce_with<LogicalR<true>, bool>(in, out, true);
+    if (op == ReduceKind::All) reduce_with<LogicalR<true>, bool>(in, out, true);
     else reduce_with<LogicalR<false>, bool>(in, out, true);
     return;
   }
   KILN_DISPATCH_NUMERIC_TYPES(in.dtype, "reduce", [&] {
     using T = scalar_t;
     switch (op) {
-      case ReduceOp::Sum: return reduce_with<SumR<T>, T>(in, out, true);
-      case ReduceOp::Prod: return reduce_with<ProdR<T>, T>(in, out, true);
-      case ReduceOp::Max: return reduce_with<ExtremeR<T, true>, T>(in, out, true);
-      case ReduceOp::Min: return reduce_with<ExtremeR<T, false>, T>(in, out, true);
-      case ReduceOp::ArgMax: return reduce_with<ArgR<T, true>, T>(in, out, false);
-      case ReduceOp::ArgMin: return reduce_with<ArgR<T, false>, T>(in, out, false);
+      case ReduceKind::Sum: return reduce_with<SumR<T>, T>(in, out, true);
+      case ReduceKind::Prod: return reduce_with<ProdR<T>, T>(in, out, true);
+      case ReduceKind::Max: return reduce_with<ExtremeR<T, true>, T>(in, out, true);
+      case ReduceKind::Min: return reduce_with<ExtremeR<T, false>, T>(in, out, true);
+      case ReduceKind::ArgMax: return reduce_with<ArgR<T, true>, T>(in, out, false);
+      case ReduceKind::ArgMin: return reduce_with<ArgR<T, false>, T>(in, out, false);
       default: KILN_FAIL("reduce: unexpected op");
     }
   });

@@ -63,7 +63,7 @@ class CudaBackend final : public Backend {
     where_launch(cond, a, b, out, s);
   }
 
-  void reduce(ReduceOp op, const View& in, const View& out, const Stream& s) override {
+  void reduce(ReduceKind op, const View& in, const View& out, const Stream& s) override {
     DeviceGuard guard(s.device.index, "reduce");
     reduce_launch(op, in, out, s);
   }

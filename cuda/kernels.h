@@ -32,7 +32,7 @@ void where_launch(const View& cond, const View& a, const View& b, const View& ou
                   const Stream& s);
 
 // reduce.cu
-void reduce_launch(ReduceOp op, const View& in, const View& out, const Stream& s);
+void reduce_launch(ReduceKind op, const View& in, const View& out, const Stream& s);
 void softmax_launch(const View& in, const View& out, int dim, bool log, const Stream& s);
 
 // matmul.cu: c = a @ b on device `device` (cuBLAS for the floating dtypes).

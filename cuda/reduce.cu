@@ -254,24 +254,24 @@ void reduce_with(const View& in, const View& out, cudaStream_t stream) {
 
 }  // namespace
 
-void reduce_launch(ReduceOp op, const View& in, const View& out, const Stream& s) {
+void reduce_launch(ReduceKind op, const View& in, const View& out, const Stream& s) {
   cudaStream_t stream = stream_of(s);
-  if (op == ReduceOp::All || op == ReduceOp::Any) {
+  if (op == ReduceKind::All || op == ReduceKind::Any) {
     KILN_CHECK(in.dtype == kBool, "all/any: the CUDA kernel expects bool input, got {}",
                dtype_name(in.dtype));
-    if (op == ReduceOp::All) reduce_with<LogicalR<true>, bool>(in, out, stream);
+    if (op == ReduceKind::All) reduce_with<LogicalR<true>, bool>(in, out, stream);
     else reduce_with<LogicalR<false>, bool>(in, out, stream);
     return;
   }
   KILN_DISPATCH_NUMERIC_TYPES(in.dtype, "reduce", [&] {
     using T = scalar_t;
     switch (op) {
-      case ReduceOp::Sum: return reduce_with<SumR<T>, T>(in, out, stream);
-      case ReduceOp::Prod: return reduce_with<ProdR<T>, T>(in, out, stream);
-      case ReduceOp::Max: return reduce_with<ExtremeR<T, true>, T>(in, out, stream);
-      case ReduceOp::Min: return reduce_with<ExtremeR<T, false>, T>(in, out, stream);
-      case ReduceOp::ArgMax: return reduce_with<ArgR<T, true>, T>(in, out, stream);
-      case ReduceOp::ArgMin: return reduce_with<ArgR<T, false>, T>(in, out, stream);
+      case ReduceKind::Sum: return reduce_with<SumR<T>, T>(in, out, stream);
+      case ReduceKind::Prod: return reduce_with<ProdR<T>, T>(in, out, stream);
+      case ReduceKind::Max: return reduce_with<ExtremeR<T, true>, T>(in, out, stream);
+      case ReduceKind::Min: return reduce_with<ExtremeR<T, false>, T>(in, out, stream);
+      case ReduceKind::ArgMax: return reduce_with<ArgR<T, true>, T>(in, out, stream);
+      case ReduceKind::ArgMin: return reduce_with<ArgR<T, false>, T>(in, out, stream);
       default: KILN_FAIL("reduce: unexpected op");
     }
   });

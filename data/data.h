@@ -4,6 +4,7 @@
 
 #include "data/byte_text.h"
 #include "data/dataloader.h"
+#include "data/sampler.h"
 #include "data/dataset.h"
 #include "data/mnist.h"
 #include "data/safetensors.h"

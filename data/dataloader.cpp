@@ -165,6 +165,9 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
              options_.num_workers);
   KILN_CHECK(options_.prefetch >= 1, "DataLoader: prefetch must be at least 1, got {}",
              options_.prefetch);
+  KILN_CHECK(!(options_.sampler && options_.shuffle),
+             "DataLoader: sampler and shuffle exclude each other; shuffle in the sampler (DistributedSampler "
+             "shuffles by default) and leave shuffle false");
   // Drawn from the default generator's next counters, so manual_seed fixes it.
   state_.seed = options_.seed ? *options_.seed
                               : static_cast<uint64_t>(randint(0, INT64_MAX, {1}).item<int64_t>());
@@ -178,7 +181,7 @@ DataLoader::~DataLoader() {
 }
 
 int64_t DataLoader::size() const {
-  const int64_t n = dataset_->size();
+  const int64_t n = options_.sampler ? options_.sampler->size(dataset_->size()) : dataset_->size();
   return options_.drop_last ? n / options_.batch_size
                             : (n + options_.batch_size - 1) / options_.batch_size;
 }
@@ -196,7 +199,12 @@ DataLoader::Iterator DataLoader::begin() {
 
   const int64_t n = dataset_->size();
   std::vector<int64_t> order(static_cast<size_t>(n));
-  if (options_.shuffle) {
+  if (options_.sampler) {
+    order = options_.sampler->indices(n, state_.epoch);
+    for (int64_t i : order) {
+      KILN_CHECK(i >= 0 && i < n, "DataLoader: the sampler gave index {} for a dataset of {} samples", i, n);
+    }
+  } else if (options_.shuffle) {
     Generator gen(state_.seed);
     gen.set_state({state_.seed, static_cast<uint64_t>(state_.epoch) << 40});
     order = randperm(n, kInt64, &gen).to_vector<int64_t>();

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/sampler.h"
 
 namespace kiln::data {
 
@@ -42,6 +43,9 @@ struct DataLoaderOptions {
   // Builds a batch from its samples (PyTorch's collate_fn). When empty, the loader calls the
   // dataset's get_batch(indices), which is the fast path.
   std::function<Example(std::vector<Example>)> collate = {};
+  // Which indices an epoch visits, in what order (e.g. a DistributedSampler's shard); replaces
+  // shuffle, which must then be false (as PyTorch). Its indices() get the loader's epoch.
+  std::shared_ptr<const Sampler> sampler = {};
 };
 
 class DataLoader {

@@ -4,6 +4,7 @@
 //
 //   kiln-train --model cnn --epochs 1 --out runs/cnn
 //   kiln-train --resume runs/cnn/checkpoint --epochs 2 --out runs/cnn
+//   kiln-run -n 2 kiln-train --model cnn --out runs/cnn-ddp   # data parallel on 2 ranks
 #include <cstdio>
 #include <exception>
 
@@ -20,7 +21,7 @@ int main(int argc, char** argv) {
   flags.add("dataset", "fashion-mnist", "fashion-mnist (Debian's dataset-fashion-mnist) or synthetic");
   flags.add("data-root", "/usr/share/datasets/fashion-mnist", "where the Fashion-MNIST .gz files are");
   flags.add("epochs", "1", "passes over the training set");
-  flags.add("batch-size", "128", "samples per step");
+  flags.add("batch-size", "128", "samples per step (per rank when data parallel under kiln-run)");
   flags.add("optimizer", "adam", "sgd, adam, adamw, rmsprop or adagrad");
   flags.add("lr", "", "learning rate (default: 0.05 for sgd, 0.01 for rmsprop and adagrad, 0.001 otherwise)");
   flags.add("momentum", "", "momentum of sgd (default 0.9) and rmsprop (default 0)");
@@ -29,7 +30,7 @@ int main(int argc, char** argv) {
             "epoch), cosine, onecycle or warmup-cosine");
   flags.add("seed", "0", "seed of the initialisation and the data order");
   flags.add("device", "cpu", "cpu, cuda or cuda:N");
-  flags.add("threads", "0", "CPU threads (0: every core)");
+  flags.add("threads", "0", "CPU threads (0: every core, shared out among the ranks of a machine)");
   flags.add("workers", "1", "data-loader threads preparing batches ahead");
   flags.add("limit-train", "0", "use only the first N training samples (0: all)");
   flags.add("limit-test", "0", "use only the first N test samples (0: all)");

@@ -48,6 +48,9 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   } else {
     Tensor(leaf_->grad).add_(g);
   }
+  // Copied first: a hook may remove itself (or register another) while it runs.
+  auto post_hooks = leaf_->post_accumulate_hooks;
+  for (const auto& [handle, hook] : post_hooks) hook(leaf);
   return {};
 }
 

@@ -1,4 +1,4 @@
-// ops/reduce.cpp: reductions. The kernels (ReduceOp) do sum, prod, max, min, argmax, argmin, all and
+// ops/reduce.cpp: reductions. The kernels (ReduceKind) do sum, prod, max, min, argmax, argmin, all and
 // any; mean, var, std, norm and logsumexp are compositions of those with elementwise ops, so their
 // gradients come from the pieces'.
 #include <cmath>
@@ -46,7 +46,7 @@ Plan make_plan(const Tensor& x, const Shape& dims, bool keepdim, const char* op)
   return p;
 }
 
-Tensor reduce_raw(ReduceOp op, const Tensor& x, const Plan& plan, DType out_dtype) {
+Tensor reduce_raw(ReduceKind op, const Tensor& x, const Plan& plan, DType out_dtype) {
   Tensor out = empty_tensor(plan.keep_shape, out_dtype, x.device());
   backend_for(x.device()).reduce(op, view_of(x), view_of(out), stream_for(x.device()));
   return out.sizes() == plan.out_shape ? out : out.view(plan.out_shape);
@@ -86,7 +86,7 @@ Tensor extreme(const Tensor& x, const Shape& dims, bool keepdim, bool is_max) {
   KILN_CHECK(x.dtype() != kBool, "{}: not defined for bool tensors", name);
   Plan p = make_plan(x, dims, keepdim, name);
   check_nonempty(x, p, name);
-  Tensor out = reduce_raw(is_max ? ReduceOp::Max : ReduceOp::Min, x, p, x.dtype());
+  Tensor out = reduce_raw(is_max ? ReduceKind::Max : ReduceKind::Min, x, p, x.dtype());
   if (should_record(x)) {
     record(is_max ? "AmaxBackward" : "AminBackward", {x}, {out},
            [p, xs = SavedTensor(x, false), ys = SavedTensor(out, true)](const Grads& g) -> TensorList {
@@ -111,7 +111,7 @@ Tensor sum(const Tensor& x, const Shape& dims, bool keepdim, std::optional<DType
     NoGradGuard no_grad;
     in = x.to(out_dtype);
   }
-  Tensor out = reduce_raw(ReduceOp::Sum, in, p, out_dtype);
+  Tensor out = reduce_raw(ReduceKind::Sum, in, p, out_dtype);
   if (is_floating(out_dtype) && should_record(x)) {
     Shape shape = x.sizes();
     DType in_dtype = x.dtype();
@@ -137,7 +137,7 @@ Tensor prod(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   Shape dims = dim ? Shape{*dim} : Shape{};
   Plan p = make_plan(x, dims, keepdim, "prod");
   if (!is_floating(x.dtype()) && x.dtype() != kInt64) return prod(x.to(kInt64), dim, keepdim);  // as sum
-  Tensor out = reduce_raw(ReduceOp::Prod, x, p, x.dtype());
+  Tensor out = reduce_raw(ReduceKind::Prod, x, p, x.dtype());
   if (should_record(x)) {
     // d prod / d x_i = product of the others: prod / x_i where x_i != 0; where a slice has exactly one
     // zero, that element gets the product of the rest and the others 0; with two zeros, all 0.
@@ -169,12 +169,12 @@ static Tensor arg_extreme(const Tensor& x, std::optional<int64_t> dim, bool keep
     KILN_CHECK(x.numel() > 0, "{}: cannot take the {} of an empty tensor", name, name);
     Tensor flat = x.reshape({-1});
     Plan p = make_plan(flat, {}, false, name);
-    Tensor idx = reduce_raw(is_max ? ReduceOp::ArgMax : ReduceOp::ArgMin, flat.detach(), p, kInt64);
+    Tensor idx = reduce_raw(is_max ? ReduceKind::ArgMax : ReduceKind::ArgMin, flat.detach(), p, kInt64);
     return keepdim ? idx.reshape(Shape::filled(x.dim(), 1)) : idx;
   }
   Plan p = make_plan(x, {*dim}, keepdim, name);
   check_nonempty(x, p, name);
-  return reduce_raw(is_max ? ReduceOp::ArgMax : ReduceOp::ArgMin, x.detach(), p, kInt64);
+  return reduce_raw(is_max ? ReduceKind::ArgMax : ReduceKind::ArgMin, x.detach(), p, kInt64);
 }
 Tensor argmax(const Tensor& x, std::optional<int64_t> dim, bool keepdim) { return arg_extreme(x, dim, keepdim, true); }
 Tensor argmin(const Tensor& x, std::optional<int64_t> dim, bool keepdim) { return arg_extreme(x, dim, keepdim, false); }
@@ -239,12 +239,12 @@ Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
 Tensor all(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   Tensor b = x.dtype() == kBool ? x : x.ne(0);
   Plan p = make_plan(b, dim ? Shape{*dim} : Shape{}, keepdim, "all");
-  return reduce_raw(ReduceOp::All, b.detach(), p, kBool);
+  return reduce_raw(ReduceKind::All, b.detach(), p, kBool);
 }
 Tensor any(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   Tensor b = x.dtype() == kBool ? x : x.ne(0);
   Plan p = make_plan(b, dim ? Shape{*dim} : Shape{}, keepdim, "any");
-  return reduce_raw(ReduceOp::Any, b.detach(), p, kBool);
+  return reduce_raw(ReduceKind::Any, b.detach(), p, kBool);
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {

@@ -15,6 +15,7 @@
 #include "cpu/parallel.h"
 #include "cuda/cuda.h"
 #include "data/data.h"
+#include "distributed/distributed.h"
 #include "nn/nn.h"
 #include "ops/ops.h"
 #include "optim/optim.h"

@@ -11,6 +11,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <thread>
 
 #include <kiln/kiln.h>
 
@@ -202,17 +203,35 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     apply_config(json::parse(ckpt->config), o);
   }
   check_options(o);
+  // Under kiln-run, mpirun or srun with more than one rank: data parallel. Each rank trains on its
+  // shard (DistributedSampler) with --batch-size samples per step, and DDP averages the gradients;
+  // rank 0 alone prints, evaluates and writes files.
+  const distributed::WorldInfo world = distributed::world_info();
+  std::shared_ptr<distributed::Communicator> comm;
+  if (world.size > 1) comm = distributed::init("mpi");
+  const bool main_rank = !comm || comm->rank() == 0;
+  if (!main_rank) {
+    o.quiet = true;
+    o.plot = false;
+  }
   if (o.threads > 0) set_num_threads(o.threads);
+  else if (comm) set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size));
   const Device device = Device::parse(o.device);
   manual_seed(o.seed);
 
   Data ds = make_data(o);
-  prepare_out_dir(o.out_dir);
+  if (main_rank) prepare_out_dir(o.out_dir);
   std::shared_ptr<nn::Module> model = models::make_vision_model(o.model);
   model->to(device);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
-  data::DataLoader train_loader(ds.train, {.batch_size = o.batch_size, .shuffle = true, .seed = o.seed,
-                                           .num_workers = o.num_workers});
+  data::DataLoaderOptions train_options{.batch_size = o.batch_size, .shuffle = true, .seed = o.seed,
+                                        .num_workers = o.num_workers};
+  if (comm) {
+    train_options.shuffle = false;  // the sampler shuffles, the same way on every rank
+    train_options.sampler = std::make_shared<data::DistributedSampler>(data::DistributedSamplerOptions{
+        .num_replicas = comm->size(), .rank = comm->rank(), .shuffle = true, .seed = o.seed});
+  }
+  data::DataLoader train_loader(ds.train, train_options);
   data::DataLoader test_loader(ds.test, {.batch_size = 1000, .num_workers = o.num_workers});
   const int64_t steps_per_epoch = train_loader.size();
   std::unique_ptr<optim::LRScheduler> sched =
@@ -240,18 +259,26 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     history.test_loss = extra.value("history_test_loss", std::vector<double>{});
     history.test_accuracy = extra.value("history_test_accuracy", std::vector<double>{});
   }
+  // After loading: DDP starts by giving every rank rank 0's parameters.
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;
+  if (comm) ddp = std::make_unique<distributed::DistributedDataParallel>(*model, comm);
+  nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
 
   const std::string metrics_path = (fs::path(o.out_dir) / "metrics.jsonl").string();
-  std::FILE* metrics = std::fopen(metrics_path.c_str(), ckpt ? "a" : "w");
-  KILN_CHECK(metrics != nullptr, "cannot write {}: {}", metrics_path, std::strerror(errno));
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_guard(metrics, std::fclose);
+  std::FILE* metrics = main_rank ? std::fopen(metrics_path.c_str(), ckpt ? "a" : "w") : nullptr;
+  KILN_CHECK(metrics != nullptr || !main_rank, "cannot write {}: {}", metrics_path, std::strerror(errno));
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_guard(metrics, [](std::FILE* f) {
+    return f ? std::fclose(f) : 0;
+  });
   auto log = [&](const json& line) {
+    if (!metrics) return;
     std::fprintf(metrics, "%s\n", line.dump().c_str());
     std::fflush(metrics);
   };
 
   const std::string ckpt_dir = (fs::path(o.out_dir) / "checkpoint").string();
   auto save = [&] {
+    if (!main_rank) return;
     Checkpoint c;
     c.model = model->state_dict();
     c.optimizer = opt->state_dict();
@@ -272,12 +299,14 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   const bool terminal = !o.quiet && is_terminal(out);
   if (!o.quiet) {
     std::fprintf(out, "kiln-train: %s (%lld parameters) on %s: %lld training / %lld test samples; %s lr %g, "
-                 "batch %lld, %lld epoch%s, %d threads, %s%s\n",
+                 "batch %lld, %lld epoch%s, %d threads, %s%s%s\n",
                  o.model.c_str(), static_cast<long long>(model->num_parameters()), o.dataset.c_str(),
                  static_cast<long long>(ds.train->size()), static_cast<long long>(ds.test->size()),
                  o.optimizer.c_str(), default_lr(o), static_cast<long long>(o.batch_size),
                  static_cast<long long>(o.epochs), o.epochs == 1 ? "" : "s", get_num_threads(),
-                 device.str().c_str(), ckpt ? fmt::format(", resumed at step {}", step).c_str() : "");
+                 device.str().c_str(), ckpt ? fmt::format(", resumed at step {}", step).c_str() : "",
+                 comm ? fmt::format("; data parallel on {} ranks (batch {} per rank)", comm->size(), o.batch_size).c_str()
+                      : "");
   }
 
   TrainResult result;
@@ -287,7 +316,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     ProgressBar bar(fmt::format("epoch {}/{}", epoch + 1, o.epochs), steps_per_epoch, terminal, out);
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& [x, y] : train_loader) {
-      Tensor logits = (*model)(x.to(device));
+      Tensor logits = net(x.to(device));
       loss = nn::cross_entropy(logits, y.to(device));
       opt->zero_grad();
       loss.backward();
@@ -295,7 +324,12 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
       if (sched) sched->step();
       ++step;
       ++epoch_batches;
-      const double l = loss.item<double>();
+      double l = loss.item<double>();
+      if (comm) {  // report the mean over the ranks: the loss of the whole batch
+        Tensor mean = full({1}, l, kFloat64);
+        comm->all_reduce(mean, distributed::ReduceOp::Avg);
+        l = mean.item<double>();
+      }
       epoch_loss_sum += l;
       result.last_loss = l;
       window_sum += l;
@@ -320,7 +354,13 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     if (!o.quiet) bar.finish();
     if (stopped) break;
 
-    const Evaluation ev = evaluate(*model, test_loader, device);
+    Evaluation ev;
+    if (main_rank) ev = evaluate(*model, test_loader, device);
+    if (comm) {  // rank 0's numbers, so that every rank returns the same result
+      Tensor numbers = tensor({ev.loss, ev.accuracy}, kFloat64);
+      comm->broadcast(numbers, 0);
+      ev = {numbers[0].item<double>(), numbers[1].item<double>()};
+    }
     const double train_loss = epoch_batches ? epoch_loss_sum / static_cast<double>(epoch_batches) : 0;
     ++epoch;
     history.epoch.push_back(static_cast<double>(epoch));

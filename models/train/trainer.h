@@ -2,6 +2,10 @@
 // build the data, the model, the optimizer and the schedule from TrainOptions; train with a progress
 // bar; evaluate after each epoch; write metrics, a plot and checkpoints; resume from a checkpoint.
 //
+// Started with several ranks (kiln-run -n N, mpirun, srun), it trains data parallel: each rank
+// draws its shard of every epoch (DistributedSampler), DistributedDataParallel averages the
+// gradients, and rank 0 alone prints, evaluates and writes files.
+//
 // One step is what DESIGN.md §2 shows: forward, cross-entropy, zero_grad, backward, optimizer step
 // (docs/training-step.md follows one step through Module, autograd and Optimizer).
 #pragma once
@@ -26,7 +30,7 @@ struct TrainOptions {
   std::string dataset = "fashion-mnist";   // fashion-mnist | synthetic
   std::string data_root = "/usr/share/datasets/fashion-mnist";
   int64_t epochs = 1;
-  int64_t batch_size = 128;
+  int64_t batch_size = 128;  // per rank when data parallel
   std::string optimizer = "adam";  // sgd | adam | adamw | rmsprop | adagrad
   double lr = std::numeric_limits<double>::quiet_NaN();  // NaN: 0.05 for sgd, 1e-3 for the others
   double momentum = std::numeric_limits<double>::quiet_NaN();      // NaN: 0.9 (sgd), 0 (rmsprop)
@@ -34,7 +38,7 @@ struct TrainOptions {
   std::string scheduler = "none";  // none | step | cosine | onecycle | warmup-cosine (per batch)
   uint64_t seed = 0;
   std::string device = "cpu";  // cpu | cuda | cuda:N
-  int threads = 0;             // 0: every core
+  int threads = 0;             // 0: every core (shared out among the ranks of a machine)
   int num_workers = 1;         // data-loader threads
   int64_t limit_train = 0;     // > 0: only the first N training samples
   int64_t limit_test = 0;      // > 0: only the first N test samples

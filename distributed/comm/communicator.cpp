@@ -1,0 +1,156 @@
+// distributed/comm/communicator.cpp: Work, the launcher's environment, and init() choosing a
+// backend.
+#include <cstdlib>
+#include <map>
+
+#include "distributed/comm/backends.h"
+#include "distributed/comm/work.h"
+#include "ops/ops.h"
+
+namespace kiln::distributed {
+
+const char* reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+// ---- Work ----
+
+void Work::State::complete(std::exception_ptr e) {
+  {
+    std::lock_guard<std::mutex> lock(m);
+    error = std::move(e);
+    done = true;
+  }
+  cv.notify_all();
+}
+
+void Work::wait() const {
+  if (!state_) return;
+  std::unique_lock<std::mutex> lock(state_->m);
+  state_->cv.wait(lock, [&] { return state_->done; });
+  if (state_->error) std::rethrow_exception(state_->error);
+  if (state_->finisher) {
+    auto finish = std::move(state_->finisher);
+    state_->finisher = nullptr;
+    finish();
+  }
+}
+
+bool Work::is_completed() const {
+  if (!state_) return true;
+  std::lock_guard<std::mutex> lock(state_->m);
+  return state_->done;
+}
+
+std::string Work::describe() const { return state_ ? state_->what : "(nothing)"; }
+
+// ---- shared pieces ----
+
+Tensor Staging::host(const Tensor& t, bool copy_in, bool copy_out) {
+  if (t.device().is_cpu()) return t;
+  Tensor h = copy_in ? t.to(Device::cpu()) : empty(t.sizes(), TensorOptions(t.dtype()));
+  if (copy_out) copy_back.emplace_back(t, h);
+  return h;
+}
+
+std::function<void()> Staging::finisher() {
+  if (copy_back.empty()) return {};
+  return [pairs = std::move(copy_back)] {
+    for (auto [dev, h] : pairs) dev.copy_(h);  // Tensors are handles: the copies write into the originals
+  };
+}
+
+std::string describe_op(const char* op, uint64_t number, const Tensor& t, const std::string& extra) {
+  return fmt::format("{} #{} ({}, {} elements{}{})", op, number, dtype_name(t.dtype()), t.numel(),
+                     extra.empty() ? "" : ", ", extra);
+}
+
+void check_tensor(const char* op, const Tensor& t, const Tensor& like) {
+  KILN_CHECK(t.defined(), "{}: the tensor is undefined", op);
+  KILN_CHECK(t.is_contiguous(),
+             "{}: the tensor (shape {}) is not contiguous; communication works in place on contiguous "
+             "tensors: pass t.contiguous() and read the result from that tensor",
+             op, t.sizes().str());
+  if (like.defined()) {
+    KILN_CHECK(t.dtype() == like.dtype() && t.device() == like.device(),
+               "{}: all tensors must have one dtype and device, but got {} on {} and {} on {}", op,
+               dtype_name(t.dtype()), t.device().str(), dtype_name(like.dtype()), like.device().str());
+  }
+}
+
+// ---- the launcher's environment ----
+
+namespace {
+bool env_int(const char* name, int& out) {
+  const char* v = std::getenv(name);
+  if (!v || !*v) return false;
+  char* end = nullptr;
+  long x = std::strtol(v, &end, 10);
+  KILN_CHECK(*end == '\0' && x >= 0 && x < (1 << 24),
+             "distributed: the environment variable {}='{}' is not a rank or a count", name, v);
+  out = static_cast<int>(x);
+  return true;
+}
+}  // namespace
+
+WorldInfo world_info() {
+  WorldInfo w;
+  if (env_int("OMPI_COMM_WORLD_RANK", w.rank) && env_int("OMPI_COMM_WORLD_SIZE", w.size)) {
+    w.launcher = "mpirun";
+    if (!env_int("OMPI_COMM_WORLD_LOCAL_RANK", w.local_rank)) w.local_rank = w.rank;
+    if (!env_int("OMPI_COMM_WORLD_LOCAL_SIZE", w.local_size)) w.local_size = w.size;
+  } else if (env_int("SLURM_PROCID", w.rank) && env_int("SLURM_NTASKS", w.size)) {
+    w.launcher = "srun";
+    if (!env_int("SLURM_LOCALID", w.local_rank)) w.local_rank = 0;
+    // SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; otherwise count the node's tasks
+    // from SLURM_TASKS_PER_NODE's first entry ("4(x2),3" starts with 4).
+    if (!env_int("SLURM_NTASKS_PER_NODE", w.local_size)) {
+      const char* tpn = std::getenv("SLURM_TASKS_PER_NODE");
+      w.local_size = tpn ? std::max(1, std::atoi(tpn)) : 1;
+    }
+  } else if (env_int("PMI_RANK", w.rank) && env_int("PMI_SIZE", w.size)) {
+    w.launcher = "pmi";
+    if (!env_int("MPI_LOCALRANKID", w.local_rank)) w.local_rank = 0;
+    if (!env_int("MPI_LOCALNRANKS", w.local_size)) w.local_size = 1;
+  } else if (env_int("RANK", w.rank) && env_int("WORLD_SIZE", w.size)) {
+    w.launcher = "torchrun";
+    if (!env_int("LOCAL_RANK", w.local_rank)) w.local_rank = 0;
+    if (!env_int("LOCAL_WORLD_SIZE", w.local_size)) w.local_size = 1;
+  }
+  KILN_CHECK(w.size >= 1 && w.rank < w.size && w.local_rank < std::max(w.local_size, 1),
+             "distributed: the launcher ({}) says rank {} of {} (local rank {} of {}), which is inconsistent",
+             w.launcher, w.rank, w.size, w.local_rank, w.local_size);
+  return w;
+}
+
+// ---- init ----
+
+bool is_available(const std::string& backend) {
+  if (backend == "mpi") return mpi_available();
+  if (backend == "nccl") return nccl_available();
+  return false;
+}
+
+std::shared_ptr<Communicator> init(const std::string& backend, const CommOptions& options) {
+  CommOptions o = options;
+  if (const char* t = std::getenv("KILN_COMM_TIMEOUT"); t && *t) {
+    char* end = nullptr;
+    double seconds = std::strtod(t, &end);
+    KILN_CHECK(*end == '\0' && seconds > 0,
+               "distributed: KILN_COMM_TIMEOUT='{}' must be a positive number of seconds", t);
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+  }
+  if (backend == "mpi") return mpi_world(o);
+  if (backend == "nccl") return nccl_world(o);
+  KILN_FAIL("distributed::init: unknown backend '{}'; use \"mpi\" (CPU tensors, and CUDA tensors through host "
+            "memory) or \"nccl\" (CUDA tensors)",
+            backend);
+}
+
+}  // namespace kiln::distributed

@@ -1,0 +1,205 @@
+// distributed/ddp/ddp.cpp: the reducer behind DistributedDataParallel (see ddp.h for the picture).
+#include "distributed/ddp/ddp.h"
+
+#include <chrono>
+
+#include "autograd/autograd.h"
+#include "core/grad_mode.h"
+#include "ops/ops.h"
+
+namespace kiln::distributed {
+
+struct DistributedDataParallel::Reducer {
+  struct Bucket {
+    std::vector<size_t> params;    // indices into Reducer::params
+    std::vector<int64_t> offsets;  // of each in flat
+    Tensor flat;
+    size_t pending = 0;  // gradients still to arrive in this backward
+    Work work;
+    bool launched = false;
+  };
+
+  Communicator& comm;
+  const DDPOptions& options;
+  std::vector<Tensor> params;
+  std::vector<std::string> names;
+  std::vector<size_t> bucket_of;
+  std::vector<Bucket> buckets;
+  std::vector<uint64_t> hooks;
+  std::vector<bool> ready;
+  bool sync = true;
+  bool in_backward = false;
+  size_t next_to_launch = 0;
+  Stats stats;
+
+  Reducer(Communicator& c, const DDPOptions& o, const std::vector<std::pair<std::string, Tensor>>& named)
+      : comm(c), options(o) {
+    for (const auto& [name, p] : named) {
+      if (!p.requires_grad()) continue;
+      params.push_back(p);
+      names.push_back(name);
+    }
+    bucket_of.assign(params.size(), 0);
+    ready.assign(params.size(), false);
+    // Reverse order: backward produces the last layer's gradients first.
+    const double cap = options.bucket_cap_mb * 1024 * 1024;
+    int64_t bucket_numel = 0;
+    for (size_t k = params.size(); k-- > 0;) {
+      const Tensor& p = params[k];
+      const bool fits = !buckets.empty() && params[buckets.back().params.front()].dtype() == p.dtype() &&
+                        params[buckets.back().params.front()].device() == p.device() &&
+                        static_cast<double>((bucket_numel + p.numel()) * p.element_size()) <= cap;
+      if (!fits) {
+        buckets.emplace_back();
+        bucket_numel = 0;
+      }
+      Bucket& b = buckets.back();
+      b.offsets.push_back(bucket_numel);
+      b.params.push_back(k);
+      bucket_of[k] = buckets.size() - 1;
+      bucket_numel += p.numel();
+    }
+    for (auto& b : buckets) {
+      const Tensor& last = params[b.params.back()];
+      b.flat = zeros({b.offsets.back() + last.numel()}, TensorOptions(last.dtype()).device(last.device()));
+    }
+    for (size_t k = 0; k < params.size(); ++k) {
+      hooks.push_back(params[k].register_post_accumulate_grad_hook([this, k](const Tensor&) { grad_ready(k); }));
+    }
+  }
+
+  ~Reducer() {
+    for (size_t k = 0; k < params.size(); ++k) params[k].remove_post_accumulate_grad_hook(hooks[k]);
+  }
+
+  Tensor slot(size_t k) const {
+    const Bucket& b = buckets[bucket_of[k]];
+    size_t i = 0;
+    while (b.params[i] != k) ++i;
+    return b.flat.narrow(0, b.offsets[i], params[k].numel());
+  }
+
+  void grad_ready(size_t k) {
+    if (!sync) return;
+    if (!in_backward) {  // the first gradient of this backward
+      in_backward = true;
+      std::fill(ready.begin(), ready.end(), false);
+      for (auto& b : buckets) {
+        b.pending = b.params.size();
+        b.launched = false;
+        b.work = Work();
+      }
+      next_to_launch = 0;
+      stats = Stats();
+      autograd::queue_callback([this] { finish(); });
+    }
+    if (ready[k]) return;
+    ready[k] = true;
+    {
+      NoGradGuard no_grad;
+      slot(k).copy_(params[k].grad().reshape({-1}));
+    }
+    Bucket& b = buckets[bucket_of[k]];
+    if (--b.pending == 0 && options.overlap) launch_ready();
+  }
+
+  // Starts the complete buckets in bucket order, as far as the first incomplete one.
+  void launch_ready() {
+    while (next_to_launch < buckets.size() && buckets[next_to_launch].pending == 0) {
+      launch(buckets[next_to_launch++]);
+      if (in_backward) ++stats.buckets_started_during_backward;
+    }
+  }
+
+  void launch(Bucket& b) {
+    b.work = comm.all_reduce(b.flat, ReduceOp::Avg, /*async_op=*/true);
+    b.launched = true;
+  }
+
+  void wait_launched() {
+    for (auto& b : buckets) {
+      if (b.launched) b.work.wait();
+    }
+  }
+
+  // Runs when backward has finished with every node.
+  void finish() {
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<std::string> unused;
+    for (size_t k = 0; k < params.size(); ++k) {
+      if (!ready[k]) unused.push_back(names[k]);
+    }
+    in_backward = false;  // from here on, nothing counts as started during backward
+    if (!unused.empty()) {
+      if (!options.find_unused_parameters) {
+        wait_launched();  // the other ranks wait for these too
+        std::string list;
+        for (size_t i = 0; i < unused.size() && i < 20; ++i) list += (i ? ", " : "") + unused[i];
+        if (unused.size() > 20) list += fmt::format(", ... ({} in all)", unused.size());
+        KILN_FAIL("DistributedDataParallel: these parameters received no gradient in this backward: {}. If the model "
+                  "leaves some parameters unused in a step, construct it with find_unused_parameters = true",
+                  list);
+      }
+      NoGradGuard no_grad;
+      for (size_t k = 0; k < params.size(); ++k) {
+        if (ready[k]) continue;
+        slot(k).zero_();  // this rank contributes nothing for it
+        ready[k] = true;
+        --buckets[bucket_of[k]].pending;
+      }
+    }
+    launch_ready();
+    wait_launched();
+    NoGradGuard no_grad;
+    for (size_t k = 0; k < params.size(); ++k) {
+      Tensor averaged = slot(k).view(params[k].sizes());
+      Tensor g = params[k].grad();
+      if (g.defined()) g.copy_(averaged);
+      else params[k].set_grad(averaged.clone());
+    }
+    stats.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared_ptr<Communicator> comm,
+                                                 DDPOptions options)
+    : module_(module), comm_(std::move(comm)), options_(options) {
+  KILN_CHECK(comm_ != nullptr, "DistributedDataParallel: the communicator is null; pass distributed::init()");
+  KILN_CHECK(options_.bucket_cap_mb > 0, "DistributedDataParallel: bucket_cap_mb must be > 0, not {}",
+             options_.bucket_cap_mb);
+  register_module("module", module_);
+  {
+    NoGradGuard no_grad;  // rank 0's values everywhere, as PyTorch does at construction
+    for (const auto& p : module_.parameters()) comm_->broadcast(p, 0);
+    for (const auto& b : module_.buffers()) comm_->broadcast(b, 0);
+  }
+  reducer_ = std::make_unique<Reducer>(*comm_, options_, module_.named_parameters());
+}
+
+DistributedDataParallel::~DistributedDataParallel() = default;
+
+Tensor DistributedDataParallel::forward(const Tensor& input) {
+  if (options_.broadcast_buffers) {
+    NoGradGuard no_grad;
+    for (const auto& b : module_.buffers()) comm_->broadcast(b, 0);
+  }
+  return module_(input);
+}
+
+DistributedDataParallel::NoSync::NoSync(DistributedDataParallel& ddp) : ddp_(ddp), previous_(ddp.reducer_->sync) {
+  ddp_.reducer_->sync = false;
+}
+DistributedDataParallel::NoSync::~NoSync() { ddp_.reducer_->sync = previous_; }
+
+std::vector<std::vector<std::string>> DistributedDataParallel::bucket_names() const {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& b : reducer_->buckets) {
+    out.emplace_back();
+    for (size_t k : b.params) out.back().push_back(reducer_->names[k]);
+  }
+  return out;
+}
+
+DistributedDataParallel::Stats DistributedDataParallel::last_stats() const { return reducer_->stats; }
+
+}  // namespace kiln::distributed

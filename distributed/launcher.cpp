@@ -1,0 +1,145 @@
+// distributed/launcher.cpp: kiln-run, the one-line launcher.
+//
+//   kiln-run -n 4 ./train_program --flag value        # 4 ranks on this machine
+//   kiln-run -n 8 --hosts a:4,b:4 ./train_program     # 4 ranks on each of two machines
+//   kiln-run -n 4 --dry-run ./train_program           # print the mpirun command, run nothing
+//
+// It runs Open MPI's mpirun with what a Kiln job needs, so that nobody has to remember it:
+//   - --allow-run-as-root when run as root (containers);
+//   - --oversubscribe when there are more ranks than cores here (a test of 4 ranks on a laptop);
+//   - every rank started through `kiln-run --rank-exec`, which gives local rank i the GPU i
+//     (CUDA_VISIBLE_DEVICES) on a machine with GPUs, before it executes the program;
+//   - Open MPI's shared-memory transport without single-copy (CMA needs ptrace rights that
+//     containers often lack) unless the user set it.
+// The same programs run under plain mpirun or Slurm's srun: Kiln reads its rank from either.
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <dirent.h>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/core.h>
+
+namespace {
+
+constexpr const char* kUsage =
+    "usage: kiln-run -n N [--hosts HOST[:SLOTS],...] [--dry-run] PROGRAM [ARGS...]\n"
+    "Runs N ranks of PROGRAM under Open MPI's mpirun, one GPU per local rank where there are GPUs.\n"
+    "  -n, --np N       number of ranks (processes)\n"
+    "  --hosts LIST     machines to run on, as mpirun's --host (default: this one)\n"
+    "  --dry-run        print the mpirun command instead of running it\n"
+    "  -h, --help       this text\n";
+
+[[noreturn]] void fail(const std::string& message) {
+  fmt::print(stderr, "kiln-run: error: {}\n", message);
+  std::exit(2);
+}
+
+int count_gpus() {  // the NVIDIA driver lists one directory per GPU; no CUDA library needed
+  DIR* d = opendir("/proc/driver/nvidia/gpus");
+  if (!d) return 0;
+  int n = 0;
+  while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+  closedir(d);
+  return n;
+}
+
+// Run as `kiln-run --rank-exec PROGRAM ARGS` inside each rank: pick the GPU, become PROGRAM.
+[[noreturn]] void rank_exec(char** argv) {
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+  const int gpus = count_gpus();
+  if (local && gpus > 0 && !std::getenv("CUDA_VISIBLE_DEVICES")) {
+    const std::string dev = std::to_string(std::atoi(local) % gpus);
+    setenv("CUDA_VISIBLE_DEVICES", dev.c_str(), 1);
+  }
+  execvp(argv[0], argv);
+  fail(fmt::format("cannot run '{}': {}", argv[0], std::strerror(errno)));
+}
+
+std::string find_mpirun() {
+  if (const char* p = std::getenv("KILN_MPIRUN"); p && *p) return p;
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    size_t end = dirs.find(':', start);
+    if (end == std::string::npos) end = dirs.size();
+    std::filesystem::path candidate = std::filesystem::path(dirs.substr(start, end - start)) / "mpirun";
+    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+    start = end + 1;
+  }
+  fail("mpirun was not found on PATH; install Open MPI (apt-get install openmpi-bin libopenmpi-dev), or set "
+       "KILN_MPIRUN to its path");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 3 && std::strcmp(argv[1], "--rank-exec") == 0) rank_exec(argv + 2);
+
+  int np = 0;
+  std::string hosts;
+  bool dry_run = false;
+  int i = 1;
+  for (; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-h" || a == "--help") {
+      fmt::print("{}", kUsage);
+      return 0;
+    }
+    if (a == "--dry-run") {
+      dry_run = true;
+    } else if (a == "-n" || a == "--np" || a == "--hosts") {
+      if (i + 1 >= argc) fail(fmt::format("{} needs a value\n{}", a, kUsage));
+      const std::string v = argv[++i];
+      if (a == "--hosts") {
+        hosts = v;
+      } else {
+        char* end = nullptr;
+        long n = std::strtol(v.c_str(), &end, 10);
+        if (*end != '\0' || n < 1 || n > 65536) fail(fmt::format("-n must be a positive number of ranks, not '{}'", v));
+        np = static_cast<int>(n);
+      }
+    } else if (!a.empty() && a[0] == '-') {
+      fail(fmt::format("unknown option {}\n{}", a, kUsage));
+    } else {
+      break;  // the program; everything after it is its own
+    }
+  }
+  if (np == 0) fail(fmt::format("say how many ranks with -n N\n{}", kUsage));
+  if (i >= argc) fail(fmt::format("no program to run\n{}", kUsage));
+
+  std::vector<std::string> cmd = {find_mpirun(), "-n", std::to_string(np)};
+  if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
+  if (!hosts.empty()) {
+    cmd.insert(cmd.end(), {"--host", hosts});
+  } else if (np > static_cast<int>(std::thread::hardware_concurrency())) {
+    cmd.push_back("--oversubscribe");
+  }
+  if (!std::getenv("OMPI_MCA_btl_vader_single_copy_mechanism")) {
+    cmd.insert(cmd.end(), {"--mca", "btl_vader_single_copy_mechanism", "none"});
+  }
+  // Each rank starts as this launcher (by its absolute path, for remote hosts too) and becomes the program.
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::canonical("/proc/self/exe", ec);
+  cmd.push_back(ec ? argv[0] : self.string());
+  cmd.push_back("--rank-exec");
+  for (int k = i; k < argc; ++k) cmd.push_back(argv[k]);
+
+  if (dry_run) {
+    std::string line;
+    for (const auto& c : cmd) line += (line.empty() ? "" : " ") + c;
+    fmt::print("{}\n", line);
+    return 0;
+  }
+  std::vector<char*> args;
+  for (auto& c : cmd) args.push_back(c.data());
+  args.push_back(nullptr);
+  execv(args[0], args.data());
+  fail(fmt::format("cannot run {}: {}", cmd[0], std::strerror(errno)));
+}

@@ -1,0 +1,48 @@
+// tests/autograd/test_backward_hooks.cpp: post-accumulate-grad hooks and queue_callback, the two
+// engine features DistributedDataParallel starts and finishes its all-reduces from.
+#include "support.h"
+
+using namespace kiln;
+using kiln::test::check_close;
+using kiln::test::check_error;
+
+TEST_CASE("post-accumulate-grad hooks see the accumulated gradient, once per backward", "[autograd]") {
+  Tensor w = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  std::vector<Tensor> seen;
+  uint64_t h = w.register_post_accumulate_grad_hook([&](const Tensor& leaf) { seen.push_back(leaf.grad().clone()); });
+  // w is used twice: its gradients are summed before the one accumulation.
+  ((w * w).sum() + (w * 3).sum()).backward();
+  REQUIRE(seen.size() == 1);
+  check_close(seen[0], tensor({5.0, 7.0, 9.0}));  // 2w + 3
+  (w * 2).sum().backward();  // accumulates onto the existing gradient
+  REQUIRE(seen.size() == 2);
+  check_close(seen[1], tensor({7.0, 9.0, 11.0}));
+  w.remove_post_accumulate_grad_hook(h);
+  (w * 2).sum().backward();
+  CHECK(seen.size() == 2);
+  Tensor nonleaf = w * 2;
+  check_error([&] { nonleaf.register_post_accumulate_grad_hook([](const Tensor&) {}); },
+              {"register_post_accumulate_grad_hook", "result of an op"});
+  check_error([&] { tensor({1.0}).register_post_accumulate_grad_hook([](const Tensor&) {}); },
+              {"without requires_grad"});
+}
+
+TEST_CASE("queue_callback runs once every node of the backward has run, in queue order", "[autograd]") {
+  Tensor a = tensor({1.0, 2.0}).requires_grad_();
+  Tensor b = tensor({3.0, 4.0}).requires_grad_();
+  std::vector<std::string> events;
+  a.register_post_accumulate_grad_hook([&](const Tensor&) {
+    events.push_back("a");
+    autograd::queue_callback([&] {
+      // Both leaves have their gradients by now.
+      events.push_back(b.grad().defined() && a.grad().defined() ? "callback: both ready" : "callback: early");
+      autograd::queue_callback([&] { events.push_back("queued by a callback"); });
+    });
+  });
+  b.register_post_accumulate_grad_hook([&](const Tensor&) { events.push_back("b"); });
+  (a * b).sum().backward();
+  REQUIRE(events.size() == 4);
+  CHECK(events[2] == "callback: both ready");
+  CHECK(events[3] == "queued by a callback");
+  check_error([] { autograd::queue_callback([] {}); }, {"queue_callback", "no backward is running"});
+}

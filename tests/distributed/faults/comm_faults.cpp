@@ -1,0 +1,27 @@
+// tests/distributed/faults/comm_faults.cpp: a small data-parallel loop that goes wrong on purpose,
+// run by fault_check.cmake under kiln-run. Every rank must stop, non-zero, with a message.
+//   comm_faults kill   rank 1 kills itself (SIGKILL) in step 5
+//   comm_faults skip   rank 1 skips the all-reduce of step 5 and waits: a rank that hangs
+//   comm_faults ok     nothing goes wrong (the control run)
+#include <csignal>
+#include <cstring>
+#include <thread>
+
+#include <kiln/kiln.h>
+
+using namespace kiln;
+
+int main(int argc, char** argv) {
+  const std::string mode = argc > 1 ? argv[1] : "ok";
+  auto comm = distributed::init("mpi");
+  const int r = comm->rank();
+  for (int step = 0; step < 10; ++step) {
+    if (r == 1 && step == 5 && mode == "kill") std::raise(SIGKILL);
+    if (r == 1 && step == 5 && mode == "skip") std::this_thread::sleep_for(std::chrono::minutes(10));
+    Tensor g = full({1000}, static_cast<double>(r), kFloat32);
+    comm->all_reduce(g, distributed::ReduceOp::Avg);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (r == 0) std::printf("all steps done\n");
+  return 0;
+}

@@ -1,0 +1,215 @@
+// tests/distributed/test_comm.cpp: every collective of the MPI communicator, with exact results:
+// each rank contributes values made from its rank number.
+#include "support.h"
+
+using namespace kiln;
+using namespace kiln::distributed;
+using kiln::test::check_equal;
+using kiln::test::check_error;
+
+namespace {
+
+std::shared_ptr<Communicator> world() { return init("mpi"); }
+
+// rank + i for i = 0 .. n-1, in dtype.
+Tensor ramp(int64_t n, int rank, DType dtype) { return (arange(n, kFloat64) + rank).to(dtype); }
+
+}  // namespace
+
+TEST_CASE("comm: rank and size agree with the launcher's environment", "[distributed]") {
+  auto comm = world();
+  WorldInfo w = world_info();
+  CHECK(comm->rank() == w.rank);
+  CHECK(comm->size() == w.size);
+  CHECK(comm->backend() == "mpi");
+  CHECK(w.launcher == "mpirun");
+  CHECK(w.local_rank == w.rank);  // one node
+  CHECK(w.local_size == w.size);
+  CHECK(init("mpi") == comm);  // one world communicator per process
+}
+
+TEST_CASE("comm: all_reduce sum, avg, max and min are exact for every dtype", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  const int64_t n = 7;
+  Tensor i = arange(n, kFloat64);
+  for (DType dt : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64}) {
+    INFO("dtype " << dtype_name(dt));
+    Tensor t = ramp(n, r, dt);
+    comm->all_reduce(t);
+    check_equal(t, (i * p + p * (p - 1) / 2).to(dt));  // sum over ranks of (rank + i)
+    t = ramp(n, r, dt);
+    comm->all_reduce(t, ReduceOp::Max);
+    check_equal(t, (i + (p - 1)).to(dt));
+    t = ramp(n, r, dt);
+    comm->all_reduce(t, ReduceOp::Min);
+    check_equal(t, i.to(dt));
+    if (is_floating(dt)) {
+      t = ramp(n, r, dt) * 2;  // avg of 2 (rank + i) = 2i + (p - 1): exact in every dtype here
+      comm->all_reduce(t, ReduceOp::Avg);
+      check_equal(t, (i * 2 + (p - 1)).to(dt));
+    }
+  }
+  // bool: sum and max are "any", min is "all"
+  Tensor b = full({2}, r == 0 ? 1.0 : 0.0, kFloat32).to(kBool);
+  Tensor any = b.clone(), all = b.clone();
+  comm->all_reduce(any, ReduceOp::Sum);
+  comm->all_reduce(all, ReduceOp::Min);
+  CHECK(any.to(kInt64).sum().item<int64_t>() == 2);
+  CHECK(all.to(kInt64).sum().item<int64_t>() == (p == 1 ? 2 : 0));
+}
+
+TEST_CASE("comm: broadcast from every root and reduce to every root", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  for (int src = 0; src < p; ++src) {
+    Tensor t = full({3, 2}, r * 10.0 + 1, kInt64);
+    comm->broadcast(t, src);
+    check_equal(t, full({3, 2}, src * 10.0 + 1, kInt64));
+  }
+  for (int dst = 0; dst < p; ++dst) {
+    Tensor t = full({5}, r + 1.0, kFloat64);
+    comm->reduce(t, dst);
+    check_equal(t, full({5}, r == dst ? p * (p + 1) / 2.0 : r + 1.0, kFloat64));  // others untouched
+  }
+}
+
+TEST_CASE("comm: all_gather with uneven sizes, and into one tensor (also in place)", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  std::vector<Tensor> outs;
+  for (int k = 0; k < p; ++k) outs.push_back(full({k + 1}, -1.0, kInt32));
+  comm->all_gather(outs, full({r + 1}, r * 3.0, kInt32));
+  for (int k = 0; k < p; ++k) check_equal(outs[static_cast<size_t>(k)], full({k + 1}, k * 3.0, kInt32));
+
+  Tensor out = zeros({p, 4}, kFloat32);
+  comm->all_gather_into_tensor(out, ramp(4, r, kFloat32));
+  for (int k = 0; k < p; ++k) check_equal(out.select(0, k), ramp(4, k, kFloat32));
+
+  Tensor buf = full({p * 4}, -1.0, kFloat32);  // this rank's slice already holds its contribution
+  buf.narrow(0, r * 4, 4).copy_(ramp(4, r, kFloat32));
+  comm->all_gather_into_tensor(buf, buf.narrow(0, r * 4, 4));
+  check_equal(buf, out.flatten());
+}
+
+TEST_CASE("comm: reduce_scatter with uneven sizes, and from one tensor", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  std::vector<Tensor> ins;
+  for (int k = 0; k < p; ++k) ins.push_back(full({k + 1}, r * 10.0 + k, kInt64));
+  Tensor out = zeros({r + 1}, kInt64);
+  comm->reduce_scatter(out, ins);
+  check_equal(out, full({r + 1}, 10.0 * p * (p - 1) / 2 + p * r, kInt64));
+
+  // input slice k, element j = rank + 100 k + j; rank r gets slice r summed over ranks.
+  Tensor in = (arange(p * 3, kFloat64).view({p, 3}) + arange(p, kFloat64).unsqueeze(1) * 97 + r).to(kFloat32);
+  Tensor o = zeros({3}, kFloat32);
+  comm->reduce_scatter_tensor(o, in, ReduceOp::Max);
+  check_equal(o, (arange(3, kFloat64) + r * 3 + r * 97 + (p - 1)).to(kFloat32));
+  comm->reduce_scatter_tensor(o, in, ReduceOp::Sum);
+  check_equal(o, ((arange(3, kFloat64) + r * 3 + r * 97) * p + p * (p - 1) / 2).to(kFloat32));
+}
+
+TEST_CASE("comm: send and recv around the ring", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  Tensor got = zeros({5}, kFloat64);
+  Work rw = comm->recv(got, (r + p - 1) % p, 7, /*async_op=*/true);
+  Work sw = comm->send(full({5}, r + 0.5, kFloat64), (r + 1) % p, 7, /*async_op=*/true);
+  sw.wait();
+  rw.wait();
+  check_equal(got, full({5}, (r + p - 1) % p + 0.5, kFloat64));
+  CHECK(rw.is_completed());
+  CHECK(rw.describe().find("recv") == 0);
+}
+
+TEST_CASE("comm: many operations in flight complete, whatever order they are waited in", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  const uint64_t seq0 = comm->sequence_number();
+  std::vector<Tensor> ts;
+  std::vector<Work> works;
+  for (int k = 0; k < 12; ++k) {
+    ts.push_back(full({1000 + k}, r * (k + 1.0), kInt64));
+    works.push_back(comm->all_reduce(ts.back(), ReduceOp::Sum, /*async_op=*/true));
+  }
+  CHECK(comm->sequence_number() == seq0 + 12);
+  for (int k = 11; k >= 0; --k) works[static_cast<size_t>(k)].wait();
+  for (int k = 0; k < 12; ++k) {
+    check_equal(ts[static_cast<size_t>(k)], full({1000 + k}, (k + 1.0) * p * (p - 1) / 2, kInt64));
+    CHECK(works[static_cast<size_t>(k)].is_completed());
+    CHECK(works[static_cast<size_t>(k)].describe() ==
+          fmt::format("all_reduce #{} (int64, {} elements, sum)", seq0 + k + 1, 1000 + k));
+  }
+  comm->barrier();
+}
+
+TEST_CASE("comm: split into sub-communicators by color and key", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  // Even and odd ranks, each group ordered by descending rank (key = -rank).
+  auto sub = comm->split(r % 2, -r);
+  REQUIRE(sub != nullptr);
+  int members = 0, above = 0, sum = 0;
+  for (int k = 0; k < p; ++k) {
+    if (k % 2 != r % 2) continue;
+    ++members;
+    sum += k;
+    above += k > r;
+  }
+  CHECK(sub->size() == members);
+  CHECK(sub->rank() == above);
+  Tensor t = full({3}, static_cast<double>(r), kInt64);
+  sub->all_reduce(t);
+  check_equal(t, full({3}, static_cast<double>(sum), kInt64));
+  // A negative color leaves a rank out.
+  auto some = comm->split(r == 0 ? -1 : 0, r);
+  CHECK((some == nullptr) == (r == 0));
+  if (some) CHECK(some->size() == p - 1);
+  // The parent still works, and its sub-communicators are independent of it.
+  Tensor u = full({2}, 1.0, kInt32);
+  comm->all_reduce(u);
+  check_equal(u, full({2}, static_cast<double>(p), kInt32));
+}
+
+TEST_CASE("comm: ranks that disagree on a collective get an Error, not a hang", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  if (p == 1) return;  // one rank cannot disagree with itself
+  // Sizes differ: rank 0 has 5 elements, the others 6.
+  Tensor t = zeros({r == 0 ? 5 : 6}, kFloat32);
+  check_error([&] { comm->all_reduce(t); }, {"all_reduce #", "different", "element count (this rank"});
+  // Different collectives: rank 0 broadcasts while the others all-reduce.
+  Tensor u = zeros({4}, kFloat32);
+  check_error([&] { r == 0 ? comm->broadcast(u, 0) : comm->all_reduce(u); }, {"different", "operation"});
+  // Different roots.
+  check_error([&] { comm->broadcast(u, r == 0 ? 0 : 1); }, {"root rank"});
+  // The communicator is still usable afterwards.
+  Tensor v = full({4}, 1.0, kFloat32);
+  comm->all_reduce(v);
+  check_equal(v, full({4}, static_cast<double>(p), kFloat32));
+}
+
+TEST_CASE("comm: a recv of the wrong size is an Error naming both sizes", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  if (p == 1) return;
+  if (r == 0) comm->send(zeros({4}, kFloat32), 1, 3);
+  if (r == 1) check_error([&] { comm->recv(zeros({6}, kFloat32), 0, 3); }, {"rank 0 sent 16 bytes", "has 24"});
+  comm->barrier();
+}
+
+TEST_CASE("comm: bad arguments are Errors before anything is sent", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size();
+  Tensor nc = zeros({4, 4}).t();
+  check_error([&] { comm->all_reduce(nc); }, {"all_reduce", "not contiguous", ".contiguous()"});
+  check_error([&] { comm->broadcast(zeros({2}), p); }, {"broadcast", "src = ", "not a rank"});
+  check_error([&] { comm->all_reduce(zeros({2}, kInt64), ReduceOp::Avg); }, {"Avg needs a floating dtype"});
+  if (p > 1) check_error([&] { comm->all_gather({zeros({1})}, zeros({1})); }, {"one per rank"});
+  check_error([&] { comm->all_gather_into_tensor(zeros({p * 2 + 1}), zeros({2})); }, {"output has"});
+  check_error([&] { comm->send(zeros({2}), 0, -1); }, {"tag must be >= 0"});
+  check_error([&] { init("gloo"); }, {"unknown backend 'gloo'"});
+  if (!is_available("nccl")) check_error([&] { init("nccl"); }, {"no NCCL backend"});
+  comm->barrier();  // nothing above reached the other ranks
+}

@@ -1,0 +1,152 @@
+// tests/distributed/test_ddp.cpp: DistributedDataParallel against one process doing the same
+// arithmetic. Every rank also trains the single-process reference itself (no communication), so
+// the comparison needs no second program: N ranks with micro-batch b must match 1 process with
+// batch N*b.
+#include "support.h"
+
+using namespace kiln;
+using namespace kiln::distributed;
+using kiln::test::check_close;
+using kiln::test::check_error;
+
+namespace {
+
+struct Mlp : nn::Module {
+  nn::Linear f1{20, 32}, f2{32, 32}, f3{32, 10};
+  Mlp() { register_modules({{"f1", f1}, {"f2", f2}, {"f3", f3}}); }
+  Tensor forward(const Tensor& x) override { return f3(relu(f2(relu(f1(x))))); }
+};
+
+// The whole batch of step `step`, the same on every rank: N*b samples.
+std::pair<Tensor, Tensor> batch(int step, int64_t rows) {
+  Tensor x = kiln::test::sample({rows, 20}, kFloat32, 0.1 * step);
+  Tensor y = ((kiln::test::sample({rows}, kFloat64, 1.7 + step) + 2) * 2.4).to(kInt64);  // classes 0..9
+  return {x, y};
+}
+
+}  // namespace
+
+TEST_CASE("ddp: N ranks with micro-batch b match one process with batch N*b over 20 steps", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 6;
+  for (bool overlap : {true, false}) {
+    INFO("overlap " << overlap);
+    manual_seed(11);
+    Mlp ref;
+    manual_seed(100 + r);  // different on every rank: DDP must broadcast rank 0's
+    Mlp local;
+    if (r == 0) local.load_state_dict(ref.state_dict());
+    // Small buckets: several all-reduces per step, started from backward.
+    DistributedDataParallel ddp(local, comm, {.bucket_cap_mb = 0.004, .overlap = overlap});
+    for (const auto& [name, t] : ref.named_parameters()) check_close(local.state_dict().at(name), t);
+    REQUIRE(ddp.bucket_names().size() >= 3);
+    CHECK(ddp.bucket_names().front().front() == "f3.bias");  // reverse order of registration
+
+    optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
+    optim::SGD opt_sgd(local.parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 20; ++step) {
+      auto [x, y] = batch(step, b * p);
+      Tensor loss_ref = nn::cross_entropy(ref(x), y);
+      opt_ref.zero_grad();
+      loss_ref.backward();
+      opt_ref.step();
+
+      Tensor loss = nn::cross_entropy(ddp(x.narrow(0, r * b, b)), y.narrow(0, r * b, b));
+      opt_sgd.zero_grad();
+      loss.backward();
+      opt_sgd.step();
+      Tensor mean_loss = loss.detach().clone();
+      comm->all_reduce(mean_loss, ReduceOp::Avg);
+      check_close(mean_loss, loss_ref.detach(), {1e-6, 1e-7});
+      if (overlap) CHECK(ddp.last_stats().buckets_started_during_backward >= 2);
+      else CHECK(ddp.last_stats().buckets_started_during_backward == 0);
+    }
+    for (const auto& [name, t] : ref.named_parameters()) {
+      INFO(name);
+      check_close(local.state_dict().at(name), t, {1e-6, 1e-6});
+    }
+  }
+}
+
+TEST_CASE("ddp: no_sync accumulates locally; the next backward averages the sum", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 4;
+  manual_seed(5);
+  Mlp ref, local;
+  local.load_state_dict(ref.state_dict());
+  DistributedDataParallel ddp(local, comm);
+  auto [x1, y1] = batch(1, b * p);
+  auto [x2, y2] = batch(2, b * p);
+  // Reference: the gradient of (mean loss of batch 1) + (mean loss of batch 2).
+  (nn::cross_entropy(ref(x1), y1) + nn::cross_entropy(ref(x2), y2)).backward();
+  {
+    auto guard = ddp.no_sync();
+    nn::cross_entropy(ddp(x1.narrow(0, r * b, b)), y1.narrow(0, r * b, b)).backward();
+  }
+  if (p > 1) {  // after the no_sync backward, each rank holds only its own gradient
+    Tensor g = local.f3.weight.grad().clone(), avg = g.clone();
+    comm->all_reduce(avg, ReduceOp::Avg);
+    Tensor diff = (g - avg).abs().max();
+    comm->all_reduce(diff, ReduceOp::Max);
+    CHECK(diff.item<float>() > 1e-4f);
+  }
+  nn::cross_entropy(ddp(x2.narrow(0, r * b, b)), y2.narrow(0, r * b, b)).backward();
+  for (const auto& [name, t] : ref.named_parameters()) {
+    INFO(name);
+    check_close(local.state_dict().at(name), t);
+    const auto& params = local.named_parameters();
+    for (const auto& [n2, lp] : params) {
+      if (n2 == name) check_close(lp.grad(), t.grad(), {1e-5, 1e-6});
+    }
+  }
+}
+
+TEST_CASE("ddp: a parameter without a gradient is an Error naming it, unless expected", "[distributed]") {
+  auto comm = init("mpi");
+  struct Partial : nn::Module {
+    nn::Linear used{4, 3}, unused{4, 3};
+    Partial() { register_modules({{"used", used}, {"unused", unused}}); }
+    Tensor forward(const Tensor& x) override { return used(x); }
+  };
+  Partial m1;
+  DistributedDataParallel strict(m1, comm);
+  check_error([&] { strict(ones({2, 4})).sum().backward(); },
+              {"received no gradient", "unused.weight", "unused.bias", "find_unused_parameters = true"});
+
+  Partial m2;
+  DistributedDataParallel lenient(m2, comm, {.find_unused_parameters = true});
+  lenient(ones({2, 4})).sum().backward();
+  CHECK(m2.unused.weight.grad().abs().sum().item<float>() == 0.0f);
+  check_close(m2.used.bias.grad(), full({3}, 2.0));  // d sum / d bias = batch size, averaged: 2
+}
+
+TEST_CASE("ddp: buffers follow rank 0 and state_dict names carry the module. prefix", "[distributed]") {
+  auto comm = init("mpi");
+  const int r = comm->rank();
+  struct WithNorm : nn::Module {
+    nn::BatchNorm1d bn{3};
+    WithNorm() { register_modules({{"bn", bn}}); }
+    Tensor forward(const Tensor& x) override { return bn(x); }
+  };
+  WithNorm m;
+  DistributedDataParallel ddp(m, comm);
+  CHECK(ddp.state_dict().contains("module.bn.weight"));
+  // Each rank normalises different data; before every forward rank 0's running stats are broadcast.
+  Tensor x = kiln::test::sample({8, 3}, kFloat32, 0.2 + r);
+  ddp(x);
+  ddp(x);
+  Tensor mean0 = m.bn.running_mean.clone();
+  comm->broadcast(mean0, 0);
+  // After the second forward, every rank's running mean = rank 0's after its first, updated by its own batch.
+  Tensor after_first = kiln::test::sample({8, 3}, kFloat32, 0.2).mean({0}) * 0.1;
+  Tensor expect = after_first * 0.9 + x.mean({0}) * 0.1;
+  check_close(m.bn.running_mean, expect);
+}
+
+TEST_CASE("ddp: bad construction is an Error", "[distributed]") {
+  Mlp m;
+  check_error([&] { DistributedDataParallel d(m, nullptr); }, {"communicator is null"});
+  check_error([&] { DistributedDataParallel d(m, init("mpi"), {.bucket_cap_mb = 0}); }, {"bucket_cap_mb must be > 0"});
+}
