@@ -85,17 +85,30 @@ void check(const char* op, const Tensor& t) {
 void reduce_scatter(Communicator& comm, const Tensor& output, const Tensor& input, ReduceOp op) {
   check("reduce_scatter", output);
   check("reduce_scatter", input);
-  const int p = comm.size();
+  const int p = comm.size(), r = comm.rank();
   KILN_CHECK(input.numel() == output.numel() * p && input.dtype() == output.dtype(),
              "ring::reduce_scatter: the input must have size() x output.numel() = {} elements of the output's dtype, "
              "not {} of {}",
              output.numel() * p, input.numel(), dtype_name(input.dtype()));
-  Tensor flat = input.flatten().clone();  // the input stays as it was
-  auto b = bounds(flat.numel(), p);
-  reduce_scatter_phase(comm, flat, b, op);
-  Tensor mine = chunk_of(flat, b, comm.rank());
-  if (op == ReduceOp::Avg) mine.div_(p);
-  Tensor(output).copy_(mine.view(output.sizes()));
+  // The same schedule as reduce_scatter_phase, out of place: the input is only read. What a rank
+  // sends at step s + 1 is what it reduced at step s (its chunk plus the partial sum that came in),
+  // so two chunk-sized buffers take turns, and the last step reduces straight into the output.
+  Tensor in = input.flatten();
+  auto b = bounds(in.numel(), p);
+  Tensor out = output.view({-1});
+  const TensorOptions like = TensorOptions(in.dtype()).device(in.device());
+  Tensor incoming = empty({out.numel()}, like), buffers[2] = {empty({out.numel()}, like), empty({out.numel()}, like)};
+  Tensor sending = chunk_of(in, b, mod(r - 1, p));
+  if (p == 1) out.copy_(in);
+  for (int s = 0; s + 1 < p; ++s) {
+    const int recv_c = mod(r - 2 - s, p);
+    exchange(comm, sending, incoming, s);
+    Tensor reduced = s + 2 == p ? out : buffers[s % 2];
+    reduced.copy_(chunk_of(in, b, recv_c));
+    reduce_into(reduced, incoming, op);
+    sending = reduced;
+  }
+  if (op == ReduceOp::Avg) out.div_(p);
 }
 
 void all_gather(Communicator& comm, const Tensor& output, const Tensor& input) {

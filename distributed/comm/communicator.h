@@ -122,7 +122,7 @@ WorldInfo world_info();
 
 // The communicator of every rank of the job ("mpi"; "nccl" for CUDA tensors where built with
 // CUDA). MPI is initialised on first use and finalised at exit; the same communicator is returned
-// on each call with the same backend.
+// on each call with the same backend, with the options of the first call.
 std::shared_ptr<Communicator> init(const std::string& backend = "mpi", const CommOptions& options = {});
 // Whether this build has the backend ("mpi" needs Open MPI, "nccl" CUDA and NCCL).
 bool is_available(const std::string& backend);
