@@ -118,6 +118,11 @@ int to_int_count(int64_t n, const char* what) {
 // ---- the engine ----
 
 // What every rank must agree on before a collective: compared field by field.
+enum OpCode : int64_t { kAllReduce = 1, kBroadcast, kReduce, kAllGather, kAllGatherTensor, kReduceScatter,
+                        kReduceScatterTensor, kBarrier };
+constexpr const char* kOpNames[] = {"?", "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
+                                    "reduce_scatter", "reduce_scatter_tensor", "barrier"};
+
 constexpr const char* kSignatureFields[] = {"sequence number", "operation", "dtype", "element count",
                                             "root rank", "reduce op", "per-rank sizes"};
 constexpr int kSignatureLen = 7;
@@ -389,8 +394,13 @@ class Engine {
     for (int i = 0; i < kSignatureLen; ++i) {
       const int64_t mine = t.signature[i], hi = t.check_buf[i], lo = -t.check_buf[kSignatureLen + i];
       if (hi == mine && lo == mine) continue;
+      auto show = [&](int64_t v) -> std::string {
+        if (i == 1 && v >= 1 && v <= kBarrier) return kOpNames[v];  // the operation: by name
+        if (i == 2) return std::string(dtype_name(static_cast<DType>(v)));
+        return std::to_string(v);
+      };
       diffs += fmt::format("{}{} (this rank {}, the ranks range from {} to {})", diffs.empty() ? "" : "; ",
-                           kSignatureFields[i], mine, lo, hi);
+                           kSignatureFields[i], show(mine), show(lo), show(hi));
     }
     KILN_CHECK(diffs.empty(),
                "{}: the ranks called different collectives or with different sizes: {}. Every rank must call the "
@@ -435,9 +445,6 @@ class Engine {
   int world_size_ = 1;
   MpiOps ops_;
 };
-
-enum OpCode : int64_t { kAllReduce = 1, kBroadcast, kReduce, kAllGather, kAllGatherTensor, kReduceScatter,
-                        kReduceScatterTensor, kBarrier };
 
 uint64_t hash_sizes(const std::vector<int64_t>& sizes) {  // FNV-1a over the per-rank element counts
   uint64_t h = 1469598103934665603ull;

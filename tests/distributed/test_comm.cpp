@@ -181,7 +181,8 @@ TEST_CASE("comm: ranks that disagree on a collective get an Error, not a hang", 
   check_error([&] { comm->all_reduce(t); }, {"all_reduce #", "different", "element count (this rank"});
   // Different collectives: rank 0 broadcasts while the others all-reduce.
   Tensor u = zeros({4}, kFloat32);
-  check_error([&] { r == 0 ? comm->broadcast(u, 0) : comm->all_reduce(u); }, {"different", "operation"});
+  check_error([&] { r == 0 ? comm->broadcast(u, 0) : comm->all_reduce(u); },
+              {"different", "operation (this rank", "from all_reduce to broadcast"});
   // Different roots.
   check_error([&] { comm->broadcast(u, r == 0 ? 0 : 1); }, {"root rank"});
   // The communicator is still usable afterwards.
