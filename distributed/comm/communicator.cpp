@@ -32,6 +32,14 @@ void Work::State::complete(std::exception_ptr e) {
 
 void Work::wait() const {
   if (!state_) return;
+  if (state_->stream_wait) {  // a device-stream operation (NCCL): order, don't block
+    {
+      std::lock_guard<std::mutex> lock(state_->m);
+      if (state_->error) std::rethrow_exception(state_->error);
+    }
+    state_->stream_wait();
+    return;
+  }
   std::unique_lock<std::mutex> lock(state_->m);
   state_->cv.wait(lock, [&] { return state_->done; });
   if (state_->error) std::rethrow_exception(state_->error);
@@ -44,8 +52,11 @@ void Work::wait() const {
 
 bool Work::is_completed() const {
   if (!state_) return true;
-  std::lock_guard<std::mutex> lock(state_->m);
-  return state_->done;
+  {
+    std::lock_guard<std::mutex> lock(state_->m);
+    if (state_->done) return true;
+  }
+  return state_->query && state_->query();
 }
 
 std::string Work::describe() const { return state_ ? state_->what : "(nothing)"; }

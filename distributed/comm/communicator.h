@@ -38,7 +38,9 @@ class Work {
   explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
   // Blocks until the operation is complete; rethrows its Error. Staged results (CUDA tensors on
-  // the MPI backend) land in their tensors here.
+  // the MPI backend) land in their tensors here. On the NCCL backend it does not block the host
+  // (PyTorch's semantics): it makes the current CUDA stream wait for the operation, so kernels
+  // queued after it, and copies to the host, see the result; an Error already known is rethrown.
   void wait() const;
   // True once the operation is complete (successfully or not); never blocks.
   bool is_completed() const;
@@ -55,7 +57,8 @@ struct CommOptions {
   // KILN_COMM_TIMEOUT (seconds) overrides it.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // Compare op, dtype, sizes and sequence number across ranks before each collective (one small
-  // extra all-reduce). Turn off only to measure the collective alone.
+  // extra all-reduce; on NCCL an MPI one, which the caller's thread waits for). Turn off only to
+  // measure the collective alone.
   bool check_collectives = true;
   // On a timeout, print the Error and abort every rank of the job (PyTorch's NCCL async error
   // handling). false: fail the Work with the Error instead; the communicator is then unusable.
@@ -74,7 +77,9 @@ class Communicator {
   virtual std::string backend() const = 0;  // "mpi", "nccl"
 
   // With async_op = false each call returns once its operation is complete (the returned Work is
-  // then already complete); with true it returns at once and Work::wait() completes it.
+  // then already complete; on NCCL, complete as the current CUDA stream sees it: wait() was called);
+  // with true it returns at once and Work::wait() completes it. On NCCL, send and recv run in call
+  // order on the communicator's stream: in a ring, alternate their order (even ranks send first).
 
   // t = op(t of every rank). Avg is Sum divided by size() (floating dtypes only).
   virtual Work all_reduce(const Tensor& t, ReduceOp op = ReduceOp::Sum, bool async_op = false) = 0;

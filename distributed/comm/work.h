@@ -27,6 +27,13 @@ struct Work::State {
   // Run once by the first wait(), on the waiting thread: copies staged results back to the
   // device tensors (CUDA tensors on the MPI backend).
   std::function<void()> finisher;
+
+  // Set by a backend whose operations finish on a device stream (NCCL), before the Work is handed
+  // out; see Note [NCCL Work] in nccl.cpp. wait() then rethrows an error already known and
+  // otherwise calls stream_wait, which orders the caller's current stream after the operation
+  // without blocking the host; is_completed() is done || query().
+  std::function<void()> stream_wait;
+  std::function<bool()> query;
 };
 
 // A CPU tensor standing in for t: t itself on the CPU, else a host copy (of t's values when

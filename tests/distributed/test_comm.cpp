@@ -211,6 +211,10 @@ TEST_CASE("comm: bad arguments are Errors before anything is sent", "[distribute
   check_error([&] { comm->all_gather_into_tensor(zeros({p * 2 + 1}), zeros({2})); }, {"output has"});
   check_error([&] { comm->send(zeros({2}), 0, -1); }, {"tag must be >= 0"});
   check_error([&] { init("gloo"); }, {"unknown backend 'gloo'"});
-  if (!is_available("nccl")) check_error([&] { init("nccl"); }, {"no NCCL backend"});
+  if (!is_available("nccl")) {
+    check_error([&] { init("nccl"); }, {"no NCCL backend"});
+  } else if (!cuda::is_available()) {
+    check_error([&] { init("nccl"); }, {"init(\"nccl\")", "no CUDA device", "use init(\"mpi\")"});
+  }
   comm->barrier();  // nothing above reached the other ranks
 }

@@ -1,0 +1,215 @@
+// tests/cuda/test_nccl.cpp: the NCCL communicator on CUDA tensors, with exact results (each rank
+// contributes values made from its rank number, as tests/distributed/test_comm.cpp does on MPI).
+// Part of the GPU test binary, which exits 77 without a GPU; run alone it is world size 1 (an MPI
+// singleton), and under mpirun every rank needs a GPU of its own.
+#include <thread>
+
+#include "support.h"
+
+using namespace kiln;
+using namespace kiln::distributed;
+using kiln::test::check_equal;
+using kiln::test::check_error;
+
+namespace {
+
+// The NCCL world, or nullptr (the test then passes vacuously) in a build without NCCL or MPI.
+std::shared_ptr<Communicator> nccl() {
+  if (!is_available("nccl")) {
+    WARN("this Kiln has no NCCL backend: NCCL tests skipped");
+    return nullptr;
+  }
+  return init("nccl");
+}
+
+// The device init("nccl") picks: cuda(local rank % device count).
+Device gpu() { return Device::cuda(world_info().local_rank % cuda::device_count()); }
+
+// rank + i for i = 0 .. n-1, in dtype, on the GPU.
+Tensor ramp(int64_t n, int rank, DType dtype) { return (arange(n, kFloat64) + rank).to(dtype).to(gpu()); }
+
+// NCCL averages floats by multiplying each contribution by 1/size: exact when size is a power of 2.
+void check_avg(const Tensor& actual, const Tensor& expected, int size) {
+  if ((size & (size - 1)) == 0) {
+    check_equal(actual.cpu(), expected);
+  } else {
+    kiln::test::check_close(actual.cpu(), expected);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("nccl: rank, size and backend agree with the launcher", "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  CHECK(comm->backend() == "nccl");
+  CHECK(comm->rank() == world_info().rank);
+  CHECK(comm->size() == world_info().size);
+  CHECK(init("nccl") == comm);  // one world communicator per process
+}
+
+TEST_CASE("nccl: all_reduce sum, avg, max and min are exact for every dtype", "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  const int p = comm->size(), r = comm->rank();
+  const int64_t n = 1000;
+  Tensor i = arange(n, kFloat64);
+  for (DType dt : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64}) {
+    INFO("dtype " << dtype_name(dt));
+    const int64_t m = dt == kFloat16 || dt == kBFloat16 ? 50 : n;  // sums exact in bfloat16 up to 4 ranks
+    Tensor im = i.narrow(0, 0, m);
+    Tensor t = ramp(m, r, dt);
+    comm->all_reduce(t);
+    check_equal(t.cpu(), (im * p + p * (p - 1) / 2).to(dt));
+    t = ramp(m, r, dt);
+    comm->all_reduce(t, ReduceOp::Max);
+    check_equal(t.cpu(), (im + (p - 1)).to(dt));
+    t = ramp(m, r, dt);
+    comm->all_reduce(t, ReduceOp::Min);
+    check_equal(t.cpu(), im.to(dt));
+    if (is_floating(dt)) {
+      t = ramp(m, r, dt) * 2;  // avg of 2 (rank + i) = 2i + (p - 1): exact here
+      comm->all_reduce(t, ReduceOp::Avg);
+      check_avg(t, (im * 2 + (p - 1)).to(dt), p);
+    }
+  }
+  // bool: sum and max are "any", min is "all"
+  Tensor b = full({2}, r == 0 ? 1.0 : 0.0, kFloat32).to(kBool).to(gpu());
+  Tensor any = b.clone(), all = b.clone();
+  comm->all_reduce(any, ReduceOp::Sum);
+  comm->all_reduce(all, ReduceOp::Min);
+  CHECK(any.cpu().to(kInt64).sum().item<int64_t>() == 2);
+  CHECK(all.cpu().to(kInt64).sum().item<int64_t>() == (p == 1 ? 2 : 0));
+}
+
+TEST_CASE("nccl: the op is ordered after the kernels before it and before the kernels after wait()",
+          "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  const int p = comm->size(), r = comm->rank();
+  const int64_t n = 1 << 20;
+  for (int round = 0; round < 3; ++round) {
+    Tensor t = ramp(n, r, kFloat32) * 2 + 1;  // kernels on the default stream, not synchronized
+    Work w = comm->all_reduce(t, ReduceOp::Sum, /*async_op=*/true);
+    w.wait();
+    Tensor u = t + 1;  // queued after the wait: sees the sum
+    Tensor expected = (arange(n, kFloat64) * 2 * p + p * (p - 1) + p + 1).to(kFloat32);
+    check_equal(u.cpu(), expected);
+    for (int k = 0; k < 100000 && !w.is_completed(); ++k) std::this_thread::sleep_for(std::chrono::microseconds(10));
+    CHECK(w.is_completed());
+    CHECK(w.describe() == fmt::format("all_reduce #{} (float32, {} elements, sum)", comm->sequence_number(), n));
+  }
+}
+
+TEST_CASE("nccl: broadcast from every root and reduce to every root", "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  const int p = comm->size(), r = comm->rank();
+  for (int src = 0; src < p; ++src) {
+    Tensor t = full({3, 2}, r * 10.0 + 1, kInt64).to(gpu());
+    comm->broadcast(t, src);
+    check_equal(t.cpu(), full({3, 2}, src * 10.0 + 1, kInt64));
+  }
+  for (int dst = 0; dst < p; ++dst) {
+    Tensor t = full({5}, r + 1.0, kFloat64).to(gpu());
+    comm->reduce(t, dst);
+    check_equal(t.cpu(), full({5}, r == dst ? p * (p + 1) / 2.0 : r + 1.0, kFloat64));  // others untouched
+  }
+}
+
+TEST_CASE("nccl: all_gather with uneven sizes, and into one tensor (also in place)", "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  const int p = comm->size(), r = comm->rank();
+  std::vector<Tensor> outs;
+  for (int k = 0; k < p; ++k) outs.push_back(full({k + 1}, -1.0, kInt32).to(gpu()));
+  comm->all_gather(outs, full({r + 1}, r * 3.0, kInt32).to(gpu()));
+  for (int k = 0; k < p; ++k) check_equal(outs[static_cast<size_t>(k)].cpu(), full({k + 1}, k * 3.0, kInt32));
+
+  Tensor out = zeros({p, 4}, TensorOptions(kFloat32).device(gpu()));
+  comm->all_gather_into_tensor(out, ramp(4, r, kFloat32));
+  for (int k = 0; k < p; ++k) check_equal(out.select(0, k).cpu(), ramp(4, k, kFloat32).cpu());
+
+  Tensor buf = full({p * 4}, -1.0, kFloat32).to(gpu());  // this rank's slice already holds its part
+  buf.narrow(0, r * 4, 4).copy_(ramp(4, r, kFloat32));
+  comm->all_gather_into_tensor(buf, buf.narrow(0, r * 4, 4));
+  check_equal(buf.cpu(), out.flatten().cpu());
+}
+
+TEST_CASE("nccl: reduce_scatter with uneven sizes, and from one tensor, with avg", "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  const int p = comm->size(), r = comm->rank();
+  std::vector<Tensor> ins;
+  for (int k = 0; k < p; ++k) ins.push_back(full({k + 1}, r * 10.0 + k, kInt64).to(gpu()));
+  Tensor out = zeros({r + 1}, TensorOptions(kInt64).device(gpu()));
+  comm->reduce_scatter(out, ins);
+  check_equal(out.cpu(), full({r + 1}, 10.0 * p * (p - 1) / 2 + p * r, kInt64));
+
+  Tensor in = (arange(p * 3, kFloat64).view({p, 3}) + arange(p, kFloat64).unsqueeze(1) * 97 + r).to(kFloat32);
+  Tensor o = zeros({3}, TensorOptions(kFloat32).device(gpu()));
+  comm->reduce_scatter_tensor(o, in.to(gpu()), ReduceOp::Max);
+  check_equal(o.cpu(), (arange(3, kFloat64) + r * 3 + r * 97 + (p - 1)).to(kFloat32));
+  comm->reduce_scatter_tensor(o, in.to(gpu()), ReduceOp::Sum);
+  check_equal(o.cpu(), ((arange(3, kFloat64) + r * 3 + r * 97) * p + p * (p - 1) / 2).to(kFloat32));
+  const Tensor base = arange(3, kFloat64) + r * 3 + r * 97;  // slice r's values, less the sender's rank
+  comm->reduce_scatter_tensor(o, (in * 2).to(gpu()), ReduceOp::Avg);  // avg of 2 (base + rank)
+  check_avg(o, (base * 2 + (p - 1)).to(kFloat32), p);
+
+  Tensor flat = in.to(gpu()).flatten();  // in place: the output is this rank's slice of the input
+  comm->reduce_scatter_tensor(flat.narrow(0, r * 3, 3), flat, ReduceOp::Sum);
+  check_equal(flat.narrow(0, r * 3, 3).cpu(), (base * p + p * (p - 1) / 2).to(kFloat32));
+}
+
+TEST_CASE("nccl: send and recv around the ring", "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  const int p = comm->size(), r = comm->rank();
+  if (p == 1) return;
+  // Each rank's ops run in call order on its comm stream: even ranks send first, odd ones receive
+  // first, or every rank would wait in its recv.
+  Tensor got = zeros({5}, TensorOptions(kFloat64).device(gpu()));
+  Tensor mine = full({5}, r + 0.5, kFloat64).to(gpu());
+  std::vector<Work> works;
+  for (int step = 0; step < 2; ++step) {
+    if ((step == 0) == (r % 2 == 0)) {
+      works.push_back(comm->send(mine, (r + 1) % p, 0, /*async_op=*/true));
+    } else {
+      works.push_back(comm->recv(got, (r + p - 1) % p, 0, /*async_op=*/true));
+    }
+  }
+  for (auto& w : works) w.wait();
+  check_equal(got.cpu(), full({5}, (r + p - 1) % p + 0.5, kFloat64));
+}
+
+TEST_CASE("nccl: split, barrier and sequence numbers", "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  const int p = comm->size(), r = comm->rank();
+  const uint64_t before = comm->sequence_number();
+  comm->barrier();
+  CHECK(comm->sequence_number() == before + 1);
+  auto sub = comm->split(r % 2, -r);  // by parity, in reverse rank order
+  REQUIRE(sub);
+  CHECK(sub->backend() == "nccl");
+  const int mates = (p - r % 2 + 1) / 2;
+  CHECK(sub->size() == mates);
+  CHECK(sub->rank() == mates - 1 - r / 2);
+  Tensor t = full({4}, r + 1.0, kFloat32).to(gpu());
+  sub->all_reduce(t);
+  double expected = 0;
+  for (int k = r % 2; k < p; k += 2) expected += k + 1;
+  check_equal(t.cpu(), full({4}, expected, kFloat32));
+  CHECK(comm->split(-1, 0) == nullptr);
+}
+
+TEST_CASE("nccl: CPU tensors and bad arguments are Errors before anything is sent", "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  const int p = comm->size();
+  check_error([&] { comm->all_reduce(zeros({2})); }, {"all_reduce", "[2]", "cpu", "init(\"mpi\")"});
+  check_error([&] { comm->all_reduce(zeros({4, 4}).to(gpu()).t()); }, {"all_reduce", "not contiguous"});
+  check_error([&] { comm->broadcast(zeros({2}).to(gpu()), p); }, {"broadcast", "src = ", "not a rank"});
+  check_error([&] { comm->all_reduce(zeros({2}, kInt64).to(gpu()), ReduceOp::Avg); }, {"Avg needs a floating dtype"});
+  comm->barrier();  // nothing above reached the other ranks
+}
