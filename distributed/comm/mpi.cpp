@@ -270,7 +270,9 @@ class Engine {
     ready.set_value();
     loop();
     // Stopping: free what this engine made, then finalise (unless an operation was abandoned on a
-    // timeout: MPI_Finalize would wait for it forever).
+    // timeout: MPI_Finalize would wait for it forever, and its buffers must outlive MPI, so they
+    // are leaked on purpose).
+    for (auto& t : abandoned_tasks_) (void)t.release();
     if (!abandoned_) {
       for (auto& op : ops_.half) MPI_Op_free(&op);
       for (auto& op : ops_.bf16) MPI_Op_free(&op);
@@ -294,12 +296,15 @@ class Engine {
       }
       for (auto& t : fresh) {
         if (t->run_now) {
+          std::exception_ptr error;
           try {
             t->run_now();
-            t->work->complete();
           } catch (...) {
-            t->work->complete(std::current_exception());
+            error = std::current_exception();
           }
+          std::shared_ptr<Work::State> work = std::move(t->work);
+          t.reset();
+          work->complete(std::move(error));
           continue;
         }
         t->deadline = Clock::now() + t->timeout;
@@ -308,27 +313,36 @@ class Engine {
       bool progressed = !fresh.empty();
       std::vector<MPI_Comm> blocked;  // communicators with an operation not yet posted
       auto is_blocked = [&](MPI_Comm c) { return std::find(blocked.begin(), blocked.end(), c) != blocked.end(); };
+      // A finished task is erased before its Work completes: the tensors its lambdas hold must go
+      // while the caller still waits (a caller that returns from main at once would otherwise
+      // race this thread's destruction of them against the allocator's own).
+      auto finish = [&](std::list<std::unique_ptr<Task>>::iterator& it, std::exception_ptr error) {
+        std::shared_ptr<Work::State> work = std::move((*it)->work);
+        it = inflight.erase(it);
+        work->complete(std::move(error));
+        progressed = true;
+      };
       for (auto it = inflight.begin(); it != inflight.end();) {
         Task& t = **it;
         bool done = false;
         try {
           done = advance(t, is_blocked(t.comm), progressed);
         } catch (...) {
-          t.work->complete(std::current_exception());
-          it = inflight.erase(it);
-          progressed = true;
+          finish(it, std::current_exception());
           continue;
         }
         if (done) {
-          t.work->complete();
-          it = inflight.erase(it);
-          progressed = true;
+          finish(it, nullptr);
           continue;
         }
         if (t.phase < 2) blocked.push_back(t.comm);
         if (Clock::now() > t.deadline) {
-          timed_out(t);  // aborts the job, or fails this Work
+          std::exception_ptr error = timed_out(t);  // or aborts the job
+          // MPI may still write into its buffers: the task is kept, only its Work fails.
+          std::shared_ptr<Work::State> work = t.work;
+          abandoned_tasks_.push_back(std::move(*it));
           it = inflight.erase(it);
+          work->complete(error);
           continue;
         }
         ++it;
@@ -408,7 +422,8 @@ class Engine {
                t.work->what, diffs);
   }
 
-  void timed_out(Task& t) {
+  // The Error of a task past its deadline; with abort_on_timeout it stops the job instead.
+  std::exception_ptr timed_out(Task& t) {
     const std::string message =
         fmt::format("kiln: rank {}: {} did not complete within {:.3g} s: a rank did not take part (it died, hangs, "
                     "or called a different operation); stopping. Set the limit with KILN_COMM_TIMEOUT (seconds)",
@@ -421,7 +436,7 @@ class Engine {
     }
     abandoned_ = true;  // its requests stay pending: MPI cannot cancel a collective
     if (t.broken) *t.broken = true;
-    t.work->complete(std::make_exception_ptr(Error(message.substr(6))));  // without "kiln: "
+    return std::make_exception_ptr(Error(message.substr(6)));  // without "kiln: "
   }
 
   static void set_current_op(const std::list<std::unique_ptr<Task>>& inflight) {
@@ -439,6 +454,7 @@ class Engine {
   bool stop_ = false;
   bool owns_mpi_ = false;
   bool abandoned_ = false;
+  std::vector<std::unique_ptr<Task>> abandoned_tasks_;  // timed out; leaked at exit (see run())
   MPI_Comm world_ = MPI_COMM_NULL;
   MPI_Comm world_check_ = MPI_COMM_NULL;
   int world_rank_ = 0;

@@ -2,6 +2,7 @@
 // run by fault_check.cmake under kiln-run. Every rank must stop, non-zero, with a message.
 //   comm_faults kill   rank 1 kills itself (SIGKILL) in step 5
 //   comm_faults skip   rank 1 skips the all-reduce of step 5 and waits: a rank that hangs
+//   comm_faults skip-error  the same with abort_on_timeout = false: the others get an Error
 //   comm_faults ok     nothing goes wrong (the control run)
 #include <csignal>
 #include <cstring>
@@ -13,13 +14,18 @@ using namespace kiln;
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "ok";
-  auto comm = distributed::init("mpi");
+  auto comm = distributed::init("mpi", {.abort_on_timeout = mode != "skip-error"});
   const int r = comm->rank();
   for (int step = 0; step < 10; ++step) {
     if (r == 1 && step == 5 && mode == "kill") std::raise(SIGKILL);
-    if (r == 1 && step == 5 && mode == "skip") std::this_thread::sleep_for(std::chrono::minutes(10));
+    if (r == 1 && step == 5 && mode.starts_with("skip")) std::this_thread::sleep_for(std::chrono::minutes(10));
     Tensor g = full({1000}, static_cast<double>(r), kFloat32);
-    comm->all_reduce(g, distributed::ReduceOp::Avg);
+    try {
+      comm->all_reduce(g, distributed::ReduceOp::Avg);
+    } catch (const Error& e) {
+      std::fprintf(stderr, "rank %d caught: %s\n", r, e.what());
+      return 3;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (r == 0) std::printf("all steps done\n");
