@@ -2,7 +2,10 @@
 // 1 KiB to 256 MiB (float32), the communicator's native collective against the ring algorithm on
 // send/recv (distributed/algorithms), algbw and busbw in GB/s. Run it under the launcher:
 //
-//   kiln-run -n 2 build/release/bin/bench_collectives [max_bytes]
+//   kiln-run -n 2 build/release/bin/bench_collectives [max_bytes] [mpi|nccl]
+//
+// With nccl (a build with CUDA and NCCL, one GPU per rank) the tensors are on cuda:0 of each rank
+// (kiln-run gives local rank i the GPU i) and every timing ends with a device synchronisation.
 //
 // Time per op: the mean of back-to-back repetitions (about 0.3 s of them, at least 3) after 2
 // warm-up ones, the slowest rank's. bytes is the whole buffer (all-reduce: each rank's tensor;
@@ -30,12 +33,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+bool g_on_gpu = false;
+
+void sync() {
+  if (g_on_gpu) cuda::synchronize(0);
+}
+
 // Seconds per call of fn, the slowest rank's.
 double time_op(Communicator& comm, const std::function<void()>& fn) {
   for (int i = 0; i < 2; ++i) fn();
+  sync();
   comm.barrier();
   auto t0 = Clock::now();
   fn();
+  sync();
   double once = std::chrono::duration<double>(Clock::now() - t0).count();
   Tensor o = full({1}, once, kFloat64);
   comm.all_reduce(o, ReduceOp::Max);  // every rank picks the same repetition count
@@ -43,6 +54,7 @@ double time_op(Communicator& comm, const std::function<void()>& fn) {
   comm.barrier();
   t0 = Clock::now();
   for (int i = 0; i < reps; ++i) fn();
+  sync();
   Tensor t = full({1}, std::chrono::duration<double>(Clock::now() - t0).count() / reps, kFloat64);
   comm.all_reduce(t, ReduceOp::Max);
   return t.item<double>();
@@ -52,7 +64,10 @@ double time_op(Communicator& comm, const std::function<void()>& fn) {
 
 int main(int argc, char** argv) {
   const int64_t max_bytes = argc > 1 ? std::atoll(argv[1]) : (int64_t{256} << 20);
-  auto comm = init("mpi", {.check_collectives = false});
+  const std::string backend = argc > 2 ? argv[2] : "mpi";
+  g_on_gpu = backend == "nccl";
+  const Device device = g_on_gpu ? Device::cuda(0) : Device::cpu();
+  auto comm = init(backend, {.check_collectives = false});
   const int p = comm->size(), r = comm->rank();
   set_num_threads(1);  // the ring's reductions: one thread per rank, as the ranks share the cores
   struct Ratio {
@@ -63,8 +78,8 @@ int main(int argc, char** argv) {
   for (const std::string op : {"all_reduce", "reduce_scatter", "all_gather"}) {
     for (int64_t bytes = 1024; bytes <= max_bytes; bytes *= 4) {
       const int64_t n = bytes / 4 / p * p;  // float32 elements, a multiple of the rank count
-      Tensor full_buf = full({n}, 1.0 + r, kFloat32);
-      Tensor part = full({n / p}, 1.0 + r, kFloat32);
+      Tensor full_buf = full({n}, 1.0 + r, TensorOptions(kFloat32).device(device));
+      Tensor part = full({n / p}, 1.0 + r, TensorOptions(kFloat32).device(device));
       double secs[2];
       for (int ring_algo = 0; ring_algo < 2; ++ring_algo) {
         std::function<void()> fn;
@@ -82,11 +97,11 @@ int main(int argc, char** argv) {
         const double algbw = n * 4.0 / secs[ring_algo] / 1e9;
         const double factor = op == "all_reduce" ? 2.0 * (p - 1) / p : double(p - 1) / p;
         if (r == 0) {
-          std::printf("{\"bench\":\"collectives\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\","
+          std::printf("{\"bench\":\"collectives\",\"impl\":\"kiln\",\"device\":\"%s\",\"backend\":\"%s\","
                       "\"ranks\":%d,\"op\":\"%s\",\"algo\":\"%s\",\"bytes\":%lld,\"us\":%.2f,"
                       "\"algbw_gbps\":%.4f,\"busbw_gbps\":%.4f}\n",
-                      p, op.c_str(), ring_algo ? "ring" : "native", static_cast<long long>(n * 4),
-                      secs[ring_algo] * 1e6, algbw, algbw * factor);
+                      device.str().c_str(), backend.c_str(), p, op.c_str(), ring_algo ? "ring" : "native",
+                      static_cast<long long>(n * 4), secs[ring_algo] * 1e6, algbw, algbw * factor);
           std::fflush(stdout);
         }
       }
@@ -101,10 +116,11 @@ int main(int argc, char** argv) {
   }
   if (r == 0) {
     for (const auto& [op, q] : ratios) {
-      std::printf("{\"bench\":\"collectives\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\","
+      std::printf("{\"bench\":\"collectives\",\"impl\":\"kiln\",\"device\":\"%s\",\"backend\":\"%s\","
                   "\"ranks\":%d,\"op\":\"%s\",\"summary\":\"ring/native busbw from 1 MiB\",\"sizes\":%d,"
                   "\"ratio_geomean\":%.3f,\"ratio_min\":%.3f,\"target\":0.8,\"met\":%s}\n",
-                  p, op.c_str(), q.n, std::exp(q.log_sum / q.n), q.min, q.min >= 0.8 ? "true" : "false");
+                  device.str().c_str(), backend.c_str(), p, op.c_str(), q.n, std::exp(q.log_sum / q.n), q.min,
+                  q.min >= 0.8 ? "true" : "false");
     }
   }
   return 0;

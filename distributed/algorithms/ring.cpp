@@ -16,8 +16,8 @@
 //   p = 4, rank 1, reduce-scatter: sends chunks 0, 3, 2 and reduces into chunks 3, 2, 1 (the last,
 //   its own, is then complete); all-gather: sends chunks 1, 0, 3 and receives chunks 0, 3, 2.
 //
-// Each step posts its receive before its send (both asynchronous) so that no rank waits for its
-// neighbour to be ready: all p transfers of a step run at once.
+// Each step posts its send and its receive together (both asynchronous), so that no rank waits for
+// its neighbour to be ready: all p transfers of a step run at once.
 #include "distributed/algorithms/ring.h"
 
 #include <vector>
@@ -36,7 +36,9 @@ std::vector<int64_t> bounds(int64_t n, int p) {
   return b;
 }
 
-Tensor chunk_of(const Tensor& flat, const std::vector<int64_t>& b, int i) { return flat.narrow(0, b[i], b[i + 1] - b[i]); }
+Tensor chunk_of(const Tensor& flat, const std::vector<int64_t>& b, int i) {
+  return flat.narrow(0, b[i], b[i + 1] - b[i]);
+}
 
 void reduce_into(Tensor dst, const Tensor& incoming, ReduceOp op) {
   switch (op) {
@@ -47,11 +49,20 @@ void reduce_into(Tensor dst, const Tensor& incoming, ReduceOp op) {
   }
 }
 
-// Step s: receive `in` from the left, send `out` to the right, both at once.
+// Step s: receive `in` from the left, send `out` to the right, both at once. Even ranks post the
+// send first and odd ranks the receive: on MPI the order does not matter (both are asynchronous),
+// but NCCL runs a communicator's sends and receives one after the other, and if every rank
+// received first, every rank would wait for a send queued behind its own receive.
 void exchange(Communicator& comm, const Tensor& out, const Tensor& in, int step) {
   const int p = comm.size(), r = comm.rank();
-  Work got = comm.recv(in, mod(r - 1, p), step, /*async_op=*/true);
-  Work sent = comm.send(out, mod(r + 1, p), step, /*async_op=*/true);
+  Work got, sent;
+  if (r % 2 == 0) {
+    sent = comm.send(out, mod(r + 1, p), step, /*async_op=*/true);
+    got = comm.recv(in, mod(r - 1, p), step, /*async_op=*/true);
+  } else {
+    got = comm.recv(in, mod(r - 1, p), step, /*async_op=*/true);
+    sent = comm.send(out, mod(r + 1, p), step, /*async_op=*/true);
+  }
   sent.wait();
   got.wait();
 }

@@ -82,6 +82,49 @@ std::string describe_op(const char* op, uint64_t number, const Tensor& t, const 
                      extra.empty() ? "" : ", ", extra);
 }
 
+namespace {
+uint64_t hash_sizes(const std::vector<int64_t>& sizes) {  // FNV-1a over the per-rank element counts
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t s : sizes) {
+    for (int b = 0; b < 8; ++b) h = (h ^ ((static_cast<uint64_t>(s) >> (8 * b)) & 0xff)) * 1099511628211ull;
+  }
+  return h >> 1;  // fits a non-negative int64
+}
+}  // namespace
+
+Signature make_signature(uint64_t seq, OpCode code, const Tensor& t, int root, ReduceOp op,
+                         const std::vector<int64_t>& sizes) {
+  if (code == kBarrier) return {static_cast<int64_t>(seq), code, 0, 0, 0, 0, 0};
+  return {static_cast<int64_t>(seq), code, static_cast<int64_t>(t.dtype()), sizes.empty() ? t.numel() : 0, root,
+          static_cast<int64_t>(op), sizes.empty() ? 0 : static_cast<int64_t>(hash_sizes(sizes))};
+}
+
+void check_signature(const std::string& what, const Signature& mine, const int64_t* maxima) {
+  static constexpr const char* kFields[kSignatureLen] = {"sequence number", "operation", "dtype", "element count",
+                                                         "root rank", "reduce op", "per-rank sizes"};
+  static constexpr const char* kOpNames[] = {"?", "all_reduce", "broadcast", "reduce", "all_gather",
+                                             "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                                             "barrier"};
+  std::string diffs;
+  for (int i = 0; i < kSignatureLen; ++i) {
+    const int64_t m = mine[static_cast<size_t>(i)], hi = maxima[i], lo = -maxima[kSignatureLen + i];
+    if (hi == m && lo == m) continue;
+    auto show = [&](int64_t v) -> std::string {
+      if (i == 1 && v >= 1 && v <= kBarrier) return kOpNames[v];  // the operation, by name
+      if (i == 2 && v >= 0 && v <= static_cast<int64_t>(kFloat64)) {
+        return std::string(dtype_name(static_cast<DType>(v)));
+      }
+      return std::to_string(v);
+    };
+    diffs += fmt::format("{}{} (this rank {}, the ranks range from {} to {})", diffs.empty() ? "" : "; ", kFields[i],
+                         show(m), show(lo), show(hi));
+  }
+  KILN_CHECK(diffs.empty(),
+             "{}: the ranks called different collectives or with different sizes: {}. Every rank must call the "
+             "same collectives in the same order, with matching tensors",
+             what, diffs);
+}
+
 void check_tensor(const char* op, const Tensor& t, const Tensor& like) {
   KILN_CHECK(t.defined(), "{}: the tensor is undefined", op);
   KILN_CHECK(t.is_contiguous(),

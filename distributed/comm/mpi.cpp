@@ -29,6 +29,7 @@
 #include <future>
 #include <list>
 #include <thread>
+#include <type_traits>
 #include <unistd.h>
 
 #include "core/half.h"
@@ -97,14 +98,20 @@ MPI_Op mpi_op(const MpiOps& ops, ReduceOp op, DType t, const char* what) {
   return k == 0 ? MPI_SUM : k == 1 ? MPI_MAX : MPI_MIN;
 }
 
-void divide_in_place(const Tensor& t, int by) {
+void divide_in_place(const Tensor& t, int by) {  // Avg = Sum / size(), in each dtype's own rounding
   const int64_t n = t.numel();
   void* p = t.data_ptr();
+  auto each = [&](auto* x) {
+    using T = std::remove_pointer_t<decltype(x)>;
+    for (int64_t i = 0; i < n; ++i) x[i] = T(static_cast<float>(x[i]) / static_cast<float>(by));
+  };
   switch (t.dtype()) {
-    case kFloat32: for (int64_t i = 0; i < n; ++i) static_cast<float*>(p)[i] /= static_cast<float>(by); break;
-    case kFloat64: for (int64_t i = 0; i < n; ++i) static_cast<double*>(p)[i] /= by; break;
-    case kFloat16: for (int64_t i = 0; i < n; ++i) { auto& h = static_cast<Half*>(p)[i]; h = Half(float(h) / by); } break;
-    case kBFloat16: for (int64_t i = 0; i < n; ++i) { auto& h = static_cast<BFloat16*>(p)[i]; h = BFloat16(float(h) / by); } break;
+    case kFloat32: each(static_cast<float*>(p)); break;
+    case kFloat64:
+      for (int64_t i = 0; i < n; ++i) static_cast<double*>(p)[i] /= by;
+      break;
+    case kFloat16: each(static_cast<Half*>(p)); break;
+    case kBFloat16: each(static_cast<BFloat16*>(p)); break;
     default: break;
   }
 }
@@ -117,22 +124,12 @@ int to_int_count(int64_t n, const char* what) {
 
 // ---- the engine ----
 
-// What every rank must agree on before a collective: compared field by field.
-enum OpCode : int64_t { kAllReduce = 1, kBroadcast, kReduce, kAllGather, kAllGatherTensor, kReduceScatter,
-                        kReduceScatterTensor, kBarrier };
-constexpr const char* kOpNames[] = {"?", "all_reduce", "broadcast", "reduce", "all_gather", "all_gather_into_tensor",
-                                    "reduce_scatter", "reduce_scatter_tensor", "barrier"};
-
-constexpr const char* kSignatureFields[] = {"sequence number", "operation", "dtype", "element count",
-                                            "root rank", "reduce op", "per-rank sizes"};
-constexpr int kSignatureLen = 7;
-
 struct Task {
   std::shared_ptr<Work::State> work;
   MPI_Comm comm = MPI_COMM_NULL;        // whose order the operation keeps
   MPI_Comm check_comm = MPI_COMM_NULL;  // the signature check's own communicator
   bool check = false;
-  int64_t signature[kSignatureLen] = {};
+  Signature signature = {};
   std::function<void(std::vector<MPI_Request>&)> post;  // posts the operation's requests
   std::function<void()> finish;      // after the requests complete, on the engine thread
   std::function<void()> run_now;     // instead of post: a blocking call on the engine thread
@@ -403,24 +400,7 @@ class Engine {
 
   // After the check's all-reduce: equal maxima of the signature and of its negation mean equal
   // signatures everywhere.
-  static void verify(const Task& t) {
-    std::string diffs;
-    for (int i = 0; i < kSignatureLen; ++i) {
-      const int64_t mine = t.signature[i], hi = t.check_buf[i], lo = -t.check_buf[kSignatureLen + i];
-      if (hi == mine && lo == mine) continue;
-      auto show = [&](int64_t v) -> std::string {
-        if (i == 1 && v >= 1 && v <= kBarrier) return kOpNames[v];  // the operation: by name
-        if (i == 2) return std::string(dtype_name(static_cast<DType>(v)));
-        return std::to_string(v);
-      };
-      diffs += fmt::format("{}{} (this rank {}, the ranks range from {} to {})", diffs.empty() ? "" : "; ",
-                           kSignatureFields[i], show(mine), show(lo), show(hi));
-    }
-    KILN_CHECK(diffs.empty(),
-               "{}: the ranks called different collectives or with different sizes: {}. Every rank must call the "
-               "same collectives in the same order, with matching tensors",
-               t.work->what, diffs);
-  }
+  static void verify(const Task& t) { check_signature(t.work->what, t.signature, t.check_buf); }
 
   // The Error of a task past its deadline; with abort_on_timeout it stops the job instead.
   std::exception_ptr timed_out(Task& t) {
@@ -461,14 +441,6 @@ class Engine {
   int world_size_ = 1;
   MpiOps ops_;
 };
-
-uint64_t hash_sizes(const std::vector<int64_t>& sizes) {  // FNV-1a over the per-rank element counts
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t s : sizes) {
-    for (int b = 0; b < 8; ++b) h = (h ^ ((static_cast<uint64_t>(s) >> (8 * b)) & 0xff)) * 1099511628211ull;
-  }
-  return h >> 1;  // fits a non-negative int64
-}
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -714,8 +686,7 @@ class MpiCommunicator final : public Communicator {
   void barrier() override {
     auto task = collective_named(fmt::format("barrier #{}", ++seq_));
     task->check = options_.check_collectives;
-    task->signature[0] = static_cast<int64_t>(seq_);
-    task->signature[1] = kBarrier;
+    task->signature = make_signature(seq_, kBarrier, Tensor(), -1, ReduceOp::Sum, {});
     task->post = [c = comm_, what = task->work->what.c_str()](std::vector<MPI_Request>& reqs) {
       reqs.resize(1);
       KILN_MPI_CHECK(MPI_Ibarrier(c, &reqs[0]));
@@ -766,10 +737,7 @@ class MpiCommunicator final : public Communicator {
 
   void sign(Task& task, OpCode code, const Tensor& t, int root, ReduceOp op, const std::vector<int64_t>& sizes) {
     task.check = options_.check_collectives;
-    const int64_t sig[kSignatureLen] = {static_cast<int64_t>(seq_), code, static_cast<int64_t>(t.dtype()),
-                                        sizes.empty() ? t.numel() : 0, root, static_cast<int64_t>(op),
-                                        sizes.empty() ? 0 : static_cast<int64_t>(hash_sizes(sizes))};
-    std::copy(std::begin(sig), std::end(sig), task.signature);
+    task.signature = make_signature(seq_, code, t, root, op, sizes);
   }
 
   Work launch(std::unique_ptr<Task> task, Staging& staging, bool async_op) {

@@ -412,23 +412,6 @@ ncclResult_t settle(std::unique_lock<std::mutex>& lock, CommState& c, ncclResult
 
 // ---- the communicator ----
 
-// What every rank must agree on before a collective, compared field by field (as in mpi.cpp).
-constexpr int kSignatureLen = 7;
-constexpr const char* kSignatureFields[kSignatureLen] = {"sequence number", "operation", "dtype", "element count",
-                                                         "root rank", "reduce op", "per-rank sizes"};
-using Signature = std::array<int64_t, kSignatureLen>;
-
-enum OpCode : int64_t { kAllReduce = 1, kBroadcast, kReduce, kAllGather, kAllGatherTensor, kReduceScatter,
-                        kReduceScatterTensor, kBarrier };
-
-uint64_t hash_sizes(const std::vector<int64_t>& sizes) {  // FNV-1a over the per-rank element counts
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t s : sizes) {
-    for (int b = 0; b < 8; ++b) h = (h ^ ((static_cast<uint64_t>(s) >> (8 * b)) & 0xff)) * 1099511628211ull;
-  }
-  return h >> 1;  // fits a non-negative int64
-}
-
 // Runs the calls of `body` as one NCCL group: they start together at ncclGroupEnd.
 template <typename Body>
 ncclResult_t group(Body body) {
@@ -650,7 +633,7 @@ class NcclCommunicator final : public Communicator {
   // An all-reduce of one element, then the host waits for it (the watchdog ends a wait that times out).
   void barrier() override {
     std::string what = fmt::format("barrier #{}", ++seq_);
-    const Signature sig = {static_cast<int64_t>(seq_), kBarrier, 0, 0, 0, 0, 0};
+    const Signature sig = make_signature(seq_, kBarrier, Tensor(), -1, ReduceOp::Sum, {});
     Tensor one = zeros({1}, TensorOptions(kFloat32).device(Device::cuda(device_)));
     Work w = launch(std::move(what), &sig, {one}, /*async_op=*/true, [&](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(one.data_ptr(), one.data_ptr(), 1, ncclFloat32, ncclSum, c, s);
@@ -713,8 +696,7 @@ class NcclCommunicator final : public Communicator {
   }
 
   Signature sign(OpCode code, const Tensor& t, int root, ReduceOp op, const std::vector<int64_t>& sizes) const {
-    return {static_cast<int64_t>(seq_), code, static_cast<int64_t>(t.dtype()), sizes.empty() ? t.numel() : 0, root,
-            static_cast<int64_t>(op), sizes.empty() ? 0 : static_cast<int64_t>(hash_sizes(sizes))};
+    return make_signature(seq_, code, t, root, op, sizes);
   }
 
   // The signature check of mpi.cpp, on this communicator's MPI twin: the ranks all-reduce (MAX) the
@@ -727,17 +709,7 @@ class NcclCommunicator final : public Communicator {
       b[kSignatureLen + i] = -sig[static_cast<size_t>(i)];
     }
     mpi_->all_reduce(buf, ReduceOp::Max);
-    std::string diffs;
-    for (int i = 0; i < kSignatureLen; ++i) {
-      const int64_t mine = sig[static_cast<size_t>(i)], hi = b[i], lo = -b[kSignatureLen + i];
-      if (hi == mine && lo == mine) continue;
-      diffs += fmt::format("{}{} (this rank {}, the ranks range from {} to {})", diffs.empty() ? "" : "; ",
-                           kSignatureFields[i], mine, lo, hi);
-    }
-    KILN_CHECK(diffs.empty(),
-               "{}: the ranks called different collectives or with different sizes: {}. Every rank must call the "
-               "same collectives in the same order, with matching tensors",
-               what, diffs);
+    check_signature(what, sig, b);
   }
 
   // Runs one operation as Note [NCCL streams] draws it: checked, ordered after the default stream,

@@ -1,6 +1,7 @@
 // distributed/comm/work.h: what a backend shares with a Work handle (internal to distributed/comm).
 #pragma once
 
+#include <array>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -43,6 +44,20 @@ struct Staging {
   Tensor host(const Tensor& t, bool copy_in, bool copy_out);
   std::function<void()> finisher();  // empty when nothing was staged
 };
+
+// The signature check, shared by the backends: before a collective the ranks all-reduce (MAX) its
+// signature followed by its negation; equal maxima of both mean every rank asked for the same
+// thing (see mpi.cpp).
+enum OpCode : int64_t { kAllReduce = 1, kBroadcast, kReduce, kAllGather, kAllGatherTensor, kReduceScatter,
+                        kReduceScatterTensor, kBarrier };
+constexpr int kSignatureLen = 7;  // sequence number, op, dtype, count, root, reduce op, sizes hash
+using Signature = std::array<int64_t, kSignatureLen>;
+// sizes: the per-rank element counts of the ops whose sizes may differ by rank (then count is 0).
+Signature make_signature(uint64_t seq, OpCode code, const Tensor& t, int root, ReduceOp op,
+                         const std::vector<int64_t>& sizes);
+// maxima: the all-reduced (MAX) 2 x kSignatureLen values. Throws the Error naming every field on
+// which the ranks disagree, with `what` (the op's description).
+void check_signature(const std::string& what, const Signature& mine, const int64_t* maxima);
 
 // The pieces of an operation's description and checks, shared by the backends.
 std::string describe_op(const char* op, uint64_t number, const Tensor& t, const std::string& extra);
