@@ -1,5 +1,5 @@
-// autograd/autograd.h: running recorded graphs backward (the engine), grad(), gradcheck, Graphviz
-// export. Recording itself happens in ops/ (ops/record.h); the graph's types are in core/node.h.
+// autograd/autograd.h: running recorded graphs backward (the engine), grad(), queue_callback,
+// activation checkpointing, gradcheck, Graphviz export. Recording itself happens in ops/ (ops/record.h); the graph's types are in core/node.h.
 #pragma once
 
 #include <functional>
@@ -28,6 +28,15 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
 // Variable._execution_engine.queue_callback). Call it from a hook; DistributedDataParallel waits
 // for its last all-reduce this way, so that backward() returns with the gradients averaged.
 void queue_callback(std::function<void()> fn);
+
+// Activation checkpointing (PyTorch's torch.utils.checkpoint): returns fn(inputs), but records
+// only the inputs; backward runs fn again (with the random generator as it was, so dropout draws
+// the same masks when preserve_rng_state) to get the activations it needs. Parameters that fn uses
+// get their gradients as without checkpointing. fn must compute the same thing both times and
+// return floating tensors; higher-order gradients (create_graph) through it are not supported.
+// See autograd/checkpoint.cpp.
+using CheckpointFn = std::function<TensorList(const TensorList&)>;
+TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state = true);
 
 // Finite-difference checks in float64 (central differences), against the backward with a random
 // cotangent: pass when |analytic - numeric| <= atol + rtol * |numeric| everywhere.

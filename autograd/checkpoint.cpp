@@ -1,0 +1,80 @@
+// autograd/checkpoint.cpp: activation checkpointing (PyTorch's torch.utils.checkpoint, reentrant
+// form). Trade compute for memory: run a block forward without recording, keep only its inputs,
+// and run it again in backward to get the graph that backward needs.
+//
+//   forward:   inputs --fn (no_grad: nothing saved)--> outputs   + one node "CheckpointBackward"
+//   backward:  CheckpointBackward(grads of outputs):
+//                1. set the random generator to its state before the forward (dropout draws
+//                   the same masks), run fn again with grad mode on, on detached inputs;
+//                2. backward through that fresh graph with the incoming grads: parameters used
+//                   inside fn accumulate into .grad() as usual, the inputs' gradients are read
+//                   from the detached copies and passed on to the rest of the graph.
+// The activations inside fn live only from step 1 to the end of step 2 instead of from the
+// forward to the backward: with k checkpointed blocks, roughly one block's activations at a time.
+#include "autograd/autograd.h"
+#include "core/generator.h"
+#include "ops/record.h"
+
+namespace kiln::autograd {
+
+TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state) {
+  KILN_CHECK(fn != nullptr, "checkpoint: the function is empty");
+  const Generator::State rng = default_generator().get_state();
+  TensorList outputs;
+  {
+    NoGradGuard no_grad;
+    outputs = fn(inputs);
+  }
+  KILN_CHECK(!outputs.empty(), "checkpoint: the function returned no tensors");
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    KILN_CHECK(outputs[i].defined() && outputs[i].is_floating_point(),
+               "checkpoint: output {} of the function is {}; a checkpointed function returns floating tensors", i,
+               outputs[i].defined() ? std::string(dtype_name(outputs[i].dtype())) : "undefined");
+  }
+  if (!GradMode::is_enabled()) return outputs;
+
+  // The backward keeps the inputs (as detached handles: fn may not change them in place) and fn.
+  TensorList kept;
+  std::vector<bool> wants;  // which inputs get a gradient
+  for (const auto& t : inputs) {
+    kept.push_back(t.defined() ? t.detach() : Tensor());
+    wants.push_back(t.defined() && t.requires_grad());
+  }
+  record("CheckpointBackward", inputs, outputs, [fn, kept, wants, rng, preserve_rng_state](const Grads& g) {
+    KILN_CHECK(!GradMode::is_enabled(),
+               "checkpoint: backward with create_graph=true (higher-order gradients) is not supported through "
+               "a checkpointed function; call it without checkpoint for that");
+    TensorList again;
+    for (size_t i = 0; i < kept.size(); ++i) {
+      Tensor d = kept[i].defined() ? kept[i].detach() : Tensor();
+      if (wants[i]) d.requires_grad_();
+      again.push_back(d);
+    }
+    TensorList outs;
+    {
+      const Generator::State now = default_generator().get_state();
+      if (preserve_rng_state) default_generator().set_state(rng);
+      AutoGradMode on(true);
+      outs = fn(again);
+      default_generator().set_state(now);
+    }
+    KILN_CHECK(outs.size() == g.grads.size(),
+               "checkpoint: the function returned {} tensors when run again in backward but {} in forward; it "
+               "must compute the same thing both times",
+               outs.size(), g.grads.size());
+    TensorList roots, root_grads;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      if (g[i].defined() && outs[i].requires_grad()) {
+        roots.push_back(outs[i]);
+        root_grads.push_back(g[i]);
+      }
+    }
+    if (!roots.empty()) backward(roots, root_grads);
+    TensorList result;
+    for (size_t i = 0; i < again.size(); ++i) result.push_back(wants[i] ? again[i].grad() : Tensor());
+    return result;
+  });
+  return outputs;
+}
+
+}  // namespace kiln::autograd
