@@ -99,6 +99,15 @@ Signature make_signature(uint64_t seq, OpCode code, const Tensor& t, int root, R
           static_cast<int64_t>(op), sizes.empty() ? 0 : static_cast<int64_t>(hash_sizes(sizes))};
 }
 
+std::array<int64_t, 2 * kSignatureLen> signature_check_values(const Signature& sig) {
+  std::array<int64_t, 2 * kSignatureLen> v{};
+  for (int i = 0; i < kSignatureLen; ++i) {
+    v[static_cast<size_t>(i)] = sig[static_cast<size_t>(i)];
+    v[static_cast<size_t>(kSignatureLen + i)] = -sig[static_cast<size_t>(i)];
+  }
+  return v;
+}
+
 void check_signature(const std::string& what, const Signature& mine, const int64_t* maxima) {
   static constexpr const char* kFields[kSignatureLen] = {"sequence number", "operation", "dtype", "element count",
                                                          "root rank", "reduce op", "per-rank sizes"};
@@ -136,6 +145,21 @@ void check_tensor(const char* op, const Tensor& t, const Tensor& like) {
                "{}: all tensors must have one dtype and device, but got {} on {} and {} on {}", op,
                dtype_name(t.dtype()), t.device().str(), dtype_name(like.dtype()), like.device().str());
   }
+}
+
+std::vector<int64_t> per_rank_counts(const char* op, const std::vector<Tensor>& list, const char* list_name,
+                                     const Tensor& mine, const char* mine_name, int rank, int size) {
+  KILN_CHECK(static_cast<int>(list.size()) == size, "{}: got {} {} tensors for {} ranks; pass one per rank", op,
+             list.size(), list_name, size);
+  std::vector<int64_t> counts;
+  for (const auto& t : list) {
+    check_tensor(op, t, mine);
+    counts.push_back(t.numel());
+  }
+  const int64_t expected = counts[static_cast<size_t>(rank)];
+  KILN_CHECK(expected == mine.numel(), "{}: this rank's ({}) {} has {} elements but {}[{}] has {}", op, rank,
+             mine_name, mine.numel(), list_name, rank, expected);
+  return counts;
 }
 
 // ---- the launcher's environment ----

@@ -140,7 +140,7 @@ struct Task {
   int world_rank = 0;
 
   int phase = 0;  // 0: queued, 1: checking, 2: running
-  int64_t check_buf[2 * kSignatureLen] = {};
+  std::array<int64_t, 2 * kSignatureLen> check_buf = {};
   MPI_Request check_req = MPI_REQUEST_NULL;
   std::vector<MPI_Request> reqs;
   std::vector<MPI_Status> statuses;
@@ -358,11 +358,8 @@ class Engine {
     const char* what = t.work->what.c_str();
     if (t.phase == 0) {
       if (t.check) {
-        for (int i = 0; i < kSignatureLen; ++i) {
-          t.check_buf[i] = t.signature[i];
-          t.check_buf[kSignatureLen + i] = -t.signature[i];
-        }
-        KILN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.check_buf, 2 * kSignatureLen, MPI_INT64_T, MPI_MAX,
+        t.check_buf = signature_check_values(t.signature);
+        KILN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.check_buf.data(), 2 * kSignatureLen, MPI_INT64_T, MPI_MAX,
                                       t.check_comm, &t.check_req));
       }
       t.phase = 1;
@@ -400,7 +397,7 @@ class Engine {
 
   // After the check's all-reduce: equal maxima of the signature and of its negation mean equal
   // signatures everywhere.
-  static void verify(const Task& t) { check_signature(t.work->what, t.signature, t.check_buf); }
+  static void verify(const Task& t) { check_signature(t.work->what, t.signature, t.check_buf.data()); }
 
   // The Error of a task past its deadline; with abort_on_timeout it stops the job instead.
   std::exception_ptr timed_out(Task& t) {
@@ -466,7 +463,7 @@ class MpiCommunicator final : public Communicator {
 
   Work all_reduce(const Tensor& t, ReduceOp op, bool async_op) override {
     check_tensor("all_reduce", t);
-    auto task = collective("all_reduce", kAllReduce, t, reduce_op_name(op));
+    auto task = collective("all_reduce", t, reduce_op_name(op));
     const char* what = task->work->what.c_str();
     sign(*task, kAllReduce, t, -1, op, {});
     Staging staging;
@@ -484,7 +481,7 @@ class MpiCommunicator final : public Communicator {
   Work broadcast(const Tensor& t, int src, bool async_op) override {
     check_tensor("broadcast", t);
     check_rank("broadcast", src, "src");
-    auto task = collective("broadcast", kBroadcast, t, fmt::format("from rank {}", src));
+    auto task = collective("broadcast", t, fmt::format("from rank {}", src));
     const char* what = task->work->what.c_str();
     sign(*task, kBroadcast, t, src, ReduceOp::Sum, {});
     Staging staging;
@@ -500,7 +497,7 @@ class MpiCommunicator final : public Communicator {
   Work reduce(const Tensor& t, int dst, ReduceOp op, bool async_op) override {
     check_tensor("reduce", t);
     check_rank("reduce", dst, "dst");
-    auto task = collective("reduce", kReduce, t, fmt::format("{} to rank {}", reduce_op_name(op), dst));
+    auto task = collective("reduce", t, fmt::format("{} to rank {}", reduce_op_name(op), dst));
     const char* what = task->work->what.c_str();
     sign(*task, kReduce, t, dst, op, {});
     Staging staging;
@@ -519,17 +516,8 @@ class MpiCommunicator final : public Communicator {
 
   Work all_gather(const std::vector<Tensor>& outputs, const Tensor& input, bool async_op) override {
     check_tensor("all_gather", input);
-    KILN_CHECK(static_cast<int>(outputs.size()) == size_,
-               "all_gather: got {} output tensors for {} ranks; pass one per rank", outputs.size(), size_);
-    std::vector<int64_t> counts;
-    for (const auto& o : outputs) {
-      check_tensor("all_gather", o, input);
-      counts.push_back(o.numel());
-    }
-    KILN_CHECK(counts[static_cast<size_t>(rank_)] == input.numel(),
-               "all_gather: this rank ({}) contributes {} elements but outputs[{}] has {}", rank_, input.numel(),
-               rank_, counts[static_cast<size_t>(rank_)]);
-    auto task = collective("all_gather", kAllGather, input, "");
+    const std::vector<int64_t> counts = per_rank_counts("all_gather", outputs, "outputs", input, "input", rank_, size_);
+    auto task = collective("all_gather", input, "");
     const char* what = task->work->what.c_str();
     sign(*task, kAllGather, input, -1, ReduceOp::Sum, counts);
     Staging staging;
@@ -565,7 +553,7 @@ class MpiCommunicator final : public Communicator {
     KILN_CHECK(output.numel() == input.numel() * size_,
                "all_gather_into_tensor: the output has {} elements but {} ranks x {} input elements = {}",
                output.numel(), size_, input.numel(), input.numel() * size_);
-    auto task = collective("all_gather_into_tensor", kAllGatherTensor, input, "");
+    auto task = collective("all_gather_into_tensor", input, "");
     const char* what = task->work->what.c_str();
     sign(*task, kAllGatherTensor, input, -1, ReduceOp::Sum, {});
     const bool in_place = input.device() == output.device() &&
@@ -585,17 +573,9 @@ class MpiCommunicator final : public Communicator {
 
   Work reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op, bool async_op) override {
     check_tensor("reduce_scatter", output);
-    KILN_CHECK(static_cast<int>(inputs.size()) == size_,
-               "reduce_scatter: got {} input tensors for {} ranks; pass one per rank", inputs.size(), size_);
-    std::vector<int64_t> counts;
-    for (const auto& i : inputs) {
-      check_tensor("reduce_scatter", i, output);
-      counts.push_back(i.numel());
-    }
-    KILN_CHECK(counts[static_cast<size_t>(rank_)] == output.numel(),
-               "reduce_scatter: this rank's ({}) output has {} elements but inputs[{}] has {}", rank_, output.numel(),
-               rank_, counts[static_cast<size_t>(rank_)]);
-    auto task = collective("reduce_scatter", kReduceScatter, output, reduce_op_name(op));
+    const std::vector<int64_t> counts =
+        per_rank_counts("reduce_scatter", inputs, "inputs", output, "output", rank_, size_);
+    auto task = collective("reduce_scatter", output, reduce_op_name(op));
     const char* what = task->work->what.c_str();
     sign(*task, kReduceScatter, output, -1, op, counts);
     Staging staging;
@@ -621,7 +601,7 @@ class MpiCommunicator final : public Communicator {
     KILN_CHECK(input.numel() == output.numel() * size_,
                "reduce_scatter_tensor: the input has {} elements but {} ranks x {} output elements = {}", input.numel(),
                size_, output.numel(), output.numel() * size_);
-    auto task = collective("reduce_scatter_tensor", kReduceScatterTensor, output, reduce_op_name(op));
+    auto task = collective("reduce_scatter_tensor", output, reduce_op_name(op));
     const char* what = task->work->what.c_str();
     sign(*task, kReduceScatterTensor, output, -1, op, {});
     Staging staging;
@@ -646,7 +626,7 @@ class MpiCommunicator final : public Communicator {
     check_tensor("send", t);
     check_rank("send", dst, "dst");
     KILN_CHECK(tag >= 0, "send: the tag must be >= 0, not {}", tag);
-    auto task = point_to_point(describe_op("send", ++p2p_seq_, t, fmt::format("to rank {}, tag {}", dst, tag)));
+    auto task = new_task(describe_op("send", ++p2p_seq_, t, fmt::format("to rank {}, tag {}", dst, tag)));
     const char* what = task->work->what.c_str();
     Staging staging;
     Tensor h = staging.host(t, true, false);
@@ -662,7 +642,7 @@ class MpiCommunicator final : public Communicator {
     check_tensor("recv", t);
     check_rank("recv", src, "src");
     KILN_CHECK(tag >= 0, "recv: the tag must be >= 0, not {}", tag);
-    auto task = point_to_point(describe_op("recv", ++p2p_seq_, t, fmt::format("from rank {}, tag {}", src, tag)));
+    auto task = new_task(describe_op("recv", ++p2p_seq_, t, fmt::format("from rank {}, tag {}", src, tag)));
     const char* what = task->work->what.c_str();
     Staging staging;
     Tensor h = staging.host(t, false, true);
@@ -684,7 +664,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    auto task = collective_named(fmt::format("barrier #{}", ++seq_));
+    auto task = new_task(fmt::format("barrier #{}", ++seq_));
     task->check = options_.check_collectives;
     task->signature = make_signature(seq_, kBarrier, Tensor(), -1, ReduceOp::Sum, {});
     task->post = [c = comm_, what = task->work->what.c_str()](std::vector<MPI_Request>& reqs) {
@@ -719,7 +699,7 @@ class MpiCommunicator final : public Communicator {
     KILN_CHECK(r >= 0 && r < size_, "{}: {} = {} is not a rank of this communicator (0 to {})", op, name, r, size_ - 1);
   }
 
-  std::unique_ptr<Task> collective_named(std::string what) {
+  std::unique_ptr<Task> new_task(std::string what) {
     KILN_CHECK(!*broken_, "{}: this communicator stopped working after an earlier operation timed out", what);
     auto task = std::make_unique<Task>();
     task->work = std::make_shared<Work::State>(std::move(what));
@@ -730,10 +710,10 @@ class MpiCommunicator final : public Communicator {
     task->abort_on_timeout = options_.abort_on_timeout;
     return task;
   }
-  std::unique_ptr<Task> collective(const char* op, OpCode, const Tensor& t, const std::string& extra) {
-    return collective_named(describe_op(op, ++seq_, t, extra));
+  // A numbered collective (the sequence number that the signature check and error messages use).
+  std::unique_ptr<Task> collective(const char* op, const Tensor& t, const std::string& extra) {
+    return new_task(describe_op(op, ++seq_, t, extra));
   }
-  std::unique_ptr<Task> point_to_point(std::string what) { return collective_named(std::move(what)); }
 
   void sign(Task& task, OpCode code, const Tensor& t, int root, ReduceOp op, const std::vector<int64_t>& sizes) {
     task.check = options_.check_collectives;

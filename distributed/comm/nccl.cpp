@@ -507,17 +507,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   Work all_gather(const std::vector<Tensor>& outputs, const Tensor& input, bool async_op) override {
-    check_cuda("all_gather", input);
-    KILN_CHECK(static_cast<int>(outputs.size()) == size_,
-               "all_gather: got {} output tensors for {} ranks; pass one per rank", outputs.size(), size_);
-    std::vector<int64_t> counts;
-    for (const auto& o : outputs) {
-      check_cuda("all_gather", o, input);
-      counts.push_back(o.numel());
-    }
-    KILN_CHECK(counts[static_cast<size_t>(rank_)] == input.numel(),
-               "all_gather: this rank ({}) contributes {} elements but outputs[{}] has {}", rank_, input.numel(),
-               rank_, counts[static_cast<size_t>(rank_)]);
+    check_cuda("all_gather", input);  // and so every output, which must share its device
+    const std::vector<int64_t> counts = per_rank_counts("all_gather", outputs, "outputs", input, "input", rank_, size_);
     std::string what = describe_op("all_gather", ++seq_, input, "");
     const Signature sig = sign(kAllGather, input, -1, ReduceOp::Sum, counts);
     std::vector<Tensor> keep = outputs;
@@ -553,17 +544,9 @@ class NcclCommunicator final : public Communicator {
   }
 
   Work reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op, bool async_op) override {
-    check_cuda("reduce_scatter", output);
-    KILN_CHECK(static_cast<int>(inputs.size()) == size_,
-               "reduce_scatter: got {} input tensors for {} ranks; pass one per rank", inputs.size(), size_);
-    std::vector<int64_t> counts;
-    for (const auto& i : inputs) {
-      check_cuda("reduce_scatter", i, output);
-      counts.push_back(i.numel());
-    }
-    KILN_CHECK(counts[static_cast<size_t>(rank_)] == output.numel(),
-               "reduce_scatter: this rank's ({}) output has {} elements but inputs[{}] has {}", rank_, output.numel(),
-               rank_, counts[static_cast<size_t>(rank_)]);
+    check_cuda("reduce_scatter", output);  // and so every input, which must share its device
+    const std::vector<int64_t> counts =
+        per_rank_counts("reduce_scatter", inputs, "inputs", output, "output", rank_, size_);
     std::string what = describe_op("reduce_scatter", ++seq_, output, reduce_op_name(op));
     const ncclRedOp_t nop = nccl_op(op, output.dtype(), what);
     const Signature sig = sign(kReduceScatter, output, -1, op, counts);
@@ -702,12 +685,9 @@ class NcclCommunicator final : public Communicator {
   // The signature check of mpi.cpp, on this communicator's MPI twin: the ranks all-reduce (MAX) the
   // signature and its negation; equal maxima mean every rank asked for the same thing.
   void verify(const std::string& what, const Signature& sig) {
-    Tensor buf = empty({2 * kSignatureLen}, TensorOptions(kInt64));
-    auto* b = buf.data_ptr<int64_t>();
-    for (int i = 0; i < kSignatureLen; ++i) {
-      b[i] = sig[static_cast<size_t>(i)];
-      b[kSignatureLen + i] = -sig[static_cast<size_t>(i)];
-    }
+    const auto values = signature_check_values(sig);
+    Tensor buf = from_vector(std::vector<int64_t>(values.begin(), values.end()));
+    const int64_t* b = buf.data_ptr<int64_t>();
     mpi_->all_reduce(buf, ReduceOp::Max);
     check_signature(what, sig, b);
   }

@@ -55,6 +55,8 @@ using Signature = std::array<int64_t, kSignatureLen>;
 // sizes: the per-rank element counts of the ops whose sizes may differ by rank (then count is 0).
 Signature make_signature(uint64_t seq, OpCode code, const Tensor& t, int root, ReduceOp op,
                          const std::vector<int64_t>& sizes);
+// What the ranks all-reduce (MAX): the signature, then its negation.
+std::array<int64_t, 2 * kSignatureLen> signature_check_values(const Signature& sig);
 // maxima: the all-reduced (MAX) 2 x kSignatureLen values. Throws the Error naming every field on
 // which the ranks disagree, with `what` (the op's description).
 void check_signature(const std::string& what, const Signature& mine, const int64_t* maxima);
@@ -62,5 +64,10 @@ void check_signature(const std::string& what, const Signature& mine, const int64
 // The pieces of an operation's description and checks, shared by the backends.
 std::string describe_op(const char* op, uint64_t number, const Tensor& t, const std::string& extra);
 void check_tensor(const char* op, const Tensor& t, const Tensor& like = {});
+// The uneven collectives: `list` has one tensor per rank (all_gather's outputs, reduce_scatter's
+// inputs), of mine's dtype and device, and entry `rank` has as many elements as `mine` (this rank's
+// input, or output). Returns the per-rank element counts.
+std::vector<int64_t> per_rank_counts(const char* op, const std::vector<Tensor>& list, const char* list_name,
+                                     const Tensor& mine, const char* mine_name, int rank, int size);
 
 }  // namespace kiln::distributed

@@ -12,7 +12,6 @@ namespace kiln::distributed {
 struct DistributedDataParallel::Reducer {
   struct Bucket {
     std::vector<size_t> params;    // indices into Reducer::params
-    std::vector<int64_t> offsets;  // of each in flat
     Tensor flat;
     size_t pending = 0;  // gradients still to arrive in this backward
     Work work;
@@ -23,7 +22,8 @@ struct DistributedDataParallel::Reducer {
   const DDPOptions& options;
   std::vector<Tensor> params;
   std::vector<std::string> names;
-  std::vector<size_t> bucket_of;
+  std::vector<size_t> bucket_of;  // per parameter: its bucket
+  std::vector<int64_t> offset_of;  // per parameter: where its gradient starts in the bucket's flat buffer
   std::vector<Bucket> buckets;
   std::vector<uint64_t> hooks;
   std::vector<bool> ready;
@@ -40,6 +40,7 @@ struct DistributedDataParallel::Reducer {
       names.push_back(name);
     }
     bucket_of.assign(params.size(), 0);
+    offset_of.assign(params.size(), 0);
     ready.assign(params.size(), false);
     // Reverse order: backward produces the last layer's gradients first.
     const double cap = options.bucket_cap_mb * 1024 * 1024;
@@ -54,14 +55,14 @@ struct DistributedDataParallel::Reducer {
         bucket_numel = 0;
       }
       Bucket& b = buckets.back();
-      b.offsets.push_back(bucket_numel);
       b.params.push_back(k);
       bucket_of[k] = buckets.size() - 1;
+      offset_of[k] = bucket_numel;
       bucket_numel += p.numel();
     }
     for (auto& b : buckets) {
       const Tensor& last = params[b.params.back()];
-      b.flat = zeros({b.offsets.back() + last.numel()}, TensorOptions(last.dtype()).device(last.device()));
+      b.flat = zeros({offset_of[b.params.back()] + last.numel()}, TensorOptions(last.dtype()).device(last.device()));
     }
     for (size_t k = 0; k < params.size(); ++k) {
       hooks.push_back(params[k].register_post_accumulate_grad_hook([this, k](const Tensor&) { grad_ready(k); }));
@@ -72,12 +73,7 @@ struct DistributedDataParallel::Reducer {
     for (size_t k = 0; k < params.size(); ++k) params[k].remove_post_accumulate_grad_hook(hooks[k]);
   }
 
-  Tensor slot(size_t k) const {
-    const Bucket& b = buckets[bucket_of[k]];
-    size_t i = 0;
-    while (b.params[i] != k) ++i;
-    return b.flat.narrow(0, b.offsets[i], params[k].numel());
-  }
+  Tensor slot(size_t k) const { return buckets[bucket_of[k]].flat.narrow(0, offset_of[k], params[k].numel()); }
 
   void grad_ready(size_t k) {
     if (!sync) return;

@@ -209,6 +209,11 @@ TEST_CASE("comm: bad arguments are Errors before anything is sent", "[distribute
   check_error([&] { comm->all_reduce(zeros({2}, kInt64), ReduceOp::Avg); }, {"Avg needs a floating dtype"});
   if (p > 1) check_error([&] { comm->all_gather({zeros({1})}, zeros({1})); }, {"one per rank"});
   check_error([&] { comm->all_gather_into_tensor(zeros({p * 2 + 1}), zeros({2})); }, {"output has"});
+  const int r = comm->rank();
+  check_error([&] { comm->reduce_scatter(zeros({2}), std::vector<Tensor>(static_cast<size_t>(p), zeros({3}))); },
+              {"reduce_scatter", fmt::format("this rank's ({}) output has 2 elements but inputs[{}] has 3", r, r)});
+  check_error([&] { comm->all_gather(std::vector<Tensor>(static_cast<size_t>(p), zeros({3}, kInt64)), zeros({3})); },
+              {"all_gather", "one dtype and device"});
   check_error([&] { comm->send(zeros({2}), 0, -1); }, {"tag must be >= 0"});
   check_error([&] { init("gloo"); }, {"unknown backend 'gloo'"});
   if (!is_available("nccl")) {
