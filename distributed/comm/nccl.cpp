@@ -422,6 +422,9 @@ ncclResult_t group(Body body) {
   return r == ncclSuccess ? end : r;
 }
 
+std::shared_ptr<CommState> start_comm(Communicator& mpi, int device, const CommOptions& options,
+                                      const std::string& what);
+
 class NcclCommunicator final : public Communicator {
  public:
   // state: a ready NCCL communicator; mpi: an MPI communicator of the same ranks, in the same order.
@@ -625,38 +628,15 @@ class NcclCommunicator final : public Communicator {
     w.wait();  // rethrows a failure
   }
 
+  // A sub-communicator is a new NCCL communicator made over the MPI split of the same ranks (its
+  // unique id goes round on that split), rather than ncclCommSplit: a non-blocking ncclCommSplit
+  // fills in the new handle from NCCL's own thread at a moment nothing reports, while a
+  // non-blocking ncclCommInitRankConfig hands it back at once, to be polled like any other.
   std::shared_ptr<Communicator> split(int color, int key) override {
     check_usable("split");
     std::shared_ptr<Communicator> sub_mpi = mpi_->split(color, key);  // the same ranks, in the same order
-    auto sub = std::make_shared<CommState>();
-    sub->device = device_;
-    sub->options = options_;
-    const auto deadline = Clock::now() + options_.timeout;
-    DeviceScope device(device_);
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    {
-      std::unique_lock<std::mutex> lock(state_->m);
-      KILN_CHECK(state_->comm, "split: this communicator stopped working: {}", state_->broken);
-      const int nccl_color = color < 0 ? NCCL_SPLIT_NOCOLOR : color;
-      const ncclResult_t r =
-          settle(lock, *state_, ncclCommSplit(state_->comm, nccl_color, key, &sub->comm, &config), "split", deadline);
-      if (r != ncclSuccess) {
-        const std::string reason = nccl_reason(r, state_->comm);
-        lock.unlock();
-        throw Watchdog::get().fail(*state_, "split", reason);
-      }
-    }
-    if (!sub->comm) return nullptr;  // a negative color
-    {
-      std::unique_lock<std::mutex> lock(sub->m);
-      const ncclResult_t r = settle(lock, *sub, ncclInProgress, "split", deadline);  // the new one's setup
-      if (r != ncclSuccess) {
-        const std::string reason = nccl_reason(r, sub->comm);
-        lock.unlock();
-        throw Watchdog::get().fail(*sub, "split", reason);
-      }
-    }
+    if (!sub_mpi) return nullptr;  // a negative color
+    std::shared_ptr<CommState> sub = start_comm(*sub_mpi, device_, options_, "split");
     return std::make_shared<NcclCommunicator>(std::move(sub), std::move(sub_mpi));
   }
 
@@ -796,6 +776,39 @@ void install_sigterm_handler(int world_rank) {
 
 bool nccl_available() { return mpi_available(); }  // NCCL bootstraps through MPI
 
+namespace {
+
+// Makes the NCCL communicator of the ranks of `mpi`: its rank 0 makes the unique id, MPI broadcasts
+// it, and every rank joins non-blocking (Note [NCCL watchdog]) and waits for the setup to finish.
+std::shared_ptr<CommState> start_comm(Communicator& mpi, int device, const CommOptions& options,
+                                      const std::string& what) {
+  ncclUniqueId id{};
+  static_assert(sizeof id % sizeof(int64_t) == 0);
+  if (mpi.rank() == 0) KILN_NCCL_CHECK(ncclGetUniqueId(&id));
+  Tensor bytes = empty({static_cast<int64_t>(sizeof id / sizeof(int64_t))}, TensorOptions(kInt64));  // no uint8 dtype
+  std::memcpy(bytes.data_ptr(), &id, sizeof id);
+  mpi.broadcast(bytes, 0);
+  std::memcpy(&id, bytes.data_ptr(), sizeof id);
+
+  auto state = std::make_shared<CommState>();
+  state->device = device;
+  state->options = options;
+  DeviceScope scope(device);
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  std::unique_lock<std::mutex> lock(state->m);
+  const ncclResult_t r = settle(lock, *state, ncclCommInitRankConfig(&state->comm, mpi.size(), id, mpi.rank(), &config),
+                                what, Clock::now() + options.timeout);
+  if (r != ncclSuccess) {
+    const std::string reason = nccl_reason(r, state->comm);
+    lock.unlock();
+    throw Watchdog::get().fail(*state, what, reason);
+  }
+  return state;
+}
+
+}  // namespace
+
 std::shared_ptr<Communicator> nccl_world(const CommOptions& options) {
   static std::mutex m;
   std::lock_guard<std::mutex> lock(m);
@@ -813,30 +826,7 @@ std::shared_ptr<Communicator> nccl_world(const CommOptions& options) {
   std::shared_ptr<Communicator> mpi = mpi_world(options);
   g_world_rank = mpi->rank();
   std::shared_ptr<Communicator> twin = mpi->split(0, mpi->rank());
-  ncclUniqueId id{};
-  static_assert(sizeof id % sizeof(int64_t) == 0);
-  if (mpi->rank() == 0) KILN_NCCL_CHECK(ncclGetUniqueId(&id));
-  Tensor bytes = empty({static_cast<int64_t>(sizeof id / sizeof(int64_t))}, TensorOptions(kInt64));  // no uint8 dtype
-  std::memcpy(bytes.data_ptr(), &id, sizeof id);
-  mpi->broadcast(bytes, 0);
-  std::memcpy(&id, bytes.data_ptr(), sizeof id);
-
-  auto state = std::make_shared<CommState>();
-  state->device = device;
-  state->options = options;
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  config.blocking = 0;  // Note [NCCL watchdog]
-  {
-    std::unique_lock<std::mutex> comm_lock(state->m);
-    const ncclResult_t r =
-        settle(comm_lock, *state, ncclCommInitRankConfig(&state->comm, mpi->size(), id, mpi->rank(), &config), what,
-               Clock::now() + options.timeout);
-    if (r != ncclSuccess) {
-      const std::string reason = nccl_reason(r, state->comm);
-      comm_lock.unlock();
-      throw Watchdog::get().fail(*state, what, reason);
-    }
-  }
+  std::shared_ptr<CommState> state = start_comm(*mpi, device, options, what);
   install_sigterm_handler(g_world_rank);  // after the MPI backend's, which it calls outside NCCL ops
   world = new std::shared_ptr<Communicator>(std::make_shared<NcclCommunicator>(std::move(state), std::move(twin)));
   return *world;

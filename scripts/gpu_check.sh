@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# gpu_check.sh: the whole GPU check in one command, for a GPU machine that has CUDA, CMake and Ninja
+# but no package access. Before copying the tree there, bundle the Debian build dependencies into
+# ./.deps (see the README's "On a GPU machine"). The script configures against the bundle, builds with
+# every core, runs the GPU tests, then the whole suite, then the GPU benchmarks, and leaves its logs in
+# $OUT (default ./gpu-out).
+#   usage: scripts/gpu_check.sh [build|test|bench] ...   (default: build test bench)
+set -uo pipefail
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+deps=$PWD/.deps/usr
+export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu:$deps/lib/x86_64-linux-gnu/openmpi/lib:${LD_LIBRARY_PATH:-}
+export OPAL_PREFIX=$deps PATH=$deps/bin:$PATH
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+build=build/gpu
+steps=("$@")
+((${#steps[@]})) || steps=(build test bench)
+status=0
+for step in "${steps[@]}"; do
+  case $step in
+  build)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
+    nvcc --version | tail -2 >>"$out/device.txt"
+    start=$SECONDS
+    cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$deps" \
+      -DKILN_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/configure.log" 2>&1 ||
+      { tail -40 "$out/configure.log"; exit 1; }
+    grep -i "mpi\|nccl\|cudnn" "$out/configure.log" | head -10
+    cmake --build $build -j"$(nproc)" >"$out/build.log" 2>&1 ||
+      { grep -B2 -A12 "error" "$out/build.log" | head -120; exit 1; }
+    echo "gpu_check: built in $((SECONDS - start)) s"
+    ;;
+  test)
+    start=$SECONDS
+    timeout 300 $build/tests/test_cuda --durations yes >"$out/test_cuda.log" 2>&1
+    rc=$?; echo "gpu_check: test_cuda exit $rc"; ((rc)) && status=1
+    grep -E "FAILED|failed|passed|REQUIRE|with expansion|Error|error" "$out/test_cuda.log" | head -60
+    timeout 400 ctest --test-dir $build -j"$(nproc)" --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1
+    rc=$?; echo "gpu_check: ctest exit $rc"; ((rc)) && status=1
+    grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest.log" | head -40
+    ;;
+  bench)
+    for b in $build/benchmarks/bench_cuda_*; do
+      [[ -x $b ]] || continue
+      timeout 120 "$b" | tee -a "$out/bench.jsonl"
+    done
+    [[ -f benchmarks/anchors/torch_cuda_ops.py ]] &&
+      timeout 120 python3 benchmarks/anchors/torch_cuda_ops.py | tee -a "$out/bench.jsonl"
+    ;;
+  esac
+done
+exit $status
