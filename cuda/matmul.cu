@@ -1,7 +1,8 @@
 // cuda/matmul.cu: the CUDA matmul. CPU sibling: cpu/matmul.cpp.
 //
 // Matmul: c[..., M, N] = a[..., M, K] @ b[..., K, N] through cuBLAS for the floating dtypes:
-// float32 with cublasSgemm (strict float32, no TF32), float64 with cublasDgemm, float16 and
+// float32 with cublasSgemm (strict float32; with cuda::set_matmul_allow_tf32(true), cublasGemmEx
+// on TF32 tensor cores), float64 with cublasDgemm, float16 and
 // bfloat16 with cublasGemmEx accumulating in float32 (all in their strided-batched forms). cuBLAS
 // is column-major; a row-major C is a column-major C^T, so Kiln asks for C^T = B^T A^T. A
 // transposed operand (strides (1, M)) is handed over with the transpose flag, not copied; an
@@ -9,17 +10,21 @@
 // contiguous buffer. The batch dims are merged where their strides allow; the innermost merged dim
 // is cuBLAS's batch (its stride may be 0: a broadcast operand) and any others loop on the host.
 // Integer matmul is a plain kernel, one thread per output element.
+#include <atomic>
 #include <climits>
 #include <mutex>
 #include <optional>
 #include <vector>
 
 #include "cuda/context.h"
+#include "cuda/cuda.h"
 #include "cuda/kernels.h"
 #include "cuda/loops.cuh"
 
 namespace kiln::cuda {
 namespace {
+
+std::atomic<bool> g_allow_tf32{false};
 
 // ---- kernels ----
 // The integer matmul is elementwise_kernel (cuda/loops.cuh) with the lambda in matmul_integer().
@@ -122,6 +127,13 @@ void run_gemm(cublasHandle_t h, DType dtype, const Gemm& g, const void* a, const
   switch (dtype) {
     case DType::Float32: {
       const float alpha = 1, beta = 0;
+      if (g_allow_tf32.load(std::memory_order_relaxed)) {
+        KILN_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+            h, g.op_b, g.op_a, g.m, g.n, g.k, &alpha, b, CUDA_R_32F, g.ldb, g.stride_b, a, CUDA_R_32F, g.lda,
+            g.stride_a, &beta, c, CUDA_R_32F, g.ldc, g.stride_c, g.count, CUBLAS_COMPUTE_32F_FAST_TF32,
+            CUBLAS_GEMM_DEFAULT));
+        return;
+      }
       KILN_CUBLAS_CHECK(cublasSgemmStridedBatched(
           h, g.op_b, g.op_a, g.m, g.n, g.k, &alpha, static_cast<const float*>(b), g.ldb,
           g.stride_b, static_cast<const float*>(a), g.lda, g.stride_a, &beta,
@@ -257,5 +269,8 @@ void matmul_launch(const View& a, const View& b, const View& c, int device, cons
     default: KILN_FAIL("matmul: not implemented for {}", dtype_name(c.dtype));
   }
 }
+
+void set_matmul_allow_tf32(bool allow) { g_allow_tf32.store(allow); }
+bool matmul_allow_tf32() { return g_allow_tf32.load(); }
 
 }  // namespace kiln::cuda

@@ -13,6 +13,8 @@ namespace kiln::cuda {
 bool is_available() { return false; }
 int device_count() { return 0; }
 void synchronize(int) { unavailable(); }
+void set_matmul_allow_tf32(bool) {}  // no CUDA matmuls to switch
+bool matmul_allow_tf32() { return false; }
 Backend& backend() { unavailable(); }
 
 }  // namespace kiln::cuda

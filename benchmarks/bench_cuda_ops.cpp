@@ -1,0 +1,125 @@
+// bench_cuda_ops: BENCHMARKS.md's GPU kernel workloads for Kiln on cuda:0, one JSON line per result.
+// Anchor: benchmarks/anchors/torch_cuda_ops.py (PyTorch on the same GPU, the same sizes and timing).
+//   gemm        C = A B, square n x n, float32 (strict and TF32), bfloat16 and float16; TFLOP/s = 2 n^3 / time
+//   add, gelu, clone, sum, softmax, layer_norm, cross_entropy: memory-bound; GB/s counts each input
+//               read once and each output written once (the fewest bytes the op must move)
+//   adamw       one optimizer step over 16 float32 tensors of 2^22 elements (torch: foreach, not fused)
+// Timing: warm-up calls, then batches of calls between two device synchronizations; the result is
+// the median over batches of the time per call.
+//   bench_cuda_ops [--quick]
+#include <kiln/kiln.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+using namespace kiln;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+// Seconds per call of fn: 3 warm-up calls, then 7 batches of `reps` calls.
+double time_per_call(const std::function<void()>& fn, int reps) {
+  using Clock = std::chrono::steady_clock;
+  for (int i = 0; i < 3; ++i) fn();
+  cuda::synchronize();
+  std::vector<double> per_call;
+  for (int b = 0; b < 7; ++b) {
+    const auto t0 = Clock::now();
+    for (int i = 0; i < reps; ++i) fn();
+    cuda::synchronize();
+    per_call.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / reps);
+  }
+  return median(per_call);
+}
+
+void report(const char* op, const std::string& dtype, const std::string& shape, double seconds, const char* unit,
+            double amount) {
+  std::printf("{\"bench\":\"cuda_ops\",\"impl\":\"kiln\",\"op\":\"%s\",\"dtype\":\"%s\",\"shape\":\"%s\","
+              "\"ms\":%.4f,\"%s\":%.1f}\n",
+              op, dtype.c_str(), shape.c_str(), seconds * 1e3, unit, amount / seconds / 1e9);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  if (!cuda::is_available()) {
+    std::fprintf(stderr, "bench_cuda_ops: no CUDA device\n");
+    return 77;
+  }
+  Generator gen(0);
+  // ---- gemm ----
+  struct GemmCase {
+    const char* name;
+    DType dtype;
+    bool tf32;
+  };
+  for (const GemmCase& g : {GemmCase{"float32", kFloat32, false}, GemmCase{"tf32", kFloat32, true},
+                            GemmCase{"bfloat16", kBFloat16, false}, GemmCase{"float16", kFloat16, false}}) {
+    cuda::set_matmul_allow_tf32(g.tf32);
+    for (int64_t n : {1024, 2048, 4096, 8192}) {
+      if (quick && n > 2048) break;
+      Tensor a = rand({n, n}, kGpu, &gen).to(g.dtype), b = rand({n, n}, kGpu, &gen).to(g.dtype);
+      Tensor c;
+      const double flop = 2.0 * n * n * n;
+      const int reps = std::max<int>(2, static_cast<int>(2e12 / flop / (g.dtype == kFloat32 && !g.tf32 ? 20 : 1)));
+      const double t = time_per_call([&] { c = matmul(a, b); }, std::min(reps, 200));
+      report("gemm", g.name, std::to_string(n), t, "tflops", flop / 1e3);
+    }
+  }
+  cuda::set_matmul_allow_tf32(false);
+
+  // ---- memory-bound ----
+  const int64_t n = quick ? (1 << 24) : (1 << 26);
+  const std::string ns = std::to_string(n);
+  const double f = sizeof(float);
+  {
+    Tensor a = randn({n}, kGpu, &gen), b = randn({n}, kGpu, &gen), c;
+    report("add", "float32", ns, time_per_call([&] { c = a + b; }, 50), "gbps", 3 * f * n);
+    report("gelu", "float32", ns, time_per_call([&] { c = gelu(a); }, 50), "gbps", 2 * f * n);
+    report("clone", "float32", ns, time_per_call([&] { c = a.clone(); }, 50), "gbps", 2 * f * n);
+    report("sum", "float32", ns, time_per_call([&] { c = a.sum(); }, 50), "gbps", f * n);
+    Tensor ah = a.to(kBFloat16), bh = b.to(kBFloat16);
+    report("add", "bfloat16", ns, time_per_call([&] { c = ah + bh; }, 50), "gbps", 3 * 2.0 * n);
+  }
+  const int64_t rows = quick ? 2048 : 8192, cols = 4096;
+  const std::string rs = std::to_string(rows) + "x" + std::to_string(cols);
+  {
+    Tensor x = randn({rows, cols}, kGpu, &gen), y;
+    report("softmax", "float32", rs, time_per_call([&] { y = x.softmax(1); }, 50), "gbps", 2 * f * rows * cols);
+    Tensor w = ones({cols}, kGpu), bias = zeros({cols}, kGpu);
+    try {
+      report("layer_norm", "float32", rs, time_per_call([&] { y = layer_norm(x, {cols}, w, bias); }, 50), "gbps",
+             2 * f * rows * cols);
+    } catch (const Error& e) {
+      std::printf("{\"bench\":\"cuda_ops\",\"impl\":\"kiln\",\"op\":\"layer_norm\",\"error\":\"not run\"}\n");
+    }
+    Tensor target = randint(0, cols, {rows}, TensorOptions(kInt64).device(kGpu), &gen), loss;
+    report("cross_entropy", "float32", rs, time_per_call([&] { loss = nn::cross_entropy(x, target); }, 50), "gbps",
+           f * rows * cols);
+  }
+  // ---- AdamW: 16 tensors of 2^22 float32, gradients set ----
+  {
+    std::vector<Tensor> params;
+    for (int i = 0; i < 16; ++i) {
+      Tensor p = randn({1 << 22}, kGpu, &gen).requires_grad_();
+      p.set_grad(randn({1 << 22}, kGpu, &gen));
+      params.push_back(p);
+    }
+    optim::AdamW opt(params, optim::AdamWOptions{});
+    // Reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq: 7 floats per element.
+    report("adamw", "float32", "16x4194304", time_per_call([&] { opt.step(); }, 20), "gbps", 7 * f * 16 * (1 << 22));
+  }
+  return 0;
+}

@@ -1,0 +1,349 @@
+// tests/ops/op_rows.cpp: the rows of the op table (op_table.h). Each row calls the op through the
+// public API with the case's inputs and arguments, on whatever device the inputs are.
+#include "op_table.h"
+
+#include "support.h"
+
+namespace kiln::test {
+namespace {
+
+using autograd::TensorList;
+
+using Fn1 = std::function<Tensor(const Tensor&)>;
+using Fn1a = std::function<Tensor(const Tensor&, const GoldenCase&)>;
+using Fn2 = std::function<Tensor(const Tensor&, const Tensor&)>;
+
+OpRow unary(std::string op, Deriv d, Fn1 f) {
+  return {std::move(op), d, [f](const TensorList& in, const GoldenCase&) { return TensorList{f(in.at(0))}; }};
+}
+OpRow unary_args(std::string op, Deriv d, Fn1a f) {
+  return {std::move(op), d, [f](const TensorList& in, const GoldenCase& c) { return TensorList{f(in.at(0), c)}; }};
+}
+OpRow binary(std::string op, Deriv d, Fn2 f) {
+  return {std::move(op), d,
+          [f](const TensorList& in, const GoldenCase&) { return TensorList{f(in.at(0), in.at(1))}; }};
+}
+// A view followed by contiguous(): the copy must be contiguous and hold the view's values.
+OpRow view_op(std::string op, Fn1a f) {
+  return {std::move(op), Deriv::GradGrad, [f](const TensorList& in, const GoldenCase& c) {
+            Tensor r = f(in.at(0), c).contiguous();
+            CHECK(r.is_contiguous());
+            return TensorList{r};
+          }};
+}
+
+Tensor opt_input(const TensorList& in, size_t k) { return k < in.size() ? in[k] : Tensor(); }
+Shape dims_arg(const GoldenCase& c) { return c.shape("dims", Shape{}); }
+bool keepdim_arg(const GoldenCase& c) { return c.flag("keepdim"); }
+
+}  // namespace
+
+const std::vector<OpRow>& op_table() {
+  using D = Deriv;
+  static const std::vector<OpRow> rows = {
+      // ---- elementwise, unary ----
+      unary("neg", D::GradGrad, [](const Tensor& x) { return kiln::neg(x); }),
+      unary("abs", D::Grad, [](const Tensor& x) { return kiln::abs(x); }),
+      unary("sign", D::None, [](const Tensor& x) { return kiln::sign(x); }),
+      unary("exp", D::GradGrad, [](const Tensor& x) { return kiln::exp(x); }),
+      unary("log", D::GradGrad, [](const Tensor& x) { return kiln::log(x); }),
+      unary("log1p", D::GradGrad, [](const Tensor& x) { return kiln::log1p(x); }),
+      unary("expm1", D::GradGrad, [](const Tensor& x) { return kiln::expm1(x); }),
+      unary("sqrt", D::GradGrad, [](const Tensor& x) { return kiln::sqrt(x); }),
+      unary("rsqrt", D::GradGrad, [](const Tensor& x) { return kiln::rsqrt(x); }),
+      unary("reciprocal", D::GradGrad, [](const Tensor& x) { return kiln::reciprocal(x); }),
+      unary("sin", D::GradGrad, [](const Tensor& x) { return kiln::sin(x); }),
+      unary("cos", D::GradGrad, [](const Tensor& x) { return kiln::cos(x); }),
+      unary("tanh", D::GradGrad, [](const Tensor& x) { return kiln::tanh(x); }),
+      unary("sigmoid", D::GradGrad, [](const Tensor& x) { return kiln::sigmoid(x); }),
+      unary("relu", D::Grad, [](const Tensor& x) { return kiln::relu(x); }),
+      unary_args("gelu", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::gelu(x, c.str("approximate")); }),
+      unary("silu", D::GradGrad, [](const Tensor& x) { return kiln::silu(x); }),
+      unary("softplus", D::GradGrad, [](const Tensor& x) { return kiln::softplus(x); }),
+      unary("erf", D::GradGrad, [](const Tensor& x) { return kiln::erf(x); }),
+      unary("square", D::GradGrad, [](const Tensor& x) { return kiln::square(x); }),
+      unary_args("pow_scalar", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::pow(x, c.scalar("exponent")); }),
+      unary_args("clamp", D::Grad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::clamp(x, c.opt_scalar("min"), c.opt_scalar("max"));
+      }),
+      unary("logical_not", D::None, [](const Tensor& x) { return kiln::logical_not(x); }),
+
+      // ---- elementwise, binary ----
+      {"add", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::add(in.at(0), in.at(1), c.scalar("alpha", Scalar(1)))};
+       }},
+      {"sub", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::sub(in.at(0), in.at(1), c.scalar("alpha", Scalar(1)))};
+       }},
+      binary("mul", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::mul(a, b); }),
+      binary("div", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::div(a, b); }),
+      binary("pow", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::pow(a, b); }),
+      binary("maximum", D::Grad, [](const Tensor& a, const Tensor& b) { return kiln::maximum(a, b); }),
+      binary("minimum", D::Grad, [](const Tensor& a, const Tensor& b) { return kiln::minimum(a, b); }),
+      binary("eq", D::None, [](const Tensor& a, const Tensor& b) { return kiln::eq(a, b); }),
+      binary("ne", D::None, [](const Tensor& a, const Tensor& b) { return kiln::ne(a, b); }),
+      binary("lt", D::None, [](const Tensor& a, const Tensor& b) { return kiln::lt(a, b); }),
+      binary("le", D::None, [](const Tensor& a, const Tensor& b) { return kiln::le(a, b); }),
+      binary("gt", D::None, [](const Tensor& a, const Tensor& b) { return kiln::gt(a, b); }),
+      binary("ge", D::None, [](const Tensor& a, const Tensor& b) { return kiln::ge(a, b); }),
+      binary("logical_and", D::None, [](const Tensor& a, const Tensor& b) { return kiln::logical_and(a, b); }),
+      binary("logical_or", D::None, [](const Tensor& a, const Tensor& b) { return kiln::logical_or(a, b); }),
+      {"where", D::GradGrad,
+       [](const TensorList& in, const GoldenCase&) { return TensorList{kiln::where(in.at(0), in.at(1), in.at(2))}; }},
+      {"masked_fill", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::masked_fill(in.at(0), in.at(1), c.scalar("value"))};
+       }},
+
+      // ---- elementwise, scalar forms ----
+      unary_args("add_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::add(x, c.scalar("s")); }),
+      unary_args("sub_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::sub(x, c.scalar("s")); }),
+      unary_args("rsub_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::rsub(x, c.scalar("s")); }),
+      unary_args("mul_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::mul(x, c.scalar("s")); }),
+      unary_args("div_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::div(x, c.scalar("s")); }),
+      unary_args("eq_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::eq(x, c.scalar("s")); }),
+      unary_args("ne_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::ne(x, c.scalar("s")); }),
+      unary_args("lt_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::lt(x, c.scalar("s")); }),
+      unary_args("le_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::le(x, c.scalar("s")); }),
+      unary_args("gt_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::gt(x, c.scalar("s")); }),
+      unary_args("ge_scalar", D::None, [](const Tensor& x, const GoldenCase& c) { return kiln::ge(x, c.scalar("s")); }),
+      {"where_scalar", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::where(in.at(0), in.at(1), c.scalar("s"))};
+       }},
+
+      // ---- reductions ----
+      unary_args("sum", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::sum(x, dims_arg(c), keepdim_arg(c), c.opt_dtype("dtype"));
+      }),
+      unary_args("mean", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::mean(x, dims_arg(c), keepdim_arg(c)); }),
+      unary_args("prod", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::prod(x, c.opt_integer("dim"), keepdim_arg(c)); }),
+      unary_args("amax", D::Grad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::amax(x, dims_arg(c), keepdim_arg(c)); }),
+      unary_args("amin", D::Grad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::amin(x, dims_arg(c), keepdim_arg(c)); }),
+      unary("max_all", D::Grad, [](const Tensor& x) { return kiln::max(x); }),
+      unary("min_all", D::Grad, [](const Tensor& x) { return kiln::min(x); }),
+      {"max_dim", D::Grad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::max(in.at(0), c.integer("dim"), keepdim_arg(c));
+         return TensorList{values, indices};
+       }},
+      {"min_dim", D::Grad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::min(in.at(0), c.integer("dim"), keepdim_arg(c));
+         return TensorList{values, indices};
+       }},
+      unary_args("argmax", D::None,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::argmax(x, c.opt_integer("dim"), keepdim_arg(c)); }),
+      unary_args("argmin", D::None,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::argmin(x, c.opt_integer("dim"), keepdim_arg(c)); }),
+      unary_args("var", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::var(x, dims_arg(c), c.integer("correction", 1), keepdim_arg(c));
+      }),
+      unary_args("std", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::std(x, dims_arg(c), c.integer("correction", 1), keepdim_arg(c));
+      }),
+      unary_args("norm", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::norm(x, c.real("p"), dims_arg(c), keepdim_arg(c));
+      }),
+      unary_args("logsumexp", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::logsumexp(x, c.shape("dims"), keepdim_arg(c)); }),
+      unary_args("all", D::None,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::all(x, c.opt_integer("dim"), keepdim_arg(c)); }),
+      unary_args("any", D::None,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::any(x, c.opt_integer("dim"), keepdim_arg(c)); }),
+
+      // ---- linear algebra, softmax ----
+      binary("matmul", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::matmul(a, b); }),
+      binary("mm", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::mm(a, b); }),
+      binary("bmm", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::bmm(a, b); }),
+      unary_args("softmax", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::softmax(x, c.integer("dim")); }),
+      unary_args("log_softmax", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::log_softmax(x, c.integer("dim")); }),
+
+      // ---- shape ops ----
+      {"cat", D::GradGrad, [](const TensorList& in, const GoldenCase& c) { return TensorList{kiln::cat(in, c.integer("dim"))}; }},
+      {"stack", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) { return TensorList{kiln::stack(in, c.integer("dim"))}; }},
+      {"split", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) { return kiln::split(in.at(0), c.integer("size"), c.integer("dim")); }},
+      {"split_with_sizes", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return kiln::split_with_sizes(in.at(0), c.ints("sizes"), c.integer("dim"));
+       }},
+      {"chunk", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) { return kiln::chunk(in.at(0), c.integer("chunks"), c.integer("dim")); }},
+      unary_args("flip", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::flip(x, c.shape("dims")); }),
+      unary_args("repeat", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::repeat(x, c.shape("repeats")); }),
+      unary_args("pad", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::pad(x, c.ints("padding"), c.real("value", 0)); }),
+      unary_args("tril", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::tril(x, c.integer("diagonal", 0)); }),
+      unary_args("triu", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::triu(x, c.integer("diagonal", 0)); }),
+
+      // ---- index ops ----
+      {"index_select", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::index_select(in.at(0), c.integer("dim"), in.at(1))};
+       }},
+      {"index_add", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::index_add(in.at(0), c.integer("dim"), in.at(1), in.at(2))};
+       }},
+      {"gather", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) { return TensorList{kiln::gather(in.at(0), c.integer("dim"), in.at(1))}; }},
+      {"scatter", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::scatter(in.at(0), c.integer("dim"), in.at(1), in.at(2))};
+       }},
+      {"scatter_add", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::scatter_add(in.at(0), c.integer("dim"), in.at(1), in.at(2))};
+       }},
+      binary("embedding", D::GradGrad, [](const Tensor& w, const Tensor& i) { return kiln::embedding(w, i); }),
+      unary_args("one_hot", D::None,
+                 [](const Tensor& i, const GoldenCase& c) { return kiln::one_hot(i, c.integer("num_classes", -1)); }),
+
+      // ---- casts and copies ----
+      unary_args("to", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return x.to(c.dtype("dtype")); }),
+      unary("clone", D::GradGrad, [](const Tensor& x) { return kiln::clone(x); }),
+      unary("contiguous", D::GradGrad, [](const Tensor& x) {
+        Tensor r = kiln::contiguous(x);
+        CHECK(r.is_contiguous());
+        return r;
+      }),
+      unary_args("sum_to", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::sum_to(x, c.shape("shape")); }),
+      // Not differentiable in Kiln (by design: it says so); values only.
+      unary_args("as_strided", D::None, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::as_strided(x, c.shape("sizes"), c.shape("strides"), c.integer("offset")).contiguous();
+      }),
+
+      // ---- factories (no inputs; the C++ default dtype is float32, arange's is inferred) ----
+      {"arange", D::None,
+       [](const TensorList&, const GoldenCase& c) {
+         if (!c.has("start")) {
+           return TensorList{c.has("dtype") ? kiln::arange(c.scalar("end"), c.dtype("dtype")) : kiln::arange(c.scalar("end"))};
+         }
+         return TensorList{kiln::arange(c.scalar("start"), c.scalar("end"), c.scalar("step", Scalar(1)), c.opt_dtype("dtype"))};
+       }},
+      {"linspace", D::None,
+       [](const TensorList&, const GoldenCase& c) {
+         return TensorList{kiln::linspace(c.real("start"), c.real("end"), c.integer("steps"),
+                                          c.opt_dtype("dtype").value_or(kFloat32))};
+       }},
+      {"eye", D::None,
+       [](const TensorList&, const GoldenCase& c) {
+         return TensorList{kiln::eye(c.integer("n"), c.opt_integer("m"), c.opt_dtype("dtype").value_or(kFloat32))};
+       }},
+      {"full", D::None,
+       [](const TensorList&, const GoldenCase& c) {
+         return TensorList{kiln::full(c.shape("shape"), c.scalar("value"), c.opt_dtype("dtype").value_or(kFloat32))};
+       }},
+
+      // ---- views, then contiguous() ----
+      view_op("permute", [](const Tensor& x, const GoldenCase& c) { return kiln::permute(x, c.shape("dims")); }),
+      view_op("transpose",
+              [](const Tensor& x, const GoldenCase& c) { return kiln::transpose(x, c.integer("dim0"), c.integer("dim1")); }),
+      view_op("narrow", [](const Tensor& x, const GoldenCase& c) {
+        return kiln::narrow(x, c.integer("dim"), c.integer("start"), c.integer("length"));
+      }),
+      view_op("slice", [](const Tensor& x, const GoldenCase& c) {
+        return kiln::slice(x, c.integer("dim"), c.opt_integer("start"), c.opt_integer("end"), c.integer("step"));
+      }),
+      view_op("select",
+              [](const Tensor& x, const GoldenCase& c) { return kiln::select(x, c.integer("dim"), c.integer("index")); }),
+      view_op("expand", [](const Tensor& x, const GoldenCase& c) { return kiln::expand(x, c.shape("shape")); }),
+      view_op("squeeze", [](const Tensor& x, const GoldenCase& c) { return kiln::squeeze(x, c.opt_integer("dim")); }),
+      view_op("unsqueeze", [](const Tensor& x, const GoldenCase& c) { return kiln::unsqueeze(x, c.integer("dim")); }),
+      view_op("flatten", [](const Tensor& x, const GoldenCase& c) {
+        return kiln::flatten(x, c.integer("start", 0), c.integer("end", -1));
+      }),
+      view_op("unflatten",
+              [](const Tensor& x, const GoldenCase& c) { return kiln::unflatten(x, c.integer("dim"), c.shape("sizes")); }),
+      view_op("view", [](const Tensor& x, const GoldenCase& c) { return kiln::view(x, c.shape("shape")); }),
+      view_op("reshape", [](const Tensor& x, const GoldenCase& c) { return kiln::reshape(x, c.shape("shape")); }),
+
+      // ---- nn ops (optional tensors: the inputs after the required ones, when the case has them) ----
+      {"conv2d", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::conv2d(in.at(0), in.at(1), opt_input(in, 2), c.shape("stride", Shape{1, 1}),
+                                        c.shape("padding", Shape{0, 0}), c.shape("dilation", Shape{1, 1}),
+                                        c.integer("groups", 1))};
+       }},
+      {"conv1d", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::conv1d(in.at(0), in.at(1), opt_input(in, 2), c.integer("stride", 1),
+                                        c.integer("padding", 0), c.integer("dilation", 1), c.integer("groups", 1))};
+       }},
+      unary_args("max_pool2d", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::max_pool2d(x, c.shape("kernel"), c.shape("stride", Shape{}), c.shape("padding", Shape{0, 0}),
+                                c.shape("dilation", Shape{1, 1}), c.flag("ceil_mode"));
+      }),
+      {"max_pool2d_with_indices", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::max_pool2d_with_indices(
+             in.at(0), c.shape("kernel"), c.shape("stride", Shape{}), c.shape("padding", Shape{0, 0}),
+             c.shape("dilation", Shape{1, 1}), c.flag("ceil_mode"));
+         return TensorList{values, indices};
+       }},
+      unary_args("avg_pool2d", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::avg_pool2d(x, c.shape("kernel"), c.shape("stride", Shape{}), c.shape("padding", Shape{0, 0}),
+                                c.flag("ceil_mode"), c.flag("count_include_pad", true), c.opt_integer("divisor"));
+      }),
+      unary_args("adaptive_avg_pool2d", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::adaptive_avg_pool2d(x, c.shape("size")); }),
+      {"layer_norm", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::layer_norm(in.at(0), c.shape("shape"), opt_input(in, 1), opt_input(in, 2),
+                                            c.real("eps", 1e-5))};
+       }},
+      {"rms_norm", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         std::optional<double> eps;
+         if (c.has("eps")) eps = c.real("eps");
+         return TensorList{kiln::rms_norm(in.at(0), c.shape("shape"), opt_input(in, 1), eps)};
+       }},
+      {"group_norm", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::group_norm(in.at(0), c.integer("groups"), opt_input(in, 1), opt_input(in, 2),
+                                            c.real("eps", 1e-5))};
+       }},
+      {"batch_norm", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::batch_norm(in.at(0), {}, {}, opt_input(in, 1), opt_input(in, 2), true, 0.1,
+                                            c.real("eps", 1e-5))};
+       }},
+      {"batch_norm_eval", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::batch_norm(in.at(0), in.at(1), in.at(2), in.at(3), in.at(4), false, 0.1,
+                                            c.real("eps", 1e-5))};
+       }},
+      // Training updates the running statistics in place: the output and both updated buffers.
+      {"batch_norm_stats", D::None,
+       [](const TensorList& in, const GoldenCase& c) {
+         Tensor running_mean = in.at(1).clone(), running_var = in.at(2).clone();
+         Tensor y = kiln::batch_norm(in.at(0), running_mean, running_var, in.at(3), in.at(4), true,
+                                     c.real("momentum"));
+         return TensorList{y, running_mean, running_var};
+       }},
+  };
+  return rows;
+}
+
+std::vector<const GoldenCase*> cases_of(const std::string& op) {
+  std::vector<const GoldenCase*> out;
+  for (const auto& c : GoldenFile::get().cases())
+    if (c.op == op) out.push_back(&c);
+  return out;
+}
+
+}  // namespace kiln::test
