@@ -11,10 +11,11 @@
 // are given, so a caller with its own stream (a communicator, say) is honoured. Copies that hand
 // data to or from the host, or between two devices, synchronize before returning (PyTorch's
 // non_blocking=false): `x.to(Device::cpu())` and `item()` see finished results. Indexing ops
-// synchronize too, to check their indices (Note [index checks on the device] in index.cu). Device
-// buffers are freed with cudaFree, which waits for the device, so dropping a tensor whose kernels
-// are still queued is safe; the caching allocator (a later issue) will have to record streams
-// instead.
+// synchronize too, to check their indices (Note [index checks on the device] in index.cu). Freed
+// device buffers go back to the caching allocator, which reuses a buffer only for work on the
+// stream it was allocated on (Note [CUDA caching allocator] in allocator.cpp), so dropping a tensor
+// whose kernels are still queued is safe without waiting; a buffer that another stream also uses
+// must be named with record_stream().
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -45,6 +46,9 @@ inline Stream default_stream(int device_index) { return {Device::cuda(device_ind
 
 // The allocator of one device (allocator.cpp); throws for a bad index.
 Allocator& device_allocator(int device_index);
+// Marks the live buffer starting at `ptr` as used by `stream` too: once freed, it is reused only
+// after the work queued on `stream` by then has finished.
+void record_stream(int device_index, void* ptr, cudaStream_t stream);
 
 // The CudaBackend (backend.cu); cuda::backend() in runtime.cpp returns it.
 Backend& backend_instance();

@@ -100,13 +100,19 @@ inline unsigned blocks_for(int64_t n, int threads = kThreads) {
 
 // ---- kernels ----
 
-// f(i, off) for every linear index i in [0, n); off[k] is element i's offset in view k.
-template <int N, typename F>
+// f(i, off) for every linear index i in [0, n); off[k] is element i's offset in view k. kFlat: the
+// calc has at most one dim, so an offset is i times a stride, with no division.
+template <int N, bool kFlat, typename F>
 __global__ void elementwise_kernel(int64_t n, OffsetCalc<N> calc, F f) {
   const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     int64_t off[N];
-    calc.get(i, off);
+    if constexpr (kFlat) {
+      KILN_CUDA_UNROLL
+      for (int k = 0; k < N; ++k) off[k] = i * calc.strides[k][0];
+    } else {
+      calc.get(i, off);
+    }
     f(i, static_cast<const int64_t*>(off));
   }
 }
@@ -116,7 +122,11 @@ __global__ void elementwise_kernel(int64_t n, OffsetCalc<N> calc, F f) {
 template <int N, typename F>
 void launch_elementwise(int64_t n, const OffsetCalc<N>& calc, cudaStream_t stream, const F& f) {
   if (n <= 0) return;
-  elementwise_kernel<N><<<blocks_for(n), kThreads, 0, stream>>>(n, calc, f);
+  if (calc.ndim <= 1) {
+    elementwise_kernel<N, true><<<blocks_for(n), kThreads, 0, stream>>>(n, calc, f);
+  } else {
+    elementwise_kernel<N, false><<<blocks_for(n), kThreads, 0, stream>>>(n, calc, f);
+  }
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -9,8 +9,10 @@
 // Reduce: each output is reduced by a group of `group` threads (a power of two up to a block);
 // thread t of a group takes elements t, t + group, ... of the output's slice, then the group merges
 // its partials in shared memory. Short slices get small groups, so a block serves many outputs.
-// (A first version: one huge slice runs on one block; splitting it across blocks comes later.)
+// Few outputs with long slices: each slice is split over several blocks that write partial
+// accumulators, and a second kernel merges them (reduce_split_kernel, reduce_merge_kernel).
 // Softmax: one block per row; the row max and the sum of exp(x - max) are block reductions.
+// Contiguous rows of up to 4096 elements stay in registers between the passes (softmax_rows_kernel).
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -139,9 +141,31 @@ __device__ M block_reduce(M v, Op op, M* shared) {
 
 // Output k (of `outputs`): kept.get(k) gives its slice's start in `in` and its offset in `out`;
 // reduced.get(j) the offset of the slice's j-th element (row-major over the reduced dims).
+// The offset of element j of a slice: j * flat when the reduced dims collapse into one stride
+// (flat >= 0; no division), else through `reduced`.
+__device__ __forceinline__ int64_t slice_offset(int64_t j, int64_t flat, const OffsetCalc<1>& reduced) {
+  if (flat >= 0) return j * flat;
+  int64_t ro[1];
+  reduced.get(j, ro);
+  return ro[0];
+}
+
+// The merge of the block's `acc` values in shared memory (`partial`, blockDim.x of them) by groups
+// of `group` threads; lane 0 of each group gets its group's result.
+template <typename R>
+__device__ void merge_groups(typename R::acc_t* partial, typename R::acc_t acc, int group) {
+  const int lane = threadIdx.x % group;
+  partial[threadIdx.x] = acc;
+  __syncthreads();
+  for (int half = group / 2; half > 0; half /= 2) {
+    if (lane < half) R::merge(partial[threadIdx.x], partial[threadIdx.x + half]);
+    __syncthreads();
+  }
+}
+
 template <typename R, typename T>
 __global__ void reduce_kernel(const T* in, typename R::out_t* out, int64_t outputs, int64_t len,
-                              OffsetCalc<2> kept, OffsetCalc<1> reduced, int group) {
+                              OffsetCalc<2> kept, OffsetCalc<1> reduced, int64_t flat, int group) {
   using acc_t = typename R::acc_t;
   extern __shared__ __align__(16) unsigned char reduce_shared[];
   acc_t* partial = reinterpret_cast<acc_t*>(reduce_shared);
@@ -155,20 +179,49 @@ __global__ void reduce_kernel(const T* in, typename R::out_t* out, int64_t outpu
     acc_t acc = R::init();
     if (k < outputs) {
       kept.get(k, ko);
-      for (int64_t j = lane; j < len; j += group) {
-        int64_t ro[1];
-        reduced.get(j, ro);
-        R::update(acc, in[ko[0] + ro[0]], j);
-      }
+      for (int64_t j = lane; j < len; j += group) R::update(acc, in[ko[0] + slice_offset(j, flat, reduced)], j);
     }
-    partial[threadIdx.x] = acc;
-    __syncthreads();
-    for (int half = group / 2; half > 0; half /= 2) {
-      if (lane < half) R::merge(partial[threadIdx.x], partial[threadIdx.x + half]);
-      __syncthreads();
-    }
+    merge_groups<R>(partial, acc, group);
     if (lane == 0 && k < outputs) out[ko[1]] = R::result(partial[threadIdx.x]);
     __syncthreads();
+  }
+}
+
+// Long slices, few outputs: block b reduces part b % splits (elements [part * chunk, part * chunk +
+// chunk) of its slice) of output b / splits into partials[b].
+template <typename R, typename T>
+__global__ void reduce_split_kernel(const T* in, typename R::acc_t* partials, int64_t len, int64_t chunk,
+                                    int splits, OffsetCalc<2> kept, OffsetCalc<1> reduced, int64_t flat) {
+  using acc_t = typename R::acc_t;
+  extern __shared__ __align__(16) unsigned char reduce_shared[];
+  acc_t* partial = reinterpret_cast<acc_t*>(reduce_shared);
+  const int64_t k = blockIdx.x / splits;
+  const int64_t begin = (blockIdx.x % splits) * chunk, end = min(len, begin + chunk);
+  int64_t ko[2];
+  kept.get(k, ko);
+  acc_t acc = R::init();
+  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+    R::update(acc, in[ko[0] + slice_offset(j, flat, reduced)], j);
+  }
+  merge_groups<R>(partial, acc, blockDim.x);
+  if (threadIdx.x == 0) partials[blockIdx.x] = partial[0];
+}
+
+// ... then block k merges output k's `splits` partials, in order.
+template <typename R>
+__global__ void reduce_merge_kernel(const typename R::acc_t* partials, typename R::out_t* out, int splits,
+                                    OffsetCalc<2> kept) {
+  using acc_t = typename R::acc_t;
+  extern __shared__ __align__(16) unsigned char reduce_shared[];
+  acc_t* partial = reinterpret_cast<acc_t*>(reduce_shared);
+  const int64_t k = blockIdx.x;
+  acc_t acc = R::init();
+  for (int i = threadIdx.x; i < splits; i += blockDim.x) R::merge(acc, partials[k * splits + i]);
+  merge_groups<R>(partial, acc, blockDim.x);
+  if (threadIdx.x == 0) {
+    int64_t ko[2];
+    kept.get(k, ko);
+    out[ko[1]] = R::result(partial[0]);
   }
 }
 
@@ -207,6 +260,41 @@ __global__ void softmax_kernel(const T* in, T* out, int64_t n_rows, int64_t len,
   }
 }
 
+// Contiguous rows of at most kPer * blockDim.x elements: each thread keeps its elements of the row
+// in registers, so the row is read from memory once and written once.
+template <typename T, int kPer>
+__global__ void softmax_rows_kernel(const T* in, T* out, int64_t n_rows, int64_t len, bool log_softmax) {
+  using M = opmath_t<T>;
+  __shared__ M shared[32];
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    const T* x = in + r * len;
+    T* y = out + r * len;
+    M v[kPer];
+    M mx = -std::numeric_limits<M>::infinity();
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kPer; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      v[u] = j < len ? static_cast<M>(x[j]) : -std::numeric_limits<M>::infinity();
+      mx = MaxOp()(mx, v[u]);
+    }
+    mx = block_reduce(mx, MaxOp(), shared);
+    if (isinf(mx) && mx < 0) mx = 0;
+    M sum = 0;
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kPer; ++u) {
+      v[u] -= mx;
+      sum += exp(v[u]);  // the padding's exp(-inf) is 0
+    }
+    sum = block_reduce(sum, SumOp(), shared);
+    const M log_sum = log(sum);
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kPer; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      if (j < len) y[j] = static_cast<T>(log_softmax ? v[u] - log_sum : exp(v[u]) / sum);
+    }
+  }
+}
+
 // ---- launchers ----
 
 // Which dims a reduction keeps and which it reduces (size-1 dims are in neither), as in
@@ -214,6 +302,7 @@ __global__ void softmax_kernel(const T* in, T* out, int64_t n_rows, int64_t len,
 struct Plan {
   Shape kept_sizes, kept_in_strides, kept_out_strides;
   Shape reduced_sizes, reduced_strides;
+  int64_t flat = 0;  // the one stride of the reduced dims when they collapse into one, else -1
 };
 
 Plan make_plan(const View& in, const View& out) {
@@ -229,11 +318,27 @@ Plan make_plan(const View& in, const View& out) {
       p.kept_out_strides.push_back(out.strides[d]);
     }
   }
+  const int nr = p.reduced_sizes.size();
+  p.flat = nr == 0 ? 0 : p.reduced_strides[nr - 1];
+  for (int d = 0; d + 1 < nr; ++d) {
+    if (p.reduced_strides[d] != p.reduced_strides[d + 1] * p.reduced_sizes[d + 1]) p.flat = -1;
+  }
   return p;
 }
 
+int multiprocessors(int device) {
+  static int count[64] = {};
+  if (device < 0 || device >= 64) return 132;
+  if (count[device] == 0) {
+    int n = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    count[device] = n;
+  }
+  return count[device];
+}
+
 template <typename R, typename T>
-void reduce_with(const View& in, const View& out, cudaStream_t stream) {
+void reduce_with(const View& in, const View& out, int device, cudaStream_t stream) {
   using acc_t = typename R::acc_t;
   const Plan plan = make_plan(in, out);
   const int64_t outputs = out.numel();
@@ -242,13 +347,34 @@ void reduce_with(const View& in, const View& out, cudaStream_t stream) {
   const auto kept =
       make_offset_calc<2>(plan.kept_sizes, {plan.kept_in_strides, plan.kept_out_strides});
   const auto reduced = make_offset_calc<1>(plan.reduced_sizes, {plan.reduced_strides});
+  // Few outputs with long slices would leave most of the GPU idle: each slice is split over
+  // `splits` blocks (at least 8192 elements each, about four blocks per multiprocessor in all),
+  // whose partial accumulators a second kernel merges.
+  const int64_t sms = multiprocessors(device);
+  if (len >= 16384 && outputs < 2 * sms) {
+    const int64_t splits = std::clamp<int64_t>(
+        std::min<int64_t>((len + 8191) / 8192, (4 * sms + outputs - 1) / outputs), 1, 1024);
+    if (splits > 1) {
+      const int64_t chunk = (len + splits - 1) / splits;
+      DeviceBuffer partials(device, static_cast<size_t>(outputs * splits) * sizeof(acc_t));
+      auto* p = static_cast<acc_t*>(partials.data());
+      reduce_split_kernel<R, T><<<static_cast<unsigned>(outputs * splits), kThreads, kThreads * sizeof(acc_t),
+                                  stream>>>(in.ptr<T>(), p, len, chunk, static_cast<int>(splits), kept, reduced,
+                                            plan.flat);
+      KILN_CUDA_CHECK(cudaGetLastError());
+      reduce_merge_kernel<R><<<static_cast<unsigned>(outputs), kThreads, kThreads * sizeof(acc_t), stream>>>(
+          p, out.ptr<typename R::out_t>(), static_cast<int>(splits), kept);
+      KILN_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   int group = 1;
   while (group < kThreads && group < len) group *= 2;
   const int per_block = kThreads / group;
   const auto blocks = static_cast<unsigned>(
       std::clamp<int64_t>((outputs + per_block - 1) / per_block, 1, kMaxBlocks));
   reduce_kernel<R, T><<<blocks, kThreads, kThreads * sizeof(acc_t), stream>>>(
-      in.ptr<T>(), out.ptr<typename R::out_t>(), outputs, len, kept, reduced, group);
+      in.ptr<T>(), out.ptr<typename R::out_t>(), outputs, len, kept, reduced, plan.flat, group);
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -256,22 +382,23 @@ void reduce_with(const View& in, const View& out, cudaStream_t stream) {
 
 void reduce_launch(ReduceKind op, const View& in, const View& out, const Stream& s) {
   cudaStream_t stream = stream_of(s);
+  const int device = s.device.index;
   if (op == ReduceKind::All || op == ReduceKind::Any) {
     KILN_CHECK(in.dtype == kBool, "all/any: the CUDA kernel expects bool input, got {}",
                dtype_name(in.dtype));
-    if (op == ReduceKind::All) reduce_with<LogicalR<true>, bool>(in, out, stream);
-    else reduce_with<LogicalR<false>, bool>(in, out, stream);
+    if (op == ReduceKind::All) reduce_with<LogicalR<true>, bool>(in, out, device, stream);
+    else reduce_with<LogicalR<false>, bool>(in, out, device, stream);
     return;
   }
   KILN_DISPATCH_NUMERIC_TYPES(in.dtype, "reduce", [&] {
     using T = scalar_t;
     switch (op) {
-      case ReduceKind::Sum: return reduce_with<SumR<T>, T>(in, out, stream);
-      case ReduceKind::Prod: return reduce_with<ProdR<T>, T>(in, out, stream);
-      case ReduceKind::Max: return reduce_with<ExtremeR<T, true>, T>(in, out, stream);
-      case ReduceKind::Min: return reduce_with<ExtremeR<T, false>, T>(in, out, stream);
-      case ReduceKind::ArgMax: return reduce_with<ArgR<T, true>, T>(in, out, stream);
-      case ReduceKind::ArgMin: return reduce_with<ArgR<T, false>, T>(in, out, stream);
+      case ReduceKind::Sum: return reduce_with<SumR<T>, T>(in, out, device, stream);
+      case ReduceKind::Prod: return reduce_with<ProdR<T>, T>(in, out, device, stream);
+      case ReduceKind::Max: return reduce_with<ExtremeR<T, true>, T>(in, out, device, stream);
+      case ReduceKind::Min: return reduce_with<ExtremeR<T, false>, T>(in, out, device, stream);
+      case ReduceKind::ArgMax: return reduce_with<ArgR<T, true>, T>(in, out, device, stream);
+      case ReduceKind::ArgMin: return reduce_with<ArgR<T, false>, T>(in, out, device, stream);
       default: KILN_FAIL("reduce: unexpected op");
     }
   });
@@ -286,6 +413,15 @@ void softmax_launch(const View& in, const View& out, int dim, bool log, const St
   const auto rows = make_offset_calc<2>(row_sizes, {in.strides, out.strides});
   const int threads = len <= 32 ? 32 : len <= 64 ? 64 : len <= 128 ? 128 : kThreads;
   const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(n_rows, 1, kMaxBlocks));
+  constexpr int kPer = 16;
+  if (dim == in.ndim() - 1 && in.is_contiguous() && out.is_contiguous() && len > 128 && len <= kPer * kThreads) {
+    KILN_DISPATCH_FLOAT_TYPES(in.dtype, "softmax", [&] {
+      softmax_rows_kernel<scalar_t, kPer><<<blocks, kThreads, 0, stream_of(s)>>>(
+          in.ptr<scalar_t>(), out.ptr<scalar_t>(), n_rows, len, log);
+      KILN_CUDA_CHECK(cudaGetLastError());
+    });
+    return;
+  }
   KILN_DISPATCH_FLOAT_TYPES(in.dtype, "softmax", [&] {
     softmax_kernel<scalar_t><<<blocks, threads, 0, stream_of(s)>>>(
         in.ptr<scalar_t>(), out.ptr<scalar_t>(), n_rows, len, in.strides[dim], out.strides[dim],

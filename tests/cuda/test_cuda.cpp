@@ -1,6 +1,8 @@
 // tests/cuda/test_cuda.cpp: the CUDA backend against the CPU oracle. The binary exits 77 (CTest:
 // skipped) when no GPU is present (tests/main.cpp), so on a machine without one this reports
 // "skipped", never "passed".
+#include <limits>
+
 #include "support.h"
 
 using namespace kiln;
@@ -57,4 +59,39 @@ TEST_CASE("the allocator's statistics return to baseline", "[gpu]") {
     CHECK(memory::stats(kGpu).allocated_bytes >= before.allocated_bytes + (4 << 20));
   }
   CHECK(memory::stats(kGpu).allocated_bytes == before.allocated_bytes);
+}
+
+TEST_CASE("long reductions split over blocks match the CPU", "[gpu]") {
+  // Over 16384 elements per output with few outputs: the split path of cuda/reduce.cu.
+  for (const Shape& shape : {Shape{1000003}, Shape{3, 300001}, Shape{2, 20000, 5}}) {
+    Tensor x = test::sample(shape, kFloat32, 0.25), xg = x.to(kGpu);
+    const int64_t dim = shape.size() == 3 ? 1 : shape.size() - 1;  // 3-d: a strided slice
+    INFO("shape " << shape.str() << ", dim " << dim);
+    test::check_close(xg.sum({dim}).cpu(), x.sum({dim}), {1e-5, 1e-4});
+    test::check_close(xg.amax({dim}).cpu(), x.amax({dim}));
+    test::check_close(xg.amin({dim}).cpu(), x.amin({dim}));
+    test::check_equal(xg.argmax(dim).cpu(), x.argmax(dim));
+    test::check_equal(xg.argmin(dim).cpu(), x.argmin(dim));
+    test::check_equal(gt(xg, 1.99).any(dim).cpu(), gt(x, 1.99).any(dim));
+    test::check_equal(gt(xg, -1.99).all(dim).cpu(), gt(x, -1.99).all(dim));
+  }
+  // Over a permuted view: the reduced dims do not collapse into one stride.
+  Tensor y = test::sample({40, 30, 50}, kFloat64, 0.75);
+  test::check_close(y.to(kGpu).permute({2, 0, 1}).sum({1, 2}).cpu(), y.permute({2, 0, 1}).sum({1, 2}));
+  // Ties: the first index of the extreme, as on the CPU.
+  Tensor z = zeros({200000}).to(kGpu);
+  CHECK(z.argmax().item<int64_t>() == 0);
+}
+
+TEST_CASE("softmax of contiguous rows held in registers matches the CPU", "[gpu]") {
+  for (int64_t len : {129, 1000, 4096}) {
+    Tensor x = test::sample({7, len}, kFloat32, 0.1) * 20;
+    INFO("rows of " << len);
+    test::check_close(x.to(kGpu).softmax(1).cpu(), x.softmax(1));
+    test::check_close(x.to(kGpu).log_softmax(1).cpu(), x.log_softmax(1));
+    Tensor h = x.to(kBFloat16);
+    test::check_close(h.to(kGpu).softmax(1).cpu(), h.softmax(1));
+  }
+  Tensor ninf = full({2, 300}, -std::numeric_limits<double>::infinity());
+  test::check_close(ninf.to(kGpu).softmax(1).cpu(), ninf.softmax(1));  // nan, as on the CPU
 }
