@@ -331,10 +331,10 @@ Choice choose(cudnnHandle_t h, const Descriptors& d, int device, DType dtype, co
 }
 
 // alpha and beta in the type cuDNN reads them as: double for float64 data, float otherwise.
-struct Scalar01 {
+struct Scale {
   float f;
   double d;
-  explicit Scalar01(double v) : f(static_cast<float>(v)), d(v) {}
+  explicit Scale(double v) : f(static_cast<float>(v)), d(v) {}
   const void* for_dtype(DType t) const { return t == kFloat64 ? static_cast<const void*>(&d) : &f; }
 };
 
@@ -351,7 +351,7 @@ void add_bias(cudnnHandle_t h, const Geometry& g, const View& bias, const View& 
   b.set(t, 1, as_int(g.Co, "C_out", op), 1, 1);
   y.set(t, as_int(n, "the batch", op), as_int(g.Co, "C_out", op), as_int(g.Ho, "H_out", op),
         as_int(g.Wo, "W_out", op));
-  const Scalar01 one(1.0);
+  const Scale one(1.0);
   char* y_data = static_cast<char*>(out.data) + n0 * g.Co * g.Ho * g.Wo * itemsize(out.dtype);
   KILN_CUDNN_CHECK(cudnnAddTensor(h, one.for_dtype(out.dtype), b.get(), bias.data,
                                   one.for_dtype(out.dtype), y.get(), y_data));
@@ -406,7 +406,7 @@ void conv2d_launch(const View& input, const View& weight, const View& bias, cons
     }
     return;
   }
-  const Scalar01 one(1.0), zero(0.0);
+  const Scale one(1.0), zero(0.0);
   for_each_piece<Pass::Forward>(g, dt, device, s, [&](cudnnHandle_t h, int64_t n0, int64_t n,
                                                       const Descriptors& d, const Choice& c,
                                                       void* ws) {
@@ -427,7 +427,7 @@ void conv2d_backward_input_launch(const View& grad_out, const View& weight, cons
   const DType dt = grad_input.dtype;
   if (grad_out.numel() == 0 || weight.numel() == 0) return zero_fill(grad_input, s);
   const int64_t item = itemsize(dt);
-  const Scalar01 one(1.0), zero(0.0);
+  const Scale one(1.0), zero(0.0);
   for_each_piece<Pass::BackwardData>(g, dt, device, s, [&](cudnnHandle_t h, int64_t n0, int64_t,
                                                            const Descriptors& d, const Choice& c,
                                                            void* ws) {
@@ -448,7 +448,7 @@ void conv2d_backward_weight_launch(const View& grad_out, const View& input,
   const DType dt = grad_weight.dtype;
   if (grad_out.numel() == 0 || input.numel() == 0) return zero_fill(grad_weight, s);
   const int64_t item = itemsize(dt);
-  const Scalar01 one(1.0), zero(0.0);
+  const Scale one(1.0), zero(0.0);
   for_each_piece<Pass::BackwardFilter>(g, dt, device, s, [&](cudnnHandle_t h, int64_t n0, int64_t,
                                                              const Descriptors& d, const Choice& c,
                                                              void* ws) {

@@ -151,7 +151,7 @@ TEST_CASE("CUDA max_pool2d lets NaN win, as the CPU", "[gpu][pool]") {
   std::vector<double> values(2 * 6 * 6);
   for (size_t i = 0; i < values.size(); ++i) values[i] = std::sin(0.7 * static_cast<double>(i));
   values[7] = NAN;
-  values[8] = NAN;  // two NaNs in one window: the later one's index
+  values[6] = NAN;  // two NaNs in one window (rows 0-1, columns 0-1): the later one's index
   values[40] = -INFINITY;
   Tensor x = from_vector(values, {1, 2, 6, 6}).to(kFloat32);
   auto [y, idx] = max_pool2d_with_indices(x, {2, 2}, {}, {0, 0}, {1, 1}, false);
@@ -244,13 +244,15 @@ TEST_CASE("CUDA layer_norm and rms_norm match the CPU for rows of 1, 7, 1023 and
 }
 
 TEST_CASE("CUDA layer_norm's statistics of a row with |mean| = 1e4 and std 1", "[gpu][norm]") {
-  // The normalised row has mean 0 and variance 1 (up to eps): no digits lost to the large mean.
+  // The normalised row has mean 0 and variance 1: no digits lost to the large mean. In float32 the
+  // mean itself is rounded to float32 (half an ulp of 1e4 is 4.9e-4), which shifts the row by that.
   for (DType dt : {kFloat32, kFloat64}) {
     INFO(dtype_name(dt));
+    const double bound = dt == kFloat32 ? 2e-3 : 1e-9;
     Tensor x = norm_input({2, 4097}, dt, true, 0.1).to(kGpu);
     Tensor y = layer_norm(x, {4097}, {}, {}, 0.0).to(kFloat64).cpu();
-    CHECK(std::fabs(y.mean().item<double>()) < 1e-3);
-    CHECK(y.var({1}, 0).sub(1.0).abs().max().item<double>() < 1e-3);
+    CHECK(std::fabs(y.mean().item<double>()) < bound);
+    CHECK(y.var({1}, 0).sub(1.0).abs().max().item<double>() < bound);
   }
 }
 
