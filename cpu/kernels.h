@@ -1,7 +1,7 @@
 // cpu/kernels.h: the CPU kernels, one group per file (private to cpu/). backend.cpp binds them to
 // the Backend contract of core/backend.h, whose comments say what each computes. Each file's CUDA
-// counterpart has the same stem in cuda/ (copy, elementwise, reduce, matmul, index, random; the
-// nn kernels conv, pool and norm are in cuda/backend.cu until cuDNN implements them).
+// counterpart has the same stem in cuda/ (copy, elementwise, reduce, matmul, index, random, conv,
+// pool, norm).
 #pragma once
 
 #include "core/backend.h"

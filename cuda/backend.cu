@@ -2,8 +2,9 @@
 // Each entry makes the stream's device current (DeviceGuard) and forwards to the launcher of the
 // same name: copy.cpp and copy.cu (copies in every direction, fill, arange), random.cu,
 // elementwise.cu (unary, binary, where), reduce.cu (reduce, softmax), matmul.cu, index.cu
-// (index_select, index_add, gather, scatter). The allocator is allocator.cpp, the entry points of
-// cuda/cuda.h runtime.cpp. Streams: Note [CUDA streams] in cuda/context.h. CPU sibling:
+// (index_select, index_add, gather, scatter), conv.cu (conv2d and its two backward kernels,
+// through cuDNN), pool.cu (max, average and adaptive average pooling), norm.cu (norm_rows). The
+// allocator is allocator.cpp, the entry points of cuda/cuda.h runtime.cpp. Streams: Note [CUDA streams] in cuda/context.h. CPU sibling:
 // cpu/backend.cpp.
 #include <climits>
 #include <mutex>
@@ -97,46 +98,55 @@ class CudaBackend final : public Backend {
     scatter_launch(out, dim, index, src, accumulate, s);
   }
 
-  // The nn kernels: not on CUDA yet. The CUDA issue implements them with cuDNN (convolution,
-  // pooling) and its own kernels (norm_rows); until then each is a clear Error.
-  void conv2d(const View&, const View&, const View&, const View&, const Conv2dArgs&,
-              const Stream&) override {
-    not_yet("conv2d");
+  // The nn kernels: conv.cu (cuDNN), pool.cu and norm.cu (own kernels).
+  void conv2d(const View& input, const View& weight, const View& bias, const View& out,
+              const Conv2dArgs& args, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "conv2d");
+    conv2d_launch(input, weight, bias, out, args, s.device.index, s);
   }
-  void conv2d_backward_input(const View&, const View&, const View&, const Conv2dArgs&,
-                             const Stream&) override {
-    not_yet("conv2d_backward_input");
+  void conv2d_backward_input(const View& grad_out, const View& weight, const View& grad_input,
+                             const Conv2dArgs& args, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "conv2d_backward_input");
+    conv2d_backward_input_launch(grad_out, weight, grad_input, args, s.device.index, s);
   }
-  void conv2d_backward_weight(const View&, const View&, const View&, const Conv2dArgs&,
-                              const Stream&) override {
-    not_yet("conv2d_backward_weight");
+  void conv2d_backward_weight(const View& grad_out, const View& input, const View& grad_weight,
+                              const Conv2dArgs& args, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "conv2d_backward_weight");
+    conv2d_backward_weight_launch(grad_out, input, grad_weight, args, s.device.index, s);
   }
-  void max_pool2d(const View&, const View&, const View&, const Pool2dArgs&, const Stream&) override {
-    not_yet("max_pool2d");
+  void max_pool2d(const View& in, const View& out, const View& indices, const Pool2dArgs& args,
+                  const Stream& s) override {
+    DeviceGuard guard(s.device.index, "max_pool2d");
+    max_pool2d_launch(in, out, indices, args, s);
   }
-  void max_pool2d_backward(const View&, const View&, const View&, const Stream&) override {
-    not_yet("max_pool2d_backward");
+  void max_pool2d_backward(const View& grad_out, const View& indices, const View& grad_in,
+                           const Stream& s) override {
+    DeviceGuard guard(s.device.index, "max_pool2d_backward");
+    max_pool2d_backward_launch(grad_out, indices, grad_in, s);
   }
-  void avg_pool2d(const View&, const View&, const Pool2dArgs&, const Stream&) override {
-    not_yet("avg_pool2d");
+  void avg_pool2d(const View& in, const View& out, const Pool2dArgs& args,
+                  const Stream& s) override {
+    DeviceGuard guard(s.device.index, "avg_pool2d");
+    avg_pool2d_launch(in, out, args, s);
   }
-  void avg_pool2d_backward(const View&, const View&, const Pool2dArgs&, const Stream&) override {
-    not_yet("avg_pool2d_backward");
+  void avg_pool2d_backward(const View& grad_out, const View& grad_in, const Pool2dArgs& args,
+                           const Stream& s) override {
+    DeviceGuard guard(s.device.index, "avg_pool2d_backward");
+    avg_pool2d_backward_launch(grad_out, grad_in, args, s);
   }
-  void adaptive_avg_pool2d(const View&, const View&, const Stream&) override {
-    not_yet("adaptive_avg_pool2d");
+  void adaptive_avg_pool2d(const View& in, const View& out, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "adaptive_avg_pool2d");
+    adaptive_avg_pool2d_launch(in, out, s);
   }
-  void adaptive_avg_pool2d_backward(const View&, const View&, const Stream&) override {
-    not_yet("adaptive_avg_pool2d_backward");
+  void adaptive_avg_pool2d_backward(const View& grad_out, const View& grad_in,
+                                    const Stream& s) override {
+    DeviceGuard guard(s.device.index, "adaptive_avg_pool2d_backward");
+    adaptive_avg_pool2d_backward_launch(grad_out, grad_in, s);
   }
-  void norm_rows(const View&, const View&, const View&, const View&, double, bool,
-                 const Stream&) override {
-    not_yet("norm_rows (layer_norm, rms_norm, group_norm, batch_norm)");
-  }
-
- private:
-  [[noreturn]] static void not_yet(const char* op) {
-    KILN_FAIL("{}: not implemented on CUDA yet; run it on the CPU (.to(Device::cpu())) for now", op);
+  void norm_rows(const View& in, const View& out, const View& mean, const View& rstd, double eps,
+                 bool rms, const Stream& s) override {
+    DeviceGuard guard(s.device.index, rms ? "rms_norm" : "norm");
+    norm_rows_launch(in, out, mean, rstd, eps, rms, s);
   }
 };
 

@@ -1,9 +1,11 @@
-// cuda/check.h: KILN_CUDA_CHECK and KILN_CUBLAS_CHECK, the checked calls of the CUDA backend
-// (private to cuda/). A failing call throws kiln::Error (core/error.h) naming the site, the call
+// cuda/check.h: KILN_CUDA_CHECK, KILN_CUBLAS_CHECK and KILN_CUDNN_CHECK, the checked calls of the
+// CUDA backend (private to cuda/). A failing call throws kiln::Error (core/error.h) naming the site, the call
 // and the library's own error string:
 //   cuda/backend.cu:120: cudaMemcpyAsync(dst, src, n, kind, stream) failed: invalid argument
 //   (cudaErrorInvalidValue)
-// Included by the plain C++ files (runtime.cpp, allocator.cpp) and the .cu files alike.
+// Included by the plain C++ files (runtime.cpp, allocator.cpp) and the .cu files alike. cudnn.h is
+// not included here (it is large, and only conv.cu calls cuDNN): KILN_CUDNN_CHECK expands where it
+// is used, so a file that uses it includes <cudnn.h> itself.
 #pragma once
 
 #include <cublas_v2.h>
@@ -28,5 +30,14 @@
       KILN_FAIL("{}:{}: {} failed: {} ({})", __FILE__, __LINE__, #call,                         \
                 cublasGetStatusString(kiln_cublas_status_),                                     \
                 static_cast<int>(kiln_cublas_status_));                                         \
+    }                                                                                           \
+  } while (0)
+
+#define KILN_CUDNN_CHECK(call)                                                                  \
+  do {                                                                                          \
+    cudnnStatus_t kiln_cudnn_status_ = (call);                                                  \
+    if (kiln_cudnn_status_ != CUDNN_STATUS_SUCCESS) [[unlikely]] {                              \
+      KILN_FAIL("{}:{}: {} failed: {} ({})", __FILE__, __LINE__, #call,                         \
+                cudnnGetErrorString(kiln_cudnn_status_), static_cast<int>(kiln_cudnn_status_)); \
     }                                                                                           \
   } while (0)

@@ -1,8 +1,7 @@
 // cuda/context.h: the per-device state of the CUDA backend and the helpers every file in cuda/
 // uses (private to cuda/): the device guard, the default stream, the per-device allocators and the
 // backend instance. Plain C++ against the CUDA runtime: runtime.cpp, allocator.cpp and backend.cu
-// implement it; copy.cpp and the .cu files (backend.cu, elementwise.cu, reduce.cu, index.cu) use
-// it.
+// implement it; copy.cpp and the .cu files use it.
 //
 // Note [CUDA streams]
 // Each device's current stream is its legacy default stream (handle nullptr), as in PyTorch: work

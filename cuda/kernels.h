@@ -1,5 +1,6 @@
 // cuda/kernels.h: the CUDA launchers, one group per file (private to cuda/), each file with the
-// stem of its CPU sibling in cpu/ (copy, elementwise, reduce, matmul, index, random). backend.cu binds
+// stem of its CPU sibling in cpu/ (copy, elementwise, reduce, matmul, index, random, conv, pool,
+// norm). backend.cu binds
 // them to the Backend contract of core/backend.h, whose comments say what each computes. Each
 // launcher runs on the stream it is given, on the current device (the caller holds a DeviceGuard;
 // copy_between sets the devices itself), and checks its launch with
@@ -7,6 +8,7 @@
 #pragma once
 
 #include "core/backend.h"
+#include "core/error.h"
 
 namespace kiln::cuda {
 
@@ -47,5 +49,38 @@ void index_add_launch(const View& out, int dim, const View& index, const View& s
 void gather_launch(const View& in, int dim, const View& index, const View& out, const Stream& s);
 void scatter_launch(const View& out, int dim, const View& index, const View& src, bool accumulate,
                     const Stream& s);
+
+// The nn kernels (conv, pool, norm) take float32 and float64, as on the CPU: ops/ runs 16-bit
+// floats in float32 before they reach a backend.
+inline void check_nn_dtype(DType dtype, const char* op) {
+  KILN_CHECK(dtype == kFloat32 || dtype == kFloat64,
+             "{}: the CUDA kernel takes float32 or float64, got {}", op, dtype_name(dtype));
+}
+
+// conv.cu: through cuDNN (see the Notes there). Views as core/backend.h's contract; `device` is the
+// stream's device.
+void conv2d_launch(const View& input, const View& weight, const View& bias, const View& out,
+                   const Conv2dArgs& args, int device, const Stream& s);
+void conv2d_backward_input_launch(const View& grad_out, const View& weight, const View& grad_input,
+                                  const Conv2dArgs& args, int device, const Stream& s);
+void conv2d_backward_weight_launch(const View& grad_out, const View& input,
+                                   const View& grad_weight, const Conv2dArgs& args, int device,
+                                   const Stream& s);
+
+// pool.cu: max, average and adaptive average pooling over contiguous (N, C, H, W) views.
+void max_pool2d_launch(const View& in, const View& out, const View& indices,
+                       const Pool2dArgs& args, const Stream& s);
+void max_pool2d_backward_launch(const View& grad_out, const View& indices, const View& grad_in,
+                                const Stream& s);
+void avg_pool2d_launch(const View& in, const View& out, const Pool2dArgs& args, const Stream& s);
+void avg_pool2d_backward_launch(const View& grad_out, const View& grad_in, const Pool2dArgs& args,
+                                const Stream& s);
+void adaptive_avg_pool2d_launch(const View& in, const View& out, const Stream& s);
+void adaptive_avg_pool2d_backward_launch(const View& grad_out, const View& grad_in,
+                                         const Stream& s);
+
+// norm.cu: the rows of a contiguous (R, M) view.
+void norm_rows_launch(const View& in, const View& out, const View& mean, const View& rstd,
+                      double eps, bool rms, const Stream& s);
 
 }  // namespace kiln::cuda

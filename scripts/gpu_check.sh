@@ -22,8 +22,14 @@ for step in "${steps[@]}"; do
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/device.txt"
     nvcc --version | tail -2 >>"$out/device.txt"
     start=$SECONDS
+    # cuDNN: the toolkit's, else the one in Python's nvidia-cudnn wheel (PyTorch's), if any.
+    cudnn_root=${CUDNN_ROOT:-}
+    if [[ -z $cudnn_root && ! -f /usr/local/cuda/include/cudnn.h ]]; then
+      cudnn_root=$(python3 -c 'import nvidia.cudnn as m; print(list(m.__path__)[0])' 2>/dev/null)
+    fi
     cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$deps" \
-      -DKILN_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >"$out/configure.log" 2>&1 ||
+      -DKILN_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 ${cudnn_root:+-DCUDNN_ROOT="$cudnn_root"} \
+      >"$out/configure.log" 2>&1 ||
       { tail -40 "$out/configure.log"; exit 1; }
     grep -i "mpi\|nccl\|cudnn" "$out/configure.log" | head -10
     cmake --build $build -j"$(nproc)" >"$out/build.log" 2>&1 ||
