@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   fmnist_bench::Options options = fmnist_bench::parse_args(argc, argv, /*default_epochs=*/1);
   manual_seed(fmnist_bench::kSeed);
   Cnn net;
+  net.to(options.device);
   optim::Adam optimizer(net.parameters(), {.lr = 1e-3});
   return fmnist_bench::run("cnn_fmnist", net, optimizer, options);
 }

@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   fmnist_bench::Options options = fmnist_bench::parse_args(argc, argv, /*default_epochs=*/3);
   manual_seed(fmnist_bench::kSeed);
   Mlp net;
+  net.to(options.device);
   optim::SGD optimizer(net.parameters(), {.lr = 0.05, .momentum = 0.9});
   return fmnist_bench::run("mlp_fmnist", net, optimizer, options);
 }

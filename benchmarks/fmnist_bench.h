@@ -40,6 +40,7 @@ inline double median(std::vector<double> values) {
 struct Options {
   int epochs = 0;
   std::string root = kiln::data::FashionMNIST::kDefaultRoot;
+  kiln::Device device = kiln::Device::cpu();  // --device cuda: the model and each batch on the GPU
 };
 
 // Parses --epochs N and --data DIR (the flags of the anchors); exits with a usage line on anything
@@ -58,8 +59,15 @@ inline Options parse_args(int argc, char** argv, int default_epochs) {
       options.epochs = static_cast<int>(value);
     } else if (arg == "--data" && i + 1 < argc) {
       options.root = argv[++i];
+    } else if (arg == "--device" && i + 1 < argc) {
+      try {
+        options.device = kiln::Device::parse(argv[++i]);
+      } catch (const std::exception& err) {
+        std::fprintf(stderr, "%s: %s\n", argv[0], err.what());
+        std::exit(2);
+      }
     } else {
-      std::fprintf(stderr, "usage: %s [--epochs %d] [--data %s]\n", argv[0], default_epochs,
+      std::fprintf(stderr, "usage: %s [--epochs %d] [--data %s] [--device cpu|cuda]\n", argv[0], default_epochs,
                    kiln::data::FashionMNIST::kDefaultRoot);
       std::exit(arg == "--help" || arg == "-h" ? 0 : 2);
     }
@@ -67,8 +75,8 @@ inline Options parse_args(int argc, char** argv, int default_epochs) {
   return options;
 }
 
-// Trains net for options.epochs epochs with `optimizer`, tests it, and prints the one JSON result
-// line. Returns the process exit status.
+// Trains net (already on options.device) for options.epochs epochs with `optimizer`, tests it, and
+// prints the one JSON result line. Returns the process exit status.
 template <typename Net, typename Optimizer>
 int run(const char* bench, Net& net, Optimizer& optimizer, const Options& options) {
   using Clock = std::chrono::steady_clock;
@@ -85,7 +93,7 @@ int run(const char* bench, Net& net, Optimizer& optimizer, const Options& option
       Clock::time_point start = Clock::now();
       for (auto& [x, y] : train) {
         optimizer.zero_grad();
-        loss = kiln::nn::cross_entropy(net.forward(x), y);
+        loss = kiln::nn::cross_entropy(net.forward(x.to(options.device)), y.to(options.device));
         loss.backward();
         optimizer.step();
         ++steps;
@@ -99,7 +107,7 @@ int run(const char* bench, Net& net, Optimizer& optimizer, const Options& option
     kiln::data::DataLoader test(kiln::data::FashionMNIST::test(options.root), {.batch_size = 1000});
     int64_t correct = 0, total = 0;
     for (auto& [x, y] : test) {
-      correct += net.forward(x).argmax(1).eq(y).sum().template item<int64_t>();
+      correct += net.forward(x.to(options.device)).argmax(1).eq(y.to(options.device)).sum().template item<int64_t>();
       total += y.size(0);
     }
     double accuracy = static_cast<double>(correct) / static_cast<double>(total);
@@ -110,11 +118,11 @@ int run(const char* bench, Net& net, Optimizer& optimizer, const Options& option
       per_epoch += std::to_string(s);
     }
     std::printf(
-        "{\"bench\":\"%s\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,"
+        "{\"bench\":\"%s\",\"impl\":\"kiln\",\"device\":\"%s\",\"threads\":%d,"
         "\"epochs\":%d,"
         "\"steps_per_epoch\":%lld,\"s_per_epoch\":[%s],\"s_epoch_median\":%.4f,"
         "\"loss_final\":%.4f,\"test_acc\":%.4f,\"peak_rss_mib\":%.1f}\n",
-        bench, kiln::get_num_threads(), options.epochs, static_cast<long long>(steps),
+        bench, options.device.str().c_str(), kiln::get_num_threads(), options.epochs, static_cast<long long>(steps),
         per_epoch.c_str(), median(seconds), loss_final, accuracy, peak_rss_mib());
     std::fflush(stdout);
   } catch (const std::exception& err) {
