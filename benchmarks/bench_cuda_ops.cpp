@@ -1,7 +1,7 @@
 // bench_cuda_ops: BENCHMARKS.md's GPU kernel workloads for Kiln on cuda:0, one JSON line per result.
 // Anchor: benchmarks/anchors/torch_cuda_ops.py (PyTorch on the same GPU, the same sizes and timing).
 //   gemm        C = A B, square n x n, float32 (strict and TF32), bfloat16 and float16; TFLOP/s = 2 n^3 / time
-//   add, gelu, clone, sum, softmax, layer_norm, cross_entropy: memory-bound; GB/s counts each input
+//   add, gelu, clone, sum, softmax, add_bias (rows + a broadcast row), layer_norm, cross_entropy: memory-bound; GB/s counts each input
 //               read once and each output written once (the fewest bytes the op must move)
 //   adamw       one optimizer step over 16 float32 tensors of 2^22 elements (torch: foreach, not fused)
 // Timing: warm-up calls, then batches of calls between two device synchronizations; the result is
@@ -98,6 +98,8 @@ int main(int argc, char** argv) {
   {
     Tensor x = randn({rows, cols}, kGpu, &gen), y;
     report("softmax", "float32", rs, time_per_call([&] { y = x.softmax(1); }, 50), "gbps", 2 * f * rows * cols);
+    Tensor bias_row = randn({cols}, kGpu, &gen);
+    report("add_bias", "float32", rs, time_per_call([&] { y = x + bias_row; }, 50), "gbps", 2 * f * rows * cols);
     Tensor w = ones({cols}, kGpu), bias = zeros({cols}, kGpu);
     try {
       report("layer_norm", "float32", rs, time_per_call([&] { y = layer_norm(x, {cols}, w, bias); }, 50), "gbps",

@@ -22,7 +22,12 @@
 //   more; failing that, an Error with the numbers.
 // - Statistics (memory::stats): allocated counts the bytes tensors asked for, reserved the bytes of
 //   all segments; memory::empty_cache(device) returns every wholly free segment to CUDA.
+// - KILN_CUDA_NO_CACHING=1 in the environment turns the cache off: every buffer is its own
+//   cudaMalloc, freed with cudaFree. Slow, but a memory checker (compute-sanitizer) then sees each
+//   tensor's bounds, not a whole segment's.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <set>
 #include <unordered_map>
@@ -71,7 +76,10 @@ using Pool = std::set<Block*, BlockOrder>;
 
 class CachingAllocator final : public Allocator {
  public:
-  explicit CachingAllocator(int device_index) : device_index_(device_index) {}
+  explicit CachingAllocator(int device_index) : device_index_(device_index) {
+    const char* off = std::getenv("KILN_CUDA_NO_CACHING");
+    caching_ = off == nullptr || std::strcmp(off, "0") == 0 || *off == '\0';
+  }
 
   void* allocate(size_t nbytes) override {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -86,7 +94,9 @@ class CachingAllocator final : public Allocator {
     key.size = size;
     auto it = pool.lower_bound(&key);
     Block* block = nullptr;
-    if (it != pool.end() && (*it)->stream == stream) {
+    if (!caching_) {
+      block = new_segment(size, small, stream, nbytes, /*exact=*/true);
+    } else if (it != pool.end() && (*it)->stream == stream) {
       block = *it;
       pool.erase(it);
     } else {
@@ -117,6 +127,13 @@ class CachingAllocator final : public Allocator {
     live_.erase(it);
     counter_.on_free(nbytes);
     block->allocated = false;
+    if (!caching_) {  // no cache: straight back to CUDA (cudaFree waits for the device)
+      (void)cudaFree(block->ptr);
+      (void)cudaGetLastError();
+      reserved_ -= block->size;
+      delete block;
+      return;
+    }
     for (cudaStream_t s : block->other_streams) {
       cudaEvent_t event = nullptr;
       if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) break;
@@ -164,8 +181,12 @@ class CachingAllocator final : public Allocator {
     Block* block;
   };
 
-  Block* new_segment(size_t size, bool small, cudaStream_t stream, size_t nbytes) {
-    const size_t bytes = small ? kSmallSegment : size < kLargeAlone ? kLargeSegment : round_up(size, kLargeRound);
+  // A new segment for a request of `size` (rounded) bytes, `nbytes` as asked; `exact`: of that size.
+  Block* new_segment(size_t size, bool small, cudaStream_t stream, size_t nbytes, bool exact = false) {
+    const size_t bytes = exact   ? size
+                         : small ? kSmallSegment
+                         : size < kLargeAlone ? kLargeSegment
+                                              : round_up(size, kLargeRound);
     void* p = nullptr;
     cudaError_t status = cudaMalloc(&p, bytes);
     if (status == cudaErrorMemoryAllocation) {
@@ -248,6 +269,7 @@ class CachingAllocator final : public Allocator {
   }
 
   int device_index_;
+  bool caching_ = true;
   mutable std::mutex mutex_;
   MemoryCounter counter_;
   size_t reserved_ = 0;

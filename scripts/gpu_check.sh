@@ -4,7 +4,9 @@
 # ./.deps (see the README's "On a GPU machine"). The script configures against the bundle, builds with
 # every core, runs the GPU tests, then the whole suite, then the GPU benchmarks, and leaves its logs in
 # $OUT (default ./gpu-out).
-#   usage: scripts/gpu_check.sh [build|test|bench] ...   (default: build test bench)
+#   usage: scripts/gpu_check.sh [build|test|sanitize|train|bench] ...   (default: build test bench)
+# sanitize: the GPU tests but the op table's and NCCL's under compute-sanitizer's memcheck, with the
+# allocator's cache off so that each tensor's bounds are checked. train: kiln-train on the GPU.
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -44,6 +46,22 @@ for step in "${steps[@]}"; do
     timeout 400 ctest --test-dir $build -j"$(nproc)" -E "^cuda: all" --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1
     rc=$?; echo "gpu_check: ctest exit $rc"; ((rc)) && status=1
     grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest.log" | head -40
+    ;;
+  sanitize)
+    KILN_CUDA_NO_CACHING=1 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      $build/bin/test_cuda "~[op_table]~[nccl]" 2>&1 | tail -c 2000000 >"$out/sanitize.log"
+    rc=${PIPESTATUS[0]}; echo "gpu_check: compute-sanitizer memcheck exit $rc"; ((rc)) && status=1
+    grep -E "ERROR SUMMARY|^test cases|^assertions|Invalid" "$out/sanitize.log" | head -20
+    ;;
+  train)
+    data=$deps/share/datasets/fashion-mnist
+    [[ -d $data ]] || data=$deps/share/datasets/fmnist-10k
+    for model in cnn resnet; do
+      timeout 200 $build/bin/kiln-train --model $model --device cuda --data-root "$data" --epochs 2 \
+        --out "$out/train-$model" --quiet 2>&1 | tail -3
+      echo "gpu_check: kiln-train $model on the GPU exit ${PIPESTATUS[0]}"
+    done
+    rm -rf "$out"/train-*/checkpoint "$out"/train-*/*.png  # what comes back is limited
     ;;
   bench)
     # Kiln and PyTorch alternately, twice each, on the same GPU.

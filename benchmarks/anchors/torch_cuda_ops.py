@@ -64,6 +64,8 @@ def main():
     rs = f"{rows}x{cols}"
     x = torch.randn(rows, cols, device=dev, generator=g)
     report("softmax", "float32", rs, time_per_call(lambda: x.softmax(1), 50), "gbps", 2 * f * rows * cols)
+    bias_row = torch.randn(cols, device=dev, generator=g)
+    report("add_bias", "float32", rs, time_per_call(lambda: x + bias_row, 50), "gbps", 2 * f * rows * cols)
     w, bias = torch.ones(cols, device=dev), torch.zeros(cols, device=dev)
     report("layer_norm", "float32", rs, time_per_call(lambda: F.layer_norm(x, (cols,), w, bias), 50), "gbps",
            2 * f * rows * cols)
