@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # gpu_check.sh: the whole GPU check in one command, for a GPU machine that has CUDA, CMake and Ninja
-# but no package access. Before copying the tree there, bundle the Debian build dependencies into
-# ./.deps (see the README's "On a GPU machine"). The script configures against the bundle, builds with
-# every core, runs the GPU tests, then the whole suite, then the GPU benchmarks, and leaves its logs in
-# $OUT (default ./gpu-out).
+# but no package access. Before copying the tree there, unpack the Debian build dependencies into
+# ./.deps in Debian's layout (the README's "Tests" section says how). The script configures against
+# them, builds with every core, runs the GPU tests, then the whole suite, then the GPU benchmarks,
+# and leaves its logs in $OUT (default ./gpu-out).
 #   usage: scripts/gpu_check.sh [build|test|sanitize|train|bench] ...   (default: build test bench)
 # sanitize: the GPU tests but the op table's and NCCL's under compute-sanitizer's memcheck, with the
 # allocator's cache off so that each tensor's bounds are checked. train: kiln-train on the GPU.
