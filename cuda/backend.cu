@@ -4,8 +4,8 @@
 // elementwise.cu (unary, binary, where), reduce.cu (reduce, softmax), matmul.cu, index.cu
 // (index_select, index_add, gather, scatter), conv.cu (conv2d and its two backward kernels,
 // through cuDNN), pool.cu (max, average and adaptive average pooling), norm.cu (norm_rows). The
-// allocator is allocator.cpp, the entry points of cuda/cuda.h runtime.cpp. Streams: Note [CUDA streams] in cuda/context.h. CPU sibling:
-// cpu/backend.cpp.
+// caching allocator is allocator.cpp, the entry points of cuda/cuda.h runtime.cpp. Streams: Note
+// [CUDA streams] in cuda/context.h. CPU sibling: cpu/backend.cpp.
 #include <climits>
 #include <mutex>
 #include <optional>

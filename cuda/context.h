@@ -53,7 +53,8 @@ void record_stream(int device_index, void* ptr, cudaStream_t stream);
 Backend& backend_instance();
 
 // A device buffer from the device's allocator, returned to it at scope exit: the staging space of
-// copies and matmuls. It counts in memory::stats like any tensor's buffer.
+// copies and matmuls, the partial results of split reductions, cuDNN's workspace. It counts in
+// memory::stats like any tensor's buffer.
 class DeviceBuffer {
  public:
   DeviceBuffer(int device_index, size_t nbytes)
