@@ -4,7 +4,8 @@
 // (cuda/loops.cuh). One kernel per output dtype: the op is a runtime value every thread shares,
 // which keeps the instantiations (and the build) small. When the output and every input are
 // contiguous views of one shape and dtype with 16-byte aligned data (most unary and binary ops in
-// a network), the vectorized kernels below move 16 bytes per load and store.
+// a network), the vectorized kernels below move 16 bytes per load and store; so do binary ops of a
+// full operand and a row repeated over its leading dims (a bias).
 #include <cmath>
 #include <limits>
 
@@ -58,7 +59,40 @@ __global__ void binary_vec_kernel(int64_t n, const T* x, const T* z, T* y, F f) 
   for (int64_t i = nv * V + tid; i < n; i += step) y[i] = f(x[i], z[i]);
 }
 
+// y = f(x, row) or f(row, x) (kRowFirst) where `row` is a block of L elements repeated over x's
+// leading dims (a bias added to every row): vector i of x meets vector i mod (L / kSize) of the row.
+// L is a multiple of kSize, so no vector straddles two rows and n has no tail.
+template <typename T, bool kRowFirst, typename F>
+__global__ void binary_row_vec_kernel(int64_t n, const T* x, const T* row, uint32_t row_vectors, T* y, F f) {
+  constexpr int V = Vec16<T>::kSize;
+  const int64_t nv = n / V, step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < nv; i += step) {
+    const Vec16<T> a = reinterpret_cast<const Vec16<T>*>(x)[i];
+    const Vec16<T> b = reinterpret_cast<const Vec16<T>*>(row)[static_cast<uint32_t>(i) % row_vectors];
+    Vec16<T> r;
+    KILN_CUDA_UNROLL
+    for (int e = 0; e < V; ++e) r.v[e] = kRowFirst ? f(b.v[e], a.v[e]) : f(a.v[e], b.v[e]);
+    reinterpret_cast<Vec16<T>*>(y)[i] = r;
+  }
+}
+
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// When `v` (of out's sizes) repeats one contiguous block over its leading dims (their strides 0),
+// the block's length; else 0.
+int64_t repeated_row(const View& v) {
+  int64_t length = 1;
+  int d = v.ndim() - 1;
+  for (; d >= 0; --d) {
+    if (v.sizes[d] == 1) continue;
+    if (v.strides[d] != length) break;
+    length *= v.sizes[d];
+  }
+  for (; d >= 0; --d) {
+    if (v.sizes[d] != 1 && v.strides[d] != 0) return 0;
+  }
+  return length;
+}
 
 // Whether `v` is a contiguous view of out's shape and dtype, 16-byte aligned: the vectorized path.
 bool vectorizable(const View& v, const View& out) {
@@ -128,13 +162,32 @@ void binary_launch(BinaryOp op, const View& a, const View& b, const View& out, d
     const scalar_t* x = a.ptr<scalar_t>();
     const scalar_t* z = b.ptr<scalar_t>();
     scalar_t* y = out.ptr<scalar_t>();
+    auto f = [=] __device__(scalar_t u, scalar_t v) {
+      return static_cast<scalar_t>(math::binary<M>(op, static_cast<M>(u), static_cast<M>(v), alpha_m));
+    };
+    constexpr int V = Vec16<scalar_t>::kSize;
     if (vectorizable(out, out) && vectorizable(a, out) && vectorizable(b, out)) {
-      binary_vec_kernel<<<blocks_for(n / Vec16<scalar_t>::kSize + 1), kThreads, 0, stream_of(s)>>>(
-          n, x, z, y, [=] __device__(scalar_t u, scalar_t v) {
-            return static_cast<scalar_t>(math::binary<M>(op, static_cast<M>(u), static_cast<M>(v), alpha_m));
-          });
+      binary_vec_kernel<<<blocks_for(n / V + 1), kThreads, 0, stream_of(s)>>>(n, x, z, y, f);
       KILN_CUDA_CHECK(cudaGetLastError());
       return;
+    }
+    // One operand full, the other a row repeated over the leading dims (x + bias).
+    if (vectorizable(out, out) && n / V <= static_cast<int64_t>(UINT32_MAX)) {
+      const bool a_full = vectorizable(a, out), b_full = vectorizable(b, out);
+      const View& row = a_full ? b : a;
+      const int64_t length = a_full != b_full && row.dtype == out.dtype && aligned16(row.data) ? repeated_row(row) : 0;
+      if (length > 0 && length < n && length % V == 0) {
+        const auto row_vectors = static_cast<uint32_t>(length / V);
+        if (a_full) {
+          binary_row_vec_kernel<scalar_t, false><<<blocks_for(n / V), kThreads, 0, stream_of(s)>>>(
+              n, x, z, row_vectors, y, f);
+        } else {
+          binary_row_vec_kernel<scalar_t, true><<<blocks_for(n / V), kThreads, 0, stream_of(s)>>>(
+              n, z, x, row_vectors, y, f);
+        }
+        KILN_CUDA_CHECK(cudaGetLastError());
+        return;
+      }
     }
     launch_elementwise(n, calc, stream_of(s), [=] __device__(int64_t, const int64_t* o) {
       y[o[0]] = static_cast<scalar_t>(

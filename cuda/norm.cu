@@ -14,8 +14,9 @@
 // them in float32.)
 //
 // Short rows (M <= kWarpRowMax) get one warp each, eight rows to a block; longer rows one block of
-// kThreads each. Both walk the row three times (sum, squared deviations, output); the row is read
-// from L2 after the first pass for any row that fits there.
+// kThreads each. Rows up to kRegPer * kThreads (4096) stay in the block's registers, so they are
+// read from memory once; the others are walked three times (sum, squared deviations, output), from
+// L2 after the first pass for any row that fits there.
 #include <cmath>
 
 #include "cuda/context.h"
@@ -26,6 +27,7 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int64_t kWarpRowMax = 1024;  // rows up to this length get a warp, longer ones a block
+constexpr int kRegPer = 16;            // ... which holds rows of up to kRegPer * kThreads in registers
 
 // The sum of v over the calling warp, returned to every lane.
 __device__ __forceinline__ double warp_sum(double v) {
@@ -100,6 +102,47 @@ __global__ void norm_rows_block_kernel(const T* x, T* y, T* mean, T* rstd, int64
   }
 }
 
+// Rows of up to kPer * blockDim.x elements (longer than a warp's): the block keeps its row in
+// registers, so the row is read from memory once (norm_row reads it three times). The same sums
+// in the same order as norm_row's.
+template <typename T, int kPer>
+__global__ void norm_rows_reg_kernel(const T* x, T* y, T* mean, T* rstd, int64_t R, int64_t M, double eps,
+                                     bool rms) {
+  __shared__ double shared[32];
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x) {
+    const T* xr = x + r * M;
+    T* yr = y + r * M;
+    T v[kPer];
+    double s = 0;
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kPer; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      v[u] = j < M ? xr[j] : T(0);
+      s += static_cast<double>(v[u]);
+    }
+    const double m = rms ? 0.0 : block_sum(s, shared) / static_cast<double>(M);
+    double ss = 0;
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kPer; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      const double d = static_cast<double>(v[u]) - m;
+      if (j < M) ss += d * d;
+    }
+    ss = block_sum(ss, shared);
+    const double inv = 1.0 / sqrt(ss / static_cast<double>(M) + eps);
+    const T tm = static_cast<T>(m), ti = static_cast<T>(inv);
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kPer; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      if (j < M) yr[j] = (v[u] - tm) * ti;
+    }
+    if (threadIdx.x == 0) {
+      mean[r] = tm;
+      rstd[r] = ti;
+    }
+  }
+}
+
 }  // namespace
 
 // ---- launchers ----
@@ -128,6 +171,10 @@ void norm_rows_launch(const View& in, const View& out, const View& mean, const V
       const auto blocks = static_cast<unsigned>(
           std::clamp<int64_t>((R + kRowsPerBlock - 1) / kRowsPerBlock, 1, kMaxBlocks));
       norm_rows_warp_kernel<T><<<blocks, kThreads, 0, stream>>>(
+          in.ptr<T>(), out.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(), R, M, eps, rms);
+    } else if (M <= kRegPer * kThreads) {
+      const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(R, 1, kMaxBlocks));
+      norm_rows_reg_kernel<T, kRegPer><<<blocks, kThreads, 0, stream>>>(
           in.ptr<T>(), out.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(), R, M, eps, rms);
     } else {
       const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(R, 1, kMaxBlocks));

@@ -95,3 +95,26 @@ TEST_CASE("softmax of contiguous rows held in registers matches the CPU", "[gpu]
   Tensor ninf = full({2, 300}, -std::numeric_limits<double>::infinity());
   test::check_close(ninf.to(kGpu).softmax(1).cpu(), ninf.softmax(1));  // nan, as on the CPU
 }
+
+TEST_CASE("binary ops of a full tensor and a repeated row match the CPU", "[gpu]") {
+  // The row kernel of cuda/elementwise.cu takes rows whose length is a multiple of 16 bytes; the
+  // others (and a misaligned row) take the strided path. Both operand orders, for ops that care.
+  for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+    for (int64_t len : {8, 64, 100, 1000, 4096}) {
+      Tensor x = test::sample({37, len}, dt, 0.3), row = test::sample({len}, dt, 1.7) + 3;
+      Tensor xg = x.to(kGpu), rg = row.to(kGpu);
+      INFO(dtype_name(dt) << ", rows of " << len);
+      test::check_close((xg - rg).cpu(), x - row);
+      test::check_close((rg - xg).cpu(), row - x);
+      test::check_close((xg / rg).cpu(), x / row);
+      test::check_close((rg / xg.abs().add(1)).cpu(), row / x.abs().add(1));
+      // Not one row repeated (it differs along dim 0): the strided path.
+      Tensor block = test::sample({2, 1, len}, dt, 0.9).to(kGpu);
+      test::check_close((test::sample({2, 5, len}, dt, 0.1).to(kGpu) * block).cpu(),
+                        test::sample({2, 5, len}, dt, 0.1) * block.cpu());
+    }
+  }
+  Tensor x = test::sample({9, 64}), r65 = test::sample({65}).to(kGpu);
+  Tensor misaligned = r65.narrow(0, 1, 64);  // 4 bytes past a 16-byte boundary: the strided path
+  test::check_close((x.to(kGpu) + misaligned).cpu(), x + r65.cpu().narrow(0, 1, 64));
+}

@@ -219,9 +219,12 @@ Tensor norm_input(const Shape& shape, DType dt, bool shifted, double seed = 0.3)
 
 }  // namespace
 
-TEST_CASE("CUDA layer_norm and rms_norm match the CPU for rows of 1, 7, 1023 and 4097", "[gpu][norm]") {
+TEST_CASE("CUDA layer_norm and rms_norm match the CPU for rows of 1, 7, 1023, 2000, 4096 and 4097",
+          "[gpu][norm]") {
+  // A warp per row up to 1023; a block holding the row in registers for 2000 and 4096; a block
+  // walking the row for 4097.
   for (DType dt : {kFloat32, kFloat64}) {
-    for (int64_t M : {1, 7, 1023, 4097}) {
+    for (int64_t M : {1, 7, 1023, 2000, 4096, 4097}) {
       for (bool shifted : {false, true}) {
         INFO("M = " << M << (shifted ? ", |mean| = 1e4" : "") << ", " << dtype_name(dt));
         const Shape shape{3, 37, M};  // 111 rows: several blocks of warps
