@@ -3,7 +3,8 @@
 //   gemm        C = A B, square n x n, float32 (strict and TF32), bfloat16 and float16; TFLOP/s = 2 n^3 / time
 //   add, gelu, clone, sum, softmax, add_bias (rows + a broadcast row), layer_norm, cross_entropy: memory-bound; GB/s counts each input
 //               read once and each output written once (the fewest bytes the op must move)
-//   adamw       one optimizer step over 16 float32 tensors of 2^22 elements (torch: foreach, not fused)
+//   adamw       one optimizer step over 16 float32 tensors of 2^22 elements (torch: foreach), and
+//   adamw_fused the same with fused = true (torch: fused=True)
 // Timing: warm-up calls, then batches of calls between two device synchronizations; the result is
 // the median over batches of the time per call.
 //   bench_cuda_ops [--quick]
@@ -119,9 +120,12 @@ int main(int argc, char** argv) {
       p.set_grad(randn({1 << 22}, kGpu, &gen));
       params.push_back(p);
     }
-    optim::AdamW opt(params, optim::AdamWOptions{});
     // Reads param, grad, exp_avg, exp_avg_sq; writes param, exp_avg, exp_avg_sq: 7 floats per element.
+    optim::AdamW opt(params, optim::AdamWOptions{});
     report("adamw", "float32", "16x4194304", time_per_call([&] { opt.step(); }, 20), "gbps", 7 * f * 16 * (1 << 22));
+    optim::AdamW fused(params, optim::AdamWOptions{.fused = true});
+    report("adamw_fused", "float32", "16x4194304", time_per_call([&] { fused.step(); }, 20), "gbps",
+           7 * f * 16 * (1 << 22));
   }
   return 0;
 }

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/allocator.h"
 #include "core/device.h"
@@ -102,6 +103,19 @@ struct Pool2dArgs {
   int64_t divisor = 0;                     // avg pooling: divide by this instead (0: none)
 };
 
+// One Adam / AdamW step, fused: for each index i of the lists, p = params[i] with its grad g and its
+// state m = exp_avgs[i], v = exp_avg_sqs[i] (and vmax = max_exp_avg_sqs[i] with amsgrad), all
+// contiguous views of one shape and one floating dtype, elementwise:
+//   g = maximize ? -g : g;  decoupled ? p *= 1 - lr * weight_decay : g += weight_decay * p
+//   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + (1 - beta2) * g * g;  vmax = max(vmax, v)
+//   p -= step_size * m / (sqrt(amsgrad ? vmax : v) / bias_correction2_sqrt + eps)
+// (optim/adam.h; step_size = lr / (1 - beta1^t), bias_correction2_sqrt = sqrt(1 - beta2^t)).
+struct AdamStepArgs {
+  double lr = 0, beta1 = 0, beta2 = 0, eps = 0, weight_decay = 0;
+  double step_size = 0, bias_correction2_sqrt = 1;
+  bool decoupled = false, amsgrad = false, maximize = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -187,6 +201,10 @@ class Backend {
   // -- normalisation of each row of a contiguous (R, M) view: mean[r] and rstd[r] = 1 / sqrt(var[r] +
   //    eps) (biased variance), out = (in - mean) * rstd. rms: mean = 0 and var = mean(in^2) (RMSNorm).
   //    mean and rstd are (R) in in's dtype --
+  virtual void adam_step(const std::vector<View>& params, const std::vector<View>& grads,
+                         const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,
+                         const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args,
+                         const Stream& s) = 0;  // max_exp_avg_sqs empty unless amsgrad
   virtual void norm_rows(const View& in, const View& out, const View& mean, const View& rstd, double eps,
                          bool rms, const Stream& s) = 0;
 };

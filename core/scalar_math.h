@@ -138,4 +138,50 @@ KILN_HOST_DEVICE inline bool compare(BinaryOp op, T x, T y) {
   }
 }
 
+// One element of a fused Adam / AdamW step (Backend::adam_step; core/backend.h has the rule), with
+// the coefficients already in T. vmax is read and written only with amsgrad.
+template <typename T>
+struct AdamCoefficients {
+  T lr_wd, one_minus_lr_wd, beta1, one_minus_beta1, beta2, one_minus_beta2, eps, step_size, bc2_sqrt;
+  bool decoupled, amsgrad, maximize;
+};
+
+template <typename T>
+KILN_HOST_DEVICE inline void adam_update(T& p, T g, T& m, T& v, T* vmax, const AdamCoefficients<T>& c) {
+  using std::sqrt;
+  if (c.maximize) g = -g;
+  if (c.decoupled) {
+    p = p * c.one_minus_lr_wd;
+  } else if (c.lr_wd != T(0)) {
+    g = g + c.lr_wd * p;  // lr_wd holds weight_decay alone here (Adam's L2 term)
+  }
+  m = m * c.beta1 + c.one_minus_beta1 * g;
+  v = v * c.beta2 + c.one_minus_beta2 * (g * g);
+  T denom_sq = v;
+  if (c.amsgrad) {
+    *vmax = *vmax > v ? *vmax : v;
+    denom_sq = *vmax;
+  }
+  const T denom = sqrt(denom_sq) / c.bc2_sqrt + c.eps;
+  p = p + (-c.step_size) * (m / denom);
+}
+
+template <typename T>
+inline AdamCoefficients<T> adam_coefficients(const AdamStepArgs& a) {
+  AdamCoefficients<T> c{};
+  c.lr_wd = static_cast<T>(a.decoupled ? a.lr * a.weight_decay : a.weight_decay);
+  c.one_minus_lr_wd = static_cast<T>(1 - a.lr * a.weight_decay);
+  c.beta1 = static_cast<T>(a.beta1);
+  c.one_minus_beta1 = static_cast<T>(1 - a.beta1);
+  c.beta2 = static_cast<T>(a.beta2);
+  c.one_minus_beta2 = static_cast<T>(1 - a.beta2);
+  c.eps = static_cast<T>(a.eps);
+  c.step_size = static_cast<T>(a.step_size);
+  c.bc2_sqrt = static_cast<T>(a.bias_correction2_sqrt);
+  c.decoupled = a.decoupled;
+  c.amsgrad = a.amsgrad;
+  c.maximize = a.maximize;
+  return c;
+}
+
 }  // namespace kiln::math

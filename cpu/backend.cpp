@@ -95,6 +95,11 @@ class CpuBackend final : public Backend {
   void adaptive_avg_pool2d_backward(const View& grad_out, const View& grad_in, const Stream&) override {
     adaptive_avg_pool2d_backward_kernel(grad_out, grad_in);
   }
+  void adam_step(const std::vector<View>& params, const std::vector<View>& grads, const std::vector<View>& exp_avgs,
+                 const std::vector<View>& exp_avg_sqs, const std::vector<View>& max_exp_avg_sqs,
+                 const AdamStepArgs& args, const Stream&) override {
+    adam_step_kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, args);
+  }
   void norm_rows(const View& in, const View& out, const View& mean, const View& rstd, double eps, bool rms,
                  const Stream&) override {
     norm_rows_kernel(in, out, mean, rstd, eps, rms);

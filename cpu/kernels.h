@@ -43,6 +43,10 @@ void norm_rows_kernel(const View& in, const View& out, const View& mean, const V
 // Single-threaded c = op(a) @ op(b) (+ c when accumulate) on row-major matrices, c (m, n) with
 // leading dims lda/ldb/ldc; op transposes when ta/tb. float and double (matmul.cpp). The conv
 // kernels call it from their own parallel_for.
+void adam_step_kernel(const std::vector<View>& params, const std::vector<View>& grads,
+                      const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,
+                      const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args);  // optim.cpp
+
 template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
           int64_t ldb, bool accumulate, T* c, int64_t ldc);

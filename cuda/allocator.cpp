@@ -88,7 +88,7 @@ class CachingAllocator final : public Allocator {
     const size_t size = round_up(std::max<size_t>(nbytes, 1), kRound);  // never null, even for 0 bytes
     const bool small = size <= kSmallRequest;
     Pool& pool = small ? small_free_ : large_free_;
-    cudaStream_t stream = nullptr;  // the device's current stream (Note [CUDA streams])
+    cudaStream_t stream = current_stream_handle(device_index_);  // Note [CUDA streams]
     Block key;
     key.stream = stream;
     key.size = size;

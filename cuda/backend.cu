@@ -3,9 +3,9 @@
 // same name: copy.cpp and copy.cu (copies in every direction, fill, arange), random.cu,
 // elementwise.cu (unary, binary, where), reduce.cu (reduce, softmax), matmul.cu, index.cu
 // (index_select, index_add, gather, scatter), conv.cu (conv2d and its two backward kernels,
-// through cuDNN), pool.cu (max, average and adaptive average pooling), norm.cu (norm_rows). The
-// caching allocator is allocator.cpp, the entry points of cuda/cuda.h runtime.cpp. Streams: Note
-// [CUDA streams] in cuda/context.h. CPU sibling: cpu/backend.cpp.
+// through cuDNN), pool.cu (max, average and adaptive average pooling), norm.cu (norm_rows),
+// optim.cu (adam_step). The caching allocator is allocator.cpp, the entry points of cuda/cuda.h
+// runtime.cpp. Streams: Note [CUDA streams] in cuda/context.h. CPU sibling: cpu/backend.cpp.
 #include <climits>
 #include <mutex>
 #include <optional>
@@ -26,7 +26,7 @@ class CudaBackend final : public Backend {
   Allocator& allocator(int device_index) override { return device_allocator(device_index); }
   Stream current_stream(int device_index) override {
     check_device(device_index, "current_stream");
-    return default_stream(device_index);
+    return {Device::cuda(device_index), current_stream_handle(device_index)};
   }
   void synchronize(int device_index) override { cuda::synchronize(device_index); }
 
@@ -142,6 +142,12 @@ class CudaBackend final : public Backend {
                                     const Stream& s) override {
     DeviceGuard guard(s.device.index, "adaptive_avg_pool2d_backward");
     adaptive_avg_pool2d_backward_launch(grad_out, grad_in, s);
+  }
+  void adam_step(const std::vector<View>& params, const std::vector<View>& grads, const std::vector<View>& exp_avgs,
+                 const std::vector<View>& exp_avg_sqs, const std::vector<View>& max_exp_avg_sqs,
+                 const AdamStepArgs& args, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "adam_step");
+    adam_step_launch(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, args, s);
   }
   void norm_rows(const View& in, const View& out, const View& mean, const View& rstd, double eps,
                  bool rms, const Stream& s) override {

@@ -4,10 +4,12 @@
 // implement it; copy.cpp and the .cu files use it.
 //
 // Note [CUDA streams]
-// Each device's current stream is its legacy default stream (handle nullptr), as in PyTorch: work
-// on it runs in issue order and waits for (and is waited for by) every other blocking stream of the
-// device, so a kernel never races a cudaMemcpy or another kernel. Kernels launch on the Stream they
-// are given, so a caller with its own stream (a communicator, say) is honoured. Copies that hand
+// Each device's current stream is, per thread, its legacy default stream (handle nullptr) unless a
+// cuda::StreamGuard names another, as in PyTorch: work on one stream runs in issue order, and the
+// default stream waits for (and is waited for by) every other blocking stream of the device, so a
+// kernel never races a cudaMemcpy or another kernel. Streams made with cuda::Stream are
+// non-blocking: the user orders them with wait_stream / wait_event. Kernels launch on the Stream
+// they are given, so a caller with its own stream (a communicator, say) is honoured. Copies that hand
 // data to or from the host, or between two devices, synchronize before returning (PyTorch's
 // non_blocking=false): `x.to(Device::cpu())` and `item()` see finished results. Indexing ops
 // synchronize too, to check their indices (Note [index checks on the device] in index.cu). Freed
@@ -42,6 +44,9 @@ void check_device(int device_index, const char* what);
 
 inline cudaStream_t stream_of(const Stream& s) { return static_cast<cudaStream_t>(s.handle); }
 inline Stream default_stream(int device_index) { return {Device::cuda(device_index), nullptr}; }
+// This thread's current stream of the device (cuda::current_stream's handle): where ops queue their
+// work and whose buffers the allocator hands out. nullptr: the default stream.
+cudaStream_t current_stream_handle(int device_index);
 
 // The allocator of one device (allocator.cpp); throws for a bad index.
 Allocator& device_allocator(int device_index);

@@ -82,5 +82,9 @@ void adaptive_avg_pool2d_backward_launch(const View& grad_out, const View& grad_
 // norm.cu: the rows of a contiguous (R, M) view.
 void norm_rows_launch(const View& in, const View& out, const View& mean, const View& rstd,
                       double eps, bool rms, const Stream& s);
+void adam_step_launch(const std::vector<View>& params, const std::vector<View>& grads,
+                      const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,
+                      const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args,
+                      const Stream& s);  // optim.cu
 
 }  // namespace kiln::cuda

@@ -16,5 +16,27 @@ void synchronize(int) { unavailable(); }
 void set_matmul_allow_tf32(bool) {}  // no CUDA matmuls to switch
 bool matmul_allow_tf32() { return false; }
 Backend& backend() { unavailable(); }
+DeviceProperties get_device_properties(int) { unavailable(); }
+
+struct CudaStream::Impl {};
+CudaStream::CudaStream(int) { unavailable(); }
+CudaStream CudaStream::default_stream(int) { unavailable(); }
+int CudaStream::device_index() const { unavailable(); }
+void* CudaStream::handle() const { unavailable(); }
+bool CudaStream::query() const { unavailable(); }
+void CudaStream::synchronize() const { unavailable(); }
+void CudaStream::wait_event(const CudaEvent&) const { unavailable(); }
+void CudaStream::wait_stream(const CudaStream&) const { unavailable(); }
+CudaStream current_stream(int) { unavailable(); }
+StreamGuard::StreamGuard(const CudaStream& stream) : previous_(stream) { unavailable(); }
+StreamGuard::~StreamGuard() = default;
+
+struct CudaEvent::Impl {};
+CudaEvent::CudaEvent(bool) { unavailable(); }
+void CudaEvent::record() { unavailable(); }
+void CudaEvent::record(const CudaStream&) { unavailable(); }
+bool CudaEvent::query() const { unavailable(); }
+void CudaEvent::synchronize() const { unavailable(); }
+float CudaEvent::elapsed_time(const CudaEvent&) const { unavailable(); }
 
 }  // namespace kiln::cuda

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/backend.h"
 #include "core/generator.h"
 #include "core/tensor.h"
 
@@ -238,6 +239,13 @@ std::string to_string(const Tensor& t);
 }  // namespace ops
 
 // ---- dispatch.cpp: the allocator statistics of a device (core/allocator.h) ----
+// One fused Adam / AdamW step (Backend::adam_step in core/backend.h has the rule) over lists of
+// tensors of one device and one dtype (float32 or float64), each contiguous, updated in place:
+// optim::Adam's `fused` option. max_exp_avg_sqs is empty unless args.amsgrad.
+void fused_adam_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                 const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
+                 const std::vector<Tensor>& max_exp_avg_sqs, const AdamStepArgs& args);
+
 namespace memory {
 MemoryStats stats(Device device);
 void reset_peak(Device device);

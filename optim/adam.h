@@ -1,4 +1,5 @@
-// optim/adam.h: Adam and AdamW (torch.optim.Adam / AdamW of PyTorch 1.13, single-tensor updates).
+// optim/adam.h: Adam and AdamW (torch.optim.Adam / AdamW of PyTorch 1.13, single-tensor updates,
+// or fused).
 // They differ in the weight decay only: Adam adds it to the gradient (L2), AdamW shrinks the
 // parameter by lr * weight_decay before the update (decoupled, Loshchilov & Hutter).
 #pragma once
@@ -15,6 +16,7 @@ struct AdamOptions {
   double weight_decay = 0;
   bool amsgrad = false;
   bool maximize = false;
+  bool fused = false;  // one fused kernel per step over float32/float64 params (Backend::adam_step)
 };
 
 struct AdamWOptions {
@@ -25,6 +27,7 @@ struct AdamWOptions {
   double weight_decay = 1e-2;
   bool amsgrad = false;
   bool maximize = false;
+  bool fused = false;  // one fused kernel per step over float32/float64 params (Backend::adam_step)
 };
 
 // Per parameter, with g its grad and t its step count (from 1):
@@ -34,6 +37,10 @@ struct AdamWOptions {
 //   vmax = max(vmax, v) with amsgrad (then used in place of v)
 //   p -= lr / (1 - beta1^t) * m / (sqrt(v) / sqrt(1 - beta2^t) + eps)
 // State: "exp_avg", "exp_avg_sq" and, with amsgrad, "max_exp_avg_sq".
+// fused (PyTorch's name): the step of all of a group's float32 and float64 params with gradients,
+// per device, dtype and step count, is one kiln::fused_adam_ call (a multi-tensor kernel on CUDA,
+// one pass per tensor on the CPU) instead of about ten elementwise ops per param; the result equals
+// the unfused step to rounding. Other dtypes and non-contiguous params take the unfused path.
 class Adam : public Optimizer {
  public:
   Adam(std::vector<Tensor> params, AdamOptions options = {});

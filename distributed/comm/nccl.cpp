@@ -9,19 +9,19 @@
 // agrees on split().
 //
 // Note [NCCL streams]
-// Kiln computes on each device's legacy default stream (Note [CUDA streams] in cuda/context.h).
-// Each NCCL communicator owns one non-blocking stream, so communication overlaps computation, and
-// two events order the streams:
+// Kiln computes on each device's current stream (the default stream unless a cuda::StreamGuard
+// names another; Note [CUDA streams] in cuda/context.h). Each NCCL communicator owns one
+// non-blocking stream, so communication overlaps computation, and two events order the streams:
 //
-//   default stream:  kernels writing t --[ready]                    [wait done]-- kernels reading t
+//   current stream:  kernels writing t --[ready]                    [wait done]-- kernels reading t
 //                                           |                            ^
 //                                           v                            | Work::wait()
 //   comm stream:                      [wait ready]--ncclAllReduce(t)--[done]
 //
-// 1. ready is recorded on the default stream when the op is called: NCCL reads t only after every
-//    kernel queued before the call.
+// 1. ready is recorded on the current stream when the op is called: NCCL reads t only after every
+//    kernel queued there before the call.
 // 2. the NCCL call goes on the comm stream, and done is recorded after it.
-// 3. Work::wait() makes the default stream wait for done, without blocking the host (PyTorch's
+// 3. Work::wait() makes the then current stream wait for done, without blocking the host (PyTorch's
 //    semantics); is_completed() is cudaEventQuery(done). A call with async_op = false waits so
 //    before it returns: later kernels, and copies to the host (which synchronize), see the result.
 // The op's tensors stay alive until done fires (the watchdog holds them), even if the caller drops
@@ -52,6 +52,7 @@
 #include <unistd.h>
 
 #include "cuda/check.h"
+#include "cuda/cuda.h"
 #include "distributed/comm/backends.h"
 #include "distributed/comm/work.h"
 #include "ops/ops.h"
@@ -61,8 +62,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Kiln's current stream: the device's legacy default stream (Note [CUDA streams]).
-const cudaStream_t kComputeStream = nullptr;
+// The stream Kiln's ops on `device` are queued on in this thread (cuda::current_stream): an op
+// starts after the work queued there before the call, and wait() makes it wait for the op.
+cudaStream_t compute_stream(int device) { return static_cast<cudaStream_t>(cuda::current_stream(device).handle()); }
 
 #define KILN_NCCL_CHECK(call)                                                                      \
   do {                                                                                             \
@@ -579,7 +581,7 @@ class NcclCommunicator final : public Communicator {
     const ncclRedOp_t nop = nccl_op(op, output.dtype(), what);
     const Signature sig = sign(kReduceScatterTensor, output, -1, op, {});
     // NCCL works in place when output is this rank's slice of input; any other overlap needs a copy
-    // (made on the default stream, so the ready event orders it).
+    // (made on the current stream, so the ready event orders it).
     const char* in_begin = static_cast<const char*>(input.data_ptr());
     const char* out_begin = static_cast<const char*>(output.data_ptr());
     const bool overlaps = out_begin < in_begin + input.nbytes() && in_begin < out_begin + output.nbytes();
@@ -689,7 +691,7 @@ class NcclCommunicator final : public Communicator {
     // See Note [NCCL Work] below.
     p->work->stream_wait = [done = p->done, d = device_] {
       DeviceScope scope(d);
-      KILN_CUDA_CHECK(cudaStreamWaitEvent(kComputeStream, done->e, 0));
+      KILN_CUDA_CHECK(cudaStreamWaitEvent(compute_stream(d), done->e, 0));
       Watchdog::get().drop_released();
     };
     p->work->query = [done = p->done, d = device_] {
@@ -702,7 +704,7 @@ class NcclCommunicator final : public Communicator {
       if (sig && options_.check_collectives) verify(name, *sig);
       std::unique_lock<std::mutex> lock(state_->m);
       KILN_CHECK(state_->comm, "{}: this communicator stopped working: {}", name, state_->broken);
-      KILN_CUDA_CHECK(cudaEventRecord(ready_->e, kComputeStream));
+      KILN_CUDA_CHECK(cudaEventRecord(ready_->e, compute_stream(device_)));
       KILN_CUDA_CHECK(cudaStreamWaitEvent(stream_, ready_->e, 0));
       const ncclResult_t r = settle(lock, *state_, enqueue(state_->comm, stream_), name);
       if (r != ncclSuccess) {
@@ -734,12 +736,12 @@ class NcclCommunicator final : public Communicator {
   int rank_ = 0, size_ = 1;
   uint64_t seq_ = 0, p2p_seq_ = 0;
   cudaStream_t stream_ = nullptr;  // the comm stream (non-blocking)
-  std::unique_ptr<Event> ready_;   // recorded on the default stream before each op (under state_->m)
+  std::unique_ptr<Event> ready_;   // recorded on the current stream before each op (under state_->m)
 };
 
 // Note [NCCL Work]
 // A Work's State gets two hooks (work.h): stream_wait, which Work::wait() calls instead of
-// blocking the host (it makes the default stream of the communicator's device wait for done), and
+// blocking the host (it makes the current stream of the communicator's device wait for done), and
 // query, which is_completed() asks (cudaEventQuery). The watchdog calls State::complete once done
 // fires, or with the Error when the op fails; wait() rethrows an Error already known.
 

@@ -118,3 +118,44 @@ TEST_CASE("binary ops of a full tensor and a repeated row match the CPU", "[gpu]
   Tensor misaligned = r65.narrow(0, 1, 64);  // 4 bytes past a 16-byte boundary: the strided path
   test::check_close((x.to(kGpu) + misaligned).cpu(), x + r65.cpu().narrow(0, 1, 64));
 }
+
+TEST_CASE("fused Adam and AdamW on the GPU equal the unfused step on the CPU", "[gpu]") {
+  // 30 tensors (more than one launch's 24) of odd sizes, one of 17M elements (more than one
+  // launch's 256 chunks of 65536), float32 and float64; every option of the rule.
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (int variant = 0; variant < 3; ++variant) {
+      const bool adamw = variant != 1, amsgrad = variant == 2, maximize = variant == 1;
+      INFO(dtype_name(dt) << (adamw ? " AdamW" : " Adam") << (amsgrad ? " amsgrad" : "") << (maximize ? " maximize" : ""));
+      std::vector<Tensor> cpu_params, gpu_params;
+      for (int i = 0; i < 30; ++i) {
+        const int64_t n = i == 7 ? (17 << 20) + 3 : 1 + 97 * i;
+        Tensor p = test::sample({n}, dt, 0.1 * i);
+        cpu_params.push_back(p.clone().requires_grad_());
+        gpu_params.push_back(p.to(kGpu).requires_grad_());
+      }
+      auto make = [&](std::vector<Tensor> params, bool fused) -> std::unique_ptr<optim::Optimizer> {
+        if (adamw) {
+          return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{
+              .lr = 1e-2, .weight_decay = 0.1, .amsgrad = amsgrad, .maximize = maximize, .fused = fused});
+        }
+        return std::make_unique<optim::Adam>(params, optim::AdamOptions{
+            .lr = 1e-2, .weight_decay = 0.05, .amsgrad = amsgrad, .maximize = maximize, .fused = fused});
+      };
+      auto cpu_opt = make(cpu_params, false), gpu_opt = make(gpu_params, true);
+      for (int step = 0; step < 3; ++step) {
+        for (size_t i = 0; i < cpu_params.size(); ++i) {
+          Tensor g = test::sample(cpu_params[i].sizes(), dt, 1.0 + step + 0.01 * i);
+          cpu_params[i].set_grad(g);
+          gpu_params[i].set_grad(g.to(kGpu));
+        }
+        cpu_opt->step();
+        gpu_opt->step();
+      }
+      for (size_t i = 0; i < cpu_params.size(); ++i) {
+        INFO("param " << i);
+        test::check_close(gpu_params[i].detach().cpu(), cpu_params[i].detach(),
+                          dt == kFloat32 ? test::Tolerance{1e-5, 1e-6} : test::Tolerance{1e-12, 1e-12});
+      }
+    }
+  }
+}

@@ -147,7 +147,8 @@ const OptimCase& OptimGolden::find(const std::string& id) const {
 
 Tensor golden_grad(const Tensor& p, const Tensor& c) { return (p - c) * 0.5 + p * p * p * 0.1; }
 
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimCase& c, std::vector<Tensor>& params) {
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimCase& c, std::vector<Tensor>& params,
+                                                  bool fused) {
   params.clear();
   for (const Tensor& p : c.params) params.push_back(p.clone().requires_grad_());
   using namespace optim;
@@ -162,7 +163,7 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimCase& c, std::vector
     }));
   }
   if (c.optimizer == "Adam") {
-    return std::make_unique<Adam>(specs<AdamOptions>(c, params, [](const auto& o) {
+    return std::make_unique<Adam>(specs<AdamOptions>(c, params, [fused](const auto& o) {
       AdamOptions d;
       return AdamOptions{.lr = get(o, "lr", d.lr),
                          .beta1 = get(o, "beta1", d.beta1),
@@ -170,11 +171,12 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimCase& c, std::vector
                          .eps = get(o, "eps", d.eps),
                          .weight_decay = get(o, "weight_decay", d.weight_decay),
                          .amsgrad = get(o, "amsgrad", 0) != 0,
-                         .maximize = get(o, "maximize", 0) != 0};
+                         .maximize = get(o, "maximize", 0) != 0,
+                         .fused = fused};
     }));
   }
   if (c.optimizer == "AdamW") {
-    return std::make_unique<AdamW>(specs<AdamWOptions>(c, params, [](const auto& o) {
+    return std::make_unique<AdamW>(specs<AdamWOptions>(c, params, [fused](const auto& o) {
       AdamWOptions d;
       return AdamWOptions{.lr = get(o, "lr", d.lr),
                           .beta1 = get(o, "beta1", d.beta1),
@@ -182,7 +184,8 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimCase& c, std::vector
                           .eps = get(o, "eps", d.eps),
                           .weight_decay = get(o, "weight_decay", d.weight_decay),
                           .amsgrad = get(o, "amsgrad", 0) != 0,
-                          .maximize = get(o, "maximize", 0) != 0};
+                          .maximize = get(o, "maximize", 0) != 0,
+                          .fused = fused};
     }));
   }
   if (c.optimizer == "RMSprop") {

@@ -40,7 +40,9 @@ Tensor golden_grad(const Tensor& p, const Tensor& c);
 
 // The optimizer a case names, over fresh copies (leaves requiring grad) of its initial parameters,
 // returned in `params`.
-std::unique_ptr<optim::Optimizer> make_optimizer(const OptimCase& c, std::vector<Tensor>& params);
+// fused: Adam and AdamW with their `fused` option on (the other optimizers have none).
+std::unique_ptr<optim::Optimizer> make_optimizer(const OptimCase& c, std::vector<Tensor>& params,
+                                                  bool fused = false);
 
 // One step of a case: sets each parameter's grad from its target (none for "nograd"), then steps.
 void golden_step(const OptimCase& c, optim::Optimizer& opt, const std::vector<Tensor>& params);

@@ -11,10 +11,10 @@ namespace {
 
 const Tolerance kTrajectory{1e-5, 1e-6};
 
-void check_trajectory(const OptimCase& c) {
-  INFO("case " << c.id << " (" << c.optimizer << ")");
+void check_trajectory(const OptimCase& c, bool fused = false) {
+  INFO("case " << c.id << " (" << c.optimizer << (fused ? ", fused" : "") << ")");
   std::vector<Tensor> params;
-  auto opt = make_optimizer(c, params);
+  auto opt = make_optimizer(c, params, fused);
   for (size_t step = 0; step < c.after.size(); ++step) {
     golden_step(c, *opt, params);
     for (size_t i = 0; i < params.size(); ++i) {
@@ -47,11 +47,11 @@ void check_trajectory(const OptimCase& c) {
   }
 }
 
-void check_cases_of(const std::string& optimizer) {
+void check_cases_of(const std::string& optimizer, bool fused = false) {
   int n = 0;
   for (const OptimCase& c : OptimGolden::get().cases) {
     if (c.optimizer != optimizer) continue;
-    check_trajectory(c);
+    check_trajectory(c, fused);
     ++n;
   }
   CHECK(n >= 3);
@@ -70,6 +70,11 @@ TEST_CASE("Adam (betas, eps, weight decay, amsgrad, maximize) follows PyTorch fo
 
 TEST_CASE("AdamW (decoupled weight decay, amsgrad, maximize) follows PyTorch for 10 steps") {
   check_cases_of("AdamW");
+}
+
+TEST_CASE("Adam and AdamW with fused = true follow PyTorch for 10 steps") {
+  check_cases_of("Adam", /*fused=*/true);
+  check_cases_of("AdamW", /*fused=*/true);
 }
 
 TEST_CASE(
