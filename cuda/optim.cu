@@ -5,8 +5,10 @@
 // kBlocks chunks, one block per chunk; the tensors' pointers and the block -> (tensor, chunk) table
 // travel in the kernel's parameters (about 2.5 KB, under the 4 KB every device takes). A step over
 // many small tensors (a network's biases and norms) is then a few launches instead of one per
-// tensor, and each element is read and written once: p, g, m, v in, p, m, v out.
+// tensor, and each element is read and written once (p, g, m, v in; p, m, v out), in 16-byte
+// vectors where the buffers are aligned.
 #include <algorithm>
+#include <cstdint>
 
 #include "core/scalar_math.h"
 #include "cuda/context.h"
@@ -33,7 +35,22 @@ struct AdamBatch {
 };
 
 template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+
+template <typename T>
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
+// Block b updates chunk block_chunk[b] of tensor block_tensor[b]. When the tensor's buffers are all
+// 16-byte aligned (those of the caching allocator are), in 16-byte vectors up to the chunk's last
+// whole vector, then one by one.
+template <typename T>
 __global__ void adam_kernel(AdamBatch<T> batch, math::AdamCoefficients<T> c) {
+  constexpr int V = Vec16<T>::kSize;
   const int t = batch.block_tensor[blockIdx.x];
   const int64_t begin = static_cast<int64_t>(batch.block_chunk[blockIdx.x]) * kChunk;
   const int64_t end = min(batch.n[t], begin + kChunk);
@@ -42,7 +59,25 @@ __global__ void adam_kernel(AdamBatch<T> batch, math::AdamCoefficients<T> c) {
   T* m = batch.m[t];
   T* v = batch.v[t];
   T* vmax = batch.vmax[t];
-  for (int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+  int64_t tail = begin;
+  if (aligned16<T>(p) && aligned16<T>(g) && aligned16<T>(m) && aligned16<T>(v) && (!vmax || aligned16<T>(vmax))) {
+    const int64_t vectors = (end - begin) / V;  // begin is a multiple of kChunk, hence of V
+    for (int64_t k = threadIdx.x; k < vectors; k += blockDim.x) {
+      const int64_t i = begin / V + k;
+      Vec16<T> pv = reinterpret_cast<Vec16<T>*>(p)[i], mv = reinterpret_cast<Vec16<T>*>(m)[i];
+      Vec16<T> vv = reinterpret_cast<Vec16<T>*>(v)[i], xv{};
+      const Vec16<T> gv = reinterpret_cast<const Vec16<T>*>(g)[i];
+      if (vmax) xv = reinterpret_cast<Vec16<T>*>(vmax)[i];
+      KILN_CUDA_UNROLL
+      for (int e = 0; e < V; ++e) math::adam_update(pv.v[e], gv.v[e], mv.v[e], vv.v[e], &xv.v[e], c);
+      reinterpret_cast<Vec16<T>*>(p)[i] = pv;
+      reinterpret_cast<Vec16<T>*>(m)[i] = mv;
+      reinterpret_cast<Vec16<T>*>(v)[i] = vv;
+      if (vmax) reinterpret_cast<Vec16<T>*>(vmax)[i] = xv;
+    }
+    tail = begin + vectors * V;
+  }
+  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
     T pi = p[i], mi = m[i], vi = v[i];
     math::adam_update(pi, g[i], mi, vi, vmax ? vmax + i : nullptr, c);
     p[i] = pi;

@@ -121,7 +121,7 @@ TEST_CASE("binary ops of a full tensor and a repeated row match the CPU", "[gpu]
 
 TEST_CASE("fused Adam and AdamW on the GPU equal the unfused step on the CPU", "[gpu]") {
   // 30 tensors (more than one launch's 24) of odd sizes, one of 17M elements (more than one
-  // launch's 256 chunks of 65536), float32 and float64; every option of the rule.
+  // launch's 256 chunks of 65536), one misaligned, float32 and float64; every option of the rule.
   for (DType dt : {kFloat32, kFloat64}) {
     for (int variant = 0; variant < 3; ++variant) {
       const bool adamw = variant != 1, amsgrad = variant == 2, maximize = variant == 1;
@@ -131,7 +131,13 @@ TEST_CASE("fused Adam and AdamW on the GPU equal the unfused step on the CPU", "
         const int64_t n = i == 7 ? (17 << 20) + 3 : 1 + 97 * i;
         Tensor p = test::sample({n}, dt, 0.1 * i);
         cpu_params.push_back(p.clone().requires_grad_());
-        gpu_params.push_back(p.to(kGpu).requires_grad_());
+        if (i == 11) {  // 4 or 8 bytes past a 16-byte boundary: the kernel's one-by-one path
+          Tensor base = zeros({n + 1}, TensorOptions(dt).device(kGpu));
+          base.narrow(0, 1, n).copy_(p.to(kGpu));
+          gpu_params.push_back(base.narrow(0, 1, n).detach().requires_grad_());
+        } else {
+          gpu_params.push_back(p.to(kGpu).requires_grad_());
+        }
       }
       auto make = [&](std::vector<Tensor> params, bool fused) -> std::unique_ptr<optim::Optimizer> {
         if (adamw) {
