@@ -101,6 +101,16 @@ const std::shared_ptr<CudaStream::Impl>& default_impl(int device_index) {
   return (*defaults)[static_cast<size_t>(device_index)];
 }
 
+// The answer of cudaStreamQuery / cudaEventQuery: finished, not yet, or an Error.
+bool finished(cudaError_t status) {
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  KILN_CUDA_CHECK(status);
+  return true;
+}
+
 // This thread's current stream of each device; null: the default stream.
 std::vector<std::shared_ptr<CudaStream::Impl>>& thread_currents() {
   thread_local std::vector<std::shared_ptr<CudaStream::Impl>> currents;
@@ -129,13 +139,7 @@ void* CudaStream::handle() const { return impl_->stream; }
 
 bool CudaStream::query() const {
   DeviceGuard guard(impl_->device, "CudaStream::query");
-  const cudaError_t status = cudaStreamQuery(impl_->stream);
-  if (status == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  KILN_CUDA_CHECK(status);
-  return true;
+  return finished(cudaStreamQuery(impl_->stream));
 }
 
 void CudaStream::synchronize() const {
@@ -194,16 +198,7 @@ void CudaEvent::record(const CudaStream& stream) {
   KILN_CUDA_CHECK(cudaEventRecord(impl_->event, static_cast<cudaStream_t>(stream.handle())));
 }
 
-bool CudaEvent::query() const {
-  if (!impl_->event) return true;
-  const cudaError_t status = cudaEventQuery(impl_->event);
-  if (status == cudaErrorNotReady) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  KILN_CUDA_CHECK(status);
-  return true;
-}
+bool CudaEvent::query() const { return !impl_->event || finished(cudaEventQuery(impl_->event)); }
 
 void CudaEvent::synchronize() const {
   if (impl_->event) KILN_CUDA_CHECK(cudaEventSynchronize(impl_->event));
