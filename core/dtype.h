@@ -81,14 +81,14 @@ template <typename T> using opmath_t = typename OpMath<T>::type;
   }
 
 // Float32 and float64 only: the kernels that ops/ feeds 16-bit floats converted to float32
-// (convolution, pooling, normalisation).
+// (convolution, pooling, normalisation) and the fused Adam step.
 #define KILN_DISPATCH_F32_F64(dtype, name, ...)                                       \
   [&] {                                                                               \
     switch (dtype) {                                                                  \
       KILN_DTYPE_CASE_(::kiln::DType::Float32, __VA_ARGS__)                           \
       KILN_DTYPE_CASE_(::kiln::DType::Float64, __VA_ARGS__)                           \
       default:                                                                        \
-        KILN_FAIL("{}: the CPU kernel takes float32 or float64, got {}", name,        \
+        KILN_FAIL("{}: the kernel takes float32 or float64, got {}", name,            \
                   ::kiln::dtype_name(dtype));                                         \
     }                                                                                 \
   }()

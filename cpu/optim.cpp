@@ -29,13 +29,9 @@ void adam_step_kernel(const std::vector<View>& params, const std::vector<View>& 
                       const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args) {
   for (size_t i = 0; i < params.size(); ++i) {
     const View* vmax = args.amsgrad ? &max_exp_avg_sqs.at(i) : nullptr;
-    if (params[i].dtype == kFloat64) {
-      adam_one<double>(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], vmax, math::adam_coefficients<double>(args));
-    } else {
-      KILN_CHECK(params[i].dtype == kFloat32, "adam_step: the fused step takes float32 and float64 tensors, got {}",
-                 dtype_name(params[i].dtype));
-      adam_one<float>(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], vmax, math::adam_coefficients<float>(args));
-    }
+    KILN_DISPATCH_F32_F64(params[i].dtype, "adam_step", [&] {
+      adam_one<scalar_t>(params[i], grads[i], exp_avgs[i], exp_avg_sqs[i], vmax, math::adam_coefficients<scalar_t>(args));
+    });
   }
 }
 

@@ -19,12 +19,6 @@ namespace {
 
 // ---- vectorized kernels (contiguous, one dtype, 16-byte aligned) ----
 
-template <typename T>
-struct alignas(16) Vec16 {
-  static constexpr int kSize = 16 / sizeof(T);
-  T v[kSize];
-};
-
 // y[i] = f(x[i]): thread t moves 16-byte vectors t, t + step, ...; the last n % kSize elements are
 // done one by one.
 template <typename T, typename F>
@@ -75,8 +69,6 @@ __global__ void binary_row_vec_kernel(int64_t n, const T* x, const T* row, uint3
     reinterpret_cast<Vec16<T>*>(y)[i] = r;
   }
 }
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // When `v` (of out's sizes) repeats one contiguous block over its leading dims (their strides 0),
 // the block's length; else 0.

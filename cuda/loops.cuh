@@ -109,6 +109,15 @@ OffsetCalc<N> make_offset_calc(const std::array<const View*, N>& views) {
   return make_offset_calc<N>(views[0]->sizes, strides);
 }
 
+// Sixteen bytes of T: the unit of the vectorized kernels' loads and stores (elementwise.cu, optim.cu).
+template <typename T>
+struct alignas(16) Vec16 {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+
+__host__ __device__ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 inline unsigned blocks_for(int64_t n, int threads = kThreads) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + threads - 1) / threads, 1, kMaxBlocks));
 }

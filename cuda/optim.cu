@@ -34,17 +34,6 @@ struct AdamBatch {
   int block_chunk[kBlocks];
 };
 
-template <typename T>
-struct alignas(16) Vec16 {
-  static constexpr int kSize = 16 / sizeof(T);
-  T v[kSize];
-};
-
-template <typename T>
-__device__ __forceinline__ bool aligned16(const void* p) {
-  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
-}
-
 // Block b updates chunk block_chunk[b] of tensor block_tensor[b]. When the tensor's buffers are all
 // 16-byte aligned (those of the caching allocator are), in 16-byte vectors up to the chunk's last
 // whole vector, then one by one.
@@ -60,7 +49,7 @@ __global__ void adam_kernel(AdamBatch<T> batch, math::AdamCoefficients<T> c) {
   T* v = batch.v[t];
   T* vmax = batch.vmax[t];
   int64_t tail = begin;
-  if (aligned16<T>(p) && aligned16<T>(g) && aligned16<T>(m) && aligned16<T>(v) && (!vmax || aligned16<T>(vmax))) {
+  if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && (!vmax || aligned16(vmax))) {
     const int64_t vectors = (end - begin) / V;  // begin is a multiple of kChunk, hence of V
     for (int64_t k = threadIdx.x; k < vectors; k += blockDim.x) {
       const int64_t i = begin / V + k;
@@ -137,20 +126,10 @@ void adam_typed(const std::vector<View>& params, const std::vector<View>& grads,
 void adam_step_launch(const std::vector<View>& params, const std::vector<View>& grads,
                       const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,
                       const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args, const Stream& s) {
-  if (params.empty()) return;
-  const DType dtype = params[0].dtype;
-  KILN_CHECK(dtype == kFloat32 || dtype == kFloat64,
-             "adam_step: the fused step takes float32 and float64 tensors, got {}", dtype_name(dtype));
-  for (size_t i = 0; i < params.size(); ++i) {
-    KILN_CHECK(params[i].dtype == dtype && grads[i].dtype == dtype && exp_avgs[i].dtype == dtype &&
-                   exp_avg_sqs[i].dtype == dtype,
-               "adam_step: every tensor of one call must be {}; tensor {} is not", dtype_name(dtype), i);
-  }
-  if (dtype == kFloat64) {
-    adam_typed<double>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, args, stream_of(s));
-  } else {
-    adam_typed<float>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, args, stream_of(s));
-  }
+  if (params.empty()) return;  // one dtype for all: ops/optim.cpp checked the lists
+  KILN_DISPATCH_F32_F64(params[0].dtype, "adam_step", [&] {
+    adam_typed<scalar_t>(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, args, stream_of(s));
+  });
 }
 
 }  // namespace kiln::cuda

@@ -71,10 +71,23 @@ void AdamW::step() { step_impl(true); }
 void Adam::step_impl(bool decoupled_weight_decay) {
   NoGradGuard no_grad;
   for (ParamGroup& group : groups_) {
-    const double lr = group.get("lr"), beta1 = group.get("beta1"), beta2 = group.get("beta2");
-    const double eps = group.get("eps"), weight_decay = group.get("weight_decay");
-    const bool amsgrad = group.get("amsgrad") != 0, maximize = group.get("maximize") != 0;
+    AdamStepArgs args;  // the group's options; step_size and bias_correction2_sqrt per step count
+    args.lr = group.get("lr");
+    args.beta1 = group.get("beta1");
+    args.beta2 = group.get("beta2");
+    args.eps = group.get("eps");
+    args.weight_decay = group.get("weight_decay");
+    args.decoupled = decoupled_weight_decay;
+    args.amsgrad = group.get("amsgrad") != 0;
+    args.maximize = group.get("maximize") != 0;
     const bool fused = group.has("fused") && group.get("fused") != 0;
+    auto at_step = [&args](int64_t step) {
+      AdamStepArgs a = args;
+      const double t = static_cast<double>(step);
+      a.step_size = a.lr / (1 - std::pow(a.beta1, t));
+      a.bias_correction2_sqrt = std::sqrt(1 - std::pow(a.beta2, t));
+      return a;
+    };
     // The fused step's batches: params of one device, dtype and step count.
     struct Batch {
       std::vector<Tensor> p, g, m, v, vmax;
@@ -83,68 +96,45 @@ void Adam::step_impl(bool decoupled_weight_decay) {
     for (Tensor& p : group.params) {
       Tensor grad = p.grad();
       if (!grad.defined()) continue;
-      if (fused && (p.dtype() == kFloat32 || p.dtype() == kFloat64) && p.is_contiguous() &&
-          grad.dtype() == p.dtype() && grad.device() == p.device()) {
-        ParamState& st = state(p);
-        if (st.buffers.empty()) {
-          st.buffers.insert("exp_avg", zeros_like(p));
-          st.buffers.insert("exp_avg_sq", zeros_like(p));
-          if (amsgrad) st.buffers.insert("max_exp_avg_sq", zeros_like(p));
-        }
-        Batch& b = batches[{p.device().str(), static_cast<int>(p.dtype()), ++st.step}];
-        b.p.push_back(p);
-        b.g.push_back(grad.contiguous());
-        b.m.push_back(st.buffers.at("exp_avg"));
-        b.v.push_back(st.buffers.at("exp_avg_sq"));
-        if (amsgrad) b.vmax.push_back(st.buffers.at("max_exp_avg_sq"));
-        continue;
-      }
-      if (maximize) grad = neg(grad);
       ParamState& st = state(p);
       if (st.buffers.empty()) {
         st.buffers.insert("exp_avg", zeros_like(p));
         st.buffers.insert("exp_avg_sq", zeros_like(p));
-        if (amsgrad) st.buffers.insert("max_exp_avg_sq", zeros_like(p));
+        if (args.amsgrad) st.buffers.insert("max_exp_avg_sq", zeros_like(p));
       }
       Tensor exp_avg = st.buffers.at("exp_avg"), exp_avg_sq = st.buffers.at("exp_avg_sq");
-      const double t = static_cast<double>(++st.step);
-
-      if (decoupled_weight_decay) {
-        p.mul_(1 - lr * weight_decay);
-      } else if (weight_decay != 0) {
-        grad = add(grad, p, weight_decay);
+      Tensor max_exp_avg_sq = args.amsgrad ? st.buffers.at("max_exp_avg_sq") : Tensor();
+      const int64_t step = ++st.step;
+      if (fused && (p.dtype() == kFloat32 || p.dtype() == kFloat64) && p.is_contiguous() &&
+          grad.dtype() == p.dtype() && grad.device() == p.device()) {
+        Batch& b = batches[{p.device().str(), static_cast<int>(p.dtype()), step}];
+        b.p.push_back(p);
+        b.g.push_back(grad.contiguous());
+        b.m.push_back(exp_avg);
+        b.v.push_back(exp_avg_sq);
+        if (args.amsgrad) b.vmax.push_back(max_exp_avg_sq);
+        continue;
       }
-      exp_avg.mul_(beta1).add_(grad, 1 - beta1);
-      exp_avg_sq.mul_(beta2).add_(grad * grad, 1 - beta2);  // addcmul_(grad, grad, 1 - beta2)
-
-      const double step_size = lr / (1 - std::pow(beta1, t));
-      const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, t));
+      const AdamStepArgs a = at_step(step);
+      if (a.maximize) grad = neg(grad);
+      if (a.decoupled) {
+        p.mul_(1 - a.lr * a.weight_decay);
+      } else if (a.weight_decay != 0) {
+        grad = add(grad, p, a.weight_decay);
+      }
+      exp_avg.mul_(a.beta1).add_(grad, 1 - a.beta1);
+      exp_avg_sq.mul_(a.beta2).add_(grad * grad, 1 - a.beta2);  // addcmul_(grad, grad, 1 - beta2)
       Tensor denom;
-      if (amsgrad) {
-        Tensor max_exp_avg_sq = st.buffers.at("max_exp_avg_sq");
+      if (a.amsgrad) {
         max_exp_avg_sq.copy_(maximum(max_exp_avg_sq, exp_avg_sq));
         denom = sqrt(max_exp_avg_sq);
       } else {
         denom = sqrt(exp_avg_sq);
       }
-      denom.div_(bias_correction2_sqrt).add_(eps);
-      p.add_(exp_avg / denom, -step_size);  // addcdiv_(exp_avg, denom, -step_size)
+      denom.div_(a.bias_correction2_sqrt).add_(a.eps);
+      p.add_(exp_avg / denom, -a.step_size);  // addcdiv_(exp_avg, denom, -step_size)
     }
-    for (auto& [key, b] : batches) {
-      const double t = static_cast<double>(std::get<2>(key));
-      AdamStepArgs args;
-      args.lr = lr;
-      args.beta1 = beta1;
-      args.beta2 = beta2;
-      args.eps = eps;
-      args.weight_decay = weight_decay;
-      args.step_size = lr / (1 - std::pow(beta1, t));
-      args.bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, t));
-      args.decoupled = decoupled_weight_decay;
-      args.amsgrad = amsgrad;
-      args.maximize = maximize;
-      fused_adam_(b.p, b.g, b.m, b.v, b.vmax, args);
-    }
+    for (auto& [key, b] : batches) fused_adam_(b.p, b.g, b.m, b.v, b.vmax, at_step(std::get<2>(key)));
   }
 }
 

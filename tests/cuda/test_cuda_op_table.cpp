@@ -27,23 +27,9 @@ TensorList gpu_inputs(const GoldenCase& c) {
 }
 
 void check_golden_gpu(const OpRow& row, const GoldenCase& c) {
-  const GoldenFile& file = GoldenFile::get();
   INFO("case " << c.describe());
   try {
-    TensorList outs = row.fn(gpu_inputs(c), c);
-    REQUIRE(outs.size() == c.outputs.size());
-    for (size_t k = 0; k < outs.size(); ++k) {
-      Tensor expected = file.output(c, k);
-      INFO("output " << k << ": actual " << dtype_name(outs[k].dtype()) << " " << outs[k].sizes().str() << " on "
-                     << outs[k].device().str() << ", expected " << dtype_name(expected.dtype()) << " "
-                     << expected.sizes().str());
-      CHECK(outs[k].device() == kGpu);
-      CHECK(dtype_name(outs[k].dtype()) == dtype_name(expected.dtype()));
-      CHECK(outs[k].sizes() == expected.sizes());
-      if (outs[k].sizes() != expected.sizes()) continue;
-      Tolerance tol = is_floating(expected.dtype()) ? tolerance_for(expected.dtype()) : Tolerance{0, 0};
-      check_close(outs[k].cpu(), expected, tol);
-    }
+    check_outputs(row.fn(gpu_inputs(c), c), c, kGpu);
   } catch (const Catch::TestFailureException&) {
     throw;
   } catch (const std::exception& e) {

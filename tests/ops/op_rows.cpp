@@ -339,6 +339,23 @@ const std::vector<OpRow>& op_table() {
   return rows;
 }
 
+void check_outputs(const TensorList& outs, const GoldenCase& c, std::optional<Device> device) {
+  REQUIRE(outs.size() == c.outputs.size());
+  for (size_t k = 0; k < outs.size(); ++k) {
+    Tensor expected = GoldenFile::get().output(c, k);
+    INFO("output " << k << ": actual " << dtype_name(outs[k].dtype()) << " " << outs[k].sizes().str() << " on "
+                   << outs[k].device().str() << ", expected " << dtype_name(expected.dtype()) << " "
+                   << expected.sizes().str());
+    if (device) CHECK(outs[k].device() == *device);
+    CHECK(dtype_name(outs[k].dtype()) == dtype_name(expected.dtype()));
+    CHECK(outs[k].sizes() == expected.sizes());
+    if (outs[k].sizes() != expected.sizes()) continue;
+    // DESIGN's tolerance of the expected dtype (so a result in a wrong dtype is still judged fairly).
+    Tolerance tol = is_floating(expected.dtype()) ? tolerance_for(expected.dtype()) : Tolerance{0, 0};
+    check_close(outs[k].cpu(), expected, tol);
+  }
+}
+
 std::vector<const GoldenCase*> cases_of(const std::string& op) {
   std::vector<const GoldenCase*> out;
   for (const auto& c : GoldenFile::get().cases())

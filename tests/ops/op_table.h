@@ -5,6 +5,7 @@
 #pragma once
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,5 +26,10 @@ const std::vector<OpRow>& op_table();
 
 // The cases of `op` in the fixture, in file order.
 std::vector<const GoldenCase*> cases_of(const std::string& op);
+
+// Compares a row's outputs for case c with PyTorch's: count, dtype, shape, then values within
+// DESIGN's tolerance of the expected dtype (integer and bool results exact); with `device`, each
+// output must also be on it.
+void check_outputs(const autograd::TensorList& outs, const GoldenCase& c, std::optional<Device> device = {});
 
 }  // namespace kiln::test
