@@ -116,6 +116,14 @@ struct AdamStepArgs {
   bool decoupled = false, amsgrad = false, maximize = false;
 };
 
+// Scaled dot-product attention without a mask tensor (ops/attention.cpp): scores = scale * q k^T, and
+// when causal, query row i sees key columns j <= i only (PyTorch's is_causal: the mask is
+// tril(ones(L, S)), aligned at the top left).
+struct AttentionArgs {
+  double scale = 1;
+  bool causal = false;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -207,6 +215,19 @@ class Backend {
                          const Stream& s) = 0;  // max_exp_avg_sqs empty unless amsgrad
   virtual void norm_rows(const View& in, const View& out, const View& mean, const View& rstd, double eps,
                          bool rms, const Stream& s) = 0;
+
+  // -- attention over contiguous views of one floating dtype: q (B, L, E), k (B, S, E), v (B, S, Ev),
+  //    out (B, L, Ev) = softmax(scores) v row by row, never holding a whole (L, S) score matrix, and
+  //    lse (B, L) = the log-sum-exp of each score row, which is all the backward needs to rebuild the
+  //    probabilities: p[i][j] = exp(score[i][j] - lse[i]) --
+  virtual void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                         const AttentionArgs& args, const Stream& s) = 0;
+  // The gradients of <grad_out, out> with respect to q, k and v (each overwritten), from the forward's
+  // inputs, its out and lse.
+  virtual void attention_backward(const View& q, const View& k, const View& v, const View& out,
+                                  const View& lse, const View& grad_out, const View& grad_q,
+                                  const View& grad_k, const View& grad_v, const AttentionArgs& args,
+                                  const Stream& s) = 0;
 };
 
 }  // namespace kiln

@@ -104,6 +104,15 @@ class CpuBackend final : public Backend {
                  const Stream&) override {
     norm_rows_kernel(in, out, mean, rstd, eps, rms);
   }
+  void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                 const AttentionArgs& args, const Stream&) override {
+    attention_kernel(q, k, v, out, lse, args);
+  }
+  void attention_backward(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                          const View& grad_out, const View& grad_q, const View& grad_k, const View& grad_v,
+                          const AttentionArgs& args, const Stream&) override {
+    attention_backward_kernel(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args);
+  }
 };
 
 }  // namespace

@@ -1,7 +1,7 @@
 // cpu/kernels.h: the CPU kernels, one group per file (private to cpu/). backend.cpp binds them to
 // the Backend contract of core/backend.h, whose comments say what each computes. Each file's CUDA
 // counterpart has the same stem in cuda/ (copy, elementwise, reduce, matmul, index, random, conv,
-// pool, norm).
+// pool, norm, optim; attention.cpp has none yet: ops/attention.cpp composes it from ops on CUDA).
 #pragma once
 
 #include "core/backend.h"
@@ -39,14 +39,18 @@ void adaptive_avg_pool2d_kernel(const View& in, const View& out);
 void adaptive_avg_pool2d_backward_kernel(const View& grad_out, const View& grad_in);
 void norm_rows_kernel(const View& in, const View& out, const View& mean, const View& rstd, double eps,
                       bool rms);                                             // norm.cpp
-
-// Single-threaded c = op(a) @ op(b) (+ c when accumulate) on row-major matrices, c (m, n) with
-// leading dims lda/ldb/ldc; op transposes when ta/tb. float and double (matmul.cpp). The conv
-// kernels call it from their own parallel_for.
 void adam_step_kernel(const std::vector<View>& params, const std::vector<View>& grads,
                       const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,
                       const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args);  // optim.cpp
+void attention_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                      const AttentionArgs& args);                            // attention.cpp
+void attention_backward_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                               const View& grad_out, const View& grad_q, const View& grad_k, const View& grad_v,
+                               const AttentionArgs& args);
 
+// Single-threaded c = op(a) @ op(b) (+ c when accumulate) on row-major matrices, c (m, n) with
+// leading dims lda/ldb/ldc; op transposes when ta/tb. float and double (matmul.cpp). The conv and
+// attention kernels call it from their own parallel_for.
 template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
           int64_t ldb, bool accumulate, T* c, int64_t ldc);

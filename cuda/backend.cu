@@ -154,6 +154,16 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(s.device.index, rms ? "rms_norm" : "norm");
     norm_rows_launch(in, out, mean, rstd, eps, rms, s);
   }
+  // No fused attention kernel on CUDA yet: ops/attention.cpp composes attention from matmul and
+  // softmax on this device and never calls these two.
+  void attention(const View&, const View&, const View&, const View&, const View&, const AttentionArgs&,
+                 const Stream&) override {
+    KILN_FAIL("scaled_dot_product_attention: the CUDA backend has no fused attention kernel yet");
+  }
+  void attention_backward(const View&, const View&, const View&, const View&, const View&, const View&,
+                          const View&, const View&, const View&, const AttentionArgs&, const Stream&) override {
+    KILN_FAIL("scaled_dot_product_attention: the CUDA backend has no fused attention kernel yet");
+  }
 };
 
 }  // namespace

@@ -34,6 +34,7 @@ using ops::one_hot;
 using ops::pad;
 using ops::relu;
 using ops::rms_norm;
+using ops::scaled_dot_product_attention;
 using ops::silu;
 using ops::softmax;
 

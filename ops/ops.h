@@ -169,6 +169,17 @@ Tensor bmm(const Tensor& a, const Tensor& b);     // 3-D only, equal batch
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 
+// ---- attention.cpp ----
+// softmax(query key^T * scale + mask) value, as torch.nn.functional.scaled_dot_product_attention:
+// query (..., L, E), key (..., S, E), value (..., S, Ev) -> (..., L, Ev), batch dims broadcast.
+// attn_mask: bool (true = may attend) or float (added to the scores), broadcast to (..., L, S);
+// is_causal: query i attends to keys j <= i (not with attn_mask); scale: 1 / sqrt(E) by default;
+// dropout_p > 0 drops probabilities (pass 0 in evaluation). Without mask and dropout it runs as one
+// fused kernel that never holds the (L, S) scores (see ops/attention.cpp), unless fusion is off.
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask = {}, double dropout_p = 0.0, bool is_causal = false,
+                                    std::optional<double> scale = {}, Generator* gen = nullptr);
+
 // ---- shape_ops.cpp ----
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim = 0);
@@ -237,6 +248,12 @@ Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight 
 std::string to_string(const Tensor& t);
 
 }  // namespace ops
+
+// Kernel fusion (DESIGN.md §5): on by default. set_fusion(false), or KILN_FUSION=0 in the environment,
+// makes the fused ops (scaled_dot_product_attention, ...) run as their unfused compositions, so that
+// a benchmark can measure what fusion buys. Process-wide (attention.cpp).
+void set_fusion(bool enabled);
+bool fusion_enabled();
 
 // ---- dispatch.cpp: the allocator statistics of a device (core/allocator.h) ----
 // One fused Adam / AdamW step (Backend::adam_step in core/backend.h has the rule) over lists of

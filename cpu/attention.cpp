@@ -1,0 +1,163 @@
+// cpu/attention.cpp: scaled dot-product attention, forward and backward, in blocks, the way flash
+// attention does it: the (L, S) matrix of scores is never held whole. For each block of kBlock query
+// rows the keys are visited kBlock at a time, and a running ("online") softmax folds each block in:
+//
+//   per query row i:  m = running max of the scores seen, l = running sum of exp(score - m),
+//                     o = running sum of exp(score - m) * v_j
+//   a new block of scores s_j:  m' = max(m, max_j s_j);  c = exp(m - m')
+//                     l = c * l + sum_j exp(s_j - m');   o = c * o + sum_j exp(s_j - m') v_j
+//   at the end:       out_i = o / l,   lse_i = m + log(l)
+//
+// so a block needs kBlock x kBlock scores of scratch (16 KiB in float32), however long L and S are.
+// Causal attention skips the key blocks that lie wholly above the diagonal.
+//
+// The backward rebuilds each block of probabilities from lse (p = exp(s - lse)) instead of storing
+// them, and with D_i = sum_e dout[i][e] * out[i][e] (= sum_j p_ij dp_ij):
+//   dv_j += p^T dout_i;   dp = dout_i v_j^T;   ds = p * (dp - D_i) * scale;
+//   dq_i += ds k_j;       dk_j += ds^T q_i
+// Each of the B (batch x head) slices is one task for the pool of cpu/parallel.h (the forward splits
+// further, by query block, since its blocks are independent); the products are gemm() of matmul.cpp.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "core/error.h"
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int64_t kBlock = 64;
+
+template <typename T>
+using Row = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+// Scales the (rows, cols) block of scores s (row stride cols) of query rows q0.. and key columns k0..
+// and masks, with -inf, the columns a causal query row must not see. Returns the number of columns
+// row r may see (all of them without causal).
+template <typename T>
+int64_t visible(int64_t r, int64_t cols, int64_t q0, int64_t k0, bool causal) {
+  if (!causal) return cols;
+  return std::clamp<int64_t>(q0 + r - k0 + 1, 0, cols);
+}
+
+template <typename T>
+void attention_typed(const View& qv, const View& kv, const View& vv, const View& ov, const View& lsev,
+                     const AttentionArgs& args) {
+  const int64_t B = qv.sizes[0], L = qv.sizes[1], E = qv.sizes[2], S = kv.sizes[1], Ev = vv.sizes[2];
+  const T* q = qv.ptr<T>();
+  const T* k = kv.ptr<T>();
+  const T* v = vv.ptr<T>();
+  T* out = ov.ptr<T>();
+  T* lse = lsev.ptr<T>();
+  const T scale = static_cast<T>(args.scale);
+  const int64_t q_blocks = (L + kBlock - 1) / kBlock;
+  parallel_for(0, B * q_blocks, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<T> scores(kBlock * kBlock), acc(kBlock * Ev), m(kBlock), l(kBlock);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / q_blocks, q0 = (t % q_blocks) * kBlock, rows = std::min(kBlock, L - q0);
+      const T* qb = q + (b * L + q0) * E;
+      std::fill(acc.begin(), acc.begin() + rows * Ev, T(0));
+      std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
+      std::fill(l.begin(), l.end(), T(0));
+      const int64_t k_end = args.causal ? std::min(S, q0 + rows) : S;
+      for (int64_t k0 = 0; k0 < k_end; k0 += kBlock) {
+        const int64_t cols = std::min(kBlock, S - k0);
+        gemm<T>(false, true, rows, cols, E, qb, E, k + (b * S + k0) * E, E, false, scores.data(), cols);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t n = visible<T>(r, cols, q0, k0, args.causal);
+          Row<T> s(scores.data() + r * cols, cols);
+          if (n == 0) {
+            s.setZero();  // this row sees none of the block: it adds nothing
+            continue;
+          }
+          s.head(n) *= scale;
+          const T m_new = std::max(m[r], s.head(n).maxCoeff());
+          const T c = std::exp(m[r] - m_new);  // 0 on the row's first block (m = -inf)
+          s.head(n) = (s.head(n) - m_new).exp();
+          s.tail(cols - n).setZero();
+          l[r] = c * l[r] + s.head(n).sum();
+          m[r] = m_new;
+          if (c != T(1)) Row<T>(acc.data() + r * Ev, Ev) *= c;
+        }
+        gemm<T>(false, false, rows, Ev, cols, scores.data(), cols, v + (b * S + k0) * Ev, Ev, true, acc.data(), Ev);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        T* o = out + (b * L + q0 + r) * Ev;
+        const T inv = l[r] > 0 ? T(1) / l[r] : T(0);  // a row that saw no key (S = 0) is zero
+        for (int64_t e = 0; e < Ev; ++e) o[e] = acc[r * Ev + e] * inv;
+        lse[b * L + q0 + r] = m[r] + std::log(l[r]);
+      }
+    }
+  });
+}
+
+template <typename T>
+void attention_backward_typed(const View& qv, const View& kv, const View& vv, const View& ov, const View& lsev,
+                              const View& gov, const View& gqv, const View& gkv, const View& gvv,
+                              const AttentionArgs& args) {
+  const int64_t B = qv.sizes[0], L = qv.sizes[1], E = qv.sizes[2], S = kv.sizes[1], Ev = vv.sizes[2];
+  const T *q = qv.ptr<T>(), *k = kv.ptr<T>(), *v = vv.ptr<T>(), *out = ov.ptr<T>(), *lse = lsev.ptr<T>();
+  const T* gout = gov.ptr<T>();
+  T *gq = gqv.ptr<T>(), *gk = gkv.ptr<T>(), *gv = gvv.ptr<T>();
+  const T scale = static_cast<T>(args.scale);
+  parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<T> p(kBlock * kBlock), dp(kBlock * kBlock), D(L);
+    for (int64_t b = b0; b < b1; ++b) {
+      const T *qb = q + b * L * E, *kb = k + b * S * E, *vb = v + b * S * Ev, *gob = gout + b * L * Ev;
+      T *gqb = gq + b * L * E, *gkb = gk + b * S * E, *gvb = gv + b * S * Ev;
+      std::fill(gqb, gqb + L * E, T(0));
+      std::fill(gkb, gkb + S * E, T(0));
+      std::fill(gvb, gvb + S * Ev, T(0));
+      for (int64_t i = 0; i < L; ++i) {
+        T d = 0;
+        for (int64_t e = 0; e < Ev; ++e) d += gob[i * Ev + e] * out[(b * L + i) * Ev + e];
+        D[i] = d;
+      }
+      for (int64_t k0 = 0; k0 < S; k0 += kBlock) {
+        const int64_t cols = std::min(kBlock, S - k0);
+        // Causal: query blocks that end before k0 see none of these keys.
+        const int64_t q_start = args.causal ? (k0 / kBlock) * kBlock : 0;
+        for (int64_t q0 = q_start; q0 < L; q0 += kBlock) {
+          const int64_t rows = std::min(kBlock, L - q0);
+          gemm<T>(false, true, rows, cols, E, qb + q0 * E, E, kb + k0 * E, E, false, p.data(), cols);
+          for (int64_t r = 0; r < rows; ++r) {
+            const int64_t n = visible<T>(r, cols, q0, k0, args.causal);
+            Row<T> s(p.data() + r * cols, cols);
+            s.head(n) = (s.head(n) * scale - lse[b * L + q0 + r]).exp();
+            s.tail(cols - n).setZero();
+          }
+          gemm<T>(true, false, cols, Ev, rows, p.data(), cols, gob + q0 * Ev, Ev, true, gvb + k0 * Ev, Ev);
+          gemm<T>(false, true, rows, cols, Ev, gob + q0 * Ev, Ev, vb + k0 * Ev, Ev, false, dp.data(), cols);
+          for (int64_t r = 0; r < rows; ++r) {
+            Row<T> ds(dp.data() + r * cols, cols);
+            ds = Row<T>(p.data() + r * cols, cols) * (ds - D[q0 + r]) * scale;
+          }
+          gemm<T>(false, false, rows, E, cols, dp.data(), cols, kb + k0 * E, E, true, gqb + q0 * E, E);
+          gemm<T>(true, false, cols, E, rows, dp.data(), cols, qb + q0 * E, E, true, gkb + k0 * E, E);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void attention_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                      const AttentionArgs& args) {
+  KILN_DISPATCH_F32_F64(q.dtype, "scaled_dot_product_attention",
+                        [&] { attention_typed<scalar_t>(q, k, v, out, lse, args); });
+}
+
+void attention_backward_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                               const View& grad_out, const View& grad_q, const View& grad_k, const View& grad_v,
+                               const AttentionArgs& args) {
+  KILN_DISPATCH_F32_F64(q.dtype, "scaled_dot_product_attention backward", [&] {
+    attention_backward_typed<scalar_t>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args);
+  });
+}
+
+}  // namespace kiln::cpu

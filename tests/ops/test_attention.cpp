@@ -1,0 +1,148 @@
+// tests/ops/test_attention.cpp: scaled_dot_product_attention. The reference is a float64 composition
+// written here from matmul, masking and softmax (ops the op table checks against PyTorch); the fused
+// kernel (cpu/attention.cpp) must equal it, forward and backward with a random cotangent, at the
+// sizes around its 64-row blocks (1, 7, 63, 64, 65, 130), causal and not, L != S, broadcast batch
+// dims; gradcheck and gradgradcheck in float64; the switch set_fusion(false); the errors.
+#include <cmath>
+
+#include "support.h"
+
+using namespace kiln;
+
+namespace {
+
+// softmax(q k^T * scale + causal mask) v, from ops, in float64.
+Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double scale) {
+  Tensor s = matmul(q, k.transpose(-2, -1)) * scale;
+  if (causal) {
+    const int64_t L = q.sizes()[q.dim() - 2], S = k.sizes()[k.dim() - 2];
+    Tensor above = ones({L, S}, kBool).triu(1);
+    s = s.masked_fill(above, -INFINITY);
+  }
+  return matmul(softmax(s, -1), v);
+}
+
+struct FusionGuard {
+  explicit FusionGuard(bool on) : previous(fusion_enabled()) { set_fusion(on); }
+  ~FusionGuard() { set_fusion(previous); }
+  bool previous;
+};
+
+// Forward and the three gradients of the fused op against the reference, both in float64.
+void check_against_reference(const Shape& qs, const Shape& ks, const Shape& vs, bool causal, double seed) {
+  Generator gen(static_cast<uint64_t>(seed * 1000));
+  Tensor q = randn(qs, kFloat64, &gen).requires_grad_();
+  Tensor k = randn(ks, kFloat64, &gen).requires_grad_();
+  Tensor v = randn(vs, kFloat64, &gen).requires_grad_();
+  const double scale = 1 / std::sqrt(static_cast<double>(qs[qs.size() - 1]));
+  Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
+  Tensor expected = reference(q, k, v, causal, scale);
+  test::check_close(out, expected, {1e-12, 1e-12});
+  Tensor cot = randn(out.sizes(), kFloat64, &gen);
+  auto got = autograd::grad({out}, {q, k, v}, {cot});
+  auto want = autograd::grad({expected}, {q, k, v}, {cot});
+  for (int i = 0; i < 3; ++i) {
+    INFO("gradient " << i);
+    test::check_close(got[i], want[i], {1e-11, 1e-11});
+  }
+}
+
+}  // namespace
+
+TEST_CASE("scaled_dot_product_attention: the fused kernel equals the composition, forward and backward",
+          "[ops][attention]") {
+  FusionGuard fused(true);
+  for (bool causal : {false, true}) {
+    for (int64_t n : {1, 7, 63, 64, 65, 130}) {
+      INFO("causal " << causal << ", L = S = " << n);
+      check_against_reference({2, 3, n, 16}, {2, 3, n, 16}, {2, 3, n, 16}, causal, 0.1 * n);
+    }
+  }
+  SECTION("L != S, Ev != E, head dims 1 and 128") {
+    check_against_reference({2, 70, 8}, {2, 129, 8}, {2, 129, 5}, false, 1.5);
+    check_against_reference({2, 129, 8}, {2, 70, 8}, {2, 70, 5}, true, 2.5);  // rows past S see all S keys
+    check_against_reference({1, 5, 1}, {1, 9, 1}, {1, 9, 3}, true, 3.5);
+    check_against_reference({1, 66, 128}, {1, 66, 128}, {1, 66, 128}, true, 4.5);
+  }
+  SECTION("batch dims broadcast; 2-D inputs") {
+    check_against_reference({2, 1, 9, 4}, {1, 3, 9, 4}, {2, 3, 9, 4}, false, 5.5);
+    check_against_reference({9, 4}, {11, 4}, {11, 6}, false, 6.5);
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: strided inputs, a given scale, and large scores", "[ops][attention]") {
+  FusionGuard fused(true);
+  // (B, T, H, E) transposed to (B, H, T, E), as a model's heads are: not contiguous.
+  Tensor q = test::sample({2, 67, 3, 8}, kFloat64, 0.1).transpose(1, 2);
+  Tensor k = test::sample({2, 67, 3, 8}, kFloat64, 0.2).transpose(1, 2);
+  Tensor v = test::sample({2, 67, 3, 8}, kFloat64, 0.3).transpose(1, 2);
+  test::check_close(scaled_dot_product_attention(q, k, v, {}, 0.0, true, 0.7), reference(q, k, v, true, 0.7),
+                    {1e-12, 1e-12});
+  // Scores near 1e3 in size: the online softmax subtracts the running max, so nothing overflows.
+  test::check_close(scaled_dot_product_attention(q * 30, k * 30, v, {}, 0.0, false),
+                    reference(q * 30, k * 30, v, false, 1 / std::sqrt(8.0)), {1e-10, 1e-10});
+}
+
+TEST_CASE("scaled_dot_product_attention: gradcheck and gradgradcheck in float64", "[ops][attention]") {
+  FusionGuard fused(true);
+  Generator gen(3);
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    Tensor q = randn({2, 5, 3}, kFloat64, &gen).requires_grad_();
+    Tensor k = randn({2, 6, 3}, kFloat64, &gen).requires_grad_();
+    Tensor v = randn({2, 6, 4}, kFloat64, &gen).requires_grad_();
+    auto fn = [causal](const autograd::TensorList& in) -> autograd::TensorList {
+      return {scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.0, causal)};
+    };
+    CHECK(autograd::gradcheck(fn, {q, k, v}));
+    CHECK(autograd::gradgradcheck(fn, {q, k, v}));
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: float32, 16-bit floats, masks, and fusion off", "[ops][attention]") {
+  Tensor q = test::sample({2, 2, 70, 16}, kFloat64, 0.1), k = test::sample({2, 2, 70, 16}, kFloat64, 0.2);
+  Tensor v = test::sample({2, 2, 70, 16}, kFloat64, 0.3);
+  Tensor expected = reference(q, k, v, true, 0.25);
+  {
+    FusionGuard fused(true);
+    test::check_close(scaled_dot_product_attention(q.to(kFloat32), k.to(kFloat32), v.to(kFloat32), {}, 0.0, true),
+                      expected.to(kFloat32), {1e-5, 1e-6});
+    Tensor half = scaled_dot_product_attention(q.to(kBFloat16), k.to(kBFloat16), v.to(kBFloat16), {}, 0.0, true);
+    CHECK(half.dtype() == kBFloat16);
+    test::check_close(half.to(kFloat64), expected, {3e-2, 3e-2});
+  }
+  {
+    FusionGuard unfused(false);
+    CHECK_FALSE(fusion_enabled());
+    test::check_close(scaled_dot_product_attention(q, k, v, {}, 0.0, true), expected, {1e-12, 1e-12});
+  }
+  // A bool mask equal to the causal one, and the same as an additive -inf mask.
+  Tensor allowed = ones({70, 70}, kBool).tril();
+  test::check_close(scaled_dot_product_attention(q, k, v, allowed), expected, {1e-12, 1e-12});
+  Tensor additive = zeros({70, 70}, kFloat64).masked_fill(allowed.logical_not(), -INFINITY);
+  test::check_close(scaled_dot_product_attention(q, k, v, additive), expected, {1e-12, 1e-12});
+}
+
+TEST_CASE("scaled_dot_product_attention: dropout draws from the Generator, scaled by 1 / (1 - p)", "[ops][attention]") {
+  Tensor q = test::sample({1, 6, 4}), k = test::sample({1, 6, 4}, kFloat32, 0.7), v = test::sample({1, 6, 4}, kFloat32, 0.9);
+  Generator g(11), g_ref(11);
+  Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.25, false, {}, &g);
+  Tensor p = softmax(matmul(q, k.transpose(-2, -1)) * 0.5, -1);
+  Tensor expected = matmul(dropout(p, 0.25, true, &g_ref), v);
+  test::check_close(out, expected);
+}
+
+TEST_CASE("scaled_dot_product_attention: errors name the shapes and what to do", "[ops][attention][errors]") {
+  Tensor q = zeros({2, 4, 8}), k = zeros({2, 5, 8}), v = zeros({2, 5, 3});
+  test::check_error([&] { scaled_dot_product_attention(q, zeros({2, 5, 7}), v); },
+                    {"scaled_dot_product_attention", "last dim of key (7)", "query (8)"});
+  test::check_error([&] { scaled_dot_product_attention(q, k, zeros({2, 6, 3})); },
+                    {"value must have as many rows as key", "6 vs 5"});
+  test::check_error([&] { scaled_dot_product_attention(q, k, v, ones({4, 5}, kBool), 0.0, true); },
+                    {"not both"});
+  test::check_error([&] { scaled_dot_product_attention(q, k, v, ones({3, 5}, kBool)); },
+                    {"attn_mask of shape [3, 5]", "must broadcast"});
+  test::check_error([&] { scaled_dot_product_attention(q, k.to(kFloat64), v); }, {"one floating dtype"});
+  test::check_error([&] { scaled_dot_product_attention(zeros({4}), k, v); }, {"at least 2 dims"});
+  test::check_error([&] { scaled_dot_product_attention(q, k, v, {}, 1.0); }, {"dropout_p must be in [0, 1)"});
+}
