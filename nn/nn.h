@@ -1,5 +1,5 @@
-// nn/nn.h: everything of kiln::nn in one include: Module, the layers, the losses and functional forms,
-// and nn::init.
+// nn/nn.h: everything of kiln::nn in one include: Module, the layers (attention and transformer blocks
+// too), the losses and functional forms, and nn::init.
 #pragma once
 
 #include "nn/activation.h"
@@ -10,3 +10,4 @@
 #include "nn/linear.h"
 #include "nn/module.h"
 #include "nn/norm.h"
+#include "nn/transformer.h"

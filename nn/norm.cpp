@@ -69,7 +69,7 @@ LayerNorm::LayerNorm(Shape normalized_shape, LayerNormOptions options)
     : normalized_shape(normalized_shape), options(options) {
   if (options.elementwise_affine) {
     weight = register_parameter("weight", ones(normalized_shape));
-    bias = register_parameter("bias", zeros(normalized_shape));
+    if (options.bias) bias = register_parameter("bias", zeros(normalized_shape));
   }
 }
 
@@ -78,8 +78,9 @@ Tensor LayerNorm::forward(const Tensor& input) {
 }
 
 std::string LayerNorm::extra_repr() const {
-  return fmt::format("{}, eps={}, elementwise_affine={}", py_tuple(normalized_shape), py_float(options.eps),
-                     py_bool(options.elementwise_affine));
+  return fmt::format("{}, eps={}, elementwise_affine={}{}", py_tuple(normalized_shape), py_float(options.eps),
+                     py_bool(options.elementwise_affine),
+                     options.elementwise_affine && !options.bias ? ", bias=False" : "");
 }
 
 RMSNorm::RMSNorm(Shape normalized_shape, RMSNormOptions options) : normalized_shape(normalized_shape), options(options) {

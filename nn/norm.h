@@ -56,6 +56,7 @@ class BatchNorm2d : public BatchNormBase {
 struct LayerNormOptions {
   double eps = 1e-5;
   bool elementwise_affine = true;  // weight and bias of normalized_shape
+  bool bias = true;                // with elementwise_affine: false keeps the weight only (PyTorch 2.1's option)
 };
 // Normalises over the trailing normalized_shape dims of each sample.
 class LayerNorm : public Module {

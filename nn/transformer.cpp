@@ -1,0 +1,188 @@
+// nn/transformer.cpp: see nn/transformer.h.
+#include "nn/transformer.h"
+
+#include <fmt/format.h>
+
+#include "core/grad_mode.h"
+#include "nn/functional.h"
+#include "nn/init.h"
+#include "ops/ops.h"
+
+namespace kiln::nn {
+
+namespace {
+
+// (B, T, C) -> (B, heads, T, C / heads): a view, no copy.
+Tensor split_heads(const Tensor& x, int64_t heads) {
+  const int64_t B = x.sizes()[0], T = x.sizes()[1], C = x.sizes()[2];
+  return x.view({B, T, heads, C / heads}).transpose(1, 2);
+}
+
+// (B, heads, T, d) -> (B, T, heads * d).
+Tensor merge_heads(const Tensor& y) {
+  const int64_t B = y.sizes()[0], H = y.sizes()[1], T = y.sizes()[2], d = y.sizes()[3];
+  return y.transpose(1, 2).reshape({B, T, H * d});
+}
+
+}  // namespace
+
+// ---- MultiheadAttention ----
+
+MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, MultiheadAttentionOptions options)
+    : embed_dim(embed_dim), num_heads(num_heads), options(options), out_proj(embed_dim, embed_dim, {options.bias}) {
+  KILN_CHECK(embed_dim > 0 && num_heads > 0 && embed_dim % num_heads == 0,
+             "nn::MultiheadAttention: embed_dim ({}) must be a positive multiple of num_heads ({})", embed_dim,
+             num_heads);
+  KILN_CHECK(options.dropout >= 0 && options.dropout < 1, "nn::MultiheadAttention: dropout must be in [0, 1), got {}",
+             options.dropout);
+  in_proj_weight = register_parameter("in_proj_weight", empty({3 * embed_dim, embed_dim}));
+  init::xavier_uniform_(in_proj_weight);
+  if (options.bias) in_proj_bias = register_parameter("in_proj_bias", zeros({3 * embed_dim}));
+  register_module("out_proj", out_proj);
+  if (out_proj.bias.defined()) init::zeros_(out_proj.bias);
+}
+
+Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
+                                   const MultiheadAttentionCall& call) {
+  const char* op = "nn::MultiheadAttention";
+  KILN_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3,
+             "{}: query, key and value must be 3-D ({}), got shapes {}, {} and {}", op,
+             options.batch_first ? "N, L, E" : "L, N, E", query.sizes().str(), key.sizes().str(), value.sizes().str());
+  KILN_CHECK(query.sizes()[2] == embed_dim && key.sizes()[2] == embed_dim && value.sizes()[2] == embed_dim,
+             "{}: the last dim of query, key and value must be embed_dim = {}, got shapes {}, {} and {}", op,
+             embed_dim, query.sizes().str(), key.sizes().str(), value.sizes().str());
+  const bool self = query.is_same(key) && key.is_same(value);
+  auto batch_first = [&](const Tensor& t) { return options.batch_first ? t : t.transpose(0, 1); };
+  Tensor q, k, v;
+  if (self) {  // one projection for the three
+    auto qkv = linear(batch_first(query), in_proj_weight, in_proj_bias).chunk(3, -1);
+    q = qkv[0], k = qkv[1], v = qkv[2];
+  } else {
+    auto w = in_proj_weight.chunk(3, 0);
+    std::vector<Tensor> b = in_proj_bias.defined() ? in_proj_bias.chunk(3, 0) : std::vector<Tensor>(3);
+    q = linear(batch_first(query), w[0], b[0]);
+    k = linear(batch_first(key), w[1], b[1]);
+    v = linear(batch_first(value), w[2], b[2]);
+  }
+  const int64_t N = q.sizes()[0], L = q.sizes()[1], S = k.sizes()[1];
+  KILN_CHECK(k.sizes()[0] == N && v.sizes()[0] == N && v.sizes()[1] == S,
+             "{}: query, key and value disagree on the batch size or the key length: shapes {}, {} and {}", op,
+             query.sizes().str(), key.sizes().str(), value.sizes().str());
+
+  // PyTorch's masks say where NOT to attend (true = masked out); scaled_dot_product_attention's bool
+  // mask says where to attend. A float mask is added as it is.
+  Tensor mask = call.attn_mask;
+  bool causal = call.is_causal;
+  if (mask.defined()) {
+    KILN_CHECK(mask.dim() == 2 || (mask.dim() == 3 && mask.sizes()[0] == N * num_heads),
+               "{}: attn_mask must be (L, S) or (N * num_heads, L, S) = ({}, {}, {}), got shape {}", op, N * num_heads,
+               L, S, mask.sizes().str());
+    if (mask.dim() == 3) mask = mask.view({N, num_heads, L, S});
+    if (mask.dtype() == kBool) mask = mask.logical_not();
+    causal = false;  // PyTorch: with attn_mask, is_causal is only a hint that the mask is causal
+  }
+  if (call.key_padding_mask.defined()) {
+    KILN_CHECK(call.key_padding_mask.dtype() == kBool && call.key_padding_mask.sizes() == Shape({N, S}),
+               "{}: key_padding_mask must be a bool (N, S) = ({}, {}) tensor, got {} of shape {}", op, N, S,
+               dtype_name(call.key_padding_mask.dtype()), call.key_padding_mask.sizes().str());
+    Tensor padded = call.key_padding_mask.view({N, 1, 1, S});
+    if (causal) {
+      mask = ones({L, S}, TensorOptions().dtype(kBool).device(q.device())).tril();
+      causal = false;
+    }
+    if (!mask.defined()) {
+      mask = padded.logical_not();
+    } else if (mask.dtype() == kBool) {
+      mask = logical_and(mask, padded.logical_not());
+    } else {
+      mask = mask.masked_fill(padded, -INFINITY);
+    }
+  }
+  const double p = is_training() ? options.dropout : 0.0;
+  Tensor y = scaled_dot_product_attention(split_heads(q, num_heads), split_heads(k, num_heads),
+                                          split_heads(v, num_heads), mask, p, causal);
+  Tensor out = out_proj(merge_heads(y));
+  return options.batch_first ? out : out.transpose(0, 1);
+}
+
+std::string MultiheadAttention::extra_repr() const {
+  return fmt::format("embed_dim={}, num_heads={}, dropout={}, batch_first={}", embed_dim, num_heads,
+                     py_float(options.dropout), options.batch_first ? "True" : "False");
+}
+
+// ---- CausalSelfAttention ----
+
+CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, TransformerOptions options)
+    : n_embd(n_embd),
+      n_head(n_head),
+      dropout(options.dropout),
+      c_attn(n_embd, 3 * n_embd, {options.bias}),
+      c_proj(n_embd, n_embd, {options.bias}) {
+  KILN_CHECK(n_embd > 0 && n_head > 0 && n_embd % n_head == 0,
+             "nn::CausalSelfAttention: n_embd ({}) must be a positive multiple of n_head ({})", n_embd, n_head);
+  register_modules({{"c_attn", c_attn}, {"c_proj", c_proj}});
+}
+
+Tensor CausalSelfAttention::forward(const Tensor& x, KVCache* cache) {
+  KILN_CHECK(x.dim() == 3 && x.sizes()[2] == n_embd, "nn::CausalSelfAttention: expected input (B, T, {}), got shape {}",
+             n_embd, x.sizes().str());
+  const int64_t T = x.sizes()[1];
+  auto qkv = c_attn(x).split(n_embd, 2);
+  Tensor q = split_heads(qkv[0], n_head), k = split_heads(qkv[1], n_head), v = split_heads(qkv[2], n_head);
+  // Query t of the new positions is position past + t: it sees keys 0 .. past + t.
+  const int64_t past = cache ? cache->length() : 0;
+  if (cache) {
+    if (past > 0) {
+      k = cat({cache->k, k}, 2);
+      v = cat({cache->v, v}, 2);
+    }
+    cache->k = k;
+    cache->v = v;
+  }
+  Tensor mask;
+  bool causal = T > 1;
+  if (past > 0 && T > 1) {  // new rows see all the cached keys and the new ones up to themselves
+    mask = ones({T, past + T}, TensorOptions().dtype(kBool).device(x.device())).tril(past);
+    causal = false;
+  }
+  const double p = is_training() ? dropout : 0.0;
+  Tensor y = merge_heads(scaled_dot_product_attention(q, k, v, mask, p, causal));
+  return nn::dropout(c_proj(y), p, is_training());
+}
+
+std::string CausalSelfAttention::extra_repr() const {
+  return fmt::format("n_embd={}, n_head={}, dropout={}", n_embd, n_head, py_float(dropout));
+}
+
+// ---- GeluMLP ----
+
+GeluMLP::GeluMLP(int64_t n_embd, TransformerOptions options)
+    : gelu_approximate(options.gelu_approximate),
+      dropout(options.dropout),
+      c_fc(n_embd, 4 * n_embd, {options.bias}),
+      c_proj(4 * n_embd, n_embd, {options.bias}) {
+  KILN_CHECK(gelu_approximate == "none" || gelu_approximate == "tanh",
+             "nn::GeluMLP: gelu_approximate must be \"none\" or \"tanh\", got \"{}\"", gelu_approximate);
+  register_modules({{"c_fc", c_fc}, {"c_proj", c_proj}});
+}
+
+Tensor GeluMLP::forward(const Tensor& x) {
+  return nn::dropout(c_proj(gelu(c_fc(x), gelu_approximate)), dropout, is_training());
+}
+
+// ---- TransformerBlock ----
+
+TransformerBlock::TransformerBlock(int64_t n_embd, int64_t n_head, TransformerOptions options)
+    : ln_1(n_embd, {.eps = options.layer_norm_eps, .bias = options.bias}),
+      attn(n_embd, n_head, options),
+      ln_2(n_embd, {.eps = options.layer_norm_eps, .bias = options.bias}),
+      mlp(n_embd, options) {
+  register_modules({{"ln_1", ln_1}, {"attn", attn}, {"ln_2", ln_2}, {"mlp", mlp}});
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, KVCache* cache) {
+  Tensor h = x + attn.forward(ln_1(x), cache);
+  return h + mlp(ln_2(h));
+}
+
+}  // namespace kiln::nn

@@ -1,0 +1,253 @@
+// models/gpt: GPT-2 against PyTorch (tests/fixtures/gen_gpt_golden.py writes the golden files): one
+// forward and backward of a tiny GPT-2 loaded from a Hugging Face-layout file (logits and every
+// parameter's gradient within 1e-4 relative), and a 25-step AdamW loss curve from the same init and
+// data. Then what the model adds: the Hugging Face file round trip and its errors, generation with and
+// without the key/value cache, activation checkpointing (same gradients, dropout masks replayed), and
+// gradient accumulation (N micro-batches of b = one batch of N b).
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "data/safetensors.h"
+#include "models/gpt.h"
+#include "support.h"
+
+using namespace kiln;
+using namespace kiln::test;
+using models::GPT;
+using models::GPTConfig;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fixture(const std::string& name) { return std::string(KILN_TEST_FIXTURES) + "/" + name; }
+
+std::string scratch(const std::string& name) {
+  fs::path dir = fs::temp_directory_path() / ("kiln-test-gpt-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return (dir / name).string();
+}
+
+int64_t meta_int(const safetensors::Metadata& m, const std::string& key) { return std::stoll(m.at(key)); }
+
+GPTConfig config_of(const safetensors::Metadata& m, const std::string& activation) {
+  GPTConfig c;
+  c.n_layer = meta_int(m, "n_layer");
+  c.n_head = meta_int(m, "n_head");
+  c.n_embd = meta_int(m, "n_embd");
+  c.block_size = meta_int(m, "n_ctx");
+  c.vocab_size = meta_int(m, "vocab_size");
+  c.gelu_approximate = activation;
+  return c;
+}
+
+// The entries of `file` whose names start with `prefix`, with the prefix removed.
+TensorDict with_prefix(const TensorDict& file, const std::string& prefix) {
+  TensorDict out;
+  for (const auto& [name, t] : file) {
+    if (name.starts_with(prefix)) out.insert(name.substr(prefix.size()), t);
+  }
+  return out;
+}
+
+TensorDict weights_of(const TensorDict& file) {
+  TensorDict out;
+  for (const auto& [name, t] : file) {
+    if (name.starts_with("transformer.")) out.insert(name, t);
+  }
+  return out;
+}
+
+// Within rtol of the expected values, relative to the tensor's largest value (a gradient element
+// near zero has no meaningful relative error of its own).
+void check_relative(const Tensor& actual, const Tensor& expected, double rtol) {
+  const double scale = expected.abs().max().to(kFloat64).item<double>();
+  check_close(actual, expected, {rtol, rtol * scale});
+}
+
+}  // namespace
+
+TEST_CASE("GPT-2: logits and every gradient equal PyTorch's for a tiny model loaded from a HF file", "[models][gpt]") {
+  const std::string path = fixture("gpt_tiny_golden.safetensors");
+  TensorDict file = safetensors::load_file(path);
+  GPT model(config_of(safetensors::load_metadata(path), "tanh"));
+  model.load_state_dict(models::from_hf_gpt2(weights_of(file), model));
+
+  Tensor logits = model(file.at("input.idx"));
+  Tensor loss = GPT::loss(logits, file.at("input.targets"));
+  check_relative(logits, file.at("out.logits"), 1e-4);
+  CHECK(loss.item<double>() == Approx(file.at("out.loss").item<double>()).epsilon(1e-5));
+  loss.backward();
+  // The file's gradients are in its own (Conv1D) layout: convert them like the weights.
+  TensorDict grads = models::from_hf_gpt2(with_prefix(file, "grad."), model);
+  int checked = 0;
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    REQUIRE(p.grad().defined());
+    check_relative(p.grad(), grads.at(name), 1e-4);
+    ++checked;
+  }
+  CHECK(checked == 2 + 2 * 12 + 2);  // wte, wpe; 12 per block; ln_f
+}
+
+TEST_CASE("GPT-2: a 25-step AdamW loss curve follows PyTorch's from the same init and batches", "[models][gpt]") {
+  const std::string path = fixture("gpt_curve_golden.safetensors");
+  TensorDict file = safetensors::load_file(path);
+  const auto meta = safetensors::load_metadata(path);
+  GPT model(config_of(meta, "none"));
+  model.load_state_dict(models::from_hf_gpt2(weights_of(file), model));
+  optim::AdamW opt(model.parameters(), {.lr = std::stod(meta.at("lr")),
+                                        .beta1 = std::stod(meta.at("beta1")),
+                                        .beta2 = std::stod(meta.at("beta2")),
+                                        .eps = std::stod(meta.at("eps")),
+                                        .weight_decay = std::stod(meta.at("weight_decay"))});
+  Tensor xs = file.at("curve.x"), ys = file.at("curve.y");
+  std::vector<float> expected = file.at("curve.loss").to_vector<float>();
+  for (int64_t step = 0; step < xs.sizes()[0]; ++step) {
+    opt.zero_grad();
+    Tensor loss = GPT::loss(model(xs[step]), ys[step]);
+    INFO("step " << step);
+    CHECK(loss.item<double>() == Approx(expected[step]).epsilon(1e-4));
+    loss.backward();
+    opt.step();
+  }
+  TensorDict final_weights = models::from_hf_gpt2(with_prefix(file, "final."), model);
+  for (const auto& [name, p] : model.named_parameters()) {
+    INFO(name);
+    check_close(p.detach(), final_weights.at(name), {1e-3, 2e-4});
+  }
+}
+
+TEST_CASE("GPT: the configurations of BENCHMARKS.md", "[models][gpt]") {
+  GPT gpt_char(GPTConfig::gpt_char());
+  CHECK(gpt_char.num_parameters() == 842496);
+  // Every >= 2-D weight N(0, 0.02) (no scaled residual init), LayerNorms 1 and 0, biases 0.
+  Tensor w = gpt_char.block(2).mlp.c_proj.weight;
+  CHECK(w.std().item<double>() == Approx(0.02).epsilon(0.02));
+  CHECK(gpt_char.block(0).ln_1.weight.eq(1.0).all().item<bool>());
+  CHECK(gpt_char.block(3).attn.c_attn.bias.eq(0.0).all().item<bool>());
+  // GPT-2 124M: 124,439,808 parameters with the tied head (Hugging Face's count).
+  GPTConfig big = GPTConfig::gpt2();
+  CHECK(big.n_layer == 12);
+  big.n_layer = 1;  // the count per block, without building all twelve
+  GPT one(big);
+  const int64_t embeddings = 50257 * 768 + 1024 * 768, final_norm = 2 * 768;
+  const int64_t per_block = one.num_parameters() - embeddings - final_norm;
+  CHECK(embeddings + final_norm + 12 * per_block == 124439808);
+  // The residual projections start smaller: std 0.02 / sqrt(2 n_layer).
+  CHECK(one.block(0).attn.c_proj.weight.std().item<double>() == Approx(0.02 / std::sqrt(2.0)).epsilon(0.02));
+}
+
+TEST_CASE("GPT: Hugging Face files round trip, with or without the prefix, and misfits are errors", "[models][gpt]") {
+  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 8, .block_size = 6, .vocab_size = 11};
+  GPT a(c);
+  const std::string path = scratch("rt.safetensors");
+  models::save_hf_gpt2(a, path);
+  TensorDict file = safetensors::load_file(path);
+  CHECK(file.at("transformer.h.1.attn.c_attn.weight").sizes() == Shape({8, 24}));  // Conv1D (in, out)
+  CHECK(file.at("transformer.h.0.mlp.c_fc.weight").sizes() == Shape({8, 32}));
+  CHECK_FALSE(file.contains("lm_head.weight"));
+  CHECK(safetensors::load_metadata(path).at("activation_function") == "gelu_new");
+  GPT b(c);
+  models::load_hf_gpt2(b, path);
+  Tensor idx = from_vector<int64_t>({1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, {2, 5});
+  check_equal(b(idx), a(idx));
+
+  // A GPT2Model file: no "transformer." prefix, with the mask buffers and a tied lm_head.
+  TensorDict bare;
+  for (const auto& [name, t] : file) bare.insert(name.substr(std::string("transformer.").size()), t);
+  bare.insert("h.0.attn.bias", ones({1, 1, 6, 6}));
+  bare.insert("h.0.attn.masked_bias", full({}, -1e4));
+  bare.insert("lm_head.weight", file.at("transformer.wte.weight"));
+  const std::string bare_path = scratch("bare.safetensors");
+  safetensors::save_file(bare, bare_path);
+  GPT d(c);
+  models::load_hf_gpt2(d, bare_path);
+  check_equal(d(idx), a(idx));
+
+  GPTConfig deeper = c;
+  deeper.n_layer = 3;
+  GPT e(deeper);
+  check_error([&] { models::load_hf_gpt2(e, path); },
+              {"load_hf_gpt2", "does not fit", "missing transformer.h.2.ln_1.weight"});
+  GPTConfig wider = c;
+  wider.vocab_size = 12;
+  GPT f(wider);
+  check_error([&] { models::load_hf_gpt2(f, path); },
+              {"transformer.wte.weight has shape [11, 8] in the file", "[12, 8] in the model", "vocab_size 12"});
+  GPTConfig shallower = c;
+  shallower.n_layer = 1;
+  GPT g(shallower);
+  check_error([&] { models::load_hf_gpt2(g, path); }, {"unexpected transformer.h.1"});
+}
+
+TEST_CASE("GPT: the key/value cache gives the same logits and tokens as running the whole sequence", "[models][gpt]") {
+  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 12, .vocab_size = 20};
+  GPT model(c);
+  model.eval();
+  NoGradGuard no_grad;
+  Tensor idx = from_vector<int64_t>({3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7}, {2, 7});
+  Tensor full_logits = model(idx);
+  // Prompt of 4, then one token at a time, then the last two at once (T > 1 with a cache).
+  std::vector<nn::KVCache> caches;
+  std::vector<Tensor> pieces{model.forward(idx.narrow(1, 0, 4), &caches)};
+  pieces.push_back(model.forward(idx.narrow(1, 4, 1), &caches));
+  pieces.push_back(model.forward(idx.narrow(1, 5, 2), &caches));
+  CHECK(caches[1].length() == 7);
+  check_close(cat(pieces, 1), full_logits, {1e-5, 1e-5});
+
+  Tensor prompt = idx.narrow(1, 0, 3);
+  Tensor greedy = model.generate(prompt, 15, {.temperature = 0});  // 18 tokens: past block_size 12
+  Tensor greedy_nocache = model.generate(prompt, 15, {.temperature = 0, .use_cache = false});
+  CHECK(greedy.sizes() == Shape({2, 18}));
+  check_equal(greedy, greedy_nocache);
+  check_equal(greedy.narrow(1, 0, 3), prompt);
+  // top_k = 1 is greedy whatever the temperature; a seeded generator repeats itself.
+  Generator g1(5), g2(5), g3(5);
+  check_equal(model.generate(prompt, 6, {.temperature = 2.0, .top_k = 1}, &g1), greedy.narrow(1, 0, 9));
+  Tensor s1 = model.generate(prompt, 8, {.temperature = 1.0, .top_k = 5}, &g2);
+  Tensor s2 = model.generate(prompt, 8, {.temperature = 1.0, .top_k = 5}, &g3);
+  check_equal(s1, s2);
+  CHECK(s1.lt(c.vocab_size).all().item<bool>());
+  check_error([&] { model(zeros({1, 13}, kInt64)); }, {"longer than the context, block_size = 12"});
+}
+
+TEST_CASE("GPT: activation checkpointing gives the same gradients, dropout masks included", "[models][gpt]") {
+  GPTConfig c{.n_layer = 3, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13, .dropout = 0.2};
+  GPT plain(c), ckpt(c);
+  ckpt.load_state_dict(plain.state_dict());
+  ckpt.set_checkpointing(true);
+  ckpt.set_checkpointing(1, false);  // blocks 0 and 2
+  CHECK(ckpt.checkpointing(0));
+  CHECK_FALSE(ckpt.checkpointing(1));
+  Tensor idx = randint(0, 13, {4, 8}), targets = randint(0, 13, {4, 8});
+  const Generator::State start = default_generator().get_state();
+  Tensor loss_plain = GPT::loss(plain(idx), targets);
+  loss_plain.backward();
+  default_generator().set_state(start);
+  Tensor loss_ckpt = GPT::loss(ckpt(idx), targets);
+  loss_ckpt.backward();
+  CHECK(loss_ckpt.item<double>() == loss_plain.item<double>());
+  auto pa = plain.named_parameters(), pb = ckpt.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    INFO(pa[i].first);
+    check_close(pb[i].second.grad(), pa[i].second.grad(), {1e-6, 1e-7});
+  }
+}
+
+TEST_CASE("GPT: N micro-batches of b with the loss scaled by 1/N accumulate the gradient of one batch of N b",
+          "[models][gpt]") {
+  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13};
+  GPT model(c);
+  Tensor idx = randint(0, 13, {6, 8}), targets = randint(0, 13, {6, 8});
+  GPT::loss(model(idx), targets).backward();
+  std::vector<Tensor> whole;
+  for (const auto& p : model.parameters()) whole.push_back(p.grad().clone());
+  model.zero_grad();
+  for (int64_t m = 0; m < 3; ++m) {
+    (GPT::loss(model(idx.narrow(0, 2 * m, 2)), targets.narrow(0, 2 * m, 2)) / 3).backward();
+  }
+  auto params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) check_close(params[i].grad(), whole[i], {1e-5, 1e-7});
+}
