@@ -16,6 +16,14 @@ class ByteText {
   explicit ByteText(const std::string& path);  // the file's bytes (inflated when gzip'd)
   explicit ByteText(std::vector<uint8_t> bytes, std::string name = "<memory>");
 
+  // BENCHMARKS.md's corpus, built from Debian's `fortunes` package (1:1.99.1-7.3) and base-files:
+  // the regular files (not the symbolic links) directly in /usr/share/games/fortunes not named
+  // *.dat, then those directly in /usr/share/common-licenses, each list sorted bytewise by path,
+  // concatenated: 2,813,994 bytes (scripts/make_fortunes_corpus.sh writes the same bytes to a file).
+  // An Error when the folders are missing or the size differs (another package version).
+  static ByteText fortunes();
+  static constexpr int64_t kFortunesSize = 2813994;
+
   int64_t size() const { return static_cast<int64_t>(bytes_.size()); }
   const std::vector<uint8_t>& bytes() const { return bytes_; }
 

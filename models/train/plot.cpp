@@ -20,6 +20,28 @@ bool write_text(const std::string& path, const std::string& text) {
 
 bool have_gnuplot() { return std::system("command -v gnuplot > /dev/null 2>&1") == 0; }
 
+// Writes DIR/history.tsv and DIR/plot.gp and runs gnuplot on them; the PNG's path or "" and why.
+std::string draw(const std::string& data, const std::string& script, const std::string& dir, std::string* why) {
+  namespace fs = std::filesystem;
+  const std::string tsv = (fs::path(dir) / "history.tsv").string();
+  const std::string png = (fs::path(dir) / "training.png").string();
+  const std::string gp = (fs::path(dir) / "plot.gp").string();
+  if (!write_text(tsv, data) || !write_text(gp, script)) {
+    *why = fmt::format("could not write {} or {}", tsv, gp);
+    return "";
+  }
+  if (!have_gnuplot()) {
+    *why = "gnuplot is not installed (apt-get install gnuplot-nox) so there is no training.png";
+    return "";
+  }
+  const std::string cmd = fmt::format("gnuplot '{}' > /dev/null 2>&1", gp);
+  if (std::system(cmd.c_str()) != 0 || !fs::exists(png)) {
+    *why = fmt::format("gnuplot failed on {}", gp);
+    return "";
+  }
+  return png;
+}
+
 }  // namespace
 
 std::string plot_history(const History& h, const std::string& dir, std::string* why) {
@@ -33,7 +55,6 @@ std::string plot_history(const History& h, const std::string& dir, std::string* 
   }
   const std::string tsv = (fs::path(dir) / "history.tsv").string();
   const std::string png = (fs::path(dir) / "training.png").string();
-  const std::string gp = (fs::path(dir) / "plot.gp").string();
   std::string script = fmt::format(
       "set terminal pngcairo size 1000,420\n"
       "set output '{}'\n"
@@ -45,24 +66,33 @@ std::string plot_history(const History& h, const std::string& dir, std::string* 
       "plot '{}' index 1 using 1:3 with linespoints pt 7 title 'test accuracy'\n"
       "unset multiplot\n",
       png, tsv, h.epoch.empty() ? 1.5 : h.epoch.back() + 0.5, tsv);
-  if (!write_text(tsv, data) || !write_text(gp, script)) {
-    *why = fmt::format("could not write {} or {}", tsv, gp);
-    return "";
-  }
-  if (!have_gnuplot()) {
-    *why = "gnuplot is not installed (apt-get install gnuplot-nox) so there is no training.png";
-    return "";
-  }
   if (h.epoch.empty()) {
     *why = "no epoch finished, so there is nothing to plot";
+    if (!write_text(tsv, data)) *why = fmt::format("could not write {}", tsv);
     return "";
   }
-  const std::string cmd = fmt::format("gnuplot '{}' > /dev/null 2>&1", gp);
-  if (std::system(cmd.c_str()) != 0 || !fs::exists(png)) {
-    *why = fmt::format("gnuplot failed on {}", gp);
+  return draw(data, script, dir, why);
+}
+
+std::string plot_losses(const LossHistory& h, const std::string& dir, std::string* why) {
+  namespace fs = std::filesystem;
+  std::string data = "# step\tloss\n";
+  for (size_t i = 0; i < h.step.size(); ++i) data += fmt::format("{}\t{:.6g}\n", h.step[i], h.loss[i]);
+  data += "\n\n# step\tvalidation_loss\n";
+  for (size_t i = 0; i < h.eval_step.size(); ++i) data += fmt::format("{}\t{:.6g}\n", h.eval_step[i], h.eval_loss[i]);
+  if (h.step.empty()) {
+    *why = "no step was logged, so there is nothing to plot";
     return "";
   }
-  return png;
+  const std::string tsv = (fs::path(dir) / "history.tsv").string();
+  std::string script = fmt::format(
+      "set terminal pngcairo size 800,450\n"
+      "set output '{}'\n"
+      "set title 'loss'; set xlabel 'step'; set ylabel 'cross-entropy (nats per byte)'; set grid\n"
+      "plot '{}' index 0 using 1:2 with lines title 'train'{}\n",
+      (fs::path(dir) / "training.png").string(), tsv,
+      h.eval_step.empty() ? "" : fmt::format(", '{}' index 1 using 1:2 with linespoints pt 7 title 'validation'", tsv));
+  return draw(data, script, dir, why);
 }
 
 }  // namespace kiln::train

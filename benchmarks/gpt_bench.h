@@ -1,0 +1,149 @@
+// gpt_bench.h: what bench_gpt_char.cpp and bench_checkpointing_mem.cpp share: BENCHMARKS.md's
+// gpt_char training loop (e) and its JSON line, under the keys of the anchors
+// (benchmarks/anchors/anchor_gpt_char.cpp, benchmarks/anchors/torch_gpt_char.py).
+//
+// The model is models::GPT with GPTConfig::gpt_char() (n_layer from --layers); AdamW lr 3e-4,
+// (0.9, 0.999), eps 1e-8, weight decay 0.1 on every parameter; each step draws 16 windows of 128
+// bytes from the corpus (data::ByteText::sample, seeded), then forward, mean cross-entropy,
+// backward, optimizer step and loss.item(). ms_per_step is the median over steps 11 to the last.
+#pragma once
+
+#include <kiln/kiln.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "models/gpt.h"
+
+namespace gpt_bench {
+
+constexpr int64_t kBatch = 16;
+
+inline double peak_rss_mib() {
+  struct rusage usage {};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+// Resident set size now, in MiB (/proc/self/statm: pages).
+inline double rss_now_mib() {
+  std::ifstream statm("/proc/self/statm");
+  long pages = 0, resident = 0;
+  statm >> pages >> resident;
+  return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
+inline double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size() / 2;
+  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
+}
+
+struct Options {
+  std::string bench = "gpt_char";
+  int64_t layers = 4;
+  int64_t steps = 200;
+  std::string corpus;  // empty: BENCHMARKS.md's corpus, built from Debian's fortunes package
+  bool checkpoint = false;
+  bool fusion = true;
+  kiln::Device device = kiln::Device::cpu();
+};
+
+inline void usage_exit(const char* prog, const Options& d, int code) {
+  std::fprintf(stderr,
+               "usage: %s [--steps %lld] [--layers %lld] [--corpus FILE] [--checkpoint] [--no-fusion] "
+               "[--device cpu|cuda]\n",
+               prog, static_cast<long long>(d.steps), static_cast<long long>(d.layers));
+  std::exit(code);
+}
+
+inline Options parse_args(int argc, char** argv, Options defaults) {
+  Options o = defaults;
+  auto number = [&](int& i) {
+    char* end = nullptr;
+    long long v = std::strtoll(argv[++i], &end, 10);
+    if (*end != '\0' || v <= 0) {
+      std::fprintf(stderr, "%s: bad value '%s' for %s\n", argv[0], argv[i], argv[i - 1]);
+      std::exit(2);
+    }
+    return static_cast<int64_t>(v);
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    const bool has_value = i + 1 < argc;
+    if (a == "--steps" && has_value) {
+      o.steps = number(i);
+    } else if (a == "--layers" && has_value) {
+      o.layers = number(i);
+    } else if (a == "--corpus" && has_value) {
+      o.corpus = argv[++i];
+    } else if (a == "--checkpoint") {
+      o.checkpoint = true;
+    } else if (a == "--no-fusion") {
+      o.fusion = false;
+    } else if (a == "--device" && has_value) {
+      o.device = kiln::Device::parse(argv[++i]);
+    } else {
+      usage_exit(argv[0], defaults, a == "--help" || a == "-h" ? 0 : 2);
+    }
+  }
+  return o;
+}
+
+// Trains and prints the JSON line. Returns the exit status.
+inline int run(const Options& o) {
+  using namespace kiln;
+  try {
+    set_fusion(o.fusion);
+    data::ByteText text = o.corpus.empty() ? data::ByteText::fortunes() : data::ByteText(o.corpus);
+    manual_seed(0);
+    models::GPTConfig config = models::GPTConfig::gpt_char();
+    config.n_layer = o.layers;
+    models::GPT model(config);
+    model.to(o.device);
+    model.set_checkpointing(o.checkpoint);
+    optim::AdamW opt(model.parameters(), {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1});
+    Generator gen(0);
+    const double rss_before = rss_now_mib();
+    std::vector<double> ms;
+    double loss_first = 0, loss_last = 0;
+    for (int64_t step = 1; step <= o.steps; ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      data::Example batch = text.sample(kBatch, config.block_size, gen);
+      Tensor logits = model(batch.data.to(o.device));
+      Tensor loss = models::GPT::loss(logits, batch.target.to(o.device));
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      const double l = loss.item<double>();
+      const auto t1 = std::chrono::steady_clock::now();
+      if (step == 1) loss_first = l;
+      loss_last = l;
+      if (step > 10) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    const double peak = peak_rss_mib();
+    std::printf(
+        "{\"bench\":\"%s\",\"impl\":\"kiln\",\"device\":\"%s\",\"threads\":%d,\"n_layer\":%lld,\"steps\":%lld,"
+        "\"params\":%lld,\"ckpt\":%s,\"fusion\":%s,\"ms_per_step\":%.3f,\"loss_first\":%.4f,\"loss_final\":%.4f,"
+        "\"peak_rss_mib\":%.1f,\"rss_before_train_mib\":%.1f,\"train_increment_mib\":%.1f}\n",
+        o.bench.c_str(), o.device.str().c_str(), get_num_threads(), static_cast<long long>(o.layers),
+        static_cast<long long>(o.steps), static_cast<long long>(model.num_parameters()),
+        o.checkpoint ? "true" : "false", o.fusion ? "true" : "false", median(ms), loss_first, loss_last, peak,
+        rss_before, peak - rss_before);
+    std::fflush(stdout);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", o.bench.c_str(), e.what());
+    return 1;
+  }
+}
+
+}  // namespace gpt_bench

@@ -1,0 +1,370 @@
+// models/train_gpt.cpp: train_gpt, a byte-level GPT trained on a text corpus: by default BENCHMARKS.md's
+// gpt_char model on the fortunes corpus (Debian's `fortunes` package; --corpus FILE for any text). A
+// progress bar, validation losses, metrics as JSON lines, a plot, checkpoints to resume from, and a
+// generated sample at the end. `train_gpt --help` lists the flags.
+//
+//   train_gpt --steps 2000 --out runs/gpt                 # gpt_char, 16 x 128 bytes per step
+//   train_gpt --resume runs/gpt/checkpoint --steps 4000 --out runs/gpt
+//   train_gpt --grad-accum 4 --clip 1.0 --checkpoint-activations --no-fusion   # the techniques
+//   kiln-run -n 2 train_gpt --out runs/gpt-ddp           # data parallel on 2 ranks
+//
+// The last tenth of the corpus is held out: every --eval-every steps the validation loss is the mean
+// over --eval-batches fixed windows of it. A step is --grad-accum micro-batches of --batch-size
+// windows, each loss divided by --grad-accum so the gradients add up to the mean over the whole
+// batch; then clipping (--clip, the global norm) and AdamW.
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include <kiln/kiln.h>
+#include <nlohmann/json.hpp>
+
+#include "models/gpt.h"
+#include "models/train/checkpoint.h"
+#include "models/train/flags.h"
+#include "models/train/plot.h"
+#include "models/train/progress.h"
+
+using namespace kiln;
+using json = nlohmann::json;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct Run {
+  std::string config = "gpt_char";
+  int64_t n_layer = 0, n_head = 0, n_embd = 0, context = 0;  // 0: the config's
+  double dropout = 0;
+  std::string corpus;  // "" = the fortunes corpus
+  int64_t steps = 200, batch_size = 16, grad_accum = 1;
+  double lr = 3e-4, weight_decay = 0.1, clip = 0;
+  bool checkpoint_activations = false, fusion = true, fused_adam = false;
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  int64_t eval_every = 100, eval_batches = 8, log_every = 10, save_every = 0;
+};
+
+json to_json(const Run& r) {
+  return {{"config", r.config}, {"n_layer", r.n_layer}, {"n_head", r.n_head}, {"n_embd", r.n_embd},
+          {"context", r.context}, {"dropout", r.dropout}, {"corpus", r.corpus}, {"batch_size", r.batch_size},
+          {"grad_accum", r.grad_accum}, {"lr", r.lr}, {"weight_decay", r.weight_decay}, {"clip", r.clip},
+          {"checkpoint_activations", r.checkpoint_activations}, {"fusion", r.fusion},
+          {"fused_adam", r.fused_adam}, {"seed", r.seed}, {"device", r.device}};
+}
+
+// A resumed run takes the model, data and optimizer settings from its checkpoint.
+void from_json(const json& j, Run& r) {
+  r.config = j.at("config");
+  r.n_layer = j.at("n_layer");
+  r.n_head = j.at("n_head");
+  r.n_embd = j.at("n_embd");
+  r.context = j.at("context");
+  r.dropout = j.at("dropout");
+  r.corpus = j.at("corpus");
+  r.batch_size = j.at("batch_size");
+  r.grad_accum = j.at("grad_accum");
+  r.lr = j.at("lr");
+  r.weight_decay = j.at("weight_decay");
+  r.clip = j.at("clip");
+  r.checkpoint_activations = j.at("checkpoint_activations");
+  r.fusion = j.at("fusion");
+  r.fused_adam = j.at("fused_adam");
+  r.seed = j.at("seed");
+  r.device = j.at("device");
+}
+
+models::GPTConfig model_config(const Run& r) {
+  KILN_CHECK(r.config == "gpt_char" || r.config == "gpt2",
+             "--config must be gpt_char or gpt2, got '{}'", r.config);
+  models::GPTConfig c = r.config == "gpt2" ? models::GPTConfig::gpt2() : models::GPTConfig::gpt_char();
+  if (r.n_layer > 0) c.n_layer = r.n_layer;
+  if (r.n_head > 0) c.n_head = r.n_head;
+  if (r.n_embd > 0) c.n_embd = r.n_embd;
+  if (r.context > 0) c.block_size = r.context;
+  c.dropout = r.dropout;
+  KILN_CHECK(c.vocab_size >= 256, "a byte-level corpus needs vocab_size >= 256");
+  return c;
+}
+
+// The mean loss over fixed windows of the held-out text, in evaluation mode.
+double validation_loss(models::GPT& model, const data::ByteText& val, int64_t batches, int64_t batch_size,
+                       Device device) {
+  NoGradGuard no_grad;
+  const bool was_training = model.is_training();
+  model.eval();
+  Generator fixed(1234);  // the same windows every time
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    data::Example b = val.sample(batch_size, model.config.block_size, fixed);
+    sum += models::GPT::loss(model(b.data.to(device)), b.target.to(device)).item<double>();
+  }
+  model.train(was_training);
+  return sum / static_cast<double>(batches);
+}
+
+std::string printable(const std::vector<int64_t>& bytes) {
+  std::string s;
+  for (int64_t b : bytes) s += (b == '\n' || b == '\t' || (b >= 32 && b < 127)) ? static_cast<char>(b) : '?';
+  return s;
+}
+
+int run(int argc, char** argv) {
+  train::Flags flags("train_gpt", "Trains a byte-level GPT on a text corpus with Kiln.");
+  flags.add("config", "gpt_char", "gpt_char (BENCHMARKS.md e: 4 layers, 128 wide, context 128) or gpt2 (124M)");
+  flags.add("n-layer", "0", "blocks (0: the config's)");
+  flags.add("n-head", "0", "attention heads (0: the config's)");
+  flags.add("n-embd", "0", "width (0: the config's)");
+  flags.add("context", "0", "context length in bytes (0: the config's)");
+  flags.add("dropout", "0", "dropout on embeddings, attention and residual branches");
+  flags.add("corpus", "", "a text file to train on (default: the fortunes corpus of Debian's fortunes package)");
+  flags.add("steps", "200", "optimizer steps in all (a resumed run continues up to this number)");
+  flags.add("batch-size", "16", "windows per micro-batch (per rank when data parallel)");
+  flags.add("grad-accum", "1", "micro-batches per step: gradient accumulation, the loss scaled by 1/N");
+  flags.add("lr", "3e-4", "AdamW learning rate (constant)");
+  flags.add("weight-decay", "0.1", "AdamW weight decay, on every parameter");
+  flags.add("clip", "0", "clip the gradients' global norm to this (0: no clipping)");
+  flags.add_switch("checkpoint-activations", "activation checkpointing of every block: less memory, more time");
+  flags.add_switch("no-fusion", "run fused ops (attention) as their unfused compositions");
+  flags.add_switch("fused-adam", "AdamW as one fused multi-tensor kernel");
+  flags.add("seed", "0", "seed of the initialisation and the windows drawn");
+  flags.add("device", "cpu", "cpu, cuda or cuda:N");
+  flags.add("threads", "0", "CPU threads (0: every core, shared out among the ranks of a machine)");
+  flags.add("eval-every", "100", "steps between validation losses (0: only at the end)");
+  flags.add("eval-batches", "8", "batches of held-out windows per validation loss");
+  flags.add("log-every", "10", "steps between lines of metrics.jsonl (their mean loss)");
+  flags.add("save-every", "0", "steps between checkpoints (0: only at the end)");
+  flags.add("sample", "300", "bytes to generate at the end (0: none)");
+  flags.add("prompt", "\n", "the text the sample starts from");
+  flags.add("temperature", "0.8", "sampling temperature (0: greedy)");
+  flags.add("top-k", "40", "sample among the k most likely bytes (0: all)");
+  flags.add("out", "runs/train_gpt", "output directory: metrics.jsonl, training.png, checkpoint/, sample.txt");
+  flags.add("resume", "", "continue from this checkpoint directory");
+  flags.add_switch("quiet", "no progress output");
+  flags.parse(argc, argv);
+  if (flags.help_requested()) {
+    std::fputs(flags.help().c_str(), stdout);
+    return 0;
+  }
+  Run r;
+  r.config = flags.get("config");
+  r.n_layer = flags.get_int("n-layer", 0);
+  r.n_head = flags.get_int("n-head", 0);
+  r.n_embd = flags.get_int("n-embd", 0);
+  r.context = flags.get_int("context", 0);
+  r.dropout = flags.get_double("dropout");
+  r.corpus = flags.get("corpus");
+  r.batch_size = flags.get_int("batch-size", 1);
+  r.grad_accum = flags.get_int("grad-accum", 1);
+  r.lr = flags.get_double("lr");
+  r.weight_decay = flags.get_double("weight-decay");
+  r.clip = flags.get_double("clip");
+  r.checkpoint_activations = flags.get_switch("checkpoint-activations");
+  r.fusion = !flags.get_switch("no-fusion");
+  r.fused_adam = flags.get_switch("fused-adam");
+  r.seed = static_cast<uint64_t>(flags.get_int("seed", 0));
+  r.device = flags.get("device");
+  const int64_t steps = flags.get_int("steps", 1);
+  r.eval_every = flags.get_int("eval-every", 0);
+  r.eval_batches = flags.get_int("eval-batches", 1);
+  r.log_every = flags.get_int("log-every", 1);
+  r.save_every = flags.get_int("save-every", 0);
+  const std::string out_dir = flags.get("out");
+  bool quiet = flags.get_switch("quiet");
+
+  std::optional<train::Checkpoint> ckpt;
+  if (!flags.get("resume").empty()) {
+    ckpt = train::load_checkpoint(flags.get("resume"));
+    from_json(json::parse(ckpt->config), r);
+  }
+  KILN_CHECK(r.clip >= 0, "--clip must be >= 0, got {}", r.clip);
+
+  // Data parallel under kiln-run / mpirun / srun: each rank draws its own windows; DDP averages.
+  const distributed::WorldInfo world = distributed::world_info();
+  std::shared_ptr<distributed::Communicator> comm;
+  if (world.size > 1) comm = distributed::init("mpi");
+  const bool main_rank = !comm || comm->rank() == 0;
+  if (!main_rank) quiet = true;
+  if (const int64_t t = flags.get_int("threads", 0); t > 0) {
+    set_num_threads(static_cast<int>(t));
+  } else if (comm) {
+    set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size));
+  }
+  set_fusion(r.fusion);
+  const Device device = Device::parse(r.device);
+
+  // The corpus: the first 90% trains, the last 10% validates.
+  data::ByteText text = r.corpus.empty() ? data::ByteText::fortunes() : data::ByteText(r.corpus);
+  const auto split = static_cast<std::ptrdiff_t>(text.size() * 9 / 10);
+  data::ByteText train_text({text.bytes().begin(), text.bytes().begin() + split}, "training text");
+  data::ByteText val_text({text.bytes().begin() + split, text.bytes().end()}, "validation text");
+
+  manual_seed(r.seed);
+  models::GPT model(model_config(r));
+  model.to(device);
+  model.set_checkpointing(r.checkpoint_activations);
+  optim::AdamW opt(model.parameters(), {.lr = r.lr, .weight_decay = r.weight_decay, .fused = r.fused_adam});
+  Generator windows(r.seed * 1000003 + static_cast<uint64_t>(comm ? comm->rank() : 0));
+  int64_t step = 0;
+  train::LossHistory history;
+  if (ckpt) {
+    model.load_state_dict(ckpt->model);
+    opt.load_state_dict(ckpt->optimizer);
+    windows.set_state(ckpt->rng);
+    step = ckpt->step;
+    const json extra = json::parse(ckpt->extra);
+    history.step = extra.value("step", std::vector<double>{});
+    history.loss = extra.value("loss", std::vector<double>{});
+    history.eval_step = extra.value("eval_step", std::vector<double>{});
+    history.eval_loss = extra.value("eval_loss", std::vector<double>{});
+  }
+  std::unique_ptr<distributed::DistributedDataParallel> ddp;
+  if (comm) ddp = std::make_unique<distributed::DistributedDataParallel>(model, comm);
+  nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : model;
+
+  if (main_rank) {
+    std::error_code ec;
+    fs::create_directories(out_dir, ec);
+    KILN_CHECK(!ec && fs::is_directory(out_dir), "cannot use --out {}: {}", out_dir,
+               ec ? ec.message() : "a file of that name is in the way");
+  }
+  const std::string metrics_path = (fs::path(out_dir) / "metrics.jsonl").string();
+  std::FILE* metrics = main_rank ? std::fopen(metrics_path.c_str(), ckpt ? "a" : "w") : nullptr;
+  KILN_CHECK(metrics != nullptr || !main_rank, "cannot write {}", metrics_path);
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_guard(metrics, [](std::FILE* f) { return f ? std::fclose(f) : 0; });
+  auto log = [&](const json& line) {
+    if (!metrics) return;
+    std::fprintf(metrics, "%s\n", line.dump().c_str());
+    std::fflush(metrics);
+  };
+  const std::string ckpt_dir = (fs::path(out_dir) / "checkpoint").string();
+  auto save = [&] {
+    if (!main_rank) return;
+    train::Checkpoint c;
+    c.model = model.state_dict();
+    c.optimizer = opt.state_dict();
+    c.step = step;
+    c.rng = windows.get_state();
+    c.config = to_json(r).dump();
+    c.extra = json{{"step", history.step}, {"loss", history.loss}, {"eval_step", history.eval_step},
+                   {"eval_loss", history.eval_loss}}.dump();
+    train::save_checkpoint(ckpt_dir, c);
+  };
+  auto evaluate = [&] {
+    double v = main_rank ? validation_loss(model, val_text, r.eval_batches, r.batch_size, device) : 0;
+    history.eval_step.push_back(static_cast<double>(step));
+    history.eval_loss.push_back(v);
+    log({{"type", "eval"}, {"step", step}, {"val_loss", v}});
+    return v;
+  };
+
+  const models::GPTConfig& c = model.config;
+  if (!quiet) {
+    std::printf("train_gpt: %s, %lld layers x %lld heads x %lld wide, context %lld (%lld parameters) on %s; "
+                "%lld training / %lld validation bytes; %lld x %lld windows per step%s; AdamW lr %g; %d threads%s%s%s%s\n",
+                r.config.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
+                static_cast<long long>(c.n_embd), static_cast<long long>(c.block_size),
+                static_cast<long long>(model.num_parameters()), device.str().c_str(),
+                static_cast<long long>(train_text.size()), static_cast<long long>(val_text.size()),
+                static_cast<long long>(r.grad_accum), static_cast<long long>(r.batch_size),
+                comm ? fmt::format(" per rank, {} ranks", comm->size()).c_str() : "", r.lr, get_num_threads(),
+                r.checkpoint_activations ? ", activation checkpointing" : "", r.fusion ? "" : ", fusion off",
+                r.clip > 0 ? fmt::format(", clip {}", r.clip).c_str() : "",
+                ckpt ? fmt::format(", resumed at step {}", step).c_str() : "");
+  }
+
+  const bool terminal = !quiet && train::is_terminal(stdout);
+  train::ProgressBar bar("train", steps, terminal, stdout);
+  double window_sum = 0;
+  int64_t window_steps = 0;
+  double last_loss = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  const int64_t first = step;
+  while (step < steps) {
+    opt.zero_grad();
+    double loss_sum = 0;
+    for (int64_t m = 0; m < r.grad_accum; ++m) {
+      data::Example b = train_text.sample(r.batch_size, c.block_size, windows);
+      // With DDP, only the last micro-batch all-reduces (no_sync for the others).
+      std::optional<distributed::DistributedDataParallel::NoSync> no_sync;
+      if (ddp && m + 1 < r.grad_accum) no_sync.emplace(*ddp);
+      Tensor loss = models::GPT::loss(net(b.data.to(device)), b.target.to(device));
+      if (r.grad_accum > 1) loss = loss / static_cast<double>(r.grad_accum);
+      loss.backward();
+      loss_sum += loss.item<double>();
+    }
+    if (r.clip > 0) nn::utils::clip_grad_norm_(model.parameters(), r.clip);
+    opt.step();
+    ++step;
+    if (comm) {
+      Tensor mean = full({1}, loss_sum, kFloat64);
+      comm->all_reduce(mean, distributed::ReduceOp::Avg);
+      loss_sum = mean.item<double>();
+    }
+    last_loss = loss_sum;
+    window_sum += loss_sum;
+    ++window_steps;
+    if (step % r.log_every == 0 || step == steps) {
+      const double mean = window_sum / static_cast<double>(window_steps);
+      history.step.push_back(static_cast<double>(step));
+      history.loss.push_back(mean);
+      log({{"type", "step"}, {"step", step}, {"loss", mean}});
+      window_sum = 0;
+      window_steps = 0;
+    }
+    if (!quiet) bar.update(step, loss_sum);
+    if (r.eval_every > 0 && step % r.eval_every == 0 && step < steps) evaluate();
+    if (r.save_every > 0 && step % r.save_every == 0 && step < steps) save();
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!quiet) bar.finish();
+  const double val = evaluate();
+  save();
+  if (!quiet) {
+    std::printf("train_gpt: %lld steps (%.1f ms/step this run), train loss %.4f, validation loss %.4f\n",
+                static_cast<long long>(step), step > first ? 1e3 * seconds / static_cast<double>(step - first) : 0.0,
+                last_loss, val);
+  }
+  std::string why;
+  const std::string png = main_rank ? train::plot_losses(history, out_dir, &why) : "";
+  if (main_rank && png.empty() && !quiet) std::printf("train_gpt: no plot: %s\n", why.c_str());
+
+  const int64_t sample = flags.get_int("sample", 0);
+  if (main_rank && sample > 0) {
+    std::string prompt = flags.get("prompt");
+    if (prompt.empty()) prompt = "\n";
+    std::vector<int64_t> ids(prompt.begin(), prompt.end());
+    for (auto& id : ids) id = static_cast<uint8_t>(id);
+    if (static_cast<int64_t>(ids.size()) > c.block_size) ids.erase(ids.begin(), ids.end() - c.block_size);
+    Generator g(r.seed);
+    Tensor out = model.generate(from_vector(ids, {1, static_cast<int64_t>(ids.size())}, device), sample,
+                                {.temperature = flags.get_double("temperature"), .top_k = flags.get_int("top-k", 0)}, &g);
+    const std::string text_out = printable(out.to(Device::cpu()).to_vector<int64_t>());
+    train::write_file_atomic((fs::path(out_dir) / "sample.txt").string(), text_out + "\n");
+    if (!quiet) std::printf("---- sample (%lld bytes, temperature %g, top-k %lld) ----\n%s\n----\n",
+                            static_cast<long long>(sample), flags.get_double("temperature"),
+                            static_cast<long long>(flags.get_int("top-k", 0)), text_out.c_str());
+  }
+  if (!quiet) {
+    std::printf("train_gpt: checkpoint %s; metrics %s%s%s\n", ckpt_dir.c_str(), metrics_path.c_str(),
+                png.empty() ? "" : "; plot ", png.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
+    return 1;
+  }
+}
