@@ -75,6 +75,7 @@ struct UnaryArgs {
 enum class BinaryOp : uint8_t {
   Add, Sub,  // a + alpha * b, a - alpha * b
   Mul, Div, Pow, Maximum, Minimum,
+  GeluErfBackward, GeluTanhBackward,  // a * gelu'(b): the gradient a of gelu at the input b, in one pass
   Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,  // output bool
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }

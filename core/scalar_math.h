@@ -119,6 +119,24 @@ KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
     case BinaryOp::Minimum:
       if (x != x) return x;
       return x < y ? x : y;
+    // d/dy y Phi(y) = Phi(y) + y phi(y);  d/dy 0.5 y (1 + tanh(u)), u = k (y + c y^3):
+    // 0.5 (1 + t) + 0.5 y (1 - t^2) k (1 + 3 c y^2), t = tanh(u). ops/ only sends floating types.
+    case BinaryOp::GeluErfBackward:
+      if constexpr (std::is_floating_point_v<T>) {
+        using std::erfc, std::exp;
+        return x * (T(0.5) * erfc(-y * T(0.70710678118654752440)) + y * exp(T(-0.5) * y * y) * T(0.39894228040143267794));
+      } else {
+        return x;
+      }
+    case BinaryOp::GeluTanhBackward:
+      if constexpr (std::is_floating_point_v<T>) {
+        using std::tanh;
+        constexpr T k = T(0.79788456080286535588), c = T(0.044715);
+        const T t = tanh(k * (y + c * y * y * y));
+        return x * (T(0.5) * (T(1) + t) + T(0.5) * y * (T(1) - t * t) * k * (T(1) + T(3) * c * y * y));
+      } else {
+        return x;
+      }
     default: return x;  // comparisons go through compare()
   }
 }

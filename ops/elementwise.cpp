@@ -229,21 +229,24 @@ Tensor relu(const Tensor& x) {
 Tensor gelu(const Tensor& x, std::string_view approximate) {
   KILN_CHECK(approximate == "none" || approximate == "tanh",
              "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
-  if (approximate == "tanh") {
-    // d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2)
-    return with_input_grad(float_unary(UnaryOp::GeluTanh, x, "gelu"), x, "GeluBackward",
-                           [](const Tensor& g, const Tensor& x) {
+  const bool tanh_form = approximate == "tanh";
+  // The backward is one fused pass, g * gelu'(x) (BinaryOp::GeluErfBackward / GeluTanhBackward in
+  // core/scalar_math.h), unless it is itself being differentiated (create_graph): then the same
+  // formula as ops, so that it has a gradient of its own.
+  return with_input_grad(float_unary(tanh_form ? UnaryOp::GeluTanh : UnaryOp::GeluErf, x, "gelu"), x,
+                         "GeluBackward", [tanh_form](const Tensor& g, const Tensor& x) {
+                           if (!GradMode::is_enabled()) {
+                             return binary_forward(tanh_form ? BinaryOp::GeluTanhBackward : BinaryOp::GeluErfBackward,
+                                                   g, x, result_type(g, x), 1, "gelu backward");
+                           }
+                           if (tanh_form) {
                              const double k = 0.79788456080286535588, c = 0.044715;
                              Tensor x2 = x * x;
                              Tensor t = ((x + x2 * x * c) * k).tanh();
                              return g * ((t + 1) * 0.5 + x * (1 - t * t) * (x2 * (3 * c) + 1) * (0.5 * k));
-                           });
-  }
-  // d/dx x Phi(x) = Phi(x) + x phi(x)
-  return with_input_grad(float_unary(UnaryOp::GeluErf, x, "gelu"), x, "GeluBackward",
-                         [](const Tensor& g, const Tensor& x) {
-                           Tensor cdf = (erf(x * 0.70710678118654752440) + 1) * 0.5;
-                           Tensor pdf = (x * x * -0.5).exp() * 0.39894228040143267794;
+                           }
+                           Tensor cdf = (erf(x * 0.70710678118654752440) + 1) * 0.5;  // d/dx x Phi(x)
+                           Tensor pdf = (x * x * -0.5).exp() * 0.39894228040143267794;  //  = Phi(x) + x phi(x)
                            return g * (cdf + x * pdf);
                          });
 }
