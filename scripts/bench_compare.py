@@ -1,25 +1,33 @@
 #!/usr/bin/python3
-"""bench_compare.py: runs Kiln's benchmark programs and their LibTorch anchors side by side.
+"""bench_compare.py: runs Kiln's benchmark programs and their LibTorch (or PyTorch) anchors side by
+side.
 
 Siblings: the anchors are benchmarks/anchors/ (anchor_*.cpp, built by benchmarks/anchors/
-CMakeLists.txt, described in benchmarks/anchors/README.md); the Kiln programs bench_* are built by
-the top-level CMakeLists.txt; results files go to benchmarks/results/. Standard library only.
+CMakeLists.txt, and torch_gpt_char.py; described in benchmarks/anchors/README.md); the Kiln programs
+bench_* are built by the top-level CMakeLists.txt; results files go to benchmarks/results/. Standard
+library only.
 
 For each bench NAME it runs BUILD/bin/bench_NAME (Kiln, with no tuning variables set: Kiln must be
-good out of the box) and BUILD_ANCHORS/bin/anchor_NAME (LibTorch at its best, with
-OMP_WAIT_POLICY=passive) alternately, A B A B ..., for --rounds rounds. Every stdout line that is a
-JSON object is a result; figures are grouped by (bench, key) for the keys that start with gflops_ or
-us_, the keys s_epoch_median, test_acc and peak_rss_mib (plus any named with --keys), and a table of
-per-impl medians, min-max and the ratio kiln/libtorch of the medians is printed, followed by one
-PASS/FAIL line per target of BENCHMARKS.md that the run measured. With --out, a JSON-lines file is
-written: a "meta" line (machine, date, commit, command), every raw result tagged with its round,
-one "summary" line per key, then one "target" line per target checked.
+good out of the box) and its anchor (at its best, with OMP_WAIT_POLICY=passive) alternately,
+A B A B ..., for --rounds rounds. The anchor is BUILD_ANCHORS/bin/anchor_NAME (LibTorch), except
+where ANCHOR_COMMANDS names another: checkpointing_mem's is the PyTorch script torch_gpt_char.py,
+run once without and once with --checkpoint (LibTorch has no activation checkpointing). Every stdout
+line that is a JSON object is a result; figures are grouped by (bench, key) for the keys that start
+with gflops_ or us_, the keys s_epoch_median, test_acc and peak_rss_mib, the bench's own keys of
+BENCH_KEYS (plus any named with --keys), and split by case (n, ckpt, ...) where one side prints
+several. A table of per-impl medians, min-max and the ratio kiln/anchor of the medians is printed,
+followed by one PASS/FAIL line per target of BENCHMARKS.md that the run measured. With --out, a
+JSON-lines file is written: a "meta" line (machine, date, commit, command), every raw result tagged
+with its round, one "summary" line per key, then one "target" line per target checked. --dry-run
+prints the commands of one round and runs nothing.
 
 Example:
   scripts/bench_compare.py --kiln-bin build/release/bin --anchor-bin build/anchors/bin --rounds 3 \\
       --bench gemm,op_overhead --out benchmarks/results/2026-11-gemm.jsonl
   scripts/bench_compare.py --kiln-bin build/release/bin --anchor-bin build/anchors/bin --rounds 2 \\
       --bench mlp_fmnist,cnn_fmnist --out benchmarks/results/2026-11-fmnist.jsonl
+  scripts/bench_compare.py --kiln-bin build/release/bin --anchor-bin build/anchors/bin --rounds 3 \\
+      --bench gpt_char,checkpointing_mem --out benchmarks/results/2026-11-gpt.jsonl
 """
 
 import argparse
@@ -34,13 +42,35 @@ import time
 
 KILN = "kiln"
 LIBTORCH = "libtorch"
+PYTORCH = "pytorch"
+ANCHOR = "anchor"  # --only anchor: whichever impl a bench's anchor is
 DEFAULT_BENCHES = "gemm,op_overhead"
 DEFAULT_PREFIXES = ("gflops_", "us_")
 DEFAULT_KEYS = ("s_epoch_median", "test_acc", "peak_rss_mib")
+# Keys compared for one bench only, besides the default ones.
+BENCH_KEYS = {
+    "gpt_char": ("ms_per_step", "loss_final"),
+    "checkpointing_mem": ("ms_per_step", "loss_final"),
+}
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Anchors that are not BUILD_ANCHORS/bin/anchor_NAME: bench -> (impl, commands), each command run
+# in turn every round (with the bench's --args appended). Debian's python3-torch is
+# /usr/bin/python3's; another python3 on PATH may not have it.
+TORCH_PYTHON = "/usr/bin/python3"
+TORCH_GPT_CHAR = os.path.join(REPO_ROOT, "benchmarks", "anchors", "torch_gpt_char.py")
+ANCHOR_COMMANDS = {
+    "checkpointing_mem": (PYTORCH, (
+        (TORCH_PYTHON, TORCH_GPT_CHAR, "--bench", "checkpointing_mem"),
+        (TORCH_PYTHON, TORCH_GPT_CHAR, "--bench", "checkpointing_mem", "--checkpoint"),
+    )),
+}
 
 # The CPU targets of BENCHMARKS.md, checked on the summaries: (bench, key, what, op, bound), where
-# what is "ratio" (the Kiln/LibTorch ratio of the medians) or "kiln" (Kiln's median itself). A key
-# that is compared per case (median_s once per n, say) is checked per case.
+# what is "ratio" (the Kiln/anchor ratio of the medians) or "kiln" (Kiln's median itself), and op is
+# "<=", ">=" or "within" (bound = (centre, tolerance): |value - centre| <= tolerance). A key that is
+# compared per case (median_s once per n, say) is checked per case.
 TARGETS = (
     ("gemm", "gflops_256", "ratio", ">=", 1.0),
     ("gemm", "gflops_512", "ratio", ">=", 1.0),
@@ -56,6 +86,9 @@ TARGETS = (
     ("cnn_fmnist", "s_epoch_median", "ratio", "<=", 0.8),
     ("cnn_fmnist", "test_acc", "kiln", ">=", 0.86),
     ("cnn_fmnist", "peak_rss_mib", "ratio", "<=", 0.6),
+    ("gpt_char", "ms_per_step", "ratio", "<=", 0.8),
+    ("gpt_char", "loss_final", "kiln", "within", (2.706, 0.05)),
+    ("gpt_char", "peak_rss_mib", "ratio", "<=", 0.6),
 )
 
 # Variables that tune threading in OpenMP, OpenBLAS or MKL. They are removed from the environment of
@@ -66,16 +99,16 @@ ANCHOR_ENV = {"OMP_WAIT_POLICY": "passive"}
 
 # Fields that tell apart the cases of one bench. A key printed by several cases (say median_s,
 # once per n) is compared per case; keys such as gflops_256 already name their case.
-CASE_FIELDS = ("n", "numel", "requires_grad", "dtype")
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CASE_FIELDS = ("n", "numel", "requires_grad", "dtype", "ckpt")
 
 
 def parse_args(argv):
     parser = argparse.ArgumentParser(
-        description="Run Kiln benchmarks and their LibTorch anchors alternately and compare them.")
+        description="Run Kiln benchmarks and their anchors alternately and compare them.")
     parser.add_argument("--kiln-bin", help="folder holding Kiln's bench_<name> programs")
-    parser.add_argument("--anchor-bin", help="folder holding the anchor_<name> programs")
+    parser.add_argument("--anchor-bin", help="folder holding the anchor_<name> programs (not "
+                        "needed for benches whose anchor is a script: %s)"
+                        % ",".join(sorted(ANCHOR_COMMANDS)))
     parser.add_argument("--rounds", type=int, default=3, help="A B rounds per bench (default 3)")
     parser.add_argument("--bench", default=DEFAULT_BENCHES,
                         help="comma-separated bench names (default %s)" % DEFAULT_BENCHES)
@@ -84,19 +117,26 @@ def parse_args(argv):
     parser.add_argument("--args", action="append", default=[], metavar="NAME=ARGS",
                         help="extra arguments for both programs of bench NAME, e.g. "
                              "--args 'gemm=--sizes 256,512' (may be repeated)")
-    parser.add_argument("--only", choices=[KILN, LIBTORCH],
-                        help="run one side only (e.g. to record anchor figures alone)")
+    parser.add_argument("--only", choices=[KILN, ANCHOR, LIBTORCH],
+                        help="run one side only (e.g. to record anchor figures alone); "
+                             "libtorch means the anchors, whichever impl they are")
     parser.add_argument("--timeout", type=float, default=3600.0,
                         help="seconds before one program run is killed (default 3600)")
     parser.add_argument("--out", help="write a JSON-lines results file here")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the commands of one round (and their environment additions) "
+                             "and run nothing")
     args = parser.parse_args(argv)
+    if args.only == LIBTORCH:
+        args.only = ANCHOR
     if args.rounds < 1:
         parser.error("--rounds must be at least 1")
-    if args.only != LIBTORCH and not args.kiln_bin:
-        parser.error("--kiln-bin is required (unless --only libtorch)")
-    if args.only != KILN and not args.anchor_bin:
-        parser.error("--anchor-bin is required (unless --only kiln)")
     args.bench = [name for name in args.bench.split(",") if name]
+    if args.only != ANCHOR and not args.kiln_bin:
+        parser.error("--kiln-bin is required (unless --only anchor)")
+    if (args.only != KILN and not args.anchor_bin
+            and any(name not in ANCHOR_COMMANDS for name in args.bench)):
+        parser.error("--anchor-bin is required (unless --only kiln)")
     args.keys = [key for key in args.keys.split(",") if key]
     extra = {}
     for item in args.args:
@@ -118,9 +158,26 @@ def is_executable(path):
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
 
-def run_program(path, extra_args, env, timeout):
-    """Runs one benchmark program; returns (list of JSON result dicts, error text or None)."""
-    command = [path] + extra_args
+def anchor_of(name, anchor_bin):
+    """(impl, list of commands) of bench name's anchor; a command is a list of arguments."""
+    if name in ANCHOR_COMMANDS:
+        impl, commands = ANCHOR_COMMANDS[name]
+        return impl, [list(command) for command in commands]
+    return LIBTORCH, [[os.path.join(anchor_bin or "", "anchor_" + name)]]
+
+
+def missing_files(command):
+    """The program of a command, and the script it runs if it is an interpreter, that are not
+    there."""
+    missing = [] if is_executable(command[0]) else [command[0]]
+    if len(command) > 1 and command[1].endswith(".py") and not os.path.isfile(command[1]):
+        missing.append(command[1])
+    return missing
+
+
+def run_program(command, env, timeout):
+    """Runs one benchmark program (a list of arguments); returns (list of JSON result dicts, error
+    text or None)."""
     start = time.monotonic()
     try:
         proc = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -148,9 +205,19 @@ def run_program(path, extra_args, env, timeout):
     elif not results:
         error = "printed no JSON result lines"
     print("  %-40s %6.1f s, %d results%s" % (
-        os.path.basename(path) + " " + " ".join(extra_args), elapsed, len(results),
+        shown_command(command), elapsed, len(results),
         "" if error is None else " -- " + error), file=sys.stderr)
     return results, error
+
+
+def shown_command(command):
+    """The command as printed: the program's base name (and the script's, for an interpreter)."""
+    shown = [os.path.basename(command[0])]
+    rest = command[1:]
+    if rest and rest[0].endswith(".py"):
+        shown.append(os.path.basename(rest[0]))
+        rest = rest[1:]
+    return " ".join(shown + rest)
 
 
 def is_number(value):
@@ -160,7 +227,7 @@ def is_number(value):
 def better_direction(key):
     """'higher' or 'lower' is better for this key, or '?' if the name does not say."""
     k = key.lower()
-    if "per_s" in k or k.startswith(("gflops", "tflops", "gbps", "tokens")) or "acc" in k:
+    if k.endswith("per_s") or "per_s_" in k or k.startswith(("gflops", "tflops", "gbps", "tokens")) or "acc" in k:
         return "higher"
     if k.startswith(("us_", "ms_", "s_")) or k.endswith(("_us", "_ms", "_s")):
         return "lower"
@@ -216,21 +283,25 @@ def git_commit():
 
 def check_targets(summaries):
     """One "target" record per target of TARGETS that the summaries measured with a Kiln figure; a
-    ratio target without a LibTorch figure (a run with --only kiln) is reported as not checked."""
+    ratio target without an anchor figure (a run with --only kiln) is reported as not checked."""
     checks = []
     for bench, key, what, op, bound in TARGETS:
         for s in summaries:
             if s["bench"] != bench or s["key"] != key or s[KILN] is None:
                 continue
             if what == "ratio":
-                value = s["ratio_kiln_over_libtorch"]
-                name = "kiln/libtorch"
+                value = s["ratio_kiln_over_" + s["anchor"]]
+                name = "kiln/" + s["anchor"]
             else:
                 value = s[KILN]["median"] if s[KILN] else None
                 name = "kiln median"
             if value is None:
                 verdict = "NOT CHECKED"
                 shown = "no %s figure" % name
+            elif op == "within":
+                centre, tolerance = bound
+                verdict = "PASS" if abs(value - centre) <= tolerance else "FAIL"
+                shown = "%s %.4g within %g of %g" % (name, value, tolerance, centre)
             else:
                 passed = value <= bound if op == "<=" else value >= bound
                 verdict = "PASS" if passed else "FAIL"
@@ -255,33 +326,45 @@ def main(argv):
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "git_commit": git_commit(), "command": command}
 
-    sides = []
-    if args.only != LIBTORCH:
-        sides.append((KILN, args.kiln_bin, "bench_", clean_env({})))
-    if args.only != KILN:
-        sides.append((LIBTORCH, args.anchor_bin, "anchor_", clean_env(ANCHOR_ENV)))
-
     raw = []       # every result line, tagged with round
     errors = []    # runs that failed
     skipped = []   # benches not run, with the reason
     for name in args.bench:
-        programs = [(impl, os.path.join(folder, prefix + name), env)
-                    for impl, folder, prefix, env in sides]
-        missing = [(impl, path) for impl, path, _ in programs if not is_executable(path)]
+        # The programs of one round, in order: (impl, command, env, environment additions).
+        extra_args = args.args.get(name, [])
+        programs = []
+        if args.only != ANCHOR:
+            programs.append((KILN, [os.path.join(args.kiln_bin, "bench_" + name)] + extra_args,
+                             clean_env({}), {}))
+        if args.only != KILN:
+            anchor_impl, commands = anchor_of(name, args.anchor_bin)
+            programs += [(anchor_impl, command + extra_args, clean_env(ANCHOR_ENV), ANCHOR_ENV)
+                         for command in commands]
+        missing = [(impl, path) for impl, command, _, _ in programs
+                   for path in missing_files(command)]
+        if args.dry_run:
+            print("%s, each round (both sides without the variables %s*):"
+                  % (name, "*, ".join(TUNING_PREFIXES)))
+            for impl, command, _, additions in programs:
+                print("  %-8s %s%s" % (impl, "".join("%s=%s " % item for item in additions.items()),
+                                       shlex.join(command)))
+            for impl, path in missing:
+                print("  missing: %s program %s" % (impl, path))
+            continue
         if missing:
             for impl, path in missing:
                 reason = "%s program %s is missing (not built?)" % (impl, path)
                 print("SKIP %s: %s" % (name, reason), file=sys.stderr)
                 skipped.append({"record": "skipped", "bench": name, "reason": reason})
             continue
-        extra_args = args.args.get(name, [])
         for round_index in range(1, args.rounds + 1):
             print("%s round %d/%d" % (name, round_index, args.rounds), file=sys.stderr)
-            for impl, path, env in programs:
-                results, error = run_program(path, extra_args, env, args.timeout)
+            for impl, command, env, _ in programs:
+                results, error = run_program(command, env, args.timeout)
                 if error is not None:
                     errors.append({"record": "error", "bench": name, "impl": impl,
-                                   "round": round_index, "program": path, "error": error})
+                                   "round": round_index, "program": shlex.join(command),
+                                   "error": error})
                 for result in results:
                     tagged = {"record": "result", "round": round_index, "bench": name,
                               "impl": impl}
@@ -289,6 +372,8 @@ def main(argv):
                     tagged["record"] = "result"
                     tagged["round"] = round_index
                     raw.append(tagged)
+    if args.dry_run:
+        return 0
 
     # Group figures by (bench, key) and impl, in first-seen order. A key that one impl prints for
     # several cases in one round (median_s once per n, say) is split further by case.
@@ -297,8 +382,8 @@ def main(argv):
     for result in raw:
         case = tuple((field, result[field]) for field in CASE_FIELDS if field in result)
         for key, value in result.items():
-            if ((key.startswith(DEFAULT_PREFIXES) or key in DEFAULT_KEYS or key in args.keys)
-                    and is_number(value)):
+            if ((key.startswith(DEFAULT_PREFIXES) or key in DEFAULT_KEYS or key in args.keys
+                    or key in BENCH_KEYS.get(result["bench"], ())) and is_number(value)):
                 entries.append((result["bench"], key, case, result["impl"], float(value)))
                 cases_seen.setdefault((result["bench"], key, result["impl"], result["round"]),
                                       set()).add(case)
@@ -313,23 +398,24 @@ def main(argv):
         label = key
         if case:
             label += " (%s)" % ", ".join("%s=%s" % (f, json.dumps(v)) for f, v in case)
+        anchor_impl = anchor_of(bench, args.anchor_bin)[0]
         kiln = summarize(by_impl[KILN]) if KILN in by_impl else None
-        torch = summarize(by_impl[LIBTORCH]) if LIBTORCH in by_impl else None
+        anchor = summarize(by_impl[anchor_impl]) if anchor_impl in by_impl else None
         ratio = None
-        if kiln and torch and torch["median"] != 0:
-            ratio = kiln["median"] / torch["median"]
+        if kiln and anchor and anchor["median"] != 0:
+            ratio = kiln["median"] / anchor["median"]
         summaries.append({"record": "summary", "bench": bench, "key": key, "label": label,
                           "case": dict(case), "better": better_direction(key),
-                          KILN: kiln, LIBTORCH: torch, "ratio_kiln_over_libtorch": ratio})
+                          "anchor": anchor_impl, KILN: kiln, anchor_impl: anchor,
+                          "ratio_kiln_over_" + anchor_impl: ratio})
 
-    header = ("bench", "key", "better", "kiln median [min-max]", "libtorch median [min-max]",
-              "kiln/libtorch")
+    header = ("bench", "key", "better", "kiln median [min-max]", "anchor",
+              "anchor median [min-max]", "kiln/anchor")
     rows = [header]
     for s in summaries:
-        ratio = "-" if s["ratio_kiln_over_libtorch"] is None else "%.3f" % s[
-            "ratio_kiln_over_libtorch"]
-        rows.append((s["bench"], s["label"], s["better"], format_figure(s[KILN]),
-                     format_figure(s[LIBTORCH]), ratio))
+        ratio = s["ratio_kiln_over_" + s["anchor"]]
+        rows.append((s["bench"], s["label"], s["better"], format_figure(s[KILN]), s["anchor"],
+                     format_figure(s[s["anchor"]]), "-" if ratio is None else "%.3f" % ratio))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     print()
     if summaries:
