@@ -126,6 +126,27 @@ inline void binary_run(char* const* p, const int64_t* s, int64_t n, const F& f) 
   }
 }
 
+// g * gelu'(x) over contiguous runs with Eigen's vectorized erf / tanh / exp (float, double). The erf
+// form takes Phi(x) = (1 + erf(x / sqrt 2)) / 2 where that is accurate (x >= -1) and the scalar erfc
+// form of core/scalar_math.h below, as the forward does.
+template <typename T>
+void gelu_backward_vectorized(BinaryOp op, const T* g, const T* x, T* y, int64_t n) {
+  using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
+  Eigen::Map<const Arr> gv(g, n), xv(x, n);
+  Eigen::Map<Arr> out(y, n);
+  if (op == BinaryOp::GeluTanhBackward) {
+    const T k = T(0.79788456080286535588), c = T(0.044715);
+    const Arr t = (k * (xv + c * xv.cube())).tanh();
+    out = gv * (T(0.5) * (T(1) + t) + T(0.5) * k * xv * (T(1) - t.square()) * (T(1) + T(3) * c * xv.square()));
+    return;
+  }
+  out = gv * (T(0.5) * (T(1) + (xv * T(0.70710678118654752440)).erf()) +
+              xv * (T(-0.5) * xv.square()).exp() * T(0.39894228040143267794));
+  for (int64_t i = 0; i < n; ++i) {
+    if (x[i] < T(-1)) y[i] = math::binary<T>(op, g[i], x[i], T(1));
+  }
+}
+
 template <typename T>
 void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
   using M = opmath_t<T>;
@@ -144,6 +165,19 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
       return run([&](T x, T y) { return cvt(M(x) - alpha * M(y)); });
     case BinaryOp::Mul: return run([&](T x, T y) { return cvt(M(x) * M(y)); });
     case BinaryOp::Div: return run([&](T x, T y) { return cvt(M(x) / M(y)); });
+    case BinaryOp::GeluErfBackward:
+    case BinaryOp::GeluTanhBackward:
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        return loop.parallel_run([&](char* const* p, const int64_t* s, int64_t n) {
+          if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == sizeof(T)) {
+            gelu_backward_vectorized<T>(op, reinterpret_cast<const T*>(p[1]), reinterpret_cast<const T*>(p[2]),
+                                        reinterpret_cast<T*>(p[0]), n);
+          } else {
+            binary_run<T, T>(p, s, n, [&](T x, T y) { return math::binary<T>(op, x, y, T(1)); });
+          }
+        });
+      }
+      [[fallthrough]];
     default: return run([&](T x, T y) { return cvt(math::binary<M>(op, M(x), M(y), alpha)); });
   }
 }

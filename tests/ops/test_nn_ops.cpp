@@ -111,3 +111,25 @@ TEST_CASE("one large image (the GEMMs split over the threads) matches a float64 
   test::check_close(xa.grad(), xb.grad());
   test::check_close(wa.grad(), wb.grad());
 }
+
+TEST_CASE("gelu's fused backward (both forms) equals the float64 formula, in float32 and float64", "[ops][gelu]") {
+  for (const char* form : {"none", "tanh"}) {
+    for (DType dt : {kFloat32, kFloat64}) {
+      INFO(form << " " << dtype_name(dt));
+      Tensor x64 = linspace(-7, 7, 10001, kFloat64);  // contiguous runs: the vectorized path, and x < -1
+      Tensor g64 = test::sample({10001}, kFloat64);
+      Tensor x = x64.to(dt).requires_grad_();
+      Tensor grad = autograd::grad({gelu(x, form)}, {x}, {g64.to(dt)})[0];
+      // The reference: the op-composed derivative (what create_graph runs), in float64.
+      Tensor xr = x64.clone().requires_grad_();
+      Tensor first = autograd::grad({gelu(xr, form)}, {xr}, {g64}, true, true)[0];
+      test::check_close(grad, first.detach().to(dt), dt == kFloat32 ? test::Tolerance{1e-5, 1e-5} : test::Tolerance{1e-12, 1e-13});
+      // (float32: where tanh(u) rounds to -1 the tanh form loses its last ~1e-6 of value, as PyTorch's.)
+      // A strided input takes the scalar loop.
+      Tensor xs = x64.to(dt).narrow(0, 0, 10000).view({100, 100}).t().requires_grad_();
+      Tensor gs = autograd::grad({gelu(xs, form)}, {xs}, {g64.narrow(0, 0, 10000).view({100, 100}).t().to(dt)})[0];
+      test::check_close(gs, first.detach().narrow(0, 0, 10000).view({100, 100}).t().to(dt),
+                        dt == kFloat32 ? test::Tolerance{1e-5, 1e-5} : test::Tolerance{1e-12, 1e-13});
+    }
+  }
+}
