@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "autograd/function.h"
@@ -37,6 +38,27 @@ void queue_callback(std::function<void()> fn);
 // See autograd/checkpoint.cpp.
 using CheckpointFn = std::function<TensorList(const TensorList&)>;
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state = true);
+
+// Activation offload (PyTorch's torch.autograd.graph.save_on_cpu): while a SaveOnCpu lives, every
+// tensor that an op saves for backward (but the parameters, which are saved as they are) is copied
+// to host memory when it is saved and back to its device when backward needs it, so that the device
+// holds no activations between forward and backward. Tensors already on the CPU stay where they are
+// (as PyTorch's). The copies are synchronous: pinned memory and copies overlapped with compute are
+// not there yet. See autograd/offload.cpp.
+class SaveOnCpu {
+ public:
+  SaveOnCpu();
+  SaveOnCpu(const SaveOnCpu&) = delete;
+  SaveOnCpu& operator=(const SaveOnCpu&) = delete;
+  // Bytes copied to the host by this guard so far (0 when everything was on the CPU already).
+  int64_t offloaded_bytes() const;
+
+  struct State;  // autograd/offload.cpp
+
+ private:
+  std::shared_ptr<State> state_;
+  SavedTensorHooksGuard guard_;
+};
 
 // Finite-difference checks in float64 (central differences), against the backward with a random
 // cotangent: pass when |analytic - numeric| <= atol + rtol * |numeric| everywhere.

@@ -6,6 +6,7 @@
 //   train_gpt --steps 2000 --out runs/gpt                 # gpt_char, 16 x 128 bytes per step
 //   train_gpt --resume runs/gpt/checkpoint --steps 4000 --out runs/gpt
 //   train_gpt --grad-accum 4 --clip 1.0 --checkpoint-activations --no-fusion   # the techniques
+//   train_gpt --device cuda --offload-activations
 //   kiln-run -n 2 train_gpt --out runs/gpt-ddp           # data parallel on 2 ranks
 //
 // The last tenth of the corpus is held out: every --eval-every steps the validation loss is the mean
@@ -42,7 +43,7 @@ struct Run {
   std::string corpus;  // "" = the fortunes corpus
   int64_t steps = 200, batch_size = 16, grad_accum = 1;
   double lr = 3e-4, weight_decay = 0.1, clip = 0;
-  bool checkpoint_activations = false, fusion = true, fused_adam = false;
+  bool checkpoint_activations = false, offload_activations = false, fusion = true, fused_adam = false;
   uint64_t seed = 0;
   std::string device = "cpu";
   int64_t eval_every = 100, eval_batches = 8, log_every = 10, save_every = 0;
@@ -52,7 +53,8 @@ json to_json(const Run& r) {
   return {{"config", r.config}, {"n_layer", r.n_layer}, {"n_head", r.n_head}, {"n_embd", r.n_embd},
           {"context", r.context}, {"dropout", r.dropout}, {"corpus", r.corpus}, {"batch_size", r.batch_size},
           {"grad_accum", r.grad_accum}, {"lr", r.lr}, {"weight_decay", r.weight_decay}, {"clip", r.clip},
-          {"checkpoint_activations", r.checkpoint_activations}, {"fusion", r.fusion},
+          {"checkpoint_activations", r.checkpoint_activations}, {"offload_activations", r.offload_activations},
+          {"fusion", r.fusion},
           {"fused_adam", r.fused_adam}, {"seed", r.seed}, {"device", r.device}};
 }
 
@@ -71,6 +73,7 @@ void from_json(const json& j, Run& r) {
   r.weight_decay = j.at("weight_decay");
   r.clip = j.at("clip");
   r.checkpoint_activations = j.at("checkpoint_activations");
+  r.offload_activations = j.value("offload_activations", false);
   r.fusion = j.at("fusion");
   r.fused_adam = j.at("fused_adam");
   r.seed = j.at("seed");
@@ -128,6 +131,7 @@ int run(int argc, char** argv) {
   flags.add("weight-decay", "0.1", "AdamW weight decay, on every parameter");
   flags.add("clip", "0", "clip the gradients' global norm to this (0: no clipping)");
   flags.add_switch("checkpoint-activations", "activation checkpointing of every block: less memory, more time");
+  flags.add_switch("offload-activations", "keep the activations saved for backward in host memory (a GPU run)");
   flags.add_switch("no-fusion", "run fused ops (attention) as their unfused compositions");
   flags.add_switch("fused-adam", "AdamW as one fused multi-tensor kernel");
   flags.add("seed", "0", "seed of the initialisation and the windows drawn");
@@ -163,6 +167,7 @@ int run(int argc, char** argv) {
   r.weight_decay = flags.get_double("weight-decay");
   r.clip = flags.get_double("clip");
   r.checkpoint_activations = flags.get_switch("checkpoint-activations");
+  r.offload_activations = flags.get_switch("offload-activations");
   r.fusion = !flags.get_switch("no-fusion");
   r.fused_adam = flags.get_switch("fused-adam");
   r.seed = static_cast<uint64_t>(flags.get_int("seed", 0));
@@ -264,14 +269,15 @@ int run(int argc, char** argv) {
   const models::GPTConfig& c = model.config;
   if (!quiet) {
     std::printf("train_gpt: %s, %lld layers x %lld heads x %lld wide, context %lld (%lld parameters) on %s; "
-                "%lld training / %lld validation bytes; %lld x %lld windows per step%s; AdamW lr %g; %d threads%s%s%s%s\n",
+                "%lld training / %lld validation bytes; %lld x %lld windows per step%s; AdamW lr %g; %d threads%s%s%s%s%s\n",
                 r.config.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
                 static_cast<long long>(c.n_embd), static_cast<long long>(c.block_size),
                 static_cast<long long>(model.num_parameters()), device.str().c_str(),
                 static_cast<long long>(train_text.size()), static_cast<long long>(val_text.size()),
                 static_cast<long long>(r.grad_accum), static_cast<long long>(r.batch_size),
                 comm ? fmt::format(" per rank, {} ranks", comm->size()).c_str() : "", r.lr, get_num_threads(),
-                r.checkpoint_activations ? ", activation checkpointing" : "", r.fusion ? "" : ", fusion off",
+                r.checkpoint_activations ? ", activation checkpointing" : "",
+                r.offload_activations ? ", activation offload" : "", r.fusion ? "" : ", fusion off",
                 r.clip > 0 ? fmt::format(", clip {}", r.clip).c_str() : "",
                 ckpt ? fmt::format(", resumed at step {}", step).c_str() : "");
   }
@@ -291,7 +297,10 @@ int run(int argc, char** argv) {
       // With DDP, only the last micro-batch all-reduces (no_sync for the others).
       std::optional<distributed::DistributedDataParallel::NoSync> no_sync;
       if (ddp && m + 1 < r.grad_accum) no_sync.emplace(*ddp);
+      std::optional<autograd::SaveOnCpu> offload;
+      if (r.offload_activations) offload.emplace();
       Tensor loss = models::GPT::loss(net(b.data.to(device)), b.target.to(device));
+      offload.reset();
       if (r.grad_accum > 1) loss = loss / static_cast<double>(r.grad_accum);
       loss.backward();
       loss_sum += loss.item<double>();
@@ -334,9 +343,9 @@ int run(int argc, char** argv) {
 
   const int64_t sample = flags.get_int("sample", 0);
   if (main_rank && sample > 0) {
-    std::string prompt = flags.get("prompt");
-    if (prompt.empty()) prompt = "\n";
-    std::vector<int64_t> ids(prompt.begin(), prompt.end());
+    const std::string& given = flags.get("prompt");
+    std::vector<int64_t> ids(given.begin(), given.end());
+    if (ids.empty()) ids.push_back('\n');
     for (auto& id : ids) id = static_cast<uint8_t>(id);
     if (static_cast<int64_t>(ids.size()) > c.block_size) ids.erase(ids.begin(), ids.end() - c.block_size);
     Generator g(r.seed);

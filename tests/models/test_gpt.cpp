@@ -251,3 +251,23 @@ TEST_CASE("GPT: N micro-batches of b with the loss scaled by 1/N accumulate the 
   auto params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) check_close(params[i].grad(), whole[i], {1e-5, 1e-7});
 }
+
+TEST_CASE("GPT: activation offload (SaveOnCpu) gives the same gradients; host tensors stay where they are",
+          "[models][gpt][offload]") {
+  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13};
+  GPT model(c);
+  Tensor idx = randint(0, 13, {4, 8}), targets = randint(0, 13, {4, 8});
+  GPT::loss(model(idx), targets).backward();
+  std::vector<Tensor> plain;
+  for (const auto& p : model.parameters()) plain.push_back(p.grad().clone());
+  model.zero_grad();
+  Tensor loss;
+  {
+    autograd::SaveOnCpu offload;
+    loss = GPT::loss(model(idx), targets);
+    CHECK(offload.offloaded_bytes() == 0);  // on the CPU already: nothing to copy (tests/cuda checks a GPU)
+  }
+  loss.backward();
+  auto params = model.parameters();
+  for (size_t i = 0; i < params.size(); ++i) check_equal(params[i].grad(), plain[i]);
+}
