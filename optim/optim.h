@@ -7,6 +7,7 @@
 #include "optim/clip_grad.h"
 #include "optim/grad_scaler.h"
 #include "optim/lr_scheduler.h"
+#include "optim/master_weights.h"
 #include "optim/optimizer.h"
 #include "optim/rmsprop.h"
 #include "optim/sgd.h"
