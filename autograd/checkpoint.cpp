@@ -5,7 +5,8 @@
 //   forward:   inputs --fn (no_grad: nothing saved)--> outputs   + one node "CheckpointBackward"
 //   backward:  CheckpointBackward(grads of outputs):
 //                1. set the random generator to its state before the forward (dropout draws
-//                   the same masks), run fn again with grad mode on, on detached inputs;
+//                   the same masks) and autocast to its state then (the same dtypes), run fn
+//                   again with grad mode on, on detached inputs;
 //                2. backward through that fresh graph with the incoming grads: parameters used
 //                   inside fn accumulate into .grad() as usual, the inputs' gradients are read
 //                   from the detached copies and passed on to the rest of the graph.
@@ -13,6 +14,7 @@
 // forward to the backward: with k checkpointed blocks, roughly one block's activations at a time.
 #include "autograd/autograd.h"
 #include "core/generator.h"
+#include "ops/autocast.h"
 #include "ops/record.h"
 
 namespace kiln::autograd {
@@ -20,6 +22,7 @@ namespace kiln::autograd {
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state) {
   KILN_CHECK(fn != nullptr, "checkpoint: the function is empty");
   const Generator::State rng = default_generator().get_state();
+  const autocast::State autocast_state = autocast::current_state();  // recomputed under the same
   TensorList outputs;
   {
     NoGradGuard no_grad;
@@ -40,7 +43,8 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool pre
     kept.push_back(t.defined() ? t.detach() : Tensor());
     wants.push_back(t.defined() && t.requires_grad());
   }
-  record("CheckpointBackward", inputs, outputs, [fn, kept, wants, rng, preserve_rng_state](const Grads& g) {
+  record("CheckpointBackward", inputs, outputs,
+         [fn, kept, wants, rng, preserve_rng_state, autocast_state](const Grads& g) {
     KILN_CHECK(!GradMode::is_enabled(),
                "checkpoint: backward with create_graph=true (higher-order gradients) is not supported through "
                "a checkpointed function; call it without checkpoint for that");
@@ -55,6 +59,7 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool pre
       const Generator::State now = default_generator().get_state();
       if (preserve_rng_state) default_generator().set_state(rng);
       AutoGradMode on(true);
+      autocast::StateGuard forward_autocast(autocast_state);  // the engine turned it off
       outs = fn(again);
       default_generator().set_state(now);
     }

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "autograd/autograd.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -67,6 +68,11 @@ struct Capture {  // grad(): read the gradient arriving at (node, input_nr)
 
 TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, bool keep_graph, bool create_graph,
                const std::vector<Capture>* captures) {
+  // Backward ops run in the dtypes their forward ops ran in, so autocast is off during a backward;
+  // its cast cache is dropped, since this backward frees the nodes of those casts.
+  // See Note [autocast] in ops/autocast.h.
+  autocast::clear_cache();
+  autocast::StateGuard no_autocast(autocast::State{});
   // 1. Dependencies.
   std::unordered_map<Node*, int> deps;
   std::unordered_map<Node*, std::shared_ptr<Node>> alive;  // keeps every node alive while we run

@@ -2,6 +2,7 @@
 // (so they run on any device and their backward is differentiable again).
 #include "nn/functional.h"
 
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -106,6 +107,12 @@ Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t 
 // ---- layers ----
 
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  // Under autocast the three cast to 16 bits (See Note [autocast] in ops/autocast.h); the weight's
+  // cast is cached for the scope and its gradient comes back to the float32 parameter.
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Linear, input.device()})
+      return linear(ac.cast(input), ac.cast(weight), ac.cast(bias));
+  }
   KILN_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape {}",
              weight.sizes().str());
   KILN_CHECK(input.dim() >= 1 && input.size(-1) == weight.size(1),
@@ -163,12 +170,29 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
 
 // ---- losses ----
 
+// The losses run in float32 under autocast (See Note [autocast] in ops/autocast.h): each casts its
+// floating inputs, weights included, and calls itself again with autocast off.
+
 Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions& options) {
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::NllLoss, input.device()}) {
+      NLLLossOptions o = options;
+      o.weight = ac.cast(options.weight);
+      return nll_loss(ac.cast(input), target, o);
+    }
+  }
   Reduction r = parse_reduction(options.reduction, "nll_loss");
   return nll(input, target, options.weight, options.ignore_index, r, "nll_loss").loss;
 }
 
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options) {
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::CrossEntropy, input.device()}) {
+      CrossEntropyOptions o = options;
+      o.weight = ac.cast(options.weight);
+      return cross_entropy(ac.cast(input), ac.cast(target), o);  // class-index targets stay integers
+    }
+  }
   const char* op = "cross_entropy";
   Reduction r = parse_reduction(options.reduction, op);
   double eps = options.label_smoothing;
@@ -210,18 +234,30 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
 }
 
 Tensor mse_loss(const Tensor& input, const Tensor& target, const LossOptions& options) {
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::MseLoss, input.device()})
+      return mse_loss(ac.cast(input), ac.cast(target), options);
+  }
   Reduction r = parse_reduction(options.reduction, "mse_loss");
   check_same_shape(input, target, "mse_loss");
   return reduce((input - target).square(), r);
 }
 
 Tensor l1_loss(const Tensor& input, const Tensor& target, const LossOptions& options) {
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::L1Loss, input.device()})
+      return l1_loss(ac.cast(input), ac.cast(target), options);
+  }
   Reduction r = parse_reduction(options.reduction, "l1_loss");
   check_same_shape(input, target, "l1_loss");
   return reduce((input - target).abs(), r);
 }
 
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1LossOptions& options) {
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::SmoothL1Loss, input.device()})
+      return smooth_l1_loss(ac.cast(input), ac.cast(target), options);
+  }
   Reduction r = parse_reduction(options.reduction, "smooth_l1_loss");
   check_same_shape(input, target, "smooth_l1_loss");
   KILN_CHECK(options.beta >= 0, "smooth_l1_loss: beta must be >= 0, got {}", options.beta);
@@ -232,6 +268,13 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1L
 }
 
 Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCELossOptions& options) {
+  if (autocast::is_enabled(input.device().type)) {  // float32 on the CPU, an Error on CUDA
+    if (autocast::OpScope ac{autocast::Op::BinaryCrossEntropy, input.device()}) {
+      BCELossOptions o = options;
+      o.weight = ac.cast(options.weight);
+      return binary_cross_entropy(ac.cast(input), ac.cast(target), o);
+    }
+  }
   Reduction r = parse_reduction(options.reduction, "binary_cross_entropy");
   check_same_shape(input, target, "binary_cross_entropy");
   // log(p) and log(1 - p) clamped at -100, so p = 0 or 1 gives a finite loss (PyTorch's rule).
@@ -244,6 +287,14 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCE
 
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const BCEWithLogitsLossOptions& options) {
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::BinaryCrossEntropyWithLogits, input.device()}) {
+      BCEWithLogitsLossOptions o = options;
+      o.weight = ac.cast(options.weight);
+      o.pos_weight = ac.cast(options.pos_weight);
+      return binary_cross_entropy_with_logits(ac.cast(input), ac.cast(target), o);
+    }
+  }
   Reduction r = parse_reduction(options.reduction, "binary_cross_entropy_with_logits");
   check_same_shape(input, target, "binary_cross_entropy_with_logits");
   // -log sigmoid(x) = softplus(-x), which never overflows (the identity above 20) and, unlike

@@ -6,6 +6,7 @@
 //   gx = backward_input(g, w):          dg = conv2d(ggx, w),        dw = backward_weight(g, ggx)
 //   gw = backward_weight(g, x):         dg = conv2d(x, ggw),        dx = backward_input(g, ggw)
 // which gives double backward (gradient penalties) for free. 16-bit floats run in float32.
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -121,6 +122,10 @@ inline namespace ops {
 
 Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
               const Shape& padding, const Shape& dilation, int64_t groups) {
+  if (autocast::is_enabled(input.device().type)) {  // See Note [autocast] in ops/autocast.h
+    if (autocast::OpScope ac{autocast::Op::Conv2d, input.device()})
+      return conv2d(ac.cast(input), ac.cast(weight), ac.cast(bias), stride, padding, dilation, groups);
+  }
   KILN_CHECK(input.dim() == 3 || input.dim() == 4,
              "conv2d: expected a 3-D (unbatched C, H, W) or 4-D (batched N, C, H, W) input, got shape {}",
              input.sizes().str());
@@ -133,6 +138,10 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
 
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
               int64_t dilation, int64_t groups) {
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Conv1d, input.device()})
+      return conv1d(ac.cast(input), ac.cast(weight), ac.cast(bias), stride, padding, dilation, groups);
+  }
   KILN_CHECK(input.dim() == 2 || input.dim() == 3,
              "conv1d: expected a 2-D (unbatched C, L) or 3-D (batched N, C, L) input, got shape {}",
              input.sizes().str());

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <limits>
 
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -178,18 +179,30 @@ Tensor sign(const Tensor& x) {
   return y;
 }
 Tensor exp(const Tensor& x) {
+  if (autocast::is_enabled(x.device().type)) {  // See Note [autocast] in ops/autocast.h
+    if (autocast::OpScope ac{autocast::Op::Exp, x.device()}) return exp(ac.cast(x));
+  }
   return with_output_grad(float_unary(UnaryOp::Exp, x, "exp"), x, "ExpBackward",
                           [](const Tensor& g, const Tensor& y) { return g * y; });  // d e^x = e^x
 }
 Tensor log(const Tensor& x) {
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Log, x.device()}) return log(ac.cast(x));
+  }
   return with_input_grad(float_unary(UnaryOp::Log, x, "log"), x, "LogBackward",
                          [](const Tensor& g, const Tensor& x) { return g / x; });
 }
 Tensor log1p(const Tensor& x) {
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Log1p, x.device()}) return log1p(ac.cast(x));
+  }
   return with_input_grad(float_unary(UnaryOp::Log1p, x, "log1p"), x, "Log1pBackward",
                          [](const Tensor& g, const Tensor& x) { return g / (x + 1); });
 }
 Tensor expm1(const Tensor& x) {
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Expm1, x.device()}) return expm1(ac.cast(x));
+  }
   return with_output_grad(float_unary(UnaryOp::Expm1, x, "expm1"), x, "Expm1Backward",
                           [](const Tensor& g, const Tensor& y) { return g * (y + 1); });
 }
@@ -198,10 +211,16 @@ Tensor sqrt(const Tensor& x) {
                           [](const Tensor& g, const Tensor& y) { return g / (y * 2); });
 }
 Tensor rsqrt(const Tensor& x) {  // d x^-1/2 = -1/2 x^-3/2 = -1/2 y^3
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Rsqrt, x.device()}) return rsqrt(ac.cast(x));
+  }
   return with_output_grad(float_unary(UnaryOp::Rsqrt, x, "rsqrt"), x, "RsqrtBackward",
                           [](const Tensor& g, const Tensor& y) { return g * y * y * y * -0.5; });
 }
 Tensor reciprocal(const Tensor& x) {  // d 1/x = -1/x^2
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Reciprocal, x.device()}) return reciprocal(ac.cast(x));
+  }
   return with_output_grad(float_unary(UnaryOp::Reciprocal, x, "reciprocal"), x, "ReciprocalBackward",
                           [](const Tensor& g, const Tensor& y) { return -(g * y * y); });
 }
@@ -258,6 +277,9 @@ Tensor silu(const Tensor& x) {  // d x s(x) = s (1 + x (1 - s))
                          });
 }
 Tensor softplus(const Tensor& x) {  // d log(1 + e^x) = sigmoid(x); the identity above 20
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Softplus, x.device()}) return softplus(ac.cast(x));
+  }
   return with_input_grad(float_unary(UnaryOp::Softplus, x, "softplus"), x, "SoftplusBackward",
                          [](const Tensor& g, const Tensor& x) { return where(x.gt(20), g, g * x.sigmoid()); });
 }
@@ -271,6 +293,9 @@ Tensor square(const Tensor& x) {
                          [](const Tensor& g, const Tensor& x) { return g * x * 2; });
 }
 Tensor pow(const Tensor& x, const Scalar& exponent) {
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Pow, x.device()}) return pow(ac.cast(x), exponent);
+  }
   check_not_bool(x, "pow");
   DType dt = result_type(x, exponent);
   KILN_CHECK(!(is_integral(dt) && exponent.to_double() < 0),
@@ -346,6 +371,9 @@ Tensor div(const Tensor& a, const Tensor& b) {
   return out;
 }
 Tensor pow(const Tensor& a, const Tensor& b) {
+  if (autocast::is_enabled(a.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Pow, a.device()}) return pow(ac.cast(a), ac.cast(b));
+  }
   Tensor out = arithmetic(BinaryOp::Pow, a, b, 1, "pow");
   if (should_record(a, b)) {
     record("PowBackward", {a, b}, {out},

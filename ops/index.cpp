@@ -1,5 +1,6 @@
 // ops/index.cpp: indexing ops: index_select, index_add, gather, scatter(_add), embedding, one_hot.
 // Their gradients pair up: index_select <-> index_add, gather <-> scatter_add.
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -121,6 +122,10 @@ Tensor scatter(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& 
   return scatter_impl(x, dim, index, src, false);
 }
 Tensor scatter_add(const Tensor& x, int64_t dim, const Tensor& index, const Tensor& src) {
+  if (autocast::is_enabled(x.device().type)) {  // See Note [autocast] in ops/autocast.h
+    if (autocast::OpScope ac{autocast::Op::ScatterAdd, x.device(), {x, src}})
+      return scatter_add(ac.cast(x), dim, index, ac.cast(src));
+  }
   return scatter_impl(x, dim, index, src, true);
 }
 

@@ -1,6 +1,7 @@
 // ops/linalg.cpp: matmul with PyTorch's rank rules, and mm/bmm. One kernel entry does the work:
 // c[..., M, N] = a[..., M, K] @ b[..., K, N] with batch dims already broadcast (stride 0), so a
 // transposed or expanded operand is never copied here.
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -59,6 +60,9 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, const Shape& shape_a, const S
 inline namespace ops {
 
 Tensor matmul(const Tensor& a, const Tensor& b) {
+  if (autocast::is_enabled(a.device().type)) {  // See Note [autocast] in ops/autocast.h
+    if (autocast::OpScope ac{autocast::Op::Matmul, a.device()}) return matmul(ac.cast(a), ac.cast(b));
+  }
   check_same_device("matmul", a, b);
   KILN_CHECK(a.dim() >= 1 && b.dim() >= 1,
              "matmul: both arguments need at least 1 dimension, got shapes {} and {}", a.sizes().str(),
@@ -77,12 +81,18 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
 }
 
 Tensor mm(const Tensor& a, const Tensor& b) {
+  if (autocast::is_enabled(a.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Mm, a.device()}) return mm(ac.cast(a), ac.cast(b));
+  }
   KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expects 2-D matrices, got shapes {} and {}; use matmul",
              a.sizes().str(), b.sizes().str());
   return matmul(a, b);
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {
+  if (autocast::is_enabled(a.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Bmm, a.device()}) return bmm(ac.cast(a), ac.cast(b));
+  }
   KILN_CHECK(a.dim() == 3 && b.dim() == 3, "bmm: expects 3-D batches, got shapes {} and {}; use matmul",
              a.sizes().str(), b.sizes().str());
   KILN_CHECK(a.sizes()[0] == b.sizes()[0], "bmm: batch sizes {} and {} differ", a.sizes()[0], b.sizes()[0]);

@@ -10,6 +10,7 @@
 // batch_norm in eval mode is only broadcasting ops with the running statistics.
 #include <limits>
 
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -107,6 +108,10 @@ inline namespace ops {
 
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                   double eps) {
+  if (autocast::is_enabled(input.device().type)) {  // See Note [autocast] in ops/autocast.h
+    if (autocast::OpScope ac{autocast::Op::LayerNorm, input.device()})
+      return layer_norm(ac.cast(input), normalized_shape, ac.cast(weight), ac.cast(bias), eps);
+  }
   return trailing_norm(input, normalized_shape, weight, bias, eps, false, "layer_norm");
 }
 
@@ -127,6 +132,10 @@ Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor
 }
 
 Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight, const Tensor& bias, double eps) {
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::GroupNorm, input.device()})
+      return group_norm(ac.cast(input), num_groups, ac.cast(weight), ac.cast(bias), eps);
+  }
   const char* op = "group_norm";
   KILN_CHECK(input.dim() >= 2, "{}: expected an input of at least 2 dims (N, C, *), got shape {}", op,
              input.sizes().str());

@@ -3,6 +3,7 @@
 // gradients come from the pieces'.
 #include <cmath>
 
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -104,6 +105,10 @@ Tensor extreme(const Tensor& x, const Shape& dims, bool keepdim, bool is_max) {
 inline namespace ops {
 
 Tensor sum(const Tensor& x, const Shape& dims, bool keepdim, std::optional<DType> dtype) {
+  // See Note [autocast] in ops/autocast.h; a sum given an explicit dtype is not autocast (PyTorch).
+  if (!dtype && autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Sum, x.device()}) return sum(ac.cast(x), dims, keepdim);
+  }
   DType out_dtype = dtype.value_or(is_floating(x.dtype()) ? x.dtype() : kInt64);
   Plan p = make_plan(x, dims, keepdim, "sum");
   Tensor in = x;
@@ -133,6 +138,9 @@ Tensor mean(const Tensor& x, const Shape& dims, bool keepdim) {
 }
 
 Tensor prod(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Prod, x.device()}) return prod(ac.cast(x), dim, keepdim);
+  }
   KILN_CHECK(x.dtype() != kBool, "prod: not defined for bool tensors");
   Shape dims = dim ? Shape{*dim} : Shape{};
   Plan p = make_plan(x, dims, keepdim, "prod");
@@ -194,13 +202,17 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
   Plan p = make_plan(x, dims, keepdim, "var");
   Tensor centered = x - x.mean(dims, true);
   double denom = std::max<double>(0, static_cast<double>(p.count - correction));
-  return sum(centered * centered, dims, keepdim) / denom;
+  // The explicit dtype (the same result) keeps CUDA autocast's float32 sum out: var is not on its list.
+  return sum(centered * centered, dims, keepdim, centered.dtype()) / denom;
 }
 Tensor std(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
   return var(x, dims, correction, keepdim).sqrt();
 }
 
 Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Norm, x.device()}) return norm(ac.cast(x), p, dims, keepdim);
+  }
   floating_input(x, "norm");
   if (std::isinf(p)) return p > 0 ? amax(x.abs(), dims, keepdim) : amin(x.abs(), dims, keepdim);
   if (p == 0) return sum(x.ne(0), dims, keepdim).to(x.dtype());  // the count of nonzeros
@@ -227,6 +239,9 @@ Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
 }
 
 Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Logsumexp, x.device()}) return logsumexp(ac.cast(x), dims, keepdim);
+  }
   floating_input(x, "logsumexp");
   Tensor m = amax(x.detach(), dims, true);
   m = where(m.abs().eq(std::numeric_limits<double>::infinity()), zeros({}, m.options()), m);

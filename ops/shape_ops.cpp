@@ -2,6 +2,7 @@
 // tril and triu. Most are views plus copies; the split family returns views.
 #include <numeric>
 
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -24,6 +25,9 @@ inline namespace ops {
 
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   KILN_CHECK(!tensors.empty(), "cat: expected a non-empty list of tensors");
+  if (autocast::is_enabled(tensors[0].device().type)) {  // See Note [autocast] in ops/autocast.h
+    if (autocast::OpScope ac{autocast::Op::Cat, tensors[0].device(), tensors}) return cat(ac.cast(tensors), dim);
+  }
   // As PyTorch, 1-D tensors of size 0 are skipped whatever the others' shapes.
   std::vector<Tensor> parts;
   for (const auto& t : tensors)
@@ -72,6 +76,9 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
 
 Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
   KILN_CHECK(!tensors.empty(), "stack: expected a non-empty list of tensors");
+  if (autocast::is_enabled(tensors[0].device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Stack, tensors[0].device(), tensors}) return stack(ac.cast(tensors), dim);
+  }
   int d = wrap_dim(dim, tensors[0].dim() + 1, "stack");
   std::vector<Tensor> parts;
   for (size_t i = 0; i < tensors.size(); ++i) {

@@ -2,6 +2,7 @@
 // cuda/reduce.cu):
 //   softmax:     dx = y * (g - sum(g * y))
 //   log_softmax: dx = g - exp(y) * sum(g)
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -33,8 +34,18 @@ static Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
 }
 
 inline namespace ops {
-Tensor softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, false); }
-Tensor log_softmax(const Tensor& x, int64_t dim) { return softmax_impl(x, dim, true); }
+Tensor softmax(const Tensor& x, int64_t dim) {
+  if (autocast::is_enabled(x.device().type)) {  // See Note [autocast] in ops/autocast.h
+    if (autocast::OpScope ac{autocast::Op::Softmax, x.device()}) return softmax(ac.cast(x), dim);
+  }
+  return softmax_impl(x, dim, false);
+}
+Tensor log_softmax(const Tensor& x, int64_t dim) {
+  if (autocast::is_enabled(x.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::LogSoftmax, x.device()}) return log_softmax(ac.cast(x), dim);
+  }
+  return softmax_impl(x, dim, true);
+}
 }  // namespace ops
 
 }  // namespace kiln

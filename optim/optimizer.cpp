@@ -83,6 +83,17 @@ void Optimizer::zero_grad(bool set_to_none) {
   }
 }
 
+std::vector<Tensor> Optimizer::grads() {
+  std::vector<Tensor> out;
+  for (const ParamGroup& group : groups_) {
+    for (const Tensor& p : group.params) {
+      Tensor g = p.grad();
+      if (g.defined()) out.push_back(g);
+    }
+  }
+  return out;
+}
+
 const ParamState* Optimizer::find_state(const Tensor& param) const {
   auto it = state_.find(param.impl());
   return it == state_.end() ? nullptr : &it->second;

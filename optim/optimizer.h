@@ -49,7 +49,11 @@ class Optimizer {
   // One update of every parameter that has a grad.
   virtual void step() = 0;
   // Clears every grad: drops it (set_to_none, PyTorch's default) or fills it with zeros.
-  void zero_grad(bool set_to_none = true);
+  virtual void zero_grad(bool set_to_none = true);
+  // The gradients step() reads, one per parameter that has one: the parameters' grads here.
+  // GradScaler unscales these in place and checks them for inf/NaN; MasterWeights
+  // (optim/master_weights.h) gives the float32 copies that its step reads instead.
+  virtual std::vector<Tensor> grads();
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
@@ -65,11 +69,11 @@ class Optimizer {
   //   "param_groups.<g>.<option>" float64 0-d: each hyperparameter (lr, betas, flags as 0/1...)
   //   "state.<i>.step"            int64 0-d: steps taken by parameter i (only for those with state)
   //   "state.<i>.<buffer>"        the buffers, shared with the optimizer (as PyTorch's)
-  TensorDict state_dict() const;
+  virtual TensorDict state_dict() const;
   // Restores a state_dict() of an optimizer built over the same parameters: an Error when the group
   // count, a group's parameter count or a buffer's shape differs, or an entry is unknown. Buffers
   // are copied, cast to their parameter's dtype and device.
-  void load_state_dict(const TensorDict& dict);
+  virtual void load_state_dict(const TensorDict& dict);
 
  protected:
   explicit Optimizer(std::string name) : name_(std::move(name)) {}

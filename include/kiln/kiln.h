@@ -17,5 +17,6 @@
 #include "data/data.h"
 #include "distributed/distributed.h"
 #include "nn/nn.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 #include "optim/optim.h"
