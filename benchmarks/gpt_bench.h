@@ -6,6 +6,9 @@
 // (0.9, 0.999), eps 1e-8, weight decay 0.1 on every parameter; each step draws 16 windows of 128
 // bytes from the corpus (data::ByteText::sample, seeded), then forward, mean cross-entropy,
 // backward, optimizer step and loss.item(). ms_per_step is the median over steps 11 to the last.
+// Flags measure the techniques: --checkpoint (every block), --no-fusion, --autocast bf16. Besides
+// the anchors' keys, the line has train_increment_mib (peak RSS minus the RSS before the first step)
+// and tensor_peak_increment_mib (the same from Kiln's allocator statistics: tensors alone).
 #pragma once
 
 #include <kiln/kiln.h>
@@ -54,13 +57,14 @@ struct Options {
   std::string corpus;  // empty: BENCHMARKS.md's corpus, built from Debian's fortunes package
   bool checkpoint = false;
   bool fusion = true;
+  std::string autocast = "none";  // "bf16": forward and loss under a bfloat16 autocast scope
   kiln::Device device = kiln::Device::cpu();
 };
 
 inline void usage_exit(const char* prog, const Options& d, int code) {
   std::fprintf(stderr,
                "usage: %s [--steps %lld] [--layers %lld] [--corpus FILE] [--checkpoint] [--no-fusion] "
-               "[--device cpu|cuda]\n",
+               "[--autocast bf16] [--device cpu|cuda]\n",
                prog, static_cast<long long>(d.steps), static_cast<long long>(d.layers));
   std::exit(code);
 }
@@ -89,6 +93,8 @@ inline Options parse_args(int argc, char** argv, Options defaults) {
       o.checkpoint = true;
     } else if (a == "--no-fusion") {
       o.fusion = false;
+    } else if (a == "--autocast" && has_value && (std::string(argv[i + 1]) == "bf16" || std::string(argv[i + 1]) == "none")) {
+      o.autocast = argv[++i];
     } else if (a == "--device" && has_value) {
       o.device = kiln::Device::parse(argv[++i]);
     } else {
@@ -113,13 +119,18 @@ inline int run(const Options& o) {
     optim::AdamW opt(model.parameters(), {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1});
     Generator gen(0);
     const double rss_before = rss_now_mib();
+    memory::reset_peak(o.device);
+    const double allocated_before = static_cast<double>(memory::stats(o.device).allocated_bytes) / (1 << 20);
     std::vector<double> ms;
     double loss_first = 0, loss_last = 0;
     for (int64_t step = 1; step <= o.steps; ++step) {
       const auto t0 = std::chrono::steady_clock::now();
       data::Example batch = text.sample(kBatch, config.block_size, gen);
-      Tensor logits = model(batch.data.to(o.device));
-      Tensor loss = models::GPT::loss(logits, batch.target.to(o.device));
+      Tensor loss;
+      {
+        AutocastGuard ac(o.device, kBFloat16, o.autocast == "bf16");
+        loss = models::GPT::loss(model(batch.data.to(o.device)), batch.target.to(o.device));
+      }
       opt.zero_grad();
       loss.backward();
       opt.step();
@@ -130,14 +141,16 @@ inline int run(const Options& o) {
       if (step > 10) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     }
     const double peak = peak_rss_mib();
+    const double tensors_peak = static_cast<double>(memory::stats(o.device).peak_allocated_bytes) / (1 << 20);
     std::printf(
         "{\"bench\":\"%s\",\"impl\":\"kiln\",\"device\":\"%s\",\"threads\":%d,\"n_layer\":%lld,\"steps\":%lld,"
-        "\"params\":%lld,\"ckpt\":%s,\"fusion\":%s,\"ms_per_step\":%.3f,\"loss_first\":%.4f,\"loss_final\":%.4f,"
-        "\"peak_rss_mib\":%.1f,\"rss_before_train_mib\":%.1f,\"train_increment_mib\":%.1f}\n",
+        "\"params\":%lld,\"ckpt\":%s,\"fusion\":%s,\"autocast\":\"%s\",\"ms_per_step\":%.3f,\"loss_first\":%.4f,\"loss_final\":%.4f,"
+        "\"peak_rss_mib\":%.1f,\"rss_before_train_mib\":%.1f,\"train_increment_mib\":%.1f,"
+        "\"tensor_peak_increment_mib\":%.1f}\n",
         o.bench.c_str(), o.device.str().c_str(), get_num_threads(), static_cast<long long>(o.layers),
         static_cast<long long>(o.steps), static_cast<long long>(model.num_parameters()),
-        o.checkpoint ? "true" : "false", o.fusion ? "true" : "false", median(ms), loss_first, loss_last, peak,
-        rss_before, peak - rss_before);
+        o.checkpoint ? "true" : "false", o.fusion ? "true" : "false", o.autocast.c_str(), median(ms), loss_first, loss_last, peak,
+        rss_before, peak - rss_before, tensors_peak - allocated_before);
     std::fflush(stdout);
     return 0;
   } catch (const std::exception& e) {

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -127,6 +128,12 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
                                     const Tensor& attn_mask, double dropout_p, bool is_causal,
                                     std::optional<double> scale, Generator* gen) {
   const char* op = "scaled_dot_product_attention";
+  if (autocast::is_enabled(query.device().type)) {  // lower precision under autocast (ops/autocast.h)
+    if (autocast::OpScope ac{autocast::Op::ScaledDotProductAttention, query.device()}) {
+      return scaled_dot_product_attention(ac.cast(query), ac.cast(key), ac.cast(value), ac.cast(attn_mask),
+                                          dropout_p, is_causal, scale, gen);
+    }
+  }
   KILN_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
              "{}: query, key and value need at least 2 dims (..., L, E), got shapes {}, {} and {}", op,
              query.sizes().str(), key.sizes().str(), value.sizes().str());
