@@ -6,7 +6,7 @@
 //   train_gpt --steps 2000 --out runs/gpt                 # gpt_char, 16 x 128 bytes per step
 //   train_gpt --resume runs/gpt/checkpoint --steps 4000 --out runs/gpt
 //   train_gpt --grad-accum 4 --clip 1.0 --checkpoint-activations --no-fusion   # the techniques
-//   train_gpt --device cuda --offload-activations
+//   train_gpt --device cuda --offload-activations --autocast bf16
 //   kiln-run -n 2 train_gpt --out runs/gpt-ddp           # data parallel on 2 ranks
 //
 // The last tenth of the corpus is held out: every --eval-every steps the validation loss is the mean
@@ -44,6 +44,7 @@ struct Run {
   int64_t steps = 200, batch_size = 16, grad_accum = 1;
   double lr = 3e-4, weight_decay = 0.1, clip = 0;
   bool checkpoint_activations = false, offload_activations = false, fusion = true, fused_adam = false;
+  std::string autocast = "none";  // none | bf16 | fp16 (fp16 with dynamic loss scaling)
   uint64_t seed = 0;
   std::string device = "cpu";
   int64_t eval_every = 100, eval_batches = 8, log_every = 10, save_every = 0;
@@ -54,7 +55,7 @@ json to_json(const Run& r) {
           {"context", r.context}, {"dropout", r.dropout}, {"corpus", r.corpus}, {"batch_size", r.batch_size},
           {"grad_accum", r.grad_accum}, {"lr", r.lr}, {"weight_decay", r.weight_decay}, {"clip", r.clip},
           {"checkpoint_activations", r.checkpoint_activations}, {"offload_activations", r.offload_activations},
-          {"fusion", r.fusion},
+          {"fusion", r.fusion}, {"autocast", r.autocast},
           {"fused_adam", r.fused_adam}, {"seed", r.seed}, {"device", r.device}};
 }
 
@@ -74,6 +75,7 @@ void from_json(const json& j, Run& r) {
   r.clip = j.at("clip");
   r.checkpoint_activations = j.at("checkpoint_activations");
   r.offload_activations = j.value("offload_activations", false);
+  r.autocast = j.value("autocast", std::string("none"));
   r.fusion = j.at("fusion");
   r.fused_adam = j.at("fused_adam");
   r.seed = j.at("seed");
@@ -132,6 +134,7 @@ int run(int argc, char** argv) {
   flags.add("clip", "0", "clip the gradients' global norm to this (0: no clipping)");
   flags.add_switch("checkpoint-activations", "activation checkpointing of every block: less memory, more time");
   flags.add_switch("offload-activations", "keep the activations saved for backward in host memory (a GPU run)");
+  flags.add("autocast", "none", "mixed precision: none, bf16, or fp16 (with dynamic loss scaling, DeepSpeed's rule)");
   flags.add_switch("no-fusion", "run fused ops (attention) as their unfused compositions");
   flags.add_switch("fused-adam", "AdamW as one fused multi-tensor kernel");
   flags.add("seed", "0", "seed of the initialisation and the windows drawn");
@@ -168,6 +171,7 @@ int run(int argc, char** argv) {
   r.clip = flags.get_double("clip");
   r.checkpoint_activations = flags.get_switch("checkpoint-activations");
   r.offload_activations = flags.get_switch("offload-activations");
+  r.autocast = flags.get_choice("autocast", {"none", "bf16", "fp16"});
   r.fusion = !flags.get_switch("no-fusion");
   r.fused_adam = flags.get_switch("fused-adam");
   r.seed = static_cast<uint64_t>(flags.get_int("seed", 0));
@@ -212,6 +216,9 @@ int run(int argc, char** argv) {
   model.to(device);
   model.set_checkpointing(r.checkpoint_activations);
   optim::AdamW opt(model.parameters(), {.lr = r.lr, .weight_decay = r.weight_decay, .fused = r.fused_adam});
+  // fp16 needs its gradients scaled up so that small ones do not flush to zero (optim/grad_scaler.h).
+  optim::GradScaler scaler({.enabled = r.autocast == "fp16"});
+  const DType low = r.autocast == "fp16" ? kFloat16 : kBFloat16;
   Generator windows(r.seed * 1000003 + static_cast<uint64_t>(comm ? comm->rank() : 0));
   int64_t step = 0;
   train::LossHistory history;
@@ -269,7 +276,7 @@ int run(int argc, char** argv) {
   const models::GPTConfig& c = model.config;
   if (!quiet) {
     std::printf("train_gpt: %s, %lld layers x %lld heads x %lld wide, context %lld (%lld parameters) on %s; "
-                "%lld training / %lld validation bytes; %lld x %lld windows per step%s; AdamW lr %g; %d threads%s%s%s%s%s\n",
+                "%lld training / %lld validation bytes; %lld x %lld windows per step%s; AdamW lr %g; %d threads%s%s%s%s%s%s\n",
                 r.config.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
                 static_cast<long long>(c.n_embd), static_cast<long long>(c.block_size),
                 static_cast<long long>(model.num_parameters()), device.str().c_str(),
@@ -277,7 +284,8 @@ int run(int argc, char** argv) {
                 static_cast<long long>(r.grad_accum), static_cast<long long>(r.batch_size),
                 comm ? fmt::format(" per rank, {} ranks", comm->size()).c_str() : "", r.lr, get_num_threads(),
                 r.checkpoint_activations ? ", activation checkpointing" : "",
-                r.offload_activations ? ", activation offload" : "", r.fusion ? "" : ", fusion off",
+                r.offload_activations ? ", activation offload" : "",
+                r.autocast == "none" ? "" : fmt::format(", autocast {}", r.autocast).c_str(), r.fusion ? "" : ", fusion off",
                 r.clip > 0 ? fmt::format(", clip {}", r.clip).c_str() : "",
                 ckpt ? fmt::format(", resumed at step {}", step).c_str() : "");
   }
@@ -299,14 +307,22 @@ int run(int argc, char** argv) {
       if (ddp && m + 1 < r.grad_accum) no_sync.emplace(*ddp);
       std::optional<autograd::SaveOnCpu> offload;
       if (r.offload_activations) offload.emplace();
-      Tensor loss = models::GPT::loss(net(b.data.to(device)), b.target.to(device));
+      Tensor loss;
+      {
+        AutocastGuard ac(device, low, r.autocast != "none");
+        loss = models::GPT::loss(net(b.data.to(device)), b.target.to(device));
+      }
       offload.reset();
       if (r.grad_accum > 1) loss = loss / static_cast<double>(r.grad_accum);
-      loss.backward();
+      scaler.scale(loss).backward();
       loss_sum += loss.item<double>();
     }
-    if (r.clip > 0) nn::utils::clip_grad_norm_(model.parameters(), r.clip);
-    opt.step();
+    if (r.clip > 0) {
+      scaler.unscale_(opt);  // clip the true gradients, not the scaled ones
+      nn::utils::clip_grad_norm_(model.parameters(), r.clip);
+    }
+    scaler.step(opt);
+    scaler.update();
     ++step;
     if (comm) {
       Tensor mean = full({1}, loss_sum, kFloat64);
@@ -333,9 +349,11 @@ int run(int argc, char** argv) {
   const double val = evaluate();
   save();
   if (!quiet) {
-    std::printf("train_gpt: %lld steps (%.1f ms/step this run), train loss %.4f, validation loss %.4f\n",
+    std::printf("train_gpt: %lld steps (%.1f ms/step this run), train loss %.4f, validation loss %.4f%s\n",
                 static_cast<long long>(step), step > first ? 1e3 * seconds / static_cast<double>(step - first) : 0.0,
-                last_loss, val);
+                last_loss, val,
+                scaler.is_enabled() ? fmt::format("; loss scale {}, {} steps skipped", scaler.get_scale(),
+                                                  scaler.skipped_steps()).c_str() : "");
   }
   std::string why;
   const std::string png = main_rank ? train::plot_losses(history, out_dir, &why) : "";
