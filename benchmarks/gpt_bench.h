@@ -6,7 +6,7 @@
 // (0.9, 0.999), eps 1e-8, weight decay 0.1 on every parameter; each step draws 16 windows of 128
 // bytes from the corpus (data::ByteText::sample, seeded), then forward, mean cross-entropy,
 // backward, optimizer step and loss.item(). ms_per_step is the median over steps 11 to the last.
-// Flags measure the techniques: --checkpoint (every block), --no-fusion, --autocast bf16. Besides
+// Flags measure the techniques: --checkpoint (every block), --no-fusion, --fused-adam, --autocast bf16. Besides
 // the anchors' keys, the line has train_increment_mib (peak RSS minus the RSS before the first step)
 // and tensor_peak_increment_mib (the same from Kiln's allocator statistics: tensors alone).
 #pragma once
@@ -57,6 +57,7 @@ struct Options {
   std::string corpus;  // empty: BENCHMARKS.md's corpus, built from Debian's fortunes package
   bool checkpoint = false;
   bool fusion = true;
+  bool fused_adam = false;        // AdamW's fused multi-tensor step (optim::AdamWOptions::fused)
   std::string autocast = "none";  // "bf16": forward and loss under a bfloat16 autocast scope
   kiln::Device device = kiln::Device::cpu();
 };
@@ -64,7 +65,7 @@ struct Options {
 inline void usage_exit(const char* prog, const Options& d, int code) {
   std::fprintf(stderr,
                "usage: %s [--steps %lld] [--layers %lld] [--corpus FILE] [--checkpoint] [--no-fusion] "
-               "[--autocast bf16] [--device cpu|cuda]\n",
+               "[--fused-adam] [--autocast bf16] [--device cpu|cuda]\n",
                prog, static_cast<long long>(d.steps), static_cast<long long>(d.layers));
   std::exit(code);
 }
@@ -93,6 +94,8 @@ inline Options parse_args(int argc, char** argv, Options defaults) {
       o.checkpoint = true;
     } else if (a == "--no-fusion") {
       o.fusion = false;
+    } else if (a == "--fused-adam") {
+      o.fused_adam = true;
     } else if (a == "--autocast" && has_value && (std::string(argv[i + 1]) == "bf16" || std::string(argv[i + 1]) == "none")) {
       o.autocast = argv[++i];
     } else if (a == "--device" && has_value) {
@@ -116,7 +119,8 @@ inline int run(const Options& o) {
     models::GPT model(config);
     model.to(o.device);
     model.set_checkpointing(o.checkpoint);
-    optim::AdamW opt(model.parameters(), {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1});
+    optim::AdamW opt(model.parameters(), {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1,
+                                                 .fused = o.fused_adam});
     Generator gen(0);
     const double rss_before = rss_now_mib();
     memory::reset_peak(o.device);
@@ -144,12 +148,12 @@ inline int run(const Options& o) {
     const double tensors_peak = static_cast<double>(memory::stats(o.device).peak_allocated_bytes) / (1 << 20);
     std::printf(
         "{\"bench\":\"%s\",\"impl\":\"kiln\",\"device\":\"%s\",\"threads\":%d,\"n_layer\":%lld,\"steps\":%lld,"
-        "\"params\":%lld,\"ckpt\":%s,\"fusion\":%s,\"autocast\":\"%s\",\"ms_per_step\":%.3f,\"loss_first\":%.4f,\"loss_final\":%.4f,"
+        "\"params\":%lld,\"ckpt\":%s,\"fusion\":%s,\"fused_adam\":%s,\"autocast\":\"%s\",\"ms_per_step\":%.3f,\"loss_first\":%.4f,\"loss_final\":%.4f,"
         "\"peak_rss_mib\":%.1f,\"rss_before_train_mib\":%.1f,\"train_increment_mib\":%.1f,"
         "\"tensor_peak_increment_mib\":%.1f}\n",
         o.bench.c_str(), o.device.str().c_str(), get_num_threads(), static_cast<long long>(o.layers),
         static_cast<long long>(o.steps), static_cast<long long>(model.num_parameters()),
-        o.checkpoint ? "true" : "false", o.fusion ? "true" : "false", o.autocast.c_str(), median(ms), loss_first, loss_last, peak,
+        o.checkpoint ? "true" : "false", o.fusion ? "true" : "false", o.fused_adam ? "true" : "false", o.autocast.c_str(), median(ms), loss_first, loss_last, peak,
         rss_before, peak - rss_before, tensors_peak - allocated_before);
     std::fflush(stdout);
     return 0;

@@ -251,10 +251,10 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
   const bool tanh_form = approximate == "tanh";
   // The backward is one fused pass, g * gelu'(x) (BinaryOp::GeluErfBackward / GeluTanhBackward in
   // core/scalar_math.h), unless it is itself being differentiated (create_graph): then the same
-  // formula as ops, so that it has a gradient of its own.
+  // formula as ops, so that it has a gradient of its own; likewise with fusion off (set_fusion).
   return with_input_grad(float_unary(tanh_form ? UnaryOp::GeluTanh : UnaryOp::GeluErf, x, "gelu"), x,
                          "GeluBackward", [tanh_form](const Tensor& g, const Tensor& x) {
-                           if (!GradMode::is_enabled()) {
+                           if (!GradMode::is_enabled() && fusion_enabled()) {
                              return binary_forward(tanh_form ? BinaryOp::GeluTanhBackward : BinaryOp::GeluErfBackward,
                                                    g, x, result_type(g, x), 1, "gelu backward");
                            }

@@ -250,8 +250,9 @@ std::string to_string(const Tensor& t);
 }  // namespace ops
 
 // Kernel fusion (DESIGN.md §5): on by default. set_fusion(false), or KILN_FUSION=0 in the environment,
-// makes the fused ops (scaled_dot_product_attention, ...) run as their unfused compositions, so that
-// a benchmark can measure what fusion buys. Process-wide (attention.cpp).
+// makes the fused ops (scaled_dot_product_attention, gelu's backward) run as their unfused
+// compositions, so that a benchmark can measure what fusion buys. Process-wide (attention.cpp). The
+// fused Adam/AdamW step is the optimizers' own `fused` option, as in PyTorch.
 void set_fusion(bool enabled);
 bool fusion_enabled();
 
