@@ -35,10 +35,8 @@ constexpr int64_t kBlock = 64;
 template <typename T>
 using Row = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
 
-// Scales the (rows, cols) block of scores s (row stride cols) of query rows q0.. and key columns k0..
-// and masks, with -inf, the columns a causal query row must not see. Returns the number of columns
-// row r may see (all of them without causal).
-template <typename T>
+// How many of the block's `cols` key columns (from k0) query row q0 + r may see: all of them, or with
+// causal those up to its own position. The columns past that are zeroed in the block, never exp'd.
 int64_t visible(int64_t r, int64_t cols, int64_t q0, int64_t k0, bool causal) {
   if (!causal) return cols;
   return std::clamp<int64_t>(q0 + r - k0 + 1, 0, cols);
@@ -68,7 +66,7 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
         const int64_t cols = std::min(kBlock, S - k0);
         gemm<T>(false, true, rows, cols, E, qb, E, k + (b * S + k0) * E, E, false, scores.data(), cols);
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t n = visible<T>(r, cols, q0, k0, args.causal);
+          const int64_t n = visible(r, cols, q0, k0, args.causal);
           Row<T> s(scores.data() + r * cols, cols);
           if (n == 0) {
             s.setZero();  // this row sees none of the block: it adds nothing
@@ -125,7 +123,7 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
           const int64_t rows = std::min(kBlock, L - q0);
           gemm<T>(false, true, rows, cols, E, qb + q0 * E, E, kb + k0 * E, E, false, p.data(), cols);
           for (int64_t r = 0; r < rows; ++r) {
-            const int64_t n = visible<T>(r, cols, q0, k0, args.causal);
+            const int64_t n = visible(r, cols, q0, k0, args.causal);
             Row<T> s(p.data() + r * cols, cols);
             s.head(n) = (s.head(n) * scale - lse[b * L + q0 + r]).exp();
             s.tail(cols - n).setZero();

@@ -10,7 +10,8 @@
 //             its backward rebuilds the probabilities block by block. Memory O(L) instead of O(L S).
 // The fused kernel runs when fusion is on (set_fusion), there is no attn_mask, no dropout, and the
 // device has the kernel (the CPU; CUDA composes for now). Under create_graph (double backward) the
-// fused node's backward is written with ops, so it can itself be differentiated.
+// fused node's backward is written with ops, so it can itself be differentiated. This file also
+// holds the process-wide fusion switch (set_fusion, KILN_FUSION; ops/ops.h), which gelu reads too.
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
