@@ -22,7 +22,7 @@ namespace kiln::autograd {
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state) {
   KILN_CHECK(fn != nullptr, "checkpoint: the function is empty");
   const Generator::State rng = default_generator().get_state();
-  const autocast::State autocast_state = autocast::current_state();  // recomputed under the same
+  const autocast::State autocast_state = autocast::current_state();  // the recompute runs under it
   TensorList outputs;
   {
     NoGradGuard no_grad;

@@ -10,8 +10,11 @@
 #include "gpt_bench.h"
 
 int main(int argc, char** argv) {
-  gpt_bench::Options options =
-      gpt_bench::parse_args(argc, argv, {.bench = "checkpointing_mem", .layers = 8, .steps = 30});
+  gpt_bench::Options defaults;
+  defaults.bench = "checkpointing_mem";
+  defaults.layers = 8;
+  defaults.steps = 30;
+  gpt_bench::Options options = gpt_bench::parse_args(argc, argv, defaults);
   int status = 0;
   for (bool ckpt : {false, true}) {
     std::fflush(stdout);

@@ -9,7 +9,6 @@
 #pragma once
 
 #include <kiln/kiln.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -19,23 +18,15 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
+
 namespace fmnist_bench {
 
 constexpr int64_t kBatch = 128;
 constexpr uint64_t kSeed = 0;
 
-// Peak resident set size of the whole process so far, in MiB (ru_maxrss is in KiB on Linux).
-inline double peak_rss_mib() {
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;
-}
-
-inline double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  size_t mid = values.size() / 2;
-  return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
-}
+using kiln_bench::median;
+using kiln_bench::peak_rss_mib;
 
 struct Options {
   int epochs = 0;

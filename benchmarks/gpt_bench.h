@@ -12,7 +12,6 @@
 #pragma once
 
 #include <kiln/kiln.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,17 +22,15 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "models/gpt.h"
 
 namespace gpt_bench {
 
 constexpr int64_t kBatch = 16;
 
-inline double peak_rss_mib() {
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
-}
+using kiln_bench::median;
+using kiln_bench::peak_rss_mib;
 
 // Resident set size now, in MiB (/proc/self/statm: pages).
 inline double rss_now_mib() {
@@ -41,13 +38,6 @@ inline double rss_now_mib() {
   long pages = 0, resident = 0;
   statm >> pages >> resident;
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
-}
-
-inline double median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
 }
 
 struct Options {

@@ -74,6 +74,24 @@ struct BlockOrder {
 };
 using Pool = std::set<Block*, BlockOrder>;
 
+// Makes `device` current for its lifetime, never throwing: deallocate runs from destructors, and the
+// events it records must be made on the block's device.
+class QuietDeviceGuard {
+ public:
+  explicit QuietDeviceGuard(int device) {
+    switched_ = cudaGetDevice(&previous_) == cudaSuccess && previous_ != device && cudaSetDevice(device) == cudaSuccess;
+  }
+  ~QuietDeviceGuard() {
+    if (switched_) (void)cudaSetDevice(previous_);
+  }
+  QuietDeviceGuard(const QuietDeviceGuard&) = delete;
+  QuietDeviceGuard& operator=(const QuietDeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;
+  bool switched_ = false;
+};
+
 class CachingAllocator final : public Allocator {
  public:
   explicit CachingAllocator(int device_index) : device_index_(device_index) {
@@ -127,6 +145,7 @@ class CachingAllocator final : public Allocator {
     live_.erase(it);
     counter_.on_free(nbytes);
     block->allocated = false;
+    QuietDeviceGuard on_device(device_index_);
     if (!caching_) {  // no cache: straight back to CUDA (cudaFree waits for the device)
       (void)cudaFree(block->ptr);
       (void)cudaGetLastError();
@@ -135,11 +154,16 @@ class CachingAllocator final : public Allocator {
       return;
     }
     for (cudaStream_t s : block->other_streams) {
+      // Without an event to wait on, wait for the stream now: the block must not be reused early.
       cudaEvent_t event = nullptr;
-      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) break;
+      if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) != cudaSuccess) {
+        (void)cudaStreamSynchronize(s);
+        continue;
+      }
       if (cudaEventRecord(event, s) != cudaSuccess) {
         (void)cudaEventDestroy(event);
-        break;
+        (void)cudaStreamSynchronize(s);
+        continue;
       }
       ++block->pending_events;
       pending_.push_back({event, block});
@@ -189,8 +213,10 @@ class CachingAllocator final : public Allocator {
                                               : round_up(size, kLargeRound);
     void* p = nullptr;
     cudaError_t status = cudaMalloc(&p, bytes);
-    if (status == cudaErrorMemoryAllocation) {
+    if (status == cudaErrorMemoryAllocation) {  // return the cache, as empty_cache() does, and retry
       (void)cudaGetLastError();
+      for (auto& pending : pending_) (void)cudaEventSynchronize(pending.event);
+      poll_pending();
       free_segments();
       status = cudaMalloc(&p, bytes);
     }

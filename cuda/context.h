@@ -43,10 +43,12 @@ class DeviceGuard {
 void check_device(int device_index, const char* what);
 
 inline cudaStream_t stream_of(const Stream& s) { return static_cast<cudaStream_t>(s.handle); }
-inline Stream default_stream(int device_index) { return {Device::cuda(device_index), nullptr}; }
 // This thread's current stream of the device (cuda::current_stream's handle): where ops queue their
 // work and whose buffers the allocator hands out. nullptr: the default stream.
 cudaStream_t current_stream_handle(int device_index);
+inline Stream current_stream_of(int device_index) {
+  return {Device::cuda(device_index), current_stream_handle(device_index)};
+}
 
 // The allocator of one device (allocator.cpp); throws for a bad index.
 Allocator& device_allocator(int device_index);

@@ -186,12 +186,13 @@ void copy_device_to_host(const View& src, int device, const View& dst, const Str
   host_strided_copy(expand_contiguous(host_buffer.data(), dst.dtype, src), dst);
 }
 
-// src on device a, dst on device b. Device a's stream is drained before the transfer (it may still
-// be producing src); the transfer and the conversion run on b's default stream, drained at the end.
+// src on device a, dst on device b. Device a's current stream is drained before the transfer (it may
+// still be producing src); the transfer and the conversion run on b's current stream (whose buffers
+// the allocator hands out there), drained at the end.
 void copy_across_devices(const View& src, int a, const View& dst, int b, const Stream& s) {
   const View src_c = compact(src);
   const auto bytes = static_cast<size_t>(nbytes(src_c));
-  const Stream sa = s.device == Device::cuda(a) ? s : default_stream(a);
+  const Stream sa = s.device == Device::cuda(a) ? s : current_stream_of(a);
   std::optional<DeviceBuffer> staged_a;
   const void* from = src.data;
   {
@@ -204,7 +205,7 @@ void copy_across_devices(const View& src, int a, const View& dst, int b, const S
     sync(stream_of(sa));
   }
   DeviceGuard guard(b, "copy");
-  const Stream sb = default_stream(b);
+  const Stream sb = s.device == Device::cuda(b) ? s : current_stream_of(b);
   if (src.dtype == dst.dtype && src_c.sizes == dst.sizes && dst.is_contiguous()) {
     KILN_CUDA_CHECK(cudaMemcpyPeerAsync(dst.data, b, from, a, bytes, stream_of(sb)));
     return sync(stream_of(sb));

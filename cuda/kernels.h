@@ -1,9 +1,8 @@
 // cuda/kernels.h: the CUDA launchers, one group per file (private to cuda/), each file with the
 // stem of its CPU sibling in cpu/ (copy, elementwise, reduce, matmul, index, random, conv, pool,
-// norm). backend.cu binds
-// them to the Backend contract of core/backend.h, whose comments say what each computes. Each
-// launcher runs on the stream it is given, on the current device (the caller holds a DeviceGuard;
-// copy_between sets the devices itself), and checks its launch with
+// norm, optim). backend.cu binds them to the Backend contract of core/backend.h, whose comments say
+// what each computes. Each launcher runs on the stream it is given, on the current device (the
+// caller holds a DeviceGuard; copy_between sets the devices itself), and checks its launch with
 // KILN_CUDA_CHECK(cudaGetLastError()).
 #pragma once
 
@@ -82,9 +81,11 @@ void adaptive_avg_pool2d_backward_launch(const View& grad_out, const View& grad_
 // norm.cu: the rows of a contiguous (R, M) view.
 void norm_rows_launch(const View& in, const View& out, const View& mean, const View& rstd,
                       double eps, bool rms, const Stream& s);
+
+// optim.cu: the fused Adam/AdamW step over lists of tensors (core/scalar_math.h's adam_update).
 void adam_step_launch(const std::vector<View>& params, const std::vector<View>& grads,
                       const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,
                       const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args,
-                      const Stream& s);  // optim.cu
+                      const Stream& s);
 
 }  // namespace kiln::cuda

@@ -13,6 +13,7 @@
 // accumulators, and a second kernel merges them (reduce_split_kernel, reduce_merge_kernel).
 // Softmax: one block per row; the row max and the sum of exp(x - max) are block reductions.
 // Contiguous rows of up to 4096 elements stay in registers between the passes (softmax_rows_kernel).
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -139,8 +140,6 @@ __device__ M block_reduce(M v, Op op, M* shared) {
 
 // ---- kernels ----
 
-// Output k (of `outputs`): kept.get(k) gives its slice's start in `in` and its offset in `out`;
-// reduced.get(j) the offset of the slice's j-th element (row-major over the reduced dims).
 // The offset of element j of a slice: j * flat when the reduced dims collapse into one stride
 // (flat >= 0; no division), else through `reduced`.
 __device__ __forceinline__ int64_t slice_offset(int64_t j, int64_t flat, const OffsetCalc<1>& reduced) {
@@ -163,6 +162,8 @@ __device__ void merge_groups(typename R::acc_t* partial, typename R::acc_t acc, 
   }
 }
 
+// Output k (of `outputs`): kept.get(k) gives its slice's start in `in` and its offset in `out`;
+// reduced.get(j) the offset of the slice's j-th element (row-major over the reduced dims).
 template <typename R, typename T>
 __global__ void reduce_kernel(const T* in, typename R::out_t* out, int64_t outputs, int64_t len,
                               OffsetCalc<2> kept, OffsetCalc<1> reduced, int64_t flat, int group) {
@@ -326,15 +327,15 @@ Plan make_plan(const View& in, const View& out) {
   return p;
 }
 
+// The device's SM count, asked once per device (threads may race to ask; they store the same value).
 int multiprocessors(int device) {
-  static int count[64] = {};
-  if (device < 0 || device >= 64) return 132;
-  if (count[device] == 0) {
-    int n = 0;
+  static std::atomic<int> count[64];
+  int n = device >= 0 && device < 64 ? count[device].load(std::memory_order_relaxed) : 0;
+  if (n == 0) {
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    count[device] = n;
+    if (device >= 0 && device < 64) count[device].store(n, std::memory_order_relaxed);
   }
-  return count[device];
+  return n;
 }
 
 template <typename R, typename T>

@@ -36,51 +36,25 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The settings a checkpoint keeps: a resumed run takes the model, data and optimizer settings from
+// it. (How long to run, and how often to evaluate, log and save, come from the command line.)
 struct Run {
   std::string config = "gpt_char";
   int64_t n_layer = 0, n_head = 0, n_embd = 0, context = 0;  // 0: the config's
   double dropout = 0;
   std::string corpus;  // "" = the fortunes corpus
-  int64_t steps = 200, batch_size = 16, grad_accum = 1;
+  int64_t batch_size = 16, grad_accum = 1;
   double lr = 3e-4, weight_decay = 0.1, clip = 0;
   bool checkpoint_activations = false, offload_activations = false, fusion = true, fused_adam = false;
   std::string autocast = "none";  // none | bf16 | fp16 (fp16 with dynamic loss scaling)
   uint64_t seed = 0;
   std::string device = "cpu";
-  int64_t eval_every = 100, eval_batches = 8, log_every = 10, save_every = 0;
 };
-
-json to_json(const Run& r) {
-  return {{"config", r.config}, {"n_layer", r.n_layer}, {"n_head", r.n_head}, {"n_embd", r.n_embd},
-          {"context", r.context}, {"dropout", r.dropout}, {"corpus", r.corpus}, {"batch_size", r.batch_size},
-          {"grad_accum", r.grad_accum}, {"lr", r.lr}, {"weight_decay", r.weight_decay}, {"clip", r.clip},
-          {"checkpoint_activations", r.checkpoint_activations}, {"offload_activations", r.offload_activations},
-          {"fusion", r.fusion}, {"autocast", r.autocast},
-          {"fused_adam", r.fused_adam}, {"seed", r.seed}, {"device", r.device}};
-}
-
-// A resumed run takes the model, data and optimizer settings from its checkpoint.
-void from_json(const json& j, Run& r) {
-  r.config = j.at("config");
-  r.n_layer = j.at("n_layer");
-  r.n_head = j.at("n_head");
-  r.n_embd = j.at("n_embd");
-  r.context = j.at("context");
-  r.dropout = j.at("dropout");
-  r.corpus = j.at("corpus");
-  r.batch_size = j.at("batch_size");
-  r.grad_accum = j.at("grad_accum");
-  r.lr = j.at("lr");
-  r.weight_decay = j.at("weight_decay");
-  r.clip = j.at("clip");
-  r.checkpoint_activations = j.at("checkpoint_activations");
-  r.offload_activations = j.value("offload_activations", false);
-  r.autocast = j.value("autocast", std::string("none"));
-  r.fusion = j.at("fusion");
-  r.fused_adam = j.at("fused_adam");
-  r.seed = j.at("seed");
-  r.device = j.at("device");
-}
+// to_json / from_json; a key missing from an older checkpoint keeps its default.
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Run, config, n_layer, n_head, n_embd, context, dropout, corpus,
+                                                batch_size, grad_accum, lr, weight_decay, clip,
+                                                checkpoint_activations, offload_activations, fusion, fused_adam,
+                                                autocast, seed, device)
 
 models::GPTConfig model_config(const Run& r) {
   KILN_CHECK(r.config == "gpt_char" || r.config == "gpt2",
@@ -135,7 +109,7 @@ int run(int argc, char** argv) {
   flags.add_switch("checkpoint-activations", "activation checkpointing of every block: less memory, more time");
   flags.add_switch("offload-activations", "keep the activations saved for backward in host memory (a GPU run)");
   flags.add("autocast", "none", "mixed precision: none, bf16, or fp16 (with dynamic loss scaling, DeepSpeed's rule)");
-  flags.add_switch("no-fusion", "run fused ops (attention) as their unfused compositions");
+  flags.add_switch("no-fusion", "run the fused ops (attention, gelu's backward) as their unfused compositions");
   flags.add_switch("fused-adam", "AdamW as one fused multi-tensor kernel");
   flags.add("seed", "0", "seed of the initialisation and the windows drawn");
   flags.add("device", "cpu", "cpu, cuda or cuda:N");
@@ -177,17 +151,15 @@ int run(int argc, char** argv) {
   r.seed = static_cast<uint64_t>(flags.get_int("seed", 0));
   r.device = flags.get("device");
   const int64_t steps = flags.get_int("steps", 1);
-  r.eval_every = flags.get_int("eval-every", 0);
-  r.eval_batches = flags.get_int("eval-batches", 1);
-  r.log_every = flags.get_int("log-every", 1);
-  r.save_every = flags.get_int("save-every", 0);
+  const int64_t eval_every = flags.get_int("eval-every", 0), eval_batches = flags.get_int("eval-batches", 1);
+  const int64_t log_every = flags.get_int("log-every", 1), save_every = flags.get_int("save-every", 0);
   const std::string out_dir = flags.get("out");
   bool quiet = flags.get_switch("quiet");
 
   std::optional<train::Checkpoint> ckpt;
   if (!flags.get("resume").empty()) {
     ckpt = train::load_checkpoint(flags.get("resume"));
-    from_json(json::parse(ckpt->config), r);
+    r = json::parse(ckpt->config).get<Run>();
   }
   KILN_CHECK(r.clip >= 0, "--clip must be >= 0, got {}", r.clip);
 
@@ -260,13 +232,13 @@ int run(int argc, char** argv) {
     c.optimizer = opt.state_dict();
     c.step = step;
     c.rng = windows.get_state();
-    c.config = to_json(r).dump();
+    c.config = json(r).dump();
     c.extra = json{{"step", history.step}, {"loss", history.loss}, {"eval_step", history.eval_step},
                    {"eval_loss", history.eval_loss}}.dump();
     train::save_checkpoint(ckpt_dir, c);
   };
   auto evaluate = [&] {
-    double v = main_rank ? validation_loss(model, val_text, r.eval_batches, r.batch_size, device) : 0;
+    double v = main_rank ? validation_loss(model, val_text, eval_batches, r.batch_size, device) : 0;
     history.eval_step.push_back(static_cast<double>(step));
     history.eval_loss.push_back(v);
     log({{"type", "eval"}, {"step", step}, {"val_loss", v}});
@@ -332,7 +304,7 @@ int run(int argc, char** argv) {
     last_loss = loss_sum;
     window_sum += loss_sum;
     ++window_steps;
-    if (step % r.log_every == 0 || step == steps) {
+    if (step % log_every == 0 || step == steps) {
       const double mean = window_sum / static_cast<double>(window_steps);
       history.step.push_back(static_cast<double>(step));
       history.loss.push_back(mean);
@@ -341,8 +313,8 @@ int run(int argc, char** argv) {
       window_steps = 0;
     }
     if (!quiet) bar.update(step, loss_sum);
-    if (r.eval_every > 0 && step % r.eval_every == 0 && step < steps) evaluate();
-    if (r.save_every > 0 && step % r.save_every == 0 && step < steps) save();
+    if (eval_every > 0 && step % eval_every == 0 && step < steps) evaluate();
+    if (save_every > 0 && step % save_every == 0 && step < steps) save();
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!quiet) bar.finish();

@@ -40,23 +40,25 @@ std::atomic<bool>& fusion_flag() {
   return flag;
 }
 
-bool is_half(DType t) { return t == kFloat16 || t == kBFloat16; }
 
-// (..., L, S) true where a causal query must not look: column j > row i (top-left aligned).
-Tensor causal_mask(int64_t L, int64_t S, Device device) {
-  return ones({L, S}, TensorOptions().dtype(kBool).device(device)).triu(1);
+// softmax(q k^T * scale, masked) over the last dim: the causal mask (top-left aligned: column j > row i
+// is masked) and/or attn_mask (bool: true = may attend; float: added to the scores).
+Tensor probabilities(const Tensor& q, const Tensor& k, const Tensor& mask, bool causal, double scale) {
+  Tensor scores = matmul(q, k.transpose(-2, -1)) * scale;
+  if (causal) {
+    const int64_t L = q.sizes()[q.dim() - 2], S = k.sizes()[k.dim() - 2];
+    scores = scores.masked_fill(ones({L, S}, TensorOptions().dtype(kBool).device(q.device())).triu(1), -INFINITY);
+  }
+  if (mask.defined()) {
+    scores = mask.dtype() == kBool ? scores.masked_fill(mask.logical_not(), -INFINITY) : scores + mask;
+  }
+  return softmax(scores, -1);
 }
 
 // The composed form, differentiable op by op.
 Tensor attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double dropout_p,
                           bool causal, double scale, Generator* gen) {
-  const int64_t L = q.sizes()[q.dim() - 2], S = k.sizes()[k.dim() - 2];
-  Tensor scores = matmul(q, k.transpose(-2, -1)) * scale;
-  if (causal) scores = scores.masked_fill(causal_mask(L, S, q.device()), -INFINITY);
-  if (mask.defined()) {
-    scores = mask.dtype() == kBool ? scores.masked_fill(mask.logical_not(), -INFINITY) : scores + mask;
-  }
-  Tensor p = softmax(scores, -1);
+  Tensor p = probabilities(q, k, mask, causal, scale);
   if (dropout_p > 0) p = dropout(p, dropout_p, true, gen);
   return matmul(p, v);
 }
@@ -65,10 +67,7 @@ Tensor attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, con
 // the inputs, then the softmax's backward.
 TensorList attention_backward_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
                                        bool causal, double scale) {
-  const int64_t L = q.sizes()[1], S = k.sizes()[1];
-  Tensor scores = matmul(q, k.transpose(-2, -1)) * scale;
-  if (causal) scores = scores.masked_fill(causal_mask(L, S, q.device()), -INFINITY);
-  Tensor p = softmax(scores, -1);
+  Tensor p = probabilities(q, k, {}, causal, scale);
   Tensor dp = matmul(g, v.transpose(-2, -1));
   Tensor ds = p * (dp - (dp * p).sum({-1}, true)) * scale;
   return {matmul(ds, k), matmul(ds.transpose(-2, -1), q), matmul(p.transpose(-2, -1), g)};
@@ -78,7 +77,7 @@ TensorList attention_backward_composed(const Tensor& q, const Tensor& k, const T
 Tensor attention_fused(const Tensor& q3, const Tensor& k3, const Tensor& v3, const AttentionArgs& args) {
   const DType dtype = q3.dtype();
   // The CPU kernel computes in float32 or float64; 16-bit inputs go through float32.
-  const DType compute = is_half(dtype) ? kFloat32 : dtype;
+  const DType compute = is_reduced_float(dtype) ? kFloat32 : dtype;
   Tensor q = q3.to(compute).contiguous(), k = k3.to(compute).contiguous(), v = v3.to(compute).contiguous();
   const int64_t B = q.sizes()[0], L = q.sizes()[1], Ev = v.sizes()[2];
   Tensor out = empty_tensor({B, L, Ev}, compute, q.device());

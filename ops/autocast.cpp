@@ -1,7 +1,7 @@
 // ops/autocast.cpp: the autocast policy table, the per-thread state, the cast cache and the guards.
 // See Note [autocast] and Note [autocast cache] in ops/autocast.h; the ops that read the table
 // begin with an OpScope (ops/linalg.cpp, conv.cpp, elementwise.cpp, reduce.cpp, softmax.cpp,
-// norm.cpp, shape_ops.cpp, index.cpp; linear and the losses in nn/functional.cpp).
+// norm.cpp, shape_ops.cpp, index.cpp, attention.cpp; linear and the losses in nn/functional.cpp).
 #include "ops/autocast.h"
 
 #include <iterator>
@@ -166,6 +166,7 @@ std::vector<std::string_view> op_names() {
 OpScope::OpScope(Op op, Device device) : OpScope(op, device, {}) {}
 
 OpScope::OpScope(Op op, Device device, const std::vector<Tensor>& inputs) : type_(device.type) {
+  if (!is_enabled(type_)) return;  // inactive: nothing to cast, and nothing to turn back on at the end
   switch (policy(op, type_)) {
     case Policy::None: return;
     case Policy::LowerPrecision: to_ = dtype(type_); break;

@@ -36,17 +36,14 @@
 // or by every step of a loop inside the scope, is converted once. The entry is dropped when the
 // outermost guard exits, when a backward starts (its cast nodes are freed by that backward), and
 // when the parameter is modified in place (its version counter moves, e.g. by an optimizer step).
+// One limit: graphs built in one scope share the cast's node, so the first of their backwards frees
+// it for the others; run each backward before the next forward, or give each graph its own scope.
 // Only casts made with grad mode on are cached, so a no_grad cast never feeds a graph.
 //
 // Hook for new ops: an op on PyTorch's lists gets a row in the table of ops/autocast.cpp and an Op
-// here, and begins as above. scaled_dot_product_attention has its row and Op already (lower
-// precision on both devices); its op only needs to begin with
-//   if (autocast::is_enabled(q.device().type)) {
-//     if (autocast::OpScope ac{autocast::Op::ScaledDotProductAttention, q.device()})
-//       return scaled_dot_product_attention(ac.cast(q), ac.cast(k), ac.cast(v), ac.cast(mask), ...);
-//   }
-// and a case in tests/ops/test_autocast.cpp. ac.cast returns undefined tensors (no mask) and
-// boolean or integer ones (a boolean mask) unchanged.
+// here, begins as above (scaled_dot_product_attention in ops/attention.cpp is an example with an
+// optional mask: ac.cast returns undefined tensors and boolean or integer ones unchanged), and gets a
+// case in tests/ops/test_autocast.cpp.
 #pragma once
 
 #include <cstddef>

@@ -65,7 +65,6 @@ Shape stride_of(const Conv2dArgs& a) { return {a.stride_h, a.stride_w}; }
 Shape padding_of(const Conv2dArgs& a) { return {a.pad_h, a.pad_w}; }
 Shape dilation_of(const Conv2dArgs& a) { return {a.dilation_h, a.dilation_w}; }
 
-bool is_half(DType t) { return t == kFloat16 || t == kBFloat16; }
 
 void check_float_pair(const char* op, const Tensor& a, const Tensor& b, const char* names = "input and weight") {
   check_same_device(op, a, b);
@@ -84,7 +83,7 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
                bias.sizes().str());
   }
   Shape out_shape = conv_output_shape(input.sizes(), weight.sizes(), a, op);
-  if (is_half(input.dtype())) {
+  if (is_reduced_float(input.dtype())) {
     Tensor b = bias.defined() ? bias.to(kFloat32) : Tensor();
     return conv2d_impl(input.to(kFloat32), weight.to(kFloat32), b, a, op).to(input.dtype());
   }
@@ -177,7 +176,7 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, co
   Shape out_shape = conv_output_shape(input_shape, weight.sizes(), a, op);
   KILN_CHECK(grad_output.sizes() == out_shape, "{}: grad_output has shape {}, but the convolution's output is {}",
              op, grad_output.sizes().str(), out_shape.str());
-  if (is_half(weight.dtype())) {
+  if (is_reduced_float(weight.dtype())) {
     return conv2d_backward_input(grad_output.to(kFloat32), weight.to(kFloat32), input_shape, stride, padding,
                                  dilation, groups)
         .to(weight.dtype());
@@ -222,7 +221,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, co
   Shape out_shape = conv_output_shape(input.sizes(), weight_shape, a, op);
   KILN_CHECK(grad_output.sizes() == out_shape, "{}: grad_output has shape {}, but the convolution's output is {}",
              op, grad_output.sizes().str(), out_shape.str());
-  if (is_half(input.dtype())) {
+  if (is_reduced_float(input.dtype())) {
     return conv2d_backward_weight(grad_output.to(kFloat32), input.to(kFloat32), weight_shape, stride, padding,
                                   dilation, groups)
         .to(input.dtype());

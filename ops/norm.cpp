@@ -25,12 +25,11 @@ using autograd::TensorList;
 
 namespace {
 
-bool is_half(DType t) { return t == kFloat16 || t == kBFloat16; }
 
 // y = (x - mean) * rstd per row of x (R, M); mean and rstd (R) returned when asked for.
 Tensor normalize_rows(const Tensor& x2d, double eps, bool rms, Tensor* mean_out = nullptr,
                       Tensor* rstd_out = nullptr) {
-  if (is_half(x2d.dtype())) {
+  if (is_reduced_float(x2d.dtype())) {
     Tensor y = normalize_rows(x2d.to(kFloat32), eps, rms, mean_out, rstd_out);
     if (mean_out) *mean_out = mean_out->to(x2d.dtype());
     if (rstd_out) *rstd_out = rstd_out->to(x2d.dtype());

@@ -256,7 +256,7 @@ std::string to_string(const Tensor& t);
 void set_fusion(bool enabled);
 bool fusion_enabled();
 
-// ---- dispatch.cpp: the allocator statistics of a device (core/allocator.h) ----
+// ---- optim.cpp ----
 // One fused Adam / AdamW step (Backend::adam_step in core/backend.h has the rule) over lists of
 // tensors of one device and one dtype (float32 or float64), each contiguous, updated in place:
 // optim::Adam's `fused` option. max_exp_avg_sqs is empty unless args.amsgrad.
@@ -264,6 +264,7 @@ void fused_adam_(const std::vector<Tensor>& params, const std::vector<Tensor>& g
                  const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                  const std::vector<Tensor>& max_exp_avg_sqs, const AdamStepArgs& args);
 
+// ---- dispatch.cpp: the allocator statistics of a device (core/allocator.h) ----
 namespace memory {
 MemoryStats stats(Device device);
 void reset_peak(Device device);

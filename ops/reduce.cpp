@@ -223,7 +223,9 @@ Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
     Tensor out;
     {
       NoGradGuard no_grad;
-      out = sum(x * x, dims, keepdim).sqrt();
+      // 16-bit inputs square in float32 (as PyTorch's opmath): 2^-20 squared underflows float16.
+      const Tensor xm = is_reduced_float(x.dtype()) ? x.to(kFloat32) : x;
+      out = sum(xm * xm, dims, keepdim).sqrt().to(x.dtype());
     }
     if (should_record(x)) {
       record("NormBackward", {x}, {out}, [plan, xs = SavedTensor(x, false), ns = SavedTensor(out, true)](const Grads& g) -> TensorList {
@@ -235,6 +237,7 @@ Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
     }
     return out;
   }
+  if (is_reduced_float(x.dtype())) return norm(x.to(kFloat32), p, dims, keepdim).to(x.dtype());  // as for p = 2
   return sum(x.abs().pow(p), dims, keepdim).pow(1.0 / p);
 }
 

@@ -45,7 +45,7 @@ MasterWeights::MasterWeights(std::vector<Tensor> params, const MakeOptimizer& ma
                  "given; build it from the `masters` argument only",
                  inner_->name());
       model_params.push_back(it->second);
-      pairs_.push_back(Pair{it->second, m});
+      pairs_.push_back(Pair{.param = it->second, .master = m, .copied_from = {}, .copied_version = 0});
       ++used;
     }
     add_group(std::move(model_params), group.options);
@@ -68,14 +68,15 @@ std::vector<Tensor> MasterWeights::master_params() const {
 }
 
 void MasterWeights::copy_grads() {
-  if (grads_copied_) return;
   NoGradGuard no_grad;
   for (Pair& pr : pairs_) {
     if (pr.own()) continue;
     Tensor g = pr.param.grad();
+    if (g.is_same(pr.copied_from) && (!g.defined() || g._version() == pr.copied_version)) continue;  // current
     pr.master.set_grad(g.defined() ? g.to(kFloat32) : Tensor());
+    pr.copied_from = g;
+    pr.copied_version = g.defined() ? g._version() : 0;
   }
-  grads_copied_ = true;
 }
 
 std::vector<Tensor> MasterWeights::grads() {
@@ -103,14 +104,15 @@ void MasterWeights::step() {
     pr.param.copy_(pr.master);  // rounded to the model's dtype (nearest even)
     pr.master.set_grad(Tensor());  // the float32 grads live only during the step
   }
-  grads_copied_ = false;
+  for (Pair& pr : pairs_) pr.copied_from = Tensor();  // the next grads() copies afresh
 }
 
 void MasterWeights::zero_grad(bool set_to_none) {
   Optimizer::zero_grad(set_to_none);
-  for (Pair& pr : pairs_)
+  for (Pair& pr : pairs_) {
     if (!pr.own()) pr.master.set_grad(Tensor());
-  grads_copied_ = false;
+    pr.copied_from = Tensor();
+  }
 }
 
 TensorDict MasterWeights::state_dict() const {
@@ -159,7 +161,7 @@ void MasterWeights::load_state_dict(const TensorDict& dict) {
     pairs_[i].master.copy_(*masters[i]);
     pairs_[i].param.copy_(pairs_[i].master);  // the model resumes from the rounded masters
   }
-  grads_copied_ = false;
+  for (Pair& pr : pairs_) pr.copied_from = Tensor();
 }
 
 }  // namespace kiln::optim

@@ -48,9 +48,10 @@ class MasterWeights : public Optimizer {
 
   void step() override;
   void zero_grad(bool set_to_none = true) override;  // the model's grads and the masters'
-  // The float32 grads the inner optimizer will read, copied from the model's grads on the first
-  // call after zero_grad() or step() (later calls return the same tensors, so GradScaler's unscale_
-  // and clip_grad_norm_ act on what step() uses).
+  // The float32 grads the inner optimizer will read, copied from the model's grads when those changed
+  // since the last copy (so a second call returns the same tensors, and GradScaler's unscale_ acts on
+  // what step() uses). To clip, clip these (the master grads), after unscale_ when a scaler is used:
+  // clipping the model's 16-bit grads after the copy does not reach the step.
   std::vector<Tensor> grads() override;
   TensorDict state_dict() const override;
   void load_state_dict(const TensorDict& dict) override;
@@ -64,13 +65,16 @@ class MasterWeights : public Optimizer {
   struct Pair {
     Tensor param;   // the model's (16-bit) parameter
     Tensor master;  // its float32 copy, or param itself
+    // The model grad that master.grad() was copied from, at which version: the copy is current while
+    // param.grad() is still that tensor, unmodified (however the user cleared or accumulated it).
+    Tensor copied_from;
+    uint64_t copied_version = 0;
     bool own() const { return param.is_same(master); }
   };
   void copy_grads();
 
   std::unique_ptr<Optimizer> inner_;
   std::vector<Pair> pairs_;  // in the order of the parameter groups
-  bool grads_copied_ = false;
 };
 
 }  // namespace kiln::optim

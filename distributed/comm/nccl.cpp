@@ -674,7 +674,7 @@ class NcclCommunicator final : public Communicator {
     check_signature(what, sig, b);
   }
 
-  // Runs one operation as Note [NCCL streams] draws it: checked, ordered after the default stream,
+  // Runs one operation as Note [NCCL streams] draws it: checked, ordered after the current stream,
   // enqueued on the comm stream, watched until done.
   Work launch(std::string what, const Signature* sig, std::vector<Tensor> keep, bool async_op,
               const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& enqueue) {

@@ -2,8 +2,8 @@
 // bfloat16 CPU scope each op's output equals the same op run outside on inputs cast by hand as the
 // policy says (dtype and values); outside nothing changes. Then nesting and enabled = false, the
 // CUDA column of the table, the cast cache (one cast per parameter per scope, dropped at the exit,
-// after a backward and after an in-place update), gradients back to the float32 parameters against
-// a float32 run, backward inside a scope, and checkpoint's recompute under autocast.
+// after a backward and after an in-place update), gradients back to the float32 parameters against a
+// float32 run, backward inside a scope, and checkpoint's recompute under autocast.
 #include <functional>
 #include <set>
 #include <string>
@@ -231,7 +231,10 @@ TEST_CASE("autocast: bad arguments are Errors", "[ops][autocast]") {
                     {"AutocastGuard(cpu)", "kBFloat16 or kFloat16", "float32"});
   CHECK_FALSE(autocast::is_enabled(DeviceType::CPU));  // a failed guard leaves the state alone
   // The banned op (CUDA's binary_cross_entropy) refuses with the alternative, on CUDA tensors only.
-  test::check_error([] { autocast::OpScope ac(autocast::Op::BinaryCrossEntropy, Device::cuda()); },
+  test::check_error([] {
+    AutocastGuard on(DeviceType::CUDA, kFloat16);  // OpScope does nothing while autocast is off
+    autocast::OpScope ac(autocast::Op::BinaryCrossEntropy, Device::cuda());
+  },
                     {"binary_cross_entropy is unsafe to autocast on cuda:0", "binary_cross_entropy_with_logits"});
 }
 

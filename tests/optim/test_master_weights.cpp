@@ -160,6 +160,22 @@ TEST_CASE("MasterWeights with a GradScaler: float16 model, unscaled in float32, 
   CHECK(scaler.step(opt));
   scaler.update();
   test::check_equal(opt.master(p).detach(), master_before - std::ldexp(1.0, -16));
+
+  // Another overflow, then the grads cleared on the model (p.set_grad) instead of opt.zero_grad():
+  // the next step must copy the new grads, not reuse the master grads that held the inf.
+  const Tensor master_again = opt.master(p).detach().clone();
+  scaler.scale(loss_of()).backward();
+  {
+    NoGradGuard no_grad;
+    p.grad().narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
+  }
+  CHECK_FALSE(scaler.step(opt));
+  scaler.update();
+  p.set_grad(Tensor());
+  scaler.scale(loss_of()).backward();
+  CHECK(scaler.step(opt));
+  scaler.update();
+  test::check_equal(opt.master(p).detach(), master_again - std::ldexp(1.0, -16));
 }
 
 TEST_CASE("MasterWeights: float32 params are their own masters; schedulers reach the inner optimizer",
