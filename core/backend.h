@@ -207,15 +207,51 @@ class Backend {
   virtual void adaptive_avg_pool2d_backward(const View& grad_out, const View& grad_in,
                                             const Stream& s) = 0;  // grad_in overwritten
 
-  // -- normalisation of each row of a contiguous (R, M) view: mean[r] and rstd[r] = 1 / sqrt(var[r] +
-  //    eps) (biased variance), out = (in - mean) * rstd. rms: mean = 0 and var = mean(in^2) (RMSNorm).
-  //    mean and rstd are (R) in in's dtype --
+  // -- the fused Adam/AdamW step over lists of same-dtype views (ops/optim.cpp) --
   virtual void adam_step(const std::vector<View>& params, const std::vector<View>& grads,
                          const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,
                          const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args,
                          const Stream& s) = 0;  // max_exp_avg_sqs empty unless amsgrad
+
+  // -- normalisation of each row of a contiguous (R, M) view: mean[r] and rstd[r] = 1 / sqrt(var[r] +
+  //    eps) (biased variance), out = (in - mean) * rstd. rms: mean = 0 and var = mean(in^2) (RMSNorm).
+  //    mean and rstd are (R) in in's dtype --
   virtual void norm_rows(const View& in, const View& out, const View& mean, const View& rstd, double eps,
                          bool rms, const Stream& s) = 0;
+
+  // -- fused kernels, which ops use while fusion is on (set_fusion in ops/ops.h; each is tested equal to
+  //    the composition it replaces). Every view is contiguous and of one floating dtype (float32 or
+  //    float64), apart from target (int64); a view with data == nullptr is absent. Column sums over rows
+  //    (grad_weight, grad_bias) are added in an order fixed by the shape alone, so they do not depend
+  //    on the thread count --
+  // LayerNorm / RMSNorm with its affine, on (R, M) rows, residual-add first when residual is given:
+  //   h = x (+ residual, and then h is written to sum);  mean, rstd (R) of h as norm_rows;
+  //   out = (h - mean) * rstd * weight + bias         (weight, bias (M); each optional)
+  virtual void layer_norm(const View& x, const View& residual, const View& weight, const View& bias,
+                          const View& out, const View& sum, const View& mean, const View& rstd, double eps,
+                          bool rms, const Stream& s) = 0;
+  // From h, mean and rstd of the forward and grad_out: grad_in = d<grad_out, out>/dh, plus grad_sum
+  // where given (the gradient that reached h directly: the residual stream's); grad_weight and
+  // grad_bias (M) = the column sums of grad_out * xhat and of grad_out, where given. All overwritten.
+  virtual void layer_norm_backward(const View& grad_out, const View& grad_sum, const View& h,
+                                   const View& weight, const View& mean, const View& rstd, const View& grad_in,
+                                   const View& grad_weight, const View& grad_bias, bool rms,
+                                   const Stream& s) = 0;
+  // out = gelu(in + bias) on (R, N) rows, bias (N); erf form, or tanh form when tanh.
+  virtual void bias_gelu(const View& in, const View& bias, const View& out, bool tanh, const Stream& s) = 0;
+  // grad_in = grad_out * gelu'(in + bias); grad_bias (N) = the column sums of grad_in, where given.
+  virtual void bias_gelu_backward(const View& grad_out, const View& in, const View& bias, const View& grad_in,
+                                  const View& grad_bias, bool tanh, const Stream& s) = 0;
+  // Cross-entropy of the rows of logits (R, C) with class indices target (R), label smoothing eps:
+  //   lse[r] = logsumexp(logits[r]);  loss[r] = lse - (1 - eps) logits[r][t] - eps / C sum_c logits[r][c],
+  //   and loss[r] = 0 where target[r] == ignore_index. A target outside [0, C) otherwise is an Error.
+  virtual void cross_entropy(const View& logits, const View& target, const View& loss, const View& lse,
+                             int64_t ignore_index, double label_smoothing, const Stream& s) = 0;
+  // grad_logits[r][c] = grad_loss[r] * (exp(logits[r][c] - lse[r]) - (1 - eps) [c == t] - eps / C), and 0
+  // on ignored rows.
+  virtual void cross_entropy_backward(const View& logits, const View& target, const View& lse,
+                                      const View& grad_loss, const View& grad_logits, int64_t ignore_index,
+                                      double label_smoothing, const Stream& s) = 0;
 
   // -- attention over contiguous views of one floating dtype: q (B, L, E), k (B, S, E), v (B, S, Ev),
   //    out (B, L, Ev) = softmax(scores) v row by row, never holding a whole (L, S) score matrix, and

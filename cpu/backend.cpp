@@ -104,6 +104,31 @@ class CpuBackend final : public Backend {
                  const Stream&) override {
     norm_rows_kernel(in, out, mean, rstd, eps, rms);
   }
+  void layer_norm(const View& x, const View& residual, const View& weight, const View& bias, const View& out,
+                  const View& sum, const View& mean, const View& rstd, double eps, bool rms, const Stream&) override {
+    layer_norm_kernel(x, residual, weight, bias, out, sum, mean, rstd, eps, rms);
+  }
+  void layer_norm_backward(const View& grad_out, const View& grad_sum, const View& h, const View& weight,
+                           const View& mean, const View& rstd, const View& grad_in, const View& grad_weight,
+                           const View& grad_bias, bool rms, const Stream&) override {
+    layer_norm_backward_kernel(grad_out, grad_sum, h, weight, mean, rstd, grad_in, grad_weight, grad_bias, rms);
+  }
+  void bias_gelu(const View& in, const View& bias, const View& out, bool tanh, const Stream&) override {
+    bias_gelu_kernel(in, bias, out, tanh);
+  }
+  void bias_gelu_backward(const View& grad_out, const View& in, const View& bias, const View& grad_in,
+                          const View& grad_bias, bool tanh, const Stream&) override {
+    bias_gelu_backward_kernel(grad_out, in, bias, grad_in, grad_bias, tanh);
+  }
+  void cross_entropy(const View& logits, const View& target, const View& loss, const View& lse,
+                     int64_t ignore_index, double label_smoothing, const Stream&) override {
+    cross_entropy_kernel(logits, target, loss, lse, ignore_index, label_smoothing);
+  }
+  void cross_entropy_backward(const View& logits, const View& target, const View& lse, const View& grad_loss,
+                              const View& grad_logits, int64_t ignore_index, double label_smoothing,
+                              const Stream&) override {
+    cross_entropy_backward_kernel(logits, target, lse, grad_loss, grad_logits, ignore_index, label_smoothing);
+  }
   void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
                  const AttentionArgs& args, const Stream&) override {
     attention_kernel(q, k, v, out, lse, args);

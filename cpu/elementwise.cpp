@@ -184,6 +184,23 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
 
 }  // namespace
 
+template <typename T>
+void gelu_run(const T* x, T* y, int64_t n, bool tanh) {
+  const UnaryOp op = tanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf;
+  if (unary_vectorized<T>(op, x, y, n, {})) return;
+  for (int64_t i = 0; i < n; ++i) y[i] = math::unary<T>(op, x[i], 0, 0);
+}
+
+template <typename T>
+void gelu_backward_run(const T* g, const T* x, T* y, int64_t n, bool tanh) {
+  gelu_backward_vectorized<T>(tanh ? BinaryOp::GeluTanhBackward : BinaryOp::GeluErfBackward, g, x, y, n);
+}
+
+template void gelu_run<float>(const float*, float*, int64_t, bool);
+template void gelu_run<double>(const double*, double*, int64_t, bool);
+template void gelu_backward_run<float>(const float*, const float*, float*, int64_t, bool);
+template void gelu_backward_run<double>(const double*, const double*, double*, int64_t, bool);
+
 void binary_kernel(BinaryOp op, const View& a, const View& b, const View& out, double alpha) {
   StridedLoop<3> loop({&out, &a, &b});
   if (is_comparison(op)) {

@@ -1,8 +1,11 @@
 // cpu/kernels.h: the CPU kernels, one group per file (private to cpu/). backend.cpp binds them to
 // the Backend contract of core/backend.h, whose comments say what each computes. Each file's CUDA
 // counterpart has the same stem in cuda/ (copy, elementwise, reduce, matmul, index, random, conv,
-// pool, norm, optim; attention.cpp has none yet: ops/attention.cpp composes it from ops on CUDA).
+// pool, norm, optim, fused; attention.cpp has none yet: ops/attention.cpp composes it from ops on
+// CUDA).
 #pragma once
+
+#include <cmath>
 
 #include "core/backend.h"
 
@@ -47,6 +50,46 @@ void attention_kernel(const View& q, const View& k, const View& v, const View& o
 void attention_backward_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,
                                const View& grad_out, const View& grad_q, const View& grad_k, const View& grad_v,
                                const AttentionArgs& args);
+void layer_norm_kernel(const View& x, const View& residual, const View& weight, const View& bias,
+                       const View& out, const View& sum, const View& mean, const View& rstd, double eps,
+                       bool rms);                                            // fused.cpp
+void layer_norm_backward_kernel(const View& grad_out, const View& grad_sum, const View& h, const View& weight,
+                                const View& mean, const View& rstd, const View& grad_in,
+                                const View& grad_weight, const View& grad_bias, bool rms);
+void bias_gelu_kernel(const View& in, const View& bias, const View& out, bool tanh);
+void bias_gelu_backward_kernel(const View& grad_out, const View& in, const View& bias, const View& grad_in,
+                               const View& grad_bias, bool tanh);
+void cross_entropy_kernel(const View& logits, const View& target, const View& loss, const View& lse,
+                          int64_t ignore_index, double label_smoothing);
+void cross_entropy_backward_kernel(const View& logits, const View& target, const View& lse,
+                                   const View& grad_loss, const View& grad_logits, int64_t ignore_index,
+                                   double label_smoothing);
+
+// The statistics of one row of M values for norm.cpp and fused.cpp, in double and in two passes (a
+// one-pass sum of squares loses digits when |mean| >> std): mean (0 when rms) and
+// rstd = 1 / sqrt(mean((x - mean)^2) + eps).
+template <typename T>
+inline void row_statistics(const T* x, int64_t M, bool rms, double eps, double& mean, double& rstd) {
+  double m = 0;
+  if (!rms) {
+    for (int64_t i = 0; i < M; ++i) m += x[i];
+    m /= static_cast<double>(M);
+  }
+  double ss = 0;
+  for (int64_t i = 0; i < M; ++i) {
+    const double d = x[i] - m;
+    ss += d * d;
+  }
+  mean = m;
+  rstd = 1.0 / std::sqrt(ss / static_cast<double>(M) + eps);
+}
+
+// gelu(x) and g * gelu'(x) over contiguous runs of float or double, the elementwise ops' vectorized
+// math (elementwise.cpp), so that the fused kernels round exactly as gelu does. y must not alias x.
+template <typename T>
+void gelu_run(const T* x, T* y, int64_t n, bool tanh);
+template <typename T>
+void gelu_backward_run(const T* g, const T* x, T* y, int64_t n, bool tanh);
 
 // Single-threaded c = op(a) @ op(b) (+ c when accumulate) on row-major matrices, c (m, n) with
 // leading dims lda/ldb/ldc; op transposes when ta/tb. float and double (matmul.cpp). The conv and

@@ -24,17 +24,8 @@ void norm_rows_typed(const View& in, const View& out, const View& mean, const Vi
     for (int64_t r = r0; r < r1; ++r) {
       const T* xr = x + r * M;
       T* yr = y + r * M;
-      double m = 0;
-      if (!rms) {
-        for (int64_t i = 0; i < M; ++i) m += xr[i];
-        m /= static_cast<double>(M);
-      }
-      double ss = 0;
-      for (int64_t i = 0; i < M; ++i) {
-        const double d = xr[i] - m;
-        ss += d * d;
-      }
-      const double inv = 1.0 / std::sqrt(ss / static_cast<double>(M) + eps);
+      double m = 0, inv = 0;
+      row_statistics(xr, M, rms, eps, m, inv);
       const T tm = static_cast<T>(m), ti = static_cast<T>(inv);
       for (int64_t i = 0; i < M; ++i) yr[i] = (xr[i] - tm) * ti;
       mu[r] = tm;

@@ -4,7 +4,7 @@
 // elementwise.cu (unary, binary, where), reduce.cu (reduce, softmax), matmul.cu, index.cu
 // (index_select, index_add, gather, scatter), conv.cu (conv2d and its two backward kernels,
 // through cuDNN), pool.cu (max, average and adaptive average pooling), norm.cu (norm_rows),
-// optim.cu (adam_step). The caching allocator is allocator.cpp, the entry points of cuda/cuda.h
+// fused.cu (layer_norm, bias_gelu, cross_entropy and their backward), optim.cu (adam_step). The caching allocator is allocator.cpp, the entry points of cuda/cuda.h
 // runtime.cpp. Streams: Note [CUDA streams] in cuda/context.h. CPU sibling: cpu/backend.cpp.
 #include <climits>
 #include <mutex>
@@ -153,6 +153,38 @@ class CudaBackend final : public Backend {
                  bool rms, const Stream& s) override {
     DeviceGuard guard(s.device.index, rms ? "rms_norm" : "norm");
     norm_rows_launch(in, out, mean, rstd, eps, rms, s);
+  }
+  void layer_norm(const View& x, const View& residual, const View& weight, const View& bias, const View& out,
+                  const View& sum, const View& mean, const View& rstd, double eps, bool rms,
+                  const Stream& s) override {
+    DeviceGuard guard(s.device.index, rms ? "rms_norm" : "layer_norm");
+    layer_norm_launch(x, residual, weight, bias, out, sum, mean, rstd, eps, rms, s);
+  }
+  void layer_norm_backward(const View& grad_out, const View& grad_sum, const View& h, const View& weight,
+                           const View& mean, const View& rstd, const View& grad_in, const View& grad_weight,
+                           const View& grad_bias, bool rms, const Stream& s) override {
+    DeviceGuard guard(s.device.index, rms ? "rms_norm backward" : "layer_norm backward");
+    layer_norm_backward_launch(grad_out, grad_sum, h, weight, mean, rstd, grad_in, grad_weight, grad_bias, rms, s);
+  }
+  void bias_gelu(const View& in, const View& bias, const View& out, bool tanh, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "bias_gelu");
+    bias_gelu_launch(in, bias, out, tanh, s);
+  }
+  void bias_gelu_backward(const View& grad_out, const View& in, const View& bias, const View& grad_in,
+                          const View& grad_bias, bool tanh, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "bias_gelu backward");
+    bias_gelu_backward_launch(grad_out, in, bias, grad_in, grad_bias, tanh, s);
+  }
+  void cross_entropy(const View& logits, const View& target, const View& loss, const View& lse,
+                     int64_t ignore_index, double label_smoothing, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "cross_entropy");
+    cross_entropy_launch(logits, target, loss, lse, ignore_index, label_smoothing, s);
+  }
+  void cross_entropy_backward(const View& logits, const View& target, const View& lse, const View& grad_loss,
+                              const View& grad_logits, int64_t ignore_index, double label_smoothing,
+                              const Stream& s) override {
+    DeviceGuard guard(s.device.index, "cross_entropy backward");
+    cross_entropy_backward_launch(logits, target, lse, grad_loss, grad_logits, ignore_index, label_smoothing, s);
   }
   // No fused attention kernel on CUDA yet: ops/attention.cpp composes attention from matmul and
   // softmax on this device and never calls these two.

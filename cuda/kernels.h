@@ -82,6 +82,21 @@ void adaptive_avg_pool2d_backward_launch(const View& grad_out, const View& grad_
 void norm_rows_launch(const View& in, const View& out, const View& mean, const View& rstd,
                       double eps, bool rms, const Stream& s);
 
+// fused.cu: the fused kernels (core/backend.h's contract; contiguous float32/float64 views).
+void layer_norm_launch(const View& x, const View& residual, const View& weight, const View& bias, const View& out,
+                       const View& sum, const View& mean, const View& rstd, double eps, bool rms, const Stream& s);
+void layer_norm_backward_launch(const View& grad_out, const View& grad_sum, const View& h, const View& weight,
+                                const View& mean, const View& rstd, const View& grad_in, const View& grad_weight,
+                                const View& grad_bias, bool rms, const Stream& s);
+void bias_gelu_launch(const View& in, const View& bias, const View& out, bool tanh, const Stream& s);
+void bias_gelu_backward_launch(const View& grad_out, const View& in, const View& bias, const View& grad_in,
+                               const View& grad_bias, bool tanh, const Stream& s);
+void cross_entropy_launch(const View& logits, const View& target, const View& loss, const View& lse,
+                          int64_t ignore_index, double label_smoothing, const Stream& s);
+void cross_entropy_backward_launch(const View& logits, const View& target, const View& lse, const View& grad_loss,
+                                   const View& grad_logits, int64_t ignore_index, double label_smoothing,
+                                   const Stream& s);
+
 // optim.cu: the fused Adam/AdamW step over lists of tensors (core/scalar_math.h's adam_update).
 void adam_step_launch(const std::vector<View>& params, const std::vector<View>& grads,
                       const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,

@@ -30,6 +30,13 @@ namespace kiln::cuda {
 inline constexpr int kThreads = 256;      // threads per block of the elementwise kernels
 inline constexpr int64_t kMaxBlocks = 1 << 16;  // grid-stride loops cover the rest
 
+// The sum of v over the calling warp (every lane taking part), returned to every lane; the row
+// kernels of norm.cu and fused.cu accumulate in double.
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int delta = 16; delta > 0; delta >>= 1) v += __shfl_xor_sync(0xffffffffu, v, delta);
+  return v;
+}
+
 template <int N>
 struct OffsetCalc {
   int ndim = 0;                       // dims after merging; dim 0 is the innermost (fastest)

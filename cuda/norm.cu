@@ -29,12 +29,6 @@ namespace {
 constexpr int64_t kWarpRowMax = 1024;  // rows up to this length get a warp, longer ones a block
 constexpr int kRegPer = 16;            // ... which holds rows of up to kRegPer * kThreads in registers
 
-// The sum of v over the calling warp, returned to every lane.
-__device__ __forceinline__ double warp_sum(double v) {
-  for (int delta = 16; delta > 0; delta >>= 1) v += __shfl_xor_sync(0xffffffffu, v, delta);
-  return v;
-}
-
 // The sum of v over the block (blockDim.x a multiple of 32), returned to every thread. `shared`
 // holds one double per warp.
 __device__ __forceinline__ double block_sum(double v, double* shared) {

@@ -202,6 +202,18 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
              dtype_name(input.dtype()), input.sizes().str());
   int cdim = input.dim() == 1 ? 0 : 1;
   int64_t classes = input.size(cdim);
+  if (!options.weight.defined() && input.dim() <= 2 && (target.dtype() == kInt64 || target.dtype() == kInt32) &&
+      target.numel() == input.numel() / std::max<int64_t>(classes, 1) && target.dim() == input.dim() - 1) {
+    // Class indices without class weights, (N, C) or (C): one op over the rows, fused while fusion is
+    // on (ops::softmax_cross_entropy: log-softmax, the target's pick and the smoothing in one pass).
+    Tensor per_row = softmax_cross_entropy(input.dim() == 1 ? input.unsqueeze(0) : input, target.reshape({-1}),
+                                           options.ignore_index, eps);
+    switch (r) {
+      case Reduction::Mean: return per_row.sum() / target.ne(options.ignore_index).sum().to(per_row.dtype());
+      case Reduction::Sum: return per_row.sum();
+      case Reduction::None: return target.dim() == 1 ? per_row : per_row.reshape(target.sizes());
+    }
+  }
   Tensor logp = log_softmax(input, cdim);
 
   if (target.is_floating_point()) {  // class probabilities

@@ -134,6 +134,9 @@ class Module {
   // ---- hooks ----
   RemovableHandle register_forward_pre_hook(ForwardPreHook hook);
   RemovableHandle register_forward_hook(ForwardHook hook);
+  // Whether any forward hook is registered: a layer that fuses a child's computation into its own
+  // (nn::TransformerBlock, nn::GeluMLP) calls the child instead while it has hooks.
+  bool has_forward_hooks() const { return !hooks_->pre.empty() || !hooks_->post.empty(); }
 
   // ---- printing: the module tree as PyTorch's repr, with the parameter counts ----
   std::string to_string() const;

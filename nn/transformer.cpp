@@ -6,6 +6,7 @@
 #include "core/grad_mode.h"
 #include "nn/functional.h"
 #include "nn/init.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln::nn {
@@ -167,7 +168,16 @@ GeluMLP::GeluMLP(int64_t n_embd, TransformerOptions options)
 }
 
 Tensor GeluMLP::forward(const Tensor& x) {
-  return nn::dropout(c_proj(gelu(c_fc(x), gelu_approximate)), dropout, is_training());
+  Tensor a;
+  if (c_fc.bias.defined() && !c_fc.has_forward_hooks() && !autocast::is_enabled(x.device().type)) {
+    // c_fc's bias add goes into the GELU's pass: ops::bias_gelu (fused while fusion is on). Skipped
+    // when c_fc has hooks, which must see its output, and under autocast, where the bias is cast
+    // with the GEMM's operands.
+    a = bias_gelu(linear(x, c_fc.weight), c_fc.bias, gelu_approximate);
+  } else {
+    a = gelu(c_fc(x), gelu_approximate);
+  }
+  return nn::dropout(c_proj(a), dropout, is_training());
 }
 
 // ---- TransformerBlock ----
@@ -181,8 +191,14 @@ TransformerBlock::TransformerBlock(int64_t n_embd, int64_t n_head, TransformerOp
 }
 
 Tensor TransformerBlock::forward(const Tensor& x, KVCache* cache) {
-  Tensor h = x + attn.forward(ln_1(x), cache);
-  return h + mlp(ln_2(h));
+  Tensor a = attn.forward(ln_1(x), cache);
+  if (ln_2.has_forward_hooks()) {  // the hooks must see ln_2's input and output
+    Tensor h = x + a;
+    return h + mlp(ln_2(h));
+  }
+  // The residual add and ln_2 in one op (fused while fusion is on; see ops::add_layer_norm).
+  auto [h, y] = add_layer_norm(x, a, ln_2.normalized_shape, ln_2.weight, ln_2.bias, ln_2.options.eps);
+  return h + mlp(y);
 }
 
 }  // namespace kiln::nn

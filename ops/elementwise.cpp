@@ -245,10 +245,31 @@ Tensor relu(const Tensor& x) {
   return with_output_grad(unary_forward(UnaryOp::Relu, x, x.dtype()), x, "ReluBackward",
                           [](const Tensor& g, const Tensor& y) { return g * y.gt(0); });
 }
+namespace {
+// gelu'(x) as ops, differentiable again (create_graph) and the formula of the unfused backward:
+//   erf form:  d/dx x Phi(x) = Phi(x) + x phi(x)
+//   tanh form: d/dx 0.5 x (1 + tanh(u)), u = k (x + c x^3): 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2)
+Tensor gelu_derivative(const Tensor& x, bool tanh_form) {
+  if (tanh_form) {
+    const double k = 0.79788456080286535588, c = 0.044715;
+    Tensor x2 = x * x;
+    Tensor t = ((x + x2 * x * c) * k).tanh();
+    return (t + 1) * 0.5 + x * (1 - t * t) * (x2 * (3 * c) + 1) * (0.5 * k);
+  }
+  Tensor cdf = (erf(x * 0.70710678118654752440) + 1) * 0.5;
+  Tensor pdf = (x * x * -0.5).exp() * 0.39894228040143267794;
+  return cdf + x * pdf;
+}
+
+bool parse_gelu_approximate(std::string_view approximate, const char* op) {
+  KILN_CHECK(approximate == "none" || approximate == "tanh", "{}: approximate must be \"none\" or \"tanh\", got \"{}\"",
+             op, approximate);
+  return approximate == "tanh";
+}
+}  // namespace
+
 Tensor gelu(const Tensor& x, std::string_view approximate) {
-  KILN_CHECK(approximate == "none" || approximate == "tanh",
-             "gelu: approximate must be \"none\" or \"tanh\", got \"{}\"", approximate);
-  const bool tanh_form = approximate == "tanh";
+  const bool tanh_form = parse_gelu_approximate(approximate, "gelu");
   // The backward is one fused pass, g * gelu'(x) (BinaryOp::GeluErfBackward / GeluTanhBackward in
   // core/scalar_math.h), unless it is itself being differentiated (create_graph): then the same
   // formula as ops, so that it has a gradient of its own; likewise with fusion off (set_fusion).
@@ -258,17 +279,50 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
                              return binary_forward(tanh_form ? BinaryOp::GeluTanhBackward : BinaryOp::GeluErfBackward,
                                                    g, x, result_type(g, x), 1, "gelu backward");
                            }
-                           if (tanh_form) {
-                             const double k = 0.79788456080286535588, c = 0.044715;
-                             Tensor x2 = x * x;
-                             Tensor t = ((x + x2 * x * c) * k).tanh();
-                             return g * ((t + 1) * 0.5 + x * (1 - t * t) * (x2 * (3 * c) + 1) * (0.5 * k));
-                           }
-                           Tensor cdf = (erf(x * 0.70710678118654752440) + 1) * 0.5;  // d/dx x Phi(x)
-                           Tensor pdf = (x * x * -0.5).exp() * 0.39894228040143267794;  //  = Phi(x) + x phi(x)
-                           return g * (cdf + x * pdf);
+                           return g * gelu_derivative(x, tanh_form);
                          });
 }
+
+Tensor bias_gelu(const Tensor& input, const Tensor& bias, std::string_view approximate) {
+  const char* op = "bias_gelu";
+  const bool tanh_form = parse_gelu_approximate(approximate, op);
+  KILN_CHECK(input.dim() >= 1 && bias.dim() == 1 && bias.size(0) == input.size(-1),
+             "{}: bias must be 1-D with as many elements as the input's last dim; got input {} and bias {}", op,
+             input.sizes().str(), bias.sizes().str());
+  check_same_device(op, input, bias);
+  const bool fused = fusion_enabled() && input.dtype() == bias.dtype() &&
+                     (input.dtype() == kFloat32 || input.dtype() == kFloat64);
+  if (!fused) return gelu(input + bias, approximate);
+  const int64_t N = bias.size(0), R = N == 0 ? 0 : input.numel() / N;
+  Tensor x = input.reshape({R, N}).contiguous(), b = bias.contiguous();
+  Tensor out = empty_tensor({R, N}, x.dtype(), x.device());
+  if (out.numel() > 0) {
+    backend_for(x.device()).bias_gelu(view_of(x), view_of(b), view_of(out), tanh_form, stream_for(x.device()));
+  }
+  if (should_record(input, bias)) {
+    // Saves in and bias, not in + bias: the sum is recomputed in the backward's one pass.
+    record("BiasGeluBackward", {x, b}, {out},
+           [xs = SavedTensor(x, false), bs = SavedTensor(b, false), tanh_form](const Grads& g) -> TensorList {
+             Tensor xv = xs.unpack("BiasGeluBackward"), bv = bs.unpack("BiasGeluBackward");
+             if (GradMode::is_enabled()) {  // create_graph: as ops, differentiable again
+               Tensor gi = g[0] * gelu_derivative(xv + bv, tanh_form);
+               return {gi, g.needs_grad(1) ? gi.sum({0}) : Tensor()};
+             }
+             Tensor go = g[0].contiguous();
+             Tensor gi = empty_tensor(xv.sizes(), xv.dtype(), xv.device());
+             Tensor gb = g.needs_grad(1) ? empty_tensor(bv.sizes(), bv.dtype(), bv.device()) : Tensor();
+             if (gb.defined() && gi.numel() == 0) gb.zero_();
+             if (gi.numel() > 0) {
+               backend_for(xv.device()).bias_gelu_backward(view_of(go), view_of(xv), view_of(bv), view_of(gi),
+                                                           gb.defined() ? view_of(gb) : View{}, tanh_form,
+                                                           stream_for(xv.device()));
+             }
+             return {gi, gb};
+           });
+  }
+  return out.reshape(input.sizes());
+}
+
 Tensor silu(const Tensor& x) {  // d x s(x) = s (1 + x (1 - s))
   return with_input_grad(float_unary(UnaryOp::Silu, x, "silu"), x, "SiluBackward",
                          [](const Tensor& g, const Tensor& x) {

@@ -1,6 +1,11 @@
-// ops/norm.cpp: layer_norm, rms_norm, group_norm and batch_norm. All of them normalise the rows of a
-// (R, M) matrix with one kernel (norm_rows: cpu/norm.cpp), which also returns each row's mean and
-// rstd = 1 / sqrt(var + eps), and then apply the affine weight and bias as ordinary broadcasting ops:
+// ops/norm.cpp: layer_norm, rms_norm, add_layer_norm, group_norm and batch_norm.
+//
+// While fusion is on (set_fusion), layer_norm, rms_norm and add_layer_norm of float32/float64 tensors
+// are one kernel each way (Backend::layer_norm / layer_norm_backward: cpu/fused.cpp, cuda/fused.cu),
+// affine and residual add included; see fused_norm below. Otherwise, and for group_norm and batch_norm, all
+// of them normalise the rows of a (R, M) matrix with one kernel (norm_rows: cpu/norm.cpp), which also
+// returns each row's mean and rstd = 1 / sqrt(var + eps), and then apply the affine weight and bias as
+// ordinary broadcasting ops:
 //   layer_norm / rms_norm: rows = the trailing normalized_shape dims
 //   group_norm:            rows = (N * G, C / G * spatial)
 //   batch_norm (training): rows = (C, N * spatial), on the input with C moved first
@@ -74,6 +79,95 @@ void check_affine(const Tensor& t, const char* what, const Shape& shape, const T
   check_same_device(op, input, t);
 }
 
+// Whether the trailing-dims norm of `x` (with these affine tensors, each maybe undefined) takes the
+// fused kernel (Backend::layer_norm): fusion on, one float32 or float64 dtype.
+bool fusable(const Tensor& x, const Tensor& weight, const Tensor& bias) {
+  const DType dt = x.dtype();
+  return fusion_enabled() && (dt == kFloat32 || dt == kFloat64) &&
+         (!weight.defined() || weight.dtype() == dt) && (!bias.defined() || bias.dtype() == dt);
+}
+
+// The fused norm of the rows of x (R, M), after adding residual (R, M) when it is defined:
+// returns (x + residual or undefined, out). weight and bias are (M) or undefined. Its backward is one
+// kernel too (Backend::layer_norm_backward), or under create_graph the formula of NormBackward above
+// plus the affine's, as ops.
+std::tuple<Tensor, Tensor> fused_norm(const Tensor& x2d, const Tensor& residual, const Tensor& weight,
+                                      const Tensor& bias, double eps, bool rms) {
+  const char* name = rms ? "RmsNormBackward" : "LayerNormBackward";
+  Tensor x = x2d.contiguous();
+  Tensor res = residual.defined() ? residual.contiguous() : Tensor();
+  Tensor w = weight.defined() ? weight.contiguous() : Tensor();
+  Tensor b = bias.defined() ? bias.contiguous() : Tensor();
+  const int64_t R = x.size(0), M = x.size(1);
+  const Device device = x.device();
+  auto view_or_none = [](const Tensor& t) { return t.defined() ? view_of(t) : View{}; };
+  Tensor out = empty_tensor({R, M}, x.dtype(), device);
+  Tensor sum = res.defined() ? empty_tensor({R, M}, x.dtype(), device) : Tensor();
+  Tensor mean = empty_tensor({R}, x.dtype(), device), rstd = empty_tensor({R}, x.dtype(), device);
+  if (out.numel() > 0) {
+    backend_for(device).layer_norm(view_of(x), view_or_none(res), view_or_none(w), view_or_none(b), view_of(out),
+                                   view_or_none(sum), view_of(mean), view_of(rstd), eps, rms, stream_for(device));
+  }
+  std::vector<Tensor> inputs{x};
+  if (res.defined()) inputs.push_back(res);
+  if (w.defined()) inputs.push_back(w);
+  if (b.defined()) inputs.push_back(b);
+  if (autograd::should_record(inputs)) {
+    const bool has_res = res.defined(), has_w = w.defined(), has_b = b.defined();
+    std::vector<Tensor> outputs{out};
+    if (has_res) outputs.insert(outputs.begin(), sum);
+    // h is what was normalised: x, or the sum, which is this node's own output (Note [saving outputs]).
+    record(name, inputs, outputs,
+           [hs = has_res ? SavedTensor(sum, true) : SavedTensor(x, false), ws = has_w ? SavedTensor(w, false) : SavedTensor(),
+            mean, rstd, has_res, has_w, has_b, rms, eps, name](const Grads& g) -> TensorList {
+             const size_t iw = has_res ? 2 : 1, ib = iw + (has_w ? 1 : 0);
+             const Tensor& g_out = g[has_res ? 1 : 0];
+             Tensor g_sum = has_res ? g[0] : Tensor();
+             Tensor gi, gw, gb;
+             if (!g_out.defined()) {  // only the residual stream's gradient arrived
+               gi = g_sum;
+             } else {
+               Tensor h = hs.unpack(name);
+               Tensor wv = has_w ? ws.unpack(name) : Tensor();
+               const bool want_w = has_w && g.needs_grad(iw), want_b = has_b && g.needs_grad(ib);
+               if (GradMode::is_enabled()) {  // create_graph: as ops, differentiable again
+                 Tensor centred = rms ? h : h - h.mean({1}, true);
+                 Tensor r = (centred.square().mean({1}, true) + eps).rsqrt();
+                 Tensor xhat = centred * r;
+                 Tensor gx = has_w ? g_out * wv : g_out;
+                 Tensor inner = gx - xhat * (gx * xhat).mean({1}, true);
+                 if (!rms) inner = inner - gx.mean({1}, true);
+                 gi = r * inner;
+                 if (g_sum.defined()) gi = gi + g_sum;
+                 if (want_w) gw = (g_out * xhat).sum({0});
+                 if (want_b) gb = g_out.sum({0});
+               } else {
+                 Tensor go = g_out.contiguous(), gs = g_sum.defined() ? g_sum.contiguous() : Tensor();
+                 gi = empty_tensor(h.sizes(), h.dtype(), h.device());
+                 const int64_t M = h.size(1);
+                 if (want_w) gw = empty_tensor({M}, h.dtype(), h.device());
+                 if (want_b) gb = empty_tensor({M}, h.dtype(), h.device());
+                 auto v = [](const Tensor& t) { return t.defined() ? view_of(t) : View{}; };
+                 if (h.numel() > 0) {
+                   backend_for(h.device()).layer_norm_backward(view_of(go), v(gs), view_of(h), v(wv), view_of(mean),
+                                                               view_of(rstd), view_of(gi), v(gw), v(gb), rms,
+                                                               stream_for(h.device()));
+                 } else {
+                   if (gw.defined()) gw.zero_();
+                   if (gb.defined()) gb.zero_();
+                 }
+               }
+             }
+             TensorList grads{gi};
+             if (has_res) grads.push_back(gi);  // d(x + residual) is the same for both
+             if (has_w) grads.push_back(gw);
+             if (has_b) grads.push_back(gb);
+             return grads;
+           });
+  }
+  return {sum, out};
+}
+
 // The trailing-dims norms: input (..., normalized_shape).
 Tensor trailing_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                      double eps, bool rms, const char* op) {
@@ -88,6 +182,10 @@ Tensor trailing_norm(const Tensor& input, const Shape& normalized_shape, const T
   check_affine(bias, "bias", normalized_shape, input, op);
   const int64_t M = normalized_shape.numel();
   const int64_t R = M == 0 ? 0 : input.numel() / M;
+  if (fusable(input, weight, bias)) {
+    auto flat = [M](const Tensor& t) { return t.defined() ? t.reshape({M}) : Tensor(); };
+    return std::get<1>(fused_norm(input.reshape({R, M}), {}, flat(weight), flat(bias), eps, rms)).reshape(input.sizes());
+  }
   Tensor y = normalize_rows(input.reshape({R, M}), eps, rms).reshape(input.sizes());
   if (weight.defined()) y = y * weight;
   if (bias.defined()) y = y + bias;
@@ -112,6 +210,38 @@ Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tens
       return layer_norm(ac.cast(input), normalized_shape, ac.cast(weight), ac.cast(bias), eps);
   }
   return trailing_norm(input, normalized_shape, weight, bias, eps, false, "layer_norm");
+}
+
+std::tuple<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                          const Tensor& weight, const Tensor& bias, double eps) {
+  const char* op = "add_layer_norm";
+  KILN_CHECK(x.sizes() == residual.sizes(), "{}: x and residual must have one shape, got {} and {}", op,
+             x.sizes().str(), residual.sizes().str());
+  check_same_device(op, x, residual);
+  if (autocast::is_enabled(x.device().type)) {  // as layer_norm: in float32
+    if (autocast::OpScope ac{autocast::Op::LayerNorm, x.device()})
+      return add_layer_norm(ac.cast(x), ac.cast(residual), normalized_shape, ac.cast(weight), ac.cast(bias), eps);
+  }
+  if (x.dtype() != residual.dtype() || !fusable(x, weight, bias)) {
+    Tensor h = x + residual;
+    return {h, layer_norm(h, normalized_shape, weight, bias, eps)};
+  }
+  // The checks of layer_norm, on the sum's shape (x's).
+  KILN_CHECK(x.dim() >= normalized_shape.size(), "{}: normalized_shape {} has more dims than the input {}", op,
+             normalized_shape.str(), x.sizes().str());
+  const int k = normalized_shape.size();
+  KILN_CHECK(k >= 1, "{}: normalized_shape must have at least one dim", op);
+  for (int i = 0; i < k; ++i) {
+    KILN_CHECK(x.sizes()[x.dim() - k + i] == normalized_shape[i],
+               "{}: normalized_shape {} must equal the last {} dims of the input, whose shape is {}", op,
+               normalized_shape.str(), k, x.sizes().str());
+  }
+  check_affine(weight, "weight", normalized_shape, x, op);
+  check_affine(bias, "bias", normalized_shape, x, op);
+  const int64_t M = normalized_shape.numel(), R = M == 0 ? 0 : x.numel() / M;
+  auto flat = [M](const Tensor& t) { return t.defined() ? t.reshape({M}) : Tensor(); };
+  auto [sum, out] = fused_norm(x.reshape({R, M}), residual.reshape({R, M}), flat(weight), flat(bias), eps, false);
+  return {sum.reshape(x.sizes()), out.reshape(x.sizes())};
 }
 
 Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,

@@ -98,6 +98,9 @@ Tensor tanh(const Tensor& x);
 Tensor sigmoid(const Tensor& x);
 Tensor relu(const Tensor& x);
 Tensor gelu(const Tensor& x, std::string_view approximate = "none");  // "none" (erf) or "tanh"
+// gelu(input + bias), bias (N) along the last dim: the bias add of a Linear and the GELU after it,
+// one pass each way while fusion is on (set_fusion; float32/float64), else composed.
+Tensor bias_gelu(const Tensor& input, const Tensor& bias, std::string_view approximate = "none");
 Tensor silu(const Tensor& x);
 Tensor softplus(const Tensor& x);
 Tensor erf(const Tensor& x);
@@ -168,6 +171,12 @@ Tensor bmm(const Tensor& a, const Tensor& b);     // 3-D only, equal batch
 // ---- softmax.cpp ----
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
+// The cross-entropy of each row of logits (R, C) against class indices target (R, int64): per row
+// -(1 - eps) log_softmax(logits)[t] - eps / C sum_c log_softmax(logits)[c], and 0 where target ==
+// ignore_index. One pass each way while fusion is on (set_fusion; float32/float64): the
+// (R, C) log-probabilities are never stored. nn::functional::cross_entropy calls it.
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
+                             double label_smoothing = 0);
 
 // ---- attention.cpp ----
 // softmax(query key^T * scale + mask) value, as torch.nn.functional.scaled_dot_product_attention:
@@ -239,6 +248,11 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
                   double eps = 1e-5);
 Tensor layer_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {},
                   const Tensor& bias = {}, double eps = 1e-5);
+// The residual add of a pre-LN transformer and the LayerNorm after it: returns (x + residual,
+// layer_norm(x + residual)). One pass each way while fusion is on (set_fusion; float32/float64), else
+// composed. layer_norm and rms_norm themselves are one fused pass (with their affine) too.
+std::tuple<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residual, const Shape& normalized_shape,
+                                          const Tensor& weight = {}, const Tensor& bias = {}, double eps = 1e-5);
 Tensor rms_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight = {},
                 std::optional<double> eps = {});  // eps default: machine epsilon of the dtype (PyTorch)
 Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight = {},
@@ -250,9 +264,10 @@ std::string to_string(const Tensor& t);
 }  // namespace ops
 
 // Kernel fusion (DESIGN.md §5): on by default. set_fusion(false), or KILN_FUSION=0 in the environment,
-// makes the fused ops (scaled_dot_product_attention, gelu's backward) run as their unfused
-// compositions, so that a benchmark can measure what fusion buys. Process-wide (attention.cpp). The
-// fused Adam/AdamW step is the optimizers' own `fused` option, as in PyTorch.
+// makes the fused ops (scaled_dot_product_attention, gelu's backward, bias_gelu, layer_norm, rms_norm,
+// add_layer_norm and softmax_cross_entropy) run as their unfused compositions, so that a benchmark can
+// measure what fusion buys. Process-wide (attention.cpp). The fused Adam/AdamW step is the
+// optimizers' own `fused` option, as in PyTorch. docs/fusion.md lists them all.
 void set_fusion(bool enabled);
 bool fusion_enabled();
 

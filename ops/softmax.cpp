@@ -46,6 +46,71 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
   }
   return softmax_impl(x, dim, true);
 }
+
+Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
+                             double label_smoothing) {
+  const char* op = "softmax_cross_entropy";
+  KILN_CHECK(logits.dim() == 2 && is_floating(logits.dtype()),
+             "{}: logits must be floating (R, C), got {} {}", op, dtype_name(logits.dtype()), logits.sizes().str());
+  KILN_CHECK(target.dim() == 1 && target.size(0) == logits.size(0) &&
+                 (target.dtype() == kInt64 || target.dtype() == kInt32),
+             "{}: target must be int64 (or int32) class indices of shape ({}), got {} {}", op, logits.size(0),
+             dtype_name(target.dtype()), target.sizes().str());
+  KILN_CHECK(label_smoothing >= 0 && label_smoothing <= 1, "{}: label_smoothing must be in [0, 1], got {}", op,
+             label_smoothing);
+  check_same_device(op, logits, target);
+  const int64_t C = logits.size(1);
+  const double eps = label_smoothing;
+  const bool fused = fusion_enabled() && (logits.dtype() == kFloat32 || logits.dtype() == kFloat64);
+  if (!fused) {  // the composition: log_softmax, a gather of the targets' column, the smoothing term
+    Tensor logp = log_softmax(logits, 1);
+    Tensor keep = target.ne(ignore_index);
+    Tensor index = target.masked_fill(keep.logical_not(), 0).to(kInt64).unsqueeze(1);
+    Tensor loss = gather(logp, 1, index).squeeze(1) * -(1 - eps);
+    if (eps > 0) loss = loss - logp.sum({1}) * (eps / static_cast<double>(C));
+    return loss.masked_fill(keep.logical_not(), 0);
+  }
+  Tensor x = logits.contiguous(), t = target.to(kInt64).contiguous();
+  const int64_t R = x.size(0);
+  if (!x.device().is_cpu() && R > 0) {  // a GPU thread cannot throw: the CPU kernel's check, here
+    NoGradGuard no_grad;
+    Tensor bad = t.ne(ignore_index).logical_and(t.lt(0).logical_or(t.ge(C)));
+    if (bad.any().item<bool>()) {
+      const int64_t at = bad.to(kInt64).argmax().item<int64_t>();
+      KILN_FAIL("cross_entropy: target {} at position {} is not a class index in [0, {}) nor ignore_index ({})",
+                t[at].item<int64_t>(), at, C, ignore_index);
+    }
+  }
+  Tensor loss = empty_tensor({R}, x.dtype(), x.device()), lse = empty_tensor({R}, x.dtype(), x.device());
+  if (R > 0 && C > 0) {
+    backend_for(x.device()).cross_entropy(view_of(x), view_of(t), view_of(loss), view_of(lse), ignore_index, eps,
+                                          stream_for(x.device()));
+  } else if (R > 0) {  // no classes: PyTorch's log_softmax of an empty row
+    KILN_FAIL("{}: logits have no classes (shape {})", op, x.sizes().str());
+  }
+  if (should_record(logits)) {
+    record("CrossEntropyBackward", {x}, {loss},
+           [xs = SavedTensor(x, false), t, lse, ignore_index, eps, C](const Grads& g) -> TensorList {
+             Tensor xv = xs.unpack("CrossEntropyBackward");
+             if (GradMode::is_enabled()) {  // create_graph: as ops, differentiable again
+               Tensor keep = t.ne(ignore_index).unsqueeze(1);
+               Tensor index = t.masked_fill(t.eq(ignore_index), 0).unsqueeze(1);
+               Tensor target_part = zeros_like(xv).scatter(1, index, full_like(xv, 1 - eps).narrow(1, 0, 1));
+               Tensor d = softmax(xv, 1) - target_part - eps / static_cast<double>(C);
+               return {(d * g[0].unsqueeze(1)).masked_fill(keep.logical_not(), 0)};
+             }
+             Tensor gl = g[0].contiguous();
+             Tensor gx = empty_tensor(xv.sizes(), xv.dtype(), xv.device());
+             if (gx.numel() > 0) {
+               backend_for(xv.device()).cross_entropy_backward(view_of(xv), view_of(t), view_of(lse), view_of(gl),
+                                                               view_of(gx), ignore_index, eps, stream_for(xv.device()));
+             }
+             return {gx};
+           });
+  }
+  return loss;
+}
+
 }  // namespace ops
 
 }  // namespace kiln

@@ -1,0 +1,331 @@
+// cpu/fused.cpp: the fused kernels that ops use while fusion is on (set_fusion, ops/ops.h). Each does
+// in one pass over memory what its composition does in several, and keeps fewer tensors for backward:
+//
+//   layer_norm           [x + residual], the row statistics, normalisation and affine (the composition:
+//                        an add, norm_rows, a multiply and an add, each reading and writing (R, M))
+//   layer_norm_backward  grad_in, grad_weight and grad_bias from h, mean and rstd (the composition:
+//                        about ten (R, M) ops, and the affine's two column sums)
+//   bias_gelu(_backward) gelu(in + bias) and its gradient with the bias's column sum (three passes)
+//   cross_entropy(_backward)  log-softmax, the pick of the target and label smoothing per row, and a
+//                        backward that writes softmax - target straight from lse, never storing the
+//                        (R, C) log-probabilities
+//
+// Rows are split over the pool of cpu/parallel.h. The column sums (grad_weight, grad_bias) go through
+// fixed chunks of kChunk rows: each chunk's partial sums (in double) are written apart and then added
+// in chunk order, so the result depends only on the shape, never on the thread count.
+#include <Eigen/Core>
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "core/error.h"
+#include "cpu/kernels.h"
+#include "cpu/parallel.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int64_t kChunk = 32;
+
+template <typename T>
+using ConstRow = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+// Rows per parallel piece so that a piece has at least ~16 K elements.
+int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(cols, 1)); }
+
+// Column sums of an (R, N) matrix computed chunk by chunk: row_fn(r, acc0, acc1) adds row r's
+// contributions to the chunk's accumulators (acc1 null when only one sum is wanted), and the chunks
+// are then added in order into out0 / out1 (N, may be null).
+template <typename T, typename RowFn>
+void chunked_column_sums(int64_t R, int64_t N, T* out0, T* out1, const RowFn& row_fn) {
+  const int64_t chunks = (R + kChunk - 1) / kChunk;
+  const int sums = out1 ? 2 : 1;
+  std::vector<double> partial(static_cast<size_t>(chunks * N * sums), 0.0);
+  parallel_for(0, chunks, std::max<int64_t>(1, row_grain(N) / kChunk), [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      double* acc0 = partial.data() + c * N * sums;
+      double* acc1 = sums == 2 ? acc0 + N : nullptr;
+      for (int64_t r = c * kChunk; r < std::min(R, (c + 1) * kChunk); ++r) row_fn(r, acc0, acc1);
+    }
+  });
+  if (!out0 && !out1) return;
+  parallel_for(0, N, 1024, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      double s0 = 0, s1 = 0;
+      for (int64_t c = 0; c < chunks; ++c) {
+        s0 += partial[static_cast<size_t>(c * N * sums + j)];
+        if (sums == 2) s1 += partial[static_cast<size_t>(c * N * sums + N + j)];
+      }
+      if (out0) out0[j] = static_cast<T>(s0);
+      if (out1) out1[j] = static_cast<T>(s1);
+    }
+  });
+}
+
+// ======== layer_norm ========
+
+template <typename T>
+void layer_norm_typed(const View& xv, const View& resv, const View& wv, const View& bv, const View& outv,
+                      const View& sumv, const View& meanv, const View& rstdv, double eps, bool rms) {
+  const int64_t R = xv.sizes[0], M = xv.sizes[1];
+  const T* x = xv.ptr<T>();
+  const T* res = resv.ptr<T>();
+  const T* w = wv.ptr<T>();
+  const T* b = bv.ptr<T>();
+  T* out = outv.ptr<T>();
+  T* sum = sumv.ptr<T>();
+  T* mean = meanv.ptr<T>();
+  T* rstd = rstdv.ptr<T>();
+  parallel_for(0, R, row_grain(M), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* h = x + r * M;
+      if (res) {  // h = x + residual, kept: it is the residual stream that goes on past the norm
+        T* s = sum + r * M;
+        const T* rr = res + r * M;
+        for (int64_t i = 0; i < M; ++i) s[i] = h[i] + rr[i];
+        h = s;
+      }
+      // The statistics as norm_rows (cpu/norm.cpp) takes them: the same mean and rstd.
+      double m = 0, inv = 0;
+      row_statistics(h, M, rms, eps, m, inv);
+      const T tm = static_cast<T>(m), ti = static_cast<T>(inv);
+      mean[r] = tm;
+      rstd[r] = ti;
+      // Rounded as the composition rounds: ((h - mean) * rstd) * weight + bias.
+      T* y = out + r * M;
+      if (w && b) {
+        for (int64_t i = 0; i < M; ++i) y[i] = (h[i] - tm) * ti * w[i] + b[i];
+      } else if (w) {
+        for (int64_t i = 0; i < M; ++i) y[i] = (h[i] - tm) * ti * w[i];
+      } else if (b) {
+        for (int64_t i = 0; i < M; ++i) y[i] = (h[i] - tm) * ti + b[i];
+      } else {
+        for (int64_t i = 0; i < M; ++i) y[i] = (h[i] - tm) * ti;
+      }
+    }
+  });
+}
+
+// Per row, with xhat = (h - mean) * rstd and gx = grad_out * weight:
+//   grad_in = rstd * (gx - mean(gx) - xhat * mean(gx * xhat)) + grad_sum     (rms: without mean(gx))
+// and over rows grad_weight += grad_out * xhat, grad_bias += grad_out.
+template <typename T>
+void layer_norm_backward_typed(const View& gv, const View& gsv, const View& hv, const View& wv, const View& meanv,
+                               const View& rstdv, const View& giv, const View& gwv, const View& gbv, bool rms) {
+  const int64_t R = hv.sizes[0], M = hv.sizes[1];
+  const T* g = gv.ptr<T>();
+  const T* gs = gsv.ptr<T>();
+  const T* h = hv.ptr<T>();
+  const T* w = wv.ptr<T>();
+  const T* mean = meanv.ptr<T>();
+  const T* rstd = rstdv.ptr<T>();
+  T* gi = giv.ptr<T>();
+  T* gw = gwv.ptr<T>();
+  T* gb = gbv.ptr<T>();
+  const bool columns = gw || gb;
+  auto row = [&](int64_t r, double* acc_w, double* acc_b, T* xhat, T* gx) {
+    const T* gr = g + r * M;
+    const T* hr = h + r * M;
+    const T mu = mean[r], rs = rstd[r];
+    double sum_gx = 0, sum_gx_xhat = 0;
+    for (int64_t i = 0; i < M; ++i) {
+      xhat[i] = (hr[i] - mu) * rs;
+      gx[i] = w ? gr[i] * w[i] : gr[i];
+      sum_gx += gx[i];
+      sum_gx_xhat += static_cast<double>(gx[i]) * xhat[i];
+    }
+    const T a = rms ? T(0) : static_cast<T>(sum_gx / static_cast<double>(M));
+    const T c = static_cast<T>(sum_gx_xhat / static_cast<double>(M));
+    T* out = gi + r * M;
+    if (gs) {
+      const T* gsr = gs + r * M;
+      for (int64_t i = 0; i < M; ++i) out[i] = rs * (gx[i] - a - xhat[i] * c) + gsr[i];
+    } else {
+      for (int64_t i = 0; i < M; ++i) out[i] = rs * (gx[i] - a - xhat[i] * c);
+    }
+    if (acc_w) {
+      for (int64_t i = 0; i < M; ++i) acc_w[i] += static_cast<double>(gr[i]) * xhat[i];
+    }
+    if (acc_b) {
+      for (int64_t i = 0; i < M; ++i) acc_b[i] += gr[i];
+    }
+  };
+  thread_local std::vector<T> scratch;
+  auto with_scratch = [&](auto&& fn) {
+    if (scratch.size() < static_cast<size_t>(2 * M)) scratch.resize(static_cast<size_t>(2 * M));
+    fn(scratch.data(), scratch.data() + M);
+  };
+  if (!columns) {
+    parallel_for(0, R, row_grain(M), [&](int64_t r0, int64_t r1) {
+      with_scratch([&](T* xhat, T* gx) {
+        for (int64_t r = r0; r < r1; ++r) row(r, nullptr, nullptr, xhat, gx);
+      });
+    });
+    return;
+  }
+  // Accumulators: (weight, bias) when both are wanted, else the one that is.
+  T* out0 = gw ? gw : gb;
+  T* out1 = gw && gb ? gb : nullptr;
+  chunked_column_sums<T>(R, M, out0, out1, [&](int64_t r, double* acc0, double* acc1) {
+    with_scratch([&](T* xhat, T* gx) { row(r, gw ? acc0 : nullptr, gw ? acc1 : acc0, xhat, gx); });
+  });
+}
+
+// ======== bias_gelu ========
+
+template <typename T>
+void bias_gelu_typed(const View& inv, const View& biasv, const View& outv, bool tanh) {
+  const int64_t R = inv.sizes[0], N = inv.sizes[1];
+  const T* in = inv.ptr<T>();
+  const T* bias = biasv.ptr<T>();
+  T* out = outv.ptr<T>();
+  parallel_for(0, R, row_grain(N), [&](int64_t r0, int64_t r1) {
+    std::vector<T> pre(static_cast<size_t>(N));
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* x = in + r * N;
+      for (int64_t i = 0; i < N; ++i) pre[i] = x[i] + bias[i];
+      gelu_run<T>(pre.data(), out + r * N, N, tanh);
+    }
+  });
+}
+
+template <typename T>
+void bias_gelu_backward_typed(const View& gv, const View& inv, const View& biasv, const View& giv,
+                              const View& gbv, bool tanh) {
+  const int64_t R = inv.sizes[0], N = inv.sizes[1];
+  const T* g = gv.ptr<T>();
+  const T* in = inv.ptr<T>();
+  const T* bias = biasv.ptr<T>();
+  T* gi = giv.ptr<T>();
+  T* gb = gbv.ptr<T>();
+  thread_local std::vector<T> pre;
+  auto row = [&](int64_t r, double* acc) {
+    if (pre.size() < static_cast<size_t>(N)) pre.resize(static_cast<size_t>(N));
+    const T* x = in + r * N;
+    for (int64_t i = 0; i < N; ++i) pre[i] = x[i] + bias[i];
+    T* out = gi + r * N;
+    gelu_backward_run<T>(g + r * N, pre.data(), out, N, tanh);
+    if (acc) {
+      for (int64_t i = 0; i < N; ++i) acc[i] += out[i];
+    }
+  };
+  if (!gb) {
+    parallel_for(0, R, row_grain(N), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) row(r, nullptr);
+    });
+    return;
+  }
+  chunked_column_sums<T>(R, N, gb, nullptr, [&](int64_t r, double* acc, double*) { row(r, acc); });
+}
+
+// ======== cross_entropy ========
+
+// The target of row r, checked: ignore_index, or a class in [0, C).
+inline bool target_class(const int64_t* target, int64_t r, int64_t C, int64_t ignore_index, int64_t& t) {
+  t = target[r];
+  if (t == ignore_index) return false;
+  KILN_CHECK(t >= 0 && t < C, "cross_entropy: target {} at position {} is not a class index in [0, {}) nor "
+             "ignore_index ({})", t, r, C, ignore_index);
+  return true;
+}
+
+template <typename T>
+void cross_entropy_typed(const View& logitsv, const View& targetv, const View& lossv, const View& lsev,
+                         int64_t ignore_index, double eps) {
+  const int64_t R = logitsv.sizes[0], C = logitsv.sizes[1];
+  const T* logits = logitsv.ptr<T>();
+  const int64_t* target = targetv.ptr<int64_t>();
+  T* loss = lossv.ptr<T>();
+  T* lse = lsev.ptr<T>();
+  parallel_for(0, R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      ConstRow<T> x(logits + r * C, C);
+      const T mx = x.maxCoeff();
+      // Every logit -inf (a row fully masked): lse = -inf, as log_softmax gives.
+      const double l = std::isinf(mx) && mx < 0 ? static_cast<double>(mx)
+                                                : static_cast<double>(mx) + std::log(static_cast<double>((x - mx).exp().sum()));
+      lse[r] = static_cast<T>(l);
+      int64_t t = 0;
+      if (!target_class(target, r, C, ignore_index, t)) {
+        loss[r] = T(0);
+        continue;
+      }
+      double value = l - (1 - eps) * static_cast<double>(x[t]);
+      if (eps > 0) value -= eps / static_cast<double>(C) * x.template cast<double>().sum();
+      loss[r] = static_cast<T>(value);
+    }
+  });
+}
+
+template <typename T>
+void cross_entropy_backward_typed(const View& logitsv, const View& targetv, const View& lsev, const View& glv,
+                                  const View& gv, int64_t ignore_index, double eps) {
+  const int64_t R = logitsv.sizes[0], C = logitsv.sizes[1];
+  const T* logits = logitsv.ptr<T>();
+  const int64_t* target = targetv.ptr<int64_t>();
+  const T* lse = lsev.ptr<T>();
+  const T* gl = glv.ptr<T>();
+  T* grad = gv.ptr<T>();
+  parallel_for(0, R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> out(grad + r * C, C);
+      int64_t t = 0;
+      if (!target_class(target, r, C, ignore_index, t)) {
+        out.setZero();
+        continue;
+      }
+      const T scale = gl[r];
+      const T smooth = static_cast<T>(eps / static_cast<double>(C));
+      out = ((ConstRow<T>(logits + r * C, C) - lse[r]).exp() - smooth) * scale;
+      out[t] -= static_cast<T>(1 - eps) * scale;
+    }
+  });
+}
+
+}  // namespace
+
+void layer_norm_kernel(const View& x, const View& residual, const View& weight, const View& bias,
+                       const View& out, const View& sum, const View& mean, const View& rstd, double eps,
+                       bool rms) {
+  KILN_DISPATCH_F32_F64(x.dtype, "layer_norm", [&] {
+    layer_norm_typed<scalar_t>(x, residual, weight, bias, out, sum, mean, rstd, eps, rms);
+  });
+}
+
+void layer_norm_backward_kernel(const View& grad_out, const View& grad_sum, const View& h, const View& weight,
+                                const View& mean, const View& rstd, const View& grad_in,
+                                const View& grad_weight, const View& grad_bias, bool rms) {
+  KILN_DISPATCH_F32_F64(h.dtype, "layer_norm backward", [&] {
+    layer_norm_backward_typed<scalar_t>(grad_out, grad_sum, h, weight, mean, rstd, grad_in, grad_weight, grad_bias,
+                                        rms);
+  });
+}
+
+void bias_gelu_kernel(const View& in, const View& bias, const View& out, bool tanh) {
+  KILN_DISPATCH_F32_F64(in.dtype, "bias_gelu", [&] { bias_gelu_typed<scalar_t>(in, bias, out, tanh); });
+}
+
+void bias_gelu_backward_kernel(const View& grad_out, const View& in, const View& bias, const View& grad_in,
+                               const View& grad_bias, bool tanh) {
+  KILN_DISPATCH_F32_F64(in.dtype, "bias_gelu backward", [&] {
+    bias_gelu_backward_typed<scalar_t>(grad_out, in, bias, grad_in, grad_bias, tanh);
+  });
+}
+
+void cross_entropy_kernel(const View& logits, const View& target, const View& loss, const View& lse,
+                          int64_t ignore_index, double label_smoothing) {
+  KILN_DISPATCH_F32_F64(logits.dtype, "cross_entropy", [&] {
+    cross_entropy_typed<scalar_t>(logits, target, loss, lse, ignore_index, label_smoothing);
+  });
+}
+
+void cross_entropy_backward_kernel(const View& logits, const View& target, const View& lse,
+                                   const View& grad_loss, const View& grad_logits, int64_t ignore_index,
+                                   double label_smoothing) {
+  KILN_DISPATCH_F32_F64(logits.dtype, "cross_entropy backward", [&] {
+    cross_entropy_backward_typed<scalar_t>(logits, target, lse, grad_loss, grad_logits, ignore_index,
+                                           label_smoothing);
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,368 @@
+// cuda/fused.cu: the fused kernels of the contract (core/backend.h) on the GPU: layer_norm (residual
+// add, statistics, normalisation and affine), its backward, bias_gelu and its backward, and the
+// cross-entropy of rows. CPU sibling: cpu/fused.cpp, whose semantics and rounding these follow (row
+// statistics in double; the output rounded as ((h - mean) * rstd) * weight + bias).
+//
+// One warp per row for the row kernels (grid-stride over rows, eight warps to a block): simple, and
+// fast enough for the rows of a transformer (hundreds to a few thousand columns). Column sums
+// (grad_weight, grad_bias) go through fixed chunks of rows, as on the CPU: a first kernel writes one
+// partial sum in double per (chunk, column), a second adds each column's chunks in order, so the
+// result does not depend on scheduling and no atomics are needed.
+//
+// A bad class index cannot throw from a thread: ops/softmax.cpp checks the targets of a CUDA tensor
+// before the launch; the kernel still writes NaN for a row whose target is out of range.
+#include <cmath>
+
+#include "core/scalar_math.h"
+#include "cuda/context.h"
+#include "cuda/kernels.h"
+#include "cuda/loops.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = kThreads / 32;
+
+unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>(std::clamp<int64_t>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock, 1, kMaxBlocks));
+}
+
+__device__ __forceinline__ int64_t first_warp_row() {
+  return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
+}
+__device__ __forceinline__ int64_t warp_row_stride() { return static_cast<int64_t>(gridDim.x) * kWarpsPerBlock; }
+
+__device__ __forceinline__ double warp_max(double v) {
+  for (int delta = 16; delta > 0; delta >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, delta));
+  return v;
+}
+
+// ---- column sums in fixed chunks ----
+
+// Rows per chunk: at least 32, and at most 1024 chunks (the grid's y dimension), fixed by R alone.
+int64_t rows_per_chunk(int64_t R) { return std::max<int64_t>(32, (R + 1023) / 1024); }
+
+// partial[(c * sums + k) * N + j] = sum over the chunk's rows r of f(r, j)[k], k < sums (1 or 2).
+template <typename F>
+__global__ void column_partials_kernel(F f, int64_t R, int64_t N, int64_t chunk, int sums, double* partial) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const int64_t c = blockIdx.y;
+  if (j >= N) return;
+  double a0 = 0, a1 = 0;
+  const int64_t end = min(R, (c + 1) * chunk);
+  for (int64_t r = c * chunk; r < end; ++r) f(r, j, a0, a1);
+  partial[(c * sums) * N + j] = a0;
+  if (sums == 2) partial[(c * sums + 1) * N + j] = a1;
+}
+
+template <typename T>
+__global__ void column_merge_kernel(const double* partial, int64_t N, int64_t chunks, int sums, T* out0, T* out1) {
+  const int64_t j = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (j >= N) return;
+  double s0 = 0, s1 = 0;
+  for (int64_t c = 0; c < chunks; ++c) {
+    s0 += partial[(c * sums) * N + j];
+    if (sums == 2) s1 += partial[(c * sums + 1) * N + j];
+  }
+  if (out0) out0[j] = static_cast<T>(s0);
+  if (out1) out1[j] = static_cast<T>(s1);
+}
+
+// out0 (and out1 when sums == 2) (N) = the column sums of f over R rows.
+template <typename T, typename F>
+void column_sums(const F& f, int64_t R, int64_t N, int sums, T* out0, T* out1, int device, cudaStream_t stream) {
+  const int64_t chunk = rows_per_chunk(R), chunks = (R + chunk - 1) / chunk;
+  DeviceBuffer partial(device, static_cast<size_t>(chunks * sums * N) * sizeof(double));
+  auto* p = static_cast<double*>(partial.data());
+  const dim3 grid(static_cast<unsigned>((N + kThreads - 1) / kThreads), static_cast<unsigned>(chunks));
+  column_partials_kernel<<<grid, kThreads, 0, stream>>>(f, R, N, chunk, sums, p);
+  KILN_CUDA_CHECK(cudaGetLastError());
+  column_merge_kernel<T><<<static_cast<unsigned>((N + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
+      p, N, chunks, sums, out0, out1);
+  KILN_CUDA_CHECK(cudaGetLastError());
+}
+
+// ---- layer_norm ----
+
+template <typename T>
+__global__ void layer_norm_kernel(const T* x, const T* res, const T* w, const T* b, T* out, T* sum, T* mean,
+                                  T* rstd, int64_t R, int64_t M, double eps, bool rms) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
+    const T* h = x + r * M;
+    if (res) {
+      T* s = sum + r * M;
+      for (int64_t i = lane; i < M; i += 32) s[i] = h[i] + res[r * M + i];
+      __syncwarp();
+      h = s;
+    }
+    double m = 0;
+    if (!rms) {
+      double acc = 0;
+      for (int64_t i = lane; i < M; i += 32) acc += static_cast<double>(h[i]);
+      m = warp_sum(acc) / static_cast<double>(M);
+    }
+    double ss = 0;
+    for (int64_t i = lane; i < M; i += 32) {
+      const double d = static_cast<double>(h[i]) - m;
+      ss += d * d;
+    }
+    ss = warp_sum(ss);
+    const T tm = static_cast<T>(m), ti = static_cast<T>(1.0 / sqrt(ss / static_cast<double>(M) + eps));
+    T* y = out + r * M;
+    for (int64_t i = lane; i < M; i += 32) {
+      T v = (h[i] - tm) * ti;
+      if (w) v = v * w[i];
+      if (b) v = v + b[i];
+      y[i] = v;
+    }
+    if (lane == 0) {
+      mean[r] = tm;
+      rstd[r] = ti;
+    }
+  }
+}
+
+// grad_in = rstd * (gx - mean(gx) - xhat * mean(gx * xhat)) + grad_sum, gx = grad_out * weight.
+template <typename T>
+__global__ void layer_norm_backward_kernel(const T* g, const T* gs, const T* h, const T* w, const T* mean,
+                                           const T* rstd, T* gi, int64_t R, int64_t M, bool rms) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
+    const T mu = mean[r], rs = rstd[r];
+    const T* gr = g + r * M;
+    const T* hr = h + r * M;
+    double s_gx = 0, s_gx_xhat = 0;
+    for (int64_t i = lane; i < M; i += 32) {
+      const T xhat = (hr[i] - mu) * rs;
+      const T gx = w ? gr[i] * w[i] : gr[i];
+      s_gx += static_cast<double>(gx);
+      s_gx_xhat += static_cast<double>(gx) * static_cast<double>(xhat);
+    }
+    const T a = rms ? T(0) : static_cast<T>(warp_sum(s_gx) / static_cast<double>(M));
+    const T c = static_cast<T>(warp_sum(s_gx_xhat) / static_cast<double>(M));
+    for (int64_t i = lane; i < M; i += 32) {
+      const T xhat = (hr[i] - mu) * rs;
+      const T gx = w ? gr[i] * w[i] : gr[i];
+      T v = rs * (gx - a - xhat * c);
+      if (gs) v = v + gs[r * M + i];
+      gi[r * M + i] = v;
+    }
+  }
+}
+
+// The affine's column sums: (grad_out * xhat, grad_out) of row r, column j.
+template <typename T>
+struct NormAffineTerms {
+  const T *g, *h, *mean, *rstd;
+  int64_t M;
+  bool weight_first;  // a0 takes grad_out * xhat (grad_weight wanted), else grad_out
+  __device__ void operator()(int64_t r, int64_t j, double& a0, double& a1) const {
+    const T gv = g[r * M + j];
+    const T xhat = (h[r * M + j] - mean[r]) * rstd[r];
+    if (weight_first) {
+      a0 += static_cast<double>(gv) * static_cast<double>(xhat);
+      a1 += static_cast<double>(gv);
+    } else {
+      a0 += static_cast<double>(gv);
+    }
+  }
+};
+
+// ---- bias_gelu ----
+
+template <typename T>
+__global__ void bias_gelu_kernel(const T* in, const T* bias, T* out, int64_t n, int64_t N, bool tanh) {
+  using M = opmath_t<T>;
+  const UnaryOp op = tanh ? UnaryOp::GeluTanh : UnaryOp::GeluErf;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const T pre = in[i] + bias[i % N];  // rounded to T first, as the composition's add
+    out[i] = static_cast<T>(math::unary<M>(op, static_cast<M>(pre), 0, 0));
+  }
+}
+
+template <typename T>
+__global__ void bias_gelu_backward_kernel(const T* g, const T* in, const T* bias, T* gi, int64_t n, int64_t N,
+                                          bool tanh) {
+  using M = opmath_t<T>;
+  const BinaryOp op = tanh ? BinaryOp::GeluTanhBackward : BinaryOp::GeluErfBackward;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const T pre = in[i] + bias[i % N];
+    gi[i] = static_cast<T>(math::binary<M>(op, static_cast<M>(g[i]), static_cast<M>(pre), M(1)));
+  }
+}
+
+template <typename T>
+struct ColumnOf {
+  const T* a;
+  int64_t N;
+  __device__ void operator()(int64_t r, int64_t j, double& a0, double&) const { a0 += static_cast<double>(a[r * N + j]); }
+};
+
+// ---- cross_entropy ----
+
+template <typename T>
+__global__ void cross_entropy_kernel(const T* logits, const int64_t* target, T* loss, T* lse, int64_t R, int64_t C,
+                                     int64_t ignore_index, double eps) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
+    const T* x = logits + r * C;
+    double mx = -INFINITY;
+    for (int64_t i = lane; i < C; i += 32) mx = fmax(mx, static_cast<double>(x[i]));
+    mx = warp_max(mx);
+    double se = 0, sx = 0;
+    for (int64_t i = lane; i < C; i += 32) {
+      se += exp(static_cast<double>(x[i]) - mx);
+      sx += static_cast<double>(x[i]);
+    }
+    se = warp_sum(se);
+    sx = warp_sum(sx);
+    if (lane != 0) continue;
+    const double l = isinf(mx) && mx < 0 ? mx : mx + log(se);
+    lse[r] = static_cast<T>(l);
+    const int64_t t = target[r];
+    if (t == ignore_index) {
+      loss[r] = T(0);
+    } else if (t < 0 || t >= C) {
+      loss[r] = static_cast<T>(NAN);
+    } else {
+      double v = l - (1 - eps) * static_cast<double>(x[t]);
+      if (eps > 0) v -= eps / static_cast<double>(C) * sx;
+      loss[r] = static_cast<T>(v);
+    }
+  }
+}
+
+template <typename T>
+__global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* target, const T* lse, const T* gl,
+                                              T* grad, int64_t R, int64_t C, int64_t ignore_index, double eps) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
+    const int64_t t = target[r];
+    const bool ignored = t == ignore_index || t < 0 || t >= C;
+    const T scale = gl[r], l = lse[r];
+    const T smooth = static_cast<T>(eps / static_cast<double>(C)), hit = static_cast<T>(1 - eps);
+    for (int64_t i = lane; i < C; i += 32) {
+      T v = T(0);
+      if (!ignored) {
+        v = (static_cast<T>(exp(static_cast<opmath_t<T>>(logits[r * C + i] - l))) - smooth) * scale;
+        if (i == t) v -= hit * scale;
+      }
+      grad[r * C + i] = v;
+    }
+  }
+}
+
+template <typename T>
+const T* ptr_or_null(const View& v) {
+  return v.data ? v.ptr<T>() : nullptr;
+}
+template <typename T>
+T* mut_or_null(const View& v) {
+  return v.data ? v.ptr<T>() : nullptr;
+}
+
+}  // namespace
+
+// ---- launchers ----
+
+void layer_norm_launch(const View& x, const View& residual, const View& weight, const View& bias, const View& out,
+                       const View& sum, const View& mean, const View& rstd, double eps, bool rms, const Stream& s) {
+  check_nn_dtype(x.dtype, "layer_norm");
+  const int64_t R = x.sizes[0], M = x.sizes[1];
+  if (R == 0 || M == 0) return;
+  KILN_DISPATCH_F32_F64(x.dtype, "layer_norm", [&] {
+    using T = scalar_t;
+    layer_norm_kernel<T><<<row_blocks(R), kThreads, 0, stream_of(s)>>>(
+        x.ptr<T>(), ptr_or_null<T>(residual), ptr_or_null<T>(weight), ptr_or_null<T>(bias), out.ptr<T>(),
+        mut_or_null<T>(sum), mean.ptr<T>(), rstd.ptr<T>(), R, M, eps, rms);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void layer_norm_backward_launch(const View& grad_out, const View& grad_sum, const View& h, const View& weight,
+                                const View& mean, const View& rstd, const View& grad_in, const View& grad_weight,
+                                const View& grad_bias, bool rms, const Stream& s) {
+  check_nn_dtype(h.dtype, "layer_norm backward");
+  const int64_t R = h.sizes[0], M = h.sizes[1];
+  if (R == 0 || M == 0) return;
+  cudaStream_t stream = stream_of(s);
+  KILN_DISPATCH_F32_F64(h.dtype, "layer_norm backward", [&] {
+    using T = scalar_t;
+    layer_norm_backward_kernel<T><<<row_blocks(R), kThreads, 0, stream>>>(
+        grad_out.ptr<T>(), ptr_or_null<T>(grad_sum), h.ptr<T>(), ptr_or_null<T>(weight), mean.ptr<T>(),
+        rstd.ptr<T>(), grad_in.ptr<T>(), R, M, rms);
+    KILN_CUDA_CHECK(cudaGetLastError());
+    T* gw = mut_or_null<T>(grad_weight);
+    T* gb = mut_or_null<T>(grad_bias);
+    if (!gw && !gb) return;
+    NormAffineTerms<T> f{grad_out.ptr<T>(), h.ptr<T>(), mean.ptr<T>(), rstd.ptr<T>(), M, gw != nullptr};
+    if (gw) {
+      column_sums<T>(f, R, M, gb ? 2 : 1, gw, gb, s.device.index, stream);
+    } else {
+      column_sums<T>(f, R, M, 1, gb, static_cast<T*>(nullptr), s.device.index, stream);
+    }
+  });
+}
+
+void bias_gelu_launch(const View& in, const View& bias, const View& out, bool tanh, const Stream& s) {
+  check_nn_dtype(in.dtype, "bias_gelu");
+  const int64_t n = in.numel(), N = in.sizes[1];
+  if (n == 0) return;
+  KILN_DISPATCH_F32_F64(in.dtype, "bias_gelu", [&] {
+    using T = scalar_t;
+    bias_gelu_kernel<T><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(in.ptr<T>(), bias.ptr<T>(), out.ptr<T>(), n,
+                                                                        N, tanh);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void bias_gelu_backward_launch(const View& grad_out, const View& in, const View& bias, const View& grad_in,
+                               const View& grad_bias, bool tanh, const Stream& s) {
+  check_nn_dtype(in.dtype, "bias_gelu backward");
+  const int64_t n = in.numel(), R = in.sizes[0], N = in.sizes[1];
+  if (n == 0) return;
+  cudaStream_t stream = stream_of(s);
+  KILN_DISPATCH_F32_F64(in.dtype, "bias_gelu backward", [&] {
+    using T = scalar_t;
+    bias_gelu_backward_kernel<T><<<blocks_for(n), kThreads, 0, stream>>>(grad_out.ptr<T>(), in.ptr<T>(),
+                                                                           bias.ptr<T>(), grad_in.ptr<T>(), n, N, tanh);
+    KILN_CUDA_CHECK(cudaGetLastError());
+    if (T* gb = mut_or_null<T>(grad_bias)) {
+      column_sums<T>(ColumnOf<T>{grad_in.ptr<T>(), N}, R, N, 1, gb, static_cast<T*>(nullptr), s.device.index,
+                     stream);
+    }
+  });
+}
+
+void cross_entropy_launch(const View& logits, const View& target, const View& loss, const View& lse,
+                          int64_t ignore_index, double label_smoothing, const Stream& s) {
+  check_nn_dtype(logits.dtype, "cross_entropy");
+  const int64_t R = logits.sizes[0], C = logits.sizes[1];
+  if (R == 0 || C == 0) return;
+  KILN_DISPATCH_F32_F64(logits.dtype, "cross_entropy", [&] {
+    using T = scalar_t;
+    cross_entropy_kernel<T><<<row_blocks(R), kThreads, 0, stream_of(s)>>>(
+        logits.ptr<T>(), target.ptr<int64_t>(), loss.ptr<T>(), lse.ptr<T>(), R, C, ignore_index, label_smoothing);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void cross_entropy_backward_launch(const View& logits, const View& target, const View& lse, const View& grad_loss,
+                                   const View& grad_logits, int64_t ignore_index, double label_smoothing,
+                                   const Stream& s) {
+  check_nn_dtype(logits.dtype, "cross_entropy backward");
+  const int64_t R = logits.sizes[0], C = logits.sizes[1];
+  if (R == 0 || C == 0) return;
+  KILN_DISPATCH_F32_F64(logits.dtype, "cross_entropy backward", [&] {
+    using T = scalar_t;
+    cross_entropy_backward_kernel<T><<<row_blocks(R), kThreads, 0, stream_of(s)>>>(
+        logits.ptr<T>(), target.ptr<int64_t>(), lse.ptr<T>(), grad_loss.ptr<T>(), grad_logits.ptr<T>(), R, C,
+        ignore_index, label_smoothing);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+}  // namespace kiln::cuda

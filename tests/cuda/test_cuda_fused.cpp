@@ -1,0 +1,119 @@
+// tests/cuda/test_cuda_fused.cpp: the fused kernels of cuda/fused.cu (layer_norm, rms_norm,
+// add_layer_norm, bias_gelu, softmax_cross_entropy) on cuda:0 against the CPU's fused kernels (which
+// tests/ops/test_fused.cpp checks against the unfused compositions), forward and every gradient, in
+// float64 and float32, at odd sizes and rows longer than a warp's stride; the target check; and the
+// composed CUDA path (fusion off) against the fused one. Skipped (exit 77) without a GPU.
+#include "support.h"
+
+using namespace kiln;
+using autograd::TensorList;
+
+namespace {
+
+const Device kGpu = Device::cuda(0);
+
+struct FusionGuard {
+  explicit FusionGuard(bool on) : previous(fusion_enabled()) { set_fusion(on); }
+  ~FusionGuard() { set_fusion(previous); }
+  bool previous;
+};
+
+using Fn = std::function<TensorList(const TensorList&)>;
+
+// fn on CPU leaves and on their copies on cuda:0 (both fused); outputs and gradients compared.
+void check_gpu_equals_cpu(const Fn& fn, const TensorList& inputs, uint64_t seed, bool fused_gpu = true) {
+  auto run = [&](Device device, bool fused) {
+    FusionGuard guard(fused);
+    TensorList leaves;
+    std::vector<Tensor> wrt;
+    for (const Tensor& t : inputs) {
+      Tensor l = t.to(device).clone();
+      if (l.is_floating_point()) {
+        l.requires_grad_();
+        wrt.push_back(l);
+      }
+      leaves.push_back(l);
+    }
+    TensorList out = fn(leaves);
+    Generator gen(seed);
+    std::vector<Tensor> cots;
+    for (auto& o : out) cots.push_back(randn(o.sizes(), o.dtype(), &gen).to(device));
+    TensorList grads = autograd::grad(std::vector<Tensor>(out.begin(), out.end()), wrt, cots);
+    return std::make_pair(out, grads);
+  };
+  auto [cpu_out, cpu_grads] = run(Device::cpu(), true);
+  auto [gpu_out, gpu_grads] = run(kGpu, fused_gpu);
+  const test::Tolerance tol =
+      inputs[0].dtype() == kFloat64 ? test::Tolerance{1e-11, 1e-11} : test::Tolerance{2e-5, 2e-5};
+  for (size_t i = 0; i < cpu_out.size(); ++i) {
+    INFO("output " << i);
+    test::check_close(gpu_out[i].cpu(), cpu_out[i], tol);
+  }
+  for (size_t i = 0; i < cpu_grads.size(); ++i) {
+    INFO("gradient " << i);
+    test::check_close(gpu_grads[i].cpu(), cpu_grads[i], tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("fused layer_norm, rms_norm and add_layer_norm on cuda:0 equal the CPU's", "[gpu][fused]") {
+  for (DType dt : {kFloat64, kFloat32}) {
+    for (auto [rows, m] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 33}, {1023, 128}, {9, 4097}}) {
+      INFO(dtype_name(dt) << ", rows " << rows << ", M " << m);
+      Generator gen(static_cast<uint64_t>(rows + m));
+      Tensor x = randn({rows, m}, dt, &gen) * 2 + 100, r = randn({rows, m}, dt, &gen);
+      Tensor w = randn({m}, dt, &gen), b = randn({m}, dt, &gen);
+      check_gpu_equals_cpu([m](const TensorList& t) -> TensorList { return {layer_norm(t[0], {m}, t[1], t[2])}; },
+                           {x, w, b}, 1);
+      check_gpu_equals_cpu([m](const TensorList& t) -> TensorList { return {layer_norm(t[0], {m}, t[1])}; }, {x, w}, 2);
+      check_gpu_equals_cpu([m](const TensorList& t) -> TensorList { return {rms_norm(t[0], {m}, t[1])}; }, {x, w}, 3);
+      check_gpu_equals_cpu(
+          [m](const TensorList& t) -> TensorList {
+            auto [h, y] = add_layer_norm(t[0], t[1], {m}, t[2], t[3]);
+            return {h, y};
+          },
+          {x, r, w, b}, 4);
+      // The composed CUDA path (fusion off) against the CPU's fused kernel.
+      check_gpu_equals_cpu([m](const TensorList& t) -> TensorList { return {layer_norm(t[0], {m}, t[1], t[2])}; },
+                           {x, w, b}, 5, false);
+    }
+  }
+}
+
+TEST_CASE("fused bias_gelu on cuda:0 equals the CPU's", "[gpu][fused]") {
+  for (DType dt : {kFloat64, kFloat32}) {
+    for (const char* approx : {"none", "tanh"}) {
+      for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 13}, {2048, 512}}) {
+        INFO(dtype_name(dt) << ", " << approx << ", rows " << rows << ", N " << n);
+        Generator gen(static_cast<uint64_t>(rows * 3 + n));
+        Tensor x = randn({rows, n}, dt, &gen) * 3, b = randn({n}, dt, &gen);
+        check_gpu_equals_cpu([approx](const TensorList& t) -> TensorList { return {bias_gelu(t[0], t[1], approx)}; },
+                             {x, b}, 6);
+      }
+    }
+  }
+}
+
+TEST_CASE("fused softmax_cross_entropy on cuda:0 equals the CPU's; bad targets are an Error", "[gpu][fused]") {
+  for (DType dt : {kFloat64, kFloat32}) {
+    for (double eps : {0.0, 0.1}) {
+      for (auto [rows, c] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {9, 7}, {2048, 256}, {5, 50257}}) {
+        INFO(dtype_name(dt) << ", eps " << eps << ", rows " << rows << ", C " << c);
+        Generator gen(static_cast<uint64_t>(rows + c));
+        Tensor logits = randn({rows, c}, dt, &gen) * 4;
+        Tensor target = randint(0, c, {rows}, kInt64, &gen);
+        if (rows > 2) target[1].fill_(-100);
+        Tensor tg = target.to(kGpu);
+        check_gpu_equals_cpu(
+            [&](const TensorList& t) -> TensorList {
+              return {softmax_cross_entropy(t[0], t[0].device().is_cpu() ? target : tg, -100, eps)};
+            },
+            {logits}, 7);
+      }
+    }
+  }
+  Tensor logits = zeros({3, 4}, TensorOptions().device(kGpu));
+  test::check_error([&] { softmax_cross_entropy(logits, from_vector<int64_t>({0, 4, 1}, {3}).to(kGpu)); },
+                    {"cross_entropy", "target 4 at position 1", "[0, 4)"});
+}

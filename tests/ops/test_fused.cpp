@@ -1,0 +1,271 @@
+// tests/ops/test_fused.cpp: the fused kernels of cpu/fused.cpp behind layer_norm, rms_norm,
+// add_layer_norm, bias_gelu and softmax_cross_entropy. Each is checked against its unfused composition
+// (the same op with set_fusion(false), whose pieces the op table checks against PyTorch), forward and
+// every gradient with a random cotangent, in float64 to 1e-12 and in float32 to 1e-5, at odd sizes;
+// gradcheck and gradgradcheck (the create_graph path) in float64; column sums that do not depend on the
+// thread count; and the errors.
+#include <cmath>
+
+#include "support.h"
+
+using namespace kiln;
+using autograd::TensorList;
+
+namespace {
+
+struct FusionGuard {
+  explicit FusionGuard(bool on) : previous(fusion_enabled()) { set_fusion(on); }
+  ~FusionGuard() { set_fusion(previous); }
+  bool previous;
+};
+
+struct ThreadsGuard {
+  explicit ThreadsGuard(int n) : previous(get_num_threads()) { set_num_threads(n); }
+  ~ThreadsGuard() { set_num_threads(previous); }
+  int previous;
+};
+
+test::Tolerance tol_for(DType dt) { return dt == kFloat64 ? test::Tolerance{1e-12, 1e-12} : test::Tolerance{1e-5, 1e-5}; }
+
+// Runs fn on fresh leaves (copies of `inputs`, requiring grad where `grad` says) with fusion on and
+// off, and checks the outputs and the gradients of <outputs, cotangents> for every leaf.
+using Fn = std::function<TensorList(const TensorList&)>;
+void check_fused_equals_composed(const Fn& fn, const TensorList& inputs, const std::vector<bool>& grad,
+                                 uint64_t seed) {
+  auto run = [&](bool fused) {
+    FusionGuard guard(fused);
+    TensorList leaves;
+    std::vector<Tensor> wrt;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      Tensor t = inputs[i].defined() ? inputs[i].clone() : Tensor();
+      if (t.defined() && grad[i]) {
+        t.requires_grad_();
+        wrt.push_back(t);
+      }
+      leaves.push_back(t);
+    }
+    TensorList out = fn(leaves);
+    Generator gen(seed);
+    std::vector<Tensor> outs, cots;
+    for (auto& o : out) {
+      outs.push_back(o);
+      cots.push_back(randn(o.sizes(), o.dtype(), &gen));
+    }
+    TensorList grads = autograd::grad(outs, wrt, cots);
+    return std::make_pair(out, grads);
+  };
+  auto [fused_out, fused_grads] = run(true);
+  auto [plain_out, plain_grads] = run(false);
+  const test::Tolerance tol = tol_for(inputs[0].dtype());
+  for (size_t i = 0; i < fused_out.size(); ++i) {
+    INFO("output " << i);
+    test::check_close(fused_out[i], plain_out[i], tol);
+  }
+  REQUIRE(fused_grads.size() == plain_grads.size());
+  for (size_t i = 0; i < fused_grads.size(); ++i) {
+    INFO("gradient " << i);
+    test::check_close(fused_grads[i], plain_grads[i], tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("layer_norm and rms_norm: the fused kernel equals the composition, forward and backward",
+          "[ops][fused]") {
+  for (DType dt : {kFloat64, kFloat32}) {
+    for (auto [rows, m] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 5}, {33, 1023}, {70, 128}}) {
+      for (int affine = 0; affine < 3; ++affine) {  // weight and bias, weight only, neither
+        INFO(dtype_name(dt) << ", rows " << rows << ", M " << m << ", affine " << affine);
+        Generator gen(static_cast<uint64_t>(rows * 31 + m));
+        Tensor x = randn({rows, m}, dt, &gen) * 3 + 5;  // |mean| > std, as the statistics must handle
+        Tensor w = affine < 2 ? randn({m}, dt, &gen) : Tensor();
+        Tensor b = affine < 1 ? randn({m}, dt, &gen) : Tensor();
+        check_fused_equals_composed(
+            [m](const TensorList& t) -> TensorList { return {layer_norm(t[0], {m}, t[1], t[2], 1e-5)}; }, {x, w, b},
+            {true, true, true}, 7);
+        check_fused_equals_composed([m](const TensorList& t) -> TensorList { return {rms_norm(t[0], {m}, t[1])}; },
+                                    {x, w}, {true, true}, 8);
+      }
+    }
+  }
+  // A 3-D input normalised over its last two dims, with a transposed (non-contiguous) input.
+  Generator gen(3);
+  Tensor x = randn({5, 4, 6}, kFloat64, &gen).transpose(1, 2);
+  Tensor w = randn({6, 4}, kFloat64, &gen), b = randn({6, 4}, kFloat64, &gen);
+  check_fused_equals_composed(
+      [](const TensorList& t) -> TensorList { return {layer_norm(t[0], {6, 4}, t[1], t[2], 1e-5)}; }, {x, w, b},
+      {true, true, true}, 9);
+}
+
+TEST_CASE("add_layer_norm: the residual add and the norm equal their composition", "[ops][fused]") {
+  for (DType dt : {kFloat64, kFloat32}) {
+    for (int64_t m : {1, 7, 128, 1023}) {
+      INFO(dtype_name(dt) << ", M " << m);
+      Generator gen(static_cast<uint64_t>(m));
+      Tensor x = randn({3, 11, m}, dt, &gen), r = randn({3, 11, m}, dt, &gen);
+      Tensor w = randn({m}, dt, &gen), b = randn({m}, dt, &gen);
+      auto both = [m](const TensorList& t) -> TensorList {
+        auto [h, y] = add_layer_norm(t[0], t[1], {m}, t[2], t[3]);
+        return {h, y};
+      };
+      check_fused_equals_composed(both, {x, r, w, b}, {true, true, true, true}, 11);
+      // Only the normalised output used (the sum's gradient never arrives), then only the sum.
+      check_fused_equals_composed(
+          [m](const TensorList& t) -> TensorList { return {std::get<1>(add_layer_norm(t[0], t[1], {m}, t[2], t[3]))}; },
+          {x, r, w, b}, {true, true, true, true}, 12);
+      check_fused_equals_composed(
+          [m](const TensorList& t) -> TensorList {
+            return {std::get<0>(add_layer_norm(t[0], t[1], {m}, t[2], t[3])) * 2};
+          },
+          {x, r, w, b}, {true, false, false, false}, 13);
+    }
+  }
+  // The sum is x + residual exactly, and the norm is layer_norm of it.
+  Tensor x = test::sample({4, 9}, kFloat32, 0.1), r = test::sample({4, 9}, kFloat32, 0.7);
+  auto [h, y] = add_layer_norm(x, r, {9});
+  test::check_equal(h, x + r);
+  test::check_close(y, layer_norm(x + r, {9}), {1e-6, 1e-6});
+}
+
+TEST_CASE("bias_gelu: gelu(x + bias) fused equals the composition, both forms", "[ops][fused]") {
+  for (DType dt : {kFloat64, kFloat32}) {
+    for (const char* approx : {"none", "tanh"}) {
+      for (auto [rows, n] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {7, 13}, {65, 1023}}) {
+        INFO(dtype_name(dt) << ", " << approx << ", rows " << rows << ", N " << n);
+        Generator gen(static_cast<uint64_t>(rows + n));
+        Tensor x = randn({rows, n}, dt, &gen) * 3;  // both sides of -1, where the erf form switches
+        Tensor b = randn({n}, dt, &gen);
+        check_fused_equals_composed(
+            [approx](const TensorList& t) -> TensorList { return {bias_gelu(t[0], t[1], approx)}; }, {x, b},
+            {true, true}, 21);
+      }
+    }
+  }
+  // A 3-D input: the bias runs along the last dim; equal to gelu(x + b) with fusion on too.
+  Tensor x = test::sample({2, 3, 5}, kFloat64, 0.3), b = test::sample({5}, kFloat64, 1.1);
+  test::check_close(bias_gelu(x, b), gelu(x + b), {1e-15, 1e-15});
+}
+
+TEST_CASE("softmax_cross_entropy: the fused rows equal the composition", "[ops][fused]") {
+  for (DType dt : {kFloat64, kFloat32}) {
+    for (double eps : {0.0, 0.1}) {
+      for (auto [rows, c] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {9, 7}, {64, 256}, {5, 4097}}) {
+        INFO(dtype_name(dt) << ", eps " << eps << ", rows " << rows << ", C " << c);
+        Generator gen(static_cast<uint64_t>(rows * 7 + c));
+        Tensor logits = randn({rows, c}, dt, &gen) * 4;
+        Tensor target = randint(0, c, {rows}, kInt64, &gen);
+        if (rows > 2) target[1].fill_(-100);  // an ignored row: loss 0, no gradient
+        check_fused_equals_composed(
+            [target, eps](const TensorList& t) -> TensorList { return {softmax_cross_entropy(t[0], target, -100, eps)}; },
+            {logits}, {true}, 31);
+      }
+    }
+  }
+}
+
+TEST_CASE("softmax_cross_entropy: values against log_softmax, ignore_index, large logits", "[ops][fused]") {
+  // loss = -(1 - eps) logp[t] - eps / C sum logp, from log_softmax (the op table's) in float64.
+  Tensor logits = test::sample({6, 5}, kFloat64, 0.2) * 10;
+  Tensor target = from_vector<int64_t>({4, 0, 7, 2, 1, 3}, {6});
+  const double eps = 0.2;
+  Tensor loss = softmax_cross_entropy(logits, target, 7, eps);
+  Tensor logp = log_softmax(logits, 1);
+  for (int64_t r = 0; r < 6; ++r) {
+    const int64_t t = target[r].item<int64_t>();
+    const double want = t == 7 ? 0.0 : -(1 - eps) * logp[r][t].item<double>() - eps / 5 * logp[r].sum().item<double>();
+    CHECK(loss[r].item<double>() == Approx(want).epsilon(1e-14).margin(1e-14));
+  }
+  // float32 logits of 1e4 do not overflow: the row's max is taken out first.
+  Tensor big = from_vector<float>({1e4f, -1e4f, 0.0f, 1e4f - 1.0f}, {1, 4});
+  Tensor l = softmax_cross_entropy(big, from_vector<int64_t>({3}, {1}));
+  CHECK(l.item<float>() == Approx(1.0 + std::log1p(std::exp(-1.0))).epsilon(1e-6));
+  // int32 targets are taken as well.
+  test::check_equal(softmax_cross_entropy(logits, target.to(kInt32), 7, eps), loss);
+}
+
+TEST_CASE("nn::functional::cross_entropy through the fused rows equals the unfused path", "[ops][fused]") {
+  Generator gen(5);
+  Tensor logits = randn({12, 10}, kFloat64, &gen);
+  Tensor target = randint(0, 10, {12}, kInt64, &gen);
+  target[3].fill_(-100);
+  for (const char* reduction : {"mean", "sum", "none"}) {
+    for (double eps : {0.0, 0.3}) {
+      INFO(reduction << ", eps " << eps);
+      nn::CrossEntropyOptions o{.reduction = reduction, .label_smoothing = eps};
+      check_fused_equals_composed(
+          [&](const TensorList& t) -> TensorList { return {nn::functional::cross_entropy(t[0], target, o)}; },
+          {logits}, {true}, 41);
+      // The same as the weighted path with all weights 1 (ops' nll, which the nn goldens check).
+      o.weight = ones({10}, kFloat64);
+      Tensor weighted = nn::functional::cross_entropy(logits, target, o);
+      o.weight = {};
+      test::check_close(nn::functional::cross_entropy(logits, target, o), weighted, {1e-12, 1e-12});
+    }
+  }
+}
+
+TEST_CASE("fused ops: gradcheck and gradgradcheck in float64", "[ops][fused]") {
+  FusionGuard fused(true);
+  Generator gen(17);
+  Tensor x = randn({4, 6}, kFloat64, &gen).requires_grad_();
+  Tensor r = randn({4, 6}, kFloat64, &gen).requires_grad_();
+  Tensor w = randn({6}, kFloat64, &gen).requires_grad_();
+  Tensor b = randn({6}, kFloat64, &gen).requires_grad_();
+  autograd::DifferentiableFn ln = [](const TensorList& t) -> TensorList { return {layer_norm(t[0], {6}, t[1], t[2])}; };
+  CHECK(autograd::gradcheck(ln, {x, w, b}));
+  CHECK(autograd::gradgradcheck(ln, {x, w, b}));
+  autograd::DifferentiableFn rms = [](const TensorList& t) -> TensorList { return {rms_norm(t[0], {6}, t[1])}; };
+  CHECK(autograd::gradcheck(rms, {x, w}));
+  CHECK(autograd::gradgradcheck(rms, {x, w}));
+  autograd::DifferentiableFn add_ln = [](const TensorList& t) -> TensorList {
+    auto [h, y] = add_layer_norm(t[0], t[1], {6}, t[2], t[3]);
+    return {h, y};
+  };
+  CHECK(autograd::gradcheck(add_ln, {x, r, w, b}));
+  CHECK(autograd::gradgradcheck(add_ln, {x, r, w, b}));
+  for (const char* approx : {"none", "tanh"}) {
+    autograd::DifferentiableFn bg = [approx](const TensorList& t) -> TensorList { return {bias_gelu(t[0], t[1], approx)}; };
+    CHECK(autograd::gradcheck(bg, {x, b}));
+    CHECK(autograd::gradgradcheck(bg, {x, b}));
+  }
+  Tensor target = from_vector<int64_t>({2, -100, 5, 0}, {4});
+  autograd::DifferentiableFn ce = [target](const TensorList& t) -> TensorList {
+    return {softmax_cross_entropy(t[0], target, -100, 0.1)};
+  };
+  CHECK(autograd::gradcheck(ce, {x}));
+  CHECK(autograd::gradgradcheck(ce, {x}));
+}
+
+TEST_CASE("fused ops: the column sums do not depend on the thread count", "[ops][fused]") {
+  FusionGuard fused(true);
+  Generator gen(23);
+  Tensor x = randn({301, 96}, kFloat32, &gen), w = randn({96}, kFloat32, &gen), b = randn({96}, kFloat32, &gen);
+  Tensor cot = randn({301, 96}, kFloat32, &gen);
+  auto grads = [&](int threads) {
+    ThreadsGuard t(threads);
+    Tensor xl = x.clone().requires_grad_(), wl = w.clone().requires_grad_(), bl = b.clone().requires_grad_();
+    TensorList g = autograd::grad({layer_norm(xl, {96}, wl, bl)}, {xl, wl, bl}, {cot});
+    TensorList g2 = autograd::grad({bias_gelu(xl, bl)}, {xl, bl}, {cot});
+    g.insert(g.end(), g2.begin(), g2.end());
+    return g;
+  };
+  TensorList one = grads(1), two = grads(2), three = grads(3);
+  for (size_t i = 0; i < one.size(); ++i) {
+    INFO("gradient " << i);
+    test::check_equal(two[i], one[i]);
+    test::check_equal(three[i], one[i]);
+  }
+}
+
+TEST_CASE("fused ops: errors name what is wrong", "[ops][fused]") {
+  Tensor x = zeros({3, 4});
+  test::check_error([&] { bias_gelu(x, zeros({3})); }, {"bias_gelu", "bias must be 1-D", "[3, 4]", "[3]"});
+  test::check_error([&] { bias_gelu(x, zeros({4}), "fast"); }, {"bias_gelu", "approximate", "fast"});
+  test::check_error([&] { add_layer_norm(x, zeros({4, 3}), {4}); }, {"add_layer_norm", "one shape"});
+  test::check_error([&] { add_layer_norm(x, zeros({3, 4}), {3}); }, {"normalized_shape", "last 1 dims"});
+  test::check_error([&] { softmax_cross_entropy(x, from_vector<int64_t>({0, 4, 1}, {3})); },
+                    {"cross_entropy", "target 4 at position 1", "[0, 4)"});
+  test::check_error([&] { softmax_cross_entropy(x, zeros({3})); }, {"softmax_cross_entropy", "int64", "float32"});
+  test::check_error([&] { softmax_cross_entropy(x, from_vector<int64_t>({0, 1}, {2})); },
+                    {"softmax_cross_entropy", "shape (3)"});
+}
