@@ -35,6 +35,13 @@ constexpr int64_t kBlock = 64;
 template <typename T>
 using Row = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
 
+// Block scratch aligned for Eigen's vector loops. Those start at the first aligned element and do
+// the ones before it (and the tail) in scalar code, whose exp can differ from the vector exp in the
+// last bit, and whose sum adds in another order. On a plain heap buffer that split would follow the
+// buffer's address, and so would the results; aligned, it follows the row's offset alone.
+template <typename T>
+using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
+
 // How many of the block's `cols` key columns (from k0) query row q0 + r may see: all of them, or with
 // causal those up to its own position. The columns past that are zeroed in the block, never exp'd.
 int64_t visible(int64_t r, int64_t cols, int64_t q0, int64_t k0, bool causal) {
@@ -54,7 +61,8 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
   const T scale = static_cast<T>(args.scale);
   const int64_t q_blocks = (L + kBlock - 1) / kBlock;
   parallel_for(0, B * q_blocks, 1, [&](int64_t t0, int64_t t1) {
-    std::vector<T> scores(kBlock * kBlock), acc(kBlock * Ev), m(kBlock), l(kBlock);
+    Scratch<T> scores(kBlock * kBlock), acc(kBlock * Ev);
+    std::vector<T> m(kBlock), l(kBlock);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / q_blocks, q0 = (t % q_blocks) * kBlock, rows = std::min(kBlock, L - q0);
       const T* qb = q + (b * L + q0) * E;
@@ -103,7 +111,8 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
   T *gq = gqv.ptr<T>(), *gk = gkv.ptr<T>(), *gv = gvv.ptr<T>();
   const T scale = static_cast<T>(args.scale);
   parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<T> p(kBlock * kBlock), dp(kBlock * kBlock), D(L);
+    Scratch<T> p(kBlock * kBlock), dp(kBlock * kBlock);
+    std::vector<T> D(L);
     for (int64_t b = b0; b < b1; ++b) {
       const T *qb = q + b * L * E, *kb = k + b * S * E, *vb = v + b * S * Ev, *gob = gout + b * L * Ev;
       T *gqb = gq + b * L * E, *gkb = gk + b * S * E, *gvb = gv + b * S * Ev;

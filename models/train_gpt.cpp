@@ -197,6 +197,9 @@ int run(int argc, char** argv) {
   if (ckpt) {
     model.load_state_dict(ckpt->model);
     opt.load_state_dict(ckpt->optimizer);
+    // The loss scale and its counters go on where they were; a checkpoint from before they were saved
+    // (or from a run without fp16) has none, and the scaler starts afresh.
+    if (!ckpt->scaler.empty()) scaler.load_state_dict(ckpt->scaler);
     windows.set_state(ckpt->rng);
     step = ckpt->step;
     const json extra = json::parse(ckpt->extra);
@@ -230,6 +233,7 @@ int run(int argc, char** argv) {
     train::Checkpoint c;
     c.model = model.state_dict();
     c.optimizer = opt.state_dict();
+    c.scaler = scaler.state_dict();  // empty unless fp16
     c.step = step;
     c.rng = windows.get_state();
     c.config = json(r).dump();
@@ -259,7 +263,10 @@ int run(int argc, char** argv) {
                 r.offload_activations ? ", activation offload" : "",
                 r.autocast == "none" ? "" : fmt::format(", autocast {}", r.autocast).c_str(), r.fusion ? "" : ", fusion off",
                 r.clip > 0 ? fmt::format(", clip {}", r.clip).c_str() : "",
-                ckpt ? fmt::format(", resumed at step {}", step).c_str() : "");
+                ckpt ? fmt::format(", resumed at step {}{}", step,
+                                   scaler.is_enabled() ? fmt::format(" (loss scale {})", scaler.get_scale())
+                                                       : "").c_str()
+                     : "");
   }
 
   const bool terminal = !quiet && train::is_terminal(stdout);

@@ -59,6 +59,8 @@ void save_checkpoint(const std::string& dir, const Checkpoint& c) {
   safetensors::save_file(c.optimizer, (d / "optimizer.safetensors").string());
   const bool has_scheduler = !c.scheduler.empty();
   if (has_scheduler) safetensors::save_file(c.scheduler, (d / "scheduler.safetensors").string());
+  const bool has_scaler = !c.scaler.empty();
+  if (has_scaler) safetensors::save_file(c.scaler, (d / "scaler.safetensors").string());
 
   json m;
   m["format"] = kFormat;
@@ -69,6 +71,7 @@ void save_checkpoint(const std::string& dir, const Checkpoint& c) {
   m["rng"] = {{"seed", c.rng.seed}, {"offset", c.rng.offset}};
   m["files"] = {{"model", "model.safetensors"}, {"optimizer", "optimizer.safetensors"}};
   if (has_scheduler) m["files"]["scheduler"] = "scheduler.safetensors";
+  if (has_scaler) m["files"]["scaler"] = "scaler.safetensors";
   m["config"] = c.config.empty() ? json::object() : json::parse(c.config);
   m["trainer"] = c.extra.empty() ? json::object() : json::parse(c.extra);
   write_file_atomic((d / "checkpoint.json").string(), m.dump(2) + "\n");
@@ -106,6 +109,9 @@ Checkpoint load_checkpoint(const std::string& dir) {
     c.optimizer = safetensors::load_file((d / files.at("optimizer").get<std::string>()).string());
     if (files.contains("scheduler")) {
       c.scheduler = safetensors::load_file((d / files.at("scheduler").get<std::string>()).string());
+    }
+    if (files.contains("scaler")) {
+      c.scaler = safetensors::load_file((d / files.at("scaler").get<std::string>()).string());
     }
     c.config = m.at("config").dump();
     c.extra = m.at("trainer").dump();

@@ -5,6 +5,7 @@
 //   model.safetensors      the model's state_dict (parameters and buffers)
 //   optimizer.safetensors  the optimizer's state_dict (state tensors, group hyperparameters, steps)
 //   scheduler.safetensors  the learning-rate scheduler's counters (absent when there is none)
+//   scaler.safetensors     the float16 GradScaler's scale and counters (absent when there is none)
 //   checkpoint.json        the manifest: format, step, epoch, data-loader position, RNG state, the
 //                          run's configuration and the trainer's running sums
 // Every file is written atomically (temporary file, fsync, rename) and the manifest last, so a
@@ -22,6 +23,7 @@ namespace kiln::train {
 
 struct Checkpoint {
   TensorDict model, optimizer, scheduler;
+  TensorDict scaler;  // optim::GradScaler::state_dict(); empty without one (and from older checkpoints)
   int64_t step = 0;   // optimizer steps taken
   int64_t epoch = 0;  // epochs finished
   data::DataLoader::State loader;

@@ -2,6 +2,7 @@
 // N steps, save, load, N steps equals 2N steps bit for bit.
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "models/train/checkpoint.h"
 #include "models/train/flags.h"
@@ -109,6 +110,49 @@ TEST_CASE("load_checkpoint names what is missing or damaged") {
   check_error([&] { train::load_checkpoint(dir); }, {"is not a Kiln checkpoint manifest"});
   train::write_file_atomic(dir + "/checkpoint.json", "{\"format\": \"kiln-checkpoint\", \"version\": 1}");
   check_error([&] { train::load_checkpoint(dir); }, {"a field is missing", "damaged"});
+}
+
+TEST_CASE("A checkpoint keeps a GradScaler's state; one saved without it loads with none") {
+  // A scaler part-way through DeepSpeed's rule: one overflow absorbed by the hysteresis, then a
+  // second that halves the scale, then a good step.
+  optim::GradScaler scaler;
+  Tensor w = ones({2}).requires_grad_();
+  optim::SGD opt({w}, {.lr = 0.1});
+  for (double g : {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::infinity(), 1.0}) {
+    opt.zero_grad();
+    scaler.scale((w * g).sum()).backward();
+    scaler.step(opt);
+    scaler.update();
+  }
+  REQUIRE(scaler.get_scale() == 32768);
+  REQUIRE(scaler.skipped_steps() == 2);
+
+  const std::string dir = scratch_dir("scaler-ckpt");
+  train::Checkpoint c;
+  c.model = TensorDict{{"w", w.detach()}};
+  c.optimizer = opt.state_dict();
+  c.scaler = scaler.state_dict();
+  train::save_checkpoint(dir, c);
+  CHECK(fs::exists(dir + "/scaler.safetensors"));
+  train::Checkpoint back = train::load_checkpoint(dir);
+  REQUIRE(back.scaler.size() == c.scaler.size());  // (the file keeps the keys sorted)
+  for (const auto& [name, t] : c.scaler) {
+    INFO(name);
+    check_equal(back.scaler.at(name), t);
+  }
+  optim::GradScaler resumed;
+  resumed.load_state_dict(back.scaler);
+  CHECK(resumed.get_scale() == 32768);
+  CHECK(resumed.skipped_steps() == 2);
+  CHECK(resumed.cur_hysteresis() == 1);
+
+  // Without a scaler (kiln-train's checkpoints, and train_gpt's before it saved one): no file, and
+  // the loaded field is empty, so a resumed fp16 run starts a fresh scaler.
+  const std::string plain = scratch_dir("plain-ckpt");
+  c.scaler = {};
+  train::save_checkpoint(plain, c);
+  CHECK_FALSE(fs::exists(plain + "/scaler.safetensors"));
+  CHECK(train::load_checkpoint(plain).scaler.empty());
 }
 
 TEST_CASE("Training resumed from a checkpoint equals training straight through, bit for bit") {

@@ -1,0 +1,88 @@
+# tests/models/gpt_resume_check.cmake: train_gpt --autocast fp16, stopped and resumed, equals one run
+# straight through, bit for bit, loss scale included: 3 steps, save, resume to 6 == 6 steps. On
+# windows of 2 bytes the float16 gradients of a tiny model overflow at the first scale (2^16), so the
+# GradScaler skips steps and changes its state before the stop. Then a checkpoint without the scaler
+# state (as those saved before train_gpt kept it) resumes with a fresh scaler, and its run differs.
+#   cmake -DPROGRAM=<train_gpt> -DWORK=<dir> -P gpt_resume_check.cmake
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+set(text "")
+foreach(i RANGE 1 40)
+  string(APPEND text "Line ${i}: the quick brown fox jumps over the lazy dog; pack my box with five dozen jugs.\n")
+endforeach()
+file(WRITE ${WORK}/corpus.txt "${text}")
+set(model --n-layer 1 --n-head 2 --n-embd 32 --context 2 --batch-size 1 --autocast fp16 --corpus ${WORK}/corpus.txt)
+set(run --eval-batches 1 --sample 0 --threads 1)
+
+function(train_gpt out_var)
+  execute_process(COMMAND ${PROGRAM} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "train_gpt ${ARGN} failed (${rc}):\n${out}\n${err}")
+  endif()
+  set(${out_var} "${out}" PARENT_SCOPE)
+endfunction()
+
+# The last line's numbers: "train loss L, validation loss V; loss scale S, K steps skipped".
+function(summary out_var text)
+  if(NOT text MATCHES "train loss [0-9.]+, validation loss [0-9.]+; loss scale ([0-9]+), ([0-9]+) steps skipped")
+    message(FATAL_ERROR "no loss scale in:\n${text}")
+  endif()
+  set(${out_var} "${CMAKE_MATCH_0}" PARENT_SCOPE)
+  set(${out_var}_scale "${CMAKE_MATCH_1}" PARENT_SCOPE)
+  set(${out_var}_skipped "${CMAKE_MATCH_2}" PARENT_SCOPE)
+endfunction()
+
+# Which of the checkpoint files differ between two checkpoint directories.
+function(differing out_var a b)
+  set(names "")
+  foreach(f model optimizer scaler)
+    file(SHA256 ${a}/${f}.safetensors ha)
+    file(SHA256 ${b}/${f}.safetensors hb)
+    if(NOT ha STREQUAL hb)
+      list(APPEND names ${f})
+    endif()
+  endforeach()
+  set(${out_var} "${names}" PARENT_SCOPE)
+endfunction()
+
+train_gpt(out ${model} ${run} --steps 6 --out ${WORK}/straight)
+summary(straight "${out}")
+train_gpt(out ${model} ${run} --steps 3 --out ${WORK}/first)
+summary(first "${out}")
+if(first_skipped LESS 1)
+  message(FATAL_ERROR "the first 3 steps skipped none, so the scaler state at the stop is a fresh one's and "
+                      "the test shows nothing; a smaller --context or --n-embd overflows sooner:\n${out}")
+endif()
+file(COPY ${WORK}/first/checkpoint DESTINATION ${WORK}/old)
+
+train_gpt(out --resume ${WORK}/first/checkpoint ${run} --steps 6 --out ${WORK}/resumed)
+if(NOT out MATCHES "resumed at step 3 [(]loss scale ${first_scale}[)]")
+  message(FATAL_ERROR "the resumed run should start at step 3 with the loss scale ${first_scale}:\n${out}")
+endif()
+summary(resumed "${out}")
+if(NOT resumed STREQUAL straight)
+  message(FATAL_ERROR "resumed: '${resumed}'\nstraight through: '${straight}'")
+endif()
+differing(files ${WORK}/straight/checkpoint ${WORK}/resumed/checkpoint)
+if(files)
+  message(FATAL_ERROR "resumed and straight through, these checkpoint files differ: ${files}")
+endif()
+
+# A checkpoint from before the scaler state was kept: no scaler.safetensors, no "scaler" in the manifest.
+file(REMOVE ${WORK}/old/checkpoint/scaler.safetensors)
+file(READ ${WORK}/old/checkpoint/checkpoint.json manifest)
+string(REGEX REPLACE ",[ \n]*\"scaler\": \"scaler.safetensors\"" "" manifest "${manifest}")
+if(manifest MATCHES "scaler")
+  message(FATAL_ERROR "could not take the scaler out of the manifest:\n${manifest}")
+endif()
+file(WRITE ${WORK}/old/checkpoint/checkpoint.json "${manifest}")
+train_gpt(out --resume ${WORK}/old/checkpoint ${run} --steps 6 --out ${WORK}/old)
+if(NOT out MATCHES "resumed at step 3 [(]loss scale 65536[)]")
+  message(FATAL_ERROR "without a saved scaler the run should resume with a fresh scale, 65536:\n${out}")
+endif()
+differing(files ${WORK}/straight/checkpoint ${WORK}/old/checkpoint)
+list(FIND files model at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "a fresh scaler at step 3 should change the run (it skips steps again), but the model "
+                      "equals the straight run's")
+endif()
