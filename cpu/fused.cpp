@@ -33,19 +33,21 @@ using ConstRow = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
 // Rows per parallel piece so that a piece has at least ~16 K elements.
 int64_t row_grain(int64_t cols) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(cols, 1)); }
 
-// Column sums of an (R, N) matrix computed chunk by chunk: row_fn(r, acc0, acc1) adds row r's
-// contributions to the chunk's accumulators (acc1 null when only one sum is wanted), and the chunks
-// are then added in order into out0 / out1 (N, may be null).
+// Column sums of an (R, N) matrix computed chunk by chunk: row_fn(r, acc0, acc1, scratch) adds row r's
+// contributions to the chunk's accumulators (acc1 null when only one sum is wanted), with `scratch`
+// rows of N elements of T its own for the piece; the chunks are then added in order into out0 / out1
+// (N, may be null).
 template <typename T, typename RowFn>
-void chunked_column_sums(int64_t R, int64_t N, T* out0, T* out1, const RowFn& row_fn) {
+void chunked_column_sums(int64_t R, int64_t N, int scratch_rows, T* out0, T* out1, const RowFn& row_fn) {
   const int64_t chunks = (R + kChunk - 1) / kChunk;
   const int sums = out1 ? 2 : 1;
   std::vector<double> partial(static_cast<size_t>(chunks * N * sums), 0.0);
   parallel_for(0, chunks, std::max<int64_t>(1, row_grain(N) / kChunk), [&](int64_t c0, int64_t c1) {
+    std::vector<T> scratch(static_cast<size_t>(scratch_rows * N));
     for (int64_t c = c0; c < c1; ++c) {
       double* acc0 = partial.data() + c * N * sums;
       double* acc1 = sums == 2 ? acc0 + N : nullptr;
-      for (int64_t r = c * kChunk; r < std::min(R, (c + 1) * kChunk); ++r) row_fn(r, acc0, acc1);
+      for (int64_t r = c * kChunk; r < std::min(R, (c + 1) * kChunk); ++r) row_fn(r, acc0, acc1, scratch.data());
     }
   });
   if (!out0 && !out1) return;
@@ -150,24 +152,19 @@ void layer_norm_backward_typed(const View& gv, const View& gsv, const View& hv, 
       for (int64_t i = 0; i < M; ++i) acc_b[i] += gr[i];
     }
   };
-  thread_local std::vector<T> scratch;
-  auto with_scratch = [&](auto&& fn) {
-    if (scratch.size() < static_cast<size_t>(2 * M)) scratch.resize(static_cast<size_t>(2 * M));
-    fn(scratch.data(), scratch.data() + M);
-  };
+  // Scratch: two rows (xhat, gx) per parallel piece.
   if (!columns) {
     parallel_for(0, R, row_grain(M), [&](int64_t r0, int64_t r1) {
-      with_scratch([&](T* xhat, T* gx) {
-        for (int64_t r = r0; r < r1; ++r) row(r, nullptr, nullptr, xhat, gx);
-      });
+      std::vector<T> scratch(static_cast<size_t>(2 * M));
+      for (int64_t r = r0; r < r1; ++r) row(r, nullptr, nullptr, scratch.data(), scratch.data() + M);
     });
     return;
   }
   // Accumulators: (weight, bias) when both are wanted, else the one that is.
   T* out0 = gw ? gw : gb;
   T* out1 = gw && gb ? gb : nullptr;
-  chunked_column_sums<T>(R, M, out0, out1, [&](int64_t r, double* acc0, double* acc1) {
-    with_scratch([&](T* xhat, T* gx) { row(r, gw ? acc0 : nullptr, gw ? acc1 : acc0, xhat, gx); });
+  chunked_column_sums<T>(R, M, 2, out0, out1, [&](int64_t r, double* acc0, double* acc1, T* scratch) {
+    row(r, gw ? acc0 : nullptr, gw ? acc1 : acc0, scratch, scratch + M);
   });
 }
 
@@ -198,24 +195,23 @@ void bias_gelu_backward_typed(const View& gv, const View& inv, const View& biasv
   const T* bias = biasv.ptr<T>();
   T* gi = giv.ptr<T>();
   T* gb = gbv.ptr<T>();
-  thread_local std::vector<T> pre;
-  auto row = [&](int64_t r, double* acc) {
-    if (pre.size() < static_cast<size_t>(N)) pre.resize(static_cast<size_t>(N));
+  auto row = [&](int64_t r, double* acc, T* pre) {  // pre: a scratch row of N
     const T* x = in + r * N;
     for (int64_t i = 0; i < N; ++i) pre[i] = x[i] + bias[i];
     T* out = gi + r * N;
-    gelu_backward_run<T>(g + r * N, pre.data(), out, N, tanh);
+    gelu_backward_run<T>(g + r * N, pre, out, N, tanh);
     if (acc) {
       for (int64_t i = 0; i < N; ++i) acc[i] += out[i];
     }
   };
   if (!gb) {
     parallel_for(0, R, row_grain(N), [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) row(r, nullptr);
+      std::vector<T> pre(static_cast<size_t>(N));
+      for (int64_t r = r0; r < r1; ++r) row(r, nullptr, pre.data());
     });
     return;
   }
-  chunked_column_sums<T>(R, N, gb, nullptr, [&](int64_t r, double* acc, double*) { row(r, acc); });
+  chunked_column_sums<T>(R, N, 1, gb, nullptr, [&](int64_t r, double* acc, double*, T* pre) { row(r, acc, pre); });
 }
 
 // ======== cross_entropy ========
