@@ -11,6 +11,8 @@ Backend& backend_for(Device device);  // cpu::backend() or cuda::backend()
 Stream stream_for(Device device);     // the device's current stream
 
 View view_of(const Tensor& t);
+// view_of(t), or an absent view (data == nullptr) for an undefined tensor: an optional operand.
+inline View view_or_none(const Tensor& t) { return t.defined() ? view_of(t) : View{}; }
 // t's view stretched to `shape` (right-aligned, stride 0 where t has size 1 or no dim).
 View broadcast_view(const Tensor& t, const Shape& shape);
 

@@ -314,7 +314,7 @@ Tensor bias_gelu(const Tensor& input, const Tensor& bias, std::string_view appro
              if (gb.defined() && gi.numel() == 0) gb.zero_();
              if (gi.numel() > 0) {
                backend_for(xv.device()).bias_gelu_backward(view_of(go), view_of(xv), view_of(bv), view_of(gi),
-                                                           gb.defined() ? view_of(gb) : View{}, tanh_form,
+                                                           view_or_none(gb), tanh_form,
                                                            stream_for(xv.device()));
              }
              return {gi, gb};

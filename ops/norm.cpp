@@ -100,7 +100,6 @@ std::tuple<Tensor, Tensor> fused_norm(const Tensor& x2d, const Tensor& residual,
   Tensor b = bias.defined() ? bias.contiguous() : Tensor();
   const int64_t R = x.size(0), M = x.size(1);
   const Device device = x.device();
-  auto view_or_none = [](const Tensor& t) { return t.defined() ? view_of(t) : View{}; };
   Tensor out = empty_tensor({R, M}, x.dtype(), device);
   Tensor sum = res.defined() ? empty_tensor({R, M}, x.dtype(), device) : Tensor();
   Tensor mean = empty_tensor({R}, x.dtype(), device), rstd = empty_tensor({R}, x.dtype(), device);
@@ -147,10 +146,10 @@ std::tuple<Tensor, Tensor> fused_norm(const Tensor& x2d, const Tensor& residual,
                  const int64_t M = h.size(1);
                  if (want_w) gw = empty_tensor({M}, h.dtype(), h.device());
                  if (want_b) gb = empty_tensor({M}, h.dtype(), h.device());
-                 auto v = [](const Tensor& t) { return t.defined() ? view_of(t) : View{}; };
                  if (h.numel() > 0) {
-                   backend_for(h.device()).layer_norm_backward(view_of(go), v(gs), view_of(h), v(wv), view_of(mean),
-                                                               view_of(rstd), view_of(gi), v(gw), v(gb), rms,
+                   backend_for(h.device()).layer_norm_backward(view_of(go), view_or_none(gs), view_of(h),
+                                                               view_or_none(wv), view_of(mean), view_of(rstd),
+                                                               view_of(gi), view_or_none(gw), view_or_none(gb), rms,
                                                                stream_for(h.device()));
                  } else {
                    if (gw.defined()) gw.zero_();
@@ -168,9 +167,10 @@ std::tuple<Tensor, Tensor> fused_norm(const Tensor& x2d, const Tensor& residual,
   return {sum, out};
 }
 
-// The trailing-dims norms: input (..., normalized_shape).
-Tensor trailing_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
-                     double eps, bool rms, const char* op) {
+// The checks of a trailing-dims norm, input (..., normalized_shape) with an affine of
+// normalized_shape: returns M, the number of elements a row normalises.
+int64_t check_trailing(const Tensor& input, const Shape& normalized_shape, const Tensor& weight,
+                       const Tensor& bias, const char* op) {
   KILN_CHECK(is_floating(input.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(input.dtype()));
   const int k = normalized_shape.size();
   KILN_CHECK(k >= 1, "{}: normalized_shape must have at least one dim", op);
@@ -180,7 +180,13 @@ Tensor trailing_norm(const Tensor& input, const Shape& normalized_shape, const T
              normalized_shape.str(), k, input.sizes().str());
   check_affine(weight, "weight", normalized_shape, input, op);
   check_affine(bias, "bias", normalized_shape, input, op);
-  const int64_t M = normalized_shape.numel();
+  return normalized_shape.numel();
+}
+
+// The trailing-dims norms: input (..., normalized_shape).
+Tensor trailing_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
+                     double eps, bool rms, const char* op) {
+  const int64_t M = check_trailing(input, normalized_shape, weight, bias, op);
   const int64_t R = M == 0 ? 0 : input.numel() / M;
   if (fusable(input, weight, bias)) {
     auto flat = [M](const Tensor& t) { return t.defined() ? t.reshape({M}) : Tensor(); };
@@ -226,19 +232,7 @@ std::tuple<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residua
     Tensor h = x + residual;
     return {h, layer_norm(h, normalized_shape, weight, bias, eps)};
   }
-  // The checks of layer_norm, on the sum's shape (x's).
-  KILN_CHECK(x.dim() >= normalized_shape.size(), "{}: normalized_shape {} has more dims than the input {}", op,
-             normalized_shape.str(), x.sizes().str());
-  const int k = normalized_shape.size();
-  KILN_CHECK(k >= 1, "{}: normalized_shape must have at least one dim", op);
-  for (int i = 0; i < k; ++i) {
-    KILN_CHECK(x.sizes()[x.dim() - k + i] == normalized_shape[i],
-               "{}: normalized_shape {} must equal the last {} dims of the input, whose shape is {}", op,
-               normalized_shape.str(), k, x.sizes().str());
-  }
-  check_affine(weight, "weight", normalized_shape, x, op);
-  check_affine(bias, "bias", normalized_shape, x, op);
-  const int64_t M = normalized_shape.numel(), R = M == 0 ? 0 : x.numel() / M;
+  const int64_t M = check_trailing(x, normalized_shape, weight, bias, op), R = M == 0 ? 0 : x.numel() / M;
   auto flat = [M](const Tensor& t) { return t.defined() ? t.reshape({M}) : Tensor(); };
   auto [sum, out] = fused_norm(x.reshape({R, M}), residual.reshape({R, M}), flat(weight), flat(bias), eps, false);
   return {sum.reshape(x.sizes()), out.reshape(x.sizes())};

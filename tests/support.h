@@ -26,6 +26,22 @@ void check_equal(const Tensor& actual, const Tensor& expected);
 // fn() must throw kiln::Error whose message contains every one of `fragments`.
 void check_error(const std::function<void()>& fn, const std::vector<std::string>& fragments);
 
+// Scoped switches, restored at scope exit: kernel fusion (set_fusion) and the CPU pool's thread count.
+struct FusionGuard {
+  explicit FusionGuard(bool on) : previous(fusion_enabled()) { set_fusion(on); }
+  ~FusionGuard() { set_fusion(previous); }
+  FusionGuard(const FusionGuard&) = delete;
+  FusionGuard& operator=(const FusionGuard&) = delete;
+  bool previous;
+};
+struct ThreadsGuard {
+  explicit ThreadsGuard(int n) : previous(get_num_threads()) { set_num_threads(n); }
+  ~ThreadsGuard() { set_num_threads(previous); }
+  ThreadsGuard(const ThreadsGuard&) = delete;
+  ThreadsGuard& operator=(const ThreadsGuard&) = delete;
+  int previous;
+};
+
 // Deterministic, non-trivial values in (-2, 2) (no RNG needed): element i gets sin(1.3 i + seed).
 Tensor sample(const Shape& shape, DType dtype = kFloat32, double seed = 0.5);
 

@@ -6,17 +6,12 @@
 #include "support.h"
 
 using namespace kiln;
+using test::FusionGuard;
 using autograd::TensorList;
 
 namespace {
 
 const Device kGpu = Device::cuda(0);
-
-struct FusionGuard {
-  explicit FusionGuard(bool on) : previous(fusion_enabled()) { set_fusion(on); }
-  ~FusionGuard() { set_fusion(previous); }
-  bool previous;
-};
 
 using Fn = std::function<TensorList(const TensorList&)>;
 

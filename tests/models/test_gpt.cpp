@@ -21,6 +21,18 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// The tiny GPT the gradient tests share, with the gradients of one batch taken and then cleared.
+struct TinyGradRun {
+  GPT model{GPTConfig{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13}};
+  Tensor idx, targets;
+  std::vector<Tensor> grads;  // of GPT::loss(model(idx), targets), per parameter
+  explicit TinyGradRun(int64_t batch) : idx(randint(0, 13, {batch, 8})), targets(randint(0, 13, {batch, 8})) {
+    GPT::loss(model(idx), targets).backward();
+    for (const auto& p : model.parameters()) grads.push_back(p.grad().clone());
+    model.zero_grad();
+  }
+};
+
 std::string fixture(const std::string& name) { return std::string(KILN_TEST_FIXTURES) + "/" + name; }
 
 std::string scratch(const std::string& name) {
@@ -238,13 +250,8 @@ TEST_CASE("GPT: activation checkpointing gives the same gradients, dropout masks
 
 TEST_CASE("GPT: N micro-batches of b with the loss scaled by 1/N accumulate the gradient of one batch of N b",
           "[models][gpt]") {
-  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13};
-  GPT model(c);
-  Tensor idx = randint(0, 13, {6, 8}), targets = randint(0, 13, {6, 8});
-  GPT::loss(model(idx), targets).backward();
-  std::vector<Tensor> whole;
-  for (const auto& p : model.parameters()) whole.push_back(p.grad().clone());
-  model.zero_grad();
+  TinyGradRun run(6);
+  auto& [model, idx, targets, whole] = run;
   for (int64_t m = 0; m < 3; ++m) {
     (GPT::loss(model(idx.narrow(0, 2 * m, 2)), targets.narrow(0, 2 * m, 2)) / 3).backward();
   }
@@ -254,13 +261,8 @@ TEST_CASE("GPT: N micro-batches of b with the loss scaled by 1/N accumulate the 
 
 TEST_CASE("GPT: activation offload (SaveOnCpu) gives the same gradients; host tensors stay where they are",
           "[models][gpt][offload]") {
-  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13};
-  GPT model(c);
-  Tensor idx = randint(0, 13, {4, 8}), targets = randint(0, 13, {4, 8});
-  GPT::loss(model(idx), targets).backward();
-  std::vector<Tensor> plain;
-  for (const auto& p : model.parameters()) plain.push_back(p.grad().clone());
-  model.zero_grad();
+  TinyGradRun run(4);
+  auto& [model, idx, targets, plain] = run;
   Tensor loss;
   {
     autograd::SaveOnCpu offload;

@@ -10,6 +10,7 @@
 #include "support.h"
 
 using namespace kiln;
+using test::FusionGuard;
 
 namespace {
 
@@ -23,12 +24,6 @@ Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
   }
   return matmul(softmax(s, -1), v);
 }
-
-struct FusionGuard {
-  explicit FusionGuard(bool on) : previous(fusion_enabled()) { set_fusion(on); }
-  ~FusionGuard() { set_fusion(previous); }
-  bool previous;
-};
 
 // Forward and the three gradients of the fused op against the reference, both in float64.
 void check_against_reference(const Shape& qs, const Shape& ks, const Shape& vs, bool causal, double seed) {

@@ -9,21 +9,11 @@
 #include "support.h"
 
 using namespace kiln;
+using test::FusionGuard;
+using test::ThreadsGuard;
 using autograd::TensorList;
 
 namespace {
-
-struct FusionGuard {
-  explicit FusionGuard(bool on) : previous(fusion_enabled()) { set_fusion(on); }
-  ~FusionGuard() { set_fusion(previous); }
-  bool previous;
-};
-
-struct ThreadsGuard {
-  explicit ThreadsGuard(int n) : previous(get_num_threads()) { set_num_threads(n); }
-  ~ThreadsGuard() { set_num_threads(previous); }
-  int previous;
-};
 
 test::Tolerance tol_for(DType dt) { return dt == kFloat64 ? test::Tolerance{1e-12, 1e-12} : test::Tolerance{1e-5, 1e-5}; }
 

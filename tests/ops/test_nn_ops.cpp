@@ -5,6 +5,7 @@
 #include "support.h"
 
 using namespace kiln;
+using test::ThreadsGuard;
 
 TEST_CASE("dropout is input * mask / (1 - p) with the Generator's bernoulli(1 - p) mask", "[ops][dropout]") {
   Tensor x = test::sample({7, 33});
@@ -51,13 +52,6 @@ TEST_CASE("pooling takes the kernel size as one number", "[ops][pool]") {
   test::check_close(avg_pool2d(x, 2), avg_pool2d(x, Shape{2, 2}, Shape{2, 2}), test::Tolerance{0, 0});
   CHECK(max_pool2d(x, 2).sizes() == Shape{2, 3, 3, 3});
 }
-
-// Runs a test with n threads (the CNN benchmark's 2), restoring the count afterwards.
-struct ThreadsGuard {
-  explicit ThreadsGuard(int n) : previous(get_num_threads()) { set_num_threads(n); }
-  ~ThreadsGuard() { set_num_threads(previous); }
-  int previous;
-};
 
 // conv2d as a sum of shifted products, in float64: an independent check of the im2col + GEMM kernel.
 static Tensor conv_reference(const Tensor& x, const Tensor& w, int64_t pad) {
