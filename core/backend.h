@@ -76,6 +76,7 @@ enum class BinaryOp : uint8_t {
   Add, Sub,  // a + alpha * b, a - alpha * b
   Mul, Div, Pow, Maximum, Minimum,
   GeluErfBackward, GeluTanhBackward,  // a * gelu'(b): the gradient a of gelu at the input b, in one pass
+  ReluBackward,                       // b > 0 ? a : 0: the gradient a of relu at its output b (threshold_backward)
   Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,  // output bool
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }

@@ -137,6 +137,7 @@ KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
       } else {
         return x;
       }
+    case BinaryOp::ReluBackward: return y > T(0) ? x : T(0);  // a NaN gradient where relu was flat gives 0
     default: return x;  // comparisons go through compare()
   }
 }

@@ -155,7 +155,7 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
     loop.parallel_run([&](char* const* p, const int64_t* s, int64_t n) { binary_run<T, T>(p, s, n, f); });
   };
   auto cvt = [](M v) { return static_cast<T>(v); };
-  // The four hot ops get their own loops so the compiler sees straight-line arithmetic.
+  // The hot ops get their own loops so the compiler sees straight-line arithmetic.
   switch (op) {
     case BinaryOp::Add:
       if (alpha == M(1)) return run([&](T x, T y) { return cvt(M(x) + M(y)); });
@@ -165,6 +165,7 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
       return run([&](T x, T y) { return cvt(M(x) - alpha * M(y)); });
     case BinaryOp::Mul: return run([&](T x, T y) { return cvt(M(x) * M(y)); });
     case BinaryOp::Div: return run([&](T x, T y) { return cvt(M(x) / M(y)); });
+    case BinaryOp::ReluBackward: return run([&](T x, T y) { return M(y) > M(0) ? x : T(0); });
     case BinaryOp::GeluErfBackward:
     case BinaryOp::GeluTanhBackward:
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {

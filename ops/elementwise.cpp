@@ -242,8 +242,15 @@ Tensor sigmoid(const Tensor& x) {  // d s = s (1 - s)
 }
 Tensor relu(const Tensor& x) {
   check_not_bool(x, "relu");
+  // The backward is one pass, y > 0 ? g : 0 (BinaryOp::ReluBackward, PyTorch's threshold_backward),
+  // unless it is itself differentiated (create_graph) or fusion is off: then g * (y > 0) as ops.
   return with_output_grad(unary_forward(UnaryOp::Relu, x, x.dtype()), x, "ReluBackward",
-                          [](const Tensor& g, const Tensor& y) { return g * y.gt(0); });
+                          [](const Tensor& g, const Tensor& y) {
+                            if (!GradMode::is_enabled() && fusion_enabled() && g.dtype() == y.dtype()) {
+                              return binary_forward(BinaryOp::ReluBackward, g, y, y.dtype(), 1, "relu backward");
+                            }
+                            return g * y.gt(0);
+                          });
 }
 namespace {
 // gelu'(x) as ops, differentiable again (create_graph) and the formula of the unfused backward:
