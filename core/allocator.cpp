@@ -5,19 +5,26 @@
 // A training step allocates the same large buffers (activations, gradients, im2col columns) every
 // step. The C library returns blocks that large to the system on free (munmap), so each step would
 // fault every page in again and have the kernel zero it: about a tenth of the CNN benchmark's time.
-// So a freed block of at least kCacheMin bytes is kept, by size class (the size rounded up to
-// kClassStep), and handed to the next request of that class. The cache never makes the process hold
-// more than its high-water mark: before a block of a new class is taken from the system, cached
-// blocks are released (largest first) until reserved + the new block fits under the highest
-// reserved so far. memory::empty_cache() releases everything. Built with AddressSanitizer, the
-// cache is off, so that a use after free is still caught.
+// So blocks of at least kCacheMin bytes come from segments that the allocator keeps:
+// - a segment is one block from the C library, cut into blocks of whole kClassStep units;
+// - a request takes the smallest free block that fits (best fit) and leaves the rest of it free;
+// - a freed block merges with its free neighbours in the segment, so memory freed as two halves
+//   serves one request of the whole next time, and sizes that change from step to step still reuse
+//   pages already mapped;
+// - when no free block fits, the wholly free segments are given back to the system and one new
+//   segment is taken, as large as the request or as what was given back, whichever is larger. The
+//   footprint grows only by what the request lacks, and the free pieces gather into fewer, larger
+//   segments. (An earlier cache kept whole blocks by exact size class: the CNN's step, whose classes
+//   peak at different moments, still faulted about 60 MB in every step.)
+// memory::empty_cache() gives back every wholly free segment. Built with AddressSanitizer, the cache
+// is off, so that a use after free is still caught.
 #include "core/allocator.h"
 
+#include <algorithm>
 #include <cstdlib>
-#include <iterator>
-#include <map>
 #include <mutex>
-#include <vector>
+#include <set>
+#include <unordered_map>
 
 #include "core/error.h"
 
@@ -36,7 +43,9 @@ constexpr bool kCacheEnabled = true;
 constexpr bool kCacheEnabled = true;
 #endif
 
-constexpr size_t kCacheMin = size_t{256} << 10;  // smaller blocks: the C library reuses them well
+// glibc maps blocks from 128 KiB up afresh on every call (its default M_MMAP_THRESHOLD); smaller ones it
+// reuses well.
+constexpr size_t kCacheMin = size_t{128} << 10;
 constexpr size_t kClassStep = size_t{64} << 10;
 
 class CpuAllocator final : public Allocator {
@@ -46,20 +55,10 @@ class CpuAllocator final : public Allocator {
     void* p = nullptr;
     if (cached(size)) {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto it = cache_.find(size);
-      if (it != cache_.end() && !it->second.empty()) {
-        p = it->second.back();
-        it->second.pop_back();
-        if (it->second.empty()) cache_.erase(it);  // cache_ holds no empty lists
-        cached_bytes_ -= size;
-      } else {
-        // A new block: first give back cached ones so the footprint stays under its high-water mark.
-        while (cached_bytes_ > 0 && held_bytes_ + size > high_water_) release_largest();
-        held_bytes_ += size;
-        if (held_bytes_ > high_water_) high_water_ = held_bytes_;
-      }
+      p = take(size);
+    } else {
+      p = system_alloc(size, nbytes);
     }
-    if (p == nullptr) p = system_alloc(size, nbytes);
     counter_.on_allocate(nbytes);
     return p;
   }
@@ -69,8 +68,7 @@ class CpuAllocator final : public Allocator {
     const size_t size = block_size(nbytes);
     if (cached(size)) {
       std::lock_guard<std::mutex> lock(mutex_);
-      cache_[size].push_back(ptr);
-      cached_bytes_ += size;
+      give(ptr);
       return;
     }
     std::free(ptr);
@@ -79,19 +77,34 @@ class CpuAllocator final : public Allocator {
   MemoryStats stats() const override {
     std::lock_guard<std::mutex> lock(mutex_);
     MemoryStats s = counter_.stats();
-    s.reserved_bytes += static_cast<int64_t>(cached_bytes_);
+    s.reserved_bytes += static_cast<int64_t>(free_bytes_);
     return s;
   }
   void reset_peak() override { counter_.reset_peak(); }
 
   void empty_cache() override {
     std::lock_guard<std::mutex> lock(mutex_);
-    while (cached_bytes_ > 0) release_largest();
+    release_free_segments();
   }
 
  private:
+  // A piece of a segment; the blocks of a segment form a list in address order.
+  struct Block {
+    char* ptr;
+    size_t size;
+    bool free;
+    Block* prev;  // the neighbours in the segment (nullptr at its ends)
+    Block* next;
+    bool whole_segment() const { return prev == nullptr && next == nullptr; }
+  };
+  struct BySize {  // best fit: the smallest, then the lowest address
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->ptr < b->ptr;
+    }
+  };
+
   static bool cached(size_t size) { return kCacheEnabled && size >= kCacheMin; }
-  // aligned_alloc wants a multiple of the alignment; cached blocks are whole size classes.
+  // aligned_alloc wants a multiple of the alignment; cached blocks are whole kClassStep units.
   static size_t block_size(size_t nbytes) {
     const size_t step = nbytes >= kCacheMin ? kClassStep : kCpuAlignment;
     const size_t rounded = (nbytes + step - 1) / step * step;
@@ -100,37 +113,100 @@ class CpuAllocator final : public Allocator {
 
   void* system_alloc(size_t size, size_t nbytes) {
     void* p = std::aligned_alloc(kCpuAlignment, size);
-    if (p == nullptr && cached(size)) {  // the cache may be what is in the way
+    if (p == nullptr) {  // the cache may be what is in the way
       empty_cache();
       p = std::aligned_alloc(kCpuAlignment, size);
     }
-    if (p == nullptr) {
-      if (cached(size)) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        held_bytes_ -= size;
-      }
-      KILN_FAIL("out of CPU memory: could not allocate {} bytes ({:.1f} MiB)", nbytes,
-                static_cast<double>(nbytes) / (1 << 20));
-    }
+    KILN_CHECK(p != nullptr, "out of CPU memory: could not allocate {} bytes ({:.1f} MiB)", nbytes,
+               static_cast<double>(nbytes) / (1 << 20));
     return p;
   }
 
-  // Frees one block of the largest cached class (mutex_ held, cache_ not empty).
-  void release_largest() {
-    auto it = std::prev(cache_.end());
-    std::free(it->second.back());
-    it->second.pop_back();
-    cached_bytes_ -= it->first;
-    held_bytes_ -= it->first;
-    if (it->second.empty()) cache_.erase(it);
+  // A block of `size` bytes from the segments (mutex_ held).
+  void* take(size_t size) {
+    Block probe{nullptr, size, true, nullptr, nullptr};
+    auto it = free_.lower_bound(&probe);
+    Block* b = nullptr;
+    if (it != free_.end()) {
+      b = *it;
+      free_.erase(it);
+      free_bytes_ -= b->size;
+    } else {
+      // Nothing fits: give back the wholly free segments and take one segment in their place.
+      const size_t released = release_free_segments();
+      const size_t segment = std::max(size, released);
+      void* p = std::aligned_alloc(kCpuAlignment, segment);
+      if (p == nullptr) {  // the system is short: try once more for the request alone
+        p = segment > size ? std::aligned_alloc(kCpuAlignment, size) : nullptr;
+        KILN_CHECK(p != nullptr, "out of CPU memory: could not allocate {} bytes ({:.1f} MiB)", size,
+                   static_cast<double>(size) / (1 << 20));
+        b = new Block{static_cast<char*>(p), size, true, nullptr, nullptr};
+      } else {
+        b = new Block{static_cast<char*>(p), segment, true, nullptr, nullptr};
+      }
+    }
+    if (b->size > size) {  // split: the rest stays free
+      Block* rest = new Block{b->ptr + size, b->size - size, true, b, b->next};
+      if (b->next != nullptr) b->next->prev = rest;
+      b->next = rest;
+      b->size = size;
+      free_.insert(rest);
+      free_bytes_ += rest->size;
+    }
+    b->free = false;
+    live_.emplace(b->ptr, b);
+    return b->ptr;
+  }
+
+  // Returns a block taken by take() and merges it with its free neighbours (mutex_ held).
+  void give(void* ptr) {
+    auto it = live_.find(ptr);
+    KILN_CHECK(it != live_.end(), "CPU allocator: freeing {} which it did not hand out", ptr);
+    Block* b = it->second;
+    live_.erase(it);
+    b->free = true;
+    if (b->prev != nullptr && b->prev->free) b = merge(b->prev, b);
+    if (b->next != nullptr && b->next->free) b = merge(b, b->next);
+    free_.insert(b);
+    free_bytes_ += b->size;
+  }
+
+  // Joins two adjacent blocks into the first; `a` may be in free_, `b` is not (or is taken out).
+  Block* merge(Block* a, Block* b) {
+    for (Block* x : {a, b}) {
+      if (free_.erase(x) != 0) free_bytes_ -= x->size;
+    }
+    a->size += b->size;
+    a->next = b->next;
+    if (b->next != nullptr) b->next->prev = a;
+    delete b;
+    return a;
+  }
+
+  // Frees every segment with no block in use; returns their bytes (mutex_ held).
+  size_t release_free_segments() {
+    size_t released = 0;
+    for (auto it = free_.begin(); it != free_.end();) {
+      Block* b = *it;
+      if (!b->whole_segment()) {
+        ++it;
+        continue;
+      }
+      it = free_.erase(it);
+      free_bytes_ -= b->size;
+      released += b->size;
+      std::free(b->ptr);
+      delete b;
+    }
+    return released;
   }
 
   MemoryCounter counter_;
   mutable std::mutex mutex_;
-  std::map<size_t, std::vector<void*>> cache_;  // size class -> free blocks (guarded by mutex_)
-  size_t cached_bytes_ = 0;  // in cache_
-  size_t held_bytes_ = 0;    // cacheable blocks from the system: live ones and cached ones
-  size_t high_water_ = 0;    // the most held_bytes_ has been
+  // Guarded by mutex_:
+  std::set<Block*, BySize> free_;              // the free blocks of all segments
+  std::unordered_map<void*, Block*> live_;     // the blocks in use, by address
+  size_t free_bytes_ = 0;                      // in free_
 };
 
 }  // namespace

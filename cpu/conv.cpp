@@ -12,7 +12,6 @@
 // no padding needs no columns: the input plane is the column matrix.
 #include <algorithm>
 #include <cstring>
-#include <vector>
 
 #include "core/error.h"
 #include "cpu/kernels.h"
@@ -141,7 +140,7 @@ void conv2d_typed(const View& input, const View& weight, const View& bias, const
   T* y = out.ptr<T>();
   const bool direct = g.pointwise();
   run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
-    std::vector<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
+    ScratchBuffer<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t grp = 0; grp < g.G; ++grp) {
         const T* xg = x + (n * g.C + grp * g.Cg) * g.H * g.W;
@@ -170,7 +169,7 @@ void conv2d_backward_input_typed(const View& grad_out, const View& weight, const
   T* gx = grad_input.ptr<T>();
   const bool direct = g.pointwise();
   run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
-    std::vector<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
+    ScratchBuffer<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t grp = 0; grp < g.G; ++grp) {
         T* gxg = gx + (n * g.C + grp * g.Cg) * g.H * g.W;
@@ -199,11 +198,12 @@ void conv2d_backward_weight_typed(const View& grad_out, const View& input, const
   const BatchSplit split = batch_split(g.N, wsize * g.P);
   const int pieces = split.pieces;
   // Piece 0 accumulates straight into grad_weight; the others into their own buffers.
-  std::vector<T> partial(static_cast<size_t>(wsize) * (pieces - 1));
+  ScratchBuffer<T> partial(static_cast<size_t>(wsize) * (pieces - 1));
+  if (pieces > 1) std::memset(partial.data(), 0, sizeof(T) * wsize * (pieces - 1));
   const bool direct = g.pointwise();
   std::memset(gw, 0, sizeof(T) * wsize);
   run_batch<T>(split, g.N, [&](int64_t p, int64_t n0, int64_t n1, const auto& gemm) {
-    std::vector<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
+    ScratchBuffer<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
     T* acc = p == 0 ? gw : partial.data() + (p - 1) * wsize;
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t grp = 0; grp < g.G; ++grp) {

@@ -7,9 +7,30 @@
 
 #include <cmath>
 
+#include "core/allocator.h"
 #include "core/backend.h"
 
 namespace kiln::cpu {
+
+// Uninitialised scratch memory for a kernel, from the CPU allocator: large buffers then come from its
+// cache (Note [CPU block cache] in core/allocator.cpp) instead of pages mapped afresh on every call.
+// 64-byte aligned, and counted in memory::stats like a tensor's buffer.
+template <typename T>
+class ScratchBuffer {
+ public:
+  explicit ScratchBuffer(size_t n)
+      : n_(n), data_(n == 0 ? nullptr : static_cast<T*>(cpu_allocator().allocate(n * sizeof(T)))) {}
+  ~ScratchBuffer() {
+    if (data_ != nullptr) cpu_allocator().deallocate(data_, n_ * sizeof(T));
+  }
+  ScratchBuffer(const ScratchBuffer&) = delete;
+  ScratchBuffer& operator=(const ScratchBuffer&) = delete;
+  T* data() const { return data_; }
+
+ private:
+  size_t n_;
+  T* data_;
+};
 
 void copy_kernel(const View& src, const View& dst);                          // copy.cpp
 void fill_kernel(const View& out, const Scalar& value);                      // copy.cpp

@@ -150,6 +150,42 @@ TEST_CASE("the CPU allocator reuses a large freed block and empty_cache gives it
   CHECK(emptied.allocated_bytes == base.allocated_bytes);
 }
 
+TEST_CASE("the CPU allocator splits a cached block and merges the halves back") {
+  memory::empty_cache(Device::cpu());
+  const MemoryStats base = memory::stats(Device::cpu());
+  auto reserved = [] { return memory::stats(Device::cpu()).reserved_bytes; };
+  constexpr int64_t kMiB = 1 << 20, kFloatsPerMiB = 1 << 18;
+  char* whole = nullptr;
+  {
+    Tensor two = empty({2 * kFloatsPerMiB});
+    whole = static_cast<char*>(two.data_ptr());
+  }
+#if !defined(__SANITIZE_ADDRESS__)  // the cache is off under AddressSanitizer
+  CHECK(reserved() == base.reserved_bytes + 2 * kMiB);
+  {
+    Tensor a = empty({kFloatsPerMiB}), b = empty({kFloatsPerMiB});  // both from the freed 2 MiB
+    CHECK(static_cast<char*>(a.data_ptr()) == whole);
+    CHECK(static_cast<char*>(b.data_ptr()) == whole + kMiB);
+    CHECK(reserved() == base.reserved_bytes + 2 * kMiB);
+  }
+  {
+    Tensor again = empty({2 * kFloatsPerMiB});  // the halves merged back into one block
+    CHECK(static_cast<char*>(again.data_ptr()) == whole);
+  }
+  {
+    // Nothing free fits 3 MiB: the wholly free 2 MiB segment goes back, one of 3 MiB comes.
+    Tensor three = empty({3 * kFloatsPerMiB});
+    CHECK(reserved() == base.reserved_bytes + 3 * kMiB);
+    Tensor small = empty({kFloatsPerMiB / 2});  // `three` fills its segment: a new one of 512 KiB
+    CHECK(reserved() == base.reserved_bytes + 3 * kMiB + kMiB / 2);
+  }
+  CHECK(reserved() == base.reserved_bytes + 3 * kMiB + kMiB / 2);
+#endif
+  memory::empty_cache(Device::cpu());
+  CHECK(reserved() == memory::stats(Device::cpu()).allocated_bytes);
+  CHECK(memory::stats(Device::cpu()).allocated_bytes == base.allocated_bytes);
+}
+
 TEST_CASE("printing matches PyTorch") {
   // Expected strings are PyTorch 1.13's repr() with torch. -> kiln. and grad_fn names without the
   // trailing 0.
