@@ -1,6 +1,8 @@
 // cpu/parallel.cpp: a small fork-join pool. Workers wait on a generation counter: they spin briefly
 // after a job (the next op usually follows within microseconds), then sleep on a condition variable,
-// so an idle Kiln process leaves its cores alone.
+// so an idle Kiln process leaves its cores alone. The caller and the workers claim a job's pieces
+// from one counter (Note [claiming pieces]), so a worker descheduled by another process delays
+// nothing it has not started.
 #include "cpu/parallel.h"
 
 #include <algorithm>
@@ -33,7 +35,7 @@ thread_local bool inside_pool_job = false;
 class ThreadPool {
  public:
   explicit ThreadPool(int threads) : threads_(std::max(1, threads)) {
-    for (int w = 1; w < threads_; ++w) workers_.emplace_back([this, w] { worker_loop(w); });
+    for (int w = 1; w < threads_; ++w) workers_.emplace_back([this] { worker_loop(); });
   }
   ~ThreadPool() {
     {
@@ -48,31 +50,63 @@ class ThreadPool {
 
   void run(int pieces, int64_t begin, int64_t end, RangeFn fn, const void* ctx) {
     std::lock_guard<std::mutex> one_job_at_a_time(run_mutex_);
-    Job job{pieces, begin, end, fn, ctx};
     error_ = nullptr;
-    pending_.store(pieces - 1, std::memory_order_relaxed);
+    done_.store(0, std::memory_order_relaxed);
+    Job job;
     {
       // Note [job snapshot]: a worker copies the job and its generation together under this lock,
-      // so a worker that wakes late (after the job it was woken for has finished and the next one
-      // is published) runs the job it read exactly once. The master waits only for the workers
-      // that have a piece; those cannot miss the job, since it stays published until they are done.
+      // and claims pieces only while the claim counter carries that generation (Note [claiming
+      // pieces]), so a worker that wakes late, after its job has finished and the next one is
+      // published, runs nothing of either by mistake.
       std::lock_guard<std::mutex> lock(mutex_);
+      const uint64_t generation = generation_.load(std::memory_order_relaxed) + 1;
+      job = Job{pieces, begin, end, fn, ctx, generation};
       job_ = job;
-      generation_.fetch_add(1, std::memory_order_release);
+      claim_.store(generation << 32, std::memory_order_relaxed);
+      generation_.store(generation, std::memory_order_release);
     }
     cv_.notify_all();
-    run_piece(job, 0);
-    while (pending_.load(std::memory_order_acquire) != 0) KILN_CPU_RELAX();
+    int finished = 0;
+    for (int piece; (piece = claim(job)) >= 0; ++finished) run_piece(job, piece);
+    if (finished < pieces) done_.fetch_add(finished, std::memory_order_acq_rel);
+    // The pieces left are running on workers. Spin a little, then yield: on a loaded machine the
+    // worker may be waiting for this very core.
+    for (int spins = 0; finished < pieces && done_.load(std::memory_order_acquire) != pieces; ++spins) {
+      if (spins < kSpinsBeforeYield) {
+        KILN_CPU_RELAX();
+      } else {
+        std::this_thread::yield();
+      }
+    }
     if (error_) std::rethrow_exception(error_);
   }
 
  private:
+  static constexpr int kSpinsBeforeYield = 2000;
+
   struct Job {
     int pieces = 0;
     int64_t begin = 0, end = 0;
     RangeFn fn = nullptr;
     const void* ctx = nullptr;
+    uint64_t generation = 0;
   };
+
+  // Note [claiming pieces]: the caller and the workers take pieces from one counter, whose high 32
+  // bits hold the job's generation and low 32 bits the next piece. Whoever comes first runs a piece:
+  // the caller runs them all when the workers are slow to wake (their core busy with another
+  // process), instead of waiting for them. Which thread runs a piece never changes its range, so
+  // results do not depend on it. Returns the piece claimed, or -1 when none is left.
+  int claim(const Job& job) {
+    const uint64_t tag = job.generation << 32;
+    uint64_t current = claim_.load(std::memory_order_relaxed);
+    for (;;) {
+      if ((current & ~uint64_t{0xffffffff}) != tag) return -1;  // another job's counter
+      const auto next = static_cast<int>(current & 0xffffffff);
+      if (next >= job.pieces) return -1;
+      if (claim_.compare_exchange_weak(current, current + 1, std::memory_order_acq_rel)) return next;
+    }
+  }
 
   void run_piece(const Job& job, int piece) {
     int64_t n = job.end - job.begin;
@@ -87,7 +121,7 @@ class ThreadPool {
     inside_pool_job = false;
   }
 
-  void worker_loop(int w) {
+  void worker_loop() {
     uint64_t seen = 0;
     for (;;) {
       // Spin about 20-50 us for the next job, then sleep.
@@ -102,10 +136,9 @@ class ThreadPool {
         if (stop_) return;
         job = job_;
       }
-      if (w < job.pieces) {
-        run_piece(job, w);
-        pending_.fetch_sub(1, std::memory_order_acq_rel);
-      }
+      int finished = 0;
+      for (int piece; (piece = claim(job)) >= 0; ++finished) run_piece(job, piece);
+      if (finished > 0) done_.fetch_add(finished, std::memory_order_acq_rel);
     }
   }
 
@@ -114,7 +147,9 @@ class ThreadPool {
   std::mutex run_mutex_, mutex_, error_mutex_;
   std::condition_variable cv_;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  std::atomic<uint64_t> claim_{0};  // Note [claiming pieces]
+  std::atomic<int> done_{0};        // pieces finished by workers, and by the caller once it stops
+
   bool stop_ = false;
   Job job_;  // the current job, guarded by mutex_
   std::exception_ptr error_;

@@ -18,8 +18,10 @@ using RangeFn = void (*)(const void* ctx, int64_t begin, int64_t end);
 void parallel_for_impl(int64_t begin, int64_t end, int64_t grain, RangeFn fn, const void* ctx);
 
 // Runs fn(b, e) over [begin, end) cut into at most get_num_threads() contiguous pieces of at least
-// `grain` items each; the calling thread takes the first piece. The split depends only on the range,
-// the grain and the thread count, so results are reproducible. Nested calls run serially.
+// `grain` items each; the calling thread and the pool's workers take pieces as they come (the caller
+// runs them all if the workers are slow to wake). The split depends only on the range, the grain and
+// the thread count, never on which thread runs a piece, so results are reproducible. Nested calls
+// run serially.
 // An exception thrown by fn on any thread is rethrown here.
 template <typename F>
 void parallel_for(int64_t begin, int64_t end, int64_t grain, const F& fn) {
