@@ -118,6 +118,19 @@ struct AdamStepArgs {
   bool decoupled = false, amsgrad = false, maximize = false;
 };
 
+// One SGD step, fused: for each index i of the lists, p = params[i] with its grad g and, with a
+// momentum, its buffer buf = momentum_buffers[i], all contiguous views of one shape and one
+// floating dtype, elementwise (optim/sgd.h; in the unfused step's order, so both round alike):
+//   g = maximize ? -g : g;  g = g + weight_decay * p                (when weight_decay != 0)
+//   with momentum: buf = first_step ? g : buf * momentum + (1 - dampening) * g
+//                  g = nesterov ? g + momentum * buf : buf
+//   p = p + (-lr) * g
+// first_step: the buffers are new (their contents are ignored and overwritten).
+struct SgdStepArgs {
+  double lr = 0, momentum = 0, dampening = 0, weight_decay = 0;
+  bool nesterov = false, maximize = false, first_step = false;
+};
+
 // Scaled dot-product attention without a mask tensor (ops/attention.cpp): scores = scale * q k^T, and
 // when causal, query row i sees key columns j <= i only (PyTorch's is_causal: the mask is
 // tril(ones(L, S)), aligned at the top left).
@@ -213,6 +226,10 @@ class Backend {
                          const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,
                          const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args,
                          const Stream& s) = 0;  // max_exp_avg_sqs empty unless amsgrad
+  // -- the fused SGD step over lists of same-dtype views (ops/optim.cpp) --
+  virtual void sgd_step(const std::vector<View>& params, const std::vector<View>& grads,
+                        const std::vector<View>& momentum_buffers, const SgdStepArgs& args,
+                        const Stream& s) = 0;  // momentum_buffers empty when args.momentum == 0
 
   // -- normalisation of each row of a contiguous (R, M) view: mean[r] and rstd[r] = 1 / sqrt(var[r] +
   //    eps) (biased variance), out = (in - mean) * rstd. rms: mean = 0 and var = mean(in^2) (RMSNorm).

@@ -203,4 +203,60 @@ inline AdamCoefficients<T> adam_coefficients(const AdamStepArgs& a) {
   return c;
 }
 
+// One element of a fused SGD step (Backend::sgd_step; core/backend.h has the rule), with the
+// coefficients already in T. The flags that pick the rule's shape are template arguments, so that a
+// loop over a tensor has no branch on them: buf is read or written only with kMomentum, and its old
+// value is not read with kFirstStep. Each line rounds as the unfused step's op of optim/sgd.cpp.
+template <typename T>
+struct SgdCoefficients {
+  T neg_lr, momentum, one_minus_dampening, weight_decay;
+  bool maximize;
+};
+
+template <bool kMomentum, bool kNesterov, bool kFirstStep, typename T>
+KILN_HOST_DEVICE inline void sgd_update(T& p, T g, T* buf, const SgdCoefficients<T>& c) {
+  if (c.maximize) g = -g;
+  if (c.weight_decay != T(0)) g = g + c.weight_decay * p;
+  if constexpr (kMomentum) {
+    if constexpr (kFirstStep) {
+      *buf = g;
+    } else {
+      *buf = *buf * c.momentum + c.one_minus_dampening * g;
+    }
+    if constexpr (kNesterov) {
+      g = g + c.momentum * *buf;
+    } else {
+      g = *buf;
+    }
+  }
+  p = p + c.neg_lr * g;
+}
+
+template <typename T>
+inline SgdCoefficients<T> sgd_coefficients(const SgdStepArgs& a) {
+  SgdCoefficients<T> c{};
+  c.neg_lr = static_cast<T>(-a.lr);
+  c.momentum = static_cast<T>(a.momentum);
+  c.one_minus_dampening = static_cast<T>(1 - a.dampening);
+  c.weight_decay = static_cast<T>(a.weight_decay);
+  c.maximize = a.maximize;
+  return c;
+}
+
+// Calls f(momentum, nesterov, first_step) with the step's flags as std::bool_constant values, for a
+// kernel that takes them as template arguments (kMomentum = decltype(momentum)::value). Without a
+// momentum the other two do not matter: five variants in all.
+template <typename F>
+inline void with_sgd_flags(const SgdStepArgs& a, const F& f) {
+  using Y = std::true_type;
+  using N = std::false_type;
+  if (a.momentum == 0) {
+    f(N{}, N{}, N{});
+  } else if (a.nesterov) {
+    a.first_step ? f(Y{}, Y{}, Y{}) : f(Y{}, Y{}, N{});
+  } else {
+    a.first_step ? f(Y{}, N{}, Y{}) : f(Y{}, N{}, N{});
+  }
+}
+
 }  // namespace kiln::math

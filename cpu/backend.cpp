@@ -100,6 +100,11 @@ class CpuBackend final : public Backend {
                  const AdamStepArgs& args, const Stream&) override {
     adam_step_kernel(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, args);
   }
+  void sgd_step(const std::vector<View>& params, const std::vector<View>& grads,
+                const std::vector<View>& momentum_buffers, const SgdStepArgs& args,
+                const Stream&) override {
+    sgd_step_kernel(params, grads, momentum_buffers, args);
+  }
   void norm_rows(const View& in, const View& out, const View& mean, const View& rstd, double eps, bool rms,
                  const Stream&) override {
     norm_rows_kernel(in, out, mean, rstd, eps, rms);

@@ -66,6 +66,8 @@ void norm_rows_kernel(const View& in, const View& out, const View& mean, const V
 void adam_step_kernel(const std::vector<View>& params, const std::vector<View>& grads,
                       const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,
                       const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args);  // optim.cpp
+void sgd_step_kernel(const std::vector<View>& params, const std::vector<View>& grads,
+                     const std::vector<View>& momentum_buffers, const SgdStepArgs& args);
 void attention_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,
                       const AttentionArgs& args);                            // attention.cpp
 void attention_backward_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,

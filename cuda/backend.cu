@@ -4,8 +4,9 @@
 // elementwise.cu (unary, binary, where), reduce.cu (reduce, softmax), matmul.cu, index.cu
 // (index_select, index_add, gather, scatter), conv.cu (conv2d and its two backward kernels,
 // through cuDNN), pool.cu (max, average and adaptive average pooling), norm.cu (norm_rows),
-// fused.cu (layer_norm, bias_gelu, cross_entropy and their backward), optim.cu (adam_step). The caching allocator is allocator.cpp, the entry points of cuda/cuda.h
-// runtime.cpp. Streams: Note [CUDA streams] in cuda/context.h. CPU sibling: cpu/backend.cpp.
+// fused.cu (layer_norm, bias_gelu, cross_entropy and their backward), optim.cu (adam_step,
+// sgd_step). The caching allocator is allocator.cpp, the entry points of cuda/cuda.h runtime.cpp.
+// Streams: Note [CUDA streams] in cuda/context.h. CPU sibling: cpu/backend.cpp.
 #include <climits>
 #include <mutex>
 #include <optional>
@@ -148,6 +149,12 @@ class CudaBackend final : public Backend {
                  const AdamStepArgs& args, const Stream& s) override {
     DeviceGuard guard(s.device.index, "adam_step");
     adam_step_launch(params, grads, exp_avgs, exp_avg_sqs, max_exp_avg_sqs, args, s);
+  }
+  void sgd_step(const std::vector<View>& params, const std::vector<View>& grads,
+                const std::vector<View>& momentum_buffers, const SgdStepArgs& args,
+                const Stream& s) override {
+    DeviceGuard guard(s.device.index, "sgd_step");
+    sgd_step_launch(params, grads, momentum_buffers, args, s);
   }
   void norm_rows(const View& in, const View& out, const View& mean, const View& rstd, double eps,
                  bool rms, const Stream& s) override {

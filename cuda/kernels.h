@@ -97,10 +97,14 @@ void cross_entropy_backward_launch(const View& logits, const View& target, const
                                    const View& grad_logits, int64_t ignore_index, double label_smoothing,
                                    const Stream& s);
 
-// optim.cu: the fused Adam/AdamW step over lists of tensors (core/scalar_math.h's adam_update).
+// optim.cu: the fused Adam/AdamW and SGD steps over lists of tensors (core/scalar_math.h's
+// adam_update and sgd_update).
 void adam_step_launch(const std::vector<View>& params, const std::vector<View>& grads,
                       const std::vector<View>& exp_avgs, const std::vector<View>& exp_avg_sqs,
                       const std::vector<View>& max_exp_avg_sqs, const AdamStepArgs& args,
                       const Stream& s);
+void sgd_step_launch(const std::vector<View>& params, const std::vector<View>& grads,
+                     const std::vector<View>& momentum_buffers, const SgdStepArgs& args,
+                     const Stream& s);
 
 }  // namespace kiln::cuda

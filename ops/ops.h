@@ -266,7 +266,7 @@ std::string to_string(const Tensor& t);
 // Kernel fusion (DESIGN.md §5): on by default. set_fusion(false), or KILN_FUSION=0 in the environment,
 // makes the fused ops (scaled_dot_product_attention, gelu's backward, bias_gelu, layer_norm, rms_norm,
 // add_layer_norm and softmax_cross_entropy) run as their unfused compositions, so that a benchmark can
-// measure what fusion buys. Process-wide (attention.cpp). The fused Adam/AdamW step is the
+// measure what fusion buys. Process-wide (attention.cpp). The fused Adam/AdamW and SGD steps are the
 // optimizers' own `fused` option, as in PyTorch. docs/fusion.md lists them all.
 void set_fusion(bool enabled);
 bool fusion_enabled();
@@ -278,6 +278,12 @@ bool fusion_enabled();
 void fused_adam_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
                  const std::vector<Tensor>& exp_avgs, const std::vector<Tensor>& exp_avg_sqs,
                  const std::vector<Tensor>& max_exp_avg_sqs, const AdamStepArgs& args);
+// One fused SGD step (Backend::sgd_step in core/backend.h has the rule) over lists of tensors of one
+// device and one dtype (float32 or float64), each contiguous, updated in place: optim::SGD's `fused`
+// option. momentum_buffers is empty when args.momentum is 0; with args.first_step they are only
+// written (empty_like is enough).
+void fused_sgd_(const std::vector<Tensor>& params, const std::vector<Tensor>& grads,
+                const std::vector<Tensor>& momentum_buffers, const SgdStepArgs& args);
 
 // ---- dispatch.cpp: the allocator statistics of a device (core/allocator.h) ----
 namespace memory {

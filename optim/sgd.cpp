@@ -2,6 +2,8 @@
 #include "optim/sgd.h"
 
 #include <cmath>
+#include <map>
+#include <tuple>
 
 #include "core/error.h"
 #include "core/grad_mode.h"
@@ -34,7 +36,8 @@ void SGD::add_param_group(std::vector<Tensor> params, SGDOptions o) {
                                 {"dampening", o.dampening},
                                 {"weight_decay", o.weight_decay},
                                 {"nesterov", o.nesterov ? 1.0 : 0.0},
-                                {"maximize", o.maximize ? 1.0 : 0.0}});
+                                {"maximize", o.maximize ? 1.0 : 0.0},
+                                {"fused", o.fused ? 1.0 : 0.0}});
 }
 
 void SGD::step() {
@@ -43,19 +46,47 @@ void SGD::step() {
     const double lr = group.get("lr"), momentum = group.get("momentum");
     const double dampening = group.get("dampening"), weight_decay = group.get("weight_decay");
     const bool nesterov = group.get("nesterov") != 0, maximize = group.get("maximize") != 0;
+    const bool fused = group.has("fused") && group.get("fused") != 0;
+    SgdStepArgs args{.lr = lr,
+                     .momentum = momentum,
+                     .dampening = dampening,
+                     .weight_decay = weight_decay,
+                     .nesterov = nesterov,
+                     .maximize = maximize};  // and first_step per batch
+    // The fused step's batches: params of one device, dtype and first step (a new buffer or not).
+    struct Batch {
+      std::vector<Tensor> p, g, buf;
+    };
+    std::map<std::tuple<std::string, int, bool>, Batch> batches;
     for (Tensor& p : group.params) {
       Tensor d_p = p.grad();
       if (!d_p.defined()) continue;
+      // Plain SGD keeps no state; the buffer starts as the first step's gradient.
+      Tensor* slot = momentum != 0 ? state(p).buffers.find("momentum_buffer") : nullptr;
+      auto like_p = [&p](const Tensor& t) {
+        return t.dtype() == p.dtype() && t.device() == p.device();
+      };
+      if (fused && (p.dtype() == kFloat32 || p.dtype() == kFloat64) && p.is_contiguous() &&
+          like_p(d_p) && (slot == nullptr || (like_p(*slot) && slot->is_contiguous()))) {
+        const bool first_step = momentum != 0 && slot == nullptr;
+        Batch& b = batches[{p.device().str(), static_cast<int>(p.dtype()), first_step}];
+        b.p.push_back(p);
+        b.g.push_back(d_p.contiguous());
+        if (first_step) {
+          b.buf.push_back(empty_like(p));  // written, not read, by the first step
+          state(p).buffers.insert("momentum_buffer", b.buf.back());
+        } else if (slot != nullptr) {
+          b.buf.push_back(*slot);
+        }
+        continue;
+      }
       if (maximize) d_p = neg(d_p);
       if (weight_decay != 0) d_p = add(d_p, p, weight_decay);
       if (momentum != 0) {
-        // Plain SGD keeps no state; the buffer starts as the first step's gradient.
-        ParamState& st = state(p);
-        Tensor* slot = st.buffers.find("momentum_buffer");
         Tensor buf;
         if (slot == nullptr) {
           buf = d_p.clone();
-          st.buffers.insert("momentum_buffer", buf);
+          state(p).buffers.insert("momentum_buffer", buf);
         } else {
           buf = *slot;
           buf.mul_(momentum).add_(d_p, 1 - dampening);
@@ -63,6 +94,10 @@ void SGD::step() {
         d_p = nesterov ? add(d_p, buf, momentum) : buf;
       }
       p.add_(d_p, -lr);
+    }
+    for (auto& [key, b] : batches) {
+      args.first_step = std::get<2>(key);
+      fused_sgd_(b.p, b.g, b.buf, args);
     }
   }
 }

@@ -1,5 +1,5 @@
 // optim/sgd.h: stochastic gradient descent with momentum, dampening, Nesterov and weight decay
-// (torch.optim.SGD of PyTorch 1.13, its single-tensor update).
+// (torch.optim.SGD of PyTorch 1.13, its single-tensor update, or fused).
 #pragma once
 
 #include <limits>
@@ -15,6 +15,7 @@ struct SGDOptions {
   double weight_decay = 0;
   bool nesterov = false;
   bool maximize = false;
+  bool fused = false;  // one fused kernel per step over float32/float64 params (Backend::sgd_step)
 };
 
 // Per parameter, with g its grad:
@@ -23,6 +24,11 @@ struct SGDOptions {
 //                g = nesterov ? g + momentum * buf : buf
 //   p -= lr * g
 // State: "momentum_buffer" (only with momentum, from the first step on); no step count, as PyTorch.
+// fused (PyTorch 2's name): the step of all of a group's float32 and float64 params with gradients,
+// per device, dtype and first step (a new buffer or not), is one kiln::fused_sgd_ call (a
+// multi-tensor kernel on CUDA, one pass per tensor on the CPU) instead of up to six elementwise ops
+// per param; the result equals the unfused step to rounding. Other dtypes and non-contiguous params
+// take the unfused path.
 class SGD : public Optimizer {
  public:
   SGD(std::vector<Tensor> params, SGDOptions options);

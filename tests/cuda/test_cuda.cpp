@@ -1,6 +1,7 @@
 // tests/cuda/test_cuda.cpp: the CUDA backend against the CPU oracle. The binary exits 77 (CTest:
 // skipped) when no GPU is present (tests/main.cpp), so on a machine without one this reports
 // "skipped", never "passed".
+#include <algorithm>
 #include <limits>
 
 #include "support.h"
@@ -119,26 +120,67 @@ TEST_CASE("binary ops of a full tensor and a repeated row match the CPU", "[gpu]
   test::check_close((x.to(kGpu) + misaligned).cpu(), x + r65.cpu().narrow(0, 1, 64));
 }
 
+namespace {
+
+// The params of the fused-step tests: 30 tensors (more than one launch's 24) of odd sizes, one of
+// 17M elements (more than one launch's 256 chunks of 65536), param 11 misaligned on the GPU; the
+// same values on the CPU and on cuda:0.
+void make_step_params(DType dt, std::vector<Tensor>& cpu_params, std::vector<Tensor>& gpu_params) {
+  for (int i = 0; i < 30; ++i) {
+    const int64_t n = i == 7 ? (17 << 20) + 3 : 1 + 97 * i;
+    Tensor p = test::sample({n}, dt, 0.1 * i);
+    cpu_params.push_back(p.clone().requires_grad_());
+    if (i == 11) {  // 4 or 8 bytes past a 16-byte boundary: the kernel's one-by-one path
+      Tensor base = zeros({n + 1}, TensorOptions(dt).device(kGpu));
+      base.narrow(0, 1, n).copy_(p.to(kGpu));
+      gpu_params.push_back(base.narrow(0, 1, n).detach().requires_grad_());
+    } else {
+      gpu_params.push_back(p.to(kGpu).requires_grad_());
+    }
+  }
+}
+
+// Three steps of cpu_opt and gpu_opt with the same grads (none at the first step for the params in
+// late), then each GPU param and buffer checked against the CPU's.
+void step_and_compare(DType dt, std::vector<Tensor>& cpu_params, std::vector<Tensor>& gpu_params,
+                      optim::Optimizer& cpu_opt, optim::Optimizer& gpu_opt,
+                      const std::vector<size_t>& late = {}) {
+  for (int step = 0; step < 3; ++step) {
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      if (step == 0 && std::find(late.begin(), late.end(), i) != late.end()) continue;
+      Tensor g = test::sample(cpu_params[i].sizes(), dt, 1.0 + step + 0.01 * i);
+      cpu_params[i].set_grad(g);
+      gpu_params[i].set_grad(g.to(kGpu));
+    }
+    cpu_opt.step();
+    gpu_opt.step();
+  }
+  const test::Tolerance tol =
+      dt == kFloat32 ? test::Tolerance{1e-5, 1e-6} : test::Tolerance{1e-12, 1e-12};
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    INFO("param " << i);
+    test::check_close(gpu_params[i].detach().cpu(), cpu_params[i].detach(), tol);
+    const optim::ParamState* cs = cpu_opt.find_state(cpu_params[i]);
+    const optim::ParamState* gs = gpu_opt.find_state(gpu_params[i]);
+    REQUIRE((cs == nullptr) == (gs == nullptr));
+    if (cs == nullptr) continue;
+    for (const auto& [name, buffer] : cs->buffers) {
+      INFO(name);
+      test::check_close(gs->buffers.at(name).cpu(), buffer, tol);
+    }
+  }
+}
+
+}  // namespace
+
 TEST_CASE("fused Adam and AdamW on the GPU equal the unfused step on the CPU", "[gpu]") {
-  // 30 tensors (more than one launch's 24) of odd sizes, one of 17M elements (more than one
-  // launch's 256 chunks of 65536), one misaligned, float32 and float64; every option of the rule.
+  // Every option of the rule, float32 and float64.
   for (DType dt : {kFloat32, kFloat64}) {
     for (int variant = 0; variant < 3; ++variant) {
       const bool adamw = variant != 1, amsgrad = variant == 2, maximize = variant == 1;
       INFO(dtype_name(dt) << (adamw ? " AdamW" : " Adam") << (amsgrad ? " amsgrad" : "") << (maximize ? " maximize" : ""));
       std::vector<Tensor> cpu_params, gpu_params;
-      for (int i = 0; i < 30; ++i) {
-        const int64_t n = i == 7 ? (17 << 20) + 3 : 1 + 97 * i;
-        Tensor p = test::sample({n}, dt, 0.1 * i);
-        cpu_params.push_back(p.clone().requires_grad_());
-        if (i == 11) {  // 4 or 8 bytes past a 16-byte boundary: the kernel's one-by-one path
-          Tensor base = zeros({n + 1}, TensorOptions(dt).device(kGpu));
-          base.narrow(0, 1, n).copy_(p.to(kGpu));
-          gpu_params.push_back(base.narrow(0, 1, n).detach().requires_grad_());
-        } else {
-          gpu_params.push_back(p.to(kGpu).requires_grad_());
-        }
-      }
+      make_step_params(dt, cpu_params, gpu_params);
       auto make = [&](std::vector<Tensor> params, bool fused) -> std::unique_ptr<optim::Optimizer> {
         if (adamw) {
           return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{
@@ -148,20 +190,29 @@ TEST_CASE("fused Adam and AdamW on the GPU equal the unfused step on the CPU", "
             .lr = 1e-2, .weight_decay = 0.05, .amsgrad = amsgrad, .maximize = maximize, .fused = fused});
       };
       auto cpu_opt = make(cpu_params, false), gpu_opt = make(gpu_params, true);
-      for (int step = 0; step < 3; ++step) {
-        for (size_t i = 0; i < cpu_params.size(); ++i) {
-          Tensor g = test::sample(cpu_params[i].sizes(), dt, 1.0 + step + 0.01 * i);
-          cpu_params[i].set_grad(g);
-          gpu_params[i].set_grad(g.to(kGpu));
-        }
-        cpu_opt->step();
-        gpu_opt->step();
-      }
-      for (size_t i = 0; i < cpu_params.size(); ++i) {
-        INFO("param " << i);
-        test::check_close(gpu_params[i].detach().cpu(), cpu_params[i].detach(),
-                          dt == kFloat32 ? test::Tolerance{1e-5, 1e-6} : test::Tolerance{1e-12, 1e-12});
-      }
+      step_and_compare(dt, cpu_params, gpu_params, *cpu_opt, *gpu_opt);
+    }
+  }
+}
+
+TEST_CASE("fused SGD on the GPU equals the unfused step on the CPU", "[gpu]") {
+  // Every option of the rule, float32 and float64; params 3 and 7 start their momentum buffers a
+  // step late, beside running ones.
+  const std::vector<optim::SGDOptions> variants = {
+      {.lr = 0.1, .weight_decay = 0.01, .maximize = true},
+      {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01},
+      {.lr = 0.05, .momentum = 0.9, .weight_decay = 0.1, .nesterov = true},
+      {.lr = 0.02, .momentum = 0.5, .nesterov = true, .maximize = true},
+  };
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (size_t variant = 0; variant < variants.size(); ++variant) {
+      INFO(dtype_name(dt) << " variant " << variant);
+      std::vector<Tensor> cpu_params, gpu_params;
+      make_step_params(dt, cpu_params, gpu_params);
+      optim::SGDOptions fused = variants[variant];
+      fused.fused = true;
+      optim::SGD cpu_opt(cpu_params, variants[variant]), gpu_opt(gpu_params, fused);
+      step_and_compare(dt, cpu_params, gpu_params, cpu_opt, gpu_opt, {3, 7});
     }
   }
 }

@@ -153,13 +153,14 @@ std::unique_ptr<optim::Optimizer> make_optimizer(const OptimCase& c, std::vector
   for (const Tensor& p : c.params) params.push_back(p.clone().requires_grad_());
   using namespace optim;
   if (c.optimizer == "SGD") {
-    return std::make_unique<SGD>(specs<SGDOptions>(c, params, [](const auto& o) {
+    return std::make_unique<SGD>(specs<SGDOptions>(c, params, [fused](const auto& o) {
       return SGDOptions{.lr = get(o, "lr", 0),
                         .momentum = get(o, "momentum", 0),
                         .dampening = get(o, "dampening", 0),
                         .weight_decay = get(o, "weight_decay", 0),
                         .nesterov = get(o, "nesterov", 0) != 0,
-                        .maximize = get(o, "maximize", 0) != 0};
+                        .maximize = get(o, "maximize", 0) != 0,
+                        .fused = fused};
     }));
   }
   if (c.optimizer == "Adam") {

@@ -40,7 +40,7 @@ Tensor golden_grad(const Tensor& p, const Tensor& c);
 
 // The optimizer a case names, over fresh copies (leaves requiring grad) of its initial parameters,
 // returned in `params`.
-// fused: Adam and AdamW with their `fused` option on (the other optimizers have none).
+// fused: SGD, Adam and AdamW with their `fused` option on (the other optimizers have none).
 std::unique_ptr<optim::Optimizer> make_optimizer(const OptimCase& c, std::vector<Tensor>& params,
                                                   bool fused = false);
 

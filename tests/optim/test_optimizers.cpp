@@ -72,6 +72,10 @@ TEST_CASE("AdamW (decoupled weight decay, amsgrad, maximize) follows PyTorch for
   check_cases_of("AdamW");
 }
 
+TEST_CASE("SGD with fused = true follows PyTorch for 10 steps") {
+  check_cases_of("SGD", /*fused=*/true);
+}
+
 TEST_CASE("Adam and AdamW with fused = true follow PyTorch for 10 steps") {
   check_cases_of("Adam", /*fused=*/true);
   check_cases_of("AdamW", /*fused=*/true);
