@@ -198,8 +198,10 @@ void Optimizer::load_state_dict(const TensorDict& dict) {
     for (const auto& [key, value] : group.options) {
       bool found = false;
       for (const auto& [k, v] : options[g]) found = found || k == key;
-      KILN_CHECK(found, "{}.load_state_dict: the state dict lacks 'param_groups.{}.{}'", name_, g,
-                 key);
+      // "fused" came later than the other options: a state dict saved before it keeps this
+      // optimizer's setting, as PyTorch's optimizers do with setdefault('fused', ...).
+      KILN_CHECK(found || key == "fused", "{}.load_state_dict: the state dict lacks 'param_groups.{}.{}'",
+                 name_, g, key);
     }
     for (const Tensor& p : group.params) params.push_back(&p);
   }

@@ -99,6 +99,16 @@ TEST_CASE("load_state_dict names the mismatch: groups, parameter counts, shapes,
   // A failed load leaves the optimizer as it was.
   CHECK(same.param_groups()[0].lr() == 1e-3);
   CHECK(same.find_state(a) == nullptr);
+  // A state dict from before the `fused` option loads, and the optimizer keeps its own setting.
+  TensorDict no_fused;
+  for (const auto& [k, t] : saved) {
+    if (k != "param_groups.0.fused") no_fused.insert(k, t);
+  }
+  REQUIRE(no_fused.size() + 1 == saved.size());
+  Adam fused({a, b}, {.fused = true});
+  fused.load_state_dict(no_fused);
+  CHECK(fused.param_groups()[0].get("fused") == 1);
+  CHECK(fused.find_state(a) != nullptr);
 }
 
 TEST_CASE(
