@@ -280,7 +280,17 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
         o.epochs, o.steps_per_epoch);
     total_steps_ = o.epochs * o.steps_per_epoch;
   }
-  KILN_CHECK(o.max_lr > 0, "OneCycleLR: max_lr is required and must be positive, got {}", o.max_lr);
+  const size_t groups = optimizer.param_groups().size();
+  if (o.max_lrs.empty()) {
+    KILN_CHECK(o.max_lr > 0, "OneCycleLR: max_lr is required and must be positive, got {}", o.max_lr);
+  } else {
+    KILN_CHECK(o.max_lrs.size() == groups,
+               "OneCycleLR: max_lrs has {} values but {} has {} param groups; give one per group", o.max_lrs.size(),
+               optimizer.name(), groups);
+    for (size_t g = 0; g < groups; ++g) {
+      KILN_CHECK(o.max_lrs[g] > 0, "OneCycleLR: max_lrs[{}] must be positive, got {}", g, o.max_lrs[g]);
+    }
+  }
   KILN_CHECK(o.pct_start >= 0 && o.pct_start <= 1,
              "OneCycleLR: expected pct_start in [0, 1], got {}", o.pct_start);
   KILN_CHECK(o.anneal_strategy == "cos" || o.anneal_strategy == "linear",
@@ -304,9 +314,11 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
                optimizer.name());
   }
   base_lrs_.clear();
-  for (ParamGroup& group : optimizer.param_groups()) {
-    group.set("initial_lr", o.max_lr / o.div_factor);
-    group.set("max_lr", o.max_lr);
+  for (size_t g = 0; g < groups; ++g) {
+    ParamGroup& group = optimizer.param_groups()[g];
+    const double max_lr = o.max_lrs.empty() ? o.max_lr : o.max_lrs[g];
+    group.set("initial_lr", max_lr / o.div_factor);
+    group.set("max_lr", max_lr);
     group.set("min_lr", group.get("initial_lr") / o.final_div_factor);
     if (momentum_name_ != nullptr) {
       group.set(momentum_name_, o.max_momentum);

@@ -154,7 +154,8 @@ class LambdaLR : public LRScheduler {
 };
 
 struct OneCycleLROptions {
-  double max_lr = 0;        // required (> 0)
+  double max_lr = 0;              // required (> 0), unless max_lrs is given
+  std::vector<double> max_lrs{};  // one per param group (PyTorch's list form); overrides max_lr
   int64_t total_steps = 0;  // or epochs * steps_per_epoch
   int64_t epochs = 0;
   int64_t steps_per_epoch = 0;

@@ -265,6 +265,28 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("OneCycleLR takes one max_lr per param group") {
+  // The schedule is linear in max_lr, so group 1 (max_lr 0.05) runs at a tenth of group 0 (0.5), and
+  // group 0 runs exactly as with the single max_lr.
+  Setup one, two;
+  OneCycleLR single(*one.opt, {.max_lr = 0.5, .total_steps = 30});
+  OneCycleLR per_group(*two.opt, {.max_lrs = {0.5, 0.05}, .total_steps = 30});
+  for (int k = 0; k < 29; ++k) {
+    INFO("step " << k);
+    const auto& g = two.opt->param_groups();
+    CHECK(g[0].lr() == one.opt->param_groups()[0].lr());
+    CHECK(std::abs(g[1].lr() - g[0].lr() / 10) <= 1e-14 * g[0].lr());
+    CHECK(g[1].get("max_lr") == 0.05);
+    single.step();
+    per_group.step();
+  }
+  Setup s;
+  check_error([&] { OneCycleLR(*s.opt, {.max_lrs = {0.5}, .total_steps = 10}); },
+              {"OneCycleLR", "max_lrs has 1 values", "2 param groups"});
+  check_error([&] { OneCycleLR(*s.opt, {.max_lrs = {0.5, -1}, .total_steps = 10}); },
+              {"OneCycleLR", "max_lrs[1]", "positive"});
+}
+
 TEST_CASE("bad scheduler arguments are Errors that name the problem") {
   Setup s;
   Optimizer& o = *s.opt;
