@@ -1,9 +1,9 @@
 // tests/ops/test_fused.cpp: the fused kernels of cpu/fused.cpp behind layer_norm, rms_norm,
-// add_layer_norm, bias_gelu and softmax_cross_entropy. Each is checked against its unfused composition
-// (the same op with set_fusion(false), whose pieces the op table checks against PyTorch), forward and
-// every gradient with a random cotangent, in float64 to 1e-12 and in float32 to 1e-5, at odd sizes;
-// gradcheck and gradgradcheck (the create_graph path) in float64; column sums that do not depend on the
-// thread count; and the errors.
+// add_layer_norm, bias_gelu and softmax_cross_entropy, and relu's one-pass backward. Each is checked
+// against its unfused composition (the same op with set_fusion(false), whose pieces the op table checks
+// against PyTorch), forward and every gradient with a random cotangent, in float64 to 1e-12 and in
+// float32 to 1e-5, at odd sizes; gradcheck and gradgradcheck (the create_graph path) in float64;
+// column sums that do not depend on the thread count; and the errors.
 #include <cmath>
 
 #include "support.h"
@@ -171,6 +171,36 @@ TEST_CASE("softmax_cross_entropy: values against log_softmax, ignore_index, larg
   CHECK(l.item<float>() == Approx(1.0 + std::log1p(std::exp(-1.0))).epsilon(1e-6));
   // int32 targets are taken as well.
   test::check_equal(softmax_cross_entropy(logits, target.to(kInt32), 7, eps), loss);
+}
+
+TEST_CASE("relu's one-pass backward equals g * (y > 0)", "[ops][fused]") {
+  Generator gen(9);
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (Shape shape : {Shape{1}, Shape{7, 5}, Shape{33, 1023}}) {
+      INFO(dtype_name(dt) << " " << shape.str());
+      Tensor x = randn(shape, dt, &gen);
+      check_fused_equals_composed([](const TensorList& t) -> TensorList { return {relu(t[0])}; }, {x}, {true}, 3);
+      // Strided: the input transposed, the gradient reaching relu through a transpose as well.
+      if (shape.size() == 2) {
+        check_fused_equals_composed([](const TensorList& t) -> TensorList { return {relu(t[0].t()).t() * 2}; },
+                                    {x}, {true}, 4);
+      }
+    }
+  }
+  // Exactly zero where relu is flat (x <= 0), the incoming gradient where it is not; a NaN gradient
+  // where relu is flat gives 0, as PyTorch's threshold_backward.
+  FusionGuard fused(true);
+  Tensor x = tensor({-1.0, 0.0, 2.0, 3.0}).requires_grad_();
+  Tensor g = tensor({5.0, 6.0, 7.0, std::nan("")});
+  relu(x).backward(g);
+  Tensor gx = x.grad();
+  CHECK(gx[0].item<double>() == 0);
+  CHECK(gx[1].item<double>() == 0);
+  CHECK(gx[2].item<double>() == 7);
+  CHECK(std::isnan(gx[3].item<double>()));
+  Tensor y = tensor({-1.0, 2.0}).requires_grad_();
+  relu(y).backward(tensor({std::nan(""), 1.0}));
+  CHECK(y.grad()[0].item<double>() == 0);
 }
 
 TEST_CASE("nn::functional::cross_entropy through the fused rows equals the unfused path", "[ops][fused]") {
