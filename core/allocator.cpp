@@ -171,7 +171,7 @@ class CpuAllocator final : public Allocator {
     free_bytes_ += b->size;
   }
 
-  // Joins two adjacent blocks into the first; `a` may be in free_, `b` is not (or is taken out).
+  // Joins two adjacent blocks into the first, taking either out of free_ if it is there.
   Block* merge(Block* a, Block* b) {
     for (Block* x : {a, b}) {
       if (free_.erase(x) != 0) free_bytes_ -= x->size;
@@ -212,8 +212,9 @@ class CpuAllocator final : public Allocator {
 }  // namespace
 
 Allocator& cpu_allocator() {
-  static CpuAllocator allocator;
-  return allocator;
+  // Never destroyed: a tensor in a static object may be freed after this function's statics are.
+  static CpuAllocator* allocator = new CpuAllocator();
+  return *allocator;
 }
 
 }  // namespace kiln

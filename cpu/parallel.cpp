@@ -149,7 +149,6 @@ class ThreadPool {
   std::atomic<uint64_t> generation_{0};
   std::atomic<uint64_t> claim_{0};  // Note [claiming pieces]
   std::atomic<int> done_{0};        // pieces finished by workers, and by the caller once it stops
-
   bool stop_ = false;
   Job job_;  // the current job, guarded by mutex_
   std::exception_ptr error_;
