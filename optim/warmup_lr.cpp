@@ -35,6 +35,15 @@ WarmupLR::WarmupLR(Optimizer& optimizer, WarmupLROptions options, const char* na
       options_(std::move(options)),
       warmup_num_steps_(std::max<int64_t>(2, options_.warmup_num_steps)) {
   check_warmup_type(name, options_.warmup_type);
+  const size_t groups = optimizer.param_groups().size();
+  auto per_group = [&](const std::vector<double>& list, double value, const char* what) {
+    if (list.empty()) return std::vector<double>(groups, value);
+    KILN_CHECK(list.size() == groups, "{}: {} has {} values but {} has {} param groups; give one per group", name,
+               what, list.size(), optimizer.name(), groups);
+    return list;
+  };
+  min_lrs_ = per_group(options_.warmup_min_lrs, options_.warmup_min_lr, "warmup_min_lrs");
+  max_lrs_ = per_group(options_.warmup_max_lrs, options_.warmup_max_lr, "warmup_max_lrs");
 }
 
 double WarmupLR::warmup_gamma() const {
@@ -44,15 +53,22 @@ double WarmupLR::warmup_gamma() const {
 double WarmupLR::gamma() const { return last_epoch_ < warmup_num_steps_ ? warmup_gamma() : 1.0; }
 
 std::vector<double> WarmupLR::get_lr() {
-  const double lr =
-      options_.warmup_min_lr + (options_.warmup_max_lr - options_.warmup_min_lr) * gamma();
-  return std::vector<double>(optimizer_.param_groups().size(), lr);
+  const double g = gamma();
+  std::vector<double> lrs;
+  for (size_t i = 0; i < min_lrs_.size(); ++i) lrs.push_back(min_lrs_[i] + (max_lrs_[i] - min_lrs_[i]) * g);
+  return lrs;
 }
 
 // ---- WarmupDecayLR ----
 
 WarmupDecayLR::WarmupDecayLR(Optimizer& optimizer, WarmupDecayLROptions o)
-    : WarmupLR(optimizer, {o.warmup_min_lr, o.warmup_max_lr, o.warmup_num_steps, o.warmup_type},
+    : WarmupLR(optimizer,
+               {.warmup_min_lr = o.warmup_min_lr,
+                .warmup_max_lr = o.warmup_max_lr,
+                .warmup_num_steps = o.warmup_num_steps,
+                .warmup_type = o.warmup_type,
+                .warmup_min_lrs = o.warmup_min_lrs,
+                .warmup_max_lrs = o.warmup_max_lrs},
                "WarmupDecayLR"),
       total_num_steps_(o.total_num_steps) {
   KILN_CHECK(o.total_num_steps > 0,

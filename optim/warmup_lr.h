@@ -8,6 +8,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "optim/lr_scheduler.h"
 
@@ -18,11 +19,13 @@ struct WarmupLROptions {
   double warmup_max_lr = 1e-3;
   int64_t warmup_num_steps = 1000;  // DeepSpeed uses max(2, warmup_num_steps)
   std::string warmup_type = "log";  // "log" or "linear"
+  // One value per param group (DeepSpeed's list form); when given, they replace the two above.
+  std::vector<double> warmup_min_lrs{}, warmup_max_lrs{};
 };
 
 // lr = min_lr + (max_lr - min_lr) * gamma, where at iteration i < warmup_num_steps
 //   gamma = log(i + 1) / log(warmup_num_steps)   ("log")   or   i / warmup_num_steps   ("linear")
-// and gamma = 1 afterwards. Every group gets the same lr.
+// and gamma = 1 afterwards. Every group gets the same lr, unless the per-group lists are given.
 class WarmupLR : public LRScheduler {
  public:
   WarmupLR(Optimizer& optimizer, WarmupLROptions options = {});
@@ -35,6 +38,7 @@ class WarmupLR : public LRScheduler {
 
   WarmupLROptions options_;
   int64_t warmup_num_steps_;
+  std::vector<double> min_lrs_, max_lrs_;  // per group
 };
 
 struct WarmupDecayLROptions {
@@ -43,6 +47,7 @@ struct WarmupDecayLROptions {
   double warmup_max_lr = 1e-3;
   int64_t warmup_num_steps = 1000;
   std::string warmup_type = "log";
+  std::vector<double> warmup_min_lrs{}, warmup_max_lrs{};  // per group, as WarmupLROptions
 };
 
 // WarmupLR, then a linear decay to 0 at total_num_steps: after the warmup,

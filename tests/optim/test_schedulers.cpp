@@ -287,6 +287,27 @@ TEST_CASE("OneCycleLR takes one max_lr per param group") {
               {"OneCycleLR", "max_lrs[1]", "positive"});
 }
 
+TEST_CASE("DeepSpeed's warmup schedules take per-group min and max lrs") {
+  // Group g follows min_g + (max_g - min_g) * gamma(i), gamma as for one group: read gamma off a
+  // single-group run from 0 to 1.
+  Setup one, two;
+  WarmupDecayLR unit(*one.opt, {.total_num_steps = 20, .warmup_min_lr = 0, .warmup_max_lr = 1,
+                                .warmup_num_steps = 6, .warmup_type = "linear"});
+  WarmupDecayLR per_group(*two.opt, {.total_num_steps = 20, .warmup_num_steps = 6, .warmup_type = "linear",
+                                     .warmup_min_lrs = {0.001, 0.0}, .warmup_max_lrs = {0.1, 0.02}});
+  for (int i = 0; i < 20; ++i) {
+    INFO("iteration " << i);
+    unit.step();
+    per_group.step();
+    const double gamma = one.opt->param_groups()[0].lr();
+    CHECK(std::abs(two.opt->param_groups()[0].lr() - (0.001 + (0.1 - 0.001) * gamma)) <= 1e-15);
+    CHECK(std::abs(two.opt->param_groups()[1].lr() - 0.02 * gamma) <= 1e-15);
+  }
+  Setup s;
+  check_error([&] { WarmupLR(*s.opt, {.warmup_max_lrs = {0.1}}); },
+              {"WarmupLR", "warmup_max_lrs has 1 values", "2 param groups"});
+}
+
 TEST_CASE("bad scheduler arguments are Errors that name the problem") {
   Setup s;
   Optimizer& o = *s.opt;
