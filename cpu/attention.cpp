@@ -35,12 +35,11 @@ constexpr int64_t kBlock = 64;
 template <typename T>
 using Row = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
 
-// Block scratch aligned for Eigen's vector loops. Those start at the first aligned element and do
-// the ones before it (and the tail) in scalar code, whose exp can differ from the vector exp in the
-// last bit, and whose sum adds in another order. On a plain heap buffer that split would follow the
-// buffer's address, and so would the results; aligned, it follows the row's offset alone.
-template <typename T>
-using Scratch = std::vector<T, Eigen::aligned_allocator<T>>;
+// Block scratch is a ScratchBuffer (cpu/kernels.h), 64-byte aligned as Eigen's vector loops need.
+// Those start at the first aligned element and do the ones before it (and the tail) in scalar code,
+// whose exp can differ from the vector exp in the last bit, and whose sum adds in another order. On
+// a plain heap buffer that split would follow the buffer's address, and so would the results;
+// aligned, it follows the row's offset alone.
 
 // How many of the block's `cols` key columns (from k0) query row q0 + r may see: all of them, or with
 // causal those up to its own position. The columns past that are zeroed in the block, never exp'd.
@@ -61,12 +60,12 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
   const T scale = static_cast<T>(args.scale);
   const int64_t q_blocks = (L + kBlock - 1) / kBlock;
   parallel_for(0, B * q_blocks, 1, [&](int64_t t0, int64_t t1) {
-    Scratch<T> scores(kBlock * kBlock), acc(kBlock * Ev);
+    ScratchBuffer<T> scores(kBlock * kBlock), acc(kBlock * Ev);
     std::vector<T> m(kBlock), l(kBlock);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / q_blocks, q0 = (t % q_blocks) * kBlock, rows = std::min(kBlock, L - q0);
       const T* qb = q + (b * L + q0) * E;
-      std::fill(acc.begin(), acc.begin() + rows * Ev, T(0));
+      std::fill(acc.data(), acc.data() + rows * Ev, T(0));
       std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
       std::fill(l.begin(), l.end(), T(0));
       const int64_t k_end = args.causal ? std::min(S, q0 + rows) : S;
@@ -94,7 +93,8 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
       for (int64_t r = 0; r < rows; ++r) {
         T* o = out + (b * L + q0 + r) * Ev;
         const T inv = l[r] > 0 ? T(1) / l[r] : T(0);  // a row that saw no key (S = 0) is zero
-        for (int64_t e = 0; e < Ev; ++e) o[e] = acc[r * Ev + e] * inv;
+        const T* a = acc.data() + r * Ev;
+        for (int64_t e = 0; e < Ev; ++e) o[e] = a[e] * inv;
         lse[b * L + q0 + r] = m[r] + std::log(l[r]);
       }
     }
@@ -111,7 +111,7 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
   T *gq = gqv.ptr<T>(), *gk = gkv.ptr<T>(), *gv = gvv.ptr<T>();
   const T scale = static_cast<T>(args.scale);
   parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-    Scratch<T> p(kBlock * kBlock), dp(kBlock * kBlock);
+    ScratchBuffer<T> p(kBlock * kBlock), dp(kBlock * kBlock);
     std::vector<T> D(L);
     for (int64_t b = b0; b < b1; ++b) {
       const T *qb = q + b * L * E, *kb = k + b * S * E, *vb = v + b * S * Ev, *gob = gout + b * L * Ev;

@@ -66,6 +66,10 @@ Tensor with_input_grad(Tensor y, const Tensor& x, const char* name, F formula) {
   }
   return y;
 }
+// Whether a backward formula may run as one fused kernel: fusion is on (set_fusion) and the backward
+// is not itself being differentiated (create_graph), which needs it written as ops.
+bool fused_backward() { return fusion_enabled() && !GradMode::is_enabled(); }
+
 template <typename F>
 Tensor with_output_grad(Tensor y, const Tensor& x, const char* name, F formula) {
   if (should_record(x)) {
@@ -246,7 +250,7 @@ Tensor relu(const Tensor& x) {
   // unless it is itself differentiated (create_graph) or fusion is off: then g * (y > 0) as ops.
   return with_output_grad(unary_forward(UnaryOp::Relu, x, x.dtype()), x, "ReluBackward",
                           [](const Tensor& g, const Tensor& y) {
-                            if (!GradMode::is_enabled() && fusion_enabled() && g.dtype() == y.dtype()) {
+                            if (fused_backward() && g.dtype() == y.dtype()) {
                               return binary_forward(BinaryOp::ReluBackward, g, y, y.dtype(), 1, "relu backward");
                             }
                             return g * y.gt(0);
@@ -282,7 +286,7 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
   // formula as ops, so that it has a gradient of its own; likewise with fusion off (set_fusion).
   return with_input_grad(float_unary(tanh_form ? UnaryOp::GeluTanh : UnaryOp::GeluErf, x, "gelu"), x,
                          "GeluBackward", [tanh_form](const Tensor& g, const Tensor& x) {
-                           if (!GradMode::is_enabled() && fusion_enabled()) {
+                           if (fused_backward()) {
                              return binary_forward(tanh_form ? BinaryOp::GeluTanhBackward : BinaryOp::GeluErfBackward,
                                                    g, x, result_type(g, x), 1, "gelu backward");
                            }
