@@ -274,7 +274,8 @@ class Backend {
   // -- attention over contiguous views of one floating dtype: q (B, L, E), k (B, S, E), v (B, S, Ev),
   //    out (B, L, Ev) = softmax(scores) v row by row, never holding a whole (L, S) score matrix, and
   //    lse (B, L) = the log-sum-exp of each score row, which is all the backward needs to rebuild the
-  //    probabilities: p[i][j] = exp(score[i][j] - lse[i]) --
+  //    probabilities: p[i][j] = exp(score[i][j] - lse[i]); lse is float32 when q is 16-bit. The CPU
+  //    takes float32 and float64; CUDA float16 and bfloat16 with Ev = E in {32, 64, 96, 128} --
   virtual void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
                          const AttentionArgs& args, const Stream& s) = 0;
   // The gradients of <grad_out, out> with respect to q, k and v (each overwritten), from the forward's

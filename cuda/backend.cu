@@ -193,15 +193,17 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(s.device.index, "cross_entropy backward");
     cross_entropy_backward_launch(logits, target, lse, grad_loss, grad_logits, ignore_index, label_smoothing, s);
   }
-  // No fused attention kernel on CUDA yet: ops/attention.cpp composes attention from matmul and
-  // softmax on this device and never calls these two.
-  void attention(const View&, const View&, const View&, const View&, const View&, const AttentionArgs&,
-                 const Stream&) override {
-    KILN_FAIL("scaled_dot_product_attention: the CUDA backend has no fused attention kernel yet");
+  // float16 and bfloat16 only (ops/attention.cpp composes the other dtypes on this device).
+  void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                 const AttentionArgs& args, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "scaled_dot_product_attention");
+    attention_launch(q, k, v, out, lse, args, s);
   }
-  void attention_backward(const View&, const View&, const View&, const View&, const View&, const View&,
-                          const View&, const View&, const View&, const AttentionArgs&, const Stream&) override {
-    KILN_FAIL("scaled_dot_product_attention: the CUDA backend has no fused attention kernel yet");
+  void attention_backward(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                          const View& grad_out, const View& grad_q, const View& grad_k, const View& grad_v,
+                          const AttentionArgs& args, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "scaled_dot_product_attention backward");
+    attention_backward_launch(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args, s);
   }
 };
 

@@ -123,6 +123,13 @@ __global__ void layer_norm_kernel(const T* x, const T* res, const T* w, const T*
   }
 }
 
+// grad_out * weight rounded to T on its own. Written as a plain product, nvcc contracts
+// `g * w - mean(gx)` into one fma, which skips that rounding: the difference is no longer exactly 0
+// where it should be (a row of one element, whose gradient is 0), and rstd (up to 1/sqrt(eps)) magnifies
+// the leftover. The CPU kernel rounds the product, so the two devices agree.
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
+
 // grad_in = rstd * (gx - mean(gx) - xhat * mean(gx * xhat)) + grad_sum, gx = grad_out * weight.
 template <typename T>
 __global__ void layer_norm_backward_kernel(const T* g, const T* gs, const T* h, const T* w, const T* mean,
@@ -135,7 +142,7 @@ __global__ void layer_norm_backward_kernel(const T* g, const T* gs, const T* h, 
     double s_gx = 0, s_gx_xhat = 0;
     for (int64_t i = lane; i < M; i += 32) {
       const T xhat = (hr[i] - mu) * rs;
-      const T gx = w ? gr[i] * w[i] : gr[i];
+      const T gx = w ? mul_rn(gr[i], w[i]) : gr[i];
       s_gx += static_cast<double>(gx);
       s_gx_xhat += static_cast<double>(gx) * static_cast<double>(xhat);
     }
@@ -143,7 +150,7 @@ __global__ void layer_norm_backward_kernel(const T* g, const T* gs, const T* h, 
     const T c = static_cast<T>(warp_sum(s_gx_xhat) / static_cast<double>(M));
     for (int64_t i = lane; i < M; i += 32) {
       const T xhat = (hr[i] - mu) * rs;
-      const T gx = w ? gr[i] * w[i] : gr[i];
+      const T gx = w ? mul_rn(gr[i], w[i]) : gr[i];
       T v = rs * (gx - a - xhat * c);
       if (gs) v = v + gs[r * M + i];
       gi[r * M + i] = v;

@@ -5,12 +5,14 @@
 // Two ways to compute it, with the same result within rounding:
 //   composed: matmul, masked_fill / add, softmax, dropout, matmul: every step an op with its own
 //             backward, and the (..., L, S) scores and probabilities kept for backward.
-//   fused:    one kernel (Backend::attention; cpu/attention.cpp) that walks the keys in blocks with
+//   fused:    one kernel (Backend::attention; cpu/attention.cpp, cuda/attention.cu) that walks the keys in blocks with
 //             an online softmax and keeps only out and the (..., L) log-sum-exp of each score row;
 //             its backward rebuilds the probabilities block by block. Memory O(L) instead of O(L S).
 // The fused kernel runs when fusion is on (set_fusion), there is no attn_mask, no dropout, and the
-// device has the kernel (the CPU; CUDA composes for now). Under create_graph (double backward) the
-// fused node's backward is written with ops, so it can itself be differentiated. This file also
+// device has the kernel: the CPU for every floating dtype; CUDA for float16 and bfloat16 with head dims
+// 32, 64, 96 or 128 (cuda/attention.cu, on tensor cores), which covers attention under autocast.
+// Under create_graph (double backward) the fused node's backward is written with ops, so it can itself
+// be differentiated. This file also
 // holds the process-wide fusion switch (set_fusion, KILN_FUSION; ops/ops.h), which gelu reads too.
 #include <atomic>
 #include <cmath>
@@ -76,12 +78,15 @@ TensorList attention_backward_composed(const Tensor& q, const Tensor& k, const T
 // The fused form on (B, L, E), (B, S, E), (B, S, Ev) tensors of one floating dtype.
 Tensor attention_fused(const Tensor& q3, const Tensor& k3, const Tensor& v3, const AttentionArgs& args) {
   const DType dtype = q3.dtype();
-  // The CPU kernel computes in float32 or float64; 16-bit inputs go through float32.
-  const DType compute = is_reduced_float(dtype) ? kFloat32 : dtype;
+  // The CPU kernel computes in float32 or float64, so 16-bit inputs go through float32 there; the CUDA
+  // kernel takes the 16-bit tensors themselves (tensor cores, float32 accumulation). lse is float32
+  // whenever the inputs are 16-bit.
+  const DType compute = is_reduced_float(dtype) && q3.device().is_cpu() ? kFloat32 : dtype;
+  const DType lse_dtype = is_reduced_float(dtype) ? kFloat32 : dtype;
   Tensor q = q3.to(compute).contiguous(), k = k3.to(compute).contiguous(), v = v3.to(compute).contiguous();
   const int64_t B = q.sizes()[0], L = q.sizes()[1], Ev = v.sizes()[2];
   Tensor out = empty_tensor({B, L, Ev}, compute, q.device());
-  Tensor lse = empty_tensor({B, L}, compute, q.device());
+  Tensor lse = empty_tensor({B, L}, lse_dtype, q.device());
   if (out.numel() > 0) {
     backend_for(q.device()).attention(view_of(q), view_of(k), view_of(v), view_of(out), view_of(lse), args,
                                       stream_for(q.device()));
@@ -173,7 +178,12 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   }
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(E));
 
-  const bool fused = fusion_enabled() && !attn_mask.defined() && dropout_p == 0 && query.device().is_cpu();
+  // The CUDA kernel (cuda/attention.cu) takes float16 and bfloat16 with one head dim of 32, 64, 96 or
+  // 128 for query, key and value; other CUDA cases compose.
+  const int64_t Ev = value.sizes()[value.dim() - 1];
+  const bool kernel = query.device().is_cpu() ||
+                      (is_reduced_float(query.dtype()) && Ev == E && E % 32 == 0 && E <= 128 && L > 0 && S > 0);
+  const bool fused = fusion_enabled() && !attn_mask.defined() && dropout_p == 0 && kernel;
   if (!fused) return attention_composed(query, key, value, attn_mask, dropout_p, is_causal, s, gen);
 
   // The kernel's (B, L, E) layout: batch dims broadcast and flattened.

@@ -4,9 +4,10 @@
 # ./.deps in Debian's layout (the README's "Tests" section says how). The script configures against
 # them, builds with every core, runs the GPU tests, then the whole suite, then the GPU benchmarks,
 # and leaves its logs in $OUT (default ./gpu-out).
-#   usage: scripts/gpu_check.sh [build|test|sanitize|train|bench] ...   (default: build test bench)
+#   usage: scripts/gpu_check.sh [build|test|sanitize|train|bench|gpt] ...   (default: build test bench)
 # sanitize: the GPU tests but the op table's and NCCL's under compute-sanitizer's memcheck, with the
 # allocator's cache off so that each tensor's bounds are checked. train: kiln-train on the GPU.
+# gpt: GPT-2 124M and gpt_char against PyTorch, and the fused kernels against their compositions.
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -80,6 +81,28 @@ for step in "${steps[@]}"; do
           tee -a "$out/bench.jsonl"
       done
     fi
+    ;;
+  gpt)
+    # BENCHMARKS.md's gpt2_124m (Kiln against PyTorch eager with SDPA, alternately, then PyTorch with
+    # torch.compile once), gpt_char on the GPU against the PyTorch anchor, and the fusion benchmark.
+    for round in 1 2; do
+      timeout 200 $build/bin/bench_gpt2 | tee -a "$out/gpt.jsonl"
+      timeout 200 python3 benchmarks/anchors/torch_gpt2.py | tee -a "$out/gpt.jsonl"
+    done
+    timeout 300 python3 benchmarks/anchors/torch_gpt2.py --compile 2>&1 | tail -1 | tee -a "$out/gpt.jsonl"
+    # Where a step's time goes: each part of one block, forward and backward, both sides.
+    timeout 100 $build/bin/bench_gpt2 --breakdown | tee -a "$out/gpt.jsonl"
+    timeout 100 python3 benchmarks/anchors/torch_gpt2.py --breakdown | tee -a "$out/gpt.jsonl"
+    # The corpus: bundle it as .deps/corpus/fortunes.txt (scripts/make_fortunes_corpus.sh writes it).
+    corpus=$PWD/.deps/corpus/fortunes.txt
+    if [[ -f $corpus ]]; then
+      for round in 1 2; do
+        timeout 120 $build/bin/bench_gpt_char --device cuda --corpus "$corpus" | tee -a "$out/gpt.jsonl"
+        timeout 120 python3 benchmarks/anchors/torch_gpt_char.py --device cuda --corpus "$corpus" |
+          tee -a "$out/gpt.jsonl"
+      done
+    fi
+    timeout 120 $build/bin/bench_fusion --device cuda | tee -a "$out/gpt.jsonl"
     ;;
   esac
 done

@@ -8,7 +8,7 @@ bench_checkpointing_mem.
 
 Run it with Debian's Python and python3-torch 1.13 (/usr/bin/python3), not another python3 on PATH:
     /usr/bin/python3 benchmarks/anchors/torch_gpt_char.py [--bench gpt_char|checkpointing_mem]
-        [--checkpoint] [--layers N] [--steps N] [--corpus PATH]
+        [--checkpoint] [--layers N] [--steps N] [--corpus PATH] [--device cpu|cuda]
 
 Dimensions: B batch (16), T time (128), C channels (128), H heads (4), D = C / H (32), V vocabulary
 (256), L layers (4; 8 for checkpointing_mem). x = wte[idx] + wpe[pos]; pre-LN blocks
@@ -108,7 +108,7 @@ class Block(nn.Module):
         k = k.view(b, t, HEADS, d).transpose(1, 2)
         v = v.view(b, t, HEADS, d).transpose(1, 2)
         att = q @ k.transpose(-2, -1) * (1.0 / math.sqrt(d))                    # (B, H, T, T)
-        above = torch.ones(t, t, dtype=torch.bool).triu(1)  # (T, T), True above the diagonal
+        above = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)  # (T, T), True above the diagonal
         att = att.masked_fill(above, float("-inf")).softmax(-1)
         y = (att @ v).transpose(1, 2).contiguous().view(b, t, CHANNELS)
         return self.proj(y)
@@ -151,6 +151,8 @@ def parse_args():
     ap.add_argument("--steps", type=int, help="steps (default 200; 30 for checkpointing_mem)")
     ap.add_argument("--corpus", help="the corpus file (default: built from the packages)")
     ap.add_argument("--checkpoint", action="store_true", help="checkpoint every block")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where the model and batches live (cuda: the GPU figure of BENCHMARKS.md)")
     args = ap.parse_args()
     ckpt_bench = args.bench == "checkpointing_mem"
     args.layers = args.layers or (8 if ckpt_bench else 4)
@@ -169,7 +171,7 @@ def main():
     corpus = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # (N)
     del data
 
-    model = Gpt(args.layers, args.checkpoint)
+    model = Gpt(args.layers, args.checkpoint).to(args.device)
     params = sum(p.numel() for p in model.parameters())
     c = CHANNELS
     per_block = 2 * c + (3 * c * c + 3 * c) + (c * c + c) + 2 * c + (4 * c * c + 4 * c) + (
@@ -188,6 +190,7 @@ def main():
         start = time.perf_counter()
         offsets = torch.randint(0, n - CONTEXT - 1, (BATCH,), generator=generator)  # (B)
         window = corpus[offsets.unsqueeze(1) + positions].long()                    # (B, T+1)
+        window = window.to(args.device)
         x, y = window[:, :CONTEXT], window[:, 1:]                                    # (B, T)
         optimizer.zero_grad()
         logits = model(x)  # (B, T, V)
@@ -201,7 +204,7 @@ def main():
         loss_final = value
     timed = ms[min(WARMUP_STEPS, len(ms) - 1):]
 
-    result = {"bench": args.bench, "impl": "pytorch", "device": "cpu",
+    result = {"bench": args.bench, "impl": "pytorch", "device": args.device,
               "threads": torch.get_num_threads(), "n_layer": args.layers, "steps": args.steps}
     if args.bench == "checkpointing_mem":
         result["ckpt"] = args.checkpoint

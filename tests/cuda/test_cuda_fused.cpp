@@ -3,6 +3,8 @@
 // tests/ops/test_fused.cpp checks against the unfused compositions), forward and every gradient, in
 // float64 and float32, at odd sizes and rows longer than a warp's stride; the target check; and the
 // composed CUDA path (fusion off) against the fused one. Skipped (exit 77) without a GPU.
+#include <cmath>
+
 #include "support.h"
 
 using namespace kiln;
@@ -46,7 +48,13 @@ void check_gpu_equals_cpu(const Fn& fn, const TensorList& inputs, uint64_t seed,
   }
   for (size_t i = 0; i < cpu_grads.size(); ++i) {
     INFO("gradient " << i);
-    test::check_close(gpu_grads[i].cpu(), cpu_grads[i], tol);
+    // A 1-D gradient (weight, bias) of a 2-D input is a column sum over its rows, each term of which
+    // may differ by the elementwise tolerance (tanh and erf are not rounded alike on the two devices).
+    // Such differences add like a random walk: the absolute tolerance grows with sqrt(rows). Without
+    // it a bias gradient of 2048 rows whose terms cancel down to about 1 differs by 5e-5 in float32.
+    test::Tolerance t = tol;
+    if (cpu_grads[i].dim() == 1 && inputs[0].dim() == 2) t.atol *= std::sqrt(static_cast<double>(inputs[0].size(0)));
+    test::check_close(gpu_grads[i].cpu(), cpu_grads[i], t);
   }
 }
 

@@ -1,8 +1,12 @@
 // tests/cuda/test_cuda_transformer.cpp: attention and GPT on cuda:0 against the CPU: the composed
-// scaled_dot_product_attention (CUDA has no fused kernel yet) against the CPU's fused one, forward and
-// gradients; a tiny GPT's logits and parameter gradients; and activation offload (SaveOnCpu): the same
+// scaled_dot_product_attention (float64 on CUDA) against the CPU's fused one, forward and gradients;
+// the CUDA flash kernel (float16, bfloat16) against a float64 composition of the same rounded inputs,
+// and its memory; a tiny GPT's logits and parameter gradients; and activation offload (SaveOnCpu): the same
 // gradients, the saved activations copied to the host, and less device memory held by the graph.
 // Skipped (exit 77) without a GPU, like test_cuda.cpp.
+#include <algorithm>
+#include <cmath>
+
 #include "models/gpt.h"
 #include "support.h"
 
@@ -29,6 +33,74 @@ TEST_CASE("scaled_dot_product_attention on cuda:0 equals the CPU's fused kernel"
     auto gg = autograd::grad({yg}, {qg, kg, vg}, {cot.to(kGpu)});
     for (int i = 0; i < 3; ++i) test::check_close(gg[i].cpu(), gc[i], {1e-10, 1e-10});
   }
+}
+
+namespace {
+// |a - b| / max(|b|, 1) over all elements (Frobenius norms): relative, except where the reference is
+// (near) zero, as the gradients of q and k are with a single key (softmax over one key is constant).
+double relative_error(const Tensor& a, const Tensor& b) {
+  const Tensor d = a.to(kFloat64).cpu() - b.to(kFloat64).cpu();
+  const double norm_b = std::sqrt((b.to(kFloat64) * b.to(kFloat64)).sum().item<double>());
+  return std::sqrt((d * d).sum().item<double>()) / std::max(norm_b, 1.0);
+}
+}  // namespace
+
+TEST_CASE("the CUDA flash attention kernel (float16, bfloat16) matches a float64 composition", "[gpu][attention]") {
+  // Inputs rounded to the 16-bit dtype first; the reference composes in float64 from those values, so
+  // what remains is the kernel's own rounding: P, dS and the results held in 16 bits (unit roundoff
+  // 2^-8 for bfloat16, 2^-11 for float16). A wrong index or mask gives errors of order 1.
+  Generator gen(11);
+  struct Case {
+    int64_t L, S, D;
+  };
+  for (DType dt : {kBFloat16, kFloat16}) {
+    const double bound = dt == kBFloat16 ? 2e-2 : 4e-3;
+    for (Case c : {Case{1, 1, 32}, Case{7, 7, 64}, Case{65, 65, 96}, Case{200, 200, 128}, Case{130, 70, 64},
+                   Case{70, 130, 64}, Case{256, 256, 64}}) {
+      for (bool causal : {false, true}) {
+        INFO(dtype_name(dt) << ", L " << c.L << ", S " << c.S << ", D " << c.D << ", causal " << causal);
+        Tensor q = randn({2, 3, c.L, c.D}, kFloat64, &gen).to(dt), k = randn({2, 3, c.S, c.D}, kFloat64, &gen).to(dt);
+        Tensor v = randn({2, 3, c.S, c.D}, kFloat64, &gen).to(dt), cot = randn({2, 3, c.L, c.D}, kFloat64, &gen).to(dt);
+        Tensor q64 = q.to(kFloat64).requires_grad_(), k64 = k.to(kFloat64).requires_grad_();
+        Tensor v64 = v.to(kFloat64).requires_grad_();
+        test::FusionGuard composed(false);  // the float64 reference op by op
+        Tensor y64 = scaled_dot_product_attention(q64, k64, v64, {}, 0.0, causal);
+        auto g64 = autograd::grad({y64}, {q64, k64, v64}, {cot.to(kFloat64)});
+        test::FusionGuard fused(true);
+        Tensor qg = q.to(kGpu).requires_grad_(), kg = k.to(kGpu).requires_grad_(), vg = v.to(kGpu).requires_grad_();
+        Tensor yg = scaled_dot_product_attention(qg, kg, vg, {}, 0.0, causal);
+        CHECK(yg.dtype() == dt);
+        CHECK(relative_error(yg, y64) < bound);
+        auto gg = autograd::grad({yg}, {qg, kg, vg}, {cot.to(kGpu)});
+        for (int i = 0; i < 3; ++i) {
+          INFO("gradient " << i << ", relative error " << relative_error(gg[i], g64[i]));
+          CHECK(gg[i].dtype() == dt);
+          CHECK(relative_error(gg[i], g64[i]) < bound);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the CUDA flash attention kernel holds no L x S matrix", "[gpu][attention]") {
+  // B H = 4, L = S = 2048, D = 64, bfloat16: q, k, v, out and their gradients are 1 MiB each, the
+  // float32 lse 32 KiB; one (L, S) float32 score matrix per head would be 64 MiB.
+  Generator gen(12);
+  auto make = [&] { return randn({4, 2048, 64}, kFloat32, &gen).to(kBFloat16).to(kGpu).requires_grad_(); };
+  Tensor q = make(), k = make(), v = make();
+  Tensor cot = randn({4, 2048, 64}, kFloat32, &gen).to(kBFloat16).to(kGpu);
+  cuda::synchronize();
+  memory::reset_peak(kGpu);
+  const int64_t before = memory::stats(kGpu).allocated_bytes;
+  {
+    test::FusionGuard fused(true);
+    Tensor y = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+    auto g = autograd::grad({y}, {q, k, v}, {cot});
+    cuda::synchronize();
+  }
+  const int64_t peak = memory::stats(kGpu).peak_allocated_bytes - before;
+  INFO("peak increment " << peak << " bytes");
+  CHECK(peak < (16 << 20));
 }
 
 TEST_CASE("GPT on cuda:0: logits and gradients equal the CPU's", "[gpu][gpt]") {

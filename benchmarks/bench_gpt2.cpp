@@ -1,0 +1,206 @@
+// bench_gpt2: BENCHMARKS.md's "gpt2_124m" GPU workload: GPT-2 124M (12 layers, 12 heads, 768 wide,
+// context 1024, vocabulary 50257 padded to 50304, tied head, tanh GELU, no dropout) trained on
+// synthetic token ids, batch 16, under a bfloat16 autocast scope, with the fused AdamW step
+// (lr 6e-4, betas (0.9, 0.95), eps 1e-8, weight decay 0.1). Anchor: benchmarks/anchors/torch_gpt2.py,
+// the same model in PyTorch with scaled_dot_product_attention and AdamW(fused=True).
+//
+// A timed step: draw (B, T+1) token ids on the host and copy them over, forward under autocast, mean
+// cross-entropy, zero_grad, backward, optimizer step, loss.item() (which waits for the GPU). The first
+// --warmup steps are not timed. Prints one JSON line: ms_per_step (median), tokens_per_s, the model
+// FLOPs per token and MFU against the H100 SXM's dense bf16 peak (989.4 TFLOP/s), the losses and the
+// peak of Kiln's device allocator.
+//
+// FLOPs per token, as nanoGPT's estimate_mfu counts them: 6 N for the matmuls of forward and backward
+// (N = the parameters without the position embedding) plus 12 L T C for attention's two T x T
+// products, forward and backward.
+//
+// --breakdown instead times the parts of one block, forward and backward under autocast at the
+// run's shapes (the median of 20 repetitions after 3, each ended by a device synchronize), one JSON
+// line per part: where a step's time goes. torch_gpt2.py --breakdown times the same parts.
+//
+//   bench_gpt2 [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12] [--no-autocast]
+//              [--no-fusion] [--device cuda] [--breakdown]
+#include <kiln/kiln.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "models/gpt.h"
+
+namespace {
+
+constexpr double kPeakBf16 = 989.4e12;  // H100 SXM dense bf16 tensor-core peak, FLOP/s
+constexpr int64_t kVocab = 50257, kPaddedVocab = 50304;
+
+struct Options {
+  int64_t steps = 30, warmup = 5, batch = 16, seq = 1024, layers = 12;
+  bool autocast = true, fusion = true, breakdown = false;
+  std::string device = "cuda";
+};
+
+[[noreturn]] void usage(const char* prog, int code) {
+  std::fprintf(stderr,
+               "usage: %s [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12] [--no-autocast] "
+               "[--no-fusion] [--device cuda] [--breakdown]\n",
+               prog);
+  std::exit(code);
+}
+
+Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto number = [&]() -> int64_t {
+      if (i + 1 >= argc) usage(argv[0], 2);
+      char* end = nullptr;
+      const long long v = std::strtoll(argv[++i], &end, 10);
+      if (*end != '\0' || v < 0) {
+        std::fprintf(stderr, "%s: bad value '%s' for %s\n", argv[0], argv[i], a.c_str());
+        std::exit(2);
+      }
+      return v;
+    };
+    if (a == "--steps") o.steps = number();
+    else if (a == "--warmup") o.warmup = number();
+    else if (a == "--batch") o.batch = number();
+    else if (a == "--seq") o.seq = number();
+    else if (a == "--layers") o.layers = number();
+    else if (a == "--no-autocast") o.autocast = false;
+    else if (a == "--no-fusion") o.fusion = false;
+    else if (a == "--breakdown") o.breakdown = true;
+    else if (a == "--device" && i + 1 < argc) o.device = argv[++i];
+    else usage(argv[0], a == "--help" || a == "-h" ? 0 : 2);
+  }
+  if (o.steps <= o.warmup || o.batch < 1 || o.seq < 1 || o.seq > 1024 || o.layers < 1) {
+    std::fprintf(stderr, "%s: need --steps > --warmup, --batch and --layers >= 1, 1 <= --seq <= 1024\n", argv[0]);
+    std::exit(2);
+  }
+  return o;
+}
+
+// The median time in ms of fn() (forward and backward of one part) over 20 runs after 3.
+double time_part(const std::function<void()>& fn, kiln::Device device) {
+  std::vector<double> ms;
+  for (int i = 0; i < 23; ++i) {
+    if (device.is_cuda()) kiln::cuda::synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    fn();
+    if (device.is_cuda()) kiln::cuda::synchronize();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (i >= 3) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return kiln_bench::median(ms);
+}
+
+void breakdown(const Options& o, kiln::Device device) {
+  using namespace kiln;
+  const int64_t B = o.batch, T = o.seq, C = 768, H = 12;
+  manual_seed(0);
+  nn::TransformerBlock block(C, H, {.gelu_approximate = "tanh"});
+  block.to(device);
+  Tensor x = randn({B, T, C}, kFloat32).to(device).requires_grad_();
+  Tensor q = randn({B, H, T, C / H}, kFloat32).to(device).to(kBFloat16).requires_grad_();
+  Tensor k = randn({B, H, T, C / H}, kFloat32).to(device).to(kBFloat16).requires_grad_();
+  Tensor v = randn({B, H, T, C / H}, kFloat32).to(device).to(kBFloat16).requires_grad_();
+  Tensor h4 = randn({B, T, 4 * C}, kFloat32).to(device).to(kBFloat16).requires_grad_();
+  auto fwd_bwd = [&](const std::function<Tensor()>& f) {
+    return [&, f] {
+      Tensor y;
+      {
+        AutocastGuard ac(device, kBFloat16, o.autocast);
+        y = f();
+      }
+      y.backward(ones_like(y));
+    };
+  };
+  const std::vector<std::pair<const char*, std::function<void()>>> parts = {
+      {"block", fwd_bwd([&] { return block.forward(x); })},
+      {"ln_1", fwd_bwd([&] { return block.ln_1.forward(x); })},
+      {"c_attn", fwd_bwd([&] { return block.attn.c_attn.forward(x); })},
+      {"sdpa", fwd_bwd([&] { return scaled_dot_product_attention(q, k, v, {}, 0.0, true); })},
+      {"attn", fwd_bwd([&] { return block.attn.forward(x); })},
+      {"mlp", fwd_bwd([&] { return block.mlp.forward(x); })},
+      {"c_fc", fwd_bwd([&] { return block.mlp.c_fc.forward(x); })},
+      {"gelu", fwd_bwd([&] { return gelu(h4, "tanh"); })},
+      {"mlp.c_proj", fwd_bwd([&] { return block.mlp.c_proj.forward(h4); })},
+      {"residual_add", fwd_bwd([&] { return x + x; })},
+  };
+  for (const auto& [name, fn] : parts) {
+    std::printf("{\"bench\":\"gpt2_124m_breakdown\",\"impl\":\"kiln\",\"part\":\"%s\",\"batch\":%lld,\"seq\":%lld,"
+                "\"ms_fwd_bwd\":%.3f}\n",
+                name, static_cast<long long>(B), static_cast<long long>(T), time_part(fn, device));
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace kiln;
+  const Options o = parse(argc, argv);
+  try {
+    const Device device = Device::parse(o.device);
+    set_fusion(o.fusion);
+    if (o.breakdown) {
+      breakdown(o, device);
+      return 0;
+    }
+    manual_seed(0);
+    models::GPTConfig config = models::GPTConfig::gpt2();
+    config.vocab_size = kPaddedVocab;
+    config.n_layer = o.layers;
+    models::GPT model(config);
+    model.to(device);
+    optim::AdamW opt(model.parameters(),
+                     {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .fused = true});
+    const int64_t params = model.num_parameters();
+    const int64_t n = params - config.block_size * config.n_embd;  // without wpe
+    const double flops_per_token =
+        6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o.layers * o.seq * config.n_embd);
+
+    Generator gen(0);
+    memory::reset_peak(device);
+    std::vector<double> ms;
+    double loss_first = 0, loss_last = 0;
+    for (int64_t step = 1; step <= o.steps; ++step) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Tensor ids = randint(0, kVocab, {o.batch, o.seq + 1}, kInt64, &gen).to(device);
+      Tensor x = ids.narrow(1, 0, o.seq), y = ids.narrow(1, 1, o.seq);
+      Tensor loss;
+      {
+        AutocastGuard ac(device, kBFloat16, o.autocast);
+        loss = models::GPT::loss(model(x), y);
+      }
+      opt.zero_grad();
+      loss.backward();
+      opt.step();
+      const double l = loss.item<double>();
+      const auto t1 = std::chrono::steady_clock::now();
+      if (step == 1) loss_first = l;
+      loss_last = l;
+      if (step > o.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    }
+    const double step_ms = kiln_bench::median(ms);
+    const double tokens_per_s = static_cast<double>(o.batch * o.seq) / (step_ms / 1e3);
+    const double peak_gib = static_cast<double>(memory::stats(device).peak_allocated_bytes) / (1ull << 30);
+    std::printf(
+        "{\"bench\":\"gpt2_124m\",\"impl\":\"kiln\",\"device\":\"%s\",\"n_layer\":%lld,\"batch\":%lld,\"seq\":%lld,"
+        "\"params\":%lld,\"autocast\":\"%s\",\"fusion\":%s,\"steps\":%lld,\"ms_per_step\":%.2f,"
+        "\"tokens_per_s\":%.0f,\"flops_per_token\":%.4g,\"mfu\":%.4f,\"loss_first\":%.4f,\"loss_final\":%.4f,"
+        "\"peak_mem_gib\":%.2f}\n",
+        device.str().c_str(), static_cast<long long>(o.layers), static_cast<long long>(o.batch),
+        static_cast<long long>(o.seq), static_cast<long long>(params), o.autocast ? "bf16" : "none",
+        o.fusion ? "true" : "false", static_cast<long long>(o.steps), step_ms, tokens_per_s, flops_per_token,
+        flops_per_token * tokens_per_s / kPeakBf16, loss_first, loss_last, peak_gib);
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_gpt2: %s\n", e.what());
+    return 1;
+  }
+}

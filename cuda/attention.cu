@@ -1,0 +1,479 @@
+// cuda/attention.cu: fused scaled dot-product attention on the GPU for float16 and bfloat16, forward
+// and backward, on tensor cores (WMMA: 16 x 16 x 16 tiles, float32 accumulation). The contract is
+// core/backend.h's Backend::attention; the CPU sibling is cpu/attention.cpp, which follows the same
+// plan with float32 arithmetic. Nothing of size L x S ever reaches global memory.
+//
+// Shapes: q (B, L, D), k and v (B, S, D), out (B, L, D), lse (B, L) in float32; D = 32, 64, 96 or 128.
+// Scores s = scale * q k^T; causal: query i sees keys j <= i.
+//
+// Forward (one block of 4 warps per 64 query rows of one batch entry; each warp owns 16 rows):
+//   for each tile of 64 keys (up to the diagonal when causal):
+//     S  = Q K^T               tensor cores, 16 x 64 per warp, into shared memory (float32)
+//     m' = max(m, rowmax(S))   the online softmax: the running max and sum of each row,
+//     P  = exp(S - m')         P rounded to 16 bits for the next product,
+//     l  = l exp(m - m') + rowsum(P)
+//     O  = O exp(m - m') + P V the output accumulated in float32 in shared memory
+//   out = O / l, lse = m + log(l)
+//
+// Backward, from lse (so P = exp(S - lse) again, exactly normalised) and Delta = rowsum(dO * out):
+//   dP = dO V^T, dS = P (dP - Delta) scale, dQ = dS K, dK = dS^T Q, dV = P^T dO.
+// Two kernels, so that no thread ever adds into another's result (no atomics, so results do not
+// depend on scheduling): one per 64 query rows walks the keys and accumulates dQ; one per 64 keys
+// walks the queries and accumulates dK and dV. S and dP are computed twice, which tensor cores make
+// cheap.
+//
+// Within a warp, the softmax steps run with two lanes per row (lane = 2 r + h: row r, columns
+// h*32 .. h*32+31 of the 64-column tile); the products run as WMMA fragments, whose layout we never
+// depend on: they go through shared memory (store_matrix_sync / load_matrix_sync).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <mma.h>
+
+#include <cmath>
+
+#include "cuda/context.h"
+#include "cuda/kernels.h"
+#include "cuda/loops.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+namespace wmma = nvcuda::wmma;
+
+constexpr int kRows = 64;     // query rows (forward, dQ) or keys (dK, dV) per block
+constexpr int kTile = 64;     // keys (forward, dQ) or queries (dK, dV) per step of the walk
+constexpr int kWarps = 4;     // each warp owns 16 of the block's 64 rows
+constexpr int kPad16 = 8;     // padding of 16-bit rows in shared memory (elements; keeps WMMA's alignment)
+constexpr int kPad32 = 4;     // padding of float32 rows
+constexpr int kLdS = kTile + kPad32;  // a warp's 16 x 64 float32 tile
+constexpr int kLdP = kTile + kPad16;  // a warp's 16 x 64 16-bit tile
+
+using Frag = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+template <typename T>
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major>;
+template <typename T>
+using FragAcol = wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::col_major>;
+template <typename T>
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
+template <typename T>
+using FragBcol = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
+
+__device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <typename T>
+__device__ __forceinline__ T from_f(float x);
+template <>
+__device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(x); }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+
+// Rows [row0, row0 + 64) of a (rows, D) matrix into shared memory (leading dimension D + kPad16),
+// 16 bytes at a time; rows past `rows` are zeros.
+template <typename T, int D>
+__device__ void load_tile(T* dst, const T* src, int64_t row0, int64_t rows) {
+  constexpr int kVec = 8;  // 16-bit elements per 16 bytes
+  constexpr int kPerRow = D / kVec;
+  for (int i = threadIdx.x; i < kRows * kPerRow; i += blockDim.x) {
+    const int r = i / kPerRow, c = (i % kPerRow) * kVec;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (row0 + r < rows) v = *reinterpret_cast<const uint4*>(src + (row0 + r) * D + c);
+    *reinterpret_cast<uint4*>(dst + r * (D + kPad16) + c) = v;
+  }
+}
+
+// out (16 x 64, float32, ld kLdS) = A (16 x D) B^T, where A's rows start at a (ld D + kPad16) and B is
+// 64 rows of D (ld D + kPad16): a warp's scores against a tile.
+template <typename T, int D>
+__device__ void rows_times_tile_t(const T* a, const T* b, float* out) {
+  constexpr int ld = D + kPad16;
+  FragA<T> fa;
+  FragBcol<T> fb;
+  for (int j = 0; j < kTile / 16; ++j) {
+    Frag acc;
+    wmma::fill_fragment(acc, 0.0f);
+    for (int d = 0; d < D; d += 16) {
+      wmma::load_matrix_sync(fa, a + d, ld);
+      wmma::load_matrix_sync(fb, b + j * 16 * ld + d, ld);  // B^T: column-major view of B's rows
+      wmma::mma_sync(acc, fa, fb, acc);
+    }
+    wmma::store_matrix_sync(out + j * 16, acc, kLdS, wmma::mem_row_major);
+  }
+}
+
+// acc[dj] (16 x D in fragments of 16 columns) += P (16 x 64, ld kLdP) M (64 rows of D, ld D + kPad16).
+template <typename T, int D>
+__device__ void accumulate_p_times(Frag (&acc)[D / 16], const T* p, const T* m) {
+  constexpr int ld = D + kPad16;
+  FragA<T> fa;
+  FragB<T> fb;
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    wmma::load_matrix_sync(fa, p + kk * 16, kLdP);
+    for (int dj = 0; dj < D / 16; ++dj) {
+      wmma::load_matrix_sync(fb, m + kk * 16 * ld + dj * 16, ld);
+      wmma::mma_sync(acc[dj], fa, fb, acc[dj]);
+    }
+  }
+}
+
+// Writes a warp's 16 x D fragments, times `mul`, as rows [row0, row0 + 16) of a (rows, D) matrix,
+// through the warp's float32 scratch (16 x kLdS).
+template <typename T, int D>
+__device__ void store_rows(Frag (&acc)[D / 16], float* scratch, T* dst, int64_t row0, int64_t rows, float mul) {
+  const int lane = threadIdx.x & 31;
+  for (int dj = 0; dj < D / 16; ++dj) {
+    wmma::store_matrix_sync(scratch, acc[dj], kLdS, wmma::mem_row_major);
+    __syncwarp();
+    for (int i = lane; i < 256; i += 32) {
+      const int r = i / 16, c = i % 16;
+      if (row0 + r < rows) dst[(row0 + r) * D + dj * 16 + c] = from_f<T>(scratch[r * kLdS + c] * mul);
+    }
+    __syncwarp();
+  }
+}
+
+// Is key j hidden from query i?
+__device__ __forceinline__ bool masked(int64_t i, int64_t j, int64_t L, int64_t S, bool causal) {
+  return j >= S || i >= L || (causal && j > i);
+}
+
+// ---- forward ----
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+attention_forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, int64_t L, int64_t S,
+                         float scale, bool causal) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ld = D + kPad16, ldo = D + kPad32;
+  T* qs = reinterpret_cast<T*>(smem);
+  T* ks = qs + kRows * ld;
+  T* vs = ks + kRows * ld;
+  float* ss = reinterpret_cast<float*>(vs + kRows * ld);  // kWarps x 16 x kLdS
+  float* os = ss + kWarps * 16 * kLdS;                    // kWarps x 16 x ldo
+  T* ps = reinterpret_cast<T*>(os + kWarps * 16 * ldo);   // kWarps x 16 x kLdP
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
+  const int64_t b = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  q += b * L * D;
+  k += b * S * D;
+  v += b * S * D;
+  float* s_w = ss + warp * 16 * kLdS;
+  float* o_w = os + warp * 16 * ldo;
+  T* p_w = ps + warp * 16 * kLdP;
+  const int64_t qi = q0 + warp * 16 + r;  // this lane's row
+
+  load_tile<T, D>(qs, q, q0, L);
+  for (int i = lane; i < 16 * D; i += 32) o_w[(i / D) * ldo + i % D] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  const int64_t kend = causal && q0 + kRows < S ? q0 + kRows : S;
+  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+    __syncthreads();  // everyone is done with the previous K and V tiles
+    load_tile<T, D>(ks, k, k0, S);
+    load_tile<T, D>(vs, v, k0, S);
+    __syncthreads();
+    rows_times_tile_t<T, D>(qs + warp * 16 * ld, ks, s_w);
+    __syncwarp();
+    float sv[32];
+    float mx = -INFINITY;
+    for (int c = 0; c < 32; ++c) {
+      const int64_t j = k0 + h * 32 + c;
+      sv[c] = masked(qi, j, L, S, causal) ? -INFINITY : s_w[r * kLdS + h * 32 + c] * scale;
+      mx = fmaxf(mx, sv[c]);
+    }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    const float m_new = fmaxf(m, mx);
+    // A row with nothing visible yet (only padding rows past L) keeps m = -inf: no NaN from inf - inf.
+    const float alpha = m_new == -INFINITY ? 1.0f : __expf(m - m_new);
+    float sum = 0.0f;
+    for (int c = 0; c < 32; ++c) {
+      const float p = sv[c] == -INFINITY ? 0.0f : __expf(sv[c] - m_new);
+      const T pt = from_f<T>(p);
+      sum += to_f(pt);  // l sums the probabilities as rounded for P V
+      p_w[r * kLdP + h * 32 + c] = pt;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    l = l * alpha + sum;
+    m = m_new;
+    for (int c = h * (D / 2); c < (h + 1) * (D / 2); ++c) o_w[r * ldo + c] *= alpha;
+    __syncwarp();
+    Frag acc[D / 16];
+    for (int dj = 0; dj < D / 16; ++dj) wmma::load_matrix_sync(acc[dj], o_w + dj * 16, ldo, wmma::mem_row_major);
+    accumulate_p_times<T, D>(acc, p_w, vs);
+    for (int dj = 0; dj < D / 16; ++dj) wmma::store_matrix_sync(o_w + dj * 16, acc[dj], ldo, wmma::mem_row_major);
+    __syncwarp();
+  }
+  if (qi < L) {
+    const float inv = l > 0 ? 1.0f / l : 0.0f;
+    T* o = out + (b * L + qi) * D;
+    for (int c = h * (D / 2); c < (h + 1) * (D / 2); ++c) o[c] = from_f<T>(o_w[r * ldo + c] * inv);
+    if (h == 0) lse[b * L + qi] = m + logf(l);
+  }
+}
+
+// ---- backward ----
+
+// delta[row] = sum over d of grad_out[row][d] * out[row][d], in float32: one warp per row.
+template <typename T>
+__global__ void attention_delta_kernel(const T* go, const T* o, float* delta, int64_t rows, int64_t D) {
+  const int lane = threadIdx.x & 31;
+  for (int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < rows;
+       row += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
+    float acc = 0.0f;
+    for (int64_t d = lane; d < D; d += 32) acc += to_f(go[row * D + d]) * to_f(o[row * D + d]);
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) delta[row] = acc;
+  }
+}
+
+// dQ for 64 query rows: walks the keys.
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+attention_grad_q_kernel(const T* q, const T* k, const T* v, const T* go, const float* lse, const float* delta,
+                        T* gq, int64_t L, int64_t S, float scale, bool causal) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ld = D + kPad16;
+  T* qs = reinterpret_cast<T*>(smem);
+  T* gos = qs + kRows * ld;
+  T* ks = gos + kRows * ld;
+  T* vs = ks + kRows * ld;
+  float* ss = reinterpret_cast<float*>(vs + kRows * ld);  // kWarps x 16 x kLdS: S
+  float* dps = ss + kWarps * 16 * kLdS;                   // kWarps x 16 x kLdS: dP
+  T* dss = reinterpret_cast<T*>(dps + kWarps * 16 * kLdS);  // kWarps x 16 x kLdP: dS
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
+  const int64_t b = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  q += b * L * D;
+  go += b * L * D;
+  k += b * S * D;
+  v += b * S * D;
+  float* s_w = ss + warp * 16 * kLdS;
+  float* dp_w = dps + warp * 16 * kLdS;
+  T* ds_w = dss + warp * 16 * kLdP;
+  const int64_t qi = q0 + warp * 16 + r;
+  const float lse_i = qi < L ? lse[b * L + qi] : 0.0f, delta_i = qi < L ? delta[b * L + qi] : 0.0f;
+
+  load_tile<T, D>(qs, q, q0, L);
+  load_tile<T, D>(gos, go, q0, L);
+  Frag acc[D / 16];
+  for (int dj = 0; dj < D / 16; ++dj) wmma::fill_fragment(acc[dj], 0.0f);
+  const int64_t kend = causal && q0 + kRows < S ? q0 + kRows : S;
+  for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
+    __syncthreads();
+    load_tile<T, D>(ks, k, k0, S);
+    load_tile<T, D>(vs, v, k0, S);
+    __syncthreads();
+    rows_times_tile_t<T, D>(qs + warp * 16 * ld, ks, s_w);    // S = Q K^T
+    rows_times_tile_t<T, D>(gos + warp * 16 * ld, vs, dp_w);  // dP = dO V^T
+    __syncwarp();
+    for (int c = h * 32; c < h * 32 + 32; ++c) {
+      const int64_t j = k0 + c;
+      float ds = 0.0f;
+      if (!masked(qi, j, L, S, causal)) {
+        const float p = __expf(s_w[r * kLdS + c] * scale - lse_i);
+        ds = p * (dp_w[r * kLdS + c] - delta_i) * scale;
+      }
+      ds_w[r * kLdP + c] = from_f<T>(ds);
+    }
+    __syncwarp();
+    accumulate_p_times<T, D>(acc, ds_w, ks);  // dQ += dS K
+  }
+  store_rows<T, D>(acc, s_w, gq + b * L * D, q0 + warp * 16, L, 1.0f);
+}
+
+// dK and dV for 64 keys: walks the queries.
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+attention_grad_kv_kernel(const T* q, const T* k, const T* v, const T* go, const float* lse, const float* delta,
+                         T* gk, T* gv, int64_t L, int64_t S, float scale, bool causal) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ld = D + kPad16;
+  T* ks = reinterpret_cast<T*>(smem);
+  T* vs = ks + kRows * ld;
+  T* qs = vs + kRows * ld;
+  T* gos = qs + kRows * ld;
+  float* sts = reinterpret_cast<float*>(gos + kRows * ld);  // kWarps x 16 x kLdS: S^T (keys x queries)
+  float* dpts = sts + kWarps * 16 * kLdS;                   // kWarps x 16 x kLdS: dP^T
+  T* pts = reinterpret_cast<T*>(dpts + kWarps * 16 * kLdS);  // kWarps x 16 x kLdP: P^T
+  T* dsts = pts + kWarps * 16 * kLdP;                        // kWarps x 16 x kLdP: dS^T
+  float* lse_s = reinterpret_cast<float*>(dsts + kWarps * 16 * kLdP);  // kTile
+  float* delta_s = lse_s + kTile;                                      // kTile
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
+  const int64_t b = blockIdx.y, k0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  q += b * L * D;
+  go += b * L * D;
+  k += b * S * D;
+  v += b * S * D;
+  float* st_w = sts + warp * 16 * kLdS;
+  float* dpt_w = dpts + warp * 16 * kLdS;
+  T* pt_w = pts + warp * 16 * kLdP;
+  T* dst_w = dsts + warp * 16 * kLdP;
+  const int64_t kj = k0 + warp * 16 + r;  // this lane's key
+
+  load_tile<T, D>(ks, k, k0, S);
+  load_tile<T, D>(vs, v, k0, S);
+  Frag dk[D / 16], dv[D / 16];
+  for (int dj = 0; dj < D / 16; ++dj) {
+    wmma::fill_fragment(dk[dj], 0.0f);
+    wmma::fill_fragment(dv[dj], 0.0f);
+  }
+  // Causal: queries before k0 see none of these keys.
+  for (int64_t q0 = causal ? k0 : 0; q0 < L; q0 += kTile) {
+    __syncthreads();
+    load_tile<T, D>(qs, q, q0, L);
+    load_tile<T, D>(gos, go, q0, L);
+    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
+      lse_s[i] = q0 + i < L ? lse[b * L + q0 + i] : 0.0f;
+      delta_s[i] = q0 + i < L ? delta[b * L + q0 + i] : 0.0f;
+    }
+    __syncthreads();
+    rows_times_tile_t<T, D>(ks + warp * 16 * ld, qs, st_w);    // S^T = K Q^T
+    rows_times_tile_t<T, D>(vs + warp * 16 * ld, gos, dpt_w);  // dP^T = V dO^T
+    __syncwarp();
+    for (int c = h * 32; c < h * 32 + 32; ++c) {
+      const int64_t i = q0 + c;
+      float p = 0.0f, ds = 0.0f;
+      if (!masked(i, kj, L, S, causal)) {
+        p = __expf(st_w[r * kLdS + c] * scale - lse_s[c]);
+        ds = p * (dpt_w[r * kLdS + c] - delta_s[c]) * scale;
+      }
+      pt_w[r * kLdP + c] = from_f<T>(p);
+      dst_w[r * kLdP + c] = from_f<T>(ds);
+    }
+    __syncwarp();
+    accumulate_p_times<T, D>(dv, pt_w, gos);  // dV += P^T dO
+    accumulate_p_times<T, D>(dk, dst_w, qs);  // dK += dS^T Q
+  }
+  store_rows<T, D>(dk, st_w, gk + b * S * D, k0 + warp * 16, S, 1.0f);
+  store_rows<T, D>(dv, st_w, gv + b * S * D, k0 + warp * 16, S, 1.0f);
+}
+
+// Shared memory of each kernel, in bytes.
+template <typename T, int D>
+constexpr size_t forward_smem() {
+  return 3 * kRows * (D + kPad16) * sizeof(T) + kWarps * 16 * kLdS * 4 + kWarps * 16 * (D + kPad32) * 4 +
+         kWarps * 16 * kLdP * sizeof(T);
+}
+template <typename T, int D>
+constexpr size_t grad_q_smem() {
+  return 4 * kRows * (D + kPad16) * sizeof(T) + 2 * kWarps * 16 * kLdS * 4 + kWarps * 16 * kLdP * sizeof(T);
+}
+template <typename T, int D>
+constexpr size_t grad_kv_smem() {
+  return 4 * kRows * (D + kPad16) * sizeof(T) + 2 * kWarps * 16 * kLdS * 4 + 2 * kWarps * 16 * kLdP * sizeof(T) +
+         2 * kTile * 4;
+}
+
+// Raises a kernel's dynamic shared memory limit above the default 48 KiB. Called from each (T, D)
+// instantiation's own function-local static, so once per kernel and process.
+template <typename Kernel>
+bool allow_smem(Kernel kernel, size_t bytes) {
+  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  return true;
+}
+
+struct Dims {
+  int64_t B, L, S, D;
+};
+
+Dims dims_of(const View& q, const View& k, const View& v, const char* op) {
+  KILN_CHECK(q.ndim() == 3 && k.ndim() == 3 && v.ndim() == 3, "{}: the CUDA kernel takes (B, L, D) views, got {}, {} and {}",
+             op, q.sizes.str(), k.sizes.str(), v.sizes.str());
+  const Dims d{q.sizes[0], q.sizes[1], k.sizes[1], q.sizes[2]};
+  KILN_CHECK(v.sizes[2] == d.D && k.sizes[2] == d.D && (d.D == 32 || d.D == 64 || d.D == 96 || d.D == 128),
+             "{}: the CUDA kernel takes one head dim D of 32, 64, 96 or 128 for query, key and value, got shapes "
+             "{}, {} and {}",
+             op, q.sizes.str(), k.sizes.str(), v.sizes.str());
+  KILN_CHECK(q.dtype == kFloat16 || q.dtype == kBFloat16,
+             "{}: the CUDA kernel takes float16 or bfloat16, got {}", op, dtype_name(q.dtype));
+  KILN_CHECK(d.L > 0 && d.S > 0, "{}: the CUDA kernel needs at least one query and one key, got L = {}, S = {}", op,
+             d.L, d.S);
+  return d;
+}
+
+template <typename T, int D>
+void forward_typed(const View& q, const View& k, const View& v, const View& out, const View& lse, const Dims& d,
+                   const AttentionArgs& args, cudaStream_t stream) {
+  auto kernel = attention_forward_kernel<T, D>;
+  constexpr size_t smem = forward_smem<T, D>();
+  static const bool ready = allow_smem(kernel, smem);
+  (void)ready;
+  const dim3 grid(static_cast<unsigned>((d.L + kRows - 1) / kRows), static_cast<unsigned>(d.B));
+  kernel<<<grid, kWarps * 32, smem, stream>>>(static_cast<const T*>(q.data), static_cast<const T*>(k.data),
+                                              static_cast<const T*>(v.data), static_cast<T*>(out.data),
+                                              static_cast<float*>(lse.data), d.L, d.S,
+                                              static_cast<float>(args.scale), args.causal);
+  KILN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <typename T, int D>
+void backward_typed(const View& q, const View& k, const View& v, const View& out, const View& lse, const View& go,
+                    const View& gq, const View& gk, const View& gv, const Dims& d, const AttentionArgs& args,
+                    const Stream& s) {
+  cudaStream_t stream = stream_of(s);
+  // The caller sends L > 0 and S > 0 (ops/attention.cpp composes the empty cases).
+  DeviceBuffer delta(s.device.index, static_cast<size_t>(d.B * d.L) * sizeof(float));
+  const int64_t rows = d.B * d.L;
+  attention_delta_kernel<T><<<static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxBlocks)), 256, 0, stream>>>(
+      static_cast<const T*>(go.data), static_cast<const T*>(out.data), static_cast<float*>(delta.data()), rows, d.D);
+  KILN_CUDA_CHECK(cudaGetLastError());
+  const auto* qp = static_cast<const T*>(q.data);
+  const auto* kp = static_cast<const T*>(k.data);
+  const auto* vp = static_cast<const T*>(v.data);
+  const auto* gop = static_cast<const T*>(go.data);
+  const auto* lp = static_cast<const float*>(lse.data);
+  const auto* dp = static_cast<const float*>(delta.data());
+  const float scale = static_cast<float>(args.scale);
+  {
+    auto kernel = attention_grad_q_kernel<T, D>;
+    constexpr size_t smem = grad_q_smem<T, D>();
+    static const bool ready = allow_smem(kernel, smem);
+    (void)ready;
+    const dim3 grid(static_cast<unsigned>((d.L + kRows - 1) / kRows), static_cast<unsigned>(d.B));
+    kernel<<<grid, kWarps * 32, smem, stream>>>(qp, kp, vp, gop, lp, dp, static_cast<T*>(gq.data), d.L, d.S, scale,
+                                                args.causal);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
+  {
+    auto kernel = attention_grad_kv_kernel<T, D>;
+    constexpr size_t smem = grad_kv_smem<T, D>();
+    static const bool ready = allow_smem(kernel, smem);
+    (void)ready;
+    const dim3 grid(static_cast<unsigned>((d.S + kRows - 1) / kRows), static_cast<unsigned>(d.B));
+    kernel<<<grid, kWarps * 32, smem, stream>>>(qp, kp, vp, gop, lp, dp, static_cast<T*>(gk.data),
+                                                static_cast<T*>(gv.data), d.L, d.S, scale, args.causal);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+// Calls f.template operator()<T, D>() for the view's 16-bit dtype and head dim.
+template <typename F>
+void dispatch_attention(DType dtype, int64_t D, F&& f) {
+  auto by_dim = [&]<typename T>() {
+    switch (D) {
+      case 32: return f.template operator()<T, 32>();
+      case 64: return f.template operator()<T, 64>();
+      case 96: return f.template operator()<T, 96>();
+      default: return f.template operator()<T, 128>();
+    }
+  };
+  if (dtype == kFloat16) by_dim.template operator()<__half>();
+  else by_dim.template operator()<__nv_bfloat16>();
+}
+
+}  // namespace
+
+void attention_launch(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                      const AttentionArgs& args, const Stream& s) {
+  const Dims d = dims_of(q, k, v, "scaled_dot_product_attention");
+  if (d.B == 0) return;
+  dispatch_attention(q.dtype, d.D, [&]<typename T, int D>() { forward_typed<T, D>(q, k, v, out, lse, d, args, stream_of(s)); });
+}
+
+void attention_backward_launch(const View& q, const View& k, const View& v, const View& out, const View& lse,
+                               const View& grad_out, const View& grad_q, const View& grad_k, const View& grad_v,
+                               const AttentionArgs& args, const Stream& s) {
+  const Dims d = dims_of(q, k, v, "scaled_dot_product_attention backward");
+  if (d.B == 0) return;
+  dispatch_attention(q.dtype, d.D, [&]<typename T, int D>() {
+    backward_typed<T, D>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, d, args, s);
+  });
+}
+
+}  // namespace kiln::cuda
