@@ -111,14 +111,18 @@ class CpuAllocator final : public Allocator {
     return rounded == 0 ? kCpuAlignment : rounded;  // never hand out null, even for 0 bytes
   }
 
+  [[noreturn]] static void out_of_memory(size_t nbytes) {
+    KILN_FAIL("out of CPU memory: could not allocate {} bytes ({:.1f} MiB)", nbytes,
+              static_cast<double>(nbytes) / (1 << 20));
+  }
+
   void* system_alloc(size_t size, size_t nbytes) {
     void* p = std::aligned_alloc(kCpuAlignment, size);
     if (p == nullptr) {  // the cache may be what is in the way
       empty_cache();
       p = std::aligned_alloc(kCpuAlignment, size);
     }
-    KILN_CHECK(p != nullptr, "out of CPU memory: could not allocate {} bytes ({:.1f} MiB)", nbytes,
-               static_cast<double>(nbytes) / (1 << 20));
+    if (p == nullptr) out_of_memory(nbytes);
     return p;
   }
 
@@ -138,8 +142,7 @@ class CpuAllocator final : public Allocator {
       void* p = std::aligned_alloc(kCpuAlignment, segment);
       if (p == nullptr) {  // the system is short: try once more for the request alone
         p = segment > size ? std::aligned_alloc(kCpuAlignment, size) : nullptr;
-        KILN_CHECK(p != nullptr, "out of CPU memory: could not allocate {} bytes ({:.1f} MiB)", size,
-                   static_cast<double>(size) / (1 << 20));
+        if (p == nullptr) out_of_memory(size);
         b = new Block{static_cast<char*>(p), size, true, nullptr, nullptr};
       } else {
         b = new Block{static_cast<char*>(p), segment, true, nullptr, nullptr};

@@ -86,6 +86,20 @@ void for_each_table(const std::array<const std::vector<View>*, N>& lists, const 
 
 // ---- kernels ----
 
+// The block's threads call vec(i) for each whole 16-byte vector i (in units of V elements) of
+// [begin, end) when `aligned`, then elem(i) for each element left: all of them when not aligned.
+template <int V, typename VecFn, typename ElemFn>
+__device__ inline void vectors_then_tail(int64_t begin, int64_t end, bool aligned, const VecFn& vec,
+                                         const ElemFn& elem) {
+  int64_t tail = begin;
+  if (aligned) {
+    const int64_t vectors = (end - begin) / V;
+    for (int64_t k = threadIdx.x; k < vectors; k += blockDim.x) vec(begin / V + k);
+    tail = begin + vectors * V;
+  }
+  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) elem(i);
+}
+
 // Adam's lists: p, g, m, v, vmax (vmax absent unless amsgrad). When the tensor's buffers are all
 // 16-byte aligned (those of the caching allocator are), in 16-byte vectors up to the chunk's last
 // whole vector, then one by one.
@@ -99,31 +113,28 @@ __global__ void adam_kernel(TensorTable<T, 5> table, math::AdamCoefficients<T> c
   T* m = table.ptr[2][t];
   T* v = table.ptr[3][t];
   T* vmax = table.ptr[4][t];
-  int64_t tail = begin;
-  if (aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && (!vmax || aligned16(vmax))) {
-    const int64_t vectors = (end - begin) / V;
-    for (int64_t k = threadIdx.x; k < vectors; k += blockDim.x) {
-      const int64_t i = begin / V + k;
-      Vec16<T> pv = reinterpret_cast<Vec16<T>*>(p)[i], mv = reinterpret_cast<Vec16<T>*>(m)[i];
-      Vec16<T> vv = reinterpret_cast<Vec16<T>*>(v)[i], xv{};
-      const Vec16<T> gv = reinterpret_cast<const Vec16<T>*>(g)[i];
-      if (vmax) xv = reinterpret_cast<Vec16<T>*>(vmax)[i];
-      KILN_CUDA_UNROLL
-      for (int e = 0; e < V; ++e) math::adam_update(pv.v[e], gv.v[e], mv.v[e], vv.v[e], &xv.v[e], c);
-      reinterpret_cast<Vec16<T>*>(p)[i] = pv;
-      reinterpret_cast<Vec16<T>*>(m)[i] = mv;
-      reinterpret_cast<Vec16<T>*>(v)[i] = vv;
-      if (vmax) reinterpret_cast<Vec16<T>*>(vmax)[i] = xv;
-    }
-    tail = begin + vectors * V;
-  }
-  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
-    T pi = p[i], mi = m[i], vi = v[i];
-    math::adam_update(pi, g[i], mi, vi, vmax ? vmax + i : nullptr, c);
-    p[i] = pi;
-    m[i] = mi;
-    v[i] = vi;
-  }
+  const bool aligned = aligned16(p) && aligned16(g) && aligned16(m) && aligned16(v) && (!vmax || aligned16(vmax));
+  vectors_then_tail<V>(
+      begin, end, aligned,
+      [&](int64_t i) {
+        Vec16<T> pv = reinterpret_cast<Vec16<T>*>(p)[i], mv = reinterpret_cast<Vec16<T>*>(m)[i];
+        Vec16<T> vv = reinterpret_cast<Vec16<T>*>(v)[i], xv{};
+        const Vec16<T> gv = reinterpret_cast<const Vec16<T>*>(g)[i];
+        if (vmax) xv = reinterpret_cast<Vec16<T>*>(vmax)[i];
+        KILN_CUDA_UNROLL
+        for (int e = 0; e < V; ++e) math::adam_update(pv.v[e], gv.v[e], mv.v[e], vv.v[e], &xv.v[e], c);
+        reinterpret_cast<Vec16<T>*>(p)[i] = pv;
+        reinterpret_cast<Vec16<T>*>(m)[i] = mv;
+        reinterpret_cast<Vec16<T>*>(v)[i] = vv;
+        if (vmax) reinterpret_cast<Vec16<T>*>(vmax)[i] = xv;
+      },
+      [&](int64_t i) {
+        T pi = p[i], mi = m[i], vi = v[i];
+        math::adam_update(pi, g[i], mi, vi, vmax ? vmax + i : nullptr, c);
+        p[i] = pi;
+        m[i] = mi;
+        v[i] = vi;
+      });
 }
 
 // SGD's lists: p, g, buf (buf absent without momentum; only written on the first step). Vectors
@@ -136,28 +147,24 @@ __global__ void sgd_kernel(TensorTable<T, 3> table, math::SgdCoefficients<T> c) 
   T* p = table.ptr[0][t];
   const T* g = table.ptr[1][t];
   T* buf = table.ptr[2][t];
-  int64_t tail = begin;
-  if (aligned16(p) && aligned16(g) && (!kMomentum || aligned16(buf))) {
-    const int64_t vectors = (end - begin) / V;
-    for (int64_t k = threadIdx.x; k < vectors; k += blockDim.x) {
-      const int64_t i = begin / V + k;
-      Vec16<T> pv = reinterpret_cast<Vec16<T>*>(p)[i], bv{};
-      const Vec16<T> gv = reinterpret_cast<const Vec16<T>*>(g)[i];
-      if constexpr (kMomentum && !kFirstStep) bv = reinterpret_cast<Vec16<T>*>(buf)[i];
-      KILN_CUDA_UNROLL
-      for (int e = 0; e < V; ++e) {
-        math::sgd_update<kMomentum, kNesterov, kFirstStep>(pv.v[e], gv.v[e], &bv.v[e], c);
-      }
-      reinterpret_cast<Vec16<T>*>(p)[i] = pv;
-      if constexpr (kMomentum) reinterpret_cast<Vec16<T>*>(buf)[i] = bv;
-    }
-    tail = begin + vectors * V;
-  }
-  for (int64_t i = tail + threadIdx.x; i < end; i += blockDim.x) {
-    T pi = p[i];
-    math::sgd_update<kMomentum, kNesterov, kFirstStep>(pi, g[i], kMomentum ? buf + i : nullptr, c);
-    p[i] = pi;
-  }
+  vectors_then_tail<V>(
+      begin, end, aligned16(p) && aligned16(g) && (!kMomentum || aligned16(buf)),
+      [&](int64_t i) {
+        Vec16<T> pv = reinterpret_cast<Vec16<T>*>(p)[i], bv{};
+        const Vec16<T> gv = reinterpret_cast<const Vec16<T>*>(g)[i];
+        if constexpr (kMomentum && !kFirstStep) bv = reinterpret_cast<Vec16<T>*>(buf)[i];
+        KILN_CUDA_UNROLL
+        for (int e = 0; e < V; ++e) {
+          math::sgd_update<kMomentum, kNesterov, kFirstStep>(pv.v[e], gv.v[e], &bv.v[e], c);
+        }
+        reinterpret_cast<Vec16<T>*>(p)[i] = pv;
+        if constexpr (kMomentum) reinterpret_cast<Vec16<T>*>(buf)[i] = bv;
+      },
+      [&](int64_t i) {
+        T pi = p[i];
+        math::sgd_update<kMomentum, kNesterov, kFirstStep>(pi, g[i], kMomentum ? buf + i : nullptr, c);
+        p[i] = pi;
+      });
 }
 
 // ---- launchers ----

@@ -80,7 +80,7 @@ void Adam::step_impl(bool decoupled_weight_decay) {
     args.decoupled = decoupled_weight_decay;
     args.amsgrad = group.get("amsgrad") != 0;
     args.maximize = group.get("maximize") != 0;
-    const bool fused = group.has("fused") && group.get("fused") != 0;
+    const bool fused = wants_fused(group);
     auto at_step = [&args](int64_t step) {
       AdamStepArgs a = args;
       const double t = static_cast<double>(step);
@@ -105,8 +105,7 @@ void Adam::step_impl(bool decoupled_weight_decay) {
       Tensor exp_avg = st.buffers.at("exp_avg"), exp_avg_sq = st.buffers.at("exp_avg_sq");
       Tensor max_exp_avg_sq = args.amsgrad ? st.buffers.at("max_exp_avg_sq") : Tensor();
       const int64_t step = ++st.step;
-      if (fused && (p.dtype() == kFloat32 || p.dtype() == kFloat64) && p.is_contiguous() &&
-          grad.dtype() == p.dtype() && grad.device() == p.device()) {
+      if (fused && fusable(p, grad)) {
         Batch& b = batches[{p.device().str(), static_cast<int>(p.dtype()), step}];
         b.p.push_back(p);
         b.g.push_back(grad.contiguous());

@@ -37,6 +37,13 @@ void ParamGroup::set(std::string_view name, double value) {
   options.emplace_back(std::string(name), value);
 }
 
+bool Optimizer::wants_fused(const ParamGroup& group) { return group.has("fused") && group.get("fused") != 0; }
+
+bool Optimizer::fusable(const Tensor& p, const Tensor& t) {
+  return (p.dtype() == kFloat32 || p.dtype() == kFloat64) && p.is_contiguous() && t.dtype() == p.dtype() &&
+         t.device() == p.device();
+}
+
 void Optimizer::add_group(std::vector<Tensor> params,
                           std::vector<std::pair<std::string, double>> options) {
   KILN_CHECK(!params.empty(), "{}: got an empty parameter list; pass the tensors to optimize",

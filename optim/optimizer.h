@@ -79,6 +79,13 @@ class Optimizer {
   explicit Optimizer(std::string name) : name_(std::move(name)) {}
   // Checks the parameters (defined, floating, leaves, not already in a group) and appends a group.
   void add_group(std::vector<Tensor> params, std::vector<std::pair<std::string, double>> options);
+  // Whether the group asks for the fused step (its "fused" option; a state dict saved before that
+  // option existed has none: false).
+  static bool wants_fused(const ParamGroup& group);
+  // Whether p and t (its gradient or a state buffer) can go through a fused step (ops::fused_adam_,
+  // fused_sgd_): p float32 or float64 and contiguous, t of p's dtype and device. The others take the
+  // unfused step.
+  static bool fusable(const Tensor& p, const Tensor& t);
 
   std::string name_;
   std::vector<ParamGroup> groups_;

@@ -46,7 +46,7 @@ void SGD::step() {
     const double lr = group.get("lr"), momentum = group.get("momentum");
     const double dampening = group.get("dampening"), weight_decay = group.get("weight_decay");
     const bool nesterov = group.get("nesterov") != 0, maximize = group.get("maximize") != 0;
-    const bool fused = group.has("fused") && group.get("fused") != 0;
+    const bool fused = wants_fused(group);
     SgdStepArgs args{.lr = lr,
                      .momentum = momentum,
                      .dampening = dampening,
@@ -63,11 +63,7 @@ void SGD::step() {
       if (!d_p.defined()) continue;
       // Plain SGD keeps no state; the buffer starts as the first step's gradient.
       Tensor* slot = momentum != 0 ? state(p).buffers.find("momentum_buffer") : nullptr;
-      auto like_p = [&p](const Tensor& t) {
-        return t.dtype() == p.dtype() && t.device() == p.device();
-      };
-      if (fused && (p.dtype() == kFloat32 || p.dtype() == kFloat64) && p.is_contiguous() &&
-          like_p(d_p) && (slot == nullptr || (like_p(*slot) && slot->is_contiguous()))) {
+      if (fused && fusable(p, d_p) && (slot == nullptr || (fusable(p, *slot) && slot->is_contiguous()))) {
         const bool first_step = momentum != 0 && slot == nullptr;
         Batch& b = batches[{p.device().str(), static_cast<int>(p.dtype()), first_step}];
         b.p.push_back(p);
