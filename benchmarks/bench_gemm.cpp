@@ -1,7 +1,7 @@
 // bench_gemm: BENCHMARKS.md workload "a. gemm" for Kiln: C = A B, square float32 n x n, inputs
 // uniform [0, 1); 2 warm-up calls, then single calls timed until at least 5 calls and 1 s;
 // GFLOP/s = 2 n^3 / median. One JSON line per n. Anchor: benchmarks/anchors/anchor_gemm.cpp.
-//   bench_gemm [--sizes 256,512,1024,2048]
+//   bench_gemm [--sizes 256,512,1024,2048] [--threads N]   (N: the pool's threads, default every core)
 #include <kiln/kiln.h>
 
 #include <algorithm>
@@ -21,8 +21,10 @@ int main(int argc, char** argv) {
       sizes.clear();
       std::stringstream list(argv[++i]);
       for (std::string item; std::getline(list, item, ',');) sizes.push_back(std::stoll(item));
+    } else if (arg == "--threads" && i + 1 < argc) {
+      set_num_threads(std::stoi(argv[++i]));
     } else {
-      std::fprintf(stderr, "usage: %s [--sizes 256,512,1024,2048]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--sizes 256,512,1024,2048] [--threads N]\n", argv[0]);
       return 2;
     }
   }

@@ -4,6 +4,7 @@
 // same functions, and the contiguous and scalar-broadcast runs of binary ops are plain loops the
 // compiler vectorizes.
 #include <Eigen/Core>
+#include <algorithm>
 #include <limits>
 #include <unsupported/Eigen/SpecialFunctions>
 
@@ -17,6 +18,65 @@ namespace kiln::cpu {
 // ======== unary ========
 
 namespace {
+
+// Note [GELU's Gaussian tail]: gelu(x) = x Phi(x) with Phi(x) = (1 + erf(x / sqrt 2)) / 2 takes
+// Eigen's vectorized erf, accurate where x >= -1 (1 + erf >= 0.31). Below -1 the sum cancels, so there
+// Phi(x) = erfc(-x / sqrt 2) / 2, which Eigen 3.4 does not vectorize. For double the tail takes the
+// scalar erfc of core/scalar_math.h. For float it is vectorized: erfc(z) = t exp(-z^2 + P(t)),
+// t = 1 / (1 + z / 2), with P the degree-9 Chebyshev fit published in Numerical Recipes (erfcc:
+// fractional error below 1.2e-7 for every z >= 0), evaluated in double so that float32 rounding adds
+// nothing to it; the result is rounded to float once. Before it, the scalar erfcf was half of
+// bias_gelu's profile when a quarter of the inputs were below -1 (docs/fusion.md).
+constexpr int64_t kTailChunk = 256;
+using TailArray = Eigen::Array<double, Eigen::Dynamic, 1, 0, kTailChunk, 1>;  // on the stack
+using TailArrayF = Eigen::Array<float, Eigen::Dynamic, 1, 0, kTailChunk, 1>;
+
+// Phi(x) for x <= -1 (and anything finite for other x, which the callers do not use).
+TailArray normal_cdf_tail(const TailArray& x) {
+  const TailArray z = (x * -0.70710678118654752440).max(0.0);
+  const TailArray t = 1.0 / (1.0 + 0.5 * z);
+  const TailArray p =
+      -1.26551223 +
+      t * (1.00002368 +
+           t * (0.37409196 +
+                t * (0.09678418 +
+                     t * (-0.18628806 +
+                          t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
+  return 0.5 * t * (p - z.square()).exp();
+}
+
+// Overwrites y[i] where x[i] < -1 with the tail form of gelu (g == nullptr) or of g * gelu'(x).
+// (Each Eigen expression below stays within one scalar type: a cast inside an expression makes Eigen
+// evaluate the whole of it one element at a time.)
+template <typename T>
+void gelu_erf_tail(const T* g, const T* x, T* y, int64_t n) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (int64_t i0 = 0; i0 < n; i0 += kTailChunk) {
+      const int64_t len = std::min(kTailChunk, n - i0);
+      Eigen::Map<const Eigen::ArrayXf> xs(x + i0, len);
+      if (!(xs < -1.0f).any()) continue;
+      const TailArray xd = xs.cast<double>();
+      const TailArray phi = normal_cdf_tail(xd);
+      TailArray v;
+      if (g == nullptr) {
+        v = xd * phi;
+      } else {  // Phi(x) + x phi(x), times g
+        const TailArray gd = Eigen::Map<const Eigen::ArrayXf>(g + i0, len).cast<double>();
+        const TailArray density = (-0.5 * xd.square()).exp();
+        v = gd * (phi + 0.39894228040143267794 * xd * density);
+      }
+      const TailArrayF vf = v.cast<float>();
+      Eigen::Map<Eigen::ArrayXf> ys(y + i0, len);
+      ys = (xs < -1.0f).select(vf, ys);
+    }
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      if (x[i] >= T(-1)) continue;
+      y[i] = g == nullptr ? math::unary<T>(UnaryOp::GeluErf, x[i], 0, 0)
+                          : math::binary<T>(BinaryOp::GeluErfBackward, g[i], x[i], T(1));
+    }
+  }
+}
 
 // Eigen's array expression for op on a contiguous run; false when there is none (scalar loop).
 template <typename T>
@@ -42,16 +102,10 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
     case UnaryOp::Sigmoid: out = in.logistic(); return true;
     case UnaryOp::Erf: out = in.erf(); return true;
     case UnaryOp::Square: out = in.square(); return true;
-    case UnaryOp::GeluErf: {
-      // x Phi(x), Phi(x) = (1 + erf(x / sqrt 2)) / 2 with Eigen's vectorized erf where that is
-      // accurate (x >= -1: 1 + erf >= 0.31); below, 1 + erf cancels, so those elements take
-      // core/scalar_math.h's erfc form (Eigen's erfc is not vectorized).
+    case UnaryOp::GeluErf:  // See Note [GELU's Gaussian tail]
       out = T(0.5) * in * (T(1) + (in * T(0.70710678118654752440)).erf());
-      for (int64_t i = 0; i < n; ++i) {
-        if (x[i] < T(-1)) y[i] = math::unary<T>(op, x[i], args.a, args.b);
-      }
+      gelu_erf_tail<T>(nullptr, x, y, n);
       return true;
-    }
     case UnaryOp::Silu: out = in / (T(1) + (-in).exp()); return true;  // -inf gives nan, as PyTorch
     case UnaryOp::Relu:  // NaN stays NaN, as in PyTorch
       out = (in != in).select(in, in.max(T(0)));
@@ -127,8 +181,8 @@ inline void binary_run(char* const* p, const int64_t* s, int64_t n, const F& f) 
 }
 
 // g * gelu'(x) over contiguous runs with Eigen's vectorized erf / tanh / exp (float, double). The erf
-// form takes Phi(x) = (1 + erf(x / sqrt 2)) / 2 where that is accurate (x >= -1) and the scalar erfc
-// form of core/scalar_math.h below, as the forward does.
+// form takes Phi(x) = (1 + erf(x / sqrt 2)) / 2 where that is accurate (x >= -1) and the tail form
+// below, as the forward does (Note [GELU's Gaussian tail]).
 template <typename T>
 void gelu_backward_vectorized(BinaryOp op, const T* g, const T* x, T* y, int64_t n) {
   using Arr = Eigen::Array<T, Eigen::Dynamic, 1>;
@@ -142,9 +196,7 @@ void gelu_backward_vectorized(BinaryOp op, const T* g, const T* x, T* y, int64_t
   }
   out = gv * (T(0.5) * (T(1) + (xv * T(0.70710678118654752440)).erf()) +
               xv * (T(-0.5) * xv.square()).exp() * T(0.39894228040143267794));
-  for (int64_t i = 0; i < n; ++i) {
-    if (x[i] < T(-1)) y[i] = math::binary<T>(op, g[i], x[i], T(1));
-  }
+  gelu_erf_tail<T>(g, x, y, n);
 }
 
 template <typename T>

@@ -121,4 +121,16 @@ template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
           int64_t ldb, bool accumulate, T* c, int64_t ldc);
 
+// float32 c = a @ b (+ c when accumulate) with AVX-512 (sgemm.cpp): a (m, k) has element (i, p) at
+// a[i * a_rs + p * a_cs], b (k, n) likewise, c is row-major with leading dim ldc. Threads through
+// parallel_for (serial when nested). Call only when cpu_has_avx512() (matmul.cpp) is true.
+void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+                  const float* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc);
+bool cpu_has_avx512();
+// Whether a float32 product with c (m, n) goes to sgemm_avx512 (matmul.cpp, Note [which float32
+// GEMM]): an AVX-512 CPU where OpenBLAS is absent or runs an AVX2 kernel (or KILN_CPU_GEMM=own), and
+// c at least one tile's height and a third of its width (thinner products, matrix-vector ones among
+// them, would mostly multiply the zero padding).
+bool use_own_sgemm(int64_t m, int64_t n);
+
 }  // namespace kiln::cpu

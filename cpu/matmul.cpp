@@ -1,15 +1,18 @@
 // cpu/matmul.cpp: batched matrix multiply c[..., M, N] = a[..., M, K] @ b[..., K, N].
 //
 // float32 and float64 go to OpenBLAS's sgemm/dgemm when Kiln was built with it, else to Eigen's
-// GEMM. Why OpenBLAS: on this machine's Zen 4 it measures 177-199 GFLOP/s against 111-146 for
-// Eigen 3.4's own kernel (BENCHMARKS.md). OpenBLAS runs single-threaded (cpu/parallel.cpp) and
-// Kiln's pool splits the work: each thread multiplies a block of rows (or columns) of c, or a share
-// of the batch, so there is one pool and nothing spins against it.
+// GEMM; on AVX-512 CPUs float32 goes to Kiln's own GEMM (sgemm.cpp) where that is the faster one
+// (Note [which float32 GEMM]). OpenBLAS runs single-threaded (cpu/parallel.cpp) and Kiln's pool
+// splits the work: each thread multiplies a block of rows (or columns) of c, or a share of the
+// batch, so there is one pool and nothing spins against it. sgemm.cpp threads through the same
+// pool, its threads sharing the packed b.
 // A transposed operand (a view with strides (1, M)) is passed to BLAS as "transposed", not copied.
 // The 16-bit floats are converted to float32, multiplied and rounded back; integers use Eigen.
 #include <Eigen/Core>
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <string_view>
 #include <vector>
 
 #include "core/convert.h"
@@ -23,6 +26,7 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int m, int n, int k, float
                  const float* a, int lda, const float* b, int ldb, float beta, float* c, int ldc);
 void cblas_dgemm(int order, int trans_a, int trans_b, int m, int n, int k, double alpha,
                  const double* a, int lda, const double* b, int ldb, double beta, double* c, int ldc);
+char* openblas_get_corename();  // the kernel family OpenBLAS picked for this CPU ("Haswell", "SkylakeX")
 }
 #endif
 
@@ -65,10 +69,43 @@ void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
   for (int64_t i = 0; i < rows; ++i) std::memset(c + i * row_stride, 0, sizeof(T) * cols);
 }
 
+}  // namespace
+
+// Note [which float32 GEMM]: measured on this Zen 5 (benchmarks/results/README.md), 2 threads:
+// OpenBLAS 0.3.21 with its AVX-512 (SkylakeX) kernel, split by Kiln's pool, 355-409 GFLOP/s at
+// n = 256..2048; sgemm.cpp 258-370; OpenBLAS with an AVX2 kernel about 205; Eigen's own GEMM 111-146.
+// So OpenBLAS keeps float32 when it runs an AVX-512 kernel, and sgemm.cpp takes it on an AVX-512 CPU
+// where OpenBLAS is absent or runs an AVX2 one (OPENBLAS_CORETYPE=Haswell, or an OpenBLAS older than
+// the CPU, picks one). The variable KILN_CPU_GEMM=own|blas overrides the choice, to compare them.
+bool use_own_sgemm(int64_t m, int64_t n) {
+  static const bool enabled = [] {
+    const char* v = std::getenv("KILN_CPU_GEMM");
+    if (v != nullptr && std::string_view(v) != "blas" && std::string_view(v) != "own")
+      KILN_FAIL("KILN_CPU_GEMM={}: expected 'own' (Kiln's AVX-512 GEMM) or 'blas' (OpenBLAS, else Eigen)", v);
+    if (!cpu_has_avx512()) return false;
+    if (v != nullptr) return std::string_view(v) == "own";
+#ifdef KILN_HAVE_OPENBLAS
+    const std::string_view core = openblas_get_corename();
+    for (std::string_view avx512_core : {"SkylakeX", "Cooperlake", "SapphireRapids"})
+      if (core.find(avx512_core) != std::string_view::npos) return false;
+#endif
+    return true;
+  }();
+  return enabled && m >= 8 && n >= 16;
+}
+
+namespace {
+
 // c = a @ b on one thread. c is row-major (ops/ allocates it).
 template <typename T>
 void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
   if (c.rows == 0 || c.cols == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (c.cs == 1 && use_own_sgemm(c.rows, c.cols)) {  // serial: called from a parallel_for, or small
+      sgemm_avx512(c.rows, c.cols, a.cols, a.data, a.rs, a.cs, b.data, b.rs, b.cs, false, c.data, c.rs);
+      return;
+    }
+  }
   if (a.cols == 0) {
     for (int64_t i = 0; i < c.rows; ++i)
       for (int64_t j = 0; j < c.cols; ++j) c.data[i * c.rs + j * c.cs] = T(0);
@@ -147,6 +184,12 @@ void matmul_typed(const View& av, const View& bv, const View& cv) {
     int64_t oa, ob, oc;
     batch_offsets(i, oa, ob, oc);
     Mat<T> A = mat(av, oa, M, K), B = mat(bv, ob, K, N), C = mat(cv, oc, M, N);
+    if constexpr (std::is_same_v<T, float>) {
+      if (C.cs == 1 && use_own_sgemm(M, N)) {  // threads of its own, sharing the packed b
+        sgemm_avx512(M, N, K, A.data, A.rs, A.cs, B.data, B.rs, B.cs, false, C.data, C.rs);
+        continue;
+      }
+    }
     // One big product: split the larger of M and N into one block per thread.
     int pieces = flops < kParallelFlops ? 1 : parallel_pieces(std::max(M, N), 16);
     if (pieces <= 1) {
@@ -190,6 +233,12 @@ template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
           int64_t ldb, bool accumulate, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
+  if constexpr (std::is_same_v<T, float>) {
+    if (use_own_sgemm(m, n)) {
+      sgemm_avx512(m, n, k, a, ta ? 1 : lda, ta ? lda : 1, b, tb ? 1 : ldb, tb ? ldb : 1, accumulate, c, ldc);
+      return;
+    }
+  }
 #ifdef KILN_HAVE_OPENBLAS
   constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112;
   auto i = [](int64_t v) { return static_cast<int>(v); };
@@ -219,6 +268,15 @@ template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, i
                           int64_t, bool, float*, int64_t);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*,
                            int64_t, bool, double*, int64_t);
+
+bool cpu_has_avx512() {
+#ifdef KILN_HAVE_SGEMM_AVX512
+  static const bool has = __builtin_cpu_supports("avx512f");
+  return has;
+#else
+  return false;
+#endif
+}
 
 void matmul_kernel(const View& a, const View& b, const View& c) {
   switch (c.dtype) {

@@ -127,3 +127,24 @@ TEST_CASE("gelu's fused backward (both forms) equals the float64 formula, in flo
     }
   }
 }
+
+TEST_CASE("gelu's Gaussian tail (x < -1) in float32 keeps its relative accuracy, forward and backward", "[ops][gelu]") {
+  // Below -1, 1 + erf(x / sqrt 2) cancels; the float32 kernels take a vectorized erfc there (cpu/
+  // elementwise.cpp, Note [GELU's Gaussian tail]). Checked relative to float64 (scalar erfc) on the
+  // same float32 values, down to x = -12 where gelu(x) is about -2e-32: an absolute tolerance would
+  // hide a lost tail.
+  Tensor x32 = linspace(-12, -1.001, 6007, kFloat32);  // odd length: the chunks' tails too
+  Tensor x64 = x32.to(kFloat64);
+  Tensor g64 = test::sample({6007}, kFloat64) + 3.0;  // nonzero cotangents
+  auto worst_relative = [](const Tensor& actual, const Tensor& expected) {
+    return ((actual.to(kFloat64) - expected).abs() / expected.abs()).max().item<double>();
+  };
+  const double fwd = worst_relative(gelu(x32), gelu(x64));
+  Tensor xr32 = x32.clone().requires_grad_(), xr64 = x64.clone().requires_grad_();
+  Tensor d32 = autograd::grad({gelu(xr32)}, {xr32}, {g64.to(kFloat32)})[0];
+  Tensor d64 = autograd::grad({gelu(xr64)}, {xr64}, {g64.to(kFloat32).to(kFloat64)})[0];
+  const double bwd = worst_relative(d32, d64);
+  INFO("worst relative error: forward " << fwd << ", backward " << bwd);
+  CHECK(fwd < 1e-6);
+  CHECK(bwd < 1e-6);
+}

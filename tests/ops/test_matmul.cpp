@@ -1,0 +1,123 @@
+// tests/ops/test_matmul.cpp: float32 matmul on the CPU, whichever GEMM it reaches (OpenBLAS, Eigen, or
+// on AVX-512 CPUs Kiln's own, cpu/sgemm.cpp; see cpu/matmul.cpp), and cpu/sgemm.cpp called directly
+// wherever the CPU has AVX-512, against a float64 product of the same values: every element within
+// the rounding-error bound of a float32 dot product of length k. Shapes cover the tile edges (8 x 48),
+// several packed blocks of k (512) and of n (4,128), transposed and strided operands, batches,
+// accumulation into c, and results that do not depend on the thread count.
+#include <cmath>
+
+#include "cpu/kernels.h"
+#include "support.h"
+
+using namespace kiln;
+using test::ThreadsGuard;
+
+namespace {
+
+// |actual - exact| <= 2 k u (|a| @ |b|) + tiny, u = 2^-24: the classic bound for a float32 dot product
+// of length k (any summation order), with room for the float32 rounding of the inputs' products.
+void check_product(const Tensor& actual, const Tensor& a, const Tensor& b, const Tensor& c0 = Tensor()) {
+  Tensor a64 = a.to(kFloat64), b64 = b.to(kFloat64);
+  Tensor exact = matmul(a64, b64);
+  if (c0.defined()) exact = exact + c0.to(kFloat64);
+  Tensor bound = matmul(a64.abs(), b64.abs());
+  if (c0.defined()) bound = bound + c0.to(kFloat64).abs();
+  const int64_t k = a.size(-1);
+  Tensor err = (actual.to(kFloat64) - exact).abs() - bound * (2.0 * (k + 1) * std::ldexp(1.0, -24)) - 1e-30;
+  REQUIRE(actual.sizes() == exact.sizes());
+  const double worst = err.max().item<double>();
+  INFO("shape " << actual.size(0) << " x " << actual.size(-1) << ", k " << k << ": the worst element exceeds its bound by " << worst);
+  CHECK(worst <= 0.0);
+}
+
+// a @ b for 2-D float32 a and b through cpu/sgemm.cpp itself, with the views' strides.
+Tensor own_product(const Tensor& a, const Tensor& b) {
+  Tensor c = zeros({a.size(0), b.size(1)});
+  cpu::sgemm_avx512(a.size(0), b.size(1), a.size(1), a.data_ptr<float>(), a.stride(0), a.stride(1),
+                    b.data_ptr<float>(), b.stride(0), b.stride(1), false, c.data_ptr<float>(), c.stride(0));
+  return c;
+}
+
+// Both: matmul, and sgemm.cpp directly where the CPU can run it.
+void check_both(const Tensor& a, const Tensor& b) {
+  check_product(matmul(a, b), a, b);
+  if (cpu::cpu_has_avx512()) check_product(own_product(a, b), a, b);
+}
+
+Tensor values(const Shape& shape, double seed) { return test::sample(shape, kFloat32, seed); }
+
+}  // namespace
+
+TEST_CASE("float32 matmul at tile and block edges, against float64") {
+  // (m, k, n): single elements, thinner than a tile (BLAS), one tile, tile edges, k across 512-row
+  // blocks with a tail, n across two 4,128-column blocks.
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {1, 1, 1},     {7, 5, 3},     {8, 16, 16},   {9, 17, 33},    {16, 1, 48},   {23, 40, 49},
+      {64, 300, 47}, {129, 257, 97}, {256, 256, 256}, {37, 515, 100}, {300, 70, 4200}};
+  for (const auto& [m, k, n] : shapes) {
+    Tensor a = values({m, k}, 0.3), b = values({k, n}, 0.7);
+    check_both(a, b);
+  }
+}
+
+TEST_CASE("float32 matmul with transposed and strided operands") {
+  const int64_t m = 45, k = 270, n = 100;
+  Tensor a = values({m, k}, 0.1), b = values({k, n}, 0.2);
+  Tensor at = values({k, m}, 0.3).t(), bt = values({n, k}, 0.4).t();  // strides (1, ld)
+  // Neither stride 1: every other column of a wider matrix, transposed.
+  Tensor a_strided = values({k, m, 2}, 0.5).select(2, 0).t();
+  Tensor b_strided = values({n, k, 3}, 0.6).select(2, 1).t();
+  REQUIRE(a_strided.stride(0) != 1);
+  REQUIRE(a_strided.stride(1) != 1);
+  for (const Tensor& x : {a, at, a_strided})
+    for (const Tensor& y : {b, bt, b_strided}) check_both(x, y);
+  // A row-sliced c's worth of a: rows of a wider matrix (leading dimension > k).
+  Tensor a_wide = values({m, k + 13}, 0.8).narrow(1, 5, k);
+  check_both(a_wide, b);
+}
+
+TEST_CASE("float32 batched matmul: many small products and a few large ones") {
+  Tensor a = values({6, 3, 20, 33}, 0.1), b = values({6, 3, 33, 50}, 0.2);
+  check_product(matmul(a, b), a, b);
+  Tensor a2 = values({2, 200, 130}, 0.3), b2 = values({2, 130, 300}, 0.4);
+  check_product(matmul(a2, b2), a2, b2);
+  Tensor b3 = values({130, 300}, 0.5);  // broadcast b over the batch
+  check_product(matmul(a2, b3), a2, b3.expand({2, 130, 300}));
+}
+
+TEST_CASE("float32 cpu::gemm accumulates into c, with transposes and leading dimensions") {
+  const int64_t m = 50, n = 70, k = 300;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      Tensor a = ta ? values({k, m}, 0.1) : values({m, k}, 0.1);
+      Tensor b = tb ? values({n, k}, 0.2) : values({k, n}, 0.2);
+      Tensor c = values({m, n + 6}, 0.3);  // ldc = n + 6: the last 6 columns must not change
+      Tensor c0 = c.clone();
+      cpu::gemm<float>(ta, tb, m, n, k, a.data_ptr<float>(), ta ? m : k, b.data_ptr<float>(), tb ? k : n, true,
+                       c.data_ptr<float>(), n + 6);
+      check_product(c.narrow(1, 0, n), ta ? a.t() : a, tb ? b.t() : b, c0.narrow(1, 0, n));
+      test::check_equal(c.narrow(1, n, 6), c0.narrow(1, n, 6));
+    }
+}
+
+TEST_CASE("float32 matmul does not depend on the thread count") {
+  // A property of cpu/sgemm.cpp (each element is the same sum however c is split); OpenBLAS's edge
+  // kernels sum differently, so the products that go to BLAS are not checked.
+  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{256, 300, 256}, {16, 600, 2000}, {1000, 64, 40}}) {
+    if (!cpu::use_own_sgemm(m, n)) {
+      WARN("not on cpu/sgemm.cpp (no AVX-512, or KILN_CPU_GEMM=blas): not checked");
+      continue;
+    }
+    Tensor a = values({m, k}, 0.1), b = values({k, n}, 0.2);
+    Tensor one, two;
+    {
+      ThreadsGuard g(1);
+      one = matmul(a, b);
+    }
+    {
+      ThreadsGuard g(2);
+      two = matmul(a, b);
+    }
+    test::check_equal(one, two);
+  }
+}
