@@ -75,8 +75,8 @@ void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
 // OpenBLAS 0.3.21 with its AVX-512 (SkylakeX) kernel, split by Kiln's pool, 355-409 GFLOP/s at
 // n = 256..2048; sgemm.cpp 258-370; OpenBLAS with an AVX2 kernel about 205; Eigen's own GEMM 111-146.
 // So OpenBLAS keeps float32 when it runs an AVX-512 kernel, and sgemm.cpp takes it on an AVX-512 CPU
-// where OpenBLAS is absent or runs an AVX2 one (OPENBLAS_CORETYPE=Haswell, or an OpenBLAS older than
-// the CPU, picks one). The variable KILN_CPU_GEMM=own|blas overrides the choice, to compare them.
+// where OpenBLAS is absent or runs an AVX2 one (as it does under OPENBLAS_CORETYPE=Haswell, which
+// some shells set). The variable KILN_CPU_GEMM=own|blas overrides the choice, to compare them.
 bool use_own_sgemm(int64_t m, int64_t n) {
   static const bool enabled = [] {
     const char* v = std::getenv("KILN_CPU_GEMM");

@@ -1,9 +1,9 @@
 // cpu/sgemm.cpp: Kiln's own float32 GEMM for CPUs with AVX-512, c = a @ b (+ c).
 //
 // When it is used: matmul.cpp, Note [which float32 GEMM]. On this Zen 5 (two 512-bit FMAs per cycle,
-// 234 GFLOP/s per core measured) it runs at 1.5-1.9x OpenBLAS's AVX2 kernel and below OpenBLAS's own
-// AVX-512 kernel, so it takes float32 where OpenBLAS is absent or runs an AVX2 kernel. It is also the
-// readable version of what a BLAS does.
+// 234 GFLOP/s per core measured), on two threads, it runs at 1.7-1.9x OpenBLAS's AVX2 kernel and
+// 0.90-0.98x OpenBLAS's own AVX-512 one (benchmarks/results/README.md), so it takes float32 where
+// OpenBLAS is absent or runs an AVX2 kernel. It is also the readable version of what a BLAS does.
 //
 // The loops are the Goto/BLIS ones. For each block of KC rows of b (the "pc" loop):
 //   1. b's block is packed once, by all threads together, into panels of NR = 48 columns, each
@@ -39,8 +39,8 @@ constexpr int64_t KC = 512;      // rows of b per packed block
 constexpr int64_t MC = 128;      // rows of a per packed block
 constexpr int64_t NC = 48 * 86;  // columns of b per packed block (4,128; 8 MiB packed)
 
-__mmask16 lanes(int64_t n) {  // the first n (0..16) of 16 lanes
-  return n >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << n) - 1);
+__mmask16 lanes(int64_t n) {  // the first n of 16 lanes (none for n <= 0, all for n >= 16)
+  return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
 }
 
 // The micro-kernel: tile (MR x NV*16) = ap (k x MR) @ bp (k x NV*16); then c[:mr, :nr] gets the tile
