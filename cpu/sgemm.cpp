@@ -107,6 +107,15 @@ void transpose16(__m512 r[16]) {
   }
 }
 
+// Loads rows 0..nrows-1 (row(j) points at its first float) of a 16 x 16 block, the first ncols
+// floats of each, zeros elsewhere, and transposes it: afterwards r[p] holds float p of every row.
+template <typename RowPtr>
+void load_transposed(const RowPtr& row, int64_t nrows, int64_t ncols, __m512 r[16]) {
+  const __mmask16 m = lanes(ncols);
+  for (int64_t j = 0; j < 16; ++j) r[j] = j < nrows ? _mm512_maskz_loadu_ps(m, row(j)) : _mm512_setzero_ps();
+  transpose16(r);
+}
+
 // One operand: element (i, j) at data[i * rs + j * cs].
 struct Operand {
   const float* data;
@@ -128,11 +137,8 @@ void pack_b_panel(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t 
     for (int64_t v = 0; v < nv; ++v) {
       const int64_t cols = std::min<int64_t>(16, w - v * 16);
       for (int64_t q = 0; q < kc; q += 16) {
-        const __mmask16 m = lanes(kc - q);
-        __m512 r[16];
-        for (int64_t j = 0; j < 16; ++j)
-          r[j] = j < cols ? _mm512_maskz_loadu_ps(m, b.at(p0 + q, j0 + v * 16 + j)) : _mm512_setzero_ps();
-        transpose16(r);
+        __m512 r[16];  // r[p]: row p0 + q + p of the panel's 16 columns
+        load_transposed([&](int64_t j) { return b.at(p0 + q, j0 + v * 16 + j); }, cols, kc - q, r);
         for (int64_t p = 0; p < std::min<int64_t>(16, kc - q); ++p) _mm512_store_ps(out + (q + p) * stride + v * 16, r[p]);
       }
     }
@@ -152,11 +158,8 @@ void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, fl
         _mm256_store_ps(out + p * MR, _mm256_loadu_ps(a.at(i0 + i, p0 + p)));
     } else if (a.cs == 1) {  // rows of a are contiguous: read them 16 columns at a time
       for (int64_t q = 0; q < kc; q += 16) {
-        const __mmask16 m = lanes(kc - q);
-        __m512 r[16];
-        for (int64_t j = 0; j < 16; ++j)
-          r[j] = j < rows ? _mm512_maskz_loadu_ps(m, a.at(i0 + i + j, p0 + q)) : _mm512_setzero_ps();
-        transpose16(r);  // r[p] = column p of the 16 x 16 block: rows 0..7 in its first 8 lanes
+        __m512 r[16];  // r[p]: column p0 + q + p of the rows, in the first MR lanes
+        load_transposed([&](int64_t j) { return a.at(i0 + i + j, p0 + q); }, rows, kc - q, r);
         for (int64_t p = 0; p < std::min<int64_t>(16, kc - q); ++p)
           _mm256_store_ps(out + (q + p) * MR, _mm512_castps512_ps256(r[p]));
       }
