@@ -10,8 +10,11 @@
 //   - every rank started through `kiln-run --rank-exec`, which gives local rank i the GPU i
 //     (CUDA_VISIBLE_DEVICES) on a machine with GPUs, before it executes the program;
 //   - Open MPI's shared-memory transport without single-copy (CMA needs ptrace rights that
-//     containers often lack) unless the user set it.
-// The same programs run under plain mpirun or Slurm's srun: Kiln reads its rank from either.
+//     containers often lack) unless the user set it;
+//   - with --hosts, the variables that steer Kiln, NCCL and the libraries (KILN_*, NCCL_*, OMP_*,
+//     OPENBLAS_*, CUDA_*, PATH, LD_LIBRARY_PATH) passed on to the other machines (mpirun -x), which
+//     do not inherit this shell's environment. The program must be at the same path on every host.
+// The same programs run under plain mpirun or Slurm's `srun --mpi=pmix`: Kiln reads its rank from either.
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +23,7 @@
 #include <dirent.h>
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -31,7 +35,8 @@ constexpr const char* kUsage =
     "usage: kiln-run -n N [--hosts HOST[:SLOTS],...] [--dry-run] PROGRAM [ARGS...]\n"
     "Runs N ranks of PROGRAM under Open MPI's mpirun, one GPU per local rank where there are GPUs.\n"
     "  -n, --np N       number of ranks (processes)\n"
-    "  --hosts LIST     machines to run on, as mpirun's --host (default: this one)\n"
+    "  --hosts LIST     machines to run on, as mpirun's --host: HOST:SLOTS runs up to SLOTS ranks\n"
+    "                   there, a HOST alone one (default: this machine, any number)\n"
     "  --dry-run        print the mpirun command instead of running it\n"
     "  -h, --help       this text\n";
 
@@ -77,6 +82,47 @@ std::string find_mpirun() {
        "KILN_MPIRUN to its path");
 }
 
+// The ranks that --hosts makes room for: the sum of its SLOTS (1 for a host without).
+int count_slots(const std::string& hosts) {
+  int total = 0;
+  size_t start = 0;
+  while (start <= hosts.size()) {
+    size_t end = hosts.find(',', start);
+    if (end == std::string::npos) end = hosts.size();
+    const std::string entry = hosts.substr(start, end - start);
+    const size_t colon = entry.find(':');
+    if (entry.empty() || colon == 0) fail(fmt::format("--hosts '{}' has an empty host name; write HOST[:SLOTS],...", hosts));
+    int slots = 1;
+    if (colon != std::string::npos) {
+      const std::string v = entry.substr(colon + 1);
+      char* stop = nullptr;
+      const long n = std::strtol(v.c_str(), &stop, 10);
+      if (v.empty() || *stop != '\0' || n < 1 || n > 65536)
+        fail(fmt::format("--hosts: '{}' must be HOST or HOST:SLOTS with SLOTS a positive number", entry));
+      slots = static_cast<int>(n);
+    }
+    total += slots;
+    start = end + 1;
+  }
+  return total;
+}
+
+// The names of this environment's variables that the ranks on other hosts need (see above).
+std::vector<std::string> forwarded_variables() {
+  static constexpr const char* kPrefixes[] = {"KILN_", "NCCL_", "OMP_", "OPENBLAS_", "CUDA_"};
+  static constexpr const char* kNames[] = {"PATH", "LD_LIBRARY_PATH"};
+  std::vector<std::string> names;
+  for (char** e = environ; *e; ++e) {
+    const std::string_view var(*e);
+    const std::string_view name = var.substr(0, var.find('='));
+    bool wanted = false;
+    for (const char* p : kPrefixes) wanted = wanted || name.starts_with(p);
+    for (const char* n : kNames) wanted = wanted || name == n;
+    if (wanted) names.emplace_back(name);
+  }
+  return names;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -117,7 +163,13 @@ int main(int argc, char** argv) {
   std::vector<std::string> cmd = {find_mpirun(), "-n", std::to_string(np)};
   if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
   if (!hosts.empty()) {
+    const int slots = count_slots(hosts);
+    if (np > slots)
+      fail(fmt::format("-n {} asks for more ranks than --hosts {} has slots ({}); give a host more with "
+                       "HOST:SLOTS, or list more hosts",
+                       np, hosts, slots));
     cmd.insert(cmd.end(), {"--host", hosts});
+    for (const auto& name : forwarded_variables()) cmd.insert(cmd.end(), {"-x", name});
   } else if (np > static_cast<int>(std::thread::hardware_concurrency())) {
     cmd.push_back("--oversubscribe");
   }

@@ -175,28 +175,72 @@ bool env_int(const char* name, int& out) {
   out = static_cast<int>(x);
   return true;
 }
+
+// The tasks of this srun step on node `node` (SLURM_NODEID), from SLURM_STEP_TASKS_PER_NODE: one
+// count per node, a run of equal ones written "count(xnodes)", e.g. "4(x2),3" for 4, 4 and 3.
+int slurm_tasks_on_node(int node) {
+  const char* name = "SLURM_STEP_TASKS_PER_NODE";
+  const char* v = std::getenv(name);
+  if (!v || !*v) return 1;
+  const char* p = v;
+  auto number = [&] {
+    char* end = nullptr;
+    const long x = std::strtol(p, &end, 10);
+    KILN_CHECK(end != p && x >= 1 && x < (1 << 24),
+               "distributed: the environment variable {}='{}' is not a list of task counts as srun writes it "
+               "(like \"4(x2),3\")",
+               name, v);
+    p = end;
+    return static_cast<int>(x);
+  };
+  int first = 0;  // the first node of the current run
+  while (true) {
+    const int count = number();
+    int nodes = 1;
+    if (*p == '(') {
+      KILN_CHECK(p[1] == 'x', "distributed: {}='{}': expected \"(x\" after a task count", name, v);
+      p += 2;
+      nodes = number();
+      KILN_CHECK(*p == ')', "distributed: {}='{}': expected \")\" after \"(x{}\"", name, v, nodes);
+      ++p;
+    }
+    if (node < first + nodes) return count;
+    first += nodes;
+    if (*p == '\0') break;
+    KILN_CHECK(*p == ',', "distributed: {}='{}': expected \",\" between task counts", name, v);
+    ++p;
+  }
+  KILN_FAIL("distributed: SLURM_NODEID={} but {}='{}' lists tasks for {} nodes", node, name, v, first);
+}
 }  // namespace
 
 WorldInfo world_info() {
   WorldInfo w;
-  if (env_int("OMPI_COMM_WORLD_RANK", w.rank) && env_int("OMPI_COMM_WORLD_SIZE", w.size)) {
+  // Rank and size come as a pair; a launcher counts only when both of its variables are set.
+  auto rank_and_size = [&w](const char* rank, const char* size) {
+    int r = 0, n = 0;
+    if (!env_int(rank, r) || !env_int(size, n)) return false;
+    w.rank = r;
+    w.size = n;
+    return true;
+  };
+  if (rank_and_size("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) {
     w.launcher = "mpirun";
     if (!env_int("OMPI_COMM_WORLD_LOCAL_RANK", w.local_rank)) w.local_rank = w.rank;
     if (!env_int("OMPI_COMM_WORLD_LOCAL_SIZE", w.local_size)) w.local_size = w.size;
-  } else if (env_int("SLURM_PROCID", w.rank) && env_int("SLURM_NTASKS", w.size)) {
+  } else if (rank_and_size("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")) {
+    // A task of an srun step. (A batch script has SLURM_PROCID and SLURM_NTASKS too, for the whole
+    // allocation, but it is one process: only srun's steps set the SLURM_STEP_* variables.)
     w.launcher = "srun";
     if (!env_int("SLURM_LOCALID", w.local_rank)) w.local_rank = 0;
-    // SLURM_NTASKS_PER_NODE is set only with --ntasks-per-node; otherwise count the node's tasks
-    // from SLURM_TASKS_PER_NODE's first entry ("4(x2),3" starts with 4).
-    if (!env_int("SLURM_NTASKS_PER_NODE", w.local_size)) {
-      const char* tpn = std::getenv("SLURM_TASKS_PER_NODE");
-      w.local_size = tpn ? std::max(1, std::atoi(tpn)) : 1;
-    }
-  } else if (env_int("PMI_RANK", w.rank) && env_int("PMI_SIZE", w.size)) {
+    int node = 0;
+    env_int("SLURM_NODEID", node);
+    w.local_size = slurm_tasks_on_node(node);
+  } else if (rank_and_size("PMI_RANK", "PMI_SIZE")) {
     w.launcher = "pmi";
     if (!env_int("MPI_LOCALRANKID", w.local_rank)) w.local_rank = 0;
     if (!env_int("MPI_LOCALNRANKS", w.local_size)) w.local_size = 1;
-  } else if (env_int("RANK", w.rank) && env_int("WORLD_SIZE", w.size)) {
+  } else if (rank_and_size("RANK", "WORLD_SIZE")) {
     w.launcher = "torchrun";
     if (!env_int("LOCAL_RANK", w.local_rank)) w.local_rank = 0;
     if (!env_int("LOCAL_WORLD_SIZE", w.local_size)) w.local_size = 1;

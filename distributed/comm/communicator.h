@@ -114,8 +114,9 @@ class Communicator {
 };
 
 // Where this process sits in the job, as the launcher's environment says: Open MPI's mpirun
-// (OMPI_COMM_WORLD_*), Slurm's srun (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID), other PMI
-// launchers (PMI_RANK, PMI_SIZE) or torchrun (RANK, WORLD_SIZE, LOCAL_RANK); rank 0 of 1 without any.
+// (OMPI_COMM_WORLD_*), Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, and
+// SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID), other PMI launchers (PMI_RANK, PMI_SIZE) or torchrun
+// (RANK, WORLD_SIZE, LOCAL_RANK); rank 0 of 1 without any (a Slurm batch script itself included).
 struct WorldInfo {
   int rank = 0;
   int size = 1;

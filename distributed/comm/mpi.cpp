@@ -252,6 +252,13 @@ class Engine {
       MPI_Comm_rank(world_, &world_rank_);
       MPI_Comm_size(world_, &world_size_);
       g_world_rank = world_rank_;
+      // MPI started alone in each process (srun without PMIx, say) would train N separate models.
+      const WorldInfo env = world_info();
+      KILN_CHECK(env.launcher == "none" || (env.rank == world_rank_ && env.size == world_size_),
+                 "{}: the launcher ({}) says this is rank {} of {}, but MPI connected it as rank {} of {}: the "
+                 "processes did not find each other. Start them with kiln-run or mpirun, or under Slurm with "
+                 "`srun --mpi=pmix`",
+                 what, env.launcher, env.rank, env.size, world_rank_, world_size_);
       MPI_Op_create(&reduce16<Half, 0>, 1, &ops_.half[0]);
       MPI_Op_create(&reduce16<Half, 1>, 1, &ops_.half[1]);
       MPI_Op_create(&reduce16<Half, 2>, 1, &ops_.half[2]);

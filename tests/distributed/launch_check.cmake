@@ -1,10 +1,10 @@
-# tests/distributed/launch_check.cmake: runs `LAUNCHER -n NP PROGRAM ARGS...` and checks that it
-# ends within LIMIT seconds with exit code EXPECT_RC (a number, or "nonzero"), that its output
-# matches every regular expression in EXPECT (a |-separated list) and none in REJECT.
+# tests/distributed/launch_check.cmake: runs `LAUNCHER -n NP [LAUNCHER_ARGS...] PROGRAM ARGS...`
+# and checks that it ends within LIMIT seconds with exit code EXPECT_RC (a number, or "nonzero"),
+# that its output matches every regular expression in EXPECT (a |-separated list) and none in REJECT.
 string(REPLACE "|" ";" EXPECT "${EXPECT}")
 string(REPLACE "|" ";" REJECT "${REJECT}")
 string(TIMESTAMP start "%s")
-execute_process(COMMAND ${LAUNCHER} -n ${NP} ${PROGRAM} ${ARGS}
+execute_process(COMMAND ${LAUNCHER} -n ${NP} ${LAUNCHER_ARGS} ${PROGRAM} ${ARGS}
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 300)
 string(TIMESTAMP stop "%s")
 math(EXPR elapsed "${stop} - ${start}")

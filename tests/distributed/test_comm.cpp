@@ -1,5 +1,8 @@
 // tests/distributed/test_comm.cpp: every collective of the MPI communicator, with exact results:
 // each rank contributes values made from its rank number.
+#include <cstdlib>
+#include <optional>
+
 #include "support.h"
 
 using namespace kiln;
@@ -22,10 +25,116 @@ TEST_CASE("comm: rank and size agree with the launcher's environment", "[distrib
   CHECK(comm->rank() == w.rank);
   CHECK(comm->size() == w.size);
   CHECK(comm->backend() == "mpi");
-  CHECK(w.launcher == "mpirun");
+  // CTest starts these under mpirun; by hand they may run under `srun --mpi=pmix` too.
+  const char* env_rank = std::getenv(w.launcher == "srun" ? "SLURM_PROCID" : "OMPI_COMM_WORLD_RANK");
+  REQUIRE((w.launcher == "mpirun" || w.launcher == "srun"));
+  REQUIRE(env_rank != nullptr);
+  CHECK(w.rank == std::atoi(env_rank));
   CHECK(w.local_rank == w.rank);  // one node
   CHECK(w.local_size == w.size);
   CHECK(init("mpi") == comm);  // one world communicator per process
+}
+
+namespace {
+// Sets (a value) or unsets (nullptr) environment variables, and restores them all when it goes.
+class EnvGuard {
+ public:
+  EnvGuard() = default;
+  void set(const char* name, const char* value) {
+    const char* old = std::getenv(name);
+    saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
+    if (value) {
+      setenv(name, value, 1);
+    } else {
+      unsetenv(name);
+    }
+  }
+  ~EnvGuard() {  // newest first, so a variable set twice ends as it began
+    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
+      if (it->second) {
+        setenv(it->first.c_str(), it->second->c_str(), 1);
+      } else {
+        unsetenv(it->first.c_str());
+      }
+    }
+  }
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+// world_info() with no launcher's variables but `vars`.
+WorldInfo world_info_with(std::initializer_list<std::pair<const char*, const char*>> vars) {
+  static constexpr const char* kLauncherVars[] = {
+      "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID",
+      "SLURM_STEP_TASKS_PER_NODE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "RANK",
+      "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
+  EnvGuard env;
+  for (const char* name : kLauncherVars) env.set(name, nullptr);
+  for (auto [name, value] : vars) env.set(name, value);
+  return world_info();
+}
+}  // namespace
+
+TEST_CASE("comm: world_info reads srun's variables, node by node", "[distributed]") {
+  // Rank 5 of a step with 4, 4 and 3 tasks on three nodes: the second task of node 1.
+  WorldInfo w = world_info_with({{"SLURM_PROCID", "5"}, {"SLURM_STEP_NUM_TASKS", "11"}, {"SLURM_LOCALID", "1"},
+                                 {"SLURM_NODEID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"},
+                                 {"SLURM_NTASKS", "12"}});
+  CHECK(w.launcher == "srun");
+  CHECK(w.rank == 5);
+  CHECK(w.size == 11);  // the step's tasks, not the allocation's
+  CHECK(w.local_rank == 1);
+  CHECK(w.local_size == 4);
+  w = world_info_with({{"SLURM_PROCID", "10"}, {"SLURM_STEP_NUM_TASKS", "11"}, {"SLURM_LOCALID", "2"},
+                       {"SLURM_NODEID", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"}});
+  CHECK(w.local_size == 3);
+  w = world_info_with({{"SLURM_PROCID", "6"}, {"SLURM_STEP_NUM_TASKS", "7"}, {"SLURM_LOCALID", "0"},
+                       {"SLURM_NODEID", "3"}, {"SLURM_STEP_TASKS_PER_NODE", "2,1,3,1"}});
+  CHECK(w.local_size == 1);
+  CHECK(w.local_rank == 0);
+
+  // A batch script has SLURM_PROCID and SLURM_NTASKS but is one process, not a task of a step.
+  w = world_info_with({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}});
+  CHECK(w.launcher == "none");
+  CHECK(w.rank == 0);
+  CHECK(w.size == 1);
+
+  // mpirun's variables win over Slurm's (mpirun inside an allocation); torchrun's are read too.
+  w = world_info_with({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"SLURM_PROCID", "0"},
+                       {"SLURM_STEP_NUM_TASKS", "1"}});
+  CHECK(w.launcher == "mpirun");
+  CHECK(w.rank == 2);
+  CHECK(w.local_size == 3);
+  w = world_info_with({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}});
+  CHECK(w.launcher == "torchrun");
+  CHECK(w.rank == 3);
+  CHECK(w.local_rank == 1);
+  CHECK(w.local_size == 4);
+  // Half a pair is no launcher, and leaves nothing behind.
+  w = world_info_with({{"SLURM_STEP_NUM_TASKS", "4"}});
+  CHECK(w.launcher == "none");
+  CHECK(w.size == 1);
+}
+
+TEST_CASE("comm: a launcher's environment that does not add up is an Error naming it", "[distributed]") {
+  check_error([] { world_info_with({{"SLURM_PROCID", "4"}, {"SLURM_STEP_NUM_TASKS", "4"}}); },
+              {"srun", "rank 4 of 4", "inconsistent"});
+  check_error([] {
+    world_info_with({{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "2(3)"}});
+  }, {"SLURM_STEP_TASKS_PER_NODE='2(3)'", "(x"});
+  check_error([] {
+    world_info_with({{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"}, {"SLURM_STEP_TASKS_PER_NODE", "x"}});
+  }, {"SLURM_STEP_TASKS_PER_NODE='x'", "task counts"});
+  check_error([] {
+    world_info_with({{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_NODEID", "2"},
+                     {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
+  }, {"SLURM_NODEID=2", "tasks for 2 nodes"});
+  check_error([] { world_info_with({{"OMPI_COMM_WORLD_RANK", "one"}, {"OMPI_COMM_WORLD_SIZE", "2"}}); },
+              {"OMPI_COMM_WORLD_RANK='one'", "not a rank"});
 }
 
 TEST_CASE("comm: all_reduce sum, avg, max and min are exact for every dtype", "[distributed]") {

@@ -4,6 +4,7 @@
 //   comm_faults skip   rank 1 skips the all-reduce of step 5 and waits: a rank that hangs
 //   comm_faults skip-error  the same with abort_on_timeout = false: the others get an Error
 //   comm_faults ok     nothing goes wrong (the control run)
+// An Error from distributed::init is printed, exit code 2.
 #include <csignal>
 #include <cstring>
 #include <thread>
@@ -14,7 +15,13 @@ using namespace kiln;
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "ok";
-  auto comm = distributed::init("mpi", {.abort_on_timeout = mode != "skip-error"});
+  std::shared_ptr<distributed::Communicator> comm;
+  try {
+    comm = distributed::init("mpi", {.abort_on_timeout = mode != "skip-error"});
+  } catch (const Error& e) {  // the launcher's environment and MPI disagree, say
+    std::fprintf(stderr, "comm_faults: error: %s\n", e.what());
+    return 2;
+  }
   const int r = comm->rank();
   for (int step = 0; step < 10; ++step) {
     if (r == 1 && step == 5 && mode == "kill") std::raise(SIGKILL);
