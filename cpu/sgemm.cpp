@@ -1,13 +1,15 @@
 // cpu/sgemm.cpp: Kiln's own float32 GEMM for CPUs with AVX-512, c = a @ b (+ c).
 //
 // When it is used: matmul.cpp, Note [which float32 GEMM]. On this Zen 5 (two 512-bit FMAs per cycle,
-// 234 GFLOP/s per core measured), on two threads, it runs at 1.7-1.9x OpenBLAS's AVX2 kernel and
-// 0.90-0.98x OpenBLAS's own AVX-512 one (benchmarks/results/README.md), so it takes float32 where
-// OpenBLAS is absent or runs an AVX2 kernel. It is also the readable version of what a BLAS does.
+// 234 GFLOP/s per core measured), on two threads, it runs at 1.8-1.9x OpenBLAS's AVX2 kernel and
+// level with OpenBLAS's own AVX-512 one (0.99-1.03x at n = 128..2048; benchmarks/results/README.md),
+// so it takes float32 where OpenBLAS is absent or runs an AVX2 kernel. It is also the readable
+// version of what a BLAS does.
 //
 // The loops are the Goto/BLIS ones. For each block of KC rows of b (the "pc" loop):
-//   1. b's block is packed once, by all threads together, into panels of NR = 48 columns, each
-//      stored k-major (row p of a panel is 48 consecutive floats), zero-padded at the right edge;
+//   1. b's block is packed once, by all threads together (but see Note [sharing b]), into panels
+//      of NR = 48 columns, each stored k-major (row p of a panel is 48 consecutive floats),
+//      zero-padded at the right edge;
 //   2. each thread takes its own rows of c (or, when c is short, its own panels), packs MC rows of
 //      a at a time into micro-panels of MR = 8 rows, k-major and zero-padded at the bottom, and
 //   3. runs the micro-kernel over every (micro-panel of a, panel of b) pair: an 8 x 48 tile of c
@@ -18,6 +20,17 @@
 // KC and MC were chosen by measurement on this machine (KC 128..768 x MC 64..256): a long KC reads
 // and writes c fewer times, which matters more at n = 1024..2048 than keeping a panel in L1.
 // Sharing b's packing between the threads is what OpenBLAS's threaded driver does as well.
+//
+// Note [sharing b]: sharing b costs two fork-joins per block of k; a thread that packs its own copy
+// of all of b needs one fork-join in all, but packs twice the bytes of b, each costing about as
+// much as 20 multiply-adds. Measured on this Zen 5, two threads, alternately: for cubes of n = 128
+// (2M multiply-adds, about 12 us) the private copy is 1.1-1.8x as fast (three runs), equal at
+// n = 256; a rule that also gave it the MLP benchmark's products (m = 128, k*n = 400K) made that 5%
+// slower. So each thread packs its own b only in products of at most kPrivateBelow (4M)
+// multiply-adds, where the fork-joins are what costs.
+//
+// The micro-kernel prefetches its tile of c into L1 48 steps of k before the end, where the tile is
+// loaded and added to: single-threaded that took n = 1024 and 2048 from 197 to 207 and 213 GFLOP/s.
 //
 // Every element of c is the same sum in the same order whatever the thread count or the split, so
 // results are reproducible. This file is compiled with -mavx512f (cpu/CMakeLists.txt); matmul.cpp
@@ -38,6 +51,7 @@ constexpr int64_t NR = 48;       // columns of a micro-tile: three zmm vectors
 constexpr int64_t KC = 512;      // rows of b per packed block
 constexpr int64_t MC = 128;      // rows of a per packed block
 constexpr int64_t NC = 48 * 86;  // columns of b per packed block (4,128; 8 MiB packed)
+constexpr int64_t kPrivateBelow = int64_t(1) << 22;  // multiply-adds up to which each thread packs all of b
 
 __mmask16 lanes(int64_t n) {  // the first n of 16 lanes (none for n <= 0, all for n >= 16)
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
@@ -51,7 +65,11 @@ void micro_kernel(int64_t k, const float* ap, const float* bp, float* c, int64_t
   __m512 acc[MR][NV];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+  const int64_t c_prefetch_at = std::max<int64_t>(0, k - 48);
   for (int64_t p = 0; p < k; ++p) {
+    if (p == c_prefetch_at)  // the tile of c is wanted when p reaches k: start bringing it into L1
+      for (int64_t i = 0; i < mr; ++i)
+        for (int j = 0; j < NV; ++j) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + j * 16), _MM_HINT_T0);
     __m512 b[NV];
     for (int j = 0; j < NV; ++j) b[j] = _mm512_load_ps(bp + j * 16);
     _mm_prefetch(reinterpret_cast<const char*>(bp + 8 * NV * 16), _MM_HINT_T0);
@@ -209,6 +227,23 @@ void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs,
   const Operand A{a, a_rs, a_cs}, B{b, b_rs, b_cs};
   const int threads = get_num_threads();
   const int64_t m_tiles = (m + MR - 1) / MR;
+  const int64_t grain_flops = int64_t(1) << 17;  // multiply-adds below which one thread is enough
+  // Small products (Note [sharing b]): each thread its rows of c, all of b packed by itself.
+  if (threads > 1 && m * n * k <= kPrivateBelow && m_tiles >= 2 * threads) {
+    const int64_t tile_flops = MR * n * k;
+    parallel_for(0, m_tiles, std::max<int64_t>(1, grain_flops / tile_flops), [&](int64_t t0, int64_t t1) {
+      const int64_t panels = (n + NR - 1) / NR;
+      ScratchBuffer<float> bp(static_cast<size_t>(panels * NR * std::min(KC, k)));
+      for (int64_t pc = 0; pc < k; pc += KC) {
+        const int64_t kc = std::min(KC, k - pc);
+        for (int64_t jp = 0; jp < panels; ++jp)
+          pack_b_panel(B, pc, kc, jp * NR, std::min(NR, n - jp * NR), bp.data() + jp * NR * kc);
+        compute_block(A, t0 * MR, std::min(m, t1 * MR), pc, kc, bp.data(), 0, n, 0, panels, c, ldc,
+                      accumulate || pc > 0);
+      }
+    });
+    return;
+  }
   for (int64_t jc = 0; jc < n; jc += NC) {
     const int64_t nc = std::min(NC, n - jc), panels = (nc + NR - 1) / NR;
     ScratchBuffer<float> bp(static_cast<size_t>(panels * NR * std::min(KC, k)));
@@ -221,7 +256,6 @@ void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs,
           pack_b_panel(B, pc, kc, jc + jp * NR, std::min(NR, nc - jp * NR), bp.data() + jp * NR * kc);
       });
       // 2-3. Each thread its rows of c or, when c has too few rows for that, its panels.
-      const int64_t grain_flops = int64_t(1) << 17;  // multiply-adds below which one thread is enough
       if (m_tiles >= 2 * threads || panels < threads) {
         const int64_t tile_flops = MR * nc * kc;
         parallel_for(0, m_tiles, std::max<int64_t>(1, grain_flops / tile_flops), [&](int64_t t0, int64_t t1) {
