@@ -5,7 +5,7 @@
 // (Note [which float32 GEMM]). OpenBLAS runs single-threaded (cpu/parallel.cpp) and Kiln's pool
 // splits the work: each thread multiplies a block of rows (or columns) of c, or a share of the
 // batch, so there is one pool and nothing spins against it. sgemm.cpp threads through the same
-// pool, its threads sharing the packed b.
+// pool, its threads sharing the packed b (except in small products: Note [sharing b]).
 // A transposed operand (a view with strides (1, M)) is passed to BLAS as "transposed", not copied.
 // The 16-bit floats are converted to float32, multiplied and rounded back; integers use Eigen.
 #include <Eigen/Core>
@@ -72,11 +72,13 @@ void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
 }  // namespace
 
 // Note [which float32 GEMM]: measured on this Zen 5 (benchmarks/results/README.md), 2 threads:
-// OpenBLAS 0.3.21 with its AVX-512 (SkylakeX) kernel, split by Kiln's pool, 355-409 GFLOP/s at
-// n = 256..2048; sgemm.cpp 258-370; OpenBLAS with an AVX2 kernel about 205; Eigen's own GEMM 111-146.
-// So OpenBLAS keeps float32 when it runs an AVX-512 kernel, and sgemm.cpp takes it on an AVX-512 CPU
-// where OpenBLAS is absent or runs an AVX2 one (as it does under OPENBLAS_CORETYPE=Haswell, which
-// some shells set). The variable KILN_CPU_GEMM=own|blas overrides the choice, to compare them.
+// OpenBLAS 0.3.21 with its AVX-512 (SkylakeX) kernel, split by Kiln's pool, 335-427 GFLOP/s at
+// n = 128..2048; sgemm.cpp 351-445 (0.98-1.05x that, within the machine's run-to-run spread);
+// OpenBLAS with an AVX2 kernel about 220; Eigen's own GEMM 111-146. sgemm.cpp taking every float32
+// GEMM made the CNN benchmark slower (its small convolution GEMMs; session 9, before sgemm.cpp's
+// per-thread b), so OpenBLAS keeps float32 when it runs an AVX-512 kernel, and sgemm.cpp takes it on
+// an AVX-512 CPU where OpenBLAS is absent or runs an AVX2 one (as it does under
+// OPENBLAS_CORETYPE=Haswell, which some shells set). KILN_CPU_GEMM=own|blas overrides the choice.
 bool use_own_sgemm(int64_t m, int64_t n) {
   static const bool enabled = [] {
     const char* v = std::getenv("KILN_CPU_GEMM");
