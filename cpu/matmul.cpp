@@ -187,7 +187,7 @@ void matmul_typed(const View& av, const View& bv, const View& cv) {
     batch_offsets(i, oa, ob, oc);
     Mat<T> A = mat(av, oa, M, K), B = mat(bv, ob, K, N), C = mat(cv, oc, M, N);
     if constexpr (std::is_same_v<T, float>) {
-      if (C.cs == 1 && use_own_sgemm(M, N)) {  // threads of its own, sharing the packed b
+      if (C.cs == 1 && use_own_sgemm(M, N)) {  // its own threading (Note [sharing b] in sgemm.cpp)
         sgemm_avx512(M, N, K, A.data, A.rs, A.cs, B.data, B.rs, B.cs, false, C.data, C.rs);
         continue;
       }

@@ -2,7 +2,7 @@
 //
 // When it is used: matmul.cpp, Note [which float32 GEMM]. On this Zen 5 (two 512-bit FMAs per cycle,
 // 234 GFLOP/s per core measured), on two threads, it runs at 1.8-1.9x OpenBLAS's AVX2 kernel and
-// level with OpenBLAS's own AVX-512 one (0.99-1.03x at n = 128..2048; benchmarks/results/README.md),
+// level with OpenBLAS's own AVX-512 one (0.98-1.05x at n = 128..2048; benchmarks/results/README.md),
 // so it takes float32 where OpenBLAS is absent or runs an AVX2 kernel. It is also the readable
 // version of what a BLAS does.
 //
@@ -21,16 +21,18 @@
 // and writes c fewer times, which matters more at n = 1024..2048 than keeping a panel in L1.
 // Sharing b's packing between the threads is what OpenBLAS's threaded driver does as well.
 //
-// Note [sharing b]: sharing b costs two fork-joins per block of k; a thread that packs its own copy
-// of all of b needs one fork-join in all, but packs twice the bytes of b, each costing about as
-// much as 20 multiply-adds. Measured on this Zen 5, two threads, alternately: for cubes of n = 128
+// Note [sharing b]: sharing b costs two fork-joins per block of k; threads that each pack all of b
+// for themselves need one fork-join in all, but each packs all of b instead of its share, a packed
+// element costing about as much as 20 multiply-adds. Measured on this Zen 5, two threads, alternately: for cubes of n = 128
 // (2M multiply-adds, about 12 us) the private copy is 1.1-1.8x as fast (three runs), equal at
 // n = 256; a rule that also gave it the MLP benchmark's products (m = 128, k*n = 400K) made that 5%
-// slower. So each thread packs its own b only in products of at most kPrivateBelow (4M)
+// slower. So each thread packs its own b only in products of at most kPrivateUpTo (4M)
 // multiply-adds, where the fork-joins are what costs.
 //
 // The micro-kernel prefetches its tile of c into L1 48 steps of k before the end, where the tile is
 // loaded and added to: single-threaded that took n = 1024 and 2048 from 197 to 207 and 213 GFLOP/s.
+// (One prefetch per 16 floats: a row of c that is not 64-byte aligned has a line left out, which
+// costs only speed.)
 //
 // Every element of c is the same sum in the same order whatever the thread count or the split, so
 // results are reproducible. This file is compiled with -mavx512f (cpu/CMakeLists.txt); matmul.cpp
@@ -51,7 +53,7 @@ constexpr int64_t NR = 48;       // columns of a micro-tile: three zmm vectors
 constexpr int64_t KC = 512;      // rows of b per packed block
 constexpr int64_t MC = 128;      // rows of a per packed block
 constexpr int64_t NC = 48 * 86;  // columns of b per packed block (4,128; 8 MiB packed)
-constexpr int64_t kPrivateBelow = int64_t(1) << 22;  // multiply-adds up to which each thread packs all of b
+constexpr int64_t kPrivateUpTo = int64_t(1) << 22;  // multiply-adds up to which each thread packs all of b
 
 __mmask16 lanes(int64_t n) {  // the first n of 16 lanes (none for n <= 0, all for n >= 16)
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
@@ -229,7 +231,7 @@ void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs,
   const int64_t m_tiles = (m + MR - 1) / MR;
   const int64_t grain_flops = int64_t(1) << 17;  // multiply-adds below which one thread is enough
   // Small products (Note [sharing b]): each thread its rows of c, all of b packed by itself.
-  if (threads > 1 && m * n * k <= kPrivateBelow && m_tiles >= 2 * threads) {
+  if (threads > 1 && m * n * k <= kPrivateUpTo && m_tiles >= 2 * threads) {
     const int64_t tile_flops = MR * n * k;
     parallel_for(0, m_tiles, std::max<int64_t>(1, grain_flops / tile_flops), [&](int64_t t0, int64_t t1) {
       const int64_t panels = (n + NR - 1) / NR;

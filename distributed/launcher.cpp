@@ -12,12 +12,14 @@
 //   - Open MPI's shared-memory transport without single-copy (CMA needs ptrace rights that
 //     containers often lack) unless the user set it;
 //   - with --hosts, the variables that steer Kiln, NCCL and the libraries (KILN_*, NCCL_*, OMP_*,
-//     OPENBLAS_*, CUDA_*, PATH, LD_LIBRARY_PATH) passed on to the other machines (mpirun -x), which
-//     do not inherit this shell's environment. The program must be at the same path on every host.
+//     OPENBLAS_*, CUDA_* but CUDA_VISIBLE_DEVICES, PATH, LD_LIBRARY_PATH) passed on to the other
+//     machines (mpirun -x), which do not inherit this shell's environment; no --oversubscribe (the
+//     slots say how many ranks a host takes). The program must be at the same path on every host.
 // The same programs run under plain mpirun or Slurm's `srun --mpi=pmix`: Kiln reads its rank from either.
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <dirent.h>
@@ -83,8 +85,8 @@ std::string find_mpirun() {
 }
 
 // The ranks that --hosts makes room for: the sum of its SLOTS (1 for a host without).
-int count_slots(const std::string& hosts) {
-  int total = 0;
+int64_t count_slots(const std::string& hosts) {
+  int64_t total = 0;
   size_t start = 0;
   while (start <= hosts.size()) {
     size_t end = hosts.find(',', start);
@@ -108,6 +110,7 @@ int count_slots(const std::string& hosts) {
 }
 
 // The names of this environment's variables that the ranks on other hosts need (see above).
+// CUDA_VISIBLE_DEVICES is this machine's own: each host picks its GPUs itself (--rank-exec).
 std::vector<std::string> forwarded_variables() {
   static constexpr const char* kPrefixes[] = {"KILN_", "NCCL_", "OMP_", "OPENBLAS_", "CUDA_"};
   static constexpr const char* kNames[] = {"PATH", "LD_LIBRARY_PATH"};
@@ -118,7 +121,7 @@ std::vector<std::string> forwarded_variables() {
     bool wanted = false;
     for (const char* p : kPrefixes) wanted = wanted || name.starts_with(p);
     for (const char* n : kNames) wanted = wanted || name == n;
-    if (wanted) names.emplace_back(name);
+    if (wanted && name != "CUDA_VISIBLE_DEVICES") names.emplace_back(name);
   }
   return names;
 }
@@ -144,6 +147,7 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) fail(fmt::format("{} needs a value\n{}", a, kUsage));
       const std::string v = argv[++i];
       if (a == "--hosts") {
+        if (v.empty()) fail("--hosts needs a list of machines, HOST[:SLOTS],...");
         hosts = v;
       } else {
         char* end = nullptr;
@@ -160,14 +164,17 @@ int main(int argc, char** argv) {
   if (np == 0) fail(fmt::format("say how many ranks with -n N\n{}", kUsage));
   if (i >= argc) fail(fmt::format("no program to run\n{}", kUsage));
 
-  std::vector<std::string> cmd = {find_mpirun(), "-n", std::to_string(np)};
-  if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
   if (!hosts.empty()) {
-    const int slots = count_slots(hosts);
+    const int64_t slots = count_slots(hosts);
     if (np > slots)
       fail(fmt::format("-n {} asks for more ranks than --hosts {} has slots ({}); give a host more with "
                        "HOST:SLOTS, or list more hosts",
                        np, hosts, slots));
+  }
+
+  std::vector<std::string> cmd = {find_mpirun(), "-n", std::to_string(np)};
+  if (geteuid() == 0) cmd.push_back("--allow-run-as-root");
+  if (!hosts.empty()) {
     cmd.insert(cmd.end(), {"--host", hosts});
     for (const auto& name : forwarded_variables()) cmd.insert(cmd.end(), {"-x", name});
   } else if (np > static_cast<int>(std::thread::hardware_concurrency())) {

@@ -165,8 +165,10 @@ std::vector<int64_t> per_rank_counts(const char* op, const std::vector<Tensor>& 
 // ---- the launcher's environment ----
 
 namespace {
-bool env_int(const char* name, int& out) {
-  const char* v = std::getenv(name);
+using Getenv = std::function<const char*(const char*)>;
+
+bool env_int(const Getenv& env, const char* name, int& out) {
+  const char* v = env(name);
   if (!v || !*v) return false;
   char* end = nullptr;
   long x = std::strtol(v, &end, 10);
@@ -178,9 +180,9 @@ bool env_int(const char* name, int& out) {
 
 // The tasks of this srun step on node `node` (SLURM_NODEID), from SLURM_STEP_TASKS_PER_NODE: one
 // count per node, a run of equal ones written "count(xnodes)", e.g. "4(x2),3" for 4, 4 and 3.
-int slurm_tasks_on_node(int node) {
+int slurm_tasks_on_node(const Getenv& env, int node) {
   const char* name = "SLURM_STEP_TASKS_PER_NODE";
-  const char* v = std::getenv(name);
+  const char* v = env(name);
   if (!v || !*v) return 1;
   const char* p = v;
   auto number = [&] {
@@ -193,7 +195,7 @@ int slurm_tasks_on_node(int node) {
     p = end;
     return static_cast<int>(x);
   };
-  int first = 0;  // the first node of the current run
+  int64_t first = 0;  // the first node of the current run
   while (true) {
     const int count = number();
     int nodes = 1;
@@ -214,39 +216,44 @@ int slurm_tasks_on_node(int node) {
 }
 }  // namespace
 
-WorldInfo world_info() {
+WorldInfo world_info() { return world_info([](const char* name) { return std::getenv(name); }); }
+
+WorldInfo world_info(const std::function<const char*(const char*)>& env) {
   WorldInfo w;
   // Rank and size come as a pair; a launcher counts only when both of its variables are set.
-  auto rank_and_size = [&w](const char* rank, const char* size) {
+  auto rank_and_size = [&](const char* rank, const char* size) {
     int r = 0, n = 0;
-    if (!env_int(rank, r) || !env_int(size, n)) return false;
+    if (!env_int(env, rank, r) || !env_int(env, size, n)) return false;
     w.rank = r;
     w.size = n;
     return true;
   };
+  // PMI's variables come before Slurm's: MPICH's and Intel MPI's mpiexec start their per-node
+  // proxies with srun, so their ranks carry the proxy's SLURM_PROCID (a node number) as well.
   if (rank_and_size("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) {
     w.launcher = "mpirun";
-    if (!env_int("OMPI_COMM_WORLD_LOCAL_RANK", w.local_rank)) w.local_rank = w.rank;
-    if (!env_int("OMPI_COMM_WORLD_LOCAL_SIZE", w.local_size)) w.local_size = w.size;
+    if (!env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", w.local_rank)) w.local_rank = w.rank;
+    if (!env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", w.local_size)) w.local_size = w.size;
+  } else if (rank_and_size("PMI_RANK", "PMI_SIZE")) {
+    w.launcher = "pmi";
+    if (!env_int(env, "MPI_LOCALRANKID", w.local_rank)) w.local_rank = 0;
+    if (!env_int(env, "MPI_LOCALNRANKS", w.local_size)) w.local_size = 1;
   } else if (rank_and_size("SLURM_PROCID", "SLURM_STEP_NUM_TASKS")) {
     // A task of an srun step. (A batch script has SLURM_PROCID and SLURM_NTASKS too, for the whole
     // allocation, but it is one process: only srun's steps set the SLURM_STEP_* variables.)
     w.launcher = "srun";
-    if (!env_int("SLURM_LOCALID", w.local_rank)) w.local_rank = 0;
+    if (!env_int(env, "SLURM_LOCALID", w.local_rank)) w.local_rank = 0;
     int node = 0;
-    env_int("SLURM_NODEID", node);
-    w.local_size = slurm_tasks_on_node(node);
-  } else if (rank_and_size("PMI_RANK", "PMI_SIZE")) {
-    w.launcher = "pmi";
-    if (!env_int("MPI_LOCALRANKID", w.local_rank)) w.local_rank = 0;
-    if (!env_int("MPI_LOCALNRANKS", w.local_size)) w.local_size = 1;
+    env_int(env, "SLURM_NODEID", node);
+    w.local_size = slurm_tasks_on_node(env, node);
   } else if (rank_and_size("RANK", "WORLD_SIZE")) {
     w.launcher = "torchrun";
-    if (!env_int("LOCAL_RANK", w.local_rank)) w.local_rank = 0;
-    if (!env_int("LOCAL_WORLD_SIZE", w.local_size)) w.local_size = 1;
+    if (!env_int(env, "LOCAL_RANK", w.local_rank)) w.local_rank = 0;
+    if (!env_int(env, "LOCAL_WORLD_SIZE", w.local_size)) w.local_size = 1;
   }
-  KILN_CHECK(w.size >= 1 && w.rank < w.size && w.local_rank < std::max(w.local_size, 1),
-             "distributed: the launcher ({}) says rank {} of {} (local rank {} of {}), which is inconsistent",
+  KILN_CHECK(w.size >= 1 && w.rank < w.size && w.local_rank < std::max(w.local_size, 1) && w.local_size <= w.size,
+             "distributed: the launcher ({}) says rank {} of {} (local rank {} of {}), which is inconsistent; "
+             "start the program through its launcher, or unset that launcher's variables left in the environment",
              w.launcher, w.rank, w.size, w.local_rank, w.local_size);
   return w;
 }

@@ -113,10 +113,11 @@ class Communicator {
   virtual uint64_t sequence_number() const = 0;
 };
 
-// Where this process sits in the job, as the launcher's environment says: Open MPI's mpirun
-// (OMPI_COMM_WORLD_*), Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, and
-// SLURM_STEP_TASKS_PER_NODE at SLURM_NODEID), other PMI launchers (PMI_RANK, PMI_SIZE) or torchrun
-// (RANK, WORLD_SIZE, LOCAL_RANK); rank 0 of 1 without any (a Slurm batch script itself included).
+// Where this process sits in the job, as the launcher's environment says, first found of: Open
+// MPI's mpirun (OMPI_COMM_WORLD_*), PMI launchers such as MPICH's mpiexec (PMI_RANK, PMI_SIZE),
+// Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, and SLURM_STEP_TASKS_PER_NODE at
+// SLURM_NODEID) or torchrun (RANK, WORLD_SIZE, LOCAL_RANK); rank 0 of 1 without any (a Slurm batch
+// script itself included).
 struct WorldInfo {
   int rank = 0;
   int size = 1;
@@ -125,6 +126,9 @@ struct WorldInfo {
   std::string launcher = "none";  // "mpirun", "srun", "pmi", "torchrun" or "none"
 };
 WorldInfo world_info();
+// The same, read from `getenv` (name -> value, or nullptr when unset) instead of the process's
+// environment: for tests and tools.
+WorldInfo world_info(const std::function<const char*(const char*)>& getenv);
 
 // The communicator of every rank of the job ("mpi"; "nccl" for CUDA tensors where built with
 // CUDA). MPI is initialised on first use and finalised at exit; the same communicator is returned

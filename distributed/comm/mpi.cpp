@@ -226,7 +226,12 @@ class Engine {
   void run(std::promise<void>& ready) {
     const char* what = "distributed::init(\"mpi\")";
     try {
-      int initialized = 0;
+      int initialized = 0, finalized = 0;
+      MPI_Finalized(&finalized);
+      KILN_CHECK(!finalized,
+                 "{}: MPI has been finalised (by the program, or by an earlier distributed::init that failed) and "
+                 "cannot start again in this process; start a new process",
+                 what);
       MPI_Initialized(&initialized);
       if (!initialized) {
         int provided = 0;
@@ -245,13 +250,8 @@ class Engine {
                    "or let Kiln initialise MPI",
                    what, provided);
       }
-      KILN_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_));
-      KILN_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_check_));
-      MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN);
-      MPI_Comm_set_errhandler(world_check_, MPI_ERRORS_RETURN);
-      MPI_Comm_rank(world_, &world_rank_);
-      MPI_Comm_size(world_, &world_size_);
-      g_world_rank = world_rank_;
+      MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_);
+      MPI_Comm_size(MPI_COMM_WORLD, &world_size_);
       // MPI started alone in each process (srun without PMIx, say) would train N separate models.
       const WorldInfo env = world_info();
       KILN_CHECK(env.launcher == "none" || (env.rank == world_rank_ && env.size == world_size_),
@@ -259,6 +259,11 @@ class Engine {
                  "processes did not find each other. Start them with kiln-run or mpirun, or under Slurm with "
                  "`srun --mpi=pmix`",
                  what, env.launcher, env.rank, env.size, world_rank_, world_size_);
+      KILN_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_));
+      KILN_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world_check_));
+      MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN);
+      MPI_Comm_set_errhandler(world_check_, MPI_ERRORS_RETURN);
+      g_world_rank = world_rank_;
       MPI_Op_create(&reduce16<Half, 0>, 1, &ops_.half[0]);
       MPI_Op_create(&reduce16<Half, 1>, 1, &ops_.half[1]);
       MPI_Op_create(&reduce16<Half, 2>, 1, &ops_.half[2]);
@@ -268,6 +273,10 @@ class Engine {
       struct sigaction old {};
       if (sigaction(SIGTERM, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGTERM, on_sigterm);
     } catch (...) {
+      // Undo what was set up, so that the process can still exit cleanly.
+      if (world_ != MPI_COMM_NULL) MPI_Comm_free(&world_);
+      if (world_check_ != MPI_COMM_NULL) MPI_Comm_free(&world_check_);
+      if (owns_mpi_) MPI_Finalize();
       ready.set_exception(std::current_exception());
       return;
     }

@@ -1,7 +1,7 @@
 // tests/distributed/test_comm.cpp: every collective of the MPI communicator, with exact results:
 // each rank contributes values made from its rank number.
 #include <cstdlib>
-#include <optional>
+#include <map>
 
 #include "support.h"
 
@@ -36,46 +36,14 @@ TEST_CASE("comm: rank and size agree with the launcher's environment", "[distrib
 }
 
 namespace {
-// Sets (a value) or unsets (nullptr) environment variables, and restores them all when it goes.
-class EnvGuard {
- public:
-  EnvGuard() = default;
-  void set(const char* name, const char* value) {
-    const char* old = std::getenv(name);
-    saved_.emplace_back(name, old ? std::optional<std::string>(old) : std::nullopt);
-    if (value) {
-      setenv(name, value, 1);
-    } else {
-      unsetenv(name);
-    }
-  }
-  ~EnvGuard() {  // newest first, so a variable set twice ends as it began
-    for (auto it = saved_.rbegin(); it != saved_.rend(); ++it) {
-      if (it->second) {
-        setenv(it->first.c_str(), it->second->c_str(), 1);
-      } else {
-        unsetenv(it->first.c_str());
-      }
-    }
-  }
-  EnvGuard(const EnvGuard&) = delete;
-  EnvGuard& operator=(const EnvGuard&) = delete;
-
- private:
-  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
-};
-
-// world_info() with no launcher's variables but `vars`.
+// world_info() in an environment of just `vars` (the process's own is left alone: Open MPI's
+// threads may be reading it).
 WorldInfo world_info_with(std::initializer_list<std::pair<const char*, const char*>> vars) {
-  static constexpr const char* kLauncherVars[] = {
-      "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
-      "SLURM_PROCID", "SLURM_NTASKS", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID", "SLURM_NODEID",
-      "SLURM_STEP_TASKS_PER_NODE", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS", "RANK",
-      "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"};
-  EnvGuard env;
-  for (const char* name : kLauncherVars) env.set(name, nullptr);
-  for (auto [name, value] : vars) env.set(name, value);
-  return world_info();
+  const std::map<std::string, std::string> env(vars.begin(), vars.end());
+  return world_info([&env](const char* name) -> const char* {
+    auto it = env.find(name);
+    return it == env.end() ? nullptr : it->second.c_str();
+  });
 }
 }  // namespace
 
@@ -114,10 +82,16 @@ TEST_CASE("comm: world_info reads srun's variables, node by node", "[distributed
   CHECK(w.rank == 3);
   CHECK(w.local_rank == 1);
   CHECK(w.local_size == 4);
-  // Half a pair is no launcher, and leaves nothing behind.
-  w = world_info_with({{"SLURM_STEP_NUM_TASKS", "4"}});
+  // Half a pair is no launcher, and leaves nothing behind (rank 3 of 1 would be an Error).
+  w = world_info_with({{"SLURM_PROCID", "3"}});
   CHECK(w.launcher == "none");
+  CHECK(w.rank == 0);
   CHECK(w.size == 1);
+  // MPICH's mpiexec under Slurm: its ranks carry the proxy's SLURM_PROCID (the node) too; PMI wins.
+  w = world_info_with({{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}});
+  CHECK(w.launcher == "pmi");
+  CHECK(w.rank == 5);
+  CHECK(w.size == 8);
 }
 
 TEST_CASE("comm: a launcher's environment that does not add up is an Error naming it", "[distributed]") {
@@ -133,6 +107,8 @@ TEST_CASE("comm: a launcher's environment that does not add up is an Error namin
     world_info_with({{"SLURM_PROCID", "0"}, {"SLURM_STEP_NUM_TASKS", "4"}, {"SLURM_NODEID", "2"},
                      {"SLURM_STEP_TASKS_PER_NODE", "2(x2)"}});
   }, {"SLURM_NODEID=2", "tasks for 2 nodes"});
+  check_error([] { world_info_with({{"RANK", "0"}, {"WORLD_SIZE", "2"}, {"LOCAL_WORLD_SIZE", "4"}}); },
+              {"torchrun", "local rank 0 of 4", "unset that launcher's variables"});
   check_error([] { world_info_with({{"OMPI_COMM_WORLD_RANK", "one"}, {"OMPI_COMM_WORLD_SIZE", "2"}}); },
               {"OMPI_COMM_WORLD_RANK='one'", "not a rank"});
 }
