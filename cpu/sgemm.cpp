@@ -23,11 +23,11 @@
 //
 // Note [sharing b]: sharing b costs two fork-joins per block of k; threads that each pack all of b
 // for themselves need one fork-join in all, but each packs all of b instead of its share, a packed
-// element costing about as much as 20 multiply-adds. Measured on this Zen 5, two threads, alternately: for cubes of n = 128
-// (2M multiply-adds, about 12 us) the private copy is 1.1-1.8x as fast (three runs), equal at
-// n = 256; a rule that also gave it the MLP benchmark's products (m = 128, k*n = 400K) made that 5%
-// slower. So each thread packs its own b only in products of at most kPrivateUpTo (4M)
-// multiply-adds, where the fork-joins are what costs.
+// element costing about as much as 20 multiply-adds. Measured on this Zen 5, two threads, old and
+// new alternately: for cubes of n = 128 (2M multiply-adds, about 12 us) the private copy is
+// 1.1-1.8x as fast (three runs), equal at n = 256; a rule that also gave it the MLP benchmark's
+// products (m = 128, k*n = 400K) made that 5% slower. So each thread packs its own b only in
+// products of at most kPrivateUpTo (4M) multiply-adds, where the fork-joins are what costs.
 //
 // The micro-kernel prefetches its tile of c into L1 48 steps of k before the end, where the tile is
 // loaded and added to: single-threaded that took n = 1024 and 2048 from 197 to 207 and 213 GFLOP/s.
