@@ -75,10 +75,11 @@ void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
 // OpenBLAS 0.3.21 with its AVX-512 (SkylakeX) kernel, split by Kiln's pool, 335-427 GFLOP/s at
 // n = 128..2048; sgemm.cpp 351-445 (0.98-1.05x that, within the machine's run-to-run spread);
 // OpenBLAS with an AVX2 kernel about 220; Eigen's own GEMM 111-146. sgemm.cpp taking every float32
-// GEMM made the CNN benchmark slower (its small convolution GEMMs; session 9, before sgemm.cpp's
-// per-thread b), so OpenBLAS keeps float32 when it runs an AVX-512 kernel, and sgemm.cpp takes it on
-// an AVX-512 CPU where OpenBLAS is absent or runs an AVX2 one (as it does under
-// OPENBLAS_CORETYPE=Haswell, which some shells set). KILN_CPU_GEMM=own|blas overrides the choice.
+// GEMM makes the CNN benchmark 8-11% slower (11.3-11.5 s an epoch against 10.1-10.7: its
+// convolutions' GEMMs have 32-64 rows, where packing b costs sgemm.cpp most). So OpenBLAS keeps
+// float32 when it runs an AVX-512 kernel, and sgemm.cpp takes it on an AVX-512 CPU where OpenBLAS is
+// absent or runs an AVX2 one (as it does under OPENBLAS_CORETYPE=Haswell, which some shells set).
+// KILN_CPU_GEMM=own|blas overrides the choice.
 bool use_own_sgemm(int64_t m, int64_t n) {
   static const bool enabled = [] {
     const char* v = std::getenv("KILN_CPU_GEMM");
