@@ -216,36 +216,14 @@ void compute_block(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int64_t
   }
 }
 
-}  // namespace
+constexpr int64_t kGrainFlops = int64_t(1) << 17;  // multiply-adds below which one thread is enough
 
-void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
-                  const float* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    if (!accumulate)
-      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
-    return;
-  }
-  const Operand A{a, a_rs, a_cs}, B{b, b_rs, b_cs};
+// The Goto/BLIS loops over all of c (m x n), b's blocks packed by all threads together. Inside a
+// parallel_for its own parallel_for calls run serially.
+void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int64_t k, bool accumulate, float* c,
+                  int64_t ldc) {
   const int threads = get_num_threads();
   const int64_t m_tiles = (m + MR - 1) / MR;
-  const int64_t grain_flops = int64_t(1) << 17;  // multiply-adds below which one thread is enough
-  // Small products (Note [sharing b]): each thread its rows of c, all of b packed by itself.
-  if (threads > 1 && m * n * k <= kPrivateUpTo && m_tiles >= 2 * threads) {
-    const int64_t tile_flops = MR * n * k;
-    parallel_for(0, m_tiles, std::max<int64_t>(1, grain_flops / tile_flops), [&](int64_t t0, int64_t t1) {
-      const int64_t panels = (n + NR - 1) / NR;
-      ScratchBuffer<float> bp(static_cast<size_t>(panels * NR * std::min(KC, k)));
-      for (int64_t pc = 0; pc < k; pc += KC) {
-        const int64_t kc = std::min(KC, k - pc);
-        for (int64_t jp = 0; jp < panels; ++jp)
-          pack_b_panel(B, pc, kc, jp * NR, std::min(NR, n - jp * NR), bp.data() + jp * NR * kc);
-        compute_block(A, t0 * MR, std::min(m, t1 * MR), pc, kc, bp.data(), 0, n, 0, panels, c, ldc,
-                      accumulate || pc > 0);
-      }
-    });
-    return;
-  }
   for (int64_t jc = 0; jc < n; jc += NC) {
     const int64_t nc = std::min(NC, n - jc), panels = (nc + NR - 1) / NR;
     ScratchBuffer<float> bp(static_cast<size_t>(panels * NR * std::min(KC, k)));
@@ -260,17 +238,42 @@ void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs,
       // 2-3. Each thread its rows of c or, when c has too few rows for that, its panels.
       if (m_tiles >= 2 * threads || panels < threads) {
         const int64_t tile_flops = MR * nc * kc;
-        parallel_for(0, m_tiles, std::max<int64_t>(1, grain_flops / tile_flops), [&](int64_t t0, int64_t t1) {
+        parallel_for(0, m_tiles, std::max<int64_t>(1, kGrainFlops / tile_flops), [&](int64_t t0, int64_t t1) {
           compute_block(A, t0 * MR, std::min(m, t1 * MR), pc, kc, bp.data(), jc, nc, 0, panels, c, ldc, load_c);
         });
       } else {
         const int64_t panel_flops = m * NR * kc;
-        parallel_for(0, panels, std::max<int64_t>(1, grain_flops / panel_flops), [&](int64_t j0, int64_t j1) {
+        parallel_for(0, panels, std::max<int64_t>(1, kGrainFlops / panel_flops), [&](int64_t j0, int64_t j1) {
           compute_block(A, 0, m, pc, kc, bp.data(), jc, nc, j0, j1, c, ldc, load_c);
         });
       }
     }
   }
+}
+
+}  // namespace
+
+void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
+                  const float* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i) std::memset(c + i * ldc, 0, sizeof(float) * n);
+    return;
+  }
+  const Operand A{a, a_rs, a_cs}, B{b, b_rs, b_cs};
+  const int threads = get_num_threads();
+  const int64_t m_tiles = (m + MR - 1) / MR;
+  // Small products (Note [sharing b]): each thread its rows of c, all of b packed by itself (the
+  // blocked loops of a thread's rows run serially, inside this parallel_for).
+  if (threads > 1 && m * n * k <= kPrivateUpTo && m_tiles >= 2 * threads) {
+    parallel_for(0, m_tiles, std::max<int64_t>(1, kGrainFlops / (MR * n * k)), [&](int64_t t0, int64_t t1) {
+      const int64_t i0 = t0 * MR;
+      blocked_gemm({A.at(i0, 0), A.rs, A.cs}, B, std::min(m, t1 * MR) - i0, n, k, accumulate, c + i0 * ldc, ldc);
+    });
+    return;
+  }
+  blocked_gemm(A, B, m, n, k, accumulate, c, ldc);
 }
 
 }  // namespace kiln::cpu

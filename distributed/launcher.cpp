@@ -68,17 +68,31 @@ int count_gpus() {  // the NVIDIA driver lists one directory per GPU; no CUDA li
   fail(fmt::format("cannot run '{}': {}", argv[0], std::strerror(errno)));
 }
 
+// The pieces of s between the separators (one empty piece for an empty s).
+std::vector<std::string> split(const std::string& s, char separator) {
+  std::vector<std::string> pieces;
+  size_t start = 0;
+  while (true) {
+    const size_t end = s.find(separator, start);
+    pieces.push_back(s.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) return pieces;
+    start = end + 1;
+  }
+}
+
+// v as a count from 1 to 65536, or 0 when it is not one.
+int positive_count(const std::string& v) {
+  char* end = nullptr;
+  const long n = std::strtol(v.c_str(), &end, 10);
+  return v.empty() || *end != '\0' || n < 1 || n > 65536 ? 0 : static_cast<int>(n);
+}
+
 std::string find_mpirun() {
   if (const char* p = std::getenv("KILN_MPIRUN"); p && *p) return p;
   const char* path = std::getenv("PATH");
-  std::string dirs = path ? path : "/usr/bin:/bin";
-  size_t start = 0;
-  while (start <= dirs.size()) {
-    size_t end = dirs.find(':', start);
-    if (end == std::string::npos) end = dirs.size();
-    std::filesystem::path candidate = std::filesystem::path(dirs.substr(start, end - start)) / "mpirun";
+  for (const std::string& dir : split(path ? path : "/usr/bin:/bin", ':')) {
+    std::filesystem::path candidate = std::filesystem::path(dir) / "mpirun";
     if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
-    start = end + 1;
   }
   fail("mpirun was not found on PATH; install Open MPI (apt-get install openmpi-bin libopenmpi-dev), or set "
        "KILN_MPIRUN to its path");
@@ -87,24 +101,12 @@ std::string find_mpirun() {
 // The ranks that --hosts makes room for: the sum of its SLOTS (1 for a host without).
 int64_t count_slots(const std::string& hosts) {
   int64_t total = 0;
-  size_t start = 0;
-  while (start <= hosts.size()) {
-    size_t end = hosts.find(',', start);
-    if (end == std::string::npos) end = hosts.size();
-    const std::string entry = hosts.substr(start, end - start);
+  for (const std::string& entry : split(hosts, ',')) {
     const size_t colon = entry.find(':');
     if (entry.empty() || colon == 0) fail(fmt::format("--hosts '{}' has an empty host name; write HOST[:SLOTS],...", hosts));
-    int slots = 1;
-    if (colon != std::string::npos) {
-      const std::string v = entry.substr(colon + 1);
-      char* stop = nullptr;
-      const long n = std::strtol(v.c_str(), &stop, 10);
-      if (v.empty() || *stop != '\0' || n < 1 || n > 65536)
-        fail(fmt::format("--hosts: '{}' must be HOST or HOST:SLOTS with SLOTS a positive number", entry));
-      slots = static_cast<int>(n);
-    }
+    const int slots = colon == std::string::npos ? 1 : positive_count(entry.substr(colon + 1));
+    if (slots == 0) fail(fmt::format("--hosts: '{}' must be HOST or HOST:SLOTS with SLOTS a positive number", entry));
     total += slots;
-    start = end + 1;
   }
   return total;
 }
@@ -150,10 +152,8 @@ int main(int argc, char** argv) {
         if (v.empty()) fail("--hosts needs a list of machines, HOST[:SLOTS],...");
         hosts = v;
       } else {
-        char* end = nullptr;
-        long n = std::strtol(v.c_str(), &end, 10);
-        if (*end != '\0' || n < 1 || n > 65536) fail(fmt::format("-n must be a positive number of ranks, not '{}'", v));
-        np = static_cast<int>(n);
+        np = positive_count(v);
+        if (np == 0) fail(fmt::format("-n must be a positive number of ranks, not '{}'", v));
       }
     } else if (!a.empty() && a[0] == '-') {
       fail(fmt::format("unknown option {}\n{}", a, kUsage));
