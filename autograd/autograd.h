@@ -43,11 +43,15 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool pre
 // tensor that an op saves for backward (but the parameters, which are saved as they are) is copied
 // to host memory when it is saved and back to its device when backward needs it, so that the device
 // holds no activations between forward and backward. Tensors already on the CPU stay where they are
-// (as PyTorch's). The copies are synchronous: pinned memory and copies overlapped with compute are
-// not there yet. See autograd/offload.cpp.
+// (as PyTorch's). With pin_memory (PyTorch's argument of the same name) the host copies live in
+// pinned memory and both copies are queued on the device's stream without the host waiting
+// (non_blocking), so they overlap the host's work; without it they are synchronous. The pinned
+// copies rely on stream order: forward and backward must run on the same current stream (as they
+// do without a StreamGuard), and the pinned blocks stay cached for the next step
+// (cuda::host_empty_cache() returns them). See autograd/offload.cpp.
 class SaveOnCpu {
  public:
-  SaveOnCpu();
+  explicit SaveOnCpu(bool pin_memory = false);
   SaveOnCpu(const SaveOnCpu&) = delete;
   SaveOnCpu& operator=(const SaveOnCpu&) = delete;
   // Bytes copied to the host by this guard so far (0 when everything was on the CPU already).

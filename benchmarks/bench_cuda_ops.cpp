@@ -79,6 +79,29 @@ int main(int argc, char** argv) {
     }
   }
   cuda::set_matmul_allow_tf32(false);
+  // ---- linear with bias: GPT-2 124M's MLP up-projection, 8 x 1024 tokens (the bias in the GEMM's
+  // epilogue on Kiln: Note [cuBLASLt bias epilogue]) ----
+  for (DType dt : {kBFloat16, kFloat32}) {
+    const int64_t tokens = quick ? 2048 : 8192, in = 768, out = 3072;
+    Tensor x = randn({tokens, in}, kGpu, &gen).to(dt), w = randn({out, in}, kGpu, &gen).to(dt);
+    Tensor bias = randn({out}, kGpu, &gen).to(dt), y;
+    const double flop = 2.0 * tokens * in * out;
+    report("linear", std::string(dtype_name(dt)), std::to_string(tokens) + "x768x3072",
+           time_per_call([&] { y = nn::linear(x, w, bias); }, 100), "tflops", flop / 1e3);
+  }
+  // ---- host <-> device copies of 64 MiB: pageable, and pinned with non_blocking ----
+  {
+    const int64_t count = int64_t{1} << 24;
+    Tensor pageable = randn({count}, TensorOptions(), &gen), pinned = pageable.pin_memory(), dev;
+    const double bytes = 4.0 * count;
+    report("h2d", "pageable", "64MiB", time_per_call([&] { dev = pageable.to(kGpu); }, 20), "gbps", bytes);
+    report("h2d", "pinned", "64MiB", time_per_call([&] { dev = pinned.to(kGpu, /*non_blocking=*/true); }, 20), "gbps",
+           bytes);
+    Tensor back;
+    report("d2h", "pageable", "64MiB", time_per_call([&] { back = dev.to(Device::cpu()); }, 20), "gbps", bytes);
+    report("d2h", "pinned", "64MiB", time_per_call([&] { back = dev.to(Device::cpu(), /*non_blocking=*/true); }, 20),
+           "gbps", bytes);
+  }
 
   // ---- memory-bound ----
   const int64_t n = quick ? (1 << 24) : (1 << 26);

@@ -60,6 +60,9 @@ class Allocator {
   virtual void reset_peak() = 0;
   // Returns cached free blocks to the system (allocators without a cache have nothing to do).
   virtual void empty_cache() {}
+  // Page-locked ("pinned") host memory, which a GPU copies to and from directly and asynchronously
+  // (Tensor::is_pinned). Only the CUDA backend's host allocator says yes.
+  virtual bool is_pinned() const { return false; }
 };
 
 inline constexpr size_t kCpuAlignment = 64;  // one cache line; every AVX-512 load is aligned

@@ -151,6 +151,16 @@ class Backend {
   // this is a device backend (host <-> device copies are the device backend's job).
   virtual void copy(const View& src, Device src_device, const View& dst, Device dst_device,
                     const Stream& s) = 0;
+  // copy(), but allowed to return before the copy has finished where that is safe (PyTorch's
+  // non_blocking=true): the CUDA backend does so between pinned host memory and a device (Note
+  // [non_blocking copies] in cuda/copy.cpp). Backends without asynchronous copies just copy.
+  virtual void copy_non_blocking(const View& src, Device src_device, const View& dst, Device dst_device,
+                                 const Stream& s) {
+    copy(src, src_device, dst, dst_device, s);
+  }
+  // The allocator of pinned host memory for this backend's devices (a CPU device's memory, which
+  // Tensor::pin_memory() and TensorOptions::pinned_memory(true) take), or nullptr if it has none.
+  virtual Allocator* host_allocator() { return nullptr; }
   virtual void fill(const View& out, const Scalar& value, const Stream& s) = 0;
   // out[i] = start + i * step along the flattened (contiguous) out.
   virtual void arange(const View& out, double start, double step, const Stream& s) = 0;
@@ -173,6 +183,14 @@ class Backend {
 
   // -- linear algebra: c[..., M, N] = a[..., M, K] @ b[..., K, N]; batch dims already broadcast --
   virtual void matmul(const View& a, const View& b, const View& c, const Stream& s) = 0;
+  // c[M, N] = a[M, K] @ b[K, N] + bias[N] (bias added to every row) in one call, the bias added in
+  // the GEMM's epilogue, where the backend has such a kernel for these operands (cuBLASLt on CUDA:
+  // Note [cuBLASLt bias epilogue] in cuda/matmul.cu). Returns false, having done nothing, where it
+  // has none; the caller then composes matmul and add. 2-D views of one dtype, bias 1-D.
+  virtual bool matmul_bias(const View& a, const View& b, const View& bias, const View& c, const Stream& s) {
+    (void)a, (void)b, (void)bias, (void)c, (void)s;
+    return false;
+  }
 
   // -- softmax along `dim` (log_softmax when log is true) --
   virtual void softmax(const View& in, const View& out, int dim, bool log, const Stream& s) = 0;

@@ -1,10 +1,12 @@
 // core/core.cpp: the small out-of-line pieces of core: errors, dtype names and promotion, devices,
-// shapes, views, grad mode, the node counter and the default generator.
+// shapes, views, grad mode, the deterministic-algorithms switch, the node counter and the default
+// generator.
 #include <algorithm>
 #include <atomic>
 #include <charconv>
 
 #include "core/backend.h"
+#include "core/deterministic.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "core/generator.h"
@@ -107,6 +109,12 @@ std::atomic<uint64_t> next_sequence_nr{0};
 }  // namespace
 bool GradMode::is_enabled() { return grad_mode_enabled; }
 void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
+
+namespace {
+std::atomic<bool> deterministic_algorithms{false};  // process-wide, as PyTorch's
+}  // namespace
+void use_deterministic_algorithms(bool enabled) { deterministic_algorithms.store(enabled, std::memory_order_relaxed); }
+bool are_deterministic_algorithms_enabled() { return deterministic_algorithms.load(std::memory_order_relaxed); }
 
 autograd::Node::Node() : sequence_nr(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 

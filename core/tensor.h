@@ -46,6 +46,11 @@ class Tensor {
   bool is_cuda() const { return device().is_cuda(); }
   bool is_floating_point() const { return is_floating(dtype()); }
   bool is_contiguous() const { return impl_->is_contiguous(); }
+  // Lives in pinned (page-locked) host memory, from pin_memory() or TensorOptions::pinned_memory.
+  bool is_pinned() const {
+    const auto& st = impl_->storage;
+    return st != nullptr && st->allocator != nullptr && st->allocator->is_pinned();
+  }
   int64_t element_size() const { return itemsize(dtype()); }
   int64_t nbytes() const { return numel() * element_size(); }
   void* data_ptr() const { return impl_->data(); }
@@ -81,7 +86,15 @@ class Tensor {
   Tensor clone() const;
   Tensor to(DType dtype) const;
   Tensor to(Device device) const;
-  Tensor to(Device device, DType dtype) const;
+  Tensor to(Device device, DType dtype, bool non_blocking = false) const;
+  // non_blocking (as PyTorch's): a copy between pinned host memory and a CUDA device is queued on
+  // the device's current stream and not waited for; a CUDA tensor copied to the CPU this way lands
+  // in pinned memory, and its values may be read only after a synchronize (of the stream, an event
+  // recorded after the copy, or the device). Other copies are synchronous as before.
+  Tensor to(Device device, bool non_blocking) const { return to(device, dtype(), non_blocking); }
+  // A copy in pinned host memory (this tensor itself if it is pinned already); CPU tensors only, and
+  // only where a CUDA device is usable. Differentiable, as a copy.
+  Tensor pin_memory() const;
   Tensor cpu() const { return to(Device::cpu()); }
   Tensor cuda(int index = 0) const { return to(Device::cuda(index)); }
   Tensor detach() const;  // same data, no history
@@ -177,7 +190,8 @@ class Tensor {
   Tensor& masked_fill_(const Tensor& mask, const Scalar& value);
   Tensor& fill_(const Scalar& value);
   Tensor& zero_();
-  Tensor& copy_(const Tensor& src);  // src broadcasts to this; any dtype and device
+  // src broadcasts to this; any dtype and device. non_blocking: as for to().
+  Tensor& copy_(const Tensor& src, bool non_blocking = false);
 
   // ---- reductions (ops/reduce.cpp): dims may be negative; {} means all ----
   Tensor sum(std::optional<DType> dtype = {}) const;

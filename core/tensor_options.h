@@ -1,4 +1,5 @@
-// core/tensor_options.h: dtype, device and requires_grad for a new tensor, as in LibTorch:
+// core/tensor_options.h: dtype, device, requires_grad and pinned_memory for a new tensor, as in
+// LibTorch:
 //   zeros({2, 3})                                   float32 on the CPU
 //   zeros({2, 3}, kFloat64)                         a DType or a Device converts implicitly
 //   zeros({2, 3}, TensorOptions().device(Device::cuda()).requires_grad(true))
@@ -30,14 +31,22 @@ class TensorOptions {
     o.requires_grad_ = r;
     return o;
   }
+  // Page-locked host memory (Tensor::is_pinned): for CPU tensors, where a CUDA device is usable.
+  TensorOptions pinned_memory(bool p) const {
+    auto o = *this;
+    o.pinned_memory_ = p;
+    return o;
+  }
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
   bool requires_grad() const { return requires_grad_; }
+  bool pinned_memory() const { return pinned_memory_; }
 
  private:
   DType dtype_ = kFloat32;
   Device device_ = Device::cpu();
   bool requires_grad_ = false;
+  bool pinned_memory_ = false;
 };
 
 }  // namespace kiln

@@ -1,5 +1,6 @@
-// cuda/attention.cu: fused scaled dot-product attention on the GPU for float16 and bfloat16, forward
-// and backward, on tensor cores (WMMA: 16 x 16 x 16 tiles, float32 accumulation). The contract is
+// cuda/attention.cu: fused scaled dot-product attention on the GPU, forward and backward: for float16
+// and bfloat16 on tensor cores (WMMA: 16 x 16 x 16 tiles, float32 accumulation), and for float32 on
+// the CUDA cores (Note [float32 attention], at the end of the kernels). The contract is
 // core/backend.h's Backend::attention; the CPU sibling is cpu/attention.cpp, which follows the same
 // plan with float32 arithmetic. Nothing of size L x S ever reaches global memory.
 //
@@ -58,6 +59,7 @@ using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major>;
 template <typename T>
 using FragBcol = wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major>;
 
+__device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename T>
@@ -344,6 +346,187 @@ attention_grad_kv_kernel(const T* q, const T* k, const T* v, const T* go, const 
   store_rows<T, D>(dv, st_w, gv + b * S * D, k0 + warp * 16, S, 1.0f);
 }
 
+// ---- float32 ----
+//
+// Note [float32 attention]
+// Tensor cores would round float32 inputs to TF32 (10-bit mantissas), which float32 results within
+// float32 tolerance cannot afford, so float32 runs the same plan on the CUDA cores in float32
+// throughout (expf, logf: no fast-math intrinsics). A block of 128 threads owns 32 rows (queries in
+// the forward and dQ kernels, keys in the dK/dV kernel); the 4 threads of a row are neighbouring
+// lanes, each holding a quarter of the row's D columns in registers: lane `part` holds columns
+// part, part + 4, part + 8, ..., so that the 4 lanes read 4 neighbouring words of a shared row at
+// once (no bank conflicts; lanes of other rows reading the same word get it broadcast). A dot product of two rows is 4
+// partial sums joined by two shuffles; every lane runs every shuffle (a masked or padding row still
+// computes, then discards), so no shuffle is divergent. The other side's rows go through shared
+// memory in tiles of 32. As in the 16-bit kernels: the online softmax in the forward, P rebuilt from
+// lse in the backward, dQ in one kernel and dK, dV in another, no atomics and nothing of size L x S
+// in global memory.
+
+constexpr int kRowsF = 32;           // rows per block
+constexpr int kThreadsF = 4 * kRowsF;  // 4 threads per row
+
+// The sum of a row's 4 partial sums, in all 4 of its lanes.
+__device__ __forceinline__ float row_sum4(float partial) {
+  partial += __shfl_xor_sync(0xffffffffu, partial, 1);
+  return partial + __shfl_xor_sync(0xffffffffu, partial, 2);
+}
+
+// Two dot products at once, each of a row held in registers (this lane's quarter: a, c) with a row in
+// shared memory (b, d: the row's start plus `part`; the quarter's columns are 4 apart):
+// {a . b, c . d}, in all 4 lanes of the row.
+template <int DC>
+__device__ __forceinline__ float2 row_dots(const float (&a)[DC], const float* b, const float (&c)[DC], const float* d) {
+  float ab = 0.0f, cd = 0.0f;
+  for (int i = 0; i < DC; ++i) {
+    ab += a[i] * b[4 * i];
+    cd += c[i] * d[4 * i];
+  }
+  return make_float2(row_sum4(ab), row_sum4(cd));
+}
+
+// Rows [row0, row0 + 32) of a (rows, D) float32 matrix into shared memory (zeros past `rows`).
+// This lane's quarter (columns part + 4 c) of row `row` of a (rows, 4 DC) matrix, or zeros past `rows`.
+template <int DC>
+__device__ __forceinline__ void load_quarter(float (&dst)[DC], const float* src, int64_t row, int64_t rows, int part) {
+  for (int c = 0; c < DC; ++c) dst[c] = row < rows ? src[row * 4 * DC + part + 4 * c] : 0.0f;
+}
+
+template <int D>
+__device__ void load_tile_f32(float (*dst)[D], const float* src, int64_t row0, int64_t rows) {
+  for (int i = threadIdx.x; i < kRowsF * D; i += blockDim.x) {
+    const int r = i / D, c = i % D;
+    dst[r][c] = row0 + r < rows ? src[(row0 + r) * D + c] : 0.0f;
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreadsF)
+attention_forward_f32_kernel(const float* q, const float* k, const float* v, float* out, float* lse, int64_t L,
+                             int64_t S, float scale, bool causal) {
+  constexpr int DC = D / 4;
+  __shared__ float ks[kRowsF][D], vs[kRowsF][D];
+  const int row = threadIdx.x / 4, part = threadIdx.x % 4;
+  const int64_t b = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRowsF, qi = q0 + row;
+  q += b * L * D;
+  k += b * S * D;
+  v += b * S * D;
+  float qr[DC], o[DC] = {};
+  load_quarter<DC>(qr, q, qi, L, part);
+  float m = -INFINITY, l = 0.0f;
+  const int64_t kend = causal && q0 + kRowsF < S ? q0 + kRowsF : S;
+  for (int64_t k0 = 0; k0 < kend; k0 += kRowsF) {
+    __syncthreads();
+    load_tile_f32<D>(ks, k, k0, S);
+    load_tile_f32<D>(vs, v, k0, S);
+    __syncthreads();
+    float sv[kRowsF];
+    float mx = -INFINITY;
+    for (int j = 0; j < kRowsF; ++j) {
+      float partial = 0.0f;
+      for (int c = 0; c < DC; ++c) partial += qr[c] * ks[j][part + 4 * c];
+      const float dot = row_sum4(partial);  // every lane, masked or not: no divergent shuffle
+      sv[j] = masked(qi, k0 + j, L, S, causal) ? -INFINITY : dot * scale;
+      mx = fmaxf(mx, sv[j]);
+    }
+    const float m_new = fmaxf(m, mx);
+    if (m_new == -INFINITY) continue;  // nothing visible to this row yet (a padding row)
+    const float alpha = expf(m - m_new);  // 0 on the first visible tile (m = -inf)
+    l *= alpha;
+    for (int c = 0; c < DC; ++c) o[c] *= alpha;
+    for (int j = 0; j < kRowsF; ++j) {
+      if (sv[j] == -INFINITY) continue;
+      const float p = expf(sv[j] - m_new);
+      l += p;
+      for (int c = 0; c < DC; ++c) o[c] += p * vs[j][part + 4 * c];
+    }
+    m = m_new;
+  }
+  if (qi < L) {
+    const float inv = l > 0 ? 1.0f / l : 0.0f;
+    for (int c = 0; c < DC; ++c) out[(b * L + qi) * D + part + 4 * c] = o[c] * inv;
+    if (part == 0) lse[b * L + qi] = m + logf(l);
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreadsF)
+attention_grad_q_f32_kernel(const float* q, const float* k, const float* v, const float* go, const float* lse,
+                            const float* delta, float* gq, int64_t L, int64_t S, float scale, bool causal) {
+  constexpr int DC = D / 4;
+  __shared__ float ks[kRowsF][D], vs[kRowsF][D];
+  const int row = threadIdx.x / 4, part = threadIdx.x % 4;
+  const int64_t b = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRowsF, qi = q0 + row;
+  q += b * L * D;
+  go += b * L * D;
+  k += b * S * D;
+  v += b * S * D;
+  float qr[DC], gor[DC], dq[DC] = {};
+  load_quarter<DC>(qr, q, qi, L, part);
+  load_quarter<DC>(gor, go, qi, L, part);
+  const float lse_i = qi < L ? lse[b * L + qi] : 0.0f, delta_i = qi < L ? delta[b * L + qi] : 0.0f;
+  const int64_t kend = causal && q0 + kRowsF < S ? q0 + kRowsF : S;
+  for (int64_t k0 = 0; k0 < kend; k0 += kRowsF) {
+    __syncthreads();
+    load_tile_f32<D>(ks, k, k0, S);
+    load_tile_f32<D>(vs, v, k0, S);
+    __syncthreads();
+    for (int j = 0; j < kRowsF; ++j) {
+      const float2 sdp = row_dots<DC>(qr, ks[j] + part, gor, vs[j] + part);  // S and dP
+      if (masked(qi, k0 + j, L, S, causal)) continue;
+      const float p = expf(sdp.x * scale - lse_i);
+      const float ds = p * (sdp.y - delta_i) * scale;
+      for (int c = 0; c < DC; ++c) dq[c] += ds * ks[j][part + 4 * c];
+    }
+  }
+  if (qi < L) {
+    for (int c = 0; c < DC; ++c) gq[(b * L + qi) * D + part + 4 * c] = dq[c];
+  }
+}
+
+template <int D>
+__global__ void __launch_bounds__(kThreadsF)
+attention_grad_kv_f32_kernel(const float* q, const float* k, const float* v, const float* go, const float* lse,
+                             const float* delta, float* gk, float* gv, int64_t L, int64_t S, float scale, bool causal) {
+  constexpr int DC = D / 4;
+  __shared__ float qs[kRowsF][D], gos[kRowsF][D];
+  __shared__ float lse_s[kRowsF], delta_s[kRowsF];
+  const int row = threadIdx.x / 4, part = threadIdx.x % 4;
+  const int64_t b = blockIdx.y, k0 = static_cast<int64_t>(blockIdx.x) * kRowsF, kj = k0 + row;
+  q += b * L * D;
+  go += b * L * D;
+  k += b * S * D;
+  v += b * S * D;
+  float kr[DC], vr[DC], dk[DC] = {}, dv[DC] = {};
+  load_quarter<DC>(kr, k, kj, S, part);
+  load_quarter<DC>(vr, v, kj, S, part);
+  for (int64_t q0 = causal ? k0 : 0; q0 < L; q0 += kRowsF) {  // causal: queries before k0 see none of these keys
+    __syncthreads();
+    load_tile_f32<D>(qs, q, q0, L);
+    load_tile_f32<D>(gos, go, q0, L);
+    for (int i = threadIdx.x; i < kRowsF; i += blockDim.x) {
+      lse_s[i] = q0 + i < L ? lse[b * L + q0 + i] : 0.0f;
+      delta_s[i] = q0 + i < L ? delta[b * L + q0 + i] : 0.0f;
+    }
+    __syncthreads();
+    for (int i = 0; i < kRowsF; ++i) {
+      const float2 sdp = row_dots<DC>(kr, qs[i] + part, vr, gos[i] + part);  // S^T and dP^T
+      if (masked(q0 + i, kj, L, S, causal)) continue;
+      const float p = expf(sdp.x * scale - lse_s[i]);
+      const float ds = p * (sdp.y - delta_s[i]) * scale;
+      for (int c = 0; c < DC; ++c) {
+        dv[c] += p * gos[i][part + 4 * c];
+        dk[c] += ds * qs[i][part + 4 * c];
+      }
+    }
+  }
+  if (kj < S) {
+    for (int c = 0; c < DC; ++c) {
+      gk[(b * S + kj) * D + part + 4 * c] = dk[c];
+      gv[(b * S + kj) * D + part + 4 * c] = dv[c];
+    }
+  }
+}
+
 // Shared memory of each kernel, in bytes.
 template <typename T, int D>
 constexpr size_t forward_smem() {
@@ -380,8 +563,8 @@ Dims dims_of(const View& q, const View& k, const View& v, const char* op) {
              "{}: the CUDA kernel takes one head dim D of 32, 64, 96 or 128 for query, key and value, got shapes "
              "{}, {} and {}",
              op, q.sizes.str(), k.sizes.str(), v.sizes.str());
-  KILN_CHECK(q.dtype == kFloat16 || q.dtype == kBFloat16,
-             "{}: the CUDA kernel takes float16 or bfloat16, got {}", op, dtype_name(q.dtype));
+  KILN_CHECK(q.dtype == kFloat16 || q.dtype == kBFloat16 || q.dtype == kFloat32,
+             "{}: the CUDA kernel takes float16, bfloat16 or float32, got {}", op, dtype_name(q.dtype));
   KILN_CHECK(d.L > 0 && d.S > 0, "{}: the CUDA kernel needs at least one query and one key, got L = {}, S = {}", op,
              d.L, d.S);
   return d;
@@ -402,23 +585,34 @@ void forward_typed(const View& q, const View& k, const View& v, const View& out,
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 
+// What both backward paths start from: Delta = rowsum(dO * out) in a device buffer (queued on s),
+// and the operands' pointers. The caller sends L > 0 and S > 0 (ops/attention.cpp composes the
+// empty cases).
+template <typename T>
+struct BackwardOperands {
+  BackwardOperands(const View& q_, const View& k_, const View& v_, const View& out, const View& lse_, const View& go_,
+                   const Dims& d, const Stream& s)
+      : delta_buffer(s.device.index, static_cast<size_t>(d.B * d.L) * sizeof(float)),
+        q(static_cast<const T*>(q_.data)), k(static_cast<const T*>(k_.data)), v(static_cast<const T*>(v_.data)),
+        go(static_cast<const T*>(go_.data)), lse(static_cast<const float*>(lse_.data)),
+        delta(static_cast<const float*>(delta_buffer.data())) {
+    const int64_t rows = d.B * d.L;
+    attention_delta_kernel<T><<<static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxBlocks)), 256, 0,
+                                stream_of(s)>>>(go, static_cast<const T*>(out.data),
+                                                static_cast<float*>(delta_buffer.data()), rows, d.D);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  }
+  DeviceBuffer delta_buffer;
+  const T *q, *k, *v, *go;
+  const float *lse, *delta;
+};
+
 template <typename T, int D>
 void backward_typed(const View& q, const View& k, const View& v, const View& out, const View& lse, const View& go,
                     const View& gq, const View& gk, const View& gv, const Dims& d, const AttentionArgs& args,
                     const Stream& s) {
   cudaStream_t stream = stream_of(s);
-  // The caller sends L > 0 and S > 0 (ops/attention.cpp composes the empty cases).
-  DeviceBuffer delta(s.device.index, static_cast<size_t>(d.B * d.L) * sizeof(float));
-  const int64_t rows = d.B * d.L;
-  attention_delta_kernel<T><<<static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxBlocks)), 256, 0, stream>>>(
-      static_cast<const T*>(go.data), static_cast<const T*>(out.data), static_cast<float*>(delta.data()), rows, d.D);
-  KILN_CUDA_CHECK(cudaGetLastError());
-  const auto* qp = static_cast<const T*>(q.data);
-  const auto* kp = static_cast<const T*>(k.data);
-  const auto* vp = static_cast<const T*>(v.data);
-  const auto* gop = static_cast<const T*>(go.data);
-  const auto* lp = static_cast<const float*>(lse.data);
-  const auto* dp = static_cast<const float*>(delta.data());
+  const BackwardOperands<T> o(q, k, v, out, lse, go, d, s);
   const float scale = static_cast<float>(args.scale);
   {
     auto kernel = attention_grad_q_kernel<T, D>;
@@ -426,8 +620,8 @@ void backward_typed(const View& q, const View& k, const View& v, const View& out
     static const bool ready = allow_smem(kernel, smem);
     (void)ready;
     const dim3 grid(static_cast<unsigned>((d.L + kRows - 1) / kRows), static_cast<unsigned>(d.B));
-    kernel<<<grid, kWarps * 32, smem, stream>>>(qp, kp, vp, gop, lp, dp, static_cast<T*>(gq.data), d.L, d.S, scale,
-                                                args.causal);
+    kernel<<<grid, kWarps * 32, smem, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta, static_cast<T*>(gq.data), d.L,
+                                                d.S, scale, args.causal);
     KILN_CUDA_CHECK(cudaGetLastError());
   }
   {
@@ -436,23 +630,58 @@ void backward_typed(const View& q, const View& k, const View& v, const View& out
     static const bool ready = allow_smem(kernel, smem);
     (void)ready;
     const dim3 grid(static_cast<unsigned>((d.S + kRows - 1) / kRows), static_cast<unsigned>(d.B));
-    kernel<<<grid, kWarps * 32, smem, stream>>>(qp, kp, vp, gop, lp, dp, static_cast<T*>(gk.data),
+    kernel<<<grid, kWarps * 32, smem, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta, static_cast<T*>(gk.data),
                                                 static_cast<T*>(gv.data), d.L, d.S, scale, args.causal);
     KILN_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
+template <int D>
+void forward_f32(const View& q, const View& k, const View& v, const View& out, const View& lse, const Dims& d,
+                 const AttentionArgs& args, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((d.L + kRowsF - 1) / kRowsF), static_cast<unsigned>(d.B));
+  attention_forward_f32_kernel<D><<<grid, kThreadsF, 0, stream>>>(
+      static_cast<const float*>(q.data), static_cast<const float*>(k.data), static_cast<const float*>(v.data),
+      static_cast<float*>(out.data), static_cast<float*>(lse.data), d.L, d.S, static_cast<float>(args.scale),
+      args.causal);
+  KILN_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D>
+void backward_f32(const View& q, const View& k, const View& v, const View& out, const View& lse, const View& go,
+                  const View& gq, const View& gk, const View& gv, const Dims& d, const AttentionArgs& args,
+                  const Stream& s) {
+  cudaStream_t stream = stream_of(s);
+  const BackwardOperands<float> o(q, k, v, out, lse, go, d, s);
+  const float scale = static_cast<float>(args.scale);
+  const dim3 grid_q(static_cast<unsigned>((d.L + kRowsF - 1) / kRowsF), static_cast<unsigned>(d.B));
+  attention_grad_q_f32_kernel<D><<<grid_q, kThreadsF, 0, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta,
+                                                                   static_cast<float*>(gq.data), d.L, d.S, scale,
+                                                                   args.causal);
+  KILN_CUDA_CHECK(cudaGetLastError());
+  const dim3 grid_kv(static_cast<unsigned>((d.S + kRowsF - 1) / kRowsF), static_cast<unsigned>(d.B));
+  attention_grad_kv_f32_kernel<D><<<grid_kv, kThreadsF, 0, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta,
+                                                                     static_cast<float*>(gk.data),
+                                                                     static_cast<float*>(gv.data), d.L, d.S, scale,
+                                                                     args.causal);
+  KILN_CUDA_CHECK(cudaGetLastError());
+}
+
+// Calls f.template operator()<D>() for the head dim.
+template <typename F>
+void dispatch_dim(int64_t D, F&& f) {
+  switch (D) {
+    case 32: return f.template operator()<32>();
+    case 64: return f.template operator()<64>();
+    case 96: return f.template operator()<96>();
+    default: return f.template operator()<128>();
   }
 }
 
 // Calls f.template operator()<T, D>() for the view's 16-bit dtype and head dim.
 template <typename F>
 void dispatch_attention(DType dtype, int64_t D, F&& f) {
-  auto by_dim = [&]<typename T>() {
-    switch (D) {
-      case 32: return f.template operator()<T, 32>();
-      case 64: return f.template operator()<T, 64>();
-      case 96: return f.template operator()<T, 96>();
-      default: return f.template operator()<T, 128>();
-    }
-  };
+  auto by_dim = [&]<typename T>() { dispatch_dim(D, [&]<int Dim>() { f.template operator()<T, Dim>(); }); };
   if (dtype == kFloat16) by_dim.template operator()<__half>();
   else by_dim.template operator()<__nv_bfloat16>();
 }
@@ -463,6 +692,9 @@ void attention_launch(const View& q, const View& k, const View& v, const View& o
                       const AttentionArgs& args, const Stream& s) {
   const Dims d = dims_of(q, k, v, "scaled_dot_product_attention");
   if (d.B == 0) return;
+  if (q.dtype == kFloat32) {
+    return dispatch_dim(d.D, [&]<int D>() { forward_f32<D>(q, k, v, out, lse, d, args, stream_of(s)); });
+  }
   dispatch_attention(q.dtype, d.D, [&]<typename T, int D>() { forward_typed<T, D>(q, k, v, out, lse, d, args, stream_of(s)); });
 }
 
@@ -471,6 +703,11 @@ void attention_backward_launch(const View& q, const View& k, const View& v, cons
                                const AttentionArgs& args, const Stream& s) {
   const Dims d = dims_of(q, k, v, "scaled_dot_product_attention backward");
   if (d.B == 0) return;
+  if (q.dtype == kFloat32) {
+    return dispatch_dim(d.D, [&]<int D>() {
+      backward_f32<D>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, d, args, s);
+    });
+  }
   dispatch_attention(q.dtype, d.D, [&]<typename T, int D>() {
     backward_typed<T, D>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, d, args, s);
   });

@@ -35,6 +35,11 @@ class CudaBackend final : public Backend {
             const Stream& s) override {
     copy_between(src, src_device, dst, dst_device, s);  // sets the devices itself
   }
+  void copy_non_blocking(const View& src, Device src_device, const View& dst, Device dst_device,
+                         const Stream& s) override {
+    copy_between(src, src_device, dst, dst_device, s, /*non_blocking=*/true);
+  }
+  Allocator* host_allocator() override { return &cuda::host_allocator(); }
   void fill(const View& out, const Scalar& value, const Stream& s) override {
     DeviceGuard guard(s.device.index, "fill");
     fill_launch(out, value, s);
@@ -72,6 +77,10 @@ class CudaBackend final : public Backend {
   void matmul(const View& a, const View& b, const View& c, const Stream& s) override {
     DeviceGuard guard(s.device.index, "matmul");
     matmul_launch(a, b, c, s.device.index, s);
+  }
+  bool matmul_bias(const View& a, const View& b, const View& bias, const View& c, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "addmm");
+    return matmul_bias_launch(a, b, bias, c, s.device.index, s);
   }
   void softmax(const View& in, const View& out, int dim, bool log, const Stream& s) override {
     DeviceGuard guard(s.device.index, log ? "log_softmax" : "softmax");

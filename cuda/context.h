@@ -11,12 +11,13 @@
 // non-blocking: the user orders them with wait_stream / wait_event. Kernels launch on the Stream
 // they are given, so a caller with its own stream (a communicator, say) is honoured. Copies that hand
 // data to or from the host, or between two devices, synchronize before returning (PyTorch's
-// non_blocking=false): `x.to(Device::cpu())` and `item()` see finished results. Indexing ops
-// synchronize too, to check their indices (Note [index checks on the device] in index.cu). Freed
-// device buffers go back to the caching allocator, which reuses a buffer only for work on the
-// stream it was allocated on (Note [CUDA caching allocator] in allocator.cpp), so dropping a tensor
-// whose kernels are still queued is safe without waiting; a buffer that another stream also uses
-// must be named with record_stream().
+// non_blocking=false): `x.to(Device::cpu())` and `item()` see finished results; only a
+// non_blocking copy between pinned memory and a device does not (Note [non_blocking copies] in
+// copy.cpp). Indexing ops synchronize too, to check their indices (Note [index checks on the
+// device] in index.cu). Freed device buffers go back to the caching allocator, which reuses a
+// buffer only for work on the stream it was allocated on (Note [CUDA caching allocator] in
+// allocator.cpp), so dropping a tensor whose kernels are still queued is safe without waiting; a
+// buffer that another stream also uses must be named with record_stream().
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -55,6 +56,15 @@ Allocator& device_allocator(int device_index);
 // Marks the live buffer starting at `ptr` as used by `stream` too: once freed, it is reused only
 // after the work queued on `stream` by then has finished.
 void record_stream(int device_index, void* ptr, cudaStream_t stream);
+
+// The allocator of pinned host memory (host_allocator.cpp), shared by every device.
+Allocator& host_allocator();
+// Whether [ptr, ptr + nbytes) lies in one live pinned block of host_allocator().
+bool is_pinned_host(const void* ptr, size_t nbytes);
+// The pinned block holding ptr is not handed out again before the work queued on `stream` so far
+// has finished. An asynchronous copy calls it, after queueing itself, for the host memory it reads
+// or writes (Note [non_blocking copies] in copy.cpp).
+void record_host_use(const void* ptr, cudaStream_t stream);
 
 // The CudaBackend (backend.cu); cuda::backend() in runtime.cpp returns it.
 Backend& backend_instance();

@@ -9,13 +9,15 @@
 // Note [cuDNN algorithm choice]
 // Each (device, kernel, dtype, shapes, geometry) gets its algorithm from cuDNN's heuristics
 // (cudnnGet*Algorithm_v7: no trial runs, so the choice does not depend on timing) once, cached in
-// a mutex-guarded map. The first suggestion that cuDNN reports as supported, uses no TF32 (float32
+// a mutex-guarded map. The first suggestion that cuDNN reports as supported, is deterministic when
+// use_deterministic_algorithms(true) is set (core/deterministic.h), uses no TF32 (float32
 // must match the CPU within float32 tolerance: the descriptor asks for CUDNN_FMA_MATH and only
 // suggestions with that math type are taken) and whose workspace is at most kMaxWorkspace wins; if
 // every supported one needs more, the first supported one. Its workspace comes from the device's
 // allocator (DeviceBuffer, cuda/context.h) for the call. Backward-filter algorithms may sum with
 // atomics, so a weight gradient's last bits may vary from run to run (as in PyTorch without
-// deterministic mode).
+// deterministic mode); with deterministic mode on, only suggestions that cuDNN marks
+// CUDNN_DETERMINISTIC are taken, and the mode is part of the cache key.
 //
 // Note [cuDNN handles]
 // One cudnnHandle_t per device, made on first use (with the device current) and never destroyed,
@@ -37,6 +39,7 @@
 #include <optional>
 #include <vector>
 
+#include "core/deterministic.h"
 #include "cuda/context.h"
 #include "cuda/kernels.h"
 #include "cuda/loops.cuh"
@@ -285,7 +288,7 @@ struct Choice {
 
 // (pass, device, dtype, samples, C, H, W, Co, kH, kW, stride, padding, dilation, groups): the
 // output size and C / groups follow from these.
-using Key = std::array<int64_t, 17>;
+using Key = std::array<int64_t, 18>;  // ... and whether deterministic algorithms were required
 
 // The algorithm for pass P on descriptors d of `n` samples of geometry g (cached). Called with the
 // handle's mutex held.
@@ -293,9 +296,10 @@ template <Pass P>
 Choice choose(cudnnHandle_t h, const Descriptors& d, int device, DType dtype, const Geometry& g,
               int64_t n) {
   const Conv2dArgs& a = g.a;
+  const bool deterministic = are_deterministic_algorithms_enabled();
   const Key key{static_cast<int64_t>(P), device, static_cast<int64_t>(dtype), n, g.C, g.H, g.W,
                 g.Co, g.kH, g.kW, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dilation_h,
-                a.dilation_w, a.groups};
+                a.dilation_w, a.groups, deterministic ? 1 : 0};
   static std::mutex mutex;
   static std::map<Key, Choice>* cache = new std::map<Key, Choice>();  // never destroyed
   {
@@ -312,6 +316,7 @@ Choice choose(cudnnHandle_t h, const Descriptors& d, int device, DType dtype, co
   for (int i = 0; i < count && !best; ++i) {
     const auto& p = perf[static_cast<size_t>(i)];
     if (p.status != CUDNN_STATUS_SUCCESS || !math_allowed(dtype, p.mathType)) continue;
+    if (deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
     size_t bytes = 0;
     if (A::workspace(h, d, p.algo, &bytes) != CUDNN_STATUS_SUCCESS) continue;
     const Choice c{static_cast<int>(p.algo), bytes};
@@ -320,10 +325,11 @@ Choice choose(cudnnHandle_t h, const Descriptors& d, int device, DType dtype, co
   }
   if (!best) best = fallback;
   KILN_CHECK(best.has_value(),
-             "{}: cuDNN suggests no supported algorithm without TF32 for {} input [{}, {}, {}, {}], "
+             "{}: cuDNN suggests no supported algorithm without TF32{} for {} input [{}, {}, {}, {}], "
              "weight [{}, {}, {}, {}], stride ({}, {}), padding ({}, {}), dilation ({}, {}), "
              "groups {}",
-             pass_name(P), dtype_name(dtype), n, g.C, g.H, g.W, g.Co, g.Cg, g.kH, g.kW, a.stride_h,
+             pass_name(P), deterministic ? " that is deterministic (use_deterministic_algorithms is on)" : "",
+             dtype_name(dtype), n, g.C, g.H, g.W, g.Co, g.Cg, g.kH, g.kW, a.stride_h,
              a.stride_w, a.pad_h, a.pad_w, a.dilation_h, a.dilation_w, a.groups);
   std::lock_guard<std::mutex> lock(mutex);
   cache->emplace(key, *best);

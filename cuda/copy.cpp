@@ -11,8 +11,23 @@
 //  - The device side is strided, broadcast or of another dtype: a contiguous device buffer of the
 //    transferred elements sits between the transfer and copy_on_device(), which converts and
 //    writes (or reads) any strides.
-// Copies that touch the host, or span two devices, synchronize before returning: see
-// Note [CUDA streams] in cuda/context.h.
+// Copies that touch the host, or span two devices, synchronize before returning (Note [CUDA
+// streams] in cuda/context.h), except non-blocking ones between pinned memory and a device.
+//
+// Note [non_blocking copies]
+// Backend::copy_non_blocking (x.to(device, non_blocking=true), copy_(src, true)) returns without
+// waiting when the host side is pinned memory of host_allocator() (Note [pinned host memory] in
+// host_allocator.cpp) and its elements are contiguous (after broadcast dims are dropped), and the
+// copy runs on the device's current stream (whose buffers the allocator hands out):
+//  - host -> device: the transfer (and the conversion on the device, if any) is queued; the host
+//    tensor may be freed or reused by the caller at once, since record_host_use keeps its block from
+//    being handed out again before the transfer has run; but writing into it before then changes
+//    what arrives, as in PyTorch.
+//  - device -> host: the conversion (if any) and the transfer are queued; the host values are there
+//    only once the stream has reached that point: synchronize the stream (or an event recorded
+//    after the copy, or the device) before reading them.
+// Any other copy, pageable memory included, takes the synchronous path: correct, just not
+// overlapped.
 #include <cstring>
 #include <optional>
 #include <vector>
@@ -131,6 +146,44 @@ void copy_within_device(const View& src, const View& dst, const Stream& s) {
   copy_on_device(src, dst, s);
 }
 
+// The non-blocking cases of Note [non_blocking copies]; false when the copy must take the
+// synchronous path instead.
+bool try_host_to_device_async(const View& src, const View& dst, int device, const Stream& s) {
+  const cudaStream_t stream = stream_of(s);
+  const View src_c = compact(src);
+  const auto bytes = static_cast<size_t>(nbytes(src_c));
+  if (stream != current_stream_handle(device) || !src_c.is_contiguous()) return false;
+  if (!is_pinned_host(src_c.data, bytes)) return false;
+  if (src.dtype == dst.dtype && src_c.sizes == dst.sizes && dst.is_contiguous()) {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src_c.data, bytes, cudaMemcpyHostToDevice, stream));
+  } else {
+    // The staging buffer goes back to the allocator at once: it is reused only by later work on
+    // this same stream, which runs after the conversion.
+    DeviceBuffer staged(device, bytes);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(staged.data(), src_c.data, bytes, cudaMemcpyHostToDevice, stream));
+    copy_on_device(expand_contiguous(staged.data(), src.dtype, src), dst, s);
+  }
+  record_host_use(src_c.data, stream);  // after the transfer is queued, so its event follows it
+  return true;
+}
+
+bool try_device_to_host_async(const View& src, int device, const View& dst, const Stream& s) {
+  const cudaStream_t stream = stream_of(s);
+  const View src_c = compact(src);
+  const auto bytes = static_cast<size_t>(src_c.numel() * itemsize(dst.dtype));
+  if (stream != current_stream_handle(device) || src_c.sizes != dst.sizes || !dst.is_contiguous()) return false;
+  if (!is_pinned_host(dst.data, bytes)) return false;
+  if (src.dtype == dst.dtype && src_c.is_contiguous()) {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src_c.data, bytes, cudaMemcpyDeviceToHost, stream));
+  } else {
+    DeviceBuffer staged(device, bytes);  // as above: reused only after this stream's later work
+    copy_on_device(src_c, contiguous_like(staged.data(), dst.dtype, src_c.sizes), s);
+    KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, staged.data(), bytes, cudaMemcpyDeviceToHost, stream));
+  }
+  record_host_use(dst.data, stream);
+  return true;
+}
+
 void copy_host_to_device(const View& src, const View& dst, int device, const Stream& s) {
   const cudaStream_t stream = stream_of(s);
   if (plain(src, dst)) {
@@ -219,7 +272,7 @@ void copy_across_devices(const View& src, int a, const View& dst, int b, const S
 }  // namespace
 
 void copy_between(const View& src_in, Device src_device, const View& dst, Device dst_device,
-                  const Stream& s) {
+                  const Stream& s, bool non_blocking) {
   KILN_CHECK(src_device.is_cuda() || dst_device.is_cuda(),
              "copy: the CUDA backend copies to or from a CUDA device, not {} -> {}",
              src_device.str(), dst_device.str());
@@ -236,9 +289,11 @@ void copy_between(const View& src_in, Device src_device, const View& dst, Device
   }
   if (src_device.is_cuda()) {
     DeviceGuard guard(src_device.index, "copy");
+    if (non_blocking && try_device_to_host_async(src, src_device.index, dst, s)) return;
     return copy_device_to_host(src, src_device.index, dst, s);
   }
   DeviceGuard guard(dst_device.index, "copy");
+  if (non_blocking && try_host_to_device_async(src, dst, dst_device.index, s)) return;
   copy_host_to_device(src, dst, dst_device.index, s);
 }
 

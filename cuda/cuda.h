@@ -21,6 +21,11 @@ void synchronize(int device_index = 0);  // waits for all work queued on the dev
 void set_matmul_allow_tf32(bool allow);
 bool matmul_allow_tf32();
 Backend& backend();   // for ops/dispatch.cpp
+// Pinned (page-locked) host memory, the memory of pin_memory() tensors (Note [pinned host memory]
+// in cuda/host_allocator.cpp): its statistics, as torch.cuda.host_memory_stats(), and
+// host_empty_cache(), which gives its cached free blocks back to CUDA.
+MemoryStats host_memory_stats();
+void host_empty_cache();
 
 struct DeviceProperties {
   std::string name;

@@ -1,7 +1,8 @@
 // cuda/index.cu: index_select, index_add, gather and scatter (with or without accumulation) along
 // one dim: the indexing kernels of the CUDA backend. CPU sibling: cpu/index.cpp, whose semantics
-// these follow (negative indices count from the end; a bad index is an Error naming the op, the
-// index and the size). Siblings: backend.cu, elementwise.cu, reduce.cu; helpers in loops.cuh.
+// these follow (a bad index is an Error naming the op, the index and the size), except that a
+// negative index counts from the end here, where the CPU rejects it. Siblings: backend.cu,
+// elementwise.cu, reduce.cu; helpers in loops.cuh.
 //
 // Each op is one elementwise pass (cuda/loops.cuh) over the shape that is walked: out for
 // index_select and gather, src for index_add, index for scatter. The indexed view's stride along
@@ -10,7 +11,23 @@
 // int32 and int64, a compare-and-swap loop on the enclosing 32-bit word for float16 and bfloat16.
 // The order of the additions is therefore not fixed: floating sums may differ from the CPU's in
 // the last bits. Plain scatter with a repeated index stores one of the candidates (PyTorch: "the
-// result is undefined"); the CPU stores the last.
+// result is undefined"); the CPU stores the last. Deterministic mode changes both: below.
+//
+// Note [deterministic index_add]
+// With use_deterministic_algorithms(true) (core/deterministic.h), index_add adds without atomics,
+// in the CPU's order. The index comes to the host (one synchronizing copy; the index check
+// synchronizes anyway), where a stable sort groups the positions j by their target row k: the
+// distinct targets (keys), where each one's positions start (offsets), and the positions in
+// increasing j (order). One thread per (target row, element of the slice) then adds its sources in
+// increasing j into the target, rounding to the dtype after each addition as cpu/index.cpp does. The
+// result has the same bits on every run, and the same as the CPU's. Embedding's backward (an
+// index_add into the weight's gradient) is the op this is for; its cost is the host round trip and
+// the sort of the index (B x T entries for a language model), not of the gradient. scatter and
+// scatter_add (gather's backward) work the same way over their index's elements: each element's
+// target offset in out is computed on the host, a stable sort groups them by target, and one thread
+// per target adds its sources in the CPU's (row-major) order, or, for scatter, stores the last one,
+// as the CPU does. Negative indices wrap, as in the atomic kernels (the CPU rejects them), so for
+// them the "CPU's bits" are those of the wrapped index.
 //
 // Note [index checks on the device]
 // A CUDA thread cannot throw, and a device-side assert would poison the CUDA context for the rest
@@ -19,9 +36,13 @@
 // back, which synchronizes the stream, and throws the CPU's Error. ops/ works on fresh outputs, so
 // the partial result is never seen. The price is one stream synchronization per indexing op; a
 // later version can check asynchronously.
+#include <algorithm>
 #include <mutex>
+#include <numeric>
 #include <type_traits>
 #include <vector>
+
+#include "core/deterministic.h"
 
 #include "cuda/context.h"
 #include "cuda/kernels.h"
@@ -153,11 +174,168 @@ void index_select_launch(const View& in, int dim, const View& index, const View&
   check.finish("index_select", dim, size);
 }
 
+namespace {
+// Positions 0..m-1 grouped by key, stably (Note [deterministic index_add]), as one table on the
+// device: the u distinct keys in increasing order, where each group starts (u + 1 offsets, the last
+// m), and value[position] for the positions in group order.
+class KeyGroups {
+ public:
+  KeyGroups(const std::vector<int64_t>& key, const std::vector<int64_t>& value, const Stream& s)
+      : packed_(pack(key, value)), table_(s.device.index, packed_.size() * sizeof(int64_t)) {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(table_.data(), packed_.data(), packed_.size() * sizeof(int64_t),
+                                    cudaMemcpyHostToDevice, stream_of(s)));
+  }
+  int64_t count() const { return u_; }
+  const int64_t* keys() const { return static_cast<const int64_t*>(table_.data()); }
+  const int64_t* offsets() const { return keys() + u_; }
+  const int64_t* values() const { return offsets() + u_ + 1; }
+
+ private:
+  std::vector<int64_t> pack(const std::vector<int64_t>& key, const std::vector<int64_t>& value) {
+    const auto m = static_cast<int64_t>(key.size());
+    std::vector<int64_t> order(static_cast<size_t>(m));
+    std::iota(order.begin(), order.end(), int64_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+    std::vector<int64_t> keys, offsets, values;
+    values.reserve(static_cast<size_t>(m));
+    for (int64_t r = 0; r < m; ++r) {
+      const int64_t k = key[order[r]];
+      if (keys.empty() || keys.back() != k) {
+        keys.push_back(k);
+        offsets.push_back(r);
+      }
+      values.push_back(value[order[r]]);
+    }
+    offsets.push_back(m);
+    u_ = static_cast<int64_t>(keys.size());
+    keys.insert(keys.end(), offsets.begin(), offsets.end());
+    keys.insert(keys.end(), values.begin(), values.end());
+    return keys;
+  }
+
+  int64_t u_ = 0;
+  std::vector<int64_t> packed_;  // kept until the table is filled (the copy reads it)
+  DeviceBuffer table_;
+};
+
+// See Note [deterministic index_add].
+void index_add_deterministic(const View& out, int dim, const View& index, const View& src, const Stream& s) {
+  const int64_t m = src.sizes[dim], size = out.sizes[dim];
+  // The index on the host, its negative entries wrapped and every entry checked.
+  std::vector<int64_t> idx(static_cast<size_t>(m));
+  View host_index;
+  host_index.data = idx.data();
+  host_index.dtype = kInt64;
+  host_index.sizes = {m};
+  host_index.strides = {1};
+  View device_index = index;
+  if (device_index.ndim() == 0) {  // one entry
+    device_index.sizes = {1};
+    device_index.strides = {0};
+  }
+  copy_between(device_index, s.device, host_index, Device::cpu(), s);  // synchronous
+  for (int64_t& k : idx) {
+    KILN_CHECK(k >= -size && k < size, "index_add: index {} is out of bounds for dim {} with size {}", k, dim, size);
+    if (k < 0) k += size;
+  }
+  // The positions j grouped by target row (keys), in increasing j.
+  std::vector<int64_t> positions(static_cast<size_t>(m));
+  std::iota(positions.begin(), positions.end(), int64_t{0});
+  const KeyGroups groups(idx, positions, s);
+  const int64_t u = groups.count();
+  const int64_t* d_keys = groups.keys();
+  const int64_t* d_offsets = groups.offsets();
+  const int64_t* d_order = groups.values();
+  // One thread per (distinct target, element of the slice): src's shape with `dim` shrunk to u.
+  Shape sizes = src.sizes;
+  sizes[dim] = u;
+  const int64_t n = sizes.numel();
+  const int64_t out_step = out.strides[dim], src_step = src.strides[dim];
+  const auto calc = make_offset_calc<3>(
+      sizes, {without_dim(out.strides, dim), without_dim(src.strides, dim), along_dim(src.ndim(), dim, 1)});
+  KILN_DISPATCH_NUMERIC_TYPES(out.dtype, "index_add", [&] {
+    using M = typename OpMath<scalar_t>::type;
+    const scalar_t* x = src.ptr<scalar_t>();
+    scalar_t* y = out.ptr<scalar_t>();
+    launch_elementwise(n, calc, stream_of(s), [=] __device__(int64_t, const int64_t* o) {
+      const int64_t q = o[2];
+      scalar_t* target = y + o[0] + d_keys[q] * out_step;
+      scalar_t sum = *target;
+      for (int64_t r = d_offsets[q]; r < d_offsets[q + 1]; ++r) {
+        sum = static_cast<scalar_t>(static_cast<M>(sum) + static_cast<M>(x[o[1] + d_order[r] * src_step]));
+      }
+      *target = sum;
+    });
+  });
+}
+
+// See Note [deterministic index_add]: scatter (the last source wins) and scatter_add (the sources
+// added in order), one thread per distinct target.
+void scatter_deterministic(const View& out, int dim, const View& index, const View& src, bool accumulate,
+                           const Stream& s) {
+  const char* name = accumulate ? "scatter_add" : "scatter";
+  const int nd = index.ndim();
+  const int64_t m = index.numel(), size = out.sizes[dim];
+  std::vector<int64_t> idx(static_cast<size_t>(m));
+  View host_index;
+  host_index.data = idx.data();
+  host_index.dtype = kInt64;
+  host_index.sizes = index.sizes;
+  host_index.strides = contiguous_strides(index.sizes);
+  copy_between(index, s.device, host_index, Device::cpu(), s);  // synchronous
+  // Each element's target in out and source in src, in row-major order of the index (the CPU's).
+  std::vector<int64_t> target(static_cast<size_t>(m)), source(static_cast<size_t>(m));
+  for (int64_t p = 0; p < m; ++p) {
+    int64_t rem = p, ot = 0, os = 0;
+    for (int d = nd - 1; d >= 0; --d) {
+      const int64_t c = rem % index.sizes[d];
+      rem /= index.sizes[d];
+      os += c * src.strides[d];
+      if (d != dim) ot += c * out.strides[d];
+    }
+    int64_t k = idx[p];
+    KILN_CHECK(k >= -size && k < size, "{}: index {} is out of bounds for dim {} with size {}", name, k, dim, size);
+    if (k < 0) k += size;
+    target[p] = ot + k * out.strides[dim];
+    source[p] = os;
+  }
+  const KeyGroups groups(target, source, s);
+  const int64_t u = groups.count();
+  const int64_t* d_targets = groups.keys();
+  const int64_t* d_offsets = groups.offsets();
+  const int64_t* d_sources = groups.values();
+  const auto calc = make_offset_calc<1>(Shape{u}, {Shape{1}});
+  KILN_DISPATCH_ALL_TYPES(out.dtype, name, [&] {
+    using M = typename OpMath<scalar_t>::type;
+    const scalar_t* x = src.ptr<scalar_t>();
+    scalar_t* y = out.ptr<scalar_t>();
+    launch_elementwise(u, calc, stream_of(s), [=] __device__(int64_t q, const int64_t*) {
+      scalar_t* t = y + d_targets[q];
+      const int64_t first = d_offsets[q], last = d_offsets[q + 1];
+      if (!accumulate) {
+        *t = x[d_sources[last - 1]];
+        return;
+      }
+      scalar_t sum = *t;
+      for (int64_t r = first; r < last; ++r) {
+        if constexpr (std::is_same_v<scalar_t, bool>) {
+          sum = sum || x[d_sources[r]];
+        } else {
+          sum = static_cast<scalar_t>(static_cast<M>(sum) + static_cast<M>(x[d_sources[r]]));
+        }
+      }
+      *t = sum;
+    });
+  });
+}
+}  // namespace
+
 // out[..., index[j], ...] += src[..., j, ...]
 void index_add_launch(const View& out, int dim, const View& index, const View& src,
                       const Stream& s) {
   const int64_t n = src.numel();
   if (n == 0) return;
+  if (are_deterministic_algorithms_enabled()) return index_add_deterministic(out, dim, index, src, s);
   const int64_t size = out.sizes[dim], step = out.strides[dim];
   const auto calc = make_offset_calc<3>(
       src.sizes, {src.strides, without_dim(out.strides, dim),
@@ -207,6 +385,7 @@ void scatter_launch(const View& out, int dim, const View& index, const View& src
       make_offset_calc<3>(index.sizes, {index.strides, src.strides, without_dim(out.strides, dim)});
   const int64_t* ix = index.ptr<int64_t>();
   const char* name = accumulate ? "scatter_add" : "scatter";
+  if (are_deterministic_algorithms_enabled()) return scatter_deterministic(out, dim, index, src, accumulate, s);
   IndexCheck check(s);
   IndexFlag* flag = check.flag();
   if (accumulate) {

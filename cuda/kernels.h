@@ -11,9 +11,9 @@
 
 namespace kiln::cuda {
 
-// copy.cpp: Backend::copy, every direction (host code around copy_on_device).
+// copy.cpp: Backend::copy and copy_non_blocking, every direction (host code around copy_on_device).
 void copy_between(const View& src, Device src_device, const View& dst, Device dst_device,
-                  const Stream& s);
+                  const Stream& s, bool non_blocking = false);
 
 // copy.cu. copy_on_device: dst = src, both on the current device, any dtypes and strides
 // (src already has dst's sizes).
@@ -38,6 +38,8 @@ void softmax_launch(const View& in, const View& out, int dim, bool log, const St
 
 // matmul.cu: c = a @ b on device `device` (cuBLAS for the floating dtypes).
 void matmul_launch(const View& a, const View& b, const View& c, int device, const Stream& s);
+// Backend::matmul_bias: c = a @ b + bias through cuBLASLt's bias epilogue, or false.
+bool matmul_bias_launch(const View& a, const View& b, const View& bias, const View& c, int device, const Stream& s);
 
 // index.cu. Indices are checked on the device; a bad one is an Error after the kernel (which
 // synchronizes the stream: see Note [index checks on the device] in index.cu).

@@ -10,8 +10,26 @@
 // contiguous buffer. The batch dims are merged where their strides allow; the innermost merged dim
 // is cuBLAS's batch (its stride may be 0: a broadcast operand) and any others loop on the host.
 // Integer matmul is a plain kernel, one thread per output element.
+//
+// Note [cuBLASLt bias epilogue]
+// nn::linear's y = x W^T + b is a GEMM and then a pass over y that adds b. cuBLASLt can add b in
+// the GEMM's epilogue, while each tile of y is still in registers: one kernel and one write of y
+// instead of a GEMM, a read and a write. Row-major c = a b + bias is column-major
+// c^T = b^T a^T + bias with the bias running down c^T's rows, which is CUBLASLT_EPILOGUE_BIAS (a
+// vector as long as D has rows, added to every column). matmul_bias_launch uses it for 2-D float32,
+// float16 and bfloat16 operands with BLAS layouts and a contiguous c: float32 computes in
+// CUBLAS_COMPUTE_32F (CUBLAS_COMPUTE_32F_FAST_TF32 under set_matmul_allow_tf32(true)), the 16-bit
+// types in CUBLAS_COMPUTE_32F with float scales, as the plain GEMMs above. The algorithm is
+// cuBLASLt's first heuristic answer for the pointers' alignment and a workspace of at most
+// kLtWorkspace bytes; where there is none, or the operands do not fit (a bias not 16-byte aligned
+// among them), or cublasLtMatmul refuses, it returns false and the caller (ops::addmm_out) composes
+// matmul and add. The descriptors and the heuristic's answer are made afresh on every call (a few
+// microseconds of host time; a cache keyed by shape, dtype, layout and alignment would save it).
+#include <cublasLt.h>
+
 #include <atomic>
 #include <climits>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <vector>
@@ -31,19 +49,23 @@ std::atomic<bool> g_allow_tf32{false};
 
 // ---- matmul: host side ----
 
-cublasHandle_t cublas_handle(int device_index) {
-  // One handle per device, made on first use and never destroyed (destroying it after the driver
-  // has shut down at exit would fail). A first version: threads share it; each call sets its
-  // stream.
-  static std::mutex mutex;
-  static std::vector<cublasHandle_t> handles;
+// One handle per device, made on first use by `create` and never destroyed (destroying it after the
+// driver has shut down at exit would fail). Threads share it; each call sets its stream.
+template <typename Handle, typename Create>
+Handle device_handle(int device_index, Create create) {
+  static std::mutex mutex;  // one per instantiation: per handle type and call site
+  static std::vector<Handle> handles;
   std::lock_guard<std::mutex> lock(mutex);
   if (static_cast<int>(handles.size()) <= device_index) {
     handles.resize(static_cast<size_t>(device_index) + 1, nullptr);
   }
-  cublasHandle_t& handle = handles[static_cast<size_t>(device_index)];
-  if (handle == nullptr) KILN_CUBLAS_CHECK(cublasCreate(&handle));
+  Handle& handle = handles[static_cast<size_t>(device_index)];
+  if (handle == nullptr) KILN_CUBLAS_CHECK(create(&handle));
   return handle;
+}
+
+cublasHandle_t cublas_handle(int device_index) {
+  return device_handle<cublasHandle_t>(device_index, [](cublasHandle_t* h) { return cublasCreate(h); });
 }
 
 // A flipped batch dim: cuBLAS documents no negative batch strides, so such an operand is staged.
@@ -247,7 +269,91 @@ void matmul_integer(const View& a, const View& b, const View& c, const Stream& s
   });
 }
 
+// ---- matmul with the bias in the epilogue: see Note [cuBLASLt bias epilogue] ----
+
+constexpr size_t kLtWorkspace = size_t{32} << 20;
+
+cublasLtHandle_t lt_handle(int device_index) {
+  return device_handle<cublasLtHandle_t>(device_index, [](cublasLtHandle_t* h) { return cublasLtCreate(h); });
+}
+
+// The largest power of two up to 256 that divides the address: what cuBLASLt may assume of it.
+uint32_t alignment_of(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t a = 256;
+  while (a > 1 && address % a != 0) a >>= 1;
+  return a;
+}
+
+using MatmulDesc = std::unique_ptr<cublasLtMatmulDescOpaque_t, decltype(&cublasLtMatmulDescDestroy)>;
+using MatrixLayout = std::unique_ptr<cublasLtMatrixLayoutOpaque_t, decltype(&cublasLtMatrixLayoutDestroy)>;
+using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)>;
+
+MatrixLayout layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
+  cublasLtMatrixLayout_t l = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  return {l, &cublasLtMatrixLayoutDestroy};
+}
+
+template <typename T>
+void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
+}
+template <typename T>
+void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attribute, const T& value) {
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)));
+}
+
 }  // namespace
+
+bool matmul_bias_launch(const View& a, const View& b, const View& bias, const View& c, int device, const Stream& s) {
+  if (c.dtype != kFloat32 && c.dtype != kFloat16 && c.dtype != kBFloat16) return false;
+  if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2 || bias.ndim() != 1) return false;
+  if (a.dtype != c.dtype || b.dtype != c.dtype || bias.dtype != c.dtype) return false;
+  const int64_t M = c.sizes[0], N = c.sizes[1], K = a.sizes[1];
+  if (M == 0 || N == 0 || K == 0 || bias.sizes[0] != N || (N > 1 && bias.strides[0] != 1)) return false;
+  // The bias has no alignment preference to tell the heuristic: ask for 16 bytes (a fresh tensor has 512).
+  if (!c.is_contiguous() || alignment_of(bias.data) < 16) return false;
+  bool ta = false, tb = false;
+  int64_t lda = 0, ldb = 0;
+  if (!blas_layout(M, K, a.strides[0], a.strides[1], ta, lda) || !blas_layout(K, N, b.strides[0], b.strides[1], tb, ldb)) {
+    return false;
+  }
+  // In cuBLASLt's column-major terms, D (N x M) = op(A) op(B) + bias with A = b and B = a: the
+  // stored matrices are b as N x K (or K x N, transposed) and a as K x M (or M x K).
+  const cudaDataType_t type = c.dtype == kFloat32 ? CUDA_R_32F : c.dtype == kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
+  const bool tf32 = c.dtype == kFloat32 && g_allow_tf32.load(std::memory_order_relaxed);
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw_desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const MatmulDesc desc(raw_desc, &cublasLtMatmulDescDestroy);
+  set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, tb ? CUBLAS_OP_T : CUBLAS_OP_N);
+  set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
+  set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+  set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.data);
+  const MatrixLayout la = tb ? layout(type, K, N, ldb) : layout(type, N, K, ldb);
+  const MatrixLayout lb = ta ? layout(type, M, K, lda) : layout(type, K, M, lda);
+  const MatrixLayout ld = layout(type, N, M, N);
+  cublasLtMatmulPreference_t raw_pref = nullptr;
+  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
+  const Preference pref(raw_pref, &cublasLtMatmulPreferenceDestroy);
+  set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kLtWorkspace));
+  set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(b.data));
+  set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(a.data));
+  set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(c.data));
+  set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(c.data));
+  cublasLtHandle_t handle = lt_handle(device);
+  cublasLtMatmulHeuristicResult_t best{};
+  int found = 0;
+  const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, la.get(), lb.get(), ld.get(), ld.get(),
+                                                              raw_pref, 1, &best, &found);
+  if (asked != CUBLAS_STATUS_SUCCESS || found == 0) return false;  // e.g. CUBLAS_STATUS_NOT_SUPPORTED
+  DeviceBuffer workspace(device, std::max<size_t>(best.workspaceSize, 1));
+  const float alpha = 1, beta = 0;
+  // A refusal here (an algorithm that turns out not to run these sizes, say) leaves c to the
+  // caller's composed path, which overwrites all of it.
+  return cublasLtMatmul(handle, raw_desc, &alpha, b.data, la.get(), a.data, lb.get(), &beta, c.data, ld.get(), c.data,
+                        ld.get(), &best.algo, workspace.data(), best.workspaceSize, stream_of(s)) == CUBLAS_STATUS_SUCCESS;
+}
 
 void matmul_launch(const View& a, const View& b, const View& c, int device, const Stream& s) {
   const int nd = c.ndim();

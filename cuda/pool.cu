@@ -10,11 +10,14 @@
 // timing). Backward of max pooling: the contract hands over only the indices, not the window
 // geometry, so grad_in is zeroed and each output's gradient is added at its index with atomicAdd
 // (overlapping windows may pick one element twice); the order of those adds, and so the last bits
-// of such an element, may vary from run to run.
+// of such an element, may vary from run to run. With use_deterministic_algorithms(true)
+// (core/deterministic.h), one thread per plane instead walks the plane's outputs in order and adds
+// without atomics: the same bits every run, and the CPU's order.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 
+#include "core/deterministic.h"
 #include "cuda/context.h"
 #include "cuda/kernels.h"
 #include "cuda/loops.cuh"
@@ -119,6 +122,19 @@ __global__ void max_pool2d_backward_kernel(const T* gy, const int64_t* idx, T* g
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const int64_t j = idx[i];
     if (j >= 0 && j < hw) atomicAdd(gx + (i / out_hw) * hw + j, gy[i]);  // out of range: ignored
+  }
+}
+
+// The same, deterministic: one thread per plane adds the plane's outputs in order.
+template <typename T>
+__global__ void max_pool2d_backward_planes_kernel(const T* gy, const int64_t* idx, T* gx, int64_t planes,
+                                                  int64_t out_hw, int64_t hw) {
+  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < planes; p += step) {
+    for (int64_t i = p * out_hw; i < (p + 1) * out_hw; ++i) {
+      const int64_t j = idx[i];
+      if (j >= 0 && j < hw) gx[p * hw + j] += gy[i];
+    }
   }
 }
 
@@ -238,10 +254,17 @@ void max_pool2d_backward_launch(const View& grad_out, const View& indices, const
                                   stream_of(s)));
   const int64_t n = grad_out.numel();
   if (n == 0) return;
+  const int64_t out_hw = grad_out.sizes[2] * grad_out.sizes[3], hw = grad_in.sizes[2] * grad_in.sizes[3];
+  const bool deterministic = are_deterministic_algorithms_enabled();
   KILN_DISPATCH_F32_F64(grad_in.dtype, "max_pool2d_backward", [&] {
-    max_pool2d_backward_kernel<scalar_t><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(
-        grad_out.ptr<scalar_t>(), indices.ptr<int64_t>(), grad_in.ptr<scalar_t>(), n,
-        grad_out.sizes[2] * grad_out.sizes[3], grad_in.sizes[2] * grad_in.sizes[3]);
+    if (deterministic) {
+      const int64_t planes = grad_out.sizes[0] * grad_out.sizes[1];
+      max_pool2d_backward_planes_kernel<scalar_t><<<blocks_for(planes), kThreads, 0, stream_of(s)>>>(
+          grad_out.ptr<scalar_t>(), indices.ptr<int64_t>(), grad_in.ptr<scalar_t>(), planes, out_hw, hw);
+    } else {
+      max_pool2d_backward_kernel<scalar_t><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(
+          grad_out.ptr<scalar_t>(), indices.ptr<int64_t>(), grad_in.ptr<scalar_t>(), n, out_hw, hw);
+    }
     KILN_CUDA_CHECK(cudaGetLastError());
   });
 }

@@ -16,6 +16,8 @@ void synchronize(int) { unavailable(); }
 void set_matmul_allow_tf32(bool) {}  // no CUDA matmuls to switch
 bool matmul_allow_tf32() { return false; }
 Backend& backend() { unavailable(); }
+MemoryStats host_memory_stats() { return {}; }  // nothing can be pinned, so nothing is
+void host_empty_cache() {}
 DeviceProperties get_device_properties(int) { unavailable(); }
 
 struct CudaStream::Impl {};

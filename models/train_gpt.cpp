@@ -285,7 +285,7 @@ int run(int argc, char** argv) {
       std::optional<distributed::DistributedDataParallel::NoSync> no_sync;
       if (ddp && m + 1 < r.grad_accum) no_sync.emplace(*ddp);
       std::optional<autograd::SaveOnCpu> offload;
-      if (r.offload_activations) offload.emplace();
+      if (r.offload_activations) offload.emplace(/*pin_memory=*/device.is_cuda());
       Tensor loss;
       {
         AutocastGuard ac(device, low, r.autocast != "none");

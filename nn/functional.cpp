@@ -123,8 +123,22 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   Tensor y;
   {
     NoGradGuard no_grad;
-    y = matmul(input, weight.t());
-    if (bias.defined()) y.add_(bias);  // in place: no second output buffer
+    if (bias.defined() && input.dim() >= 2 && input.is_contiguous() && bias.dtype() == input.dtype() &&
+        weight.dtype() == input.dtype()) {
+      // (..., K) seen as (rows, K), and y as (rows, N), for free: on CUDA the bias is then added in the
+      // GEMM's epilogue (Note [cuBLASLt bias epilogue] in cuda/matmul.cu). y itself is a fresh
+      // tensor, not a view, so in-place ops on it stay recordable.
+      const int64_t K = input.size(-1), N = weight.size(0);
+      int64_t rows = 1;
+      for (int d = 0; d + 1 < input.dim(); ++d) rows *= input.size(d);
+      Shape shape = input.sizes();
+      shape[shape.size() - 1] = N;
+      y = empty(shape, input.options());
+      addmm_out(y.view({rows, N}), bias, input.view({rows, K}), weight.t());
+    } else {
+      y = matmul(input, weight.t());
+      if (bias.defined()) y.add_(bias);  // in place: no second output buffer
+    }
   }
   std::vector<Tensor> inputs{input, weight};
   if (bias.defined()) inputs.push_back(bias);

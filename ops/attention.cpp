@@ -9,8 +9,9 @@
 //             an online softmax and keeps only out and the (..., L) log-sum-exp of each score row;
 //             its backward rebuilds the probabilities block by block. Memory O(L) instead of O(L S).
 // The fused kernel runs when fusion is on (set_fusion), there is no attn_mask, no dropout, and the
-// device has the kernel: the CPU for every floating dtype; CUDA for float16 and bfloat16 with head dims
-// 32, 64, 96 or 128 (cuda/attention.cu, on tensor cores), which covers attention under autocast.
+// device has the kernel: the CPU for every floating dtype; CUDA for float16 and bfloat16 (on tensor
+// cores, which covers attention under autocast) and float32 (on the CUDA cores) with head dims 32, 64,
+// 96 or 128 (cuda/attention.cu).
 // Under create_graph (double backward) the fused node's backward is written with ops, so it can itself
 // be differentiated. This file also
 // holds the process-wide fusion switch (set_fusion, KILN_FUSION; ops/ops.h), which gelu reads too.
@@ -178,11 +179,12 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   }
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(E));
 
-  // The CUDA kernel (cuda/attention.cu) takes float16 and bfloat16 with one head dim of 32, 64, 96 or
-  // 128 for query, key and value; other CUDA cases compose.
+  // The CUDA kernels (cuda/attention.cu) take float16, bfloat16 and float32 with one head dim of 32,
+  // 64, 96 or 128 for query, key and value; other CUDA cases (float64 among them) compose.
   const int64_t Ev = value.sizes()[value.dim() - 1];
+  const bool cuda_dtype = is_reduced_float(query.dtype()) || query.dtype() == kFloat32;
   const bool kernel = query.device().is_cpu() ||
-                      (is_reduced_float(query.dtype()) && Ev == E && E % 32 == 0 && E <= 128 && L > 0 && S > 0);
+                      (cuda_dtype && Ev == E && E > 0 && E % 32 == 0 && E <= 128 && L > 0 && S > 0);
   const bool fused = fusion_enabled() && !attn_mask.defined() && dropout_p == 0 && kernel;
   if (!fused) return attention_composed(query, key, value, attn_mask, dropout_p, is_causal, s, gen);
 

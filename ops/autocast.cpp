@@ -46,6 +46,7 @@ constexpr Row kTable[] = {
     // op                                name                                 CPU       CUDA
     {Op::Matmul,                       "matmul",                            kLower,   kLower},
     {Op::Mm,                           "mm",                                kLower,   kLower},
+    {Op::Addmm,                        "addmm",                             kLower,   kLower},
     {Op::Bmm,                          "bmm",                               kLower,   kLower},
     {Op::Linear,                       "linear",                            kLower,   kLower},
     {Op::Conv1d,                       "conv1d",                            kLower,   kLower},

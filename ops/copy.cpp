@@ -1,5 +1,5 @@
-// ops/copy.cpp: copies and conversions: contiguous, clone, to(device / dtype), detach, copy_, item,
-// to_vector. A copy between devices goes to the device backend (the CPU backend knows no GPU).
+// ops/copy.cpp: copies and conversions: contiguous, clone, pin_memory, to(device / dtype), detach, copy_,
+// item, to_vector. A copy between devices goes to the device backend (the CPU backend knows no GPU).
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -10,11 +10,13 @@ using autograd::Grads;
 using autograd::should_record;
 using autograd::TensorList;
 
-// dst = src (broadcast, converted), with no autograd.
-static void raw_copy(const Tensor& src, const Tensor& dst) {
+// dst = src (broadcast, converted), with no autograd; non_blocking: Backend::copy_non_blocking.
+static void raw_copy(const Tensor& src, const Tensor& dst, bool non_blocking = false) {
   Device dev = src.is_cuda() ? src.device() : dst.device();
-  backend_for(dev).copy(broadcast_view(src, dst.sizes()), src.device(), view_of(dst), dst.device(),
-                        stream_for(dev));
+  Backend& b = backend_for(dev);
+  const View from = broadcast_view(src, dst.sizes()), to = view_of(dst);
+  if (non_blocking) return b.copy_non_blocking(from, src.device(), to, dst.device(), stream_for(dev));
+  b.copy(from, src.device(), to, dst.device(), stream_for(dev));
 }
 
 inline namespace ops {
@@ -30,10 +32,24 @@ Tensor clone(const Tensor& t) {
 
 Tensor contiguous(const Tensor& t) { return t.is_contiguous() ? t : clone(t); }
 
-Tensor to(const Tensor& t, Device device, DType dtype) {
-  if (t.device() == device && t.dtype() == dtype) return t;
-  Tensor out = empty_tensor(t.sizes(), dtype, device);
+Tensor pin_memory(const Tensor& t) {
+  KILN_CHECK(t.is_cpu(), "pin_memory: only CPU tensors can be pinned; this one is on {}", t.device().str());
+  if (t.is_pinned()) return t;
+  Tensor out = empty_pinned(t.sizes(), t.dtype(), "pin_memory");
   raw_copy(t, out);
+  if (should_record(t)) {
+    autograd::record("PinMemoryBackward", {t}, {out}, [](const Grads& g) -> TensorList { return {g[0]}; });
+  }
+  return out;
+}
+
+Tensor to(const Tensor& t, Device device, DType dtype, bool non_blocking) {
+  if (t.device() == device && t.dtype() == dtype) return t;
+  // As PyTorch: a non-blocking copy from a GPU to the CPU lands in pinned memory, which the GPU can
+  // write without the host waiting.
+  const bool pin_out = non_blocking && t.is_cuda() && device.is_cpu();
+  Tensor out = empty_tensor(t.sizes(), TensorOptions(dtype).device(device).pinned_memory(pin_out));
+  raw_copy(t, out, non_blocking);
   if (is_floating(dtype) && should_record(t)) {
     Device from_device = t.device();
     DType from_dtype = t.dtype();
@@ -61,7 +77,10 @@ Tensor Tensor::contiguous() const { return ops::contiguous(*this); }
 Tensor Tensor::clone() const { return ops::clone(*this); }
 Tensor Tensor::to(DType dtype) const { return ops::to(*this, device(), dtype); }
 Tensor Tensor::to(Device device) const { return ops::to(*this, device, dtype()); }
-Tensor Tensor::to(Device device, DType dtype) const { return ops::to(*this, device, dtype); }
+Tensor Tensor::to(Device device, DType dtype, bool non_blocking) const {
+  return ops::to(*this, device, dtype, non_blocking);
+}
+Tensor Tensor::pin_memory() const { return ops::pin_memory(*this); }
 Tensor Tensor::detach() const { return ops::detach(*this); }
 Tensor& Tensor::detach_() {
   impl_->grad_fn.reset();
@@ -69,19 +88,22 @@ Tensor& Tensor::detach_() {
   return *this;
 }
 
-Tensor& Tensor::copy_(const Tensor& src) {
+Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
   KILN_CHECK(broadcast_shapes(src.sizes(), sizes(), "copy_") == sizes(),
              "copy_: the source of shape {} cannot be broadcast to the destination's shape {}",
              src.sizes().str(), sizes().str());
   check_no_internal_overlap(*this, "copy_");
   if (!should_record(*this, src)) {
-    raw_copy(unaliased(src, *this), *this);
+    raw_copy(unaliased(src, *this), *this, non_blocking);
     bump_version();
     return *this;
   }
   autograd::check_inplace(*this, "copy_");
-  Tensor result = src.expand(sizes()).to(device(), dtype());  // differentiable path to src
-  raw_copy(result, *this);
+  // The differentiable path to src. Non-blocking only towards a device: a temporary copied to the
+  // host without waiting could not be read by the host copy below before the device had written it.
+  const bool async = non_blocking && is_cuda();
+  Tensor result = src.expand(sizes()).to(device(), dtype(), async);
+  raw_copy(result, *this, async);
   bump_version();
   impl_->grad_fn = result.grad_fn();
   impl_->output_nr = result.output_nr();

@@ -41,7 +41,7 @@ View broadcast_view(const Tensor& t, const Shape& shape) {
   return v;
 }
 
-Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
+static Tensor allocate_tensor(const Shape& shape, DType dtype, Device device, Allocator& alloc) {
   int64_t numel = 1, nbytes_signed = 0;
   for (int64_t s : shape) {
     KILN_CHECK(s >= 0, "empty: sizes must be non-negative, got {}", shape.str());
@@ -51,13 +51,35 @@ Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
   KILN_CHECK(!__builtin_mul_overflow(numel, itemsize(dtype), &nbytes_signed) && nbytes_signed < (int64_t{1} << 60),
              "empty: shape {} of {} needs more bytes than any device has", shape.str(), dtype_name(dtype));
   size_t nbytes = static_cast<size_t>(nbytes_signed);
-  Allocator& alloc = backend_for(device).allocator(device.index);
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(alloc.allocate(nbytes), nbytes, device, &alloc);
   impl->sizes = shape;
   impl->strides = contiguous_strides(shape);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
+}
+
+Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
+  return allocate_tensor(shape, dtype, device, backend_for(device).allocator(device.index));
+}
+
+Tensor empty_tensor(const Shape& shape, const TensorOptions& options) {
+  if (!options.pinned_memory()) return empty_tensor(shape, options.dtype(), options.device());
+  KILN_CHECK(options.device().is_cpu(),
+             "pinned_memory: only CPU tensors can be pinned (pinned memory is host memory that a GPU copies "
+             "from and to directly); this one would be on {}. Drop pinned_memory(true) for device tensors",
+             options.device().str());
+  return empty_pinned(shape, options.dtype(), "pinned_memory");
+}
+
+Tensor empty_pinned(const Shape& shape, DType dtype, const char* op) {
+  KILN_CHECK(cuda::is_available(),
+             "{}: pinned memory is page-locked host memory for copies to and from a CUDA device, and no CUDA "
+             "device is usable here (cuda::is_available() is false); use ordinary CPU tensors",
+             op);
+  Allocator* pinned = cuda::backend().host_allocator();
+  KILN_CHECK(pinned != nullptr, "{}: the CUDA backend has no pinned host allocator", op);
+  return allocate_tensor(shape, dtype, Device::cpu(), *pinned);
 }
 
 void check_same_device(const char* op, const Tensor& a, const Tensor& b) {

@@ -18,6 +18,12 @@ View broadcast_view(const Tensor& t, const Shape& shape);
 
 // A new contiguous tensor, uninitialized, on `device`.
 Tensor empty_tensor(const Shape& shape, DType dtype, Device device);
+// The same from options' dtype and device, in pinned host memory when options.pinned_memory() (an
+// Error unless the device is the CPU and a CUDA device is usable); requires_grad is the caller's.
+Tensor empty_tensor(const Shape& shape, const TensorOptions& options);
+// A new contiguous CPU tensor in pinned host memory; `op` names the caller in the Error raised
+// where no CUDA device is usable.
+Tensor empty_pinned(const Shape& shape, DType dtype, const char* op);
 
 // "add: expected all tensors on one device, got cpu and cuda:0 (move one with .to(device))"
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);

@@ -13,12 +13,19 @@ static Tensor finish(Tensor t, const TensorOptions& options) {
   return t;
 }
 
+// For the factories that build on the CPU and move the result: pinned when options ask for it.
+static Tensor pinned_if_asked(Tensor t, const TensorOptions& options) {
+  if (!options.pinned_memory()) return t;
+  (void)empty_tensor({0}, options);  // the same checks and Errors as the other factories
+  return pin_memory(t);
+}
+
 Tensor empty(const Shape& shape, TensorOptions options) {
-  return finish(empty_tensor(shape, options.dtype(), options.device()), options);
+  return finish(empty_tensor(shape, options), options);
 }
 
 Tensor full(const Shape& shape, const Scalar& value, TensorOptions options) {
-  Tensor t = empty_tensor(shape, options.dtype(), options.device());
+  Tensor t = empty_tensor(shape, options);
   backend_for(t.device()).fill(view_of(t), value, stream_for(t.device()));
   return finish(t, options);
 }
@@ -46,7 +53,7 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, std::o
 
 Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
   KILN_CHECK(steps >= 0, "linspace: steps must be non-negative, got {}", steps);
-  Tensor t = empty_tensor({steps}, options.dtype(), options.device());
+  Tensor t = empty_tensor({steps}, options);
   double step = steps > 1 ? (end - start) / static_cast<double>(steps - 1) : 0;
   backend_for(t.device()).arange(view_of(t), start, step, stream_for(t.device()));
   return finish(t, options);
@@ -55,7 +62,7 @@ Tensor linspace(double start, double end, int64_t steps, TensorOptions options) 
 Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
   int64_t cols = m.value_or(n);
   KILN_CHECK(n >= 0 && cols >= 0, "eye: sizes must be non-negative, got {} x {}", n, cols);
-  Tensor t = zeros({n, cols}, TensorOptions(options.dtype()).device(options.device()));
+  Tensor t = zeros({n, cols}, options.requires_grad(false));
   Tensor diag = as_strided(t, {std::min(n, cols)}, {cols + 1}, 0);
   backend_for(t.device()).fill(view_of(diag), 1, stream_for(t.device()));
   return finish(t, options);
@@ -63,7 +70,7 @@ Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
 
 static Tensor random_tensor(RandomKind kind, const Shape& shape, double a, double b,
                             TensorOptions options, Generator* gen) {
-  Tensor t = empty_tensor(shape, options.dtype(), options.device());
+  Tensor t = empty_tensor(shape, options);
   auto state = (gen ? *gen : default_generator()).reserve(t.numel());
   backend_for(t.device()).random(kind, view_of(t), state.seed, state.offset, a, b, stream_for(t.device()));
   return finish(t, options);
@@ -106,7 +113,7 @@ Tensor randperm(int64_t n, TensorOptions options, Generator* gen) {
   std::vector<int64_t> perm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) perm[i] = i;
   for (int64_t i = n - 1; i > 0; --i) std::swap(perm[i], perm[k[i] % (i + 1)]);
-  return from_vector(perm, {n}).to(options.device(), options.dtype());
+  return pinned_if_asked(from_vector(perm, {n}).to(options.device(), options.dtype()), options);
 }
 
 Tensor empty_like(const Tensor& t) { return empty(t.sizes(), t.options()); }
@@ -122,7 +129,7 @@ Tensor randint_like(const Tensor& t, int64_t low, int64_t high, Generator* gen) 
 Tensor tensor(std::initializer_list<double> values, TensorOptions options) {
   std::vector<double> v(values);
   Tensor t = from_vector(v, {static_cast<int64_t>(v.size())}).to(options.device(), options.dtype());
-  return finish(t, options);
+  return finish(pinned_if_asked(t, options), options);
 }
 
 Tensor tensor(std::initializer_list<std::initializer_list<double>> rows, TensorOptions options) {
@@ -134,7 +141,7 @@ Tensor tensor(std::initializer_list<std::initializer_list<double>> rows, TensorO
     v.insert(v.end(), row.begin(), row.end());
   }
   Tensor t = from_vector(v, {static_cast<int64_t>(rows.size()), cols}).to(options.device(), options.dtype());
-  return finish(t, options);
+  return finish(pinned_if_asked(t, options), options);
 }
 
 template <typename T>

@@ -1,6 +1,8 @@
-// ops/linalg.cpp: matmul with PyTorch's rank rules, and mm/bmm. One kernel entry does the work:
+// ops/linalg.cpp: matmul with PyTorch's rank rules, mm/bmm, and addmm (bias + a @ b, the bias possibly
+// in the GEMM's epilogue: Backend::matmul_bias). One kernel entry does the rest of the work:
 // c[..., M, N] = a[..., M, K] @ b[..., K, N] with batch dims already broadcast (stride 0), so a
 // transposed or expanded operand is never copied here.
+#include "core/grad_mode.h"
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -87,6 +89,74 @@ Tensor mm(const Tensor& a, const Tensor& b) {
   KILN_CHECK(a.dim() == 2 && b.dim() == 2, "mm: expects 2-D matrices, got shapes {} and {}; use matmul",
              a.sizes().str(), b.sizes().str());
   return matmul(a, b);
+}
+
+// The checks of addmm and addmm_out, under `op`'s name.
+static void check_addmm(const char* op, const Tensor& bias, const Tensor& a, const Tensor& b) {
+  KILN_CHECK(a.dim() == 2 && b.dim() == 2, "{}: expects 2-D matrices, got shapes {} and {}; use matmul", op,
+             a.sizes().str(), b.sizes().str());
+  KILN_CHECK(a.size(1) == b.size(0),
+             "{}: shapes {} and {} cannot be multiplied: dim 1 of the first ({}) must equal dim 0 of the second ({})",
+             op, paren(a.sizes()), paren(b.sizes()), a.size(1), b.size(0));
+  check_same_device(op, a, b);
+  check_same_device(op, bias, a);
+  KILN_CHECK(a.dtype() == b.dtype() && bias.dtype() == a.dtype(),
+             "{}: expects one dtype, got {} (bias), {} and {}; convert with .to(dtype)", op, dtype_name(bias.dtype()),
+             dtype_name(a.dtype()), dtype_name(b.dtype()));
+  const Shape shape{a.size(0), b.size(1)};
+  KILN_CHECK(broadcast_shapes(bias.sizes(), shape, op) == shape,
+             "{}: the bias of shape {} cannot be broadcast to the product's shape {}", op, bias.sizes().str(),
+             shape.str());
+}
+
+Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
+  check_addmm("addmm_out", bias, a, b);
+  const Shape shape{a.size(0), b.size(1)};
+  KILN_CHECK(out.sizes() == shape && out.dtype() == a.dtype() && out.device() == a.device(),
+             "addmm_out: out must be a {} tensor of shape {} on {}, got {} of shape {} on {}", dtype_name(a.dtype()),
+             shape.str(), a.device().str(), dtype_name(out.dtype()), out.sizes().str(), out.device().str());
+  KILN_CHECK(!should_record({bias, a, b}),
+             "addmm_out: writing into out records no gradient (as PyTorch's out= forms); call addmm, or run this "
+             "under NoGradGuard");
+  check_no_internal_overlap(out, "addmm_out");
+  Backend& backend = backend_for(a.device());
+  const Stream s = stream_for(a.device());
+  if (bias.dim() == 1 && bias.size(0) == shape[1]) {  // what a backend may fuse
+    const Tensor bc = bias.contiguous();
+    if (backend.matmul_bias(view_of(a), view_of(b), view_of(bc), view_of(out), s)) {
+      out.bump_version();
+      return out;
+    }
+  }
+  backend.matmul(view_of(a), view_of(b), view_of(out), s);
+  Tensor target = out;
+  target.add_(bias);  // bumps the version
+  return out;
+}
+
+Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b) {
+  if (autocast::is_enabled(a.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Addmm, a.device()}) return addmm(ac.cast(bias), ac.cast(a), ac.cast(b));
+  }
+  check_addmm("addmm", bias, a, b);
+  Tensor out = empty_tensor({a.size(0), b.size(1)}, a.dtype(), a.device());
+  {
+    NoGradGuard no_grad;
+    addmm_out(out, bias, a, b);
+  }
+  if (should_record({bias, a, b})) {
+    record("AddmmBackward", {bias, a, b}, {out},
+           [sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),
+            sb = SavedTensor(a.requires_grad() ? b : Tensor(), false),
+            bias_shape = bias.sizes()](const Grads& g) -> TensorList {
+             TensorList r(3);
+             if (g.needs_grad(0)) r[0] = g[0].sizes() == bias_shape ? g[0] : sum_to(g[0], bias_shape);
+             if (g.needs_grad(1)) r[1] = matmul(g[0], sb.unpack("AddmmBackward").mT());  // dA = dC B^T
+             if (g.needs_grad(2)) r[2] = matmul(sa.unpack("AddmmBackward").mT(), g[0]);  // dB = A^T dC
+             return r;
+           });
+  }
+  return out;
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {

@@ -62,7 +62,8 @@ Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device = De
 // ---- copy.cpp ----
 Tensor contiguous(const Tensor& t);
 Tensor clone(const Tensor& t);
-Tensor to(const Tensor& t, Device device, DType dtype);
+Tensor to(const Tensor& t, Device device, DType dtype, bool non_blocking = false);
+Tensor pin_memory(const Tensor& t);
 Tensor detach(const Tensor& t);
 
 // ---- views.cpp (share storage with their input) ----
@@ -167,6 +168,12 @@ Tensor sum_to(const Tensor& x, const Shape& shape);  // undoes broadcasting: sum
 Tensor matmul(const Tensor& a, const Tensor& b);  // PyTorch's rank rules, broadcast batch dims
 Tensor mm(const Tensor& a, const Tensor& b);      // 2-D only
 Tensor bmm(const Tensor& a, const Tensor& b);     // 3-D only, equal batch
+// bias + a @ b (PyTorch's addmm with beta = alpha = 1): a and b 2-D, bias broadcast to the product's
+// shape, one dtype. A 1-D bias may be added in the GEMM's epilogue (Backend::matmul_bias).
+Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b);
+// The same written into `out` (of the product's shape, dtype and device; any strides), which it
+// returns. Like PyTorch's out= forms it records no gradient: an Error where one would be recorded.
+Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b);
 
 // ---- softmax.cpp ----
 Tensor softmax(const Tensor& x, int64_t dim);

@@ -48,6 +48,22 @@ def main():
             reps = max(2, int(2e12 / flop / (20 if dtype == torch.float32 and not tf32 else 1)))
             report("gemm", name, str(n), time_per_call(lambda: torch.matmul(a, b), min(reps, 200)), "tflops", flop / 1e3)
     torch.backends.cuda.matmul.allow_tf32 = False
+    for name, dtype in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        tokens, d_in, d_out = (2048 if quick else 8192), 768, 3072
+        x = torch.randn(tokens, d_in, device=dev, generator=g).to(dtype)
+        w = torch.randn(d_out, d_in, device=dev, generator=g).to(dtype)
+        bias = torch.randn(d_out, device=dev, generator=g).to(dtype)
+        report("linear", name, f"{tokens}x768x3072", time_per_call(lambda: F.linear(x, w, bias), 100), "tflops",
+               2.0 * tokens * d_in * d_out / 1e3)
+    count = 1 << 24
+    pageable = torch.randn(count, generator=torch.Generator().manual_seed(0))
+    pinned = pageable.pin_memory()
+    dev_t = pinned.to(dev)
+    report("h2d", "pageable", "64MiB", time_per_call(lambda: pageable.to(dev), 20), "gbps", 4.0 * count)
+    report("h2d", "pinned", "64MiB", time_per_call(lambda: pinned.to(dev, non_blocking=True), 20), "gbps", 4.0 * count)
+    report("d2h", "pageable", "64MiB", time_per_call(lambda: dev_t.to("cpu"), 20), "gbps", 4.0 * count)
+    report("d2h", "pinned", "64MiB", time_per_call(lambda: dev_t.to("cpu", non_blocking=True), 20), "gbps",
+           4.0 * count)
 
     n = (1 << 24) if quick else (1 << 26)
     f = 4.0

@@ -63,9 +63,14 @@ std::string Work::describe() const { return state_ ? state_->what : "(nothing)";
 
 // ---- shared pieces ----
 
+// The host copy is pinned memory (Note [pinned host memory] in cuda/host_allocator.cpp): the copy in
+// runs at the copy engines' speed without the driver's staging, and the copy back is queued on the
+// waiting thread's current stream without the host waiting for it (Note [non_blocking copies] in
+// cuda/copy.cpp), which orders later work there after it, as wait() promises.
 Tensor Staging::host(const Tensor& t, bool copy_in, bool copy_out) {
   if (t.device().is_cpu()) return t;
-  Tensor h = copy_in ? t.to(Device::cpu()) : empty(t.sizes(), TensorOptions(t.dtype()));
+  Tensor h = empty(t.sizes(), TensorOptions(t.dtype()).pinned_memory(true));
+  if (copy_in) h.copy_(t.detach());  // synchronous: MPI reads h next
   if (copy_out) copy_back.emplace_back(t, h);
   return h;
 }
@@ -73,7 +78,8 @@ Tensor Staging::host(const Tensor& t, bool copy_in, bool copy_out) {
 std::function<void()> Staging::finisher() {
   if (copy_back.empty()) return {};
   return [pairs = std::move(copy_back)] {
-    for (auto [dev, h] : pairs) dev.copy_(h);  // Tensors are handles: the copies write into the originals
+    // Tensors are handles: the copies write into the originals.
+    for (auto [dev, h] : pairs) dev.copy_(h, /*non_blocking=*/true);
   };
 }
 

@@ -38,7 +38,8 @@ class Work {
   explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
   // Blocks until the operation is complete; rethrows its Error. Staged results (CUDA tensors on
-  // the MPI backend) land in their tensors here. On the NCCL backend it does not block the host
+  // the MPI backend) are copied back into their tensors here, queued on the current CUDA stream
+  // (so kernels queued after wait(), and copies to the host, see them). On the NCCL backend it does not block the host
   // (PyTorch's semantics): it makes the current CUDA stream wait for the operation, so kernels
   // queued after it, and copies to the host, see the result; an Error already known is rethrown.
   void wait() const;

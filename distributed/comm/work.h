@@ -37,8 +37,9 @@ struct Work::State {
   std::function<bool()> query;
 };
 
-// A CPU tensor standing in for t: t itself on the CPU, else a host copy (of t's values when
-// copy_in) whose contents go back into t when the Work is waited on (when copy_out).
+// A CPU tensor standing in for t: t itself on the CPU, else a pinned host copy (of t's values when
+// copy_in) whose contents go back into t when the Work is waited on (when copy_out), queued on the
+// waiting thread's current stream.
 struct Staging {
   std::vector<std::pair<Tensor, Tensor>> copy_back;  // (device tensor, host tensor)
   Tensor host(const Tensor& t, bool copy_in, bool copy_out);

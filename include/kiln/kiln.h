@@ -8,6 +8,7 @@
 #pragma once
 
 #include "autograd/autograd.h"
+#include "core/deterministic.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
 #include "core/tensor.h"

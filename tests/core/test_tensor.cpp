@@ -104,6 +104,29 @@ TEST_CASE("devices: parsing, and CUDA without a GPU is an Error, not a crash") {
   test::check_error([&] { auto keep = zeros({2}) + on_gpu; }, {"add", "one device", "cpu", "cuda:0"});
 }
 
+TEST_CASE("pin_memory and non_blocking: CPU copies are plain copies; pinning needs a usable GPU") {
+  Tensor x = test::sample({5});
+  CHECK_FALSE(x.is_pinned());
+  CHECK(x.to(Device::cpu(), /*non_blocking=*/true).is_same(x));
+  Tensor wide = x.to(Device::cpu(), kFloat64, /*non_blocking=*/true);
+  test::check_equal(wide, x.to(kFloat64));
+  Tensor y = zeros({2, 5});
+  y.copy_(x, /*non_blocking=*/true);  // broadcast into both rows
+  test::check_equal(y, x.expand({2, 5}));
+  test::check_error([] { (void)empty({2}, TensorOptions(Device::cuda(0)).pinned_memory(true)); },
+                    {"pinned_memory", "only CPU tensors", "cuda:0"});
+  if (cuda::is_available()) {  // a GPU machine: tests/cuda/test_cuda_pinned.cpp has the rest
+    CHECK(x.pin_memory().is_pinned());
+  } else {
+    test::check_error([&] { (void)x.pin_memory(); },
+                      {"pin_memory", "no CUDA device is usable", "ordinary CPU tensors"});
+    test::check_error([] { (void)zeros({3}, TensorOptions().pinned_memory(true)); },
+                      {"pinned_memory", "no CUDA device"});
+    test::check_error([] { (void)tensor({1, 2}, TensorOptions().pinned_memory(true)); },
+                      {"pinned_memory", "no CUDA device"});
+  }
+}
+
 TEST_CASE("the CPU allocator is 64-byte aligned and its statistics return to baseline") {
   MemoryStats before = memory::stats(Device::cpu());
   {

@@ -45,16 +45,18 @@ double relative_error(const Tensor& a, const Tensor& b) {
 }
 }  // namespace
 
-TEST_CASE("the CUDA flash attention kernel (float16, bfloat16) matches a float64 composition", "[gpu][attention]") {
-  // Inputs rounded to the 16-bit dtype first; the reference composes in float64 from those values, so
-  // what remains is the kernel's own rounding: P, dS and the results held in 16 bits (unit roundoff
-  // 2^-8 for bfloat16, 2^-11 for float16). A wrong index or mask gives errors of order 1.
+TEST_CASE("the CUDA flash attention kernels (float16, bfloat16, float32) match a float64 composition",
+          "[gpu][attention]") {
+  // Inputs rounded to the dtype first; the reference composes in float64 from those values, so what
+  // remains is the kernel's own rounding: P, dS and the results held in 16 bits (unit roundoff 2^-8
+  // for bfloat16, 2^-11 for float16), or float32 sums and exponentials. A wrong index or mask gives
+  // errors of order 1.
   Generator gen(11);
   struct Case {
     int64_t L, S, D;
   };
-  for (DType dt : {kBFloat16, kFloat16}) {
-    const double bound = dt == kBFloat16 ? 2e-2 : 4e-3;
+  for (DType dt : {kBFloat16, kFloat16, kFloat32}) {
+    const double bound = dt == kBFloat16 ? 2e-2 : dt == kFloat16 ? 4e-3 : 1e-5;
     for (Case c : {Case{1, 1, 32}, Case{7, 7, 64}, Case{65, 65, 96}, Case{200, 200, 128}, Case{130, 70, 64},
                    Case{70, 130, 64}, Case{256, 256, 64}}) {
       for (bool causal : {false, true}) {
@@ -120,18 +122,19 @@ TEST_CASE("GPT on cuda:0: logits and gradients equal the CPU's", "[gpu][gpt]") {
   }
 }
 
-TEST_CASE("activation offload (SaveOnCpu) on cuda:0: same gradients, activations held on the host", "[gpu][offload]") {
+TEST_CASE("activation offload (SaveOnCpu) on cuda:0: same gradients, activations held on the host, pinned or not",
+          "[gpu][offload]") {
   GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 64, .block_size = 32, .vocab_size = 50};
   GPT model(c);
   model.to(kGpu);
   Tensor idx = randint(0, 50, {8, 32}).to(kGpu), targets = randint(0, 50, {8, 32}).to(kGpu);
-  auto run = [&](bool offload, int64_t* held, int64_t* bytes) {
+  auto run = [&](bool offload, int64_t* held, int64_t* bytes, bool pin = false) {
     model.zero_grad();
     const int64_t before = memory::stats(kGpu).allocated_bytes;
     Tensor loss;
     {
       std::optional<autograd::SaveOnCpu> guard;
-      if (offload) guard.emplace();
+      if (offload) guard.emplace(pin);
       loss = GPT::loss(model(idx), targets);
       if (bytes) *bytes = guard ? guard->offloaded_bytes() : 0;
     }
@@ -147,4 +150,12 @@ TEST_CASE("activation offload (SaveOnCpu) on cuda:0: same gradients, activations
   CHECK(bytes > 0);
   CHECK(held_offload < held_plain / 2);
   for (size_t i = 0; i < plain.size(); ++i) test::check_close(offloaded[i], plain[i], {1e-6, 1e-7});
+  // Pinned: the copies are queued without the host waiting (Note [non_blocking copies]).
+  const int64_t pinned_before = cuda::host_memory_stats().allocated_bytes;
+  int64_t held_pinned = 0, bytes_pinned = 0;
+  auto pinned = run(true, &held_pinned, &bytes_pinned, /*pin=*/true);
+  CHECK(bytes_pinned == bytes);
+  CHECK(held_pinned < held_plain / 2);
+  CHECK(cuda::host_memory_stats().allocated_bytes == pinned_before);  // the host copies are gone after backward
+  for (size_t i = 0; i < plain.size(); ++i) test::check_close(pinned[i], plain[i], {1e-6, 1e-7});
 }

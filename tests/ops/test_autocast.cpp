@@ -38,6 +38,8 @@ std::vector<Case> cases() {
       {"matmul", [](DType d) { return V{s({3, 4}, d), s({4, 5}, d, 1)}; },
        [](const V& v) { return matmul(v[0], v[1]); }},
       {"mm", [](DType d) { return V{s({3, 4}, d), s({4, 5}, d, 1)}; }, [](const V& v) { return mm(v[0], v[1]); }},
+      {"addmm", [](DType d) { return V{s({5}, d, 2), s({3, 4}, d), s({4, 5}, d, 1)}; },
+       [](const V& v) { return addmm(v[0], v[1], v[2]); }},
       {"bmm", [](DType d) { return V{s({2, 3, 4}, d), s({2, 4, 5}, d, 1)}; },
        [](const V& v) { return bmm(v[0], v[1]); }},
       {"linear", [](DType d) { return V{s({3, 4}, d), s({5, 4}, d, 1), s({5}, d, 2)}; },

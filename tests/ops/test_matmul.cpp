@@ -3,7 +3,8 @@
 // wherever the CPU has AVX-512, against a float64 product of the same values: every element within
 // the rounding-error bound of a float32 dot product of length k. Shapes cover the tile edges (8 x 48),
 // several packed blocks of k (512) and of n (4,128), transposed and strided operands, batches,
-// accumulation into c, and results that do not depend on the thread count.
+// accumulation into c, and results that do not depend on the thread count. Also addmm (bias + a @ b,
+// which nn::linear uses), against the same bound, with its gradients and errors.
 #include <cmath>
 
 #include "cpu/kernels.h"
@@ -123,4 +124,52 @@ TEST_CASE("float32 matmul does not depend on the thread count") {
     }
     test::check_equal(one, two);
   }
+}
+
+TEST_CASE("addmm: bias + a @ b against float64, its gradients, and its errors") {
+  Tensor a = values({37, 53}, 0.1), b = values({53, 29}, 0.2).t().contiguous().t();  // b transposed in memory
+  Tensor bias = values({29}, 0.3);
+  check_product(addmm(bias, a, b), a, b, bias.expand({37, 29}));
+  Tensor full_bias = values({37, 29}, 0.4);  // any broadcastable bias
+  check_product(addmm(full_bias, a, b), a, b, full_bias);
+  check_product(addmm(values({37, 1}, 0.5), a, b), a, b, values({37, 1}, 0.5).expand({37, 29}));
+  // nn::linear goes through addmm for a contiguous input of any rank.
+  Tensor x = values({3, 5, 53}, 0.6), w = values({29, 53}, 0.7);
+  test::check_close(nn::linear(x, w, bias), matmul(x, w.t()) + bias, {1e-5, 1e-6});
+  // Gradients in float64, a bias of each shape.
+  auto f64 = [](const Shape& s, double seed) { return test::sample(s, kFloat64, seed).requires_grad_(true); };
+  for (const Shape& bias_shape : {Shape{6}, Shape{4, 6}, Shape{4, 1}}) {
+    INFO("bias " << bias_shape.str());
+    CHECK(autograd::gradcheck([](const autograd::TensorList& in) { return autograd::TensorList{addmm(in[0], in[1], in[2])}; },
+                              {f64(bias_shape, 0.1), f64({4, 5}, 0.2), f64({5, 6}, 0.3)}));
+  }
+  test::check_error([&] { (void)addmm(bias, a, a); }, {"addmm", "(37, 53)", "cannot be multiplied"});
+  test::check_error([&] { (void)addmm(values({30}, 0.1), a, b); }, {"addmm", "[30]", "cannot be broadcast", "[37, 29]"});
+  test::check_error([&] { (void)addmm(bias.to(kFloat64), a, b); }, {"addmm", "one dtype", "float64"});
+  test::check_error([&] { (void)addmm(bias, values({2, 3, 4}, 0.1), b); }, {"addmm", "2-D", "[2, 3, 4]"});
+  // addmm_out: into any strided out, no gradient recorded.
+  Tensor out = zeros({29, 37}).t();
+  CHECK(addmm_out(out, bias, a, b).is_same(out));
+  check_product(out, a, b, bias.expand({37, 29}));
+  test::check_error([&] { (void)addmm_out(zeros({37, 30}), bias, a, b); }, {"addmm_out", "[37, 29]", "[37, 30]"});
+  Tensor leaf = values({37, 53}, 0.1).requires_grad_(true);
+  test::check_error([&] { (void)addmm_out(zeros({37, 29}), bias, leaf, b); }, {"addmm_out", "no gradient", "addmm"});
+}
+
+TEST_CASE("nn::linear through addmm: a fresh output (in-place ops recordable), any rank, in_features 0") {
+  Tensor x = values({2, 3, 5}, 0.1).requires_grad_(true), w = values({4, 5}, 0.2).requires_grad_(true);
+  Tensor bias = values({4}, 0.3).requires_grad_(true);
+  Tensor y = nn::linear(x, w, bias);
+  y.relu_();  // an in-place op on the output, recorded
+  y.sum().backward();
+  Tensor x2 = x.detach().requires_grad_(true), w2 = w.detach().requires_grad_(true), b2 = bias.detach().requires_grad_(true);
+  relu(matmul(x2, w2.t()) + b2).sum().backward();
+  test::check_close(x.grad(), x2.grad(), {1e-6, 1e-6});
+  test::check_close(w.grad(), w2.grad(), {1e-6, 1e-6});
+  test::check_close(bias.grad(), b2.grad(), {1e-6, 1e-6});
+  // No input features: the output is the bias, as before.
+  test::check_equal(nn::linear(zeros({3, 0}), zeros({4, 0}), bias.detach()), bias.detach().expand({3, 4}));
+  // A bias of another dtype still adds (the composed path).
+  test::check_close(nn::linear(values({3, 5}, 0.1), values({4, 5}, 0.2), values({4}, 0.3).to(kFloat64)),
+                    matmul(values({3, 5}, 0.1), values({4, 5}, 0.2).t()) + values({4}, 0.3), {1e-6, 1e-6});
 }
