@@ -163,6 +163,8 @@ const std::vector<OpRow>& op_table() {
       binary("matmul", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::matmul(a, b); }),
       binary("mm", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::mm(a, b); }),
       binary("bmm", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::bmm(a, b); }),
+      {"addmm", D::GradGrad,
+       [](const TensorList& in, const GoldenCase&) { return TensorList{kiln::addmm(in.at(0), in.at(1), in.at(2))}; }},
       unary_args("softmax", D::GradGrad,
                  [](const Tensor& x, const GoldenCase& c) { return kiln::softmax(x, c.integer("dim")); }),
       unary_args("log_softmax", D::GradGrad,
