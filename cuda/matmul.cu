@@ -23,15 +23,17 @@
 // cuBLASLt's first heuristic answer for the pointers' alignment and a workspace of at most
 // kLtWorkspace bytes; where there is none, or the operands do not fit (a bias not 16-byte aligned
 // among them), or cublasLtMatmul refuses, it returns false and the caller (ops::addmm_out) composes
-// matmul and add. The descriptors and the heuristic's answer are made afresh on every call (a few
-// microseconds of host time; a cache keyed by shape, dtype, layout and alignment would save it).
+// matmul and add. The heuristic's answer is cached per shape, dtype, layout and alignment; the
+// descriptors are made afresh on every call (host-side mallocs only).
 #include <cublasLt.h>
 
 #include <atomic>
 #include <climits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <tuple>
 #include <vector>
 
 #include "cuda/context.h"
@@ -304,6 +306,27 @@ void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAtt
   KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)));
 }
 
+struct LtKey {
+  int device;
+  int64_t dtype;
+  bool tf32, ta, tb;
+  int64_t M, N, K, lda, ldb;
+  uint32_t align_a, align_b, align_c, align_bias;  // of cuBLASLt's A (our b), B (our a), C = D, and the bias
+  auto tie() const {
+    return std::tie(device, dtype, tf32, ta, tb, M, N, K, lda, ldb, align_a, align_b, align_c, align_bias);
+  }
+  bool operator<(const LtKey& o) const { return tie() < o.tie(); }
+};
+// nullopt: cuBLASLt had no algorithm for the key. Never destroyed, like the handles.
+std::map<LtKey, std::optional<cublasLtMatmulHeuristicResult_t>>& lt_cache() {
+  static auto* cache = new std::map<LtKey, std::optional<cublasLtMatmulHeuristicResult_t>>();
+  return *cache;
+}
+std::mutex& lt_cache_mutex() {
+  static std::mutex m;
+  return m;
+}
+
 }  // namespace
 
 bool matmul_bias_launch(const View& a, const View& b, const View& bias, const View& c, int device, const Stream& s) {
@@ -333,26 +356,46 @@ bool matmul_bias_launch(const View& a, const View& b, const View& bias, const Vi
   const MatrixLayout la = tb ? layout(type, K, N, ldb) : layout(type, N, K, ldb);
   const MatrixLayout lb = ta ? layout(type, M, K, lda) : layout(type, K, M, lda);
   const MatrixLayout ld = layout(type, N, M, N);
-  cublasLtMatmulPreference_t raw_pref = nullptr;
-  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
-  const Preference pref(raw_pref, &cublasLtMatmulPreferenceDestroy);
-  set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kLtWorkspace));
-  set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment_of(b.data));
-  set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment_of(a.data));
-  set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment_of(c.data));
-  set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment_of(c.data));
   cublasLtHandle_t handle = lt_handle(device);
-  cublasLtMatmulHeuristicResult_t best{};
-  int found = 0;
-  const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, la.get(), lb.get(), ld.get(), ld.get(),
-                                                              raw_pref, 1, &best, &found);
-  if (asked != CUBLAS_STATUS_SUCCESS || found == 0) return false;  // e.g. CUBLAS_STATUS_NOT_SUPPORTED
-  DeviceBuffer workspace(device, std::max<size_t>(best.workspaceSize, 1));
+  // The heuristic's answer, once per (device, dtype, TF32, transposes, sizes, leading dimensions,
+  // alignments, the bias's among them, which the heuristic reads from the descriptor): it depends on
+  // nothing else, and asking costs more host time than the descriptors.
+  const LtKey key{device, static_cast<int64_t>(c.dtype), tf32, ta, tb, M, N, K, lda, ldb,
+                  alignment_of(b.data), alignment_of(a.data), alignment_of(c.data), alignment_of(bias.data)};
+  std::optional<cublasLtMatmulHeuristicResult_t> best;
+  {
+    std::lock_guard<std::mutex> lock(lt_cache_mutex());
+    auto it = lt_cache().find(key);
+    if (it != lt_cache().end()) {
+      if (!it->second) return false;  // cuBLASLt had nothing for these
+      best = *it->second;
+    }
+  }
+  if (!best) {
+    cublasLtMatmulPreference_t raw_pref = nullptr;
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
+    const Preference pref(raw_pref, &cublasLtMatmulPreferenceDestroy);
+    set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kLtWorkspace));
+    set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
+    set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
+    set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
+    set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, la.get(), lb.get(), ld.get(),
+                                                                ld.get(), raw_pref, 1, &result, &found);
+    const bool usable = asked == CUBLAS_STATUS_SUCCESS && found > 0;  // else e.g. CUBLAS_STATUS_NOT_SUPPORTED
+    std::lock_guard<std::mutex> lock(lt_cache_mutex());
+    lt_cache().emplace(key, usable ? std::optional(result) : std::nullopt);
+    if (!usable) return false;
+    best = result;
+  }
+  DeviceBuffer workspace(device, std::max<size_t>(best->workspaceSize, 1));
   const float alpha = 1, beta = 0;
   // A refusal here (an algorithm that turns out not to run these sizes, say) leaves c to the
   // caller's composed path, which overwrites all of it.
   return cublasLtMatmul(handle, raw_desc, &alpha, b.data, la.get(), a.data, lb.get(), &beta, c.data, ld.get(), c.data,
-                        ld.get(), &best.algo, workspace.data(), best.workspaceSize, stream_of(s)) == CUBLAS_STATUS_SUCCESS;
+                        ld.get(), &best->algo, workspace.data(), best->workspaceSize, stream_of(s)) == CUBLAS_STATUS_SUCCESS;
 }
 
 void matmul_launch(const View& a, const View& b, const View& c, int device, const Stream& s) {
