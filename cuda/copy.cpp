@@ -146,53 +146,23 @@ void copy_within_device(const View& src, const View& dst, const Stream& s) {
   copy_on_device(src, dst, s);
 }
 
-// The non-blocking cases of Note [non_blocking copies]; false when the copy must take the
-// synchronous path instead.
-bool try_host_to_device_async(const View& src, const View& dst, int device, const Stream& s) {
+// host -> device. With non_blocking, see Note [non_blocking copies]: `async` decides whether the end
+// of the copy is a wait, or an event that keeps the pinned block until the stream gets there.
+void copy_host_to_device(const View& src, const View& dst, int device, const Stream& s, bool non_blocking) {
   const cudaStream_t stream = stream_of(s);
-  const View src_c = compact(src);
-  const auto bytes = static_cast<size_t>(nbytes(src_c));
-  if (stream != current_stream_handle(device) || !src_c.is_contiguous()) return false;
-  if (!is_pinned_host(src_c.data, bytes)) return false;
-  if (src.dtype == dst.dtype && src_c.sizes == dst.sizes && dst.is_contiguous()) {
-    KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src_c.data, bytes, cudaMemcpyHostToDevice, stream));
-  } else {
-    // The staging buffer goes back to the allocator at once: it is reused only by later work on
-    // this same stream, which runs after the conversion.
-    DeviceBuffer staged(device, bytes);
-    KILN_CUDA_CHECK(cudaMemcpyAsync(staged.data(), src_c.data, bytes, cudaMemcpyHostToDevice, stream));
-    copy_on_device(expand_contiguous(staged.data(), src.dtype, src), dst, s);
-  }
-  record_host_use(src_c.data, stream);  // after the transfer is queued, so its event follows it
-  return true;
-}
-
-bool try_device_to_host_async(const View& src, int device, const View& dst, const Stream& s) {
-  const cudaStream_t stream = stream_of(s);
-  const View src_c = compact(src);
-  const auto bytes = static_cast<size_t>(src_c.numel() * itemsize(dst.dtype));
-  if (stream != current_stream_handle(device) || src_c.sizes != dst.sizes || !dst.is_contiguous()) return false;
-  if (!is_pinned_host(dst.data, bytes)) return false;
-  if (src.dtype == dst.dtype && src_c.is_contiguous()) {
-    KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src_c.data, bytes, cudaMemcpyDeviceToHost, stream));
-  } else {
-    DeviceBuffer staged(device, bytes);  // as above: reused only after this stream's later work
-    copy_on_device(src_c, contiguous_like(staged.data(), dst.dtype, src_c.sizes), s);
-    KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, staged.data(), bytes, cudaMemcpyDeviceToHost, stream));
-  }
-  record_host_use(dst.data, stream);
-  return true;
-}
-
-void copy_host_to_device(const View& src, const View& dst, int device, const Stream& s) {
-  const cudaStream_t stream = stream_of(s);
+  const View src_c = compact(src);  // the distinct elements of src
+  const bool async = non_blocking && stream == current_stream_handle(device) && src_c.is_contiguous() &&
+                     is_pinned_host(src_c.data, static_cast<size_t>(nbytes(src_c)));
+  auto finish = [&] {  // after everything is queued
+    if (async) return record_host_use(src_c.data, stream);
+    sync(stream);  // before the caller's memory, host_buffer and the staging buffer go
+  };
   if (plain(src, dst)) {
     KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(nbytes(dst)),
                                     cudaMemcpyHostToDevice, stream));
-    return sync(stream);
+    return finish();
   }
   // The distinct elements of src, contiguous on the host.
-  const View src_c = compact(src);
   std::vector<unsigned char> host_buffer;
   const void* host = src.data;
   if (!src_c.is_contiguous()) {
@@ -203,35 +173,44 @@ void copy_host_to_device(const View& src, const View& dst, int device, const Str
   if (src.dtype == dst.dtype && src_c.sizes == dst.sizes && dst.is_contiguous()) {
     KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, host, static_cast<size_t>(nbytes(dst)),
                                     cudaMemcpyHostToDevice, stream));
-    return sync(stream);
+    return finish();
   }
+  // Without a wait the staging buffer goes back to the allocator at once: it is reused only by later
+  // work on this same stream, which runs after the conversion.
   DeviceBuffer staged(device, static_cast<size_t>(nbytes(src_c)));
   KILN_CUDA_CHECK(cudaMemcpyAsync(staged.data(), host, static_cast<size_t>(nbytes(src_c)),
                                   cudaMemcpyHostToDevice, stream));
   copy_on_device(expand_contiguous(staged.data(), src.dtype, src), dst, s);
-  sync(stream);  // before host_buffer and the staging buffer go
+  finish();
 }
 
-void copy_device_to_host(const View& src, int device, const View& dst, const Stream& s) {
+// device -> host; non_blocking as above.
+void copy_device_to_host(const View& src, int device, const View& dst, const Stream& s, bool non_blocking) {
   const cudaStream_t stream = stream_of(s);
+  const View src_c = compact(src);
+  const auto bytes = static_cast<size_t>(src_c.numel() * itemsize(dst.dtype));
+  const bool async = non_blocking && stream == current_stream_handle(device) && src_c.sizes == dst.sizes &&
+                     dst.is_contiguous() && is_pinned_host(dst.data, bytes);
+  auto finish = [&] {
+    if (async) return record_host_use(dst.data, stream);
+    sync(stream);
+  };
   if (plain(src, dst)) {
     KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, src.data, static_cast<size_t>(nbytes(dst)),
                                     cudaMemcpyDeviceToHost, stream));
-    return sync(stream);
+    return finish();
   }
   // The distinct elements of src, converted to dst's dtype and contiguous on the device.
-  const View src_c = compact(src);
   std::optional<DeviceBuffer> staged;
   const void* dev = src.data;
   if (src.dtype != dst.dtype || !src_c.is_contiguous()) {
-    staged.emplace(device, static_cast<size_t>(src_c.numel() * itemsize(dst.dtype)));
+    staged.emplace(device, bytes);
     copy_on_device(src_c, contiguous_like(staged->data(), dst.dtype, src_c.sizes), s);
     dev = staged->data();
   }
-  const auto bytes = static_cast<size_t>(src_c.numel() * itemsize(dst.dtype));
   if (src_c.sizes == dst.sizes && dst.is_contiguous()) {
     KILN_CUDA_CHECK(cudaMemcpyAsync(dst.data, dev, bytes, cudaMemcpyDeviceToHost, stream));
-    return sync(stream);
+    return finish();
   }
   std::vector<unsigned char> host_buffer(bytes);
   KILN_CUDA_CHECK(cudaMemcpyAsync(host_buffer.data(), dev, bytes, cudaMemcpyDeviceToHost, stream));
@@ -289,12 +268,10 @@ void copy_between(const View& src_in, Device src_device, const View& dst, Device
   }
   if (src_device.is_cuda()) {
     DeviceGuard guard(src_device.index, "copy");
-    if (non_blocking && try_device_to_host_async(src, src_device.index, dst, s)) return;
-    return copy_device_to_host(src, src_device.index, dst, s);
+    return copy_device_to_host(src, src_device.index, dst, s, non_blocking);
   }
   DeviceGuard guard(dst_device.index, "copy");
-  if (non_blocking && try_host_to_device_async(src, dst, dst_device.index, s)) return;
-  copy_host_to_device(src, dst, dst_device.index, s);
+  copy_host_to_device(src, dst, dst_device.index, s, non_blocking);
 }
 
 }  // namespace kiln::cuda

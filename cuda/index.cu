@@ -218,26 +218,27 @@ class KeyGroups {
   DeviceBuffer table_;
 };
 
-// See Note [deterministic index_add].
-void index_add_deterministic(const View& out, int dim, const View& index, const View& src, const Stream& s) {
-  const int64_t m = src.sizes[dim], size = out.sizes[dim];
-  // The index on the host, its negative entries wrapped and every entry checked.
-  std::vector<int64_t> idx(static_cast<size_t>(m));
-  View host_index;
-  host_index.data = idx.data();
-  host_index.dtype = kInt64;
-  host_index.sizes = {m};
-  host_index.strides = {1};
-  View device_index = index;
-  if (device_index.ndim() == 0) {  // one entry
-    device_index.sizes = {1};
-    device_index.strides = {0};
-  }
-  copy_between(device_index, s.device, host_index, Device::cpu(), s);  // synchronous
+// The index's entries on the host, in row-major order (one synchronizing copy), each checked
+// against `size` and, if negative, wrapped, as the atomic kernels do.
+std::vector<int64_t> index_on_host(const View& index, int64_t size, const char* op, int dim, const Stream& s) {
+  std::vector<int64_t> idx(static_cast<size_t>(index.numel()));
+  View host;
+  host.data = idx.data();
+  host.dtype = kInt64;
+  host.sizes = index.sizes;
+  host.strides = contiguous_strides(index.sizes);
+  copy_between(index, s.device, host, Device::cpu(), s);
   for (int64_t& k : idx) {
-    KILN_CHECK(k >= -size && k < size, "index_add: index {} is out of bounds for dim {} with size {}", k, dim, size);
+    KILN_CHECK(k >= -size && k < size, "{}: index {} is out of bounds for dim {} with size {}", op, k, dim, size);
     if (k < 0) k += size;
   }
+  return idx;
+}
+
+// See Note [deterministic index_add].
+void index_add_deterministic(const View& out, int dim, const View& index, const View& src, const Stream& s) {
+  const int64_t m = src.sizes[dim];
+  const std::vector<int64_t> idx = index_on_host(index, out.sizes[dim], "index_add", dim, s);
   // The positions j grouped by target row (keys), in increasing j.
   std::vector<int64_t> positions(static_cast<size_t>(m));
   std::iota(positions.begin(), positions.end(), int64_t{0});
@@ -275,14 +276,8 @@ void scatter_deterministic(const View& out, int dim, const View& index, const Vi
                            const Stream& s) {
   const char* name = accumulate ? "scatter_add" : "scatter";
   const int nd = index.ndim();
-  const int64_t m = index.numel(), size = out.sizes[dim];
-  std::vector<int64_t> idx(static_cast<size_t>(m));
-  View host_index;
-  host_index.data = idx.data();
-  host_index.dtype = kInt64;
-  host_index.sizes = index.sizes;
-  host_index.strides = contiguous_strides(index.sizes);
-  copy_between(index, s.device, host_index, Device::cpu(), s);  // synchronous
+  const int64_t m = index.numel();
+  const std::vector<int64_t> idx = index_on_host(index, out.sizes[dim], name, dim, s);
   // Each element's target in out and source in src, in row-major order of the index (the CPU's).
   std::vector<int64_t> target(static_cast<size_t>(m)), source(static_cast<size_t>(m));
   for (int64_t p = 0; p < m; ++p) {
@@ -293,10 +288,7 @@ void scatter_deterministic(const View& out, int dim, const View& index, const Vi
       os += c * src.strides[d];
       if (d != dim) ot += c * out.strides[d];
     }
-    int64_t k = idx[p];
-    KILN_CHECK(k >= -size && k < size, "{}: index {} is out of bounds for dim {} with size {}", name, k, dim, size);
-    if (k < 0) k += size;
-    target[p] = ot + k * out.strides[dim];
+    target[p] = ot + idx[p] * out.strides[dim];
     source[p] = os;
   }
   const KeyGroups groups(target, source, s);

@@ -63,23 +63,33 @@ Tensor empty_tensor(const Shape& shape, DType dtype, Device device) {
   return allocate_tensor(shape, dtype, device, backend_for(device).allocator(device.index));
 }
 
-Tensor empty_tensor(const Shape& shape, const TensorOptions& options) {
-  if (!options.pinned_memory()) return empty_tensor(shape, options.dtype(), options.device());
-  KILN_CHECK(options.device().is_cpu(),
-             "pinned_memory: only CPU tensors can be pinned (pinned memory is host memory that a GPU copies "
-             "from and to directly); this one would be on {}. Drop pinned_memory(true) for device tensors",
-             options.device().str());
-  return empty_pinned(shape, options.dtype(), "pinned_memory");
-}
-
-Tensor empty_pinned(const Shape& shape, DType dtype, const char* op) {
+// The pinned host allocator, for a tensor that would be on `device`; `op` names the caller in the
+// Errors: a device tensor, or no usable CUDA device.
+static Allocator& pinned_allocator(Device device, const char* op) {
+  KILN_CHECK(device.is_cpu(),
+             "{}: only CPU tensors can be pinned (pinned memory is host memory that a GPU copies from and to "
+             "directly); this one would be on {}. Drop pinned_memory(true) for device tensors",
+             op, device.str());
   KILN_CHECK(cuda::is_available(),
              "{}: pinned memory is page-locked host memory for copies to and from a CUDA device, and no CUDA "
              "device is usable here (cuda::is_available() is false); use ordinary CPU tensors",
              op);
   Allocator* pinned = cuda::backend().host_allocator();
   KILN_CHECK(pinned != nullptr, "{}: the CUDA backend has no pinned host allocator", op);
-  return allocate_tensor(shape, dtype, Device::cpu(), *pinned);
+  return *pinned;
+}
+
+Tensor empty_tensor(const Shape& shape, const TensorOptions& options) {
+  if (!options.pinned_memory()) return empty_tensor(shape, options.dtype(), options.device());
+  return allocate_tensor(shape, options.dtype(), Device::cpu(), pinned_allocator(options.device(), "pinned_memory"));
+}
+
+Tensor empty_pinned(const Shape& shape, DType dtype, const char* op) {
+  return allocate_tensor(shape, dtype, Device::cpu(), pinned_allocator(Device::cpu(), op));
+}
+
+void check_pinned_memory(const TensorOptions& options) {
+  if (options.pinned_memory()) (void)pinned_allocator(options.device(), "pinned_memory");
 }
 
 void check_same_device(const char* op, const Tensor& a, const Tensor& b) {

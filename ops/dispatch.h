@@ -24,6 +24,8 @@ Tensor empty_tensor(const Shape& shape, const TensorOptions& options);
 // A new contiguous CPU tensor in pinned host memory; `op` names the caller in the Error raised
 // where no CUDA device is usable.
 Tensor empty_pinned(const Shape& shape, DType dtype, const char* op);
+// The Errors empty_tensor(shape, options) would raise for options' pinned_memory, without allocating.
+void check_pinned_memory(const TensorOptions& options);
 
 // "add: expected all tensors on one device, got cpu and cuda:0 (move one with .to(device))"
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);

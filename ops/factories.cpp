@@ -13,11 +13,10 @@ static Tensor finish(Tensor t, const TensorOptions& options) {
   return t;
 }
 
-// For the factories that build on the CPU and move the result: pinned when options ask for it.
-static Tensor pinned_if_asked(Tensor t, const TensorOptions& options) {
-  if (!options.pinned_memory()) return t;
-  (void)empty_tensor({0}, options);  // the same checks and Errors as the other factories
-  return pin_memory(t);
+// For the factories that build on the CPU and move the result: pinned when options ask for it
+// (checked first, with the other factories' Errors, by check_pinned_memory).
+static Tensor pinned_if_asked(const Tensor& t, const TensorOptions& options) {
+  return options.pinned_memory() ? pin_memory(t) : t;
 }
 
 Tensor empty(const Shape& shape, TensorOptions options) {
@@ -107,6 +106,7 @@ Tensor dropout(const Tensor& input, double p, bool train, Generator* gen) {
 
 Tensor randperm(int64_t n, TensorOptions options, Generator* gen) {
   KILN_CHECK(n >= 0, "randperm: n must be non-negative, got {}", n);
+  check_pinned_memory(options);
   // Fisher-Yates on the host, drawing one Philox word pair per swap; the result is then moved.
   Tensor keys = randint(0, std::numeric_limits<int32_t>::max(), {n}, kInt64, gen);
   const int64_t* k = keys.data_ptr<int64_t>();
@@ -127,12 +127,14 @@ Tensor randint_like(const Tensor& t, int64_t low, int64_t high, Generator* gen) 
 }
 
 Tensor tensor(std::initializer_list<double> values, TensorOptions options) {
+  check_pinned_memory(options);
   std::vector<double> v(values);
   Tensor t = from_vector(v, {static_cast<int64_t>(v.size())}).to(options.device(), options.dtype());
   return finish(pinned_if_asked(t, options), options);
 }
 
 Tensor tensor(std::initializer_list<std::initializer_list<double>> rows, TensorOptions options) {
+  check_pinned_memory(options);
   std::vector<double> v;
   const int64_t cols = rows.size() ? static_cast<int64_t>(rows.begin()->size()) : 0;
   for (const auto& row : rows) {

@@ -109,6 +109,24 @@ static void check_addmm(const char* op, const Tensor& bias, const Tensor& a, con
              shape.str());
 }
 
+// out = bias + a @ b for checked operands, recording nothing: the bias in the GEMM's epilogue where the
+// backend can (Backend::matmul_bias), else matmul and add_.
+static void addmm_into(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
+  Backend& backend = backend_for(a.device());
+  const Stream s = stream_for(a.device());
+  if (bias.dim() == 1 && bias.size(0) == out.size(1)) {  // what a backend may fuse
+    const Tensor bc = bias.contiguous();
+    if (backend.matmul_bias(view_of(a), view_of(b), view_of(bc), view_of(out), s)) {
+      out.bump_version();
+      return;
+    }
+  }
+  backend.matmul(view_of(a), view_of(b), view_of(out), s);
+  NoGradGuard no_grad;
+  Tensor target = out;
+  target.add_(bias);  // bumps the version
+}
+
 Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
   check_addmm("addmm_out", bias, a, b);
   const Shape shape{a.size(0), b.size(1)};
@@ -119,18 +137,7 @@ Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const T
              "addmm_out: writing into out records no gradient (as PyTorch's out= forms); call addmm, or run this "
              "under NoGradGuard");
   check_no_internal_overlap(out, "addmm_out");
-  Backend& backend = backend_for(a.device());
-  const Stream s = stream_for(a.device());
-  if (bias.dim() == 1 && bias.size(0) == shape[1]) {  // what a backend may fuse
-    const Tensor bc = bias.contiguous();
-    if (backend.matmul_bias(view_of(a), view_of(b), view_of(bc), view_of(out), s)) {
-      out.bump_version();
-      return out;
-    }
-  }
-  backend.matmul(view_of(a), view_of(b), view_of(out), s);
-  Tensor target = out;
-  target.add_(bias);  // bumps the version
+  addmm_into(out, bias, a, b);
   return out;
 }
 
@@ -140,10 +147,7 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b) {
   }
   check_addmm("addmm", bias, a, b);
   Tensor out = empty_tensor({a.size(0), b.size(1)}, a.dtype(), a.device());
-  {
-    NoGradGuard no_grad;
-    addmm_out(out, bias, a, b);
-  }
+  addmm_into(out, bias, a, b);
   if (should_record({bias, a, b})) {
     record("AddmmBackward", {bias, a, b}, {out},
            [sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),

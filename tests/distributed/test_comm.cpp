@@ -46,6 +46,12 @@ WorldInfo world_info_with(std::initializer_list<std::pair<const char*, const cha
     return it == env.end() ? nullptr : it->second.c_str();
   });
 }
+// The fields a launcher's variables decide, checked one by one.
+void check_world(const WorldInfo& w, const std::string& launcher, int rank, int size) {
+  CHECK(w.launcher == launcher);
+  CHECK(w.rank == rank);
+  CHECK(w.size == size);
+}
 }  // namespace
 
 TEST_CASE("comm: world_info reads srun's variables, node by node", "[distributed]") {
@@ -53,9 +59,7 @@ TEST_CASE("comm: world_info reads srun's variables, node by node", "[distributed
   WorldInfo w = world_info_with({{"SLURM_PROCID", "5"}, {"SLURM_STEP_NUM_TASKS", "11"}, {"SLURM_LOCALID", "1"},
                                  {"SLURM_NODEID", "1"}, {"SLURM_STEP_TASKS_PER_NODE", "4(x2),3"},
                                  {"SLURM_NTASKS", "12"}});
-  CHECK(w.launcher == "srun");
-  CHECK(w.rank == 5);
-  CHECK(w.size == 11);  // the step's tasks, not the allocation's
+  check_world(w, "srun", 5, 11);  // the size is the step's tasks, not the allocation's
   CHECK(w.local_rank == 1);
   CHECK(w.local_size == 4);
   w = world_info_with({{"SLURM_PROCID", "10"}, {"SLURM_STEP_NUM_TASKS", "11"}, {"SLURM_LOCALID", "2"},
@@ -68,9 +72,7 @@ TEST_CASE("comm: world_info reads srun's variables, node by node", "[distributed
 
   // A batch script has SLURM_PROCID and SLURM_NTASKS but is one process, not a task of a step.
   w = world_info_with({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "4"}, {"SLURM_LOCALID", "0"}, {"SLURM_NODEID", "0"}});
-  CHECK(w.launcher == "none");
-  CHECK(w.rank == 0);
-  CHECK(w.size == 1);
+  check_world(w, "none", 0, 1);
 
   // mpirun's variables win over Slurm's (mpirun inside an allocation); torchrun's are read too.
   w = world_info_with({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"}, {"SLURM_PROCID", "0"},
@@ -79,20 +81,15 @@ TEST_CASE("comm: world_info reads srun's variables, node by node", "[distributed
   CHECK(w.rank == 2);
   CHECK(w.local_size == 3);
   w = world_info_with({{"RANK", "3"}, {"WORLD_SIZE", "8"}, {"LOCAL_RANK", "1"}, {"LOCAL_WORLD_SIZE", "4"}});
-  CHECK(w.launcher == "torchrun");
-  CHECK(w.rank == 3);
+  check_world(w, "torchrun", 3, 8);
   CHECK(w.local_rank == 1);
   CHECK(w.local_size == 4);
   // Half a pair is no launcher, and leaves nothing behind (rank 3 of 1 would be an Error).
   w = world_info_with({{"SLURM_PROCID", "3"}});
-  CHECK(w.launcher == "none");
-  CHECK(w.rank == 0);
-  CHECK(w.size == 1);
+  check_world(w, "none", 0, 1);
   // MPICH's mpiexec under Slurm: its ranks carry the proxy's SLURM_PROCID (the node) too; PMI wins.
   w = world_info_with({{"PMI_RANK", "5"}, {"PMI_SIZE", "8"}, {"SLURM_PROCID", "1"}, {"SLURM_STEP_NUM_TASKS", "2"}});
-  CHECK(w.launcher == "pmi");
-  CHECK(w.rank == 5);
-  CHECK(w.size == 8);
+  check_world(w, "pmi", 5, 8);
 }
 
 TEST_CASE("comm: a launcher's environment that does not add up is an Error naming it", "[distributed]") {
