@@ -5,6 +5,8 @@
 //               read once and each output written once (the fewest bytes the op must move)
 //   adamw       one optimizer step over 16 float32 tensors of 2^22 elements (torch: foreach), and
 //   adamw_fused the same with fused = true (torch: fused=True)
+//   linear      y = x W^T + b, GPT-2's MLP up-projection (torch: F.linear); TFLOP/s of the GEMM
+//   linear_gelu gelu(x W^T + b), tanh form, the same sizes (torch: F.gelu(F.linear(...), approximate="tanh"))
 // Timing: warm-up calls, then batches of calls between two device synchronizations; the result is
 // the median over batches of the time per call.
 //   bench_cuda_ops [--quick]
@@ -88,6 +90,11 @@ int main(int argc, char** argv) {
     const double flop = 2.0 * tokens * in * out;
     report("linear", std::string(dtype_name(dt)), std::to_string(tokens) + "x768x3072",
            time_per_call([&] { y = nn::linear(x, w, bias); }, 100), "tflops", flop / 1e3);
+    // The same GEMM with the GELU after it, as nn::GeluMLP runs it: addmm_gelu, bias and GELU in the
+    // epilogue (Note [cuBLASLt GELU epilogue]). Forward only, no graph recorded.
+    const Tensor wt = w.t();
+    report("linear_gelu", std::string(dtype_name(dt)), std::to_string(tokens) + "x768x3072",
+           time_per_call([&] { y = addmm_gelu(bias, x, wt, "tanh"); }, 100), "tflops", flop / 1e3);
   }
   // ---- host <-> device copies of 64 MiB: pageable, and pinned with non_blocking ----
   {

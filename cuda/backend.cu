@@ -82,6 +82,11 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(s.device.index, "addmm");
     return matmul_bias_launch(a, b, bias, c, s.device.index, s);
   }
+  bool matmul_bias_gelu(const View& a, const View& b, const View& bias, const View& c, const View& pre,
+                        const Stream& s) override {
+    DeviceGuard guard(s.device.index, "addmm_gelu");
+    return matmul_bias_gelu_launch(a, b, bias, c, pre, s.device.index, s);
+  }
   void softmax(const View& in, const View& out, int dim, bool log, const Stream& s) override {
     DeviceGuard guard(s.device.index, log ? "log_softmax" : "softmax");
     softmax_launch(in, out, dim, log, s);

@@ -40,6 +40,10 @@ void softmax_launch(const View& in, const View& out, int dim, bool log, const St
 void matmul_launch(const View& a, const View& b, const View& c, int device, const Stream& s);
 // Backend::matmul_bias: c = a @ b + bias through cuBLASLt's bias epilogue, or false.
 bool matmul_bias_launch(const View& a, const View& b, const View& bias, const View& c, int device, const Stream& s);
+// Backend::matmul_bias_gelu: c = gelu_tanh(a @ b + bias), pre = a @ b + bias, through cuBLASLt's
+// GELU_AUX_BIAS epilogue, or false.
+bool matmul_bias_gelu_launch(const View& a, const View& b, const View& bias, const View& c, const View& pre,
+                             int device, const Stream& s);
 
 // index.cu. Indices are checked on the device; a bad one is an Error after the kernel (which
 // synchronizes the stream: see Note [index checks on the device] in index.cu).

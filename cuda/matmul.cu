@@ -25,6 +25,16 @@
 // among them), or cublasLtMatmul refuses, it returns false and the caller (ops::addmm_out) composes
 // matmul and add. The heuristic's answer is cached per shape, dtype, layout and alignment; the
 // descriptors are made afresh on every call (host-side mallocs only).
+//
+// Note [cuBLASLt GELU epilogue]
+// A GPT MLP's first layer is gelu(x W^T + b). With CUBLASLT_EPILOGUE_GELU_AUX_BIAS the same GEMM
+// adds the bias, applies GELU (the tanh form, the only one cuBLASLt has) and writes two matrices
+// from registers: the output and, through the epilogue's aux pointer, the GELU's input x W^T + b,
+// which the backward needs (ops::addmm_gelu saves it). That replaces a GEMM plus a pass that reads
+// y and writes gelu(y + b) (ops::bias_gelu), so one read of the largest activation of the block is
+// saved in the forward. The aux matrix has D's layout (leading dimension N, which cuBLASLt wants
+// divisible by 8); N % 8 != 0, like every other misfit above, returns false and the caller
+// composes. Both epilogues share lt_matmul below and its heuristic cache (the epilogue in the key).
 #include <cublasLt.h>
 
 #include <atomic>
@@ -309,11 +319,14 @@ void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAtt
 struct LtKey {
   int device;
   int64_t dtype;
+  cublasLtEpilogue_t epilogue;
   bool tf32, ta, tb;
   int64_t M, N, K, lda, ldb;
-  uint32_t align_a, align_b, align_c, align_bias;  // of cuBLASLt's A (our b), B (our a), C = D, and the bias
+  // of cuBLASLt's A (our b), B (our a), C = D, the bias and the aux matrix (1 when there is none)
+  uint32_t align_a, align_b, align_c, align_bias, align_aux;
   auto tie() const {
-    return std::tie(device, dtype, tf32, ta, tb, M, N, K, lda, ldb, align_a, align_b, align_c, align_bias);
+    return std::tie(device, dtype, epilogue, tf32, ta, tb, M, N, K, lda, ldb, align_a, align_b, align_c, align_bias,
+                    align_aux);
   }
   bool operator<(const LtKey& o) const { return tie() < o.tie(); }
 };
@@ -327,9 +340,10 @@ std::mutex& lt_cache_mutex() {
   return m;
 }
 
-}  // namespace
-
-bool matmul_bias_launch(const View& a, const View& b, const View& bias, const View& c, int device, const Stream& s) {
+// c = a @ b + bias with `epilogue` (BIAS, or GELU_AUX_BIAS writing the GELU's input to aux, a view
+// shaped as c or null), or false, having done nothing: the shared body of the two launches below.
+bool lt_matmul(const View& a, const View& b, const View& bias, const View& c, const View* aux,
+               cublasLtEpilogue_t epilogue, int device, const Stream& s) {
   if (c.dtype != kFloat32 && c.dtype != kFloat16 && c.dtype != kBFloat16) return false;
   if (a.ndim() != 2 || b.ndim() != 2 || c.ndim() != 2 || bias.ndim() != 1) return false;
   if (a.dtype != c.dtype || b.dtype != c.dtype || bias.dtype != c.dtype) return false;
@@ -337,6 +351,12 @@ bool matmul_bias_launch(const View& a, const View& b, const View& bias, const Vi
   if (M == 0 || N == 0 || K == 0 || bias.sizes[0] != N || (N > 1 && bias.strides[0] != 1)) return false;
   // The bias has no alignment preference to tell the heuristic: ask for 16 bytes (a fresh tensor has 512).
   if (!c.is_contiguous() || alignment_of(bias.data) < 16) return false;
+  if (aux) {  // D's layout, its leading dimension N divisible by 8 (cublasLt.h, EPILOGUE_AUX_LD)
+    if (aux->dtype != c.dtype || aux->ndim() != 2 || aux->sizes[0] != M || aux->sizes[1] != N ||
+        !aux->is_contiguous() || N % 8 != 0 || alignment_of(aux->data) < 16) {
+      return false;
+    }
+  }
   bool ta = false, tb = false;
   int64_t lda = 0, ldb = 0;
   if (!blas_layout(M, K, a.strides[0], a.strides[1], ta, lda) || !blas_layout(K, N, b.strides[0], b.strides[1], tb, ldb)) {
@@ -351,8 +371,12 @@ bool matmul_bias_launch(const View& a, const View& b, const View& bias, const Vi
   const MatmulDesc desc(raw_desc, &cublasLtMatmulDescDestroy);
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, tb ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
-  set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+  set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias.data);
+  if (aux) {
+    set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, aux->data);
+    set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, N);
+  }
   const MatrixLayout la = tb ? layout(type, K, N, ldb) : layout(type, N, K, ldb);
   const MatrixLayout lb = ta ? layout(type, M, K, lda) : layout(type, K, M, lda);
   const MatrixLayout ld = layout(type, N, M, N);
@@ -360,8 +384,9 @@ bool matmul_bias_launch(const View& a, const View& b, const View& bias, const Vi
   // The heuristic's answer, once per (device, dtype, TF32, transposes, sizes, leading dimensions,
   // alignments, the bias's among them, which the heuristic reads from the descriptor): it depends on
   // nothing else, and asking costs more host time than the descriptors.
-  const LtKey key{device, static_cast<int64_t>(c.dtype), tf32, ta, tb, M, N, K, lda, ldb,
-                  alignment_of(b.data), alignment_of(a.data), alignment_of(c.data), alignment_of(bias.data)};
+  const LtKey key{device, static_cast<int64_t>(c.dtype), epilogue, tf32, ta, tb, M, N, K, lda, ldb,
+                  alignment_of(b.data), alignment_of(a.data), alignment_of(c.data), alignment_of(bias.data),
+                  aux ? alignment_of(aux->data) : 1};
   std::optional<cublasLtMatmulHeuristicResult_t> best;
   {
     std::lock_guard<std::mutex> lock(lt_cache_mutex());
@@ -396,6 +421,17 @@ bool matmul_bias_launch(const View& a, const View& b, const View& bias, const Vi
   // caller's composed path, which overwrites all of it.
   return cublasLtMatmul(handle, raw_desc, &alpha, b.data, la.get(), a.data, lb.get(), &beta, c.data, ld.get(), c.data,
                         ld.get(), &best->algo, workspace.data(), best->workspaceSize, stream_of(s)) == CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+bool matmul_bias_launch(const View& a, const View& b, const View& bias, const View& c, int device, const Stream& s) {
+  return lt_matmul(a, b, bias, c, nullptr, CUBLASLT_EPILOGUE_BIAS, device, s);
+}
+
+bool matmul_bias_gelu_launch(const View& a, const View& b, const View& bias, const View& c, const View& pre,
+                             int device, const Stream& s) {
+  return lt_matmul(a, b, bias, c, &pre, CUBLASLT_EPILOGUE_GELU_AUX_BIAS, device, s);
 }
 
 void matmul_launch(const View& a, const View& b, const View& c, int device, const Stream& s) {

@@ -6,7 +6,6 @@
 #include "core/grad_mode.h"
 #include "nn/functional.h"
 #include "nn/init.h"
-#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln::nn {
@@ -169,11 +168,15 @@ GeluMLP::GeluMLP(int64_t n_embd, TransformerOptions options)
 
 Tensor GeluMLP::forward(const Tensor& x) {
   Tensor a;
-  if (c_fc.bias.defined() && !c_fc.has_forward_hooks() && !autocast::is_enabled(x.device().type)) {
-    // c_fc's bias add goes into the GELU's pass: ops::bias_gelu (fused while fusion is on). Skipped
-    // when c_fc has hooks, which must see its output, and under autocast, where the bias is cast
-    // with the GEMM's operands.
-    a = bias_gelu(linear(x, c_fc.weight), c_fc.bias, gelu_approximate);
+  if (c_fc.bias.defined() && !c_fc.has_forward_hooks() && x.dim() >= 2) {
+    // c_fc's bias add and the GELU in one op, ops::addmm_gelu: on CUDA in the tanh form both run in
+    // the GEMM's epilogue (Note [cuBLASLt GELU epilogue] in cuda/matmul.cu), elsewhere the GEMM
+    // and bias_gelu's one pass (fused while fusion is on). Skipped when c_fc has hooks, which must
+    // see its output.
+    const Tensor rows = x.reshape({-1, x.size(-1)});
+    Shape shape = x.sizes();
+    shape[shape.size() - 1] = c_fc.weight.size(0);
+    a = addmm_gelu(c_fc.bias, rows, c_fc.weight.t(), gelu_approximate).view(shape);
   } else {
     a = gelu(c_fc(x), gelu_approximate);
   }

@@ -47,6 +47,7 @@ constexpr Row kTable[] = {
     {Op::Matmul,                       "matmul",                            kLower,   kLower},
     {Op::Mm,                           "mm",                                kLower,   kLower},
     {Op::Addmm,                        "addmm",                             kLower,   kLower},
+    {Op::AddmmGelu,                    "addmm_gelu",                        kLower,   kLower},
     {Op::Bmm,                          "bmm",                               kLower,   kLower},
     {Op::Linear,                       "linear",                            kLower,   kLower},
     {Op::Conv1d,                       "conv1d",                            kLower,   kLower},

@@ -2,6 +2,8 @@
 // a tensor, broadcast views, and output allocation.
 #pragma once
 
+#include <string_view>
+
 #include "core/backend.h"
 #include "core/tensor.h"
 
@@ -35,5 +37,14 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b);
 // read while x is written) is read from a copy instead.
 void check_no_internal_overlap(const Tensor& self, const char* op);
 Tensor unaliased(const Tensor& operand, const Tensor& self);
+
+// GELU's pieces shared by gelu, bias_gelu (elementwise.cpp) and addmm_gelu (linalg.cpp):
+// whether `approximate` ("none" or "tanh", else an Error naming `op`) is the tanh form, and
+// grad * gelu'(x), one fused pass while fusion is on and no create_graph backward is running,
+// else the formula as differentiable ops.
+inline namespace ops {
+bool parse_gelu_approximate(std::string_view approximate, const char* op);
+Tensor gelu_backward(const Tensor& grad, const Tensor& x, bool tanh_form);
+}  // namespace ops
 
 }  // namespace kiln

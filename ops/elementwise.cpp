@@ -272,12 +272,22 @@ Tensor gelu_derivative(const Tensor& x, bool tanh_form) {
   return cdf + x * pdf;
 }
 
+}  // namespace
+
 bool parse_gelu_approximate(std::string_view approximate, const char* op) {
   KILN_CHECK(approximate == "none" || approximate == "tanh", "{}: approximate must be \"none\" or \"tanh\", got \"{}\"",
              op, approximate);
   return approximate == "tanh";
 }
-}  // namespace
+
+Tensor gelu_backward(const Tensor& grad, const Tensor& x, bool tanh_form) {
+  // One fused pass with fusion on, unless the backward is itself differentiated (create_graph).
+  if (fused_backward()) {
+    return binary_forward(tanh_form ? BinaryOp::GeluTanhBackward : BinaryOp::GeluErfBackward, grad, x,
+                          result_type(grad, x), 1, "gelu backward");
+  }
+  return grad * gelu_derivative(x, tanh_form);
+}
 
 Tensor gelu(const Tensor& x, std::string_view approximate) {
   const bool tanh_form = parse_gelu_approximate(approximate, "gelu");
@@ -285,13 +295,8 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
   // core/scalar_math.h), unless it is itself being differentiated (create_graph): then the same
   // formula as ops, so that it has a gradient of its own; likewise with fusion off (set_fusion).
   return with_input_grad(float_unary(tanh_form ? UnaryOp::GeluTanh : UnaryOp::GeluErf, x, "gelu"), x,
-                         "GeluBackward", [tanh_form](const Tensor& g, const Tensor& x) {
-                           if (fused_backward()) {
-                             return binary_forward(tanh_form ? BinaryOp::GeluTanhBackward : BinaryOp::GeluErfBackward,
-                                                   g, x, result_type(g, x), 1, "gelu backward");
-                           }
-                           return g * gelu_derivative(x, tanh_form);
-                         });
+                         "GeluBackward",
+                         [tanh_form](const Tensor& g, const Tensor& x) { return gelu_backward(g, x, tanh_form); });
 }
 
 Tensor bias_gelu(const Tensor& input, const Tensor& bias, std::string_view approximate) {
@@ -316,7 +321,7 @@ Tensor bias_gelu(const Tensor& input, const Tensor& bias, std::string_view appro
            [xs = SavedTensor(x, false), bs = SavedTensor(b, false), tanh_form](const Grads& g) -> TensorList {
              Tensor xv = xs.unpack("BiasGeluBackward"), bv = bs.unpack("BiasGeluBackward");
              if (GradMode::is_enabled()) {  // create_graph: as ops, differentiable again
-               Tensor gi = g[0] * gelu_derivative(xv + bv, tanh_form);
+               Tensor gi = gelu_backward(g[0], xv + bv, tanh_form);  // the formula as ops here
                return {gi, g.needs_grad(1) ? gi.sum({0}) : Tensor()};
              }
              Tensor go = g[0].contiguous();

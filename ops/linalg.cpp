@@ -1,5 +1,6 @@
-// ops/linalg.cpp: matmul with PyTorch's rank rules, mm/bmm, and addmm (bias + a @ b, the bias possibly
-// in the GEMM's epilogue: Backend::matmul_bias). One kernel entry does the rest of the work:
+// ops/linalg.cpp: matmul with PyTorch's rank rules, mm/bmm, addmm (bias + a @ b, the bias possibly
+// in the GEMM's epilogue: Backend::matmul_bias) and addmm_gelu (gelu(bias + a @ b), bias and GELU
+// possibly in the epilogue: Backend::matmul_bias_gelu). One kernel entry does the rest of the work:
 // c[..., M, N] = a[..., M, K] @ b[..., K, N] with batch dims already broadcast (stride 0), so a
 // transposed or expanded operand is never copied here.
 #include "core/grad_mode.h"
@@ -161,6 +162,51 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b) {
            });
   }
   return out;
+}
+
+Tensor addmm_gelu(const Tensor& bias, const Tensor& a, const Tensor& b, std::string_view approximate) {
+  if (autocast::is_enabled(a.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::AddmmGelu, a.device()}) {
+      return addmm_gelu(ac.cast(bias), ac.cast(a), ac.cast(b), approximate);
+    }
+  }
+  const char* op = "addmm_gelu";
+  const bool tanh_form = parse_gelu_approximate(approximate, op);
+  check_addmm(op, bias, a, b);
+  KILN_CHECK(bias.dim() == 1 && bias.size(0) == b.size(1),
+             "{}: bias must be 1-D with as many elements as the product has columns ({}), got shape {}", op, b.size(1),
+             bias.sizes().str());
+  const int64_t M = a.size(0), N = b.size(1);
+  // The epilogue exists for the tanh form only (cuBLASLt's), and not on the CPU, where no buffers
+  // are made for it; fusion off measures the composition.
+  if (tanh_form && fusion_enabled() && !a.is_cpu() && M > 0 && N > 0 && a.size(1) > 0) {
+    Tensor out = empty_tensor({M, N}, a.dtype(), a.device()), pre = empty_tensor({M, N}, a.dtype(), a.device());
+    const Tensor bc = bias.contiguous();
+    if (backend_for(a.device())
+            .matmul_bias_gelu(view_of(a), view_of(b), view_of(bc), view_of(out), view_of(pre), stream_for(a.device()))) {
+      if (should_record({bias, a, b})) {
+        // Saves the GELU's input pre (written by the same GEMM), not recomputed: as bias_gelu saves
+        // its input, the same bytes.
+        record("AddmmGeluBackward", {bias, a, b}, {out},
+               [sp = SavedTensor(pre, false), sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),
+                sb = SavedTensor(a.requires_grad() ? b : Tensor(), false)](const Grads& g) -> TensorList {
+                 const Tensor gp = gelu_backward(g[0], sp.unpack("AddmmGeluBackward"), /*tanh_form=*/true);
+                 TensorList r(3);
+                 if (g.needs_grad(0)) r[0] = gp.sum({0});
+                 if (g.needs_grad(1)) r[1] = matmul(gp, sb.unpack("AddmmGeluBackward").mT());  // dA = dP B^T
+                 if (g.needs_grad(2)) r[2] = matmul(sa.unpack("AddmmGeluBackward").mT(), gp);  // dB = A^T dP
+                 return r;
+               });
+      }
+      return out;
+    }
+  }
+  // Composed: where bias_gelu has its one fused pass (float32/float64, fusion on), the GEMM and that
+  // pass; else addmm (its bias in the epilogue where the backend can) and gelu.
+  if (fusion_enabled() && (a.dtype() == kFloat32 || a.dtype() == kFloat64)) {
+    return bias_gelu(matmul(a, b), bias, approximate);
+  }
+  return gelu(addmm(bias, a, b), approximate);
 }
 
 Tensor bmm(const Tensor& a, const Tensor& b) {

@@ -55,6 +55,9 @@ def main():
         bias = torch.randn(d_out, device=dev, generator=g).to(dtype)
         report("linear", name, f"{tokens}x768x3072", time_per_call(lambda: F.linear(x, w, bias), 100), "tflops",
                2.0 * tokens * d_in * d_out / 1e3)
+        report("linear_gelu", name, f"{tokens}x768x3072",
+               time_per_call(lambda: F.gelu(F.linear(x, w, bias), approximate="tanh"), 100), "tflops",
+               2.0 * tokens * d_in * d_out / 1e3)
     count = 1 << 24
     pageable = torch.randn(count, generator=torch.Generator().manual_seed(0))
     pinned = pageable.pin_memory()

@@ -2,8 +2,11 @@
 // the bias added in cuBLASLt's epilogue where the operands allow it, and the composed matmul + add
 // where they do not (a broadcast 2-D bias), against the CPU, in float32 (TF32 off and on), float16 and
 // bfloat16, with transposed, misaligned and odd-sized operands; that the fused path runs at all (asked
-// directly); nn::linear on top of it.
+// directly); nn::linear on top of it. Then addmm_gelu (Note [cuBLASLt GELU epilogue]): the epilogue
+// asked directly in each dtype, its refusals, addmm_gelu's values and gradients against the CPU's
+// whichever path it takes, and nn::GeluMLP under bfloat16 autocast.
 #include <cmath>
+#include <functional>
 
 #include "ops/dispatch.h"
 #include "support.h"
@@ -16,6 +19,25 @@ const Device kGpu = Device::cuda(0);
 // The CPU's float32 result for the same (already rounded) values.
 Tensor on_cpu(const Tensor& bias, const Tensor& a, const Tensor& b) {
   return addmm(bias.cpu().to(kFloat32), a.cpu().to(kFloat32), b.cpu().to(kFloat32));
+}
+
+// layer(x, w, bias) for float32 x (x_shape), w (n x x's last dim) and bias (n) on the CPU and on
+// cuda:0 from the same values: the outputs and the three gradients (from a fixed cotangent) agree.
+void check_layer(const std::function<Tensor(const Tensor&, const Tensor&, const Tensor&)>& layer, const Shape& x_shape,
+                 int64_t n, test::Tolerance tol) {
+  Tensor x = test::sample(x_shape, kFloat32, 0.1).requires_grad_(true);
+  Tensor w = test::sample({n, x_shape[x_shape.size() - 1]}, kFloat32, 0.2).requires_grad_(true);
+  Tensor bias = test::sample({n}, kFloat32, 0.3).requires_grad_(true);
+  Tensor xg = x.detach().to(kGpu).requires_grad_(true), wg = w.detach().to(kGpu).requires_grad_(true);
+  Tensor bg = bias.detach().to(kGpu).requires_grad_(true);
+  Tensor y = layer(x, w, bias), yg = layer(xg, wg, bg);
+  Tensor up = test::sample(y.sizes(), kFloat32, 0.4);
+  test::check_close(yg.cpu(), y, tol);
+  (y * up).sum().backward();
+  (yg * up.to(kGpu)).sum().backward();
+  test::check_close(xg.grad().cpu(), x.grad(), tol);
+  test::check_close(wg.grad().cpu(), w.grad(), tol);
+  test::check_close(bg.grad().cpu(), bias.grad(), tol);
 }
 }  // namespace
 
@@ -75,17 +97,74 @@ TEST_CASE("addmm on CUDA: the bias epilogue runs for aligned operands; misaligne
 }
 
 TEST_CASE("nn::linear on CUDA (through addmm) matches the CPU, forward and backward", "[gpu][addmm]") {
-  Tensor x = test::sample({4, 33, 96}, kFloat32, 0.1).requires_grad_(true);
-  Tensor w = test::sample({80, 96}, kFloat32, 0.2).requires_grad_(true);
-  Tensor bias = test::sample({80}, kFloat32, 0.3).requires_grad_(true);
-  Tensor xg = x.detach().to(kGpu).requires_grad_(true), wg = w.detach().to(kGpu).requires_grad_(true);
-  Tensor bg = bias.detach().to(kGpu).requires_grad_(true);
-  Tensor up = test::sample({4, 33, 80}, kFloat32, 0.4);
-  Tensor y = nn::linear(x, w, bias), yg = nn::linear(xg, wg, bg);
-  test::check_close(yg.cpu(), y, {1e-4, 1e-5});
-  (y * up).sum().backward();
-  (yg * up.to(kGpu)).sum().backward();
-  test::check_close(xg.grad().cpu(), x.grad(), {1e-4, 1e-5});
-  test::check_close(wg.grad().cpu(), w.grad(), {1e-4, 1e-5});
-  test::check_close(bg.grad().cpu(), bias.grad(), {1e-4, 1e-5});
+  check_layer([](const Tensor& x, const Tensor& w, const Tensor& b) { return nn::linear(x, w, b); }, {4, 33, 96}, 80,
+              {1e-4, 1e-5});
+}
+
+// ---- addmm_gelu: Note [cuBLASLt GELU epilogue] ----
+
+TEST_CASE("addmm_gelu on CUDA: the GELU epilogue writes gelu(a @ b + bias) and its input", "[gpu][addmm]") {
+  // The fused path itself, asked directly, in each dtype: cuBLASLt must have an algorithm for these.
+  for (DType dt : {kFloat32, kFloat16, kBFloat16}) {
+    INFO(dtype_name(dt));
+    const test::Tolerance tol = dt == kFloat32 ? test::Tolerance{1e-3, 1e-4} : test::Tolerance{2e-2, 2e-2};
+    Tensor a = test::sample({256, 768}, dt, 0.1).to(kGpu), w = test::sample({1024, 768}, dt, 0.2).to(kGpu);
+    Tensor bias = test::sample({1024}, dt, 0.3).to(kGpu);
+    const TensorOptions o = TensorOptions(dt).device(kGpu);
+    Tensor c = empty({256, 1024}, o), pre = empty({256, 1024}, o);
+    REQUIRE(cuda::backend().matmul_bias_gelu(view_of(a), view_of(w.t()), view_of(bias), view_of(c), view_of(pre),
+                                             stream_for(kGpu)));
+    const Tensor expected_pre = on_cpu(bias, a, w.t());
+    test::check_close(pre.cpu().to(kFloat32), expected_pre, tol);
+    test::check_close(c.cpu().to(kFloat32), gelu(expected_pre, "tanh"), tol);
+  }
+  // Declined, having written nothing: n % 8 != 0 (the aux matrix's leading dimension).
+  Tensor a = test::sample({16, 32}, kFloat32, 0.1).to(kGpu), b = test::sample({32, 33}, kFloat32, 0.2).to(kGpu);
+  Tensor bias = test::sample({33}, kFloat32, 0.3).to(kGpu);
+  Tensor c = zeros({16, 33}, TensorOptions().device(kGpu)), pre = zeros({16, 33}, TensorOptions().device(kGpu));
+  CHECK_FALSE(cuda::backend().matmul_bias_gelu(view_of(a), view_of(b), view_of(bias), view_of(c), view_of(pre),
+                                               stream_for(kGpu)));
+  CHECK(c.abs().sum().item<double>() == 0.0);
+}
+
+TEST_CASE("addmm_gelu on CUDA matches the CPU, fused or composed, forward and backward", "[gpu][addmm]") {
+  // tanh with n % 8 == 0 and fusion on: the epilogue; n = 33, the erf form or fusion off: composed.
+  for (const char* approximate : {"tanh", "none"}) {
+    for (int64_t n : {1024, 33}) {
+      for (bool fusion : {true, false}) {
+        INFO(approximate << ", n " << n << ", fusion " << fusion);
+        test::FusionGuard guard(fusion);
+        check_layer([&](const Tensor& x, const Tensor& w, const Tensor& b) { return addmm_gelu(b, x, w.t(), approximate); },
+                    {64, 96}, n, {1e-3, 1e-4});
+      }
+    }
+  }
+}
+
+TEST_CASE("nn::GeluMLP on CUDA under bfloat16 autocast (the GELU epilogue) matches the CPU", "[gpu][addmm]") {
+  nn::GeluMLP cpu_mlp(64, {.gelu_approximate = "tanh"}), gpu_mlp(64, {.gelu_approximate = "tanh"});
+  gpu_mlp.load_state_dict(cpu_mlp.state_dict());
+  gpu_mlp.to(kGpu);
+  Tensor x = test::sample({2, 24, 64}, kFloat32, 0.1), up = test::sample({2, 24, 64}, kFloat32, 0.2);
+  Tensor expected, got;
+  {
+    AutocastGuard ac(DeviceType::CPU, kBFloat16);
+    expected = cpu_mlp.forward(x);
+  }
+  {
+    AutocastGuard ac(DeviceType::CUDA, kBFloat16);
+    got = gpu_mlp.forward(x.to(kGpu));
+  }
+  REQUIRE(got.dtype() == kBFloat16);
+  // bfloat16 outputs (8-bit significands) computed in different orders: within a few of their ulps.
+  test::check_close(got.cpu().to(kFloat32), expected.to(kFloat32), {5e-2, 5e-2});
+  (expected.to(kFloat32) * up).sum().backward();
+  (got.to(kFloat32) * up.to(kGpu)).sum().backward();
+  const auto cpu_params = cpu_mlp.named_parameters(), gpu_params = gpu_mlp.named_parameters();
+  REQUIRE(cpu_params.size() == gpu_params.size());
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    INFO(cpu_params[i].first);
+    REQUIRE(gpu_params[i].second.grad().defined());
+    test::check_close(gpu_params[i].second.grad().cpu(), cpu_params[i].second.grad(), {5e-2, 5e-2});
+  }
 }

@@ -165,6 +165,10 @@ const std::vector<OpRow>& op_table() {
       binary("bmm", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::bmm(a, b); }),
       {"addmm", D::GradGrad,
        [](const TensorList& in, const GoldenCase&) { return TensorList{kiln::addmm(in.at(0), in.at(1), in.at(2))}; }},
+      {"addmm_gelu", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::addmm_gelu(in.at(0), in.at(1), in.at(2), c.str("approximate"))};
+       }},
       unary_args("softmax", D::GradGrad,
                  [](const Tensor& x, const GoldenCase& c) { return kiln::softmax(x, c.integer("dim")); }),
       unary_args("log_softmax", D::GradGrad,

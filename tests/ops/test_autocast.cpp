@@ -40,6 +40,8 @@ std::vector<Case> cases() {
       {"mm", [](DType d) { return V{s({3, 4}, d), s({4, 5}, d, 1)}; }, [](const V& v) { return mm(v[0], v[1]); }},
       {"addmm", [](DType d) { return V{s({5}, d, 2), s({3, 4}, d), s({4, 5}, d, 1)}; },
        [](const V& v) { return addmm(v[0], v[1], v[2]); }},
+      {"addmm_gelu", [](DType d) { return V{s({5}, d, 2), s({3, 4}, d), s({4, 5}, d, 1)}; },
+       [](const V& v) { return addmm_gelu(v[0], v[1], v[2]); }},
       {"bmm", [](DType d) { return V{s({2, 3, 4}, d), s({2, 4, 5}, d, 1)}; },
        [](const V& v) { return bmm(v[0], v[1]); }},
       {"linear", [](DType d) { return V{s({3, 4}, d), s({5, 4}, d, 1), s({5}, d, 2)}; },

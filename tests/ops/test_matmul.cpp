@@ -4,7 +4,8 @@
 // the rounding-error bound of a float32 dot product of length k. Shapes cover the tile edges (8 x 48),
 // several packed blocks of k (512) and of n (4,128), transposed and strided operands, batches,
 // accumulation into c, and results that do not depend on the thread count. Also addmm (bias + a @ b,
-// which nn::linear uses), against the same bound, with its gradients and errors.
+// which nn::linear uses), against the same bound, with its gradients and errors, and addmm_gelu
+// (gelu(bias + a @ b), which nn::GeluMLP uses).
 #include <cmath>
 
 #include "cpu/kernels.h"
@@ -154,6 +155,42 @@ TEST_CASE("addmm: bias + a @ b against float64, its gradients, and its errors") 
   test::check_error([&] { (void)addmm_out(zeros({37, 30}), bias, a, b); }, {"addmm_out", "[37, 29]", "[37, 30]"});
   Tensor leaf = values({37, 53}, 0.1).requires_grad_(true);
   test::check_error([&] { (void)addmm_out(zeros({37, 29}), bias, leaf, b); }, {"addmm_out", "no gradient", "addmm"});
+}
+
+TEST_CASE("addmm_gelu: gelu(bias + a @ b) in both forms, fusion on and off, gradients, errors") {
+  Tensor a = values({37, 53}, 0.1), b = values({29, 53}, 0.2).t();  // b transposed, as linear's weight
+  Tensor bias = values({29}, 0.3);
+  for (const char* approximate : {"tanh", "none"}) {
+    INFO(approximate);
+    // Against float64: the float32 product's error bound, which gelu (slope <= 1.13) keeps small.
+    Tensor exact = gelu(matmul(a.to(kFloat64), b.to(kFloat64)) + bias.to(kFloat64), approximate);
+    Tensor on = addmm_gelu(bias, a, b, approximate);
+    test::check_close(on.to(kFloat64), exact, {1e-5, 1e-5});
+    test::FusionGuard off(false);
+    test::check_close(addmm_gelu(bias, a, b, approximate), on, {1e-6, 1e-6});
+  }
+  CHECK(addmm_gelu(bias, a, b).dtype() == kFloat32);
+  test::check_close(addmm_gelu(bias, a, b), addmm_gelu(bias, a, b, "tanh"), {0, 0});  // tanh by default
+  // Gradients and second derivatives in float64, both forms.
+  auto f64 = [](const Shape& s, double seed) { return test::sample(s, kFloat64, seed).requires_grad_(true); };
+  for (std::string approximate : {"tanh", "none"}) {
+    INFO(approximate);
+    autograd::DifferentiableFn f = [approximate](const autograd::TensorList& in) {
+      return autograd::TensorList{addmm_gelu(in[0], in[1], in[2], approximate)};
+    };
+    CHECK(autograd::gradcheck(f, {f64({6}, 0.1), f64({4, 5}, 0.2), f64({5, 6}, 0.3)}));
+    CHECK(autograd::gradgradcheck(f, {f64({6}, 0.1), f64({4, 5}, 0.2), f64({5, 6}, 0.3)}));
+  }
+  // bfloat16 (the composition in bfloat16, gelu(addmm)) against the same values in float32.
+  Tensor a16 = a.to(kBFloat16), b16 = b.to(kBFloat16), bias16 = bias.to(kBFloat16);
+  test::check_close(addmm_gelu(bias16, a16, b16).to(kFloat32),
+                    gelu(addmm(bias16.to(kFloat32), a16.to(kFloat32), b16.to(kFloat32)), "tanh"), {2e-2, 2e-2});
+  test::check_error([&] { (void)addmm_gelu(values({37, 29}, 0.4), a, b); },
+                    {"addmm_gelu", "bias must be 1-D", "(29)", "[37, 29]"});
+  test::check_error([&] { (void)addmm_gelu(values({1}, 0.4), a, b); }, {"addmm_gelu", "bias must be 1-D", "[1]"});
+  test::check_error([&] { (void)addmm_gelu(bias, a, b, "fast"); }, {"addmm_gelu", "approximate", "fast"});
+  test::check_error([&] { (void)addmm_gelu(bias, a, a); }, {"addmm_gelu", "cannot be multiplied"});
+  test::check_error([&] { (void)addmm_gelu(bias.to(kFloat64), a, b); }, {"addmm_gelu", "one dtype", "float64"});
 }
 
 TEST_CASE("nn::linear through addmm: a fresh output (in-place ops recordable), any rank, in_features 0") {
