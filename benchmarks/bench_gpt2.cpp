@@ -18,8 +18,13 @@
 // run's shapes (the median of 20 repetitions after 3, each ended by a device synchronize), one JSON
 // line per part: where a step's time goes. torch_gpt2.py --breakdown times the same parts.
 //
-//   bench_gpt2 [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12] [--no-autocast]
-//              [--no-fusion] [--device cuda] [--breakdown]
+//   bench_gpt2 [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12]
+//              [--autocast bf16|fp16|none] [--no-autocast] [--no-fusion] [--device cuda] [--breakdown]
+// --autocast fp16 runs the scope in float16 with a GradScaler (its skipped steps are reported);
+// none (or --no-autocast) trains in float32; --no-fusion turns kernel fusion off (set_fusion);
+// --checkpoint checkpoints every block's activations (GPT::set_checkpointing); --offload keeps the
+// activations saved for backward in pinned host memory (autograd::SaveOnCpu). peak_mem_gib shows
+// what the last two save on the device.
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -27,6 +32,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,14 +46,16 @@ constexpr int64_t kVocab = 50257, kPaddedVocab = 50304;
 
 struct Options {
   int64_t steps = 30, warmup = 5, batch = 16, seq = 1024, layers = 12;
-  bool autocast = true, fusion = true, breakdown = false;
+  bool fusion = true, breakdown = false, checkpoint = false, offload = false;
+  std::string autocast = "bf16";  // bf16, fp16 (with a GradScaler) or none (float32)
   std::string device = "cuda";
 };
 
 [[noreturn]] void usage(const char* prog, int code) {
   std::fprintf(stderr,
-               "usage: %s [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12] [--no-autocast] "
-               "[--no-fusion] [--device cuda] [--breakdown]\n",
+               "usage: %s [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12] "
+               "[--autocast bf16|fp16|none] [--no-autocast] [--no-fusion] [--checkpoint] [--offload] [--device cuda] "
+               "[--breakdown]\n",
                prog);
   std::exit(code);
 }
@@ -71,11 +79,18 @@ Options parse(int argc, char** argv) {
     else if (a == "--batch") o.batch = number();
     else if (a == "--seq") o.seq = number();
     else if (a == "--layers") o.layers = number();
-    else if (a == "--no-autocast") o.autocast = false;
+    else if (a == "--no-autocast") o.autocast = "none";
+    else if (a == "--autocast" && i + 1 < argc) o.autocast = argv[++i];
     else if (a == "--no-fusion") o.fusion = false;
+    else if (a == "--checkpoint") o.checkpoint = true;
+    else if (a == "--offload") o.offload = true;
     else if (a == "--breakdown") o.breakdown = true;
     else if (a == "--device" && i + 1 < argc) o.device = argv[++i];
     else usage(argv[0], a == "--help" || a == "-h" ? 0 : 2);
+  }
+  if (o.autocast != "bf16" && o.autocast != "fp16" && o.autocast != "none") {
+    std::fprintf(stderr, "%s: --autocast takes bf16, fp16 or none, got '%s'\n", argv[0], o.autocast.c_str());
+    std::exit(2);
   }
   if (o.steps <= o.warmup || o.batch < 1 || o.seq < 1 || o.seq > 1024 || o.layers < 1) {
     std::fprintf(stderr, "%s: need --steps > --warmup, --batch and --layers >= 1, 1 <= --seq <= 1024\n", argv[0]);
@@ -113,7 +128,7 @@ void breakdown(const Options& o, kiln::Device device) {
     return [&, f] {
       Tensor y;
       {
-        AutocastGuard ac(device, kBFloat16, o.autocast);
+        AutocastGuard ac(device, kBFloat16, o.autocast != "none");
         y = f();
       }
       y.backward(ones_like(y));
@@ -157,6 +172,7 @@ int main(int argc, char** argv) {
     config.n_layer = o.layers;
     models::GPT model(config);
     model.to(device);
+    model.set_checkpointing(o.checkpoint);
     optim::AdamW opt(model.parameters(),
                      {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .fused = true});
     const int64_t params = model.num_parameters();
@@ -164,6 +180,9 @@ int main(int argc, char** argv) {
     const double flops_per_token =
         6.0 * static_cast<double>(n) + 12.0 * static_cast<double>(o.layers * o.seq * config.n_embd);
 
+    // fp16 needs loss scaling (DeepSpeed's dynamic rule, optim/grad_scaler.h); bf16 and float32 do not.
+    const DType low = o.autocast == "fp16" ? kFloat16 : kBFloat16;
+    optim::GradScaler scaler({.enabled = o.autocast == "fp16"});
     Generator gen(0);
     memory::reset_peak(device);
     std::vector<double> ms;
@@ -174,12 +193,15 @@ int main(int argc, char** argv) {
       Tensor x = ids.narrow(1, 0, o.seq), y = ids.narrow(1, 1, o.seq);
       Tensor loss;
       {
-        AutocastGuard ac(device, kBFloat16, o.autocast);
+        std::optional<autograd::SaveOnCpu> offload;  // the saved activations to pinned host memory
+        if (o.offload) offload.emplace(/*pin_memory=*/device.is_cuda());
+        AutocastGuard ac(device, low, o.autocast != "none");
         loss = models::GPT::loss(model(x), y);
       }
       opt.zero_grad();
-      loss.backward();
-      opt.step();
+      scaler.scale(loss).backward();
+      scaler.step(opt);  // opt.step() itself when the scaler is off
+      scaler.update();
       const double l = loss.item<double>();
       const auto t1 = std::chrono::steady_clock::now();
       if (step == 1) loss_first = l;
@@ -191,13 +213,15 @@ int main(int argc, char** argv) {
     const double peak_gib = static_cast<double>(memory::stats(device).peak_allocated_bytes) / (1ull << 30);
     std::printf(
         "{\"bench\":\"gpt2_124m\",\"impl\":\"kiln\",\"device\":\"%s\",\"n_layer\":%lld,\"batch\":%lld,\"seq\":%lld,"
-        "\"params\":%lld,\"autocast\":\"%s\",\"fusion\":%s,\"steps\":%lld,\"ms_per_step\":%.2f,"
+        "\"params\":%lld,\"autocast\":\"%s\",\"fusion\":%s,\"checkpoint\":%s,\"offload\":%s,\"steps\":%lld,\"ms_per_step\":%.2f,"
         "\"tokens_per_s\":%.0f,\"flops_per_token\":%.4g,\"mfu\":%.4f,\"loss_first\":%.4f,\"loss_final\":%.4f,"
-        "\"peak_mem_gib\":%.2f}\n",
+        "\"peak_mem_gib\":%.2f,\"skipped_steps\":%lld}\n",
         device.str().c_str(), static_cast<long long>(o.layers), static_cast<long long>(o.batch),
-        static_cast<long long>(o.seq), static_cast<long long>(params), o.autocast ? "bf16" : "none",
-        o.fusion ? "true" : "false", static_cast<long long>(o.steps), step_ms, tokens_per_s, flops_per_token,
-        flops_per_token * tokens_per_s / kPeakBf16, loss_first, loss_last, peak_gib);
+        static_cast<long long>(o.seq), static_cast<long long>(params), o.autocast.c_str(),
+        o.fusion ? "true" : "false", o.checkpoint ? "true" : "false", o.offload ? "true" : "false",
+        static_cast<long long>(o.steps), step_ms, tokens_per_s, flops_per_token,
+        flops_per_token * tokens_per_s / kPeakBf16, loss_first, loss_last, peak_gib,
+        static_cast<long long>(scaler.skipped_steps()));
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_gpt2: %s\n", e.what());

@@ -90,6 +90,16 @@ for step in "${steps[@]}"; do
       timeout 200 python3 benchmarks/anchors/torch_gpt2.py | tee -a "$out/gpt.jsonl"
     done
     timeout 300 python3 benchmarks/anchors/torch_gpt2.py --compile 2>&1 | tail -1 | tee -a "$out/gpt.jsonl"
+    # The switches' effects: float16 with loss scaling and float32 on both sides, fusion off on Kiln's.
+    for precision in fp16 none; do
+      timeout 200 $build/bin/bench_gpt2 --steps 15 --autocast $precision | tee -a "$out/gpt.jsonl"
+      timeout 200 python3 benchmarks/anchors/torch_gpt2.py --steps 15 --autocast $precision | tee -a "$out/gpt.jsonl"
+    done
+    timeout 200 $build/bin/bench_gpt2 --steps 15 --no-fusion | tee -a "$out/gpt.jsonl"
+    # Activation checkpointing and offload to pinned host memory: step time and peak device memory.
+    for flag in --checkpoint --offload; do
+      timeout 200 $build/bin/bench_gpt2 --steps 15 $flag | tee -a "$out/gpt.jsonl"
+    done
     # Where a step's time goes: each part of one block, forward and backward, both sides.
     timeout 100 $build/bin/bench_gpt2 --breakdown | tee -a "$out/gpt.jsonl"
     timeout 100 python3 benchmarks/anchors/torch_gpt2.py --breakdown | tee -a "$out/gpt.jsonl"

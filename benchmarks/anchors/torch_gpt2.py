@@ -16,7 +16,7 @@ token and MFU are counted as in bench_gpt2.cpp: 6 N (N without wpe) + 12 L T C, 
 --breakdown times the parts of one block instead, as bench_gpt2 --breakdown does.
 
     python3 benchmarks/anchors/torch_gpt2.py [--steps 30] [--warmup 5] [--batch 16] [--seq 1024]
-        [--layers 12] [--compile] [--breakdown]
+        [--layers 12] [--autocast bf16|fp16|none] [--compile] [--breakdown]
 """
 import argparse
 import json
@@ -130,6 +130,8 @@ def main():
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--autocast", choices=["bf16", "fp16", "none"], default="bf16",
+                    help="fp16 with torch.cuda.amp.GradScaler; none: float32")
     ap.add_argument("--breakdown", action="store_true", help="time the parts of one block instead")
     args = ap.parse_args()
     if args.steps <= args.warmup or not 1 <= args.seq <= CONTEXT:
@@ -146,6 +148,8 @@ def main():
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1,
                             fused=True)
     step_model = torch.compile(model) if args.compile else model
+    low = torch.float16 if args.autocast == "fp16" else torch.bfloat16
+    scaler = torch.cuda.amp.GradScaler(enabled=args.autocast == "fp16")
     gen = torch.Generator().manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
     ms, losses = [], []
@@ -153,12 +157,13 @@ def main():
         start = time.perf_counter()
         ids = torch.randint(0, VOCAB, (args.batch, args.seq + 1), generator=gen).to(dev)
         x, y = ids[:, :-1], ids[:, 1:]
-        with torch.autocast("cuda", torch.bfloat16):
+        with torch.autocast("cuda", low, enabled=args.autocast != "none"):
             logits = step_model(x)
             loss = F.cross_entropy(logits.float().view(-1, PADDED_VOCAB), y.reshape(-1))
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)  # opt.step() when the scaler is off
+        scaler.update()
         losses.append(loss.item())
         if step > args.warmup:
             ms.append((time.perf_counter() - start) * 1e3)
@@ -167,7 +172,7 @@ def main():
     print(json.dumps({
         "bench": "gpt2_124m", "impl": "pytorch-compile" if args.compile else "pytorch",
         "torch": torch.__version__, "device": torch.cuda.get_device_name(), "n_layer": args.layers,
-        "batch": args.batch, "seq": args.seq, "params": params, "autocast": "bf16", "steps": args.steps,
+        "batch": args.batch, "seq": args.seq, "params": params, "autocast": args.autocast, "steps": args.steps,
         "ms_per_step": round(step_ms, 2), "tokens_per_s": round(tokens_per_s),
         "flops_per_token": flops_per_token, "mfu": round(flops_per_token * tokens_per_s / PEAK_BF16, 4),
         "loss_first": round(losses[0], 4), "loss_final": round(losses[-1], 4),
