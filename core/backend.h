@@ -194,8 +194,8 @@ class Backend {
   // c[M, N] = gelu_tanh(a @ b + bias) and pre[M, N] = a @ b + bias (the GELU's input, which the
   // backward needs) from one GEMM, both written in its epilogue (cuBLASLt's GELU_AUX_BIAS on CUDA:
   // Note [cuBLASLt GELU epilogue] in cuda/matmul.cu). GELU in its tanh form only, the one cuBLASLt
-  // has. Returns false, having done nothing, where the backend has no such kernel; the caller then
-  // composes matmul and bias_gelu. 2-D views of one dtype, bias 1-D, c and pre contiguous.
+  // has. Returns false, having done nothing, where the backend has no such kernel; the caller
+  // (ops::addmm_gelu) then composes. 2-D views of one dtype, bias 1-D, c and pre contiguous.
   virtual bool matmul_bias_gelu(const View& a, const View& b, const View& bias, const View& c, const View& pre,
                                 const Stream& s) {
     (void)a, (void)b, (void)bias, (void)c, (void)pre, (void)s;

@@ -176,8 +176,9 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b);
 Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b);
 // gelu(bias + a @ b), `approximate` as gelu's: a and b 2-D, bias 1-D with b.size(1) elements, one
 // dtype. In the tanh form, with fusion on (set_fusion), bias and GELU run in the GEMM's epilogue
-// where the backend can (Backend::matmul_bias_gelu: cuBLASLt on CUDA); otherwise it is
-// bias_gelu(matmul(a, b), bias, approximate). PyTorch's counterpart is the internal
+// where the backend can (Backend::matmul_bias_gelu: cuBLASLt on CUDA); otherwise it is composed:
+// bias_gelu(matmul(a, b), bias, approximate) where bias_gelu's pass is fused (float32, float64),
+// else gelu(addmm(bias, a, b), approximate). PyTorch's counterpart is the internal
 // torch._addmm_activation(bias, a, b, use_gelu=True). Autocast: lower precision, as addmm.
 Tensor addmm_gelu(const Tensor& bias, const Tensor& a, const Tensor& b, std::string_view approximate = "tanh");
 
@@ -277,10 +278,11 @@ std::string to_string(const Tensor& t);
 }  // namespace ops
 
 // Kernel fusion (DESIGN.md §5): on by default. set_fusion(false), or KILN_FUSION=0 in the environment,
-// makes the fused ops (scaled_dot_product_attention, gelu's backward, bias_gelu, addmm_gelu, layer_norm,
-// rms_norm, add_layer_norm and softmax_cross_entropy) run as their unfused compositions, so that a benchmark can
-// measure what fusion buys. Process-wide (attention.cpp). The fused Adam/AdamW and SGD steps are the
-// optimizers' own `fused` option, as in PyTorch. docs/fusion.md lists them all.
+// makes the fused ops (scaled_dot_product_attention, gelu's backward, bias_gelu, addmm_gelu,
+// layer_norm, rms_norm, add_layer_norm and softmax_cross_entropy) run as their unfused compositions,
+// so that a benchmark can measure what fusion buys. Process-wide (attention.cpp). The fused
+// Adam/AdamW and SGD steps are the optimizers' own `fused` option, as in PyTorch. docs/fusion.md
+// lists them all.
 void set_fusion(bool enabled);
 bool fusion_enabled();
 
