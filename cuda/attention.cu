@@ -384,18 +384,33 @@ __device__ __forceinline__ float2 row_dots(const float (&a)[DC], const float* b,
   return make_float2(row_sum4(ab), row_sum4(cd));
 }
 
-// Rows [row0, row0 + 32) of a (rows, D) float32 matrix into shared memory (zeros past `rows`).
 // This lane's quarter (columns part + 4 c) of row `row` of a (rows, 4 DC) matrix, or zeros past `rows`.
 template <int DC>
 __device__ __forceinline__ void load_quarter(float (&dst)[DC], const float* src, int64_t row, int64_t rows, int part) {
   for (int c = 0; c < DC; ++c) dst[c] = row < rows ? src[row * 4 * DC + part + 4 * c] : 0.0f;
 }
 
+// Rows [row0, row0 + kRowsF) of a (rows, D) float32 matrix into shared memory (zeros past `rows`).
 template <int D>
 __device__ void load_tile_f32(float (*dst)[D], const float* src, int64_t row0, int64_t rows) {
   for (int i = threadIdx.x; i < kRowsF * D; i += blockDim.x) {
     const int r = i / D, c = i % D;
     dst[r][c] = row0 + r < rows ? src[(row0 + r) * D + c] : 0.0f;
+  }
+}
+
+// The key/value tiles that query rows [q0, q0 + kRowsF) can see (all S keys, or up to the diagonal
+// when causal), each loaded into ks and vs by the whole block; then visit(k0), its first key.
+template <int D, typename Visit>
+__device__ __forceinline__ void for_each_kv_tile(float (*ks)[D], float (*vs)[D], const float* k, const float* v,
+                                                 int64_t q0, int64_t S, bool causal, Visit&& visit) {
+  const int64_t kend = causal && q0 + kRowsF < S ? q0 + kRowsF : S;
+  for (int64_t k0 = 0; k0 < kend; k0 += kRowsF) {
+    __syncthreads();
+    load_tile_f32<D>(ks, k, k0, S);
+    load_tile_f32<D>(vs, v, k0, S);
+    __syncthreads();
+    visit(k0);
   }
 }
 
@@ -413,12 +428,7 @@ attention_forward_f32_kernel(const float* q, const float* k, const float* v, flo
   float qr[DC], o[DC] = {};
   load_quarter<DC>(qr, q, qi, L, part);
   float m = -INFINITY, l = 0.0f;
-  const int64_t kend = causal && q0 + kRowsF < S ? q0 + kRowsF : S;
-  for (int64_t k0 = 0; k0 < kend; k0 += kRowsF) {
-    __syncthreads();
-    load_tile_f32<D>(ks, k, k0, S);
-    load_tile_f32<D>(vs, v, k0, S);
-    __syncthreads();
+  for_each_kv_tile<D>(ks, vs, k, v, q0, S, causal, [&](int64_t k0) {
     float sv[kRowsF];
     float mx = -INFINITY;
     for (int j = 0; j < kRowsF; ++j) {
@@ -429,7 +439,7 @@ attention_forward_f32_kernel(const float* q, const float* k, const float* v, flo
       mx = fmaxf(mx, sv[j]);
     }
     const float m_new = fmaxf(m, mx);
-    if (m_new == -INFINITY) continue;  // nothing visible to this row yet (a padding row)
+    if (m_new == -INFINITY) return;  // nothing visible to this row yet (a padding row)
     const float alpha = expf(m - m_new);  // 0 on the first visible tile (m = -inf)
     l *= alpha;
     for (int c = 0; c < DC; ++c) o[c] *= alpha;
@@ -440,7 +450,7 @@ attention_forward_f32_kernel(const float* q, const float* k, const float* v, flo
       for (int c = 0; c < DC; ++c) o[c] += p * vs[j][part + 4 * c];
     }
     m = m_new;
-  }
+  });
   if (qi < L) {
     const float inv = l > 0 ? 1.0f / l : 0.0f;
     for (int c = 0; c < DC; ++c) out[(b * L + qi) * D + part + 4 * c] = o[c] * inv;
@@ -464,12 +474,7 @@ attention_grad_q_f32_kernel(const float* q, const float* k, const float* v, cons
   load_quarter<DC>(qr, q, qi, L, part);
   load_quarter<DC>(gor, go, qi, L, part);
   const float lse_i = qi < L ? lse[b * L + qi] : 0.0f, delta_i = qi < L ? delta[b * L + qi] : 0.0f;
-  const int64_t kend = causal && q0 + kRowsF < S ? q0 + kRowsF : S;
-  for (int64_t k0 = 0; k0 < kend; k0 += kRowsF) {
-    __syncthreads();
-    load_tile_f32<D>(ks, k, k0, S);
-    load_tile_f32<D>(vs, v, k0, S);
-    __syncthreads();
+  for_each_kv_tile<D>(ks, vs, k, v, q0, S, causal, [&](int64_t k0) {
     for (int j = 0; j < kRowsF; ++j) {
       const float2 sdp = row_dots<DC>(qr, ks[j] + part, gor, vs[j] + part);  // S and dP
       if (masked(qi, k0 + j, L, S, causal)) continue;
@@ -477,7 +482,7 @@ attention_grad_q_f32_kernel(const float* q, const float* k, const float* v, cons
       const float ds = p * (sdp.y - delta_i) * scale;
       for (int c = 0; c < DC; ++c) dq[c] += ds * ks[j][part + 4 * c];
     }
-  }
+  });
   if (qi < L) {
     for (int c = 0; c < DC; ++c) gq[(b * L + qi) * D + part + 4 * c] = dq[c];
   }

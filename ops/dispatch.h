@@ -39,12 +39,14 @@ void check_no_internal_overlap(const Tensor& self, const char* op);
 Tensor unaliased(const Tensor& operand, const Tensor& self);
 
 // GELU's pieces shared by gelu, bias_gelu (elementwise.cpp) and addmm_gelu (linalg.cpp):
-// whether `approximate` ("none" or "tanh", else an Error naming `op`) is the tanh form, and
+// whether `approximate` ("none" or "tanh", else an Error naming `op`) is the tanh form;
 // grad * gelu'(x), one fused pass while fusion is on and no create_graph backward is running,
-// else the formula as differentiable ops.
+// else the formula as differentiable ops; and whether bias_gelu runs as its one fused pass for
+// inputs of `dtype` (fusion on, float32 or float64).
 inline namespace ops {
 bool parse_gelu_approximate(std::string_view approximate, const char* op);
 Tensor gelu_backward(const Tensor& grad, const Tensor& x, bool tanh_form);
+bool bias_gelu_fuses(DType dtype);
 }  // namespace ops
 
 }  // namespace kiln

@@ -299,6 +299,8 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
                          [tanh_form](const Tensor& g, const Tensor& x) { return gelu_backward(g, x, tanh_form); });
 }
 
+bool bias_gelu_fuses(DType dtype) { return fusion_enabled() && (dtype == kFloat32 || dtype == kFloat64); }
+
 Tensor bias_gelu(const Tensor& input, const Tensor& bias, std::string_view approximate) {
   const char* op = "bias_gelu";
   const bool tanh_form = parse_gelu_approximate(approximate, op);
@@ -306,8 +308,7 @@ Tensor bias_gelu(const Tensor& input, const Tensor& bias, std::string_view appro
              "{}: bias must be 1-D with as many elements as the input's last dim; got input {} and bias {}", op,
              input.sizes().str(), bias.sizes().str());
   check_same_device(op, input, bias);
-  const bool fused = fusion_enabled() && input.dtype() == bias.dtype() &&
-                     (input.dtype() == kFloat32 || input.dtype() == kFloat64);
+  const bool fused = input.dtype() == bias.dtype() && bias_gelu_fuses(input.dtype());
   if (!fused) return gelu(input + bias, approximate);
   const int64_t N = bias.size(0), R = N == 0 ? 0 : input.numel() / N;
   Tensor x = input.reshape({R, N}).contiguous(), b = bias.contiguous();

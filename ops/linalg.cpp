@@ -201,9 +201,9 @@ Tensor addmm_gelu(const Tensor& bias, const Tensor& a, const Tensor& b, std::str
       return out;
     }
   }
-  // Composed: where bias_gelu has its one fused pass (float32/float64, fusion on), the GEMM and that
-  // pass; else addmm (its bias in the epilogue where the backend can) and gelu.
-  if (fusion_enabled() && (a.dtype() == kFloat32 || a.dtype() == kFloat64)) {
+  // Composed: where bias_gelu has its one fused pass, the GEMM and that pass; else addmm (its bias
+  // in the epilogue where the backend can) and gelu.
+  if (bias_gelu_fuses(a.dtype())) {
     return bias_gelu(matmul(a, b), bias, approximate);
   }
   return gelu(addmm(bias, a, b), approximate);
