@@ -299,11 +299,15 @@ class Backend {
                                       const View& grad_loss, const View& grad_logits, int64_t ignore_index,
                                       double label_smoothing, const Stream& s) = 0;
 
-  // -- attention over contiguous views of one floating dtype: q (B, L, E), k (B, S, E), v (B, S, Ev),
-  //    out (B, L, Ev) = softmax(scores) v row by row, never holding a whole (L, S) score matrix, and
-  //    lse (B, L) = the log-sum-exp of each score row, which is all the backward needs to rebuild the
-  //    probabilities: p[i][j] = exp(score[i][j] - lse[i]); lse is float32 when q is 16-bit. The CPU
-  //    takes float32 and float64; CUDA float16 and bfloat16 with Ev = E in {32, 64, 96, 128} --
+  // -- attention over (B, H, rows, cols) views of one floating dtype: q (B, H, L, E), k (B, H, S, E),
+  //    v (B, H, S, Ev), out (B, H, L, Ev) = softmax(scores) v row by row, never holding a whole (L, S)
+  //    score matrix, and lse (B, H, L), contiguous, = the log-sum-exp of each score row, which is all
+  //    the backward needs to rebuild the probabilities: p[i][j] = exp(score[i][j] - lse[i]); lse is
+  //    float32 when q is 16-bit. Every view but lse may have any strides on its first three dims (the
+  //    heads of a (B, T, 3 C) projection read in place, an output written as (B, L, H, Ev): Note
+  //    [attention layout] in ops/attention.cpp); its last dim has stride 1 and its rows do not
+  //    overlap. The CPU takes float32 and float64; CUDA float16, bfloat16 and float32 with Ev = E in
+  //    {32, 64, 96, 128}, 16-bit rows starting on 16-byte boundaries --
   virtual void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
                          const AttentionArgs& args, const Stream& s) = 0;
   // The gradients of <grad_out, out> with respect to q, k and v (each overwritten), from the forward's

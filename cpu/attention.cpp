@@ -15,8 +15,10 @@
 // them, and with D_i = sum_e dout[i][e] * out[i][e] (= sum_j p_ij dp_ij):
 //   dv_j += p^T dout_i;   dp = dout_i v_j^T;   ds = p * (dp - D_i) * scale;
 //   dq_i += ds k_j;       dk_j += ds^T q_i
-// Each of the B (batch x head) slices is one task for the pool of cpu/parallel.h (the forward splits
-// further, by query block, since its blocks are independent); the products are gemm() of matmul.cpp.
+// Each of the B x H (batch, head) slices is one task for the pool of cpu/parallel.h (the forward
+// splits further, by query block, since its blocks are independent); the products are gemm() of
+// matmul.cpp, which reads the operands' rows at their own strides (core/backend.h: a head of a
+// (B, T, 3 C) projection is read where it lies).
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -48,14 +50,24 @@ int64_t visible(int64_t r, int64_t cols, int64_t q0, int64_t k0, bool causal) {
   return std::clamp<int64_t>(q0 + r - k0 + 1, 0, cols);
 }
 
+// An attention operand (core/backend.h): B x H matrices of (rows, cols), row i of slice z at
+// slice(z) + i * ld, its columns contiguous.
+template <typename T>
+struct Heads {
+  explicit Heads(const View& v)
+      : data(v.ptr<T>()), heads(v.sizes[1]), sb(v.strides[0]), sh(v.strides[1]),
+        ld(v.sizes[2] > 1 ? v.strides[2] : v.sizes[3]) {}
+  T* slice(int64_t z) const { return data + (z / heads) * sb + (z % heads) * sh; }
+  T* data;
+  int64_t heads, sb, sh, ld;
+};
+
 template <typename T>
 void attention_typed(const View& qv, const View& kv, const View& vv, const View& ov, const View& lsev,
                      const AttentionArgs& args) {
-  const int64_t B = qv.sizes[0], L = qv.sizes[1], E = qv.sizes[2], S = kv.sizes[1], Ev = vv.sizes[2];
-  const T* q = qv.ptr<T>();
-  const T* k = kv.ptr<T>();
-  const T* v = vv.ptr<T>();
-  T* out = ov.ptr<T>();
+  const int64_t B = qv.sizes[0] * qv.sizes[1], L = qv.sizes[2], E = qv.sizes[3], S = kv.sizes[2], Ev = vv.sizes[3];
+  const Heads<const T> q(qv), k(kv), v(vv);
+  const Heads<T> out(ov);
   T* lse = lsev.ptr<T>();
   const T scale = static_cast<T>(args.scale);
   const int64_t q_blocks = (L + kBlock - 1) / kBlock;
@@ -64,14 +76,15 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
     std::vector<T> m(kBlock), l(kBlock);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / q_blocks, q0 = (t % q_blocks) * kBlock, rows = std::min(kBlock, L - q0);
-      const T* qb = q + (b * L + q0) * E;
+      const T* qb = q.slice(b) + q0 * q.ld;
+      const T *kb = k.slice(b), *vb = v.slice(b);
       std::fill(acc.data(), acc.data() + rows * Ev, T(0));
       std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
       std::fill(l.begin(), l.end(), T(0));
       const int64_t k_end = args.causal ? std::min(S, q0 + rows) : S;
       for (int64_t k0 = 0; k0 < k_end; k0 += kBlock) {
         const int64_t cols = std::min(kBlock, S - k0);
-        gemm<T>(false, true, rows, cols, E, qb, E, k + (b * S + k0) * E, E, false, scores.data(), cols);
+        gemm<T>(false, true, rows, cols, E, qb, q.ld, kb + k0 * k.ld, k.ld, false, scores.data(), cols);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t n = visible(r, cols, q0, k0, args.causal);
           Row<T> s(scores.data() + r * cols, cols);
@@ -88,10 +101,10 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
           m[r] = m_new;
           if (c != T(1)) Row<T>(acc.data() + r * Ev, Ev) *= c;
         }
-        gemm<T>(false, false, rows, Ev, cols, scores.data(), cols, v + (b * S + k0) * Ev, Ev, true, acc.data(), Ev);
+        gemm<T>(false, false, rows, Ev, cols, scores.data(), cols, vb + k0 * v.ld, v.ld, true, acc.data(), Ev);
       }
       for (int64_t r = 0; r < rows; ++r) {
-        T* o = out + (b * L + q0 + r) * Ev;
+        T* o = out.slice(b) + (q0 + r) * out.ld;
         const T inv = l[r] > 0 ? T(1) / l[r] : T(0);  // a row that saw no key (S = 0) is zero
         const T* a = acc.data() + r * Ev;
         for (int64_t e = 0; e < Ev; ++e) o[e] = a[e] * inv;
@@ -105,23 +118,27 @@ template <typename T>
 void attention_backward_typed(const View& qv, const View& kv, const View& vv, const View& ov, const View& lsev,
                               const View& gov, const View& gqv, const View& gkv, const View& gvv,
                               const AttentionArgs& args) {
-  const int64_t B = qv.sizes[0], L = qv.sizes[1], E = qv.sizes[2], S = kv.sizes[1], Ev = vv.sizes[2];
-  const T *q = qv.ptr<T>(), *k = kv.ptr<T>(), *v = vv.ptr<T>(), *out = ov.ptr<T>(), *lse = lsev.ptr<T>();
-  const T* gout = gov.ptr<T>();
-  T *gq = gqv.ptr<T>(), *gk = gkv.ptr<T>(), *gv = gvv.ptr<T>();
+  const int64_t B = qv.sizes[0] * qv.sizes[1], L = qv.sizes[2], E = qv.sizes[3], S = kv.sizes[2], Ev = vv.sizes[3];
+  const Heads<const T> q(qv), k(kv), v(vv), out(ov), gout(gov);
+  const Heads<T> gq(gqv), gk(gkv), gv(gvv);
+  const T* lse = lsev.ptr<T>();
   const T scale = static_cast<T>(args.scale);
+  // Rows [0, rows) of a slice, each `cols` long, set to zero.
+  auto clear = [](T* m, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t i = 0; i < rows; ++i) std::fill(m + i * ld, m + i * ld + cols, T(0));
+  };
   parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
     ScratchBuffer<T> p(kBlock * kBlock), dp(kBlock * kBlock);
     std::vector<T> D(L);
     for (int64_t b = b0; b < b1; ++b) {
-      const T *qb = q + b * L * E, *kb = k + b * S * E, *vb = v + b * S * Ev, *gob = gout + b * L * Ev;
-      T *gqb = gq + b * L * E, *gkb = gk + b * S * E, *gvb = gv + b * S * Ev;
-      std::fill(gqb, gqb + L * E, T(0));
-      std::fill(gkb, gkb + S * E, T(0));
-      std::fill(gvb, gvb + S * Ev, T(0));
+      const T *qb = q.slice(b), *kb = k.slice(b), *vb = v.slice(b), *ob = out.slice(b), *gob = gout.slice(b);
+      T *gqb = gq.slice(b), *gkb = gk.slice(b), *gvb = gv.slice(b);
+      clear(gqb, L, E, gq.ld);
+      clear(gkb, S, E, gk.ld);
+      clear(gvb, S, Ev, gv.ld);
       for (int64_t i = 0; i < L; ++i) {
         T d = 0;
-        for (int64_t e = 0; e < Ev; ++e) d += gob[i * Ev + e] * out[(b * L + i) * Ev + e];
+        for (int64_t e = 0; e < Ev; ++e) d += gob[i * gout.ld + e] * ob[i * out.ld + e];
         D[i] = d;
       }
       for (int64_t k0 = 0; k0 < S; k0 += kBlock) {
@@ -130,21 +147,22 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
         const int64_t q_start = args.causal ? (k0 / kBlock) * kBlock : 0;
         for (int64_t q0 = q_start; q0 < L; q0 += kBlock) {
           const int64_t rows = std::min(kBlock, L - q0);
-          gemm<T>(false, true, rows, cols, E, qb + q0 * E, E, kb + k0 * E, E, false, p.data(), cols);
+          const T *qi = qb + q0 * q.ld, *goi = gob + q0 * gout.ld, *kj = kb + k0 * k.ld, *vj = vb + k0 * v.ld;
+          gemm<T>(false, true, rows, cols, E, qi, q.ld, kj, k.ld, false, p.data(), cols);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t n = visible(r, cols, q0, k0, args.causal);
             Row<T> s(p.data() + r * cols, cols);
             s.head(n) = (s.head(n) * scale - lse[b * L + q0 + r]).exp();
             s.tail(cols - n).setZero();
           }
-          gemm<T>(true, false, cols, Ev, rows, p.data(), cols, gob + q0 * Ev, Ev, true, gvb + k0 * Ev, Ev);
-          gemm<T>(false, true, rows, cols, Ev, gob + q0 * Ev, Ev, vb + k0 * Ev, Ev, false, dp.data(), cols);
+          gemm<T>(true, false, cols, Ev, rows, p.data(), cols, goi, gout.ld, true, gvb + k0 * gv.ld, gv.ld);
+          gemm<T>(false, true, rows, cols, Ev, goi, gout.ld, vj, v.ld, false, dp.data(), cols);
           for (int64_t r = 0; r < rows; ++r) {
             Row<T> ds(dp.data() + r * cols, cols);
             ds = Row<T>(p.data() + r * cols, cols) * (ds - D[q0 + r]) * scale;
           }
-          gemm<T>(false, false, rows, E, cols, dp.data(), cols, kb + k0 * E, E, true, gqb + q0 * E, E);
-          gemm<T>(true, false, cols, E, rows, dp.data(), cols, qb + q0 * E, E, true, gkb + k0 * E, E);
+          gemm<T>(false, false, rows, E, cols, dp.data(), cols, kj, k.ld, true, gqb + q0 * gq.ld, gq.ld);
+          gemm<T>(true, false, cols, E, rows, dp.data(), cols, qi, q.ld, true, gkb + k0 * gk.ld, gk.ld);
         }
       }
     }

@@ -1,8 +1,7 @@
 // cpu/kernels.h: the CPU kernels, one group per file (private to cpu/). backend.cpp binds them to
 // the Backend contract of core/backend.h, whose comments say what each computes. Each file's CUDA
 // counterpart has the same stem in cuda/ (copy, elementwise, reduce, matmul, index, random, conv,
-// pool, norm, optim, fused; attention.cpp has none yet: ops/attention.cpp composes it from ops on
-// CUDA).
+// pool, norm, optim, fused, attention).
 #pragma once
 
 #include <cmath>

@@ -4,7 +4,11 @@
 // core/backend.h's Backend::attention; the CPU sibling is cpu/attention.cpp, which follows the same
 // plan with float32 arithmetic. Nothing of size L x S ever reaches global memory.
 //
-// Shapes: q (B, L, D), k and v (B, S, D), out (B, L, D), lse (B, L) in float32; D = 32, 64, 96 or 128.
+// Shapes: q (B, H, L, D), k and v (B, H, S, D), out (B, H, L, D), lse (B, H, L) in float32; D = 32, 64,
+// 96 or 128. Each of q, k, v, out and the gradients may have any strides on its first three dims
+// (core/backend.h, Note [attention layout] in ops/attention.cpp): a kernel sees one as a Heads, slice
+// z of the B * H (batch, head) pairs at data + (z / H) * sb + (z % H) * sh, rows ld apart. The 16-bit
+// kernels load rows 16 bytes at a time, so there the pointer and strides are multiples of 16 bytes.
 // Scores s = scale * q k^T; causal: query i sees keys j <= i.
 //
 // Forward (one block of 4 warps per 64 query rows of one batch entry; each warp owns 16 rows):
@@ -69,16 +73,24 @@ __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
-// Rows [row0, row0 + 64) of a (rows, D) matrix into shared memory (leading dimension D + kPad16),
-// 16 bytes at a time; rows past `rows` are zeros.
+// An operand: B * H matrices of D contiguous columns (see the top of the file).
+template <typename T>
+struct Heads {
+  T* data;
+  int64_t heads, sb, sh, ld;
+  __device__ __forceinline__ T* slice(int64_t z) const { return data + (z / heads) * sb + (z % heads) * sh; }
+};
+
+// Rows [row0, row0 + 64) of a (rows, D) matrix, rows ld_src apart, into shared memory (leading
+// dimension D + kPad16), 16 bytes at a time; rows past `rows` are zeros.
 template <typename T, int D>
-__device__ void load_tile(T* dst, const T* src, int64_t row0, int64_t rows) {
+__device__ void load_tile(T* dst, const T* src, int64_t ld_src, int64_t row0, int64_t rows) {
   constexpr int kVec = 8;  // 16-bit elements per 16 bytes
   constexpr int kPerRow = D / kVec;
   for (int i = threadIdx.x; i < kRows * kPerRow; i += blockDim.x) {
     const int r = i / kPerRow, c = (i % kPerRow) * kVec;
     uint4 v = make_uint4(0, 0, 0, 0);
-    if (row0 + r < rows) v = *reinterpret_cast<const uint4*>(src + (row0 + r) * D + c);
+    if (row0 + r < rows) v = *reinterpret_cast<const uint4*>(src + (row0 + r) * ld_src + c);
     *reinterpret_cast<uint4*>(dst + r * (D + kPad16) + c) = v;
   }
 }
@@ -117,17 +129,18 @@ __device__ void accumulate_p_times(Frag (&acc)[D / 16], const T* p, const T* m) 
   }
 }
 
-// Writes a warp's 16 x D fragments, times `mul`, as rows [row0, row0 + 16) of a (rows, D) matrix,
-// through the warp's float32 scratch (16 x kLdS).
+// Writes a warp's 16 x D fragments, times `mul`, as rows [row0, row0 + 16) of a (rows, D) matrix
+// whose rows are ld_dst apart, through the warp's float32 scratch (16 x kLdS).
 template <typename T, int D>
-__device__ void store_rows(Frag (&acc)[D / 16], float* scratch, T* dst, int64_t row0, int64_t rows, float mul) {
+__device__ void store_rows(Frag (&acc)[D / 16], float* scratch, T* dst, int64_t ld_dst, int64_t row0, int64_t rows,
+                           float mul) {
   const int lane = threadIdx.x & 31;
   for (int dj = 0; dj < D / 16; ++dj) {
     wmma::store_matrix_sync(scratch, acc[dj], kLdS, wmma::mem_row_major);
     __syncwarp();
     for (int i = lane; i < 256; i += 32) {
       const int r = i / 16, c = i % 16;
-      if (row0 + r < rows) dst[(row0 + r) * D + dj * 16 + c] = from_f<T>(scratch[r * kLdS + c] * mul);
+      if (row0 + r < rows) dst[(row0 + r) * ld_dst + dj * 16 + c] = from_f<T>(scratch[r * kLdS + c] * mul);
     }
     __syncwarp();
   }
@@ -142,8 +155,8 @@ __device__ __forceinline__ bool masked(int64_t i, int64_t j, int64_t L, int64_t 
 
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
-attention_forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse, int64_t L, int64_t S,
-                         float scale, bool causal) {
+attention_forward_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh, Heads<T> oh, float* lse,
+                         int64_t L, int64_t S, float scale, bool causal) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int ld = D + kPad16, ldo = D + kPad32;
   T* qs = reinterpret_cast<T*>(smem);
@@ -154,22 +167,20 @@ attention_forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
   T* ps = reinterpret_cast<T*>(os + kWarps * 16 * ldo);   // kWarps x 16 x kLdP
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
   const int64_t b = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  q += b * L * D;
-  k += b * S * D;
-  v += b * S * D;
+  const T *q = qh.slice(b), *k = kh.slice(b), *v = vh.slice(b);
   float* s_w = ss + warp * 16 * kLdS;
   float* o_w = os + warp * 16 * ldo;
   T* p_w = ps + warp * 16 * kLdP;
   const int64_t qi = q0 + warp * 16 + r;  // this lane's row
 
-  load_tile<T, D>(qs, q, q0, L);
+  load_tile<T, D>(qs, q, qh.ld, q0, L);
   for (int i = lane; i < 16 * D; i += 32) o_w[(i / D) * ldo + i % D] = 0.0f;
   float m = -INFINITY, l = 0.0f;
   const int64_t kend = causal && q0 + kRows < S ? q0 + kRows : S;
   for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
     __syncthreads();  // everyone is done with the previous K and V tiles
-    load_tile<T, D>(ks, k, k0, S);
-    load_tile<T, D>(vs, v, k0, S);
+    load_tile<T, D>(ks, k, kh.ld, k0, S);
+    load_tile<T, D>(vs, v, vh.ld, k0, S);
     __syncthreads();
     rows_times_tile_t<T, D>(qs + warp * 16 * ld, ks, s_w);
     __syncwarp();
@@ -204,7 +215,7 @@ attention_forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
   }
   if (qi < L) {
     const float inv = l > 0 ? 1.0f / l : 0.0f;
-    T* o = out + (b * L + qi) * D;
+    T* o = oh.slice(b) + qi * oh.ld;
     for (int c = h * (D / 2); c < (h + 1) * (D / 2); ++c) o[c] = from_f<T>(o_w[r * ldo + c] * inv);
     if (h == 0) lse[b * L + qi] = m + logf(l);
   }
@@ -212,14 +223,18 @@ attention_forward_kernel(const T* q, const T* k, const T* v, T* out, float* lse,
 
 // ---- backward ----
 
-// delta[row] = sum over d of grad_out[row][d] * out[row][d], in float32: one warp per row.
+// delta[row] = sum over d of grad_out[row][d] * out[row][d], in float32, for the B * H * L rows (row
+// i of slice z is row z * L + i): one warp per row.
 template <typename T>
-__global__ void attention_delta_kernel(const T* go, const T* o, float* delta, int64_t rows, int64_t D) {
+__global__ void attention_delta_kernel(Heads<const T> go, Heads<const T> o, float* delta, int64_t rows, int64_t L,
+                                       int64_t D) {
   const int lane = threadIdx.x & 31;
   for (int64_t row = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < rows;
        row += static_cast<int64_t>(gridDim.x) * blockDim.x / 32) {
+    const T* gr = go.slice(row / L) + (row % L) * go.ld;
+    const T* orow = o.slice(row / L) + (row % L) * o.ld;
     float acc = 0.0f;
-    for (int64_t d = lane; d < D; d += 32) acc += to_f(go[row * D + d]) * to_f(o[row * D + d]);
+    for (int64_t d = lane; d < D; d += 32) acc += to_f(gr[d]) * to_f(orow[d]);
     for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
     if (lane == 0) delta[row] = acc;
   }
@@ -228,8 +243,8 @@ __global__ void attention_delta_kernel(const T* go, const T* o, float* delta, in
 // dQ for 64 query rows: walks the keys.
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
-attention_grad_q_kernel(const T* q, const T* k, const T* v, const T* go, const float* lse, const float* delta,
-                        T* gq, int64_t L, int64_t S, float scale, bool causal) {
+attention_grad_q_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh, Heads<const T> goh, const float* lse,
+                        const float* delta, Heads<T> gqh, int64_t L, int64_t S, float scale, bool causal) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int ld = D + kPad16;
   T* qs = reinterpret_cast<T*>(smem);
@@ -241,25 +256,22 @@ attention_grad_q_kernel(const T* q, const T* k, const T* v, const T* go, const f
   T* dss = reinterpret_cast<T*>(dps + kWarps * 16 * kLdS);  // kWarps x 16 x kLdP: dS
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
   const int64_t b = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  q += b * L * D;
-  go += b * L * D;
-  k += b * S * D;
-  v += b * S * D;
+  const T *q = qh.slice(b), *go = goh.slice(b), *k = kh.slice(b), *v = vh.slice(b);
   float* s_w = ss + warp * 16 * kLdS;
   float* dp_w = dps + warp * 16 * kLdS;
   T* ds_w = dss + warp * 16 * kLdP;
   const int64_t qi = q0 + warp * 16 + r;
   const float lse_i = qi < L ? lse[b * L + qi] : 0.0f, delta_i = qi < L ? delta[b * L + qi] : 0.0f;
 
-  load_tile<T, D>(qs, q, q0, L);
-  load_tile<T, D>(gos, go, q0, L);
+  load_tile<T, D>(qs, q, qh.ld, q0, L);
+  load_tile<T, D>(gos, go, goh.ld, q0, L);
   Frag acc[D / 16];
   for (int dj = 0; dj < D / 16; ++dj) wmma::fill_fragment(acc[dj], 0.0f);
   const int64_t kend = causal && q0 + kRows < S ? q0 + kRows : S;
   for (int64_t k0 = 0; k0 < kend; k0 += kTile) {
     __syncthreads();
-    load_tile<T, D>(ks, k, k0, S);
-    load_tile<T, D>(vs, v, k0, S);
+    load_tile<T, D>(ks, k, kh.ld, k0, S);
+    load_tile<T, D>(vs, v, vh.ld, k0, S);
     __syncthreads();
     rows_times_tile_t<T, D>(qs + warp * 16 * ld, ks, s_w);    // S = Q K^T
     rows_times_tile_t<T, D>(gos + warp * 16 * ld, vs, dp_w);  // dP = dO V^T
@@ -276,14 +288,15 @@ attention_grad_q_kernel(const T* q, const T* k, const T* v, const T* go, const f
     __syncwarp();
     accumulate_p_times<T, D>(acc, ds_w, ks);  // dQ += dS K
   }
-  store_rows<T, D>(acc, s_w, gq + b * L * D, q0 + warp * 16, L, 1.0f);
+  store_rows<T, D>(acc, s_w, gqh.slice(b), gqh.ld, q0 + warp * 16, L, 1.0f);
 }
 
 // dK and dV for 64 keys: walks the queries.
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
-attention_grad_kv_kernel(const T* q, const T* k, const T* v, const T* go, const float* lse, const float* delta,
-                         T* gk, T* gv, int64_t L, int64_t S, float scale, bool causal) {
+attention_grad_kv_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh, Heads<const T> goh, const float* lse,
+                         const float* delta, Heads<T> gkh, Heads<T> gvh, int64_t L, int64_t S, float scale,
+                         bool causal) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int ld = D + kPad16;
   T* ks = reinterpret_cast<T*>(smem);
@@ -298,18 +311,15 @@ attention_grad_kv_kernel(const T* q, const T* k, const T* v, const T* go, const 
   float* delta_s = lse_s + kTile;                                      // kTile
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, r = lane >> 1, h = lane & 1;
   const int64_t b = blockIdx.y, k0 = static_cast<int64_t>(blockIdx.x) * kRows;
-  q += b * L * D;
-  go += b * L * D;
-  k += b * S * D;
-  v += b * S * D;
+  const T *q = qh.slice(b), *go = goh.slice(b), *k = kh.slice(b), *v = vh.slice(b);
   float* st_w = sts + warp * 16 * kLdS;
   float* dpt_w = dpts + warp * 16 * kLdS;
   T* pt_w = pts + warp * 16 * kLdP;
   T* dst_w = dsts + warp * 16 * kLdP;
   const int64_t kj = k0 + warp * 16 + r;  // this lane's key
 
-  load_tile<T, D>(ks, k, k0, S);
-  load_tile<T, D>(vs, v, k0, S);
+  load_tile<T, D>(ks, k, kh.ld, k0, S);
+  load_tile<T, D>(vs, v, vh.ld, k0, S);
   Frag dk[D / 16], dv[D / 16];
   for (int dj = 0; dj < D / 16; ++dj) {
     wmma::fill_fragment(dk[dj], 0.0f);
@@ -318,8 +328,8 @@ attention_grad_kv_kernel(const T* q, const T* k, const T* v, const T* go, const 
   // Causal: queries before k0 see none of these keys.
   for (int64_t q0 = causal ? k0 : 0; q0 < L; q0 += kTile) {
     __syncthreads();
-    load_tile<T, D>(qs, q, q0, L);
-    load_tile<T, D>(gos, go, q0, L);
+    load_tile<T, D>(qs, q, qh.ld, q0, L);
+    load_tile<T, D>(gos, go, goh.ld, q0, L);
     for (int i = threadIdx.x; i < kTile; i += blockDim.x) {
       lse_s[i] = q0 + i < L ? lse[b * L + q0 + i] : 0.0f;
       delta_s[i] = q0 + i < L ? delta[b * L + q0 + i] : 0.0f;
@@ -342,8 +352,8 @@ attention_grad_kv_kernel(const T* q, const T* k, const T* v, const T* go, const 
     accumulate_p_times<T, D>(dv, pt_w, gos);  // dV += P^T dO
     accumulate_p_times<T, D>(dk, dst_w, qs);  // dK += dS^T Q
   }
-  store_rows<T, D>(dk, st_w, gk + b * S * D, k0 + warp * 16, S, 1.0f);
-  store_rows<T, D>(dv, st_w, gv + b * S * D, k0 + warp * 16, S, 1.0f);
+  store_rows<T, D>(dk, st_w, gkh.slice(b), gkh.ld, k0 + warp * 16, S, 1.0f);
+  store_rows<T, D>(dv, st_w, gvh.slice(b), gvh.ld, k0 + warp * 16, S, 1.0f);
 }
 
 // ---- float32 ----
@@ -384,31 +394,35 @@ __device__ __forceinline__ float2 row_dots(const float (&a)[DC], const float* b,
   return make_float2(row_sum4(ab), row_sum4(cd));
 }
 
-// This lane's quarter (columns part + 4 c) of row `row` of a (rows, 4 DC) matrix, or zeros past `rows`.
+// This lane's quarter (columns part + 4 c) of row `row` of a (rows, 4 DC) matrix whose rows are ld
+// apart, or zeros past `rows`.
 template <int DC>
-__device__ __forceinline__ void load_quarter(float (&dst)[DC], const float* src, int64_t row, int64_t rows, int part) {
-  for (int c = 0; c < DC; ++c) dst[c] = row < rows ? src[row * 4 * DC + part + 4 * c] : 0.0f;
+__device__ __forceinline__ void load_quarter(float (&dst)[DC], const float* src, int64_t ld, int64_t row, int64_t rows,
+                                             int part) {
+  for (int c = 0; c < DC; ++c) dst[c] = row < rows ? src[row * ld + part + 4 * c] : 0.0f;
 }
 
-// Rows [row0, row0 + kRowsF) of a (rows, D) float32 matrix into shared memory (zeros past `rows`).
+// Rows [row0, row0 + kRowsF) of a (rows, D) float32 matrix (rows ld apart) into shared memory (zeros
+// past `rows`).
 template <int D>
-__device__ void load_tile_f32(float (*dst)[D], const float* src, int64_t row0, int64_t rows) {
+__device__ void load_tile_f32(float (*dst)[D], const float* src, int64_t ld, int64_t row0, int64_t rows) {
   for (int i = threadIdx.x; i < kRowsF * D; i += blockDim.x) {
     const int r = i / D, c = i % D;
-    dst[r][c] = row0 + r < rows ? src[(row0 + r) * D + c] : 0.0f;
+    dst[r][c] = row0 + r < rows ? src[(row0 + r) * ld + c] : 0.0f;
   }
 }
 
 // The key/value tiles that query rows [q0, q0 + kRowsF) can see (all S keys, or up to the diagonal
 // when causal), each loaded into ks and vs by the whole block; then visit(k0), its first key.
 template <int D, typename Visit>
-__device__ __forceinline__ void for_each_kv_tile(float (*ks)[D], float (*vs)[D], const float* k, const float* v,
-                                                 int64_t q0, int64_t S, bool causal, Visit&& visit) {
+__device__ __forceinline__ void for_each_kv_tile(float (*ks)[D], float (*vs)[D], const float* k, int64_t k_ld,
+                                                 const float* v, int64_t v_ld, int64_t q0, int64_t S, bool causal,
+                                                 Visit&& visit) {
   const int64_t kend = causal && q0 + kRowsF < S ? q0 + kRowsF : S;
   for (int64_t k0 = 0; k0 < kend; k0 += kRowsF) {
     __syncthreads();
-    load_tile_f32<D>(ks, k, k0, S);
-    load_tile_f32<D>(vs, v, k0, S);
+    load_tile_f32<D>(ks, k, k_ld, k0, S);
+    load_tile_f32<D>(vs, v, v_ld, k0, S);
     __syncthreads();
     visit(k0);
   }
@@ -416,19 +430,16 @@ __device__ __forceinline__ void for_each_kv_tile(float (*ks)[D], float (*vs)[D],
 
 template <int D>
 __global__ void __launch_bounds__(kThreadsF)
-attention_forward_f32_kernel(const float* q, const float* k, const float* v, float* out, float* lse, int64_t L,
-                             int64_t S, float scale, bool causal) {
+attention_forward_f32_kernel(Heads<const float> qh, Heads<const float> kh, Heads<const float> vh, Heads<float> oh,
+                             float* lse, int64_t L, int64_t S, float scale, bool causal) {
   constexpr int DC = D / 4;
   __shared__ float ks[kRowsF][D], vs[kRowsF][D];
   const int row = threadIdx.x / 4, part = threadIdx.x % 4;
   const int64_t b = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRowsF, qi = q0 + row;
-  q += b * L * D;
-  k += b * S * D;
-  v += b * S * D;
   float qr[DC], o[DC] = {};
-  load_quarter<DC>(qr, q, qi, L, part);
+  load_quarter<DC>(qr, qh.slice(b), qh.ld, qi, L, part);
   float m = -INFINITY, l = 0.0f;
-  for_each_kv_tile<D>(ks, vs, k, v, q0, S, causal, [&](int64_t k0) {
+  for_each_kv_tile<D>(ks, vs, kh.slice(b), kh.ld, vh.slice(b), vh.ld, q0, S, causal, [&](int64_t k0) {
     float sv[kRowsF];
     float mx = -INFINITY;
     for (int j = 0; j < kRowsF; ++j) {
@@ -453,28 +464,26 @@ attention_forward_f32_kernel(const float* q, const float* k, const float* v, flo
   });
   if (qi < L) {
     const float inv = l > 0 ? 1.0f / l : 0.0f;
-    for (int c = 0; c < DC; ++c) out[(b * L + qi) * D + part + 4 * c] = o[c] * inv;
+    float* orow = oh.slice(b) + qi * oh.ld;
+    for (int c = 0; c < DC; ++c) orow[part + 4 * c] = o[c] * inv;
     if (part == 0) lse[b * L + qi] = m + logf(l);
   }
 }
 
 template <int D>
 __global__ void __launch_bounds__(kThreadsF)
-attention_grad_q_f32_kernel(const float* q, const float* k, const float* v, const float* go, const float* lse,
-                            const float* delta, float* gq, int64_t L, int64_t S, float scale, bool causal) {
+attention_grad_q_f32_kernel(Heads<const float> qh, Heads<const float> kh, Heads<const float> vh,
+                            Heads<const float> goh, const float* lse, const float* delta, Heads<float> gqh, int64_t L,
+                            int64_t S, float scale, bool causal) {
   constexpr int DC = D / 4;
   __shared__ float ks[kRowsF][D], vs[kRowsF][D];
   const int row = threadIdx.x / 4, part = threadIdx.x % 4;
   const int64_t b = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRowsF, qi = q0 + row;
-  q += b * L * D;
-  go += b * L * D;
-  k += b * S * D;
-  v += b * S * D;
   float qr[DC], gor[DC], dq[DC] = {};
-  load_quarter<DC>(qr, q, qi, L, part);
-  load_quarter<DC>(gor, go, qi, L, part);
+  load_quarter<DC>(qr, qh.slice(b), qh.ld, qi, L, part);
+  load_quarter<DC>(gor, goh.slice(b), goh.ld, qi, L, part);
   const float lse_i = qi < L ? lse[b * L + qi] : 0.0f, delta_i = qi < L ? delta[b * L + qi] : 0.0f;
-  for_each_kv_tile<D>(ks, vs, k, v, q0, S, causal, [&](int64_t k0) {
+  for_each_kv_tile<D>(ks, vs, kh.slice(b), kh.ld, vh.slice(b), vh.ld, q0, S, causal, [&](int64_t k0) {
     for (int j = 0; j < kRowsF; ++j) {
       const float2 sdp = row_dots<DC>(qr, ks[j] + part, gor, vs[j] + part);  // S and dP
       if (masked(qi, k0 + j, L, S, causal)) continue;
@@ -484,30 +493,29 @@ attention_grad_q_f32_kernel(const float* q, const float* k, const float* v, cons
     }
   });
   if (qi < L) {
-    for (int c = 0; c < DC; ++c) gq[(b * L + qi) * D + part + 4 * c] = dq[c];
+    float* grow = gqh.slice(b) + qi * gqh.ld;
+    for (int c = 0; c < DC; ++c) grow[part + 4 * c] = dq[c];
   }
 }
 
 template <int D>
 __global__ void __launch_bounds__(kThreadsF)
-attention_grad_kv_f32_kernel(const float* q, const float* k, const float* v, const float* go, const float* lse,
-                             const float* delta, float* gk, float* gv, int64_t L, int64_t S, float scale, bool causal) {
+attention_grad_kv_f32_kernel(Heads<const float> qh, Heads<const float> kh, Heads<const float> vh,
+                             Heads<const float> goh, const float* lse, const float* delta, Heads<float> gkh,
+                             Heads<float> gvh, int64_t L, int64_t S, float scale, bool causal) {
   constexpr int DC = D / 4;
   __shared__ float qs[kRowsF][D], gos[kRowsF][D];
   __shared__ float lse_s[kRowsF], delta_s[kRowsF];
   const int row = threadIdx.x / 4, part = threadIdx.x % 4;
   const int64_t b = blockIdx.y, k0 = static_cast<int64_t>(blockIdx.x) * kRowsF, kj = k0 + row;
-  q += b * L * D;
-  go += b * L * D;
-  k += b * S * D;
-  v += b * S * D;
+  const float *q = qh.slice(b), *go = goh.slice(b);
   float kr[DC], vr[DC], dk[DC] = {}, dv[DC] = {};
-  load_quarter<DC>(kr, k, kj, S, part);
-  load_quarter<DC>(vr, v, kj, S, part);
+  load_quarter<DC>(kr, kh.slice(b), kh.ld, kj, S, part);
+  load_quarter<DC>(vr, vh.slice(b), vh.ld, kj, S, part);
   for (int64_t q0 = causal ? k0 : 0; q0 < L; q0 += kRowsF) {  // causal: queries before k0 see none of these keys
     __syncthreads();
-    load_tile_f32<D>(qs, q, q0, L);
-    load_tile_f32<D>(gos, go, q0, L);
+    load_tile_f32<D>(qs, q, qh.ld, q0, L);
+    load_tile_f32<D>(gos, go, goh.ld, q0, L);
     for (int i = threadIdx.x; i < kRowsF; i += blockDim.x) {
       lse_s[i] = q0 + i < L ? lse[b * L + q0 + i] : 0.0f;
       delta_s[i] = q0 + i < L ? delta[b * L + q0 + i] : 0.0f;
@@ -525,9 +533,10 @@ attention_grad_kv_f32_kernel(const float* q, const float* k, const float* v, con
     }
   }
   if (kj < S) {
+    float *gkrow = gkh.slice(b) + kj * gkh.ld, *gvrow = gvh.slice(b) + kj * gvh.ld;
     for (int c = 0; c < DC; ++c) {
-      gk[(b * S + kj) * D + part + 4 * c] = dk[c];
-      gv[(b * S + kj) * D + part + 4 * c] = dv[c];
+      gkrow[part + 4 * c] = dk[c];
+      gvrow[part + 4 * c] = dv[c];
     }
   }
 }
@@ -557,13 +566,14 @@ bool allow_smem(Kernel kernel, size_t bytes) {
 }
 
 struct Dims {
-  int64_t B, L, S, D;
+  int64_t B, L, S, D;  // B: the (batch, head) pairs
 };
 
 Dims dims_of(const View& q, const View& k, const View& v, const char* op) {
-  KILN_CHECK(q.ndim() == 3 && k.ndim() == 3 && v.ndim() == 3, "{}: the CUDA kernel takes (B, L, D) views, got {}, {} and {}",
-             op, q.sizes.str(), k.sizes.str(), v.sizes.str());
-  const Dims d{q.sizes[0], q.sizes[1], k.sizes[1], q.sizes[2]};
+  KILN_CHECK(q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4,
+             "{}: the CUDA kernel takes (B, H, L, D) views, got {}, {} and {}", op, q.sizes.str(), k.sizes.str(),
+             v.sizes.str());
+  const Dims d{q.sizes[0] * q.sizes[1], q.sizes[2], k.sizes[2], q.sizes[3]};
   KILN_CHECK(v.sizes[2] == d.D && k.sizes[2] == d.D && (d.D == 32 || d.D == 64 || d.D == 96 || d.D == 128),
              "{}: the CUDA kernel takes one head dim D of 32, 64, 96 or 128 for query, key and value, got shapes "
              "{}, {} and {}",
@@ -575,6 +585,27 @@ Dims dims_of(const View& q, const View& k, const View& v, const char* op) {
   return d;
 }
 
+// A view as the kernels see it, checked: D contiguous columns, rows that do not overlap, and for the
+// 16-bit kernels' 16-byte loads a pointer and strides on 16-byte boundaries (ops/attention.cpp
+// copies a view that has not; this check is the backend's own guard).
+template <typename T>
+Heads<T> heads_of(const View& v, const char* op) {
+  const int64_t rows = v.sizes[2], cols = v.sizes[3];
+  const int64_t ld = rows > 1 ? v.strides[2] : cols;
+  KILN_CHECK((cols <= 1 || v.strides[3] == 1) && ld >= cols,
+             "{}: the CUDA kernel needs views with contiguous, non-overlapping rows, got sizes {} and strides {}", op,
+             v.sizes.str(), v.strides.str());
+  if (v.dtype != kFloat32) {
+    const int64_t align = 16 / static_cast<int64_t>(itemsize(v.dtype));
+    bool aligned = reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
+    for (int d = 0; d < 3; ++d) aligned = aligned && (v.sizes[d] <= 1 || v.strides[d] % align == 0);
+    KILN_CHECK(aligned,
+               "{}: the 16-bit CUDA kernel needs rows on 16-byte boundaries, got strides {} (call .contiguous())", op,
+               v.strides.str());
+  }
+  return Heads<T>{static_cast<T*>(v.data), v.sizes[1], v.strides[0], v.strides[1], ld};
+}
+
 template <typename T, int D>
 void forward_typed(const View& q, const View& k, const View& v, const View& out, const View& lse, const Dims& d,
                    const AttentionArgs& args, cudaStream_t stream) {
@@ -582,9 +613,10 @@ void forward_typed(const View& q, const View& k, const View& v, const View& out,
   constexpr size_t smem = forward_smem<T, D>();
   static const bool ready = allow_smem(kernel, smem);
   (void)ready;
+  const char* op = "scaled_dot_product_attention";
   const dim3 grid(static_cast<unsigned>((d.L + kRows - 1) / kRows), static_cast<unsigned>(d.B));
-  kernel<<<grid, kWarps * 32, smem, stream>>>(static_cast<const T*>(q.data), static_cast<const T*>(k.data),
-                                              static_cast<const T*>(v.data), static_cast<T*>(out.data),
+  kernel<<<grid, kWarps * 32, smem, stream>>>(heads_of<const T>(q, op), heads_of<const T>(k, op),
+                                              heads_of<const T>(v, op), heads_of<T>(out, op),
                                               static_cast<float*>(lse.data), d.L, d.S,
                                               static_cast<float>(args.scale), args.causal);
   KILN_CUDA_CHECK(cudaGetLastError());
@@ -598,17 +630,18 @@ struct BackwardOperands {
   BackwardOperands(const View& q_, const View& k_, const View& v_, const View& out, const View& lse_, const View& go_,
                    const Dims& d, const Stream& s)
       : delta_buffer(s.device.index, static_cast<size_t>(d.B * d.L) * sizeof(float)),
-        q(static_cast<const T*>(q_.data)), k(static_cast<const T*>(k_.data)), v(static_cast<const T*>(v_.data)),
-        go(static_cast<const T*>(go_.data)), lse(static_cast<const float*>(lse_.data)),
+        q(heads_of<const T>(q_, kOp)), k(heads_of<const T>(k_, kOp)), v(heads_of<const T>(v_, kOp)),
+        go(heads_of<const T>(go_, kOp)), lse(static_cast<const float*>(lse_.data)),
         delta(static_cast<const float*>(delta_buffer.data())) {
     const int64_t rows = d.B * d.L;
     attention_delta_kernel<T><<<static_cast<unsigned>(std::min<int64_t>((rows + 7) / 8, kMaxBlocks)), 256, 0,
-                                stream_of(s)>>>(go, static_cast<const T*>(out.data),
-                                                static_cast<float*>(delta_buffer.data()), rows, d.D);
+                                stream_of(s)>>>(go, heads_of<const T>(out, kOp),
+                                                static_cast<float*>(delta_buffer.data()), rows, d.L, d.D);
     KILN_CUDA_CHECK(cudaGetLastError());
   }
+  static constexpr const char* kOp = "scaled_dot_product_attention backward";
   DeviceBuffer delta_buffer;
-  const T *q, *k, *v, *go;
+  Heads<const T> q, k, v, go;
   const float *lse, *delta;
 };
 
@@ -625,7 +658,7 @@ void backward_typed(const View& q, const View& k, const View& v, const View& out
     static const bool ready = allow_smem(kernel, smem);
     (void)ready;
     const dim3 grid(static_cast<unsigned>((d.L + kRows - 1) / kRows), static_cast<unsigned>(d.B));
-    kernel<<<grid, kWarps * 32, smem, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta, static_cast<T*>(gq.data), d.L,
+    kernel<<<grid, kWarps * 32, smem, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta, heads_of<T>(gq, o.kOp), d.L,
                                                 d.S, scale, args.causal);
     KILN_CUDA_CHECK(cudaGetLastError());
   }
@@ -635,8 +668,8 @@ void backward_typed(const View& q, const View& k, const View& v, const View& out
     static const bool ready = allow_smem(kernel, smem);
     (void)ready;
     const dim3 grid(static_cast<unsigned>((d.S + kRows - 1) / kRows), static_cast<unsigned>(d.B));
-    kernel<<<grid, kWarps * 32, smem, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta, static_cast<T*>(gk.data),
-                                                static_cast<T*>(gv.data), d.L, d.S, scale, args.causal);
+    kernel<<<grid, kWarps * 32, smem, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta, heads_of<T>(gk, o.kOp),
+                                                heads_of<T>(gv, o.kOp), d.L, d.S, scale, args.causal);
     KILN_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -645,10 +678,10 @@ template <int D>
 void forward_f32(const View& q, const View& k, const View& v, const View& out, const View& lse, const Dims& d,
                  const AttentionArgs& args, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((d.L + kRowsF - 1) / kRowsF), static_cast<unsigned>(d.B));
+  const char* op = "scaled_dot_product_attention";
   attention_forward_f32_kernel<D><<<grid, kThreadsF, 0, stream>>>(
-      static_cast<const float*>(q.data), static_cast<const float*>(k.data), static_cast<const float*>(v.data),
-      static_cast<float*>(out.data), static_cast<float*>(lse.data), d.L, d.S, static_cast<float>(args.scale),
-      args.causal);
+      heads_of<const float>(q, op), heads_of<const float>(k, op), heads_of<const float>(v, op),
+      heads_of<float>(out, op), static_cast<float*>(lse.data), d.L, d.S, static_cast<float>(args.scale), args.causal);
   KILN_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -661,13 +694,13 @@ void backward_f32(const View& q, const View& k, const View& v, const View& out, 
   const float scale = static_cast<float>(args.scale);
   const dim3 grid_q(static_cast<unsigned>((d.L + kRowsF - 1) / kRowsF), static_cast<unsigned>(d.B));
   attention_grad_q_f32_kernel<D><<<grid_q, kThreadsF, 0, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta,
-                                                                   static_cast<float*>(gq.data), d.L, d.S, scale,
+                                                                   heads_of<float>(gq, o.kOp), d.L, d.S, scale,
                                                                    args.causal);
   KILN_CUDA_CHECK(cudaGetLastError());
   const dim3 grid_kv(static_cast<unsigned>((d.S + kRowsF - 1) / kRowsF), static_cast<unsigned>(d.B));
   attention_grad_kv_f32_kernel<D><<<grid_kv, kThreadsF, 0, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta,
-                                                                     static_cast<float*>(gk.data),
-                                                                     static_cast<float*>(gv.data), d.L, d.S, scale,
+                                                                     heads_of<float>(gk, o.kOp),
+                                                                     heads_of<float>(gv, o.kOp), d.L, d.S, scale,
                                                                      args.causal);
   KILN_CUDA_CHECK(cudaGetLastError());
 }

@@ -207,7 +207,8 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(s.device.index, "cross_entropy backward");
     cross_entropy_backward_launch(logits, target, lse, grad_loss, grad_logits, ignore_index, label_smoothing, s);
   }
-  // float16 and bfloat16 only (ops/attention.cpp composes the other dtypes on this device).
+  // float16, bfloat16 and float32 (ops/attention.cpp composes float64 and masked attention on this
+  // device).
   void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
                  const AttentionArgs& args, const Stream& s) override {
     DeviceGuard guard(s.device.index, "scaled_dot_product_attention");

@@ -103,8 +103,9 @@ void cross_entropy_backward_launch(const View& logits, const View& target, const
                                    const View& grad_logits, int64_t ignore_index, double label_smoothing,
                                    const Stream& s);
 
-// attention.cu: Backend::attention and its backward for float16 and bfloat16 (B, L, D) views, D = 32,
-// 64, 96 or 128, L and S > 0, lse in float32 (see the Notes there).
+// attention.cu: Backend::attention and its backward for float16, bfloat16 and float32 (B, H, L, D)
+// views with any strides on their first three dims, D = 32, 64, 96 or 128, L and S > 0, lse in
+// float32 (see the Notes there).
 void attention_launch(const View& q, const View& k, const View& v, const View& out, const View& lse,
                       const AttentionArgs& args, const Stream& s);
 void attention_backward_launch(const View& q, const View& k, const View& v, const View& out, const View& lse,

@@ -18,7 +18,8 @@ Tensor split_heads(const Tensor& x, int64_t heads) {
   return x.view({B, T, heads, C / heads}).transpose(1, 2);
 }
 
-// (B, heads, T, d) -> (B, T, heads * d).
+// (B, heads, T, d) -> (B, T, heads * d): a view when y's memory is (B, T, heads, d), as the fused
+// scaled_dot_product_attention returns it (Note [attention layout], ops/attention.cpp); else a copy.
 Tensor merge_heads(const Tensor& y) {
   const int64_t B = y.sizes()[0], H = y.sizes()[1], T = y.sizes()[2], d = y.sizes()[3];
   return y.transpose(1, 2).reshape({B, T, H * d});

@@ -17,6 +17,7 @@
 // holds the process-wide fusion switch (set_fusion, KILN_FUSION; ops/ops.h), which gelu reads too.
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -76,25 +77,63 @@ TensorList attention_backward_composed(const Tensor& q, const Tensor& k, const T
   return {matmul(ds, k), matmul(ds.transpose(-2, -1), q), matmul(p.transpose(-2, -1), g)};
 }
 
-// The fused form on (B, L, E), (B, S, E), (B, S, Ev) tensors of one floating dtype.
-Tensor attention_fused(const Tensor& q3, const Tensor& k3, const Tensor& v3, const AttentionArgs& args) {
-  const DType dtype = q3.dtype();
+// Note [attention layout]
+// The kernels take (B, H, rows, cols) views with any strides on the first three dims and stride 1 on
+// the last (core/backend.h), so the heads of a (B, T, 3 C) projection, split by view and transpose as
+// nn::CausalSelfAttention does, are read where they lie: no copy of q, k or v. The output and the
+// gradients are written in their input's order of dims: when q's heads are interleaved along its rows
+// (stride of H below that of L, as in (B, T, H, E) memory), out is allocated as (B, L, H, Ev) memory
+// and returned as its (B, H, L, Ev) view, so that transposing the heads back into (B, L, H * Ev) for
+// the output projection is a view too. PyTorch's flash attention does the same.
+// A view is copied only when a kernel cannot read it: its last dim is not contiguous, its rows overlap
+// (stride below the row length), or, for CUDA's 16-bit kernels (16-byte vector loads), its rows do
+// not start on 16-byte boundaries.
+
+// Whether the kernels can read t (B, H, rows, cols) where it lies (Note [attention layout]).
+bool kernel_can_read(const Tensor& t) {
+  const auto& n = t.sizes();
+  const auto& st = t.strides();
+  if (n[3] > 1 && st[3] != 1) return false;
+  if (n[2] > 1 && st[2] < n[3]) return false;
+  if (t.device().is_cpu() || !is_reduced_float(t.dtype())) return true;
+  const int64_t align = 16 / t.element_size();  // elements per 16 bytes
+  if (reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 != 0) return false;
+  for (int d = 0; d < 3; ++d)
+    if (n[d] > 1 && st[d] % align != 0) return false;
+  return true;
+}
+
+// t itself, or a contiguous copy where the kernels cannot read it.
+Tensor readable(const Tensor& t) { return kernel_can_read(t) ? t : t.contiguous(); }
+
+// An empty (B, H, rows, cols) tensor whose memory follows like's order of the H and rows dims
+// (Note [attention layout]).
+Tensor empty_in_order_of(const Tensor& like, int64_t cols, DType dtype) {
+  const auto& n = like.sizes();
+  if (like.strides()[1] < like.strides()[2] && n[1] > 1 && n[2] > 1)
+    return empty_tensor({n[0], n[2], n[1], cols}, dtype, like.device()).transpose(1, 2);
+  return empty_tensor({n[0], n[1], n[2], cols}, dtype, like.device());
+}
+
+// The fused form on (B, H, L, E), (B, H, S, E), (B, H, S, Ev) tensors of one floating dtype.
+Tensor attention_fused(const Tensor& q4, const Tensor& k4, const Tensor& v4, const AttentionArgs& args) {
+  const DType dtype = q4.dtype();
   // The CPU kernel computes in float32 or float64, so 16-bit inputs go through float32 there; the CUDA
   // kernel takes the 16-bit tensors themselves (tensor cores, float32 accumulation). lse is float32
   // whenever the inputs are 16-bit.
-  const DType compute = is_reduced_float(dtype) && q3.device().is_cpu() ? kFloat32 : dtype;
+  const DType compute = is_reduced_float(dtype) && q4.device().is_cpu() ? kFloat32 : dtype;
   const DType lse_dtype = is_reduced_float(dtype) ? kFloat32 : dtype;
-  Tensor q = q3.to(compute).contiguous(), k = k3.to(compute).contiguous(), v = v3.to(compute).contiguous();
-  const int64_t B = q.sizes()[0], L = q.sizes()[1], Ev = v.sizes()[2];
-  Tensor out = empty_tensor({B, L, Ev}, compute, q.device());
-  Tensor lse = empty_tensor({B, L}, lse_dtype, q.device());
+  Tensor q = readable(q4.to(compute)), k = readable(k4.to(compute)), v = readable(v4.to(compute));
+  const int64_t B = q.sizes()[0], H = q.sizes()[1], L = q.sizes()[2], Ev = v.sizes()[3];
+  Tensor out = empty_in_order_of(q, Ev, compute);
+  Tensor lse = empty_tensor({B, H, L}, lse_dtype, q.device());
   if (out.numel() > 0) {
     backend_for(q.device()).attention(view_of(q), view_of(k), view_of(v), view_of(out), view_of(lse), args,
                                       stream_for(q.device()));
   }
   Tensor result = out.to(dtype);
-  if (should_record(std::vector<Tensor>{q3, k3, v3})) {
-    record("ScaledDotProductAttentionBackward", {q3, k3, v3}, {result},
+  if (should_record(std::vector<Tensor>{q4, k4, v4})) {
+    record("ScaledDotProductAttentionBackward", {q4, k4, v4}, {result},
            [q = SavedTensor(q, false), k = SavedTensor(k, false), v = SavedTensor(v, false),
             out = SavedTensor(out.detach(), false), lse = SavedTensor(lse, false), args, dtype, compute](const Grads& g) -> TensorList {
              const char* name = "ScaledDotProductAttentionBackward";
@@ -104,10 +143,10 @@ Tensor attention_fused(const Tensor& q3, const Tensor& k3, const Tensor& v3, con
              if (GradMode::is_enabled()) {
                grads = attention_backward_composed(qs, ks, vs, go, args.causal, args.scale);
              } else {
-               go = go.contiguous();
-               Tensor gq = empty_tensor(qs.sizes(), compute, qs.device());
-               Tensor gk = empty_tensor(ks.sizes(), compute, ks.device());
-               Tensor gv = empty_tensor(vs.sizes(), compute, vs.device());
+               go = readable(go);
+               Tensor gq = empty_in_order_of(qs, qs.sizes()[3], compute);
+               Tensor gk = empty_in_order_of(ks, ks.sizes()[3], compute);
+               Tensor gv = empty_in_order_of(vs, vs.sizes()[3], compute);
                backend_for(qs.device())
                    .attention_backward(view_of(qs), view_of(ks), view_of(vs), view_of(out.unpack(name)),
                                        view_of(lse.unpack(name)), view_of(go), view_of(gq), view_of(gk), view_of(gv), args,
@@ -188,14 +227,21 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   const bool fused = fusion_enabled() && !attn_mask.defined() && dropout_p == 0 && kernel;
   if (!fused) return attention_composed(query, key, value, attn_mask, dropout_p, is_causal, s, gen);
 
-  // The kernel's (B, L, E) layout: batch dims broadcast and flattened.
-  auto flat = [&](const Tensor& t) {
+  // The kernels' (B, H, rows, cols) layout: batch dims broadcast, then as two dims without a copy
+  // (Note [attention layout]) where there are at most two; more are flattened into H.
+  auto four_d = [&](const Tensor& t) {
     Shape full = batch;
     full.push_back(t.sizes()[t.dim() - 2]);
     full.push_back(t.sizes()[t.dim() - 1]);
-    return t.expand(full).reshape({batch.numel(), full[full.size() - 2], full[full.size() - 1]});
+    Tensor e = t.expand(full);
+    switch (batch.size()) {
+      case 0: return e.unsqueeze(0).unsqueeze(0);
+      case 1: return e.unsqueeze(0);
+      case 2: return e;
+      default: return e.reshape({1, batch.numel(), full[full.size() - 2], full[full.size() - 1]});
+    }
   };
-  Tensor out = attention_fused(flat(query), flat(key), flat(value), {.scale = s, .causal = is_causal});
+  Tensor out = attention_fused(four_d(query), four_d(key), four_d(value), {.scale = s, .causal = is_causal});
   Shape out_shape = batch;
   out_shape.push_back(L);
   out_shape.push_back(value.sizes()[value.dim() - 1]);

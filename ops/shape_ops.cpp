@@ -94,11 +94,34 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<int64_t>
   int d = wrap_dim(dim, x.dim(), "split");
   int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
   KILN_CHECK(total == x.sizes()[d], "split: the sizes add up to {} but dim {} has size {}", total, d, x.sizes()[d]);
+  // One node for all the pieces, as PyTorch's SplitBackward: their gradients are joined by one cat,
+  // where a SliceBackward per piece would write each into zeros of x's shape for autograd to add up
+  // (for GPT's q | k | v: three zero fills, three copies and two additions of the whole (B, T, 3 C)).
+  const bool grad = should_record(x);
   std::vector<Tensor> out;
-  int64_t offset = 0;
-  for (int64_t s : sizes) {
-    out.push_back(x.narrow(d, offset, s));
-    offset += s;
+  {
+    NoGradGuard no_grad;
+    int64_t offset = 0;
+    for (int64_t s : sizes) {
+      out.push_back(x.narrow(d, offset, s));
+      offset += s;
+    }
+  }
+  if (grad) {
+    x.impl()->storage->has_autograd_views = true;  // as a view recorded with grad mode on (ops/record.cpp)
+    const Shape shape = x.sizes();
+    record("SplitBackward", {x}, out, [shape, d, sizes](const Grads& g) -> TensorList {
+      TensorOptions options;
+      for (const Tensor& gi : g.grads)
+        if (gi.defined()) options = gi.options();
+      std::vector<Tensor> pieces;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        Shape piece = shape;
+        piece[d] = sizes[i];
+        pieces.push_back(g[i].defined() ? g[i] : zeros(piece, options));
+      }
+      return {cat(pieces, d)};
+    });
   }
   return out;
 }

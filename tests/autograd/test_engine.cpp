@@ -1,6 +1,7 @@
 // tests/autograd/test_engine.cpp: the autograd engine: gradients of small graphs against hand-derived
 // values, accumulation, retain_graph and the freed-graph Error, create_graph (second derivatives),
-// grad(), no_grad, detach, hooks, retain_grad, in-place ops, saved-tensor hooks, and to_dot.
+// grad(), no_grad, detach, hooks, retain_grad, in-place ops, split's one node, saved-tensor hooks, and
+// to_dot.
 #include <optional>
 #include <thread>
 
@@ -219,6 +220,28 @@ TEST_CASE("an in-place op on a tensor whose views take part in autograd is an Er
   Tensor v = x.view({2});
   test::check_error([&] { x.mul_(3); }, {"mul_", "has views", "clone()"});
   test::check_error([&] { v.mul_(3); }, {"mul_", "view"});
+}
+
+TEST_CASE("split's pieces share one backward node: their gradients are joined, zeros where none came") {
+  Tensor a = tensor({1.0, 2.0, 3.0, 4.0, 5.0}, grad_f64());
+  Tensor x = a * 1;
+  auto pieces = x.split(2, 0);  // [1, 2] | [3, 4] | [5]
+  REQUIRE(pieces.size() == 3);
+  CHECK(pieces[0].grad_fn() == pieces[2].grad_fn());
+  CHECK(std::string(pieces[0].grad_fn()->name()) == "SplitBackward");
+  // The middle piece takes no part in the loss: its part of the gradient is zero.
+  ((pieces[0] * 10).sum() + (pieces[2] * pieces[2]).sum()).backward();
+  test::check_equal(a.grad(), tensor({10.0, 10.0, 0.0, 0.0, 10.0}, kFloat64));
+  // The base of the pieces cannot change in place under autograd, as with any view.
+  test::check_error([&] { x.mul_(3); }, {"mul_", "has views"});
+  // Second derivatives go through the cat of the backward.
+  Tensor b = tensor({1.0, 2.0, 3.0}, grad_f64());
+  auto parts = (b * b).chunk(3, 0);
+  Tensor y = (parts[1] * parts[2]).sum();  // b1^2 b2^2
+  Tensor g = autograd::grad({y}, {b}, {}, true, true)[0];
+  test::check_close(g, tensor({0.0, 2 * 2.0 * 9.0, 2 * 3.0 * 4.0}, kFloat64));
+  Tensor gg = autograd::grad({g.sum()}, {b})[0];  // d/db of (2 b1 b2^2 + 2 b1^2 b2)
+  test::check_close(gg, tensor({0.0, 2 * 9.0 + 4 * 2.0 * 3.0, 4 * 2.0 * 3.0 + 2 * 4.0}, kFloat64));
 }
 
 TEST_CASE("fill_ and zero_ keep a non-leaf in the graph with a zero gradient to its old value") {

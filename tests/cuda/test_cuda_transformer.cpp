@@ -1,8 +1,9 @@
 // tests/cuda/test_cuda_transformer.cpp: attention and GPT on cuda:0 against the CPU: the composed
 // scaled_dot_product_attention (float64 on CUDA) against the CPU's fused one, forward and gradients;
-// the CUDA flash kernel (float16, bfloat16) against a float64 composition of the same rounded inputs,
-// and its memory; a tiny GPT's logits and parameter gradients; and activation offload (SaveOnCpu): the same
-// gradients, the saved activations copied to the host, and less device memory held by the graph.
+// the CUDA flash kernels (float16, bfloat16, float32) against a float64 composition of the same
+// rounded inputs, also reading the heads of one projection in place, and their memory; a tiny GPT's
+// logits and parameter gradients; and activation offload (SaveOnCpu): the same gradients, the saved
+// activations copied to the host, and less device memory held by the graph.
 // Skipped (exit 77) without a GPU, like test_cuda.cpp.
 #include <algorithm>
 #include <cmath>
@@ -79,6 +80,46 @@ TEST_CASE("the CUDA flash attention kernels (float16, bfloat16, float32) match a
           CHECK(gg[i].dtype() == dt);
           CHECK(relative_error(gg[i], g64[i]) < bound);
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("the CUDA flash attention kernels read heads where a (B, T, 3 C) projection holds them", "[gpu][attention]") {
+  // Note [attention layout] (ops/attention.cpp): q, k and v split from one projection go to the
+  // kernels as strided views, out comes back in (B, T, H, D) memory; with the projection shifted by
+  // one element its 16-bit rows are off 16-byte boundaries and are copied first. Against a float64
+  // composition of the same rounded values, with the bounds of the test above.
+  Generator gen(13);
+  const int64_t B = 2, T = 70, H = 3;
+  for (DType dt : {kBFloat16, kFloat16, kFloat32}) {
+    const double bound = dt == kBFloat16 ? 2e-2 : dt == kFloat16 ? 4e-3 : 1e-5;
+    for (int64_t D : {32, 64}) {
+      for (int64_t shift : {0, 1}) {
+        const int64_t C = H * D;
+        INFO(dtype_name(dt) << ", D " << D << ", shift " << shift);
+        Tensor x = randn({B, T, 3 * C + shift}, kFloat64, &gen).to(dt);
+        Tensor cot = randn({B, T, C}, kFloat64, &gen).to(dt);
+        auto run = [&](const Tensor& proj) {
+          std::vector<Tensor> qkv;
+          for (const Tensor& part : proj.narrow(2, shift, 3 * C).split(C, 2))
+            qkv.push_back(part.view({B, T, H, D}).transpose(1, 2));
+          return scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, true);
+        };
+        Tensor x64 = x.to(kFloat64).requires_grad_();
+        test::FusionGuard composed(false);
+        Tensor y64 = run(x64);
+        auto g64 = autograd::grad({y64}, {x64}, {cot.to(kFloat64).view({B, T, H, D}).transpose(1, 2)});
+        test::FusionGuard fused(true);
+        Tensor xg = x.to(kGpu).requires_grad_();
+        Tensor yg = run(xg);
+        CHECK(yg.dtype() == dt);
+        const bool copied = shift != 0 && dt != kFloat32;  // 16-bit rows off 16-byte boundaries
+        CHECK((copied ? yg.is_contiguous() : yg.transpose(1, 2).is_contiguous()));
+        CHECK(relative_error(yg, y64) < bound);
+        auto gg = autograd::grad({yg}, {xg}, {cot.to(kGpu).view({B, T, H, D}).transpose(1, 2)});
+        INFO("gradient relative error " << relative_error(gg[0], g64[0]));
+        CHECK(relative_error(gg[0], g64[0]) < bound);
       }
     }
   }

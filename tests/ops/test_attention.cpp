@@ -2,8 +2,9 @@
 // written here from matmul, masking and softmax (ops the op table checks against PyTorch); the fused
 // kernel (cpu/attention.cpp) must equal it, forward and backward with a random cotangent, at the
 // sizes around its 64-row blocks (1, 7, 63, 64, 65, 130), causal and not, L != S, broadcast batch
-// dims; gradcheck and gradgradcheck in float64; the same bits wherever the kernel's scratch lands;
-// the switch set_fusion(false); the errors.
+// dims; heads read in place from one projection, and the layout of what comes back; gradcheck and
+// gradgradcheck in float64; the same bits wherever the kernel's scratch lands; the switch
+// set_fusion(false); the errors.
 #include <cmath>
 #include <vector>
 
@@ -78,6 +79,45 @@ TEST_CASE("scaled_dot_product_attention: strided inputs, a given scale, and larg
   // Scores near 1e3 in size: the online softmax subtracts the running max, so nothing overflows.
   test::check_close(scaled_dot_product_attention(q * 30, k * 30, v, {}, 0.0, false),
                     reference(q * 30, k * 30, v, false, 1 / std::sqrt(8.0)), {1e-10, 1e-10});
+}
+
+TEST_CASE("scaled_dot_product_attention: heads read where a (B, T, 3 C) projection holds them, out in (B, T, H, E) "
+          "memory",
+          "[ops][attention]") {
+  // Note [attention layout]: q, k and v split from one projection by view and transpose, as
+  // nn::CausalSelfAttention does, go to the kernel without a copy; out and the gradients come back
+  // in their input's order of dims, so merging the heads again is a view.
+  FusionGuard fused(true);
+  const int64_t B = 2, T = 67, H = 3, E = 8, C = H * E;
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    Tensor x = test::sample({B, T, 3 * C}, kFloat64, 0.1).requires_grad_();
+    Tensor xr = x.detach().clone().requires_grad_();
+    auto heads = [&](const Tensor& proj) {
+      std::vector<Tensor> out;
+      for (const Tensor& part : proj.split(C, 2)) out.push_back(part.view({B, T, H, E}).transpose(1, 2));
+      return out;
+    };
+    const auto qkv = heads(x), qkv_ref = heads(xr);
+    Tensor out = scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], {}, 0.0, causal);
+    Tensor expected = reference(qkv_ref[0], qkv_ref[1], qkv_ref[2], causal, 1 / std::sqrt(double(E)));
+    test::check_close(out, expected, {1e-12, 1e-12});
+    CHECK(out.transpose(1, 2).is_contiguous());  // (B, T, H, E) memory: merging the heads is a view
+    Tensor cot = test::sample({B, T, C}, kFloat64, 0.2);
+    (out.transpose(1, 2).reshape({B, T, C}) * cot).sum().backward();
+    (expected.transpose(1, 2).reshape({B, T, C}) * cot).sum().backward();
+    test::check_close(x.grad(), xr.grad(), {1e-11, 1e-11});
+  }
+  SECTION("views the kernel cannot read are copied first") {
+    // Columns not contiguous (a transposed (E, T) matrix); rows overlapping (one key row expanded);
+    // three batch dims, flattened.
+    Tensor q = test::sample({2, 3, 8, 67}, kFloat64, 0.3).transpose(-1, -2);
+    Tensor k = test::sample({2, 3, 1, 8}, kFloat64, 0.4).expand({2, 3, 67, 8});
+    Tensor v = test::sample({2, 3, 67, 8}, kFloat64, 0.5);
+    test::check_close(scaled_dot_product_attention(q, k, v, {}, 0.0, true),
+                      reference(q, k, v, true, 1 / std::sqrt(8.0)), {1e-12, 1e-12});
+    check_against_reference({2, 2, 3, 9, 4}, {2, 1, 3, 9, 4}, {2, 2, 1, 9, 4}, true, 7.5);
+  }
 }
 
 TEST_CASE("scaled_dot_product_attention: gradcheck and gradgradcheck in float64", "[ops][attention]") {
