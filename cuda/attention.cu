@@ -2,7 +2,7 @@
 // and bfloat16 on tensor cores (WMMA: 16 x 16 x 16 tiles, float32 accumulation), and for float32 on
 // the CUDA cores (Note [float32 attention], at the end of the kernels). The contract is
 // core/backend.h's Backend::attention; the CPU sibling is cpu/attention.cpp, which follows the same
-// plan with float32 arithmetic. Nothing of size L x S ever reaches global memory.
+// plan in float32 or float64 arithmetic. Nothing of size L x S ever reaches global memory.
 //
 // Shapes: q (B, H, L, D), k and v (B, H, S, D), out (B, H, L, D), lse (B, H, L) in float32; D = 32, 64,
 // 96 or 128. Each of q, k, v, out and the gradients may have any strides on its first three dims
@@ -11,7 +11,7 @@
 // kernels load rows 16 bytes at a time, so there the pointer and strides are multiples of 16 bytes.
 // Scores s = scale * q k^T; causal: query i sees keys j <= i.
 //
-// Forward (one block of 4 warps per 64 query rows of one batch entry; each warp owns 16 rows):
+// Forward (one block of 4 warps per 64 query rows of one (batch, head) pair; each warp owns 16 rows):
 //   for each tile of 64 keys (up to the diagonal when causal):
 //     S  = Q K^T               tensor cores, 16 x 64 per warp, into shared memory (float32)
 //     m' = max(m, rowmax(S))   the online softmax: the running max and sum of each row,
@@ -574,7 +574,11 @@ Dims dims_of(const View& q, const View& k, const View& v, const char* op) {
              "{}: the CUDA kernel takes (B, H, L, D) views, got {}, {} and {}", op, q.sizes.str(), k.sizes.str(),
              v.sizes.str());
   const Dims d{q.sizes[0] * q.sizes[1], q.sizes[2], k.sizes[2], q.sizes[3]};
-  KILN_CHECK(v.sizes[2] == d.D && k.sizes[2] == d.D && (d.D == 32 || d.D == 64 || d.D == 96 || d.D == 128),
+  KILN_CHECK(k.sizes[0] == q.sizes[0] && v.sizes[0] == q.sizes[0] && k.sizes[1] == q.sizes[1] &&
+                 v.sizes[1] == q.sizes[1] && v.sizes[2] == d.S,
+             "{}: the CUDA kernel takes query (B, H, L, D), key and value (B, H, S, D), got {}, {} and {}", op,
+             q.sizes.str(), k.sizes.str(), v.sizes.str());
+  KILN_CHECK(v.sizes[3] == d.D && k.sizes[3] == d.D && (d.D == 32 || d.D == 64 || d.D == 96 || d.D == 128),
              "{}: the CUDA kernel takes one head dim D of 32, 64, 96 or 128 for query, key and value, got shapes "
              "{}, {} and {}",
              op, q.sizes.str(), k.sizes.str(), v.sizes.str());
@@ -623,7 +627,7 @@ void forward_typed(const View& q, const View& k, const View& v, const View& out,
 }
 
 // What both backward paths start from: Delta = rowsum(dO * out) in a device buffer (queued on s),
-// and the operands' pointers. The caller sends L > 0 and S > 0 (ops/attention.cpp composes the
+// and the operands as the kernels see them (Heads). The caller sends L > 0 and S > 0 (ops/attention.cpp composes the
 // empty cases).
 template <typename T>
 struct BackwardOperands {

@@ -84,7 +84,9 @@ TensorList attention_backward_composed(const Tensor& q, const Tensor& k, const T
 // gradients are written in their input's order of dims: when q's heads are interleaved along its rows
 // (stride of H below that of L, as in (B, T, H, E) memory), out is allocated as (B, L, H, Ev) memory
 // and returned as its (B, H, L, Ev) view, so that transposing the heads back into (B, L, H * Ev) for
-// the output projection is a view too. PyTorch's flash attention does the same.
+// the output projection is a view too. PyTorch's flash attention does the same. (Not for 16-bit
+// inputs on the CPU: its kernel takes float32 copies of them, and the result is converted back into a
+// new contiguous tensor.)
 // A view is copied only when a kernel cannot read it: its last dim is not contiguous, its rows overlap
 // (stride below the row length), or, for CUDA's 16-bit kernels (16-byte vector loads), its rows do
 // not start on 16-byte boundaries.
