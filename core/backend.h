@@ -139,6 +139,20 @@ struct AttentionArgs {
   bool causal = false;
 };
 
+// An attention operand (Backend::attention below) as the CPU and CUDA kernels read it: B x H
+// matrices of contiguous columns; slice z of the (batch, head) pairs starts at slice(z), its rows ld
+// apart (a one-row slice's ld is its row length, whatever the stride says).
+template <typename T>
+struct AttentionHeads {
+  T* data;
+  int64_t heads, sb, sh, ld;
+  KILN_HOST_DEVICE T* slice(int64_t z) const { return data + (z / heads) * sb + (z % heads) * sh; }
+};
+template <typename T>
+AttentionHeads<T> attention_heads(const View& v) {  // v: (B, H, rows, cols)
+  return {static_cast<T*>(v.data), v.sizes[1], v.strides[0], v.strides[1], v.sizes[2] > 1 ? v.strides[2] : v.sizes[3]};
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;

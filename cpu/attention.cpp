@@ -50,24 +50,12 @@ int64_t visible(int64_t r, int64_t cols, int64_t q0, int64_t k0, bool causal) {
   return std::clamp<int64_t>(q0 + r - k0 + 1, 0, cols);
 }
 
-// An attention operand (core/backend.h): B x H matrices of (rows, cols), row i of slice z at
-// slice(z) + i * ld, its columns contiguous.
-template <typename T>
-struct Heads {
-  explicit Heads(const View& v)
-      : data(v.ptr<T>()), heads(v.sizes[1]), sb(v.strides[0]), sh(v.strides[1]),
-        ld(v.sizes[2] > 1 ? v.strides[2] : v.sizes[3]) {}
-  T* slice(int64_t z) const { return data + (z / heads) * sb + (z % heads) * sh; }
-  T* data;
-  int64_t heads, sb, sh, ld;
-};
-
 template <typename T>
 void attention_typed(const View& qv, const View& kv, const View& vv, const View& ov, const View& lsev,
                      const AttentionArgs& args) {
   const int64_t B = qv.sizes[0] * qv.sizes[1], L = qv.sizes[2], E = qv.sizes[3], S = kv.sizes[2], Ev = vv.sizes[3];
-  const Heads<const T> q(qv), k(kv), v(vv);
-  const Heads<T> out(ov);
+  const auto q = attention_heads<const T>(qv), k = attention_heads<const T>(kv), v = attention_heads<const T>(vv);
+  const auto out = attention_heads<T>(ov);
   T* lse = lsev.ptr<T>();
   const T scale = static_cast<T>(args.scale);
   const int64_t q_blocks = (L + kBlock - 1) / kBlock;
@@ -119,8 +107,9 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
                               const View& gov, const View& gqv, const View& gkv, const View& gvv,
                               const AttentionArgs& args) {
   const int64_t B = qv.sizes[0] * qv.sizes[1], L = qv.sizes[2], E = qv.sizes[3], S = kv.sizes[2], Ev = vv.sizes[3];
-  const Heads<const T> q(qv), k(kv), v(vv), out(ov), gout(gov);
-  const Heads<T> gq(gqv), gk(gkv), gv(gvv);
+  const auto q = attention_heads<const T>(qv), k = attention_heads<const T>(kv), v = attention_heads<const T>(vv);
+  const auto out = attention_heads<const T>(ov), gout = attention_heads<const T>(gov);
+  const auto gq = attention_heads<T>(gqv), gk = attention_heads<T>(gkv), gv = attention_heads<T>(gvv);
   const T* lse = lsev.ptr<T>();
   const T scale = static_cast<T>(args.scale);
   // Rows [0, rows) of a slice, each `cols` long, set to zero.

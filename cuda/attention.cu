@@ -6,7 +6,7 @@
 //
 // Shapes: q (B, H, L, D), k and v (B, H, S, D), out (B, H, L, D), lse (B, H, L) in float32; D = 32, 64,
 // 96 or 128. Each of q, k, v, out and the gradients may have any strides on its first three dims
-// (core/backend.h, Note [attention layout] in ops/attention.cpp): a kernel sees one as a Heads, slice
+// (core/backend.h, Note [attention layout] in ops/attention.cpp): a kernel sees one as a Heads (core/backend.h's AttentionHeads), slice
 // z of the B * H (batch, head) pairs at data + (z / H) * sb + (z % H) * sh, rows ld apart. The 16-bit
 // kernels load rows 16 bytes at a time, so there the pointer and strides are multiples of 16 bytes.
 // Scores s = scale * q k^T; causal: query i sees keys j <= i.
@@ -73,13 +73,9 @@ __device__ __forceinline__ __half from_f<__half>(float x) { return __float2half(
 template <>
 __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 
-// An operand: B * H matrices of D contiguous columns (see the top of the file).
+// An operand: B * H matrices of D contiguous columns (core/backend.h; see the top of the file).
 template <typename T>
-struct Heads {
-  T* data;
-  int64_t heads, sb, sh, ld;
-  __device__ __forceinline__ T* slice(int64_t z) const { return data + (z / heads) * sb + (z % heads) * sh; }
-};
+using Heads = AttentionHeads<T>;
 
 // Rows [row0, row0 + 64) of a (rows, D) matrix, rows ld_src apart, into shared memory (leading
 // dimension D + kPad16), 16 bytes at a time; rows past `rows` are zeros.
@@ -594,9 +590,9 @@ Dims dims_of(const View& q, const View& k, const View& v, const char* op) {
 // copies a view that has not; this check is the backend's own guard).
 template <typename T>
 Heads<T> heads_of(const View& v, const char* op) {
-  const int64_t rows = v.sizes[2], cols = v.sizes[3];
-  const int64_t ld = rows > 1 ? v.strides[2] : cols;
-  KILN_CHECK((cols <= 1 || v.strides[3] == 1) && ld >= cols,
+  const Heads<T> h = attention_heads<T>(v);
+  const int64_t cols = v.sizes[3];
+  KILN_CHECK((cols <= 1 || v.strides[3] == 1) && h.ld >= cols,
              "{}: the CUDA kernel needs views with contiguous, non-overlapping rows, got sizes {} and strides {}", op,
              v.sizes.str(), v.strides.str());
   if (v.dtype != kFloat32) {
@@ -607,7 +603,7 @@ Heads<T> heads_of(const View& v, const char* op) {
                "{}: the 16-bit CUDA kernel needs rows on 16-byte boundaries, got strides {} (call .contiguous())", op,
                v.strides.str());
   }
-  return Heads<T>{static_cast<T*>(v.data), v.sizes[1], v.strides[0], v.strides[1], ld};
+  return h;
 }
 
 template <typename T, int D>

@@ -128,6 +128,18 @@ static void addmm_into(const Tensor& out, const Tensor& bias, const Tensor& a, c
   target.add_(bias);  // bumps the version
 }
 
+// The gradients of bias + a @ b, given the gradient dC of that sum, for those inputs that need one:
+// bias's (dC summed to its shape), a's (dC B^T) and b's (A^T dC). sa and sb hold a and b where the
+// other's gradient needs them. For AddmmBackward and AddmmGeluBackward.
+static TensorList addmm_grads(const Grads& g, const Tensor& dc, const Shape& bias_shape, const SavedTensor& sa,
+                              const SavedTensor& sb, const char* name) {
+  TensorList r(3);
+  if (g.needs_grad(0)) r[0] = dc.sizes() == bias_shape ? dc : sum_to(dc, bias_shape);
+  if (g.needs_grad(1)) r[1] = matmul(dc, sb.unpack(name).mT());
+  if (g.needs_grad(2)) r[2] = matmul(sa.unpack(name).mT(), dc);
+  return r;
+}
+
 Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
   check_addmm("addmm_out", bias, a, b);
   const Shape shape{a.size(0), b.size(1)};
@@ -154,11 +166,7 @@ Tensor addmm(const Tensor& bias, const Tensor& a, const Tensor& b) {
            [sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),
             sb = SavedTensor(a.requires_grad() ? b : Tensor(), false),
             bias_shape = bias.sizes()](const Grads& g) -> TensorList {
-             TensorList r(3);
-             if (g.needs_grad(0)) r[0] = g[0].sizes() == bias_shape ? g[0] : sum_to(g[0], bias_shape);
-             if (g.needs_grad(1)) r[1] = matmul(g[0], sb.unpack("AddmmBackward").mT());  // dA = dC B^T
-             if (g.needs_grad(2)) r[2] = matmul(sa.unpack("AddmmBackward").mT(), g[0]);  // dB = A^T dC
-             return r;
+             return addmm_grads(g, g[0], bias_shape, sa, sb, "AddmmBackward");
            });
   }
   return out;
@@ -191,11 +199,7 @@ Tensor addmm_gelu(const Tensor& bias, const Tensor& a, const Tensor& b, std::str
                [sp = SavedTensor(pre, false), sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),
                 sb = SavedTensor(a.requires_grad() ? b : Tensor(), false)](const Grads& g) -> TensorList {
                  const Tensor gp = gelu_backward(g[0], sp.unpack("AddmmGeluBackward"), /*tanh_form=*/true);
-                 TensorList r(3);
-                 if (g.needs_grad(0)) r[0] = gp.sum({0});
-                 if (g.needs_grad(1)) r[1] = matmul(gp, sb.unpack("AddmmGeluBackward").mT());  // dA = dP B^T
-                 if (g.needs_grad(2)) r[2] = matmul(sa.unpack("AddmmGeluBackward").mT(), gp);  // dB = A^T dP
-                 return r;
+                 return addmm_grads(g, gp, Shape{gp.size(1)}, sa, sb, "AddmmGeluBackward");
                });
       }
       return out;
