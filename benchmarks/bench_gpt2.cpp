@@ -24,7 +24,8 @@
 // none (or --no-autocast) trains in float32; --no-fusion turns kernel fusion off (set_fusion);
 // --checkpoint checkpoints every block's activations (GPT::set_checkpointing); --offload keeps the
 // activations saved for backward in pinned host memory (autograd::SaveOnCpu). peak_mem_gib shows
-// what the last two save on the device.
+// what the last two save on the device. Every line names the 16-bit attention kernels in use
+// (attention_kernels: KILN_CUDA_ATTENTION, or "default"; cuda/attention.cu).
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -99,6 +100,12 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
+// Which 16-bit CUDA attention kernels run: KILN_CUDA_ATTENTION (cuda/attention.cu), "default" when unset.
+const char* attention_kernels() {
+  const char* v = std::getenv("KILN_CUDA_ATTENTION");
+  return v != nullptr && *v != '\0' ? v : "default";
+}
+
 // The median time in ms of fn() (forward and backward of one part) over 20 runs after 3.
 double time_part(const std::function<void()>& fn, kiln::Device device) {
   std::vector<double> ms;
@@ -148,8 +155,9 @@ void breakdown(const Options& o, kiln::Device device) {
   };
   for (const auto& [name, fn] : parts) {
     std::printf("{\"bench\":\"gpt2_124m_breakdown\",\"impl\":\"kiln\",\"part\":\"%s\",\"batch\":%lld,\"seq\":%lld,"
-                "\"ms_fwd_bwd\":%.3f}\n",
-                name, static_cast<long long>(B), static_cast<long long>(T), time_part(fn, device));
+                "\"attention_kernels\":\"%s\",\"ms_fwd_bwd\":%.3f}\n",
+                name, static_cast<long long>(B), static_cast<long long>(T), attention_kernels(),
+                time_part(fn, device));
     std::fflush(stdout);
   }
 }
@@ -213,11 +221,11 @@ int main(int argc, char** argv) {
     const double peak_gib = static_cast<double>(memory::stats(device).peak_allocated_bytes) / (1ull << 30);
     std::printf(
         "{\"bench\":\"gpt2_124m\",\"impl\":\"kiln\",\"device\":\"%s\",\"n_layer\":%lld,\"batch\":%lld,\"seq\":%lld,"
-        "\"params\":%lld,\"autocast\":\"%s\",\"fusion\":%s,\"checkpoint\":%s,\"offload\":%s,\"steps\":%lld,\"ms_per_step\":%.2f,"
+        "\"params\":%lld,\"autocast\":\"%s\",\"attention_kernels\":\"%s\",\"fusion\":%s,\"checkpoint\":%s,\"offload\":%s,\"steps\":%lld,\"ms_per_step\":%.2f,"
         "\"tokens_per_s\":%.0f,\"flops_per_token\":%.4g,\"mfu\":%.4f,\"loss_first\":%.4f,\"loss_final\":%.4f,"
         "\"peak_mem_gib\":%.2f,\"skipped_steps\":%lld}\n",
         device.str().c_str(), static_cast<long long>(o.layers), static_cast<long long>(o.batch),
-        static_cast<long long>(o.seq), static_cast<long long>(params), o.autocast.c_str(),
+        static_cast<long long>(o.seq), static_cast<long long>(params), o.autocast.c_str(), attention_kernels(),
         o.fusion ? "true" : "false", o.checkpoint ? "true" : "false", o.offload ? "true" : "false",
         static_cast<long long>(o.steps), step_ms, tokens_per_s, flops_per_token,
         flops_per_token * tokens_per_s / kPeakBf16, loss_first, loss_last, peak_gib,

@@ -1,6 +1,7 @@
 // cuda/attention.cu: fused scaled dot-product attention on the GPU, forward and backward: for float16
-// and bfloat16 on tensor cores (WMMA: 16 x 16 x 16 tiles, float32 accumulation), and for float32 on
-// the CUDA cores (Note [float32 attention], at the end of the kernels). The contract is
+// and bfloat16 on tensor cores (WMMA: 16 x 16 x 16 tiles, float32 accumulation; or, with
+// KILN_CUDA_ATTENTION=mma, register-tiled kernels on mma.sync: Note [register-tiled attention]), and
+// for float32 on the CUDA cores (Note [float32 attention], at the end of the kernels). The contract is
 // core/backend.h's Backend::attention; the CPU sibling is cpu/attention.cpp, which follows the same
 // plan in float32 or float64 arithmetic. Nothing of size L x S ever reaches global memory.
 //
@@ -27,14 +28,19 @@
 // walks the queries and accumulates dK and dV. S and dP are computed twice, which tensor cores make
 // cheap.
 //
-// Within a warp, the softmax steps run with two lanes per row (lane = 2 r + h: row r, columns
+// In the WMMA kernels, the softmax steps run with two lanes per row (lane = 2 r + h: row r, columns
 // h*32 .. h*32+31 of the 64-column tile); the products run as WMMA fragments, whose layout we never
-// depend on: they go through shared memory (store_matrix_sync / load_matrix_sync).
+// depend on: they go through shared memory (store_matrix_sync / load_matrix_sync). The register-tiled
+// kernels depend on PTX's documented mma.sync layout instead, and keep everything in registers.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <mma.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <type_traits>
 
 #include "cuda/context.h"
 #include "cuda/kernels.h"
@@ -352,6 +358,423 @@ attention_grad_kv_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh
   store_rows<T, D>(dv, st_w, gvh.slice(b), gvh.ld, k0 + warp * 16, S, 1.0f);
 }
 
+// ---- 16-bit, register-tiled (mma.sync) ----
+//
+// Note [register-tiled attention]
+// The WMMA kernels above pass every product through shared memory, because WMMA's fragment layout
+// is opaque: S is stored and read back by two lanes per row, P stored and reloaded as a fragment, O
+// kept in shared memory. These kernels follow the same plan (the same blocks, walks, masks, rounding
+// and results) but keep S, P and O (dP, dS, dQ, dK, dV in the backward) in registers, as the fragments
+// of PTX's mma.sync.m16n8k16 (16 x 8 x 16, float32 accumulation), whose layout PTX documents. With
+// lane = 4 g + t (g = lane / 4, t = lane % 4):
+//   A, 16 x 16 (m x k), four 32-bit registers of two 16-bit values each, the lower column in the low
+//     half: (row g, columns 2t, 2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..);
+//   B, 16 x 8 (k x n), two registers: (rows 2t, 2t+1, column g), (rows 2t+8, 2t+9, column g);
+//   C, 16 x 8 float32, four floats: (g, 2t), (g, 2t+1), (g+8, 2t), (g+8, 2t+1).
+// So a lane holds pieces of rows g and g + 8 only, and a row's max or sum is its lane's values joined
+// with the other three lanes of its quad (two shuffles). And the C fragments of two neighbouring
+// 8-column tiles, rounded to 16 bits and packed in pairs, are exactly an A fragment: P = softmax(S)
+// multiplies V without leaving registers (likewise dS times K, P^T times dO, dS^T times Q).
+// Operands come from shared memory by ldmatrix (four 8 x 8 matrices per instruction, each lane giving
+// one row's address); an operand stored k-major (V in P V, K in dS K, dO and Q in the dK/dV kernel)
+// is read with ldmatrix's .trans. Tiles reach shared memory by cp.async, double-buffered: the next
+// tile of the walk is in flight while this one is computed. Rows padded by kPad16 elements keep the
+// eight row addresses of an ldmatrix on distinct banks.
+// Selected by KILN_CUDA_ATTENTION=mma (use_mma_kernels, below); written and compiled, not yet run
+// on a GPU, so the WMMA kernels stay the default until scripts/gpu_check.sh has checked these.
+
+// D(16 x 8, float32) += A(16 x 16) B(16 x 8): one tensor-core instruction for the warp.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __half>) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  } else {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
+}
+
+__device__ __forceinline__ unsigned shared_address(const void* p) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(p));
+}
+
+// Four 8 x 8 matrices of 16-bit values from shared memory: lanes 8i .. 8i+7 give the addresses of
+// matrix i's rows (16 bytes each); afterwards r[i] holds, in lane 4g + t, row g's columns 2t, 2t+1
+// of matrix i (with .trans, Trans = true: column g's rows 2t, 2t+1).
+template <bool Trans>
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
+  if constexpr (Trans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(shared_address(row)));
+  }
+}
+
+// 16 bytes from global to shared memory without passing through registers; zeros when !valid (src
+// must still be a readable address).
+__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+// Waits until at most N of this thread's committed groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Two values rounded to 16 bits and packed as an mma operand register (lo in the low half), and back.
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  uint32_t r;
+  if constexpr (std::is_same_v<T, __half>) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  } else {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    memcpy(&r, &v, 4);
+  }
+  return r;
+}
+template <typename T>
+__device__ __forceinline__ float2 unpack2(uint32_t r) {
+  if constexpr (std::is_same_v<T, __half>) {
+    __half2 v;
+    memcpy(&v, &r, 4);
+    return __half22float2(v);
+  } else {
+    __nv_bfloat162 v;
+    memcpy(&v, &r, 4);
+    return __bfloat1622float2(v);
+  }
+}
+
+// Rows [row0, row0 + kRows) of a (rows, D) matrix (rows ld_src apart) into shared memory (leading
+// dimension D + kPad16) by cp.async, zeros past `rows`; the caller commits and waits.
+template <typename T, int D>
+__device__ __forceinline__ void load_tile_async(T* dst, const T* src, int64_t ld_src, int64_t row0, int64_t rows) {
+  constexpr int kVec = 8;  // 16-bit elements per 16 bytes
+  constexpr int kPerRow = D / kVec;
+  for (int i = threadIdx.x; i < kRows * kPerRow; i += blockDim.x) {
+    const int r = i / kPerRow, c = (i % kPerRow) * kVec;
+    const bool valid = row0 + r < rows;
+    cp_async_16(dst + r * (D + kPad16) + c, src + (valid ? row0 + r : rows - 1) * ld_src + c, valid);
+  }
+}
+
+// The walks' double buffer has two stages, each a pair of tiles (K then V, or Q then dO). Loads rows
+// [row0, row0 + kRows) of a and of b into a stage, committed as one group (with any loads issued
+// before it and not yet committed).
+template <typename T, int D>
+__device__ __forceinline__ void load_pair_async(T* stage, const T* a, int64_t lda, const T* b, int64_t ldb,
+                                                int64_t row0, int64_t rows) {
+  load_tile_async<T, D>(stage, a, lda, row0, rows);
+  load_tile_async<T, D>(stage + kRows * (D + kPad16), b, ldb, row0, rows);
+  cp_async_commit();
+}
+
+// Waits for the current stage's group: all but the newest when the next stage is already in flight.
+__device__ __forceinline__ void cp_async_wait_current(bool next_in_flight) {
+  if (next_in_flight) {
+    cp_async_wait<1>();
+  } else {
+    cp_async_wait<0>();
+  }
+}
+
+// The walk of the forward and dQ kernels over the key tiles that query rows [q0, q0 + kRows) see (all
+// S keys, or up to the diagonal when causal), double-buffered in kvs (two stages of a K and a V
+// tile): the first pair is loaded here (committed with whatever the caller has issued before), each
+// next pair while the current one is computed; visit(k0, ks, vs) computes one tile.
+template <typename T, int D, typename Visit>
+__device__ __forceinline__ void walk_kv_tiles(T* kvs, const T* k, int64_t k_ld, const T* v, int64_t v_ld, int64_t q0,
+                                              int64_t S, bool causal, Visit&& visit) {
+  constexpr int tile = kRows * (D + kPad16);
+  const int64_t kend = causal && q0 + kRows < S ? q0 + kRows : S;
+  const int tiles = static_cast<int>((kend + kTile - 1) / kTile);
+  load_pair_async<T, D>(kvs, k, k_ld, v, v_ld, 0, S);
+  for (int it = 0; it < tiles; ++it) {
+    const int64_t k0 = static_cast<int64_t>(it) * kTile;
+    if (it + 1 < tiles) load_pair_async<T, D>(kvs + ((it + 1) & 1) * 2 * tile, k, k_ld, v, v_ld, k0 + kTile, S);
+    cp_async_wait_current(it + 1 < tiles);
+    __syncthreads();
+    const T* ks = kvs + (it & 1) * 2 * tile;
+    visit(k0, ks, ks + tile);
+    __syncthreads();  // everyone is done with this stage before it is loaded again
+  }
+}
+
+// acc[j] (16 x 8, j < 8) += A B^T for 16 rows of A (a warp's, at a) and 64 rows of B (at b), both
+// D columns wide in shared memory (leading dimension D + kPad16): a warp's 16 x 64 scores (S = Q K^T,
+// dP = dO V^T, and their transposes in the dK/dV kernel).
+template <typename T, int D>
+__device__ __forceinline__ void rows_times_tile_t_mma(float (&acc)[kTile / 8][4], const T* a, const T* b) {
+  constexpr int ld = D + kPad16;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int kk = 0; kk < D / 16; ++kk) {
+    uint32_t fa[4];  // rows 0-7 / 8-15 (lane bit 3) x columns +0 / +8 (lane bit 4): a0..a3
+    ldmatrix_x4<false>(fa, a + (lane & 15) * ld + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int j = 0; j < kTile / 16; ++j) {
+      // B^T's rows 16j .. 16j+15 (columns of the product): matrices (rows +0, cols +0), (+0, +8),
+      // (+8, +0), (+8, +8) are b0 and b1 of tile 2j, then of tile 2j + 1.
+      uint32_t fb[4];
+      ldmatrix_x4<false>(fb, b + (16 * j + (lane & 7) + (lane >> 4) * 8) * ld + kk * 16 + ((lane >> 3) & 1) * 8);
+      mma_16816<T>(acc[2 * j], fa, fb[0], fb[1]);
+      mma_16816<T>(acc[2 * j + 1], fa, fb[2], fb[3]);
+    }
+  }
+}
+
+// acc[n] (16 x 8, n < D / 8) += P M, P (16 x 64) given as A fragments p[j] (columns 16j .. 16j+15) and M
+// 64 rows of D columns in shared memory (leading dimension D + kPad16), read k-major by ldmatrix.trans.
+template <typename T, int D>
+__device__ __forceinline__ void accumulate_p_times_mma(float (&acc)[D / 8][4], const uint32_t (&p)[kTile / 16][4],
+                                                       const T* m) {
+  constexpr int ld = D + kPad16;
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int j = 0; j < kTile / 16; ++j) {
+#pragma unroll
+    for (int u = 0; u < D / 16; ++u) {
+      // M's rows 16j .. 16j+15, columns 16u .. 16u+15: matrices (rows +0, cols +0), (+8, +0), (+0, +8),
+      // (+8, +8), transposed, are b0 and b1 of column tile 2u, then of tile 2u + 1.
+      uint32_t fb[4];
+      ldmatrix_x4<true>(fb, m + (16 * j + (lane & 15)) * ld + 16 * u + (lane >> 4) * 8);
+      mma_16816<T>(acc[2 * u], p[j], fb[0], fb[1]);
+      mma_16816<T>(acc[2 * u + 1], p[j], fb[2], fb[3]);
+    }
+  }
+}
+
+// Writes a warp's 16 x D C fragments, times mul[h] for row g + 8h, as rows row0 + g and row0 + g + 8
+// of a (rows, D) matrix whose rows are ld_dst apart (rows past `rows` are not written).
+template <typename T, int D>
+__device__ __forceinline__ void store_rows_mma(const float (&acc)[D / 8][4], T* dst, int64_t ld_dst, int64_t row0,
+                                               int64_t rows, const float (&mul)[2]) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row0 + g + 8 * h;
+    if (row >= rows) continue;
+    T* out = dst + row * ld_dst + 2 * t;
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      *reinterpret_cast<uint32_t*>(out + 8 * n) = pack2<T>(acc[n][2 * h] * mul[h], acc[n][2 * h + 1] * mul[h]);
+    }
+  }
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+attention_forward_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh, Heads<T> oh, float* lse,
+                             int64_t L, int64_t S, float scale, bool causal) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ld = D + kPad16, tile = kRows * ld;
+  T* qs = reinterpret_cast<T*>(smem);
+  T* kvs = qs + tile;  // two stages, each a K tile then a V tile
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t b = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const T *q = qh.slice(b), *k = kh.slice(b), *v = vh.slice(b);
+  const int64_t row = q0 + warp * 16 + g;  // this lane's rows: row and row + 8
+
+  load_tile_async<T, D>(qs, q, qh.ld, q0, L);
+  float o[D / 8][4] = {};
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};  // this lane's share of each row's sum; the quad's shares are joined at the end
+  walk_kv_tiles<T, D>(kvs, k, kh.ld, v, vh.ld, q0, S, causal, [&](int64_t k0, const T* ks, const T* vs) {
+    float s[kTile / 8][4] = {};
+    rows_times_tile_t_mma<T, D>(s, qs + warp * 16 * ld, ks);  // S = Q K^T
+    const bool edge = (causal && k0 + kTile > q0) || k0 + kTile > S;  // a tile that holds masked keys
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int64_t i = row + 8 * (e >> 1), j = k0 + 8 * n + 2 * t + (e & 1);
+        s[n][e] = edge && (j >= S || (causal && j > i)) ? -INFINITY : s[n][e] * scale;
+        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+      }
+    float alpha[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      const float m_new = fmaxf(m[h], mx[h]);
+      alpha[h] = m_new == -INFINITY ? 1.0f : __expf(m[h] - m_new);  // no inf - inf
+      m[h] = m_new;
+      l[h] *= alpha[h];
+    }
+    // P = exp(S - m), rounded to 16 bits as the A fragments of P V; l sums the rounded values.
+    uint32_t p[kTile / 16][4];
+#pragma unroll
+    for (int j = 0; j < kTile / 16; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)  // score tile 2j + half: A registers 2 half (row g), 2 half + 1 (g + 8)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float* c = s[2 * j + half] + 2 * h;
+          const float mh = m[h] == -INFINITY ? 0.0f : m[h];
+          p[j][2 * half + h] = pack2<T>(__expf(c[0] - mh), __expf(c[1] - mh));
+          const float2 r = unpack2<T>(p[j][2 * half + h]);
+          l[h] += r.x + r.y;
+        }
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n) {
+      o[n][0] *= alpha[0];
+      o[n][1] *= alpha[0];
+      o[n][2] *= alpha[1];
+      o[n][3] *= alpha[1];
+    }
+    accumulate_p_times_mma<T, D>(o, p, vs);  // O += P V
+  });
+  float inv[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+    inv[h] = l[h] > 0 ? 1.0f / l[h] : 0.0f;
+    if (t == 0 && row + 8 * h < L) lse[b * L + row + 8 * h] = m[h] + logf(l[h]);
+  }
+  store_rows_mma<T, D>(o, oh.slice(b), oh.ld, q0 + warp * 16, L, inv);
+}
+
+// dQ for 64 query rows (16 per warp): walks the keys, as attention_grad_q_kernel does.
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+attention_grad_q_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh, Heads<const T> goh,
+                            const float* lse, const float* delta, Heads<T> gqh, int64_t L, int64_t S, float scale,
+                            bool causal) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ld = D + kPad16, tile = kRows * ld;
+  T* qs = reinterpret_cast<T*>(smem);
+  T* gos = qs + tile;
+  T* kvs = gos + tile;  // two stages, each a K tile then a V tile
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t b = blockIdx.y, q0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const T *k = kh.slice(b), *v = vh.slice(b);
+  const int64_t row = q0 + warp * 16 + g;  // this lane's rows: row and row + 8
+  float lse_r[2], delta_r[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const bool valid = row + 8 * h < L;
+    lse_r[h] = valid ? lse[b * L + row + 8 * h] : 0.0f;
+    delta_r[h] = valid ? delta[b * L + row + 8 * h] : 0.0f;
+  }
+
+  load_tile_async<T, D>(qs, qh.slice(b), qh.ld, q0, L);
+  load_tile_async<T, D>(gos, goh.slice(b), goh.ld, q0, L);
+  float dq[D / 8][4] = {};
+  walk_kv_tiles<T, D>(kvs, k, kh.ld, v, vh.ld, q0, S, causal, [&](int64_t k0, const T* ks, const T* vs) {
+    float s[kTile / 8][4] = {}, dp[kTile / 8][4] = {};
+    rows_times_tile_t_mma<T, D>(s, qs + warp * 16 * ld, ks);    // S = Q K^T
+    rows_times_tile_t_mma<T, D>(dp, gos + warp * 16 * ld, vs);  // dP = dO V^T
+    const bool edge = (causal && k0 + kTile > q0) || k0 + kTile > S;
+    uint32_t ds[kTile / 16][4];  // dS = P (dP - Delta) scale, as the A fragments of dS K
+#pragma unroll
+    for (int j = 0; j < kTile / 16; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int n = 2 * j + half;
+          float d2[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int64_t i = row + 8 * h, jj = k0 + 8 * n + 2 * t + e;
+            const float p = edge && (jj >= S || (causal && jj > i)) ? 0.0f : __expf(s[n][2 * h + e] * scale - lse_r[h]);
+            d2[e] = p * (dp[n][2 * h + e] - delta_r[h]) * scale;
+          }
+          ds[j][2 * half + h] = pack2<T>(d2[0], d2[1]);
+        }
+    accumulate_p_times_mma<T, D>(dq, ds, ks);  // dQ += dS K
+  });
+  const float one[2] = {1.0f, 1.0f};
+  store_rows_mma<T, D>(dq, gqh.slice(b), gqh.ld, q0 + warp * 16, L, one);
+}
+
+// dK and dV for 64 keys (16 per warp): walks the queries, as attention_grad_kv_kernel does. Here the
+// warp's rows are keys and a tile's columns queries: S^T = K Q^T, dP^T = V dO^T.
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+attention_grad_kv_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh, Heads<const T> goh,
+                             const float* lse, const float* delta, Heads<T> gkh, Heads<T> gvh, int64_t L, int64_t S,
+                             float scale, bool causal) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int ld = D + kPad16, tile = kRows * ld;
+  T* ks = reinterpret_cast<T*>(smem);
+  T* vs = ks + tile;
+  T* qgos = vs + tile;  // two stages, each a Q tile then a dO tile
+  float* lse_s = reinterpret_cast<float*>(qgos + 4 * tile);  // kTile: this tile's queries
+  float* delta_s = lse_s + kTile;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int64_t b = blockIdx.y, k0 = static_cast<int64_t>(blockIdx.x) * kRows;
+  const T *q = qh.slice(b), *go = goh.slice(b);
+  const int64_t key = k0 + warp * 16 + g;  // this lane's keys: key and key + 8
+  const int64_t qstart = causal ? k0 : 0;   // causal: queries before k0 see none of these keys
+  const int tiles = static_cast<int>(qstart < L ? (L - qstart + kTile - 1) / kTile : 0);
+
+  load_tile_async<T, D>(ks, kh.slice(b), kh.ld, k0, S);
+  load_tile_async<T, D>(vs, vh.slice(b), vh.ld, k0, S);
+  if (tiles > 0) {
+    load_pair_async<T, D>(qgos, q, qh.ld, go, goh.ld, qstart, L);
+  } else {
+    cp_async_commit();
+  }
+  float dk[D / 8][4] = {}, dv[D / 8][4] = {};
+  for (int it = 0; it < tiles; ++it) {
+    const int64_t q0 = qstart + static_cast<int64_t>(it) * kTile;
+    if (it + 1 < tiles) load_pair_async<T, D>(qgos + ((it + 1) & 1) * 2 * tile, q, qh.ld, go, goh.ld, q0 + kTile, L);
+    for (int i = threadIdx.x; i < kTile; i += blockDim.x) {  // the previous tile's readers are past the barrier
+      lse_s[i] = q0 + i < L ? lse[b * L + q0 + i] : 0.0f;
+      delta_s[i] = q0 + i < L ? delta[b * L + q0 + i] : 0.0f;
+    }
+    cp_async_wait_current(it + 1 < tiles);
+    __syncthreads();
+    const T* qs = qgos + (it & 1) * 2 * tile;
+    const T* gos = qs + tile;
+    float st[kTile / 8][4] = {}, dpt[kTile / 8][4] = {};
+    rows_times_tile_t_mma<T, D>(st, ks + warp * 16 * ld, qs);    // S^T = K Q^T
+    rows_times_tile_t_mma<T, D>(dpt, vs + warp * 16 * ld, gos);  // dP^T = V dO^T
+    const bool edge = (causal && q0 < k0 + kRows) || q0 + kTile > L;
+    uint32_t pt[kTile / 16][4], dst[kTile / 16][4];  // P^T and dS^T as A fragments
+#pragma unroll
+    for (int j = 0; j < kTile / 16; ++j)
+#pragma unroll
+      for (int half = 0; half < 2; ++half)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int n = 2 * j + half;
+          float p2[2], d2[2];
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int c = 8 * n + 2 * t + e;  // the query's column in the tile
+            const int64_t i = q0 + c, jj = key + 8 * h;
+            const float p = edge && (i >= L || (causal && jj > i)) ? 0.0f : __expf(st[n][2 * h + e] * scale - lse_s[c]);
+            p2[e] = p;
+            d2[e] = p * (dpt[n][2 * h + e] - delta_s[c]) * scale;
+          }
+          pt[j][2 * half + h] = pack2<T>(p2[0], p2[1]);
+          dst[j][2 * half + h] = pack2<T>(d2[0], d2[1]);
+        }
+    accumulate_p_times_mma<T, D>(dv, pt, gos);  // dV += P^T dO
+    accumulate_p_times_mma<T, D>(dk, dst, qs);  // dK += dS^T Q
+    __syncthreads();
+  }
+  if (tiles == 0) cp_async_wait<0>();  // nothing to walk: drain the K and V loads before exiting
+  const float one[2] = {1.0f, 1.0f};
+  store_rows_mma<T, D>(dk, gkh.slice(b), gkh.ld, k0 + warp * 16, S, one);
+  store_rows_mma<T, D>(dv, gvh.slice(b), gvh.ld, k0 + warp * 16, S, one);
+}
+
 // ---- float32 ----
 //
 // Note [float32 attention]
@@ -553,6 +976,20 @@ constexpr size_t grad_kv_smem() {
          2 * kTile * 4;
 }
 
+// The register-tiled kernels: the block's own tiles, and two stages of the walked pair.
+template <typename T, int D>
+constexpr size_t forward_mma_smem() {
+  return 5 * kRows * (D + kPad16) * sizeof(T);
+}
+template <typename T, int D>
+constexpr size_t grad_q_mma_smem() {
+  return 6 * kRows * (D + kPad16) * sizeof(T);
+}
+template <typename T, int D>
+constexpr size_t grad_kv_mma_smem() {
+  return 6 * kRows * (D + kPad16) * sizeof(T) + 2 * kTile * 4;
+}
+
 // Raises a kernel's dynamic shared memory limit above the default 48 KiB. Called from each (T, D)
 // instantiation's own function-local static, so once per kernel and process.
 template <typename Kernel>
@@ -606,20 +1043,44 @@ Heads<T> heads_of(const View& v, const char* op) {
   return h;
 }
 
+// KILN_CUDA_ATTENTION picks the 16-bit kernels: "wmma" (the default) or "mma" (Note [register-tiled
+// attention]). Read at every call, so a program or a test can switch between calls.
+bool use_mma_kernels() {
+  const char* v = std::getenv("KILN_CUDA_ATTENTION");
+  if (v == nullptr || *v == '\0') return false;
+  const std::string_view name(v);
+  KILN_CHECK(name == "mma" || name == "wmma",
+             "KILN_CUDA_ATTENTION={}: expected 'wmma' (the default 16-bit attention kernels) or 'mma' (the "
+             "register-tiled ones); unset it for the default",
+             v);
+  return name == "mma";
+}
+
+// Launches a 16-bit kernel with `smem` bytes of shared memory; the first launch of each kernel raises
+// its limit (a static per instantiation, so per kernel).
+template <auto kernel, typename... Args>
+void launch_16bit(size_t smem, const dim3& grid, cudaStream_t stream, Args... args) {
+  static const bool ready = allow_smem(kernel, smem);
+  (void)ready;
+  kernel<<<grid, kWarps * 32, smem, stream>>>(args...);
+  KILN_CUDA_CHECK(cudaGetLastError());
+}
+
 template <typename T, int D>
 void forward_typed(const View& q, const View& k, const View& v, const View& out, const View& lse, const Dims& d,
                    const AttentionArgs& args, cudaStream_t stream) {
-  auto kernel = attention_forward_kernel<T, D>;
-  constexpr size_t smem = forward_smem<T, D>();
-  static const bool ready = allow_smem(kernel, smem);
-  (void)ready;
   const char* op = "scaled_dot_product_attention";
   const dim3 grid(static_cast<unsigned>((d.L + kRows - 1) / kRows), static_cast<unsigned>(d.B));
-  kernel<<<grid, kWarps * 32, smem, stream>>>(heads_of<const T>(q, op), heads_of<const T>(k, op),
-                                              heads_of<const T>(v, op), heads_of<T>(out, op),
-                                              static_cast<float*>(lse.data), d.L, d.S,
-                                              static_cast<float>(args.scale), args.causal);
-  KILN_CUDA_CHECK(cudaGetLastError());
+  const Heads<const T> hq = heads_of<const T>(q, op), hk = heads_of<const T>(k, op), hv = heads_of<const T>(v, op);
+  const Heads<T> ho = heads_of<T>(out, op);
+  float* l = static_cast<float*>(lse.data);
+  const float scale = static_cast<float>(args.scale);
+  if (use_mma_kernels())
+    launch_16bit<attention_forward_mma_kernel<T, D>>(forward_mma_smem<T, D>(), grid, stream, hq, hk, hv, ho, l, d.L,
+                                                     d.S, scale, args.causal);
+  else
+    launch_16bit<attention_forward_kernel<T, D>>(forward_smem<T, D>(), grid, stream, hq, hk, hv, ho, l, d.L, d.S,
+                                                 scale, args.causal);
 }
 
 // What both backward paths start from: Delta = rowsum(dO * out) in a device buffer (queued on s),
@@ -652,26 +1113,22 @@ void backward_typed(const View& q, const View& k, const View& v, const View& out
   cudaStream_t stream = stream_of(s);
   const BackwardOperands<T> o(q, k, v, out, lse, go, d, s);
   const float scale = static_cast<float>(args.scale);
-  {
-    auto kernel = attention_grad_q_kernel<T, D>;
-    constexpr size_t smem = grad_q_smem<T, D>();
-    static const bool ready = allow_smem(kernel, smem);
-    (void)ready;
-    const dim3 grid(static_cast<unsigned>((d.L + kRows - 1) / kRows), static_cast<unsigned>(d.B));
-    kernel<<<grid, kWarps * 32, smem, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta, heads_of<T>(gq, o.kOp), d.L,
-                                                d.S, scale, args.causal);
-    KILN_CUDA_CHECK(cudaGetLastError());
-  }
-  {
-    auto kernel = attention_grad_kv_kernel<T, D>;
-    constexpr size_t smem = grad_kv_smem<T, D>();
-    static const bool ready = allow_smem(kernel, smem);
-    (void)ready;
-    const dim3 grid(static_cast<unsigned>((d.S + kRows - 1) / kRows), static_cast<unsigned>(d.B));
-    kernel<<<grid, kWarps * 32, smem, stream>>>(o.q, o.k, o.v, o.go, o.lse, o.delta, heads_of<T>(gk, o.kOp),
-                                                heads_of<T>(gv, o.kOp), d.L, d.S, scale, args.causal);
-    KILN_CUDA_CHECK(cudaGetLastError());
-  }
+  const bool mma = use_mma_kernels();
+  const dim3 grid_q(static_cast<unsigned>((d.L + kRows - 1) / kRows), static_cast<unsigned>(d.B));
+  const Heads<T> hq = heads_of<T>(gq, o.kOp), hk = heads_of<T>(gk, o.kOp), hv = heads_of<T>(gv, o.kOp);
+  if (mma)
+    launch_16bit<attention_grad_q_mma_kernel<T, D>>(grad_q_mma_smem<T, D>(), grid_q, stream, o.q, o.k, o.v, o.go,
+                 o.lse, o.delta, hq, d.L, d.S, scale, args.causal);
+  else
+    launch_16bit<attention_grad_q_kernel<T, D>>(grad_q_smem<T, D>(), grid_q, stream, o.q, o.k, o.v, o.go, o.lse,
+                 o.delta, hq, d.L, d.S, scale, args.causal);
+  const dim3 grid_kv(static_cast<unsigned>((d.S + kRows - 1) / kRows), static_cast<unsigned>(d.B));
+  if (mma)
+    launch_16bit<attention_grad_kv_mma_kernel<T, D>>(grad_kv_mma_smem<T, D>(), grid_kv, stream, o.q, o.k, o.v, o.go,
+                 o.lse, o.delta, hk, hv, d.L, d.S, scale, args.causal);
+  else
+    launch_16bit<attention_grad_kv_kernel<T, D>>(grad_kv_smem<T, D>(), grid_kv, stream, o.q, o.k, o.v, o.go, o.lse,
+                 o.delta, hk, hv, d.L, d.S, scale, args.causal);
 }
 
 template <int D>

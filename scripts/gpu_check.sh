@@ -102,6 +102,10 @@ for step in "${steps[@]}"; do
     done
     # Where a step's time goes: each part of one block, forward and backward, both sides.
     timeout 100 $build/bin/bench_gpt2 --breakdown | tee -a "$out/gpt.jsonl"
+    # The register-tiled attention kernels (cuda/attention.cu, Note [register-tiled attention]),
+    # still opt-in: their breakdown and a whole GPT-2 run.
+    KILN_CUDA_ATTENTION=mma timeout 100 $build/bin/bench_gpt2 --breakdown | tee -a "$out/gpt.jsonl"
+    KILN_CUDA_ATTENTION=mma timeout 200 $build/bin/bench_gpt2 | tee -a "$out/gpt.jsonl"
     timeout 100 python3 benchmarks/anchors/torch_gpt2.py --breakdown | tee -a "$out/gpt.jsonl"
     # The corpus: bundle it as .deps/corpus/fortunes.txt (scripts/make_fortunes_corpus.sh writes it).
     corpus=$PWD/.deps/corpus/fortunes.txt

@@ -2,6 +2,7 @@
 #include "support.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <sstream>
 
 namespace kiln::test {
@@ -57,6 +58,17 @@ void check_error(const std::function<void()>& fn, const std::vector<std::string>
     return;
   }
   FAIL("expected a kiln::Error, but nothing was thrown");
+}
+
+EnvGuard::EnvGuard(const char* name_, const char* value) : name(name_) {
+  if (const char* v = std::getenv(name_)) previous = v;
+  if (value != nullptr) setenv(name_, value, 1);
+  else unsetenv(name_);
+}
+
+EnvGuard::~EnvGuard() {
+  if (previous) setenv(name.c_str(), previous->c_str(), 1);
+  else unsetenv(name.c_str());
 }
 
 Tensor sample(const Shape& shape, DType dtype, double seed) {

@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include <kiln/kiln.h>
@@ -40,6 +41,17 @@ struct ThreadsGuard {
   ThreadsGuard(const ThreadsGuard&) = delete;
   ThreadsGuard& operator=(const ThreadsGuard&) = delete;
   int previous;
+};
+
+// An environment variable set (value nullptr: unset) for the scope, then restored, for switches that
+// are read at each call (KILN_CUDA_ATTENTION).
+struct EnvGuard {
+  EnvGuard(const char* name, const char* value);
+  ~EnvGuard();
+  EnvGuard(const EnvGuard&) = delete;
+  EnvGuard& operator=(const EnvGuard&) = delete;
+  std::string name;
+  std::optional<std::string> previous;
 };
 
 // Deterministic, non-trivial values in (-2, 2) (no RNG needed): element i gets sin(1.3 i + seed).

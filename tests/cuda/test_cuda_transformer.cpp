@@ -1,12 +1,15 @@
 // tests/cuda/test_cuda_transformer.cpp: attention and GPT on cuda:0 against the CPU: the composed
 // scaled_dot_product_attention (float64 on CUDA) against the CPU's fused one, forward and gradients;
 // the CUDA flash kernels (float16, bfloat16, float32) against a float64 composition of the same
-// rounded inputs, also reading the heads of one projection in place, and their memory; a tiny GPT's
-// logits and parameter gradients; and activation offload (SaveOnCpu): the same gradients, the saved
-// activations copied to the host, and less device memory held by the graph.
+// rounded inputs (the 16-bit ones in both kernel sets of KILN_CUDA_ATTENTION), also reading the heads
+// of one projection in place, and their memory; a tiny GPT's logits and parameter gradients; and
+// activation offload (SaveOnCpu): the same gradients, the saved activations copied to the host, and
+// less device memory held by the graph.
 // Skipped (exit 77) without a GPU, like test_cuda.cpp.
 #include <algorithm>
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "models/gpt.h"
 #include "support.h"
@@ -44,6 +47,14 @@ double relative_error(const Tensor& a, const Tensor& b) {
   const double norm_b = std::sqrt((b.to(kFloat64) * b.to(kFloat64)).sum().item<double>());
   return std::sqrt((d * d).sum().item<double>()) / std::max(norm_b, 1.0);
 }
+
+
+// The dtypes and kernel sets the flash attention tests run: the 16-bit dtypes with both sets of
+// KILN_CUDA_ATTENTION (the WMMA kernels and the register-tiled ones, Note [register-tiled attention]
+// in cuda/attention.cu), float32 with its own kernels (the variable unset).
+std::vector<std::pair<DType, const char*>> kernel_sets() {
+  return {{kBFloat16, "wmma"}, {kBFloat16, "mma"}, {kFloat16, "wmma"}, {kFloat16, "mma"}, {kFloat32, nullptr}};
+}
 }  // namespace
 
 TEST_CASE("the CUDA flash attention kernels (float16, bfloat16, float32) match a float64 composition",
@@ -56,12 +67,13 @@ TEST_CASE("the CUDA flash attention kernels (float16, bfloat16, float32) match a
   struct Case {
     int64_t L, S, D;
   };
-  for (DType dt : {kBFloat16, kFloat16, kFloat32}) {
+  for (const auto& [dt, kernels] : kernel_sets()) {
+    test::EnvGuard env("KILN_CUDA_ATTENTION", kernels);
     const double bound = dt == kBFloat16 ? 2e-2 : dt == kFloat16 ? 4e-3 : 1e-5;
     for (Case c : {Case{1, 1, 32}, Case{7, 7, 64}, Case{65, 65, 96}, Case{200, 200, 128}, Case{130, 70, 64},
                    Case{70, 130, 64}, Case{256, 256, 64}}) {
       for (bool causal : {false, true}) {
-        INFO(dtype_name(dt) << ", L " << c.L << ", S " << c.S << ", D " << c.D << ", causal " << causal);
+        INFO(dtype_name(dt) << " (" << kernels << " kernels), L " << c.L << ", S " << c.S << ", D " << c.D << ", causal " << causal);
         Tensor q = randn({2, 3, c.L, c.D}, kFloat64, &gen).to(dt), k = randn({2, 3, c.S, c.D}, kFloat64, &gen).to(dt);
         Tensor v = randn({2, 3, c.S, c.D}, kFloat64, &gen).to(dt), cot = randn({2, 3, c.L, c.D}, kFloat64, &gen).to(dt);
         Tensor q64 = q.to(kFloat64).requires_grad_(), k64 = k.to(kFloat64).requires_grad_();
@@ -92,12 +104,13 @@ TEST_CASE("the CUDA flash attention kernels read heads where a (B, T, 3 C) proje
   // composition of the same rounded values, with the bounds of the test above.
   Generator gen(13);
   const int64_t B = 2, T = 70, H = 3;
-  for (DType dt : {kBFloat16, kFloat16, kFloat32}) {
+  for (const auto& [dt, kernels] : kernel_sets()) {
+    test::EnvGuard env("KILN_CUDA_ATTENTION", kernels);
     const double bound = dt == kBFloat16 ? 2e-2 : dt == kFloat16 ? 4e-3 : 1e-5;
     for (int64_t D : {32, 64}) {
       for (int64_t shift : {0, 1}) {
         const int64_t C = H * D;
-        INFO(dtype_name(dt) << ", D " << D << ", shift " << shift);
+        INFO(dtype_name(dt) << " (" << kernels << " kernels), D " << D << ", shift " << shift);
         Tensor x = randn({B, T, 3 * C + shift}, kFloat64, &gen).to(dt);
         Tensor cot = randn({B, T, C}, kFloat64, &gen).to(dt);
         auto run = [&](const Tensor& proj) {
@@ -132,18 +145,39 @@ TEST_CASE("the CUDA flash attention kernel holds no L x S matrix", "[gpu][attent
   auto make = [&] { return randn({4, 2048, 64}, kFloat32, &gen).to(kBFloat16).to(kGpu).requires_grad_(); };
   Tensor q = make(), k = make(), v = make();
   Tensor cot = randn({4, 2048, 64}, kFloat32, &gen).to(kBFloat16).to(kGpu);
-  cuda::synchronize();
-  memory::reset_peak(kGpu);
-  const int64_t before = memory::stats(kGpu).allocated_bytes;
-  {
-    test::FusionGuard fused(true);
-    Tensor y = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
-    auto g = autograd::grad({y}, {q, k, v}, {cot});
+  for (const char* kernels : {"wmma", "mma"}) {
+    test::EnvGuard env("KILN_CUDA_ATTENTION", kernels);
     cuda::synchronize();
+    memory::reset_peak(kGpu);
+    const int64_t before = memory::stats(kGpu).allocated_bytes;
+    {
+      test::FusionGuard fused(true);
+      Tensor y = scaled_dot_product_attention(q, k, v, {}, 0.0, true);
+      auto g = autograd::grad({y}, {q, k, v}, {cot});
+      cuda::synchronize();
+    }
+    const int64_t peak = memory::stats(kGpu).peak_allocated_bytes - before;
+    INFO(kernels << " kernels: peak increment " << peak << " bytes");
+    CHECK(peak < (16 << 20));
   }
-  const int64_t peak = memory::stats(kGpu).peak_allocated_bytes - before;
-  INFO("peak increment " << peak << " bytes");
-  CHECK(peak < (16 << 20));
+}
+
+TEST_CASE("KILN_CUDA_ATTENTION names a kernel set or is an Error", "[gpu][attention]") {
+  Tensor q = randn({1, 2, 16, 32}, kFloat32).to(kBFloat16).to(kGpu);
+  test::FusionGuard fused(true);
+  {
+    test::EnvGuard env("KILN_CUDA_ATTENTION", "fast");
+    test::check_error([&] { scaled_dot_product_attention(q, q, q, {}, 0.0, true); },
+                      {"KILN_CUDA_ATTENTION=fast", "'wmma'", "'mma'"});
+  }
+  // Both sets give the same attention up to the order of their float32 sums.
+  Tensor y[2];
+  int i = 0;
+  for (const char* kernels : {"wmma", "mma"}) {
+    test::EnvGuard env("KILN_CUDA_ATTENTION", kernels);
+    y[i++] = scaled_dot_product_attention(q, q, q, {}, 0.0, true).to(kFloat32).cpu();
+  }
+  test::check_close(y[1], y[0], {1e-2, 1e-3});
 }
 
 TEST_CASE("GPT on cuda:0: logits and gradients equal the CPU's", "[gpu][gpt]") {
