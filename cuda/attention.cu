@@ -363,8 +363,9 @@ attention_grad_kv_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh
 // Note [register-tiled attention]
 // The WMMA kernels above pass every product through shared memory, because WMMA's fragment layout
 // is opaque: S is stored and read back by two lanes per row, P stored and reloaded as a fragment, O
-// kept in shared memory. These kernels follow the same plan (the same blocks, walks, masks, rounding
-// and results) but keep S, P and O (dP, dS, dQ, dK, dV in the backward) in registers, as the fragments
+// kept in shared memory. These kernels follow the same plan (the same blocks, walks, masks and
+// rounding; results equal up to the order of float32 sums) but keep S, P and O (dP, dS, dQ, dK, dV in
+// the backward) in registers, as the fragments
 // of PTX's mma.sync.m16n8k16 (16 x 8 x 16, float32 accumulation), whose layout PTX documents. With
 // lane = 4 g + t (g = lane / 4, t = lane % 4):
 //   A, 16 x 16 (m x k), four 32-bit registers of two 16-bit values each, the lower column in the low
@@ -382,6 +383,7 @@ attention_grad_kv_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh
 // eight row addresses of an ldmatrix on distinct banks.
 // Selected by KILN_CUDA_ATTENTION=mma (use_mma_kernels, below); written and compiled, not yet run
 // on a GPU, so the WMMA kernels stay the default until scripts/gpu_check.sh has checked these.
+// scripts/emulate_attention_fragments.py runs their index arithmetic on the CPU (docs/cuda.md 3.3).
 
 // D(16 x 8, float32) += A(16 x 16) B(16 x 8): one tensor-core instruction for the warp.
 template <typename T>

@@ -8,6 +8,7 @@
 // Skipped (exit 77) without a GPU, like test_cuda.cpp.
 #include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -48,12 +49,14 @@ double relative_error(const Tensor& a, const Tensor& b) {
   return std::sqrt((d * d).sum().item<double>()) / std::max(norm_b, 1.0);
 }
 
-
 // The dtypes and kernel sets the flash attention tests run: the 16-bit dtypes with both sets of
 // KILN_CUDA_ATTENTION (the WMMA kernels and the register-tiled ones, Note [register-tiled attention]
 // in cuda/attention.cu), float32 with its own kernels (the variable unset).
 std::vector<std::pair<DType, const char*>> kernel_sets() {
   return {{kBFloat16, "wmma"}, {kBFloat16, "mma"}, {kFloat16, "wmma"}, {kFloat16, "mma"}, {kFloat32, nullptr}};
+}
+std::string set_name(const char* kernels) {
+  return kernels != nullptr ? std::string(kernels) + " kernels" : "float32 kernels";
 }
 }  // namespace
 
@@ -73,7 +76,8 @@ TEST_CASE("the CUDA flash attention kernels (float16, bfloat16, float32) match a
     for (Case c : {Case{1, 1, 32}, Case{7, 7, 64}, Case{65, 65, 96}, Case{200, 200, 128}, Case{130, 70, 64},
                    Case{70, 130, 64}, Case{256, 256, 64}}) {
       for (bool causal : {false, true}) {
-        INFO(dtype_name(dt) << " (" << kernels << " kernels), L " << c.L << ", S " << c.S << ", D " << c.D << ", causal " << causal);
+        INFO(dtype_name(dt) << " (" << set_name(kernels) << "), L " << c.L << ", S " << c.S << ", D " << c.D
+                            << ", causal " << causal);
         Tensor q = randn({2, 3, c.L, c.D}, kFloat64, &gen).to(dt), k = randn({2, 3, c.S, c.D}, kFloat64, &gen).to(dt);
         Tensor v = randn({2, 3, c.S, c.D}, kFloat64, &gen).to(dt), cot = randn({2, 3, c.L, c.D}, kFloat64, &gen).to(dt);
         Tensor q64 = q.to(kFloat64).requires_grad_(), k64 = k.to(kFloat64).requires_grad_();
@@ -110,7 +114,7 @@ TEST_CASE("the CUDA flash attention kernels read heads where a (B, T, 3 C) proje
     for (int64_t D : {32, 64}) {
       for (int64_t shift : {0, 1}) {
         const int64_t C = H * D;
-        INFO(dtype_name(dt) << " (" << kernels << " kernels), D " << D << ", shift " << shift);
+        INFO(dtype_name(dt) << " (" << set_name(kernels) << "), D " << D << ", shift " << shift);
         Tensor x = randn({B, T, 3 * C + shift}, kFloat64, &gen).to(dt);
         Tensor cot = randn({B, T, C}, kFloat64, &gen).to(dt);
         auto run = [&](const Tensor& proj) {
