@@ -513,6 +513,20 @@ __device__ __forceinline__ void walk_kv_tiles(T* kvs, const T* k, int64_t k_ld, 
   }
 }
 
+// Calls f(j, r, n, h) for every A register of a warp's 16 x 64 tile (Note [register-tiled
+// attention]): register r = 2 half + h of fragment j packs columns 2t, 2t + 1 of C tile n = 2j + half
+// (its floats 2h, 2h + 1), row g + 8h. So p[j][r] = pack2(c[n][2h], c[n][2h + 1]) turns C fragments
+// (S, or dS) into the A operand of the next product.
+template <typename F>
+__device__ __forceinline__ void for_each_a_register(F&& f) {
+#pragma unroll
+  for (int j = 0; j < kTile / 16; ++j)
+#pragma unroll
+    for (int half = 0; half < 2; ++half)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) f(j, 2 * half + h, 2 * j + half, h);
+}
+
 // acc[j] (16 x 8, j < 8) += A B^T for 16 rows of A (a warp's, at a) and 64 rows of B (at b), both
 // D columns wide in shared memory (leading dimension D + kPad16): a warp's 16 x 64 scores (S = Q K^T,
 // dP = dO V^T, and their transposes in the dK/dV kernel).
@@ -617,18 +631,12 @@ attention_forward_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T
     }
     // P = exp(S - m), rounded to 16 bits as the A fragments of P V; l sums the rounded values.
     uint32_t p[kTile / 16][4];
-#pragma unroll
-    for (int j = 0; j < kTile / 16; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)  // score tile 2j + half: A registers 2 half (row g), 2 half + 1 (g + 8)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float* c = s[2 * j + half] + 2 * h;
-          const float mh = m[h] == -INFINITY ? 0.0f : m[h];
-          p[j][2 * half + h] = pack2<T>(__expf(c[0] - mh), __expf(c[1] - mh));
-          const float2 r = unpack2<T>(p[j][2 * half + h]);
-          l[h] += r.x + r.y;
-        }
+    for_each_a_register([&](int j, int r, int n, int h) {
+      const float mh = m[h] == -INFINITY ? 0.0f : m[h];
+      p[j][r] = pack2<T>(__expf(s[n][2 * h] - mh), __expf(s[n][2 * h + 1] - mh));
+      const float2 rounded = unpack2<T>(p[j][r]);
+      l[h] += rounded.x + rounded.y;
+    });
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) {
       o[n][0] *= alpha[0];
@@ -681,22 +689,16 @@ attention_grad_q_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T>
     rows_times_tile_t_mma<T, D>(dp, gos + warp * 16 * ld, vs);  // dP = dO V^T
     const bool edge = (causal && k0 + kTile > q0) || k0 + kTile > S;
     uint32_t ds[kTile / 16][4];  // dS = P (dP - Delta) scale, as the A fragments of dS K
+    for_each_a_register([&](int j, int r, int n, int h) {
+      float d2[2];
 #pragma unroll
-    for (int j = 0; j < kTile / 16; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int n = 2 * j + half;
-          float d2[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int64_t i = row + 8 * h, jj = k0 + 8 * n + 2 * t + e;
-            const float p = edge && (jj >= S || (causal && jj > i)) ? 0.0f : __expf(s[n][2 * h + e] * scale - lse_r[h]);
-            d2[e] = p * (dp[n][2 * h + e] - delta_r[h]) * scale;
-          }
-          ds[j][2 * half + h] = pack2<T>(d2[0], d2[1]);
-        }
+      for (int e = 0; e < 2; ++e) {
+        const int64_t i = row + 8 * h, jj = k0 + 8 * n + 2 * t + e;
+        const float p = edge && (jj >= S || (causal && jj > i)) ? 0.0f : __expf(s[n][2 * h + e] * scale - lse_r[h]);
+        d2[e] = p * (dp[n][2 * h + e] - delta_r[h]) * scale;
+      }
+      ds[j][r] = pack2<T>(d2[0], d2[1]);
+    });
     accumulate_p_times_mma<T, D>(dq, ds, ks);  // dQ += dS K
   });
   const float one[2] = {1.0f, 1.0f};
@@ -748,25 +750,19 @@ attention_grad_kv_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T
     rows_times_tile_t_mma<T, D>(dpt, vs + warp * 16 * ld, gos);  // dP^T = V dO^T
     const bool edge = (causal && q0 < k0 + kRows) || q0 + kTile > L;
     uint32_t pt[kTile / 16][4], dst[kTile / 16][4];  // P^T and dS^T as A fragments
+    for_each_a_register([&](int j, int r, int n, int h) {
+      float p2[2], d2[2];
 #pragma unroll
-    for (int j = 0; j < kTile / 16; ++j)
-#pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int n = 2 * j + half;
-          float p2[2], d2[2];
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const int c = 8 * n + 2 * t + e;  // the query's column in the tile
-            const int64_t i = q0 + c, jj = key + 8 * h;
-            const float p = edge && (i >= L || (causal && jj > i)) ? 0.0f : __expf(st[n][2 * h + e] * scale - lse_s[c]);
-            p2[e] = p;
-            d2[e] = p * (dpt[n][2 * h + e] - delta_s[c]) * scale;
-          }
-          pt[j][2 * half + h] = pack2<T>(p2[0], p2[1]);
-          dst[j][2 * half + h] = pack2<T>(d2[0], d2[1]);
-        }
+      for (int e = 0; e < 2; ++e) {
+        const int c = 8 * n + 2 * t + e;  // the query's column in the tile
+        const int64_t i = q0 + c, jj = key + 8 * h;
+        const float p = edge && (i >= L || (causal && jj > i)) ? 0.0f : __expf(st[n][2 * h + e] * scale - lse_s[c]);
+        p2[e] = p;
+        d2[e] = p * (dpt[n][2 * h + e] - delta_s[c]) * scale;
+      }
+      pt[j][r] = pack2<T>(p2[0], p2[1]);
+      dst[j][r] = pack2<T>(d2[0], d2[1]);
+    });
     accumulate_p_times_mma<T, D>(dv, pt, gos);  // dV += P^T dO
     accumulate_p_times_mma<T, D>(dk, dst, qs);  // dK += dS^T Q
     __syncthreads();
@@ -1077,7 +1073,7 @@ void forward_typed(const View& q, const View& k, const View& v, const View& out,
   const Heads<T> ho = heads_of<T>(out, op);
   float* l = static_cast<float*>(lse.data);
   const float scale = static_cast<float>(args.scale);
-  if (use_mma_kernels())
+  if (use_mma_kernels())  // checked before the launch: a bad value is an Error with nothing queued
     launch_16bit<attention_forward_mma_kernel<T, D>>(forward_mma_smem<T, D>(), grid, stream, hq, hk, hv, ho, l, d.L,
                                                      d.S, scale, args.causal);
   else
@@ -1112,10 +1108,10 @@ template <typename T, int D>
 void backward_typed(const View& q, const View& k, const View& v, const View& out, const View& lse, const View& go,
                     const View& gq, const View& gk, const View& gv, const Dims& d, const AttentionArgs& args,
                     const Stream& s) {
+  const bool mma = use_mma_kernels();  // before anything is queued: a bad value is an Error
   cudaStream_t stream = stream_of(s);
   const BackwardOperands<T> o(q, k, v, out, lse, go, d, s);
   const float scale = static_cast<float>(args.scale);
-  const bool mma = use_mma_kernels();
   const dim3 grid_q(static_cast<unsigned>((d.L + kRows - 1) / kRows), static_cast<unsigned>(d.B));
   const Heads<T> hq = heads_of<T>(gq, o.kOp), hk = heads_of<T>(gk, o.kOp), hv = heads_of<T>(gv, o.kOp);
   if (mma)

@@ -59,6 +59,15 @@ def mma(d, a, b0, b1):
         d[L][2:4] = D[g+8, 2*t:2*t+2]
 
 
+def for_each_a_register():
+    """for_each_a_register: (j, r, n, h) for A register r = 2 half + h of fragment j, from C tile
+    n = 2j + half, row g + 8h."""
+    for j in range(kTile // 16):
+        for half in range(2):
+            for h in range(2):
+                yield j, 2*half + h, 2*j + half, h
+
+
 def rows_times_tile_t(acc, a_sm, a_row0, b_sm, D):
     """rows_times_tile_t_mma: acc[lane][8 tiles][4] += A B^T, 16 rows of a_sm from a_row0, 64 of b_sm."""
     for kk in range(D // 16):
@@ -129,13 +138,10 @@ def forward(q, k, v, scale, causal, q0, warp):
                 m[L][h] = mn
                 l[L][h] *= alpha[L][h]
         for L in range(32):
-            for j in range(4):
-                for half in range(2):
-                    for h in range(2):
-                        c = s[L][2*j + half][2*h:2*h+2]
-                        mh = 0 if m[L][h] == -np.inf else m[L][h]
-                        p[L][j][2*half + h] = np.exp(c - mh)
-                        l[L][h] += p[L][j][2*half+h].sum()
+            for j, r, n, h in for_each_a_register():
+                mh = 0 if m[L][h] == -np.inf else m[L][h]
+                p[L][j][r] = np.exp(s[L][n][2*h:2*h+2] - mh)
+                l[L][h] += p[L][j][r].sum()
         for L in range(32):
             for n in range(D // 8):
                 o[L][n][0:2] *= alpha[L][0]
@@ -176,18 +182,15 @@ def grad_kv(q, k, v, go, lse, delta, scale, causal, k0, warp):
         for Ln in range(32):
             g, t = Ln // 4, Ln % 4
             key = k0 + warp*16 + g
-            for j in range(4):
-                for half in range(2):
-                    for h in range(2):
-                        n = 2*j + half
-                        for e in range(2):
-                            c = 8*n + 2*t + e
-                            i = q0 + c
-                            jj = key + 8*h
-                            hidden = edge and (i >= L or (causal and jj > i))
-                            p = 0 if hidden else np.exp(st[Ln][n][2*h+e]*scale - lse_s[c])
-                            pt[Ln][j][2*half+h][e] = p
-                            dst[Ln][j][2*half+h][e] = p*(dpt[Ln][n][2*h+e] - delta_s[c])*scale
+            for j, r, n, h in for_each_a_register():
+                for e in range(2):
+                    c = 8*n + 2*t + e
+                    i = q0 + c
+                    jj = key + 8*h
+                    hidden = edge and (i >= L or (causal and jj > i))
+                    p = 0 if hidden else np.exp(st[Ln][n][2*h+e]*scale - lse_s[c])
+                    pt[Ln][j][r][e] = p
+                    dst[Ln][j][r][e] = p*(dpt[Ln][n][2*h+e] - delta_s[c])*scale
         acc_p_times(dv, pt, gos, D)
         acc_p_times(dk, dst, qs, D)
     outk = np.full((16, D), np.nan)
@@ -221,17 +224,14 @@ def grad_q(q, k, v, go, lse, delta, scale, causal, q0, warp):
         for Ln in range(32):
             g, t = Ln // 4, Ln % 4
             row = q0 + warp*16 + g
-            for h in range(2):
+            for j, r, n, h in for_each_a_register():
                 lr = lse[row+8*h] if row+8*h < L else 0
                 dr = delta[row+8*h] if row+8*h < L else 0
-                for j in range(4):
-                    for half in range(2):
-                        n = 2*j+half
-                        for e in range(2):
-                            i = row + 8*h
-                            jj = k0 + 8*n + 2*t + e
-                            p = 0 if edge and (jj >= S or (causal and jj > i)) else np.exp(s[Ln][n][2*h+e]*scale - lr)
-                            ds[Ln][j][2*half+h][e] = p*(dp[Ln][n][2*h+e] - dr)*scale
+                for e in range(2):
+                    i = row + 8*h
+                    jj = k0 + 8*n + 2*t + e
+                    p = 0 if edge and (jj >= S or (causal and jj > i)) else np.exp(s[Ln][n][2*h+e]*scale - lr)
+                    ds[Ln][j][r][e] = p*(dp[Ln][n][2*h+e] - dr)*scale
         acc_p_times(dq, ds, ks, D)
     out = np.full((16, D), np.nan)
     for Ln in range(32):
