@@ -1,7 +1,8 @@
 // bench_cuda_ops: BENCHMARKS.md's GPU kernel workloads for Kiln on cuda:0, one JSON line per result.
 // Anchor: benchmarks/anchors/torch_cuda_ops.py (PyTorch on the same GPU, the same sizes and timing).
 //   gemm        C = A B, square n x n, float32 (strict and TF32), bfloat16 and float16; TFLOP/s = 2 n^3 / time
-//   add, gelu, clone, sum, softmax, add_bias (rows + a broadcast row), layer_norm, cross_entropy: memory-bound; GB/s counts each input
+//   add, gelu, clone, sum, softmax, add_bias (rows + a broadcast row), layer_norm, cross_entropy, sum_rows
+//               (a sum over the rows, as a bias's gradient): memory-bound; GB/s counts each input
 //               read once and each output written once (the fewest bytes the op must move)
 //   adamw       one optimizer step over 16 float32 tensors of 2^22 elements (torch: foreach), and
 //   adamw_fused the same with fused = true (torch: fused=True)
@@ -136,6 +137,12 @@ int main(int argc, char** argv) {
     Tensor target = randint(0, cols, {rows}, TensorOptions(kInt64).device(kGpu), &gen), loss;
     report("cross_entropy", "float32", rs, time_per_call([&] { loss = nn::cross_entropy(x, target); }, 50), "gbps",
            f * rows * cols);
+    report("sum_rows", "float32", rs, time_per_call([&] { y = x.sum({0}); }, 50), "gbps", f * rows * cols);
+    // GPT-2's c_attn bias gradient: (batch 16 x 1024 tokens, 2304) in bfloat16, summed over the rows.
+    const int64_t tokens = quick ? 2048 : 16384;
+    Tensor xb = randn({tokens, 2304}, kGpu, &gen).to(kBFloat16);
+    report("sum_rows", "bfloat16", std::to_string(tokens) + "x2304", time_per_call([&] { y = xb.sum({0}); }, 50),
+           "gbps", 2.0 * tokens * 2304);
   }
   // ---- AdamW: 16 tensors of 2^22 float32, gradients set ----
   {

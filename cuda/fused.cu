@@ -32,11 +32,6 @@ __device__ __forceinline__ int64_t first_warp_row() {
 }
 __device__ __forceinline__ int64_t warp_row_stride() { return static_cast<int64_t>(gridDim.x) * kWarpsPerBlock; }
 
-__device__ __forceinline__ double warp_max(double v) {
-  for (int delta = 16; delta > 0; delta >>= 1) v = fmax(v, __shfl_xor_sync(0xffffffffu, v, delta));
-  return v;
-}
-
 // ---- column sums in fixed chunks ----
 
 // Rows per chunk: at least 32, and at most 1024 chunks (the grid's y dimension), fixed by R alone.
@@ -210,24 +205,54 @@ struct ColumnOf {
 
 // ---- cross_entropy ----
 
+// Note [one pass over the logits]: a row's log-sum-exp in one read, as an online softmax does: each
+// lane keeps the largest logit m it has seen and s = the sum of exp(x - m) over its logits,
+// rescaling s by exp(m_old - m_new) when m grows; the lanes' (m, s) pairs merge the same way. Three
+// passes (max, then the sums, then the target) read each row of GPT-2's 50304 logits three times, and
+// such a row (197 KiB) has left the caches by the next pass. Sums in double as before; the special
+// rows keep the three-pass results: a row of -inf gives -inf, a NaN among finite logits NaN, a +inf
+// NaN (exp(inf - inf)).
+struct RunningLse {
+  double m = -INFINITY, s = 0;  // s == 0 until a logit above -inf arrives
+
+  // s rescaled to the larger maximum m_new (0 stays 0, where m may be -inf; NaN stays NaN).
+  __device__ static double rescale(double s, double m, double m_new) { return s == 0 ? 0.0 : s * exp(m - m_new); }
+  __device__ void add(double x) {
+    if (x > m) {
+      s = rescale(s, m, x) + 1;
+      m = x;
+    } else if (x != -INFINITY) {
+      s += exp(x - m);  // a NaN x (never > m) makes s NaN
+    }
+  }
+  __device__ void merge(double m2, double s2) {
+    const double mm = fmax(m, m2);
+    s = rescale(s, m, mm) + rescale(s2, m2, mm);
+    m = mm;
+  }
+  __device__ double lse() const { return m == -INFINITY ? m : m == INFINITY ? NAN : m + log(s); }
+};
+
 template <typename T>
 __global__ void cross_entropy_kernel(const T* logits, const int64_t* target, T* loss, T* lse, int64_t R, int64_t C,
                                      int64_t ignore_index, double eps) {
   const int lane = threadIdx.x & 31;
   for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
     const T* x = logits + r * C;
-    double mx = -INFINITY;
-    for (int64_t i = lane; i < C; i += 32) mx = fmax(mx, static_cast<double>(x[i]));
-    mx = warp_max(mx);
-    double se = 0, sx = 0;
+    RunningLse run;  // See Note [one pass over the logits]
+    double sx = 0;
     for (int64_t i = lane; i < C; i += 32) {
-      se += exp(static_cast<double>(x[i]) - mx);
-      sx += static_cast<double>(x[i]);
+      const double v = static_cast<double>(x[i]);
+      run.add(v);
+      sx += v;
     }
-    se = warp_sum(se);
+    for (int delta = 16; delta > 0; delta >>= 1) {
+      const double m2 = __shfl_xor_sync(0xffffffffu, run.m, delta), s2 = __shfl_xor_sync(0xffffffffu, run.s, delta);
+      run.merge(m2, s2);
+    }
     sx = warp_sum(sx);
     if (lane != 0) continue;
-    const double l = isinf(mx) && mx < 0 ? mx : mx + log(se);
+    const double l = run.lse();
     lse[r] = static_cast<T>(l);
     const int64_t t = target[r];
     if (t == ignore_index) {

@@ -11,6 +11,8 @@
 // its partials in shared memory. Short slices get small groups, so a block serves many outputs.
 // Few outputs with long slices: each slice is split over several blocks that write partial
 // accumulators, and a second kernel merges them (reduce_split_kernel, reduce_merge_kernel).
+// Outputs side by side in memory (sums over rows): threads take neighbouring outputs, so that a warp
+// reads along a row, with the rows split over row lanes and blocks (reduce_columns_kernel).
 // Softmax: one block per row; the row max and the sum of exp(x - max) are block reductions.
 // Contiguous rows of up to 4096 elements stay in registers between the passes (softmax_rows_kernel).
 #include <atomic>
@@ -208,6 +210,59 @@ __global__ void reduce_split_kernel(const T* in, typename R::acc_t* partials, in
   if (threadIdx.x == 0) partials[blockIdx.x] = partial[0];
 }
 
+// Outputs side by side in `in` (the innermost kept dim has stride 1: a sum over rows, such as a
+// bias's gradient). Thread t of the block takes output first + t % 32 and row lane t / 32 of
+// kRowLanes: a warp reads 32 neighbouring elements of one row at a time, where reduce_kernel's
+// group would read 32 rows of one column. Block row blockIdx.y reduces elements [y * chunk,
+// y * chunk + chunk) of each slice; the row lanes take every kRowLanes-th of them and are merged in
+// lane order. With one chunk the block writes the result, else the chunk's partial accumulator, at
+// partials[y * outputs + k], for reduce_columns_merge_kernel.
+constexpr int kColumns = 32, kRowLanes = kThreads / kColumns;
+
+template <typename R, typename T>
+__global__ void reduce_columns_kernel(const T* in, typename R::out_t* out, typename R::acc_t* partials,
+                                      int64_t outputs, int64_t len, int64_t chunk, OffsetCalc<2> kept,
+                                      OffsetCalc<1> reduced, int64_t flat) {
+  using acc_t = typename R::acc_t;
+  extern __shared__ __align__(16) unsigned char reduce_shared[];
+  acc_t* partial = reinterpret_cast<acc_t*>(reduce_shared);
+  const int column = threadIdx.x % kColumns, lane = threadIdx.x / kColumns;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * chunk, end = min(len, begin + chunk);
+  // Every thread of the block runs the same number of iterations: __syncthreads() is safe.
+  for (int64_t first = static_cast<int64_t>(blockIdx.x) * kColumns; first < outputs;
+       first += static_cast<int64_t>(gridDim.x) * kColumns) {
+    const int64_t k = first + column;
+    int64_t ko[2] = {0, 0};
+    acc_t acc = R::init();
+    if (k < outputs) {
+      kept.get(k, ko);
+      for (int64_t j = begin + lane; j < end; j += kRowLanes) R::update(acc, in[ko[0] + slice_offset(j, flat, reduced)], j);
+    }
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    if (lane == 0 && k < outputs) {
+      for (int l = 1; l < kRowLanes; ++l) R::merge(acc, partial[l * kColumns + column]);
+      if (partials != nullptr) partials[blockIdx.y * outputs + k] = acc;
+      else out[ko[1]] = R::result(acc);
+    }
+    __syncthreads();
+  }
+}
+
+// ... then output k merges its chunks' partials, in chunk order.
+template <typename R>
+__global__ void reduce_columns_merge_kernel(const typename R::acc_t* partials, typename R::out_t* out,
+                                            int64_t outputs, int64_t chunks, OffsetCalc<2> kept) {
+  for (int64_t k = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; k < outputs;
+       k += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    typename R::acc_t acc = partials[k];
+    for (int64_t c = 1; c < chunks; ++c) R::merge(acc, partials[c * outputs + k]);
+    int64_t ko[2];
+    kept.get(k, ko);
+    out[ko[1]] = R::result(acc);
+  }
+}
+
 // ... then block k merges output k's `splits` partials, in order.
 template <typename R>
 __global__ void reduce_merge_kernel(const typename R::acc_t* partials, typename R::out_t* out, int splits,
@@ -280,18 +335,21 @@ __global__ void softmax_rows_kernel(const T* in, T* out, int64_t n_rows, int64_t
     }
     mx = block_reduce(mx, MaxOp(), shared);
     if (isinf(mx) && mx < 0) mx = 0;
+    // v becomes exp(x - max) for softmax (one exp an element), x - max for log_softmax.
     M sum = 0;
     KILN_CUDA_UNROLL
     for (int u = 0; u < kPer; ++u) {
       v[u] -= mx;
-      sum += exp(v[u]);  // the padding's exp(-inf) is 0
+      const M e = exp(v[u]);  // the padding's exp(-inf) is 0
+      sum += e;
+      if (!log_softmax) v[u] = e;
     }
     sum = block_reduce(sum, SumOp(), shared);
     const M log_sum = log(sum);
     KILN_CUDA_UNROLL
     for (int u = 0; u < kPer; ++u) {
       const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
-      if (j < len) y[j] = static_cast<T>(log_softmax ? v[u] - log_sum : exp(v[u]) / sum);
+      if (j < len) y[j] = static_cast<T>(log_softmax ? v[u] - log_sum : v[u] / sum);
     }
   }
 }
@@ -368,6 +426,33 @@ void reduce_with(const View& in, const View& out, int device, cudaStream_t strea
       KILN_CUDA_CHECK(cudaGetLastError());
       return;
     }
+  }
+  if (!plan.kept_in_strides.empty() && plan.kept_in_strides.back() == 1 && len >= kRowLanes) {
+    // Neighbouring outputs lie side by side: reduce_columns_kernel. The slices are cut into chunks
+    // of at least 8 elements a row lane, enough of them for about four blocks per multiprocessor.
+    const int64_t column_blocks = std::min<int64_t>((outputs + kColumns - 1) / kColumns, kMaxBlocks);
+    int64_t chunks = std::clamp<int64_t>((4 * sms + column_blocks - 1) / column_blocks, 1,
+                                         std::max<int64_t>(1, len / (8 * kRowLanes)));
+    chunks = std::min<int64_t>(chunks, 65535);  // the grid's y dimension
+    const int64_t chunk = (len + chunks - 1) / chunks;
+    chunks = (len + chunk - 1) / chunk;  // none empty
+    const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks));
+    const size_t shared = kThreads * sizeof(acc_t);
+    if (chunks == 1) {
+      reduce_columns_kernel<R, T><<<grid, kThreads, shared, stream>>>(
+          in.ptr<T>(), out.ptr<typename R::out_t>(), nullptr, outputs, len, chunk, kept, reduced, plan.flat);
+      KILN_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+    DeviceBuffer partials(device, static_cast<size_t>(outputs * chunks) * sizeof(acc_t));
+    auto* p = static_cast<acc_t*>(partials.data());
+    reduce_columns_kernel<R, T><<<grid, kThreads, shared, stream>>>(in.ptr<T>(), nullptr, p, outputs, len, chunk,
+                                                                    kept, reduced, plan.flat);
+    KILN_CUDA_CHECK(cudaGetLastError());
+    reduce_columns_merge_kernel<R><<<blocks_for(outputs), kThreads, 0, stream>>>(
+        p, out.ptr<typename R::out_t>(), outputs, chunks, kept);
+    KILN_CUDA_CHECK(cudaGetLastError());
+    return;
   }
   int group = 1;
   while (group < kThreads && group < len) group *= 2;

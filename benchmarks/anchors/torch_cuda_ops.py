@@ -91,6 +91,11 @@ def main():
     target = torch.randint(0, cols, (rows,), device=dev, generator=g)
     report("cross_entropy", "float32", rs, time_per_call(lambda: F.cross_entropy(x, target), 50), "gbps",
            f * rows * cols)
+    report("sum_rows", "float32", rs, time_per_call(lambda: x.sum(0), 50), "gbps", f * rows * cols)
+    # GPT-2's c_attn bias gradient: (batch 16 x 1024 tokens, 2304) in bfloat16, summed over the rows.
+    tokens = 2048 if quick else 16384
+    xb = torch.randn(tokens, 2304, device=dev, generator=g).to(torch.bfloat16)
+    report("sum_rows", "bfloat16", f"{tokens}x2304", time_per_call(lambda: xb.sum(0), 50), "gbps", 2.0 * tokens * 2304)
 
     params = []
     for _ in range(16):

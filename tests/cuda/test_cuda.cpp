@@ -84,6 +84,47 @@ TEST_CASE("long reductions split over blocks match the CPU", "[gpu]") {
   CHECK(z.argmax().item<int64_t>() == 0);
 }
 
+TEST_CASE("reductions over rows (neighbouring outputs side by side) match the CPU", "[gpu]") {
+  // The kept dims end in a stride-1 dim: reduce_columns_kernel of cuda/reduce.cu, with one chunk of
+  // rows (few rows) or several merged in order (many), and outputs that cross blocks of 32.
+  struct Case {
+    Shape shape;
+    std::vector<int64_t> dims;
+  };
+  for (const Case& c : {Case{{9, 70}, {0}}, Case{{5000, 37}, {0}}, Case{{20000, 300}, {0}}, Case{{3, 4097, 33}, {0, 1}},
+                        Case{{1023, 7, 300}, {1}}, Case{{64, 3, 50}, {0, 1}}}) {
+    Tensor x = test::sample(c.shape, kFloat32, 0.25), xg = x.to(kGpu);
+    const int64_t dim = c.dims.back();
+    INFO("shape " << c.shape.str() << ", last reduced dim " << dim);
+    test::check_close(xg.sum(c.dims).cpu(), x.sum(c.dims), {1e-5, 1e-4});
+    test::check_close(xg.amax(c.dims).cpu(), x.amax(c.dims));
+    test::check_close(xg.amin(c.dims).cpu(), x.amin(c.dims));
+    if (c.dims.size() == 1) {
+      test::check_equal(xg.argmax(dim).cpu(), x.argmax(dim));
+      test::check_equal(xg.argmin(dim).cpu(), x.argmin(dim));
+      test::check_equal(gt(xg, 1.99).any(dim).cpu(), gt(x, 1.99).any(dim));
+      test::check_equal(gt(xg, -1.99).all(dim).cpu(), gt(x, -1.99).all(dim));
+    }
+    Tensor h = x.to(kBFloat16);  // the bias gradients of an autocast model: bfloat16 summed in double
+    test::check_close(h.to(kGpu).sum(c.dims).cpu(), h.sum(c.dims));
+    Tensor i = randint(-1000, 1000, c.shape, TensorOptions(kInt64));
+    test::check_equal(i.to(kGpu).sum(c.dims).cpu(), i.sum(c.dims));
+  }
+  // The rows of a permuted view: the kept dim has stride 1, the reduced ones do not collapse.
+  Tensor y = test::sample({40, 30, 50}, kFloat64, 0.75);
+  test::check_close(y.to(kGpu).permute({2, 0, 1}).sum({1, 2}).cpu(), y.permute({2, 0, 1}).sum({1, 2}));
+  // Ties give the first index across row lanes and chunks; NaN wins wherever it lies.
+  Tensor z = zeros({30000, 40});
+  z.select(0, 29999).fill_(1.0);
+  test::check_equal(z.to(kGpu).argmax(0).cpu(), full({40}, 29999, TensorOptions(kInt64)));
+  test::check_equal(z.to(kGpu).argmin(0).cpu(), zeros({40}, TensorOptions(kInt64)));
+  z.select(0, 12345).select(0, 7).fill_(std::numeric_limits<double>::quiet_NaN());
+  Tensor zmax = z.to(kGpu).amax({0}).cpu();
+  CHECK(std::isnan(zmax.select(0, 7).item<double>()));
+  CHECK(zmax.select(0, 8).item<double>() == 1.0);
+  CHECK(z.to(kGpu).argmax(0).cpu().select(0, 7).item<int64_t>() == 12345);
+}
+
 TEST_CASE("softmax of contiguous rows held in registers matches the CPU", "[gpu]") {
   for (int64_t len : {129, 1000, 4096}) {
     Tensor x = test::sample({7, len}, kFloat32, 0.1) * 20;

@@ -116,6 +116,26 @@ TEST_CASE("fused softmax_cross_entropy on cuda:0 equals the CPU's; bad targets a
       }
     }
   }
+  // Rows that test the one-pass log-sum-exp (Note [one pass over the logits] in cuda/fused.cu): every
+  // logit -inf (lse -inf, so the loss is -inf - -inf: NaN, as on the CPU), half of them -inf, a +inf
+  // (NaN), the maximum last, logits 1400 apart, -inf in the middle of the row.
+  {
+    const double inf = std::numeric_limits<double>::infinity();
+    Tensor x = randn({6, 300}, kFloat64) * 3;
+    x[0].fill_(-inf);
+    x[1].narrow(0, 0, 150).fill_(-inf);
+    x[2][77].fill_(inf);
+    x[3][299].fill_(40.0);
+    x[4].narrow(0, 0, 100).fill_(-700.0);
+    x[4].narrow(0, 100, 100).fill_(700.0);
+    x[5].narrow(0, 40, 200).fill_(-inf);
+    Tensor target = from_vector<int64_t>({0, 200, 1, 299, 5, 250}, {6});
+    for (DType dt : {kFloat64, kFloat32}) {
+      INFO(dtype_name(dt) << " special rows");
+      Tensor xd = x.to(dt);
+      test::check_close(softmax_cross_entropy(xd.to(kGpu), target.to(kGpu)).cpu(), softmax_cross_entropy(xd, target));
+    }
+  }
   Tensor logits = zeros({3, 4}, TensorOptions().device(kGpu));
   test::check_error([&] { softmax_cross_entropy(logits, from_vector<int64_t>({0, 4, 1}, {3}).to(kGpu)); },
                     {"cross_entropy", "target 4 at position 1", "[0, 4)"});
