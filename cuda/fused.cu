@@ -4,14 +4,16 @@
 // statistics in double; the output rounded as ((h - mean) * rstd) * weight + bias).
 //
 // One warp per row for the row kernels (grid-stride over rows, eight warps to a block): simple, and
-// fast enough for the rows of a transformer (hundreds to a few thousand columns). Column sums
-// (grad_weight, grad_bias) go through fixed chunks of rows, as on the CPU: a first kernel writes one
-// partial sum in double per (chunk, column), a second adds each column's chunks in order, so the
-// result does not depend on scheduling and no atomics are needed.
+// fast enough for the rows of a transformer (hundreds to a few thousand columns); float32 rows of up
+// to 1024 stay in registers (Note [layer_norm rows in registers]). Column sums (grad_weight,
+// grad_bias) go through fixed chunks of rows, as on the CPU: a first kernel writes one partial sum
+// in double per (chunk, column), a second adds each column's chunks in order, so the result does
+// not depend on scheduling and no atomics are needed.
 //
 // A bad class index cannot throw from a thread: ops/softmax.cpp checks the targets of a CUDA tensor
 // before the launch; the kernel still writes NaN for a row whose target is out of range.
 #include <cmath>
+#include <type_traits>
 
 #include "core/scalar_math.h"
 #include "cuda/context.h"
@@ -118,6 +120,68 @@ __global__ void layer_norm_kernel(const T* x, const T* res, const T* w, const T*
   }
 }
 
+// Note [layer_norm rows in registers]: float32 rows of up to 32 * kRegPer elements (GPT-2's 768,
+// 1024) are read once: each lane keeps its elements of the row (h = x + residual, rounded to T)
+// in registers for the two sums and the output, where layer_norm_kernel walks the row three times
+// and its backward walks g and h twice. The same elements in the same order, so the same sums and
+// the same bits. float64 rows (twice the registers) and longer rows keep the walks.
+constexpr int kRegPer = 32;
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2) layer_norm_reg_kernel(const T* x, const T* res, const T* w, const T* b,
+                                                                     T* out, T* sum, T* mean, T* rstd, int64_t R,
+                                                                     int64_t M, double eps, bool rms) {
+  const int lane = threadIdx.x & 31;
+  const int n = static_cast<int>(M) - lane;  // element lane + 32 u of a row exists when 32 u < n
+  // Lane-offset pointers: element u of a lane is at a constant offset 32 u from them.
+  const T* wl = w ? w + lane : nullptr;
+  const T* bl = b ? b + lane : nullptr;
+  for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
+    const int64_t row = r * M + lane;
+    T v[kRegPer];
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kRegPer; ++u) {
+      v[u] = T(0);
+      if (32 * u < n) {
+        v[u] = x[row + 32 * u];
+        if (res) {
+          v[u] = v[u] + res[row + 32 * u];
+          sum[row + 32 * u] = v[u];
+        }
+      }
+    }
+    double m = 0;
+    if (!rms) {
+      double acc = 0;
+      KILN_CUDA_UNROLL
+      for (int u = 0; u < kRegPer; ++u)
+        if (32 * u < n) acc += static_cast<double>(v[u]);
+      m = warp_sum(acc) / static_cast<double>(M);
+    }
+    double ss = 0;
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kRegPer; ++u) {
+      if (32 * u >= n) continue;
+      const double d = static_cast<double>(v[u]) - m;
+      ss += d * d;
+    }
+    ss = warp_sum(ss);
+    const T tm = static_cast<T>(m), ti = static_cast<T>(1.0 / sqrt(ss / static_cast<double>(M) + eps));
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kRegPer; ++u) {
+      if (32 * u >= n) continue;
+      T o = (v[u] - tm) * ti;
+      if (wl) o = o * wl[32 * u];
+      if (bl) o = o + bl[32 * u];
+      out[row + 32 * u] = o;
+    }
+    if (lane == 0) {
+      mean[r] = tm;
+      rstd[r] = ti;
+    }
+  }
+}
+
 // grad_out * weight rounded to T on its own. Written as a plain product, nvcc contracts
 // `g * w - mean(gx)` into one fma, which skips that rounding: the difference is no longer exactly 0
 // where it should be (a row of one element, whose gradient is 0), and rstd (up to 1/sqrt(eps)) magnifies
@@ -149,6 +213,41 @@ __global__ void layer_norm_backward_kernel(const T* g, const T* gs, const T* h, 
       T v = rs * (gx - a - xhat * c);
       if (gs) v = v + gs[r * M + i];
       gi[r * M + i] = v;
+    }
+  }
+}
+
+// layer_norm_backward_kernel with g * w and xhat held in registers (Note [layer_norm rows in
+// registers]): g, h and w read once.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 2)
+    layer_norm_backward_reg_kernel(const T* g, const T* gs, const T* h, const T* w, const T* mean, const T* rstd,
+                                   T* gi, int64_t R, int64_t M, bool rms) {
+  const int lane = threadIdx.x & 31;
+  const int n = static_cast<int>(M) - lane;  // as in layer_norm_reg_kernel
+  const T* wl = w ? w + lane : nullptr;
+  for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
+    const int64_t row = r * M + lane;
+    const T mu = mean[r], rs = rstd[r];
+    T xhat[kRegPer], gx[kRegPer];
+    double s_gx = 0, s_gx_xhat = 0;
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kRegPer; ++u) {
+      xhat[u] = gx[u] = T(0);
+      if (32 * u >= n) continue;
+      xhat[u] = (h[row + 32 * u] - mu) * rs;
+      gx[u] = wl ? mul_rn(g[row + 32 * u], wl[32 * u]) : g[row + 32 * u];
+      s_gx += static_cast<double>(gx[u]);
+      s_gx_xhat += static_cast<double>(gx[u]) * static_cast<double>(xhat[u]);
+    }
+    const T a = rms ? T(0) : static_cast<T>(warp_sum(s_gx) / static_cast<double>(M));
+    const T c = static_cast<T>(warp_sum(s_gx_xhat) / static_cast<double>(M));
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kRegPer; ++u) {
+      if (32 * u >= n) continue;
+      T v = rs * (gx[u] - a - xhat[u] * c);
+      if (gs) v = v + gs[row + 32 * u];
+      gi[row + 32 * u] = v;
     }
   }
 }
@@ -287,6 +386,22 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* ta
   }
 }
 
+// The kernels for rows of M elements (See Note [layer_norm rows in registers]).
+template <typename T>
+auto layer_norm_kernel_for(int64_t M) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (M <= 32 * kRegPer) return layer_norm_reg_kernel<T>;
+  }
+  return layer_norm_kernel<T>;
+}
+template <typename T>
+auto layer_norm_backward_kernel_for(int64_t M) {
+  if constexpr (std::is_same_v<T, float>) {
+    if (M <= 32 * kRegPer) return layer_norm_backward_reg_kernel<T>;
+  }
+  return layer_norm_backward_kernel<T>;
+}
+
 template <typename T>
 const T* ptr_or_null(const View& v) {
   return v.data ? v.ptr<T>() : nullptr;
@@ -307,7 +422,7 @@ void layer_norm_launch(const View& x, const View& residual, const View& weight, 
   if (R == 0 || M == 0) return;
   KILN_DISPATCH_F32_F64(x.dtype, "layer_norm", [&] {
     using T = scalar_t;
-    layer_norm_kernel<T><<<row_blocks(R), kThreads, 0, stream_of(s)>>>(
+    layer_norm_kernel_for<T>(M)<<<row_blocks(R), kThreads, 0, stream_of(s)>>>(
         x.ptr<T>(), ptr_or_null<T>(residual), ptr_or_null<T>(weight), ptr_or_null<T>(bias), out.ptr<T>(),
         mut_or_null<T>(sum), mean.ptr<T>(), rstd.ptr<T>(), R, M, eps, rms);
     KILN_CUDA_CHECK(cudaGetLastError());
@@ -323,7 +438,7 @@ void layer_norm_backward_launch(const View& grad_out, const View& grad_sum, cons
   cudaStream_t stream = stream_of(s);
   KILN_DISPATCH_F32_F64(h.dtype, "layer_norm backward", [&] {
     using T = scalar_t;
-    layer_norm_backward_kernel<T><<<row_blocks(R), kThreads, 0, stream>>>(
+    layer_norm_backward_kernel_for<T>(M)<<<row_blocks(R), kThreads, 0, stream>>>(
         grad_out.ptr<T>(), ptr_or_null<T>(grad_sum), h.ptr<T>(), ptr_or_null<T>(weight), mean.ptr<T>(),
         rstd.ptr<T>(), grad_in.ptr<T>(), R, M, rms);
     KILN_CUDA_CHECK(cudaGetLastError());
