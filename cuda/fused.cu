@@ -81,6 +81,16 @@ void column_sums(const F& f, int64_t R, int64_t N, int sums, T* out0, T* out1, i
 
 // ---- layer_norm ----
 
+// Element i of a row's output: ((h - mean) * rstd) * weight + bias, each step rounded to T, as
+// on the CPU; one definition for layer_norm_kernel and layer_norm_reg_kernel, so they agree to the bit.
+template <typename T>
+__device__ __forceinline__ T normalized(T h, T tm, T ti, const T* w, const T* b, int64_t i) {
+  T v = (h - tm) * ti;
+  if (w) v = v * w[i];
+  if (b) v = v + b[i];
+  return v;
+}
+
 template <typename T>
 __global__ void layer_norm_kernel(const T* x, const T* res, const T* w, const T* b, T* out, T* sum, T* mean,
                                   T* rstd, int64_t R, int64_t M, double eps, bool rms) {
@@ -107,12 +117,7 @@ __global__ void layer_norm_kernel(const T* x, const T* res, const T* w, const T*
     ss = warp_sum(ss);
     const T tm = static_cast<T>(m), ti = static_cast<T>(1.0 / sqrt(ss / static_cast<double>(M) + eps));
     T* y = out + r * M;
-    for (int64_t i = lane; i < M; i += 32) {
-      T v = (h[i] - tm) * ti;
-      if (w) v = v * w[i];
-      if (b) v = v + b[i];
-      y[i] = v;
-    }
+    for (int64_t i = lane; i < M; i += 32) y[i] = normalized(h[i], tm, ti, w, b, i);
     if (lane == 0) {
       mean[r] = tm;
       rstd[r] = ti;
@@ -168,13 +173,8 @@ __global__ void __launch_bounds__(kThreads, 2) layer_norm_reg_kernel(const T* x,
     ss = warp_sum(ss);
     const T tm = static_cast<T>(m), ti = static_cast<T>(1.0 / sqrt(ss / static_cast<double>(M) + eps));
     KILN_CUDA_UNROLL
-    for (int u = 0; u < kRegPer; ++u) {
-      if (32 * u >= n) continue;
-      T o = (v[u] - tm) * ti;
-      if (wl) o = o * wl[32 * u];
-      if (bl) o = o + bl[32 * u];
-      out[row + 32 * u] = o;
-    }
+    for (int u = 0; u < kRegPer; ++u)
+      if (32 * u < n) out[row + 32 * u] = normalized(v[u], tm, ti, wl, bl, 32 * u);
     if (lane == 0) {
       mean[r] = tm;
       rstd[r] = ti;
@@ -189,6 +189,14 @@ __global__ void __launch_bounds__(kThreads, 2) layer_norm_reg_kernel(const T* x,
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ double mul_rn(double a, double b) { return __dmul_rn(a, b); }
 
+// The backward's terms of element i of a row: xhat = (h - mean) * rstd and gx = grad_out * weight;
+// one definition for both backward kernels.
+template <typename T>
+__device__ __forceinline__ void backward_terms(T g, T h, const T* w, int64_t i, T mu, T rs, T& xhat, T& gx) {
+  xhat = (h - mu) * rs;
+  gx = w ? mul_rn(g, w[i]) : g;
+}
+
 // grad_in = rstd * (gx - mean(gx) - xhat * mean(gx * xhat)) + grad_sum, gx = grad_out * weight.
 template <typename T>
 __global__ void layer_norm_backward_kernel(const T* g, const T* gs, const T* h, const T* w, const T* mean,
@@ -200,16 +208,16 @@ __global__ void layer_norm_backward_kernel(const T* g, const T* gs, const T* h, 
     const T* hr = h + r * M;
     double s_gx = 0, s_gx_xhat = 0;
     for (int64_t i = lane; i < M; i += 32) {
-      const T xhat = (hr[i] - mu) * rs;
-      const T gx = w ? mul_rn(gr[i], w[i]) : gr[i];
+      T xhat, gx;
+      backward_terms(gr[i], hr[i], w, i, mu, rs, xhat, gx);
       s_gx += static_cast<double>(gx);
       s_gx_xhat += static_cast<double>(gx) * static_cast<double>(xhat);
     }
     const T a = rms ? T(0) : static_cast<T>(warp_sum(s_gx) / static_cast<double>(M));
     const T c = static_cast<T>(warp_sum(s_gx_xhat) / static_cast<double>(M));
     for (int64_t i = lane; i < M; i += 32) {
-      const T xhat = (hr[i] - mu) * rs;
-      const T gx = w ? mul_rn(gr[i], w[i]) : gr[i];
+      T xhat, gx;
+      backward_terms(gr[i], hr[i], w, i, mu, rs, xhat, gx);
       T v = rs * (gx - a - xhat * c);
       if (gs) v = v + gs[r * M + i];
       gi[r * M + i] = v;
@@ -235,8 +243,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     for (int u = 0; u < kRegPer; ++u) {
       xhat[u] = gx[u] = T(0);
       if (32 * u >= n) continue;
-      xhat[u] = (h[row + 32 * u] - mu) * rs;
-      gx[u] = wl ? mul_rn(g[row + 32 * u], wl[32 * u]) : g[row + 32 * u];
+      backward_terms(g[row + 32 * u], h[row + 32 * u], wl, 32 * u, mu, rs, xhat[u], gx[u]);
       s_gx += static_cast<double>(gx[u]);
       s_gx_xhat += static_cast<double>(gx[u]) * static_cast<double>(xhat[u]);
     }

@@ -158,6 +158,16 @@ def forward(q, k, v, scale, causal, q0, warp):
     return out, lse
 
 
+def warp_rows(acc, D):
+    """The warp's 16 rows of D columns held in the C fragments acc[lane][n][4] (as the kernels store them)."""
+    rows = np.full((16, D), np.nan)
+    for Ln in range(32):
+        g, t = Ln // 4, Ln % 4
+        for h in range(2):
+            for n in range(D // 8): rows[g+8*h, 8*n+2*t:8*n+2*t+2] = acc[Ln][n][2*h:2*h+2]
+    return rows
+
+
 def grad_kv(q, k, v, go, lse, delta, scale, causal, k0, warp):
     """attention_grad_kv_mma_kernel's warp `warp` of the block at key k0: its 16 rows of dK and dV."""
     L, D = q.shape
@@ -193,15 +203,7 @@ def grad_kv(q, k, v, go, lse, delta, scale, causal, k0, warp):
                     dst[Ln][j][r][e] = p*(dpt[Ln][n][2*h+e] - delta_s[c])*scale
         acc_p_times(dv, pt, gos, D)
         acc_p_times(dk, dst, qs, D)
-    outk = np.full((16, D), np.nan)
-    outv = np.full((16, D), np.nan)
-    for Ln in range(32):
-        g, t = Ln // 4, Ln % 4
-        for h in range(2):
-            for n in range(D // 8):
-                outk[g+8*h, 8*n+2*t:8*n+2*t+2] = dk[Ln][n][2*h:2*h+2]
-                outv[g+8*h, 8*n+2*t:8*n+2*t+2] = dv[Ln][n][2*h:2*h+2]
-    return outk, outv
+    return warp_rows(dk, D), warp_rows(dv, D)
 
 
 def grad_q(q, k, v, go, lse, delta, scale, causal, q0, warp):
@@ -233,12 +235,7 @@ def grad_q(q, k, v, go, lse, delta, scale, causal, q0, warp):
                     p = 0 if edge and (jj >= S or (causal and jj > i)) else np.exp(s[Ln][n][2*h+e]*scale - lr)
                     ds[Ln][j][r][e] = p*(dp[Ln][n][2*h+e] - dr)*scale
         acc_p_times(dq, ds, ks, D)
-    out = np.full((16, D), np.nan)
-    for Ln in range(32):
-        g, t = Ln // 4, Ln % 4
-        for h in range(2):
-            for n in range(D // 8): out[g+8*h, 8*n+2*t:8*n+2*t+2] = dq[Ln][n][2*h:2*h+2]
-    return out
+    return warp_rows(dq, D)
 
 
 
