@@ -71,30 +71,42 @@ void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
 
 }  // namespace
 
-// Note [which float32 GEMM]: measured on this Zen 5 (benchmarks/results/README.md), 2 threads:
-// OpenBLAS 0.3.21 with its AVX-512 (SkylakeX) kernel, split by Kiln's pool, 335-427 GFLOP/s at
-// n = 128..2048; sgemm.cpp 351-445 (0.98-1.05x that, within the machine's run-to-run spread);
-// OpenBLAS with an AVX2 kernel about 220; Eigen's own GEMM 111-146. sgemm.cpp taking every float32
-// GEMM makes the CNN benchmark 8-11% slower (11.3-11.5 s an epoch against 10.1-10.7: its
-// convolutions' GEMMs have 32-64 rows, where packing b costs sgemm.cpp most). So OpenBLAS keeps
-// float32 when it runs an AVX-512 kernel, and sgemm.cpp takes it on an AVX-512 CPU where OpenBLAS is
-// absent or runs an AVX2 one (as it does under OPENBLAS_CORETYPE=Haswell, which some shells set).
-// KILN_CPU_GEMM=own|blas overrides the choice.
-bool use_own_sgemm(int64_t m, int64_t n) {
-  static const bool enabled = [] {
+// Note [which float32 GEMM]: measured on this Zen 5 (benchmarks/results/README.md), 2 threads, three
+// programs in turn each round: OpenBLAS 0.3.21 with its AVX-512 (SkylakeX) kernel, split by Kiln's
+// pool, ran 411-446 GFLOP/s at n = 256..2048 and sgemm.cpp 342-458: sgemm.cpp is 3% faster at
+// n = 1024 and 2048 (packing one b for both threads, a long KC: sgemm.cpp's header) but 7-17%
+// slower at 256 and 512, where packing and the fork-joins weigh more. OpenBLAS with an AVX2 kernel
+// runs about 220; Eigen's own GEMM 111-146. sgemm.cpp taking every float32 GEMM made the CNN
+// benchmark 8-11% slower (its convolutions' GEMMs have 32-64 rows, where packing b costs sgemm.cpp
+// most). So where OpenBLAS runs an AVX-512 kernel it keeps float32 except for products with m, n
+// and k all at least kOwnFrom, and sgemm.cpp takes every float32 GEMM on an AVX-512 CPU where
+// OpenBLAS is absent or runs an AVX2 kernel (as it does under OPENBLAS_CORETYPE=Haswell, which
+// some shells set). KILN_CPU_GEMM=own|blas overrides the choice.
+namespace {
+constexpr int64_t kOwnFrom = 1024;
+enum class SgemmChoice { kBlas, kOwnLarge, kOwn };
+}  // namespace
+
+bool use_own_sgemm(int64_t m, int64_t n, int64_t k) {
+  static const SgemmChoice choice = [] {
     const char* v = std::getenv("KILN_CPU_GEMM");
     if (v != nullptr && std::string_view(v) != "blas" && std::string_view(v) != "own")
       KILN_FAIL("KILN_CPU_GEMM={}: expected 'own' (Kiln's AVX-512 GEMM) or 'blas' (OpenBLAS, else Eigen)", v);
-    if (!cpu_has_avx512()) return false;
-    if (v != nullptr) return std::string_view(v) == "own";
+    if (!cpu_has_avx512()) return SgemmChoice::kBlas;
+    if (v != nullptr) return std::string_view(v) == "own" ? SgemmChoice::kOwn : SgemmChoice::kBlas;
 #ifdef KILN_HAVE_OPENBLAS
     const std::string_view core = openblas_get_corename();
     for (std::string_view avx512_core : {"SkylakeX", "Cooperlake", "SapphireRapids"})
-      if (core.find(avx512_core) != std::string_view::npos) return false;
+      if (core.find(avx512_core) != std::string_view::npos) return SgemmChoice::kOwnLarge;
 #endif
-    return true;
+    return SgemmChoice::kOwn;
   }();
-  return enabled && m >= 8 && n >= 16;
+  switch (choice) {
+    case SgemmChoice::kBlas: return false;
+    case SgemmChoice::kOwnLarge: return m >= kOwnFrom && n >= kOwnFrom && k >= kOwnFrom;
+    case SgemmChoice::kOwn: return m >= 8 && n >= 16;
+  }
+  return false;
 }
 
 namespace {
@@ -104,7 +116,7 @@ template <typename T>
 void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
   if (c.rows == 0 || c.cols == 0) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (c.cs == 1 && use_own_sgemm(c.rows, c.cols)) {  // serial: called from a parallel_for, or small
+    if (c.cs == 1 && use_own_sgemm(c.rows, c.cols, a.cols)) {  // serial: called from a parallel_for, or small
       sgemm_avx512(c.rows, c.cols, a.cols, a.data, a.rs, a.cs, b.data, b.rs, b.cs, false, c.data, c.rs);
       return;
     }
@@ -188,7 +200,7 @@ void matmul_typed(const View& av, const View& bv, const View& cv) {
     batch_offsets(i, oa, ob, oc);
     Mat<T> A = mat(av, oa, M, K), B = mat(bv, ob, K, N), C = mat(cv, oc, M, N);
     if constexpr (std::is_same_v<T, float>) {
-      if (C.cs == 1 && use_own_sgemm(M, N)) {  // its own threading (Note [sharing b] in sgemm.cpp)
+      if (C.cs == 1 && use_own_sgemm(M, N, K)) {  // its own threading (Note [sharing b] in sgemm.cpp)
         sgemm_avx512(M, N, K, A.data, A.rs, A.cs, B.data, B.rs, B.cs, false, C.data, C.rs);
         continue;
       }
@@ -237,7 +249,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
           int64_t ldb, bool accumulate, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (use_own_sgemm(m, n)) {
+    if (use_own_sgemm(m, n, k)) {
       sgemm_avx512(m, n, k, a, ta ? 1 : lda, ta ? lda : 1, b, tb ? 1 : ldb, tb ? ldb : 1, accumulate, c, ldc);
       return;
     }

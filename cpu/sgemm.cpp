@@ -1,24 +1,34 @@
 // cpu/sgemm.cpp: Kiln's own float32 GEMM for CPUs with AVX-512, c = a @ b (+ c).
 //
 // When it is used: matmul.cpp, Note [which float32 GEMM]. On this Zen 5 (two 512-bit FMAs per cycle,
-// 234 GFLOP/s per core measured), on two threads, it runs at 1.8-1.9x OpenBLAS's AVX2 kernel and
-// level with OpenBLAS's own AVX-512 one (0.98-1.05x at n = 128..2048; benchmarks/results/README.md),
-// so it takes float32 where OpenBLAS is absent or runs an AVX2 kernel. It is also the readable
-// version of what a BLAS does.
+// about 256 GFLOP/s per core), single-threaded at n = 1024..2048, it runs at about 92% of that peak,
+// 3-5% ahead of OpenBLAS 0.3.21's AVX-512 kernel, and 1.8-1.9x OpenBLAS's AVX2 kernel
+// (benchmarks/results/README.md). It is also the readable version of what a BLAS does.
 //
 // The loops are the Goto/BLIS ones. For each block of KC rows of b (the "pc" loop):
 //   1. b's block is packed once, by all threads together (but see Note [sharing b]), into panels
 //      of NR = 48 columns, each stored k-major (row p of a panel is 48 consecutive floats),
-//      zero-padded at the right edge;
+//      zero-padded at the right edge; contiguous rows of b are read row by row, across the panels;
 //   2. each thread takes its own rows of c (or, when c is short, its own panels), packs MC rows of
 //      a at a time into micro-panels of MR = 8 rows, k-major and zero-padded at the bottom, and
 //   3. runs the micro-kernel over every (micro-panel of a, panel of b) pair: an 8 x 48 tile of c
 //      held in 24 zmm registers while p runs over the block, a broadcast of a times three loads of b
 //      per step. The tile is added to c (or stored, for the first block when not accumulating).
-// A packed panel of b (KC x 48 floats = 96 KiB) is read by each of a's micro-panels in turn from L2,
-// where a's packed block (MC x KC = 256 KiB) stays too; the packed b (up to 8 MiB) stays in L3.
-// KC and MC were chosen by measurement on this machine (KC 128..768 x MC 64..256): a long KC reads
-// and writes c fewer times, which matters more at n = 1024..2048 than keeping a panel in L1.
+// A packed panel of b (KC x 48 floats = 192 KiB) is read by each of a's 8 micro-panels in turn from
+// L2 (1 MiB here), where a's packed block (MC x KC = 256 KiB) and the next panel of b stay too; the
+// packed b (up to 8 MiB) stays in L3. Streaming b from L2 costs the micro-kernel nothing: alone, on
+// a panel in L2, it runs at the FMA peak. What a long KC buys is fewer passes over c.
+//
+// Note [the next panel of b]: the first micro-panel of a to use a panel would wait for it to come
+// from L3 (measured: that call took 1.3-1.5x as long as the others; with the prefetch, 1.03x). So the last three calls on each panel
+// prefetch the next panel's slot into L2, a third each, one line per step of k. Narrow last panels
+// (16 or 32 columns) use only the start of their slot but gain most: their kernels do 8 or 16
+// multiply-adds per line of b loaded.
+//
+// KC, MC and the prefetch were chosen by measurement on this machine, single-threaded at n = 2048,
+// against the previous KC = 512, MC = 128 (in one process, calls alternating): packing b row by row
+// took b's packing from 3.3% to 1.4% of the time, the prefetch of the next panel 1.5-3% more, and
+// KC = 1024 with MC = 64 5% more (KC 768 / 1536 / 2048 and MC 32 / 48 / 128 were level or slower).
 // Sharing b's packing between the threads is what OpenBLAS's threaded driver does as well.
 //
 // Note [sharing b]: sharing b costs two fork-joins per block of k; threads that each pack all of b
@@ -50,9 +60,9 @@ namespace {
 
 constexpr int64_t MR = 8;        // rows of a micro-tile
 constexpr int64_t NR = 48;       // columns of a micro-tile: three zmm vectors
-constexpr int64_t KC = 512;      // rows of b per packed block
-constexpr int64_t MC = 128;      // rows of a per packed block
-constexpr int64_t NC = 48 * 86;  // columns of b per packed block (4,128; 8 MiB packed)
+constexpr int64_t KC = 1024;     // rows of b per packed block
+constexpr int64_t MC = 64;       // rows of a per packed block
+constexpr int64_t NC = 48 * 43;  // columns of b per packed block (2,064; 8 MiB packed)
 constexpr int64_t kPrivateUpTo = int64_t(1) << 22;  // multiply-adds up to which each thread packs all of b
 
 __mmask16 lanes(int64_t n) {  // the first n of 16 lanes (none for n <= 0, all for n >= 16)
@@ -61,9 +71,11 @@ __mmask16 lanes(int64_t n) {  // the first n of 16 lanes (none for n <= 0, all f
 
 // The micro-kernel: tile (MR x NV*16) = ap (k x MR) @ bp (k x NV*16); then c[:mr, :nr] gets the tile
 // (load_c: added to what c holds). ap and bp are packed and 64-byte aligned.
+// Unless next is null, the k lines (64 bytes) from next are prefetched into L2 while it runs, one per
+// step of k (Note [the next panel of b]).
 template <int NV>
 void micro_kernel(int64_t k, const float* ap, const float* bp, float* c, int64_t ldc, int64_t mr,
-                  int64_t nr, bool load_c) {
+                  int64_t nr, bool load_c, const char* next) {
   __m512 acc[MR][NV];
   for (int i = 0; i < MR; ++i)
     for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
@@ -75,6 +87,7 @@ void micro_kernel(int64_t k, const float* ap, const float* bp, float* c, int64_t
     __m512 b[NV];
     for (int j = 0; j < NV; ++j) b[j] = _mm512_load_ps(bp + j * 16);
     _mm_prefetch(reinterpret_cast<const char*>(bp + 8 * NV * 16), _MM_HINT_T0);
+    if (next != nullptr) _mm_prefetch(next + p * 64, _MM_HINT_T1);
     for (int i = 0; i < MR; ++i) {
       const __m512 a = _mm512_set1_ps(ap[i]);
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
@@ -168,6 +181,26 @@ void pack_b_panel(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t 
   }
 }
 
+// Packs panels j0..j1 of b's block (rows p0..p0+kc, columns jc..jc+nc) into out, panel jp at
+// out + jp * NR * kc. Rows of b that are contiguous are read row by row across the panels (one
+// sequential stream, rather than kc rows a page apart for each panel).
+void pack_b_panels(const Operand& b, int64_t p0, int64_t kc, int64_t jc, int64_t nc, int64_t j0, int64_t j1,
+                   float* out) {
+  if (b.cs != 1) {
+    for (int64_t jp = j0; jp < j1; ++jp) pack_b_panel(b, p0, kc, jc + jp * NR, std::min(NR, nc - jp * NR), out + jp * NR * kc);
+    return;
+  }
+  for (int64_t p = 0; p < kc; ++p) {
+    const float* src = b.at(p0 + p, jc);
+    for (int64_t jp = j0; jp < j1; ++jp) {
+      const int64_t w = std::min(NR, nc - jp * NR), nv = (w + 15) / 16;
+      float* dst = out + jp * NR * kc + p * nv * 16;
+      for (int64_t v = 0; v < nv; ++v)
+        _mm512_store_ps(dst + v * 16, _mm512_maskz_loadu_ps(lanes(w - v * 16), src + jp * NR + v * 16));
+    }
+  }
+}
+
 // Packs a's block (rows i0..i0+mc, columns p0..p0+kc) into micro-panels of MR rows, each kc x MR,
 // zeros below the last row.
 void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* out) {
@@ -197,19 +230,24 @@ void compute_block(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int64_t
   for (int64_t ic = i0; ic < i1; ic += MC) {
     const int64_t mc = std::min(MC, i1 - ic);
     pack_a(a, ic, mc, p0, kc, ap.data());
+    const int64_t calls = (mc + MR - 1) / MR;  // micro-kernel calls per panel of b
     for (int64_t jp = pa; jp < pb; ++jp) {
       const int64_t jr = jp * NR, w = std::min(NR, n - jr);
       const float* panel = bp + jr * kc;
-      for (int64_t ir = 0; ir < mc; ir += MR) {
+      for (int64_t ir = 0, call = 0; ir < mc; ir += MR, ++call) {
         const float* apanel = ap.data() + ir * kc;
         float* cp = c + (ic + ir) * ldc + j0 + jr;
         const int64_t mr = std::min(MR, mc - ir);
+        // Note [the next panel of b]: the last three calls on this panel prefetch the next panel's
+        // slot, kc lines (a third of it) each.
+        const int64_t third = call - (calls - 3);
+        const char* pf = jp + 1 < pb && third >= 0 ? reinterpret_cast<const char*>(panel + NR * kc + third * kc * 16) : nullptr;
         if (w > 32) {
-          micro_kernel<3>(kc, apanel, panel, cp, ldc, mr, w, load_c);
+          micro_kernel<3>(kc, apanel, panel, cp, ldc, mr, w, load_c, pf);
         } else if (w > 16) {
-          micro_kernel<2>(kc, apanel, panel, cp, ldc, mr, w, load_c);
+          micro_kernel<2>(kc, apanel, panel, cp, ldc, mr, w, load_c, pf);
         } else {
-          micro_kernel<1>(kc, apanel, panel, cp, ldc, mr, w, load_c);
+          micro_kernel<1>(kc, apanel, panel, cp, ldc, mr, w, load_c, pf);
         }
       }
     }
@@ -231,10 +269,7 @@ void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int6
       const int64_t kc = std::min(KC, k - pc);
       const bool load_c = accumulate || pc > 0;
       // 1. Pack b's block, the panels shared out between the threads.
-      parallel_for(0, panels, 2, [&](int64_t j0, int64_t j1) {
-        for (int64_t jp = j0; jp < j1; ++jp)
-          pack_b_panel(B, pc, kc, jc + jp * NR, std::min(NR, nc - jp * NR), bp.data() + jp * NR * kc);
-      });
+      parallel_for(0, panels, 2, [&](int64_t j0, int64_t j1) { pack_b_panels(B, pc, kc, jc, nc, j0, j1, bp.data()); });
       // 2-3. Each thread its rows of c or, when c has too few rows for that, its panels.
       if (m_tiles >= 2 * threads || panels < threads) {
         const int64_t tile_flops = MR * nc * kc;
