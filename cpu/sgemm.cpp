@@ -20,8 +20,9 @@
 // a panel in L2, it runs at the FMA peak. What a long KC buys is fewer passes over c.
 //
 // Note [the next panel of b]: the first micro-panel of a to use a panel would wait for it to come
-// from L3 (measured: that call took 1.3-1.5x as long as the others; with the prefetch, 1.03x). So the last three calls on each panel
-// prefetch the next panel's slot into L2, a third each, one line per step of k. Narrow last panels
+// from L3 (measured: that call took 1.3-1.5x as long as the others; with the prefetch, 1.03x). So
+// the last three calls on each panel prefetch the next panel's slot into L2, a third each, one line
+// per step of k. Narrow last panels
 // (16 or 32 columns) use only the start of their slot but gain most: their kernels do 8 or 16
 // multiply-adds per line of b loaded.
 //
@@ -157,16 +158,11 @@ struct Operand {
 };
 
 // Packs b's block (rows p0..p0+kc, columns j0..j0+w, w <= NR) into one panel: kc rows of
-// nv*16 floats (nv = ceil(w / 16)), zeros right of w.
+// nv*16 floats (nv = ceil(w / 16)), zeros right of w. For a b whose rows are not contiguous;
+// pack_b_panels reads contiguous rows itself.
 void pack_b_panel(const Operand& b, int64_t p0, int64_t kc, int64_t j0, int64_t w, float* out) {
   const int64_t nv = (w + 15) / 16, stride = nv * 16;
-  if (b.cs == 1) {  // rows of b are contiguous
-    for (int64_t p = 0; p < kc; ++p) {
-      const float* src = b.at(p0 + p, j0);
-      for (int64_t v = 0; v < nv; ++v)
-        _mm512_store_ps(out + p * stride + v * 16, _mm512_maskz_loadu_ps(lanes(w - v * 16), src + v * 16));
-    }
-  } else if (b.rs == 1) {  // b is a transposed row-major matrix: its columns are contiguous
+  if (b.rs == 1) {  // b is a transposed row-major matrix: its columns are contiguous
     for (int64_t v = 0; v < nv; ++v) {
       const int64_t cols = std::min<int64_t>(16, w - v * 16);
       for (int64_t q = 0; q < kc; q += 16) {

@@ -18,6 +18,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <type_traits>
 
 #include "cuda/context.h"
@@ -437,21 +438,21 @@ void reduce_with(const View& in, const View& out, int device, cudaStream_t strea
     const int64_t chunk = (len + chunks - 1) / chunks;
     chunks = (len + chunk - 1) / chunk;  // none empty
     const dim3 grid(static_cast<unsigned>(column_blocks), static_cast<unsigned>(chunks));
-    const size_t shared = kThreads * sizeof(acc_t);
-    if (chunks == 1) {
-      reduce_columns_kernel<R, T><<<grid, kThreads, shared, stream>>>(
-          in.ptr<T>(), out.ptr<typename R::out_t>(), nullptr, outputs, len, chunk, kept, reduced, plan.flat);
-      KILN_CUDA_CHECK(cudaGetLastError());
-      return;
+    // One chunk writes the results; several write partials for reduce_columns_merge_kernel.
+    std::optional<DeviceBuffer> partials;
+    acc_t* p = nullptr;
+    if (chunks > 1) {
+      partials.emplace(device, static_cast<size_t>(outputs * chunks) * sizeof(acc_t));
+      p = static_cast<acc_t*>(partials->data());
     }
-    DeviceBuffer partials(device, static_cast<size_t>(outputs * chunks) * sizeof(acc_t));
-    auto* p = static_cast<acc_t*>(partials.data());
-    reduce_columns_kernel<R, T><<<grid, kThreads, shared, stream>>>(in.ptr<T>(), nullptr, p, outputs, len, chunk,
-                                                                    kept, reduced, plan.flat);
+    reduce_columns_kernel<R, T><<<grid, kThreads, kThreads * sizeof(acc_t), stream>>>(
+        in.ptr<T>(), out.ptr<typename R::out_t>(), p, outputs, len, chunk, kept, reduced, plan.flat);
     KILN_CUDA_CHECK(cudaGetLastError());
-    reduce_columns_merge_kernel<R><<<blocks_for(outputs), kThreads, 0, stream>>>(
-        p, out.ptr<typename R::out_t>(), outputs, chunks, kept);
-    KILN_CUDA_CHECK(cudaGetLastError());
+    if (p != nullptr) {
+      reduce_columns_merge_kernel<R><<<blocks_for(outputs), kThreads, 0, stream>>>(
+          p, out.ptr<typename R::out_t>(), outputs, chunks, kept);
+      KILN_CUDA_CHECK(cudaGetLastError());
+    }
     return;
   }
   int group = 1;
