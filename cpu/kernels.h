@@ -125,12 +125,16 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
 // parallel_for (serial when nested). Call only when cpu_has_avx512() (matmul.cpp) is true.
 void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                   const float* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc);
+// Whether sgemm_avx512 multiplies without packing (Note [unpacked products] in sgemm.cpp): a and b
+// with contiguous rows (a_cs == b_cs == 1) and b at most 512 columns wide.
+bool sgemm_avx512_unpacked(int64_t n, int64_t a_cs, int64_t b_cs);
 bool cpu_has_avx512();
-// Whether a float32 product c (m, n) = a (m, k) @ b (k, n) goes to sgemm_avx512 (matmul.cpp, Note
-// [which float32 GEMM]): on an AVX-512 CPU where OpenBLAS is absent or runs an AVX2 kernel (or
-// KILN_CPU_GEMM=own), when c is at least one tile's height and a third of its width (thinner
-// products, matrix-vector ones among them, would mostly multiply the zero padding); where OpenBLAS
-// runs an AVX-512 kernel, only products with m, n and k all at least 1024.
-bool use_own_sgemm(int64_t m, int64_t n, int64_t k);
+// Whether a float32 product c (m, n) = a (m, k) @ b (k, n), a's columns a_cs apart and b's b_cs,
+// goes to sgemm_avx512 (matmul.cpp, Note [which float32 GEMM]): on an AVX-512 CPU where OpenBLAS is
+// absent or runs an AVX2 kernel (or KILN_CPU_GEMM=own), when c is at least one tile's height and a
+// third of its width (thinner products, matrix-vector ones among them, would mostly multiply the
+// zero padding); where OpenBLAS runs an AVX-512 kernel, only products with m, n and k all at least
+// 1024, and unpacked ones with m, n and k all at least 256.
+bool use_own_sgemm(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs);
 
 }  // namespace kiln::cpu

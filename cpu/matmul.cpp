@@ -73,21 +73,26 @@ void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
 
 // Note [which float32 GEMM]: measured on this Zen 5 (benchmarks/results/README.md), 2 threads, three
 // programs in turn each round: OpenBLAS 0.3.21 with its AVX-512 (SkylakeX) kernel, split by Kiln's
-// pool, ran 411-446 GFLOP/s at n = 256..2048 and sgemm.cpp 342-458: sgemm.cpp is 3% faster at
-// n = 1024 and 2048 (packing one b for both threads, a long KC: sgemm.cpp's header) but 7-17%
-// slower at 256 and 512, where packing and the fork-joins weigh more. OpenBLAS with an AVX2 kernel
-// runs about 220; Eigen's own GEMM 111-146. sgemm.cpp taking every float32 GEMM made the CNN
-// benchmark 8-11% slower (its convolutions' GEMMs have 32-64 rows, where packing b costs sgemm.cpp
-// most). So where OpenBLAS runs an AVX-512 kernel it keeps float32 except for products with m, n
-// and k all at least kOwnFrom, and sgemm.cpp takes every float32 GEMM on an AVX-512 CPU where
-// OpenBLAS is absent or runs an AVX2 kernel (as it does under OPENBLAS_CORETYPE=Haswell, which
-// some shells set). KILN_CPU_GEMM=own|blas overrides the choice.
+// pool, ran 411-446 GFLOP/s at n = 256..2048 and sgemm.cpp's packed loops 342-458: they are 3%
+// faster at n = 1024 and 2048 (packing one b for both threads, a long KC: sgemm.cpp's header) but
+// 7-17% slower at 256 and 512, where packing and the fork-joins weigh more. Its unpacked path
+// (Note [unpacked products] in sgemm.cpp), for a and b with contiguous rows and b at most 512
+// wide, packs nothing: in bench_gemm, alternating, it ran 415-435 GFLOP/s at n = 384 and 512
+// against OpenBLAS's 360-400, and level at 256. OpenBLAS with an AVX2 kernel runs about 220;
+// Eigen's own GEMM 111-146. sgemm.cpp taking every float32 GEMM made the CNN benchmark 8-11% slower
+// (its convolutions' GEMMs have 32-64 rows, where packing b costs sgemm.cpp most). So where
+// OpenBLAS runs an AVX-512 kernel it keeps float32 except for products with m, n and k all at
+// least kOwnFrom, and unpacked ones with m, n and k all at least kOwnUnpackedFrom (the sizes
+// measured; smaller ones, the CNN's among them, stay where they were); sgemm.cpp takes every
+// float32 GEMM on an AVX-512 CPU where OpenBLAS is absent or runs an AVX2 kernel (as it does under
+// OPENBLAS_CORETYPE=Haswell, which some shells set). KILN_CPU_GEMM=own|blas overrides the choice.
 namespace {
 constexpr int64_t kOwnFrom = 1024;
+constexpr int64_t kOwnUnpackedFrom = 256;
 enum class SgemmChoice { kBlas, kOwnLarge, kOwn };
 }  // namespace
 
-bool use_own_sgemm(int64_t m, int64_t n, int64_t k) {
+bool use_own_sgemm(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs) {
   static const SgemmChoice choice = [] {
     const char* v = std::getenv("KILN_CPU_GEMM");
     if (v != nullptr && std::string_view(v) != "blas" && std::string_view(v) != "own")
@@ -103,7 +108,10 @@ bool use_own_sgemm(int64_t m, int64_t n, int64_t k) {
   }();
   switch (choice) {
     case SgemmChoice::kBlas: return false;
-    case SgemmChoice::kOwnLarge: return m >= kOwnFrom && n >= kOwnFrom && k >= kOwnFrom;
+    case SgemmChoice::kOwnLarge:
+      return (m >= kOwnFrom && n >= kOwnFrom && k >= kOwnFrom) ||
+             (m >= kOwnUnpackedFrom && n >= kOwnUnpackedFrom && k >= kOwnUnpackedFrom &&
+              sgemm_avx512_unpacked(n, a_cs, b_cs));
     case SgemmChoice::kOwn: return m >= 8 && n >= 16;
   }
   return false;
@@ -116,7 +124,8 @@ template <typename T>
 void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
   if (c.rows == 0 || c.cols == 0) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (c.cs == 1 && use_own_sgemm(c.rows, c.cols, a.cols)) {  // serial: called from a parallel_for, or small
+    // Serial here: called from a parallel_for, or small.
+    if (c.cs == 1 && use_own_sgemm(c.rows, c.cols, a.cols, a.cs, b.cs)) {
       sgemm_avx512(c.rows, c.cols, a.cols, a.data, a.rs, a.cs, b.data, b.rs, b.cs, false, c.data, c.rs);
       return;
     }
@@ -200,7 +209,7 @@ void matmul_typed(const View& av, const View& bv, const View& cv) {
     batch_offsets(i, oa, ob, oc);
     Mat<T> A = mat(av, oa, M, K), B = mat(bv, ob, K, N), C = mat(cv, oc, M, N);
     if constexpr (std::is_same_v<T, float>) {
-      if (C.cs == 1 && use_own_sgemm(M, N, K)) {  // its own threading (Note [sharing b] in sgemm.cpp)
+      if (C.cs == 1 && use_own_sgemm(M, N, K, A.cs, B.cs)) {  // its own threading (Note [sharing b] in sgemm.cpp)
         sgemm_avx512(M, N, K, A.data, A.rs, A.cs, B.data, B.rs, B.cs, false, C.data, C.rs);
         continue;
       }
@@ -249,7 +258,7 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t
           int64_t ldb, bool accumulate, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (use_own_sgemm(m, n, k)) {
+    if (use_own_sgemm(m, n, k, ta ? lda : 1, tb ? ldb : 1)) {
       sgemm_avx512(m, n, k, a, ta ? 1 : lda, ta ? lda : 1, b, tb ? 1 : ldb, tb ? ldb : 1, accumulate, c, ldc);
       return;
     }

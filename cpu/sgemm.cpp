@@ -45,6 +45,9 @@
 // (One prefetch per 16 floats: a row of c that is not 64-byte aligned has a line left out, which
 // costs only speed.)
 //
+// Products whose b is at most 512 columns wide, with a and b in contiguous rows, are not packed at
+// all: Note [unpacked products].
+//
 // Every element of c is the same sum in the same order whatever the thread count or the split, so
 // results are reproducible. This file is compiled with -mavx512f (cpu/CMakeLists.txt); matmul.cpp
 // calls it only after asking the CPU.
@@ -65,9 +68,33 @@ constexpr int64_t KC = 1024;     // rows of b per packed block
 constexpr int64_t MC = 64;       // rows of a per packed block
 constexpr int64_t NC = 48 * 43;  // columns of b per packed block (2,064; 8 MiB packed)
 constexpr int64_t kPrivateUpTo = int64_t(1) << 22;  // multiply-adds up to which each thread packs all of b
+constexpr int64_t kGrainFlops = int64_t(1) << 17;    // multiply-adds below which one thread is enough
 
 __mmask16 lanes(int64_t n) {  // the first n of 16 lanes (none for n <= 0, all for n >= 16)
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
+}
+
+// c[:mr, :nr] gets the tile acc (load_c: added to what c holds). Inlined into the kernels, whose
+// accumulators stay in registers until here.
+template <int NV>
+__attribute__((always_inline)) inline void store_tile(const __m512 (&acc)[MR][NV], float* c, int64_t ldc, int64_t mr,
+                                                      int64_t nr, bool load_c) {
+  if (mr == MR && nr == NV * 16) {
+    for (int i = 0; i < MR; ++i)
+      for (int j = 0; j < NV; ++j) {
+        float* cp = c + i * ldc + j * 16;
+        _mm512_storeu_ps(cp, load_c ? _mm512_add_ps(_mm512_loadu_ps(cp), acc[i][j]) : acc[i][j]);
+      }
+    return;
+  }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < NV; ++j) {
+      const __mmask16 m = lanes(nr - j * 16);
+      if (m == 0) break;
+      float* cp = c + i * ldc + j * 16;
+      const __m512 v = load_c ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, cp), acc[i][j]) : acc[i][j];
+      _mm512_mask_storeu_ps(cp, m, v);
+    }
 }
 
 // The micro-kernel: tile (MR x NV*16) = ap (k x MR) @ bp (k x NV*16); then c[:mr, :nr] gets the tile
@@ -96,22 +123,7 @@ void micro_kernel(int64_t k, const float* ap, const float* bp, float* c, int64_t
     ap += MR;
     bp += NV * 16;
   }
-  if (mr == MR && nr == NV * 16) {
-    for (int i = 0; i < MR; ++i)
-      for (int j = 0; j < NV; ++j) {
-        float* cp = c + i * ldc + j * 16;
-        _mm512_storeu_ps(cp, load_c ? _mm512_add_ps(_mm512_loadu_ps(cp), acc[i][j]) : acc[i][j]);
-      }
-    return;
-  }
-  for (int i = 0; i < mr; ++i)
-    for (int j = 0; j < NV; ++j) {
-      const __mmask16 m = lanes(nr - j * 16);
-      if (m == 0) break;
-      float* cp = c + i * ldc + j * 16;
-      const __m512 v = load_c ? _mm512_add_ps(_mm512_maskz_loadu_ps(m, cp), acc[i][j]) : acc[i][j];
-      _mm512_mask_storeu_ps(cp, m, v);
-    }
+  store_tile<NV>(acc, c, ldc, mr, nr, load_c);
 }
 
 // 16 x 16 transpose in registers: r[i] holds row i; afterwards r[j] holds column j.
@@ -250,7 +262,103 @@ void compute_block(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int64_t
   }
 }
 
-constexpr int64_t kGrainFlops = int64_t(1) << 17;  // multiply-adds below which one thread is enough
+// Note [unpacked products]: packing costs about as much as 20 multiply-adds an element, once for
+// each element of a and of b; a product with k = 256 does only 256 multiply-adds per element of b,
+// and on two threads each thread packs b's block or waits for the other at a fork-join. So where b is
+// narrow (n <= kUnpackedUpToN) and a and b have contiguous rows, nothing is packed: the micro-kernel
+// below reads a's 8 rows and b's rows where they lie. A block of b (kc x n, at most 512 KiB) stays
+// in L2 while a thread walks its rows of c, each tile's 8 rows of a in L1 while it walks b's panels.
+// A narrow last panel (n not a multiple of 48) is the one thing copied, zero-padded to whole
+// vectors: a masked load in the loop would make GCC keep the accumulators in memory (it cannot
+// tell that the load does not read them), which ran 2.7x slower.
+// Measured on this Zen 5, in one process with calls alternating, against OpenBLAS's AVX-512 kernel:
+// single-threaded 3-6% ahead at n = 208..304 and level at 496..512; on two threads (OpenBLAS split
+// by Kiln's pool) 8-9% ahead at n = 256 and 5% at 512 (two blocks of k). Against the packed loops,
+// level at n = 768 and 0.84x at 1024, where b's block no longer fits L2 beside a's rows.
+constexpr int64_t kUnpackedUpToN = 512;
+constexpr int64_t kUnpackedBlockFloats = int64_t(1) << 17;  // b's block: kc x n <= 512 KiB
+
+// c[:mr, :nr] (+)= a[:mr, :k] @ b[:k, :nr] from unpacked rows: a's row i at a + i * lda (rows from mr
+// on read row mr - 1 again and are not stored), b's row p at b + p * ldb, NV*16 floats of which are
+// read (nr <= NV*16). Each element of the tile is one sum over p in order, as in micro_kernel. Not
+// inlined: GCC inlines the one-vector kernel into unpacked_block, where it ran 14% slower at
+// n = 256 (a 16-column last panel).
+template <int NV>
+__attribute__((noinline)) void unpacked_kernel(int64_t k, const float* a, int64_t lda, const float* b, int64_t ldb,
+                                               float* c, int64_t ldc, int64_t mr, int64_t nr, bool load_c) {
+  __m512 acc[MR][NV];
+  for (int i = 0; i < MR; ++i)
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
+  const float* row[MR];
+  for (int i = 0; i < MR; ++i) row[i] = a + std::min<int64_t>(i, mr - 1) * lda;
+  const int64_t c_prefetch_at = std::max<int64_t>(0, k - 48);
+  for (int64_t p = 0; p < k; ++p) {
+    if (p == c_prefetch_at)
+      for (int64_t i = 0; i < mr; ++i)
+        for (int j = 0; j < NV; ++j) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + j * 16), _MM_HINT_T0);
+    __m512 bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = _mm512_loadu_ps(b + j * 16);  // unmasked: see the Note
+    for (int i = 0; i < MR; ++i) {
+      const __m512 av = _mm512_set1_ps(row[i][p]);
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(av, bv[j], acc[i][j]);
+    }
+    b += ldb;
+  }
+  store_tile<NV>(acc, c, ldc, mr, nr, load_c);
+}
+
+// Rows i0..i1 and panels jp0..jp1 of c (m x n) from a block of k rows of b, nothing packed but the
+// narrow last panel (columns n_full..n, fewer than NR), which is read from edge: k rows of
+// 16 * ceil((n - n_full) / 16) floats.
+void unpacked_block(const Operand& a, const Operand& b, int64_t i0, int64_t i1, int64_t jp0, int64_t jp1,
+                    int64_t n, int64_t k, bool load_c, float* c, int64_t ldc, int64_t n_full, const float* edge) {
+  const int64_t w = n - n_full;
+  for (int64_t i = i0; i < i1; i += MR) {
+    const int64_t mr = std::min(MR, i1 - i);
+    const float* ar = a.at(i, 0);
+    for (int64_t jp = jp0; jp < jp1; ++jp) {
+      const int64_t j = jp * NR;
+      float* cp = c + i * ldc + j;
+      if (j < n_full) {
+        unpacked_kernel<3>(k, ar, a.rs, b.at(0, j), b.rs, cp, ldc, mr, NR, load_c);
+      } else if (w > 32) {
+        unpacked_kernel<3>(k, ar, a.rs, edge, 48, cp, ldc, mr, w, load_c);
+      } else if (w > 16) {
+        unpacked_kernel<2>(k, ar, a.rs, edge, 32, cp, ldc, mr, w, load_c);
+      } else {
+        unpacked_kernel<1>(k, ar, a.rs, edge, 16, cp, ldc, mr, w, load_c);
+      }
+    }
+  }
+}
+
+// One fork-join in all (Note [unpacked products]): each thread its rows of c or, when c has too few
+// rows for that, its panels; b in blocks of kc rows. Which thread computes a tile never changes its
+// sums, so the bits do not depend on the thread count.
+void unpacked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int64_t k, bool accumulate, float* c,
+                   int64_t ldc) {
+  const int64_t kc_max = std::clamp<int64_t>(kUnpackedBlockFloats / n, 16, KC);
+  const int64_t n_full = n / NR * NR, w = n - n_full, edge_width = (w + 15) / 16 * 16;
+  const int64_t m_tiles = (m + MR - 1) / MR, panels = (n + NR - 1) / NR;
+  auto block = [&](int64_t i0, int64_t i1, int64_t jp0, int64_t jp1) {
+    const bool edge_in = w > 0 && jp1 == panels;
+    ScratchBuffer<float> edge(static_cast<size_t>(edge_in ? std::min(kc_max, k) * edge_width : 1));
+    for (int64_t pc = 0; pc < k; pc += kc_max) {
+      const int64_t kc = std::min(kc_max, k - pc);
+      if (edge_in) pack_b_panels(B, pc, kc, n_full, w, 0, 1, edge.data());
+      unpacked_block({A.at(0, pc), A.rs, 1}, {B.at(pc, 0), B.rs, 1}, i0, i1, jp0, jp1, n, kc, accumulate || pc > 0,
+                     c, ldc, n_full, edge.data());
+    }
+  };
+  const int threads = get_num_threads();
+  if (m_tiles >= 2 * threads || panels < threads) {
+    parallel_for(0, m_tiles, std::max<int64_t>(1, kGrainFlops / (MR * n * k)),
+                 [&](int64_t t0, int64_t t1) { block(t0 * MR, std::min(m, t1 * MR), 0, panels); });
+  } else {
+    parallel_for(0, panels, std::max<int64_t>(1, kGrainFlops / (m * NR * k)),
+                 [&](int64_t j0, int64_t j1) { block(0, m, j0, j1); });
+  }
+}
 
 // The Goto/BLIS loops over all of c (m x n), b's blocks packed by all threads together. Inside a
 // parallel_for its own parallel_for calls run serially.
@@ -284,6 +392,10 @@ void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int6
 
 }  // namespace
 
+bool sgemm_avx512_unpacked(int64_t n, int64_t a_cs, int64_t b_cs) {
+  return a_cs == 1 && b_cs == 1 && n <= kUnpackedUpToN;
+}
+
 void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                   const float* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc) {
   if (m <= 0 || n <= 0) return;
@@ -293,6 +405,10 @@ void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs,
     return;
   }
   const Operand A{a, a_rs, a_cs}, B{b, b_rs, b_cs};
+  if (sgemm_avx512_unpacked(n, a_cs, b_cs)) {
+    unpacked_gemm(A, B, m, n, k, accumulate, c, ldc);
+    return;
+  }
   const int threads = get_num_threads();
   const int64_t m_tiles = (m + MR - 1) / MR;
   // Small products (Note [sharing b]): each thread its rows of c, all of b packed by itself (the

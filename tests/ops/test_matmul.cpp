@@ -2,10 +2,10 @@
 // on AVX-512 CPUs Kiln's own, cpu/sgemm.cpp; see cpu/matmul.cpp), and cpu/sgemm.cpp called directly
 // wherever the CPU has AVX-512, against a float64 product of the same values: every element within
 // the rounding-error bound of a float32 dot product of length k. Shapes cover the tile edges (8 x 48),
-// several packed blocks of k (1,024) and of n (2,064), transposed and strided operands, batches,
-// accumulation into c, and results that do not depend on the thread count. Also addmm (bias + a @ b,
-// which nn::linear uses), against the same bound, with its gradients and errors, and addmm_gelu
-// (gelu(bias + a @ b), which nn::GeluMLP uses).
+// several packed blocks of k (1,024) and of n (2,064), the unpacked path's edge panels and blocks
+// of k, transposed and strided operands, batches, accumulation into c, and results that do not
+// depend on the thread count. Also addmm (bias + a @ b, which nn::linear uses), against the same
+// bound, with its gradients and errors, and addmm_gelu (gelu(bias + a @ b), which nn::GeluMLP uses).
 #include <cmath>
 
 #include "cpu/kernels.h"
@@ -32,11 +32,12 @@ void check_product(const Tensor& actual, const Tensor& a, const Tensor& b, const
   CHECK(worst <= 0.0);
 }
 
-// a @ b for 2-D float32 a and b through cpu/sgemm.cpp itself, with the views' strides.
-Tensor own_product(const Tensor& a, const Tensor& b) {
-  Tensor c = zeros({a.size(0), b.size(1)});
+// a @ b (+ c0, when given) for 2-D float32 a and b through cpu/sgemm.cpp itself, with the views'
+// strides.
+Tensor own_product(const Tensor& a, const Tensor& b, const Tensor& c0 = Tensor()) {
+  Tensor c = c0.defined() ? c0.contiguous().clone() : zeros({a.size(0), b.size(1)});
   cpu::sgemm_avx512(a.size(0), b.size(1), a.size(1), a.data_ptr<float>(), a.stride(0), a.stride(1),
-                    b.data_ptr<float>(), b.stride(0), b.stride(1), false, c.data_ptr<float>(), c.stride(0));
+                    b.data_ptr<float>(), b.stride(0), b.stride(1), c0.defined(), c.data_ptr<float>(), c.stride(0));
   return c;
 }
 
@@ -107,26 +108,58 @@ TEST_CASE("float32 cpu::gemm accumulates into c, with transposes and leading dim
 
 TEST_CASE("float32 cpu/sgemm.cpp does not depend on the thread count") {
   // A property of cpu/sgemm.cpp (each element is the same sum however c is split), called directly;
-  // OpenBLAS's edge kernels sum differently. {1000, 64, 40} and {40, 2100, 40} are small enough that
-  // on two threads each packs its own b (Note [sharing b] in sgemm.cpp), the second over three
-  // blocks of k; one thread shares it. {200, 1100, 2100} has two blocks of k and two of n.
+  // OpenBLAS's edge kernels sum differently. b transposed in memory takes the packed loops: {1000,
+  // 64, 40} and {40, 2100, 40} are small enough that on two threads each packs its own b (Note
+  // [sharing b] in sgemm.cpp), the second over three blocks of k; one thread shares it. {200, 1100,
+  // 2100} has two blocks of k and two of n. b with contiguous rows takes the unpacked path when it
+  // is at most 512 wide (Note [unpacked products]): {256, 300, 256} split by rows, {9, 700, 500} by
+  // panels on two threads (two blocks of k), {16, 600, 2000} packed again.
   if (!cpu::cpu_has_avx512()) {
     WARN("no AVX-512 on this CPU: cpu/sgemm.cpp is not used, not checked");
     return;
   }
-  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{
-           {256, 300, 256}, {16, 600, 2000}, {1000, 64, 40}, {40, 2100, 40}, {200, 1100, 2100}}) {
-    Tensor a = values({m, k}, 0.1), b = values({k, n}, 0.2);
-    Tensor one, two;
-    {
-      ThreadsGuard g(1);
-      one = own_product(a, b);
+  for (bool b_transposed : {false, true})
+    for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{
+             {256, 300, 256}, {9, 700, 500}, {16, 600, 2000}, {1000, 64, 40}, {40, 2100, 40}, {200, 1100, 2100}}) {
+      Tensor a = values({m, k}, 0.1), b = b_transposed ? values({n, k}, 0.2).t() : values({k, n}, 0.2);
+      Tensor one, two;
+      {
+        ThreadsGuard g(1);
+        one = own_product(a, b);
+      }
+      {
+        ThreadsGuard g(2);
+        two = own_product(a, b);
+      }
+      INFO("m " << m << ", k " << k << ", n " << n << (b_transposed ? ", b transposed" : ""));
+      test::check_equal(one, two);
     }
-    {
-      ThreadsGuard g(2);
-      two = own_product(a, b);
-    }
-    test::check_equal(one, two);
+}
+
+TEST_CASE("float32 cpu/sgemm.cpp without packing: every edge panel width, blocks of k, strides, accumulation") {
+  // Note [unpacked products] in cpu/sgemm.cpp: a and b with contiguous rows, b at most 512 wide. n
+  // covers no edge panel (48, 96), an edge of 1..16 columns (16, 100), of 17..32 (64, 512) and of
+  // 33..47 (47, 90); k covers several blocks of b's rows (at n = 512 a block has 256 rows, at n = 16
+  // 1,024) with a tail; m rows under and over one 8-row tile.
+  if (!cpu::cpu_has_avx512()) {
+    WARN("no AVX-512 on this CPU: cpu/sgemm.cpp is not used, not checked");
+    return;
+  }
+  REQUIRE(cpu::sgemm_avx512_unpacked(512, 1, 1));
+  REQUIRE_FALSE(cpu::sgemm_avx512_unpacked(513, 1, 1));
+  REQUIRE_FALSE(cpu::sgemm_avx512_unpacked(100, 1, 7));
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 16},   {7, 5, 47},    {9, 33, 48},    {37, 600, 512},
+                                                       {64, 70, 64}, {300, 2100, 16}, {130, 257, 90}, {20, 1030, 100},
+                                                       {8, 300, 96}};
+  for (const auto& [m, k, n] : shapes) {
+    INFO("m " << m << ", k " << k << ", n " << n);
+    Tensor a = values({m, k}, 0.3), b = values({k, n}, 0.7);
+    check_product(own_product(a, b), a, b);
+    Tensor c0 = values({m, n}, 0.9);  // accumulate: c += a @ b
+    check_product(own_product(a, b, c0), a, b, c0);
+    // Rows of wider matrices: leading dimensions larger than k and n.
+    Tensor a_wide = values({m, k + 5}, 0.4).narrow(1, 3, k), b_wide = values({k, n + 19}, 0.5).narrow(1, 2, n);
+    check_product(own_product(a_wide, b_wide), a_wide, b_wide);
   }
 }
 
