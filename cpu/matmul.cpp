@@ -71,21 +71,22 @@ void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
 
 }  // namespace
 
-// Note [which float32 GEMM]: measured on this Zen 5 (benchmarks/results/README.md), 2 threads, three
-// programs in turn each round: OpenBLAS 0.3.21 with its AVX-512 (SkylakeX) kernel, split by Kiln's
-// pool, ran 411-446 GFLOP/s at n = 256..2048 and sgemm.cpp's packed loops 342-458: they are 3%
-// faster at n = 1024 and 2048 (packing one b for both threads, a long KC: sgemm.cpp's header) but
-// 7-17% slower at 256 and 512, where packing and the fork-joins weigh more. Its unpacked path
-// (Note [unpacked products] in sgemm.cpp), for a and b with contiguous rows and b at most 512
-// wide, packs nothing: in bench_gemm, alternating, it ran 415-435 GFLOP/s at n = 384 and 512
-// against OpenBLAS's 360-400, and level at 256. OpenBLAS with an AVX2 kernel runs about 220;
-// Eigen's own GEMM 111-146. sgemm.cpp taking every float32 GEMM made the CNN benchmark 8-11% slower
-// (its convolutions' GEMMs have 32-64 rows, where packing b costs sgemm.cpp most). So where
-// OpenBLAS runs an AVX-512 kernel it keeps float32 except for products with m, n and k all at
-// least kOwnFrom, and unpacked ones with m, n and k all at least kOwnUnpackedFrom (the sizes
-// measured; smaller ones, the CNN's among them, stay where they were); sgemm.cpp takes every
-// float32 GEMM on an AVX-512 CPU where OpenBLAS is absent or runs an AVX2 kernel (as it does under
-// OPENBLAS_CORETYPE=Haswell, which some shells set). KILN_CPU_GEMM=own|blas overrides the choice.
+// Note [which float32 GEMM]: measured on this Zen 5 (benchmarks/results/README.md), 2 threads,
+// three programs in turn each round: OpenBLAS 0.3.21 with its AVX-512 (SkylakeX) kernel, split by
+// Kiln's pool, ran 411-446 GFLOP/s at n = 256..2048 and sgemm.cpp's packed loops 342-458: they are
+// 3% faster at n = 1024 and 2048 (packing one b for both threads, a long KC: sgemm.cpp's header)
+// but 7-17% slower at 256 and 512, where packing and the fork-joins weigh more. Its unpacked path
+// (Note [unpacked products] in sgemm.cpp), for a and b with contiguous rows and b at most 512 wide,
+// packs nothing: in one process, calls alternating, it is 8-9% faster than OpenBLAS at n = 256 and
+// 5% at 512 (bench_gemm against LibTorch: benchmarks/results/README.md, session 17). OpenBLAS with
+// an AVX2 kernel runs about 220; Eigen's own GEMM 111-146. sgemm.cpp taking every float32 GEMM made
+// the CNN benchmark 8-11% slower (its convolutions' GEMMs have 32-64 rows, where packing b costs
+// sgemm.cpp most). So where OpenBLAS runs an AVX-512 kernel it keeps float32 except for products
+// with m, n and k all at least kOwnFrom, and unpacked ones with m, n and k all at least
+// kOwnUnpackedFrom (the sizes measured; smaller ones, the CNN's among them, stay where they were);
+// sgemm.cpp takes every float32 GEMM on an AVX-512 CPU where OpenBLAS is absent or runs an AVX2
+// kernel (as it does under OPENBLAS_CORETYPE=Haswell, which some shells set).
+// KILN_CPU_GEMM=own|blas overrides the choice.
 namespace {
 constexpr int64_t kOwnFrom = 1024;
 constexpr int64_t kOwnUnpackedFrom = 256;
