@@ -113,28 +113,36 @@ void gelu_run(const T* x, T* y, int64_t n, bool tanh);
 template <typename T>
 void gelu_backward_run(const T* g, const T* x, T* y, int64_t n, bool tanh);
 
-// Single-threaded c = op(a) @ op(b) (+ c when accumulate) on row-major matrices, c (m, n) with
-// leading dims lda/ldb/ldc; op transposes when ta/tb. float and double (matmul.cpp). The conv and
-// attention kernels call it from their own parallel_for.
+// c = op(a) @ op(b) (+ c when accumulate) on row-major matrices, c (m, n) with leading dims
+// lda/ldb/ldc; op transposes when ta/tb. float and double (matmul.cpp). The conv and attention
+// kernels call it from their own parallel_for, where it runs on the calling thread (OpenBLAS runs
+// single-threaded; sgemm_avx512 threads through parallel_for, serial when nested).
 template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
           int64_t ldb, bool accumulate, T* c, int64_t ldc);
+// The same, with the GEMM chosen by the caller: float32 goes to sgemm_avx512 when own_sgemm is true
+// (ignored for double). For the pieces of one product split over threads: the choice, made once for
+// the whole product (use_own_sgemm), then does not depend on how many pieces it was cut into.
+template <typename T>
+void gemm_chosen(bool own_sgemm, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                 const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc);
 
 // float32 c = a @ b (+ c when accumulate) with AVX-512 (sgemm.cpp): a (m, k) has element (i, p) at
 // a[i * a_rs + p * a_cs], b (k, n) likewise, c is row-major with leading dim ldc. Threads through
 // parallel_for (serial when nested). Call only when cpu_has_avx512() (matmul.cpp) is true.
 void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                   const float* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc);
-// Whether sgemm_avx512 multiplies without packing (Note [unpacked products] in sgemm.cpp): a and b
-// with contiguous rows (a_cs == b_cs == 1) and b at most 512 columns wide.
-bool sgemm_avx512_unpacked(int64_t n, int64_t a_cs, int64_t b_cs);
+// Whether sgemm_avx512 multiplies c (m, n) = a (m, k) @ b (k, n) without packing (Note [unpacked
+// products] in sgemm.cpp): a and b with contiguous rows (a_cs == b_cs == 1), b at most 512 columns
+// wide, and k one block of b's rows or c at most 1 MiB.
+bool sgemm_avx512_unpacked(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs);
 bool cpu_has_avx512();
 // Whether a float32 product c (m, n) = a (m, k) @ b (k, n), a's columns a_cs apart and b's b_cs,
 // goes to sgemm_avx512 (matmul.cpp, Note [which float32 GEMM]): on an AVX-512 CPU where OpenBLAS is
 // absent or runs an AVX2 kernel (or KILN_CPU_GEMM=own), when c is at least one tile's height and a
 // third of its width (thinner products, matrix-vector ones among them, would mostly multiply the
 // zero padding); where OpenBLAS runs an AVX-512 kernel, only products with m, n and k all at least
-// 1024, and unpacked ones with m, n and k all at least 256.
+// 1024, and unpacked ones (sgemm_avx512_unpacked) with m, n and k all at least 256.
 bool use_own_sgemm(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs);
 
 }  // namespace kiln::cpu

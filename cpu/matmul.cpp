@@ -5,7 +5,8 @@
 // (Note [which float32 GEMM]). OpenBLAS runs single-threaded (cpu/parallel.cpp) and Kiln's pool
 // splits the work: each thread multiplies a block of rows (or columns) of c, or a share of the
 // batch, so there is one pool and nothing spins against it. sgemm.cpp threads through the same
-// pool, its threads sharing the packed b (except in small products: Note [sharing b]).
+// pool, its threads sharing the packed b (except in small products, Note [sharing b], and in those
+// it does not pack at all, Note [unpacked products]).
 // A transposed operand (a view with strides (1, M)) is passed to BLAS as "transposed", not copied.
 // The 16-bit floats are converted to float32, multiplied and rounded back; integers use Eigen.
 #include <Eigen/Core>
@@ -112,7 +113,7 @@ bool use_own_sgemm(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs) 
     case SgemmChoice::kOwnLarge:
       return (m >= kOwnFrom && n >= kOwnFrom && k >= kOwnFrom) ||
              (m >= kOwnUnpackedFrom && n >= kOwnUnpackedFrom && k >= kOwnUnpackedFrom &&
-              sgemm_avx512_unpacked(n, a_cs, b_cs));
+              sgemm_avx512_unpacked(m, n, k, a_cs, b_cs));
     case SgemmChoice::kOwn: return m >= 8 && n >= 16;
   }
   return false;
@@ -120,13 +121,24 @@ bool use_own_sgemm(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs) 
 
 namespace {
 
-// c = a @ b on one thread. c is row-major (ops/ allocates it).
+// Whether the whole product c = a @ b goes to sgemm.cpp (Note [which float32 GEMM]); its pieces,
+// when it is split over threads, are then told, not asked again.
 template <typename T>
-void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
+bool own_gemm(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
+  if constexpr (std::is_same_v<T, float>) {
+    return c.cs == 1 && use_own_sgemm(c.rows, c.cols, a.cols, a.cs, b.cs);
+  } else {
+    return false;
+  }
+}
+
+// c = a @ b on one thread (called from a parallel_for, or small), by sgemm.cpp when own. c is
+// row-major (ops/ allocates it).
+template <typename T>
+void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool own) {
   if (c.rows == 0 || c.cols == 0) return;
   if constexpr (std::is_same_v<T, float>) {
-    // Serial here: called from a parallel_for, or small.
-    if (c.cs == 1 && use_own_sgemm(c.rows, c.cols, a.cols, a.cs, b.cs)) {
+    if (own) {
       sgemm_avx512(c.rows, c.cols, a.cols, a.data, a.rs, a.cs, b.data, b.rs, b.cs, false, c.data, c.rs);
       return;
     }
@@ -200,7 +212,8 @@ void matmul_typed(const View& av, const View& bv, const View& cv) {
                    for (int64_t i = b0; i < b1; ++i) {
                      int64_t oa, ob, oc;
                      batch_offsets(i, oa, ob, oc);
-                     gemm_serial(mat(av, oa, M, K), mat(bv, ob, K, N), mat(cv, oc, M, N));
+                     const Mat<T> A = mat(av, oa, M, K), B = mat(bv, ob, K, N), C = mat(cv, oc, M, N);
+                     gemm_serial(A, B, C, own_gemm(A, B, C));
                    }
                  });
     return;
@@ -209,22 +222,22 @@ void matmul_typed(const View& av, const View& bv, const View& cv) {
     int64_t oa, ob, oc;
     batch_offsets(i, oa, ob, oc);
     Mat<T> A = mat(av, oa, M, K), B = mat(bv, ob, K, N), C = mat(cv, oc, M, N);
-    if constexpr (std::is_same_v<T, float>) {
-      if (C.cs == 1 && use_own_sgemm(M, N, K, A.cs, B.cs)) {  // its own threading (Note [sharing b] in sgemm.cpp)
-        sgemm_avx512(M, N, K, A.data, A.rs, A.cs, B.data, B.rs, B.cs, false, C.data, C.rs);
-        continue;
-      }
+    if (own_gemm(A, B, C)) {  // its own threading (Note [sharing b] in sgemm.cpp)
+      gemm_serial(A, B, C, true);
+      continue;
     }
-    // One big product: split the larger of M and N into one block per thread.
+    // One big product for BLAS: split the larger of M and N into one block per thread, each block
+    // told to use BLAS too (a block can be small enough for sgemm.cpp's unpacked path when the
+    // whole was not; asking again would make the choice depend on the thread count).
     int pieces = flops < kParallelFlops ? 1 : parallel_pieces(std::max(M, N), 16);
     if (pieces <= 1) {
-      gemm_serial(A, B, C);
+      gemm_serial(A, B, C, false);
     } else if (M >= N) {
       parallel_for(0, M, (M + pieces - 1) / pieces,
-                   [&](int64_t r0, int64_t r1) { gemm_serial(rows_of(A, r0, r1), B, rows_of(C, r0, r1)); });
+                   [&](int64_t r0, int64_t r1) { gemm_serial(rows_of(A, r0, r1), B, rows_of(C, r0, r1), false); });
     } else {
       parallel_for(0, N, (N + pieces - 1) / pieces,
-                   [&](int64_t c0, int64_t c1) { gemm_serial(A, cols_of(B, c0, c1), cols_of(C, c0, c1)); });
+                   [&](int64_t c0, int64_t c1) { gemm_serial(A, cols_of(B, c0, c1), cols_of(C, c0, c1), false); });
     }
   }
 }
@@ -257,9 +270,16 @@ void matmul_via_float(const View& a, const View& b, const View& c) {
 template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
           int64_t ldb, bool accumulate, T* c, int64_t ldc) {
+  const bool own = std::is_same_v<T, float> && use_own_sgemm(m, n, k, ta ? lda : 1, tb ? ldb : 1);
+  gemm_chosen(own, ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+}
+
+template <typename T>
+void gemm_chosen(bool own_sgemm, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                 const T* b, int64_t ldb, bool accumulate, T* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
   if constexpr (std::is_same_v<T, float>) {
-    if (use_own_sgemm(m, n, k, ta ? lda : 1, tb ? ldb : 1)) {
+    if (own_sgemm) {
       sgemm_avx512(m, n, k, a, ta ? 1 : lda, ta ? lda : 1, b, tb ? 1 : ldb, tb ? ldb : 1, accumulate, c, ldc);
       return;
     }
@@ -293,6 +313,10 @@ template void gemm<float>(bool, bool, int64_t, int64_t, int64_t, const float*, i
                           int64_t, bool, float*, int64_t);
 template void gemm<double>(bool, bool, int64_t, int64_t, int64_t, const double*, int64_t, const double*,
                            int64_t, bool, double*, int64_t);
+template void gemm_chosen<float>(bool, bool, bool, int64_t, int64_t, int64_t, const float*, int64_t, const float*,
+                                 int64_t, bool, float*, int64_t);
+template void gemm_chosen<double>(bool, bool, bool, int64_t, int64_t, int64_t, const double*, int64_t,
+                                  const double*, int64_t, bool, double*, int64_t);
 
 bool cpu_has_avx512() {
 #ifdef KILN_HAVE_SGEMM_AVX512

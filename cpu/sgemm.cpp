@@ -45,8 +45,8 @@
 // (One prefetch per 16 floats: a row of c that is not 64-byte aligned has a line left out, which
 // costs only speed.)
 //
-// Products whose b is at most 512 columns wide, with a and b in contiguous rows, are not packed at
-// all: Note [unpacked products].
+// Products whose b is at most 512 columns wide, with a and b in contiguous rows, are mostly not
+// packed at all: Note [unpacked products].
 //
 // Every element of c is the same sum in the same order whatever the thread count or the split, so
 // results are reproducible. This file is compiled with -mavx512f (cpu/CMakeLists.txt); matmul.cpp
@@ -263,11 +263,14 @@ void compute_block(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int64_t
 }
 
 // Note [unpacked products]: packing costs about as much as 20 multiply-adds an element, once for
-// each element of a and of b; a product with k = 256 does only 256 multiply-adds per element of b,
-// and on two threads each thread packs b's block or waits for the other at a fork-join. So where b is
-// narrow (n <= kUnpackedUpToN) and a and b have contiguous rows, nothing is packed: the micro-kernel
-// below reads a's 8 rows and b's rows where they lie. A block of b (kc x n, at most 512 KiB) stays
-// in L2 while a thread walks its rows of c, each tile's 8 rows of a in L1 while it walks b's panels.
+// each element of a and of b; in a cube of n = 256 each packed element then feeds only 256
+// multiply-adds, and on two threads each thread packs b's block or waits for the other at a
+// fork-join. So where b is narrow (n <= kUnpackedUpToN) and a and b have contiguous rows, nothing is
+// packed: the micro-kernel below reads a's 8 rows and b's rows where they lie. A block of b (kc x n,
+// at most 512 KiB) stays in L2 while a thread walks its rows of c, each tile's 8 rows of a in L1
+// while it walks b's panels. Each block of b is one more pass over all of c, so a product with
+// several blocks of k goes unpacked only while c is small (m x n <= kUnpackedCUpTo floats, 1 MiB);
+// a large c takes the packed loops, whose blocks of k are 1,024 rows deep.
 // A narrow last panel (n not a multiple of 48) is the one thing copied, zero-padded to whole
 // vectors: a masked load in the loop would make GCC keep the accumulators in memory (it cannot
 // tell that the load does not read them), which ran 2.7x slower.
@@ -277,6 +280,9 @@ void compute_block(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int64_t
 // level at n = 768 and 0.84x at 1024, where b's block no longer fits L2 beside a's rows.
 constexpr int64_t kUnpackedUpToN = 512;
 constexpr int64_t kUnpackedBlockFloats = int64_t(1) << 17;  // b's block: kc x n <= 512 KiB
+constexpr int64_t kUnpackedCUpTo = int64_t(1) << 18;        // c: m x n <= 1 MiB, when k has several blocks
+
+int64_t unpacked_block_rows(int64_t n) { return std::clamp<int64_t>(kUnpackedBlockFloats / n, 16, KC); }
 
 // c[:mr, :nr] (+)= a[:mr, :k] @ b[:k, :nr] from unpacked rows: a's row i at a + i * lda (rows from mr
 // on read row mr - 1 again and are not stored), b's row p at b + p * ldb, NV*16 floats of which are
@@ -337,7 +343,7 @@ void unpacked_block(const Operand& a, const Operand& b, int64_t i0, int64_t i1, 
 // sums, so the bits do not depend on the thread count.
 void unpacked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int64_t k, bool accumulate, float* c,
                    int64_t ldc) {
-  const int64_t kc_max = std::clamp<int64_t>(kUnpackedBlockFloats / n, 16, KC);
+  const int64_t kc_max = unpacked_block_rows(n);
   const int64_t n_full = n / NR * NR, w = n - n_full, edge_width = (w + 15) / 16 * 16;
   const int64_t m_tiles = (m + MR - 1) / MR, panels = (n + NR - 1) / NR;
   auto block = [&](int64_t i0, int64_t i1, int64_t jp0, int64_t jp1) {
@@ -392,8 +398,9 @@ void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int6
 
 }  // namespace
 
-bool sgemm_avx512_unpacked(int64_t n, int64_t a_cs, int64_t b_cs) {
-  return a_cs == 1 && b_cs == 1 && n <= kUnpackedUpToN;
+bool sgemm_avx512_unpacked(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs) {
+  return a_cs == 1 && b_cs == 1 && n > 0 && n <= kUnpackedUpToN &&
+         (k <= unpacked_block_rows(n) || m * n <= kUnpackedCUpTo);
 }
 
 void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
@@ -405,7 +412,7 @@ void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs,
     return;
   }
   const Operand A{a, a_rs, a_cs}, B{b, b_rs, b_cs};
-  if (sgemm_avx512_unpacked(n, a_cs, b_cs)) {
+  if (sgemm_avx512_unpacked(m, n, k, a_cs, b_cs)) {
     unpacked_gemm(A, B, m, n, k, accumulate, c, ldc);
     return;
   }

@@ -113,7 +113,7 @@ TEST_CASE("float32 cpu/sgemm.cpp does not depend on the thread count") {
   // [sharing b] in sgemm.cpp), the second over three blocks of k; one thread shares it. {200, 1100,
   // 2100} has two blocks of k and two of n. b with contiguous rows takes the unpacked path when it
   // is at most 512 wide (Note [unpacked products]): {256, 300, 256} split by rows, {9, 700, 500} by
-  // panels on two threads (two blocks of k), {16, 600, 2000} packed again.
+  // panels on two threads (three blocks of k), {16, 600, 2000} packed again.
   if (!cpu::cpu_has_avx512()) {
     WARN("no AVX-512 on this CPU: cpu/sgemm.cpp is not used, not checked");
     return;
@@ -138,28 +138,43 @@ TEST_CASE("float32 cpu/sgemm.cpp does not depend on the thread count") {
 
 TEST_CASE("float32 cpu/sgemm.cpp without packing: every edge panel width, blocks of k, strides, accumulation") {
   // Note [unpacked products] in cpu/sgemm.cpp: a and b with contiguous rows, b at most 512 wide. n
-  // covers no edge panel (48, 96), an edge of 1..16 columns (16, 100), of 17..32 (64, 512) and of
-  // 33..47 (47, 90); k covers several blocks of b's rows (at n = 512 a block has 256 rows, at n = 16
-  // 1,024) with a tail; m rows under and over one 8-row tile.
+  // covers no edge panel (48, 96), an edge of 1..16 columns (16, 64, 100), of 17..32 (68, 512) and
+  // of 33..47 (47, 90); k covers several blocks of b's rows (at n = 512 a block has 256 rows, at
+  // n = 16 1,024) with a tail; m rows under and over one 8-row tile. On one thread c is split by
+  // rows; on two, the shapes with fewer than four tiles of rows are split by panels of b.
   if (!cpu::cpu_has_avx512()) {
     WARN("no AVX-512 on this CPU: cpu/sgemm.cpp is not used, not checked");
     return;
   }
-  REQUIRE(cpu::sgemm_avx512_unpacked(512, 1, 1));
-  REQUIRE_FALSE(cpu::sgemm_avx512_unpacked(513, 1, 1));
-  REQUIRE_FALSE(cpu::sgemm_avx512_unpacked(100, 1, 7));
-  const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 16},   {7, 5, 47},    {9, 33, 48},    {37, 600, 512},
-                                                       {64, 70, 64}, {300, 2100, 16}, {130, 257, 90}, {20, 1030, 100},
-                                                       {8, 300, 96}};
-  for (const auto& [m, k, n] : shapes) {
-    INFO("m " << m << ", k " << k << ", n " << n);
-    Tensor a = values({m, k}, 0.3), b = values({k, n}, 0.7);
-    check_product(own_product(a, b), a, b);
-    Tensor c0 = values({m, n}, 0.9);  // accumulate: c += a @ b
-    check_product(own_product(a, b, c0), a, b, c0);
-    // Rows of wider matrices: leading dimensions larger than k and n.
-    Tensor a_wide = values({m, k + 5}, 0.4).narrow(1, 3, k), b_wide = values({k, n + 19}, 0.5).narrow(1, 2, n);
-    check_product(own_product(a_wide, b_wide), a_wide, b_wide);
+  // The path's rule: contiguous rows, n <= 512, and one block of k or c at most 2^18 floats.
+  CHECK(cpu::sgemm_avx512_unpacked(512, 512, 512, 1, 1));
+  CHECK_FALSE(cpu::sgemm_avx512_unpacked(8, 513, 8, 1, 1));
+  CHECK_FALSE(cpu::sgemm_avx512_unpacked(8, 100, 8, 1, 7));
+  CHECK_FALSE(cpu::sgemm_avx512_unpacked(8, 100, 8, 3, 1));
+  CHECK(cpu::sgemm_avx512_unpacked(100000, 512, 256, 1, 1));
+  CHECK_FALSE(cpu::sgemm_avx512_unpacked(100000, 512, 257, 1, 1));
+  const std::vector<std::array<int64_t, 3>> shapes = {
+      {1, 1, 16},       {7, 5, 47},     {9, 33, 48},     {37, 600, 512}, {64, 70, 64},
+      {300, 2100, 16},  {130, 257, 90}, {20, 1030, 100}, {8, 300, 96},   {11, 700, 68}};
+  for (int threads : {1, 2}) {
+    ThreadsGuard g(threads);
+    for (const auto& [m, k, n] : shapes) {
+      INFO("m " << m << ", k " << k << ", n " << n << ", threads " << threads);
+      REQUIRE(cpu::sgemm_avx512_unpacked(m, n, k, 1, 1));
+      Tensor a = values({m, k}, 0.3), b = values({k, n}, 0.7);
+      check_product(own_product(a, b), a, b);
+      // Accumulate into a c with a leading dimension larger than n: c += a @ b, and the columns past
+      // n unchanged.
+      Tensor c_wide = values({m, n + 7}, 0.9);
+      Tensor c0 = c_wide.narrow(1, 0, n).clone(), tail = c_wide.narrow(1, n, 7).clone();
+      cpu::sgemm_avx512(m, n, k, a.data_ptr<float>(), a.stride(0), 1, b.data_ptr<float>(), b.stride(0), 1, true,
+                        c_wide.data_ptr<float>(), n + 7);
+      check_product(c_wide.narrow(1, 0, n), a, b, c0);
+      test::check_equal(c_wide.narrow(1, n, 7), tail);
+      // Rows of wider matrices: leading dimensions larger than k and n.
+      Tensor a_wide = values({m, k + 5}, 0.4).narrow(1, 3, k), b_wide = values({k, n + 19}, 0.5).narrow(1, 2, n);
+      check_product(own_product(a_wide, b_wide), a_wide, b_wide);
+    }
   }
 }
 
