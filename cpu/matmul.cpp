@@ -132,8 +132,8 @@ bool own_gemm(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
   }
 }
 
-// c = a @ b on one thread (called from a parallel_for, or small), by sgemm.cpp when own. c is
-// row-major (ops/ allocates it).
+// c = a @ b: by sgemm.cpp when own (which threads through the pool unless called from a
+// parallel_for), else by one BLAS or Eigen call on this thread. c is row-major (ops/ allocates it).
 template <typename T>
 void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool own) {
   if (c.rows == 0 || c.cols == 0) return;

@@ -22,9 +22,8 @@
 // Note [the next panel of b]: the first micro-panel of a to use a panel would wait for it to come
 // from L3 (measured: that call took 1.3-1.5x as long as the others; with the prefetch, 1.03x). So
 // the last three calls on each panel prefetch the next panel's slot into L2, a third each, one line
-// per step of k. Narrow last panels
-// (16 or 32 columns) use only the start of their slot but gain most: their kernels do 8 or 16
-// multiply-adds per line of b loaded.
+// per step of k. Narrow last panels (16 or 32 columns) use only the start of their slot but gain
+// most: their kernels do 8 or 16 multiply-adds per line of b loaded.
 //
 // KC, MC and the prefetch were chosen by measurement on this machine, single-threaded at n = 2048,
 // against the previous KC = 512, MC = 128 (in one process, calls alternating): packing b row by row
@@ -69,6 +68,13 @@ constexpr int64_t MC = 64;       // rows of a per packed block
 constexpr int64_t NC = 48 * 43;  // columns of b per packed block (2,064; 8 MiB packed)
 constexpr int64_t kPrivateUpTo = int64_t(1) << 22;  // multiply-adds up to which each thread packs all of b
 constexpr int64_t kGrainFlops = int64_t(1) << 17;    // multiply-adds below which one thread is enough
+
+// How c is shared out between the threads: each its rows (m_tiles tiles of MR), or, when c has too
+// few rows for that, each its panels of b.
+bool split_by_rows(int64_t m_tiles, int64_t panels) {
+  const int threads = get_num_threads();
+  return m_tiles >= 2 * threads || panels < threads;
+}
 
 __mmask16 lanes(int64_t n) {  // the first n of 16 lanes (none for n <= 0, all for n >= 16)
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
@@ -359,8 +365,7 @@ void unpacked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int
                      c, ldc, n_full, edge.data());
     }
   };
-  const int threads = get_num_threads();
-  if (m_tiles >= 2 * threads || panels < threads) {
+  if (split_by_rows(m_tiles, panels)) {
     parallel_for(0, m_tiles, std::max<int64_t>(1, kGrainFlops / (MR * n * k)),
                  [&](int64_t t0, int64_t t1) { block(t0 * MR, std::min(m, t1 * MR), 0, panels); });
   } else {
@@ -373,7 +378,6 @@ void unpacked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int
 // parallel_for its own parallel_for calls run serially.
 void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int64_t k, bool accumulate, float* c,
                   int64_t ldc) {
-  const int threads = get_num_threads();
   const int64_t m_tiles = (m + MR - 1) / MR;
   for (int64_t jc = 0; jc < n; jc += NC) {
     const int64_t nc = std::min(NC, n - jc), panels = (nc + NR - 1) / NR;
@@ -384,7 +388,7 @@ void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int6
       // 1. Pack b's block, the panels shared out between the threads.
       parallel_for(0, panels, 2, [&](int64_t j0, int64_t j1) { pack_b_panels(B, pc, kc, jc, nc, j0, j1, bp.data()); });
       // 2-3. Each thread its rows of c or, when c has too few rows for that, its panels.
-      if (m_tiles >= 2 * threads || panels < threads) {
+      if (split_by_rows(m_tiles, panels)) {
         const int64_t tile_flops = MR * nc * kc;
         parallel_for(0, m_tiles, std::max<int64_t>(1, kGrainFlops / tile_flops), [&](int64_t t0, int64_t t1) {
           compute_block(A, t0 * MR, std::min(m, t1 * MR), pc, kc, bp.data(), jc, nc, 0, panels, c, ldc, load_c);

@@ -32,12 +32,11 @@ void check_product(const Tensor& actual, const Tensor& a, const Tensor& b, const
   CHECK(worst <= 0.0);
 }
 
-// a @ b (+ c0, when given) for 2-D float32 a and b through cpu/sgemm.cpp itself, with the views'
-// strides.
-Tensor own_product(const Tensor& a, const Tensor& b, const Tensor& c0 = Tensor()) {
-  Tensor c = c0.defined() ? c0.contiguous().clone() : zeros({a.size(0), b.size(1)});
+// a @ b for 2-D float32 a and b through cpu/sgemm.cpp itself, with the views' strides.
+Tensor own_product(const Tensor& a, const Tensor& b) {
+  Tensor c = zeros({a.size(0), b.size(1)});
   cpu::sgemm_avx512(a.size(0), b.size(1), a.size(1), a.data_ptr<float>(), a.stride(0), a.stride(1),
-                    b.data_ptr<float>(), b.stride(0), b.stride(1), c0.defined(), c.data_ptr<float>(), c.stride(0));
+                    b.data_ptr<float>(), b.stride(0), b.stride(1), false, c.data_ptr<float>(), c.stride(0));
   return c;
 }
 
