@@ -2,10 +2,13 @@
 // 1 KiB to 256 MiB (float32), the communicator's native collective against the ring algorithm on
 // send/recv (distributed/algorithms), algbw and busbw in GB/s. Run it under the launcher:
 //
-//   kiln-run -n 2 build/release/bin/bench_collectives [max_bytes] [mpi|nccl]
+//   kiln-run -n 2 build/release/bin/bench_collectives [max_bytes] [mpi|nccl] [cpu|cuda]
 //
 // With nccl (a build with CUDA and NCCL, one GPU per rank) the tensors are on cuda:0 of each rank
-// (kiln-run gives local rank i the GPU i) and every timing ends with a device synchronisation.
+// (kiln-run gives local rank i the GPU i modulo the GPUs there are). `mpi cuda` puts them on cuda:0
+// too and measures the MPI backend's staging of CUDA tensors through pinned host buffers (several
+// ranks may share one GPU). On CUDA every timing ends with a device synchronisation. The device
+// defaults to cuda for nccl and to cpu for mpi.
 //
 // Time per op: the mean of back-to-back repetitions (about 0.3 s of them, at least 3) after 2
 // warm-up ones, the slowest rank's. bytes is the whole buffer (all-reduce: each rank's tensor;
@@ -60,12 +63,15 @@ double time_op(Communicator& comm, const std::function<void()>& fn) {
   return t.item<double>();
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   const int64_t max_bytes = argc > 1 ? std::atoll(argv[1]) : (int64_t{256} << 20);
   const std::string backend = argc > 2 ? argv[2] : "mpi";
-  g_on_gpu = backend == "nccl";
+  const std::string device_name = argc > 3 ? argv[3] : backend == "nccl" ? "cuda" : "cpu";
+  if (max_bytes < 1024 || (backend != "mpi" && backend != "nccl") || (device_name != "cpu" && device_name != "cuda")) {
+    std::fprintf(stderr, "usage: bench_collectives [max_bytes >= 1024] [mpi|nccl] [cpu|cuda]\n");
+    return 2;
+  }
+  g_on_gpu = device_name == "cuda";
   const Device device = g_on_gpu ? Device::cuda(0) : Device::cpu();
   auto comm = init(backend, {.check_collectives = false});
   const int p = comm->size(), r = comm->rank();
@@ -124,4 +130,15 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // a CUDA device or an NCCL build missing, a peer lost, ...
+    std::fprintf(stderr, "bench_collectives: %s\n", e.what());
+    return 1;
+  }
 }

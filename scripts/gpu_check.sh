@@ -4,10 +4,12 @@
 # ./.deps in Debian's layout (the README's "Tests" section says how). The script configures against
 # them, builds with every core, runs the GPU tests, then the whole suite, then the GPU benchmarks,
 # and leaves its logs in $OUT (default ./gpu-out).
-#   usage: scripts/gpu_check.sh [build|test|sanitize|train|bench|gpt] ...   (default: build test bench)
+#   usage: scripts/gpu_check.sh [build|test|sanitize|train|bench|gpt|dist] ...   (default: build test bench)
 # sanitize: the GPU tests but the op table's and NCCL's under compute-sanitizer's memcheck, with the
 # allocator's cache off so that each tensor's bounds are checked. train: kiln-train on the GPU.
 # gpt: GPT-2 124M and gpt_char against PyTorch, and the fused kernels against their compositions.
+# dist: bench_collectives on NCCL (one rank: one GPU) and on MPI with CUDA tensors staged through
+# pinned host memory (two ranks sharing the GPU).
 set -uo pipefail
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
@@ -117,6 +119,12 @@ for step in "${steps[@]}"; do
       done
     fi
     timeout 120 $build/bin/bench_fusion --device cuda | tee -a "$out/gpt.jsonl"
+    ;;
+  dist)
+    timeout 200 $build/bin/kiln-run -n 1 $build/bin/bench_collectives $((256 << 20)) nccl | tee -a "$out/dist.jsonl"
+    echo "gpu_check: bench_collectives nccl exit ${PIPESTATUS[0]}"
+    timeout 300 $build/bin/kiln-run -n 2 $build/bin/bench_collectives $((64 << 20)) mpi cuda | tee -a "$out/dist.jsonl"
+    echo "gpu_check: bench_collectives mpi cuda exit ${PIPESTATUS[0]}"
     ;;
   esac
 done
