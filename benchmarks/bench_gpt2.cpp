@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "gpt_bench.h"
 #include "models/gpt.h"
 
 namespace {
@@ -193,30 +194,14 @@ int main(int argc, char** argv) {
     optim::GradScaler scaler({.enabled = o.autocast == "fp16"});
     Generator gen(0);
     memory::reset_peak(device);
-    std::vector<double> ms;
-    double loss_first = 0, loss_last = 0;
-    for (int64_t step = 1; step <= o.steps; ++step) {
-      const auto t0 = std::chrono::steady_clock::now();
-      Tensor ids = randint(0, kVocab, {o.batch, o.seq + 1}, kInt64, &gen).to(device);
-      Tensor x = ids.narrow(1, 0, o.seq), y = ids.narrow(1, 1, o.seq);
-      Tensor loss;
-      {
-        std::optional<autograd::SaveOnCpu> offload;  // the saved activations to pinned host memory
-        if (o.offload) offload.emplace(/*pin_memory=*/device.is_cuda());
-        AutocastGuard ac(device, low, o.autocast != "none");
-        loss = models::GPT::loss(model(x), y);
-      }
-      opt.zero_grad();
-      scaler.scale(loss).backward();
-      scaler.step(opt);  // opt.step() itself when the scaler is off
-      scaler.update();
-      const double l = loss.item<double>();
-      const auto t1 = std::chrono::steady_clock::now();
-      if (step == 1) loss_first = l;
-      loss_last = l;
-      if (step > o.warmup) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
-    const double step_ms = kiln_bench::median(ms);
+    const gpt_bench::StepLog log = gpt_bench::train_steps(
+        model, opt, scaler, o.steps, o.warmup,
+        [&] {
+          Tensor ids = randint(0, kVocab, {o.batch, o.seq + 1}, kInt64, &gen).to(device);
+          return std::pair{ids.narrow(1, 0, o.seq), ids.narrow(1, 1, o.seq)};
+        },
+        {.device = device, .autocast = o.autocast != "none", .low = low, .offload = o.offload});
+    const double step_ms = kiln_bench::median(log.ms);
     const double tokens_per_s = static_cast<double>(o.batch * o.seq) / (step_ms / 1e3);
     const double peak_gib = static_cast<double>(memory::stats(device).peak_allocated_bytes) / (1ull << 30);
     std::printf(
@@ -228,7 +213,7 @@ int main(int argc, char** argv) {
         static_cast<long long>(o.seq), static_cast<long long>(params), o.autocast.c_str(), attention_kernels(),
         o.fusion ? "true" : "false", o.checkpoint ? "true" : "false", o.offload ? "true" : "false",
         static_cast<long long>(o.steps), step_ms, tokens_per_s, flops_per_token,
-        flops_per_token * tokens_per_s / kPeakBf16, loss_first, loss_last, peak_gib,
+        flops_per_token * tokens_per_s / kPeakBf16, log.loss_first, log.loss_last, peak_gib,
         static_cast<long long>(scaler.skipped_steps()));
     return 0;
   } catch (const std::exception& e) {

@@ -19,7 +19,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_util.h"
@@ -38,6 +41,54 @@ inline double rss_now_mib() {
   long pages = 0, resident = 0;
   statm >> pages >> resident;
   return static_cast<double>(resident) * static_cast<double>(sysconf(_SC_PAGESIZE)) / (1024.0 * 1024.0);
+}
+
+// How a training step of a GPT runs: forward and loss under an autocast scope when `autocast`
+// (in `low` precision), the activations saved for backward in host memory when `offload` (pinned on
+// CUDA), the loss scaled by a GradScaler (which steps the optimizer itself when it is disabled).
+struct StepOptions {
+  kiln::Device device = kiln::Device::cpu();
+  bool autocast = false;
+  kiln::DType low = kiln::kBFloat16;
+  bool offload = false;
+};
+
+// What a run of training steps measured: each timed step's milliseconds, the first and last losses.
+struct StepLog {
+  std::vector<double> ms;
+  double loss_first = 0, loss_last = 0;
+};
+
+// Steps 1..steps of the loop every GPT benchmark times, from drawing the batch (next_batch: inputs
+// and targets on the device) to loss.item(), which waits for the device; steps after `warmup` are
+// timed.
+inline StepLog train_steps(kiln::models::GPT& model, kiln::optim::Optimizer& opt, kiln::optim::GradScaler& scaler,
+                           int64_t steps, int64_t warmup,
+                           const std::function<std::pair<kiln::Tensor, kiln::Tensor>()>& next_batch,
+                           const StepOptions& s) {
+  using namespace kiln;
+  StepLog log;
+  for (int64_t step = 1; step <= steps; ++step) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto [x, y] = next_batch();
+    Tensor loss;
+    {
+      std::optional<autograd::SaveOnCpu> offload;
+      if (s.offload) offload.emplace(/*pin_memory=*/s.device.is_cuda());
+      AutocastGuard ac(s.device, s.low, s.autocast);
+      loss = models::GPT::loss(model(x), y);
+    }
+    opt.zero_grad();
+    scaler.scale(loss).backward();
+    scaler.step(opt);  // opt.step() itself when the scaler is disabled
+    scaler.update();
+    const double l = loss.item<double>();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (step == 1) log.loss_first = l;
+    log.loss_last = l;
+    if (step > warmup) log.ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+  }
+  return log;
 }
 
 struct Options {
@@ -115,25 +166,14 @@ inline int run(const Options& o) {
     const double rss_before = rss_now_mib();
     memory::reset_peak(o.device);
     const double allocated_before = static_cast<double>(memory::stats(o.device).allocated_bytes) / (1 << 20);
-    std::vector<double> ms;
-    double loss_first = 0, loss_last = 0;
-    for (int64_t step = 1; step <= o.steps; ++step) {
-      const auto t0 = std::chrono::steady_clock::now();
-      data::Example batch = text.sample(kBatch, config.block_size, gen);
-      Tensor loss;
-      {
-        AutocastGuard ac(o.device, kBFloat16, o.autocast == "bf16");
-        loss = models::GPT::loss(model(batch.data.to(o.device)), batch.target.to(o.device));
-      }
-      opt.zero_grad();
-      loss.backward();
-      opt.step();
-      const double l = loss.item<double>();
-      const auto t1 = std::chrono::steady_clock::now();
-      if (step == 1) loss_first = l;
-      loss_last = l;
-      if (step > 10) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    }
+    optim::GradScaler no_scaling({.enabled = false});
+    const StepLog log = train_steps(
+        model, opt, no_scaling, o.steps, /*warmup=*/10,
+        [&] {
+          data::Example batch = text.sample(kBatch, config.block_size, gen);
+          return std::pair{batch.data.to(o.device), batch.target.to(o.device)};
+        },
+        {.device = o.device, .autocast = o.autocast == "bf16"});
     const double peak = peak_rss_mib();
     const double tensors_peak = static_cast<double>(memory::stats(o.device).peak_allocated_bytes) / (1 << 20);
     std::printf(
@@ -143,7 +183,7 @@ inline int run(const Options& o) {
         "\"tensor_peak_increment_mib\":%.1f}\n",
         o.bench.c_str(), o.device.str().c_str(), get_num_threads(), static_cast<long long>(o.layers),
         static_cast<long long>(o.steps), static_cast<long long>(model.num_parameters()),
-        o.checkpoint ? "true" : "false", o.fusion ? "true" : "false", o.fused_adam ? "true" : "false", o.autocast.c_str(), median(ms), loss_first, loss_last, peak,
+        o.checkpoint ? "true" : "false", o.fusion ? "true" : "false", o.fused_adam ? "true" : "false", o.autocast.c_str(), median(log.ms), log.loss_first, log.loss_last, peak,
         rss_before, peak - rss_before, tensors_peak - allocated_before);
     std::fflush(stdout);
     return 0;
