@@ -18,11 +18,15 @@
 #include "core/convert.h"
 #include "cuda/check.h"
 
-// `#pragma unroll` for device code only (the host compiler would warn about an unknown pragma).
+// `#pragma unroll` (and `#pragma unroll n`) for device code only (the host compiler would warn
+// about an unknown pragma).
+#define KILN_CUDA_PRAGMA_(text) _Pragma(#text)
 #if defined(__CUDA_ARCH__)
 #define KILN_CUDA_UNROLL _Pragma("unroll")
+#define KILN_CUDA_UNROLL_N(n) KILN_CUDA_PRAGMA_(unroll n)
 #else
 #define KILN_CUDA_UNROLL
+#define KILN_CUDA_UNROLL_N(n)
 #endif
 
 namespace kiln::cuda {

@@ -10,7 +10,8 @@
 // thread t of a group takes elements t, t + group, ... of the output's slice, then the group merges
 // its partials in shared memory. Short slices get small groups, so a block serves many outputs.
 // Few outputs with long slices: each slice is split over several blocks that write partial
-// accumulators, and a second kernel merges them (reduce_split_kernel, reduce_merge_kernel).
+// accumulators, and a second kernel merges them (reduce_split_kernel, reduce_merge_kernel); a
+// contiguous slice is then read 16 bytes at a time (update_contiguous).
 // Outputs side by side in memory (sums over rows): threads take neighbouring outputs, so that a warp
 // reads along a row, with the rows split over row lanes and blocks (reduce_columns_kernel).
 // Softmax: one block per row; the row max and the sum of exp(x - max) are block reductions.
@@ -191,6 +192,30 @@ __global__ void reduce_kernel(const T* in, typename R::out_t* out, int64_t outpu
   }
 }
 
+// Elements [begin, end) of a contiguous slice x into acc, the block's threads taking 16 bytes at a
+// time: a head of fewer than Vec16<T>::kSize elements up to the first 16-byte boundary, the whole
+// vectors (thread t takes vectors t, t + blockDim.x, ...), then the tail. One 4-byte load per
+// element kept too few bytes in flight for the copy bandwidth. Each thread still sees its indices
+// in increasing order, which the first-index rule of ArgR needs.
+template <typename R, typename T>
+__device__ void update_contiguous(typename R::acc_t& acc, const T* x, int64_t begin, int64_t end) {
+  using V = Vec16<T>;
+  constexpr int kV = V::kSize;
+  // Elements are aligned to sizeof(T), which divides 16: the boundary is a whole number of them away.
+  const int misaligned = static_cast<int>(reinterpret_cast<uintptr_t>(x + begin) % 16 / sizeof(T));
+  const int64_t vbegin = min(end, begin + (kV - misaligned) % kV);
+  const int64_t vectors = (end - vbegin) / kV, vend = vbegin + vectors * kV;
+  if (begin + threadIdx.x < vbegin) R::update(acc, x[begin + threadIdx.x], begin + threadIdx.x);
+  const V* xv = reinterpret_cast<const V*>(x + vbegin);
+  KILN_CUDA_UNROLL_N(4)
+  for (int64_t i = threadIdx.x; i < vectors; i += blockDim.x) {
+    const V v = xv[i];
+    KILN_CUDA_UNROLL
+    for (int e = 0; e < kV; ++e) R::update(acc, v.v[e], vbegin + i * kV + e);
+  }
+  for (int64_t j = vend + threadIdx.x; j < end; j += blockDim.x) R::update(acc, x[j], j);
+}
+
 // Long slices, few outputs: block b reduces part b % splits (elements [part * chunk, part * chunk +
 // chunk) of its slice) of output b / splits into partials[b].
 template <typename R, typename T>
@@ -204,8 +229,12 @@ __global__ void reduce_split_kernel(const T* in, typename R::acc_t* partials, in
   int64_t ko[2];
   kept.get(k, ko);
   acc_t acc = R::init();
-  for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
-    R::update(acc, in[ko[0] + slice_offset(j, flat, reduced)], j);
+  if (flat == 1) {
+    update_contiguous<R>(acc, in + ko[0], begin, end);
+  } else {
+    for (int64_t j = begin + threadIdx.x; j < end; j += blockDim.x) {
+      R::update(acc, in[ko[0] + slice_offset(j, flat, reduced)], j);
+    }
   }
   merge_groups<R>(partial, acc, blockDim.x);
   if (threadIdx.x == 0) partials[blockIdx.x] = partial[0];

@@ -2,6 +2,7 @@
 // skipped) when no GPU is present (tests/main.cpp), so on a machine without one this reports
 // "skipped", never "passed".
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "support.h"
@@ -82,6 +83,35 @@ TEST_CASE("long reductions split over blocks match the CPU", "[gpu]") {
   // Ties: the first index of the extreme, as on the CPU.
   Tensor z = zeros({200000}).to(kGpu);
   CHECK(z.argmax().item<int64_t>() == 0);
+  // Contiguous slices are read 16 bytes at a time after a head up to a 16-byte boundary: slices
+  // that start 1 to 3 elements past one (a storage offset), every element size, and lengths that
+  // leave a tail.
+  for (int64_t shift : {0, 1, 3}) {
+    for (DType dt : {kFloat64, kFloat32, kBFloat16, kFloat16, kInt64, kInt32}) {
+      const bool integral = dt == kInt64 || dt == kInt32;
+      Tensor base = integral ? randint(-1000, 1000, {2, 40011}, TensorOptions(dt))
+                             : test::sample({2, 40011}, kFloat32, 0.25).to(dt);
+      Tensor x = base.narrow(1, shift, 40000 + shift % 2), xg = base.to(kGpu).narrow(1, shift, 40000 + shift % 2);
+      INFO("dtype " << dtype_name(dt) << ", shift " << shift);
+      // Both sum in double (int64 for integers) and round once: at most a last-place difference.
+      if (integral) test::check_equal(xg.sum({1}).cpu(), x.sum({1}));
+      else test::check_close(xg.sum({1}).cpu(), x.sum({1}));
+      test::check_equal(xg.amax({1}).cpu(), x.amax({1}));
+      test::check_equal(xg.argmax(1).cpu(), x.argmax(1));
+      test::check_equal(xg.argmin(1).cpu(), x.argmin(1));
+    }
+  }
+  // The first of equal maxima wins across the head, the vectors, the tail and the blocks; NaN wins.
+  Tensor t = zeros({100003});
+  for (int64_t i : {99999, 70001, 40000, 2}) t.select(0, i).fill_(5.0);
+  for (int64_t shift : {0, 1}) {
+    Tensor tg = t.to(kGpu).narrow(0, shift, 100003 - shift);
+    CHECK(tg.argmax().item<int64_t>() == 2 - shift);
+    CHECK(tg.sum().item<double>() == 20.0);
+  }
+  t.select(0, 50001).fill_(std::numeric_limits<double>::quiet_NaN());
+  CHECK(t.to(kGpu).argmax().item<int64_t>() == 50001);
+  CHECK(std::isnan(t.to(kGpu).amax({0}).item<double>()));
 }
 
 TEST_CASE("reductions over rows (neighbouring outputs side by side) match the CPU", "[gpu]") {
