@@ -5,10 +5,10 @@
 //
 // One warp per row for the row kernels (grid-stride over rows, eight warps to a block): simple, and
 // fast enough for the rows of a transformer (hundreds to a few thousand columns); float32 rows of up
-// to 1024 stay in registers (Note [layer_norm rows in registers]). Column sums (grad_weight,
-// grad_bias) go through fixed chunks of rows, as on the CPU: a first kernel writes one partial sum
-// in double per (chunk, column), a second adds each column's chunks in order, so the result does
-// not depend on scheduling and no atomics are needed.
+// to 1024 stay in a warp's registers, and rows of up to 4096 in a block's (Note [layer_norm rows in
+// registers]). Column sums (grad_weight, grad_bias) go through fixed chunks of rows, as on the CPU:
+// a first kernel writes one partial sum in double per (chunk, column), a second adds each column's
+// chunks in order, so the result does not depend on scheduling and no atomics are needed.
 //
 // A bad class index cannot throw from a thread: ops/softmax.cpp checks the targets of a CUDA tensor
 // before the launch; the kernel still writes NaN for a row whose target is out of range.
@@ -125,33 +125,50 @@ __global__ void layer_norm_kernel(const T* x, const T* res, const T* w, const T*
   }
 }
 
-// Note [layer_norm rows in registers]: float32 rows of up to 32 * kRegPer elements (GPT-2's 768,
-// 1024) are read once: each lane keeps its elements of the row (h = x + residual, rounded to T)
-// in registers for the two sums and the output, where layer_norm_kernel walks the row three times
-// and its backward walks g and h twice. The same elements in the same order, so the same sums and
-// the same bits. float64 rows (twice the registers) and longer rows keep the walks.
-constexpr int kRegPer = 32;
+// Note [layer_norm rows in registers]: float32 rows of up to 4096 elements (GPT-2's 768, the
+// 4096 of the benchmark) are read once: each thread keeps its elements of the row (h = x +
+// residual, rounded to T) in registers for the two sums and the output, where layer_norm_kernel
+// walks the row three times and its backward walks g and h twice. Rows of up to 32 * 32 (1024) get
+// a warp each, as layer_norm_kernel gives them, and so the same elements in the same order: the
+// same sums and the same bits. Longer rows get the whole block (kThreads * 16 elements at most),
+// whose sums run in another order (still in double). float64 rows (twice the registers) and longer
+// rows keep the walks.
+//
+// RowGroup<kWidth>: the threads that share a row, a warp (32) or the block (kThreads): the thread's
+// lane among them, the group's first row and its step over the rows, and their sum.
+template <int kWidth>
+struct RowGroup {
+  static_assert(kWidth == 32 || kWidth == kThreads);
+  __device__ static int lane() { return kWidth == 32 ? static_cast<int>(threadIdx.x & 31) : static_cast<int>(threadIdx.x); }
+  __device__ static int64_t first() { return kWidth == 32 ? first_warp_row() : static_cast<int64_t>(blockIdx.x); }
+  __device__ static int64_t step() { return kWidth == 32 ? warp_row_stride() : static_cast<int64_t>(gridDim.x); }
+  // Every thread of the group calls it with the same trip count (the rows are the group's).
+  __device__ static double sum(double v, double* shared) { return kWidth == 32 ? warp_sum(v) : block_sum(v, shared); }
+};
+constexpr int kWarpRegPer = 32, kBlockRegPer = 16;  // elements a thread holds: a warp's rows, a block's
 
-template <typename T>
+template <typename T, int kWidth, int kPer>
 __global__ void __launch_bounds__(kThreads, 2) layer_norm_reg_kernel(const T* x, const T* res, const T* w, const T* b,
                                                                      T* out, T* sum, T* mean, T* rstd, int64_t R,
                                                                      int64_t M, double eps, bool rms) {
-  const int lane = threadIdx.x & 31;
-  const int n = static_cast<int>(M) - lane;  // element lane + 32 u of a row exists when 32 u < n
-  // Lane-offset pointers: element u of a lane is at a constant offset 32 u from them.
+  using G = RowGroup<kWidth>;
+  __shared__ double shared[32];
+  const int lane = G::lane();
+  const int n = static_cast<int>(M) - lane;  // element lane + kWidth u of a row exists when kWidth u < n
+  // Lane-offset pointers: element u of a lane is at a constant offset kWidth u from them.
   const T* wl = w ? w + lane : nullptr;
   const T* bl = b ? b + lane : nullptr;
-  for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
+  for (int64_t r = G::first(); r < R; r += G::step()) {
     const int64_t row = r * M + lane;
-    T v[kRegPer];
+    T v[kPer];
     KILN_CUDA_UNROLL
-    for (int u = 0; u < kRegPer; ++u) {
+    for (int u = 0; u < kPer; ++u) {
       v[u] = T(0);
-      if (32 * u < n) {
-        v[u] = x[row + 32 * u];
+      if (kWidth * u < n) {
+        v[u] = x[row + kWidth * u];
         if (res) {
-          v[u] = v[u] + res[row + 32 * u];
-          sum[row + 32 * u] = v[u];
+          v[u] = v[u] + res[row + kWidth * u];
+          sum[row + kWidth * u] = v[u];
         }
       }
     }
@@ -159,22 +176,22 @@ __global__ void __launch_bounds__(kThreads, 2) layer_norm_reg_kernel(const T* x,
     if (!rms) {
       double acc = 0;
       KILN_CUDA_UNROLL
-      for (int u = 0; u < kRegPer; ++u)
-        if (32 * u < n) acc += static_cast<double>(v[u]);
-      m = warp_sum(acc) / static_cast<double>(M);
+      for (int u = 0; u < kPer; ++u)
+        if (kWidth * u < n) acc += static_cast<double>(v[u]);
+      m = G::sum(acc, shared) / static_cast<double>(M);
     }
     double ss = 0;
     KILN_CUDA_UNROLL
-    for (int u = 0; u < kRegPer; ++u) {
-      if (32 * u >= n) continue;
+    for (int u = 0; u < kPer; ++u) {
+      if (kWidth * u >= n) continue;
       const double d = static_cast<double>(v[u]) - m;
       ss += d * d;
     }
-    ss = warp_sum(ss);
+    ss = G::sum(ss, shared);
     const T tm = static_cast<T>(m), ti = static_cast<T>(1.0 / sqrt(ss / static_cast<double>(M) + eps));
     KILN_CUDA_UNROLL
-    for (int u = 0; u < kRegPer; ++u)
-      if (32 * u < n) out[row + 32 * u] = normalized(v[u], tm, ti, wl, bl, 32 * u);
+    for (int u = 0; u < kPer; ++u)
+      if (kWidth * u < n) out[row + kWidth * u] = normalized(v[u], tm, ti, wl, bl, kWidth * u);
     if (lane == 0) {
       mean[r] = tm;
       rstd[r] = ti;
@@ -227,34 +244,38 @@ __global__ void layer_norm_backward_kernel(const T* g, const T* gs, const T* h, 
 
 // layer_norm_backward_kernel with g * w and xhat held in registers (Note [layer_norm rows in
 // registers]): g, h and w read once.
-template <typename T>
+template <typename T, int kWidth, int kPer>
 __global__ void __launch_bounds__(kThreads, 2)
     layer_norm_backward_reg_kernel(const T* g, const T* gs, const T* h, const T* w, const T* mean, const T* rstd,
                                    T* gi, int64_t R, int64_t M, bool rms) {
-  const int lane = threadIdx.x & 31;
+  using G = RowGroup<kWidth>;
+  __shared__ double shared[32];
+  const int lane = G::lane();
   const int n = static_cast<int>(M) - lane;  // as in layer_norm_reg_kernel
   const T* wl = w ? w + lane : nullptr;
-  for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
+  for (int64_t r = G::first(); r < R; r += G::step()) {
     const int64_t row = r * M + lane;
     const T mu = mean[r], rs = rstd[r];
-    T xhat[kRegPer], gx[kRegPer];
+    T xhat[kPer], gx[kPer];
     double s_gx = 0, s_gx_xhat = 0;
     KILN_CUDA_UNROLL
-    for (int u = 0; u < kRegPer; ++u) {
+    for (int u = 0; u < kPer; ++u) {
       xhat[u] = gx[u] = T(0);
-      if (32 * u >= n) continue;
-      backward_terms(g[row + 32 * u], h[row + 32 * u], wl, 32 * u, mu, rs, xhat[u], gx[u]);
+      if (kWidth * u >= n) continue;
+      backward_terms(g[row + kWidth * u], h[row + kWidth * u], wl, kWidth * u, mu, rs, xhat[u], gx[u]);
       s_gx += static_cast<double>(gx[u]);
       s_gx_xhat += static_cast<double>(gx[u]) * static_cast<double>(xhat[u]);
     }
-    const T a = rms ? T(0) : static_cast<T>(warp_sum(s_gx) / static_cast<double>(M));
-    const T c = static_cast<T>(warp_sum(s_gx_xhat) / static_cast<double>(M));
+    // Both sums before either is used: the block's sums must be called by every thread alike.
+    const double total_gx = G::sum(s_gx, shared), total_gx_xhat = G::sum(s_gx_xhat, shared);
+    const T a = rms ? T(0) : static_cast<T>(total_gx / static_cast<double>(M));
+    const T c = static_cast<T>(total_gx_xhat / static_cast<double>(M));
     KILN_CUDA_UNROLL
-    for (int u = 0; u < kRegPer; ++u) {
-      if (32 * u >= n) continue;
+    for (int u = 0; u < kPer; ++u) {
+      if (kWidth * u >= n) continue;
       T v = rs * (gx[u] - a - xhat[u] * c);
-      if (gs) v = v + gs[row + 32 * u];
-      gi[row + 32 * u] = v;
+      if (gs) v = v + gs[row + kWidth * u];
+      gi[row + kWidth * u] = v;
     }
   }
 }
@@ -393,18 +414,28 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* ta
   }
 }
 
-// The kernels for rows of M elements (See Note [layer_norm rows in registers]).
+// The kernels for rows of M elements and their grid (Note [layer_norm rows in registers]): float32
+// rows of up to 1024 a warp each, in registers; up to 4096 a block each, in registers; else a warp
+// each, walked.
+constexpr bool block_reg_rows(DType dtype, int64_t M) {
+  return dtype == kFloat32 && M > 32 * kWarpRegPer && M <= kThreads * kBlockRegPer;
+}
+unsigned layer_norm_blocks(DType dtype, int64_t R, int64_t M) {
+  return block_reg_rows(dtype, M) ? static_cast<unsigned>(std::clamp<int64_t>(R, 1, kMaxBlocks)) : row_blocks(R);
+}
 template <typename T>
 auto layer_norm_kernel_for(int64_t M) {
   if constexpr (std::is_same_v<T, float>) {
-    if (M <= 32 * kRegPer) return layer_norm_reg_kernel<T>;
+    if (M <= 32 * kWarpRegPer) return layer_norm_reg_kernel<T, 32, kWarpRegPer>;
+    if (M <= kThreads * kBlockRegPer) return layer_norm_reg_kernel<T, kThreads, kBlockRegPer>;
   }
   return layer_norm_kernel<T>;
 }
 template <typename T>
 auto layer_norm_backward_kernel_for(int64_t M) {
   if constexpr (std::is_same_v<T, float>) {
-    if (M <= 32 * kRegPer) return layer_norm_backward_reg_kernel<T>;
+    if (M <= 32 * kWarpRegPer) return layer_norm_backward_reg_kernel<T, 32, kWarpRegPer>;
+    if (M <= kThreads * kBlockRegPer) return layer_norm_backward_reg_kernel<T, kThreads, kBlockRegPer>;
   }
   return layer_norm_backward_kernel<T>;
 }
@@ -429,7 +460,7 @@ void layer_norm_launch(const View& x, const View& residual, const View& weight, 
   if (R == 0 || M == 0) return;
   KILN_DISPATCH_F32_F64(x.dtype, "layer_norm", [&] {
     using T = scalar_t;
-    layer_norm_kernel_for<T>(M)<<<row_blocks(R), kThreads, 0, stream_of(s)>>>(
+    layer_norm_kernel_for<T>(M)<<<layer_norm_blocks(x.dtype, R, M), kThreads, 0, stream_of(s)>>>(
         x.ptr<T>(), ptr_or_null<T>(residual), ptr_or_null<T>(weight), ptr_or_null<T>(bias), out.ptr<T>(),
         mut_or_null<T>(sum), mean.ptr<T>(), rstd.ptr<T>(), R, M, eps, rms);
     KILN_CUDA_CHECK(cudaGetLastError());
@@ -445,7 +476,7 @@ void layer_norm_backward_launch(const View& grad_out, const View& grad_sum, cons
   cudaStream_t stream = stream_of(s);
   KILN_DISPATCH_F32_F64(h.dtype, "layer_norm backward", [&] {
     using T = scalar_t;
-    layer_norm_backward_kernel_for<T>(M)<<<row_blocks(R), kThreads, 0, stream>>>(
+    layer_norm_backward_kernel_for<T>(M)<<<layer_norm_blocks(h.dtype, R, M), kThreads, 0, stream>>>(
         grad_out.ptr<T>(), ptr_or_null<T>(grad_sum), h.ptr<T>(), ptr_or_null<T>(weight), mean.ptr<T>(),
         rstd.ptr<T>(), grad_in.ptr<T>(), R, M, rms);
     KILN_CUDA_CHECK(cudaGetLastError());

@@ -41,6 +41,19 @@ __device__ __forceinline__ double warp_sum(double v) {
   return v;
 }
 
+// The sum of v over the block (blockDim.x a multiple of 32), returned to every thread. `shared`
+// holds one double per warp. Every thread of the block must call it.
+__device__ __forceinline__ double block_sum(double v, double* shared) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __syncthreads();  // the previous use of `shared` is over
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  double total = 0;
+  for (int w = 0; w < warps; ++w) total += shared[w];  // same order in every thread
+  return total;
+}
+
 template <int N>
 struct OffsetCalc {
   int ndim = 0;                       // dims after merging; dim 0 is the innermost (fastest)

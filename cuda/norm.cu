@@ -29,19 +29,6 @@ namespace {
 constexpr int64_t kWarpRowMax = 1024;  // rows up to this length get a warp, longer ones a block
 constexpr int kRegPer = 16;            // ... which holds rows of up to kRegPer * kThreads in registers
 
-// The sum of v over the block (blockDim.x a multiple of 32), returned to every thread. `shared`
-// holds one double per warp.
-__device__ __forceinline__ double block_sum(double v, double* shared) {
-  v = warp_sum(v);
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  __syncthreads();  // the previous use of `shared` is over
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  double total = 0;
-  for (int w = 0; w < warps; ++w) total += shared[w];  // same order in every thread
-  return total;
-}
-
 // ---- kernels ----
 
 // One row per group of threads: a warp (kWarp) or the whole block. `lane` and `width` are the
