@@ -3,7 +3,9 @@
 # but no package access. Before copying the tree there, unpack the Debian build dependencies into
 # ./.deps in Debian's layout (the README's "Tests" section says how). The script configures against
 # them, builds with every core, runs the GPU tests, then the whole suite, then the GPU benchmarks,
-# and leaves its logs in $OUT (default ./gpu-out).
+# and leaves in $OUT (default ./gpu-out) the JSON lines of the benchmarks (bench.jsonl, gpt.jsonl,
+# dist.jsonl), device.txt and logs.tar.gz, the logs of every step (kept in build/gpu/logs and packed
+# after each step, so that a run cut short still returns the steps before it in few files).
 #   usage: scripts/gpu_check.sh [build|test|sanitize|train|bench|gpt|dist] ...   (default: build test bench)
 # sanitize: the GPU tests but the op table's and NCCL's under compute-sanitizer's memcheck, with the
 # allocator's cache off so that each tensor's bounds are checked. train: kiln-train on the GPU.
@@ -18,6 +20,10 @@ export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu:$deps/lib/x86_64-linux-gnu/ope
 export OPAL_PREFIX=$deps PATH=$deps/bin:$PATH
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 build=build/gpu
+logs=$build/logs
+mkdir -p "$logs"
+pack_logs() { tar czf "$out/logs.tar.gz" -C "$logs" . 2>/dev/null; }
+trap pack_logs EXIT
 steps=("$@")
 ((${#steps[@]})) || steps=(build test bench)
 status=0
@@ -34,27 +40,27 @@ for step in "${steps[@]}"; do
     fi
     cmake -S . -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$deps" \
       -DKILN_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 ${cudnn_root:+-DCUDNN_ROOT="$cudnn_root"} \
-      >"$out/configure.log" 2>&1 ||
-      { tail -40 "$out/configure.log"; exit 1; }
-    grep -i "mpi\|nccl\|cudnn" "$out/configure.log" | head -10
-    cmake --build $build -j"$(nproc)" >"$out/build.log" 2>&1 ||
-      { grep -B2 -A12 "error" "$out/build.log" | head -120; exit 1; }
+      >"$logs/configure.log" 2>&1 ||
+      { tail -40 "$logs/configure.log"; exit 1; }
+    grep -i "mpi\|nccl\|cudnn" "$logs/configure.log" | head -10
+    cmake --build $build -j"$(nproc)" >"$logs/build.log" 2>&1 ||
+      { grep -B2 -A12 "error" "$logs/build.log" | head -120; exit 1; }
     echo "gpu_check: built in $((SECONDS - start)) s"
     ;;
   test)
     start=$SECONDS
-    timeout 300 $build/bin/test_cuda --durations yes 2>&1 | head -c 15000000 >"$out/test_cuda.log"
+    timeout 300 $build/bin/test_cuda --durations yes 2>&1 | head -c 15000000 >"$logs/test_cuda.log"
     rc=${PIPESTATUS[0]}; echo "gpu_check: test_cuda exit $rc"; ((rc)) && status=1
-    grep -E "^test cases|^assertions|seconds: " "$out/test_cuda.log" | sort -t: -k1,1 | tail -40
-    timeout 400 ctest --test-dir $build -j"$(nproc)" -E "^cuda: all" --output-on-failure --timeout 300 >"$out/ctest.log" 2>&1
+    grep -E "^test cases|^assertions|seconds: " "$logs/test_cuda.log" | sort -t: -k1,1 | tail -40
+    timeout 400 ctest --test-dir $build -j"$(nproc)" -E "^cuda: all" --output-on-failure --timeout 300 >"$logs/ctest.log" 2>&1
     rc=$?; echo "gpu_check: ctest exit $rc"; ((rc)) && status=1
-    grep -E "tests passed|Failed|\*\*\*|Not Run" "$out/ctest.log" | head -40
+    grep -E "tests passed|Failed|\*\*\*|Not Run" "$logs/ctest.log" | head -40
     ;;
   sanitize)
     KILN_CUDA_NO_CACHING=1 timeout 240 compute-sanitizer --tool memcheck --error-exitcode 9 \
-      $build/bin/test_cuda "~[op_table]~[nccl]" 2>&1 | tail -c 2000000 >"$out/sanitize.log"
+      $build/bin/test_cuda "~[op_table]~[nccl]" 2>&1 | tail -c 2000000 >"$logs/sanitize.log"
     rc=${PIPESTATUS[0]}; echo "gpu_check: compute-sanitizer memcheck exit $rc"; ((rc)) && status=1
-    grep -E "ERROR SUMMARY|^test cases|^assertions|Invalid" "$out/sanitize.log" | head -20
+    grep -E "ERROR SUMMARY|^test cases|^assertions|Invalid" "$logs/sanitize.log" | head -20
     ;;
   train)
     data=$deps/share/datasets/fashion-mnist
@@ -122,10 +128,11 @@ for step in "${steps[@]}"; do
     ;;
   dist)
     timeout 200 $build/bin/kiln-run -n 1 $build/bin/bench_collectives $((256 << 20)) nccl | tee -a "$out/dist.jsonl"
-    echo "gpu_check: bench_collectives nccl exit ${PIPESTATUS[0]}"
+    rc=${PIPESTATUS[0]}; echo "gpu_check: bench_collectives nccl exit $rc"; ((rc)) && status=1
     timeout 300 $build/bin/kiln-run -n 2 $build/bin/bench_collectives $((64 << 20)) mpi cuda | tee -a "$out/dist.jsonl"
-    echo "gpu_check: bench_collectives mpi cuda exit ${PIPESTATUS[0]}"
+    rc=${PIPESTATUS[0]}; echo "gpu_check: bench_collectives mpi cuda exit $rc"; ((rc)) && status=1
     ;;
   esac
+  pack_logs
 done
 exit $status
