@@ -2,12 +2,14 @@
 // CPU sibling: cpu/elementwise.cpp. The math is core/scalar_math.h's (shared with the CPU),
 // computed in opmath_t; strided and broadcast (stride 0) views go through OffsetCalc
 // (cuda/loops.cuh). One kernel per output dtype: the op is a runtime value every thread shares,
-// which keeps the instantiations (and the build) small. When the output and every input are
+// which keeps the instantiations (and the build) small; a few long unary ops also have vectorized
+// kernels of their own (Note [unary ops compiled one by one]). When the output and every input are
 // contiguous views of one shape and dtype with 16-byte aligned data (most unary and binary ops in
 // a network), the vectorized kernels below move 16 bytes per load and store; so do binary ops of a
 // full operand and a row repeated over its leading dims (a bias).
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "core/scalar_math.h"
 #include "cuda/context.h"
@@ -91,10 +93,49 @@ bool vectorizable(const View& v, const View& out) {
   return v.dtype == out.dtype && v.sizes == out.sizes && v.is_contiguous() && aligned16(v.data);
 }
 
+// Note [unary ops compiled one by one]: the generic kernels take the op as a value every thread
+// shares, so each element goes through math::unary's switch: about ten compares and branches, and
+// the four elements of a vector computed one after the other, the branches standing between them.
+// For the ops whose math is long (exp, tanh, erfc...) that leaves the memory waiting. Their
+// vectorized kernel on float32, float16 and bfloat16 is therefore also compiled for each op on its
+// own (FixedUnary), where the switch folds away and the compiler can interleave the four elements.
+// The same function computes each element, so the values are those of the generic kernel.
+template <typename T, UnaryOp kOp>
+struct FixedUnary {
+  double a, b;
+  __device__ T operator()(T v) const {
+    using M = opmath_t<T>;
+    return static_cast<T>(math::unary<M>(kOp, static_cast<M>(v), a, b));
+  }
+};
+
+template <typename T, UnaryOp kOp>
+void launch_fixed_unary(int64_t n, const T* x, T* y, double a, double b, cudaStream_t stream) {
+  unary_vec_kernel<<<blocks_for(n / Vec16<T>::kSize + 1), kThreads, 0, stream>>>(n, x, y, FixedUnary<T, kOp>{a, b});
+  KILN_CUDA_CHECK(cudaGetLastError());
+}
+
+// The vectorized kernel of one of the ops of Note [unary ops compiled one by one]; false for the
+// others.
+template <typename T>
+bool launch_fixed_unary(UnaryOp op, int64_t n, const T* x, T* y, double a, double b, cudaStream_t stream) {
+  switch (op) {
+    case UnaryOp::Exp: launch_fixed_unary<T, UnaryOp::Exp>(n, x, y, a, b, stream); return true;
+    case UnaryOp::Log: launch_fixed_unary<T, UnaryOp::Log>(n, x, y, a, b, stream); return true;
+    case UnaryOp::Tanh: launch_fixed_unary<T, UnaryOp::Tanh>(n, x, y, a, b, stream); return true;
+    case UnaryOp::Sigmoid: launch_fixed_unary<T, UnaryOp::Sigmoid>(n, x, y, a, b, stream); return true;
+    case UnaryOp::GeluErf: launch_fixed_unary<T, UnaryOp::GeluErf>(n, x, y, a, b, stream); return true;
+    case UnaryOp::GeluTanh: launch_fixed_unary<T, UnaryOp::GeluTanh>(n, x, y, a, b, stream); return true;
+    case UnaryOp::Silu: launch_fixed_unary<T, UnaryOp::Silu>(n, x, y, a, b, stream); return true;
+    default: return false;
+  }
+}
+
 }  // namespace
 
 // ---- launchers ----
-// Every kernel here is elementwise_kernel (cuda/loops.cuh) with a per-element lambda below.
+// Every kernel here is elementwise_kernel (cuda/loops.cuh) with a per-element lambda below, or one
+// of the vectorized kernels above.
 
 void unary_launch(UnaryOp op, const View& in, const View& out, UnaryArgs args, const Stream& s) {
   const int64_t n = out.numel();
@@ -120,6 +161,9 @@ void unary_launch(UnaryOp op, const View& in, const View& out, UnaryArgs args, c
     const scalar_t* x = in.ptr<scalar_t>();
     scalar_t* y = out.ptr<scalar_t>();
     if (vectorizable(out, out) && vectorizable(in, out)) {
+      if constexpr (std::is_same_v<M, float>) {
+        if (launch_fixed_unary(op, n, x, y, a, b, stream_of(s))) return;
+      }
       unary_vec_kernel<<<blocks_for(n / Vec16<scalar_t>::kSize + 1), kThreads, 0, stream_of(s)>>>(
           n, x, y, [=] __device__(scalar_t v) { return static_cast<scalar_t>(math::unary<M>(op, static_cast<M>(v), a, b)); });
       KILN_CUDA_CHECK(cudaGetLastError());
