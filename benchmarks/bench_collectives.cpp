@@ -42,8 +42,10 @@ void sync() {
   if (g_on_gpu) cuda::synchronize(0);
 }
 
-// Seconds per call of fn, the slowest rank's.
-double time_op(Communicator& comm, const std::function<void()>& fn) {
+// Seconds per call of fn, the slowest rank's. The timings are all-reduced as tensors on `device`,
+// the one the communicator carries (NCCL takes CUDA tensors only).
+double time_op(Communicator& comm, const std::function<void()>& fn, Device device) {
+  const TensorOptions f64 = TensorOptions(kFloat64).device(device);
   for (int i = 0; i < 2; ++i) fn();
   sync();
   comm.barrier();
@@ -51,14 +53,14 @@ double time_op(Communicator& comm, const std::function<void()>& fn) {
   fn();
   sync();
   double once = std::chrono::duration<double>(Clock::now() - t0).count();
-  Tensor o = full({1}, once, kFloat64);
+  Tensor o = full({1}, once, f64);
   comm.all_reduce(o, ReduceOp::Max);  // every rank picks the same repetition count
   const int reps = std::clamp(static_cast<int>(0.3 / std::max(o.item<double>(), 1e-7)), 3, 2000);
   comm.barrier();
   t0 = Clock::now();
   for (int i = 0; i < reps; ++i) fn();
   sync();
-  Tensor t = full({1}, std::chrono::duration<double>(Clock::now() - t0).count() / reps, kFloat64);
+  Tensor t = full({1}, std::chrono::duration<double>(Clock::now() - t0).count() / reps, f64);
   comm.all_reduce(t, ReduceOp::Max);
   return t.item<double>();
 }
@@ -67,8 +69,9 @@ int run(int argc, char** argv) {
   const int64_t max_bytes = argc > 1 ? std::atoll(argv[1]) : (int64_t{256} << 20);
   const std::string backend = argc > 2 ? argv[2] : "mpi";
   const std::string device_name = argc > 3 ? argv[3] : backend == "nccl" ? "cuda" : "cpu";
-  if (max_bytes < 1024 || (backend != "mpi" && backend != "nccl") || (device_name != "cpu" && device_name != "cuda")) {
-    std::fprintf(stderr, "usage: bench_collectives [max_bytes >= 1024] [mpi|nccl] [cpu|cuda]\n");
+  if (max_bytes < 1024 || (backend != "mpi" && backend != "nccl") || (device_name != "cpu" && device_name != "cuda") ||
+      (backend == "nccl" && device_name == "cpu")) {
+    std::fprintf(stderr, "usage: bench_collectives [max_bytes >= 1024] [mpi|nccl] [cpu|cuda] (nccl: cuda only)\n");
     return 2;
   }
   g_on_gpu = device_name == "cuda";
@@ -99,7 +102,7 @@ int run(int argc, char** argv) {
           fn = ring_algo ? std::function<void()>([&] { ring::all_gather(*comm, full_buf, part); })
                          : [&] { comm->all_gather_into_tensor(full_buf, part); };
         }
-        secs[ring_algo] = time_op(*comm, fn);
+        secs[ring_algo] = time_op(*comm, fn, device);
         const double algbw = n * 4.0 / secs[ring_algo] / 1e9;
         const double factor = op == "all_reduce" ? 2.0 * (p - 1) / p : double(p - 1) / p;
         if (r == 0) {

@@ -266,10 +266,9 @@ __global__ void __launch_bounds__(kThreads, 2)
       s_gx += static_cast<double>(gx[u]);
       s_gx_xhat += static_cast<double>(gx[u]) * static_cast<double>(xhat[u]);
     }
-    // Both sums before either is used: the block's sums must be called by every thread alike.
-    const double total_gx = G::sum(s_gx, shared), total_gx_xhat = G::sum(s_gx_xhat, shared);
-    const T a = rms ? T(0) : static_cast<T>(total_gx / static_cast<double>(M));
-    const T c = static_cast<T>(total_gx_xhat / static_cast<double>(M));
+    // rms is the same in every thread, so a block's threads all take the first sum or all skip it.
+    const T a = rms ? T(0) : static_cast<T>(G::sum(s_gx, shared) / static_cast<double>(M));
+    const T c = static_cast<T>(G::sum(s_gx_xhat, shared) / static_cast<double>(M));
     KILN_CUDA_UNROLL
     for (int u = 0; u < kPer; ++u) {
       if (kWidth * u >= n) continue;
@@ -414,30 +413,37 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* ta
   }
 }
 
-// The kernels for rows of M elements and their grid (Note [layer_norm rows in registers]): float32
+// The kernel for R rows of M elements and its grid (Note [layer_norm rows in registers]): float32
 // rows of up to 1024 a warp each, in registers; up to 4096 a block each, in registers; else a warp
-// each, walked.
-constexpr bool block_reg_rows(DType dtype, int64_t M) {
-  return dtype == kFloat32 && M > 32 * kWarpRegPer && M <= kThreads * kBlockRegPer;
-}
-unsigned layer_norm_blocks(DType dtype, int64_t R, int64_t M) {
-  return block_reg_rows(dtype, M) ? static_cast<unsigned>(std::clamp<int64_t>(R, 1, kMaxBlocks)) : row_blocks(R);
+// each, walked. One function chooses both, so the grid always fits the kernel.
+template <typename K>
+struct RowLaunch {
+  K kernel;
+  unsigned blocks;
+};
+unsigned block_per_row(int64_t R) { return static_cast<unsigned>(std::clamp<int64_t>(R, 1, kMaxBlocks)); }
+
+template <typename T>
+auto layer_norm_kernel_for(int64_t R, int64_t M) {
+  using K = decltype(&layer_norm_kernel<T>);
+  if constexpr (std::is_same_v<T, float>) {
+    if (M <= 32 * kWarpRegPer) return RowLaunch<K>{layer_norm_reg_kernel<T, 32, kWarpRegPer>, row_blocks(R)};
+    if (M <= kThreads * kBlockRegPer) {
+      return RowLaunch<K>{layer_norm_reg_kernel<T, kThreads, kBlockRegPer>, block_per_row(R)};
+    }
+  }
+  return RowLaunch<K>{layer_norm_kernel<T>, row_blocks(R)};
 }
 template <typename T>
-auto layer_norm_kernel_for(int64_t M) {
+auto layer_norm_backward_kernel_for(int64_t R, int64_t M) {
+  using K = decltype(&layer_norm_backward_kernel<T>);
   if constexpr (std::is_same_v<T, float>) {
-    if (M <= 32 * kWarpRegPer) return layer_norm_reg_kernel<T, 32, kWarpRegPer>;
-    if (M <= kThreads * kBlockRegPer) return layer_norm_reg_kernel<T, kThreads, kBlockRegPer>;
+    if (M <= 32 * kWarpRegPer) return RowLaunch<K>{layer_norm_backward_reg_kernel<T, 32, kWarpRegPer>, row_blocks(R)};
+    if (M <= kThreads * kBlockRegPer) {
+      return RowLaunch<K>{layer_norm_backward_reg_kernel<T, kThreads, kBlockRegPer>, block_per_row(R)};
+    }
   }
-  return layer_norm_kernel<T>;
-}
-template <typename T>
-auto layer_norm_backward_kernel_for(int64_t M) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (M <= 32 * kWarpRegPer) return layer_norm_backward_reg_kernel<T, 32, kWarpRegPer>;
-    if (M <= kThreads * kBlockRegPer) return layer_norm_backward_reg_kernel<T, kThreads, kBlockRegPer>;
-  }
-  return layer_norm_backward_kernel<T>;
+  return RowLaunch<K>{layer_norm_backward_kernel<T>, row_blocks(R)};
 }
 
 template <typename T>
@@ -460,7 +466,8 @@ void layer_norm_launch(const View& x, const View& residual, const View& weight, 
   if (R == 0 || M == 0) return;
   KILN_DISPATCH_F32_F64(x.dtype, "layer_norm", [&] {
     using T = scalar_t;
-    layer_norm_kernel_for<T>(M)<<<layer_norm_blocks(x.dtype, R, M), kThreads, 0, stream_of(s)>>>(
+    const auto launch = layer_norm_kernel_for<T>(R, M);
+    launch.kernel<<<launch.blocks, kThreads, 0, stream_of(s)>>>(
         x.ptr<T>(), ptr_or_null<T>(residual), ptr_or_null<T>(weight), ptr_or_null<T>(bias), out.ptr<T>(),
         mut_or_null<T>(sum), mean.ptr<T>(), rstd.ptr<T>(), R, M, eps, rms);
     KILN_CUDA_CHECK(cudaGetLastError());
@@ -476,7 +483,8 @@ void layer_norm_backward_launch(const View& grad_out, const View& grad_sum, cons
   cudaStream_t stream = stream_of(s);
   KILN_DISPATCH_F32_F64(h.dtype, "layer_norm backward", [&] {
     using T = scalar_t;
-    layer_norm_backward_kernel_for<T>(M)<<<layer_norm_blocks(h.dtype, R, M), kThreads, 0, stream>>>(
+    const auto launch = layer_norm_backward_kernel_for<T>(R, M);
+    launch.kernel<<<launch.blocks, kThreads, 0, stream>>>(
         grad_out.ptr<T>(), ptr_or_null<T>(grad_sum), h.ptr<T>(), ptr_or_null<T>(weight), mean.ptr<T>(),
         rstd.ptr<T>(), grad_in.ptr<T>(), R, M, rms);
     KILN_CUDA_CHECK(cudaGetLastError());

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <string>
 
 #include "support.h"
 
@@ -46,7 +47,7 @@ TEST_CASE("the long unary ops, compiled one by one for contiguous 32- and 16-bit
   using Fn = Tensor (*)(const Tensor&);
   const std::vector<std::pair<const char*, Fn>> ops = {
       {"exp", [](const Tensor& t) { return exp(t); }},
-      {"log", [](const Tensor& t) { return log(abs(t) + 0.1); }},
+      {"log", [](const Tensor& t) { return log(t); }},  // of |x| + 0.1, below
       {"tanh", [](const Tensor& t) { return tanh(t); }},
       {"sigmoid", [](const Tensor& t) { return sigmoid(t); }},
       {"gelu", [](const Tensor& t) { return gelu(t); }},
@@ -54,9 +55,12 @@ TEST_CASE("the long unary ops, compiled one by one for contiguous 32- and 16-bit
       {"silu", [](const Tensor& t) { return silu(t); }},
   };
   for (DType dt : {kFloat32, kFloat16, kBFloat16}) {
-    Tensor x = test::sample({2, 4099}, kFloat32, 3.0).to(dt), xg = x.to(kGpu);
     for (const auto& [name, f] : ops) {
       INFO(name << ", " << dtype_name(dt));
+      Tensor x = test::sample({2, 4099}, kFloat32, 3.0);
+      if (std::string(name) == "log") x = abs(x) + 0.1;
+      x = x.to(dt);
+      Tensor xg = x.to(kGpu);
       test::check_close(f(xg).cpu(), f(x));
       test::check_close(f(xg.select(0, 1)).cpu(), f(x.select(0, 1)));  // not 16-byte aligned: generic
       test::check_close(f(xg.t()).cpu(), f(x.t()));  // strided: the generic kernel
@@ -126,17 +130,43 @@ TEST_CASE("long reductions split over blocks match the CPU", "[gpu]") {
       test::check_equal(xg.argmin(1).cpu(), x.argmin(1));
     }
   }
-  // The first of equal maxima wins across the head, the vectors, the tail and the blocks; NaN wins.
+  // The first of equal maxima wins across the head, the vectors, the tail and the blocks, and
+  // within one thread; NaN wins. float32, 13 blocks of 7693 elements: with shift 1 the first
+  // block's head is view indices 0-2, and thread 1 takes index 1 of the head, then vector 1 (view
+  // indices 7-10); without a shift, index 100002 lies in the last block's 3-element tail.
   Tensor t = zeros({100003});
-  for (int64_t i : {99999, 70001, 40000, 2}) t.select(0, i).fill_(5.0);
+  for (int64_t i : {100002, 99999, 70001, 40000, 8, 2}) t.select(0, i).fill_(5.0);
   for (int64_t shift : {0, 1}) {
+    INFO("ties, shift " << shift);
     Tensor tg = t.to(kGpu).narrow(0, shift, 100003 - shift);
     CHECK(tg.argmax().item<int64_t>() == 2 - shift);
-    CHECK(tg.sum().item<double>() == 20.0);
+    // From view index 3: 8 - shift is the first, then the later blocks' (a block's own first index).
+    CHECK(tg.narrow(0, 3, tg.size(0) - 3).argmax().item<int64_t>() == 8 - shift - 3);
+    CHECK(tg.narrow(0, 41000, tg.size(0) - 41000).argmax().item<int64_t>() == 70001 - shift - 41000);
+    CHECK(tg.sum().item<double>() == 30.0);
   }
+  // The last maximum alone in the tail of the last block.
+  Tensor u = zeros({100003});
+  u.select(0, 100002).fill_(5.0);
+  CHECK(u.to(kGpu).argmax().item<int64_t>() == 100002);
   t.select(0, 50001).fill_(std::numeric_limits<double>::quiet_NaN());
   CHECK(t.to(kGpu).argmax().item<int64_t>() == 50001);
   CHECK(std::isnan(t.to(kGpu).amax({0}).item<double>()));
+  // bool (16 elements to a vector, heads of up to 15): a single true for any, a single false for all,
+  // in the head, in a vector and in the tail of slices that start 1 to 15 bytes past a boundary.
+  for (int64_t shift : {1, 7, 15}) {
+    const int64_t len = 50001;
+    for (int64_t at : {int64_t{0}, int64_t{5}, int64_t{40}, len / 2 + 3, len - 1}) {
+      INFO("bool, shift " << shift << ", element " << at);
+      Tensor any_in = zeros({len + shift}, TensorOptions(kBool)), all_in = ones({len + shift}, TensorOptions(kBool));
+      any_in.select(0, shift + at).fill_(1.0);
+      all_in.select(0, shift + at).fill_(0.0);
+      CHECK(any_in.to(kGpu).narrow(0, shift, len).any({0}).item<bool>());
+      CHECK_FALSE(all_in.to(kGpu).narrow(0, shift, len).all({0}).item<bool>());
+    }
+    CHECK_FALSE(zeros({len + shift}, TensorOptions(kBool)).to(kGpu).narrow(0, shift, len).any({0}).item<bool>());
+    CHECK(ones({len + shift}, TensorOptions(kBool)).to(kGpu).narrow(0, shift, len).all({0}).item<bool>());
+  }
 }
 
 TEST_CASE("reductions over rows (neighbouring outputs side by side) match the CPU", "[gpu]") {
