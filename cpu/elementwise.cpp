@@ -124,13 +124,31 @@ void unary_typed(UnaryOp op, const StridedLoop<2>& loop, UnaryArgs args) {
   using M = opmath_t<T>;
   loop.parallel_run([op, args](char* const* p, const int64_t* s, int64_t n) {
     constexpr int64_t kSize = sizeof(T);
+    int64_t start = 0;  // where the scalar loop begins
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
       if (s[0] == kSize && s[1] == kSize &&
           unary_vectorized<T>(op, reinterpret_cast<const T*>(p[1]), reinterpret_cast<T*>(p[0]), n, args)) {
         return;
       }
+    } else if constexpr (std::is_same_v<M, float>) {
+      // float16 and bfloat16 compute in float anyway: a contiguous run goes through float32 in
+      // chunks, so that the float kernels' vector math (GELU's erf, exp, tanh) serves them too.
+      // unary_vectorized answers false for an op it lacks before writing anything: the scalar
+      // loop below then does the rest of the run.
+      if (s[0] == kSize && s[1] == kSize) {
+        constexpr int64_t kChunk = 512;
+        float xf[kChunk], yf[kChunk];  // apart: GELU's tail reads x after y is written
+        const T* x = reinterpret_cast<const T*>(p[1]);
+        T* y = reinterpret_cast<T*>(p[0]);
+        for (; start < n; start += kChunk) {
+          const int64_t m = std::min(kChunk, n - start);
+          for (int64_t i = 0; i < m; ++i) xf[i] = static_cast<float>(x[start + i]);
+          if (!unary_vectorized<float>(op, xf, yf, m, args)) break;
+          for (int64_t i = 0; i < m; ++i) y[start + i] = static_cast<T>(yf[i]);
+        }
+      }
     }
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = start; i < n; ++i) {
       M x = static_cast<M>(at<T>(p[1], i * s[1]));
       at<T>(p[0], i * s[0]) = static_cast<T>(math::unary<M>(op, x, args.a, args.b));
     }
@@ -227,6 +245,28 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
                                         reinterpret_cast<T*>(p[0]), n);
           } else {
             binary_run<T, T>(p, s, n, [&](T x, T y) { return math::binary<T>(op, x, y, T(1)); });
+          }
+        });
+      } else if constexpr (std::is_same_v<M, float>) {
+        // float16 and bfloat16: contiguous runs through float32 in chunks, as in unary_typed.
+        return loop.parallel_run([&](char* const* p, const int64_t* s, int64_t n) {
+          if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == sizeof(T)) {
+            constexpr int64_t kChunk = 512;
+            float gf[kChunk], xf[kChunk], yf[kChunk];
+            const T* g = reinterpret_cast<const T*>(p[1]);
+            const T* x = reinterpret_cast<const T*>(p[2]);
+            T* y = reinterpret_cast<T*>(p[0]);
+            for (int64_t b = 0; b < n; b += kChunk) {
+              const int64_t m = std::min(kChunk, n - b);
+              for (int64_t i = 0; i < m; ++i) {
+                gf[i] = static_cast<float>(g[b + i]);
+                xf[i] = static_cast<float>(x[b + i]);
+              }
+              gelu_backward_vectorized<float>(op, gf, xf, yf, m);
+              for (int64_t i = 0; i < m; ++i) y[b + i] = static_cast<T>(yf[i]);
+            }
+          } else {
+            binary_run<T, T>(p, s, n, [&](T x, T y) { return cvt(math::binary<M>(op, M(x), M(y), M(1))); });
           }
         });
       }
