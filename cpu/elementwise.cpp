@@ -1,8 +1,8 @@
 // cpu/elementwise.cpp: elementwise unary and binary ops (broadcasting already in the strides) and
 // where(). The math is core/scalar_math.h's, shared with cuda/elementwise.cu; contiguous float32 and
 // float64 runs of the transcendental unary ops take Eigen's vectorized (AVX-512 here) versions of the
-// same functions, and the contiguous and scalar-broadcast runs of binary ops are plain loops the
-// compiler vectorizes.
+// same functions (float16 and bfloat16 runs too, widened to float32 in chunks), and the contiguous
+// and scalar-broadcast runs of binary ops are plain loops the compiler vectorizes.
 #include <Eigen/Core>
 #include <algorithm>
 #include <limits>
