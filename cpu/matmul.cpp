@@ -244,23 +244,25 @@ void matmul_typed(const View& av, const View& bv, const View& cv) {
 
 // The 16-bit floats: multiply in float32, round the result once.
 void matmul_via_float(const View& a, const View& b, const View& c) {
-  auto to_float = [](const View& v, std::vector<float>& buf) {
-    buf.resize(static_cast<size_t>(v.numel()));
+  // The float32 copies come from the caching allocator (ScratchBuffer): a std::vector would zero
+  // them first and, at these sizes, take fresh pages from the system on every call.
+  auto float_view = [](const View& v, const ScratchBuffer<float>& buf) {
     View f;
     f.data = buf.data();
     f.dtype = kFloat32;
     f.sizes = v.sizes;
     f.strides = contiguous_strides(v.sizes);
-    copy_kernel(v, f);
     return f;
   };
-  std::vector<float> ab, bb, cb(static_cast<size_t>(c.numel()));
-  View af = to_float(a, ab), bf = to_float(b, bb);
-  View cf;
-  cf.data = cb.data();
-  cf.dtype = kFloat32;
-  cf.sizes = c.sizes;
-  cf.strides = contiguous_strides(c.sizes);
+  if (a.sizes[a.ndim() - 1] == 0) {  // an empty sum: zeros, whatever the scratch held
+    fill_kernel(c, Scalar(0.0));
+    return;
+  }
+  ScratchBuffer<float> ab(static_cast<size_t>(a.numel())), bb(static_cast<size_t>(b.numel())),
+      cb(static_cast<size_t>(c.numel()));
+  View af = float_view(a, ab), bf = float_view(b, bb), cf = float_view(c, cb);
+  copy_kernel(a, af);
+  copy_kernel(b, bf);
   matmul_typed<float>(af, bf, cf);
   copy_kernel(cf, c);
 }

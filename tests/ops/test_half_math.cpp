@@ -124,3 +124,20 @@ TEST_CASE("casts of contiguous tensors equal the strided casts", "[ops][half]") 
     }
   }
 }
+
+TEST_CASE("float16 and bfloat16 matmul equals float32's rounded once; an empty sum is zero", "[ops][half]") {
+  // cpu/matmul.cpp multiplies 16-bit operands in float32 scratch (from the caching allocator) and
+  // rounds the product once.
+  Generator gen(11);
+  for (DType dt : {kBFloat16, kFloat16}) {
+    INFO(dtype_name(dt));
+    Tensor a = randn({2, 7, 300}, kFloat32, &gen).to(dt), b = randn({2, 300, 65}, kFloat32, &gen).to(dt);
+    check_same(matmul(a, b), matmul(a.to(kFloat32), b.to(kFloat32)).to(dt));
+    Tensor bt = randn({2, 65, 300}, kFloat32, &gen).to(dt).transpose(1, 2);  // a strided operand
+    check_same(matmul(a, bt), matmul(a.to(kFloat32), bt.to(kFloat32)).to(dt));
+    // K = 0 right after a product of the same output size has left nonzero scratch in the cache.
+    Tensor warm = matmul(full({3, 5}, 2.0).to(dt), full({5, 4}, 3.0).to(dt));
+    CHECK(warm.to(kFloat32).sum().item<double>() == 360.0);
+    check_same(matmul(zeros({3, 0}).to(dt), zeros({0, 4}).to(dt)), zeros({3, 4}).to(dt));
+  }
+}
