@@ -1,6 +1,7 @@
 // gpt_bench.h: what bench_gpt_char.cpp and bench_checkpointing_mem.cpp share: BENCHMARKS.md's
 // gpt_char training loop (e) and its JSON line, under the keys of the anchors
-// (benchmarks/anchors/anchor_gpt_char.cpp, benchmarks/anchors/torch_gpt_char.py).
+// (benchmarks/anchors/anchor_gpt_char.cpp, benchmarks/anchors/torch_gpt_char.py). Its timed step
+// loop, train_steps, is bench_gpt2.cpp's too.
 //
 // The model is models::GPT with GPTConfig::gpt_char() (n_layer from --layers); AdamW lr 3e-4,
 // (0.9, 0.999), eps 1e-8, weight decay 0.1 on every parameter; each step draws 16 windows of 128
@@ -8,7 +9,8 @@
 // backward, optimizer step and loss.item(). ms_per_step is the median over steps 11 to the last.
 // Flags measure the techniques: --checkpoint (every block), --no-fusion, --fused-adam, --autocast bf16. Besides
 // the anchors' keys, the line has train_increment_mib (peak RSS minus the RSS before the first step)
-// and tensor_peak_increment_mib (the same from Kiln's allocator statistics: tensors alone).
+// and tensor_peak_increment_mib (the same from Kiln's allocator statistics: tensors and the
+// kernels' scratch).
 #pragma once
 
 #include <kiln/kiln.h>
