@@ -118,7 +118,7 @@ void run_batch(const BatchSplit& split, int64_t N, const F& fn) {
     fn(0, 0, N, [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
                    int64_t ldb, bool accumulate, T* c, int64_t ldc) {
       // The GEMM is chosen once for the whole product, so the choice does not depend on the pieces.
-      const bool own = std::is_same_v<T, float> && use_own_sgemm(m, n, k, ta ? lda : 1, tb ? ldb : 1);
+      const bool own = gemm_uses_own<T>(ta, tb, m, n, k, lda, ldb);
       const int64_t grain = std::max<int64_t>(16, (1 << 16) / std::max<int64_t>(m * k, 1));
       parallel_for(0, n, grain, [&](int64_t j0, int64_t j1) {
         gemm_chosen<T>(own, ta, tb, m, j1 - j0, k, a, lda, tb ? b + j0 * ldb : b + j0, ldb, accumulate, c + j0, ldc);

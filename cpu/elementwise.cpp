@@ -5,6 +5,7 @@
 // and scalar-broadcast runs of binary ops are plain loops the compiler vectorizes.
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <limits>
 #include <unsupported/Eigen/SpecialFunctions>
 
@@ -119,6 +120,27 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
   }
 }
 
+// Note [16-bit runs through float32]: float16 and bfloat16 compute in float anyway, so a contiguous
+// run of them goes through float32 buffers of kHalfChunk elements and a float32 kernel, whose vector
+// math (GELU's erf, exp, tanh) then serves them too; each result is the float32 one rounded once.
+// f(in, out, m) computes out[:m] from in[0][:m], ..., in[N-1][:m] (separate buffers: GELU's tail
+// reads x after out is written), or returns false, before writing, for an op it lacks. Returns how
+// many elements were done: n, or where f declined.
+constexpr int64_t kHalfChunk = 512;
+
+template <typename T, size_t N, typename F>
+int64_t through_float32(const std::array<const T*, N>& in, T* out, int64_t n, const F& f) {
+  float in_f[N][kHalfChunk], out_f[kHalfChunk];
+  for (int64_t start = 0; start < n; start += kHalfChunk) {
+    const int64_t m = std::min(kHalfChunk, n - start);
+    for (size_t k = 0; k < N; ++k)
+      for (int64_t i = 0; i < m; ++i) in_f[k][i] = static_cast<float>(in[k][start + i]);
+    if (!f(in_f, out_f, m)) return start;
+    for (int64_t i = 0; i < m; ++i) out[start + i] = static_cast<T>(out_f[i]);
+  }
+  return n;
+}
+
 template <typename T>
 void unary_typed(UnaryOp op, const StridedLoop<2>& loop, UnaryArgs args) {
   using M = opmath_t<T>;
@@ -130,22 +152,12 @@ void unary_typed(UnaryOp op, const StridedLoop<2>& loop, UnaryArgs args) {
           unary_vectorized<T>(op, reinterpret_cast<const T*>(p[1]), reinterpret_cast<T*>(p[0]), n, args)) {
         return;
       }
-    } else if constexpr (std::is_same_v<M, float>) {
-      // float16 and bfloat16 compute in float anyway: a contiguous run goes through float32 in
-      // chunks, so that the float kernels' vector math (GELU's erf, exp, tanh) serves them too.
-      // unary_vectorized answers false for an op it lacks before writing anything: the scalar
-      // loop below then does the rest of the run.
+    } else if constexpr (std::is_same_v<M, float>) {  // Note [16-bit runs through float32]
       if (s[0] == kSize && s[1] == kSize) {
-        constexpr int64_t kChunk = 512;
-        float xf[kChunk], yf[kChunk];  // apart: GELU's tail reads x after y is written
-        const T* x = reinterpret_cast<const T*>(p[1]);
-        T* y = reinterpret_cast<T*>(p[0]);
-        for (; start < n; start += kChunk) {
-          const int64_t m = std::min(kChunk, n - start);
-          for (int64_t i = 0; i < m; ++i) xf[i] = static_cast<float>(x[start + i]);
-          if (!unary_vectorized<float>(op, xf, yf, m, args)) break;
-          for (int64_t i = 0; i < m; ++i) y[start + i] = static_cast<T>(yf[i]);
-        }
+        start = through_float32<T, 1>({reinterpret_cast<const T*>(p[1])}, reinterpret_cast<T*>(p[0]), n,
+                                      [&](const float (&in)[1][kHalfChunk], float* out, int64_t m) {
+                                        return unary_vectorized<float>(op, in[0], out, m, args);
+                                      });
       }
     }
     for (int64_t i = start; i < n; ++i) {
@@ -247,24 +259,15 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
             binary_run<T, T>(p, s, n, [&](T x, T y) { return math::binary<T>(op, x, y, T(1)); });
           }
         });
-      } else if constexpr (std::is_same_v<M, float>) {
-        // float16 and bfloat16: contiguous runs through float32 in chunks, as in unary_typed.
+      } else if constexpr (std::is_same_v<M, float>) {  // Note [16-bit runs through float32]
         return loop.parallel_run([&](char* const* p, const int64_t* s, int64_t n) {
           if (s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == sizeof(T)) {
-            constexpr int64_t kChunk = 512;
-            float gf[kChunk], xf[kChunk], yf[kChunk];
-            const T* g = reinterpret_cast<const T*>(p[1]);
-            const T* x = reinterpret_cast<const T*>(p[2]);
-            T* y = reinterpret_cast<T*>(p[0]);
-            for (int64_t b = 0; b < n; b += kChunk) {
-              const int64_t m = std::min(kChunk, n - b);
-              for (int64_t i = 0; i < m; ++i) {
-                gf[i] = static_cast<float>(g[b + i]);
-                xf[i] = static_cast<float>(x[b + i]);
-              }
-              gelu_backward_vectorized<float>(op, gf, xf, yf, m);
-              for (int64_t i = 0; i < m; ++i) y[b + i] = static_cast<T>(yf[i]);
-            }
+            through_float32<T, 2>({reinterpret_cast<const T*>(p[1]), reinterpret_cast<const T*>(p[2])},
+                                  reinterpret_cast<T*>(p[0]), n,
+                                  [&](const float (&in)[2][kHalfChunk], float* out, int64_t m) {
+                                    gelu_backward_vectorized<float>(op, in[0], in[1], out, m);
+                                    return true;
+                                  });
           } else {
             binary_run<T, T>(p, s, n, [&](T x, T y) { return cvt(math::binary<M>(op, M(x), M(y), M(1))); });
           }

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cmath>
+#include <type_traits>
 
 #include "core/allocator.h"
 #include "core/backend.h"
@@ -144,5 +145,10 @@ bool cpu_has_avx512();
 // zero padding); where OpenBLAS runs an AVX-512 kernel, only products with m, n and k all at least
 // 1024, and unpacked ones (sgemm_avx512_unpacked) with m, n and k all at least 256.
 bool use_own_sgemm(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs);
+// The choice gemm() makes for its arguments (float32 only), for gemm_chosen's callers.
+template <typename T>
+bool gemm_uses_own(bool ta, bool tb, int64_t m, int64_t n, int64_t k, int64_t lda, int64_t ldb) {
+  return std::is_same_v<T, float> && use_own_sgemm(m, n, k, ta ? lda : 1, tb ? ldb : 1);
+}
 
 }  // namespace kiln::cpu

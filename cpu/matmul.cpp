@@ -272,8 +272,7 @@ void matmul_via_float(const View& a, const View& b, const View& c) {
 template <typename T>
 void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
           int64_t ldb, bool accumulate, T* c, int64_t ldc) {
-  const bool own = std::is_same_v<T, float> && use_own_sgemm(m, n, k, ta ? lda : 1, tb ? ldb : 1);
-  gemm_chosen(own, ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+  gemm_chosen(gemm_uses_own<T>(ta, tb, m, n, k, lda, ldb), ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
 }
 
 template <typename T>
