@@ -30,34 +30,44 @@ KILN_HOST_DEVICE inline float bits_float(uint32_t u) {
 }
 
 // binary16: 1 sign, 5 exponent (bias 15), 10 mantissa bits.
+//
+// Note [branch-free half conversions]: both directions compute every case (normal, subnormal,
+// inf/nan, overflow) and pick one with bit masks instead of branching. The answer is the same bits
+// (checked against the branching form on all 2^32 floats and all 2^16 halves), but a loop over an
+// array of them has no control flow, so the compiler vectorizes it: on 2^21 elements on a 2-core
+// AVX2 EPYC (Zen 1), float16 -> float32 went from 4.2 to 1.9 ms and float32 -> float16 from 4.4 to
+// 2.0 ms (medians of 41 calls; 1.9 ms is about this machine's memory bandwidth).
+// On the GPU, the same source compiles to selects: a kernel that decodes and one that encodes went
+// from 14 branches in their PTX to 2 (their bounds checks).
 KILN_HOST_DEVICE inline uint16_t float_to_half_bits(float f) {
   uint32_t x = float_bits(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) {  // inf or nan
-    return static_cast<uint16_t>(sign | (abs > 0x7f800000u ? 0x7e00u : 0x7c00u));
-  }
-  if (abs >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // rounds to >= 65520: inf
-  if (abs < 0x38800000u) {  // result is subnormal (or zero) in half: |f| < 2^-14
-    // Add 0.5 (as a float) so the FPU's own round-to-nearest-even lands the mantissa in place.
-    float shifted = bits_float(abs) + 0.5f;
-    return static_cast<uint16_t>(sign | (float_bits(shifted) - 0x3f000000u));
-  }
-  uint32_t mant_odd = (abs >> 13) & 1u;
-  abs += 0xc8000fffu + mant_odd;  // rebias exponent (-112 << 23) and round to nearest even
-  return static_cast<uint16_t>(sign | (abs >> 13));
+  // |f| >= 65520 rounds to inf; nan keeps one (quiet) mantissa bit.
+  uint32_t big = 0x7c00u | (static_cast<uint32_t>(abs > 0x7f800000u) << 9);
+  // |f| < 2^-14 is subnormal (or zero) in half: adding 0.5 (as a float) makes the FPU's own
+  // round-to-nearest-even land the mantissa in the low bits.
+  uint32_t tiny = float_bits(bits_float(abs) + 0.5f) - 0x3f000000u;
+  // Otherwise rebias the exponent (-112 << 23) and round to nearest even (unsigned wrap-around in
+  // the lanes that are not taken is harmless).
+  uint32_t normal = (abs + 0xc8000fffu + ((abs >> 13) & 1u)) >> 13;
+  uint32_t take_big = 0u - static_cast<uint32_t>(abs >= 0x477ff000u);
+  uint32_t take_tiny = 0u - static_cast<uint32_t>(abs < 0x38800000u);
+  return static_cast<uint16_t>(sign | (big & take_big) | (tiny & take_tiny) |
+                               (normal & ~(take_big | take_tiny)));
 }
 
 KILN_HOST_DEVICE inline float half_bits_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
-  uint32_t mant = h & 0x3ffu;
-  if (exp == 0x1fu) return bits_float(sign | 0x7f800000u | (mant << 13));  // inf / nan
-  if (exp == 0) {                                                          // zero / subnormal
-    float m = static_cast<float>(mant) * 5.9604644775390625e-08f;          // mant * 2^-24
-    return sign ? -m : m;
-  }
-  return bits_float(sign | ((exp + 112u) << 23) | (mant << 13));
+  uint32_t body = static_cast<uint32_t>(h & 0x7fffu) << 13;  // exponent and mantissa in place
+  uint32_t normal = body + 0x38000000u;                         // exponent rebiased by +112
+  uint32_t special = body | 0x7f800000u;                        // inf / nan keep the mantissa
+  uint32_t tiny = float_bits(static_cast<float>(h & 0x3ffu) * 5.9604644775390625e-08f);  // m * 2^-24
+  uint32_t take_tiny = 0u - static_cast<uint32_t>(exp == 0);
+  uint32_t take_special = 0u - static_cast<uint32_t>(exp == 0x1fu);
+  return bits_float(sign | (tiny & take_tiny) | (special & take_special) |
+                    (normal & ~(take_tiny | take_special)));
 }
 
 // bfloat16: the top 16 bits of a float.

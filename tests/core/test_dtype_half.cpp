@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "support.h"
 
@@ -67,6 +68,95 @@ TEST_CASE("float16 rounds to nearest even, overflows to inf, keeps subnormals an
   CHECK(static_cast<float>(Half::from_bits(0x7c00)) == std::numeric_limits<float>::infinity());
   CHECK(static_cast<float>(Half::from_bits(0x0001)) == std::ldexp(1.0f, -24));
   CHECK(static_cast<float>(Half::from_bits(0x3555)) == 0.333251953125f);
+}
+
+// The oracle for the float16 conversions, from the format's definition in float64: a half with
+// exponent field e and mantissa m is m * 2^-24 when e = 0, (1 + m/1024) * 2^(e-15) otherwise.
+static double half_value(uint16_t h) {
+  int e = (h >> 10) & 0x1f, m = h & 0x3ff;
+  double v = e == 0 ? std::ldexp(m, -24) : std::ldexp(1.0 + m / 1024.0, e - 15);
+  return (h & 0x8000) ? -v : v;
+}
+
+// The half nearest to a finite float, ties to the even mantissa; inf from 65520 on (the tie between
+// 65504 and 2^16 goes to the even one, 2^16, which does not exist: inf).
+static uint16_t nearest_half(float f) {
+  double a = std::fabs(static_cast<double>(f));
+  uint16_t sign = std::signbit(f) ? 0x8000 : 0;
+  if (a >= 65520.0) return sign | 0x7c00;
+  uint16_t lo = 0, hi = 0x7bff;  // the largest half whose value is <= a
+  while (lo < hi) {
+    uint16_t mid = static_cast<uint16_t>((lo + hi + 1) / 2);
+    if (half_value(mid) <= a) lo = mid; else hi = static_cast<uint16_t>(mid - 1);
+  }
+  if (lo == 0x7bff) return sign | lo;
+  double below = a - half_value(lo), above = half_value(static_cast<uint16_t>(lo + 1)) - a;
+  uint16_t pick = below < above ? lo : above < below ? static_cast<uint16_t>(lo + 1)
+                                                     : (lo % 2 == 0 ? lo : static_cast<uint16_t>(lo + 1));
+  return sign | pick;
+}
+
+TEST_CASE("float16 conversions equal the format's definition, one at a time and over arrays") {
+  // Decode: every one of the 2^16 halves, through Half and through a float16 tensor's cast (the
+  // contiguous loop the compiler vectorizes; Note [branch-free half conversions]).
+  Tensor all = empty({65536}, kFloat16);
+  Half* hp = all.data_ptr<Half>();
+  for (uint32_t h = 0; h < 65536; ++h) hp[h] = Half::from_bits(static_cast<uint16_t>(h));
+  std::vector<float> widened = all.to(kFloat32).to_vector<float>();
+  int64_t decode_wrong = 0;
+  for (uint32_t h = 0; h < 65536; ++h) {
+    float one = static_cast<float>(Half::from_bits(static_cast<uint16_t>(h)));
+    uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    bool ok;
+    if (e == 0x1f && m != 0) {  // nan: the mantissa is kept, the sign too
+      uint32_t u;
+      std::memcpy(&u, &one, 4);
+      ok = std::isnan(one) && std::isnan(widened[h]) && (u & 0x7fffffu) == (m << 13) &&
+           (u >> 31) == (h >> 15);
+    } else if (e == 0x1f) {
+      ok = std::isinf(one) && one == widened[h] && std::signbit(one) == ((h & 0x8000) != 0);
+    } else {
+      double want = half_value(static_cast<uint16_t>(h));
+      ok = one == want && widened[h] == want && std::signbit(one) == ((h & 0x8000) != 0);
+    }
+    decode_wrong += !ok;
+  }
+  CHECK(decode_wrong == 0);
+
+  // Encode: floats spread over the whole bit range (every 4099th pattern), and around every half
+  // the value itself, the ties to its neighbours, and one float ulp either side of each tie.
+  std::vector<float> xs;
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 4099) xs.push_back(from_bits(static_cast<uint32_t>(u)));
+  for (uint16_t h = 0; h < 0x7c00; ++h) {
+    for (uint16_t s : {uint16_t{0}, uint16_t{0x8000}}) {
+      double v = half_value(h | s), next = h < 0x7bff ? half_value(static_cast<uint16_t>((h + 1) | s))
+                                                     : (s ? -65536.0 : 65536.0);
+      float tie = static_cast<float>((v + next) / 2);  // exact: halves have 11 significant bits
+      xs.insert(xs.end(), {static_cast<float>(v), tie, std::nextafter(tie, 0.0f),
+                           std::nextafter(tie, s ? -1e9f : 1e9f)});
+    }
+  }
+  int64_t n = static_cast<int64_t>(xs.size());
+  Tensor src = empty({n}, kFloat32);
+  std::memcpy(src.data_ptr(), xs.data(), xs.size() * sizeof(float));
+  Tensor narrowed = src.to(kFloat16);
+  const Half* np = narrowed.data_ptr<Half>();
+  int64_t encode_wrong = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    float f = xs[static_cast<size_t>(i)];
+    uint16_t one = Half(f).bits, want;
+    if (std::isnan(f)) want = static_cast<uint16_t>((std::signbit(f) ? 0x8000 : 0) | 0x7e00);
+    else if (std::isinf(f)) want = static_cast<uint16_t>((std::signbit(f) ? 0x8000 : 0) | 0x7c00);
+    else want = nearest_half(f);
+    if (one != want || np[i].bits != want) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      if (++encode_wrong <= 5)
+        FAIL_CHECK("float bits " << std::hex << u << ": got " << one << " and " << np[i].bits << ", want " << want);
+    }
+  }
+  CHECK(n > 1000000);
+  CHECK(encode_wrong == 0);
 }
 
 TEST_CASE("bfloat16 rounds to nearest even and keeps NaN quiet") {
