@@ -857,8 +857,11 @@ attention_forward_f32_kernel(Heads<const float> qh, Heads<const float> kh, Heads
   load_quarter<DC>(qr, qh.slice(b), qh.ld, qi, L, part);
   float m = -INFINITY, l = 0.0f;
   for_each_kv_tile<D>(ks, vs, kh.slice(b), kh.ld, vh.slice(b), vh.ld, q0, S, causal, [&](int64_t k0) {
+    // Both loops over j are unrolled so that sv stays in registers: rolled, it took a 128-byte stack
+    // frame (local memory) for D >= 64.
     float sv[kRowsF];
     float mx = -INFINITY;
+#pragma unroll
     for (int j = 0; j < kRowsF; ++j) {
       float partial = 0.0f;
       for (int c = 0; c < DC; ++c) partial += qr[c] * ks[j][part + 4 * c];
@@ -871,6 +874,7 @@ attention_forward_f32_kernel(Heads<const float> qh, Heads<const float> kh, Heads
     const float alpha = expf(m - m_new);  // 0 on the first visible tile (m = -inf)
     l *= alpha;
     for (int c = 0; c < DC; ++c) o[c] *= alpha;
+#pragma unroll
     for (int j = 0; j < kRowsF; ++j) {
       if (sv[j] == -INFINITY) continue;
       const float p = expf(sv[j] - m_new);
