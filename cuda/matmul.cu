@@ -77,7 +77,7 @@ Handle device_handle(int device_index, Create create) {
 }
 
 cublasHandle_t cublas_handle(int device_index) {
-  return device_handle<cublasHandle_t>(device_index, [](cublasHandle_t* h) { return cublasCreate(h); });
+  return device_handle<cublasHandle_t>(device_index, [](cublasHandle_t* h) { return KILN_CUBLAS(cublasCreate)(h); });
 }
 
 // A flipped batch dim: cuBLAS documents no negative batch strides, so such an operand is staged.
@@ -157,18 +157,25 @@ struct Gemm {
   int count;
 };
 
+// cublas_api.h also declares, for C++, an inline overload of cublasGemmStridedBatchedEx that takes
+// the compute type as a cudaDataType; the library's own function takes a cublasComputeType_t.
+using GemmStridedBatchedEx = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
+                                                const void*, const void*, cudaDataType, int, long long, const void*,
+                                                cudaDataType, int, long long, const void*, void*, cudaDataType, int,
+                                                long long, int, cublasComputeType_t, cublasGemmAlgo_t);
+
 void run_gemm(cublasHandle_t h, DType dtype, const Gemm& g, const void* a, const void* b, void* c) {
   switch (dtype) {
     case DType::Float32: {
       const float alpha = 1, beta = 0;
       if (g_allow_tf32.load(std::memory_order_relaxed)) {
-        KILN_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        KILN_CUBLAS_CHECK(KILN_CUBLAS_AS(cublasGemmStridedBatchedEx, GemmStridedBatchedEx)(
             h, g.op_b, g.op_a, g.m, g.n, g.k, &alpha, b, CUDA_R_32F, g.ldb, g.stride_b, a, CUDA_R_32F, g.lda,
             g.stride_a, &beta, c, CUDA_R_32F, g.ldc, g.stride_c, g.count, CUBLAS_COMPUTE_32F_FAST_TF32,
             CUBLAS_GEMM_DEFAULT));
         return;
       }
-      KILN_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasSgemmStridedBatched)(
           h, g.op_b, g.op_a, g.m, g.n, g.k, &alpha, static_cast<const float*>(b), g.ldb,
           g.stride_b, static_cast<const float*>(a), g.lda, g.stride_a, &beta,
           static_cast<float*>(c), g.ldc, g.stride_c, g.count));
@@ -176,7 +183,7 @@ void run_gemm(cublasHandle_t h, DType dtype, const Gemm& g, const void* a, const
     }
     case DType::Float64: {
       const double alpha = 1, beta = 0;
-      KILN_CUBLAS_CHECK(cublasDgemmStridedBatched(
+      KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasDgemmStridedBatched)(
           h, g.op_b, g.op_a, g.m, g.n, g.k, &alpha, static_cast<const double*>(b), g.ldb,
           g.stride_b, static_cast<const double*>(a), g.lda, g.stride_a, &beta,
           static_cast<double*>(c), g.ldc, g.stride_c, g.count));
@@ -186,7 +193,7 @@ void run_gemm(cublasHandle_t h, DType dtype, const Gemm& g, const void* a, const
     case DType::BFloat16: {
       const float alpha = 1, beta = 0;  // the compute type's
       const cudaDataType_t t = dtype == DType::Float16 ? CUDA_R_16F : CUDA_R_16BF;
-      KILN_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+      KILN_CUBLAS_CHECK(KILN_CUBLAS_AS(cublasGemmStridedBatchedEx, GemmStridedBatchedEx)(
           h, g.op_b, g.op_a, g.m, g.n, g.k, &alpha, b, t, g.ldb, g.stride_b, a, t, g.lda,
           g.stride_a, &beta, c, t, g.ldc, g.stride_c, g.count, CUBLAS_COMPUTE_32F,
           CUBLAS_GEMM_DEFAULT));
@@ -241,7 +248,7 @@ void matmul_blas(const View& a_in, const View& b_in, const View& c, int device, 
   for (int d = 0; d < inner; ++d) outer *= batch.sizes[d];
 
   cublasHandle_t handle = cublas_handle(device);
-  KILN_CUBLAS_CHECK(cublasSetStream(handle, stream_of(s)));
+  KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasSetStream)(handle, stream_of(s)));
   const int64_t item = itemsize(c.dtype);
   for (int64_t i = 0; i < outer; ++i) {
     int64_t rem = i, off[3] = {0, 0, 0};
@@ -286,7 +293,7 @@ void matmul_integer(const View& a, const View& b, const View& c, const Stream& s
 constexpr size_t kLtWorkspace = size_t{32} << 20;
 
 cublasLtHandle_t lt_handle(int device_index) {
-  return device_handle<cublasLtHandle_t>(device_index, [](cublasLtHandle_t* h) { return cublasLtCreate(h); });
+  return device_handle<cublasLtHandle_t>(device_index, [](cublasLtHandle_t* h) { return KILN_CUBLAS(cublasLtCreate)(h); });
 }
 
 // The largest power of two up to 256 that divides the address: what cuBLASLt may assume of it.
@@ -303,17 +310,17 @@ using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&c
 
 MatrixLayout layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t l = nullptr;
-  KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
-  return {l, &cublasLtMatrixLayoutDestroy};
+  KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasLtMatrixLayoutCreate)(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  return {l, KILN_CUBLAS(cublasLtMatrixLayoutDestroy)};
 }
 
 template <typename T>
 void set_attribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t attribute, const T& value) {
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(desc, attribute, &value, sizeof(value)));
+  KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasLtMatmulDescSetAttribute)(desc, attribute, &value, sizeof(value)));
 }
 template <typename T>
 void set_preference(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attribute, const T& value) {
-  KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &value, sizeof(value)));
+  KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasLtMatmulPreferenceSetAttribute)(pref, attribute, &value, sizeof(value)));
 }
 
 struct LtKey {
@@ -367,8 +374,8 @@ bool lt_matmul(const View& a, const View& b, const View& bias, const View& c, co
   const cudaDataType_t type = c.dtype == kFloat32 ? CUDA_R_32F : c.dtype == kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
   const bool tf32 = c.dtype == kFloat32 && g_allow_tf32.load(std::memory_order_relaxed);
   cublasLtMatmulDesc_t raw_desc = nullptr;
-  KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&raw_desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const MatmulDesc desc(raw_desc, &cublasLtMatmulDescDestroy);
+  KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasLtMatmulDescCreate)(&raw_desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const MatmulDesc desc(raw_desc, KILN_CUBLAS(cublasLtMatmulDescDestroy));
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, tb ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue);
@@ -398,8 +405,8 @@ bool lt_matmul(const View& a, const View& b, const View& bias, const View& c, co
   }
   if (!best) {
     cublasLtMatmulPreference_t raw_pref = nullptr;
-    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&raw_pref));
-    const Preference pref(raw_pref, &cublasLtMatmulPreferenceDestroy);
+    KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasLtMatmulPreferenceCreate)(&raw_pref));
+    const Preference pref(raw_pref, KILN_CUBLAS(cublasLtMatmulPreferenceDestroy));
     set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, static_cast<uint64_t>(kLtWorkspace));
     set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a);
     set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b);
@@ -407,7 +414,7 @@ bool lt_matmul(const View& a, const View& b, const View& bias, const View& c, co
     set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t asked = cublasLtMatmulAlgoGetHeuristic(handle, raw_desc, la.get(), lb.get(), ld.get(),
+    const cublasStatus_t asked = KILN_CUBLAS(cublasLtMatmulAlgoGetHeuristic)(handle, raw_desc, la.get(), lb.get(), ld.get(),
                                                                 ld.get(), raw_pref, 1, &result, &found);
     const bool usable = asked == CUBLAS_STATUS_SUCCESS && found > 0;  // else e.g. CUBLAS_STATUS_NOT_SUPPORTED
     std::lock_guard<std::mutex> lock(lt_cache_mutex());
@@ -419,7 +426,7 @@ bool lt_matmul(const View& a, const View& b, const View& bias, const View& c, co
   const float alpha = 1, beta = 0;
   // A refusal here (an algorithm that turns out not to run these sizes, say) leaves c to the
   // caller's composed path, which overwrites all of it.
-  return cublasLtMatmul(handle, raw_desc, &alpha, b.data, la.get(), a.data, lb.get(), &beta, c.data, ld.get(), c.data,
+  return KILN_CUBLAS(cublasLtMatmul)(handle, raw_desc, &alpha, b.data, la.get(), a.data, lb.get(), &beta, c.data, ld.get(), c.data,
                         ld.get(), &best->algo, workspace.data(), best->workspaceSize, stream_of(s)) == CUBLAS_STATUS_SUCCESS;
 }
 
