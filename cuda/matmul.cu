@@ -9,7 +9,8 @@
 // operand with no BLAS layout (two non-unit strides, or a broadcast row) is first copied into a
 // contiguous buffer. The batch dims are merged where their strides allow; the innermost merged dim
 // is cuBLAS's batch (its stride may be 0: a broadcast operand) and any others loop on the host.
-// Integer matmul is a plain kernel, one thread per output element.
+// Integer matmul is a plain kernel, one thread per output element. Every cuBLAS call goes through
+// KILN_CUBLAS(fn), which opens the library on first use (Note [cuBLAS opened on first use], check.h).
 //
 // Note [cuBLASLt bias epilogue]
 // nn::linear's y = x W^T + b is a GEMM and then a pass over y that adds b. cuBLASLt can add b in
@@ -293,7 +294,8 @@ void matmul_integer(const View& a, const View& b, const View& c, const Stream& s
 constexpr size_t kLtWorkspace = size_t{32} << 20;
 
 cublasLtHandle_t lt_handle(int device_index) {
-  return device_handle<cublasLtHandle_t>(device_index, [](cublasLtHandle_t* h) { return KILN_CUBLAS(cublasLtCreate)(h); });
+  return device_handle<cublasLtHandle_t>(device_index,
+                                         [](cublasLtHandle_t* h) { return KILN_CUBLAS(cublasLtCreate)(h); });
 }
 
 // The largest power of two up to 256 that divides the address: what cuBLASLt may assume of it.
@@ -310,7 +312,8 @@ using Preference = std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&c
 
 MatrixLayout layout(cudaDataType_t type, int64_t rows, int64_t cols, int64_t ld) {
   cublasLtMatrixLayout_t l = nullptr;
-  KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasLtMatrixLayoutCreate)(&l, type, static_cast<uint64_t>(rows), static_cast<uint64_t>(cols), ld));
+  KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasLtMatrixLayoutCreate)(&l, type, static_cast<uint64_t>(rows),
+                                                             static_cast<uint64_t>(cols), ld));
   return {l, KILN_CUBLAS(cublasLtMatrixLayoutDestroy)};
 }
 
@@ -374,7 +377,8 @@ bool lt_matmul(const View& a, const View& b, const View& bias, const View& c, co
   const cudaDataType_t type = c.dtype == kFloat32 ? CUDA_R_32F : c.dtype == kFloat16 ? CUDA_R_16F : CUDA_R_16BF;
   const bool tf32 = c.dtype == kFloat32 && g_allow_tf32.load(std::memory_order_relaxed);
   cublasLtMatmulDesc_t raw_desc = nullptr;
-  KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasLtMatmulDescCreate)(&raw_desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasLtMatmulDescCreate)(
+      &raw_desc, tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const MatmulDesc desc(raw_desc, KILN_CUBLAS(cublasLtMatmulDescDestroy));
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSA, tb ? CUBLAS_OP_T : CUBLAS_OP_N);
   set_attribute(raw_desc, CUBLASLT_MATMUL_DESC_TRANSB, ta ? CUBLAS_OP_T : CUBLAS_OP_N);
@@ -414,8 +418,8 @@ bool lt_matmul(const View& a, const View& b, const View& bias, const View& c, co
     set_preference(raw_pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
-    const cublasStatus_t asked = KILN_CUBLAS(cublasLtMatmulAlgoGetHeuristic)(handle, raw_desc, la.get(), lb.get(), ld.get(),
-                                                                ld.get(), raw_pref, 1, &result, &found);
+    const cublasStatus_t asked = KILN_CUBLAS(cublasLtMatmulAlgoGetHeuristic)(
+        handle, raw_desc, la.get(), lb.get(), ld.get(), ld.get(), raw_pref, 1, &result, &found);
     const bool usable = asked == CUBLAS_STATUS_SUCCESS && found > 0;  // else e.g. CUBLAS_STATUS_NOT_SUPPORTED
     std::lock_guard<std::mutex> lock(lt_cache_mutex());
     lt_cache().emplace(key, usable ? std::optional(result) : std::nullopt);
@@ -426,8 +430,9 @@ bool lt_matmul(const View& a, const View& b, const View& bias, const View& c, co
   const float alpha = 1, beta = 0;
   // A refusal here (an algorithm that turns out not to run these sizes, say) leaves c to the
   // caller's composed path, which overwrites all of it.
-  return KILN_CUBLAS(cublasLtMatmul)(handle, raw_desc, &alpha, b.data, la.get(), a.data, lb.get(), &beta, c.data, ld.get(), c.data,
-                        ld.get(), &best->algo, workspace.data(), best->workspaceSize, stream_of(s)) == CUBLAS_STATUS_SUCCESS;
+  return KILN_CUBLAS(cublasLtMatmul)(handle, raw_desc, &alpha, b.data, la.get(), a.data, lb.get(), &beta, c.data,
+                                     ld.get(), c.data, ld.get(), &best->algo, workspace.data(), best->workspaceSize,
+                                     stream_of(s)) == CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace
