@@ -11,9 +11,14 @@
 // The 16-bit floats are converted to float32, multiplied and rounded back; integers use Eigen.
 #include <Eigen/Core>
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <latch>
+#include <memory>
+#include <mutex>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "core/convert.h"
@@ -61,6 +66,48 @@ void gemm_eigen(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
 // profile, mostly on the weight gradients (K = the batch, so c is large for its FLOPs), where
 // memset takes 2.6%. So c is cleared here with memset and OpenBLAS is asked for c += a @ b
 // (beta = 1), which skips its pass; the sums are the same.
+// Note [warming OpenBLAS's buffers]: OpenBLAS packs its operands into a buffer it maps once per
+// concurrent caller (a 256 MiB anonymous mapping here, of which a call touches only what it packs).
+// Its AVX2 float32 kernel (the Haswell and Zen cores) prefetches the next packed panel of b as it
+// goes, and in a product with at most about 320 columns of c it packs every panel into the same
+// place, so the prefetches run on into pages of the buffer that no call has touched yet: mapped
+// but never faulted in. On the Zen 1 of benchmarks/results/README.md each such prefetch costs a
+// page walk that finds nothing (a prefetch does not fault the page in), again and again: sgemm with
+// 256 columns ran at 9.7 GFLOP/s on one thread against 37 once the pages were there (perf put the
+// time on the kernel's prefetcht1). A larger product packs its panels one after another and
+// touches those pages, so a process whose first products are large never sees it; bench_gemm at
+// n = 256 saw nothing else. So before its first OpenBLAS sgemm Kiln runs, on as many threads at
+// once as its pool has (each concurrent caller gets a buffer of its own), one product of
+// 64 x 512 by 512 x 2048 on zeros: about 4-8 ms once per process, in which the pages are touched.
+// Sizes with fewer columns left the pages cold in some runs; this one warmed them in every run tried.
+#ifdef KILN_HAVE_OPENBLAS
+void warm_openblas_buffers() {
+  static std::atomic<int> warmed{0};  // how many buffers are warm
+  const int want = get_num_threads();
+  if (warmed.load(std::memory_order_acquire) >= want) return;
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (warmed.load(std::memory_order_relaxed) >= want) return;
+  constexpr int kM = 64, kK = 512, kN = 2048;
+  // Zeros (only the packing matters), from calloc: fresh zero pages that cost no memory to read.
+  std::unique_ptr<float, decltype(&std::free)> a(static_cast<float*>(std::calloc(size_t{kM} * kK, sizeof(float))),
+                                                 &std::free),
+      b(static_cast<float*>(std::calloc(size_t{kK} * kN, sizeof(float))), &std::free);
+  if (a == nullptr || b == nullptr) return;  // no memory to spare: skip it, it only costs speed
+  std::latch start(want);
+  auto one = [&] {
+    std::vector<float> c(size_t{kM} * kN);
+    start.arrive_and_wait();  // all at once, so that each call takes a buffer of its own
+    cblas_sgemm(101, 111, 111, kM, kN, kK, 1.0f, a.get(), kK, b.get(), kN, 0.0f, c.data(), kN);
+  };
+  std::vector<std::thread> others;
+  for (int i = 1; i < want; ++i) others.emplace_back(one);
+  one();
+  for (auto& t : others) t.join();
+  warmed.store(want, std::memory_order_release);
+}
+#endif
+
 template <typename T>
 void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
   if (row_stride == cols) {
@@ -157,6 +204,7 @@ void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool own) {
       auto m = static_cast<int>(c.rows), n = static_cast<int>(c.cols), k = static_cast<int>(a.cols);
       zero_rows(c.data, c.rows, c.cols, c.rs);  // See Note [beta = 1]
       if constexpr (std::is_same_v<T, float>) {
+        warm_openblas_buffers();
         cblas_sgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, m, n, k, 1.0f, a.data,
                     static_cast<int>(lda), b.data, static_cast<int>(ldb), 1.0f, c.data,
                     static_cast<int>(std::max<int64_t>(c.rs, 1)));
@@ -287,6 +335,7 @@ void gemm_chosen(bool own_sgemm, bool ta, bool tb, int64_t m, int64_t n, int64_t
   if (k > 0) {
     if (!accumulate) zero_rows(c, m, n, ldc);  // See Note [beta = 1]
     if constexpr (std::is_same_v<T, float>) {
+      warm_openblas_buffers();
       cblas_sgemm(kRowMajor, ta ? kTrans : kNoTrans, tb ? kTrans : kNoTrans, i(m), i(n), i(k), 1.0f, a,
                   i(lda), b, i(ldb), 1.0f, c, i(ldc));
     } else {
