@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -61,11 +62,6 @@ void gemm_eigen(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
   C.noalias() = A * B;
 }
 
-// Note [beta = 1]: asked for c = a @ b (beta = 0), OpenBLAS 0.3.21 first clears c with its own
-// beta routine, at less than half of memset's speed on this Zen 3: 6.0% of the MLP benchmark's
-// profile, mostly on the weight gradients (K = the batch, so c is large for its FLOPs), where
-// memset takes 2.6%. So c is cleared here with memset and OpenBLAS is asked for c += a @ b
-// (beta = 1), which skips its pass; the sums are the same.
 // Note [warming OpenBLAS's buffers]: OpenBLAS packs its operands into a buffer it maps once per
 // concurrent caller (a 256 MiB anonymous mapping here, of which a call touches only what it packs).
 // Its AVX2 float32 kernel (the Haswell and Zen cores) prefetches the next packed panel of b as it
@@ -75,8 +71,8 @@ void gemm_eigen(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
 // page walk that finds nothing (a prefetch does not fault the page in), again and again: sgemm with
 // 256 columns ran at 9.7 GFLOP/s on one thread against 37 once the pages were there (perf put the
 // time on the kernel's prefetcht1). A larger product packs its panels one after another and
-// touches those pages, so a process whose first products are large never sees it; bench_gemm at
-// n = 256 saw nothing else. So before its first OpenBLAS sgemm Kiln runs, on as many threads at
+// touches those pages, so a process whose first products are large never sees it; bench_gemm,
+// whose first products are its 256 x 256 ones, ran at that speed throughout. So before its first OpenBLAS sgemm Kiln runs, on as many threads at
 // once as its pool has (each concurrent caller gets a buffer of its own), one product of
 // 64 x 512 by 512 x 2048 on zeros: about 4-8 ms once per process, in which the pages are touched.
 // Sizes with fewer columns left the pages cold in some runs; this one warmed them in every run tried.
@@ -101,12 +97,22 @@ void warm_openblas_buffers() {
     cblas_sgemm(101, 111, 111, kM, kN, kK, 1.0f, a.get(), kK, b.get(), kN, 0.0f, c.data(), kN);
   };
   std::vector<std::thread> others;
-  for (int i = 1; i < want; ++i) others.emplace_back(one);
+  try {
+    for (int i = 1; i < want; ++i) others.emplace_back(one);
+  } catch (const std::system_error&) {  // no thread to spare: warm the buffers of those that started
+    start.count_down(want - 1 - static_cast<std::ptrdiff_t>(others.size()));
+  }
   one();
   for (auto& t : others) t.join();
   warmed.store(want, std::memory_order_release);
 }
 #endif
+
+// Note [beta = 1]: asked for c = a @ b (beta = 0), OpenBLAS 0.3.21 first clears c with its own
+// beta routine, at less than half of memset's speed on this Zen 3: 6.0% of the MLP benchmark's
+// profile, mostly on the weight gradients (K = the batch, so c is large for its FLOPs), where
+// memset takes 2.6%. So c is cleared here with memset and OpenBLAS is asked for c += a @ b
+// (beta = 1), which skips its pass; the sums are the same.
 
 template <typename T>
 void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
