@@ -150,7 +150,14 @@ Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const T
              "addmm_out: writing into out records no gradient (as PyTorch's out= forms); call addmm, or run this "
              "under NoGradGuard");
   check_no_internal_overlap(out, "addmm_out");
-  addmm_into(out, bias, a, b);
+  // The product reads each element of a and b many times while it writes out, and the bias is read
+  // after it (when not in its epilogue): an operand in out's memory is read from a copy.
+  auto apart = [&](const Tensor& operand) {
+    if (operand.impl()->storage != out.impl()->storage) return operand;
+    NoGradGuard no_grad;
+    return operand.clone();
+  };
+  addmm_into(out, apart(bias), apart(a), apart(b));
   return out;
 }
 

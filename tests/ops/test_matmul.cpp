@@ -202,6 +202,17 @@ TEST_CASE("addmm: bias + a @ b against float64, its gradients, and its errors") 
   Tensor out = zeros({29, 37}).t();
   CHECK(addmm_out(out, bias, a, b).is_same(out));
   check_product(out, a, b, bias.expand({37, 29}));
+  // out may be an operand (x = bias + x @ w, as PyTorch allows): the product reads every element of
+  // a and b many times, so an operand sharing out's memory is read as it was before the call.
+  for (int which = 0; which < 4; ++which) {
+    INFO("out is operand " << which);
+    Tensor x = values({16, 16}, 0.4), w = values({16, 16}, 0.5), r = values({16}, 0.6);
+    const Tensor bias_in = which == 0 ? x.select(0, 3) : which == 3 ? x : r;  // a row of x, or x itself
+    const Tensor a_in = which == 1 ? x : w, b_in = which == 2 ? x.t() : w;
+    const Tensor expected = matmul(a_in.to(kFloat64), b_in.to(kFloat64)) + bias_in.to(kFloat64);
+    addmm_out(x, bias_in, a_in, b_in);
+    test::check_close(x.to(kFloat64), expected, {1e-5, 1e-6});
+  }
   test::check_error([&] { (void)addmm_out(zeros({37, 30}), bias, a, b); }, {"addmm_out", "[37, 29]", "[37, 30]"});
   Tensor leaf = values({37, 53}, 0.1).requires_grad_(true);
   test::check_error([&] { (void)addmm_out(zeros({37, 29}), bias, leaf, b); }, {"addmm_out", "no gradient", "addmm"});
