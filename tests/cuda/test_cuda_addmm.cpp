@@ -104,7 +104,10 @@ TEST_CASE("nn::linear on CUDA (through addmm) matches the CPU, forward and backw
 // ---- addmm_gelu: Note [cuBLASLt GELU epilogue] ----
 
 TEST_CASE("addmm_gelu on CUDA: the GELU epilogue writes gelu(a @ b + bias) and its input", "[gpu][addmm]") {
-  // The fused path itself, asked directly, in each dtype: cuBLASLt must have an algorithm for these.
+  // The fused path itself, asked directly, in each dtype: cuBLASLt must have an algorithm for the
+  // 16-bit ones (what GPT-2's MLP runs under autocast). For float32 the documentation does not
+  // promise one; declining is then correct (addmm_gelu composes), and only the values are checked
+  // when it runs.
   for (DType dt : {kFloat32, kFloat16, kBFloat16}) {
     INFO(dtype_name(dt));
     const test::Tolerance tol = dt == kFloat32 ? test::Tolerance{1e-3, 1e-4} : test::Tolerance{2e-2, 2e-2};
@@ -112,8 +115,13 @@ TEST_CASE("addmm_gelu on CUDA: the GELU epilogue writes gelu(a @ b + bias) and i
     Tensor bias = test::sample({1024}, dt, 0.3).to(kGpu);
     const TensorOptions o = TensorOptions(dt).device(kGpu);
     Tensor c = empty({256, 1024}, o), pre = empty({256, 1024}, o);
-    REQUIRE(cuda::backend().matmul_bias_gelu(view_of(a), view_of(w.t()), view_of(bias), view_of(c), view_of(pre),
-                                             stream_for(kGpu)));
+    const bool fused = cuda::backend().matmul_bias_gelu(view_of(a), view_of(w.t()), view_of(bias), view_of(c),
+                                                        view_of(pre), stream_for(kGpu));
+    if (dt == kFloat32 && !fused) {
+      WARN("cuBLASLt declined the float32 GELU epilogue on this GPU; addmm_gelu composes it");
+      continue;
+    }
+    REQUIRE(fused);
     const Tensor expected_pre = on_cpu(bias, a, w.t());
     test::check_close(pre.cpu().to(kFloat32), expected_pre, tol);
     test::check_close(c.cpu().to(kFloat32), gelu(expected_pre, "tanh"), tol);
