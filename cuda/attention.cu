@@ -36,7 +36,10 @@
 #include <cuda_fp16.h>
 #include <mma.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -992,8 +995,8 @@ constexpr size_t grad_kv_mma_smem() {
   return 6 * kRows * (D + kPad16) * sizeof(T) + 2 * kTile * 4;
 }
 
-// Raises a kernel's dynamic shared memory limit above the default 48 KiB. Called from each (T, D)
-// instantiation's own function-local static, so once per kernel and process.
+// Raises a kernel's dynamic shared memory limit above the default 48 KiB, on the current device
+// (the attribute belongs to a device's context). launch_16bit calls it once per kernel and device.
 template <typename Kernel>
 bool allow_smem(Kernel kernel, size_t bytes) {
   KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
@@ -1058,12 +1061,19 @@ bool use_mma_kernels() {
   return name == "mma";
 }
 
-// Launches a 16-bit kernel with `smem` bytes of shared memory; the first launch of each kernel raises
-// its limit (a static per instantiation, so per kernel).
+// Launches a 16-bit kernel with `smem` bytes of shared memory on the current device; the first launch
+// of each kernel on each device raises its limit there (a bit per device in a static per
+// instantiation; devices past 63 raise it at every launch).
 template <auto kernel, typename... Args>
 void launch_16bit(size_t smem, const dim3& grid, cudaStream_t stream, Args... args) {
-  static const bool ready = allow_smem(kernel, smem);
-  (void)ready;
+  static std::atomic<uint64_t> ready{0};
+  int device = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  const uint64_t bit = device < 64 ? uint64_t{1} << device : 0;
+  if (bit == 0 || (ready.load(std::memory_order_acquire) & bit) == 0) {
+    allow_smem(kernel, smem);
+    ready.fetch_or(bit, std::memory_order_acq_rel);
+  }
   kernel<<<grid, kWarps * 32, smem, stream>>>(args...);
   KILN_CUDA_CHECK(cudaGetLastError());
 }
@@ -1183,12 +1193,42 @@ void dispatch_attention(DType dtype, int64_t D, F&& f) {
   else by_dim.template operator()<__nv_bfloat16>();
 }
 
+// The kernels put the row tiles on gridDim.x and the (batch, head) pairs on gridDim.y, which holds
+// at most 65535. More pairs than that are launched in slices of whole batches (dim 0 of every view,
+// lse included), each slice on its own; true when it did so.
+constexpr int64_t kMaxGridY = 65535;
+
+View batches(const View& v, int64_t start, int64_t count) {
+  View slice = v;
+  slice.data = static_cast<char*>(v.data) + start * v.strides[0] * itemsize(v.dtype);
+  slice.sizes[0] = count;
+  return slice;
+}
+
+template <typename F>
+bool in_batch_slices(const View& q, const char* op, F&& launch) {
+  const int64_t B = q.sizes[0], H = q.sizes[1];
+  if (B * H <= kMaxGridY) return false;
+  KILN_CHECK(H <= kMaxGridY,
+             "{}: the CUDA kernel takes at most {} heads per batch element, got shape {}; fold fewer dims into "
+             "the heads (dim 1)",
+             op, kMaxGridY, q.sizes.str());
+  const int64_t per = kMaxGridY / H;
+  for (int64_t b0 = 0; b0 < B; b0 += per) launch(b0, std::min(per, B - b0));
+  return true;
+}
+
 }  // namespace
 
 void attention_launch(const View& q, const View& k, const View& v, const View& out, const View& lse,
                       const AttentionArgs& args, const Stream& s) {
   const Dims d = dims_of(q, k, v, "scaled_dot_product_attention");
   if (d.B == 0) return;
+  if (in_batch_slices(q, "scaled_dot_product_attention", [&](int64_t b0, int64_t n) {
+        attention_launch(batches(q, b0, n), batches(k, b0, n), batches(v, b0, n), batches(out, b0, n),
+                         batches(lse, b0, n), args, s);
+      }))
+    return;
   if (q.dtype == kFloat32) {
     return dispatch_dim(d.D, [&]<int D>() { forward_f32<D>(q, k, v, out, lse, d, args, stream_of(s)); });
   }
@@ -1200,6 +1240,12 @@ void attention_backward_launch(const View& q, const View& k, const View& v, cons
                                const AttentionArgs& args, const Stream& s) {
   const Dims d = dims_of(q, k, v, "scaled_dot_product_attention backward");
   if (d.B == 0) return;
+  if (in_batch_slices(q, "scaled_dot_product_attention backward", [&](int64_t b0, int64_t n) {
+        attention_backward_launch(batches(q, b0, n), batches(k, b0, n), batches(v, b0, n), batches(out, b0, n),
+                                  batches(lse, b0, n), batches(grad_out, b0, n), batches(grad_q, b0, n),
+                                  batches(grad_k, b0, n), batches(grad_v, b0, n), args, s);
+      }))
+    return;
   if (q.dtype == kFloat32) {
     return dispatch_dim(d.D, [&]<int D>() {
       backward_f32<D>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, d, args, s);

@@ -4,7 +4,8 @@
 // rounded inputs (the 16-bit ones in both kernel sets of KILN_CUDA_ATTENTION), also reading the heads
 // of one projection in place, and their memory; a tiny GPT's logits and parameter gradients; and
 // activation offload (SaveOnCpu): the same gradients, the saved activations copied to the host, and
-// less device memory held by the graph.
+// less device memory held by the graph. One case checks every head dim row by row, on peaked scores,
+// tails and broadcast key and value heads.
 // Skipped (exit 77) without a GPU, like test_cuda.cpp.
 #include <algorithm>
 #include <cmath>
@@ -97,6 +98,92 @@ TEST_CASE("the CUDA flash attention kernels (float16, bfloat16, float32) match a
           CHECK(relative_error(gg[i], g64[i]) < bound);
         }
       }
+    }
+  }
+}
+
+namespace {
+// The largest error of one row: |a - b| / max(|b|, 1) over the last dim (Euclidean norms), the
+// largest over all rows. A whole-tensor norm would let one bad row among thousands pass.
+double row_error(const Tensor& a, const Tensor& b) {
+  const Tensor b64 = b.to(kFloat64).cpu(), d = a.to(kFloat64).cpu() - b64;
+  const Tensor err = (d * d).sum(Shape{-1}).sqrt() / (b64 * b64).sum(Shape{-1}).sqrt().clamp(1.0);
+  return err.max().item<double>();
+}
+}  // namespace
+
+TEST_CASE("the CUDA flash attention kernels at every head dim: tails, peaked scores, broadcast heads, row by row",
+          "[gpu][attention]") {
+  // Values m / 64 with |m| <= 256: exact in bfloat16, float16 and float32, so one float64 reference
+  // serves every kernel set. Their scores have a standard deviation of about 5 whatever D is, so the
+  // running maximum moves from key tile to key tile (randn inputs barely move it). Shapes: one query
+  // over three key tiles (decoding), more queries than keys with a one-key tail, and 1023 (a tail in
+  // both); key and value heads broadcast (stride 0) in the second. Each row is checked on its own.
+  Generator gen(17);
+  struct Case {
+    int64_t L, S;
+    bool broadcast;
+  };
+  auto exact = [&](const Shape& shape) { return randint(-256, 257, shape, kInt64, &gen).to(kFloat64) / 64.0; };
+  for (Case c : {Case{1, 130, false}, Case{300, 65, true}, Case{1023, 1023, false}}) {
+    for (int64_t D : {32, 64, 96, 128}) {
+      for (bool causal : {false, true}) {
+        const int64_t B = 1, H = 2, KH = c.broadcast ? 1 : H;
+        Tensor q = exact({B, H, c.L, D}), k = exact({B, KH, c.S, D}), v = exact({B, KH, c.S, D});
+        Tensor cot = exact({B, H, c.L, D});
+        auto heads = [&](const Tensor& t) { return c.broadcast ? t.expand({B, H, c.S, D}) : t; };
+        Tensor q64 = q.clone().requires_grad_(), k64 = k.clone().requires_grad_(), v64 = v.clone().requires_grad_();
+        test::FusionGuard composed(false);  // the float64 reference op by op
+        Tensor y64 = scaled_dot_product_attention(q64, heads(k64), heads(v64), {}, 0.0, causal);
+        auto g64 = autograd::grad({y64}, {q64, k64, v64}, {cot});
+        test::FusionGuard fused(true);
+        for (const auto& [dt, kernels] : kernel_sets()) {
+          test::EnvGuard env("KILN_CUDA_ATTENTION", kernels);
+          // Twice the whole-tensor bounds above: one row's error has no others to average with. A
+          // wrong index or mask still gives errors of order 1.
+          const double bound = dt == kBFloat16 ? 4e-2 : dt == kFloat16 ? 8e-3 : 2e-5;
+          INFO(dtype_name(dt) << " (" << set_name(kernels) << "), L " << c.L << ", S " << c.S << ", D " << D
+                              << ", causal " << causal << ", broadcast " << c.broadcast);
+          Tensor qg = q.to(dt).to(kGpu).requires_grad_(), kg = k.to(dt).to(kGpu).requires_grad_();
+          Tensor vg = v.to(dt).to(kGpu).requires_grad_();
+          Tensor yg = scaled_dot_product_attention(qg, heads(kg), heads(vg), {}, 0.0, causal);
+          INFO("output row error " << row_error(yg, y64));
+          CHECK(row_error(yg, y64) < bound);
+          auto gg = autograd::grad({yg}, {qg, kg, vg}, {cot.to(dt).to(kGpu)});
+          for (int i = 0; i < 3; ++i) {
+            INFO("gradient " << i << ", row error " << row_error(gg[i], g64[i]));
+            CHECK(row_error(gg[i], g64[i]) < bound);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("the CUDA flash attention kernels take more (batch, head) pairs than a grid's y holds", "[gpu][attention]") {
+  // 1093 x 60 = 65580 pairs, over gridDim.y's 65535: launched in slices of whole batches
+  // (cuda/attention.cu, in_batch_slices), forward and backward, the last slice shorter.
+  Generator gen(19);
+  const int64_t B = 1093, H = 60, L = 3, S = 5, D = 32;
+  auto exact = [&](const Shape& shape) { return randint(-64, 65, shape, kInt64, &gen).to(kFloat64) / 64.0; };
+  Tensor q = exact({B, H, L, D}), k = exact({B, H, S, D}), v = exact({B, H, S, D}), cot = exact({B, H, L, D});
+  Tensor q64 = q.clone().requires_grad_(), k64 = k.clone().requires_grad_(), v64 = v.clone().requires_grad_();
+  test::FusionGuard composed(false);
+  Tensor y64 = scaled_dot_product_attention(q64, k64, v64, {}, 0.0, true);
+  auto g64 = autograd::grad({y64}, {q64, k64, v64}, {cot});
+  test::FusionGuard fused(true);
+  for (const auto& [dt, kernels] : kernel_sets()) {
+    test::EnvGuard env("KILN_CUDA_ATTENTION", kernels);
+    const double bound = dt == kBFloat16 ? 4e-2 : dt == kFloat16 ? 8e-3 : 2e-5;
+    INFO(dtype_name(dt) << " (" << set_name(kernels) << ")");
+    Tensor qg = q.to(dt).to(kGpu).requires_grad_(), kg = k.to(dt).to(kGpu).requires_grad_();
+    Tensor vg = v.to(dt).to(kGpu).requires_grad_();
+    Tensor yg = scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true);
+    CHECK(row_error(yg, y64) < bound);
+    auto gg = autograd::grad({yg}, {qg, kg, vg}, {cot.to(dt).to(kGpu)});
+    for (int i = 0; i < 3; ++i) {
+      INFO("gradient " << i);
+      CHECK(row_error(gg[i], g64[i]) < bound);
     }
   }
 }
