@@ -1194,27 +1194,30 @@ void dispatch_attention(DType dtype, int64_t D, F&& f) {
 }
 
 // The kernels put the row tiles on gridDim.x and the (batch, head) pairs on gridDim.y, which holds
-// at most 65535. More pairs than that are launched in slices of whole batches (dim 0 of every view,
-// lse included), each slice on its own; true when it did so.
+// at most 65535. More pairs than that are launched in slices, each on its own: whole batch elements
+// while one holds at most 65535 heads, else runs of heads of one batch element. Dims 0 and 1 of every
+// view (lse's too) are the batch and the heads. in_slices returns whether it sliced.
 constexpr int64_t kMaxGridY = 65535;
 
-View batches(const View& v, int64_t start, int64_t count) {
+View pairs(const View& v, int64_t b0, int64_t nb, int64_t h0, int64_t nh) {
   View slice = v;
-  slice.data = static_cast<char*>(v.data) + start * v.strides[0] * itemsize(v.dtype);
-  slice.sizes[0] = count;
+  slice.data = static_cast<char*>(v.data) + (b0 * v.strides[0] + h0 * v.strides[1]) * itemsize(v.dtype);
+  slice.sizes[0] = nb;
+  slice.sizes[1] = nh;
   return slice;
 }
 
-template <typename F>
-bool in_batch_slices(const View& q, const char* op, F&& launch) {
+template <typename F>  // launch(b0, nb, h0, nh)
+bool in_slices(const View& q, F&& launch) {
   const int64_t B = q.sizes[0], H = q.sizes[1];
   if (B * H <= kMaxGridY) return false;
-  KILN_CHECK(H <= kMaxGridY,
-             "{}: the CUDA kernel takes at most {} heads per batch element, got shape {}; fold fewer dims into "
-             "the heads (dim 1)",
-             op, kMaxGridY, q.sizes.str());
-  const int64_t per = kMaxGridY / H;
-  for (int64_t b0 = 0; b0 < B; b0 += per) launch(b0, std::min(per, B - b0));
+  if (H <= kMaxGridY) {
+    const int64_t per = kMaxGridY / H;
+    for (int64_t b0 = 0; b0 < B; b0 += per) launch(b0, std::min(per, B - b0), int64_t{0}, H);
+  } else {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h0 = 0; h0 < H; h0 += kMaxGridY) launch(b, int64_t{1}, h0, std::min(kMaxGridY, H - h0));
+  }
   return true;
 }
 
@@ -1224,9 +1227,9 @@ void attention_launch(const View& q, const View& k, const View& v, const View& o
                       const AttentionArgs& args, const Stream& s) {
   const Dims d = dims_of(q, k, v, "scaled_dot_product_attention");
   if (d.B == 0) return;
-  if (in_batch_slices(q, "scaled_dot_product_attention", [&](int64_t b0, int64_t n) {
-        attention_launch(batches(q, b0, n), batches(k, b0, n), batches(v, b0, n), batches(out, b0, n),
-                         batches(lse, b0, n), args, s);
+  if (in_slices(q, [&](int64_t b0, int64_t nb, int64_t h0, int64_t nh) {
+        auto part = [&](const View& x) { return pairs(x, b0, nb, h0, nh); };
+        attention_launch(part(q), part(k), part(v), part(out), part(lse), args, s);
       }))
     return;
   if (q.dtype == kFloat32) {
@@ -1240,10 +1243,10 @@ void attention_backward_launch(const View& q, const View& k, const View& v, cons
                                const AttentionArgs& args, const Stream& s) {
   const Dims d = dims_of(q, k, v, "scaled_dot_product_attention backward");
   if (d.B == 0) return;
-  if (in_batch_slices(q, "scaled_dot_product_attention backward", [&](int64_t b0, int64_t n) {
-        attention_backward_launch(batches(q, b0, n), batches(k, b0, n), batches(v, b0, n), batches(out, b0, n),
-                                  batches(lse, b0, n), batches(grad_out, b0, n), batches(grad_q, b0, n),
-                                  batches(grad_k, b0, n), batches(grad_v, b0, n), args, s);
+  if (in_slices(q, [&](int64_t b0, int64_t nb, int64_t h0, int64_t nh) {
+        auto part = [&](const View& x) { return pairs(x, b0, nb, h0, nh); };
+        attention_backward_launch(part(q), part(k), part(v), part(out), part(lse), part(grad_out), part(grad_q),
+                                  part(grad_k), part(grad_v), args, s);
       }))
     return;
   if (q.dtype == kFloat32) {

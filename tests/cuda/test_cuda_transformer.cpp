@@ -161,29 +161,32 @@ TEST_CASE("the CUDA flash attention kernels at every head dim: tails, peaked sco
 }
 
 TEST_CASE("the CUDA flash attention kernels take more (batch, head) pairs than a grid's y holds", "[gpu][attention]") {
-  // 1093 x 60 = 65580 pairs, over gridDim.y's 65535: launched in slices of whole batches
-  // (cuda/attention.cu, in_batch_slices), forward and backward, the last slice shorter.
+  // Over gridDim.y's 65535 pairs (cuda/attention.cu, in_slices), forward and backward, the last slice
+  // shorter: 1093 x 60 = 65580 pairs in slices of whole batch elements, and one batch element of
+  // 65600 heads in runs of heads.
   Generator gen(19);
-  const int64_t B = 1093, H = 60, L = 3, S = 5, D = 32;
   auto exact = [&](const Shape& shape) { return randint(-64, 65, shape, kInt64, &gen).to(kFloat64) / 64.0; };
-  Tensor q = exact({B, H, L, D}), k = exact({B, H, S, D}), v = exact({B, H, S, D}), cot = exact({B, H, L, D});
-  Tensor q64 = q.clone().requires_grad_(), k64 = k.clone().requires_grad_(), v64 = v.clone().requires_grad_();
-  test::FusionGuard composed(false);
-  Tensor y64 = scaled_dot_product_attention(q64, k64, v64, {}, 0.0, true);
-  auto g64 = autograd::grad({y64}, {q64, k64, v64}, {cot});
-  test::FusionGuard fused(true);
-  for (const auto& [dt, kernels] : kernel_sets()) {
-    test::EnvGuard env("KILN_CUDA_ATTENTION", kernels);
-    const double bound = dt == kBFloat16 ? 4e-2 : dt == kFloat16 ? 8e-3 : 2e-5;
-    INFO(dtype_name(dt) << " (" << set_name(kernels) << ")");
-    Tensor qg = q.to(dt).to(kGpu).requires_grad_(), kg = k.to(dt).to(kGpu).requires_grad_();
-    Tensor vg = v.to(dt).to(kGpu).requires_grad_();
-    Tensor yg = scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true);
-    CHECK(row_error(yg, y64) < bound);
-    auto gg = autograd::grad({yg}, {qg, kg, vg}, {cot.to(dt).to(kGpu)});
-    for (int i = 0; i < 3; ++i) {
-      INFO("gradient " << i);
-      CHECK(row_error(gg[i], g64[i]) < bound);
+  for (auto [B, H] : {std::pair<int64_t, int64_t>{1093, 60}, {1, 65600}}) {
+    const int64_t L = 3, S = 5, D = 32;
+    Tensor q = exact({B, H, L, D}), k = exact({B, H, S, D}), v = exact({B, H, S, D}), cot = exact({B, H, L, D});
+    Tensor q64 = q.clone().requires_grad_(), k64 = k.clone().requires_grad_(), v64 = v.clone().requires_grad_();
+    test::FusionGuard composed(false);
+    Tensor y64 = scaled_dot_product_attention(q64, k64, v64, {}, 0.0, true);
+    auto g64 = autograd::grad({y64}, {q64, k64, v64}, {cot});
+    test::FusionGuard fused(true);
+    for (const auto& [dt, kernels] : kernel_sets()) {
+      test::EnvGuard env("KILN_CUDA_ATTENTION", kernels);
+      const double bound = dt == kBFloat16 ? 4e-2 : dt == kFloat16 ? 8e-3 : 2e-5;
+      INFO(dtype_name(dt) << " (" << set_name(kernels) << "), B " << B << ", H " << H);
+      Tensor qg = q.to(dt).to(kGpu).requires_grad_(), kg = k.to(dt).to(kGpu).requires_grad_();
+      Tensor vg = v.to(dt).to(kGpu).requires_grad_();
+      Tensor yg = scaled_dot_product_attention(qg, kg, vg, {}, 0.0, true);
+      CHECK(row_error(yg, y64) < bound);
+      auto gg = autograd::grad({yg}, {qg, kg, vg}, {cot.to(dt).to(kGpu)});
+      for (int i = 0; i < 3; ++i) {
+        INFO("gradient " << i);
+        CHECK(row_error(gg[i], g64[i]) < bound);
+      }
     }
   }
 }
