@@ -45,9 +45,9 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool pre
 // holds no activations between forward and backward. Tensors already on the CPU stay where they are
 // (as PyTorch's). With pin_memory (PyTorch's argument of the same name) the host copies live in
 // pinned memory and both copies are queued on the device's stream without the host waiting
-// (non_blocking), so they overlap the host's work; without it they are synchronous. The pinned
-// copies rely on stream order: forward and backward must run on the same current stream (as they
-// do without a StreamGuard), and the pinned blocks stay cached for the next step
+// (non_blocking), so they overlap the host's work; without it they are synchronous. Forward and
+// backward may run on different streams: the copy back waits for the copy out's event (Note
+// [non_blocking copies] in cuda/copy.cpp). The pinned blocks stay cached for the next step
 // (cuda::host_empty_cache() returns them). See autograd/offload.cpp.
 class SaveOnCpu {
  public:

@@ -9,6 +9,7 @@
 // host copy, and both copies run in stream order with the kernels that make and use the tensor
 // (Note [non_blocking copies] in cuda/copy.cpp), so no synchronization is needed: the device tensor
 // freed after pack is handed out again only to later work on its stream, which runs after the copy.
+// When backward runs on another stream than forward, the copy back waits for the copy out's event.
 #include <map>
 #include <mutex>
 

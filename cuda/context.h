@@ -65,6 +65,11 @@ bool is_pinned_host(const void* ptr, size_t nbytes);
 // has finished. An asynchronous copy calls it, after queueing itself, for the host memory it reads
 // or writes (Note [non_blocking copies] in copy.cpp).
 void record_host_use(const void* ptr, cudaStream_t stream);
+// Work queued on `stream` from now on waits for the copies recorded against ptr's pinned block on
+// any stream (a block written by a copy on one stream and read by a copy on another, as
+// SaveOnCpu(pin_memory) does when forward and backward run on different streams). An asynchronous
+// copy calls it before queueing itself.
+void wait_host_uses(const void* ptr, cudaStream_t stream);
 
 // The CudaBackend (backend.cu); cuda::backend() in runtime.cpp returns it.
 Backend& backend_instance();

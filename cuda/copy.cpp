@@ -26,6 +26,9 @@
 //  - device -> host: the conversion (if any) and the transfer are queued; the host values are there
 //    only once the stream has reached that point: synchronize the stream (or an event recorded
 //    after the copy, or the device) before reading them.
+//  - Either way, the copy first waits for the copies earlier recorded against the same pinned block
+//    on other streams (wait_host_uses): a block written from the device on one stream and copied
+//    back on another arrives as written.
 // Any other copy, pageable memory included, takes the synchronous path: correct, just not
 // overlapped.
 #include <cstring>
@@ -153,6 +156,7 @@ void copy_host_to_device(const View& src, const View& dst, int device, const Str
   const View src_c = compact(src);  // the distinct elements of src
   const bool async = non_blocking && stream == current_stream_handle(device) && src_c.is_contiguous() &&
                      is_pinned_host(src_c.data, static_cast<size_t>(nbytes(src_c)));
+  if (async) wait_host_uses(src_c.data, stream);  // what other streams' copies write into the block
   auto finish = [&] {  // after everything is queued
     if (async) return record_host_use(src_c.data, stream);
     sync(stream);  // before the caller's memory, host_buffer and the staging buffer go
@@ -180,7 +184,14 @@ void copy_host_to_device(const View& src, const View& dst, int device, const Str
   DeviceBuffer staged(device, static_cast<size_t>(nbytes(src_c)));
   KILN_CUDA_CHECK(cudaMemcpyAsync(staged.data(), host, static_cast<size_t>(nbytes(src_c)),
                                   cudaMemcpyHostToDevice, stream));
-  copy_on_device(expand_contiguous(staged.data(), src.dtype, src), dst, s);
+  try {
+    copy_on_device(expand_contiguous(staged.data(), src.dtype, src), dst, s);
+  } catch (...) {
+    // The copy queued above may still be reading host memory (host_buffer, or a pinned block no
+    // event keeps): let it finish before that memory goes. Its own error, if any, is the one in flight.
+    (void)cudaStreamSynchronize(stream);
+    throw;
+  }
   finish();
 }
 
@@ -191,6 +202,7 @@ void copy_device_to_host(const View& src, int device, const View& dst, const Str
   const auto bytes = static_cast<size_t>(src_c.numel() * itemsize(dst.dtype));
   const bool async = non_blocking && stream == current_stream_handle(device) && src_c.sizes == dst.sizes &&
                      dst.is_contiguous() && is_pinned_host(dst.data, bytes);
+  if (async) wait_host_uses(dst.data, stream);  // other streams' copies still reading the block
   auto finish = [&] {
     if (async) return record_host_use(dst.data, stream);
     sync(stream);

@@ -14,7 +14,10 @@
 // - A copy queued on a stream may still read or write a block after its tensor is freed (a host
 //   tensor handed to x.to(cuda, non_blocking=true) and dropped at once, say). Every asynchronous
 //   copy therefore records an event on its stream against the block (record_host_use), and a freed
-//   block is handed out again only when all its events have completed.
+//   block is handed out again only when all its events have completed. The same events order
+//   copies of one block on different streams: an asynchronous copy first makes its stream wait for
+//   them (wait_host_uses), so a copy to the device from a block reads what a copy from the device on
+//   another stream wrote into it.
 // - Statistics (cuda::host_memory_stats): allocated counts the bytes tensors asked for, reserved
 //   the bytes of every block, cached or not.
 // The memory is ordinary host memory to the CPU backend: a pinned tensor is a CPU tensor.
@@ -110,6 +113,15 @@ class HostAllocator final : public Allocator {
       return;
     }
     block.events.push_back(event);
+  }
+
+  // Work queued on `stream` from now on waits for every copy recorded against ptr's block.
+  void wait_uses(const void* ptr, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = find(ptr);
+    if (it == blocks_.end()) return;
+    events_done(it->second);
+    for (cudaEvent_t e : it->second.events) KILN_CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0));
   }
 
  private:
@@ -211,6 +223,7 @@ Allocator& host_allocator() { return host_allocator_instance(); }
 
 bool is_pinned_host(const void* ptr, size_t nbytes) { return host_allocator_instance().contains(ptr, nbytes); }
 void record_host_use(const void* ptr, cudaStream_t stream) { host_allocator_instance().record_use(ptr, stream); }
+void wait_host_uses(const void* ptr, cudaStream_t stream) { host_allocator_instance().wait_uses(ptr, stream); }
 
 MemoryStats host_memory_stats() { return host_allocator_instance().stats(); }
 void host_empty_cache() { host_allocator_instance().empty_cache(); }

@@ -2,7 +2,7 @@
 // memory] in cuda/host_allocator.cpp, Note [non_blocking copies] in cuda/copy.cpp): pin_memory and
 // its statistics; non-blocking copies in both directions, converting or not, return while the stream
 // is held and deliver the right values once it runs; a pinned block is not handed out again while a
-// queued copy still reads it.
+// queued copy still reads it; a block written on one stream and read on another arrives as written.
 //
 // "Returns while the stream is held" is checked without timing: a StreamGate queues a host function
 // that blocks the stream until the test releases it. A copy that waited for its stream would wait for
@@ -217,5 +217,30 @@ TEST_CASE("a pinned block is not handed out again while a queued copy still read
   CHECK(dev.sum().item<double>() == static_cast<double>(n));  // the ones arrived, not twos
   Tensor again = empty({n}, TensorOptions().pinned_memory(true));
   CHECK(again.data_ptr() == first);  // its copy has run: the cache hands A out again
+}
+TEST_CASE("a pinned block written from the device on one stream and copied back on another arrives as written",
+          "[gpu][pinned]") {
+  // As SaveOnCpu(pin_memory) does when forward runs on a side stream and backward on the default one:
+  // the copy back waits for the first copy's event (wait_host_uses). The side stream is held by a gate,
+  // so a copy back that did not wait would read the zeros the block held before.
+  if (!gates_usable()) return;
+  constexpr int64_t n = 4097;
+  warm_caches({4 * n}, {});  // the copy back's device buffer, without a cudaMalloc behind the gate
+  Tensor dev = test::sample({n}).to(kGpu);
+  Tensor host = zeros({n}, TensorOptions().pinned_memory(true));
+  const cuda::CudaStream side(0);
+  Tensor back;
+  {
+    cuda::StreamGuard on_side(side);
+    StreamGate gate;                          // holds the side stream (current here)
+    host.copy_(dev, /*non_blocking=*/true);  // device -> host, queued on the side stream
+    {
+      cuda::StreamGuard on_default(cuda::CudaStream::default_stream(0));
+      back = host.to(kGpu, /*non_blocking=*/true);  // host -> device on the default stream
+    }
+    gate.release();
+    CHECK(gate.released_in_time());
+  }
+  test::check_equal(back.cpu(), test::sample({n}));
 }
 #endif  // KILN_WITH_CUDA
