@@ -67,8 +67,8 @@ class Allocator {
 
 inline constexpr size_t kCpuAlignment = 64;  // one cache line; every AVX-512 load is aligned
 
-// The process-wide CPU allocator (64-byte aligned, thread-safe statistics, large freed blocks cached
-// for reuse: Note [CPU block cache] in core/allocator.cpp).
+// The process-wide CPU allocator (64-byte aligned, thread-safe statistics, large and small freed
+// blocks cached for reuse: Notes [CPU block cache] and [small CPU blocks] in core/allocator.cpp).
 Allocator& cpu_allocator();
 
 }  // namespace kiln

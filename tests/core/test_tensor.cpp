@@ -173,6 +173,37 @@ TEST_CASE("the CPU allocator reuses a large freed block and empty_cache gives it
   CHECK(emptied.allocated_bytes == base.allocated_bytes);
 }
 
+TEST_CASE("the CPU allocator keeps freed small blocks by size and empty_cache gives them back") {
+  // Note [small CPU blocks] in core/allocator.cpp.
+  memory::empty_cache(Device::cpu());
+  const MemoryStats base = memory::stats(Device::cpu());
+  auto reserved = [] { return memory::stats(Device::cpu()).reserved_bytes; };
+  void* first = nullptr;
+  {
+    Tensor scalar_like = empty({16});  // 64 bytes
+    first = scalar_like.data_ptr();
+  }
+#if !defined(__SANITIZE_ADDRESS__)  // the cache is off under AddressSanitizer
+  CHECK(reserved() == base.reserved_bytes + 64);
+  {
+    Tensor again = empty({10});  // 40 bytes: a 64-byte block, the one just freed
+    CHECK(again.data_ptr() == first);
+    Tensor other = empty({17});  // 68 bytes: a 128-byte block, not that one
+    CHECK(other.data_ptr() != first);
+    CHECK(reinterpret_cast<uintptr_t>(other.data_ptr()) % 64 == 0);
+  }
+  CHECK(reserved() == base.reserved_bytes + 64 + 128);
+  {
+    std::vector<Tensor> many;  // 300 blocks of 64 bytes: 256 are kept when freed, 44 go back
+    for (int i = 0; i < 300; ++i) many.push_back(empty({16}));
+  }
+  CHECK(reserved() == base.reserved_bytes + 256 * 64 + 128);
+#endif
+  CHECK(memory::stats(Device::cpu()).allocated_bytes == base.allocated_bytes);
+  memory::empty_cache(Device::cpu());
+  CHECK(reserved() == base.reserved_bytes);
+}
+
 TEST_CASE("the CPU allocator splits a cached block and merges the halves back") {
   memory::empty_cache(Device::cpu());
   const MemoryStats base = memory::stats(Device::cpu());
