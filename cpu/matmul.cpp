@@ -11,12 +11,10 @@
 // The 16-bit floats are converted to float32, multiplied and rounded back; integers use Eigen.
 #include <Eigen/Core>
 #include <algorithm>
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <latch>
 #include <memory>
-#include <mutex>
 #include <string_view>
 #include <system_error>
 #include <thread>
@@ -72,25 +70,22 @@ void gemm_eigen(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
 // 256 columns ran at 9.7 GFLOP/s on one thread against 37 once the pages were there (perf put the
 // time on the kernel's prefetcht1). A larger product packs its panels one after another and
 // touches those pages, so a process whose first products are large never sees it; bench_gemm,
-// whose first products are its 256 x 256 ones, ran at that speed throughout. So before its first OpenBLAS sgemm Kiln runs, on as many threads at
-// once as its pool has (each concurrent caller gets a buffer of its own), one product of
-// 64 x 512 by 512 x 2048 on zeros: about 4-8 ms once per process, in which the pages are touched.
+// whose first products are its 256 x 256 ones, ran at that speed throughout. So the first OpenBLAS
+// sgemm of a process is preceded by one product of 64 x 512 by 512 x 2048 on zeros, on as many
+// threads at once as the pool then has (each concurrent caller gets a buffer of its own): about
+// 4-8 ms, once, in which the pages are touched; later calls pay one initialized-static check. (A
+// pool enlarged later by set_num_threads has its extra buffers warmed by its first large products.)
 // Sizes with fewer columns left the pages cold in some runs; this one warmed them in every run tried.
 #ifdef KILN_HAVE_OPENBLAS
-void warm_openblas_buffers() {
-  static std::atomic<int> warmed{0};  // how many buffers are warm
-  const int want = get_num_threads();
-  if (warmed.load(std::memory_order_acquire) >= want) return;
-  static std::mutex mutex;
-  std::lock_guard<std::mutex> lock(mutex);
-  if (warmed.load(std::memory_order_relaxed) >= want) return;
+void warm_openblas_buffers_once() {
+  const int threads = get_num_threads();
   constexpr int kM = 64, kK = 512, kN = 2048;
   // Zeros (only the packing matters), from calloc: fresh zero pages that cost no memory to read.
   std::unique_ptr<float, decltype(&std::free)> a(static_cast<float*>(std::calloc(size_t{kM} * kK, sizeof(float))),
                                                  &std::free),
       b(static_cast<float*>(std::calloc(size_t{kK} * kN, sizeof(float))), &std::free);
   if (a == nullptr || b == nullptr) return;  // no memory to spare: skip it, it only costs speed
-  std::latch start(want);
+  std::latch start(threads);
   auto one = [&] {
     std::vector<float> c(size_t{kM} * kN);
     start.arrive_and_wait();  // all at once, so that each call takes a buffer of its own
@@ -98,13 +93,16 @@ void warm_openblas_buffers() {
   };
   std::vector<std::thread> others;
   try {
-    for (int i = 1; i < want; ++i) others.emplace_back(one);
+    for (int i = 1; i < threads; ++i) others.emplace_back(one);
   } catch (const std::system_error&) {  // no thread to spare: warm the buffers of those that started
-    start.count_down(want - 1 - static_cast<std::ptrdiff_t>(others.size()));
+    start.count_down(threads - 1 - static_cast<std::ptrdiff_t>(others.size()));
   }
   one();
   for (auto& t : others) t.join();
-  warmed.store(want, std::memory_order_release);
+}
+void warm_openblas_buffers() {
+  static const bool warmed = (warm_openblas_buffers_once(), true);  // once; concurrent callers wait
+  (void)warmed;
 }
 #endif
 
@@ -113,7 +111,6 @@ void warm_openblas_buffers() {
 // profile, mostly on the weight gradients (K = the batch, so c is large for its FLOPs), where
 // memset takes 2.6%. So c is cleared here with memset and OpenBLAS is asked for c += a @ b
 // (beta = 1), which skips its pass; the sums are the same.
-
 template <typename T>
 void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
   if (row_stride == cols) {
