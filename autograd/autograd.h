@@ -38,6 +38,11 @@ void queue_callback(std::function<void()> fn);
 // See autograd/checkpoint.cpp.
 using CheckpointFn = std::function<TensorList(const TensorList&)>;
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state = true);
+// The same, with backward running `recompute` instead of fn: a function that records fn's graph
+// and computes every value backward reads, but may leave the values of its outputs uncomputed
+// (Note [a recompute computes what backward reads] in autograd/checkpoint.cpp).
+TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, const TensorList& inputs,
+                      bool preserve_rng_state = true);
 
 // Activation offload (PyTorch's torch.autograd.graph.save_on_cpu): while a SaveOnCpu lives, every
 // tensor that an op saves for backward (but the parameters, which are saved as they are) is copied

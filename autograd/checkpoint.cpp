@@ -12,6 +12,16 @@
 //                   from the detached copies and passed on to the rest of the graph.
 // The activations inside fn live only from step 1 to the end of step 2 instead of from the
 // forward to the backward: with k checkpointed blocks, roughly one block's activations at a time.
+//
+// Note [a recompute computes what backward reads]
+// Step 1 costs one more forward of fn, but step 2 never reads the values of fn's outputs: it only
+// sends gradients into their nodes. An op whose backward formula does not read its own output
+// (linear: dx = gy W, dW = gy^T x; add) need not compute it in the recompute, only record its
+// node. A caller that knows where such ops end fn passes a second function, `recompute`, which
+// builds the same graph but leaves those values out; nn::TransformerBlock::forward_for_recompute
+// records its MLP's last projection with nn::linear_graph_only and so skips its GEMM, a third of
+// the block's weight FLOPs (models/gpt.cpp checkpoints blocks this way). The recompute's outputs
+// must have the shapes and dtypes of fn's; their values are never read.
 #include "autograd/autograd.h"
 #include "core/generator.h"
 #include "ops/autocast.h"
@@ -20,7 +30,13 @@
 namespace kiln::autograd {
 
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state) {
-  KILN_CHECK(fn != nullptr, "checkpoint: the function is empty");
+  return checkpoint(fn, fn, inputs, preserve_rng_state);
+}
+
+TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, const TensorList& inputs,
+                      bool preserve_rng_state) {
+  KILN_CHECK(fn != nullptr && recompute != nullptr, "checkpoint: the function{} is empty",
+             fn != nullptr ? " to run again in backward" : "");
   const Generator::State rng = default_generator().get_state();
   const autocast::State autocast_state = autocast::current_state();  // the recompute runs under it
   TensorList outputs;
@@ -44,7 +60,7 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool pre
     wants.push_back(t.defined() && t.requires_grad());
   }
   record("CheckpointBackward", inputs, outputs,
-         [fn, kept, wants, rng, preserve_rng_state, autocast_state](const Grads& g) {
+         [recompute, kept, wants, rng, preserve_rng_state, autocast_state](const Grads& g) {
     KILN_CHECK(!GradMode::is_enabled(),
                "checkpoint: backward with create_graph=true (higher-order gradients) is not supported through "
                "a checkpointed function; call it without checkpoint for that");
@@ -60,7 +76,7 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool pre
       if (preserve_rng_state) default_generator().set_state(rng);
       AutoGradMode on(true);
       autocast::StateGuard forward_autocast(autocast_state);  // the engine turned it off
-      outs = fn(again);
+      outs = recompute(again);
       default_generator().set_state(now);
     }
     KILN_CHECK(outs.size() == g.grads.size(),

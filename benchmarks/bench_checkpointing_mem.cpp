@@ -4,7 +4,7 @@
 // JSON lines, "ckpt":false and "ckpt":true, with ms_per_step (median of steps 11-30), peak_rss_mib,
 // and train_increment_mib: the peak minus the RSS just before the first step (model, optimizer and
 // corpus already in memory), the figure checkpointing is judged by.
-//   bench_checkpointing_mem [--steps 30] [--layers 8] [--corpus FILE] [--no-fusion]
+//   bench_checkpointing_mem [--steps 30] [--layers 8] [--corpus FILE] [--full-recompute] [--no-fusion]
 #include <sys/wait.h>
 
 #include "gpt_bench.h"

@@ -7,7 +7,8 @@
 // (0.9, 0.999), eps 1e-8, weight decay 0.1 on every parameter; each step draws 16 windows of 128
 // bytes from the corpus (data::ByteText::sample, seeded), then forward, mean cross-entropy,
 // backward, optimizer step and loss.item(). ms_per_step is the median over steps 11 to the last.
-// Flags measure the techniques: --checkpoint (every block), --no-fusion, --fused-adam, --autocast bf16. Besides
+// Flags measure the techniques: --checkpoint (every block), --full-recompute (checkpointed blocks run whole
+// in backward, GPT::set_recompute_skips_unread(false)), --no-fusion, --fused-adam, --autocast bf16. Besides
 // the anchors' keys, the line has train_increment_mib (peak RSS minus the RSS before the first step)
 // and tensor_peak_increment_mib (the same from Kiln's allocator statistics: tensors and the
 // kernels' scratch).
@@ -99,6 +100,7 @@ struct Options {
   int64_t steps = 200;
   std::string corpus;  // empty: BENCHMARKS.md's corpus, built from Debian's fortunes package
   bool checkpoint = false;
+  bool full_recompute = false;  // GPT::set_recompute_skips_unread(false)
   bool fusion = true;
   bool fused_adam = false;        // AdamW's fused multi-tensor step (optim::AdamWOptions::fused)
   std::string autocast = "none";  // "bf16": forward and loss under a bfloat16 autocast scope
@@ -107,7 +109,7 @@ struct Options {
 
 inline void usage_exit(const char* prog, const Options& d, int code) {
   std::fprintf(stderr,
-               "usage: %s [--steps %lld] [--layers %lld] [--corpus FILE] [--checkpoint] [--no-fusion] "
+               "usage: %s [--steps %lld] [--layers %lld] [--corpus FILE] [--checkpoint] [--full-recompute] [--no-fusion] "
                "[--fused-adam] [--autocast bf16] [--device cpu|cuda]\n",
                prog, static_cast<long long>(d.steps), static_cast<long long>(d.layers));
   std::exit(code);
@@ -135,6 +137,8 @@ inline Options parse_args(int argc, char** argv, Options defaults) {
       o.corpus = argv[++i];
     } else if (a == "--checkpoint") {
       o.checkpoint = true;
+    } else if (a == "--full-recompute") {
+      o.full_recompute = true;
     } else if (a == "--no-fusion") {
       o.fusion = false;
     } else if (a == "--fused-adam") {
@@ -162,6 +166,7 @@ inline int run(const Options& o) {
     models::GPT model(config);
     model.to(o.device);
     model.set_checkpointing(o.checkpoint);
+    model.set_recompute_skips_unread(!o.full_recompute);
     optim::AdamW opt(model.parameters(), {.lr = 3e-4, .beta1 = 0.9, .beta2 = 0.999, .eps = 1e-8, .weight_decay = 0.1,
                                                  .fused = o.fused_adam});
     Generator gen(0);
@@ -180,12 +185,12 @@ inline int run(const Options& o) {
     const double tensors_peak = static_cast<double>(memory::stats(o.device).peak_allocated_bytes) / (1 << 20);
     std::printf(
         "{\"bench\":\"%s\",\"impl\":\"kiln\",\"device\":\"%s\",\"threads\":%d,\"n_layer\":%lld,\"steps\":%lld,"
-        "\"params\":%lld,\"ckpt\":%s,\"fusion\":%s,\"fused_adam\":%s,\"autocast\":\"%s\",\"ms_per_step\":%.3f,\"loss_first\":%.4f,\"loss_final\":%.4f,"
+        "\"params\":%lld,\"ckpt\":%s,\"recompute\":\"%s\",\"fusion\":%s,\"fused_adam\":%s,\"autocast\":\"%s\",\"ms_per_step\":%.3f,\"loss_first\":%.4f,\"loss_final\":%.4f,"
         "\"peak_rss_mib\":%.1f,\"rss_before_train_mib\":%.1f,\"train_increment_mib\":%.1f,"
         "\"tensor_peak_increment_mib\":%.1f}\n",
         o.bench.c_str(), o.device.str().c_str(), get_num_threads(), static_cast<long long>(o.layers),
         static_cast<long long>(o.steps), static_cast<long long>(model.num_parameters()),
-        o.checkpoint ? "true" : "false", o.fusion ? "true" : "false", o.fused_adam ? "true" : "false", o.autocast.c_str(), median(log.ms), log.loss_first, log.loss_last, peak,
+        o.checkpoint ? "true" : "false", o.full_recompute ? "full" : "skip", o.fusion ? "true" : "false", o.fused_adam ? "true" : "false", o.autocast.c_str(), median(log.ms), log.loss_first, log.loss_last, peak,
         rss_before, peak - rss_before, tensors_peak - allocated_before);
     std::fflush(stdout);
     return 0;

@@ -63,7 +63,8 @@ std::atomic<bool> g_allow_tf32{false};
 // ---- matmul: host side ----
 
 // One handle per device, made on first use by `create` and never destroyed (destroying it after the
-// driver has shut down at exit would fail). Threads share it; each call sets its stream.
+// driver has shut down at exit would fail). Threads share it, which is safe for cuBLASLt, whose
+// calls take their stream; cuBLAS's handles are per thread (Note [cuBLAS handles per thread]).
 template <typename Handle, typename Create>
 Handle device_handle(int device_index, Create create) {
   static std::mutex mutex;  // one per instantiation: per handle type and call site
@@ -77,8 +78,44 @@ Handle device_handle(int device_index, Create create) {
   return handle;
 }
 
+// Note [cuBLAS handles per thread]
+// cublasSetStream binds a stream to a handle until the next call, so two threads sharing a handle
+// could each set their own stream and then run their GEMM on the other's. Each thread therefore has
+// its own cuBLAS handle per device. A thread that exits gives its handles back to a pool, never
+// destroying them (see device_handle), and a thread started later takes them from there, so that
+// threads started and ended over and over (a DataLoader's workers, a test's threads) make no more
+// handles than ever ran at once.
 cublasHandle_t cublas_handle(int device_index) {
-  return device_handle<cublasHandle_t>(device_index, [](cublasHandle_t* h) { return KILN_CUBLAS(cublasCreate)(h); });
+  struct Pool {  // handles given back by exited threads, per device
+    std::mutex mutex;
+    std::vector<std::vector<cublasHandle_t>> free;
+  };
+  static Pool* pool = new Pool();  // never destroyed: a thread may exit after static destructors ran
+  struct Mine {
+    std::vector<cublasHandle_t> handles;  // this thread's, per device
+    ~Mine() {
+      std::lock_guard<std::mutex> lock(pool->mutex);
+      for (size_t d = 0; d < handles.size(); ++d) {
+        if (handles[d] != nullptr) pool->free[d].push_back(handles[d]);
+      }
+    }
+  };
+  thread_local Mine mine;
+  const auto d = static_cast<size_t>(device_index);
+  if (mine.handles.size() <= d) mine.handles.resize(d + 1, nullptr);
+  cublasHandle_t& handle = mine.handles[d];
+  if (handle == nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(pool->mutex);
+      if (pool->free.size() <= d) pool->free.resize(d + 1);
+      if (!pool->free[d].empty()) {
+        handle = pool->free[d].back();
+        pool->free[d].pop_back();
+      }
+    }
+    if (handle == nullptr) KILN_CUBLAS_CHECK(KILN_CUBLAS(cublasCreate)(&handle));
+  }
+  return handle;
 }
 
 // A flipped batch dim: cuBLAS documents no negative batch strides, so such an operand is staged.

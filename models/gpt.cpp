@@ -93,7 +93,13 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
   for (int64_t i = 0; i < config.n_layer; ++i) {
     nn::TransformerBlock* b = &block(i);
     if (checkpoint_[static_cast<size_t>(i)] && !caches && is_training() && GradMode::is_enabled()) {
+      // The recompute skips the block's last GEMM (Note [a recompute computes what backward reads] in
+      // autograd/checkpoint.cpp); a block with hooks runs whole both times, hooks and all.
+      const bool skip = recompute_skips_unread_ && !b->has_forward_hooks();
       x = autograd::checkpoint([b](const autograd::TensorList& in) -> autograd::TensorList { return {(*b)(in[0])}; },
+                               [b, skip](const autograd::TensorList& in) -> autograd::TensorList {
+                                 return {skip ? b->forward_for_recompute(in[0]) : (*b)(in[0])};
+                               },
                                {x})[0];
     } else {
       x = b->forward(x, caches ? &(*caches)[static_cast<size_t>(i)] : nullptr);

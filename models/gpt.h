@@ -68,6 +68,11 @@ class GPT : public nn::Module {
   void set_checkpointing(bool on);
   void set_checkpointing(int64_t block, bool on);
   bool checkpointing(int64_t block) const { return checkpoint_[static_cast<size_t>(block)]; }
+  // Whether a checkpointed block's recompute leaves out the GEMM whose output its backward never
+  // reads (the default; Note [a recompute computes what backward reads] in autograd/checkpoint.cpp)
+  // or runs the block whole, as torch.utils.checkpoint does: the same gradients either way, so that
+  // what the skip saves can be measured (bench_checkpointing_mem --full-recompute).
+  void set_recompute_skips_unread(bool on) { recompute_skips_unread_ = on; }
 
   nn::TransformerBlock& block(int64_t i) const { return transformer.h.at<nn::TransformerBlock>(static_cast<size_t>(i)); }
 
@@ -85,6 +90,7 @@ class GPT : public nn::Module {
 
  private:
   std::vector<bool> checkpoint_;
+  bool recompute_skips_unread_ = true;
 };
 
 // ---- Hugging Face GPT-2 safetensors (model.safetensors of the "gpt2" checkpoints) ----

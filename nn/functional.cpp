@@ -106,13 +106,10 @@ Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t 
 
 // ---- layers ----
 
-Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
-  // Under autocast the three cast to 16 bits (See Note [autocast] in ops/autocast.h); the weight's
-  // cast is cached for the scope and its gradient comes back to the float32 parameter.
-  if (autocast::is_enabled(input.device().type)) {
-    if (autocast::OpScope ac{autocast::Op::Linear, input.device()})
-      return linear(ac.cast(input), ac.cast(weight), ac.cast(bias));
-  }
+namespace {
+
+// linear's checks, shared by linear and linear_graph_only.
+void check_linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   KILN_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape {}",
              weight.sizes().str());
   KILN_CHECK(input.dim() >= 1 && input.size(-1) == weight.size(1),
@@ -120,6 +117,48 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
              input.dim() >= 1 ? input.size(-1) : 0, weight.size(1), input.sizes().str(), weight.sizes().str());
   KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
              "linear: bias must have shape ({}), got {}", weight.size(0), bias.sizes().str());
+  KILN_CHECK(input.dtype() == weight.dtype() && input.device() == weight.device(),
+             "linear: the input ({} on {}) and the weight ({} on {}) must have the same dtype and device", dtype_name(input.dtype()),
+             input.device().str(), dtype_name(weight.dtype()), weight.device().str());
+}
+
+// linear's node, LinearBackward, recorded with y as its output. Its formula reads the input and the
+// weight, never y: that is what lets linear_graph_only record it on a y that was not computed.
+void record_linear(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& y) {
+  std::vector<Tensor> inputs{input, weight};
+  if (bias.defined()) inputs.push_back(bias);
+  if (!autograd::should_record(inputs)) return;
+  autograd::record(
+      "LinearBackward", inputs, {y},
+      [x = autograd::SavedTensor(input, false), w = autograd::SavedTensor(weight, false), has_bias = bias.defined()](
+          const autograd::Grads& g) -> autograd::TensorList {
+        Tensor gy = g[0];
+        autograd::TensorList out(has_bias ? 3 : 2);
+        Tensor xv = x.unpack("LinearBackward");
+        if (g.needs_grad(0)) out[0] = matmul(gy, w.unpack("LinearBackward"));  // dL/dx = gy W
+        Tensor gy2 = gy.reshape({-1, gy.size(-1)});
+        if (g.needs_grad(1)) out[1] = matmul(gy2.t(), xv.reshape({-1, xv.size(-1)}));  // gy^T x
+        if (has_bias && g.needs_grad(2)) out[2] = gy2.sum({0});
+        return out;
+      });
+}
+
+Shape linear_shape(const Tensor& input, const Tensor& weight) {
+  Shape shape = input.sizes();
+  shape[shape.size() - 1] = weight.size(0);
+  return shape;
+}
+
+}  // namespace
+
+Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  // Under autocast the three cast to 16 bits (See Note [autocast] in ops/autocast.h); the weight's
+  // cast is cached for the scope and its gradient comes back to the float32 parameter.
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Linear, input.device()})
+      return linear(ac.cast(input), ac.cast(weight), ac.cast(bias));
+  }
+  check_linear(input, weight, bias);
   Tensor y;
   {
     NoGradGuard no_grad;
@@ -131,32 +170,26 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
       const int64_t K = input.size(-1), N = weight.size(0);
       int64_t rows = 1;
       for (int d = 0; d + 1 < input.dim(); ++d) rows *= input.size(d);
-      Shape shape = input.sizes();
-      shape[shape.size() - 1] = N;
-      y = empty(shape, input.options());
+      y = empty(linear_shape(input, weight), input.options());
       addmm_out(y.view({rows, N}), bias, input.view({rows, K}), weight.t());
     } else {
       y = matmul(input, weight.t());
       if (bias.defined()) y.add_(bias);  // in place: no second output buffer
     }
   }
-  std::vector<Tensor> inputs{input, weight};
-  if (bias.defined()) inputs.push_back(bias);
-  if (autograd::should_record(inputs)) {
-    autograd::record(
-        "LinearBackward", inputs, {y},
-        [x = autograd::SavedTensor(input, false), w = autograd::SavedTensor(weight, false), has_bias = bias.defined()](
-            const autograd::Grads& g) -> autograd::TensorList {
-          Tensor gy = g[0];
-          autograd::TensorList out(has_bias ? 3 : 2);
-          Tensor xv = x.unpack("LinearBackward");
-          if (g.needs_grad(0)) out[0] = matmul(gy, w.unpack("LinearBackward"));  // dL/dx = gy W
-          Tensor gy2 = gy.reshape({-1, gy.size(-1)});
-          if (g.needs_grad(1)) out[1] = matmul(gy2.t(), xv.reshape({-1, xv.size(-1)}));  // gy^T x
-          if (has_bias && g.needs_grad(2)) out[2] = gy2.sum({0});
-          return out;
-        });
+  record_linear(input, weight, bias, y);
+  return y;
+}
+
+Tensor linear_graph_only(const Tensor& input, const Tensor& weight, const Tensor& bias) {
+  // The same casts as linear, so that the graph is linear's graph under autocast too.
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Linear, input.device()})
+      return linear_graph_only(ac.cast(input), ac.cast(weight), ac.cast(bias));
   }
+  check_linear(input, weight, bias);
+  Tensor y = zeros(linear_shape(input, weight), input.options());  // linear's y has the input's dtype
+  record_linear(input, weight, bias, y);
   return y;
 }
 

@@ -42,6 +42,12 @@ using ops::softmax;
 // x (*, in) @ weight (out, in)^T + bias (out): the bias is added in place into the product and the
 // backward is one node (the hot path of an MLP).
 Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
+// linear's graph without its value, for a recompute that only differentiates the result (see
+// Note [a recompute computes what backward reads] in autograd/checkpoint.cpp): records the same
+// LinearBackward node as linear, on a tensor of linear's shape and dtype that holds zeros, and
+// skips the product. The gradients it passes back are linear's; the values it returns are not, so
+// only ops that do not read them (an add, as the residual connection) may take it as an input.
+Tensor linear_graph_only(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
 // weight (V, C), indices of any shape -> (*indices, C). The row padding_idx receives no gradient.
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx = {});
 

@@ -167,8 +167,7 @@ GeluMLP::GeluMLP(int64_t n_embd, TransformerOptions options)
   register_modules({{"c_fc", c_fc}, {"c_proj", c_proj}});
 }
 
-Tensor GeluMLP::forward(const Tensor& x) {
-  Tensor a;
+Tensor GeluMLP::hidden(const Tensor& x) {
   if (c_fc.bias.defined() && !c_fc.has_forward_hooks() && x.dim() >= 2) {
     // c_fc's bias add and the GELU in one op, ops::addmm_gelu: on CUDA in the tanh form both run in
     // the GEMM's epilogue (Note [cuBLASLt GELU epilogue] in cuda/matmul.cu), elsewhere the GEMM
@@ -177,12 +176,12 @@ Tensor GeluMLP::forward(const Tensor& x) {
     const Tensor rows = x.reshape({-1, x.size(-1)});
     Shape shape = x.sizes();
     shape[shape.size() - 1] = c_fc.weight.size(0);
-    a = addmm_gelu(c_fc.bias, rows, c_fc.weight.t(), gelu_approximate).view(shape);
-  } else {
-    a = gelu(c_fc(x), gelu_approximate);
+    return addmm_gelu(c_fc.bias, rows, c_fc.weight.t(), gelu_approximate).view(shape);
   }
-  return nn::dropout(c_proj(a), dropout, is_training());
+  return gelu(c_fc(x), gelu_approximate);
 }
+
+Tensor GeluMLP::forward(const Tensor& x) { return nn::dropout(c_proj(hidden(x)), dropout, is_training()); }
 
 // ---- TransformerBlock ----
 
@@ -194,15 +193,30 @@ TransformerBlock::TransformerBlock(int64_t n_embd, int64_t n_head, TransformerOp
   register_modules({{"ln_1", ln_1}, {"attn", attn}, {"ln_2", ln_2}, {"mlp", mlp}});
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, KVCache* cache) {
+std::tuple<Tensor, Tensor> TransformerBlock::attention_half(const Tensor& x, KVCache* cache) {
   Tensor a = attn.forward(ln_1(x), cache);
   if (ln_2.has_forward_hooks()) {  // the hooks must see ln_2's input and output
     Tensor h = x + a;
-    return h + mlp(ln_2(h));
+    return {h, ln_2(h)};
   }
   // The residual add and ln_2 in one op (fused while fusion is on; see ops::add_layer_norm).
-  auto [h, y] = add_layer_norm(x, a, ln_2.normalized_shape, ln_2.weight, ln_2.bias, ln_2.options.eps);
+  return add_layer_norm(x, a, ln_2.normalized_shape, ln_2.weight, ln_2.bias, ln_2.options.eps);
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, KVCache* cache) {
+  auto [h, y] = attention_half(x, cache);
   return h + mlp(y);
+}
+
+Tensor TransformerBlock::forward_for_recompute(const Tensor& x) {
+  // The block ends in h + mlp.c_proj(hidden): neither that add nor that linear reads its output in
+  // backward, so the projection's GEMM (a third of the block's weight FLOPs) is left out. Only where
+  // forward runs exactly those two ops: a dropout after c_proj draws a mask, and hooks must see the
+  // values, so then the block runs whole.
+  if ((mlp.dropout > 0 && mlp.is_training()) || mlp.has_forward_hooks() || mlp.c_proj.has_forward_hooks())
+    return forward(x, nullptr);
+  auto [h, y] = attention_half(x, nullptr);
+  return h + linear_graph_only(mlp.hidden(y), mlp.c_proj.weight, mlp.c_proj.bias);
 }
 
 }  // namespace kiln::nn

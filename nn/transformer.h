@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "nn/linear.h"
 #include "nn/module.h"
@@ -81,6 +82,8 @@ class GeluMLP : public Module {
  public:
   GeluMLP(int64_t n_embd, TransformerOptions options = {});
   Tensor forward(const Tensor& x) override;
+  // GELU(c_fc(x)): forward without the last projection and its dropout.
+  Tensor hidden(const Tensor& x);
 
   std::string gelu_approximate;
   double dropout;
@@ -92,11 +95,20 @@ class TransformerBlock : public Module {
   TransformerBlock(int64_t n_embd, int64_t n_head, TransformerOptions options = {});
   Tensor forward(const Tensor& x) override { return forward(x, nullptr); }
   Tensor forward(const Tensor& x, KVCache* cache);
+  // For autograd::checkpoint's recompute, which only differentiates the block's output: the graph of
+  // forward(x) with every value its backward reads, but the output's own value is not computed (it
+  // is not the block's output). See Note [a recompute computes what backward reads] in
+  // autograd/checkpoint.cpp.
+  Tensor forward_for_recompute(const Tensor& x);
 
   LayerNorm ln_1;
   CausalSelfAttention attn;
   LayerNorm ln_2;
   GeluMLP mlp;
+
+ private:
+  // x + attn(ln_1(x)) and ln_2 of it: the residual stream h and the MLP's input.
+  std::tuple<Tensor, Tensor> attention_half(const Tensor& x, KVCache* cache);
 };
 
 }  // namespace kiln::nn

@@ -4,9 +4,12 @@
 // bfloat16, with transposed, misaligned and odd-sized operands; that the fused path runs at all (asked
 // directly); nn::linear on top of it. Then addmm_gelu (Note [cuBLASLt GELU epilogue]): the epilogue
 // asked directly in each dtype, its refusals, addmm_gelu's values and gradients against the CPU's
-// whichever path it takes, and nn::GeluMLP under bfloat16 autocast.
+// whichever path it takes, and nn::GeluMLP under bfloat16 autocast. Between them: plain matmul from
+// two threads on two streams (Note [cuBLAS handles per thread]).
 #include <cmath>
 #include <functional>
+#include <string>
+#include <thread>
 
 #include "ops/dispatch.h"
 #include "support.h"
@@ -99,6 +102,42 @@ TEST_CASE("addmm on CUDA: the bias epilogue runs for aligned operands; misaligne
 TEST_CASE("nn::linear on CUDA (through addmm) matches the CPU, forward and backward", "[gpu][addmm]") {
   check_layer([](const Tensor& x, const Tensor& w, const Tensor& b) { return nn::linear(x, w, b); }, {4, 33, 96}, 80,
               {1e-4, 1e-5});
+}
+
+TEST_CASE("matmul on CUDA from two threads, each on a stream of its own, gives each thread its products",
+          "[gpu][addmm]") {
+  // Note [cuBLAS handles per thread] in cuda/matmul.cu: with one handle for both threads, one thread's
+  // GEMM could run on the other's stream, and its copy to the host, ordered after its own stream's
+  // work only, read c before the GEMM wrote it. Each product differs (x (i + 1)), so that a stale c
+  // left by the iteration before cannot pass either.
+  const int64_t n = 1024;
+  Tensor a = test::sample({n, n}, kFloat32, 0.1), b = test::sample({n, n}, kFloat32, 0.2);
+  const Tensor want = matmul(a.to(kFloat64), b.to(kFloat64));
+  const Tensor ga = a.to(kGpu), gb = b.to(kGpu);
+  std::string failures[2];
+  auto work = [&](int t) {
+    try {
+      cuda::CudaStream own(0);
+      own.wait_stream(cuda::CudaStream::default_stream(0));  // ga and gb were written there
+      cuda::StreamGuard guard(own);
+      for (int i = 0; i < 20; ++i) {
+        const Tensor c = matmul(ga * static_cast<double>(i + 1), gb).cpu().to(kFloat64);
+        const double err = (c - want * static_cast<double>(i + 1)).abs().max().item<double>();
+        if (!(err <= 1e-3 * (i + 1))) {
+          failures[t] = "thread " + std::to_string(t) + ", product " + std::to_string(i) + ": max error " +
+                        std::to_string(err);
+          return;
+        }
+      }
+    } catch (const std::exception& e) {
+      failures[t] = e.what();
+    }
+  };
+  std::thread first(work, 0), second(work, 1);
+  first.join();
+  second.join();
+  CHECK(failures[0] == std::string());  // Catch prints the message when it is not empty
+  CHECK(failures[1] == std::string());
 }
 
 // ---- addmm_gelu: Note [cuBLASLt GELU epilogue] ----

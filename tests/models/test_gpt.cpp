@@ -248,6 +248,48 @@ TEST_CASE("GPT: activation checkpointing gives the same gradients, dropout masks
   }
 }
 
+TEST_CASE("GPT: without dropout, the recompute of a checkpointed block skips its last GEMM; same gradients",
+          "[models][gpt]") {
+  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13};  // dropout 0
+  GPT plain(c), ckpt(c);
+  ckpt.load_state_dict(plain.state_dict());
+  ckpt.set_checkpointing(true);
+  Tensor idx = randint(0, 13, {4, 8}), targets = randint(0, 13, {4, 8});
+  Tensor loss_plain = GPT::loss(plain(idx), targets);
+  loss_plain.backward();
+  Tensor loss_ckpt = GPT::loss(ckpt(idx), targets);
+  loss_ckpt.backward();
+  CHECK(loss_ckpt.item<double>() == loss_plain.item<double>());
+  auto pa = plain.named_parameters(), pb = ckpt.named_parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    INFO(pa[i].first);
+    check_close(pb[i].second.grad(), pa[i].second.grad(), {1e-6, 1e-7});
+  }
+  // What the recompute ran: the residual stream h = x + attn(ln_1(x)) plus a projection that was
+  // recorded but not computed, so its value is h, and its graph is the block's.
+  nn::TransformerBlock& b = plain.block(0);
+  Tensor x = randn({2, 8, 16}).requires_grad_();
+  Tensor h = x + b.attn(b.ln_1(x));
+  Tensor recomputed = b.forward_for_recompute(x);
+  check_close(recomputed, h, {1e-6, 1e-6});
+  Tensor out = b.forward(x);
+  CHECK((out - h).abs().max().item<double>() > 1e-3);  // the projection adds something in forward
+  Tensor gy = randn({2, 8, 16});
+  auto want = autograd::grad({out}, {x, b.mlp.c_proj.weight, b.ln_1.weight}, {gy});
+  auto got = autograd::grad({recomputed}, {x, b.mlp.c_proj.weight, b.ln_1.weight}, {gy});
+  for (size_t i = 0; i < want.size(); ++i) check_close(got[i], want[i], {1e-6, 1e-7});
+  // A dropout after the projection draws a mask, and hooks must see its value: the block runs whole.
+  GPT dropped(GPTConfig{.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13, .dropout = 0.5});
+  nn::TransformerBlock& d = dropped.block(0);
+  const Generator::State start = default_generator().get_state();
+  Tensor whole = d.forward(x);
+  default_generator().set_state(start);
+  check_equal(d.forward_for_recompute(x), whole);
+  auto handle = b.mlp.c_proj.register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
+  check_equal(b.forward_for_recompute(x), out);
+  handle.remove();
+}
+
 TEST_CASE("GPT: N micro-batches of b with the loss scaled by 1/N accumulate the gradient of one batch of N b",
           "[models][gpt]") {
   TinyGradRun run(6);

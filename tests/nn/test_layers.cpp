@@ -82,6 +82,47 @@ TEST_CASE("linear and embedding record one node each and pass gradcheck and grad
                     {"linear", "last dim (4)", "in_features (3)"});
 }
 
+TEST_CASE("linear_graph_only records linear's node, and its gradients, without the product", "[nn][layers]") {
+  using autograd::TensorList;
+  Tensor x = test::sample({2, 3, 4}, kFloat64, 0.2).requires_grad_();
+  Tensor w = test::sample({5, 4}, kFloat64, 0.7).requires_grad_();
+  Tensor b = test::sample({5}, kFloat64, 1.3).requires_grad_();
+  Tensor r = test::sample({2, 3, 5}, kFloat64, 0.9).requires_grad_();
+  Tensor gy = test::sample({2, 3, 5}, kFloat64, 2.1);
+  // The residual pattern checkpoint's recompute uses it in: r + linear(x, w, b), value never read.
+  TensorList full = autograd::grad({r + nn::linear(x, w, b)}, {x, w, b, r}, {gy});
+  Tensor y = nn::linear_graph_only(x, w, b);
+  REQUIRE(y.grad_fn());
+  CHECK(std::string(y.grad_fn()->name()) == "LinearBackward");
+  CHECK(y.sizes() == Shape({2, 3, 5}));
+  CHECK(y.dtype() == kFloat64);
+  test::check_equal(y, zeros({2, 3, 5}, kFloat64));  // the product was not computed
+  TensorList graph_only = autograd::grad({r + y}, {x, w, b, r}, {gy});
+  for (size_t i = 0; i < full.size(); ++i) {
+    INFO("input " << i);
+    test::check_equal(graph_only[i], full[i]);
+  }
+  // Without a bias, and under autocast: the graph of linear's casts, so bfloat16 values and the same
+  // float32 gradients.
+  Tensor xf = x.detach().to(kFloat32).requires_grad_(), wf = w.detach().to(kFloat32).requires_grad_();
+  Tensor gf = gy.to(kBFloat16);  // the gradient of a bfloat16 result
+  TensorList want, got;
+  {
+    AutocastGuard bf16(Device::cpu(), kBFloat16);
+    want = autograd::grad({nn::linear(xf, wf)}, {xf, wf}, {gf});
+    Tensor y16 = nn::linear_graph_only(xf, wf);
+    CHECK(y16.dtype() == kBFloat16);
+    got = autograd::grad({y16}, {xf, wf}, {gf});
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    CHECK(got[i].dtype() == kFloat32);
+    test::check_equal(got[i], want[i]);
+  }
+  test::check_error([&] { nn::linear_graph_only(x, zeros({5, 3}, kFloat64)); }, {"linear", "in_features (3)"});
+  test::check_error([&] { nn::linear_graph_only(x, w.detach().to(kFloat32)); },
+                    {"linear", "float64", "float32", "same dtype"});
+}
+
 TEST_CASE("Embedding's backward refuses indices modified in place after the forward", "[nn][layers]") {
   nn::Embedding e(5, 2);
   Tensor idx = from_vector<int64_t>({1, 2}, {2});
