@@ -1,6 +1,8 @@
 // nn/container.cpp: see nn/container.h.
 #include "nn/container.h"
 
+#include "autograd/autograd.h"
+
 namespace kiln::nn {
 
 Module& ModuleList::operator[](size_t i) const {
@@ -34,6 +36,23 @@ std::vector<std::string> ModuleDict::keys() const {
   std::vector<std::string> out;
   for (const auto& item : items_) out.push_back(item.first);
   return out;
+}
+
+CheckpointWrapper::CheckpointWrapper(std::shared_ptr<Module> module, bool preserve_rng_state)
+    : preserve_rng_state(preserve_rng_state), module_(std::move(module)) {
+  KILN_CHECK(module_ != nullptr, "nn::CheckpointWrapper: the module to wrap is null");
+  register_wrapped_module("_checkpoint_wrapped_module", module_);
+}
+
+Tensor CheckpointWrapper::forward(const Tensor& input) {
+  Module* m = module_.get();
+  const bool hooks = m->has_forward_hooks();  // they must see the values: the recompute runs them too
+  return autograd::checkpoint(
+      [m](const autograd::TensorList& in) { return autograd::TensorList{(*m)(in[0])}; },
+      [m, hooks](const autograd::TensorList& in) {
+        return autograd::TensorList{hooks ? (*m)(in[0]) : m->forward_for_recompute(in[0])};
+      },
+      {input}, preserve_rng_state)[0];
 }
 
 }  // namespace kiln::nn

@@ -1,10 +1,12 @@
-// nn/container.h: Sequential, ModuleList and ModuleDict. Unlike the members of a user's module, their
-// children are owned (see Note [module ownership] in nn/module.h): they are moved in or shared.
+// nn/container.h: Sequential, ModuleList, ModuleDict and CheckpointWrapper. Unlike the members of a
+// user's module, their children are owned (see Note [module ownership] in nn/module.h): they are moved
+// in or shared.
 //
 //   nn::Sequential seq{nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2)};   // children "0", "1", "2"
 //   nn::ModuleList blocks{std::make_shared<Block>(), std::make_shared<Block>()};
 //   blocks.push_back(nn::Linear(8, 8));
 //   nn::ModuleDict heads;   heads.insert("cls", nn::Linear(8, 10));
+//   nn::Sequential deep{nn::CheckpointWrapper(Block()), nn::CheckpointWrapper(Block()), nn::Linear(8, 2)};
 //
 // A Sequential given a single Sequential rvalue is moved (the move constructor), not nested; nest with
 // push_back(std::make_shared<nn::Sequential>(...)).
@@ -97,6 +99,34 @@ class ModuleDict : public Module {
 
  private:
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> items_;
+};
+
+// Activation checkpointing of one module (PyTorch's checkpoint_wrapper, CheckpointWrapper): forward
+// runs the wrapped module through autograd::checkpoint, so that only its input is kept for backward,
+// which runs it again (its forward_for_recompute, or the whole module with hooks while it has any).
+// The wrapped module is the child "_checkpoint_wrapped_module", but its parameters and buffers keep
+// their own names, as in PyTorch: a state dict saved with or without the wrapper loads into either.
+class CheckpointWrapper : public Module {
+ public:
+  template <ModuleItem M>
+  explicit CheckpointWrapper(M&& module, bool preserve_rng_state = true)
+      : CheckpointWrapper(std::shared_ptr<Module>(as_shared(std::forward<M>(module))), preserve_rng_state) {}
+  CheckpointWrapper(std::shared_ptr<Module> module, bool preserve_rng_state);
+  CheckpointWrapper(CheckpointWrapper&&) = default;
+  Tensor forward(const Tensor& input) override;
+  Module& module() const { return *module_; }
+
+  bool preserve_rng_state;  // dropout inside draws the same masks when run again (autograd::checkpoint)
+
+ private:
+  template <class M> static auto as_shared(M&& module) {
+    if constexpr (ModuleValue<M>) {
+      return std::make_shared<std::remove_cvref_t<M>>(std::move(module));
+    } else {
+      return module;
+    }
+  }
+  std::shared_ptr<Module> module_;
 };
 
 }  // namespace kiln::nn

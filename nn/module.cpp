@@ -144,10 +144,10 @@ Tensor Module::register_buffer(const std::string& name, Tensor t, bool persisten
   return buffers_.back().tensor;
 }
 
-void Module::add_child(const std::string& name, Module* module, std::shared_ptr<Module> owned) {
+void Module::add_child(const std::string& name, Module* module, std::shared_ptr<Module> owned, bool wrapped) {
   check_new_name(name, "submodule");
   KILN_CHECK(module != this, "nn::Module: {} cannot register itself as its submodule '{}'", this->name(), name);
-  children_.push_back({name, module, std::move(owned)});
+  children_.push_back({name, module, std::move(owned), wrapped});
 }
 
 void Module::register_modules(std::initializer_list<NamedRef> modules) {
@@ -161,7 +161,7 @@ void Module::collect_parameters(const std::string& prefix,
   for (const Slot& p : parameters_) {
     if (p.tensor.defined()) out.emplace_back(prefix + p.name, p.tensor);
   }
-  for (const Child& c : children_) c.module->collect_parameters(prefix + c.name + ".", out);
+  for (const Child& c : children_) c.module->collect_parameters(c.prefix(prefix), out);
 }
 
 void Module::collect_buffers(const std::string& prefix, bool persistent_only,
@@ -169,7 +169,7 @@ void Module::collect_buffers(const std::string& prefix, bool persistent_only,
   for (const Slot& b : buffers_) {
     if (b.tensor.defined() && (b.persistent || !persistent_only)) out.emplace_back(prefix + b.name, b.tensor);
   }
-  for (const Child& c : children_) c.module->collect_buffers(prefix + c.name + ".", persistent_only, out);
+  for (const Child& c : children_) c.module->collect_buffers(c.prefix(prefix), persistent_only, out);
 }
 
 namespace {
@@ -311,7 +311,7 @@ void Module::collect_state(const std::string& prefix, TensorDict& out) const {
     if (p.tensor.defined()) out.insert(prefix + p.name, p.tensor.detach());
   for (const Slot& b : buffers_)
     if (b.tensor.defined() && b.persistent) out.insert(prefix + b.name, b.tensor.detach());
-  for (const Child& c : children_) c.module->collect_state(prefix + c.name + ".", out);
+  for (const Child& c : children_) c.module->collect_state(c.prefix(prefix), out);
 }
 
 TensorDict Module::state_dict() const {

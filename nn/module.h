@@ -19,7 +19,8 @@
 // replaces the data behind that same handle (as PyTorch's `param.data = ...`), so every holder sees the
 // moved tensor; an optimizer is built afterwards, as in PyTorch.
 //
-// Layers are in nn/linear.h, nn/conv.h, nn/norm.h (with Dropout), nn/activation.h, nn/container.h.
+// Layers are in nn/linear.h, nn/conv.h, nn/norm.h (with Dropout), nn/activation.h, nn/container.h (with
+// CheckpointWrapper), nn/transformer.h.
 #pragma once
 
 #include <functional>
@@ -68,6 +69,12 @@ class Module {
   // The computation; layers override it. operator() runs it between the forward hooks.
   virtual Tensor forward(const Tensor& input);
   Tensor operator()(const Tensor& input);
+  // What a checkpoint's recompute runs (nn::CheckpointWrapper, GPT's blocks): forward's graph with
+  // every value that backward reads. Its output is only differentiated, never read, so a layer whose
+  // last ops do not read their own outputs in backward may leave them uncomputed (nn::TransformerBlock
+  // does; see Note [a recompute computes what backward reads] in autograd/checkpoint.cpp). Runs no
+  // hooks: a caller runs operator() instead while the module has any.
+  virtual Tensor forward_for_recompute(const Tensor& input) { return forward(input); }
 
   // The name printed in the module tree: the class name without namespaces ("Linear", "Net").
   virtual std::string name() const;
@@ -103,6 +110,8 @@ class Module {
   void register_modules(std::initializer_list<NamedRef> modules);
 
   // ---- traversal (PyTorch's order: registration order, depth first, parent before children) ----
+  // Parameter and buffer names (and state_dict keys) are dotted paths of child names, except that a
+  // child registered with register_wrapped_module adds nothing to them.
   std::vector<Tensor> parameters(bool recurse = true) const;
   std::vector<std::pair<std::string, Tensor>> named_parameters(bool recurse = true) const;
   std::vector<Tensor> buffers(bool recurse = true) const;
@@ -142,6 +151,17 @@ class Module {
   std::string to_string() const;
   int64_t num_parameters() const;  // elements over all parameters, recursively
 
+ protected:
+  // An owned child whose parameters and buffers are named as this module's own ("weight", not
+  // "name.weight"), so that wrapping a module leaves its state_dict keys alone (nn::CheckpointWrapper,
+  // as PyTorch's CheckpointWrapper strips its "_checkpoint_wrapped_module." prefix). It keeps its name
+  // in the module tree and in named_modules().
+  template <class M> M& register_wrapped_module(const std::string& name, std::shared_ptr<M> module) {
+    M& ref = *module;
+    add_child(name, &ref, std::move(module), /*wrapped=*/true);
+    return ref;
+  }
+
  private:
   struct Slot {
     std::string name;
@@ -152,9 +172,11 @@ class Module {
     std::string name;
     Module* module;
     std::shared_ptr<Module> owned;  // null: borrowed
+    bool wrapped = false;           // register_wrapped_module: adds nothing to its tensors' names
+    std::string prefix(const std::string& outer) const { return wrapped ? outer : outer + name + "."; }
   };
 
-  void add_child(const std::string& name, Module* module, std::shared_ptr<Module> owned);
+  void add_child(const std::string& name, Module* module, std::shared_ptr<Module> owned, bool wrapped = false);
   std::vector<std::pair<std::string, bool>> borrowed_children() const;  // (name, is borrowed)
   void check_new_name(const std::string& name, const char* what) const;
   void collect_parameters(const std::string& prefix, std::vector<std::pair<std::string, Tensor>>& out) const;

@@ -96,10 +96,10 @@ class TransformerBlock : public Module {
   Tensor forward(const Tensor& x) override { return forward(x, nullptr); }
   Tensor forward(const Tensor& x, KVCache* cache);
   // For autograd::checkpoint's recompute, which only differentiates the block's output: the graph of
-  // forward(x) with every value its backward reads, but the output's own value is not computed (it
-  // is not the block's output). See Note [a recompute computes what backward reads] in
-  // autograd/checkpoint.cpp.
-  Tensor forward_for_recompute(const Tensor& x);
+  // forward(x) with every value its backward reads, but the MLP's last projection is recorded without
+  // being computed, so the output's value is not the block's output. See Note [a recompute computes
+  // what backward reads] in autograd/checkpoint.cpp.
+  Tensor forward_for_recompute(const Tensor& x) override;
 
   LayerNorm ln_1;
   CausalSelfAttention attn;

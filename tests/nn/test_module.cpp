@@ -294,6 +294,127 @@ TEST_CASE("Containers: ModuleList and ModuleDict take modules by value or shared
   test::check_error([&] { list(zeros({1, 2})); }, {"ModuleList has no forward"});
 }
 
+namespace {
+// A block with a dropout in it, so that the recompute must draw the same mask.
+nn::Sequential mlp_block() { return nn::Sequential{nn::Linear(8, 32), nn::GELU(), nn::Dropout(0.3), nn::Linear(32, 8)}; }
+
+// loss of net on x with the generator at `seed`, then backward; returns the loss.
+double loss_and_backward(nn::Module& net, const Tensor& x, uint64_t seed) {
+  manual_seed(seed);
+  Tensor loss = net(x).square().mean();
+  loss.backward();
+  return loss.item<double>();
+}
+}  // namespace
+
+TEST_CASE("CheckpointWrapper: the plain module's state dict keys, loss and gradients; activations not kept",
+          "[nn][module][checkpoint]") {
+  manual_seed(4);
+  nn::Sequential plain{mlp_block(), mlp_block(), nn::Linear(8, 3)};
+  nn::Sequential wrapped{nn::CheckpointWrapper(mlp_block()), nn::CheckpointWrapper(std::make_shared<nn::Sequential>(mlp_block())),
+                         nn::Linear(8, 3)};
+  // PyTorch's names: the wrapper adds nothing to them, so either state dict loads into the other.
+  std::vector<std::string> keys_plain, keys_wrapped;
+  for (const auto& [k, t] : plain.state_dict()) keys_plain.push_back(k);
+  for (const auto& [k, t] : wrapped.state_dict()) keys_wrapped.push_back(k);
+  CHECK(keys_wrapped == keys_plain);
+  CHECK(keys_wrapped.front() == "0.0.weight");
+  wrapped.load_state_dict(plain.state_dict());
+  auto named = wrapped.named_parameters();
+  CHECK(named[0].first == "0.0.weight");
+  std::vector<std::string> module_names;
+  for (const auto& [name, m] : wrapped.named_modules()) module_names.push_back(name);
+  CHECK(module_names[1] == "0");
+  CHECK(module_names[2] == "0._checkpoint_wrapped_module");
+  CHECK(wrapped.to_string().find("(_checkpoint_wrapped_module): Sequential(") != std::string::npos);
+  CHECK(dynamic_cast<nn::CheckpointWrapper&>(wrapped[0]).module().name() == "Sequential");
+
+  Tensor x = randn({64, 8});
+  const double plain_loss = loss_and_backward(plain, x, 11);
+  const double wrapped_loss = loss_and_backward(wrapped, x, 11);
+  CHECK(wrapped_loss == plain_loss);  // the dropout masks were drawn again, the same
+  auto pp = plain.named_parameters(), pw = wrapped.named_parameters();
+  REQUIRE(pp.size() == pw.size());
+  for (size_t i = 0; i < pp.size(); ++i) {
+    INFO(pp[i].first);
+    test::check_equal(pw[i].second.grad(), pp[i].second.grad());
+  }
+  // Between forward and backward the wrapped blocks keep only their inputs.
+  int64_t kept[2];
+  nn::Module* nets[2] = {&plain, &wrapped};
+  for (int i = 0; i < 2; ++i) {
+    const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
+    Tensor loss = (*nets[i])(x).square().mean();
+    kept[i] = memory::stats(Device::cpu()).allocated_bytes - before;
+    loss.backward();
+  }
+  INFO("plain " << kept[0] << " bytes, wrapped " << kept[1] << " bytes");
+  CHECK(kept[0] > 2 * 3 * 64 * 32 * 4);  // each block: GELU's input, the mask, the dropout's output
+  CHECK(kept[1] < kept[0] / 3);
+  // Without grad recording, or in eval mode, it is the module: the same values, no node.
+  wrapped.eval();
+  plain.eval();
+  {
+    NoGradGuard no_grad;
+    test::check_equal(wrapped(x), plain(x));
+  }
+}
+
+TEST_CASE("CheckpointWrapper runs a TransformerBlock's forward_for_recompute in backward, hooks when there are any",
+          "[nn][module][checkpoint]") {
+  manual_seed(5);
+  auto block = std::make_shared<nn::TransformerBlock>(16, 2);
+  nn::CheckpointWrapper wrapped(block);
+  CHECK(&wrapped.module() == block.get());
+  Tensor x = randn({2, 5, 16}).requires_grad_();
+  Tensor gy = randn({2, 5, 16});
+  // The gradients of x and of every parameter from backward(gy); cleared after. (The recompute's
+  // parameter gradients reach .grad() from its own backward, so autograd::grad cannot ask for them,
+  // as with PyTorch's reentrant checkpoint.)
+  auto params = block->parameters();
+  auto grads_of = [&](const Tensor& y) {
+    y.backward(gy);
+    std::vector<Tensor> out{x.grad().clone()};
+    for (const Tensor& p : params) out.push_back(p.grad().clone());
+    x.set_grad(Tensor());
+    block->zero_grad();
+    return out;
+  };
+  const auto want = grads_of(block->forward(x));
+  auto got = grads_of(wrapped(x));
+  for (size_t i = 0; i < want.size(); ++i) test::check_close(got[i], want[i], {1e-6, 1e-7});
+  // A hook on the wrapped module sees every run of it: the forward and the recompute.
+  int calls = 0;
+  auto handle = block->register_forward_hook([&](nn::Module&, const Tensor&, const Tensor& out) {
+    ++calls;
+    return out * 2.0;  // replaces the block's output, both times
+  });
+  got = grads_of(wrapped(x));
+  CHECK(calls == 2);
+  for (size_t i = 0; i < want.size(); ++i) test::check_close(got[i], want[i] * 2.0, {1e-6, 1e-7});
+  handle.remove();
+  // Which function the recompute runs: forward_for_recompute, or forward (through the hooks) while
+  // the module has hooks.
+  struct Counting : nn::Module {
+    nn::Linear fc{4, 4};
+    int forwards = 0, recomputes = 0;
+    Counting() { register_module("fc", fc); }
+    Tensor forward(const Tensor& in) override { return ++forwards, fc(in); }
+    Tensor forward_for_recompute(const Tensor& in) override { return ++recomputes, fc(in); }
+  };
+  auto counting = std::make_shared<Counting>();
+  nn::CheckpointWrapper counted(counting);
+  counted(randn({3, 4})).sum().backward();
+  CHECK(counting->forwards == 1);
+  CHECK(counting->recomputes == 1);
+  auto noop = counting->register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
+  counted(randn({3, 4})).sum().backward();
+  CHECK(counting->forwards == 3);
+  CHECK(counting->recomputes == 1);
+  noop.remove();
+  test::check_error([] { nn::CheckpointWrapper(std::shared_ptr<nn::Module>(), true); }, {"CheckpointWrapper", "null"});
+}
+
 TEST_CASE("to(device) on a device that cannot be used fails cleanly and leaves the module where it was",
           "[nn][module]") {
   if (cuda::is_available()) return;  // on a GPU machine the move succeeds (the DESIGN test covers that)
