@@ -18,10 +18,11 @@
 // sends gradients into their nodes. An op whose backward formula does not read its own output
 // (linear: dx = gy W, dW = gy^T x; add) need not compute it in the recompute, only record its
 // node. A caller that knows where such ops end fn passes a second function, `recompute`, which
-// builds the same graph but leaves those values out; nn::TransformerBlock::forward_for_recompute
-// records its MLP's last projection with nn::linear_graph_only and so skips its GEMM, a third of
-// the block's weight FLOPs (models/gpt.cpp checkpoints blocks this way). The recompute's outputs
-// must have the shapes and dtypes of fn's; their values are never read.
+// builds the same graph but leaves those values out. GPT's checkpointed blocks and
+// nn::CheckpointWrapper pass the module's nn::Module::forward_for_recompute, which
+// nn::TransformerBlock overrides: it records its MLP's last projection with nn::linear_graph_only
+// and so skips its GEMM, a third of the block's weight FLOPs. The recompute's outputs must have the
+// shapes and dtypes of fn's; their values are never read.
 #include "autograd/autograd.h"
 #include "core/generator.h"
 #include "ops/autocast.h"

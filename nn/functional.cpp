@@ -118,8 +118,8 @@ void check_linear(const Tensor& input, const Tensor& weight, const Tensor& bias)
   KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == weight.size(0)),
              "linear: bias must have shape ({}), got {}", weight.size(0), bias.sizes().str());
   KILN_CHECK(input.dtype() == weight.dtype() && input.device() == weight.device(),
-             "linear: the input ({} on {}) and the weight ({} on {}) must have the same dtype and device", dtype_name(input.dtype()),
-             input.device().str(), dtype_name(weight.dtype()), weight.device().str());
+             "linear: the input ({} on {}) and the weight ({} on {}) must have the same dtype and device",
+             dtype_name(input.dtype()), input.device().str(), dtype_name(weight.dtype()), weight.device().str());
 }
 
 // linear's node, LinearBackward, recorded with y as its output. Its formula reads the input and the
