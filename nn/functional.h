@@ -46,7 +46,8 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 // Note [a recompute computes what backward reads] in autograd/checkpoint.cpp): records the same
 // LinearBackward node as linear, on a tensor of linear's shape and dtype that holds zeros, and
 // skips the product. The gradients it passes back are linear's; the values it returns are not, so
-// only ops that do not read them (an add, as the residual connection) may take it as an input.
+// only ops whose backward does not read them may take it as an input (an add, as the residual
+// connection; a dropout, whose backward reads only its mask), and their values are then wrong too.
 Tensor linear_graph_only(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
 // weight (V, C), indices of any shape -> (*indices, C). The row padding_idx receives no gradient.
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx = {});

@@ -209,14 +209,15 @@ Tensor TransformerBlock::forward(const Tensor& x, KVCache* cache) {
 }
 
 Tensor TransformerBlock::forward_for_recompute(const Tensor& x) {
-  // The block ends in h + mlp.c_proj(hidden): neither that add nor that linear reads its output in
-  // backward, so the projection's GEMM (a third of the block's weight FLOPs) is left out. Only where
-  // forward runs exactly those two ops: a dropout after c_proj draws a mask, and hooks must see the
-  // values, so then the block runs whole.
-  if ((mlp.dropout > 0 && mlp.is_training()) || mlp.has_forward_hooks() || mlp.c_proj.has_forward_hooks())
-    return forward(x, nullptr);
+  // The block ends in h + dropout(mlp.c_proj(hidden)). The add's backward reads nothing, the
+  // dropout's reads its mask only, and the linear's reads its input and weight, so the projection's
+  // GEMM (a third of the block's weight FLOPs) is left out. The dropout still runs, on the zeros, to
+  // draw the mask forward drew. Hooks on the MLP or c_proj must see the values: then the block runs
+  // whole.
+  if (mlp.has_forward_hooks() || mlp.c_proj.has_forward_hooks()) return forward(x, nullptr);
   auto [h, y] = attention_half(x, nullptr);
-  return h + linear_graph_only(mlp.hidden(y), mlp.c_proj.weight, mlp.c_proj.bias);
+  const Tensor projected = linear_graph_only(mlp.hidden(y), mlp.c_proj.weight, mlp.c_proj.bias);
+  return h + nn::dropout(projected, mlp.dropout, mlp.is_training());
 }
 
 }  // namespace kiln::nn

@@ -248,7 +248,7 @@ TEST_CASE("GPT: activation checkpointing gives the same gradients, dropout masks
   }
 }
 
-TEST_CASE("GPT: without dropout, the recompute of a checkpointed block skips its last GEMM; same gradients",
+TEST_CASE("GPT: the recompute of a checkpointed block skips its last GEMM; same gradients, with dropout too",
           "[models][gpt]") {
   GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13};  // dropout 0
   GPT plain(c), ckpt(c);
@@ -278,13 +278,19 @@ TEST_CASE("GPT: without dropout, the recompute of a checkpointed block skips its
   auto want = autograd::grad({out}, {x, b.mlp.c_proj.weight, b.ln_1.weight}, {gy});
   auto got = autograd::grad({recomputed}, {x, b.mlp.c_proj.weight, b.ln_1.weight}, {gy});
   for (size_t i = 0; i < want.size(); ++i) check_close(got[i], want[i], {1e-6, 1e-7});
-  // A dropout after the projection draws a mask, and hooks must see its value: the block runs whole.
+  // With dropout in training: the dropout after the projection still runs (on the zeros), so it draws
+  // the masks forward drew, and the gradients are forward's; the generator ends where forward's did.
   GPT dropped(GPTConfig{.n_layer = 1, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13, .dropout = 0.5});
   nn::TransformerBlock& d = dropped.block(0);
   const Generator::State start = default_generator().get_state();
-  Tensor whole = d.forward(x);
+  auto dropped_want = autograd::grad({d.forward(x)}, {x, d.mlp.c_proj.weight, d.ln_1.weight}, {gy});
+  const Generator::State after = default_generator().get_state();
   default_generator().set_state(start);
-  check_equal(d.forward_for_recompute(x), whole);
+  auto dropped_got = autograd::grad({d.forward_for_recompute(x)}, {x, d.mlp.c_proj.weight, d.ln_1.weight}, {gy});
+  CHECK(after.offset > start.offset);  // forward drew masks
+  CHECK(default_generator().get_state().offset == after.offset);
+  for (size_t i = 0; i < dropped_want.size(); ++i) check_close(dropped_got[i], dropped_want[i], {1e-6, 1e-7});
+  // Hooks must see the projection's value: then the block runs whole.
   auto handle = b.mlp.c_proj.register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
   check_equal(b.forward_for_recompute(x), out);
   handle.remove();
