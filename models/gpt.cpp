@@ -5,7 +5,7 @@
 #include <cmath>
 #include <set>
 
-#include "autograd/autograd.h"
+#include "core/grad_mode.h"
 #include "data/safetensors.h"
 
 namespace kiln::models {
@@ -95,12 +95,7 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
     if (checkpoint_[static_cast<size_t>(i)] && !caches && is_training() && GradMode::is_enabled()) {
       // The recompute skips the block's last GEMM (Note [a recompute computes what backward reads] in
       // autograd/checkpoint.cpp); a block with hooks runs whole both times, hooks and all.
-      const bool skip = recompute_skips_unread_ && !b->has_forward_hooks();
-      x = autograd::checkpoint([b](const autograd::TensorList& in) -> autograd::TensorList { return {(*b)(in[0])}; },
-                               [b, skip](const autograd::TensorList& in) -> autograd::TensorList {
-                                 return {skip ? b->forward_for_recompute(in[0]) : (*b)(in[0])};
-                               },
-                               {x})[0];
+      x = nn::checkpoint_module(*b, x, /*preserve_rng_state=*/true, recompute_skips_unread_);
     } else {
       x = b->forward(x, caches ? &(*caches)[static_cast<size_t>(i)] : nullptr);
     }

@@ -44,15 +44,19 @@ CheckpointWrapper::CheckpointWrapper(std::shared_ptr<Module> module, bool preser
   register_wrapped_module("_checkpoint_wrapped_module", module_);
 }
 
-Tensor CheckpointWrapper::forward(const Tensor& input) {
-  Module* m = module_.get();
-  const bool hooks = m->has_forward_hooks();  // they must see the values: the recompute runs them too
+Tensor checkpoint_module(Module& module, const Tensor& input, bool preserve_rng_state, bool skip_unread) {
+  Module* m = &module;
+  const bool whole = !skip_unread || m->has_forward_hooks();  // hooks must see the values
   return autograd::checkpoint(
       [m](const autograd::TensorList& in) { return autograd::TensorList{(*m)(in[0])}; },
-      [m, hooks](const autograd::TensorList& in) {
-        return autograd::TensorList{hooks ? (*m)(in[0]) : m->forward_for_recompute(in[0])};
+      [m, whole](const autograd::TensorList& in) {
+        return autograd::TensorList{whole ? (*m)(in[0]) : m->forward_for_recompute(in[0])};
       },
       {input}, preserve_rng_state)[0];
+}
+
+Tensor CheckpointWrapper::forward(const Tensor& input) {
+  return checkpoint_module(*module_, input, preserve_rng_state);
 }
 
 }  // namespace kiln::nn

@@ -101,6 +101,13 @@ class ModuleDict : public Module {
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> items_;
 };
 
+// input through module under autograd::checkpoint, as CheckpointWrapper and GPT's checkpointed
+// blocks run it: the recompute in backward is module.forward_for_recompute(input), or the module
+// whole (through operator(), so its hooks run again) while it has hooks or when skip_unread is
+// false. See Note [a recompute computes what backward reads] in autograd/checkpoint.cpp.
+Tensor checkpoint_module(Module& module, const Tensor& input, bool preserve_rng_state = true,
+                         bool skip_unread = true);
+
 // Activation checkpointing of one module (PyTorch's checkpoint_wrapper, CheckpointWrapper): forward
 // runs the wrapped module through autograd::checkpoint, so that only its input is kept for backward,
 // which runs it again (its forward_for_recompute, or the whole module with hooks while it has any).
