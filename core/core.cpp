@@ -72,13 +72,18 @@ std::string Shape::str() const {
 }
 
 Shape contiguous_strides(const Shape& sizes) {
-  Shape strides = Shape::filled(sizes.size(), 1);
+  Shape strides;
+  set_contiguous_strides(sizes, strides);
+  return strides;
+}
+
+void set_contiguous_strides(const Shape& sizes, Shape& strides) {
+  strides.resize(sizes.size());
   int64_t running = 1;
   for (int i = sizes.size() - 1; i >= 0; --i) {
     strides[i] = running;
     running *= std::max<int64_t>(sizes[i], 1);
   }
-  return strides;
 }
 
 int wrap_dim(int64_t dim, int ndim, const char* op) {

@@ -25,10 +25,30 @@
 
 #ifdef KILN_HAVE_OPENBLAS
 extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" int openblas_get_num_threads(void);
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));  // absent from serial builds
 #endif
 
 namespace kiln::cpu {
 namespace {
+
+// Note [OpenBLAS's own threads]
+// Kiln's pool splits a product and each of its threads calls OpenBLAS, so OpenBLAS runs on one
+// thread (cpu/matmul.cpp). But OpenBLAS's pthread build starts its own worker threads when the
+// library loads, and each spins on sched_yield for about 2^28 cycles waiting for work that will
+// never come. perf showed one such thread busy for the first 0.2 s of op_overhead on a 2-vCPU Zen 1,
+// where its first case took 0.40-0.51 us per add against 0.29-0.31 us with OPENBLAS_NUM_THREADS=1.
+// So while Kiln's statics are made, before main, OpenBLAS is set to one thread and its thread server
+// is shut down (blas_thread_shutdown_, what OpenBLAS itself calls before a fork). OpenBLAS 0.3.21
+// starts the server again on any openblas_set_num_threads call, even with 1, so that call is made
+// only when the count is not 1 already, and is followed by the shutdown again.
+void openblas_on_one_thread() {
+#ifdef KILN_HAVE_OPENBLAS
+  if (openblas_get_num_threads() != 1) openblas_set_num_threads(1);
+  if (blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();  // returns at once when it is down
+#endif
+}
+const bool openblas_quiet_at_load = (openblas_on_one_thread(), true);
 
 thread_local bool inside_pool_job = false;
 
@@ -168,9 +188,6 @@ int default_threads() {
 std::shared_ptr<ThreadPool> get_pool() {
   std::lock_guard<std::mutex> lock(pool_mutex);
   if (!*pool) {
-#ifdef KILN_HAVE_OPENBLAS
-    openblas_set_num_threads(1);  // Kiln's pool does the splitting: see matmul.cpp
-#endif
     *pool = std::make_shared<ThreadPool>(default_threads());
   }
   return *pool;
@@ -209,9 +226,7 @@ namespace kiln {
 void set_num_threads(int n) {
   KILN_CHECK(n >= 1, "set_num_threads: need at least 1 thread, got {}", n);
   std::lock_guard<std::mutex> lock(cpu::pool_mutex);
-#ifdef KILN_HAVE_OPENBLAS
-  openblas_set_num_threads(1);
-#endif
+  cpu::openblas_on_one_thread();
   if (*cpu::pool && (*cpu::pool)->threads() == n) return;
   *cpu::pool = std::make_shared<cpu::ThreadPool>(n);  // a job still running keeps the old one alive
 }

@@ -33,7 +33,7 @@ View broadcast_view(const Tensor& t, const Shape& shape) {
   v.data = t.data_ptr();
   v.dtype = t.dtype();
   v.sizes = shape;
-  v.strides = Shape::filled(shape.size(), 0);
+  v.strides.resize(shape.size());  // zeros, written in place: Note [copying a fresh Shape]
   const int lead = shape.size() - t.dim();
   for (int d = 0; d < t.dim(); ++d) {
     if (t.sizes()[d] != 1) v.strides[lead + d] = t.strides()[d];
@@ -54,7 +54,7 @@ static Tensor allocate_tensor(const Shape& shape, DType dtype, Device device, Al
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = std::make_shared<Storage>(alloc.allocate(nbytes), nbytes, device, &alloc);
   impl->sizes = shape;
-  impl->strides = contiguous_strides(shape);
+  set_contiguous_strides(shape, impl->strides);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
 }

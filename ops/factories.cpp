@@ -173,7 +173,7 @@ Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device) {
   impl->storage = std::make_shared<Storage>(data, static_cast<size_t>(shape.numel() * itemsize(dtype)),
                                             device, nullptr);
   impl->sizes = shape;
-  impl->strides = contiguous_strides(shape);
+  set_contiguous_strides(shape, impl->strides);
   impl->dtype = dtype;
   return Tensor(std::move(impl));
 }

@@ -12,18 +12,22 @@ bool should_record(const std::vector<Tensor>& inputs) {
   return false;
 }
 
-TensorList FunctionNode::apply(TensorList&& grads) {
-  KILN_CHECK(fn_ != nullptr,
+namespace detail {
+
+void check_not_released(bool has_formula, const char* name) {
+  KILN_CHECK(has_formula,
              "{}: trying to backward through the graph a second time (or after its saved tensors "
              "were freed). Pass retain_graph=true to the first backward() if you need to run it again",
-             name_);
-  CurrentNodeGuard running(this);  // outputs this node saved are re-attached to it
+             name);
+}
+
+Grads grads_for(TensorList&& grads, const std::vector<Edge>& next_edges) {
   Grads g{std::move(grads), std::vector<bool>(next_edges.size())};
   for (size_t i = 0; i < next_edges.size(); ++i) g.needs[i] = next_edges[i].valid();
-  TensorList out = fn_(g);
-  out.resize(next_edges.size());
-  return out;
+  return g;
 }
+
+}  // namespace detail
 
 TensorList AccumulateGrad::apply(TensorList&& grads) {
   Tensor g = std::move(grads[0]);
@@ -69,9 +73,15 @@ Edge gradient_edge(const Tensor& t) {
   return {grad_accumulator(t), 0};
 }
 
-void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-            BackwardFn fn) {
-  auto node = std::make_shared<FunctionNode>(name, std::move(fn));
+// Note [the node holds its lambda]
+// In op_overhead's `c = a + b` with grad, recording took about 0.3 us of the 0.69 us an add took on
+// a 2-vCPU Zen 1 (0.38 us without grad), and each add made and freed four heap blocks for it: the
+// node, a std::function holding the backward lambda (a block of its own once the captures pass 16
+// bytes, as two InputInfos do), and vectors for the braced {a, b} and {out}. Now FunctionNode<F>
+// holds the lambda, so make_shared puts both in one block with the control block, and the braced
+// lists reach attach() as spans of their initializer lists: 0.56-0.58 us per add with grad. What is
+// left per node is that block and its next_edges.
+void attach(const std::shared_ptr<Node>& node, std::span<const Tensor> inputs, std::span<const Tensor> outputs) {
   node->num_outputs = static_cast<uint32_t>(outputs.size());
   node->next_edges.reserve(inputs.size());
   for (const auto& t : inputs) node->next_edges.push_back(gradient_edge(t));

@@ -15,8 +15,10 @@
 // The engine (autograd/engine.cpp) runs the nodes; AccumulateGrad ends every path at a leaf.
 #pragma once
 
-#include <functional>
 #include <initializer_list>
+#include <memory>
+#include <optional>
+#include <span>
 #include <vector>
 
 #include "core/grad_mode.h"
@@ -34,7 +36,6 @@ struct Grads {
   const Tensor& operator[](size_t i) const { return grads[i]; }
   bool needs_grad(size_t i) const { return needs[i]; }
 };
-using BackwardFn = std::function<TensorList(const Grads&)>;
 
 inline bool should_record(const Tensor& a) { return GradMode::is_enabled() && a.requires_grad(); }
 inline bool should_record(const Tensor& a, const Tensor& b) {
@@ -42,17 +43,32 @@ inline bool should_record(const Tensor& a, const Tensor& b) {
 }
 bool should_record(const std::vector<Tensor>& inputs);
 
-// A node whose backward is a lambda. release_saved() drops the lambda (and what it captured).
+// Pieces of FunctionNode::apply that do not depend on the lambda's type (ops/record.cpp).
+namespace detail {
+void check_not_released(bool has_formula, const char* name);
+Grads grads_for(TensorList&& grads, const std::vector<Edge>& next_edges);
+}  // namespace detail
+
+// A node whose backward is a lambda F, held in the node itself: recording an op makes one
+// allocation for both (Note [the node holds its lambda], ops/record.cpp). release_saved() destroys
+// the lambda and what it captured.
+template <typename F>
 class FunctionNode final : public Node {
  public:
-  FunctionNode(const char* name, BackwardFn fn) : name_(name), fn_(std::move(fn)) {}
+  FunctionNode(const char* name, F fn) : name_(name), fn_(std::move(fn)) {}
   const char* name() const override { return name_; }
-  TensorList apply(TensorList&& grads) override;
-  void release_saved() override { fn_ = nullptr; }
+  TensorList apply(TensorList&& grads) override {
+    detail::check_not_released(fn_.has_value(), name_);
+    CurrentNodeGuard running(this);  // outputs this node saved are re-attached to it
+    TensorList out = (*fn_)(detail::grads_for(std::move(grads), next_edges));
+    out.resize(next_edges.size());
+    return out;
+  }
+  void release_saved() override { fn_.reset(); }
 
  private:
   const char* name_;
-  BackwardFn fn_;
+  std::optional<F> fn_;
 };
 
 // The end of every path at a leaf: runs the leaf's hooks and adds the gradient into leaf.grad().
@@ -71,9 +87,20 @@ class AccumulateGrad final : public Node {
 Edge gradient_edge(const Tensor& t);
 std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
 
-// Attaches a new node to `outputs` (each gets grad_fn and its output_nr) with edges to `inputs`.
-void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
-            BackwardFn fn);
+// Attaches `node` to `outputs` (each gets grad_fn and its output_nr) with edges to `inputs`.
+void attach(const std::shared_ptr<Node>& node, std::span<const Tensor> inputs, std::span<const Tensor> outputs);
+
+// Records a FunctionNode named `name` whose backward is `fn`, a callable from const Grads& to one
+// gradient per input. The braced form, record(name, {a, b}, {out}, fn), builds no vectors.
+template <typename F>
+void record(const char* name, std::initializer_list<Tensor> inputs, std::initializer_list<Tensor> outputs, F fn) {
+  attach(std::make_shared<FunctionNode<F>>(name, std::move(fn)), {inputs.begin(), inputs.size()},
+         {outputs.begin(), outputs.size()});
+}
+template <typename F>
+void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, F fn) {
+  attach(std::make_shared<FunctionNode<F>>(name, std::move(fn)), inputs, outputs);
+}
 
 // In-place ops with autograd: refuses leaves that require grad, views, and tensors that have views
 // taking part in autograd (see ops/elementwise.cpp).

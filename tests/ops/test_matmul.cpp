@@ -6,6 +6,7 @@
 // of k, transposed and strided operands, batches, accumulation into c, and results that do not
 // depend on the thread count. Also addmm (bias + a @ b, which nn::linear uses), against the same
 // bound, with its gradients and errors, and addmm_gelu (gelu(bias + a @ b), which nn::GeluMLP uses).
+// And that OpenBLAS's own thread server is down and stays down while Kiln's pool calls it.
 #include <cmath>
 
 #include "cpu/kernels.h"
@@ -103,6 +104,27 @@ TEST_CASE("float32 cpu::gemm accumulates into c, with transposes and leading dim
       check_product(c.narrow(1, 0, n), ta ? a.t() : a, tb ? b.t() : b, c0.narrow(1, 0, n));
       test::check_equal(c.narrow(1, n, 6), c0.narrow(1, n, 6));
     }
+}
+
+// OpenBLAS's, where Kiln links it: whether its thread server runs, and its thread count.
+extern "C" int blas_server_avail __attribute__((weak));
+extern "C" int openblas_get_num_threads(void) __attribute__((weak));
+
+TEST_CASE("OpenBLAS's own threads are stopped before main and stay stopped while Kiln's pool runs GEMMs") {
+  // Note [OpenBLAS's own threads] in cpu/parallel.cpp: Kiln's pool splits products and calls
+  // OpenBLAS on one thread; OpenBLAS's idle workers would otherwise spin on a core at startup.
+  if (&blas_server_avail == nullptr || openblas_get_num_threads == nullptr) {
+    WARN("Kiln was built without a threaded OpenBLAS: nothing to check");
+    return;
+  }
+  CHECK(blas_server_avail == 0);
+  CHECK(openblas_get_num_threads() == 1);
+  ThreadsGuard g(2);
+  Tensor a = test::sample({300, 400}, kFloat64, 0.6), b = test::sample({400, 500}, kFloat64, 0.7);
+  Tensor c = matmul(a, b);  // float64: OpenBLAS's dgemm, from each of the pool's threads
+  CHECK(c.sizes() == Shape{300, 500});
+  CHECK(blas_server_avail == 0);
+  CHECK(openblas_get_num_threads() == 1);
 }
 
 TEST_CASE("float32 cpu/sgemm.cpp does not depend on the thread count") {
