@@ -125,24 +125,26 @@ void check_linear(const Tensor& input, const Tensor& weight, const Tensor& bias)
 // linear's node, LinearBackward, recorded with y as its output. Its formula reads the input and the
 // weight, never y: that is what lets linear_graph_only record it on a y that was not computed.
 void record_linear(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& y) {
-  std::vector<Tensor> inputs{input, weight};
-  if (bias.defined()) inputs.push_back(bias);
-  if (!autograd::should_record(inputs)) return;
-  autograd::record(
-      "LinearBackward", inputs, {y},
-      [x = autograd::SavedTensor(input, false), w = autograd::SavedTensor(weight, false), has_bias = bias.defined()](
-          const autograd::Grads& g) -> autograd::TensorList {
-        Tensor gy = g[0];
-        autograd::TensorList out(has_bias ? 3 : 2);
-        Tensor xv = x.unpack("LinearBackward");
-        if (g.needs_grad(0)) out[0] = matmul(gy, w.unpack("LinearBackward"));  // dL/dx = gy W
-        Tensor gy2 = gy.reshape({-1, gy.size(-1)});
-        if (g.needs_grad(1)) out[1] = matmul(gy2.t(), xv.reshape({-1, xv.size(-1)}));  // gy^T x
-        if (has_bias && g.needs_grad(2)) out[2] = gy2.sum({0});
-        return out;
-      });
+  if (!autograd::should_record(input, weight) && !(bias.defined() && autograd::should_record(bias))) return;
+  auto backward = [x = autograd::SavedTensor(input, false), w = autograd::SavedTensor(weight, false),
+                   has_bias = bias.defined()](const autograd::Grads& g) -> autograd::TensorList {
+    Tensor gy = g[0];
+    autograd::TensorList out(has_bias ? 3 : 2);
+    Tensor xv = x.unpack("LinearBackward");
+    if (g.needs_grad(0)) out[0] = matmul(gy, w.unpack("LinearBackward"));  // dL/dx = gy W
+    Tensor gy2 = gy.reshape({-1, gy.size(-1)});
+    if (g.needs_grad(1)) out[1] = matmul(gy2.t(), xv.reshape({-1, xv.size(-1)}));  // gy^T x
+    if (has_bias && g.needs_grad(2)) out[2] = gy2.sum({0});
+    return out;
+  };
+  // The braced lists build no vectors (ops/record.h).
+  if (bias.defined())
+    autograd::record("LinearBackward", {input, weight, bias}, {y}, std::move(backward));
+  else
+    autograd::record("LinearBackward", {input, weight}, {y}, std::move(backward));
 }
 
+// (..., in_features) -> (..., out_features): linear's output shape.
 Shape linear_shape(const Tensor& input, const Tensor& weight) {
   Shape shape = input.sizes();
   shape[shape.size() - 1] = weight.size(0);
@@ -191,6 +193,16 @@ Tensor linear_graph_only(const Tensor& input, const Tensor& weight, const Tensor
   Tensor y = zeros(linear_shape(input, weight), input.options());  // linear's y has the input's dtype
   record_linear(input, weight, bias, y);
   return y;
+}
+
+Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate) {
+  check_linear(input, weight, bias);
+  if (!bias.defined() || bias.dtype() != input.dtype()) return gelu(linear(input, weight, bias), approximate);
+  // (..., K) seen as rows of K: on CUDA in the tanh form the bias and the GELU run in the GEMM's
+  // epilogue (Note [cuBLASLt GELU epilogue] in cuda/matmul.cu), elsewhere the GEMM and bias_gelu's one
+  // pass (fused while fusion is on). addmm_gelu applies autocast's casts itself.
+  const Tensor rows = input.reshape({-1, input.size(-1)});
+  return addmm_gelu(bias, rows, weight.t(), approximate).view(linear_shape(input, weight));
 }
 
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {

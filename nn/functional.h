@@ -10,6 +10,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "core/tensor.h"
 #include "ops/ops.h"
@@ -49,6 +50,10 @@ Tensor linear(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 // only ops whose backward does not read them may take it as an input (an add, as the residual
 // connection; a dropout, whose backward reads only its mask), and their values are then wrong too.
 Tensor linear_graph_only(const Tensor& input, const Tensor& weight, const Tensor& bias = {});
+// gelu(linear(input, weight, bias), approximate) as one op where there is a bias: ops::addmm_gelu,
+// whose GEMM epilogue adds the bias and applies the GELU on CUDA. nn::GeluMLP's first layer.
+Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+                   std::string_view approximate = "none");
 // weight (V, C), indices of any shape -> (*indices, C). The row padding_idx receives no gradient.
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx = {});
 

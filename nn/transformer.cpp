@@ -168,17 +168,9 @@ GeluMLP::GeluMLP(int64_t n_embd, TransformerOptions options)
 }
 
 Tensor GeluMLP::hidden(const Tensor& x) {
-  if (c_fc.bias.defined() && !c_fc.has_forward_hooks() && x.dim() >= 2) {
-    // c_fc's bias add and the GELU in one op, ops::addmm_gelu: on CUDA in the tanh form both run in
-    // the GEMM's epilogue (Note [cuBLASLt GELU epilogue] in cuda/matmul.cu), elsewhere the GEMM
-    // and bias_gelu's one pass (fused while fusion is on). Skipped when c_fc has hooks, which must
-    // see its output.
-    const Tensor rows = x.reshape({-1, x.size(-1)});
-    Shape shape = x.sizes();
-    shape[shape.size() - 1] = c_fc.weight.size(0);
-    return addmm_gelu(c_fc.bias, rows, c_fc.weight.t(), gelu_approximate).view(shape);
-  }
-  return gelu(c_fc(x), gelu_approximate);
+  // c_fc and the GELU in one op unless c_fc has forward hooks, which must see its output.
+  if (c_fc.has_forward_hooks()) return gelu(c_fc(x), gelu_approximate);
+  return linear_gelu(x, c_fc.weight, c_fc.bias, gelu_approximate);
 }
 
 Tensor GeluMLP::forward(const Tensor& x) { return nn::dropout(c_proj(hidden(x)), dropout, is_training()); }

@@ -123,6 +123,53 @@ TEST_CASE("linear_graph_only records linear's node, and its gradients, without t
                     {"linear", "float64", "float32", "same dtype"});
 }
 
+TEST_CASE("linear records its node when only the bias requires grad", "[nn][layers]") {
+  Tensor x = test::sample({3, 4}, kFloat64, 0.2), w = test::sample({5, 4}, kFloat64, 0.7);
+  Tensor b = test::sample({5}, kFloat64, 1.3).requires_grad_();
+  Tensor gy = test::sample({3, 5}, kFloat64, 2.1);
+  Tensor y = nn::linear(x, w, b);
+  REQUIRE(y.grad_fn());
+  test::check_close(autograd::grad({y}, {b}, {gy})[0], gy.sum({0}), {1e-14, 1e-14});
+  CHECK_FALSE(nn::linear(x, w).grad_fn());  // nothing requires grad: no node
+  {
+    NoGradGuard no_grad;
+    CHECK_FALSE(nn::linear(x, w, b).grad_fn());
+  }
+}
+
+TEST_CASE("linear_gelu equals gelu(linear(...)) in value and gradients, with and without bias", "[nn][layers]") {
+  using autograd::TensorList;
+  for (std::string approximate : {"none", "tanh"}) {
+    for (Shape xs : {Shape{2, 3, 4}, Shape{4}}) {
+      for (bool with_bias : {true, false}) {
+        INFO(approximate << " input " << xs.str() << (with_bias ? " with" : " without") << " bias");
+        Tensor x = test::sample(xs, kFloat64, 0.2).requires_grad_();
+        Tensor w = test::sample({5, 4}, kFloat64, 0.7).requires_grad_();
+        Tensor b = with_bias ? test::sample({5}, kFloat64, 1.3).requires_grad_() : Tensor{};
+        Shape ys = xs;
+        ys[ys.size() - 1] = 5;
+        Tensor gy = test::sample(ys, kFloat64, 2.1);
+        TensorList inputs = with_bias ? TensorList{x, w, b} : TensorList{x, w};
+        Tensor want = nn::gelu(nn::linear(x, w, b), approximate);
+        Tensor got = nn::linear_gelu(x, w, b, approximate);
+        CHECK(got.sizes() == ys);
+        test::check_close(got, want, {1e-14, 1e-14});
+        TensorList gwant = autograd::grad({want}, inputs, {gy});
+        TensorList ggot = autograd::grad({got}, inputs, {gy});
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          INFO("input " << i);
+          test::check_close(ggot[i], gwant[i], {1e-13, 1e-13});
+        }
+      }
+    }
+  }
+  Tensor x = test::sample({2, 4}, kFloat64, 0.2), w = test::sample({5, 4}, kFloat64, 0.7);
+  test::check_error([&] { nn::linear_gelu(x, zeros({5, 3}, kFloat64), zeros({5}, kFloat64)); },
+                    {"linear", "last dim (4)", "in_features (3)"});
+  test::check_error([&] { nn::linear_gelu(x, w, zeros({4}, kFloat64)); }, {"linear", "bias", "(5)"});
+  test::check_error([&] { nn::linear_gelu(x, w, zeros({5}, kFloat64), "exact"); }, {"exact"});
+}
+
 TEST_CASE("Embedding's backward refuses indices modified in place after the forward", "[nn][layers]") {
   nn::Embedding e(5, 2);
   Tensor idx = from_vector<int64_t>({1, 2}, {2});
