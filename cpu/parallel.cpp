@@ -11,6 +11,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -55,17 +56,15 @@ thread_local bool inside_pool_job = false;
 class ThreadPool {
  public:
   explicit ThreadPool(int threads) : threads_(std::max(1, threads)) {
-    for (int w = 1; w < threads_; ++w) workers_.emplace_back([this] { worker_loop(); });
-  }
-  ~ThreadPool() {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-      generation_.fetch_add(1, std::memory_order_release);
+    try {
+      for (int w = 1; w < threads_; ++w) workers_.emplace_back([this] { worker_loop(); });
+    } catch (const std::system_error& e) {  // the system's limit on threads (or their memory)
+      stop();  // joins those that started: a joinable std::thread destroyed would terminate
+      KILN_FAIL("set_num_threads({}): could not start thread {} ({}); ask for fewer threads", threads_,
+                workers_.size() + 2, e.what());
     }
-    cv_.notify_all();
-    for (auto& t : workers_) t.join();
   }
+  ~ThreadPool() { stop(); }
   int threads() const { return threads_; }
 
   void run(int pieces, int64_t begin, int64_t end, RangeFn fn, const void* ctx) {
@@ -102,6 +101,16 @@ class ThreadPool {
   }
 
  private:
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+
   static constexpr int kSpinsBeforeYield = 2000;
 
   struct Job {

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <system_error>
 #include <thread>
 
 #include "core/generator.h"
@@ -29,7 +30,13 @@ class DataLoader::Pass {
         next_(first_batch),
         next_claim_(first_batch),
         window_(static_cast<int64_t>(options_.num_workers) * options_.prefetch) {
-    for (int w = 0; w < options_.num_workers; ++w) workers_.emplace_back([this] { work(); });
+    try {
+      for (int w = 0; w < options_.num_workers; ++w) workers_.emplace_back([this] { work(); });
+    } catch (const std::system_error& e) {  // the system's limit on threads (or their memory)
+      stop();  // joins those that started: a joinable std::thread destroyed would terminate
+      KILN_FAIL("DataLoader: could not start worker thread {} of num_workers = {} ({}); ask for fewer workers",
+                workers_.size() + 1, options_.num_workers, e.what());
+    }
   }
   ~Pass() { stop(); }
 

@@ -2,7 +2,9 @@
 // that only the inflated bytes are held in memory.
 #include "data/gzip_file.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -85,12 +87,22 @@ std::vector<uint8_t> inflate_file(std::FILE* f, const std::string& path) {
 
 }  // namespace
 
-std::vector<uint8_t> read_file_maybe_gzip(const std::string& path) {
-  File f(std::fopen(path.c_str(), "rb"));
-  KILN_CHECK(f != nullptr, "cannot open '{}': {}", path, std::strerror(errno));
+std::FILE* open_regular_file(const std::string& path, std::string_view prefix, std::string_view hint) {
+  // O_NONBLOCK: a FIFO opened to read would otherwise wait here for a writer.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  KILN_CHECK(fd >= 0, "{}cannot open '{}': {}", prefix, path, std::strerror(errno));
   struct stat st {};
-  KILN_CHECK(::fstat(::fileno(f.get()), &st) == 0 && S_ISREG(st.st_mode),
-             "'{}' is not a regular file; give the path of a file", path);
+  std::FILE* f = nullptr;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && ::fcntl(fd, F_SETFL, O_RDONLY) == 0) f = ::fdopen(fd, "rb");
+  if (f == nullptr) {
+    ::close(fd);
+    KILN_FAIL("{}'{}' is not a regular file; {}", prefix, path, hint);
+  }
+  return f;
+}
+
+std::vector<uint8_t> read_file_maybe_gzip(const std::string& path) {
+  File f(open_regular_file(path, "", "give the path of a file"));
   unsigned char magic[2] = {0, 0};
   const size_t got = std::fread(magic, 1, 2, f.get());
   if (got == 2 && magic[0] == 0x1f && magic[1] == 0x8b) {

@@ -4,7 +4,6 @@
 #include "data/safetensors.h"
 
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include <set>
 #include <string_view>
 
+#include "data/gzip_file.h"
 #include "ops/ops.h"
 
 namespace kiln::safetensors {
@@ -362,12 +362,8 @@ Header read_header(std::FILE* f, const std::string& path) {
 }
 
 std::unique_ptr<std::FILE, FileCloser> open_for_reading(const std::string& path) {
-  std::unique_ptr<std::FILE, FileCloser> f(std::fopen(path.c_str(), "rb"));
-  KILN_CHECK(f != nullptr, "safetensors: cannot open '{}': {}", path, std::strerror(errno));
-  struct stat st {};
-  KILN_CHECK(::fstat(::fileno(f.get()), &st) == 0 && S_ISREG(st.st_mode),
-             "safetensors: '{}' is not a regular file; give the path of a .safetensors file", path);
-  return f;
+  return std::unique_ptr<std::FILE, FileCloser>(
+      data::open_regular_file(path, "safetensors: ", "give the path of a .safetensors file"));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 //   kiln-train --model cnn --epochs 1 --out runs/cnn
 //   kiln-train --resume runs/cnn/checkpoint --epochs 2 --out runs/cnn
 //   kiln-run -n 2 kiln-train --model cnn --out runs/cnn-ddp   # data parallel on 2 ranks
+#include <climits>
 #include <cstdio>
 #include <exception>
 
@@ -58,8 +59,8 @@ int main(int argc, char** argv) {
     o.scheduler = flags.get_choice("scheduler", train::Choices::scheduler);
     o.seed = static_cast<uint64_t>(flags.get_int("seed", 0));
     o.device = flags.get("device");
-    o.threads = static_cast<int>(flags.get_int("threads", 0));
-    o.num_workers = static_cast<int>(flags.get_int("workers", 0));
+    o.threads = static_cast<int>(flags.get_int("threads", 0, INT_MAX));
+    o.num_workers = static_cast<int>(flags.get_int("workers", 0, INT_MAX));
     o.limit_train = flags.get_int("limit-train", 0);
     o.limit_test = flags.get_int("limit-test", 0);
     o.max_steps = flags.get_int("max-steps", 0);
@@ -69,10 +70,8 @@ int main(int argc, char** argv) {
     train::train(o);
     return 0;
   } catch (const Error& e) {
-    std::fprintf(stderr, "kiln-train: error: %s\n", e.what());
-    return 2;
+    return train::exit_on_error("kiln-train", e.what(), 2);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "kiln-train: error: %s\n", e.what());
-    return 1;
+    return train::exit_on_error("kiln-train", e.what(), 1);
   }
 }

@@ -13,7 +13,11 @@
 // over --eval-batches fixed windows of it. A step is --grad-accum micro-batches of --batch-size
 // windows, each loss divided by --grad-accum so the gradients add up to the mean over the whole
 // batch; then clipping (--clip, the global norm) and AdamW.
+#include <unistd.h>
+
 #include <chrono>
+#include <climits>
+#include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
@@ -67,6 +71,45 @@ models::GPTConfig model_config(const Run& r) {
   c.dropout = r.dropout;
   KILN_CHECK(c.vocab_size >= 256, "a byte-level corpus needs vocab_size >= 256");
   return c;
+}
+
+// The settings a checkpoint brings, checked as the flags are: a damaged or hand-edited manifest
+// gets an Error naming the field instead of a run that trains on nonsense.
+void check_resumed(const Run& r, const std::string& manifest) {
+  auto check = [&](bool ok, const char* field, const std::string& value, const char* rule) {
+    KILN_CHECK(ok, "{}: config.{} is {}, but it must be {}; the checkpoint is damaged", manifest, field, value, rule);
+  };
+  check(r.n_layer >= 0, "n_layer", std::to_string(r.n_layer), ">= 0");
+  check(r.n_head >= 0, "n_head", std::to_string(r.n_head), ">= 0");
+  check(r.n_embd >= 0, "n_embd", std::to_string(r.n_embd), ">= 0");
+  check(r.context >= 0, "context", std::to_string(r.context), ">= 0");
+  check(r.batch_size >= 1, "batch_size", std::to_string(r.batch_size), ">= 1");
+  check(r.grad_accum >= 1, "grad_accum", std::to_string(r.grad_accum), ">= 1");
+  check(std::isfinite(r.dropout) && r.dropout >= 0 && r.dropout < 1, "dropout", fmt::format("{}", r.dropout),
+        "in [0, 1)");
+  check(std::isfinite(r.lr) && r.lr >= 0, "lr", fmt::format("{}", r.lr), "finite and >= 0");
+  check(std::isfinite(r.weight_decay) && r.weight_decay >= 0, "weight_decay", fmt::format("{}", r.weight_decay),
+        "finite and >= 0");
+  check(std::isfinite(r.clip) && r.clip >= 0, "clip", fmt::format("{}", r.clip), "finite and >= 0");
+  check(r.autocast == "none" || r.autocast == "bf16" || r.autocast == "fp16", "autocast", "'" + r.autocast + "'",
+        "none, bf16 or fp16");
+}
+
+// The model's weights, gradients and AdamW's two moments take 16 bytes a parameter in float32: a
+// size that cannot fit is an Error before the first layer is built, not a process that grows
+// until the system stops it.
+void check_fits(const models::GPTConfig& c) {
+  const long double C = static_cast<long double>(c.n_embd);
+  const long double params = static_cast<long double>(c.n_layer) * (12 * C * C + 13 * C) +
+                             static_cast<long double>(c.vocab_size + c.block_size) * C;
+  const long double need = 16 * params;
+  const long double have =
+      static_cast<long double>(sysconf(_SC_PHYS_PAGES)) * static_cast<long double>(sysconf(_SC_PAGE_SIZE));
+  KILN_CHECK(have <= 0 || need <= have,
+             "a GPT of {} layers {} wide has about {:.3g} parameters, whose weights, gradients and AdamW state "
+             "need about {:.3g} GiB, more than this machine's {:.3g} GiB; choose a smaller --n-layer or --n-embd",
+             c.n_layer, c.n_embd, static_cast<double>(params), static_cast<double>(need / (1 << 30)),
+             static_cast<double>(have / (1 << 30)));
 }
 
 // The mean loss over fixed windows of the held-out text, in evaluation mode.
@@ -159,7 +202,14 @@ int run(int argc, char** argv) {
   std::optional<train::Checkpoint> ckpt;
   if (!flags.get("resume").empty()) {
     ckpt = train::load_checkpoint(flags.get("resume"));
-    r = json::parse(ckpt->config).get<Run>();
+    const std::string manifest = (fs::path(flags.get("resume")) / "checkpoint.json").string();
+    try {
+      r = json::parse(ckpt->config).get<Run>();
+    } catch (const json::exception& e) {
+      KILN_FAIL("{}: its config does not hold train_gpt's settings ({}); resume train_gpt from a checkpoint "
+                "that train_gpt wrote", manifest, e.what());
+    }
+    check_resumed(r, manifest);
   }
   KILN_CHECK(r.clip >= 0, "--clip must be >= 0, got {}", r.clip);
 
@@ -169,7 +219,7 @@ int run(int argc, char** argv) {
   if (world.size > 1) comm = distributed::init("mpi");
   const bool main_rank = !comm || comm->rank() == 0;
   if (!main_rank) quiet = true;
-  if (const int64_t t = flags.get_int("threads", 0); t > 0) {
+  if (const int64_t t = flags.get_int("threads", 0, INT_MAX); t > 0) {
     set_num_threads(static_cast<int>(t));
   } else if (comm) {
     set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size));
@@ -182,9 +232,16 @@ int run(int argc, char** argv) {
   const auto split = static_cast<std::ptrdiff_t>(text.size() * 9 / 10);
   data::ByteText train_text({text.bytes().begin(), text.bytes().begin() + split}, "training text");
   data::ByteText val_text({text.bytes().begin() + split, text.bytes().end()}, "validation text");
+  const models::GPTConfig config = model_config(r);
+  // Checked now, not when the first evaluation samples it after the training.
+  KILN_CHECK(val_text.size() >= config.block_size + 2,
+             "the corpus has {} bytes; its last 10%, the validation text, has {}, fewer than context + 2 = {}; "
+             "use a longer corpus or a shorter --context",
+             text.size(), val_text.size(), config.block_size + 2);
+  check_fits(config);
 
   manual_seed(r.seed);
-  models::GPT model(model_config(r));
+  models::GPT model(config);
   model.to(device);
   model.set_checkpointing(r.checkpoint_activations);
   optim::AdamW opt(model.parameters(), {.lr = r.lr, .weight_decay = r.weight_decay, .fused = r.fused_adam});
@@ -217,10 +274,13 @@ int run(int argc, char** argv) {
     fs::create_directories(out_dir, ec);
     KILN_CHECK(!ec && fs::is_directory(out_dir), "cannot use --out {}: {}", out_dir,
                ec ? ec.message() : "a file of that name is in the way");
+    const fs::path checkpoint = fs::path(out_dir) / "checkpoint";  // found now, not at the first save
+    KILN_CHECK(!fs::exists(checkpoint) || fs::is_directory(checkpoint),
+               "cannot save checkpoints in {}: a file of that name is in the way; remove it or choose another --out",
+               checkpoint.string());
   }
   const std::string metrics_path = (fs::path(out_dir) / "metrics.jsonl").string();
-  std::FILE* metrics = main_rank ? std::fopen(metrics_path.c_str(), ckpt ? "a" : "w") : nullptr;
-  KILN_CHECK(metrics != nullptr || !main_rank, "cannot write {}", metrics_path);
+  std::FILE* metrics = main_rank ? train::open_metrics(metrics_path, ckpt.has_value(), step) : nullptr;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_guard(metrics, [](std::FILE* f) { return f ? std::fclose(f) : 0; });
   auto log = [&](const json& line) {
     if (!metrics) return;
@@ -308,6 +368,11 @@ int run(int argc, char** argv) {
       comm->all_reduce(mean, distributed::ReduceOp::Avg);
       loss_sum = mean.item<double>();
     }
+    // Every rank sees the same mean. With fp16's loss scaling an overflow skips the step instead.
+    KILN_CHECK(std::isfinite(loss_sum) || scaler.is_enabled(),
+               "step {}: the loss is {}: training diverged; lower --lr or clip the gradients with --clip (the "
+               "last checkpoint, if any, is from before it)",
+               step, loss_sum);
     last_loss = loss_sum;
     window_sum += loss_sum;
     ++window_steps;
@@ -367,10 +432,8 @@ int main(int argc, char** argv) {
   try {
     return run(argc, argv);
   } catch (const Error& e) {
-    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
-    return 2;
+    return train::exit_on_error("train_gpt", e.what(), 2);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "train_gpt: error: %s\n", e.what());
-    return 1;
+    return train::exit_on_error("train_gpt", e.what(), 1);
   }
 }

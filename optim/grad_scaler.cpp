@@ -2,6 +2,7 @@
 #include "optim/grad_scaler.h"
 
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -155,17 +156,40 @@ void GradScaler::load_state_dict(const TensorDict& dict) {
   }
   auto num = [&](const char* key) { return dict.at(key).item<double>(); };
   auto integer = [&](const char* key) { return dict.at(key).item<int64_t>(); };
-  scale_ = num("scale");
-  cur_iter_ = integer("cur_iter");
-  last_overflow_iter_ = integer("last_overflow_iter");
-  cur_hysteresis_ = static_cast<int>(integer("cur_hysteresis"));
-  skipped_steps_ = integer("skipped_steps");
+  // The values are checked as the constructor checks its options, and all of them before any is
+  // taken, so that a damaged state dict leaves this scaler as it was.
+  auto check = [](bool ok, const char* key, double value, const char* rule) {
+    KILN_CHECK(ok, "GradScaler.load_state_dict: '{}' is {}, but it must be {}; the state dict is damaged", key,
+               value, rule);
+  };
+  const double scale = num("scale"), min_loss_scale = num("min_loss_scale"), scale_factor = num("scale_factor");
+  const int64_t cur_iter = integer("cur_iter"), last_overflow_iter = integer("last_overflow_iter"),
+                cur_hysteresis = integer("cur_hysteresis"), skipped_steps = integer("skipped_steps"),
+                window = integer("loss_scale_window"), hysteresis = integer("hysteresis");
+  check(std::isfinite(scale) && scale > 0, "scale", scale, "a positive finite number");
+  check(std::isfinite(min_loss_scale) && min_loss_scale > 0, "min_loss_scale", min_loss_scale,
+        "a positive finite number");
+  check(std::isfinite(scale_factor) && scale_factor > 1, "scale_factor", scale_factor, "a finite number > 1");
+  check(window >= 1, "loss_scale_window", static_cast<double>(window), ">= 1");
+  check(hysteresis >= 1 && hysteresis <= std::numeric_limits<int>::max(), "hysteresis",
+        static_cast<double>(hysteresis), ">= 1");
+  check(cur_hysteresis >= 1 && cur_hysteresis <= hysteresis, "cur_hysteresis", static_cast<double>(cur_hysteresis),
+        "in [1, hysteresis]");
+  check(cur_iter >= 0, "cur_iter", static_cast<double>(cur_iter), ">= 0");
+  check(last_overflow_iter >= -1 && last_overflow_iter <= cur_iter, "last_overflow_iter",
+        static_cast<double>(last_overflow_iter), "in [-1, cur_iter]");
+  check(skipped_steps >= 0, "skipped_steps", static_cast<double>(skipped_steps), ">= 0");
+  scale_ = scale;
+  cur_iter_ = cur_iter;
+  last_overflow_iter_ = last_overflow_iter;
+  cur_hysteresis_ = static_cast<int>(cur_hysteresis);
+  skipped_steps_ = skipped_steps;
   dynamic_ = integer("dynamic") != 0;
-  loss_scale_window_ = integer("loss_scale_window");
-  hysteresis_ = static_cast<int>(integer("hysteresis"));
+  loss_scale_window_ = window;
+  hysteresis_ = static_cast<int>(hysteresis);
   consecutive_hysteresis_ = integer("consecutive_hysteresis") != 0;
-  min_loss_scale_ = num("min_loss_scale");
-  scale_factor_ = num("scale_factor");
+  min_loss_scale_ = min_loss_scale;
+  scale_factor_ = scale_factor;
   raise_error_at_min_scale_ = integer("raise_error_at_min_scale") != 0;
   records_.clear();
 }

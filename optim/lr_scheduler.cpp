@@ -79,10 +79,23 @@ void LRScheduler::load_state_dict(const TensorDict& dict) {
   KILN_CHECK(last.numel() == 0 || last.numel() == static_cast<int64_t>(base_lrs_.size()),
              "{}.load_state_dict: 'last_lr' has {} values but the optimizer has {} groups", name_,
              last.numel(), base_lrs_.size());
-  last_epoch_ = entry("last_epoch").item<int64_t>();
-  step_count_ = entry("step_count").item<int64_t>();
-  base_lrs_ = base.to(kFloat64).to_vector<double>();
-  last_lr_ = last.to(kFloat64).to_vector<double>();
+  const int64_t last_epoch = entry("last_epoch").item<int64_t>(), step_count = entry("step_count").item<int64_t>();
+  std::vector<double> base_lrs = base.to(kFloat64).to_vector<double>(), last_lr = last.to(kFloat64).to_vector<double>();
+  // Checked before any is taken, so that a damaged state dict leaves the scheduler as it was.
+  KILN_CHECK(last_epoch >= -1 && step_count >= 0,
+             "{}.load_state_dict: 'last_epoch' is {} and 'step_count' {}, but they must be >= -1 and >= 0; the "
+             "state dict is damaged", name_, last_epoch, step_count);
+  for (const auto* lrs : {&base_lrs, &last_lr}) {
+    for (double lr : *lrs) {
+      KILN_CHECK(std::isfinite(lr) && lr >= 0,
+                 "{}.load_state_dict: '{}' holds {}, but learning rates are finite and >= 0; the state dict is "
+                 "damaged", name_, lrs == &base_lrs ? "base_lrs" : "last_lr", lr);
+    }
+  }
+  last_epoch_ = last_epoch;
+  step_count_ = step_count;
+  base_lrs_ = std::move(base_lrs);
+  last_lr_ = std::move(last_lr);
 }
 
 // Each group's current lr.

@@ -2,6 +2,7 @@
 #include "optim/optimizer.h"
 
 #include <charconv>
+#include <cmath>
 #include <map>
 #include <unordered_set>
 
@@ -152,6 +153,22 @@ bool split_key(std::string_view key, std::string_view prefix, int64_t& n, std::s
   return true;
 }
 
+// The constructors' rules for the options that every optimizer shares, applied to the values a
+// state dict brings: a damaged or hand-edited file gets an Error here rather than a NaN loss later.
+void check_loaded_option(const std::string& optimizer, int64_t group, const std::string& key, double value) {
+  auto fail = [&](const char* rule) {
+    KILN_FAIL("{}.load_state_dict: 'param_groups.{}.{}' is {}, but it must be {}; the state dict is damaged",
+              optimizer, group, key, value, rule);
+  };
+  if (!std::isfinite(value)) fail("a finite number");
+  if ((key == "lr" || key == "initial_lr" || key == "eps" || key == "weight_decay" || key == "momentum" ||
+       key == "lr_decay" || key == "initial_accumulator_value" || key == "alpha") &&
+      value < 0) {
+    fail(">= 0");
+  }
+  if ((key == "beta1" || key == "beta2") && !(value >= 0 && value < 1)) fail("in [0, 1)");
+}
+
 }  // namespace
 
 void Optimizer::load_state_dict(const TensorDict& dict) {
@@ -212,7 +229,12 @@ void Optimizer::load_state_dict(const TensorDict& dict) {
     }
     for (const Tensor& p : group.params) params.push_back(&p);
   }
+  for (const auto& [g, values] : options) {
+    for (const auto& [key, value] : values) check_loaded_option(name_, g, key, value);
+  }
   for (const auto& [index, entry] : states) {
+    KILN_CHECK(entry.first >= 0, "{}.load_state_dict: 'state.{}.step' is {}, but a step count is >= 0; the state "
+               "dict is damaged", name_, index, entry.first);
     KILN_CHECK(index < static_cast<int64_t>(params.size()),
                "{}.load_state_dict: state for parameter {} but this optimizer has {} parameters",
                name_, index, params.size());

@@ -10,6 +10,7 @@ namespace kiln::distributed {
 
 bool mpi_available();
 std::shared_ptr<Communicator> mpi_world(const CommOptions& options);
+[[noreturn]] void mpi_abort(int exit_code);  // distributed::abort_job
 bool nccl_available();
 std::shared_ptr<Communicator> nccl_world(const CommOptions& options);
 

@@ -272,6 +272,8 @@ bool is_available(const std::string& backend) {
   return false;
 }
 
+void abort_job(int exit_code) { mpi_abort(exit_code); }
+
 std::shared_ptr<Communicator> init(const std::string& backend, const CommOptions& options) {
   CommOptions o = options;
   if (const char* t = std::getenv("KILN_COMM_TIMEOUT"); t && *t) {

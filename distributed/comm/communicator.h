@@ -138,4 +138,11 @@ std::shared_ptr<Communicator> init(const std::string& backend = "mpi", const Com
 // Whether this build has the backend ("mpi" needs Open MPI, "nccl" CUDA and NCCL).
 bool is_available(const std::string& backend);
 
+// Stops every rank of the job at once with `exit_code` (MPI_Abort), after flushing stdout and
+// stderr: for a rank that fails on its own (a bad flag, an unwritable file), so that the other
+// ranks do not wait in their next collective until the timeout, and this one does not wait for
+// them in MPI_Finalize. In a process that has not joined the job through init, it exits this
+// process with exit_code, and the launcher stops the rest.
+[[noreturn]] void abort_job(int exit_code);
+
 }  // namespace kiln::distributed

@@ -21,9 +21,11 @@
 // operation they were in.
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <future>
@@ -755,6 +757,20 @@ class MpiCommunicator final : public Communicator {
 }  // namespace
 
 bool mpi_available() { return true; }
+
+void mpi_abort(int exit_code) {
+  std::fflush(nullptr);
+  if (g_world_rank >= 0) {  // the engine is up: MPI_Abort on its thread, which makes every MPI call
+    auto task = std::make_unique<Task>();
+    task->work = std::make_shared<Work::State>("distributed::abort_job");
+    task->run_now = [exit_code] { MPI_Abort(MPI_COMM_WORLD, exit_code); };
+    Engine::get().submit(std::move(task));
+    // MPI_Abort ends this process. Should the engine be stuck in a blocking call, leaving without
+    // MPI_Finalize still makes the launcher stop the job.
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+  }
+  std::_Exit(exit_code);
+}
 
 std::shared_ptr<Communicator> mpi_world(const CommOptions& options) {
   static std::mutex m;

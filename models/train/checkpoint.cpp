@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -49,12 +50,29 @@ void write_file_atomic(const std::string& path, const std::string& text) {
   }
 }
 
-void save_checkpoint(const std::string& dir, const Checkpoint& c) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  KILN_CHECK(!ec && fs::is_directory(dir), "cannot create the checkpoint directory {}: {}", dir,
-             ec ? ec.message() : "a file of that name is in the way");
-  const fs::path d(dir);
+namespace {
+
+void fsync_directory(const fs::path& dir) {
+  if (int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// The checkpoint directory `dir` as written: "out/checkpoint/" and "out/checkpoint" are one path.
+fs::path checkpoint_path(const std::string& dir) {
+  fs::path path = fs::path(dir).lexically_normal();
+  if (path.filename().empty()) path = path.parent_path();
+  return path;
+}
+
+// Where the previous checkpoint waits while a save replaces it on a file system without
+// RENAME_EXCHANGE (Note [replacing a checkpoint whole]).
+fs::path previous_path(const fs::path& target) {
+  return target.parent_path() / (target.filename().string() + ".previous");
+}
+
+void write_files(const fs::path& d, const Checkpoint& c) {
   safetensors::save_file(c.model, (d / "model.safetensors").string());
   safetensors::save_file(c.optimizer, (d / "optimizer.safetensors").string());
   const bool has_scheduler = !c.scheduler.empty();
@@ -74,15 +92,87 @@ void save_checkpoint(const std::string& dir, const Checkpoint& c) {
   if (has_scaler) m["files"]["scaler"] = "scaler.safetensors";
   m["config"] = c.config.empty() ? json::object() : json::parse(c.config);
   m["trainer"] = c.extra.empty() ? json::object() : json::parse(c.extra);
-  write_file_atomic((d / "checkpoint.json").string(), m.dump(2) + "\n");
+  write_file_atomic((d / "checkpoint.json").string(), m.dump(2) + "\n");  // fsyncs d as well
+}
+
+}  // namespace
+
+// Note [replacing a checkpoint whole]
+// A checkpoint is several files, and a crash between two of them must not leave a directory whose
+// model is one step's and whose optimizer is another's (an earlier version wrote each file in place,
+// atomically but one after the other, and a resume then mixed two saves without a word). So a save
+// writes a whole new directory, ".<name>.saving-<pid>" beside `dir`, and then swaps it with `dir` in
+// one renameat2(RENAME_EXCHANGE): at every moment `dir` is either the old checkpoint or the new one.
+// The old one, now in the staging name, is then removed. Where the file system cannot exchange, the
+// old directory is first renamed to "<name>.previous"; a crash between that rename and the next
+// leaves no `dir`, and load_checkpoint then names "<name>.previous", which is whole. Staging
+// directories left by killed saves are removed by the next save.
+void save_checkpoint(const std::string& dir, const Checkpoint& c) {
+  const fs::path target = checkpoint_path(dir);
+  KILN_CHECK(!target.empty(), "save_checkpoint: the checkpoint directory is an empty path; name a directory");
+  const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string name = target.filename().string();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  KILN_CHECK(!ec && fs::is_directory(parent), "cannot create the checkpoint directory {}: {}", dir,
+             ec ? ec.message() : fmt::format("a file named {} is in the way", parent.string()));
+  KILN_CHECK(!fs::exists(target) || fs::is_directory(target),
+             "cannot create the checkpoint directory {}: a file of that name is in the way", dir);
+
+  const std::string stage_prefix = "." + name + ".saving-";
+  for (const auto& entry : fs::directory_iterator(parent, ec)) {  // left by killed saves
+    if (entry.path().filename().string().starts_with(stage_prefix)) fs::remove_all(entry.path(), ec);
+  }
+  const fs::path stage = parent / (stage_prefix + std::to_string(getpid()));
+  fs::create_directory(stage, ec);
+  KILN_CHECK(!ec, "cannot create the checkpoint directory {}: {} (while making {}); check that {} is writable",
+             dir, ec.message(), stage.string(), parent.string());
+  try {
+    write_files(stage, c);
+  } catch (...) {
+    fs::remove_all(stage, ec);  // the previous checkpoint, if any, is untouched
+    throw;
+  }
+
+  int rc = 0;
+  if (fs::exists(target)) {
+    rc = ::renameat2(AT_FDCWD, stage.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE);
+    if (rc != 0 && (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP)) {
+      const fs::path previous = previous_path(target);
+      fs::remove_all(previous, ec);
+      rc = std::rename(target.c_str(), previous.c_str());
+      if (rc == 0) rc = std::rename(stage.c_str(), target.c_str());
+      if (rc == 0) fs::remove_all(previous, ec);
+    }
+  } else {
+    rc = std::rename(stage.c_str(), target.c_str());
+  }
+  const int err = errno;
+  fsync_directory(parent);
+  fs::remove_all(stage, ec);  // after an exchange, the old checkpoint; after a failure, the new one
+  if (rc == 0) fs::remove_all(previous_path(target), ec);  // one left by an earlier save cut short
+  if (rc != 0) {
+    const fs::path previous = previous_path(target);
+    KILN_FAIL("cannot replace the checkpoint {}: {}; {}", dir, std::strerror(err),
+              fs::exists(previous) ? fmt::format("the previous checkpoint is whole in {}", previous.string())
+                                   : std::string("the previous checkpoint, if any, is untouched"));
+  }
 }
 
 Checkpoint load_checkpoint(const std::string& dir) {
   const fs::path d(dir);
   const std::string manifest = (d / "checkpoint.json").string();
-  std::ifstream in(manifest);
-  KILN_CHECK(in.good(), "no checkpoint in {}: {} is missing (a checkpoint directory is what a run "
-             "writes to its output directory)", dir, manifest);
+  std::ifstream in;
+  if (fs::is_regular_file(manifest)) in.open(manifest);  // a FIFO would block the open
+  if (!in.is_open() || !in.good()) {
+    const fs::path previous = previous_path(checkpoint_path(dir));
+    KILN_CHECK(!fs::exists(previous / "checkpoint.json"),
+               "no checkpoint in {}, but {} holds one: a save was cut short while it replaced the checkpoint "
+               "(Note [replacing a checkpoint whole] in models/train/checkpoint.cpp); resume from {}",
+               dir, previous.string(), previous.string());
+    KILN_FAIL("no checkpoint in {}: {} is missing (a checkpoint directory is what a run writes to its output "
+              "directory)", dir, manifest);
+  }
   std::stringstream text;
   text << in.rdbuf();
   json m;
@@ -91,10 +181,11 @@ Checkpoint load_checkpoint(const std::string& dir) {
   } catch (const json::exception& e) {
     KILN_FAIL("{} is not valid JSON ({}): the checkpoint is damaged", manifest, e.what());
   }
-  KILN_CHECK(m.is_object() && m.value("format", "") == kFormat,
+  KILN_CHECK(m.is_object() && m.contains("format") && m["format"] == kFormat,
              "{} is not a Kiln checkpoint manifest (no \"format\": \"{}\")", manifest, kFormat);
-  KILN_CHECK(m.value("version", 0) == kVersion, "{}: checkpoint version {} is not supported (this "
-             "Kiln reads version {})", manifest, m.value("version", 0), kVersion);
+  KILN_CHECK(m.contains("version") && m["version"] == kVersion,
+             "{}: checkpoint version {} is not supported (this Kiln reads version {})", manifest,
+             m.contains("version") ? m["version"].dump() : "(none)", kVersion);
   Checkpoint c;
   try {
     c.step = m.at("step").get<int64_t>();
@@ -104,6 +195,9 @@ Checkpoint load_checkpoint(const std::string& dir) {
     c.loader.seed = m.at("loader").at("seed").get<uint64_t>();
     c.rng.seed = m.at("rng").at("seed").get<uint64_t>();
     c.rng.offset = m.at("rng").at("offset").get<uint64_t>();
+    KILN_CHECK(c.step >= 0 && c.epoch >= 0 && c.loader.epoch >= 0 && c.loader.batch >= 0,
+               "{}: step {}, epoch {}, loader epoch {} and loader batch {} must all be >= 0: the checkpoint is damaged",
+               manifest, c.step, c.epoch, c.loader.epoch, c.loader.batch);
     const json& files = m.at("files");
     c.model = safetensors::load_file((d / files.at("model").get<std::string>()).string());
     c.optimizer = safetensors::load_file((d / files.at("optimizer").get<std::string>()).string());
@@ -113,6 +207,8 @@ Checkpoint load_checkpoint(const std::string& dir) {
     if (files.contains("scaler")) {
       c.scaler = safetensors::load_file((d / files.at("scaler").get<std::string>()).string());
     }
+    KILN_CHECK(m.at("config").is_object() && m.at("trainer").is_object(),
+               "{}: \"config\" and \"trainer\" must be JSON objects: the checkpoint is damaged", manifest);
     c.config = m.at("config").dump();
     c.extra = m.at("trainer").dump();
   } catch (const json::exception& e) {
@@ -120,6 +216,27 @@ Checkpoint load_checkpoint(const std::string& dir) {
               e.what());
   }
   return c;
+}
+
+std::FILE* open_metrics(const std::string& path, bool resume, int64_t step) {
+  if (resume) {
+    std::ifstream in(path);
+    if (in.good()) {
+      std::string kept, line;
+      while (std::getline(in, line)) {
+        // A line cut short by a crash does not parse, and goes too.
+        const json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+        if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+            j["step"].get<int64_t>() <= step) {
+          kept += line + "\n";
+        }
+      }
+      write_file_atomic(path, kept);
+    }
+  }
+  std::FILE* f = std::fopen(path.c_str(), resume ? "a" : "w");
+  KILN_CHECK(f != nullptr, "cannot write {}: {}", path, std::strerror(errno));
+  return f;
 }
 
 }  // namespace kiln::train

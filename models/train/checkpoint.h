@@ -8,11 +8,14 @@
 //   scaler.safetensors     the float16 GradScaler's scale and counters (absent when there is none)
 //   checkpoint.json        the manifest: format, step, epoch, data-loader position, RNG state, the
 //                          run's configuration and the trainer's running sums
-// Every file is written atomically (temporary file, fsync, rename) and the manifest last, so a
-// directory with a manifest is a complete checkpoint; a crash mid-save leaves the previous one whole.
+// A save writes a new directory beside the old one and swaps the two in one rename (Note [replacing
+// a checkpoint whole] in checkpoint.cpp), so the directory always holds one whole checkpoint, never
+// files of two saves; a crash mid-save leaves the previous one whole. The directory is Kiln's: a
+// save replaces it with everything in it.
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
 
 #include "core/generator.h"
@@ -35,6 +38,12 @@ struct Checkpoint {
 void save_checkpoint(const std::string& dir, const Checkpoint& ckpt);
 // An Error naming the file and what is wrong when the directory holds no complete checkpoint.
 Checkpoint load_checkpoint(const std::string& dir);
+
+// Opens a run's metrics file (JSON lines, each with its "step") to write, and returns it: a fresh
+// file, or with `resume`, the old one to append to, without the lines of steps after `step`, the
+// checkpoint's. Those a run wrote after its last checkpoint before it stopped; the resumed run
+// writes them again. An Error naming the path when it cannot be written.
+std::FILE* open_metrics(const std::string& path, bool resume, int64_t step);
 
 // Writes `text` to `path` atomically (temporary file in the same directory, fsync, rename, fsync of
 // the directory). An Error naming the path on failure; the old file is then untouched.

@@ -4,9 +4,12 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/error.h"
+#include "distributed/comm/communicator.h"
 
 namespace kiln::train {
 
@@ -76,13 +79,14 @@ bool Flags::given(const std::string& name) const { return find(name).given; }
 const std::string& Flags::get(const std::string& name) const { return find(name).value; }
 bool Flags::get_switch(const std::string& name) const { return !find(name).value.empty(); }
 
-int64_t Flags::get_int(const std::string& name, int64_t min) const {
+int64_t Flags::get_int(const std::string& name, int64_t min, int64_t max) const {
   const std::string& v = get(name);
   char* end = nullptr;
   errno = 0;
   long long x = std::strtoll(v.c_str(), &end, 10);
   KILN_CHECK(!v.empty() && *end == '\0' && errno == 0, "--{} must be an integer, not '{}'", name, v);
   KILN_CHECK(x >= min, "--{} must be at least {}, not {}", name, min, x);
+  KILN_CHECK(x <= max, "--{} must be at most {}, not {}", name, max, x);
   return x;
 }
 
@@ -92,6 +96,7 @@ double Flags::get_double(const std::string& name) const {
   errno = 0;
   double x = std::strtod(v.c_str(), &end);
   KILN_CHECK(!v.empty() && *end == '\0' && errno == 0, "--{} must be a number, not '{}'", name, v);
+  KILN_CHECK(std::isfinite(x), "--{} must be a finite number, not '{}'", name, v);
   return x;
 }
 
@@ -102,6 +107,12 @@ const std::string& Flags::get_choice(const std::string& name,
     if (c == v) return v;
   }
   KILN_FAIL("--{} must be one of {}, not '{}'", name, fmt::format("{}", fmt::join(choices, ", ")), v);
+}
+
+int exit_on_error(const char* program, const char* message, int exit_code) {
+  std::fprintf(stderr, "%s: error: %s\n", program, message);
+  if (distributed::world_info().size > 1) distributed::abort_job(exit_code);
+  return exit_code;
 }
 
 }  // namespace kiln::train

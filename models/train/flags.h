@@ -29,7 +29,9 @@ class Flags {
 
   bool given(const std::string& name) const;  // set on the command line (not just defaulted)
   const std::string& get(const std::string& name) const;
-  int64_t get_int(const std::string& name, int64_t min = INT64_MIN) const;
+  // An integer in [min, max]; the Error names the flag and the range.
+  int64_t get_int(const std::string& name, int64_t min = INT64_MIN, int64_t max = INT64_MAX) const;
+  // A finite number (inf and nan are Errors).
   double get_double(const std::string& name) const;
   bool get_switch(const std::string& name) const;
   // The value, which must be one of `choices`; the Error lists them.
@@ -46,5 +48,10 @@ class Flags {
   std::vector<Flag> flags_;
   bool help_ = false;
 };
+
+// A program's end on an Error: prints "<program>: error: <message>" and returns exit_code, or, in
+// a job of several ranks, stops them all with it (distributed::abort_job): one rank that fails
+// alone would otherwise leave the others waiting in their next collective until its timeout.
+int exit_on_error(const char* program, const char* message, int exit_code);
 
 }  // namespace kiln::train

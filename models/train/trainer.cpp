@@ -191,6 +191,10 @@ void prepare_out_dir(const std::string& dir) {
   KILN_CHECK(f != nullptr, "cannot write into --out {}: {}", dir, std::strerror(errno));
   std::fclose(f);
   fs::remove(probe, ec);
+  const fs::path checkpoint = fs::path(dir) / "checkpoint";  // found now, not at the first save
+  KILN_CHECK(!fs::exists(checkpoint) || fs::is_directory(checkpoint),
+             "cannot save checkpoints in {}: a file of that name is in the way; remove it or choose another --out",
+             checkpoint.string());
 }
 
 }  // namespace
@@ -265,8 +269,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
 
   const std::string metrics_path = (fs::path(o.out_dir) / "metrics.jsonl").string();
-  std::FILE* metrics = main_rank ? std::fopen(metrics_path.c_str(), ckpt ? "a" : "w") : nullptr;
-  KILN_CHECK(metrics != nullptr || !main_rank, "cannot write {}: {}", metrics_path, std::strerror(errno));
+  std::FILE* metrics = main_rank ? open_metrics(metrics_path, ckpt.has_value(), step) : nullptr;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_guard(metrics, [](std::FILE* f) {
     return f ? std::fclose(f) : 0;
   });
@@ -330,6 +333,9 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
         comm->all_reduce(mean, distributed::ReduceOp::Avg);
         l = mean.item<double>();
       }
+      KILN_CHECK(std::isfinite(l),  // every rank sees the same mean
+                 "step {}: the loss is {}: training diverged; lower --lr (the last checkpoint, if any, is from "
+                 "before it)", step, l);
       epoch_loss_sum += l;
       result.last_loss = l;
       window_sum += l;

@@ -1,5 +1,7 @@
 // tests/data/test_idx.cpp: the IDX reader and MNIST / FashionMNIST on small hand-built files (plain
 // and gzip'd), a table of bad files, and Debian's Fashion-MNIST itself when it is installed.
+#include <sys/stat.h>
+
 #include <filesystem>
 
 #include "data/files.h"
@@ -168,6 +170,10 @@ TEST_CASE("IDX: bad files are Errors that say what is wrong", "[data][idx]") {
   }
   check_error([&] { data::read_idx(dir.path().string(), data::kIdxLabelsMagic); },
               {"is not a regular file"});
+  // A FIFO: an Error at once, not a wait for a writer to open it.
+  const std::string fifo = dir / "fifo";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  check_error([&] { data::read_idx(fifo, data::kIdxLabelsMagic); }, {"is not a regular file", fifo});
   check_error([&] { data::read_idx(dir / "absent", data::kIdxLabelsMagic); },
               {"cannot open", "absent", "No such file"});
 }

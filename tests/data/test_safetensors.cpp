@@ -3,6 +3,7 @@
 // a table of bad files, each an Error naming the rule; atomic writes.
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <cstring>
 #include <filesystem>
@@ -218,6 +219,9 @@ TEST_CASE("safetensors: bad files are Errors that name the rule", "[data][safete
     check_error([&] { st::load_file(path); }, fragments);
   }
   check_error([&] { st::load_file(dir.path().string()); }, {"is not a regular file"});
+  const std::string fifo = dir / "fifo.safetensors";  // an Error at once, not a wait for a writer
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  check_error([&] { st::load_file(fifo); }, {"safetensors: ", "is not a regular file", fifo});
   check_error([&] { st::load_file(dir / "absent.safetensors"); },
               {"cannot open", "absent.safetensors"});
   // A header that is valid on its own still has its file checked by load_metadata.

@@ -1,5 +1,7 @@
 // models/train: the progress bar's text, flag parsing, checkpoints, and the training loop's resume:
 // N steps, save, load, N steps equals 2N steps bit for bit.
+#include <sys/stat.h>
+
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -84,6 +86,17 @@ TEST_CASE("Flags parse values, switches and defaults, and name what is wrong") {
   g.parse(5, bad);
   check_error([&] { (void)g.get_int("epochs", 1); }, {"--epochs must be an integer, not 'two'"});
   check_error([&] { (void)g.get_choice("model", {"mlp", "cnn"}); }, {"--model must be one of mlp, cnn, not 'vgg'"});
+
+  train::Flags h("prog", "does things");
+  h.add("threads", "0", "threads");
+  h.add("lr", "", "learning rate");
+  for (const char* value : {"inf", "nan", "-inf"}) {
+    const char* argv_lr[] = {"prog", "--lr", value, "--threads", "4294967297"};
+    h.parse(5, argv_lr);
+    check_error([&] { (void)h.get_double("lr"); }, {"--lr must be a finite number", value});
+  }
+  CHECK(h.get_int("threads", 0) == 4294967297);
+  check_error([&] { (void)h.get_int("threads", 0, 2147483647); }, {"--threads must be at most 2147483647", "4294967297"});
 }
 
 TEST_CASE("write_file_atomic replaces a file whole and leaves it untouched on failure") {
@@ -108,8 +121,98 @@ TEST_CASE("load_checkpoint names what is missing or damaged") {
   check_error([&] { train::load_checkpoint(dir); }, {"checkpoint.json is not valid JSON"});
   train::write_file_atomic(dir + "/checkpoint.json", "{\"format\": \"other\"}");
   check_error([&] { train::load_checkpoint(dir); }, {"is not a Kiln checkpoint manifest"});
+  train::write_file_atomic(dir + "/checkpoint.json", "{\"format\": 7}");
+  check_error([&] { train::load_checkpoint(dir); }, {"is not a Kiln checkpoint manifest"});
+  train::write_file_atomic(dir + "/checkpoint.json", "{\"format\": \"kiln-checkpoint\", \"version\": \"1\"}");
+  check_error([&] { train::load_checkpoint(dir); }, {"checkpoint version \"1\" is not supported"});
   train::write_file_atomic(dir + "/checkpoint.json", "{\"format\": \"kiln-checkpoint\", \"version\": 1}");
   check_error([&] { train::load_checkpoint(dir); }, {"a field is missing", "damaged"});
+  // A negative count, which a hand-edited or damaged manifest could hold.
+  train::Checkpoint c;
+  c.model = TensorDict{{"w", ones({2})}};
+  c.step = 3;
+  train::save_checkpoint(dir, c);
+  std::ifstream in(dir + "/checkpoint.json");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string field = "\"step\": 3";
+  const size_t at = text.find(field);
+  REQUIRE(at != std::string::npos);
+  train::write_file_atomic(dir + "/checkpoint.json", text.replace(at, field.size(), "\"step\": -3"));
+  check_error([&] { train::load_checkpoint(dir); }, {"step -3", "must all be >= 0", "damaged"});
+  // A FIFO in the manifest's place is an Error, not a wait for a writer.
+  fs::remove(dir + "/checkpoint.json");
+  REQUIRE(::mkfifo((dir + "/checkpoint.json").c_str(), 0600) == 0);
+  check_error([&] { train::load_checkpoint(dir); }, {"no checkpoint in", "checkpoint.json is missing"});
+}
+
+// The files of one save: its step, read back through the manifest and the model file.
+static void check_saved_step(const std::string& dir, int64_t step) {
+  const train::Checkpoint back = train::load_checkpoint(dir);
+  CHECK(back.step == step);
+  check_equal(back.model.at("w"), full({2}, static_cast<double>(step)));
+}
+
+TEST_CASE("save_checkpoint replaces a checkpoint whole; a save cut short leaves the previous one") {
+  const std::string root = scratch_dir("whole");
+  const std::string dir = root + "/checkpoint";
+  auto at_step = [](int64_t step) {
+    train::Checkpoint c;
+    c.model = TensorDict{{"w", full({2}, static_cast<double>(step))}};
+    c.step = step;
+    return c;
+  };
+  train::save_checkpoint(dir + "/", at_step(1));  // a trailing separator names the same directory
+  check_saved_step(dir, 1);
+  // A save killed part-way left its staging directory: the next save removes it.
+  fs::create_directories(root + "/.checkpoint.saving-99999");
+  std::ofstream(root + "/.checkpoint.saving-99999/model.safetensors") << "half";
+  train::save_checkpoint(dir, at_step(2));
+  check_saved_step(dir, 2);
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(root)) names.push_back(e.path().filename().string());
+  CHECK(names == std::vector<std::string>{"checkpoint"});
+  // A save that fails while writing (here its configuration is not JSON) leaves the previous
+  // checkpoint whole and no staging directory.
+  train::Checkpoint broken = at_step(3);
+  broken.config = "{not json";
+  CHECK_THROWS(train::save_checkpoint(dir, broken));
+  check_saved_step(dir, 2);
+  CHECK(std::distance(fs::directory_iterator(root), fs::directory_iterator()) == 1);
+  // Cut short between the two renames of a file system without RENAME_EXCHANGE: the directory is
+  // gone and "<name>.previous" holds the previous checkpoint, which the Error names.
+  fs::rename(dir, dir + ".previous");
+  check_error([&] { train::load_checkpoint(dir); }, {"checkpoint.previous holds one", "resume from"});
+  check_saved_step(dir + ".previous", 2);
+  // A file in the directory's place is an Error before anything is written.
+  std::ofstream(dir) << "x";
+  check_error([&] { train::save_checkpoint(dir, at_step(4)); }, {"a file of that name is in the way"});
+}
+
+TEST_CASE("open_metrics drops, on resume, the lines after the checkpoint's step") {
+  const std::string dir = scratch_dir("metrics");
+  fs::create_directories(dir);
+  const std::string path = dir + "/metrics.jsonl";
+  {
+    std::ofstream out(path);
+    for (int s = 1; s <= 8; ++s) out << "{\"type\":\"step\",\"step\":" << s << "}\n";
+    out << "{\"type\":\"eval\",\"step\":8,\"val_loss\":1.5}\n";
+    out << "{\"type\":\"step\",\"st";  // cut short by a crash
+  }
+  std::FILE* f = train::open_metrics(path, /*resume=*/true, 5);
+  REQUIRE(f != nullptr);
+  std::fputs("{\"type\":\"step\",\"step\":6}\n", f);
+  std::fclose(f);
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  REQUIRE(lines.size() == 6);
+  CHECK(lines[4] == "{\"type\":\"step\",\"step\":5}");
+  CHECK(lines[5] == "{\"type\":\"step\",\"step\":6}");
+  // A fresh run starts the file afresh.
+  f = train::open_metrics(path, /*resume=*/false, 0);
+  std::fclose(f);
+  CHECK(fs::file_size(path) == 0);
+  check_error([&] { train::open_metrics(dir + "/no-such-dir/metrics.jsonl", false, 0); }, {"cannot write"});
 }
 
 TEST_CASE("A checkpoint keeps a GradScaler's state; one saved without it loads with none") {

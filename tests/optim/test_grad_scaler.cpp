@@ -6,6 +6,7 @@
 // scaling; unscaling; the state_dict round trip; a disabled scaler; the Errors.
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "support.h"
 
@@ -220,6 +221,22 @@ TEST_CASE("GradScaler: state_dict round trip resumes the same scale sequence", "
   GradScaler disabled({.enabled = false});
   CHECK(disabled.state_dict().size() == 0);
   test::check_error([&] { GradScaler().load_state_dict(disabled.state_dict()); }, {"state dict is empty"});
+  // Values the constructor would refuse: an Error naming the entry, and the scaler unchanged (a
+  // loss_scale_window of 0 used to divide by zero in update()).
+  const std::vector<std::tuple<std::string, double, std::string>> bad = {
+      {"loss_scale_window", 0, ">= 1"},         {"scale", 0, "positive finite"},
+      {"scale", std::nan(""), "positive finite"}, {"scale_factor", 0.5, "> 1"},
+      {"hysteresis", -3, ">= 1"},                 {"cur_hysteresis", 0, "in [1, hysteresis]"},
+      {"min_loss_scale", -1, "positive finite"},  {"skipped_steps", -1, ">= 0"},
+      {"last_overflow_iter", 1e6, "in [-1, cur_iter]"}};
+  for (const auto& [key, value, rule] : bad) {
+    INFO(key << " = " << value);
+    TensorDict damaged;
+    for (const auto& [k, t] : saved) damaged.insert(k, k == key ? scalar_tensor(value, t.dtype()) : t);
+    GradScaler target;
+    test::check_error([&] { target.load_state_dict(damaged); }, {"'" + key + "'", rule, "damaged"});
+    CHECK(target.get_scale() == 65536);
+  }
 }
 
 TEST_CASE("GradScaler: disabled, it does nothing and always steps", "[optim][amp]") {

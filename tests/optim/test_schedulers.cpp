@@ -347,4 +347,14 @@ TEST_CASE("bad scheduler arguments are Errors that name the problem") {
   TensorDict missing = step.state_dict();
   TensorDict partial{{"last_epoch", missing.at("last_epoch")}};
   check_error([&] { step.load_state_dict(partial); }, {"StepLR", "lacks"});
+  // Counters and rates a damaged file could hold; the scheduler is left as it was.
+  TensorDict early = missing;
+  early.set("last_epoch", scalar_tensor(int64_t{-10}));
+  check_error([&] { step.load_state_dict(early); }, {"StepLR", "'last_epoch' is -10", "damaged"});
+  TensorDict nan_lr = missing;
+  std::vector<double> lrs = missing.at("base_lrs").to(kFloat64).to_vector<double>();
+  lrs[0] = std::nan("");
+  nan_lr.set("base_lrs", from_vector<double>(lrs));
+  check_error([&] { step.load_state_dict(nan_lr); }, {"StepLR", "'base_lrs' holds nan", "damaged"});
+  CHECK(step.state_dict().at("last_epoch").item<int64_t>() == missing.at("last_epoch").item<int64_t>());
 }

@@ -1,5 +1,8 @@
 // tests/optim/test_state_dict.cpp: an optimizer's state_dict resumes bit-identically (5 steps,
 // save, load into a fresh optimizer, 5 more == 10 steps), and load_state_dict names each mismatch.
+#include <cmath>
+#include <tuple>
+
 #include "optim_golden.h"
 #include "support.h"
 
@@ -96,6 +99,20 @@ TEST_CASE("load_state_dict names the mismatch: groups, parameter counts, shapes,
     if (k != "param_groups.0.lr") no_lr.insert(k, t);
   }
   check_error([&] { same.load_state_dict(no_lr); }, {"lacks 'param_groups.0.lr'"});
+  // Values the constructor would refuse, from a damaged or hand-edited file.
+  const std::vector<std::tuple<std::string, double, std::string>> bad = {
+      {"param_groups.0.lr", std::nan(""), "a finite number"}, {"param_groups.0.lr", -1, ">= 0"},
+      {"param_groups.0.beta1", 5, "in [0, 1)"},               {"param_groups.0.eps", -1, ">= 0"},
+      {"param_groups.0.weight_decay", INFINITY, "a finite number"}};
+  for (const auto& [key, value, rule] : bad) {
+    INFO(key << " = " << value);
+    TensorDict damaged;
+    for (const auto& [k, t] : saved) damaged.insert(k, k == key ? scalar_tensor(value, t.dtype()) : t);
+    check_error([&] { same.load_state_dict(damaged); }, {"'" + key + "'", rule, "damaged"});
+  }
+  TensorDict negative_step;
+  for (const auto& [k, t] : saved) negative_step.insert(k, k == "state.0.step" ? scalar_tensor(-5, t.dtype()) : t);
+  check_error([&] { same.load_state_dict(negative_step); }, {"'state.0.step' is -5", "damaged"});
   // A failed load leaves the optimizer as it was.
   CHECK(same.param_groups()[0].lr() == 1e-3);
   CHECK(same.find_state(a) == nullptr);
