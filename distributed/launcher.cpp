@@ -18,6 +18,7 @@
 // The same programs run under plain mpirun or Slurm's `srun --mpi=pmix`: Kiln reads its rank from either.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -34,11 +35,11 @@
 namespace {
 
 constexpr const char* kUsage =
-    "usage: kiln-run -n N [--hosts HOST[:SLOTS],...] [--dry-run] PROGRAM [ARGS...]\n"
+    "usage: kiln-run -n N [--hosts HOST[:SLOTS],...] [--dry-run] [--] PROGRAM [ARGS...]\n"
     "Runs N ranks of PROGRAM under Open MPI's mpirun, one GPU per local rank where there are GPUs.\n"
     "  -n, --np N       number of ranks (processes)\n"
     "  --hosts LIST     machines to run on, as mpirun's --host: HOST:SLOTS runs up to SLOTS ranks\n"
-    "                   there, a HOST alone one (default: this machine, any number)\n"
+    "                   there, a HOST alone one (default: this machine, up to 64 ranks per core)\n"
     "  --dry-run        print the mpirun command instead of running it\n"
     "  -h, --help       this text\n";
 
@@ -130,6 +131,8 @@ std::vector<std::string> forwarded_variables() {
 
 }  // namespace
 
+constexpr int kMaxRanksPerCore = 64;
+
 int main(int argc, char** argv) {
   if (argc >= 3 && std::strcmp(argv[1], "--rank-exec") == 0) rank_exec(argv + 2);
 
@@ -143,6 +146,10 @@ int main(int argc, char** argv) {
       fmt::print("{}", kUsage);
       return 0;
     }
+    if (a == "--") {  // the end of kiln-run's options, as with getopt
+      ++i;
+      break;
+    }
     if (a == "--dry-run") {
       dry_run = true;
     } else if (a == "-n" || a == "--np" || a == "--hosts") {
@@ -153,7 +160,7 @@ int main(int argc, char** argv) {
         hosts = v;
       } else {
         np = positive_count(v);
-        if (np == 0) fail(fmt::format("-n must be a positive number of ranks, not '{}'", v));
+        if (np == 0) fail(fmt::format("-n must be a number of ranks from 1 to 65536, not '{}'", v));
       }
     } else if (!a.empty() && a[0] == '-') {
       fail(fmt::format("unknown option {}\n{}", a, kUsage));
@@ -164,6 +171,13 @@ int main(int argc, char** argv) {
   if (np == 0) fail(fmt::format("say how many ranks with -n N\n{}", kUsage));
   if (i >= argc) fail(fmt::format("no program to run\n{}", kUsage));
 
+  // More ranks than this on one machine is a typo, not a test of oversubscription: mpirun would
+  // start them all, a fork bomb.
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  if (hosts.empty() && np > kMaxRanksPerCore * cores)
+    fail(fmt::format("-n {} would start {} processes on this machine's {} cores (at most {} per core here); "
+                     "ask for fewer ranks, or spread them over machines with --hosts",
+                     np, np, cores, kMaxRanksPerCore));
   if (!hosts.empty()) {
     const int64_t slots = count_slots(hosts);
     if (np > slots)

@@ -15,6 +15,7 @@
 // batch; then clipping (--clip, the global norm) and AdamW.
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
@@ -95,6 +96,23 @@ void check_resumed(const Run& r, const std::string& manifest) {
         "none, bf16 or fp16");
 }
 
+// On --resume the checkpoint's settings hold. One given on the command line that differs from
+// them is an Error, not ignored; the corpus and the device may change (a file that moved, a run
+// taken to a GPU), and the flags' values replace the checkpoint's.
+void merge_resumed(Run& resumed, const Run& given, const train::Flags& flags, const std::string& manifest) {
+  const json saved = resumed, wanted = given;
+  for (const auto& [key, value] : wanted.items()) {
+    std::string flag = key == "fusion" ? "no-fusion" : key;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    if (key == "corpus" || key == "device" || !flags.given(flag) || saved.at(key) == value) continue;
+    KILN_FAIL("--{} asks for {} = {} but the checkpoint ({}) has {} = {}: a resumed run keeps its settings; drop "
+              "--{}, or start a new run without --resume",
+              flag, key, value.dump(), manifest, key, saved.at(key).dump(), flag);
+  }
+  if (flags.given("corpus")) resumed.corpus = given.corpus;
+  if (flags.given("device")) resumed.device = given.device;
+}
+
 // The model's weights, gradients and AdamW's two moments take 16 bytes a parameter in float32: a
 // size that cannot fit is an Error before the first layer is built, not a process that grows
 // until the system stops it.
@@ -161,12 +179,12 @@ int run(int argc, char** argv) {
   flags.add("eval-batches", "8", "batches of held-out windows per validation loss");
   flags.add("log-every", "10", "steps between lines of metrics.jsonl (their mean loss)");
   flags.add("save-every", "0", "steps between checkpoints (0: only at the end)");
-  flags.add("sample", "300", "bytes to generate at the end (0: none)");
+  flags.add("sample", "300", "bytes to generate at the end (0: none; at most 1048576)");
   flags.add("prompt", "\n", "the text the sample starts from");
   flags.add("temperature", "0.8", "sampling temperature (0: greedy)");
   flags.add("top-k", "40", "sample among the k most likely bytes (0: all)");
   flags.add("out", "runs/train_gpt", "output directory: metrics.jsonl, training.png, checkpoint/, sample.txt");
-  flags.add("resume", "", "continue from this checkpoint directory");
+  flags.add("resume", "", "continue from this checkpoint directory, with its settings (--corpus and --device may change)");
   flags.add_switch("quiet", "no progress output");
   flags.parse(argc, argv);
   if (flags.help_requested()) {
@@ -197,14 +215,21 @@ int run(int argc, char** argv) {
   const int64_t eval_every = flags.get_int("eval-every", 0), eval_batches = flags.get_int("eval-batches", 1);
   const int64_t log_every = flags.get_int("log-every", 1), save_every = flags.get_int("save-every", 0);
   const std::string out_dir = flags.get("out");
+  KILN_CHECK(!out_dir.empty(), "--out must name a directory");
   bool quiet = flags.get_switch("quiet");
+  // The sample's settings are checked now, not after the training.
+  const int64_t sample = flags.get_int("sample", 0, 1 << 20), top_k = flags.get_int("top-k", 0);
+  const double temperature = flags.get_double("temperature");
+  KILN_CHECK(temperature >= 0, "--temperature must be >= 0 (0: greedy), not {}", temperature);
 
   std::optional<train::Checkpoint> ckpt;
   if (!flags.get("resume").empty()) {
     ckpt = train::load_checkpoint(flags.get("resume"));
     const std::string manifest = (fs::path(flags.get("resume")) / "checkpoint.json").string();
     try {
+      const Run given = r;
       r = json::parse(ckpt->config).get<Run>();
+      merge_resumed(r, given, flags, manifest);
     } catch (const json::exception& e) {
       KILN_FAIL("{}: its config does not hold train_gpt's settings ({}); resume train_gpt from a checkpoint "
                 "that train_gpt wrote", manifest, e.what());
@@ -259,11 +284,16 @@ int run(int argc, char** argv) {
     if (!ckpt->scaler.empty()) scaler.load_state_dict(ckpt->scaler);
     windows.set_state(ckpt->rng);
     step = ckpt->step;
-    const json extra = json::parse(ckpt->extra);
-    history.step = extra.value("step", std::vector<double>{});
-    history.loss = extra.value("loss", std::vector<double>{});
-    history.eval_step = extra.value("eval_step", std::vector<double>{});
-    history.eval_loss = extra.value("eval_loss", std::vector<double>{});
+    try {
+      const json extra = json::parse(ckpt->extra);
+      history.step = extra.value("step", std::vector<double>{});
+      history.loss = extra.value("loss", std::vector<double>{});
+      history.eval_step = extra.value("eval_step", std::vector<double>{});
+      history.eval_loss = extra.value("eval_loss", std::vector<double>{});
+    } catch (const json::exception& e) {
+      KILN_FAIL("{}/checkpoint.json: its \"trainer\" entry is not train_gpt's loss history ({}): the checkpoint "
+                "is damaged", flags.get("resume"), e.what());
+    }
   }
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
   if (comm) ddp = std::make_unique<distributed::DistributedDataParallel>(model, comm);
@@ -403,7 +433,6 @@ int run(int argc, char** argv) {
   const std::string png = main_rank ? train::plot_losses(history, out_dir, &why) : "";
   if (main_rank && png.empty() && !quiet) std::printf("train_gpt: no plot: %s\n", why.c_str());
 
-  const int64_t sample = flags.get_int("sample", 0);
   if (main_rank && sample > 0) {
     const std::string& given = flags.get("prompt");
     std::vector<int64_t> ids(given.begin(), given.end());
@@ -412,12 +441,12 @@ int run(int argc, char** argv) {
     if (static_cast<int64_t>(ids.size()) > c.block_size) ids.erase(ids.begin(), ids.end() - c.block_size);
     Generator g(r.seed);
     Tensor out = model.generate(from_vector(ids, {1, static_cast<int64_t>(ids.size())}, device), sample,
-                                {.temperature = flags.get_double("temperature"), .top_k = flags.get_int("top-k", 0)}, &g);
+                                {.temperature = temperature, .top_k = top_k}, &g);
     const std::string text_out = printable(out.to(Device::cpu()).to_vector<int64_t>());
     train::write_file_atomic((fs::path(out_dir) / "sample.txt").string(), text_out + "\n");
     if (!quiet) std::printf("---- sample (%lld bytes, temperature %g, top-k %lld) ----\n%s\n----\n",
-                            static_cast<long long>(sample), flags.get_double("temperature"),
-                            static_cast<long long>(flags.get_int("top-k", 0)), text_out.c_str());
+                            static_cast<long long>(sample), temperature, static_cast<long long>(top_k),
+                            text_out.c_str());
   }
   if (!quiet) {
     std::printf("train_gpt: checkpoint %s; metrics %s%s%s\n", ckpt_dir.c_str(), metrics_path.c_str(),

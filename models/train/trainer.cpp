@@ -182,6 +182,7 @@ Evaluation evaluate(nn::Module& model, data::DataLoader& loader, Device device) 
 
 // The out directory must exist (it is created) and take files: an Error now, not after an epoch.
 void prepare_out_dir(const std::string& dir) {
+  KILN_CHECK(!dir.empty(), "--out must name a directory");
   std::error_code ec;
   fs::create_directories(dir, ec);
   KILN_CHECK(!ec && fs::is_directory(dir), "cannot use --out {}: {}", dir,
@@ -252,16 +253,21 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     default_generator().set_state(ckpt->rng);
     step = ckpt->step;
     epoch = ckpt->epoch;
-    const json extra = json::parse(ckpt->extra);
-    epoch_batches = extra.value("epoch_batches", int64_t{0});
-    epoch_loss_sum = extra.value("epoch_loss_sum", 0.0);
-    window_steps = extra.value("window_steps", int64_t{0});
-    window_sum = extra.value("window_sum", 0.0);
-    history.step = extra.value("history_step", std::vector<double>{});
-    history.loss = extra.value("history_loss", std::vector<double>{});
-    history.epoch = extra.value("history_epoch", std::vector<double>{});
-    history.test_loss = extra.value("history_test_loss", std::vector<double>{});
-    history.test_accuracy = extra.value("history_test_accuracy", std::vector<double>{});
+    try {
+      const json extra = json::parse(ckpt->extra);
+      epoch_batches = extra.value("epoch_batches", int64_t{0});
+      epoch_loss_sum = extra.value("epoch_loss_sum", 0.0);
+      window_steps = extra.value("window_steps", int64_t{0});
+      window_sum = extra.value("window_sum", 0.0);
+      history.step = extra.value("history_step", std::vector<double>{});
+      history.loss = extra.value("history_loss", std::vector<double>{});
+      history.epoch = extra.value("history_epoch", std::vector<double>{});
+      history.test_loss = extra.value("history_test_loss", std::vector<double>{});
+      history.test_accuracy = extra.value("history_test_accuracy", std::vector<double>{});
+    } catch (const json::exception& e) {
+      KILN_FAIL("{}/checkpoint.json: its \"trainer\" entry is not kiln-train's running state ({}): the "
+                "checkpoint is damaged", o.resume, e.what());
+    }
   }
   // After loading: DDP starts by giving every rank rank 0's parameters.
   std::unique_ptr<distributed::DistributedDataParallel> ddp;

@@ -60,6 +60,12 @@ if(NOT out MATCHES "resumed at step 3 [(]loss scale ${first_scale}[)]")
   message(FATAL_ERROR "the resumed run should start at step 3 with the loss scale ${first_scale}:\n${out}")
 endif()
 summary(resumed "${out}")
+# A setting given again on --resume must agree with the checkpoint's: an Error, not ignored.
+execute_process(COMMAND ${PROGRAM} --resume ${WORK}/first/checkpoint ${run} --steps 6 --lr 0.5 --out ${WORK}/conflict
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "--lr asks for lr = 0.5 but the checkpoint [(].*[)] has lr = 0.0003: a resumed run keeps")
+  message(FATAL_ERROR "--lr 0.5 on --resume should be an Error naming both values, got ${rc}:\n${err}")
+endif()
 if(NOT resumed STREQUAL straight)
   message(FATAL_ERROR "resumed: '${resumed}'\nstraight through: '${straight}'")
 endif()
