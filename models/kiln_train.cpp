@@ -38,7 +38,7 @@ int main(int argc, char** argv) {
   flags.add("max-steps", "0", "stop after N steps in all and save a checkpoint (0: no limit)");
   flags.add("out", "runs/kiln-train", "output directory: metrics.jsonl, training.png, checkpoint/");
   flags.add("resume", "", "continue from this checkpoint directory (model, data and optimizer "
-            "settings come from it)");
+            "settings come from it, and the number of epochs unless --epochs is given)");
   flags.add_switch("quiet", "no progress output");
   try {
     flags.parse(argc, argv);
@@ -50,7 +50,8 @@ int main(int argc, char** argv) {
     o.model = flags.get_choice("model", train::Choices::model);
     o.dataset = flags.get_choice("dataset", train::Choices::dataset);
     o.data_root = flags.get("data-root");
-    o.epochs = flags.get_int("epochs", 1);
+    // Resumed without --epochs: the run's own number of epochs, from the checkpoint.
+    o.epochs = flags.get("resume").empty() || flags.given("epochs") ? flags.get_int("epochs", 1) : 0;
     o.batch_size = flags.get_int("batch-size", 1);
     o.optimizer = flags.get_choice("optimizer", train::Choices::optimizer);
     if (flags.given("lr")) o.lr = flags.get_double("lr");
@@ -67,6 +68,10 @@ int main(int argc, char** argv) {
     o.out_dir = flags.get("out");
     o.resume = flags.get("resume");
     o.quiet = flags.get_switch("quiet");
+    for (const char* setting : {"model", "dataset", "data-root", "batch-size", "optimizer", "lr", "momentum",
+                                "weight-decay", "scheduler", "seed", "limit-train", "limit-test"}) {
+      if (flags.given(setting)) o.given.push_back(setting);
+    }
     train::train(o);
     return 0;
   } catch (const Error& e) {

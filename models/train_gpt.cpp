@@ -193,14 +193,14 @@ int run(int argc, char** argv) {
   }
   Run r;
   r.config = flags.get("config");
-  r.n_layer = flags.get_int("n-layer", 0);
-  r.n_head = flags.get_int("n-head", 0);
-  r.n_embd = flags.get_int("n-embd", 0);
-  r.context = flags.get_int("context", 0);
+  r.n_layer = flags.get_int("n-layer", 0, 1 << 16);
+  r.n_head = flags.get_int("n-head", 0, 1 << 16);
+  r.n_embd = flags.get_int("n-embd", 0, 1 << 20);
+  r.context = flags.get_int("context", 0, 1 << 24);
   r.dropout = flags.get_double("dropout");
   r.corpus = flags.get("corpus");
-  r.batch_size = flags.get_int("batch-size", 1);
-  r.grad_accum = flags.get_int("grad-accum", 1);
+  r.batch_size = flags.get_int("batch-size", 1, 1 << 24);
+  r.grad_accum = flags.get_int("grad-accum", 1, 1 << 20);
   r.lr = flags.get_double("lr");
   r.weight_decay = flags.get_double("weight-decay");
   r.clip = flags.get_double("clip");
@@ -282,8 +282,12 @@ int run(int argc, char** argv) {
     // The loss scale and its counters go on where they were; a checkpoint from before they were saved
     // (or from a run without fp16) has none, and the scaler starts afresh.
     if (!ckpt->scaler.empty()) scaler.load_state_dict(ckpt->scaler);
-    windows.set_state(ckpt->rng);
+    // Each rank draws from its own stream (seeded by its rank above); the checkpoint, rank 0's, holds
+    // how far the streams have gone, which is the same on every rank.
+    windows.set_state({windows.get_state().seed, ckpt->rng.offset});
     step = ckpt->step;
+    KILN_CHECK(step < steps, "the checkpoint is at step {}, and --steps {} counts steps in all: nothing is left to "
+               "train; ask for more with --steps", step, steps);
     try {
       const json extra = json::parse(ckpt->extra);
       history.step = extra.value("step", std::vector<double>{});
@@ -299,11 +303,13 @@ int run(int argc, char** argv) {
   if (comm) ddp = std::make_unique<distributed::DistributedDataParallel>(model, comm);
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : model;
 
+  std::optional<train::OutDirLock> out_lock;
   if (main_rank) {
     std::error_code ec;
     fs::create_directories(out_dir, ec);
     KILN_CHECK(!ec && fs::is_directory(out_dir), "cannot use --out {}: {}", out_dir,
                ec ? ec.message() : "a file of that name is in the way");
+    out_lock.emplace(out_dir);  // one run at a time in --out
     const fs::path checkpoint = fs::path(out_dir) / "checkpoint";  // found now, not at the first save
     KILN_CHECK(!fs::exists(checkpoint) || fs::is_directory(checkpoint),
                "cannot save checkpoints in {}: a file of that name is in the way; remove it or choose another --out",
@@ -312,11 +318,7 @@ int run(int argc, char** argv) {
   const std::string metrics_path = (fs::path(out_dir) / "metrics.jsonl").string();
   std::FILE* metrics = main_rank ? train::open_metrics(metrics_path, ckpt.has_value(), step) : nullptr;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_guard(metrics, [](std::FILE* f) { return f ? std::fclose(f) : 0; });
-  auto log = [&](const json& line) {
-    if (!metrics) return;
-    std::fprintf(metrics, "%s\n", line.dump().c_str());
-    std::fflush(metrics);
-  };
+  auto log = [&](const json& line) { train::write_metrics_line(metrics, metrics_path, line.dump()); };
   const std::string ckpt_dir = (fs::path(out_dir) / "checkpoint").string();
   auto save = [&] {
     if (!main_rank) return;
@@ -333,6 +335,9 @@ int run(int argc, char** argv) {
   };
   auto evaluate = [&] {
     double v = main_rank ? validation_loss(model, val_text, eval_batches, r.batch_size, device) : 0;
+    // A step that made the weights inf or nan shows here first: stop before saving them.
+    KILN_CHECK(std::isfinite(v), "step {}: the validation loss is {}: training diverged; lower --lr or clip the "
+               "gradients with --clip (the last checkpoint, if any, is from before it)", step, v);
     history.eval_step.push_back(static_cast<double>(step));
     history.eval_loss.push_back(v);
     log({{"type", "eval"}, {"step", step}, {"val_loss", v}});
@@ -442,8 +447,11 @@ int run(int argc, char** argv) {
     Generator g(r.seed);
     Tensor out = model.generate(from_vector(ids, {1, static_cast<int64_t>(ids.size())}, device), sample,
                                 {.temperature = temperature, .top_k = top_k}, &g);
-    const std::string text_out = printable(out.to(Device::cpu()).to_vector<int64_t>());
-    train::write_file_atomic((fs::path(out_dir) / "sample.txt").string(), text_out + "\n");
+    const std::vector<int64_t> bytes = out.to(Device::cpu()).to_vector<int64_t>();
+    std::string raw;  // the file gets the bytes as generated (UTF-8 prompts stay whole); the terminal '?'s
+    for (int64_t b : bytes) raw += static_cast<char>(b);
+    train::write_file_atomic((fs::path(out_dir) / "sample.txt").string(), raw + "\n");
+    const std::string text_out = printable(bytes);
     if (!quiet) std::printf("---- sample (%lld bytes, temperature %g, top-k %lld) ----\n%s\n----\n",
                             static_cast<long long>(sample), temperature, static_cast<long long>(top_k),
                             text_out.c_str());

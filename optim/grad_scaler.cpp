@@ -179,6 +179,10 @@ void GradScaler::load_state_dict(const TensorDict& dict) {
   check(last_overflow_iter >= -1 && last_overflow_iter <= cur_iter, "last_overflow_iter",
         static_cast<double>(last_overflow_iter), "in [-1, cur_iter]");
   check(skipped_steps >= 0, "skipped_steps", static_cast<double>(skipped_steps), ">= 0");
+  for (const char* flag : {"dynamic", "consecutive_hysteresis", "raise_error_at_min_scale"}) {
+    const int64_t v = integer(flag);
+    check(v == 0 || v == 1, flag, static_cast<double>(v), "0 or 1");
+  }
   scale_ = scale;
   cur_iter_ = cur_iter;
   last_overflow_iter_ = last_overflow_iter;

@@ -161,8 +161,10 @@ void check_loaded_option(const std::string& optimizer, int64_t group, const std:
               optimizer, group, key, value, rule);
   };
   if (!std::isfinite(value)) fail("a finite number");
-  if ((key == "lr" || key == "initial_lr" || key == "eps" || key == "weight_decay" || key == "momentum" ||
-       key == "lr_decay" || key == "initial_accumulator_value" || key == "alpha") &&
+  // (max_lr, min_lr and the momenta are the ones OneCycleLR and CyclicLR-style schedulers write.)
+  if ((key == "lr" || key == "initial_lr" || key == "max_lr" || key == "min_lr" || key == "eps" ||
+       key == "weight_decay" || key == "momentum" || key == "dampening" || key == "base_momentum" ||
+       key == "max_momentum" || key == "lr_decay" || key == "initial_accumulator_value" || key == "alpha") &&
       value < 0) {
     fail(">= 0");
   }

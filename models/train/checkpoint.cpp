@@ -2,10 +2,13 @@
 #include "models/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -121,7 +124,11 @@ void save_checkpoint(const std::string& dir, const Checkpoint& c) {
 
   const std::string stage_prefix = "." + name + ".saving-";
   for (const auto& entry : fs::directory_iterator(parent, ec)) {  // left by killed saves
-    if (entry.path().filename().string().starts_with(stage_prefix)) fs::remove_all(entry.path(), ec);
+    const std::string entry_name = entry.path().filename().string();
+    if (!entry_name.starts_with(stage_prefix)) continue;
+    const pid_t owner = static_cast<pid_t>(std::atoll(entry_name.c_str() + stage_prefix.size()));
+    const bool alive = owner > 0 && owner != getpid() && (::kill(owner, 0) == 0 || errno == EPERM);
+    if (!alive) fs::remove_all(entry.path(), ec);  // a live process's save is its own
   }
   const fs::path stage = parent / (stage_prefix + std::to_string(getpid()));
   fs::create_directory(stage, ec);
@@ -238,5 +245,26 @@ std::FILE* open_metrics(const std::string& path, bool resume, int64_t step) {
   KILN_CHECK(f != nullptr, "cannot write {}: {}", path, std::strerror(errno));
   return f;
 }
+
+void write_metrics_line(std::FILE* f, const std::string& path, const std::string& line) {
+  if (f == nullptr) return;
+  const bool ok = std::fprintf(f, "%s\n", line.c_str()) >= 0 && std::fflush(f) == 0;
+  KILN_CHECK(ok, "cannot write {}: {}", path, std::strerror(errno));
+}
+
+OutDirLock::OutDirLock(const std::string& dir) {
+  const std::string path = (fs::path(dir) / ".lock").string();
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  KILN_CHECK(fd_ >= 0, "cannot write {}: {}", path, std::strerror(errno));
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    ::close(fd_);
+    KILN_CHECK(err != EWOULDBLOCK, "another run is writing to {} (it holds {}); wait for it to end, or choose "
+               "another --out", dir, path);
+    KILN_FAIL("cannot lock {}: {}", path, std::strerror(err));
+  }
+}
+
+OutDirLock::~OutDirLock() { ::close(fd_); }  // and so the lock goes
 
 }  // namespace kiln::train

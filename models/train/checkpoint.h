@@ -45,6 +45,24 @@ Checkpoint load_checkpoint(const std::string& dir);
 // writes them again. An Error naming the path when it cannot be written.
 std::FILE* open_metrics(const std::string& path, bool resume, int64_t step);
 
+// An exclusive lock on a run's output directory (flock on <dir>/.lock) for as long as it lives: a
+// second run started on the same directory gets an Error naming it, instead of mixing its metrics,
+// checkpoints and sample with the first run's. The kernel drops the lock when the process ends.
+class OutDirLock {
+ public:
+  explicit OutDirLock(const std::string& dir);
+  ~OutDirLock();
+  OutDirLock(const OutDirLock&) = delete;
+  OutDirLock& operator=(const OutDirLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Appends `line` and a newline to the metrics file `f` (nothing when f is null: a rank other than 0)
+// and flushes it; an Error naming `path` when the write fails (a full disk, say).
+void write_metrics_line(std::FILE* f, const std::string& path, const std::string& line);
+
 // Writes `text` to `path` atomically (temporary file in the same directory, fsync, rename, fsync of
 // the directory). An Error naming the path on failure; the old file is then untouched.
 void write_file_atomic(const std::string& path, const std::string& text);

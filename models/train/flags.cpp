@@ -95,7 +95,8 @@ double Flags::get_double(const std::string& name) const {
   char* end = nullptr;
   errno = 0;
   double x = std::strtod(v.c_str(), &end);
-  KILN_CHECK(!v.empty() && *end == '\0' && errno == 0, "--{} must be a number, not '{}'", name, v);
+  // ERANGE: an underflow (1e-320, kept as the tiny number it is) or an overflow (inf, refused next).
+  KILN_CHECK(!v.empty() && *end == '\0' && (errno == 0 || errno == ERANGE), "--{} must be a number, not '{}'", name, v);
   KILN_CHECK(std::isfinite(x), "--{} must be a finite number, not '{}'", name, v);
   return x;
 }

@@ -3,11 +3,13 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -58,6 +60,7 @@ void apply_config(const json& c, TrainOptions& o) {
     o.seed = c.at("seed").get<uint64_t>();
     o.limit_train = c.at("limit_train").get<int64_t>();
     o.limit_test = c.at("limit_test").get<int64_t>();
+    if (o.epochs == 0) o.epochs = c.value("total_epochs", int64_t{1});
   } catch (const json::exception& e) {
     KILN_FAIL("the checkpoint's configuration is incomplete ({}): was it written by kiln-train?", e.what());
   }
@@ -150,8 +153,10 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainOptions& o, optim:
   if (o.scheduler == "step") return std::make_unique<optim::StepLR>(opt, steps_per_epoch, 0.5);
   if (o.scheduler == "cosine") return std::make_unique<optim::CosineAnnealingLR>(opt, total_steps);
   if (o.scheduler == "onecycle") {
+    // Adagrad has no momentum to cycle.
     return std::make_unique<optim::OneCycleLR>(opt, optim::OneCycleLROptions{.max_lr = default_lr(o),
-                                                                             .total_steps = total_steps});
+                                                                             .total_steps = total_steps,
+                                                                             .cycle_momentum = o.optimizer != "adagrad"});
   }
   if (o.scheduler == "warmup-cosine") {
     return std::make_unique<optim::WarmupCosineLR>(opt, optim::WarmupCosineLROptions{
@@ -205,7 +210,21 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   std::optional<Checkpoint> ckpt;
   if (!o.resume.empty()) {
     ckpt = load_checkpoint(o.resume);
+    const json wanted = config_of(o);
     apply_config(json::parse(ckpt->config), o);
+    const json saved = config_of(o);
+    for (const std::string& flag : o.given) {
+      std::string key = flag;
+      std::replace(key.begin(), key.end(), '-', '_');
+      if (key == "data_root") {  // a path: the data may have moved
+        o.data_root = wanted.at(key).get<std::string>();
+        continue;
+      }
+      if (!saved.contains(key) || key == "total_epochs" || saved.at(key) == wanted.at(key)) continue;
+      KILN_FAIL("--{} asks for {} = {} but the checkpoint ({}) has {} = {}: a resumed run keeps its settings; drop "
+                "--{}, or start a new run without --resume",
+                flag, key, wanted.at(key).dump(), o.resume, key, saved.at(key).dump(), flag);
+    }
   }
   check_options(o);
   // Under kiln-run, mpirun or srun with more than one rank: data parallel. Each rank trains on its
@@ -225,7 +244,11 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   manual_seed(o.seed);
 
   Data ds = make_data(o);
-  if (main_rank) prepare_out_dir(o.out_dir);
+  std::optional<OutDirLock> out_lock;  // one run at a time in --out
+  if (main_rank) {
+    prepare_out_dir(o.out_dir);
+    out_lock.emplace(o.out_dir);
+  }
   std::shared_ptr<nn::Module> model = models::make_vision_model(o.model);
   model->to(device);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
@@ -239,6 +262,9 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   data::DataLoader train_loader(ds.train, train_options);
   data::DataLoader test_loader(ds.test, {.batch_size = 1000, .num_workers = o.num_workers});
   const int64_t steps_per_epoch = train_loader.size();
+  KILN_CHECK(o.epochs <= std::numeric_limits<int64_t>::max() / std::max<int64_t>(steps_per_epoch, 1),
+             "--epochs {} times {} steps per epoch is more steps than fit in 64 bits; ask for fewer epochs (or stop "
+             "early with --max-steps)", o.epochs, steps_per_epoch);
   std::unique_ptr<optim::LRScheduler> sched =
       make_scheduler(o, *opt, steps_per_epoch, o.epochs * steps_per_epoch);
 
@@ -253,6 +279,10 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     default_generator().set_state(ckpt->rng);
     step = ckpt->step;
     epoch = ckpt->epoch;
+    KILN_CHECK(epoch < o.epochs && (o.max_steps == 0 || step < o.max_steps),
+               "the checkpoint is at epoch {}, step {}: the run has done its {} epochs{}; nothing is left to train. "
+               "Ask for more with --epochs or --max-steps",
+               epoch, step, o.epochs, o.max_steps > 0 ? fmt::format(" or --max-steps {}", o.max_steps) : "");
     try {
       const json extra = json::parse(ckpt->extra);
       epoch_batches = extra.value("epoch_batches", int64_t{0});
@@ -279,11 +309,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_guard(metrics, [](std::FILE* f) {
     return f ? std::fclose(f) : 0;
   });
-  auto log = [&](const json& line) {
-    if (!metrics) return;
-    std::fprintf(metrics, "%s\n", line.dump().c_str());
-    std::fflush(metrics);
-  };
+  auto log = [&](const json& line) { write_metrics_line(metrics, metrics_path, line.dump()); };
 
   const std::string ckpt_dir = (fs::path(o.out_dir) / "checkpoint").string();
   auto save = [&] {
@@ -374,6 +400,9 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
       ev = {numbers[0].item<double>(), numbers[1].item<double>()};
     }
     const double train_loss = epoch_batches ? epoch_loss_sum / static_cast<double>(epoch_batches) : 0;
+    // A training step that made the weights inf or nan shows here first: stop before saving them.
+    KILN_CHECK(std::isfinite(ev.loss), "epoch {}: the test loss is {}: training diverged; lower --lr (the last "
+               "checkpoint, if any, is from before it)", epoch + 1, ev.loss);
     ++epoch;
     history.epoch.push_back(static_cast<double>(epoch));
     history.test_loss.push_back(ev.loss);

@@ -29,7 +29,7 @@ struct TrainOptions {
   std::string model = "cnn";               // mlp | cnn | resnet
   std::string dataset = "fashion-mnist";   // fashion-mnist | synthetic
   std::string data_root = "/usr/share/datasets/fashion-mnist";
-  int64_t epochs = 1;
+  int64_t epochs = 1;  // 0 with resume: the checkpoint's (the number the run was started with)
   int64_t batch_size = 128;  // per rank when data parallel
   std::string optimizer = "adam";  // sgd | adam | adamw | rmsprop | adagrad
   double lr = std::numeric_limits<double>::quiet_NaN();  // NaN: 0.05 for sgd, 1e-3 for the others
@@ -45,6 +45,9 @@ struct TrainOptions {
   int64_t max_steps = 0;       // > 0: stop (and checkpoint) after this many steps in all
   std::string out_dir = "runs/kiln-train";
   std::string resume;          // a checkpoint directory to continue from
+  // The settings the command line gave, by flag name ("lr", "batch-size", ...): on resume, one whose
+  // value differs from the checkpoint's is an Error (kiln-train fills it; "data-root" may change).
+  std::vector<std::string> given;
   int64_t log_every = 10;      // steps between "step" lines (their mean loss) in metrics.jsonl
   bool plot = true;
   bool quiet = false;          // no progress output (tests)
@@ -60,8 +63,10 @@ struct TrainResult {
 };
 
 // Runs training as `options` says. With options.resume set, the model, data and optimizer settings
-// come from the checkpoint; epochs, max_steps, out_dir, threads, num_workers, quiet and plot come from
-// `options`. Throws kiln::Error for bad options, a missing dataset or an unwritable out_dir.
+// come from the checkpoint; epochs (0: the checkpoint's), max_steps, out_dir, threads, num_workers,
+// quiet and plot come from `options`. Throws kiln::Error for bad options, a missing dataset, an
+// unwritable out_dir or one another run is writing to, a checkpoint with nothing left to train,
+// and a test loss that is not finite (the run diverged; nothing is saved after it).
 TrainResult train(const TrainOptions& options, std::FILE* out = stdout);
 
 }  // namespace kiln::train

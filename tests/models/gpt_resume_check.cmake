@@ -3,7 +3,7 @@
 # windows of 2 bytes the float16 gradients of a tiny model overflow at the first scale (2^16), so the
 # GradScaler skips steps and changes its state before the stop. Then a checkpoint without the scaler
 # state (as those saved before train_gpt kept it) resumes with a fresh scaler, and its run differs.
-#   cmake -DPROGRAM=<train_gpt> -DWORK=<dir> -P gpt_resume_check.cmake
+#   cmake -DPROGRAM=<train_gpt> -DWORK=<dir> [-DLAUNCHER="kiln-run;-n;2"] -P gpt_resume_check.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 set(text "")
@@ -15,7 +15,7 @@ set(model --n-layer 1 --n-head 2 --n-embd 32 --context 2 --batch-size 1 --autoca
 set(run --eval-batches 1 --sample 0 --threads 1)
 
 function(train_gpt out_var)
-  execute_process(COMMAND ${PROGRAM} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  execute_process(COMMAND ${LAUNCHER} ${PROGRAM} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "train_gpt ${ARGN} failed (${rc}):\n${out}\n${err}")
   endif()
@@ -61,7 +61,7 @@ if(NOT out MATCHES "resumed at step 3 [(]loss scale ${first_scale}[)]")
 endif()
 summary(resumed "${out}")
 # A setting given again on --resume must agree with the checkpoint's: an Error, not ignored.
-execute_process(COMMAND ${PROGRAM} --resume ${WORK}/first/checkpoint ${run} --steps 6 --lr 0.5 --out ${WORK}/conflict
+execute_process(COMMAND ${LAUNCHER} ${PROGRAM} --resume ${WORK}/first/checkpoint ${run} --steps 6 --lr 0.5 --out ${WORK}/conflict
                 RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
 if(rc EQUAL 0 OR NOT err MATCHES "--lr asks for lr = 0.5 but the checkpoint [(].*[)] has lr = 0.0003: a resumed run keeps")
   message(FATAL_ERROR "--lr 0.5 on --resume should be an Error naming both values, got ${rc}:\n${err}")

@@ -96,6 +96,12 @@ TEST_CASE("Flags parse values, switches and defaults, and name what is wrong") {
     check_error([&] { (void)h.get_double("lr"); }, {"--lr must be a finite number", value});
   }
   CHECK(h.get_int("threads", 0) == 4294967297);
+  const char* tiny[] = {"prog", "--lr", "1e-320"};
+  h.parse(3, tiny);
+  CHECK(h.get_double("lr") == 1e-320);  // an underflow to a denormal is still that number
+  const char* huge[] = {"prog", "--lr", "1e999"};
+  h.parse(3, huge);
+  check_error([&] { (void)h.get_double("lr"); }, {"--lr must be a finite number, not '1e999'"});
   check_error([&] { (void)h.get_int("threads", 0, 2147483647); }, {"--threads must be at most 2147483647", "4294967297"});
 }
 
@@ -171,6 +177,11 @@ TEST_CASE("save_checkpoint replaces a checkpoint whole; a save cut short leaves 
   std::vector<std::string> names;
   for (const auto& e : fs::directory_iterator(root)) names.push_back(e.path().filename().string());
   CHECK(names == std::vector<std::string>{"checkpoint"});
+  // A staging directory of a process that is alive (pid 1) is that process's save in progress: kept.
+  fs::create_directories(root + "/.checkpoint.saving-1");
+  train::save_checkpoint(dir, at_step(2));
+  CHECK(fs::exists(root + "/.checkpoint.saving-1"));
+  fs::remove_all(root + "/.checkpoint.saving-1");
   // A save that fails while writing (here its configuration is not JSON) leaves the previous
   // checkpoint whole and no staging directory.
   train::Checkpoint broken = at_step(3);
@@ -312,6 +323,57 @@ TEST_CASE("The training loop learns the synthetic set and writes metrics and a c
   CHECK(c.epoch == 2);
   CHECK(c.step == r.steps);
   CHECK(c.model.contains("fc1.weight"));
+}
+
+TEST_CASE("A resumed run keeps its number of epochs; one with nothing left to train is an Error") {
+  train::TrainOptions o = small_run("mlp", scratch_dir("epochs"));
+  o.limit_train = 320;
+  o.limit_test = 64;
+  o.epochs = 3;
+  o.batch_size = 64;  // 5 steps an epoch
+  o.max_steps = 12;   // stops in the third
+  const train::TrainResult first = train::train(o);
+  REQUIRE(first.steps == 12);
+  train::TrainOptions resumed;
+  resumed.resume = first.checkpoint_dir;
+  resumed.epochs = 0;  // kiln-train without --epochs: the run's own 3
+  resumed.out_dir = scratch_dir("epochs-resumed");
+  resumed.quiet = true;
+  resumed.plot = false;
+  const train::TrainResult rest = train::train(resumed);
+  CHECK(rest.steps == 15);
+  CHECK(rest.epochs == 3);
+  CHECK(train::load_checkpoint(rest.checkpoint_dir).epoch == 3);
+  resumed.resume = rest.checkpoint_dir;
+  resumed.out_dir = scratch_dir("epochs-again");
+  check_error([&] { train::train(resumed); }, {"at epoch 3, step 15", "done its 3 epochs", "--epochs"});
+  // A setting given again must agree with the checkpoint's (kiln-train's --lr 0.5 here); an equal
+  // one is fine.
+  resumed.epochs = 4;
+  resumed.lr = 0.5;
+  resumed.batch_size = 64;
+  resumed.given = {"lr", "batch-size"};
+  check_error([&] { train::train(resumed); }, {"--lr asks for lr = 0.5 but the checkpoint", "has lr = null"});
+  resumed.given = {"batch-size"};
+  CHECK(train::train(resumed).steps == 20);
+}
+
+TEST_CASE("A run's output directory is locked; metrics that cannot be written are an Error") {
+  const std::string dir = scratch_dir("locked");
+  fs::create_directories(dir);
+  {
+    train::OutDirLock held(dir);
+    check_error([&] { train::OutDirLock second(dir); }, {"another run is writing to", dir, "choose another --out"});
+    train::TrainOptions o = small_run("mlp", dir);
+    check_error([&] { train::train(o); }, {"another run is writing to"});
+  }
+  train::OutDirLock again(dir);  // the first one's end released it
+  std::FILE* full = std::fopen("/dev/full", "w");
+  REQUIRE(full != nullptr);
+  check_error([&] { train::write_metrics_line(full, "/dev/full", std::string(100, 'x')); },
+              {"cannot write /dev/full", "No space left"});
+  std::fclose(full);
+  train::write_metrics_line(nullptr, "unused", "x");  // a rank other than 0 writes nothing
 }
 
 TEST_CASE("Bad training options are Errors that name the option") {

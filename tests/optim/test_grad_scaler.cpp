@@ -228,7 +228,7 @@ TEST_CASE("GradScaler: state_dict round trip resumes the same scale sequence", "
       {"scale", std::nan(""), "positive finite"}, {"scale_factor", 0.5, "> 1"},
       {"hysteresis", -3, ">= 1"},                 {"cur_hysteresis", 0, "in [1, hysteresis]"},
       {"min_loss_scale", -1, "positive finite"},  {"skipped_steps", -1, ">= 0"},
-      {"last_overflow_iter", 1e6, "in [-1, cur_iter]"}};
+      {"last_overflow_iter", 1e6, "in [-1, cur_iter]"}, {"dynamic", 7, "0 or 1"}};
   for (const auto& [key, value, rule] : bad) {
     INFO(key << " = " << value);
     TensorDict damaged;

@@ -110,6 +110,9 @@ TEST_CASE("load_state_dict names the mismatch: groups, parameter counts, shapes,
     for (const auto& [k, t] : saved) damaged.insert(k, k == key ? scalar_tensor(value, t.dtype()) : t);
     check_error([&] { same.load_state_dict(damaged); }, {"'" + key + "'", rule, "damaged"});
   }
+  TensorDict damaged_max_lr = saved;  // OneCycleLR's, in a group that has it
+  damaged_max_lr.insert("param_groups.0.max_lr", scalar_tensor(-1.0, kFloat64));
+  check_error([&] { same.load_state_dict(damaged_max_lr); }, {"'param_groups.0.max_lr' is -1", ">= 0"});
   TensorDict negative_step;
   for (const auto& [k, t] : saved) negative_step.insert(k, k == "state.0.step" ? scalar_tensor(-5, t.dtype()) : t);
   check_error([&] { same.load_state_dict(negative_step); }, {"'state.0.step' is -5", "damaged"});
