@@ -34,6 +34,7 @@
 #include "models/train/flags.h"
 #include "models/train/plot.h"
 #include "models/train/progress.h"
+#include "models/train/trainer.h"
 
 using namespace kiln;
 using json = nlohmann::json;
@@ -250,7 +251,7 @@ int run(int argc, char** argv) {
     set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size));
   }
   set_fusion(r.fusion);
-  const Device device = Device::parse(r.device);
+  const Device device = train::device_flag(r.device);
 
   // The corpus: the first 90% trains, the last 10% validates.
   data::ByteText text = r.corpus.empty() ? data::ByteText::fortunes() : data::ByteText(r.corpus);

@@ -82,6 +82,8 @@ void check_options(const TrainOptions& o) {
   KILN_CHECK(o.threads >= 0, "--threads must be 0 (every core) or more, not {}", o.threads);
   KILN_CHECK(o.num_workers >= 0, "--workers must be 0 or more, not {}", o.num_workers);
   KILN_CHECK(std::isnan(o.lr) || o.lr > 0, "--lr must be positive, not {}", o.lr);
+  KILN_CHECK(std::isnan(o.momentum) || o.optimizer == "sgd" || o.optimizer == "rmsprop",
+             "--momentum applies to sgd and rmsprop, not to {} (in adam and adamw, beta1 plays its part)", o.optimizer);
   KILN_CHECK(o.log_every >= 1, "log_every must be at least 1, not {}", o.log_every);
   KILN_CHECK(o.limit_train >= 0 && o.limit_test >= 0 && o.max_steps >= 0,
              "--limit-train, --limit-test and --max-steps must be 0 (no limit) or more");
@@ -205,6 +207,14 @@ void prepare_out_dir(const std::string& dir) {
 
 }  // namespace
 
+Device device_flag(const std::string& value) {
+  const Device device = Device::parse(value);
+  KILN_CHECK(!device.is_cuda() || cuda::is_available(),
+             "--device {}: this machine has no usable CUDA GPU (none found, or the driver does not answer); use "
+             "--device cpu", value);
+  return device;
+}
+
 TrainResult train(const TrainOptions& options, std::FILE* out) {
   TrainOptions o = options;
   std::optional<Checkpoint> ckpt;
@@ -240,7 +250,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   }
   if (o.threads > 0) set_num_threads(o.threads);
   else if (comm) set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size));
-  const Device device = Device::parse(o.device);
+  const Device device = device_flag(o.device);
   manual_seed(o.seed);
 
   Data ds = make_data(o);
@@ -280,9 +290,10 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     step = ckpt->step;
     epoch = ckpt->epoch;
     KILN_CHECK(epoch < o.epochs && (o.max_steps == 0 || step < o.max_steps),
-               "the checkpoint is at epoch {}, step {}: the run has done its {} epochs{}; nothing is left to train. "
-               "Ask for more with --epochs or --max-steps",
-               epoch, step, o.epochs, o.max_steps > 0 ? fmt::format(" or --max-steps {}", o.max_steps) : "");
+               "the checkpoint is at epoch {}, step {}, and the run asks for {} epoch{} in all{}: nothing is left to "
+               "train. Ask for more with --epochs or --max-steps",
+               epoch, step, o.epochs, o.epochs == 1 ? "" : "s",
+               o.max_steps > 0 ? fmt::format(" and at most {} steps", o.max_steps) : "");
     try {
       const json extra = json::parse(ckpt->extra);
       epoch_batches = extra.value("epoch_batches", int64_t{0});

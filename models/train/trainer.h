@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/device.h"
 #include "models/train/plot.h"
 
 namespace kiln::train {
@@ -61,6 +62,10 @@ struct TrainResult {
   std::string checkpoint_dir;     // where the final checkpoint is
   std::string plot_path;          // "" when there is no plot
 };
+
+// The --device flag's value as a Device: a CUDA device on a machine without a usable GPU is an
+// Error that says to use --device cpu (the programs' wording, not the library's).
+Device device_flag(const std::string& value);
 
 // Runs training as `options` says. With options.resume set, the model, data and optimizer settings
 // come from the checkpoint; epochs (0: the checkpoint's), max_steps, out_dir, threads, num_workers,

@@ -346,7 +346,7 @@ TEST_CASE("A resumed run keeps its number of epochs; one with nothing left to tr
   CHECK(train::load_checkpoint(rest.checkpoint_dir).epoch == 3);
   resumed.resume = rest.checkpoint_dir;
   resumed.out_dir = scratch_dir("epochs-again");
-  check_error([&] { train::train(resumed); }, {"at epoch 3, step 15", "done its 3 epochs", "--epochs"});
+  check_error([&] { train::train(resumed); }, {"at epoch 3, step 15, and the run asks for 3 epochs in all", "--epochs"});
   // A setting given again must agree with the checkpoint's (kiln-train's --lr 0.5 here); an equal
   // one is fine.
   resumed.epochs = 4;
@@ -374,6 +374,16 @@ TEST_CASE("A run's output directory is locked; metrics that cannot be written ar
               {"cannot write /dev/full", "No space left"});
   std::fclose(full);
   train::write_metrics_line(nullptr, "unused", "x");  // a rank other than 0 writes nothing
+}
+
+TEST_CASE("device_flag: a CUDA device without a GPU is an Error in the programs' words") {
+  CHECK(train::device_flag("cpu") == Device::cpu());
+  if (cuda::is_available()) {
+    CHECK(train::device_flag("cuda").is_cuda());
+  } else {
+    check_error([] { train::device_flag("cuda:0"); }, {"--device cuda:0", "no usable CUDA GPU", "use --device cpu"});
+  }
+  check_error([] { train::device_flag("tpu"); }, {"tpu"});
 }
 
 TEST_CASE("Bad training options are Errors that name the option") {
