@@ -88,13 +88,21 @@ int positive_count(const std::string& v) {
   return v.empty() || *end != '\0' || n < 1 || n > 65536 ? 0 : static_cast<int>(n);
 }
 
-std::string find_mpirun() {
-  if (const char* p = std::getenv("KILN_MPIRUN"); p && *p) return p;
+// `program` as exec would find it: a path when it has a '/', else the first match on PATH; "" when
+// there is no executable file of that name.
+std::string find_program(const std::string& program) {
+  if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0 ? program : "";
   const char* path = std::getenv("PATH");
   for (const std::string& dir : split(path ? path : "/usr/bin:/bin", ':')) {
-    std::filesystem::path candidate = std::filesystem::path(dir) / "mpirun";
+    std::filesystem::path candidate = std::filesystem::path(dir) / program;
     if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
   }
+  return "";
+}
+
+std::string find_mpirun() {
+  if (const char* p = std::getenv("KILN_MPIRUN"); p && *p) return p;
+  if (std::string found = find_program("mpirun"); !found.empty()) return found;
   fail("mpirun was not found on PATH; install Open MPI (apt-get install openmpi-bin libopenmpi-dev), or set "
        "KILN_MPIRUN to its path");
 }
@@ -170,6 +178,11 @@ int main(int argc, char** argv) {
   }
   if (np == 0) fail(fmt::format("say how many ranks with -n N\n{}", kUsage));
   if (i >= argc) fail(fmt::format("no program to run\n{}", kUsage));
+  // Here, before mpirun starts N copies of a name that is not there (with --hosts it need only exist
+  // on the other machines).
+  if (hosts.empty() && find_program(argv[i]).empty())
+    fail(fmt::format("cannot run '{}': no executable file of that name{}", argv[i],
+                     std::string(argv[i]).find('/') == std::string::npos ? " on PATH" : ""));
 
   // More ranks than this on one machine is a typo, not a test of oversubscription: mpirun would
   // start them all, a fork bomb.
