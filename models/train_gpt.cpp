@@ -101,15 +101,14 @@ void check_resumed(const Run& r, const std::string& manifest) {
 // them is an Error, not ignored; the corpus and the device may change (a file that moved, a run
 // taken to a GPU), and the flags' values replace the checkpoint's.
 void merge_resumed(Run& resumed, const Run& given, const train::Flags& flags, const std::string& manifest) {
-  const json saved = resumed, wanted = given;
+  const json wanted = given;
+  std::vector<std::pair<std::string, std::string>> set;  // (flag, key) of the settings the flags gave
   for (const auto& [key, value] : wanted.items()) {
     std::string flag = key == "fusion" ? "no-fusion" : key;
     std::replace(flag.begin(), flag.end(), '_', '-');
-    if (key == "corpus" || key == "device" || !flags.given(flag) || saved.at(key) == value) continue;
-    KILN_FAIL("--{} asks for {} = {} but the checkpoint ({}) has {} = {}: a resumed run keeps its settings; drop "
-              "--{}, or start a new run without --resume",
-              flag, key, value.dump(), manifest, key, saved.at(key).dump(), flag);
+    if (key != "corpus" && key != "device" && flags.given(flag)) set.emplace_back(flag, key);
   }
+  train::check_resume_flags(json(resumed).dump(), wanted.dump(), set, manifest);
   if (flags.given("corpus")) resumed.corpus = given.corpus;
   if (flags.given("device")) resumed.device = given.device;
 }
@@ -216,7 +215,6 @@ int run(int argc, char** argv) {
   const int64_t eval_every = flags.get_int("eval-every", 0), eval_batches = flags.get_int("eval-batches", 1);
   const int64_t log_every = flags.get_int("log-every", 1), save_every = flags.get_int("save-every", 0);
   const std::string out_dir = flags.get("out");
-  KILN_CHECK(!out_dir.empty(), "--out must name a directory");
   bool quiet = flags.get_switch("quiet");
   // The sample's settings are checked now, not after the training.
   const int64_t sample = flags.get_int("sample", 0, 1 << 20), top_k = flags.get_int("top-k", 0);
@@ -304,18 +302,8 @@ int run(int argc, char** argv) {
   if (comm) ddp = std::make_unique<distributed::DistributedDataParallel>(model, comm);
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : model;
 
-  std::optional<train::OutDirLock> out_lock;
-  if (main_rank) {
-    std::error_code ec;
-    fs::create_directories(out_dir, ec);
-    KILN_CHECK(!ec && fs::is_directory(out_dir), "cannot use --out {}: {}", out_dir,
-               ec ? ec.message() : "a file of that name is in the way");
-    out_lock.emplace(out_dir);  // one run at a time in --out
-    const fs::path checkpoint = fs::path(out_dir) / "checkpoint";  // found now, not at the first save
-    KILN_CHECK(!fs::exists(checkpoint) || fs::is_directory(checkpoint),
-               "cannot save checkpoints in {}: a file of that name is in the way; remove it or choose another --out",
-               checkpoint.string());
-  }
+  std::optional<train::OutDirLock> out_lock;  // made ready, and one run at a time in it
+  if (main_rank) out_lock.emplace(out_dir);
   const std::string metrics_path = (fs::path(out_dir) / "metrics.jsonl").string();
   std::FILE* metrics = main_rank ? train::open_metrics(metrics_path, ckpt.has_value(), step) : nullptr;
   std::unique_ptr<std::FILE, int (*)(std::FILE*)> metrics_guard(metrics, [](std::FILE* f) { return f ? std::fclose(f) : 0; });

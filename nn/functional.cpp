@@ -196,11 +196,16 @@ Tensor linear_graph_only(const Tensor& input, const Tensor& weight, const Tensor
 }
 
 Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias, std::string_view approximate) {
-  check_linear(input, weight, bias);
+  // linear's casts under autocast, as linear makes them.
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Linear, input.device()})
+      return linear_gelu(ac.cast(input), ac.cast(weight), ac.cast(bias), approximate);
+  }
   if (!bias.defined() || bias.dtype() != input.dtype()) return gelu(linear(input, weight, bias), approximate);
+  check_linear(input, weight, bias);
   // (..., K) seen as rows of K: on CUDA in the tanh form the bias and the GELU run in the GEMM's
   // epilogue (Note [cuBLASLt GELU epilogue] in cuda/matmul.cu), elsewhere the GEMM and bias_gelu's one
-  // pass (fused while fusion is on). addmm_gelu applies autocast's casts itself.
+  // pass (fused while fusion is on).
   const Tensor rows = input.reshape({-1, input.size(-1)});
   return addmm_gelu(bias, rows, weight.t(), approximate).view(linear_shape(input, weight));
 }

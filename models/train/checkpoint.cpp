@@ -25,6 +25,17 @@ using json = nlohmann::json;
 constexpr const char* kFormat = "kiln-checkpoint";
 constexpr int kVersion = 1;
 
+namespace {
+
+void fsync_directory(const fs::path& dir) {  // makes the renames in `dir` durable
+  if (int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
 void write_file_atomic(const std::string& path, const std::string& text) {
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
@@ -47,20 +58,10 @@ void write_file_atomic(const std::string& path, const std::string& text) {
     ::unlink(tmp.c_str());
     KILN_FAIL("cannot write {}: {}; the previous file, if any, is untouched", path, std::strerror(err));
   }
-  if (int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);  // make the rename itself durable
-    ::close(dfd);
-  }
+  fsync_directory(dir);
 }
 
 namespace {
-
-void fsync_directory(const fs::path& dir) {
-  if (int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); fd >= 0) {
-    ::fsync(fd);
-    ::close(fd);
-  }
-}
 
 // The checkpoint directory `dir` as written: "out/checkpoint/" and "out/checkpoint" are one path.
 fs::path checkpoint_path(const std::string& dir) {
@@ -157,13 +158,14 @@ void save_checkpoint(const std::string& dir, const Checkpoint& c) {
   const int err = errno;
   fsync_directory(parent);
   fs::remove_all(stage, ec);  // after an exchange, the old checkpoint; after a failure, the new one
-  if (rc == 0) fs::remove_all(previous_path(target), ec);  // one left by an earlier save cut short
-  if (rc != 0) {
-    const fs::path previous = previous_path(target);
-    KILN_FAIL("cannot replace the checkpoint {}: {}; {}", dir, std::strerror(err),
-              fs::exists(previous) ? fmt::format("the previous checkpoint is whole in {}", previous.string())
-                                   : std::string("the previous checkpoint, if any, is untouched"));
+  const fs::path previous = previous_path(target);
+  if (rc == 0) {
+    fs::remove_all(previous, ec);  // one left by an earlier save cut short
+    return;
   }
+  KILN_FAIL("cannot replace the checkpoint {}: {}; {}", dir, std::strerror(err),
+            fs::exists(previous) ? fmt::format("the previous checkpoint is whole in {}", previous.string())
+                                 : std::string("the previous checkpoint, if any, is untouched"));
 }
 
 Checkpoint load_checkpoint(const std::string& dir) {
@@ -253,9 +255,18 @@ void write_metrics_line(std::FILE* f, const std::string& path, const std::string
 }
 
 OutDirLock::OutDirLock(const std::string& dir) {
+  KILN_CHECK(!dir.empty(), "--out must name a directory");
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  KILN_CHECK(!ec && fs::is_directory(dir), "cannot use --out {}: {}", dir,
+             ec ? ec.message() : "a file of that name is in the way");
+  const fs::path checkpoint = fs::path(dir) / "checkpoint";  // found now, not at the first save
+  KILN_CHECK(!fs::exists(checkpoint) || fs::is_directory(checkpoint),
+             "cannot save checkpoints in {}: a file of that name is in the way; remove it or choose another --out",
+             checkpoint.string());
   const std::string path = (fs::path(dir) / ".lock").string();
-  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  KILN_CHECK(fd_ >= 0, "cannot write {}: {}", path, std::strerror(errno));
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);  // also the probe that --out is writable
+  KILN_CHECK(fd_ >= 0, "cannot write into --out {}: {}", dir, std::strerror(errno));
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     ::close(fd_);
@@ -266,5 +277,16 @@ OutDirLock::OutDirLock(const std::string& dir) {
 }
 
 OutDirLock::~OutDirLock() { ::close(fd_); }  // and so the lock goes
+
+void check_resume_flags(const std::string& saved, const std::string& wanted,
+                        const std::vector<std::pair<std::string, std::string>>& given, const std::string& source) {
+  const json have = json::parse(saved), want = json::parse(wanted);
+  for (const auto& [flag, key] : given) {
+    if (!have.contains(key) || !want.contains(key) || have.at(key) == want.at(key)) continue;
+    KILN_FAIL("--{} asks for {} = {} but the checkpoint ({}) has {} = {}: a resumed run keeps its settings; drop "
+              "--{}, or start a new run without --resume",
+              flag, key, want.at(key).dump(), source, key, have.at(key).dump(), flag);
+  }
+}
 
 }  // namespace kiln::train

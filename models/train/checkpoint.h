@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/generator.h"
 #include "core/tensor_dict.h"
@@ -45,9 +47,12 @@ Checkpoint load_checkpoint(const std::string& dir);
 // writes them again. An Error naming the path when it cannot be written.
 std::FILE* open_metrics(const std::string& path, bool resume, int64_t step);
 
-// An exclusive lock on a run's output directory (flock on <dir>/.lock) for as long as it lives: a
-// second run started on the same directory gets an Error naming it, instead of mixing its metrics,
-// checkpoints and sample with the first run's. The kernel drops the lock when the process ends.
+// A run's output directory (--out), made ready and held: the constructor creates it and checks that
+// it can be written and that no file stands where checkpoint/ goes (Errors before any training,
+// not at the first save), then takes an exclusive lock (flock on <dir>/.lock) for as long as the
+// object lives, so a second run started on the same directory gets an Error naming it instead of
+// mixing its metrics, checkpoints and sample with the first run's. The kernel drops the lock when
+// the process ends.
 class OutDirLock {
  public:
   explicit OutDirLock(const std::string& dir);
@@ -58,6 +63,13 @@ class OutDirLock {
  private:
   int fd_ = -1;
 };
+
+// On --resume the checkpoint's settings hold. `saved` and `wanted` are a run's configuration as
+// JSON objects (text): the checkpoint's, and the one the command line asked for. For each (flag,
+// key) in `given`, a setting the command line gave, the two must agree at `key`; otherwise an
+// Error naming the flag, both values and `source` (the checkpoint's path).
+void check_resume_flags(const std::string& saved, const std::string& wanted,
+                        const std::vector<std::pair<std::string, std::string>>& given, const std::string& source);
 
 // Appends `line` and a newline to the metrics file `f` (nothing when f is null: a rank other than 0)
 // and flushes it; an Error naming `path` when the write fails (a full disk, say).

@@ -188,23 +188,6 @@ Evaluation evaluate(nn::Module& model, data::DataLoader& loader, Device device) 
 }
 
 // The out directory must exist (it is created) and take files: an Error now, not after an epoch.
-void prepare_out_dir(const std::string& dir) {
-  KILN_CHECK(!dir.empty(), "--out must name a directory");
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  KILN_CHECK(!ec && fs::is_directory(dir), "cannot use --out {}: {}", dir,
-             ec ? ec.message() : "a file of that name is in the way");
-  const std::string probe = (fs::path(dir) / ".kiln-write-test").string();
-  std::FILE* f = std::fopen(probe.c_str(), "w");
-  KILN_CHECK(f != nullptr, "cannot write into --out {}: {}", dir, std::strerror(errno));
-  std::fclose(f);
-  fs::remove(probe, ec);
-  const fs::path checkpoint = fs::path(dir) / "checkpoint";  // found now, not at the first save
-  KILN_CHECK(!fs::exists(checkpoint) || fs::is_directory(checkpoint),
-             "cannot save checkpoints in {}: a file of that name is in the way; remove it or choose another --out",
-             checkpoint.string());
-}
-
 }  // namespace
 
 Device device_flag(const std::string& value) {
@@ -220,21 +203,22 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   std::optional<Checkpoint> ckpt;
   if (!o.resume.empty()) {
     ckpt = load_checkpoint(o.resume);
-    const json wanted = config_of(o);
+    const std::string wanted_root = o.data_root;
+    const std::string wanted = config_of(o).dump();
     apply_config(json::parse(ckpt->config), o);
-    const json saved = config_of(o);
+    std::vector<std::pair<std::string, std::string>> given;  // (flag, config key)
+    bool root_given = false;
     for (const std::string& flag : o.given) {
-      std::string key = flag;
-      std::replace(key.begin(), key.end(), '-', '_');
-      if (key == "data_root") {  // a path: the data may have moved
-        o.data_root = wanted.at(key).get<std::string>();
+      if (flag == "data-root") {  // a path: the data may have moved, and the flag's value holds
+        root_given = true;
         continue;
       }
-      if (!saved.contains(key) || key == "total_epochs" || saved.at(key) == wanted.at(key)) continue;
-      KILN_FAIL("--{} asks for {} = {} but the checkpoint ({}) has {} = {}: a resumed run keeps its settings; drop "
-                "--{}, or start a new run without --resume",
-                flag, key, wanted.at(key).dump(), o.resume, key, saved.at(key).dump(), flag);
+      std::string key = flag;
+      std::replace(key.begin(), key.end(), '-', '_');
+      given.emplace_back(flag, key);
     }
+    check_resume_flags(config_of(o).dump(), wanted, given, o.resume);
+    if (root_given) o.data_root = wanted_root;
   }
   check_options(o);
   // Under kiln-run, mpirun or srun with more than one rank: data parallel. Each rank trains on its
@@ -254,11 +238,8 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   manual_seed(o.seed);
 
   Data ds = make_data(o);
-  std::optional<OutDirLock> out_lock;  // one run at a time in --out
-  if (main_rank) {
-    prepare_out_dir(o.out_dir);
-    out_lock.emplace(o.out_dir);
-  }
+  std::optional<OutDirLock> out_lock;  // made ready, and one run at a time in it
+  if (main_rank) out_lock.emplace(o.out_dir);
   std::shared_ptr<nn::Module> model = models::make_vision_model(o.model);
   model->to(device);
   std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());

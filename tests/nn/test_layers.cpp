@@ -168,6 +168,16 @@ TEST_CASE("linear_gelu equals gelu(linear(...)) in value and gradients, with and
                     {"linear", "last dim (4)", "in_features (3)"});
   test::check_error([&] { nn::linear_gelu(x, w, zeros({4}, kFloat64)); }, {"linear", "bias", "(5)"});
   test::check_error([&] { nn::linear_gelu(x, w, zeros({5}, kFloat64), "exact"); }, {"exact"});
+  // Under autocast: linear's casts come first, so a bfloat16 input with float32 weights is linear's
+  // case too, and the result is bfloat16, equal to the composition's to bfloat16's precision.
+  Tensor xf = test::sample({3, 4}, kFloat32, 0.2), wf = test::sample({5, 4}, kFloat32, 0.7);
+  Tensor bf = test::sample({5}, kFloat32, 1.3);
+  AutocastGuard bf16(Device::cpu(), kBFloat16);
+  for (const Tensor& input : {xf, xf.to(kBFloat16)}) {
+    Tensor got = nn::linear_gelu(input, wf, bf, "tanh");
+    CHECK(got.dtype() == kBFloat16);
+    test::check_close(got.to(kFloat32), nn::gelu(nn::linear(input, wf, bf), "tanh").to(kFloat32), {2e-2, 2e-2});
+  }
 }
 
 TEST_CASE("Embedding's backward refuses indices modified in place after the forward", "[nn][layers]") {
