@@ -151,8 +151,8 @@ class CpuAllocator final : public Allocator {
   }
 
   [[noreturn]] static void out_of_memory(size_t nbytes) {
-    KILN_FAIL("out of CPU memory: could not allocate {} bytes ({:.1f} MiB)", nbytes,
-              static_cast<double>(nbytes) / (1 << 20));
+    throw OutOfMemoryError(fmt::format("out of CPU memory: could not allocate {} bytes ({:.1f} MiB)", nbytes,
+                                       static_cast<double>(nbytes) / (1 << 20)));
   }
 
   void* system_alloc(size_t size, size_t nbytes) {

@@ -17,6 +17,14 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An allocator that could not get memory throws this kind of Error (PyTorch's
+// torch.OutOfMemoryError), so that a program can tell "too big for this machine" from misuse and say
+// which of its settings to lower.
+class OutOfMemoryError : public Error {
+ public:
+  using Error::Error;
+};
+
 [[noreturn]] void throw_error(std::string message);
 
 }  // namespace kiln

@@ -226,12 +226,13 @@ class CachingAllocator final : public Allocator {
       (void)cudaMemGetInfo(&free_bytes, &total_bytes);
       (void)cudaGetLastError();
       const double mib = static_cast<double>(kMiB);
-      KILN_FAIL("CUDA out of memory on cuda:{}: could not allocate {} bytes ({:.1f} MiB); Kiln tensors hold "
-                "{:.1f} MiB and Kiln has {:.1f} MiB reserved; the device has {:.1f} MiB free of {:.1f} MiB. Use a "
-                "smaller batch, free tensors, or try activation checkpointing",
-                device_index_, nbytes, static_cast<double>(nbytes) / mib,
-                static_cast<double>(counter_.stats().allocated_bytes) / mib, static_cast<double>(reserved_) / mib,
-                static_cast<double>(free_bytes) / mib, static_cast<double>(total_bytes) / mib);
+      throw OutOfMemoryError(fmt::format(
+          "CUDA out of memory on cuda:{}: could not allocate {} bytes ({:.1f} MiB); Kiln tensors hold "
+          "{:.1f} MiB and Kiln has {:.1f} MiB reserved; the device has {:.1f} MiB free of {:.1f} MiB. Use a "
+          "smaller batch, free tensors, or try activation checkpointing",
+          device_index_, nbytes, static_cast<double>(nbytes) / mib,
+          static_cast<double>(counter_.stats().allocated_bytes) / mib, static_cast<double>(reserved_) / mib,
+          static_cast<double>(free_bytes) / mib, static_cast<double>(total_bytes) / mib));
     }
     KILN_CUDA_CHECK(status);
     reserved_ += bytes;

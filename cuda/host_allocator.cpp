@@ -23,6 +23,7 @@
 // The memory is ordinary host memory to the CPU backend: a pinned tensor is a CPU tensor.
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -196,9 +197,12 @@ class HostAllocator final : public Allocator {
     }
     if (err != cudaSuccess) {
       (void)cudaGetLastError();
-      KILN_FAIL("pin_memory: cannot allocate {} bytes of pinned host memory ({}; {} bytes pinned already): {}. "
-                "Pin less (host_empty_cache() returns cached blocks), or leave the tensor unpinned",
-                nbytes, cudaGetErrorName(err), reserved_, cudaGetErrorString(err));
+      std::string message = fmt::format(
+          "pin_memory: cannot allocate {} bytes of pinned host memory ({}; {} bytes pinned already): {}. "
+          "Pin less (host_empty_cache() returns cached blocks), or leave the tensor unpinned",
+          nbytes, cudaGetErrorName(err), reserved_, cudaGetErrorString(err));
+      if (err == cudaErrorMemoryAllocation) throw OutOfMemoryError(std::move(message));
+      KILN_FAIL("{}", message);
     }
     reserved_ += size;
     blocks_[static_cast<char*>(ptr)].size = size;

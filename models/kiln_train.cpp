@@ -7,7 +7,6 @@
 //   kiln-run -n 2 kiln-train --model cnn --out runs/cnn-ddp   # data parallel on 2 ranks
 #include <climits>
 #include <cstdio>
-#include <exception>
 
 #include <kiln/kiln.h>
 
@@ -74,9 +73,9 @@ int main(int argc, char** argv) {
     }
     train::train(o);
     return 0;
-  } catch (const Error& e) {
-    return train::exit_on_error("kiln-train", e.what(), 2);
-  } catch (const std::exception& e) {
-    return train::exit_on_error("kiln-train", e.what(), 1);
+  } catch (...) {
+    return train::exit_on_exception("kiln-train", "The run does not fit in this machine's memory: lower "
+                                    "--batch-size, --limit-train or --limit-test, or --workers (each prepares "
+                                    "a batch ahead)");
   }
 }

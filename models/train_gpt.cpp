@@ -13,14 +13,11 @@
 // over --eval-batches fixed windows of it. A step is --grad-accum micro-batches of --batch-size
 // windows, each loss divided by --grad-accum so the gradients add up to the mean over the whole
 // batch; then clipping (--clip, the global norm) and AdamW.
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -120,14 +117,11 @@ void check_fits(const models::GPTConfig& c) {
   const long double C = static_cast<long double>(c.n_embd);
   const long double params = static_cast<long double>(c.n_layer) * (12 * C * C + 13 * C) +
                              static_cast<long double>(c.vocab_size + c.block_size) * C;
-  const long double need = 16 * params;
-  const long double have =
-      static_cast<long double>(sysconf(_SC_PHYS_PAGES)) * static_cast<long double>(sysconf(_SC_PAGE_SIZE));
-  KILN_CHECK(have <= 0 || need <= have,
-             "a GPT of {} layers {} wide has about {:.3g} parameters, whose weights, gradients and AdamW state "
-             "need about {:.3g} GiB, more than this machine's {:.3g} GiB; choose a smaller --n-layer or --n-embd",
-             c.n_layer, c.n_embd, static_cast<double>(params), static_cast<double>(need / (1 << 30)),
-             static_cast<double>(have / (1 << 30)));
+  train::check_fits_in_memory(16 * params,
+                              fmt::format("a GPT of {} layers {} wide has about {:.3g} parameters, whose weights, "
+                                          "gradients and AdamW state", c.n_layer, c.n_embd,
+                                          static_cast<double>(params)),
+                              "choose a smaller --n-layer or --n-embd");
 }
 
 // The mean loss over fixed windows of the held-out text, in evaluation mode.
@@ -457,9 +451,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
-  } catch (const Error& e) {
-    return train::exit_on_error("train_gpt", e.what(), 2);
-  } catch (const std::exception& e) {
-    return train::exit_on_error("train_gpt", e.what(), 1);
+  } catch (...) {
+    return train::exit_on_exception("train_gpt", "The run does not fit in this machine's memory: lower "
+                                    "--batch-size (--grad-accum keeps the windows per step), --context, "
+                                    "--n-layer or --n-embd, or add --checkpoint-activations");
   }
 }

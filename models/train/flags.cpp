@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
+#include <new>
 
 #include "core/error.h"
 #include "distributed/comm/communicator.h"
@@ -110,10 +112,27 @@ const std::string& Flags::get_choice(const std::string& name,
   KILN_FAIL("--{} must be one of {}, not '{}'", name, fmt::format("{}", fmt::join(choices, ", ")), v);
 }
 
-int exit_on_error(const char* program, const char* message, int exit_code) {
-  std::fprintf(stderr, "%s: error: %s\n", program, message);
-  if (distributed::world_info().size > 1) distributed::abort_job(exit_code);
-  return exit_code;
+int exit_on_exception(const char* program, std::string_view memory_hint) {
+  std::string message;
+  int code = 2;
+  try {
+    throw;
+  } catch (const OutOfMemoryError& e) {
+    message = fmt::format("{}. {}", e.what(), memory_hint);
+  } catch (const std::bad_alloc&) {
+    message = fmt::format("out of CPU memory (std::bad_alloc). {}", memory_hint);
+  } catch (const Error& e) {
+    message = e.what();
+  } catch (const std::exception& e) {
+    message = e.what();
+    code = 1;
+  } catch (...) {
+    message = "an exception that is not a std::exception";
+    code = 1;
+  }
+  std::fprintf(stderr, "%s: error: %s\n", program, message.c_str());
+  if (distributed::world_info().size > 1) distributed::abort_job(code);
+  return code;
 }
 
 }  // namespace kiln::train

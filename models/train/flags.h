@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln::train {
@@ -49,9 +50,12 @@ class Flags {
   bool help_ = false;
 };
 
-// A program's end on an Error: prints "<program>: error: <message>" and returns exit_code, or, in
-// a job of several ranks, stops them all with it (distributed::abort_job): one rank that fails
-// alone would otherwise leave the others waiting in their next collective until its timeout.
-int exit_on_error(const char* program, const char* message, int exit_code);
+// The end of a program's main on the exception being handled; call it inside `catch (...)`. It
+// prints "<program>: error: <message>" and returns 2 for a kiln::Error, 1 for any other exception.
+// Running out of memory (kiln::OutOfMemoryError, std::bad_alloc) returns 2 and adds `memory_hint`:
+// which of the program's flags size the run. In a job of several ranks it stops them all with that
+// code (distributed::abort_job): one rank that fails alone would otherwise leave the others waiting
+// in their next collective until its timeout.
+int exit_on_exception(const char* program, std::string_view memory_hint);
 
 }  // namespace kiln::train

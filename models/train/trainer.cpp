@@ -15,6 +15,8 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 #include <kiln/kiln.h>
 
 #include "models/train/checkpoint.h"
@@ -115,6 +117,11 @@ Data make_data(const TrainOptions& o) {
   // Synthetic: one set of class patterns; the test samples are the ones after the training samples.
   const int64_t n_train = o.limit_train > 0 ? o.limit_train : 12000;
   const int64_t n_test = o.limit_test > 0 ? o.limit_test : 2000;
+  // The samples are made as they are read, but their index tables are not: 8 bytes a sample for
+  // the subsets, and 8 more a training sample for the shuffled order.
+  check_fits_in_memory(16.0L * n_train + 8.0L * n_test,
+                       fmt::format("{} synthetic training and {} test samples' index tables", n_train, n_test),
+                       "choose a smaller --limit-train or --limit-test");
   auto all = std::make_shared<data::SyntheticImages>(n_train + n_test, Shape{1, 28, 28}, 10, o.seed);
   return {first(all, 0, n_train), first(all, n_train, n_test)};
 }
@@ -196,6 +203,13 @@ Device device_flag(const std::string& value) {
              "--device {}: this machine has no usable CUDA GPU (none found, or the driver does not answer); use "
              "--device cpu", value);
   return device;
+}
+
+void check_fits_in_memory(long double bytes, std::string_view what, std::string_view remedy) {
+  const long double have =
+      static_cast<long double>(sysconf(_SC_PHYS_PAGES)) * static_cast<long double>(sysconf(_SC_PAGE_SIZE));
+  KILN_CHECK(have <= 0 || bytes <= have, "{} need about {:.3g} GiB, more than this machine's {:.3g} GiB; {}", what,
+             static_cast<double>(bytes / (1 << 30)), static_cast<double>(have / (1 << 30)), remedy);
 }
 
 TrainResult train(const TrainOptions& options, std::FILE* out) {

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <limits>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/device.h"
@@ -66,6 +67,11 @@ struct TrainResult {
 // The --device flag's value as a Device: a CUDA device on a machine without a usable GPU is an
 // Error that says to use --device cpu (the programs' wording, not the library's).
 Device device_flag(const std::string& value);
+
+// Refuses, before it starts, a run whose known allocations alone (`bytes`) exceed this machine's
+// physical memory, which would otherwise swap, or be killed part-way: an Error that says what needs
+// them (`what`) and which flags to lower (`remedy`).
+void check_fits_in_memory(long double bytes, std::string_view what, std::string_view remedy);
 
 // Runs training as `options` says. With options.resume set, the model, data and optimizer settings
 // come from the checkpoint; epochs (0: the checkpoint's), max_steps, out_dir, threads, num_workers,

@@ -1,6 +1,8 @@
 // tests/core/test_tensor.cpp: the tensor model: storage sharing, strides of views, factories, copies,
 // devices, the allocator's statistics, printing, and the Error for each misuse.
+#include <cstdlib>
 #include <sstream>
+#include <string>
 
 #include "support.h"
 
@@ -144,6 +146,24 @@ TEST_CASE("the CPU allocator is 64-byte aligned and its statistics return to bas
   CHECK(after.free_count - before.free_count == 2);
   memory::reset_peak(Device::cpu());
   CHECK(memory::stats(Device::cpu()).peak_allocated_bytes == after.allocated_bytes);
+}
+
+TEST_CASE("the CPU allocator's failure is an OutOfMemoryError that gives the size") {
+#ifdef __SANITIZE_ADDRESS__
+  // AddressSanitizer's allocator aborts on a failed allocation unless told to return null, as the
+  // asan test preset tells it.
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  if (asan == nullptr || std::string(asan).find("allocator_may_return_null=1") == std::string::npos) {
+    SKIP("AddressSanitizer without allocator_may_return_null=1");
+  }
+#endif
+  const MemoryStats before = memory::stats(Device::cpu());
+  // 2^47 bytes: more than a process's address space, so no overcommit setting grants it.
+  const Shape huge{int64_t{1} << 45};
+  CHECK_THROWS_AS(empty(huge), OutOfMemoryError);
+  test::check_error([&] { (void)empty(huge); }, {"out of CPU memory: could not allocate 140737488355328 bytes"});
+  CHECK(memory::stats(Device::cpu()).allocated_bytes == before.allocated_bytes);
+  CHECK(ones({3}).sum().item<float>() == 3.0f);  // and the allocator still works
 }
 
 TEST_CASE("the CPU allocator reuses a large freed block and empty_cache gives it back") {

@@ -51,6 +51,16 @@ TEST_CASE("caching allocator: a freed block is reused, and stats count tensors a
   CHECK(memory::stats(kGpu).reserved_bytes == base.reserved_bytes);
 }
 
+TEST_CASE("caching allocator: running out of device memory is an OutOfMemoryError with the figures", "[gpu]") {
+  const MemoryStats base = memory::stats(kGpu);
+  const Shape huge{int64_t{1} << 45};  // 2^47 bytes: more than any GPU holds
+  CHECK_THROWS_AS(empty(huge, kGpu), OutOfMemoryError);
+  test::check_error([&] { (void)empty(huge, kGpu); },
+                    {"CUDA out of memory on cuda:0: could not allocate 140737488355328 bytes", "MiB free of"});
+  CHECK(memory::stats(kGpu).allocated_bytes == base.allocated_bytes);
+  CHECK(ones({3}, kGpu).sum().item<float>() == 3.0f);  // and the device still works
+}
+
 TEST_CASE("caching allocator: blocks split from a segment merge back when freed", "[gpu]") {
   if (!caching()) return;
   memory::empty_cache(kGpu);

@@ -1,10 +1,14 @@
 // models/train: the progress bar's text, flag parsing, checkpoints, and the training loop's resume:
 // N steps, save, load, N steps equals 2N steps bit for bit.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <new>
+#include <stdexcept>
+#include <utility>
 
 #include "models/train/checkpoint.h"
 #include "models/train/flags.h"
@@ -46,6 +50,25 @@ train::TrainOptions small_run(const std::string& model, const std::string& out) 
   o.quiet = true;
   o.plot = false;
   return o;
+}
+
+// What `fn` writes to stderr.
+template <class F>
+std::string captured_stderr(F fn) {
+  const std::string path = scratch_dir("stderr.txt");
+  fs::create_directories(fs::path(path).parent_path());
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  std::FILE* file = std::fopen(path.c_str(), "w");
+  REQUIRE(file != nullptr);
+  ::dup2(::fileno(file), 2);
+  fn();
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  std::fclose(file);
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 }  // namespace
@@ -397,4 +420,37 @@ TEST_CASE("Bad training options are Errors that name the option") {
   o = small_run("mlp", scratch_dir("bad"));
   o.out_dir = "/proc/version/out";  // under a regular file: not creatable, even as root
   check_error([&] { train::train(o); }, {"cannot use --out /proc/version/out"});
+}
+
+TEST_CASE("A synthetic set too big for this machine is an Error before its tables are built") {
+  train::TrainOptions o = small_run("mlp", scratch_dir("huge"));
+  o.limit_train = int64_t{1} << 50;  // 16 PiB of index tables
+  check_error([&] { train::train(o); },
+              {"1125899906842624 synthetic training and 64 test samples' index tables need about", "more than this "
+               "machine's", "choose a smaller --limit-train or --limit-test"});
+  o.limit_train = std::numeric_limits<int64_t>::max();  // the sizes do not overflow on the way
+  check_error([&] { train::train(o); }, {"index tables need about", "--limit-train"});
+  CHECK_FALSE(fs::exists(o.out_dir));
+}
+
+TEST_CASE("exit_on_exception: the exit code by kind of exception, and the memory hint when out of memory") {
+  auto end = [](auto thrower) {
+    int code = -1;
+    std::string text = captured_stderr([&] {
+      try {
+        thrower();
+      } catch (...) {
+        code = train::exit_on_exception("prog", "Lower --batch-size");
+      }
+    });
+    return std::pair{code, text};
+  };
+  using Ended = std::pair<int, std::string>;
+  CHECK(end([] { throw OutOfMemoryError("out of CPU memory: could not allocate 8 bytes (0.0 MiB)"); }) ==
+        Ended{2, "prog: error: out of CPU memory: could not allocate 8 bytes (0.0 MiB). Lower --batch-size\n"});
+  CHECK(end([] { throw std::bad_alloc(); }) ==
+        Ended{2, "prog: error: out of CPU memory (std::bad_alloc). Lower --batch-size\n"});
+  CHECK(end([] { throw Error("--epochs must be 1 or more"); }) == Ended{2, "prog: error: --epochs must be 1 or more\n"});
+  CHECK(end([] { throw std::runtime_error("disk on fire"); }) == Ended{1, "prog: error: disk on fire\n"});
+  CHECK(end([] { throw 42; }) == Ended{1, "prog: error: an exception that is not a std::exception\n"});
 }
