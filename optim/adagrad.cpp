@@ -18,7 +18,9 @@ Adagrad::Adagrad(std::vector<GroupSpec<AdagradOptions>> groups) : Optimizer("Ada
   for (auto& group : groups) add_param_group(std::move(group.params), group.options);
 }
 
-void Adagrad::add_param_group(std::vector<Tensor> params, AdagradOptions o) {
+namespace {
+
+void check_options(const AdagradOptions& o) {
   KILN_CHECK(o.lr >= 0, "Adagrad: invalid learning rate {}; lr must be >= 0", o.lr);
   KILN_CHECK(o.lr_decay >= 0, "Adagrad: invalid lr_decay value {}; it must be >= 0", o.lr_decay);
   KILN_CHECK(o.weight_decay >= 0, "Adagrad: invalid weight_decay value {}; it must be >= 0",
@@ -27,6 +29,12 @@ void Adagrad::add_param_group(std::vector<Tensor> params, AdagradOptions o) {
              "Adagrad: invalid initial_accumulator_value value {}; it must be >= 0",
              o.initial_accumulator_value);
   KILN_CHECK(o.eps >= 0, "Adagrad: invalid epsilon value {}; eps must be >= 0", o.eps);
+}
+
+}  // namespace
+
+void Adagrad::add_param_group(std::vector<Tensor> params, AdagradOptions o) {
+  check_options(o);
   add_group(std::move(params), {{"lr", o.lr},
                                 {"lr_decay", o.lr_decay},
                                 {"eps", o.eps},
@@ -37,6 +45,15 @@ void Adagrad::add_param_group(std::vector<Tensor> params, AdagradOptions o) {
   for (const Tensor& p : groups_.back().params) {
     state(p).buffers.insert("sum", full_like(p.detach(), o.initial_accumulator_value));
   }
+}
+
+void Adagrad::check_group(const ParamGroup& g) const {
+  check_options({.lr = g.get("lr"),
+                 .lr_decay = g.get("lr_decay"),
+                 .weight_decay = g.get("weight_decay"),
+                 .initial_accumulator_value = g.get("initial_accumulator_value"),
+                 .eps = g.get("eps"),
+                 .maximize = flag(g, "maximize")});
 }
 
 void Adagrad::step() {

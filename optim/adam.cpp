@@ -65,6 +65,11 @@ void AdamW::add_param_group(std::vector<Tensor> params, AdamWOptions o) {
                                                o.weight_decay, o.amsgrad, o.maximize, o.fused));
 }
 
+void Adam::check_group(const ParamGroup& g) const {
+  (void)checked_options(name_.c_str(), g.get("lr"), g.get("beta1"), g.get("beta2"), g.get("eps"),
+                        g.get("weight_decay"), flag(g, "amsgrad"), flag(g, "maximize"), flag(g, "fused"));
+}
+
 void Adam::step() { step_impl(false); }
 void AdamW::step() { step_impl(true); }
 

@@ -48,6 +48,7 @@ class Adam : public Optimizer {
 
   void add_param_group(std::vector<Tensor> params, AdamOptions options);
   void step() override;
+  void check_group(const ParamGroup& group) const override;  // Adam's and AdamW's, under name()
 
  protected:
   explicit Adam(std::string name) : Optimizer(std::move(name)) {}

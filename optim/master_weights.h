@@ -55,6 +55,7 @@ class MasterWeights : public Optimizer {
   std::vector<Tensor> grads() override;
   TensorDict state_dict() const override;
   void load_state_dict(const TensorDict& dict) override;
+  void check_group(const ParamGroup& group) const override { inner_->check_group(group); }
 
   Optimizer& inner() { return *inner_; }
   // The float32 tensor stepped for `param` (param itself when it is float32 or float64).

@@ -40,6 +40,14 @@ void ParamGroup::set(std::string_view name, double value) {
 
 bool Optimizer::wants_fused(const ParamGroup& group) { return group.has("fused") && group.get("fused") != 0; }
 
+bool Optimizer::flag(const ParamGroup& group, std::string_view name) {
+  const double value = group.get(name);
+  KILN_CHECK(value == 0 || value == 1, "option '{}' is {}, but it is a flag: 0 or 1", name, value);
+  return value == 1;
+}
+
+void Optimizer::check_group(const ParamGroup&) const {}
+
 bool Optimizer::fusable(const Tensor& p, const Tensor& t) {
   return (p.dtype() == kFloat32 || p.dtype() == kFloat64) && p.is_contiguous() && t.dtype() == p.dtype() &&
          t.device() == p.device();
@@ -153,22 +161,12 @@ bool split_key(std::string_view key, std::string_view prefix, int64_t& n, std::s
   return true;
 }
 
-// The constructors' rules for the options that every optimizer shares, applied to the values a
-// state dict brings: a damaged or hand-edited file gets an Error here rather than a NaN loss later.
-void check_loaded_option(const std::string& optimizer, int64_t group, const std::string& key, double value) {
-  auto fail = [&](const char* rule) {
-    KILN_FAIL("{}.load_state_dict: 'param_groups.{}.{}' is {}, but it must be {}; the state dict is damaged",
-              optimizer, group, key, value, rule);
-  };
-  if (!std::isfinite(value)) fail("a finite number");
-  // (max_lr, min_lr and the momenta are the ones OneCycleLR and CyclicLR-style schedulers write.)
-  if ((key == "lr" || key == "initial_lr" || key == "max_lr" || key == "min_lr" || key == "eps" ||
-       key == "weight_decay" || key == "momentum" || key == "dampening" || key == "base_momentum" ||
-       key == "max_momentum" || key == "lr_decay" || key == "initial_accumulator_value" || key == "alpha") &&
-      value < 0) {
-    fail(">= 0");
-  }
-  if ((key == "beta1" || key == "beta2") && !(value >= 0 && value < 1)) fail("in [0, 1)");
+// The options that schedulers add to a group (OneCycleLR's max_lr and momenta, CosineAnnealingLR's
+// min_lr, every scheduler's initial_lr) are the schedulers' and no optimizer checks them: their
+// rule, >= 0, is applied here.
+bool scheduler_option(std::string_view key) {
+  return key == "initial_lr" || key == "max_lr" || key == "min_lr" || key == "base_momentum" ||
+         key == "max_momentum";
 }
 
 }  // namespace
@@ -231,8 +229,22 @@ void Optimizer::load_state_dict(const TensorDict& dict) {
     }
     for (const Tensor& p : group.params) params.push_back(&p);
   }
+  // Every value is checked as the constructor checks it: a damaged or hand-edited file gets an Error
+  // here rather than a NaN loss later.
   for (const auto& [g, values] : options) {
-    for (const auto& [key, value] : values) check_loaded_option(name_, g, key, value);
+    ParamGroup loaded{{}, groups_[g].options};
+    for (const auto& [key, value] : values) {
+      KILN_CHECK(std::isfinite(value) && (value >= 0 || !scheduler_option(key)),
+                 "{}.load_state_dict: 'param_groups.{}.{}' is {}, but it must be a finite number{}; the state "
+                 "dict is damaged", name_, g, key, value, scheduler_option(key) ? " >= 0" : "");
+      loaded.set(key, value);
+    }
+    try {
+      check_group(loaded);
+    } catch (const Error& e) {
+      KILN_FAIL("{}.load_state_dict: 'param_groups.{}' holds options that {} refuses ({}); the state dict is damaged",
+                name_, g, name_, e.what());
+    }
   }
   for (const auto& [index, entry] : states) {
     KILN_CHECK(entry.first >= 0, "{}.load_state_dict: 'state.{}.step' is {}, but a step count is >= 0; the state "

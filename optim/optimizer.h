@@ -74,6 +74,11 @@ class Optimizer {
   // count, a group's parameter count or a buffer's shape differs, or an entry is unknown. Buffers
   // are copied, cast to their parameter's dtype and device.
   virtual void load_state_dict(const TensorDict& dict);
+  // The constructor's checks applied to a group's options, as load_state_dict applies them to the
+  // values a state dict brings: an Error for one the constructor would refuse. Read the options
+  // with group.get and the 0/1 ones with flag(). The default checks nothing (for optimizers of
+  // one's own); Kiln's optimizers override it.
+  virtual void check_group(const ParamGroup& group) const;
 
  protected:
   explicit Optimizer(std::string name) : name_(std::move(name)) {}
@@ -82,6 +87,8 @@ class Optimizer {
   // Whether the group asks for the fused step (its "fused" option; a state dict saved before that
   // option existed has none: false).
   static bool wants_fused(const ParamGroup& group);
+  // A 0/1 option (a flag: nesterov, amsgrad, maximize...) as a bool; any other value is an Error.
+  static bool flag(const ParamGroup& group, std::string_view name);
   // Whether p and t (its gradient or a state buffer) can go through a fused step (ops::fused_adam_,
   // fused_sgd_): p float32 or float64 and contiguous, t of p's dtype and device. The others take the
   // unfused step.

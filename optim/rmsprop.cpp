@@ -16,13 +16,21 @@ RMSprop::RMSprop(std::vector<GroupSpec<RMSpropOptions>> groups) : Optimizer("RMS
   for (auto& group : groups) add_param_group(std::move(group.params), group.options);
 }
 
-void RMSprop::add_param_group(std::vector<Tensor> params, RMSpropOptions o) {
+namespace {
+
+void check_options(const RMSpropOptions& o) {
   KILN_CHECK(o.lr >= 0, "RMSprop: invalid learning rate {}; lr must be >= 0", o.lr);
   KILN_CHECK(o.eps >= 0, "RMSprop: invalid epsilon value {}; eps must be >= 0", o.eps);
   KILN_CHECK(o.momentum >= 0, "RMSprop: invalid momentum value {}; it must be >= 0", o.momentum);
   KILN_CHECK(o.weight_decay >= 0, "RMSprop: invalid weight_decay value {}; it must be >= 0",
              o.weight_decay);
   KILN_CHECK(o.alpha >= 0, "RMSprop: invalid alpha value {}; it must be >= 0", o.alpha);
+}
+
+}  // namespace
+
+void RMSprop::add_param_group(std::vector<Tensor> params, RMSpropOptions o) {
+  check_options(o);
   add_group(std::move(params), {{"lr", o.lr},
                                 {"alpha", o.alpha},
                                 {"eps", o.eps},
@@ -30,6 +38,16 @@ void RMSprop::add_param_group(std::vector<Tensor> params, RMSpropOptions o) {
                                 {"momentum", o.momentum},
                                 {"centered", o.centered ? 1.0 : 0.0},
                                 {"maximize", o.maximize ? 1.0 : 0.0}});
+}
+
+void RMSprop::check_group(const ParamGroup& g) const {
+  check_options({.lr = g.get("lr"),
+                 .alpha = g.get("alpha"),
+                 .eps = g.get("eps"),
+                 .weight_decay = g.get("weight_decay"),
+                 .momentum = g.get("momentum"),
+                 .centered = flag(g, "centered"),
+                 .maximize = flag(g, "maximize")});
 }
 
 void RMSprop::step() {

@@ -20,7 +20,9 @@ SGD::SGD(std::vector<GroupSpec<SGDOptions>> groups) : Optimizer("SGD") {
   for (auto& group : groups) add_param_group(std::move(group.params), group.options);
 }
 
-void SGD::add_param_group(std::vector<Tensor> params, SGDOptions o) {
+namespace {
+
+void check_options(const SGDOptions& o) {
   KILN_CHECK(!std::isnan(o.lr),
              "SGD: lr is required (PyTorch's SGD has no default); pass {{.lr = ...}}");
   KILN_CHECK(o.lr >= 0, "SGD: invalid learning rate {}; lr must be >= 0", o.lr);
@@ -31,6 +33,12 @@ void SGD::add_param_group(std::vector<Tensor> params, SGDOptions o) {
              "SGD: Nesterov momentum requires a momentum and zero dampening (got momentum {}, "
              "dampening {})",
              o.momentum, o.dampening);
+}
+
+}  // namespace
+
+void SGD::add_param_group(std::vector<Tensor> params, SGDOptions o) {
+  check_options(o);
   add_group(std::move(params), {{"lr", o.lr},
                                 {"momentum", o.momentum},
                                 {"dampening", o.dampening},
@@ -38,6 +46,16 @@ void SGD::add_param_group(std::vector<Tensor> params, SGDOptions o) {
                                 {"nesterov", o.nesterov ? 1.0 : 0.0},
                                 {"maximize", o.maximize ? 1.0 : 0.0},
                                 {"fused", o.fused ? 1.0 : 0.0}});
+}
+
+void SGD::check_group(const ParamGroup& g) const {
+  check_options({.lr = g.get("lr"),
+                 .momentum = g.get("momentum"),
+                 .dampening = g.get("dampening"),
+                 .weight_decay = g.get("weight_decay"),
+                 .nesterov = flag(g, "nesterov"),
+                 .maximize = flag(g, "maximize"),
+                 .fused = flag(g, "fused")});
 }
 
 void SGD::step() {

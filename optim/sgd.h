@@ -36,6 +36,7 @@ class SGD : public Optimizer {
 
   void add_param_group(std::vector<Tensor> params, SGDOptions options);
   void step() override;
+  void check_group(const ParamGroup& group) const override;
 };
 
 }  // namespace kiln::optim

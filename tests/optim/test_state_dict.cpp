@@ -99,16 +99,23 @@ TEST_CASE("load_state_dict names the mismatch: groups, parameter counts, shapes,
     if (k != "param_groups.0.lr") no_lr.insert(k, t);
   }
   check_error([&] { same.load_state_dict(no_lr); }, {"lacks 'param_groups.0.lr'"});
-  // Values the constructor would refuse, from a damaged or hand-edited file.
-  const std::vector<std::tuple<std::string, double, std::string>> bad = {
-      {"param_groups.0.lr", std::nan(""), "a finite number"}, {"param_groups.0.lr", -1, ">= 0"},
-      {"param_groups.0.beta1", 5, "in [0, 1)"},               {"param_groups.0.eps", -1, ">= 0"},
-      {"param_groups.0.weight_decay", INFINITY, "a finite number"}};
-  for (const auto& [key, value, rule] : bad) {
+  // Values the constructor would refuse, from a damaged or hand-edited file: Adam's own check_group
+  // names its rule, the base the finite numbers.
+  const std::vector<std::tuple<std::string, double, std::vector<std::string>>> bad = {
+      {"param_groups.0.lr", std::nan(""), {"'param_groups.0.lr' is nan", "a finite number"}},
+      {"param_groups.0.weight_decay", INFINITY, {"'param_groups.0.weight_decay' is inf", "a finite number"}},
+      {"param_groups.0.lr", -1, {"'param_groups.0' holds options that Adam refuses", "invalid learning rate -1"}},
+      {"param_groups.0.beta1", 5, {"'param_groups.0'", "invalid beta parameter at index 0: 5", "in [0, 1)"}},
+      {"param_groups.0.eps", -1, {"'param_groups.0'", "invalid epsilon value -1"}},
+      {"param_groups.0.amsgrad", 0.5, {"'param_groups.0'", "option 'amsgrad' is 0.5", "a flag: 0 or 1"}}};
+  for (const auto& [key, value, fragments] : bad) {
     INFO(key << " = " << value);
     TensorDict damaged;
     for (const auto& [k, t] : saved) damaged.insert(k, k == key ? scalar_tensor(value, t.dtype()) : t);
-    check_error([&] { same.load_state_dict(damaged); }, {"'" + key + "'", rule, "damaged"});
+    std::vector<std::string> expected = fragments;
+    expected.push_back("Adam.load_state_dict");
+    expected.push_back("the state dict is damaged");
+    check_error([&] { same.load_state_dict(damaged); }, expected);
   }
   TensorDict damaged_max_lr = saved;  // OneCycleLR's, in a group that has it
   damaged_max_lr.insert("param_groups.0.max_lr", scalar_tensor(-1.0, kFloat64));
@@ -187,4 +194,41 @@ TEST_CASE(
     // The schedule did change the lr along the way (the check above is not vacuous).
     CHECK(whole->param_groups()[0].lr() != c.options.at("lr"));
   }
+}
+
+TEST_CASE("every optimizer's load_state_dict applies its constructor's checks to the loaded options") {
+  Tensor w = sample({3, 2}).requires_grad_();
+  // The saved dict of `opt`, with `key` set to `value`.
+  auto with = [](const Optimizer& opt, const std::string& key, double value) {
+    TensorDict dict = opt.state_dict();
+    dict.set(key, scalar_tensor(value, kFloat64));
+    return dict;
+  };
+  SGD sgd({w}, {.lr = 0.1, .momentum = 0.9, .nesterov = true});
+  check_error([&] { sgd.load_state_dict(with(sgd, "param_groups.0.momentum", 0)); },
+              {"SGD.load_state_dict: 'param_groups.0' holds options that SGD refuses",
+               "Nesterov momentum requires a momentum and zero dampening", "damaged"});
+  check_error([&] { sgd.load_state_dict(with(sgd, "param_groups.0.fused", 2)); }, {"option 'fused' is 2"});
+  RMSprop rmsprop({w}, {});
+  check_error([&] { rmsprop.load_state_dict(with(rmsprop, "param_groups.0.alpha", -0.5)); },
+              {"RMSprop refuses", "invalid alpha value -0.5"});
+  check_error([&] { rmsprop.load_state_dict(with(rmsprop, "param_groups.0.centered", -1)); },
+              {"option 'centered' is -1", "a flag: 0 or 1"});
+  Adagrad adagrad({w}, {});
+  check_error([&] { adagrad.load_state_dict(with(adagrad, "param_groups.0.lr_decay", -1)); },
+              {"Adagrad refuses", "invalid lr_decay value -1"});
+  AdamW adamw({w}, {});
+  check_error([&] { adamw.load_state_dict(with(adamw, "param_groups.0.beta2", 1)); },
+              {"AdamW refuses", "AdamW: invalid beta parameter at index 1: 1"});
+  // MasterWeights checks through its inner optimizer; a 16-bit parameter has a float32 master.
+  Tensor half = sample({3, 2}).to(kBFloat16).requires_grad_();
+  MasterWeights master({half}, [](std::vector<Tensor> masters) {
+    return std::make_unique<AdamW>(std::move(masters), AdamWOptions{});
+  });
+  check_error([&] { master.load_state_dict(with(master, "param_groups.0.eps", -1)); },
+              {"AdamW refuses", "invalid epsilon value -1"});
+  // The checks leave the good values loadable, and a failed load changes nothing.
+  CHECK(sgd.param_groups()[0].get("momentum") == 0.9);
+  sgd.load_state_dict(with(sgd, "param_groups.0.lr", 0.5));
+  CHECK(sgd.param_groups()[0].lr() == 0.5);
 }
