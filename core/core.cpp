@@ -123,6 +123,25 @@ bool are_deterministic_algorithms_enabled() { return deterministic_algorithms.lo
 
 autograd::Node::Node() : sequence_nr(next_sequence_nr.fetch_add(1, std::memory_order_relaxed)) {}
 
+// Each edge holds the next node, so freeing the last reference to a graph's root would free the
+// nodes one inside another's destructor: a chain of 150,000 ops (y = y + 1 in a loop) overflowed
+// the stack. Here the nodes that would die with this one are moved onto a local stack instead and
+// freed one at a time, each with its edges already taken; as PyTorch's deleteNode does.
+autograd::Node::~Node() {
+  std::vector<std::shared_ptr<Node>> dying;
+  auto take_edges = [&dying](std::vector<Edge>& edges) {
+    for (Edge& e : edges) {
+      if (e.fn != nullptr && e.fn.use_count() == 1) dying.push_back(std::move(e.fn));
+    }
+  };
+  take_edges(next_edges);
+  while (!dying.empty()) {
+    std::shared_ptr<Node> node = std::move(dying.back());
+    dying.pop_back();
+    take_edges(node->next_edges);
+  }  // `node` is freed here, its edges already empty
+}
+
 namespace {
 thread_local autograd::Node* running_node = nullptr;
 }

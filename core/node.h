@@ -37,7 +37,7 @@ struct PreHook {
 
 struct Node : std::enable_shared_from_this<Node> {
   Node();
-  virtual ~Node() = default;
+  virtual ~Node();  // frees a long chain of nodes without recursing once per node
   Node(const Node&) = delete;
   Node& operator=(const Node&) = delete;
 

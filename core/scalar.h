@@ -6,6 +6,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <limits>
 
 #include "core/dtype.h"
 
@@ -30,12 +31,27 @@ class Scalar {
   bool is_integral() const { return kind_ == Kind::Int; }
   bool is_bool() const { return kind_ == Kind::Bool; }
   double to_double() const { return kind_ == Kind::Float ? d_ : static_cast<double>(i_); }
-  int64_t to_int() const { return kind_ == Kind::Float ? static_cast<int64_t>(d_) : i_; }
+  // A float scalar that is nan, infinite or beyond int64 is an Error, as in PyTorch ("value cannot
+  // be converted to type int64_t without overflow").
+  int64_t to_int() const {
+    if (kind_ != Kind::Float) return i_;
+    KILN_CHECK(d_ >= -0x1p63 && d_ < 0x1p63, "the value {} cannot be converted to int64 without overflow", d_);
+    return static_cast<int64_t>(d_);
+  }
   bool to_bool() const { return kind_ == Kind::Float ? d_ != 0 : i_ != 0; }
+  // To an integer type, the value must fit it: full({2}, 1e10, kInt32) is an Error, not a wrap.
   template <typename T> T to() const {
-    if constexpr (std::is_same_v<T, bool>) return to_bool();
-    else if constexpr (std::is_integral_v<T>) return static_cast<T>(to_int());
-    else return static_cast<T>(static_cast<opmath_t<T>>(to_double()));
+    if constexpr (std::is_same_v<T, bool>) {
+      return to_bool();
+    } else if constexpr (std::is_integral_v<T>) {
+      const int64_t v = to_int();
+      KILN_CHECK(v >= std::numeric_limits<T>::min() && v <= std::numeric_limits<T>::max(),
+                 "the value {} cannot be converted to {}{} without overflow", v,
+                 std::is_signed_v<T> ? "int" : "uint", 8 * sizeof(T));
+      return static_cast<T>(v);
+    } else {
+      return static_cast<T>(static_cast<opmath_t<T>>(to_double()));
+    }
   }
   // The dtype a tensor made from this scalar gets: bool, int64 or the default float (float32).
   DType default_dtype() const {

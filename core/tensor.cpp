@@ -8,30 +8,35 @@
 
 namespace kiln {
 
+void Tensor::throw_undefined_tensor() {
+  KILN_FAIL("an undefined Tensor (default-constructed, or a grad that was never computed) was used where a "
+            "tensor is needed; check .defined() first");
+}
+
 int64_t Tensor::size(int64_t dim) const {
   KILN_CHECK(this->dim() > 0, "size: a 0-dimensional tensor has no dim {}", dim);
-  return impl_->sizes[wrap_dim(dim, this->dim(), "size")];
+  return get().sizes[wrap_dim(dim, this->dim(), "size")];
 }
 int64_t Tensor::stride(int64_t dim) const {
   KILN_CHECK(this->dim() > 0, "stride: a 0-dimensional tensor has no dim {}", dim);
-  return impl_->strides[wrap_dim(dim, this->dim(), "stride")];
+  return get().strides[wrap_dim(dim, this->dim(), "stride")];
 }
 
 Tensor& Tensor::requires_grad_(bool requires_grad) {
   KILN_CHECK(is_leaf() || requires_grad,
              "requires_grad_: a non-leaf tensor (made by {}) always requires grad; use detach() "
              "to get a tensor without history",
-             impl_->grad_fn->name());
+             get().grad_fn->name());
   KILN_CHECK(!requires_grad || is_floating(dtype()),
              "requires_grad_: only floating-point tensors can require gradients, this one is {}; "
              "convert it first, e.g. x.to(kFloat32)",
              dtype_name(dtype()));
-  impl_->requires_grad = requires_grad;
+  get().requires_grad = requires_grad;
   return *this;
 }
 
 Tensor Tensor::grad() const {
-  return impl_->grad ? Tensor(impl_->grad) : Tensor();
+  return get().grad ? Tensor(get().grad) : Tensor();
 }
 
 void Tensor::set_grad(const Tensor& grad) {
@@ -41,7 +46,7 @@ void Tensor::set_grad(const Tensor& grad) {
                grad.sizes().str(), dtype_name(grad.dtype()), grad.device().str(), sizes().str(),
                dtype_name(dtype()), device().str());
   }
-  impl_->grad = grad.impl_ptr();
+  get().grad = grad.impl_ptr();
 }
 
 namespace autograd {

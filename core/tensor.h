@@ -31,41 +31,44 @@ class Tensor {
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
   bool is_same(const Tensor& other) const { return impl_ == other.impl_; }
 
-  const Shape& sizes() const { return impl_->sizes; }
-  const Shape& shape() const { return impl_->sizes; }
-  const Shape& strides() const { return impl_->strides; }
+  const Shape& sizes() const { return get().sizes; }
+  const Shape& shape() const { return get().sizes; }
+  const Shape& strides() const { return get().strides; }
   int64_t size(int64_t dim) const;
   int64_t stride(int64_t dim) const;
-  int dim() const { return impl_->sizes.size(); }
-  int64_t numel() const { return impl_->numel(); }
-  int64_t storage_offset() const { return impl_->offset; }
-  DType dtype() const { return impl_->dtype; }
-  Device device() const { return impl_->device(); }
+  int dim() const { return get().sizes.size(); }
+  int64_t numel() const { return get().numel(); }
+  int64_t storage_offset() const { return get().offset; }
+  DType dtype() const { return get().dtype; }
+  Device device() const { return get().device(); }
   TensorOptions options() const { return TensorOptions(dtype()).device(device()); }
   bool is_cpu() const { return device().is_cpu(); }
   bool is_cuda() const { return device().is_cuda(); }
   bool is_floating_point() const { return is_floating(dtype()); }
-  bool is_contiguous() const { return impl_->is_contiguous(); }
+  bool is_contiguous() const { return get().is_contiguous(); }
   // Lives in pinned (page-locked) host memory, from pin_memory() or TensorOptions::pinned_memory.
   bool is_pinned() const {
-    const auto& st = impl_->storage;
+    const auto& st = get().storage;
     return st != nullptr && st->allocator != nullptr && st->allocator->is_pinned();
   }
   int64_t element_size() const { return itemsize(dtype()); }
   int64_t nbytes() const { return numel() * element_size(); }
-  void* data_ptr() const { return impl_->data(); }
+  void* data_ptr() const { return get().data(); }
   template <typename T> T* data_ptr() const;  // checks that T matches dtype()
 
   // ---- autograd fields (core/tensor.cpp) ----
-  bool requires_grad() const { return impl_->requires_grad || impl_->grad_fn != nullptr; }
+  bool requires_grad() const {
+    const TensorImpl& t = get();
+    return t.requires_grad || t.grad_fn != nullptr;
+  }
   Tensor& requires_grad_(bool requires_grad = true);  // leaves only; floating dtypes only
-  bool is_leaf() const { return impl_->grad_fn == nullptr; }
+  bool is_leaf() const { return get().grad_fn == nullptr; }
   Tensor grad() const;  // undefined until a backward reaches this leaf
   void set_grad(const Tensor& grad);
-  const std::shared_ptr<autograd::Node>& grad_fn() const { return impl_->grad_fn; }
-  uint32_t output_nr() const { return impl_->output_nr; }
-  uint64_t _version() const { return impl_->storage->version; }
-  void bump_version() const { ++impl_->storage->version; }
+  const std::shared_ptr<autograd::Node>& grad_fn() const { return get().grad_fn; }
+  uint32_t output_nr() const { return get().output_nr; }
+  uint64_t _version() const { return get().storage->version; }
+  void bump_version() const { ++get().storage->version; }
 
   // ---- autograd engine (autograd/engine.cpp) ----
   // gradient: required unless this is a single element (then it defaults to 1).
@@ -79,7 +82,7 @@ class Tensor {
   uint64_t register_post_accumulate_grad_hook(PostAccumulateGradHook fn) const;
   void remove_post_accumulate_grad_hook(uint64_t handle) const;
   void retain_grad() const;  // keep .grad() on a non-leaf
-  bool retains_grad() const { return impl_->retains_grad; }
+  bool retains_grad() const { return get().retains_grad; }
 
   // ---- conversions and copies (ops/) ----
   Tensor contiguous() const;
@@ -235,6 +238,14 @@ class Tensor {
   Tensor scatter_add(int64_t dim, const Tensor& index, const Tensor& src) const;
 
  private:
+  // The TensorImpl, for every accessor: an undefined Tensor used where a tensor is needed is an
+  // Error (LibTorch's "undefined Tensor"), not a null dereference. One predictable branch.
+  TensorImpl& get() const {
+    if (impl_ == nullptr) [[unlikely]] throw_undefined_tensor();
+    return *impl_;
+  }
+  [[noreturn]] static void throw_undefined_tensor();
+
   std::shared_ptr<TensorImpl> impl_;
 };
 

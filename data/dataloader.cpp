@@ -102,7 +102,7 @@ class DataLoader::Pass {
   Example build(int64_t b) const {
     const int64_t n = static_cast<int64_t>(order_.size());
     const int64_t begin = b * options_.batch_size;
-    const int64_t end = std::min(n, begin + options_.batch_size);
+    const int64_t end = begin + std::min(n - begin, options_.batch_size);  // no overflow
     std::vector<int64_t> indices(order_.begin() + begin, order_.begin() + end);
     if (!options_.collate) return dataset_->get_batch(indices);
     std::vector<Example> samples;
@@ -177,7 +177,7 @@ DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, DataLoaderOptions
              "shuffles by default) and leave shuffle false");
   // Drawn from the default generator's next counters, so manual_seed fixes it.
   state_.seed = options_.seed ? *options_.seed
-                              : static_cast<uint64_t>(randint(0, INT64_MAX, {1}).item<int64_t>());
+                              : static_cast<uint64_t>(randint(0, int64_t{1} << 53, {1}).item<int64_t>());
 }
 
 DataLoader::~DataLoader() {
@@ -190,7 +190,7 @@ DataLoader::~DataLoader() {
 int64_t DataLoader::size() const {
   const int64_t n = options_.sampler ? options_.sampler->size(dataset_->size()) : dataset_->size();
   return options_.drop_last ? n / options_.batch_size
-                            : (n + options_.batch_size - 1) / options_.batch_size;
+                            : n / options_.batch_size + (n % options_.batch_size != 0);  // no overflow
 }
 
 DataLoader::Iterator DataLoader::begin() {

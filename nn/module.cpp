@@ -147,6 +147,16 @@ Tensor Module::register_buffer(const std::string& name, Tensor t, bool persisten
 void Module::add_child(const std::string& name, Module* module, std::shared_ptr<Module> owned, bool wrapped) {
   check_new_name(name, "submodule");
   KILN_CHECK(module != this, "nn::Module: {} cannot register itself as its submodule '{}'", this->name(), name);
+  // The tree stays a tree (every add is checked, so the walk below ends): a module that holds this
+  // one would make parameters() and every other walk recurse forever.
+  std::vector<const Module*> todo{module};
+  while (!todo.empty()) {
+    const Module* m = todo.back();
+    todo.pop_back();
+    KILN_CHECK(m != this, "nn::Module: {} cannot register submodule '{}': that {} already holds it, and modules "
+               "form a tree, not a cycle", this->name(), name, module->name());
+    for (const Child& c : m->children_) todo.push_back(c.module);
+  }
   children_.push_back({name, module, std::move(owned), wrapped});
 }
 

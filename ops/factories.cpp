@@ -1,6 +1,7 @@
 // ops/factories.cpp: tensors made from nothing: empty, zeros, ones, full, arange, linspace, eye, the
 // random factories (Philox, core/generator.h) and dropout, and tensors made from C++ data.
 #include <cmath>
+#include <limits>
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -85,6 +86,22 @@ Tensor randn(const Shape& shape, TensorOptions options, Generator* gen) {
 }
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options, Generator* gen) {
   KILN_CHECK(high > low, "randint: expected low < high, got low={} high={}", low, high);
+  // Draws are computed in double (core/philox.h): the bounds must be integers it holds exactly, and
+  // every value in [low, high) must fit the dtype exactly (PyTorch's "out of bounds" rule).
+  const DType dt = options.dtype();
+  int64_t bound = int64_t{1} << 53;
+  switch (dt) {
+    case kBool: bound = 1; break;
+    case kInt32: bound = std::numeric_limits<int32_t>::max(); break;
+    case kFloat16: bound = int64_t{1} << 11; break;
+    case kBFloat16: bound = int64_t{1} << 8; break;
+    case kFloat32: bound = int64_t{1} << 24; break;
+    default: break;
+  }
+  const int64_t lowest = dt == kBool ? 0 : dt == kInt32 ? std::numeric_limits<int32_t>::min() : -bound;
+  KILN_CHECK(low >= lowest && high - 1 <= bound,
+             "randint: [{}, {}) is out of bounds for {}, whose draws are exact only in [{}, {}]; choose a "
+             "narrower range{}", low, high, dtype_name(dt), lowest, bound, dt == kInt64 ? "" : " or another dtype");
   return random_tensor(RandomKind::Randint, shape, static_cast<double>(low), static_cast<double>(high),
                        options, gen);
 }

@@ -3,6 +3,7 @@
 // sum over expanded dims).
 #include <algorithm>
 #include <numeric>
+#include <string>
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -164,10 +165,10 @@ Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
 Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
   KILN_CHECK(t.dim() > 0, "narrow: cannot narrow a 0-dimensional tensor");
   int d = wrap_dim(dim, t.dim(), "narrow");
-  int64_t size = t.sizes()[d];
-  if (start < 0) start += size;
-  KILN_CHECK(start >= 0 && length >= 0 && start + length <= size,
-             "narrow: start {} and length {} are out of range for dim {} of size {}", start, length, d, size);
+  const int64_t size = t.sizes()[d], given = start;
+  if (start < 0 && start >= -size) start += size;
+  KILN_CHECK(start >= 0 && start <= size && length >= 0 && length <= size - start,
+             "narrow: start {} and length {} are out of range for dim {} of size {}", given, length, d, size);
   return slice(t, d, start, start + length, 1);
 }
 
@@ -181,8 +182,9 @@ Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start_opt,
   int64_t start = clampi(start_opt.value_or(0)), end = clampi(end_opt.value_or(size));
   if (end < start) end = start;
   Shape sizes = t.sizes(), strides = t.strides();
-  sizes[d] = (end - start + step - 1) / step;
-  strides[d] *= step;
+  sizes[d] = end == start ? 0 : 1 + (end - start - 1) / step;  // no overflow for a step near INT64_MAX
+  // A dim of one element may keep any stride; the others' stride * step stays inside the storage.
+  if (__builtin_mul_overflow(strides[d], step, &strides[d])) strides[d] = t.strides()[d];
   Tensor out = make_view(t, sizes, strides, t.storage_offset() + start * t.strides()[d]);
   if (should_record(t)) {
     Shape shape = t.sizes();
@@ -235,6 +237,11 @@ Tensor expand(const Tensor& t, const Shape& shape) {
                  "tensor shape {}, target {}",
                  j, have, shape[i], t.sizes().str(), shape.str());
     }
+  }
+  int64_t numel = 1;
+  for (int64_t n : sizes) {
+    KILN_CHECK(!__builtin_mul_overflow(numel, n, &numel), "expand: the shape {} has more elements than fit in 64 bits",
+               sizes.str());
   }
   Tensor out = make_view(t, sizes, strides, t.storage_offset());
   if (should_record(t)) {
@@ -302,17 +309,24 @@ Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int
   KILN_CHECK(!should_record(t), "as_strided: not differentiable; call it on a detached tensor");
   KILN_CHECK(sizes.size() == strides.size(), "as_strided: {} sizes but {} strides", sizes.size(), strides.size());
   // Every element it can address must lie inside the storage.
-  int64_t lo = offset, hi = offset;
+  // The reach is computed in 128 bits: huge strides must not wrap around into the storage.
+  __int128 lo = offset, hi = offset;
   bool empty = false;
   for (int i = 0; i < sizes.size(); ++i) {
     KILN_CHECK(sizes[i] >= 0, "as_strided: sizes must be non-negative, got {}", sizes.str());
     empty |= sizes[i] == 0;
-    (strides[i] < 0 ? lo : hi) += (sizes[i] - 1) * strides[i];
+  }
+  for (int i = 0; i < sizes.size() && !empty; ++i) {
+    (strides[i] < 0 ? lo : hi) += static_cast<__int128>(sizes[i] - 1) * strides[i];
   }
   const int64_t capacity = static_cast<int64_t>(t.impl()->storage->nbytes) / t.element_size();
+  auto element = [](__int128 v) {
+    return v > INT64_MAX ? std::string("2^63 and beyond") : v < INT64_MIN ? std::string("below -2^63")
+                                                                          : std::to_string(static_cast<int64_t>(v));
+  };
   KILN_CHECK(empty || (lo >= 0 && hi < capacity),
              "as_strided: sizes {}, strides {} and offset {} reach elements {}..{}, outside the storage's {}",
-             sizes.str(), strides.str(), offset, lo, hi, capacity);
+             sizes.str(), strides.str(), offset, element(lo), element(hi), capacity);
   return make_view(t, sizes, strides, offset);
 }
 

@@ -182,6 +182,23 @@ TEST_CASE("deep chains do not lose gradient and graphs free their memory") {
   CHECK(memory::stats(Device::cpu()).allocated_bytes == before.allocated_bytes);
 }
 
+TEST_CASE("a graph of 300000 nodes in a chain is freed without deep recursion") {
+  MemoryStats before = memory::stats(Device::cpu());
+  Tensor x = tensor({1.0}).requires_grad_();
+  {
+    Tensor y = x;
+    for (int i = 0; i < 300000; ++i) y = y + 1.0;  // freeing it recursively overflowed an 8 MiB stack
+    CHECK(y.item<double>() == 300001.0);
+  }
+  {
+    Tensor y = x;
+    for (int i = 0; i < 300000; ++i) y = y * 1.0;
+    y.backward();  // the engine walks it, then frees it
+  }
+  CHECK(x.grad().item<double>() == 1.0);
+  CHECK(memory::stats(Device::cpu()).allocated_bytes == before.allocated_bytes + 8);  // x.grad()
+}
+
 TEST_CASE("saved-tensor hooks can shrink what a graph holds (the basis of offloading)") {
   Tensor x = full({1 << 20}, 0.5, TensorOptions().requires_grad(true));  // 4 MiB
   auto held_by_graph = [&](bool packed) {

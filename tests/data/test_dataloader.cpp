@@ -76,6 +76,17 @@ TEST_CASE("DataLoader: without shuffle, batches in order and the last partial ba
   CHECK(got == std::vector<std::vector<int64_t>>{{0, 1, 2, 3}, {4, 5, 6, 7}, {8, 9}});
 }
 
+TEST_CASE("DataLoader: a batch_size beyond the dataset gives one batch of it all", "[data]") {
+  for (int64_t batch_size : {int64_t{10}, int64_t{11}, INT64_MAX - 8, INT64_MAX}) {
+    INFO(batch_size);
+    DataLoader loader(numbered(10), {.batch_size = batch_size});
+    CHECK(loader.size() == 1);
+    CHECK(one_epoch(loader) == std::vector<std::vector<int64_t>>{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}});
+    DataLoader dropped(numbered(10), {.batch_size = batch_size, .drop_last = true});
+    CHECK(dropped.size() == (batch_size == 10 ? 1 : 0));
+  }
+}
+
 TEST_CASE("DataLoader: drop_last drops the short batch", "[data]") {
   DataLoader loader(numbered(10), {.batch_size = 4, .drop_last = true});
   CHECK(loader.size() == 2);

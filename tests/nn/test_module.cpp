@@ -425,3 +425,16 @@ TEST_CASE("to(device) on a device that cannot be used fails cleanly and leaves t
   CHECK(l.weight.is_cpu());
   CHECK(l(zeros({1, 3})).sizes() == Shape{1, 2});
 }
+
+TEST_CASE("Modules form a tree: registering an ancestor as a child is an Error, not endless recursion",
+          "[nn][module]") {
+  nn::Sequential a, b, c;
+  a.register_module("b", b);
+  b.register_module("c", c);
+  test::check_error([&] { c.register_module("a", a); }, {"cannot register submodule 'a'", "cycle"});
+  test::check_error([&] { b.register_module("a", a); }, {"cannot register submodule 'a'", "cycle"});
+  CHECK(a.modules().size() == 3);  // a, b, c: unchanged by the refused registrations
+  nn::Sequential d;
+  c.register_module("d", d);  // a new leaf is fine
+  CHECK(a.modules().size() == 4);
+}

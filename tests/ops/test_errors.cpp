@@ -1,6 +1,10 @@
 // tests/ops/test_errors.cpp: every Error an op raises, one row each: the call that misuses the op and
 // the fragments its message must contain (the op's name, the shapes/dtypes/values involved, and
 // what to do). Errors of views, autograd and the tensor model are in tests/core and tests/autograd.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
 #include "support.h"
 
 using namespace kiln;
@@ -108,7 +112,27 @@ TEST_CASE("every op's misuse is an Error that names the problem") {
       // views (the rest are in tests/core/test_tensor.cpp)
       {"as_strided bounds", [] { as_strided(f32({2}), {4}, {1000000}, 0); }, {"as_strided", "outside the storage"}},
       {"as_strided negative offset", [] { as_strided(f32({4}), {2}, {-1}, 0); }, {"as_strided", "-1..0"}},
+      {"as_strided huge strides", [] { as_strided(f32({4}), {3}, {(int64_t{1} << 62) + (int64_t{1} << 40)}, 0); },
+       {"as_strided", "2^63 and beyond", "outside the storage"}},
+      {"as_strided max strides", [] { as_strided(f32({4}), {2, 2}, {INT64_MAX, INT64_MAX}, 0); },
+       {"as_strided", "outside the storage"}},
       {"expand negative", [] { f32({1}).expand({-2}); }, {"expand", "invalid size -2"}},
+      {"expand too many elements", [] { f32({1, 1}).expand({int64_t{1} << 32, int64_t{1} << 32}); },
+       {"expand", "more elements than fit in 64 bits"}},
+      {"narrow start overflow", [] { f32({5}).narrow(0, INT64_MAX, 1); }, {"narrow", "start 9223372036854775807"}},
+      {"narrow length overflow", [] { f32({5}).narrow(0, 2, INT64_MAX); }, {"narrow", "out of range"}},
+      {"narrow INT64_MIN", [] { f32({5}).narrow(0, INT64_MIN, 1); }, {"narrow", "start -9223372036854775808"}},
+      {"randint bounds beyond 2^53", [] { randint((int64_t{1} << 60) + 1, (int64_t{1} << 60) + 9, {6}); },
+       {"randint", "out of bounds for int64", "[-9007199254740992, 9007199254740992]"}},
+      {"randint full int64", [] { randint(INT64_MIN, INT64_MAX, {3}); }, {"randint", "out of bounds"}},
+      {"randint int32", [] { randint(0, int64_t{1} << 40, {3}, kInt32); }, {"randint", "out of bounds for int32"}},
+      {"randint float32", [] { randint(0, (int64_t{1} << 24) + 2, {3}, kFloat32); }, {"randint", "float32"}},
+      {"full nan int64", [] { full({2}, NAN, kInt64); }, {"nan cannot be converted to int64"}},
+      {"fill inf int32", [] { zeros({2}, kInt32).fill_(INFINITY); }, {"inf cannot be converted to int64"}},
+      {"full int32 overflow", [] { full({2}, int64_t{1} << 40, kInt32); }, {"1099511627776 cannot be converted to int32"}},
+      {"item nan to int", [] { (void)scalar_tensor(NAN).item<int64_t>(); }, {"nan cannot be converted"}},
+      {"undefined operand", [] { (void)(f32({2}) + Tensor()); }, {"an undefined Tensor", "check .defined() first"}},
+      {"undefined dim", [] { (void)Tensor().dim(); }, {"an undefined Tensor"}},
       {"unflatten 0-dim", [] { f32({}).unflatten(0, {1}); }, {"unflatten", "0-dimensional"}},
       {"view -1 twice", [] { f32({4}).view({-1, -1}); }, {"view", "only one dimension can be -1"}},
       {"narrow 0-dim", [] { f32({}).narrow(0, 0, 1); }, {"narrow", "0-dimensional"}},
@@ -178,6 +202,20 @@ TEST_CASE("every op's misuse is an Error that names the problem") {
     INFO("row: " << row.name);
     test::check_error(row.call, row.fragments);
   }
+}
+
+TEST_CASE("edge values near the int64 limits give PyTorch's results") {
+  // A step beyond the dim takes its first element; the last start takes nothing.
+  CHECK(arange(5).slice(0, 0, 5, INT64_MAX).to_vector<int64_t>() == std::vector<int64_t>{0});
+  CHECK(arange(5).narrow(0, 5, 0).numel() == 0);
+  CHECK(arange(5).narrow(0, -5, 2).to_vector<int64_t>() == std::vector<int64_t>{0, 1});
+  // randint's widest exact range: every value in [low, high).
+  Tensor r = randint(-(int64_t{1} << 53), int64_t{1} << 53, {64});
+  CHECK(r.ge(-(int64_t{1} << 53)).logical_and(r.lt(int64_t{1} << 53)).all().item<bool>());
+  CHECK(r.to(kFloat64).abs().max().item<double>() > 1e12);  // and it spreads over it
+  Tensor sevens = randint(7, 8, {3}, kInt32);
+  CHECK(sevens.dtype() == kInt32);
+  CHECK(sevens.to_vector<int32_t>() == std::vector<int32_t>{7, 7, 7});
 }
 
 TEST_CASE("16-bit floats with numbers compute in float32, and their mean does not overflow") {
