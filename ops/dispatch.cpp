@@ -41,13 +41,19 @@ View broadcast_view(const Tensor& t, const Shape& shape) {
   return v;
 }
 
-static Tensor allocate_tensor(const Shape& shape, DType dtype, Device device, Allocator& alloc) {
-  int64_t numel = 1, nbytes_signed = 0;
+int64_t checked_numel(const Shape& shape, const char* op) {
+  int64_t numel = 1;
   for (int64_t s : shape) {
-    KILN_CHECK(s >= 0, "empty: sizes must be non-negative, got {}", shape.str());
-    KILN_CHECK(!__builtin_mul_overflow(numel, s, &numel), "empty: shape {} has more elements than fit in 64 bits",
+    KILN_CHECK(s >= 0, "{}: sizes must be non-negative, got {}", op, shape.str());
+    KILN_CHECK(!__builtin_mul_overflow(numel, s, &numel), "{}: shape {} has more elements than fit in 64 bits", op,
                shape.str());
   }
+  return numel;
+}
+
+static Tensor allocate_tensor(const Shape& shape, DType dtype, Device device, Allocator& alloc) {
+  const int64_t numel = checked_numel(shape, "empty");
+  int64_t nbytes_signed = 0;
   KILN_CHECK(!__builtin_mul_overflow(numel, itemsize(dtype), &nbytes_signed) && nbytes_signed < (int64_t{1} << 60),
              "empty: shape {} of {} needs more bytes than any device has", shape.str(), dtype_name(dtype));
   size_t nbytes = static_cast<size_t>(nbytes_signed);

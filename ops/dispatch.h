@@ -18,6 +18,11 @@ inline View view_or_none(const Tensor& t) { return t.defined() ? view_of(t) : Vi
 // t's view stretched to `shape` (right-aligned, stride 0 where t has size 1 or no dim).
 View broadcast_view(const Tensor& t, const Shape& shape);
 
+// The element count of `shape`, whose sizes must be non-negative: an Error naming `op` when one is
+// negative or the product does not fit in 64 bits. For the ops that make a shape from numbers
+// (empty, expand, as_strided).
+int64_t checked_numel(const Shape& shape, const char* op);
+
 // A new contiguous tensor, uninitialized, on `device`.
 Tensor empty_tensor(const Shape& shape, DType dtype, Device device);
 // The same from options' dtype and device, in pinned host memory when options.pinned_memory() (an

@@ -238,11 +238,7 @@ Tensor expand(const Tensor& t, const Shape& shape) {
                  j, have, shape[i], t.sizes().str(), shape.str());
     }
   }
-  int64_t numel = 1;
-  for (int64_t n : sizes) {
-    KILN_CHECK(!__builtin_mul_overflow(numel, n, &numel), "expand: the shape {} has more elements than fit in 64 bits",
-               sizes.str());
-  }
+  (void)checked_numel(sizes, "expand");
   Tensor out = make_view(t, sizes, strides, t.storage_offset());
   if (should_record(t)) {
     Shape from = t.sizes();
@@ -311,11 +307,7 @@ Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int
   // Every element it can address must lie inside the storage.
   // The reach is computed in 128 bits: huge strides must not wrap around into the storage.
   __int128 lo = offset, hi = offset;
-  bool empty = false;
-  for (int i = 0; i < sizes.size(); ++i) {
-    KILN_CHECK(sizes[i] >= 0, "as_strided: sizes must be non-negative, got {}", sizes.str());
-    empty |= sizes[i] == 0;
-  }
+  const bool empty = checked_numel(sizes, "as_strided") == 0;
   for (int i = 0; i < sizes.size() && !empty; ++i) {
     (strides[i] < 0 ? lo : hi) += static_cast<__int128>(sizes[i] - 1) * strides[i];
   }

@@ -119,6 +119,8 @@ TEST_CASE("every op's misuse is an Error that names the problem") {
       {"expand negative", [] { f32({1}).expand({-2}); }, {"expand", "invalid size -2"}},
       {"expand too many elements", [] { f32({1, 1}).expand({int64_t{1} << 32, int64_t{1} << 32}); },
        {"expand", "more elements than fit in 64 bits"}},
+      {"as_strided too many elements", [] { as_strided(f32({1}), {int64_t{1} << 32, int64_t{1} << 32}, {0, 0}, 0); },
+       {"as_strided", "more elements than fit in 64 bits"}},
       {"narrow start overflow", [] { f32({5}).narrow(0, INT64_MAX, 1); }, {"narrow", "start 9223372036854775807"}},
       {"narrow length overflow", [] { f32({5}).narrow(0, 2, INT64_MAX); }, {"narrow", "out of range"}},
       {"narrow INT64_MIN", [] { f32({5}).narrow(0, INT64_MIN, 1); }, {"narrow", "start -9223372036854775808"}},
