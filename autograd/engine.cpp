@@ -145,7 +145,7 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
     for (const auto& hook : n->pre_hooks) {
       if (hook.output_nr < grads.size() && grads[hook.output_nr].defined()) {
         Tensor r = hook.fn(grads[hook.output_nr]);
-        if (r.defined()) grads[hook.output_nr] = r;
+        if (r.defined()) grads[hook.output_nr] = detail::checked_hook_result(grads[hook.output_nr], std::move(r));
       }
     }
     if (captures) {

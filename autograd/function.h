@@ -65,9 +65,15 @@ class CppNode final : public Node {
                next_edges.size());
     out.resize(next_edges.size());
     for (size_t i = 0; i < out.size(); ++i) {
-      KILN_CHECK(!out[i].defined() || !next_edges[i].valid() || out[i].sizes() == input_shapes[i],
+      if (!out[i].defined() || !next_edges[i].valid()) continue;
+      const Input& in = inputs[i];
+      KILN_CHECK(out[i].sizes() == in.shape,
                  "CppFunction: backward returned a gradient of shape {} for argument {} of shape {}",
-                 out[i].sizes().str(), i, input_shapes[i].str());
+                 out[i].sizes().str(), i, in.shape.str());
+      KILN_CHECK(out[i].device() == in.device,
+                 "CppFunction: backward returned a gradient on {} for argument {} on {}", out[i].device().str(), i,
+                 in.device.str());
+      if (out[i].dtype() != in.dtype) out[i] = out[i].to(in.dtype);  // as PyTorch: cast to the argument's dtype
     }
     return out;
   }
@@ -76,7 +82,12 @@ class CppNode final : public Node {
     ctx.released_ = true;
   }
   AutogradContext ctx;
-  std::vector<Shape> input_shapes;  // of the forward's tensor arguments (empty for the others)
+  struct Input {  // of a forward's tensor argument (defaults for the others)
+    Shape shape;
+    DType dtype = kFloat32;
+    Device device = Device::cpu();
+  };
+  std::vector<Input> inputs;
 };
 
 template <class T>
@@ -95,7 +106,8 @@ struct Function {
     if (record) {
       for (const auto& t : inputs) {
         node->next_edges.push_back(gradient_edge(t));
-        node->input_shapes.push_back(t.defined() ? t.sizes() : Shape());
+        node->inputs.push_back(t.defined() ? typename CppNode<T>::Input{t.sizes(), t.dtype(), t.device()}
+                                           : typename CppNode<T>::Input{});
       }
       TensorList outputs;
       if constexpr (std::is_same_v<Out, Tensor>) outputs = {out};

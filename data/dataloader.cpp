@@ -208,6 +208,10 @@ DataLoader::Iterator DataLoader::begin() {
   std::vector<int64_t> order(static_cast<size_t>(n));
   if (options_.sampler) {
     order = options_.sampler->indices(n, state_.epoch);
+    const int64_t promised = options_.sampler->size(n);
+    KILN_CHECK(static_cast<int64_t>(order.size()) == promised,
+               "DataLoader: the sampler's indices() gave {} indices but its size() says {}; the two must agree",
+               order.size(), promised);
     for (int64_t i : order) {
       KILN_CHECK(i >= 0 && i < n, "DataLoader: the sampler gave index {} for a dataset of {} samples", i, n);
     }
@@ -224,6 +228,12 @@ DataLoader::Iterator DataLoader::begin() {
   it.pass_ = pass;
   ++it;
   return it;
+}
+
+Example* DataLoader::Iterator::get() const {
+  KILN_CHECK(current_ != nullptr, "DataLoader: an iterator at the end of its pass has no batch; compare it with "
+             "end() before dereferencing it");
+  return current_.get();
 }
 
 DataLoader::Iterator& DataLoader::Iterator::operator++() {

@@ -71,14 +71,15 @@ class DataLoader {
     using value_type = Example;
     using difference_type = std::ptrdiff_t;
     Iterator() = default;
-    Example& operator*() const { return *current_; }
-    Example* operator->() const { return current_.get(); }
+    Example& operator*() const { return *get(); }
+    Example* operator->() const { return get(); }
     Iterator& operator++();
     void operator++(int) { ++*this; }
     bool operator==(std::default_sentinel_t) const { return current_ == nullptr; }
 
    private:
     friend class DataLoader;
+    Example* get() const;  // an Error at the end of a pass
     std::shared_ptr<Pass> pass_;        // stops its workers when the last iterator lets go
     std::shared_ptr<Example> current_;  // null at the end
   };

@@ -29,7 +29,10 @@ void check_mode(const std::string& mode, bool strided, const char* layer) {
              "nn::{}: padding='same' is not supported for strided convolutions; use stride 1 or a number", layer);
 }
 
-void check_channels(int64_t in, int64_t out, int64_t groups, const char* layer) {
+void check_channels(int64_t in, int64_t out, int64_t groups, const Shape& kernel, const char* layer) {
+  KILN_CHECK(in >= 0 && out >= 0, "nn::{}: in_channels ({}) and out_channels ({}) must be non-negative", layer, in,
+             out);
+  for (int64_t k : kernel) KILN_CHECK(k > 0, "nn::{}: kernel_size must be positive, got {}", layer, kernel.str());
   KILN_CHECK(groups > 0 && in % groups == 0 && out % groups == 0,
              "nn::{}: in_channels ({}) and out_channels ({}) must both be divisible by groups ({})", layer, in, out,
              groups);
@@ -53,7 +56,7 @@ std::string Size2::str() const { return fmt::format("({}, {})", h, w); }
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Conv2dOptions options)
     : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(std::move(options)) {
-  check_channels(in_channels, out_channels, this->options.groups, "Conv2d");
+  check_channels(in_channels, out_channels, this->options.groups, {kernel_size.h, kernel_size.w}, "Conv2d");
   check_mode(this->options.padding.mode, this->options.stride.h != 1 || this->options.stride.w != 1, "Conv2d");
   weight = register_parameter(
       "weight", empty({out_channels, in_channels / this->options.groups, kernel_size.h, kernel_size.w}));
@@ -92,7 +95,7 @@ std::string Conv2d::extra_repr() const {
 
 Conv1d::Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv1dOptions options)
     : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(std::move(options)) {
-  check_channels(in_channels, out_channels, this->options.groups, "Conv1d");
+  check_channels(in_channels, out_channels, this->options.groups, {kernel_size}, "Conv1d");
   check_mode(this->options.padding.mode, this->options.stride != 1, "Conv1d");
   weight = register_parameter("weight", empty({out_channels, in_channels / this->options.groups, kernel_size}));
   if (this->options.bias) bias = register_parameter("bias", empty({out_channels}));

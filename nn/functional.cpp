@@ -3,6 +3,7 @@
 #include "nn/functional.h"
 
 #include "ops/autocast.h"
+#include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -70,6 +71,7 @@ Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t 
              "{}: for input of shape {} the class-index target must have shape {}, got {}", op,
              logp.sizes().str(), expected.str(), target.sizes().str());
   if (weight.defined()) check_class_weight(weight, logp.size(cdim), op);
+  check_class_targets(target, logp.size(cdim), ignore_index, op);
 
   Nll out;
   Tensor index, denom;
@@ -214,8 +216,11 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
   Tensor y;
   {
     NoGradGuard no_grad;
-    y = ops::embedding(weight, indices);
+    y = ops::embedding(weight, indices);  // checks the weight is 2-D
   }
+  KILN_CHECK(!padding_idx || (*padding_idx < weight.size(0) && *padding_idx >= -weight.size(0)),
+             "embedding: padding_idx {} must be within [-{}, {}), the weight's rows", padding_idx.value_or(0),
+             weight.size(0), weight.size(0));
   if (autograd::should_record(weight)) {
     int64_t pad = padding_idx.value_or(-1);
     if (pad < 0 && padding_idx) pad += weight.size(0);
@@ -353,6 +358,12 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCE
   }
   Reduction r = parse_reduction(options.reduction, "binary_cross_entropy");
   check_same_shape(input, target, "binary_cross_entropy");
+  {  // probabilities only, as PyTorch (one pass over the input; nan fails too)
+    NoGradGuard no_grad;
+    KILN_CHECK(input.ge(0).logical_and(input.le(1)).all().item<bool>(),
+               "binary_cross_entropy: all elements of input should be between 0 and 1; for logits, use "
+               "binary_cross_entropy_with_logits");
+  }
   // log(p) and log(1 - p) clamped at -100, so p = 0 or 1 gives a finite loss (PyTorch's rule).
   Tensor log_p = input.log().clamp(-100.0);
   Tensor log_q = (1 - input).log().clamp(-100.0);
@@ -378,6 +389,10 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   Tensor neg_log_sigmoid = softplus(-input);
   Tensor loss;
   if (options.pos_weight.defined()) {
+    const char* op = "binary_cross_entropy_with_logits: pos_weight";
+    KILN_CHECK(broadcast_shapes(options.pos_weight.sizes(), input.sizes(), op) == input.sizes(),
+               "binary_cross_entropy_with_logits: pos_weight of shape {} must broadcast to the input's shape {} "
+               "(one weight per class, along the last dim)", options.pos_weight.sizes().str(), input.sizes().str());
     Tensor log_weight = (options.pos_weight - 1) * target + 1;
     loss = (1 - target) * input + log_weight * neg_log_sigmoid;
   } else {

@@ -44,6 +44,9 @@ std::string Linear::extra_repr() const {
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options)
     : num_embeddings(num_embeddings), embedding_dim(embedding_dim), padding_idx(options.padding_idx) {
+  KILN_CHECK(num_embeddings >= 0 && embedding_dim >= 0,
+             "nn::Embedding: num_embeddings ({}) and embedding_dim ({}) must be non-negative", num_embeddings,
+             embedding_dim);
   if (padding_idx) {
     KILN_CHECK(*padding_idx < num_embeddings && *padding_idx >= -num_embeddings,
                "nn::Embedding: padding_idx {} must be within [-{}, {})", *padding_idx, num_embeddings,

@@ -19,6 +19,12 @@ std::string py_tuple(const Shape& s) {  // (8,) or (3, 4)
 
 const char* py_bool(bool b) { return b ? "True" : "False"; }
 
+void check_normalized_shape(const Shape& shape, const char* layer) {
+  for (int64_t n : shape) {
+    KILN_CHECK(n >= 0, "nn::{}: normalized_shape must have non-negative sizes, got {}", layer, shape.str());
+  }
+}
+
 }  // namespace
 
 BatchNormBase::BatchNormBase(int64_t num_features, BatchNormOptions options)
@@ -67,6 +73,7 @@ void BatchNorm2d::check_input(const Tensor& input) const {
 
 LayerNorm::LayerNorm(Shape normalized_shape, LayerNormOptions options)
     : normalized_shape(normalized_shape), options(options) {
+  check_normalized_shape(normalized_shape, "LayerNorm");
   if (options.elementwise_affine) {
     weight = register_parameter("weight", ones(normalized_shape));
     if (options.bias) bias = register_parameter("bias", zeros(normalized_shape));
@@ -84,6 +91,7 @@ std::string LayerNorm::extra_repr() const {
 }
 
 RMSNorm::RMSNorm(Shape normalized_shape, RMSNormOptions options) : normalized_shape(normalized_shape), options(options) {
+  check_normalized_shape(normalized_shape, "RMSNorm");
   if (options.elementwise_affine) weight = register_parameter("weight", ones(normalized_shape));
 }
 

@@ -232,6 +232,10 @@ void set_state(const State& s) {
 }  // namespace
 
 StateGuard::StateGuard(const State& state) : prev_(current_state()) {
+  for (DType dt : state.dtypes) {
+    KILN_CHECK(is_reduced_float(dt), "autocast::StateGuard: each device type's dtype must be kBFloat16 or "
+               "kFloat16, got {}", dtype_name(dt));
+  }
   set_state(state);
   ++t_state.nesting;
 }

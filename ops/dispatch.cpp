@@ -104,6 +104,16 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
              a.device().str(), b.device().str());
 }
 
+void check_class_targets(const Tensor& target, int64_t classes, int64_t ignore_index, const char* op) {
+  if (target.numel() == 0) return;
+  NoGradGuard no_grad;
+  Tensor bad = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(classes)));
+  if (!bad.any().item<bool>()) return;
+  const int64_t at = bad.reshape({-1}).to(kInt64).argmax().item<int64_t>();
+  KILN_FAIL("{}: target {} at position {} is not a class index in [0, {}) nor ignore_index ({})", op,
+            target.reshape({-1})[at].item<int64_t>(), at, classes, ignore_index);
+}
+
 void check_no_internal_overlap(const Tensor& self, const char* op) {
   for (int d = 0; d < self.dim(); ++d) {
     KILN_CHECK(self.sizes()[d] <= 1 || self.strides()[d] != 0,

@@ -37,6 +37,11 @@ void check_pinned_memory(const TensorOptions& options);
 // "add: expected all tensors on one device, got cpu and cuda:0 (move one with .to(device))"
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);
 
+// Class-index targets (cross_entropy, nll_loss): each in [0, classes) or equal to ignore_index, else
+// an Error naming `op`, the first bad target and its position. One pass, and a sync on a GPU (whose
+// kernels cannot throw, and whose gather would wrap a negative index).
+void check_class_targets(const Tensor& target, int64_t classes, int64_t ignore_index, const char* op);
+
 // In-place writes. The written tensor must not have two elements at one memory location (an
 // expanded tensor); an operand that shares memory with it other than element for element (x.t()
 // read while x is written) is read from a copy instead.

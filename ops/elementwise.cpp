@@ -381,10 +381,16 @@ Tensor pow(const Tensor& x, const Scalar& exponent) {
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
   check_not_bool(x, "clamp");
   KILN_CHECK(min || max, "clamp: at least one of min and max must be given");
-  double lo = min ? min->to_double() : -kInf, hi = max ? max->to_double() : kInf;
   DType dt = x.dtype();
   if (min) dt = promote_types(dt, result_type(x, *min));
   if (max) dt = promote_types(dt, result_type(x, *max));
+  if (is_integral(dt)) {  // in the integer type: int64 values and bounds beyond 2^53 stay exact
+    Tensor out = x.to(dt);
+    if (min) out = maximum(out, scalar_tensor(*min, x.options().dtype(dt)));
+    if (max) out = minimum(out, scalar_tensor(*max, x.options().dtype(dt)));  // max wins when min > max
+    return out;
+  }
+  double lo = min ? min->to_double() : -kInf, hi = max ? max->to_double() : kInf;
   return with_input_grad(unary_forward(UnaryOp::Clamp, x, dt, {lo, hi}), x, "ClampBackward",
                          [lo, hi](const Tensor& g, const Tensor& x) {
                            return g * x.ge(lo).logical_and(x.le(hi));  // 1 inside [min, max]
@@ -679,6 +685,15 @@ Tensor& Tensor::pow_(const Scalar& exponent) {
 Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
   if (should_record(*this)) return inplace_recorded(*this, "clamp_", [&](const Tensor& x) { return ops::clamp(x, min, max); });
   KILN_CHECK(min || max, "clamp_: at least one of min and max must be given");
+  check_not_bool(*this, "clamp_");
+  if (is_integral(dtype())) {  // ops::clamp keeps integers exact; its result type must fit in place
+    Tensor clamped = ops::clamp(*this, min, max);
+    KILN_CHECK(can_cast(clamped.dtype(), dtype()), "clamp_: the result type {} can't be cast to the tensor's type {}; "
+               "use integer bounds, or clamp out of place", dtype_name(clamped.dtype()), dtype_name(dtype()));
+    backend_for(device()).copy(view_of(clamped), device(), view_of(*this), device(), stream_for(device()));
+    bump_version();
+    return *this;
+  }
   backend_for(device()).unary(UnaryOp::Clamp, view_of(*this), view_of(*this),
                               {min ? min->to_double() : -kInf, max ? max->to_double() : kInf}, stream_for(device()));
   bump_version();

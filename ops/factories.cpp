@@ -40,15 +40,43 @@ Tensor arange(const Scalar& end, std::optional<DType> dtype, Device device) {
 Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, std::optional<DType> dtype,
               Device device) {
   double s = start.to_double(), e = end.to_double(), st = step.to_double();
+  KILN_CHECK(std::isfinite(s) && std::isfinite(e) && std::isfinite(st),
+             "arange: start, end and step must be finite, got {}, {} and {}", s, e, st);
   KILN_CHECK(st != 0, "arange: step must be nonzero");
   KILN_CHECK((st > 0 && e >= s) || (st < 0 && e <= s),
              "arange: the range [{}, {}) cannot be walked with step {}", s, e, st);
-  auto n = static_cast<int64_t>(std::ceil((e - s) / st));
   // As PyTorch: integer arguments give int64, any float argument gives the default float.
-  DType dt = dtype.value_or(start.is_floating() || end.is_floating() || step.is_floating() ? kFloat32 : kInt64);
-  Tensor t = empty_tensor({n}, dt, device);
-  backend_for(device).arange(view_of(t), s, st, stream_for(device));
-  return t;
+  const bool integers = !start.is_floating() && !end.is_floating() && !step.is_floating();
+  DType dt = dtype.value_or(integers ? kInt64 : kFloat32);
+  if (!integers) {
+    const double n = std::ceil((e - s) / st);
+    KILN_CHECK(n < 0x1p62, "arange: [{}, {}) with step {} has {} elements, too many for a tensor", s, e, st, n);
+    Tensor t = empty_tensor({static_cast<int64_t>(n)}, dt, device);
+    backend_for(device).arange(view_of(t), s, st, stream_for(device));
+    return t;
+  }
+  // Integer arguments: the count, ceil((end - start) / step), in 128 bits, so that no range overflows.
+  const __int128 first = start.to_int(), diff = static_cast<__int128>(end.to_int()) - first, by = step.to_int();
+  const int64_t n = static_cast<int64_t>((diff + by - (by > 0 ? 1 : -1)) / by);
+  const __int128 last = first + (n > 0 ? n - 1 : 0) * by;
+  if (is_integral(dt)) {
+    const __int128 lo = dt == kInt32 ? INT32_MIN : INT64_MIN, hi = dt == kInt32 ? INT32_MAX : INT64_MAX;
+    KILN_CHECK(last >= lo && last <= hi, "arange: the values from {} with step {} reach {}, beyond {}; use a wider "
+               "dtype", start.to_int(), step.to_int(), static_cast<double>(last), dtype_name(dt));
+  }
+  constexpr __int128 kExact = __int128{1} << 53;  // the backend computes start + i * step in double
+  if (!is_integral(dt) || (first > -kExact && first < kExact && last > -kExact && last < kExact)) {
+    Tensor t = empty_tensor({n}, dt, device);
+    backend_for(device).arange(view_of(t), s, st, stream_for(device));
+    return t;
+  }
+  // int64 values beyond 2^53: computed here in 64-bit integers (unsigned, so that i * step may wrap
+  // on the way to a value that fits), then moved to the device.
+  Tensor t = empty_tensor({n}, kInt64, Device::cpu());
+  auto* out = static_cast<int64_t*>(t.data_ptr());
+  const auto from = static_cast<uint64_t>(start.to_int()), by_u = static_cast<uint64_t>(step.to_int());
+  for (int64_t i = 0; i < n; ++i) out[i] = static_cast<int64_t>(from + static_cast<uint64_t>(i) * by_u);
+  return t.to(device);
 }
 
 Tensor linspace(double start, double end, int64_t steps, TensorOptions options) {
@@ -123,6 +151,13 @@ Tensor dropout(const Tensor& input, double p, bool train, Generator* gen) {
 
 Tensor randperm(int64_t n, TensorOptions options, Generator* gen) {
   KILN_CHECK(n >= 0, "randperm: n must be non-negative, got {}", n);
+  const DType dt = options.dtype();
+  KILN_CHECK(dt != kBool, "randperm: not defined for bool; use kInt64 (the default)");
+  // Every value 0..n-1 must be exact in the dtype, as PyTorch checks ("n cannot be greater than 2049
+  // for Half").
+  const int digits = dt == kFloat16 ? 11 : dt == kBFloat16 ? 8 : dt == kFloat32 ? 24 : dt == kInt32 ? 31 : 62;
+  KILN_CHECK(n <= (int64_t{1} << digits) + (is_floating(dt) ? 1 : 0),
+             "randperm: n = {} is more than {} holds exactly; use kInt64 (the default)", n, dtype_name(dt));
   check_pinned_memory(options);
   // Fisher-Yates on the host, drawing one Philox word pair per swap; the result is then moved.
   Tensor keys = randint(0, std::numeric_limits<int32_t>::max(), {n}, kInt64, gen);
@@ -185,9 +220,11 @@ template Tensor from_vector(const std::vector<Half>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<BFloat16>&, const Shape&, Device);
 
 Tensor from_blob(void* data, const Shape& shape, DType dtype, Device device) {
-  for (int64_t s : shape) KILN_CHECK(s >= 0, "from_blob: sizes must be non-negative, got {}", shape.str());
+  const int64_t numel = checked_numel(shape, "from_blob");
+  KILN_CHECK(data != nullptr || numel == 0, "from_blob: data is null for a tensor of {} elements; pass the "
+             "address of the memory to wrap", numel);
   auto impl = std::make_shared<TensorImpl>();
-  impl->storage = std::make_shared<Storage>(data, static_cast<size_t>(shape.numel() * itemsize(dtype)),
+  impl->storage = std::make_shared<Storage>(data, static_cast<size_t>(numel * itemsize(dtype)),
                                             device, nullptr);
   impl->sizes = shape;
   set_contiguous_strides(shape, impl->strides);

@@ -28,6 +28,8 @@ Tensor as_index(const Tensor& index, const Tensor& x, const char* op) {
 void check_gather_shapes(const Tensor& x, int d, const Tensor& index, const Tensor* src, const char* op) {
   KILN_CHECK(index.dim() == x.dim(), "{}: index must have as many dims as the input ({}), got shape {}", op,
              x.dim(), index.sizes().str());
+  KILN_CHECK(!src || src->dim() == x.dim(), "{}: the source must have as many dims as the input ({}), got shape {}",
+             op, x.dim(), src->sizes().str());
   for (int k = 0; k < x.dim(); ++k) {
     KILN_CHECK(k == d || index.sizes()[k] <= x.sizes()[k],
                "{}: index shape {} is larger than the input shape {} in dim {}", op, index.sizes().str(),
@@ -88,6 +90,9 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index_in, const Ten
 Tensor gather(const Tensor& x, int64_t dim, const Tensor& index_in) {
   Tensor index = as_index(index_in, x, "gather");
   int d = wrap_dim(dim, x.dim(), "gather");
+  if (x.dim() == 0 && index.dim() == 0) {  // as PyTorch: 0-d gathers as 1-element 1-d
+    return gather(x.reshape({1}), 0, index.reshape({1})).reshape({});
+  }
   check_gather_shapes(x, d, index, nullptr, "gather");
   Tensor out = empty_tensor(index.sizes(), x.dtype(), x.device());
   backend_for(x.device()).gather(view_of(x), d, view_of(index), view_of(out), stream_for(x.device()));
@@ -103,6 +108,9 @@ static Tensor scatter_impl(const Tensor& x, int64_t dim, const Tensor& index_in,
   const char* name = add ? "scatter_add" : "scatter";
   Tensor index = as_index(index_in, x, name);
   int d = wrap_dim(dim, x.dim(), name);
+  if (x.dim() == 0 && index.dim() == 0 && src.dim() == 0) {  // as gather
+    return scatter_impl(x.reshape({1}), 0, index.reshape({1}), src.reshape({1}), add).reshape({});
+  }
   check_gather_shapes(x, d, index, &src, name);
   KILN_CHECK(src.dtype() == x.dtype(), "{}: source dtype {} must match the tensor's {}", name,
              dtype_name(src.dtype()), dtype_name(x.dtype()));
@@ -139,6 +147,8 @@ Tensor embedding(const Tensor& weight, const Tensor& indices) {
 
 Tensor one_hot(const Tensor& indices, int64_t num_classes) {
   KILN_CHECK(indices.dtype() == kInt64, "one_hot: indices must be int64, got {}", dtype_name(indices.dtype()));
+  KILN_CHECK(num_classes >= -1, "one_hot: num_classes must be -1 (one more than the largest index) or "
+             "non-negative, got {}", num_classes);
   if (indices.numel() > 0) {
     int64_t lo = indices.min().item<int64_t>(), hi = indices.max().item<int64_t>();
     if (num_classes < 0) num_classes = hi + 1;

@@ -42,12 +42,14 @@ Pool2dArgs pool_args(const Shape& kernel_size, const Shape& stride, const Shape&
 }
 
 // PyTorch's pooling output size: floor (or ceil) division, and with ceil_mode the last window must start
-// inside the input or its left padding.
+// inside the input or its left padding. In 128 bits: kernels, strides and paddings near INT64_MAX do
+// not overflow (a non-positive result is refused by the caller).
 int64_t pool_out_size(int64_t in, int64_t k, int64_t pad, int64_t stride, int64_t dil, bool ceil_mode) {
-  int64_t num = in + 2 * pad - dil * (k - 1) - 1 + (ceil_mode ? stride - 1 : 0);
-  int64_t out = (num >= 0 ? num / stride : -((-num + stride - 1) / stride)) + 1;
-  if (ceil_mode && (out - 1) * stride >= in + pad) --out;
-  return out;
+  using i128 = __int128;
+  const i128 num = i128{in} + 2 * i128{pad} - i128{dil} * (k - 1) - 1 + (ceil_mode ? i128{stride} - 1 : 0);
+  i128 out = (num >= 0 ? num / stride : -((-num + stride - 1) / stride)) + 1;
+  if (ceil_mode && (out - 1) * stride >= i128{in} + pad) --out;
+  return out > 0 ? static_cast<int64_t>(out) : 0;  // pad <= k / 2 keeps out <= in + 2
 }
 
 void check_pool_input(const Tensor& x, const char* op) {

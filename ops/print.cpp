@@ -19,30 +19,32 @@ struct Formatter {
   enum Mode { Int, Bool, FloatInt, Fixed, Sci } mode = Fixed;
   size_t width = 1;
 
-  std::string format(double v) const {
-    if (mode == Bool) return v != 0 ? "True" : "False";
-    if (mode == Int) return fmt::format("{}", static_cast<int64_t>(v));
+  // Scalar, not double: int64 values beyond 2^53 print exactly.
+  std::string format(const Scalar& s) const {
+    if (mode == Bool) return s.to_bool() ? "True" : "False";
+    if (mode == Int) return fmt::format("{}", s.to_int());
+    const double v = s.to_double();
     if (std::isnan(v)) return "nan";
     if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
     if (mode == FloatInt) return fmt::format("{:.0f}.", v);
     if (mode == Sci) return fmt::format("{:.4e}", v);
     return fmt::format("{:.4f}", v);
   }
-  std::string padded(double v) const {
+  std::string padded(const Scalar& v) const {
     std::string s = format(v);
     return std::string(width > s.size() ? width - s.size() : 0, ' ') + s;
   }
 };
 
-// The elements a (possibly summarized) print shows, row-major, in double.
-void collect(const Tensor& t, bool summarize, std::vector<double>& out) {
+// The elements a (possibly summarized) print shows, row-major.
+void collect(const Tensor& t, bool summarize, std::vector<Scalar>& out) {
   if (t.dim() == 0) {
-    out.push_back(t.item().to_double());
+    out.push_back(t.item());
     return;
   }
   const int64_t n = t.sizes()[0];
   auto take = [&](int64_t i) {
-    if (t.dim() == 1) out.push_back(t.select(0, i).item().to_double());
+    if (t.dim() == 1) out.push_back(t.select(0, i).item());
     else collect(t.select(0, i), summarize, out);
   };
   if (summarize && n > 2 * kEdgeItems) {
@@ -53,14 +55,15 @@ void collect(const Tensor& t, bool summarize, std::vector<double>& out) {
   }
 }
 
-Formatter make_formatter(const Tensor& t, const std::vector<double>& values) {
+Formatter make_formatter(const Tensor& t, const std::vector<Scalar>& values) {
   Formatter f;
   if (t.dtype() == kBool) f.mode = Formatter::Bool;
   else if (!is_floating(t.dtype())) f.mode = Formatter::Int;
   else {
     double lo = INFINITY, hi = 0;
     bool all_int = true, any = false;
-    for (double v : values) {
+    for (const Scalar& s : values) {
+      const double v = s.to_double();
       if (!std::isfinite(v) || v == 0) continue;
       any = true;
       lo = std::min(lo, std::fabs(v));
@@ -71,12 +74,12 @@ Formatter make_formatter(const Tensor& t, const std::vector<double>& values) {
     else if (all_int) f.mode = (hi / lo > 1000 || hi > 1e8) ? Formatter::Sci : Formatter::FloatInt;
     else f.mode = (hi / lo > 1000 || hi > 1e8 || lo < 1e-4) ? Formatter::Sci : Formatter::Fixed;
   }
-  for (double v : values) f.width = std::max(f.width, f.format(v).size());
+  for (const Scalar& v : values) f.width = std::max(f.width, f.format(v).size());
   return f;
 }
 
 std::string body(const Tensor& t, int indent, bool summarize, const Formatter& f) {
-  if (t.dim() == 0) return f.format(t.item().to_double());
+  if (t.dim() == 0) return f.format(t.item());
   const int64_t n = t.sizes()[0];
   const bool cut = summarize && n > 2 * kEdgeItems;
   if (t.dim() == 1) {
@@ -86,7 +89,7 @@ std::string body(const Tensor& t, int indent, bool summarize, const Formatter& f
         items.push_back(" ...");
         i = n - kEdgeItems;
       }
-      items.push_back(f.padded(t.select(0, i).item().to_double()));
+      items.push_back(f.padded(t.select(0, i).item()));
     }
     const size_t per_line = std::max<size_t>(1, (kLineWidth - indent) / (f.width + 2));
     std::string s = "[";
@@ -129,7 +132,7 @@ std::string to_string(const Tensor& t) {
     }
   } else {
     bool summarize = c.numel() > kThreshold;
-    std::vector<double> values;
+    std::vector<Scalar> values;
     collect(c, summarize, values);
     s = body(c, indent, summarize, make_formatter(c, values));
   }

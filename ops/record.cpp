@@ -27,6 +27,19 @@ Grads grads_for(TensorList&& grads, const std::vector<Edge>& next_edges) {
   return g;
 }
 
+Tensor checked_hook_result(const Tensor& grad, Tensor result) {
+  auto fail = [&](const char* what, const std::string& was, const std::string& got) {
+    KILN_FAIL("register_hook: a hook changed the {} of the gradient (was {}, got {}); a hook may change a "
+              "gradient's values, not its dtype, device or shape", what, was, got);
+  };
+  if (result.dtype() != grad.dtype()) {
+    fail("dtype", std::string(dtype_name(grad.dtype())), std::string(dtype_name(result.dtype())));
+  }
+  if (result.device() != grad.device()) fail("device", grad.device().str(), result.device().str());
+  if (result.sizes() != grad.sizes()) fail("shape", grad.sizes().str(), result.sizes().str());
+  return result;
+}
+
 }  // namespace detail
 
 TensorList AccumulateGrad::apply(TensorList&& grads) {
@@ -34,7 +47,7 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   if (!g.defined()) return {};
   for (const auto& hook : leaf_->leaf_hooks) {
     Tensor replaced = hook(g);
-    if (replaced.defined()) g = replaced;
+    if (replaced.defined()) g = detail::checked_hook_result(g, std::move(replaced));
   }
   Tensor leaf(leaf_);
   if (!leaf_->grad) {

@@ -47,6 +47,9 @@ bool should_record(const std::vector<Tensor>& inputs);
 namespace detail {
 void check_not_released(bool has_formula, const char* name);
 Grads grads_for(TensorList&& grads, const std::vector<Edge>& next_edges);
+// A gradient hook may change a gradient's values, not its dtype, device or shape (LibTorch's
+// check_variable_result): returns `result`, or throws an Error that says what changed.
+Tensor checked_hook_result(const Tensor& grad, Tensor result);
 }  // namespace detail
 
 // A node whose backward is a lambda F, held in the node itself: recording an op makes one

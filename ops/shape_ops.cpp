@@ -1,6 +1,5 @@
 // ops/shape_ops.cpp: ops that rearrange whole tensors: cat, stack, split, chunk, flip, repeat, pad,
 // tril and triu. Most are views plus copies; the split family returns views.
-#include <numeric>
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
@@ -91,8 +90,14 @@ Tensor stack(const std::vector<Tensor>& tensors, int64_t dim) {
 }
 
 std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<int64_t>& sizes, int64_t dim) {
+  KILN_CHECK(x.dim() > 0, "split: expects a tensor of at least 1 dimension, got a 0-dimensional one");
   int d = wrap_dim(dim, x.dim(), "split");
-  int64_t total = std::accumulate(sizes.begin(), sizes.end(), int64_t{0});
+  int64_t total = 0;
+  for (int64_t s : sizes) {
+    KILN_CHECK(s >= 0 && s <= x.sizes()[d], "split: each size must be in [0, {}] (the size of dim {}), got {}",
+               x.sizes()[d], d, s);
+    total += s;
+  }
   KILN_CHECK(total == x.sizes()[d], "split: the sizes add up to {} but dim {} has size {}", total, d, x.sizes()[d]);
   // One node for all the pieces, as PyTorch's SplitBackward: their gradients are joined by one cat,
   // where a SliceBackward per piece would write each into zeros of x's shape for autograd to add up
@@ -128,6 +133,7 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<int64_t>
 
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   KILN_CHECK(split_size > 0, "split: split_size must be positive, got {}", split_size);
+  KILN_CHECK(x.dim() > 0, "split: expects a tensor of at least 1 dimension, got a 0-dimensional one");
   int d = wrap_dim(dim, x.dim(), "split");
   std::vector<int64_t> sizes;
   for (int64_t left = x.sizes()[d]; left > 0; left -= split_size) sizes.push_back(std::min(left, split_size));
@@ -137,6 +143,7 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
 
 std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   KILN_CHECK(chunks > 0, "chunk: chunks must be positive, got {}", chunks);
+  KILN_CHECK(x.dim() > 0, "chunk: expects a tensor of at least 1 dimension, got a 0-dimensional one");
   int d = wrap_dim(dim, x.dim(), "chunk");
   int64_t n = x.sizes()[d];
   return split(x, std::max<int64_t>(1, (n + chunks - 1) / chunks), d);

@@ -63,6 +63,7 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t
   const double eps = label_smoothing;
   const bool fused = fusion_enabled() && (logits.dtype() == kFloat32 || logits.dtype() == kFloat64);
   if (!fused) {  // the composition: log_softmax, a gather of the targets' column, the smoothing term
+    check_class_targets(target, C, ignore_index, "cross_entropy");
     Tensor logp = log_softmax(logits, 1);
     Tensor keep = target.ne(ignore_index);
     Tensor index = target.masked_fill(keep.logical_not(), 0).to(kInt64).unsqueeze(1);
@@ -72,15 +73,7 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t
   }
   Tensor x = logits.contiguous(), t = target.to(kInt64).contiguous();
   const int64_t R = x.size(0);
-  if (!x.device().is_cpu() && R > 0) {  // a GPU thread cannot throw: the CPU kernel's check, here
-    NoGradGuard no_grad;
-    Tensor bad = t.ne(ignore_index).logical_and(t.lt(0).logical_or(t.ge(C)));
-    if (bad.any().item<bool>()) {
-      const int64_t at = bad.to(kInt64).argmax().item<int64_t>();
-      KILN_FAIL("cross_entropy: target {} at position {} is not a class index in [0, {}) nor ignore_index ({})",
-                t[at].item<int64_t>(), at, C, ignore_index);
-    }
-  }
+  if (!x.device().is_cpu()) check_class_targets(t, C, ignore_index, "cross_entropy");  // the CPU kernel checks
   Tensor loss = empty_tensor({R}, x.dtype(), x.device()), lse = empty_tensor({R}, x.dtype(), x.device());
   if (R > 0 && C > 0) {
     backend_for(x.device()).cross_entropy(view_of(x), view_of(t), view_of(loss), view_of(lse), ignore_index, eps,

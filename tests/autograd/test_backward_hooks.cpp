@@ -46,3 +46,20 @@ TEST_CASE("queue_callback runs once every node of the backward has run, in queue
   CHECK(events[3] == "queued by a callback");
   check_error([] { autograd::queue_callback([] {}); }, {"queue_callback", "no backward is running"});
 }
+
+TEST_CASE("a gradient hook may change values, not the gradient's dtype, shape or device", "[autograd]") {
+  Tensor leaf = tensor({1.0, 2.0}).requires_grad_();
+  leaf.register_hook([](const Tensor&) { return ones({2}, kInt64); });
+  check_error([&] { (leaf * 3).sum().backward(); }, {"register_hook", "dtype", "was float32, got int64"});
+  CHECK_FALSE(leaf.grad().defined());  // nothing was accumulated
+
+  Tensor x = tensor({1.0, 2.0}).requires_grad_();
+  Tensor mid = x * 2;  // a hook on a non-leaf runs before its node
+  mid.register_hook([](const Tensor& g) { return g.sum(); });
+  check_error([&] { mid.sum().backward(); }, {"register_hook", "shape", "was [2], got []"});
+
+  Tensor z = tensor({1.0, 2.0}).requires_grad_();
+  z.register_hook([](const Tensor& g) { return g * 10; });  // values: allowed
+  (z * 3).sum().backward();
+  check_close(z.grad(), tensor({30.0, 30.0}));
+}

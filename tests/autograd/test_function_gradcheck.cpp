@@ -31,6 +31,12 @@ struct WrongCube : autograd::Function<WrongCube> {
   }
 };
 
+// Returns its gradient in float64 whatever the input's dtype: cast back to the input's, as PyTorch.
+struct Float64Grad : autograd::Function<Float64Grad> {
+  static Tensor forward(AutogradContext*, const Tensor& x) { return x * 2; }
+  static TensorList backward(AutogradContext*, TensorList g) { return {g[0].to(kFloat64) * 2}; }
+};
+
 // Two tensor arguments, a non-tensor one, and a saved output: y = scale * a * b.
 struct ScaledProduct : autograd::Function<ScaledProduct> {
   static Tensor forward(AutogradContext* ctx, const Tensor& a, const Tensor& b, double scale) {
@@ -95,4 +101,11 @@ struct WrongShape : autograd::Function<WrongShape> {
 TEST_CASE("a user backward returning a gradient of the wrong shape is an Error") {
   Tensor x = zeros({2, 3}, TensorOptions(kFloat64).requires_grad(true));
   test::check_error([&] { WrongShape::apply(x).sum().backward(); }, {"CppFunction", "[3, 2]", "[2, 3]"});
+}
+
+TEST_CASE("a Function's gradient of another dtype is cast to its argument's dtype", "[autograd]") {
+  Tensor x = tensor({1.0, -3.0}).requires_grad_();  // float32
+  Float64Grad::apply(x).sum().backward();
+  REQUIRE(x.grad().dtype() == kFloat32);
+  CHECK(x.grad().to_vector<float>() == std::vector<float>{2, 2});
 }

@@ -278,6 +278,26 @@ TEST_CASE("DataLoader: an exception in a worker reaches the loop as the same Err
   }
 }
 
+namespace {
+// A sampler whose size() promises more indices than indices() gives.
+struct ShortSampler : data::Sampler {
+  std::vector<int64_t> indices(int64_t, int64_t) const override { return {0, 1}; }
+  int64_t size(int64_t) const override { return 50; }
+};
+}  // namespace
+
+TEST_CASE("DataLoader: a sampler whose size() disagrees, and the end iterator, are Errors", "[data]") {
+  DataLoader lying(numbered(4), {.batch_size = 1, .sampler = std::make_shared<ShortSampler>()});
+  check_error([&] { lying.begin(); }, {"sampler", "gave 2 indices", "size() says 50"});
+  DataLoader loader(numbered(2), {.batch_size = 2});
+  auto it = loader.begin();
+  CHECK(it->data.size(0) == 2);
+  ++it;
+  CHECK(it == loader.end());
+  check_error([&] { (void)it->data; }, {"DataLoader", "end of its pass", "end()"});
+  check_error([&] { (void)*it; }, {"end of its pass"});
+}
+
 TEST_CASE("DataLoader: bad options and positions are Errors", "[data]") {
   check_error([] { DataLoader(numbered(3), {.batch_size = 0}); }, {"batch_size", "0"});
   check_error([] { DataLoader(numbered(3), {.num_workers = -1}); }, {"num_workers"});

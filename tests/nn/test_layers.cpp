@@ -23,6 +23,23 @@ TEST_CASE("Embedding matches torch and its padding row gets no gradient", "[nn][
   test::check_error([] { nn::Embedding(7, 3, {.padding_idx = 7}); }, {"padding_idx 7", "[-7, 7)"});
 }
 
+TEST_CASE("Negative layer sizes and a padding_idx out of range are Errors that name them", "[nn][layers]") {
+  test::check_error([] { nn::Conv2d(1, 1, -2); }, {"nn::Conv2d", "kernel_size must be positive", "[-2, -2]"});
+  test::check_error([] { nn::Conv2d(-1, 1, 3); }, {"nn::Conv2d", "in_channels (-1)", "non-negative"});
+  test::check_error([] { nn::Conv1d(1, 1, 0); }, {"nn::Conv1d", "kernel_size", "[0]"});
+  test::check_error([] { nn::Embedding(-3, 2); }, {"nn::Embedding", "num_embeddings (-3)"});
+  test::check_error([] { nn::LayerNorm(Shape{-4}); }, {"nn::LayerNorm", "normalized_shape", "[-4]"});
+  test::check_error([] { nn::RMSNorm(Shape{2, -1}); }, {"nn::RMSNorm", "[2, -1]"});
+  test::check_error([] { nn::functional::embedding(from_vector<int64_t>({0}), ones({3, 2}), 5); },
+                    {"embedding", "padding_idx 5", "[-3, 3)"});
+  test::check_error([] { nn::functional::embedding(from_vector<int64_t>({0}), ones({3, 2}), -4); },
+                    {"padding_idx -4"});
+  // -1 is the last row: it gets no gradient.
+  Tensor w = ones({3, 2}).requires_grad_();
+  nn::functional::embedding(from_vector<int64_t>({2, 0}), w, -1).sum().backward();
+  CHECK(w.grad().to_vector<float>() == std::vector<float>{1, 1, 0, 0, 0, 0});
+}
+
 TEST_CASE("Activations match torch", "[nn][layers]") {
   nn::ReLU relu;
   check_layer(relu, "relu");

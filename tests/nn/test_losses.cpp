@@ -1,5 +1,7 @@
 // tests/nn/test_losses.cpp: each loss with its options against PyTorch (value and input gradients for a
 // random cotangent), gradcheck in float64, and the errors on bad input.
+#include <cmath>
+
 #include "nn_golden.h"
 
 using namespace kiln;
@@ -129,6 +131,29 @@ TEST_CASE("Losses reject bad input with a clear error", "[nn][losses][errors]") 
                     {"label_smoothing", "[0, 1]"});
   test::check_error([&] { nn::mse_loss(logits, zeros({4, 1})); }, {"mse_loss", "[4, 1]", "[4, 5]"});
   test::check_error([&] { nn::smooth_l1_loss(logits, logits, {.beta = -1}); }, {"beta must be >= 0"});
+}
+
+TEST_CASE("Losses refuse targets and inputs outside their domain, as PyTorch", "[nn][losses][errors]") {
+  Tensor logp = log_softmax(test::sample({2, 3}), 1);
+  test::check_error([&] { nn::nll_loss(logp, from_vector<int64_t>({0, 3})); },
+                    {"nll_loss", "target 3 at position 1", "[0, 3)", "ignore_index (-100)"});
+  // A negative target other than ignore_index would have picked the last class.
+  test::check_error([&] { nn::nll_loss(logp, from_vector<int64_t>({-1, 0})); }, {"nll_loss", "target -1 at position 0"});
+  CHECK(std::isfinite(nn::nll_loss(logp, from_vector<int64_t>({-100, 2})).item<float>()));  // ignored
+  for (bool fused : {true, false}) {
+    INFO("fusion " << fused);
+    test::FusionGuard fusion(fused);
+    test::check_error([&] { nn::cross_entropy(logp, from_vector<int64_t>({-1, 0})); },
+                      {"cross_entropy", "target -1 at position 0"});
+  }
+  test::check_error([] { nn::binary_cross_entropy(tensor({1.5, 0.5}), tensor({1.0, 0.0})); },
+                    {"binary_cross_entropy", "between 0 and 1", "binary_cross_entropy_with_logits"});
+  test::check_error([] { nn::binary_cross_entropy(tensor({NAN}), tensor({1.0})); }, {"between 0 and 1"});
+  CHECK(nn::binary_cross_entropy(tensor({0.0, 1.0}), tensor({0.0, 1.0})).item<float>() == 0.0f);  // the ends are in
+  test::check_error([] { nn::binary_cross_entropy_with_logits(zeros({2, 3}), zeros({2, 3}), {.pos_weight = ones({2})}); },
+                    {"binary_cross_entropy_with_logits: pos_weight", "[2]", "[2, 3]"});
+  test::check_error([] { nn::binary_cross_entropy_with_logits(zeros({2, 3}), zeros({2, 3}), {.pos_weight = ones({4, 1, 3})}); },
+                    {"pos_weight of shape [4, 1, 3]", "input's shape [2, 3]"});
 }
 
 TEST_CASE("cross_entropy stays finite for huge logits", "[nn][losses]") {

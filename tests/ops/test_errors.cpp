@@ -206,6 +206,71 @@ TEST_CASE("every op's misuse is an Error that names the problem") {
   }
 }
 
+TEST_CASE("misuse found by probing the API is an Error that names it") {
+  const std::vector<ErrorRow> rows = {
+      {"randperm bool", [] { randperm(5, kBool); }, {"randperm", "bool"}},
+      {"randperm half", [] { randperm(5000, kFloat16); }, {"randperm", "n = 5000", "float16"}},
+      {"one_hot negative", [] { one_hot(i64({1}), -5); }, {"one_hot", "num_classes", "-5"}},
+      {"clamp_ int float bounds", [] { i64({2}).clamp_(0.5, 3.5); }, {"clamp_", "float32", "int64"}},
+      {"clamp_ bool", [] { b8({2}).clamp_(0, 0); }, {"clamp_", "bool"}},
+      {"clamp int32 bound", [] { zeros({2}, kInt32).clamp(0, int64_t{1} << 40); }, {"cannot be converted to int32"}},
+      {"autocast state int", [] {
+         autocast::State s;
+         s.enabled = 1;
+         s.dtypes[0] = kInt32;
+         autocast::StateGuard g(s);
+       }, {"StateGuard", "int32"}},
+      {"split 0-dim", [] { split(f32({}), 1); }, {"split", "0-dimensional"}},
+      {"chunk 0-dim", [] { chunk(f32({}), 2); }, {"chunk", "0-dimensional"}},
+      {"split_with_sizes negative", [] { split_with_sizes(f32({4}), {5, -1}); }, {"split", "[0, 4]", "got 5"}},
+      {"scatter source rank", [] { f32({2, 2}).scatter(0, i64({1, 1}), f32({2})); }, {"scatter", "source", "[2]"}},
+      {"arange inf", [] { arange(0.0, INFINITY, 1.0); }, {"arange", "finite", "inf"}},
+      {"arange int32 overflow", [] { arange(0, int64_t{1} << 40, int64_t{1} << 39, kInt32); },
+       {"arange", "reach 549755813888", "int32"}},
+      {"max_pool2d huge kernel", [] { max_pool2d(f32({1, 1, 4, 4}), {INT64_MAX}); }, {"max_pool2d", "empty"}},
+      {"from_blob null", [] { from_blob(nullptr, {2}, kFloat32); }, {"from_blob", "null", "2 elements"}},
+  };
+  for (const auto& row : rows) {
+    INFO("row: " << row.name);
+    test::check_error(row.call, row.fragments);
+  }
+  CHECK(from_blob(nullptr, {0}, kFloat32).numel() == 0);  // nothing to point at
+}
+
+TEST_CASE("int64 values beyond 2^53 stay exact in clamp, arange and printing") {
+  const int64_t big = (int64_t{1} << 53) + 3;
+  Tensor x = from_vector<int64_t>({big, INT64_MAX, -5});
+  CHECK(x.clamp(0).to_vector<int64_t>() == std::vector<int64_t>{big, INT64_MAX, 0});
+  CHECK(x.clamp(0, INT64_MAX - 1).to_vector<int64_t>() == std::vector<int64_t>{big, INT64_MAX - 1, 0});
+  CHECK(x.clamp(big + 1, big - 1).to_vector<int64_t>() == std::vector<int64_t>(3, big - 1));  // max wins
+  Tensor y = x.clone();
+  y.clamp_(std::nullopt, big - 2);
+  CHECK(y.to_vector<int64_t>() == std::vector<int64_t>{big - 2, big - 2, -5});
+  Tensor promoted = from_vector<int64_t>({0, 5}).clamp(0.5, 3.5);  // a float bound: float32, as PyTorch
+  CHECK(promoted.dtype() == kFloat32);
+  CHECK(promoted.to_vector<float>() == std::vector<float>{0.5f, 3.5f});
+  CHECK(zeros({2}, kInt32).clamp(1).dtype() == kInt32);
+  CHECK(arange(big, big + 4).to_vector<int64_t>() == std::vector<int64_t>{big, big + 1, big + 2, big + 3});
+  CHECK(arange(INT64_MAX - 2, INT64_MAX).to_vector<int64_t>() == std::vector<int64_t>{INT64_MAX - 2, INT64_MAX - 1});
+  CHECK(arange(INT64_MIN, INT64_MAX, INT64_MAX).to_vector<int64_t>() ==
+        std::vector<int64_t>{INT64_MIN, -1, INT64_MAX - 1});
+  CHECK(arange(10, 0, -3).to_vector<int64_t>() == std::vector<int64_t>{10, 7, 4, 1});
+  CHECK(from_vector<int64_t>({INT64_MAX, big}).str() == "tensor([9223372036854775807,    9007199254740995])");
+}
+
+TEST_CASE("gather and scatter on 0-dimensional tensors, as PyTorch") {
+  Tensor x = scalar_tensor(3.0).requires_grad_();
+  Tensor g = x.gather(0, scalar_tensor(0, kInt64));
+  CHECK(g.dim() == 0);
+  CHECK(g.item<double>() == 3.0);
+  g.backward();
+  CHECK(x.grad().item<double>() == 1.0);
+  test::check_error([] { scalar_tensor(3.0).gather(0, scalar_tensor(1, kInt64)); }, {"gather", "index 1"});
+  Tensor s = scalar_tensor(1.0).scatter_add(0, scalar_tensor(0, kInt64), scalar_tensor(2.0));
+  CHECK(s.dim() == 0);
+  CHECK(s.item<double>() == 3.0);
+}
+
 TEST_CASE("edge values near the int64 limits give PyTorch's results") {
   // A step beyond the dim takes its first element; the last start takes nothing.
   CHECK(arange(5).slice(0, 0, 5, INT64_MAX).to_vector<int64_t>() == std::vector<int64_t>{0});
