@@ -1,5 +1,6 @@
 // ops/factories.cpp: tensors made from nothing: empty, zeros, ones, full, arange, linspace, eye, the
 // random factories (Philox, core/generator.h) and dropout, and tensors made from C++ data.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -48,24 +49,28 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, std::o
   // As PyTorch: integer arguments give int64, any float argument gives the default float.
   const bool integers = !start.is_floating() && !end.is_floating() && !step.is_floating();
   DType dt = dtype.value_or(integers ? kInt64 : kFloat32);
+  // The count, ceil((end - start) / step): for integer arguments in 128 bits, so that no range
+  // overflows. The backend computes start + i * step in double, exact for integers below 2^53.
+  __int128 count = 0;
+  bool exact_in_double = true;
   if (!integers) {
-    const double n = std::ceil((e - s) / st);
-    KILN_CHECK(n < 0x1p62, "arange: [{}, {}) with step {} has {} elements, too many for a tensor", s, e, st, n);
-    Tensor t = empty_tensor({static_cast<int64_t>(n)}, dt, device);
-    backend_for(device).arange(view_of(t), s, st, stream_for(device));
-    return t;
+    count = static_cast<__int128>(std::min(std::ceil((e - s) / st), 0x1p63));
+  } else {
+    const __int128 first = start.to_int(), diff = static_cast<__int128>(end.to_int()) - first, by = step.to_int();
+    count = (diff + by - (by > 0 ? 1 : -1)) / by;
+    const __int128 last = first + (count > 0 ? count - 1 : 0) * by;
+    if (is_integral(dt)) {
+      const __int128 lo = dt == kInt32 ? INT32_MIN : INT64_MIN, hi = dt == kInt32 ? INT32_MAX : INT64_MAX;
+      KILN_CHECK(last >= lo && last <= hi, "arange: the values from {} with step {} reach {}, beyond {}; use a wider "
+                 "dtype", start.to_int(), step.to_int(), static_cast<double>(last), dtype_name(dt));
+      constexpr __int128 kExact = __int128{1} << 53;
+      exact_in_double = first > -kExact && first < kExact && last > -kExact && last < kExact;
+    }
   }
-  // Integer arguments: the count, ceil((end - start) / step), in 128 bits, so that no range overflows.
-  const __int128 first = start.to_int(), diff = static_cast<__int128>(end.to_int()) - first, by = step.to_int();
-  const int64_t n = static_cast<int64_t>((diff + by - (by > 0 ? 1 : -1)) / by);
-  const __int128 last = first + (n > 0 ? n - 1 : 0) * by;
-  if (is_integral(dt)) {
-    const __int128 lo = dt == kInt32 ? INT32_MIN : INT64_MIN, hi = dt == kInt32 ? INT32_MAX : INT64_MAX;
-    KILN_CHECK(last >= lo && last <= hi, "arange: the values from {} with step {} reach {}, beyond {}; use a wider "
-               "dtype", start.to_int(), step.to_int(), static_cast<double>(last), dtype_name(dt));
-  }
-  constexpr __int128 kExact = __int128{1} << 53;  // the backend computes start + i * step in double
-  if (!is_integral(dt) || (first > -kExact && first < kExact && last > -kExact && last < kExact)) {
+  KILN_CHECK(count < (__int128{1} << 62), "arange: [{}, {}) with step {} has {} elements, too many for a tensor", s,
+             e, st, static_cast<double>(count));
+  const auto n = static_cast<int64_t>(count);
+  if (exact_in_double) {
     Tensor t = empty_tensor({n}, dt, device);
     backend_for(device).arange(view_of(t), s, st, stream_for(device));
     return t;

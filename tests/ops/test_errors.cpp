@@ -225,6 +225,7 @@ TEST_CASE("misuse found by probing the API is an Error that names it") {
       {"split_with_sizes negative", [] { split_with_sizes(f32({4}), {5, -1}); }, {"split", "[0, 4]", "got 5"}},
       {"scatter source rank", [] { f32({2, 2}).scatter(0, i64({1, 1}), f32({2})); }, {"scatter", "source", "[2]"}},
       {"arange inf", [] { arange(0.0, INFINITY, 1.0); }, {"arange", "finite", "inf"}},
+      {"arange too many", [] { arange(INT64_MIN, INT64_MAX); }, {"arange", "too many for a tensor"}},
       {"arange int32 overflow", [] { arange(0, int64_t{1} << 40, int64_t{1} << 39, kInt32); },
        {"arange", "reach 549755813888", "int32"}},
       {"max_pool2d huge kernel", [] { max_pool2d(f32({1, 1, 4, 4}), {INT64_MAX}); }, {"max_pool2d", "empty"}},
