@@ -86,8 +86,16 @@ enum class ReduceKind : uint8_t { Sum, Prod, Max, Min, ArgMax, ArgMin, All, Any 
 enum class RandomKind : uint8_t {
   Uniform,    // U[a, b)
   Normal,     // N(a, b^2)
-  Randint,    // integers in [a, b)
+  Randint,    // integers in [low, low + range)
   Bernoulli,  // 1 with probability a
+};
+
+// The parameters of a draw. Uniform, Normal and Bernoulli read a and b; Randint reads low and range
+// (range = high - low >= 1), integers so that int64 bounds beyond 2^53 stay exact.
+struct RandomArgs {
+  double a = 0, b = 0;
+  int64_t low = 0;
+  uint64_t range = 0;
 };
 
 // The geometry of a 2-D convolution (per dim: h, w).
@@ -179,8 +187,8 @@ class Backend {
   // out[i] = start + i * step along the flattened (contiguous) out.
   virtual void arange(const View& out, double start, double step, const Stream& s) = 0;
   // See Note [random element mapping] in core/generator.h.
-  virtual void random(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a,
-                      double b, const Stream& s) = 0;
+  virtual void random(RandomKind kind, const View& out, uint64_t seed, uint64_t offset,
+                      const RandomArgs& args, const Stream& s) = 0;
 
   // -- elementwise: inputs already have out's shape (stride 0 where broadcast) and dtype (but the
   //    bool outputs of comparisons and LogicalNot) --

@@ -8,7 +8,10 @@
 //   uniform double: ((w0 << 21) ^ (w1 >> 11)) * 2^-53      in [0, 1)
 //   normal:         Box-Muller on u1 = ((w0 >> 8) + 1) * 2^-24 in (0, 1], u2 = (w1 >> 8) * 2^-24,
 //                   computed in double, rounded to the output dtype
-//   integers:       the 64-bit word (w0 << 32 | w1) reduced into the range
+//   integers:       low + (w0 << 32 | w1) mod (high - low), in 64-bit integers, so any int64
+//                   range is exact; other dtypes take that integer, converted
+// randperm(n) is Fisher-Yates on one such draw, keys in [0, 2^63 - 1): position i (from n - 1 down)
+// swaps with position key_i mod (i + 1).
 // The CPU and CUDA backends implement this same mapping, so a seed gives the same tensor anywhere.
 // The numbers differ from PyTorch's (which uses Mersenne Twister on the CPU).
 #pragma once

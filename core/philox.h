@@ -66,13 +66,21 @@ KILN_HOST_DEVICE inline double random_value(RandomKind kind, uint64_t seed, uint
       double u2 = static_cast<double>(w1 >> 8) * 0x1.0p-24;
       return a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
     }
-    case RandomKind::Randint: {
-      uint64_t word = (static_cast<uint64_t>(w0) << 32) | w1;
-      return a + static_cast<double>(word % static_cast<uint64_t>(b - a));
-    }
+    case RandomKind::Randint: break;  // random_integer(), below, in integers
     case RandomKind::Bernoulli: return (static_cast<double>(w0 >> 8) * 0x1.0p-24) < a ? 1 : 0;
   }
   return 0;
+}
+
+// Element i of a randint draw: low + (the 64-bit word mod range), computed in integers so that every
+// int64 range is exact (range = high - low, which fits 64 bits unsigned for any int64 bounds). The
+// sum wraps modulo 2^64 and lands in [low, high).
+KILN_HOST_DEVICE inline int64_t random_integer(uint64_t seed, uint64_t offset, uint64_t i, int64_t low,
+                                               uint64_t range) {
+  uint32_t w0, w1;
+  Philox4x32::element_words(seed, offset, i, w0, w1);
+  const uint64_t word = (static_cast<uint64_t>(w0) << 32) | w1;
+  return static_cast<int64_t>(static_cast<uint64_t>(low) + word % range);
 }
 
 }  // namespace kiln

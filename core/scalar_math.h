@@ -44,14 +44,10 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
       case UnaryOp::Sign: return static_cast<T>((x > 0) - (x < 0));
       case UnaryOp::Relu: return x > 0 ? x : T(0);
       case UnaryOp::Square: return static_cast<T>(x * x);
-      case UnaryOp::Clamp: {
-        double v = static_cast<double>(x);
-        v = v < a ? a : v;
-        v = v > b ? b : v;
-        return static_cast<T>(v);
-      }
       case UnaryOp::PowScalar: return int_pow(x, static_cast<T>(a));
-      default: return x;  // ops/ promotes integers to float for every other op
+      // ops/ promotes integers to float for every other op, and clamps integers exactly through
+      // maximum and minimum (ops/elementwise.cpp).
+      default: return x;
     }
   } else {
     constexpr T kSqrt1_2 = T(0.70710678118654752440);

@@ -23,9 +23,9 @@ class CpuBackend final : public Backend {
   void arange(const View& out, double start, double step, const Stream&) override {
     arange_kernel(out, start, step);
   }
-  void random(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a, double b,
+  void random(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, const RandomArgs& args,
               const Stream&) override {
-    random_kernel(kind, out, seed, offset, a, b);
+    random_kernel(kind, out, seed, offset, args);
   }
   void unary(UnaryOp op, const View& in, const View& out, UnaryArgs args, const Stream&) override {
     unary_kernel(op, in, out, args);

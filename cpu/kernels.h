@@ -46,8 +46,8 @@ void index_select_kernel(const View& in, int dim, const View& index, const View&
 void index_add_kernel(const View& out, int dim, const View& index, const View& src);
 void gather_kernel(const View& in, int dim, const View& index, const View& out);
 void scatter_kernel(const View& out, int dim, const View& index, const View& src, bool accumulate);
-void random_kernel(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a,
-                   double b);                                                // random.cpp
+void random_kernel(RandomKind kind, const View& out, uint64_t seed, uint64_t offset,
+                   const RandomArgs& args);                                  // random.cpp
 void conv2d_kernel(const View& input, const View& weight, const View& bias, const View& out,
                    const Conv2dArgs& args);                                  // conv.cpp
 void conv2d_backward_input_kernel(const View& grad_out, const View& weight, const View& grad_input,

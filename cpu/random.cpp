@@ -8,15 +8,23 @@
 
 namespace kiln::cpu {
 
-void random_kernel(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a,
-                   double b) {
+void random_kernel(RandomKind kind, const View& out, uint64_t seed, uint64_t offset,
+                   const RandomArgs& args) {
   KILN_CHECK(out.is_contiguous(), "random: the CPU kernel writes contiguous outputs only");
+  KILN_CHECK(kind != RandomKind::Randint || args.range > 0, "randint: the range is empty");
   KILN_DISPATCH_ALL_TYPES(out.dtype, "random", [&] {
     scalar_t* y = out.ptr<scalar_t>();
     constexpr bool kDouble = std::is_same_v<scalar_t, double>;
     parallel_for(0, out.numel(), kGrain / 4, [&](int64_t begin, int64_t end) {
+      if (kind == RandomKind::Randint) {
+        for (int64_t i = begin; i < end; ++i) {
+          y[i] = convert<scalar_t>(random_integer(seed, offset, static_cast<uint64_t>(i), args.low, args.range));
+        }
+        return;
+      }
       for (int64_t i = begin; i < end; ++i) {
-        y[i] = convert<scalar_t>(random_value<kDouble>(kind, seed, offset, static_cast<uint64_t>(i), a, b));
+        y[i] = convert<scalar_t>(
+            random_value<kDouble>(kind, seed, offset, static_cast<uint64_t>(i), args.a, args.b));
       }
     });
   });

@@ -48,10 +48,10 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(s.device.index, "arange");
     arange_launch(out, start, step, s);
   }
-  void random(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a, double b,
+  void random(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, const RandomArgs& args,
               const Stream& s) override {
     DeviceGuard guard(s.device.index, "random");
-    random_launch(kind, out, seed, offset, a, b, s);
+    random_launch(kind, out, seed, offset, args, s);
   }
 
   void unary(UnaryOp op, const View& in, const View& out, UnaryArgs args,

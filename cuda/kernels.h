@@ -22,8 +22,8 @@ void fill_launch(const View& out, const Scalar& value, const Stream& s);
 void arange_launch(const View& out, double start, double step, const Stream& s);
 
 // random.cu
-void random_launch(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a,
-                   double b, const Stream& s);
+void random_launch(RandomKind kind, const View& out, uint64_t seed, uint64_t offset,
+                   const RandomArgs& args, const Stream& s);
 
 // elementwise.cu
 void unary_launch(UnaryOp op, const View& in, const View& out, UnaryArgs args, const Stream& s);

@@ -12,16 +12,25 @@
 
 namespace kiln::cuda {
 
-void random_launch(RandomKind kind, const View& out, uint64_t seed, uint64_t offset, double a,
-                   double b, const Stream& s) {
+void random_launch(RandomKind kind, const View& out, uint64_t seed, uint64_t offset,
+                   const RandomArgs& args, const Stream& s) {
   const int64_t n = out.numel();
   if (n == 0) return;
-  KILN_CHECK(kind != RandomKind::Randint || b > a,
-             "randint: the range [{}, {}) is empty; high must be greater than low", a, b);
+  KILN_CHECK(kind != RandomKind::Randint || args.range > 0, "randint: the range is empty");
   // Element i is the i-th in row-major order of out, whatever out's strides.
   const auto calc = make_offset_calc<1>({&out});
   KILN_DISPATCH_ALL_TYPES(out.dtype, "random", [&] {
     scalar_t* y = out.ptr<scalar_t>();
+    if (kind == RandomKind::Randint) {
+      const int64_t low = args.low;
+      const uint64_t range = args.range;
+      launch_elementwise(n, calc, stream_of(s), [=] __device__(int64_t i, const int64_t* o) {
+        const int64_t v = random_integer(seed, offset, static_cast<uint64_t>(i), low, range);
+        y[o[0]] = static_cast<scalar_t>(static_cast<opmath_t<scalar_t>>(v));
+      });
+      return;
+    }
+    const double a = args.a, b = args.b;
     launch_elementwise(n, calc, stream_of(s), [=] __device__(int64_t i, const int64_t* o) {
       const double v = random_value<std::is_same_v<scalar_t, double>>(kind, seed, offset,
                                                                        static_cast<uint64_t>(i), a, b);

@@ -101,46 +101,47 @@ Tensor eye(int64_t n, std::optional<int64_t> m, TensorOptions options) {
   return finish(t, options);
 }
 
-static Tensor random_tensor(RandomKind kind, const Shape& shape, double a, double b,
+static Tensor random_tensor(RandomKind kind, const Shape& shape, const RandomArgs& args,
                             TensorOptions options, Generator* gen) {
   Tensor t = empty_tensor(shape, options);
   auto state = (gen ? *gen : default_generator()).reserve(t.numel());
-  backend_for(t.device()).random(kind, view_of(t), state.seed, state.offset, a, b, stream_for(t.device()));
+  backend_for(t.device()).random(kind, view_of(t), state.seed, state.offset, args, stream_for(t.device()));
   return finish(t, options);
 }
 
 Tensor rand(const Shape& shape, TensorOptions options, Generator* gen) {
   KILN_CHECK(is_floating(options.dtype()), "rand: needs a floating dtype, got {}", dtype_name(options.dtype()));
-  return random_tensor(RandomKind::Uniform, shape, 0, 1, options, gen);
+  return random_tensor(RandomKind::Uniform, shape, {.a = 0, .b = 1}, options, gen);
 }
 Tensor randn(const Shape& shape, TensorOptions options, Generator* gen) {
   KILN_CHECK(is_floating(options.dtype()), "randn: needs a floating dtype, got {}", dtype_name(options.dtype()));
-  return random_tensor(RandomKind::Normal, shape, 0, 1, options, gen);
+  return random_tensor(RandomKind::Normal, shape, {.a = 0, .b = 1}, options, gen);
 }
 Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions options, Generator* gen) {
   KILN_CHECK(high > low, "randint: expected low < high, got low={} high={}", low, high);
-  // Draws are computed in double (core/philox.h): the bounds must be integers it holds exactly, and
-  // every value in [low, high) must fit the dtype exactly (PyTorch's "out of bounds" rule).
+  // Draws are computed in integers (core/philox.h), so any int64 range is exact; every value in
+  // [low, high) must also fit the dtype exactly (PyTorch's "out of bounds" rule).
   const DType dt = options.dtype();
-  int64_t bound = int64_t{1} << 53;
+  int64_t lowest = std::numeric_limits<int64_t>::min(), highest = std::numeric_limits<int64_t>::max();
   switch (dt) {
-    case kBool: bound = 1; break;
-    case kInt32: bound = std::numeric_limits<int32_t>::max(); break;
-    case kFloat16: bound = int64_t{1} << 11; break;
-    case kBFloat16: bound = int64_t{1} << 8; break;
-    case kFloat32: bound = int64_t{1} << 24; break;
-    default: break;
+    case kBool: lowest = 0, highest = 1; break;
+    case kInt32: lowest = std::numeric_limits<int32_t>::min(), highest = std::numeric_limits<int32_t>::max(); break;
+    case kFloat16: highest = int64_t{1} << 11; break;
+    case kBFloat16: highest = int64_t{1} << 8; break;
+    case kFloat32: highest = int64_t{1} << 24; break;
+    case kFloat64: highest = int64_t{1} << 53; break;
+    case kInt64: break;
   }
-  const int64_t lowest = dt == kBool ? 0 : dt == kInt32 ? std::numeric_limits<int32_t>::min() : -bound;
-  KILN_CHECK(low >= lowest && high - 1 <= bound,
-             "randint: [{}, {}) is out of bounds for {}, whose draws are exact only in [{}, {}]; choose a "
-             "narrower range{}", low, high, dtype_name(dt), lowest, bound, dt == kInt64 ? "" : " or another dtype");
-  return random_tensor(RandomKind::Randint, shape, static_cast<double>(low), static_cast<double>(high),
-                       options, gen);
+  if (is_floating(dt)) lowest = -highest;
+  KILN_CHECK(low >= lowest && high - 1 <= highest,
+             "randint: [{}, {}) is out of bounds for {}, which holds every integer only in [{}, {}]; choose a "
+             "narrower range or another dtype", low, high, dtype_name(dt), lowest, highest);
+  const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+  return random_tensor(RandomKind::Randint, shape, {.low = low, .range = range}, options, gen);
 }
 Tensor bernoulli(const Shape& shape, double p, TensorOptions options, Generator* gen) {
   KILN_CHECK(p >= 0 && p <= 1, "bernoulli: p must be in [0, 1], got {}", p);
-  return random_tensor(RandomKind::Bernoulli, shape, p, 0, options, gen);
+  return random_tensor(RandomKind::Bernoulli, shape, {.a = p}, options, gen);
 }
 
 Tensor dropout(const Tensor& input, double p, bool train, Generator* gen) {
@@ -164,8 +165,9 @@ Tensor randperm(int64_t n, TensorOptions options, Generator* gen) {
   KILN_CHECK(n <= (int64_t{1} << digits) + (is_floating(dt) ? 1 : 0),
              "randperm: n = {} is more than {} holds exactly; use kInt64 (the default)", n, dtype_name(dt));
   check_pinned_memory(options);
-  // Fisher-Yates on the host, drawing one Philox word pair per swap; the result is then moved.
-  Tensor keys = randint(0, std::numeric_limits<int32_t>::max(), {n}, kInt64, gen);
+  // Fisher-Yates on the host, drawing one Philox word pair per swap; the result is then moved. The
+  // keys span 63 bits, so the bias of `key mod (i + 1)` is below (i + 1) / 2^63 for every n.
+  Tensor keys = randint(0, std::numeric_limits<int64_t>::max(), {n}, kInt64, gen);
   const int64_t* k = keys.data_ptr<int64_t>();
   std::vector<int64_t> perm(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) perm[i] = i;

@@ -50,6 +50,49 @@ TEST_CASE("element i is the documented function of (seed, offset, i)") {
   CHECK(g.offset() == 3);  // 6 elements, 2 per counter
 }
 
+TEST_CASE("randint is low + (w0 << 32 | w1) mod (high - low), exact over all of int64") {
+  // Note [random element mapping], computed here in unsigned 64-bit arithmetic; ranges beyond 2^53
+  // (which a double cannot hold) included.
+  const std::vector<std::pair<int64_t, int64_t>> ranges = {
+      {-3, 5}, {(int64_t{1} << 60) + 1, (int64_t{1} << 60) + 9}, {INT64_MIN, INT64_MAX}, {INT64_MAX - 2, INT64_MAX},
+      {-(int64_t{1} << 62), int64_t{1} << 62}};
+  for (auto [low, high] : ranges) {
+    INFO("[" << low << ", " << high << ")");
+    Generator g(77);
+    std::vector<int64_t> got = randint(low, high, {9}, kInt64, &g).to_vector<int64_t>();
+    const uint64_t range = static_cast<uint64_t>(high) - static_cast<uint64_t>(low);
+    for (uint64_t i = 0; i < 9; ++i) {
+      uint32_t w0, w1;
+      Philox4x32::element_words(77, 0, i, w0, w1);
+      const uint64_t word = (uint64_t{w0} << 32) | w1;
+      CHECK(got[i] == static_cast<int64_t>(static_cast<uint64_t>(low) + word % range));
+      CHECK((got[i] >= low && got[i] < high));
+    }
+  }
+  // Shifting the range shifts the draw, also beyond 2^53.
+  Generator g1(5), g2(5);
+  const int64_t base = (int64_t{1} << 60) + 3;
+  test::check_equal(randint(base, base + 1000, {257}, kInt64, &g1) - base, randint(0, 1000, {257}, kInt64, &g2));
+  // Other dtypes take the same integers, converted.
+  Generator g3(8), g4(8);
+  test::check_equal(randint(-2048, 2049, {300}, kFloat16, &g3), randint(-2048, 2049, {300}, kInt64, &g4).to(kFloat16));
+}
+
+TEST_CASE("randperm is Fisher-Yates on keys in [0, 2^63 - 1)") {
+  const int64_t n = 37;
+  std::vector<int64_t> want(n);
+  for (int64_t i = 0; i < n; ++i) want[i] = i;
+  for (int64_t i = n - 1; i > 0; --i) {
+    uint32_t w0, w1;
+    Philox4x32::element_words(31, 0, static_cast<uint64_t>(i), w0, w1);
+    const uint64_t key = ((uint64_t{w0} << 32) | w1) % uint64_t{INT64_MAX};
+    std::swap(want[i], want[key % static_cast<uint64_t>(i + 1)]);
+  }
+  Generator g(31);
+  CHECK(randperm(n, kInt64, &g).to_vector<int64_t>() == want);
+  CHECK(g.offset() == (n + 1) / 2);
+}
+
 TEST_CASE("uniform, normal, randint, randperm and bernoulli have their ranges and moments") {
   manual_seed(0);
   Tensor u = rand({100000});

@@ -72,6 +72,10 @@ TEST_CASE("random numbers are the CPU's for the same seed", "[gpu]") {
   Generator g1(99), g2(99);
   test::check_equal(rand({1000}, kGpu, &g1).cpu(), rand({1000}, {}, &g2));
   test::check_close(randn({1000}, kGpu, &g1).cpu(), randn({1000}, {}, &g2));
+  test::check_equal(randint(INT64_MIN, INT64_MAX, {1001}, TensorOptions(kInt64).device(kGpu), &g1).cpu(),
+                    randint(INT64_MIN, INT64_MAX, {1001}, kInt64, &g2));
+  test::check_equal(randint(-7, 9, {999}, TensorOptions(kFloat16).device(kGpu), &g1).cpu(),
+                    randint(-7, 9, {999}, kFloat16, &g2));
 }
 
 TEST_CASE("autograd runs on the GPU and matches the CPU", "[gpu]") {
