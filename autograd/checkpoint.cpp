@@ -52,33 +52,54 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
                outputs[i].defined() ? std::string(dtype_name(outputs[i].dtype())) : "undefined");
   }
   if (!GradMode::is_enabled()) return outputs;
+  // An output that is one of the inputs itself (fn returned it, or an op such as contiguous() or a
+  // same-dtype to() passed it through) becomes a new handle on the same data: the node below must
+  // not be attached to the caller's tensor (a parameter would stop being a leaf).
+  for (Tensor& out : outputs) {
+    for (const Tensor& in : inputs) {
+      if (in.defined() && out.is_same(in)) {
+        out = out.detach();
+        break;
+      }
+    }
+  }
 
-  // The backward keeps the inputs (as detached handles: fn may not change them in place) and fn.
+  // The backward keeps the inputs (as detached handles, which share their version counters) and fn.
   TensorList kept;
-  std::vector<bool> wants;  // which inputs get a gradient
+  std::vector<bool> wants;           // which inputs get a gradient
+  std::vector<uint64_t> versions;    // each input's version now: backward recomputes from its data
   for (const auto& t : inputs) {
     kept.push_back(t.defined() ? t.detach() : Tensor());
     wants.push_back(t.defined() && t.requires_grad());
+    versions.push_back(t.defined() ? t._version() : 0);
   }
   record("CheckpointBackward", inputs, outputs,
-         [recompute, kept, wants, rng, preserve_rng_state, autocast_state](const Grads& g) {
+         [recompute, kept, wants, versions, rng, preserve_rng_state, autocast_state](const Grads& g) {
     KILN_CHECK(!GradMode::is_enabled(),
                "checkpoint: backward with create_graph=true (higher-order gradients) is not supported through "
                "a checkpointed function; call it without checkpoint for that");
     TensorList again;
     for (size_t i = 0; i < kept.size(); ++i) {
+      KILN_CHECK(!kept[i].defined() || kept[i]._version() == versions[i],
+                 "CheckpointBackward: input {} of the checkpointed function was modified by an in-place operation "
+                 "after the forward (it is at version {}, it was at version {}), so the recompute would use other "
+                 "values. Use the out-of-place form, or clone() the input before changing it",
+                 i, kept[i]._version(), versions[i]);
       Tensor d = kept[i].defined() ? kept[i].detach() : Tensor();
       if (wants[i]) d.requires_grad_();
       again.push_back(d);
     }
     TensorList outs;
     {
-      const Generator::State now = default_generator().get_state();
+      // The generator goes back to where it is now even if the recompute throws.
+      struct RngRestore {
+        Generator::State now = default_generator().get_state();
+        ~RngRestore() { default_generator().set_state(now); }
+      } restore;
       if (preserve_rng_state) default_generator().set_state(rng);
       AutoGradMode on(true);
       autocast::StateGuard forward_autocast(autocast_state);  // the engine turned it off
       outs = recompute(again);
-      default_generator().set_state(now);
     }
     KILN_CHECK(outs.size() == g.grads.size(),
                "checkpoint: the function returned {} tensors when run again in backward but {} in forward; it "

@@ -5,7 +5,7 @@
 //    (its count reaches 0). Among ready nodes the most recently created runs first, as in PyTorch.
 // 3. A node's outputs are added into the input buffers of the nodes its edges point to.
 // 4. Unless retain_graph, each node frees what it saved once it has run; running it again is the
-//    "backward through the graph a second time" Error.
+//    "backward through the graph a second time" Error (a node that saved no tensor can run again).
 // grad() runs the same walk but only the nodes that lead to the requested inputs, and reads the
 // gradients arriving there instead of accumulating into leaves.
 #include <algorithm>

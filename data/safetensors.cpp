@@ -4,6 +4,7 @@
 #include "data/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +29,9 @@ static_assert(std::endian::native == std::endian::little,
 
 using Json = nlohmann::ordered_json;
 constexpr uint64_t kMaxHeader = 100'000'000;  // the reference reader's limit
+// A header nests 3 deep at most (object, tensor entry, shape); deeper JSON is refused while parsing,
+// before anything recurses over it (quoting a value in a message dumps it recursively).
+constexpr int kMaxHeaderDepth = 8;
 
 // Kiln's dtypes by their safetensors names; `align` orders the writer's data section (larger
 // first).
@@ -56,18 +60,35 @@ const DTypeName& name_of(DType dtype) {
 // ---------------------------------------------------------------------------------------------
 // Writing
 
+// The file a save replaces: `path`, or where `path` leads when it is a symbolic link, so that the
+// link stays and its target gets the new data (as open(path, O_WRONLY) writes through a link).
+std::string write_target(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  fs::path p = path;
+  for (int hops = 0; hops < 40 && fs::is_symlink(p, ec); ++hops) {  // 40: Linux's limit (ELOOP)
+    const fs::path link = fs::read_symlink(p, ec);
+    if (ec) break;
+    p = link.is_absolute() ? link : p.parent_path() / link;
+  }
+  return p.string();
+}
+
 // A file created next to the target and renamed over it by commit(); removed if never committed.
+// It takes the permissions of the file it replaces.
 class AtomicFile {
  public:
-  explicit AtomicFile(const std::string& path) : path_(path) {
+  explicit AtomicFile(const std::string& path) : path_(path), target_(write_target(path)) {
     static std::atomic<uint64_t> counter{0};
     for (int attempt = 0; fd_ < 0; ++attempt) {
-      tmp_ = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
+      tmp_ = fmt::format("{}.tmp.{}.{}", target_, ::getpid(), counter++);
       fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
       KILN_CHECK(fd_ >= 0 || (errno == EEXIST && attempt < 100),
                  "safetensors: cannot write '{}': creating the temporary file '{}' failed: {}",
                  path, tmp_, std::strerror(errno));
     }
+    struct stat old {};
+    if (::stat(target_.c_str(), &old) == 0) ::fchmod(fd_, old.st_mode & 07777);
   }
   ~AtomicFile() {
     if (fd_ >= 0) ::close(fd_);
@@ -94,12 +115,12 @@ class AtomicFile {
     fd_ = -1;
     KILN_CHECK(rc == 0, "safetensors: closing '{}' failed: {}; '{}' is unchanged", tmp_,
                std::strerror(errno), path_);
-    KILN_CHECK(::rename(tmp_.c_str(), path_.c_str()) == 0,
+    KILN_CHECK(::rename(tmp_.c_str(), target_.c_str()) == 0,
                "safetensors: renaming '{}' to '{}' failed: {}; '{}' is unchanged", tmp_, path_,
                std::strerror(errno), path_);
     committed_ = true;
     // The rename is durable once the directory is on disk too.
-    const std::string parent = std::filesystem::path(path_).parent_path().string();
+    const std::string parent = std::filesystem::path(target_).parent_path().string();
     const char* dir = parent.empty() ? "." : parent.c_str();
     const int dfd = ::open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     KILN_CHECK(dfd >= 0 && ::fsync(dfd) == 0,
@@ -110,7 +131,7 @@ class AtomicFile {
   }
 
  private:
-  std::string path_, tmp_;
+  std::string path_, target_, tmp_;
   int fd_ = -1;
   uint64_t written_ = 0;
   bool committed_ = false;
@@ -199,6 +220,13 @@ struct Header {
   uint64_t data_start = 0;     // 8 + N
 };
 
+// A JSON value quoted in an Error, cut to its first 200 characters.
+std::string quote(const Json& value) {
+  std::string s = value.dump();
+  if (s.size() > 200) s = s.substr(0, 200) + fmt::format("... ({} characters)", s.size());
+  return s;
+}
+
 // Parses and validates everything but the tensors' bytes.
 Header read_header(std::FILE* f, const std::string& path) {
   auto fail = [&](const std::string& rule) { KILN_FAIL("safetensors '{}': {}", path, rule); };
@@ -226,12 +254,18 @@ Header read_header(std::FILE* f, const std::string& path) {
   std::string text(n, '\0');
   if (std::fread(text.data(), 1, n, f) != n) fail("read error in the header");
 
-  // Parse, refusing duplicate names (the JSON object's last value would silently win).
+  // Parse, refusing duplicate names (the JSON object's last value would silently win) and nesting
+  // deeper than the format has.
   std::set<std::string> names;
   std::string duplicate;
   Json json;
   try {
     json = Json::parse(text, [&](int depth, Json::parse_event_t event, Json& parsed) {
+      if ((event == Json::parse_event_t::object_start || event == Json::parse_event_t::array_start) &&
+          depth >= kMaxHeaderDepth) {
+        fail(fmt::format("the header nests JSON more than {} levels deep; a safetensors header has 3",
+                         kMaxHeaderDepth));
+      }
       if (event == Json::parse_event_t::key && depth == 1 &&
           !names.insert(parsed.get<std::string>()).second) {
         duplicate = parsed.get<std::string>();
@@ -267,7 +301,7 @@ Header read_header(std::FILE* f, const std::string& path) {
       fail(
           fmt::format("{} must be an object with exactly the keys dtype, shape and data_offsets, "
                       "got {}",
-                      where, value.dump()));
+                      where, quote(value)));
     }
     Entry e;
     e.name = name;
@@ -299,7 +333,7 @@ Header read_header(std::FILE* f, const std::string& path) {
     for (const Json& d : shape) {
       if (!d.is_number_unsigned() || d.get<uint64_t>() > uint64_t{INT64_MAX}) {
         fail(fmt::format("{}: shape {} must be a list of non-negative integers", where,
-                         shape.dump()));
+                         quote(shape)));
       }
       e.shape.push_back(d.get<int64_t>());
       overflow |= __builtin_mul_overflow(numel, d.get<uint64_t>(), &numel);
@@ -308,7 +342,7 @@ Header read_header(std::FILE* f, const std::string& path) {
     if (!offsets.is_array() || offsets.size() != 2 || !offsets[0].is_number_unsigned() ||
         !offsets[1].is_number_unsigned()) {
       fail(fmt::format("{}: data_offsets {} must be two non-negative integers [begin, end]", where,
-                       offsets.dump()));
+                       quote(offsets)));
     }
     e.begin = offsets[0].get<uint64_t>();
     e.end = offsets[1].get<uint64_t>();

@@ -10,8 +10,10 @@
 // padded with spaces to a multiple of 8 bytes.
 //
 // Writes are atomic: a temporary file in the same directory, fsync, rename over the target, fsync
-// of the directory; on failure the target is untouched. Reads enforce every rule of the format and
-// report a violation as an Error naming the file and the rule.
+// of the directory; on failure the target is untouched. The new file keeps the old one's permissions,
+// and a path that is a symbolic link keeps its link: the file it points to is the one replaced.
+// Reads enforce every rule of the format and report a violation as an Error naming the file and the
+// rule (including a header that nests JSON deeper than the format does).
 #pragma once
 
 #include <map>

@@ -78,6 +78,12 @@ void GPT::set_checkpointing(int64_t block, bool on) {
   checkpoint_[static_cast<size_t>(block)] = on;
 }
 
+bool GPT::checkpointing(int64_t block) const {
+  KILN_CHECK(block >= 0 && block < config.n_layer, "GPT::checkpointing: block {} is not in [0, {})", block,
+             config.n_layer);
+  return checkpoint_[static_cast<size_t>(block)];
+}
+
 Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
   KILN_CHECK(idx.dim() == 2 && (idx.dtype() == kInt64 || idx.dtype() == kInt32),
              "GPT: expected token ids (B, T) of int64, got {} of shape {}", dtype_name(idx.dtype()), idx.sizes().str());
@@ -105,6 +111,8 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
 }
 
 Tensor GPT::loss(const Tensor& logits, const Tensor& targets) {
+  KILN_CHECK(logits.dim() >= 1, "GPT::loss: expected logits (B, T, V) and targets (B, T), got logits of shape {}",
+             logits.sizes().str());
   const int64_t V = logits.sizes()[logits.dim() - 1];
   return nn::cross_entropy(logits.reshape({-1, V}), targets.reshape({-1}));
 }
@@ -139,17 +147,23 @@ int64_t sample_row(std::vector<double> logits, const GenerateOptions& o, Generat
 Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& options, Generator* gen) {
   KILN_CHECK(idx.dim() == 2 && idx.sizes()[1] >= 1, "GPT::generate: expected a prompt (B, T) with T >= 1, got shape {}",
              idx.sizes().str());
+  KILN_CHECK(idx.dtype() == kInt64 || idx.dtype() == kInt32, "GPT::generate: expected token ids of int64, got {}",
+             dtype_name(idx.dtype()));
   KILN_CHECK(options.temperature >= 0 && options.top_k >= 0,
              "GPT::generate: temperature ({}) and top_k ({}) must be >= 0", options.temperature, options.top_k);
+  const int64_t B = idx.sizes()[0], T0 = idx.sizes()[1];
+  if (B == 0) return empty({0, T0 + std::max<int64_t>(max_new_tokens, 0)}, idx.options());  // nothing to sample
   Generator& g = gen ? *gen : default_generator();
-  const bool was_training = is_training();
+  struct ModeRestore {  // the caller's train/eval mode, also when a step throws
+    GPT& model;
+    bool was_training;
+    ~ModeRestore() { model.train(was_training); }
+  } restore{*this, is_training()};
   eval();
   NoGradGuard no_grad;
-  const int64_t B = idx.sizes()[0];
   std::vector<std::vector<int64_t>> seqs(static_cast<size_t>(B));
   {
     std::vector<int64_t> flat = idx.to(kInt64).to_vector<int64_t>();
-    const int64_t T0 = idx.sizes()[1];
     for (int64_t b = 0; b < B; ++b) seqs[b].assign(flat.begin() + b * T0, flat.begin() + (b + 1) * T0);
   }
   std::vector<nn::KVCache> caches;
@@ -177,10 +191,13 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOp
     const int64_t V = last.sizes()[1];
     for (int64_t b = 0; b < B; ++b) {
       std::vector<double> row(rows.begin() + b * V, rows.begin() + (b + 1) * V);
+      const bool usable = std::none_of(row.begin(), row.end(), [](double l) { return std::isnan(l) || l == INFINITY; }) &&
+                          *std::max_element(row.begin(), row.end()) > -INFINITY;
+      KILN_CHECK(usable, "GPT::generate: the logits of row {} at step {} hold NaN or inf (or are all -inf); the model "
+                 "has diverged or its weights are damaged", b, step);
       seqs[b].push_back(sample_row(std::move(row), options, g));
     }
   }
-  train(was_training);
   return window(0).to(idx.dtype());
 }
 

@@ -57,9 +57,10 @@ class GPT : public nn::Module {
   // Mean cross-entropy of logits (B, T, V) against targets (B, T).
   static Tensor loss(const Tensor& logits, const Tensor& targets);
 
-  // Appends max_new_tokens sampled tokens to idx (B, T0) and returns (B, T0 + max_new_tokens). Runs
-  // in evaluation mode without recording (the mode is restored after). Samples with `gen` (the
-  // default generator when null), on the host.
+  // Appends max_new_tokens sampled tokens to idx (B, T0) of int64 or int32 ids and returns
+  // (B, T0 + max_new_tokens). Runs in evaluation mode without recording (the mode is restored after,
+  // also when it throws). Samples with `gen` (the default generator when null), on the host; logits
+  // with NaN or +inf (a diverged model) are an Error, as torch.multinomial's.
   Tensor generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& options = {},
                   Generator* gen = nullptr);
 
@@ -67,7 +68,7 @@ class GPT : public nn::Module {
   // grad recording on, a checkpointed block keeps only its input and runs again during backward.
   void set_checkpointing(bool on);
   void set_checkpointing(int64_t block, bool on);
-  bool checkpointing(int64_t block) const { return checkpoint_[static_cast<size_t>(block)]; }
+  bool checkpointing(int64_t block) const;
   // Whether a checkpointed block's recompute leaves out the GEMM whose output its backward never
   // reads (the default; Note [a recompute computes what backward reads] in autograd/checkpoint.cpp)
   // or runs the block whole, as torch.utils.checkpoint does: the same gradients either way, so that

@@ -36,8 +36,8 @@
 // or by every step of a loop inside the scope, is converted once. The entry is dropped when the
 // outermost guard exits, when a backward starts (its cast nodes are freed by that backward), and
 // when the parameter is modified in place (its version counter moves, e.g. by an optimizer step).
-// One limit: graphs built in one scope share the cast's node, so the first of their backwards frees
-// it for the others; run each backward before the next forward, or give each graph its own scope.
+// Graphs built in one scope share the cast's node; it saves no tensor, so each of their backwards
+// runs it (ops/record.h, FunctionNode::release_saved).
 // Only casts made with grad mode on are cached, so a no_grad cast never feeds a graph.
 //
 // Hook for new ops: an op on PyTorch's lists gets a row in the table of ops/autocast.cpp and an Op

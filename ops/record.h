@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "core/grad_mode.h"
@@ -54,7 +55,9 @@ Tensor checked_hook_result(const Tensor& grad, Tensor result);
 
 // A node whose backward is a lambda F, held in the node itself: recording an op makes one
 // allocation for both (Note [the node holds its lambda], ops/record.cpp). release_saved() destroys
-// the lambda and what it captured.
+// the lambda and what it captured; a lambda that captured only trivially destructible values
+// (dtypes, devices, shapes: no tensor) holds nothing to free and is kept, so its node can run again,
+// as PyTorch runs again a node that saved no tensors.
 template <typename F>
 class FunctionNode final : public Node {
  public:
@@ -67,7 +70,9 @@ class FunctionNode final : public Node {
     out.resize(next_edges.size());
     return out;
   }
-  void release_saved() override { fn_.reset(); }
+  void release_saved() override {
+    if constexpr (!std::is_trivially_destructible_v<F>) fn_.reset();
+  }
 
  private:
   const char* name_;

@@ -1,6 +1,7 @@
 // optim/grad_scaler.cpp: GradScaler (see grad_scaler.h for the rule, with DeepSpeed's names).
 #include "optim/grad_scaler.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -34,8 +35,10 @@ GradScaler::GradScaler(GradScalerOptions o)
              o.loss_scale_window);
   KILN_CHECK(o.hysteresis >= 1, "GradScaler: hysteresis must be >= 1 (1: drop at the first overflow), got {}",
              o.hysteresis);
-  KILN_CHECK(o.min_loss_scale > 0, "GradScaler: min_loss_scale must be > 0, got {}", o.min_loss_scale);
-  KILN_CHECK(o.scale_factor > 1, "GradScaler: scale_factor must be > 1, got {}", o.scale_factor);
+  KILN_CHECK(o.min_loss_scale > 0 && std::isfinite(o.min_loss_scale),
+             "GradScaler: min_loss_scale must be a finite number > 0, got {}", o.min_loss_scale);
+  KILN_CHECK(o.scale_factor > 1 && std::isfinite(o.scale_factor),
+             "GradScaler: scale_factor must be a finite number > 1, got {}", o.scale_factor);
   KILN_CHECK(!dynamic_ || scale_ >= min_loss_scale_,
              "GradScaler: the initial scale 2^{} = {} is below min_loss_scale {}", o.initial_scale_power, scale_,
              min_loss_scale_);
@@ -58,10 +61,13 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   NoGradGuard no_grad;
   const double inv_scale = 1.0 / scale_;
   // An inf or NaN anywhere makes a sum inf or NaN (inf - inf is NaN), so one sum per gradient and
-  // one read of their total find it. The sum is in float32 at least; a float32 gradient whose
-  // finite sum overflows float32 (above 3.4e38) would count as an overflow too, as in DeepSpeed.
+  // one read of their total find it. The sum is in float32 at least, so finite elements can also sum
+  // past float32's 3.4e38 (DeepSpeed counts that as an overflow); a sum that is not finite is
+  // therefore confirmed element by element, by each gradient's max and min (NaN wins both), as
+  // PyTorch checks every element.
   Tensor total;
-  for (Tensor& g : optimizer.grads()) {
+  std::vector<Tensor> grads = optimizer.grads();
+  for (Tensor& g : grads) {
     g.mul_(inv_scale);
     Tensor s = sum(g, {}, false, is_reduced_float(g.dtype()) ? kFloat32 : g.dtype());
     s = total.defined() ? s.to(total.device(), kFloat64) : s.to(kFloat64);
@@ -69,6 +75,11 @@ void GradScaler::unscale_(Optimizer& optimizer) {
   }
   r.unscaled = true;
   r.found_inf = total.defined() && !std::isfinite(total.item<double>());
+  if (r.found_inf) {
+    r.found_inf = std::any_of(grads.begin(), grads.end(), [](const Tensor& g) {
+      return g.numel() > 0 && !(std::isfinite(g.max().item<double>()) && std::isfinite(g.min().item<double>()));
+    });
+  }
 }
 
 bool GradScaler::step(Optimizer& optimizer) {
@@ -115,7 +126,8 @@ void GradScaler::update() {
     if (consecutive_hysteresis_) cur_hysteresis_ = hysteresis_;
     if ((cur_iter_ - last_overflow_iter_) % loss_scale_window_ == 0) {
       if (!consecutive_hysteresis_) cur_hysteresis_ = hysteresis_;
-      scale_ *= scale_factor_;
+      // A scale that would overflow stays where it is (PyTorch grows only to a finite scale).
+      if (std::isfinite(scale_ * scale_factor_)) scale_ *= scale_factor_;
     }
   }
   ++cur_iter_;

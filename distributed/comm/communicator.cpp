@@ -153,6 +153,13 @@ void check_tensor(const char* op, const Tensor& t, const Tensor& like) {
   }
 }
 
+void check_send_dst(int dst, int rank, bool async_op) {
+  KILN_CHECK(dst != rank || async_op,
+             "send: a blocking send to this rank itself (dst = {}) never completes, because the recv that would "
+             "match it cannot be posted until it returns; send with async_op = true, then recv, then wait()",
+             dst);
+}
+
 std::vector<int64_t> per_rank_counts(const char* op, const std::vector<Tensor>& list, const char* list_name,
                                      const Tensor& mine, const char* mine_name, int rank, int size) {
   KILN_CHECK(static_cast<int>(list.size()) == size, "{}: got {} {} tensors for {} ranks; pass one per rank", op,

@@ -644,6 +644,7 @@ class MpiCommunicator final : public Communicator {
     check_tensor("send", t);
     check_rank("send", dst, "dst");
     KILN_CHECK(tag >= 0, "send: the tag must be >= 0, not {}", tag);
+    check_send_dst(dst, rank_, async_op);
     auto task = new_task(describe_op("send", ++p2p_seq_, t, fmt::format("to rank {}, tag {}", dst, tag)));
     const char* what = task->work->what.c_str();
     Staging staging;

@@ -598,6 +598,7 @@ class NcclCommunicator final : public Communicator {
     check_cuda("send", t);
     check_rank("send", dst, "dst");
     KILN_CHECK(tag >= 0, "send: the tag must be >= 0, not {}", tag);
+    check_send_dst(dst, rank_, async_op);
     std::string what = describe_op("send", ++p2p_seq_, t, fmt::format("to rank {}, tag {}", dst, tag));
     return launch(std::move(what), nullptr, {t}, async_op, [&](ncclComm_t c, cudaStream_t s) {
       return group([&] {

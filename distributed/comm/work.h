@@ -65,6 +65,9 @@ void check_signature(const std::string& what, const Signature& mine, const int64
 // The pieces of an operation's description and checks, shared by the backends.
 std::string describe_op(const char* op, uint64_t number, const Tensor& t, const std::string& extra);
 void check_tensor(const char* op, const Tensor& t, const Tensor& like = {});
+// A blocking send to this rank itself can only complete if the matching recv was posted first,
+// which it cannot be: an Error, not a hang until the timeout.
+void check_send_dst(int dst, int rank, bool async_op);
 // The uneven collectives: `list` has one tensor per rank (all_gather's outputs, reduce_scatter's
 // inputs), of mine's dtype and device, and entry `rank` has as many elements as `mine` (this rank's
 // input, or output). Returns the per-rank element counts.

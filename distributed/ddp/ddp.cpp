@@ -77,6 +77,15 @@ struct DistributedDataParallel::Reducer {
 
   void grad_ready(size_t k) {
     if (!sync) return;
+    // The buckets have the dtype and device the parameters had at construction; a copy into them
+    // would convert silently (float64 gradients through float32, say).
+    const Tensor& flat = buckets[bucket_of[k]].flat;
+    const Tensor& grad = params[k].grad();
+    KILN_CHECK(grad.dtype() == flat.dtype() && grad.device() == flat.device(),
+               "DistributedDataParallel: parameter '{}' has a {} gradient on {}, but it was {} on {} when "
+               "DistributedDataParallel was built; call module.to(...) before wrapping the module, as PyTorch "
+               "requires",
+               names[k], dtype_name(grad.dtype()), grad.device().str(), dtype_name(flat.dtype()), flat.device().str());
     if (!in_backward) {  // the first gradient of this backward
       in_backward = true;
       std::fill(ready.begin(), ready.end(), false);

@@ -119,3 +119,51 @@ TEST_CASE("checkpoint: misuse is an Error", "[autograd]") {
                                   {x})[0];
   check_error([&] { autograd::grad({y.sum()}, {x}, {}, {}, /*create_graph=*/true); }, {"create_graph", "not supported"});
 }
+
+TEST_CASE("checkpoint: an input changed in place before backward is an Error, not a wrong gradient", "[autograd]") {
+  Tensor x = from_vector<float>({1, 2, 3}).requires_grad_();
+  Tensor y = x * 1;
+  Tensor out = autograd::checkpoint([](const autograd::TensorList& in) { return autograd::TensorList{in[0] * in[0]}; },
+                                    {y})[0];
+  {
+    NoGradGuard no_grad;
+    y.mul_(10);  // the recompute would square 10, 20, 30: x.grad() came out [20, 40, 60], not [2, 4, 6]
+  }
+  check_error([&] { out.sum().backward(); }, {"CheckpointBackward", "input 0", "modified by an in-place operation"});
+}
+
+TEST_CASE("checkpoint: an output that is an input leaves the input as it was", "[autograd]") {
+  // fn returning its input (or contiguous() or a same-dtype to() of it) attached the node to the
+  // caller's tensor: a parameter stopped being a leaf, a data tensor started requiring grad.
+  Tensor w = from_vector<float>({1, 2}).requires_grad_();
+  Tensor data = ones({2});
+  const autograd::CheckpointFn same = [](const autograd::TensorList& in) {
+    return autograd::TensorList{in[0], in[1].contiguous()};
+  };
+  autograd::TensorList outs = autograd::checkpoint(same, {w, data});
+  CHECK(w.is_leaf());
+  CHECK(w.grad_fn() == nullptr);
+  CHECK_FALSE(data.requires_grad());
+  CHECK(outs[0].grad_fn() != nullptr);
+  (outs[0] * 3).sum().backward();
+  kiln::test::check_equal(w.grad(), full({2}, 3.0));
+  // And again: the node is not left on w for a second backward to find freed.
+  autograd::checkpoint(same, {w, data})[0].sum().backward();
+  kiln::test::check_equal(w.grad(), full({2}, 4.0));
+}
+
+TEST_CASE("checkpoint: a recompute that throws leaves the generator where it was", "[autograd]") {
+  manual_seed(1);
+  Tensor x = ones({2}).requires_grad_();
+  int calls = 0;
+  const autograd::CheckpointFn fn = [&calls](const autograd::TensorList& in) {
+    KILN_CHECK(++calls == 1, "the recompute fails");
+    return autograd::TensorList{in[0] * rand({2})};
+  };
+  Tensor out = autograd::checkpoint(fn, {x})[0];
+  rand({3});
+  const Generator::State before = default_generator().get_state();
+  check_error([&] { out.sum().backward(); }, {"the recompute fails"});
+  CHECK(default_generator().get_state().offset == before.offset);
+  CHECK(default_generator().get_state().seed == before.seed);
+}

@@ -25,7 +25,7 @@ TEST_CASE("gradients of a small graph match the hand-derived ones") {
   CHECK(c.grad().sizes() == Shape{1});
 }
 
-TEST_CASE("a leaf used twice gets the sum of both paths; gradients accumulate across backward calls") {
+TEST_CASE("a leaf used twice gets the sum of both paths, gradients accumulate across backward calls") {
   Tensor x = tensor({2.0}, grad_f64());
   Tensor y = x * x + x * 3;  // dy/dx = 2x + 3 = 7
   y.backward();
@@ -44,7 +44,7 @@ TEST_CASE("a second backward through a freed graph is an Error that suggests ret
   test::check_error([&] { y.backward(); }, {"second time", "retain_graph"});
 }
 
-TEST_CASE("backward of a non-scalar needs a gradient; outputs that need no grad are an Error") {
+TEST_CASE("backward of a non-scalar needs a gradient, outputs that need no grad are an Error") {
   Tensor x = tensor({1.0, 2.0}, grad_f64());
   Tensor y = x * 2;
   test::check_error([&] { y.backward(); }, {"backward", "single-element", "[2]"});
@@ -53,7 +53,7 @@ TEST_CASE("backward of a non-scalar needs a gradient; outputs that need no grad 
   test::check_error([] { tensor({1.0}).backward(); }, {"does not require grad"});
 }
 
-TEST_CASE("create_graph gives second derivatives; grad() returns them without touching .grad()") {
+TEST_CASE("create_graph gives second derivatives, grad() returns them without touching .grad()") {
   Tensor x = tensor({1.5, -2.0}, grad_f64());
   Tensor y = (x * x * x).sum();  // dy/dx = 3x^2, d2y/dx2 = 6x
   TensorList g = autograd::grad({y}, {x}, {}, {}, /*create_graph=*/true);
@@ -96,7 +96,7 @@ TEST_CASE("no_grad and detach stop recording") {
   test::check_error([] { zeros({2}, kInt64).requires_grad_(); }, {"floating-point", "int64"});
 }
 
-TEST_CASE("tensor hooks see and may replace gradients; retain_grad keeps a non-leaf's gradient") {
+TEST_CASE("tensor hooks see and may replace gradients, retain_grad keeps a non-leaf's gradient") {
   Tensor x = tensor({1.0, 2.0}, grad_f64());
   Tensor h = x * 3;
   h.retain_grad();
@@ -137,7 +137,7 @@ TEST_CASE("in-place misuse is an Error: on a leaf that requires grad, and on a t
   CHECK(x.to_vector<double>() == std::vector<double>{2.0, 3.0});
 }
 
-TEST_CASE("saved-tensor hooks pack and unpack every saved tensor; gradients are unchanged") {
+TEST_CASE("saved-tensor hooks pack and unpack every saved tensor, gradients are unchanged") {
   Tensor x = tensor({0.3, -0.7, 1.1}, grad_f64());
   Tensor plain = (x.tanh() * x.sigmoid()).sum();
   TensorList expected = autograd::grad({plain}, {x});

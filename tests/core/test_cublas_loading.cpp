@@ -20,7 +20,7 @@ static bool mapped(const std::string& library) {
   return false;
 }
 
-TEST_CASE("CPU training does not load cuBLAS; a CUDA matmul's first call does") {
+TEST_CASE("CPU training does not load cuBLAS, a CUDA matmul's first call does") {
   // On a GPU machine an earlier test of this process may have run a CUDA matmul already; without
   // one, only linking cuBLAS into the program can have loaded it.
   const bool loaded_before = mapped("libcublas");

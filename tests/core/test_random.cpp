@@ -78,7 +78,7 @@ TEST_CASE("randint is low + (w0 << 32 | w1) mod (high - low), exact over all of 
   test::check_equal(randint(-2048, 2049, {300}, kFloat16, &g3), randint(-2048, 2049, {300}, kInt64, &g4).to(kFloat16));
 }
 
-TEST_CASE("randperm is Fisher-Yates on keys in [0, 2^63 - 1)") {
+TEST_CASE("randperm is Fisher-Yates on keys below 2^63 - 1") {
   const int64_t n = 37;
   std::vector<int64_t> want(n);
   for (int64_t i = 0; i < n; ++i) want[i] = i;

@@ -106,7 +106,7 @@ TEST_CASE("devices: parsing, and CUDA without a GPU is an Error, not a crash") {
   test::check_error([&] { auto keep = zeros({2}) + on_gpu; }, {"add", "one device", "cpu", "cuda:0"});
 }
 
-TEST_CASE("pin_memory and non_blocking: CPU copies are plain copies; pinning needs a usable GPU") {
+TEST_CASE("pin_memory and non_blocking: CPU copies are plain copies, pinning needs a usable GPU") {
   Tensor x = test::sample({5});
   CHECK_FALSE(x.is_pinned());
   CHECK(x.to(Device::cpu(), /*non_blocking=*/true).is_same(x));

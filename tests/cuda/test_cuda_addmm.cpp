@@ -66,7 +66,7 @@ TEST_CASE("addmm on CUDA equals the CPU's, fused or composed", "[gpu][addmm]") {
   }
 }
 
-TEST_CASE("addmm on CUDA: the bias epilogue runs for aligned operands; misaligned ones and TF32", "[gpu][addmm]") {
+TEST_CASE("addmm on CUDA: the bias epilogue runs for aligned operands, misaligned ones and TF32", "[gpu][addmm]") {
   // The fused path itself, asked directly: cuBLASLt must have an algorithm for these.
   for (DType dt : {kFloat32, kFloat16, kBFloat16}) {
     INFO(dtype_name(dt));

@@ -100,7 +100,7 @@ TEST_CASE("fused bias_gelu on cuda:0 equals the CPU's", "[gpu][fused]") {
   }
 }
 
-TEST_CASE("fused softmax_cross_entropy on cuda:0 equals the CPU's; bad targets are an Error", "[gpu][fused]") {
+TEST_CASE("fused softmax_cross_entropy on cuda:0 equals the CPU's, bad targets are an Error", "[gpu][fused]") {
   for (DType dt : {kFloat64, kFloat32}) {
     for (double eps : {0.0, 0.1}) {
       for (auto [rows, c] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {9, 7}, {2048, 256}, {5, 50257}}) {

@@ -138,6 +138,17 @@ TEST_CASE("safetensors: bad files are Errors that name the rule", "[data][safete
       {"invalid JSON", make_file(R"({"a":{"dtype")", {}), {"not valid UTF-8 JSON"}},
       {"invalid UTF-8", make_file("{\"\xff\xfe\":1}", {}), {"not valid UTF-8 JSON"}},
       {"not an object", make_file("[1,2]", {}), {"not a JSON object"}},
+      // Nesting 100000 deep overflowed the stack when the value was quoted in the message.
+      {"deep nesting",
+       make_file("{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}", {}),
+       {"nests JSON more than 8 levels deep"}},
+      {"deep shape",
+       make_file(R"({"a":{"dtype":"F32","shape":[[[[[[[[[2]]]]]]]]],"data_offsets":[0,8]}})", f32x2),
+       {"nests JSON more than 8 levels deep"}},
+      {"long value quoted in part",
+       make_file(R"({"a":{"dtype":"F32","shape":[")" + std::string(5000, 'x') + R"("],"data_offsets":[0,8]}})",
+                 f32x2),
+       {"shape [\"xxxx", "... (5004 characters)"}},
       {"duplicate name", make_file("{" + a2 + "," + a2 + "}", Bytes(16, 0)), {"names 'a' twice"}},
       {"metadata not strings",
        make_file(R"({"__metadata__":{"k":1}})", {}),
@@ -284,6 +295,27 @@ TEST_CASE("safetensors: a failed write leaves the old file and no temporary",
     files += entry.is_regular_file();
   CHECK(files == 2);  // "plain" and the model: no temporary left behind
   check_equal(st::load_file(path).at("old"), full({4}, 1.5));
+}
+
+TEST_CASE("safetensors: a save through a symbolic link replaces its target and keeps permissions",
+          "[data][safetensors]") {
+  TempDir dir;
+  const std::string real = dir / "real.safetensors", link = dir / "latest.safetensors";
+  st::save_file({{"old", ones({2})}}, real);
+  std::filesystem::create_symlink("real.safetensors", link);  // relative, as `ln -s` makes them
+  ::chmod(real.c_str(), 0600);
+  st::save_file({{"new", full({3}, 2.5)}}, link);
+  CHECK(std::filesystem::is_symlink(link));
+  check_equal(st::load_file(real).at("new"), full({3}, 2.5));
+  CHECK(!st::load_file(real).contains("old"));
+  struct stat s {};
+  REQUIRE(::stat(real.c_str(), &s) == 0);
+  CHECK((s.st_mode & 07777) == 0600);
+  // A link to a file not yet there creates it, as writing through the link would.
+  std::filesystem::create_symlink(dir / "later.safetensors", dir / "dangling.safetensors");
+  st::save_file({{"x", ones({1})}}, dir / "dangling.safetensors");
+  CHECK(std::filesystem::is_symlink(dir / "dangling.safetensors"));
+  check_equal(st::load_file(dir / "later.safetensors").at("x"), ones({1}));
 }
 
 TEST_CASE("safetensors: damaged copies of a good file load or raise an Error",

@@ -51,7 +51,7 @@ TEST_CASE("DistributedSampler: a new permutation per epoch, the same on every ra
   check_error([] { data::DistributedSampler bad({.num_replicas = 0}); }, {"num_replicas must be at least 1"});
 }
 
-TEST_CASE("DataLoader: a sampler chooses the indices of each epoch; shuffle with it is an Error", "[data]") {
+TEST_CASE("DataLoader: a sampler chooses the indices of each epoch, shuffle with it is an Error", "[data]") {
   Tensor x = arange(10, kFloat32).unsqueeze(1);
   Tensor y = arange(10, kInt64);
   auto sampler = std::make_shared<data::DistributedSampler>(

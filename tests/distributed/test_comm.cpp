@@ -298,6 +298,16 @@ TEST_CASE("comm: bad arguments are Errors before anything is sent", "[distribute
   check_error([&] { comm->all_gather(std::vector<Tensor>(static_cast<size_t>(p), zeros({3}, kInt64)), zeros({3})); },
               {"all_gather", "one dtype and device"});
   check_error([&] { comm->send(zeros({2}), 0, -1); }, {"tag must be >= 0"});
+  // A blocking send to itself hung until the timeout once the message was too large for MPI's eager
+  // protocol; asynchronous, then the recv, it completes.
+  check_error([&] { comm->send(zeros({1 << 20}), r); }, {"blocking send to this rank itself", "async_op = true"});
+  {
+    Tensor got = zeros({1 << 20});
+    Work sent = comm->send(full({1 << 20}, static_cast<double>(r)), r, 3, /*async_op=*/true);
+    comm->recv(got, r, 3);
+    sent.wait();
+    check_equal(got, full({1 << 20}, static_cast<double>(r)));
+  }
   check_error([&] { init("gloo"); }, {"unknown backend 'gloo'"});
   if (!is_available("nccl")) {
     check_error([&] { init("nccl"); }, {"no NCCL backend"});

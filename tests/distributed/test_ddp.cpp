@@ -124,7 +124,7 @@ TEST_CASE("ddp: gpt_char on N ranks with micro-batch b matches one process with 
   }
 }
 
-TEST_CASE("ddp: no_sync accumulates locally; the next backward averages the sum", "[distributed]") {
+TEST_CASE("ddp: no_sync accumulates locally, the next backward averages the sum", "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
   const int64_t b = 4;
@@ -204,4 +204,10 @@ TEST_CASE("ddp: bad construction is an Error", "[distributed]") {
   Mlp m;
   check_error([&] { DistributedDataParallel d(m, nullptr); }, {"communicator is null"});
   check_error([&] { DistributedDataParallel d(m, init("mpi"), {.bucket_cap_mb = 0}); }, {"bucket_cap_mb must be > 0"});
+  // Parameters converted after wrapping: their float64 gradients went through float32 buckets.
+  nn::Linear lin(2, 1);
+  DistributedDataParallel ddp(lin, init("mpi"));
+  lin.to(kFloat64);
+  check_error([&] { ddp(ones({1, 2}, kFloat64)).sum().backward(); },
+              {"DistributedDataParallel", "float64 gradient", "float32", "before wrapping"});
 }

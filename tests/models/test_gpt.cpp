@@ -225,6 +225,34 @@ TEST_CASE("GPT: the key/value cache gives the same logits and tokens as running 
   check_error([&] { model(zeros({1, 13}, kInt64)); }, {"longer than the context, block_size = 12"});
 }
 
+TEST_CASE("GPT: generate's misuse and edge cases", "[models][gpt]") {
+  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 8, .block_size = 6, .vocab_size = 11};
+  GPT model(c);
+  // An empty batch gives an empty result of the full width (it read seqs[0] of nothing).
+  Tensor none = model.generate(zeros({0, 2}, kInt64), 3);
+  CHECK(none.sizes() == Shape({0, 5}));
+  CHECK(model.generate(zeros({0, 2}, kInt32), 0).dtype() == kInt32);
+  // Float ids were truncated (1.7 became 1).
+  check_error([&] { model.generate(tensor({1.7, 2.9}).reshape({1, 2}), 2); },
+              {"GPT::generate", "expected token ids of int64", "float32"});
+  // A step that throws leaves the caller's training mode as it was.
+  model.train();
+  check_error([&] { model.generate(from_vector<int64_t>({1, 20}, {1, 2}), 1); }, {"20"});
+  CHECK(model.is_training());
+  // Logits with NaN (a diverged model) are an Error, as torch.multinomial's; greedy too.
+  {
+    NoGradGuard no_grad;
+    model.transformer.ln_f.weight.fill_(NAN);
+  }
+  for (double temperature : {0.0, 1.0}) {
+    check_error([&] { model.generate(from_vector<int64_t>({1, 2}, {1, 2}), 2, {.temperature = temperature}); },
+                {"GPT::generate", "row 0 at step 0", "NaN or inf"});
+  }
+  check_error([&] { model.checkpointing(2); }, {"GPT::checkpointing", "block 2 is not in [0, 2)"});
+  check_error([&] { model.checkpointing(-1); }, {"GPT::checkpointing", "block -1"});
+  check_error([&] { GPT::loss(scalar_tensor(1.0), zeros({1}, kInt64)); }, {"GPT::loss", "logits of shape []"});
+}
+
 // ckpt (plain's weights, some blocks checkpointed) against plain on one batch, both from the same
 // generator state: the same loss, bit for bit, and every parameter's gradient within 1e-6.
 static void check_checkpointed_like_plain(GPT& plain, GPT& ckpt) {
@@ -254,7 +282,7 @@ TEST_CASE("GPT: activation checkpointing gives the same gradients, dropout masks
   check_checkpointed_like_plain(plain, ckpt);
 }
 
-TEST_CASE("GPT: the recompute of a checkpointed block skips its last GEMM; same gradients, with dropout too",
+TEST_CASE("GPT: the recompute of a checkpointed block skips its last GEMM, same gradients, with dropout too",
           "[models][gpt]") {
   GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 13};  // dropout 0
   GPT plain(c), ckpt(c);
@@ -303,7 +331,7 @@ TEST_CASE("GPT: N micro-batches of b with the loss scaled by 1/N accumulate the 
   for (size_t i = 0; i < params.size(); ++i) check_close(params[i].grad(), whole[i], {1e-5, 1e-7});
 }
 
-TEST_CASE("GPT: activation offload (SaveOnCpu) gives the same gradients; host tensors stay where they are",
+TEST_CASE("GPT: activation offload (SaveOnCpu) gives the same gradients, host tensors stay where they are",
           "[models][gpt][offload]") {
   TinyGradRun run(4);
   auto& [model, idx, targets, plain] = run;

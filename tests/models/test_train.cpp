@@ -181,7 +181,7 @@ static void check_saved_step(const std::string& dir, int64_t step) {
   check_equal(back.model.at("w"), full({2}, static_cast<double>(step)));
 }
 
-TEST_CASE("save_checkpoint replaces a checkpoint whole; a save cut short leaves the previous one") {
+TEST_CASE("save_checkpoint replaces a checkpoint whole, a save cut short leaves the previous one") {
   const std::string root = scratch_dir("whole");
   const std::string dir = root + "/checkpoint";
   auto at_step = [](int64_t step) {
@@ -249,7 +249,7 @@ TEST_CASE("open_metrics drops, on resume, the lines after the checkpoint's step"
   check_error([&] { train::open_metrics(dir + "/no-such-dir/metrics.jsonl", false, 0); }, {"cannot write"});
 }
 
-TEST_CASE("A checkpoint keeps a GradScaler's state; one saved without it loads with none") {
+TEST_CASE("A checkpoint keeps a GradScaler's state, one saved without it loads with none") {
   // A scaler part-way through DeepSpeed's rule: one overflow absorbed by the hysteresis, then a
   // second that halves the scale, then a good step.
   optim::GradScaler scaler;
@@ -348,7 +348,7 @@ TEST_CASE("The training loop learns the synthetic set and writes metrics and a c
   CHECK(c.model.contains("fc1.weight"));
 }
 
-TEST_CASE("A resumed run keeps its number of epochs; one with nothing left to train is an Error") {
+TEST_CASE("A resumed run keeps its number of epochs, one with nothing left to train is an Error") {
   train::TrainOptions o = small_run("mlp", scratch_dir("epochs"));
   o.limit_train = 320;
   o.limit_test = 64;
@@ -381,7 +381,7 @@ TEST_CASE("A resumed run keeps its number of epochs; one with nothing left to tr
   CHECK(train::train(resumed).steps == 20);
 }
 
-TEST_CASE("A run's output directory is locked; metrics that cannot be written are an Error") {
+TEST_CASE("A run's output directory is locked, metrics that cannot be written are an Error") {
   const std::string dir = scratch_dir("locked");
   fs::create_directories(dir);
   {

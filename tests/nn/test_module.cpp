@@ -307,7 +307,7 @@ double loss_and_backward(nn::Module& net, const Tensor& x, uint64_t seed) {
 }
 }  // namespace
 
-TEST_CASE("CheckpointWrapper: the plain module's state dict keys, loss and gradients; activations not kept",
+TEST_CASE("CheckpointWrapper: the plain module's state dict keys, loss and gradients, activations not kept",
           "[nn][module][checkpoint]") {
   manual_seed(4);
   nn::Sequential plain{mlp_block(), mlp_block(), nn::Linear(8, 3)};

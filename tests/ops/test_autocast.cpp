@@ -221,7 +221,7 @@ TEST_CASE("autocast: off by default, nested guards restore, enabled = false turn
   CHECK(matmul(a, b).dtype() == kFloat32);
 }
 
-TEST_CASE("autocast: float64 and integer inputs are not cast; undefined optional inputs pass", "[ops][autocast]") {
+TEST_CASE("autocast: float64 and integer inputs are not cast, undefined optional inputs pass", "[ops][autocast]") {
   AutocastGuard ac(Device::cpu());
   Tensor a = test::sample({3, 4}, kFloat64), b = test::sample({4, 2}, kFloat64, 1);
   CHECK(matmul(a, b).dtype() == kFloat64);
@@ -295,8 +295,8 @@ TEST_CASE("autocast cache: an in-place update of the parameter, or a backward, d
   Tensor y2 = matmul(x, w);
   CHECK(y1.grad_fn()->next_edges[1].fn != y2.grad_fn()->next_edges[1].fn);
   test::check_equal(y2, matmul(x.to(kBFloat16), w.detach().to(kBFloat16)));
-  // Forward and backward twice in one scope (a training loop inside autocast): the backward frees
-  // the cast's node, so the engine drops the cache and the second forward casts again.
+  // Forward and backward twice in one scope (a training loop inside autocast): the engine drops the
+  // cache at the start of each backward, so the second forward casts again.
   Tensor g1, g2;
   for (Tensor* g : {&g1, &g2}) {
     w.set_grad(Tensor());
@@ -305,6 +305,29 @@ TEST_CASE("autocast cache: an in-place update of the parameter, or a backward, d
   }
   test::check_equal(g1, g2);
   CHECK(autocast::cache_size() == 0);  // the last backward dropped it
+}
+
+TEST_CASE("autocast cache: two graphs built in one scope both run backward through the shared cast", "[ops][autocast]") {
+  // The first backward freed the shared cast node, and the second failed with "backward through the
+  // graph a second time ... retain_graph", which was not what happened. PyTorch runs both.
+  nn::Linear lin(4, 4);
+  Tensor x = ones({2, 4});
+  Tensor l1, l2;
+  {
+    AutocastGuard ac(Device::cpu(), kBFloat16);
+    l1 = lin(x).to(kFloat32).sum();
+    l2 = lin(x * 2).to(kFloat32).sum();
+  }
+  l1.backward();
+  l2.backward();
+  // d(l1 + l2)/dW[i][j] = sum over the batch of x[j] + 2 x[j] = 2 + 4 (exact in bfloat16).
+  test::check_equal(lin.weight.grad(), full({4, 4}, 6.0));
+  test::check_equal(lin.bias.grad(), full({4}, 4.0));
+  // A node that saved tensors still refuses a second run.
+  Tensor w = ones({2}).requires_grad_();
+  Tensor y = (w * w).sum();
+  y.backward();
+  test::check_error([&] { y.backward(); }, {"second time", "retain_graph"});
 }
 
 TEST_CASE("autocast: gradients reach float32 parameters in float32, close to a float32 run", "[ops][autocast]") {

@@ -125,7 +125,7 @@ TEST_CASE("casts of contiguous tensors equal the strided casts", "[ops][half]") 
   }
 }
 
-TEST_CASE("float16 and bfloat16 matmul equals float32's rounded once; an empty sum is zero", "[ops][half]") {
+TEST_CASE("float16 and bfloat16 matmul equals float32's rounded once, an empty sum is zero", "[ops][half]") {
   // cpu/matmul.cpp multiplies 16-bit operands in float32 scratch (from the caching allocator) and
   // rounds the product once.
   Generator gen(11);

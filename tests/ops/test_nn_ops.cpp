@@ -33,7 +33,7 @@ TEST_CASE("dropout's statistics: about p of the elements are zero, the rest scal
   }
 }
 
-TEST_CASE("dropout: eval and p = 0 return the input, p = 1 zeros; the gradient is the scaled mask", "[ops][dropout]") {
+TEST_CASE("dropout: eval and p = 0 return the input, p = 1 zeros, the gradient is the scaled mask", "[ops][dropout]") {
   Tensor x = test::sample({4, 5}).requires_grad_();
   CHECK(dropout(x, 0.5, false).impl_ptr() == x.impl_ptr());
   CHECK(dropout(x, 0.0, true).impl_ptr() == x.impl_ptr());

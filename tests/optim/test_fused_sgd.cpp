@@ -88,7 +88,7 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("fused SGD skips params without grad; the others take the unfused path where they must",
+TEST_CASE("fused SGD skips params without grad, the others take the unfused path where they must",
           "[optim][fused]") {
   Tensor a = sample({5}).requires_grad_();
   Tensor b = sample({4}, kFloat32, 2.0).requires_grad_();

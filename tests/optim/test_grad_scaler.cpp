@@ -114,7 +114,7 @@ TEST_CASE("GradScaler: consecutive_hysteresis refills the hysteresis after every
   }
 }
 
-TEST_CASE("GradScaler: never below min_loss_scale; at the minimum an overflow is an Error by default",
+TEST_CASE("GradScaler: never below min_loss_scale, at the minimum an overflow is an Error by default",
           "[optim][amp]") {
   {
     Rig rig;
@@ -255,4 +255,42 @@ TEST_CASE("GradScaler: bad options are Errors", "[optim][amp]") {
   test::check_error([] { GradScaler({.hysteresis = 0}); }, {"hysteresis must be >= 1"});
   test::check_error([] { GradScaler({.initial_scale_power = 2, .min_loss_scale = 8}); },
                     {"initial scale 2^2 = 4 is below min_loss_scale 8"});
+  // What load_state_dict would refuse as damaged is refused here first.
+  test::check_error([] { GradScaler({.scale_factor = kInf}); }, {"scale_factor must be a finite number > 1", "inf"});
+  test::check_error([] { GradScaler({.loss_scale = 8, .min_loss_scale = kInf}); },
+                    {"min_loss_scale must be a finite number > 0"});
+}
+
+TEST_CASE("GradScaler: finite gradients whose sum overflows float32 step, the scale never grows to inf",
+          "[optim][amp]") {
+  // Each element is finite, their float32 sum is not: PyTorch checks elements, and so does the step.
+  Tensor w = ones({2}).requires_grad_();
+  optim::SGD opt({w}, {.lr = 1e-39});
+  GradScaler scaler({.loss_scale = 1});
+  (w * 3e38f).sum().backward();
+  CHECK(scaler.step(opt));
+  scaler.update();
+  CHECK(scaler.skipped_steps() == 0);
+  // An inf among them is still found.
+  opt.zero_grad();
+  (w * 3e38f).sum().backward();
+  {
+    NoGradGuard no_grad;
+    w.grad().narrow(0, 1, 1).fill_(kInf);
+  }
+  CHECK_FALSE(scaler.step(opt));
+  scaler.update();
+  // A float64 model with a huge factor: the scale stops below inf instead of reaching it and then
+  // skipping every step.
+  Tensor v = ones({2}, kFloat64).requires_grad_();
+  optim::SGD sgd({v}, {.lr = 0.0});
+  GradScaler growing({.initial_scale_power = 64, .loss_scale_window = 1, .scale_factor = 1e200});
+  for (int i = 0; i < 4; ++i) {
+    sgd.zero_grad();
+    growing.scale((v * v).sum()).backward();
+    CHECK(growing.step(sgd));
+    growing.update();
+    CHECK(std::isfinite(growing.get_scale()));
+  }
+  CHECK(growing.get_scale() == Approx(std::ldexp(1.0, 64) * 1e200));
 }

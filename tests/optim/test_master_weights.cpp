@@ -178,7 +178,7 @@ TEST_CASE("MasterWeights with a GradScaler: float16 model, unscaled in float32, 
   test::check_equal(opt.master(p).detach(), master_again - std::ldexp(1.0, -16));
 }
 
-TEST_CASE("MasterWeights: float32 params are their own masters; schedulers reach the inner optimizer",
+TEST_CASE("MasterWeights: float32 params are their own masters, schedulers reach the inner optimizer",
           "[optim][amp]") {
   Tensor half = test::sample({3}, kBFloat16).requires_grad_();
   Tensor full32 = test::sample({2}, kFloat32, 1).requires_grad_();

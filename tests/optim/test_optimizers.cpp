@@ -128,7 +128,7 @@ TEST_CASE("the construction forms of DESIGN.md, add_param_group and writable lr"
 }
 
 TEST_CASE(
-    "zero_grad drops grads (set_to_none) or zeroes them; parameters without grad are skipped") {
+    "zero_grad drops grads (set_to_none) or zeroes them, parameters without grad are skipped") {
   Tensor a = sample({3}).requires_grad_();
   Tensor b = sample({2}, kFloat32, 2.0).requires_grad_();
   Tensor b0 = b.detach().clone();
