@@ -88,6 +88,10 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
   KILN_CHECK(idx.dim() == 2 && (idx.dtype() == kInt64 || idx.dtype() == kInt32),
              "GPT: expected token ids (B, T) of int64, got {} of shape {}", dtype_name(idx.dtype()), idx.sizes().str());
   const int64_t T = idx.sizes()[1];
+  KILN_CHECK(!caches || caches->empty() || caches->size() == static_cast<size_t>(config.n_layer),
+             "GPT: the KV caches are {}, one per layer of another model; this GPT has n_layer = {}. Pass an "
+             "empty vector to start new ones",
+             caches ? caches->size() : 0, config.n_layer);
   const int64_t past = caches && !caches->empty() ? (*caches)[0].length() : 0;
   KILN_CHECK(past + T <= config.block_size,
              "GPT: a sequence of {} tokens{} is longer than the context, block_size = {}; crop it to the last {}",
@@ -235,6 +239,9 @@ TensorDict from_hf_gpt2(const TensorDict& hf, const GPT& model) {
       unexpected.push_back(key);
       continue;
     }
+    KILN_CHECK(!renamed.contains(name),
+               "load_hf_gpt2: the file holds '{}' twice, with and without the '{}' prefix; keep one of them",
+               name, kPrefix);
     renamed.insert(name, is_conv1d(name) && t.dim() == 2 ? t.t() : t);
   }
   std::vector<std::string> missing;

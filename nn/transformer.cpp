@@ -134,6 +134,14 @@ Tensor CausalSelfAttention::forward(const Tensor& x, KVCache* cache) {
   const int64_t past = cache ? cache->length() : 0;
   if (cache) {
     if (past > 0) {
+      const Shape& ks = cache->k.sizes();
+      KILN_CHECK(ks.size() == 4 && ks == cache->v.sizes() && ks[0] == k.sizes()[0] && ks[1] == n_head &&
+                     ks[3] == k.sizes()[3] && cache->k.dtype() == k.dtype() && cache->k.device() == k.device(),
+                 "nn::CausalSelfAttention: the KV cache holds keys of shape {} ({}, {}), which do not fit this "
+                 "input: batch {}, {} heads of {} ({}, {}); a cache serves one batch of sequences, so start "
+                 "a new one (clear it) for another",
+                 ks.str(), dtype_name(cache->k.dtype()), cache->k.device().str(), k.sizes()[0], n_head,
+                 k.sizes()[3], dtype_name(k.dtype()), k.device().str());
       k = cat({cache->k, k}, 2);
       v = cat({cache->v, v}, 2);
     }

@@ -74,6 +74,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
     total = total.defined() ? total + s : s;
   }
   r.unscaled = true;
+  r.has_grads = !grads.empty();
   r.found_inf = total.defined() && !std::isfinite(total.item<double>());
   if (r.found_inf) {
     r.found_inf = std::any_of(grads.begin(), grads.end(), [](const Tensor& g) {
@@ -91,6 +92,12 @@ bool GradScaler::step(Optimizer& optimizer) {
              "GradScaler.step: already called on this optimizer ({}) since the last update()", optimizer.name());
   if (!records_[&optimizer].unscaled) unscale_(optimizer);
   Record& r = records_[&optimizer];
+  // As PyTorch ("No inf checks were recorded for this optimizer"): stepping on no gradient at all is
+  // a training loop that skipped backward, not a step to count.
+  KILN_CHECK(r.has_grads,
+             "GradScaler.step: none of the parameters of this optimizer ({}) has a gradient, so no inf check "
+             "was recorded; call scaler.scale(loss).backward() before step",
+             optimizer.name());
   r.stepped = true;
   if (r.found_inf) {
     ++skipped_steps_;

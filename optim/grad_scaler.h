@@ -86,7 +86,7 @@ class GradScaler {
 
  private:
   struct Record {  // per optimizer, since the last update()
-    bool unscaled = false, stepped = false, found_inf = false;
+    bool unscaled = false, stepped = false, found_inf = false, has_grads = false;
   };
 
   bool enabled_, dynamic_;

@@ -91,11 +91,17 @@ void check(const char* op, const Tensor& t) {
   KILN_CHECK(t.defined() && t.is_contiguous(), "ring::{}: the tensors must be defined and contiguous", op);
 }
 
+void check_op(const char* name, const Tensor& t, ReduceOp op) {  // as the native collectives
+  KILN_CHECK(op != ReduceOp::Avg || is_floating(t.dtype()),
+             "ring::{}: ReduceOp::Avg needs a floating dtype, not {}; use Sum and divide", name, dtype_name(t.dtype()));
+}
+
 }  // namespace
 
 void reduce_scatter(Communicator& comm, const Tensor& output, const Tensor& input, ReduceOp op) {
   check("reduce_scatter", output);
   check("reduce_scatter", input);
+  check_op("reduce_scatter", input, op);
   const int p = comm.size(), r = comm.rank();
   KILN_CHECK(input.numel() == output.numel() * p && input.dtype() == output.dtype(),
              "ring::reduce_scatter: the input must have size() x output.numel() = {} elements of the output's dtype, "
@@ -138,6 +144,7 @@ void all_gather(Communicator& comm, const Tensor& output, const Tensor& input) {
 
 void all_reduce(Communicator& comm, const Tensor& t, ReduceOp op) {
   check("all_reduce", t);
+  check_op("all_reduce", t, op);
   const int p = comm.size();
   Tensor flat = t.flatten();
   auto b = bounds(flat.numel(), p);

@@ -92,11 +92,11 @@ MPI_Op mpi_op(const MpiOps& ops, ReduceOp op, DType t, const char* what) {
   const int k = op == ReduceOp::Max ? 1 : op == ReduceOp::Min ? 2 : 0;  // Avg is Sum, then a division
   if (t == kFloat16) return ops.half[k];
   if (t == kBFloat16) return ops.bf16[k];
+  KILN_CHECK(op != ReduceOp::Avg || is_floating(t),
+             "{}: ReduceOp::Avg needs a floating dtype, not {}; use Sum and divide", what, dtype_name(t));
   if (t == kBool) {  // as PyTorch: sum and max are "any", min is "all"
     return k == 2 ? MPI_LAND : MPI_LOR;
   }
-  KILN_CHECK(op != ReduceOp::Avg || is_floating(t),
-             "{}: ReduceOp::Avg needs a floating dtype, not {}; use Sum and divide", what, dtype_name(t));
   return k == 0 ? MPI_SUM : k == 1 ? MPI_MAX : MPI_MIN;
 }
 
@@ -406,7 +406,15 @@ class Engine {
           if (s.MPI_ERROR != MPI_SUCCESS) rc = s.MPI_ERROR;
         }
       }
-      if (rc != MPI_SUCCESS) KILN_FAIL("{}: MPI failed: {}", what, mpi_error_string(rc));
+      if (rc != MPI_SUCCESS) {
+        int error_class = 0;
+        MPI_Error_class(rc, &error_class);
+        KILN_CHECK(error_class != MPI_ERR_TRUNCATE,
+                   "{}: the message that arrived is larger than this tensor; the sender's and receiver's tensors "
+                   "must have the same dtype and number of elements",
+                   what);
+        KILN_FAIL("{}: MPI failed: {}", what, mpi_error_string(rc));
+      }
     }
     if (!flag) return false;
     if (t.finish) t.finish();

@@ -91,9 +91,9 @@ ncclDataType_t nccl_type(DType t) {
 }
 
 ncclRedOp_t nccl_op(ReduceOp op, DType t, const std::string& what) {
-  if (t == kBool) return op == ReduceOp::Min ? ncclMin : ncclMax;  // as PyTorch: sum and max are "any"
   KILN_CHECK(op != ReduceOp::Avg || is_floating(t),
              "{}: ReduceOp::Avg needs a floating dtype, not {}; use Sum and divide", what, dtype_name(t));
+  if (t == kBool) return op == ReduceOp::Min ? ncclMin : ncclMax;  // as PyTorch: sum and max are "any"
   switch (op) {
     case ReduceOp::Sum: return ncclSum;
     case ReduceOp::Avg: return ncclAvg;

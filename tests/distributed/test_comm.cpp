@@ -280,6 +280,11 @@ TEST_CASE("comm: a recv of the wrong size is an Error naming both sizes", "[dist
   if (p == 1) return;
   if (r == 0) comm->send(zeros({4}, kFloat32), 1, 3);
   if (r == 1) check_error([&] { comm->recv(zeros({6}, kFloat32), 0, 3); }, {"rank 0 sent 16 bytes", "has 24"});
+  // Too small a tensor: MPI truncates, and the Error says why (it was MPI's bare MPI_ERR_TRUNCATE).
+  if (r == 0) comm->send(zeros({6}, kFloat32), 1, 4);
+  if (r == 1)
+    check_error([&] { comm->recv(zeros({4}, kFloat32), 0, 4); },
+                {"recv #", "larger than this tensor", "same dtype and number of elements"});
   comm->barrier();
 }
 

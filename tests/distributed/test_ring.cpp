@@ -6,6 +6,7 @@ using namespace kiln;
 using namespace kiln::distributed;
 using kiln::test::check_close;
 using kiln::test::check_equal;
+using kiln::test::check_error;
 
 namespace {
 // Distinct, rank-dependent integers (large enough that a misplaced chunk cannot go unnoticed).
@@ -58,4 +59,20 @@ TEST_CASE("ring: float all_reduce with Avg agrees with the native one within rou
   ring::all_reduce(*comm, a, ReduceOp::Avg);
   comm->all_reduce(b, ReduceOp::Avg);
   check_close(a, b);
+}
+
+TEST_CASE("ring: Avg on integers and bool is an Error, as for the native collectives", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size();
+  for (DType t : {kInt64, kInt32, kBool}) {
+    check_error([&] { ring::all_reduce(*comm, zeros({4}, t), ReduceOp::Avg); },
+                {"ring::all_reduce", "Avg needs a floating dtype", std::string(dtype_name(t))});
+    check_error([&] { ring::reduce_scatter(*comm, zeros({2}, t), zeros({2 * p}, t), ReduceOp::Avg); },
+                {"ring::reduce_scatter", "Avg needs a floating dtype"});
+    check_error([&] { comm->all_reduce(zeros({4}, t), ReduceOp::Avg); }, {"Avg needs a floating dtype"});
+  }
+  // Nothing reached the other ranks: the communicator still works.
+  Tensor v = full({3}, 1.0, kFloat32);
+  comm->all_reduce(v);
+  check_equal(v, full({3}, static_cast<double>(p), kFloat32));
 }

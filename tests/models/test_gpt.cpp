@@ -192,6 +192,11 @@ TEST_CASE("GPT: Hugging Face files round trip, with or without the prefix, and m
   shallower.n_layer = 1;
   GPT g(shallower);
   check_error([&] { models::load_hf_gpt2(g, path); }, {"unexpected transformer.h.1"});
+  // One tensor named twice, with and without the prefix.
+  bare.insert("transformer.h.0.ln_1.weight", file.at("transformer.h.0.ln_1.weight"));
+  safetensors::save_file(bare, bare_path);
+  check_error([&] { models::load_hf_gpt2(d, bare_path); },
+              {"holds 'transformer.h.0.ln_1.weight' twice", "with and without the 'transformer.' prefix"});
 }
 
 TEST_CASE("GPT: the key/value cache gives the same logits and tokens as running the whole sequence", "[models][gpt]") {
@@ -223,6 +228,13 @@ TEST_CASE("GPT: the key/value cache gives the same logits and tokens as running 
   check_equal(s1, s2);
   CHECK(s1.lt(c.vocab_size).all().item<bool>());
   check_error([&] { model(zeros({1, 13}, kInt64)); }, {"longer than the context, block_size = 12"});
+  // A cache serves one batch, and one model's layers: another batch size, or a deeper model's
+  // caches, are Errors (a bare cat error, and silently cut to n_layer, before).
+  check_error([&] { model.forward(idx.narrow(0, 0, 1).narrow(1, 6, 1), &caches); },
+              {"KV cache holds keys of shape [2, 2, 7, 8]", "batch 1, 2 heads of 8", "start a new one"});
+  caches.resize(3);
+  check_error([&] { model.forward(idx.narrow(1, 6, 1), &caches); },
+              {"the KV caches are 3", "n_layer = 2", "empty vector"});
 }
 
 TEST_CASE("GPT: generate's misuse and edge cases", "[models][gpt]") {

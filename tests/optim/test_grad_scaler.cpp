@@ -188,6 +188,13 @@ TEST_CASE("GradScaler: unscale_ before clipping, float16 gradients, and the call
   scaler.scale((p.to(kFloat32) * 1e6).sum()).backward();  // 1e6 * 2^16 > 65504: inf in float16
   CHECK(std::isinf(p.grad().to(kFloat32).abs().max().item<double>()));
   CHECK_FALSE(scaler.step(opt));
+  scaler.update();
+  // No gradient at all (backward never ran): an Error, as PyTorch's "No inf checks were recorded
+  // for this optimizer"; it was a "step" of nothing that returned true.
+  opt.zero_grad();
+  const int64_t skipped = scaler.skipped_steps();
+  test::check_error([&] { scaler.step(opt); }, {"GradScaler.step", "has a gradient", "backward() before step"});
+  CHECK(scaler.skipped_steps() == skipped);
 }
 
 TEST_CASE("GradScaler: state_dict round trip resumes the same scale sequence", "[optim][amp]") {
