@@ -1,5 +1,6 @@
 // distributed/comm/communicator.cpp: Work, the launcher's environment, and init() choosing a
 // backend.
+#include <algorithm>
 #include <cstdlib>
 #include <map>
 
@@ -281,15 +282,23 @@ bool is_available(const std::string& backend) {
 
 void abort_job(int exit_code) { mpi_abort(exit_code); }
 
+namespace {
+constexpr double kMaxTimeoutSeconds = 365.0 * 24 * 3600;  // longer timeouts are cut to a year
+}  // namespace
+
 std::shared_ptr<Communicator> init(const std::string& backend, const CommOptions& options) {
   CommOptions o = options;
   if (const char* t = std::getenv("KILN_COMM_TIMEOUT"); t && *t) {
     char* end = nullptr;
     double seconds = std::strtod(t, &end);
-    KILN_CHECK(*end == '\0' && seconds > 0,
-               "distributed: KILN_COMM_TIMEOUT='{}' must be a positive number of seconds", t);
-    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000));
+    KILN_CHECK(*end == '\0' && seconds >= 0.001,
+               "distributed: KILN_COMM_TIMEOUT='{}' must be a number of seconds, at least 0.001", t);
+    // Past a year means "never" in practice; larger values (inf, 1e20) would overflow the deadline.
+    o.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::min(seconds, kMaxTimeoutSeconds) * 1000));
   }
+  KILN_CHECK(o.timeout.count() >= 1, "distributed::init: CommOptions::timeout must be at least 1 ms, not {} ms",
+             o.timeout.count());
+  o.timeout = std::min(o.timeout, std::chrono::milliseconds(static_cast<int64_t>(kMaxTimeoutSeconds * 1000)));
   if (backend == "mpi") return mpi_world(o);
   if (backend == "nccl") return nccl_world(o);
   KILN_FAIL("distributed::init: unknown backend '{}'; use \"mpi\" (CPU tensors, and CUDA tensors through host "

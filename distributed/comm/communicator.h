@@ -55,7 +55,7 @@ class Work {
 
 struct CommOptions {
   // How long one operation may take before the job is stopped. The environment variable
-  // KILN_COMM_TIMEOUT (seconds) overrides it.
+  // KILN_COMM_TIMEOUT (seconds, at least 0.001) overrides it; more than a year counts as a year.
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // Compare op, dtype, sizes and sequence number across ranks before each collective (one small
   // extra all-reduce; on NCCL an MPI one, which the caller's thread waits for). Turn off only to

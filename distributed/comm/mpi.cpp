@@ -472,6 +472,15 @@ class MpiCommunicator final : public Communicator {
       : comm_(comm), check_comm_(check_comm), owned_(owned), options_(options), rank_(rank), size_(size) {}
   ~MpiCommunicator() override {
     if (!owned_) return;
+    // Operations still queued or in flight hold comm_ in their lambdas: wait until each has
+    // completed (or failed at its deadline) before the handles are freed, as PyTorch's Work keeps
+    // its process group alive. Freeing first made the engine post on a freed communicator.
+    for (const auto& weak : outstanding_) {
+      if (auto state = weak.lock()) {
+        std::unique_lock<std::mutex> lock(state->m);
+        state->cv.wait(lock, [&] { return state->done; });
+      }
+    }
     MPI_Comm c = comm_, k = check_comm_;
     try {
       Engine::get().call("free a communicator", [c, k]() mutable {
@@ -750,6 +759,10 @@ class MpiCommunicator final : public Communicator {
   Work launch(std::unique_ptr<Task> task, Staging& staging, bool async_op) {
     task->work->finisher = staging.finisher();
     Work w(task->work);
+    if (owned_) {  // for the destructor; completed operations are dropped as new ones come
+      std::erase_if(outstanding_, [](const std::weak_ptr<Work::State>& s) { return s.expired(); });
+      outstanding_.push_back(task->work);
+    }
     Engine::get().submit(std::move(task));
     if (!async_op) w.wait();
     return w;
@@ -760,6 +773,7 @@ class MpiCommunicator final : public Communicator {
   CommOptions options_;
   int rank_ = 0, size_ = 1;
   uint64_t seq_ = 0, p2p_seq_ = 0;
+  std::vector<std::weak_ptr<Work::State>> outstanding_;  // of a sub-communicator, see the destructor
   std::shared_ptr<std::atomic<bool>> broken_ = std::make_shared<std::atomic<bool>>(false);
 };
 

@@ -148,23 +148,93 @@ struct DistributedDataParallel::Reducer {
       NoGradGuard no_grad;
       for (size_t k = 0; k < params.size(); ++k) {
         if (ready[k]) continue;
-        slot(k).zero_();  // this rank contributes nothing for it
+        // Unused in this backward: the rank contributes the gradient it already holds (accumulated
+        // under no_sync, say), as PyTorch's reducer does, or zeros if it holds none.
+        const Tensor& g = params[k].grad();
+        if (g.defined()) slot(k).copy_(g.reshape({-1}));
+        else slot(k).zero_();
         ready[k] = true;
         --buckets[bucket_of[k]].pending;
       }
     }
     launch_ready();
     wait_launched();
+    // With find_unused_parameters, which parameters had a gradient on any rank (one small all-reduce
+    // after the buckets, on every rank): one that had none anywhere keeps an undefined .grad(), as in
+    // PyTorch, so an optimizer skips it instead of applying momentum or weight decay to zeros.
+    std::vector<int32_t> had_grad(params.size(), 1);
+    if (options.find_unused_parameters) {
+      for (size_t k = 0; k < params.size(); ++k) had_grad[k] = params[k].grad().defined() ? 1 : 0;
+      Tensor any = from_vector<int32_t>(had_grad);
+      comm.all_reduce(any, ReduceOp::Max);
+      had_grad = any.to_vector<int32_t>();
+    }
     NoGradGuard no_grad;
     for (size_t k = 0; k < params.size(); ++k) {
       Tensor averaged = slot(k).view(params[k].sizes());
       Tensor g = params[k].grad();
       if (g.defined()) g.copy_(averaged);
-      else params[k].set_grad(averaged.clone());
+      else if (had_grad[k]) params[k].set_grad(averaged.clone());
     }
     stats.wait_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 };
+
+namespace {
+
+// One line per parameter (name, dtype, shape, requires_grad) and per buffer.
+std::vector<std::string> describe_model(const nn::Module& module) {
+  std::vector<std::string> lines;
+  for (const auto& [name, p] : module.named_parameters()) {
+    lines.push_back(fmt::format("parameter {}: {} {}{}", name, dtype_name(p.dtype()), p.sizes().str(),
+                                p.requires_grad() ? "" : " (requires_grad false)"));
+  }
+  for (const auto& [name, b] : module.named_buffers()) {
+    lines.push_back(fmt::format("buffer {}: {} {}", name, dtype_name(b.dtype()), b.sizes().str()));
+  }
+  return lines;
+}
+
+// The ranks must hold the same parameters and buffers, with the same shapes and the same ones
+// trainable (PyTorch's _verify_param_shape_across_processes): the broadcast and the buckets copy
+// by element count, so [2, 3] against [3, 2], or a different parameter frozen on one rank, would
+// mix values silently. One all-reduce of a hash; on a mismatch, rank 0's lines are broadcast so
+// that every rank names the first difference, and every rank throws.
+void verify_same_model(Communicator& comm, const nn::Module& module) {
+  const std::vector<std::string> mine = describe_model(module);
+  std::string text;
+  for (const auto& line : mine) text += line + "\n";
+  uint64_t hash = 1469598103934665603ull;  // FNV-1a
+  for (unsigned char ch : text) hash = (hash ^ ch) * 1099511628211ull;
+  const auto h = static_cast<int64_t>(hash >> 2);  // non-negative, so -h does not overflow
+  Tensor extremes = from_vector<int64_t>({h, -h});
+  comm.all_reduce(extremes, ReduceOp::Max);
+  const auto e = extremes.to_vector<int64_t>();
+  if (e[0] == -e[1]) return;  // the largest hash equals the smallest: the same everywhere
+  Tensor length = from_vector<int64_t>({static_cast<int64_t>(text.size())});
+  comm.broadcast(length, 0);
+  Tensor chars = zeros({length.item<int64_t>()}, kInt32);
+  if (comm.rank() == 0) chars.copy_(from_vector<int32_t>(std::vector<int32_t>(text.begin(), text.end())));
+  comm.broadcast(chars, 0);
+  std::vector<std::string> theirs(1);
+  for (int32_t c : chars.to_vector<int32_t>()) {
+    if (c == '\n') theirs.emplace_back();
+    else theirs.back() += static_cast<char>(c);
+  }
+  theirs.pop_back();
+  size_t i = 0;
+  while (i < mine.size() && i < theirs.size() && mine[i] == theirs[i]) ++i;
+  if (i == mine.size() && i == theirs.size()) {
+    KILN_FAIL("DistributedDataParallel: the ranks' models differ (another rank's parameters or buffers do not "
+              "match rank 0's; its Error names the difference); build the same model on every rank");
+  }
+  KILN_FAIL("DistributedDataParallel: the ranks' models differ: rank 0 has {}, rank {} has {}; build the same "
+            "model on every rank, with the same parameters trainable, as PyTorch requires",
+            i < theirs.size() ? "'" + theirs[i] + "'" : "nothing more", comm.rank(),
+            i < mine.size() ? "'" + mine[i] + "'" : "nothing more");
+}
+
+}  // namespace
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared_ptr<Communicator> comm,
                                                  DDPOptions options)
@@ -173,6 +243,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
   KILN_CHECK(options_.bucket_cap_mb > 0, "DistributedDataParallel: bucket_cap_mb must be > 0, not {}",
              options_.bucket_cap_mb);
   register_module("module", module_);
+  verify_same_model(*comm_, module_);
   {
     NoGradGuard no_grad;  // rank 0's values everywhere, as PyTorch does at construction
     for (const auto& p : module_.parameters()) comm_->broadcast(p, 0);

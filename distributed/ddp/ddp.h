@@ -28,7 +28,9 @@ namespace kiln::distributed {
 
 struct DDPOptions {
   double bucket_cap_mb = 25;             // PyTorch's default
-  bool find_unused_parameters = false;   // false: a parameter without a gradient is an Error
+  // false: a parameter without a gradient in a backward is an Error. true: it contributes the
+  // gradient it holds, or zeros; one without a gradient on every rank keeps an undefined grad().
+  bool find_unused_parameters = false;
   bool broadcast_buffers = true;         // rank 0's buffers (running statistics) before each forward
   // Start each bucket's all-reduce during backward (true, as PyTorch) or only once backward has
   // finished (false): the switch that measures how much communication the overlap hides.
@@ -37,9 +39,10 @@ struct DDPOptions {
 
 class DistributedDataParallel : public nn::Module {
  public:
-  // Broadcasts rank 0's parameters and buffers to every rank. `module` must outlive this wrapper;
-  // it is registered as the child "module", so state_dict() names read "module.fc1.weight" as in
-  // PyTorch (module().state_dict() gives the plain names).
+  // Checks that every rank has the same parameters and buffers (names, dtypes, shapes, which
+  // require grad), then broadcasts rank 0's parameters and buffers to every rank. `module` must
+  // outlive this wrapper; it is registered as the child "module", so state_dict() names read
+  // "module.fc1.weight" as in PyTorch (module().state_dict() gives the plain names).
   DistributedDataParallel(nn::Module& module, std::shared_ptr<Communicator> comm, DDPOptions options = {});
   ~DistributedDataParallel() override;
   DistributedDataParallel(DistributedDataParallel&&) = delete;

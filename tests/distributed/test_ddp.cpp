@@ -173,8 +173,63 @@ TEST_CASE("ddp: a parameter without a gradient is an Error naming it, unless exp
   Partial m2;
   DistributedDataParallel lenient(m2, comm, {.find_unused_parameters = true});
   lenient(ones({2, 4})).sum().backward();
-  CHECK(m2.unused.weight.grad().abs().sum().item<float>() == 0.0f);
+  // Unused on every rank: no gradient, as PyTorch (it was a zero gradient, which an optimizer with
+  // momentum or weight decay then applied).
+  CHECK_FALSE(m2.unused.weight.grad().defined());
   check_close(m2.used.bias.grad(), full({3}, 2.0));  // d sum / d bias = batch size, averaged: 2
+}
+
+TEST_CASE("ddp: find_unused_parameters keeps a gradient accumulated under no_sync, and averages it", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  struct Two : nn::Module {
+    nn::Linear a{4, 3}, b{4, 3};
+    bool use_b = true;
+    Two() { register_modules({{"a", a}, {"b", b}}); }
+    Tensor forward(const Tensor& x) override { return use_b ? a(x) + b(x) : a(x); }
+  };
+  Two m;
+  DistributedDataParallel ddp(m, comm, {.find_unused_parameters = true});
+  const Tensor x = full({1, 4}, static_cast<double>(r + 1));
+  {
+    auto guard = ddp.no_sync();
+    ddp(x).sum().backward();  // b.weight's gradient: r + 1 in every element, kept locally
+  }
+  m.use_b = false;
+  ddp(x).sum().backward();  // b unused here: its accumulated gradient is averaged, not replaced by zeros
+  check_close(m.b.weight.grad(), full({3, 4}, (p + 1) / 2.0));
+  check_close(m.a.weight.grad(), full({3, 4}, 2.0 * (p + 1) / 2.0));  // two backwards of a
+  // Used on rank 0 only: the others contribute zeros, and every rank gets the average.
+  ddp.zero_grad();
+  m.use_b = r == 0;
+  ddp(x).sum().backward();
+  check_close(m.b.bias.grad(), full({3}, 1.0 / p));
+}
+
+TEST_CASE("ddp: ranks whose models differ get an Error naming the difference", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  if (p == 1) return;
+  // The same number of elements, another shape: rank 0's values were copied into [3, 2] silently.
+  struct Shaped : nn::Module {
+    Tensor w;
+    explicit Shaped(Shape s) { w = register_parameter("w", zeros(s)); }
+    Tensor forward(const Tensor& x) override { return x; }
+  };
+  Shaped m(r == 0 ? Shape({2, 3}) : Shape({3, 2}));
+  check_error([&] { DistributedDataParallel d(m, comm); },
+              {"the ranks' models differ", "build the same model on every rank"});
+  if (r > 0) check_error([&] { DistributedDataParallel d(m, comm); }, {"rank 0 has 'parameter w: float32 [2, 3]'"});
+  else check_error([&] { DistributedDataParallel d(m, comm); }, {"another rank's parameters"});
+  // Another parameter frozen on rank 0: the buckets had the same size, laid out differently.
+  Mlp frozen;
+  (r == 0 ? frozen.f1.bias : frozen.f2.bias).requires_grad_(false);
+  check_error([&] { DistributedDataParallel d(frozen, comm); },
+              {r == 0 ? "another rank's parameters" : "rank 0 has 'parameter f1.bias: float32 [32] (requires_grad false)'"});
+  // The communicator is still in step on every rank.
+  Tensor t = full({2}, 1.0);
+  comm->all_reduce(t);
+  check_close(t, full({2}, static_cast<double>(p)));
 }
 
 TEST_CASE("ddp: buffers follow rank 0 and state_dict names carry the module. prefix", "[distributed]") {
