@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -88,16 +89,34 @@ int positive_count(const std::string& v) {
   return v.empty() || *end != '\0' || n < 1 || n > 65536 ? 0 : static_cast<int>(n);
 }
 
+// A file that exec can run: executable, and not a directory (which access(X_OK) also passes).
+bool is_executable_file(const std::filesystem::path& p) {
+  std::error_code ec;
+  return access(p.c_str(), X_OK) == 0 && std::filesystem::is_regular_file(p, ec);
+}
+
 // `program` as exec would find it: a path when it has a '/', else the first match on PATH; "" when
 // there is no executable file of that name.
 std::string find_program(const std::string& program) {
-  if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0 ? program : "";
+  if (program.find('/') != std::string::npos) return is_executable_file(program) ? program : "";
   const char* path = std::getenv("PATH");
   for (const std::string& dir : split(path ? path : "/usr/bin:/bin", ':')) {
     std::filesystem::path candidate = std::filesystem::path(dir) / program;
-    if (access(candidate.c_str(), X_OK) == 0) return candidate.string();
+    if (is_executable_file(candidate)) return candidate.string();
   }
   return "";
+}
+
+// `arg` as a POSIX shell reads it back: as it is when it holds only safe characters, else in
+// single quotes (a ' inside becomes '\''), so that --dry-run prints a command that can be pasted.
+std::string shell_quote(const std::string& arg) {
+  const bool safe = !arg.empty() && std::all_of(arg.begin(), arg.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || (c != '\0' && std::strchr("_-./:=@%+,", c) != nullptr);
+  });
+  if (safe) return arg;
+  std::string quoted = "'";
+  for (char c : arg) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
 }
 
 std::string find_mpirun() {
@@ -219,7 +238,10 @@ int main(int argc, char** argv) {
 
   if (dry_run) {
     std::string line;
-    for (const auto& c : cmd) line += (line.empty() ? "" : " ") + c;
+    for (const auto& c : cmd) {
+      if (!line.empty()) line += ' ';
+      line += shell_quote(c);
+    }
     fmt::print("{}\n", line);
     return 0;
   }

@@ -2,6 +2,7 @@
 // backend.
 #include <algorithm>
 #include <cstdlib>
+#include <iterator>
 #include <map>
 
 #include "distributed/comm/backends.h"
@@ -101,7 +102,7 @@ uint64_t hash_sizes(const std::vector<int64_t>& sizes) {  // FNV-1a over the per
 
 Signature make_signature(uint64_t seq, OpCode code, const Tensor& t, int root, ReduceOp op,
                          const std::vector<int64_t>& sizes) {
-  if (code == kBarrier) return {static_cast<int64_t>(seq), code, 0, 0, 0, 0, 0};
+  if (code == kBarrier || code == kSplit) return {static_cast<int64_t>(seq), code, -1, 0, 0, -1, 0};
   return {static_cast<int64_t>(seq), code, static_cast<int64_t>(t.dtype()), sizes.empty() ? t.numel() : 0, root,
           static_cast<int64_t>(op), sizes.empty() ? 0 : static_cast<int64_t>(hash_sizes(sizes))};
 }
@@ -120,15 +121,31 @@ void check_signature(const std::string& what, const Signature& mine, const int64
                                                          "root rank", "reduce op", "per-rank sizes"};
   static constexpr const char* kOpNames[] = {"?", "all_reduce", "broadcast", "reduce", "all_gather",
                                              "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-                                             "barrier"};
+                                             "barrier", "split"};
+  static_assert(std::size(kOpNames) == kSplit + 1);
+  auto differs = [&](int i) {
+    const int64_t m = mine[static_cast<size_t>(i)];
+    return maxima[i] != m || -maxima[kSignatureLen + i] != m;
+  };
+  // Different operations: their other fields do not compare (a barrier has no dtype), so the
+  // message names the two operations only.
+  if (differs(1)) {
+    const int64_t m = mine[1], hi = maxima[1], lo = -maxima[kSignatureLen + 1];
+    auto name = [](int64_t v) { return v >= 1 && v <= kSplit ? kOpNames[v] : "an unknown operation"; };
+    KILN_FAIL("{}: the ranks called different collectives: this rank called {}, another rank {}. Every rank must call "
+              "the same collectives in the same order, with matching tensors",
+              what, name(m), name(hi != m ? hi : lo));
+  }
   std::string diffs;
   for (int i = 0; i < kSignatureLen; ++i) {
+    if (!differs(i)) continue;
     const int64_t m = mine[static_cast<size_t>(i)], hi = maxima[i], lo = -maxima[kSignatureLen + i];
-    if (hi == m && lo == m) continue;
     auto show = [&](int64_t v) -> std::string {
-      if (i == 1 && v >= 1 && v <= kBarrier) return kOpNames[v];  // the operation, by name
       if (i == 2 && v >= 0 && v <= static_cast<int64_t>(kFloat64)) {
         return std::string(dtype_name(static_cast<DType>(v)));
+      }
+      if (i == 5 && v >= 0 && v <= static_cast<int64_t>(ReduceOp::Min)) {
+        return std::string(reduce_op_name(static_cast<ReduceOp>(v)));
       }
       return std::to_string(v);
     };

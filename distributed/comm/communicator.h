@@ -110,7 +110,8 @@ class Communicator {
   // MPI_Comm_split. Every rank calls it; a rank that passes a negative color gets nullptr.
   virtual std::shared_ptr<Communicator> split(int color, int key) = 0;
 
-  // The number of collectives this communicator has started (the next one's number is this + 1).
+  // The number of collectives (barrier and split included) this communicator has started; the
+  // next one's number is this + 1. send and recv are numbered apart.
   virtual uint64_t sequence_number() const = 0;
 };
 

@@ -13,8 +13,9 @@
 //      communicator of its own. Equal maxima mean every rank asked for the same thing; otherwise
 //      every rank learns the same thing at once and fails the call with the same Error.
 //   2. the operation itself, posted as a non-blocking MPI call. MPI matches collectives on a
-//      communicator by the order in which they are posted, so an operation is posted only after
-//      every earlier one of its communicator.
+//      communicator by the order in which they are posted, so a collective is posted only after
+//      every earlier collective of its communicator. (send and recv, which MPI matches by source
+//      and tag, are posted at once: they never wait behind a collective.)
 // An operation still running at its deadline stops the job (MPI_Abort) with a message naming the
 // rank, the op and its sequence number: a missing or dead rank never leaves the others hanging.
 // When mpirun tears the job down because a rank died, the survivors' SIGTERM handler says which
@@ -60,19 +61,25 @@ std::string mpi_error_string(int code) {
 // ---- datatypes and reductions ----
 
 // float16 and bfloat16 travel as 16-bit integers; these user-defined ops reduce them in float.
+// Max and Min of every floating dtype go through them too, because they propagate NaN as
+// torch.maximum does: MPI_MAX's result with a NaN depends on the order in which the ranks' values
+// meet, so it would depend on which rank holds the NaN.
 template <typename T, int kOp>  // kOp: 0 sum, 1 max, 2 min
-void reduce16(void* in, void* inout, int* len, MPI_Datatype*) {
+void reduce_floating(void* in, void* inout, int* len, MPI_Datatype*) {
+  using Math = std::conditional_t<std::is_same_v<T, double>, double, float>;
   auto* a = static_cast<const T*>(in);
   auto* b = static_cast<T*>(inout);
   for (int i = 0; i < *len; ++i) {
-    const float x = a[i], y = b[i];
+    const Math x = a[i], y = b[i];
     b[i] = T(kOp == 0 ? x + y : kOp == 1 ? (x > y || x != x ? x : y) : (x < y || x != x ? x : y));
   }
 }
 
-struct MpiOps {
+struct MpiOps {  // [k]: the kOp above; the built-in MPI_SUM serves f32 and f64 sums
   MPI_Op half[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
   MPI_Op bf16[3] = {MPI_OP_NULL, MPI_OP_NULL, MPI_OP_NULL};
+  MPI_Op f32[3] = {MPI_SUM, MPI_OP_NULL, MPI_OP_NULL};
+  MPI_Op f64[3] = {MPI_SUM, MPI_OP_NULL, MPI_OP_NULL};
 };
 
 MPI_Datatype mpi_type(DType t) {
@@ -92,6 +99,8 @@ MPI_Op mpi_op(const MpiOps& ops, ReduceOp op, DType t, const char* what) {
   const int k = op == ReduceOp::Max ? 1 : op == ReduceOp::Min ? 2 : 0;  // Avg is Sum, then a division
   if (t == kFloat16) return ops.half[k];
   if (t == kBFloat16) return ops.bf16[k];
+  if (t == kFloat32) return ops.f32[k];
+  if (t == kFloat64) return ops.f64[k];
   KILN_CHECK(op != ReduceOp::Avg || is_floating(t),
              "{}: ReduceOp::Avg needs a floating dtype, not {}; use Sum and divide", what, dtype_name(t));
   if (t == kBool) {  // as PyTorch: sum and max are "any", min is "all"
@@ -100,22 +109,34 @@ MPI_Op mpi_op(const MpiOps& ops, ReduceOp op, DType t, const char* what) {
   return k == 0 ? MPI_SUM : k == 1 ? MPI_MAX : MPI_MIN;
 }
 
-void divide_in_place(const Tensor& t, int by) {  // Avg = Sum / size(), in each dtype's own rounding
+// ReduceOp::Avg of float16 and bfloat16 is summed in float32 (the host copy is widened, and
+// narrowed after the division): a 16-bit sum overflows where the average fits (float16's largest
+// value is 65504), which NCCL's Avg avoids too, by scaling before it sums.
+bool avg_in_float32(ReduceOp op, DType t) { return op == ReduceOp::Avg && (t == kFloat16 || t == kBFloat16); }
+
+// Avg = Sum / size() for float32 and float64, in place (the 16-bit dtypes: narrow_average). A
+// plain loop: it runs on the engine thread.
+void divide_in_place(const Tensor& t, int by) {
   const int64_t n = t.numel();
-  void* p = t.data_ptr();
-  auto each = [&](auto* x) {
-    using T = std::remove_pointer_t<decltype(x)>;
-    for (int64_t i = 0; i < n; ++i) x[i] = T(static_cast<float>(x[i]) / static_cast<float>(by));
-  };
-  switch (t.dtype()) {
-    case kFloat32: each(static_cast<float*>(p)); break;
-    case kFloat64:
-      for (int64_t i = 0; i < n; ++i) static_cast<double*>(p)[i] /= by;
-      break;
-    case kFloat16: each(static_cast<Half*>(p)); break;
-    case kBFloat16: each(static_cast<BFloat16*>(p)); break;
-    default: break;
+  if (t.dtype() == kFloat32) {
+    auto* x = static_cast<float*>(t.data_ptr());
+    for (int64_t i = 0; i < n; ++i) x[i] /= static_cast<float>(by);
+  } else if (t.dtype() == kFloat64) {
+    auto* x = static_cast<double*>(t.data_ptr());
+    for (int64_t i = 0; i < n; ++i) x[i] /= by;
   }
+}
+
+// The end of a float32-summed Avg (avg_in_float32): out = wide / by, rounded once to out's dtype.
+void narrow_average(const Tensor& wide, const Tensor& out, int by) {
+  const auto* w = static_cast<const float*>(wide.data_ptr());
+  const int64_t n = out.numel();
+  auto each = [&](auto* o) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    for (int64_t i = 0; i < n; ++i) o[i] = T(w[i] / static_cast<float>(by));
+  };
+  if (out.dtype() == kFloat16) each(static_cast<Half*>(out.data_ptr()));
+  if (out.dtype() == kBFloat16) each(static_cast<BFloat16*>(out.data_ptr()));
 }
 
 int to_int_count(int64_t n, const char* what) {
@@ -131,6 +152,11 @@ struct Task {
   MPI_Comm comm = MPI_COMM_NULL;        // whose order the operation keeps
   MPI_Comm check_comm = MPI_COMM_NULL;  // the signature check's own communicator
   bool check = false;
+  // A collective is posted only after every earlier collective of its communicator (MPI matches
+  // them by order). send and recv are not: MPI matches them by source and tag, in a separate
+  // context, so they go out at once, past a collective still in its check.
+  bool ordered = true;
+  bool finish_is_collective = false;  // split's MPI_Comm_split: later collectives wait for it
   Signature signature = {};
   std::function<void(std::vector<MPI_Request>&)> post;  // posts the operation's requests
   std::function<void()> finish;      // after the requests complete, on the engine thread
@@ -266,12 +292,16 @@ class Engine {
       MPI_Comm_set_errhandler(world_, MPI_ERRORS_RETURN);
       MPI_Comm_set_errhandler(world_check_, MPI_ERRORS_RETURN);
       g_world_rank = world_rank_;
-      MPI_Op_create(&reduce16<Half, 0>, 1, &ops_.half[0]);
-      MPI_Op_create(&reduce16<Half, 1>, 1, &ops_.half[1]);
-      MPI_Op_create(&reduce16<Half, 2>, 1, &ops_.half[2]);
-      MPI_Op_create(&reduce16<BFloat16, 0>, 1, &ops_.bf16[0]);
-      MPI_Op_create(&reduce16<BFloat16, 1>, 1, &ops_.bf16[1]);
-      MPI_Op_create(&reduce16<BFloat16, 2>, 1, &ops_.bf16[2]);
+      MPI_Op_create(&reduce_floating<Half, 0>, 1, &ops_.half[0]);
+      MPI_Op_create(&reduce_floating<Half, 1>, 1, &ops_.half[1]);
+      MPI_Op_create(&reduce_floating<Half, 2>, 1, &ops_.half[2]);
+      MPI_Op_create(&reduce_floating<BFloat16, 0>, 1, &ops_.bf16[0]);
+      MPI_Op_create(&reduce_floating<BFloat16, 1>, 1, &ops_.bf16[1]);
+      MPI_Op_create(&reduce_floating<BFloat16, 2>, 1, &ops_.bf16[2]);
+      MPI_Op_create(&reduce_floating<float, 1>, 1, &ops_.f32[1]);
+      MPI_Op_create(&reduce_floating<float, 2>, 1, &ops_.f32[2]);
+      MPI_Op_create(&reduce_floating<double, 1>, 1, &ops_.f64[1]);
+      MPI_Op_create(&reduce_floating<double, 2>, 1, &ops_.f64[2]);
       struct sigaction old {};
       if (sigaction(SIGTERM, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGTERM, on_sigterm);
     } catch (...) {
@@ -291,6 +321,10 @@ class Engine {
     if (!abandoned_) {
       for (auto& op : ops_.half) MPI_Op_free(&op);
       for (auto& op : ops_.bf16) MPI_Op_free(&op);
+      for (int k : {1, 2}) {
+        MPI_Op_free(&ops_.f32[k]);
+        MPI_Op_free(&ops_.f64[k]);
+      }
       MPI_Comm_free(&world_);
       MPI_Comm_free(&world_check_);
       if (owns_mpi_) MPI_Finalize();
@@ -326,7 +360,7 @@ class Engine {
         inflight.push_back(std::move(t));
       }
       bool progressed = !fresh.empty();
-      std::vector<MPI_Comm> blocked;  // communicators with an operation not yet posted
+      std::vector<MPI_Comm> blocked;  // communicators with a collective not yet posted
       auto is_blocked = [&](MPI_Comm c) { return std::find(blocked.begin(), blocked.end(), c) != blocked.end(); };
       // A finished task is erased before its Work completes: the tensors its lambdas hold must go
       // while the caller still waits (a caller that returns from main at once would otherwise
@@ -341,7 +375,7 @@ class Engine {
         Task& t = **it;
         bool done = false;
         try {
-          done = advance(t, is_blocked(t.comm), progressed);
+          done = advance(t, t.ordered && is_blocked(t.comm), progressed);
         } catch (...) {
           finish(it, std::current_exception());
           continue;
@@ -350,7 +384,7 @@ class Engine {
           finish(it, nullptr);
           continue;
         }
-        if (t.phase < 2) blocked.push_back(t.comm);
+        if (t.ordered && (t.phase < 2 || t.finish_is_collective)) blocked.push_back(t.comm);
         if (Clock::now() > t.deadline) {
           std::exception_ptr error = timed_out(t);  // or aborts the job
           // MPI may still write into its buffers: the task is kept, only its Work fails.
@@ -503,13 +537,19 @@ class MpiCommunicator final : public Communicator {
     sign(*task, kAllReduce, t, -1, op, {});
     Staging staging;
     Tensor h = staging.host(t, true, true);
-    MPI_Op mop = mpi_op(Engine::get().ops(), op, t.dtype(), what);
+    const bool widen = avg_in_float32(op, t.dtype());
+    Tensor buf = widen ? h.to(kFloat32) : h;
+    MPI_Op mop = mpi_op(Engine::get().ops(), op, buf.dtype(), what);
     const int n = to_int_count(t.numel(), what);
-    task->post = [h, n, mop, c = comm_, what](std::vector<MPI_Request>& reqs) {
+    task->post = [buf, n, mop, c = comm_, what](std::vector<MPI_Request>& reqs) {
       reqs.resize(1);
-      KILN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, h.data_ptr(), n, mpi_type(h.dtype()), mop, c, &reqs[0]));
+      KILN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), n, mpi_type(buf.dtype()), mop, c, &reqs[0]));
     };
-    if (op == ReduceOp::Avg) task->finish = [h, p = size_] { divide_in_place(h, p); };
+    if (widen) {
+      task->finish = [buf, h, p = size_] { narrow_average(buf, h, p); };
+    } else if (op == ReduceOp::Avg) {
+      task->finish = [h, p = size_] { divide_in_place(h, p); };
+    }
     return launch(std::move(task), staging, async_op);
   }
 
@@ -537,15 +577,21 @@ class MpiCommunicator final : public Communicator {
     sign(*task, kReduce, t, dst, op, {});
     Staging staging;
     Tensor h = staging.host(t, true, rank_ == dst);
-    MPI_Op mop = mpi_op(Engine::get().ops(), op, t.dtype(), what);
+    const bool widen = avg_in_float32(op, t.dtype());
+    Tensor buf = widen ? h.to(kFloat32) : h;
+    MPI_Op mop = mpi_op(Engine::get().ops(), op, buf.dtype(), what);
     const int n = to_int_count(t.numel(), what);
     const bool root = rank_ == dst;
-    task->post = [h, n, mop, dst, root, c = comm_, what](std::vector<MPI_Request>& reqs) {
+    task->post = [buf, n, mop, dst, root, c = comm_, what](std::vector<MPI_Request>& reqs) {
       reqs.resize(1);
-      KILN_MPI_CHECK(MPI_Ireduce(root ? MPI_IN_PLACE : h.data_ptr(), root ? h.data_ptr() : nullptr, n,
-                                 mpi_type(h.dtype()), mop, dst, c, &reqs[0]));
+      KILN_MPI_CHECK(MPI_Ireduce(root ? MPI_IN_PLACE : buf.data_ptr(), root ? buf.data_ptr() : nullptr, n,
+                                 mpi_type(buf.dtype()), mop, dst, c, &reqs[0]));
     };
-    if (op == ReduceOp::Avg && root) task->finish = [h, p = size_] { divide_in_place(h, p); };
+    if (root && widen) {
+      task->finish = [buf, h, p = size_] { narrow_average(buf, h, p); };
+    } else if (root && op == ReduceOp::Avg) {
+      task->finish = [h, p = size_] { divide_in_place(h, p); };
+    }
     return launch(std::move(task), staging, async_op);
   }
 
@@ -617,16 +663,23 @@ class MpiCommunicator final : public Communicator {
     Tensor out = staging.host(output, false, true);
     std::vector<Tensor> flat_parts;
     for (const auto& i : inputs) flat_parts.push_back(i.to(Device::cpu()).flatten());
+    const bool widen = avg_in_float32(op, output.dtype());
     Tensor flat = cat(flat_parts, 0).contiguous();
+    if (widen) flat = flat.to(kFloat32);
+    Tensor buf = widen ? empty(out.sizes(), TensorOptions(kFloat32)) : out;
     std::vector<int> cnt;
     for (int64_t c : counts) cnt.push_back(to_int_count(c, what));
-    MPI_Op mop = mpi_op(Engine::get().ops(), op, output.dtype(), what);
-    task->post = [flat, out, cnt, mop, c = comm_, what](std::vector<MPI_Request>& reqs) {
+    MPI_Op mop = mpi_op(Engine::get().ops(), op, buf.dtype(), what);
+    task->post = [flat, buf, cnt, mop, c = comm_, what](std::vector<MPI_Request>& reqs) {
       reqs.resize(1);
-      KILN_MPI_CHECK(MPI_Ireduce_scatter(flat.data_ptr(), out.data_ptr(), cnt.data(), mpi_type(out.dtype()), mop, c,
+      KILN_MPI_CHECK(MPI_Ireduce_scatter(flat.data_ptr(), buf.data_ptr(), cnt.data(), mpi_type(buf.dtype()), mop, c,
                                          &reqs[0]));
     };
-    if (op == ReduceOp::Avg) task->finish = [out, p = size_] { divide_in_place(out, p); };
+    if (widen) {
+      task->finish = [buf, out, p = size_] { narrow_average(buf, out, p); };
+    } else if (op == ReduceOp::Avg) {
+      task->finish = [out, p = size_] { divide_in_place(out, p); };
+    }
     return launch(std::move(task), staging, async_op);
   }
 
@@ -640,20 +693,30 @@ class MpiCommunicator final : public Communicator {
     const char* what = task->work->what.c_str();
     sign(*task, kReduceScatterTensor, output, -1, op, {});
     Staging staging;
+    const bool widen = avg_in_float32(op, output.dtype());
     Tensor in = staging.host(input, true, false);
     // MPI forbids the output overlapping the input; ZeRO's in-place use passes a slice of it.
     const bool overlaps = input.device() == output.device() && output.data_ptr() >= input.data_ptr() &&
                           output.data_ptr() < static_cast<char*>(input.data_ptr()) + input.nbytes();
-    if (overlaps && in.is_same(input)) in = input.clone();
+    if (widen) {
+      in = in.to(kFloat32);  // a copy, so no overlap either
+    } else if (overlaps && in.is_same(input)) {
+      in = input.clone();
+    }
     Tensor out = staging.host(output, false, true);
+    Tensor buf = widen ? empty(out.sizes(), TensorOptions(kFloat32)) : out;
     const int n = to_int_count(output.numel(), what);
-    MPI_Op mop = mpi_op(Engine::get().ops(), op, output.dtype(), what);
-    task->post = [in, out, n, mop, c = comm_, what](std::vector<MPI_Request>& reqs) {
+    MPI_Op mop = mpi_op(Engine::get().ops(), op, buf.dtype(), what);
+    task->post = [in, buf, n, mop, c = comm_, what](std::vector<MPI_Request>& reqs) {
       reqs.resize(1);
       KILN_MPI_CHECK(
-          MPI_Ireduce_scatter_block(in.data_ptr(), out.data_ptr(), n, mpi_type(out.dtype()), mop, c, &reqs[0]));
+          MPI_Ireduce_scatter_block(in.data_ptr(), buf.data_ptr(), n, mpi_type(buf.dtype()), mop, c, &reqs[0]));
     };
-    if (op == ReduceOp::Avg) task->finish = [out, p = size_] { divide_in_place(out, p); };
+    if (widen) {
+      task->finish = [buf, out, p = size_] { narrow_average(buf, out, p); };
+    } else if (op == ReduceOp::Avg) {
+      task->finish = [out, p = size_] { divide_in_place(out, p); };
+    }
     return launch(std::move(task), staging, async_op);
   }
 
@@ -663,6 +726,7 @@ class MpiCommunicator final : public Communicator {
     KILN_CHECK(tag >= 0, "send: the tag must be >= 0, not {}", tag);
     check_send_dst(dst, rank_, async_op);
     auto task = new_task(describe_op("send", ++p2p_seq_, t, fmt::format("to rank {}, tag {}", dst, tag)));
+    task->ordered = false;
     const char* what = task->work->what.c_str();
     Staging staging;
     Tensor h = staging.host(t, true, false);
@@ -679,6 +743,7 @@ class MpiCommunicator final : public Communicator {
     check_rank("recv", src, "src");
     KILN_CHECK(tag >= 0, "recv: the tag must be >= 0, not {}", tag);
     auto task = new_task(describe_op("recv", ++p2p_seq_, t, fmt::format("from rank {}, tag {}", src, tag)));
+    task->ordered = false;
     const char* what = task->work->what.c_str();
     Staging staging;
     Tensor h = staging.host(t, false, true);
@@ -711,23 +776,38 @@ class MpiCommunicator final : public Communicator {
     launch(std::move(task), none, false);
   }
 
+  // MPI_Comm_split blocks until every rank of the communicator calls it, and a blocked engine
+  // thread could not enforce the timeout. So split is a collective like the others: its check and
+  // an MPI_Ibarrier run under the deadline, and only once the barrier is complete (every rank has
+  // called split) does the engine call MPI_Comm_split, which then has every rank at hand.
   std::shared_ptr<Communicator> split(int color, int key) override {
-    KILN_CHECK(!*broken_, "split: this communicator stopped working after a timeout");
-    MPI_Comm parent = comm_, sub = MPI_COMM_NULL, sub_check = MPI_COMM_NULL;
-    int sub_rank = 0, sub_size = 0;
-    const char* what = "split";
-    Engine::get().call("split", [&] {
-      KILN_MPI_CHECK(MPI_Comm_split(parent, color < 0 ? MPI_UNDEFINED : color, key, &sub));
-      if (sub != MPI_COMM_NULL) {
-        KILN_MPI_CHECK(MPI_Comm_dup(sub, &sub_check));
-        MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
-        MPI_Comm_set_errhandler(sub_check, MPI_ERRORS_RETURN);
-        MPI_Comm_rank(sub, &sub_rank);
-        MPI_Comm_size(sub, &sub_size);
-      }
-    });
-    if (sub == MPI_COMM_NULL) return nullptr;
-    return std::make_shared<MpiCommunicator>(sub, sub_check, sub_rank, sub_size, true, options_);
+    auto task = new_task(fmt::format("split #{} (color {}, key {})", ++seq_, color, key));
+    task->check = options_.check_collectives;
+    task->signature = make_signature(seq_, kSplit, Tensor(), -1, ReduceOp::Sum, {});
+    struct Made {
+      MPI_Comm sub = MPI_COMM_NULL, sub_check = MPI_COMM_NULL;
+      int rank = 0, size = 0;
+    };
+    auto made = std::make_shared<Made>();
+    task->finish_is_collective = true;
+    const char* what = task->work->what.c_str();
+    task->post = [c = comm_, what](std::vector<MPI_Request>& reqs) {
+      reqs.resize(1);
+      KILN_MPI_CHECK(MPI_Ibarrier(c, &reqs[0]));
+    };
+    task->finish = [made, c = comm_, color, key, what] {
+      KILN_MPI_CHECK(MPI_Comm_split(c, color < 0 ? MPI_UNDEFINED : color, key, &made->sub));
+      if (made->sub == MPI_COMM_NULL) return;
+      KILN_MPI_CHECK(MPI_Comm_dup(made->sub, &made->sub_check));
+      MPI_Comm_set_errhandler(made->sub, MPI_ERRORS_RETURN);
+      MPI_Comm_set_errhandler(made->sub_check, MPI_ERRORS_RETURN);
+      MPI_Comm_rank(made->sub, &made->rank);
+      MPI_Comm_size(made->sub, &made->size);
+    };
+    Staging none;
+    launch(std::move(task), none, false);
+    if (made->sub == MPI_COMM_NULL) return nullptr;
+    return std::make_shared<MpiCommunicator>(made->sub, made->sub_check, made->rank, made->size, true, options_);
   }
 
  private:

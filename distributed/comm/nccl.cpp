@@ -637,6 +637,7 @@ class NcclCommunicator final : public Communicator {
   // non-blocking ncclCommInitRankConfig hands it back at once, to be polled like any other.
   std::shared_ptr<Communicator> split(int color, int key) override {
     check_usable("split");
+    ++seq_;  // numbered as a collective, as on MPI
     std::shared_ptr<Communicator> sub_mpi = mpi_->split(color, key);  // the same ranks, in the same order
     if (!sub_mpi) return nullptr;  // a negative color
     std::shared_ptr<CommState> sub = start_comm(*sub_mpi, device_, options_, "split");

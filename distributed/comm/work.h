@@ -50,7 +50,7 @@ struct Staging {
 // signature followed by its negation; equal maxima of both mean every rank asked for the same
 // thing (see mpi.cpp).
 enum OpCode : int64_t { kAllReduce = 1, kBroadcast, kReduce, kAllGather, kAllGatherTensor, kReduceScatter,
-                        kReduceScatterTensor, kBarrier };
+                        kReduceScatterTensor, kBarrier, kSplit };
 constexpr int kSignatureLen = 7;  // sequence number, op, dtype, count, root, reduce op, sizes hash
 using Signature = std::array<int64_t, kSignatureLen>;
 // sizes: the per-rank element counts of the ops whose sizes may differ by rank (then count is 0).

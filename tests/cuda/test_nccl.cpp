@@ -192,6 +192,7 @@ TEST_CASE("nccl: split, barrier and sequence numbers", "[gpu][nccl]") {
   auto sub = comm->split(r % 2, -r);  // by parity, in reverse rank order
   REQUIRE(sub);
   CHECK(sub->backend() == "nccl");
+  CHECK(comm->sequence_number() == before + 2);  // split is numbered, as on MPI
   const int mates = (p - r % 2 + 1) / 2;
   CHECK(sub->size() == mates);
   CHECK(sub->rank() == mates - 1 - r / 2);

@@ -1,6 +1,8 @@
 // tests/distributed/test_comm.cpp: every collective of the MPI communicator, with exact results:
 // each rank contributes values made from its rank number.
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <map>
 
 #include "support.h"
@@ -142,6 +144,58 @@ TEST_CASE("comm: all_reduce sum, avg, max and min are exact for every dtype", "[
   CHECK(all.to(kInt64).sum().item<int64_t>() == (p == 1 ? 2 : 0));
 }
 
+TEST_CASE("comm: max and min propagate NaN from whichever rank holds it, as torch.maximum does", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (DType dt : {kFloat32, kFloat64, kFloat16, kBFloat16}) {
+    for (ReduceOp op : {ReduceOp::Max, ReduceOp::Min}) {
+      INFO("dtype " << dtype_name(dt) << ", " << reduce_op_name(op));
+      // Element 0 is NaN on the last rank, element 1 on rank 0: MPI_MAX kept or dropped a NaN
+      // depending on the order in which the ranks' values met.
+      std::vector<double> v = {0.0 + r, 1.0 + r, 2.0 + r, 3.0 + r};
+      if (r == p - 1) v[0] = nan;
+      if (r == 0) v[1] = nan;
+      Tensor t = from_vector(v).to(dt);
+      comm->all_reduce(t, op);
+      Tensor got = t.to(kFloat64);
+      CHECK(std::isnan(got[0].item<double>()));
+      CHECK(std::isnan(got[1].item<double>()));
+      CHECK(got[2].item<double>() == (op == ReduceOp::Max ? 2.0 + (p - 1) : 2.0));
+      CHECK(got[3].item<double>() == (op == ReduceOp::Max ? 3.0 + (p - 1) : 3.0));
+    }
+  }
+}
+
+TEST_CASE("comm: avg of float16 and bfloat16 sums in float32, so it does not overflow where the mean fits", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  // 60000 is near float16's largest value (65504): a float16 sum of two or more is inf.
+  for (DType dt : {kFloat16, kBFloat16}) {
+    INFO("dtype " << dtype_name(dt));
+    Tensor big = full({3}, 60000.0, dt);
+    Tensor expected = full({3}, 60000.0, dt);
+    Tensor t = big.clone();
+    comm->all_reduce(t, ReduceOp::Avg);
+    check_equal(t, expected);
+    t = big.clone();
+    comm->reduce(t, 0, ReduceOp::Avg);
+    if (r == 0) check_equal(t, expected);
+    Tensor out = zeros({3}, dt);
+    comm->reduce_scatter_tensor(out, full({3 * p}, 60000.0, dt), ReduceOp::Avg);
+    check_equal(out, expected);
+    std::vector<Tensor> parts;
+    for (int k = 0; k < p; ++k) parts.push_back(full({3}, 60000.0, dt));
+    out = zeros({3}, dt);
+    comm->reduce_scatter(out, parts, ReduceOp::Avg);
+    check_equal(out, expected);
+    // One rounding, after the division: the mean of rank + 0.25 is (p - 1) / 2 + 0.25, exact here.
+    t = full({2}, r + 0.25, dt);
+    comm->all_reduce(t, ReduceOp::Avg);
+    check_equal(t, full({2}, (p - 1) / 2.0 + 0.25, dt));
+  }
+}
+
 TEST_CASE("comm: broadcast from every root and reduce to every root", "[distributed]") {
   auto comm = world();
   const int p = comm->size(), r = comm->rank();
@@ -206,6 +260,28 @@ TEST_CASE("comm: send and recv around the ring", "[distributed]") {
   CHECK(rw.describe().find("recv") == 0);
 }
 
+TEST_CASE("comm: send and recv do not wait behind a collective in flight", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  if (p == 1) return;
+  // Rank 0 starts an all-reduce, then sends; rank 1 receives, then joins the all-reduce. The send
+  // used to wait for the all-reduce, which waited for rank 1, which waited for the send: a hang
+  // until the timeout (gloo and NCCL complete this).
+  Tensor t = full({6}, 1.0, kFloat32), msg = full({3}, 0.0, kInt64);
+  if (r == 0) {
+    Work w = comm->all_reduce(t, ReduceOp::Sum, /*async_op=*/true);
+    comm->send(full({3}, 42.0, kInt64), 1, 21);
+    w.wait();
+  } else if (r == 1) {
+    comm->recv(msg, 0, 21);
+    comm->all_reduce(t);
+    check_equal(msg, full({3}, 42.0, kInt64));
+  } else {
+    comm->all_reduce(t);
+  }
+  check_equal(t, full({6}, static_cast<double>(p), kFloat32));
+}
+
 TEST_CASE("comm: many operations in flight complete, whatever order they are waited in", "[distributed]") {
   auto comm = world();
   const int p = comm->size(), r = comm->rank();
@@ -246,7 +322,9 @@ TEST_CASE("comm: split into sub-communicators by color and key", "[distributed]"
   sub->all_reduce(t);
   check_equal(t, full({3}, static_cast<double>(sum), kInt64));
   // A negative color leaves a rank out.
+  const uint64_t seq = comm->sequence_number();
   auto some = comm->split(r == 0 ? -1 : 0, r);
+  CHECK(comm->sequence_number() == seq + 1);  // split is a numbered collective
   CHECK((some == nullptr) == (r == 0));
   if (some) CHECK(some->size() == p - 1);
   // The parent still works, and its sub-communicators are independent of it.
@@ -310,7 +388,19 @@ TEST_CASE("comm: ranks that disagree on a collective get an Error, not a hang", 
   // Different collectives: rank 0 broadcasts while the others all-reduce.
   Tensor u = zeros({4}, kFloat32);
   check_error([&] { r == 0 ? comm->broadcast(u, 0) : comm->all_reduce(u); },
-              {"different", "operation (this rank", "from all_reduce to broadcast"});
+              {"different collectives", r == 0 ? "this rank called broadcast, another rank all_reduce"
+                                               : "this rank called all_reduce, another rank broadcast"});
+  // A barrier against an all-reduce, and a split against a barrier: the message names the two
+  // operations, not the barrier's dtype or reduce op, which it does not have.
+  check_error([&] { r == 0 ? comm->barrier() : (void)comm->all_reduce(u); },
+              {r == 0 ? "barrier #" : "all_reduce #", r == 0 ? "this rank called barrier, another rank all_reduce"
+                                                             : "this rank called all_reduce, another rank barrier"});
+  check_error([&] { r == 0 ? (void)comm->split(0, r) : comm->barrier(); },
+              {r == 0 ? "split #" : "barrier #", r == 0 ? "this rank called split, another rank barrier"
+                                                        : "this rank called barrier, another rank split"});
+  // Different reduce ops, by name.
+  check_error([&] { comm->all_reduce(u, r == 0 ? ReduceOp::Max : ReduceOp::Sum); },
+              {"reduce op (this rank", "from sum to max"});
   // Different roots.
   check_error([&] { comm->broadcast(u, r == 0 ? 0 : 1); }, {"root rank"});
   // The communicator is still usable afterwards.

@@ -3,6 +3,7 @@
 //   comm_faults kill   rank 1 kills itself (SIGKILL) in step 5
 //   comm_faults skip   rank 1 skips the all-reduce of step 5 and waits: a rank that hangs
 //   comm_faults skip-error  the same with abort_on_timeout = false: the others get an Error
+//   comm_faults skip-split  in step 5 the others split the communicator and rank 1 hangs
 //   comm_faults ok     nothing goes wrong (the control run)
 // An Error from distributed::init is printed, exit code 2.
 #include <csignal>
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     if (r == 1 && step == 5 && mode.starts_with("skip")) std::this_thread::sleep_for(std::chrono::minutes(10));
     Tensor g = full({1000}, static_cast<double>(r), kFloat32);
     try {
+      if (step == 5 && mode == "skip-split") (void)comm->split(0, r);
       comm->all_reduce(g, distributed::ReduceOp::Avg);
     } catch (const Error& e) {
       std::fprintf(stderr, "rank %d caught: %s\n", r, e.what());
