@@ -59,7 +59,7 @@ struct CommOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(5);
   // Compare op, dtype, sizes and sequence number across ranks before each collective (one small
   // extra all-reduce; on NCCL an MPI one, which the caller's thread waits for). Turn off only to
-  // measure the collective alone.
+  // measure the collective alone. split is checked either way.
   bool check_collectives = true;
   // On a timeout, print the Error and abort every rank of the job (PyTorch's NCCL async error
   // handling). false: fail the Work with the Error instead; the communicator is then unusable.

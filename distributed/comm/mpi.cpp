@@ -219,7 +219,8 @@ class Engine {
     cv_.notify_one();
   }
 
-  // Runs fn on the engine thread (MPI calls that block, such as MPI_Comm_split) and waits for it.
+  // Runs fn on the engine thread (an MPI call outside the task flow: freeing a communicator) and
+  // waits for it.
   void call(const char* what, std::function<void()> fn) {
     auto task = std::make_unique<Task>();
     task->work = std::make_shared<Work::State>(what);
@@ -779,10 +780,16 @@ class MpiCommunicator final : public Communicator {
   // MPI_Comm_split blocks until every rank of the communicator calls it, and a blocked engine
   // thread could not enforce the timeout. So split is a collective like the others: its check and
   // an MPI_Ibarrier run under the deadline, and only once the barrier is complete (every rank has
-  // called split) does the engine call MPI_Comm_split, which then has every rank at hand.
+  // called split) does the engine call MPI_Comm_split, which then has every rank at hand. The
+  // check runs even with check_collectives off: without it a barrier on another rank would match
+  // this Ibarrier, and MPI_Comm_split would wait for a rank that never calls it. One split at a
+  // time per process: two threads splitting two communicators could otherwise reach their
+  // MPI_Comm_splits in opposite orders on two ranks, a deadlock beyond any deadline.
   std::shared_ptr<Communicator> split(int color, int key) override {
+    static std::mutex one_at_a_time;
+    std::lock_guard<std::mutex> lock(one_at_a_time);
     auto task = new_task(fmt::format("split #{} (color {}, key {})", ++seq_, color, key));
-    task->check = options_.check_collectives;
+    task->check = true;
     task->signature = make_signature(seq_, kSplit, Tensor(), -1, ReduceOp::Sum, {});
     struct Made {
       MPI_Comm sub = MPI_COMM_NULL, sub_check = MPI_COMM_NULL;

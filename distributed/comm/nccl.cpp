@@ -637,10 +637,13 @@ class NcclCommunicator final : public Communicator {
   // non-blocking ncclCommInitRankConfig hands it back at once, to be polled like any other.
   std::shared_ptr<Communicator> split(int color, int key) override {
     check_usable("split");
-    ++seq_;  // numbered as a collective, as on MPI
+    // Numbered and checked as a collective, as on MPI, so that a split against another collective
+    // is an Error naming this communicator's operations (the twin's split checks again).
+    const std::string what = fmt::format("split #{} (color {}, key {})", ++seq_, color, key);
+    verify(what, sign(kSplit, Tensor(), -1, ReduceOp::Sum, {}));
     std::shared_ptr<Communicator> sub_mpi = mpi_->split(color, key);  // the same ranks, in the same order
     if (!sub_mpi) return nullptr;  // a negative color
-    std::shared_ptr<CommState> sub = start_comm(*sub_mpi, device_, options_, "split");
+    std::shared_ptr<CommState> sub = start_comm(*sub_mpi, device_, options_, what);
     return std::make_shared<NcclCommunicator>(std::move(sub), std::move(sub_mpi));
   }
 

@@ -266,7 +266,8 @@ TEST_CASE("comm: send and recv do not wait behind a collective in flight", "[dis
   if (p == 1) return;
   // Rank 0 starts an all-reduce, then sends; rank 1 receives, then joins the all-reduce. The send
   // used to wait for the all-reduce, which waited for rank 1, which waited for the send: a hang
-  // until the timeout (gloo and NCCL complete this).
+  // until the timeout (PyTorch's gloo completes this; Kiln's NCCL backend does not, see
+  // docs/distributed.md).
   Tensor t = full({6}, 1.0, kFloat32), msg = full({3}, 0.0, kInt64);
   if (r == 0) {
     Work w = comm->all_reduce(t, ReduceOp::Sum, /*async_op=*/true);
