@@ -308,7 +308,7 @@ void Module::zero_grad(bool set_to_none) {
     if (set_to_none) {
       p.set_grad(Tensor());
     } else {
-      if (g.grad_fn()) p.set_grad(g.detach());
+      if (g.requires_grad()) p.set_grad(g.detach());  // as Optimizer::zero_grad
       p.grad().zero_();
     }
   }

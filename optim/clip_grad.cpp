@@ -12,8 +12,8 @@ namespace kiln::nn::utils {
 Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
   NoGradGuard no_grad;
-  KILN_CHECK(norm_type > 0 || std::isinf(norm_type),
-             "clip_grad_norm_: norm_type must be positive or infinity, got {}", norm_type);
+  KILN_CHECK(norm_type >= 0 || std::isinf(norm_type),
+             "clip_grad_norm_: norm_type must be >= 0 or infinity, got {}", norm_type);
   std::vector<Tensor> grads;
   for (const Tensor& p : parameters) {
     Tensor g = p.grad();
@@ -22,10 +22,12 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   if (grads.empty()) return scalar_tensor(0.0);
   const Device device = grads[0].device();
   // The norm of the per-tensor norms is the norm of the concatenation (and max of maxes for inf).
+  // Not for order 0, the count of nonzeros: there PyTorch's same composition counts the grads that
+  // hold a nonzero, and Kiln keeps that (one grad: 1, not its count), as it skips no step for it.
   std::vector<Tensor> norms;
   norms.reserve(grads.size());
   for (const Tensor& g : grads) norms.push_back(norm(g, norm_type).to(device));
-  Tensor total = norms.size() == 1 ? norms[0] : norm(stack(norms), norm_type);
+  Tensor total = norms.size() == 1 && norm_type != 0 ? norms[0] : norm(stack(norms), norm_type);
   if (error_if_nonfinite) {
     const double value = total.item<double>();
     KILN_CHECK(

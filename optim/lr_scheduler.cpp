@@ -39,15 +39,26 @@ void LRScheduler::apply(const std::vector<double>& lrs) {
 }
 
 void LRScheduler::step() {
+  check_groups();
   ++step_count_;
   ++last_epoch_;
   apply(get_lr());
 }
 
 void LRScheduler::step_to(int64_t epoch) {
+  check_groups();
   ++step_count_;
   last_epoch_ = epoch;
   apply(closed_form_lr());
+}
+
+// Before get_lr, which indexes base_lrs_ by group: a group added after the scheduler was made has
+// no base lr (CosineAnnealingLR read past the end of base_lrs_).
+void LRScheduler::check_groups() const {
+  KILN_CHECK(optimizer_.param_groups().size() == base_lrs_.size(),
+             "{}: the optimizer has {} parameter groups but the scheduler was made for {}; build the "
+             "scheduler after adding every group",
+             name_, optimizer_.param_groups().size(), base_lrs_.size());
 }
 
 const std::vector<double>& LRScheduler::get_last_lr() const {
@@ -360,6 +371,12 @@ std::vector<double> OneCycleLR::get_lr() {
     for (size_t i = 0; i < phases_.size(); ++i) {
       const Phase& phase = phases_[i];
       if (step_num <= phase.end_step || i + 1 == phases_.size()) {
+        // PyTorch divides by zero here (ZeroDivisionError); the lr would be NaN.
+        KILN_CHECK(phase.end_step != start_step,
+                   "OneCycleLR: step {} falls in phase {} of {}, which has no length (total_steps {}, pct_start "
+                   "{}{}); use more total_steps or another pct_start",
+                   last_epoch_, i + 1, phases_.size(), total_steps_, options_.pct_start,
+                   options_.three_phase ? ", three_phase" : "");
         const double pct = (step_num - start_step) / (phase.end_step - start_step);
         lrs.push_back(anneal(group.get(phase.start_lr), group.get(phase.end_lr), pct));
         if (momentum_name_ != nullptr) {

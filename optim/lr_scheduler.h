@@ -58,6 +58,8 @@ class LRScheduler {
   // Sets last_epoch to `epoch` and the lrs to the closed form (how SequentialLR restarts a child).
   void step_to(int64_t epoch);
   void apply(const std::vector<double>& lrs);
+  // An Error when the optimizer's groups are not the ones the scheduler was made for.
+  void check_groups() const;
 
   Optimizer& optimizer_;
   std::string name_;

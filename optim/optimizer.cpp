@@ -93,7 +93,10 @@ void Optimizer::zero_grad(bool set_to_none) {
       if (set_to_none) {
         p.set_grad(Tensor());
       } else {
-        grad.zero_();
+        // As PyTorch: a grad that is part of a graph (a hook's, or backward with create_graph)
+        // is detached before it is zeroed, so later accumulation builds no graph on it.
+        if (grad.requires_grad()) p.set_grad(grad.detach());
+        p.grad().zero_();
       }
     }
   }
@@ -223,9 +226,12 @@ void Optimizer::load_state_dict(const TensorDict& dict) {
       bool found = false;
       for (const auto& [k, v] : options[g]) found = found || k == key;
       // "fused" came later than the other options: a state dict saved before it keeps this
-      // optimizer's setting, as PyTorch's optimizers do with setdefault('fused', ...).
-      KILN_CHECK(found || key == "fused", "{}.load_state_dict: the state dict lacks 'param_groups.{}.{}'",
-                 name_, g, key);
+      // optimizer's setting, as PyTorch's optimizers do with setdefault('fused', ...). A
+      // scheduler's options (initial_lr, ...) are absent from a state dict saved before the
+      // scheduler was made: the group keeps the values the scheduler set, as in PyTorch, where
+      // the scheduler holds its own copy of them.
+      KILN_CHECK(found || key == "fused" || scheduler_option(key),
+                 "{}.load_state_dict: the state dict lacks 'param_groups.{}.{}'", name_, g, key);
     }
     for (const Tensor& p : group.params) params.push_back(&p);
   }

@@ -43,6 +43,22 @@ TEST_CASE("clip_grad_norm_: non-finite norms, no grads, bad norm_type") {
   check_error([&] { nn::utils::clip_grad_norm_({q}, 1.0, -1.0); }, {"norm_type", "-1"});
 }
 
+TEST_CASE("clip_grad_norm_ of order 0 counts the grads that hold a nonzero, as PyTorch does") {
+  // PyTorch 1.13: clip_grad_norm_([a, b, c], 1.0, norm_type=0) with these grads returns 2.0 and
+  // scales by 1 / (2 + 1e-6); with [a] alone it returns 1.0 (the norm of the one count).
+  Tensor a = zeros({3}).requires_grad_(), b = zeros({4}).requires_grad_(), c = zeros({2}).requires_grad_();
+  a.set_grad(tensor({1.0, 0.0, 2.0}));
+  b.set_grad(tensor({0.0, 0.0, 0.0, 3.0}));
+  c.set_grad(zeros({2}));
+  Tensor total = nn::utils::clip_grad_norm_({a, b, c}, 1.0, 0.0);
+  CHECK(total.item<double>() == 2.0);
+  check_close(a.grad(), tensor({0.4999997615814209, 0.0, 0.9999995231628418}));
+  check_close(b.grad(), tensor({0.0, 0.0, 0.0, 1.4999992847442627}));
+  a.set_grad(tensor({1.0, 0.0, 2.0}));
+  CHECK(nn::utils::clip_grad_norm_({a}, 1.0, 0.0).item<double>() == 1.0);
+  check_close(a.grad(), tensor({0.9999990463256836, 0.0, 1.9999980926513672}));
+}
+
 TEST_CASE("clip_grad_value_ clamps every grad to [-v, v]") {
   Tensor a = zeros({4}).requires_grad_(), b = zeros({2}).requires_grad_(),
          c = zeros({1}).requires_grad_();

@@ -144,6 +144,16 @@ TEST_CASE(
   opt.zero_grad();
   CHECK(!a.grad().defined());
   CHECK(!b.grad().defined());
+  // A grad that is part of a graph is detached before it is zeroed, as PyTorch does; it kept
+  // requires_grad, and the next accumulation would have built on its graph.
+  Tensor w = ones({3}).requires_grad_();
+  a.set_grad(w * 2);
+  REQUIRE(a.grad().requires_grad());
+  opt.zero_grad(false);
+  CHECK(!a.grad().requires_grad());
+  CHECK(!a.grad().grad_fn());
+  check_equal(a.grad(), zeros({3}));
+  check_equal(w.detach(), ones({3}));  // the graph's input is untouched
 }
 
 TEST_CASE("steps are in place, under no_grad, and do not record a graph") {

@@ -287,6 +287,30 @@ TEST_CASE("OneCycleLR takes one max_lr per param group") {
               {"OneCycleLR", "max_lrs[1]", "positive"});
 }
 
+TEST_CASE("OneCycleLR: a step in a phase of no length is an Error, not a NaN lr") {
+  // PyTorch raises ZeroDivisionError in these cases; Kiln set the lr and momentum to NaN.
+  Setup a;
+  check_error([&] { OneCycleLR(*a.opt, {.max_lr = 0.5, .total_steps = 4, .pct_start = 0.25, .three_phase = true}); },
+              {"OneCycleLR", "step 0 falls in phase 1 of 3", "no length", "total_steps 4"});
+  Setup b;  // pct_start 1: the second phase is empty, and reached only by the last allowed step
+  OneCycleLR one(*b.opt, {.max_lr = 0.5, .total_steps = 7, .pct_start = 1.0});
+  for (int k = 1; k < 7; ++k) one.step();
+  CHECK(std::isfinite(b.opt->param_groups()[0].lr()));
+  check_error([&] { one.step(); }, {"OneCycleLR", "step 7 falls in phase 2 of 2", "no length"});
+  CHECK(std::isfinite(b.opt->param_groups()[0].lr()));
+}
+
+TEST_CASE("a group added after the scheduler was made is an Error at its next step") {
+  // CosineAnnealingLR read base_lrs_[1] from a one-element vector at the bottom of its cycle.
+  Tensor p = zeros({2}).requires_grad_(), q = zeros({2}).requires_grad_();
+  SGD opt({p}, {.lr = 0.1});
+  CosineAnnealingLR cos(opt, 2);
+  opt.add_param_group({q}, {.lr = 0.2});
+  check_error([&] { cos.step(); },
+              {"CosineAnnealingLR", "2 parameter groups", "made for 1", "after adding every group"});
+  CHECK(cos.last_epoch() == 0);  // nothing moved
+}
+
 TEST_CASE("DeepSpeed's warmup schedules take per-group min and max lrs") {
   // Group g follows min_g + (max_g - min_g) * gamma(i), gamma as for one group: read gamma off a
   // single-group run from 0 to 1.

@@ -138,6 +138,25 @@ TEST_CASE("load_state_dict names the mismatch: groups, parameter counts, shapes,
   CHECK(fused.find_state(a) != nullptr);
 }
 
+TEST_CASE("a state dict saved before a scheduler was made loads into an optimizer that has one") {
+  // The scheduler's initial_lr is absent from it; PyTorch loads it, and so does Kiln now (it was
+  // "the state dict lacks 'param_groups.0.initial_lr'"). The group keeps the scheduler's value.
+  Tensor p = ones({2}).requires_grad_(), q = ones({2}).requires_grad_();
+  SGD before({p}, {.lr = 0.1, .momentum = 0.9});
+  p.set_grad(ones({2}));
+  before.step();
+  const TensorDict saved = before.state_dict();
+  SGD after({q}, {.lr = 0.1, .momentum = 0.9});
+  StepLR sched(after, 1, 0.5);
+  after.load_state_dict(saved);
+  CHECK(after.param_groups()[0].get("initial_lr") == 0.1);
+  sched.step();
+  CHECK(after.param_groups()[0].lr() == 0.05);
+  q.set_grad(ones({2}));
+  after.step();  // the loaded momentum buffer (1) times 0.9, plus the grad: q = 1 - 0.05 * 1.9
+  check_close(q.detach(), full({2}, 1 - 0.05 * 1.9));
+}
+
 TEST_CASE(
     "optimizer and scheduler resume together bit-identically (AdamW + OneCycleLR, SGD + "
     "SequentialLR)") {
