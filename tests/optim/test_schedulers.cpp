@@ -292,6 +292,10 @@ TEST_CASE("OneCycleLR: a step in a phase of no length is an Error, not a NaN lr"
   Setup a;
   check_error([&] { OneCycleLR(*a.opt, {.max_lr = 0.5, .total_steps = 4, .pct_start = 0.25, .three_phase = true}); },
               {"OneCycleLR", "step 0 falls in phase 1 of 3", "no length", "total_steps 4"});
+  // 0.1 * 10 - 1 is 0 in Python's arithmetic; fused into an FMA it was 5.6e-17 and the step went on.
+  Setup c;
+  check_error([&] { OneCycleLR(*c.opt, {.max_lr = 1.0, .total_steps = 10, .pct_start = 0.1}); },
+              {"OneCycleLR", "step 0 falls in phase 1 of 2", "no length"});
   Setup b;  // pct_start 1: the second phase is empty, and reached only by the last allowed step
   OneCycleLR one(*b.opt, {.max_lr = 0.5, .total_steps = 7, .pct_start = 1.0});
   for (int k = 1; k < 7; ++k) one.step();
