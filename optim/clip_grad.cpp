@@ -23,7 +23,7 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   const Device device = grads[0].device();
   // The norm of the per-tensor norms is the norm of the concatenation (and max of maxes for inf).
   // Not for order 0, the count of nonzeros: there PyTorch's same composition counts the grads that
-  // hold a nonzero, and Kiln keeps that (one grad: 1, not its count), as it skips no step for it.
+  // hold a nonzero, and Kiln does as PyTorch (so one grad gives 1, not its count of nonzeros).
   std::vector<Tensor> norms;
   norms.reserve(grads.size());
   for (const Tensor& g : grads) norms.push_back(norm(g, norm_type).to(device));
