@@ -91,12 +91,15 @@ std::string describe_op(const char* op, uint64_t number, const Tensor& t, const 
 }
 
 namespace {
-uint64_t hash_sizes(const std::vector<int64_t>& sizes) {  // FNV-1a over the per-rank element counts
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t s : sizes) {
-    for (int b = 0; b < 8; ++b) h = (h ^ ((static_cast<uint64_t>(s) >> (8 * b)) & 0xff)) * 1099511628211ull;
-  }
-  return h >> 1;  // fits a non-negative int64
+// FNV-1a of the bytes, shifted right by 2: a non-negative int64 whose negation does not overflow.
+int64_t hash_bytes(const void* data, size_t n) {
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(data)[i]) * 1099511628211ull;
+  return static_cast<int64_t>(h >> 2);
+}
+
+int64_t hash_sizes(const std::vector<int64_t>& sizes) {  // of the per-rank element counts
+  return hash_bytes(sizes.data(), sizes.size() * sizeof(int64_t));
 }
 }  // namespace
 
@@ -104,7 +107,7 @@ Signature make_signature(uint64_t seq, OpCode code, const Tensor& t, int root, R
                          const std::vector<int64_t>& sizes) {
   if (code == kBarrier || code == kSplit) return {static_cast<int64_t>(seq), code, -1, 0, 0, -1, 0};
   return {static_cast<int64_t>(seq), code, static_cast<int64_t>(t.dtype()), sizes.empty() ? t.numel() : 0, root,
-          static_cast<int64_t>(op), sizes.empty() ? 0 : static_cast<int64_t>(hash_sizes(sizes))};
+          static_cast<int64_t>(op), sizes.empty() ? 0 : hash_sizes(sizes)};
 }
 
 std::array<int64_t, 2 * kSignatureLen> signature_check_values(const Signature& sig) {
@@ -298,6 +301,14 @@ bool is_available(const std::string& backend) {
 }
 
 void abort_job(int exit_code) { mpi_abort(exit_code); }
+
+bool same_on_every_rank(Communicator& comm, std::string_view bytes) {
+  const int64_t h = hash_bytes(bytes.data(), bytes.size());
+  Tensor extremes = from_vector<int64_t>({h, -h});
+  comm.all_reduce(extremes, ReduceOp::Max);
+  const auto e = extremes.to_vector<int64_t>();
+  return e[0] == -e[1];  // the largest hash equals the smallest
+}
 
 namespace {
 constexpr double kMaxTimeoutSeconds = 365.0 * 24 * 3600;  // longer timeouts are cut to a year

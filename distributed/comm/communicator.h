@@ -21,6 +21,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -145,5 +146,10 @@ bool is_available(const std::string& backend);
 // them in MPI_Finalize. In a process that has not joined the job through init, it exits this
 // process with exit_code, and the launcher stops the rest.
 [[noreturn]] void abort_job(int exit_code);
+
+// Whether every rank of `comm` passed the same bytes: one all-reduce (MAX) of a hash of them and
+// of its negation, the trick of the collectives' own check. Every rank calls it, and all get the
+// same answer (DistributedDataParallel compares the ranks' models with it).
+bool same_on_every_rank(Communicator& comm, std::string_view bytes);
 
 }  // namespace kiln::distributed

@@ -114,29 +114,29 @@ MPI_Op mpi_op(const MpiOps& ops, ReduceOp op, DType t, const char* what) {
 // value is 65504), which NCCL's Avg avoids too, by scaling before it sums.
 bool avg_in_float32(ReduceOp op, DType t) { return op == ReduceOp::Avg && (t == kFloat16 || t == kBFloat16); }
 
-// Avg = Sum / size() for float32 and float64, in place (the 16-bit dtypes: narrow_average). A
-// plain loop: it runs on the engine thread.
-void divide_in_place(const Tensor& t, int by) {
-  const int64_t n = t.numel();
-  if (t.dtype() == kFloat32) {
-    auto* x = static_cast<float*>(t.data_ptr());
-    for (int64_t i = 0; i < n; ++i) x[i] /= static_cast<float>(by);
-  } else if (t.dtype() == kFloat64) {
-    auto* x = static_cast<double*>(t.data_ptr());
-    for (int64_t i = 0; i < n; ++i) x[i] /= by;
+// The end of an Avg, on the engine thread (so a plain loop): `sum` holds the ranks' sum, in `out`
+// itself (float32, float64) or in a float32 copy (avg_in_float32); out = sum / by, rounded once to
+// out's dtype.
+void write_average(const Tensor& sum, const Tensor& out, int by) {
+  const int64_t n = out.numel();
+  auto each = [&](const auto* s, auto* o) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    for (int64_t i = 0; i < n; ++i) o[i] = T(s[i] / by);
+  };
+  const auto* wide = static_cast<const float*>(sum.data_ptr());
+  switch (out.dtype()) {
+    case kFloat32: each(wide, static_cast<float*>(out.data_ptr())); break;
+    case kFloat64: each(static_cast<const double*>(sum.data_ptr()), static_cast<double*>(out.data_ptr())); break;
+    case kFloat16: each(wide, static_cast<Half*>(out.data_ptr())); break;
+    case kBFloat16: each(wide, static_cast<BFloat16*>(out.data_ptr())); break;
+    default: break;
   }
 }
 
-// The end of a float32-summed Avg (avg_in_float32): out = wide / by, rounded once to out's dtype.
-void narrow_average(const Tensor& wide, const Tensor& out, int by) {
-  const auto* w = static_cast<const float*>(wide.data_ptr());
-  const int64_t n = out.numel();
-  auto each = [&](auto* o) {
-    using T = std::remove_pointer_t<decltype(o)>;
-    for (int64_t i = 0; i < n; ++i) o[i] = T(w[i] / static_cast<float>(by));
-  };
-  if (out.dtype() == kFloat16) each(static_cast<Half*>(out.data_ptr()));
-  if (out.dtype() == kBFloat16) each(static_cast<BFloat16*>(out.data_ptr()));
+// A reduction's finish: write_average for Avg, nothing for the other ops.
+std::function<void()> average_finish(ReduceOp op, const Tensor& sum, const Tensor& out, int by) {
+  if (op != ReduceOp::Avg) return {};
+  return [sum, out, by] { write_average(sum, out, by); };
 }
 
 int to_int_count(int64_t n, const char* what) {
@@ -546,11 +546,7 @@ class MpiCommunicator final : public Communicator {
       reqs.resize(1);
       KILN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, buf.data_ptr(), n, mpi_type(buf.dtype()), mop, c, &reqs[0]));
     };
-    if (widen) {
-      task->finish = [buf, h, p = size_] { narrow_average(buf, h, p); };
-    } else if (op == ReduceOp::Avg) {
-      task->finish = [h, p = size_] { divide_in_place(h, p); };
-    }
+    task->finish = average_finish(op, buf, h, size_);
     return launch(std::move(task), staging, async_op);
   }
 
@@ -588,11 +584,7 @@ class MpiCommunicator final : public Communicator {
       KILN_MPI_CHECK(MPI_Ireduce(root ? MPI_IN_PLACE : buf.data_ptr(), root ? buf.data_ptr() : nullptr, n,
                                  mpi_type(buf.dtype()), mop, dst, c, &reqs[0]));
     };
-    if (root && widen) {
-      task->finish = [buf, h, p = size_] { narrow_average(buf, h, p); };
-    } else if (root && op == ReduceOp::Avg) {
-      task->finish = [h, p = size_] { divide_in_place(h, p); };
-    }
+    if (root) task->finish = average_finish(op, buf, h, size_);
     return launch(std::move(task), staging, async_op);
   }
 
@@ -676,11 +668,7 @@ class MpiCommunicator final : public Communicator {
       KILN_MPI_CHECK(MPI_Ireduce_scatter(flat.data_ptr(), buf.data_ptr(), cnt.data(), mpi_type(buf.dtype()), mop, c,
                                          &reqs[0]));
     };
-    if (widen) {
-      task->finish = [buf, out, p = size_] { narrow_average(buf, out, p); };
-    } else if (op == ReduceOp::Avg) {
-      task->finish = [out, p = size_] { divide_in_place(out, p); };
-    }
+    task->finish = average_finish(op, buf, out, size_);
     return launch(std::move(task), staging, async_op);
   }
 
@@ -713,11 +701,7 @@ class MpiCommunicator final : public Communicator {
       KILN_MPI_CHECK(
           MPI_Ireduce_scatter_block(in.data_ptr(), buf.data_ptr(), n, mpi_type(buf.dtype()), mop, c, &reqs[0]));
     };
-    if (widen) {
-      task->finish = [buf, out, p = size_] { narrow_average(buf, out, p); };
-    } else if (op == ReduceOp::Avg) {
-      task->finish = [out, p = size_] { divide_in_place(out, p); };
-    }
+    task->finish = average_finish(op, buf, out, size_);
     return launch(std::move(task), staging, async_op);
   }
 

@@ -198,19 +198,13 @@ std::vector<std::string> describe_model(const nn::Module& module) {
 // The ranks must hold the same parameters and buffers, with the same shapes and the same ones
 // trainable (PyTorch's _verify_param_shape_across_processes): the broadcast and the buckets copy
 // by element count, so [2, 3] against [3, 2], or a different parameter frozen on one rank, would
-// mix values silently. One all-reduce of a hash; on a mismatch, rank 0's lines are broadcast so
-// that every rank names the first difference, and every rank throws.
+// mix values silently. One all-reduce of a hash (same_on_every_rank); on a mismatch, rank 0's lines
+// are broadcast so that every rank names the first difference, and every rank throws.
 void verify_same_model(Communicator& comm, const nn::Module& module) {
   const std::vector<std::string> mine = describe_model(module);
   std::string text;
   for (const auto& line : mine) text += line + "\n";
-  uint64_t hash = 1469598103934665603ull;  // FNV-1a
-  for (unsigned char ch : text) hash = (hash ^ ch) * 1099511628211ull;
-  const auto h = static_cast<int64_t>(hash >> 2);  // non-negative, so -h does not overflow
-  Tensor extremes = from_vector<int64_t>({h, -h});
-  comm.all_reduce(extremes, ReduceOp::Max);
-  const auto e = extremes.to_vector<int64_t>();
-  if (e[0] == -e[1]) return;  // the largest hash equals the smallest: the same everywhere
+  if (same_on_every_rank(comm, text)) return;
   Tensor length = from_vector<int64_t>({static_cast<int64_t>(text.size())});
   comm.broadcast(length, 0);
   Tensor chars = zeros({length.item<int64_t>()}, kInt32);
