@@ -1,11 +1,12 @@
 // optim/lr_scheduler.cpp: PyTorch 1.13's schedulers (see lr_scheduler.h). Each get_lr() follows
 // torch.optim.lr_scheduler's get_lr (the recursive form) and closed_form_lr() its
-// _get_closed_form_lr.
+// _get_closed_form_lr; ReduceLROnPlateau follows its step, _reduce_lr and is_better.
 #include "optim/lr_scheduler.h"
 
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "core/error.h"
@@ -468,6 +469,138 @@ void SequentialLR::load_state_dict(const TensorDict& dict) {
   for (size_t k = 0; k < schedulers_.size(); ++k) schedulers_[k]->load_state_dict(children[k]);
   last_epoch_ = last_epoch->item<int64_t>();
   last_lr_ = last_lr->to(kFloat64).to_vector<double>();
+}
+
+// ---- ReduceLROnPlateau ----
+
+ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions options)
+    : optimizer_(optimizer), options_(std::move(options)) {
+  const ReduceLROnPlateauOptions& o = options_;
+  const size_t groups = optimizer_.param_groups().size();
+  KILN_CHECK(o.mode == "min" || o.mode == "max",
+             "ReduceLROnPlateau: mode must be \"min\" (a metric that should fall, such as a loss) or "
+             "\"max\" (one that should rise, such as an accuracy), got \"{}\"", o.mode);
+  KILN_CHECK(o.threshold_mode == "rel" || o.threshold_mode == "abs",
+             "ReduceLROnPlateau: threshold_mode must be \"rel\" or \"abs\", got \"{}\"",
+             o.threshold_mode);
+  KILN_CHECK(o.factor >= 0 && o.factor < 1, "ReduceLROnPlateau: factor must be in [0, 1), got {}",
+             o.factor);
+  KILN_CHECK(o.patience >= 0, "ReduceLROnPlateau: patience must be >= 0, got {}", o.patience);
+  KILN_CHECK(o.cooldown >= 0, "ReduceLROnPlateau: cooldown must be >= 0, got {}", o.cooldown);
+  KILN_CHECK(std::isfinite(o.threshold) && o.threshold >= 0,
+             "ReduceLROnPlateau: threshold must be finite and >= 0, got {}", o.threshold);
+  KILN_CHECK(std::isfinite(o.eps) && o.eps >= 0, "ReduceLROnPlateau: eps must be finite and >= 0, got {}",
+             o.eps);
+  if (o.min_lrs.empty()) {
+    min_lrs_.assign(groups, o.min_lr);
+  } else {
+    KILN_CHECK(o.min_lrs.size() == groups,
+               "ReduceLROnPlateau: got {} min_lrs for {} parameter groups; give one per group, or "
+               "min_lr for all",
+               o.min_lrs.size(), groups);
+    min_lrs_ = o.min_lrs;
+  }
+  for (double m : min_lrs_) {
+    KILN_CHECK(std::isfinite(m) && m >= 0, "ReduceLROnPlateau: a min_lr must be finite and >= 0, got {}",
+               m);
+  }
+  best_ = o.mode == "min" ? std::numeric_limits<double>::infinity()
+                          : -std::numeric_limits<double>::infinity();
+}
+
+// PyTorch's is_better; false for a NaN metric, whose comparisons are all false.
+bool ReduceLROnPlateau::is_better(double metric) const {
+  const ReduceLROnPlateauOptions& o = options_;
+  const bool rel = o.threshold_mode == "rel";
+  if (o.mode == "min") return metric < (rel ? best_ * (1 - o.threshold) : best_ - o.threshold);
+  return metric > (rel ? best_ * (o.threshold + 1) : best_ + o.threshold);
+}
+
+void ReduceLROnPlateau::step(double metric) {
+  auto& groups = optimizer_.param_groups();
+  KILN_CHECK(groups.size() == min_lrs_.size(),
+             "ReduceLROnPlateau: the optimizer has {} parameter groups but the scheduler was made "
+             "for {}; build the scheduler after adding every group",
+             groups.size(), min_lrs_.size());
+  ++last_epoch_;
+  if (is_better(metric)) {
+    best_ = metric;
+    num_bad_epochs_ = 0;
+  } else {
+    ++num_bad_epochs_;
+  }
+  if (in_cooldown()) {
+    --cooldown_counter_;
+    num_bad_epochs_ = 0;  // bad epochs in cooldown are not counted
+  }
+  if (num_bad_epochs_ > options_.patience) {
+    for (size_t g = 0; g < groups.size(); ++g) {
+      const double old_lr = groups[g].lr();
+      const double new_lr = std::max(old_lr * options_.factor, min_lrs_[g]);
+      if (old_lr - new_lr > options_.eps) groups[g].set_lr(new_lr);
+    }
+    cooldown_counter_ = options_.cooldown;
+    num_bad_epochs_ = 0;
+  }
+  last_lr_ = current_lrs(optimizer_);
+}
+
+void ReduceLROnPlateau::step(const Tensor& metric) {
+  KILN_CHECK(metric.defined() && metric.numel() == 1,
+             "ReduceLROnPlateau.step: the metric must be a tensor of one element, got {}",
+             metric.defined() ? "shape " + metric.sizes().str() : std::string("an undefined tensor"));
+  step(metric.item<double>());
+}
+
+const std::vector<double>& ReduceLROnPlateau::get_last_lr() const {
+  KILN_CHECK(!last_lr_.empty(), "ReduceLROnPlateau: get_last_lr() before the first step(); call step(metric) first");
+  return last_lr_;
+}
+
+TensorDict ReduceLROnPlateau::state_dict() const {
+  TensorDict dict;
+  dict.insert("last_epoch", scalar_tensor(last_epoch_, kInt64));
+  dict.insert("num_bad_epochs", scalar_tensor(num_bad_epochs_, kInt64));
+  dict.insert("cooldown_counter", scalar_tensor(cooldown_counter_, kInt64));
+  dict.insert("best", scalar_tensor(best_, kFloat64));
+  dict.insert("last_lr", from_vector(last_lr_));
+  return dict;
+}
+
+void ReduceLROnPlateau::load_state_dict(const TensorDict& dict) {
+  auto entry = [&](const char* key, bool single) -> const Tensor& {
+    const Tensor* t = dict.find(key);
+    KILN_CHECK(t != nullptr, "ReduceLROnPlateau.load_state_dict: the state dict lacks '{}'", key);
+    KILN_CHECK(!single || t->numel() == 1,
+               "ReduceLROnPlateau.load_state_dict: '{}' has {} values, expected one; the state dict is damaged",
+               key, t->numel());
+    return *t;
+  };
+  const int64_t last_epoch = entry("last_epoch", true).item<int64_t>();
+  const int64_t bad = entry("num_bad_epochs", true).item<int64_t>();
+  const int64_t cooldown = entry("cooldown_counter", true).item<int64_t>();
+  const double best = entry("best", true).item<double>();
+  std::vector<double> last_lr = entry("last_lr", false).to(kFloat64).to_vector<double>();
+  // Checked before any is taken, so that a damaged state dict leaves the scheduler as it was.
+  KILN_CHECK(last_epoch >= 0 && bad >= 0 && cooldown >= 0 && cooldown <= options_.cooldown,
+             "ReduceLROnPlateau.load_state_dict: 'last_epoch' {}, 'num_bad_epochs' {} and 'cooldown_counter' {} "
+             "must be >= 0 (and the last at most this scheduler's cooldown, {}); the state dict is damaged or "
+             "was saved with other options",
+             last_epoch, bad, cooldown, options_.cooldown);
+  KILN_CHECK(!std::isnan(best), "ReduceLROnPlateau.load_state_dict: 'best' is NaN; the state dict is damaged");
+  KILN_CHECK(last_lr.empty() || last_lr.size() == min_lrs_.size(),
+             "ReduceLROnPlateau.load_state_dict: 'last_lr' has {} values but the optimizer has {} groups",
+             last_lr.size(), min_lrs_.size());
+  for (double lr : last_lr) {
+    KILN_CHECK(std::isfinite(lr) && lr >= 0,
+               "ReduceLROnPlateau.load_state_dict: 'last_lr' holds {}, but learning rates are finite and >= 0; "
+               "the state dict is damaged", lr);
+  }
+  last_epoch_ = last_epoch;
+  num_bad_epochs_ = bad;
+  cooldown_counter_ = cooldown;
+  best_ = best;
+  last_lr_ = std::move(last_lr);
 }
 
 }  // namespace kiln::optim

@@ -1,6 +1,7 @@
 // optim/lr_scheduler.h: learning-rate schedulers, torch.optim.lr_scheduler of PyTorch 1.13: the
 // LRScheduler base and StepLR, MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR, LambdaLR,
-// OneCycleLR, SequentialLR. DeepSpeed's warmup schedules are in warmup_lr.h.
+// OneCycleLR, SequentialLR; and ReduceLROnPlateau, which is stepped with a metric and, as in PyTorch
+// 1.13, is not an LRScheduler. DeepSpeed's warmup schedules are in warmup_lr.h.
 //
 // As in PyTorch, building a scheduler records each group's "initial_lr" (the base lr) and takes the
 // first step (last_epoch 0), so the optimizer's lr is already the schedule's first value; call
@@ -213,6 +214,58 @@ class SequentialLR : public LRScheduler {
  private:
   std::vector<std::shared_ptr<LRScheduler>> schedulers_;
   std::vector<int64_t> milestones_;
+};
+
+struct ReduceLROnPlateauOptions {
+  std::string mode = "min";  // "min": the metric should fall (a loss); "max": rise (an accuracy)
+  double factor = 0.1;       // new lr = lr * factor, in [0, 1)
+  int64_t patience = 10;     // epochs without improvement tolerated before a reduction
+  double threshold = 1e-4;   // how much better than the best a metric must be to count
+  std::string threshold_mode = "rel";  // "rel": best * (1 -/+ threshold); "abs": best -/+ threshold
+  int64_t cooldown = 0;                // epochs after a reduction in which bad epochs are not counted
+  double min_lr = 0;                   // the lr's floor, for every group...
+  std::vector<double> min_lrs{};       // ...or one per param group (PyTorch's list form)
+  double eps = 1e-8;                   // a reduction smaller than eps is not made
+};
+
+// torch.optim.lr_scheduler.ReduceLROnPlateau of PyTorch 1.13: step(metric) once per epoch with a
+// validation metric; when it has not improved on the best seen for more than `patience` epochs,
+// each group's lr becomes max(lr * factor, min_lr) (unless that changes it by eps or less), and
+// `cooldown` epochs follow in which bad epochs are not counted. A NaN metric is never an
+// improvement. Unlike the schedulers above it takes no step when built and does not write
+// "initial_lr". state_dict() holds its counters: "last_epoch", "num_bad_epochs",
+// "cooldown_counter" (int64 0-d), "best" (float64 0-d) and "last_lr" (float64, one per group;
+// empty before the first step). Build it with the same options before loading one.
+class ReduceLROnPlateau {
+ public:
+  explicit ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions options = {});
+
+  void step(double metric);
+  // A tensor of one element (such as a loss); its value is read on the host.
+  void step(const Tensor& metric);
+  // The lr of each group after the last step(); an Error before the first step.
+  const std::vector<double>& get_last_lr() const;
+  int64_t last_epoch() const { return last_epoch_; }
+  double best() const { return best_; }
+  int64_t num_bad_epochs() const { return num_bad_epochs_; }
+  int64_t cooldown_counter() const { return cooldown_counter_; }
+  bool in_cooldown() const { return cooldown_counter_ > 0; }
+  Optimizer& optimizer() const { return optimizer_; }
+
+  TensorDict state_dict() const;
+  // An Error naming the entry when one is missing, damaged or has the wrong number of groups.
+  void load_state_dict(const TensorDict& dict);
+
+ private:
+  bool is_better(double metric) const;
+
+  Optimizer& optimizer_;
+  ReduceLROnPlateauOptions options_;
+  std::vector<double> min_lrs_, last_lr_;
+  double best_;
+  int64_t last_epoch_ = 0;
+  int64_t num_bad_epochs_ = 0;
+  int64_t cooldown_counter_ = 0;
 };
 
 }  // namespace kiln::optim

@@ -39,7 +39,12 @@ void fsync_directory(const fs::path& dir) {  // makes the renames in `dir` durab
 void write_file_atomic(const std::string& path, const std::string& text) {
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  const std::string tmp = (dir / ("." + target.filename().string() + ".tmp." + std::to_string(getpid()))).string();
+  // Built by appending: "." + string makes GCC 12 warn falsely (-Wrestrict).
+  std::string tmp_name(1, '.');
+  tmp_name += target.filename().string();
+  tmp_name += ".tmp.";
+  tmp_name += std::to_string(getpid());
+  const std::string tmp = (dir / tmp_name).string();
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   KILN_CHECK(fd >= 0, "cannot write {}: {} (check that the directory exists and is writable)", path,
              std::strerror(errno));

@@ -56,7 +56,7 @@ void Flags::parse(int argc, const char* const* argv) {
     KILN_CHECK(flag != nullptr, "unknown flag --{} (see --help for the flags {} takes)", name, program_);
     if (flag->is_switch) {
       KILN_CHECK(!inline_value, "--{} takes no value", name);
-      flag->value = "1";
+      flag->value.assign(1, '1');  // not = "1": GCC 12 warns falsely (-Wrestrict) on that
     } else if (!inline_value) {
       KILN_CHECK(i + 1 < argc, "--{} needs a value ({})", name, flag->help);
       value = argv[++i];

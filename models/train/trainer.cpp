@@ -31,7 +31,8 @@ using json = nlohmann::json;
 const std::vector<std::string> Choices::model = models::vision_model_names();
 const std::vector<std::string> Choices::dataset = {"fashion-mnist", "synthetic"};
 const std::vector<std::string> Choices::optimizer = {"sgd", "adam", "adamw", "rmsprop", "adagrad"};
-const std::vector<std::string> Choices::scheduler = {"none", "step", "cosine", "onecycle", "warmup-cosine"};
+const std::vector<std::string> Choices::scheduler = {"none", "step", "cosine", "onecycle", "warmup-cosine",
+                                                     "plateau"};
 
 namespace {
 
@@ -171,7 +172,14 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainOptions& o, optim:
     return std::make_unique<optim::WarmupCosineLR>(opt, optim::WarmupCosineLROptions{
         .total_num_steps = total_steps, .warmup_num_steps = std::max<int64_t>(1, total_steps / 20)});
   }
-  return nullptr;
+  return nullptr;  // none, or plateau: see make_plateau
+}
+
+// --scheduler plateau: the lr halves after an epoch whose test loss is not below the best so far.
+std::unique_ptr<optim::ReduceLROnPlateau> make_plateau(const TrainOptions& o, optim::Optimizer& opt) {
+  if (o.scheduler != "plateau") return nullptr;
+  return std::make_unique<optim::ReduceLROnPlateau>(opt, optim::ReduceLROnPlateauOptions{.factor = 0.5,
+                                                                                         .patience = 0});
 }
 
 struct Evaluation {
@@ -272,6 +280,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
              "early with --max-steps)", o.epochs, steps_per_epoch);
   std::unique_ptr<optim::LRScheduler> sched =
       make_scheduler(o, *opt, steps_per_epoch, o.epochs * steps_per_epoch);
+  std::unique_ptr<optim::ReduceLROnPlateau> plateau = make_plateau(o, *opt);
 
   int64_t step = 0, epoch = 0, epoch_batches = 0, window_steps = 0;
   double epoch_loss_sum = 0, window_sum = 0;
@@ -280,6 +289,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     model->load_state_dict(ckpt->model);
     opt->load_state_dict(ckpt->optimizer);  // before the scheduler's: see optim/lr_scheduler.h
     if (sched) sched->load_state_dict(ckpt->scheduler);
+    if (plateau) plateau->load_state_dict(ckpt->scheduler);
     train_loader.load_state_dict(ckpt->loader);
     default_generator().set_state(ckpt->rng);
     step = ckpt->step;
@@ -324,6 +334,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     c.model = model->state_dict();
     c.optimizer = opt->state_dict();
     if (sched) c.scheduler = sched->state_dict();
+    if (plateau) c.scheduler = plateau->state_dict();
     c.step = step;
     c.epoch = epoch;
     c.loader = train_loader.state_dict();
@@ -409,6 +420,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     // A training step that made the weights inf or nan shows here first: stop before saving them.
     KILN_CHECK(std::isfinite(ev.loss), "epoch {}: the test loss is {}: training diverged; lower --lr (the last "
                "checkpoint, if any, is from before it)", epoch + 1, ev.loss);
+    if (plateau) plateau->step(ev.loss);  // every rank has rank 0's ev, so the same lr
     ++epoch;
     history.epoch.push_back(static_cast<double>(epoch));
     history.test_loss.push_back(ev.loss);

@@ -37,7 +37,9 @@ struct TrainOptions {
   double lr = std::numeric_limits<double>::quiet_NaN();  // NaN: 0.05 for sgd, 1e-3 for the others
   double momentum = std::numeric_limits<double>::quiet_NaN();      // NaN: 0.9 (sgd), 0 (rmsprop)
   double weight_decay = std::numeric_limits<double>::quiet_NaN();  // NaN: 0.01 (adamw), 0 (others)
-  std::string scheduler = "none";  // none | step | cosine | onecycle | warmup-cosine (per batch)
+  // none | step | cosine | onecycle | warmup-cosine (stepped per batch) | plateau (ReduceLROnPlateau
+  // on the test loss, per epoch)
+  std::string scheduler = "none";
   uint64_t seed = 0;
   std::string device = "cpu";  // cpu | cuda | cuda:N
   int threads = 0;             // 0: every core (shared out among the ranks of a machine)

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <limits>
 #include <new>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <utility>
 
@@ -299,6 +300,7 @@ TEST_CASE("Training resumed from a checkpoint equals training straight through, 
     DYNAMIC_SECTION(model << " stopped after " << stop << " steps") {
       train::TrainOptions straight = small_run(model, scratch_dir(model + "-straight"));
       if (model == "cnn") straight.scheduler = "onecycle";
+      if (model == "mlp" && stop == 10) straight.scheduler = "plateau";  // stopped after its first step
       train::TrainResult a = train::train(straight);
 
       train::TrainOptions first = straight;
@@ -453,4 +455,38 @@ TEST_CASE("exit_on_exception: the exit code by kind of exception, and the memory
   CHECK(end([] { throw Error("--epochs must be 1 or more"); }) == Ended{2, "prog: error: --epochs must be 1 or more\n"});
   CHECK(end([] { throw std::runtime_error("disk on fire"); }) == Ended{1, "prog: error: disk on fire\n"});
   CHECK(end([] { throw 42; }) == Ended{1, "prog: error: an exception that is not a std::exception\n"});
+}
+
+TEST_CASE("The plateau scheduler of kiln-train halves the lr after an epoch whose test loss is not below the best") {
+  train::TrainOptions o = small_run("mlp", scratch_dir("plateau"));
+  o.scheduler = "plateau";
+  o.optimizer = "sgd";
+  o.lr = 0.2;  // large enough that the test loss stops falling within a few epochs
+  o.epochs = 6;
+  o.batch_size = 64;  // 5 steps an epoch
+  o.log_every = 1;
+  train::train(o);
+  // The lr of each step line against a ReduceLROnPlateau fed the epochs' test losses.
+  Tensor p = zeros({1}).requires_grad_();
+  optim::SGD reference({p}, {.lr = 0.2});
+  optim::ReduceLROnPlateau plateau(reference, {.factor = 0.5, .patience = 0});
+  std::ifstream metrics(o.out_dir + "/metrics.jsonl");
+  int64_t steps = 0, epochs = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == "step") {
+      INFO("step " << j.at("step"));
+      CHECK(j.at("lr").get<double>() == reference.param_groups()[0].lr());
+      ++steps;
+    } else if (j.at("type") == "epoch") {
+      plateau.step(j.at("test_loss").get<double>());
+      ++epochs;
+    }
+  }
+  CHECK(steps == 30);
+  CHECK(epochs == 6);
+  CHECK(reference.param_groups()[0].lr() < 0.2);  // the run saw at least one plateau
+  train::Checkpoint c = train::load_checkpoint(o.out_dir + "/checkpoint");
+  CHECK(c.scheduler.at("best").item<double>() == plateau.best());
+  CHECK(c.scheduler.at("last_epoch").item<int64_t>() == 6);
 }

@@ -87,6 +87,10 @@ OptimGolden load() {
       in >> id;
       auto& map = kind == "sched" ? g.sched : kind == "sched1" ? g.sched1 : g.momentum;
       map[id] = read_numbers(in);
+    } else if (kind == "plateau") {
+      std::string id, series;
+      in >> id >> series;
+      g.plateau[id][series] = read_numbers(in);
     } else if (kind == "clip") {
       clip = &g.clips.emplace_back();
       std::string norm_type;

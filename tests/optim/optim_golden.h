@@ -24,6 +24,9 @@ struct OptimCase {
 struct OptimGolden {
   std::vector<OptimCase> cases;
   std::map<std::string, std::vector<double>> sched, sched1, momentum;  // by scheduler id
+  // ReduceLROnPlateau: [case id][series], series "metric", "lr0", "lr1", "best", "num_bad_epochs",
+  // "cooldown_counter"
+  std::map<std::string, std::map<std::string, std::vector<double>>> plateau;
   struct Clip {
     std::string id;
     double max_norm, norm_type, total_norm;

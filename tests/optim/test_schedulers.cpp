@@ -386,3 +386,129 @@ TEST_CASE("bad scheduler arguments are Errors that name the problem") {
   check_error([&] { step.load_state_dict(nan_lr); }, {"StepLR", "'base_lrs' holds nan", "damaged"});
   CHECK(step.state_dict().at("last_epoch").item<int64_t>() == missing.at("last_epoch").item<int64_t>());
 }
+
+namespace {
+
+// The options of the fixture's "plateau" cases, as the generator gives them.
+ReduceLROnPlateauOptions plateau_options(const std::string& id) {
+  if (id == "min_rel") return {.factor = 0.5, .patience = 2, .threshold = 0.1};
+  if (id == "min_abs_cooldown") {
+    return {.factor = 0.3, .patience = 1, .threshold = 0.05, .threshold_mode = "abs", .cooldown = 2,
+            .min_lrs = {0.01, 0.004}};
+  }
+  if (id == "max_rel") return {.mode = "max", .factor = 0.2, .patience = 1, .threshold = 0.02, .cooldown = 1};
+  if (id == "max_abs_eps") {
+    return {.mode = "max", .factor = 0.5, .patience = 0, .threshold = 0, .threshold_mode = "abs", .eps = 0.02};
+  }
+  if (id == "min_rel_negative") return {.factor = 0.5, .patience = 1, .threshold = 0.05, .min_lr = 0.02};
+  if (id == "defaults") return {};
+  FAIL("no plateau case " << id);
+  return {};
+}
+
+}  // namespace
+
+TEST_CASE("ReduceLROnPlateau gives PyTorch's lrs, best and counters at every step") {
+  const auto& cases = OptimGolden::get().plateau;
+  REQUIRE(cases.size() == 6);
+  for (const auto& [id, series] : cases) {
+    INFO("case " << id);
+    Setup s;
+    ReduceLROnPlateau sched(*s.opt, plateau_options(id));
+    const std::vector<double>& metrics = series.at("metric");
+    for (size_t k = 0; k < metrics.size(); ++k) {
+      INFO("step " << k + 1 << ", metric " << metrics[k]);
+      sched.step(metrics[k]);
+      // Exact: each lr is a product of the factor and the lr, or a min_lr, as in Python.
+      CHECK(s.opt->param_groups()[0].lr() == series.at("lr0")[k]);
+      CHECK(s.opt->param_groups()[1].lr() == series.at("lr1")[k]);
+      CHECK(sched.best() == series.at("best")[k]);
+      CHECK(sched.num_bad_epochs() == static_cast<int64_t>(series.at("num_bad_epochs")[k]));
+      CHECK(sched.cooldown_counter() == static_cast<int64_t>(series.at("cooldown_counter")[k]));
+      CHECK(sched.last_epoch() == static_cast<int64_t>(k + 1));
+      CHECK(sched.get_last_lr() == std::vector<double>{series.at("lr0")[k], series.at("lr1")[k]});
+    }
+  }
+}
+
+TEST_CASE("ReduceLROnPlateau resumed from its state_dict goes on as if never stopped") {
+  const auto& series = OptimGolden::get().plateau.at("min_abs_cooldown");
+  const std::vector<double>& metrics = series.at("metric");
+  const ReduceLROnPlateauOptions options = plateau_options("min_abs_cooldown");
+  for (size_t stop : {size_t{5}, size_t{6}, size_t{11}}) {  // mid-cooldown, cooldown start, after the NaN
+    INFO("stopped after step " << stop);
+    Setup first;
+    ReduceLROnPlateau sched(*first.opt, options);
+    for (size_t k = 0; k < stop; ++k) sched.step(metrics[k]);
+    const TensorDict opt_state = first.opt->state_dict(), sched_state = sched.state_dict();
+
+    Setup second;
+    ReduceLROnPlateau resumed(*second.opt, options);
+    second.opt->load_state_dict(opt_state);
+    resumed.load_state_dict(sched_state);
+    CHECK(resumed.get_last_lr() == sched.get_last_lr());
+    for (size_t k = stop; k < metrics.size(); ++k) {
+      resumed.step(metrics[k]);
+      CHECK(second.opt->param_groups()[0].lr() == series.at("lr0")[k]);
+      CHECK(second.opt->param_groups()[1].lr() == series.at("lr1")[k]);
+      CHECK(resumed.cooldown_counter() == static_cast<int64_t>(series.at("cooldown_counter")[k]));
+    }
+  }
+}
+
+TEST_CASE("ReduceLROnPlateau takes a one-element tensor as its metric") {
+  Setup a, b;
+  ReduceLROnPlateau by_value(*a.opt, {.patience = 0}), by_tensor(*b.opt, {.patience = 0});
+  for (double m : {3.0, 2.0, 2.5, 2.5, 1.0}) {
+    by_value.step(m);
+    by_tensor.step(full({1}, m));  // float32 on the way: 2.5 and 1.0 are exact
+    CHECK(by_tensor.get_last_lr() == by_value.get_last_lr());
+  }
+  CHECK(by_value.get_last_lr()[0] == 0.1 * 0.1 * 0.1);
+  check_error([&] { by_tensor.step(full({2}, 1.0)); }, {"ReduceLROnPlateau.step", "one element", "[2]"});
+  check_error([&] { by_tensor.step(Tensor()); }, {"ReduceLROnPlateau.step", "undefined"});
+}
+
+TEST_CASE("ReduceLROnPlateau: bad options, groups and state dicts are Errors that name the problem") {
+  Setup s;
+  Optimizer& o = *s.opt;
+  check_error([&] { ReduceLROnPlateau(o, {.mode = "minimum"}); }, {"ReduceLROnPlateau", "mode", "minimum"});
+  check_error([&] { ReduceLROnPlateau(o, {.threshold_mode = "relative"}); },
+              {"ReduceLROnPlateau", "threshold_mode", "relative"});
+  check_error([&] { ReduceLROnPlateau(o, {.factor = 1.0}); }, {"ReduceLROnPlateau", "factor", "[0, 1)"});
+  check_error([&] { ReduceLROnPlateau(o, {.factor = -0.5}); }, {"ReduceLROnPlateau", "factor"});
+  check_error([&] { ReduceLROnPlateau(o, {.patience = -1}); }, {"ReduceLROnPlateau", "patience"});
+  check_error([&] { ReduceLROnPlateau(o, {.cooldown = -2}); }, {"ReduceLROnPlateau", "cooldown"});
+  check_error([&] { ReduceLROnPlateau(o, {.threshold = std::nan("")}); }, {"ReduceLROnPlateau", "threshold"});
+  check_error([&] { ReduceLROnPlateau(o, {.min_lr = -1e-3}); }, {"ReduceLROnPlateau", "min_lr"});
+  check_error([&] { ReduceLROnPlateau(o, {.min_lrs = {0.1}}); },
+              {"ReduceLROnPlateau", "1 min_lrs for 2 parameter groups"});
+
+  ReduceLROnPlateau sched(o, {.patience = 1});
+  check_error([&] { sched.get_last_lr(); }, {"ReduceLROnPlateau", "before the first step"});
+  CHECK(sched.state_dict().at("last_lr").numel() == 0);
+  sched.step(1.0);
+  sched.step(2.0);
+  const TensorDict good = sched.state_dict();
+  TensorDict missing;
+  for (const auto& [key, t] : good) {
+    if (key != "best") missing.insert(key, t);
+  }
+  check_error([&] { sched.load_state_dict(missing); }, {"ReduceLROnPlateau.load_state_dict", "lacks 'best'"});
+  TensorDict negative = good;
+  negative.set("num_bad_epochs", scalar_tensor(int64_t{-3}));
+  check_error([&] { sched.load_state_dict(negative); }, {"ReduceLROnPlateau.load_state_dict", "damaged"});
+  TensorDict long_cooldown = good;
+  long_cooldown.set("cooldown_counter", scalar_tensor(int64_t{4}));  // this one's cooldown is 0
+  check_error([&] { sched.load_state_dict(long_cooldown); }, {"ReduceLROnPlateau.load_state_dict", "other options"});
+  TensorDict one_lr = good;
+  one_lr.set("last_lr", from_vector<double>({0.1}));
+  check_error([&] { sched.load_state_dict(one_lr); }, {"'last_lr' has 1 values", "2 groups"});
+  CHECK(sched.num_bad_epochs() == 1);  // nothing taken from the damaged dicts
+  CHECK(sched.best() == 1.0);
+
+  Tensor extra = zeros({2}).requires_grad_();
+  static_cast<SGD&>(o).add_param_group({extra}, {.lr = 0.2});
+  check_error([&] { sched.step(0.5); }, {"ReduceLROnPlateau", "3 parameter groups", "made for 2"});
+  CHECK(sched.last_epoch() == 2);
+}
