@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cpu/exact_exp.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 
@@ -83,7 +84,7 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
           s.head(n) *= scale;
           const T m_new = std::max(m[r], s.head(n).maxCoeff());
           const T c = std::exp(m[r] - m_new);  // 0 on the row's first block (m = -inf)
-          s.head(n) = (s.head(n) - m_new).exp();
+          s.head(n) = exact_exp(s.head(n) - m_new);
           s.tail(cols - n).setZero();
           l[r] = c * l[r] + s.head(n).sum();
           m[r] = m_new;
@@ -141,7 +142,7 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t n = visible(r, cols, q0, k0, args.causal);
             Row<T> s(p.data() + r * cols, cols);
-            s.head(n) = (s.head(n) * scale - lse[b * L + q0 + r]).exp();
+            s.head(n) = exact_exp(s.head(n) * scale - lse[b * L + q0 + r]);
             s.tail(cols - n).setZero();
           }
           gemm<T>(true, false, cols, Ev, rows, p.data(), cols, goi, gout.ld, true, gvb + k0 * gv.ld, gv.ld);

@@ -11,6 +11,7 @@
 
 #include "core/scalar_math.h"
 #include "core/convert.h"
+#include "cpu/exact_exp.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 
@@ -43,7 +44,7 @@ TailArray normal_cdf_tail(const TailArray& x) {
                 t * (0.09678418 +
                      t * (-0.18628806 +
                           t * (0.27886807 + t * (-1.13520398 + t * (1.48851587 + t * (-0.82215223 + t * 0.17087277))))))));
-  return 0.5 * t * (p - z.square()).exp();
+  return 0.5 * t * exact_exp(p - z.square());
 }
 
 // Overwrites y[i] where x[i] < -1 with the tail form of gelu (g == nullptr) or of g * gelu'(x).
@@ -63,7 +64,7 @@ void gelu_erf_tail(const T* g, const T* x, T* y, int64_t n) {
         v = xd * phi;
       } else {  // Phi(x) + x phi(x), times g
         const TailArray gd = Eigen::Map<const Eigen::ArrayXf>(g + i0, len).cast<double>();
-        const TailArray density = (-0.5 * xd.square()).exp();
+        const TailArray density = exact_exp(-0.5 * xd.square());
         v = gd * (phi + 0.39894228040143267794 * xd * density);
       }
       const TailArrayF vf = v.cast<float>();
@@ -91,7 +92,7 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
   switch (op) {
     case UnaryOp::Neg: out = -in; return true;
     case UnaryOp::Abs: out = in.abs(); return true;
-    case UnaryOp::Exp: out = in.exp(); return true;
+    case UnaryOp::Exp: out = exact_exp(in); return true;  // Note [Eigen's exp below its range]
     case UnaryOp::Log: out = in.log(); return true;
     case UnaryOp::Log1p: out = in.log1p(); return true;
     case UnaryOp::Expm1: out = in.expm1(); return true;
@@ -100,14 +101,16 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
     case UnaryOp::Sin: out = in.sin(); return true;
     case UnaryOp::Cos: out = in.cos(); return true;
     case UnaryOp::Tanh: out = in.tanh(); return true;
-    case UnaryOp::Sigmoid: out = in.logistic(); return true;
+    // Not Eigen's logistic(), whose float32 form is off by up to 7e-4 relatively (sigmoid(-8.9)):
+    // PyTorch's form, exact to a few ulp, and 0 at -inf.
+    case UnaryOp::Sigmoid: out = (T(1) + exact_exp(-in)).inverse(); return true;
     case UnaryOp::Erf: out = in.erf(); return true;
     case UnaryOp::Square: out = in.square(); return true;
     case UnaryOp::GeluErf:  // See Note [GELU's Gaussian tail]
       out = T(0.5) * in * (T(1) + (in * T(0.70710678118654752440)).erf());
       gelu_erf_tail<T>(nullptr, x, y, n);
       return true;
-    case UnaryOp::Silu: out = in / (T(1) + (-in).exp()); return true;  // -inf gives nan, as PyTorch
+    case UnaryOp::Silu: out = in / (T(1) + exact_exp(-in)); return true;  // -inf gives nan, as PyTorch
     case UnaryOp::Relu:  // NaN stays NaN, as in PyTorch
       out = (in != in).select(in, in.max(T(0)));
       return true;
@@ -225,7 +228,7 @@ void gelu_backward_vectorized(BinaryOp op, const T* g, const T* x, T* y, int64_t
     return;
   }
   out = gv * (T(0.5) * (T(1) + (xv * T(0.70710678118654752440)).erf()) +
-              xv * (T(-0.5) * xv.square()).exp() * T(0.39894228040143267794));
+              xv * exact_exp(T(-0.5) * xv.square()) * T(0.39894228040143267794));
   gelu_erf_tail<T>(g, x, y, n);
 }
 

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "cpu/exact_exp.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 
@@ -239,7 +240,7 @@ void cross_entropy_typed(const View& logitsv, const View& targetv, const View& l
       const T mx = x.maxCoeff();
       // Every logit -inf (a row fully masked): lse = -inf, as log_softmax gives.
       const double l = std::isinf(mx) && mx < 0 ? static_cast<double>(mx)
-                                                : static_cast<double>(mx) + std::log(static_cast<double>((x - mx).exp().sum()));
+                                                : static_cast<double>(mx) + std::log(static_cast<double>(exact_exp(x - mx).sum()));
       lse[r] = static_cast<T>(l);
       int64_t t = 0;
       if (!target_class(target, r, C, ignore_index, t)) {
@@ -272,7 +273,7 @@ void cross_entropy_backward_typed(const View& logitsv, const View& targetv, cons
       }
       const T scale = gl[r];
       const T smooth = static_cast<T>(eps / static_cast<double>(C));
-      out = ((ConstRow<T>(logits + r * C, C) - lse[r]).exp() - smooth) * scale;
+      out = (exact_exp(ConstRow<T>(logits + r * C, C) - lse[r]) - smooth) * scale;
       out[t] -= static_cast<T>(1 - eps) * scale;
     }
   });

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/convert.h"
+#include "cpu/exact_exp.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 
@@ -283,9 +284,9 @@ void softmax_row(Eigen::Ref<Eigen::Array<M, Eigen::Dynamic, 1>> x, bool log) {
   if (std::isinf(mx) && mx < 0) mx = 0;  // a row of -inf: exp(-inf - 0) = 0, as PyTorch gives nan
   if (log) {  // (x - max) - log(sum): subtracting max first keeps the low bits of large inputs
     x -= mx;
-    x -= std::log(x.exp().sum());
+    x -= std::log(exact_exp(x).sum());
   } else {
-    x = (x - mx).exp();
+    x = exact_exp(x - mx);
     x /= x.sum();
   }
 }

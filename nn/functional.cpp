@@ -74,11 +74,11 @@ Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t 
   check_class_targets(target, logp.size(cdim), ignore_index, op);
 
   Nll out;
-  Tensor index, denom;
+  Tensor index, denom, keep;
   {
     NoGradGuard no_grad;
     // Ignored targets index class 0 (with weight 0), so gather stays in range.
-    Tensor keep = target.ne(ignore_index);
+    keep = target.ne(ignore_index);
     Tensor safe = target.masked_fill(keep.logical_not(), 0);
     index = safe.unsqueeze(cdim);
     out.weights = weight.defined() ? index_select(weight, 0, safe.reshape({-1})).view(target.sizes()) * keep
@@ -95,9 +95,12 @@ Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t 
   }
   if (autograd::should_record(logp)) {
     autograd::record("NllLossBackward", {logp}, {out.loss},
-                     [index, w = out.weights, denom, cdim, sizes = logp.sizes(), options = logp.options()](
+                     [index, w = out.weights, denom, keep, cdim, sizes = logp.sizes(), options = logp.options()](
                          const autograd::Grads& g) -> autograd::TensorList {
                        Tensor coef = denom.defined() ? g[0] / denom * w : g[0] * w;
+                       // An ignored element has no gradient, as in PyTorch, even when every element
+                       // is ignored and g / denom is inf (w = 0 times it would be nan).
+                       if (denom.defined()) coef = coef.masked_fill(keep.logical_not(), 0);
                        return {zeros(sizes, options).scatter(cdim, index, -coef.unsqueeze(cdim))};
                      });
   }
@@ -302,7 +305,9 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
   if (eps == 0) return nl.loss;
   // Label smoothing: (1 - eps) * nll + eps / C * (-sum_c w_c logp_c), ignored elements masked.
   Tensor all = options.weight.defined() ? logp * along_classes(options.weight, input.dim()) : logp;
-  Tensor smooth = -all.sum({cdim}) * target.ne(options.ignore_index);
+  // masked_fill, not a product with the mask: its gradient is 0 at an ignored element even when the
+  // mean's 1 / (sum of weights) is inf because every element is ignored (as PyTorch).
+  Tensor smooth = (-all.sum({cdim})).masked_fill(target.eq(options.ignore_index), 0);
   Tensor smooth_reduced;
   switch (r) {
     case Reduction::Mean:
@@ -365,9 +370,23 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCE
                "binary_cross_entropy_with_logits");
   }
   // log(p) and log(1 - p) clamped at -100, so p = 0 or 1 gives a finite loss (PyTorch's rule).
-  Tensor log_p = input.log().clamp(-100.0);
-  Tensor log_q = (1 - input).log().clamp(-100.0);
-  Tensor loss = -(target * log_p + (1 - target) * log_q);
+  Tensor loss;
+  {
+    NoGradGuard no_grad;
+    loss = -(target * input.log().clamp(-100.0) + (1 - target) * (1 - input).log().clamp(-100.0));
+  }
+  // PyTorch's gradients rather than the composition's: d/dp is (p - t) / max(p (1 - p), 1e-12), finite
+  // at a saturated p of 0 or 1 (the clamped log's was 0 * inf = nan there), and d/dt is -logit(p).
+  if (autograd::should_record(input, target)) {
+    autograd::record("BinaryCrossEntropyBackward", {input, target}, {loss},
+                     [p = autograd::SavedTensor(input, false), t = autograd::SavedTensor(target, false)](
+                         const autograd::Grads& g) -> autograd::TensorList {
+                       Tensor pv = p.unpack("BinaryCrossEntropyBackward");
+                       Tensor tv = t.unpack("BinaryCrossEntropyBackward");
+                       return {g[0] * (pv - tv) / (pv * (1 - pv)).clamp(1e-12),
+                               g[0] * ((1 - pv).log() - pv.log())};
+                     });
+  }
   if (options.weight.defined()) loss = loss * options.weight;
   return reduce(loss, r);
 }

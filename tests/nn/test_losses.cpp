@@ -161,3 +161,41 @@ TEST_CASE("cross_entropy stays finite for huge logits", "[nn][losses]") {
   Tensor loss = nn::cross_entropy(logits, from_vector<int64_t>({1, 1}, {2}), {.reduction = "none"});
   test::check_close(loss, tensor({2000.0, 0.0}));
 }
+
+TEST_CASE("A batch whose every target is ignored gives a zero gradient, as PyTorch, not nan", "[nn][losses]") {
+  // The loss is 0 / 0 = nan in both; PyTorch's gradient is 0, so one all-padding batch cannot poison
+  // the weights. Kiln's was nan on the weighted, K-dim and label-smoothing paths.
+  Tensor w = from_vector<double>({0.5, 1.0, 2.0});
+  const std::vector<std::pair<std::string, std::function<Tensor(const Tensor&)>>> cases = {
+      {"nll_loss with weight",
+       [&](const Tensor& x) { return nn::nll_loss(log_softmax(x, 1), full({2}, -100, kInt64), {.weight = w}); }},
+      {"cross_entropy with weight",
+       [&](const Tensor& x) { return nn::cross_entropy(x, full({2}, -100, kInt64), {.weight = w}); }},
+      {"cross_entropy (N, C, d)",
+       [&](const Tensor& x) { return nn::cross_entropy(x.view({2, 3, 1}), full({2, 1}, -100, kInt64)); }},
+      {"cross_entropy with label smoothing and weight",
+       [&](const Tensor& x) {
+         return nn::cross_entropy(x, full({2}, 7, kInt64), {.weight = w, .ignore_index = 7, .label_smoothing = 0.1});
+       }},
+  };
+  for (const auto& [name, loss_of] : cases) {
+    INFO(name);
+    Tensor x = from_vector<double>({0.1, 0.2, 0.3, 0.3, 0.2, 0.1}, {2, 3}).requires_grad_();
+    Tensor loss = loss_of(x);
+    CHECK(std::isnan(loss.item<double>()));
+    loss.backward();
+    test::check_equal(x.grad(), zeros({2, 3}, kFloat64));
+  }
+}
+
+TEST_CASE("binary_cross_entropy's gradient at a saturated p of 0 or 1 is PyTorch's, finite", "[nn][losses]") {
+  // PyTorch: (p - t) / max(p (1 - p), 1e-12); the clamped log's derivative was 0 * inf = nan.
+  Tensor p = from_vector<double>({0.0, 1.0, 0.0, 1.0, 0.25}).requires_grad_();
+  Tensor t = from_vector<double>({0.0, 1.0, 1.0, 0.0, 0.5});
+  Tensor loss = nn::binary_cross_entropy(p, t, {.reduction = "sum"});
+  CHECK(loss.item<double>() == Approx(200 + std::log(4.0 / 3) / 2 + std::log(4.0) / 2).epsilon(1e-15));
+  loss.backward();
+  // torch 1.13 gives -1000000003995.8029 where Kiln's 1e-12 is float64's, not float32's.
+  test::check_close(p.grad(), from_vector<double>({0, 0, -1e12, 1e12, (0.25 - 0.5) / (0.25 * 0.75)}),
+                    {1e-8, 0});
+}

@@ -148,3 +148,66 @@ TEST_CASE("gelu's Gaussian tail (x < -1) in float32 keeps its relative accuracy,
   CHECK(fwd < 1e-6);
   CHECK(bwd < 1e-6);
 }
+
+namespace {
+bool all_nan(const Tensor& t) { return t.ne(t).all().item<bool>(); }
+}  // namespace
+
+// Note [Eigen's exp below its range] (cpu/exact_exp.h): Eigen's vectorized exp gave exp(-88.72) =
+// 2.9e-39 (float) or 5.6e-309 (double) for every smaller x, -inf included. Lengths 4099 and 17 put
+// values in the vectorized body and in the scalar tail.
+TEST_CASE("exp below Eigen's range: subnormals rounded once, 0 at -inf, in float32 and float64", "[ops][exp]") {
+  for (DType dt : {kFloat32, kFloat64}) {
+    INFO(dtype_name(dt));
+    const bool f32 = dt == kFloat32;
+    Tensor x = linspace(f32 ? -120.0 : -760.0, f32 ? -70.0 : -690.0, 4099, dt);
+    const std::vector<double> xs = x.to(kFloat64).to_vector<double>();
+    const std::vector<double> ys = exp(x).to(kFloat64).to_vector<double>();
+    const double smallest = f32 ? 1.4012984643e-45 : 4.9406564584124654e-324;  // one subnormal ulp
+    for (size_t i = 0; i < xs.size(); ++i) {
+      const double expected = f32 ? static_cast<double>(static_cast<float>(std::exp(xs[i]))) : std::exp(xs[i]);
+      INFO("x = " << xs[i] << ": " << ys[i] << " vs " << expected);
+      CHECK(std::abs(ys[i] - expected) <= (f32 ? 1e-6 : 1e-15) * expected + smallest);
+    }
+    Tensor inf = full({17}, -INFINITY, dt);
+    CHECK(exp(inf).eq(0).all().item<bool>());
+    CHECK(sigmoid(inf).eq(0).all().item<bool>());
+    CHECK(sigmoid(-inf).eq(1).all().item<bool>());
+    // As PyTorch: silu(-inf) = -inf * sigmoid(-inf) and gelu'(-inf) = Phi + x * phi = -inf * 0 are nan.
+    CHECK(all_nan(silu(inf)));
+    Tensor xr = inf.clone().requires_grad_();
+    CHECK(all_nan(autograd::grad({gelu(xr)}, {xr}, {ones({17}, dt)})[0]));
+  }
+}
+
+TEST_CASE("float32 sigmoid is within 2e-7 relatively of float64's on [-30, 30]", "[ops][exp]") {
+  // Eigen's logistic() was off by up to 7e-4 (sigmoid(-8.9)) in its vectorized body only, so one
+  // element and sixteen gave different values.
+  Tensor x32 = linspace(-30.0, 30.0, 60001, kFloat32);
+  Tensor expected = sigmoid(x32.to(kFloat64));
+  const double worst = ((sigmoid(x32).to(kFloat64) - expected).abs() / expected).max().item<double>();
+  INFO("worst relative error " << worst);
+  CHECK(worst < 2e-7);
+  CHECK(sigmoid(full({16}, -8.0)).eq(sigmoid(full({1}, -8.0))[0]).all().item<bool>());
+}
+
+TEST_CASE("softmax gives -inf logits exactly 0 and a row of only -inf nan, as PyTorch, at every row length", "[ops][softmax]") {
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (int64_t n : {1, 3, 8, 9, 17, 33}) {
+      INFO(dtype_name(dt) << ", rows of " << n);
+      std::vector<double> odd(n);
+      for (int64_t i = 0; i < n; ++i) odd[i] = static_cast<double>(i % 2);
+      Tensor masked = arange(n, dt).sin().masked_fill(from_vector(odd).eq(1), -INFINITY).view({1, n});
+      Tensor all = full({1, n}, -INFINITY, dt);
+      Tensor x = cat({masked, all}, 0);
+      Tensor p = softmax(x, 1), lp = log_softmax(x, 1);
+      for (int64_t i = 1; i < n; i += 2) {
+        CHECK(p[0][i].item<double>() == 0.0);
+        CHECK(lp[0][i].item<double>() == -INFINITY);
+      }
+      CHECK(std::abs(p[0].sum().item<double>() - 1) < 1e-6);
+      CHECK(all_nan(p[1]));
+      CHECK(all_nan(lp[1]));
+    }
+  }
+}

@@ -1,0 +1,53 @@
+// cpu/exact_exp.h: exp for Eigen array expressions, vectorized like Eigen's own, but exact where
+// Eigen's is not (private to cpu/).
+//
+// Note [Eigen's exp below its range]: Eigen 3.4's vectorized exp clamps its argument to -88.72
+// (float) or -709.78 (double) and so returns exp(-88.72) = 2.9e-39 (5.6e-309) for every x below,
+// -inf included, where the true value is a subnormal or 0; the scalar std::exp is right. The
+// difference reached results: softmax gave masked (-inf) logits a probability of 2.9e-39, a row of
+// nothing but -inf gave 1/n in its vectorized part and nan in its scalar tail, and gelu's backward at
+// -inf was -inf * 2.9e-39 = -inf where PyTorch gives nan. exact_exp computes exp(x + s) * exp(-s)
+// for x below -80 (-700), where x + s is inside Eigen's range: s = 32 (64) gives the subnormals
+// rounded once, and 0 for x below the subnormals (exp(-inf + s) is the clamped value, times exp(-s)
+// it rounds to 0). NaN stays NaN. Cost: a compare, an add, a multiply and two blends per packet.
+#pragma once
+
+#include <Eigen/Core>
+#include <cmath>
+#include <type_traits>
+
+namespace kiln::cpu {
+
+template <typename T>
+struct ExactExpOp {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
+  static constexpr T kLow = std::is_same_v<T, float> ? T(-80) : T(-700);  // inside Eigen's range
+  static constexpr T kShift = std::is_same_v<T, float> ? T(32) : T(64);
+  static constexpr T kUnshift = std::is_same_v<T, float> ? T(1.26641655490941755e-14)   // exp(-32)
+                                                         : T(1.60381089054863793e-28);  // exp(-64)
+
+  T operator()(const T& x) const { return std::exp(x); }
+  template <typename Packet>
+  Packet packetOp(const Packet& x) const {
+    namespace in = Eigen::internal;
+    const Packet low = in::pcmp_lt(x, in::pset1<Packet>(kLow));
+    const Packet y = in::pexp(in::pselect(low, in::padd(x, in::pset1<Packet>(kShift)), x));
+    return in::pselect(low, in::pmul(y, in::pset1<Packet>(kUnshift)), y);
+  }
+};
+
+// exact_exp(a): as a.exp(), exact below Eigen's range; a an Eigen array expression of float or double.
+template <typename Derived>
+auto exact_exp(const Eigen::ArrayBase<Derived>& a) {
+  return a.unaryExpr(ExactExpOp<typename Derived::Scalar>{});
+}
+
+}  // namespace kiln::cpu
+
+namespace Eigen::internal {
+template <typename T>
+struct functor_traits<kiln::cpu::ExactExpOp<T>> {
+  enum { Cost = functor_traits<scalar_exp_op<T>>::Cost + 5 * NumTraits<T>::AddCost,
+         PacketAccess = packet_traits<T>::HasExp && packet_traits<T>::HasCmp };  // pselect is generic
+};
+}  // namespace Eigen::internal
