@@ -133,7 +133,9 @@ KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
       } else {
         return x;
       }
-    case BinaryOp::ReluBackward: return y > T(0) ? x : T(0);  // a NaN gradient where relu was flat gives 0
+    // PyTorch's threshold_backward: 0 where y <= 0 (a NaN gradient there too), g elsewhere, a NaN y
+    // included (relu passes NaN through, and so does its gradient).
+    case BinaryOp::ReluBackward: return y <= T(0) ? T(0) : x;
     default: return x;  // comparisons go through compare()
   }
 }

@@ -250,7 +250,7 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
       return run([&](T x, T y) { return cvt(M(x) - alpha * M(y)); });
     case BinaryOp::Mul: return run([&](T x, T y) { return cvt(M(x) * M(y)); });
     case BinaryOp::Div: return run([&](T x, T y) { return cvt(M(x) / M(y)); });
-    case BinaryOp::ReluBackward: return run([&](T x, T y) { return M(y) > M(0) ? x : T(0); });
+    case BinaryOp::ReluBackward: return run([&](T x, T y) { return M(y) <= M(0) ? T(0) : x; });  // scalar_math.h
     case BinaryOp::GeluErfBackward:
     case BinaryOp::GeluTanhBackward:
       if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {

@@ -23,7 +23,8 @@ Fans calculate_fan_in_and_fan_out(const Tensor& t);
 
 Tensor& uniform_(Tensor& t, double a = 0, double b = 1, Generator* gen = nullptr);
 Tensor& normal_(Tensor& t, double mean = 0, double std = 1, Generator* gen = nullptr);
-// N(mean, std) restricted to [a, b] (redrawn until inside, so exactly the truncated distribution).
+// N(mean, std) restricted to [a, b], drawn by the inverse CDF in float64 (PyTorch's method), one draw
+// per element whatever the interval.
 Tensor& trunc_normal_(Tensor& t, double mean = 0, double std = 1, double a = -2, double b = 2,
                       Generator* gen = nullptr);
 Tensor& constant_(Tensor& t, double value);

@@ -95,8 +95,8 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
       mask = padded.logical_not();
     } else if (mask.dtype() == kBool) {
       mask = logical_and(mask, padded.logical_not());
-    } else {
-      mask = mask.masked_fill(padded, -INFINITY);
+    } else {  // where, not masked_fill: a float (L, S) mask grows to (N, 1, L, S), as in PyTorch
+      mask = where(padded.logical_not(), mask, -INFINITY);
     }
   }
   const double p = is_training() ? options.dropout : 0.0;

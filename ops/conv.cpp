@@ -146,6 +146,9 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
              input.sizes().str());
   KILN_CHECK(weight.dim() == 3, "conv1d: expected a 3-D weight (C_out, C_in / groups, k), got shape {}",
              weight.sizes().str());
+  KILN_CHECK(stride >= 1 && dilation >= 1 && padding >= 0,
+             "conv1d: stride ({}) and dilation ({}) must be positive and padding ({}) non-negative", stride, dilation,
+             padding);
   Conv2dArgs a = conv_args({1, stride}, {0, padding}, {1, dilation}, groups, "conv1d");
   // The channel and length checks here, so that their messages show the 1-D shapes.
   const Shape& in = input.sizes();

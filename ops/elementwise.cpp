@@ -246,14 +246,15 @@ Tensor sigmoid(const Tensor& x) {  // d s = s (1 - s)
 }
 Tensor relu(const Tensor& x) {
   check_not_bool(x, "relu");
-  // The backward is one pass, y > 0 ? g : 0 (BinaryOp::ReluBackward, PyTorch's threshold_backward),
-  // unless it is itself differentiated (create_graph) or fusion is off: then g * (y > 0) as ops.
+  // The backward is one pass, y <= 0 ? 0 : g (BinaryOp::ReluBackward, PyTorch's threshold_backward,
+  // so a NaN y passes g), unless it is itself differentiated (create_graph) or fusion is off: then
+  // g * !(y <= 0) as ops.
   return with_output_grad(unary_forward(UnaryOp::Relu, x, x.dtype()), x, "ReluBackward",
                           [](const Tensor& g, const Tensor& y) {
                             if (fused_backward() && g.dtype() == y.dtype()) {
                               return binary_forward(BinaryOp::ReluBackward, g, y, y.dtype(), 1, "relu backward");
                             }
-                            return g * y.gt(0);
+                            return g * y.le(0).logical_not();
                           });
 }
 namespace {

@@ -267,6 +267,11 @@ Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight,
   KILN_CHECK(num_groups >= 1 && C % num_groups == 0,
              "{}: the {} channels of the input {} must divide into num_groups = {} groups", op, C,
              input.sizes().str(), num_groups);
+  for (const Tensor* t : {&weight, &bias}) {
+    KILN_CHECK(!t->defined() || t->dim() != 1 || t->numel() == C,
+               "{}: the input {} has {} channels (dim 1) but the {} has {}: the layer was made for another "
+               "number of channels", op, input.sizes().str(), C, t == &weight ? "weight" : "bias", t->numel());
+  }
   check_affine(weight, "weight", {C}, input, op);
   check_affine(bias, "bias", {C}, input, op);
   const int64_t M = input.numel() / std::max<int64_t>(N * num_groups, 1);

@@ -100,24 +100,54 @@ TEST_CASE("Initialisers draw from the right distributions, in place, under no_gr
   test::check_error([&] { nn::init::normal_(idx); }, {"normal_", "floating", "int64"});
 }
 
-TEST_CASE("trunc_normal_ gives the truncated normal distribution", "[nn][init]") {
-  Generator gen(3);
-  Tensor w = empty({200000}, kFloat64);
-  double mean = 0.5, std = 1.0, a = 0.0, b = 3.0;
-  nn::init::trunc_normal_(w, mean, std, a, b, &gen);
-  Moments m = moments(w);
-  CHECK(m.min >= a);
-  CHECK(m.max <= b);
-  // Moments of N(mean, std^2) restricted to [a, b].
-  auto pdf = [](double x) { return std::exp(-x * x / 2) / std::sqrt(2 * M_PI); };
-  auto cdf = [](double x) { return 0.5 * (1 + std::erf(x / std::sqrt(2.0))); };
-  double al = (a - mean) / std, be = (b - mean) / std, z = cdf(be) - cdf(al);
-  double emean = mean + std * (pdf(al) - pdf(be)) / z;
-  double evar = std * std * (1 + (al * pdf(al) - be * pdf(be)) / z - std::pow((pdf(al) - pdf(be)) / z, 2));
-  double n = static_cast<double>(w.numel());
-  CHECK(std::fabs(m.mean - emean) < 5 * std::sqrt(evar / n));
-  CHECK(std::fabs(m.var / evar - 1) < 5 * std::sqrt(2 / n));
-  test::check_error([&] { nn::init::trunc_normal_(w, 0, 1, 10, 12); }, {"more than 5 std"});
+TEST_CASE("trunc_normal_ gives the truncated normal distribution, on wide, narrow and far intervals", "[nn][init]") {
+  // (mean, std, a, b): PyTorch's default, one side of the mean, a narrow interval far out (redrawing
+  // until inside took seconds for 100 elements of it), both tails beyond 5 std, and a half-line.
+  struct Case {
+    double mean, std, a, b;
+  };
+  for (const Case& c : {Case{0.0, 1.0, -2.0, 2.0}, Case{0.5, 1.0, 0.0, 3.0}, Case{0.0, 1.0, 3.0, 3.001},
+                        Case{1.0, 2.0, -19.0, -15.0}, Case{0.0, 1.0, 6.0, 7.5}, Case{0.0, 0.02, -INFINITY, -0.01}}) {
+    INFO("mean " << c.mean << ", std " << c.std << ", [" << c.a << ", " << c.b << "]");
+    Generator gen(3);
+    Tensor w = empty({200000}, kFloat64);
+    nn::init::trunc_normal_(w, c.mean, c.std, c.a, c.b, &gen);
+    Moments m = moments(w);
+    CHECK(m.min >= c.a);
+    CHECK(m.max <= c.b);
+    // Moments of N(mean, std^2) restricted to [a, b], from the upper tail when the interval is above
+    // the mean (where 1 - cdf would cancel).
+    auto pdf = [](double x) { return std::isinf(x) ? 0.0 : std::exp(-x * x / 2) / std::sqrt(2 * M_PI); };
+    auto cdf = [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); };
+    const double al = (c.a - c.mean) / c.std, be = (c.b - c.mean) / c.std;
+    const double z = al > 0 ? cdf(-al) - cdf(-be) : cdf(be) - cdf(al);
+    const double term = [](double x, double p) { return std::isinf(x) ? 0.0 : x * p; }(al, pdf(al)) -
+                        [](double x, double p) { return std::isinf(x) ? 0.0 : x * p; }(be, pdf(be));
+    const double emean = c.mean + c.std * (pdf(al) - pdf(be)) / z;
+    const double evar = c.std * c.std * (1 + term / z - std::pow((pdf(al) - pdf(be)) / z, 2));
+    const double n = static_cast<double>(w.numel());
+    CHECK(std::fabs(m.mean - emean) < 5 * std::sqrt(evar / n));
+    CHECK(std::fabs(m.var / evar - 1) < 5 * std::sqrt(2 / n));
+  }
+  Tensor w = empty({4});
+  test::check_error([&] { nn::init::trunc_normal_(w, 0, 1, 40, 41); }, {"trunc_normal_", "40 std", "nearer the mean"});
+  test::check_error([&] { nn::init::trunc_normal_(w, 0, 1, 1, 1); }, {"trunc_normal_", "a < b"});
+  test::check_error([&] { nn::init::trunc_normal_(w, 0, -1); }, {"trunc_normal_", "std > 0"});
+}
+
+TEST_CASE("uniform_ and normal_ refuse an empty range or a negative std, kaiming_ and xavier_ skip empty tensors", "[nn][init]") {
+  Tensor w = empty({4});
+  test::check_error([&] { nn::init::uniform_(w, 1, -1); }, {"uniform_", "a <= b", "a=1, b=-1"});
+  test::check_error([&] { nn::init::uniform_(w, 0, INFINITY); }, {"uniform_", "finite"});
+  test::check_error([&] { nn::init::normal_(w, 0, -1); }, {"normal_", "std >= 0", "std=-1"});
+  nn::init::uniform_(w, 0.5, 0.5);  // PyTorch allows a == b
+  CHECK(w.eq(0.5).all().item<bool>());
+  Tensor none = empty({4, 0});  // fan_in 0: the bound would be inf; PyTorch returns the tensor
+  nn::init::kaiming_uniform_(none);
+  nn::init::kaiming_normal_(none);
+  nn::init::xavier_uniform_(none);
+  nn::init::xavier_normal_(none);
+  CHECK(none.numel() == 0);
 }
 
 TEST_CASE("A generator makes initialisation reproducible", "[nn][init]") {

@@ -34,6 +34,15 @@ TEST_CASE("Negative layer sizes and a padding_idx out of range are Errors that n
                     {"embedding", "padding_idx 5", "[-3, 3)"});
   test::check_error([] { nn::functional::embedding(from_vector<int64_t>({0}), ones({3, 2}), -4); },
                     {"padding_idx -4"});
+  // Errors in the layer's terms rather than an inner op's.
+  test::check_error([] { nn::functional::embedding(from_vector<int64_t>({0, 6}), ones({3, 2})); },
+                    {"embedding: ", "index 6", "[0, num_embeddings) = [0, 3)"});
+  test::check_error([] { nn::functional::linear(scalar_tensor(1.0, kFloat32), ones({4, 3})); },
+                    {"linear", "at least 1 dim", "in_features = 3", "0-d"});
+  test::check_error([] { nn::functional::conv1d(ones({1, 2, 5}), ones({2, 2, 3}), {}, 1, -1); },
+                    {"conv1d", "padding (-1) non-negative"});
+  nn::GroupNorm gn(2, 4);
+  test::check_error([&] { gn(ones({2, 6, 3})); }, {"group_norm", "[2, 6, 3] has 6 channels", "weight has 4"});
   // -1 is the last row: it gets no gradient.
   Tensor w = ones({3, 2}).requires_grad_();
   nn::functional::embedding(from_vector<int64_t>({2, 0}), w, -1).sum().backward();
@@ -203,4 +212,42 @@ TEST_CASE("Embedding's backward refuses indices modified in place after the forw
   Tensor y = e(idx);
   idx.fill_(0);
   test::check_error([&] { y.sum().backward(); }, {"EmbeddingBackward"});
+}
+
+TEST_CASE("MultiheadAttention with its masks matches torch, output and every gradient", "[nn][attention]") {
+  struct Case {
+    const char* name;
+    int64_t heads;
+    nn::MultiheadAttentionOptions options;
+  };
+  for (const Case& k : {Case{"mha_float_mask_padding", 2, {.batch_first = true}},
+                        Case{"mha_bool_mask_padding", 4, {}},
+                        Case{"mha_float_mask_3d", 2, {.bias = false, .batch_first = true}}}) {
+    INFO("golden case " << k.name);
+    const test::NnCase& c = test::nn_case(k.name);
+    nn::MultiheadAttention mha(8, k.heads, k.options);
+    mha.to(kFloat64);
+    mha.load_state_dict(c.state());
+    nn::MultiheadAttentionCall call;
+    if (c.has("mask.attn_mask")) {
+      call.attn_mask = c.at("mask.attn_mask");
+      if (!call.attn_mask.is_floating_point()) call.attn_mask = call.attn_mask.to(kBool);
+    }
+    if (c.has("mask.key_padding_mask")) call.key_padding_mask = c.at("mask.key_padding_mask").to(kBool);
+    std::vector<Tensor> in;
+    for (int i = 0; i < 3; ++i) in.push_back(c.at("in." + std::to_string(i)).clone().requires_grad_());
+    Tensor y = mha.forward(in[0], in[1], in[2], call);
+    test::check_close(y, c.at("out"));
+    std::vector<Tensor> targets = in;
+    std::vector<std::string> names = {"g.in.0", "g.in.1", "g.in.2"};
+    for (const auto& [name, p] : mha.named_parameters()) {
+      targets.push_back(p);
+      names.push_back("g." + name);
+    }
+    auto grads = autograd::grad({y}, targets, {c.at("cot")});
+    for (size_t i = 0; i < grads.size(); ++i) {
+      INFO("gradient " << names[i]);
+      test::check_close(grads[i], c.at(names[i]));
+    }
+  }
 }

@@ -131,6 +131,23 @@ TEST_CASE("Losses reject bad input with a clear error", "[nn][losses][errors]") 
                     {"label_smoothing", "[0, 1]"});
   test::check_error([&] { nn::mse_loss(logits, zeros({4, 1})); }, {"mse_loss", "[4, 1]", "[4, 5]"});
   test::check_error([&] { nn::smooth_l1_loss(logits, logits, {.beta = -1}); }, {"beta must be >= 0"});
+  // As PyTorch: a class weight of another dtype, a per-element weight that would grow the loss, and
+  // integer regression inputs (the Error came from an inner mean).
+  test::check_error(
+      [&] { nn::cross_entropy(logits, from_vector<int64_t>({1, 2, 3, 0}), {.weight = ones({5}, kFloat64)}); },
+      {"cross_entropy", "weight (float64 on cpu)", "input's dtype and device (float32 on cpu)"});
+  test::check_error([&] { nn::nll_loss(logits, from_vector<int64_t>({1, 2, 3, 0}), {.weight = ones({5}, kFloat64)}); },
+                    {"nll_loss", "weight (float64"});
+  test::check_error([] { nn::binary_cross_entropy(full({3}, 0.5), zeros({3}), {.weight = ones({2, 3})}); },
+                    {"binary_cross_entropy", "weight of shape [2, 3]", "input's shape [3]"});
+  test::check_error(
+      [] { nn::binary_cross_entropy_with_logits(zeros({3}), zeros({3}), {.weight = ones({2, 3})}); },
+      {"binary_cross_entropy_with_logits", "weight of shape [2, 3]"});
+  CHECK(nn::binary_cross_entropy(full({2, 3}, 0.5), zeros({2, 3}), {.weight = ones({3})}).item<float>() ==
+        Approx(std::log(2.0)));  // a weight that broadcasts is fine
+  test::check_error([] { nn::mse_loss(zeros({3}, kInt64), zeros({3}, kInt64)); },
+                    {"mse_loss", "floating-point", "int64"});
+  test::check_error([] { nn::l1_loss(zeros({3}), zeros({3}, kInt64)); }, {"l1_loss", "float32 and int64"});
 }
 
 TEST_CASE("Losses refuse targets and inputs outside their domain, as PyTorch", "[nn][losses][errors]") {
@@ -198,4 +215,28 @@ TEST_CASE("binary_cross_entropy's gradient at a saturated p of 0 or 1 is PyTorch
   // torch 1.13 gives -1000000003995.8029 where Kiln's 1e-12 is float64's, not float32's.
   test::check_close(p.grad(), from_vector<double>({0, 0, -1e12, 1e12, (0.25 - 0.5) / (0.25 * 0.75)}),
                     {1e-8, 0});
+}
+
+TEST_CASE("binary_cross_entropy_with_logits' float32 gradient keeps its relative accuracy for large |x|", "[nn][losses]") {
+  // The composed (1 - t) - sigmoid(-x) cancelled: 17% off at x = -15, and 0 instead of 4.1e-8 at
+  // x = -17. Checked relative to float64 on the same float32 values.
+  Tensor x32 = from_vector<float>({-5, -10, -12, -15, -17, -30, 3, 17}).requires_grad_();
+  Tensor x64 = x32.detach().to(kFloat64).requires_grad_();
+  for (double target : {0.0, 1.0}) {
+    for (bool pos : {false, true}) {
+      INFO("target " << target << (pos ? ", pos_weight 2.5" : ""));
+      nn::functional::BCEWithLogitsLossOptions o32{.reduction = "sum"}, o64{.reduction = "sum"};
+      if (pos) {
+        o32.pos_weight = full({8}, 2.5, kFloat32);
+        o64.pos_weight = full({8}, 2.5, kFloat64);
+      }
+      Tensor g32 = autograd::grad({nn::binary_cross_entropy_with_logits(x32, full({8}, target, kFloat32), o32)},
+                                  {x32})[0];
+      Tensor g64 = autograd::grad({nn::binary_cross_entropy_with_logits(x64, full({8}, target, kFloat64), o64)},
+                                  {x64})[0];
+      // Relative at both ends: (1 - t) sigmoid(x) - pw t sigmoid(-x) cancels nowhere, so t = 1 at
+      // large x is -pw * 4.1e-8 too (PyTorch's lw sigmoid(x) - pw t gives 0 there).
+      test::check_close(g32.to(kFloat64), g64, {2e-6, 1e-30});
+    }
+  }
 }

@@ -211,3 +211,13 @@ TEST_CASE("softmax gives -inf logits exactly 0 and a row of only -inf nan, as Py
     }
   }
 }
+
+TEST_CASE("relu's gradient passes through a NaN input, as PyTorch's threshold_backward", "[ops][relu]") {
+  for (bool fused : {true, false}) {
+    INFO((fused ? "fused backward" : "backward as ops"));
+    test::FusionGuard guard(fused);
+    Tensor x = from_vector<float>({NAN, -1, 0, 2, NAN, -0.5f, 3, 1e-30f, -1e-30f}).requires_grad_();
+    relu(x).backward(full({9}, 3.0));
+    test::check_equal(x.grad(), from_vector<float>({3, 0, 0, 3, 3, 0, 3, 3, 0}));
+  }
+}
