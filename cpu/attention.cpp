@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "core/error.h"
-#include "cpu/exact_exp.h"
+#include "cpu/exact_math.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 

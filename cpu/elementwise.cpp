@@ -11,7 +11,7 @@
 
 #include "core/scalar_math.h"
 #include "core/convert.h"
-#include "cpu/exact_exp.h"
+#include "cpu/exact_math.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 
@@ -87,16 +87,16 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
   Eigen::Map<const Arr> in(x, n);
   Eigen::Map<Arr> out(y, n);
   const T a = static_cast<T>(args.a), b = static_cast<T>(args.b);
-  // Not here: sqrt. Eigen 3.4's AVX-512 sqrt goes through rsqrt and gives sqrt(inf) = nan; the
-  // scalar loop's std::sqrt is exact.
+  // Not here: sqrt and rsqrt. Eigen 3.4's AVX-512 sqrt goes through rsqrt and gives sqrt(inf) = nan,
+  // and its rsqrt treats a subnormal x as 0 (rsqrt(1e-40f) = inf, rsqrt(-1e-40f) = -inf, not nan);
+  // the scalar loop's std::sqrt is exact.
   switch (op) {
     case UnaryOp::Neg: out = -in; return true;
     case UnaryOp::Abs: out = in.abs(); return true;
     case UnaryOp::Exp: out = exact_exp(in); return true;  // Note [Eigen's exp below its range]
-    case UnaryOp::Log: out = in.log(); return true;
+    case UnaryOp::Log: out = exact_log(in); return true;  // Note [Eigen's log of subnormals]
     case UnaryOp::Log1p: out = in.log1p(); return true;
     case UnaryOp::Expm1: out = in.expm1(); return true;
-    case UnaryOp::Rsqrt: out = in.rsqrt(); return true;
     case UnaryOp::Reciprocal: out = in.inverse(); return true;
     case UnaryOp::Sin: out = in.sin(); return true;
     case UnaryOp::Cos: out = in.cos(); return true;

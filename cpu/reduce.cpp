@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "core/convert.h"
-#include "cpu/exact_exp.h"
+#include "cpu/exact_math.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 

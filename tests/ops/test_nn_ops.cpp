@@ -153,7 +153,7 @@ namespace {
 bool all_nan(const Tensor& t) { return t.ne(t).all().item<bool>(); }
 }  // namespace
 
-// Note [Eigen's exp below its range] (cpu/exact_exp.h): Eigen's vectorized exp gave exp(-88.72) =
+// Note [Eigen's exp below its range] (cpu/exact_math.h): Eigen's vectorized exp gave exp(-88.72) =
 // 2.9e-39 (float) or 5.6e-309 (double) for every smaller x, -inf included. Lengths 4099 and 17 put
 // values in the vectorized body and in the scalar tail.
 TEST_CASE("exp below Eigen's range: subnormals rounded once, 0 at -inf, in float32 and float64", "[ops][exp]") {
@@ -219,5 +219,38 @@ TEST_CASE("relu's gradient passes through a NaN input, as PyTorch's threshold_ba
     Tensor x = from_vector<float>({NAN, -1, 0, 2, NAN, -0.5f, 3, 1e-30f, -1e-30f}).requires_grad_();
     relu(x).backward(full({9}, 3.0));
     test::check_equal(x.grad(), from_vector<float>({3, 0, 0, 3, 3, 0, 3, 3, 0}));
+  }
+}
+
+TEST_CASE("log and rsqrt of subnormal inputs are exact, in float32 and float64", "[ops][exp]") {
+  // Eigen's vector log treated a subnormal as the smallest normal number (log(1e-40f) = -87.34, not
+  // -92.10), and its rsqrt as 0 (inf; -inf for a negative one, not nan). Note [Eigen's log of
+  // subnormals] in cpu/exact_math.h.
+  for (DType dt : {kFloat32, kFloat64}) {
+    INFO(dtype_name(dt));
+    const bool f32 = dt == kFloat32;
+    const double tiny = f32 ? 1e-40 : 1e-310, smallest_normal = f32 ? 1.1754943508e-38 : 2.2250738585072014e-308;
+    std::vector<double> v;
+    for (int i = 0; i < 17; ++i) v.push_back(tiny * (i + 1));
+    v.push_back(smallest_normal);
+    v.push_back(0.0);
+    v.push_back(-tiny);
+    Tensor x = from_vector(v).to(dt);
+    const std::vector<double> xs = x.to(kFloat64).to_vector<double>();
+    const std::vector<double> logs = log(x).to(kFloat64).to_vector<double>();
+    const std::vector<double> rs = rsqrt(x).to(kFloat64).to_vector<double>();
+    for (size_t i = 0; i < xs.size(); ++i) {
+      INFO("x = " << xs[i] << ": log " << logs[i] << ", rsqrt " << rs[i]);
+      if (xs[i] < 0) {
+        CHECK(std::isnan(logs[i]));
+        CHECK(std::isnan(rs[i]));
+      } else if (xs[i] == 0) {
+        CHECK(logs[i] == -INFINITY);
+        CHECK(rs[i] == INFINITY);
+      } else {
+        CHECK(std::abs(logs[i] - std::log(xs[i])) <= (f32 ? 1e-6 : 1e-15) * std::abs(std::log(xs[i])));
+        CHECK(std::abs(rs[i] - 1 / std::sqrt(xs[i])) <= (f32 ? 1e-6 : 1e-15) / std::sqrt(xs[i]));
+      }
+    }
   }
 }

@@ -1,5 +1,5 @@
-// cpu/exact_exp.h: exp for Eigen array expressions, vectorized like Eigen's own, but exact where
-// Eigen's is not (private to cpu/).
+// cpu/exact_math.h: exp and log for Eigen array expressions, vectorized like Eigen's own, but exact
+// where Eigen's are not (private to cpu/).
 //
 // Note [Eigen's exp below its range]: Eigen 3.4's vectorized exp clamps its argument to -88.72
 // (float) or -709.78 (double) and so returns exp(-88.72) = 2.9e-39 (5.6e-309) for every x below,
@@ -14,6 +14,7 @@
 
 #include <Eigen/Core>
 #include <cmath>
+#include <limits>
 #include <type_traits>
 
 namespace kiln::cpu {
@@ -42,6 +43,34 @@ auto exact_exp(const Eigen::ArrayBase<Derived>& a) {
   return a.unaryExpr(ExactExpOp<typename Derived::Scalar>{});
 }
 
+// Note [Eigen's log of subnormals]: Eigen 3.4's vectorized log treats a subnormal x as the smallest
+// normal number, so log(1e-40f) was -87.34 instead of -92.10 (and log(1e-310) -708.40 instead of
+// -713.80): the log of a probability that underflowed. exact_log scales such an x by 2^24 (2^54) into
+// the normal range and subtracts 24 ln 2 (54 ln 2). 0, negative numbers and NaN keep Eigen's answers
+// (-inf, NaN, NaN): scaling does not change them.
+template <typename T>
+struct ExactLogOp {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>);
+  static constexpr T kSmallest = std::numeric_limits<T>::min();  // the smallest normal number
+  static constexpr T kScale = std::is_same_v<T, float> ? T(16777216.0) : T(18014398509481984.0);  // 2^24, 2^54
+  static constexpr T kLogScale = std::is_same_v<T, float> ? T(16.635532333438686)    // 24 ln 2
+                                                          : T(37.4299477502370479);  // 54 ln 2
+
+  T operator()(const T& x) const { return std::log(x); }
+  template <typename Packet>
+  Packet packetOp(const Packet& x) const {
+    namespace in = Eigen::internal;
+    const Packet tiny = in::pcmp_lt(x, in::pset1<Packet>(kSmallest));
+    const Packet y = in::plog(in::pselect(tiny, in::pmul(x, in::pset1<Packet>(kScale)), x));
+    return in::pselect(tiny, in::psub(y, in::pset1<Packet>(kLogScale)), y);
+  }
+};
+
+template <typename Derived>
+auto exact_log(const Eigen::ArrayBase<Derived>& a) {
+  return a.unaryExpr(ExactLogOp<typename Derived::Scalar>{});
+}
+
 }  // namespace kiln::cpu
 
 namespace Eigen::internal {
@@ -49,5 +78,10 @@ template <typename T>
 struct functor_traits<kiln::cpu::ExactExpOp<T>> {
   enum { Cost = functor_traits<scalar_exp_op<T>>::Cost + 5 * NumTraits<T>::AddCost,
          PacketAccess = packet_traits<T>::HasExp && packet_traits<T>::HasCmp };  // pselect is generic
+};
+template <typename T>
+struct functor_traits<kiln::cpu::ExactLogOp<T>> {
+  enum { Cost = functor_traits<scalar_log_op<T>>::Cost + 4 * NumTraits<T>::AddCost,
+         PacketAccess = packet_traits<T>::HasLog && packet_traits<T>::HasCmp };
 };
 }  // namespace Eigen::internal
