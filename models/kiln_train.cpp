@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   flags.add("weight-decay", "", "weight decay (default: 0.01 for adamw, 0 otherwise)");
   flags.add("scheduler", "none", "learning-rate schedule, stepped each batch: none, step (halve each "
             "epoch), cosine, onecycle or warmup-cosine; or plateau, stepped each epoch (halve when the "
-            "test loss is not below its best)");
+            "test loss is not 0.01% below its best)");
   flags.add("seed", "0", "seed of the initialisation and the data order");
   flags.add("device", "cpu", "cpu, cuda or cuda:N");
   flags.add("threads", "0", "CPU threads (0: every core, shared out among the ranks of a machine)");

@@ -36,10 +36,11 @@ void check_same_shape(const Tensor& input, const Tensor& target, const char* op)
              target.sizes().str(), input.sizes().str());
 }
 
-// The regression losses: floating input and target, of one shape.
+// The regression losses: one shape, and a floating input or target (the other is promoted to it, as
+// in PyTorch; two integer tensors were an Error from an inner mean).
 void check_regression(const Tensor& input, const Tensor& target, const char* op) {
-  KILN_CHECK(input.is_floating_point() && target.is_floating_point(),
-             "{}: needs floating-point input and target, got {} and {}; convert them with .to(kFloat32)", op,
+  KILN_CHECK(input.is_floating_point() || target.is_floating_point(),
+             "{}: needs a floating-point input or target, got {} and {}; convert them with .to(kFloat32)", op,
              dtype_name(input.dtype()), dtype_name(target.dtype()));
   check_same_shape(input, target, op);
 }
@@ -118,8 +119,9 @@ Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t 
                          const autograd::Grads& g) -> autograd::TensorList {
                        Tensor coef = denom.defined() ? g[0] / denom * w : g[0] * w;
                        // An ignored element has no gradient, as in PyTorch, even when every element
-                       // is ignored and g / denom is inf (w = 0 times it would be nan).
-                       if (denom.defined()) coef = coef.masked_fill(keep.logical_not(), 0);
+                       // is ignored and g / denom is inf, or the incoming gradient there is not
+                       // finite (w = 0 times either would be nan).
+                       coef = coef.masked_fill(keep.logical_not(), 0);
                        return {zeros(sizes, options).scatter(cdim, index, -coef.unsqueeze(cdim))};
                      });
   }
@@ -245,7 +247,9 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
     } catch (const OutOfMemoryError&) {
       throw;
     } catch (const Error& e) {
-      if (weight.dim() != 2) throw;  // the message already says embedding
+      // Only the indices' range is said again in the layer's terms (a 2-D weight's message, or the
+      // indices' dtype, already says what is wrong).
+      if (weight.dim() != 2 || std::string_view(e.what()).find("out of bounds") == std::string_view::npos) throw;
       KILN_FAIL("embedding: {} (indices must be in [0, num_embeddings) = [0, {}))", e.what(), weight.size(0));
     }
   }
@@ -402,11 +406,17 @@ Tensor bce_with_logits_terms(const Tensor& x, const Tensor& t, const Tensor& lw)
                    ws = weighted ? autograd::SavedTensor(lw, false) : autograd::SavedTensor()](
                       const autograd::Grads& g) -> autograd::TensorList {
     const char* name = "BinaryCrossEntropyWithLogitsBackward";
-    Tensor xv = xs.unpack(name), tv = ts.unpack(name);
-    Tensor up = (1 - tv) * sigmoid(xv), down = sigmoid(-xv);
-    if (!ws.defined()) return {g[0] * (up - tv * down), g[0] * -xv};
-    Tensor wv = ws.unpack(name);
-    return {g[0] * (up - (wv - 1 + tv) * down), g[0] * -xv, g[0] * softplus(-xv)};
+    Tensor xv = xs.unpack(name), tv = ts.unpack(name), wv = ws.defined() ? ws.unpack(name) : Tensor();
+    // Each gradient in its input's dtype (a float64 target must not make a float32 x's grad float64),
+    // and only those asked for.
+    autograd::TensorList out(wv.defined() ? 3 : 2);
+    if (g.needs_grad(0)) {
+      Tensor up = (1 - tv) * sigmoid(xv), down = sigmoid(-xv);
+      out[0] = (g[0] * (up - (wv.defined() ? wv - 1 + tv : tv) * down)).to(xv.dtype());
+    }
+    if (g.needs_grad(1)) out[1] = (g[0] * -xv).to(tv.dtype());
+    if (wv.defined() && g.needs_grad(2)) out[2] = (g[0] * softplus(-xv)).to(wv.dtype());
+    return out;
   };
   if (weighted) {
     autograd::record("BinaryCrossEntropyWithLogitsBackward", {x, t, lw}, {loss}, std::move(backward));
@@ -446,10 +456,15 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCE
     autograd::record("BinaryCrossEntropyBackward", {input, target}, {loss},
                      [p = autograd::SavedTensor(input, false), t = autograd::SavedTensor(target, false)](
                          const autograd::Grads& g) -> autograd::TensorList {
-                       Tensor pv = p.unpack("BinaryCrossEntropyBackward");
-                       Tensor tv = t.unpack("BinaryCrossEntropyBackward");
-                       return {g[0] * (pv - tv) / (pv * (1 - pv)).clamp(1e-12),
-                               g[0] * ((1 - pv).log() - pv.log())};
+                       const Tensor pv = p.unpack("BinaryCrossEntropyBackward");
+                       const Tensor tv = t.unpack("BinaryCrossEntropyBackward");
+                       // In float32 at least: float16 cannot hold the 1e-12 floor (it would divide by 0).
+                       const bool half = pv.dtype() == kFloat16 || pv.dtype() == kBFloat16;
+                       const Tensor pc = half ? pv.to(kFloat32) : pv, tc = half ? tv.to(kFloat32) : tv;
+                       autograd::TensorList out(2);
+                       if (g.needs_grad(0)) out[0] = (g[0] * (pc - tc) / (pc * (1 - pc)).clamp(1e-12)).to(pv.dtype());
+                       if (g.needs_grad(1)) out[1] = (g[0] * ((1 - pc).log() - pc.log())).to(tv.dtype());
+                       return out;
                      });
   }
   if (options.weight.defined()) {

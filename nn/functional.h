@@ -1,5 +1,7 @@
 // nn/functional.h: the functional forms of the layers and the losses, as torch.nn.functional. They are
-// compositions of ops (ops/ops.h), except linear() and embedding(), which record one fused node each.
+// compositions of ops (ops/ops.h), except where one recorded node gives a cheaper or more exact
+// gradient: linear(), embedding(), nll_loss (and cross_entropy's class-index path), binary_cross_entropy
+// and binary_cross_entropy_with_logits.
 // Reachable as nn::cross_entropy and nn::functional::cross_entropy alike (an inline namespace).
 //
 // Losses take an options struct with PyTorch's names and defaults:

@@ -108,7 +108,8 @@ double normal_quantile(double u) {
         (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
   }
   const double e = (normal_cdf(z) - u) * 2.50662827463100050242 * std::exp(z * z / 2);  // sqrt(2 pi)
-  return z - e / (1 + z * e / 2);
+  // Beyond |z| of about 37.6 exp(z^2 / 2) overflows: Acklam's 1.2e-9 stands there.
+  return std::isfinite(e) ? z - e / (1 + z * e / 2) : z;
 }
 
 }  // namespace
@@ -168,16 +169,16 @@ Tensor& kaiming_normal_(Tensor& t, double a, const std::string& mode, const std:
 
 Tensor& xavier_uniform_(Tensor& t, double gain, Generator* gen) {
   check_floating(t, "xavier_uniform_");
-  if (t.numel() == 0) return t;  // as PyTorch: a no-op (the fan is 0)
-  Fans f = calculate_fan_in_and_fan_out(t);
+  Fans f = calculate_fan_in_and_fan_out(t);  // an Error below 2 dims, empty or not (PyTorch's)
+  if (t.numel() == 0) return t;  // nothing to draw (PyTorch divides by a fan of 0 for a (0, 0) tensor)
   double bound = gain * std::sqrt(6.0 / static_cast<double>(f.fan_in + f.fan_out));
   return uniform_(t, -bound, bound, gen);
 }
 
 Tensor& xavier_normal_(Tensor& t, double gain, Generator* gen) {
   check_floating(t, "xavier_normal_");
-  if (t.numel() == 0) return t;  // as PyTorch: a no-op (the fan is 0)
-  Fans f = calculate_fan_in_and_fan_out(t);
+  Fans f = calculate_fan_in_and_fan_out(t);  // an Error below 2 dims, empty or not (PyTorch's)
+  if (t.numel() == 0) return t;  // nothing to draw (PyTorch divides by a fan of 0 for a (0, 0) tensor)
   return normal_(t, 0, gain * std::sqrt(2.0 / static_cast<double>(f.fan_in + f.fan_out)), gen);
 }
 

@@ -248,7 +248,7 @@ Tensor relu(const Tensor& x) {
   check_not_bool(x, "relu");
   // The backward is one pass, y <= 0 ? 0 : g (BinaryOp::ReluBackward, PyTorch's threshold_backward,
   // so a NaN y passes g), unless it is itself differentiated (create_graph) or fusion is off: then
-  // g * !(y <= 0) as ops.
+  // g * !(y <= 0) as ops, which differs only where y <= 0 and g is inf or NaN (NaN, not 0).
   return with_output_grad(unary_forward(UnaryOp::Relu, x, x.dtype()), x, "ReluBackward",
                           [](const Tensor& g, const Tensor& y) {
                             if (fused_backward() && g.dtype() == y.dtype()) {

@@ -264,20 +264,161 @@ std::vector<double> LinearLR::closed_form_lr() {
   return lrs;
 }
 
-// ---- LambdaLR ----
+// ---- LambdaLR, MultiplicativeLR ----
+
+// One function per group, each set: LambdaLR's and MultiplicativeLR's argument check.
+static void check_lambdas(const std::vector<std::function<double(int64_t)>>& lambdas, const Optimizer& optimizer,
+                          const char* name) {
+  KILN_CHECK(lambdas.size() == optimizer.param_groups().size(), "{}: expected {} lr_lambdas (one per group), got {}",
+             name, optimizer.param_groups().size(), lambdas.size());
+  for (size_t g = 0; g < lambdas.size(); ++g) {
+    KILN_CHECK(static_cast<bool>(lambdas[g]), "{}: lr_lambda {} is empty", name, g);
+  }
+}
 
 LambdaLR::LambdaLR(Optimizer& optimizer, Lambda lr_lambda)
     : LambdaLR(optimizer, std::vector<Lambda>(optimizer.param_groups().size(), lr_lambda)) {}
 
 LambdaLR::LambdaLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas)
     : LRScheduler(optimizer, "LambdaLR"), lr_lambdas_(std::move(lr_lambdas)) {
-  KILN_CHECK(lr_lambdas_.size() == optimizer.param_groups().size(),
-             "LambdaLR: expected {} lr_lambdas (one per group), got {}",
-             optimizer.param_groups().size(), lr_lambdas_.size());
-  for (size_t g = 0; g < lr_lambdas_.size(); ++g) {
-    KILN_CHECK(static_cast<bool>(lr_lambdas_[g]), "LambdaLR: lr_lambda {} is empty", g);
-  }
+  check_lambdas(lr_lambdas_, optimizer, "LambdaLR");
   initial_step();
+}
+
+MultiplicativeLR::MultiplicativeLR(Optimizer& optimizer, Lambda lr_lambda)
+    : MultiplicativeLR(optimizer, std::vector<Lambda>(optimizer.param_groups().size(), lr_lambda)) {}
+
+MultiplicativeLR::MultiplicativeLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas)
+    : LRScheduler(optimizer, "MultiplicativeLR"), lr_lambdas_(std::move(lr_lambdas)) {
+  check_lambdas(lr_lambdas_, optimizer, "MultiplicativeLR");
+  initial_step();
+}
+
+std::vector<double> MultiplicativeLR::get_lr() {
+  std::vector<double> lrs = current_lrs(optimizer_);
+  if (last_epoch_ > 0) {
+    for (size_t g = 0; g < lrs.size(); ++g) lrs[g] *= lr_lambdas_[g](last_epoch_);
+  }
+  return lrs;
+}
+
+// ---- ConstantLR ----
+
+ConstantLR::ConstantLR(Optimizer& optimizer, double factor, int64_t total_iters)
+    : LRScheduler(optimizer, "ConstantLR"), factor_(factor), total_iters_(total_iters) {
+  // PyTorch takes a factor of 0, then divides by it at total_iters (ZeroDivisionError).
+  KILN_CHECK(factor > 0 && factor <= 1, "ConstantLR: factor must be in (0, 1], got {}", factor);
+  KILN_CHECK(total_iters >= 0, "ConstantLR: total_iters must be >= 0, got {}", total_iters);
+  initial_step();
+}
+
+std::vector<double> ConstantLR::get_lr() {
+  std::vector<double> lrs = current_lrs(optimizer_);
+  if (last_epoch_ == 0) {
+    for (double& lr : lrs) lr *= factor_;
+  } else if (last_epoch_ == total_iters_) {
+    for (double& lr : lrs) lr *= 1.0 / factor_;
+  }
+  return lrs;
+}
+
+std::vector<double> ConstantLR::closed_form_lr() {
+  std::vector<double> lrs;
+  for (double base : base_lrs_) lrs.push_back(base * (last_epoch_ >= total_iters_ ? 1.0 : factor_));
+  return lrs;
+}
+
+// ---- PolynomialLR ----
+
+PolynomialLR::PolynomialLR(Optimizer& optimizer, int64_t total_iters, double power)
+    : LRScheduler(optimizer, "PolynomialLR"), total_iters_(total_iters), power_(power) {
+  KILN_CHECK(total_iters > 0, "PolynomialLR: total_iters must be positive, got {}", total_iters);
+  KILN_CHECK(std::isfinite(power) && power >= 0, "PolynomialLR: power must be finite and >= 0, got {}", power);
+  initial_step();
+}
+
+std::vector<double> PolynomialLR::get_lr() {
+  std::vector<double> lrs = current_lrs(optimizer_);
+  if (last_epoch_ == 0 || last_epoch_ > total_iters_) return lrs;
+  const double T = static_cast<double>(total_iters_), e = static_cast<double>(last_epoch_);
+  const double decay = std::pow((1.0 - e / T) / (1.0 - (e - 1) / T), power_);
+  for (double& lr : lrs) lr *= decay;
+  return lrs;
+}
+
+std::vector<double> PolynomialLR::closed_form_lr() {
+  std::vector<double> lrs;
+  const double T = static_cast<double>(total_iters_);
+  for (double base : base_lrs_) {
+    lrs.push_back(base * std::pow(1.0 - static_cast<double>(std::min(total_iters_, last_epoch_)) / T, power_));
+  }
+  return lrs;
+}
+
+// ---- CosineAnnealingWarmRestarts ----
+
+CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(Optimizer& optimizer, int64_t T_0, int64_t T_mult,
+                                                         double eta_min)
+    : LRScheduler(optimizer, "CosineAnnealingWarmRestarts"), T_0_(T_0), T_mult_(T_mult), eta_min_(eta_min) {
+  KILN_CHECK(T_0 > 0, "CosineAnnealingWarmRestarts: T_0 must be positive, got {}", T_0);
+  KILN_CHECK(T_mult >= 1, "CosineAnnealingWarmRestarts: T_mult must be >= 1, got {}", T_mult);
+  initial_step();
+}
+
+std::vector<double> CosineAnnealingWarmRestarts::annealed() const {
+  std::vector<double> lrs;
+  const double phase = std::numbers::pi * static_cast<double>(T_cur_) / static_cast<double>(T_i_);
+  for (double base : base_lrs_) lrs.push_back(eta_min_ + (base - eta_min_) * (1 + std::cos(phase)) / 2);
+  return lrs;
+}
+
+// PyTorch's step(): epoch 0 starts the first cycle, each later step moves one epoch and restarts at the
+// cycle's end.
+std::vector<double> CosineAnnealingWarmRestarts::get_lr() {
+  if (last_epoch_ == 0) {
+    T_cur_ = 0;
+    T_i_ = T_0_;
+  } else if (++T_cur_ >= T_i_) {
+    T_cur_ -= T_i_;
+    T_i_ *= T_mult_;
+  }
+  return annealed();
+}
+
+// PyTorch's step(epoch): the cycle that holds the epoch, found from the epoch alone.
+std::vector<double> CosineAnnealingWarmRestarts::closed_form_lr() {
+  T_i_ = T_0_;
+  T_cur_ = last_epoch_;
+  while (T_cur_ >= T_i_) {  // at most log_T_mult(epoch) cycles, or epoch / T_0 when T_mult is 1
+    if (T_mult_ == 1) {
+      T_cur_ %= T_i_;
+      break;
+    }
+    T_cur_ -= T_i_;
+    T_i_ *= T_mult_;
+  }
+  return annealed();
+}
+
+TensorDict CosineAnnealingWarmRestarts::state_dict() const {
+  TensorDict dict = LRScheduler::state_dict();
+  dict.insert("T_cur", scalar_tensor(T_cur_, kInt64));
+  dict.insert("T_i", scalar_tensor(T_i_, kInt64));
+  return dict;
+}
+
+void CosineAnnealingWarmRestarts::load_state_dict(const TensorDict& dict) {
+  const Tensor* cur = dict.find("T_cur");
+  const Tensor* len = dict.find("T_i");
+  KILN_CHECK(cur != nullptr && len != nullptr && cur->numel() == 1 && len->numel() == 1,
+             "CosineAnnealingWarmRestarts.load_state_dict: the state dict lacks 'T_cur' or 'T_i'");
+  const int64_t T_cur = cur->item<int64_t>(), T_i = len->item<int64_t>();
+  KILN_CHECK(T_i >= T_0_ && T_cur >= 0 && T_cur < T_i,
+             "CosineAnnealingWarmRestarts.load_state_dict: 'T_cur' {} and 'T_i' {} do not make a cycle of this "
+             "scheduler (T_0 = {}); the state dict is damaged or was saved with other arguments", T_cur, T_i, T_0_);
+  LRScheduler::load_state_dict(dict);
+  T_cur_ = T_cur;
+  T_i_ = T_i;
 }
 
 std::vector<double> LambdaLR::get_lr() {

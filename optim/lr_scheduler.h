@@ -1,6 +1,7 @@
 // optim/lr_scheduler.h: learning-rate schedulers, torch.optim.lr_scheduler of PyTorch 1.13: the
-// LRScheduler base and StepLR, MultiStepLR, ExponentialLR, CosineAnnealingLR, LinearLR, LambdaLR,
-// OneCycleLR, SequentialLR; and ReduceLROnPlateau, which is stepped with a metric and, as in PyTorch
+// LRScheduler base and StepLR, MultiStepLR, ConstantLR, ExponentialLR, CosineAnnealingLR,
+// CosineAnnealingWarmRestarts, LinearLR, PolynomialLR, LambdaLR, MultiplicativeLR, OneCycleLR,
+// SequentialLR; and ReduceLROnPlateau, which is stepped with a metric and, as in PyTorch
 // 1.13, is not an LRScheduler. DeepSpeed's warmup schedules are in warmup_lr.h.
 //
 // As in PyTorch, building a scheduler records each group's "initial_lr" (the base lr) and takes the
@@ -99,6 +100,20 @@ class MultiStepLR : public LRScheduler {
   double gamma_;
 };
 
+// lr = base_lr * factor for the first total_iters epochs, then base_lr.
+class ConstantLR : public LRScheduler {
+ public:
+  ConstantLR(Optimizer& optimizer, double factor = 1.0 / 3, int64_t total_iters = 5);
+
+ protected:
+  std::vector<double> get_lr() override;
+  std::vector<double> closed_form_lr() override;
+
+ private:
+  double factor_;
+  int64_t total_iters_;
+};
+
 // lr *= gamma every epoch.
 class ExponentialLR : public LRScheduler {
  public:
@@ -127,6 +142,27 @@ class CosineAnnealingLR : public LRScheduler {
   double eta_min_;
 };
 
+// SGDR: cosine annealing from base_lr to eta_min over T_i epochs, then a restart at base_lr with
+// T_i *= T_mult (T_0 first). Its state_dict adds "T_cur" and "T_i" (int64 0-d).
+class CosineAnnealingWarmRestarts : public LRScheduler {
+ public:
+  CosineAnnealingWarmRestarts(Optimizer& optimizer, int64_t T_0, int64_t T_mult = 1, double eta_min = 0);
+
+  TensorDict state_dict() const override;
+  void load_state_dict(const TensorDict& dict) override;
+
+ protected:
+  std::vector<double> get_lr() override;
+  std::vector<double> closed_form_lr() override;
+
+ private:
+  std::vector<double> annealed() const;
+
+  int64_t T_0_, T_mult_;
+  double eta_min_;
+  int64_t T_cur_ = 0, T_i_ = 0;  // epochs into the current cycle, and its length
+};
+
 // The lr factor goes linearly from start_factor to end_factor over total_iters epochs.
 class LinearLR : public LRScheduler {
  public:
@@ -142,12 +178,41 @@ class LinearLR : public LRScheduler {
   int64_t total_iters_;
 };
 
+// lr = base_lr * (1 - min(epoch, total_iters) / total_iters)^power: to 0 at total_iters.
+class PolynomialLR : public LRScheduler {
+ public:
+  PolynomialLR(Optimizer& optimizer, int64_t total_iters = 5, double power = 1.0);
+
+ protected:
+  std::vector<double> get_lr() override;
+  std::vector<double> closed_form_lr() override;
+
+ private:
+  int64_t total_iters_;
+  double power_;
+};
+
 // lr = base_lr * lr_lambda(epoch); one function for every group, or one per group.
 class LambdaLR : public LRScheduler {
  public:
   using Lambda = std::function<double(int64_t)>;
   LambdaLR(Optimizer& optimizer, Lambda lr_lambda);
   LambdaLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas);
+
+ protected:
+  std::vector<double> get_lr() override;
+
+ private:
+  std::vector<Lambda> lr_lambdas_;
+};
+
+// lr *= lr_lambda(epoch) at each step after the first; one function for every group, or one per
+// group.
+class MultiplicativeLR : public LRScheduler {
+ public:
+  using Lambda = std::function<double(int64_t)>;
+  MultiplicativeLR(Optimizer& optimizer, Lambda lr_lambda);
+  MultiplicativeLR(Optimizer& optimizer, std::vector<Lambda> lr_lambdas);
 
  protected:
   std::vector<double> get_lr() override;

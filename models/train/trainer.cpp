@@ -175,7 +175,8 @@ std::unique_ptr<optim::LRScheduler> make_scheduler(const TrainOptions& o, optim:
   return nullptr;  // none, or plateau: see make_plateau
 }
 
-// --scheduler plateau: the lr halves after an epoch whose test loss is not below the best so far.
+// --scheduler plateau: the lr halves after an epoch whose test loss is not 0.01% below the best so
+// far (ReduceLROnPlateau's default relative threshold).
 std::unique_ptr<optim::ReduceLROnPlateau> make_plateau(const TrainOptions& o, optim::Optimizer& opt) {
   if (o.scheduler != "plateau") return nullptr;
   return std::make_unique<optim::ReduceLROnPlateau>(opt, optim::ReduceLROnPlateauOptions{.factor = 0.5,

@@ -131,6 +131,12 @@ TEST_CASE("trunc_normal_ gives the truncated normal distribution, on wide, narro
   }
   Tensor w = empty({4});
   test::check_error([&] { nn::init::trunc_normal_(w, 0, 1, 40, 41); }, {"trunc_normal_", "40 std", "nearer the mean"});
+  // Near 38 std the quantile's refinement step overflows; the values stay finite and inside.
+  for (double lo : {37.7, -38.2, 38.45}) {
+    Tensor far = empty({1000}, kFloat64);
+    nn::init::trunc_normal_(far, 0, 1, lo, lo + 0.2);
+    CHECK(far.ge(lo).logical_and(far.le(lo + 0.2)).all().item<bool>());  // false for a NaN
+  }
   test::check_error([&] { nn::init::trunc_normal_(w, 0, 1, 1, 1); }, {"trunc_normal_", "a < b"});
   test::check_error([&] { nn::init::trunc_normal_(w, 0, -1); }, {"trunc_normal_", "std > 0"});
 }
@@ -148,6 +154,8 @@ TEST_CASE("uniform_ and normal_ refuse an empty range or a negative std, kaiming
   nn::init::xavier_uniform_(none);
   nn::init::xavier_normal_(none);
   CHECK(none.numel() == 0);
+  Tensor flat = empty({0});  // as PyTorch: no fans below 2 dims, empty or not
+  test::check_error([&] { nn::init::xavier_uniform_(flat); }, {"fan in and fan out", "fewer than 2 dimensions"});
 }
 
 TEST_CASE("A generator makes initialisation reproducible", "[nn][init]") {

@@ -146,8 +146,9 @@ TEST_CASE("Losses reject bad input with a clear error", "[nn][losses][errors]") 
   CHECK(nn::binary_cross_entropy(full({2, 3}, 0.5), zeros({2, 3}), {.weight = ones({3})}).item<float>() ==
         Approx(std::log(2.0)));  // a weight that broadcasts is fine
   test::check_error([] { nn::mse_loss(zeros({3}, kInt64), zeros({3}, kInt64)); },
-                    {"mse_loss", "floating-point", "int64"});
-  test::check_error([] { nn::l1_loss(zeros({3}), zeros({3}, kInt64)); }, {"l1_loss", "float32 and int64"});
+                    {"mse_loss", "floating-point input or target", "int64 and int64"});
+  // One floating side is promoted to, as PyTorch does.
+  CHECK(nn::l1_loss(full({3}, 0.5), from_vector<int64_t>({1, 0, 2})).item<double>() == Approx(2.5 / 3));
 }
 
 TEST_CASE("Losses refuse targets and inputs outside their domain, as PyTorch", "[nn][losses][errors]") {
@@ -203,6 +204,40 @@ TEST_CASE("A batch whose every target is ignored gives a zero gradient, as PyTor
     loss.backward();
     test::check_equal(x.grad(), zeros({2, 3}, kFloat64));
   }
+}
+
+TEST_CASE("An ignored element gets no gradient even when the one coming in is not finite", "[nn][losses]") {
+  // The usual masked mean, loss_none.sum() / mask.sum(), with an empty mask sends inf (0 / 0 -> nan) to
+  // every element; PyTorch's and the fused (N, C) path's gradient there is 0.
+  Tensor w = from_vector<double>({0.5, 1.0, 2.0});
+  for (bool weighted : {false, true}) {
+    INFO((weighted ? "weighted" : "unweighted") << ", (N, C, d)");
+    Tensor x = from_vector<double>({0.1, 0.2, 0.3, 0.3, 0.2, 0.1}, {2, 3, 1}).requires_grad_();
+    Tensor target = full({2, 1}, -100, kInt64);
+    Tensor per = nn::cross_entropy(x, target, {.weight = weighted ? w : Tensor(), .reduction = "none"});
+    Tensor mask = target.ne(-100).to(kFloat64);
+    (per.sum() / mask.sum()).backward();
+    test::check_equal(x.grad(), zeros({2, 3, 1}, kFloat64));
+  }
+}
+
+TEST_CASE("The loss nodes give each gradient in its input's dtype, float16 too", "[nn][losses]") {
+  // A float64 target or pos_weight must not make a float32 input's gradient float64 (PyTorch's is float32).
+  Tensor x = from_vector<float>({-2, 0.5, 3}).requires_grad_();
+  Tensor pw = full({3}, 2.0, kFloat64).requires_grad_();
+  Tensor t = from_vector<double>({0, 1, 1}).requires_grad_();
+  nn::binary_cross_entropy_with_logits(x, t, {.pos_weight = pw}).backward();
+  CHECK(x.grad().dtype() == kFloat32);
+  CHECK(t.grad().dtype() == kFloat64);
+  CHECK(pw.grad().dtype() == kFloat64);
+  Tensor p = from_vector<float>({0.25, 0.5, 0.75}).requires_grad_();
+  nn::binary_cross_entropy(p, from_vector<double>({0, 1, 1})).backward();
+  CHECK(p.grad().dtype() == kFloat32);
+  // float16 cannot hold the 1e-12 floor: the gradient is computed in float32 and rounded once.
+  Tensor h = from_vector<float>({0, 1, 0.5, 0.25}).to(kFloat16).requires_grad_();
+  nn::binary_cross_entropy(h, from_vector<float>({0, 1, 0.5, 1}).to(kFloat16), {.reduction = "sum"}).backward();
+  CHECK(h.grad().dtype() == kFloat16);
+  test::check_close(h.grad().to(kFloat32), from_vector<float>({0, 0, 0, -0.75f / (0.25f * 0.75f)}), {1e-3, 0});
 }
 
 TEST_CASE("binary_cross_entropy's gradient at a saturated p of 0 or 1 is PyTorch's, finite", "[nn][losses]") {

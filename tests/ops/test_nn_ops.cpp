@@ -180,14 +180,14 @@ TEST_CASE("exp below Eigen's range: subnormals rounded once, 0 at -inf, in float
   }
 }
 
-TEST_CASE("float32 sigmoid is within 2e-7 relatively of float64's on [-30, 30]", "[ops][exp]") {
+TEST_CASE("float32 sigmoid is within 4e-7 relatively of float64's on [-30, 30]", "[ops][exp]") {
   // Eigen's logistic() was off by up to 7e-4 (sigmoid(-8.9)) in its vectorized body only, so one
   // element and sixteen gave different values.
   Tensor x32 = linspace(-30.0, 30.0, 60001, kFloat32);
   Tensor expected = sigmoid(x32.to(kFloat64));
   const double worst = ((sigmoid(x32).to(kFloat64) - expected).abs() / expected).max().item<double>();
   INFO("worst relative error " << worst);
-  CHECK(worst < 2e-7);
+  CHECK(worst < 4e-7);  // 1.8e-7 measured on an AVX2 CPU; Eigen's exp may differ by a bit elsewhere
   CHECK(sigmoid(full({16}, -8.0)).eq(sigmoid(full({1}, -8.0))[0]).all().item<bool>());
 }
 

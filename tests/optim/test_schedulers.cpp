@@ -73,6 +73,26 @@ std::unique_ptr<LRScheduler> make_scheduler(const std::string& id, Optimizer& o)
     return std::make_unique<SequentialLR>(o, std::vector<std::shared_ptr<LRScheduler>>{e, s, l},
                                           std::vector<int64_t>{4, 15});
   }
+  if (id == "constant") return std::make_unique<ConstantLR>(o, 0.4, 6);
+  if (id == "multiplicative") {
+    return std::make_unique<MultiplicativeLR>(o, [](int64_t e) { return e % 2 ? 0.95 : 1.02; });
+  }
+  if (id == "polynomial") return std::make_unique<PolynomialLR>(o, 20, 1.7);
+  if (id == "warm_restarts") return std::make_unique<CosineAnnealingWarmRestarts>(o, 3, 2, 0.001);
+  if (id == "warm_restarts1") return std::make_unique<CosineAnnealingWarmRestarts>(o, 7);
+  if (id == "sequential_restarts") {
+    auto c = std::make_shared<ConstantLR>(o, 0.5, 4);
+    auto w = std::make_shared<CosineAnnealingWarmRestarts>(o, 4, 2);
+    return std::make_unique<SequentialLR>(o, std::vector<std::shared_ptr<LRScheduler>>{c, w},
+                                          std::vector<int64_t>{6});
+  }
+  if (id == "sequential_poly") {
+    auto l = std::make_shared<LinearLR>(o, 0.2, 1.0, 3);
+    auto p = std::make_shared<PolynomialLR>(o, 10, 2.0);
+    auto c = std::make_shared<ConstantLR>(o, 0.25, 3);
+    return std::make_unique<SequentialLR>(o, std::vector<std::shared_ptr<LRScheduler>>{l, p, c},
+                                          std::vector<int64_t>{5, 17});
+  }
   if (id == "ds_warmup_log") {
     return std::make_unique<WarmupLR>(o, WarmupLROptions{.warmup_min_lr = 0.001,
                                                          .warmup_max_lr = 0.1,
@@ -154,7 +174,7 @@ void check_values(const std::vector<double>& actual, const std::vector<double>& 
 TEST_CASE(
     "every scheduler gives PyTorch's / DeepSpeed's values, for both groups and the momentum") {
   const OptimGolden& golden = OptimGolden::get();
-  REQUIRE(golden.sched.size() == 17);
+  REQUIRE(golden.sched.size() == 24);
   for (const auto& [id, expected] : golden.sched) {
     INFO("scheduler " << id);
     Run r = run(id, expected.size());
@@ -199,6 +219,45 @@ TEST_CASE("PyTorch's schedulers match their closed forms") {
     if (e < 5) return base * (0.1 + 0.9 * e / 5);
     return base * (1 + std::cos(kPi * (e - 5) / 20)) / 2;
   });
+  closed("constant", [](double e, double base) { return base * (e < 6 ? 0.4 : 1.0); });
+  closed("polynomial", [](double e, double base) { return base * std::pow(1 - std::min(e, 20.0) / 20, 1.7); });
+  // Cycles of 3, 6, 12, 24 epochs starting at 0, 3, 9, 21.
+  closed("warm_restarts", [](double e, double base) {
+    double start = 0, length = 3;
+    while (e >= start + length) {
+      start += length;
+      length *= 2;
+    }
+    return 0.001 + (base - 0.001) * (1 + std::cos(kPi * (e - start) / length)) / 2;
+  });
+  closed("warm_restarts1", [](double e, double base) {
+    return base * (1 + std::cos(kPi * std::fmod(e, 7.0) / 7)) / 2;
+  });
+}
+
+TEST_CASE("CosineAnnealingWarmRestarts resumed from its state_dict goes on in the same cycle") {
+  for (int stop : {2, 3, 8, 10}) {  // inside the first cycle, at a restart, the last epoch of one, inside
+    INFO("stopped after " << stop << " steps");
+    Setup first, second, straight;
+    CosineAnnealingWarmRestarts a(*first.opt, 3, 2, 0.001), b(*second.opt, 3, 2, 0.001),
+        c(*straight.opt, 3, 2, 0.001);
+    for (int k = 0; k < stop; ++k) {
+      a.step();
+      c.step();
+    }
+    second.opt->load_state_dict(first.opt->state_dict());
+    b.load_state_dict(a.state_dict());
+    for (int k = stop; k < 30; ++k) {
+      b.step();
+      c.step();
+      CHECK(b.get_last_lr() == c.get_last_lr());
+    }
+  }
+  Setup s;
+  CosineAnnealingWarmRestarts w(*s.opt, 3, 2);
+  TensorDict bad = w.state_dict();
+  bad.set("T_cur", scalar_tensor(int64_t{5}));  // past the end of a cycle of 3
+  check_error([&] { w.load_state_dict(bad); }, {"CosineAnnealingWarmRestarts", "'T_cur' 5", "T_0 = 3"});
 }
 
 TEST_CASE("DeepSpeed's warmup schedules match their formulas") {
@@ -367,6 +426,14 @@ TEST_CASE("bad scheduler arguments are Errors that name the problem") {
       },
       {"SequentialLR", "scheduler 1", "another optimizer"});
   check_error([&] { SequentialLR(o, {mine}, {3}); }, {"SequentialLR", "one milestone fewer"});
+  check_error([&] { ConstantLR(o, 0.0); }, {"ConstantLR", "factor", "(0, 1]"});
+  check_error([&] { ConstantLR(o, 0.5, -1); }, {"ConstantLR", "total_iters"});
+  check_error([&] { PolynomialLR(o, 0); }, {"PolynomialLR", "total_iters must be positive"});
+  check_error([&] { PolynomialLR(o, 5, -1); }, {"PolynomialLR", "power"});
+  check_error([&] { CosineAnnealingWarmRestarts(o, 0); }, {"CosineAnnealingWarmRestarts", "T_0"});
+  check_error([&] { CosineAnnealingWarmRestarts(o, 3, 0); }, {"CosineAnnealingWarmRestarts", "T_mult"});
+  check_error([&] { MultiplicativeLR(o, std::vector<MultiplicativeLR::Lambda>{[](int64_t) { return 1.0; }}); },
+              {"MultiplicativeLR", "expected 2 lr_lambdas", "got 1"});
   check_error([&] { WarmupLR(o, {.warmup_type = "cos"}); }, {"WarmupLR", "warmup_type", "'cos'"});
   check_error([&] { WarmupCosineLR(o, {.total_num_steps = 5, .warmup_num_steps = 10}); },
               {"WarmupCosineLR", "total_num_steps", "warmup_num_steps"});
