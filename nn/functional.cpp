@@ -1,6 +1,8 @@
-// nn/functional.cpp: linear, embedding and the losses of nn/functional.h, written with ops:: calls
+// nn/functional.cpp: linear, embedding, the activations and the losses of nn/functional.h, written with ops:: calls
 // (so they run on any device and their backward is differentiable again).
 #include "nn/functional.h"
+
+#include <cmath>
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
@@ -383,6 +385,63 @@ Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1L
   if (options.beta == 0) return reduce(d, r);
   Tensor loss = where(d.lt(options.beta), d.square() * (0.5 / options.beta), d - 0.5 * options.beta);
   return reduce(loss, r);
+}
+
+Tensor huber_loss(const Tensor& input, const Tensor& target, const HuberLossOptions& options) {
+  Reduction r = parse_reduction(options.reduction, "huber_loss");
+  check_regression(input, target, "huber_loss");
+  KILN_CHECK(options.delta > 0, "huber_loss: delta must be > 0, got {}", options.delta);
+  Tensor d = (input - target).abs();
+  Tensor loss = where(d.lt(options.delta), d.square() * 0.5, (d - 0.5 * options.delta) * options.delta);
+  return reduce(loss, r);
+}
+
+Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivLossOptions& options) {
+  const char* op = "kl_div";
+  const std::string& red = options.reduction;
+  KILN_CHECK(red == "mean" || red == "batchmean" || red == "sum" || red == "none",
+             "{}: reduction '{}' is not one of 'mean', 'batchmean', 'sum', 'none'", op, red);
+  check_regression(input, target, op);
+  Tensor loss;
+  if (options.log_target) {
+    loss = target.exp() * (target - input);
+  } else {
+    // target * log(target) as 0 at target = 0, with the log taken of 1 there so that no 0 * -inf
+    // reaches the gradient.
+    Tensor positive = target.gt(0);
+    loss = where(positive, target * (where(positive, target, 1.0).log() - input), 0.0);
+  }
+  if (red == "none") return loss;
+  if (red == "sum") return loss.sum();
+  if (red == "mean") return loss.mean();
+  return loss.sum() / static_cast<double>(input.dim() == 0 ? 1 : input.size(0));  // batchmean
+}
+
+// ---- activations with parameters ----
+
+Tensor leaky_relu(const Tensor& input, double negative_slope) {
+  return where(input.gt(0), input, input * negative_slope);
+}
+
+Tensor elu(const Tensor& input, double alpha) {
+  // expm1 of min(x, 0): for a large x the unused branch would be inf, and its zero gradient times
+  // exp(x) = inf a NaN in the sum.
+  return where(input.gt(0), input, input.clamp({}, 0.0).expm1() * alpha);
+}
+
+Tensor hardtanh(const Tensor& input, double min_val, double max_val) {
+  KILN_CHECK(min_val <= max_val, "hardtanh: min_val ({}) must be <= max_val ({})", min_val, max_val);
+  // clamp's value; the gradient only strictly inside (clamp's passes at the bounds too).
+  Tensor inside = input.gt(min_val).logical_and(input.lt(max_val));
+  return where(inside, input, input.detach().clamp(min_val, max_val));
+}
+
+Tensor softplus(const Tensor& input, double beta, double threshold) {
+  KILN_CHECK(beta != 0 && std::isfinite(beta), "softplus: beta must be finite and nonzero, got {}", beta);
+  if (beta == 1 && threshold == 20) return ops::softplus(input);  // the op's own threshold
+  Tensor bx = input * beta;
+  // ops::softplus is the identity above 20 itself, so its branch never overflows.
+  return where(bx.gt(threshold), input, ops::softplus(bx) / beta);
 }
 
 namespace {

@@ -40,6 +40,7 @@ using ops::rms_norm;
 using ops::scaled_dot_product_attention;
 using ops::silu;
 using ops::softmax;
+using ops::softplus;
 
 // ---- layers ----
 // x (*, in) @ weight (out, in)^T + bias (out): the bias is added in place into the product and the
@@ -58,6 +59,17 @@ Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias
                    std::string_view approximate = "none");
 // weight (V, C), indices of any shape -> (*indices, C). The row padding_idx receives no gradient.
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx = {});
+
+// ---- activations with parameters (compositions of ops; gradients as PyTorch's at the kinks) ----
+// x for x > 0, negative_slope * x otherwise (gradient negative_slope at 0).
+Tensor leaky_relu(const Tensor& input, double negative_slope = 0.01);
+// x for x > 0, alpha * (exp(x) - 1) otherwise.
+Tensor elu(const Tensor& input, double alpha = 1.0);
+// x clamped to [min_val, max_val]; the gradient is 0 at the bounds and outside, as PyTorch's.
+Tensor hardtanh(const Tensor& input, double min_val = -1.0, double max_val = 1.0);
+// log(1 + exp(beta x)) / beta, and x where beta x > threshold; softplus(x) is ops::softplus (beta 1,
+// threshold 20).
+Tensor softplus(const Tensor& input, double beta, double threshold = 20.0);
 
 // ---- losses ----
 struct CrossEntropyOptions {
@@ -91,6 +103,21 @@ struct SmoothL1LossOptions {
   double beta = 1.0;  // 0.5 d^2 / beta below beta, |d| - 0.5 beta above; beta = 0 is l1_loss
 };
 Tensor smooth_l1_loss(const Tensor& input, const Tensor& target, const SmoothL1LossOptions& options = {});
+
+struct HuberLossOptions {
+  std::string reduction = "mean";
+  double delta = 1.0;  // 0.5 d^2 below delta, delta (|d| - 0.5 delta) above: delta * smooth_l1 with beta = delta
+};
+Tensor huber_loss(const Tensor& input, const Tensor& target, const HuberLossOptions& options = {});
+
+struct KLDivLossOptions {
+  std::string reduction = "mean";  // "batchmean" (the sum over the batch's first dim: the KL divergence),
+                                   // "sum", "none", or "mean" (over every element, PyTorch's default)
+  bool log_target = false;         // target given as log-probabilities
+};
+// input: log-probabilities; target: probabilities (or log-probabilities). Pointwise
+// target * (log target - input), 0 where target is 0.
+Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivLossOptions& options = {});
 
 struct BCELossOptions {
   Tensor weight = {};  // broadcasts to the input

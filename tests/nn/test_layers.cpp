@@ -251,3 +251,30 @@ TEST_CASE("MultiheadAttention with its masks matches torch, output and every gra
     }
   }
 }
+
+TEST_CASE("LeakyReLU, ELU, Hardtanh and Softplus match torch, at their kinks too", "[nn][layers]") {
+  // The fixture's input holds 0 (leaky_relu's and elu's kink), -0.5 and 0.7 (hardtanh's bounds, where
+  // PyTorch's gradient is 0) and values past softplus's threshold.
+  nn::LeakyReLU leaky(0.2);
+  check_layer(leaky, "leaky_relu");
+  nn::ELU elu(1.5);
+  check_layer(elu, "elu");
+  nn::Hardtanh hardtanh(-0.5, 0.7);
+  check_layer(hardtanh, "hardtanh");
+  nn::Softplus softplus(2.0, 3.0);
+  check_layer(softplus, "softplus_beta");
+  nn::Sequential reprs;
+  reprs.push_back(std::make_shared<nn::LeakyReLU>());
+  reprs.push_back(std::make_shared<nn::ELU>());
+  reprs.push_back(std::make_shared<nn::Hardtanh>());
+  reprs.push_back(std::make_shared<nn::Softplus>());
+  reprs.push_back(std::make_shared<nn::LeakyReLU>(0.2));
+  reprs.push_back(std::make_shared<nn::Hardtanh>(-0.5, 0.7));
+  const std::string repr = reprs.to_string();
+  CHECK(repr.substr(0, repr.rfind("\nParameters: ")) == test::nn_case("activation_reprs").strings.at("repr"));
+  // No NaN from the branch where() does not take: elu of a large x, softplus far past its threshold.
+  Tensor big = from_vector<double>({800.0, -800.0}).requires_grad_();
+  (nn::functional::elu(big) + nn::functional::softplus(big, 0.5, 30)).sum().backward();
+  test::check_close(big.grad(), from_vector<double>({2.0, 0.0}), {1e-15, 1e-150});  // sigmoid(-400) at -800
+  test::check_error([] { nn::Hardtanh(1.0, -1.0); }, {"nn::Hardtanh", "min_val (1)", "max_val (-1)"});
+}

@@ -68,6 +68,15 @@ TEST_CASE("Losses match torch for every reduction and option", "[nn][losses]") {
           in[0], in[1], {.weight = in[2], .pos_weight = in[3], .reduction = red});
     });
   }
+  for (std::string red : {"mean", "sum", "none"}) {
+    check_loss("huber_" + red, [&](auto& in) { return nn::huber_loss(in[0], in[1], {.reduction = red, .delta = 0.8}); });
+  }
+  for (std::string red : {"batchmean", "sum", "none", "mean"}) {
+    check_loss("kl_div_" + red, [&](auto& in) { return nn::kl_div(in[0], in[1], {.reduction = red}); });
+  }
+  check_loss("kl_div_target_grad", [](auto& in) { return nn::kl_div(in[0], in[1], {.reduction = "batchmean"}); });
+  check_loss("kl_div_log_target",
+             [](auto& in) { return nn::kl_div(in[0], in[1], {.reduction = "batchmean", .log_target = true}); });
   check_loss("ce_spatial", [](auto& in) { return nn::cross_entropy(in[0], in[1], {.ignore_index = 1}); });
   check_loss("ce_1d", [](auto& in) { return nn::functional::cross_entropy(in[0], in[1]); });
   check_loss("smooth_l1_beta0", [](auto& in) { return nn::smooth_l1_loss(in[0], in[1], {.beta = 0}); });
@@ -131,6 +140,8 @@ TEST_CASE("Losses reject bad input with a clear error", "[nn][losses][errors]") 
                     {"label_smoothing", "[0, 1]"});
   test::check_error([&] { nn::mse_loss(logits, zeros({4, 1})); }, {"mse_loss", "[4, 1]", "[4, 5]"});
   test::check_error([&] { nn::smooth_l1_loss(logits, logits, {.beta = -1}); }, {"beta must be >= 0"});
+  test::check_error([&] { nn::huber_loss(logits, logits, {.delta = 0}); }, {"huber_loss", "delta must be > 0"});
+  test::check_error([&] { nn::kl_div(logits, logits, {.reduction = "avg"}); }, {"kl_div", "'batchmean'"});
   // As PyTorch: a class weight of another dtype, a per-element weight that would grow the loss, and
   // integer regression inputs (the Error came from an inner mean).
   test::check_error(
