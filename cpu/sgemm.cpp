@@ -52,7 +52,7 @@
 // calls it only after asking the CPU.
 //
 // GCC 12's _mm512_undefined_* initialise a variable from itself, and its -Wuninitialized reports
-// that at every inlined use (GCC bug 105593, fixed in 13); the pragma silences only its header.
+// that at every inlined use (GCC bug 105593); the pragma silences it for that header alone.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
