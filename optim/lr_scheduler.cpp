@@ -428,6 +428,78 @@ std::vector<double> LambdaLR::get_lr() {
   return lrs;
 }
 
+// ---- CyclicLR ----
+
+// One value per group: `list` when given, else `one` for every group.
+static std::vector<double> per_group(double one, const std::vector<double>& list, size_t groups, const char* name) {
+  if (list.empty()) return std::vector<double>(groups, one);
+  KILN_CHECK(list.size() == groups, "CyclicLR: expected {} {} (one per group), got {}", groups, name, list.size());
+  return list;
+}
+
+CyclicLR::CyclicLR(Optimizer& optimizer, CyclicLROptions options)
+    : LRScheduler(optimizer, "CyclicLR", /*record_initial_lr=*/false), options_(std::move(options)) {
+  const CyclicLROptions& o = options_;
+  auto& groups = optimizer.param_groups();
+  const std::vector<double> base_lrs = per_group(o.base_lr, o.base_lrs, groups.size(), "base_lrs");
+  max_lrs_ = per_group(o.max_lr, o.max_lrs, groups.size(), "max_lrs");
+  for (size_t g = 0; g < groups.size(); ++g) {
+    KILN_CHECK(base_lrs[g] > 0 && max_lrs_[g] >= base_lrs[g] && std::isfinite(max_lrs_[g]),
+               "CyclicLR: group {} needs 0 < base_lr <= max_lr, got base_lr {} and max_lr {}", g, base_lrs[g],
+               max_lrs_[g]);
+  }
+  KILN_CHECK(o.step_size_up > 0 && o.step_size_down >= 0,
+             "CyclicLR: step_size_up must be positive and step_size_down >= 0 (0: step_size_up), got {} and {}",
+             o.step_size_up, o.step_size_down);
+  KILN_CHECK(o.scale_fn || o.mode == "triangular" || o.mode == "triangular2" || o.mode == "exp_range",
+             "CyclicLR: mode must be 'triangular', 'triangular2' or 'exp_range' (or give a scale_fn), got '{}'", o.mode);
+  KILN_CHECK(!o.scale_fn || o.scale_mode == "cycle" || o.scale_mode == "iterations",
+             "CyclicLR: scale_mode must be 'cycle' or 'iterations', got '{}'", o.scale_mode);
+  const double up = static_cast<double>(o.step_size_up);
+  total_size_ = up + static_cast<double>(o.step_size_down > 0 ? o.step_size_down : o.step_size_up);
+  step_ratio_ = up / total_size_;
+  if (o.cycle_momentum) {
+    KILN_CHECK(groups.at(0).has("momentum"),
+               "CyclicLR: {} has no momentum to cycle; pass cycle_momentum = false (PyTorch 1.13 cycles only "
+               "\"momentum\")", optimizer.name());
+    base_momentums_.assign(groups.size(), o.base_momentum);
+    max_momentums_.assign(groups.size(), o.max_momentum);
+  }
+  // As PyTorch: the lr (and momentum) start at the bottom, and base_lr is each group's initial_lr.
+  base_lrs_ = base_lrs;
+  for (size_t g = 0; g < groups.size(); ++g) {
+    groups[g].set_lr(base_lrs[g]);
+    if (!groups[g].has("initial_lr")) groups[g].set("initial_lr", base_lrs[g]);
+    if (o.cycle_momentum) groups[g].set("momentum", o.base_momentum);
+  }
+  initial_step();
+}
+
+// The height's factor: the given scale_fn, or the mode's (of the cycle, or of the step for exp_range).
+double CyclicLR::scale(double cycle) const {
+  const CyclicLROptions& o = options_;
+  const double step = static_cast<double>(last_epoch_);
+  if (o.scale_fn) return o.scale_fn(o.scale_mode == "cycle" ? cycle : step);
+  if (o.mode == "triangular") return 1.0;
+  if (o.mode == "triangular2") return 1.0 / std::pow(2.0, cycle - 1);
+  return std::pow(o.gamma, step);  // exp_range
+}
+
+std::vector<double> CyclicLR::get_lr() {
+  const double e = static_cast<double>(last_epoch_);
+  const double cycle = std::floor(1 + e / total_size_);
+  const double x = 1.0 + e / total_size_ - cycle;
+  const double factor = x <= step_ratio_ ? x / step_ratio_ : (x - 1) / (step_ratio_ - 1);
+  const double s = scale(cycle);
+  std::vector<double> lrs;
+  for (size_t g = 0; g < base_lrs_.size(); ++g) lrs.push_back(base_lrs_[g] + (max_lrs_[g] - base_lrs_[g]) * factor * s);
+  auto& groups = optimizer_.param_groups();
+  for (size_t g = 0; g < base_momentums_.size(); ++g) {
+    groups[g].set("momentum", max_momentums_[g] - (max_momentums_[g] - base_momentums_[g]) * factor * s);
+  }
+  return lrs;
+}
+
 // ---- OneCycleLR ----
 
 OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
@@ -538,17 +610,7 @@ std::vector<double> OneCycleLR::get_lr() {
 SequentialLR::SequentialLR(Optimizer& optimizer,
                            std::vector<std::shared_ptr<LRScheduler>> schedulers,
                            std::vector<int64_t> milestones)
-    : LRScheduler(optimizer, "SequentialLR", /*record_initial_lr=*/false),
-      schedulers_(std::move(schedulers)),
-      milestones_(std::move(milestones)) {
-  KILN_CHECK(!schedulers_.empty(), "SequentialLR: got no schedulers");
-  for (size_t k = 0; k < schedulers_.size(); ++k) {
-    KILN_CHECK(schedulers_[k] != nullptr, "SequentialLR: scheduler {} is null", k);
-    KILN_CHECK(&schedulers_[k]->optimizer_ == &optimizer,
-               "SequentialLR: scheduler {} ({}) drives another optimizer; all must drive the one "
-               "passed in",
-               k, schedulers_[k]->name_);
-  }
+    : ComposedScheduler(optimizer, "SequentialLR", std::move(schedulers)), milestones_(std::move(milestones)) {
   KILN_CHECK(milestones_.size() + 1 == schedulers_.size(),
              "SequentialLR: expects one milestone fewer than schedulers, got {} schedulers and {} "
              "milestones",
@@ -574,7 +636,21 @@ void SequentialLR::step() {
   last_lr_ = s.get_last_lr();
 }
 
-TensorDict SequentialLR::state_dict() const {
+// ---- ComposedScheduler, ChainedScheduler ----
+
+ComposedScheduler::ComposedScheduler(Optimizer& optimizer, std::string name,
+                                     std::vector<std::shared_ptr<LRScheduler>> schedulers)
+    : LRScheduler(optimizer, std::move(name), /*record_initial_lr=*/false), schedulers_(std::move(schedulers)) {
+  KILN_CHECK(!schedulers_.empty(), "{}: got no schedulers", name_);
+  for (size_t k = 0; k < schedulers_.size(); ++k) {
+    KILN_CHECK(schedulers_[k] != nullptr, "{}: scheduler {} is null", name_, k);
+    KILN_CHECK(&schedulers_[k]->optimizer_ == &optimizer,
+               "{}: scheduler {} ({}) drives another optimizer; all must drive the one {} drives", name_, k,
+               schedulers_[k]->name_, name_);
+  }
+}
+
+TensorDict ComposedScheduler::state_dict() const {
   TensorDict dict;
   dict.insert("last_epoch", scalar_tensor(last_epoch_, kInt64));
   dict.insert("last_lr", from_vector(last_lr_));
@@ -586,7 +662,7 @@ TensorDict SequentialLR::state_dict() const {
   return dict;
 }
 
-void SequentialLR::load_state_dict(const TensorDict& dict) {
+void ComposedScheduler::load_state_dict(const TensorDict& dict) {
   std::vector<TensorDict> children(schedulers_.size());
   for (const auto& [key, t] : dict) {
     if (key.rfind("schedulers.", 0) != 0) continue;
@@ -595,21 +671,35 @@ void SequentialLR::load_state_dict(const TensorDict& dict) {
     const auto [end, ec] =
         std::from_chars(key.data() + 11, key.data() + std::min(dot, key.size()), k);
     KILN_CHECK(dot != std::string::npos && ec == std::errc() && end == key.data() + dot,
-               "SequentialLR.load_state_dict: malformed entry '{}'; expected schedulers.<k>.<name>",
-               key);
-    KILN_CHECK(k < schedulers_.size(),
-               "SequentialLR.load_state_dict: '{}' names scheduler {} but "
-               "there are {}",
-               key, k, schedulers_.size());
+               "{}.load_state_dict: malformed entry '{}'; expected schedulers.<k>.<name>", name_, key);
+    KILN_CHECK(k < schedulers_.size(), "{}.load_state_dict: '{}' names scheduler {} but there are {}", name_, key,
+               k, schedulers_.size());
     children[k].insert(key.substr(dot + 1), t);
   }
   const Tensor* last_epoch = dict.find("last_epoch");
   const Tensor* last_lr = dict.find("last_lr");
   KILN_CHECK(last_epoch != nullptr && last_lr != nullptr,
-             "SequentialLR.load_state_dict: the state dict lacks 'last_epoch' or 'last_lr'");
+             "{}.load_state_dict: the state dict lacks 'last_epoch' or 'last_lr'", name_);
   for (size_t k = 0; k < schedulers_.size(); ++k) schedulers_[k]->load_state_dict(children[k]);
   last_epoch_ = last_epoch->item<int64_t>();
   last_lr_ = last_lr->to(kFloat64).to_vector<double>();
+}
+
+// The optimizer of the first scheduler (an Error for none).
+static Optimizer& first_optimizer(const std::vector<std::shared_ptr<LRScheduler>>& schedulers) {
+  KILN_CHECK(!schedulers.empty() && schedulers[0] != nullptr, "ChainedScheduler: got no schedulers");
+  return schedulers[0]->optimizer();
+}
+
+ChainedScheduler::ChainedScheduler(std::vector<std::shared_ptr<LRScheduler>> schedulers)
+    // A copy, not a move: the order in which arguments are evaluated is unspecified.
+    : ComposedScheduler(first_optimizer(schedulers), "ChainedScheduler", schedulers) {
+  last_lr_ = current_lrs(optimizer_);  // each child has taken its first step
+}
+
+void ChainedScheduler::step() {
+  for (auto& s : schedulers_) s->step();
+  last_lr_ = current_lrs(optimizer_);
 }
 
 // ---- ReduceLROnPlateau ----

@@ -1,7 +1,7 @@
 // optim/lr_scheduler.h: learning-rate schedulers, torch.optim.lr_scheduler of PyTorch 1.13: the
 // LRScheduler base and StepLR, MultiStepLR, ConstantLR, ExponentialLR, CosineAnnealingLR,
-// CosineAnnealingWarmRestarts, LinearLR, PolynomialLR, LambdaLR, MultiplicativeLR, OneCycleLR,
-// SequentialLR; and ReduceLROnPlateau, which is stepped with a metric and, as in PyTorch
+// CosineAnnealingWarmRestarts, LinearLR, PolynomialLR, LambdaLR, MultiplicativeLR, CyclicLR,
+// OneCycleLR, SequentialLR, ChainedScheduler; and ReduceLROnPlateau, which is stepped with a metric and, as in PyTorch
 // 1.13, is not an LRScheduler. DeepSpeed's warmup schedules are in warmup_lr.h.
 //
 // As in PyTorch, building a scheduler records each group's "initial_lr" (the base lr) and takes the
@@ -69,6 +69,7 @@ class LRScheduler {
   int64_t last_epoch_ = -1;
   int64_t step_count_ = 0;
 
+  friend class ComposedScheduler;
   friend class SequentialLR;
 };
 
@@ -221,6 +222,41 @@ class MultiplicativeLR : public LRScheduler {
   std::vector<Lambda> lr_lambdas_;
 };
 
+struct CyclicLROptions {
+  double base_lr = 0;              // the cycle's bottom, for every group (required > 0 unless base_lrs)...
+  std::vector<double> base_lrs{};  // ...or one per group
+  double max_lr = 0;               // its top (required >= base_lr unless max_lrs)...
+  std::vector<double> max_lrs{};
+  int64_t step_size_up = 2000;     // steps from bottom to top
+  int64_t step_size_down = 0;      // steps from top to bottom; 0: step_size_up
+  std::string mode = "triangular";  // "triangular", "triangular2" (the height halves each cycle) or
+                                    // "exp_range" (times gamma^step); ignored when scale_fn is given
+  double gamma = 1.0;
+  std::function<double(double)> scale_fn{};  // the height's factor, of the cycle (1, 2, ...) or the step
+  std::string scale_mode = "cycle";          // "cycle" or "iterations": scale_fn's argument
+  bool cycle_momentum = true;  // the group's "momentum" moves against the lr (SGD, RMSprop)
+  double base_momentum = 0.8;
+  double max_momentum = 0.9;
+};
+
+// The cyclical learning rate policy (Smith, 2017), stepped per batch: the lr goes from base_lr up to
+// max_lr in step_size_up steps and back in step_size_down, the height scaled by the mode. Sets each
+// group's lr to base_lr (and momentum to base_momentum) when built, as PyTorch does.
+class CyclicLR : public LRScheduler {
+ public:
+  CyclicLR(Optimizer& optimizer, CyclicLROptions options);
+
+ protected:
+  std::vector<double> get_lr() override;
+
+ private:
+  double scale(double cycle) const;
+
+  CyclicLROptions options_;
+  std::vector<double> max_lrs_, base_momentums_, max_momentums_;
+  double total_size_, step_ratio_;
+};
+
 struct OneCycleLROptions {
   double max_lr = 0;              // required (> 0), unless max_lrs is given
   std::vector<double> max_lrs{};  // one per param group (PyTorch's list form); overrides max_lr
@@ -262,23 +298,41 @@ class OneCycleLR : public LRScheduler {
   const char* momentum_name_ = nullptr;  // "beta1" or "momentum"
 };
 
+// A scheduler made of others, all driving one optimizer: SequentialLR and ChainedScheduler. Its
+// state_dict holds last_epoch, last_lr and each child's entries as "schedulers.<k>.<key>".
+class ComposedScheduler : public LRScheduler {
+ public:
+  TensorDict state_dict() const override;
+  void load_state_dict(const TensorDict& dict) override;
+
+ protected:
+  // An Error for no schedulers, a null one, or one driving another optimizer.
+  ComposedScheduler(Optimizer& optimizer, std::string name, std::vector<std::shared_ptr<LRScheduler>> schedulers);
+  std::vector<double> get_lr() override { return last_lr_; }
+
+  std::vector<std::shared_ptr<LRScheduler>> schedulers_;
+};
+
 // Runs schedulers one after another: schedulers[k] from milestones[k-1] on, restarted (epoch 0, its
 // closed form) at its milestone. All must drive `optimizer`.
-class SequentialLR : public LRScheduler {
+class SequentialLR : public ComposedScheduler {
  public:
   SequentialLR(Optimizer& optimizer, std::vector<std::shared_ptr<LRScheduler>> schedulers,
                std::vector<int64_t> milestones);
 
   void step() override;
-  TensorDict state_dict() const override;
-  void load_state_dict(const TensorDict& dict) override;
-
- protected:
-  std::vector<double> get_lr() override { return last_lr_; }
 
  private:
-  std::vector<std::shared_ptr<LRScheduler>> schedulers_;
   std::vector<int64_t> milestones_;
+};
+
+// Steps every scheduler at each step(), in order, on their one optimizer (their effects compose, as
+// the recursive forms allow).
+class ChainedScheduler : public ComposedScheduler {
+ public:
+  explicit ChainedScheduler(std::vector<std::shared_ptr<LRScheduler>> schedulers);
+
+  void step() override;
 };
 
 struct ReduceLROnPlateauOptions {

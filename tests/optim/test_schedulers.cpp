@@ -86,6 +86,32 @@ std::unique_ptr<LRScheduler> make_scheduler(const std::string& id, Optimizer& o)
     return std::make_unique<SequentialLR>(o, std::vector<std::shared_ptr<LRScheduler>>{c, w},
                                           std::vector<int64_t>{6});
   }
+  if (id == "cyclic_triangular") {
+    return std::make_unique<CyclicLR>(o, CyclicLROptions{.base_lr = 0.01, .max_lr = 0.1, .step_size_up = 4});
+  }
+  if (id == "cyclic_triangular2") {
+    return std::make_unique<CyclicLR>(o, CyclicLROptions{.base_lrs = {0.01, 0.005},
+                                                         .max_lrs = {0.1, 0.2},
+                                                         .step_size_up = 3,
+                                                         .step_size_down = 5,
+                                                         .mode = "triangular2",
+                                                         .base_momentum = 0.85,
+                                                         .max_momentum = 0.95});
+  }
+  if (id == "cyclic_exp_range") {
+    return std::make_unique<CyclicLR>(o, CyclicLROptions{.base_lr = 0.02, .max_lr = 0.3, .step_size_up = 5,
+                                                         .mode = "exp_range", .gamma = 0.97, .cycle_momentum = false});
+  }
+  if (id == "cyclic_scale_fn") {
+    return std::make_unique<CyclicLR>(
+        o, CyclicLROptions{.base_lr = 0.01, .max_lr = 0.2, .step_size_up = 2, .step_size_down = 3,
+                           .scale_fn = [](double x) { return 0.5 * (1 + std::sin(x * kPi / 2)); },
+                           .scale_mode = "iterations"});
+  }
+  if (id == "chained") {
+    return std::make_unique<ChainedScheduler>(std::vector<std::shared_ptr<LRScheduler>>{
+        std::make_shared<ConstantLR>(o, 0.1, 2), std::make_shared<ExponentialLR>(o, 0.9)});
+  }
   if (id == "sequential_poly") {
     auto l = std::make_shared<LinearLR>(o, 0.2, 1.0, 3);
     auto p = std::make_shared<PolynomialLR>(o, 10, 2.0);
@@ -174,7 +200,7 @@ void check_values(const std::vector<double>& actual, const std::vector<double>& 
 TEST_CASE(
     "every scheduler gives PyTorch's / DeepSpeed's values, for both groups and the momentum") {
   const OptimGolden& golden = OptimGolden::get();
-  REQUIRE(golden.sched.size() == 24);
+  REQUIRE(golden.sched.size() == 29);
   for (const auto& [id, expected] : golden.sched) {
     INFO("scheduler " << id);
     Run r = run(id, expected.size());
@@ -293,8 +319,9 @@ TEST_CASE("DeepSpeed's warmup schedules match their formulas") {
 
 TEST_CASE(
     "scheduler state_dict round trip: 5 steps, save, load into fresh ones, 5 more == 10 steps") {
-  for (const std::string id : {"step", "cosine", "onecycle_cos", "onecycle_adam", "sequential3",
-                               "lambda", "ds_warmup_decay", "ds_warmup_cosine"}) {
+  for (const std::string id : {"step", "cosine", "onecycle_cos", "onecycle_adam", "sequential3", "lambda",
+                               "ds_warmup_decay", "ds_warmup_cosine", "constant", "multiplicative", "polynomial",
+                               "warm_restarts", "sequential_restarts", "cyclic_triangular2", "chained"}) {
     INFO("scheduler " << id);
     const bool adam = id == "onecycle_adam";
     Run whole = run(id, is_deepspeed(id) ? 10 : 11);
@@ -434,6 +461,12 @@ TEST_CASE("bad scheduler arguments are Errors that name the problem") {
   check_error([&] { CosineAnnealingWarmRestarts(o, 3, 0); }, {"CosineAnnealingWarmRestarts", "T_mult"});
   check_error([&] { MultiplicativeLR(o, std::vector<MultiplicativeLR::Lambda>{[](int64_t) { return 1.0; }}); },
               {"MultiplicativeLR", "expected 2 lr_lambdas", "got 1"});
+  check_error([&] { CyclicLR(o, {.base_lr = 0.1, .max_lr = 0.05}); }, {"CyclicLR", "base_lr <= max_lr"});
+  check_error([&] { CyclicLR(o, {.base_lr = 0.01, .max_lr = 0.1, .mode = "cosine"}); }, {"CyclicLR", "mode", "'cosine'"});
+  check_error([&] { CyclicLR(o, {.base_lrs = {0.01}, .max_lr = 0.1}); }, {"CyclicLR", "expected 2 base_lrs"});
+  check_error([&] { CyclicLR(adagrad, {.base_lr = 0.01, .max_lr = 0.1}); }, {"CyclicLR", "no momentum", "cycle_momentum = false"});
+  check_error([&] { ChainedScheduler({mine, foreign}); }, {"ChainedScheduler", "scheduler 1", "another optimizer"});
+  check_error([&] { ChainedScheduler({}); }, {"ChainedScheduler", "no schedulers"});
   check_error([&] { WarmupLR(o, {.warmup_type = "cos"}); }, {"WarmupLR", "warmup_type", "'cos'"});
   check_error([&] { WarmupCosineLR(o, {.total_num_steps = 5, .warmup_num_steps = 10}); },
               {"WarmupCosineLR", "total_num_steps", "warmup_num_steps"});
