@@ -63,12 +63,12 @@ void check_class_weight(const Tensor& weight, const Tensor& input, int64_t class
              dtype_name(weight.dtype()), weight.device().str(), dtype_name(input.dtype()), input.device().str());
 }
 
-// A per-element weight of binary_cross_entropy(_with_logits): it broadcasts to the input's shape and
-// leaves it unchanged (PyTorch refuses a weight that would grow the loss).
-void check_element_weight(const Tensor& weight, const Tensor& input, const char* op) {
-  KILN_CHECK(broadcast_shapes(weight.sizes(), input.sizes(), op) == input.sizes(),
-             "{}: weight of shape {} must broadcast to the input's shape {}", op, weight.sizes().str(),
-             input.sizes().str());
+// A per-element weight of binary_cross_entropy(_with_logits) (`what`: "<op>: weight" or "<op>:
+// pos_weight"): it broadcasts to the input's shape and leaves it unchanged (PyTorch refuses one that
+// would grow the loss).
+void check_element_weight(const Tensor& weight, const Tensor& input, const char* what) {
+  KILN_CHECK(broadcast_shapes(weight.sizes(), input.sizes(), what) == input.sizes(),
+             "{} of shape {} must broadcast to the input's shape {}", what, weight.sizes().str(), input.sizes().str());
 }
 
 // The negative log-likelihood of class-index targets given log-probabilities (N, C, d...) or (C), reduced,
@@ -527,7 +527,7 @@ Tensor binary_cross_entropy(const Tensor& input, const Tensor& target, const BCE
                      });
   }
   if (options.weight.defined()) {
-    check_element_weight(options.weight, input, "binary_cross_entropy");
+    check_element_weight(options.weight, input, "binary_cross_entropy: weight");
     loss = loss * options.weight;
   }
   return reduce(loss, r);
@@ -547,15 +547,12 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
   check_same_shape(input, target, "binary_cross_entropy_with_logits");
   Tensor log_weight;  // 1 + (pos_weight - 1) t, composed so that its gradients reach pos_weight and t
   if (options.pos_weight.defined()) {
-    const char* op = "binary_cross_entropy_with_logits: pos_weight";
-    KILN_CHECK(broadcast_shapes(options.pos_weight.sizes(), input.sizes(), op) == input.sizes(),
-               "binary_cross_entropy_with_logits: pos_weight of shape {} must broadcast to the input's shape {} "
-               "(one weight per class, along the last dim)", options.pos_weight.sizes().str(), input.sizes().str());
+    check_element_weight(options.pos_weight, input, "binary_cross_entropy_with_logits: pos_weight");
     log_weight = (options.pos_weight - 1) * target + 1;
   }
   Tensor loss = bce_with_logits_terms(input, target, log_weight);
   if (options.weight.defined()) {
-    check_element_weight(options.weight, input, "binary_cross_entropy_with_logits");
+    check_element_weight(options.weight, input, "binary_cross_entropy_with_logits: weight");
     loss = loss * options.weight;
   }
   return reduce(loss, r);

@@ -14,6 +14,42 @@
 
 namespace kiln::optim {
 
+// ---- helpers shared by every scheduler, ReduceLROnPlateau included ----
+
+std::vector<double> values_per_group(const Optimizer& optimizer, const std::vector<double>& list, double value,
+                                     const char* scheduler, const char* what) {
+  const size_t groups = optimizer.param_groups().size();
+  if (list.empty()) return std::vector<double>(groups, value);
+  KILN_CHECK(list.size() == groups, "{}: {} has {} values but {} has {} param groups; give one per group", scheduler,
+             what, list.size(), optimizer.name(), groups);
+  return list;
+}
+
+// A scheduler indexes its per-group values by group: one added after it was made has none (CosineAnnealingLR
+// read past the end of base_lrs_).
+static void check_group_count(const Optimizer& optimizer, size_t made_for, const std::string& name) {
+  KILN_CHECK(optimizer.param_groups().size() == made_for,
+             "{}: the optimizer has {} parameter groups but the scheduler was made for {}; build the "
+             "scheduler after adding every group",
+             name, optimizer.param_groups().size(), made_for);
+}
+
+// An entry of a scheduler's state dict; an Error naming it when it is missing.
+static const Tensor& state_entry(const TensorDict& dict, const char* key, const std::string& name) {
+  const Tensor* t = dict.find(key);
+  KILN_CHECK(t != nullptr, "{}.load_state_dict: the state dict lacks '{}'", name, key);
+  return *t;
+}
+
+// Learning rates read from a state dict are finite and >= 0.
+static void check_loaded_lrs(const std::vector<double>& lrs, const char* key, const std::string& name) {
+  for (double lr : lrs) {
+    KILN_CHECK(std::isfinite(lr) && lr >= 0,
+               "{}.load_state_dict: '{}' holds {}, but learning rates are finite and >= 0; the state dict is "
+               "damaged", name, key, lr);
+  }
+}
+
 // ---- LRScheduler ----
 
 LRScheduler::LRScheduler(Optimizer& optimizer, std::string name, bool record_initial_lr)
@@ -53,14 +89,8 @@ void LRScheduler::step_to(int64_t epoch) {
   apply(closed_form_lr());
 }
 
-// Before get_lr, which indexes base_lrs_ by group: a group added after the scheduler was made has
-// no base lr (CosineAnnealingLR read past the end of base_lrs_).
-void LRScheduler::check_groups() const {
-  KILN_CHECK(optimizer_.param_groups().size() == base_lrs_.size(),
-             "{}: the optimizer has {} parameter groups but the scheduler was made for {}; build the "
-             "scheduler after adding every group",
-             name_, optimizer_.param_groups().size(), base_lrs_.size());
-}
+// Before get_lr, which indexes base_lrs_ by group.
+void LRScheduler::check_groups() const { check_group_count(optimizer_, base_lrs_.size(), name_); }
 
 const std::vector<double>& LRScheduler::get_last_lr() const {
   KILN_CHECK(!last_lr_.empty(), "{}: get_last_lr() before the first step(); call step() first",
@@ -78,11 +108,7 @@ TensorDict LRScheduler::state_dict() const {
 }
 
 void LRScheduler::load_state_dict(const TensorDict& dict) {
-  auto entry = [&](const char* key) -> const Tensor& {
-    const Tensor* t = dict.find(key);
-    KILN_CHECK(t != nullptr, "{}.load_state_dict: the state dict lacks '{}'", name_, key);
-    return *t;
-  };
+  auto entry = [&](const char* key) -> const Tensor& { return state_entry(dict, key, name_); };
   const Tensor& base = entry("base_lrs");
   const Tensor& last = entry("last_lr");
   KILN_CHECK(base.numel() == static_cast<int64_t>(base_lrs_.size()),
@@ -97,13 +123,8 @@ void LRScheduler::load_state_dict(const TensorDict& dict) {
   KILN_CHECK(last_epoch >= -1 && step_count >= 0,
              "{}.load_state_dict: 'last_epoch' is {} and 'step_count' {}, but they must be >= -1 and >= 0; the "
              "state dict is damaged", name_, last_epoch, step_count);
-  for (const auto* lrs : {&base_lrs, &last_lr}) {
-    for (double lr : *lrs) {
-      KILN_CHECK(std::isfinite(lr) && lr >= 0,
-                 "{}.load_state_dict: '{}' holds {}, but learning rates are finite and >= 0; the state dict is "
-                 "damaged", name_, lrs == &base_lrs ? "base_lrs" : "last_lr", lr);
-    }
-  }
+  check_loaded_lrs(base_lrs, "base_lrs", name_);
+  check_loaded_lrs(last_lr, "last_lr", name_);
   last_epoch_ = last_epoch;
   step_count_ = step_count;
   base_lrs_ = std::move(base_lrs);
@@ -430,19 +451,12 @@ std::vector<double> LambdaLR::get_lr() {
 
 // ---- CyclicLR ----
 
-// One value per group: `list` when given, else `one` for every group.
-static std::vector<double> per_group(double one, const std::vector<double>& list, size_t groups, const char* name) {
-  if (list.empty()) return std::vector<double>(groups, one);
-  KILN_CHECK(list.size() == groups, "CyclicLR: expected {} {} (one per group), got {}", groups, name, list.size());
-  return list;
-}
-
 CyclicLR::CyclicLR(Optimizer& optimizer, CyclicLROptions options)
     : LRScheduler(optimizer, "CyclicLR", /*record_initial_lr=*/false), options_(std::move(options)) {
   const CyclicLROptions& o = options_;
   auto& groups = optimizer.param_groups();
-  const std::vector<double> base_lrs = per_group(o.base_lr, o.base_lrs, groups.size(), "base_lrs");
-  max_lrs_ = per_group(o.max_lr, o.max_lrs, groups.size(), "max_lrs");
+  const std::vector<double> base_lrs = values_per_group(optimizer, o.base_lrs, o.base_lr, "CyclicLR", "base_lrs");
+  max_lrs_ = values_per_group(optimizer, o.max_lrs, o.max_lr, "CyclicLR", "max_lrs");
   for (size_t g = 0; g < groups.size(); ++g) {
     KILN_CHECK(base_lrs[g] > 0 && max_lrs_[g] >= base_lrs[g] && std::isfinite(max_lrs_[g]),
                "CyclicLR: group {} needs 0 < base_lr <= max_lr, got base_lr {} and max_lr {}", g, base_lrs[g],
@@ -462,8 +476,6 @@ CyclicLR::CyclicLR(Optimizer& optimizer, CyclicLROptions options)
     KILN_CHECK(groups.at(0).has("momentum"),
                "CyclicLR: {} has no momentum to cycle; pass cycle_momentum = false (PyTorch 1.13 cycles only "
                "\"momentum\")", optimizer.name());
-    base_momentums_.assign(groups.size(), o.base_momentum);
-    max_momentums_.assign(groups.size(), o.max_momentum);
   }
   // As PyTorch: the lr (and momentum) start at the bottom, and base_lr is each group's initial_lr.
   base_lrs_ = base_lrs;
@@ -493,9 +505,9 @@ std::vector<double> CyclicLR::get_lr() {
   const double s = scale(cycle);
   std::vector<double> lrs;
   for (size_t g = 0; g < base_lrs_.size(); ++g) lrs.push_back(base_lrs_[g] + (max_lrs_[g] - base_lrs_[g]) * factor * s);
-  auto& groups = optimizer_.param_groups();
-  for (size_t g = 0; g < base_momentums_.size(); ++g) {
-    groups[g].set("momentum", max_momentums_[g] - (max_momentums_[g] - base_momentums_[g]) * factor * s);
+  if (options_.cycle_momentum) {
+    const double top = options_.max_momentum, bottom = options_.base_momentum;
+    for (ParamGroup& group : optimizer_.param_groups()) group.set("momentum", top - (top - bottom) * factor * s);
   }
   return lrs;
 }
@@ -519,15 +531,12 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
     total_steps_ = o.epochs * o.steps_per_epoch;
   }
   const size_t groups = optimizer.param_groups().size();
+  const std::vector<double> max_lrs = values_per_group(optimizer, o.max_lrs, o.max_lr, "OneCycleLR", "max_lrs");
   if (o.max_lrs.empty()) {
     KILN_CHECK(o.max_lr > 0, "OneCycleLR: max_lr is required and must be positive, got {}", o.max_lr);
-  } else {
-    KILN_CHECK(o.max_lrs.size() == groups,
-               "OneCycleLR: max_lrs has {} values but {} has {} param groups; give one per group", o.max_lrs.size(),
-               optimizer.name(), groups);
-    for (size_t g = 0; g < groups; ++g) {
-      KILN_CHECK(o.max_lrs[g] > 0, "OneCycleLR: max_lrs[{}] must be positive, got {}", g, o.max_lrs[g]);
-    }
+  }
+  for (size_t g = 0; g < groups; ++g) {
+    KILN_CHECK(max_lrs[g] > 0, "OneCycleLR: max_lrs[{}] must be positive, got {}", g, max_lrs[g]);
   }
   KILN_CHECK(o.pct_start >= 0 && o.pct_start <= 1,
              "OneCycleLR: expected pct_start in [0, 1], got {}", o.pct_start);
@@ -554,7 +563,7 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
   base_lrs_.clear();
   for (size_t g = 0; g < groups; ++g) {
     ParamGroup& group = optimizer.param_groups()[g];
-    const double max_lr = o.max_lrs.empty() ? o.max_lr : o.max_lrs[g];
+    const double max_lr = max_lrs[g];
     group.set("initial_lr", max_lr / o.div_factor);
     group.set("max_lr", max_lr);
     group.set("min_lr", group.get("initial_lr") / o.final_div_factor);
@@ -707,7 +716,6 @@ void ChainedScheduler::step() {
 ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOptions options)
     : optimizer_(optimizer), options_(std::move(options)) {
   const ReduceLROnPlateauOptions& o = options_;
-  const size_t groups = optimizer_.param_groups().size();
   KILN_CHECK(o.mode == "min" || o.mode == "max",
              "ReduceLROnPlateau: mode must be \"min\" (a metric that should fall, such as a loss) or "
              "\"max\" (one that should rise, such as an accuracy), got \"{}\"", o.mode);
@@ -722,15 +730,7 @@ ReduceLROnPlateau::ReduceLROnPlateau(Optimizer& optimizer, ReduceLROnPlateauOpti
              "ReduceLROnPlateau: threshold must be finite and >= 0, got {}", o.threshold);
   KILN_CHECK(std::isfinite(o.eps) && o.eps >= 0, "ReduceLROnPlateau: eps must be finite and >= 0, got {}",
              o.eps);
-  if (o.min_lrs.empty()) {
-    min_lrs_.assign(groups, o.min_lr);
-  } else {
-    KILN_CHECK(o.min_lrs.size() == groups,
-               "ReduceLROnPlateau: got {} min_lrs for {} parameter groups; give one per group, or "
-               "min_lr for all",
-               o.min_lrs.size(), groups);
-    min_lrs_ = o.min_lrs;
-  }
+  min_lrs_ = values_per_group(optimizer_, o.min_lrs, o.min_lr, "ReduceLROnPlateau", "min_lrs");
   for (double m : min_lrs_) {
     KILN_CHECK(std::isfinite(m) && m >= 0, "ReduceLROnPlateau: a min_lr must be finite and >= 0, got {}",
                m);
@@ -748,11 +748,8 @@ bool ReduceLROnPlateau::is_better(double metric) const {
 }
 
 void ReduceLROnPlateau::step(double metric) {
+  check_group_count(optimizer_, min_lrs_.size(), "ReduceLROnPlateau");
   auto& groups = optimizer_.param_groups();
-  KILN_CHECK(groups.size() == min_lrs_.size(),
-             "ReduceLROnPlateau: the optimizer has {} parameter groups but the scheduler was made "
-             "for {}; build the scheduler after adding every group",
-             groups.size(), min_lrs_.size());
   ++last_epoch_;
   if (is_better(metric)) {
     best_ = metric;
@@ -800,8 +797,7 @@ TensorDict ReduceLROnPlateau::state_dict() const {
 
 void ReduceLROnPlateau::load_state_dict(const TensorDict& dict) {
   auto entry = [&](const char* key, bool single) -> const Tensor& {
-    const Tensor* t = dict.find(key);
-    KILN_CHECK(t != nullptr, "ReduceLROnPlateau.load_state_dict: the state dict lacks '{}'", key);
+    const Tensor* t = &state_entry(dict, key, "ReduceLROnPlateau");
     KILN_CHECK(!single || t->numel() == 1,
                "ReduceLROnPlateau.load_state_dict: '{}' has {} values, expected one; the state dict is damaged",
                key, t->numel());
@@ -822,11 +818,7 @@ void ReduceLROnPlateau::load_state_dict(const TensorDict& dict) {
   KILN_CHECK(last_lr.empty() || last_lr.size() == min_lrs_.size(),
              "ReduceLROnPlateau.load_state_dict: 'last_lr' has {} values but the optimizer has {} groups",
              last_lr.size(), min_lrs_.size());
-  for (double lr : last_lr) {
-    KILN_CHECK(std::isfinite(lr) && lr >= 0,
-               "ReduceLROnPlateau.load_state_dict: 'last_lr' holds {}, but learning rates are finite and >= 0; "
-               "the state dict is damaged", lr);
-  }
+  check_loaded_lrs(last_lr, "last_lr", "ReduceLROnPlateau");
   last_epoch_ = last_epoch;
   num_bad_epochs_ = bad;
   cooldown_counter_ = cooldown;

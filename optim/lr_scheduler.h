@@ -28,6 +28,11 @@
 
 namespace kiln::optim {
 
+// One value per param group: `list` when it is given (an Error naming `scheduler` and `what` unless it
+// has one value per group), else `value` for every group (PyTorch's scalar-or-list arguments).
+std::vector<double> values_per_group(const Optimizer& optimizer, const std::vector<double>& list, double value,
+                                     const char* scheduler, const char* what);
+
 class LRScheduler {
  public:
   virtual ~LRScheduler() = default;
@@ -253,7 +258,7 @@ class CyclicLR : public LRScheduler {
   double scale(double cycle) const;
 
   CyclicLROptions options_;
-  std::vector<double> max_lrs_, base_momentums_, max_momentums_;
+  std::vector<double> max_lrs_;
   double total_size_, step_ratio_;
 };
 

@@ -35,15 +35,8 @@ WarmupLR::WarmupLR(Optimizer& optimizer, WarmupLROptions options, const char* na
       options_(std::move(options)),
       warmup_num_steps_(std::max<int64_t>(2, options_.warmup_num_steps)) {
   check_warmup_type(name, options_.warmup_type);
-  const size_t groups = optimizer.param_groups().size();
-  auto per_group = [&](const std::vector<double>& list, double value, const char* what) {
-    if (list.empty()) return std::vector<double>(groups, value);
-    KILN_CHECK(list.size() == groups, "{}: {} has {} values but {} has {} param groups; give one per group", name,
-               what, list.size(), optimizer.name(), groups);
-    return list;
-  };
-  min_lrs_ = per_group(options_.warmup_min_lrs, options_.warmup_min_lr, "warmup_min_lrs");
-  max_lrs_ = per_group(options_.warmup_max_lrs, options_.warmup_max_lr, "warmup_max_lrs");
+  min_lrs_ = values_per_group(optimizer, options_.warmup_min_lrs, options_.warmup_min_lr, name, "warmup_min_lrs");
+  max_lrs_ = values_per_group(optimizer, options_.warmup_max_lrs, options_.warmup_max_lr, name, "warmup_max_lrs");
 }
 
 double WarmupLR::warmup_gamma() const {

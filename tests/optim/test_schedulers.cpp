@@ -463,7 +463,7 @@ TEST_CASE("bad scheduler arguments are Errors that name the problem") {
               {"MultiplicativeLR", "expected 2 lr_lambdas", "got 1"});
   check_error([&] { CyclicLR(o, {.base_lr = 0.1, .max_lr = 0.05}); }, {"CyclicLR", "base_lr <= max_lr"});
   check_error([&] { CyclicLR(o, {.base_lr = 0.01, .max_lr = 0.1, .mode = "cosine"}); }, {"CyclicLR", "mode", "'cosine'"});
-  check_error([&] { CyclicLR(o, {.base_lrs = {0.01}, .max_lr = 0.1}); }, {"CyclicLR", "expected 2 base_lrs"});
+  check_error([&] { CyclicLR(o, {.base_lrs = {0.01}, .max_lr = 0.1}); }, {"CyclicLR", "base_lrs has 1 values", "2 param groups"});
   check_error([&] { CyclicLR(adagrad, {.base_lr = 0.01, .max_lr = 0.1}); }, {"CyclicLR", "no momentum", "cycle_momentum = false"});
   check_error([&] { ChainedScheduler({mine, foreign}); }, {"ChainedScheduler", "scheduler 1", "another optimizer"});
   check_error([&] { ChainedScheduler({}); }, {"ChainedScheduler", "no schedulers"});
@@ -582,7 +582,7 @@ TEST_CASE("ReduceLROnPlateau: bad options, groups and state dicts are Errors tha
   check_error([&] { ReduceLROnPlateau(o, {.threshold = std::nan("")}); }, {"ReduceLROnPlateau", "threshold"});
   check_error([&] { ReduceLROnPlateau(o, {.min_lr = -1e-3}); }, {"ReduceLROnPlateau", "min_lr"});
   check_error([&] { ReduceLROnPlateau(o, {.min_lrs = {0.1}}); },
-              {"ReduceLROnPlateau", "1 min_lrs for 2 parameter groups"});
+              {"ReduceLROnPlateau", "min_lrs has 1 values", "2 param groups"});
 
   ReduceLROnPlateau sched(o, {.patience = 1});
   check_error([&] { sched.get_last_lr(); }, {"ReduceLROnPlateau", "before the first step"});
