@@ -164,4 +164,37 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_poo
 
 std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + size_or_pair(output_size); }
 
+MaxPool1d::MaxPool1d(int64_t kernel_size, MaxPool1dOptions options) : kernel_size(kernel_size), options(options) {
+  if (!this->options.stride) this->options.stride = kernel_size;
+}
+
+Tensor MaxPool1d::forward(const Tensor& input) {
+  return max_pool1d(input, kernel_size, options.stride, options.padding, options.dilation, options.ceil_mode);
+}
+
+std::string MaxPool1d::extra_repr() const {
+  return fmt::format("kernel_size={}, stride={}, padding={}, dilation={}, ceil_mode={}", kernel_size,
+                     options.stride.value_or(kernel_size), options.padding, options.dilation,
+                     options.ceil_mode ? "True" : "False");
+}
+
+AvgPool1d::AvgPool1d(int64_t kernel_size, AvgPool1dOptions options) : kernel_size(kernel_size), options(options) {
+  if (!this->options.stride) this->options.stride = kernel_size;
+}
+
+Tensor AvgPool1d::forward(const Tensor& input) {
+  return avg_pool1d(input, kernel_size, options.stride, options.padding, options.ceil_mode,
+                    options.count_include_pad);
+}
+
+// PyTorch's AvgPool1d keeps its sizes as 1-tuples, and prints them so.
+std::string AvgPool1d::extra_repr() const {
+  return fmt::format("kernel_size=({},), stride=({},), padding=({},)", kernel_size,
+                     options.stride.value_or(kernel_size), options.padding);
+}
+
+Tensor AdaptiveAvgPool1d::forward(const Tensor& input) { return adaptive_avg_pool1d(input, output_size); }
+
+std::string AdaptiveAvgPool1d::extra_repr() const { return fmt::format("output_size={}", output_size); }
+
 }  // namespace kiln::nn

@@ -1,4 +1,4 @@
-// nn/conv.h: Conv1d, Conv2d and the 2-D pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d), over
+// nn/conv.h: Conv1d, Conv2d and the pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d and their 1-D forms), over
 // the ops of ops/ops.h (conv.cpp, pool.cpp). Options follow PyTorch's keyword arguments:
 //   nn::Conv2d c1{1, 32, 3, {.padding = 1}};
 //   nn::Conv2d c2{32, 32, {3, 2}, {.stride = {2, 1}, .padding = {1, 0}}};
@@ -131,6 +131,48 @@ class AdaptiveAvgPool2d : public Module {
   std::string extra_repr() const override;
 
   Size2 output_size;
+};
+
+// The 1-D poolings: input (N, C, L) or (C, L).
+struct MaxPool1dOptions {
+  std::optional<int64_t> stride = {};  // unset: kernel_size
+  int64_t padding = 0;
+  int64_t dilation = 1;
+  bool ceil_mode = false;
+};
+class MaxPool1d : public Module {
+ public:
+  explicit MaxPool1d(int64_t kernel_size, MaxPool1dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t kernel_size;
+  MaxPool1dOptions options;
+};
+
+struct AvgPool1dOptions {
+  std::optional<int64_t> stride = {};  // unset: kernel_size
+  int64_t padding = 0;
+  bool ceil_mode = false;
+  bool count_include_pad = true;
+};
+class AvgPool1d : public Module {
+ public:
+  explicit AvgPool1d(int64_t kernel_size, AvgPool1dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t kernel_size;
+  AvgPool1dOptions options;
+};
+
+class AdaptiveAvgPool1d : public Module {
+ public:
+  explicit AdaptiveAvgPool1d(int64_t output_size) : output_size(output_size) {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t output_size;
 };
 
 }  // namespace kiln::nn

@@ -241,10 +241,41 @@ Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias
 }
 
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {
+  return embedding(indices, weight, EmbeddingFuncOptions{.padding_idx = padding_idx});
+}
+
+Tensor& embedding_renorm_(Tensor& weight, const Tensor& indices, double max_norm, double norm_type) {
+  KILN_CHECK(weight.dim() == 2 && is_floating(weight.dtype()),
+             "embedding_renorm_: the weight must be a 2-D (num_embeddings, dim) floating tensor, got {} of shape {}",
+             dtype_name(weight.dtype()), weight.sizes().str());
+  KILN_CHECK(max_norm >= 0, "embedding_renorm_: max_norm must be non-negative, got {}", max_norm);
+  KILN_CHECK(norm_type > 0, "embedding_renorm_: norm_type must be positive, got {}", norm_type);
+  NoGradGuard no_grad;
+  const Tensor flat = indices.reshape({-1});
+  if (flat.numel() == 0) return weight;
+  // Each referenced row's factor, written into a column of ones (a row referenced twice is written
+  // twice with the same factor), so that one in-place multiply leaves every other row as it was.
+  const Tensor norms = weight.index_select(0, flat).to(kFloat64).norm(norm_type, {1}, true);
+  const Tensor scale = where(norms.gt(max_norm), max_norm / (norms + 1e-7), 1.0);
+  const DType factor_dtype = weight.dtype() == kFloat64 ? kFloat64 : kFloat32;
+  const Tensor factor = ones({weight.size(0), 1}, TensorOptions(factor_dtype).device(weight.device()))
+                            .scatter(0, flat.to(kInt64).unsqueeze(1), scale.to(factor_dtype));
+  weight.mul_(factor);
+  return weight;
+}
+
+Tensor embedding(const Tensor& indices, const Tensor& weight, const EmbeddingFuncOptions& options) {
+  const std::optional<int64_t> padding_idx = options.padding_idx;
   Tensor y;
   {
     NoGradGuard no_grad;
     try {
+      // Both index the weight with indices: embedding_renorm_ first, so that the lookup reads the
+      // renormalised rows.
+      if (options.max_norm && weight.dim() == 2) {
+        Tensor w = weight;
+        embedding_renorm_(w, indices, *options.max_norm, options.norm_type);
+      }
       y = ops::embedding(weight, indices);  // checks the weight is 2-D, then index_select the indices
     } catch (const OutOfMemoryError&) {
       throw;
@@ -263,12 +294,17 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int6
     if (pad < 0 && padding_idx) pad += weight.size(0);
     autograd::record("EmbeddingBackward", {weight}, {y},
                      [idx = autograd::SavedTensor(indices, false), rows = weight.size(0), pad,
+                      by_freq = options.scale_grad_by_freq,
                       dtype = weight.dtype()](const autograd::Grads& g) -> autograd::TensorList {
                        Tensor flat = idx.unpack("EmbeddingBackward").reshape({-1});
                        Tensor gy = g[0].reshape({-1, g[0].size(-1)});
                        if (pad >= 0) gy = gy.masked_fill(flat.eq(pad).unsqueeze(1), 0);  // no gradient
-                       Tensor zero = zeros({rows, gy.size(1)}, TensorOptions(dtype).device(gy.device()));
-                       return {index_add(zero, 0, flat, gy)};
+                       const TensorOptions opts = TensorOptions(dtype).device(gy.device());
+                       if (by_freq) {  // each occurrence's share: 1 / (the row's count in indices)
+                         Tensor counts = index_add(zeros({rows}, opts), 0, flat, ones({flat.numel()}, opts));
+                         gy = gy / counts.index_select(0, flat).unsqueeze(1);
+                       }
+                       return {index_add(zeros({rows, gy.size(1)}, opts), 0, flat, gy)};
                      });
   }
   return y;

@@ -21,7 +21,9 @@ namespace kiln::nn {
 inline namespace functional {
 
 // The ops that torch.nn.functional also has, under the same names (the same functions as kiln::).
+using ops::adaptive_avg_pool1d;
 using ops::adaptive_avg_pool2d;
+using ops::avg_pool1d;
 using ops::avg_pool2d;
 using ops::batch_norm;
 using ops::conv1d;
@@ -31,6 +33,8 @@ using ops::gelu;
 using ops::group_norm;
 using ops::layer_norm;
 using ops::log_softmax;
+using ops::max_pool1d;
+using ops::max_pool1d_with_indices;
 using ops::max_pool2d;
 using ops::max_pool2d_with_indices;
 using ops::one_hot;
@@ -59,6 +63,21 @@ Tensor linear_gelu(const Tensor& input, const Tensor& weight, const Tensor& bias
                    std::string_view approximate = "none");
 // weight (V, C), indices of any shape -> (*indices, C). The row padding_idx receives no gradient.
 Tensor embedding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx = {});
+// torch.nn.functional.embedding's other arguments:
+//   nn::embedding(tokens, weight, {.max_norm = 1.0, .scale_grad_by_freq = true});
+// max_norm: before the lookup, every row the indices reference whose norm_type-norm exceeds max_norm
+// is scaled in place (under no_grad) by max_norm / (norm + 1e-7), as embedding_renorm_ below.
+// scale_grad_by_freq: each row's gradient is divided by the number of times the indices reference it.
+struct EmbeddingFuncOptions {
+  std::optional<int64_t> padding_idx = {};
+  std::optional<double> max_norm = {};
+  double norm_type = 2;
+  bool scale_grad_by_freq = false;
+};
+Tensor embedding(const Tensor& indices, const Tensor& weight, const EmbeddingFuncOptions& options);
+// PyTorch's torch.embedding_renorm_: the rows of weight (V, C) that indices reference, each once, whose
+// norm_type-norm is above max_norm, times max_norm / (norm + 1e-7); the norm and the factor in float64.
+Tensor& embedding_renorm_(Tensor& weight, const Tensor& indices, double max_norm, double norm_type = 2);
 
 // ---- activations with parameters (compositions of ops; gradients as PyTorch's at the kinks) ----
 // x for x > 0, negative_slope * x otherwise (gradient negative_slope at 0).

@@ -182,4 +182,114 @@ Tensor& xavier_normal_(Tensor& t, double gain, Generator* gen) {
   return normal_(t, 0, gain * std::sqrt(2.0 / static_cast<double>(f.fan_in + f.fan_out)), gen);
 }
 
+Tensor& eye_(Tensor& t) {
+  check_floating(t, "eye_");
+  KILN_CHECK(t.dim() == 2, "nn::init::eye_: needs a 2-D tensor, got shape {}", t.sizes().str());
+  NoGradGuard no_grad;
+  t.copy_(eye(t.size(0), t.size(1), TensorOptions(t.dtype()).device(t.device())));
+  return t;
+}
+
+Tensor& dirac_(Tensor& t, int64_t groups) {
+  check_floating(t, "dirac_");
+  KILN_CHECK(t.dim() >= 3 && t.dim() <= 5,
+             "nn::init::dirac_: needs a 3-D, 4-D or 5-D convolution weight (out, in, *kernel), got shape {}",
+             t.sizes().str());
+  KILN_CHECK(groups >= 1 && t.size(0) % groups == 0,
+             "nn::init::dirac_: the {} output channels (dim 0) must be divisible by groups {}", t.size(0), groups);
+  const int64_t out_per_group = t.size(0) / groups, in = t.size(1);
+  int64_t kernel = 1, centre = 0;  // the kernel's element count and its centre's offset
+  for (int d = 2; d < t.dim(); ++d) {
+    centre = centre * t.size(d) + t.size(d) / 2;
+    kernel *= t.size(d);
+  }
+  std::vector<double> v(static_cast<size_t>(t.numel()), 0.0);
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t d = 0; d < std::min(out_per_group, in); ++d) v[((g * out_per_group + d) * in + d) * kernel + centre] = 1;
+  }
+  NoGradGuard no_grad;
+  t.copy_(from_vector(v, t.sizes()).to(t.device()));
+  return t;
+}
+
+namespace {
+
+// Note [orthogonal_ by Householder QR]: A (m x n, m >= n, column j at a[j * m]) = Q R by n
+// reflections H_k = I - 2 v v^T / (v^T v), H_k zeroing column k below the diagonal (R's diagonal
+// element is -sign(a_kk) * |a[k:, k]|, which keeps v free of cancellation). Q's n columns are
+// H_0 ... H_{n-1} applied to the identity's first n columns; times the sign of R's diagonal they
+// are the Q of the one QR with a positive diagonal, PyTorch's `q *= sign(diag(r))`.
+std::vector<double> orthonormal_columns(std::vector<double> a, int64_t m, int64_t n) {
+  std::vector<std::vector<double>> reflectors(static_cast<size_t>(n));
+  std::vector<double> sign(static_cast<size_t>(n), 1.0);
+  auto col = [&](std::vector<double>& x, int64_t j) { return x.data() + j * m; };
+  for (int64_t k = 0; k < n; ++k) {
+    const double* x = col(a, k);
+    double norm2 = 0;
+    for (int64_t i = k; i < m; ++i) norm2 += x[i] * x[i];
+    const double r_kk = x[k] >= 0 ? -std::sqrt(norm2) : std::sqrt(norm2);
+    sign[k] = r_kk < 0 ? -1.0 : 1.0;
+    std::vector<double>& v = reflectors[k];
+    v.assign(x + k, x + m);
+    v[0] -= r_kk;
+    double vv = 0;
+    for (double e : v) vv += e * e;
+    if (vv == 0) continue;  // the column is zero below the diagonal already
+    for (double& e : v) e *= std::sqrt(2 / vv);  // now H_k = I - v v^T
+    for (int64_t j = k; j < n; ++j) {
+      double* y = col(a, j) + k;
+      double s = 0;
+      for (int64_t i = 0; i < m - k; ++i) s += v[i] * y[i];
+      for (int64_t i = 0; i < m - k; ++i) y[i] -= s * v[i];
+    }
+  }
+  std::vector<double> q(static_cast<size_t>(m * n), 0.0);
+  for (int64_t j = 0; j < n; ++j) col(q, j)[j] = 1;
+  for (int64_t k = n - 1; k >= 0; --k) {
+    const std::vector<double>& v = reflectors[k];
+    if (v.empty()) continue;
+    for (int64_t j = k; j < n; ++j) {  // H_k leaves the columns j < k of the partial product alone
+      double* y = col(q, j) + k;
+      double s = 0;
+      for (size_t i = 0; i < v.size(); ++i) s += v[i] * y[i];
+      for (size_t i = 0; i < v.size(); ++i) y[i] -= s * v[i];
+    }
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < m; ++i) col(q, j)[i] *= sign[j];
+  }
+  return q;
+}
+
+}  // namespace
+
+Tensor& orthogonal_(Tensor& t, double gain, Generator* gen) {
+  check_floating(t, "orthogonal_");
+  KILN_CHECK(t.dim() >= 2, "nn::init::orthogonal_: needs a tensor of at least 2 dimensions, got shape {}",
+             t.sizes().str());
+  if (t.numel() == 0) return t;  // as PyTorch: nothing to fill
+  const int64_t rows = t.size(0), cols = t.numel() / rows;
+  NoGradGuard no_grad;
+  // The normal draw is rows x cols, row-major; read column-major it is its transpose (cols x rows),
+  // which is the matrix to factor when rows < cols.
+  std::vector<double> a = randn({rows, cols}, TensorOptions(kFloat64), gen).to_vector<double>();
+  std::vector<double> w(a.size());
+  if (rows >= cols) {
+    std::vector<double> a_cols(a.size());  // column-major copy of the rows x cols matrix
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) a_cols[j * rows + i] = a[i * cols + j];
+    }
+    const std::vector<double> q = orthonormal_columns(std::move(a_cols), rows, cols);  // rows x cols, by column
+    for (int64_t i = 0; i < rows; ++i) {
+      for (int64_t j = 0; j < cols; ++j) w[i * cols + j] = gain * q[j * rows + i];
+    }
+  } else {
+    // Q (cols x rows, column-major) of A^T; the weight is Q^T, rows x cols row-major: the same layout.
+    const std::vector<double> q = orthonormal_columns(std::move(a), cols, rows);
+    for (size_t i = 0; i < q.size(); ++i) w[i] = gain * q[i];
+  }
+  t.copy_(from_vector(w, t.sizes()).to(t.device()));
+  return t;
+}
+
 }  // namespace kiln::nn::init

@@ -42,4 +42,16 @@ Tensor& xavier_uniform_(Tensor& t, double gain = 1, Generator* gen = nullptr);
 // N(0, std^2), std = gain * sqrt(2 / (fan_in + fan_out)).
 Tensor& xavier_normal_(Tensor& t, double gain = 1, Generator* gen = nullptr);
 
+// The identity matrix's values in a 2-D tensor (ones on the diagonal of a rectangular one).
+Tensor& eye_(Tensor& t);
+// A convolution weight (3-D, 4-D or 5-D: out, in, *kernel) that passes its input through: in each of
+// `groups` groups of out / groups output channels, channel d takes input channel d at the kernel's
+// centre, for d < min(out / groups, in); zeros elsewhere.
+Tensor& dirac_(Tensor& t, int64_t groups = 1);
+// A (semi-)orthogonal matrix times gain, as PyTorch: a tensor of >= 2 dims seen as rows = size(0) by
+// cols = numel / rows, filled with N(0, 1), and replaced by the Q of its QR decomposition (of its
+// transpose when rows < cols) with R's diagonal made positive, so its rows or its columns are
+// orthonormal. The QR runs in float64 on the host, O(rows * cols * min(rows, cols)).
+Tensor& orthogonal_(Tensor& t, double gain = 1, Generator* gen = nullptr);
+
 }  // namespace kiln::nn::init

@@ -43,16 +43,11 @@ std::string Linear::extra_repr() const {
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options)
-    : num_embeddings(num_embeddings), embedding_dim(embedding_dim), padding_idx(options.padding_idx) {
+    : num_embeddings(num_embeddings), embedding_dim(embedding_dim) {
   KILN_CHECK(num_embeddings >= 0 && embedding_dim >= 0,
              "nn::Embedding: num_embeddings ({}) and embedding_dim ({}) must be non-negative", num_embeddings,
              embedding_dim);
-  if (padding_idx) {
-    KILN_CHECK(*padding_idx < num_embeddings && *padding_idx >= -num_embeddings,
-               "nn::Embedding: padding_idx {} must be within [-{}, {})", *padding_idx, num_embeddings,
-               num_embeddings);
-    if (*padding_idx < 0) *padding_idx += num_embeddings;
-  }
+  set_options(options);
   weight = register_parameter("weight", empty({num_embeddings, embedding_dim}));
   init::normal_(weight);
   if (padding_idx) {
@@ -61,11 +56,52 @@ Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOpt
   }
 }
 
-Tensor Embedding::forward(const Tensor& indices) { return embedding(indices, weight, padding_idx); }
+Embedding::Embedding(const Tensor& pretrained, bool freeze, const EmbeddingOptions& options)
+    : num_embeddings(pretrained.size(0)), embedding_dim(pretrained.size(1)) {
+  set_options(options);
+  weight = register_parameter("weight", pretrained.detach(), !freeze);
+}
 
+std::shared_ptr<Embedding> Embedding::from_pretrained(const Tensor& embeddings, bool freeze,
+                                                      EmbeddingOptions options) {
+  KILN_CHECK(embeddings.defined() && embeddings.dim() == 2 && embeddings.is_floating_point(),
+             "nn::Embedding::from_pretrained: embeddings must be a 2-D floating tensor (num_embeddings, "
+             "embedding_dim), got {}",
+             embeddings.defined() ? fmt::format("{} of shape {}", dtype_name(embeddings.dtype()),
+                                                embeddings.sizes().str())
+                                  : std::string("an undefined tensor"));
+  return std::shared_ptr<Embedding>(new Embedding(embeddings, freeze, options));
+}
+
+void Embedding::set_options(const EmbeddingOptions& options) {
+  padding_idx = options.padding_idx;
+  if (padding_idx) {
+    KILN_CHECK(*padding_idx < num_embeddings && *padding_idx >= -num_embeddings,
+               "nn::Embedding: padding_idx {} must be within [-{}, {})", *padding_idx, num_embeddings,
+               num_embeddings);
+    if (*padding_idx < 0) *padding_idx += num_embeddings;
+  }
+  max_norm = options.max_norm;
+  KILN_CHECK(!max_norm || *max_norm >= 0, "nn::Embedding: max_norm must be non-negative, got {}",
+             max_norm.value_or(0));
+  norm_type = options.norm_type;
+  KILN_CHECK(norm_type > 0, "nn::Embedding: norm_type must be positive, got {}", norm_type);
+  scale_grad_by_freq = options.scale_grad_by_freq;
+}
+
+Tensor Embedding::forward(const Tensor& indices) {
+  return embedding(indices, weight,
+                   EmbeddingFuncOptions{.padding_idx = padding_idx, .max_norm = max_norm, .norm_type = norm_type,
+                                        .scale_grad_by_freq = scale_grad_by_freq});
+}
+
+// As PyTorch's: the options that differ from their defaults.
 std::string Embedding::extra_repr() const {
   std::string s = fmt::format("{}, {}", num_embeddings, embedding_dim);
   if (padding_idx) s += fmt::format(", padding_idx={}", *padding_idx);
+  if (max_norm) s += ", max_norm=" + py_float(*max_norm);
+  if (norm_type != 2) s += ", norm_type=" + py_float(norm_type);
+  if (scale_grad_by_freq) s += ", scale_grad_by_freq=True";
   return s;
 }
 

@@ -25,20 +25,36 @@ class Linear : public Module {
   Tensor bias;    // (out_features), undefined without bias
 };
 
+// As torch.nn.Embedding's keyword arguments (see nn::functional::EmbeddingFuncOptions).
 struct EmbeddingOptions {
   std::optional<int64_t> padding_idx = {};  // that row starts at zero and receives no gradient
+  std::optional<double> max_norm = {};      // referenced rows above this norm are scaled to it, in place
+  double norm_type = 2;
+  bool scale_grad_by_freq = false;
 };
 
 // A lookup table: indices (any shape, int64/int32) -> (*indices, embedding_dim). weight ~ N(0, 1).
 class Embedding : public Module {
  public:
   Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options = {});
+  // PyTorch's Embedding.from_pretrained: the weight shares embeddings' storage (2-D, floating; as
+  // PyTorch's Parameter(embeddings)) and is frozen (requires_grad false) unless freeze is false. The
+  // padding row keeps its values.
+  static std::shared_ptr<Embedding> from_pretrained(const Tensor& embeddings, bool freeze = true,
+                                                    EmbeddingOptions options = {});
   Tensor forward(const Tensor& indices) override;
   std::string extra_repr() const override;
 
   int64_t num_embeddings, embedding_dim;
   std::optional<int64_t> padding_idx;  // normalised to [0, num_embeddings)
-  Tensor weight;                       // (num_embeddings, embedding_dim)
+  std::optional<double> max_norm;
+  double norm_type;
+  bool scale_grad_by_freq;
+  Tensor weight;  // (num_embeddings, embedding_dim)
+
+ private:
+  Embedding(const Tensor& pretrained, bool freeze, const EmbeddingOptions& options);
+  void set_options(const EmbeddingOptions& options);
 };
 
 struct FlattenOptions {

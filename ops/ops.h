@@ -253,6 +253,17 @@ Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size);
 // max_pool2d(x, 2): a square kernel given as one number.
 inline Tensor max_pool2d(const Tensor& x, int64_t kernel_size) { return max_pool2d(x, Shape{kernel_size}); }
 inline Tensor avg_pool2d(const Tensor& x, int64_t kernel_size) { return avg_pool2d(x, Shape{kernel_size}); }
+// 1-D pooling over the last dim of an (N, C, L) or unbatched (C, L) input: the 2-D pooling of a
+// height-1 image, as conv1d is conv2d's. Arguments as PyTorch's (stride unset: kernel_size); the
+// indices of max_pool1d_with_indices index L.
+Tensor max_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride = {}, int64_t padding = 0,
+                  int64_t dilation = 1, bool ceil_mode = false);
+std::tuple<Tensor, Tensor> max_pool1d_with_indices(const Tensor& x, int64_t kernel_size,
+                                                   std::optional<int64_t> stride = {}, int64_t padding = 0,
+                                                   int64_t dilation = 1, bool ceil_mode = false);
+Tensor avg_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride = {}, int64_t padding = 0,
+                  bool ceil_mode = false, bool count_include_pad = true);
+Tensor adaptive_avg_pool1d(const Tensor& x, int64_t output_size);
 
 // ---- norm.cpp ----
 // training: normalises with batch statistics and updates running_mean/var in place (unbiased var,

@@ -1,6 +1,6 @@
 // ops/pool.cpp: max, average and adaptive average 2-D pooling over the last two dims of an (N, C, H, W)
 // or unbatched (C, H, W) input, with PyTorch's output sizes (ceil_mode included) and checks (kernels:
-// cpu/pool.cpp). Each backward is a private op that records its own backward, so double backward works:
+// cpu/pool.cpp); the 1-D poolings are these over a height-1 image. Each backward is a private op that records its own backward, so double backward works:
 // max pooling's backward scatters the gradient to the saved indices (its own backward gathers at
 // them); the average poolings' backward is the transpose of a linear map (its backward is the forward).
 // 16-bit floats run in float32.
@@ -142,9 +142,64 @@ Tensor adaptive_forward(const Tensor& input, const Shape& out_shape) {
   return out;
 }
 
+// The 1-D poolings are the 2-D ones over a height-1 image (kernel 1 x k). Their input, arguments and
+// output length are checked here, so that the messages speak of L and k rather than of an image.
+void check_pool1d(const Tensor& x, int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation,
+                  bool ceil_mode, const char* op) {
+  KILN_CHECK(x.dim() == 2 || x.dim() == 3,
+             "{}: expected a 2-D (unbatched C, L) or 3-D (batched N, C, L) input, got shape {}", op,
+             x.sizes().str());
+  KILN_CHECK(x.size(-2) > 0 && x.size(-1) > 0, "{}: expected non-empty channel and length dims, got shape {}", op,
+             x.sizes().str());
+  KILN_CHECK(is_floating(x.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(x.dtype()));
+  KILN_CHECK(kernel_size >= 1 && stride >= 1 && dilation >= 1 && padding >= 0,
+             "{}: kernel_size ({}), stride ({}) and dilation ({}) must be positive and padding ({}) non-negative",
+             op, kernel_size, stride, dilation, padding);
+  KILN_CHECK(padding <= kernel_size / 2, "{}: padding {} must be at most half of the kernel size {}", op, padding,
+             kernel_size);
+  const int64_t L = x.size(-1);
+  KILN_CHECK(pool_out_size(L, kernel_size, padding, stride, dilation, ceil_mode) > 0,
+             "{}: the output would be empty: the input {} is too short for kernel {} with padding {} and dilation {}",
+             op, x.sizes().str(), kernel_size, padding, dilation);
+}
+
 }  // namespace
 
 inline namespace ops {
+
+std::tuple<Tensor, Tensor> max_pool1d_with_indices(const Tensor& x, int64_t kernel_size,
+                                                   std::optional<int64_t> stride, int64_t padding, int64_t dilation,
+                                                   bool ceil_mode) {
+  const int64_t s = stride.value_or(kernel_size);
+  check_pool1d(x, kernel_size, s, padding, dilation, ceil_mode, "max_pool1d");
+  auto [out, indices] =
+      max_pool2d_with_indices(x.unsqueeze(-2), {1, kernel_size}, {1, s}, {0, padding}, {1, dilation}, ceil_mode);
+  return {out.squeeze(-2), indices.squeeze(-2)};  // indices into 1 x L are indices into L
+}
+
+Tensor max_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride, int64_t padding,
+                  int64_t dilation, bool ceil_mode) {
+  return std::get<0>(max_pool1d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode));
+}
+
+Tensor avg_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride, int64_t padding,
+                  bool ceil_mode, bool count_include_pad) {
+  const int64_t s = stride.value_or(kernel_size);
+  check_pool1d(x, kernel_size, s, padding, 1, ceil_mode, "avg_pool1d");
+  return avg_pool2d(x.unsqueeze(-2), {1, kernel_size}, {1, s}, {0, padding}, ceil_mode, count_include_pad)
+      .squeeze(-2);
+}
+
+Tensor adaptive_avg_pool1d(const Tensor& x, int64_t output_size) {
+  const char* op = "adaptive_avg_pool1d";
+  KILN_CHECK(x.dim() == 2 || x.dim() == 3,
+             "{}: expected a 2-D (unbatched C, L) or 3-D (batched N, C, L) input, got shape {}", op,
+             x.sizes().str());
+  KILN_CHECK(x.size(-2) > 0 && x.size(-1) > 0, "{}: expected non-empty channel and length dims, got shape {}", op,
+             x.sizes().str());
+  KILN_CHECK(output_size >= 0, "{}: output_size must be non-negative, got {}", op, output_size);
+  return adaptive_avg_pool2d(x.unsqueeze(-2), {1, output_size}).squeeze(-2);
+}
 
 std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Shape& kernel_size, const Shape& stride,
                                                    const Shape& padding, const Shape& dilation, bool ceil_mode) {

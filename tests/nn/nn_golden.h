@@ -24,7 +24,7 @@ struct NnCase {
 const NnCase& nn_case(const std::string& name);
 
 // Loads the case's parameters into `layer` (made float64), runs it on in.0 (a leaf requiring grad when
-// floating), checks out, every after.<buffer>, and the gradients g.in.0 and g.<param> of <out, cot>.
+// floating), checks out, every after.<buffer> and after.<param>, and the gradients g.in.0 and g.<param> of <out, cot>.
 void check_layer(nn::Module& layer, const std::string& case_name, bool train = true);
 
 }  // namespace kiln::test

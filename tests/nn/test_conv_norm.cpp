@@ -43,6 +43,32 @@ TEST_CASE("Pooling layers match torch", "[nn][layers][pool]") {
   check_layer(aap1, "adaptive_avgpool2d_1");
 }
 
+TEST_CASE("1-D pooling layers match torch, and print as torch's", "[nn][layers][pool]") {
+  nn::MaxPool1d mp(2);
+  check_layer(mp, "maxpool1d");
+  nn::MaxPool1d mp_opts(3, {.stride = 2, .padding = 1, .dilation = 2, .ceil_mode = true});
+  check_layer(mp_opts, "maxpool1d_opts");
+  nn::AvgPool1d ap_opts(3, {.stride = 2, .padding = 1, .ceil_mode = true, .count_include_pad = false});
+  check_layer(ap_opts, "avgpool1d_opts");
+  nn::AvgPool1d ap(2);
+  check_layer(ap, "avgpool1d_unbatched");
+  nn::AdaptiveAvgPool1d aap(3);
+  check_layer(aap, "adaptive_avgpool1d");
+  nn::Sequential reprs;
+  reprs.push_back(std::make_shared<nn::MaxPool1d>(3));
+  reprs.push_back(std::make_shared<nn::MaxPool1d>(
+      3, nn::MaxPool1dOptions{.stride = 2, .padding = 1, .dilation = 2, .ceil_mode = true}));
+  reprs.push_back(std::make_shared<nn::AvgPool1d>(3));
+  reprs.push_back(std::make_shared<nn::AvgPool1d>(3, nn::AvgPool1dOptions{.stride = 2, .padding = 1}));
+  reprs.push_back(std::make_shared<nn::AdaptiveAvgPool1d>(4));
+  const std::string repr = reprs.to_string();
+  CHECK(repr.substr(0, repr.rfind("\nParameters: ")) == test::nn_case("pool1d_reprs").strings.at("repr"));
+  // max_pool1d's indices index L, as torch's: the maxima of [0, 3, 1, 2, 5] in windows of 2 are at 1 and 3.
+  auto [values, indices] = nn::functional::max_pool1d_with_indices(from_vector<float>({0, 3, 1, 2, 5}, {1, 5}), 2);
+  CHECK(values.to_vector<float>() == std::vector<float>{3, 2});
+  CHECK(indices.to_vector<int64_t>() == std::vector<int64_t>{1, 3});
+}
+
 TEST_CASE("BatchNorm matches torch in train and eval mode, running statistics included", "[nn][layers][norm]") {
   nn::BatchNorm2d train_bn(3, {.momentum = 0.2});
   check_layer(train_bn, "batchnorm2d_train");  // also checks running_mean/var after the step

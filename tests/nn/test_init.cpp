@@ -188,3 +188,77 @@ TEST_CASE("Layers initialise as PyTorch: U(+-1/sqrt(fan_in)) weights and biases,
   test::check_equal(bn.bias.detach(), zeros({4}));
   test::check_equal(bn.running_var, ones({4}));
 }
+
+TEST_CASE("eye_ and dirac_ match torch", "[nn][init]") {
+  for (const char* name : {"init_eye_3x5", "init_eye_5x3"}) {
+    const Tensor& want = test::nn_case(name).at("out");
+    Tensor t = full(want.sizes(), 7.0, kFloat64);
+    nn::init::eye_(t);
+    test::check_equal(t, want);
+  }
+  struct Dirac {
+    const char* name;
+    int64_t groups;
+  };
+  for (const Dirac& d : {Dirac{"init_dirac_groups2", 2}, Dirac{"init_dirac_3d", 1}, Dirac{"init_dirac_5d", 1}}) {
+    INFO(d.name);
+    const Tensor& want = test::nn_case(d.name).at("out");
+    Tensor t = full(want.sizes(), 7.0, kFloat64).requires_grad_();  // a parameter: written under no_grad
+    nn::init::dirac_(t, d.groups);
+    test::check_equal(t.detach(), want);
+  }
+  // A dirac_ convolution passes its input through (the first min(out, in) channels).
+  Tensor w = empty({3, 3, 3, 3});
+  nn::init::dirac_(w);
+  Tensor x = test::sample({2, 3, 5, 5}, kFloat32, 0.5);
+  test::check_close(nn::functional::conv2d(x, w, {}, {1, 1}, {1, 1}), x, {1e-6, 1e-6});
+  test::check_error([] { Tensor t = empty({3}); nn::init::eye_(t); }, {"nn::init::eye_", "2-D", "[3]"});
+  test::check_error([] { Tensor t = empty({3, 3}); nn::init::dirac_(t); }, {"nn::init::dirac_", "3-D, 4-D or 5-D"});
+  test::check_error([] { Tensor t = empty({3, 2, 3}); nn::init::dirac_(t, 2); },
+                    {"nn::init::dirac_", "3 output channels", "groups 2"});
+}
+
+namespace {
+
+// W (rows x cols, of a tensor seen as rows = size(0) by the rest) is what PyTorch's orthogonal_ makes of
+// the normal draw A that the same generator gives: with M = A (rows >= cols) or A^T (rows < cols) and
+// Q = W^T / gain or W / gain accordingly, Q has orthonormal columns, R = Q^T M is upper triangular with a
+// positive diagonal, and Q R = M. That QR is unique, so this pins W down.
+void check_orthogonal(const Shape& shape, double gain, uint64_t seed) {
+  INFO("shape " << shape.str() << ", gain " << gain);
+  Generator g(seed), replay(seed);
+  Tensor t = empty(shape, kFloat64);
+  nn::init::orthogonal_(t, gain, &g);
+  const int64_t rows = shape[0], cols = shape.numel() / rows;
+  Tensor w = t.reshape({rows, cols});
+  Tensor a = randn({rows, cols}, TensorOptions(kFloat64), &replay);
+  Tensor m = rows >= cols ? a : a.t();
+  Tensor q = (rows >= cols ? w : w.t()) / gain;
+  const int64_t n = q.size(1);
+  test::check_close(matmul(q.t(), q), eye(n, n, TensorOptions(kFloat64)), {0, 1e-12});
+  Tensor r = matmul(q.t(), m);
+  std::vector<double> rv = r.contiguous().to_vector<double>();
+  for (int64_t i = 0; i < n; ++i) {
+    CHECK(rv[i * n + i] > 0);
+    for (int64_t j = 0; j < i; ++j) CHECK(std::fabs(rv[i * n + j]) < 1e-12);
+  }
+  test::check_close(matmul(q, r), m, {0, 1e-12});
+}
+
+}  // namespace
+
+TEST_CASE("orthogonal_ is PyTorch's: the Q of the normal draw's QR with R's diagonal positive", "[nn][init]") {
+  check_orthogonal({7, 4}, 1.0, 3);
+  check_orthogonal({5, 5}, 2.0, 4);
+  check_orthogonal({3, 2, 2, 2}, 0.5, 5);  // rows < cols: the QR of the transpose
+  check_orthogonal({1, 6}, 1.0, 6);
+  check_orthogonal({64, 64}, 1.0, 7);
+  // float32 and a parameter: written under no_grad, orthonormal to float32's precision.
+  Tensor w = empty({40, 30}).requires_grad_();
+  nn::init::orthogonal_(w);
+  test::check_close(matmul(w.detach().t(), w.detach()), eye(30), {0, 1e-5});
+  Tensor none = empty({0, 3});
+  nn::init::orthogonal_(none);  // nothing to fill, as PyTorch
+  test::check_error([] { Tensor t = empty({4}); nn::init::orthogonal_(t); },
+                    {"nn::init::orthogonal_", "at least 2 dimensions", "[4]"});
+}

@@ -23,6 +23,71 @@ TEST_CASE("Embedding matches torch and its padding row gets no gradient", "[nn][
   test::check_error([] { nn::Embedding(7, 3, {.padding_idx = 7}); }, {"padding_idx 7", "[-7, 7)"});
 }
 
+TEST_CASE("Embedding's max_norm, norm_type and scale_grad_by_freq match torch", "[nn][layers]") {
+  // The fixture checks the weight after the forward too: the referenced rows renormalised in place.
+  nn::Embedding e(6, 4, {.padding_idx = 1, .max_norm = 1.0, .scale_grad_by_freq = true});
+  check_layer(e, "embedding_max_norm");
+  nn::Embedding l1(6, 4, {.max_norm = 2.5, .norm_type = 1.0});
+  check_layer(l1, "embedding_max_norm_l1");
+  nn::Sequential reprs;
+  reprs.push_back(std::make_shared<nn::Embedding>(
+      10, 3, nn::EmbeddingOptions{.padding_idx = 2, .max_norm = 1.0, .norm_type = 3.0, .scale_grad_by_freq = true}));
+  reprs.push_back(std::make_shared<nn::Embedding>(10, 3, nn::EmbeddingOptions{.max_norm = 1.5}));
+  const std::string repr = reprs.to_string();
+  CHECK(repr.substr(0, repr.rfind("\nParameters: ")) == test::nn_case("embedding_reprs").strings.at("repr"));
+
+  // float32 and int32 indices, against a float64 composition: a row above max_norm is scaled by
+  // max_norm / (norm + 1e-7), a row below it and the rows not referenced keep their bits.
+  Tensor w = from_vector<float>({3, 4, 0.3f, 0.4f, -6, 8, 1, 1}, {4, 2});
+  const Tensor before = w.clone();
+  Tensor y = nn::functional::embedding(from_vector<int32_t>({0, 1, 0}), w, {.max_norm = 2.0});
+  const double s = 2.0 / (5 + 1e-7);
+  test::check_close(w[0], from_vector<double>({3 * s, 4 * s}).to(kFloat32), {1e-7, 0});
+  test::check_equal(w.narrow(0, 1, 3), before.narrow(0, 1, 3));
+  test::check_equal(y, stack({w[0], w[1], w[0]}));
+  // No indices: nothing changes. A bfloat16 table is renormalised with a float32 factor.
+  nn::functional::embedding(empty({0}, kInt64), w, {.max_norm = 0.1});
+  test::check_equal(w.narrow(0, 1, 3), before.narrow(0, 1, 3));
+  Tensor wb = before.to(kBFloat16);
+  nn::functional::embedding_renorm_(wb, from_vector<int64_t>({2}), 1.0);
+  test::check_close(wb[2].to(kFloat32), from_vector<float>({-0.6f, 0.8f}), {1e-2, 0});
+
+  // scale_grad_by_freq: row 0 is referenced twice, so each reference passes half its gradient.
+  Tensor t = ones({3, 2}, kFloat64).requires_grad_();
+  nn::functional::embedding(from_vector<int64_t>({0, 2, 0}), t, {.scale_grad_by_freq = true}).sum().backward();
+  test::check_equal(t.grad(), from_vector<double>({1, 1, 0, 0, 1, 1}, {3, 2}));
+
+  test::check_error([] { nn::Embedding(3, 2, {.max_norm = -1.0}); }, {"nn::Embedding", "max_norm", "-1"});
+  test::check_error([] { nn::Embedding(3, 2, {.max_norm = 1.0, .norm_type = 0}); }, {"nn::Embedding", "norm_type"});
+  test::check_error([] { nn::functional::embedding(from_vector<int64_t>({0, 4}), ones({3, 2}), {.max_norm = 1.0}); },
+                    {"embedding: ", "index 4", "[0, num_embeddings) = [0, 3)"});
+  test::check_error(
+      [] {
+        Tensor v = ones({3});
+        nn::functional::embedding_renorm_(v, from_vector<int64_t>({0}), 1.0);
+      },
+      {"embedding_renorm_", "2-D", "[3]"});
+}
+
+TEST_CASE("Embedding::from_pretrained shares the table, frozen unless told otherwise", "[nn][layers]") {
+  Tensor table = from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2});
+  auto frozen = nn::Embedding::from_pretrained(table, true, {.padding_idx = 0});
+  CHECK(frozen->num_embeddings == 3);
+  CHECK(frozen->embedding_dim == 2);
+  CHECK_FALSE(frozen->weight.requires_grad());
+  test::check_equal(frozen->weight, table);  // the padding row keeps its values
+  test::check_equal((*frozen)(from_vector<int64_t>({2, 0})), from_vector<float>({5, 6, 1, 2}, {2, 2}));
+  table[1].fill_(9);  // one storage, as PyTorch's Parameter(embeddings)
+  CHECK(frozen->weight[1].to_vector<float>() == std::vector<float>{9, 9});
+  auto trained = nn::Embedding::from_pretrained(table, false);
+  CHECK(trained->weight.requires_grad());
+  CHECK(trained->parameters().size() == 1);
+  test::check_error([] { nn::Embedding::from_pretrained(ones({4})); },
+                    {"nn::Embedding::from_pretrained", "2-D floating", "[4]"});
+  test::check_error([] { nn::Embedding::from_pretrained(ones({2, 2}), true, {.padding_idx = 2}); },
+                    {"padding_idx 2", "[-2, 2)"});
+}
+
 TEST_CASE("Negative layer sizes and a padding_idx out of range are Errors that name them", "[nn][layers]") {
   test::check_error([] { nn::Conv2d(1, 1, -2); }, {"nn::Conv2d", "kernel_size must be positive", "[-2, -2]"});
   test::check_error([] { nn::Conv2d(-1, 1, 3); }, {"nn::Conv2d", "in_channels (-1)", "non-negative"});

@@ -307,6 +307,23 @@ const std::vector<OpRow>& op_table() {
       }),
       unary_args("adaptive_avg_pool2d", D::GradGrad,
                  [](const Tensor& x, const GoldenCase& c) { return kiln::adaptive_avg_pool2d(x, c.shape("size")); }),
+      unary_args("max_pool1d", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::max_pool1d(x, c.integer("kernel"), c.opt_integer("stride"), c.integer("padding", 0),
+                                c.integer("dilation", 1), c.flag("ceil_mode"));
+      }),
+      {"max_pool1d_with_indices", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] =
+             kiln::max_pool1d_with_indices(in.at(0), c.integer("kernel"), c.opt_integer("stride"),
+                                           c.integer("padding", 0), c.integer("dilation", 1), c.flag("ceil_mode"));
+         return TensorList{values, indices};
+       }},
+      unary_args("avg_pool1d", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::avg_pool1d(x, c.integer("kernel"), c.opt_integer("stride"), c.integer("padding", 0),
+                                c.flag("ceil_mode"), c.flag("count_include_pad", true));
+      }),
+      unary_args("adaptive_avg_pool1d", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::adaptive_avg_pool1d(x, c.integer("size")); }),
       {"layer_norm", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
          return TensorList{kiln::layer_norm(in.at(0), c.shape("shape"), opt_input(in, 1), opt_input(in, 2),
