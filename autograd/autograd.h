@@ -25,6 +25,11 @@ void backward(const TensorList& tensors, const TensorList& grad_tensors = {}, bo
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs = {},
                 std::optional<bool> retain_graph = {}, bool create_graph = false, bool allow_unused = false);
 
+namespace detail {
+// Whether the backward running on this thread is a grad() call (which must not touch .grad()).
+bool in_grad_call();
+}  // namespace detail
+
 // Runs fn when the backward now running on this thread has finished with every node (PyTorch's
 // Variable._execution_engine.queue_callback). Call it from a hook; DistributedDataParallel waits
 // for its last all-reduce this way, so that backward() returns with the gradients averaged.
@@ -34,7 +39,8 @@ void queue_callback(std::function<void()> fn);
 // only the inputs; backward runs fn again (with the random generator as it was, so dropout draws
 // the same masks when preserve_rng_state) to get the activations it needs. Parameters that fn uses
 // get their gradients as without checkpointing. fn must compute the same thing both times and
-// return floating tensors; higher-order gradients (create_graph) through it are not supported. An
+// return floating tensors; higher-order gradients (create_graph) and autograd::grad() through it are
+// not supported (Errors). An
 // input changed in place between the forward and the backward is an Error (the recompute would
 // read the new values); an output that is an input itself comes back as a new handle, so the
 // input stays as it was (a leaf stays a leaf). See autograd/checkpoint.cpp.

@@ -53,12 +53,13 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
   }
   if (!GradMode::is_enabled()) return outputs;
   // An output that is one of the inputs itself (fn returned it, or an op such as contiguous() or a
-  // same-dtype to() passed it through) becomes a new handle on the same data: the node below must
-  // not be attached to the caller's tensor (a parameter would stop being a leaf).
+  // same-dtype to() passed it through) becomes a view of it: the node below must not be attached to
+  // the caller's tensor (a parameter would stop being a leaf), and as a view it refuses in-place
+  // changes (which would change the input).
   for (Tensor& out : outputs) {
     for (const Tensor& in : inputs) {
       if (in.defined() && out.is_same(in)) {
-        out = out.detach();
+        out = ops::alias(out);
         break;
       }
     }
@@ -78,6 +79,10 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
     KILN_CHECK(!GradMode::is_enabled(),
                "checkpoint: backward with create_graph=true (higher-order gradients) is not supported through "
                "a checkpointed function; call it without checkpoint for that");
+    KILN_CHECK(!detail::in_grad_call(),
+               "checkpoint: autograd::grad() through a checkpointed function is not supported: its recompute runs "
+               "backward(), which accumulates into the parameters' .grad() (PyTorch's reentrant checkpoint "
+               "refuses it too); use backward()");
     TensorList again;
     for (size_t i = 0; i < kept.size(); ++i) {
       KILN_CHECK(!kept[i].defined() || kept[i]._version() == versions[i],

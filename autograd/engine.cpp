@@ -66,8 +66,16 @@ struct Capture {  // grad(): read the gradient arriving at (node, input_nr)
   uint32_t input_nr;
 };
 
+// Whether the backward running on this thread is a grad() (detail::in_grad_call).
+thread_local bool t_in_grad = false;
+
 TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, bool keep_graph, bool create_graph,
                const std::vector<Capture>* captures) {
+  struct InGrad {
+    bool outer = t_in_grad;
+    ~InGrad() { t_in_grad = outer; }
+  } in_grad;
+  t_in_grad = captures != nullptr;
   // Backward ops run in the dtypes their forward ops ran in, so autocast is off during a backward;
   // its cast cache is dropped, since this backward frees the nodes of those casts.
   // See Note [autocast] in ops/autocast.h.
@@ -89,10 +97,12 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
       if (alive.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
     }
   }
-  // grad(): a node is needed when a captured gradient is reachable from it. Visiting the nodes in
-  // topological order (Kahn's algorithm on the counts above) and deciding in reverse sees every
-  // node's children before the node: one pass.
-  std::unordered_set<Node*> needed;
+  // grad(): a node is needed (runs) when one of its edges leads to a captured gradient or to a
+  // needed node; a captured node itself only runs if it is needed so (PyTorch runs nothing past the
+  // inputs: their nodes may have been freed by an earlier backward, and their hooks must not fire).
+  // Visiting the nodes in topological order (Kahn's algorithm on the counts above) and deciding in
+  // reverse sees every node's children before the node: one pass.
+  std::unordered_set<Node*> needed, captured_nodes;
   if (captures) {
     std::unordered_set<Node*> targets;
     for (const auto& c : *captures) targets.insert(c.node);
@@ -109,10 +119,13 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
       }
     }
     for (auto it = topo.rbegin(); it != topo.rend(); ++it) {
-      bool need = targets.count(*it) != 0;
-      for (const auto& e : (*it)->next_edges) need = need || (e.valid() && needed.count(e.fn.get()));
+      bool need = false;
+      for (const auto& e : (*it)->next_edges) {
+        need = need || (e.valid() && (targets.count(e.fn.get()) != 0 || needed.count(e.fn.get()) != 0));
+      }
       if (need) needed.insert(*it);
     }
+    captured_nodes = std::move(targets);
   }
   TensorList captured(captures ? captures->size() : 0);
 
@@ -142,7 +155,9 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
     TensorList grads = std::move(buffers[n]);
     buffers.erase(n);
     grads.resize(n->num_outputs);
+    const bool runs = !captures || needed.count(n) != 0;
     for (const auto& hook : n->pre_hooks) {
+      if (!runs && captured_nodes.count(n) == 0) break;  // grad(): nodes past the inputs do nothing
       if (hook.output_nr < grads.size() && grads[hook.output_nr].defined()) {
         Tensor r = hook.fn(grads[hook.output_nr]);
         if (r.defined()) grads[hook.output_nr] = detail::checked_hook_result(grads[hook.output_nr], std::move(r));
@@ -154,11 +169,10 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
         if (c.node == n && c.input_nr < grads.size()) captured[i] = grads[c.input_nr];
       }
     }
-    const bool is_leaf_node = dynamic_cast<AccumulateGrad*>(n) != nullptr;
     bool any_grad = false;
     for (const auto& g : grads) any_grad |= g.defined();
     TensorList outputs;
-    if (any_grad && !(captures && (!needed.count(n) || is_leaf_node))) {
+    if (any_grad && runs) {  // under grad() a leaf's AccumulateGrad is never needed: .grad() stays as it is
       outputs = n->apply(std::move(grads));
       if (!keep_graph) n->release_saved();
     }
@@ -174,13 +188,18 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
   return captured;
 }
 
-// The root gradient for `t`: the given one (checked), or 1 for a single element.
+// The root gradient for `t`: the given one (checked, and in t's dtype as PyTorch casts it), or 1 for
+// a single element.
 Tensor root_grad(const Tensor& t, const Tensor& given, size_t i) {
   if (given.defined()) {
     KILN_CHECK(given.sizes() == t.sizes(),
                "backward: the gradient for output {} has shape {} but the output has shape {}", i,
                given.sizes().str(), t.sizes().str());
-    return given;
+    KILN_CHECK(given.device() == t.device(), "backward: the gradient for output {} is on {} but the output is on {}",
+               i, given.device().str(), t.device().str());
+    KILN_CHECK(given.is_floating_point(), "backward: the gradient for output {} is {}; it must be floating", i,
+               dtype_name(given.dtype()));
+    return given.dtype() == t.dtype() ? given : given.to(t.dtype());
   }
   KILN_CHECK(t.numel() == 1,
              "backward: a gradient can be created implicitly only for single-element outputs; output {} has "
@@ -238,6 +257,8 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
   return result;
 }
 
+bool detail::in_grad_call() { return t_in_grad; }
+
 void queue_callback(std::function<void()> fn) {
   KILN_CHECK(t_callbacks != nullptr,
              "queue_callback: no backward is running on this thread; call it from a hook during backward");
@@ -279,15 +300,7 @@ void Tensor::retain_grad() const {
   KILN_CHECK(requires_grad(), "retain_grad: the tensor does not require grad");
   if (is_leaf() || impl_->retains_grad) return;  // leaves keep .grad() anyway
   impl_->retains_grad = true;
-  std::weak_ptr<TensorImpl> weak = impl_;  // weak: the node must not keep its own output alive
-  impl_->grad_fn->pre_hooks.push_back({impl_->output_nr, [weak](const Tensor& g) -> Tensor {
-                                         if (auto impl = weak.lock()) {
-                                           Tensor copy = GradMode::is_enabled() ? g : g.detach().clone();
-                                           impl->grad = impl->grad ? ops::add(Tensor(impl->grad), copy).impl_ptr()
-                                                                   : copy.impl_ptr();
-                                         }
-                                         return Tensor();
-                                       }});
+  autograd::add_retain_grad_hook(*this);
 }
 
 }  // namespace kiln

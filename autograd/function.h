@@ -13,7 +13,11 @@
 //   Tensor y = Cube::apply(x);
 //
 // forward runs with recording off and returns a Tensor or a TensorList; backward returns one gradient
-// per forward argument (an undefined Tensor for arguments that are not tensors or need none).
+// per forward argument (an undefined Tensor for arguments that are not tensors or need none; extra
+// undefined ones at the end are dropped), as PyTorch: backward gets zeros for outputs that received no
+// gradient, a gradient that broadcasts to its argument's shape is summed down to it, one of another
+// dtype is cast to the argument's, and a node that saved no tensor can run backward again. An output
+// that is an input itself comes back as a view of it (autograd then refuses in-place changes to either).
 #pragma once
 
 #include <any>
@@ -59,14 +63,26 @@ class CppNode final : public Node {
                "to the first backward()");
     ctx.needs_.resize(next_edges.size());
     for (size_t i = 0; i < next_edges.size(); ++i) ctx.needs_[i] = next_edges[i].valid();
+    for (size_t i = 0; i < grads.size() && i < outputs.size(); ++i) {  // PyTorch's materialize_grads
+      if (!grads[i].defined()) grads[i] = zeros(outputs[i].shape, TensorOptions(outputs[i].dtype).device(outputs[i].device));
+    }
     TensorList out = T::backward(&ctx, std::move(grads));
-    KILN_CHECK(out.size() >= next_edges.size(),
-               "CppFunction: backward returned {} gradients but forward took {} arguments", out.size(),
-               next_edges.size());
-    out.resize(next_edges.size());
+    while (out.size() > next_edges.size() && !out.back().defined()) out.pop_back();
+    KILN_CHECK(out.size() == next_edges.size(),
+               "CppFunction: backward returned {} gradients but forward took {} arguments (return one per "
+               "argument, undefined for those that need none)",
+               out.size(), next_edges.size());
     for (size_t i = 0; i < out.size(); ++i) {
       if (!out[i].defined() || !next_edges[i].valid()) continue;
       const Input& in = inputs[i];
+      if (out[i].sizes() != in.shape && out[i].dim() >= in.shape.size()) {
+        try {  // a gradient that broadcasts to the argument's shape is summed down to it, as PyTorch
+          if (broadcast_shapes(in.shape, out[i].sizes(), "CppFunction") == out[i].sizes()) {
+            out[i] = sum_to(out[i], in.shape);
+          }
+        } catch (const Error&) {
+        }
+      }
       KILN_CHECK(out[i].sizes() == in.shape,
                  "CppFunction: backward returned a gradient of shape {} for argument {} of shape {}",
                  out[i].sizes().str(), i, in.shape.str());
@@ -77,17 +93,19 @@ class CppNode final : public Node {
     }
     return out;
   }
-  void release_saved() override {
+  void release_saved() override {  // a node that saved no tensor can run again, as in PyTorch
+    if (ctx.saved_.empty()) return;
     ctx.saved_.clear();
     ctx.released_ = true;
   }
   AutogradContext ctx;
-  struct Input {  // of a forward's tensor argument (defaults for the others)
+  struct Input {  // of a forward's tensor argument or output (defaults for the others)
     Shape shape;
     DType dtype = kFloat32;
     Device device = Device::cpu();
   };
   std::vector<Input> inputs;
+  std::vector<Input> outputs;  // the zeros for an output that received no gradient
 };
 
 template <class T>
@@ -98,6 +116,7 @@ struct Function {
     TensorList inputs;
     (inputs.push_back(as_tensor(args)), ...);
     const bool record = should_record(inputs);
+    for (const auto& t : inputs) node->ctx.needs_.push_back(record && t.defined() && t.requires_grad());
     using Out = decltype(T::forward(&node->ctx, std::forward<Args>(args)...));
     Out out = [&] {
       AutoGradMode off(false);
@@ -114,9 +133,12 @@ struct Function {
       else outputs = out;
       node->num_outputs = static_cast<uint32_t>(outputs.size());
       for (size_t i = 0; i < outputs.size(); ++i) {
+        const Tensor& o = outputs[i];
+        node->outputs.push_back(o.defined() ? typename CppNode<T>::Input{o.sizes(), o.dtype(), o.device()}
+                                            : typename CppNode<T>::Input{});
         if (!outputs[i].defined() || !outputs[i].is_floating_point()) continue;
-        for (const auto& in : inputs) {  // forward returned an input as is: give the node an alias
-          if (in.defined() && in.is_same(outputs[i])) outputs[i] = ops::detach(outputs[i]);
+        for (const auto& in : inputs) {  // forward returned an input as is: give the node a view of it
+          if (in.defined() && in.is_same(outputs[i])) outputs[i] = ops::alias(outputs[i]);
         }
         outputs[i].impl()->grad_fn = node;
         outputs[i].impl()->output_nr = static_cast<uint32_t>(i);

@@ -126,20 +126,29 @@ autograd::Node::Node() : sequence_nr(next_sequence_nr.fetch_add(1, std::memory_o
 // Each edge holds the next node, so freeing the last reference to a graph's root would free the
 // nodes one inside another's destructor: a chain of 150,000 ops (y = y + 1 in a loop) overflowed
 // the stack. Here the nodes that would die with this one are moved onto a local stack instead and
-// freed one at a time, each with its edges already taken; as PyTorch's deleteNode does.
+// freed one at a time, as PyTorch's deleteNode does. Before its edges are looked at, a node on the
+// stack frees what it saved (an input saved for backward also holds the node its edge leads to), and
+// an edge whose node is still held elsewhere (y * y has two edges to one node) is let go at once, so
+// that the last edge to a node is the one that moves it onto the stack.
 autograd::Node::~Node() {
   std::vector<std::shared_ptr<Node>> dying;
   auto take_edges = [&dying](std::vector<Edge>& edges) {
     for (Edge& e : edges) {
-      if (e.fn != nullptr && e.fn.use_count() == 1) dying.push_back(std::move(e.fn));
+      if (e.fn == nullptr) continue;
+      if (e.fn.use_count() == 1) {
+        dying.push_back(std::move(e.fn));
+      } else {
+        e.fn.reset();
+      }
     }
   };
-  take_edges(next_edges);
+  take_edges(next_edges);  // this node's own saved state is gone already, with its derived part
   while (!dying.empty()) {
     std::shared_ptr<Node> node = std::move(dying.back());
     dying.pop_back();
+    node->release_saved();
     take_edges(node->next_edges);
-  }  // `node` is freed here, its edges already empty
+  }  // `node` is freed here, its edges and saved tensors already gone
 }
 
 namespace {

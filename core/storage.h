@@ -4,6 +4,7 @@
 // the version a saved tensor had when it was saved. See Note [version counter] in core/saved_tensor.h.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 
@@ -29,6 +30,10 @@ struct Storage {
   // A view of this buffer was made from a tensor that requires grad: an in-place op on the base
   // would not reach the views' gradients, so autograd refuses it (ops/record.cpp, check_inplace).
   bool has_autograd_views = false;
+  // How many views of this buffer (TensorImpls with counts_as_view) are alive: an in-place op
+  // recorded by autograd on their base would leave them behind too (Note [views taken before
+  // autograd] in ops/record.cpp).
+  std::atomic<int64_t> live_views{0};
 };
 
 }  // namespace kiln

@@ -30,6 +30,19 @@ using TensorHook = std::function<Tensor(const Tensor&)>;
 using PostAccumulateGradHook = std::function<void(const Tensor& leaf)>;
 
 struct TensorImpl {
+  TensorImpl() = default;
+  TensorImpl(const TensorImpl&) = delete;
+  TensorImpl& operator=(const TensorImpl&) = delete;
+  ~TensorImpl() {
+    if (counts_as_view && storage) storage->live_views.fetch_sub(1, std::memory_order_relaxed);
+  }
+  // Makes this a view that its storage counts while it lives (after `storage` is set).
+  void count_as_view() {
+    is_view = true;
+    counts_as_view = true;
+    storage->live_views.fetch_add(1, std::memory_order_relaxed);
+  }
+
   std::shared_ptr<Storage> storage;
   Shape sizes;
   Shape strides;
@@ -40,6 +53,7 @@ struct TensorImpl {
   bool requires_grad = false;  // leaves only; a non-leaf requires grad iff it has a grad_fn
   bool retains_grad = false;
   bool is_view = false;  // shares storage with another tensor (in-place autograd refuses views)
+  bool counts_as_view = false;  // counted in storage->live_views (count_as_view)
   uint32_t output_nr = 0;                      // which output of grad_fn this tensor is
   std::shared_ptr<autograd::Node> grad_fn;     // null for leaves
   std::weak_ptr<autograd::Node> grad_accumulator;  // a leaf's AccumulateGrad, made on first use

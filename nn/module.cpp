@@ -22,6 +22,10 @@ namespace {
 void set_data(const Tensor& dst, const Tensor& src) {
   TensorImpl* d = dst.impl();
   const TensorImpl* s = src.impl();
+  if (d->counts_as_view) {  // the view count moves with the data (a parameter that is a view)
+    d->storage->live_views.fetch_sub(1, std::memory_order_relaxed);
+    s->storage->live_views.fetch_add(1, std::memory_order_relaxed);
+  }
   d->storage = s->storage;
   d->sizes = s->sizes;
   d->strides = s->strides;

@@ -67,7 +67,8 @@ Tensor detach(const Tensor& t) {
   impl->strides = t.strides();
   impl->offset = t.storage_offset();
   impl->dtype = t.dtype();
-  impl->is_view = t.impl()->is_view;
+  if (t.impl()->counts_as_view) impl->count_as_view();  // a detached view is still a view of its base
+  else impl->is_view = t.impl()->is_view;
   return Tensor(std::move(impl));
 }
 
@@ -83,6 +84,9 @@ Tensor Tensor::to(Device device, DType dtype, bool non_blocking) const {
 Tensor Tensor::pin_memory() const { return ops::pin_memory(*this); }
 Tensor Tensor::detach() const { return ops::detach(*this); }
 Tensor& Tensor::detach_() {
+  KILN_CHECK(!impl_->is_view || !requires_grad(),
+             "detach_: a view that takes part in autograd cannot be detached in place (its base keeps its "
+             "history); use detach(), which returns a new handle, as PyTorch asks");
   impl_->grad_fn.reset();
   impl_->requires_grad = false;
   return *this;
@@ -104,10 +108,15 @@ Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
   const bool async = non_blocking && is_cuda();
   Tensor result = src.expand(sizes()).to(device(), dtype(), async);
   raw_copy(result, *this, async);
+  if (!result.requires_grad()) {
+    // A source without grad into a tensor with history: the tensor stays in the graph, as PyTorch's
+    // CopyBackwards, passing a zero gradient to what it was before.
+    result = ops::detach(*this);
+    autograd::record("CopyBackwards", {*this}, {result},
+                     [](const autograd::Grads& g) -> autograd::TensorList { return {zeros_like(g[0])}; });
+  }
   bump_version();
-  impl_->grad_fn = result.grad_fn();
-  impl_->output_nr = result.output_nr();
-  if (!impl_->grad_fn) impl_->requires_grad = false;
+  autograd::rebase_history(*this, result);
   return *this;
 }
 

@@ -581,8 +581,7 @@ Tensor& inplace_recorded(Tensor& self, const char* op, OutOfPlace&& f) {
     backend_for(self.device()).copy(view_of(r), r.device(), view_of(self), self.device(), stream_for(self.device()));
   }
   self.bump_version();
-  self.impl()->grad_fn = r.grad_fn();
-  self.impl()->output_nr = r.output_nr();
+  autograd::rebase_history(self, r);
   return self;
 }
 

@@ -65,6 +65,10 @@ Tensor clone(const Tensor& t);
 Tensor to(const Tensor& t, Device device, DType dtype, bool non_blocking = false);
 Tensor pin_memory(const Tensor& t);
 Tensor detach(const Tensor& t);
+// (views.cpp) A view of all of t, without t's history: what a custom Function or checkpoint returns
+// for an input it passes through. As a view, in-place ops recorded by autograd refuse it, and refuse t
+// while it lives.
+Tensor alias(const Tensor& t);
 
 // ---- views.cpp (share storage with their input) ----
 Tensor view(const Tensor& t, const Shape& shape);

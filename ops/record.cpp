@@ -44,7 +44,8 @@ Tensor checked_hook_result(const Tensor& grad, Tensor result) {
 
 TensorList AccumulateGrad::apply(TensorList&& grads) {
   Tensor g = std::move(grads[0]);
-  if (!g.defined()) return {};
+  // A leaf that stopped requiring grad after the forward (requires_grad_(false)) gets nothing, as in PyTorch.
+  if (!g.defined() || !leaf_->requires_grad) return {};
   for (const auto& hook : leaf_->leaf_hooks) {
     Tensor replaced = hook(g);
     if (replaced.defined()) g = detail::checked_hook_result(g, std::move(replaced));
@@ -119,6 +120,35 @@ void check_inplace(const Tensor& self, const char* op) {
              "in-place change would not reach their gradients; use the out-of-place form, or clone() "
              "the tensor before taking views",
              op);
+  // Note [views taken before autograd]: a view taken while its base did not require grad (or under
+  // no_grad) has no history. After an in-place op that autograd records on the base, the view would
+  // read the new values but pass no gradient to the op's inputs: `v = buf[1]; buf.add_(w)` would
+  // leave w without the gradient of whatever uses v. PyTorch rebuilds such a view's history; Kiln
+  // refuses the op while such a view is alive.
+  KILN_CHECK(self.impl()->storage->live_views.load(std::memory_order_relaxed) == 0,
+             "{}: this tensor has views (view, slice, transpose, ...) taken before it took part in autograd, "
+             "and an in-place change recorded now would not reach their gradients; use the out-of-place "
+             "form, or take the views after the change",
+             op);
+}
+
+void rebase_history(const Tensor& self, const Tensor& result) {
+  self.impl()->grad_fn = result.grad_fn();
+  self.impl()->output_nr = result.output_nr();
+  if (self.impl()->retains_grad && self.impl()->grad_fn) add_retain_grad_hook(self);
+}
+
+void add_retain_grad_hook(const Tensor& t) {
+  std::weak_ptr<TensorImpl> weak = t.impl_ptr();  // weak: the node must not keep its own output alive
+  const Node* node = t.impl()->grad_fn.get();
+  t.impl()->grad_fn->pre_hooks.push_back({t.impl()->output_nr, [weak, node](const Tensor& g) -> Tensor {
+                                            auto impl = weak.lock();
+                                            if (!impl || impl->grad_fn.get() != node) return Tensor();
+                                            Tensor copy = GradMode::is_enabled() ? g : g.detach().clone();
+                                            impl->grad = impl->grad ? add(Tensor(impl->grad), copy).impl_ptr()
+                                                                    : copy.impl_ptr();
+                                            return Tensor();
+                                          }});
 }
 
 }  // namespace kiln::autograd

@@ -56,9 +56,10 @@ Tensor checked_hook_result(const Tensor& grad, Tensor result);
 // A node whose backward is a lambda F, held in the node itself: recording an op makes one
 // allocation for both (Note [the node holds its lambda], ops/record.cpp). release_saved() destroys
 // the lambda and what it captured; a lambda that captured only trivially destructible values
-// (dtypes, devices, shapes: no tensor) holds nothing to free and is kept, so its node can run again,
-// as PyTorch runs again a node that saved no tensors.
-template <typename F>
+// (dtypes, devices, shapes: no tensor), or one recorded with record_no_tensors (vectors of sizes),
+// holds nothing to free and is kept, so its node can run again, as PyTorch runs again a node that
+// saved no tensors.
+template <typename F, bool kHoldsNoTensors = false>
 class FunctionNode final : public Node {
  public:
   FunctionNode(const char* name, F fn) : name_(name), fn_(std::move(fn)) {}
@@ -71,7 +72,7 @@ class FunctionNode final : public Node {
     return out;
   }
   void release_saved() override {
-    if constexpr (!std::is_trivially_destructible_v<F>) fn_.reset();
+    if constexpr (!kHoldsNoTensors && !std::is_trivially_destructible_v<F>) fn_.reset();
   }
 
  private:
@@ -109,9 +110,22 @@ template <typename F>
 void record(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs, F fn) {
   attach(std::make_shared<FunctionNode<F>>(name, std::move(fn)), inputs, outputs);
 }
+// record() for a backward whose captures hold no tensor, only values such as vectors of sizes or
+// offsets (cat, split, pad): its node survives a backward without retain_graph and can run again.
+template <typename F>
+void record_no_tensors(const char* name, const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                       F fn) {
+  attach(std::make_shared<FunctionNode<F, true>>(name, std::move(fn)), inputs, outputs);
+}
 
 // In-place ops with autograd: refuses leaves that require grad, views, and tensors that have views
 // taking part in autograd (see ops/elementwise.cpp).
 void check_inplace(const Tensor& self, const char* op);
+// After an in-place op recorded as `result`: self takes result's place in the graph, and a gradient
+// that self retains (retain_grad) is from now on the one that reaches the new place, as PyTorch's.
+void rebase_history(const Tensor& self, const Tensor& result);
+// retain_grad's hook on t's grad_fn: adds the gradient arriving there into t.grad(), as long as
+// t's grad_fn is still that node (an in-place op moves t elsewhere; see rebase_history).
+void add_retain_grad_hook(const Tensor& t);
 
 }  // namespace kiln::autograd

@@ -10,6 +10,7 @@ namespace kiln {
 
 using autograd::Grads;
 using autograd::record;
+using autograd::record_no_tensors;
 using autograd::should_record;
 using autograd::TensorList;
 
@@ -62,7 +63,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
   if (should_record(parts)) {
     std::vector<DType> dtypes;
     for (const auto& t : parts) dtypes.push_back(t.dtype());
-    record("CatBackward", parts, {out}, [d, offsets, sizes, dtypes](const Grads& g) -> TensorList {
+    record_no_tensors("CatBackward", parts, {out}, [d, offsets, sizes, dtypes](const Grads& g) -> TensorList {
       TensorList grads;
       for (size_t i = 0; i < offsets.size(); ++i) {
         grads.push_back(g.needs_grad(i) ? g[0].narrow(d, offsets[i], sizes[i]).to(dtypes[i]) : Tensor());
@@ -115,7 +116,7 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<int64_t>
   if (grad) {
     x.impl()->storage->has_autograd_views = true;  // as a view recorded with grad mode on (ops/record.cpp)
     const Shape shape = x.sizes();
-    record("SplitBackward", {x}, out, [shape, d, sizes](const Grads& g) -> TensorList {
+    record_no_tensors("SplitBackward", {x}, out, [shape, d, sizes](const Grads& g) -> TensorList {
       TensorOptions options;
       for (const Tensor& gi : g.grads)
         if (gi.defined()) options = gi.options();
@@ -211,7 +212,7 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, double value) {
   if (should_record(x)) {
     std::vector<int64_t> negated;
     for (int64_t p : padding) negated.push_back(-p);
-    record("PadBackward", {x}, {out}, [negated](const Grads& g) -> TensorList { return {pad(g[0], negated, 0)}; });
+    record_no_tensors("PadBackward", {x}, {out}, [negated](const Grads& g) -> TensorList { return {pad(g[0], negated, 0)}; });
   }
   return out;
 }
@@ -224,7 +225,17 @@ static Tensor triangle(const Tensor& x, int64_t diagonal, bool upper) {
   Tensor c = arange(cols, kInt64, x.device()).unsqueeze(0);
   Tensor offset = c - r;  // column minus row: 0 on the diagonal
   Tensor keep = upper ? offset.ge(diagonal) : offset.le(diagonal);
-  return where(keep, x, zeros({}, x.options()));
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = where(keep, x, zeros({}, x.options()));
+  }
+  if (should_record(x)) {  // the gradient is masked the same way; nothing saved, as PyTorch's
+    record(upper ? "TriuBackward" : "TrilBackward", {x}, {out}, [diagonal, upper](const Grads& g) -> TensorList {
+      return {triangle(g[0], diagonal, upper)};
+    });
+  }
+  return out;
 }
 Tensor tril(const Tensor& x, int64_t diagonal) { return triangle(x, diagonal, false); }
 Tensor triu(const Tensor& x, int64_t diagonal) { return triangle(x, diagonal, true); }

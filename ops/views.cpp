@@ -25,7 +25,7 @@ Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, i
   impl->strides = strides;
   impl->offset = offset;
   impl->dtype = base.dtype();
-  impl->is_view = true;
+  impl->count_as_view();
   if (GradMode::is_enabled() && base.requires_grad()) impl->storage->has_autograd_views = true;
   return Tensor(std::move(impl));
 }
@@ -109,6 +109,8 @@ Tensor slice_backward(const Tensor& g, const Shape& input_shape, int dim, int64_
 }  // namespace
 
 inline namespace ops {
+
+Tensor alias(const Tensor& t) { return make_view(t, t.sizes(), t.strides(), t.storage_offset()); }
 
 Tensor view(const Tensor& t, const Shape& shape) {
   Shape sizes = infer_shape(shape, t.numel(), "view");
