@@ -39,11 +39,12 @@ void queue_callback(std::function<void()> fn);
 // only the inputs; backward runs fn again (with the random generator as it was, so dropout draws
 // the same masks when preserve_rng_state) to get the activations it needs. Parameters that fn uses
 // get their gradients as without checkpointing. fn must compute the same thing both times and
-// return floating tensors; higher-order gradients (create_graph) and autograd::grad() through it are
-// not supported (Errors). An
-// input changed in place between the forward and the backward is an Error (the recompute would
-// read the new values); an output that is an input itself comes back as a new handle, so the
-// input stays as it was (a leaf stays a leaf). See autograd/checkpoint.cpp.
+// return floating tensors; higher-order gradients (create_graph) and autograd::grad() through it
+// (gradcheck included) are not supported (Errors). An input changed in place between the forward
+// and the backward is an Error (the recompute would read the new values); an output that is an
+// input itself comes back as a view of it (ops::alias), so the input stays as it was (a leaf stays
+// a leaf) and in-place changes to either are refused while the view lives. See
+// autograd/checkpoint.cpp.
 using CheckpointFn = std::function<TensorList(const TensorList&)>;
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state = true);
 // The same, with backward running `recompute` instead of fn: a function that records fn's graph

@@ -64,7 +64,8 @@ class CppNode final : public Node {
     ctx.needs_.resize(next_edges.size());
     for (size_t i = 0; i < next_edges.size(); ++i) ctx.needs_[i] = next_edges[i].valid();
     for (size_t i = 0; i < grads.size() && i < outputs.size(); ++i) {  // PyTorch's materialize_grads
-      if (!grads[i].defined()) grads[i] = zeros(outputs[i].shape, TensorOptions(outputs[i].dtype).device(outputs[i].device));
+      const Input& o = outputs[i];
+      if (!grads[i].defined() && o.defined) grads[i] = zeros(o.shape, TensorOptions(o.dtype).device(o.device));
     }
     TensorList out = T::backward(&ctx, std::move(grads));
     while (out.size() > next_edges.size() && !out.back().defined()) out.pop_back();
@@ -103,6 +104,7 @@ class CppNode final : public Node {
     Shape shape;
     DType dtype = kFloat32;
     Device device = Device::cpu();
+    bool defined = false;
   };
   std::vector<Input> inputs;
   std::vector<Input> outputs;  // the zeros for an output that received no gradient
@@ -125,7 +127,7 @@ struct Function {
     if (record) {
       for (const auto& t : inputs) {
         node->next_edges.push_back(gradient_edge(t));
-        node->inputs.push_back(t.defined() ? typename CppNode<T>::Input{t.sizes(), t.dtype(), t.device()}
+        node->inputs.push_back(t.defined() ? typename CppNode<T>::Input{t.sizes(), t.dtype(), t.device(), true}
                                            : typename CppNode<T>::Input{});
       }
       TensorList outputs;
@@ -134,7 +136,7 @@ struct Function {
       node->num_outputs = static_cast<uint32_t>(outputs.size());
       for (size_t i = 0; i < outputs.size(); ++i) {
         const Tensor& o = outputs[i];
-        node->outputs.push_back(o.defined() ? typename CppNode<T>::Input{o.sizes(), o.dtype(), o.device()}
+        node->outputs.push_back(o.defined() ? typename CppNode<T>::Input{o.sizes(), o.dtype(), o.device(), true}
                                             : typename CppNode<T>::Input{});
         if (!outputs[i].defined() || !outputs[i].is_floating_point()) continue;
         for (const auto& in : inputs) {  // forward returned an input as is: give the node a view of it

@@ -108,7 +108,7 @@ Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
   const bool async = non_blocking && is_cuda();
   Tensor result = src.expand(sizes()).to(device(), dtype(), async);
   raw_copy(result, *this, async);
-  if (!result.requires_grad()) {
+  if (!result.requires_grad() && is_floating_point()) {
     // A source without grad into a tensor with history: the tensor stays in the graph, as PyTorch's
     // CopyBackwards, passing a zero gradient to what it was before.
     result = ops::detach(*this);
@@ -117,6 +117,7 @@ Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
   }
   bump_version();
   autograd::rebase_history(*this, result);
+  if (!impl_->grad_fn) impl_->requires_grad = false;  // an integer destination has no gradient
   return *this;
 }
 

@@ -124,11 +124,13 @@ void check_inplace(const Tensor& self, const char* op) {
   // no_grad) has no history. After an in-place op that autograd records on the base, the view would
   // read the new values but pass no gradient to the op's inputs: `v = buf[1]; buf.add_(w)` would
   // leave w without the gradient of whatever uses v. PyTorch rebuilds such a view's history; Kiln
-  // refuses the op while such a view is alive.
+  // refuses the op while such a view is alive. What a custom Function or checkpoint passed through
+  // (ops::alias) counts the same way.
   KILN_CHECK(self.impl()->storage->live_views.load(std::memory_order_relaxed) == 0,
-             "{}: this tensor has views (view, slice, transpose, ...) taken before it took part in autograd, "
-             "and an in-place change recorded now would not reach their gradients; use the out-of-place "
-             "form, or take the views after the change",
+             "{}: this tensor has live views (a view, slice or transpose taken before it took part in "
+             "autograd or under no_grad, or an input a custom Function or checkpoint passed through), and an "
+             "in-place change recorded now would not reach their gradients; use the out-of-place form, or "
+             "change the tensor once those views are gone",
              op);
 }
 

@@ -118,8 +118,8 @@ void record_no_tensors(const char* name, const std::vector<Tensor>& inputs, cons
   attach(std::make_shared<FunctionNode<F, true>>(name, std::move(fn)), inputs, outputs);
 }
 
-// In-place ops with autograd: refuses leaves that require grad, views, and tensors that have views
-// taking part in autograd (see ops/elementwise.cpp).
+// In-place ops with autograd: refuses leaves that require grad, views, tensors that have views
+// taking part in autograd, and tensors with live views of any kind (see ops/elementwise.cpp).
 void check_inplace(const Tensor& self, const char* op);
 // After an in-place op recorded as `result`: self takes result's place in the graph, and a gradient
 // that self retains (retain_grad) is from now on the one that reaches the new place, as PyTorch's.

@@ -58,7 +58,7 @@ TEST_CASE("an in-place op that autograd records refuses a tensor with views take
   {
     Tensor col = buf.t()[1];  // no history: buf did not require grad yet
     // PyTorch rebuilds col's history; Kiln refuses rather than give w no gradient through col.
-    test::check_error([&] { buf.add_(w); }, {"add_", "views", "taken before it took part in autograd"});
+    test::check_error([&] { buf.add_(w); }, {"add_", "live views", "taken before it took part in autograd"});
     test::check_equal(buf, zeros({2, 3}, kFloat64));  // refused before writing
     Tensor under_no_grad;
     {
@@ -92,6 +92,15 @@ TEST_CASE("what a custom Function or checkpoint passes through is a view: in-pla
   CHECK(x.is_leaf());
   (y + z).sum().backward();
   test::check_equal(x.grad(), full({3}, 2.0, kFloat64));
+  // A non-leaf passed through refuses in-place changes while the view lives, and takes them after.
+  Tensor h = x * 2;
+  {
+    Tensor passed = Ident::apply(h);
+    test::check_error([&] { h.add_(x); }, {"add_", "live views", "custom Function"});
+  }
+  h.add_(x);
+  h.sum().backward();
+  test::check_equal(x.grad(), full({3}, 5.0, kFloat64));
 }
 
 TEST_CASE("retain_grad follows a tensor through an in-place op, as torch's", "[autograd]") {
@@ -217,6 +226,10 @@ TEST_CASE("copy_ of a constant keeps a tensor in the graph, a leaf told to stop 
   CHECK(y.requires_grad());
   y.sum().backward();
   test::check_equal(a.grad(), zeros({3}, kFloat64));  // torch: zeros
+  // An integer destination takes the values and stays out of autograd.
+  Tensor idx = zeros({3}, kInt64);
+  idx.copy_(a * 2);
+  CHECK_FALSE(idx.requires_grad());
 
   Tensor b = sines({3}, 0.1);
   Tensor loss = (b * 2).sum();
