@@ -110,17 +110,12 @@ Tensor slice_backward(const Tensor& g, const Shape& input_shape, int dim, int64_
 
 inline namespace ops {
 
-// Counted as a live view only: unlike make_view it does not mark t's storage for good, so t may
-// change in place again once the alias is gone.
+// detach(t), counted as a live view: unlike make_view it does not mark t's storage for good, so t
+// may change in place again once the alias is gone.
 Tensor alias(const Tensor& t) {
-  auto impl = std::make_shared<TensorImpl>();
-  impl->storage = t.impl()->storage;
-  impl->sizes = t.sizes();
-  impl->strides = t.strides();
-  impl->offset = t.storage_offset();
-  impl->dtype = t.dtype();
-  impl->count_as_view();
-  return Tensor(std::move(impl));
+  Tensor a = detach(t);
+  if (!a.impl()->counts_as_view) a.impl()->count_as_view();  // detach counts a view of a view already
+  return a;
 }
 
 Tensor view(const Tensor& t, const Shape& shape) {
