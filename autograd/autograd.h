@@ -15,9 +15,12 @@ namespace kiln::autograd {
 
 // Accumulates d(sum_i <tensors[i], grad_tensors[i]>)/d(leaf) into every leaf's .grad(). An empty
 // grad_tensors means ones for single-element tensors. retain_graph keeps saved tensors for another
-// backward; create_graph records the backward itself, for higher-order derivatives.
+// backward; create_graph records the backward itself, for higher-order derivatives. inputs (PyTorch's
+// argument of that name): when not empty, the gradient is accumulated into these tensors' .grad()
+// only (a non-leaf among them retains its gradient, as with retain_grad()), and only the nodes that
+// lead to them run; other leaves' .grad() and hooks are left alone.
 void backward(const TensorList& tensors, const TensorList& grad_tensors = {}, bool retain_graph = false,
-              bool create_graph = false);
+              bool create_graph = false, const TensorList& inputs = {});
 
 // d(sum_i <outputs[i], grad_outputs[i]>)/d(inputs[j]) for each j, without touching .grad().
 // retain_graph defaults to create_graph, as in PyTorch. allow_unused: an input the outputs do not
@@ -26,9 +29,31 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
                 std::optional<bool> retain_graph = {}, bool create_graph = false, bool allow_unused = false);
 
 namespace detail {
-// Whether the backward running on this thread is a grad() call (which must not touch .grad()).
-bool in_grad_call();
+// Whether the backward running on this thread is a grad() or a backward(inputs=), which must leave
+// the .grad() of tensors other than the inputs alone.
+bool in_partial_backward();
 }  // namespace detail
+
+// Anomaly detection (PyTorch's torch.autograd.set_detect_anomaly, LibTorch's AnomalyMode): while it is
+// on, the engine checks every gradient a node returns and throws an Error naming the node (its
+// forward op's backward, e.g. "DivBackward"), which output holds a NaN, and where that gradient was
+// going. The check reads every gradient back (a device synchronization per node on CUDA), so it is
+// for debugging. On for the whole process, as in PyTorch.
+struct AnomalyMode {
+  static bool is_enabled();
+  static void set_enabled(bool enabled);
+};
+// RAII: anomaly detection on for a scope (LibTorch's DetectAnomalyGuard).
+class DetectAnomalyGuard {
+ public:
+  DetectAnomalyGuard() : prev_(AnomalyMode::is_enabled()) { AnomalyMode::set_enabled(true); }
+  ~DetectAnomalyGuard() { AnomalyMode::set_enabled(prev_); }
+  DetectAnomalyGuard(const DetectAnomalyGuard&) = delete;
+  DetectAnomalyGuard& operator=(const DetectAnomalyGuard&) = delete;
+
+ private:
+  bool prev_;
+};
 
 // Runs fn when the backward now running on this thread has finished with every node (PyTorch's
 // Variable._execution_engine.queue_callback). Call it from a hook; DistributedDataParallel waits

@@ -79,10 +79,10 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
     KILN_CHECK(!GradMode::is_enabled(),
                "checkpoint: backward with create_graph=true (higher-order gradients) is not supported through "
                "a checkpointed function; call it without checkpoint for that");
-    KILN_CHECK(!detail::in_grad_call(),
-               "checkpoint: autograd::grad() through a checkpointed function is not supported: its recompute runs "
-               "backward(), which accumulates into the parameters' .grad() (PyTorch's reentrant checkpoint "
-               "refuses it too); use backward()");
+    KILN_CHECK(!detail::in_partial_backward(),
+               "checkpoint: autograd::grad() or backward(inputs=) through a checkpointed function is not "
+               "supported: its recompute runs backward(), which accumulates into the .grad() of every parameter it "
+               "uses (PyTorch's reentrant checkpoint refuses them too); use backward() without inputs");
     TensorList again;
     for (size_t i = 0; i < kept.size(); ++i) {
       KILN_CHECK(!kept[i].defined() || kept[i]._version() == versions[i],

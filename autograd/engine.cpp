@@ -7,7 +7,10 @@
 // 4. Unless retain_graph, each node frees what it saved once it has run; running it again is the
 //    "backward through the graph a second time" Error (a node that saved no tensor can run again).
 // grad() runs the same walk but only the nodes that lead to the requested inputs, and reads the
-// gradients arriving there instead of accumulating into leaves.
+// gradients arriving there instead of accumulating into leaves; backward(inputs=) runs that part of
+// the graph too, and accumulates into the inputs' .grad() (their AccumulateGrad nodes run, and a
+// non-leaf input retains its gradient, as PyTorch's run_backward does).
+// With anomaly detection on, every node's outputs are checked for NaN as soon as it has run.
 #include <algorithm>
 #include <atomic>
 #include <queue>
@@ -66,16 +69,35 @@ struct Capture {  // grad(): read the gradient arriving at (node, input_nr)
   uint32_t input_nr;
 };
 
-// Whether the backward running on this thread is a grad() (detail::in_grad_call).
-thread_local bool t_in_grad = false;
+// Whether the backward running on this thread is a grad() or a backward(inputs=)
+// (detail::in_partial_backward).
+thread_local bool t_partial = false;
 
+std::atomic<bool> g_anomaly{false};
+
+// Anomaly detection: an Error naming the first node output that holds a NaN.
+void check_anomaly(const Node& n, const TensorList& outputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Tensor& o = outputs[i];
+    if (!o.defined() || !o.is_floating_point() || o.numel() == 0) continue;
+    if (!ops::ne(o, o).any().item<bool>()) continue;
+    const Edge e = i < n.next_edges.size() ? n.next_edges[i] : Edge{};
+    KILN_FAIL("autograd anomaly detection: {} returned nan values in its {}th output (the gradient for input {} "
+              "of its forward op{}{}). The forward op or its backward formula produced a NaN: look for a "
+              "log, sqrt, division or pow at that point of the model",
+              n.name(), i, i, e.valid() ? ", which goes on to " : "", e.valid() ? e.fn->name() : "");
+  }
+}
+
+// captures: grad()'s (read the gradients arriving there) or backward(inputs=)'s (accumulate: the
+// inputs' AccumulateGrad nodes run as well).
 TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, bool keep_graph, bool create_graph,
-               const std::vector<Capture>* captures) {
-  struct InGrad {
-    bool outer = t_in_grad;
-    ~InGrad() { t_in_grad = outer; }
-  } in_grad;
-  t_in_grad = captures != nullptr;
+               const std::vector<Capture>* captures, bool accumulate = true) {
+  struct Partial {
+    bool outer = t_partial;
+    ~Partial() { t_partial = outer; }
+  } partial;
+  t_partial = captures != nullptr;
   // Backward ops run in the dtypes their forward ops ran in, so autocast is off during a backward;
   // its cast cache is dropped, since this backward frees the nodes of those casts.
   // See Note [autocast] in ops/autocast.h.
@@ -125,6 +147,11 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
       }
       if (need) needed.insert(*it);
     }
+    if (accumulate) {
+      for (Node* t : targets) {
+        if (dynamic_cast<AccumulateGrad*>(t) != nullptr) needed.insert(t);
+      }
+    }
     captured_nodes = std::move(targets);
   }
   TensorList captured(captures ? captures->size() : 0);
@@ -156,7 +183,9 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
     buffers.erase(n);
     grads.resize(n->num_outputs);
     const bool runs = !captures || needed.count(n) != 0;
-    for (const auto& hook : n->pre_hooks) {
+    // Copied first (when there are any): a hook may remove itself (or register another) while it runs.
+    const std::vector<PreHook> hooks = n->pre_hooks.empty() ? std::vector<PreHook>{} : n->pre_hooks;
+    for (const auto& hook : hooks) {
       if (!runs && captured_nodes.count(n) == 0) break;  // grad(): nodes past the inputs do nothing
       if (hook.output_nr < grads.size() && grads[hook.output_nr].defined()) {
         Tensor r = hook.fn(grads[hook.output_nr]);
@@ -175,6 +204,7 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
     if (any_grad && runs) {  // under grad() a leaf's AccumulateGrad is never needed: .grad() stays as it is
       outputs = n->apply(std::move(grads));
       if (!keep_graph) n->release_saved();
+      if (g_anomaly.load(std::memory_order_relaxed)) check_anomaly(*n, outputs);
     }
     outputs.resize(n->next_edges.size());
     for (size_t i = 0; i < n->next_edges.size(); ++i) {
@@ -222,7 +252,8 @@ std::vector<Edge> root_edges(const TensorList& tensors, const char* op) {
 
 }  // namespace
 
-void backward(const TensorList& tensors, const TensorList& grad_tensors, bool retain_graph, bool create_graph) {
+void backward(const TensorList& tensors, const TensorList& grad_tensors, bool retain_graph, bool create_graph,
+              const TensorList& inputs) {
   KILN_CHECK(grad_tensors.empty() || grad_tensors.size() == tensors.size(),
              "backward: got {} gradients for {} outputs", grad_tensors.size(), tensors.size());
   std::vector<Edge> roots = root_edges(tensors, "backward");
@@ -230,7 +261,20 @@ void backward(const TensorList& tensors, const TensorList& grad_tensors, bool re
   for (size_t i = 0; i < tensors.size(); ++i) {
     grads.push_back(root_grad(tensors[i], grad_tensors.empty() ? Tensor() : grad_tensors[i], i));
   }
-  run(roots, grads, retain_graph || create_graph, create_graph, nullptr);
+  if (inputs.empty()) {
+    run(roots, grads, retain_graph || create_graph, create_graph, nullptr);
+    return;
+  }
+  std::vector<Capture> captures;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    KILN_CHECK(inputs[i].defined() && inputs[i].requires_grad(),
+               "backward: inputs[{}] does not require grad, so no gradient can be accumulated into it; call "
+               "requires_grad_() on it before computing, or leave it out of inputs", i);
+    if (!inputs[i].is_leaf()) inputs[i].retain_grad();  // as PyTorch: its gradient lands in .grad()
+    Edge e = gradient_edge(inputs[i]);
+    captures.push_back({e.fn.get(), e.input_nr});
+  }
+  run(roots, grads, retain_graph || create_graph, create_graph, &captures, /*accumulate=*/true);
 }
 
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
@@ -249,7 +293,8 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
     Edge e = gradient_edge(inputs[i]);
     captures.push_back({e.fn.get(), e.input_nr});
   }
-  TensorList result = run(roots, grads, retain_graph.value_or(create_graph), create_graph, &captures);
+  TensorList result = run(roots, grads, retain_graph.value_or(create_graph), create_graph, &captures,
+                          /*accumulate=*/false);
   for (size_t i = 0; i < result.size(); ++i) {
     KILN_CHECK(result[i].defined() || allow_unused,
                "grad: input {} was not used to compute the outputs; pass allow_unused=true if that is expected", i);
@@ -257,7 +302,10 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
   return result;
 }
 
-bool detail::in_grad_call() { return t_in_grad; }
+bool detail::in_partial_backward() { return t_partial; }
+
+bool AnomalyMode::is_enabled() { return g_anomaly.load(std::memory_order_relaxed); }
+void AnomalyMode::set_enabled(bool enabled) { g_anomaly.store(enabled, std::memory_order_relaxed); }
 
 void queue_callback(std::function<void()> fn) {
   KILN_CHECK(t_callbacks != nullptr,
@@ -269,15 +317,36 @@ void queue_callback(std::function<void()> fn) {
 
 namespace kiln {
 
-void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph) const {
+void Tensor::backward(const Tensor& gradient, bool retain_graph, bool create_graph,
+                      const std::vector<Tensor>& inputs) const {
   autograd::backward({*this}, gradient.defined() ? autograd::TensorList{gradient} : autograd::TensorList{},
-                     retain_graph, create_graph);
+                     retain_graph, create_graph, inputs);
 }
 
-void Tensor::register_hook(TensorHook fn) const {
+namespace {
+uint64_t next_hook_handle() {  // unique over both kinds of hooks; 0 means none
+  static std::atomic<uint64_t> next{1};
+  return next++;
+}
+}  // namespace
+
+uint64_t Tensor::register_hook(TensorHook fn) const {
   KILN_CHECK(requires_grad(), "register_hook: the tensor does not require grad, so no gradient will reach it");
-  if (is_leaf()) impl_->leaf_hooks.push_back(std::move(fn));
-  else impl_->grad_fn->pre_hooks.push_back({impl_->output_nr, std::move(fn)});
+  const uint64_t handle = next_hook_handle();
+  if (is_leaf()) impl_->leaf_hooks.emplace_back(handle, std::move(fn));
+  else impl_->grad_fn->pre_hooks.push_back({impl_->output_nr, std::move(fn), handle});
+  return handle;
+}
+
+// Looks on the leaf and on the current grad_fn. A non-leaf's hook registered before an in-place op
+// stays on the node it was registered on (as in PyTorch: it sees the gradient of the old value),
+// which is no longer this tensor's grad_fn, so that hook can no longer be removed.
+void Tensor::remove_hook(uint64_t handle) const {
+  if (handle == 0) return;
+  std::erase_if(impl_->leaf_hooks, [&](const auto& h) { return h.first == handle; });
+  if (impl_->grad_fn) {
+    std::erase_if(impl_->grad_fn->pre_hooks, [&](const autograd::PreHook& h) { return h.handle == handle; });
+  }
 }
 
 uint64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook fn) const {
@@ -285,8 +354,7 @@ uint64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook fn) c
              "register_post_accumulate_grad_hook: only a leaf that requires grad accumulates a gradient "
              "(this tensor is {}); register it on a parameter",
              is_leaf() ? "a leaf without requires_grad" : "the result of an op");
-  static std::atomic<uint64_t> next_handle{1};
-  const uint64_t handle = next_handle++;
+  const uint64_t handle = next_hook_handle();
   impl_->post_accumulate_hooks.emplace_back(handle, std::move(fn));
   return handle;
 }

@@ -13,15 +13,21 @@
 //   Tensor y = Cube::apply(x);
 //
 // forward runs with recording off and returns a Tensor or a TensorList; backward returns one gradient
-// per forward argument (an undefined Tensor for arguments that are not tensors or need none; extra
-// undefined ones at the end are dropped), as PyTorch: backward gets zeros for outputs that received no
-// gradient, a gradient that broadcasts to its argument's shape is summed down to it, one of another
-// dtype is cast to the argument's, and a node that saved no tensor can run backward again. An output
-// that is an input itself comes back as a view of it (autograd then refuses in-place changes to either).
+// per forward argument, where a TensorList argument counts as one argument per element, as in
+// LibTorch (an undefined Tensor for arguments that are not tensors or need none; extra undefined ones
+// at the end are dropped). As in PyTorch: backward gets zeros for outputs that received no gradient
+// (unless ctx->set_materialize_grads(false)), a gradient that broadcasts to its argument's shape is
+// summed down to it, one of another dtype is cast to the argument's, and a node that saved no tensor
+// can run backward again. An output that is an input itself comes back as a view of it (autograd then
+// refuses in-place changes to either), unless forward changed that input in place and said so with
+// ctx->mark_dirty({x}): then the output is x itself, which takes the node as its grad_fn (as an
+// in-place op's result does; a leaf that requires grad, a view or a tensor with views is an Error).
+// Outputs passed to ctx->mark_non_differentiable get no grad_fn (an integer output never has one).
 #pragma once
 
 #include <any>
 #include <memory>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
@@ -41,15 +47,30 @@ class AutogradContext {
   void save_for_backward(TensorList tensors) { to_save_ = std::move(tensors); }
   TensorList get_saved_variables() const;
   bool needs_input_grad(size_t i) const { return i < needs_.size() && needs_[i]; }
+  // forward changed these inputs in place and returns them (see the top of this file).
+  void mark_dirty(const TensorList& inputs) { dirty_ = inputs; }
+  // These outputs get no gradient (e.g. an index or mask output).
+  void mark_non_differentiable(const TensorList& outputs) { non_differentiable_ = outputs; }
+  // false: backward gets an undefined Tensor, not zeros, for an output that received no gradient.
+  void set_materialize_grads(bool value) { materialize_grads_ = value; }
   std::unordered_map<std::string, std::any> saved_data;  // anything else backward needs
 
  private:
   template <class T> friend struct Function;
   template <class T> friend class CppNode;
   void wire_saved(const TensorList& outputs);
+  static bool contains(const TensorList& list, const Tensor& t) {
+    for (const auto& x : list) {
+      if (x.defined() && x.is_same(t)) return true;
+    }
+    return false;
+  }
   TensorList to_save_;
   std::vector<SavedTensor> saved_;
   std::vector<bool> needs_;
+  TensorList dirty_;               // cleared once the outputs are wired
+  TensorList non_differentiable_;  // likewise
+  bool materialize_grads_ = true;
   bool released_ = false;
 };
 
@@ -63,7 +84,7 @@ class CppNode final : public Node {
                "to the first backward()");
     ctx.needs_.resize(next_edges.size());
     for (size_t i = 0; i < next_edges.size(); ++i) ctx.needs_[i] = next_edges[i].valid();
-    for (size_t i = 0; i < grads.size() && i < outputs.size(); ++i) {  // PyTorch's materialize_grads
+    for (size_t i = 0; ctx.materialize_grads_ && i < grads.size() && i < outputs.size(); ++i) {
       const Input& o = outputs[i];
       if (!grads[i].defined() && o.defined) grads[i] = zeros(o.shape, TensorOptions(o.dtype).device(o.device));
     }
@@ -116,7 +137,7 @@ struct Function {
   static auto apply(Args&&... args) {
     auto node = std::make_shared<CppNode<T>>();
     TensorList inputs;
-    (inputs.push_back(as_tensor(args)), ...);
+    (append_inputs(inputs, args), ...);
     const bool record = should_record(inputs);
     for (const auto& t : inputs) node->ctx.needs_.push_back(record && t.defined() && t.requires_grad());
     using Out = decltype(T::forward(&node->ctx, std::forward<Args>(args)...));
@@ -124,41 +145,65 @@ struct Function {
       AutoGradMode off(false);
       return T::forward(&node->ctx, std::forward<Args>(args)...);
     }();
+    AutogradContext& ctx = node->ctx;
+    TensorList outputs;
+    if constexpr (std::is_same_v<Out, Tensor>) outputs = {out};
+    else outputs = out;
+    for (const auto& d : ctx.dirty_) {
+      KILN_CHECK(AutogradContext::contains(inputs, d) && AutogradContext::contains(outputs, d),
+                 "CppFunction: a tensor passed to mark_dirty must be an argument of forward that forward changed "
+                 "in place and returns as an output; return it (or do not mark it)");
+      if (record) check_inplace(d, "CppFunction (mark_dirty)");
+      d.bump_version();
+    }
     if (record) {
       for (const auto& t : inputs) {
         node->next_edges.push_back(gradient_edge(t));
         node->inputs.push_back(t.defined() ? typename CppNode<T>::Input{t.sizes(), t.dtype(), t.device(), true}
                                            : typename CppNode<T>::Input{});
       }
-      TensorList outputs;
-      if constexpr (std::is_same_v<Out, Tensor>) outputs = {out};
-      else outputs = out;
       node->num_outputs = static_cast<uint32_t>(outputs.size());
       for (size_t i = 0; i < outputs.size(); ++i) {
         const Tensor& o = outputs[i];
         node->outputs.push_back(o.defined() ? typename CppNode<T>::Input{o.sizes(), o.dtype(), o.device(), true}
                                             : typename CppNode<T>::Input{});
-        if (!outputs[i].defined() || !outputs[i].is_floating_point()) continue;
-        for (const auto& in : inputs) {  // forward returned an input as is: give the node a view of it
-          if (in.defined() && in.is_same(outputs[i])) outputs[i] = ops::alias(outputs[i]);
-        }
+        if (!outputs[i].defined()) continue;
+        const bool dirty = AutogradContext::contains(ctx.dirty_, o);
+        const bool differentiable = o.is_floating_point() && !AutogradContext::contains(ctx.non_differentiable_, o);
+        // forward returned an input as is: give the node a view of it (a dirty one takes the node itself)
+        if (!dirty && AutogradContext::contains(inputs, o)) outputs[i] = ops::alias(o);
+        if (!differentiable) continue;
         outputs[i].impl()->grad_fn = node;
         outputs[i].impl()->output_nr = static_cast<uint32_t>(i);
+        if (dirty && outputs[i].retains_grad()) add_retain_grad_hook(outputs[i]);  // as rebase_history
       }
       if constexpr (std::is_same_v<Out, Tensor>) out = outputs[0];
       else out = outputs;
-      node->ctx.wire_saved(outputs);
+      ctx.wire_saved(outputs);
     } else {
-      node->ctx.wire_saved({});
+      ctx.wire_saved({});
     }
+    ctx.dirty_.clear();
+    ctx.non_differentiable_.clear();
     return out;
   }
 
  private:
+  // One graph input per tensor argument, per element of a TensorList argument, and an undefined
+  // one per other argument (its slot in backward's result), as LibTorch's extract_vars.
   template <typename A>
-  static Tensor as_tensor(const A& a) {
-    if constexpr (std::is_convertible_v<const A&, const Tensor&>) return a;
-    else return Tensor();
+  static void append_inputs(TensorList& inputs, const A& a) {
+    if constexpr (std::is_convertible_v<const A&, const Tensor&>) {
+      inputs.push_back(a);
+    } else if constexpr (std::is_convertible_v<const A&, const TensorList&>) {
+      const TensorList& list = a;
+      inputs.insert(inputs.end(), list.begin(), list.end());
+    } else if constexpr (std::is_convertible_v<const A&, const std::optional<Tensor>&>) {
+      const std::optional<Tensor>& opt = a;
+      inputs.push_back(opt ? *opt : Tensor());
+    } else {
+      inputs.push_back(Tensor());
+    }
   }
 };
 

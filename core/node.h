@@ -33,6 +33,7 @@ struct Edge {
 struct PreHook {
   uint32_t output_nr;
   std::function<Tensor(const Tensor&)> fn;
+  uint64_t handle = 0;  // Tensor::register_hook's handle for Tensor::remove_hook (0: none)
 };
 
 struct Node : std::enable_shared_from_this<Node> {

@@ -71,11 +71,18 @@ class Tensor {
   void bump_version() const { ++get().storage->version; }
 
   // ---- autograd engine (autograd/engine.cpp) ----
-  // gradient: required unless this is a single element (then it defaults to 1).
-  void backward(const Tensor& gradient = {}, bool retain_graph = false, bool create_graph = false) const;
+  // gradient: required unless this is a single element (then it defaults to 1). inputs (PyTorch's
+  // argument of that name): when not empty, only these tensors get their gradient accumulated into
+  // .grad() (non-leaves included), and only the part of the graph that leads to them runs.
+  void backward(const Tensor& gradient = {}, bool retain_graph = false, bool create_graph = false,
+                const std::vector<Tensor>& inputs = {}) const;
   // fn(grad) -> replacement grad (or an undefined Tensor to keep it); runs when this tensor's
-  // gradient is computed.
-  void register_hook(TensorHook fn) const;
+  // gradient is computed. Returns a handle for remove_hook (LibTorch returns the hook's position).
+  uint64_t register_hook(TensorHook fn) const;
+  // Removes a hook that register_hook registered on this tensor; an unknown handle does nothing (nor
+  // does the handle of a non-leaf's hook registered before an in-place op moved the tensor to a new
+  // grad_fn: that hook stays with the old value's node).
+  void remove_hook(uint64_t handle) const;
   // fn(leaf) runs after a backward has accumulated into this leaf's .grad() (leaves only).
   // Returns a handle for remove_post_accumulate_grad_hook. DistributedDataParallel starts its
   // gradient all-reduce from these.
@@ -162,6 +169,9 @@ class Tensor {
   Tensor eq(const Scalar& other) const;
   Tensor ne(const Tensor& other) const;
   Tensor ne(const Scalar& other) const;
+  Tensor isnan() const;
+  Tensor isinf() const;
+  Tensor isfinite() const;
   Tensor lt(const Tensor& other) const;
   Tensor lt(const Scalar& other) const;
   Tensor le(const Tensor& other) const;

@@ -58,7 +58,8 @@ struct TensorImpl {
   std::shared_ptr<autograd::Node> grad_fn;     // null for leaves
   std::weak_ptr<autograd::Node> grad_accumulator;  // a leaf's AccumulateGrad, made on first use
   std::shared_ptr<TensorImpl> grad;
-  std::vector<TensorHook> leaf_hooks;  // run on a leaf's gradient before it is accumulated
+  // (handle, hook): run on a leaf's gradient before it is accumulated
+  std::vector<std::pair<uint64_t, TensorHook>> leaf_hooks;
   std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_hooks;  // (handle, hook)
 
   Device device() const { return storage->device; }

@@ -153,17 +153,22 @@ void check_linear(const Tensor& input, const Tensor& weight, const Tensor& bias)
 }
 
 // linear's node, LinearBackward, recorded with y as its output. Its formula reads the input and the
-// weight, never y: that is what lets linear_graph_only record it on a y that was not computed.
+// weight, never y: that is what lets linear_graph_only record it on a y that was not computed. The
+// input is kept only when the weight needs a gradient, and the weight only when the input does (a
+// frozen layer keeps no activation), as PyTorch's.
 void record_linear(const Tensor& input, const Tensor& weight, const Tensor& bias, const Tensor& y) {
   if (!autograd::should_record(input, weight) && !(bias.defined() && autograd::should_record(bias))) return;
-  auto backward = [x = autograd::SavedTensor(input, false), w = autograd::SavedTensor(weight, false),
+  auto backward = [x = autograd::SavedTensor(weight.requires_grad() ? input : Tensor(), false),
+                   w = autograd::SavedTensor(input.requires_grad() ? weight : Tensor(), false),
                    has_bias = bias.defined()](const autograd::Grads& g) -> autograd::TensorList {
     Tensor gy = g[0];
     autograd::TensorList out(has_bias ? 3 : 2);
-    Tensor xv = x.unpack("LinearBackward");
     if (g.needs_grad(0)) out[0] = matmul(gy, w.unpack("LinearBackward"));  // dL/dx = gy W
     Tensor gy2 = gy.reshape({-1, gy.size(-1)});
-    if (g.needs_grad(1)) out[1] = matmul(gy2.t(), xv.reshape({-1, xv.size(-1)}));  // gy^T x
+    if (g.needs_grad(1)) {
+      Tensor xv = x.unpack("LinearBackward");
+      out[1] = matmul(gy2.t(), xv.reshape({-1, xv.size(-1)}));  // gy^T x
+    }
     if (has_bias && g.needs_grad(2)) out[2] = gy2.sum({0});
     return out;
   };

@@ -527,6 +527,22 @@ Tensor lt(const Tensor& a, const Scalar& b) { return lt(a, wrap(b, a)); }
 Tensor le(const Tensor& a, const Scalar& b) { return le(a, wrap(b, a)); }
 Tensor gt(const Tensor& a, const Scalar& b) { return gt(a, wrap(b, a)); }
 Tensor ge(const Tensor& a, const Scalar& b) { return ge(a, wrap(b, a)); }
+// Compositions of the comparisons: NaN is the one value unequal to itself, and x - x is 0 exactly
+// for every finite x and NaN for +-inf and NaN.
+Tensor isnan(const Tensor& x) {
+  if (!x.is_floating_point()) return zeros(x.sizes(), TensorOptions(kBool).device(x.device()));
+  return ne(x, x);
+}
+Tensor isinf(const Tensor& x) {
+  if (!x.is_floating_point()) return zeros(x.sizes(), TensorOptions(kBool).device(x.device()));
+  NoGradGuard no_grad;
+  return eq(abs(x), std::numeric_limits<double>::infinity());
+}
+Tensor isfinite(const Tensor& x) {
+  if (!x.is_floating_point()) return ones(x.sizes(), TensorOptions(kBool).device(x.device()));
+  NoGradGuard no_grad;
+  return eq(sub(x, x), 0);
+}
 Tensor logical_and(const Tensor& a, const Tensor& b) { return compare(BinaryOp::LogicalAnd, a, b, "logical_and"); }
 Tensor logical_or(const Tensor& a, const Tensor& b) { return compare(BinaryOp::LogicalOr, a, b, "logical_or"); }
 

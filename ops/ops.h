@@ -137,6 +137,10 @@ Tensor lt(const Tensor& a, const Scalar& b);
 Tensor le(const Tensor& a, const Scalar& b);
 Tensor gt(const Tensor& a, const Scalar& b);
 Tensor ge(const Tensor& a, const Scalar& b);
+// Bool tensors of where x is NaN, +-inf, or neither (integer and bool x: no NaN, no inf).
+Tensor isnan(const Tensor& x);
+Tensor isinf(const Tensor& x);
+Tensor isfinite(const Tensor& x);
 Tensor logical_and(const Tensor& a, const Tensor& b);
 Tensor logical_or(const Tensor& a, const Tensor& b);
 Tensor logical_not(const Tensor& x);

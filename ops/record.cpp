@@ -46,7 +46,9 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
   Tensor g = std::move(grads[0]);
   // A leaf that stopped requiring grad after the forward (requires_grad_(false)) gets nothing, as in PyTorch.
   if (!g.defined() || !leaf_->requires_grad) return {};
-  for (const auto& hook : leaf_->leaf_hooks) {
+  // Copied first: a hook may remove itself (or register another) while it runs.
+  auto hooks = leaf_->leaf_hooks;
+  for (const auto& [handle, hook] : hooks) {
     Tensor replaced = hook(g);
     if (replaced.defined()) g = detail::checked_hook_result(g, std::move(replaced));
   }

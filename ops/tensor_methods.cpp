@@ -37,6 +37,9 @@ Tensor Tensor::eq(const Tensor& o) const { return ops::eq(*this, o); }
 Tensor Tensor::eq(const Scalar& o) const { return ops::eq(*this, o); }
 Tensor Tensor::ne(const Tensor& o) const { return ops::ne(*this, o); }
 Tensor Tensor::ne(const Scalar& o) const { return ops::ne(*this, o); }
+Tensor Tensor::isnan() const { return ops::isnan(*this); }
+Tensor Tensor::isinf() const { return ops::isinf(*this); }
+Tensor Tensor::isfinite() const { return ops::isfinite(*this); }
 Tensor Tensor::lt(const Tensor& o) const { return ops::lt(*this, o); }
 Tensor Tensor::lt(const Scalar& o) const { return ops::lt(*this, o); }
 Tensor Tensor::le(const Tensor& o) const { return ops::le(*this, o); }

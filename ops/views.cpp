@@ -137,7 +137,17 @@ Tensor reshape(const Tensor& t, const Shape& shape) {
     record_reshape_back(t, out, "ReshapeBackward");
     return out;
   }
-  return view(clone(t), sizes);
+  // A copy (PyTorch's _unsafe_view of a clone): the result owns its storage and is no view, so
+  // in-place ops may change it.
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = t.contiguous();
+  }
+  out.impl()->sizes = sizes;
+  set_contiguous_strides(sizes, out.impl()->strides);
+  record_reshape_back(t, out, "UnsafeViewBackward");
+  return out;
 }
 
 Tensor permute(const Tensor& t, const Shape& dims) {

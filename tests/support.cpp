@@ -77,4 +77,11 @@ Tensor sample(const Shape& shape, DType dtype, double seed) {
   return from_vector(v, shape).to(dtype);
 }
 
+Tensor sines(const Shape& shape, double seed, bool requires_grad) {
+  std::vector<double> v(static_cast<size_t>(shape.numel()));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37 * static_cast<double>(i) + seed);
+  Tensor t = from_vector(v, shape);
+  return requires_grad ? t.requires_grad_() : t;
+}
+
 }  // namespace kiln::test

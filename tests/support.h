@@ -56,5 +56,8 @@ struct EnvGuard {
 
 // Deterministic, non-trivial values in (-2, 2) (no RNG needed): element i gets sin(1.3 i + seed).
 Tensor sample(const Shape& shape, DType dtype = kFloat32, double seed = 0.5);
+// float64 sin(0.37 i + seed), requiring grad when asked: the inputs of the autograd tests' torch
+// scripts (the same expression there).
+Tensor sines(const Shape& shape, double seed, bool requires_grad = true);
 
 }  // namespace kiln::test

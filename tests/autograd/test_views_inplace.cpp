@@ -11,16 +11,9 @@
 using namespace kiln;
 using autograd::AutogradContext;
 using autograd::TensorList;
+using test::sines;
 
 namespace {
-
-// v[i] = sin(0.37 i + seed), float64, requiring grad when asked.
-Tensor sines(const Shape& shape, double seed, bool requires_grad = true) {
-  std::vector<double> v(static_cast<size_t>(shape.numel()));
-  for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37 * static_cast<double>(i) + seed);
-  Tensor t = from_vector(v, shape);
-  return requires_grad ? t.requires_grad_() : t;
-}
 
 struct Ident : autograd::Function<Ident> {
   static Tensor forward(AutogradContext*, const Tensor& x) { return x; }
