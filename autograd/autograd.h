@@ -18,7 +18,8 @@ namespace kiln::autograd {
 // backward; create_graph records the backward itself, for higher-order derivatives. inputs (PyTorch's
 // argument of that name): when not empty, the gradient is accumulated into these tensors' .grad()
 // only (a non-leaf among them retains its gradient, as with retain_grad()), and only the nodes that
-// lead to them run; other leaves' .grad() and hooks are left alone.
+// lead to them run; other leaves' .grad() and hooks are left alone (a non-leaf on the way that
+// retains its gradient still gets it, as in PyTorch).
 void backward(const TensorList& tensors, const TensorList& grad_tensors = {}, bool retain_graph = false,
               bool create_graph = false, const TensorList& inputs = {});
 

@@ -64,8 +64,11 @@ class CallbackScope {
   std::vector<std::function<void()>> mine_;
 };
 
-struct Capture {  // grad(): read the gradient arriving at (node, input_nr)
-  Node* node;
+// grad() and backward(inputs=): the gradient arriving at (node, input_nr). Held, not borrowed: a
+// leaf's AccumulateGrad is made on demand and held only weakly by the leaf, so for an input the
+// outputs do not use, this is its only owner.
+struct Capture {
+  std::shared_ptr<Node> node;
   uint32_t input_nr;
 };
 
@@ -92,7 +95,7 @@ void check_anomaly(const Node& n, const TensorList& outputs) {
 // captures: grad()'s (read the gradients arriving there) or backward(inputs=)'s (accumulate: the
 // inputs' AccumulateGrad nodes run as well).
 TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, bool keep_graph, bool create_graph,
-               const std::vector<Capture>* captures, bool accumulate = true) {
+               const std::vector<Capture>* captures, bool accumulate) {
   struct Partial {
     bool outer = t_partial;
     ~Partial() { t_partial = outer; }
@@ -119,15 +122,15 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
       if (alive.emplace(e.fn.get(), e.fn).second) stack.push_back(e.fn.get());
     }
   }
-  // grad(): a node is needed (runs) when one of its edges leads to a captured gradient or to a
-  // needed node; a captured node itself only runs if it is needed so (PyTorch runs nothing past the
+  // grad() and backward(inputs=): a node is needed (runs) when one of its edges leads to a captured
+  // gradient or to a needed node; a captured node itself only runs if it is needed so (PyTorch runs nothing past the
   // inputs: their nodes may have been freed by an earlier backward, and their hooks must not fire).
   // Visiting the nodes in topological order (Kahn's algorithm on the counts above) and deciding in
   // reverse sees every node's children before the node: one pass.
   std::unordered_set<Node*> needed, captured_nodes;
   if (captures) {
     std::unordered_set<Node*> targets;
-    for (const auto& c : *captures) targets.insert(c.node);
+    for (const auto& c : *captures) targets.insert(c.node.get());
     std::unordered_map<Node*, int> left = deps;
     std::vector<Node*> topo;
     for (const auto& e : roots) {
@@ -195,13 +198,15 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
     if (captures) {
       for (size_t i = 0; i < captures->size(); ++i) {
         const Capture& c = (*captures)[i];
-        if (c.node == n && c.input_nr < grads.size()) captured[i] = grads[c.input_nr];
+        if (c.node.get() == n && c.input_nr < grads.size()) captured[i] = grads[c.input_nr];
       }
     }
     bool any_grad = false;
     for (const auto& g : grads) any_grad |= g.defined();
     TensorList outputs;
-    if (any_grad && runs) {  // under grad() a leaf's AccumulateGrad is never needed: .grad() stays as it is
+    // Under grad() a leaf's AccumulateGrad is never needed (.grad() stays as it is); under
+    // backward(inputs=) only the inputs' are.
+    if (any_grad && runs) {
       outputs = n->apply(std::move(grads));
       if (!keep_graph) n->release_saved();
       if (g_anomaly.load(std::memory_order_relaxed)) check_anomaly(*n, outputs);
@@ -262,17 +267,19 @@ void backward(const TensorList& tensors, const TensorList& grad_tensors, bool re
     grads.push_back(root_grad(tensors[i], grad_tensors.empty() ? Tensor() : grad_tensors[i], i));
   }
   if (inputs.empty()) {
-    run(roots, grads, retain_graph || create_graph, create_graph, nullptr);
+    run(roots, grads, retain_graph || create_graph, create_graph, nullptr, /*accumulate=*/true);
     return;
   }
-  std::vector<Capture> captures;
-  for (size_t i = 0; i < inputs.size(); ++i) {
+  for (size_t i = 0; i < inputs.size(); ++i) {  // all checked before any is changed
     KILN_CHECK(inputs[i].defined() && inputs[i].requires_grad(),
                "backward: inputs[{}] does not require grad, so no gradient can be accumulated into it; call "
                "requires_grad_() on it before computing, or leave it out of inputs", i);
-    if (!inputs[i].is_leaf()) inputs[i].retain_grad();  // as PyTorch: its gradient lands in .grad()
-    Edge e = gradient_edge(inputs[i]);
-    captures.push_back({e.fn.get(), e.input_nr});
+  }
+  std::vector<Capture> captures;
+  for (const auto& input : inputs) {
+    if (!input.is_leaf()) input.retain_grad();  // as PyTorch: its gradient lands in .grad()
+    Edge e = gradient_edge(input);
+    captures.push_back({std::move(e.fn), e.input_nr});
   }
   run(roots, grads, retain_graph || create_graph, create_graph, &captures, /*accumulate=*/true);
 }
@@ -291,7 +298,7 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
     KILN_CHECK(inputs[i].defined() && inputs[i].requires_grad(),
                "grad: input {} does not require grad; call requires_grad_() on it before computing", i);
     Edge e = gradient_edge(inputs[i]);
-    captures.push_back({e.fn.get(), e.input_nr});
+    captures.push_back({std::move(e.fn), e.input_nr});
   }
   TensorList result = run(roots, grads, retain_graph.value_or(create_graph), create_graph, &captures,
                           /*accumulate=*/false);
@@ -342,10 +349,12 @@ uint64_t Tensor::register_hook(TensorHook fn) const {
 // stays on the node it was registered on (as in PyTorch: it sees the gradient of the old value),
 // which is no longer this tensor's grad_fn, so that hook can no longer be removed.
 void Tensor::remove_hook(uint64_t handle) const {
-  if (handle == 0) return;
-  std::erase_if(impl_->leaf_hooks, [&](const auto& h) { return h.first == handle; });
-  if (impl_->grad_fn) {
-    std::erase_if(impl_->grad_fn->pre_hooks, [&](const autograd::PreHook& h) { return h.handle == handle; });
+  TensorImpl& t = get();  // an undefined tensor is an Error
+  std::erase_if(t.leaf_hooks, [&](const auto& h) { return h.first == handle; });
+  if (t.grad_fn) {
+    // retain_grad's hooks have handle 0, which register_hook never gives
+    std::erase_if(t.grad_fn->pre_hooks,
+                  [&](const autograd::PreHook& h) { return h.handle != 0 && h.handle == handle; });
   }
 }
 
@@ -360,7 +369,7 @@ uint64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook fn) c
 }
 
 void Tensor::remove_post_accumulate_grad_hook(uint64_t handle) const {
-  auto& hooks = impl_->post_accumulate_hooks;
+  auto& hooks = get().post_accumulate_hooks;
   std::erase_if(hooks, [&](const auto& h) { return h.first == handle; });
 }
 

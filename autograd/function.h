@@ -22,7 +22,8 @@
 // refuses in-place changes to either), unless forward changed that input in place and said so with
 // ctx->mark_dirty({x}): then the output is x itself, which takes the node as its grad_fn (as an
 // in-place op's result does; a leaf that requires grad, a view or a tensor with views is an Error).
-// Outputs passed to ctx->mark_non_differentiable get no grad_fn (an integer output never has one).
+// Outputs passed to ctx->mark_non_differentiable get no grad_fn (an integer output never has one); an
+// input returned as such an output comes back detached.
 #pragma once
 
 #include <any>
@@ -92,7 +93,7 @@ class CppNode final : public Node {
     while (out.size() > next_edges.size() && !out.back().defined()) out.pop_back();
     KILN_CHECK(out.size() == next_edges.size(),
                "CppFunction: backward returned {} gradients but forward took {} arguments (return one per "
-               "argument, undefined for those that need none)",
+               "argument, one per element of a TensorList argument, undefined for those that need none)",
                out.size(), next_edges.size());
     for (size_t i = 0; i < out.size(); ++i) {
       if (!out[i].defined() || !next_edges[i].valid()) continue;
@@ -149,12 +150,12 @@ struct Function {
     TensorList outputs;
     if constexpr (std::is_same_v<Out, Tensor>) outputs = {out};
     else outputs = out;
+    for (const auto& d : ctx.dirty_) d.bump_version();  // first: forward has changed them, whatever follows
     for (const auto& d : ctx.dirty_) {
       KILN_CHECK(AutogradContext::contains(inputs, d) && AutogradContext::contains(outputs, d),
                  "CppFunction: a tensor passed to mark_dirty must be an argument of forward that forward changed "
                  "in place and returns as an output; return it (or do not mark it)");
       if (record) check_inplace(d, "CppFunction (mark_dirty)");
-      d.bump_version();
     }
     if (record) {
       for (const auto& t : inputs) {
@@ -163,23 +164,43 @@ struct Function {
                                            : typename CppNode<T>::Input{});
       }
       node->num_outputs = static_cast<uint32_t>(outputs.size());
-      for (size_t i = 0; i < outputs.size(); ++i) {
-        const Tensor& o = outputs[i];
-        node->outputs.push_back(o.defined() ? typename CppNode<T>::Input{o.sizes(), o.dtype(), o.device(), true}
-                                            : typename CppNode<T>::Input{});
-        if (!outputs[i].defined()) continue;
-        const bool dirty = AutogradContext::contains(ctx.dirty_, o);
-        const bool differentiable = o.is_floating_point() && !AutogradContext::contains(ctx.non_differentiable_, o);
-        // forward returned an input as is: give the node a view of it (a dirty one takes the node itself)
-        if (!dirty && AutogradContext::contains(inputs, o)) outputs[i] = ops::alias(o);
-        if (!differentiable) continue;
-        outputs[i].impl()->grad_fn = node;
-        outputs[i].impl()->output_nr = static_cast<uint32_t>(i);
-        if (dirty && outputs[i].retains_grad()) add_retain_grad_hook(outputs[i]);  // as rebase_history
+      // A dirty input's place in the graph before it took the node, restored if anything below throws
+      // (a saved-tensor hook in wire_saved), so that it is not left on a half-built node.
+      std::vector<std::pair<Tensor, Edge>> rebased;
+      try {
+        for (size_t i = 0; i < outputs.size(); ++i) {
+          const Tensor& o = outputs[i];
+          node->outputs.push_back(o.defined() ? typename CppNode<T>::Input{o.sizes(), o.dtype(), o.device(), true}
+                                              : typename CppNode<T>::Input{});
+          if (!outputs[i].defined()) continue;
+          const bool dirty = AutogradContext::contains(ctx.dirty_, o);
+          const bool differentiable = o.is_floating_point() && !AutogradContext::contains(ctx.non_differentiable_, o);
+          if (AutogradContext::contains(inputs, o)) {  // forward returned an input as is
+            if (!differentiable) {  // no gradient: a detached tensor sharing its data, as PyTorch's
+              outputs[i] = o.detach();
+              continue;
+            }
+            if (!dirty) outputs[i] = ops::alias(o);  // a view of it (a dirty one takes the node itself)
+          }
+          if (!differentiable) continue;
+          if (dirty) rebased.emplace_back(outputs[i], Edge{outputs[i].grad_fn(), outputs[i].output_nr()});
+          outputs[i].impl()->grad_fn = node;
+          outputs[i].impl()->output_nr = static_cast<uint32_t>(i);
+          if (dirty && outputs[i].retains_grad()) add_retain_grad_hook(outputs[i]);  // as rebase_history
+        }
+        ctx.wire_saved(outputs);
+      } catch (...) {
+        for (auto& [t, old] : rebased) {
+          t.impl()->grad_fn = std::move(old.fn);
+          t.impl()->output_nr = old.input_nr;
+        }
+        ctx.to_save_.clear();  // may hold outputs that point at the node: no cycle left behind
+        ctx.dirty_.clear();
+        ctx.non_differentiable_.clear();
+        throw;
       }
       if constexpr (std::is_same_v<Out, Tensor>) out = outputs[0];
       else out = outputs;
-      ctx.wire_saved(outputs);
     } else {
       ctx.wire_saved({});
     }

@@ -72,8 +72,8 @@ class Tensor {
 
   // ---- autograd engine (autograd/engine.cpp) ----
   // gradient: required unless this is a single element (then it defaults to 1). inputs (PyTorch's
-  // argument of that name): when not empty, only these tensors get their gradient accumulated into
-  // .grad() (non-leaves included), and only the part of the graph that leads to them runs.
+  // argument of that name): when not empty, these tensors get their gradient accumulated into .grad()
+  // (non-leaves included) and no other leaf does; only the part of the graph that leads to them runs.
   void backward(const Tensor& gradient = {}, bool retain_graph = false, bool create_graph = false,
                 const std::vector<Tensor>& inputs = {}) const;
   // fn(grad) -> replacement grad (or an undefined Tensor to keep it); runs when this tensor's

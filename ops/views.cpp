@@ -1,6 +1,6 @@
-// ops/views.cpp: views: new shapes and strides over the same storage, no data copied. Each records a
-// backward that maps the gradient back to the input's shape (reshape, permute back, pad out a slice,
-// sum over expanded dims).
+// ops/views.cpp: views: new shapes and strides over the same storage, no data copied (but for a
+// reshape that no strides can express, which copies). Each records a backward that maps the gradient
+// back to the input's shape (reshape, permute back, pad out a slice, sum over expanded dims).
 #include <algorithm>
 #include <numeric>
 #include <string>

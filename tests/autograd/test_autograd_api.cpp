@@ -36,15 +36,17 @@ struct ScaledProduct : autograd::Function<ScaledProduct> {
   }
 };
 
-// x *= 2 in place, said with mark_dirty.
+// x *= 2 in place, said with mark_dirty; optionally also marked non-differentiable, or saved.
 struct MulInplace : autograd::Function<MulInplace> {
-  static Tensor forward(AutogradContext* ctx, const Tensor& x) {
+  static Tensor forward(AutogradContext* ctx, const Tensor& x, bool non_differentiable = false, bool save = false) {
     Tensor y = x;
     y.mul_(2);
     ctx->mark_dirty({x});
+    if (non_differentiable) ctx->mark_non_differentiable({x});
+    if (save) ctx->save_for_backward({x});
     return x;
   }
-  static TensorList backward(AutogradContext*, TensorList g) { return {g[0] * 2}; }
+  static TensorList backward(AutogradContext*, TensorList g) { return {g[0] * 2, Tensor(), Tensor()}; }
 };
 // Changes x in place, marks it dirty, but returns another tensor.
 struct DirtyNotReturned : autograd::Function<DirtyNotReturned> {
@@ -107,9 +109,26 @@ TEST_CASE("backward with inputs accumulates into those tensors only, as PyTorch"
   check_close(gg, f64({2, 2, 2}));
 }
 
+TEST_CASE("backward with inputs: unused, repeated and root inputs, as PyTorch", "[autograd]") {
+  // An input the outputs do not use keeps an undefined .grad() (its AccumulateGrad exists only for
+  // this call); one given twice gets its gradient once; a root input gets the root gradient.
+  Tensor x = sines({3}, 0.1), unused = sines({2}, 0.5);
+  Tensor y = x * x;
+  Tensor loss = y.sum();
+  autograd::backward({loss}, {}, /*retain_graph=*/true, false, {unused, x, x});
+  CHECK_FALSE(unused.grad().defined());
+  check_close(x.grad(), x.detach() * 2);  // torch: 2x, not 4x
+  autograd::backward({loss}, {}, false, false, {y});
+  check_close(y.grad(), f64({1, 1, 1}));
+  check_close(x.grad(), x.detach() * 2);  // y's node did not run
+}
+
 TEST_CASE("backward with inputs refuses inputs without grad and checkpointed graphs", "[autograd]") {
   Tensor x = sines({3}, 0.1), c = sines({3}, 0.2, false);
-  Tensor y = (x * c).sum();
+  Tensor h = x * 2;
+  Tensor y = (h * c).sum();
+  check_error([&] { y.backward({}, true, false, {h, c}); }, {"backward", "inputs[1] does not require grad"});
+  CHECK_FALSE(h.retains_grad());  // checked before anything changed
   check_error([&] { y.backward({}, true, false, {c}); }, {"backward", "inputs[0] does not require grad"});
   Tensor out = autograd::checkpoint([](const TensorList& in) { return TensorList{in[0].sin()}; }, {x})[0];
   check_error([&] { out.sum().backward({}, false, false, {x}); },
@@ -152,6 +171,14 @@ TEST_CASE("register_hook returns a handle that remove_hook removes", "[autograd]
   zz.backward({}, true);
   zz.backward();
   CHECK(calls == 1);
+
+  // remove_hook leaves retain_grad's hook alone, and an undefined tensor is an Error.
+  Tensor r = sines({2}, 0.1) * 2;
+  r.retain_grad();
+  r.remove_hook(0);
+  r.sum().backward();
+  check_close(r.grad(), f64({1, 1}));
+  check_error([&] { Tensor().remove_hook(1); }, {"undefined"});
 }
 
 TEST_CASE("anomaly detection names the node whose gradient holds a NaN", "[autograd]") {
@@ -232,6 +259,27 @@ TEST_CASE("custom Function: mark_dirty makes the changed input the output, as Py
   CHECK(same.is_same(plain));
   CHECK(plain._version() - p0 == 2);
   CHECK_FALSE(plain.requires_grad());
+
+  // Dirty and non-differentiable: a detached tensor sharing the data (torch: `b is a` is False and b
+  // does not require grad).
+  Tensor a3 = sines({3}, 0.2) * 3;
+  Tensor b3 = MulInplace::apply(a3, /*non_differentiable=*/true, false);
+  CHECK_FALSE(b3.is_same(a3));
+  CHECK_FALSE(b3.requires_grad());
+  CHECK(b3.data_ptr() == a3.data_ptr());
+
+  // A saved-tensor hook that throws leaves the dirty input where it was in the graph.
+  Tensor x4 = sines({3}, 0.2);
+  Tensor a4 = x4 * 3;
+  const autograd::Node* before = a4.grad_fn().get();
+  {
+    autograd::SavedTensorHooksGuard failing({[](const Tensor&) -> Tensor { KILN_FAIL("pack refused"); },
+                                             [](const Tensor& t) { return t; }});
+    check_error([&] { MulInplace::apply(a4, false, /*save=*/true); }, {"pack refused"});
+  }
+  CHECK(a4.grad_fn().get() == before);
+  (a4 * 1).sum().backward();  // a4's old history is whole: d(3 x)/dx
+  check_close(x4.grad(), f64({3, 3, 3}));
 }
 
 TEST_CASE("custom Function: mark_non_differentiable and set_materialize_grads", "[autograd]") {
