@@ -36,6 +36,17 @@ struct ScaledProduct : autograd::Function<ScaledProduct> {
   }
 };
 
+// x * scale + (bias if given): an optional tensor argument is one graph input (its slot undefined
+// when empty).
+struct AffineOpt : autograd::Function<AffineOpt> {
+  static Tensor forward(AutogradContext*, const Tensor& x, double scale, const std::optional<Tensor>& bias) {
+    return bias ? x * scale + *bias : x * scale;
+  }
+  static TensorList backward(AutogradContext* ctx, TensorList g) {
+    return {g[0] * 2.0, Tensor(), ctx->needs_input_grad(2) ? g[0] : Tensor()};
+  }
+};
+
 // x *= 2 in place, said with mark_dirty; optionally also marked non-differentiable, or saved.
 struct MulInplace : autograd::Function<MulInplace> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x, bool non_differentiable = false, bool save = false) {
@@ -227,6 +238,16 @@ TEST_CASE("custom Function: the elements of a TensorList argument are graph inpu
   };
   CHECK(needs(x, c) == std::vector<bool>{true, false, false});
   CHECK(needs(c, w) == std::vector<bool>{false, true, false});
+}
+
+TEST_CASE("custom Function: an optional tensor argument is a graph input", "[autograd]") {
+  Tensor x = sines({3}, 0.1), b = sines({3}, 0.4);
+  (AffineOpt::apply(x, 2.0, std::optional<Tensor>(b)) * x.detach()).sum().backward();
+  check_close(x.grad(), x.detach() * 2);
+  check_close(b.grad(), x.detach());
+  Tensor x2 = sines({3}, 0.1);
+  AffineOpt::apply(x2, 2.0, std::optional<Tensor>()).sum().backward();
+  check_close(x2.grad(), f64({2, 2, 2}));
 }
 
 TEST_CASE("custom Function: mark_dirty makes the changed input the output, as PyTorch", "[autograd]") {
