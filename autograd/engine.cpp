@@ -83,7 +83,7 @@ void check_anomaly(const Node& n, const TensorList& outputs) {
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Tensor& o = outputs[i];
     if (!o.defined() || !o.is_floating_point() || o.numel() == 0) continue;
-    if (!ops::ne(o, o).any().item<bool>()) continue;
+    if (!ops::isnan(o).any().item<bool>()) continue;
     const Edge e = i < n.next_edges.size() ? n.next_edges[i] : Edge{};
     KILN_FAIL("autograd anomaly detection: {} returned nan values in its {}th output (the gradient for input {} "
               "of its forward op{}{}). The forward op or its backward formula produced a NaN: look for a "
@@ -123,8 +123,9 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
     }
   }
   // grad() and backward(inputs=): a node is needed (runs) when one of its edges leads to a captured
-  // gradient or to a needed node; a captured node itself only runs if it is needed so (PyTorch runs nothing past the
-  // inputs: their nodes may have been freed by an earlier backward, and their hooks must not fire).
+  // gradient or to a needed node; a captured node itself only runs if it is needed so (PyTorch runs
+  // nothing past the inputs: their nodes may have been freed by an earlier backward, and their hooks
+  // must not fire).
   // Visiting the nodes in topological order (Kahn's algorithm on the counts above) and deciding in
   // reverse sees every node's children before the node: one pass.
   std::unordered_set<Node*> needed, captured_nodes;
