@@ -186,9 +186,13 @@ struct Function {
           if (dirty) rebased.emplace_back(outputs[i], Edge{outputs[i].grad_fn(), outputs[i].output_nr()});
           outputs[i].impl()->grad_fn = node;
           outputs[i].impl()->output_nr = static_cast<uint32_t>(i);
+          if (dirty) outputs[i].impl()->view_version = outputs[i].impl()->storage->version;  // is current
           if (dirty && outputs[i].retains_grad()) add_retain_grad_hook(outputs[i]);  // as rebase_history
         }
         ctx.wire_saved(outputs);
+        // A dirty differentiable view carries the change to its base's history, as rebase_history.
+        for (const auto& entry : rebased)
+          if (entry.first.impl()->view_base) record_copy_slices(entry.first, entry.first);
       } catch (...) {
         for (auto& [t, old] : rebased) {
           t.impl()->grad_fn = std::move(old.fn);

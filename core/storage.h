@@ -27,12 +27,9 @@ struct Storage {
   Device device;
   Allocator* allocator;  // null: memory not owned by Kiln (from_blob)
   uint64_t version = 0;
-  // A view of this buffer was made from a tensor that requires grad: an in-place op on the base
-  // would not reach the views' gradients, so autograd refuses it (ops/record.cpp, check_inplace).
-  bool has_autograd_views = false;
-  // How many views of this buffer (TensorImpls with counts_as_view) are alive: an in-place op
-  // recorded by autograd on their base would leave them behind too (Note [views taken before
-  // autograd] in ops/record.cpp).
+  // How many views of this buffer made without autograd (TensorImpls with counts_as_view) are
+  // alive: an in-place op recorded by autograd on their base would leave them behind (Note [views
+  // taken without autograd] in ops/record.cpp).
   std::atomic<int64_t> live_views{0};
 };
 

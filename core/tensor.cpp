@@ -26,7 +26,7 @@ Tensor& Tensor::requires_grad_(bool requires_grad) {
   KILN_CHECK(is_leaf() || requires_grad,
              "requires_grad_: a non-leaf tensor (made by {}) always requires grad; use detach() "
              "to get a tensor without history",
-             get().grad_fn->name());
+             grad_fn()->name());
   KILN_CHECK(!requires_grad || is_floating(dtype()),
              "requires_grad_: only floating-point tensors can require gradients, this one is {}; "
              "convert it first, e.g. x.to(kFloat32)",
@@ -47,6 +47,15 @@ void Tensor::set_grad(const Tensor& grad) {
                dtype_name(dtype()), device().str());
   }
   get().grad = grad.impl_ptr();
+}
+
+namespace autograd::detail {
+void (*make_view_grad_fn)(const Tensor& view) = nullptr;
+}
+
+void Tensor::refresh_view_grad_fn() const {
+  KILN_CHECK(autograd::detail::make_view_grad_fn != nullptr, "internal: a view exists but ops/views.cpp is not linked");
+  autograd::detail::make_view_grad_fn(*this);
 }
 
 namespace autograd {

@@ -57,16 +57,22 @@ class Tensor {
   template <typename T> T* data_ptr() const;  // checks that T matches dtype()
 
   // ---- autograd fields (core/tensor.cpp) ----
+  // These four first bring a view's grad_fn up to date after an in-place change of its base or of
+  // another view of it (Note [views and in-place ops] in ops/views.cpp).
   bool requires_grad() const {
-    const TensorImpl& t = get();
+    const TensorImpl& t = autograd_fields();
     return t.requires_grad || t.grad_fn != nullptr;
   }
   Tensor& requires_grad_(bool requires_grad = true);  // leaves only; floating dtypes only
-  bool is_leaf() const { return get().grad_fn == nullptr; }
+  bool is_leaf() const { return autograd_fields().grad_fn == nullptr; }
   Tensor grad() const;  // undefined until a backward reaches this leaf
   void set_grad(const Tensor& grad);
-  const std::shared_ptr<autograd::Node>& grad_fn() const { return get().grad_fn; }
-  uint32_t output_nr() const { return get().output_nr; }
+  const std::shared_ptr<autograd::Node>& grad_fn() const { return autograd_fields().grad_fn; }
+  uint32_t output_nr() const { return autograd_fields().output_nr; }
+  // PyTorch's _is_view and _base: whether this tensor is a view made with grad mode on, whose
+  // in-place changes autograd carries to its base, and that base (undefined for other tensors).
+  bool _is_view() const { return get().view_base != nullptr; }
+  Tensor _base() const { return get().view_base ? Tensor(get().view_base) : Tensor(); }
   uint64_t _version() const { return get().storage->version; }
   void bump_version() const { ++get().storage->version; }
 
@@ -255,6 +261,13 @@ class Tensor {
     return *impl_;
   }
   [[noreturn]] static void throw_undefined_tensor();
+  // get(), after making a differentiable view's grad_fn anew if its storage changed since it was set.
+  TensorImpl& autograd_fields() const {
+    TensorImpl& t = get();
+    if (t.view_base != nullptr && t.view_version != t.storage->version) [[unlikely]] refresh_view_grad_fn();
+    return t;
+  }
+  void refresh_view_grad_fn() const;  // core/tensor.cpp
 
   std::shared_ptr<TensorImpl> impl_;
 };
@@ -285,6 +298,13 @@ Tensor& operator/=(Tensor& a, const Scalar& b);
 std::ostream& operator<<(std::ostream& os, const Tensor& t);  // ops/print.cpp
 
 template <> std::vector<bool> Tensor::to_vector() const;  // ops/copy.cpp
+
+namespace autograd::detail {
+// Gives a differentiable view whose storage changed a grad_fn made from its base's current one.
+// core cannot record a node, so ops/views.cpp sets this when it is linked in, as it is in any
+// program that has made a view.
+extern void (*make_view_grad_fn)(const Tensor& view);
+}  // namespace autograd::detail
 
 template <typename T> T* Tensor::data_ptr() const {
   KILN_CHECK(dtype_of<T>() == dtype(), "data_ptr: the tensor holds {}, not {}", dtype_name(dtype()),

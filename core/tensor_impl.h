@@ -52,7 +52,7 @@ struct TensorImpl {
   // --- autograd ---
   bool requires_grad = false;  // leaves only; a non-leaf requires grad iff it has a grad_fn
   bool retains_grad = false;
-  bool is_view = false;  // shares storage with another tensor (in-place autograd refuses views)
+  bool is_view = false;  // shares storage with another tensor (made by a view op, or detach of a view)
   bool counts_as_view = false;  // counted in storage->live_views (count_as_view)
   uint32_t output_nr = 0;                      // which output of grad_fn this tensor is
   std::shared_ptr<autograd::Node> grad_fn;     // null for leaves
@@ -61,6 +61,14 @@ struct TensorImpl {
   // (handle, hook): run on a leaf's gradient before it is accumulated
   std::vector<std::pair<uint64_t, TensorHook>> leaf_hooks;
   std::vector<std::pair<uint64_t, PostAccumulateGradHook>> post_accumulate_hooks;  // (handle, hook)
+
+  // --- differentiable views (Note [views and in-place ops] in ops/views.cpp) ---
+  // Set on a view made with grad mode on: the tensor at the root of its chain of views (never itself
+  // such a view). An in-place op on this view rewrites the base's history too, and when the storage's
+  // version moves past view_version (an in-place op on the base or on another of its views), this
+  // view's grad_fn is made anew from the base's on its next use (Tensor::grad_fn).
+  std::shared_ptr<TensorImpl> view_base;
+  uint64_t view_version = 0;  // the storage's version when grad_fn was last set
 
   Device device() const { return storage->device; }
   int64_t numel() const { return sizes.numel(); }

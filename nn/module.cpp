@@ -31,6 +31,7 @@ void set_data(const Tensor& dst, const Tensor& src) {
   d->strides = s->strides;
   d->offset = s->offset;
   d->dtype = s->dtype;
+  d->view_base.reset();  // no longer reads its base's storage (Note [views and in-place ops], ops/views.cpp)
   d->grad_accumulator.reset();
 }
 

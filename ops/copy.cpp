@@ -89,6 +89,10 @@ Tensor& Tensor::detach_() {
              "history); use detach(), which returns a new handle, as PyTorch asks");
   impl_->grad_fn.reset();
   impl_->requires_grad = false;
+  if (impl_->view_base) {  // no longer follows its base's history: a view made without autograd
+    impl_->view_base.reset();
+    impl_->count_as_view();
+  }
   return *this;
 }
 

@@ -1,6 +1,7 @@
 // ops/record.cpp: graph recording: edges, AccumulateGrad, and the function node.
 #include "ops/record.h"
 
+#include "ops/dispatch.h"
 #include "ops/ops.h"
 
 namespace kiln::autograd {
@@ -113,33 +114,43 @@ void check_inplace(const Tensor& self, const char* op) {
              "{}: a leaf tensor that requires grad cannot be changed in place while grad mode is on; "
              "do the update inside a NoGradGuard (as optimizers do) or use the out-of-place form",
              op);
-  KILN_CHECK(!self.impl()->is_view,
-             "{}: in-place ops on a view are not recorded by autograd in Kiln; use the out-of-place "
-             "form (y = x.mul(2)) or make the view a copy first with clone()",
-             op);
-  KILN_CHECK(!self.impl()->storage->has_autograd_views,
-             "{}: this tensor has views (view, slice, transpose, ...) that take part in autograd, and an "
-             "in-place change would not reach their gradients; use the out-of-place form, or clone() "
-             "the tensor before taking views",
-             op);
-  // Note [views taken before autograd]: a view taken while its base did not require grad (or under
-  // no_grad) has no history. After an in-place op that autograd records on the base, the view would
-  // read the new values but pass no gradient to the op's inputs: `v = buf[1]; buf.add_(w)` would
-  // leave w without the gradient of whatever uses v. PyTorch rebuilds such a view's history; Kiln
-  // refuses the op while such a view is alive. What a custom Function or checkpoint passed through
-  // (ops::alias) counts the same way.
+  if (self.impl()->view_base) {
+    const Tensor base(self.impl()->view_base);
+    KILN_CHECK(!(base.is_leaf() && base.requires_grad()),
+               "{}: this tensor is a view of a leaf tensor that requires grad, and changing it in place "
+               "would change the leaf; do the update inside a NoGradGuard or use the out-of-place form",
+               op);
+    check_no_internal_overlap(self, op);
+  } else {
+    KILN_CHECK(!self.impl()->is_view,
+               "{}: this view was made under no_grad (or is a detached view, or an input a custom "
+               "Function or checkpoint passed through), so autograd cannot carry an in-place change "
+               "of it to its base; make the view with grad mode on, or clone() it first",
+               op);
+  }
+  // Note [views taken without autograd]: a view made under no_grad has no history and no link to
+  // its base (Note [views and in-place ops] in ops/views.cpp). After an in-place op that autograd
+  // records on the base, it would read the new values but pass no gradient to the op's inputs:
+  // `NoGradGuard g; v = buf[1];` then `buf.add_(w)` would leave w without the gradient of whatever
+  // uses v. PyTorch rebuilds such a view's history; Kiln refuses the op while such a view is
+  // alive. What a custom Function or checkpoint passed through (ops::alias) counts the same way.
   KILN_CHECK(self.impl()->storage->live_views.load(std::memory_order_relaxed) == 0,
-             "{}: this tensor has live views (a view, slice or transpose taken before it took part in "
-             "autograd or under no_grad, or an input a custom Function or checkpoint passed through), and an "
-             "in-place change recorded now would not reach their gradients; use the out-of-place form, or "
-             "change the tensor once those views are gone",
+             "{}: this tensor has live views made without autograd (under no_grad, by detach() of a view, or "
+             "an input a custom Function or checkpoint passed through), and an in-place change recorded now "
+             "would not reach their gradients; use the out-of-place form, or change the tensor once those "
+             "views are gone",
              op);
 }
 
 void rebase_history(const Tensor& self, const Tensor& result) {
-  self.impl()->grad_fn = result.grad_fn();
-  self.impl()->output_nr = result.output_nr();
-  if (self.impl()->retains_grad && self.impl()->grad_fn) add_retain_grad_hook(self);
+  TensorImpl& s = *self.impl();
+  if (s.view_base) {
+    record_copy_slices(self, result);
+    s.view_version = s.storage->version;  // self's own grad_fn is set below; other views are remade
+  }
+  s.grad_fn = result.grad_fn();
+  s.output_nr = result.output_nr();
+  if (s.retains_grad && s.grad_fn) add_retain_grad_hook(self);
 }
 
 void add_retain_grad_hook(const Tensor& t) {

@@ -118,12 +118,22 @@ void record_no_tensors(const char* name, const std::vector<Tensor>& inputs, cons
   attach(std::make_shared<FunctionNode<F, true>>(name, std::move(fn)), inputs, outputs);
 }
 
-// In-place ops with autograd: refuses leaves that require grad, views, tensors that have views
-// taking part in autograd, and tensors with live views of any kind (see ops/elementwise.cpp).
+// In-place ops with autograd: refuses leaves that require grad and views of them, expanded views,
+// views made under no_grad, and tensors whose storage has such views alive (see ops/elementwise.cpp
+// and Note [views and in-place ops] in ops/views.cpp).
 void check_inplace(const Tensor& self, const char* op);
 // After an in-place op recorded as `result`: self takes result's place in the graph, and a gradient
 // that self retains (retain_grad) is from now on the one that reaches the new place, as PyTorch's.
+// A differentiable view's base also takes the change into its history (record_copy_slices).
 void rebase_history(const Tensor& self, const Tensor& result);
+// The base of the differentiable view `view` gets a CopySlices node: its new value is its old one with
+// the view's elements replaced by `result` (ops/views.cpp).
+void record_copy_slices(const Tensor& view, const Tensor& result);
+namespace detail {
+// Makes the new TensorImpl `view`, on base's storage, a view of base: a differentiable one (holding
+// the root base) with grad mode on, else one counted in Storage::live_views (ops/views.cpp).
+void mark_view(TensorImpl& view, const Tensor& base);
+}  // namespace detail
 // retain_grad's hook on t's grad_fn: adds the gradient arriving there into t.grad(), as long as
 // t's grad_fn is still that node (an in-place op moves t elsewhere; see rebase_history).
 void add_retain_grad_hook(const Tensor& t);

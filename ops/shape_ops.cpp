@@ -113,8 +113,11 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<int64_t>
       offset += s;
     }
   }
+  // Made without recording, the pieces are still views of x as narrow() makes them with grad mode on.
+  if (GradMode::is_enabled()) {
+    for (const Tensor& piece : out) autograd::detail::mark_view(*piece.impl(), x);
+  }
   if (grad) {
-    x.impl()->storage->has_autograd_views = true;  // as a view recorded with grad mode on (ops/record.cpp)
     const Shape shape = x.sizes();
     record_no_tensors("SplitBackward", {x}, out, [shape, d, sizes](const Grads& g) -> TensorList {
       TensorOptions options;

@@ -1,6 +1,27 @@
 // ops/views.cpp: views: new shapes and strides over the same storage, no data copied (but for a
 // reshape that no strides can express, which copies). Each records a backward that maps the gradient
 // back to the input's shape (reshape, permute back, pad out a slice, sum over expanded dims).
+//
+// Note [views and in-place ops]
+// A view made with grad mode on is a differentiable view: it holds its base (TensorImpl::view_base,
+// the root of its chain of views), as PyTorch's views do, and this is what lets autograd follow
+// in-place changes through shared storage:
+// - An in-place op on the view (`h.narrow(1, 0, 2).mul_(w)`) is recorded as usual, and the view
+//   takes the result's place in the graph (rebase_history, ops/record.cpp). The base's history then
+//   gets one more node, CopySlices: the base's new value is its old one with the view's elements
+//   replaced by the result. Its backward passes the base's gradient outside the view to the old
+//   base, and the part inside the view to the result, from where it reaches the view's old value
+//   (so the old base again) and the op's other inputs. PyTorch's CopySlices does the same with one
+//   node fewer, by calling the op's backward itself.
+// - An in-place op on the base or on another of its views bumps the storage's version. A view whose
+//   grad_fn was set at an older version gets a new one on its next use (Tensor::grad_fn and the other
+//   autograd accessors): AsStridedBackward, from the base's current grad_fn to the view's elements.
+// Both backwards work on the storage's element numbering, so they serve every view the same way:
+// each element's storage index comes from an arange laid out with the tensor's sizes, strides and
+// offset, the gradient is scattered into a flat buffer by the source's indices and gathered back by
+// the destination's. They are made of differentiable ops, so double backward goes through them.
+// A view made under no_grad (and what ops::alias returns) is not differentiable: it is counted in
+// Storage::live_views instead, and check_inplace refuses what it cannot follow (ops/record.cpp).
 #include <algorithm>
 #include <numeric>
 #include <string>
@@ -25,10 +46,79 @@ Tensor make_view(const Tensor& base, const Shape& sizes, const Shape& strides, i
   impl->strides = strides;
   impl->offset = offset;
   impl->dtype = base.dtype();
-  impl->count_as_view();
-  if (GradMode::is_enabled() && base.requires_grad()) impl->storage->has_autograd_views = true;
+  autograd::detail::mark_view(*impl, base);
   return Tensor(std::move(impl));
 }
+
+// Where a tensor's elements lie in its storage.
+struct Geometry {
+  Shape sizes, strides;
+  int64_t offset;
+  explicit Geometry(const Tensor& t) : sizes(t.sizes()), strides(t.strides()), offset(t.storage_offset()) {}
+  // The range of storage elements [lo, hi] it reaches (hi < lo when it has none).
+  std::pair<int64_t, int64_t> span() const {
+    int64_t lo = offset, hi = offset;
+    for (int d = 0; d < sizes.size(); ++d) {
+      if (sizes[d] == 0) return {0, -1};
+      (strides[d] < 0 ? lo : hi) += (sizes[d] - 1) * strides[d];
+    }
+    return {lo, hi};
+  }
+};
+
+// The storage index, counted from a common origin, of each element (in row-major order) of a source
+// and a destination tensor: flat int64 tensors, and the length of the storage range both lie in.
+struct StorageIndices {
+  Tensor source, destination;
+  int64_t extent;
+};
+StorageIndices storage_indices(const Geometry& source, const Geometry& destination, Device device) {
+  auto [s_lo, s_hi] = source.span();
+  auto [d_lo, d_hi] = destination.span();
+  const int64_t lo = std::min(s_lo, d_lo), extent = std::max(s_hi, d_hi) - lo + 1;
+  NoGradGuard no_grad;
+  Tensor numbers = arange(extent, kInt64, device);
+  return {as_strided(numbers, source.sizes, source.strides, source.offset - lo).reshape({-1}),
+          as_strided(numbers, destination.sizes, destination.strides, destination.offset - lo).reshape({-1}),
+          extent};
+}
+
+// The gradient for `base` of a view of it laid out as `view`: each element of base gets the sum of g
+// over the view's elements at its storage location (none outside the view, several where the view
+// is expanded). AsStridedBackward: of as_strided, and of a view remade after an in-place change.
+Tensor view_grad_to_base(const Tensor& g, const Geometry& base, const Geometry& view) {
+  if (!g.defined()) return {};
+  if (g.numel() == 0) return zeros(base.sizes, g.options());
+  StorageIndices at = storage_indices(view, base, g.device());
+  Tensor flat = zeros({at.extent}, g.options()).scatter_add(0, at.source, g.reshape({-1}));
+  return flat.index_select(0, at.destination).view(base.sizes);
+}
+
+void record_as_strided(const Tensor& in, const Tensor& out) {
+  autograd::record_no_tensors("AsStridedBackward", {in}, {out},
+                              [base = Geometry(in), view = Geometry(out)](const Grads& g) -> TensorList {
+                                return {view_grad_to_base(g[0], base, view)};
+                              });
+}
+
+// A differentiable view whose storage changed since its grad_fn was set gets AsStridedBackward from
+// its base's current history (Note [views and in-place ops]). Installed as make_view_grad_fn.
+void make_view_grad_fn(const Tensor& view) {
+  TensorImpl& v = *view.impl();
+  v.view_version = v.storage->version;
+  if (v.requires_grad) return;  // made a leaf by requires_grad_(): it stays one
+  v.grad_fn.reset();
+  v.output_nr = 0;
+  const Tensor base(v.view_base);
+  if (!base.requires_grad()) return;
+  record_as_strided(base, view);
+  if (v.retains_grad) autograd::add_retain_grad_hook(view);
+}
+
+[[maybe_unused]] const bool view_grad_fn_installed = [] {
+  autograd::detail::make_view_grad_fn = &make_view_grad_fn;
+  return true;
+}();
 
 // Resolves one -1 and checks the element count.
 Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
@@ -107,6 +197,50 @@ Tensor slice_backward(const Tensor& g, const Shape& input_shape, int dim, int64_
 }
 
 }  // namespace
+
+namespace autograd {
+
+namespace detail {
+void mark_view(TensorImpl& view, const Tensor& base) {
+  view.is_view = true;
+  if (GradMode::is_enabled()) {
+    if (view.counts_as_view) {  // made under no_grad first (split's pieces)
+      view.storage->live_views.fetch_sub(1, std::memory_order_relaxed);
+      view.counts_as_view = false;
+    }
+    const TensorImpl& b = *base.impl();
+    view.view_base = b.view_base ? b.view_base : base.impl_ptr();
+    view.view_version = view.storage->version;
+  } else {
+    view.count_as_view();
+  }
+}
+}  // namespace detail
+
+void record_copy_slices(const Tensor& view, const Tensor& result) {
+  const Tensor base(view.impl()->view_base);
+  record_no_tensors(
+      "CopySlices", {base, result}, {base},
+      [base_at = Geometry(base), view_at = Geometry(view)](const Grads& g) -> TensorList {
+        if (!g[0].defined()) return {};
+        if (g[0].numel() == 0 || view_at.sizes.numel() == 0) return {g[0], zeros(view_at.sizes, g[0].options())};
+        // The base's gradient laid out as its storage; the view's elements go to the result.
+        StorageIndices at = storage_indices(base_at, view_at, g[0].device());
+        Tensor flat = zeros({at.extent}, g[0].options()).scatter_add(0, at.source, g[0].reshape({-1}));
+        Tensor to_result = flat.index_select(0, at.destination).view(view_at.sizes);
+        if (!g.needs_grad(0)) return {Tensor(), to_result};
+        Tensor in_view;
+        {
+          NoGradGuard no_grad;
+          Tensor ones_at = ones({at.destination.numel()}, g[0].options());
+          in_view = zeros({at.extent}, g[0].options()).scatter_add(0, at.destination, ones_at).ne(0);
+        }
+        return {flat.masked_fill(in_view, 0).index_select(0, at.source).view(base_at.sizes), to_result};
+      });
+  if (base.retains_grad()) add_retain_grad_hook(base);
+}
+
+}  // namespace autograd
 
 inline namespace ops {
 
@@ -320,7 +454,13 @@ Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes) {
 }
 
 Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset) {
-  KILN_CHECK(!should_record(t), "as_strided: not differentiable; call it on a detached tensor");
+  const bool grad = should_record(t);
+  for (int d = 0; grad && d < t.dim(); ++d) {
+    KILN_CHECK(t.sizes()[d] <= 1 || t.strides()[d] != 0,
+               "as_strided: with autograd its input must not be expanded (dim {} has stride 0), as its "
+               "gradient could not tell the repeated elements apart; call it on contiguous() of the input",
+               d);
+  }
   KILN_CHECK(sizes.size() == strides.size(), "as_strided: {} sizes but {} strides", sizes.size(), strides.size());
   // Every element it can address must lie inside the storage.
   // The reach is computed in 128 bits: huge strides must not wrap around into the storage.
@@ -337,7 +477,9 @@ Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int
   KILN_CHECK(empty || (lo >= 0 && hi < capacity),
              "as_strided: sizes {}, strides {} and offset {} reach elements {}..{}, outside the storage's {}",
              sizes.str(), strides.str(), offset, element(lo), element(hi), capacity);
-  return make_view(t, sizes, strides, offset);
+  Tensor out = make_view(t, sizes, strides, offset);
+  if (grad) record_as_strided(t, out);
+  return out;
 }
 
 }  // namespace ops

@@ -231,12 +231,15 @@ TEST_CASE("a create_graph backward stores a copy of each gradient, so later accu
   test::check_close(y.grad(), full({3}, 1.0, kFloat64));
 }
 
-TEST_CASE("an in-place op on a tensor whose views take part in autograd is an Error") {
+TEST_CASE("in-place ops on a tensor and on its view both reach the gradient") {
   Tensor a = tensor({1.0, 2.0}, grad_f64());
   Tensor x = a * 1;
   Tensor v = x.view({2});
-  test::check_error([&] { x.mul_(3); }, {"mul_", "has views", "clone()"});
-  test::check_error([&] { v.mul_(3); }, {"mul_", "view"});
+  x.mul_(3);  // v is remade from x's new history on its next use
+  v.mul_(3);  // and x takes v's change into its own (CopySlices)
+  test::check_equal(x, tensor({9.0, 18.0}, kFloat64));
+  (x * x).sum().backward();  // d/da sum((9a)^2) = 162 a
+  test::check_close(a.grad(), tensor({162.0, 324.0}, kFloat64));
 }
 
 TEST_CASE("split's pieces share one backward node: their gradients are joined, zeros where none came") {
@@ -247,10 +250,14 @@ TEST_CASE("split's pieces share one backward node: their gradients are joined, z
   CHECK(pieces[0].grad_fn() == pieces[2].grad_fn());
   CHECK(std::string(pieces[0].grad_fn()->name()) == "SplitBackward");
   // The middle piece takes no part in the loss: its part of the gradient is zero.
-  ((pieces[0] * 10).sum() + (pieces[2] * pieces[2]).sum()).backward();
+  ((pieces[0] * 10).sum() + (pieces[2] * pieces[2]).sum()).backward({}, /*retain_graph=*/true);
   test::check_equal(a.grad(), tensor({10.0, 10.0, 0.0, 0.0, 10.0}, kFloat64));
-  // The base of the pieces cannot change in place under autograd, as with any view.
-  test::check_error([&] { x.mul_(3); }, {"mul_", "has views"});
+  // After an in-place change of their base the pieces follow it, as any view does.
+  x.mul_(3);
+  CHECK(std::string(pieces[1].grad_fn()->name()) == "AsStridedBackward");
+  a.set_grad({});
+  (pieces[1] * pieces[1]).sum().backward();  // d/da of (3 a2)^2 + (3 a3)^2
+  test::check_equal(a.grad(), tensor({0.0, 0.0, 54.0, 72.0, 0.0}, kFloat64));
   // Second derivatives go through the cat of the backward.
   Tensor b = tensor({1.0, 2.0, 3.0}, grad_f64());
   auto parts = (b * b).chunk(3, 0);

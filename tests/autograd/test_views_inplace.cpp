@@ -1,6 +1,7 @@
 // tests/autograd/test_views_inplace.cpp: autograd's edge cases against PyTorch 1.13 (values from torch
 // for the same inputs): views taken before a tensor took part in autograd, in-place ops on what a custom
-// Function or checkpoint passed through, retain_grad across an in-place op, grad() with respect to a
+// Function or checkpoint passed through, in-place ops on views (CopySlices, remade views,
+// as_strided), retain_grad across an in-place op, grad() with respect to a
 // non-leaf, second backwards through nodes that saved nothing, the root gradient's dtype, custom
 // Function gradients (unused outputs, extra or broadcast gradients), copy_ of a constant, and freeing
 // deep graphs whose nodes are shared.
@@ -42,35 +43,238 @@ struct BroadcastGrad : autograd::Function<BroadcastGrad> {
   static TensorList backward(AutogradContext*, TensorList g) { return {g[0].unsqueeze(0).expand({4, 3}) * 2}; }
 };
 
+struct TwiceInPlace : autograd::Function<TwiceInPlace> {  // torch's mark_dirty example
+  static Tensor forward(AutogradContext* ctx, const Tensor& x) {
+    Tensor t = x;
+    t.mul_(2);
+    ctx->mark_dirty({x});
+    return x;
+  }
+  static TensorList backward(AutogradContext*, TensorList g) { return {g[0] * 2}; }
+};
+
 }  // namespace
 
-TEST_CASE("an in-place op that autograd records refuses a tensor with views taken before, while they live",
-          "[autograd]") {
+TEST_CASE("a view taken before its base changed in place follows the change, as torch's", "[autograd]") {
   Tensor w = sines({2, 3}, 0.1);
   Tensor buf = zeros({2, 3}, kFloat64);
-  {
-    Tensor col = buf.t()[1];  // no history: buf did not require grad yet
-    // PyTorch rebuilds col's history; Kiln refuses rather than give w no gradient through col.
-    test::check_error([&] { buf.add_(w); }, {"add_", "live views", "taken before it took part in autograd"});
-    test::check_equal(buf, zeros({2, 3}, kFloat64));  // refused before writing
-    Tensor under_no_grad;
-    {
-      NoGradGuard no_grad;
-      under_no_grad = buf.narrow(0, 0, 1);
-    }
-    test::check_error([&] { buf.mul_(w); }, {"mul_", "views"});
-  }
-  // Once the views are gone the op is recorded, and the gradient is torch's.
+  Tensor col = buf.t()[1];  // no history yet: buf does not require grad
+  CHECK_FALSE(col.requires_grad());
   buf.add_(w);
-  Tensor col = buf.t()[1];
+  // col's grad_fn is made anew from buf's, as PyTorch's AsStridedBackward.
+  REQUIRE(col.requires_grad());
+  CHECK(std::string(col.grad_fn()->name()) == "AsStridedBackward");
+  CHECK(col._base().impl() == buf.impl());
   (col * col).sum().backward();
   test::check_close(w.grad(), from_vector<double>({0, 2 * std::sin(0.47), 0, 0, 2 * std::sin(1.58), 0}, {2, 3}),
                     {1e-15, 0});
+  // A view made under no_grad has no link to its base: autograd refuses what it cannot follow.
+  Tensor buf2 = zeros({2, 3}, kFloat64);
+  {
+    Tensor under_no_grad;
+    {
+      NoGradGuard no_grad;
+      under_no_grad = buf2.narrow(0, 0, 1);
+    }
+    CHECK_FALSE(under_no_grad._is_view());
+    test::check_error([&] { buf2.mul_(w); }, {"mul_", "live views", "under no_grad"});
+    test::check_equal(buf2, zeros({2, 3}, kFloat64));  // refused before writing
+    test::check_error([&] { under_no_grad.add_(w[0]); }, {"add_", "made under no_grad", "clone()"});
+  }
+  buf2.mul_(w);  // once the view is gone
+  CHECK(buf2.requires_grad());
   // Without autograd (no grad mode, or nothing requiring grad) views do not matter.
   Tensor plain = zeros({3});
   Tensor view = plain.narrow(0, 1, 2);
   plain.add_(ones({3}));
   CHECK(view.to_vector<float>() == std::vector<float>{1, 1});
+  CHECK_FALSE(view.requires_grad());
+}
+
+// The expected values below are torch 1.13's for the same inputs and the same ops (float64).
+TEST_CASE("an in-place op on a view rewrites its base's history (CopySlices), as torch's", "[autograd]") {
+  SECTION("mul_ of a slice of a non-leaf") {
+    Tensor x = sines({3, 4}, 0.1), w = sines({3, 2}, 0.5);
+    Tensor h = x * 2;
+    h.narrow(1, 1, 2).mul_(w);
+    CHECK(std::string(h.grad_fn()->name()) == "CopySlices");
+    (h * h).sum().backward();
+    test::check_close(x.grad(),
+                      from_vector<double>({0.79866733317462524, 0.83276312437080524, 3.4801564840271615,
+                                           7.4849280124270869, 7.9996611719899207, 6.6476905188962565,
+                                           5.8488530676388866, 3.4911926572810104, 0.65201721408215296,
+                                           -1.9151916889289737, -2.4777519697628905, -6.8518237933200092},
+                                          {3, 4}),
+                      {1e-13, 1e-15});
+    test::check_close(w.grad(),
+                      from_vector<double>({0.78666438816543827, 3.3905226620594715, 6.5294366297822659,
+                                           4.2860073481539764, 0.59375106254483401, 2.1308346806685905},
+                                          {3, 2}),
+                      {1e-13, 1e-15});
+  }
+  SECTION("copy_ into rows of a buffer that did not require grad") {
+    Tensor a = sines({3}, 0.2), b = sines({3}, 0.7);
+    Tensor buf = zeros({2, 3}, kFloat64);
+    buf[0].copy_(a);
+    buf.select(0, 1).copy_(b * b);
+    CHECK(std::string(buf.grad_fn()->name()) == "CopySlices");
+    CHECK((buf.requires_grad() && !buf.is_leaf()));
+    buf.exp().sum().backward();
+    test::check_close(a.grad(), from_vector<double>({1.2197785560006189, 1.7153755714366377, 2.2424255176182242}, {3}),
+                      {1e-13, 1e-15});
+    test::check_close(b.grad(), from_vector<double>({1.9512008875159157, 3.7871290206298101, 5.2992139379830387}, {3}),
+                      {1e-13, 1e-15});
+  }
+  SECTION("a strided view of a transposed view, with another view taken before the change") {
+    Tensor x = sines({4, 5}, 0.2), w = sines({2, 4}, 0.9);
+    Tensor y = x * 3 - 1;
+    Tensor v1 = y.t();
+    Tensor v2 = v1.slice(0, 1, 4, 2);  // columns 1 and 3 of y
+    Tensor v3 = y[2];
+    CHECK(v2._base().impl() == y.impl());  // the root of the chain of views
+    v2.mul_(w);
+    CHECK(std::string(v3.grad_fn()->name()) == "AsStridedBackward");
+    Tensor loss = y.sin().sum() + (v3 * v3).sum() * 0.5 + v1.cos().sum() + (v2 * 3).sum();
+    loss.backward();
+    test::check_close(
+        x.grad(),
+        from_vector<double>({3.937773630663834, 8.033971829281823, -2.524406975742183, 4.7438942777974598,
+                             -3.9492609061624915, -3.2609997568561893, 7.9812845357426401, 2.8988258013791475,
+                             4.9370852434546446, 0.92607635236746677, -11.946062530907433, -6.2279952833607757,
+                             -16.210068780714728, 0.25885965790617682, -13.637130683379853, -0.71210390964446535,
+                             11.397577168410765, 3.9053663848385654, -4.2934285111502639, -2.5651474307495881},
+                            {4, 5}),
+        {1e-13, 1e-14});
+    test::check_close(w.grad(),
+                      from_vector<double>({2.1158446717142967, 2.734641407259736, 7.7229198052975709,
+                                           -6.2434257673175306, 4.3505144255135981, -4.5500290143853999,
+                                           -15.458619406778586, 2.6663856574498923},
+                                          {2, 4}),
+                      {1e-13, 1e-14});
+  }
+  SECTION("split's pieces (torch refuses in-place on them; Kiln follows the change like any view)") {
+    Tensor x = sines({5}, 0.4);
+    Tensor h = x * 1;
+    auto pieces = ops::split_with_sizes(h, {2, 2, 1});
+    pieces[0].mul_(3);
+    (h * h).sum().backward();  // torch, with h.narrow(0, 0, 2).mul_(3)
+    test::check_close(x.grad(),
+                      from_vector<double>({7.0095301615557091, 12.530434295292419, 1.8172669922317666,
+                                           1.9963049449950963, 1.9051523885431907},
+                                          {5}),
+                      {1e-13, 1e-15});
+  }
+  SECTION("a base that retains its gradient keeps it through CopySlices") {
+    Tensor x = sines({2, 2}, 0.5), w = sines({2}, 0.1);
+    Tensor h = x.sin();
+    h.retain_grad();
+    h[1].add_(w);
+    (h * h).sum().backward();
+    test::check_close(h.grad(),
+                      from_vector<double>({0.92253911006636136, 1.3841054993513406, 1.8215786467885531,
+                                           2.587883744275504},
+                                          {2, 2}),
+                      {1e-13, 1e-15});
+    test::check_close(x.grad(),
+                      from_vector<double>({0.81853209758649781, 0.99911230676448681, 1.0658189089641978,
+                                           1.3999123566660689},
+                                          {2, 2}),
+                      {1e-13, 1e-15});
+    test::check_close(w.grad(), from_vector<double>({1.8215786467885531, 2.587883744275504}, {2}), {1e-13, 1e-15});
+  }
+  SECTION("a custom Function that marks a view dirty") {
+    Tensor x = sines({3, 2}, 0.2);
+    Tensor h = x * 1.5;
+    Tensor col = h.select(1, 1);
+    Tensor out = TwiceInPlace::apply(col);
+    CHECK(out.impl() == col.impl());
+    CHECK(std::string(h.grad_fn()->name()) == "CopySlices");
+    (h * h).sum().backward();
+    test::check_close(x.grad(),
+                      from_vector<double>({0.89401198857777553, 9.7133768772114468, 3.6340114518230138,
+                                           17.391329129029209, 4.4731944098913416, 15.972522635400754},
+                                          {3, 2}),
+                      {1e-13, 1e-15});
+  }
+}
+
+TEST_CASE("the example of docs/tensors-and-autograd.md 3.7", "[autograd]") {
+  Tensor x = tensor({1.0, 2.0, 3.0}, TensorOptions(kFloat64).requires_grad(true));
+  Tensor w = tensor({10.0}, TensorOptions(kFloat64).requires_grad(true));
+  Tensor h = x * 2;
+  Tensor tail = h.narrow(0, 1, 2);
+  h.narrow(0, 0, 1).mul_(w);
+  CHECK(std::string(h.grad_fn()->name()) == "CopySlices");
+  (h * tail.sum()).sum().backward();
+  test::check_equal(x.grad(), tensor({200.0, 80.0, 80.0}, kFloat64));
+  test::check_equal(w.grad(), tensor({20.0}, kFloat64));
+}
+
+TEST_CASE("second derivatives go through CopySlices and a remade view, as torch's", "[autograd]") {
+  Tensor x = sines({2, 3}, 0.3), w = sines({2}, 0.8);
+  Tensor y = x * x;
+  Tensor c = y.select(1, 1);
+  y.select(1, 0).mul_(w);
+  Tensor loss = (y.exp() * c.unsqueeze(1)).sum();
+  auto g = autograd::grad({loss}, {x, w}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+  test::check_close(g[0],
+                    from_vector<double>({0.17406977594602022, 6.465763279347386, 1.3992879914053509,
+                                         4.2659151051511337, 18.706886136414415, 3.2265241149966184},
+                                        {2, 3}),
+                    {1e-13, 1e-15});
+  test::check_close(g[1], from_vector<double>({0.035854673023377262, 2.2866589723452613}, {2}), {1e-13, 1e-15});
+  auto gg = autograd::grad({(g[0] * g[0]).sum() + g[1].sum()}, {x, w});
+  test::check_close(gg[0],
+                    from_vector<double>({7.7383365510712512, 217.54320619909555, 69.573245351263324,
+                                         438.14305235760514, 1939.5536765456545, 306.54291814575424},
+                                        {2, 3}),
+                    {1e-12, 1e-14});
+  test::check_close(gg[1], from_vector<double>({1.5861899504352059, 252.13874300290829}, {2}), {1e-12, 1e-14});
+}
+
+TEST_CASE("as_strided is differentiable: overlapping windows sum their gradients, as torch's", "[autograd]") {
+  Tensor x = sines({6}, 0.3);
+  Tensor y = ops::as_strided(x, {3, 3}, {1, 1}, 1);  // rows x[1:4], x[2:5], x[3:6]
+  CHECK(std::string(y.grad_fn()->name()) == "AsStridedBackward");
+  Tensor m = sines({3, 3}, 1.1, false);
+  (y * y * m).sum().backward();
+  test::check_close(x.grad(),
+                    from_vector<double>({0, 1.106854564283994, 3.1003352904598076, 2.6040795928653897,
+                                         -0.64738253249612276, -1.3300593961944469},
+                                        {6}),
+                    {1e-13, 1e-15});
+  // Of a non-contiguous input: the window is read from the storage, whatever the input's layout.
+  Tensor x2 = sines({4, 3}, 0.6);
+  Tensor z = ops::as_strided((x2 * 1).t(), {2, 2}, {3, 1}, 4);  // storage elements 4, 5, 7, 8
+  z.pow(3).sum().backward();
+  test::check_close(x2.grad(),
+                    from_vector<double>({0, 0, 0, 0, 2.2870835997110195, 1.2202314458661365, 0,
+                                         0.0070243243548546701, 0.4952529707852027, 0, 0, 0},
+                                        {4, 3}),
+                    {1e-13, 1e-15});
+  test::check_error([&] { ops::as_strided(sines({3}, 0.1).expand({2, 3}), {3}, {1}, 0); },
+                    {"as_strided", "expanded", "contiguous()"});
+}
+
+TEST_CASE("in-place ops on views: what autograd refuses, as torch does", "[autograd]") {
+  Tensor x = sines({4}, 0.1);
+  // A view of a leaf that requires grad: the change would reach the leaf.
+  test::check_error([&] { x.narrow(0, 0, 2).mul_(2); }, {"mul_", "view of a leaf", "NoGradGuard"});
+  CHECK(x.is_leaf());
+  {
+    NoGradGuard no_grad;  // as optimizers do
+    x.narrow(0, 0, 2).mul_(2);
+  }
+  CHECK(x.to_vector<double>()[0] == 2 * std::sin(0.1));
+  // An expanded view: several elements share a location.
+  Tensor h = x * 1;
+  test::check_error([&] { h[0].expand({3}).add_(x.narrow(0, 0, 3)); }, {"add_", "expanded"});
+  // detach_ turns a view without history into one made without autograd.
+  Tensor buf = zeros({3}, kFloat64);
+  Tensor v = buf.narrow(0, 0, 2);
+  v.detach_();
+  CHECK_FALSE(v._is_view());
+  test::check_error([&] { buf.add_(x.narrow(0, 0, 3)); }, {"add_", "live views"});
 }
 
 TEST_CASE("what a custom Function or checkpoint passes through is a view: in-place on it is an Error",
