@@ -123,14 +123,16 @@ void check_no_internal_overlap(const Tensor& self, const char* op) {
   }
 }
 
-// The element range [lo, hi] a tensor reaches in its storage.
-static std::pair<int64_t, int64_t> element_span(const Tensor& t) {
-  int64_t lo = t.storage_offset(), hi = lo;
-  for (int d = 0; d < t.dim(); ++d) {
-    if (t.sizes()[d] == 0) return {0, -1};
-    (t.strides()[d] < 0 ? lo : hi) += (t.sizes()[d] - 1) * t.strides()[d];
+std::pair<int64_t, int64_t> element_span(const Shape& sizes, const Shape& strides, int64_t offset) {
+  int64_t lo = offset, hi = offset;
+  for (int d = 0; d < sizes.size(); ++d) {
+    if (sizes[d] == 0) return {0, -1};
+    (strides[d] < 0 ? lo : hi) += (sizes[d] - 1) * strides[d];
   }
   return {lo, hi};
+}
+static std::pair<int64_t, int64_t> element_span(const Tensor& t) {
+  return element_span(t.sizes(), t.strides(), t.storage_offset());
 }
 
 Tensor unaliased(const Tensor& operand, const Tensor& self) {

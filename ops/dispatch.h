@@ -3,6 +3,7 @@
 #pragma once
 
 #include <string_view>
+#include <utility>
 
 #include "core/backend.h"
 #include "core/tensor.h"
@@ -47,6 +48,8 @@ void check_class_targets(const Tensor& target, int64_t classes, int64_t ignore_i
 // read while x is written) is read from a copy instead.
 void check_no_internal_overlap(const Tensor& self, const char* op);
 Tensor unaliased(const Tensor& operand, const Tensor& self);
+// The range of storage elements [lo, hi] a layout reaches (hi < lo when it has no elements).
+std::pair<int64_t, int64_t> element_span(const Shape& sizes, const Shape& strides, int64_t offset);
 
 // GELU's pieces shared by gelu, bias_gelu (elementwise.cpp) and addmm_gelu (linalg.cpp):
 // whether `approximate` ("none" or "tanh", else an Error naming `op`) is the tanh form;

@@ -55,15 +55,7 @@ struct Geometry {
   Shape sizes, strides;
   int64_t offset;
   explicit Geometry(const Tensor& t) : sizes(t.sizes()), strides(t.strides()), offset(t.storage_offset()) {}
-  // The range of storage elements [lo, hi] it reaches (hi < lo when it has none).
-  std::pair<int64_t, int64_t> span() const {
-    int64_t lo = offset, hi = offset;
-    for (int d = 0; d < sizes.size(); ++d) {
-      if (sizes[d] == 0) return {0, -1};
-      (strides[d] < 0 ? lo : hi) += (sizes[d] - 1) * strides[d];
-    }
-    return {lo, hi};
-  }
+  std::pair<int64_t, int64_t> span() const { return element_span(sizes, strides, offset); }
 };
 
 // The storage index, counted from a common origin, of each element (in row-major order) of a source
@@ -83,6 +75,11 @@ StorageIndices storage_indices(const Geometry& source, const Geometry& destinati
           extent};
 }
 
+// x's elements summed into a zero buffer of `extent` storage elements at their storage indices.
+Tensor to_storage(const Tensor& x, const Tensor& indices, int64_t extent) {
+  return zeros({extent}, x.options()).scatter_add(0, indices, x.reshape({-1}));
+}
+
 // The gradient for `base` of a view of it laid out as `view`: each element of base gets the sum of g
 // over the view's elements at its storage location (none outside the view, several where the view
 // is expanded). AsStridedBackward: of as_strided, and of a view remade after an in-place change.
@@ -90,8 +87,7 @@ Tensor view_grad_to_base(const Tensor& g, const Geometry& base, const Geometry& 
   if (!g.defined()) return {};
   if (g.numel() == 0) return zeros(base.sizes, g.options());
   StorageIndices at = storage_indices(view, base, g.device());
-  Tensor flat = zeros({at.extent}, g.options()).scatter_add(0, at.source, g.reshape({-1}));
-  return flat.index_select(0, at.destination).view(base.sizes);
+  return to_storage(g, at.source, at.extent).index_select(0, at.destination).view(base.sizes);
 }
 
 void record_as_strided(const Tensor& in, const Tensor& out) {
@@ -226,14 +222,13 @@ void record_copy_slices(const Tensor& view, const Tensor& result) {
         if (g[0].numel() == 0 || view_at.sizes.numel() == 0) return {g[0], zeros(view_at.sizes, g[0].options())};
         // The base's gradient laid out as its storage; the view's elements go to the result.
         StorageIndices at = storage_indices(base_at, view_at, g[0].device());
-        Tensor flat = zeros({at.extent}, g[0].options()).scatter_add(0, at.source, g[0].reshape({-1}));
+        Tensor flat = to_storage(g[0], at.source, at.extent);
         Tensor to_result = flat.index_select(0, at.destination).view(view_at.sizes);
         if (!g.needs_grad(0)) return {Tensor(), to_result};
         Tensor in_view;
         {
           NoGradGuard no_grad;
-          Tensor ones_at = ones({at.destination.numel()}, g[0].options());
-          in_view = zeros({at.extent}, g[0].options()).scatter_add(0, at.destination, ones_at).ne(0);
+          in_view = to_storage(ones({at.destination.numel()}, g[0].options()), at.destination, at.extent).ne(0);
         }
         return {flat.masked_fill(in_view, 0).index_select(0, at.source).view(base_at.sizes), to_result};
       });
@@ -244,11 +239,11 @@ void record_copy_slices(const Tensor& view, const Tensor& result) {
 
 inline namespace ops {
 
-// detach(t), counted as a live view: unlike make_view it does not mark t's storage for good, so t
-// may change in place again once the alias is gone.
+// detach(t), counted as a live view made without autograd: t cannot change in place under autograd
+// while the alias lives, and may again once it is gone.
 Tensor alias(const Tensor& t) {
   Tensor a = detach(t);
-  if (!a.impl()->counts_as_view) a.impl()->count_as_view();  // detach counts a view of a view already
+  if (!a.impl()->counts_as_view) a.impl()->count_as_view();  // detach of a counted view counts already
   return a;
 }
 
