@@ -110,10 +110,21 @@ bool TensorImpl::is_contiguous() const { return strides_are_contiguous(sizes, st
 
 namespace {
 thread_local bool grad_mode_enabled = true;
+thread_local bool inference_mode_enabled = false;
 std::atomic<uint64_t> next_sequence_nr{0};
 }  // namespace
-bool GradMode::is_enabled() { return grad_mode_enabled; }
+bool GradMode::is_enabled() { return grad_mode_enabled && !inference_mode_enabled; }
 void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
+
+InferenceMode::InferenceMode(bool enabled) : prev_grad_(grad_mode_enabled), prev_inference_(inference_mode_enabled) {
+  grad_mode_enabled = !enabled;
+  inference_mode_enabled = enabled;
+}
+InferenceMode::~InferenceMode() {
+  grad_mode_enabled = prev_grad_;
+  inference_mode_enabled = prev_inference_;
+}
+bool InferenceMode::is_enabled() { return inference_mode_enabled; }
 
 namespace {
 std::atomic<bool> deterministic_algorithms{false};  // process-wide, as PyTorch's

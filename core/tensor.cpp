@@ -31,6 +31,9 @@ Tensor& Tensor::requires_grad_(bool requires_grad) {
              "requires_grad_: only floating-point tensors can require gradients, this one is {}; "
              "convert it first, e.g. x.to(kFloat32)",
              dtype_name(dtype()));
+  KILN_CHECK(!requires_grad || !is_inference() || InferenceMode::is_enabled(),
+             "requires_grad_: setting requires_grad on an inference tensor (made in inference mode) is allowed "
+             "only inside an InferenceMode scope; clone() it to get a normal tensor first");
   get().requires_grad = requires_grad;
   return *this;
 }
@@ -83,6 +86,9 @@ SavedTensorHooksGuard::~SavedTensorHooksGuard() { hook_stack.pop_back(); }
 
 SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   if (!t.defined()) return;
+  KILN_CHECK(!t.is_inference(),
+             "an inference tensor (made in inference mode) cannot be saved for backward, as this op's "
+             "backward needs it; clone() it outside inference mode to get a normal tensor, and use that");
   storage_ = t.impl()->storage;
   saved_version_ = t.impl()->storage->version;
   is_output_ = is_output;

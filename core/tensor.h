@@ -73,6 +73,8 @@ class Tensor {
   // in-place changes autograd carries to its base, and that base (undefined for other tensors).
   bool _is_view() const { return get().view_base != nullptr; }
   Tensor _base() const { return get().view_base ? Tensor(get().view_base) : Tensor(); }
+  // Made in inference mode, or a view of such a tensor (Note [inference mode] in core/grad_mode.h).
+  bool is_inference() const { return get().storage->inference; }
   uint64_t _version() const { return get().storage->version; }
   void bump_version() const { ++get().storage->version; }
 

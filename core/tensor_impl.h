@@ -36,11 +36,20 @@ struct TensorImpl {
   ~TensorImpl() {
     if (counts_as_view && storage) storage->live_views.fetch_sub(1, std::memory_order_relaxed);
   }
-  // Makes this a view that its storage counts while it lives (after `storage` is set).
+  // Makes this a view that its storage counts while it lives (after `storage` is set). A view of an
+  // inference tensor is not counted: autograd never records an in-place op on one, which is all the
+  // count is for (Note [inference mode] in core/grad_mode.h).
   void count_as_view() {
     is_view = true;
+    if (storage->inference) return;
     counts_as_view = true;
     storage->live_views.fetch_add(1, std::memory_order_relaxed);
+  }
+  // Undoes count_as_view; the tensor stays a view.
+  void uncount_view() {
+    if (!counts_as_view) return;
+    counts_as_view = false;
+    storage->live_views.fetch_sub(1, std::memory_order_relaxed);
   }
 
   std::shared_ptr<Storage> storage;

@@ -127,7 +127,7 @@ void check_fits(const models::GPTConfig& c) {
 // The mean loss over fixed windows of the held-out text, in evaluation mode.
 double validation_loss(models::GPT& model, const data::ByteText& val, int64_t batches, int64_t batch_size,
                        Device device) {
-  NoGradGuard no_grad;
+  InferenceMode inference;  // nothing made here outlives the loop
   const bool was_training = model.is_training();
   model.eval();
   Generator fixed(1234);  // the same windows every time

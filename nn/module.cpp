@@ -22,15 +22,14 @@ namespace {
 void set_data(const Tensor& dst, const Tensor& src) {
   TensorImpl* d = dst.impl();
   const TensorImpl* s = src.impl();
-  if (d->counts_as_view) {  // the view count moves with the data (a parameter that is a view)
-    d->storage->live_views.fetch_sub(1, std::memory_order_relaxed);
-    s->storage->live_views.fetch_add(1, std::memory_order_relaxed);
-  }
+  const bool counted = d->counts_as_view;  // the view count moves with the data (a parameter that is a view)
+  d->uncount_view();
   d->storage = s->storage;
   d->sizes = s->sizes;
   d->strides = s->strides;
   d->offset = s->offset;
   d->dtype = s->dtype;
+  if (counted) d->count_as_view();
   d->view_base.reset();  // no longer reads its base's storage (Note [views and in-place ops], ops/views.cpp)
   d->grad_accumulator.reset();
 }

@@ -97,6 +97,7 @@ Tensor& Tensor::detach_() {
 }
 
 Tensor& Tensor::copy_(const Tensor& src, bool non_blocking) {
+  check_inference_write(*this, "copy_");
   KILN_CHECK(broadcast_shapes(src.sizes(), sizes(), "copy_") == sizes(),
              "copy_: the source of shape {} cannot be broadcast to the destination's shape {}",
              src.sizes().str(), sizes().str());

@@ -114,13 +114,25 @@ void check_class_targets(const Tensor& target, int64_t classes, int64_t ignore_i
             target.reshape({-1})[at].item<int64_t>(), at, classes, ignore_index);
 }
 
-void check_no_internal_overlap(const Tensor& self, const char* op) {
-  for (int d = 0; d < self.dim(); ++d) {
-    KILN_CHECK(self.sizes()[d] <= 1 || self.strides()[d] != 0,
-               "{}: more than one element of the written tensor refers to one memory location (dim {} is "
-               "expanded); clone() it before writing",
-               op, d);
+int first_expanded_dim(const Tensor& t) {
+  for (int d = 0; d < t.dim(); ++d) {
+    if (t.sizes()[d] > 1 && t.strides()[d] == 0) return d;
   }
+  return -1;
+}
+
+void check_no_internal_overlap(const Tensor& self, const char* op) {
+  const int d = first_expanded_dim(self);
+  KILN_CHECK(d < 0,
+             "{}: more than one element of the written tensor refers to one memory location (dim {} is "
+             "expanded); clone() it before writing",
+             op, d);
+}
+
+void throw_inference_write(const char* op) {
+  KILN_FAIL("{}: this is an inference tensor (made in inference mode), and an in-place change of one is "
+            "allowed only inside an InferenceMode scope; clone() it to get a normal tensor first",
+            op);
 }
 
 std::pair<int64_t, int64_t> element_span(const Shape& sizes, const Shape& strides, int64_t offset) {

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "core/backend.h"
+#include "core/grad_mode.h"
 #include "core/tensor.h"
 
 namespace kiln {
@@ -47,7 +48,15 @@ void check_class_targets(const Tensor& target, int64_t classes, int64_t ignore_i
 // expanded tensor); an operand that shares memory with it other than element for element (x.t()
 // read while x is written) is read from a copy instead.
 void check_no_internal_overlap(const Tensor& self, const char* op);
+// The first dim along which t is expanded (size > 1, stride 0), or -1 if there is none.
+int first_expanded_dim(const Tensor& t);
 Tensor unaliased(const Tensor& operand, const Tensor& self);
+// Every in-place entry point calls this before it writes: an inference tensor can be written only
+// in inference mode (Note [inference mode] in core/grad_mode.h).
+[[noreturn]] void throw_inference_write(const char* op);
+inline void check_inference_write(const Tensor& self, const char* op) {
+  if (self.impl()->storage->inference && !InferenceMode::is_enabled()) [[unlikely]] throw_inference_write(op);
+}
 // The range of storage elements [lo, hi] a layout reaches (hi < lo when it has no elements).
 std::pair<int64_t, int64_t> element_span(const Shape& sizes, const Shape& strides, int64_t offset);
 

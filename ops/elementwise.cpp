@@ -603,6 +603,7 @@ Tensor& inplace_recorded(Tensor& self, const char* op, OutOfPlace&& f) {
 
 Tensor& binary_inplace(Tensor& self, BinaryOp op, const Tensor& other, double alpha, const char* name,
                        Tensor (*out_of_place)(const Tensor&, const Tensor&, double)) {
+  check_inference_write(self, name);
   DType dt = result_type(self, other);
   if (op == BinaryOp::Div) dt = floating_of(dt);
   KILN_CHECK(can_cast(dt, self.dtype()), "{}: the result type {} can't be cast to the tensor's type {}", name,
@@ -624,6 +625,7 @@ Tensor& binary_inplace(Tensor& self, BinaryOp op, const Tensor& other, double al
 }
 
 Tensor& unary_inplace(Tensor& self, UnaryOp op, UnaryArgs args, const char* name, Tensor (*out_of_place)(const Tensor&)) {
+  check_inference_write(self, name);
   if (should_record(self)) return inplace_recorded(self, name, out_of_place);
   KILN_CHECK(self.dtype() != kBool, "{}: not defined for bool tensors", name);
   check_no_internal_overlap(self, name);
@@ -655,6 +657,7 @@ Tensor& Tensor::div_(const Tensor& other) {
 static bool number_in_float32(const Tensor& t, const Scalar& v) { return is_reduced_float(t.dtype()) && !v.is_bool(); }
 static Tensor& number_inplace(Tensor& self, const Scalar& v, const char* name,
                               Tensor (*op)(const Tensor&, const Scalar&)) {
+  check_inference_write(self, name);
   if (should_record(self)) return inplace_recorded(self, name, [&](const Tensor& s) { return op(s, v); });
   check_no_internal_overlap(self, name);
   Tensor r = op(self, v);
@@ -690,6 +693,7 @@ Tensor& Tensor::sqrt_() {
   return unary_inplace(*this, UnaryOp::Sqrt, {}, "sqrt_", [](const Tensor& x) { return ops::sqrt(x); });
 }
 Tensor& Tensor::pow_(const Scalar& exponent) {
+  check_inference_write(*this, "pow_");
   KILN_CHECK(can_cast(result_type(*this, exponent), dtype()), "pow_: the result type can't be cast to {}",
              dtype_name(dtype()));
   if (should_record(*this)) return inplace_recorded(*this, "pow_", [&](const Tensor& x) { return ops::pow(x, exponent); });
@@ -699,6 +703,7 @@ Tensor& Tensor::pow_(const Scalar& exponent) {
   return *this;
 }
 Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
+  check_inference_write(*this, "clamp_");
   if (should_record(*this)) return inplace_recorded(*this, "clamp_", [&](const Tensor& x) { return ops::clamp(x, min, max); });
   KILN_CHECK(min || max, "clamp_: at least one of min and max must be given");
   check_not_bool(*this, "clamp_");
@@ -716,6 +721,7 @@ Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
   return *this;
 }
 Tensor& Tensor::masked_fill_(const Tensor& mask, const Scalar& value) {
+  check_inference_write(*this, "masked_fill_");
   if (should_record(*this)) {
     return inplace_recorded(*this, "masked_fill_", [&](const Tensor& x) { return ops::masked_fill(x, mask, value); });
   }
@@ -725,6 +731,7 @@ Tensor& Tensor::masked_fill_(const Tensor& mask, const Scalar& value) {
   return *this;
 }
 Tensor& Tensor::fill_(const Scalar& value) {
+  check_inference_write(*this, "fill_");
   if (should_record(*this)) {  // still in the graph, with a zero gradient to its old value
     return inplace_recorded(*this, "fill_", [&](const Tensor& x) {
       Tensor r = full_like(x, value);

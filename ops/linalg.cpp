@@ -150,6 +150,7 @@ Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const T
              "addmm_out: writing into out records no gradient (as PyTorch's out= forms); call addmm, or run this "
              "under NoGradGuard");
   check_no_internal_overlap(out, "addmm_out");
+  check_inference_write(out, "addmm_out");
   // The product reads each element of a and b many times while it writes out, and the bias is read
   // after it (when not in its epilogue): an operand in out's memory is read from a copy.
   auto apart = [&](const Tensor& operand) {

@@ -34,6 +34,11 @@ class StepLists {
                    : std::string("an undefined tensor"));
     list.push_back(view_of(t));
   }
+  // add() for a list the step writes into.
+  void add_written(std::vector<View>& list, const Tensor& t, size_t i, const char* what) const {
+    add(list, t, i, what);
+    check_inference_write(t, op_);
+  }
 
  private:
   const char* op_;
@@ -58,11 +63,11 @@ void fused_adam_(const std::vector<Tensor>& params, const std::vector<Tensor>& g
   const StepLists lists(op, params);
   std::vector<View> p, g, m, v, vmax;
   for (size_t i = 0; i < n; ++i) {
-    lists.add(p, params[i], i, "params");
+    lists.add_written(p, params[i], i, "params");
     lists.add(g, grads[i], i, "grads");
-    lists.add(m, exp_avgs[i], i, "exp_avgs");
-    lists.add(v, exp_avg_sqs[i], i, "exp_avg_sqs");
-    if (args.amsgrad) lists.add(vmax, max_exp_avg_sqs[i], i, "max_exp_avg_sqs");
+    lists.add_written(m, exp_avgs[i], i, "exp_avgs");
+    lists.add_written(v, exp_avg_sqs[i], i, "exp_avg_sqs");
+    if (args.amsgrad) lists.add_written(vmax, max_exp_avg_sqs[i], i, "max_exp_avg_sqs");
   }
   backend_for(lists.device()).adam_step(p, g, m, v, vmax, args, stream_for(lists.device()));
   // In place, as the unfused step's add_/mul_: a saved tensor of a param now reads as modified.
@@ -88,9 +93,9 @@ void fused_sgd_(const std::vector<Tensor>& params, const std::vector<Tensor>& gr
   const StepLists lists(op, params);
   std::vector<View> p, g, buf;
   for (size_t i = 0; i < n; ++i) {
-    lists.add(p, params[i], i, "params");
+    lists.add_written(p, params[i], i, "params");
     lists.add(g, grads[i], i, "grads");
-    if (momentum) lists.add(buf, momentum_buffers[i], i, "momentum_buffers");
+    if (momentum) lists.add_written(buf, momentum_buffers[i], i, "momentum_buffers");
   }
   backend_for(lists.device()).sgd_step(p, g, buf, args, stream_for(lists.device()));
   for (size_t i = 0; i < n; ++i) {  // in place, as fused_adam_

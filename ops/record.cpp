@@ -123,9 +123,9 @@ void check_inplace(const Tensor& self, const char* op) {
     check_no_internal_overlap(self, op);
   } else {
     KILN_CHECK(!self.impl()->is_view,
-               "{}: this view was made under no_grad (or is a detached view, or an input a custom "
-               "Function or checkpoint passed through), so autograd cannot carry an in-place change "
-               "of it to its base; make the view with grad mode on, or clone() it first",
+               "{}: this view was made under no_grad or in inference mode (or is a detached view, or an "
+               "input a custom Function or checkpoint passed through), so autograd cannot carry an "
+               "in-place change of it to its base; make the view with grad mode on, or clone() it first",
                op);
   }
   // Note [views taken without autograd]: a view made under no_grad has no history and no link to
@@ -135,10 +135,10 @@ void check_inplace(const Tensor& self, const char* op) {
   // uses v. PyTorch rebuilds such a view's history; Kiln refuses the op while such a view is
   // alive. What a custom Function or checkpoint passed through (ops::alias) counts the same way.
   KILN_CHECK(self.impl()->storage->live_views.load(std::memory_order_relaxed) == 0,
-             "{}: this tensor has live views made without autograd (under no_grad, by detach() of a view, or "
-             "an input a custom Function or checkpoint passed through), and an in-place change recorded now "
-             "would not reach their gradients; use the out-of-place form, or change the tensor once those "
-             "views are gone",
+             "{}: this tensor has live views made without autograd (under no_grad or in inference mode, by "
+             "detach() of a view, or an input a custom Function or checkpoint passed through), and an "
+             "in-place change recorded now would not reach their gradients; use the out-of-place form, or "
+             "change the tensor once those views are gone",
              op);
 }
 

@@ -200,10 +200,7 @@ namespace detail {
 void mark_view(TensorImpl& view, const Tensor& base) {
   view.is_view = true;
   if (GradMode::is_enabled()) {
-    if (view.counts_as_view) {  // made under no_grad first (split's pieces)
-      view.storage->live_views.fetch_sub(1, std::memory_order_relaxed);
-      view.counts_as_view = false;
-    }
+    view.uncount_view();  // made under no_grad first (split's pieces)
     const TensorImpl& b = *base.impl();
     view.view_base = b.view_base ? b.view_base : base.impl_ptr();
     view.view_version = view.storage->version;
@@ -450,12 +447,11 @@ Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes) {
 
 Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset) {
   const bool grad = should_record(t);
-  for (int d = 0; grad && d < t.dim(); ++d) {
-    KILN_CHECK(t.sizes()[d] <= 1 || t.strides()[d] != 0,
-               "as_strided: with autograd its input must not be expanded (dim {} has stride 0), as its "
-               "gradient could not tell the repeated elements apart; call it on contiguous() of the input",
-               d);
-  }
+  const int expanded = grad ? first_expanded_dim(t) : -1;
+  KILN_CHECK(expanded < 0,
+             "as_strided: with autograd its input must not be expanded (dim {} has stride 0), as its "
+             "gradient could not tell the repeated elements apart; call it on contiguous() of the input",
+             expanded);
   KILN_CHECK(sizes.size() == strides.size(), "as_strided: {} sizes but {} strides", sizes.size(), strides.size());
   // Every element it can address must lie inside the storage.
   // The reach is computed in 128 bits: huge strides must not wrap around into the storage.

@@ -9,11 +9,14 @@
 //   {"bench":"op_overhead","impl":"libtorch","device":"cpu","threads":2,"numel":1,
 //    "requires_grad":false,"us_n1_nograd":...,"iters":100000}
 // (keys us_n1_nograd, us_n1_grad, us_n64_nograd, us_n64_grad).
+// Then c = a.narrow(0, 1, 32) on a [64] tensor, under torch::NoGradGuard and under
+// c10::InferenceMode on a tensor made there (keys us_narrow_nograd, us_narrow_inference).
 //
 // LibTorch at its best: 2 intra-op threads, as in anchor_gemm (an add this small never goes
 // parallel, but the setting matches the other anchors), and the comparison script sets
 // OMP_WAIT_POLICY=passive.
 
+#include <c10/core/InferenceMode.h>
 #include <torch/types.h>
 #include <torch/utils.h>
 
@@ -22,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +50,32 @@ double TimeAddLoop(const torch::Tensor& a, const torch::Tensor& b, int64_t iters
   for (int64_t i = 0; i < iters; ++i) c = a + b;
   std::chrono::duration<double> elapsed = Clock::now() - start;
   return elapsed.count();
+}
+
+// c = a.narrow(0, 1, 32) under no_grad, or in inference mode on an inference tensor.
+void BenchNarrow(bool inference, int64_t iters) {
+  std::optional<torch::NoGradGuard> no_grad;
+  std::optional<c10::InferenceMode> inference_mode;
+  if (inference) inference_mode.emplace();
+  else no_grad.emplace();
+  torch::Tensor a = torch::rand({64});
+  auto time_loop = [&](int64_t n) {
+    using Clock = std::chrono::steady_clock;
+    torch::Tensor c;
+    Clock::time_point start = Clock::now();
+    for (int64_t i = 0; i < n; ++i) c = a.narrow(0, 1, 32);
+    return std::chrono::duration<double>(Clock::now() - start).count();
+  };
+  time_loop(kWarmupIters);
+  std::vector<double> us_per_op;
+  for (int loop = 0; loop < kLoops; ++loop) {
+    us_per_op.push_back(time_loop(iters) / static_cast<double>(iters) * 1e6);
+  }
+  std::printf("{\"bench\":\"op_overhead\",\"impl\":\"libtorch\",\"device\":\"cpu\",\"threads\":%d,"
+              "\"us_narrow_%s\":%.4f,\"iters\":%lld}\n",
+              torch::get_num_threads(), inference ? "inference" : "nograd", Median(us_per_op),
+              static_cast<long long>(iters));
+  std::fflush(stdout);
 }
 
 void BenchOneCase(int64_t numel, bool requires_grad, int64_t iters) {
@@ -91,5 +121,6 @@ int main(int argc, char** argv) {
   for (int64_t numel : {1, 64}) {
     for (bool requires_grad : {false, true}) BenchOneCase(numel, requires_grad, iters);
   }
+  for (bool inference : {false, true}) BenchNarrow(inference, iters);
   return 0;
 }

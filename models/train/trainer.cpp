@@ -188,7 +188,7 @@ struct Evaluation {
 };
 
 Evaluation evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
-  NoGradGuard no_grad;
+  InferenceMode inference;  // nothing made here outlives the loop
   model.eval();
   double loss_sum = 0;
   int64_t correct = 0, seen = 0;
