@@ -164,6 +164,12 @@ Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_poo
 
 std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + size_or_pair(output_size); }
 
+Tensor AdaptiveMaxPool2d::forward(const Tensor& input) { return adaptive_max_pool2d(input, output_size.shape()); }
+std::tuple<Tensor, Tensor> AdaptiveMaxPool2d::forward_with_indices(const Tensor& input) {
+  return adaptive_max_pool2d_with_indices(input, output_size.shape());
+}
+std::string AdaptiveMaxPool2d::extra_repr() const { return "output_size=" + size_or_pair(output_size); }
+
 MaxPool1d::MaxPool1d(int64_t kernel_size, MaxPool1dOptions options) : kernel_size(kernel_size), options(options) {
   if (!this->options.stride) this->options.stride = kernel_size;
 }
@@ -196,5 +202,11 @@ std::string AvgPool1d::extra_repr() const {
 Tensor AdaptiveAvgPool1d::forward(const Tensor& input) { return adaptive_avg_pool1d(input, output_size); }
 
 std::string AdaptiveAvgPool1d::extra_repr() const { return fmt::format("output_size={}", output_size); }
+
+Tensor AdaptiveMaxPool1d::forward(const Tensor& input) { return adaptive_max_pool1d(input, output_size); }
+std::tuple<Tensor, Tensor> AdaptiveMaxPool1d::forward_with_indices(const Tensor& input) {
+  return adaptive_max_pool1d_with_indices(input, output_size);
+}
+std::string AdaptiveMaxPool1d::extra_repr() const { return fmt::format("output_size={}", output_size); }
 
 }  // namespace kiln::nn

@@ -1,5 +1,6 @@
-// nn/conv.h: Conv1d, Conv2d and the pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d and their 1-D forms), over
-// the ops of ops/ops.h (conv.cpp, pool.cpp). Options follow PyTorch's keyword arguments:
+// nn/conv.h: Conv1d, Conv2d and the pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d,
+// AdaptiveMaxPool2d and their 1-D forms), over the ops of ops/ops.h (conv.cpp, pool.cpp). Options
+// follow PyTorch's keyword arguments:
 //   nn::Conv2d c1{1, 32, 3, {.padding = 1}};
 //   nn::Conv2d c2{32, 32, {3, 2}, {.stride = {2, 1}, .padding = {1, 0}}};
 //   nn::Conv2d c3{32, 32, 4, {.padding = "same", .dilation = 2}};  // "same": stride 1 only
@@ -7,6 +8,7 @@
 
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "nn/module.h"
 
@@ -133,6 +135,17 @@ class AdaptiveAvgPool2d : public Module {
   Size2 output_size;
 };
 
+// forward_with_indices also gives the indices (int64 into H * W), as LibTorch's.
+class AdaptiveMaxPool2d : public Module {
+ public:
+  explicit AdaptiveMaxPool2d(Size2 output_size) : output_size(output_size) {}
+  Tensor forward(const Tensor& input) override;
+  std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);
+  std::string extra_repr() const override;
+
+  Size2 output_size;
+};
+
 // The 1-D poolings: input (N, C, L) or (C, L).
 struct MaxPool1dOptions {
   std::optional<int64_t> stride = {};  // unset: kernel_size
@@ -170,6 +183,16 @@ class AdaptiveAvgPool1d : public Module {
  public:
   explicit AdaptiveAvgPool1d(int64_t output_size) : output_size(output_size) {}
   Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t output_size;
+};
+
+class AdaptiveMaxPool1d : public Module {
+ public:
+  explicit AdaptiveMaxPool1d(int64_t output_size) : output_size(output_size) {}
+  Tensor forward(const Tensor& input) override;
+  std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);  // indices into L
   std::string extra_repr() const override;
 
   int64_t output_size;

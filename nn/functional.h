@@ -23,6 +23,10 @@ inline namespace functional {
 // The ops that torch.nn.functional also has, under the same names (the same functions as kiln::).
 using ops::adaptive_avg_pool1d;
 using ops::adaptive_avg_pool2d;
+using ops::adaptive_max_pool1d;
+using ops::adaptive_max_pool1d_with_indices;
+using ops::adaptive_max_pool2d;
+using ops::adaptive_max_pool2d_with_indices;
 using ops::avg_pool1d;
 using ops::avg_pool2d;
 using ops::batch_norm;

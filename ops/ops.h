@@ -258,6 +258,10 @@ Tensor avg_pool2d(const Tensor& x, const Shape& kernel_size, const Shape& stride
                   const Shape& padding = {0, 0}, bool ceil_mode = false, bool count_include_pad = true,
                   std::optional<int64_t> divisor_override = {});
 Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size);
+// Output cell (i, j) is the maximum over rows [floor(i H / Ho), ceil((i + 1) H / Ho)) and the columns
+// alike, as PyTorch's; the indices are int64 into H * W, the first maximum on ties.
+Tensor adaptive_max_pool2d(const Tensor& x, const Shape& output_size);
+std::tuple<Tensor, Tensor> adaptive_max_pool2d_with_indices(const Tensor& x, const Shape& output_size);
 // max_pool2d(x, 2): a square kernel given as one number.
 inline Tensor max_pool2d(const Tensor& x, int64_t kernel_size) { return max_pool2d(x, Shape{kernel_size}); }
 inline Tensor avg_pool2d(const Tensor& x, int64_t kernel_size) { return avg_pool2d(x, Shape{kernel_size}); }
@@ -272,6 +276,8 @@ std::tuple<Tensor, Tensor> max_pool1d_with_indices(const Tensor& x, int64_t kern
 Tensor avg_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> stride = {}, int64_t padding = 0,
                   bool ceil_mode = false, bool count_include_pad = true);
 Tensor adaptive_avg_pool1d(const Tensor& x, int64_t output_size);
+Tensor adaptive_max_pool1d(const Tensor& x, int64_t output_size);
+std::tuple<Tensor, Tensor> adaptive_max_pool1d_with_indices(const Tensor& x, int64_t output_size);
 
 // ---- norm.cpp ----
 // training: normalises with batch statistics and updates running_mean/var in place (unbiased var,

@@ -1,9 +1,13 @@
-// ops/pool.cpp: max, average and adaptive average 2-D pooling over the last two dims of an (N, C, H, W)
-// or unbatched (C, H, W) input, with PyTorch's output sizes (ceil_mode included) and checks (kernels:
-// cpu/pool.cpp); the 1-D poolings are these over a height-1 image. Each backward is a private op that records its own backward, so double backward works:
-// max pooling's backward scatters the gradient to the saved indices (its own backward gathers at
-// them); the average poolings' backward is the transpose of a linear map (its backward is the forward).
-// 16-bit floats run in float32.
+// ops/pool.cpp: max, average, adaptive average and adaptive max 2-D pooling over the last two dims of
+// an (N, C, H, W) or unbatched (C, H, W) input, with PyTorch's output sizes (ceil_mode included) and
+// checks (kernels: cpu/pool.cpp); the 1-D poolings are these over a height-1 image. Each backward is a
+// private op that records its own backward, so double backward works: max pooling's backward scatters
+// the gradient to the saved indices (its own backward gathers at them); the average poolings' backward
+// is the transpose of a linear map (its backward is the forward). Adaptive max pooling is a composition
+// of ops (see adaptive_max_windows). 16-bit floats run in float32.
+#include <algorithm>
+#include <vector>
+
 #include "ops/dispatch.h"
 #include "ops/ops.h"
 #include "ops/record.h"
@@ -142,6 +146,43 @@ Tensor adaptive_forward(const Tensor& input, const Shape& out_shape) {
   return out;
 }
 
+// Adaptive max pooling is a composition of differentiable ops (so its backward, double backward and
+// CUDA path come from theirs). Output cell (i, j) pools rows [floor(i H / Ho), ceil((i + 1) H / Ho))
+// and the columns alike, as PyTorch's. `adaptive_max_windows` lists, for each cell, the plane index
+// h * W + w of every element of its window, row by row, padded to the widest window's K elements by
+// repeating the last row's or column's element: a repeat changes no maximum, and comes after the
+// element it repeats, so the first maximum (PyTorch's choice on ties) is still an original one. The
+// input's planes are gathered by those indices into (N, C, Ho, Wo, K) and reduced by max over K.
+// An adaptive pooling's output_size: one number for both dims, or two, each non-negative.
+std::pair<int64_t, int64_t> adaptive_output_size(const Shape& output_size, const char* op) {
+  KILN_CHECK(output_size.size() == 1 || output_size.size() == 2,
+             "{}: output_size must have one or two elements, got {}", op, output_size.str());
+  const int64_t Ho = output_size[0], Wo = output_size.size() == 2 ? output_size[1] : output_size[0];
+  KILN_CHECK(Ho >= 0 && Wo >= 0, "{}: output_size must be non-negative, got {}", op, output_size.str());
+  return {Ho, Wo};
+}
+
+int64_t window_start(int64_t i, int64_t in, int64_t out) { return i * in / out; }
+int64_t window_end(int64_t i, int64_t in, int64_t out) { return ((i + 1) * in + out - 1) / out; }
+
+Tensor adaptive_max_windows(int64_t H, int64_t W, int64_t Ho, int64_t Wo, Device device) {
+  int64_t kh = 0, kw = 0;
+  for (int64_t i = 0; i < Ho; ++i) kh = std::max(kh, window_end(i, H, Ho) - window_start(i, H, Ho));
+  for (int64_t j = 0; j < Wo; ++j) kw = std::max(kw, window_end(j, W, Wo) - window_start(j, W, Wo));
+  std::vector<int64_t> index;
+  index.reserve(static_cast<size_t>(Ho * Wo * kh * kw));
+  for (int64_t i = 0; i < Ho; ++i) {
+    const int64_t h0 = window_start(i, H, Ho), h1 = window_end(i, H, Ho);
+    for (int64_t j = 0; j < Wo; ++j) {
+      const int64_t w0 = window_start(j, W, Wo), w1 = window_end(j, W, Wo);
+      for (int64_t a = 0; a < kh; ++a) {
+        for (int64_t b = 0; b < kw; ++b) index.push_back(std::min(h0 + a, h1 - 1) * W + std::min(w0 + b, w1 - 1));
+      }
+    }
+  }
+  return from_vector(index, {Ho, Wo, kh * kw}, device);
+}
+
 // The 1-D poolings are the 2-D ones over a height-1 image (kernel 1 x k). Their input, arguments and
 // output length are checked here, so that the messages speak of L and k rather than of an image.
 void check_pool1d(const Tensor& x, int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation,
@@ -250,13 +291,53 @@ Tensor avg_pool2d(const Tensor& x, const Shape& kernel_size, const Shape& stride
   return unbatched_like(avg_pool2d_forward(input, a, out_shape), x);
 }
 
+std::tuple<Tensor, Tensor> adaptive_max_pool2d_with_indices(const Tensor& x, const Shape& output_size) {
+  const char* op = "adaptive_max_pool2d";
+  check_pool_input(x, op);
+  const auto [Ho, Wo] = adaptive_output_size(output_size, op);
+  if (is_half(x.dtype())) {
+    auto [out, indices] = adaptive_max_pool2d_with_indices(x.to(kFloat32), output_size);
+    return {out.to(x.dtype()), indices};
+  }
+  Tensor input = batched(x);
+  const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
+  Tensor out, indices;
+  if (Ho == 0 || Wo == 0) {
+    out = empty_tensor({N, C, Ho, Wo}, input.dtype(), input.device());
+    indices = empty_tensor({N, C, Ho, Wo}, kInt64, input.device());
+  } else {
+    Tensor windows = adaptive_max_windows(H, W, Ho, Wo, input.device());  // (Ho, Wo, K)
+    const int64_t K = windows.size(2);
+    Tensor gathered = input.reshape({N, C, H * W}).index_select(2, windows.reshape({-1})).view({N, C, Ho, Wo, K});
+    auto [values, position] = max(gathered, -1);
+    out = values;
+    indices = windows.expand({N, C, Ho, Wo, K}).gather(4, position.unsqueeze(4)).squeeze(4);
+  }
+  return {unbatched_like(out, x), unbatched_like(indices, x)};
+}
+
+Tensor adaptive_max_pool2d(const Tensor& x, const Shape& output_size) {
+  return std::get<0>(adaptive_max_pool2d_with_indices(x, output_size));
+}
+
+std::tuple<Tensor, Tensor> adaptive_max_pool1d_with_indices(const Tensor& x, int64_t output_size) {
+  const char* op = "adaptive_max_pool1d";
+  KILN_CHECK(x.dim() == 2 || x.dim() == 3,
+             "{}: expected a 2-D (unbatched C, L) or 3-D (batched N, C, L) input, got shape {}", op,
+             x.sizes().str());
+  KILN_CHECK(output_size >= 0, "{}: output_size must be non-negative, got {}", op, output_size);
+  auto [out, indices] = adaptive_max_pool2d_with_indices(x.unsqueeze(-2), {1, output_size});
+  return {out.squeeze(-2), indices.squeeze(-2)};  // an index h * L + w with h = 0 indexes L
+}
+
+Tensor adaptive_max_pool1d(const Tensor& x, int64_t output_size) {
+  return std::get<0>(adaptive_max_pool1d_with_indices(x, output_size));
+}
+
 Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size) {
   const char* op = "adaptive_avg_pool2d";
   check_pool_input(x, op);
-  KILN_CHECK(output_size.size() == 1 || output_size.size() == 2,
-             "{}: output_size must have one or two elements, got {}", op, output_size.str());
-  const int64_t Ho = output_size[0], Wo = output_size.size() == 2 ? output_size[1] : output_size[0];
-  KILN_CHECK(Ho >= 0 && Wo >= 0, "{}: output_size must be non-negative, got {}", op, output_size.str());
+  const auto [Ho, Wo] = adaptive_output_size(output_size, op);
   if (is_half(x.dtype())) return adaptive_avg_pool2d(x.to(kFloat32), output_size).to(x.dtype());
   Tensor input = batched(x);
   return unbatched_like(adaptive_forward(input, {input.sizes()[0], input.sizes()[1], Ho, Wo}), x);

@@ -43,6 +43,39 @@ TEST_CASE("Pooling layers match torch", "[nn][layers][pool]") {
   check_layer(aap1, "adaptive_avgpool2d_1");
 }
 
+TEST_CASE("Adaptive max pooling layers match torch, indices and reprs included", "[nn][layers][pool]") {
+  nn::AdaptiveMaxPool2d amp({3, 2});
+  check_layer(amp, "adaptive_maxpool2d");
+  nn::AdaptiveMaxPool2d amp_larger(4);  // overlapping windows: a gradient from several cells adds up
+  check_layer(amp_larger, "adaptive_maxpool2d_larger");
+  nn::AdaptiveMaxPool1d amp1(3);
+  check_layer(amp1, "adaptive_maxpool1d");
+  // The indices into H * W, for sin(0..209) as (2, 3, 7, 5) (torch's, as float64 in the fixture).
+  Tensor x = arange(210, kFloat64).sin().view({2, 3, 7, 5});
+  auto [values, indices] = amp.forward_with_indices(x);
+  test::check_equal(indices.to(kFloat64), test::nn_case("adaptive_maxpool2d_indices").at("out"));
+  test::check_equal(values, amp(x));
+  // Ties: the first maximum in the window, as torch (ones(1, 1, 4, 4) to (2, 3); ones(2, 5) to 3).
+  CHECK(std::get<1>(nn::functional::adaptive_max_pool2d_with_indices(ones({1, 1, 4, 4}), {2, 3})).to_vector<int64_t>() ==
+        std::vector<int64_t>{0, 1, 2, 8, 9, 10});
+  CHECK(std::get<1>(amp1.forward_with_indices(ones({2, 5}))).to_vector<int64_t>() ==
+        std::vector<int64_t>{0, 1, 3, 0, 1, 3});
+  // An output size of 0 gives an empty result, as torch.
+  CHECK(nn::functional::adaptive_max_pool2d(x, {0, 2}).sizes() == Shape{2, 3, 0, 2});
+  nn::Sequential reprs;
+  reprs.push_back(std::make_shared<nn::AdaptiveMaxPool2d>(nn::Size2{3, 2}));
+  reprs.push_back(std::make_shared<nn::AdaptiveMaxPool2d>(1));
+  reprs.push_back(std::make_shared<nn::AdaptiveMaxPool1d>(4));
+  const std::string repr = reprs.to_string();
+  CHECK(repr.substr(0, repr.rfind("\nParameters: ")) == test::nn_case("adaptive_maxpool_reprs").strings.at("repr"));
+  test::check_error([] { nn::functional::adaptive_max_pool2d(ones({4}), {2}); }, {"adaptive_max_pool2d", "3-D", "[4]"});
+  test::check_error([] { nn::functional::adaptive_max_pool2d(ones({1, 4, 4}), {1, 2, 3}); },
+                    {"adaptive_max_pool2d", "output_size", "one or two"});
+  test::check_error([] { nn::functional::adaptive_max_pool1d(ones({1, 4}), -1); },
+                    {"adaptive_max_pool1d", "non-negative", "-1"});
+  test::check_error([] { nn::functional::adaptive_max_pool1d(ones({4}), 2); }, {"adaptive_max_pool1d", "2-D", "[4]"});
+}
+
 TEST_CASE("1-D pooling layers match torch, and print as torch's", "[nn][layers][pool]") {
   nn::MaxPool1d mp(2);
   check_layer(mp, "maxpool1d");

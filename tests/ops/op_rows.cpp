@@ -324,6 +324,20 @@ const std::vector<OpRow>& op_table() {
       }),
       unary_args("adaptive_avg_pool1d", D::GradGrad,
                  [](const Tensor& x, const GoldenCase& c) { return kiln::adaptive_avg_pool1d(x, c.integer("size")); }),
+      unary_args("adaptive_max_pool2d", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::adaptive_max_pool2d(x, c.shape("size")); }),
+      {"adaptive_max_pool2d_with_indices", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::adaptive_max_pool2d_with_indices(in.at(0), c.shape("size"));
+         return TensorList{values, indices};
+       }},
+      unary_args("adaptive_max_pool1d", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::adaptive_max_pool1d(x, c.integer("size")); }),
+      {"adaptive_max_pool1d_with_indices", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::adaptive_max_pool1d_with_indices(in.at(0), c.integer("size"));
+         return TensorList{values, indices};
+       }},
       {"layer_norm", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
          return TensorList{kiln::layer_norm(in.at(0), c.shape("shape"), opt_input(in, 1), opt_input(in, 2),
