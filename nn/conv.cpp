@@ -4,6 +4,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 #include "nn/init.h"
 #include "ops/ops.h"
@@ -20,6 +22,26 @@ struct SamePad {
 SamePad same_pad(int64_t kernel, int64_t dilation) {
   int64_t total = dilation * (kernel - 1);
   return {total / 2, total - 2 * (total / 2)};
+}
+
+// The input and the padding a convolution runs with, for its padding `mode`: "same" (the extra element
+// of an odd total padded onto the right of the input first), "valid", or the explicit `sizes` (mode
+// empty). `kernel` and `dilation` are over the last kernel.size() dims of the input.
+std::pair<Tensor, Shape> resolve_padding(const Tensor& input, const std::string& mode, const Shape& sizes,
+                                         const Shape& kernel, const Shape& dilation) {
+  if (mode.empty()) return {input, sizes};
+  const int n = kernel.size();
+  Shape padding = Shape::filled(n, 0);
+  if (mode == "valid") return {input, padding};
+  std::vector<int64_t> extra(2 * static_cast<size_t>(n), 0);  // pad()'s order: the last dim first
+  bool any_extra = false;
+  for (int i = 0; i < n; ++i) {
+    const SamePad p = same_pad(kernel[i], dilation[i]);
+    padding[i] = p.left;
+    extra[2 * static_cast<size_t>(n - 1 - i) + 1] = p.extra;
+    any_extra = any_extra || p.extra != 0;
+  }
+  return {any_extra ? pad(input, extra) : input, padding};
 }
 
 void check_mode(const std::string& mode, bool strided, const char* layer) {
@@ -66,15 +88,8 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, Con
 
 Tensor Conv2d::forward(const Tensor& input) {
   const Conv2dOptions& o = options;
-  Shape padding = o.padding.size.shape();
-  Tensor x = input;
-  if (o.padding.mode == "same") {
-    SamePad ph = same_pad(kernel_size.h, o.dilation.h), pw = same_pad(kernel_size.w, o.dilation.w);
-    if (ph.extra || pw.extra) x = pad(x, {0, pw.extra, 0, ph.extra});
-    padding = {ph.left, pw.left};
-  } else if (o.padding.mode == "valid") {
-    padding = {0, 0};
-  }
+  auto [x, padding] =
+      resolve_padding(input, o.padding.mode, o.padding.size.shape(), kernel_size.shape(), o.dilation.shape());
   return conv2d(x, weight, bias, o.stride.shape(), padding, o.dilation.shape(), o.groups);
 }
 
@@ -104,16 +119,8 @@ Conv1d::Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, C
 
 Tensor Conv1d::forward(const Tensor& input) {
   const Conv1dOptions& o = options;
-  int64_t padding = o.padding.size;
-  Tensor x = input;
-  if (o.padding.mode == "same") {
-    SamePad p = same_pad(kernel_size, o.dilation);
-    if (p.extra) x = pad(x, {0, p.extra});
-    padding = p.left;
-  } else if (o.padding.mode == "valid") {
-    padding = 0;
-  }
-  return conv1d(x, weight, bias, o.stride, padding, o.dilation, o.groups);
+  auto [x, padding] = resolve_padding(input, o.padding.mode, {o.padding.size}, {kernel_size}, {o.dilation});
+  return conv1d(x, weight, bias, o.stride, padding[0], o.dilation, o.groups);
 }
 
 std::string Conv1d::extra_repr() const {
@@ -126,6 +133,42 @@ std::string Conv1d::extra_repr() const {
     s += fmt::format(", padding=({},)", o.padding.size);
   }
   if (o.dilation != 1) s += fmt::format(", dilation=({},)", o.dilation);
+  if (o.groups != 1) s += fmt::format(", groups={}", o.groups);
+  if (!bias.defined()) s += ", bias=False";
+  return s;
+}
+
+std::string Size3::str() const { return fmt::format("({}, {}, {})", d, h, w); }
+
+Conv3d::Conv3d(int64_t in_channels, int64_t out_channels, Size3 kernel_size, Conv3dOptions options)
+    : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(std::move(options)) {
+  check_channels(in_channels, out_channels, this->options.groups, kernel_size.shape(), "Conv3d");
+  const Size3& stride = this->options.stride;
+  check_mode(this->options.padding.mode, stride.d != 1 || stride.h != 1 || stride.w != 1, "Conv3d");
+  weight = register_parameter("weight", empty({out_channels, in_channels / this->options.groups, kernel_size.d,
+                                               kernel_size.h, kernel_size.w}));
+  if (this->options.bias) bias = register_parameter("bias", empty({out_channels}));
+  reset_conv(weight, bias);
+}
+
+Tensor Conv3d::forward(const Tensor& input) {
+  const Conv3dOptions& o = options;
+  auto [x, padding] =
+      resolve_padding(input, o.padding.mode, o.padding.size.shape(), kernel_size.shape(), o.dilation.shape());
+  return conv3d(x, weight, bias, o.stride.shape(), padding, o.dilation.shape(), o.groups);
+}
+
+std::string Conv3d::extra_repr() const {
+  const Conv3dOptions& o = options;
+  std::string s = fmt::format("{}, {}, kernel_size={}, stride={}", in_channels, out_channels, kernel_size.str(),
+                              o.stride.str());
+  const Size3& p = o.padding.size;
+  if (!o.padding.mode.empty()) {
+    s += ", padding=" + o.padding.mode;
+  } else if (p.d != 0 || p.h != 0 || p.w != 0) {
+    s += ", padding=" + p.str();
+  }
+  if (o.dilation.d != 1 || o.dilation.h != 1 || o.dilation.w != 1) s += ", dilation=" + o.dilation.str();
   if (o.groups != 1) s += fmt::format(", groups={}", o.groups);
   if (!bias.defined()) s += ", bias=False";
   return s;

@@ -1,4 +1,4 @@
-// nn/conv.h: Conv1d, Conv2d and the pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d,
+// nn/conv.h: Conv1d, Conv2d, Conv3d and the pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d,
 // AdaptiveMaxPool2d and their 1-D forms), over the ops of ops/ops.h (conv.cpp, pool.cpp). Options
 // follow PyTorch's keyword arguments:
 //   nn::Conv2d c1{1, 32, 3, {.padding = 1}};
@@ -91,6 +91,48 @@ class Conv1d : public Module {
   Conv1dOptions options;
   Tensor weight;  // (C_out, C_in / groups, k)
   Tensor bias;    // (C_out)
+};
+
+// A 3-D size: one number (3 means (3, 3, 3)) or three ({3, 3, 2}).
+class Size3 {
+ public:
+  Size3(int64_t v) : d(v), h(v), w(v) {}  // NOLINT: `.stride = 2`
+  Size3(int64_t d, int64_t h, int64_t w) : d(d), h(h), w(w) {}
+  Shape shape() const { return {d, h, w}; }
+  std::string str() const;  // "(3, 3, 2)"
+  int64_t d = 0, h = 0, w = 0;
+};
+class Padding3d {
+ public:
+  Padding3d(int64_t v) : size(v) {}  // NOLINT
+  Padding3d(int64_t d, int64_t h, int64_t w) : size(d, h, w) {}
+  template <size_t N> Padding3d(const char (&m)[N]) : mode(m) {}  // NOLINT: `.padding = "same"`
+  explicit Padding3d(std::string m) : mode(std::move(m)) {}
+  Size3 size{0};
+  std::string mode;  // empty: explicit size
+};
+
+struct Conv3dOptions {
+  Size3 stride = 1;
+  Padding3d padding = 0;
+  Size3 dilation = 1;
+  int64_t groups = 1;
+  bool bias = true;
+};
+
+// input (N, C_in, D, H, W) or (C_in, D, H, W) -> (N, C_out, D', H', W'); weight (C_out, C_in / groups,
+// kD, kH, kW), initialised as Conv2d's. The op is one conv2d (Note [conv3d as conv2d], ops/conv.cpp).
+class Conv3d : public Module {
+ public:
+  Conv3d(int64_t in_channels, int64_t out_channels, Size3 kernel_size, Conv3dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels;
+  Size3 kernel_size;
+  Conv3dOptions options;
+  Tensor weight;  // (C_out, C_in / groups, kD, kH, kW)
+  Tensor bias;    // (C_out), undefined without bias
 };
 
 struct MaxPool2dOptions {

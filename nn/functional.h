@@ -32,6 +32,7 @@ using ops::avg_pool2d;
 using ops::batch_norm;
 using ops::conv1d;
 using ops::conv2d;
+using ops::conv3d;
 using ops::dropout;
 using ops::gelu;
 using ops::group_norm;

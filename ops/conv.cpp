@@ -1,11 +1,14 @@
-// ops/conv.cpp: conv2d and conv1d (a conv2d over a height-1 image), and the two ops that are conv2d's
-// backward: the gradient with respect to the input and with respect to the weight (kernels:
-// cpu/conv.cpp). All three are linear in each argument, so each one's backward is written with the
-// other two:
+// ops/conv.cpp: conv2d, conv1d (a conv2d over a height-1 image) and conv3d (one conv2d, Note [conv3d as
+// conv2d]), and the two ops that are conv2d's backward: the gradient with respect to the input and
+// with respect to the weight (kernels: cpu/conv.cpp). Those three are linear in each argument, so each
+// one's backward is written with the other two:
 //   out = conv2d(x, w):                 dx = backward_input(g, w),  dw = backward_weight(g, x)
 //   gx = backward_input(g, w):          dg = conv2d(ggx, w),        dw = backward_weight(g, ggx)
 //   gw = backward_weight(g, x):         dg = conv2d(x, ggw),        dx = backward_input(g, ggw)
 // which gives double backward (gradient penalties) for free. 16-bit floats run in float32.
+#include <array>
+#include <vector>
+
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -166,6 +169,63 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
   Tensor x = input.dim() == 2 ? input.unsqueeze(0) : input;
   Tensor out = conv2d_impl(x.unsqueeze(2), weight.unsqueeze(2), bias, a, "conv1d").squeeze(2);
   return input.dim() == 2 ? out.squeeze(0) : out;
+}
+
+// Note [conv3d as conv2d]
+// A 3-D convolution is one 2-D convolution once the depth windows are moved into the channels: output
+// depth t reads input depths t * sD + kd * dD - pD for kd < kD, so those kD slices of every channel,
+// stacked as (kD, C) channels (group by group), are a 2-D image per (n, t), and the weight
+// (C_out, C_in / groups, kD, kH, kW) read as (C_out, kD * C_in / groups, kH, kW) is its 2-D kernel.
+// The stacked input is kD / sD times the input's size (the depth-only form of im2col). Built from
+// slice, stack, permute and reshape, it is differentiable twice over through conv2d's own backward,
+// and runs on any device conv2d runs on.
+Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+              const Shape& padding, const Shape& dilation, int64_t groups) {
+  const char* op = "conv3d";
+  KILN_CHECK(input.dim() == 4 || input.dim() == 5,
+             "conv3d: expected a 4-D (unbatched C, D, H, W) or 5-D (batched N, C, D, H, W) input, got shape {}",
+             input.sizes().str());
+  KILN_CHECK(weight.dim() == 5, "conv3d: expected a 5-D weight (C_out, C_in / groups, kD, kH, kW), got shape {}",
+             weight.sizes().str());
+  if (!autocast::is_enabled(input.device().type)) check_float_pair(op, input, weight);  // else conv2d casts
+  auto triple = [&](const Shape& v, const char* name, int64_t min) {
+    KILN_CHECK(v.size() == 1 || v.size() == 3, "{}: {} must have one or three elements, got {}", op, name, v.str());
+    std::array<int64_t, 3> t{v[0], v[v.size() == 3 ? 1 : 0], v[v.size() == 3 ? 2 : 0]};
+    for (int64_t e : t) {
+      KILN_CHECK(e >= min, "{}: {} must be {}, got {}", op, name, min == 0 ? "non-negative" : "positive", v.str());
+    }
+    return t;
+  };
+  const auto s = triple(stride, "stride", 1), p = triple(padding, "padding", 0), d = triple(dilation, "dilation", 1);
+  KILN_CHECK(groups >= 1, "conv3d: groups must be positive, got {}", groups);
+  Tensor x = input.dim() == 4 ? input.unsqueeze(0) : input;
+  const Shape in = x.sizes(), w = weight.sizes();
+  KILN_CHECK(w[0] % groups == 0, "conv3d: the weight's {} output channels are not divisible by groups {}", w[0],
+             groups);
+  KILN_CHECK(in[1] == w[1] * groups,
+             "conv3d: the input {} has {} channels, but the weight {} with groups {} expects {} (weight dim 1 times "
+             "groups)",
+             in.str(), in[1], w.str(), groups, w[1] * groups);
+  for (int i = 0; i < 3; ++i) {
+    KILN_CHECK(in[2 + i] + 2 * p[i] >= d[i] * (w[2 + i] - 1) + 1,
+               "conv3d: the padded input ({} x {} x {}) is smaller than the dilated kernel ({} x {} x {}); input {}, "
+               "weight {}",
+               in[2] + 2 * p[0], in[3] + 2 * p[1], in[4] + 2 * p[2], d[0] * (w[2] - 1) + 1, d[1] * (w[3] - 1) + 1,
+               d[2] * (w[4] - 1) + 1, in.str(), w.str());
+  }
+  const int64_t N = in[0], C = in[1], H = in[3], W = in[4], kD = w[2], O = w[0];
+  const int64_t Do = conv_out_size(in[2], kD, p[0], d[0], s[0]);
+  if (p[0] > 0) x = pad(x, {0, 0, 0, 0, p[0], p[0]});
+  std::vector<Tensor> taps;
+  for (int64_t kd = 0; kd < kD; ++kd) taps.push_back(x.slice(2, kd * d[0], kd * d[0] + s[0] * (Do - 1) + 1, s[0]));
+  Tensor image = stack(taps, 2)  // (N, C, kD, Do, H, W)
+                     .view({N, groups, C / groups, kD, Do, H, W})
+                     .permute({0, 4, 1, 3, 2, 5, 6})  // (N, Do, groups, kD, C / groups, H, W)
+                     .reshape({N * Do, C * kD, H, W});
+  Tensor kernel = weight.permute({0, 2, 1, 3, 4}).reshape({O, kD * w[1], w[3], w[4]});
+  Tensor out = conv2d(image, kernel, bias, {s[1], s[2]}, {p[1], p[2]}, {d[1], d[2]}, groups);  // (N Do, O, Ho, Wo)
+  out = out.view({N, Do, O, out.size(2), out.size(3)}).permute({0, 2, 1, 3, 4}).contiguous();
+  return input.dim() == 4 ? out.squeeze(0) : out;
 }
 
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,

@@ -239,6 +239,11 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
               const Shape& dilation = {1, 1}, int64_t groups = 1);
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, int64_t stride = 1,
               int64_t padding = 0, int64_t dilation = 1, int64_t groups = 1);
+// input (N, C, D, H, W) or unbatched (C, D, H, W); weight (C_out, C_in / groups, kD, kH, kW); stride,
+// padding and dilation one number for all three dims, or three.
+Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+              const Shape& stride = {1, 1, 1}, const Shape& padding = {0, 0, 0},
+              const Shape& dilation = {1, 1, 1}, int64_t groups = 1);
 // The gradients of conv2d (its backward; ordinary ops, so they have a backward too): with respect to
 // the input, of shape input_shape (N, C_in, H, W), and with respect to the weight, of weight_shape.
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,

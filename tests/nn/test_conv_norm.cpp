@@ -28,6 +28,38 @@ TEST_CASE("Conv1d matches torch", "[nn][layers][conv]") {
   check_layer(same, "conv1d_same_even");
 }
 
+TEST_CASE("Conv3d matches torch: every option on each dim, 'same', 'valid', unbatched, and its repr",
+          "[nn][layers][conv]") {
+  nn::Conv3d plain(2, 3, 3);
+  check_layer(plain, "conv3d");
+  nn::Conv3d opts(4, 6, {3, 2, 3}, {.stride = {2, 1, 1}, .padding = {1, 0, 2}, .dilation = {1, 2, 1}, .groups = 2,
+                                    .bias = false});
+  check_layer(opts, "conv3d_opts");
+  nn::Conv3d same(2, 2, {4, 3, 2}, {.padding = "same"});  // even kernels: the extra element on the right
+  check_layer(same, "conv3d_same");
+  nn::Conv3d valid(2, 2, 2, {.padding = "valid"});
+  check_layer(valid, "conv3d_unbatched");
+  CHECK(opts.weight.sizes() == Shape{6, 2, 3, 2, 3});
+  nn::Sequential reprs;
+  reprs.push_back(std::make_shared<nn::Conv3d>(2, 3, 3));
+  reprs.push_back(std::make_shared<nn::Conv3d>(
+      4, 6, nn::Size3{3, 2, 3},
+      nn::Conv3dOptions{.stride = {2, 1, 1}, .padding = {1, 0, 2}, .dilation = {1, 2, 1}, .groups = 2, .bias = false}));
+  reprs.push_back(std::make_shared<nn::Conv3d>(2, 2, 3, nn::Conv3dOptions{.padding = "same"}));
+  const std::string repr = reprs.to_string();
+  CHECK(repr.substr(0, repr.rfind("\nParameters: ")) == test::nn_case("conv3d_reprs").strings.at("repr"));
+  test::check_error([] { nn::Conv3d(3, 4, 3, {.groups = 2}); }, {"nn::Conv3d", "divisible by groups"});
+  test::check_error([] { nn::Conv3d(2, 2, 3, {.stride = 2, .padding = "same"}); }, {"nn::Conv3d", "'same'", "strided"});
+  test::check_error([] { nn::functional::conv3d(ones({1, 2, 4, 4}), ones({3, 2, 2, 2})); },
+                    {"conv3d", "5-D weight", "[3, 2, 2, 2]"});
+  test::check_error([] { nn::functional::conv3d(ones({1, 3, 4, 4, 4}), ones({3, 2, 2, 2, 2})); },
+                    {"conv3d", "3 channels", "expects 2"});
+  test::check_error([] { nn::functional::conv3d(ones({1, 2, 2, 4, 4}), ones({3, 2, 3, 2, 2})); },
+                    {"conv3d", "smaller than the dilated kernel", "(2 x 4 x 4)", "(3 x 2 x 2)"});
+  test::check_error([] { nn::functional::conv3d(ones({1, 2, 4, 4, 4}), ones({3, 2, 2, 2, 2}), {}, {1, 2}); },
+                    {"conv3d", "stride", "one or three"});
+}
+
 TEST_CASE("Pooling layers match torch", "[nn][layers][pool]") {
   nn::MaxPool2d mp(2);
   check_layer(mp, "maxpool2d");

@@ -285,6 +285,12 @@ const std::vector<OpRow>& op_table() {
                                         c.shape("padding", Shape{0, 0}), c.shape("dilation", Shape{1, 1}),
                                         c.integer("groups", 1))};
        }},
+      {"conv3d", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::conv3d(in.at(0), in.at(1), opt_input(in, 2), c.shape("stride", Shape{1, 1, 1}),
+                                        c.shape("padding", Shape{0, 0, 0}), c.shape("dilation", Shape{1, 1, 1}),
+                                        c.integer("groups", 1))};
+       }},
       {"conv1d", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
          return TensorList{kiln::conv1d(in.at(0), in.at(1), opt_input(in, 2), c.integer("stride", 1),
