@@ -2,7 +2,8 @@
 // at batch 128: Conv(1->32, 3x3, pad 1)-ReLU-MaxPool2-Conv(32->64, 3x3, pad 1)-ReLU-MaxPool2 on a
 // (128, 1, 28, 28) input, forward alone and forward + backward (gradients of both convolutions' weights
 // and biases; the input needs none), and each layer's forward alone. ms = median of 15 runs after 3
-// warm-up runs. One JSON line per result. Its PyTorch counterpart: benchmarks/torch_cnn_layers.py.
+// warm-up runs. Then conv3d and adaptive max pooling (see the end of main). One JSON line per result.
+// Its PyTorch counterpart: benchmarks/torch_cnn_layers.py.
 // Usage: bench_cnn_layers [threads] (default 2).
 #include <kiln/kiln.h>
 
@@ -67,6 +68,28 @@ int main(int argc, char** argv) {
     report("conv2_backward_weight", median_ms([&] {
              conv2d_backward_weight(g2, p1, w2.sizes(), {1, 1}, {1, 1}, {1, 1}, 1);
            }));
+  }
+  // Beyond the CNN: conv3d (one conv2d over the stacked depth windows, ops/conv.cpp) on a
+  // (4, 16, 16, 32, 32) input with a 3x3x3 kernel to 32 channels, and adaptive max pooling (index_select
+  // of the windows and max, ops/pool.cpp) of a (128, 32, 28, 28) input to 5 x 5, forward + backward
+  // (the gradient of the weight, or of the input) and forward alone.
+  Tensor x3 = randn({4, 16, 16, 32, 32}, {}, &gen);
+  Tensor w3 = (randn({32, 16, 3, 3, 3}, {}, &gen) * 0.05).requires_grad_();
+  Tensor cot3 = randn({4, 32, 16, 32, 32}, {}, &gen);
+  Tensor a = randn({128, 32, 28, 28}, {}, &gen).requires_grad_();
+  Tensor cot_a = randn({128, 32, 5, 5}, {}, &gen);
+  report("conv3d_forward_backward", median_ms([&] {
+           w3.set_grad(Tensor());
+           conv3d(x3, w3, {}, {1, 1, 1}, {1, 1, 1}).backward(cot3);
+         }));
+  report("adaptive_max_pool_forward_backward", median_ms([&] {
+           a.set_grad(Tensor());
+           adaptive_max_pool2d(a, {5}).backward(cot_a);
+         }));
+  {
+    NoGradGuard no_grad;
+    report("conv3d_forward", median_ms([&] { conv3d(x3, w3, {}, {1, 1, 1}, {1, 1, 1}); }));
+    report("adaptive_max_pool_forward", median_ms([&] { adaptive_max_pool2d(a, {5}); }));
   }
   return 0;
 }

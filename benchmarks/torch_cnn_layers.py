@@ -63,3 +63,27 @@ with torch.no_grad():
            median_ms(lambda: torch.nn.grad.conv2d_input(p1.shape, w2, g2, padding=1)))
     report("conv2_backward_weight",
            median_ms(lambda: torch.nn.grad.conv2d_weight(p1, w2.shape, g2, padding=1)))
+
+# Beyond the CNN, as bench_cnn_layers.cpp: conv3d and adaptive max pooling.
+x3 = torch.randn(4, 16, 16, 32, 32)
+w3 = (torch.randn(32, 16, 3, 3, 3) * 0.05).requires_grad_()
+cot3 = torch.randn(4, 32, 16, 32, 32)
+a = torch.randn(128, 32, 28, 28).requires_grad_()
+cot_a = torch.randn(128, 32, 5, 5)
+
+
+def conv3d_fwd_bwd():
+    w3.grad = None
+    F.conv3d(x3, w3, None, 1, 1).backward(cot3)
+
+
+def adaptive_max_fwd_bwd():
+    a.grad = None
+    F.adaptive_max_pool2d(a, 5).backward(cot_a)
+
+
+report("conv3d_forward_backward", median_ms(conv3d_fwd_bwd))
+report("adaptive_max_pool_forward_backward", median_ms(adaptive_max_fwd_bwd))
+with torch.no_grad():
+    report("conv3d_forward", median_ms(lambda: F.conv3d(x3, w3, None, 1, 1)))
+    report("adaptive_max_pool_forward", median_ms(lambda: F.adaptive_max_pool2d(a, 5)))

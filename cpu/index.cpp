@@ -1,5 +1,7 @@
 // cpu/index.cpp: index_select, index_add, gather and scatter along one dim. Every index is checked
 // against the dim's size; a bad one is an Error naming the op, the index and the size.
+#include <algorithm>
+
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 
@@ -55,8 +57,20 @@ void index_select_kernel(const View& in, int dim, const View& index, const View&
   KILN_DISPATCH_ALL_TYPES(in.dtype, "index_select", [&] {
     const scalar_t* x = in.ptr<scalar_t>();
     scalar_t* y = out.ptr<scalar_t>();
+    // Both contiguous (the common case): each (o, j) is a run of `inner` elements on both sides.
+    const bool contiguous = in.is_contiguous() && out.is_contiguous();
     parallel_for(0, split.outer * n, std::max<int64_t>(1, kGrain / std::max<int64_t>(split.inner, 1)),
                  [&](int64_t b, int64_t e) {
+                   if (contiguous) {  // (o, j) stepped along, not divided out of p: a division per element dominated
+                     for (int64_t p = b, o = b / n, j = b % n; p < e; ++p) {
+                       const scalar_t* from = x + (o * size + checked(idx[j * istride], size, "index_select", dim)) *
+                                                      split.inner;
+                       if (split.inner == 1) y[p] = *from;  // so would a call to memmove per element
+                       else std::copy(from, from + split.inner, y + p * split.inner);
+                       if (++j == n) j = 0, ++o;
+                     }
+                     return;
+                   }
                    for (int64_t p = b; p < e; ++p) {
                      int64_t o = p / n, j = p % n;
                      int64_t src = checked(idx[j * istride], size, "index_select", dim);
@@ -78,10 +92,19 @@ void index_add_kernel(const View& out, int dim, const View& index, const View& s
     const scalar_t* x = src.ptr<scalar_t>();
     scalar_t* y = out.ptr<scalar_t>();
     // Serial over the indexed dim (repeated indices add into the same row); parallel over `outer`.
+    const bool contiguous = out.is_contiguous() && src.is_contiguous();  // runs of `inner` on both sides
     parallel_for(0, split.outer, 1, [&](int64_t b, int64_t e) {
       for (int64_t o = b; o < e; ++o) {
         for (int64_t j = 0; j < n; ++j) {
           int64_t dst = checked(idx[j * istride], size, "index_add", dim);
+          if (contiguous) {
+            scalar_t* to = y + (o * size + dst) * split.inner;
+            const scalar_t* from = x + (o * n + j) * split.inner;
+            for (int64_t i = 0; i < split.inner; ++i) {
+              to[i] = static_cast<scalar_t>(static_cast<M>(to[i]) + static_cast<M>(from[i]));
+            }
+            continue;
+          }
           for (int64_t i = 0; i < split.inner; ++i) {
             scalar_t& t = y[offset_of(out, dim, o, dst, i)];
             t = static_cast<scalar_t>(static_cast<M>(t) + static_cast<M>(x[offset_of(src, dim, o, j, i)]));

@@ -213,6 +213,8 @@ Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
                in[2] + 2 * p[0], in[3] + 2 * p[1], in[4] + 2 * p[2], d[0] * (w[2] - 1) + 1, d[1] * (w[3] - 1) + 1,
                d[2] * (w[4] - 1) + 1, in.str(), w.str());
   }
+  KILN_CHECK(w[2] > 0 && w[3] > 0 && w[4] > 0, "conv3d: the weight's kernel sizes must be positive, got weight {}",
+             w.str());
   const int64_t N = in[0], C = in[1], H = in[3], W = in[4], kD = w[2], O = w[0];
   const int64_t Do = conv_out_size(in[2], kD, p[0], d[0], s[0]);
   if (p[0] > 0) x = pad(x, {0, 0, 0, 0, p[0], p[0]});

@@ -146,13 +146,6 @@ Tensor adaptive_forward(const Tensor& input, const Shape& out_shape) {
   return out;
 }
 
-// Adaptive max pooling is a composition of differentiable ops (so its backward, double backward and
-// CUDA path come from theirs). Output cell (i, j) pools rows [floor(i H / Ho), ceil((i + 1) H / Ho))
-// and the columns alike, as PyTorch's. `adaptive_max_windows` lists, for each cell, the plane index
-// h * W + w of every element of its window, row by row, padded to the widest window's K elements by
-// repeating the last row's or column's element: a repeat changes no maximum, and comes after the
-// element it repeats, so the first maximum (PyTorch's choice on ties) is still an original one. The
-// input's planes are gathered by those indices into (N, C, Ho, Wo, K) and reduced by max over K.
 // An adaptive pooling's output_size: one number for both dims, or two, each non-negative.
 std::pair<int64_t, int64_t> adaptive_output_size(const Shape& output_size, const char* op) {
   KILN_CHECK(output_size.size() == 1 || output_size.size() == 2,
@@ -162,6 +155,13 @@ std::pair<int64_t, int64_t> adaptive_output_size(const Shape& output_size, const
   return {Ho, Wo};
 }
 
+// Adaptive max pooling is a composition of differentiable ops (so its backward, double backward and
+// CUDA path come from theirs). Output cell (i, j) pools rows [floor(i H / Ho), ceil((i + 1) H / Ho))
+// and the columns alike, as PyTorch's. `adaptive_max_windows` lists, for each cell, the plane index
+// h * W + w of every element of its window, row by row, padded to the widest window's K elements by
+// repeating the last row's or column's element: a repeat changes no maximum, and comes after the
+// element it repeats, so the first maximum (PyTorch's choice on ties) is still an original one. The
+// input's planes are gathered by those indices into (N, C, Ho, Wo, K) and reduced by max over K.
 int64_t window_start(int64_t i, int64_t in, int64_t out) { return i * in / out; }
 int64_t window_end(int64_t i, int64_t in, int64_t out) { return ((i + 1) * in + out - 1) / out; }
 

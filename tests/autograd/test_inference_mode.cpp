@@ -121,7 +121,8 @@ TEST_CASE("Fused optimizer steps refuse inference params and state outside the m
   Tensor g = full({3}, 0.5);
   Tensor normal_p = ones({3}), normal_m = zeros({3});
   check_error([&] { fused_sgd_({p}, {g}, {}, {.lr = 0.1}); }, {"fused_sgd_", "inference tensor"});
-  check_error([&] { fused_sgd_({normal_p}, {g}, {m}, {.lr = 0.1, .momentum = 0.9}); }, {"fused_sgd_", "inference tensor"});
+  check_error([&] { fused_sgd_({normal_p}, {g}, {m}, {.lr = 0.1, .momentum = 0.9}); },
+              {"fused_sgd_", "inference tensor"});
   check_equal(p, ones({3}));
   check_equal(normal_p, ones({3}));  // refused before anything was written
   {

@@ -58,6 +58,8 @@ TEST_CASE("Conv3d matches torch: every option on each dim, 'same', 'valid', unba
                     {"conv3d", "smaller than the dilated kernel", "(2 x 4 x 4)", "(3 x 2 x 2)"});
   test::check_error([] { nn::functional::conv3d(ones({1, 2, 4, 4, 4}), ones({3, 2, 2, 2, 2}), {}, {1, 2}); },
                     {"conv3d", "stride", "one or three"});
+  test::check_error([] { nn::functional::conv3d(ones({1, 2, 4, 4, 4}), ones({3, 2, 0, 2, 2})); },
+                    {"conv3d", "kernel sizes must be positive", "[3, 2, 0, 2, 2]"});
 }
 
 TEST_CASE("Pooling layers match torch", "[nn][layers][pool]") {
@@ -88,8 +90,8 @@ TEST_CASE("Adaptive max pooling layers match torch, indices and reprs included",
   test::check_equal(indices.to(kFloat64), test::nn_case("adaptive_maxpool2d_indices").at("out"));
   test::check_equal(values, amp(x));
   // Ties: the first maximum in the window, as torch (ones(1, 1, 4, 4) to (2, 3); ones(2, 5) to 3).
-  CHECK(std::get<1>(nn::functional::adaptive_max_pool2d_with_indices(ones({1, 1, 4, 4}), {2, 3})).to_vector<int64_t>() ==
-        std::vector<int64_t>{0, 1, 2, 8, 9, 10});
+  Tensor tie_indices = std::get<1>(nn::functional::adaptive_max_pool2d_with_indices(ones({1, 1, 4, 4}), {2, 3}));
+  CHECK(tie_indices.to_vector<int64_t>() == std::vector<int64_t>{0, 1, 2, 8, 9, 10});
   CHECK(std::get<1>(amp1.forward_with_indices(ones({2, 5}))).to_vector<int64_t>() ==
         std::vector<int64_t>{0, 1, 3, 0, 1, 3});
   // An output size of 0 gives an empty result, as torch.

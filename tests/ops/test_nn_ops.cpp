@@ -254,3 +254,23 @@ TEST_CASE("log and rsqrt of subnormal inputs are exact, in float32 and float64",
     }
   }
 }
+
+TEST_CASE("index_select and index_add take the same values on their contiguous fast path as on the strided one",
+          "[ops][index]") {
+  // Large enough that the 2 threads split the rows mid-row; inner runs of 1 (the last dim) and of 7.
+  ThreadsGuard threads(2);
+  for (int64_t dim : {1, 0}) {
+    // dim 1: (7, 300), runs of 1; dim 0: (300, 7), runs of 7. Both contiguous.
+    Tensor x = dim == 1 ? test::sample({300, 7}, kFloat64).t().contiguous() : test::sample({300, 7}, kFloat64);
+    const int64_t size = x.size(dim), n = 40000;
+    std::vector<int64_t> picks(n);
+    for (int64_t i = 0; i < n; ++i) picks[i] = (i * 7919 + 13) % size;
+    Tensor index = from_vector(picks);
+    Tensor strided = x.t().contiguous().t();  // the same values through strides: the generic path
+    test::check_equal(x.index_select(dim, index), strided.index_select(dim, index));
+    Tensor src = test::sample(x.index_select(dim, index).sizes(), kFloat64, 1.7);
+    Tensor fast = index_add(zeros(x.sizes(), kFloat64), dim, index, src);
+    Tensor slow = index_add(zeros(x.sizes(), kFloat64).t().contiguous().t(), dim, index, src.t().contiguous().t());
+    test::check_close(fast, slow, {1e-12, 1e-12});
+  }
+}
