@@ -111,19 +111,21 @@ bool TensorImpl::is_contiguous() const { return strides_are_contiguous(sizes, st
 namespace {
 thread_local bool grad_mode_enabled = true;
 thread_local bool inference_mode_enabled = false;
+thread_local bool recording = true;  // grad_mode_enabled && !inference_mode_enabled: one load per op
 std::atomic<uint64_t> next_sequence_nr{0};
+void set_modes(bool grad, bool inference) {
+  grad_mode_enabled = grad;
+  inference_mode_enabled = inference;
+  recording = grad && !inference;
+}
 }  // namespace
-bool GradMode::is_enabled() { return grad_mode_enabled && !inference_mode_enabled; }
-void GradMode::set_enabled(bool enabled) { grad_mode_enabled = enabled; }
+bool GradMode::is_enabled() { return recording; }
+void GradMode::set_enabled(bool enabled) { set_modes(enabled, inference_mode_enabled); }
 
 InferenceMode::InferenceMode(bool enabled) : prev_grad_(grad_mode_enabled), prev_inference_(inference_mode_enabled) {
-  grad_mode_enabled = !enabled;
-  inference_mode_enabled = enabled;
+  set_modes(!enabled, enabled);
 }
-InferenceMode::~InferenceMode() {
-  grad_mode_enabled = prev_grad_;
-  inference_mode_enabled = prev_inference_;
-}
+InferenceMode::~InferenceMode() { set_modes(prev_grad_, prev_inference_); }
 bool InferenceMode::is_enabled() { return inference_mode_enabled; }
 
 namespace {

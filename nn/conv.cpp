@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 #include <vector>
@@ -70,6 +71,31 @@ void reset_conv(Tensor& weight, Tensor& bias) {
   }
 }
 
+// A Python tuple: "(3,)", "(3, 2)", "(3, 3, 2)".
+std::string tuple_str(const Shape& s) {
+  std::string out = "(";
+  for (int i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + (s.size() == 1 ? ",)" : ")");
+}
+
+// PyTorch's repr of a ConvNd: padding shown when it is a mode or not all 0, dilation when not all 1.
+std::string conv_repr(int64_t in, int64_t out, const Shape& kernel, const Shape& stride, const std::string& mode,
+                      const Shape& padding, const Shape& dilation, int64_t groups, bool bias) {
+  std::string s = fmt::format("{}, {}, kernel_size={}, stride={}", in, out, tuple_str(kernel), tuple_str(stride));
+  auto all = [](const Shape& v, int64_t x) {
+    return std::all_of(v.begin(), v.end(), [x](int64_t e) { return e == x; });
+  };
+  if (!mode.empty()) {
+    s += ", padding=" + mode;
+  } else if (!all(padding, 0)) {
+    s += ", padding=" + tuple_str(padding);
+  }
+  if (!all(dilation, 1)) s += ", dilation=" + tuple_str(dilation);
+  if (groups != 1) s += fmt::format(", groups={}", groups);
+  if (!bias) s += ", bias=False";
+  return s;
+}
+
 std::string size_or_pair(const Size2& s) { return s.h == s.w ? std::to_string(s.h) : s.str(); }
 
 }  // namespace
@@ -95,17 +121,8 @@ Tensor Conv2d::forward(const Tensor& input) {
 
 std::string Conv2d::extra_repr() const {
   const Conv2dOptions& o = options;
-  std::string s = fmt::format("{}, {}, kernel_size={}, stride={}", in_channels, out_channels, kernel_size.str(),
-                              o.stride.str());
-  if (!o.padding.mode.empty()) {
-    s += ", padding=" + o.padding.mode;
-  } else if (o.padding.size.h != 0 || o.padding.size.w != 0) {
-    s += ", padding=" + o.padding.size.str();
-  }
-  if (o.dilation.h != 1 || o.dilation.w != 1) s += ", dilation=" + o.dilation.str();
-  if (o.groups != 1) s += fmt::format(", groups={}", o.groups);
-  if (!bias.defined()) s += ", bias=False";
-  return s;
+  return conv_repr(in_channels, out_channels, kernel_size.shape(), o.stride.shape(), o.padding.mode,
+                   o.padding.size.shape(), o.dilation.shape(), o.groups, bias.defined());
 }
 
 Conv1d::Conv1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, Conv1dOptions options)
@@ -125,17 +142,8 @@ Tensor Conv1d::forward(const Tensor& input) {
 
 std::string Conv1d::extra_repr() const {
   const Conv1dOptions& o = options;
-  std::string s =
-      fmt::format("{}, {}, kernel_size=({},), stride=({},)", in_channels, out_channels, kernel_size, o.stride);
-  if (!o.padding.mode.empty()) {
-    s += ", padding=" + o.padding.mode;
-  } else if (o.padding.size != 0) {
-    s += fmt::format(", padding=({},)", o.padding.size);
-  }
-  if (o.dilation != 1) s += fmt::format(", dilation=({},)", o.dilation);
-  if (o.groups != 1) s += fmt::format(", groups={}", o.groups);
-  if (!bias.defined()) s += ", bias=False";
-  return s;
+  return conv_repr(in_channels, out_channels, {kernel_size}, {o.stride}, o.padding.mode, {o.padding.size},
+                   {o.dilation}, o.groups, bias.defined());
 }
 
 std::string Size3::str() const { return fmt::format("({}, {}, {})", d, h, w); }
@@ -160,18 +168,8 @@ Tensor Conv3d::forward(const Tensor& input) {
 
 std::string Conv3d::extra_repr() const {
   const Conv3dOptions& o = options;
-  std::string s = fmt::format("{}, {}, kernel_size={}, stride={}", in_channels, out_channels, kernel_size.str(),
-                              o.stride.str());
-  const Size3& p = o.padding.size;
-  if (!o.padding.mode.empty()) {
-    s += ", padding=" + o.padding.mode;
-  } else if (p.d != 0 || p.h != 0 || p.w != 0) {
-    s += ", padding=" + p.str();
-  }
-  if (o.dilation.d != 1 || o.dilation.h != 1 || o.dilation.w != 1) s += ", dilation=" + o.dilation.str();
-  if (o.groups != 1) s += fmt::format(", groups={}", o.groups);
-  if (!bias.defined()) s += ", bias=False";
-  return s;
+  return conv_repr(in_channels, out_channels, kernel_size.shape(), o.stride.shape(), o.padding.mode,
+                   o.padding.size.shape(), o.dilation.shape(), o.groups, bias.defined());
 }
 
 MaxPool2d::MaxPool2d(Size2 kernel_size, MaxPool2dOptions options) : kernel_size(kernel_size), options(options) {
