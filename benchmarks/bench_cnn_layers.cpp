@@ -2,7 +2,8 @@
 // at batch 128: Conv(1->32, 3x3, pad 1)-ReLU-MaxPool2-Conv(32->64, 3x3, pad 1)-ReLU-MaxPool2 on a
 // (128, 1, 28, 28) input, forward alone and forward + backward (gradients of both convolutions' weights
 // and biases; the input needs none), and each layer's forward alone. ms = median of 15 runs after 3
-// warm-up runs. Then conv3d and adaptive max pooling (see the end of main). One JSON line per result.
+// warm-up runs. Then conv3d, adaptive max pooling, and the gather and scatter_add that losses and
+// pooling backwards use (see the end of main). One JSON line per result.
 // Its PyTorch counterpart: benchmarks/torch_cnn_layers.py.
 // Usage: bench_cnn_layers [threads] (default 2).
 #include <kiln/kiln.h>
@@ -70,9 +71,10 @@ int main(int argc, char** argv) {
            }));
   }
   // Beyond the CNN: conv3d (one conv2d over the stacked depth windows, ops/conv.cpp) on a
-  // (4, 16, 16, 32, 32) input with a 3x3x3 kernel to 32 channels, and adaptive max pooling (index_select
-  // of the windows and max, ops/pool.cpp) of a (128, 32, 28, 28) input to 5 x 5, forward + backward
-  // (the gradient of the weight, or of the input) and forward alone.
+  // (4, 16, 16, 32, 32) input with a 3x3x3 kernel to 32 channels, and adaptive max pooling (its own
+  // kernel, cpu/pool.cpp) of a (128, 32, 28, 28) input to 5 x 5, forward + backward (the gradient of the
+  // weight, or of the input) and forward alone. Then gather along dim 1 and dim 0 and scatter_add along
+  // dim 1 of a (2048, 2048) float32 tensor at random int64 indices (cpu/index.cpp).
   Tensor x3 = randn({4, 16, 16, 32, 32}, {}, &gen);
   Tensor w3 = (randn({32, 16, 3, 3, 3}, {}, &gen) * 0.05).requires_grad_();
   Tensor cot3 = randn({4, 32, 16, 32, 32}, {}, &gen);
@@ -90,6 +92,12 @@ int main(int argc, char** argv) {
     NoGradGuard no_grad;
     report("conv3d_forward", median_ms([&] { conv3d(x3, w3, {}, {1, 1, 1}, {1, 1, 1}); }));
     report("adaptive_max_pool_forward", median_ms([&] { adaptive_max_pool2d(a, {5}); }));
+    Tensor src = randn({2048, 2048}, {}, &gen);
+    Tensor picks = randint(0, 2048, {2048, 2048}, kInt64, &gen);
+    Tensor base = zeros({2048, 2048});
+    report("gather_dim1", median_ms([&] { src.gather(1, picks); }));
+    report("gather_dim0", median_ms([&] { src.gather(0, picks); }));
+    report("scatter_add_dim1", median_ms([&] { base.scatter_add(1, picks, src); }));
   }
   return 0;
 }

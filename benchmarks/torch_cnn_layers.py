@@ -64,7 +64,7 @@ with torch.no_grad():
     report("conv2_backward_weight",
            median_ms(lambda: torch.nn.grad.conv2d_weight(p1, w2.shape, g2, padding=1)))
 
-# Beyond the CNN, as bench_cnn_layers.cpp: conv3d and adaptive max pooling.
+# Beyond the CNN, as bench_cnn_layers.cpp: conv3d, adaptive max pooling, gather and scatter_add.
 x3 = torch.randn(4, 16, 16, 32, 32)
 w3 = (torch.randn(32, 16, 3, 3, 3) * 0.05).requires_grad_()
 cot3 = torch.randn(4, 32, 16, 32, 32)
@@ -87,3 +87,9 @@ report("adaptive_max_pool_forward_backward", median_ms(adaptive_max_fwd_bwd))
 with torch.no_grad():
     report("conv3d_forward", median_ms(lambda: F.conv3d(x3, w3, None, 1, 1)))
     report("adaptive_max_pool_forward", median_ms(lambda: F.adaptive_max_pool2d(a, 5)))
+    src = torch.randn(2048, 2048)
+    picks = torch.randint(0, 2048, (2048, 2048))
+    base = torch.zeros(2048, 2048)
+    report("gather_dim1", median_ms(lambda: src.gather(1, picks)))
+    report("gather_dim0", median_ms(lambda: src.gather(0, picks)))
+    report("scatter_add_dim1", median_ms(lambda: base.scatter_add(1, picks, src)))

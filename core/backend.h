@@ -270,6 +270,9 @@ class Backend {
   virtual void adaptive_avg_pool2d(const View& in, const View& out, const Stream& s) = 0;
   virtual void adaptive_avg_pool2d_backward(const View& grad_out, const View& grad_in,
                                             const Stream& s) = 0;  // grad_in overwritten
+  // out: the max of each adaptive window (as adaptive_avg_pool2d's; NaN wins, and a later value wins
+  // only when larger or NaN), indices: its position h * W + w in the plane. The backward is max_pool2d's.
+  virtual void adaptive_max_pool2d(const View& in, const View& out, const View& indices, const Stream& s) = 0;
 
   // -- the fused Adam/AdamW step over lists of same-dtype views (ops/optim.cpp) --
   virtual void adam_step(const std::vector<View>& params, const std::vector<View>& grads,

@@ -95,6 +95,9 @@ class CpuBackend final : public Backend {
   void adaptive_avg_pool2d_backward(const View& grad_out, const View& grad_in, const Stream&) override {
     adaptive_avg_pool2d_backward_kernel(grad_out, grad_in);
   }
+  void adaptive_max_pool2d(const View& in, const View& out, const View& indices, const Stream&) override {
+    adaptive_max_pool2d_kernel(in, out, indices);
+  }
   void adam_step(const std::vector<View>& params, const std::vector<View>& grads, const std::vector<View>& exp_avgs,
                  const std::vector<View>& exp_avg_sqs, const std::vector<View>& max_exp_avg_sqs,
                  const AdamStepArgs& args, const Stream&) override {

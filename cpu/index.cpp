@@ -1,6 +1,7 @@
 // cpu/index.cpp: index_select, index_add, gather and scatter along one dim. Every index is checked
 // against the dim's size; a bad one is an Error naming the op, the index and the size.
 #include <algorithm>
+#include <type_traits>
 
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
@@ -38,6 +39,17 @@ inline int64_t offset_of(const View& v, int dim, int64_t o, int64_t j, int64_t i
     o /= v.sizes[d];
   }
   return off;
+}
+
+// True when a and b have the same sizes in every dim but `dim`: with both contiguous, position
+// (o, j, i) of b then sits at (o * a.sizes[dim] + j) * inner + i in a, so no element's position needs
+// dividing out (a division per element dominated gather and scatter).
+bool same_but_dim(const View& a, const View& b, int dim) {
+  if (a.ndim() != b.ndim()) return false;
+  for (int d = 0; d < a.ndim(); ++d) {
+    if (d != dim && a.sizes[d] != b.sizes[d]) return false;
+  }
+  return true;
 }
 
 // a + b in the op-math type (or for bool).
@@ -123,6 +135,28 @@ void gather_kernel(const View& in, int dim, const View& index, const View& out) 
     const scalar_t* x = in.ptr<scalar_t>();
     scalar_t* y = out.ptr<scalar_t>();
     const int64_t* ix = index.ptr<int64_t>();
+    if (out.is_contiguous() && index.is_contiguous() && in.is_contiguous() && same_but_dim(in, out, dim)) {
+      const DimSplit split(out.sizes, dim);
+      const int64_t n = out.sizes[dim], inner = split.inner;
+      // Rows r = (o, j) of `inner` elements; one division per o met, none per element.
+      parallel_for(0, split.outer * n, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner, 1)),
+                   [&](int64_t b, int64_t e) {
+                     for (int64_t r = b; r < e;) {
+                       const int64_t o = r / n, r_end = std::min(e, (o + 1) * n);
+                       const scalar_t* from = x + o * size * inner;
+                       if (inner == 1) {
+                         for (; r < r_end; ++r) y[r] = from[checked(ix[r], size, "gather", dim)];
+                         continue;
+                       }
+                       for (int64_t q = r * inner, q_end = r_end * inner, i = 0; q < q_end; ++q) {
+                         y[q] = from[checked(ix[q], size, "gather", dim) * inner + i];
+                         if (++i == inner) i = 0;
+                       }
+                       r = r_end;
+                     }
+                   });
+      return;
+    }
     parallel_for(0, out.numel(), kGrain, [&](int64_t b, int64_t e) {
       for (int64_t p = b; p < e; ++p) {
         int64_t rem = p, oo = 0, oi = 0, ox = 0;
@@ -147,6 +181,40 @@ void scatter_kernel(const View& out, int dim, const View& index, const View& src
     const scalar_t* x = src.ptr<scalar_t>();
     scalar_t* y = out.ptr<scalar_t>();
     const int64_t* ix = index.ptr<int64_t>();
+    const char* op = accumulate ? "scatter_add" : "scatter";
+    if (out.is_contiguous() && index.is_contiguous() && src.is_contiguous() && index.sizes == src.sizes &&
+        same_but_dim(out, index, dim)) {
+      // Element (o, j, i) goes to (o, index, i): only positions that share o and i may meet, so the
+      // threads split o (or i, when there is one o), and each keeps the order of j (the last write wins,
+      // as in the serial loop below, whatever the number of threads).
+      const DimSplit split(index.sizes, dim);
+      const int64_t n = index.sizes[dim], inner = split.inner;
+      auto rows = [=](auto add, int64_t o0, int64_t o1, int64_t i0, int64_t i1) {  // copies: kept in registers
+        for (int64_t o = o0; o < o1; ++o) {
+          scalar_t* to = y + o * size * inner;
+          for (int64_t j = 0; j < n; ++j) {
+            const int64_t row = (o * n + j) * inner;
+            for (int64_t i = i0; i < i1; ++i) {
+              scalar_t& t = to[checked(ix[row + i], size, op, dim) * inner + i];
+              if constexpr (decltype(add)::value) t = add_values(t, x[row + i]);
+              else t = x[row + i];
+            }
+          }
+        }
+      };
+      auto run = [&](int64_t o0, int64_t o1, int64_t i0, int64_t i1) {
+        if (accumulate) rows(std::true_type{}, o0, o1, i0, i1);
+        else rows(std::false_type{}, o0, o1, i0, i1);
+      };
+      if (split.outer > 1) {
+        parallel_for(0, split.outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(n * inner, 1)),
+                     [&](int64_t b, int64_t e) { run(b, e, 0, inner); });
+      } else {
+        parallel_for(0, inner, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)),
+                     [&](int64_t b, int64_t e) { run(0, split.outer, b, e); });
+      }
+      return;
+    }
     // Serial: two positions may scatter into the same element.
     for (int64_t p = 0, n = index.numel(); p < n; ++p) {
       int64_t rem = p, oi = 0, os = 0, oy = 0;
@@ -157,7 +225,7 @@ void scatter_kernel(const View& out, int dim, const View& index, const View& src
         os += c * src.strides[d];
         if (d != dim) oy += c * out.strides[d];
       }
-      oy += checked(ix[oi], size, accumulate ? "scatter_add" : "scatter", dim) * out.strides[dim];
+      oy += checked(ix[oi], size, op, dim) * out.strides[dim];
       y[oy] = accumulate ? add_values(y[oy], x[os]) : x[os];
     }
   });

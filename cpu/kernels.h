@@ -61,6 +61,7 @@ void avg_pool2d_kernel(const View& in, const View& out, const Pool2dArgs& args);
 void avg_pool2d_backward_kernel(const View& grad_out, const View& grad_in, const Pool2dArgs& args);
 void adaptive_avg_pool2d_kernel(const View& in, const View& out);
 void adaptive_avg_pool2d_backward_kernel(const View& grad_out, const View& grad_in);
+void adaptive_max_pool2d_kernel(const View& in, const View& out, const View& indices);
 void norm_rows_kernel(const View& in, const View& out, const View& mean, const View& rstd, double eps,
                       bool rms);                                             // norm.cpp
 void adam_step_kernel(const std::vector<View>& params, const std::vector<View>& grads,

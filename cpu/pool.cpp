@@ -1,5 +1,6 @@
-// cpu/pool.cpp: max, average and adaptive average pooling over the (H, W) planes of contiguous
-// (N, C, H, W) views, forward and backward, split over the N * C planes by the pool of cpu/parallel.h.
+// cpu/pool.cpp: max, average, adaptive average and adaptive max pooling over the (H, W) planes of
+// contiguous (N, C, H, W) views, forward and backward, split over the N * C planes by the pool of
+// cpu/parallel.h. Adaptive max pooling's backward is max pooling's (both scatter to the indices).
 // Max pooling with a 2x2 window, stride 2, no padding and no dilation (the common CNN case) has its own
 // loop: two input rows per output row, no window bookkeeping.
 #include <algorithm>
@@ -189,6 +190,33 @@ struct AdaptiveWindows {
   }
 };
 
+// Adaptive max pooling: the max of each adaptive window, scanned row by row (take_max's rule), with
+// its position h * W + w in the plane; the window's first element when all of it is -inf.
+template <typename T>
+void adaptive_max_pool2d_typed(const View& in, const View& out, const View& indices) {
+  const int64_t H = in.sizes[2], W = in.sizes[3], Ho = out.sizes[2], Wo = out.sizes[3];
+  const AdaptiveWindows windows{H, W, Ho, Wo};
+  const T* x = in.ptr<T>();
+  T* y = out.ptr<T>();
+  int64_t* idx = indices.ptr<int64_t>();
+  for_planes(in.sizes[0] * in.sizes[1], H * W, [&](int64_t p) {
+    const T* xp = x + p * H * W;
+    T* yp = y + p * Ho * Wo;
+    int64_t* ip = idx + p * Ho * Wo;
+    for (int64_t oh = 0; oh < Ho; ++oh) {
+      for (int64_t ow = 0; ow < Wo; ++ow) {
+        const AvgWindow win = windows(oh, ow);
+        T best = -std::numeric_limits<T>::infinity();
+        int64_t bi = win.h0 * W + win.w0;
+        for (int64_t h = win.h0; h < win.h1; ++h)
+          for (int64_t w = win.w0; w < win.w1; ++w) take_max(xp[h * W + w], h * W + w, best, bi);
+        yp[oh * Wo + ow] = best;
+        ip[oh * Wo + ow] = bi;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void max_pool2d_kernel(const View& in, const View& out, const View& indices, const Pool2dArgs& args) {
@@ -219,6 +247,11 @@ void adaptive_avg_pool2d_backward_kernel(const View& grad_out, const View& grad_
   const AdaptiveWindows windows{grad_in.sizes[2], grad_in.sizes[3], grad_out.sizes[2], grad_out.sizes[3]};
   KILN_DISPATCH_F32_F64(grad_in.dtype, "adaptive_avg_pool2d_backward",
                         [&] { avg_windows_backward<scalar_t>(grad_out, grad_in, windows); });
+}
+
+void adaptive_max_pool2d_kernel(const View& in, const View& out, const View& indices) {
+  KILN_DISPATCH_F32_F64(out.dtype, "adaptive_max_pool2d",
+                        [&] { adaptive_max_pool2d_typed<scalar_t>(in, out, indices); });
 }
 
 }  // namespace kiln::cpu

@@ -3,7 +3,7 @@
 // same name: copy.cpp and copy.cu (copies in every direction, fill, arange), random.cu,
 // elementwise.cu (unary, binary, where), reduce.cu (reduce, softmax), matmul.cu, index.cu
 // (index_select, index_add, gather, scatter), conv.cu (conv2d and its two backward kernels,
-// through cuDNN), pool.cu (max, average and adaptive average pooling), norm.cu (norm_rows),
+// through cuDNN), pool.cu (max, average, adaptive average and adaptive max pooling), norm.cu (norm_rows),
 // fused.cu (layer_norm, bias_gelu, cross_entropy and their backward), optim.cu (adam_step,
 // sgd_step). The caching allocator is allocator.cpp, the entry points of cuda/cuda.h runtime.cpp.
 // Streams: Note [CUDA streams] in cuda/context.h. CPU sibling: cpu/backend.cpp.
@@ -157,6 +157,10 @@ class CudaBackend final : public Backend {
                                     const Stream& s) override {
     DeviceGuard guard(s.device.index, "adaptive_avg_pool2d_backward");
     adaptive_avg_pool2d_backward_launch(grad_out, grad_in, s);
+  }
+  void adaptive_max_pool2d(const View& in, const View& out, const View& indices, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "adaptive_max_pool2d");
+    adaptive_max_pool2d_launch(in, out, indices, s);
   }
   void adam_step(const std::vector<View>& params, const std::vector<View>& grads, const std::vector<View>& exp_avgs,
                  const std::vector<View>& exp_avg_sqs, const std::vector<View>& max_exp_avg_sqs,

@@ -72,7 +72,7 @@ void conv2d_backward_weight_launch(const View& grad_out, const View& input,
                                    const View& grad_weight, const Conv2dArgs& args, int device,
                                    const Stream& s);
 
-// pool.cu: max, average and adaptive average pooling over contiguous (N, C, H, W) views.
+// pool.cu: max, average, adaptive average and adaptive max pooling over contiguous (N, C, H, W) views.
 void max_pool2d_launch(const View& in, const View& out, const View& indices,
                        const Pool2dArgs& args, const Stream& s);
 void max_pool2d_backward_launch(const View& grad_out, const View& indices, const View& grad_in,
@@ -83,6 +83,8 @@ void avg_pool2d_backward_launch(const View& grad_out, const View& grad_in, const
 void adaptive_avg_pool2d_launch(const View& in, const View& out, const Stream& s);
 void adaptive_avg_pool2d_backward_launch(const View& grad_out, const View& grad_in,
                                          const Stream& s);
+void adaptive_max_pool2d_launch(const View& in, const View& out, const View& indices,
+                                const Stream& s);
 
 // norm.cu: the rows of a contiguous (R, M) view.
 void norm_rows_launch(const View& in, const View& out, const View& mean, const View& rstd,

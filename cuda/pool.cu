@@ -1,4 +1,4 @@
-// cuda/pool.cu: max, average and adaptive average pooling over the (H, W) planes of contiguous
+// cuda/pool.cu: max, average, adaptive average and adaptive max pooling over the (H, W) planes of contiguous
 // (N, C, H, W) views, forward and backward. CPU sibling: cpu/pool.cpp, whose semantics these follow
 // window for window: the same window bounds and divisors (PyTorch's), the same scan order for max
 // (a later element wins when larger or NaN, so indices agree), sums in the view's dtype.
@@ -83,6 +83,26 @@ struct AdaptiveWindows {
 
 // ---- kernels ----
 
+// The max of rows [h0, h1) and columns [w0, w1) (steps dh, dw) of the plane xp, scanned row by row: a
+// later element wins when larger or NaN; the index is h * W + w, the window's first when all is -inf.
+template <typename T>
+__device__ void window_max(const T* xp, int64_t W, int64_t h0, int64_t h1, int64_t dh, int64_t w0, int64_t w1,
+                           int64_t dw, T& out, int64_t& index) {
+  T best = -std::numeric_limits<T>::infinity();
+  int64_t bi = h0 * W + w0;
+  for (int64_t h = h0; h < h1; h += dh) {
+    for (int64_t w = w0; w < w1; w += dw) {
+      const T v = xp[h * W + w];
+      if (v > best || isnan(v)) {
+        best = v;
+        bi = h * W + w;
+      }
+    }
+  }
+  out = best;
+  index = bi;
+}
+
 // Output i (plane p, row oh, column ow): the max over its window, scanned row by row as
 // cpu/pool.cpp does; padding never wins, NaN does, and the index is h * W + w in the plane.
 template <typename T>
@@ -91,26 +111,25 @@ __global__ void max_pool2d_kernel(const T* x, T* y, int64_t* idx, int64_t n, int
   const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
     const int64_t ow = i % Wo, oh = (i / Wo) % Ho, p = i / (Wo * Ho);
-    const T* xp = x + p * H * W;
     int64_t h0 = oh * a.stride_h - a.pad_h;
     const int64_t h1 = std::min<int64_t>(h0 + (a.kernel_h - 1) * a.dilation_h + 1, H);
     while (h0 < 0) h0 += a.dilation_h;
     int64_t w0 = ow * a.stride_w - a.pad_w;
     const int64_t w1 = std::min<int64_t>(w0 + (a.kernel_w - 1) * a.dilation_w + 1, W);
     while (w0 < 0) w0 += a.dilation_w;
-    T best = -std::numeric_limits<T>::infinity();
-    int64_t bi = h0 * W + w0;
-    for (int64_t h = h0; h < h1; h += a.dilation_h) {
-      for (int64_t w = w0; w < w1; w += a.dilation_w) {
-        const T v = xp[h * W + w];
-        if (v > best || isnan(v)) {
-          best = v;
-          bi = h * W + w;
-        }
-      }
-    }
-    y[i] = best;
-    idx[i] = bi;
+    window_max(x + p * H * W, W, h0, h1, a.dilation_h, w0, w1, a.dilation_w, y[i], idx[i]);
+  }
+}
+
+// Output i of adaptive max pooling: the max over its adaptive window.
+template <typename T>
+__global__ void adaptive_max_pool2d_kernel(const T* x, T* y, int64_t* idx, int64_t n, AdaptiveWindows windows) {
+  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const int64_t H = windows.H, W = windows.W, Ho = windows.Ho, Wo = windows.Wo;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += step) {
+    const int64_t ow = i % Wo, oh = (i / Wo) % Ho, p = i / (Wo * Ho);
+    const Window win = windows(oh, ow);
+    window_max(x + p * H * W, W, win.h0, win.h1, 1, win.w0, win.w1, 1, y[i], idx[i]);
   }
 }
 
@@ -300,6 +319,21 @@ void adaptive_avg_pool2d_backward_launch(const View& grad_out, const View& grad_
     return;
   }
   avg_backward(grad_out, grad_in, windows, "adaptive_avg_pool2d_backward", s);
+}
+
+void adaptive_max_pool2d_launch(const View& in, const View& out, const View& indices, const Stream& s) {
+  check_planes(in, out, "adaptive_max_pool2d");
+  KILN_CHECK(indices.dtype == kInt64 && indices.sizes == out.sizes && indices.is_contiguous(),
+             "adaptive_max_pool2d: indices must be contiguous int64 of the output's shape {}, got {} {}",
+             out.sizes.str(), dtype_name(indices.dtype), indices.sizes.str());
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  const AdaptiveWindows windows{in.sizes[2], in.sizes[3], out.sizes[2], out.sizes[3]};
+  KILN_DISPATCH_F32_F64(in.dtype, "adaptive_max_pool2d", [&] {
+    adaptive_max_pool2d_kernel<scalar_t><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(
+        in.ptr<scalar_t>(), out.ptr<scalar_t>(), indices.ptr<int64_t>(), n, windows);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  });
 }
 
 }  // namespace kiln::cuda

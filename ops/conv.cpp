@@ -177,8 +177,8 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
 // stacked as (kD, C) channels (group by group), are a 2-D image per (n, t), and the weight
 // (C_out, C_in / groups, kD, kH, kW) read as (C_out, kD * C_in / groups, kH, kW) is its 2-D kernel.
 // The stacked input is kD / sD times the input's size (the depth-only form of im2col). Built from
-// slice, stack, permute and reshape, it is differentiable twice over through conv2d's own backward,
-// and runs on any device conv2d runs on.
+// views (slice, view, permute) and one stack, it is differentiable twice over through conv2d's own
+// backward, and runs on any device conv2d runs on.
 Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
               const Shape& padding, const Shape& dilation, int64_t groups) {
   const char* op = "conv3d";
@@ -218,12 +218,15 @@ Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
   const int64_t N = in[0], C = in[1], H = in[3], W = in[4], kD = w[2], O = w[0];
   const int64_t Do = conv_out_size(in[2], kD, p[0], d[0], s[0]);
   if (p[0] > 0) x = pad(x, {0, 0, 0, 0, p[0], p[0]});
+  // Each tap is a view (N, Do, groups, C / groups, H, W) of x; stacked at dim 3 they are one contiguous
+  // (N, Do, groups, kD, C / groups, H, W) tensor, so the stack is the only copy.
   std::vector<Tensor> taps;
-  for (int64_t kd = 0; kd < kD; ++kd) taps.push_back(x.slice(2, kd * d[0], kd * d[0] + s[0] * (Do - 1) + 1, s[0]));
-  Tensor image = stack(taps, 2)  // (N, C, kD, Do, H, W)
-                     .view({N, groups, C / groups, kD, Do, H, W})
-                     .permute({0, 4, 1, 3, 2, 5, 6})  // (N, Do, groups, kD, C / groups, H, W)
-                     .reshape({N * Do, C * kD, H, W});
+  for (int64_t kd = 0; kd < kD; ++kd) {
+    taps.push_back(x.slice(2, kd * d[0], kd * d[0] + s[0] * (Do - 1) + 1, s[0])  // (N, C, Do, H, W)
+                       .view({N, groups, C / groups, Do, H, W})
+                       .permute({0, 3, 1, 2, 4, 5}));
+  }
+  Tensor image = stack(taps, 3).view({N * Do, C * kD, H, W});
   Tensor kernel = weight.permute({0, 2, 1, 3, 4}).reshape({O, kD * w[1], w[3], w[4]});
   Tensor out = conv2d(image, kernel, bias, {s[1], s[2]}, {p[1], p[2]}, {d[1], d[2]}, groups);  // (N Do, O, Ho, Wo)
   out = out.view({N, Do, O, out.size(2), out.size(3)}).permute({0, 2, 1, 3, 4}).contiguous();

@@ -2,11 +2,9 @@
 // an (N, C, H, W) or unbatched (C, H, W) input, with PyTorch's output sizes (ceil_mode included) and
 // checks (kernels: cpu/pool.cpp); the 1-D poolings are these over a height-1 image. Each backward is a
 // private op that records its own backward, so double backward works: max pooling's backward scatters
-// the gradient to the saved indices (its own backward gathers at them); the average poolings' backward
-// is the transpose of a linear map (its backward is the forward). Adaptive max pooling is a composition
-// of ops (see adaptive_max_windows). 16-bit floats run in float32.
-#include <algorithm>
-#include <vector>
+// the gradient to the saved indices (its own backward gathers at them), and so does adaptive max
+// pooling's; the average poolings' backward is the transpose of a linear map (its backward is the
+// forward). 16-bit floats run in float32.
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -155,34 +153,6 @@ std::pair<int64_t, int64_t> adaptive_output_size(const Shape& output_size, const
   return {Ho, Wo};
 }
 
-// Adaptive max pooling is a composition of differentiable ops (so its backward, double backward and
-// CUDA path come from theirs). Output cell (i, j) pools rows [floor(i H / Ho), ceil((i + 1) H / Ho))
-// and the columns alike, as PyTorch's. `adaptive_max_windows` lists, for each cell, the plane index
-// h * W + w of every element of its window, row by row, padded to the widest window's K elements by
-// repeating the last row's or column's element: a repeat changes no maximum, and comes after the
-// element it repeats, so the first maximum (PyTorch's choice on ties) is still an original one. The
-// input's planes are gathered by those indices into (N, C, Ho, Wo, K) and reduced by max over K.
-int64_t window_start(int64_t i, int64_t in, int64_t out) { return i * in / out; }
-int64_t window_end(int64_t i, int64_t in, int64_t out) { return ((i + 1) * in + out - 1) / out; }
-
-Tensor adaptive_max_windows(int64_t H, int64_t W, int64_t Ho, int64_t Wo, Device device) {
-  int64_t kh = 0, kw = 0;
-  for (int64_t i = 0; i < Ho; ++i) kh = std::max(kh, window_end(i, H, Ho) - window_start(i, H, Ho));
-  for (int64_t j = 0; j < Wo; ++j) kw = std::max(kw, window_end(j, W, Wo) - window_start(j, W, Wo));
-  std::vector<int64_t> index;
-  index.reserve(static_cast<size_t>(Ho * Wo * kh * kw));
-  for (int64_t i = 0; i < Ho; ++i) {
-    const int64_t h0 = window_start(i, H, Ho), h1 = window_end(i, H, Ho);
-    for (int64_t j = 0; j < Wo; ++j) {
-      const int64_t w0 = window_start(j, W, Wo), w1 = window_end(j, W, Wo);
-      for (int64_t a = 0; a < kh; ++a) {
-        for (int64_t b = 0; b < kw; ++b) index.push_back(std::min(h0 + a, h1 - 1) * W + std::min(w0 + b, w1 - 1));
-      }
-    }
-  }
-  return from_vector(index, {Ho, Wo, kh * kw}, device);
-}
-
 // The 1-D poolings are the 2-D ones over a height-1 image (kernel 1 x k). Their input, arguments and
 // output length are checked here, so that the messages speak of L and k rather than of an image.
 void check_pool1d(const Tensor& x, int64_t kernel_size, int64_t stride, int64_t padding, int64_t dilation,
@@ -299,19 +269,17 @@ std::tuple<Tensor, Tensor> adaptive_max_pool2d_with_indices(const Tensor& x, con
     auto [out, indices] = adaptive_max_pool2d_with_indices(x.to(kFloat32), output_size);
     return {out.to(x.dtype()), indices};
   }
-  Tensor input = batched(x);
-  const int64_t N = input.size(0), C = input.size(1), H = input.size(2), W = input.size(3);
-  Tensor out, indices;
-  if (Ho == 0 || Wo == 0) {
-    out = empty_tensor({N, C, Ho, Wo}, input.dtype(), input.device());
-    indices = empty_tensor({N, C, Ho, Wo}, kInt64, input.device());
-  } else {
-    Tensor windows = adaptive_max_windows(H, W, Ho, Wo, input.device());  // (Ho, Wo, K)
-    const int64_t K = windows.size(2);
-    Tensor gathered = input.reshape({N, C, H * W}).index_select(2, windows.reshape({-1})).view({N, C, Ho, Wo, K});
-    auto [values, position] = max(gathered, -1);
-    out = values;
-    indices = windows.expand({N, C, Ho, Wo, K}).gather(4, position.unsqueeze(4)).squeeze(4);
+  Tensor input = batched(x).contiguous();
+  const Shape out_shape{input.size(0), input.size(1), Ho, Wo};
+  Tensor out = empty_tensor(out_shape, input.dtype(), input.device());
+  Tensor indices = empty_tensor(out_shape, kInt64, input.device());
+  backend_for(input.device()).adaptive_max_pool2d(view_of(input), view_of(out), view_of(indices),
+                                                  stream_for(input.device()));
+  if (should_record(x)) {  // the indices say where each gradient goes, as for max_pool2d
+    record("AdaptiveMaxPool2DBackward", {input}, {out},
+           [indices, in_shape = input.sizes()](const Grads& g) -> TensorList {
+             return {max_pool2d_backward(g[0], indices, in_shape)};
+           });
   }
   return {unbatched_like(out, x), unbatched_like(indices, x)};
 }

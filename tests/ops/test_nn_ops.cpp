@@ -1,7 +1,8 @@
 // tests/ops/test_nn_ops.cpp: what the op table (op_table.cpp) cannot say about the nn ops: dropout's
 // randomness (its exact relation to the bernoulli mask, its statistics, determinism for a seeded
 // Generator), the number forms of the pooling kernel size, and the CNN-sized conv and pool paths (the
-// multi-threaded batch split and the 2x2 pooling loop) against an independent float64 computation.
+// multi-threaded batch split and the 2x2 pooling loop) against an independent float64 computation, and
+// the contiguous fast paths of the index kernels against their strided path and an explicit loop.
 #include "support.h"
 
 using namespace kiln;
@@ -273,4 +274,52 @@ TEST_CASE("index_select and index_add take the same values on their contiguous f
     Tensor slow = index_add(zeros(x.sizes(), kFloat64).t().contiguous().t(), dim, index, src.t().contiguous().t());
     test::check_close(fast, slow, {1e-12, 1e-12});
   }
+}
+
+TEST_CASE("gather, scatter and scatter_add take the same values on their contiguous fast path as on the strided one",
+          "[ops][index]") {
+  // (40, 50, 60) with dim 0, 1 or 2: outer and inner runs of every kind. The index is smaller than the
+  // input along dim (31), as for the gradient of a gather; the reference is an explicit loop.
+  ThreadsGuard threads(2);
+  const std::vector<int64_t> sizes{40, 50, 60};
+  for (int dim : {0, 1, 2}) {
+    INFO("dim = " << dim);
+    Tensor x = test::sample({sizes[0], sizes[1], sizes[2]}, kFloat64);
+    std::vector<int64_t> isz = sizes;
+    isz[dim] = 31;
+    const int64_t numel = isz[0] * isz[1] * isz[2];
+    std::vector<int64_t> picks(numel);
+    for (int64_t q = 0; q < numel; ++q) picks[q] = (q * 7919 + 13) % sizes[dim];
+    Tensor index = from_vector(picks, {isz[0], isz[1], isz[2]});
+    Tensor src = test::sample({isz[0], isz[1], isz[2]}, kFloat64, 1.7);
+
+    std::vector<double> xv = x.to_vector<double>(), sv = src.to_vector<double>();
+    std::vector<double> gathered(numel), scattered(xv), added(x.numel(), 0.0);
+    for (int64_t a = 0, q = 0; a < isz[0]; ++a) {
+      for (int64_t b = 0; b < isz[1]; ++b) {
+        for (int64_t c = 0; c < isz[2]; ++c, ++q) {
+          int64_t at[3] = {a, b, c};
+          at[dim] = picks[q];
+          const int64_t off = (at[0] * sizes[1] + at[1]) * sizes[2] + at[2];
+          gathered[q] = xv[off];
+          scattered[off] = sv[q];  // the last write wins, as the serial kernel's
+          added[off] += sv[q];
+        }
+      }
+    }
+    const Shape xs{sizes[0], sizes[1], sizes[2]};
+    Tensor strided_x = x.transpose(0, 2).contiguous().transpose(0, 2);  // the generic path
+    test::check_equal(x.gather(dim, index), from_vector(gathered, index.sizes()));
+    test::check_equal(strided_x.gather(dim, index), from_vector(gathered, index.sizes()));
+    test::check_equal(x.scatter(dim, index, src), from_vector(scattered, xs));
+    test::check_equal(strided_x.scatter(dim, index, src), from_vector(scattered, xs));
+    test::check_close(scatter_add(zeros(xs, kFloat64), dim, index, src), from_vector(added, xs), {1e-12, 1e-12});
+    test::check_close(scatter_add(zeros(xs, kFloat64).transpose(0, 2).contiguous().transpose(0, 2), dim, index, src),
+                      from_vector(added, xs), {1e-12, 1e-12});
+  }
+  // A bad index on the fast path is an Error naming the op, the index and the size.
+  Tensor x = test::sample({4, 5}, kFloat64);
+  Tensor bad = from_vector<int64_t>({0, 1, 5, 2}, {4, 1});
+  test::check_error([&] { x.gather(1, bad); }, {"gather", "index 5", "size 5"});
+  test::check_error([&] { x.scatter_add(1, bad, zeros({4, 1}, kFloat64)); }, {"scatter_add", "index 5", "size 5"});
 }
