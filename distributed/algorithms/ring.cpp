@@ -22,6 +22,7 @@
 
 #include <vector>
 
+#include "ops/dispatch.h"
 #include "ops/ops.h"
 
 namespace kiln::distributed::ring {
@@ -91,6 +92,11 @@ void check(const char* op, const Tensor& t) {
   KILN_CHECK(t.defined() && t.is_contiguous(), "ring::{}: the tensors must be defined and contiguous", op);
 }
 
+void check_written(const char* op, const Tensor& t) {  // as the native collectives, before the first send
+  check(op, t);
+  if (t.is_inference() && !InferenceMode::is_enabled()) throw_inference_write(fmt::format("ring::{}", op).c_str());
+}
+
 void check_op(const char* name, const Tensor& t, ReduceOp op) {  // as the native collectives
   KILN_CHECK(op != ReduceOp::Avg || is_floating(t.dtype()),
              "ring::{}: ReduceOp::Avg needs a floating dtype, not {}; use Sum and divide", name, dtype_name(t.dtype()));
@@ -99,7 +105,7 @@ void check_op(const char* name, const Tensor& t, ReduceOp op) {  // as the nativ
 }  // namespace
 
 void reduce_scatter(Communicator& comm, const Tensor& output, const Tensor& input, ReduceOp op) {
-  check("reduce_scatter", output);
+  check_written("reduce_scatter", output);
   check("reduce_scatter", input);
   check_op("reduce_scatter", input, op);
   const int p = comm.size(), r = comm.rank();
@@ -129,7 +135,7 @@ void reduce_scatter(Communicator& comm, const Tensor& output, const Tensor& inpu
 }
 
 void all_gather(Communicator& comm, const Tensor& output, const Tensor& input) {
-  check("all_gather", output);
+  check_written("all_gather", output);
   check("all_gather", input);
   const int p = comm.size();
   KILN_CHECK(output.numel() == input.numel() * p && input.dtype() == output.dtype(),
@@ -143,7 +149,7 @@ void all_gather(Communicator& comm, const Tensor& output, const Tensor& input) {
 }
 
 void all_reduce(Communicator& comm, const Tensor& t, ReduceOp op) {
-  check("all_reduce", t);
+  check_written("all_reduce", t);
   check_op("all_reduce", t, op);
   const int p = comm.size();
   Tensor flat = t.flatten();

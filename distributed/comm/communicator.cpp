@@ -4,9 +4,11 @@
 #include <cstdlib>
 #include <iterator>
 #include <map>
+#include <optional>
 
 #include "distributed/comm/backends.h"
 #include "distributed/comm/work.h"
+#include "ops/dispatch.h"
 #include "ops/ops.h"
 
 namespace kiln::distributed {
@@ -80,8 +82,13 @@ Tensor Staging::host(const Tensor& t, bool copy_in, bool copy_out) {
 std::function<void()> Staging::finisher() {
   if (copy_back.empty()) return {};
   return [pairs = std::move(copy_back)] {
-    // Tensors are handles: the copies write into the originals.
-    for (auto [dev, h] : pairs) dev.copy_(h, /*non_blocking=*/true);
+    // Tensors are handles: the copies write into the originals. An inference tensor was let through
+    // when the op began (check_written), so its copy back is allowed on a waiting thread outside the mode.
+    for (auto [dev, h] : pairs) {
+      std::optional<InferenceMode> writable;
+      if (dev.is_inference()) writable.emplace();
+      dev.copy_(h, /*non_blocking=*/true);
+    }
   };
 }
 
@@ -173,6 +180,8 @@ void check_tensor(const char* op, const Tensor& t, const Tensor& like) {
                dtype_name(t.dtype()), t.device().str(), dtype_name(like.dtype()), like.device().str());
   }
 }
+
+void check_written(const char* op, const Tensor& t) { check_inference_write(t, op); }
 
 void check_send_dst(int dst, int rank, bool async_op) {
   KILN_CHECK(dst != rank || async_op,

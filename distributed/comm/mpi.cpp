@@ -533,6 +533,7 @@ class MpiCommunicator final : public Communicator {
 
   Work all_reduce(const Tensor& t, ReduceOp op, bool async_op) override {
     check_tensor("all_reduce", t);
+    check_written("all_reduce", t);
     auto task = collective("all_reduce", t, reduce_op_name(op));
     const char* what = task->work->what.c_str();
     sign(*task, kAllReduce, t, -1, op, {});
@@ -552,6 +553,7 @@ class MpiCommunicator final : public Communicator {
 
   Work broadcast(const Tensor& t, int src, bool async_op) override {
     check_tensor("broadcast", t);
+    check_written("broadcast", t);
     check_rank("broadcast", src, "src");
     auto task = collective("broadcast", t, fmt::format("from rank {}", src));
     const char* what = task->work->what.c_str();
@@ -568,6 +570,7 @@ class MpiCommunicator final : public Communicator {
 
   Work reduce(const Tensor& t, int dst, ReduceOp op, bool async_op) override {
     check_tensor("reduce", t);
+    check_written("reduce", t);
     check_rank("reduce", dst, "dst");
     auto task = collective("reduce", t, fmt::format("{} to rank {}", reduce_op_name(op), dst));
     const char* what = task->work->what.c_str();
@@ -591,6 +594,7 @@ class MpiCommunicator final : public Communicator {
   Work all_gather(const std::vector<Tensor>& outputs, const Tensor& input, bool async_op) override {
     check_tensor("all_gather", input);
     const std::vector<int64_t> counts = per_rank_counts("all_gather", outputs, "outputs", input, "input", rank_, size_);
+    for (const auto& o : outputs) check_written("all_gather", o);
     auto task = collective("all_gather", input, "");
     const char* what = task->work->what.c_str();
     sign(*task, kAllGather, input, -1, ReduceOp::Sum, counts);
@@ -624,6 +628,7 @@ class MpiCommunicator final : public Communicator {
   Work all_gather_into_tensor(const Tensor& output, const Tensor& input, bool async_op) override {
     check_tensor("all_gather_into_tensor", input);
     check_tensor("all_gather_into_tensor", output, input);
+    check_written("all_gather_into_tensor", output);
     KILN_CHECK(output.numel() == input.numel() * size_,
                "all_gather_into_tensor: the output has {} elements but {} ranks x {} input elements = {}",
                output.numel(), size_, input.numel(), input.numel() * size_);
@@ -647,6 +652,7 @@ class MpiCommunicator final : public Communicator {
 
   Work reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op, bool async_op) override {
     check_tensor("reduce_scatter", output);
+    check_written("reduce_scatter", output);
     const std::vector<int64_t> counts =
         per_rank_counts("reduce_scatter", inputs, "inputs", output, "output", rank_, size_);
     auto task = collective("reduce_scatter", output, reduce_op_name(op));
@@ -674,6 +680,7 @@ class MpiCommunicator final : public Communicator {
 
   Work reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp op, bool async_op) override {
     check_tensor("reduce_scatter_tensor", output);
+    check_written("reduce_scatter_tensor", output);
     check_tensor("reduce_scatter_tensor", input, output);
     KILN_CHECK(input.numel() == output.numel() * size_,
                "reduce_scatter_tensor: the input has {} elements but {} ranks x {} output elements = {}", input.numel(),
@@ -725,6 +732,7 @@ class MpiCommunicator final : public Communicator {
 
   Work recv(const Tensor& t, int src, int tag, bool async_op) override {
     check_tensor("recv", t);
+    check_written("recv", t);
     check_rank("recv", src, "src");
     KILN_CHECK(tag >= 0, "recv: the tag must be >= 0, not {}", tag);
     auto task = new_task(describe_op("recv", ++p2p_seq_, t, fmt::format("from rank {}, tag {}", src, tag)));

@@ -481,6 +481,7 @@ class NcclCommunicator final : public Communicator {
 
   Work all_reduce(const Tensor& t, ReduceOp op, bool async_op) override {
     check_cuda("all_reduce", t);
+    check_written("all_reduce", t);
     std::string what = describe_op("all_reduce", ++seq_, t, reduce_op_name(op));
     const ncclRedOp_t nop = nccl_op(op, t.dtype(), what);
     const Signature sig = sign(kAllReduce, t, -1, op, {});
@@ -491,6 +492,7 @@ class NcclCommunicator final : public Communicator {
 
   Work broadcast(const Tensor& t, int src, bool async_op) override {
     check_cuda("broadcast", t);
+    check_written("broadcast", t);
     check_rank("broadcast", src, "src");
     std::string what = describe_op("broadcast", ++seq_, t, fmt::format("from rank {}", src));
     const Signature sig = sign(kBroadcast, t, src, ReduceOp::Sum, {});
@@ -501,6 +503,7 @@ class NcclCommunicator final : public Communicator {
 
   Work reduce(const Tensor& t, int dst, ReduceOp op, bool async_op) override {
     check_cuda("reduce", t);
+    check_written("reduce", t);
     check_rank("reduce", dst, "dst");
     std::string what = describe_op("reduce", ++seq_, t, fmt::format("{} to rank {}", reduce_op_name(op), dst));
     const ncclRedOp_t nop = nccl_op(op, t.dtype(), what);
@@ -514,6 +517,7 @@ class NcclCommunicator final : public Communicator {
   Work all_gather(const std::vector<Tensor>& outputs, const Tensor& input, bool async_op) override {
     check_cuda("all_gather", input);  // and so every output, which must share its device
     const std::vector<int64_t> counts = per_rank_counts("all_gather", outputs, "outputs", input, "input", rank_, size_);
+    for (const auto& o : outputs) check_written("all_gather", o);
     std::string what = describe_op("all_gather", ++seq_, input, "");
     const Signature sig = sign(kAllGather, input, -1, ReduceOp::Sum, counts);
     std::vector<Tensor> keep = outputs;
@@ -536,6 +540,7 @@ class NcclCommunicator final : public Communicator {
   Work all_gather_into_tensor(const Tensor& output, const Tensor& input, bool async_op) override {
     check_cuda("all_gather_into_tensor", input);
     check_cuda("all_gather_into_tensor", output, input);
+    check_written("all_gather_into_tensor", output);
     KILN_CHECK(output.numel() == input.numel() * size_,
                "all_gather_into_tensor: the output has {} elements but {} ranks x {} input elements = {}",
                output.numel(), size_, input.numel(), input.numel() * size_);
@@ -550,6 +555,7 @@ class NcclCommunicator final : public Communicator {
 
   Work reduce_scatter(const Tensor& output, const std::vector<Tensor>& inputs, ReduceOp op, bool async_op) override {
     check_cuda("reduce_scatter", output);  // and so every input, which must share its device
+    check_written("reduce_scatter", output);
     const std::vector<int64_t> counts =
         per_rank_counts("reduce_scatter", inputs, "inputs", output, "output", rank_, size_);
     std::string what = describe_op("reduce_scatter", ++seq_, output, reduce_op_name(op));
@@ -573,6 +579,7 @@ class NcclCommunicator final : public Communicator {
 
   Work reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp op, bool async_op) override {
     check_cuda("reduce_scatter_tensor", output);
+    check_written("reduce_scatter_tensor", output);
     check_cuda("reduce_scatter_tensor", input, output);
     KILN_CHECK(input.numel() == output.numel() * size_,
                "reduce_scatter_tensor: the input has {} elements but {} ranks x {} output elements = {}", input.numel(),
@@ -609,6 +616,7 @@ class NcclCommunicator final : public Communicator {
 
   Work recv(const Tensor& t, int src, int tag, bool async_op) override {
     check_cuda("recv", t);
+    check_written("recv", t);
     check_rank("recv", src, "src");
     KILN_CHECK(tag >= 0, "recv: the tag must be >= 0, not {}", tag);
     std::string what = describe_op("recv", ++p2p_seq_, t, fmt::format("from rank {}, tag {}", src, tag));

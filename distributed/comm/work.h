@@ -65,6 +65,10 @@ void check_signature(const std::string& what, const Signature& mine, const int64
 // The pieces of an operation's description and checks, shared by the backends.
 std::string describe_op(const char* op, uint64_t number, const Tensor& t, const std::string& extra);
 void check_tensor(const char* op, const Tensor& t, const Tensor& like = {});
+// A tensor the op writes in place (all_reduce's, broadcast's and reduce's tensor on every rank, as
+// torch's c10d ops declare them, all_gather's outputs, reduce_scatter's output, recv's tensor): an
+// inference tensor is writable only in inference mode, as for every in-place op.
+void check_written(const char* op, const Tensor& t);
 // A blocking send to this rank itself can only complete if the matching recv was posted first,
 // which it cannot be: an Error, not a hang until the timeout.
 void check_send_dst(int dst, int rank, bool async_op);

@@ -457,3 +457,51 @@ TEST_CASE("comm: bad arguments are Errors before anything is sent", "[distribute
   }
   comm->barrier();  // nothing above reached the other ranks
 }
+
+TEST_CASE("comm: an inference tensor is written only in inference mode, as by in-place ops", "[distributed]") {
+  // torch's c10d refuses the same: its collectives are in-place ops on the tensors they write.
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  const double mine = r + 1.0;
+  Tensor t, one, many;
+  {
+    InferenceMode guard;
+    t = full({3}, mine);
+    one = zeros({2});
+    many = zeros({2 * p});
+  }
+  const std::vector<std::string> refused{"inference tensor", "InferenceMode", "clone()"};
+  auto with = [&](const char* op) {
+    std::vector<std::string> f = refused;
+    f.insert(f.begin(), op);
+    return f;
+  };
+  check_error([&] { comm->all_reduce(t); }, with("all_reduce"));
+  check_error([&] { comm->broadcast(t, 0); }, with("broadcast"));
+  check_error([&] { comm->reduce(t, 0); }, with("reduce"));
+  check_error([&] { comm->recv(t, r); }, with("recv"));
+  std::vector<Tensor> outs(static_cast<size_t>(p), zeros({2}));
+  outs.back() = one;
+  check_error([&] { comm->all_gather(outs, zeros({2})); }, with("all_gather"));
+  check_error([&] { comm->all_gather_into_tensor(many, zeros({2})); }, with("all_gather_into_tensor"));
+  check_error([&] { comm->reduce_scatter(one, std::vector<Tensor>(static_cast<size_t>(p), zeros({2}))); },
+              with("reduce_scatter"));
+  check_error([&] { comm->reduce_scatter_tensor(one, zeros({2 * p})); }, with("reduce_scatter_tensor"));
+  check_error([&] { ring::all_reduce(*comm, t); }, with("ring::all_reduce"));
+  check_error([&] { ring::all_gather(*comm, many, zeros({2})); }, with("ring::all_gather"));
+  check_error([&] { ring::reduce_scatter(*comm, one, zeros({2 * p})); }, with("ring::reduce_scatter"));
+  check_equal(t, full({3}, mine));  // refused before anything was written
+  // Read, it is an input like any other; written inside the mode, it is allowed.
+  Tensor gathered = zeros({3 * p});
+  comm->all_gather_into_tensor(gathered, t);
+  std::vector<double> expected;
+  for (int q = 0; q < p; ++q) expected.insert(expected.end(), 3, q + 1.0);
+  check_equal(gathered, from_vector(expected).to(kFloat32));
+  {
+    InferenceMode guard;
+    comm->all_reduce(t);
+    ring::all_reduce(*comm, t);
+  }
+  check_equal(t, full({3}, static_cast<double>(p) * p * (p + 1) / 2));
+  comm->barrier();
+}

@@ -56,6 +56,17 @@ TEST_CASE("comm on CUDA tensors: all_reduce, broadcast and reduce through host s
     comm->reduce(t, dst);
     check_equal(t.cpu(), full({5}, r == dst ? p * (p + 1) / 2.0 : r + 1.0, kFloat64));  // others untouched
   }
+  // An inference tensor, started inside inference mode and waited for outside it: the copy back from
+  // the host stage is the op's own write, allowed once the op began.
+  Tensor inf;
+  Work w;
+  {
+    InferenceMode guard;
+    inf = full({4}, r + 1.0).to(kGpu);
+    w = comm->all_reduce(inf, ReduceOp::Sum, /*async_op=*/true);
+  }
+  w.wait();
+  check_equal(inf.cpu(), full({4}, p * (p + 1) / 2.0));
 }
 
 TEST_CASE("comm on CUDA tensors: all_gather and reduce_scatter, uneven and into one tensor",
