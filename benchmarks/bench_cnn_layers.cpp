@@ -2,8 +2,8 @@
 // at batch 128: Conv(1->32, 3x3, pad 1)-ReLU-MaxPool2-Conv(32->64, 3x3, pad 1)-ReLU-MaxPool2 on a
 // (128, 1, 28, 28) input, forward alone and forward + backward (gradients of both convolutions' weights
 // and biases; the input needs none), and each layer's forward alone. ms = median of 15 runs after 3
-// warm-up runs. Then conv3d, adaptive max pooling, and the gather and scatter_add that losses and
-// pooling backwards use (see the end of main). One JSON line per result.
+// warm-up runs. Then conv3d, conv_transpose2d, adaptive max pooling, and the gather and scatter_add that
+// losses and pooling backwards use (see the end of main). One JSON line per result.
 // Its PyTorch counterpart: benchmarks/torch_cnn_layers.py.
 // Usage: bench_cnn_layers [threads] (default 2).
 #include <kiln/kiln.h>
@@ -73,7 +73,9 @@ int main(int argc, char** argv) {
   // Beyond the CNN: conv3d (one conv2d over the stacked depth windows, ops/conv.cpp) on a
   // (4, 16, 16, 32, 32) input with a 3x3x3 kernel to 32 channels, and adaptive max pooling (its own
   // kernel, cpu/pool.cpp) of a (128, 32, 28, 28) input to 5 x 5, forward + backward (the gradient of the
-  // weight, or of the input) and forward alone. Then gather along dim 1 and dim 0 and scatter_add along
+  // weight, or of the input) and forward alone; conv_transpose2d of a (32, 64, 14, 14) input to 32 channels
+  // with a 4x4 kernel, stride 2, padding 1 (a generator's 2x upsampling, to 28 x 28), likewise. Then gather
+  // along dim 1 and dim 0 and scatter_add along
   // dim 1 of a (2048, 2048) float32 tensor at random int64 indices (cpu/index.cpp).
   Tensor x3 = randn({4, 16, 16, 32, 32}, {}, &gen);
   Tensor w3 = (randn({32, 16, 3, 3, 3}, {}, &gen) * 0.05).requires_grad_();
@@ -84,6 +86,13 @@ int main(int argc, char** argv) {
            w3.set_grad(Tensor());
            conv3d(x3, w3, {}, {1, 1, 1}, {1, 1, 1}).backward(cot3);
          }));
+  Tensor xt = randn({32, 64, 14, 14}, {}, &gen);
+  Tensor wt = (randn({64, 32, 4, 4}, {}, &gen) * 0.05).requires_grad_();
+  Tensor cot_t = randn({32, 32, 28, 28}, {}, &gen);
+  report("conv_transpose2d_forward_backward", median_ms([&] {
+           wt.set_grad(Tensor());
+           conv_transpose2d(xt, wt, {}, {2, 2}, {1, 1}).backward(cot_t);
+         }));
   report("adaptive_max_pool_forward_backward", median_ms([&] {
            a.set_grad(Tensor());
            adaptive_max_pool2d(a, {5}).backward(cot_a);
@@ -91,6 +100,7 @@ int main(int argc, char** argv) {
   {
     NoGradGuard no_grad;
     report("conv3d_forward", median_ms([&] { conv3d(x3, w3, {}, {1, 1, 1}, {1, 1, 1}); }));
+    report("conv_transpose2d_forward", median_ms([&] { conv_transpose2d(xt, wt, {}, {2, 2}, {1, 1}); }));
     report("adaptive_max_pool_forward", median_ms([&] { adaptive_max_pool2d(a, {5}); }));
     Tensor src = randn({2048, 2048}, {}, &gen);
     Tensor picks = randint(0, 2048, {2048, 2048}, kInt64, &gen);

@@ -64,7 +64,8 @@ with torch.no_grad():
     report("conv2_backward_weight",
            median_ms(lambda: torch.nn.grad.conv2d_weight(p1, w2.shape, g2, padding=1)))
 
-# Beyond the CNN, as bench_cnn_layers.cpp: conv3d, adaptive max pooling, gather and scatter_add.
+# Beyond the CNN, as bench_cnn_layers.cpp: conv3d, conv_transpose2d, adaptive max pooling, gather and
+# scatter_add.
 x3 = torch.randn(4, 16, 16, 32, 32)
 w3 = (torch.randn(32, 16, 3, 3, 3) * 0.05).requires_grad_()
 cot3 = torch.randn(4, 32, 16, 32, 32)
@@ -77,15 +78,27 @@ def conv3d_fwd_bwd():
     F.conv3d(x3, w3, None, 1, 1).backward(cot3)
 
 
+xt = torch.randn(32, 64, 14, 14)
+wt = (torch.randn(64, 32, 4, 4) * 0.05).requires_grad_()
+cot_t = torch.randn(32, 32, 28, 28)
+
+
+def conv_transpose_fwd_bwd():
+    wt.grad = None
+    F.conv_transpose2d(xt, wt, None, 2, 1).backward(cot_t)
+
+
 def adaptive_max_fwd_bwd():
     a.grad = None
     F.adaptive_max_pool2d(a, 5).backward(cot_a)
 
 
 report("conv3d_forward_backward", median_ms(conv3d_fwd_bwd))
+report("conv_transpose2d_forward_backward", median_ms(conv_transpose_fwd_bwd))
 report("adaptive_max_pool_forward_backward", median_ms(adaptive_max_fwd_bwd))
 with torch.no_grad():
     report("conv3d_forward", median_ms(lambda: F.conv3d(x3, w3, None, 1, 1)))
+    report("conv_transpose2d_forward", median_ms(lambda: F.conv_transpose2d(xt, wt, None, 2, 1)))
     report("adaptive_max_pool_forward", median_ms(lambda: F.adaptive_max_pool2d(a, 5)))
     src = torch.randn(2048, 2048)
     picks = torch.randint(0, 2048, (2048, 2048))

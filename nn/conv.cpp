@@ -80,7 +80,8 @@ std::string tuple_str(const Shape& s) {
 
 // PyTorch's repr of a ConvNd: padding shown when it is a mode or not all 0, dilation when not all 1.
 std::string conv_repr(int64_t in, int64_t out, const Shape& kernel, const Shape& stride, const std::string& mode,
-                      const Shape& padding, const Shape& dilation, int64_t groups, bool bias) {
+                      const Shape& padding, const Shape& dilation, int64_t groups, bool bias,
+                      const Shape& output_padding = {}) {
   std::string s = fmt::format("{}, {}, kernel_size={}, stride={}", in, out, tuple_str(kernel), tuple_str(stride));
   auto all = [](const Shape& v, int64_t x) {
     return std::all_of(v.begin(), v.end(), [x](int64_t e) { return e == x; });
@@ -91,9 +92,33 @@ std::string conv_repr(int64_t in, int64_t out, const Shape& kernel, const Shape&
     s += ", padding=" + tuple_str(padding);
   }
   if (!all(dilation, 1)) s += ", dilation=" + tuple_str(dilation);
+  if (!all(output_padding, 0)) s += ", output_padding=" + tuple_str(output_padding);
   if (groups != 1) s += fmt::format(", groups={}", groups);
   if (!bias) s += ", bias=False";
   return s;
+}
+
+// The output_padding with which a transposed convolution of `input` gives `output_size` (its last
+// kernel.size() numbers; PyTorch's rule): each size must lie in [smallest, smallest + stride - 1].
+Shape output_padding_for(const Tensor& input, const Shape& output_size, const Shape& kernel, const Shape& stride,
+                         const Shape& padding, const Shape& dilation, const char* layer) {
+  const int n = kernel.size();
+  const int batch_dims = input.dim() == n + 2 ? 2 : 1;
+  KILN_CHECK(output_size.size() == n || output_size.size() == n + batch_dims,
+             "nn::{}: for a {}-D input, output_size must have {} or {} elements, got {}", layer, input.dim(), n,
+             n + batch_dims, output_size.str());
+  Shape result = Shape::filled(n, 0);
+  for (int d = 0; d < n; ++d) {
+    const int64_t want = output_size[output_size.size() - n + d];
+    const int64_t smallest =
+        (input.size(input.dim() - n + d) - 1) * stride[d] - 2 * padding[d] + dilation[d] * (kernel[d] - 1) + 1;
+    KILN_CHECK(want >= smallest && want <= smallest + stride[d] - 1,
+               "nn::{}: requested an output size of {}, but valid sizes range from {} to {} in dim {} (for an "
+               "input of {})",
+               layer, output_size.str(), smallest, smallest + stride[d] - 1, d, input.sizes().str());
+    result[d] = want - smallest;
+  }
+  return result;
 }
 
 std::string size_or_pair(const Size2& s) { return s.h == s.w ? std::to_string(s.h) : s.str(); }
@@ -249,5 +274,68 @@ std::tuple<Tensor, Tensor> AdaptiveMaxPool1d::forward_with_indices(const Tensor&
   return adaptive_max_pool1d_with_indices(input, output_size);
 }
 std::string AdaptiveMaxPool1d::extra_repr() const { return fmt::format("output_size={}", output_size); }
+
+ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size,
+                                 ConvTranspose2dOptions options)
+    : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(std::move(options)) {
+  check_channels(in_channels, out_channels, this->options.groups, kernel_size.shape(), "ConvTranspose2d");
+  weight = register_parameter(
+      "weight", empty({in_channels, out_channels / this->options.groups, kernel_size.h, kernel_size.w}));
+  if (this->options.bias) bias = register_parameter("bias", empty({out_channels}));
+  reset_conv(weight, bias);
+}
+
+Tensor ConvTranspose2d::forward(const Tensor& input) {
+  const ConvTranspose2dOptions& o = options;
+  return conv_transpose2d(input, weight, bias, o.stride.shape(), o.padding.shape(), o.output_padding.shape(),
+                          o.groups, o.dilation.shape());
+}
+
+Tensor ConvTranspose2d::forward(const Tensor& input, const Shape& output_size) {
+  const ConvTranspose2dOptions& o = options;
+  KILN_CHECK(input.dim() == 3 || input.dim() == 4,
+             "nn::ConvTranspose2d: expected a 3-D (unbatched) or 4-D (batched) input, got shape {}",
+             input.sizes().str());
+  const Shape output_padding = output_padding_for(input, output_size, kernel_size.shape(), o.stride.shape(),
+                                                  o.padding.shape(), o.dilation.shape(), "ConvTranspose2d");
+  return conv_transpose2d(input, weight, bias, o.stride.shape(), o.padding.shape(), output_padding, o.groups,
+                          o.dilation.shape());
+}
+
+std::string ConvTranspose2d::extra_repr() const {
+  const ConvTranspose2dOptions& o = options;
+  return conv_repr(in_channels, out_channels, kernel_size.shape(), o.stride.shape(), "", o.padding.shape(),
+                   o.dilation.shape(), o.groups, bias.defined(), o.output_padding.shape());
+}
+
+ConvTranspose1d::ConvTranspose1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
+                                 ConvTranspose1dOptions options)
+    : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(std::move(options)) {
+  check_channels(in_channels, out_channels, this->options.groups, {kernel_size}, "ConvTranspose1d");
+  weight = register_parameter("weight", empty({in_channels, out_channels / this->options.groups, kernel_size}));
+  if (this->options.bias) bias = register_parameter("bias", empty({out_channels}));
+  reset_conv(weight, bias);
+}
+
+Tensor ConvTranspose1d::forward(const Tensor& input) {
+  const ConvTranspose1dOptions& o = options;
+  return conv_transpose1d(input, weight, bias, o.stride, o.padding, o.output_padding, o.groups, o.dilation);
+}
+
+Tensor ConvTranspose1d::forward(const Tensor& input, const Shape& output_size) {
+  const ConvTranspose1dOptions& o = options;
+  KILN_CHECK(input.dim() == 2 || input.dim() == 3,
+             "nn::ConvTranspose1d: expected a 2-D (unbatched) or 3-D (batched) input, got shape {}",
+             input.sizes().str());
+  const Shape output_padding = output_padding_for(input, output_size, {kernel_size}, {o.stride}, {o.padding},
+                                                  {o.dilation}, "ConvTranspose1d");
+  return conv_transpose1d(input, weight, bias, o.stride, o.padding, output_padding[0], o.groups, o.dilation);
+}
+
+std::string ConvTranspose1d::extra_repr() const {
+  const ConvTranspose1dOptions& o = options;
+  return conv_repr(in_channels, out_channels, {kernel_size}, {o.stride}, "", {o.padding}, {o.dilation}, o.groups,
+                   bias.defined(), {o.output_padding});
+}
 
 }  // namespace kiln::nn

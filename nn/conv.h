@@ -1,4 +1,4 @@
-// nn/conv.h: Conv1d, Conv2d, Conv3d and the pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d,
+// nn/conv.h: Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d and the pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d,
 // AdaptiveMaxPool2d and their 1-D forms), over the ops of ops/ops.h (conv.cpp, pool.cpp). Options
 // follow PyTorch's keyword arguments:
 //   nn::Conv2d c1{1, 32, 3, {.padding = 1}};
@@ -133,6 +133,57 @@ class Conv3d : public Module {
   Conv3dOptions options;
   Tensor weight;  // (C_out, C_in / groups, kD, kH, kW)
   Tensor bias;    // (C_out), undefined without bias
+};
+
+struct ConvTranspose2dOptions {  // LibTorch's order
+  Size2 stride = 1;
+  Size2 padding = 0;
+  Size2 output_padding = 0;
+  int64_t groups = 1;
+  bool bias = true;
+  Size2 dilation = 1;
+};
+
+// input (N, C_in, H, W) or (C_in, H, W) -> (N, C_out, H', W') with H' = (H - 1) * stride - 2 * padding +
+// dilation * (kH - 1) + output_padding + 1: conv_transpose2d (Note [transposed convolution],
+// ops/conv.cpp). weight (C_in, C_out / groups, kH, kW) and bias (C_out), initialised as PyTorch's
+// (fan_in = C_out / groups * kH * kW). forward(input, output_size) picks the output_padding that gives
+// output_size (its last two numbers), as PyTorch's.
+class ConvTranspose2d : public Module {
+ public:
+  ConvTranspose2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size, ConvTranspose2dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  Tensor forward(const Tensor& input, const Shape& output_size);
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels;
+  Size2 kernel_size;
+  ConvTranspose2dOptions options;
+  Tensor weight;  // (C_in, C_out / groups, kH, kW)
+  Tensor bias;    // (C_out), undefined without bias
+};
+
+struct ConvTranspose1dOptions {
+  int64_t stride = 1;
+  int64_t padding = 0;
+  int64_t output_padding = 0;
+  int64_t groups = 1;
+  bool bias = true;
+  int64_t dilation = 1;
+};
+
+// input (N, C_in, L) or (C_in, L) -> (N, C_out, L'). weight (C_in, C_out / groups, k).
+class ConvTranspose1d : public Module {
+ public:
+  ConvTranspose1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size, ConvTranspose1dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  Tensor forward(const Tensor& input, const Shape& output_size);
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels, kernel_size;
+  ConvTranspose1dOptions options;
+  Tensor weight;  // (C_in, C_out / groups, k)
+  Tensor bias;    // (C_out)
 };
 
 struct MaxPool2dOptions {

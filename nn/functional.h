@@ -33,6 +33,8 @@ using ops::batch_norm;
 using ops::conv1d;
 using ops::conv2d;
 using ops::conv3d;
+using ops::conv_transpose1d;
+using ops::conv_transpose2d;
 using ops::dropout;
 using ops::gelu;
 using ops::group_norm;

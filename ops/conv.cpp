@@ -1,11 +1,13 @@
 // ops/conv.cpp: conv2d, conv1d (a conv2d over a height-1 image) and conv3d (one conv2d, Note [conv3d as
-// conv2d]), and the two ops that are conv2d's backward: the gradient with respect to the input and
+// conv2d]), conv_transpose2d and conv_transpose1d (conv2d's backward, Note [transposed convolution]),
+// and the two ops that are conv2d's backward: the gradient with respect to the input and
 // with respect to the weight (kernels: cpu/conv.cpp). Those three are linear in each argument, so each
 // one's backward is written with the other two:
 //   out = conv2d(x, w):                 dx = backward_input(g, w),  dw = backward_weight(g, x)
 //   gx = backward_input(g, w):          dg = conv2d(ggx, w),        dw = backward_weight(g, ggx)
 //   gw = backward_weight(g, x):         dg = conv2d(x, ggw),        dx = backward_input(g, ggw)
 // which gives double backward (gradient penalties) for free. 16-bit floats run in float32.
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -231,6 +233,90 @@ Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
   Tensor out = conv2d(image, kernel, bias, {s[1], s[2]}, {p[1], p[2]}, {d[1], d[2]}, groups);  // (N Do, O, Ho, Wo)
   out = out.view({N, Do, O, out.size(2), out.size(3)}).permute({0, 2, 1, 3, 4}).contiguous();
   return input.dim() == 4 ? out.squeeze(0) : out;
+}
+
+// Note [transposed convolution]
+// conv_transpose2d is the adjoint of conv2d: the gradient of conv2d(z, weight) with respect to z,
+// applied to the input. Its weight (C_in, C_out / groups, kH, kW) is that conv2d's weight as it is
+// (conv2d maps C_out channels back to C_in), and its output size is the largest z whose conv2d has
+// the input's size, (H - 1) * stride - 2 * padding + dilation * (k - 1) + 1, plus output_padding
+// (< stride or < dilation, as PyTorch). Rows past stride - 1 of output padding are seen by no window:
+// they are padded on as zeros. Differentiable twice over through conv2d_backward_input's backward.
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+                        const Shape& padding, const Shape& output_padding, int64_t groups, const Shape& dilation) {
+  const char* op = "conv_transpose2d";
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::ConvTranspose2d, input.device()}) {
+      return conv_transpose2d(ac.cast(input), ac.cast(weight), ac.cast(bias), stride, padding, output_padding,
+                              groups, dilation);
+    }
+  }
+  KILN_CHECK(input.dim() == 3 || input.dim() == 4,
+             "conv_transpose2d: expected a 3-D (unbatched C, H, W) or 4-D (batched N, C, H, W) input, got shape {}",
+             input.sizes().str());
+  KILN_CHECK(weight.dim() == 4,
+             "conv_transpose2d: expected a 4-D weight (C_in, C_out / groups, kH, kW), got shape {}",
+             weight.sizes().str());
+  check_float_pair(op, input, weight);
+  if (bias.defined()) check_float_pair(op, input, bias, "input and bias");
+  const Conv2dArgs a = conv_args(stride, padding, dilation, groups, op);
+  int64_t op_h = 0, op_w = 0;
+  pair_arg(output_padding, op, "output_padding", 0, op_h, op_w);
+  KILN_CHECK((op_h < a.stride_h || op_h < a.dilation_h) && (op_w < a.stride_w || op_w < a.dilation_w),
+             "conv_transpose2d: output_padding {} must be smaller than either stride or dilation in each dim "
+             "(stride ({}, {}), dilation ({}, {}))",
+             output_padding.str(), a.stride_h, a.stride_w, a.dilation_h, a.dilation_w);
+  Tensor x = input.dim() == 3 ? input.unsqueeze(0) : input;
+  const Shape& in = x.sizes();
+  const Shape& w = weight.sizes();
+  KILN_CHECK(in[1] == w[0],
+             "conv_transpose2d: the input {} has {} channels, but the weight {} expects {} (its dim 0, C_in)",
+             in.str(), in[1], w.str(), w[0]);
+  KILN_CHECK(w[0] % groups == 0, "conv_transpose2d: the weight's {} input channels are not divisible by groups {}",
+             w[0], groups);
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w[1] * groups),
+             "conv_transpose2d: the bias must be 1-D with {} elements (the output channels), got shape {}",
+             w[1] * groups, bias.defined() ? bias.sizes().str() : std::string());
+  const int64_t h_min = (in[2] - 1) * a.stride_h - 2 * a.pad_h + a.dilation_h * (w[2] - 1) + 1;
+  const int64_t w_min = (in[3] - 1) * a.stride_w - 2 * a.pad_w + a.dilation_w * (w[3] - 1) + 1;
+  KILN_CHECK(h_min + op_h > 0 && w_min + op_w > 0,
+             "conv_transpose2d: the output would be empty ({} x {}): padding {} is too large for input {} and "
+             "weight {}",
+             h_min + op_h, w_min + op_w, padding.str(), in.str(), w.str());
+  // Within stride - 1 rows of output padding, conv2d's floor still maps the output back onto the input.
+  const int64_t seen_h = std::min(op_h, a.stride_h - 1), seen_w = std::min(op_w, a.stride_w - 1);
+  KILN_CHECK(h_min + seen_h > 0 && w_min + seen_w > 0,
+             "conv_transpose2d: padding {} leaves no output row or column that the input reaches (input {}, "
+             "weight {})",
+             padding.str(), in.str(), w.str());
+  if (is_reduced_float(input.dtype())) {  // in float32, the bias added before rounding, as PyTorch's kernels
+    Tensor out = conv_transpose2d(x.to(kFloat32), weight.to(kFloat32), bias.defined() ? bias.to(kFloat32) : bias,
+                                  stride, padding, output_padding, groups, dilation);
+    out = out.to(input.dtype());
+    return input.dim() == 3 ? out.squeeze(0) : out;
+  }
+  Tensor out = conv2d_backward_input(x, weight, {in[0], w[1] * groups, h_min + seen_h, w_min + seen_w}, stride_of(a),
+                                     padding_of(a), dilation_of(a), groups);
+  if (op_h > seen_h || op_w > seen_w) out = pad(out, {0, op_w - seen_w, 0, op_h - seen_h});
+  if (bias.defined()) out = out + bias.view({1, -1, 1, 1});
+  return input.dim() == 3 ? out.squeeze(0) : out;
+}
+
+Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t stride,
+                        int64_t padding, int64_t output_padding, int64_t groups, int64_t dilation) {
+  KILN_CHECK(input.dim() == 2 || input.dim() == 3,
+             "conv_transpose1d: expected a 2-D (unbatched C, L) or 3-D (batched N, C, L) input, got shape {}",
+             input.sizes().str());
+  KILN_CHECK(weight.dim() == 3, "conv_transpose1d: expected a 3-D weight (C_in, C_out / groups, k), got shape {}",
+             weight.sizes().str());
+  KILN_CHECK(stride >= 1 && dilation >= 1 && padding >= 0 && output_padding >= 0,
+             "conv_transpose1d: stride ({}) and dilation ({}) must be positive, padding ({}) and output_padding ({}) "
+             "non-negative",
+             stride, dilation, padding, output_padding);
+  // A height-1 image with a height-1 kernel: the height dim's stride 1 allows no output padding there.
+  return conv_transpose2d(input.unsqueeze(-2), weight.unsqueeze(2), bias, {1, stride}, {0, padding},
+                          {0, output_padding}, groups, {1, dilation})
+      .squeeze(-2);
 }
 
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,

@@ -244,6 +244,14 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}
 Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
               const Shape& stride = {1, 1, 1}, const Shape& padding = {0, 0, 0},
               const Shape& dilation = {1, 1, 1}, int64_t groups = 1);
+// Transposed convolutions, PyTorch's argument order: input (N, C_in, H, W) or (C_in, H, W), weight
+// (C_in, C_out / groups, kH, kW), bias (C_out); output_padding (< stride or < dilation) adds rows and
+// columns at the end. The 1-D form: input (N, C_in, L) or (C_in, L), weight (C_in, C_out / groups, k).
+Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+                        const Shape& stride = {1, 1}, const Shape& padding = {0, 0},
+                        const Shape& output_padding = {0, 0}, int64_t groups = 1, const Shape& dilation = {1, 1});
+Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, int64_t stride = 1,
+                        int64_t padding = 0, int64_t output_padding = 0, int64_t groups = 1, int64_t dilation = 1);
 // The gradients of conv2d (its backward; ordinary ops, so they have a backward too): with respect to
 // the input, of shape input_shape (N, C_in, H, W), and with respect to the weight, of weight_shape.
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,

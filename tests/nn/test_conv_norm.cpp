@@ -28,6 +28,56 @@ TEST_CASE("Conv1d matches torch", "[nn][layers][conv]") {
   check_layer(same, "conv1d_same_even");
 }
 
+TEST_CASE("ConvTranspose2d and ConvTranspose1d match torch: every option, unbatched, output_size, and their reprs",
+          "[nn][layers][conv]") {
+  nn::ConvTranspose2d plain(3, 2, 3);
+  check_layer(plain, "conv_transpose2d");
+  CHECK(plain.weight.sizes() == Shape{3, 2, 3, 3});  // (C_in, C_out / groups, kH, kW)
+  nn::ConvTranspose2d opts(4, 6, {3, 2},
+                           {.stride = {2, 3}, .padding = {1, 0}, .output_padding = {1, 2}, .groups = 2, .bias = false,
+                            .dilation = {1, 2}});
+  check_layer(opts, "conv_transpose2d_opts");
+  nn::ConvTranspose2d unbatched(2, 3, 2, {.stride = 2});
+  check_layer(unbatched, "conv_transpose2d_unbatched");
+  nn::ConvTranspose1d one_d(3, 4, 3, {.stride = 2, .padding = 1, .output_padding = 1});
+  check_layer(one_d, "conv_transpose1d");
+  // output_size picks the output padding: (4 - 1) * 2 - 2 + 2 + 1 = 7 rows at least, 8 asked for.
+  const test::NnCase& c = test::nn_case("conv_transpose2d_output_size");
+  nn::ConvTranspose2d sized(2, 3, 3, {.stride = 2, .padding = 1});
+  sized.to(kFloat64);
+  sized.load_state_dict(c.state());
+  test::check_close(sized.forward(c.at("in.0"), Shape{8, 10}), c.at("out"));
+  test::check_close(sized.forward(c.at("in.0"), Shape{1, 3, 8, 10}), c.at("out"));
+  test::check_error([&] { sized.forward(c.at("in.0"), Shape{9, 10}); },
+                    {"nn::ConvTranspose2d", "output size of [9, 10]", "from 7 to 8"});
+  test::check_error([&] { sized.forward(c.at("in.0"), Shape{8}); }, {"nn::ConvTranspose2d", "2 or 4 elements"});
+  nn::Sequential reprs;
+  reprs.push_back(std::make_shared<nn::ConvTranspose2d>(3, 2, 3));
+  reprs.push_back(std::make_shared<nn::ConvTranspose2d>(
+      4, 6, nn::Size2{3, 2},
+      nn::ConvTranspose2dOptions{
+          .stride = {2, 3}, .padding = {1, 0}, .output_padding = {1, 2}, .groups = 2, .bias = false, .dilation = {1, 2}}));
+  reprs.push_back(std::make_shared<nn::ConvTranspose1d>(
+      3, 4, 3, nn::ConvTranspose1dOptions{.stride = 2, .padding = 1, .output_padding = 1}));
+  const std::string repr = reprs.to_string();
+  CHECK(repr.substr(0, repr.rfind("\nParameters: ")) == test::nn_case("conv_transpose_reprs").strings.at("repr"));
+  // Bad arguments: Errors that name them.
+  test::check_error([] { nn::ConvTranspose2d(3, 4, 3, {.groups = 2}); }, {"nn::ConvTranspose2d", "divisible by groups"});
+  test::check_error([] { nn::functional::conv_transpose2d(ones({1, 2, 4, 4}), ones({3, 2, 2, 2})); },
+                    {"conv_transpose2d", "2 channels", "expects 3"});
+  test::check_error([] { nn::functional::conv_transpose2d(ones({1, 2, 4, 4}), ones({2, 2, 2})); },
+                    {"conv_transpose2d", "4-D weight"});
+  test::check_error([] { nn::functional::conv_transpose2d(ones({1, 2, 4, 4}), ones({2, 2, 2, 2}), {}, {2, 2}, {0, 0},
+                                                          {2, 0}); },
+                    {"conv_transpose2d", "output_padding [2, 0]", "smaller than either stride or dilation"});
+  test::check_error([] { nn::functional::conv_transpose2d(ones({1, 2, 2, 2}), ones({2, 2, 2, 2}), {}, {1, 1}, {3, 3}); },
+                    {"conv_transpose2d", "output would be empty"});
+  test::check_error([] { nn::functional::conv_transpose2d(ones({1, 2, 4, 4}), ones({2, 2, 2, 2}), ones({3})); },
+                    {"conv_transpose2d", "bias", "2 elements"});
+  test::check_error([] { nn::functional::conv_transpose1d(ones({1, 2, 4}), ones({2, 2, 2}), {}, 1, -1); },
+                    {"conv_transpose1d", "non-negative"});
+}
+
 TEST_CASE("Conv3d matches torch: every option on each dim, 'same', 'valid', unbatched, and its repr",
           "[nn][layers][conv]") {
   nn::Conv3d plain(2, 3, 3);

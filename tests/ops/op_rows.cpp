@@ -291,6 +291,19 @@ const std::vector<OpRow>& op_table() {
                                         c.shape("padding", Shape{0, 0, 0}), c.shape("dilation", Shape{1, 1, 1}),
                                         c.integer("groups", 1))};
        }},
+      {"conv_transpose2d", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::conv_transpose2d(in.at(0), in.at(1), opt_input(in, 2), c.shape("stride", Shape{1, 1}),
+                                                  c.shape("padding", Shape{0, 0}),
+                                                  c.shape("output_padding", Shape{0, 0}), c.integer("groups", 1),
+                                                  c.shape("dilation", Shape{1, 1}))};
+       }},
+      {"conv_transpose1d", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::conv_transpose1d(in.at(0), in.at(1), opt_input(in, 2), c.integer("stride", 1),
+                                                  c.integer("padding", 0), c.integer("output_padding", 0),
+                                                  c.integer("groups", 1), c.integer("dilation", 1))};
+       }},
       {"conv1d", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
          return TensorList{kiln::conv1d(in.at(0), in.at(1), opt_input(in, 2), c.integer("stride", 1),
