@@ -186,7 +186,8 @@ void scatter_kernel(const View& out, int dim, const View& index, const View& src
         same_but_dim(out, index, dim)) {
       // Element (o, j, i) goes to (o, index, i): only positions that share o and i may meet, so the
       // threads split o (or i, when there is one o), and each keeps the order of j (the last write wins,
-      // as in the serial loop below, whatever the number of threads).
+      // as in the serial loop below, whatever the number of threads). With several bad indices, the
+      // Error names the one its thread met first.
       const DimSplit split(index.sizes, dim);
       const int64_t n = index.sizes[dim], inner = split.inner;
       auto rows = [=](auto add, int64_t o0, int64_t o1, int64_t i0, int64_t i1) {  // copies: kept in registers

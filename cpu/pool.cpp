@@ -116,7 +116,12 @@ void max_pool2d_backward_typed(const View& grad_out, const View& indices, const 
     std::memset(gp, 0, sizeof(T) * HW);
     const T* g = gy + p * out_hw;
     const int64_t* ip = idx + p * out_hw;
-    for (int64_t i = 0; i < out_hw; ++i) gp[ip[i]] += g[i];
+    for (int64_t i = 0; i < out_hw; ++i) {
+      if (ip[i] < 0 || ip[i] >= HW) [[unlikely]] {
+        KILN_FAIL("max_pool2d_backward: index {} is out of bounds for an input plane of {} elements", ip[i], HW);
+      }
+      gp[ip[i]] += g[i];
+    }
   });
 }
 
@@ -180,7 +185,8 @@ void avg_windows_backward(const View& grad_out, const View& grad_in, const Windo
   });
 }
 
-// Adaptive windows: [floor(i * in / out), ceil((i + 1) * in / out)) in each dim, divided by their size.
+// Adaptive windows: [floor(i * in / out), ceil((i + 1) * in / out)) in each dim; the average divides by
+// their size.
 struct AdaptiveWindows {
   int64_t H, W, Ho, Wo;
   AvgWindow operator()(int64_t oh, int64_t ow) const {

@@ -63,8 +63,8 @@ struct AvgWindows {
   }
 };
 
-// adaptive_avg_pool2d's windows: [floor(i * in / out), ceil((i + 1) * in / out)) in each dim,
-// divided by their size. Input row h lies in the windows of outputs
+// The adaptive poolings' windows: [floor(i * in / out), ceil((i + 1) * in / out)) in each dim; the
+// average divides by their size. Input row h lies in the windows of outputs
 // [floor(h * Ho / H), ceil((h + 1) * Ho / H)).
 struct AdaptiveWindows {
   int64_t H, W, Ho, Wo;

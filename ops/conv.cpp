@@ -7,7 +7,6 @@
 //   gx = backward_input(g, w):          dg = conv2d(ggx, w),        dw = backward_weight(g, ggx)
 //   gw = backward_weight(g, x):         dg = conv2d(x, ggw),        dx = backward_input(g, ggw)
 // which gives double backward (gradient penalties) for free. 16-bit floats run in float32.
-#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -238,10 +237,12 @@ Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
 // Note [transposed convolution]
 // conv_transpose2d is the adjoint of conv2d: the gradient of conv2d(z, weight) with respect to z,
 // applied to the input. Its weight (C_in, C_out / groups, kH, kW) is that conv2d's weight as it is
-// (conv2d maps C_out channels back to C_in), and its output size is the largest z whose conv2d has
+// (conv2d maps C_out channels back to C_in), and its output size is the smallest z whose conv2d has
 // the input's size, (H - 1) * stride - 2 * padding + dilation * (k - 1) + 1, plus output_padding
-// (< stride or < dilation, as PyTorch). Rows past stride - 1 of output padding are seen by no window:
-// they are padded on as zeros. Differentiable twice over through conv2d_backward_input's backward.
+// (< stride or < dilation, as PyTorch). conv2d of that z has H + output_padding / stride rows, so the
+// input gets that many zero rows at the end first (their windows add nothing): then the gradient is
+// taken at the full output size, and with padding the padded-on rows get what the windows put there.
+// Differentiable twice over through pad's and conv2d_backward_input's backward.
 Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
                         const Shape& padding, const Shape& output_padding, int64_t groups, const Shape& dilation) {
   const char* op = "conv_transpose2d";
@@ -269,11 +270,15 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
   Tensor x = input.dim() == 3 ? input.unsqueeze(0) : input;
   const Shape& in = x.sizes();
   const Shape& w = weight.sizes();
+  KILN_CHECK(in[2] > 0 && in[3] > 0, "conv_transpose2d: expected a non-empty height and width, got input {}",
+             in.str());
+  KILN_CHECK(w[2] > 0 && w[3] > 0, "conv_transpose2d: the weight's kernel sizes must be positive, got weight {}",
+             w.str());
   KILN_CHECK(in[1] == w[0],
              "conv_transpose2d: the input {} has {} channels, but the weight {} expects {} (its dim 0, C_in)",
              in.str(), in[1], w.str(), w[0]);
-  KILN_CHECK(w[0] % groups == 0, "conv_transpose2d: the weight's {} input channels are not divisible by groups {}",
-             w[0], groups);
+  KILN_CHECK(w[0] >= groups && w[0] % groups == 0,
+             "conv_transpose2d: the weight's {} input channels are not divisible by groups {}", w[0], groups);
   KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w[1] * groups),
              "conv_transpose2d: the bias must be 1-D with {} elements (the output channels), got shape {}",
              w[1] * groups, bias.defined() ? bias.sizes().str() : std::string());
@@ -283,21 +288,16 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
              "conv_transpose2d: the output would be empty ({} x {}): padding {} is too large for input {} and "
              "weight {}",
              h_min + op_h, w_min + op_w, padding.str(), in.str(), w.str());
-  // Within stride - 1 rows of output padding, conv2d's floor still maps the output back onto the input.
-  const int64_t seen_h = std::min(op_h, a.stride_h - 1), seen_w = std::min(op_w, a.stride_w - 1);
-  KILN_CHECK(h_min + seen_h > 0 && w_min + seen_w > 0,
-             "conv_transpose2d: padding {} leaves no output row or column that the input reaches (input {}, "
-             "weight {})",
-             padding.str(), in.str(), w.str());
   if (is_reduced_float(input.dtype())) {  // in float32, the bias added before rounding, as PyTorch's kernels
     Tensor out = conv_transpose2d(x.to(kFloat32), weight.to(kFloat32), bias.defined() ? bias.to(kFloat32) : bias,
                                   stride, padding, output_padding, groups, dilation);
     out = out.to(input.dtype());
     return input.dim() == 3 ? out.squeeze(0) : out;
   }
-  Tensor out = conv2d_backward_input(x, weight, {in[0], w[1] * groups, h_min + seen_h, w_min + seen_w}, stride_of(a),
+  const int64_t extra_h = op_h / a.stride_h, extra_w = op_w / a.stride_w;  // zero rows and columns of x
+  if (extra_h > 0 || extra_w > 0) x = pad(x, {0, extra_w, 0, extra_h});
+  Tensor out = conv2d_backward_input(x, weight, {in[0], w[1] * groups, h_min + op_h, w_min + op_w}, stride_of(a),
                                      padding_of(a), dilation_of(a), groups);
-  if (op_h > seen_h || op_w > seen_w) out = pad(out, {0, op_w - seen_w, 0, op_h - seen_h});
   if (bias.defined()) out = out + bias.view({1, -1, 1, 1});
   return input.dim() == 3 ? out.squeeze(0) : out;
 }
@@ -313,6 +313,18 @@ Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor&
              "conv_transpose1d: stride ({}) and dilation ({}) must be positive, padding ({}) and output_padding ({}) "
              "non-negative",
              stride, dilation, padding, output_padding);
+  KILN_CHECK(output_padding < stride || output_padding < dilation,
+             "conv_transpose1d: output_padding {} must be smaller than either stride ({}) or dilation ({})",
+             output_padding, stride, dilation);
+  const int64_t channels = input.size(-2), length = input.size(-1);
+  KILN_CHECK(channels == weight.size(0),
+             "conv_transpose1d: the input {} has {} channels, but the weight {} expects {} (its dim 0, C_in)",
+             input.sizes().str(), channels, weight.sizes().str(), weight.size(0));
+  KILN_CHECK(length > 0 && weight.size(2) > 0, "conv_transpose1d: expected a non-empty length and kernel, got input "
+             "{} and weight {}", input.sizes().str(), weight.sizes().str());
+  const int64_t out_length = (length - 1) * stride - 2 * padding + dilation * (weight.size(2) - 1) + 1 + output_padding;
+  KILN_CHECK(out_length > 0, "conv_transpose1d: the output would be empty (length {}): padding {} is too large for "
+             "input {} and weight {}", out_length, padding, input.sizes().str(), weight.sizes().str());
   // A height-1 image with a height-1 kernel: the height dim's stride 1 allows no output padding there.
   return conv_transpose2d(input.unsqueeze(-2), weight.unsqueeze(2), bias, {1, stride}, {0, padding},
                           {0, output_padding}, groups, {1, dilation})

@@ -228,9 +228,11 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Shape&
   backend_for(input.device()).max_pool2d(view_of(input), view_of(out), view_of(indices), a,
                                          stream_for(input.device()));
   if (should_record(x)) {
-    record("MaxPool2DBackward", {input}, {out}, [indices, in_shape = input.sizes()](const Grads& g) -> TensorList {
-      return {max_pool2d_backward(g[0], indices, in_shape)};
-    });
+    // The indices are saved (version-checked): they are also returned, and a caller may change them.
+    record("MaxPool2DBackward", {input}, {out},
+           [saved = SavedTensor(indices, false), in_shape = input.sizes()](const Grads& g) -> TensorList {
+             return {max_pool2d_backward(g[0], saved.unpack("MaxPool2DBackward"), in_shape)};
+           });
   }
   // The input recorded is batched(x).contiguous(), so autograd reaches x through those ops.
   if (x.dim() == 3) return {out.squeeze(0), indices.squeeze(0)};
@@ -277,8 +279,8 @@ std::tuple<Tensor, Tensor> adaptive_max_pool2d_with_indices(const Tensor& x, con
                                                   stream_for(input.device()));
   if (should_record(x)) {  // the indices say where each gradient goes, as for max_pool2d
     record("AdaptiveMaxPool2DBackward", {input}, {out},
-           [indices, in_shape = input.sizes()](const Grads& g) -> TensorList {
-             return {max_pool2d_backward(g[0], indices, in_shape)};
+           [saved = SavedTensor(indices, false), in_shape = input.sizes()](const Grads& g) -> TensorList {
+             return {max_pool2d_backward(g[0], saved.unpack("AdaptiveMaxPool2DBackward"), in_shape)};
            });
   }
   return {unbatched_like(out, x), unbatched_like(indices, x)};

@@ -76,6 +76,14 @@ TEST_CASE("ConvTranspose2d and ConvTranspose1d match torch: every option, unbatc
                     {"conv_transpose2d", "bias", "2 elements"});
   test::check_error([] { nn::functional::conv_transpose1d(ones({1, 2, 4}), ones({2, 2, 2}), {}, 1, -1); },
                     {"conv_transpose1d", "non-negative"});
+  test::check_error([] { nn::functional::conv_transpose1d(ones({1, 3, 4}), ones({2, 2, 2})); },
+                    {"conv_transpose1d", "[1, 3, 4] has 3 channels", "expects 2"});
+  test::check_error([] { nn::functional::conv_transpose1d(ones({1, 2, 4}), ones({2, 2, 2}), {}, 2, 0, 2); },
+                    {"conv_transpose1d", "output_padding 2", "stride (2) or dilation (1)"});
+  test::check_error([] { nn::functional::conv_transpose2d(ones({1, 2, 4, 4}), ones({2, 2, 0, 2})); },
+                    {"conv_transpose2d", "kernel sizes must be positive"});
+  test::check_error([] { nn::functional::conv_transpose2d(ones({1, 2, 0, 4}), ones({2, 2, 2, 2})); },
+                    {"conv_transpose2d", "non-empty height and width"});
 }
 
 TEST_CASE("Conv3d matches torch: every option on each dim, 'same', 'valid', unbatched, and its repr",

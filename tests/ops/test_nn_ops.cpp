@@ -323,3 +323,19 @@ TEST_CASE("gather, scatter and scatter_add take the same values on their contigu
   test::check_error([&] { x.gather(1, bad); }, {"gather", "index 5", "size 5"});
   test::check_error([&] { x.scatter_add(1, bad, zeros({4, 1}, kFloat64)); }, {"scatter_add", "index 5", "size 5"});
 }
+
+TEST_CASE("max pooling's indices are saved for backward: changed in place, backward is an Error", "[ops][pool]") {
+  // As PyTorch's saved result1: the indices handed back are the ones the gradient goes to.
+  for (bool adaptive : {false, true}) {
+    INFO("adaptive " << adaptive);
+    Tensor x = test::sample({1, 2, 4, 4}, kFloat64).requires_grad_();
+    auto [out, indices] = adaptive ? adaptive_max_pool2d_with_indices(x, {2}) : max_pool2d_with_indices(x, {2});
+    {
+      NoGradGuard no_grad;
+      indices.add_(1);
+    }
+    test::check_error([&] { out.sum().backward(); },
+                      {adaptive ? "AdaptiveMaxPool2DBackward" : "MaxPool2DBackward",
+                       "modified by an in-place operation"});
+  }
+}
