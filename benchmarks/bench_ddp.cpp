@@ -17,29 +17,14 @@
 #include <cstdlib>
 #include <vector>
 
+#include "bench_util.h"
+#include "dp_bench.h"
 using namespace kiln;
 using namespace kiln::distributed;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-struct Mlp : nn::Module {
-  nn::Linear f1{784, 1024}, f2{1024, 1024}, f3{1024, 1024}, f4{1024, 10};
-  Mlp() { register_modules({{"f1", f1}, {"f2", f2}, {"f3", f3}, {"f4", f4}}); }
-  Tensor forward(const Tensor& x) override { return f4(relu(f3(relu(f2(relu(f1(x))))))); }
-};
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-double slowest(Communicator& comm, double x) {
-  Tensor t = full({1}, x, kFloat64);
-  comm.all_reduce(t, ReduceOp::Max);
-  return t.item<double>();
-}
 
 }  // namespace
 
@@ -53,7 +38,7 @@ int main(int argc, char** argv) {
   Tensor y = randint(0, 10, {64});
   double exposed[2] = {0, 0}, step_ms[2] = {0, 0};
   for (int overlap = 1; overlap >= 0; --overlap) {
-    Mlp net;
+    kiln_bench::Mlp784 net;
     DistributedDataParallel ddp(net, comm, {.bucket_cap_mb = 2, .overlap = overlap == 1});
     optim::SGD opt(net.parameters(), {.lr = 0.01, .momentum = 0.9});
     std::vector<double> ms, wait;
@@ -70,8 +55,8 @@ int main(int argc, char** argv) {
         wait.push_back(ddp.last_stats().wait_seconds * 1e3);
       }
     }
-    step_ms[overlap] = slowest(*comm, median(ms));
-    exposed[overlap] = slowest(*comm, median(wait));
+    step_ms[overlap] = kiln_bench::slowest(*comm, kiln_bench::median(ms));
+    exposed[overlap] = kiln_bench::slowest(*comm, kiln_bench::median(wait));
     if (r == 0) {
       std::printf("{\"bench\":\"ddp\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
                   "\"model\":\"mlp 784-1024x3-10\",\"micro_batch\":64,\"overlap\":%s,\"buckets\":%zu,"
@@ -81,7 +66,7 @@ int main(int argc, char** argv) {
     }
   }
   // The communication alone: the same buckets all-reduced with nothing else running.
-  Mlp net;
+  kiln_bench::Mlp784 net;
   int64_t numel = 0;
   for (const auto& t : net.parameters()) numel += t.numel();
   std::vector<Tensor> buckets;
@@ -97,7 +82,7 @@ int main(int argc, char** argv) {
     for (auto& w : works) w.wait();
     if (s >= 3) ms.push_back(std::chrono::duration<double>(Clock::now() - t0).count() * 1e3);
   }
-  const double comm_ms = slowest(*comm, median(ms));
+  const double comm_ms = kiln_bench::slowest(*comm, kiln_bench::median(ms));
   if (r == 0) {
     const double hidden = exposed[0] > 0 ? 1 - exposed[1] / exposed[0] : 0;
     std::printf("{\"bench\":\"ddp\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"

@@ -52,6 +52,24 @@ void Tensor::set_grad(const Tensor& grad) {
   get().grad = grad.impl_ptr();
 }
 
+void Tensor::set_data(const Tensor& new_data) const {
+  TensorImpl* d = &get();
+  KILN_CHECK(new_data.defined(), "set_data: the new data is an undefined tensor");
+  const TensorImpl* s = new_data.impl();
+  if (s == d) return;
+  const bool same_kind = d->dtype == s->dtype && d->device() == s->device();
+  const bool counted = d->counts_as_view;  // the view count moves with the data (a parameter that is a view)
+  d->uncount_view();
+  d->storage = s->storage;
+  d->sizes = s->sizes;
+  d->strides = s->strides;
+  d->offset = s->offset;
+  d->dtype = s->dtype;
+  if (counted) d->count_as_view();
+  d->view_base.reset();  // no longer reads its base's storage (Note [views and in-place ops], ops/views.cpp)
+  if (!same_kind) d->grad_accumulator.reset();
+}
+
 namespace autograd::detail {
 void (*make_view_grad_fn)(const Tensor& view) = nullptr;
 }

@@ -67,6 +67,12 @@ class Tensor {
   bool is_leaf() const { return autograd_fields().grad_fn == nullptr; }
   Tensor grad() const;  // undefined until a backward reaches this leaf
   void set_grad(const Tensor& grad);
+  // Makes this tensor read new_data's storage, shape, strides and dtype (LibTorch's set_data,
+  // Python's `param.data = new_data`): every holder of this handle sees the new data, and its
+  // autograd fields (requires_grad, grad, hooks) stay. nn::Module::to moves parameters this way;
+  // ZeRO stage 3 swaps a parameter between its gathered weights and nothing. A change of dtype or
+  // device starts a new gradient accumulator (graphs recorded before keep the old one).
+  void set_data(const Tensor& new_data) const;
   const std::shared_ptr<autograd::Node>& grad_fn() const { return autograd_fields().grad_fn; }
   uint32_t output_nr() const { return autograd_fields().output_nr; }
   // PyTorch's _is_view and _base: whether this tensor is a view made with grad mode on, whose

@@ -8,11 +8,15 @@
 //   train_gpt --grad-accum 4 --clip 1.0 --checkpoint-activations --no-fusion   # the techniques
 //   train_gpt --device cuda --offload-activations --autocast bf16
 //   kiln-run -n 2 train_gpt --out runs/gpt-ddp           # data parallel on 2 ranks
+//   kiln-run -n 4 train_gpt --deepspeed-config configs/ds_zero2.json   # DeepSpeed's config: ZeRO, bf16, ...
 //
 // The last tenth of the corpus is held out: every --eval-every steps the validation loss is the mean
 // over --eval-batches fixed windows of it. A step is --grad-accum micro-batches of --batch-size
 // windows, each loss divided by --grad-accum so the gradients add up to the mean over the whole
-// batch; then clipping (--clip, the global norm) and AdamW.
+// batch; then clipping (--clip, the global norm) and AdamW. With --deepspeed-config the step is
+// kiln::Engine's (distributed/engine/engine.h): batch sizes, accumulation, optimizer, schedule,
+// clipping, fp16/bf16 and the ZeRO stage come from that file, and its checkpoint (each rank's ZeRO
+// shard) goes beside checkpoint/, in checkpoint-engine/.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -20,7 +24,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <fstream>
 #include <optional>
+#include <sstream>
 #include <thread>
 
 #include <kiln/kiln.h>
@@ -52,12 +58,13 @@ struct Run {
   std::string autocast = "none";  // none | bf16 | fp16 (fp16 with dynamic loss scaling)
   uint64_t seed = 0;
   std::string device = "cpu";
+  std::string deepspeed_config;  // the text of the --deepspeed-config file ("" = none)
 };
 // to_json / from_json; a key missing from an older checkpoint keeps its default.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Run, config, n_layer, n_head, n_embd, context, dropout, corpus,
                                                 batch_size, grad_accum, lr, weight_decay, clip,
                                                 checkpoint_activations, offload_activations, fusion, fused_adam,
-                                                autocast, seed, device)
+                                                autocast, seed, device, deepspeed_config)
 
 models::GPTConfig model_config(const Run& r) {
   KILN_CHECK(r.config == "gpt_char" || r.config == "gpt2",
@@ -178,6 +185,9 @@ int run(int argc, char** argv) {
   flags.add("temperature", "0.8", "sampling temperature (0: greedy)");
   flags.add("top-k", "40", "sample among the k most likely bytes (0: all)");
   flags.add("out", "runs/train_gpt", "output directory: metrics.jsonl, training.png, checkpoint/, sample.txt");
+  flags.add("deepspeed-config", "", "a DeepSpeed ds_config.json: batch sizes, accumulation, optimizer, schedule, "
+            "clipping, fp16/bf16 and the ZeRO stage come from it (then --batch-size, --grad-accum, --lr, "
+            "--weight-decay, --clip, --autocast and --fused-adam are refused)");
   flags.add("resume", "", "continue from this checkpoint directory, with its settings (--corpus and --device may change)");
   flags.add_switch("quiet", "no progress output");
   flags.parse(argc, argv);
@@ -205,6 +215,14 @@ int run(int argc, char** argv) {
   r.fused_adam = flags.get_switch("fused-adam");
   r.seed = static_cast<uint64_t>(flags.get_int("seed", 0));
   r.device = flags.get("device");
+  if (const std::string& path = flags.get("deepspeed-config"); !path.empty()) {
+    std::ifstream in(path, std::ios::binary);
+    KILN_CHECK(in.good(), "--deepspeed-config: cannot open '{}'; check the path", path);
+    std::ostringstream text;
+    text << in.rdbuf();
+    r.deepspeed_config = text.str();
+    Config::from_string(r.deepspeed_config, path);  // its mistakes now, before anything starts
+  }
   const int64_t steps = flags.get_int("steps", 1);
   const int64_t eval_every = flags.get_int("eval-every", 0), eval_batches = flags.get_int("eval-batches", 1);
   const int64_t log_every = flags.get_int("log-every", 1), save_every = flags.get_int("save-every", 0);
@@ -230,16 +248,25 @@ int run(int argc, char** argv) {
     check_resumed(r, manifest);
   }
   KILN_CHECK(r.clip >= 0, "--clip must be >= 0, got {}", r.clip);
+  if (!r.deepspeed_config.empty()) {
+    for (const char* f : {"batch-size", "grad-accum", "lr", "weight-decay", "clip", "autocast", "fused-adam"}) {
+      KILN_CHECK(!flags.given(f), "--{} and a DeepSpeed config are both given; the config sets it (DeepSpeed's "
+                 "train_micro_batch_size_per_gpu, gradient_accumulation_steps, optimizer, gradient_clipping, "
+                 "fp16/bf16): drop --{}", f, f);
+    }
+  }
 
   // Data parallel under kiln-run / mpirun / srun: each rank draws its own windows; DDP averages.
   const distributed::WorldInfo world = distributed::world_info();
   std::shared_ptr<distributed::Communicator> comm;
-  if (world.size > 1) comm = distributed::init("mpi");
+  std::optional<Config> ds;
+  if (!r.deepspeed_config.empty()) ds = Config::from_string(r.deepspeed_config, "the DeepSpeed config");
+  if (world.size > 1 || ds) comm = distributed::init("mpi");  // the engine needs one, at any size
   const bool main_rank = !comm || comm->rank() == 0;
   if (!main_rank) quiet = true;
   if (const int64_t t = flags.get_int("threads", 0, INT_MAX); t > 0) {
     set_num_threads(static_cast<int>(t));
-  } else if (comm) {
+  } else if (world.size > 1) {
     set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size));
   }
   set_fusion(r.fusion);
@@ -258,20 +285,30 @@ int run(int argc, char** argv) {
              text.size(), val_text.size(), config.block_size + 2);
   check_fits(config);
 
+  if (ds) {  // what the engine will do, in the settings the run prints and saves
+    const Config::Batch b = ds->resolve_batch(comm->size());
+    r.batch_size = b.micro_batch_size;
+    r.grad_accum = b.gradient_accumulation_steps;
+    r.clip = ds->gradient_clipping;
+    r.autocast = ds->fp16.enabled ? "fp16" : ds->bf16.enabled ? "bf16" : "none";
+  }
+
   manual_seed(r.seed);
   models::GPT model(config);
   model.to(device);
   model.set_checkpointing(r.checkpoint_activations);
-  optim::AdamW opt(model.parameters(), {.lr = r.lr, .weight_decay = r.weight_decay, .fused = r.fused_adam});
+  std::unique_ptr<optim::AdamW> opt;  // without a DeepSpeed config; with one, the engine's optimizer
+  if (!ds) opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions{
+                     .lr = r.lr, .weight_decay = r.weight_decay, .fused = r.fused_adam});
   // fp16 needs its gradients scaled up so that small ones do not flush to zero (optim/grad_scaler.h).
-  optim::GradScaler scaler({.enabled = r.autocast == "fp16"});
+  optim::GradScaler scaler({.enabled = r.autocast == "fp16" && !ds});  // the engine has its own
   const DType low = r.autocast == "fp16" ? kFloat16 : kBFloat16;
   Generator windows(r.seed * 1000003 + static_cast<uint64_t>(comm ? comm->rank() : 0));
   int64_t step = 0;
   train::LossHistory history;
   if (ckpt) {
     model.load_state_dict(ckpt->model);
-    opt.load_state_dict(ckpt->optimizer);
+    if (opt) opt->load_state_dict(ckpt->optimizer);  // the engine's is in checkpoint-engine/, loaded below
     // The loss scale and its counters go on where they were; a checkpoint from before they were saved
     // (or from a run without fp16) has none, and the scaler starts afresh.
     if (!ckpt->scaler.empty()) scaler.load_state_dict(ckpt->scaler);
@@ -293,8 +330,36 @@ int run(int argc, char** argv) {
     }
   }
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
-  if (comm) ddp = std::make_unique<distributed::DistributedDataParallel>(model, comm);
+  if (comm && !ds) ddp = std::make_unique<distributed::DistributedDataParallel>(model, comm);
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : model;
+  // With a DeepSpeed config: the engine, and its checkpoints beside checkpoint/ (one ZeRO shard per
+  // rank; checkpoint.json names the tag that goes with it).
+  std::optional<Engine> engine;
+  const auto engine_dir_of = [](const std::string& ckpt) {
+    fs::path p = fs::path(ckpt).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();
+    return (p.parent_path() / (p.filename().string() + "-engine")).string();
+  };
+  if (ds) {
+    engine.emplace(model, *ds, comm);
+    // At stage 3 the tied head reads the embedding's weight inside GPT's own forward.
+    if (config.tie_weights) engine->optimizer().register_external_parameter(model, model.transformer.wte.weight);
+    if (ckpt) {
+      std::string tag;
+      try {
+        tag = json::parse(ckpt->extra).value("engine_tag", std::string());
+      } catch (const json::exception&) {
+      }
+      KILN_CHECK(!tag.empty(), "{}: the checkpoint was written without a DeepSpeed config (it names no engine "
+                 "checkpoint); resume it without --deepspeed-config", flags.get("resume"));
+      engine->load_checkpoint(engine_dir_of(flags.get("resume")), tag);
+    }
+  }
+  // Stage 3 keeps a shard of each weight per rank: gathered on every rank while one rank alone
+  // evaluates, samples or saves.
+  auto gathered = [&] {
+    return engine ? std::make_unique<distributed::ZeroOptimizer::GatheredParameters>(engine->optimizer()) : nullptr;
+  };
 
   std::optional<train::OutDirLock> out_lock;  // made ready, and one run at a time in it
   if (main_rank) out_lock.emplace(out_dir);
@@ -304,19 +369,30 @@ int run(int argc, char** argv) {
   auto log = [&](const json& line) { train::write_metrics_line(metrics, metrics_path, line.dump()); };
   const std::string ckpt_dir = (fs::path(out_dir) / "checkpoint").string();
   auto save = [&] {
+    const std::string tag = fmt::format("step{}", step);
+    if (engine) engine->save_checkpoint(engine_dir_of(ckpt_dir), tag);  // every rank its shard
+    auto all = gathered();
     if (!main_rank) return;
     train::Checkpoint c;
     c.model = model.state_dict();
-    c.optimizer = opt.state_dict();
+    if (opt) c.optimizer = opt->state_dict();
     c.scaler = scaler.state_dict();  // empty unless fp16
     c.step = step;
     c.rng = windows.get_state();
     c.config = json(r).dump();
-    c.extra = json{{"step", history.step}, {"loss", history.loss}, {"eval_step", history.eval_step},
-                   {"eval_loss", history.eval_loss}}.dump();
+    json extra{{"step", history.step}, {"loss", history.loss}, {"eval_step", history.eval_step},
+               {"eval_loss", history.eval_loss}};
+    if (engine) extra["engine_tag"] = tag;
+    c.extra = extra.dump();
     train::save_checkpoint(ckpt_dir, c);
+    if (engine) {  // the engine checkpoints that checkpoint/ no longer names
+      for (const auto& entry : fs::directory_iterator(engine_dir_of(ckpt_dir))) {
+        if (entry.is_directory() && entry.path().filename() != tag) fs::remove_all(entry.path());
+      }
+    }
   };
   auto evaluate = [&] {
+    auto all = gathered();
     double v = main_rank ? validation_loss(model, val_text, eval_batches, r.batch_size, device) : 0;
     // A step that made the weights inf or nan shows here first: stop before saving them.
     KILN_CHECK(std::isfinite(v), "step {}: the validation loss is {}: training diverged; lower --lr or clip the "
@@ -330,20 +406,25 @@ int run(int argc, char** argv) {
   const models::GPTConfig& c = model.config;
   if (!quiet) {
     std::printf("train_gpt: %s, %lld layers x %lld heads x %lld wide, context %lld (%lld parameters) on %s; "
-                "%lld training / %lld validation bytes; %lld x %lld windows per step%s; AdamW lr %g; %d threads%s%s%s%s%s%s\n",
+                "%lld training / %lld validation bytes; %lld x %lld windows per step%s; %s; %d threads%s%s%s%s%s%s\n",
                 r.config.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
                 static_cast<long long>(c.n_embd), static_cast<long long>(c.block_size),
                 static_cast<long long>(model.num_parameters()), device.str().c_str(),
                 static_cast<long long>(train_text.size()), static_cast<long long>(val_text.size()),
                 static_cast<long long>(r.grad_accum), static_cast<long long>(r.batch_size),
-                comm ? fmt::format(" per rank, {} ranks", comm->size()).c_str() : "", r.lr, get_num_threads(),
+                comm && comm->size() > 1 ? fmt::format(" per rank, {} ranks", comm->size()).c_str() : "",
+                ds ? fmt::format("DeepSpeed config: ZeRO stage {}, {} lr {}", ds->zero_optimization.stage,
+                                 engine->optimizer().name(), engine->get_lr()[0]).c_str()
+                   : fmt::format("AdamW lr {}", r.lr).c_str(),
+                get_num_threads(),
                 r.checkpoint_activations ? ", activation checkpointing" : "",
                 r.offload_activations ? ", activation offload" : "",
                 r.autocast == "none" ? "" : fmt::format(", autocast {}", r.autocast).c_str(), r.fusion ? "" : ", fusion off",
                 r.clip > 0 ? fmt::format(", clip {}", r.clip).c_str() : "",
                 ckpt ? fmt::format(", resumed at step {}{}", step,
-                                   scaler.is_enabled() ? fmt::format(" (loss scale {})", scaler.get_scale())
-                                                       : "").c_str()
+                                   scaler.is_enabled() || (ds && ds->fp16.enabled)
+                                       ? fmt::format(" (loss scale {})", engine ? engine->loss_scale() : scaler.get_scale())
+                                       : "").c_str()
                      : "");
   }
 
@@ -355,9 +436,19 @@ int run(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   const int64_t first = step;
   while (step < steps) {
-    opt.zero_grad();
+    if (opt) opt->zero_grad();
     double loss_sum = 0;
-    for (int64_t m = 0; m < r.grad_accum; ++m) {
+    for (int64_t m = 0; engine && m < r.grad_accum; ++m) {  // the engine's step: it accumulates, clips, steps
+      data::Example b = train_text.sample(r.batch_size, c.block_size, windows);
+      std::optional<autograd::SaveOnCpu> offload;
+      if (r.offload_activations) offload.emplace(/*pin_memory=*/device.is_cuda());
+      Tensor loss = models::GPT::loss((*engine)(b.data.to(device)), b.target.to(device));
+      offload.reset();
+      engine->backward(loss);
+      engine->step();
+      loss_sum += loss.item<double>() / static_cast<double>(r.grad_accum);
+    }
+    for (int64_t m = 0; !engine && m < r.grad_accum; ++m) {
       data::Example b = train_text.sample(r.batch_size, c.block_size, windows);
       // With DDP, only the last micro-batch all-reduces (no_sync for the others).
       std::optional<distributed::DistributedDataParallel::NoSync> no_sync;
@@ -374,12 +465,14 @@ int run(int argc, char** argv) {
       scaler.scale(loss).backward();
       loss_sum += loss.item<double>();
     }
-    if (r.clip > 0) {
-      scaler.unscale_(opt);  // clip the true gradients, not the scaled ones
-      nn::utils::clip_grad_norm_(model.parameters(), r.clip);
+    if (opt) {
+      if (r.clip > 0) {
+        scaler.unscale_(*opt);  // clip the true gradients, not the scaled ones
+        nn::utils::clip_grad_norm_(model.parameters(), r.clip);
+      }
+      scaler.step(*opt);
+      scaler.update();
     }
-    scaler.step(opt);
-    scaler.update();
     ++step;
     if (comm) {
       Tensor mean = full({1}, loss_sum, kFloat64);
@@ -387,7 +480,7 @@ int run(int argc, char** argv) {
       loss_sum = mean.item<double>();
     }
     // Every rank sees the same mean. With fp16's loss scaling an overflow skips the step instead.
-    KILN_CHECK(std::isfinite(loss_sum) || scaler.is_enabled(),
+    KILN_CHECK(std::isfinite(loss_sum) || scaler.is_enabled() || r.autocast == "fp16",
                "step {}: the loss is {}: training diverged; lower --lr or clip the gradients with --clip (the "
                "last checkpoint, if any, is from before it)",
                step, loss_sum);
@@ -414,13 +507,16 @@ int run(int argc, char** argv) {
     std::printf("train_gpt: %lld steps (%.1f ms/step this run), train loss %.4f, validation loss %.4f%s\n",
                 static_cast<long long>(step), step > first ? 1e3 * seconds / static_cast<double>(step - first) : 0.0,
                 last_loss, val,
-                scaler.is_enabled() ? fmt::format("; loss scale {}, {} steps skipped", scaler.get_scale(),
-                                                  scaler.skipped_steps()).c_str() : "");
+                r.autocast == "fp16"
+                    ? fmt::format("; loss scale {}, {} steps skipped", engine ? engine->loss_scale() : scaler.get_scale(),
+                                  engine ? engine->skipped_steps() : scaler.skipped_steps()).c_str()
+                    : "");
   }
   std::string why;
   const std::string png = main_rank ? train::plot_losses(history, out_dir, &why) : "";
   if (main_rank && png.empty() && !quiet) std::printf("train_gpt: no plot: %s\n", why.c_str());
 
+  auto all = sample > 0 ? gathered() : nullptr;
   if (main_rank && sample > 0) {
     const std::string& given = flags.get("prompt");
     std::vector<int64_t> ids(given.begin(), given.end());

@@ -17,23 +17,6 @@ namespace kiln::nn {
 
 namespace {
 
-// Replaces the data behind `dst`'s handle with `src`'s (same TensorImpl, new storage/shape/dtype), so
-// every holder of the handle sees it. See Note [parameter identity].
-void set_data(const Tensor& dst, const Tensor& src) {
-  TensorImpl* d = dst.impl();
-  const TensorImpl* s = src.impl();
-  const bool counted = d->counts_as_view;  // the view count moves with the data (a parameter that is a view)
-  d->uncount_view();
-  d->storage = s->storage;
-  d->sizes = s->sizes;
-  d->strides = s->strides;
-  d->offset = s->offset;
-  d->dtype = s->dtype;
-  if (counted) d->count_as_view();
-  d->view_base.reset();  // no longer reads its base's storage (Note [views and in-place ops], ops/views.cpp)
-  d->grad_accumulator.reset();
-}
-
 std::string join(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& n : names) out += (out.empty() ? "\"" : ", \"") + n + "\"";
@@ -277,7 +260,7 @@ void Module::convert(const std::function<Tensor(const Tensor&)>& fn) {
     Tensor moved = fn(t);
     if (moved.is_same(t)) continue;
     Tensor grad = t.grad();
-    set_data(t, moved);
+    t.set_data(moved);
     if (grad.defined()) {
       Tensor g = fn(grad);
       if (!g.is_same(grad)) t.set_grad(g.detach());
@@ -285,7 +268,7 @@ void Module::convert(const std::function<Tensor(const Tensor&)>& fn) {
   }
   for (auto& [name, t] : named_buffers()) {
     Tensor moved = fn(t);
-    if (!moved.is_same(t)) set_data(t, moved);
+    if (!moved.is_same(t)) t.set_data(moved);
   }
 }
 

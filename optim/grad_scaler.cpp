@@ -81,6 +81,7 @@ void GradScaler::unscale_(Optimizer& optimizer) {
       return g.numel() > 0 && !(std::isfinite(g.max().item<double>()) && std::isfinite(g.min().item<double>()));
     });
   }
+  r.found_inf = found_inf_anywhere(r.found_inf);
 }
 
 bool GradScaler::step(Optimizer& optimizer) {

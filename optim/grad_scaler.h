@@ -58,6 +58,7 @@ struct GradScalerOptions {
 class GradScaler {
  public:
   explicit GradScaler(GradScalerOptions options = {});
+  virtual ~GradScaler() = default;
 
   // loss * get_scale() (in float32 when the loss is 16-bit, so the scaled value itself is finite).
   Tensor scale(const Tensor& loss) const;
@@ -83,6 +84,11 @@ class GradScaler {
   // (0-d float64 / int64); empty for a disabled scaler, as PyTorch's.
   TensorDict state_dict() const;
   void load_state_dict(const TensorDict& dict);
+
+ protected:
+  // Whether any gradient anywhere held an inf or a NaN, given this process's answer: itself here;
+  // distributed::ShardedGradScaler asks every rank (each sees only its partition).
+  virtual bool found_inf_anywhere(bool found_inf_here) { return found_inf_here; }
 
  private:
   struct Record {  // per optimizer, since the last update()

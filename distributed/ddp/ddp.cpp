@@ -195,12 +195,12 @@ std::vector<std::string> describe_model(const nn::Module& module) {
   return lines;
 }
 
-// The ranks must hold the same parameters and buffers, with the same shapes and the same ones
-// trainable (PyTorch's _verify_param_shape_across_processes): the broadcast and the buckets copy
-// by element count, so [2, 3] against [3, 2], or a different parameter frozen on one rank, would
-// mix values silently. One all-reduce of a hash (same_on_every_rank); on a mismatch, rank 0's lines
-// are broadcast so that every rank names the first difference, and every rank throws.
-void verify_same_model(Communicator& comm, const nn::Module& module) {
+}  // namespace
+
+// The broadcast and the buckets copy by element count, so [2, 3] against [3, 2], or a different
+// parameter frozen on one rank, would mix values silently. On a mismatch, rank 0's lines are
+// broadcast so that every rank names the first difference, and every rank throws.
+void verify_same_model(Communicator& comm, const nn::Module& module, const char* who) {
   const std::vector<std::string> mine = describe_model(module);
   std::string text;
   for (const auto& line : mine) text += line + "\n";
@@ -219,16 +219,14 @@ void verify_same_model(Communicator& comm, const nn::Module& module) {
   size_t i = 0;
   while (i < mine.size() && i < theirs.size() && mine[i] == theirs[i]) ++i;
   if (i == mine.size() && i == theirs.size()) {
-    KILN_FAIL("DistributedDataParallel: the ranks' models differ (another rank's parameters or buffers do not "
-              "match rank 0's; its Error names the difference); build the same model on every rank");
+    KILN_FAIL("{}: the ranks' models differ (another rank's parameters or buffers do not match rank 0's; its "
+              "Error names the difference); build the same model on every rank", who);
   }
-  KILN_FAIL("DistributedDataParallel: the ranks' models differ: rank 0 has {}, rank {} has {}; build the same "
-            "model on every rank, with the same parameters trainable, as PyTorch requires",
-            i < theirs.size() ? "'" + theirs[i] + "'" : "nothing more", comm.rank(),
+  KILN_FAIL("{}: the ranks' models differ: rank 0 has {}, rank {} has {}; build the same model on every rank, "
+            "with the same parameters trainable, as PyTorch requires",
+            who, i < theirs.size() ? "'" + theirs[i] + "'" : "nothing more", comm.rank(),
             i < mine.size() ? "'" + mine[i] + "'" : "nothing more");
 }
-
-}  // namespace
 
 DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared_ptr<Communicator> comm,
                                                  DDPOptions options)
@@ -237,7 +235,7 @@ DistributedDataParallel::DistributedDataParallel(nn::Module& module, std::shared
   KILN_CHECK(options_.bucket_cap_mb > 0, "DistributedDataParallel: bucket_cap_mb must be > 0, not {}",
              options_.bucket_cap_mb);
   register_module("module", module_);
-  verify_same_model(*comm_, module_);
+  verify_same_model(*comm_, module_, "DistributedDataParallel");
   {
     NoGradGuard no_grad;  // rank 0's values everywhere, as PyTorch does at construction
     for (const auto& p : module_.parameters()) comm_->broadcast(p, 0);

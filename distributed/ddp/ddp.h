@@ -84,4 +84,11 @@ class DistributedDataParallel : public nn::Module {
   std::unique_ptr<Reducer> reducer_;
 };
 
+// The ranks must hold the same parameters and buffers (names, dtypes, shapes, which require grad),
+// as PyTorch's _verify_param_shape_across_processes: one all-reduce of a hash (same_on_every_rank);
+// on a mismatch every rank throws an Error naming the first difference from rank 0's model. `who`
+// begins the message ("DistributedDataParallel", "ZeRO"). DistributedDataParallel and
+// ZeroOptimizer call it before they broadcast rank 0's weights.
+void verify_same_model(Communicator& comm, const nn::Module& module, const char* who);
+
 }  // namespace kiln::distributed

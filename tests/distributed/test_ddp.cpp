@@ -3,29 +3,14 @@
 // the comparison needs no second program: N ranks with micro-batch b must match 1 process with
 // batch N*b. Two models, both trained with SGD: an MLP, and gpt_char (models/gpt.h).
 #include "models/gpt.h"
-#include "support.h"
+#include "parity.h"
 
 using namespace kiln;
 using namespace kiln::distributed;
 using kiln::test::check_close;
+using kiln::test::batch;
 using kiln::test::check_error;
-
-namespace {
-
-struct Mlp : nn::Module {
-  nn::Linear f1{20, 32}, f2{32, 32}, f3{32, 10};
-  Mlp() { register_modules({{"f1", f1}, {"f2", f2}, {"f3", f3}}); }
-  Tensor forward(const Tensor& x) override { return f3(relu(f2(relu(f1(x))))); }
-};
-
-// The whole batch of step `step`, the same on every rank: N*b samples.
-std::pair<Tensor, Tensor> batch(int step, int64_t rows) {
-  Tensor x = kiln::test::sample({rows, 20}, kFloat32, 0.1 * step);
-  Tensor y = ((kiln::test::sample({rows}, kFloat64, 1.7 + step) + 2) * 2.4).to(kInt64);  // classes 0..9
-  return {x, y};
-}
-
-}  // namespace
+using kiln::test::Mlp;
 
 TEST_CASE("ddp: N ranks with micro-batch b match one process with batch N*b over 20 steps", "[distributed]") {
   auto comm = init("mpi");

@@ -1,0 +1,80 @@
+// bench_zero: what each ZeRO stage keeps per rank, and what a step costs, on N ranks. Run it under
+// the launcher at several world sizes:
+//
+//   kiln-run -n 4 build/release/bin/bench_zero [steps]
+//
+// The model is an MLP 784-1024-1024-1024-10 (2.9 M parameters) kept in bfloat16 and trained with
+// AdamW (float32 masters and moments): the ZeRO paper's mixed-precision Adam, whose model states per
+// rank are 16 Psi bytes at stage 0, 4 Psi + 12 Psi / N at stage 1, 2 Psi + 14 Psi / N at stage 2
+// and 16 Psi / N at stage 3 (BENCHMARKS.md's distributed target: within 5%). Measured for each
+// stage: the CPU allocator's live bytes after a step minus before the model was built (weights,
+// gradients, masters and Adam's state: the activations are freed by then), the peak during a step
+// above that, and ms per step (median, the slowest rank's), micro-batch 64 per rank, one compute
+// thread per rank, 2 MB gradient buckets with overlap.
+#include <kiln/kiln.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "bench_util.h"
+#include "dp_bench.h"
+
+using namespace kiln;
+using namespace kiln::distributed;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int steps = argc > 1 ? std::max(3, std::atoi(argv[1])) : 10;
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  set_num_threads(1);
+  manual_seed(1);
+  const Tensor x = randn({64, 784}).to(kBFloat16);
+  const Tensor y = randint(0, 10, {64});
+  for (int stage = 0; stage <= 3; ++stage) {
+    const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
+    double psi = 0, states = 0, peak = 0, formula = 0, ms = 0;
+    {
+      kiln_bench::Mlp784 net;
+      net.to(kBFloat16);
+      psi = static_cast<double>(net.num_parameters());
+      ZeroOptimizer opt(net, comm, [](std::vector<Tensor> masters) {
+        return std::make_unique<optim::AdamW>(std::move(masters), optim::AdamWOptions{.lr = 1e-3, .fused = true});
+      }, {.stage = stage, .reduce_bucket_size = 1 << 20, .overlap_comm = true});
+      std::vector<double> times;
+      for (int s = 0; s < steps + 2; ++s) {
+        comm->barrier();
+        memory::reset_peak(Device::cpu());
+        const auto t0 = Clock::now();
+        Tensor loss = nn::cross_entropy(net(x).to(kFloat32), y);
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        const double t = std::chrono::duration<double>(Clock::now() - t0).count() * 1e3;
+        if (s >= 2) times.push_back(t);  // warm-up: Adam's state is made in the first step
+      }
+      ms = kiln_bench::slowest(*comm, kiln_bench::median(times));
+      states = kiln_bench::slowest(*comm, static_cast<double>(memory::stats(Device::cpu()).allocated_bytes - before));
+      peak = kiln_bench::slowest(*comm, static_cast<double>(memory::stats(Device::cpu()).peak_allocated_bytes - before));
+      const double n = p;
+      formula = stage == 0 ? 16 * psi : stage == 1 ? 4 * psi + 12 * psi / n : stage == 2 ? 2 * psi + 14 * psi / n
+                                                                                         : 16 * psi / n;
+    }
+    if (r == 0) {
+      std::printf("{\"bench\":\"zero\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
+                  "\"stage\":%d,\"model\":\"mlp 784-1024x3-10 bf16, AdamW\",\"params\":%.0f,"
+                  "\"model_state_mib\":%.3f,\"formula_mib\":%.3f,\"ratio_to_formula\":%.4f,"
+                  "\"peak_step_mib\":%.3f,\"ms_per_step\":%.3f}\n",
+                  p, stage, psi, states / (1 << 20), formula / (1 << 20), states / formula, peak / (1 << 20), ms);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,439 @@
+// distributed/engine/config.cpp: reading a DeepSpeed JSON configuration strictly (see config.h).
+#include "distributed/engine/config.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace kiln {
+
+namespace {
+
+using json = nlohmann::json;
+
+// DeepSpeed keys that Kiln does not implement, by section: naming them apart from typos tells the
+// user that the key is right but the feature is not here.
+const std::set<std::string> kUnsupportedTop = {
+    "amp", "activation_checkpointing", "aio", "autotuning", "checkpoint", "comms_logger", "communication_data_type",
+    "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency", "data_types", "disable_allgather",
+    "dump_state", "eigenvalue", "elasticity", "flops_profiler", "gradient_predivide_factor", "hybrid_engine",
+    "memory_breakdown", "nebula", "pipeline", "prescale_gradients", "progressive_layer_drop", "quantize_training",
+    "sparse_attention", "sparse_gradients", "tensorboard", "torch_autocast", "wandb", "compile",
+    "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type", "weight_quantization"};
+const std::set<std::string> kUnsupportedZero = {
+    "offload_param", "sub_group_size", "stage3_prefetch_bucket_size", "stage3_param_persistence_threshold",
+    "stage3_max_live_parameters", "stage3_max_reuse_distance", "stage3_gather_16bit_weights_on_model_save",
+    "stage3_gather_fp16_weights_on_model_save", "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
+    "cpu_offload_params", "cpu_offload_use_pin_memory", "mics_shard_size", "mics_hierarchical_params_gather",
+    "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "memory_efficient_linear",
+    "legacy_stage1", "use_multi_rank_bucket_allreduce", "pipeline_loading_checkpoint", "override_module_apply",
+    "zeropp_loco_param", "log_trace_cache_warnings"};
+const std::set<std::string> kUnsupportedOffload = {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
+                                                   "pipeline_read", "pipeline_write", "fast_init", "ratio"};
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+    }
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string lower(std::string s) {
+  std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return s;
+}
+
+std::string type_name(const json& v) {
+  if (v.is_boolean()) return "a boolean";
+  if (v.is_number_integer() || v.is_number_unsigned()) return "an integer";
+  if (v.is_number()) return "a number";
+  if (v.is_string()) return "a string (" + v.dump() + ")";
+  if (v.is_array()) return "an array";
+  if (v.is_object()) return "an object";
+  return "null";
+}
+
+// One section of the file ("zero_optimization", "optimizer.params", or "" at the top), read key by
+// key: every key must be one that is read (or listed as known), and each typed read checks the value.
+class Section {
+ public:
+  Section(const std::string& source, std::string where, const json& obj, std::set<std::string> unsupported = {})
+      : source_(source), where_(std::move(where)), obj_(obj), unsupported_(std::move(unsupported)) {
+    if (!obj_.is_object()) fail_at("", "must be an object ({...}), not " + type_name(obj_));
+  }
+
+  [[noreturn]] void fail_at(const std::string& key, const std::string& what) const {
+    std::string at = where_.empty() ? key : key.empty() ? where_ : where_ + "." + key;
+    KILN_FAIL("{}: \"{}\" {}", source_, at.empty() ? "(top level)" : at, what);
+  }
+
+  bool has(const std::string& key) {
+    known_.insert(key);
+    return obj_.contains(key);
+  }
+  const json& at(const std::string& key) const { return obj_.at(key); }
+
+  void read(const std::string& key, bool& out) {
+    if (!has(key)) return;
+    const json& v = obj_.at(key);
+    if (!v.is_boolean()) fail_at(key, "must be true or false, not " + type_name(v));
+    out = v.get<bool>();
+  }
+  // An integer; a number with an integral value is accepted too (DeepSpeed's configs write 5e8).
+  void read(const std::string& key, int64_t& out, int64_t min) {
+    if (!has(key)) return;
+    const json& v = obj_.at(key);
+    if (v.is_number_integer() || v.is_number_unsigned()) {
+      out = v.get<int64_t>();
+    } else if (v.is_number_float() && std::isfinite(v.get<double>()) && v.get<double>() == std::floor(v.get<double>()) &&
+               std::abs(v.get<double>()) < 9.2e18) {
+      out = static_cast<int64_t>(v.get<double>());
+    } else {
+      fail_at(key, "must be an integer, not " + type_name(v) + (v.is_string() ? "; write it without quotes" : ""));
+    }
+    if (out < min) fail_at(key, fmt::format("must be >= {}, not {}", min, out));
+  }
+  void read(const std::string& key, int& out, int min) {
+    int64_t v = out;
+    read(key, v, min);
+    if (v > 1'000'000'000) fail_at(key, fmt::format("is too large ({})", v));
+    out = static_cast<int>(v);
+  }
+  void read(const std::string& key, std::optional<int64_t>& out) {
+    if (!has(key)) return;
+    int64_t v = 0;
+    read(key, v, 1);
+    out = v;
+  }
+  void read(const std::string& key, double& out, double min) {
+    if (!has(key)) return;
+    const json& v = obj_.at(key);
+    if (!v.is_number()) {
+      fail_at(key, "must be a number, not " + type_name(v) + (v.is_string() ? "; write it without quotes" : ""));
+    }
+    out = v.get<double>();
+    if (!(out >= min) || !std::isfinite(out)) fail_at(key, fmt::format("must be a finite number >= {}, not {}", min, out));
+  }
+  void read(const std::string& key, std::string& out) {
+    if (!has(key)) return;
+    const json& v = obj_.at(key);
+    if (!v.is_string()) fail_at(key, "must be a string, not " + type_name(v));
+    out = v.get<std::string>();
+  }
+  // A boolean that Kiln implements at one value only (its behaviour is fixed).
+  void read_fixed(const std::string& key, bool value, const std::string& why) {
+    bool v = value;
+    read(key, v);
+    if (v != value) fail_at(key, fmt::format("must be {} in Kiln: {}", value ? "true" : "false", why));
+  }
+  // One number for every parameter group, or a list of them (DeepSpeed's per-group form).
+  void read(const std::string& key, double& one, std::vector<double>& list) {
+    if (!has(key)) return;
+    const json& v = obj_.at(key);
+    if (v.is_number()) {
+      read(key, one, 0.0);
+      return;
+    }
+    if (!v.is_array() || v.empty()) fail_at(key, "must be a number or a list of numbers, not " + type_name(v));
+    for (const json& x : v) {
+      if (!x.is_number()) fail_at(key, "must be a list of numbers; it holds " + type_name(x));
+      list.push_back(x.get<double>());
+    }
+  }
+
+  // Every key of the object must have been read.
+  void finish() const {
+    for (const auto& [key, value] : obj_.items()) {
+      if (known_.count(key)) continue;
+      if (unsupported_.count(key)) {
+        fail_at(key, "is a DeepSpeed option that Kiln does not implement; remove it (docs/zero.md lists what Kiln "
+                     "reads)");
+      }
+      std::string best;
+      size_t best_d = 4;
+      for (const auto& k : known_) {
+        const size_t d = edit_distance(lower(key), lower(k));
+        if (d < best_d) best_d = d, best = k;
+      }
+      std::string list;
+      for (const auto& k : known_) list += (list.empty() ? "" : ", ") + k;
+      fail_at(key, fmt::format("is not a key Kiln knows here{}; the keys allowed {} are: {}",
+                               best.empty() ? "" : " (did you mean \"" + best + "\"?)",
+                               where_.empty() ? "at the top level" : "in \"" + where_ + "\"", list));
+    }
+  }
+
+ private:
+  const std::string& source_;
+  std::string where_;
+  const json& obj_;
+  std::set<std::string> unsupported_;
+  std::set<std::string> known_;
+};
+
+// JSON allows a key twice in one object and nlohmann keeps the last; a config that does that has a
+// mistake in it, so it is refused (DeepSpeed refuses it too).
+json parse_refusing_duplicates(const std::string& text, const std::string& source) {
+  struct Level {
+    std::string name;
+    std::set<std::string> keys;
+  };
+  std::vector<Level> levels;
+  std::string last_key, duplicate, duplicate_in;
+  auto callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+        levels.push_back({levels.empty() ? "" : last_key, {}});
+        break;
+      case json::parse_event_t::object_end:
+        if (!levels.empty()) levels.pop_back();
+        break;
+      case json::parse_event_t::key:
+        last_key = parsed.get<std::string>();
+        if (!levels.empty() && !levels.back().keys.insert(last_key).second && duplicate.empty()) {
+          duplicate = last_key;
+          duplicate_in = levels.back().name;
+        }
+        break;
+      default:
+        break;
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text, callback);
+  } catch (const json::parse_error& e) {
+    KILN_FAIL("{}: not valid JSON: {}", source, e.what());
+  }
+  KILN_CHECK(duplicate.empty(), "{}: the key \"{}\" appears twice in {}; JSON keeps only the last, so one of them "
+             "is a mistake: remove one", source, duplicate,
+             duplicate_in.empty() ? std::string("the top level") : "\"" + duplicate_in + "\"");
+  return j;
+}
+
+void read_optimizer(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("optimizer")) return;
+  Section s(source, "optimizer", top.at("optimizer"));
+  Config::Optimizer opt;
+  std::string type;
+  if (!s.has("type")) s.fail_at("type", "is missing; name the optimizer (\"Adam\", \"AdamW\", \"SGD\", ...)");
+  s.read("type", type);
+  opt.type = lower(type);
+  const json empty = json::object();
+  Section p(source, "optimizer.params", s.has("params") ? s.at("params") : empty);
+  s.finish();
+  if (opt.type == "adam" || opt.type == "adamw") {
+    p.read("lr", opt.adam.lr, 0.0);
+    if (p.has("betas")) {
+      const json& b = p.at("betas");
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number() || !b[1].is_number())
+        p.fail_at("betas", "must be a list of two numbers, [beta1, beta2]");
+      opt.adam.beta1 = b[0].get<double>();
+      opt.adam.beta2 = b[1].get<double>();
+    }
+    p.read("eps", opt.adam.eps, 0.0);
+    p.read("weight_decay", opt.adam.weight_decay, 0.0);
+    p.read("amsgrad", opt.adam.amsgrad);
+    p.read("adam_w_mode", opt.adam_w_mode);
+    if (opt.type == "adamw" && !opt.adam_w_mode)
+      p.fail_at("adam_w_mode", "cannot be false for AdamW; use \"type\": \"Adam\" for L2 weight decay");
+    bool torch_adam = false;  // torch's Adam or DeepSpeed's fused one: the same arithmetic
+    p.read("torch_adam", torch_adam);
+    p.read_fixed("bias_correction", true, "Adam's moments are always bias-corrected");
+  } else if (opt.type == "sgd") {
+    p.read("lr", opt.sgd.lr, 0.0);
+    p.read("momentum", opt.sgd.momentum, 0.0);
+    p.read("dampening", opt.sgd.dampening, 0.0);
+    p.read("weight_decay", opt.sgd.weight_decay, 0.0);
+    p.read("nesterov", opt.sgd.nesterov);
+    p.read("maximize", opt.sgd.maximize);
+    if (!p.has("lr")) p.fail_at("lr", "is required for SGD (as torch.optim.SGD)");
+  } else if (opt.type == "adagrad") {
+    p.read("lr", opt.adagrad.lr, 0.0);
+    p.read("lr_decay", opt.adagrad.lr_decay, 0.0);
+    p.read("weight_decay", opt.adagrad.weight_decay, 0.0);
+    p.read("initial_accumulator_value", opt.adagrad.initial_accumulator_value, 0.0);
+    p.read("eps", opt.adagrad.eps, 0.0);
+  } else if (opt.type == "rmsprop") {
+    p.read("lr", opt.rmsprop.lr, 0.0);
+    p.read("alpha", opt.rmsprop.alpha, 0.0);
+    p.read("eps", opt.rmsprop.eps, 0.0);
+    p.read("weight_decay", opt.rmsprop.weight_decay, 0.0);
+    p.read("momentum", opt.rmsprop.momentum, 0.0);
+    p.read("centered", opt.rmsprop.centered);
+  } else {
+    s.fail_at("type", fmt::format("\"{}\" is not an optimizer Kiln has; use Adam, AdamW, SGD, Adagrad or RMSprop "
+                                  "(DeepSpeed's Lamb, OneBitAdam and the like are not implemented)", type));
+  }
+  p.finish();
+  cfg.optimizer = opt;
+}
+
+void read_warmup_type(Section& p, std::string& out) {
+  p.read("warmup_type", out);
+  if (out != "log" && out != "linear") p.fail_at("warmup_type", fmt::format("must be \"log\" or \"linear\", not \"{}\"", out));
+}
+
+void read_scheduler(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("scheduler")) return;
+  Section s(source, "scheduler", top.at("scheduler"));
+  Config::Scheduler sch;
+  if (!s.has("type")) s.fail_at("type", "is missing; name the schedule (\"WarmupLR\", ...)");
+  s.read("type", sch.type);
+  const json empty = json::object();
+  Section p(source, "scheduler.params", s.has("params") ? s.at("params") : empty);
+  s.finish();
+  if (p.has("last_batch_iteration")) {
+    const json& v = p.at("last_batch_iteration");
+    if (!v.is_number_integer() || v.get<int64_t>() != -1)
+      p.fail_at("last_batch_iteration", "must be -1 in Kiln (a run resumes from its checkpoint instead)");
+  }
+  if (sch.type == "WarmupLR" || sch.type == "WarmupDecayLR") {
+    auto& w = sch.warmup_decay_lr;
+    p.read("warmup_min_lr", w.warmup_min_lr, w.warmup_min_lrs);
+    p.read("warmup_max_lr", w.warmup_max_lr, w.warmup_max_lrs);
+    p.read("warmup_num_steps", w.warmup_num_steps, 0);
+    read_warmup_type(p, w.warmup_type);
+    if (sch.type == "WarmupDecayLR") {
+      if (!p.has("total_num_steps")) p.fail_at("total_num_steps", "is required for WarmupDecayLR");
+      p.read("total_num_steps", w.total_num_steps, 1);
+    }
+    sch.warmup_lr = {.warmup_min_lr = w.warmup_min_lr, .warmup_max_lr = w.warmup_max_lr,
+                     .warmup_num_steps = w.warmup_num_steps, .warmup_type = w.warmup_type,
+                     .warmup_min_lrs = w.warmup_min_lrs, .warmup_max_lrs = w.warmup_max_lrs};
+  } else if (sch.type == "WarmupCosineLR") {
+    auto& c = sch.warmup_cosine_lr;
+    if (!p.has("total_num_steps")) p.fail_at("total_num_steps", "is required for WarmupCosineLR");
+    p.read("total_num_steps", c.total_num_steps, 1);
+    p.read("warmup_min_ratio", c.warmup_min_ratio, 0.0);
+    p.read("warmup_num_steps", c.warmup_num_steps, 0);
+    p.read("cos_min_ratio", c.cos_min_ratio, 0.0);
+    read_warmup_type(p, c.warmup_type);
+  } else {
+    s.fail_at("type", fmt::format("\"{}\" is not a schedule Kiln has; use WarmupLR, WarmupDecayLR or "
+                                  "WarmupCosineLR (DeepSpeed's OneCycle and LRRangeTest are not implemented)",
+                                  sch.type));
+  }
+  p.finish();
+  cfg.scheduler = sch;
+}
+
+void read_fp16(Section& top, const std::string& source, Config& cfg) {
+  if (top.has("fp16")) {
+    Section s(source, "fp16", top.at("fp16"), {"fp16_master_weights_and_grads"});
+    auto& o = cfg.fp16.scaler;
+    s.read("enabled", cfg.fp16.enabled);
+    s.read("auto_cast", cfg.fp16.auto_cast);
+    s.read("loss_scale", o.loss_scale, 0.0);
+    s.read("initial_scale_power", o.initial_scale_power, 0);
+    if (o.initial_scale_power > 127) s.fail_at("initial_scale_power", "must be at most 127 (2^128 is not a float)");
+    s.read("loss_scale_window", o.loss_scale_window, 1);
+    s.read("hysteresis", o.hysteresis, 1);
+    s.read("consecutive_hysteresis", o.consecutive_hysteresis);
+    s.read("min_loss_scale", o.min_loss_scale, 0.0);
+    s.finish();
+  }
+  if (top.has("bf16")) {
+    Section s(source, "bf16", top.at("bf16"), {"immediate_grad_update", "check_grad_overflow"});
+    s.read("enabled", cfg.bf16.enabled);
+    s.finish();
+  }
+  if (cfg.fp16.enabled && cfg.bf16.enabled)
+    top.fail_at("bf16", "and \"fp16\" are both enabled; train in one of them (DeepSpeed refuses this too)");
+}
+
+void read_zero(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("zero_optimization")) return;
+  Section s(source, "zero_optimization", top.at("zero_optimization"), kUnsupportedZero);
+  auto& z = cfg.zero_optimization;
+  s.read("stage", z.stage, 0);
+  if (z.stage > 3) s.fail_at("stage", fmt::format("must be 0, 1, 2 or 3, not {}", z.stage));
+  s.read("reduce_bucket_size", z.reduce_bucket_size, 1);
+  s.read("allgather_bucket_size", z.allgather_bucket_size, 1);
+  s.read("overlap_comm", z.overlap_comm);
+  s.read_fixed("contiguous_gradients", true, "gradients are always copied into contiguous buckets");
+  s.read_fixed("reduce_scatter", true, "gradients are always reduce-scattered from stage 1 on");
+  s.read_fixed("allgather_partitions", true, "the weights are always all-gathered after a step");
+  s.read_fixed("ignore_unused_parameters", true, "a parameter without a gradient contributes zeros");
+  s.read_fixed("load_from_fp32_weights", true, "checkpoints hold the float32 masters, and resume from them");
+  if (s.has("offload_optimizer")) {
+    Section o(source, "zero_optimization.offload_optimizer", s.at("offload_optimizer"), kUnsupportedOffload);
+    std::string device = "none";
+    o.read("device", device);
+    if (device != "none" && device != "cpu") {
+      o.fail_at("device", fmt::format("must be \"none\" or \"cpu\", not \"{}\" (Kiln has no NVMe offload)", device));
+    }
+    bool pin_memory = false;  // the host copies are made through pinned staging either way
+    o.read("pin_memory", pin_memory);
+    o.finish();
+    z.offload_optimizer = device == "cpu";
+  }
+  s.finish();
+}
+
+}  // namespace
+
+Config Config::from_string(const std::string& text, const std::string& source) {
+  const json j = parse_refusing_duplicates(text, source);
+  Config cfg;
+  Section top(source, "", j, kUnsupportedTop);
+  top.read("train_batch_size", cfg.train_batch_size);
+  top.read("train_micro_batch_size_per_gpu", cfg.train_micro_batch_size_per_gpu);
+  top.read("gradient_accumulation_steps", cfg.gradient_accumulation_steps);
+  top.read("gradient_clipping", cfg.gradient_clipping, 0.0);
+  top.read("steps_per_print", cfg.steps_per_print, 1);
+  top.read("wall_clock_breakdown", cfg.wall_clock_breakdown);
+  top.read("zero_allow_untested_optimizer", cfg.zero_allow_untested_optimizer);
+  read_optimizer(top, source, cfg);
+  read_scheduler(top, source, cfg);
+  read_fp16(top, source, cfg);
+  read_zero(top, source, cfg);
+  top.finish();
+  KILN_CHECK(cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu,
+             "{}: neither \"train_batch_size\" nor \"train_micro_batch_size_per_gpu\" is given; give at least one "
+             "(DeepSpeed requires it too)", source);
+  return cfg;
+}
+
+Config Config::from_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in.good(), "Config::from_file: cannot open '{}'; check the path (a DeepSpeed ds_config.json)", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  KILN_CHECK(!in.bad(), "Config::from_file: reading '{}' failed", path);
+  return from_string(text.str(), path);
+}
+
+Config::Batch Config::resolve_batch(int world_size) const {
+  KILN_CHECK(world_size >= 1, "Config::resolve_batch: the world size must be >= 1, not {}", world_size);
+  const int64_t n = world_size;
+  auto tb = train_batch_size, mb = train_micro_batch_size_per_gpu, ga = gradient_accumulation_steps;
+  KILN_CHECK(tb || mb, "Config: neither train_batch_size nor train_micro_batch_size_per_gpu is set; set one");
+  // DeepSpeed's order (runtime/config.py, _set_batch_related_parameters): given two, the third.
+  if (tb && mb && !ga) ga = *tb / *mb / n;
+  else if (tb && ga && !mb) mb = *tb / n / *ga;
+  else if (mb && ga && !tb) tb = *mb * *ga * n;
+  else if (tb && !mb && !ga) ga = 1, mb = *tb / n;
+  else if (mb && !tb && !ga) ga = 1, tb = *mb * n;
+  KILN_CHECK(*mb >= 1 && *ga >= 1 && *tb == *mb * *ga * n,
+             "Config: the batch sizes do not agree: train_batch_size {} != micro {} x accumulation {} x data-parallel "
+             "{} = {}; train_batch_size must be train_micro_batch_size_per_gpu x gradient_accumulation_steps x the "
+             "number of ranks", *tb, *mb, *ga, n, *mb * *ga * n);
+  return {*tb, *mb, *ga};
+}
+
+}  // namespace kiln

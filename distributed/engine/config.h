@@ -1,0 +1,100 @@
+// distributed/engine/config.h: Config, a DeepSpeed configuration (ds_config.json) read strictly.
+//
+//   auto cfg = Config::from_file("ds_config.json");   // an Error names any key that is wrong
+//   auto engine = kiln::initialize(model, cfg);       // distributed/engine/engine.h
+//
+// The keys are DeepSpeed's (https://www.deepspeed.ai/docs/config-json/), with its defaults; Kiln
+// implements this subset of them:
+//
+//   train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps
+//   gradient_clipping, steps_per_print, wall_clock_breakdown, zero_allow_untested_optimizer
+//   optimizer     {type: Adam | AdamW | SGD | Adagrad | RMSprop, params: {lr, betas, eps, weight_decay,
+//                  adam_w_mode, amsgrad, momentum, dampening, nesterov, alpha, centered, lr_decay, ...}}
+//   scheduler     {type: WarmupLR | WarmupDecayLR | WarmupCosineLR, params: {...}}
+//   fp16          {enabled, auto_cast, loss_scale, initial_scale_power, loss_scale_window,
+//                  hysteresis, consecutive_hysteresis, min_loss_scale}
+//   bf16          {enabled}
+//   zero_optimization {stage, reduce_bucket_size, allgather_bucket_size, overlap_comm,
+//                  contiguous_gradients, reduce_scatter, allgather_partitions,
+//                  offload_optimizer: {device: none | cpu, pin_memory}}
+//
+// "Strictly": a key Kiln does not know is an Error naming it, where it is, the keys allowed there and
+// the closest of them ("did you mean"); a DeepSpeed key that Kiln does not implement is an Error
+// saying so; so are a key given twice in one object (JSON allows it, and the last would silently
+// win), a value of the wrong type ("stage": "2"), and one out of range. Batch sizes are checked when
+// the world size is known (resolve_batch), with DeepSpeed's arithmetic shown:
+//   train_batch_size 64 != micro 4 x accumulation 4 x data-parallel 2 = 32
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "distributed/zero/zero_optimizer.h"
+#include "optim/adagrad.h"
+#include "optim/adam.h"
+#include "optim/grad_scaler.h"
+#include "optim/rmsprop.h"
+#include "optim/sgd.h"
+#include "optim/warmup_lr.h"
+
+namespace kiln {
+
+struct Config {
+  // ---- batch (any two determine the third, given the data-parallel size) ----
+  std::optional<int64_t> train_batch_size;                // samples per optimizer step, all ranks
+  std::optional<int64_t> train_micro_batch_size_per_gpu;  // samples per forward/backward, per rank
+  std::optional<int64_t> gradient_accumulation_steps;     // micro-batches per optimizer step
+
+  double gradient_clipping = 0;        // max global norm of the gradients; 0: no clipping
+  int64_t steps_per_print = 10;        // rank 0 prints the step, lr and loss scale this often
+  bool wall_clock_breakdown = false;   // ... and the time spent in forward, backward and step
+  bool zero_allow_untested_optimizer = false;  // accepted for compatibility: every Kiln optimizer is
+
+  // "optimizer": the type picks the struct its params fill (DeepSpeed's types, any case). DeepSpeed's
+  // "Adam" is its FusedAdam, whose weight decay is decoupled (AdamW's) unless "adam_w_mode": false,
+  // and whose weight_decay defaults to 0, for "AdamW" too.
+  struct Optimizer {
+    std::string type = "adam";  // "adam", "adamw", "sgd", "adagrad", "rmsprop"
+    bool adam_w_mode = true;
+    optim::AdamWOptions adam{.weight_decay = 0};  // "adam" and "adamw"; betas are beta1, beta2
+    optim::SGDOptions sgd;                        // lr is required, as torch.optim.SGD's
+    optim::AdagradOptions adagrad;
+    optim::RMSpropOptions rmsprop;
+  };
+  std::optional<Optimizer> optimizer;
+
+  // "scheduler": DeepSpeed's warmup schedules (optim/warmup_lr.h), stepped once per optimizer step.
+  struct Scheduler {
+    std::string type;  // "WarmupLR", "WarmupDecayLR" or "WarmupCosineLR"
+    optim::WarmupLROptions warmup_lr;
+    optim::WarmupDecayLROptions warmup_decay_lr;
+    optim::WarmupCosineLROptions warmup_cosine_lr;
+  };
+  std::optional<Scheduler> scheduler;
+
+  struct Fp16 {
+    bool enabled = false;
+    bool auto_cast = false;  // cast the floating inputs of forward to float16
+    optim::GradScalerOptions scaler;  // loss_scale, initial_scale_power, ... (DeepSpeed's defaults)
+  } fp16;
+  struct Bf16 {
+    bool enabled = false;
+  } bf16;
+
+  distributed::ZeroOptions zero_optimization{.stage = 0};
+
+  // Reads and checks a DeepSpeed JSON configuration; `source` names it in Errors.
+  static Config from_file(const std::string& path);
+  static Config from_string(const std::string& json, const std::string& source = "config");
+
+  // The three batch sizes for `world_size` data-parallel ranks, as DeepSpeed derives them:
+  // given two, the third; given only train_batch_size, accumulation 1; given only the micro-batch,
+  // accumulation 1. An Error shows the arithmetic when they do not agree.
+  struct Batch {
+    int64_t train_batch_size, micro_batch_size, gradient_accumulation_steps;
+  };
+  Batch resolve_batch(int world_size) const;
+};
+
+}  // namespace kiln

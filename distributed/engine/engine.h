@@ -1,0 +1,104 @@
+// distributed/engine/engine.h: Engine, DeepSpeed's training engine: one object that applies what a
+// ds_config.json asks for (mixed precision, gradient accumulation, clipping, a ZeRO stage, optimizer
+// offload, the optimizer and its schedule) around a model, on every rank of the job.
+//
+//   auto comm = distributed::init();
+//   auto engine = kiln::initialize(model, Config::from_file("ds_config.json"), comm);
+//   for (auto& [x, y] : loader) {            // micro-batches of train_micro_batch_size_per_gpu
+//     Tensor loss = nn::cross_entropy(engine(x), y);
+//     engine.backward(loss);                 // scaled by 1 / gradient_accumulation_steps (and the loss scale)
+//     engine.step();                         // steps the optimizer at the end of each accumulation
+//   }
+//   engine.save_checkpoint("ckpt");          // resumable at another world size or ZeRO stage
+//
+// As DeepSpeed's: fp16 or bf16 convert the model to that dtype (float32 master weights live in the
+// ZeRO optimizer, partitioned from stage 1); with fp16 the loss is scaled dynamically
+// (ShardedGradScaler, DeepSpeed's rule) and a step whose gradients overflow on any rank is skipped
+// on all; step() is called after every backward and acts only at the accumulation boundary, where
+// it unscales, clips the global gradient norm, steps the optimizer and the schedule and zeroes the
+// gradients. Stage 0 is plain data parallelism (gradients all-reduced during backward). The engine
+// owns the optimizer; zero_grad() is part of step(). Rank 0 prints every steps_per_print steps.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "distributed/engine/config.h"
+#include "distributed/zero/zero_optimizer.h"
+#include "optim/lr_scheduler.h"
+
+namespace kiln {
+
+class Engine {
+ public:
+  // comm: the data-parallel ranks (nullptr: distributed::init(), NCCL for a CUDA model where
+  // built with it, else MPI). `model` must outlive the engine; it is converted to the config's dtype.
+  Engine(nn::Module& model, const Config& config, std::shared_ptr<distributed::Communicator> comm = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // The model's forward (with fp16.auto_cast, floating inputs are cast to float16 first).
+  Tensor forward(const Tensor& input);
+  Tensor operator()(const Tensor& input) { return forward(input); }
+  // Backward of one micro-batch's loss (a single element).
+  void backward(const Tensor& loss);
+  // Counts the micro-batch; at the accumulation boundary updates the weights (see above).
+  void step();
+
+  bool is_gradient_accumulation_boundary() const {
+    return (micro_steps_ + 1) % batch_.gradient_accumulation_steps == 0;
+  }
+  int64_t global_steps() const { return global_steps_; }  // optimizer steps taken or skipped
+  int64_t micro_steps() const { return micro_steps_; }
+  int64_t skipped_steps() const { return scaler_->skipped_steps(); }
+  std::vector<double> get_lr() const;   // per parameter group
+  double loss_scale() const { return scaler_->get_scale(); }
+  // The gradients' global norm before clipping, at the last step (-1 before the first).
+  double get_global_grad_norm() const { return global_grad_norm_; }
+  int64_t train_batch_size() const { return batch_.train_batch_size; }
+  int64_t train_micro_batch_size_per_gpu() const { return batch_.micro_batch_size; }
+  int64_t gradient_accumulation_steps() const { return batch_.gradient_accumulation_steps; }
+  DType dtype() const { return dtype_; }  // the model's weights
+
+  nn::Module& module() { return model_; }
+  distributed::ZeroOptimizer& optimizer() { return *optimizer_; }
+  optim::LRScheduler* lr_scheduler() { return scheduler_.get(); }
+  distributed::Communicator& comm() { return *comm_; }
+  const Config& config() const { return config_; }
+
+  // Writes dir/tag/ (tag "" is DeepSpeed's "global_step<N>"): model.safetensors (rank 0: every
+  // weight and buffer, gathered at stage 3), zero_rank_<r>.safetensors (each rank's shard of the
+  // optimizer: float32 masters and state) and engine.safetensors (rank 0: counters, schedule, loss
+  // scale), then dir/latest naming the tag, once every rank has written. Each file is written
+  // whole or not at all, and `latest` moves last, so a save cut off leaves the previous one loadable.
+  // Every rank calls it.
+  void save_checkpoint(const std::string& dir, const std::string& tag = "");
+  // Loads dir/tag (tag "": the one dir/latest names), saved at any world size and ZeRO stage with
+  // the same model and optimizer; returns the tag. Every rank calls it.
+  std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
+
+ private:
+  void report();
+
+  nn::Module& model_;
+  Config config_;
+  std::shared_ptr<distributed::Communicator> comm_;
+  Config::Batch batch_;
+  DType dtype_;
+  std::unique_ptr<distributed::ZeroOptimizer> optimizer_;
+  std::unique_ptr<optim::LRScheduler> scheduler_;
+  std::unique_ptr<distributed::ShardedGradScaler> scaler_;
+  int64_t global_steps_ = 0, micro_steps_ = 0;
+  double global_grad_norm_ = -1;
+  // wall_clock_breakdown: seconds since the last report
+  double forward_s_ = 0, backward_s_ = 0, step_s_ = 0;
+};
+
+// DeepSpeed's deepspeed.initialize: the engine for `model` (returned by value; an Engine is not
+// copied or moved, and `auto engine = kiln::initialize(...)` builds it in place).
+Engine initialize(nn::Module& model, const Config& config, std::shared_ptr<distributed::Communicator> comm = nullptr);
+
+}  // namespace kiln

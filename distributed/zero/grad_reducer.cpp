@@ -1,0 +1,178 @@
+// distributed/zero/grad_reducer.cpp: the gradient hooks and buckets of ZeRO (see grad_reducer.h).
+#include "distributed/zero/grad_reducer.h"
+
+#include "autograd/autograd.h"
+#include "core/grad_mode.h"
+#include "ops/ops.h"
+
+namespace kiln::distributed {
+
+namespace {
+// With overlap, a bucket's operation runs while backward goes on; at most this many run at once
+// (DeepSpeed double-buffers its bucket the same way), so stage 2's gradient memory stays at a few
+// buckets even when the network is faster than backward.
+constexpr size_t kMaxInFlight = 2;
+}  // namespace
+
+struct GradReducer::Bucket {
+  GradBucket spec;
+  FlatRange mine;       // the part of spec.range in this rank's partition (maybe empty)
+  size_t pending = 0;   // gradients still to arrive in this backward
+  Tensor buffer;        // kBucketed: the bucket's gradients, made when its first one arrives
+  Tensor output;        // kReduceScatter, kBucketed: this rank's averaged part (mine.size() elements)
+  Work work;
+  bool launched = false, completed = false;
+};
+
+GradReducer::GradReducer(Communicator& comm, const FlatLayout& layout, std::vector<Tensor> params, Mode mode,
+                         int64_t bucket_numel, bool overlap, Tensor flat_grads, Tensor grad_shard)
+    : comm_(comm),
+      layout_(layout),
+      params_(std::move(params)),
+      mode_(mode),
+      overlap_(overlap),
+      flat_grads_(std::move(flat_grads)),
+      grad_shard_(std::move(grad_shard)) {
+  KILN_CHECK(static_cast<int64_t>(params_.size()) == layout_.num_params(),
+             "GradReducer: {} parameters for a layout of {}", params_.size(), layout_.num_params());
+  KILN_CHECK(mode_ == Mode::kBucketed || flat_grads_.defined(),
+             "GradReducer: stages 0 and 1 reduce a flat gradient buffer; none was given");
+  const FlatRange part = mode_ == Mode::kAllReduce ? FlatRange{0, layout_.padded_numel()}
+                                                   : layout_.partition(comm_.rank());
+  bucket_of_.assign(params_.size(), 0);
+  for (GradBucket& spec : make_grad_buckets(layout_, bucket_numel)) {
+    auto b = std::make_unique<Bucket>();
+    b->mine = intersect(spec.range, part);
+    for (int64_t k : spec.params) bucket_of_[k] = buckets_.size();
+    b->spec = std::move(spec);
+    buckets_.push_back(std::move(b));
+  }
+  ready_.assign(params_.size(), false);
+  attach_grads();
+  for (size_t k = 0; k < params_.size(); ++k) {
+    hooks_.push_back(params_[k].register_post_accumulate_grad_hook([this, k](const Tensor&) { grad_ready(k); }));
+  }
+}
+
+GradReducer::~GradReducer() {
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].remove_post_accumulate_grad_hook(hooks_[k]);
+}
+
+Tensor GradReducer::slot(size_t k) const {
+  const FlatRange r = layout_.param(static_cast<int64_t>(k));
+  return flat_grads_.narrow(0, r.begin, r.size()).view(params_[k].sizes());
+}
+
+void GradReducer::attach_grads() {
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].set_grad(mode_ == Mode::kBucketed ? Tensor() : slot(k));
+}
+
+void GradReducer::begin_backward() {
+  in_backward_ = true;
+  std::fill(ready_.begin(), ready_.end(), false);
+  for (auto& b : buckets_) {
+    b->pending = b->spec.params.size();
+    b->launched = b->completed = false;
+    b->work = Work();
+  }
+  next_to_launch_ = 0;
+  started_during_backward_ = 0;
+  autograd::queue_callback([this] { finish(); });
+}
+
+void GradReducer::grad_ready(size_t k) {
+  if (!sync_ && mode_ != Mode::kBucketed) return;  // accumulating: the gradients stay in the flat buffer
+  if (!in_backward_) begin_backward();
+  if (ready_[k]) return;
+  ready_[k] = true;
+  const Tensor& p = params_[k];
+  Tensor g = p.grad();
+  KILN_CHECK(g.dtype() == p.dtype() && g.device() == p.device(),
+             "ZeRO: parameter {} has a {} gradient on {} but is {} on {}; a gradient must have its parameter's dtype "
+             "and device", k, dtype_name(g.dtype()), g.device().str(), dtype_name(p.dtype()), p.device().str());
+  Bucket& b = *buckets_[bucket_of_[k]];
+  {
+    NoGradGuard no_grad;
+    if (mode_ == Mode::kBucketed) {
+      if (!b.buffer.defined()) b.buffer = zeros({b.spec.range.size()}, p.options());
+      const FlatRange r = layout_.param(static_cast<int64_t>(k));
+      b.buffer.narrow(0, r.begin - b.spec.range.begin, r.size()).copy_(g.reshape({-1}));
+      params_[k].set_grad(Tensor());  // the point of stage 2: no full gradient outlives its bucket copy
+    } else if (Tensor s = slot(k); !g.is_same(s)) {
+      // Replaced since the last step (model.zero_grad() drops .grad(), say): it holds this
+      // accumulation's whole gradient, so it takes the slot's place.
+      s.copy_(g);
+      params_[k].set_grad(s);
+    }
+  }
+  if (--b.pending == 0) launch_ready();
+}
+
+void GradReducer::launch_ready() {
+  while (next_to_launch_ < buckets_.size() && buckets_[next_to_launch_]->pending == 0) {
+    launch(*buckets_[next_to_launch_++]);
+  }
+}
+
+void GradReducer::launch(Bucket& b) {
+  size_t in_flight = 0;
+  for (auto& o : buckets_) in_flight += o->launched && !o->completed;
+  for (auto& o : buckets_) {  // oldest first
+    if (in_flight < kMaxInFlight) break;
+    if (o->launched && !o->completed) {
+      complete(*o);
+      --in_flight;
+    }
+  }
+  const FlatRange range = b.spec.range;
+  if (mode_ == Mode::kAllReduce) {
+    b.work = comm_.all_reduce(flat_grads_.narrow(0, range.begin, range.size()), ReduceOp::Avg, /*async_op=*/true);
+  } else {
+    if (mode_ == Mode::kBucketed && !b.buffer.defined()) b.buffer = zeros({range.size()}, params_[0].options());
+    Tensor input = mode_ == Mode::kBucketed ? b.buffer : flat_grads_.narrow(0, range.begin, range.size());
+    std::vector<Tensor> inputs;
+    for (int r = 0; r < comm_.size(); ++r) {
+      const FlatRange piece = intersect(range, layout_.partition(r));
+      inputs.push_back(input.narrow(0, piece.begin - range.begin, piece.size()));
+    }
+    b.output = empty({b.mine.size()}, input.options());
+    b.work = comm_.reduce_scatter(b.output, inputs, ReduceOp::Avg, /*async_op=*/true);
+  }
+  b.launched = true;
+  if (in_backward_) ++started_during_backward_;
+  if (!overlap_) complete(b);
+}
+
+void GradReducer::complete(Bucket& b) {
+  b.work.wait();
+  b.completed = true;
+  if (mode_ == Mode::kAllReduce) return;  // averaged in place
+  NoGradGuard no_grad;
+  const int64_t at = b.mine.begin - layout_.partition(comm_.rank()).begin;
+  if (b.mine.size() > 0) {
+    Tensor dst = grad_shard_.narrow(0, at, b.mine.size());
+    // Stage 1 overwrites its partition's local sum with the average; stage 2 accumulates micro-batches.
+    if (mode_ == Mode::kReduceScatter) dst.copy_(b.output);
+    else dst.add_(b.output);
+  }
+  b.buffer = Tensor();
+  b.output = Tensor();
+}
+
+// Runs when backward has finished with every node.
+void GradReducer::finish() {
+  in_backward_ = false;
+  // Parameters without a gradient in this backward: their slots count as they are (zeros in a
+  // stage 2 bucket), so that every rank launches every bucket in the same order.
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (ready_[k]) continue;
+    ready_[k] = true;
+    --buckets_[bucket_of_[k]]->pending;
+  }
+  launch_ready();
+  for (auto& b : buckets_) {
+    if (!b->completed) complete(*b);
+  }
+}
+
+}  // namespace kiln::distributed

@@ -1,0 +1,86 @@
+// distributed/zero/grad_reducer.h: ZeRO's hook set on the gradients: how each rank ends backward
+// holding the average over ranks of the gradients of its partition (layout.h).
+//
+// A post-accumulate-grad hook on every parameter marks its gradient ready; when a bucket's
+// parameters are all ready (make_grad_buckets: reverse registration order, so the first buckets
+// fill first), the bucket is reduced at once, during backward. What "reduced" means is the stage:
+//
+//   kAllReduce      (stage 0)  the gradients are views of one flat buffer (params' .grad() are
+//                              views into it); each bucket's range of it is all-reduced in place,
+//                              so every rank gets every averaged gradient, as DDP.
+//   kReduceScatter  (stage 1)  the same flat buffer; each bucket's range is reduce-scattered, and
+//                              each rank keeps only the average of the part in its partition,
+//                              written into the buffer's partition once backward has finished.
+//   kBucketed       (stages 2, 3) no flat gradient buffer: the hook copies a parameter's fresh
+//                              gradient into its bucket's buffer and drops .grad() at once, the
+//                              bucket is reduce-scattered, and each rank adds its part into its
+//                              partition's gradient buffer. Gradients of the whole model never
+//                              exist at once: at most the buckets in flight do.
+//
+// With overlap (DeepSpeed's overlap_comm) a bucket's operation runs while backward computes the
+// next gradients and is waited for when backward has finished (an autograd callback); without, it
+// is waited for at once. Stages 0 and 1 reduce only in a backward that ends an accumulation
+// (set_sync(true)); in the others the gradients accumulate locally in the flat buffer. Stage 2
+// reduces in every backward and accumulates in the partition (DeepSpeed does the same).
+// A parameter that gets no gradient in a backward contributes what its slot holds (stages 0 and
+// 1) or zeros (2 and 3), so every rank starts the same buckets in the same order.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "distributed/comm/communicator.h"
+#include "distributed/zero/layout.h"
+
+namespace kiln::distributed {
+
+class GradReducer {
+ public:
+  enum class Mode { kAllReduce, kReduceScatter, kBucketed };
+
+  // params: the parameters the layout describes, in its order. flat_grads (kAllReduce,
+  // kReduceScatter): the flat gradient buffer (padded_numel elements) whose views the parameters'
+  // .grad() are; undefined for kBucketed. grad_shard: where this rank's averaged gradients go (the
+  // partition's slice of flat_grads, or a buffer of partition_numel elements for kBucketed).
+  GradReducer(Communicator& comm, const FlatLayout& layout, std::vector<Tensor> params, Mode mode,
+              int64_t bucket_numel, bool overlap, Tensor flat_grads, Tensor grad_shard);
+  ~GradReducer();
+  GradReducer(const GradReducer&) = delete;
+  GradReducer& operator=(const GradReducer&) = delete;
+
+  // Whether the next backward reduces (stages 0 and 1; the others always do).
+  void set_sync(bool sync) { sync_ = sync; }
+  bool sync() const { return sync_; }
+  // Puts every parameter's .grad() back on its view of the flat buffer (kAllReduce, kReduceScatter)
+  // or drops it (kBucketed). The buffer's values are left as they are.
+  void attach_grads();
+  size_t num_buckets() const { return buckets_.size(); }
+  // Buckets whose operation started before backward had finished, in the last reducing backward.
+  int64_t buckets_started_during_backward() const { return started_during_backward_; }
+
+ private:
+  struct Bucket;
+  void grad_ready(size_t k);
+  void begin_backward();
+  void launch_ready();
+  void launch(Bucket& b);
+  void complete(Bucket& b);
+  void finish();
+  Tensor slot(size_t k) const;  // parameter k's view of the flat gradient buffer
+
+  Communicator& comm_;
+  const FlatLayout& layout_;
+  std::vector<Tensor> params_;
+  Mode mode_;
+  bool overlap_;
+  Tensor flat_grads_, grad_shard_;
+  std::vector<std::unique_ptr<Bucket>> buckets_;
+  std::vector<size_t> bucket_of_;  // per parameter
+  std::vector<uint64_t> hooks_;
+  std::vector<bool> ready_;
+  size_t next_to_launch_ = 0;
+  bool sync_ = true, in_backward_ = false;
+  int64_t started_during_backward_ = 0;
+};
+
+}  // namespace kiln::distributed

@@ -1,0 +1,311 @@
+// distributed/zero/zero_optimizer.cpp: ZeroOptimizer, the sharded optimizer of ZeRO stages 0-3 (see
+// zero_optimizer.h; the layout is layout.h, the gradient hooks grad_reducer.h, stage 3's weight
+// hooks param_gatherer.h).
+#include "distributed/zero/zero_optimizer.h"
+
+#include <cmath>
+
+#include "core/grad_mode.h"
+#include "distributed/zero/grad_reducer.h"
+#include "distributed/zero/param_gatherer.h"
+#include "ops/ops.h"
+
+namespace kiln::distributed {
+
+namespace {
+
+Tensor int64_scalar(int64_t v) { return scalar_tensor(v, kInt64); }
+
+int64_t read_int(const TensorDict& dict, const char* key, const char* who) {
+  const Tensor* t = dict.find(key);
+  KILN_CHECK(t != nullptr && t->numel() == 1,
+             "{}: the state dict has no '{}'; it was not saved by ZeroOptimizer::state_dict()", who, key);
+  return t->item<int64_t>();
+}
+
+}  // namespace
+
+ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> comm, const MakeOptimizer& make_optimizer,
+                             ZeroOptions options)
+    : Optimizer("ZeRO"), model_(model), comm_(std::move(comm)), options_(options) {
+  KILN_CHECK(comm_ != nullptr, "ZeRO: the communicator is null; pass distributed::init()");
+  KILN_CHECK(make_optimizer != nullptr, "ZeRO: the function that makes the inner optimizer is empty");
+  KILN_CHECK(options_.stage >= 0 && options_.stage <= 3, "ZeRO: stage must be 0, 1, 2 or 3, not {}", options_.stage);
+  KILN_CHECK(options_.reduce_bucket_size >= 1 && options_.allgather_bucket_size >= 1,
+             "ZeRO: reduce_bucket_size and allgather_bucket_size must be >= 1 element, not {} and {}",
+             options_.reduce_bucket_size, options_.allgather_bucket_size);
+  verify_same_model(*comm_, model_, "ZeRO");
+
+  std::vector<int64_t> numels;
+  for (const auto& [name, p] : model_.named_parameters()) {
+    if (!p.requires_grad()) continue;
+    if (!params_.empty()) {
+      KILN_CHECK(p.dtype() == params_[0].dtype() && p.device() == params_[0].device(),
+                 "ZeRO: parameter '{}' is {} on {} but the first trainable one is {} on {}; ZeRO keeps every "
+                 "trainable parameter in one flat buffer, so they must share a dtype and a device (model.to(...))",
+                 name, dtype_name(p.dtype()), p.device().str(), dtype_name(params_[0].dtype()),
+                 params_[0].device().str());
+    }
+    params_.push_back(p);
+    numels.push_back(p.numel());
+  }
+  KILN_CHECK(!params_.empty(), "ZeRO: the model has no parameter that requires grad; there is nothing to train");
+  const int world = comm_->size(), rank = comm_->rank();
+  const bool sharded = options_.stage > 0;
+  layout_ = std::make_unique<FlatLayout>(std::move(numels), sharded ? world : 1);
+  const FlatRange part = layout_->partition(sharded ? rank : 0);
+  const TensorOptions model_options = params_[0].options();
+
+  NoGradGuard no_grad;
+  // The flat weights, rank 0's everywhere; the parameters become views of them.
+  flat_params_ = zeros({layout_->padded_numel()}, model_options);
+  for (size_t k = 0; k < params_.size(); ++k) {
+    const FlatRange r = layout_->param(static_cast<int64_t>(k));
+    Tensor view = flat_params_.narrow(0, r.begin, r.size()).view(params_[k].sizes());
+    view.copy_(params_[k]);
+    params_[k].set_data(view);
+  }
+  comm_->broadcast(flat_params_, 0);
+  for (const Tensor& b : model_.buffers()) comm_->broadcast(b, 0);
+  shard_ = flat_params_.narrow(0, part.begin, part.size());
+  if (options_.stage == 3) shard_ = shard_.clone();
+
+  // The master partition: the shard itself where it is already float32 or float64 and where the
+  // step runs (no copy), else a float32 copy (in host memory with offload_optimizer).
+  const DType master_dtype = is_reduced_float(model_options.dtype()) ? kFloat32 : model_options.dtype();
+  const Device master_device = options_.offload_optimizer ? Device::cpu() : model_options.device();
+  if (master_dtype == shard_.dtype() && master_device == shard_.device()) {
+    master_ = shard_.detach().requires_grad_();
+  } else {
+    master_ = shard_.to(master_device, master_dtype).contiguous().requires_grad_();
+  }
+
+  if (options_.stage <= 1) {
+    flat_grads_ = zeros({layout_->padded_numel()}, model_options);
+    grad_shard_ = flat_grads_.narrow(0, part.begin, part.size());
+  } else {
+    grad_shard_ = zeros({part.size()}, model_options);
+  }
+
+  inner_ = make_optimizer({master_});
+  KILN_CHECK(inner_ != nullptr, "ZeRO: the function that makes the inner optimizer returned null");
+  const auto& inner_groups = inner_->param_groups();
+  KILN_CHECK(inner_groups.size() == 1 && inner_groups[0].params.size() == 1 && inner_groups[0].params[0].is_same(master_),
+             "ZeRO: the inner optimizer ({}) must hold exactly the one master tensor it was given, in one group",
+             inner_->name());
+  name_ = fmt::format("ZeRO-{}({})", options_.stage, inner_->name());
+  add_group(params_, inner_groups[0].options);
+
+  const auto mode = options_.stage == 0   ? GradReducer::Mode::kAllReduce
+                    : options_.stage == 1 ? GradReducer::Mode::kReduceScatter
+                                          : GradReducer::Mode::kBucketed;
+  reducer_ = std::make_unique<GradReducer>(*comm_, *layout_, params_, mode, options_.reduce_bucket_size,
+                                           options_.overlap_comm, flat_grads_, grad_shard_);
+  if (options_.stage == 3) {
+    gatherer_ = std::make_unique<ParamGatherer>(*comm_, *layout_, params_, shard_, model_);
+    flat_params_ = Tensor();  // the parameters were its last views: the full weights are gone
+  }
+}
+
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+void ZeroOptimizer::set_gradient_accumulation_boundary(bool boundary) { reducer_->set_sync(boundary); }
+
+int64_t ZeroOptimizer::buckets_started_during_backward() const { return reducer_->buckets_started_during_backward(); }
+
+void ZeroOptimizer::register_external_parameter(nn::Module& module, const Tensor& param) {
+  if (gatherer_) gatherer_->register_external_parameter(module, param);
+}
+
+void ZeroOptimizer::prepare_master_grads() {
+  if (master_grad_ready_) return;
+  NoGradGuard no_grad;
+  const bool own = master_.dtype() == grad_shard_.dtype() && master_.device() == grad_shard_.device();
+  master_.set_grad(own ? grad_shard_ : grad_shard_.to(master_.device(), master_.dtype()));
+  master_grad_ready_ = true;
+}
+
+std::vector<Tensor> ZeroOptimizer::grads() {
+  prepare_master_grads();
+  return {master_.grad()};
+}
+
+Tensor ZeroOptimizer::clip_grad_norm_(double max_norm) {
+  KILN_CHECK(max_norm > 0, "ZeRO.clip_grad_norm_: max_norm must be > 0, not {}", max_norm);
+  prepare_master_grads();
+  NoGradGuard no_grad;
+  Tensor g = master_.grad();
+  // The squares of this rank's partition, summed over the ranks: every element of the model is in
+  // exactly one partition (the padding is zeros), so this is the whole model's squared norm.
+  Tensor sq = g.square().sum(kFloat64).reshape({1}).cpu();
+  if (options_.stage > 0) comm_->all_reduce(sq, ReduceOp::Sum);
+  const double total = std::sqrt(sq.item<double>());
+  const double coef = max_norm / (total + 1e-6);  // torch.nn.utils.clip_grad_norm_'s rule
+  if (coef < 1) g.mul_(coef);
+  return scalar_tensor(total, kFloat64);
+}
+
+void ZeroOptimizer::step() {
+  prepare_master_grads();
+  inner_->param_groups()[0].options = groups_[0].options;  // what schedulers changed
+  inner_->step();
+  NoGradGuard no_grad;
+  if (!master_.is_same(shard_) && master_.data_ptr() != shard_.data_ptr()) shard_.copy_(master_);  // rounded
+  if (options_.stage == 1 || options_.stage == 2) {
+    // Every rank's new partition to every rank, in chunks of at most allgather_bucket_size.
+    const int64_t P = layout_->partition_numel();
+    const int rank = comm_->rank();
+    if (options_.allgather_bucket_size >= P) {
+      comm_->all_gather_into_tensor(flat_params_, shard_);
+    } else {
+      for (int64_t c0 = 0; c0 < P; c0 += options_.allgather_bucket_size) {
+        const int64_t len = std::min(options_.allgather_bucket_size, P - c0);
+        std::vector<Tensor> outputs;
+        for (int r = 0; r < comm_->size(); ++r) outputs.push_back(flat_params_.narrow(0, r * P + c0, len));
+        comm_->all_gather(outputs, flat_params_.narrow(0, rank * P + c0, len));
+      }
+    }
+  }
+  if (gatherer_) gatherer_->release_all();  // any weight still gathered is stale now
+  if (master_.grad().defined() && !master_.grad().is_same(grad_shard_)) master_.set_grad(Tensor());
+  master_grad_ready_ = false;
+}
+
+void ZeroOptimizer::zero_grad(bool /*set_to_none*/) {
+  NoGradGuard no_grad;
+  if (flat_grads_.defined()) flat_grads_.zero_();
+  else grad_shard_.zero_();
+  reducer_->attach_grads();
+  if (master_.grad().defined() && !master_.grad().is_same(grad_shard_)) master_.set_grad(Tensor());
+  master_grad_ready_ = false;
+}
+
+ZeroOptimizer::ModelStateBytes ZeroOptimizer::model_state_bytes() const {
+  ModelStateBytes b;
+  b.params = options_.stage == 3 ? shard_.nbytes() : flat_params_.nbytes();
+  b.grads = flat_grads_.defined() ? flat_grads_.nbytes() : grad_shard_.nbytes();
+  b.master = master_.data_ptr() == shard_.data_ptr() ? 0 : master_.nbytes();
+  if (const optim::ParamState* st = inner_->find_state(master_)) {
+    for (const auto& [name, t] : st->buffers) b.optimizer_state += t.nbytes();
+  }
+  return b;
+}
+
+// ---- state ----
+
+TensorDict ZeroOptimizer::state_dict() const {
+  TensorDict dict = Optimizer::state_dict();  // param_groups.*: this optimizer's (the schedulers') options
+  for (const auto& [key, t] : inner_->state_dict()) {
+    if (key.rfind("state.", 0) == 0) dict.insert(key, t);
+  }
+  dict.insert("master", master_.detach());
+  dict.insert("zero.stage", int64_scalar(options_.stage));
+  dict.insert("zero.rank", int64_scalar(comm_->rank()));
+  dict.insert("zero.world_size", int64_scalar(comm_->size()));
+  dict.insert("zero.partitions", int64_scalar(layout_->num_partitions()));
+  dict.insert("zero.numel", int64_scalar(layout_->numel()));
+  return dict;
+}
+
+void ZeroOptimizer::load_state_dict(const TensorDict& dict) {
+  const int64_t partitions = read_int(dict, "zero.partitions", "ZeRO.load_state_dict");
+  const int64_t rank = read_int(dict, "zero.rank", "ZeRO.load_state_dict");
+  const int64_t here = layout_->num_partitions() == 1 ? 0 : comm_->rank();
+  KILN_CHECK(partitions == layout_->num_partitions() && (partitions == 1 || rank == here),
+             "ZeRO.load_state_dict: the state dict is rank {}'s shard of {} partition(s), but this rank ({} of {}) "
+             "has partition {} of {}; to load shards saved at another world size or stage, pass every rank's to "
+             "load_sharded_state_dict (Engine::load_checkpoint does)",
+             rank, partitions, comm_->rank(), comm_->size(), here, layout_->num_partitions());
+  load_partitions({{partitions == 1 ? 0 : rank, &dict}});
+}
+
+void ZeroOptimizer::load_sharded_state_dict(const std::vector<TensorDict>& shards) {
+  KILN_CHECK(!shards.empty(), "ZeRO.load_sharded_state_dict: no shard given; pass every rank's state_dict()");
+  const int64_t partitions = read_int(shards[0], "zero.partitions", "ZeRO.load_sharded_state_dict");
+  KILN_CHECK(static_cast<int64_t>(shards.size()) >= partitions,
+             "ZeRO.load_sharded_state_dict: the checkpoint has {} partitions but {} shard(s) were given; pass every "
+             "rank's, in rank order", partitions, shards.size());
+  std::vector<std::pair<int64_t, const TensorDict*>> by_partition;
+  for (int64_t q = 0; q < partitions; ++q) {
+    KILN_CHECK(read_int(shards[q], "zero.rank", "ZeRO.load_sharded_state_dict") == q || partitions == 1,
+               "ZeRO.load_sharded_state_dict: shard {} is not rank {}'s; pass the shards in rank order", q, q);
+    by_partition.emplace_back(q, &shards[q]);
+  }
+  load_partitions(by_partition);
+}
+
+void ZeroOptimizer::load_partitions(const std::vector<std::pair<int64_t, const TensorDict*>>& shards) {
+  const char* who = "ZeRO.load_state_dict";
+  const TensorDict& head = *shards[0].second;
+  const int64_t numel = read_int(head, "zero.numel", who);
+  KILN_CHECK(numel == layout_->numel(),
+             "{}: the checkpoint's model has {} trainable elements but this one has {}; load it into the model it "
+             "was saved from", who, numel, layout_->numel());
+  const int64_t old_p = head.at("master").numel();
+  const FlatRange part = layout_->partition(layout_->num_partitions() == 1 ? 0 : comm_->rank());
+
+  // An entry of the old partitions' size is partitioned: this rank's new partition is cut from the
+  // old ones that overlap it. Anything else (a step count) is the same on every rank: the first's.
+  auto repartition = [&](const std::string& key) {
+    Tensor out = zeros({part.size()}, TensorOptions(head.at(key).dtype()));
+    for (const auto& [q, dict] : shards) {
+      const Tensor& t = dict->at(key);
+      KILN_CHECK(t.numel() == old_p, "{}: '{}' of shard {} has {} elements, not {}", who, key, q, t.numel(), old_p);
+      const FlatRange old_part{q * old_p, (q + 1) * old_p};
+      const FlatRange both = intersect(intersect(old_part, part), FlatRange{0, numel});
+      if (both.empty()) continue;
+      out.narrow(0, both.begin - part.begin, both.size())
+          .copy_(t.reshape({-1}).narrow(0, both.begin - old_part.begin, both.size()));
+    }
+    return out;
+  };
+
+  TensorDict groups_only, for_inner;
+  Tensor master;
+  for (const auto& [key, t] : head) {
+    if (key.rfind("zero.", 0) == 0) continue;
+    if (key == "master") {
+      master = repartition(key);
+    } else if (key.rfind("param_groups.", 0) == 0) {
+      groups_only.insert(key, t);
+      if (key != "param_groups.0.params") for_inner.insert(key, t);
+    } else {
+      KILN_CHECK(key.rfind("state.0.", 0) == 0,
+                 "{}: unexpected entry '{}'; a ZeRO shard holds param_groups.*, state.0.*, master and zero.*", who, key);
+      for_inner.insert(key, t.dim() == 1 && t.numel() == old_p ? repartition(key) : t);
+    }
+  }
+  for_inner.insert("param_groups.0.params", from_vector<int64_t>({0}));
+  inner_->load_state_dict(for_inner);  // checks the options and the state's shapes, then loads them
+  Optimizer::load_state_dict(groups_only);
+  NoGradGuard no_grad;
+  master_.copy_(master);
+  if (master_.data_ptr() != shard_.data_ptr()) shard_.copy_(master_);
+  if (options_.stage == 1 || options_.stage == 2) comm_->all_gather_into_tensor(flat_params_, shard_);
+  if (gatherer_) gatherer_->release_all();
+}
+
+// ---- stage 3: gathered weights ----
+
+ZeroOptimizer::GatheredParameters::GatheredParameters(ZeroOptimizer& opt) : opt_(opt) {
+  if (opt_.gatherer_) opt_.gatherer_->pin_all();
+}
+
+ZeroOptimizer::GatheredParameters::~GatheredParameters() {
+  if (opt_.gatherer_) opt_.gatherer_->unpin_all();
+}
+
+// ---- ShardedGradScaler ----
+
+ShardedGradScaler::ShardedGradScaler(std::shared_ptr<Communicator> comm, optim::GradScalerOptions options)
+    : GradScaler(options), comm_(std::move(comm)) {
+  KILN_CHECK(comm_ != nullptr, "ShardedGradScaler: the communicator is null; pass distributed::init()");
+}
+
+bool ShardedGradScaler::found_inf_anywhere(bool found_inf_here) {
+  Tensor flag = from_vector<int32_t>({found_inf_here ? 1 : 0});
+  comm_->all_reduce(flag, ReduceOp::Max);
+  return flag.item<int32_t>() != 0;
+}
+
+}  // namespace kiln::distributed

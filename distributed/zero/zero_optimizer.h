@@ -1,0 +1,184 @@
+// distributed/zero/zero_optimizer.h: ZeRO (Rajbhandari et al., 2020), DeepSpeed's sharded data
+// parallelism: an optimizer wrapper that averages the gradients over the ranks, as DDP does, but
+// keeps on each rank only its share of what training holds per parameter.
+//
+//   auto comm = distributed::init();
+//   distributed::ZeroOptimizer opt(net, comm, [](std::vector<Tensor> masters) {
+//     return std::make_unique<optim::AdamW>(std::move(masters), optim::AdamWOptions{.lr = 1e-3});
+//   }, {.stage = 2});
+//   for (auto& [x, y] : loader) {                     // each rank: its shard of the data
+//     Tensor loss = nn::cross_entropy(net(x), y);
+//     opt.zero_grad();  loss.backward();  opt.step();  // the same update on every rank
+//   }
+//
+// What a rank holds, per parameter, training a model kept in 16 bits with Adam on N ranks (the ZeRO
+// paper's accounting, Psi parameters): weights 2 bytes, gradients 2, float32 master weights 4, and
+// Adam's two moments 8 (12 in all for the "optimizer states"):
+//
+//   stage 0  plain data parallelism      2 + 2 + 12         = 16 Psi bytes      all-reduce
+//   stage 1  optimizer states sharded    2 + 2 + 12 / N                         reduce-scatter + all-gather
+//   stage 2  ... and gradients           2 + (2 + 12) / N                       the same
+//   stage 3  ... and the weights         (2 + 2 + 12) / N  = 16 Psi / N bytes   + an all-gather per layer
+//
+// How (layout.h has the picture): the trainable parameters are laid end to end in one flat buffer,
+// padded to a multiple of N and cut into N equal partitions; rank r owns partition r. It keeps the
+// float32 master weights of its partition only (in float32 and float64 models, the partition of the
+// flat buffer is its own master: no copy), and the inner optimizer (any of Kiln's: SGD, Adam,
+// AdamW, ...) is built over that one tensor, so its state is a partition too. Every one of those
+// optimizers is elementwise, so updating each partition on its own rank is the same arithmetic as
+// updating the whole model on one. The gradients are averaged over the ranks during backward by
+// GradReducer (grad_reducer.h): all-reduced (stage 0) or reduce-scattered so that each rank
+// receives just its partition's average (1 and up). step() updates the partition, rounds it into
+// the model's dtype, and all-gathers the partitions so that every rank has every weight again
+// (stages 1 and 2); at stage 3 the weights stay sharded and each layer's are all-gathered just
+// before they are used, forward and backward, and freed after (ParamGatherer, param_gatherer.h).
+//
+// Under ZeRO a parameter's .grad() is not the averaged gradient (at stage 2 and 3 it is dropped as
+// soon as it is reduced); grads() gives this rank's averaged share, which is what step() uses. At
+// stage 3 a parameter holds 0 elements outside the layers' forward and backward: gather them with
+// a GatheredParameters guard to read or save the weights. Every rank builds the same model (checked
+// at construction) and starts from rank 0's weights and buffers.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "distributed/comm/communicator.h"
+#include "distributed/ddp/ddp.h"
+#include "distributed/zero/layout.h"
+#include "nn/module.h"
+#include "optim/grad_scaler.h"
+#include "optim/optimizer.h"
+
+namespace kiln::distributed {
+
+class GradReducer;
+class ParamGatherer;
+
+// The keys of a DeepSpeed config's "zero_optimization" section that Kiln implements, with
+// DeepSpeed's defaults (sizes in elements).
+struct ZeroOptions {
+  int stage = 1;                               // 0, 1, 2 or 3 (see the table above)
+  int64_t reduce_bucket_size = 500'000'000;    // elements per gradient bucket
+  int64_t allgather_bucket_size = 500'000'000; // elements per rank in each all-gather of step()
+  bool overlap_comm = false;                   // run each bucket's reduction while backward goes on
+  // ZeRO-Offload: keep the float32 master partition and the optimizer state in host memory and
+  // step there; the gradients' partition is copied to the host and the weights back. On a CPU
+  // model it changes nothing.
+  bool offload_optimizer = false;
+};
+
+class ZeroOptimizer : public optim::Optimizer {
+ public:
+  // Builds the inner optimizer over this rank's masters (one tensor); it must use exactly them.
+  using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> masters)>;
+
+  // Trains the parameters of `model` that require grad, which must share one floating dtype and one
+  // device. `model` must outlive this optimizer, and must not be moved to another device or dtype
+  // after it is built (as DeepSpeed, build it once the model is where it trains).
+  ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> comm, const MakeOptimizer& make_optimizer,
+                ZeroOptions options = {});
+  ~ZeroOptimizer() override;
+
+  // Updates this rank's partition from its averaged gradients, then shares the new weights.
+  void step() override;
+  // Zeroes the gradients (this rank's partition, and the flat buffer at stages 0 and 1, whose views
+  // the parameters' .grad() stay: set_to_none does not free them, as DeepSpeed's contiguous buffers).
+  void zero_grad(bool set_to_none = true) override;
+  // This rank's averaged gradients as the inner optimizer reads them (one float32 tensor of
+  // partition_numel elements): GradScaler unscales these. Empty before any backward.
+  std::vector<Tensor> grads() override;
+  // Scales the gradients so that their norm over every rank's partition is at most max_norm, as
+  // nn::utils::clip_grad_norm_ would on one process; returns that norm (a 0-d float64 tensor).
+  // Every rank calls it (an all-reduce).
+  Tensor clip_grad_norm_(double max_norm);
+
+  // Stages 0 and 1: whether the next backward ends a gradient accumulation (then it reduces; before
+  // that, gradients accumulate locally). Stages 2 and 3 reduce in every backward. Default true.
+  void set_gradient_accumulation_boundary(bool boundary);
+
+  // This rank's shard of the training state: the inner optimizer's state dict (its state is of the
+  // partition) and "master" (the float32 master partition), with "zero.rank", "zero.world_size",
+  // "zero.numel" and "zero.stage". Saved per rank (Engine::save_checkpoint).
+  TensorDict state_dict() const override;
+  // This rank's own shard (same world size and stage family: partitioned or not).
+  void load_state_dict(const TensorDict& dict) override;
+  // Every rank's state_dict() of a run at any world size and stage, in rank order: each rank cuts
+  // its partition out of the old ones (the model must be the same). Every rank calls it.
+  void load_sharded_state_dict(const std::vector<TensorDict>& shards);
+
+  // Stage 3: makes `module`'s forward (and backward) gather `param` too, for a module that reads a
+  // parameter it does not own (DeepSpeed's deepspeed.zero.register_external_parameter). Nothing at
+  // stages 0-2.
+  void register_external_parameter(nn::Module& module, const Tensor& param);
+
+  int stage() const { return options_.stage; }
+  const FlatLayout& layout() const { return *layout_; }
+  Communicator& comm() { return *comm_; }
+  optim::Optimizer& inner() { return *inner_; }
+  const Tensor& master() const { return master_; }  // this rank's float32 master partition
+
+  // Bytes this rank holds for training, by kind (DeepSpeed's "model states"): weights (the flat
+  // buffer, or the shard at stage 3), gradients (the flat buffer, or the partition's), float32
+  // masters (0 where the partition is its own master) and optimizer state. Stage 2's buckets in
+  // flight and stage 3's gathered layers are transient and not counted.
+  struct ModelStateBytes {
+    int64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
+    int64_t total() const { return params + grads + master + optimizer_state; }
+  };
+  ModelStateBytes model_state_bytes() const;
+  // Buckets of the last reducing backward whose reduction started before backward had finished.
+  int64_t buckets_started_during_backward() const;
+
+  // Stage 3: gathers every parameter into the model while it lives (DeepSpeed's
+  // deepspeed.zero.GatheredParameters), to print or save the weights, or to evaluate or generate on
+  // one rank alone (the forward hooks run no collective meanwhile); every rank must create it.
+  // Changes made to the weights meanwhile are lost: the partitions are the truth. Does nothing at
+  // stages 0-2.
+  class GatheredParameters {
+   public:
+    explicit GatheredParameters(ZeroOptimizer& opt);
+    ~GatheredParameters();
+    GatheredParameters(const GatheredParameters&) = delete;
+    GatheredParameters& operator=(const GatheredParameters&) = delete;
+
+   private:
+    ZeroOptimizer& opt_;
+  };
+
+ private:
+  void prepare_master_grads();
+  void load_partitions(const std::vector<std::pair<int64_t, const TensorDict*>>& shards);  // (partition, its dict)
+
+  nn::Module& model_;
+  std::shared_ptr<Communicator> comm_;
+  ZeroOptions options_;
+  std::vector<Tensor> params_;  // the trainable parameters, in the layout's order
+  std::unique_ptr<FlatLayout> layout_;
+  Tensor flat_params_;  // stages 0-2: padded_numel elements in the model's dtype; params are views of it
+  Tensor shard_;        // this rank's partition of the weights, in the model's dtype
+  Tensor flat_grads_;   // stages 0 and 1: padded_numel elements; params' .grad() are views of it
+  Tensor grad_shard_;   // this rank's averaged gradients, in the model's dtype
+  Tensor master_;       // float32 (or float64) master partition: the inner optimizer's one parameter
+  bool master_grad_ready_ = false;
+  std::unique_ptr<optim::Optimizer> inner_;
+  std::unique_ptr<GradReducer> reducer_;
+  std::unique_ptr<ParamGatherer> gatherer_;
+};
+
+// A GradScaler whose inf/NaN check spans every rank (PyTorch's ShardedGradScaler): each rank sees
+// only its partition of the gradients, but all must skip the same steps. Every rank calls unscale_
+// (or step) on its ZeroOptimizer.
+class ShardedGradScaler : public optim::GradScaler {
+ public:
+  ShardedGradScaler(std::shared_ptr<Communicator> comm, optim::GradScalerOptions options = {});
+
+ protected:
+  bool found_inf_anywhere(bool found_inf_here) override;
+
+ private:
+  std::shared_ptr<Communicator> comm_;
+};
+
+}  // namespace kiln::distributed

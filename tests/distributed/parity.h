@@ -1,0 +1,23 @@
+// tests/distributed/parity.h: what the data-parallel parity tests share (test_ddp.cpp, test_zero.cpp,
+// test_engine.cpp): a small MLP and the batches every rank draws alike, from which each rank takes
+// its rows while the single-process reference takes them all.
+#pragma once
+
+#include "support.h"
+
+namespace kiln::test {
+
+struct Mlp : nn::Module {
+  nn::Linear f1{20, 32}, f2{32, 32}, f3{32, 10};
+  Mlp() { register_modules({{"f1", f1}, {"f2", f2}, {"f3", f3}}); }
+  Tensor forward(const Tensor& x) override { return f3(relu(f2(relu(f1(x))))); }
+};
+
+// The whole batch of step `step`, the same on every rank: `rows` samples of 20 features, classes 0..9.
+inline std::pair<Tensor, Tensor> batch(int step, int64_t rows) {
+  Tensor x = sample({rows, 20}, kFloat32, 0.1 * step);
+  Tensor y = ((sample({rows}, kFloat64, 1.7 + step) + 2) * 2.4).to(kInt64);
+  return {x, y};
+}
+
+}  // namespace kiln::test

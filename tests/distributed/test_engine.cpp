@@ -1,0 +1,290 @@
+// tests/distributed/test_engine.cpp: the DeepSpeed-style Config (every kind of bad key and value is
+// an Error naming it) and Engine (accumulation, clipping, fp16 loss scaling, ZeRO stages, the
+// schedule, checkpoints resumed at another world size), against one process doing the same
+// arithmetic by hand.
+#include <filesystem>
+
+#include "parity.h"
+
+using namespace kiln;
+using namespace kiln::distributed;
+using kiln::test::check_close;
+using kiln::test::batch;
+using kiln::test::check_error;
+using kiln::test::Mlp;
+
+namespace {
+
+// A directory every rank names alike: rank 0 makes it, the others receive its name.
+std::string shared_temp_dir(Communicator& comm) {
+  std::string dir;
+  if (comm.rank() == 0) {
+    char tmpl[] = "/tmp/kiln-engine-XXXXXX";
+    dir = mkdtemp(tmpl);
+  }
+  Tensor chars = zeros({64}, kInt32);
+  if (comm.rank() == 0) {
+    std::vector<int32_t> v(64, 0);
+    for (size_t i = 0; i < dir.size(); ++i) v[i] = dir[i];
+    chars.copy_(from_vector<int32_t>(v));
+  }
+  comm.broadcast(chars, 0);
+  dir.clear();
+  for (int32_t c : chars.to_vector<int32_t>()) {
+    if (c == 0) break;
+    dir += static_cast<char>(c);
+  }
+  return dir;
+}
+
+}  // namespace
+
+TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distributed]") {
+  const Config cfg = Config::from_string(R"({
+    "train_batch_size": 64, "gradient_accumulation_steps": 4, "gradient_clipping": 1.0, "steps_per_print": 50,
+    "optimizer": {"type": "Adam", "params": {"lr": 3e-4, "betas": [0.8, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
+    "scheduler": {"type": "WarmupDecayLR", "params": {"warmup_num_steps": 10, "total_num_steps": 100,
+                                                     "warmup_max_lr": 3e-4, "warmup_type": "linear"}},
+    "fp16": {"enabled": true, "initial_scale_power": 12, "hysteresis": 3},
+    "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "overlap_comm": true, "contiguous_gradients": true,
+                          "offload_optimizer": {"device": "cpu", "pin_memory": true}}
+  })");
+  CHECK(*cfg.train_batch_size == 64);
+  CHECK_FALSE(cfg.train_micro_batch_size_per_gpu.has_value());
+  CHECK(cfg.gradient_clipping == 1.0);
+  CHECK(cfg.steps_per_print == 50);
+  REQUIRE(cfg.optimizer);
+  CHECK(cfg.optimizer->type == "adam");
+  CHECK(cfg.optimizer->adam_w_mode);  // DeepSpeed's Adam decouples its weight decay by default
+  CHECK(cfg.optimizer->adam.beta1 == 0.8);
+  CHECK(cfg.optimizer->adam.beta2 == 0.95);
+  CHECK(cfg.optimizer->adam.weight_decay == 0.1);
+  REQUIRE(cfg.scheduler);
+  CHECK(cfg.scheduler->warmup_decay_lr.total_num_steps == 100);
+  CHECK(cfg.scheduler->warmup_decay_lr.warmup_type == "linear");
+  CHECK(cfg.fp16.enabled);
+  CHECK(cfg.fp16.scaler.initial_scale_power == 12);
+  CHECK(cfg.fp16.scaler.hysteresis == 3);
+  CHECK(cfg.fp16.scaler.loss_scale_window == 1000);  // DeepSpeed's default
+  CHECK(cfg.zero_optimization.stage == 2);
+  CHECK(cfg.zero_optimization.reduce_bucket_size == 500'000'000);
+  CHECK(cfg.zero_optimization.overlap_comm);
+  CHECK(cfg.zero_optimization.offload_optimizer);
+  const Config::Batch b = cfg.resolve_batch(2);
+  CHECK(b.micro_batch_size == 8);  // 64 / 2 ranks / 4 steps
+  CHECK(b.gradient_accumulation_steps == 4);
+  const Config micro = Config::from_string(R"({"train_micro_batch_size_per_gpu": 4})");
+  CHECK(micro.resolve_batch(3).train_batch_size == 12);
+  CHECK(micro.resolve_batch(3).gradient_accumulation_steps == 1);
+  CHECK(Config::from_string(R"({"train_batch_size": 12, "train_micro_batch_size_per_gpu": 2})")
+            .resolve_batch(3).gradient_accumulation_steps == 2);
+  CHECK(Config::from_string(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 5})")
+            .resolve_batch(2).train_batch_size == 20);
+}
+
+TEST_CASE("engine config: every mistake is an Error that names the key and what to do", "[distributed]") {
+  auto bad = [](const std::string& json, const std::vector<std::string>& fragments) {
+    check_error([&] { Config::from_string(json, "ds_config.json"); }, fragments);
+  };
+  bad(R"({"train_batch_size": 8, "zero_optimisation": {"stage": 2}})",
+      {"ds_config.json", "\"zero_optimisation\" is not a key Kiln knows", "did you mean \"zero_optimization\"",
+       "at the top level"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "reduce_buket_size": 10}})",
+      {"\"zero_optimization.reduce_buket_size\"", "did you mean \"reduce_bucket_size\""});
+  bad(R"({"train_batch_size": 8, "activation_checkpointing": {}})",
+      {"\"activation_checkpointing\" is a DeepSpeed option that Kiln does not implement"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_max_live_parameters": 1e9}})",
+      {"zero_optimization.stage3_max_live_parameters", "does not implement"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "stage": 2}})",
+      {"\"stage\" appears twice in \"zero_optimization\"", "remove one"});
+  bad(R"({"train_batch_size": 8, "train_batch_size": 16})", {"\"train_batch_size\" appears twice in the top level"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": "2"}})",
+      {"\"zero_optimization.stage\" must be an integer, not a string (\"2\")", "without quotes"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 4}})", {"must be 0, 1, 2 or 3, not 4"});
+  bad(R"({"train_batch_size": 8.5})", {"\"train_batch_size\" must be an integer, not a number"});
+  bad(R"({"train_batch_size": 0})", {"\"train_batch_size\" must be >= 1, not 0"});
+  bad(R"({"train_batch_size": 8, "fp16": {"enabled": 1}})", {"\"fp16.enabled\" must be true or false, not an integer"});
+  bad(R"({"train_batch_size": 8, "fp16": {"enabled": true}, "bf16": {"enabled": true}})",
+      {"\"bf16\" and \"fp16\" are both enabled"});
+  bad(R"({"train_batch_size": 8, "optimizer": {"type": "Lamb"}})", {"\"optimizer.type\"", "\"Lamb\" is not an optimizer"});
+  bad(R"({"train_batch_size": 8, "optimizer": {"type": "SGD", "params": {"momentum": 0.9}}})",
+      {"\"optimizer.params.lr\" is required for SGD"});
+  bad(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"betas": [0.9]}}})",
+      {"\"optimizer.params.betas\" must be a list of two numbers"});
+  bad(R"({"train_batch_size": 8, "optimizer": {"type": "AdamW", "params": {"lr": 1e-3, "momentum": 0.9}}})",
+      {"\"optimizer.params.momentum\" is not a key Kiln knows here", "lr"});
+  bad(R"({"train_batch_size": 8, "scheduler": {"type": "WarmupDecayLR", "params": {}}})",
+      {"\"scheduler.params.total_num_steps\" is required for WarmupDecayLR"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"contiguous_gradients": false}})",
+      {"\"zero_optimization.contiguous_gradients\" must be true in Kiln"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer": {"device": "nvme"}}})",
+      {"\"zero_optimization.offload_optimizer.device\" must be \"none\" or \"cpu\", not \"nvme\""});
+  bad(R"({"gradient_accumulation_steps": 2})", {"neither \"train_batch_size\" nor \"train_micro_batch_size_per_gpu\""});
+  bad(R"({"train_batch_size": 8,})", {"ds_config.json: not valid JSON"});
+  bad(R"([1, 2])", {"ds_config.json: \"(top level)\" must be an object"});
+  check_error([] { Config::from_file("/nonexistent/ds_config.json"); }, {"cannot open '/nonexistent/ds_config.json'"});
+  const Config cfg = Config::from_string(R"({"train_batch_size": 64, "train_micro_batch_size_per_gpu": 4,
+                                              "gradient_accumulation_steps": 4})");
+  check_error([&] { cfg.resolve_batch(2); },
+              {"train_batch_size 64 != micro 4 x accumulation 4 x data-parallel 2 = 32"});
+  CHECK(cfg.resolve_batch(4).train_batch_size == 64);
+}
+
+TEST_CASE("engine: accumulation, clipping and a warmup schedule at each ZeRO stage match one process",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t micro = 3, gas = 2;
+  for (int stage : {0, 1, 2, 3}) {
+    INFO("stage " << stage);
+    Config cfg = Config::from_string(fmt::format(R"({{
+      "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 0.3,
+      "steps_per_print": 1000,
+      "optimizer": {{"type": "SGD", "params": {{"lr": 0.2, "momentum": 0.9}}}},
+      "scheduler": {{"type": "WarmupLR", "params": {{"warmup_min_lr": 0.0, "warmup_max_lr": 0.2,
+                                                    "warmup_num_steps": 5, "warmup_type": "linear"}}}},
+      "zero_optimization": {{"stage": {}, "reduce_bucket_size": 200, "overlap_comm": true}}
+    }})", micro, gas, stage));
+    manual_seed(21);
+    Mlp ref;
+    manual_seed(21);
+    Mlp local;
+    Engine engine = kiln::initialize(local, cfg, comm);
+    CHECK(engine.train_batch_size() == micro * gas * p);
+    optim::SGD opt_ref(ref.parameters(), {.lr = 0.2, .momentum = 0.9});
+    optim::WarmupLR sched_ref(opt_ref, {.warmup_min_lr = 0, .warmup_max_lr = 0.2, .warmup_num_steps = 5,
+                                        .warmup_type = "linear"});
+    for (int step = 0; step < 8; ++step) {
+      INFO("step " << step);
+      // The reference: one batch of gas x p x micro samples, mean loss, clip, step.
+      std::vector<std::pair<Tensor, Tensor>> micros;
+      for (int k = 0; k < gas; ++k) micros.push_back(batch(10 * step + k, micro * p));
+      Tensor xs = cat({micros[0].first, micros[1].first}, 0), ys = cat({micros[0].second, micros[1].second}, 0);
+      opt_ref.zero_grad();
+      nn::cross_entropy(ref(xs), ys).backward();
+      const double norm_ref = nn::utils::clip_grad_norm_(ref.parameters(), 0.3).item<double>();
+      opt_ref.step();
+      sched_ref.step();
+      for (int k = 0; k < gas; ++k) {
+        CHECK(engine.is_gradient_accumulation_boundary() == (k == gas - 1));
+        auto& [x, y] = micros[static_cast<size_t>(k)];
+        engine.backward(nn::cross_entropy(engine(x.narrow(0, r * micro, micro)), y.narrow(0, r * micro, micro)));
+        engine.step();
+      }
+      CHECK(engine.global_steps() == step + 1);
+      CHECK(engine.get_global_grad_norm() == Approx(norm_ref).epsilon(1e-5));
+      CHECK(engine.get_lr()[0] == Approx(opt_ref.param_groups()[0].lr()));
+    }
+    ZeroOptimizer::GatheredParameters gathered(engine.optimizer());
+    for (const auto& [name, t] : ref.named_parameters()) {
+      INFO(name);
+      check_close(local.state_dict().at(name), t, {1e-5, 1e-6});
+    }
+  }
+}
+
+TEST_CASE("engine: fp16 converts the model, scales the loss and skips overflowing steps everywhere", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  Config cfg = Config::from_string(R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 1000,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+      "fp16": {"enabled": true, "auto_cast": true, "initial_scale_power": 8, "hysteresis": 2, "loss_scale_window": 3},
+      "zero_optimization": {"stage": 2}})");
+  manual_seed(5);
+  Mlp m;
+  Engine engine = kiln::initialize(m, cfg, comm);
+  CHECK(engine.dtype() == kFloat16);
+  CHECK(m.f1.weight.dtype() == kFloat16);
+  CHECK(engine.optimizer().master().dtype() == kFloat32);
+  CHECK(engine.loss_scale() == 256);
+  auto [x, y] = batch(1, 4);
+  Tensor out = engine(x);  // float32 input, cast by auto_cast
+  CHECK(out.dtype() == kFloat16);
+  // Two overflows (one rank's loss is inf) are absorbed by the hysteresis of 2 only in part: the
+  // scale stays for the first and halves at the second; neither step changes a weight.
+  const Tensor before = engine.optimizer().master().detach().clone();
+  for (int k = 0; k < 2; ++k) {
+    Tensor loss = nn::cross_entropy(engine(x).to(kFloat32), y);
+    if (r == p - 1) loss = loss * std::numeric_limits<double>::infinity();
+    engine.backward(loss);
+    engine.step();
+  }
+  CHECK(engine.skipped_steps() == 2);
+  CHECK(engine.global_steps() == 2);
+  CHECK(engine.loss_scale() == 128);
+  kiln::test::check_equal(engine.optimizer().master(), before);
+  // Three good steps: the weights move, and after a window of 3 the scale doubles.
+  for (int k = 0; k < 3; ++k) {
+    engine.backward(nn::cross_entropy(engine(x).to(kFloat32), y));
+    engine.step();
+  }
+  CHECK(engine.skipped_steps() == 2);
+  CHECK(engine.loss_scale() == 256);
+  CHECK((engine.optimizer().master() - before).abs().max().item<float>() > 1e-4f);
+}
+
+TEST_CASE("engine: a checkpoint resumes bit-exactly, at another ZeRO stage, and at another world size",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const std::string dir = shared_temp_dir(*comm);
+  // 8 samples a step, split among the ranks.
+  auto config = [](int stage, int world) {
+    return Config::from_string(fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "steps_per_print": 1000,
+        "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2, "weight_decay": 0.01}}}},
+        "scheduler": {{"type": "WarmupLR", "params": {{"warmup_max_lr": 1e-2, "warmup_num_steps": 4}}}},
+        "zero_optimization": {{"stage": {}}}}})", 8 / world, stage));
+  };
+  auto train = [&](Engine& e, int from, int to, int rank, int world) {
+    for (int step = from; step < to; ++step) {
+      auto [x, y] = batch(step, 8);
+      const int64_t each = 8 / world;
+      e.backward(nn::cross_entropy(e(x.narrow(0, rank * each, each)), y.narrow(0, rank * each, each)));
+      e.step();
+    }
+  };
+  if (p != 1 && p != 2 && p != 4) return;  // 8 samples split evenly
+  // Uninterrupted: 6 steps at stage 2.
+  manual_seed(3);
+  Mlp whole;
+  TensorDict expect;
+  {
+    Engine e = kiln::initialize(whole, config(2, p), comm);
+    train(e, 0, 6, r, p);
+    for (const auto& [name, t] : whole.state_dict()) expect.insert(name, t.clone());
+  }
+  // 3 steps at stage 2, saved; resumed at stage 3 for 3 more.
+  manual_seed(3);
+  Mlp first;
+  {
+    Engine e = kiln::initialize(first, config(2, p), comm);
+    train(e, 0, 3, r, p);
+    e.save_checkpoint(dir);
+    CHECK(std::filesystem::exists(dir + "/global_step3/zero_rank_" + std::to_string(r) + ".safetensors"));
+  }
+  comm->barrier();
+  {
+    manual_seed(77);
+    Mlp second;
+    Engine e = kiln::initialize(second, config(3, p), comm);
+    CHECK(e.load_checkpoint(dir) == "global_step3");
+    CHECK(e.global_steps() == 3);
+    train(e, 3, 6, r, p);
+    ZeroOptimizer::GatheredParameters gathered(e.optimizer());
+    for (const auto& [name, t] : expect) check_close(second.state_dict().at(name), t, {1e-5, 1e-6});
+  }
+  // The same checkpoint on rank 0 alone (world size 1) at stage 1.
+  auto solo = comm->split(r == 0 ? 0 : -1, 0);
+  if (solo) {
+    manual_seed(78);
+    Mlp third;
+    Engine e = kiln::initialize(third, config(1, 1), solo);
+    e.load_checkpoint(dir, "global_step3");
+    train(e, 3, 6, 0, 1);
+    for (const auto& [name, t] : expect) check_close(third.state_dict().at(name), t, {1e-5, 1e-6});
+    check_error([&] { e.load_checkpoint(dir, "no_such_tag"); }, {"no engine.safetensors"});
+    check_error([&] { e.load_checkpoint("/nonexistent"); }, {"'/nonexistent/latest' does not exist"});
+  }
+  comm->barrier();
+  if (r == 0) std::filesystem::remove_all(dir);
+}

@@ -1,0 +1,325 @@
+// tests/distributed/test_zero.cpp: ZeRO stages 0-3 (distributed/zero/) against one process doing the
+// same arithmetic, as test_ddp.cpp: every rank also trains the single-process reference itself, so N
+// ranks with micro-batch b must match 1 process with batch N*b. Also the flat layout's arithmetic,
+// the model-state bytes against the ZeRO paper's formulas, global clipping, the sharded loss scaler
+// and sharded state dicts loaded at another world size.
+#include "models/gpt.h"
+#include "parity.h"
+
+using namespace kiln;
+using namespace kiln::distributed;
+using kiln::test::check_close;
+using kiln::test::batch;
+using kiln::test::check_error;
+using kiln::test::Mlp;
+
+namespace {
+
+ZeroOptimizer::MakeOptimizer sgd(double lr) {
+  return [lr](std::vector<Tensor> m) { return std::make_unique<optim::SGD>(std::move(m), optim::SGDOptions{.lr = lr, .momentum = 0.9}); };
+}
+
+// The model's weights on every rank, gathered at stage 3.
+TensorDict weights(ZeroOptimizer& opt, nn::Module& m) {
+  ZeroOptimizer::GatheredParameters gathered(opt);
+  TensorDict out;
+  for (const auto& [name, t] : m.state_dict()) out.insert(name, t.clone());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("zero: the flat layout pads to the ranks and cuts buckets from the last parameter", "[distributed]") {
+  FlatLayout layout({6, 3, 0, 5}, 4);  // 14 elements, padded to 16: partitions of 4
+  CHECK(layout.numel() == 14);
+  CHECK(layout.padded_numel() == 16);
+  CHECK(layout.partition_numel() == 4);
+  CHECK(layout.param(1) == FlatRange{6, 9});
+  CHECK(layout.param(2) == FlatRange{9, 9});
+  CHECK(layout.partition(3) == FlatRange{12, 16});
+  CHECK(intersect(layout.param(0), layout.partition(1)) == FlatRange{4, 6});
+  CHECK(intersect(layout.param(3), layout.partition(0)) == FlatRange{9, 9});  // empty, inside the parameter's range
+  const auto buckets = make_grad_buckets(layout, 8);
+  REQUIRE(buckets.size() == 2);
+  CHECK(buckets[0].params == std::vector<int64_t>{3, 2, 1});  // 5 + 0 + 3 = 8 elements
+  CHECK(buckets[0].range == FlatRange{6, 14});
+  CHECK(buckets[1].params == std::vector<int64_t>{0});
+  CHECK(buckets[1].range == FlatRange{0, 6});
+  const auto single = make_grad_buckets(layout, 2);  // a parameter larger than a bucket has its own
+  CHECK(single.size() == 4);
+  CHECK(single.front().range == FlatRange{9, 14});
+  FlatLayout one({7}, 3);
+  CHECK(one.padded_numel() == 9);
+  check_error([] { FlatLayout bad({1}, 0); }, {"partitions must be >= 1"});
+  check_error([&] { make_grad_buckets(layout, 0); }, {"bucket size must be >= 1"});
+}
+
+TEST_CASE("zero: every stage on N ranks with micro-batch b matches one process with batch N*b over 20 steps",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 6;
+  for (int stage : {0, 1, 2, 3}) {
+    for (bool overlap : {false, true}) {
+      INFO("stage " << stage << ", overlap " << overlap);
+      manual_seed(11);
+      Mlp ref;
+      manual_seed(100 + r);  // different on every rank: ZeRO must broadcast rank 0's
+      Mlp local;
+      if (r == 0) local.load_state_dict(ref.state_dict());
+      // Buckets of 300 elements and all-gathers of 128 per rank: several of each per step, and
+      // parameters that straddle partitions and buckets.
+      ZeroOptimizer opt(local, comm, sgd(0.1),
+                        {.stage = stage, .reduce_bucket_size = 300, .allgather_bucket_size = 128, .overlap_comm = overlap});
+      CHECK(opt.name() == fmt::format("ZeRO-{}(SGD)", stage));
+      optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
+      for (int step = 0; step < 20; ++step) {
+        auto [x, y] = batch(step, b * p);
+        Tensor loss_ref = nn::cross_entropy(ref(x), y);
+        opt_ref.zero_grad();
+        loss_ref.backward();
+        opt_ref.step();
+
+        Tensor loss = nn::cross_entropy(local(x.narrow(0, r * b, b)), y.narrow(0, r * b, b));
+        opt.zero_grad();
+        loss.backward();
+        opt.step();
+        Tensor mean_loss = loss.detach().clone();
+        comm->all_reduce(mean_loss, ReduceOp::Avg);
+        check_close(mean_loss, loss_ref.detach(), {1e-5, 1e-7});
+        if (stage >= 2 && overlap) CHECK(opt.buckets_started_during_backward() >= 2);
+      }
+      const TensorDict got = weights(opt, local);
+      for (const auto& [name, t] : ref.named_parameters()) {
+        INFO(name);
+        check_close(got.at(name), t, {1e-5, 1e-6});
+      }
+      if (stage == 3) CHECK(local.f1.weight.numel() == 0);  // outside forward and backward: only the shard
+      else CHECK(local.f1.weight.sizes() == Shape({32, 20}));
+    }
+  }
+}
+
+TEST_CASE("zero: stage 3 trains gpt_char (tied head, fused blocks) as one process does", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 2, T = 16;
+  models::GPTConfig config = models::GPTConfig::gpt_char();
+  config.n_layer = 2;
+  manual_seed(11);
+  models::GPT ref(config);
+  manual_seed(11);
+  models::GPT local(config);
+  ZeroOptimizer opt(local, comm, sgd(0.1), {.stage = 3, .reduce_bucket_size = 100'000, .overlap_comm = true});
+  // GPT's forward reads the embedding's weight for its tied head itself.
+  opt.register_external_parameter(local, local.transformer.wte.weight);
+  optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
+  Generator data(7);
+  for (int step = 0; step < 20; ++step) {
+    INFO("step " << step);
+    Tensor tokens = randint(0, config.vocab_size, {b * p, T + 1}, kInt64, &data);
+    Tensor x = tokens.narrow(1, 0, T).contiguous(), y = tokens.narrow(1, 1, T).contiguous();
+    Tensor loss_ref = models::GPT::loss(ref(x), y);
+    opt_ref.zero_grad();
+    loss_ref.backward();
+    opt_ref.step();
+    Tensor loss = models::GPT::loss(local(x.narrow(0, r * b, b)), y.narrow(0, r * b, b));
+    opt.zero_grad();
+    loss.backward();
+    opt.step();
+    Tensor mean_loss = loss.detach().clone();
+    comm->all_reduce(mean_loss, ReduceOp::Avg);
+    check_close(mean_loss, loss_ref.detach(), {1e-5, 0});
+  }
+  const TensorDict got = weights(opt, local);
+  for (const auto& [name, t] : ref.named_parameters()) {
+    INFO(name);
+    check_close(got.at(name), t, {1e-5, 1e-6});
+  }
+  // Evaluation on rank 0 alone: with the weights pinned, the hooks run no collective.
+  {
+    ZeroOptimizer::GatheredParameters gathered(opt);
+    if (r == 0) {
+      InferenceMode inference;
+      Tensor x = randint(0, config.vocab_size, {1, T}, kInt64, &data);
+      check_close(local(x), ref(x), {1e-4, 1e-5});
+    }
+  }
+  CHECK(local.transformer.wte.weight.numel() == 0);
+  Tensor one = full({1}, 1.0);
+  comm->all_reduce(one);  // the ranks are still in step
+  check_close(one, full({1}, static_cast<double>(p)));
+}
+
+TEST_CASE("zero: model-state bytes per rank follow the ZeRO paper's formulas (bf16 weights, Adam)", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size();
+  struct Wide : nn::Module {
+    nn::Linear a{256, 256}, b{256, 200};
+    Wide() { register_modules({{"a", a}, {"b", b}}); }
+    Tensor forward(const Tensor& x) override { return b(relu(a(x))); }
+  };
+  const double psi = 256 * 256 + 256 + 256 * 200 + 200;
+  for (int stage : {0, 1, 2, 3}) {
+    INFO("stage " << stage);
+    const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
+    ZeroOptimizer::ModelStateBytes held;
+    int64_t measured = 0;
+    {
+      Wide m;
+      m.to(kBFloat16);
+      ZeroOptimizer opt(m, comm, [](std::vector<Tensor> masters) {
+        return std::make_unique<optim::AdamW>(std::move(masters), optim::AdamWOptions{.lr = 1e-3});
+      }, {.stage = stage, .reduce_bucket_size = 4096});
+      Tensor x = kiln::test::sample({4, 256}).to(kBFloat16);
+      m(x).to(kFloat32).square().mean().backward();
+      opt.step();
+      held = opt.model_state_bytes();
+      measured = memory::stats(Device::cpu()).allocated_bytes - before;  // the activations are gone
+    }
+    const double n = p;
+    const double expect = stage == 0 ? 16 * psi
+                          : stage == 1 ? 4 * psi + 12 * psi / n
+                          : stage == 2 ? 2 * psi + 14 * psi / n
+                                       : 16 * psi / n;
+    CHECK(std::abs(held.total() - expect) <= 0.05 * expect);
+    CHECK(std::abs(measured - expect) <= 0.05 * expect);
+    CHECK(held.optimizer_state == Approx(8 * psi / (stage == 0 ? 1 : n)).epsilon(0.02));
+    CHECK(held.master == Approx(4 * psi / (stage == 0 ? 1 : n)).epsilon(0.02));
+  }
+}
+
+TEST_CASE("zero: clip_grad_norm_ clips by the norm over every rank's partition", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  for (int stage : {0, 2, 3}) {
+    INFO("stage " << stage);
+    manual_seed(3);
+    Mlp ref, local;
+    local.load_state_dict(ref.state_dict());
+    ZeroOptimizer opt(local, comm, sgd(0.5), {.stage = stage, .reduce_bucket_size = 500});
+    optim::SGD opt_ref(ref.parameters(), {.lr = 0.5, .momentum = 0.9});
+    auto [x, y] = batch(4, 5 * p);
+    nn::cross_entropy(ref(x), y).backward();
+    const double norm_ref = nn::utils::clip_grad_norm_(ref.parameters(), 0.05).item<double>();
+    opt_ref.step();
+    nn::cross_entropy(local(x.narrow(0, r * 5, 5)), y.narrow(0, r * 5, 5)).backward();
+    const double norm = opt.clip_grad_norm_(0.05).item<double>();
+    opt.step();
+    CHECK(norm == Approx(norm_ref).epsilon(1e-5));
+    REQUIRE(norm > 0.05);  // so clipping acted
+    const TensorDict got = weights(opt, local);
+    for (const auto& [name, t] : ref.named_parameters()) check_close(got.at(name), t, {1e-5, 1e-6});
+  }
+}
+
+TEST_CASE("zero: an overflow on one rank makes every rank skip the step (ShardedGradScaler)", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  manual_seed(4);
+  Mlp m;
+  ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = 2});
+  ShardedGradScaler scaler(comm, {.initial_scale_power = 4, .hysteresis = 1});
+  const TensorDict before = weights(opt, m);
+  auto [x, y] = batch(2, 4);
+  scaler.scale(nn::cross_entropy(m(x), y)).backward();
+  // An inf in the last rank's partition only: the other ranks' gradients are all finite.
+  if (r == p - 1) opt.grads()[0].narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
+  CHECK_FALSE(scaler.step(opt));
+  scaler.update();
+  CHECK(scaler.skipped_steps() == 1);
+  CHECK(scaler.get_scale() == 8);  // halved from 2^4
+  const TensorDict after = weights(opt, m);
+  for (const auto& [name, t] : before) kiln::test::check_equal(after.at(name), t);
+  // A clean step after it goes through on every rank.
+  opt.zero_grad();
+  scaler.scale(nn::cross_entropy(m(x), y)).backward();
+  CHECK(scaler.step(opt));
+  scaler.update();
+}
+
+TEST_CASE("zero: a sharded state dict loads at another world size and stage", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 4;
+  auto adam = [](std::vector<Tensor> m) {
+    return std::make_unique<optim::AdamW>(std::move(m), optim::AdamWOptions{.lr = 1e-2});
+  };
+  manual_seed(8);
+  Mlp ref;
+  optim::AdamW opt_ref(ref.parameters(), {.lr = 1e-2});
+  auto train_ref = [&](int step) {
+    auto [x, y] = batch(step, b * p);
+    opt_ref.zero_grad();
+    nn::cross_entropy(ref(x), y).backward();
+    opt_ref.step();
+  };
+  // Three steps at stage 2 on every rank; save each rank's shard.
+  manual_seed(8);
+  Mlp first;
+  std::vector<TensorDict> shards;
+  {
+    ZeroOptimizer opt(first, comm, adam, {.stage = 2});
+    for (int step = 0; step < 3; ++step) {
+      train_ref(step);
+      auto [x, y] = batch(step, b * p);
+      opt.zero_grad();
+      nn::cross_entropy(first(x.narrow(0, r * b, b)), y.narrow(0, r * b, b)).backward();
+      opt.step();
+    }
+    // Every rank's shard on every rank: what reading every rank's file gives.
+    TensorDict mine = opt.state_dict();
+    for (int q = 0; q < p; ++q) {
+      TensorDict shard;
+      for (const auto& [key, t] : mine) {
+        Tensor c = t.clone();
+        comm->broadcast(c, q);
+        shard.insert(key, c);
+      }
+      shards.push_back(shard);
+    }
+    CHECK(shards[static_cast<size_t>(r)].at("zero.rank").item<int64_t>() == r);
+  }
+  // Resume at stage 1 on one rank (a sub-communicator of rank 0 alone), then at stage 3 on all.
+  auto solo = comm->split(r == 0 ? 0 : -1, 0);
+  if (solo) {
+    manual_seed(99);
+    Mlp resumed;
+    ZeroOptimizer opt(resumed, solo, adam, {.stage = 1});
+    opt.load_sharded_state_dict(shards);
+    const TensorDict got = weights(opt, resumed);
+    for (const auto& [name, t] : ref.named_parameters()) check_close(got.at(name), t, {1e-6, 1e-7});
+  }
+  manual_seed(99);
+  Mlp resumed;
+  ZeroOptimizer opt(resumed, comm, adam, {.stage = 3});
+  opt.load_sharded_state_dict(shards);
+  for (int step = 3; step < 6; ++step) {  // Adam's moments and step count came along: the same steps follow
+    train_ref(step);
+    auto [x, y] = batch(step, b * p);
+    opt.zero_grad();
+    nn::cross_entropy(resumed(x.narrow(0, r * b, b)), y.narrow(0, r * b, b)).backward();
+    opt.step();
+  }
+  const TensorDict got = weights(opt, resumed);
+  for (const auto& [name, t] : ref.named_parameters()) check_close(got.at(name), t, {1e-5, 1e-6});
+  if (p > 1) check_error([&] { opt.load_state_dict(shards[static_cast<size_t>((r + 1) % p)]); }, {"load_sharded_state_dict"});
+}
+
+TEST_CASE("zero: bad construction is an Error", "[distributed]") {
+  auto comm = init("mpi");
+  Mlp m;
+  check_error([&] { ZeroOptimizer o(m, nullptr, sgd(0.1)); }, {"communicator is null"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 4}); }, {"stage must be 0, 1, 2 or 3"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.reduce_bucket_size = 0}); }, {"reduce_bucket_size"});
+  Mlp mixed;
+  mixed.f2.to(kFloat64);
+  check_error([&] { ZeroOptimizer o(mixed, comm, sgd(0.1)); }, {"f2.weight", "float64", "share a dtype"});
+  Mlp frozen;
+  for (auto& t : frozen.parameters()) t.requires_grad_(false);
+  check_error([&] { ZeroOptimizer o(frozen, comm, sgd(0.1)); }, {"no parameter that requires grad"});
+  Mlp two;
+  check_error([&] {
+    ZeroOptimizer o(two, comm, [](std::vector<Tensor>) { return std::make_unique<optim::SGD>(std::vector<Tensor>{zeros({2}).requires_grad_()}, optim::SGDOptions{.lr = 0.1}); });
+  }, {"exactly the one master tensor"});
+}
