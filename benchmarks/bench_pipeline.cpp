@@ -1,0 +1,78 @@
+// bench_pipeline: the pipeline bubble and activation memory of GPipe and 1F1B, measured against the
+// theory, on p ranks (one stage each; run it with as many ranks as cores, or the stages share cores
+// and the times mean nothing):
+//
+//   kiln-run -n 2 build/release/bin/bench_pipeline [batches]
+//
+// Every stage is the same: 4 Linear(512, 512) + ReLU layers, so that each takes as long; each
+// micro-batch is 128 rows, so a micro-batch costs the same whatever m. For m = 1, 2, 4, 8 and each
+// schedule: ms per batch (median over the batches, the slowest stage's), the bubble (the share of
+// the batch a stage spent blocked in receives, the mean over stages) beside (p - 1) / (m + p - 1),
+// the micro-batches alive at once on stage 0 (m for GPipe, p for 1F1B), and the peak of the CPU
+// allocator's live bytes during a batch above its level before (the activations), on stage 0.
+#include <kiln/kiln.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#include "bench_util.h"
+#include "dp_bench.h"
+
+using namespace kiln;
+using namespace kiln::distributed;
+
+namespace {
+
+struct Stage : nn::Module {
+  nn::Linear l1{512, 512}, l2{512, 512}, l3{512, 512}, l4{512, 512};
+  Stage() { register_modules({{"l1", l1}, {"l2", l2}, {"l3", l3}, {"l4", l4}}); }
+  Tensor forward(const Tensor& x) override { return relu(l4(relu(l3(relu(l2(relu(l1(x)))))))); }
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int batches = argc > 1 ? std::max(3, std::atoi(argv[1])) : 8;
+  auto comm = init("mpi");
+  const int p = comm->size(), s = comm->rank();
+  set_num_threads(1);
+  manual_seed(1);
+  Stage stage;
+  auto loss_fn = [](const Tensor& out, const Tensor& y) { return (out - y).square().mean(); };
+  for (int64_t m : {1, 2, 4, 8}) {
+    for (auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
+      Pipeline pipe(stage, comm, loss_fn, {.micro_batches = m, .schedule = schedule});
+      Tensor x = randn({128 * m, 512}), y = randn({128 * m, 512});
+      std::vector<double> ms, bubble;
+      double peak = 0;
+      for (int b = 0; b < batches + 1; ++b) {
+        stage.zero_grad();
+        comm->barrier();
+        const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
+        memory::reset_peak(Device::cpu());
+        pipe.train_batch(x, y);
+        if (b == 0) continue;  // warm-up
+        const auto st = pipe.last_stats();
+        ms.push_back(st.seconds * 1e3);
+        bubble.push_back(st.bubble());
+        peak = std::max(peak, static_cast<double>(memory::stats(Device::cpu()).peak_allocated_bytes - before));
+      }
+      const double ms_batch = kiln_bench::slowest(*comm, kiln_bench::median(ms));
+      Tensor mean_bubble = full({1}, kiln_bench::median(bubble) / p, kFloat64);
+      comm->all_reduce(mean_bubble, ReduceOp::Sum);
+      const double theory = static_cast<double>(p - 1) / static_cast<double>(m + p - 1);
+      if (s == 0) {
+        std::printf("{\"bench\":\"pipeline\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
+                    "\"schedule\":\"%s\",\"micro_batches\":%lld,\"micro_batch_rows\":128,\"ms_per_batch\":%.3f,"
+                    "\"bubble\":%.4f,\"bubble_theory\":%.4f,\"peak_in_flight_stage0\":%lld,"
+                    "\"peak_activation_mib_stage0\":%.3f}\n",
+                    p, schedule == PipelineSchedule::kGPipe ? "gpipe" : "1f1b", static_cast<long long>(m), ms_batch,
+                    mean_bubble.item<double>(), theory, static_cast<long long>(pipe.last_stats().peak_in_flight),
+                    peak / (1 << 20));
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,188 @@
+// distributed/pipeline/pipeline.cpp: the GPipe and 1F1B schedules over send/recv (see pipeline.h).
+#include "distributed/pipeline/pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "core/grad_mode.h"
+#include "ops/ops.h"
+
+namespace kiln::distributed {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+constexpr int kActivationTag = 0, kGradientTag = 1;
+constexpr int64_t kMaxDims = 8;
+
+}  // namespace
+
+struct Pipeline::MicroBatch {
+  Tensor input;   // what this stage received (or cut from the batch): its gradient goes back
+  Tensor output;  // this stage's result, whose gradient comes from the next stage
+  Tensor loss;    // the last stage's loss / m
+};
+
+Pipeline::Pipeline(nn::Module& stage, std::shared_ptr<Communicator> comm, LossFn loss_fn, PipelineOptions options)
+    : stage_(stage), comm_(std::move(comm)), loss_fn_(std::move(loss_fn)), options_(options) {
+  KILN_CHECK(comm_ != nullptr, "Pipeline: the communicator is null; pass distributed::init()");
+  KILN_CHECK(options_.micro_batches >= 1, "Pipeline: micro_batches must be >= 1, not {}", options_.micro_batches);
+  KILN_CHECK(loss_fn_ != nullptr, "Pipeline: the loss function is empty");
+}
+
+// ---- messages: a header (dtype, number of dims, the dims), then the tensor ----
+
+void Pipeline::send(const Tensor& t, int dst, int tag) {
+  KILN_CHECK(t.dim() <= kMaxDims, "Pipeline: stage {} sends a tensor of {} dims; at most {} are supported",
+             stage_id(), t.dim(), kMaxDims);
+  std::vector<int64_t> header(2 + kMaxDims, 0);
+  header[0] = static_cast<int64_t>(t.dtype());
+  header[1] = t.dim();
+  for (int d = 0; d < t.dim(); ++d) header[2 + d] = t.size(d);
+  Tensor h = from_vector<int64_t>(header);
+  Tensor data = t.contiguous();
+  sends_.push_back(comm_->send(h, dst, tag, /*async_op=*/true));
+  sends_.push_back(comm_->send(data, dst, tag, /*async_op=*/true));
+  send_buffers_.push_back(h);
+  send_buffers_.push_back(data);
+}
+
+Tensor Pipeline::recv(int src, int tag) {
+  const auto t0 = Clock::now();
+  Tensor h = empty({2 + kMaxDims}, kInt64);
+  comm_->recv(h, src, tag);
+  const std::vector<int64_t> header = h.to_vector<int64_t>();
+  KILN_CHECK(header[0] >= 0 && header[0] <= static_cast<int64_t>(DType::Float64) && header[1] >= 0 &&
+                 header[1] <= kMaxDims,
+             "Pipeline: stage {} received a malformed header from stage {}; every rank must run the same Pipeline",
+             stage_id(), src);
+  Shape shape;
+  for (int64_t d = 0; d < header[1]; ++d) shape.push_back(header[2 + d]);
+  const auto params = stage_.parameters();
+  const Device device = params.empty() ? Device::cpu() : params[0].device();
+  Tensor t = empty(shape, TensorOptions(static_cast<DType>(header[0])).device(device));
+  comm_->recv(t, src, tag);
+  stats_.wait_seconds += seconds_since(t0);
+  return t;
+}
+
+void Pipeline::wait_sends() {
+  for (Work& w : sends_) w.wait();
+  sends_.clear();
+  send_buffers_.clear();
+}
+
+// ---- one micro-batch ----
+
+void Pipeline::forward_step(MicroBatch& mb, const Tensor& input, const Tensor& target, bool keep_graph) {
+  Tensor x = is_first_stage() ? input : recv(stage_id() - 1, kActivationTag);
+  if (!is_first_stage() && keep_graph && x.is_floating_point()) x.requires_grad_();
+  Tensor y = stage_(x);
+  if (is_last_stage()) {
+    if (keep_graph) {
+      Tensor loss = loss_fn_(y, target);
+      KILN_CHECK(loss.numel() == 1, "Pipeline: the loss function must return one element (a mean), not shape {}",
+                 loss.sizes().str());
+      mb.loss = loss / static_cast<double>(options_.micro_batches);
+    } else {
+      mb.output = y;
+    }
+  } else {
+    send(y.detach(), stage_id() + 1, kActivationTag);
+    if (keep_graph) mb.output = y;
+  }
+  if (keep_graph) mb.input = x;
+}
+
+void Pipeline::backward_step(MicroBatch& mb) {
+  if (is_last_stage()) {
+    loss_sum_ += mb.loss.item<double>();
+    mb.loss.backward();
+  } else {
+    Tensor g = recv(stage_id() + 1, kGradientTag);
+    KILN_CHECK(g.sizes() == mb.output.sizes(),
+               "Pipeline: stage {} got a gradient of shape {} for its output of shape {}", stage_id(), g.sizes().str(),
+               mb.output.sizes().str());
+    mb.output.backward(g);
+  }
+  if (!is_first_stage()) {
+    Tensor gi = mb.input.grad();
+    send(gi.defined() ? gi : zeros_like(mb.input), stage_id() - 1, kGradientTag);
+  }
+  mb = MicroBatch();  // this micro-batch's activations go
+}
+
+// ---- schedules ----
+
+namespace {
+
+// The micro-batches of a batch, along dim 0; every rank of a stage that reads it calls this.
+std::vector<Tensor> cut(const Tensor& t, int64_t m, const char* what, int stage) {
+  KILN_CHECK(t.defined() && t.dim() >= 1, "Pipeline.train_batch: stage {} needs the {} (a tensor with the batch in "
+             "dim 0)", stage, what);
+  KILN_CHECK(t.size(0) % m == 0,
+             "Pipeline.train_batch: the {}'s {} rows do not split into {} equal micro-batches; use a batch that is a "
+             "multiple of micro_batches", what, t.size(0), m);
+  return t.split(t.size(0) / m, 0);
+}
+
+}  // namespace
+
+Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
+  const int64_t m = options_.micro_batches;
+  const int s = stage_id(), p = num_stages();
+  std::vector<Tensor> inputs(m), targets(m);
+  if (is_first_stage()) inputs = cut(input, m, "input", s);
+  if (is_last_stage()) targets = cut(target, m, "target", s);
+  stats_ = Stats();
+  loss_sum_ = 0;
+  const auto t0 = Clock::now();
+  std::vector<MicroBatch> mbs(m);
+  int64_t in_flight = 0;
+  auto forward = [&](int64_t i) {
+    forward_step(mbs[i], inputs[i], targets[i], /*keep_graph=*/true);
+    stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight);
+  };
+  auto backward = [&](int64_t i) {
+    backward_step(mbs[i]);
+    --in_flight;
+  };
+  if (options_.schedule == PipelineSchedule::kGPipe) {
+    for (int64_t i = 0; i < m; ++i) forward(i);
+    for (int64_t i = 0; i < m; ++i) backward(i);
+  } else {
+    // 1F1B: the warm-up fills the pipeline ahead of this stage; then each forward is followed by
+    // the backward of the oldest micro-batch, so at most p - s are alive here.
+    const int64_t warmup = std::min<int64_t>(p - s - 1, m);
+    for (int64_t i = 0; i < warmup; ++i) forward(i);
+    for (int64_t i = warmup; i < m; ++i) {
+      forward(i);
+      backward(i - warmup);
+    }
+    for (int64_t i = m - warmup; i < m; ++i) backward(i);
+  }
+  wait_sends();
+  stats_.seconds = seconds_since(t0);
+  Tensor total = full({1}, loss_sum_, kFloat64);  // the last stage's sum of loss / m: the batch's mean
+  comm_->broadcast(total, p - 1);
+  return total.reshape({}).to(kFloat32);
+}
+
+Tensor Pipeline::eval_batch(const Tensor& input) {
+  NoGradGuard no_grad;
+  const int64_t m = options_.micro_batches;
+  std::vector<Tensor> inputs(m);
+  if (is_first_stage()) inputs = cut(input, m, "input", stage_id());
+  std::vector<Tensor> outputs;
+  for (int64_t i = 0; i < m; ++i) {
+    MicroBatch mb;
+    forward_step(mb, inputs[i], Tensor(), /*keep_graph=*/false);
+    if (is_last_stage()) outputs.push_back(mb.output);
+  }
+  wait_sends();
+  return is_last_stage() ? cat(outputs, 0) : Tensor();
+}
+
+}  // namespace kiln::distributed

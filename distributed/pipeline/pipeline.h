@@ -1,0 +1,102 @@
+// distributed/pipeline/pipeline.h: pipeline parallelism: the model's layers cut into p stages, one
+// per rank, and each batch cut into m micro-batches that flow through the stages, so that the
+// stages work at once on different micro-batches (GPipe, Huang et al. 2019; 1F1B, PipeDream-Flush,
+// Narayanan et al. 2021). DeepSpeed's PipelineEngine.train_batch and torch's pipelining schedules.
+//
+//   auto comm = distributed::init();                  // rank s runs stage s
+//   nn::Sequential stage = my_layers(comm->rank());   // e.g. layers [s L/p, (s+1) L/p) of a model
+//   distributed::Pipeline pipe(stage, comm, nn::cross_entropy_loss, {.micro_batches = 8});
+//   optim::AdamW opt(stage.parameters(), {});
+//   for (auto& [x, y] : loader) {                     // the whole batch, on every rank (the first
+//     opt.zero_grad();                                // stage reads x, the last y)
+//     Tensor loss = pipe.train_batch(x, y);           // forward and backward of every micro-batch
+//     opt.step();                                     // each stage steps its own layers
+//   }
+//
+// Stage s receives each micro-batch's activation from stage s - 1 (the first stage cuts its own
+// from the input), runs its layers, and sends the result to s + 1; the last stage computes the loss,
+// divided by m so that the gradients add up to the whole batch's mean. Backward flows the other
+// way: the gradient of the activation comes from s + 1 and the gradient of the stage's input goes
+// to s - 1. Each message is a small header (dtype and shape) and the tensor, sent asynchronously,
+// so a stage never blocks on a send (with both directions in flight, blocking sends could deadlock).
+//
+// Schedules, for p stages and m micro-batches (F = forward, B = backward, . = idle; p = 3, m = 4):
+//
+//   GPipe: all forwards, then all backwards
+//   stage 0  F0 F1 F2 F3 .  .  .  .  B0 B1 B2 B3
+//   stage 1  .  F0 F1 F2 F3 .  .  B0 B1 B2 B3 .
+//   stage 2  .  .  F0 F1 F2 F3 B0 B1 B2 B3 .  .
+//   1F1B: p - s - 1 warm-up forwards, then one forward and one backward in turn, then the rest
+//   stage 0  F0 F1 F2 .  .  B0 F3 .  B1 .  B2 .  B3
+//   stage 2  .  .  F0 B0 F1 B1 F2 B2 F3 B3 .  .
+//
+// Both leave each stage idle for the same share of the time, the bubble (p - 1) / (m + p - 1)
+// when every stage's forward and backward take as long; 1F1B keeps at most p - s micro-batches'
+// activations alive on stage s instead of m. Gradients of the stage's parameters accumulate over
+// the micro-batches; the optimizer steps after train_batch, each rank its own stage.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "distributed/comm/communicator.h"
+#include "nn/module.h"
+
+namespace kiln::distributed {
+
+enum class PipelineSchedule { kGPipe, k1F1B };
+
+struct PipelineOptions {
+  int64_t micro_batches = 4;                        // m: the batch's dim 0 is cut into m chunks
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+};
+
+class Pipeline {
+ public:
+  // loss_fn(output, target) -> a single-element mean loss (the last stage's). comm: the pipeline's
+  // ranks, stage s = rank s. `stage` must outlive the pipeline.
+  using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
+  Pipeline(nn::Module& stage, std::shared_ptr<Communicator> comm, LossFn loss_fn, PipelineOptions options = {});
+
+  // One batch, forward and backward, on every stage (every rank calls it): `input` is read on the
+  // first stage and `target` on the last (the others may pass undefined tensors). Returns the
+  // batch's mean loss on every rank. The stage's parameters get the gradient of that loss.
+  Tensor train_batch(const Tensor& input, const Tensor& target);
+  // Forward only (no graph kept): the last stage's outputs of every micro-batch, concatenated
+  // along dim 0; undefined on the other stages.
+  Tensor eval_batch(const Tensor& input);
+
+  int stage_id() const { return comm_->rank(); }
+  int num_stages() const { return comm_->size(); }
+  bool is_first_stage() const { return stage_id() == 0; }
+  bool is_last_stage() const { return stage_id() == num_stages() - 1; }
+
+  // Measured in the last train_batch on this stage.
+  struct Stats {
+    double seconds = 0;          // the whole train_batch
+    double wait_seconds = 0;     // blocked in receives: idle, waiting for a neighbour
+    int64_t peak_in_flight = 0;  // micro-batches whose activations were alive at once
+    double bubble() const { return seconds > 0 ? wait_seconds / seconds : 0; }
+  };
+  Stats last_stats() const { return stats_; }
+
+ private:
+  struct MicroBatch;
+  void forward_step(MicroBatch& mb, const Tensor& input, const Tensor& target, bool keep_graph);
+  void backward_step(MicroBatch& mb);
+  void send(const Tensor& t, int dst, int tag);
+  Tensor recv(int src, int tag);
+  void wait_sends();
+
+  nn::Module& stage_;
+  std::shared_ptr<Communicator> comm_;
+  LossFn loss_fn_;
+  PipelineOptions options_;
+  std::vector<Work> sends_;  // in flight
+  std::vector<Tensor> send_buffers_;  // what they read, alive until they complete
+  double loss_sum_ = 0;  // the last stage's, over the micro-batches of train_batch
+  Stats stats_;
+};
+
+}  // namespace kiln::distributed

@@ -1,0 +1,232 @@
+// distributed/tensor_parallel/tensor_parallel.cpp: the conjugate communication functions and the
+// parallel layers (see tensor_parallel.h).
+#include "distributed/tensor_parallel/tensor_parallel.h"
+
+#include "autograd/function.h"
+#include "core/grad_mode.h"
+#include "nn/functional.h"
+#include "nn/linear.h"
+#include "ops/ops.h"
+
+namespace kiln::distributed {
+
+namespace {
+
+Communicator& comm_of(autograd::AutogradContext* ctx) { return *std::any_cast<Communicator*>(ctx->saved_data["comm"]); }
+
+Tensor all_reduced(const Tensor& x, Communicator& comm) {
+  Tensor out = x.contiguous().clone();
+  comm.all_reduce(out, ReduceOp::Sum);
+  return out;
+}
+
+// This rank's slice of x's last dim.
+Tensor own_slice(const Tensor& x, Communicator& comm) {
+  const int64_t last = x.size(-1), p = comm.size();
+  KILN_CHECK(last % p == 0, "tensor parallel: the last dim ({}) must be a multiple of the {} ranks", last, p);
+  return x.narrow(-1, comm.rank() * (last / p), last / p).contiguous();
+}
+
+// Every rank's x, side by side along the last dim.
+Tensor gathered(const Tensor& x, Communicator& comm) {
+  Tensor mine = x.contiguous();
+  Tensor all = empty({comm.size() * mine.numel()}, mine.options());
+  comm.all_gather_into_tensor(all, mine.reshape({-1}));
+  // (p, ..., n) -> (..., p, n) -> (..., p n)
+  Shape split = mine.sizes();
+  split.insert(0, comm.size());
+  Tensor t = all.view(split);
+  std::vector<int64_t> order;
+  for (int64_t d = 1; d < t.dim() - 1; ++d) order.push_back(d);
+  order.push_back(0);
+  order.push_back(t.dim() - 1);
+  Shape out_shape = mine.sizes();
+  out_shape[out_shape.size() - 1] *= comm.size();
+  return t.permute(Shape(order)).contiguous().view(out_shape);
+}
+
+// f: identity forward, all-reduce backward.
+struct CopyToRegion : autograd::Function<CopyToRegion> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
+    ctx->saved_data["comm"] = comm;
+    return x.clone();  // a new tensor: the output is not the input
+  }
+  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
+    return {all_reduced(g[0], comm_of(ctx)), Tensor()};
+  }
+};
+
+// g: all-reduce forward, identity backward.
+struct ReduceFromRegion : autograd::Function<ReduceFromRegion> {
+  static Tensor forward(autograd::AutogradContext*, const Tensor& x, Communicator* comm) {
+    return all_reduced(x, *comm);
+  }
+  static autograd::TensorList backward(autograd::AutogradContext*, autograd::TensorList g) {
+    return {g[0], Tensor()};
+  }
+};
+
+struct GatherFromRegion : autograd::Function<GatherFromRegion> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
+    ctx->saved_data["comm"] = comm;
+    return gathered(x, *comm);
+  }
+  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
+    return {own_slice(g[0], comm_of(ctx)), Tensor()};
+  }
+};
+
+struct ScatterToRegion : autograd::Function<ScatterToRegion> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
+    ctx->saved_data["comm"] = comm;
+    return own_slice(x, *comm);
+  }
+  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
+    return {gathered(g[0], comm_of(ctx)), Tensor()};
+  }
+};
+
+// Rows [r n/p, (r+1) n/p) of each of `stride` equal blocks of w's dim 0, stacked: the slice of a
+// column-parallel weight (stride 3: q, k and v each cut by heads; Megatron's partition stride).
+Tensor column_slice(const Tensor& w, int64_t stride, Communicator& comm) {
+  const int64_t block = w.size(0) / stride, piece = block / comm.size();
+  std::vector<Tensor> parts;
+  for (int64_t b = 0; b < stride; ++b) parts.push_back(w.narrow(0, b * block + comm.rank() * piece, piece));
+  return cat(parts, 0).contiguous();
+}
+
+void check_comm(const std::shared_ptr<Communicator>& comm, const char* who) {
+  KILN_CHECK(comm != nullptr, "{}: the communicator is null; pass the tensor-parallel ranks' (distributed::init())",
+             who);
+}
+
+// load_full's arguments: the whole layer's weight (out, in) and bias (out), or none.
+void check_full(const char* who, const Tensor& w, const Tensor& b, int64_t out, int64_t in, bool has_bias) {
+  KILN_CHECK(w.sizes() == Shape({out, in}), "{}.load_full: the weight must be ({}, {}), not {}", who, out, in,
+             w.sizes().str());
+  KILN_CHECK(b.defined() == has_bias && (!b.defined() || b.sizes() == Shape({out})),
+             "{}.load_full: the bias must be {}", who, has_bias ? fmt::format("({})", out) : std::string("undefined"));
+}
+
+}  // namespace
+
+Tensor copy_to_tensor_parallel_region(const Tensor& x, Communicator& comm) { return CopyToRegion::apply(x, &comm); }
+Tensor reduce_from_tensor_parallel_region(const Tensor& x, Communicator& comm) {
+  return ReduceFromRegion::apply(x, &comm);
+}
+Tensor gather_from_tensor_parallel_region(const Tensor& x, Communicator& comm) {
+  return GatherFromRegion::apply(x, &comm);
+}
+Tensor scatter_to_tensor_parallel_region(const Tensor& x, Communicator& comm) {
+  return ScatterToRegion::apply(x, &comm);
+}
+
+// ---- ColumnParallelLinear ----
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features,
+                                           std::shared_ptr<Communicator> comm, ColumnParallelLinearOptions options)
+    : in_features_(in_features), out_features_(out_features), comm_(std::move(comm)), options_(options) {
+  check_comm(comm_, "ColumnParallelLinear");
+  KILN_CHECK(options_.stride >= 1 && out_features % (options_.stride * comm_->size()) == 0,
+             "ColumnParallelLinear: out_features ({}) must be a multiple of stride {} x {} ranks", out_features,
+             options_.stride, comm_->size());
+  // The whole layer from the same random numbers on every rank (nn::Linear's init), then this
+  // rank's slice of it.
+  nn::Linear full(in_features, out_features, {.bias = options_.bias});
+  weight = register_parameter("weight", empty({out_features / comm_->size(), in_features}));
+  if (options_.bias) bias = register_parameter("bias", empty({out_features / comm_->size()}));
+  load_full(full.weight, full.bias);
+}
+
+void ColumnParallelLinear::load_full(const Tensor& w, const Tensor& b) {
+  check_full("ColumnParallelLinear", w, b, out_features_, in_features_, bias.defined());
+  NoGradGuard no_grad;
+  weight.copy_(column_slice(w, options_.stride, *comm_));
+  if (b.defined()) bias.copy_(column_slice(b.reshape({-1, 1}), options_.stride, *comm_).reshape({-1}));
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& input) {
+  Tensor y = nn::linear(copy_to_tensor_parallel_region(input, *comm_), weight, bias);
+  return options_.gather_output ? gather_from_tensor_parallel_region(y, *comm_) : y;
+}
+
+std::string ColumnParallelLinear::extra_repr() const {
+  return fmt::format("in_features={}, out_features={} ({} on each of {} ranks), bias={}, gather_output={}",
+                     in_features_, out_features_, out_features_ / comm_->size(), comm_->size(),
+                     bias.defined() ? "True" : "False", options_.gather_output ? "True" : "False");
+}
+
+// ---- RowParallelLinear ----
+
+RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, std::shared_ptr<Communicator> comm,
+                                     RowParallelLinearOptions options)
+    : in_features_(in_features), out_features_(out_features), comm_(std::move(comm)), options_(options) {
+  check_comm(comm_, "RowParallelLinear");
+  KILN_CHECK(in_features % comm_->size() == 0, "RowParallelLinear: in_features ({}) must be a multiple of the {} ranks",
+             in_features, comm_->size());
+  nn::Linear full(in_features, out_features, {.bias = options_.bias});
+  weight = register_parameter("weight", empty({out_features, in_features / comm_->size()}));
+  if (options_.bias) bias = register_parameter("bias", empty({out_features}));
+  load_full(full.weight, full.bias);
+}
+
+void RowParallelLinear::load_full(const Tensor& w, const Tensor& b) {
+  check_full("RowParallelLinear", w, b, out_features_, in_features_, bias.defined());
+  NoGradGuard no_grad;
+  weight.copy_(own_slice(w, *comm_));
+  if (b.defined()) bias.copy_(b);
+}
+
+Tensor RowParallelLinear::forward(const Tensor& input) {
+  Tensor x = options_.input_is_parallel ? input : scatter_to_tensor_parallel_region(input, *comm_);
+  Tensor y = reduce_from_tensor_parallel_region(nn::linear(x, weight), *comm_);
+  return bias.defined() ? y + bias : y;  // once, after the sum
+}
+
+std::string RowParallelLinear::extra_repr() const {
+  return fmt::format("in_features={} ({} on each of {} ranks), out_features={}, bias={}, input_is_parallel={}",
+                     in_features_, in_features_ / comm_->size(), comm_->size(), out_features_,
+                     bias.defined() ? "True" : "False", options_.input_is_parallel ? "True" : "False");
+}
+
+// ---- ParallelMLP ----
+
+ParallelMLP::ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm)
+    : fc(n_embd, hidden, comm), proj(hidden, n_embd, comm) {
+  register_modules({{"fc", fc}, {"proj", proj}});
+}
+
+Tensor ParallelMLP::forward(const Tensor& input) { return proj(gelu(fc(input))); }
+
+// ---- ParallelSelfAttention ----
+
+ParallelSelfAttention::ParallelSelfAttention(int64_t n_embd, int64_t n_head, std::shared_ptr<Communicator> comm)
+    : c_attn((check_comm(comm, "ParallelSelfAttention"), n_embd), 3 * n_embd, comm, {.bias = true, .stride = 3}),
+      c_proj(n_embd, n_embd, comm),
+      n_embd_(n_embd),
+      n_head_(n_head),
+      comm_(std::move(comm)) {
+  KILN_CHECK(n_head >= 1 && n_embd % n_head == 0 && n_head % comm_->size() == 0,
+             "ParallelSelfAttention: n_head ({}) must divide n_embd ({}) and be a multiple of the {} ranks", n_head,
+             n_embd, comm_->size());
+  local_heads_ = n_head_ / comm_->size();
+  register_modules({{"c_attn", c_attn}, {"c_proj", c_proj}});
+}
+
+void ParallelSelfAttention::load_full(const Tensor& attn_weight, const Tensor& attn_bias, const Tensor& proj_weight,
+                                      const Tensor& proj_bias) {
+  c_attn.load_full(attn_weight, attn_bias);
+  c_proj.load_full(proj_weight, proj_bias);
+}
+
+Tensor ParallelSelfAttention::forward(const Tensor& x) {
+  KILN_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "ParallelSelfAttention: the input must be (B, T, {}), not {}",
+             n_embd_, x.sizes().str());
+  const int64_t B = x.size(0), T = x.size(1), d = n_embd_ / n_head_, local = local_heads_ * d;
+  Tensor qkv = c_attn(x);  // (B, T, 3 local): this rank's heads' q, then k, then v
+  auto heads = [&](int64_t i) { return qkv.narrow(2, i * local, local).reshape({B, T, local_heads_, d}).transpose(1, 2); };
+  Tensor y = scaled_dot_product_attention(heads(0), heads(1), heads(2), {}, 0.0, /*is_causal=*/true);
+  return c_proj(y.transpose(1, 2).reshape({B, T, local}));  // (B, T, C), summed over the ranks' heads
+}
+
+}  // namespace kiln::distributed

@@ -1,0 +1,124 @@
+// distributed/tensor_parallel/tensor_parallel.h: tensor (intra-layer) parallelism, as Megatron-LM
+// (Shoeybi et al., 2019): each rank holds a slice of every weight matrix and computes a slice of
+// each layer, and the ranks exchange activations inside the layer.
+//
+//   auto tp = distributed::init();                    // the tensor-parallel ranks
+//   distributed::ColumnParallelLinear fc(768, 3072, tp);   // weight (3072 / p, 768) here
+//   distributed::RowParallelLinear proj(3072, 768, tp);    // weight (768, 3072 / p) here
+//   Tensor y = proj(gelu(fc(x)));                     // x and y whole on every rank; one all-reduce
+//
+// Two ways to cut Y = X A^T + b (A: out x in):
+//   column-parallel: A by rows (output features): rank r computes Y_r = X A_r^T + b_r, its slice of
+//                    Y's last dim. X must be whole on every rank.
+//   row-parallel:    A by columns (input features): rank r computes X_r A_r^T from its slice of X's
+//                    last dim, and Y = sum over ranks of those, + b: one all-reduce.
+// A column-parallel layer followed by an elementwise function and a row-parallel one (an MLP; or
+// attention, whose heads are the column slices) needs no communication in between: the column
+// layer's output slice is exactly the row layer's input slice. So a transformer block costs two
+// all-reduces forward and two backward.
+//
+// The communication is written as a conjugate pair of autograd functions (Megatron's f and g):
+//   copy_to_tensor_parallel_region      forward: identity    backward: all-reduce the gradient
+//   reduce_from_tensor_parallel_region  forward: all-reduce  backward: identity
+// f sits where a whole X enters a column-parallel layer (each rank's slice of the computation gives
+// only part of dL/dX, so the parts are summed); g ends a row-parallel layer. Two more move a tensor
+// between whole and sliced along its last dim:
+//   gather_from_tensor_parallel_region  forward: all-gather  backward: keep this rank's slice
+//   scatter_to_tensor_parallel_region   forward: keep this rank's slice   backward: all-gather
+//
+// Every rank builds each layer from the same random numbers (the same seed, as Megatron's master
+// weights) and keeps its slice, so p ranks hold, and compute, the same model as one process with
+// nn::Linear would; load_full sets a layer's slice from whole weights.
+#pragma once
+
+#include <memory>
+
+#include "distributed/comm/communicator.h"
+#include "nn/module.h"
+
+namespace kiln::distributed {
+
+Tensor copy_to_tensor_parallel_region(const Tensor& x, Communicator& comm);
+Tensor reduce_from_tensor_parallel_region(const Tensor& x, Communicator& comm);
+Tensor gather_from_tensor_parallel_region(const Tensor& x, Communicator& comm);
+Tensor scatter_to_tensor_parallel_region(const Tensor& x, Communicator& comm);
+
+struct ColumnParallelLinearOptions {
+  bool bias = true;
+  bool gather_output = false;  // all-gather the output slices into the whole output
+  // Megatron's partition stride: the weight's rows are `stride` blocks (q, k and v: 3), each cut
+  // among the ranks, and a rank's slice is its piece of every block, stacked.
+  int64_t stride = 1;
+};
+
+class ColumnParallelLinear : public nn::Module {
+ public:
+  // out_features must be a multiple of the number of ranks.
+  ColumnParallelLinear(int64_t in_features, int64_t out_features, std::shared_ptr<Communicator> comm,
+                       ColumnParallelLinearOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+  // Sets this rank's slice from the whole layer's weight (out, in) and bias (out).
+  void load_full(const Tensor& weight, const Tensor& bias = {});
+
+  Tensor weight;  // (out / p, in)
+  Tensor bias;    // (out / p), or undefined
+
+ private:
+  int64_t in_features_, out_features_;
+  std::shared_ptr<Communicator> comm_;
+  ColumnParallelLinearOptions options_;
+};
+
+struct RowParallelLinearOptions {
+  bool bias = true;
+  bool input_is_parallel = true;  // the input is this rank's slice (else it is whole, and cut here)
+};
+
+class RowParallelLinear : public nn::Module {
+ public:
+  // in_features must be a multiple of the number of ranks.
+  RowParallelLinear(int64_t in_features, int64_t out_features, std::shared_ptr<Communicator> comm,
+                    RowParallelLinearOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+  void load_full(const Tensor& weight, const Tensor& bias = {});
+
+  Tensor weight;  // (out, in / p)
+  Tensor bias;    // (out), the same on every rank (added once, after the all-reduce), or undefined
+
+ private:
+  int64_t in_features_, out_features_;
+  std::shared_ptr<Communicator> comm_;
+  RowParallelLinearOptions options_;
+};
+
+// Megatron's parallel MLP: fc (column-parallel) -> GELU -> proj (row-parallel), n_embd -> hidden ->
+// n_embd, with one all-reduce forward and one backward.
+class ParallelMLP : public nn::Module {
+ public:
+  ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm);
+  Tensor forward(const Tensor& input) override;
+  ColumnParallelLinear fc;
+  RowParallelLinear proj;
+};
+
+// Causal multi-head self-attention with the heads split among the ranks (n_head a multiple of p):
+// q, k, v of this rank's heads from one column-parallel projection, attention on them alone, and a
+// row-parallel output projection. Input and output (B, T, C) whole on every rank.
+class ParallelSelfAttention : public nn::Module {
+ public:
+  ParallelSelfAttention(int64_t n_embd, int64_t n_head, std::shared_ptr<Communicator> comm);
+  Tensor forward(const Tensor& input) override;
+  // Sets the slices from a whole layer's c_attn (3C, C) (q, k and v stacked, as GPT-2's) and c_proj (C, C).
+  void load_full(const Tensor& attn_weight, const Tensor& attn_bias, const Tensor& proj_weight,
+                 const Tensor& proj_bias);
+  ColumnParallelLinear c_attn;  // (3 C / p, C): this rank's heads' q, k and v
+  RowParallelLinear c_proj;     // (C, C / p)
+
+ private:
+  int64_t n_embd_, n_head_, local_heads_;
+  std::shared_ptr<Communicator> comm_;
+};
+
+}  // namespace kiln::distributed

@@ -1,0 +1,115 @@
+// tests/distributed/test_pipeline.cpp: pipeline parallelism (distributed/pipeline/) at 1-4 stages
+// against one process training the whole model on the whole batch: the losses of every step and
+// every weight match, for GPipe and 1F1B, and each schedule keeps as many micro-batches alive as it
+// should.
+#include "support.h"
+
+using namespace kiln;
+using namespace kiln::distributed;
+using kiln::test::check_close;
+using kiln::test::check_error;
+
+namespace {
+
+constexpr int kLayers = 8;
+
+// The whole model: 8 Linear layers, tanh between them. A stage holds layers [begin, end).
+struct Layers : nn::Module {
+  std::vector<std::shared_ptr<nn::Linear>> layers;
+  int begin, end;
+  Layers(int b, int e) : begin(b), end(e) {
+    for (int i = b; i < e; ++i) {
+      const int64_t in = i == 0 ? 12 : 16, out = i == kLayers - 1 ? 5 : 16;
+      layers.push_back(std::make_shared<nn::Linear>(in, out));
+      register_module(std::to_string(i), layers.back());
+    }
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x;
+    for (int i = begin; i < end; ++i) {
+      h = (*layers[static_cast<size_t>(i - begin)])(h);
+      if (i != kLayers - 1) h = tanh(h);
+    }
+    return h;
+  }
+};
+
+std::pair<int, int> stage_range(int s, int p) { return {s * kLayers / p, (s + 1) * kLayers / p}; }
+
+std::pair<Tensor, Tensor> batch(int step, int64_t rows) {
+  Tensor x = kiln::test::sample({rows, 12}, kFloat32, 0.37 * step + 0.2);
+  Tensor y = ((kiln::test::sample({rows}, kFloat64, 0.9 + step) + 2) * 1.2).to(kInt64);  // classes 0..4
+  return {x, y};
+}
+
+Tensor loss_fn(const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); }
+
+}  // namespace
+
+TEST_CASE("pipeline: GPipe and 1F1B on p stages match one process over 20 steps", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), s = comm->rank();
+  const auto [begin, end] = stage_range(s, p);
+  const int64_t m = 4, rows = 12;
+  for (auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
+    INFO("schedule " << (schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B"));
+    manual_seed(5);
+    Layers ref(0, kLayers);
+    Layers stage(begin, end);
+    for (int i = begin; i < end; ++i) {
+      stage.layers[static_cast<size_t>(i - begin)]->load_state_dict(ref.layers[static_cast<size_t>(i)]->state_dict());
+    }
+    Pipeline pipe(stage, comm, loss_fn, {.micro_batches = m, .schedule = schedule});
+    CHECK(pipe.is_first_stage() == (s == 0));
+    CHECK(pipe.is_last_stage() == (s == p - 1));
+    optim::SGD opt_ref(ref.parameters(), {.lr = 0.2, .momentum = 0.9});
+    optim::SGD opt(stage.parameters(), {.lr = 0.2, .momentum = 0.9});
+    for (int step = 0; step < 20; ++step) {
+      INFO("step " << step);
+      auto [x, y] = batch(step, rows);
+      opt_ref.zero_grad();
+      Tensor loss_ref = loss_fn(ref(x), y);
+      loss_ref.backward();
+      opt_ref.step();
+      opt.zero_grad();
+      // Only the first stage reads the input and only the last the target.
+      Tensor loss = pipe.train_batch(s == 0 ? x : Tensor(), s == p - 1 ? y : Tensor());
+      opt.step();
+      check_close(loss, loss_ref.detach(), {1e-5, 1e-7});
+      const auto stats = pipe.last_stats();
+      CHECK(stats.peak_in_flight == (schedule == PipelineSchedule::kGPipe ? m : std::min<int64_t>(p - s, m)));
+      CHECK(stats.seconds >= stats.wait_seconds);
+    }
+    for (int i = begin; i < end; ++i) {
+      INFO("layer " << i);
+      check_close(stage.layers[static_cast<size_t>(i - begin)]->weight, ref.layers[static_cast<size_t>(i)]->weight,
+                  {1e-5, 1e-6});
+      check_close(stage.layers[static_cast<size_t>(i - begin)]->bias, ref.layers[static_cast<size_t>(i)]->bias,
+                  {1e-5, 1e-6});
+    }
+    // Forward only: the last stage gets the whole batch's outputs.
+    auto [x, y] = batch(99, rows);
+    Tensor out = pipe.eval_batch(s == 0 ? x : Tensor());
+    if (s == p - 1) {
+      NoGradGuard no_grad;
+      check_close(out, ref(x), {1e-5, 1e-6});
+    } else {
+      CHECK_FALSE(out.defined());
+    }
+  }
+}
+
+TEST_CASE("pipeline: bad use is an Error", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), s = comm->rank();
+  Layers stage(stage_range(s, p).first, stage_range(s, p).second);
+  check_error([&] { Pipeline bad(stage, nullptr, loss_fn); }, {"communicator is null"});
+  check_error([&] { Pipeline bad(stage, comm, loss_fn, {.micro_batches = 0}); }, {"micro_batches must be >= 1"});
+  check_error([&] { Pipeline bad(stage, comm, nullptr); }, {"loss function is empty"});
+  if (p == 1) {  // a stage alone: no other rank waits for its messages
+    Pipeline pipe(stage, comm, loss_fn, {.micro_batches = 4});
+    auto [x, y] = batch(0, 10);
+    check_error([&] { pipe.train_batch(x, y); }, {"input's 10 rows do not split into 4 equal micro-batches"});
+    check_error([&] { pipe.train_batch(Tensor(), y); }, {"stage 0 needs the input"});
+  }
+}
