@@ -43,9 +43,20 @@ void Pipeline::send(const Tensor& t, int dst, int tag) {
   for (int d = 0; d < t.dim(); ++d) header[2 + d] = t.size(d);
   Tensor h = from_vector<int64_t>(header);
   Tensor data = t.contiguous();
+  // Finished sends let go of their buffers now, not at the end of the batch: an activation or a
+  // gradient sent is otherwise alive until then, m of them under either schedule.
+  for (size_t i = 0; i < sends_.size();) {
+    if (sends_[i].is_completed()) {
+      sends_[i].wait();  // rethrows its Error, if any
+      sends_.erase(sends_.begin() + static_cast<std::ptrdiff_t>(i));
+      send_buffers_.erase(send_buffers_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
   sends_.push_back(comm_->send(h, dst, tag, /*async_op=*/true));
-  sends_.push_back(comm_->send(data, dst, tag, /*async_op=*/true));
   send_buffers_.push_back(h);
+  sends_.push_back(comm_->send(data, dst, tag, /*async_op=*/true));
   send_buffers_.push_back(data);
 }
 
@@ -79,6 +90,7 @@ void Pipeline::wait_sends() {
 void Pipeline::forward_step(MicroBatch& mb, const Tensor& input, const Tensor& target, bool keep_graph) {
   Tensor x = is_first_stage() ? input : recv(stage_id() - 1, kActivationTag);
   if (!is_first_stage() && keep_graph && x.is_floating_point()) x.requires_grad_();
+  const auto t0 = Clock::now();
   Tensor y = stage_(x);
   if (is_last_stage()) {
     if (keep_graph) {
@@ -89,7 +101,9 @@ void Pipeline::forward_step(MicroBatch& mb, const Tensor& input, const Tensor& t
     } else {
       mb.output = y;
     }
+    stats_.compute_seconds += seconds_since(t0);
   } else {
+    stats_.compute_seconds += seconds_since(t0);
     send(y.detach(), stage_id() + 1, kActivationTag);
     if (keep_graph) mb.output = y;
   }
@@ -99,13 +113,17 @@ void Pipeline::forward_step(MicroBatch& mb, const Tensor& input, const Tensor& t
 void Pipeline::backward_step(MicroBatch& mb) {
   if (is_last_stage()) {
     loss_sum_ += mb.loss.item<double>();
+    const auto t0 = Clock::now();
     mb.loss.backward();
+    stats_.compute_seconds += seconds_since(t0);
   } else {
     Tensor g = recv(stage_id() + 1, kGradientTag);
     KILN_CHECK(g.sizes() == mb.output.sizes(),
                "Pipeline: stage {} got a gradient of shape {} for its output of shape {}", stage_id(), g.sizes().str(),
                mb.output.sizes().str());
+    const auto t0 = Clock::now();
     mb.output.backward(g);
+    stats_.compute_seconds += seconds_since(t0);
   }
   if (!is_first_stage()) {
     Tensor gi = mb.input.grad();

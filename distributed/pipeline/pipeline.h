@@ -72,12 +72,14 @@ class Pipeline {
   bool is_first_stage() const { return stage_id() == 0; }
   bool is_last_stage() const { return stage_id() == num_stages() - 1; }
 
-  // Measured in the last train_batch on this stage.
+  // Measured in the last train_batch on this stage. The stages' batches end at different moments
+  // (the last stage is done once it has sent its last gradient back), so a stage's bubble is best
+  // taken against the slowest stage's seconds: 1 - compute_seconds / that (bench_pipeline does).
   struct Stats {
-    double seconds = 0;          // the whole train_batch
-    double wait_seconds = 0;     // blocked in receives: idle, waiting for a neighbour
+    double seconds = 0;          // the whole train_batch on this stage
+    double compute_seconds = 0;  // in the stage's forward, the loss and backward: the rest is idle or messages
+    double wait_seconds = 0;     // of the rest, blocked in receives: waiting for a neighbour
     int64_t peak_in_flight = 0;  // micro-batches whose activations were alive at once
-    double bubble() const { return seconds > 0 ? wait_seconds / seconds : 0; }
   };
   Stats last_stats() const { return stats_; }
 
@@ -93,8 +95,8 @@ class Pipeline {
   std::shared_ptr<Communicator> comm_;
   LossFn loss_fn_;
   PipelineOptions options_;
-  std::vector<Work> sends_;  // in flight
-  std::vector<Tensor> send_buffers_;  // what they read, alive until they complete
+  std::vector<Work> sends_;           // in flight
+  std::vector<Tensor> send_buffers_;  // what each of them reads (the same index), alive until it completes
   double loss_sum_ = 0;  // the last stage's, over the micro-batches of train_batch
   Stats stats_;
 };
