@@ -250,9 +250,9 @@ int run(int argc, char** argv) {
   KILN_CHECK(r.clip >= 0, "--clip must be >= 0, got {}", r.clip);
   if (!r.deepspeed_config.empty()) {
     for (const char* f : {"batch-size", "grad-accum", "lr", "weight-decay", "clip", "autocast", "fused-adam"}) {
-      KILN_CHECK(!flags.given(f), "--{} and a DeepSpeed config are both given; the config sets it (DeepSpeed's "
-                 "train_micro_batch_size_per_gpu, gradient_accumulation_steps, optimizer, gradient_clipping, "
-                 "fp16/bf16): drop --{}", f, f);
+      KILN_CHECK(!flags.given(f), "--{} and a DeepSpeed config are both given (--deepspeed-config, or the one the "
+                 "resumed checkpoint was trained with); the config sets it (DeepSpeed's train_micro_batch_size_per_gpu, "
+                 "gradient_accumulation_steps, optimizer, gradient_clipping, fp16/bf16): drop --{}", f, f);
     }
   }
 

@@ -77,6 +77,9 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual std::string backend() const = 0;  // "mpi", "nccl"
+  // Where the small tensors that code above a communicator exchanges (flags, norms, headers) must
+  // live: its CUDA device for NCCL, which carries only tensors on it; the CPU for MPI.
+  virtual Device device() const { return Device::cpu(); }
 
   // With async_op = false each call returns once its operation is complete (the returned Work is
   // then already complete; on NCCL, complete as the current CUDA stream sees it: wait() was called);

@@ -477,6 +477,7 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
+  Device device() const override { return Device::cuda(device_); }
   uint64_t sequence_number() const override { return seq_; }
 
   Work all_reduce(const Tensor& t, ReduceOp op, bool async_op) override {

@@ -362,13 +362,14 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
   auto& z = cfg.zero_optimization;
   s.read("stage", z.stage, 0);
   if (z.stage > 3) s.fail_at("stage", fmt::format("must be 0, 1, 2 or 3, not {}", z.stage));
+  z.overlap_comm = z.stage == 3;  // DeepSpeed's default: on at stage 3 only
   s.read("reduce_bucket_size", z.reduce_bucket_size, 1);
   s.read("allgather_bucket_size", z.allgather_bucket_size, 1);
   s.read("overlap_comm", z.overlap_comm);
   s.read_fixed("contiguous_gradients", true, "gradients are always copied into contiguous buckets");
   s.read_fixed("reduce_scatter", true, "gradients are always reduce-scattered from stage 1 on");
   s.read_fixed("allgather_partitions", true, "the weights are always all-gathered after a step");
-  s.read_fixed("ignore_unused_parameters", true, "a parameter without a gradient contributes zeros");
+  s.read_fixed("ignore_unused_parameters", true, "a parameter without a gradient in a step contributes zeros");
   s.read_fixed("load_from_fp32_weights", true, "checkpoints hold the float32 masters, and resume from them");
   if (s.has("offload_optimizer")) {
     Section o(source, "zero_optimization.offload_optimizer", s.at("offload_optimizer"), kUnsupportedOffload);

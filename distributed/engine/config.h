@@ -14,7 +14,8 @@
 //   fp16          {enabled, auto_cast, loss_scale, initial_scale_power, loss_scale_window,
 //                  hysteresis, consecutive_hysteresis, min_loss_scale}
 //   bf16          {enabled}
-//   zero_optimization {stage, reduce_bucket_size, allgather_bucket_size, overlap_comm,
+//   zero_optimization {stage, reduce_bucket_size, allgather_bucket_size, overlap_comm (default: on
+//                  at stage 3 only, as DeepSpeed),
 //                  contiguous_gradients, reduce_scatter, allgather_partitions,
 //                  offload_optimizer: {device: none | cpu, pin_memory}}
 //

@@ -178,7 +178,6 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in) 
       safetensors::save_file(model_state, (folder / "model.safetensors").string());
       TensorDict engine_state;
       engine_state.insert("global_steps", scalar_tensor(global_steps_, kInt64));
-      engine_state.insert("micro_steps", scalar_tensor(micro_steps_, kInt64));
       for (const auto& [key, t] : scaler_->state_dict()) engine_state.insert("scaler." + key, t);
       if (scheduler_) {
         for (const auto& [key, t] : scheduler_->state_dict()) engine_state.insert("scheduler." + key, t);
@@ -239,7 +238,10 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
     if (key.rfind("scheduler.", 0) == 0) scheduler_state.insert(key.substr(10), t);
   }
   global_steps_ = engine_state.at("global_steps").item<int64_t>();
-  micro_steps_ = engine_state.at("micro_steps").item<int64_t>();
+  // At an accumulation boundary, whatever the accumulation was then: at another world size the same
+  // train_batch_size may mean another gradient_accumulation_steps (and the gradients of a part-done
+  // accumulation were not saved).
+  micro_steps_ = global_steps_ * batch_.gradient_accumulation_steps;
   if (!scaler_state.empty()) scaler_->load_state_dict(scaler_state);
   KILN_CHECK(scheduler_state.empty() == (scheduler_ == nullptr),
              "load_checkpoint: the checkpoint was saved {} a scheduler but this engine has {}; use the same "

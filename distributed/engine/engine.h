@@ -71,13 +71,15 @@ class Engine {
 
   // Writes dir/tag/ (tag "" is DeepSpeed's "global_step<N>"): model.safetensors (rank 0: every
   // weight and buffer, gathered at stage 3), zero_rank_<r>.safetensors (each rank's shard of the
-  // optimizer: float32 masters and state) and engine.safetensors (rank 0: counters, schedule, loss
-  // scale), then dir/latest naming the tag, once every rank has written. Each file is written
+  // optimizer: float32 masters and state) and engine.safetensors (rank 0: the step count, schedule,
+  // loss scale), then dir/latest naming the tag, once every rank has written. Call it after a step
+  // (the gradients of an accumulation in progress are not saved). Each file is written
   // whole or not at all, and `latest` moves last, so a save cut off leaves the previous one loadable.
   // Every rank calls it.
   void save_checkpoint(const std::string& dir, const std::string& tag = "");
   // Loads dir/tag (tag "": the one dir/latest names), saved at any world size and ZeRO stage with
-  // the same model and optimizer; returns the tag. Every rank calls it.
+  // the same model and optimizer; returns the tag. Training resumes at the step after the saved
+  // one's, at an accumulation boundary. Every rank calls it.
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
 
  private:

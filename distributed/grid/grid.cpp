@@ -31,7 +31,7 @@ void all_reduce_gradients(nn::Module& module, Communicator& comm) {
   // that one rank lacks would pair the wrong tensors.
   std::vector<int32_t> have;
   for (const Tensor& p : params) have.push_back(p.grad().defined() ? 1 : 0);
-  Tensor lo = from_vector<int32_t>(have), hi = lo.clone();
+  Tensor lo = from_vector<int32_t>(have).to(comm.device()), hi = lo.clone();
   comm.all_reduce(lo, ReduceOp::Min);
   comm.all_reduce(hi, ReduceOp::Max);
   KILN_CHECK(lo.to_vector<int32_t>() == hi.to_vector<int32_t>(),

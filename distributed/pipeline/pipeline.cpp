@@ -41,7 +41,7 @@ void Pipeline::send(const Tensor& t, int dst, int tag) {
   header[0] = static_cast<int64_t>(t.dtype());
   header[1] = t.dim();
   for (int d = 0; d < t.dim(); ++d) header[2 + d] = t.size(d);
-  Tensor h = from_vector<int64_t>(header);
+  Tensor h = from_vector<int64_t>(header).to(comm_->device());
   Tensor data = t.contiguous();
   // Finished sends let go of their buffers now, not at the end of the batch: an activation or a
   // gradient sent is otherwise alive until then, m of them under either schedule.
@@ -62,7 +62,7 @@ void Pipeline::send(const Tensor& t, int dst, int tag) {
 
 Tensor Pipeline::recv(int src, int tag) {
   const auto t0 = Clock::now();
-  Tensor h = empty({2 + kMaxDims}, kInt64);
+  Tensor h = empty({2 + kMaxDims}, TensorOptions(kInt64).device(comm_->device()));
   comm_->recv(h, src, tag);
   const std::vector<int64_t> header = h.to_vector<int64_t>();
   KILN_CHECK(header[0] >= 0 && header[0] <= static_cast<int64_t>(DType::Float64) && header[1] >= 0 &&
@@ -183,9 +183,10 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
   }
   wait_sends();
   stats_.seconds = seconds_since(t0);
-  Tensor total = full({1}, loss_sum_, kFloat64);  // the last stage's sum of loss / m: the batch's mean
+  // The last stage's sum of loss / m: the batch's mean.
+  Tensor total = full({1}, loss_sum_, TensorOptions(kFloat64).device(comm_->device()));
   comm_->broadcast(total, p - 1);
-  return total.reshape({}).to(kFloat32);
+  return total.reshape({}).to(Device::cpu(), kFloat32);
 }
 
 Tensor Pipeline::eval_batch(const Tensor& input) {

@@ -48,6 +48,12 @@ GradReducer::GradReducer(Communicator& comm, const FlatLayout& layout, std::vect
     buckets_.push_back(std::move(b));
   }
   ready_.assign(params_.size(), false);
+  if (mode_ != Mode::kBucketed) {
+    for (size_t k = 0; k < params_.size(); ++k) {
+      const FlatRange r = layout_.param(static_cast<int64_t>(k));
+      slots_.push_back(flat_grads_.narrow(0, r.begin, r.size()).view(params_[k].sizes()));
+    }
+  }
   attach_grads();
   for (size_t k = 0; k < params_.size(); ++k) {
     hooks_.push_back(params_[k].register_post_accumulate_grad_hook([this, k](const Tensor&) { grad_ready(k); }));
@@ -58,16 +64,23 @@ GradReducer::~GradReducer() {
   for (size_t k = 0; k < params_.size(); ++k) params_[k].remove_post_accumulate_grad_hook(hooks_[k]);
 }
 
-Tensor GradReducer::slot(size_t k) const {
-  const FlatRange r = layout_.param(static_cast<int64_t>(k));
-  return flat_grads_.narrow(0, r.begin, r.size()).view(params_[k].sizes());
-}
-
 void GradReducer::attach_grads() {
-  for (size_t k = 0; k < params_.size(); ++k) params_[k].set_grad(mode_ == Mode::kBucketed ? Tensor() : slot(k));
+  if (in_backward_) {  // a backward threw before its end: let its operations finish, then forget it
+    for (auto& b : buckets_) {
+      if (b->launched && !b->completed) b->work.wait();
+      b->buffer = b->output = Tensor();
+    }
+    in_backward_ = false;
+  }
+  reduced_ = false;
+  for (size_t k = 0; k < params_.size(); ++k) params_[k].set_grad(mode_ == Mode::kBucketed ? Tensor() : slots_[k]);
 }
 
 void GradReducer::begin_backward() {
+  KILN_CHECK(mode_ != Mode::kReduceScatter || !reduced_,
+             "ZeRO stage 1: a second backward reduces before zero_grad(); stage 1 averages the gradients once per "
+             "accumulation: call set_gradient_accumulation_boundary(false) before the backwards that do not end it "
+             "(Engine does), or zero_grad() between steps");
   in_backward_ = true;
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& b : buckets_) {
@@ -98,11 +111,11 @@ void GradReducer::grad_ready(size_t k) {
       const FlatRange r = layout_.param(static_cast<int64_t>(k));
       b.buffer.narrow(0, r.begin - b.spec.range.begin, r.size()).copy_(g.reshape({-1}));
       params_[k].set_grad(Tensor());  // the point of stage 2: no full gradient outlives its bucket copy
-    } else if (Tensor s = slot(k); !g.is_same(s)) {
+    } else if (!g.is_same(slots_[k])) {
       // Replaced since the last step (model.zero_grad() drops .grad(), say): it holds this
       // accumulation's whole gradient, so it takes the slot's place.
-      s.copy_(g);
-      params_[k].set_grad(s);
+      slots_[k].copy_(g);
+      params_[k].set_grad(slots_[k]);
     }
   }
   if (--b.pending == 0) launch_ready();
@@ -168,11 +181,17 @@ void GradReducer::finish() {
     if (ready_[k]) continue;
     ready_[k] = true;
     --buckets_[bucket_of_[k]]->pending;
+    if (mode_ != Mode::kBucketed && !params_[k].grad().is_same(slots_[k])) {
+      NoGradGuard no_grad;  // .grad() dropped since the last step: no gradient, not the old one
+      slots_[k].zero_();
+      params_[k].set_grad(slots_[k]);
+    }
   }
   launch_ready();
   for (auto& b : buckets_) {
     if (!b->completed) complete(*b);
   }
+  reduced_ = true;
 }
 
 }  // namespace kiln::distributed

@@ -10,7 +10,7 @@
 //                              so every rank gets every averaged gradient, as DDP.
 //   kReduceScatter  (stage 1)  the same flat buffer; each bucket's range is reduce-scattered, and
 //                              each rank keeps only the average of the part in its partition,
-//                              written into the buffer's partition once backward has finished.
+//                              written over its own sum in the buffer as each bucket completes.
 //   kBucketed       (stages 2, 3) no flat gradient buffer: the hook copies a parameter's fresh
 //                              gradient into its bucket's buffer and drops .grad() at once, the
 //                              bucket is reduce-scattered, and each rank adds its part into its
@@ -20,10 +20,13 @@
 // With overlap (DeepSpeed's overlap_comm) a bucket's operation runs while backward computes the
 // next gradients and is waited for when backward has finished (an autograd callback); without, it
 // is waited for at once. Stages 0 and 1 reduce only in a backward that ends an accumulation
-// (set_sync(true)); in the others the gradients accumulate locally in the flat buffer. Stage 2
-// reduces in every backward and accumulates in the partition (DeepSpeed does the same).
+// (set_sync(true)); in the others the gradients accumulate locally in the flat buffer. Stage 1
+// reduces once between two attach_grads() (zero_grad): a second reducing backward would add the
+// ranks' new local sums to one rank's average, so it is an Error. Stage 2 reduces in every
+// backward and accumulates in the partition (DeepSpeed does the same).
 // A parameter that gets no gradient in a backward contributes what its slot holds (stages 0 and
-// 1) or zeros (2 and 3), so every rank starts the same buckets in the same order.
+// 1: its gradient accumulated so far; zeros once .grad() was dropped) or zeros (2 and 3), so every
+// rank starts the same buckets in the same order, provided every rank ran the same modules.
 #pragma once
 
 #include <memory>
@@ -52,7 +55,8 @@ class GradReducer {
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
   // Puts every parameter's .grad() back on its view of the flat buffer (kAllReduce, kReduceScatter)
-  // or drops it (kBucketed). The buffer's values are left as they are.
+  // or drops it (kBucketed), and forgets a backward that did not finish (it threw). The buffer's
+  // values are left as they are. ZeroOptimizer::zero_grad calls it after zeroing them.
   void attach_grads();
   size_t num_buckets() const { return buckets_.size(); }
   // Buckets whose operation started before backward had finished, in the last reducing backward.
@@ -66,7 +70,6 @@ class GradReducer {
   void launch(Bucket& b);
   void complete(Bucket& b);
   void finish();
-  Tensor slot(size_t k) const;  // parameter k's view of the flat gradient buffer
 
   Communicator& comm_;
   const FlatLayout& layout_;
@@ -74,12 +77,14 @@ class GradReducer {
   Mode mode_;
   bool overlap_;
   Tensor flat_grads_, grad_shard_;
+  std::vector<Tensor> slots_;  // per parameter: its view of the flat gradient buffer (stages 0 and 1)
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<size_t> bucket_of_;  // per parameter
   std::vector<uint64_t> hooks_;
   std::vector<bool> ready_;
   size_t next_to_launch_ = 0;
   bool sync_ = true, in_backward_ = false;
+  bool reduced_ = false;  // kReduceScatter: a backward has reduced since attach_grads
   int64_t started_during_backward_ = 0;
 };
 

@@ -11,8 +11,8 @@
 // (Adam's update, the norm, the all-gather) is elementwise. Buckets group whole parameters in reverse
 // order of registration, the order in which backward produces their gradients, so each bucket is a
 // contiguous range of the flat buffer, and its reduce-scatter gives each rank the part of the range
-// that falls in its partition (possibly nothing). The rest of ZeRO (distributed/zero/zero.h) is this
-// layout applied to tensors.
+// that falls in its partition (possibly nothing). The rest of ZeRO (zero_optimizer.h,
+// grad_reducer.h, param_gatherer.h) is this layout applied to tensors.
 #pragma once
 
 #include <cstdint>

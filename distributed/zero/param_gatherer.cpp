@@ -2,6 +2,7 @@
 // param_gatherer.h).
 #include "distributed/zero/param_gatherer.h"
 
+#include <exception>
 #include <unordered_map>
 
 #include "core/grad_mode.h"
@@ -42,7 +43,9 @@ ParamGatherer::ParamGatherer(Communicator& comm, const FlatLayout& layout, std::
 ParamGatherer::~ParamGatherer() {
   for (auto& h : module_hooks_) h.remove();
   for (size_t k = 0; k < params_.size(); ++k) params_[k].remove_post_accumulate_grad_hook(grad_hooks_[k]);
-  gather_all();  // leave the model usable without ZeRO
+  // Leave the model usable without ZeRO, unless this rank is unwinding from an Error the others may
+  // not share: they would never join the all-gathers (the weights then stay dropped).
+  if (std::uncaught_exceptions() == 0) gather_all();
 }
 
 void ParamGatherer::hook_module(nn::Module& module, std::vector<size_t> owned) {

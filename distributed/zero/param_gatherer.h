@@ -31,7 +31,7 @@ class ParamGatherer {
   // partition of their flat weights (layout.partition_numel() elements). Drops every parameter.
   ParamGatherer(Communicator& comm, const FlatLayout& layout, std::vector<Tensor> params, Tensor shard,
                 nn::Module& model);
-  ~ParamGatherer();  // removes the hooks and leaves every parameter gathered
+  ~ParamGatherer();  // removes the hooks and gathers every parameter (not while an Error unwinds)
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
 

@@ -137,7 +137,7 @@ Tensor ZeroOptimizer::clip_grad_norm_(double max_norm) {
   Tensor g = master_.grad();
   // The squares of this rank's partition, summed over the ranks: every element of the model is in
   // exactly one partition (the padding is zeros), so this is the whole model's squared norm.
-  Tensor sq = g.square().sum(kFloat64).reshape({1}).cpu();
+  Tensor sq = g.square().sum(kFloat64).reshape({1}).to(comm_->device());
   if (options_.stage > 0) comm_->all_reduce(sq, ReduceOp::Sum);
   const double total = std::sqrt(sq.item<double>());
   const double coef = max_norm / (total + 1e-6);  // torch.nn.utils.clip_grad_norm_'s rule
@@ -303,7 +303,7 @@ ShardedGradScaler::ShardedGradScaler(std::shared_ptr<Communicator> comm, optim::
 }
 
 bool ShardedGradScaler::found_inf_anywhere(bool found_inf_here) {
-  Tensor flag = from_vector<int32_t>({found_inf_here ? 1 : 0});
+  Tensor flag = from_vector<int32_t>({found_inf_here ? 1 : 0}).to(comm_->device());
   comm_->all_reduce(flag, ReduceOp::Max);
   return flag.item<int32_t>() != 0;
 }

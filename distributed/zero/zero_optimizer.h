@@ -37,7 +37,9 @@
 // soon as it is reduced); grads() gives this rank's averaged share, which is what step() uses. At
 // stage 3 a parameter holds 0 elements outside the layers' forward and backward: gather them with
 // a GatheredParameters guard to read or save the weights. Every rank builds the same model (checked
-// at construction) and starts from rank 0's weights and buffers.
+// at construction) and starts from rank 0's weights and buffers, and every rank must run the same
+// modules in the same order, forward and backward: the gradient buckets and stage 3's all-gathers
+// are collectives started from hooks (DeepSpeed's stage 3 requires the same).
 #pragma once
 
 #include <functional>

@@ -200,13 +200,13 @@ TEST_CASE("engine: fp16 converts the model, scales the loss and skips overflowin
   auto [x, y] = batch(1, 4);
   Tensor out = engine(x);  // float32 input, cast by auto_cast
   CHECK(out.dtype() == kFloat16);
-  // Two overflows (one rank's loss is inf) are absorbed by the hysteresis of 2 only in part: the
-  // scale stays for the first and halves at the second; neither step changes a weight.
+  // Two overflows (an inf in the last rank's partition of the gradients only) are absorbed by the
+  // hysteresis of 2 only in part: the scale stays for the first and halves at the second; neither
+  // step changes a weight on any rank.
   const Tensor before = engine.optimizer().master().detach().clone();
   for (int k = 0; k < 2; ++k) {
-    Tensor loss = nn::cross_entropy(engine(x).to(kFloat32), y);
-    if (r == p - 1) loss = loss * std::numeric_limits<double>::infinity();
-    engine.backward(loss);
+    engine.backward(nn::cross_entropy(engine(x).to(kFloat32), y));
+    if (r == p - 1) engine.optimizer().grads()[0].narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
     engine.step();
   }
   CHECK(engine.skipped_steps() == 2);
@@ -223,7 +223,7 @@ TEST_CASE("engine: fp16 converts the model, scales the loss and skips overflowin
   CHECK((engine.optimizer().master() - before).abs().max().item<float>() > 1e-4f);
 }
 
-TEST_CASE("engine: a checkpoint resumes bit-exactly, at another ZeRO stage, and at another world size",
+TEST_CASE("engine: a checkpoint resumes where it stopped, at another ZeRO stage, and at another world size",
           "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
@@ -285,6 +285,56 @@ TEST_CASE("engine: a checkpoint resumes bit-exactly, at another ZeRO stage, and 
     check_error([&] { e.load_checkpoint(dir, "no_such_tag"); }, {"no engine.safetensors"});
     check_error([&] { e.load_checkpoint("/nonexistent"); }, {"'/nonexistent/latest' does not exist"});
   }
+  comm->barrier();
+  if (r == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("engine: a checkpoint resumes with another accumulation count for the same batch", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const std::string dir = shared_temp_dir(*comm);
+  // 48 samples a step: micro-batches of 48 / p / 2 (2 accumulated) or of 48 / p / 4 (4 accumulated).
+  auto config = [&](int gas) {
+    return Config::from_string(fmt::format(R"({{"train_batch_size": 48, "gradient_accumulation_steps": {},
+        "steps_per_print": 1000, "optimizer": {{"type": "SGD", "params": {{"lr": 0.1, "momentum": 0.9}}}},
+        "zero_optimization": {{"stage": 1}}}})", gas));
+  };
+  auto train = [&](Engine& e, int from, int to) {
+    const int64_t micro = e.train_micro_batch_size_per_gpu(), gas = e.gradient_accumulation_steps();
+    for (int step = from; step < to; ++step) {
+      auto [x, y] = batch(step, 48);
+      for (int64_t k = 0; k < gas; ++k) {  // micro-batch k of rank r: rows [(k p + r) micro, ...)
+        const int64_t at = (k * p + r) * micro;
+        e.backward(nn::cross_entropy(e(x.narrow(0, at, micro)), y.narrow(0, at, micro)));
+        e.step();
+      }
+    }
+  };
+  manual_seed(6);
+  Mlp whole;
+  TensorDict expect;
+  {
+    Engine e = kiln::initialize(whole, config(2), comm);
+    train(e, 0, 4);
+    for (const auto& [name, t] : whole.state_dict()) expect.insert(name, t.clone());
+  }
+  manual_seed(6);
+  Mlp first;
+  {
+    Engine e = kiln::initialize(first, config(2), comm);
+    train(e, 0, 2);
+    e.save_checkpoint(dir);
+  }
+  manual_seed(60);
+  Mlp second;
+  Engine e = kiln::initialize(second, config(4), comm);
+  e.load_checkpoint(dir);
+  CHECK(e.global_steps() == 2);
+  CHECK(e.micro_steps() == 8);  // a boundary of 4, not the 4 micro-steps taken at 2
+  CHECK(e.is_gradient_accumulation_boundary() == false);
+  train(e, 2, 4);
+  CHECK(e.global_steps() == 4);
+  for (const auto& [name, t] : expect) check_close(second.state_dict().at(name), t, {1e-5, 1e-6});
   comm->barrier();
   if (r == 0) std::filesystem::remove_all(dir);
 }

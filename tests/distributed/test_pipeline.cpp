@@ -50,9 +50,11 @@ TEST_CASE("pipeline: GPipe and 1F1B on p stages match one process over 20 steps"
   auto comm = init("mpi");
   const int p = comm->size(), s = comm->rank();
   const auto [begin, end] = stage_range(s, p);
-  const int64_t m = 4, rows = 12;
-  for (auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
-    INFO("schedule " << (schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B"));
+  const int64_t rows = 12;
+  // m = 1 (fewer micro-batches than stages: 1F1B's warm-up takes them all) and m = 4.
+  for (auto [schedule, m] : {std::pair{PipelineSchedule::kGPipe, int64_t{4}}, std::pair{PipelineSchedule::k1F1B, int64_t{4}},
+                             std::pair{PipelineSchedule::k1F1B, int64_t{1}}, std::pair{PipelineSchedule::kGPipe, int64_t{1}}}) {
+    INFO("schedule " << (schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B") << ", m " << m);
     manual_seed(5);
     Layers ref(0, kLayers);
     Layers stage(begin, end);

@@ -323,3 +323,41 @@ TEST_CASE("zero: bad construction is an Error", "[distributed]") {
     ZeroOptimizer o(two, comm, [](std::vector<Tensor>) { return std::make_unique<optim::SGD>(std::vector<Tensor>{zeros({2}).requires_grad_()}, optim::SGDOptions{.lr = 0.1}); });
   }, {"exactly the one master tensor"});
 }
+
+TEST_CASE("zero: stage 1 refuses a second reduction before zero_grad; a dropped .grad() counts as no gradient",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int r = comm->rank();
+  manual_seed(2);
+  Mlp m;
+  ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = 1});
+  auto [x, y] = batch(3, 2);
+  nn::cross_entropy(m(x), y).backward();
+  check_error([&] { nn::cross_entropy(m(x), y).backward(); },
+              {"ZeRO stage 1: a second backward reduces before zero_grad()", "set_gradient_accumulation_boundary(false)"});
+  opt.zero_grad();
+  nn::cross_entropy(m(x), y).backward();  // fine after zero_grad
+  opt.step();
+  for (int stage : {0, 1}) {
+    INFO("stage " << stage);
+    manual_seed(2);
+    Mlp two;
+    ZeroOptimizer o(two, comm, sgd(0.1), {.stage = stage});
+    nn::cross_entropy(two(x), y).backward();  // every parameter gets a gradient
+    o.step();
+    two.zero_grad();  // the model's, not the optimizer's: .grad() dropped, the flat buffer kept
+    o.set_gradient_accumulation_boundary(true);
+    if (stage == 1) o.zero_grad();
+    // f1 unused now: its gradient must be zero, not the last step's.
+    Tensor h = kiln::test::sample({2, 32}, kFloat32, 0.5 + r);
+    two.f3(relu(two.f2(h))).square().mean().backward();
+    const Tensor g = o.grads()[0];
+    const FlatRange part = o.layout().partition(stage == 0 ? 0 : r);
+    for (int64_t k : {0, 1}) {  // f1.weight, f1.bias
+      const FlatRange mine = intersect(o.layout().param(k), part);
+      if (!mine.empty()) {
+        CHECK(g.narrow(0, mine.begin - part.begin, mine.size()).abs().max().item<float>() == 0.0f);
+      }
+    }
+  }
+}
