@@ -4,9 +4,10 @@
 // Narayanan et al. 2021). DeepSpeed's PipelineEngine.train_batch and torch's pipelining schedules.
 //
 //   auto comm = distributed::init();                  // rank s runs stage s
-//   nn::Sequential stage = my_layers(comm->rank());   // e.g. layers [s L/p, (s+1) L/p) of a model
-//   distributed::Pipeline pipe(stage, comm, nn::cross_entropy_loss, {.micro_batches = 8});
-//   optim::AdamW opt(stage.parameters(), {});
+//   MyStage stage(comm->rank());                      // e.g. layers [s L/p, (s+1) L/p) of a model
+//   auto loss_fn = [](const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); };
+//   distributed::Pipeline pipe(stage, comm, loss_fn, {.micro_batches = 8});
+//   optim::AdamW opt(stage.parameters());
 //   for (auto& [x, y] : loader) {                     // the whole batch, on every rank (the first
 //     opt.zero_grad();                                // stage reads x, the last y)
 //     Tensor loss = pipe.train_batch(x, y);           // forward and backward of every micro-batch
