@@ -5,12 +5,15 @@
 //   kiln-run -n 2 build/release/bin/bench_pipeline [batches]
 //
 // Every stage is the same: 4 Linear(512, 512) + ReLU layers, so that each takes as long; each
-// micro-batch is 512 rows, so a micro-batch costs the same whatever m. For m = 1, 2, 4, 8 and each
-// schedule: ms per batch (median over the batches, the slowest stage's), the bubble (the share of
-// the batch, taken as long as the slowest stage's, in which a stage was not computing; the mean over
-// stages) beside (p - 1) / (m + p - 1), the micro-batches alive at once on stage 0 (m for GPipe, p
-// for 1F1B), and the peak of the CPU allocator's live bytes during a batch above its level before
-// (the activations) on the last stage, which keeps m micro-batches alive under GPipe and 1 under 1F1B.
+// micro-batch is 512 rows, so a micro-batch costs the same whatever m. For m = 1, 2, 4, 8, each
+// schedule, and receives posted ahead or when needed (PipelineOptions::recv_ahead): ms per batch
+// (median over the batches, the slowest stage's); the bubble, the share of the batch (taken as long
+// as the slowest stage's) in which a stage was not computing, as the mean over stages and on the
+// busiest stage (the one that computed longest: the schedule's bubble without the stages'
+// imbalance, which the mean adds), beside (p - 1) / (m + p - 1); the micro-batches alive at once on
+// stage 0 (m for GPipe, p for 1F1B); and the peak of the CPU allocator's live bytes during a batch
+// above its level before (the activations) on the last stage, which keeps m micro-batches alive
+// under GPipe and 1 under 1F1B (and, receiving ahead, the next micro-batch's input).
 #include <kiln/kiln.h>
 
 #include <cstdio>
@@ -28,7 +31,14 @@ namespace {
 struct Stage : nn::Module {
   nn::Linear l1{512, 512}, l2{512, 512}, l3{512, 512}, l4{512, 512};
   Stage() { register_modules({{"l1", l1}, {"l2", l2}, {"l3", l3}, {"l4", l4}}); }
-  Tensor forward(const Tensor& x) override { return relu(l4(relu(l3(relu(l2(relu(l1(x)))))))); }
+  // The first stage's micro-batch becomes a leaf that requires grad, as every later stage's received
+  // input is: each stage then also computes its input's gradient, the same work everywhere, as the
+  // formula assumes. (A batch input requiring grad would not do: each micro-batch's backward through
+  // the split then writes a gradient as large as the whole batch, m times on the first stage only.)
+  Tensor forward(const Tensor& input) override {
+    Tensor x = input.requires_grad() ? input : input.detach().requires_grad_();
+    return relu(l4(relu(l3(relu(l2(relu(l1(x))))))));
+  }
 };
 
 }  // namespace
@@ -43,41 +53,41 @@ int main(int argc, char** argv) {
   auto loss_fn = [](const Tensor& out, const Tensor& y) { return (out - y).square().mean(); };
   for (int64_t m : {1, 2, 4, 8}) {
     for (auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
-      Pipeline pipe(stage, comm, loss_fn, {.micro_batches = m, .schedule = schedule});
-      // The input requires grad so that the first stage also computes its input's gradient: every
-      // stage then does the same work, as the formula assumes.
-      Tensor x = randn({512 * m, 512}).requires_grad_(), y = randn({512 * m, 512});
-      std::vector<double> ms, bubble, busy;
-      double peak = 0;
-      for (int b = 0; b < batches + 1; ++b) {
-        stage.zero_grad();
-        comm->barrier();
-        const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
-        memory::reset_peak(Device::cpu());
-        pipe.train_batch(x, y);
-        if (b == 0) continue;  // warm-up
-        const auto st = pipe.last_stats();
-        const double wall = kiln_bench::slowest(*comm, st.seconds);  // the batch, as the slowest stage saw it
-        ms.push_back(wall * 1e3);
-        bubble.push_back(1 - st.compute_seconds / wall);
-        busy.push_back((st.seconds - st.wait_seconds) * 1e3 / static_cast<double>(m));
-        peak = std::max(peak, static_cast<double>(memory::stats(Device::cpu()).peak_allocated_bytes - before));
-      }
-      const double ms_batch = kiln_bench::median(ms);
-      // The last stage's: the first one also holds the whole batch's input gradient.
-      const double last_peak = kiln_bench::slowest(*comm, s == p - 1 ? peak : 0.0);
-      Tensor mean_bubble = full({1}, kiln_bench::median(bubble) / p, kFloat64);
-      comm->all_reduce(mean_bubble, ReduceOp::Sum);
-      const double theory = static_cast<double>(p - 1) / static_cast<double>(m + p - 1);
-      if (s == 0) {
-        std::printf("{\"bench\":\"pipeline\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
-                    "\"schedule\":\"%s\",\"micro_batches\":%lld,\"micro_batch_rows\":512,\"ms_per_batch\":%.3f,"
-                    "\"bubble\":%.4f,\"bubble_theory\":%.4f,\"peak_in_flight_stage0\":%lld,"
-                    "\"peak_activation_mib_last_stage\":%.3f}\n",
-                    p, schedule == PipelineSchedule::kGPipe ? "gpipe" : "1f1b", static_cast<long long>(m), ms_batch,
-                    mean_bubble.item<double>(), theory, static_cast<long long>(pipe.last_stats().peak_in_flight),
-                    last_peak / (1 << 20));
-        std::fflush(stdout);
+      for (bool ahead : {true, false}) {
+        Pipeline pipe(stage, comm, loss_fn, {.micro_batches = m, .schedule = schedule, .recv_ahead = ahead});
+        Tensor x = randn({512 * m, 512}), y = randn({512 * m, 512});
+        std::vector<double> ms, bubble, busiest;
+        double peak = 0;
+        for (int b = 0; b < batches + 1; ++b) {
+          stage.zero_grad();
+          comm->barrier();
+          const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
+          memory::reset_peak(Device::cpu());
+          pipe.train_batch(x, y);
+          if (b == 0) continue;  // warm-up
+          const auto st = pipe.last_stats();
+          const double wall = kiln_bench::slowest(*comm, st.seconds);  // the batch, as the slowest stage saw it
+          ms.push_back(wall * 1e3);
+          bubble.push_back(1 - st.compute_seconds / wall);
+          busiest.push_back(1 - kiln_bench::slowest(*comm, st.compute_seconds) / wall);
+          peak = std::max(peak, static_cast<double>(memory::stats(Device::cpu()).peak_allocated_bytes - before));
+        }
+        const double ms_batch = kiln_bench::median(ms);
+        // The last stage's: the first one also holds the whole batch's input gradient.
+        const double last_peak = kiln_bench::slowest(*comm, s == p - 1 ? peak : 0.0);
+        Tensor mean_bubble = full({1}, kiln_bench::median(bubble) / p, kFloat64);
+        comm->all_reduce(mean_bubble, ReduceOp::Sum);
+        const double theory = static_cast<double>(p - 1) / static_cast<double>(m + p - 1);
+        if (s == 0) {
+          std::printf("{\"bench\":\"pipeline\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
+                      "\"schedule\":\"%s\",\"recv_ahead\":%s,\"micro_batches\":%lld,\"micro_batch_rows\":512,"
+                      "\"ms_per_batch\":%.3f,\"bubble\":%.4f,\"bubble_busiest_stage\":%.4f,\"bubble_theory\":%.4f,"
+                      "\"peak_in_flight_stage0\":%lld,\"peak_activation_mib_last_stage\":%.3f}\n",
+                      p, schedule == PipelineSchedule::kGPipe ? "gpipe" : "1f1b", ahead ? "true" : "false",
+                      static_cast<long long>(m), ms_batch, mean_bubble.item<double>(), kiln_bench::median(busiest),
+                      theory, static_cast<long long>(pipe.last_stats().peak_in_flight), last_peak / (1 << 20));
+          std::fflush(stdout);
+        }
       }
     }
   }

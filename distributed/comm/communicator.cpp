@@ -34,6 +34,11 @@ void Work::State::complete(std::exception_ptr e) {
   cv.notify_all();
 }
 
+std::atomic<int>& blocked_waiters() {
+  static std::atomic<int> count{0};
+  return count;
+}
+
 void Work::wait() const {
   if (!state_) return;
   if (state_->stream_wait) {  // a device-stream operation (NCCL): order, don't block
@@ -45,7 +50,11 @@ void Work::wait() const {
     return;
   }
   std::unique_lock<std::mutex> lock(state_->m);
-  state_->cv.wait(lock, [&] { return state_->done; });
+  if (!state_->done) {
+    blocked_waiters().fetch_add(1, std::memory_order_relaxed);
+    state_->cv.wait(lock, [&] { return state_->done; });
+    blocked_waiters().fetch_sub(1, std::memory_order_relaxed);
+  }
   if (state_->error) std::rethrow_exception(state_->error);
   if (state_->finisher) {
     auto finish = std::move(state_->finisher);

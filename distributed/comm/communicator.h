@@ -80,6 +80,11 @@ class Communicator {
   // Where the small tensors that code above a communicator exchanges (flags, norms, headers) must
   // live: its CUDA device for NCCL, which carries only tensors on it; the CPU for MPI.
   virtual Device device() const { return Device::cpu(); }
+  // Whether send and recv run one after the other in call order (NCCL: on the communicator's
+  // stream), so that a recv posted early blocks the sends called after it until it is matched;
+  // MPI posts them at once and matches them by source and tag. Code that posts receives ahead of
+  // need (Pipeline) asks this.
+  virtual bool p2p_in_call_order() const { return false; }
 
   // With async_op = false each call returns once its operation is complete (the returned Work is
   // then already complete; on NCCL, complete as the current CUDA stream sees it: wait() was called);

@@ -478,6 +478,7 @@ class NcclCommunicator final : public Communicator {
   int size() const override { return size_; }
   std::string backend() const override { return "nccl"; }
   Device device() const override { return Device::cuda(device_); }
+  bool p2p_in_call_order() const override { return true; }
   uint64_t sequence_number() const override { return seq_; }
 
   Work all_reduce(const Tensor& t, ReduceOp op, bool async_op) override {

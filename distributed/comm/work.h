@@ -2,6 +2,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <condition_variable>
 #include <exception>
 #include <functional>
@@ -36,6 +37,12 @@ struct Work::State {
   std::function<void()> stream_wait;
   std::function<bool()> query;
 };
+
+// The threads of this process blocked in Work::wait() on an operation not yet finished. A backend
+// whose progress thread polls (MPI) polls hard while this is non-zero, since somebody waits for the
+// transfer, and gently otherwise, since the operations then run behind computation that needs the
+// cores more than the transfer needs the polls (see Note [two-speed polling] in mpi.cpp).
+std::atomic<int>& blocked_waiters();
 
 // A CPU tensor standing in for t: t itself on the CPU, else a pinned host copy (of t's values when
 // copy_in) whose contents go back into t when the Work is waited on (when copy_out), queued on the

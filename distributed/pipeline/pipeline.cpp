@@ -33,6 +33,24 @@ Pipeline::Pipeline(nn::Module& stage, std::shared_ptr<Communicator> comm, LossFn
 }
 
 // ---- messages: a header (dtype, number of dims, the dims), then the tensor ----
+//
+// Note [receiving ahead]
+// A receive posted only when the stage needs the tensor puts the whole transfer on the critical
+// path: on MPI a large message waits for its receive before it moves (rendezvous), so each of the
+// 2m messages of a batch would add its transfer to the bubble. With recv_ahead, a stage posts the
+// receive of message i + 1 of a direction as soon as message i is in, guessing i's dtype and shape
+// (micro-batches are equal, so the guess holds unless the stage's output shape depends on the data).
+// Both sides know the guess, since both saw message i. The sender of a message that does not match
+// it sends its header, then a filler of the guessed dtype and shape (which the receive posted ahead
+// takes), then the tensor; the receiver, seeing the header differ, drops the filler and receives the
+// tensor. The receives ahead stop at the batch's m-th message, so none is left over between batches.
+// NCCL runs send and recv in call order on one stream, where a receive posted early would hold back
+// this stage's own sends (and deadlock 1F1B): there the receives are posted when needed.
+
+void Pipeline::start_batch() {
+  for (Channel& c : sent_) c = Channel();
+  for (Channel& c : received_) c = Channel();
+}
 
 void Pipeline::send(const Tensor& t, int dst, int tag) {
   KILN_CHECK(t.dim() <= kMaxDims, "Pipeline: stage {} sends a tensor of {} dims; at most {} are supported",
@@ -41,8 +59,6 @@ void Pipeline::send(const Tensor& t, int dst, int tag) {
   header[0] = static_cast<int64_t>(t.dtype());
   header[1] = t.dim();
   for (int d = 0; d < t.dim(); ++d) header[2 + d] = t.size(d);
-  Tensor h = from_vector<int64_t>(header).to(comm_->device());
-  Tensor data = t.contiguous();
   // Finished sends let go of their buffers now, not at the end of the batch: an activation or a
   // gradient sent is otherwise alive until then, m of them under either schedule.
   for (size_t i = 0; i < sends_.size();) {
@@ -54,27 +70,67 @@ void Pipeline::send(const Tensor& t, int dst, int tag) {
       ++i;
     }
   }
-  sends_.push_back(comm_->send(h, dst, tag, /*async_op=*/true));
-  send_buffers_.push_back(h);
-  sends_.push_back(comm_->send(data, dst, tag, /*async_op=*/true));
-  send_buffers_.push_back(data);
+  auto post = [&](const Tensor& buffer) {
+    sends_.push_back(comm_->send(buffer, dst, tag, /*async_op=*/true));
+    send_buffers_.push_back(buffer);
+  };
+  Channel& c = sent_[tag];
+  post(from_vector<int64_t>(header).to(comm_->device()));
+  if (receives_ahead() && c.count > 0 && (t.dtype() != c.dtype || t.sizes() != c.shape)) {
+    post(zeros(c.shape, TensorOptions(c.dtype).device(t.device())));  // the filler the receiver guessed
+  }
+  post(t.contiguous());
+  ++c.count;
+  c.dtype = t.dtype();
+  c.shape = t.sizes();
 }
 
-Tensor Pipeline::recv(int src, int tag) {
-  const auto t0 = Clock::now();
-  Tensor h = empty({2 + kMaxDims}, TensorOptions(kInt64).device(comm_->device()));
-  comm_->recv(h, src, tag);
+Tensor Pipeline::decode_header(const Tensor& h, int src, Shape& shape) const {
   const std::vector<int64_t> header = h.to_vector<int64_t>();
   KILN_CHECK(header[0] >= 0 && header[0] <= static_cast<int64_t>(DType::Float64) && header[1] >= 0 &&
                  header[1] <= kMaxDims,
              "Pipeline: stage {} received a malformed header from stage {}; every rank must run the same Pipeline",
              stage_id(), src);
-  Shape shape;
+  shape = Shape();
   for (int64_t d = 0; d < header[1]; ++d) shape.push_back(header[2 + d]);
   const auto params = stage_.parameters();
   const Device device = params.empty() ? Device::cpu() : params[0].device();
-  Tensor t = empty(shape, TensorOptions(static_cast<DType>(header[0])).device(device));
-  comm_->recv(t, src, tag);
+  return empty(shape, TensorOptions(static_cast<DType>(header[0])).device(device));
+}
+
+Tensor Pipeline::recv(int src, int tag) {
+  const auto t0 = Clock::now();
+  Channel& c = received_[tag];
+  Shape shape;
+  Tensor t;
+  if (c.ahead) {
+    c.header_work.wait();
+    t = decode_header(c.header, src, shape);
+    c.data_work.wait();
+    if (t.dtype() == c.data.dtype() && shape == c.data.sizes()) {
+      t = c.data;
+    } else {
+      comm_->recv(t, src, tag);  // c.data holds the sender's filler
+    }
+    c.header = c.data = Tensor();
+    c.header_work = c.data_work = Work();
+    c.ahead = false;
+  } else {
+    Tensor h = empty({2 + kMaxDims}, TensorOptions(kInt64).device(comm_->device()));
+    comm_->recv(h, src, tag);
+    t = decode_header(h, src, shape);
+    comm_->recv(t, src, tag);
+  }
+  ++c.count;
+  c.dtype = t.dtype();
+  c.shape = t.sizes();
+  if (receives_ahead() && c.count < options_.micro_batches) {
+    c.header = empty({2 + kMaxDims}, TensorOptions(kInt64).device(comm_->device()));
+    c.data = empty(c.shape, TensorOptions(c.dtype).device(t.device()));
+    c.header_work = comm_->recv(c.header, src, tag, /*async_op=*/true);
+    c.data_work = comm_->recv(c.data, src, tag, /*async_op=*/true);
+    c.ahead = true;
+  }
   stats_.wait_seconds += seconds_since(t0);
   return t;
 }
@@ -155,6 +211,7 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
   if (is_first_stage()) inputs = cut(input, m, "input", s);
   if (is_last_stage()) targets = cut(target, m, "target", s);
   stats_ = Stats();
+  start_batch();
   loss_sum_ = 0;
   const auto t0 = Clock::now();
   std::vector<MicroBatch> mbs(m);
@@ -194,6 +251,7 @@ Tensor Pipeline::eval_batch(const Tensor& input) {
   const int64_t m = options_.micro_batches;
   std::vector<Tensor> inputs(m);
   if (is_first_stage()) inputs = cut(input, m, "input", stage_id());
+  start_batch();
   std::vector<Tensor> outputs;
   for (int64_t i = 0; i < m; ++i) {
     MicroBatch mb;

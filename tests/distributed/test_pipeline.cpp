@@ -2,6 +2,9 @@
 // against one process training the whole model on the whole batch: the losses of every step and
 // every weight match, for GPipe and 1F1B, and each schedule keeps as many micro-batches alive as it
 // should.
+#include <cmath>
+#include <optional>
+
 #include "support.h"
 
 using namespace kiln;
@@ -52,16 +55,25 @@ TEST_CASE("pipeline: GPipe and 1F1B on p stages match one process over 20 steps"
   const auto [begin, end] = stage_range(s, p);
   const int64_t rows = 12;
   // m = 1 (fewer micro-batches than stages: 1F1B's warm-up takes them all) and m = 4.
-  for (auto [schedule, m] : {std::pair{PipelineSchedule::kGPipe, int64_t{4}}, std::pair{PipelineSchedule::k1F1B, int64_t{4}},
-                             std::pair{PipelineSchedule::k1F1B, int64_t{1}}, std::pair{PipelineSchedule::kGPipe, int64_t{1}}}) {
-    INFO("schedule " << (schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B") << ", m " << m);
+  // Receives posted when needed (the default) and ahead of need.
+  struct Case {
+    PipelineSchedule schedule;
+    int64_t m;
+    bool recv_ahead;
+  };
+  using enum PipelineSchedule;
+  for (auto [schedule, m, ahead] : {Case{kGPipe, 4, false}, Case{k1F1B, 4, false}, Case{k1F1B, 1, false},
+                                    Case{kGPipe, 1, false}, Case{k1F1B, 4, true}, Case{kGPipe, 4, true},
+                                    Case{k1F1B, 1, true}}) {
+    INFO("schedule " << (schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B") << ", m " << m << ", recv_ahead "
+                     << ahead);
     manual_seed(5);
     Layers ref(0, kLayers);
     Layers stage(begin, end);
     for (int i = begin; i < end; ++i) {
       stage.layers[static_cast<size_t>(i - begin)]->load_state_dict(ref.layers[static_cast<size_t>(i)]->state_dict());
     }
-    Pipeline pipe(stage, comm, loss_fn, {.micro_batches = m, .schedule = schedule});
+    Pipeline pipe(stage, comm, loss_fn, {.micro_batches = m, .schedule = schedule, .recv_ahead = ahead});
     CHECK(pipe.is_first_stage() == (s == 0));
     CHECK(pipe.is_last_stage() == (s == p - 1));
     optim::SGD opt_ref(ref.parameters(), {.lr = 0.2, .momentum = 0.9});
@@ -98,6 +110,84 @@ TEST_CASE("pipeline: GPipe and 1F1B on p stages match one process over 20 steps"
     } else {
       CHECK_FALSE(out.defined());
     }
+  }
+}
+
+namespace {
+
+// A model whose activation between its two parts changes width and dtype with the data: part A is a
+// Linear(12, 16) whose output keeps 16 or 8 columns, in float32 or float64, as the micro-batch's first
+// two inputs say; part B reduces any width to two features and a Linear(2, 5). On p stages the first
+// holds A, the last B, and those between pass the activation on: every message (activations and
+// gradients) may differ from the one before, which the receives posted ahead (recv_ahead) must
+// survive: they guess the last message's dtype and shape.
+struct Shifting : nn::Module {
+  std::shared_ptr<nn::Linear> a, b;
+  Shifting(bool has_a, bool has_b) {
+    if (has_a) a = std::make_shared<nn::Linear>(12, 16), register_module("a", a);
+    if (has_b) b = std::make_shared<nn::Linear>(2, 5), register_module("b", b);
+  }
+  static std::pair<int64_t, DType> form(const Tensor& x) {
+    const std::vector<float> v = x.select(0, 0).narrow(0, 0, 2).to_vector<float>();
+    return {v[0] > 0 ? 16 : 8, v[1] > 0.3f ? kFloat64 : kFloat32};
+  }
+  Tensor forward(const Tensor& x) override {
+    Tensor h = x * 1.0;  // a stage between passes its input on, through the graph
+    if (a) {
+      auto [width, dtype] = form(x);
+      h = tanh((*a)(x)).narrow(1, 0, width).to(dtype);
+    }
+    if (b) h = (*b)(cat({h.mean({1}, true), h.square().mean({1}, true)}, 1).to(kFloat32));
+    return h;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("pipeline: activations whose shape and dtype change between micro-batches", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), s = comm->rank();
+  const int64_t m = 8, rows = 16;
+  for (auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
+    INFO("schedule " << (schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B"));
+    manual_seed(9);
+    Shifting ref(true, true);
+    Shifting stage(s == 0, s == p - 1);
+    if (stage.a) stage.a->load_state_dict(ref.a->state_dict());
+    if (stage.b) stage.b->load_state_dict(ref.b->state_dict());
+    Pipeline pipe(stage, comm, loss_fn, {.micro_batches = m, .schedule = schedule, .recv_ahead = true});
+    optim::SGD opt_ref(ref.parameters(), {.lr = 0.3});
+    std::optional<optim::SGD> opt;  // the stages between have no parameters
+    if (!stage.parameters().empty()) opt.emplace(stage.parameters(), optim::SGDOptions{.lr = 0.3});
+    int changes = 0;  // consecutive micro-batches whose activations differ in shape or dtype
+    for (int step = 0; step < 6; ++step) {
+      INFO("step " << step);
+      auto [x, y] = batch(step, rows);
+      // The first two columns, which choose the width and dtype, change from micro-batch to micro-batch.
+      std::vector<float> forms;
+      for (int64_t r = 0; r < rows; ++r) {
+        forms.push_back(static_cast<float>(std::sin(2.1 * static_cast<double>(r) + step)));
+        forms.push_back(static_cast<float>(std::cos(1.7 * static_cast<double>(r) + 0.5 * step)));
+      }
+      x.narrow(1, 0, 2).copy_(from_vector<float>(forms, {rows, 2}));
+      // The reference: the same micro-batches, each loss / m, in one process.
+      opt_ref.zero_grad();
+      Tensor loss_ref = zeros({});
+      const auto xs = x.split(rows / m, 0), ys = y.split(rows / m, 0);
+      for (int64_t i = 0; i < m; ++i) {
+        loss_ref = loss_ref + loss_fn(ref(xs[i]), ys[i]) / static_cast<double>(m);
+        if (i > 0 && Shifting::form(xs[i]) != Shifting::form(xs[i - 1])) ++changes;
+      }
+      loss_ref.backward();
+      opt_ref.step();
+      if (opt) opt->zero_grad();
+      Tensor loss = pipe.train_batch(s == 0 ? x : Tensor(), s == p - 1 ? y : Tensor());
+      if (opt) opt->step();
+      check_close(loss, loss_ref.detach(), {1e-5, 1e-7});
+    }
+    CHECK(changes >= 30);  // of the 42 changes of micro-batch: the data does make the activations change
+    if (stage.a) check_close(stage.a->weight, ref.a->weight, {1e-5, 1e-6});
+    if (stage.b) check_close(stage.b->weight, ref.b->weight, {1e-5, 1e-6});
   }
 }
 
