@@ -39,6 +39,25 @@ std::atomic<int>& blocked_waiters() {
   return count;
 }
 
+namespace {
+std::atomic<void (*)()> g_wait_listener{nullptr};
+}  // namespace
+
+void set_wait_listener(void (*listener)()) { g_wait_listener.store(listener); }
+
+void Work::State::wait_done() {
+  std::unique_lock<std::mutex> lock(m);
+  if (done) return;
+  blocked_waiters().fetch_add(1, std::memory_order_relaxed);
+  if (auto* wake = g_wait_listener.load()) {
+    lock.unlock();  // the listener takes the backend's own lock
+    wake();
+    lock.lock();
+  }
+  cv.wait(lock, [&] { return done; });
+  blocked_waiters().fetch_sub(1, std::memory_order_relaxed);
+}
+
 void Work::wait() const {
   if (!state_) return;
   if (state_->stream_wait) {  // a device-stream operation (NCCL): order, don't block
@@ -49,12 +68,8 @@ void Work::wait() const {
     state_->stream_wait();
     return;
   }
+  state_->wait_done();
   std::unique_lock<std::mutex> lock(state_->m);
-  if (!state_->done) {
-    blocked_waiters().fetch_add(1, std::memory_order_relaxed);
-    state_->cv.wait(lock, [&] { return state_->done; });
-    blocked_waiters().fetch_sub(1, std::memory_order_relaxed);
-  }
   if (state_->error) std::rethrow_exception(state_->error);
   if (state_->finisher) {
     auto finish = std::move(state_->finisher);

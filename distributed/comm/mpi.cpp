@@ -57,20 +57,25 @@ using Clock = std::chrono::steady_clock;
 //    lone 256 MiB all-reduce 3.5x slower than MPI's own loop.
 //  - operations that run behind computation (DDP's buckets during backward, a pipeline stage's
 //    sends during its next forward) share the cores with that computation. A thread that yields
-//    stays runnable and takes its share of a core: polling hard there slows the computation
-//    (2 pipeline stages on 2 cores, GPipe, 8 micro-batches: 551 ms a batch, bubble 0.23, against
-//    482 ms and 0.17 polling as below). The engine then sleeps between polls, kBackgroundPoll at first and twice as long after
-//    each poll that found nothing moved, up to kBackgroundPollMax (an operation that waits long
-//    for its peer, such as a receive posted ahead of need, would otherwise wake this thread 20000
-//    times a second in the middle of the computation: a 2-stage 1F1B pipeline whose receives were
-//    posted ahead took 25% longer a batch). It polls hard again from the first poll after somebody
-//    starts waiting.
-// For kHardPollWindow after anything moved (an operation posted or finished) the engine polls
-// hard whether or not anyone waits: a caller that has just seen one operation finish usually
-// waits for the next a moment later (the ring algorithms: a step's receive, then its send), and
-// the pause until the caller's wait registers would otherwise be a sleep in the middle of the
-// exchange (a 1 MiB ring all-gather on 2 ranks took 1.6x as long). The engine thread's timer slack is 1 us, so that a
-// sleep of 50 us is 50 us and not the default slack's 100 or more.
+//    stays runnable and takes its share of a core: polling hard there slows the computation (2
+//    pipeline stages on 2 cores, GPipe, 8 micro-batches: 551 ms a batch, bubble 0.23, against
+//    482 ms and 0.17 polling as follows). The engine sleeps between polls, kBackgroundPoll at
+//    first and twice as long after each poll that found nothing moved, up to kBackgroundPollMax:
+//    an operation that waits long for its peer, such as a receive posted ahead of need, would
+//    otherwise wake this thread 20000 times a second in the middle of the computation (in a
+//    trial, a 2-stage 1F1B pipeline with receives posted ahead took 25% longer a batch).
+// The sleep is a wait on the engine's condition variable that a new operation (submit()) and a
+// thread starting to wait (Work::wait() calls the wait listener) cut short: the engine posts the
+// one, and polls hard for the other, at once. For kHardPollWindow after anything moved (an
+// operation posted or finished) it polls hard whether or not anyone waits: a caller that has just
+// seen one operation finish usually waits for the next a moment later (the ring algorithms: a
+// step's receive, then its send), and sleeping in between would put a wake-up in the middle of
+// the exchange (before this window and the wait listener, a 1 MiB ring all-gather on 2 ranks took
+// 1.6x as long). The engine thread's timer slack is 1 us, so that a sleep of 50 us lasts 50 us,
+// not up to the default slack's 50 more.
+// blocked_waiters() counts this process's threads only: a send behind computation here is polled
+// gently even while its receiver blocks. On shared memory both sides' polls move the copy; across
+// nodes, where the sender's polls must drive it, this is untried.
 constexpr std::chrono::microseconds kBackgroundPoll{50};
 constexpr std::chrono::microseconds kBackgroundPollMax{1000};
 constexpr std::chrono::microseconds kHardPollWindow{500};
@@ -261,6 +266,8 @@ class Engine {
   }
 
   ~Engine() {
+    set_wait_listener(nullptr);
+    instance_.store(nullptr);
     {
       std::lock_guard<std::mutex> lock(m_);
       stop_ = true;
@@ -280,6 +287,8 @@ class Engine {
       thread_.join();
       throw;
     }
+    instance_.store(this);
+    set_wait_listener(&Engine::wake_listener);
   }
 
   void run(std::promise<void>& ready) {
@@ -441,7 +450,11 @@ class Engine {
         std::this_thread::yield();
         pause = kBackgroundPoll;
       } else {
-        std::this_thread::sleep_for(pause);
+        // A sleep that a new operation or a thread starting to wait cuts short (submit() and
+        // wake_listener notify cv_).
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait_for(lock, pause,
+                     [&] { return !queue_.empty() || blocked_waiters().load(std::memory_order_relaxed) > 0; });
         pause = std::min(2 * pause, kBackgroundPollMax);
       }
     }
@@ -529,6 +542,15 @@ class Engine {
   std::thread thread_;
   std::mutex m_;
   std::condition_variable cv_;
+  // The engine, for the wait listener: a thread that starts to wait in Work::wait() cuts the
+  // engine's sleep between polls short (Note [two-speed polling]).
+  static inline std::atomic<Engine*> instance_{nullptr};
+  static void wake_listener() {
+    if (Engine* e = instance_.load()) {
+      { std::lock_guard<std::mutex> lock(e->m_); }  // the engine is either before its check or asleep
+      e->cv_.notify_one();
+    }
+  }
   std::deque<std::unique_ptr<Task>> queue_;
   bool stop_ = false;
   bool owns_mpi_ = false;
@@ -552,10 +574,7 @@ class MpiCommunicator final : public Communicator {
     // completed (or failed at its deadline) before the handles are freed, as PyTorch's Work keeps
     // its process group alive. Freeing first made the engine post on a freed communicator.
     for (const auto& weak : outstanding_) {
-      if (auto state = weak.lock()) {
-        std::unique_lock<std::mutex> lock(state->m);
-        state->cv.wait(lock, [&] { return state->done; });
-      }
+      if (auto state = weak.lock()) state->wait_done();
     }
     MPI_Comm c = comm_, k = check_comm_;
     try {

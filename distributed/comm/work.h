@@ -36,6 +36,9 @@ struct Work::State {
   // without blocking the host; is_completed() is done || query().
   std::function<void()> stream_wait;
   std::function<bool()> query;
+
+  // Blocks until done, counted in blocked_waiters() and waking the backend's wait listener.
+  void wait_done();
 };
 
 // The threads of this process blocked in Work::wait() on an operation not yet finished. A backend
@@ -43,6 +46,9 @@ struct Work::State {
 // transfer, and gently otherwise, since the operations then run behind computation that needs the
 // cores more than the transfer needs the polls (see Note [two-speed polling] in mpi.cpp).
 std::atomic<int>& blocked_waiters();
+// Called by a thread that starts to block in Work::wait(), after it counted itself: a backend whose
+// progress thread sleeps between polls registers one that wakes that thread (MPI). nullptr: none.
+void set_wait_listener(void (*listener)());
 
 // A CPU tensor standing in for t: t itself on the CPU, else a pinned host copy (of t's values when
 // copy_in) whose contents go back into t when the Work is waited on (when copy_out), queued on the

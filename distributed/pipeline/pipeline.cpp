@@ -48,6 +48,13 @@ Pipeline::Pipeline(nn::Module& stage, std::shared_ptr<Communicator> comm, LossFn
 // this stage's own sends (and deadlock 1F1B): there the receives are posted when needed.
 
 void Pipeline::start_batch() {
+  // A batch that threw part-way may leave receives posted ahead: they would take this batch's first
+  // messages. (The other stages are out of step with this one after such an Error anyway.)
+  for (const Channel& c : received_) {
+    KILN_CHECK(!c.ahead, "Pipeline: stage {}'s previous batch stopped part-way with receives posted ahead "
+               "(recv_ahead), which would take this batch's messages; make a new communicator and Pipeline",
+               stage_id());
+  }
   for (Channel& c : sent_) c = Channel();
   for (Channel& c : received_) c = Channel();
 }
@@ -85,32 +92,32 @@ void Pipeline::send(const Tensor& t, int dst, int tag) {
   c.shape = t.sizes();
 }
 
-Tensor Pipeline::decode_header(const Tensor& h, int src, Shape& shape) const {
+std::pair<DType, Shape> Pipeline::decode_header(const Tensor& h, int src) const {
   const std::vector<int64_t> header = h.to_vector<int64_t>();
   KILN_CHECK(header[0] >= 0 && header[0] <= static_cast<int64_t>(DType::Float64) && header[1] >= 0 &&
                  header[1] <= kMaxDims,
              "Pipeline: stage {} received a malformed header from stage {}; every rank must run the same Pipeline",
              stage_id(), src);
-  shape = Shape();
+  Shape shape;
   for (int64_t d = 0; d < header[1]; ++d) shape.push_back(header[2 + d]);
-  const auto params = stage_.parameters();
-  const Device device = params.empty() ? Device::cpu() : params[0].device();
-  return empty(shape, TensorOptions(static_cast<DType>(header[0])).device(device));
+  return {static_cast<DType>(header[0]), shape};
 }
 
 Tensor Pipeline::recv(int src, int tag) {
   const auto t0 = Clock::now();
+  const auto params = stage_.parameters();
+  const Device device = params.empty() ? Device::cpu() : params[0].device();
   Channel& c = received_[tag];
-  Shape shape;
   Tensor t;
   if (c.ahead) {
     c.header_work.wait();
-    t = decode_header(c.header, src, shape);
+    const auto [dtype, shape] = decode_header(c.header, src);
     c.data_work.wait();
-    if (t.dtype() == c.data.dtype() && shape == c.data.sizes()) {
+    if (dtype == c.data.dtype() && shape == c.data.sizes()) {
       t = c.data;
-    } else {
-      comm_->recv(t, src, tag);  // c.data holds the sender's filler
+    } else {  // c.data holds the sender's filler
+      t = empty(shape, TensorOptions(dtype).device(device));
+      comm_->recv(t, src, tag);
     }
     c.header = c.data = Tensor();
     c.header_work = c.data_work = Work();
@@ -118,7 +125,8 @@ Tensor Pipeline::recv(int src, int tag) {
   } else {
     Tensor h = empty({2 + kMaxDims}, TensorOptions(kInt64).device(comm_->device()));
     comm_->recv(h, src, tag);
-    t = decode_header(h, src, shape);
+    const auto [dtype, shape] = decode_header(h, src);
+    t = empty(shape, TensorOptions(dtype).device(device));
     comm_->recv(t, src, tag);
   }
   ++c.count;
@@ -126,7 +134,7 @@ Tensor Pipeline::recv(int src, int tag) {
   c.shape = t.sizes();
   if (receives_ahead() && c.count < options_.micro_batches) {
     c.header = empty({2 + kMaxDims}, TensorOptions(kInt64).device(comm_->device()));
-    c.data = empty(c.shape, TensorOptions(c.dtype).device(t.device()));
+    c.data = empty(c.shape, TensorOptions(c.dtype).device(device));
     c.header_work = comm_->recv(c.header, src, tag, /*async_op=*/true);
     c.data_work = comm_->recv(c.data, src, tag, /*async_op=*/true);
     c.ahead = true;

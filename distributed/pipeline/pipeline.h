@@ -43,6 +43,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "distributed/comm/communicator.h"
 #include "nn/module.h"
@@ -55,7 +56,7 @@ struct PipelineOptions {
   int64_t micro_batches = 4;                        // m: the batch's dim 0 is cut into m chunks
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   // Post each receive one message ahead of need, so that transfers can overlap computation. Off
-  // by default: with 2 stages on 2 cores (bench_pipeline) it lowered 1F1B's bubble by 0.01-0.06
+  // by default: with 2 stages on 2 cores (bench_pipeline) it lowered 1F1B's bubble by 0.02-0.06
   // but not the time per batch, as the stages' computation slowed by as much (it shares the cores
   // with the polling of the receives in flight). Ignored where send and recv run in call order
   // (NCCL): an early receive would hold back the sends called after it. Every rank must pass the
@@ -109,7 +110,7 @@ class Pipeline {
   };
   void start_batch();
   bool receives_ahead() const { return options_.recv_ahead && !comm_->p2p_in_call_order(); }
-  Tensor decode_header(const Tensor& h, int src, Shape& shape) const;
+  std::pair<DType, Shape> decode_header(const Tensor& h, int src) const;
   void forward_step(MicroBatch& mb, const Tensor& input, const Tensor& target, bool keep_graph);
   void backward_step(MicroBatch& mb);
   void send(const Tensor& t, int dst, int tag);

@@ -160,16 +160,21 @@ TEST_CASE("pipeline: activations whose shape and dtype change between micro-batc
     std::optional<optim::SGD> opt;  // the stages between have no parameters
     if (!stage.parameters().empty()) opt.emplace(stage.parameters(), optim::SGDOptions{.lr = 0.3});
     int changes = 0;  // consecutive micro-batches whose activations differ in shape or dtype
-    for (int step = 0; step < 6; ++step) {
-      INFO("step " << step);
+    // A batch whose first two columns, which choose the width and dtype, change from micro-batch to
+    // micro-batch.
+    auto shifting_batch = [&](int step) {
       auto [x, y] = batch(step, rows);
-      // The first two columns, which choose the width and dtype, change from micro-batch to micro-batch.
       std::vector<float> forms;
       for (int64_t r = 0; r < rows; ++r) {
         forms.push_back(static_cast<float>(std::sin(2.1 * static_cast<double>(r) + step)));
         forms.push_back(static_cast<float>(std::cos(1.7 * static_cast<double>(r) + 0.5 * step)));
       }
       x.narrow(1, 0, 2).copy_(from_vector<float>(forms, {rows, 2}));
+      return std::pair{x, y};
+    };
+    for (int step = 0; step < 6; ++step) {
+      INFO("step " << step);
+      auto [x, y] = shifting_batch(step);
       // The reference: the same micro-batches, each loss / m, in one process.
       opt_ref.zero_grad();
       Tensor loss_ref = zeros({});
@@ -188,6 +193,15 @@ TEST_CASE("pipeline: activations whose shape and dtype change between micro-batc
     CHECK(changes >= 30);  // of the 42 changes of micro-batch: the data does make the activations change
     if (stage.a) check_close(stage.a->weight, ref.a->weight, {1e-5, 1e-6});
     if (stage.b) check_close(stage.b->weight, ref.b->weight, {1e-5, 1e-6});
+    // Forward only, the activations changing the same way.
+    auto [x, y] = shifting_batch(7);
+    Tensor out = pipe.eval_batch(s == 0 ? x : Tensor());
+    if (s == p - 1) {
+      NoGradGuard no_grad;
+      std::vector<Tensor> outs;
+      for (const Tensor& xi : x.split(rows / m, 0)) outs.push_back(ref(xi));
+      check_close(out, cat(outs, 0), {1e-5, 1e-6});
+    }
   }
 }
 
