@@ -10,7 +10,11 @@
 // stage: the CPU allocator's live bytes after a step minus before the model was built (weights,
 // gradients, masters and Adam's state: the activations are freed by then), the peak during a step
 // above that, and ms per step (median, the slowest rank's), micro-batch 64 per rank, one compute
-// thread per rank, 2 MB gradient buckets with overlap.
+// thread per rank, 2 MB gradient buckets with overlap. Stage 3 runs three ways: each weight
+// all-gathered where it is used; prefetched (stage3_prefetch_bucket_size); and with DeepSpeed's
+// defaults (prefetch, parameters of <= 100,000 elements persistent, weights kept between their
+// forward and backward use), with the all-gathers per step started at the point of use and ahead,
+// and the time per step spent waiting for them (the slowest rank's mean).
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -38,18 +42,38 @@ int main(int argc, char** argv) {
   manual_seed(1);
   const Tensor x = randn({64, 784}).to(kBFloat16);
   const Tensor y = randint(0, 10, {64});
-  for (int stage = 0; stage <= 3; ++stage) {
+  struct Run {
+    int stage;
+    const char* stage3;  // how stage 3 fetches its weights
+    int64_t prefetch, persistence, reuse;
+  };
+  const std::vector<Run> runs = {
+      {0, "", 0, 0, 0},
+      {1, "", 0, 0, 0},
+      {2, "", 0, 0, 0},
+      {3, "on demand", 0, 0, 0},
+      {3, "prefetch", 50'000'000, 0, 0},
+      {3, "prefetch, persistence, reuse (DeepSpeed's defaults)", 50'000'000, 100'000, 1'000'000'000},
+  };
+  for (const Run& run : runs) {
+    const int stage = run.stage;
     const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
     double psi = 0, states = 0, peak = 0, formula = 0, ms = 0;
+    double gathers = 0, prefetches = 0;  // stage 3's all-gathers per step, at the point of use and ahead
+    double wait_ms = 0;                   // and the time per step spent waiting for them
     {
       kiln_bench::Mlp784 net;
       net.to(kBFloat16);
       psi = static_cast<double>(net.num_parameters());
       ZeroOptimizer opt(net, comm, [](std::vector<Tensor> masters) {
         return std::make_unique<optim::AdamW>(std::move(masters), optim::AdamWOptions{.lr = 1e-3, .fused = true});
-      }, {.stage = stage, .reduce_bucket_size = 1 << 20, .overlap_comm = true});
+      }, {.stage = stage, .reduce_bucket_size = 1 << 20, .overlap_comm = true,
+          .stage3_prefetch_bucket_size = run.prefetch, .stage3_param_persistence_threshold = run.persistence,
+          .stage3_max_reuse_distance = run.reuse});
       std::vector<double> times;
+      ParamGatherer::Stats warm;
       for (int s = 0; s < steps + 2; ++s) {
+        if (s == 2) warm = opt.stage3_stats();
         comm->barrier();
         memory::reset_peak(Device::cpu());
         const auto t0 = Clock::now();
@@ -60,6 +84,9 @@ int main(int argc, char** argv) {
         const double t = std::chrono::duration<double>(Clock::now() - t0).count() * 1e3;
         if (s >= 2) times.push_back(t);  // warm-up: Adam's state is made in the first step
       }
+      gathers = static_cast<double>(opt.stage3_stats().gathers - warm.gathers) / steps;
+      prefetches = static_cast<double>(opt.stage3_stats().prefetches - warm.prefetches) / steps;
+      wait_ms = kiln_bench::slowest(*comm, (opt.stage3_stats().wait_seconds - warm.wait_seconds) * 1e3 / steps);
       ms = kiln_bench::slowest(*comm, kiln_bench::median(times));
       states = kiln_bench::slowest(*comm, static_cast<double>(memory::stats(Device::cpu()).allocated_bytes - before));
       peak = kiln_bench::slowest(*comm, static_cast<double>(memory::stats(Device::cpu()).peak_allocated_bytes - before));
@@ -69,10 +96,14 @@ int main(int argc, char** argv) {
     }
     if (r == 0) {
       std::printf("{\"bench\":\"zero\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
-                  "\"stage\":%d,\"model\":\"mlp 784-1024x3-10 bf16, AdamW\",\"params\":%.0f,"
+                  "\"stage\":%d,%s\"model\":\"mlp 784-1024x3-10 bf16, AdamW\",\"params\":%.0f,"
                   "\"model_state_mib\":%.3f,\"formula_mib\":%.3f,\"ratio_to_formula\":%.4f,"
-                  "\"peak_step_mib\":%.3f,\"ms_per_step\":%.3f}\n",
-                  p, stage, psi, states / (1 << 20), formula / (1 << 20), states / formula, peak / (1 << 20), ms);
+                  "\"peak_step_mib\":%.3f,\"ms_per_step\":%.3f%s}\n",
+                  p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",", run.stage3).c_str() : "", psi,
+                  states / (1 << 20), formula / (1 << 20), states / formula, peak / (1 << 20), ms,
+                  stage == 3 ? fmt::format(",\"gathers_per_step\":{:.1f},\"prefetches_per_step\":{:.1f},"
+                                           "\"gather_wait_ms_per_step\":{:.3f}", gathers, prefetches, wait_ms).c_str()
+                             : "");
       std::fflush(stdout);
     }
   }

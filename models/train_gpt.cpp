@@ -335,6 +335,7 @@ int run(int argc, char** argv) {
   // With a DeepSpeed config: the engine, and its checkpoints beside checkpoint/ (one ZeRO shard per
   // rank; checkpoint.json names the tag that goes with it).
   std::optional<Engine> engine;
+  const int64_t num_parameters = model.num_parameters();  // counted before ZeRO stage 3 shards them
   const auto engine_dir_of = [](const std::string& ckpt) {
     fs::path p = fs::path(ckpt).lexically_normal();
     if (p.filename().empty()) p = p.parent_path();
@@ -409,7 +410,7 @@ int run(int argc, char** argv) {
                 "%lld training / %lld validation bytes; %lld x %lld windows per step%s; %s; %d threads%s%s%s%s%s%s\n",
                 r.config.c_str(), static_cast<long long>(c.n_layer), static_cast<long long>(c.n_head),
                 static_cast<long long>(c.n_embd), static_cast<long long>(c.block_size),
-                static_cast<long long>(model.num_parameters()), device.str().c_str(),
+                static_cast<long long>(num_parameters), device.str().c_str(),
                 static_cast<long long>(train_text.size()), static_cast<long long>(val_text.size()),
                 static_cast<long long>(r.grad_accum), static_cast<long long>(r.batch_size),
                 comm && comm->size() > 1 ? fmt::format(" per rank, {} ranks", comm->size()).c_str() : "",

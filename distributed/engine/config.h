@@ -17,7 +17,9 @@
 //   zero_optimization {stage, reduce_bucket_size, allgather_bucket_size, overlap_comm (default: on
 //                  at stage 3 only, as DeepSpeed),
 //                  contiguous_gradients, reduce_scatter, allgather_partitions,
-//                  offload_optimizer: {device: none | cpu, pin_memory}}
+//                  offload_optimizer: {device: none | cpu, pin_memory},
+//                  stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
+//                  stage3_max_live_parameters, stage3_max_reuse_distance}
 //
 // "Strictly": a key Kiln does not know is an Error naming it, where it is, the keys allowed there and
 // the closest of them ("did you mean"); a DeepSpeed key that Kiln does not implement is an Error

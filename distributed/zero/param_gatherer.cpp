@@ -1,7 +1,9 @@
-// distributed/zero/param_gatherer.cpp: stage 3's gathering and dropping of weights (see
-// param_gatherer.h).
+// distributed/zero/param_gatherer.cpp: stage 3's gathering, prefetching and dropping of weights
+// (see param_gatherer.h).
 #include "distributed/zero/param_gatherer.h"
 
+#include <algorithm>
+#include <chrono>
 #include <exception>
 #include <unordered_map>
 
@@ -10,18 +12,66 @@
 
 namespace kiln::distributed {
 
+namespace {
+constexpr size_t kMaxTraceEvents = size_t{1} << 20;
+}  // namespace
+
+// Note [the fetch trace]
+// ~~~~~~~~~~~~~~~~~~~~~~
+// A fetch is an event: hooked module m's forward (2m) or its backward (2m + 1). Training runs the
+// same events in the same order every iteration, and every rank runs the same ones, so the order
+// seen in one iteration predicts the next (DeepSpeed's PartitionedParameterCoordinator records it
+// the same way). The trace is in one of three states:
+//
+//   kRecord   each event is appended. The next step() (release_all) ends the iteration: the trace
+//             is complete and the state turns kReplay (with nothing recorded, it stays kRecord).
+//             Past kMaxTraceEvents without a step, it gives up: kMissed.
+//   kReplay   each event is checked against trace_[cursor_] and advances the cursor. After it, the
+//             parameters of the events ahead are started, in trace order, while fewer than
+//             prefetch_bucket_size elements are in flight and at most max_live_parameters are
+//             gathered or in flight. An event equal to trace_[0] where the trace expected another
+//             starts the trace again (an iteration without a step: fp16 skipped the step, or an
+//             evaluation forward had no backward). Any other difference is a miss: kMissed.
+//   kMissed   nothing is prefetched or kept for reuse until the next step, which records anew.
+//
+// Every decision (what to prefetch, what to keep) is a function of the trace, the cursor and which
+// parameters are gathered or in flight, and those evolve the same on every rank: the all-gathers
+// stay matched across ranks. A prefetch is never wrong, only early: the weights do not change
+// between steps, and step() completes the prefetches in flight (finish_pending) before it writes
+// the shard they read.
+//
+// Keeping (max_reuse_distance): when no running forward reads a parameter any more, it is dropped
+// unless the trace uses it again within max_reuse_distance elements of other fetches (trace_numel_
+// holds the running sums). Its forward use and its backward use are the whole model apart at the
+// last layer and a few layers apart at the first, so DeepSpeed's default (1e9 elements) keeps a
+// small model's weights from their forward to their backward: fewer all-gathers, more memory.
+// Outside grad mode nothing is kept: a forward under NoGradGuard has no backward to come.
+
 ParamGatherer::ParamGatherer(Communicator& comm, const FlatLayout& layout, std::vector<Tensor> params, Tensor shard,
-                             nn::Module& model)
+                             nn::Module& model, Options options)
     : comm_(comm),
       layout_(layout),
+      options_(options),
       params_(std::move(params)),
       gathered_(params_.size(), true),
+      persistent_(params_.size(), false),
+      pending_(params_.size()),
       users_(params_.size(), 0),
-      shard_(std::move(shard)) {
+      shard_(std::move(shard)),
+      uses_(params_.size()) {
+  auto check = [](int64_t v, const char* key) {
+    KILN_CHECK(v >= 0, "ZeRO stage 3: {} must be >= 0 elements, not {}", key, v);
+  };
+  check(options_.prefetch_bucket_size, "stage3_prefetch_bucket_size");
+  check(options_.param_persistence_threshold, "stage3_param_persistence_threshold");
+  check(options_.max_live_parameters, "stage3_max_live_parameters");
+  check(options_.max_reuse_distance, "stage3_max_reuse_distance");
   std::unordered_map<const TensorImpl*, size_t> index;
   for (size_t k = 0; k < params_.size(); ++k) {
     shapes_.push_back(params_[k].sizes());
     index.emplace(params_[k].impl(), k);
+    persistent_[k] = params_[k].numel() <= options_.param_persistence_threshold;
+    if (!persistent_[k]) live_numel_ += params_[k].numel();
   }
   // Every module that owns trainable parameters gathers them around its forward. A tied parameter
   // is owned by each module that registered it.
@@ -34,7 +84,7 @@ ParamGatherer::ParamGatherer(Communicator& comm, const FlatLayout& layout, std::
   }
   for (size_t k = 0; k < params_.size(); ++k) {
     grad_hooks_.push_back(params_[k].register_post_accumulate_grad_hook([this, k](const Tensor&) {
-      if (users_[k] == 0) release(k);
+      if (users_[k] == 0) done_with(k);
     }));
   }
   release_all();
@@ -49,29 +99,31 @@ ParamGatherer::~ParamGatherer() {
 }
 
 void ParamGatherer::hook_module(nn::Module& module, std::vector<size_t> owned) {
+  const size_t event = 2 * owned_.size();
   auto ks = std::make_shared<std::vector<size_t>>(std::move(owned));
   owned_.emplace_back(&module, ks);
-  module_hooks_.push_back(module.register_forward_pre_hook([this, ks](nn::Module&, const Tensor&) {
+  module_hooks_.push_back(module.register_forward_pre_hook([this, event, ks](nn::Module&, const Tensor&) {
     for (size_t k : *ks) ++users_[k];
-    gather(*ks);
+    fetch(event, *ks);
     return Tensor();
   }));
-  module_hooks_.push_back(module.register_forward_hook([this, ks](nn::Module&, const Tensor&, const Tensor& output) {
-    // A parameter that an enclosing module's forward still reads (GPT's tied head reads the
-    // embedding's weight after the embedding has run) stays until that forward ends too.
-    for (size_t k : *ks) {
-      if (--users_[k] == 0) release(k);
-    }
-    // The gradient of the output arrives just before backward enters this module's nodes, which
-    // read the weights: gather them then.
-    if (output.defined() && output.requires_grad()) {
-      output.register_hook([this, ks](const Tensor&) {
-        gather(*ks);
+  module_hooks_.push_back(
+      module.register_forward_hook([this, event, ks](nn::Module&, const Tensor&, const Tensor& output) {
+        // A parameter that an enclosing module's forward still reads (GPT's tied head reads the
+        // embedding's weight after the embedding has run) stays until that forward ends too.
+        for (size_t k : *ks) {
+          if (--users_[k] == 0) done_with(k);
+        }
+        // The gradient of the output arrives just before backward enters this module's nodes,
+        // which read the weights: fetch them then.
+        if (output.defined() && output.requires_grad()) {
+          output.register_hook([this, event, ks](const Tensor&) {
+            fetch(event + 1, *ks);
+            return Tensor();
+          });
+        }
         return Tensor();
-      });
-    }
-    return Tensor();
-  }));
+      }));
 }
 
 void ParamGatherer::register_external_parameter(nn::Module& module, const Tensor& param) {
@@ -91,12 +143,58 @@ size_t ParamGatherer::index_of(const Tensor& param) const {
             "optimizer partitions; pass a parameter of the model it was built over");
 }
 
-void ParamGatherer::gather(const std::vector<size_t>& ks) {
-  for (size_t k : ks) gather(k);
+void ParamGatherer::fetch(size_t event, const std::vector<size_t>& ks) {
+  if (!pinned_) follow_trace(event);
+  // Start what is neither here nor on its way, then wait for all of it: the all-gathers of one
+  // module move together.
+  for (size_t k : ks) {
+    if (!gathered_[k] && !pending_[k]) {
+      start(k);
+      ++stats_.gathers;
+    }
+  }
+  for (size_t k : ks) {
+    if (pending_[k]) finish(k);
+  }
+  if (trace_state_ == TraceState::kReplay && !pinned_) prefetch();
 }
 
-void ParamGatherer::gather(size_t k) {
-  if (gathered_[k]) return;
+void ParamGatherer::follow_trace(size_t event) {
+  switch (trace_state_) {
+    case TraceState::kRecord:
+      trace_.push_back(event);
+      // Forwards without a step (evaluation only) would grow it without end.
+      if (trace_.size() > kMaxTraceEvents) trace_state_ = TraceState::kMissed;
+      return;
+    case TraceState::kMissed:
+      return;
+    case TraceState::kReplay:
+      if (cursor_ < trace_.size() && trace_[cursor_] == event) {
+        ++cursor_;
+      } else if (trace_[0] == event) {
+        cursor_ = 1;  // an iteration that began without a step (Note [the fetch trace])
+      } else {
+        ++stats_.trace_misses;
+        trace_state_ = TraceState::kMissed;
+      }
+      return;
+  }
+}
+
+void ParamGatherer::prefetch() {
+  for (size_t j = cursor_; j < trace_.size(); ++j) {
+    for (size_t k : *owned_[trace_[j] / 2].second) {
+      if (in_flight_numel_ >= options_.prefetch_bucket_size) return;
+      if (gathered_[k] || pending_[k]) continue;
+      if (!persistent_[k] && live_numel_ + layout_.param(static_cast<int64_t>(k)).size() > options_.max_live_parameters)
+        return;
+      start(k);
+      ++stats_.prefetches;
+    }
+  }
+}
+
+void ParamGatherer::start(size_t k) {
   NoGradGuard no_grad;
   const FlatRange range = layout_.param(static_cast<int64_t>(k));
   const FlatRange part = layout_.partition(comm_.rank());
@@ -107,41 +205,108 @@ void ParamGatherer::gather(size_t k) {
     outputs.push_back(full.narrow(0, piece.begin - range.begin, piece.size()));
   }
   const FlatRange mine = intersect(range, part);
-  comm_.all_gather(outputs, mine.empty() ? shard_.narrow(0, 0, 0) : shard_.narrow(0, mine.begin - part.begin, mine.size()));
-  params_[k].set_data(full.view(shapes_[k]));
+  Work work = comm_.all_gather(
+      outputs, mine.empty() ? shard_.narrow(0, 0, 0) : shard_.narrow(0, mine.begin - part.begin, mine.size()),
+      /*async_op=*/true);
+  in_flight_numel_ += range.size();
+  if (!persistent_[k]) live_numel_ += range.size();
+  pending_[k] = Pending{std::move(work), std::move(full)};
+}
+
+void ParamGatherer::finish(size_t k) {
+  Pending p = std::move(*pending_[k]);
+  pending_[k].reset();
+  in_flight_numel_ -= p.full.numel();
+  const auto t0 = std::chrono::steady_clock::now();
+  p.work.wait();
+  stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  NoGradGuard no_grad;
+  params_[k].set_data(p.full.view(shapes_[k]));
   gathered_[k] = true;
+}
+
+void ParamGatherer::done_with(size_t k) {
+  if (persistent_[k] || !gathered_[k]) return;
+  // Without grad mode no backward will come: the trace's next use may never happen.
+  if (trace_state_ == TraceState::kReplay && options_.max_reuse_distance > 0 && GradMode::is_enabled()) {
+    const std::vector<size_t>& uses = uses_[k];
+    const auto next = std::lower_bound(uses.begin(), uses.end(), cursor_);
+    if (next != uses.end() && trace_numel_[*next] - trace_numel_[cursor_] < options_.max_reuse_distance) {
+      ++stats_.kept_for_reuse;
+      return;
+    }
+  }
+  release(k);
 }
 
 void ParamGatherer::release(size_t k) {
   if (!gathered_[k]) return;
   params_[k].set_data(empty({0}, shard_.options()));
   gathered_[k] = false;
+  if (!persistent_[k]) live_numel_ -= layout_.param(static_cast<int64_t>(k)).size();
+}
+
+void ParamGatherer::finish_pending() {
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (pending_[k]) finish(k);
+  }
 }
 
 void ParamGatherer::gather_all() {
-  for (size_t k = 0; k < params_.size(); ++k) gather(k);
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (!gathered_[k] && !pending_[k]) start(k);
+  }
+  finish_pending();
 }
 
 void ParamGatherer::release_all() {
+  finish_pending();
   std::fill(users_.begin(), users_.end(), 0);  // after a forward that threw, say
   for (size_t k = 0; k < params_.size(); ++k) release(k);
+  // The iteration ends (Note [the fetch trace]).
+  if (trace_state_ == TraceState::kRecord && !trace_.empty()) {
+    trace_numel_.assign(trace_.size() + 1, 0);
+    for (auto& u : uses_) u.clear();
+    for (size_t i = 0; i < trace_.size(); ++i) {
+      int64_t numel = 0;
+      for (size_t k : *owned_[trace_[i] / 2].second) {
+        numel += layout_.param(static_cast<int64_t>(k)).size();
+        uses_[k].push_back(i);
+      }
+      trace_numel_[i + 1] = trace_numel_[i] + numel;
+    }
+    trace_state_ = TraceState::kReplay;
+  } else if (trace_state_ == TraceState::kMissed) {
+    trace_.clear();
+    trace_state_ = TraceState::kRecord;
+  }
+  cursor_ = 0;
+  // The persistent parameters, from the new shard: all started, then all waited for.
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (persistent_[k]) start(k);
+  }
+  finish_pending();
 }
 
-}  // namespace kiln::distributed
-
-namespace kiln::distributed {
+int64_t ParamGatherer::persistent_bytes() const {
+  int64_t bytes = 0;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (persistent_[k]) bytes += layout_.param(static_cast<int64_t>(k)).size() * itemsize(shard_.dtype());
+  }
+  return bytes;
+}
 
 void ParamGatherer::pin_all() {
-  for (size_t k = 0; k < params_.size(); ++k) {
-    ++users_[k];
-    gather(k);
-  }
+  pinned_ = true;
+  for (size_t k = 0; k < params_.size(); ++k) ++users_[k];
+  gather_all();
 }
 
 void ParamGatherer::unpin_all() {
   for (size_t k = 0; k < params_.size(); ++k) {
-    if (users_[k] > 0 && --users_[k] == 0) release(k);
+    if (users_[k] > 0 && --users_[k] == 0 && !persistent_[k]) release(k);
   }
+  pinned_ = false;
 }
 
 }  // namespace kiln::distributed

@@ -2,9 +2,9 @@
 // its partition of the weights (the shard), and a layer's parameters are all-gathered just before
 // they are used and dropped just after.
 //
-//   forward:   pre-hook of a module that owns parameters   gather its parameters
+//   forward:   pre-hook of a module that owns parameters   fetch its parameters
 //              its forward hook                            drop them; hook its output's gradient
-//   backward:  that output's gradient arrives              gather them again (its backward reads them)
+//   backward:  that output's gradient arrives              fetch them again (its backward reads them)
 //              a parameter's gradient is accumulated       drop it (GradReducer has reduced its gradient)
 //
 // Gathering parameter i (its range [a, b) of the flat layout) is one all-gather of uneven pieces:
@@ -14,9 +14,24 @@
 // tied head reads the embedding's weight) declares it with register_external_parameter, as with
 // DeepSpeed's deepspeed.zero.register_external_parameter. A parameter already gathered is not
 // gathered twice, and one is dropped after a forward only when no module forward that reads it is
-// still running (a count per parameter). Every rank runs the same hooks in the same order, so the all-gathers match.
+// still running (a count per parameter). Every rank runs the same hooks in the same order, so the
+// all-gathers match.
+//
+// Prefetch (DeepSpeed's stage3_* options; Note [the fetch trace] in param_gatherer.cpp). The first
+// iteration (up to the first step()) records the order of the fetches, forward and backward: the
+// trace. Later iterations replay it: after each fetch, the all-gathers of the parameters the next
+// fetches need are started at once, asynchronous, up to prefetch_bucket_size elements in flight, so
+// that they move while this layer computes. A parameter whose next use in the trace comes within
+// max_reuse_distance elements of other fetches is kept instead of dropped (no gather to redo), and
+// parameters of at most param_persistence_threshold elements are never dropped (each is one
+// all-gather per step instead of two per use). A fetch that differs from the trace (the model took
+// another path) stops the prefetching until the next step records a new trace.
 #pragma once
 
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "distributed/comm/communicator.h"
@@ -27,10 +42,28 @@ namespace kiln::distributed {
 
 class ParamGatherer {
  public:
+  // DeepSpeed's zero_optimization.stage3_* keys of the same names, in elements. The defaults here
+  // turn every technique off (ZeroOptions holds DeepSpeed's defaults).
+  struct Options {
+    int64_t prefetch_bucket_size = 0;         // elements in flight ahead of their use; 0: no prefetch
+    int64_t param_persistence_threshold = 0;  // parameters of at most this many elements stay gathered
+    int64_t max_live_parameters = std::numeric_limits<int64_t>::max();  // gathered + in flight: prefetch stops here
+    int64_t max_reuse_distance = 0;  // keep a parameter whose next use is nearer than this; 0: drop at once
+  };
+  // What the hooks did since construction (every rank's are the same).
+  struct Stats {
+    int64_t gathers = 0;        // all-gathers started where the parameter was needed (a wait for each)
+    int64_t prefetches = 0;     // all-gathers started ahead of their use
+    int64_t kept_for_reuse = 0; // drops skipped because the parameter is used again soon
+    int64_t trace_misses = 0;   // fetches that differed from the trace (prefetch stopped until the next step)
+    double wait_seconds = 0;    // spent waiting for all-gathers to complete (what prefetch did not hide)
+  };
+
   // params: the parameters the layout describes (of `model`), in its order; shard: this rank's
-  // partition of their flat weights (layout.partition_numel() elements). Drops every parameter.
+  // partition of their flat weights (layout.partition_numel() elements). Drops every parameter
+  // but the persistent ones.
   ParamGatherer(Communicator& comm, const FlatLayout& layout, std::vector<Tensor> params, Tensor shard,
-                nn::Module& model);
+                nn::Module& model, Options options);
   ~ParamGatherer();  // removes the hooks and gathers every parameter (not while an Error unwinds)
   ParamGatherer(const ParamGatherer&) = delete;
   ParamGatherer& operator=(const ParamGatherer&) = delete;
@@ -38,32 +71,62 @@ class ParamGatherer {
   // Makes `module`'s forward (and its backward) gather `param` too.
   void register_external_parameter(nn::Module& module, const Tensor& param);
   void gather_all();
-  void release_all();  // drops every parameter, whatever forwards were running
-  // Gathers every parameter and keeps it while pinned: the hooks then neither gather nor drop, so a
-  // forward on one rank alone (evaluation, generation) runs no collective. Every rank calls it.
+  // Completes the all-gathers in flight. Call it before the shard changes: they read it.
+  void finish_pending();
+  // The shard has changed (a step, a load): drops every gathered parameter, whatever forwards were
+  // running, gathers the persistent ones anew, and ends the iteration for the trace.
+  void release_all();
+  // Gathers every parameter and keeps it while pinned: the hooks then neither gather nor drop (nor
+  // trace), so a forward on one rank alone (evaluation, generation) runs no collective. Every rank
+  // calls it.
   void pin_all();
   void unpin_all();
   bool is_gathered(size_t k) const { return gathered_[k]; }
+  int64_t persistent_bytes() const;  // of the parameters that stay gathered
+  const Stats& stats() const { return stats_; }
 
  private:
+  enum class TraceState { kRecord, kReplay, kMissed };
+  struct Pending {
+    Work work;
+    Tensor full;
+  };
+
   void hook_module(nn::Module& module, std::vector<size_t> owned);
-  void gather(const std::vector<size_t>& ks);
-  void gather(size_t k);
+  void fetch(size_t event, const std::vector<size_t>& ks);  // event: 2 * hooked module + (backward ? 1 : 0)
+  void follow_trace(size_t event);
+  void prefetch();
+  void start(size_t k);
+  void finish(size_t k);
+  void done_with(size_t k);  // no forward reads it any more: drop it, unless it persists or returns soon
   void release(size_t k);
   size_t index_of(const Tensor& param) const;
 
   Communicator& comm_;
   const FlatLayout& layout_;
+  Options options_;
   std::vector<Tensor> params_;
   std::vector<Shape> shapes_;
   std::vector<bool> gathered_;
+  std::vector<bool> persistent_;
+  std::vector<std::optional<Pending>> pending_;
   std::vector<int> users_;  // per parameter: module forwards running that read it
+  int64_t in_flight_numel_ = 0;  // elements of the prefetches not yet waited for
+  int64_t live_numel_ = 0;       // elements gathered or in flight, persistent ones aside
+  bool pinned_ = false;
   Tensor shard_;
   std::vector<nn::RemovableHandle> module_hooks_;
   std::vector<uint64_t> grad_hooks_;
   // Per hooked module: the parameters its hooks gather (shared with the hooks, so that
   // register_external_parameter can extend them).
   std::vector<std::pair<nn::Module*, std::shared_ptr<std::vector<size_t>>>> owned_;
+
+  TraceState trace_state_ = TraceState::kRecord;
+  std::vector<size_t> trace_;          // the events of the recorded iteration, in order
+  std::vector<int64_t> trace_numel_;   // before event i: the elements its predecessors fetch
+  std::vector<std::vector<size_t>> uses_;  // per parameter: the trace positions that fetch it
+  size_t cursor_ = 0;                  // the trace position of the next event
+  Stats stats_;
 };
 
 }  // namespace kiln::distributed

@@ -102,7 +102,12 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   reducer_ = std::make_unique<GradReducer>(*comm_, *layout_, params_, mode, options_.reduce_bucket_size,
                                            options_.overlap_comm, flat_grads_, grad_shard_);
   if (options_.stage == 3) {
-    gatherer_ = std::make_unique<ParamGatherer>(*comm_, *layout_, params_, shard_, model_);
+    gatherer_ = std::make_unique<ParamGatherer>(
+        *comm_, *layout_, params_, shard_, model_,
+        ParamGatherer::Options{.prefetch_bucket_size = options_.stage3_prefetch_bucket_size,
+                               .param_persistence_threshold = options_.stage3_param_persistence_threshold,
+                               .max_live_parameters = options_.stage3_max_live_parameters,
+                               .max_reuse_distance = options_.stage3_max_reuse_distance});
     flat_params_ = Tensor();  // the parameters were its last views: the full weights are gone
   }
 }
@@ -112,6 +117,8 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 void ZeroOptimizer::set_gradient_accumulation_boundary(bool boundary) { reducer_->set_sync(boundary); }
 
 int64_t ZeroOptimizer::buckets_started_during_backward() const { return reducer_->buckets_started_during_backward(); }
+
+ParamGatherer::Stats ZeroOptimizer::stage3_stats() const { return gatherer_ ? gatherer_->stats() : ParamGatherer::Stats{}; }
 
 void ZeroOptimizer::register_external_parameter(nn::Module& module, const Tensor& param) {
   if (gatherer_) gatherer_->register_external_parameter(module, param);
@@ -146,6 +153,7 @@ Tensor ZeroOptimizer::clip_grad_norm_(double max_norm) {
 }
 
 void ZeroOptimizer::step() {
+  if (gatherer_) gatherer_->finish_pending();  // the all-gathers in flight read the shard the step writes
   prepare_master_grads();
   inner_->param_groups()[0].options = groups_[0].options;  // what schedulers changed
   inner_->step();
@@ -182,7 +190,7 @@ void ZeroOptimizer::zero_grad(bool /*set_to_none*/) {
 
 ZeroOptimizer::ModelStateBytes ZeroOptimizer::model_state_bytes() const {
   ModelStateBytes b;
-  b.params = options_.stage == 3 ? shard_.nbytes() : flat_params_.nbytes();
+  b.params = options_.stage == 3 ? shard_.nbytes() + gatherer_->persistent_bytes() : flat_params_.nbytes();
   b.grads = flat_grads_.defined() ? flat_grads_.nbytes() : grad_shard_.nbytes();
   b.master = master_.data_ptr() == shard_.data_ptr() ? 0 : master_.nbytes();
   if (const optim::ParamState* st = inner_->find_state(master_)) {
@@ -279,6 +287,7 @@ void ZeroOptimizer::load_partitions(const std::vector<std::pair<int64_t, const T
   inner_->load_state_dict(for_inner);  // checks the options and the state's shapes, then loads them
   Optimizer::load_state_dict(groups_only);
   NoGradGuard no_grad;
+  if (gatherer_) gatherer_->finish_pending();
   master_.copy_(master);
   if (master_.data_ptr() != shard_.data_ptr()) shard_.copy_(master_);
   if (options_.stage == 1 || options_.stage == 2) comm_->all_gather_into_tensor(flat_params_, shard_);

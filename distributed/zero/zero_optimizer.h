@@ -31,7 +31,8 @@
 // receives just its partition's average (1 and up). step() updates the partition, rounds it into
 // the model's dtype, and all-gathers the partitions so that every rank has every weight again
 // (stages 1 and 2); at stage 3 the weights stay sharded and each layer's are all-gathered just
-// before they are used, forward and backward, and freed after (ParamGatherer, param_gatherer.h).
+// before they are used, forward and backward, and freed after (ParamGatherer, param_gatherer.h;
+// DeepSpeed's stage3_* options prefetch them, keep the small ones and keep those used again soon).
 //
 // Under ZeRO a parameter's .grad() is not the averaged gradient (at stage 2 and 3 it is dropped as
 // soon as it is reduced); grads() gives this rank's averaged share, which is what step() uses. At
@@ -49,6 +50,7 @@
 #include "distributed/comm/communicator.h"
 #include "distributed/ddp/ddp.h"
 #include "distributed/zero/layout.h"
+#include "distributed/zero/param_gatherer.h"
 #include "nn/module.h"
 #include "optim/grad_scaler.h"
 #include "optim/optimizer.h"
@@ -56,7 +58,6 @@
 namespace kiln::distributed {
 
 class GradReducer;
-class ParamGatherer;
 
 // The keys of a DeepSpeed config's "zero_optimization" section that Kiln implements, with
 // DeepSpeed's defaults (sizes in elements).
@@ -69,6 +70,14 @@ struct ZeroOptions {
   // step there; the gradients' partition is copied to the host and the weights back. On a CPU
   // model it changes nothing.
   bool offload_optimizer = false;
+  // Stage 3's prefetching and keeping of gathered weights (param_gatherer.h has how): elements
+  // fetched ahead of their use, parameters small enough to stay gathered, the most gathered or in
+  // flight at once, and how near a parameter's next use must be for it to be kept. 0 turns the
+  // first, second and fourth off.
+  int64_t stage3_prefetch_bucket_size = 50'000'000;
+  int64_t stage3_param_persistence_threshold = 100'000;
+  int64_t stage3_max_live_parameters = 1'000'000'000;
+  int64_t stage3_max_reuse_distance = 1'000'000'000;
 };
 
 class ZeroOptimizer : public optim::Optimizer {
@@ -122,9 +131,9 @@ class ZeroOptimizer : public optim::Optimizer {
   const Tensor& master() const { return master_; }  // this rank's float32 master partition
 
   // Bytes this rank holds for training, by kind (DeepSpeed's "model states"): weights (the flat
-  // buffer, or the shard at stage 3), gradients (the flat buffer, or the partition's), float32
-  // masters (0 where the partition is its own master) and optimizer state. Stage 2's buckets in
-  // flight and stage 3's gathered layers are transient and not counted.
+  // buffer, or at stage 3 the shard and the persistent parameters), gradients (the flat buffer, or
+  // the partition's), float32 masters (0 where the partition is its own master) and optimizer
+  // state. Stage 2's buckets in flight and stage 3's gathered layers are transient and not counted.
   struct ModelStateBytes {
     int64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
     int64_t total() const { return params + grads + master + optimizer_state; }
@@ -132,6 +141,9 @@ class ZeroOptimizer : public optim::Optimizer {
   ModelStateBytes model_state_bytes() const;
   // Buckets of the last reducing backward whose reduction started before backward had finished.
   int64_t buckets_started_during_backward() const;
+  // Stage 3: how many all-gathers started at the point of use and ahead of it, and the other
+  // counts of ParamGatherer::Stats, since construction. All zero at stages 0-2.
+  ParamGatherer::Stats stage3_stats() const;
 
   // Stage 3: gathers every parameter into the model while it lives (DeepSpeed's
   // deepspeed.zero.GatheredParameters), to print or save the weights, or to evaluate or generate on

@@ -20,4 +20,24 @@ inline std::pair<Tensor, Tensor> batch(int step, int64_t rows) {
   return {x, y};
 }
 
+// One training step of the single-process reference on the whole batch (x, y) and of `local` on
+// this rank's b rows of it; checks that the ranks' mean loss equals the reference's. `loss_fn(model,
+// x, y)` computes a loss.
+template <class LossFn>
+void parity_step(distributed::Communicator& comm, nn::Module& ref, optim::Optimizer& opt_ref, nn::Module& local,
+                 optim::Optimizer& opt, const Tensor& x, const Tensor& y, int64_t b, LossFn loss_fn, Tolerance tol) {
+  Tensor loss_ref = loss_fn(ref, x, y);
+  opt_ref.zero_grad();
+  loss_ref.backward();
+  opt_ref.step();
+  const int64_t r = comm.rank();
+  Tensor loss = loss_fn(local, x.narrow(0, r * b, b), y.narrow(0, r * b, b));
+  opt.zero_grad();
+  loss.backward();
+  opt.step();
+  Tensor mean_loss = loss.detach().clone();
+  comm.all_reduce(mean_loss, distributed::ReduceOp::Avg);
+  check_close(mean_loss, loss_ref.detach(), tol);
+}
+
 }  // namespace kiln::test

@@ -47,7 +47,8 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
                                                      "warmup_max_lr": 3e-4, "warmup_type": "linear"}},
     "fp16": {"enabled": true, "initial_scale_power": 12, "hysteresis": 3},
     "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "overlap_comm": true, "contiguous_gradients": true,
-                          "offload_optimizer": {"device": "cpu", "pin_memory": true}}
+                          "offload_optimizer": {"device": "cpu", "pin_memory": true},
+                          "stage3_prefetch_bucket_size": 2e6, "stage3_max_reuse_distance": 0}
   })");
   CHECK(*cfg.train_batch_size == 64);
   CHECK_FALSE(cfg.train_micro_batch_size_per_gpu.has_value());
@@ -70,6 +71,10 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
   CHECK(cfg.zero_optimization.reduce_bucket_size == 500'000'000);
   CHECK(cfg.zero_optimization.overlap_comm);
   CHECK(cfg.zero_optimization.offload_optimizer);
+  CHECK(cfg.zero_optimization.stage3_prefetch_bucket_size == 2'000'000);
+  CHECK(cfg.zero_optimization.stage3_max_reuse_distance == 0);
+  CHECK(cfg.zero_optimization.stage3_param_persistence_threshold == 100'000);  // DeepSpeed's defaults
+  CHECK(cfg.zero_optimization.stage3_max_live_parameters == 1'000'000'000);
   const Config::Batch b = cfg.resolve_batch(2);
   CHECK(b.micro_batch_size == 8);  // 64 / 2 ranks / 4 steps
   CHECK(b.gradient_accumulation_steps == 4);
@@ -93,8 +98,10 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"zero_optimization.reduce_buket_size\"", "did you mean \"reduce_bucket_size\""});
   bad(R"({"train_batch_size": 8, "activation_checkpointing": {}})",
       {"\"activation_checkpointing\" is a DeepSpeed option that Kiln does not implement"});
-  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_max_live_parameters": 1e9}})",
-      {"zero_optimization.stage3_max_live_parameters", "does not implement"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true}})",
+      {"zero_optimization.stage3_gather_16bit_weights_on_model_save", "does not implement"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_prefetch_bucket_size": -1}})",
+      {"\"zero_optimization.stage3_prefetch_bucket_size\" must be >= 0, not -1"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "stage": 2}})",
       {"\"stage\" appears twice in \"zero_optimization\"", "remove one"});
   bad(R"({"train_batch_size": 8, "train_batch_size": 16})", {"\"train_batch_size\" appears twice in the top level"});

@@ -19,6 +19,12 @@ ZeroOptimizer::MakeOptimizer sgd(double lr) {
   return [lr](std::vector<Tensor> m) { return std::make_unique<optim::SGD>(std::move(m), optim::SGDOptions{.lr = lr, .momentum = 0.9}); };
 }
 
+Tensor gpt_loss(nn::Module& m, const Tensor& x, const Tensor& y) {
+  return models::GPT::loss(static_cast<models::GPT&>(m)(x), y);
+}
+
+Tensor mlp_loss(nn::Module& m, const Tensor& x, const Tensor& y) { return nn::cross_entropy(m(x), y); }
+
 // The model's weights on every rank, gathered at stage 3.
 TensorDict weights(ZeroOptimizer& opt, nn::Module& m) {
   ZeroOptimizer::GatheredParameters gathered(opt);
@@ -69,8 +75,12 @@ TEST_CASE("zero: every stage on N ranks with micro-batch b matches one process w
       if (r == 0) local.load_state_dict(ref.state_dict());
       // Buckets of 300 elements and all-gathers of 128 per rank: several of each per step, and
       // parameters that straddle partitions and buckets.
+      // At stage 3 every parameter is gathered where it is used and dropped after (no prefetch, no
+      // parameter small enough to persist, none kept for reuse); the next test covers those.
       ZeroOptimizer opt(local, comm, sgd(0.1),
-                        {.stage = stage, .reduce_bucket_size = 300, .allgather_bucket_size = 128, .overlap_comm = overlap});
+                        {.stage = stage, .reduce_bucket_size = 300, .allgather_bucket_size = 128, .overlap_comm = overlap,
+                         .stage3_prefetch_bucket_size = 0, .stage3_param_persistence_threshold = 0,
+                         .stage3_max_reuse_distance = 0});
       CHECK(opt.name() == fmt::format("ZeRO-{}(SGD)", stage));
       optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
       for (int step = 0; step < 20; ++step) {
@@ -110,7 +120,10 @@ TEST_CASE("zero: stage 3 trains gpt_char (tied head, fused blocks) as one proces
   models::GPT ref(config);
   manual_seed(11);
   models::GPT local(config);
-  ZeroOptimizer opt(local, comm, sgd(0.1), {.stage = 3, .reduce_bucket_size = 100'000, .overlap_comm = true});
+  // DeepSpeed's prefetch and reuse defaults; no parameter persists (under its default threshold
+  // every one of gpt_char's would).
+  ZeroOptimizer opt(local, comm, sgd(0.1), {.stage = 3, .reduce_bucket_size = 100'000, .overlap_comm = true,
+                                            .stage3_param_persistence_threshold = 0});
   // GPT's forward reads the embedding's weight for its tied head itself.
   opt.register_external_parameter(local, local.transformer.wte.weight);
   optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
@@ -119,17 +132,7 @@ TEST_CASE("zero: stage 3 trains gpt_char (tied head, fused blocks) as one proces
     INFO("step " << step);
     Tensor tokens = randint(0, config.vocab_size, {b * p, T + 1}, kInt64, &data);
     Tensor x = tokens.narrow(1, 0, T).contiguous(), y = tokens.narrow(1, 1, T).contiguous();
-    Tensor loss_ref = models::GPT::loss(ref(x), y);
-    opt_ref.zero_grad();
-    loss_ref.backward();
-    opt_ref.step();
-    Tensor loss = models::GPT::loss(local(x.narrow(0, r * b, b)), y.narrow(0, r * b, b));
-    opt.zero_grad();
-    loss.backward();
-    opt.step();
-    Tensor mean_loss = loss.detach().clone();
-    comm->all_reduce(mean_loss, ReduceOp::Avg);
-    check_close(mean_loss, loss_ref.detach(), {1e-5, 0});
+    kiln::test::parity_step(*comm, ref, opt_ref, local, opt, x, y, b, gpt_loss, {1e-5, 0});
   }
   const TensorDict got = weights(opt, local);
   for (const auto& [name, t] : ref.named_parameters()) {
@@ -151,6 +154,129 @@ TEST_CASE("zero: stage 3 trains gpt_char (tied head, fused blocks) as one proces
   check_close(one, full({1}, static_cast<double>(p)));
 }
 
+TEST_CASE("zero: stage 3's prefetch, persistent parameters and reuse train gpt_char as one process does",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 2, T = 16;
+  models::GPTConfig config = models::GPTConfig::gpt_char();
+  config.n_layer = 2;
+  struct Case {
+    const char* name;
+    ZeroOptions options;
+  };
+  auto stage3 = [](int64_t prefetch, int64_t persist, int64_t live, int64_t reuse) {
+    return ZeroOptions{.stage = 3, .reduce_bucket_size = 100'000, .overlap_comm = true,
+                       .stage3_prefetch_bucket_size = prefetch, .stage3_param_persistence_threshold = persist,
+                       .stage3_max_live_parameters = live, .stage3_max_reuse_distance = reuse};
+  };
+  const int64_t kNever = 1'000'000'000;
+  const std::vector<Case> cases = {
+      {"on demand", stage3(0, 0, kNever, 0)},
+      {"prefetch one parameter ahead", stage3(1, 0, kNever, 0)},
+      {"prefetch everything", stage3(50'000'000, 0, kNever, 0)},
+      {"prefetch within max_live_parameters", stage3(50'000'000, 0, 100'000, 0)},
+      {"persistent small parameters, reuse", stage3(20'000, 1'000, kNever, 40'000)},
+      {"DeepSpeed's defaults", ZeroOptions{.stage = 3, .reduce_bucket_size = 100'000, .overlap_comm = true}},
+  };
+  const int kSteps = 6;
+  std::vector<int64_t> collectives_per_step;  // all-gathers of the last step, per case
+  for (const Case& c : cases) {
+    INFO(c.name);
+    manual_seed(11);
+    models::GPT ref(config);
+    manual_seed(11);
+    models::GPT local(config);
+    ZeroOptimizer opt(local, comm, sgd(0.1), c.options);
+    opt.register_external_parameter(local, local.transformer.wte.weight);
+    optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
+    Generator data(7);
+    ParamGatherer::Stats before_last;
+    for (int step = 0; step < kSteps; ++step) {
+      INFO("step " << step);
+      if (step == kSteps - 1) before_last = opt.stage3_stats();
+      Tensor tokens = randint(0, config.vocab_size, {b * p, T + 1}, kInt64, &data);
+      Tensor x = tokens.narrow(1, 0, T).contiguous(), y = tokens.narrow(1, 1, T).contiguous();
+      kiln::test::parity_step(*comm, ref, opt_ref, local, opt, x, y, b, gpt_loss, {1e-5, 0});
+      if (step == 2) {
+        // An evaluation forward between steps (no backward follows) starts the trace again.
+        NoGradGuard no_grad;
+        local(x.narrow(0, r * b, b));
+      }
+    }
+    const TensorDict got = weights(opt, local);
+    for (const auto& [name, t] : ref.named_parameters()) {
+      INFO(name);
+      check_close(got.at(name), t, {1e-5, 1e-6});
+    }
+    const ParamGatherer::Stats s = opt.stage3_stats();
+    CHECK(s.trace_misses == 0);
+    const int64_t gathers = s.gathers - before_last.gathers, prefetches = s.prefetches - before_last.prefetches;
+    collectives_per_step.push_back(gathers + prefetches);
+    // Outside forward and backward only the persistent parameters are whole. gpt_char's largest
+    // weight has 65,536 elements: under DeepSpeed's threshold (100,000) every parameter persists.
+    const int64_t threshold = c.options.stage3_param_persistence_threshold;
+    CHECK((local.transformer.ln_f.weight.numel() == 0) == (threshold < 128));
+    CHECK((local.block(0).attn.c_attn.weight.numel() == 0) == (threshold < 49'152));
+    if (threshold >= 65'536) {
+      CHECK(gathers + prefetches == 0);  // all gathered once per step, by step() itself
+      continue;
+    }
+    const bool prefetch = c.options.stage3_prefetch_bucket_size > 0;
+    CHECK((prefetches > 0) == prefetch);
+    if (prefetch) CHECK(gathers < collectives_per_step[0]);  // most no longer wait at the point of use
+    if (c.options.stage3_max_reuse_distance > 0) CHECK(s.kept_for_reuse > 0);
+    else CHECK(s.kept_for_reuse == 0);
+  }
+  // Without reuse or persistence, a step all-gathers the same parameters however they are timed.
+  CHECK(collectives_per_step[1] == collectives_per_step[0]);
+  CHECK(collectives_per_step[2] == collectives_per_step[0]);
+  CHECK(collectives_per_step[4] < collectives_per_step[0]);
+  CHECK(collectives_per_step[5] < collectives_per_step[4]);
+}
+
+TEST_CASE("zero: stage 3 follows a model whose path changes between iterations", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size();
+  const int64_t b = 3;
+  struct Branchy : nn::Module {
+    nn::Linear a{20, 32}, left{32, 32}, right{32, 32}, out{32, 10};
+    bool go_left = true;
+    Branchy() { register_modules({{"a", a}, {"left", left}, {"right", right}, {"out", out}}); }
+    Tensor forward(const Tensor& x) override {
+      Tensor h = relu(a(x));
+      return out(relu(go_left ? left(h) : right(h)));
+    }
+  };
+  manual_seed(5);
+  Branchy ref;
+  manual_seed(5);
+  Branchy local;
+  // Plain SGD: a branch left out gets no gradient and must not move (momentum would move it under
+  // ZeRO's zero gradient but not in the reference, where .grad() stays undefined).
+  ZeroOptimizer opt(local, comm, [](std::vector<Tensor> m) {
+    return std::make_unique<optim::SGD>(std::move(m), optim::SGDOptions{.lr = 0.2});
+  }, {.stage = 3, .stage3_prefetch_bucket_size = 2'000, .stage3_param_persistence_threshold = 0,
+      .stage3_max_reuse_distance = 3'000});
+  optim::SGD opt_ref(ref.parameters(), {.lr = 0.2});
+  const std::vector<bool> path = {true, true, true, false, false, true, false, true};
+  for (size_t step = 0; step < path.size(); ++step) {
+    INFO("step " << step);
+    ref.go_left = local.go_left = path[step];
+    auto [x, y] = batch(static_cast<int>(step), b * p);
+    kiln::test::parity_step(*comm, ref, opt_ref, local, opt, x, y, b, mlp_loss, {1e-5, 1e-7});
+  }
+  const TensorDict got = weights(opt, local);
+  for (const auto& [name, t] : ref.named_parameters()) {
+    INFO(name);
+    check_close(got.at(name), t, {1e-5, 1e-6});
+  }
+  // Steps 3, 5 and 7 leave the trace of the step before them (step 6 records the one step 7
+  // leaves: after a miss, the next step records).
+  CHECK(opt.stage3_stats().trace_misses == 3);
+  CHECK(opt.stage3_stats().prefetches > 0);
+}
+
 TEST_CASE("zero: model-state bytes per rank follow the ZeRO paper's formulas (bf16 weights, Adam)", "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size();
@@ -170,8 +296,8 @@ TEST_CASE("zero: model-state bytes per rank follow the ZeRO paper's formulas (bf
       m.to(kBFloat16);
       ZeroOptimizer opt(m, comm, [](std::vector<Tensor> masters) {
         return std::make_unique<optim::AdamW>(std::move(masters), optim::AdamWOptions{.lr = 1e-3});
-      }, {.stage = stage, .reduce_bucket_size = 4096});
-      Tensor x = kiln::test::sample({4, 256}).to(kBFloat16);
+      }, {.stage = stage, .reduce_bucket_size = 4096, .stage3_param_persistence_threshold = 0});  // the paper's:
+      Tensor x = kiln::test::sample({4, 256}).to(kBFloat16);                                    // all partitioned
       m(x).to(kFloat32).square().mean().backward();
       opt.step();
       held = opt.model_state_bytes();
@@ -186,6 +312,24 @@ TEST_CASE("zero: model-state bytes per rank follow the ZeRO paper's formulas (bf
     CHECK(std::abs(measured - expect) <= 0.05 * expect);
     CHECK(held.optimizer_state == Approx(8 * psi / (stage == 0 ? 1 : n)).epsilon(0.02));
     CHECK(held.master == Approx(4 * psi / (stage == 0 ? 1 : n)).epsilon(0.02));
+  }
+  // Stage 3 with parameters that persist: the whole of each (bf16) on every rank, on top.
+  const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
+  {
+    Wide m;
+    m.to(kBFloat16);
+    ZeroOptimizer opt(m, comm, [](std::vector<Tensor> masters) {
+      return std::make_unique<optim::AdamW>(std::move(masters), optim::AdamWOptions{.lr = 1e-3});
+    }, {.stage = 3, .stage3_param_persistence_threshold = 256});  // the two biases
+    m(kiln::test::sample({4, 256}).to(kBFloat16)).to(kFloat32).square().mean().backward();
+    opt.step();
+    const ZeroOptimizer::ModelStateBytes held = opt.model_state_bytes();
+    const double expect = 16 * psi / p + 2 * (256 + 200);
+    CHECK(held.total() == Approx(expect).epsilon(0.05));
+    CHECK(held.params == 2 * (256 + 200) + 2 * opt.layout().partition_numel());
+    CHECK(memory::stats(Device::cpu()).allocated_bytes - before == Approx(expect).epsilon(0.05));
+    CHECK(m.a.bias.numel() == 256);
+    CHECK(m.a.weight.numel() == 0);
   }
 }
 

@@ -17,7 +17,9 @@ file(WRITE ${WORK}/ds.json [=[{
   "steps_per_print": 1000,
   "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "weight_decay": 0.1}},
   "fp16": {"enabled": true, "loss_scale_window": 2},
-  "zero_optimization": {"stage": 3, "reduce_bucket_size": 2000, "overlap_comm": true}
+  "zero_optimization": {"stage": 3, "reduce_bucket_size": 2000, "overlap_comm": true,
+                        "stage3_prefetch_bucket_size": 100000, "stage3_param_persistence_threshold": 1000,
+                        "stage3_max_reuse_distance": 5000}
 }]=])
 set(model --n-layer 1 --n-head 2 --n-embd 32 --context 2 --corpus ${WORK}/corpus.txt --deepspeed-config ${WORK}/ds.json)
 set(run --eval-batches 1 --sample 0 --threads 1)
@@ -41,6 +43,11 @@ endfunction()
 train_gpt(out "${LAUNCHER}" ${model} ${run} --steps 6 --out ${WORK}/straight)
 if(NOT out MATCHES "DeepSpeed config: ZeRO stage 3, ZeRO-3[(]AdamW[)] lr 0.01")
   message(FATAL_ERROR "the run should say it trains with the DeepSpeed config:\n${out}")
+endif()
+# The whole model's count (8192 + 64 embedding, 12,704 in the block, 64 in ln_f), not what is left
+# on a rank once stage 3 has dropped the weights.
+if(NOT out MATCHES "[(]21024 parameters[)]")
+  message(FATAL_ERROR "the run should count every parameter of the model:\n${out}")
 endif()
 summary(straight "${out}")
 train_gpt(out "${LAUNCHER}" ${model} ${run} --steps 3 --out ${WORK}/first)
