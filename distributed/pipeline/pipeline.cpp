@@ -57,6 +57,8 @@ void Pipeline::start_batch() {
   }
   for (Channel& c : sent_) c = Channel();
   for (Channel& c : received_) c = Channel();
+  const auto params = stage_.parameters();
+  device_ = params.empty() ? Device::cpu() : params[0].device();
 }
 
 void Pipeline::send(const Tensor& t, int dst, int tag) {
@@ -92,6 +94,8 @@ void Pipeline::send(const Tensor& t, int dst, int tag) {
   c.shape = t.sizes();
 }
 
+Tensor Pipeline::header_buffer() const { return empty({2 + kMaxDims}, TensorOptions(kInt64).device(comm_->device())); }
+
 std::pair<DType, Shape> Pipeline::decode_header(const Tensor& h, int src) const {
   const std::vector<int64_t> header = h.to_vector<int64_t>();
   KILN_CHECK(header[0] >= 0 && header[0] <= static_cast<int64_t>(DType::Float64) && header[1] >= 0 &&
@@ -105,8 +109,6 @@ std::pair<DType, Shape> Pipeline::decode_header(const Tensor& h, int src) const 
 
 Tensor Pipeline::recv(int src, int tag) {
   const auto t0 = Clock::now();
-  const auto params = stage_.parameters();
-  const Device device = params.empty() ? Device::cpu() : params[0].device();
   Channel& c = received_[tag];
   Tensor t;
   if (c.ahead) {
@@ -116,25 +118,25 @@ Tensor Pipeline::recv(int src, int tag) {
     if (dtype == c.data.dtype() && shape == c.data.sizes()) {
       t = c.data;
     } else {  // c.data holds the sender's filler
-      t = empty(shape, TensorOptions(dtype).device(device));
+      t = empty(shape, TensorOptions(dtype).device(device_));
       comm_->recv(t, src, tag);
     }
     c.header = c.data = Tensor();
     c.header_work = c.data_work = Work();
     c.ahead = false;
   } else {
-    Tensor h = empty({2 + kMaxDims}, TensorOptions(kInt64).device(comm_->device()));
+    Tensor h = header_buffer();
     comm_->recv(h, src, tag);
     const auto [dtype, shape] = decode_header(h, src);
-    t = empty(shape, TensorOptions(dtype).device(device));
+    t = empty(shape, TensorOptions(dtype).device(device_));
     comm_->recv(t, src, tag);
   }
   ++c.count;
   c.dtype = t.dtype();
   c.shape = t.sizes();
   if (receives_ahead() && c.count < options_.micro_batches) {
-    c.header = empty({2 + kMaxDims}, TensorOptions(kInt64).device(comm_->device()));
-    c.data = empty(c.shape, TensorOptions(c.dtype).device(device));
+    c.header = header_buffer();
+    c.data = empty(c.shape, TensorOptions(c.dtype).device(device_));
     c.header_work = comm_->recv(c.header, src, tag, /*async_op=*/true);
     c.data_work = comm_->recv(c.data, src, tag, /*async_op=*/true);
     c.ahead = true;

@@ -110,6 +110,7 @@ class Pipeline {
   };
   void start_batch();
   bool receives_ahead() const { return options_.recv_ahead && !comm_->p2p_in_call_order(); }
+  Tensor header_buffer() const;  // what a message's header is received into
   std::pair<DType, Shape> decode_header(const Tensor& h, int src) const;
   void forward_step(MicroBatch& mb, const Tensor& input, const Tensor& target, bool keep_graph);
   void backward_step(MicroBatch& mb);
@@ -124,6 +125,7 @@ class Pipeline {
   std::vector<Work> sends_;           // in flight
   std::vector<Tensor> send_buffers_;  // what each of them reads (the same index), alive until it completes
   Channel sent_[2], received_[2];  // by tag
+  Device device_ = Device::cpu();   // where this stage's parameters are: received tensors go there (per batch)
   double loss_sum_ = 0;  // the last stage's, over the micro-batches of train_batch
   Stats stats_;
 };
