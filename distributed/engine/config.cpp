@@ -28,7 +28,7 @@ const std::set<std::string> kUnsupportedTop = {
     "sparse_attention", "sparse_gradients", "tensorboard", "torch_autocast", "wandb", "compile",
     "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type", "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
-    "offload_param", "sub_group_size", "stage3_model_persistence_threshold", "stage3_gather_16bit_weights_on_model_save",
+    "offload_param", "sub_group_size", "stage3_gather_16bit_weights_on_model_save",
     "stage3_gather_fp16_weights_on_model_save", "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
     "cpu_offload_params", "cpu_offload_use_pin_memory", "mics_shard_size", "mics_hierarchical_params_gather",
     "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "memory_efficient_linear",
@@ -367,6 +367,7 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
   s.read("overlap_comm", z.overlap_comm);
   s.read("stage3_prefetch_bucket_size", z.stage3_prefetch_bucket_size, 0);
   s.read("stage3_param_persistence_threshold", z.stage3_param_persistence_threshold, 0);
+  s.read("stage3_model_persistence_threshold", z.stage3_model_persistence_threshold, 0);
   s.read("stage3_max_live_parameters", z.stage3_max_live_parameters, 0);
   s.read("stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0);
   s.read_fixed("contiguous_gradients", true, "gradients are always copied into contiguous buckets");

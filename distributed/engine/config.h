@@ -19,6 +19,7 @@
 //                  contiguous_gradients, reduce_scatter, allgather_partitions,
 //                  offload_optimizer: {device: none | cpu, pin_memory},
 //                  stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
+//                  stage3_model_persistence_threshold,
 //                  stage3_max_live_parameters, stage3_max_reuse_distance}
 //
 // "Strictly": a key Kiln does not know is an Error naming it, where it is, the keys allowed there and

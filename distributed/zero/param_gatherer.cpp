@@ -64,13 +64,18 @@ ParamGatherer::ParamGatherer(Communicator& comm, const FlatLayout& layout, std::
   };
   check(options_.prefetch_bucket_size, "stage3_prefetch_bucket_size");
   check(options_.param_persistence_threshold, "stage3_param_persistence_threshold");
+  check(options_.model_persistence_threshold, "stage3_model_persistence_threshold");
   check(options_.max_live_parameters, "stage3_max_live_parameters");
   check(options_.max_reuse_distance, "stage3_max_reuse_distance");
   std::unordered_map<const TensorImpl*, size_t> index;
+  int64_t persistent_numel = 0;
   for (size_t k = 0; k < params_.size(); ++k) {
     shapes_.push_back(params_[k].sizes());
     index.emplace(params_[k].impl(), k);
-    persistent_[k] = params_[k].numel() <= options_.param_persistence_threshold;
+    // In the layout's order, while the persistent ones stay within model_persistence_threshold.
+    persistent_[k] = params_[k].numel() <= options_.param_persistence_threshold &&
+                     params_[k].numel() <= options_.model_persistence_threshold - persistent_numel;
+    if (persistent_[k]) persistent_numel += params_[k].numel();
     if (!persistent_[k]) live_numel_ += params_[k].numel();
   }
   // Every module that owns trainable parameters gathers them around its forward. A tied parameter

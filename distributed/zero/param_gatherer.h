@@ -46,7 +46,8 @@ class ParamGatherer {
   // turn every technique off (ZeroOptions holds DeepSpeed's defaults).
   struct Options {
     int64_t prefetch_bucket_size = 0;         // elements in flight ahead of their use; 0: no prefetch
-    int64_t param_persistence_threshold = 0;  // parameters of at most this many elements stay gathered
+    int64_t param_persistence_threshold = 0;  // parameters of at most this many elements stay gathered,
+    int64_t model_persistence_threshold = std::numeric_limits<int64_t>::max();  // up to this many in all
     int64_t max_live_parameters = std::numeric_limits<int64_t>::max();  // gathered + in flight: prefetch stops here
     int64_t max_reuse_distance = 0;  // keep a parameter whose next use is nearer than this; 0: drop at once
   };

@@ -106,6 +106,7 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
         *comm_, *layout_, params_, shard_, model_,
         ParamGatherer::Options{.prefetch_bucket_size = options_.stage3_prefetch_bucket_size,
                                .param_persistence_threshold = options_.stage3_param_persistence_threshold,
+                               .model_persistence_threshold = options_.stage3_model_persistence_threshold,
                                .max_live_parameters = options_.stage3_max_live_parameters,
                                .max_reuse_distance = options_.stage3_max_reuse_distance});
     flat_params_ = Tensor();  // the parameters were its last views: the full weights are gone

@@ -44,6 +44,7 @@
 #pragma once
 
 #include <functional>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -71,11 +72,12 @@ struct ZeroOptions {
   // model it changes nothing.
   bool offload_optimizer = false;
   // Stage 3's prefetching and keeping of gathered weights (param_gatherer.h has how): elements
-  // fetched ahead of their use, parameters small enough to stay gathered, the most gathered or in
-  // flight at once, and how near a parameter's next use must be for it to be kept. 0 turns the
-  // first, second and fourth off.
+  // fetched ahead of their use, parameters small enough to stay gathered (and how many elements of
+  // them in all), the most gathered or in flight at once, and how near a parameter's next use must
+  // be for it to be kept. 0 turns prefetch, persistence and reuse off.
   int64_t stage3_prefetch_bucket_size = 50'000'000;
   int64_t stage3_param_persistence_threshold = 100'000;
+  int64_t stage3_model_persistence_threshold = std::numeric_limits<int64_t>::max();  // persistent elements in all
   int64_t stage3_max_live_parameters = 1'000'000'000;
   int64_t stage3_max_reuse_distance = 1'000'000'000;
 };

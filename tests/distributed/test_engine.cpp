@@ -48,7 +48,8 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
     "fp16": {"enabled": true, "initial_scale_power": 12, "hysteresis": 3},
     "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "overlap_comm": true, "contiguous_gradients": true,
                           "offload_optimizer": {"device": "cpu", "pin_memory": true},
-                          "stage3_prefetch_bucket_size": 2e6, "stage3_max_reuse_distance": 0}
+                          "stage3_prefetch_bucket_size": 2e6, "stage3_max_reuse_distance": 0,
+                          "stage3_model_persistence_threshold": 1e6}
   })");
   CHECK(*cfg.train_batch_size == 64);
   CHECK_FALSE(cfg.train_micro_batch_size_per_gpu.has_value());
@@ -73,6 +74,7 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
   CHECK(cfg.zero_optimization.offload_optimizer);
   CHECK(cfg.zero_optimization.stage3_prefetch_bucket_size == 2'000'000);
   CHECK(cfg.zero_optimization.stage3_max_reuse_distance == 0);
+  CHECK(cfg.zero_optimization.stage3_model_persistence_threshold == 1'000'000);
   CHECK(cfg.zero_optimization.stage3_param_persistence_threshold == 100'000);  // DeepSpeed's defaults
   CHECK(cfg.zero_optimization.stage3_max_live_parameters == 1'000'000'000);
   const Config::Batch b = cfg.resolve_batch(2);

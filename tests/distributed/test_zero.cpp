@@ -331,6 +331,14 @@ TEST_CASE("zero: model-state bytes per rank follow the ZeRO paper's formulas (bf
     CHECK(m.a.bias.numel() == 256);
     CHECK(m.a.weight.numel() == 0);
   }
+  {  // At most 300 persistent elements in all: the first bias (256) persists, the second (200) not.
+    Wide m;
+    ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = 3, .stage3_param_persistence_threshold = 256,
+                                          .stage3_model_persistence_threshold = 300});
+    CHECK(opt.model_state_bytes().params == 4 * (256 + opt.layout().partition_numel()));
+    CHECK(m.a.bias.numel() == 256);
+    CHECK(m.b.bias.numel() == 0);
+  }
 }
 
 TEST_CASE("zero: clip_grad_norm_ clips by the norm over every rank's partition", "[distributed]") {
