@@ -13,7 +13,11 @@
 namespace kiln::distributed {
 
 namespace {
+
 constexpr size_t kMaxTraceEvents = size_t{1} << 20;
+
+int64_t numel_of(const FlatLayout& layout, size_t k) { return layout.param(static_cast<int64_t>(k)).size(); }
+
 }  // namespace
 
 // Note [the fetch trace]
@@ -75,8 +79,7 @@ ParamGatherer::ParamGatherer(Communicator& comm, const FlatLayout& layout, std::
     // In the layout's order, while the persistent ones stay within model_persistence_threshold.
     persistent_[k] = params_[k].numel() <= options_.param_persistence_threshold &&
                      params_[k].numel() <= options_.model_persistence_threshold - persistent_numel;
-    if (persistent_[k]) persistent_numel += params_[k].numel();
-    if (!persistent_[k]) live_numel_ += params_[k].numel();
+    (persistent_[k] ? persistent_numel : live_numel_) += params_[k].numel();
   }
   // Every module that owns trainable parameters gathers them around its forward. A tied parameter
   // is owned by each module that registered it.
@@ -191,7 +194,7 @@ void ParamGatherer::prefetch() {
     for (size_t k : *owned_[trace_[j] / 2].second) {
       if (in_flight_numel_ >= options_.prefetch_bucket_size) return;
       if (gathered_[k] || pending_[k]) continue;
-      if (!persistent_[k] && live_numel_ + layout_.param(static_cast<int64_t>(k)).size() > options_.max_live_parameters)
+      if (!persistent_[k] && live_numel_ + numel_of(layout_, k) > options_.max_live_parameters)
         return;
       start(k);
       ++stats_.prefetches;
@@ -248,7 +251,7 @@ void ParamGatherer::release(size_t k) {
   if (!gathered_[k]) return;
   params_[k].set_data(empty({0}, shard_.options()));
   gathered_[k] = false;
-  if (!persistent_[k]) live_numel_ -= layout_.param(static_cast<int64_t>(k)).size();
+  if (!persistent_[k]) live_numel_ -= numel_of(layout_, k);
 }
 
 void ParamGatherer::finish_pending() {
@@ -275,7 +278,7 @@ void ParamGatherer::release_all() {
     for (size_t i = 0; i < trace_.size(); ++i) {
       int64_t numel = 0;
       for (size_t k : *owned_[trace_[i] / 2].second) {
-        numel += layout_.param(static_cast<int64_t>(k)).size();
+        numel += numel_of(layout_, k);
         uses_[k].push_back(i);
       }
       trace_numel_[i + 1] = trace_numel_[i] + numel;
@@ -296,7 +299,7 @@ void ParamGatherer::release_all() {
 int64_t ParamGatherer::persistent_bytes() const {
   int64_t bytes = 0;
   for (size_t k = 0; k < params_.size(); ++k) {
-    if (persistent_[k]) bytes += layout_.param(static_cast<int64_t>(k)).size() * itemsize(shard_.dtype());
+    if (persistent_[k]) bytes += numel_of(layout_, k) * itemsize(shard_.dtype());
   }
   return bytes;
 }
