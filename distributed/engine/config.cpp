@@ -28,8 +28,7 @@ const std::set<std::string> kUnsupportedTop = {
     "sparse_attention", "sparse_gradients", "tensorboard", "torch_autocast", "wandb", "compile",
     "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type", "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
-    "offload_param", "sub_group_size", "stage3_gather_16bit_weights_on_model_save",
-    "stage3_gather_fp16_weights_on_model_save", "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
+    "offload_param", "sub_group_size", "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
     "cpu_offload_params", "cpu_offload_use_pin_memory", "mics_shard_size", "mics_hierarchical_params_gather",
     "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "memory_efficient_linear",
     "legacy_stage1", "use_multi_rank_bucket_allreduce", "pipeline_loading_checkpoint", "override_module_apply",
@@ -370,6 +369,13 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
   s.read("stage3_model_persistence_threshold", z.stage3_model_persistence_threshold, 0);
   s.read("stage3_max_live_parameters", z.stage3_max_live_parameters, 0);
   s.read("stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0);
+  // The fp16 name is DeepSpeed's older one for the same switch.
+  if (s.has("stage3_gather_16bit_weights_on_model_save") && s.has("stage3_gather_fp16_weights_on_model_save")) {
+    s.fail_at("stage3_gather_fp16_weights_on_model_save",
+              "is the older name of \"stage3_gather_16bit_weights_on_model_save\", which is given too; keep one");
+  }
+  s.read("stage3_gather_16bit_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
+  s.read("stage3_gather_fp16_weights_on_model_save", z.stage3_gather_16bit_weights_on_model_save);
   s.read_fixed("contiguous_gradients", true, "gradients are always copied into contiguous buckets");
   s.read_fixed("reduce_scatter", true, "gradients are always reduce-scattered from stage 1 on");
   s.read_fixed("allgather_partitions", true, "the weights are always all-gathered after a step");

@@ -20,7 +20,8 @@
 //                  offload_optimizer: {device: none | cpu, pin_memory},
 //                  stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
 //                  stage3_model_persistence_threshold,
-//                  stage3_max_live_parameters, stage3_max_reuse_distance}
+//                  stage3_max_live_parameters, stage3_max_reuse_distance,
+//                  stage3_gather_16bit_weights_on_model_save (or its older name, ..._fp16_...)}
 //
 // "Strictly": a key Kiln does not know is an Error naming it, where it is, the keys allowed there and
 // the closest of them ("did you mean"); a DeepSpeed key that Kiln does not implement is an Error

@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <exception>
 #include <fstream>
+#include <functional>
 #include <limits>
 
 #include "core/grad_mode.h"
@@ -18,6 +20,24 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Runs `write` on rank 0 and tells every rank how it went: when it fails, rank 0 throws its Error
+// and the other ranks one that points to it, instead of going on to wait for rank 0.
+void write_on_rank0(distributed::Communicator& comm, const char* who, const std::string& what,
+                    const std::function<void()>& write) {
+  std::exception_ptr failure;
+  if (comm.rank() == 0) {
+    try {
+      write();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  Tensor ok = from_vector<int32_t>({failure ? 0 : 1}).to(comm.device());
+  comm.broadcast(ok, 0);
+  if (failure) std::rethrow_exception(failure);
+  KILN_CHECK(ok.item<int32_t>() == 1, "{}: rank 0 could not write '{}'; its Error says why", who, what);
+}
 
 distributed::ZeroOptimizer::MakeOptimizer make_inner(const Config::Optimizer& o) {
   return [o](std::vector<Tensor> masters) -> std::unique_ptr<optim::Optimizer> {
@@ -170,26 +190,49 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in) 
   }
   comm_->barrier();
   safetensors::save_file(optimizer_->state_dict(), (folder / fmt::format("zero_rank_{}.safetensors", comm_->rank())).string());
-  {
-    distributed::ZeroOptimizer::GatheredParameters gathered(*optimizer_);  // stage 3: every rank takes part
-    if (comm_->rank() == 0) {
-      TensorDict model_state;
-      for (const auto& [name, t] : model_.state_dict()) model_state.insert(name, t.contiguous());
-      safetensors::save_file(model_state, (folder / "model.safetensors").string());
-      TensorDict engine_state;
-      engine_state.insert("global_steps", scalar_tensor(global_steps_, kInt64));
-      for (const auto& [key, t] : scaler_->state_dict()) engine_state.insert("scaler." + key, t);
-      if (scheduler_) {
-        for (const auto& [key, t] : scheduler_->state_dict()) engine_state.insert("scheduler." + key, t);
-      }
-      safetensors::save_file(engine_state, (folder / "engine.safetensors").string(),
-                             {{"world_size", std::to_string(comm_->size())},
-                              {"zero_stage", std::to_string(optimizer_->stage())}});
+  const TensorDict model_state = optimizer_->consolidated_state_dict();  // on rank 0; stage 3: every rank gathers
+  write_on_rank0(*comm_, "save_checkpoint", folder.string(), [&] {
+    safetensors::save_file(model_state, (folder / "model.safetensors").string());
+    TensorDict engine_state;
+    engine_state.insert("global_steps", scalar_tensor(global_steps_, kInt64));
+    for (const auto& [key, t] : scaler_->state_dict()) engine_state.insert("scaler." + key, t);
+    if (scheduler_) {
+      for (const auto& [key, t] : scheduler_->state_dict()) engine_state.insert("scheduler." + key, t);
     }
-  }
+    safetensors::save_file(engine_state, (folder / "engine.safetensors").string(),
+                           {{"world_size", std::to_string(comm_->size())},
+                            {"zero_stage", std::to_string(optimizer_->stage())}});
+  });
   comm_->barrier();  // every shard is on disk before `latest` names this checkpoint
   if (comm_->rank() == 0) write_text_atomically((std::filesystem::path(dir) / "latest").string(), tag);
   comm_->barrier();
+}
+
+bool Engine::save_16bit_model(const std::string& save_dir, const std::string& save_filename,
+                              bool exclude_frozen_parameters) {
+  const std::filesystem::path name(save_filename);
+  KILN_CHECK(!save_filename.empty() && name.filename() == name && name.extension() == ".safetensors",
+             "save_16bit_model: the file name '{}' must be a plain name ending in .safetensors, such as "
+             "model.safetensors (Kiln writes safetensors, not DeepSpeed's pickled pytorch_model.bin)",
+             save_filename);
+  const std::string path = (std::filesystem::path(save_dir) / name).string();
+  if (optimizer_->stage() == 3 && !config_.zero_optimization.stage3_gather_16bit_weights_on_model_save) {
+    if (comm_->rank() == 0) {
+      std::fprintf(stderr, "[kiln] save_16bit_model: did not save %s: at ZeRO stage 3 each rank holds a shard of "
+                   "the weights; set \"stage3_gather_16bit_weights_on_model_save\": true in \"zero_optimization\" "
+                   "to gather them on rank 0 and save, or save_checkpoint to save the shards\n", path.c_str());
+    }
+    return false;
+  }
+  const TensorDict state = optimizer_->consolidated_state_dict(0, exclude_frozen_parameters);
+  write_on_rank0(*comm_, "save_16bit_model", path, [&] {
+    std::error_code ec;
+    std::filesystem::create_directories(save_dir.empty() ? "." : save_dir, ec);
+    KILN_CHECK(!ec, "save_16bit_model: cannot create '{}': {}", save_dir, ec.message());
+    // Hugging Face's loaders ask for the format of a safetensors file's tensors.
+    safetensors::save_file(state, path, {{"format", "pt"}});
+  });
+  return true;
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {

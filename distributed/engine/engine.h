@@ -10,6 +10,7 @@
 //     engine.step();                         // steps the optimizer at the end of each accumulation
 //   }
 //   engine.save_checkpoint("ckpt");          // resumable at another world size or ZeRO stage
+//   engine.save_16bit_model("out");          // the whole model, one file, for inference
 //
 // As DeepSpeed's: fp16 or bf16 convert the model to that dtype (float32 master weights live in the
 // ZeRO optimizer, partitioned from stage 1); with fp16 the loss is scaled dynamically
@@ -77,6 +78,15 @@ class Engine {
   // whole or not at all, and `latest` moves last, so a save cut off leaves the previous one loadable.
   // Every rank calls it.
   void save_checkpoint(const std::string& dir, const std::string& tag = "");
+  // DeepSpeed's save_16bit_model: rank 0 writes save_dir/save_filename, a safetensors file of the
+  // model's state_dict() with every weight whole, in the model's dtype (16 bits under fp16 or bf16),
+  // which a single-process model (or Hugging Face's loaders, for a matching model) loads as it is.
+  // At stage 3 this needs "stage3_gather_16bit_weights_on_model_save": true (the weights are
+  // gathered one parameter at a time); without it nothing is written and it returns false, as
+  // DeepSpeed's. exclude_frozen_parameters leaves out the parameters that do not require grad.
+  // Every rank calls it; written whole or not at all.
+  bool save_16bit_model(const std::string& save_dir, const std::string& save_filename = "model.safetensors",
+                        bool exclude_frozen_parameters = false);
   // Loads dir/tag (tag "": the one dir/latest names), saved at any world size and ZeRO stage with
   // the same model and optimizer; returns the tag. Training resumes at the step after the saved
   // one's, at an accumulation boundary. Every rank calls it.

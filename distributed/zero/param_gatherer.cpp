@@ -202,23 +202,34 @@ void ParamGatherer::prefetch() {
   }
 }
 
-void ParamGatherer::start(size_t k) {
+Work ParamGatherer::all_gather_param(size_t k, Tensor& full) {
   NoGradGuard no_grad;
   const FlatRange range = layout_.param(static_cast<int64_t>(k));
   const FlatRange part = layout_.partition(comm_.rank());
-  Tensor full = empty({range.size()}, shard_.options());
+  full = empty({range.size()}, shard_.options());
   std::vector<Tensor> outputs;
   for (int r = 0; r < comm_.size(); ++r) {
     const FlatRange piece = intersect(range, layout_.partition(r));
     outputs.push_back(full.narrow(0, piece.begin - range.begin, piece.size()));
   }
   const FlatRange mine = intersect(range, part);
-  Work work = comm_.all_gather(
+  return comm_.all_gather(
       outputs, mine.empty() ? shard_.narrow(0, 0, 0) : shard_.narrow(0, mine.begin - part.begin, mine.size()),
       /*async_op=*/true);
-  in_flight_numel_ += range.size();
-  if (!persistent_[k]) live_numel_ += range.size();
+}
+
+void ParamGatherer::start(size_t k) {
+  Tensor full;
+  Work work = all_gather_param(k, full);
+  in_flight_numel_ += full.numel();
+  if (!persistent_[k]) live_numel_ += full.numel();
   pending_[k] = Pending{std::move(work), std::move(full)};
+}
+
+Tensor ParamGatherer::gathered_copy(size_t k) {
+  Tensor full;
+  all_gather_param(k, full).wait();
+  return full.view(shapes_[k]);
 }
 
 void ParamGatherer::finish(size_t k) {

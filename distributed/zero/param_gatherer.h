@@ -83,6 +83,9 @@ class ParamGatherer {
   void pin_all();
   void unpin_all();
   bool is_gathered(size_t k) const { return gathered_[k]; }
+  // Parameter k's whole weights in a new tensor, from an all-gather of its own; the parameter and the
+  // trace are left as they are. Every rank calls it, for the same k.
+  Tensor gathered_copy(size_t k);
   int64_t persistent_bytes() const;  // of the parameters that stay gathered
   const Stats& stats() const { return stats_; }
 
@@ -102,6 +105,8 @@ class ParamGatherer {
   void done_with(size_t k);  // no forward reads it any more: drop it, unless it persists or returns soon
   void release(size_t k);
   size_t index_of(const Tensor& param) const;
+  // Starts the all-gather of parameter k's partitions into a new flat tensor (returned in `full`).
+  Work all_gather_param(size_t k, Tensor& full);
 
   Communicator& comm_;
   const FlatLayout& layout_;

@@ -4,6 +4,8 @@
 #include "distributed/zero/zero_optimizer.h"
 
 #include <cmath>
+#include <map>
+#include <set>
 
 #include "core/grad_mode.h"
 #include "distributed/zero/grad_reducer.h"
@@ -201,6 +203,36 @@ ZeroOptimizer::ModelStateBytes ZeroOptimizer::model_state_bytes() const {
 }
 
 // ---- state ----
+
+TensorDict ZeroOptimizer::consolidated_state_dict(int dst, bool exclude_frozen_parameters) {
+  KILN_CHECK(dst >= 0 && dst < comm_->size(), "consolidated_state_dict: dst {} is not a rank of this world of {}",
+             dst, comm_->size());
+  std::map<std::string, size_t> trainable;  // name -> index in params_
+  std::set<std::string> frozen;
+  for (const auto& [name, p] : model_.named_parameters()) {
+    if (!p.requires_grad()) {
+      frozen.insert(name);
+      continue;
+    }
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (params_[k].is_same(p)) trainable.emplace(name, k);
+    }
+  }
+  if (gatherer_) gatherer_->finish_pending();
+  const bool here = comm_->rank() == dst;
+  NoGradGuard no_grad;
+  TensorDict out;
+  for (const auto& [name, t] : model_.state_dict()) {
+    if (exclude_frozen_parameters && frozen.count(name)) continue;
+    const auto it = trainable.find(name);
+    // The same order on every rank (the state dict's), so the all-gathers match.
+    Tensor whole = gatherer_ && it != trainable.end() && !gatherer_->is_gathered(it->second)
+                       ? gatherer_->gathered_copy(it->second)
+                       : t;
+    if (here) out.insert(name, whole.is_cpu() && whole.is_same(t) ? t.clone() : whole.to(Device::cpu()).contiguous());
+  }
+  return out;
+}
 
 TensorDict ZeroOptimizer::state_dict() const {
   TensorDict dict = Optimizer::state_dict();  // param_groups.*: this optimizer's (the schedulers') options

@@ -80,6 +80,10 @@ struct ZeroOptions {
   int64_t stage3_model_persistence_threshold = std::numeric_limits<int64_t>::max();  // persistent elements in all
   int64_t stage3_max_live_parameters = 1'000'000'000;
   int64_t stage3_max_reuse_distance = 1'000'000'000;
+  // Whether Engine::save_16bit_model writes the model at stage 3 (it gathers every weight onto rank
+  // 0); when false it writes nothing there and returns false, as DeepSpeed's. The optimizer itself
+  // does not read it.
+  bool stage3_gather_16bit_weights_on_model_save = false;
 };
 
 class ZeroOptimizer : public optim::Optimizer {
@@ -120,6 +124,14 @@ class ZeroOptimizer : public optim::Optimizer {
   // Every rank's state_dict() of a run at any world size and stage, in rank order: each rank cuts
   // its partition out of the old ones (the model must be the same). Every rank calls it.
   void load_sharded_state_dict(const std::vector<TensorDict>& shards);
+
+  // The model's state_dict() with every weight whole (in the model's dtype) copied to the host, on
+  // rank `dst`; the other ranks get an empty dict. DeepSpeed's consolidated 16-bit state dict, which
+  // Engine::save_16bit_model and Engine::save_checkpoint write. At stage 3 the parameters are
+  // all-gathered one at a time, so beyond dst's host copy no rank holds more than one extra whole
+  // parameter. exclude_frozen_parameters leaves out the parameters that do not require grad.
+  // Every rank calls it.
+  TensorDict consolidated_state_dict(int dst = 0, bool exclude_frozen_parameters = false);
 
   // Stage 3: makes `module`'s forward (and backward) gather `param` too, for a module that reads a
   // parameter it does not own (DeepSpeed's deepspeed.zero.register_external_parameter). Nothing at

@@ -3,7 +3,9 @@
 // schedule, checkpoints resumed at another world size), against one process doing the same
 // arithmetic by hand.
 #include <filesystem>
+#include <fstream>
 
+#include "data/safetensors.h"
 #include "parity.h"
 
 using namespace kiln;
@@ -77,6 +79,13 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
   CHECK(cfg.zero_optimization.stage3_model_persistence_threshold == 1'000'000);
   CHECK(cfg.zero_optimization.stage3_param_persistence_threshold == 100'000);  // DeepSpeed's defaults
   CHECK(cfg.zero_optimization.stage3_max_live_parameters == 1'000'000'000);
+  CHECK_FALSE(cfg.zero_optimization.stage3_gather_16bit_weights_on_model_save);
+  CHECK(Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+                                  "stage3_gather_16bit_weights_on_model_save": true}})")
+            .zero_optimization.stage3_gather_16bit_weights_on_model_save);
+  CHECK(Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+                                  "stage3_gather_fp16_weights_on_model_save": true}})")
+            .zero_optimization.stage3_gather_16bit_weights_on_model_save);  // DeepSpeed's older name
   const Config::Batch b = cfg.resolve_batch(2);
   CHECK(b.micro_batch_size == 8);  // 64 / 2 ranks / 4 steps
   CHECK(b.gradient_accumulation_steps == 4);
@@ -100,8 +109,13 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"zero_optimization.reduce_buket_size\"", "did you mean \"reduce_bucket_size\""});
   bad(R"({"train_batch_size": 8, "activation_checkpointing": {}})",
       {"\"activation_checkpointing\" is a DeepSpeed option that Kiln does not implement"});
-  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true}})",
-      {"zero_optimization.stage3_gather_16bit_weights_on_model_save", "does not implement"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"sub_group_size": 1e9}})",
+      {"zero_optimization.sub_group_size", "does not implement"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true,
+                                                       "stage3_gather_fp16_weights_on_model_save": true}})",
+      {"\"zero_optimization.stage3_gather_fp16_weights_on_model_save\" is the older name", "keep one"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_gather_16bit_weights_on_model_save": 1}})",
+      {"must be true or false, not an integer"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_prefetch_bucket_size": -1}})",
       {"\"zero_optimization.stage3_prefetch_bucket_size\" must be >= 0, not -1"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "stage": 2}})",
@@ -294,6 +308,93 @@ TEST_CASE("engine: a checkpoint resumes where it stopped, at another ZeRO stage,
     check_error([&] { e.load_checkpoint(dir, "no_such_tag"); }, {"no engine.safetensors"});
     check_error([&] { e.load_checkpoint("/nonexistent"); }, {"'/nonexistent/latest' does not exist"});
   }
+  comm->barrier();
+  if (r == 0) std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("engine: save_16bit_model writes the whole model in its dtype, at stage 3 only when the config asks",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const std::string dir = shared_temp_dir(*comm);
+  for (int stage : {0, 2, 3}) {
+    for (bool gather : {false, true}) {
+      if (stage != 3 && !gather) continue;  // the switch is read at stage 3 only
+      INFO("stage " << stage << ", stage3_gather_16bit_weights_on_model_save " << gather);
+      const Config cfg = Config::from_string(fmt::format(R"({{"train_micro_batch_size_per_gpu": 2,
+          "steps_per_print": 1000, "bf16": {{"enabled": true}},
+          "optimizer": {{"type": "AdamW", "params": {{"lr": 1e-2}}}},
+          "zero_optimization": {{"stage": {}, "stage3_param_persistence_threshold": 32,
+                                 "stage3_gather_16bit_weights_on_model_save": {}}}}})", stage, gather));
+      manual_seed(9);
+      Mlp m;
+      m.f2.bias.requires_grad_(false);  // a frozen parameter: whole on every rank, at every stage
+      Engine e = kiln::initialize(m, cfg, comm);
+      for (int step = 0; step < 3; ++step) {
+        auto [x, y] = batch(step, 2 * p);
+        e.backward(nn::cross_entropy(e(x.narrow(0, 2 * r, 2).to(kBFloat16)).to(kFloat32), y.narrow(0, 2 * r, 2)));
+        e.step();
+      }
+      const std::string sub = fmt::format("{}/s{}{}", dir, stage, gather ? "g" : "");
+      const bool saved = e.save_16bit_model(sub);
+      CHECK(saved == (stage != 3 || gather));
+      CHECK(e.save_16bit_model(sub, "trainable.safetensors", /*exclude_frozen_parameters=*/true) == saved);
+      e.save_checkpoint(sub + "/ckpt");
+      // What every rank sees once the weights are gathered: each file must hold exactly this.
+      TensorDict expect;
+      const Tensor x7 = batch(7, 4).first.to(kBFloat16);
+      Tensor out7;
+      {
+        ZeroOptimizer::GatheredParameters gathered(e.optimizer());
+        for (const auto& [name, t] : m.state_dict()) expect.insert(name, t.clone());
+        NoGradGuard no_grad;
+        out7 = m(x7);
+      }
+      CHECK(expect.at("f1.weight").dtype() == kBFloat16);
+      CHECK(expect.at("f1.weight").numel() == 32 * 20);
+      comm->barrier();
+      if (r == 0) {
+        CHECK(std::filesystem::exists(sub + "/model.safetensors") == saved);
+        if (saved) {
+          const TensorDict file = safetensors::load_file(sub + "/model.safetensors");
+          CHECK(file.size() == expect.size());
+          for (const auto& [name, t] : expect) {
+            INFO(name);
+            REQUIRE(file.contains(name));
+            CHECK(file.at(name).dtype() == kBFloat16);
+            kiln::test::check_equal(file.at(name), t);
+          }
+          CHECK(safetensors::load_metadata(sub + "/model.safetensors").at("format") == "pt");
+          const TensorDict trainable = safetensors::load_file(sub + "/trainable.safetensors");
+          CHECK(trainable.size() == expect.size() - 1);
+          CHECK_FALSE(trainable.contains("f2.bias"));
+          // A single-process model loads the file as it is.
+          Mlp solo;
+          solo.to(kBFloat16);
+          solo.load_state_dict(file);
+          NoGradGuard no_grad;
+          kiln::test::check_equal(solo(x7), out7);
+        }
+        // The checkpoint's model.safetensors is the same consolidated state, at every stage.
+        const TensorDict ckpt = safetensors::load_file(sub + "/ckpt/global_step3/model.safetensors");
+        for (const auto& [name, t] : expect) kiln::test::check_equal(ckpt.at(name), t);
+      }
+      comm->barrier();
+    }
+  }
+  // A name that is not a .safetensors file is an Error on every rank, before anything is gathered.
+  manual_seed(9);
+  Mlp m;
+  Engine e = kiln::initialize(m, Config::from_string(R"({"train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+      "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": 3,
+      "stage3_gather_16bit_weights_on_model_save": true}})"), comm);
+  check_error([&] { e.save_16bit_model(dir, "pytorch_model.bin"); }, {"'pytorch_model.bin'", "ending in .safetensors"});
+  check_error([&] { e.save_16bit_model(dir, "sub/model.safetensors"); }, {"must be a plain name"});
+  // Rank 0 failing to write (the folder is under a regular file) is an Error on every rank, not a hang.
+  if (r == 0) std::ofstream(dir + "/a_file") << "x";
+  comm->barrier();
+  check_error([&] { e.save_16bit_model(dir + "/a_file/out"); },
+              {r == 0 ? "cannot create '" + dir + "/a_file/out'" : "rank 0 could not write '" + dir + "/a_file/out/"});
   comm->barrier();
   if (r == 0) std::filesystem::remove_all(dir);
 }

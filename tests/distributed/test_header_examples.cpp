@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "data/safetensors.h"
 #include "parity.h"
 
 using namespace kiln;
@@ -72,7 +73,9 @@ TEST_CASE("The distributed headers' examples compile and run", "[distributed][ex
       engine.step();
     }
     engine.save_checkpoint(dir + "/ckpt");
+    CHECK(engine.save_16bit_model(dir + "/out"));
     CHECK(engine.global_steps() == 2);
+    if (comm->rank() == 0) CHECK(safetensors::load_file(dir + "/out/model.safetensors").size() == 6);
     CHECK(engine.load_checkpoint(dir + "/ckpt") == "global_step2");
     comm->barrier();
     if (comm->rank() == 0) std::filesystem::remove_all(dir);
