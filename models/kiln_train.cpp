@@ -5,8 +5,11 @@
 //   kiln-train --model cnn --epochs 1 --out runs/cnn
 //   kiln-train --resume runs/cnn/checkpoint --epochs 2 --out runs/cnn
 //   kiln-run -n 2 kiln-train --model cnn --out runs/cnn-ddp   # data parallel on 2 ranks
+//   kiln-run -n 2 kiln-train --deepspeed-config configs/ds_zero3_bf16.json --out runs/cnn-zero3
 #include <climits>
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 
 #include <kiln/kiln.h>
 
@@ -36,6 +39,9 @@ int main(int argc, char** argv) {
   flags.add("limit-train", "0", "use only the first N training samples (0: all)");
   flags.add("limit-test", "0", "use only the first N test samples (0: all)");
   flags.add("max-steps", "0", "stop after N steps in all and save a checkpoint (0: no limit)");
+  flags.add("deepspeed-config", "", "a DeepSpeed ds_config.json: the engine then trains, with the config's "
+            "micro-batch and accumulation, optimizer, schedule, fp16/bf16, clipping and ZeRO stage (so "
+            "--batch-size, --optimizer, --lr, --momentum, --weight-decay and --scheduler are not given)");
   flags.add("out", "runs/kiln-train", "output directory: metrics.jsonl, training.png, checkpoint/");
   flags.add("resume", "", "continue from this checkpoint directory (model, data and optimizer "
             "settings come from it, and the number of epochs unless --epochs is given)");
@@ -65,11 +71,19 @@ int main(int argc, char** argv) {
     o.limit_train = flags.get_int("limit-train", 0);
     o.limit_test = flags.get_int("limit-test", 0);
     o.max_steps = flags.get_int("max-steps", 0);
+    if (const std::string& path = flags.get("deepspeed-config"); !path.empty()) {
+      std::ifstream in(path);
+      KILN_CHECK(in.good(), "--deepspeed-config: cannot open '{}'; check the path", path);
+      std::stringstream text;
+      text << in.rdbuf();
+      o.deepspeed_config = text.str();
+      Config::from_string(o.deepspeed_config, path);  // its mistakes now, named with the file's path
+    }
     o.out_dir = flags.get("out");
     o.resume = flags.get("resume");
     o.quiet = flags.get_switch("quiet");
     for (const char* setting : {"model", "dataset", "data-root", "batch-size", "optimizer", "lr", "momentum",
-                                "weight-decay", "scheduler", "seed", "limit-train", "limit-test"}) {
+                                "weight-decay", "scheduler", "seed", "limit-train", "limit-test", "deepspeed-config"}) {
       if (flags.given(setting)) o.given.push_back(setting);
     }
     train::train(o);

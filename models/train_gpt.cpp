@@ -336,24 +336,13 @@ int run(int argc, char** argv) {
   // rank; checkpoint.json names the tag that goes with it).
   std::optional<Engine> engine;
   const int64_t num_parameters = model.num_parameters();  // counted before ZeRO stage 3 shards them
-  const auto engine_dir_of = [](const std::string& ckpt) {
-    fs::path p = fs::path(ckpt).lexically_normal();
-    if (p.filename().empty()) p = p.parent_path();
-    return (p.parent_path() / (p.filename().string() + "-engine")).string();
-  };
   if (ds) {
     engine.emplace(model, *ds, comm);
     // At stage 3 the tied head reads the embedding's weight inside GPT's own forward.
     if (config.tie_weights) engine->optimizer().register_external_parameter(model, model.transformer.wte.weight);
     if (ckpt) {
-      std::string tag;
-      try {
-        tag = json::parse(ckpt->extra).value("engine_tag", std::string());
-      } catch (const json::exception&) {
-      }
-      KILN_CHECK(!tag.empty(), "{}: the checkpoint was written without a DeepSpeed config (it names no engine "
-                 "checkpoint); resume it without --deepspeed-config", flags.get("resume"));
-      engine->load_checkpoint(engine_dir_of(flags.get("resume")), tag);
+      const std::string& resume = flags.get("resume");
+      engine->load_checkpoint(train::engine_dir_of(resume), train::engine_tag_of(*ckpt, resume));
     }
   }
   // Stage 3 keeps a shard of each weight per rank: gathered on every rank while one rank alone
@@ -371,7 +360,7 @@ int run(int argc, char** argv) {
   const std::string ckpt_dir = (fs::path(out_dir) / "checkpoint").string();
   auto save = [&] {
     const std::string tag = fmt::format("step{}", step);
-    if (engine) engine->save_checkpoint(engine_dir_of(ckpt_dir), tag);  // every rank its shard
+    if (engine) engine->save_checkpoint(train::engine_dir_of(ckpt_dir), tag);  // every rank its shard
     auto all = gathered();
     if (!main_rank) return;
     train::Checkpoint c;
@@ -386,11 +375,7 @@ int run(int argc, char** argv) {
     if (engine) extra["engine_tag"] = tag;
     c.extra = extra.dump();
     train::save_checkpoint(ckpt_dir, c);
-    if (engine) {  // the engine checkpoints that checkpoint/ no longer names
-      for (const auto& entry : fs::directory_iterator(engine_dir_of(ckpt_dir))) {
-        if (entry.is_directory() && entry.path().filename() != tag) fs::remove_all(entry.path());
-      }
-    }
+    if (engine) train::remove_other_engine_checkpoints(ckpt_dir, tag);  // those checkpoint/ no longer names
   };
   auto evaluate = [&] {
     auto all = gathered();

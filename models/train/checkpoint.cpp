@@ -294,4 +294,27 @@ void check_resume_flags(const std::string& saved, const std::string& wanted,
   }
 }
 
+std::string engine_dir_of(const std::string& ckpt_dir) {
+  fs::path p = fs::path(ckpt_dir).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();
+  return (p.parent_path() / (p.filename().string() + "-engine")).string();
+}
+
+std::string engine_tag_of(const Checkpoint& ckpt, const std::string& source) {
+  std::string tag;
+  try {
+    tag = nlohmann::json::parse(ckpt.extra).value("engine_tag", std::string());
+  } catch (const nlohmann::json::exception&) {
+  }
+  KILN_CHECK(!tag.empty(), "{}: the checkpoint was written without a DeepSpeed config (it names no engine "
+             "checkpoint); resume it without --deepspeed-config", source);
+  return tag;
+}
+
+void remove_other_engine_checkpoints(const std::string& ckpt_dir, const std::string& tag) {
+  for (const auto& entry : fs::directory_iterator(engine_dir_of(ckpt_dir))) {
+    if (entry.is_directory() && entry.path().filename() != tag) fs::remove_all(entry.path());
+  }
+}
+
 }  // namespace kiln::train

@@ -71,6 +71,16 @@ class OutDirLock {
 void check_resume_flags(const std::string& saved, const std::string& wanted,
                         const std::vector<std::pair<std::string, std::string>>& given, const std::string& source);
 
+// With a DeepSpeed config, kiln-train and train_gpt also save kiln::Engine's checkpoint (one ZeRO
+// shard per rank) beside theirs: in <checkpoint>-engine/<tag>, the tag named by "engine_tag" in
+// the checkpoint's extra JSON.
+std::string engine_dir_of(const std::string& ckpt_dir);
+// The engine checkpoint's tag that `ckpt` names; an Error naming `source` (its path) when it names
+// none: it was written without a DeepSpeed config.
+std::string engine_tag_of(const Checkpoint& ckpt, const std::string& source);
+// Removes the engine checkpoints beside `ckpt_dir` but the one of `tag`, which it names now.
+void remove_other_engine_checkpoints(const std::string& ckpt_dir, const std::string& tag);
+
 // Appends `line` and a newline to the metrics file `f` (nothing when f is null: a rank other than 0)
 // and flushes it; an Error naming `path` when the write fails (a full disk, say).
 void write_metrics_line(std::FILE* f, const std::string& path, const std::string& line);

@@ -42,7 +42,9 @@ json config_of(const TrainOptions& o) {
           {"batch_size", o.batch_size}, {"optimizer", o.optimizer}, {"lr", o.lr},
           {"momentum", o.momentum},   {"weight_decay", o.weight_decay}, {"scheduler", o.scheduler},
           {"seed", o.seed},           {"limit_train", o.limit_train}, {"limit_test", o.limit_test},
-          {"total_epochs", o.epochs}};
+          {"total_epochs", o.epochs},
+          // As JSON, so that a resumed run compares configs, not their spacing.
+          {"deepspeed_config", o.deepspeed_config.empty() ? json(nullptr) : json::parse(o.deepspeed_config)}};
 }
 
 void apply_config(const json& c, TrainOptions& o) {
@@ -64,6 +66,8 @@ void apply_config(const json& c, TrainOptions& o) {
     o.limit_train = c.at("limit_train").get<int64_t>();
     o.limit_test = c.at("limit_test").get<int64_t>();
     if (o.epochs == 0) o.epochs = c.value("total_epochs", int64_t{1});
+    const json ds = c.value("deepspeed_config", json(nullptr));  // absent from older checkpoints
+    o.deepspeed_config = ds.is_null() ? std::string() : ds.dump();
   } catch (const json::exception& e) {
     KILN_FAIL("the checkpoint's configuration is incomplete ({}): was it written by kiln-train?", e.what());
   }
@@ -90,6 +94,14 @@ void check_options(const TrainOptions& o) {
   KILN_CHECK(o.log_every >= 1, "log_every must be at least 1, not {}", o.log_every);
   KILN_CHECK(o.limit_train >= 0 && o.limit_test >= 0 && o.max_steps >= 0,
              "--limit-train, --limit-test and --max-steps must be 0 (no limit) or more");
+  if (!o.deepspeed_config.empty()) {
+    for (const char* f : {"batch-size", "optimizer", "lr", "momentum", "weight-decay", "scheduler"}) {
+      KILN_CHECK(std::find(o.given.begin(), o.given.end(), f) == o.given.end(),
+                 "--{} and a DeepSpeed config are both given (--deepspeed-config, or the one the resumed checkpoint "
+                 "was trained with); the config sets it (DeepSpeed's train_micro_batch_size_per_gpu, "
+                 "gradient_accumulation_steps, \"optimizer\", \"scheduler\"): drop --{}", f, f);
+    }
+  }
 }
 
 // The first `limit` samples of `ds` (all when limit is 0 or too large).
@@ -187,14 +199,15 @@ struct Evaluation {
   double loss = 0, accuracy = 0;
 };
 
-Evaluation evaluate(nn::Module& model, data::DataLoader& loader, Device device) {
+// `dtype`: the model's (16 bits under a DeepSpeed config's fp16 or bf16); the loss is taken in float32.
+Evaluation evaluate(nn::Module& model, data::DataLoader& loader, Device device, DType dtype) {
   InferenceMode inference;  // nothing made here outlives the loop
   model.eval();
   double loss_sum = 0;
   int64_t correct = 0, seen = 0;
   for (auto& [x, y] : loader) {
     Tensor yd = y.to(device);
-    Tensor logits = model(x.to(device));
+    Tensor logits = model(x.to(device, dtype)).to(kFloat32);
     loss_sum += nn::cross_entropy(logits, yd, {.reduction = "sum"}).item<double>();
     correct += eq(argmax(logits, 1), yd).sum().item<int64_t>();
     seen += y.size(0);
@@ -203,7 +216,6 @@ Evaluation evaluate(nn::Module& model, data::DataLoader& loader, Device device) 
   return {seen ? loss_sum / static_cast<double>(seen) : 0, seen ? static_cast<double>(correct) / static_cast<double>(seen) : 0};
 }
 
-// The out directory must exist (it is created) and take files: an Error now, not after an epoch.
 }  // namespace
 
 Device device_flag(const std::string& value) {
@@ -245,18 +257,27 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   }
   check_options(o);
   // Under kiln-run, mpirun or srun with more than one rank: data parallel. Each rank trains on its
-  // shard (DistributedSampler) with --batch-size samples per step, and DDP averages the gradients;
-  // rank 0 alone prints, evaluates and writes files.
+  // shard (DistributedSampler) with --batch-size samples per step, and DDP (or the engine) averages
+  // the gradients; rank 0 alone prints, evaluates and writes files.
+  std::optional<Config> ds_config;
+  if (!o.deepspeed_config.empty()) ds_config = Config::from_string(o.deepspeed_config, "the DeepSpeed config");
   const distributed::WorldInfo world = distributed::world_info();
   std::shared_ptr<distributed::Communicator> comm;
-  if (world.size > 1) comm = distributed::init("mpi");
+  if (world.size > 1 || ds_config) comm = distributed::init("mpi");  // the engine needs one, at any size
+  const bool parallel = comm && comm->size() > 1;
   const bool main_rank = !comm || comm->rank() == 0;
+  int64_t accumulation = 1;  // micro-batches per step (the engine's gradient_accumulation_steps)
+  if (ds_config) {
+    const Config::Batch b = ds_config->resolve_batch(comm->size());
+    o.batch_size = b.micro_batch_size;
+    accumulation = b.gradient_accumulation_steps;
+  }
   if (!main_rank) {
     o.quiet = true;
     o.plot = false;
   }
   if (o.threads > 0) set_num_threads(o.threads);
-  else if (comm) set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size));
+  else if (parallel) set_num_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world.local_size));
   const Device device = device_flag(o.device);
   manual_seed(o.seed);
 
@@ -265,10 +286,14 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   if (main_rank) out_lock.emplace(o.out_dir);
   std::shared_ptr<nn::Module> model = models::make_vision_model(o.model);
   model->to(device);
-  std::unique_ptr<optim::Optimizer> opt = make_optimizer(o, model->parameters());
-  data::DataLoaderOptions train_options{.batch_size = o.batch_size, .shuffle = true, .seed = o.seed,
-                                        .num_workers = o.num_workers};
-  if (comm) {
+  const int64_t num_parameters = model->num_parameters();  // counted before ZeRO stage 3 shards them
+  std::unique_ptr<optim::Optimizer> opt;  // with a DeepSpeed config, the engine's (made below)
+  if (!ds_config) opt = make_optimizer(o, model->parameters());
+  // A step reads every micro-batch of its accumulation at once: a smaller last batch would not cut
+  // into equal micro-batches, so it is dropped when accumulating.
+  data::DataLoaderOptions train_options{.batch_size = o.batch_size * accumulation, .shuffle = true, .seed = o.seed,
+                                        .drop_last = accumulation > 1, .num_workers = o.num_workers};
+  if (parallel) {
     train_options.shuffle = false;  // the sampler shuffles, the same way on every rank
     train_options.sampler = std::make_shared<data::DistributedSampler>(data::DistributedSamplerOptions{
         .num_replicas = comm->size(), .rank = comm->rank(), .shuffle = true, .seed = o.seed});
@@ -279,16 +304,20 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   KILN_CHECK(o.epochs <= std::numeric_limits<int64_t>::max() / std::max<int64_t>(steps_per_epoch, 1),
              "--epochs {} times {} steps per epoch is more steps than fit in 64 bits; ask for fewer epochs (or stop "
              "early with --max-steps)", o.epochs, steps_per_epoch);
+  KILN_CHECK(steps_per_epoch > 0 || !ds_config,
+             "the training set's {} samples make no whole step of {} micro-batches of {} on {} rank{}; use more "
+             "samples or a smaller train_micro_batch_size_per_gpu or gradient_accumulation_steps",
+             ds.train->size(), accumulation, o.batch_size, comm->size(), parallel ? "s" : "");
   std::unique_ptr<optim::LRScheduler> sched =
-      make_scheduler(o, *opt, steps_per_epoch, o.epochs * steps_per_epoch);
-  std::unique_ptr<optim::ReduceLROnPlateau> plateau = make_plateau(o, *opt);
+      opt ? make_scheduler(o, *opt, steps_per_epoch, o.epochs * steps_per_epoch) : nullptr;
+  std::unique_ptr<optim::ReduceLROnPlateau> plateau = opt ? make_plateau(o, *opt) : nullptr;
 
   int64_t step = 0, epoch = 0, epoch_batches = 0, window_steps = 0;
   double epoch_loss_sum = 0, window_sum = 0;
   History history;
   if (ckpt) {
     model->load_state_dict(ckpt->model);
-    opt->load_state_dict(ckpt->optimizer);  // before the scheduler's: see optim/lr_scheduler.h
+    if (opt) opt->load_state_dict(ckpt->optimizer);  // before the scheduler's: see optim/lr_scheduler.h
     if (sched) sched->load_state_dict(ckpt->scheduler);
     if (plateau) plateau->load_state_dict(ckpt->scheduler);
     train_loader.load_state_dict(ckpt->loader);
@@ -316,10 +345,19 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
                 "checkpoint is damaged", o.resume, e.what());
     }
   }
-  // After loading: DDP starts by giving every rank rank 0's parameters.
+  // After loading: DDP (or the engine) starts by giving every rank rank 0's parameters.
   std::unique_ptr<distributed::DistributedDataParallel> ddp;
-  if (comm) ddp = std::make_unique<distributed::DistributedDataParallel>(*model, comm);
+  if (parallel && !ds_config) ddp = std::make_unique<distributed::DistributedDataParallel>(*model, comm);
   nn::Module& net = ddp ? static_cast<nn::Module&>(*ddp) : *model;
+  // With a DeepSpeed config: the engine, its optimizer's state in checkpoint-engine/ (one ZeRO shard
+  // per rank), under the tag that checkpoint/ names.
+  const std::string ckpt_dir = (fs::path(o.out_dir) / "checkpoint").string();
+  std::optional<Engine> engine;
+  if (ds_config) {
+    engine.emplace(*model, *ds_config, comm);
+    if (ckpt) engine->load_checkpoint(engine_dir_of(o.resume), engine_tag_of(*ckpt, o.resume));
+  }
+  const DType dtype = engine ? engine->dtype() : model->parameters()[0].dtype();
 
   const std::string metrics_path = (fs::path(o.out_dir) / "metrics.jsonl").string();
   std::FILE* metrics = main_rank ? open_metrics(metrics_path, ckpt.has_value(), step) : nullptr;
@@ -328,12 +366,17 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   });
   auto log = [&](const json& line) { write_metrics_line(metrics, metrics_path, line.dump()); };
 
-  const std::string ckpt_dir = (fs::path(o.out_dir) / "checkpoint").string();
   auto save = [&] {
+    const std::string tag = fmt::format("step{}", step);
+    TensorDict weights;  // rank 0's; at stage 3 every rank takes part in gathering them
+    if (engine) {
+      engine->save_checkpoint(engine_dir_of(ckpt_dir), tag);  // every rank its shard
+      weights = engine->optimizer().consolidated_state_dict();
+    }
     if (!main_rank) return;
     Checkpoint c;
-    c.model = model->state_dict();
-    c.optimizer = opt->state_dict();
+    c.model = engine ? weights : model->state_dict();
+    if (opt) c.optimizer = opt->state_dict();
     if (sched) c.scheduler = sched->state_dict();
     if (plateau) c.scheduler = plateau->state_dict();
     c.step = step;
@@ -341,25 +384,34 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     c.loader = train_loader.state_dict();
     c.rng = default_generator().get_state();
     c.config = config_of(o).dump();
-    c.extra = json{{"epoch_batches", epoch_batches}, {"epoch_loss_sum", epoch_loss_sum},
-                   {"window_steps", window_steps}, {"window_sum", window_sum},
-                   {"history_step", history.step}, {"history_loss", history.loss},
-                   {"history_epoch", history.epoch}, {"history_test_loss", history.test_loss},
-                   {"history_test_accuracy", history.test_accuracy}}.dump();
+    json extra{{"epoch_batches", epoch_batches}, {"epoch_loss_sum", epoch_loss_sum},
+               {"window_steps", window_steps}, {"window_sum", window_sum},
+               {"history_step", history.step}, {"history_loss", history.loss},
+               {"history_epoch", history.epoch}, {"history_test_loss", history.test_loss},
+               {"history_test_accuracy", history.test_accuracy}};
+    if (engine) extra["engine_tag"] = tag;
+    c.extra = extra.dump();
     save_checkpoint(ckpt_dir, c);
+    if (engine) remove_other_engine_checkpoints(ckpt_dir, tag);  // those checkpoint/ no longer names
   };
 
   const bool terminal = !o.quiet && is_terminal(out);
   if (!o.quiet) {
-    std::fprintf(out, "kiln-train: %s (%lld parameters) on %s: %lld training / %lld test samples; %s lr %g, "
-                 "batch %lld, %lld epoch%s, %d threads, %s%s%s\n",
-                 o.model.c_str(), static_cast<long long>(model->num_parameters()), o.dataset.c_str(),
-                 static_cast<long long>(ds.train->size()), static_cast<long long>(ds.test->size()),
-                 o.optimizer.c_str(), default_lr(o), static_cast<long long>(o.batch_size),
+    const std::string recipe =
+        engine ? fmt::format("DeepSpeed config: ZeRO stage {}, {} lr {:g}{}, micro-batch {} x accumulation {}",
+                             engine->optimizer().stage(), engine->optimizer().name(), engine->get_lr()[0],
+                             dtype == kFloat32 ? "" : fmt::format(", {}", dtype_name(dtype)), o.batch_size,
+                             accumulation)
+               : fmt::format("{} lr {:g}, batch {}", o.optimizer, default_lr(o), o.batch_size);
+    std::fprintf(out, "kiln-train: %s (%lld parameters) on %s: %lld training / %lld test samples; %s, %lld epoch%s, "
+                 "%d threads, %s%s%s\n",
+                 o.model.c_str(), static_cast<long long>(num_parameters), o.dataset.c_str(),
+                 static_cast<long long>(ds.train->size()), static_cast<long long>(ds.test->size()), recipe.c_str(),
                  static_cast<long long>(o.epochs), o.epochs == 1 ? "" : "s", get_num_threads(),
                  device.str().c_str(), ckpt ? fmt::format(", resumed at step {}", step).c_str() : "",
-                 comm ? fmt::format("; data parallel on {} ranks (batch {} per rank)", comm->size(), o.batch_size).c_str()
-                      : "");
+                 parallel ? fmt::format("; data parallel on {} ranks ({} {} per rank)", comm->size(),
+                                        engine ? "micro-batch" : "batch", o.batch_size).c_str()
+                          : "");
   }
 
   TrainResult result;
@@ -369,16 +421,29 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     ProgressBar bar(fmt::format("epoch {}/{}", epoch + 1, o.epochs), steps_per_epoch, terminal, out);
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& [x, y] : train_loader) {
-      Tensor logits = net(x.to(device));
-      loss = nn::cross_entropy(logits, y.to(device));
-      opt->zero_grad();
-      loss.backward();
-      opt->step();
-      if (sched) sched->step();
+      double l = 0;
+      if (engine) {  // the batch's micro-batches, accumulated: the engine steps after the last
+        const int64_t micro = x.size(0) / accumulation;
+        const Tensor xd = x.to(device, dtype), yd = y.to(device);
+        for (int64_t k = 0; k < accumulation; ++k) {
+          loss = nn::cross_entropy((*engine)(xd.narrow(0, k * micro, micro)).to(kFloat32),
+                                   yd.narrow(0, k * micro, micro));
+          engine->backward(loss);
+          engine->step();
+          l += loss.item<double>() / static_cast<double>(accumulation);
+        }
+      } else {
+        Tensor logits = net(x.to(device));
+        loss = nn::cross_entropy(logits, y.to(device));
+        opt->zero_grad();
+        loss.backward();
+        opt->step();
+        if (sched) sched->step();
+        l = loss.item<double>();
+      }
       ++step;
       ++epoch_batches;
-      double l = loss.item<double>();
-      if (comm) {  // report the mean over the ranks: the loss of the whole batch
+      if (parallel) {  // report the mean over the ranks: the loss of the whole batch
         Tensor mean = full({1}, l, kFloat64);
         comm->all_reduce(mean, distributed::ReduceOp::Avg);
         l = mean.item<double>();
@@ -395,7 +460,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
         history.step.push_back(static_cast<double>(step));
         history.loss.push_back(mean);
         log({{"type", "step"}, {"step", step}, {"epoch", epoch + 1}, {"loss", mean},
-             {"lr", opt->param_groups()[0].lr()}});
+             {"lr", engine ? engine->get_lr()[0] : opt->param_groups()[0].lr()}});
         window_sum = 0;
         window_steps = 0;
       }
@@ -411,8 +476,13 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     if (stopped) break;
 
     Evaluation ev;
-    if (main_rank) ev = evaluate(*model, test_loader, device);
-    if (comm) {  // rank 0's numbers, so that every rank returns the same result
+    {
+      // Stage 3: every rank gathers the weights while rank 0 alone evaluates.
+      std::optional<distributed::ZeroOptimizer::GatheredParameters> gathered;
+      if (engine) gathered.emplace(engine->optimizer());
+      if (main_rank) ev = evaluate(*model, test_loader, device, dtype);
+    }
+    if (parallel) {  // rank 0's numbers, so that every rank returns the same result
       Tensor numbers = tensor({ev.loss, ev.accuracy}, kFloat64);
       comm->broadcast(numbers, 0);
       ev = {numbers[0].item<double>(), numbers[1].item<double>()};

@@ -4,7 +4,9 @@
 //
 // Started with several ranks (kiln-run -n N, mpirun, srun), it trains data parallel: each rank
 // draws its shard of every epoch (DistributedSampler), DistributedDataParallel averages the
-// gradients, and rank 0 alone prints, evaluates and writes files.
+// gradients, and rank 0 alone prints, evaluates and writes files. With a DeepSpeed config
+// (TrainOptions::deepspeed_config) kiln::Engine does the averaging and the step instead, at any
+// ZeRO stage; its sharded checkpoint goes beside checkpoint/, in checkpoint-engine/.
 //
 // One step is what DESIGN.md §2 shows: forward, cross-entropy, zero_grad, backward, optimizer step
 // (docs/training-step.md follows one step through Module, autograd and Optimizer).
@@ -47,6 +49,13 @@ struct TrainOptions {
   int64_t limit_train = 0;     // > 0: only the first N training samples
   int64_t limit_test = 0;      // > 0: only the first N test samples
   int64_t max_steps = 0;       // > 0: stop (and checkpoint) after this many steps in all
+  // The text of a DeepSpeed ds_config.json ("" = none). With one, kiln::Engine trains
+  // (distributed/engine/engine.h): the config sets the micro-batch per rank, the gradient
+  // accumulation, the optimizer and its schedule, fp16 or bf16, clipping and the ZeRO stage, so
+  // batch_size, optimizer, lr, momentum, weight_decay and scheduler must not be given. Each step
+  // reads micro-batch x accumulation samples per rank (the last, smaller batch of an epoch is
+  // dropped when accumulating), cut into micro-batches.
+  std::string deepspeed_config;
   std::string out_dir = "runs/kiln-train";
   std::string resume;          // a checkpoint directory to continue from
   // The settings the command line gave, by flag name ("lr", "batch-size", ...): on resume, one whose
