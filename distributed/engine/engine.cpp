@@ -2,6 +2,7 @@
 // applied around one ZeroOptimizer.
 #include "distributed/engine/engine.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include "core/grad_mode.h"
 #include "data/safetensors.h"
+#include "distributed/tensor_parallel/tensor_parallel.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -91,6 +93,37 @@ void write_text_atomically(const std::string& path, const std::string& text) {
 
 Engine::Engine(nn::Module& model, const Config& config, std::shared_ptr<distributed::Communicator> comm)
     : model_(model), config_(config), comm_(comm ? std::move(comm) : default_comm(model)) {
+  init(comm_);
+}
+
+Engine::Engine(nn::Module& stage, const Config& config, const distributed::ParallelGrid& grid,
+               distributed::Pipeline::LossFn loss_fn)
+    : model_(stage), config_(config), comm_(grid.data()), pipeline_comm_(grid.pipeline()), tensor_comm_(grid.tensor()) {
+  KILN_CHECK(config_.zero_optimization.stage <= 1,
+             "Engine: ZeRO stage {} does not go with pipeline parallelism (nor does it in DeepSpeed): set "
+             "\"zero_optimization\": {{\"stage\": 0}} or 1", config_.zero_optimization.stage);
+  KILN_CHECK(loss_fn != nullptr, "Engine: the pipeline's loss function is empty");
+  init(grid.world());
+  distributed::PipelineOptions options{.micro_batches = batch_.gradient_accumulation_steps,
+                                       .schedule = distributed::PipelineSchedule::k1F1B};
+  // The micro-batches' gradients accumulate on each stage and are reduced over the data-parallel
+  // ranks during the last one's backward.
+  options.before_backward = [this](int64_t, bool last) { optimizer_->set_gradient_accumulation_boundary(last); };
+  auto scaled = [this, loss_fn = std::move(loss_fn)](const Tensor& output, const Tensor& target) {
+    return scaler_->scale(loss_fn(output, target));
+  };
+  pipeline_ = std::make_unique<distributed::Pipeline>(model_, pipeline_comm_, scaled, options);
+  // The parameters whole on every rank of the tensor group add to the norm on its first rank alone.
+  if (tensor_comm_->size() > 1) {
+    std::vector<Tensor> slices = distributed::tensor_parallel_slices(model_);
+    counted_ = [slices = std::move(slices), first = tensor_comm_->rank() == 0](const Tensor& p) {
+      return first || std::any_of(slices.begin(), slices.end(), [&](const Tensor& s) { return s.is_same(p); });
+    };
+  }
+}
+
+void Engine::init(std::shared_ptr<distributed::Communicator> world) {
+  world_ = std::move(world);
   batch_ = config_.resolve_batch(comm_->size());
   KILN_CHECK(config_.optimizer.has_value(),
              "Engine: the config has no \"optimizer\" section; add one, e.g. \"optimizer\": {{\"type\": \"AdamW\", "
@@ -106,12 +139,15 @@ Engine::Engine(nn::Module& model, const Config& config, std::shared_ptr<distribu
   if (config_.scheduler) scheduler_ = make_scheduler(*config_.scheduler, *optimizer_);
   optim::GradScalerOptions scaling = config_.fp16.scaler;
   scaling.enabled = config_.fp16.enabled;
-  scaler_ = std::make_unique<distributed::ShardedGradScaler>(comm_, scaling);
+  // An overflow on any rank, of any stage, skips the step on all.
+  scaler_ = std::make_unique<distributed::ShardedGradScaler>(world_, scaling);
 }
 
 Engine::~Engine() = default;
 
 Tensor Engine::forward(const Tensor& input) {
+  KILN_CHECK(!pipeline_, "Engine.forward: a pipeline-parallel engine runs whole batches: call train_batch(input, "
+             "target) (or eval_batch), as DeepSpeed's PipelineEngine");
   const auto t0 = Clock::now();
   Tensor x = input;
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.is_floating_point()) x = x.to(kFloat16);
@@ -124,6 +160,8 @@ void Engine::backward(const Tensor& loss) {
   KILN_CHECK(loss.defined() && loss.numel() == 1,
              "Engine.backward: the loss must be a single element (reduce it, e.g. with mean()), not shape {}",
              loss.defined() ? loss.sizes().str() : "undefined");
+  KILN_CHECK(!pipeline_, "Engine.backward: a pipeline-parallel engine runs whole batches: call train_batch(input, "
+             "target), as DeepSpeed's PipelineEngine");
   const auto t0 = Clock::now();
   optimizer_->set_gradient_accumulation_boundary(is_gradient_accumulation_boundary());
   Tensor scaled = loss;
@@ -135,13 +173,52 @@ void Engine::backward(const Tensor& loss) {
 }
 
 void Engine::step() {
-  const auto t0 = Clock::now();
+  KILN_CHECK(!pipeline_, "Engine.step: a pipeline-parallel engine runs whole batches: call train_batch(input, "
+             "target), which steps, as DeepSpeed's PipelineEngine");
   const bool boundary = is_gradient_accumulation_boundary();
   ++micro_steps_;
-  if (!boundary) return;
+  if (boundary) optimizer_step();
+}
+
+Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
+  KILN_CHECK(pipeline_, "Engine.train_batch: this engine has no pipeline; call forward, backward and step (or "
+             "build it with a ParallelGrid and the stage's loss function)");
+  // Checked on every rank that is given the tensor (the first stage reads the input, the last the
+  // target), so that ranks given the same batch stop together.
+  const int64_t rows = batch_.micro_batch_size * batch_.gradient_accumulation_steps;
+  for (const auto& [t, what] : {std::pair{&input, "input"}, std::pair{&target, "target"}}) {
+    KILN_CHECK(!t->defined() || (t->dim() >= 1 && t->size(0) == rows),
+               "Engine.train_batch: the {} has {} rows; a batch is train_micro_batch_size_per_gpu {} x "
+               "gradient_accumulation_steps {} = {} rows (per data-parallel rank)", what,
+               t->dim() >= 1 ? t->size(0) : 0, batch_.micro_batch_size, batch_.gradient_accumulation_steps, rows);
+  }
+  Tensor x = input;
+  if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
+  const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0;
+  const auto t0 = Clock::now();
+  Tensor loss = pipeline_->train_batch(x, target);  // the gradients are reduced during the last backward
+  backward_s_ += seconds_since(t0);
+  micro_steps_ += batch_.gradient_accumulation_steps;
+  optimizer_step();
+  // The mean over the data-parallel ranks of their batches' losses.
+  Tensor mean = full({1}, loss.item<double>() / scale, TensorOptions(kFloat64).device(comm_->device()));
+  if (comm_->size() > 1) comm_->all_reduce(mean, distributed::ReduceOp::Avg);
+  return mean.reshape({}).to(Device::cpu(), kFloat32);
+}
+
+Tensor Engine::eval_batch(const Tensor& input) {
+  KILN_CHECK(pipeline_, "Engine.eval_batch: this engine has no pipeline; call the model (or forward)");
+  Tensor x = input;
+  if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
+  return pipeline_->eval_batch(x);
+}
+
+void Engine::optimizer_step() {
+  const auto t0 = Clock::now();
   scaler_->unscale_(*optimizer_);  // nothing without fp16; with it, an overflow anywhere is seen everywhere
   global_grad_norm_ = optimizer_->clip_grad_norm_(config_.gradient_clipping > 0 ? config_.gradient_clipping
-                                                                                 : std::numeric_limits<double>::infinity())
+                                                                                 : std::numeric_limits<double>::infinity(),
+                                                  model_parallel(), counted_)
                           .item<double>();
   const bool stepped = scaler_->step(*optimizer_);
   scaler_->update();
@@ -159,7 +236,7 @@ std::vector<double> Engine::get_lr() const {
 }
 
 void Engine::report() {
-  if (comm_->rank() == 0) {
+  if (world_->rank() == 0) {
     std::string lrs;
     for (double lr : get_lr()) lrs += fmt::format("{}{:.6g}", lrs.empty() ? "" : ", ", lr);
     std::printf("[kiln] step=%lld, skipped=%lld, lr=[%s], loss_scale=%g, grad_norm=%.4g\n",
@@ -182,7 +259,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in) 
   const std::string tag = tag_in.empty() ? fmt::format("global_step{}", global_steps_) : tag_in;
   KILN_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
              "save_checkpoint: the tag '{}' must be a plain name, not a path", tag);
-  const std::filesystem::path folder = std::filesystem::path(dir) / tag;
+  const std::filesystem::path folder = stage_folder(dir, tag);
   if (comm_->rank() == 0) {
     std::error_code ec;
     std::filesystem::create_directories(folder, ec);
@@ -201,11 +278,28 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in) 
     }
     safetensors::save_file(engine_state, (folder / "engine.safetensors").string(),
                            {{"world_size", std::to_string(comm_->size())},
-                            {"zero_stage", std::to_string(optimizer_->stage())}});
+                            {"zero_stage", std::to_string(optimizer_->stage())},
+                            {"pipeline_stages", std::to_string(pipeline_ ? pipeline_->num_stages() : 1)},
+                            {"tensor_parallel", std::to_string(tensor_comm_ ? tensor_comm_->size() : 1)}});
   });
-  comm_->barrier();  // every shard is on disk before `latest` names this checkpoint
-  if (comm_->rank() == 0) write_text_atomically((std::filesystem::path(dir) / "latest").string(), tag);
-  comm_->barrier();
+  world_->barrier();  // every shard (of every stage) is on disk before `latest` names this checkpoint
+  if (world_->rank() == 0) write_text_atomically((std::filesystem::path(dir) / "latest").string(), tag);
+  world_->barrier();
+}
+
+std::string Engine::stage_folder(const std::string& dir, const std::string& tag) const {
+  std::filesystem::path folder = std::filesystem::path(dir) / tag;
+  if (pipeline_) folder /= fmt::format("stage_{}", pipeline_->stage_id());
+  if (tensor_comm_ && tensor_comm_->size() > 1) folder /= fmt::format("tensor_{}", tensor_comm_->rank());
+  return folder.string();
+}
+
+std::vector<distributed::Communicator*> Engine::model_parallel() const {
+  std::vector<distributed::Communicator*> comms;
+  for (const auto& c : {tensor_comm_, pipeline_comm_}) {
+    if (c && c->size() > 1) comms.push_back(c.get());
+  }
+  return comms;
 }
 
 bool Engine::save_16bit_model(const std::string& save_dir, const std::string& save_filename,
@@ -215,7 +309,9 @@ bool Engine::save_16bit_model(const std::string& save_dir, const std::string& sa
              "save_16bit_model: the file name '{}' must be a plain name ending in .safetensors, such as "
              "model.safetensors (Kiln writes safetensors, not DeepSpeed's pickled pytorch_model.bin)",
              save_filename);
-  const std::string path = (std::filesystem::path(save_dir) / name).string();
+  // With a pipeline, each stage's own layers, in save_dir/stage_<s>/ (and each slice in tensor_<t>/).
+  const std::string folder = pipeline_ ? stage_folder(save_dir, "") : save_dir;
+  const std::string path = (std::filesystem::path(folder) / name).string();
   if (optimizer_->stage() == 3 && !config_.zero_optimization.stage3_gather_16bit_weights_on_model_save) {
     if (comm_->rank() == 0) {
       std::fprintf(stderr, "[kiln] save_16bit_model: did not save %s: at ZeRO stage 3 each rank holds a shard of "
@@ -227,8 +323,8 @@ bool Engine::save_16bit_model(const std::string& save_dir, const std::string& sa
   const TensorDict state = optimizer_->consolidated_state_dict(0, exclude_frozen_parameters);
   write_on_rank0(*comm_, "save_16bit_model", path, [&] {
     std::error_code ec;
-    std::filesystem::create_directories(save_dir.empty() ? "." : save_dir, ec);
-    KILN_CHECK(!ec, "save_16bit_model: cannot create '{}': {}", save_dir, ec.message());
+    std::filesystem::create_directories(folder.empty() ? "." : folder, ec);
+    KILN_CHECK(!ec, "save_16bit_model: cannot create '{}': {}", folder, ec.message());
     // Hugging Face's loaders ask for the format of a safetensors file's tensors.
     safetensors::save_file(state, path, {{"format", "pt"}});
   });
@@ -243,12 +339,20 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
                "save_checkpoint? (or pass the tag)", dir, dir);
     std::getline(in, tag);
   }
-  const std::filesystem::path folder = std::filesystem::path(dir) / tag;
+  const std::filesystem::path folder = stage_folder(dir, tag);
   const std::string engine_file = (folder / "engine.safetensors").string();
   KILN_CHECK(std::filesystem::exists(engine_file), "load_checkpoint: '{}' has no engine.safetensors; it is not a "
-             "checkpoint written by save_checkpoint", folder.string());
+             "checkpoint written by save_checkpoint{}", folder.string(),
+             pipeline_ ? " with as many pipeline stages as this engine has" : "");
   const auto meta = safetensors::load_metadata(engine_file);
   KILN_CHECK(meta.count("world_size") != 0, "load_checkpoint: '{}' has no world_size in its metadata", engine_file);
+  const int stages = meta.count("pipeline_stages") ? std::stoi(meta.at("pipeline_stages")) : 1;
+  const int slices = meta.count("tensor_parallel") ? std::stoi(meta.at("tensor_parallel")) : 1;
+  const int my_stages = pipeline_ ? pipeline_->num_stages() : 1, my_slices = tensor_comm_ ? tensor_comm_->size() : 1;
+  KILN_CHECK(stages == my_stages && slices == my_slices,
+             "load_checkpoint: '{}' was saved by {} pipeline stage(s) x {} tensor-parallel rank(s), and this engine has "
+             "{} x {}; load it with as many (each holds its own layers and slices)", engine_file, stages, slices,
+             my_stages, my_slices);
   const int old_world = std::stoi(meta.at("world_size"));
   // The model's buffers and frozen parameters; the trainable weights come from the optimizer's
   // float32 masters below (at stage 3 the parameters hold nothing to load into).
@@ -296,6 +400,11 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
 
 Engine initialize(nn::Module& model, const Config& config, std::shared_ptr<distributed::Communicator> comm) {
   return Engine(model, config, std::move(comm));
+}
+
+Engine initialize(nn::Module& stage, const Config& config, const distributed::ParallelGrid& grid,
+                  distributed::Pipeline::LossFn loss_fn) {
+  return Engine(stage, config, grid, std::move(loss_fn));
 }
 
 }  // namespace kiln

@@ -19,14 +19,35 @@
 // it unscales, clips the global gradient norm, steps the optimizer and the schedule and zeroes the
 // gradients. Stage 0 is plain data parallelism (gradients all-reduced during backward). The engine
 // owns the optimizer; zero_grad() is part of step(). Rank 0 prints every steps_per_print steps.
+//
+// Pipeline and tensor parallel (DeepSpeed's PipelineEngine, Megatron's 3D parallelism): built from
+// this rank's stage and a ParallelGrid, the engine runs each batch through a 1F1B Pipeline
+// (distributed/pipeline/pipeline.h) along the grid's pipeline axis, its gradient_accumulation_steps
+// micro-batches of train_micro_batch_size_per_gpu each, and does the rest as above over the grid's
+// data axis. The stage's layers may be tensor-parallel over the grid's tensor axis
+// (distributed/tensor_parallel/tensor_parallel.h):
+//
+//   auto world = distributed::init();
+//   distributed::ParallelGrid grid(world, {.pipeline = 2});          // data = world size / 2
+//   MyStage stage(grid.pipeline_rank());                              // this rank's layers
+//   auto engine = kiln::initialize(stage, config, grid, loss_fn);
+//   for (auto& [x, y] : loader) engine.train_batch(x, y);  // one optimizer step; returns the loss
+//
+// The gradients are reduced over the data axis during each stage's last backward; the clipping
+// norm and fp16's overflow check span every stage and slice (a parameter that every rank of a
+// tensor group holds whole counts once). As DeepSpeed, ZeRO stages 2 and 3 do not go
+// with a pipeline, and forward, backward and step are Errors there: train_batch does all three.
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "distributed/engine/config.h"
+#include "distributed/grid/grid.h"
+#include "distributed/pipeline/pipeline.h"
 #include "distributed/zero/zero_optimizer.h"
 #include "optim/lr_scheduler.h"
 
@@ -37,6 +58,12 @@ class Engine {
   // comm: the data-parallel ranks (nullptr: distributed::init(), NCCL for a CUDA model where
   // built with it, else MPI). `model` must outlive the engine; it is converted to the config's dtype.
   Engine(nn::Module& model, const Config& config, std::shared_ptr<distributed::Communicator> comm = nullptr);
+  // Pipeline (and tensor) parallel: `stage` is this rank's stage (grid.pipeline_rank()), its layers
+  // tensor-parallel over grid.tensor() where the grid has a tensor axis, and must outlive the
+  // engine; `loss_fn(output, target)` gives the last stage's mean loss of a micro-batch. Every rank
+  // of the grid builds it.
+  Engine(nn::Module& stage, const Config& config, const distributed::ParallelGrid& grid,
+         distributed::Pipeline::LossFn loss_fn);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -48,6 +75,15 @@ class Engine {
   void backward(const Tensor& loss);
   // Counts the micro-batch; at the accumulation boundary updates the weights (see above).
   void step();
+
+  // Pipeline parallel: one optimizer step on a batch of micro-batch x gradient_accumulation_steps
+  // rows (this data-parallel rank's), forward and backward through every stage: `input` is read on
+  // the first stage and `target` on the last (others may pass undefined tensors). Returns the
+  // batch's mean loss, averaged over the data-parallel ranks, on every rank.
+  Tensor train_batch(const Tensor& input, const Tensor& target);
+  // Pipeline parallel: forward only; the last stage's outputs (undefined on the other stages).
+  Tensor eval_batch(const Tensor& input);
+  bool is_pipeline_parallel() const { return pipeline_ != nullptr; }
 
   bool is_gradient_accumulation_boundary() const {
     return (micro_steps_ + 1) % batch_.gradient_accumulation_steps == 0;
@@ -67,15 +103,17 @@ class Engine {
   nn::Module& module() { return model_; }
   distributed::ZeroOptimizer& optimizer() { return *optimizer_; }
   optim::LRScheduler* lr_scheduler() { return scheduler_.get(); }
-  distributed::Communicator& comm() { return *comm_; }
+  distributed::Communicator& comm() { return *comm_; }  // the data-parallel ranks
   const Config& config() const { return config_; }
 
   // Writes dir/tag/ (tag "" is DeepSpeed's "global_step<N>"): model.safetensors (rank 0: every
   // weight and buffer, gathered at stage 3), zero_rank_<r>.safetensors (each rank's shard of the
   // optimizer: float32 masters and state) and engine.safetensors (rank 0: the step count, schedule,
-  // loss scale), then dir/latest naming the tag, once every rank has written. Call it after a step
-  // (the gradients of an accumulation in progress are not saved). Each file is written
-  // whole or not at all, and `latest` moves last, so a save cut off leaves the previous one loadable.
+  // loss scale), then dir/latest naming the tag, once every rank has written. With a grid, each
+  // stage's files go to dir/tag/stage_<s>/ (and each tensor slice's to tensor_<t>/ in it; the ranks
+  // named by their data-parallel rank), and a load needs as many stages and slices. Call it after a
+  // step (the gradients of an accumulation in progress are not saved). Each file is written whole
+  // or not at all, and `latest` moves last, so a save cut off leaves the previous one loadable.
   // Every rank calls it.
   void save_checkpoint(const std::string& dir, const std::string& tag = "");
   // DeepSpeed's save_16bit_model: rank 0 writes save_dir/save_filename, a safetensors file of the
@@ -84,6 +122,8 @@ class Engine {
   // At stage 3 this needs "stage3_gather_16bit_weights_on_model_save": true (the weights are
   // gathered one parameter at a time); without it nothing is written and it returns false, as
   // DeepSpeed's. exclude_frozen_parameters leaves out the parameters that do not require grad.
+  // With a grid, each stage writes its own layers to save_dir/stage_<s>/save_filename (each
+  // tensor slice in tensor_<t>/ there).
   // Every rank calls it; written whole or not at all.
   bool save_16bit_model(const std::string& save_dir, const std::string& save_filename = "model.safetensors",
                         bool exclude_frozen_parameters = false);
@@ -93,11 +133,19 @@ class Engine {
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
 
  private:
+  void init(std::shared_ptr<distributed::Communicator> world);
+  void optimizer_step();  // at an accumulation boundary: unscale, clip, step, schedule, zero_grad
   void report();
+  std::string stage_folder(const std::string& dir, const std::string& tag) const;
+  std::vector<distributed::Communicator*> model_parallel() const;  // the tensor and pipeline axes
 
   nn::Module& model_;
   Config config_;
-  std::shared_ptr<distributed::Communicator> comm_;
+  std::shared_ptr<distributed::Communicator> comm_;   // data parallel
+  std::shared_ptr<distributed::Communicator> world_;  // every rank (comm_ without a pipeline)
+  std::shared_ptr<distributed::Communicator> pipeline_comm_, tensor_comm_;  // with a grid
+  std::unique_ptr<distributed::Pipeline> pipeline_;
+  std::function<bool(const Tensor&)> counted_;  // in the gradient norm on this rank (tensor parallel)
   Config::Batch batch_;
   DType dtype_;
   std::unique_ptr<distributed::ZeroOptimizer> optimizer_;
@@ -112,5 +160,8 @@ class Engine {
 // DeepSpeed's deepspeed.initialize: the engine for `model` (returned by value; an Engine is not
 // copied or moved, and `auto engine = kiln::initialize(...)` builds it in place).
 Engine initialize(nn::Module& model, const Config& config, std::shared_ptr<distributed::Communicator> comm = nullptr);
+// ... and DeepSpeed's initialize of a PipelineModule: the pipeline-parallel engine (see above).
+Engine initialize(nn::Module& stage, const Config& config, const distributed::ParallelGrid& grid,
+                  distributed::Pipeline::LossFn loss_fn);
 
 }  // namespace kiln

@@ -231,6 +231,7 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
     stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight);
   };
   auto backward = [&](int64_t i) {
+    if (options_.before_backward) options_.before_backward(i, i == m - 1);
     backward_step(mbs[i]);
     --in_flight;
   };

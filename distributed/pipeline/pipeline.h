@@ -62,6 +62,11 @@ struct PipelineOptions {
   // (NCCL): an early receive would hold back the sends called after it. Every rank must pass the
   // same value.
   bool recv_ahead = false;
+  // Called on this stage just before each micro-batch's backward, with its index and whether it is
+  // the batch's last backward here (the backwards run in micro-batch order in both schedules).
+  // kiln::Engine uses it to have the gradients reduced over the data-parallel ranks during the last
+  // backward only.
+  std::function<void(int64_t micro_batch, bool last)> before_backward = {};
 };
 
 class Pipeline {

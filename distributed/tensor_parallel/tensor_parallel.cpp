@@ -229,4 +229,17 @@ Tensor ParallelSelfAttention::forward(const Tensor& x) {
   return c_proj(y.transpose(1, 2).reshape({B, T, local}));  // (B, T, C), summed over the ranks' heads
 }
 
+std::vector<Tensor> tensor_parallel_slices(nn::Module& module) {
+  std::vector<Tensor> slices;
+  for (nn::Module* m : module.modules()) {
+    if (auto* column = dynamic_cast<ColumnParallelLinear*>(m)) {
+      slices.push_back(column->weight);
+      if (column->bias.defined()) slices.push_back(column->bias);
+    } else if (auto* row = dynamic_cast<RowParallelLinear*>(m)) {
+      slices.push_back(row->weight);
+    }
+  }
+  return slices;
+}
+
 }  // namespace kiln::distributed

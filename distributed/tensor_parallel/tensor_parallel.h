@@ -32,6 +32,7 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
 #include "distributed/comm/communicator.h"
 #include "nn/module.h"
@@ -120,5 +121,10 @@ class ParallelSelfAttention : public nn::Module {
   int64_t n_embd_, n_head_, local_heads_;
   std::shared_ptr<Communicator> comm_;
 };
+
+// The parameters of `module` that are slices of its tensor-parallel layers: column-parallel weights
+// and biases, row-parallel weights. Every other parameter is whole, the same on each rank of the
+// tensor group (a row-parallel bias, a LayerNorm): a global gradient norm counts those once.
+std::vector<Tensor> tensor_parallel_slices(nn::Module& module);
 
 }  // namespace kiln::distributed

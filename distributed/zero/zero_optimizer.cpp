@@ -140,15 +140,28 @@ std::vector<Tensor> ZeroOptimizer::grads() {
   return {master_.grad()};
 }
 
-Tensor ZeroOptimizer::clip_grad_norm_(double max_norm) {
+Tensor ZeroOptimizer::clip_grad_norm_(double max_norm, const std::vector<Communicator*>& model_parallel,
+                                      const std::function<bool(const Tensor& param)>& counted) {
   KILN_CHECK(max_norm > 0, "ZeRO.clip_grad_norm_: max_norm must be > 0, not {}", max_norm);
   prepare_master_grads();
   NoGradGuard no_grad;
   Tensor g = master_.grad();
   // The squares of this rank's partition, summed over the ranks: every element of the model is in
   // exactly one partition (the padding is zeros), so this is the whole model's squared norm.
-  Tensor sq = g.square().sum(kFloat64).reshape({1}).to(comm_->device());
+  Tensor sq = g.square().sum(kFloat64);
+  if (counted) {  // less the parameters counted elsewhere: their elements in this partition
+    const FlatRange part = layout_->partition(options_.stage > 0 ? comm_->rank() : 0);
+    for (size_t k = 0; k < params_.size(); ++k) {
+      if (counted(params_[k])) continue;
+      const FlatRange mine = intersect(layout_->param(static_cast<int64_t>(k)), part);
+      if (!mine.empty()) sq = sq - g.narrow(0, mine.begin - part.begin, mine.size()).square().sum(kFloat64);
+    }
+  }
+  sq = sq.reshape({1}).to(comm_->device());
   if (options_.stage > 0) comm_->all_reduce(sq, ReduceOp::Sum);
+  for (Communicator* c : model_parallel) {
+    if (c->size() > 1) c->all_reduce(sq, ReduceOp::Sum);
+  }
   const double total = std::sqrt(sq.item<double>());
   const double coef = max_norm / (total + 1e-6);  // torch.nn.utils.clip_grad_norm_'s rule
   if (coef < 1) g.mul_(coef);

@@ -108,8 +108,13 @@ class ZeroOptimizer : public optim::Optimizer {
   std::vector<Tensor> grads() override;
   // Scales the gradients so that their norm over every rank's partition is at most max_norm, as
   // nn::utils::clip_grad_norm_ would on one process; returns that norm (a 0-d float64 tensor).
-  // Every rank calls it (an all-reduce).
-  Tensor clip_grad_norm_(double max_norm);
+  // Every rank calls it (an all-reduce). model_parallel: the ranks that hold the model's other
+  // parts (a pipeline's other stages, a layer's other tensor-parallel slices), whose squared norms
+  // add to this one's, one communicator after the other; a parameter for which counted(param) is
+  // false is left out here (a whole parameter that each rank of a tensor group holds is counted
+  // on one of them).
+  Tensor clip_grad_norm_(double max_norm, const std::vector<Communicator*>& model_parallel = {},
+                         const std::function<bool(const Tensor& param)>& counted = {});
 
   // Stages 0 and 1: whether the next backward ends a gradient accumulation (then it reduces; before
   // that, gradients accumulate locally). Stages 2 and 3 reduce in every backward. Default true.

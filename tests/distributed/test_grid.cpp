@@ -151,3 +151,51 @@ TEST_CASE("grid: data x pipeline x tensor parallel training matches one process 
     if (stage.in) check_close(stage.in->weight, whole.in.weight, {1e-5, 1e-6});
   }
 }
+
+TEST_CASE("grid: the engine trains data x pipeline x tensor parallel, clipping included, as one process",
+          "[distributed]") {
+  auto world = init("mpi");
+  const int n = world->size();
+  for (const GridSizes& sizes : grids(n)) {
+    const int data = n / (sizes.tensor * sizes.pipeline);
+    INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", data " << data);
+    ParallelGrid grid(world, sizes);
+    manual_seed(19);
+    Whole whole;
+    Stage stage(whole, grid.pipeline_rank(), grid.pipeline_size(), grid.tensor());
+    const int64_t rows = 24, shard = rows / data;  // 2 micro-batches per rank
+    // Clipping at 0.2 binds in every step: the norm must count each weight once, the replicated ones
+    // (in, head, the row-parallel biases) on one tensor rank only. ZeRO stage 1 over the data axis.
+    const Config cfg = Config::from_string(fmt::format(R"({{
+        "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 2, "gradient_clipping": 0.2,
+        "steps_per_print": 1000, "optimizer": {{"type": "SGD", "params": {{"lr": 0.1, "momentum": 0.9}}}},
+        "zero_optimization": {{"stage": 1}}}})", shard / 2));
+    Engine engine = kiln::initialize(stage, cfg, grid,
+                                     [](const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); });
+    optim::SGD opt_ref(whole.parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 6; ++step) {
+      INFO("step " << step);
+      Tensor x = kiln::test::sample({rows, 10}, kFloat32, 0.3 * step + 0.2);
+      Tensor y = ((kiln::test::sample({rows}, kFloat64, 1.1 + step) + 2) * 1.2).to(kInt64);
+      opt_ref.zero_grad();
+      Tensor loss_ref = nn::cross_entropy(whole(x), y);
+      loss_ref.backward();
+      const double norm_ref = nn::utils::clip_grad_norm_(whole.parameters(), 0.2).item<double>();
+      CHECK(norm_ref > 0.2);
+      opt_ref.step();
+      const int d = grid.data_rank();
+      Tensor loss = engine.train_batch(x.narrow(0, d * shard, shard), y.narrow(0, d * shard, shard));
+      check_close(loss, loss_ref.detach(), {1e-5, 1e-7});
+      CHECK(engine.get_global_grad_norm() == Approx(norm_ref).epsilon(1e-5));
+    }
+    const int t = grid.tensor_rank(), T = grid.tensor_size();
+    for (size_t i = 0; i < stage.blocks.size(); ++i) {
+      const nn::GeluMLP& w = *whole.blocks[static_cast<size_t>(stage.first) + i];
+      check_close(stage.blocks[i]->fc.weight, w.c_fc.weight.narrow(0, t * 48 / T, 48 / T), {1e-5, 1e-6});
+      check_close(stage.blocks[i]->proj.weight, w.c_proj.weight.narrow(1, t * 48 / T, 48 / T), {1e-5, 1e-6});
+      check_close(stage.blocks[i]->proj.bias, w.c_proj.bias, {1e-5, 1e-6});
+    }
+    if (stage.head) check_close(stage.head->weight, whole.head.weight, {1e-5, 1e-6});
+    if (stage.in) check_close(stage.in->weight, whole.in.weight, {1e-5, 1e-6});
+  }
+}
