@@ -513,6 +513,47 @@ TEST_CASE("engine: pipeline stages with data parallel, accumulation, clipping an
   if (world->rank() == 0) std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("engine: fp16 through a pipeline skips a step that overflows on one stage, on every stage",
+          "[distributed]") {
+  auto world = init("mpi");
+  const int stages = world->size() % 2 == 0 ? 2 : 1;
+  ParallelGrid grid(world, {.pipeline = stages});
+  const int s = grid.pipeline_rank(), d = grid.data_rank();
+  const std::vector<int> layers = stages == 1 ? std::vector<int>{0, 1, 2} : s == 0 ? std::vector<int>{0, 1}
+                                                                                   : std::vector<int>{2};
+  manual_seed(41);
+  Mlp whole;
+  MlpStage stage(whole, layers);
+  const Config cfg = Config::from_string(R"({"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2,
+      "steps_per_print": 1000, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+      "fp16": {"enabled": true, "auto_cast": true, "initial_scale_power": 8, "hysteresis": 1}})");
+  Engine engine = kiln::initialize(stage, cfg, grid, [](const Tensor& out, const Tensor& y) {
+    return nn::cross_entropy(out.to(kFloat32), y);
+  });
+  CHECK(stage.layers[0]->weight.dtype() == kFloat16);
+  // The last layer's gradient becomes inf in one step, on the last stage (and data rank 0) only.
+  bool poison = false;
+  if (stage.ends_model && d == 0) {
+    stage.layers.back()->weight.register_hook([&poison](const Tensor& g) {
+      return poison ? full_like(g, std::numeric_limits<double>::infinity()) : Tensor();
+    });
+  }
+  auto [x, y] = batch(3, 4 * grid.data_size());
+  auto run = [&] { return engine.train_batch(x.narrow(0, 4 * d, 4), y.narrow(0, 4 * d, 4)).item<double>(); };
+  CHECK(std::isfinite(run()));
+  CHECK(engine.skipped_steps() == 0);
+  const Tensor before = engine.optimizer().master().detach().clone();
+  poison = true;
+  CHECK(std::isfinite(run()));  // the loss itself is fine; the gradients are not
+  poison = false;
+  CHECK(engine.skipped_steps() == 1);  // on every rank: the check spans the stages
+  CHECK(engine.loss_scale() == 128);
+  kiln::test::check_equal(engine.optimizer().master(), before);
+  run();
+  CHECK(engine.skipped_steps() == 1);
+  CHECK((engine.optimizer().master() - before).abs().max().item<float>() > 1e-5f);
+}
+
 TEST_CASE("engine: a checkpoint resumes with another accumulation count for the same batch", "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();

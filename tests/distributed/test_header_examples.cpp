@@ -80,6 +80,22 @@ TEST_CASE("The distributed headers' examples compile and run", "[distributed][ex
     comm->barrier();
     if (comm->rank() == 0) std::filesystem::remove_all(dir);
   }
+  // distributed/engine/engine.h, pipeline parallel (2 stages where the ranks pair up)
+  {
+    auto world = distributed::init();
+    distributed::ParallelGrid grid(world, {.pipeline = world->size() % 2 == 0 ? 2 : 1});
+    MyStage stage(grid.pipeline_rank(), grid.pipeline_size());
+    auto loss_fn = [](const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); };
+    const Config config = Config::from_string(R"({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}})");
+    auto engine = kiln::initialize(stage, config, grid, loss_fn);
+    for (int step = 0; step < 2; ++step) {
+      auto [x, y] = batch(step, 8);
+      Tensor loss = engine.train_batch(x, y);
+      CHECK(std::isfinite(loss.item<double>()));
+    }
+    CHECK(engine.global_steps() == 2);
+  }
   // distributed/pipeline/pipeline.h
   {
     auto comm = distributed::init();
