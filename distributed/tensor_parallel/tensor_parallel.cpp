@@ -191,12 +191,15 @@ std::string RowParallelLinear::extra_repr() const {
 
 // ---- ParallelMLP ----
 
-ParallelMLP::ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm)
-    : fc(n_embd, hidden, comm), proj(hidden, n_embd, comm) {
+ParallelMLP::ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm,
+                         std::string gelu_approximate)
+    : fc(n_embd, hidden, comm), proj(hidden, n_embd, comm), gelu_approximate_(std::move(gelu_approximate)) {
+  KILN_CHECK(gelu_approximate_ == "none" || gelu_approximate_ == "tanh",
+             "ParallelMLP: gelu_approximate must be \"none\" or \"tanh\", not \"{}\"", gelu_approximate_);
   register_modules({{"fc", fc}, {"proj", proj}});
 }
 
-Tensor ParallelMLP::forward(const Tensor& input) { return proj(gelu(fc(input))); }
+Tensor ParallelMLP::forward(const Tensor& input) { return proj(gelu(fc(input), gelu_approximate_)); }
 
 // ---- ParallelSelfAttention ----
 

@@ -32,6 +32,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "distributed/comm/communicator.h"
@@ -95,13 +96,17 @@ class RowParallelLinear : public nn::Module {
 };
 
 // Megatron's parallel MLP: fc (column-parallel) -> GELU -> proj (row-parallel), n_embd -> hidden ->
-// n_embd, with one all-reduce forward and one backward.
+// n_embd, with one all-reduce forward and one backward. gelu_approximate: "none" (erf) or "tanh".
 class ParallelMLP : public nn::Module {
  public:
-  ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm);
+  ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm,
+              std::string gelu_approximate = "none");
   Tensor forward(const Tensor& input) override;
   ColumnParallelLinear fc;
   RowParallelLinear proj;
+
+ private:
+  std::string gelu_approximate_;
 };
 
 // Causal multi-head self-attention with the heads split among the ranks (n_head a multiple of p):

@@ -1,6 +1,7 @@
-// tests/distributed/parity.h: what the data-parallel parity tests share (test_ddp.cpp, test_zero.cpp,
-// test_engine.cpp): a small MLP and the batches every rank draws alike, from which each rank takes
-// its rows while the single-process reference takes them all.
+// tests/distributed/parity.h: what the parity tests share (test_ddp.cpp, test_zero.cpp,
+// test_engine.cpp, test_grid.cpp, test_gpt_parallel.cpp): a small MLP and the batches every rank
+// draws alike, from which each rank takes its rows while the single-process reference takes them
+// all; and the grid shapes that n ranks make.
 #pragma once
 
 #include "support.h"
@@ -38,6 +39,15 @@ void parity_step(distributed::Communicator& comm, nn::Module& ref, optim::Optimi
   Tensor mean_loss = loss.detach().clone();
   comm.all_reduce(mean_loss, distributed::ReduceOp::Avg);
   check_close(mean_loss, loss_ref.detach(), tol);
+}
+
+// Every (tensor, pipeline) grid that `n` ranks make (the data axis takes the rest).
+inline std::vector<distributed::GridSizes> grid_shapes(int n) {
+  std::vector<distributed::GridSizes> out;
+  for (int t = 1; t <= n; ++t)
+    for (int p = 1; t * p <= n; ++p)
+      if (n % (t * p) == 0) out.push_back({.tensor = t, .pipeline = p});
+  return out;
 }
 
 }  // namespace kiln::test

@@ -2,7 +2,7 @@
 // rank's coordinates and axis communicators, and "3D parallelism" put together: a model of
 // tensor-parallel MLP blocks cut into pipeline stages, replicated over the data axis, trains as one
 // process trains the whole model on the whole batch.
-#include "support.h"
+#include "parity.h"
 
 using namespace kiln;
 using namespace kiln::distributed;
@@ -10,15 +10,6 @@ using kiln::test::check_close;
 using kiln::test::check_error;
 
 namespace {
-
-// Every (tensor, pipeline) grid that `n` ranks make.
-std::vector<GridSizes> grids(int n) {
-  std::vector<GridSizes> out;
-  for (int t = 1; t <= n; ++t)
-    for (int p = 1; t * p <= n; ++p)
-      if (n % (t * p) == 0) out.push_back({.tensor = t, .pipeline = p});
-  return out;
-}
 
 constexpr int kBlocks = 4;
 
@@ -81,7 +72,7 @@ struct Stage : nn::Module {
 TEST_CASE("grid: every rank's coordinates and axis communicators", "[distributed]") {
   auto world = init("mpi");
   const int n = world->size(), r = world->rank();
-  for (const GridSizes& sizes : grids(n)) {
+  for (const GridSizes& sizes : kiln::test::grid_shapes(n)) {
     INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline);
     ParallelGrid grid(world, sizes);
     const int t = sizes.tensor, d = n / (t * sizes.pipeline);
@@ -113,7 +104,7 @@ TEST_CASE("grid: every rank's coordinates and axis communicators", "[distributed
 TEST_CASE("grid: data x pipeline x tensor parallel training matches one process over 10 steps", "[distributed]") {
   auto world = init("mpi");
   const int n = world->size();
-  for (const GridSizes& sizes : grids(n)) {
+  for (const GridSizes& sizes : kiln::test::grid_shapes(n)) {
     INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", data " << n / (sizes.tensor * sizes.pipeline));
     ParallelGrid grid(world, sizes);
     manual_seed(17);
@@ -156,7 +147,7 @@ TEST_CASE("grid: the engine trains data x pipeline x tensor parallel, clipping i
           "[distributed]") {
   auto world = init("mpi");
   const int n = world->size();
-  for (const GridSizes& sizes : grids(n)) {
+  for (const GridSizes& sizes : kiln::test::grid_shapes(n)) {
     const int data = n / (sizes.tensor * sizes.pipeline);
     INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", data " << data);
     ParallelGrid grid(world, sizes);

@@ -1,0 +1,120 @@
+// models/gpt_parallel.cpp: see models/gpt_parallel.h.
+#include "models/gpt_parallel.h"
+
+#include "core/generator.h"
+#include "core/grad_mode.h"
+
+namespace kiln::models {
+
+namespace {
+
+void copy_into(Tensor& dst, const Tensor& src) {
+  NoGradGuard no_grad;
+  dst.copy_(src);
+}
+
+void copy_norm(nn::LayerNorm& dst, const nn::LayerNorm& src) {
+  copy_into(dst.weight, src.weight);
+  copy_into(dst.bias, src.bias);
+}
+
+}  // namespace
+
+ParallelGPT::Block::Block(const GPTConfig& c, const std::shared_ptr<distributed::Communicator>& tp)
+    : ln_1(c.n_embd, {.eps = c.layer_norm_eps}),
+      attn(c.n_embd, c.n_head, tp),
+      ln_2(c.n_embd, {.eps = c.layer_norm_eps}),
+      mlp(c.n_embd, 4 * c.n_embd, tp, c.gelu_approximate) {
+  register_modules({{"ln_1", ln_1}, {"attn", attn}, {"ln_2", ln_2}, {"mlp", mlp}});
+}
+
+Tensor ParallelGPT::Block::forward(const Tensor& x) {
+  Tensor h = x + attn(ln_1(x));
+  return h + mlp(ln_2(h));
+}
+
+ParallelGPT::ParallelGPT(GPTConfig c, std::shared_ptr<distributed::Communicator> tp, int stage, int num_stages)
+    : config(c), stage_(stage), num_stages_(num_stages) {
+  KILN_CHECK(tp != nullptr, "ParallelGPT: the tensor-parallel communicator is null; pass grid.tensor() (or "
+             "distributed::init() for tensor parallelism alone)");
+  KILN_CHECK(num_stages >= 1 && stage >= 0 && stage < num_stages && num_stages <= c.n_layer,
+             "ParallelGPT: stage {} of {} does not fit a model of {} blocks: each of 1 to n_layer stages needs a "
+             "block, and stage must be in [0, num_stages)", stage, num_stages, c.n_layer);
+  KILN_CHECK(c.dropout == 0, "ParallelGPT: dropout {} is not supported (its masks would need a random stream per "
+             "tensor-parallel slice); use dropout 0", c.dropout);
+  KILN_CHECK(c.bias, "ParallelGPT: bias = false is not supported; its parallel layers have biases");
+  KILN_CHECK(!c.tie_weights || num_stages == 1,
+             "ParallelGPT: a head tied to the embedding needs both on one stage, and this model has {} stages; set "
+             "tie_weights = false for a pipeline", num_stages);
+  // The whole model from the same random numbers that GPT(c) draws on one process; afterwards the
+  // generator is where GPT(c) would have left it, whatever the parallel layers drew in between.
+  const GPT whole(c);
+  const Generator::State after = default_generator().get_state();
+  first_ = stage * c.n_layer / num_stages;
+  const int64_t last = (stage + 1) * c.n_layer / num_stages;
+  if (is_first_stage()) {
+    wte = std::make_shared<nn::Embedding>(c.vocab_size, c.n_embd);
+    wpe = std::make_shared<nn::Embedding>(c.block_size, c.n_embd);
+    register_module("wte", wte);
+    register_module("wpe", wpe);
+  }
+  for (int64_t i = first_; i < last; ++i) h.push_back(std::make_shared<Block>(c, tp));
+  register_module("h", h);
+  if (is_last_stage()) {
+    ln_f = std::make_shared<nn::LayerNorm>(c.n_embd, nn::LayerNormOptions{.eps = c.layer_norm_eps});
+    register_module("ln_f", ln_f);
+    if (!c.tie_weights) {
+      lm_head = std::make_shared<nn::Linear>(c.n_embd, c.vocab_size, nn::LinearOptions{false});
+      register_module("lm_head", lm_head);
+    }
+  }
+  default_generator().set_state(after);
+  load_from(whole);
+}
+
+void ParallelGPT::load_from(const GPT& whole) {
+  const GPTConfig& w = whole.config;
+  KILN_CHECK(w.n_layer == config.n_layer && w.n_head == config.n_head && w.n_embd == config.n_embd &&
+                 w.block_size == config.block_size && w.vocab_size == config.vocab_size &&
+                 w.tie_weights == config.tie_weights && w.bias == config.bias,
+             "ParallelGPT::load_from: the GPT has another shape ({} layers, {} heads, {} wide, context {}, vocab {}) "
+             "than this model ({}, {}, {}, {}, {}); load one of the same config",
+             w.n_layer, w.n_head, w.n_embd, w.block_size, w.vocab_size, config.n_layer, config.n_head, config.n_embd,
+             config.block_size, config.vocab_size);
+  if (wte) {
+    copy_into(wte->weight, whole.transformer.wte.weight);
+    copy_into(wpe->weight, whole.transformer.wpe.weight);
+  }
+  for (size_t j = 0; j < h.size(); ++j) {
+    Block& mine = h.at<Block>(j);
+    const nn::TransformerBlock& b = whole.block(first_ + static_cast<int64_t>(j));
+    copy_norm(mine.ln_1, b.ln_1);
+    mine.attn.load_full(b.attn.c_attn.weight, b.attn.c_attn.bias, b.attn.c_proj.weight, b.attn.c_proj.bias);
+    copy_norm(mine.ln_2, b.ln_2);
+    mine.mlp.fc.load_full(b.mlp.c_fc.weight, b.mlp.c_fc.bias);
+    mine.mlp.proj.load_full(b.mlp.c_proj.weight, b.mlp.c_proj.bias);
+  }
+  if (ln_f) copy_norm(*ln_f, whole.transformer.ln_f);
+  if (lm_head) copy_into(lm_head->weight, whole.lm_head->weight);
+}
+
+Tensor ParallelGPT::forward(const Tensor& input) {
+  Tensor x = input;
+  if (is_first_stage()) {
+    KILN_CHECK(input.dim() == 2 && (input.dtype() == kInt64 || input.dtype() == kInt32),
+               "ParallelGPT: the first stage expects token ids (B, T) of int64, got {} of shape {}",
+               dtype_name(input.dtype()), input.sizes().str());
+    const int64_t T = input.size(1);
+    KILN_CHECK(T <= config.block_size, "ParallelGPT: a sequence of {} tokens is longer than the context, "
+               "block_size = {}; crop it", T, config.block_size);
+    x = (*wte)(input) + (*wpe)(arange(0, T, 1, kInt64, input.device()));
+  }
+  for (size_t j = 0; j < h.size(); ++j) x = h.at<Block>(j)(x);
+  if (!is_last_stage()) return x;
+  x = (*ln_f)(x);
+  if (lm_head) return (*lm_head)(x);
+  KILN_CHECK(wte != nullptr, "ParallelGPT: internal error: a tied head without the embedding on its stage");
+  return matmul(x, wte->weight.t());
+}
+
+}  // namespace kiln::models

@@ -1,0 +1,127 @@
+// tests/distributed/test_gpt_parallel.cpp: models::ParallelGPT, GPT-2 tensor-parallel and cut into
+// pipeline stages, against GPT on one process: the logits and every gradient slice, and training
+// through kiln::Engine on every data x pipeline x tensor grid that the ranks make.
+#include "models/gpt_parallel.h"
+#include "parity.h"
+
+using namespace kiln;
+using namespace kiln::distributed;
+using kiln::test::check_close;
+using kiln::test::check_error;
+
+namespace {
+
+// 12 heads and an MLP of 192: they split among 1, 2, 3 or 4 ranks.
+models::GPTConfig small_config(int64_t n_layer, bool tie) {
+  models::GPTConfig c;
+  c.n_layer = n_layer;
+  c.n_head = 12;
+  c.n_embd = 48;
+  c.block_size = 8;
+  c.vocab_size = 40;
+  c.tie_weights = tie;
+  return c;
+}
+
+// Rank r of p's rows of a column-parallel weight cut in `stride` blocks (q, k, v: 3).
+Tensor column_slice(const Tensor& w, int64_t stride, int r, int p) {
+  const int64_t block = w.size(0) / stride, piece = block / p;
+  std::vector<Tensor> parts;
+  for (int64_t i = 0; i < stride; ++i) parts.push_back(w.narrow(0, i * block + r * piece, piece));
+  return cat(parts, 0);
+}
+
+Tensor row_slice(const Tensor& w, int r, int p) { return w.narrow(1, r * w.size(1) / p, w.size(1) / p); }
+
+}  // namespace
+
+TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient slices equal GPT's", "[distributed]") {
+  auto tp = init("mpi");
+  const int r = tp->rank(), p = tp->size();
+  models::GPTConfig c = small_config(2, /*tie=*/true);
+  c.gelu_approximate = "tanh";
+  manual_seed(5);
+  models::GPT whole(c);
+  const Generator::State after = default_generator().get_state();
+  manual_seed(5);
+  models::ParallelGPT par(c, tp);
+  // The same weights from the same seed, and the generator left where GPT's construction leaves it.
+  CHECK(default_generator().get_state().offset == after.offset);
+  Tensor idx = randint(0, c.vocab_size, {3, 8});
+  Tensor targets = randint(0, c.vocab_size, {3, 8});
+  Tensor logits = whole(idx), logits_par = par(idx);
+  check_close(logits_par, logits, {1e-5, 1e-6});
+  models::GPT::loss(logits, targets).backward();
+  models::ParallelGPT::loss(logits_par, targets).backward();
+  const kiln::test::Tolerance tol{1e-4, 1e-6};
+  check_close(par.wte->weight.grad(), whole.transformer.wte.weight.grad(), tol);
+  check_close(par.wpe->weight.grad(), whole.transformer.wpe.weight.grad(), tol);
+  check_close(par.ln_f->weight.grad(), whole.transformer.ln_f.weight.grad(), tol);
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    INFO("block " << i);
+    auto& mine = par.h.at<models::ParallelGPT::Block>(static_cast<size_t>(i));
+    const nn::TransformerBlock& b = whole.block(i);
+    check_close(mine.ln_1.weight.grad(), b.ln_1.weight.grad(), tol);
+    check_close(mine.attn.c_attn.weight.grad(), column_slice(b.attn.c_attn.weight.grad(), 3, r, p), tol);
+    check_close(mine.attn.c_attn.bias.grad(), column_slice(b.attn.c_attn.bias.grad().reshape({-1, 1}), 3, r, p)
+                                                   .reshape({-1}), tol);
+    check_close(mine.attn.c_proj.weight.grad(), row_slice(b.attn.c_proj.weight.grad(), r, p), tol);
+    check_close(mine.attn.c_proj.bias.grad(), b.attn.c_proj.bias.grad(), tol);
+    check_close(mine.mlp.fc.weight.grad(), column_slice(b.mlp.c_fc.weight.grad(), 1, r, p), tol);
+    check_close(mine.mlp.proj.weight.grad(), row_slice(b.mlp.c_proj.weight.grad(), r, p), tol);
+    check_close(mine.ln_2.bias.grad(), b.ln_2.bias.grad(), tol);
+  }
+  check_error([&] { models::ParallelGPT(small_config(2, true), tp, 0, 2); }, {"set tie_weights = false"});
+  models::GPTConfig drop = small_config(2, false);
+  drop.dropout = 0.1;
+  check_error([&] { models::ParallelGPT(drop, tp); }, {"dropout 0.1 is not supported"});
+  check_error([&] { models::ParallelGPT(small_config(2, false), tp, 0, 3); }, {"stage 0 of 3 does not fit"});
+}
+
+TEST_CASE("ParallelGPT: trained through the engine on every grid shape, it matches GPT on one process",
+          "[distributed]") {
+  auto world = init("mpi");
+  const int n = world->size();
+  for (const GridSizes& sizes : kiln::test::grid_shapes(n)) {
+    const int data = n / (sizes.tensor * sizes.pipeline);
+    INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", data " << data);
+    ParallelGrid grid(world, sizes);
+    const models::GPTConfig c = small_config(4, /*tie=*/sizes.pipeline == 1);
+    manual_seed(23);
+    models::GPT whole(c);
+    manual_seed(23);
+    models::ParallelGPT stage(c, grid.tensor(), grid.pipeline_rank(), grid.pipeline_size());
+    const int64_t rows = 24, shard = rows / data;  // 2 micro-batches per data rank
+    const Config cfg = Config::from_string(fmt::format(R"({{
+        "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+        "steps_per_print": 1000, "optimizer": {{"type": "SGD", "params": {{"lr": 0.1, "momentum": 0.9}}}},
+        "zero_optimization": {{"stage": 1}}}})", shard / 2));
+    Engine engine = kiln::initialize(stage, cfg, grid, models::ParallelGPT::loss);
+    optim::SGD opt_ref(whole.parameters(), {.lr = 0.1, .momentum = 0.9});
+    for (int step = 0; step < 3; ++step) {
+      INFO("step " << step);
+      Tensor idx = randint(0, c.vocab_size, {rows, 8}), targets = randint(0, c.vocab_size, {rows, 8});
+      opt_ref.zero_grad();
+      Tensor loss_ref = models::GPT::loss(whole(idx), targets);
+      loss_ref.backward();
+      const double norm_ref = nn::utils::clip_grad_norm_(whole.parameters(), 1.0).item<double>();
+      opt_ref.step();
+      const int d = grid.data_rank();
+      Tensor loss = engine.train_batch(idx.narrow(0, d * shard, shard), targets.narrow(0, d * shard, shard));
+      check_close(loss, loss_ref.detach(), {1e-5, 1e-6});
+      CHECK(engine.get_global_grad_norm() == Approx(norm_ref).epsilon(1e-5));
+    }
+    // Every weight of this rank's stage and slices, against the whole model's.
+    const int t = grid.tensor_rank(), T = grid.tensor_size();
+    const kiln::test::Tolerance tol{1e-4, 1e-6};
+    if (stage.wte) check_close(stage.wte->weight, whole.transformer.wte.weight, tol);
+    for (size_t j = 0; j < stage.h.size(); ++j) {
+      auto& mine = stage.h.at<models::ParallelGPT::Block>(j);
+      const nn::TransformerBlock& b = whole.block(stage.first_block() + static_cast<int64_t>(j));
+      check_close(mine.attn.c_attn.weight, column_slice(b.attn.c_attn.weight, 3, t, T), tol);
+      check_close(mine.mlp.proj.weight, row_slice(b.mlp.c_proj.weight, t, T), tol);
+      check_close(mine.ln_2.weight, b.ln_2.weight, tol);
+    }
+    if (stage.lm_head) check_close(stage.lm_head->weight, whole.lm_head->weight, tol);
+  }
+}
