@@ -9,6 +9,7 @@
 //   train_gpt --device cuda --offload-activations --autocast bf16
 //   kiln-run -n 2 train_gpt --out runs/gpt-ddp           # data parallel on 2 ranks
 //   kiln-run -n 4 train_gpt --deepspeed-config configs/ds_zero2.json   # DeepSpeed's config: ZeRO, bf16, ...
+//   kiln-run -n 4 train_gpt --deepspeed-config ds.json --tensor-parallel 2 --pipeline-parallel 2   # 3D
 //
 // The last tenth of the corpus is held out: every --eval-every steps the validation loss is the mean
 // over --eval-batches fixed windows of it. A step is --grad-accum micro-batches of --batch-size
@@ -16,7 +17,13 @@
 // batch; then clipping (--clip, the global norm) and AdamW. With --deepspeed-config the step is
 // kiln::Engine's (distributed/engine/engine.h): batch sizes, accumulation, optimizer, schedule,
 // clipping, fp16/bf16 and the ZeRO stage come from that file, and its checkpoint (each rank's ZeRO
-// shard) goes beside checkpoint/, in checkpoint-engine/.
+// shard) goes beside checkpoint/, in checkpoint-engine/. With --tensor-parallel T and
+// --pipeline-parallel P as well, the ranks form a data x pipeline x tensor grid and the model is
+// models::ParallelGPT (models/gpt_parallel.h): each rank holds its stage's blocks, its slices of
+// them, and the engine runs each step as a pipeline of the accumulation's micro-batches
+// (Engine::train_batch). The ranks of one data-parallel replica draw the same windows; the
+// validation loss comes through the pipeline; the weights are saved in the engine's checkpoint
+// alone (one folder per stage and slice), and no sample is generated.
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -33,6 +40,7 @@
 #include <nlohmann/json.hpp>
 
 #include "models/gpt.h"
+#include "models/gpt_parallel.h"
 #include "models/train/checkpoint.h"
 #include "models/train/flags.h"
 #include "models/train/plot.h"
@@ -59,12 +67,14 @@ struct Run {
   uint64_t seed = 0;
   std::string device = "cpu";
   std::string deepspeed_config;  // the text of the --deepspeed-config file ("" = none)
+  int64_t tensor_parallel = 1, pipeline_parallel = 1;  // the grid's tensor and pipeline sizes
 };
 // to_json / from_json; a key missing from an older checkpoint keeps its default.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Run, config, n_layer, n_head, n_embd, context, dropout, corpus,
                                                 batch_size, grad_accum, lr, weight_decay, clip,
                                                 checkpoint_activations, offload_activations, fusion, fused_adam,
-                                                autocast, seed, device, deepspeed_config)
+                                                autocast, seed, device, deepspeed_config, tensor_parallel,
+                                                pipeline_parallel)
 
 models::GPTConfig model_config(const Run& r) {
   KILN_CHECK(r.config == "gpt_char" || r.config == "gpt2",
@@ -75,6 +85,7 @@ models::GPTConfig model_config(const Run& r) {
   if (r.n_embd > 0) c.n_embd = r.n_embd;
   if (r.context > 0) c.block_size = r.context;
   c.dropout = r.dropout;
+  if (r.pipeline_parallel > 1) c.tie_weights = false;  // the embedding and the head on different stages
   KILN_CHECK(c.vocab_size >= 256, "a byte-level corpus needs vocab_size >= 256");
   return c;
 }
@@ -99,6 +110,8 @@ void check_resumed(const Run& r, const std::string& manifest) {
   check(std::isfinite(r.clip) && r.clip >= 0, "clip", fmt::format("{}", r.clip), "finite and >= 0");
   check(r.autocast == "none" || r.autocast == "bf16" || r.autocast == "fp16", "autocast", "'" + r.autocast + "'",
         "none, bf16 or fp16");
+  check(r.tensor_parallel >= 1 && r.pipeline_parallel >= 1, "tensor_parallel",
+        fmt::format("{} (pipeline_parallel {})", r.tensor_parallel, r.pipeline_parallel), ">= 1, as pipeline_parallel");
 }
 
 // On --resume the checkpoint's settings hold. One given on the command line that differs from
@@ -131,6 +144,14 @@ void check_fits(const models::GPTConfig& c) {
                               "choose a smaller --n-layer or --n-embd");
 }
 
+// GPT's parameter count, from its config: each block 12 C^2 + 13 C, the embeddings, ln_f, and an
+// untied head.
+int64_t gpt_parameters(const models::GPTConfig& c) {
+  const int64_t C = c.n_embd;
+  return c.n_layer * (12 * C * C + 13 * C) + (c.vocab_size + c.block_size) * C + 2 * C +
+         (c.tie_weights ? 0 : c.vocab_size * C);
+}
+
 // The mean loss over fixed windows of the held-out text, in evaluation mode.
 double validation_loss(models::GPT& model, const data::ByteText& val, int64_t batches, int64_t batch_size,
                        Device device) {
@@ -144,6 +165,24 @@ double validation_loss(models::GPT& model, const data::ByteText& val, int64_t ba
     sum += models::GPT::loss(model(b.data.to(device)), b.target.to(device)).item<double>();
   }
   model.train(was_training);
+  return sum / static_cast<double>(batches);
+}
+
+// The same for a model split over a grid: each batch of windows goes through the engine's pipeline,
+// and the last stage's loss reaches every rank. Every rank calls it; `rows` must cut into the
+// engine's micro-batches.
+double validation_loss(Engine& engine, const distributed::ParallelGrid& grid, const data::ByteText& val,
+                       int64_t batches, int64_t rows, int64_t context, Device device) {
+  Generator fixed(1234);  // the same windows every time
+  double sum = 0;
+  for (int64_t i = 0; i < batches; ++i) {
+    data::Example b = val.sample(rows, context, fixed);
+    const Tensor logits = engine.eval_batch(b.data.to(device));  // on the last stage
+    Tensor loss = full({1}, logits.defined() ? models::GPT::loss(logits, b.target.to(device)).item<double>() : 0.0,
+                       TensorOptions(kFloat64).device(grid.pipeline()->device()));
+    grid.pipeline()->broadcast(loss, grid.pipeline_size() - 1);
+    sum += loss.item<double>();
+  }
   return sum / static_cast<double>(batches);
 }
 
@@ -188,6 +227,10 @@ int run(int argc, char** argv) {
   flags.add("deepspeed-config", "", "a DeepSpeed ds_config.json: batch sizes, accumulation, optimizer, schedule, "
             "clipping, fp16/bf16 and the ZeRO stage come from it (then --batch-size, --grad-accum, --lr, "
             "--weight-decay, --clip, --autocast and --fused-adam are refused)");
+  flags.add("tensor-parallel", "1", "ranks that split each block's heads and MLP (Megatron's tensor "
+            "parallelism; with --deepspeed-config)");
+  flags.add("pipeline-parallel", "1", "pipeline stages the blocks are cut into, the head then untied from the "
+            "embedding (with --deepspeed-config; its gradient_accumulation_steps are the micro-batches)");
   flags.add("resume", "", "continue from this checkpoint directory, with its settings (--corpus and --device may change)");
   flags.add_switch("quiet", "no progress output");
   flags.parse(argc, argv);
@@ -215,6 +258,8 @@ int run(int argc, char** argv) {
   r.fused_adam = flags.get_switch("fused-adam");
   r.seed = static_cast<uint64_t>(flags.get_int("seed", 0));
   r.device = flags.get("device");
+  r.tensor_parallel = flags.get_int("tensor-parallel", 1, 1 << 16);
+  r.pipeline_parallel = flags.get_int("pipeline-parallel", 1, 1 << 16);
   if (const std::string& path = flags.get("deepspeed-config"); !path.empty()) {
     std::ifstream in(path, std::ios::binary);
     KILN_CHECK(in.good(), "--deepspeed-config: cannot open '{}'; check the path", path);
@@ -264,6 +309,21 @@ int run(int argc, char** argv) {
   if (world.size > 1 || ds) comm = distributed::init("mpi");  // the engine needs one, at any size
   const bool main_rank = !comm || comm->rank() == 0;
   if (!main_rank) quiet = true;
+  // Tensor and pipeline parallel: the ranks as a grid, the rest of them data parallel.
+  std::unique_ptr<distributed::ParallelGrid> grid;
+  if (r.tensor_parallel * r.pipeline_parallel > 1) {
+    KILN_CHECK(ds.has_value(), "--tensor-parallel and --pipeline-parallel train through the engine: give a "
+               "--deepspeed-config too");
+    KILN_CHECK(comm->size() % (r.tensor_parallel * r.pipeline_parallel) == 0,
+               "{} ranks do not make a grid of tensor {} x pipeline {}; run a multiple of {} ranks (kiln-run -n N)",
+               comm->size(), r.tensor_parallel, r.pipeline_parallel, r.tensor_parallel * r.pipeline_parallel);
+    KILN_CHECK(!r.checkpoint_activations && !r.offload_activations,
+               "--checkpoint-activations and --offload-activations are not written for a model split over a grid; "
+               "drop them");
+    grid = std::make_unique<distributed::ParallelGrid>(
+        comm, distributed::GridSizes{.tensor = static_cast<int>(r.tensor_parallel),
+                                     .pipeline = static_cast<int>(r.pipeline_parallel)});
+  }
   if (const int64_t t = flags.get_int("threads", 0, INT_MAX); t > 0) {
     set_num_threads(static_cast<int>(t));
   } else if (world.size > 1) {
@@ -286,7 +346,7 @@ int run(int argc, char** argv) {
   check_fits(config);
 
   if (ds) {  // what the engine will do, in the settings the run prints and saves
-    const Config::Batch b = ds->resolve_batch(comm->size());
+    const Config::Batch b = ds->resolve_batch(grid ? grid->data_size() : comm->size());
     r.batch_size = b.micro_batch_size;
     r.grad_accum = b.gradient_accumulation_steps;
     r.clip = ds->gradient_clipping;
@@ -294,20 +354,29 @@ int run(int argc, char** argv) {
   }
 
   manual_seed(r.seed);
-  models::GPT model(config);
+  // One model, or with a grid this rank's stage and slices of it (the same weights from the seed).
+  std::unique_ptr<models::GPT> whole;
+  std::unique_ptr<models::ParallelGPT> stage;
+  if (grid) {
+    stage = std::make_unique<models::ParallelGPT>(config, grid->tensor(), grid->pipeline_rank(), grid->pipeline_size());
+  } else {
+    whole = std::make_unique<models::GPT>(config);
+    whole->set_checkpointing(r.checkpoint_activations);
+  }
+  nn::Module& model = grid ? static_cast<nn::Module&>(*stage) : *whole;
   model.to(device);
-  model.set_checkpointing(r.checkpoint_activations);
   std::unique_ptr<optim::AdamW> opt;  // without a DeepSpeed config; with one, the engine's optimizer
   if (!ds) opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions{
                      .lr = r.lr, .weight_decay = r.weight_decay, .fused = r.fused_adam});
   // fp16 needs its gradients scaled up so that small ones do not flush to zero (optim/grad_scaler.h).
   optim::GradScaler scaler({.enabled = r.autocast == "fp16" && !ds});  // the engine has its own
   const DType low = r.autocast == "fp16" ? kFloat16 : kBFloat16;
-  Generator windows(r.seed * 1000003 + static_cast<uint64_t>(comm ? comm->rank() : 0));
+  // A stream per data-parallel replica: the ranks of one pipeline and tensor group need the same windows.
+  Generator windows(r.seed * 1000003 + static_cast<uint64_t>(grid ? grid->data_rank() : comm ? comm->rank() : 0));
   int64_t step = 0;
   train::LossHistory history;
   if (ckpt) {
-    model.load_state_dict(ckpt->model);
+    if (!grid) model.load_state_dict(ckpt->model);  // with a grid, the weights are in the engine's checkpoint
     if (opt) opt->load_state_dict(ckpt->optimizer);  // the engine's is in checkpoint-engine/, loaded below
     // The loss scale and its counters go on where they were; a checkpoint from before they were saved
     // (or from a run without fp16) has none, and the scaler starts afresh.
@@ -335,15 +404,18 @@ int run(int argc, char** argv) {
   // With a DeepSpeed config: the engine, and its checkpoints beside checkpoint/ (one ZeRO shard per
   // rank; checkpoint.json names the tag that goes with it).
   std::optional<Engine> engine;
-  const int64_t num_parameters = model.num_parameters();  // counted before ZeRO stage 3 shards them
-  if (ds) {
+  // Counted before ZeRO stage 3 shards them; with a grid, the whole model's (models::GPT's formula).
+  const int64_t num_parameters = grid ? gpt_parameters(config) : model.num_parameters();
+  if (grid) {
+    engine.emplace(model, *ds, *grid, models::ParallelGPT::loss);
+  } else if (ds) {
     engine.emplace(model, *ds, comm);
     // At stage 3 the tied head reads the embedding's weight inside GPT's own forward.
-    if (config.tie_weights) engine->optimizer().register_external_parameter(model, model.transformer.wte.weight);
-    if (ckpt) {
-      const std::string& resume = flags.get("resume");
-      engine->load_checkpoint(train::engine_dir_of(resume), train::engine_tag_of(*ckpt, resume));
-    }
+    if (config.tie_weights) engine->optimizer().register_external_parameter(model, whole->transformer.wte.weight);
+  }
+  if (engine && ckpt) {
+    const std::string& resume = flags.get("resume");
+    engine->load_checkpoint(train::engine_dir_of(resume), train::engine_tag_of(*ckpt, resume));
   }
   // Stage 3 keeps a shard of each weight per rank: gathered on every rank while one rank alone
   // evaluates, samples or saves.
@@ -364,7 +436,7 @@ int run(int argc, char** argv) {
     auto all = gathered();
     if (!main_rank) return;
     train::Checkpoint c;
-    c.model = model.state_dict();
+    if (!grid) c.model = model.state_dict();
     if (opt) c.optimizer = opt->state_dict();
     c.scaler = scaler.state_dict();  // empty unless fp16
     c.step = step;
@@ -379,7 +451,9 @@ int run(int argc, char** argv) {
   };
   auto evaluate = [&] {
     auto all = gathered();
-    double v = main_rank ? validation_loss(model, val_text, eval_batches, r.batch_size, device) : 0;
+    double v = grid ? validation_loss(*engine, *grid, val_text, eval_batches, r.batch_size * r.grad_accum,
+                                      config.block_size, device)
+           : main_rank ? validation_loss(*whole, val_text, eval_batches, r.batch_size, device) : 0;
     // A step that made the weights inf or nan shows here first: stop before saving them.
     KILN_CHECK(std::isfinite(v), "step {}: the validation loss is {}: training diverged; lower --lr or clip the "
                "gradients with --clip (the last checkpoint, if any, is from before it)", step, v);
@@ -389,7 +463,7 @@ int run(int argc, char** argv) {
     return v;
   };
 
-  const models::GPTConfig& c = model.config;
+  const models::GPTConfig& c = config;
   if (!quiet) {
     std::printf("train_gpt: %s, %lld layers x %lld heads x %lld wide, context %lld (%lld parameters) on %s; "
                 "%lld training / %lld validation bytes; %lld x %lld windows per step%s; %s; %d threads%s%s%s%s%s%s\n",
@@ -399,8 +473,11 @@ int run(int argc, char** argv) {
                 static_cast<long long>(train_text.size()), static_cast<long long>(val_text.size()),
                 static_cast<long long>(r.grad_accum), static_cast<long long>(r.batch_size),
                 comm && comm->size() > 1 ? fmt::format(" per rank, {} ranks", comm->size()).c_str() : "",
-                ds ? fmt::format("DeepSpeed config: ZeRO stage {}, {} lr {}", ds->zero_optimization.stage,
-                                 engine->optimizer().name(), engine->get_lr()[0]).c_str()
+                ds ? fmt::format("DeepSpeed config: ZeRO stage {}, {} lr {}{}", ds->zero_optimization.stage,
+                                 engine->optimizer().name(), engine->get_lr()[0],
+                                 grid ? fmt::format(", grid tensor {} x pipeline {} x data {}", grid->tensor_size(),
+                                                    grid->pipeline_size(), grid->data_size())
+                                      : "").c_str()
                    : fmt::format("AdamW lr {}", r.lr).c_str(),
                 get_num_threads(),
                 r.checkpoint_activations ? ", activation checkpointing" : "",
@@ -424,7 +501,11 @@ int run(int argc, char** argv) {
   while (step < steps) {
     if (opt) opt->zero_grad();
     double loss_sum = 0;
-    for (int64_t m = 0; engine && m < r.grad_accum; ++m) {  // the engine's step: it accumulates, clips, steps
+    if (grid) {  // the step's micro-batches through the pipeline, and the step
+      data::Example b = train_text.sample(r.batch_size * r.grad_accum, c.block_size, windows);
+      loss_sum = engine->train_batch(b.data.to(device), b.target.to(device)).item<double>();
+    }
+    for (int64_t m = 0; engine && !grid && m < r.grad_accum; ++m) {  // the engine's step: it accumulates, clips, steps
       data::Example b = train_text.sample(r.batch_size, c.block_size, windows);
       std::optional<autograd::SaveOnCpu> offload;
       if (r.offload_activations) offload.emplace(/*pin_memory=*/device.is_cuda());
@@ -502,15 +583,16 @@ int run(int argc, char** argv) {
   const std::string png = main_rank ? train::plot_losses(history, out_dir, &why) : "";
   if (main_rank && png.empty() && !quiet) std::printf("train_gpt: no plot: %s\n", why.c_str());
 
-  auto all = sample > 0 ? gathered() : nullptr;
-  if (main_rank && sample > 0) {
+  if (grid && sample > 0 && !quiet) std::printf("train_gpt: no sample: the model is split over the grid\n");
+  auto all = sample > 0 && !grid ? gathered() : nullptr;
+  if (main_rank && sample > 0 && !grid) {
     const std::string& given = flags.get("prompt");
     std::vector<int64_t> ids(given.begin(), given.end());
     if (ids.empty()) ids.push_back('\n');
     for (auto& id : ids) id = static_cast<uint8_t>(id);
     if (static_cast<int64_t>(ids.size()) > c.block_size) ids.erase(ids.begin(), ids.end() - c.block_size);
     Generator g(r.seed);
-    Tensor out = model.generate(from_vector(ids, {1, static_cast<int64_t>(ids.size())}, device), sample,
+    Tensor out = whole->generate(from_vector(ids, {1, static_cast<int64_t>(ids.size())}, device), sample,
                                 {.temperature = temperature, .top_k = top_k}, &g);
     const std::vector<int64_t> bytes = out.to(Device::cpu()).to_vector<int64_t>();
     std::string raw;  // the file gets the bytes as generated (UTF-8 prompts stay whole); the terminal '?'s

@@ -1,0 +1,55 @@
+# tests/models/gpt_grid_check.cmake: train_gpt --tensor-parallel / --pipeline-parallel (models::ParallelGPT
+# through kiln::Engine over a grid) on 2 ranks.
+#   1. Tensor parallel over 2 ranks trains as one rank does: the loss of every step within 1e-5
+#      relative (the same windows, the same arithmetic summed in another order).
+#   2. Two pipeline stages, stopped at step 3 and resumed, equal a run straight through, bit for
+#      bit: the loss of every step and the validation losses.
+#   3. A grid without a DeepSpeed config, or with more ranks than there are, is an Error.
+#   cmake -DPROGRAM=<train_gpt> -DLAUNCHER="kiln-run;-n;2" -DWORK=<dir> -P gpt_grid_check.cmake
+file(REMOVE_RECURSE ${WORK})
+file(MAKE_DIRECTORY ${WORK})
+include(${CMAKE_CURRENT_LIST_DIR}/train_check.cmake)
+write_test_corpus(${WORK}/corpus.txt)
+file(WRITE ${WORK}/ds.json [=[{
+  "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
+  "steps_per_print": 1000, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+  "zero_optimization": {"stage": 1}
+}]=])
+set(model --n-layer 2 --context 16 --corpus ${WORK}/corpus.txt --deepspeed-config ${WORK}/ds.json)
+set(run --eval-every 3 --eval-batches 1 --log-every 1 --sample 0 --threads 1 --quiet)
+
+# 1. Tensor parallel equals one rank.
+run_program(out "" ${model} ${run} --steps 6 --out ${WORK}/one)
+run_program(out "${LAUNCHER}" ${model} ${run} --steps 6 --tensor-parallel 2 --out ${WORK}/tensor)
+losses(one ${WORK}/one/metrics.jsonl)
+losses(tensor ${WORK}/tensor/metrics.jsonl)
+check_losses_close("${tensor}" "${one}" "tensor parallel's" "one rank's")
+if(NOT EXISTS ${WORK}/tensor/checkpoint-engine/step6/stage_0/tensor_1/zero_rank_0.safetensors)
+  message(FATAL_ERROR "no engine checkpoint of tensor rank 1 in ${WORK}/tensor/checkpoint-engine/step6/stage_0")
+endif()
+
+# 2. Two stages, stopped and resumed.
+run_program(out "${LAUNCHER}" ${model} ${run} --steps 6 --pipeline-parallel 2 --out ${WORK}/straight)
+run_program(out "${LAUNCHER}" ${model} ${run} --steps 3 --pipeline-parallel 2 --out ${WORK}/stopped)
+run_program(out "${LAUNCHER}" --resume ${WORK}/stopped/checkpoint ${run} --steps 6 --out ${WORK}/stopped)
+file(STRINGS ${WORK}/straight/metrics.jsonl straight)
+file(STRINGS ${WORK}/stopped/metrics.jsonl resumed)
+if(NOT resumed STREQUAL straight)
+  message(FATAL_ERROR "resumed:\n${resumed}\nstraight through:\n${straight}")
+endif()
+list(LENGTH straight n)
+if(NOT n EQUAL 8)  # 6 step lines, 2 validation lines
+  message(FATAL_ERROR "expected 8 lines in the metrics, got ${n}:\n${straight}")
+endif()
+
+# 3. Errors.
+execute_process(COMMAND ${PROGRAM} --n-layer 2 --corpus ${WORK}/corpus.txt --tensor-parallel 2 --steps 1 --out ${WORK}/e1
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "train through the engine: give a --deepspeed-config too")
+  message(FATAL_ERROR "--tensor-parallel without a DeepSpeed config should be an Error, got ${rc}:\n${err}")
+endif()
+execute_process(COMMAND ${PROGRAM} ${model} --pipeline-parallel 2 --steps 1 --out ${WORK}/e2
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "1 ranks do not make a grid of tensor 1 x pipeline 2")
+  message(FATAL_ERROR "a grid larger than the ranks should be an Error, got ${rc}:\n${err}")
+endif()
