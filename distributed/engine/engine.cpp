@@ -23,22 +23,24 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Runs `write` on rank 0 and tells every rank how it went: when it fails, rank 0 throws its Error
-// and the other ranks one that points to it, instead of going on to wait for rank 0.
-void write_on_rank0(distributed::Communicator& comm, const char* who, const std::string& what,
-                    const std::function<void()>& write) {
+// Runs `work` on the ranks where `mine` is true, then tells every rank of `world` how it went: when
+// it failed anywhere, that rank throws its own Error and every other rank one that points to it,
+// instead of going on to wait in a collective for a rank that has stopped. (A collective itself: it
+// also keeps every rank from going on before the work is done.)
+void run_and_agree(distributed::Communicator& world, bool mine, const char* who, const std::string& what,
+                   const std::function<void()>& work) {
   std::exception_ptr failure;
-  if (comm.rank() == 0) {
+  if (mine) {
     try {
-      write();
+      work();
     } catch (...) {
       failure = std::current_exception();
     }
   }
-  Tensor ok = from_vector<int32_t>({failure ? 0 : 1}).to(comm.device());
-  comm.broadcast(ok, 0);
+  Tensor ok = from_vector<int32_t>({failure ? 0 : 1}).to(world.device());
+  world.all_reduce(ok, distributed::ReduceOp::Min);
   if (failure) std::rethrow_exception(failure);
-  KILN_CHECK(ok.item<int32_t>() == 1, "{}: rank 0 could not write '{}'; its Error says why", who, what);
+  KILN_CHECK(ok.item<int32_t>() == 1, "{}: {} failed on another rank; its Error says why", who, what);
 }
 
 distributed::ZeroOptimizer::MakeOptimizer make_inner(const Config::Optimizer& o) {
@@ -102,7 +104,8 @@ Engine::Engine(nn::Module& stage, const Config& config, const distributed::Paral
   KILN_CHECK(config_.zero_optimization.stage <= 1,
              "Engine: ZeRO stage {} does not go with pipeline parallelism (nor does it in DeepSpeed): set "
              "\"zero_optimization\": {{\"stage\": 0}} or 1", config_.zero_optimization.stage);
-  KILN_CHECK(loss_fn != nullptr, "Engine: the pipeline's loss function is empty");
+  KILN_CHECK(loss_fn != nullptr, "Engine: the pipeline's loss function is empty; pass loss_fn(output, target) "
+             "returning the last stage's mean loss of a micro-batch");
   init(grid.world());
   distributed::PipelineOptions options{.micro_batches = batch_.gradient_accumulation_steps,
                                        .schedule = distributed::PipelineSchedule::k1F1B};
@@ -184,20 +187,22 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
   KILN_CHECK(pipeline_, "Engine.train_batch: this engine has no pipeline; call forward, backward and step (or "
              "build it with a ParallelGrid and the stage's loss function)");
   // Checked on every rank that is given the tensor (the first stage reads the input, the last the
-  // target), so that ranks given the same batch stop together.
+  // target), and agreed on by all, so that one rank's bad batch stops every rank.
   const int64_t rows = batch_.micro_batch_size * batch_.gradient_accumulation_steps;
-  for (const auto& [t, what] : {std::pair{&input, "input"}, std::pair{&target, "target"}}) {
-    KILN_CHECK(!t->defined() || (t->dim() >= 1 && t->size(0) == rows),
-               "Engine.train_batch: the {} has {} rows; a batch is train_micro_batch_size_per_gpu {} x "
-               "gradient_accumulation_steps {} = {} rows (per data-parallel rank)", what,
-               t->dim() >= 1 ? t->size(0) : 0, batch_.micro_batch_size, batch_.gradient_accumulation_steps, rows);
-  }
+  run_and_agree(*world_, true, "Engine.train_batch", "checking the batch's size", [&] {
+    for (const auto& [t, what] : {std::pair{&input, "input"}, std::pair{&target, "target"}}) {
+      KILN_CHECK(!t->defined() || (t->dim() >= 1 && t->size(0) == rows),
+                 "Engine.train_batch: the {} has {} rows; a batch is train_micro_batch_size_per_gpu {} x "
+                 "gradient_accumulation_steps {} = {} rows (per data-parallel rank)", what,
+                 t->dim() >= 1 ? t->size(0) : 0, batch_.micro_batch_size, batch_.gradient_accumulation_steps, rows);
+    }
+  });
   Tensor x = input;
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
   const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0;
   const auto t0 = Clock::now();
   Tensor loss = pipeline_->train_batch(x, target);  // the gradients are reduced during the last backward
-  backward_s_ += seconds_since(t0);
+  backward_s_ += seconds_since(t0);  // forward and backward, interleaved by the schedule
   micro_steps_ += batch_.gradient_accumulation_steps;
   optimizer_step();
   // The mean over the data-parallel ranks of their batches' losses.
@@ -244,9 +249,14 @@ void Engine::report() {
                 loss_scale(), global_grad_norm_);
     if (config_.wall_clock_breakdown) {
       const double n = static_cast<double>(config_.steps_per_print);
-      std::printf("[kiln] time per step (ms, mean of %lld): forward %.2f | backward %.2f | step %.2f\n",
-                  static_cast<long long>(config_.steps_per_print), 1e3 * forward_s_ / n, 1e3 * backward_s_ / n,
-                  1e3 * step_s_ / n);
+      if (pipeline_) {  // the pipeline interleaves the two
+        std::printf("[kiln] time per step (ms, mean of %lld): forward+backward %.2f | step %.2f\n",
+                    static_cast<long long>(config_.steps_per_print), 1e3 * backward_s_ / n, 1e3 * step_s_ / n);
+      } else {
+        std::printf("[kiln] time per step (ms, mean of %lld): forward %.2f | backward %.2f | step %.2f\n",
+                    static_cast<long long>(config_.steps_per_print), 1e3 * forward_s_ / n, 1e3 * backward_s_ / n,
+                    1e3 * step_s_ / n);
+      }
     }
     std::fflush(stdout);
   }
@@ -259,16 +269,21 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in) 
   const std::string tag = tag_in.empty() ? fmt::format("global_step{}", global_steps_) : tag_in;
   KILN_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
              "save_checkpoint: the tag '{}' must be a plain name, not a path", tag);
+  // Each step is agreed on by every rank (run_and_agree), so that a rank that cannot write stops
+  // them all with its Error.
   const std::filesystem::path folder = stage_folder(dir, tag);
-  if (comm_->rank() == 0) {
+  const std::string in_folder = fmt::format("writing into '{}'", folder.string());
+  run_and_agree(*world_, comm_->rank() == 0, "save_checkpoint", in_folder, [&] {
     std::error_code ec;
     std::filesystem::create_directories(folder, ec);
     KILN_CHECK(!ec, "save_checkpoint: cannot create '{}': {}", folder.string(), ec.message());
-  }
-  comm_->barrier();
-  safetensors::save_file(optimizer_->state_dict(), (folder / fmt::format("zero_rank_{}.safetensors", comm_->rank())).string());
+  });
+  run_and_agree(*world_, true, "save_checkpoint", in_folder, [&] {
+    safetensors::save_file(optimizer_->state_dict(),
+                           (folder / fmt::format("zero_rank_{}.safetensors", comm_->rank())).string());
+  });
   const TensorDict model_state = optimizer_->consolidated_state_dict();  // on rank 0; stage 3: every rank gathers
-  write_on_rank0(*comm_, "save_checkpoint", folder.string(), [&] {
+  run_and_agree(*world_, comm_->rank() == 0, "save_checkpoint", in_folder, [&] {
     safetensors::save_file(model_state, (folder / "model.safetensors").string());
     TensorDict engine_state;
     engine_state.insert("global_steps", scalar_tensor(global_steps_, kInt64));
@@ -282,9 +297,10 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in) 
                             {"pipeline_stages", std::to_string(pipeline_ ? pipeline_->num_stages() : 1)},
                             {"tensor_parallel", std::to_string(tensor_comm_ ? tensor_comm_->size() : 1)}});
   });
-  world_->barrier();  // every shard (of every stage) is on disk before `latest` names this checkpoint
-  if (world_->rank() == 0) write_text_atomically((std::filesystem::path(dir) / "latest").string(), tag);
-  world_->barrier();
+  // Every shard (of every stage) is on disk before `latest` names this checkpoint.
+  const std::string latest = (std::filesystem::path(dir) / "latest").string();
+  run_and_agree(*world_, world_->rank() == 0, "save_checkpoint", fmt::format("writing '{}'", latest),
+                [&] { write_text_atomically(latest, tag); });
 }
 
 std::string Engine::stage_folder(const std::string& dir, const std::string& tag) const {
@@ -321,7 +337,7 @@ bool Engine::save_16bit_model(const std::string& save_dir, const std::string& sa
     return false;
   }
   const TensorDict state = optimizer_->consolidated_state_dict(0, exclude_frozen_parameters);
-  write_on_rank0(*comm_, "save_16bit_model", path, [&] {
+  run_and_agree(*world_, comm_->rank() == 0, "save_16bit_model", fmt::format("writing '{}'", path), [&] {
     std::error_code ec;
     std::filesystem::create_directories(folder.empty() ? "." : folder, ec);
     KILN_CHECK(!ec, "save_16bit_model: cannot create '{}': {}", folder, ec.message());

@@ -220,15 +220,20 @@ ZeroOptimizer::ModelStateBytes ZeroOptimizer::model_state_bytes() const {
 TensorDict ZeroOptimizer::consolidated_state_dict(int dst, bool exclude_frozen_parameters) {
   KILN_CHECK(dst >= 0 && dst < comm_->size(), "consolidated_state_dict: dst {} is not a rank of this world of {}",
              dst, comm_->size());
+  // Each name of the state dict to its parameter, through the modules that hold it: a parameter
+  // that two modules share has two names, and each must find it.
   std::map<std::string, size_t> trainable;  // name -> index in params_
   std::set<std::string> frozen;
-  for (const auto& [name, p] : model_.named_parameters()) {
-    if (!p.requires_grad()) {
-      frozen.insert(name);
-      continue;
-    }
-    for (size_t k = 0; k < params_.size(); ++k) {
-      if (params_[k].is_same(p)) trainable.emplace(name, k);
+  for (const auto& [prefix, m] : model_.named_modules()) {
+    for (const auto& [own, p] : m->named_parameters(/*recurse=*/false)) {
+      const std::string name = prefix.empty() ? own : prefix + "." + own;
+      if (!p.requires_grad()) {
+        frozen.insert(name);
+        continue;
+      }
+      for (size_t k = 0; k < params_.size(); ++k) {
+        if (params_[k].is_same(p)) trainable.emplace(name, k);
+      }
     }
   }
   if (gatherer_) gatherer_->finish_pending();

@@ -306,8 +306,8 @@ std::string engine_tag_of(const Checkpoint& ckpt, const std::string& source) {
     tag = nlohmann::json::parse(ckpt.extra).value("engine_tag", std::string());
   } catch (const nlohmann::json::exception&) {
   }
-  KILN_CHECK(!tag.empty(), "{}: the checkpoint was written without a DeepSpeed config (it names no engine "
-             "checkpoint); resume it without --deepspeed-config", source);
+  KILN_CHECK(!tag.empty(), "{}: the checkpoint names no engine checkpoint: it was written without a DeepSpeed "
+             "config (resume it without --deepspeed-config), or it is damaged", source);
   return tag;
 }
 

@@ -76,7 +76,7 @@ void check_resume_flags(const std::string& saved, const std::string& wanted,
 // the checkpoint's extra JSON.
 std::string engine_dir_of(const std::string& ckpt_dir);
 // The engine checkpoint's tag that `ckpt` names; an Error naming `source` (its path) when it names
-// none: it was written without a DeepSpeed config.
+// none: it was written without a DeepSpeed config, or is damaged.
 std::string engine_tag_of(const Checkpoint& ckpt, const std::string& source);
 // Removes the engine checkpoints beside `ckpt_dir` but the one of `tag`, which it names now.
 void remove_other_engine_checkpoints(const std::string& ckpt_dir, const std::string& tag);

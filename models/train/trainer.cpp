@@ -332,6 +332,15 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     try {
       const json extra = json::parse(ckpt->extra);
       epoch_batches = extra.value("epoch_batches", int64_t{0});
+      // Mid-epoch, the data loader's position is a batch of this rank's shard: on another number of
+      // ranks the shards differ, and samples would be seen twice or not at all.
+      // (Checkpoints from before the world size was saved are not checked.)
+      const int64_t world_now = comm ? comm->size() : 1;
+      const int64_t saved_world = extra.value("world_size", world_now);
+      KILN_CHECK(epoch_batches == 0 || saved_world == world_now,
+                 "{}: the checkpoint was saved in the middle of an epoch on {} rank{}; resume it on {} (a "
+                 "checkpoint saved at the end of an epoch resumes on any number)", o.resume, saved_world,
+                 saved_world == 1 ? "" : "s", saved_world);
       epoch_loss_sum = extra.value("epoch_loss_sum", 0.0);
       window_steps = extra.value("window_steps", int64_t{0});
       window_sum = extra.value("window_sum", 0.0);
@@ -368,14 +377,13 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
 
   auto save = [&] {
     const std::string tag = fmt::format("step{}", step);
-    TensorDict weights;  // rank 0's; at stage 3 every rank takes part in gathering them
-    if (engine) {
-      engine->save_checkpoint(engine_dir_of(ckpt_dir), tag);  // every rank its shard
-      weights = engine->optimizer().consolidated_state_dict();
-    }
+    if (engine) engine->save_checkpoint(engine_dir_of(ckpt_dir), tag);  // every rank its shard
     if (!main_rank) return;
     Checkpoint c;
-    c.model = engine ? weights : model->state_dict();
+    // With the engine, the whole weights it has just gathered and written (at stage 3 no rank
+    // holds them otherwise).
+    c.model = engine ? safetensors::load_file((fs::path(engine_dir_of(ckpt_dir)) / tag / "model.safetensors").string())
+                     : model->state_dict();
     if (opt) c.optimizer = opt->state_dict();
     if (sched) c.scheduler = sched->state_dict();
     if (plateau) c.scheduler = plateau->state_dict();
@@ -385,7 +393,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     c.rng = default_generator().get_state();
     c.config = config_of(o).dump();
     json extra{{"epoch_batches", epoch_batches}, {"epoch_loss_sum", epoch_loss_sum},
-               {"window_steps", window_steps}, {"window_sum", window_sum},
+               {"window_steps", window_steps}, {"window_sum", window_sum}, {"world_size", comm ? comm->size() : 1},
                {"history_step", history.step}, {"history_loss", history.loss},
                {"history_epoch", history.epoch}, {"history_test_loss", history.test_loss},
                {"history_test_accuracy", history.test_accuracy}};
@@ -396,6 +404,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   };
 
   const bool terminal = !o.quiet && is_terminal(out);
+  const char* lr_setting = engine ? "the DeepSpeed config's optimizer.params.lr" : "--lr";
   if (!o.quiet) {
     const std::string recipe =
         engine ? fmt::format("DeepSpeed config: ZeRO stage {}, {} lr {:g}{}, micro-batch {} x accumulation {}",
@@ -449,8 +458,8 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
         l = mean.item<double>();
       }
       KILN_CHECK(std::isfinite(l),  // every rank sees the same mean
-                 "step {}: the loss is {}: training diverged; lower --lr (the last checkpoint, if any, is from "
-                 "before it)", step, l);
+                 "step {}: the loss is {}: training diverged; lower {} (the last checkpoint, if any, is from "
+                 "before it)", step, l, lr_setting);
       epoch_loss_sum += l;
       result.last_loss = l;
       window_sum += l;
@@ -489,8 +498,8 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
     }
     const double train_loss = epoch_batches ? epoch_loss_sum / static_cast<double>(epoch_batches) : 0;
     // A training step that made the weights inf or nan shows here first: stop before saving them.
-    KILN_CHECK(std::isfinite(ev.loss), "epoch {}: the test loss is {}: training diverged; lower --lr (the last "
-               "checkpoint, if any, is from before it)", epoch + 1, ev.loss);
+    KILN_CHECK(std::isfinite(ev.loss), "epoch {}: the test loss is {}: training diverged; lower {} (the last "
+               "checkpoint, if any, is from before it)", epoch + 1, ev.loss, lr_setting);
     if (plateau) plateau->step(ev.loss);  // every rank has rank 0's ev, so the same lr
     ++epoch;
     history.epoch.push_back(static_cast<double>(epoch));

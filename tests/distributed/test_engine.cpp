@@ -419,7 +419,11 @@ TEST_CASE("engine: save_16bit_model writes the whole model in its dtype, at stag
   if (r == 0) std::ofstream(dir + "/a_file") << "x";
   comm->barrier();
   check_error([&] { e.save_16bit_model(dir + "/a_file/out"); },
-              {r == 0 ? "cannot create '" + dir + "/a_file/out'" : "rank 0 could not write '" + dir + "/a_file/out/"});
+              {r == 0 ? "cannot create '" + dir + "/a_file/out'"
+                      : "writing '" + dir + "/a_file/out/model.safetensors' failed on another rank"});
+  // So is one in save_checkpoint: every rank stops with an Error, not at the communication timeout.
+  check_error([&] { e.save_checkpoint(dir + "/a_file/ckpt"); },
+              {r == 0 ? "cannot create '" + dir + "/a_file/ckpt/" : "failed on another rank"});
   comm->barrier();
   if (r == 0) std::filesystem::remove_all(dir);
 }

@@ -185,8 +185,15 @@ TEST_CASE("grid: the engine trains data x pipeline x tensor parallel, clipping i
       check_close(stage.blocks[i]->fc.weight, w.c_fc.weight.narrow(0, t * 48 / T, 48 / T), {1e-5, 1e-6});
       check_close(stage.blocks[i]->proj.weight, w.c_proj.weight.narrow(1, t * 48 / T, 48 / T), {1e-5, 1e-6});
       check_close(stage.blocks[i]->proj.bias, w.c_proj.bias, {1e-5, 1e-6});
+      check_close(stage.blocks[i]->fc.bias, w.c_fc.bias.narrow(0, t * 48 / T, 48 / T), {1e-5, 1e-6});
     }
-    if (stage.head) check_close(stage.head->weight, whole.head.weight, {1e-5, 1e-6});
-    if (stage.in) check_close(stage.in->weight, whole.in.weight, {1e-5, 1e-6});
+    if (stage.head) {
+      check_close(stage.head->weight, whole.head.weight, {1e-5, 1e-6});
+      check_close(stage.head->bias, whole.head.bias, {1e-5, 1e-6});
+    }
+    if (stage.in) {
+      check_close(stage.in->weight, whole.in.weight, {1e-5, 1e-6});
+      check_close(stage.in->bias, whole.in.bias, {1e-5, 1e-6});
+    }
   }
 }

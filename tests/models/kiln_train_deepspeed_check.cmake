@@ -5,7 +5,8 @@
 #      in another order).
 #   2. The stage 3 run stopped at step 30 (mid-epoch) and resumed equals it straight through, bit
 #      for bit: the final weights' file and every logged loss.
-#   3. That checkpoint resumed on 1 rank (the ZeRO shards cut anew) trains on.
+#   3. That checkpoint (at an epoch's end) resumed on 1 rank (the ZeRO shards cut anew) trains on;
+#      the one of step 30, mid-epoch, is an Error there.
 #   4. bf16 at stage 2 learns (test accuracy >= 0.9 on the synthetic classes).
 #   5. A flag that the config sets, and a config with a misspelt key, are Errors.
 #   cmake -DPROGRAM=<kiln-train> -DLAUNCHER="kiln-run;-n;2" -DWORK=<dir> -P kiln_train_deepspeed_check.cmake
@@ -43,6 +44,12 @@ endif()
 
 # 2. Stopped at step 30 and resumed: bit for bit the run straight through.
 run_program(out "${LAUNCHER}" ${data} --epochs 2 --max-steps 30 --deepspeed-config ${WORK}/zero3.json --out ${WORK}/stopped)
+# Mid-epoch, the data's position is per rank: on 1 rank the checkpoint of step 30 is an Error.
+execute_process(COMMAND ${PROGRAM} --resume ${WORK}/stopped/checkpoint --quiet --out ${WORK}/stopped
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "saved in the middle of an epoch on 2 ranks; resume it on 2")
+  message(FATAL_ERROR "a mid-epoch checkpoint resumed on another number of ranks should be an Error, got ${rc}:\n${err}")
+endif()
 run_program(out "${LAUNCHER}" --resume ${WORK}/stopped/checkpoint --threads 1 --quiet --out ${WORK}/stopped)
 file(SHA256 ${WORK}/zero3/checkpoint/model.safetensors a)
 file(SHA256 ${WORK}/stopped/checkpoint/model.safetensors b)
