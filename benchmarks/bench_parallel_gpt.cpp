@@ -6,12 +6,19 @@
 //   kiln-run -n 2 build/release/bin/bench_parallel_gpt [steps] [rounds]
 //
 // The model is gpt_char (BENCHMARKS.md e: 4 layers, 4 heads, 128 wide, context 128, 256 bytes),
-// with an untied head so that every grid holds the same model (models::ParallelGPT). A step is 16
+// models::ParallelGPT, once with its head tied to the embedding (across stages on a pipeline: a copy
+// on the last stage, whose gradient goes to the first and which gets the new weight back) and once
+// untied, to measure what the tie costs a pipeline; and on grids with a tensor axis, tied and with
+// sequence parallelism (the activations between the tensor-parallel layers cut along the sequence
+// among the tensor group). A step is 16
 // windows of 128 bytes in all, cut into 4 micro-batches per data-parallel rank, float32, AdamW
 // (DeepSpeed's "AdamW", fused), clipping at 1.0, ZeRO stage 1 over the data axis. Per grid: ms per
 // step (the median over rounds of each round's mean, the slowest rank's), tokens per second, the
-// ratio to the data-parallel grid's time, and the loss after the last step (the same on every
-// grid, up to the summation order: the same training). The grids take turns, round after round.
+// ratio to the data-parallel grid's time (of the same head), the ratio to the same grid's time with
+// the untied head (without sequence parallelism), the largest increment of a rank's tensor memory
+// during a round's steps (its activations and the other transient tensors, over what the models
+// hold), and the loss after the last step (the same on every grid of one head, up to the summation
+// order: the same training). The runs take turns, round after round.
 // PyTorch and LibTorch have no tensor or pipeline parallelism of their own to set beside this.
 #include <kiln/kiln.h>
 
@@ -21,6 +28,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "bench_util.h"
@@ -36,35 +44,44 @@ int main(int argc, char** argv) {
   auto world = init("mpi");
   const int n = world->size();
   set_num_threads(1);
-  models::GPTConfig config = models::GPTConfig::gpt_char();
-  config.tie_weights = false;
+  const models::GPTConfig config = models::GPTConfig::gpt_char();
   const int64_t windows = 16, micro_batches = 4;
 
   struct Run {
     GridSizes sizes;
+    bool tied = true, sequence_parallel = false;
     std::unique_ptr<ParallelGrid> grid;
     std::unique_ptr<models::ParallelGPT> stage;
     std::unique_ptr<Engine> engine;
     std::vector<double> ms;  // per round
+    double peak_mib = 0;     // the largest over rounds and ranks
     double loss = 0;
   };
   std::vector<Run> runs;
-  for (int t = 1; t <= n; ++t) {
-    for (int p = 1; t * p <= n; ++p) {
-      if (n % (t * p) != 0 || config.n_head % t != 0 || p > config.n_layer) continue;
-      const int data = n / (t * p);
-      if (windows % (data * micro_batches) != 0) continue;
-      Run r;
-      r.sizes = {.tensor = t, .pipeline = p};
-      r.grid = std::make_unique<ParallelGrid>(world, r.sizes);
-      manual_seed(7);
-      r.stage = std::make_unique<models::ParallelGPT>(config, r.grid->tensor(), r.grid->pipeline_rank(), p);
-      const Config cfg = Config::from_string(fmt::format(R"({{
-          "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 1.0,
-          "steps_per_print": 1000000, "optimizer": {{"type": "AdamW", "params": {{"lr": 3e-4}}}},
-          "zero_optimization": {{"stage": 1}}}})", windows / data / micro_batches, micro_batches));
-      r.engine = std::make_unique<Engine>(*r.stage, cfg, *r.grid, models::ParallelGPT::loss);
-      runs.push_back(std::move(r));
+  for (const auto& [tied, sequence_parallel] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true}}) {
+    for (int t = 1; t <= n; ++t) {
+      if (sequence_parallel && t == 1) continue;
+      for (int p = 1; t * p <= n; ++p) {
+        if (n % (t * p) != 0 || config.n_head % t != 0 || p > config.n_layer) continue;
+        const int data = n / (t * p);
+        if (windows % (data * micro_batches) != 0) continue;
+        Run r;
+        r.sizes = {.tensor = t, .pipeline = p};
+        r.tied = tied;
+        r.sequence_parallel = sequence_parallel;
+        models::GPTConfig c = config;
+        c.tie_weights = tied;
+        r.grid = std::make_unique<ParallelGrid>(world, r.sizes);
+        manual_seed(7);
+        r.stage = std::make_unique<models::ParallelGPT>(c, r.grid->tensor(), r.grid->pipeline_rank(), p,
+                                                        sequence_parallel);
+        const Config cfg = Config::from_string(fmt::format(R"({{
+            "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 1.0,
+            "steps_per_print": 1000000, "optimizer": {{"type": "AdamW", "params": {{"lr": 3e-4}}}},
+            "zero_optimization": {{"stage": 1}}}})", windows / data / micro_batches, micro_batches));
+        r.engine = std::make_unique<Engine>(*r.stage, cfg, *r.grid, models::ParallelGPT::loss);
+        runs.push_back(std::move(r));
+      }
     }
   }
   // The same windows for every grid: each data rank takes its rows of them.
@@ -89,28 +106,41 @@ int main(int argc, char** argv) {
     for (Run& r : runs) {
       // Every round trains the same steps again from where the model is: the time is what counts.
       world->barrier();
+      memory::reset_peak(Device::cpu());
+      const int64_t held = memory::stats(Device::cpu()).allocated_bytes;
       const auto t0 = std::chrono::steady_clock::now();
       r.loss = train(r, 1, steps);
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      const double mib = static_cast<double>(memory::stats(Device::cpu()).peak_allocated_bytes - held) / (1 << 20);
       r.ms.push_back(1e3 * kiln_bench::slowest(*world, s) / steps);
+      r.peak_mib = std::max(r.peak_mib, kiln_bench::slowest(*world, mib));
     }
   }
-  double base = 0;
-  for (const Run& r : runs) {
-    const double ms = kiln_bench::median(r.ms);
-    if (r.sizes.tensor == 1 && r.sizes.pipeline == 1) base = ms;
-  }
+  // The data-parallel grid's time for each head, and each grid's time with the other head.
+  auto time_of = [&](bool tied, GridSizes sizes) {
+    for (const Run& r : runs) {
+      if (r.tied == tied && !r.sequence_parallel && r.sizes.tensor == sizes.tensor &&
+          r.sizes.pipeline == sizes.pipeline) {
+        return kiln_bench::median(r.ms);
+      }
+    }
+    return 0.0;
+  };
   if (world->rank() == 0) {
     for (const Run& r : runs) {
       const double ms = kiln_bench::median(r.ms);
       const double lo = *std::min_element(r.ms.begin(), r.ms.end()), hi = *std::max_element(r.ms.begin(), r.ms.end());
+      const double base = time_of(r.tied, {.tensor = 1, .pipeline = 1}), untied = time_of(false, r.sizes);
       std::printf("{\"bench\":\"parallel_gpt\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
-                  "\"tensor\":%d,\"pipeline\":%d,\"data\":%d,\"model\":\"gpt_char_untied\",\"windows_per_step\":%lld,"
+                  "\"tensor\":%d,\"pipeline\":%d,\"data\":%d,\"model\":\"%s\",\"sequence_parallel\":%s,\"windows_per_step\":%lld,"
                   "\"micro_batches\":%lld,\"steps\":%d,\"rounds\":%d,\"ms_per_step\":%.2f,\"ms_min\":%.2f,"
-                  "\"ms_max\":%.2f,\"tokens_per_s\":%.0f,\"time_vs_data_parallel\":%.3f,\"loss_after\":%.6f}\n",
+                  "\"ms_max\":%.2f,\"tokens_per_s\":%.0f,\"time_vs_data_parallel\":%.3f,\"time_vs_untied\":%.3f,"
+                  "\"peak_increment_mib\":%.1f,\"loss_after\":%.6f}\n",
                   n, r.sizes.tensor, r.sizes.pipeline, n / (r.sizes.tensor * r.sizes.pipeline),
+                  r.tied ? "gpt_char" : "gpt_char_untied", r.sequence_parallel ? "true" : "false",
                   static_cast<long long>(windows), static_cast<long long>(micro_batches), steps, rounds, ms, lo, hi,
-                  static_cast<double>(windows * config.block_size) / (ms / 1e3), base > 0 ? ms / base : 0.0, r.loss);
+                  static_cast<double>(windows * config.block_size) / (ms / 1e3), base > 0 ? ms / base : 0.0,
+                  untied > 0 ? ms / untied : 0.0, r.peak_mib, r.loss);
     }
     std::fflush(stdout);
   }

@@ -20,21 +20,33 @@ void copy_norm(nn::LayerNorm& dst, const nn::LayerNorm& src) {
 
 }  // namespace
 
-ParallelGPT::Block::Block(const GPTConfig& c, const std::shared_ptr<distributed::Communicator>& tp)
+ParallelGPT::Block::Block(const GPTConfig& c, const std::shared_ptr<distributed::Communicator>& tp,
+                          bool sequence_parallel)
     : ln_1(c.n_embd, {.eps = c.layer_norm_eps}),
-      attn(c.n_embd, c.n_head, tp),
+      attn(c.n_embd, c.n_head, tp, sequence_parallel),
       ln_2(c.n_embd, {.eps = c.layer_norm_eps}),
-      mlp(c.n_embd, 4 * c.n_embd, tp, c.gelu_approximate) {
+      mlp(c.n_embd, 4 * c.n_embd, tp, c.gelu_approximate, sequence_parallel),
+      tp_(tp),
+      sequence_parallel_(sequence_parallel) {
   register_modules({{"ln_1", ln_1}, {"attn", attn}, {"ln_2", ln_2}, {"mlp", mlp}});
 }
 
-Tensor ParallelGPT::Block::forward(const Tensor& x) {
-  Tensor h = x + attn(ln_1(x));
-  return h + mlp(ln_2(h));
+// Sequence parallel: the LayerNorm sees this rank's positions alone, so its weights' gradients
+// are parts, summed over the tensor group by f.
+Tensor ParallelGPT::Block::norm(nn::LayerNorm& ln, const Tensor& x) {
+  if (!sequence_parallel_) return ln(x);
+  return layer_norm(x, ln.normalized_shape, distributed::copy_to_tensor_parallel_region(ln.weight, *tp_),
+                    distributed::copy_to_tensor_parallel_region(ln.bias, *tp_), ln.options.eps);
 }
 
-ParallelGPT::ParallelGPT(GPTConfig c, std::shared_ptr<distributed::Communicator> tp, int stage, int num_stages)
-    : config(c), stage_(stage), num_stages_(num_stages) {
+Tensor ParallelGPT::Block::forward(const Tensor& x) {
+  Tensor h = x + attn(norm(ln_1, x));
+  return h + mlp(norm(ln_2, h));
+}
+
+ParallelGPT::ParallelGPT(GPTConfig c, std::shared_ptr<distributed::Communicator> tp, int stage, int num_stages,
+                         bool sequence_parallel)
+    : config(c), tp_(tp), stage_(stage), num_stages_(num_stages), sequence_parallel_(sequence_parallel) {
   KILN_CHECK(tp != nullptr, "ParallelGPT: the tensor-parallel communicator is null; pass grid.tensor() (or "
              "distributed::init() for tensor parallelism alone)");
   KILN_CHECK(num_stages >= 1 && stage >= 0 && stage < num_stages && num_stages <= c.n_layer,
@@ -43,9 +55,6 @@ ParallelGPT::ParallelGPT(GPTConfig c, std::shared_ptr<distributed::Communicator>
   KILN_CHECK(c.dropout == 0, "ParallelGPT: dropout {} is not supported (its masks would need a random stream per "
              "tensor-parallel slice); use dropout 0", c.dropout);
   KILN_CHECK(c.bias, "ParallelGPT: bias = false is not supported; its parallel layers have biases");
-  KILN_CHECK(!c.tie_weights || num_stages == 1,
-             "ParallelGPT: a head tied to the embedding needs both on one stage, and this model has {} stages; set "
-             "tie_weights = false for a pipeline", num_stages);
   // The whole model from the same random numbers that GPT(c) draws on one process; afterwards the
   // generator is where GPT(c) would have left it, whatever the parallel layers drew in between.
   const GPT whole(c);
@@ -58,12 +67,12 @@ ParallelGPT::ParallelGPT(GPTConfig c, std::shared_ptr<distributed::Communicator>
     register_module("wte", wte);
     register_module("wpe", wpe);
   }
-  for (int64_t i = first_; i < last; ++i) h.push_back(std::make_shared<Block>(c, tp));
+  for (int64_t i = first_; i < last; ++i) h.push_back(std::make_shared<Block>(c, tp, sequence_parallel));
   register_module("h", h);
   if (is_last_stage()) {
     ln_f = std::make_shared<nn::LayerNorm>(c.n_embd, nn::LayerNormOptions{.eps = c.layer_norm_eps});
     register_module("ln_f", ln_f);
-    if (!c.tie_weights) {
+    if (!c.tie_weights || num_stages > 1) {  // tied across stages: a copy of wte
       lm_head = std::make_shared<nn::Linear>(c.n_embd, c.vocab_size, nn::LinearOptions{false});
       register_module("lm_head", lm_head);
     }
@@ -95,7 +104,14 @@ void ParallelGPT::load_from(const GPT& whole) {
     mine.mlp.proj.load_full(b.mlp.c_proj.weight, b.mlp.c_proj.bias);
   }
   if (ln_f) copy_norm(*ln_f, whole.transformer.ln_f);
-  if (lm_head) copy_into(lm_head->weight, whole.lm_head->weight);
+  if (lm_head) copy_into(lm_head->weight, config.tie_weights ? whole.transformer.wte.weight : whole.lm_head->weight);
+}
+
+std::vector<distributed::TiedWeight> ParallelGPT::tied_weights() {
+  if (!config.tie_weights || num_stages_ == 1) return {};
+  if (is_first_stage()) return {{.weight = wte->weight, .owner = 0, .user = num_stages_ - 1}};
+  if (is_last_stage()) return {{.weight = lm_head->weight, .owner = 0, .user = num_stages_ - 1}};
+  return {};
 }
 
 Tensor ParallelGPT::forward(const Tensor& input) {
@@ -107,10 +123,16 @@ Tensor ParallelGPT::forward(const Tensor& input) {
     const int64_t T = input.size(1);
     KILN_CHECK(T <= config.block_size, "ParallelGPT: a sequence of {} tokens is longer than the context, "
                "block_size = {}; crop it", T, config.block_size);
+    KILN_CHECK(!sequence_parallel_ || T % tp_->size() == 0, "ParallelGPT: sequence parallel over {} ranks needs a "
+               "sequence length that is a multiple of it, not {}", tp_->size(), T);
     x = (*wte)(input) + (*wpe)(arange(0, T, 1, kInt64, input.device()));
+    if (sequence_parallel_) x = distributed::scatter_to_sequence_parallel_region(x, *tp_);
   }
   for (size_t j = 0; j < h.size(); ++j) x = h.at<Block>(j)(x);
   if (!is_last_stage()) return x;
+  // The head is whole on every rank: the gradient of the gathered positions is the same on each,
+  // and each keeps its part of it.
+  if (sequence_parallel_) x = distributed::gather_from_sequence_parallel_region(x, *tp_, false);
   x = (*ln_f)(x);
   if (lm_head) return (*lm_head)(x);
   KILN_CHECK(wte != nullptr, "ParallelGPT: internal error: a tied head without the embedding on its stage");

@@ -12,30 +12,45 @@
 // distributed/tensor_parallel): two all-reduces forward and two backward per block. The
 // embeddings, the LayerNorms and the head are whole on every rank of the group. Stage s of p holds
 // the blocks [s L / p, (s + 1) L / p); the first stage also holds the embeddings (its input is the
-// token ids), and the last one ln_f and the head (its output is the logits). A head tied to the
-// embedding needs both on one stage, so a pipeline of more than one stage needs
-// tie_weights = false (Megatron keeps the two copies equal with an extra all-reduce; Kiln does
-// not yet). Every rank builds the model from the same seed, and each keeps its slices, so the
-// ranks hold the same model that GPT(config) is on one process; load_from copies one's weights in.
-// Not here: dropout (it would need a random stream per slice) and bias = false.
+// token ids), and the last one ln_f and the head (its output is the logits).
+//
+// A head tied to the embedding across stages is a copy of wte on the last stage (its lm_head),
+// tied to the first stage's wte by tied_weights(). kiln::Engine adds the copy's gradient to wte's
+// before the step and copies wte back after, so it trains as GPT's one weight does (Megatron
+// all-reduces the two copies' gradients instead). Under a plain Pipeline, call add_tied_gradients
+// and copy_tied_weights around the step, and leave the copy out of the optimizer.
+//
+// Sequence parallel (Megatron's --sequence-parallel, tensor_parallel.h): the first stage keeps
+// each rank's part of the sequence of the embeddings' output, the blocks' LayerNorms and residual
+// adds work on those T / p positions, each layer's all-reduce becomes a reduce-scatter and an
+// all-gather, the stages pass (B, T / p, C) to each other, and the last stage gathers the
+// positions before ln_f and the head. T must be a multiple of the tensor group's size.
+//
+// Every rank builds the model from the same seed, and each keeps its slices, so the ranks hold
+// the same model that GPT(config) is on one process; load_from copies one's weights in. Not here:
+// dropout (it would need a random stream per slice) and bias = false.
 #pragma once
 
 #include <memory>
 
 #include "distributed/comm/communicator.h"
+#include "distributed/pipeline/pipeline.h"
 #include "distributed/tensor_parallel/tensor_parallel.h"
 #include "models/gpt.h"
 
 namespace kiln::models {
 
-class ParallelGPT : public nn::Module {
+class ParallelGPT : public nn::Module, public distributed::TiedWeights {
  public:
   // Stage `stage` of `num_stages` of the model that `config` describes, its blocks tensor-parallel
-  // over `tp` (n_head and 4 n_embd multiples of tp's size).
-  ParallelGPT(GPTConfig config, std::shared_ptr<distributed::Communicator> tp, int stage = 0, int num_stages = 1);
+  // over `tp` (n_head and 4 n_embd multiples of tp's size). sequence_parallel: between the blocks'
+  // tensor-parallel layers each rank of tp keeps its part of the sequence (see below).
+  ParallelGPT(GPTConfig config, std::shared_ptr<distributed::Communicator> tp, int stage = 0, int num_stages = 1,
+              bool sequence_parallel = false);
 
   // The first stage: token ids (B, T); the others: the hidden states (B, T, n_embd) from the stage
-  // before. The last stage returns logits (B, T, vocab_size), the others the hidden states.
+  // before (sequence parallel: (B, T / tp size, n_embd), this rank's positions). The last stage
+  // returns logits (B, T, vocab_size), the others the hidden states.
   Tensor forward(const Tensor& input) override;
   // The mean cross-entropy of logits against targets: the pipeline's loss (GPT::loss).
   static Tensor loss(const Tensor& logits, const Tensor& targets) { return GPT::loss(logits, targets); }
@@ -43,27 +58,40 @@ class ParallelGPT : public nn::Module {
   // Sets this stage's weights (this rank's slices) from a whole model of the same config.
   void load_from(const GPT& whole);
 
+  // With a tied head and more than one stage: wte (first stage) and its copy, lm_head's weight
+  // (last stage), stage 0 the owner; empty otherwise.
+  std::vector<distributed::TiedWeight> tied_weights() override;
+
   bool is_first_stage() const { return stage_ == 0; }
+  bool sequence_parallel() const { return sequence_parallel_; }
   bool is_last_stage() const { return stage_ == num_stages_ - 1; }
   int64_t first_block() const { return first_; }  // blocks [first_block, first_block + h.size())
 
   struct Block : nn::Module {
-    Block(const GPTConfig& c, const std::shared_ptr<distributed::Communicator>& tp);
+    Block(const GPTConfig& c, const std::shared_ptr<distributed::Communicator>& tp, bool sequence_parallel);
     Tensor forward(const Tensor& x) override;
     nn::LayerNorm ln_1;
     distributed::ParallelSelfAttention attn;
     nn::LayerNorm ln_2;
     distributed::ParallelMLP mlp;
+
+   private:
+    Tensor norm(nn::LayerNorm& ln, const Tensor& x);
+    std::shared_ptr<distributed::Communicator> tp_;
+    bool sequence_parallel_;
   };
 
   GPTConfig config;
   std::shared_ptr<nn::Embedding> wte, wpe;  // first stage
   nn::ModuleList h;                         // this stage's blocks
   std::shared_ptr<nn::LayerNorm> ln_f;      // last stage
-  std::shared_ptr<nn::Linear> lm_head;      // last stage, when the head is not tied
+  // last stage, when the head is not tied or (a copy of wte) is tied across stages
+  std::shared_ptr<nn::Linear> lm_head;
 
  private:
+  std::shared_ptr<distributed::Communicator> tp_;
   int stage_, num_stages_;
+  bool sequence_parallel_;
   int64_t first_ = 0;
 };
 

@@ -21,7 +21,8 @@
 // --pipeline-parallel P as well, the ranks form a data x pipeline x tensor grid and the model is
 // models::ParallelGPT (models/gpt_parallel.h): each rank holds its stage's blocks, its slices of
 // them, and the engine runs each step as a pipeline of the accumulation's micro-batches
-// (Engine::train_batch). The ranks of one data-parallel replica draw the same windows; the
+// (Engine::train_batch); --sequence-parallel cuts the activations between the tensor-parallel
+// layers along the sequence. The ranks of one data-parallel replica draw the same windows; the
 // validation loss comes through the pipeline; the weights are saved in the engine's checkpoint
 // alone (one folder per stage and slice), and no sample is generated.
 #include <algorithm>
@@ -68,13 +69,14 @@ struct Run {
   std::string device = "cpu";
   std::string deepspeed_config;  // the text of the --deepspeed-config file ("" = none)
   int64_t tensor_parallel = 1, pipeline_parallel = 1;  // the grid's tensor and pipeline sizes
+  bool sequence_parallel = false;  // between the tensor-parallel layers, 1 / tensor_parallel of the positions
 };
 // to_json / from_json; a key missing from an older checkpoint keeps its default.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Run, config, n_layer, n_head, n_embd, context, dropout, corpus,
                                                 batch_size, grad_accum, lr, weight_decay, clip,
                                                 checkpoint_activations, offload_activations, fusion, fused_adam,
                                                 autocast, seed, device, deepspeed_config, tensor_parallel,
-                                                pipeline_parallel)
+                                                pipeline_parallel, sequence_parallel)
 
 models::GPTConfig model_config(const Run& r) {
   KILN_CHECK(r.config == "gpt_char" || r.config == "gpt2",
@@ -85,7 +87,6 @@ models::GPTConfig model_config(const Run& r) {
   if (r.n_embd > 0) c.n_embd = r.n_embd;
   if (r.context > 0) c.block_size = r.context;
   c.dropout = r.dropout;
-  if (r.pipeline_parallel > 1) c.tie_weights = false;  // the embedding and the head on different stages
   KILN_CHECK(c.vocab_size >= 256, "a byte-level corpus needs vocab_size >= 256");
   return c;
 }
@@ -229,8 +230,11 @@ int run(int argc, char** argv) {
             "--weight-decay, --clip, --autocast and --fused-adam are refused)");
   flags.add("tensor-parallel", "1", "ranks that split each block's heads and MLP (Megatron's tensor "
             "parallelism; with --deepspeed-config)");
-  flags.add("pipeline-parallel", "1", "pipeline stages the blocks are cut into, the head then untied from the "
-            "embedding (with --deepspeed-config; its gradient_accumulation_steps are the micro-batches)");
+  flags.add("pipeline-parallel", "1", "pipeline stages the blocks are cut into, the last holding a copy of the "
+            "embedding for the tied head (with --deepspeed-config; its gradient_accumulation_steps are the "
+            "micro-batches)");
+  flags.add_switch("sequence-parallel", "with --tensor-parallel: between the tensor-parallel layers each rank "
+                   "keeps its part of the sequence (Megatron's sequence parallelism)");
   flags.add("resume", "", "continue from this checkpoint directory, with its settings (--corpus and --device may change)");
   flags.add_switch("quiet", "no progress output");
   flags.parse(argc, argv);
@@ -260,6 +264,7 @@ int run(int argc, char** argv) {
   r.device = flags.get("device");
   r.tensor_parallel = flags.get_int("tensor-parallel", 1, 1 << 16);
   r.pipeline_parallel = flags.get_int("pipeline-parallel", 1, 1 << 16);
+  r.sequence_parallel = flags.get_switch("sequence-parallel");
   if (const std::string& path = flags.get("deepspeed-config"); !path.empty()) {
     std::ifstream in(path, std::ios::binary);
     KILN_CHECK(in.good(), "--deepspeed-config: cannot open '{}'; check the path", path);
@@ -309,6 +314,8 @@ int run(int argc, char** argv) {
   if (world.size > 1 || ds) comm = distributed::init("mpi");  // the engine needs one, at any size
   const bool main_rank = !comm || comm->rank() == 0;
   if (!main_rank) quiet = true;
+  KILN_CHECK(!r.sequence_parallel || r.tensor_parallel > 1, "--sequence-parallel splits the sequence among the "
+             "tensor-parallel ranks: give --tensor-parallel 2 or more");
   // Tensor and pipeline parallel: the ranks as a grid, the rest of them data parallel.
   std::unique_ptr<distributed::ParallelGrid> grid;
   if (r.tensor_parallel * r.pipeline_parallel > 1) {
@@ -358,7 +365,11 @@ int run(int argc, char** argv) {
   std::unique_ptr<models::GPT> whole;
   std::unique_ptr<models::ParallelGPT> stage;
   if (grid) {
-    stage = std::make_unique<models::ParallelGPT>(config, grid->tensor(), grid->pipeline_rank(), grid->pipeline_size());
+    KILN_CHECK(!r.sequence_parallel || config.block_size % r.tensor_parallel == 0,
+               "--sequence-parallel: the context ({}) must be a multiple of --tensor-parallel ({}); change --context",
+               config.block_size, r.tensor_parallel);
+    stage = std::make_unique<models::ParallelGPT>(config, grid->tensor(), grid->pipeline_rank(), grid->pipeline_size(),
+                                                  r.sequence_parallel);
   } else {
     whole = std::make_unique<models::GPT>(config);
     whole->set_checkpointing(r.checkpoint_activations);

@@ -106,12 +106,20 @@ Engine::Engine(nn::Module& stage, const Config& config, const distributed::Paral
              "\"zero_optimization\": {{\"stage\": 0}} or 1", config_.zero_optimization.stage);
   KILN_CHECK(loss_fn != nullptr, "Engine: the pipeline's loss function is empty; pass loss_fn(output, target) "
              "returning the last stage's mean loss of a micro-batch");
+  // Weights this stage shares with another (DeepSpeed's TiedLayerSpec): checked on every rank first,
+  // so that a wrong list stops them all rather than a stage waiting for its partner.
+  if (auto* holder = dynamic_cast<distributed::TiedWeights*>(&model_)) tied_ = holder->tied_weights();
+  run_and_agree(*grid.world(), true, "Engine", "checking the stage's tied weights",
+                [&] { distributed::check_tied_weights(tied_, *pipeline_comm_, "Engine"); });
   init(grid.world());
   distributed::PipelineOptions options{.micro_batches = batch_.gradient_accumulation_steps,
                                        .schedule = distributed::PipelineSchedule::k1F1B};
   // The micro-batches' gradients accumulate on each stage and are reduced over the data-parallel
-  // ranks during the last one's backward.
-  options.before_backward = [this](int64_t, bool last) { optimizer_->set_gradient_accumulation_boundary(last); };
+  // ranks during the last one's backward; on a stage with tied weights, after the pipeline (in
+  // train_batch), once the other stage's gradient of each is in.
+  options.before_backward = [this](int64_t, bool last) {
+    optimizer_->set_gradient_accumulation_boundary(last && tied_.empty());
+  };
   auto scaled = [this, loss_fn = std::move(loss_fn)](const Tensor& output, const Tensor& target) {
     return scaler_->scale(loss_fn(output, target));
   };
@@ -123,6 +131,10 @@ Engine::Engine(nn::Module& stage, const Config& config, const distributed::Paral
       return first || std::any_of(slices.begin(), slices.end(), [&](const Tensor& s) { return s.is_same(p); });
     };
   }
+  // The copies start as the owners' weights (a user stage's copy may have been made from other
+  // random numbers).
+  run_and_agree(*world_, true, "Engine", "copying the tied weights",
+                [&] { distributed::copy_tied_weights(tied_, *pipeline_comm_); });
 }
 
 void Engine::init(std::shared_ptr<distributed::Communicator> world) {
@@ -137,8 +149,16 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
   const auto params = model_.parameters();
   KILN_CHECK(!params.empty(), "Engine: the model has no parameters");
   dtype_ = params[0].dtype();
+  // A user stage's copy of a tied weight stays out of its optimizer (the owner trains the weight):
+  // ZeroOptimizer trains what requires grad, so the copy does not while it is built.
+  std::vector<Tensor> copies;
+  for (const auto& t : tied_) {
+    if (t.user == pipeline_comm_->rank() && t.weight.requires_grad()) copies.push_back(t.weight);
+  }
+  for (Tensor& c : copies) c.requires_grad_(false);
   optimizer_ = std::make_unique<distributed::ZeroOptimizer>(model_, comm_, make_inner(*config_.optimizer),
                                                             config_.zero_optimization);
+  for (Tensor& c : copies) c.requires_grad_(true);
   if (config_.scheduler) scheduler_ = make_scheduler(*config_.scheduler, *optimizer_);
   optim::GradScalerOptions scaling = config_.fp16.scaler;
   scaling.enabled = config_.fp16.enabled;
@@ -202,9 +222,14 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
   const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0;
   const auto t0 = Clock::now();
   Tensor loss = pipeline_->train_batch(x, target);  // the gradients are reduced during the last backward
+  if (!tied_.empty()) {  // ... or now, with each tied weight's gradient from the other stage added
+    distributed::add_tied_gradients(tied_, *pipeline_comm_);
+    optimizer_->reduce_gradients();
+  }
   backward_s_ += seconds_since(t0);  // forward and backward, interleaved by the schedule
   micro_steps_ += batch_.gradient_accumulation_steps;
   optimizer_step();
+  if (!tied_.empty()) distributed::copy_tied_weights(tied_, *pipeline_comm_);  // the owners' new weights
   // The mean over the data-parallel ranks of their batches' losses.
   Tensor mean = full({1}, loss.item<double>() / scale, TensorOptions(kFloat64).device(comm_->device()));
   if (comm_->size() > 1) comm_->all_reduce(mean, distributed::ReduceOp::Avg);
@@ -411,6 +436,8 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
              "\"scheduler\" section", scheduler_state.empty() ? "without" : "with", scheduler_ ? "one" : "none");
   if (scheduler_) scheduler_->load_state_dict(scheduler_state);
   optimizer_->zero_grad();
+  // A tied weight's copy is not trained here: it is the owner's, loaded above.
+  if (!tied_.empty()) distributed::copy_tied_weights(tied_, *pipeline_comm_);
   return tag;
 }
 

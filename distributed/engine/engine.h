@@ -35,8 +35,12 @@
 //
 // The gradients are reduced over the data axis during each stage's last backward; the clipping
 // norm and fp16's overflow check span every stage and slice (a parameter that every rank of a
-// tensor group holds whole counts once). As DeepSpeed, ZeRO stages 2 and 3 do not go
-// with a pipeline, and forward, backward and step are Errors there: train_batch does all three.
+// tensor group holds whole counts once). A stage that implements distributed::TiedWeights (GPT's
+// embedding, used again as the head on the last stage) has each copy's gradient added to the
+// owner's before its reduction, which then runs after the pipeline, and the owner's new weight
+// copied back after the step; the copies are not in their stage's optimizer. As DeepSpeed, ZeRO
+// stages 2 and 3 do not go with a pipeline, and forward, backward and step are Errors there:
+// train_batch does all three.
 #pragma once
 
 #include <chrono>
@@ -146,6 +150,7 @@ class Engine {
   std::shared_ptr<distributed::Communicator> pipeline_comm_, tensor_comm_;  // with a grid
   std::unique_ptr<distributed::Pipeline> pipeline_;
   std::function<bool(const Tensor&)> counted_;  // in the gradient norm on this rank (tensor parallel)
+  std::vector<distributed::TiedWeight> tied_;   // this stage's weights tied to another's (pipeline)
   Config::Batch batch_;
   DType dtype_;
   std::unique_ptr<distributed::ZeroOptimizer> optimizer_;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 
 #include "core/grad_mode.h"
 #include "ops/ops.h"
@@ -271,6 +272,122 @@ Tensor Pipeline::eval_batch(const Tensor& input) {
   }
   wait_sends();
   return is_last_stage() ? cat(outputs, 0) : Tensor();
+}
+
+// ---- tied weights ----
+
+namespace {
+
+constexpr int kTiedTag = 2;
+
+void check_list(const std::vector<TiedWeight>& tied, int s, int p, const char* who) {
+  for (const TiedWeight& t : tied) {
+    KILN_CHECK(t.owner >= 0 && t.owner < p && t.user >= 0 && t.user < p && t.owner != t.user,
+               "{}: a tie between stages {} (owner) and {} (user) in a pipeline of {}; they must be two different "
+               "stages of it", who, t.owner, t.user, p);
+    KILN_CHECK(s == t.owner || s == t.user,
+               "{}: stage {} lists a tie between stages {} and {}; a stage lists only the ties it holds a copy of",
+               who, s, t.owner, t.user);
+    KILN_CHECK(t.weight.defined(), "{}: stage {} lists a tie (owner {}, user {}) without its weight", who, s,
+               t.owner, t.user);
+  }
+}
+
+// A header (dtype, number of elements) and the tensor, sent without waiting; the Works and what
+// they read go to `sends` and `buffers` until they complete.
+void send_tied(Communicator& c, const Tensor& t, int dst, std::vector<Work>& sends, std::vector<Tensor>& buffers) {
+  Tensor header = from_vector<int64_t>({static_cast<int64_t>(t.dtype()), t.numel()}).to(c.device());
+  Tensor data = t.contiguous();
+  sends.push_back(c.send(header, dst, kTiedTag, /*async_op=*/true));
+  sends.push_back(c.send(data, dst, kTiedTag, /*async_op=*/true));
+  buffers.push_back(header);
+  buffers.push_back(data);
+}
+
+// What send_tied sent, checked against this stage's copy `like` once it is in (so that the sender
+// is never left waiting), in like's shape.
+Tensor recv_tied(Communicator& c, int src, const Tensor& like, const char* who) {
+  Tensor header = empty({2}, TensorOptions(kInt64).device(c.device()));
+  c.recv(header, src, kTiedTag);
+  const std::vector<int64_t> h = header.to_vector<int64_t>();
+  KILN_CHECK(h[0] >= 0 && h[0] <= static_cast<int64_t>(DType::Float64) && h[1] >= 0,
+             "{}: stage {} received a malformed message from stage {}; both stages of a tie must list it, in the same "
+             "order", who, c.rank(), src);
+  Tensor t = empty({h[1]}, TensorOptions(static_cast<DType>(h[0])).device(like.device()));
+  c.recv(t, src, kTiedTag);
+  KILN_CHECK(t.numel() == like.numel() && t.dtype() == like.dtype(),
+             "{}: stage {}'s copy of a tied weight is {} of shape {}, and stage {} sent {} of {} elements; the two "
+             "stages of a tie must hold the same weight", who, c.rank(), dtype_name(like.dtype()), like.sizes().str(),
+             src, dtype_name(t.dtype()), t.numel());
+  return t.view(like.sizes());
+}
+
+}  // namespace
+
+void check_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipeline, const char* who) {
+  const int s = pipeline.rank(), p = pipeline.size();
+  std::exception_ptr wrong;
+  try {
+    check_list(tied, s, p, who);
+  } catch (...) {
+    wrong = std::current_exception();
+  }
+  // Each stage's count of the ties it lists per (owner, user) pair, and whether its list is well
+  // formed (the last element), to every stage; an Error everywhere after, never a wait.
+  const int64_t n = static_cast<int64_t>(p) * p + 1;
+  std::vector<int64_t> mine(static_cast<size_t>(n), 0);
+  mine.back() = wrong ? 0 : 1;
+  if (!wrong) {
+    for (const TiedWeight& t : tied) ++mine[static_cast<size_t>(t.owner * p + t.user)];
+  }
+  Tensor all = empty({p * n}, TensorOptions(kInt64).device(pipeline.device()));
+  pipeline.all_gather_into_tensor(all, from_vector<int64_t>(mine).to(pipeline.device()));
+  if (wrong) std::rethrow_exception(wrong);
+  const std::vector<int64_t> counts = all.to_vector<int64_t>();
+  auto count = [&](int stage, int owner, int user) { return counts[stage * n + owner * p + user]; };
+  for (int k = 0; k < p; ++k) {
+    KILN_CHECK(counts[k * n + n - 1] == 1, "{}: stage {}'s list of tied weights is wrong; its Error says why", who, k);
+  }
+  for (int o = 0; o < p; ++o) {
+    for (int u = 0; u < p; ++u) {
+      KILN_CHECK(o == u || count(o, o, u) == count(u, o, u),
+                 "{}: stage {} lists {} tie(s) that it owns and stage {} uses, and stage {} lists {}; both stages of "
+                 "a tie must list it, in the same order", who, o, count(o, o, u), u, u, count(u, o, u));
+    }
+  }
+}
+
+void add_tied_gradients(const std::vector<TiedWeight>& tied, Communicator& pipeline) {
+  std::vector<Work> sends;
+  std::vector<Tensor> buffers;
+  check_list(tied, pipeline.rank(), pipeline.size(), "add_tied_gradients");
+  NoGradGuard no_grad;
+  for (const TiedWeight& t : tied) {
+    Tensor w = t.weight;
+    if (pipeline.rank() == t.user) {
+      const Tensor g = w.grad();
+      send_tied(pipeline, g.defined() ? g : zeros_like(w), t.owner, sends, buffers);
+      w.set_grad(Tensor());
+    } else {
+      Tensor g = recv_tied(pipeline, t.user, w, "add_tied_gradients");
+      if (w.grad().defined()) w.grad().add_(g);
+      else w.set_grad(g);
+    }
+  }
+  for (Work& s : sends) s.wait();
+}
+
+void copy_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipeline) {
+  std::vector<Work> sends;
+  std::vector<Tensor> buffers;
+  check_list(tied, pipeline.rank(), pipeline.size(), "copy_tied_weights");
+  NoGradGuard no_grad;
+  for (const TiedWeight& t : tied) {
+    Tensor w = t.weight;
+    if (pipeline.rank() == t.owner) send_tied(pipeline, w.detach(), t.user, sends, buffers);
+    else w.copy_(recv_tied(pipeline, t.owner, w, "copy_tied_weights"));
+  }
+  for (Work& s : sends) s.wait();
 }
 
 }  // namespace kiln::distributed

@@ -44,6 +44,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "distributed/comm/communicator.h"
 #include "nn/module.h"
@@ -134,5 +135,38 @@ class Pipeline {
   double loss_sum_ = 0;  // the last stage's, over the micro-batches of train_batch
   Stats stats_;
 };
+
+// A weight that two stages use, each holding a copy of it: GPT's token embedding, which the last
+// stage uses again as its head (DeepSpeed's TiedLayerSpec, Megatron's shared embedding). The owner
+// stage trains it; the user stage's copy takes part in forward and backward, but its gradient is
+// added to the owner's before the step (add_tied_gradients) and the owner's new weight is copied
+// into it after (copy_tied_weights), so that the two stay equal and the step is the one a single
+// process takes with one weight used twice. kiln::Engine does both, and keeps the copy out of the
+// user stage's optimizer.
+struct TiedWeight {
+  Tensor weight;  // this stage's copy (a parameter of its module)
+  int owner = 0;  // the stage that trains it
+  int user = 0;   // the stage that holds a copy
+};
+
+// What a stage module whose weights are tied to another stage's implements, so that the engine
+// finds its ties. Both stages of a tie list it, in the same order as every other tie between them.
+class TiedWeights {
+ public:
+  virtual ~TiedWeights() = default;
+  virtual std::vector<TiedWeight> tied_weights() = 0;  // this stage's; empty where it has none
+};
+
+// Checks the stages' lists: stages in range, a stage in each of its ties, the weights defined, and
+// both stages of a pair listing as many ties. Every stage calls it (an all-gather); when anything
+// is wrong every stage gets an Error naming it. The two below check only the caller's own list.
+void check_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipeline,
+                        const char* who = "tied weights");
+// Over the pipeline's ranks (stage s = rank s), for each tie of this stage: the user sends its
+// copy's gradient (zeros where it got none) and drops it, and the owner adds it to its weight's
+// .grad(). Only the two stages of a tie take part; each calls it with its own list.
+void add_tied_gradients(const std::vector<TiedWeight>& tied, Communicator& pipeline);
+// For each tie of this stage: the owner's weight into the user's copy.
+void copy_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipeline);
 
 }  // namespace kiln::distributed

@@ -45,6 +45,89 @@ Tensor gathered(const Tensor& x, Communicator& comm) {
   return t.permute(Shape(order)).contiguous().view(out_shape);
 }
 
+// ---- along the sequence: dim 1 of a (B, T, ...) activation ----
+
+void check_sequence(const Tensor& x, int64_t p, const char* who) {
+  KILN_CHECK(x.dim() >= 2, "{}: sequence parallelism cuts dim 1 of a (B, T, ...) activation; got shape {}", who,
+             x.sizes().str());
+  KILN_CHECK(x.size(1) % p == 0, "{}: the sequence ({} positions, dim 1) must be a multiple of the {} ranks", who,
+             x.size(1), p);
+}
+
+// This rank's positions [r T/p, (r+1) T/p) of dim 1.
+Tensor own_positions(const Tensor& x, Communicator& comm) {
+  check_sequence(x, comm.size(), "sequence parallel");
+  const int64_t part = x.size(1) / comm.size();
+  return x.narrow(1, comm.rank() * part, part).contiguous();
+}
+
+// Every rank's x, one after the other along dim 1.
+Tensor gathered_positions(const Tensor& x, Communicator& comm) {
+  KILN_CHECK(x.dim() >= 2, "sequence parallel: a (B, T, ...) activation is expected, got shape {}", x.sizes().str());
+  Tensor mine = x.contiguous();
+  Tensor all = empty({comm.size() * mine.numel()}, mine.options());
+  comm.all_gather_into_tensor(all, mine.reshape({-1}));
+  // (p, B, t, ...) -> (B, p, t, ...) -> (B, p t, ...)
+  Shape split = mine.sizes();
+  split.insert(0, comm.size());
+  std::vector<int64_t> order{1, 0};
+  for (int64_t d = 2; d < static_cast<int64_t>(split.size()); ++d) order.push_back(d);
+  Shape out_shape = mine.sizes();
+  out_shape[1] *= comm.size();
+  return all.view(split).permute(Shape(order)).contiguous().view(out_shape);
+}
+
+// The sum over the ranks of x, of which each rank keeps its positions of dim 1.
+Tensor reduce_scattered_positions(const Tensor& x, Communicator& comm) {
+  check_sequence(x, comm.size(), "sequence parallel");
+  const int64_t p = comm.size();
+  // (B, p t, ...) -> (B, p, t, ...) -> (p, B, t, ...): rank r's part is block r
+  Shape split = x.sizes();
+  split[1] /= p;
+  split.insert(1, p);
+  std::vector<int64_t> order{1, 0};
+  for (int64_t d = 2; d < static_cast<int64_t>(split.size()); ++d) order.push_back(d);
+  Tensor blocks = x.contiguous().view(split).permute(Shape(order)).contiguous();
+  Shape out_shape = x.sizes();
+  out_shape[1] /= p;
+  Tensor out = empty(out_shape, x.options());
+  comm.reduce_scatter_tensor(out, blocks.reshape({-1}), ReduceOp::Sum);
+  return out;
+}
+
+struct GatherFromSequence : autograd::Function<GatherFromSequence> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm, bool output_grad_parallel) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["parallel"] = output_grad_parallel;
+    return gathered_positions(x, *comm);
+  }
+  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
+    Communicator& comm = comm_of(ctx);
+    const bool parallel = std::any_cast<bool>(ctx->saved_data["parallel"]);
+    return {parallel ? reduce_scattered_positions(g[0], comm) : own_positions(g[0], comm), Tensor(), Tensor()};
+  }
+};
+
+struct ReduceScatterToSequence : autograd::Function<ReduceScatterToSequence> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
+    ctx->saved_data["comm"] = comm;
+    return reduce_scattered_positions(x, *comm);
+  }
+  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
+    return {gathered_positions(g[0], comm_of(ctx)), Tensor()};
+  }
+};
+
+struct ScatterToSequence : autograd::Function<ScatterToSequence> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
+    ctx->saved_data["comm"] = comm;
+    return own_positions(x, *comm);
+  }
+  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
+    return {gathered_positions(g[0], comm_of(ctx)), Tensor()};
+  }
+};
+
 // f: identity forward, all-reduce backward.
 struct CopyToRegion : autograd::Function<CopyToRegion> {
   static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
@@ -121,6 +204,16 @@ Tensor scatter_to_tensor_parallel_region(const Tensor& x, Communicator& comm) {
   return ScatterToRegion::apply(x, &comm);
 }
 
+Tensor gather_from_sequence_parallel_region(const Tensor& x, Communicator& comm, bool tensor_parallel_output_grad) {
+  return GatherFromSequence::apply(x, &comm, tensor_parallel_output_grad);
+}
+Tensor reduce_scatter_to_sequence_parallel_region(const Tensor& x, Communicator& comm) {
+  return ReduceScatterToSequence::apply(x, &comm);
+}
+Tensor scatter_to_sequence_parallel_region(const Tensor& x, Communicator& comm) {
+  return ScatterToSequence::apply(x, &comm);
+}
+
 // ---- ColumnParallelLinear ----
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features,
@@ -146,14 +239,17 @@ void ColumnParallelLinear::load_full(const Tensor& w, const Tensor& b) {
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& input) {
-  Tensor y = nn::linear(copy_to_tensor_parallel_region(input, *comm_), weight, bias);
+  Tensor x = options_.sequence_parallel ? gather_from_sequence_parallel_region(input, *comm_)
+                                        : copy_to_tensor_parallel_region(input, *comm_);
+  Tensor y = nn::linear(x, weight, bias);
   return options_.gather_output ? gather_from_tensor_parallel_region(y, *comm_) : y;
 }
 
 std::string ColumnParallelLinear::extra_repr() const {
-  return fmt::format("in_features={}, out_features={} ({} on each of {} ranks), bias={}, gather_output={}",
-                     in_features_, out_features_, out_features_ / comm_->size(), comm_->size(),
-                     bias.defined() ? "True" : "False", options_.gather_output ? "True" : "False");
+  return fmt::format("in_features={}, out_features={} ({} on each of {} ranks), bias={}, gather_output={}, "
+                     "sequence_parallel={}", in_features_, out_features_, out_features_ / comm_->size(), comm_->size(),
+                     bias.defined() ? "True" : "False", options_.gather_output ? "True" : "False",
+                     options_.sequence_parallel ? "True" : "False");
 }
 
 // ---- RowParallelLinear ----
@@ -164,6 +260,9 @@ RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, 
   check_comm(comm_, "RowParallelLinear");
   KILN_CHECK(in_features % comm_->size() == 0, "RowParallelLinear: in_features ({}) must be a multiple of the {} ranks",
              in_features, comm_->size());
+  KILN_CHECK(!options_.sequence_parallel || options_.input_is_parallel,
+             "RowParallelLinear: sequence_parallel needs input_is_parallel (the input is this rank's slice of the "
+             "features, as a column-parallel layer leaves it)");
   nn::Linear full(in_features, out_features, {.bias = options_.bias});
   weight = register_parameter("weight", empty({out_features, in_features / comm_->size()}));
   if (options_.bias) bias = register_parameter("bias", empty({out_features}));
@@ -179,21 +278,30 @@ void RowParallelLinear::load_full(const Tensor& w, const Tensor& b) {
 
 Tensor RowParallelLinear::forward(const Tensor& input) {
   Tensor x = options_.input_is_parallel ? input : scatter_to_tensor_parallel_region(input, *comm_);
+  if (options_.sequence_parallel) {
+    // Each rank keeps the sum at its positions, and adds the bias there: the bias's gradient is
+    // then a part on each rank, which f sums.
+    Tensor y = reduce_scatter_to_sequence_parallel_region(nn::linear(x, weight), *comm_);
+    return bias.defined() ? y + copy_to_tensor_parallel_region(bias, *comm_) : y;
+  }
   Tensor y = reduce_from_tensor_parallel_region(nn::linear(x, weight), *comm_);
   return bias.defined() ? y + bias : y;  // once, after the sum
 }
 
 std::string RowParallelLinear::extra_repr() const {
-  return fmt::format("in_features={} ({} on each of {} ranks), out_features={}, bias={}, input_is_parallel={}",
-                     in_features_, in_features_ / comm_->size(), comm_->size(), out_features_,
-                     bias.defined() ? "True" : "False", options_.input_is_parallel ? "True" : "False");
+  return fmt::format("in_features={} ({} on each of {} ranks), out_features={}, bias={}, input_is_parallel={}, "
+                     "sequence_parallel={}", in_features_, in_features_ / comm_->size(), comm_->size(), out_features_,
+                     bias.defined() ? "True" : "False", options_.input_is_parallel ? "True" : "False",
+                     options_.sequence_parallel ? "True" : "False");
 }
 
 // ---- ParallelMLP ----
 
 ParallelMLP::ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm,
-                         std::string gelu_approximate)
-    : fc(n_embd, hidden, comm), proj(hidden, n_embd, comm), gelu_approximate_(std::move(gelu_approximate)) {
+                         std::string gelu_approximate, bool sequence_parallel)
+    : fc(n_embd, hidden, comm, {.sequence_parallel = sequence_parallel}),
+      proj(hidden, n_embd, comm, {.sequence_parallel = sequence_parallel}),
+      gelu_approximate_(std::move(gelu_approximate)) {
   KILN_CHECK(gelu_approximate_ == "none" || gelu_approximate_ == "tanh",
              "ParallelMLP: gelu_approximate must be \"none\" or \"tanh\", not \"{}\"", gelu_approximate_);
   register_modules({{"fc", fc}, {"proj", proj}});
@@ -203,9 +311,11 @@ Tensor ParallelMLP::forward(const Tensor& input) { return proj(gelu(fc(input), g
 
 // ---- ParallelSelfAttention ----
 
-ParallelSelfAttention::ParallelSelfAttention(int64_t n_embd, int64_t n_head, std::shared_ptr<Communicator> comm)
-    : c_attn((check_comm(comm, "ParallelSelfAttention"), n_embd), 3 * n_embd, comm, {.bias = true, .stride = 3}),
-      c_proj(n_embd, n_embd, comm),
+ParallelSelfAttention::ParallelSelfAttention(int64_t n_embd, int64_t n_head, std::shared_ptr<Communicator> comm,
+                                             bool sequence_parallel)
+    : c_attn((check_comm(comm, "ParallelSelfAttention"), n_embd), 3 * n_embd, comm,
+             {.bias = true, .stride = 3, .sequence_parallel = sequence_parallel}),
+      c_proj(n_embd, n_embd, comm, {.sequence_parallel = sequence_parallel}),
       n_embd_(n_embd),
       n_head_(n_head),
       comm_(std::move(comm)) {
@@ -225,11 +335,12 @@ void ParallelSelfAttention::load_full(const Tensor& attn_weight, const Tensor& a
 Tensor ParallelSelfAttention::forward(const Tensor& x) {
   KILN_CHECK(x.dim() == 3 && x.size(2) == n_embd_, "ParallelSelfAttention: the input must be (B, T, {}), not {}",
              n_embd_, x.sizes().str());
-  const int64_t B = x.size(0), T = x.size(1), d = n_embd_ / n_head_, local = local_heads_ * d;
-  Tensor qkv = c_attn(x);  // (B, T, 3 local): this rank's heads' q, then k, then v
+  Tensor qkv = c_attn(x);  // (B, T, 3 local): this rank's heads' q, then k, then v (every position)
+  const int64_t B = qkv.size(0), T = qkv.size(1), d = n_embd_ / n_head_, local = local_heads_ * d;
   auto heads = [&](int64_t i) { return qkv.narrow(2, i * local, local).reshape({B, T, local_heads_, d}).transpose(1, 2); };
   Tensor y = scaled_dot_product_attention(heads(0), heads(1), heads(2), {}, 0.0, /*is_causal=*/true);
-  return c_proj(y.transpose(1, 2).reshape({B, T, local}));  // (B, T, C), summed over the ranks' heads
+  // (B, T, C), summed over the ranks' heads (sequence parallel: this rank's T / p positions of it)
+  return c_proj(y.transpose(1, 2).reshape({B, T, local}));
 }
 
 std::vector<Tensor> tensor_parallel_slices(nn::Module& module) {

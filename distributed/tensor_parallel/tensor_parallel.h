@@ -26,6 +26,24 @@
 //   gather_from_tensor_parallel_region  forward: all-gather  backward: keep this rank's slice
 //   scatter_to_tensor_parallel_region   forward: keep this rank's slice   backward: all-gather
 //
+// Sequence parallelism (Korthikanti et al., 2022; Megatron's --sequence-parallel). Between the
+// tensor-parallel layers (the LayerNorms, the residual adds), every rank of the group would
+// compute the same thing on the whole activation. With sequence_parallel each rank instead keeps
+// its part of the sequence: positions [r T/p, (r+1) T/p) of dim 1 of a (B, T, C) activation.
+// The all-reduce that ends a row-parallel layer becomes a reduce-scatter along the sequence, and
+// the input of a column-parallel layer is first all-gathered along it. That moves the same bytes
+// as the all-reduce it replaces (an all-reduce is a reduce-scatter and an all-gather), and the
+// activations between the layers take 1/p of the memory:
+//   gather_from_sequence_parallel_region        forward: all-gather along dim 1
+//                                               backward: reduce-scatter (tensor_parallel_output_grad)
+//                                               or keep this rank's part (the consumer is whole on
+//                                               every rank, as a head that is not split)
+//   reduce_scatter_to_sequence_parallel_region  forward: reduce-scatter along dim 1   backward: all-gather
+//   scatter_to_sequence_parallel_region         forward: keep this rank's part       backward: all-gather
+// A weight that every rank holds whole but applies to its own positions alone (a LayerNorm's, a
+// row-parallel bias) gets only part of its gradient on each rank. Pass it through
+// copy_to_tensor_parallel_region where it is used, and f sums the parts.
+//
 // Every rank builds each layer from the same random numbers (the same seed, as Megatron's master
 // weights) and keeps its slice, so p ranks hold, and compute, the same model as one process with
 // nn::Linear would; load_full sets a layer's slice from whole weights.
@@ -44,6 +62,10 @@ Tensor copy_to_tensor_parallel_region(const Tensor& x, Communicator& comm);
 Tensor reduce_from_tensor_parallel_region(const Tensor& x, Communicator& comm);
 Tensor gather_from_tensor_parallel_region(const Tensor& x, Communicator& comm);
 Tensor scatter_to_tensor_parallel_region(const Tensor& x, Communicator& comm);
+Tensor gather_from_sequence_parallel_region(const Tensor& x, Communicator& comm,
+                                            bool tensor_parallel_output_grad = true);
+Tensor reduce_scatter_to_sequence_parallel_region(const Tensor& x, Communicator& comm);
+Tensor scatter_to_sequence_parallel_region(const Tensor& x, Communicator& comm);
 
 struct ColumnParallelLinearOptions {
   bool bias = true;
@@ -51,6 +73,7 @@ struct ColumnParallelLinearOptions {
   // Megatron's partition stride: the weight's rows are `stride` blocks (q, k and v: 3), each cut
   // among the ranks, and a rank's slice is its piece of every block, stacked.
   int64_t stride = 1;
+  bool sequence_parallel = false;  // the input is this rank's positions: all-gathered along dim 1 first
 };
 
 class ColumnParallelLinear : public nn::Module {
@@ -75,6 +98,7 @@ class ColumnParallelLinear : public nn::Module {
 struct RowParallelLinearOptions {
   bool bias = true;
   bool input_is_parallel = true;  // the input is this rank's slice (else it is whole, and cut here)
+  bool sequence_parallel = false;  // reduce-scatter the output along dim 1: each rank gets its positions
 };
 
 class RowParallelLinear : public nn::Module {
@@ -97,10 +121,12 @@ class RowParallelLinear : public nn::Module {
 
 // Megatron's parallel MLP: fc (column-parallel) -> GELU -> proj (row-parallel), n_embd -> hidden ->
 // n_embd, with one all-reduce forward and one backward. gelu_approximate: "none" (erf) or "tanh".
+// sequence_parallel: input and output are this rank's positions (an all-gather and a
+// reduce-scatter each way instead).
 class ParallelMLP : public nn::Module {
  public:
   ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm,
-              std::string gelu_approximate = "none");
+              std::string gelu_approximate = "none", bool sequence_parallel = false);
   Tensor forward(const Tensor& input) override;
   ColumnParallelLinear fc;
   RowParallelLinear proj;
@@ -111,10 +137,12 @@ class ParallelMLP : public nn::Module {
 
 // Causal multi-head self-attention with the heads split among the ranks (n_head a multiple of p):
 // q, k, v of this rank's heads from one column-parallel projection, attention on them alone, and a
-// row-parallel output projection. Input and output (B, T, C) whole on every rank.
+// row-parallel output projection. Input and output (B, T, C) whole on every rank (sequence_parallel:
+// (B, T / p, C), this rank's positions; attention itself sees every position).
 class ParallelSelfAttention : public nn::Module {
  public:
-  ParallelSelfAttention(int64_t n_embd, int64_t n_head, std::shared_ptr<Communicator> comm);
+  ParallelSelfAttention(int64_t n_embd, int64_t n_head, std::shared_ptr<Communicator> comm,
+                        bool sequence_parallel = false);
   Tensor forward(const Tensor& input) override;
   // Sets the slices from a whole layer's c_attn (3C, C) (q, k and v stacked, as GPT-2's) and c_proj (C, C).
   void load_full(const Tensor& attn_weight, const Tensor& attn_bias, const Tensor& proj_weight,

@@ -77,6 +77,19 @@ void GradReducer::attach_grads() {
 }
 
 void GradReducer::begin_backward() {
+  start_reduction();
+  autograd::queue_callback([this] { finish(); });
+}
+
+void GradReducer::reduce() {
+  KILN_CHECK(mode_ != Mode::kBucketed, "ZeRO: reduce_gradients is for stages 0 and 1; stages 2 and 3 reduce in "
+             "every backward");
+  KILN_CHECK(!in_backward_, "ZeRO: reduce_gradients was called during a backward; call it after backward");
+  start_reduction();
+  finish();  // every parameter as one without a gradient in a backward: its slot holds its sum
+}
+
+void GradReducer::start_reduction() {
   KILN_CHECK(mode_ != Mode::kReduceScatter || !reduced_,
              "ZeRO stage 1: a second backward reduces before zero_grad(); stage 1 averages the gradients once per "
              "accumulation: call set_gradient_accumulation_boundary(false) before the backwards that do not end it "
@@ -90,7 +103,6 @@ void GradReducer::begin_backward() {
   }
   next_to_launch_ = 0;
   started_during_backward_ = 0;
-  autograd::queue_callback([this] { finish(); });
 }
 
 void GradReducer::grad_ready(size_t k) {
@@ -182,8 +194,12 @@ void GradReducer::finish() {
     ready_[k] = true;
     --buckets_[bucket_of_[k]]->pending;
     if (mode_ != Mode::kBucketed && !params_[k].grad().is_same(slots_[k])) {
-      NoGradGuard no_grad;  // .grad() dropped since the last step: no gradient, not the old one
-      slots_[k].zero_();
+      // .grad() dropped since the last step: no gradient, not the old one; or (reduce(), after
+      // backwards without sync) replaced: it holds the accumulation's gradient.
+      NoGradGuard no_grad;
+      const Tensor g = params_[k].grad();
+      if (g.defined()) slots_[k].copy_(g);
+      else slots_[k].zero_();
       params_[k].set_grad(slots_[k]);
     }
   }

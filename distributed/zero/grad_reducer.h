@@ -54,6 +54,10 @@ class GradReducer {
   // Whether the next backward reduces (stages 0 and 1; the others always do).
   void set_sync(bool sync) { sync_ = sync; }
   bool sync() const { return sync_; }
+  // Stages 0 and 1: reduces now, outside backward, the gradients that backwards without sync left
+  // in the flat buffer (and any .grad() set since), as a backward with sync would have at its end.
+  // kiln::Engine calls it once it has added a tied weight's gradient from another pipeline stage.
+  void reduce();
   // Puts every parameter's .grad() back on its view of the flat buffer (kAllReduce, kReduceScatter)
   // or drops it (kBucketed), and forgets a backward that did not finish (it threw). The buffer's
   // values are left as they are. ZeroOptimizer::zero_grad calls it after zeroing them.
@@ -66,6 +70,7 @@ class GradReducer {
   struct Bucket;
   void grad_ready(size_t k);
   void begin_backward();
+  void start_reduction();  // begin_backward without the callback at backward's end
   void launch_ready();
   void launch(Bucket& b);
   void complete(Bucket& b);

@@ -119,6 +119,8 @@ ZeroOptimizer::~ZeroOptimizer() = default;
 
 void ZeroOptimizer::set_gradient_accumulation_boundary(bool boundary) { reducer_->set_sync(boundary); }
 
+void ZeroOptimizer::reduce_gradients() { reducer_->reduce(); }
+
 int64_t ZeroOptimizer::buckets_started_during_backward() const { return reducer_->buckets_started_during_backward(); }
 
 ParamGatherer::Stats ZeroOptimizer::stage3_stats() const { return gatherer_ ? gatherer_->stats() : ParamGatherer::Stats{}; }

@@ -119,6 +119,10 @@ class ZeroOptimizer : public optim::Optimizer {
   // Stages 0 and 1: whether the next backward ends a gradient accumulation (then it reduces; before
   // that, gradients accumulate locally). Stages 2 and 3 reduce in every backward. Default true.
   void set_gradient_accumulation_boundary(bool boundary);
+  // Stages 0 and 1: averages now the gradients that backwards accumulated with the boundary false,
+  // as a backward at the boundary would have (DeepSpeed's reduce_gradients), for a caller that
+  // changes them between backward and the reduction (a pipeline's tied weights). Once per step.
+  void reduce_gradients();
 
   // This rank's shard of the training state: the inner optimizer's state dict (its state is of the
   // partition) and "master" (the float32 master partition), with "zero.rank", "zero.world_size",

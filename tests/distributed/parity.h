@@ -1,8 +1,13 @@
 // tests/distributed/parity.h: what the parity tests share (test_ddp.cpp, test_zero.cpp,
 // test_engine.cpp, test_grid.cpp, test_gpt_parallel.cpp): a small MLP and the batches every rank
 // draws alike, from which each rank takes its rows while the single-process reference takes them
-// all; and the grid shapes that n ranks make.
+// all; a directory shared by the ranks; and the grid shapes that n ranks make.
 #pragma once
+
+#include <stdlib.h>
+
+#include <algorithm>
+#include <string>
 
 #include "support.h"
 
@@ -39,6 +44,30 @@ void parity_step(distributed::Communicator& comm, nn::Module& ref, optim::Optimi
   Tensor mean_loss = loss.detach().clone();
   comm.all_reduce(mean_loss, distributed::ReduceOp::Avg);
   check_close(mean_loss, loss_ref.detach(), tol);
+}
+
+// A directory that every rank of `comm` names alike: rank 0 makes /tmp/<stem>-XXXXXX, the others
+// receive its name.
+inline std::string shared_temp_dir(distributed::Communicator& comm, const std::string& stem) {
+  std::string dir;
+  if (comm.rank() == 0) {
+    std::string tmpl = "/tmp/" + stem + "-XXXXXX";
+    KILN_CHECK(tmpl.size() < 64 && mkdtemp(tmpl.data()) != nullptr, "shared_temp_dir: cannot make {}", tmpl);
+    dir = tmpl;
+  }
+  Tensor chars = zeros({64}, kInt32);
+  if (comm.rank() == 0) {
+    std::vector<int32_t> v(64, 0);
+    std::copy(dir.begin(), dir.end(), v.begin());
+    chars.copy_(from_vector<int32_t>(v));
+  }
+  comm.broadcast(chars, 0);
+  dir.clear();
+  for (int32_t c : chars.to_vector<int32_t>()) {
+    if (c == 0) break;
+    dir += static_cast<char>(c);
+  }
+  return dir;
 }
 
 // Every (tensor, pipeline) grid that `n` ranks make (the data axis takes the rest).

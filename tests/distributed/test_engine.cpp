@@ -14,30 +14,9 @@ using kiln::test::check_close;
 using kiln::test::batch;
 using kiln::test::check_error;
 using kiln::test::Mlp;
+using kiln::test::shared_temp_dir;
 
 namespace {
-
-// A directory every rank names alike: rank 0 makes it, the others receive its name.
-std::string shared_temp_dir(Communicator& comm) {
-  std::string dir;
-  if (comm.rank() == 0) {
-    char tmpl[] = "/tmp/kiln-engine-XXXXXX";
-    dir = mkdtemp(tmpl);
-  }
-  Tensor chars = zeros({64}, kInt32);
-  if (comm.rank() == 0) {
-    std::vector<int32_t> v(64, 0);
-    for (size_t i = 0; i < dir.size(); ++i) v[i] = dir[i];
-    chars.copy_(from_vector<int32_t>(v));
-  }
-  comm.broadcast(chars, 0);
-  dir.clear();
-  for (int32_t c : chars.to_vector<int32_t>()) {
-    if (c == 0) break;
-    dir += static_cast<char>(c);
-  }
-  return dir;
-}
 
 // Layers `which` (0, 1, 2: f1, f2, f3) of an Mlp, copied, with its ReLUs: a stage of a pipeline.
 struct MlpStage : nn::Module {
@@ -275,7 +254,7 @@ TEST_CASE("engine: a checkpoint resumes where it stopped, at another ZeRO stage,
           "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
-  const std::string dir = shared_temp_dir(*comm);
+  const std::string dir = shared_temp_dir(*comm, "kiln-engine");
   // 8 samples a step, split among the ranks.
   auto config = [](int stage, int world) {
     return Config::from_string(fmt::format(R"({{"train_micro_batch_size_per_gpu": {}, "steps_per_print": 1000,
@@ -341,7 +320,7 @@ TEST_CASE("engine: save_16bit_model writes the whole model in its dtype, at stag
           "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
-  const std::string dir = shared_temp_dir(*comm);
+  const std::string dir = shared_temp_dir(*comm, "kiln-engine");
   for (int stage : {0, 2, 3}) {
     for (bool gather : {false, true}) {
       if (stage != 3 && !gather) continue;  // the switch is read at stage 3 only
@@ -452,7 +431,7 @@ TEST_CASE("engine: pipeline stages with data parallel, accumulation, clipping an
       e.train_batch(x.narrow(0, d * rows, rows), y.narrow(0, d * rows, rows));
     }
   };
-  const std::string dir = shared_temp_dir(*world);
+  const std::string dir = shared_temp_dir(*world, "kiln-engine");
   for (int zero : {0, 1}) {
     INFO("ZeRO stage " << zero << ", " << stages << " stages x " << data << " data-parallel ranks");
     manual_seed(31);
@@ -561,7 +540,7 @@ TEST_CASE("engine: fp16 through a pipeline skips a step that overflows on one st
 TEST_CASE("engine: a checkpoint resumes with another accumulation count for the same batch", "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
-  const std::string dir = shared_temp_dir(*comm);
+  const std::string dir = shared_temp_dir(*comm, "kiln-engine");
   // 48 samples a step: micro-batches of 48 / p / 2 (2 accumulated) or of 48 / p / 4 (4 accumulated).
   auto config = [&](int gas) {
     return Config::from_string(fmt::format(R"({{"train_batch_size": 48, "gradient_accumulation_steps": {},
@@ -606,4 +585,57 @@ TEST_CASE("engine: a checkpoint resumes with another accumulation count for the 
   for (const auto& [name, t] : expect) check_close(second.state_dict().at(name), t, {1e-5, 1e-6});
   comm->barrier();
   if (r == 0) std::filesystem::remove_all(dir);
+}
+
+namespace {
+
+// A stage that lists whatever ties it is given: the engine's errors for a wrong list.
+struct ListedTies : nn::Module, TiedWeights {
+  std::shared_ptr<nn::Linear> lin;
+  std::vector<TiedWeight> ties;
+  explicit ListedTies(int64_t out) : lin(std::make_shared<nn::Linear>(20, out)) { register_module("lin", lin); }
+  Tensor forward(const Tensor& x) override { return (*lin)(x); }
+  std::vector<TiedWeight> tied_weights() override { return ties; }
+};
+
+}  // namespace
+
+TEST_CASE("engine: a wrong list of tied weights is an Error on every rank, not a wait", "[distributed]") {
+  auto world = init("mpi");
+  const int stages = world->size() % 2 == 0 ? 2 : 1;
+  ParallelGrid grid(world, {.pipeline = stages});
+  const int s = grid.pipeline_rank();
+  auto loss_fn = [](const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); };
+  const Config cfg = Config::from_string(R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": 1}})");
+  {
+    ListedTies st(10);
+    st.ties = {{.weight = st.lin->weight, .owner = 0, .user = 0}};
+    check_error([&] { kiln::initialize(st, cfg, grid, loss_fn); },
+                {"a tie between stages 0 (owner) and 0 (user)", "must be two different stages"});
+  }
+  {
+    ListedTies st(10);
+    st.ties = {{.weight = Tensor(), .owner = 0, .user = stages}};
+    check_error([&] { kiln::initialize(st, cfg, grid, loss_fn); }, {"two different stages of it"});
+  }
+  if (stages == 2) {
+    // Stage 1's copy has another shape than stage 0's weight: stage 1 says so, stage 0 points to it.
+    ListedTies st(s == 0 ? 10 : 20);
+    st.ties = {{.weight = st.lin->weight, .owner = 0, .user = 1}};
+    if (s == 1) {
+      check_error([&] { kiln::initialize(st, cfg, grid, loss_fn); },
+                  {"stage 1's copy of a tied weight is float32 of shape [20, 20], and stage 0 sent float32 of 200",
+                   "must hold the same weight"});
+    } else {
+      check_error([&] { kiln::initialize(st, cfg, grid, loss_fn); },
+                  {"Engine: copying the tied weights failed on another rank"});
+    }
+    // A tie that only one of its stages lists.
+    ListedTies lone(10);
+    lone.ties = {{.weight = lone.lin->weight, .owner = 0, .user = 1}};
+    if (s == 1) lone.ties.clear();
+    check_error([&] { kiln::initialize(lone, cfg, grid, loss_fn); },
+                {"Engine: stage 0 lists 1 tie(s) that it owns and stage 1 uses, and stage 1 lists 0"});
+  }
 }

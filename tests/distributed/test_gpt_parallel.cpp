@@ -1,6 +1,9 @@
-// tests/distributed/test_gpt_parallel.cpp: models::ParallelGPT, GPT-2 tensor-parallel and cut into
-// pipeline stages, against GPT on one process: the logits and every gradient slice, and training
-// through kiln::Engine on every data x pipeline x tensor grid that the ranks make.
+// tests/distributed/test_gpt_parallel.cpp: models::ParallelGPT, GPT-2 tensor-parallel (sequence
+// parallel or not) and cut into pipeline stages, against GPT on one process: the logits and every
+// gradient slice, training through kiln::Engine on every data x pipeline x tensor grid that the
+// ranks make, and a head tied to the embedding across stages.
+#include <filesystem>
+
 #include "models/gpt_parallel.h"
 #include "parity.h"
 
@@ -17,7 +20,7 @@ models::GPTConfig small_config(int64_t n_layer, bool tie) {
   c.n_layer = n_layer;
   c.n_head = 12;
   c.n_embd = 48;
-  c.block_size = 8;
+  c.block_size = 12;  // sequences of 12 split among 1, 2, 3 or 4 ranks too (sequence parallel)
   c.vocab_size = 40;
   c.tie_weights = tie;
   return c;
@@ -40,57 +43,75 @@ TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient sli
   const int r = tp->rank(), p = tp->size();
   models::GPTConfig c = small_config(2, /*tie=*/true);
   c.gelu_approximate = "tanh";
-  manual_seed(5);
-  models::GPT whole(c);
-  const Generator::State after = default_generator().get_state();
-  manual_seed(5);
-  models::ParallelGPT par(c, tp);
-  // The same weights from the same seed, and the generator left where GPT's construction leaves it.
-  CHECK(default_generator().get_state().offset == after.offset);
-  Tensor idx = randint(0, c.vocab_size, {3, 8});
-  Tensor targets = randint(0, c.vocab_size, {3, 8});
-  Tensor logits = whole(idx), logits_par = par(idx);
-  check_close(logits_par, logits, {1e-5, 1e-6});
-  models::GPT::loss(logits, targets).backward();
-  models::ParallelGPT::loss(logits_par, targets).backward();
-  const kiln::test::Tolerance tol{1e-4, 1e-6};
-  check_close(par.wte->weight.grad(), whole.transformer.wte.weight.grad(), tol);
-  check_close(par.wpe->weight.grad(), whole.transformer.wpe.weight.grad(), tol);
-  check_close(par.ln_f->weight.grad(), whole.transformer.ln_f.weight.grad(), tol);
-  for (int64_t i = 0; i < c.n_layer; ++i) {
-    INFO("block " << i);
-    auto& mine = par.h.at<models::ParallelGPT::Block>(static_cast<size_t>(i));
-    const nn::TransformerBlock& b = whole.block(i);
-    check_close(mine.ln_1.weight.grad(), b.ln_1.weight.grad(), tol);
-    check_close(mine.attn.c_attn.weight.grad(), column_slice(b.attn.c_attn.weight.grad(), 3, r, p), tol);
-    check_close(mine.attn.c_attn.bias.grad(), column_slice(b.attn.c_attn.bias.grad().reshape({-1, 1}), 3, r, p)
-                                                   .reshape({-1}), tol);
-    check_close(mine.attn.c_proj.weight.grad(), row_slice(b.attn.c_proj.weight.grad(), r, p), tol);
-    check_close(mine.attn.c_proj.bias.grad(), b.attn.c_proj.bias.grad(), tol);
-    check_close(mine.mlp.fc.weight.grad(), column_slice(b.mlp.c_fc.weight.grad(), 1, r, p), tol);
-    check_close(mine.mlp.proj.weight.grad(), row_slice(b.mlp.c_proj.weight.grad(), r, p), tol);
-    check_close(mine.ln_2.bias.grad(), b.ln_2.bias.grad(), tol);
+  for (bool sequence_parallel : {false, true}) {
+    INFO("sequence parallel " << sequence_parallel);
+    manual_seed(5);
+    models::GPT whole(c);
+    const Generator::State after = default_generator().get_state();
+    manual_seed(5);
+    models::ParallelGPT par(c, tp, 0, 1, sequence_parallel);
+    // The same weights from the same seed, and the generator left where GPT's construction leaves it.
+    CHECK(default_generator().get_state().offset == after.offset);
+    Tensor idx = randint(0, c.vocab_size, {3, 12});
+    Tensor targets = randint(0, c.vocab_size, {3, 12});
+    Tensor logits = whole(idx), logits_par = par(idx);
+    check_close(logits_par, logits, {1e-5, 1e-6});
+    models::GPT::loss(logits, targets).backward();
+    models::ParallelGPT::loss(logits_par, targets).backward();
+    const kiln::test::Tolerance tol{1e-4, 1e-6};
+    check_close(par.wte->weight.grad(), whole.transformer.wte.weight.grad(), tol);
+    check_close(par.wpe->weight.grad(), whole.transformer.wpe.weight.grad(), tol);
+    check_close(par.ln_f->weight.grad(), whole.transformer.ln_f.weight.grad(), tol);
+    for (int64_t i = 0; i < c.n_layer; ++i) {
+      INFO("block " << i);
+      auto& mine = par.h.at<models::ParallelGPT::Block>(static_cast<size_t>(i));
+      const nn::TransformerBlock& b = whole.block(i);
+      // Sequence parallel: the LayerNorms and the row-parallel biases see part of the positions on
+      // each rank, and their gradients are summed over the ranks.
+      check_close(mine.ln_1.weight.grad(), b.ln_1.weight.grad(), tol);
+      check_close(mine.ln_1.bias.grad(), b.ln_1.bias.grad(), tol);
+      check_close(mine.attn.c_attn.weight.grad(), column_slice(b.attn.c_attn.weight.grad(), 3, r, p), tol);
+      check_close(mine.attn.c_attn.bias.grad(), column_slice(b.attn.c_attn.bias.grad().reshape({-1, 1}), 3, r, p)
+                                                     .reshape({-1}), tol);
+      check_close(mine.attn.c_proj.weight.grad(), row_slice(b.attn.c_proj.weight.grad(), r, p), tol);
+      check_close(mine.attn.c_proj.bias.grad(), b.attn.c_proj.bias.grad(), tol);
+      check_close(mine.mlp.fc.weight.grad(), column_slice(b.mlp.c_fc.weight.grad(), 1, r, p), tol);
+      check_close(mine.mlp.proj.weight.grad(), row_slice(b.mlp.c_proj.weight.grad(), r, p), tol);
+      check_close(mine.mlp.proj.bias.grad(), b.mlp.c_proj.bias.grad(), tol);
+      check_close(mine.ln_2.weight.grad(), b.ln_2.weight.grad(), tol);
+      check_close(mine.ln_2.bias.grad(), b.ln_2.bias.grad(), tol);
+    }
+    if (sequence_parallel && p > 1) {
+      check_error([&] { par(randint(0, c.vocab_size, {3, p + 1})); },
+                  {fmt::format("sequence parallel over {} ranks needs a sequence length that is a multiple of it, "
+                               "not {}", p, p + 1)});
+    }
   }
-  check_error([&] { models::ParallelGPT(small_config(2, true), tp, 0, 2); }, {"set tie_weights = false"});
   models::GPTConfig drop = small_config(2, false);
   drop.dropout = 0.1;
   check_error([&] { models::ParallelGPT(drop, tp); }, {"dropout 0.1 is not supported"});
   check_error([&] { models::ParallelGPT(small_config(2, false), tp, 0, 3); }, {"stage 0 of 3 does not fit"});
 }
 
-TEST_CASE("ParallelGPT: trained through the engine on every grid shape, it matches GPT on one process",
+TEST_CASE("ParallelGPT: trained through the engine on every grid shape, sequence parallel or not, it matches GPT",
           "[distributed]") {
   auto world = init("mpi");
   const int n = world->size();
+  std::vector<std::pair<GridSizes, bool>> runs;  // (grid, sequence parallel)
   for (const GridSizes& sizes : kiln::test::grid_shapes(n)) {
+    runs.emplace_back(sizes, false);
+    if (sizes.tensor > 1) runs.emplace_back(sizes, true);
+  }
+  for (const auto& [sizes, sequence_parallel] : runs) {
     const int data = n / (sizes.tensor * sizes.pipeline);
-    INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", data " << data);
+    INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", data " << data << ", sequence parallel "
+                   << sequence_parallel);
     ParallelGrid grid(world, sizes);
-    const models::GPTConfig c = small_config(4, /*tie=*/sizes.pipeline == 1);
+    const models::GPTConfig c = small_config(4, /*tie=*/true);  // across stages: a copy on the last
     manual_seed(23);
     models::GPT whole(c);
     manual_seed(23);
-    models::ParallelGPT stage(c, grid.tensor(), grid.pipeline_rank(), grid.pipeline_size());
+    models::ParallelGPT stage(c, grid.tensor(), grid.pipeline_rank(), grid.pipeline_size(), sequence_parallel);
     const int64_t rows = 24, shard = rows / data;  // 2 micro-batches per data rank
     const Config cfg = Config::from_string(fmt::format(R"({{
         "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
@@ -100,7 +121,7 @@ TEST_CASE("ParallelGPT: trained through the engine on every grid shape, it match
     optim::SGD opt_ref(whole.parameters(), {.lr = 0.1, .momentum = 0.9});
     for (int step = 0; step < 3; ++step) {
       INFO("step " << step);
-      Tensor idx = randint(0, c.vocab_size, {rows, 8}), targets = randint(0, c.vocab_size, {rows, 8});
+      Tensor idx = randint(0, c.vocab_size, {rows, 12}), targets = randint(0, c.vocab_size, {rows, 12});
       opt_ref.zero_grad();
       Tensor loss_ref = models::GPT::loss(whole(idx), targets);
       loss_ref.backward();
@@ -122,6 +143,95 @@ TEST_CASE("ParallelGPT: trained through the engine on every grid shape, it match
       check_close(mine.mlp.proj.weight, row_slice(b.mlp.c_proj.weight, t, T), tol);
       check_close(mine.ln_2.weight, b.ln_2.weight, tol);
     }
-    if (stage.lm_head) check_close(stage.lm_head->weight, whole.lm_head->weight, tol);
+    if (stage.lm_head) check_close(stage.lm_head->weight, whole.transformer.wte.weight, tol);
+    CHECK(stage.tied_weights().size() == (sizes.pipeline > 1 && (stage.is_first_stage() || stage.is_last_stage())));
   }
+}
+
+TEST_CASE("ParallelGPT: a head tied across stages trains as one weight, at ZeRO 0 and 1, and resumes",
+          "[distributed]") {
+  auto world = init("mpi");
+  const int n = world->size();
+  if (n < 2) {
+    SUCCEED("one rank: a single stage, nothing tied across stages (the grid test covers it)");
+    return;
+  }
+  const int stages = n == 3 ? 3 : 2;  // 2 stages x 2 data-parallel ranks at 4
+  ParallelGrid grid(world, {.pipeline = stages});
+  const int d = grid.data_rank(), data = grid.data_size();
+  const models::GPTConfig c = small_config(3, /*tie=*/true);
+  const int64_t rows = 8 * data, shard = 8;  // 4 micro-batches of 2 per data rank
+  auto config = [&](int zero) {
+    return Config::from_string(fmt::format(R"({{
+        "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 4, "gradient_clipping": 0.5,
+        "steps_per_print": 1000, "optimizer": {{"type": "SGD", "params": {{"lr": 0.1, "momentum": 0.9, "weight_decay": 0.01}}}},
+        "zero_optimization": {{"stage": {}, "reduce_bucket_size": 2000}}}})", zero));
+  };
+  auto batch_of = [&](int step) {
+    manual_seed(100 + step);
+    Tensor idx = randint(0, c.vocab_size, {rows, 8}), targets = randint(0, c.vocab_size, {rows, 8});
+    return std::pair{idx, targets};
+  };
+  auto train = [&](Engine& e, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      auto [idx, targets] = batch_of(step);
+      e.train_batch(idx.narrow(0, d * shard, shard), targets.narrow(0, d * shard, shard));
+    }
+  };
+  const std::string dir = kiln::test::shared_temp_dir(*world, "kiln-gpt-tied");
+  for (int zero : {0, 1}) {
+    INFO("ZeRO " << zero << ", " << stages << " stages x " << data << " data-parallel ranks");
+    manual_seed(3);
+    models::GPT whole(c);
+    optim::SGD opt_ref(whole.parameters(), {.lr = 0.1, .momentum = 0.9, .weight_decay = 0.01});
+    manual_seed(3);
+    models::ParallelGPT stage(c, grid.tensor(), grid.pipeline_rank(), stages);
+    Engine engine = kiln::initialize(stage, config(zero), grid, models::ParallelGPT::loss);
+    for (int step = 0; step < 4; ++step) {
+      INFO("step " << step);
+      auto [idx, targets] = batch_of(step);
+      opt_ref.zero_grad();
+      Tensor loss_ref = models::GPT::loss(whole(idx), targets);
+      loss_ref.backward();
+      const double norm_ref = nn::utils::clip_grad_norm_(whole.parameters(), 0.5).item<double>();
+      opt_ref.step();
+      Tensor loss = engine.train_batch(idx.narrow(0, d * shard, shard), targets.narrow(0, d * shard, shard));
+      check_close(loss, loss_ref.detach(), {1e-5, 1e-6});
+      // The tied weight's gradient (embedding and head) counts once in the norm.
+      CHECK(engine.get_global_grad_norm() == Approx(norm_ref).epsilon(1e-5));
+    }
+    const kiln::test::Tolerance tol{1e-4, 1e-6};
+    const Tensor& wte = whole.transformer.wte.weight;
+    if (stage.is_first_stage()) check_close(stage.wte->weight, wte, tol);
+    if (stage.is_last_stage()) {
+      check_close(stage.lm_head->weight, wte, tol);
+      // The copy is not trained on the last stage: it is the first stage's weight, bit for bit.
+      CHECK_FALSE(stage.lm_head->weight.grad().defined());
+    }
+    Tensor first_wte = stage.is_first_stage() ? stage.wte->weight.detach().clone() : zeros_like(wte);
+    grid.pipeline()->broadcast(first_wte, 0);
+    if (stage.is_last_stage()) kiln::test::check_equal(stage.lm_head->weight, first_wte);
+
+    // 2 steps, saved, loaded into a stage built from other random numbers, 2 more: the same weights.
+    {
+      manual_seed(3);
+      models::ParallelGPT first(c, grid.tensor(), grid.pipeline_rank(), stages);
+      Engine e = kiln::initialize(first, config(zero), grid, models::ParallelGPT::loss);
+      train(e, 0, 2);
+      e.save_checkpoint(dir, fmt::format("tied{}", zero));
+    }
+    manual_seed(77);
+    models::ParallelGPT second(c, grid.tensor(), grid.pipeline_rank(), stages);
+    Engine e = kiln::initialize(second, config(zero), grid, models::ParallelGPT::loss);
+    e.load_checkpoint(dir, fmt::format("tied{}", zero));
+    train(e, 2, 4);
+    const TensorDict want = stage.state_dict(), got = second.state_dict();
+    for (const auto& [name, t] : want) {
+      INFO(name);
+      check_close(got.at(name), t, {1e-6, 1e-7});
+    }
+    world->barrier();
+  }
+  world->barrier();
+  if (world->rank() == 0) std::filesystem::remove_all(dir);
 }

@@ -1,7 +1,8 @@
 // tests/distributed/test_tensor_parallel.cpp: tensor parallelism (distributed/tensor_parallel/) at
 // 1-4 ranks: the conjugate communication functions give exact values forward and backward, and the
 // parallel layers built from the same seed compute what nn::Linear, nn::GeluMLP and
-// nn::CausalSelfAttention compute on one process, forward, backward and over 20 training steps.
+// nn::CausalSelfAttention compute on one process, forward, backward and over 20 training steps;
+// and so do they with sequence parallelism, on each rank's positions of the sequence.
 #include "support.h"
 
 using namespace kiln;
@@ -129,6 +130,87 @@ TEST_CASE("tensor parallel: ParallelSelfAttention splits the heads and equals nn
                 ref.c_attn.weight.grad().narrow(0, b * C + r * C / p, C / p), {1e-5, 1e-6});
   }
   check_close(attn.c_proj.weight.grad(), ref.c_proj.weight.grad().narrow(1, r * C / p, C / p), {1e-5, 1e-6});
+}
+
+TEST_CASE("sequence parallel: gather, reduce-scatter and scatter along the sequence, forward and backward",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  // A (2, 3p, 2) activation whose element (b, t, c) is 100 b + 10 t + c; rank r holds positions
+  // [3r, 3r + 3).
+  Tensor whole = (arange(0, 2).reshape({2, 1, 1}) * 100.0 + arange(0, 3 * p).reshape({1, -1, 1}) * 10.0 +
+                  arange(0, 2).reshape({1, 1, 2})).to(kFloat32);
+  Tensor mine = whole.narrow(1, 3 * r, 3).contiguous();
+  Tensor a = mine.clone().requires_grad_();
+  Tensor g = gather_from_sequence_parallel_region(a, *comm);
+  kiln::test::check_equal(g, whole);
+  // Backward: the gradients of every rank summed, each rank keeping its positions. Rank q's
+  // gradient is (q + 1) whole, so the sum is p (p + 1) / 2 whole.
+  (g * whole * static_cast<double>(r + 1)).sum().backward();
+  check_close(a.grad(), mine * (p * (p + 1) / 2.0));
+  // With tensor_parallel_output_grad = false the gradient is taken as whole on each rank: kept.
+  Tensor a2 = mine.clone().requires_grad_();
+  (gather_from_sequence_parallel_region(a2, *comm, false) * whole).sum().backward();
+  check_close(a2.grad(), mine);
+
+  // Reduce-scatter: rank q contributes (q + 1) whole; rank r gets its positions of the sum.
+  Tensor c = (whole * static_cast<double>(r + 1)).requires_grad_();
+  Tensor rs = reduce_scatter_to_sequence_parallel_region(c, *comm);
+  check_close(rs, mine * (p * (p + 1) / 2.0));
+  (rs * mine).sum().backward();  // the gradient at every rank's positions, gathered: whole
+  check_close(c.grad(), whole);
+
+  Tensor w = whole.clone().requires_grad_();
+  Tensor sc = scatter_to_sequence_parallel_region(w, *comm);
+  kiln::test::check_equal(sc, mine);
+  (sc * 2.0).sum().backward();
+  check_close(w.grad(), full({2, 3 * p, 2}, 2.0));
+  if (p > 1) {
+    check_error([&] { scatter_to_sequence_parallel_region(ones({2, 3 * p + 1, 2}), *comm); },
+                {"the sequence (", "must be a multiple of the"});
+    check_error([&] { RowParallelLinear rl(4 * p, 4, comm, {.input_is_parallel = false, .sequence_parallel = true}); },
+                {"sequence_parallel needs input_is_parallel"});
+  }
+}
+
+TEST_CASE("sequence parallel: ParallelMLP and ParallelSelfAttention on each rank's positions equal the whole layers",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t C = 48, H = 12, T = 4 * p;
+  auto positions = [&](const Tensor& t) { return t.narrow(1, r * T / p, T / p).contiguous(); };
+  const kiln::test::Tolerance tol{1e-5, 1e-6};
+  {
+    manual_seed(9);
+    nn::GeluMLP ref(C);  // C -> 4 C -> C
+    manual_seed(9);
+    ParallelMLP mlp(C, 4 * C, comm, "none", /*sequence_parallel=*/true);
+    Tensor x = kiln::test::sample({2, T, C}, kFloat32, 0.2), cot = kiln::test::sample({2, T, C}, kFloat32, 0.7);
+    Tensor xr = x.clone().requires_grad_(), xp = positions(x).requires_grad_();
+    Tensor yr = ref(xr), yp = mlp(xp);
+    check_close(yp, positions(yr), tol);  // this rank's positions of the output
+    (yr * cot).sum().backward();
+    (yp * positions(cot)).sum().backward();
+    check_close(xp.grad(), positions(xr.grad()), tol);
+    check_close(mlp.fc.weight.grad(), ref.c_fc.weight.grad().narrow(0, r * 4 * C / p, 4 * C / p), tol);
+    check_close(mlp.proj.weight.grad(), ref.c_proj.weight.grad().narrow(1, r * 4 * C / p, 4 * C / p), tol);
+    check_close(mlp.proj.bias.grad(), ref.c_proj.bias.grad(), tol);  // the positions' parts, summed
+  }
+  {
+    manual_seed(13);
+    nn::CausalSelfAttention ref(C, H);
+    manual_seed(13);
+    ParallelSelfAttention attn(C, H, comm, /*sequence_parallel=*/true);
+    Tensor x = kiln::test::sample({2, T, C}, kFloat32, 0.4), cot = kiln::test::sample({2, T, C}, kFloat32, 0.9);
+    Tensor xr = x.clone().requires_grad_(), xp = positions(x).requires_grad_();
+    Tensor yr = ref(xr), yp = attn(xp);
+    check_close(yp, positions(yr), tol);
+    (yr * cot).sum().backward();
+    (yp * positions(cot)).sum().backward();
+    check_close(xp.grad(), positions(xr.grad()), tol);  // later positions' queries reach earlier keys
+    check_close(attn.c_proj.weight.grad(), ref.c_proj.weight.grad().narrow(1, r * C / p, C / p), tol);
+    check_close(attn.c_proj.bias.grad(), ref.c_proj.bias.grad(), tol);
+  }
 }
 
 TEST_CASE("tensor parallel: bad sizes are Errors", "[distributed]") {

@@ -1,10 +1,13 @@
 # tests/models/gpt_grid_check.cmake: train_gpt --tensor-parallel / --pipeline-parallel (models::ParallelGPT
 # through kiln::Engine over a grid) on 2 ranks.
-#   1. Tensor parallel over 2 ranks trains as one rank does: the loss of every step within 1e-5
-#      relative (the same windows, the same arithmetic summed in another order).
-#   2. Two pipeline stages, stopped at step 3 and resumed, equal a run straight through, bit for
-#      bit: the loss of every step and the validation losses.
-#   3. A grid without a DeepSpeed config, or with more ranks than there are, is an Error.
+#   1. Tensor parallel over 2 ranks, with and without sequence parallelism, trains as one rank
+#      does: the loss of every step within 1e-5 relative (the same windows, the same arithmetic
+#      summed in another order).
+#   2. Two pipeline stages (the head tied to the embedding across them) train as one rank does
+#      too; stopped at step 3 and resumed, they equal a run straight through, bit for bit: the
+#      loss of every step and the validation losses.
+#   3. A grid without a DeepSpeed config, with more ranks than there are, or --sequence-parallel
+#      without tensor parallelism is an Error.
 #   cmake -DPROGRAM=<train_gpt> -DLAUNCHER="kiln-run;-n;2" -DWORK=<dir> -P gpt_grid_check.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
@@ -24,14 +27,19 @@ run_program(out "${LAUNCHER}" ${model} ${run} --steps 6 --tensor-parallel 2 --ou
 losses(one ${WORK}/one/metrics.jsonl)
 losses(tensor ${WORK}/tensor/metrics.jsonl)
 check_losses_close("${tensor}" "${one}" "tensor parallel's" "one rank's")
+run_program(out "${LAUNCHER}" ${model} ${run} --steps 6 --tensor-parallel 2 --sequence-parallel --out ${WORK}/sequence)
+losses(sequence ${WORK}/sequence/metrics.jsonl)
+check_losses_close("${sequence}" "${one}" "sequence parallel's" "one rank's")
 if(NOT EXISTS ${WORK}/tensor/checkpoint-engine/step6/stage_0/tensor_1/zero_rank_0.safetensors)
   message(FATAL_ERROR "no engine checkpoint of tensor rank 1 in ${WORK}/tensor/checkpoint-engine/step6/stage_0")
 endif()
 
-# 2. Two stages, stopped and resumed.
+# 2. Two stages equal one rank; stopped and resumed, they equal straight through.
 run_program(out "${LAUNCHER}" ${model} ${run} --steps 6 --pipeline-parallel 2 --out ${WORK}/straight)
 run_program(out "${LAUNCHER}" ${model} ${run} --steps 3 --pipeline-parallel 2 --out ${WORK}/stopped)
 run_program(out "${LAUNCHER}" --resume ${WORK}/stopped/checkpoint ${run} --steps 6 --out ${WORK}/stopped)
+losses(pipeline ${WORK}/straight/metrics.jsonl)
+check_losses_close("${pipeline}" "${one}" "two stages'" "one rank's")
 file(STRINGS ${WORK}/straight/metrics.jsonl straight)
 file(STRINGS ${WORK}/stopped/metrics.jsonl resumed)
 if(NOT resumed STREQUAL straight)
@@ -52,4 +60,9 @@ execute_process(COMMAND ${PROGRAM} ${model} --pipeline-parallel 2 --steps 1 --ou
                 RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
 if(rc EQUAL 0 OR NOT err MATCHES "1 ranks do not make a grid of tensor 1 x pipeline 2")
   message(FATAL_ERROR "a grid larger than the ranks should be an Error, got ${rc}:\n${err}")
+endif()
+execute_process(COMMAND ${PROGRAM} ${model} --sequence-parallel --steps 1 --out ${WORK}/e3
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "give --tensor-parallel 2 or more")
+  message(FATAL_ERROR "--sequence-parallel without tensor parallelism should be an Error, got ${rc}:\n${err}")
 endif()
