@@ -9,10 +9,11 @@
 //
 // Each block is GPT-2's pre-LN block with its attention heads and its MLP's hidden features split
 // among the ranks of the tensor group (ParallelSelfAttention, ParallelMLP of
-// distributed/tensor_parallel): two all-reduces forward and two backward per block. The
-// embeddings, the LayerNorms and the head are whole on every rank of the group. Stage s of p holds
-// the blocks [s L / p, (s + 1) L / p); the first stage also holds the embeddings (its input is the
-// token ids), and the last one ln_f and the head (its output is the logits).
+// distributed/tensor_parallel): two all-reduces forward and two backward per block (with
+// sequence parallelism, each a reduce-scatter and an all-gather). The embeddings, the LayerNorms
+// and the head are whole on every rank of the group. Stage s of p holds the blocks
+// [s L / p, (s + 1) L / p); the first stage also holds the embeddings (its input is the token
+// ids), and the last one ln_f and the head (its output is the logits).
 //
 // A head tied to the embedding across stages is a copy of wte on the last stage (its lm_head),
 // tied to the first stage's wte by tied_weights(). kiln::Engine adds the copy's gradient to wte's

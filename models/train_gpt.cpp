@@ -70,13 +70,16 @@ struct Run {
   std::string deepspeed_config;  // the text of the --deepspeed-config file ("" = none)
   int64_t tensor_parallel = 1, pipeline_parallel = 1;  // the grid's tensor and pipeline sizes
   bool sequence_parallel = false;  // between the tensor-parallel layers, 1 / tensor_parallel of the positions
+  // Whether a pipeline keeps the head tied to the embedding (a copy on the last stage). New runs
+  // do; a checkpoint written before they could (no such key) holds an untied head, and resumes so.
+  bool head_tied_across_stages = false;
 };
 // to_json / from_json; a key missing from an older checkpoint keeps its default.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Run, config, n_layer, n_head, n_embd, context, dropout, corpus,
                                                 batch_size, grad_accum, lr, weight_decay, clip,
                                                 checkpoint_activations, offload_activations, fusion, fused_adam,
                                                 autocast, seed, device, deepspeed_config, tensor_parallel,
-                                                pipeline_parallel, sequence_parallel)
+                                                pipeline_parallel, sequence_parallel, head_tied_across_stages)
 
 models::GPTConfig model_config(const Run& r) {
   KILN_CHECK(r.config == "gpt_char" || r.config == "gpt2",
@@ -87,6 +90,7 @@ models::GPTConfig model_config(const Run& r) {
   if (r.n_embd > 0) c.n_embd = r.n_embd;
   if (r.context > 0) c.block_size = r.context;
   c.dropout = r.dropout;
+  if (r.pipeline_parallel > 1 && !r.head_tied_across_stages) c.tie_weights = false;
   KILN_CHECK(c.vocab_size >= 256, "a byte-level corpus needs vocab_size >= 256");
   return c;
 }
@@ -122,6 +126,7 @@ void merge_resumed(Run& resumed, const Run& given, const train::Flags& flags, co
   const json wanted = given;
   std::vector<std::pair<std::string, std::string>> set;  // (flag, key) of the settings the flags gave
   for (const auto& [key, value] : wanted.items()) {
+    if (key == "head_tied_across_stages") continue;  // no flag: how the checkpoint's model was built
     std::string flag = key == "fusion" ? "no-fusion" : key;
     std::replace(flag.begin(), flag.end(), '_', '-');
     if (key != "corpus" && key != "device" && flags.given(flag)) set.emplace_back(flag, key);
@@ -265,6 +270,7 @@ int run(int argc, char** argv) {
   r.tensor_parallel = flags.get_int("tensor-parallel", 1, 1 << 16);
   r.pipeline_parallel = flags.get_int("pipeline-parallel", 1, 1 << 16);
   r.sequence_parallel = flags.get_switch("sequence-parallel");
+  r.head_tied_across_stages = true;
   if (const std::string& path = flags.get("deepspeed-config"); !path.empty()) {
     std::ifstream in(path, std::ios::binary);
     KILN_CHECK(in.good(), "--deepspeed-config: cannot open '{}'; check the path", path);

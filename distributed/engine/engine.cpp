@@ -155,10 +155,15 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
   for (const auto& t : tied_) {
     if (t.user == pipeline_comm_->rank() && t.weight.requires_grad()) copies.push_back(t.weight);
   }
+  struct Hidden {  // back to requiring grad however the optimizer's construction ends
+    std::vector<Tensor>& copies;
+    ~Hidden() {
+      for (Tensor& c : copies) c.requires_grad_(true);
+    }
+  } hidden{copies};
   for (Tensor& c : copies) c.requires_grad_(false);
   optimizer_ = std::make_unique<distributed::ZeroOptimizer>(model_, comm_, make_inner(*config_.optimizer),
                                                             config_.zero_optimization);
-  for (Tensor& c : copies) c.requires_grad_(true);
   if (config_.scheduler) scheduler_ = make_scheduler(*config_.scheduler, *optimizer_);
   optim::GradScalerOptions scaling = config_.fp16.scaler;
   scaling.enabled = config_.fp16.enabled;
@@ -373,6 +378,18 @@ bool Engine::save_16bit_model(const std::string& save_dir, const std::string& sa
 }
 
 std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {
+  // The ranks agree on the outcome, so that a stage that cannot load (a folder missing, another
+  // model) stops every rank with its Error instead of leaving the other stages waiting for it. The
+  // ranks of one stage and slice read the same files, so they fail alike, before any collective.
+  std::string tag;
+  run_and_agree(*world_, true, "load_checkpoint", "loading this stage's checkpoint",
+                [&] { tag = load_stage(dir, tag_in); });
+  // A tied weight's copy is not trained here: it is the owner's, loaded above.
+  if (!tied_.empty()) distributed::copy_tied_weights(tied_, *pipeline_comm_);
+  return tag;
+}
+
+std::string Engine::load_stage(const std::string& dir, const std::string& tag_in) {
   std::string tag = tag_in;
   if (tag.empty()) {
     std::ifstream in(std::filesystem::path(dir) / "latest");
@@ -436,8 +453,6 @@ std::string Engine::load_checkpoint(const std::string& dir, const std::string& t
              "\"scheduler\" section", scheduler_state.empty() ? "without" : "with", scheduler_ ? "one" : "none");
   if (scheduler_) scheduler_->load_state_dict(scheduler_state);
   optimizer_->zero_grad();
-  // A tied weight's copy is not trained here: it is the owner's, loaded above.
-  if (!tied_.empty()) distributed::copy_tied_weights(tied_, *pipeline_comm_);
   return tag;
 }
 

@@ -138,6 +138,7 @@ class Engine {
 
  private:
   void init(std::shared_ptr<distributed::Communicator> world);
+  std::string load_stage(const std::string& dir, const std::string& tag);  // load_checkpoint's work on this rank
   void optimizer_step();  // at an accumulation boundary: unscale, clip, step, schedule, zero_grad
   void report();
   std::string stage_folder(const std::string& dir, const std::string& tag) const;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <functional>
+#include <optional>
 
 #include "core/grad_mode.h"
 #include "ops/ops.h"
@@ -290,13 +292,19 @@ void check_list(const std::vector<TiedWeight>& tied, int s, int p, const char* w
                who, s, t.owner, t.user);
     KILN_CHECK(t.weight.defined(), "{}: stage {} lists a tie (owner {}, user {}) without its weight", who, s,
                t.owner, t.user);
+    KILN_CHECK(t.weight.dim() <= kMaxDims, "{}: a tied weight of {} dims; at most {} are supported", who,
+               t.weight.dim(), kMaxDims);
   }
 }
 
-// A header (dtype, number of elements) and the tensor, sent without waiting; the Works and what
-// they read go to `sends` and `buffers` until they complete.
+// A header (dtype, number of dims, the dims) and the tensor, sent without waiting; the Works and
+// what they read go to `sends` and `buffers` until they complete.
 void send_tied(Communicator& c, const Tensor& t, int dst, std::vector<Work>& sends, std::vector<Tensor>& buffers) {
-  Tensor header = from_vector<int64_t>({static_cast<int64_t>(t.dtype()), t.numel()}).to(c.device());
+  std::vector<int64_t> h(2 + kMaxDims, 0);
+  h[0] = static_cast<int64_t>(t.dtype());
+  h[1] = t.dim();
+  for (int64_t d = 0; d < t.dim(); ++d) h[static_cast<size_t>(2 + d)] = t.size(d);
+  Tensor header = from_vector<int64_t>(h).to(c.device());
   Tensor data = t.contiguous();
   sends.push_back(c.send(header, dst, kTiedTag, /*async_op=*/true));
   sends.push_back(c.send(data, dst, kTiedTag, /*async_op=*/true));
@@ -304,22 +312,62 @@ void send_tied(Communicator& c, const Tensor& t, int dst, std::vector<Work>& sen
   buffers.push_back(data);
 }
 
-// What send_tied sent, checked against this stage's copy `like` once it is in (so that the sender
-// is never left waiting), in like's shape.
-Tensor recv_tied(Communicator& c, int src, const Tensor& like, const char* who) {
-  Tensor header = empty({2}, TensorOptions(kInt64).device(c.device()));
+// What send_tied sent, whatever its dtype and shape (so that the sender is never left waiting);
+// the caller checks it against its copy.
+Tensor recv_tied(Communicator& c, int src, const Device& device) {
+  Tensor header = empty({2 + kMaxDims}, TensorOptions(kInt64).device(c.device()));
   c.recv(header, src, kTiedTag);
   const std::vector<int64_t> h = header.to_vector<int64_t>();
-  KILN_CHECK(h[0] >= 0 && h[0] <= static_cast<int64_t>(DType::Float64) && h[1] >= 0,
-             "{}: stage {} received a malformed message from stage {}; both stages of a tie must list it, in the same "
-             "order", who, c.rank(), src);
-  Tensor t = empty({h[1]}, TensorOptions(static_cast<DType>(h[0])).device(like.device()));
+  KILN_CHECK(h[0] >= 0 && h[0] <= static_cast<int64_t>(DType::Float64) && h[1] >= 0 && h[1] <= kMaxDims,
+             "tied weights: stage {} received a malformed message from stage {}; every rank must run the same "
+             "program", c.rank(), src);
+  Shape shape;
+  for (int64_t d = 0; d < h[1]; ++d) shape.push_back(h[static_cast<size_t>(2 + d)]);
+  Tensor t = empty(shape, TensorOptions(static_cast<DType>(h[0])).device(device));
   c.recv(t, src, kTiedTag);
-  KILN_CHECK(t.numel() == like.numel() && t.dtype() == like.dtype(),
-             "{}: stage {}'s copy of a tied weight is {} of shape {}, and stage {} sent {} of {} elements; the two "
-             "stages of a tie must hold the same weight", who, c.rank(), dtype_name(like.dtype()), like.sizes().str(),
-             src, dtype_name(t.dtype()), t.numel());
-  return t.view(like.sizes());
+  return t;
+}
+
+void check_received(const Tensor& got, const Tensor& like, int stage, int src, const char* who) {
+  KILN_CHECK(got.sizes() == like.sizes() && got.dtype() == like.dtype(),
+             "{}: stage {}'s copy of a tied weight is {} of shape {}, and stage {} sent {} of shape {}; the two "
+             "stages of a tie must hold the same weight", who, stage, dtype_name(like.dtype()), like.sizes().str(),
+             src, dtype_name(got.dtype()), got.sizes().str());
+}
+
+// Every send of this stage's ties first (so that ties in both directions, or in a cycle, cannot
+// wait on each other over MPI; NCCL, whose send and recv run in call order, would need them in one
+// group, which no tie list here calls for), then every receive; each received tensor, once all
+// are in, goes to apply(tie, tensor). A mismatch is an Error after that, so no sender is left
+// waiting.
+void exchange_tied(const std::vector<TiedWeight>& tied, Communicator& pipeline, const char* who,
+                   const std::function<std::optional<std::pair<Tensor, int>>(const TiedWeight&)>& outgoing,
+                   const std::function<int(const TiedWeight&)>& source,
+                   const std::function<void(const TiedWeight&, const Tensor&)>& apply) {
+  check_list(tied, pipeline.rank(), pipeline.size(), who);
+  std::vector<Work> sends;
+  std::vector<Tensor> buffers;
+  for (const TiedWeight& t : tied) {
+    if (auto out = outgoing(t)) send_tied(pipeline, out->first, out->second, sends, buffers);
+  }
+  std::vector<std::pair<const TiedWeight*, Tensor>> received;
+  std::exception_ptr failure;
+  for (const TiedWeight& t : tied) {
+    const int src = source(t);
+    if (src < 0) continue;
+    try {
+      received.emplace_back(&t, recv_tied(pipeline, src, t.weight.device()));
+    } catch (...) {
+      if (!failure) failure = std::current_exception();
+    }
+  }
+  for (Work& s : sends) s.wait();
+  if (failure) std::rethrow_exception(failure);
+  for (const auto& [t, got] : received) {
+    check_received(got, t->weight, pipeline.rank(), source(*t), who);
+  }
+  NoGradGuard no_grad;
+  for (const auto& [t, got] : received) apply(*t, got);
 }
 
 }  // namespace
@@ -358,36 +406,34 @@ void check_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipel
 }
 
 void add_tied_gradients(const std::vector<TiedWeight>& tied, Communicator& pipeline) {
-  std::vector<Work> sends;
-  std::vector<Tensor> buffers;
-  check_list(tied, pipeline.rank(), pipeline.size(), "add_tied_gradients");
-  NoGradGuard no_grad;
-  for (const TiedWeight& t : tied) {
-    Tensor w = t.weight;
-    if (pipeline.rank() == t.user) {
-      const Tensor g = w.grad();
-      send_tied(pipeline, g.defined() ? g : zeros_like(w), t.owner, sends, buffers);
-      w.set_grad(Tensor());
-    } else {
-      Tensor g = recv_tied(pipeline, t.user, w, "add_tied_gradients");
-      if (w.grad().defined()) w.grad().add_(g);
-      else w.set_grad(g);
-    }
-  }
-  for (Work& s : sends) s.wait();
+  const int s = pipeline.rank();
+  exchange_tied(
+      tied, pipeline, "add_tied_gradients",
+      [&](const TiedWeight& t) -> std::optional<std::pair<Tensor, int>> {
+        if (s != t.user) return std::nullopt;
+        Tensor w = t.weight;
+        const Tensor g = w.grad();
+        w.set_grad(Tensor());  // the owner has it now
+        return std::pair{g.defined() ? g : zeros_like(w), t.owner};
+      },
+      [&](const TiedWeight& t) { return s == t.owner ? t.user : -1; },
+      [](const TiedWeight& t, const Tensor& g) {
+        Tensor w = t.weight;
+        if (w.grad().defined()) w.grad().add_(g);
+        else w.set_grad(g);
+      });
 }
 
 void copy_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipeline) {
-  std::vector<Work> sends;
-  std::vector<Tensor> buffers;
-  check_list(tied, pipeline.rank(), pipeline.size(), "copy_tied_weights");
-  NoGradGuard no_grad;
-  for (const TiedWeight& t : tied) {
-    Tensor w = t.weight;
-    if (pipeline.rank() == t.owner) send_tied(pipeline, w.detach(), t.user, sends, buffers);
-    else w.copy_(recv_tied(pipeline, t.owner, w, "copy_tied_weights"));
-  }
-  for (Work& s : sends) s.wait();
+  const int s = pipeline.rank();
+  exchange_tied(
+      tied, pipeline, "copy_tied_weights",
+      [&](const TiedWeight& t) -> std::optional<std::pair<Tensor, int>> {
+        if (s != t.owner) return std::nullopt;
+        return std::pair{t.weight.detach(), t.user};
+      },
+      [&](const TiedWeight& t) { return s == t.user ? t.owner : -1; },
+      [](const TiedWeight& t, const Tensor& w) { Tensor(t.weight).copy_(w); });
 }
 
 }  // namespace kiln::distributed

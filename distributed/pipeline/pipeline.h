@@ -164,9 +164,10 @@ void check_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipel
                         const char* who = "tied weights");
 // Over the pipeline's ranks (stage s = rank s), for each tie of this stage: the user sends its
 // copy's gradient (zeros where it got none) and drops it, and the owner adds it to its weight's
-// .grad(). Only the two stages of a tie take part; each calls it with its own list.
+// .grad(). Only the two stages of a tie take part; each calls it with its own list. A copy whose
+// dtype or shape differs from the other stage's is an Error (after every message is in).
 void add_tied_gradients(const std::vector<TiedWeight>& tied, Communicator& pipeline);
-// For each tie of this stage: the owner's weight into the user's copy.
+// For each tie of this stage: the owner's weight into the user's copy (the same Errors).
 void copy_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipeline);
 
 }  // namespace kiln::distributed

@@ -32,8 +32,10 @@
 // its part of the sequence: positions [r T/p, (r+1) T/p) of dim 1 of a (B, T, C) activation.
 // The all-reduce that ends a row-parallel layer becomes a reduce-scatter along the sequence, and
 // the input of a column-parallel layer is first all-gathered along it. That moves the same bytes
-// as the all-reduce it replaces (an all-reduce is a reduce-scatter and an all-gather), and the
-// activations between the layers take 1/p of the memory:
+// as the all-reduce it replaces (an all-reduce is a reduce-scatter and an all-gather), and what
+// the LayerNorms and residual adds keep for backward takes 1/p of the memory (a column-parallel
+// layer still keeps its gathered input for its weight's gradient; Megatron gathers it again in
+// backward instead):
 //   gather_from_sequence_parallel_region        forward: all-gather along dim 1
 //                                               backward: reduce-scatter (tensor_parallel_output_grad)
 //                                               or keep this rank's part (the consumer is whole on
@@ -42,7 +44,8 @@
 //   scatter_to_sequence_parallel_region         forward: keep this rank's part       backward: all-gather
 // A weight that every rank holds whole but applies to its own positions alone (a LayerNorm's, a
 // row-parallel bias) gets only part of its gradient on each rank. Pass it through
-// copy_to_tensor_parallel_region where it is used, and f sums the parts.
+// copy_to_tensor_parallel_region where it is used, and f sums the parts: a small all-reduce per
+// such weight in each backward (Megatron sums them once, after backward).
 //
 // Every rank builds each layer from the same random numbers (the same seed, as Megatron's master
 // weights) and keeps its slice, so p ranks hold, and compute, the same model as one process with

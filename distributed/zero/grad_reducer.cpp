@@ -112,9 +112,7 @@ void GradReducer::grad_ready(size_t k) {
   ready_[k] = true;
   const Tensor& p = params_[k];
   Tensor g = p.grad();
-  KILN_CHECK(g.dtype() == p.dtype() && g.device() == p.device(),
-             "ZeRO: parameter {} has a {} gradient on {} but is {} on {}; a gradient must have its parameter's dtype "
-             "and device", k, dtype_name(g.dtype()), g.device().str(), dtype_name(p.dtype()), p.device().str());
+  check_grad(k, g);
   Bucket& b = *buckets_[bucket_of_[k]];
   {
     NoGradGuard no_grad;
@@ -131,6 +129,18 @@ void GradReducer::grad_ready(size_t k) {
     }
   }
   if (--b.pending == 0) launch_ready();
+}
+
+// The gradient has its parameter's dtype, device and number of elements (the layout's: at stage 3
+// the parameter itself may hold none when its gradient arrives).
+void GradReducer::check_grad(size_t k, const Tensor& g) const {
+  const Tensor& p = params_[k];
+  KILN_CHECK(g.dtype() == p.dtype() && g.device() == p.device(),
+             "ZeRO: parameter {} has a {} gradient on {} but is {} on {}; a gradient must have its parameter's dtype "
+             "and device", k, dtype_name(g.dtype()), g.device().str(), dtype_name(p.dtype()), p.device().str());
+  const int64_t numel = layout_.param(static_cast<int64_t>(k)).size();
+  KILN_CHECK(g.numel() == numel, "ZeRO: parameter {} has a gradient of shape {} ({} elements) for its {} elements", k,
+             g.sizes().str(), g.numel(), numel);
 }
 
 void GradReducer::launch_ready() {
@@ -198,6 +208,7 @@ void GradReducer::finish() {
       // backwards without sync) replaced: it holds the accumulation's gradient.
       NoGradGuard no_grad;
       const Tensor g = params_[k].grad();
+      if (g.defined()) check_grad(k, g);
       if (g.defined()) slots_[k].copy_(g);
       else slots_[k].zero_();
       params_[k].set_grad(slots_[k]);

@@ -25,8 +25,9 @@
 // ranks' new local sums to one rank's average, so it is an Error. Stage 2 reduces in every
 // backward and accumulates in the partition (DeepSpeed does the same).
 // A parameter that gets no gradient in a backward contributes what its slot holds (stages 0 and
-// 1: its gradient accumulated so far; zeros once .grad() was dropped) or zeros (2 and 3), so every
-// rank starts the same buckets in the same order, provided every rank ran the same modules.
+// 1: its gradient accumulated so far, or the .grad() that replaced the slot since; zeros once
+// .grad() was dropped) or zeros (2 and 3), so every rank starts the same buckets in the same
+// order, provided every rank ran the same modules.
 #pragma once
 
 #include <memory>
@@ -69,6 +70,7 @@ class GradReducer {
  private:
   struct Bucket;
   void grad_ready(size_t k);
+  void check_grad(size_t k, const Tensor& g) const;  // its parameter's dtype, device and size
   void begin_backward();
   void start_reduction();  // begin_backward without the callback at backward's end
   void launch_ready();

@@ -593,7 +593,9 @@ namespace {
 struct ListedTies : nn::Module, TiedWeights {
   std::shared_ptr<nn::Linear> lin;
   std::vector<TiedWeight> ties;
-  explicit ListedTies(int64_t out) : lin(std::make_shared<nn::Linear>(20, out)) { register_module("lin", lin); }
+  explicit ListedTies(int64_t out, int64_t in = 20) : lin(std::make_shared<nn::Linear>(in, out)) {
+    register_module("lin", lin);
+  }
   Tensor forward(const Tensor& x) override { return (*lin)(x); }
   std::vector<TiedWeight> tied_weights() override { return ties; }
 };
@@ -620,13 +622,20 @@ TEST_CASE("engine: a wrong list of tied weights is an Error on every rank, not a
     check_error([&] { kiln::initialize(st, cfg, grid, loss_fn); }, {"two different stages of it"});
   }
   if (stages == 2) {
-    // Stage 1's copy has another shape than stage 0's weight: stage 1 says so, stage 0 points to it.
-    ListedTies st(s == 0 ? 10 : 20);
+    {
+      ListedTies st(10);
+      st.ties = {{.weight = Tensor(), .owner = 0, .user = 1}};
+      check_error([&] { kiln::initialize(st, cfg, grid, loss_fn); },
+                  {fmt::format("stage {} lists a tie (owner 0, user 1) without its weight", s)});
+    }
+    // Stage 1's copy is stage 0's weight transposed (as many elements): stage 1 says so, stage 0
+    // points to it.
+    ListedTies st(s == 0 ? 10 : 20, s == 0 ? 20 : 10);
     st.ties = {{.weight = st.lin->weight, .owner = 0, .user = 1}};
     if (s == 1) {
       check_error([&] { kiln::initialize(st, cfg, grid, loss_fn); },
-                  {"stage 1's copy of a tied weight is float32 of shape [20, 20], and stage 0 sent float32 of 200",
-                   "must hold the same weight"});
+                  {"stage 1's copy of a tied weight is float32 of shape [20, 10], and stage 0 sent float32 of shape "
+                   "[10, 20]", "must hold the same weight"});
     } else {
       check_error([&] { kiln::initialize(st, cfg, grid, loss_fn); },
                   {"Engine: copying the tied weights failed on another rank"});

@@ -219,3 +219,36 @@ TEST_CASE("pipeline: bad use is an Error", "[distributed]") {
     check_error([&] { pipe.train_batch(Tensor(), y); }, {"stage 0 needs the input"});
   }
 }
+
+TEST_CASE("pipeline: tied weights in both directions between two stages, exactly", "[distributed]") {
+  auto comm = init("mpi");
+  if (comm->size() < 2) {
+    SUCCEED("one rank: no second stage to tie a weight to");
+    return;
+  }
+  // Stages 0 and 1 of this communicator (the others hold no ties): stage 0 owns a (2 x 3) and
+  // holds a copy of stage 1's b (4); stage 1 the other way round.
+  const int s = comm->rank();
+  Tensor a = full({2, 3}, s == 0 ? 1.5 : -7.0).requires_grad_();
+  Tensor b = full({4}, s == 1 ? 2.5 : -9.0).requires_grad_();
+  std::vector<TiedWeight> tied;
+  if (s < 2) tied = {{.weight = a, .owner = 0, .user = 1}, {.weight = b, .owner = 1, .user = 0}};
+  check_tied_weights(tied, *comm);
+  copy_tied_weights(tied, *comm);  // every send first, so neither stage waits for the other's receive
+  if (s < 2) {
+    kiln::test::check_equal(a, full({2, 3}, 1.5));
+    kiln::test::check_equal(b, full({4}, 2.5));
+  }
+  // Each stage's gradients: the owner's 10 (a) or 20 (b), the copy's 1 (a) or 2 (b).
+  a.set_grad(full({2, 3}, s == 0 ? 10.0 : 1.0));
+  b.set_grad(full({4}, s == 1 ? 20.0 : 2.0));
+  add_tied_gradients(tied, *comm);
+  if (s == 0) {
+    kiln::test::check_equal(a.grad(), full({2, 3}, 11.0));
+    CHECK_FALSE(b.grad().defined());  // sent to its owner and dropped
+  } else if (s == 1) {
+    kiln::test::check_equal(b.grad(), full({4}, 22.0));
+    CHECK_FALSE(a.grad().defined());
+  }
+  comm->barrier();
+}
