@@ -64,8 +64,8 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights {
   std::vector<distributed::TiedWeight> tied_weights() override;
 
   bool is_first_stage() const { return stage_ == 0; }
-  bool sequence_parallel() const { return sequence_parallel_; }
   bool is_last_stage() const { return stage_ == num_stages_ - 1; }
+  bool sequence_parallel() const { return sequence_parallel_; }
   int64_t first_block() const { return first_; }  // blocks [first_block, first_block + h.size())
 
   struct Block : nn::Module {

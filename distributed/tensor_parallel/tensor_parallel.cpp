@@ -20,66 +20,53 @@ Tensor all_reduced(const Tensor& x, Communicator& comm) {
   return out;
 }
 
-// This rank's slice of x's last dim.
-Tensor own_slice(const Tensor& x, Communicator& comm) {
-  const int64_t last = x.size(-1), p = comm.size();
-  KILN_CHECK(last % p == 0, "tensor parallel: the last dim ({}) must be a multiple of the {} ranks", last, p);
-  return x.narrow(-1, comm.rank() * (last / p), last / p).contiguous();
+// Where a region cuts an activation: along its features (the last dim; tensor parallel) or its
+// positions (dim 1 of a (B, T, ...) activation; sequence parallel).
+enum class Cut { kFeatures, kPositions };
+
+int64_t dim_of(const Tensor& x, Cut cut) { return cut == Cut::kFeatures ? x.dim() - 1 : 1; }
+
+void check_cut(const Tensor& x, int64_t p, Cut cut, bool divides) {
+  if (cut == Cut::kFeatures) {
+    KILN_CHECK(!divides || x.size(-1) % p == 0, "tensor parallel: the last dim ({}) must be a multiple of the {} ranks",
+               x.size(-1), p);
+    return;
+  }
+  KILN_CHECK(x.dim() >= 2, "sequence parallel: sequence parallelism cuts dim 1 of a (B, T, ...) activation; got shape "
+             "{}", x.sizes().str());
+  KILN_CHECK(!divides || x.size(1) % p == 0,
+             "sequence parallel: the sequence ({} positions, dim 1) must be a multiple of the {} ranks", x.size(1), p);
 }
 
-// Every rank's x, side by side along the last dim.
-Tensor gathered(const Tensor& x, Communicator& comm) {
+// This rank's part of x along the cut: [r n/p, (r+1) n/p).
+Tensor own_part(const Tensor& x, Communicator& comm, Cut cut) {
+  check_cut(x, comm.size(), cut, /*divides=*/true);
+  const int64_t d = dim_of(x, cut), part = x.size(d) / comm.size();
+  return x.narrow(d, comm.rank() * part, part).contiguous();
+}
+
+// Every rank's x, one after the other along the cut.
+Tensor gathered(const Tensor& x, Communicator& comm, Cut cut) {
+  check_cut(x, comm.size(), cut, /*divides=*/false);
   Tensor mine = x.contiguous();
+  const int64_t d = dim_of(mine, cut);
   Tensor all = empty({comm.size() * mine.numel()}, mine.options());
   comm.all_gather_into_tensor(all, mine.reshape({-1}));
-  // (p, ..., n) -> (..., p, n) -> (..., p n)
+  // (p, ..., n, ...) -> (..., p, n, ...) -> (..., p n, ...): the ranks' blocks moved in front of dim d
   Shape split = mine.sizes();
   split.insert(0, comm.size());
-  Tensor t = all.view(split);
   std::vector<int64_t> order;
-  for (int64_t d = 1; d < t.dim() - 1; ++d) order.push_back(d);
+  for (int64_t k = 1; k <= d; ++k) order.push_back(k);
   order.push_back(0);
-  order.push_back(t.dim() - 1);
+  for (int64_t k = d + 1; k < static_cast<int64_t>(split.size()); ++k) order.push_back(k);
   Shape out_shape = mine.sizes();
-  out_shape[out_shape.size() - 1] *= comm.size();
-  return t.permute(Shape(order)).contiguous().view(out_shape);
-}
-
-// ---- along the sequence: dim 1 of a (B, T, ...) activation ----
-
-void check_sequence(const Tensor& x, int64_t p, const char* who) {
-  KILN_CHECK(x.dim() >= 2, "{}: sequence parallelism cuts dim 1 of a (B, T, ...) activation; got shape {}", who,
-             x.sizes().str());
-  KILN_CHECK(x.size(1) % p == 0, "{}: the sequence ({} positions, dim 1) must be a multiple of the {} ranks", who,
-             x.size(1), p);
-}
-
-// This rank's positions [r T/p, (r+1) T/p) of dim 1.
-Tensor own_positions(const Tensor& x, Communicator& comm) {
-  check_sequence(x, comm.size(), "sequence parallel");
-  const int64_t part = x.size(1) / comm.size();
-  return x.narrow(1, comm.rank() * part, part).contiguous();
-}
-
-// Every rank's x, one after the other along dim 1.
-Tensor gathered_positions(const Tensor& x, Communicator& comm) {
-  KILN_CHECK(x.dim() >= 2, "sequence parallel: a (B, T, ...) activation is expected, got shape {}", x.sizes().str());
-  Tensor mine = x.contiguous();
-  Tensor all = empty({comm.size() * mine.numel()}, mine.options());
-  comm.all_gather_into_tensor(all, mine.reshape({-1}));
-  // (p, B, t, ...) -> (B, p, t, ...) -> (B, p t, ...)
-  Shape split = mine.sizes();
-  split.insert(0, comm.size());
-  std::vector<int64_t> order{1, 0};
-  for (int64_t d = 2; d < static_cast<int64_t>(split.size()); ++d) order.push_back(d);
-  Shape out_shape = mine.sizes();
-  out_shape[1] *= comm.size();
+  out_shape[static_cast<size_t>(d)] *= comm.size();
   return all.view(split).permute(Shape(order)).contiguous().view(out_shape);
 }
 
 // The sum over the ranks of x, of which each rank keeps its positions of dim 1.
 Tensor reduce_scattered_positions(const Tensor& x, Communicator& comm) {
-  check_sequence(x, comm.size(), "sequence parallel");
+  check_cut(x, comm.size(), Cut::kPositions, /*divides=*/true);
   const int64_t p = comm.size();
   // (B, p t, ...) -> (B, p, t, ...) -> (p, B, t, ...): rank r's part is block r
   Shape split = x.sizes();
@@ -95,16 +82,32 @@ Tensor reduce_scattered_positions(const Tensor& x, Communicator& comm) {
   return out;
 }
 
-struct GatherFromSequence : autograd::Function<GatherFromSequence> {
-  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm, bool output_grad_parallel) {
+// All-gather along the cut forward; backward, this rank's part of the gradient, or (sum_grad,
+// positions only) the sum over the ranks of their gradients at its part.
+struct Gather : autograd::Function<Gather> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm, Cut cut, bool sum_grad) {
     ctx->saved_data["comm"] = comm;
-    ctx->saved_data["parallel"] = output_grad_parallel;
-    return gathered_positions(x, *comm);
+    ctx->saved_data["cut"] = cut;
+    ctx->saved_data["sum"] = sum_grad;
+    return gathered(x, *comm, cut);
   }
   static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
     Communicator& comm = comm_of(ctx);
-    const bool parallel = std::any_cast<bool>(ctx->saved_data["parallel"]);
-    return {parallel ? reduce_scattered_positions(g[0], comm) : own_positions(g[0], comm), Tensor(), Tensor()};
+    const Cut cut = std::any_cast<Cut>(ctx->saved_data["cut"]);
+    const bool sum = std::any_cast<bool>(ctx->saved_data["sum"]);
+    return {sum ? reduce_scattered_positions(g[0], comm) : own_part(g[0], comm, cut), Tensor(), Tensor(), Tensor()};
+  }
+};
+
+// This rank's part along the cut forward; all-gather backward.
+struct Scatter : autograd::Function<Scatter> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm, Cut cut) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["cut"] = cut;
+    return own_part(x, *comm, cut);
+  }
+  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
+    return {gathered(g[0], comm_of(ctx), std::any_cast<Cut>(ctx->saved_data["cut"])), Tensor(), Tensor()};
   }
 };
 
@@ -114,17 +117,7 @@ struct ReduceScatterToSequence : autograd::Function<ReduceScatterToSequence> {
     return reduce_scattered_positions(x, *comm);
   }
   static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
-    return {gathered_positions(g[0], comm_of(ctx)), Tensor()};
-  }
-};
-
-struct ScatterToSequence : autograd::Function<ScatterToSequence> {
-  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
-    ctx->saved_data["comm"] = comm;
-    return own_positions(x, *comm);
-  }
-  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
-    return {gathered_positions(g[0], comm_of(ctx)), Tensor()};
+    return {gathered(g[0], comm_of(ctx), Cut::kPositions), Tensor()};
   }
 };
 
@@ -146,26 +139,6 @@ struct ReduceFromRegion : autograd::Function<ReduceFromRegion> {
   }
   static autograd::TensorList backward(autograd::AutogradContext*, autograd::TensorList g) {
     return {g[0], Tensor()};
-  }
-};
-
-struct GatherFromRegion : autograd::Function<GatherFromRegion> {
-  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
-    ctx->saved_data["comm"] = comm;
-    return gathered(x, *comm);
-  }
-  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
-    return {own_slice(g[0], comm_of(ctx)), Tensor()};
-  }
-};
-
-struct ScatterToRegion : autograd::Function<ScatterToRegion> {
-  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
-    ctx->saved_data["comm"] = comm;
-    return own_slice(x, *comm);
-  }
-  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
-    return {gathered(g[0], comm_of(ctx)), Tensor()};
   }
 };
 
@@ -198,20 +171,19 @@ Tensor reduce_from_tensor_parallel_region(const Tensor& x, Communicator& comm) {
   return ReduceFromRegion::apply(x, &comm);
 }
 Tensor gather_from_tensor_parallel_region(const Tensor& x, Communicator& comm) {
-  return GatherFromRegion::apply(x, &comm);
+  return Gather::apply(x, &comm, Cut::kFeatures, false);
 }
 Tensor scatter_to_tensor_parallel_region(const Tensor& x, Communicator& comm) {
-  return ScatterToRegion::apply(x, &comm);
+  return Scatter::apply(x, &comm, Cut::kFeatures);
 }
-
 Tensor gather_from_sequence_parallel_region(const Tensor& x, Communicator& comm, bool tensor_parallel_output_grad) {
-  return GatherFromSequence::apply(x, &comm, tensor_parallel_output_grad);
+  return Gather::apply(x, &comm, Cut::kPositions, tensor_parallel_output_grad);
 }
 Tensor reduce_scatter_to_sequence_parallel_region(const Tensor& x, Communicator& comm) {
   return ReduceScatterToSequence::apply(x, &comm);
 }
 Tensor scatter_to_sequence_parallel_region(const Tensor& x, Communicator& comm) {
-  return ScatterToSequence::apply(x, &comm);
+  return Scatter::apply(x, &comm, Cut::kPositions);
 }
 
 // ---- ColumnParallelLinear ----
@@ -272,7 +244,7 @@ RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, 
 void RowParallelLinear::load_full(const Tensor& w, const Tensor& b) {
   check_full("RowParallelLinear", w, b, out_features_, in_features_, bias.defined());
   NoGradGuard no_grad;
-  weight.copy_(own_slice(w, *comm_));
+  weight.copy_(own_part(w, *comm_, Cut::kFeatures));
   if (b.defined()) bias.copy_(b);
 }
 

@@ -208,9 +208,12 @@ void GradReducer::finish() {
       // backwards without sync) replaced: it holds the accumulation's gradient.
       NoGradGuard no_grad;
       const Tensor g = params_[k].grad();
-      if (g.defined()) check_grad(k, g);
-      if (g.defined()) slots_[k].copy_(g);
-      else slots_[k].zero_();
+      if (g.defined()) {
+        check_grad(k, g);
+        slots_[k].copy_(g);
+      } else {
+        slots_[k].zero_();
+      }
       params_[k].set_grad(slots_[k]);
     }
   }
