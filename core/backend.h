@@ -91,11 +91,14 @@ enum class RandomKind : uint8_t {
 };
 
 // The parameters of a draw. Uniform, Normal and Bernoulli read a and b; Randint reads low and range
-// (range = high - low >= 1), integers so that int64 bounds beyond 2^53 stay exact.
+// (range = high - low >= 1), integers so that int64 bounds beyond 2^53 stay exact. Element i of the
+// output is element first + i of the draw (Note [random element mapping]): a run of a larger draw's
+// elements, which need not start on a counter's boundary (ops::dropout_part).
 struct RandomArgs {
   double a = 0, b = 0;
   int64_t low = 0;
   uint64_t range = 0;
+  uint64_t first = 0;
 };
 
 // The geometry of a 2-D convolution (per dim: h, w).

@@ -23,9 +23,9 @@ void copy_norm(nn::LayerNorm& dst, const nn::LayerNorm& src) {
 ParallelGPT::Block::Block(const GPTConfig& c, const std::shared_ptr<distributed::Communicator>& tp,
                           bool sequence_parallel)
     : ln_1(c.n_embd, {.eps = c.layer_norm_eps}),
-      attn(c.n_embd, c.n_head, tp, sequence_parallel),
+      attn(c.n_embd, c.n_head, tp, sequence_parallel, c.dropout),
       ln_2(c.n_embd, {.eps = c.layer_norm_eps}),
-      mlp(c.n_embd, 4 * c.n_embd, tp, c.gelu_approximate, sequence_parallel),
+      mlp(c.n_embd, 4 * c.n_embd, tp, c.gelu_approximate, sequence_parallel, c.dropout),
       tp_(tp),
       sequence_parallel_(sequence_parallel) {
   register_modules({{"ln_1", ln_1}, {"attn", attn}, {"ln_2", ln_2}, {"mlp", mlp}});
@@ -52,8 +52,6 @@ ParallelGPT::ParallelGPT(GPTConfig c, std::shared_ptr<distributed::Communicator>
   KILN_CHECK(num_stages >= 1 && stage >= 0 && stage < num_stages && num_stages <= c.n_layer,
              "ParallelGPT: stage {} of {} does not fit a model of {} blocks: each of 1 to n_layer stages needs a "
              "block, and stage must be in [0, num_stages)", stage, num_stages, c.n_layer);
-  KILN_CHECK(c.dropout == 0, "ParallelGPT: dropout {} is not supported (its masks would need a random stream per "
-             "tensor-parallel slice); use dropout 0", c.dropout);
   KILN_CHECK(c.bias, "ParallelGPT: bias = false is not supported; its parallel layers have biases");
   // The whole model from the same random numbers that GPT(c) draws on one process; afterwards the
   // generator is where GPT(c) would have left it, whatever the parallel layers drew in between.
@@ -114,8 +112,33 @@ std::vector<distributed::TiedWeight> ParallelGPT::tied_weights() {
   return {};
 }
 
+// Note [dropout across stages]
+// GPT's forward draws its dropout masks in order: the embeddings' (B, T, C), then for each block
+// the attention probabilities' (B, n_head, T, T), the attention output's and the MLP output's
+// (B, T, C). A stage draws its own blocks' masks (its tensor-parallel layers their parts, Note
+// [dropout in parallel layers]) and reserves, without drawing, the counters of the other stages'
+// masks: those before its blocks first, those after them last. So every stage's generator moves
+// as one process's does, and each mask is the one GPT(config) draws from the same state, whatever
+// the grid; a pipeline's micro-batches draw as gradient accumulation does on one process.
+void ParallelGPT::reserve_dropout(int64_t first, int64_t last, bool embeddings, int64_t B, int64_t T) {
+  Generator& gen = default_generator();
+  const int64_t activation = B * T * config.n_embd;
+  if (embeddings) gen.reserve(activation);
+  for (int64_t i = first; i < last; ++i) {
+    gen.reserve(B * config.n_head * T * T);
+    gen.reserve(activation);
+    gen.reserve(activation);
+  }
+}
+
 Tensor ParallelGPT::forward(const Tensor& input) {
   Tensor x = input;
+  const bool drops = is_training() && config.dropout > 0;
+  const int64_t last_block = first_ + static_cast<int64_t>(h.size());
+  if (drops && !is_first_stage()) {
+    const int64_t T = sequence_parallel_ ? input.size(1) * tp_->size() : input.size(1);
+    reserve_dropout(0, first_, true, input.size(0), T);
+  }
   if (is_first_stage()) {
     KILN_CHECK(input.dim() == 2 && (input.dtype() == kInt64 || input.dtype() == kInt32),
                "ParallelGPT: the first stage expects token ids (B, T) of int64, got {} of shape {}",
@@ -125,10 +148,14 @@ Tensor ParallelGPT::forward(const Tensor& input) {
                "block_size = {}; crop it", T, config.block_size);
     KILN_CHECK(!sequence_parallel_ || T % tp_->size() == 0, "ParallelGPT: sequence parallel over {} ranks needs a "
                "sequence length that is a multiple of it, not {}", tp_->size(), T);
-    x = (*wte)(input) + (*wpe)(arange(0, T, 1, kInt64, input.device()));
+    x = nn::dropout((*wte)(input) + (*wpe)(arange(0, T, 1, kInt64, input.device())), config.dropout, is_training());
     if (sequence_parallel_) x = distributed::scatter_to_sequence_parallel_region(x, *tp_);
   }
   for (size_t j = 0; j < h.size(); ++j) x = h.at<Block>(j)(x);
+  if (drops && !is_last_stage()) {
+    const int64_t T = sequence_parallel_ ? x.size(1) * tp_->size() : x.size(1);
+    reserve_dropout(last_block, config.n_layer, false, x.size(0), T);
+  }
   if (!is_last_stage()) return x;
   // The head is whole on every rank: the gradient of the gathered positions is the same on each,
   // and each keeps its part of it.

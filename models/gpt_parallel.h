@@ -27,9 +27,13 @@
 // all-gather, the stages pass (B, T / p, C) to each other, and the last stage gathers the
 // positions before ln_f and the head. T must be a multiple of the tensor group's size.
 //
+// Dropout (in training) draws the masks GPT(config) draws on one process from the same generator
+// state: each rank its part of them, and each stage reserves the other stages' (Note [dropout
+// across stages], gpt_parallel.cpp), so the ranks' generators stay in step.
+//
 // Every rank builds the model from the same seed, and each keeps its slices, so the ranks hold
 // the same model that GPT(config) is on one process; load_from copies one's weights in. Not here:
-// dropout (it would need a random stream per slice) and bias = false.
+// bias = false.
 #pragma once
 
 #include <memory>
@@ -90,6 +94,9 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights {
   std::shared_ptr<nn::Linear> lm_head;
 
  private:
+  // Reserves the dropout counters of blocks [first, last) (and the embeddings') of a (B, T) batch.
+  void reserve_dropout(int64_t first, int64_t last, bool embeddings, int64_t B, int64_t T);
+
   std::shared_ptr<distributed::Communicator> tp_;
   int stage_, num_stages_;
   bool sequence_parallel_;

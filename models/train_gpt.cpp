@@ -410,6 +410,12 @@ int run(int argc, char** argv) {
       history.loss = extra.value("loss", std::vector<double>{});
       history.eval_step = extra.value("eval_step", std::vector<double>{});
       history.eval_loss = extra.value("eval_loss", std::vector<double>{});
+      // Dropout's masks go on from where they were (the same state on every rank); a checkpoint
+      // from before the state was saved resumes them from the seed's.
+      if (extra.contains("dropout_rng")) {
+        default_generator().set_state({extra.at("dropout_rng").at("seed").get<uint64_t>(),
+                                       extra.at("dropout_rng").at("offset").get<uint64_t>()});
+      }
     } catch (const json::exception& e) {
       KILN_FAIL("{}/checkpoint.json: its \"trainer\" entry is not train_gpt's loss history ({}): the checkpoint "
                 "is damaged", flags.get("resume"), e.what());
@@ -461,6 +467,8 @@ int run(int argc, char** argv) {
     c.config = json(r).dump();
     json extra{{"step", history.step}, {"loss", history.loss}, {"eval_step", history.eval_step},
                {"eval_loss", history.eval_loss}};
+    const Generator::State dropout_rng = default_generator().get_state();
+    extra["dropout_rng"] = {{"seed", dropout_rng.seed}, {"offset", dropout_rng.offset}};
     if (engine) extra["engine_tag"] = tag;
     c.extra = extra.dump();
     train::save_checkpoint(ckpt_dir, c);

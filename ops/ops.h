@@ -40,6 +40,13 @@ Tensor bernoulli(const Shape& shape, double p, TensorOptions options = {}, Gener
 // Zeroes each element with probability p (a bernoulli(1 - p) mask from gen) and scales the rest by
 // 1 / (1 - p); train = false or p = 0 returns the input itself, p = 1 gives zeros.
 Tensor dropout(const Tensor& input, double p = 0.5, bool train = true, Generator* gen = nullptr);
+// dropout of a part of a larger tensor: input holds indices [start, start + input.size(dim)) of
+// dim of a tensor that is `whole` long there and the same elsewhere. Its mask is that part of the
+// mask dropout would draw for the whole tensor from gen's state, and gen advances as for the whole.
+// So ranks that each hold a part of one activation (tensor or sequence parallelism) drop what one
+// process drops, and their generators stay in step (Note [random element mapping], core/generator.h).
+Tensor dropout_part(const Tensor& input, double p, bool train, int64_t dim, int64_t start, int64_t whole,
+                    Generator* gen = nullptr);
 Tensor empty_like(const Tensor& t);
 Tensor zeros_like(const Tensor& t);
 Tensor ones_like(const Tensor& t);

@@ -81,8 +81,8 @@ class Pipeline {
   // first stage and `target` on the last (the others may pass undefined tensors). Returns the
   // batch's mean loss on every rank. The stage's parameters get the gradient of that loss.
   Tensor train_batch(const Tensor& input, const Tensor& target);
-  // Forward only (no graph kept): the last stage's outputs of every micro-batch, concatenated
-  // along dim 0; undefined on the other stages.
+  // Forward only (no graph kept), with the stage in eval mode (put back after): the last stage's
+  // outputs of every micro-batch, concatenated along dim 0; undefined on the other stages.
   Tensor eval_batch(const Tensor& input);
 
   int stage_id() const { return comm_->rank(); }

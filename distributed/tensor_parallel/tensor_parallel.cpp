@@ -2,6 +2,8 @@
 // parallel layers (see tensor_parallel.h).
 #include "distributed/tensor_parallel/tensor_parallel.h"
 
+#include <cmath>
+
 #include "autograd/function.h"
 #include "core/grad_mode.h"
 #include "nn/functional.h"
@@ -36,6 +38,17 @@ void check_cut(const Tensor& x, int64_t p, Cut cut, bool divides) {
              "{}", x.sizes().str());
   KILN_CHECK(!divides || x.size(1) % p == 0,
              "sequence parallel: the sequence ({} positions, dim 1) must be a multiple of the {} ranks", x.size(1), p);
+}
+
+void check_dropout(double p, const char* layer) {
+  KILN_CHECK(p >= 0 && p < 1, "{}: dropout must be in [0, 1), got {}", layer, p);
+}
+
+// The dropout that ends a parallel layer, on its output (B, T, C): whole on every rank, each rank
+// drawing the same mask; sequence parallel, this rank's positions, with its part of that mask.
+Tensor output_dropout(const Tensor& y, double p, bool training, bool sequence_parallel, Communicator& comm) {
+  if (!sequence_parallel) return dropout(y, p, training);
+  return dropout_part(y, p, training, 1, comm.rank() * y.size(1), comm.size() * y.size(1));
 }
 
 // This rank's part of x along the cut: [r n/p, (r+1) n/p).
@@ -270,30 +283,39 @@ std::string RowParallelLinear::extra_repr() const {
 // ---- ParallelMLP ----
 
 ParallelMLP::ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm,
-                         std::string gelu_approximate, bool sequence_parallel)
+                         std::string gelu_approximate, bool sequence_parallel, double dropout)
     : fc(n_embd, hidden, comm, {.sequence_parallel = sequence_parallel}),
       proj(hidden, n_embd, comm, {.sequence_parallel = sequence_parallel}),
-      gelu_approximate_(std::move(gelu_approximate)) {
+      gelu_approximate_(std::move(gelu_approximate)),
+      dropout_(dropout),
+      sequence_parallel_(sequence_parallel),
+      comm_(std::move(comm)) {
   KILN_CHECK(gelu_approximate_ == "none" || gelu_approximate_ == "tanh",
              "ParallelMLP: gelu_approximate must be \"none\" or \"tanh\", not \"{}\"", gelu_approximate_);
+  check_dropout(dropout, "ParallelMLP");
   register_modules({{"fc", fc}, {"proj", proj}});
 }
 
-Tensor ParallelMLP::forward(const Tensor& input) { return proj(gelu(fc(input), gelu_approximate_)); }
+Tensor ParallelMLP::forward(const Tensor& input) {
+  return output_dropout(proj(gelu(fc(input), gelu_approximate_)), dropout_, is_training(), sequence_parallel_, *comm_);
+}
 
 // ---- ParallelSelfAttention ----
 
 ParallelSelfAttention::ParallelSelfAttention(int64_t n_embd, int64_t n_head, std::shared_ptr<Communicator> comm,
-                                             bool sequence_parallel)
+                                             bool sequence_parallel, double dropout)
     : c_attn((check_comm(comm, "ParallelSelfAttention"), n_embd), 3 * n_embd, comm,
              {.bias = true, .stride = 3, .sequence_parallel = sequence_parallel}),
       c_proj(n_embd, n_embd, comm, {.sequence_parallel = sequence_parallel}),
       n_embd_(n_embd),
       n_head_(n_head),
+      dropout_(dropout),
+      sequence_parallel_(sequence_parallel),
       comm_(std::move(comm)) {
   KILN_CHECK(n_head >= 1 && n_embd % n_head == 0 && n_head % comm_->size() == 0,
              "ParallelSelfAttention: n_head ({}) must divide n_embd ({}) and be a multiple of the {} ranks", n_head,
              n_embd, comm_->size());
+  check_dropout(dropout, "ParallelSelfAttention");
   local_heads_ = n_head_ / comm_->size();
   register_modules({{"c_attn", c_attn}, {"c_proj", c_proj}});
 }
@@ -310,9 +332,21 @@ Tensor ParallelSelfAttention::forward(const Tensor& x) {
   Tensor qkv = c_attn(x);  // (B, T, 3 local): this rank's heads' q, then k, then v (every position)
   const int64_t B = qkv.size(0), T = qkv.size(1), d = n_embd_ / n_head_, local = local_heads_ * d;
   auto heads = [&](int64_t i) { return qkv.narrow(2, i * local, local).reshape({B, T, local_heads_, d}).transpose(1, 2); };
-  Tensor y = scaled_dot_product_attention(heads(0), heads(1), heads(2), {}, 0.0, /*is_causal=*/true);
+  Tensor y;
+  if (is_training() && dropout_ > 0) {
+    // scaled_dot_product_attention's composed form, with this rank's heads' part of the
+    // probabilities' dropout mask over all n_head heads (B, n_head, T, T).
+    Tensor q = heads(0), k = heads(1);
+    Tensor scores = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(d)));
+    scores = scores.masked_fill(ones({T, T}, TensorOptions().dtype(kBool).device(x.device())).triu(1), -INFINITY);
+    Tensor probs = dropout_part(softmax(scores, -1), dropout_, true, 1, comm_->rank() * local_heads_, n_head_);
+    y = matmul(probs, heads(2));
+  } else {
+    y = scaled_dot_product_attention(heads(0), heads(1), heads(2), {}, 0.0, /*is_causal=*/true);
+  }
   // (B, T, C), summed over the ranks' heads (sequence parallel: this rank's T / p positions of it)
-  return c_proj(y.transpose(1, 2).reshape({B, T, local}));
+  return output_dropout(c_proj(y.transpose(1, 2).reshape({B, T, local})), dropout_, is_training(), sequence_parallel_,
+                        *comm_);
 }
 
 std::vector<Tensor> tensor_parallel_slices(nn::Module& module) {

@@ -122,30 +122,45 @@ class RowParallelLinear : public nn::Module {
   RowParallelLinearOptions options_;
 };
 
-// Megatron's parallel MLP: fc (column-parallel) -> GELU -> proj (row-parallel), n_embd -> hidden ->
-// n_embd, with one all-reduce forward and one backward. gelu_approximate: "none" (erf) or "tanh".
-// sequence_parallel: input and output are this rank's positions (an all-gather and a
-// reduce-scatter each way instead).
+// Megatron's parallel MLP: fc (column-parallel) -> GELU -> proj (row-parallel) -> dropout, n_embd ->
+// hidden -> n_embd, with one all-reduce forward and one backward. gelu_approximate: "none" (erf) or
+// "tanh". sequence_parallel: input and output are this rank's positions (an all-gather and a
+// reduce-scatter each way instead). dropout (in training) drops what nn::GeluMLP's would on one
+// process from the same generator state: see Note [dropout in parallel layers].
 class ParallelMLP : public nn::Module {
  public:
   ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm,
-              std::string gelu_approximate = "none", bool sequence_parallel = false);
+              std::string gelu_approximate = "none", bool sequence_parallel = false, double dropout = 0.0);
   Tensor forward(const Tensor& input) override;
   ColumnParallelLinear fc;
   RowParallelLinear proj;
 
  private:
   std::string gelu_approximate_;
+  double dropout_;
+  bool sequence_parallel_;
+  std::shared_ptr<Communicator> comm_;
 };
 
 // Causal multi-head self-attention with the heads split among the ranks (n_head a multiple of p):
 // q, k, v of this rank's heads from one column-parallel projection, attention on them alone, and a
 // row-parallel output projection. Input and output (B, T, C) whole on every rank (sequence_parallel:
-// (B, T / p, C), this rank's positions; attention itself sees every position).
+// (B, T / p, C), this rank's positions; attention itself sees every position). dropout (in
+// training) on the attention probabilities and on the output, as nn::CausalSelfAttention's.
+//
+// Note [dropout in parallel layers]
+// Each dropout draws, from the default generator, the mask that one process would draw for the
+// whole activation, and every rank keeps its part (ops::dropout_part): the probabilities'
+// (B, n_head, T, T) mask cut by heads, a sequence-parallel output's (B, T, C) mask cut by
+// positions; an output whole on every rank takes the whole mask on each. So the ranks of a tensor
+// group, seeded alike, stay in step and drop what nn::CausalSelfAttention and nn::GeluMLP drop on
+// one process from the same state. (Megatron instead forks a generator seeded per tensor rank for
+// the probabilities, so its masks change with the number of ranks.) With dropout, the
+// probabilities are computed op by op, as scaled_dot_product_attention does with dropout.
 class ParallelSelfAttention : public nn::Module {
  public:
   ParallelSelfAttention(int64_t n_embd, int64_t n_head, std::shared_ptr<Communicator> comm,
-                        bool sequence_parallel = false);
+                        bool sequence_parallel = false, double dropout = 0.0);
   Tensor forward(const Tensor& input) override;
   // Sets the slices from a whole layer's c_attn (3C, C) (q, k and v stacked, as GPT-2's) and c_proj (C, C).
   void load_full(const Tensor& attn_weight, const Tensor& attn_bias, const Tensor& proj_weight,
@@ -155,6 +170,8 @@ class ParallelSelfAttention : public nn::Module {
 
  private:
   int64_t n_embd_, n_head_, local_heads_;
+  double dropout_;
+  bool sequence_parallel_;
   std::shared_ptr<Communicator> comm_;
 };
 

@@ -1,7 +1,8 @@
 // tests/distributed/test_gpt_parallel.cpp: models::ParallelGPT, GPT-2 tensor-parallel (sequence
 // parallel or not) and cut into pipeline stages, against GPT on one process: the logits and every
 // gradient slice, training through kiln::Engine on every data x pipeline x tensor grid that the
-// ranks make, and a head tied to the embedding across stages.
+// ranks make (with dropout too: the same masks as one process's), and a head tied to the
+// embedding across stages.
 #include <filesystem>
 
 #include "models/gpt_parallel.h"
@@ -41,10 +42,11 @@ Tensor row_slice(const Tensor& w, int r, int p) { return w.narrow(1, r * w.size(
 TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient slices equal GPT's", "[distributed]") {
   auto tp = init("mpi");
   const int r = tp->rank(), p = tp->size();
-  models::GPTConfig c = small_config(2, /*tie=*/true);
-  c.gelu_approximate = "tanh";
-  for (bool sequence_parallel : {false, true}) {
-    INFO("sequence parallel " << sequence_parallel);
+  for (auto [sequence_parallel, dropout] : {std::pair{false, 0.0}, {true, 0.0}, {false, 0.2}, {true, 0.2}}) {
+    INFO("sequence parallel " << sequence_parallel << ", dropout " << dropout);
+    models::GPTConfig c = small_config(2, /*tie=*/true);
+    c.gelu_approximate = "tanh";
+    c.dropout = dropout;
     manual_seed(5);
     models::GPT whole(c);
     const Generator::State after = default_generator().get_state();
@@ -54,7 +56,15 @@ TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient sli
     CHECK(default_generator().get_state().offset == after.offset);
     Tensor idx = randint(0, c.vocab_size, {3, 12});
     Tensor targets = randint(0, c.vocab_size, {3, 12});
-    Tensor logits = whole(idx), logits_par = par(idx);
+    // With dropout, both draw their masks from the same state (each rank its part of them), and
+    // leave the generator in the same place.
+    const Generator::State before = default_generator().get_state();
+    Tensor logits = whole(idx);
+    const uint64_t after_whole = default_generator().offset();
+    default_generator().set_state(before);
+    Tensor logits_par = par(idx);
+    CHECK(default_generator().offset() == after_whole);
+    CHECK((after_whole > before.offset) == (dropout > 0));
     check_close(logits_par, logits, {1e-5, 1e-6});
     models::GPT::loss(logits, targets).backward();
     models::ParallelGPT::loss(logits_par, targets).backward();
@@ -88,8 +98,8 @@ TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient sli
     }
   }
   models::GPTConfig drop = small_config(2, false);
-  drop.dropout = 0.1;
-  check_error([&] { models::ParallelGPT(drop, tp); }, {"dropout 0.1 is not supported"});
+  drop.dropout = 1.0;
+  check_error([&] { models::ParallelGPT(drop, tp); }, {"dropout must be in [0, 1), got 1"});
   check_error([&] { models::ParallelGPT(small_config(2, false), tp, 0, 3); }, {"stage 0 of 3 does not fit"});
 }
 
@@ -97,17 +107,24 @@ TEST_CASE("ParallelGPT: trained through the engine on every grid shape, sequence
           "[distributed]") {
   auto world = init("mpi");
   const int n = world->size();
-  std::vector<std::pair<GridSizes, bool>> runs;  // (grid, sequence parallel)
+  struct Run {
+    GridSizes sizes;
+    bool sequence_parallel;
+    double dropout;
+  };
+  std::vector<Run> runs;
   for (const GridSizes& sizes : kiln::test::grid_shapes(n)) {
-    runs.emplace_back(sizes, false);
-    if (sizes.tensor > 1) runs.emplace_back(sizes, true);
+    runs.push_back({sizes, false, 0.0});
+    if (sizes.tensor > 1) runs.push_back({sizes, true, 0.0});
+    runs.push_back({sizes, sizes.tensor > 1, 0.1});
   }
-  for (const auto& [sizes, sequence_parallel] : runs) {
+  for (const auto& [sizes, sequence_parallel, dropout] : runs) {
     const int data = n / (sizes.tensor * sizes.pipeline);
     INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", data " << data << ", sequence parallel "
-                   << sequence_parallel);
+                   << sequence_parallel << ", dropout " << dropout);
     ParallelGrid grid(world, sizes);
-    const models::GPTConfig c = small_config(4, /*tie=*/true);  // across stages: a copy on the last
+    models::GPTConfig c = small_config(4, /*tie=*/true);  // across stages: a copy on the last
+    c.dropout = dropout;
     manual_seed(23);
     models::GPT whole(c);
     manual_seed(23);
@@ -122,14 +139,31 @@ TEST_CASE("ParallelGPT: trained through the engine on every grid shape, sequence
     for (int step = 0; step < 3; ++step) {
       INFO("step " << step);
       Tensor idx = randint(0, c.vocab_size, {rows, 12}), targets = randint(0, c.vocab_size, {rows, 12});
+      // One process, as the grid: micro-batch k of every data replica from the same generator state
+      // (the ranks are seeded alike), so with dropout each draws the masks a stage draws for it.
+      const Generator::State start = default_generator().get_state();
       opt_ref.zero_grad();
-      Tensor loss_ref = models::GPT::loss(whole(idx), targets);
-      loss_ref.backward();
+      Tensor loss_ref = zeros({});
+      const int64_t micro = shard / 2;
+      for (int64_t k = 0; k < 2; ++k) {
+        const Generator::State state = default_generator().get_state();
+        for (int64_t replica = 0; replica < data; ++replica) {
+          default_generator().set_state(state);
+          const int64_t first = replica * shard + k * micro;
+          Tensor l = models::GPT::loss(whole(idx.narrow(0, first, micro)), targets.narrow(0, first, micro)) /
+                     static_cast<double>(2 * data);
+          l.backward();
+          loss_ref = loss_ref + l.detach();
+        }
+      }
+      const Generator::State end = default_generator().get_state();
       const double norm_ref = nn::utils::clip_grad_norm_(whole.parameters(), 1.0).item<double>();
       opt_ref.step();
       const int d = grid.data_rank();
+      default_generator().set_state(start);
       Tensor loss = engine.train_batch(idx.narrow(0, d * shard, shard), targets.narrow(0, d * shard, shard));
-      check_close(loss, loss_ref.detach(), {1e-5, 1e-6});
+      CHECK(default_generator().offset() == end.offset);  // every stage's generator moved as one process's
+      check_close(loss, loss_ref, {1e-5, 1e-6});
       CHECK(engine.get_global_grad_norm() == Approx(norm_ref).epsilon(1e-5));
     }
     // Every weight of this rank's stage and slices, against the whole model's.

@@ -20,6 +20,7 @@ constexpr int kLayers = 8;
 struct Layers : nn::Module {
   std::vector<std::shared_ptr<nn::Linear>> layers;
   int begin, end;
+  int eval_forwards = 0;  // forwards run in eval mode
   Layers(int b, int e) : begin(b), end(e) {
     for (int i = b; i < e; ++i) {
       const int64_t in = i == 0 ? 12 : 16, out = i == kLayers - 1 ? 5 : 16;
@@ -28,6 +29,7 @@ struct Layers : nn::Module {
     }
   }
   Tensor forward(const Tensor& x) override {
+    if (!is_training()) ++eval_forwards;
     Tensor h = x;
     for (int i = begin; i < end; ++i) {
       h = (*layers[static_cast<size_t>(i - begin)])(h);
@@ -101,9 +103,13 @@ TEST_CASE("pipeline: GPipe and 1F1B on p stages match one process over 20 steps"
       check_close(stage.layers[static_cast<size_t>(i - begin)]->bias, ref.layers[static_cast<size_t>(i)]->bias,
                   {1e-5, 1e-6});
     }
-    // Forward only: the last stage gets the whole batch's outputs.
+    // Forward only: the last stage gets the whole batch's outputs. Every micro-batch runs in eval
+    // mode (as DeepSpeed's eval_batch), and the stage is back in training mode afterwards.
+    CHECK(stage.eval_forwards == 0);
     auto [x, y] = batch(99, rows);
     Tensor out = pipe.eval_batch(s == 0 ? x : Tensor());
+    CHECK(stage.eval_forwards == m);
+    CHECK(stage.is_training());
     if (s == p - 1) {
       NoGradGuard no_grad;
       check_close(out, ref(x), {1e-5, 1e-6});

@@ -1,8 +1,8 @@
 # tests/models/gpt_grid_check.cmake: train_gpt --tensor-parallel / --pipeline-parallel (models::ParallelGPT
-# through kiln::Engine over a grid) on 2 ranks.
+# through kiln::Engine over a grid) on 2 ranks, with dropout 0.1 (the ranks drop what one rank drops).
 #   1. Tensor parallel over 2 ranks, with and without sequence parallelism, trains as one rank
-#      does: the loss of every step within 1e-5 relative (the same windows, the same arithmetic
-#      summed in another order).
+#      does: the loss of every step within 1e-5 relative (the same windows and dropout masks, the
+#      same arithmetic summed in another order).
 #   2. Two pipeline stages (the head tied to the embedding across them) train as one rank does
 #      too; stopped at step 3 and resumed, they equal a run straight through, bit for bit: the
 #      loss of every step and the validation losses. A checkpoint without head_tied_across_stages
@@ -19,7 +19,7 @@ file(WRITE ${WORK}/ds.json [=[{
   "steps_per_print": 1000, "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
   "zero_optimization": {"stage": 1}
 }]=])
-set(model --n-layer 2 --context 16 --corpus ${WORK}/corpus.txt --deepspeed-config ${WORK}/ds.json)
+set(model --n-layer 2 --context 16 --dropout 0.1 --corpus ${WORK}/corpus.txt --deepspeed-config ${WORK}/ds.json)
 set(run --eval-every 3 --eval-batches 1 --log-every 1 --sample 0 --threads 1 --quiet)
 
 # 1. Tensor parallel equals one rank.

@@ -1,5 +1,6 @@
-# tests/models/gpt_resume_check.cmake: train_gpt --autocast fp16, stopped and resumed, equals one run
-# straight through, bit for bit, loss scale included: 3 steps, save, resume to 6 == 6 steps. On
+# tests/models/gpt_resume_check.cmake: train_gpt --autocast fp16 --dropout 0.1, stopped and resumed,
+# equals one run straight through, bit for bit, loss scale and dropout masks included (the masks'
+# generator state is in the checkpoint): 3 steps, save, resume to 6 == 6 steps. On
 # windows of 2 bytes the float16 gradients of a tiny model overflow at the first scale (2^16), so the
 # GradScaler skips steps and changes its state before the stop. Then a checkpoint without the scaler
 # state (as those saved before train_gpt kept it) resumes with a fresh scaler, and its run differs.
@@ -8,7 +9,8 @@ file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
 include(${CMAKE_CURRENT_LIST_DIR}/train_check.cmake)
 write_test_corpus(${WORK}/corpus.txt)
-set(model --n-layer 1 --n-head 2 --n-embd 32 --context 2 --batch-size 1 --autocast fp16 --corpus ${WORK}/corpus.txt)
+set(model --n-layer 1 --n-head 2 --n-embd 32 --context 2 --batch-size 1 --autocast fp16 --dropout 0.1
+          --corpus ${WORK}/corpus.txt)
 set(run --eval-batches 1 --sample 0 --threads 1)
 
 # The last line's numbers: "train loss L, validation loss V; loss scale S, K steps skipped".

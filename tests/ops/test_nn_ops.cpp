@@ -1,6 +1,6 @@
 // tests/ops/test_nn_ops.cpp: what the op table (op_table.cpp) cannot say about the nn ops: dropout's
 // randomness (its exact relation to the bernoulli mask, its statistics, determinism for a seeded
-// Generator), the number forms of the pooling kernel size, and the CNN-sized conv and pool paths (the
+// Generator, dropout_part's parts of the whole mask), the number forms of the pooling kernel size, and the CNN-sized conv and pool paths (the
 // multi-threaded batch split and the 2x2 pooling loop) against an independent float64 computation, and
 // the contiguous fast paths of the index kernels against their strided path and an explicit loop.
 #include "support.h"
@@ -45,6 +45,49 @@ TEST_CASE("dropout: eval and p = 0 return the input, p = 1 zeros, the gradient i
   out.sum().backward();
   Tensor mask = bernoulli({4, 5}, 0.75, kFloat32, &g_mask);
   test::check_close(x.grad(), mask / 0.75, test::Tolerance{0, 0});
+}
+
+TEST_CASE("dropout_part: each part's mask is that part of the whole tensor's, and the generator moves as for it",
+          "[ops][dropout]") {
+  // Odd sizes, so that most parts start in the middle of a counter's pair of words.
+  const Shape whole_shape{3, 7, 5, 3};
+  for (int64_t dim : {0, 1, 2, 3, -1}) {
+    for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+      INFO("dim " << dim << ", " << dtype_name(dt));
+      Tensor x = test::sample(whole_shape).to(dt);
+      const int64_t d = dim < 0 ? dim + 4 : dim, n = whole_shape[static_cast<size_t>(d)];
+      Generator g_whole(42);
+      Tensor expected = dropout(x, 0.4, true, &g_whole);
+      // Cut into parts of 1, 2, ... along the dim (whatever is left the last).
+      for (int64_t start = 0, len = 1; start < n; start += len, ++len) {
+        len = std::min(len, n - start);
+        INFO("part [" << start << ", " << start + len << ")");
+        Generator g(42);
+        Tensor out = dropout_part(x.narrow(d, start, len), 0.4, true, dim, start, n, &g);
+        test::check_close(out, expected.narrow(d, start, len), test::Tolerance{0, 0});
+        CHECK(g.offset() == g_whole.offset());
+      }
+    }
+  }
+  // The gradient is the part of the scaled mask; eval and p = 0 return the input, p = 1 zeros.
+  Tensor x = test::sample({4, 6}).requires_grad_();
+  Generator g(3), g_mask(3);
+  dropout_part(x.narrow(1, 1, 3), 0.25, true, 1, 1, 6, &g).sum().backward();
+  Tensor mask = bernoulli({4, 6}, 0.75, kFloat32, &g_mask) / 0.75;
+  test::check_close(x.grad().narrow(1, 1, 3), mask.narrow(1, 1, 3), test::Tolerance{0, 0});
+  CHECK(dropout_part(x, 0.5, false, 1, 0, 6).impl_ptr() == x.impl_ptr());
+  CHECK(dropout_part(x, 0.0, true, 1, 0, 6).impl_ptr() == x.impl_ptr());
+  test::check_close(dropout_part(x, 1.0, true, 1, 0, 6), zeros({4, 6}), test::Tolerance{0, 0});
+  // Default generator: the same as dropout's from the same state.
+  manual_seed(11);
+  Tensor expected = dropout(x, 0.5, true);
+  manual_seed(11);
+  test::check_close(dropout_part(x.narrow(0, 2, 2), 0.5, true, 0, 2, 4), expected.narrow(0, 2, 2),
+                    test::Tolerance{0, 0});
+  test::check_error([&] { dropout_part(x, 0.5, true, 1, 1, 6); }, {"indices [1, 7) of dim 1", "whole tensor 6 long"});
+  test::check_error([&] { dropout_part(x, 0.5, true, 2, 0, 6); }, {"dropout_part", "dim 2"});
+  test::check_error([&] { dropout_part(x, 1.5, true, 1, 0, 6); }, {"dropout_part", "[0, 1]", "1.5"});
+  test::check_error([&] { dropout_part(tensor({1.0f}).reshape({}), 0.5, true, 0, 0, 1); }, {"a scalar has none"});
 }
 
 TEST_CASE("pooling takes the kernel size as one number", "[ops][pool]") {
