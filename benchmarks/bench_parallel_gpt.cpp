@@ -10,15 +10,18 @@
 // on the last stage, whose gradient goes to the first and which gets the new weight back) and once
 // untied, to measure what the tie costs a pipeline; and on grids with a tensor axis, tied and with
 // sequence parallelism (the activations between the tensor-parallel layers cut along the sequence
-// among the tensor group). A step is 16
+// among the tensor group); and tied with dropout 0.1 (with and without sequence parallelism on the
+// tensor grids), each rank drawing its part of the masks one process draws. A step is 16
 // windows of 128 bytes in all, cut into 4 micro-batches per data-parallel rank, float32, AdamW
 // (DeepSpeed's "AdamW", fused), clipping at 1.0, ZeRO stage 1 over the data axis. Per grid: ms per
 // step (the median over rounds of each round's mean, the slowest rank's), tokens per second, the
-// ratio to the data-parallel grid's time (of the same head), the ratio to the same grid's time with
-// the untied head (without sequence parallelism), the largest increment of a rank's tensor memory
+// ratio to the data-parallel grid's time (of the same head and dropout), the ratio to the same grid's
+// time with the untied head (without sequence parallelism or dropout), the ratio to the same run
+// without dropout, the largest increment of a rank's tensor memory
 // during a round's steps (its activations and the other transient tensors, over what the models
 // hold), and the loss after the last step (the same on every grid of one head, up to the summation
-// order: the same training). The runs take turns, round after round.
+// order: the same training; with dropout, on every grid of one data rank, whose micro-batches and
+// so masks are one process's). The runs take turns, round after round.
 // PyTorch and LibTorch have no tensor or pipeline parallelism of their own to set beside this.
 #include <kiln/kiln.h>
 
@@ -50,6 +53,7 @@ int main(int argc, char** argv) {
   struct Run {
     GridSizes sizes;
     bool tied = true, sequence_parallel = false;
+    double dropout = 0;
     std::unique_ptr<ParallelGrid> grid;
     std::unique_ptr<models::ParallelGPT> stage;
     std::unique_ptr<Engine> engine;
@@ -58,7 +62,12 @@ int main(int argc, char** argv) {
     double loss = 0;
   };
   std::vector<Run> runs;
-  for (const auto& [tied, sequence_parallel] : {std::pair{true, false}, std::pair{false, false}, std::pair{true, true}}) {
+  struct Variant {
+    bool tied, sequence_parallel;
+    double dropout;
+  };
+  for (const auto& [tied, sequence_parallel, dropout] :
+       {Variant{true, false, 0}, {false, false, 0}, {true, true, 0}, {true, false, 0.1}, {true, true, 0.1}}) {
     for (int t = 1; t <= n; ++t) {
       if (sequence_parallel && t == 1) continue;
       for (int p = 1; t * p <= n; ++p) {
@@ -69,8 +78,10 @@ int main(int argc, char** argv) {
         r.sizes = {.tensor = t, .pipeline = p};
         r.tied = tied;
         r.sequence_parallel = sequence_parallel;
+        r.dropout = dropout;
         models::GPTConfig c = config;
         c.tie_weights = tied;
+        c.dropout = dropout;
         r.grid = std::make_unique<ParallelGrid>(world, r.sizes);
         manual_seed(7);
         r.stage = std::make_unique<models::ParallelGPT>(c, r.grid->tensor(), r.grid->pipeline_rank(), p,
@@ -116,11 +127,12 @@ int main(int argc, char** argv) {
       r.peak_mib = std::max(r.peak_mib, kiln_bench::slowest(*world, mib));
     }
   }
-  // The data-parallel grid's time for each head, and each grid's time with the other head.
-  auto time_of = [&](bool tied, GridSizes sizes) {
+  // The data-parallel grid's time for each head and dropout, each grid's time with the other head,
+  // and each run's time without dropout.
+  auto time_of = [&](bool tied, GridSizes sizes, bool sequence_parallel = false, double dropout = 0) {
     for (const Run& r : runs) {
-      if (r.tied == tied && !r.sequence_parallel && r.sizes.tensor == sizes.tensor &&
-          r.sizes.pipeline == sizes.pipeline) {
+      if (r.tied == tied && r.sequence_parallel == sequence_parallel && r.dropout == dropout &&
+          r.sizes.tensor == sizes.tensor && r.sizes.pipeline == sizes.pipeline) {
         return kiln_bench::median(r.ms);
       }
     }
@@ -130,17 +142,20 @@ int main(int argc, char** argv) {
     for (const Run& r : runs) {
       const double ms = kiln_bench::median(r.ms);
       const double lo = *std::min_element(r.ms.begin(), r.ms.end()), hi = *std::max_element(r.ms.begin(), r.ms.end());
-      const double base = time_of(r.tied, {.tensor = 1, .pipeline = 1}), untied = time_of(false, r.sizes);
+      const double base = time_of(r.tied, {.tensor = 1, .pipeline = 1}, false, r.dropout);
+      const double untied = r.dropout == 0 ? time_of(false, r.sizes) : 0.0;
+      const double no_dropout = r.dropout > 0 ? time_of(r.tied, r.sizes, r.sequence_parallel) : 0.0;
       std::printf("{\"bench\":\"parallel_gpt\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
-                  "\"tensor\":%d,\"pipeline\":%d,\"data\":%d,\"model\":\"%s\",\"sequence_parallel\":%s,\"windows_per_step\":%lld,"
+                  "\"tensor\":%d,\"pipeline\":%d,\"data\":%d,\"model\":\"%s\",\"sequence_parallel\":%s,\"dropout\":%.2f,\"windows_per_step\":%lld,"
                   "\"micro_batches\":%lld,\"steps\":%d,\"rounds\":%d,\"ms_per_step\":%.2f,\"ms_min\":%.2f,"
                   "\"ms_max\":%.2f,\"tokens_per_s\":%.0f,\"time_vs_data_parallel\":%.3f,\"time_vs_untied\":%.3f,"
+                  "\"time_vs_no_dropout\":%.3f,"
                   "\"peak_increment_mib\":%.1f,\"loss_after\":%.6f}\n",
                   n, r.sizes.tensor, r.sizes.pipeline, n / (r.sizes.tensor * r.sizes.pipeline),
-                  r.tied ? "gpt_char" : "gpt_char_untied", r.sequence_parallel ? "true" : "false",
+                  r.tied ? "gpt_char" : "gpt_char_untied", r.sequence_parallel ? "true" : "false", r.dropout,
                   static_cast<long long>(windows), static_cast<long long>(micro_batches), steps, rounds, ms, lo, hi,
                   static_cast<double>(windows * config.block_size) / (ms / 1e3), base > 0 ? ms / base : 0.0,
-                  untied > 0 ? ms / untied : 0.0, r.peak_mib, r.loss);
+                  untied > 0 ? ms / untied : 0.0, no_dropout > 0 ? ms / no_dropout : 0.0, r.peak_mib, r.loss);
     }
     std::fflush(stdout);
   }

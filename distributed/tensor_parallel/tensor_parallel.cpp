@@ -134,6 +134,35 @@ struct ReduceScatterToSequence : autograd::Function<ReduceScatterToSequence> {
   }
 };
 
+// A sequence-parallel column-parallel layer, y = gathered(x) W^T + b, that keeps only this rank's
+// positions x for backward and all-gathers them again there for the weight's gradient (Megatron's
+// LinearWithGradAccumulationAndAsyncCommunication under sequence_parallel): T / p positions of
+// memory instead of T, for one more all-gather. The input's gradient is reduce-scattered, as the
+// gather's backward does.
+struct GatheredLinear : autograd::Function<GatheredLinear> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, const Tensor& weight, const Tensor& bias,
+                        Communicator* comm) {
+    ctx->saved_data["comm"] = comm;
+    ctx->saved_data["bias"] = bias.defined();
+    ctx->save_for_backward({x, weight});
+    return nn::linear(gathered(x, *comm, Cut::kPositions), weight, bias);
+  }
+  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
+    Communicator& comm = comm_of(ctx);
+    const autograd::TensorList saved = ctx->get_saved_variables();
+    const Tensor& gy = g[0];  // (..., T, out / p), in the output's dtype (autocast's, if it ran under one)
+    const Tensor w = saved[1].to(gy.dtype());
+    const int64_t out = w.size(0), in = w.size(1);
+    // Every rank runs both collectives, whatever it needs.
+    Tensor x = gathered(saved[0], comm, Cut::kPositions).to(gy.dtype());
+    Tensor gx = reduce_scattered_positions(matmul(gy, w), comm);
+    Tensor rows = gy.reshape({-1, out});
+    Tensor gw = ctx->needs_input_grad(1) ? matmul(rows.t(), x.reshape({-1, in})) : Tensor();
+    Tensor gb = ctx->needs_input_grad(2) && std::any_cast<bool>(ctx->saved_data["bias"]) ? rows.sum(Shape{0}) : Tensor();
+    return {gx, gw, gb, Tensor()};
+  }
+};
+
 // f: identity forward, all-reduce backward.
 struct CopyToRegion : autograd::Function<CopyToRegion> {
   static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
@@ -224,9 +253,8 @@ void ColumnParallelLinear::load_full(const Tensor& w, const Tensor& b) {
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& input) {
-  Tensor x = options_.sequence_parallel ? gather_from_sequence_parallel_region(input, *comm_)
-                                        : copy_to_tensor_parallel_region(input, *comm_);
-  Tensor y = nn::linear(x, weight, bias);
+  Tensor y = options_.sequence_parallel ? GatheredLinear::apply(input, weight, bias, comm_.get())
+                                        : nn::linear(copy_to_tensor_parallel_region(input, *comm_), weight, bias);
   return options_.gather_output ? gather_from_tensor_parallel_region(y, *comm_) : y;
 }
 

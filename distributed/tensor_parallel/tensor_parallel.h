@@ -33,9 +33,10 @@
 // The all-reduce that ends a row-parallel layer becomes a reduce-scatter along the sequence, and
 // the input of a column-parallel layer is first all-gathered along it. That moves the same bytes
 // as the all-reduce it replaces (an all-reduce is a reduce-scatter and an all-gather), and what
-// the LayerNorms and residual adds keep for backward takes 1/p of the memory (a column-parallel
-// layer still keeps its gathered input for its weight's gradient; Megatron gathers it again in
-// backward instead):
+// the LayerNorms and residual adds keep for backward takes 1/p of the memory. A column-parallel
+// layer keeps only its input's positions too, and all-gathers them again in backward for its
+// weight's gradient (as Megatron does): one more all-gather per layer, for T / p positions of
+// memory instead of T. The functions:
 //   gather_from_sequence_parallel_region        forward: all-gather along dim 1
 //                                               backward: reduce-scatter (tensor_parallel_output_grad)
 //                                               or keep this rank's part (the consumer is whole on
@@ -76,7 +77,9 @@ struct ColumnParallelLinearOptions {
   // Megatron's partition stride: the weight's rows are `stride` blocks (q, k and v: 3), each cut
   // among the ranks, and a rank's slice is its piece of every block, stacked.
   int64_t stride = 1;
-  bool sequence_parallel = false;  // the input is this rank's positions: all-gathered along dim 1 first
+  // The input is this rank's positions: all-gathered along dim 1 first (and again in backward,
+  // for the weight's gradient, rather than kept).
+  bool sequence_parallel = false;
 };
 
 class ColumnParallelLinear : public nn::Module {

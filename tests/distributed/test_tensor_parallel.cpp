@@ -3,6 +3,8 @@
 // parallel layers built from the same seed compute what nn::Linear, nn::GeluMLP and
 // nn::CausalSelfAttention compute on one process, forward, backward and over 20 training steps;
 // and so do they with sequence parallelism, on each rank's positions of the sequence.
+#include <algorithm>
+
 #include "support.h"
 
 using namespace kiln;
@@ -195,6 +197,40 @@ TEST_CASE("sequence parallel: ParallelMLP and ParallelSelfAttention on each rank
     check_close(mlp.fc.weight.grad(), ref.c_fc.weight.grad().narrow(0, r * 4 * C / p, 4 * C / p), tol);
     check_close(mlp.proj.weight.grad(), ref.c_proj.weight.grad().narrow(1, r * 4 * C / p, 4 * C / p), tol);
     check_close(mlp.proj.bias.grad(), ref.c_proj.bias.grad(), tol);  // the positions' parts, summed
+    check_close(mlp.fc.bias.grad(), ref.c_fc.bias.grad().narrow(0, r * 4 * C / p, 4 * C / p), tol);
+  }
+  // A column-parallel layer keeps only this rank's positions for backward (not the gathered
+  // sequence) and gathers them again there; with a bias and without, the weight frozen or not.
+  for (auto [bias, frozen] : {std::pair{true, false}, {false, false}, {true, true}}) {
+    INFO("bias " << bias << ", frozen weight " << frozen);
+    manual_seed(17);
+    nn::Linear ref(C, 2 * C, {.bias = bias});
+    manual_seed(17);
+    ColumnParallelLinear fc(C, 2 * C, comm, {.bias = bias, .sequence_parallel = true});
+    fc.weight.requires_grad_(!frozen);
+    const int64_t out = 2 * C / p;
+    Tensor x = kiln::test::sample({2, T, C}, kFloat32, 0.3), cot = kiln::test::sample({2, T, 2 * C}, kFloat32, 0.8);
+    Tensor xr = x.clone().requires_grad_(), xp = positions(x).requires_grad_();
+    std::vector<int64_t> saved;  // the elements of each activation saved for backward (a frozen weight too)
+    Tensor yp;
+    {
+      autograd::SavedTensorHooksGuard hooks({[&](const Tensor& t) {
+                                               if (!t.is_same(fc.weight)) saved.push_back(t.numel());
+                                               return t;
+                                             },
+                                             [](const Tensor& t) { return t; }});
+      yp = fc(xp * 1.0);  // not a leaf, so its saving goes through the hooks
+    }
+    REQUIRE_FALSE(saved.empty());
+    CHECK(*std::max_element(saved.begin(), saved.end()) == 2 * (T / p) * C);  // (B, T / p, C), not (B, T, C)
+    Tensor yr = ref(xr);
+    check_close(yp, yr.narrow(2, r * out, out), tol);
+    (yr * cot).sum().backward();
+    (yp * cot.narrow(2, r * out, out)).sum().backward();
+    check_close(xp.grad(), positions(xr.grad()), tol);
+    CHECK(fc.weight.grad().defined() == !frozen);
+    if (!frozen) check_close(fc.weight.grad(), ref.weight.grad().narrow(0, r * out, out), tol);
+    if (bias) check_close(fc.bias.grad(), ref.bias.grad().narrow(0, r * out, out), tol);
   }
   {
     manual_seed(13);
