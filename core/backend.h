@@ -91,14 +91,18 @@ enum class RandomKind : uint8_t {
 };
 
 // The parameters of a draw. Uniform, Normal and Bernoulli read a and b; Randint reads low and range
-// (range = high - low >= 1), integers so that int64 bounds beyond 2^53 stay exact. Element i of the
-// output is element first + i of the draw (Note [random element mapping]): a run of a larger draw's
-// elements, which need not start on a counter's boundary (ops::dropout_part).
+// (range = high - low >= 1), integers so that int64 bounds beyond 2^53 stay exact. The output may
+// be part of a larger draw (ops::dropout_part): element i of the output is element draw_index(i) of
+// the draw (Note [random element mapping]): first + i, or with run > 0, runs of `run` consecutive
+// elements `stride` apart, first + (i / run) stride + i % run.
 struct RandomArgs {
   double a = 0, b = 0;
   int64_t low = 0;
   uint64_t range = 0;
-  uint64_t first = 0;
+  uint64_t first = 0, run = 0, stride = 0;
+  KILN_HOST_DEVICE uint64_t draw_index(uint64_t i) const {
+    return run == 0 ? first + i : first + (i / run) * stride + i % run;
+  }
 };
 
 // The geometry of a 2-D convolution (per dim: h, w).

@@ -12,6 +12,8 @@
 //                   range is exact; other dtypes take that integer, converted
 // randperm(n) is Fisher-Yates on one such draw, keys in [0, 2^63 - 1): position i (from n - 1 down)
 // swaps with position key_i mod (i + 1).
+// Element i depends on (seed, offset, i) alone, so a tensor may hold only some elements of a draw
+// (RandomArgs::draw_index in core/backend.h; ops::dropout_part): a rank's part of a larger mask.
 // The CPU and CUDA backends implement this same mapping, so a seed gives the same tensor anywhere.
 // The numbers differ from PyTorch's (which uses Mersenne Twister on the CPU).
 #pragma once

@@ -1,7 +1,7 @@
 // cpu/random.cpp: uniform, normal, randint and bernoulli draws. Element i is random_value() of
-// (seed, offset, args.first + i) (core/philox.h, Note [random element mapping] in
-// core/generator.h): the split across threads does not change the numbers, and cuda/random.cu
-// computes the same ones.
+// (seed, offset, args.draw_index(i)) (core/philox.h, Note [random element mapping] in
+// core/generator.h; draw_index(i) is i for a whole draw): the split across threads does not change
+// the numbers, and cuda/random.cu computes the same ones.
 #include "core/philox.h"
 #include "core/convert.h"
 #include "cpu/kernels.h"
@@ -13,21 +13,20 @@ void random_kernel(RandomKind kind, const View& out, uint64_t seed, uint64_t off
                    const RandomArgs& args) {
   KILN_CHECK(out.is_contiguous(), "random: the CPU kernel writes contiguous outputs only");
   KILN_CHECK(kind != RandomKind::Randint || args.range > 0, "randint: the range is empty");
-  const uint64_t first = args.first;
   KILN_DISPATCH_ALL_TYPES(out.dtype, "random", [&] {
     scalar_t* y = out.ptr<scalar_t>();
     constexpr bool kDouble = std::is_same_v<scalar_t, double>;
     parallel_for(0, out.numel(), kGrain / 4, [&](int64_t begin, int64_t end) {
       if (kind == RandomKind::Randint) {
         for (int64_t i = begin; i < end; ++i) {
-          const uint64_t e = first + static_cast<uint64_t>(i);
+          const uint64_t e = args.draw_index(static_cast<uint64_t>(i));
           y[i] = convert<scalar_t>(random_integer(seed, offset, e, args.low, args.range));
         }
         return;
       }
       for (int64_t i = begin; i < end; ++i) {
         y[i] = convert<scalar_t>(
-            random_value<kDouble>(kind, seed, offset, first + static_cast<uint64_t>(i), args.a, args.b));
+            random_value<kDouble>(kind, seed, offset, args.draw_index(static_cast<uint64_t>(i)), args.a, args.b));
       }
     });
   });

@@ -157,33 +157,32 @@ Tensor dropout(const Tensor& input, double p, bool train, Generator* gen) {
 
 Tensor dropout_part(const Tensor& input, double p, bool train, int64_t dim, int64_t start, int64_t whole,
                     Generator* gen) {
+  // The cut is checked in evaluation too, so that a wrong one shows before training does.
   KILN_CHECK(p >= 0 && p <= 1, "dropout_part: probability p must be in [0, 1], got {}", p);
-  if (!train || p == 0) return input;
-  KILN_CHECK(is_floating(input.dtype()), "dropout_part: needs a floating-point input, got {}",
-             dtype_name(input.dtype()));
   KILN_CHECK(input.dim() > 0, "dropout_part: needs a dim to cut along; a scalar has none (use dropout)");
   const int64_t d = wrap_dim(dim, static_cast<int>(input.dim()), "dropout_part");
   const int64_t part = input.size(d);
   KILN_CHECK(start >= 0 && whole >= 0 && start + part <= whole,
              "dropout_part: indices [{}, {}) of dim {} do not fit a whole tensor {} long there; start must be "
              "in [0, whole - {}]", start, start + part, d, whole, part);
+  if (!train || p == 0) return input;
+  KILN_CHECK(is_floating(input.dtype()), "dropout_part: needs a floating-point input, got {}",
+             dtype_name(input.dtype()));
   if (p == 1) return input * zeros_like(input);
-  // The whole tensor is outer x whole x inner; for each outer index, this part is one run of
+  // The whole tensor is outer x whole x inner; for each outer index o, this part is one run of
   // part x inner consecutive elements of the whole draw, from element (o whole + start) inner.
   int64_t outer = 1, inner = 1;
   for (int64_t i = 0; i < d; ++i) outer *= input.size(i);
   for (int64_t i = d + 1; i < input.dim(); ++i) inner *= input.size(i);
   const Generator::State state = (gen ? *gen : default_generator()).reserve(outer * whole * inner);
   Tensor mask = empty_tensor(input.sizes(), input.dtype(), input.device());
-  const int64_t run = part * inner;
-  if (run > 0) {
-    Tensor rows = mask.reshape({outer, run});
-    Backend& backend = backend_for(mask.device());
-    for (int64_t o = 0; o < outer; ++o) {
-      const auto first = static_cast<uint64_t>((o * whole + start) * inner);
-      backend.random(RandomKind::Bernoulli, view_of(rows.select(0, o)), state.seed, state.offset,
-                     {.a = 1 - p, .first = first}, stream_for(mask.device()));
-    }
+  if (mask.numel() > 0) {
+    RandomArgs args{.a = 1 - p};
+    args.first = static_cast<uint64_t>(start * inner);
+    args.run = static_cast<uint64_t>(part * inner);
+    args.stride = static_cast<uint64_t>(whole * inner);
+    backend_for(mask.device()).random(RandomKind::Bernoulli, view_of(mask), state.seed, state.offset, args,
+                                      stream_for(mask.device()));
   }
   mask.div_(1 - p);
   return input * mask;

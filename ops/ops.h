@@ -45,6 +45,7 @@ Tensor dropout(const Tensor& input, double p = 0.5, bool train = true, Generator
 // mask dropout would draw for the whole tensor from gen's state, and gen advances as for the whole.
 // So ranks that each hold a part of one activation (tensor or sequence parallelism) drop what one
 // process drops, and their generators stay in step (Note [random element mapping], core/generator.h).
+// A cut that does not fit is an Error in evaluation (train = false) too.
 Tensor dropout_part(const Tensor& input, double p, bool train, int64_t dim, int64_t start, int64_t whole,
                     Generator* gen = nullptr);
 Tensor empty_like(const Tensor& t);

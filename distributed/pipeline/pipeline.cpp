@@ -264,13 +264,12 @@ Tensor Pipeline::eval_batch(const Tensor& input) {
   NoGradGuard no_grad;
   // In eval mode, as DeepSpeed's eval_batch (dropout off, so no random numbers are drawn either);
   // the stage's mode is put back however the batch ends.
-  const bool was_training = stage_.is_training();
-  stage_.eval();
   struct RestoreMode {
     nn::Module& stage;
     bool training;
     ~RestoreMode() { stage.train(training); }
-  } restore{stage_, was_training};
+  } restore{stage_, stage_.is_training()};
+  stage_.eval();
   const int64_t m = options_.micro_batches;
   std::vector<Tensor> inputs(m);
   if (is_first_stage()) inputs = cut(input, m, "input", stage_id());

@@ -81,8 +81,10 @@ class Pipeline {
   // first stage and `target` on the last (the others may pass undefined tensors). Returns the
   // batch's mean loss on every rank. The stage's parameters get the gradient of that loss.
   Tensor train_batch(const Tensor& input, const Tensor& target);
-  // Forward only (no graph kept), with the stage in eval mode (put back after): the last stage's
-  // outputs of every micro-batch, concatenated along dim 0; undefined on the other stages.
+  // Forward only (no graph kept), with the stage in eval mode: the last stage's outputs of every
+  // micro-batch, concatenated along dim 0; undefined on the other stages. Afterwards the stage is
+  // in the mode it was in, every submodule with it (Module::train), as DeepSpeed's train_batch
+  // puts the whole module back in training mode.
   Tensor eval_batch(const Tensor& input);
 
   int stage_id() const { return comm_->rank(); }

@@ -249,6 +249,69 @@ TEST_CASE("sequence parallel: ParallelMLP and ParallelSelfAttention on each rank
   }
 }
 
+TEST_CASE("tensor parallel: with dropout, ParallelSelfAttention and ParallelMLP drop what the whole layers drop",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t C = 48, H = 12, T = 3 * p;
+  // Each rank's part of the same masks from the same generator state; sequence parallel, each
+  // rank's positions. Under bfloat16 autocast too (the attention in bfloat16, as
+  // scaled_dot_product_attention runs it).
+  for (auto [sequence_parallel, autocast] : {std::pair{false, false}, {true, false}, {false, true}}) {
+    INFO("sequence parallel " << sequence_parallel << ", autocast " << autocast);
+    auto part = [&](const Tensor& t) { return sequence_parallel ? t.narrow(1, r * T / p, T / p).contiguous() : t; };
+    // bfloat16 rounds at other points in the split layers (the row-parallel partial sums, an
+    // unfused GELU), and more so in the gradients; a wrong mask would be off by whole elements.
+    const kiln::test::Tolerance tol = autocast ? kiln::test::Tolerance{2e-2, 2e-2} : kiln::test::Tolerance{1e-5, 1e-6};
+    const kiln::test::Tolerance grad_tol = autocast ? kiln::test::Tolerance{1e-1, 5e-2} : tol;
+    manual_seed(21);
+    nn::CausalSelfAttention attn_ref(C, H, {.dropout = 0.3});
+    nn::GeluMLP mlp_ref(C, {.dropout = 0.3});
+    manual_seed(21);
+    ParallelSelfAttention attn(C, H, comm, sequence_parallel, 0.3);
+    ParallelMLP mlp(C, 4 * C, comm, "none", sequence_parallel, 0.3);
+    Tensor x = kiln::test::sample({2, T, C}, kFloat32, 0.6), cot = kiln::test::sample({2, T, C}, kFloat32, 0.1);
+    Tensor xr = x.clone().requires_grad_(), xp = part(x).requires_grad_();
+    const Generator::State state = default_generator().get_state();
+    Tensor yr, yp;
+    std::vector<DType> probabilities;  // the dtypes of the (B, H / p, T, T) tensors attn saves
+    {
+      AutocastGuard guard(Device::cpu(), kBFloat16, autocast);
+      yr = mlp_ref(attn_ref(xr));
+      const uint64_t after = default_generator().offset();
+      default_generator().set_state(state);
+      autograd::SavedTensorHooksGuard hooks({[&](const Tensor& t) {
+                                               if (t.sizes() == Shape{2, H / p, T, T}) probabilities.push_back(t.dtype());
+                                               return t;
+                                             },
+                                             [](const Tensor& t) { return t; }});
+      yp = mlp(attn(xp));
+      CHECK(default_generator().offset() == after);
+      CHECK(after > state.offset);
+    }
+    REQUIRE_FALSE(probabilities.empty());
+    for (DType dt : probabilities) CHECK(dt == (autocast ? kBFloat16 : kFloat32));
+    check_close(yp.to(kFloat32), part(yr).to(kFloat32), tol);
+    // The same elements dropped (in bfloat16 a row-parallel sum may also cancel to zero).
+    if (!autocast) CHECK(yp.eq(0.0).sum().item<int64_t>() == part(yr).eq(0.0).sum().item<int64_t>());
+    (yr.to(kFloat32) * cot).sum().backward();
+    (yp.to(kFloat32) * part(cot)).sum().backward();
+    check_close(xp.grad(), part(xr.grad()), grad_tol);
+    check_close(attn.c_proj.weight.grad(), attn_ref.c_proj.weight.grad().narrow(1, r * C / p, C / p), grad_tol);
+    check_close(mlp.fc.weight.grad(), mlp_ref.c_fc.weight.grad().narrow(0, r * 4 * C / p, 4 * C / p), grad_tol);
+  }
+  // In evaluation, no dropout and no draw.
+  ParallelMLP mlp(C, 4 * C, comm, "none", false, 0.3);
+  mlp.eval();
+  const uint64_t before = default_generator().offset();
+  Tensor x = kiln::test::sample({2, T, C});
+  check_close(mlp(x), mlp.proj(gelu(mlp.fc(x))), {0, 0});
+  CHECK(default_generator().offset() == before);
+  check_error([&] { ParallelMLP(C, 4 * C, comm, "none", false, 1.0); }, {"ParallelMLP: dropout must be in [0, 1)"});
+  check_error([&] { ParallelSelfAttention(C, H, comm, false, -0.1); },
+              {"ParallelSelfAttention: dropout must be in [0, 1)"});
+}
+
 TEST_CASE("tensor parallel: bad sizes are Errors", "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size();

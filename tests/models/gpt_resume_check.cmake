@@ -3,7 +3,8 @@
 # generator state is in the checkpoint): 3 steps, save, resume to 6 == 6 steps. On
 # windows of 2 bytes the float16 gradients of a tiny model overflow at the first scale (2^16), so the
 # GradScaler skips steps and changes its state before the stop. Then a checkpoint without the scaler
-# state (as those saved before train_gpt kept it) resumes with a fresh scaler, and its run differs.
+# state (as those saved before train_gpt kept it) resumes with a fresh scaler, and its run differs;
+# so does one without the dropout generator's state.
 #   cmake -DPROGRAM=<train_gpt> -DWORK=<dir> [-DLAUNCHER="kiln-run;-n;2"] -P gpt_resume_check.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
@@ -45,6 +46,7 @@ if(first_skipped LESS 1)
                       "the test shows nothing; a smaller --context or --n-embd overflows sooner:\n${out}")
 endif()
 file(COPY ${WORK}/first/checkpoint DESTINATION ${WORK}/old)
+file(COPY ${WORK}/first/checkpoint DESTINATION ${WORK}/norng)
 
 run_program(out "${LAUNCHER}" --resume ${WORK}/first/checkpoint ${run} --steps 6 --out ${WORK}/resumed)
 if(NOT out MATCHES "resumed at step 3 [(]loss scale ${first_scale}[)]")
@@ -82,4 +84,23 @@ list(FIND files model at)
 if(at EQUAL -1)
   message(FATAL_ERROR "a fresh scaler at step 3 should change the run (it skips steps again), but the model "
                       "equals the straight run's")
+endif()
+
+# A checkpoint from before the dropout generator's state was kept resumes with the masks of the
+# seed's state: the run differs from straight through, the scaler's state being the same.
+file(READ ${WORK}/norng/checkpoint/checkpoint.json manifest)
+string(REGEX REPLACE "\"dropout_rng\": {[^}]*}," "" older "${manifest}")
+if(older STREQUAL manifest)
+  message(FATAL_ERROR "no dropout_rng in ${WORK}/norng/checkpoint/checkpoint.json:\n${manifest}")
+endif()
+file(WRITE ${WORK}/norng/checkpoint/checkpoint.json "${older}")
+run_program(out "${LAUNCHER}" --resume ${WORK}/norng/checkpoint ${run} --steps 6 --out ${WORK}/norng)
+if(NOT out MATCHES "resumed at step 3 [(]loss scale ${first_scale}[)]")
+  message(FATAL_ERROR "the run without dropout_rng should resume with the saved loss scale ${first_scale}:\n${out}")
+endif()
+differing(files ${WORK}/straight/checkpoint ${WORK}/norng/checkpoint)
+list(FIND files model at)
+if(at EQUAL -1)
+  message(FATAL_ERROR "masks from the seed's state after step 3 should change the run, but the model equals the "
+                      "straight run's")
 endif()

@@ -1,8 +1,9 @@
-// tests/ops/test_nn_ops.cpp: what the op table (op_table.cpp) cannot say about the nn ops: dropout's
-// randomness (its exact relation to the bernoulli mask, its statistics, determinism for a seeded
-// Generator, dropout_part's parts of the whole mask), the number forms of the pooling kernel size, and the CNN-sized conv and pool paths (the
-// multi-threaded batch split and the 2x2 pooling loop) against an independent float64 computation, and
-// the contiguous fast paths of the index kernels against their strided path and an explicit loop.
+// tests/ops/test_nn_ops.cpp: what the op table (op_table.cpp) cannot say about the nn ops:
+// dropout's randomness (its exact relation to the bernoulli mask, its statistics, determinism for
+// a seeded Generator, dropout_part's parts of the whole mask), the number forms of the pooling
+// kernel size, and the CNN-sized conv and pool paths (the multi-threaded batch split and the 2x2
+// pooling loop) against an independent float64 computation, and the contiguous fast paths of the
+// index kernels against their strided path and an explicit loop.
 #include "support.h"
 
 using namespace kiln;
@@ -52,7 +53,7 @@ TEST_CASE("dropout_part: each part's mask is that part of the whole tensor's, an
   // Odd sizes, so that most parts start in the middle of a counter's pair of words.
   const Shape whole_shape{3, 7, 5, 3};
   for (int64_t dim : {0, 1, 2, 3, -1}) {
-    for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+    for (DType dt : {kFloat32, kFloat64, kBFloat16, kFloat16}) {
       INFO("dim " << dim << ", " << dtype_name(dt));
       Tensor x = test::sample(whole_shape).to(dt);
       const int64_t d = dim < 0 ? dim + 4 : dim, n = whole_shape[static_cast<size_t>(d)];
@@ -88,6 +89,8 @@ TEST_CASE("dropout_part: each part's mask is that part of the whole tensor's, an
   test::check_error([&] { dropout_part(x, 0.5, true, 2, 0, 6); }, {"dropout_part", "dim 2"});
   test::check_error([&] { dropout_part(x, 1.5, true, 1, 0, 6); }, {"dropout_part", "[0, 1]", "1.5"});
   test::check_error([&] { dropout_part(tensor({1.0f}).reshape({}), 0.5, true, 0, 0, 1); }, {"a scalar has none"});
+  // A wrong cut is an Error in evaluation too.
+  test::check_error([&] { dropout_part(x, 0.5, false, 1, 4, 6); }, {"indices [4, 10) of dim 1"});
 }
 
 TEST_CASE("pooling takes the kernel size as one number", "[ops][pool]") {
