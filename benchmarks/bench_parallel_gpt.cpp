@@ -21,7 +21,7 @@
 // during a round's steps (its activations and the other transient tensors, over what the models
 // hold), and the loss after the last step (the same on every grid of one head, up to the summation
 // order: the same training; with dropout, on every grid of one data rank, whose micro-batches and
-// so masks are one process's). The runs take turns, round after round.
+// so masks are one process's: each run keeps its own generator state). The runs take turns, round after round.
 // PyTorch and LibTorch have no tensor or pipeline parallelism of their own to set beside this.
 #include <kiln/kiln.h>
 
@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<ParallelGrid> grid;
     std::unique_ptr<models::ParallelGPT> stage;
     std::unique_ptr<Engine> engine;
+    Generator::State rng{0, 0};  // where this run's dropout masks go on from (the runs take turns)
     std::vector<double> ms;  // per round
     double peak_mib = 0;     // the largest over rounds and ranks
     double loss = 0;
@@ -102,14 +103,19 @@ int main(int argc, char** argv) {
     Tensor idx = randint(0, config.vocab_size, {windows, config.block_size + 1}, kInt64, &gen);
     batches.emplace_back(idx.narrow(1, 0, config.block_size).contiguous(), idx.narrow(1, 1, config.block_size).contiguous());
   }
+  // Each run draws its dropout masks from its own generator state, so that the grids of one data
+  // rank draw the same masks (one process's) whatever ran in between.
+  for (Run& r : runs) r.rng = {.seed = 5, .offset = 0};
   auto train = [&](Run& r, int first, int count) {
     const int data = r.grid->data_size(), d = r.grid->data_rank();
     const int64_t rows = windows / data;
     double loss = 0;
+    default_generator().set_state(r.rng);
     for (int s = first; s < first + count; ++s) {
       const auto& [x, y] = batches[static_cast<size_t>(s)];
       loss = r.engine->train_batch(x.narrow(0, d * rows, rows), y.narrow(0, d * rows, rows)).item<double>();
     }
+    r.rng = default_generator().get_state();
     return loss;
   };
   for (Run& r : runs) train(r, 0, 1);  // warm-up
@@ -146,7 +152,8 @@ int main(int argc, char** argv) {
       const double untied = r.dropout == 0 ? time_of(false, r.sizes) : 0.0;
       const double no_dropout = r.dropout > 0 ? time_of(r.tied, r.sizes, r.sequence_parallel) : 0.0;
       std::printf("{\"bench\":\"parallel_gpt\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
-                  "\"tensor\":%d,\"pipeline\":%d,\"data\":%d,\"model\":\"%s\",\"sequence_parallel\":%s,\"dropout\":%.2f,\"windows_per_step\":%lld,"
+                  "\"tensor\":%d,\"pipeline\":%d,\"data\":%d,\"model\":\"%s\",\"sequence_parallel\":%s,\"dropout\":%.2f,"
+                  "\"windows_per_step\":%lld,"
                   "\"micro_batches\":%lld,\"steps\":%d,\"rounds\":%d,\"ms_per_step\":%.2f,\"ms_min\":%.2f,"
                   "\"ms_max\":%.2f,\"tokens_per_s\":%.0f,\"time_vs_data_parallel\":%.3f,\"time_vs_untied\":%.3f,"
                   "\"time_vs_no_dropout\":%.3f,"

@@ -176,7 +176,8 @@ struct GatheredLinear : autograd::Function<GatheredLinear> {
     Tensor gx = reduce_scattered_positions(matmul(gy, w), comm);
     Tensor rows = gy.reshape({-1, out});
     Tensor gw = ctx->needs_input_grad(1) ? matmul(rows.t(), x.reshape({-1, in})) : Tensor();
-    Tensor gb = ctx->needs_input_grad(2) && std::any_cast<bool>(ctx->saved_data["bias"]) ? rows.sum(Shape{0}) : Tensor();
+    const bool bias = std::any_cast<bool>(ctx->saved_data["bias"]);
+    Tensor gb = ctx->needs_input_grad(2) && bias ? rows.sum(Shape{0}) : Tensor();
     return {gx, gw, gb, Tensor()};
   }
 };

@@ -280,8 +280,9 @@ TEST_CASE("tensor parallel: with dropout, ParallelSelfAttention and ParallelMLP 
       yr = mlp_ref(attn_ref(xr));
       const uint64_t after = default_generator().offset();
       default_generator().set_state(state);
+      const Shape probs_shape{2, H / p, T, T};
       autograd::SavedTensorHooksGuard hooks({[&](const Tensor& t) {
-                                               if (t.sizes() == Shape{2, H / p, T, T}) probabilities.push_back(t.dtype());
+                                               if (t.sizes() == probs_shape) probabilities.push_back(t.dtype());
                                                return t;
                                              },
                                              [](const Tensor& t) { return t; }});
