@@ -134,11 +134,9 @@ void ParallelGPT::reserve_dropout(int64_t first, int64_t last, bool embeddings, 
 Tensor ParallelGPT::forward(const Tensor& input) {
   Tensor x = input;
   const bool drops = is_training() && config.dropout > 0;
-  const int64_t last_block = first_ + static_cast<int64_t>(h.size());
-  if (drops && !is_first_stage()) {
-    const int64_t T = sequence_parallel_ ? input.size(1) * tp_->size() : input.size(1);
-    reserve_dropout(0, first_, true, input.size(0), T);
-  }
+  // The whole sequence's length, from hidden states (B, T or T / p, C) between stages.
+  auto positions = [&](const Tensor& hidden) { return hidden.size(1) * (sequence_parallel_ ? tp_->size() : 1); };
+  if (drops && !is_first_stage()) reserve_dropout(0, first_, true, input.size(0), positions(input));
   if (is_first_stage()) {
     KILN_CHECK(input.dim() == 2 && (input.dtype() == kInt64 || input.dtype() == kInt32),
                "ParallelGPT: the first stage expects token ids (B, T) of int64, got {} of shape {}",
@@ -153,8 +151,7 @@ Tensor ParallelGPT::forward(const Tensor& input) {
   }
   for (size_t j = 0; j < h.size(); ++j) x = h.at<Block>(j)(x);
   if (drops && !is_last_stage()) {
-    const int64_t T = sequence_parallel_ ? x.size(1) * tp_->size() : x.size(1);
-    reserve_dropout(last_block, config.n_layer, false, x.size(0), T);
+    reserve_dropout(first_ + static_cast<int64_t>(h.size()), config.n_layer, false, x.size(0), positions(x));
   }
   if (!is_last_stage()) return x;
   // The head is whole on every rank: the gradient of the gathered positions is the same on each,
