@@ -1,11 +1,13 @@
 // bench_fusion: each fused op of docs/fusion.md against its unfused composition (set_fusion), forward
 // and backward, at the sizes of a GPT step: gpt_char's (2,048 tokens, d_model 128, MLP 512, vocab
-// 256) by default, or --tokens/--dim/--vocab. One JSON line per op and setting, with the median time
+// 256; causal attention over windows of 128 tokens in heads of 32, without dropout and with dropout
+// 0.1) by default, or --tokens/--dim/--vocab. One JSON line per op and setting, with the median time
 // of a forward + backward over --reps repetitions, and the ratio fused / unfused.
 //
 //   bench_fusion [--tokens 2048] [--dim 128] [--vocab 256] [--reps 200] [--threads N] [--device cpu|cuda]
 #include <kiln/kiln.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -65,6 +67,11 @@ int main(int argc, char** argv) {
   Tensor h = param({tokens, 4 * dim}), hb = param({4 * dim});
   Tensor logits = param({tokens, vocab});
   Tensor target = randint(0, vocab, {tokens}, kInt64, &gen).to(device);
+  // Causal attention as gpt_char's blocks run it: windows of 128 tokens, heads of 32.
+  const int64_t T = std::min<int64_t>(tokens, 128), heads = std::max<int64_t>(dim / 32, 1);
+  const Shape qkv_shape{tokens / T, heads, T, dim / heads};
+  Tensor q = param(qkv_shape), k = param(qkv_shape), v = param(qkv_shape);
+  Tensor cot_a = randn(qkv_shape, kFloat32, &gen).to(device);
   // Each loss is a weighted sum, so that backward gets a full, non-uniform gradient.
   Tensor cot_d = randn({tokens, dim}, kFloat32, &gen).to(device), cot_h = randn({tokens, 4 * dim}, kFloat32, &gen).to(device);
   struct Case {
@@ -80,6 +87,9 @@ int main(int argc, char** argv) {
        }},
       {"bias_gelu", [&] { return (bias_gelu(h, hb) * cot_h).sum(); }},
       {"cross_entropy", [&] { return nn::functional::cross_entropy(logits, target); }},
+      {"attention", [&] { return (scaled_dot_product_attention(q, k, v, {}, 0.0, true) * cot_a).sum(); }},
+      {"attention_dropout",
+       [&] { return (scaled_dot_product_attention(q, k, v, {}, 0.1, true, {}, &gen) * cot_a).sum(); }},
   };
   for (const Case& c : cases) {
     double t[2];

@@ -149,9 +149,22 @@ struct SgdStepArgs {
 // Scaled dot-product attention without a mask tensor (ops/attention.cpp): scores = scale * q k^T, and
 // when causal, query row i sees key columns j <= i only (PyTorch's is_causal: the mask is
 // tril(ones(L, S)), aligned at the top left).
+// With dropout > 0 (the CPU kernels only), probability (z, i, j) of slice z = (batch, head) is kept,
+// times 1 / (1 - dropout), where element mask_index(z, i, j) of a Bernoulli(1 - dropout) draw from
+// (seed, offset) is 1 (Note [random element mapping] in core/generator.h): the element ops::dropout
+// draws for it on the whole (..., L, S) probabilities. The slices' heads may be heads
+// [first_head, first_head + heads) of whole_heads (ops::scaled_dot_product_attention_part): slice z
+// is then head first_head + z % heads of batch z / heads of a draw over all whole_heads heads.
 struct AttentionArgs {
   double scale = 1;
   bool causal = false;
+  double dropout = 0;
+  uint64_t seed = 0, offset = 0;
+  int64_t heads = 1, first_head = 0, whole_heads = 1;
+  KILN_HOST_DEVICE uint64_t mask_index(int64_t z, int64_t i, int64_t j, int64_t L, int64_t S) const {
+    const int64_t slice = (z / heads) * whole_heads + first_head + z % heads;
+    return static_cast<uint64_t>((slice * L + i) * S + j);
+  }
 };
 
 // An attention operand (Backend::attention below) as the CPU and CUDA kernels read it: B x H
@@ -332,14 +345,16 @@ class Backend {
                                       double label_smoothing, const Stream& s) = 0;
 
   // -- attention over (B, H, rows, cols) views of one floating dtype: q (B, H, L, E), k (B, H, S, E),
-  //    v (B, H, S, Ev), out (B, H, L, Ev) = softmax(scores) v row by row, never holding a whole (L, S)
-  //    score matrix, and lse (B, H, L), contiguous, = the log-sum-exp of each score row, which is all
+  //    v (B, H, S, Ev), out (B, H, L, Ev) = softmax(scores) v row by row (the probabilities dropped
+  //    and scaled first where args.dropout > 0), never holding a whole (L, S) score matrix, and lse
+  //    (B, H, L), contiguous, = the log-sum-exp of each score row, which with the mask's draw is all
   //    the backward needs to rebuild the probabilities: p[i][j] = exp(score[i][j] - lse[i]); lse is
   //    float32 when q is 16-bit. Every view but lse may have any strides on its first three dims (the
   //    heads of a (B, T, 3 C) projection read in place, an output written as (B, L, H, Ev): Note
   //    [attention layout] in ops/attention.cpp); its last dim has stride 1 and its rows do not
-  //    overlap. The CPU takes float32 and float64; CUDA float16, bfloat16 and float32 with Ev = E in
-  //    {32, 64, 96, 128}, 16-bit rows starting on 16-byte boundaries --
+  //    overlap. The CPU takes float32 and float64, with or without dropout; CUDA float16, bfloat16
+  //    and float32 with Ev = E in {32, 64, 96, 128}, 16-bit rows starting on 16-byte boundaries, and
+  //    no dropout --
   virtual void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
                          const AttentionArgs& args, const Stream& s) = 0;
   // The gradients of <grad_out, out> with respect to q, k and v (each overwritten), from the forward's

@@ -10,6 +10,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#if defined(__AVX2__) && !defined(__CUDACC__)
+#include <immintrin.h>
+#endif
 
 #include "core/backend.h"  // RandomKind
 #include "core/half.h"     // KILN_HOST_DEVICE
@@ -35,26 +38,86 @@ struct Philox4x32 {
     return c;
   }
 
+  // The four words of a 64-bit counter for `seed`: elements 2 counter and 2 counter + 1 of a draw
+  // from offset 0 take words 0-1 and 2-3.
+  KILN_HOST_DEVICE static std::array<uint32_t, 4> words(uint64_t seed, uint64_t counter) {
+    return block({static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u},
+                 static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  }
+
+#if !defined(__CUDACC__)
+  // words() of the 8 counters [counter, counter + 8): w[k][c] is word k of counter + c (the CPU's
+  // draws, 8 counters at a time). With AVX2, the 8 lanes go through the rounds together: each
+  // round's two 32 x 32 -> 64-bit products per lane are 4 _mm256_mul_epu32 (even lanes, then the
+  // odd ones shifted down), their halves put back in lane order by blends.
+  static void words8(uint64_t seed, uint64_t counter, uint32_t w[4][8]) {
+#if defined(__AVX2__)
+    alignas(32) uint32_t lo[8], hi[8];
+    for (int c = 0; c < 8; ++c) {
+      lo[c] = static_cast<uint32_t>(counter + c);
+      hi[c] = static_cast<uint32_t>((counter + c) >> 32);
+    }
+    __m256i c0 = _mm256_load_si256(reinterpret_cast<const __m256i*>(lo));
+    __m256i c1 = _mm256_load_si256(reinterpret_cast<const __m256i*>(hi));
+    __m256i c2 = _mm256_setzero_si256(), c3 = _mm256_setzero_si256();
+    __m256i k0 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(seed)));
+    __m256i k1 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(seed >> 32)));
+    const __m256i m0 = _mm256_set1_epi32(static_cast<int>(kM0)), m1 = _mm256_set1_epi32(static_cast<int>(kM1));
+    const __m256i w0 = _mm256_set1_epi32(static_cast<int>(kW0)), w1 = _mm256_set1_epi32(static_cast<int>(kW1));
+    // The high and low 32 bits of m * a, lane by lane.
+    auto mul_hi_lo = [](__m256i a, __m256i m, __m256i& high, __m256i& low) {
+      const __m256i even = _mm256_mul_epu32(a, m);                         // lanes 0, 2, 4, 6, 64-bit
+      const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);  // lanes 1, 3, 5, 7
+      low = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+      high = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+    };
+    for (int round = 0; round < 10; ++round) {
+      __m256i hi0, lo0, hi1, lo1;
+      mul_hi_lo(c0, m0, hi0, lo0);
+      mul_hi_lo(c2, m1, hi1, lo1);
+      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), k0);
+      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), k1);
+      c1 = lo1;
+      c3 = lo0;
+      k0 = _mm256_add_epi32(k0, w0);
+      k1 = _mm256_add_epi32(k1, w1);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w[0]), c0);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w[1]), c1);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w[2]), c2);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(w[3]), c3);
+#else
+    for (int c = 0; c < 8; ++c) {
+      const auto r = words(seed, counter + c);
+      for (int k = 0; k < 4; ++k) w[k][c] = r[k];
+    }
+#endif
+  }
+#endif
+
   // The two words element `i` of a draw that starts at counter `offset` gets, for `seed`.
   KILN_HOST_DEVICE static void element_words(uint64_t seed, uint64_t offset, uint64_t i,
                                              uint32_t& w0, uint32_t& w1) {
-    uint64_t counter = offset + i / 2;
-    auto r = block({static_cast<uint32_t>(counter), static_cast<uint32_t>(counter >> 32), 0u, 0u},
-                   static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+    auto r = words(seed, offset + i / 2);
     w0 = (i & 1) ? r[2] : r[0];
     w1 = (i & 1) ? r[3] : r[1];
   }
 };
 
-// The value of element i of a draw, in double, before rounding to the output dtype: Note [random
-// element mapping] in core/generator.h, computed by this one function on the CPU and on CUDA.
-// kDoubleUniform: the output is float64, so a uniform draw uses 53 bits instead of 24.
+// Whether a Bernoulli(a) element whose first word is w0 is 1: its uniform (w0 >> 8) 2^-24 < a.
+KILN_HOST_DEVICE inline bool bernoulli_word(uint32_t w0, double a) {
+  return static_cast<double>(w0 >> 8) * 0x1.0p-24 < a;
+}
+
+// random_value: the value of element i of a draw, in double, before rounding to the output dtype:
+// Note [random element mapping] in core/generator.h, computed by these functions on the CPU and on
+// CUDA. kDoubleUniform: the output is float64, so a uniform draw uses 53 bits instead of 24.
+// random_value_of_words: the same from the element's two words (w0, w1), for a caller that makes
+// the words of several elements at once (Philox4x32::words8).
 template <bool kDoubleUniform>
-KILN_HOST_DEVICE inline double random_value(RandomKind kind, uint64_t seed, uint64_t offset, uint64_t i,
-                                            double a, double b) {
+KILN_HOST_DEVICE inline double random_value_of_words(RandomKind kind, uint32_t w0, uint32_t w1, double a,
+                                                     double b) {
   using std::cos, std::log, std::sqrt;
-  uint32_t w0, w1;
-  Philox4x32::element_words(seed, offset, i, w0, w1);
   switch (kind) {
     case RandomKind::Uniform: {
       double u = kDoubleUniform ? static_cast<double>((static_cast<uint64_t>(w0) << 21) ^ (w1 >> 11)) * 0x1.0p-53
@@ -67,9 +130,17 @@ KILN_HOST_DEVICE inline double random_value(RandomKind kind, uint64_t seed, uint
       return a + b * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
     }
     case RandomKind::Randint: break;  // random_integer(), below, in integers
-    case RandomKind::Bernoulli: return (static_cast<double>(w0 >> 8) * 0x1.0p-24) < a ? 1 : 0;
+    case RandomKind::Bernoulli: return bernoulli_word(w0, a) ? 1 : 0;
   }
   return 0;
+}
+
+template <bool kDoubleUniform>
+KILN_HOST_DEVICE inline double random_value(RandomKind kind, uint64_t seed, uint64_t offset, uint64_t i,
+                                            double a, double b) {
+  uint32_t w0, w1;
+  Philox4x32::element_words(seed, offset, i, w0, w1);
+  return random_value_of_words<kDoubleUniform>(kind, w0, w1, a, b);
 }
 
 // Element i of a randint draw: low + (the 64-bit word mod range), computed in integers so that every

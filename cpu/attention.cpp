@@ -15,6 +15,14 @@
 // them, and with D_i = sum_e dout[i][e] * out[i][e] (= sum_j p_ij dp_ij):
 //   dv_j += p^T dout_i;   dp = dout_i v_j^T;   ds = p * (dp - D_i) * scale;
 //   dq_i += ds k_j;       dk_j += ds^T q_i
+//
+// With dropout (AttentionArgs::dropout), each probability is kept, times 1 / (1 - dropout), or dropped,
+// as its element of the mask's Philox draw says (AttentionArgs::mask_index): the forward folds the
+// kept probabilities into o but every one into l, so out = (dropped p) v with p the softmax; the
+// backward draws the same elements again (a counter-based draw is a function of the index: nothing
+// is stored) and, with Z the block's mask values,
+//   dv_j += (p Z)^T dout_i;   dp = (dout_i v_j^T) Z;   ds = p * (dp - D_i) * scale
+// where D_i = sum_e dout[i][e] * out[i][e] still equals sum_j p_ij dp_ij.
 // Each of the B x H (batch, head) slices is one task for the pool of cpu/parallel.h (the forward
 // splits further, by query block, since its blocks are independent); the products are gemm() of
 // matmul.cpp, which reads the operands' rows at their own strides (core/backend.h: a head of a
@@ -26,6 +34,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/philox.h"
 #include "cpu/exact_math.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
@@ -51,6 +60,30 @@ int64_t visible(int64_t r, int64_t cols, int64_t q0, int64_t k0, bool causal) {
   return std::clamp<int64_t>(q0 + r - k0 + 1, 0, cols);
 }
 
+// Writes z[0, n), the dropout mask values of elements [first, first + n) of the mask's draw: 1 /
+// (1 - dropout) where the Bernoulli(1 - dropout) element is 1, 0 where it is 0 (core/philox.h:
+// (w0 >> 8) 2^-24 < 1 - dropout, here as an integer compare with the same outcome). Element e takes
+// word 0 or 2 of counter offset + e / 2 (Note [random element mapping]); the words come from 8
+// counters at a time, and the loops have no branch that depends on the draw.
+template <typename T>
+void mask_values(T* z, int64_t n, uint64_t first, const AttentionArgs& args) {
+  const double keep = 1 - args.dropout;
+  const T kept = static_cast<T>(1 / keep);
+  // x 2^-24 < keep  <=>  x < keep 2^24 (exact in double)  <=>  x < ceil(keep 2^24) for an integer x
+  const uint32_t threshold = static_cast<uint32_t>(std::ceil(keep * 0x1.0p24));
+  const uint64_t c0 = first / 2, skip = first % 2;  // element first is element skip of counter c0
+  T all[kBlock + 16];
+  uint32_t w[4][8];
+  for (int64_t base = 0; base < static_cast<int64_t>(skip) + n; base += 16) {
+    Philox4x32::words8(args.seed, args.offset + c0 + static_cast<uint64_t>(base / 2), w);
+    for (int c = 0; c < 8; ++c) {
+      all[base + 2 * c] = (w[0][c] >> 8) < threshold ? kept : T(0);
+      all[base + 2 * c + 1] = (w[2][c] >> 8) < threshold ? kept : T(0);
+    }
+  }
+  std::copy(all + skip, all + skip + n, z);
+}
+
 template <typename T>
 void attention_typed(const View& qv, const View& kv, const View& vv, const View& ov, const View& lsev,
                      const AttentionArgs& args) {
@@ -61,7 +94,7 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
   const T scale = static_cast<T>(args.scale);
   const int64_t q_blocks = (L + kBlock - 1) / kBlock;
   parallel_for(0, B * q_blocks, 1, [&](int64_t t0, int64_t t1) {
-    ScratchBuffer<T> scores(kBlock * kBlock), acc(kBlock * Ev);
+    ScratchBuffer<T> scores(kBlock * kBlock), acc(kBlock * Ev), z(args.dropout > 0 ? kBlock : 0);
     std::vector<T> m(kBlock), l(kBlock);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / q_blocks, q0 = (t % q_blocks) * kBlock, rows = std::min(kBlock, L - q0);
@@ -88,6 +121,10 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
           s.tail(cols - n).setZero();
           l[r] = c * l[r] + s.head(n).sum();
           m[r] = m_new;
+          if (args.dropout > 0) {
+            mask_values(z.data(), n, args.mask_index(b, q0 + r, k0, L, S), args);
+            s.head(n) *= Row<T>(z.data(), n);
+          }
           if (c != T(1)) Row<T>(acc.data() + r * Ev, Ev) *= c;
         }
         gemm<T>(false, false, rows, Ev, cols, scores.data(), cols, vb + k0 * v.ld, v.ld, true, acc.data(), Ev);
@@ -117,8 +154,11 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
   auto clear = [](T* m, int64_t rows, int64_t cols, int64_t ld) {
     for (int64_t i = 0; i < rows; ++i) std::fill(m + i * ld, m + i * ld + cols, T(0));
   };
+  const bool dropping = args.dropout > 0;
   parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-    ScratchBuffer<T> p(kBlock * kBlock), dp(kBlock * kBlock);
+    // With dropout, z holds the block's mask values and pd = p z the kept probabilities.
+    ScratchBuffer<T> p(kBlock * kBlock), dp(kBlock * kBlock), z(dropping ? kBlock * kBlock : 0),
+        pd(dropping ? kBlock * kBlock : 0);
     std::vector<T> D(L);
     for (int64_t b = b0; b < b1; ++b) {
       const T *qb = q.slice(b), *kb = k.slice(b), *vb = v.slice(b), *ob = out.slice(b), *gob = gout.slice(b);
@@ -144,11 +184,19 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
             Row<T> s(p.data() + r * cols, cols);
             s.head(n) = exact_exp(s.head(n) * scale - lse[b * L + q0 + r]);
             s.tail(cols - n).setZero();
+            if (dropping) {
+              Row<T> zr(z.data() + r * cols, cols);
+              mask_values(zr.data(), n, args.mask_index(b, q0 + r, k0, L, S), args);
+              zr.tail(cols - n).setZero();
+              Row<T>(pd.data() + r * cols, cols) = s * zr;
+            }
           }
-          gemm<T>(true, false, cols, Ev, rows, p.data(), cols, goi, gout.ld, true, gvb + k0 * gv.ld, gv.ld);
+          gemm<T>(true, false, cols, Ev, rows, dropping ? pd.data() : p.data(), cols, goi, gout.ld, true,
+                  gvb + k0 * gv.ld, gv.ld);
           gemm<T>(false, true, rows, cols, Ev, goi, gout.ld, vj, v.ld, false, dp.data(), cols);
           for (int64_t r = 0; r < rows; ++r) {
             Row<T> ds(dp.data() + r * cols, cols);
+            if (dropping) ds *= Row<T>(z.data() + r * cols, cols);
             ds = Row<T>(p.data() + r * cols, cols) * (ds - D[q0 + r]) * scale;
           }
           gemm<T>(false, false, rows, E, cols, dp.data(), cols, kj, k.ld, true, gqb + q0 * gq.ld, gq.ld);

@@ -211,16 +211,18 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(s.device.index, "cross_entropy backward");
     cross_entropy_backward_launch(logits, target, lse, grad_loss, grad_logits, ignore_index, label_smoothing, s);
   }
-  // float16, bfloat16 and float32 (ops/attention.cpp composes float64 and masked attention on this
-  // device).
+  // float16, bfloat16 and float32 (ops/attention.cpp composes float64, masked attention and attention
+  // with dropout on this device).
   void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
                  const AttentionArgs& args, const Stream& s) override {
+    KILN_CHECK(args.dropout == 0, "scaled_dot_product_attention: the CUDA kernel takes no dropout; compose it");
     DeviceGuard guard(s.device.index, "scaled_dot_product_attention");
     attention_launch(q, k, v, out, lse, args, s);
   }
   void attention_backward(const View& q, const View& k, const View& v, const View& out, const View& lse,
                           const View& grad_out, const View& grad_q, const View& grad_k, const View& grad_v,
                           const AttentionArgs& args, const Stream& s) override {
+    KILN_CHECK(args.dropout == 0, "scaled_dot_product_attention backward: the CUDA kernel takes no dropout");
     DeviceGuard guard(s.device.index, "scaled_dot_product_attention backward");
     attention_backward_launch(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args, s);
   }

@@ -4,14 +4,18 @@
 //
 // Two ways to compute it, with the same result within rounding:
 //   composed: matmul, masked_fill / add, softmax, dropout, matmul: every step an op with its own
-//             backward, and the (..., L, S) scores and probabilities kept for backward.
+//             backward, and the (..., L, S) scores and probabilities (and dropout's mask) kept for
+//             backward.
 //   fused:    one kernel (Backend::attention; cpu/attention.cpp, cuda/attention.cu) that walks the keys in blocks with
 //             an online softmax and keeps only out and the (..., L) log-sum-exp of each score row;
 //             its backward rebuilds the probabilities block by block. Memory O(L) instead of O(L S).
-// The fused kernel runs when fusion is on (set_fusion), there is no attn_mask, no dropout, and the
-// device has the kernel: the CPU for every floating dtype; CUDA for float16 and bfloat16 (on tensor
-// cores, which covers attention under autocast) and float32 (on the CUDA cores) with head dims 32, 64,
-// 96 or 128 (cuda/attention.cu).
+//             With dropout (the CPU kernel) it draws each block's mask where it needs it, forward
+//             and again in backward, from the draw's (seed, offset): the elements dropout would draw
+//             on the composed form's probabilities, so both forms drop the same ones.
+// The fused kernel runs when fusion is on (set_fusion), there is no attn_mask, and the device has the
+// kernel: the CPU for every floating dtype, with or without dropout; CUDA without dropout, for float16
+// and bfloat16 (on tensor cores, which covers attention under autocast) and float32 (on the CUDA
+// cores) with head dims 32, 64, 96 or 128 (cuda/attention.cu).
 // Under create_graph (double backward) the fused node's backward is written with ops, so it can itself
 // be differentiated. This file also
 // holds the process-wide fusion switch (set_fusion, KILN_FUSION; ops/ops.h), which gelu reads too.
@@ -59,22 +63,45 @@ Tensor probabilities(const Tensor& q, const Tensor& k, const Tensor& mask, bool 
   return softmax(scores, -1);
 }
 
+// Which heads the batch's last dim (dim -3 of query) holds: [first, first + its size) of `whole`
+// (scaled_dot_product_attention_part), or all of them (whole = 0).
+struct HeadsPart {
+  int64_t first = 0, whole = 0;
+};
+
 // The composed form, differentiable op by op.
 Tensor attention_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& mask, double dropout_p,
-                          bool causal, double scale, Generator* gen) {
+                          bool causal, double scale, Generator* gen, HeadsPart part) {
   Tensor p = probabilities(q, k, mask, causal, scale);
-  if (dropout_p > 0) p = dropout(p, dropout_p, true, gen);
+  if (dropout_p > 0) {
+    p = part.whole > 0 ? dropout_part(p, dropout_p, true, -3, part.first, part.whole, gen)
+                       : dropout(p, dropout_p, true, gen);
+  }
   return matmul(p, v);
 }
 
+// The fused kernel's dropout mask values for (B, H, L, S) probabilities (1 / (1 - p) or 0), as a
+// tensor: the elements dropout_part draws on ones from the kernel's (seed, offset).
+Tensor mask_values(const Shape& shape, const AttentionArgs& args, DType dtype, Device device) {
+  if (shape.numel() == 0) return empty_tensor(shape, dtype, device);
+  Generator replay;
+  replay.set_state({args.seed, args.offset});
+  const int64_t L = shape[2], S = shape[3];
+  Tensor all_kept = ones({shape.numel() / (args.heads * L * S), args.heads, L, S},
+                         TensorOptions().dtype(dtype).device(device));
+  return dropout_part(all_kept, args.dropout, true, 1, args.first_head, args.whole_heads, &replay).reshape(shape);
+}
+
 // The gradients of the fused node, written with ops (for create_graph): the probabilities again from
-// the inputs, then the softmax's backward.
+// the inputs (and dropout's mask values z, if defined), then the softmax's backward.
 TensorList attention_backward_composed(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                                       bool causal, double scale) {
+                                       bool causal, double scale, const Tensor& z) {
   Tensor p = probabilities(q, k, {}, causal, scale);
   Tensor dp = matmul(g, v.transpose(-2, -1));
+  if (z.defined()) dp = dp * z;
   Tensor ds = p * (dp - (dp * p).sum({-1}, true)) * scale;
-  return {matmul(ds, k), matmul(ds.transpose(-2, -1), q), matmul(p.transpose(-2, -1), g)};
+  Tensor kept = z.defined() ? p * z : p;
+  return {matmul(ds, k), matmul(ds.transpose(-2, -1), q), matmul(kept.transpose(-2, -1), g)};
 }
 
 // Note [attention layout]
@@ -143,7 +170,11 @@ Tensor attention_fused(const Tensor& q4, const Tensor& k4, const Tensor& v4, con
              Tensor go = g[0].to(compute);
              TensorList grads;
              if (GradMode::is_enabled()) {
-               grads = attention_backward_composed(qs, ks, vs, go, args.causal, args.scale);
+               Tensor z;
+               if (args.dropout > 0) {
+                 z = mask_values({qs.size(0), qs.size(1), qs.size(2), ks.size(2)}, args, compute, qs.device());
+               }
+               grads = attention_backward_composed(qs, ks, vs, go, args.causal, args.scale, z);
              } else {
                go = readable(go);
                Tensor gq = empty_in_order_of(qs, qs.sizes()[3], compute);
@@ -169,16 +200,15 @@ Shape batch_of(const Tensor& t) { return Shape(std::span<const int64_t>(t.sizes(
 void set_fusion(bool enabled) { fusion_flag().store(enabled); }
 bool fusion_enabled() { return fusion_flag().load(std::memory_order_relaxed); }
 
-inline namespace ops {
+namespace {
 
-Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
-                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
-                                    std::optional<double> scale, Generator* gen) {
-  const char* op = "scaled_dot_product_attention";
+// scaled_dot_product_attention, of all the heads or of a part of them.
+Tensor attention(const char* op, const Tensor& query, const Tensor& key, const Tensor& value, const Tensor& attn_mask,
+                 double dropout_p, bool is_causal, std::optional<double> scale, Generator* gen, HeadsPart part) {
   if (autocast::is_enabled(query.device().type)) {  // lower precision under autocast (ops/autocast.h)
     if (autocast::OpScope ac{autocast::Op::ScaledDotProductAttention, query.device()}) {
-      return scaled_dot_product_attention(ac.cast(query), ac.cast(key), ac.cast(value), ac.cast(attn_mask),
-                                          dropout_p, is_causal, scale, gen);
+      return attention(op, ac.cast(query), ac.cast(key), ac.cast(value), ac.cast(attn_mask), dropout_p, is_causal,
+                       scale, gen, part);
     }
   }
   KILN_CHECK(query.dim() >= 2 && key.dim() >= 2 && value.dim() >= 2,
@@ -218,6 +248,14 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
     KILN_CHECK(fits, "{}: attn_mask of shape {} must broadcast to the scores' shape {} (..., L, S)", op,
                attn_mask.sizes().str(), scores_shape.str());
   }
+  const int64_t heads = batch.empty() ? 1 : batch.back();
+  if (part.whole > 0) {
+    KILN_CHECK(!batch.empty(), "{}: needs the heads as a batch dim (dim -3), got shapes {}, {} and {}", op,
+               query.sizes().str(), key.sizes().str(), value.sizes().str());
+    KILN_CHECK(part.first >= 0 && part.first + heads <= part.whole,
+               "{}: heads [{}, {}) do not fit {} heads in all; first_head must be in [0, whole_heads - {}]", op,
+               part.first, part.first + heads, part.whole, heads);
+  }
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(E));
 
   // The CUDA kernels (cuda/attention.cu) take float16, bfloat16 and float32 with one head dim of 32,
@@ -226,8 +264,21 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
   const bool cuda_dtype = is_reduced_float(query.dtype()) || query.dtype() == kFloat32;
   const bool kernel = query.device().is_cpu() ||
                       (cuda_dtype && Ev == E && E > 0 && E % 32 == 0 && E <= 128 && L > 0 && S > 0);
-  const bool fused = fusion_enabled() && !attn_mask.defined() && dropout_p == 0 && kernel;
-  if (!fused) return attention_composed(query, key, value, attn_mask, dropout_p, is_causal, s, gen);
+  const bool fused =
+      fusion_enabled() && !attn_mask.defined() && (dropout_p == 0 || query.device().is_cpu()) && kernel;
+  if (!fused) return attention_composed(query, key, value, attn_mask, dropout_p, is_causal, s, gen, part);
+  AttentionArgs args{.scale = s, .causal = is_causal};
+  if (dropout_p > 0) {  // the counters dropout (or dropout_part) would reserve on the probabilities
+    const Generator::State state =
+        (gen ? *gen : default_generator()).reserve(batch.numel() / std::max<int64_t>(heads, 1) *
+                                                   (part.whole > 0 ? part.whole : heads) * L * S);
+    args.dropout = dropout_p;
+    args.seed = state.seed;
+    args.offset = state.offset;
+    args.heads = heads;
+    args.first_head = part.first;
+    args.whole_heads = part.whole > 0 ? part.whole : heads;
+  }
 
   // The kernels' (B, H, rows, cols) layout: batch dims broadcast, then as two dims without a copy
   // (Note [attention layout]) where there are at most two; more are flattened into H.
@@ -243,11 +294,31 @@ Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, cons
       default: return e.reshape({1, batch.numel(), full[full.size() - 2], full[full.size() - 1]});
     }
   };
-  Tensor out = attention_fused(four_d(query), four_d(key), four_d(value), {.scale = s, .causal = is_causal});
+  Tensor out = attention_fused(four_d(query), four_d(key), four_d(value), args);
   Shape out_shape = batch;
   out_shape.push_back(L);
   out_shape.push_back(value.sizes()[value.dim() - 1]);
   return out.reshape(out_shape);
+}
+
+}  // namespace
+
+inline namespace ops {
+
+Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const Tensor& attn_mask, double dropout_p, bool is_causal,
+                                    std::optional<double> scale, Generator* gen) {
+  return attention("scaled_dot_product_attention", query, key, value, attn_mask, dropout_p, is_causal, scale, gen,
+                   {});
+}
+
+Tensor scaled_dot_product_attention_part(const Tensor& query, const Tensor& key, const Tensor& value,
+                                         int64_t first_head, int64_t whole_heads, const Tensor& attn_mask,
+                                         double dropout_p, bool is_causal, std::optional<double> scale,
+                                         Generator* gen) {
+  const char* op = "scaled_dot_product_attention_part";
+  KILN_CHECK(whole_heads > 0, "{}: whole_heads must be positive, got {}", op, whole_heads);
+  return attention(op, query, key, value, attn_mask, dropout_p, is_causal, scale, gen, {first_head, whole_heads});
 }
 
 }  // namespace ops

@@ -213,11 +213,21 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t
 // query (..., L, E), key (..., S, E), value (..., S, Ev) -> (..., L, Ev), batch dims broadcast.
 // attn_mask: bool (true = may attend) or float (added to the scores), broadcast to (..., L, S);
 // is_causal: query i attends to keys j <= i (not with attn_mask); scale: 1 / sqrt(E) by default;
-// dropout_p > 0 drops probabilities (pass 0 in evaluation). Without mask and dropout it runs as one
-// fused kernel that never holds the (L, S) scores (see ops/attention.cpp), unless fusion is off.
+// dropout_p > 0 drops probabilities (pass 0 in evaluation). Without mask it runs as one fused kernel
+// that never holds the (L, S) scores (see ops/attention.cpp; with dropout on the CPU only), unless
+// fusion is off.
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     const Tensor& attn_mask = {}, double dropout_p = 0.0, bool is_causal = false,
                                     std::optional<double> scale = {}, Generator* gen = nullptr);
+// scaled_dot_product_attention of some heads of a larger attention: the heads (dim -3) are heads
+// [first_head, first_head + query.size(-3)) of whole_heads. The result is the same; what differs is
+// dropout's mask, which is those heads' part of the mask the attention of all whole_heads heads would
+// draw from gen's state (gen advances as for all of them, as with dropout_part). Tensor-parallel
+// attention (distributed/tensor_parallel) runs a rank's heads with it.
+Tensor scaled_dot_product_attention_part(const Tensor& query, const Tensor& key, const Tensor& value,
+                                         int64_t first_head, int64_t whole_heads, const Tensor& attn_mask = {},
+                                         double dropout_p = 0.0, bool is_causal = false,
+                                         std::optional<double> scale = {}, Generator* gen = nullptr);
 
 // ---- shape_ops.cpp ----
 Tensor cat(const std::vector<Tensor>& tensors, int64_t dim = 0);

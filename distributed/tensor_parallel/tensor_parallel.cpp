@@ -2,13 +2,10 @@
 // parallel layers (see tensor_parallel.h).
 #include "distributed/tensor_parallel/tensor_parallel.h"
 
-#include <cmath>
-
 #include "autograd/function.h"
 #include "core/grad_mode.h"
 #include "nn/functional.h"
 #include "nn/linear.h"
-#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln::distributed {
@@ -50,23 +47,6 @@ void check_dropout(double p, const char* layer) {
 Tensor output_dropout(const Tensor& y, double p, bool training, bool sequence_parallel, Communicator& comm) {
   if (!sequence_parallel) return dropout(y, p, training);
   return dropout_part(y, p, training, 1, comm.rank() * y.size(1), comm.size() * y.size(1));
-}
-
-// Causal scaled_dot_product_attention of heads [first_head, first_head + q.size(1)) of `heads`,
-// with dropout p on the probabilities: its composed form (as it runs with dropout), the mask being
-// those heads' part of the mask of all the heads' (B, heads, T, T) probabilities. Under autocast
-// it runs in the lower precision, as scaled_dot_product_attention does.
-Tensor causal_attention_dropping_part(const Tensor& q, const Tensor& k, const Tensor& v, double p, int64_t first_head,
-                                      int64_t heads) {
-  if (autocast::is_enabled(q.device().type)) {
-    if (autocast::OpScope ac{autocast::Op::ScaledDotProductAttention, q.device()}) {
-      return causal_attention_dropping_part(ac.cast(q), ac.cast(k), ac.cast(v), p, first_head, heads);
-    }
-  }
-  const int64_t T = q.size(2);
-  Tensor scores = matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(q.size(3))));
-  scores = scores.masked_fill(ones({T, T}, TensorOptions().dtype(kBool).device(q.device())).triu(1), -INFINITY);
-  return matmul(dropout_part(softmax(scores, -1), p, true, 1, first_head, heads), v);
 }
 
 // This rank's part of x along the cut: [r n/p, (r+1) n/p).
@@ -379,10 +359,9 @@ Tensor ParallelSelfAttention::forward(const Tensor& x) {
   Tensor qkv = c_attn(x);  // (B, T, 3 local): this rank's heads' q, then k, then v (every position)
   const int64_t B = qkv.size(0), T = qkv.size(1), d = n_embd_ / n_head_, local = local_heads_ * d;
   auto heads = [&](int64_t i) { return qkv.narrow(2, i * local, local).reshape({B, T, local_heads_, d}).transpose(1, 2); };
-  Tensor y = is_training() && dropout_ > 0
-                 ? causal_attention_dropping_part(heads(0), heads(1), heads(2), dropout_, comm_->rank() * local_heads_,
-                                                  n_head_)
-                 : scaled_dot_product_attention(heads(0), heads(1), heads(2), {}, 0.0, /*is_causal=*/true);
+  // This rank's heads of the attention of all n_head heads: with dropout, their part of its mask.
+  Tensor y = scaled_dot_product_attention_part(heads(0), heads(1), heads(2), comm_->rank() * local_heads_, n_head_, {},
+                                               is_training() ? dropout_ : 0.0, /*is_causal=*/true);
   // (B, T, C), summed over the ranks' heads (sequence parallel: this rank's T / p positions of it)
   return output_dropout(c_proj(y.transpose(1, 2).reshape({B, T, local})), dropout_, is_training(), sequence_parallel_,
                         *comm_);

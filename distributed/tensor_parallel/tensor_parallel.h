@@ -153,13 +153,13 @@ class ParallelMLP : public nn::Module {
 //
 // Note [dropout in parallel layers]
 // Each dropout draws, from the default generator, the mask that one process would draw for the
-// whole activation, and every rank keeps its part (ops::dropout_part): the probabilities'
-// (B, n_head, T, T) mask cut by heads, a sequence-parallel output's (B, T, C) mask cut by
-// positions; an output whole on every rank takes the whole mask on each. So the ranks of a tensor
-// group, seeded alike, stay in step and drop what nn::CausalSelfAttention and nn::GeluMLP drop on
-// one process from the same state. (Megatron instead forks a generator seeded per tensor rank for
-// the probabilities, so its masks change with the number of ranks.) With dropout, the
-// probabilities are computed op by op, as scaled_dot_product_attention does with dropout.
+// whole activation, and every rank keeps its part: the probabilities' (B, n_head, T, T) mask cut
+// by heads (ops::scaled_dot_product_attention_part, whose fused CPU kernel draws the part block by
+// block), a sequence-parallel output's (B, T, C) mask cut by positions (ops::dropout_part); an
+// output whole on every rank takes the whole mask on each. So the ranks of a tensor group, seeded
+// alike, stay in step and drop what nn::CausalSelfAttention and nn::GeluMLP drop on one process
+// from the same state. (Megatron instead forks a generator seeded per tensor rank for the
+// probabilities, so its masks change with the number of ranks.)
 class ParallelSelfAttention : public nn::Module {
  public:
   ParallelSelfAttention(int64_t n_embd, int64_t n_head, std::shared_ptr<Communicator> comm,

@@ -15,6 +15,49 @@ TEST_CASE("Philox4x32-10 matches the Random123 known-answer vectors") {
   CHECK(r == std::array<uint32_t, 4>{0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u});
 }
 
+TEST_CASE("Philox4x32::words8 equals eight calls of words, across a carry into the counter's high half") {
+  for (uint64_t counter : {uint64_t{0}, uint64_t{0xfffffffcu}, uint64_t{0x123456789abcdefull}}) {
+    for (uint64_t seed : {uint64_t{0}, uint64_t{67280421310721ull}, ~uint64_t{0}}) {
+      INFO("counter " << counter << ", seed " << seed);
+      uint32_t w[4][8];
+      Philox4x32::words8(seed, counter, w);
+      for (int c = 0; c < 8; ++c) {
+        const auto r = Philox4x32::words(seed, counter + c);
+        for (int k = 0; k < 4; ++k) CHECK(w[k][c] == r[k]);
+      }
+    }
+  }
+}
+
+TEST_CASE("each element of a draw is random_value of its index: whole draws and parts") {
+  // The CPU kernel makes its words 8 counters at a time; every element must still be the one the
+  // scalar definition gives, from any offset, for any length, and in a part whose runs jump.
+  Generator g(91);
+  for (int64_t n : {1, 2, 15, 16, 17, 33, 1000}) {
+    INFO("n = " << n << ", offset " << g.offset());
+    uint64_t offset = g.offset();
+    std::vector<float> u = rand({n}, kFloat32, &g).to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      CHECK(u[i] == static_cast<float>(random_value<false>(RandomKind::Uniform, 91, offset, i, 0, 1)));
+    }
+    offset = g.offset();
+    std::vector<double> z = randn({n}, kFloat64, &g).to_vector<double>();
+    for (int64_t i = 0; i < n; ++i) CHECK(z[i] == random_value<true>(RandomKind::Normal, 91, offset, i, 0, 1));
+    offset = g.offset();
+    std::vector<float> b = bernoulli({n}, 0.3, kFloat32, &g).to_vector<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      CHECK(b[i] == static_cast<float>(random_value<false>(RandomKind::Bernoulli, 91, offset, i, 0.3, 0)));
+    }
+  }
+  // A part: (4, 3 of 7, 5) of a (4, 7, 5) draw, from heads 2 (runs of 15, 35 apart, starting at 10).
+  const uint64_t offset = g.offset();
+  std::vector<float> kept = dropout_part(ones({4, 3, 5}), 0.5, true, 1, 2, 7, &g).to_vector<float>();
+  for (int64_t i = 0; i < 60; ++i) {
+    const int64_t e = (i / 15) * 35 + 10 + i % 15;
+    CHECK(kept[i] == 2.0f * static_cast<float>(random_value<false>(RandomKind::Bernoulli, 91, offset, e, 0.5, 0)));
+  }
+}
+
 TEST_CASE("manual_seed makes random tensors reproducible, and draws advance the stream") {
   manual_seed(42);
   Tensor a = rand({1000});

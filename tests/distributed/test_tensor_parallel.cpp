@@ -4,6 +4,7 @@
 // nn::CausalSelfAttention compute on one process, forward, backward and over 20 training steps;
 // and so do they with sequence parallelism, on each rank's positions of the sequence.
 #include <algorithm>
+#include <tuple>
 
 #include "support.h"
 
@@ -256,9 +257,13 @@ TEST_CASE("tensor parallel: with dropout, ParallelSelfAttention and ParallelMLP 
   const int64_t C = 48, H = 12, T = 3 * p;
   // Each rank's part of the same masks from the same generator state; sequence parallel, each
   // rank's positions. Under bfloat16 autocast too (the attention in bfloat16, as
-  // scaled_dot_product_attention runs it).
-  for (auto [sequence_parallel, autocast] : {std::pair{false, false}, {true, false}, {false, true}}) {
-    INFO("sequence parallel " << sequence_parallel << ", autocast " << autocast);
+  // scaled_dot_product_attention runs it). Fused (the CPU kernel draws the heads' part of the mask
+  // block by block) and composed.
+  for (auto [sequence_parallel, autocast, fusion] :
+       {std::tuple{false, false, true}, {true, false, true}, {false, true, true}, {false, false, false},
+        {true, false, false}, {false, true, false}}) {
+    INFO("sequence parallel " << sequence_parallel << ", autocast " << autocast << ", fusion " << fusion);
+    kiln::test::FusionGuard fusion_guard(fusion);
     auto part = [&](const Tensor& t) { return sequence_parallel ? t.narrow(1, r * T / p, T / p).contiguous() : t; };
     // bfloat16 rounds at other points in the split layers (the row-parallel partial sums, an
     // unfused GELU), and more so in the gradients; a wrong mask would be off by whole elements.
@@ -290,7 +295,8 @@ TEST_CASE("tensor parallel: with dropout, ParallelSelfAttention and ParallelMLP 
       CHECK(default_generator().offset() == after);
       CHECK(after > state.offset);
     }
-    REQUIRE_FALSE(probabilities.empty());
+    // Composed, the probabilities are kept for backward in the attention's dtype; fused, they are not.
+    CHECK(probabilities.empty() == fusion);
     for (DType dt : probabilities) CHECK(dt == (autocast ? kBFloat16 : kFloat32));
     check_close(yp.to(kFloat32), part(yr).to(kFloat32), tol);
     // The same elements dropped (in bfloat16 a row-parallel sum may also cancel to zero).

@@ -3,8 +3,9 @@
 // kernel (cpu/attention.cpp) must equal it, forward and backward with a random cotangent, at the
 // sizes around its 64-row blocks (1, 7, 63, 64, 65, 130), causal and not, L != S, broadcast batch
 // dims; heads read in place from one projection, and the layout of what comes back; gradcheck and
-// gradgradcheck in float64; the same bits wherever the kernel's scratch lands; the switch
-// set_fusion(false); the errors.
+// gradgradcheck in float64; dropout, fused and composed, of all the heads or of some
+// (scaled_dot_product_attention_part), against the composition's mask; the same bits wherever the
+// kernel's scratch lands; the switch set_fusion(false); the errors.
 #include <cmath>
 #include <vector>
 
@@ -26,15 +27,10 @@ Tensor reference(const Tensor& q, const Tensor& k, const Tensor& v, bool causal,
   return matmul(softmax(s, -1), v);
 }
 
-// Forward and the three gradients of the fused op against the reference, both in float64.
-void check_against_reference(const Shape& qs, const Shape& ks, const Shape& vs, bool causal, double seed) {
-  Generator gen(static_cast<uint64_t>(seed * 1000));
-  Tensor q = randn(qs, kFloat64, &gen).requires_grad_();
-  Tensor k = randn(ks, kFloat64, &gen).requires_grad_();
-  Tensor v = randn(vs, kFloat64, &gen).requires_grad_();
-  const double scale = 1 / std::sqrt(static_cast<double>(qs[qs.size() - 1]));
-  Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
-  Tensor expected = reference(q, k, v, causal, scale);
+// out against expected, both computed from q, k and v in float64, and their gradients for a random
+// cotangent drawn from gen.
+void check_forward_and_gradients(const Tensor& out, const Tensor& expected, const Tensor& q, const Tensor& k,
+                                 const Tensor& v, Generator& gen) {
   test::check_close(out, expected, {1e-12, 1e-12});
   Tensor cot = randn(out.sizes(), kFloat64, &gen);
   auto got = autograd::grad({out}, {q, k, v}, {cot});
@@ -43,6 +39,17 @@ void check_against_reference(const Shape& qs, const Shape& ks, const Shape& vs, 
     INFO("gradient " << i);
     test::check_close(got[i], want[i], {1e-11, 1e-11});
   }
+}
+
+// Forward and the three gradients of the fused op against the reference, both in float64.
+void check_against_reference(const Shape& qs, const Shape& ks, const Shape& vs, bool causal, double seed) {
+  Generator gen(static_cast<uint64_t>(seed * 1000));
+  Tensor q = randn(qs, kFloat64, &gen).requires_grad_();
+  Tensor k = randn(ks, kFloat64, &gen).requires_grad_();
+  Tensor v = randn(vs, kFloat64, &gen).requires_grad_();
+  const double scale = 1 / std::sqrt(static_cast<double>(qs[qs.size() - 1]));
+  Tensor out = scaled_dot_product_attention(q, k, v, {}, 0.0, causal);
+  check_forward_and_gradients(out, reference(q, k, v, causal, scale), q, k, v, gen);
 }
 
 }  // namespace
@@ -169,6 +176,99 @@ TEST_CASE("scaled_dot_product_attention: dropout draws from the Generator, scale
   test::check_close(out, expected);
 }
 
+namespace {
+
+// The composed form with dropout, in float64, over all `whole` heads of dim -3 (the reference of the
+// fused kernel's dropout): softmax, then dropout's mask drawn on the whole probabilities.
+Tensor reference_dropping(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double p, Generator* gen) {
+  Tensor s = matmul(q, k.transpose(-2, -1)) * (1 / std::sqrt(static_cast<double>(q.sizes()[q.dim() - 1])));
+  if (causal) {
+    const int64_t L = q.sizes()[q.dim() - 2], S = k.sizes()[k.dim() - 2];
+    s = s.masked_fill(ones({L, S}, kBool).triu(1), -INFINITY);
+  }
+  return matmul(dropout(softmax(s, -1), p, true, gen), v);
+}
+
+// Heads [first, first + heads) of dim -3 of q, k, v (all heads when heads = q.size(-3)), through
+// scaled_dot_product_attention_part (or scaled_dot_product_attention when they are all), against
+// those heads of reference_dropping on all of them: forward and the gradients of q, k and v, and
+// the generator's state after.
+void check_dropping(const Shape& qs, const Shape& ks, const Shape& vs, bool causal, double p, int64_t first,
+                    int64_t heads, uint64_t seed) {
+  Generator data(seed);
+  Tensor q = randn(qs, kFloat64, &data).requires_grad_(), k = randn(ks, kFloat64, &data).requires_grad_();
+  Tensor v = randn(vs, kFloat64, &data).requires_grad_();
+  const int64_t whole = qs[qs.size() - 3];
+  auto part = [&](const Tensor& t) { return t.narrow(-3, first, heads); };
+  Generator gen(seed + 1), gen_ref(seed + 1);
+  rand({3}, kFloat32, &gen);  // a generator that has drawn before: a nonzero offset
+  rand({3}, kFloat32, &gen_ref);
+  Tensor out = heads == whole ? scaled_dot_product_attention(q, k, v, {}, p, causal, {}, &gen)
+                              : scaled_dot_product_attention_part(part(q), part(k), part(v), first, whole, {}, p,
+                                                                  causal, {}, &gen);
+  Tensor expected = part(reference_dropping(q, k, v, causal, p, &gen_ref));
+  CHECK(gen.offset() == gen_ref.offset());
+  check_forward_and_gradients(out, expected, q, k, v, data);
+}
+
+}  // namespace
+
+TEST_CASE("scaled_dot_product_attention: dropout in the fused kernel drops what the composition drops",
+          "[ops][attention][dropout]") {
+  for (bool fusion : {true, false}) {
+    FusionGuard guard(fusion);
+    for (bool causal : {false, true}) {
+      for (int64_t n : {1, 7, 64, 65, 130}) {
+        INFO("fusion " << fusion << ", causal " << causal << ", L = S = " << n);
+        check_dropping({2, 3, n, 16}, {2, 3, n, 16}, {2, 3, n, 16}, causal, 0.3, 0, 3, static_cast<uint64_t>(n));
+      }
+    }
+    INFO("fusion " << fusion);
+    // L != S, Ev != E, an odd start in the draw for each row (S odd), p near 0 and near 1
+    check_dropping({2, 1, 70, 8}, {2, 1, 129, 8}, {2, 1, 129, 5}, false, 0.5, 0, 1, 21);
+    check_dropping({1, 2, 129, 8}, {1, 2, 67, 8}, {1, 2, 67, 5}, true, 0.05, 0, 2, 22);
+    check_dropping({1, 2, 33, 8}, {1, 2, 33, 8}, {1, 2, 33, 8}, true, 0.95, 0, 2, 23);
+    // Heads [first, first + heads) of all of them: one head, a middle run, the last ones; and with
+    // three batch dims, which the kernel flattens (the heads stay the innermost batch dim).
+    check_dropping({2, 5, 40, 8}, {2, 5, 40, 8}, {2, 5, 40, 8}, true, 0.3, 0, 1, 31);
+    check_dropping({2, 5, 40, 8}, {2, 5, 40, 8}, {2, 5, 40, 8}, false, 0.3, 1, 3, 32);
+    check_dropping({2, 5, 66, 8}, {2, 5, 66, 8}, {2, 5, 66, 8}, true, 0.3, 3, 2, 33);
+    check_dropping({2, 3, 4, 9, 8}, {2, 3, 4, 9, 8}, {2, 3, 4, 9, 8}, true, 0.3, 1, 2, 34);
+  }
+}
+
+TEST_CASE("scaled_dot_product_attention: dropout in float32 and bfloat16, gradgradcheck, and evaluation",
+          "[ops][attention][dropout]") {
+  FusionGuard fused(true);
+  Tensor q = test::sample({2, 2, 70, 16}, kFloat64, 0.1), k = test::sample({2, 2, 70, 16}, kFloat64, 0.2);
+  Tensor v = test::sample({2, 2, 70, 16}, kFloat64, 0.3);
+  Generator g(5), g_ref(5);
+  Tensor expected = reference_dropping(q, k, v, true, 0.2, &g_ref);
+  test::check_close(scaled_dot_product_attention(q.to(kFloat32), k.to(kFloat32), v.to(kFloat32), {}, 0.2, true, {}, &g),
+                    expected.to(kFloat32), {1e-5, 1e-6});
+  g.manual_seed(5);
+  Tensor half = scaled_dot_product_attention(q.to(kBFloat16), k.to(kBFloat16), v.to(kBFloat16), {}, 0.2, true, {}, &g);
+  CHECK(half.dtype() == kBFloat16);
+  test::check_close(half.to(kFloat64), expected, {3e-2, 3e-2});
+  // No draw without dropout: evaluation passes 0.
+  const uint64_t offset = g.offset();
+  scaled_dot_product_attention_part(q, k, v, 1, 4, {}, 0.0, true, {}, &g);
+  CHECK(g.offset() == offset);
+  // The fused node's backward written with ops (create_graph) draws the same mask again.
+  for (bool causal : {false, true}) {
+    INFO("causal " << causal);
+    Tensor a = randn({2, 5, 3}, kFloat64, &g).requires_grad_(), b = randn({2, 6, 3}, kFloat64, &g).requires_grad_();
+    Tensor c = randn({2, 6, 4}, kFloat64, &g).requires_grad_();
+    auto fn = [causal](const autograd::TensorList& in) -> autograd::TensorList {
+      Generator same(77);  // every call drops the same probabilities
+      return {scaled_dot_product_attention_part(in[0].unsqueeze(1), in[1].unsqueeze(1), in[2].unsqueeze(1), 1, 3, {},
+                                                0.4, causal, {}, &same)};
+    };
+    CHECK(autograd::gradcheck(fn, {a, b, c}));
+    CHECK(autograd::gradgradcheck(fn, {a, b, c}));
+  }
+}
+
 TEST_CASE("scaled_dot_product_attention: the fused kernel gives the same bits wherever its scratch memory lands",
           "[ops][attention]") {
   // The kernel's block scratch comes from the heap. Eigen's vector loops start at the first aligned
@@ -211,4 +311,10 @@ TEST_CASE("scaled_dot_product_attention: errors name the shapes and what to do",
   test::check_error([&] { scaled_dot_product_attention(q, k.to(kFloat64), v); }, {"one floating dtype"});
   test::check_error([&] { scaled_dot_product_attention(zeros({4}), k, v); }, {"at least 2 dims"});
   test::check_error([&] { scaled_dot_product_attention(q, k, v, {}, 1.0); }, {"dropout_p must be in [0, 1)"});
+  test::check_error([&] { scaled_dot_product_attention_part(q, k, v, 1, 2); },
+                    {"scaled_dot_product_attention_part", "heads [1, 3) do not fit 2 heads", "first_head"});
+  test::check_error([&] { scaled_dot_product_attention_part(q, k, v, -1, 4); }, {"heads [-1, 1)"});
+  test::check_error([&] { scaled_dot_product_attention_part(q, k, v, 0, 0); }, {"whole_heads must be positive"});
+  test::check_error([&] { scaled_dot_product_attention_part(zeros({4, 8}), zeros({5, 8}), zeros({5, 3}), 0, 1); },
+                    {"needs the heads as a batch dim"});
 }
