@@ -1,7 +1,9 @@
 // bench_fusion: each fused op of docs/fusion.md against its unfused composition (set_fusion), forward
 // and backward, at the sizes of a GPT step: gpt_char's (2,048 tokens, d_model 128, MLP 512, vocab
 // 256; causal attention over windows of 128 tokens in heads of 32, without dropout and with dropout
-// 0.1) by default, or --tokens/--dim/--vocab. One JSON line per op and setting, with the median time
+// 0.1) by default, or --tokens/--dim/--vocab (attention takes whole windows and heads: tokens a
+// multiple of 128 or below it, dim a multiple of 32 or below it). On CUDA, attention with dropout
+// is composed both ways (the CUDA kernel takes no dropout). One JSON line per op and setting, with the median time
 // of a forward + backward over --reps repetitions, and the ratio fused / unfused.
 //
 //   bench_fusion [--tokens 2048] [--dim 128] [--vocab 256] [--reps 200] [--threads N] [--device cpu|cuda]
@@ -69,6 +71,12 @@ int main(int argc, char** argv) {
   Tensor target = randint(0, vocab, {tokens}, kInt64, &gen).to(device);
   // Causal attention as gpt_char's blocks run it: windows of 128 tokens, heads of 32.
   const int64_t T = std::min<int64_t>(tokens, 128), heads = std::max<int64_t>(dim / 32, 1);
+  if (tokens % T != 0 || dim % heads != 0) {
+    std::fprintf(stderr, "bench_fusion: attention needs --tokens a multiple of 128 (or below it) and --dim split "
+                         "into max(dim / 32, 1) equal heads; got %lld and %lld\n",
+                 static_cast<long long>(tokens), static_cast<long long>(dim));
+    return 2;
+  }
   const Shape qkv_shape{tokens / T, heads, T, dim / heads};
   Tensor q = param(qkv_shape), k = param(qkv_shape), v = param(qkv_shape);
   Tensor cot_a = randn(qkv_shape, kFloat32, &gen).to(device);

@@ -215,14 +215,16 @@ class CudaBackend final : public Backend {
   // with dropout on this device).
   void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
                  const AttentionArgs& args, const Stream& s) override {
-    KILN_CHECK(args.dropout == 0, "scaled_dot_product_attention: the CUDA kernel takes no dropout; compose it");
+    KILN_CHECK(args.dropout == 0, "scaled_dot_product_attention: internal error: the CUDA kernel takes no "
+                                  "dropout (ops/attention.cpp composes attention with dropout on CUDA)");
     DeviceGuard guard(s.device.index, "scaled_dot_product_attention");
     attention_launch(q, k, v, out, lse, args, s);
   }
   void attention_backward(const View& q, const View& k, const View& v, const View& out, const View& lse,
                           const View& grad_out, const View& grad_q, const View& grad_k, const View& grad_v,
                           const AttentionArgs& args, const Stream& s) override {
-    KILN_CHECK(args.dropout == 0, "scaled_dot_product_attention backward: the CUDA kernel takes no dropout");
+    KILN_CHECK(args.dropout == 0, "scaled_dot_product_attention backward: internal error: the CUDA kernel "
+                                  "takes no dropout");
     DeviceGuard guard(s.device.index, "scaled_dot_product_attention backward");
     attention_backward_launch(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args, s);
   }

@@ -13,9 +13,10 @@
 //             and again in backward, from the draw's (seed, offset): the elements dropout would draw
 //             on the composed form's probabilities, so both forms drop the same ones.
 // The fused kernel runs when fusion is on (set_fusion), there is no attn_mask, and the device has the
-// kernel: the CPU for every floating dtype, with or without dropout; CUDA without dropout, for float16
-// and bfloat16 (on tensor cores, which covers attention under autocast) and float32 (on the CUDA
-// cores) with head dims 32, 64, 96 or 128 (cuda/attention.cu).
+// kernel: the CPU for every floating dtype, with or without dropout (with dropout, where value adds
+// no batch dims to query's and key's, whose one mask would serve them all); CUDA without dropout, for
+// float16 and bfloat16 (on tensor cores, which covers attention under autocast) and float32 (on the
+// CUDA cores) with head dims 32, 64, 96 or 128 (cuda/attention.cu).
 // Under create_graph (double backward) the fused node's backward is written with ops, so it can itself
 // be differentiated. This file also
 // holds the process-wide fusion switch (set_fusion, KILN_FUSION; ops/ops.h), which gelu reads too.
@@ -248,13 +249,19 @@ Tensor attention(const char* op, const Tensor& query, const Tensor& key, const T
     KILN_CHECK(fits, "{}: attn_mask of shape {} must broadcast to the scores' shape {} (..., L, S)", op,
                attn_mask.sizes().str(), scores_shape.str());
   }
-  const int64_t heads = batch.empty() ? 1 : batch.back();
+  // The batch dims of the probabilities, on which dropout draws its mask: query's and key's (and
+  // attn_mask's) broadcast; value's batch dims may add more, which reuse the same mask.
+  Shape probs_batch = broadcast_shapes(batch_of(query), batch_of(key), op);
+  if (attn_mask.defined() && attn_mask.dim() > 2) probs_batch = broadcast_shapes(probs_batch, batch_of(attn_mask), op);
+  const int64_t heads = probs_batch.empty() ? 1 : probs_batch.back();
   if (part.whole > 0) {
-    KILN_CHECK(!batch.empty(), "{}: needs the heads as a batch dim (dim -3), got shapes {}, {} and {}", op,
+    KILN_CHECK(!probs_batch.empty(),
+               "{}: needs the heads as a batch dim of query or key (dim -3), got shapes {}, {} and {}", op,
                query.sizes().str(), key.sizes().str(), value.sizes().str());
+    KILN_CHECK(heads <= part.whole, "{}: {} heads are more than whole_heads = {}", op, heads, part.whole);
     KILN_CHECK(part.first >= 0 && part.first + heads <= part.whole,
-               "{}: heads [{}, {}) do not fit {} heads in all; first_head must be in [0, whole_heads - {}]", op,
-               part.first, part.first + heads, part.whole, heads);
+               "{}: heads [{}, {}) do not fit {} heads in all; first_head must be in [0, {}]", op, part.first,
+               part.first + heads, part.whole, part.whole - heads);
   }
   const double s = scale ? *scale : 1.0 / std::sqrt(static_cast<double>(E));
 
@@ -264,14 +271,17 @@ Tensor attention(const char* op, const Tensor& query, const Tensor& key, const T
   const bool cuda_dtype = is_reduced_float(query.dtype()) || query.dtype() == kFloat32;
   const bool kernel = query.device().is_cpu() ||
                       (cuda_dtype && Ev == E && E > 0 && E % 32 == 0 && E <= 128 && L > 0 && S > 0);
-  const bool fused =
-      fusion_enabled() && !attn_mask.defined() && (dropout_p == 0 || query.device().is_cpu()) && kernel;
+  // The kernel draws one mask per (batch, head) slice of the output, so with dropout it runs only
+  // where value adds no batch dims to the probabilities'.
+  const bool fused = fusion_enabled() && !attn_mask.defined() &&
+                     (dropout_p == 0 || (query.device().is_cpu() && probs_batch == batch)) && kernel;
   if (!fused) return attention_composed(query, key, value, attn_mask, dropout_p, is_causal, s, gen, part);
   AttentionArgs args{.scale = s, .causal = is_causal};
   if (dropout_p > 0) {  // the counters dropout (or dropout_part) would reserve on the probabilities
+    int64_t outer = 1;  // the batch dims before the heads
+    for (size_t d = 0; d + 1 < probs_batch.size(); ++d) outer *= probs_batch[d];
     const Generator::State state =
-        (gen ? *gen : default_generator()).reserve(batch.numel() / std::max<int64_t>(heads, 1) *
-                                                   (part.whole > 0 ? part.whole : heads) * L * S);
+        (gen ? *gen : default_generator()).reserve(outer * (part.whole > 0 ? part.whole : heads) * L * S);
     args.dropout = dropout_p;
     args.seed = state.seed;
     args.offset = state.offset;

@@ -219,8 +219,9 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t
 Tensor scaled_dot_product_attention(const Tensor& query, const Tensor& key, const Tensor& value,
                                     const Tensor& attn_mask = {}, double dropout_p = 0.0, bool is_causal = false,
                                     std::optional<double> scale = {}, Generator* gen = nullptr);
-// scaled_dot_product_attention of some heads of a larger attention: the heads (dim -3) are heads
-// [first_head, first_head + query.size(-3)) of whole_heads. The result is the same; what differs is
+// scaled_dot_product_attention of some heads of a larger attention: the heads (the last batch dim
+// of query and key, broadcast) are heads [first_head, first_head + their number) of whole_heads.
+// The result is the same; what differs is
 // dropout's mask, which is those heads' part of the mask the attention of all whole_heads heads would
 // draw from gen's state (gen advances as for all of them, as with dropout_part). Tensor-parallel
 // attention (distributed/tensor_parallel) runs a rank's heads with it.

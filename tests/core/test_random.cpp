@@ -71,13 +71,25 @@ TEST_CASE("manual_seed makes random tensors reproducible, and draws advance the 
 }
 
 TEST_CASE("the numbers do not depend on the thread count") {
-  manual_seed(3);
-  Tensor big = randn({200000});
-  set_num_threads(1);
-  manual_seed(3);
-  Tensor serial = randn({200000});
-  set_num_threads(2);
-  test::check_equal(big, serial);
+  // Odd sizes and 3 threads too, so that a thread's piece can start in the middle of a counter's
+  // pair of elements (and of the CPU kernel's groups of 8 counters).
+  for (int64_t n : {200000, 200001, 199999}) {
+    INFO("n = " << n);
+    Tensor serial, uniform;
+    {
+      test::ThreadsGuard one(1);
+      manual_seed(3);
+      serial = randn({n});
+      uniform = rand({n});
+    }
+    for (int threads : {2, 3}) {
+      INFO(threads << " threads");
+      test::ThreadsGuard guard(threads);
+      manual_seed(3);
+      test::check_equal(randn({n}), serial);
+      test::check_equal(rand({n}), uniform);
+    }
+  }
 }
 
 TEST_CASE("element i is the documented function of (seed, offset, i)") {

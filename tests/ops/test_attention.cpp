@@ -7,6 +7,7 @@
 // (scaled_dot_product_attention_part), against the composition's mask; the same bits wherever the
 // kernel's scratch lands; the switch set_fusion(false); the errors.
 #include <cmath>
+#include <tuple>
 #include <vector>
 
 #include "support.h"
@@ -237,6 +238,56 @@ TEST_CASE("scaled_dot_product_attention: dropout in the fused kernel drops what 
   }
 }
 
+TEST_CASE("scaled_dot_product_attention: dropout with 0 or 1 batch dims, a value that adds batch dims, no heads",
+          "[ops][attention][dropout]") {
+  // Each case fused and composed from one generator state: the same result and the same offset after.
+  auto same_both_ways = [](const Tensor& q, const Tensor& k, const Tensor& v, int64_t first, int64_t whole) {
+    Tensor got[2];
+    uint64_t offset[2];
+    for (int fusion = 0; fusion < 2; ++fusion) {
+      FusionGuard guard(fusion == 1);
+      Generator g(17);
+      got[fusion] = whole > 0 ? scaled_dot_product_attention_part(q, k, v, first, whole, {}, 0.3, true, {}, &g)
+                              : scaled_dot_product_attention(q, k, v, {}, 0.3, true, {}, &g);
+      offset[fusion] = g.offset();
+    }
+    CHECK(offset[1] == offset[0]);
+    test::check_close(got[1], got[0], {1e-12, 1e-12});
+  };
+  Tensor q2 = randn({9, 8}, kFloat64), k2 = randn({9, 8}, kFloat64), v2 = randn({9, 5}, kFloat64);
+  same_both_ways(q2, k2, v2, 0, 0);                                                    // no batch dims
+  same_both_ways(q2.unsqueeze(0), k2.unsqueeze(0), v2.unsqueeze(0), 2, 3);              // one: the heads
+  same_both_ways(q2.unsqueeze(0), k2.unsqueeze(0), v2.expand({3, 9, 5}) * 1.0, 0, 0);  // value adds a batch dim
+  same_both_ways(q2.expand({2, 1, 9, 8}), k2, v2.expand({2, 4, 9, 5}) * 1.0, 1, 3);  // ... a part of 1 head of 3
+  same_both_ways(randn({2, 0, 9, 8}, kFloat64), randn({2, 0, 9, 8}, kFloat64), randn({2, 0, 9, 5}, kFloat64), 1,
+                 3);  // no heads: the generator still moves as for all 3
+  Generator g(17);
+  scaled_dot_product_attention_part(randn({2, 0, 9, 8}, kFloat64), randn({2, 0, 9, 8}, kFloat64),
+                                    randn({2, 0, 9, 5}, kFloat64), 1, 3, {}, 0.3, true, {}, &g);
+  CHECK(g.offset() == static_cast<uint64_t>(2 * 3 * 9 * 9 / 2));
+}
+
+TEST_CASE("scaled_dot_product_attention: with dropout, the backward written with ops (create_graph) draws the "
+          "forward's mask", "[ops][attention][dropout]") {
+  FusionGuard fused(true);
+  for (auto [shape, first, whole] : {std::tuple{Shape{2, 3, 4, 9, 8}, int64_t{1}, int64_t{6}},
+                                     std::tuple{Shape{2, 3, 70, 8}, int64_t{2}, int64_t{5}}}) {
+    INFO("shape " << shape.str());
+    Generator data(4);
+    Tensor q = randn(shape, kFloat64, &data).requires_grad_(), k = randn(shape, kFloat64, &data).requires_grad_();
+    Tensor v = randn(shape, kFloat64, &data).requires_grad_();
+    Tensor cot = randn(shape, kFloat64, &data);
+    Generator g(9);
+    Tensor out = scaled_dot_product_attention_part(q, k, v, first, whole, {}, 0.4, true, {}, &g);
+    auto kernel = autograd::grad({out}, {q, k, v}, {cot}, true, false);   // the kernel's backward
+    auto composed = autograd::grad({out}, {q, k, v}, {cot}, true, true);  // written with ops
+    for (int i = 0; i < 3; ++i) {
+      INFO("gradient " << i);
+      test::check_close(composed[i], kernel[i], {1e-11, 1e-11});
+    }
+  }
+}
+
 TEST_CASE("scaled_dot_product_attention: dropout in float32 and bfloat16, gradgradcheck, and evaluation",
           "[ops][attention][dropout]") {
   FusionGuard fused(true);
@@ -317,4 +368,8 @@ TEST_CASE("scaled_dot_product_attention: errors name the shapes and what to do",
   test::check_error([&] { scaled_dot_product_attention_part(q, k, v, 0, 0); }, {"whole_heads must be positive"});
   test::check_error([&] { scaled_dot_product_attention_part(zeros({4, 8}), zeros({5, 8}), zeros({5, 3}), 0, 1); },
                     {"needs the heads as a batch dim"});
+  test::check_error([&] { scaled_dot_product_attention_part(zeros({4, 8}), zeros({5, 8}), zeros({2, 5, 3}), 0, 2); },
+                    {"needs the heads as a batch dim of query or key"});
+  test::check_error([&] { scaled_dot_product_attention_part(q, k, v, 0, 1); },
+                    {"2 heads are more than whole_heads = 1"});
 }
