@@ -57,10 +57,15 @@ struct Philox4x32 {
   }
 };
 
-// Whether a Bernoulli(a) element whose first word is w0 is 1: its uniform (w0 >> 8) 2^-24 < a.
-KILN_HOST_DEVICE inline bool bernoulli_word(uint32_t w0, double a) {
-  return static_cast<double>(w0 >> 8) * 0x1.0p-24 < a;
+// A Bernoulli(a) element (0 <= a <= 1) whose first word is w0 is 1 when its uniform (w0 >> 8) 2^-24
+// is below a, that is when (w0 >> 8) < bernoulli_threshold(a): for an integer x, x 2^-24 < a <=>
+// x < a 2^24 (exact in double) <=> x < ceil(a 2^24). A caller that tests many elements against one
+// a computes the threshold once.
+KILN_HOST_DEVICE inline uint32_t bernoulli_threshold(double a) {
+  using std::ceil;
+  return static_cast<uint32_t>(ceil(a * 0x1.0p24));
 }
+KILN_HOST_DEVICE inline bool bernoulli_word(uint32_t w0, double a) { return (w0 >> 8) < bernoulli_threshold(a); }
 
 // random_value: the value of element i of a draw, in double, before rounding to the output dtype:
 // Note [random element mapping] in core/generator.h, computed by these functions on the CPU and on

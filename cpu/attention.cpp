@@ -61,16 +61,15 @@ int64_t visible(int64_t r, int64_t cols, int64_t q0, int64_t k0, bool causal) {
 }
 
 // Writes z[0, n), the dropout mask values of elements [first, first + n) of the mask's draw: 1 /
-// (1 - dropout) where the Bernoulli(1 - dropout) element is 1, 0 where it is 0 (core/philox.h:
-// (w0 >> 8) 2^-24 < 1 - dropout, here as an integer compare with the same outcome). Element e takes
+// (1 - dropout) where the Bernoulli(1 - dropout) element is 1, 0 where it is 0 (core/philox.h's
+// bernoulli_word, with the threshold computed once). Element e takes
 // word 0 or 2 of counter offset + e / 2 (Note [random element mapping]); the words come from 8
 // counters at a time, and the loops have no branch that depends on the draw.
 template <typename T>
 void mask_values(T* z, int64_t n, uint64_t first, const AttentionArgs& args) {
   const double keep = 1 - args.dropout;
   const T kept = static_cast<T>(1 / keep);
-  // x 2^-24 < keep  <=>  x < keep 2^24 (exact in double)  <=>  x < ceil(keep 2^24) for an integer x
-  const uint32_t threshold = static_cast<uint32_t>(std::ceil(keep * 0x1.0p24));
+  const uint32_t threshold = bernoulli_threshold(keep);
   const uint64_t c0 = first / 2, skip = first % 2;  // element first is element skip of counter c0
   T all[kBlock + 16];
   uint32_t w[4][8];

@@ -280,14 +280,14 @@ Tensor attention(const char* op, const Tensor& query, const Tensor& key, const T
   if (dropout_p > 0) {  // the counters dropout (or dropout_part) would reserve on the probabilities
     int64_t outer = 1;  // the batch dims before the heads
     for (size_t d = 0; d + 1 < probs_batch.size(); ++d) outer *= probs_batch[d];
-    const Generator::State state =
-        (gen ? *gen : default_generator()).reserve(outer * (part.whole > 0 ? part.whole : heads) * L * S);
+    const int64_t whole = part.whole > 0 ? part.whole : heads;
+    const Generator::State state = (gen ? *gen : default_generator()).reserve(outer * whole * L * S);
     args.dropout = dropout_p;
     args.seed = state.seed;
     args.offset = state.offset;
     args.heads = heads;
     args.first_head = part.first;
-    args.whole_heads = part.whole > 0 ? part.whole : heads;
+    args.whole_heads = whole;
   }
 
   // The kernels' (B, H, rows, cols) layout: batch dims broadcast, then as two dims without a copy

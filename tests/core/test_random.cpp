@@ -29,6 +29,19 @@ TEST_CASE("Philox4x32::words8 equals eight calls of words, across a carry into t
   }
 }
 
+TEST_CASE("bernoulli_word is its uniform below a, at the words around the threshold") {
+  // The integer threshold must decide exactly as the uniform (w0 >> 8) 2^-24 < a does.
+  for (double a : {0.0, 0.1, 0.3, 0.5, 0.7, 0.9, 1.0 - 0x1.0p-30, 1.0}) {
+    const uint32_t t = bernoulli_threshold(a);
+    for (int64_t x = static_cast<int64_t>(t) - 2; x <= static_cast<int64_t>(t) + 2; ++x) {
+      if (x < 0 || x >= (int64_t{1} << 24)) continue;
+      INFO("a = " << a << ", x = " << x);
+      const uint32_t w0 = (static_cast<uint32_t>(x) << 8) | 0xffu;
+      CHECK(bernoulli_word(w0, a) == (static_cast<double>(x) * 0x1.0p-24 < a));
+    }
+  }
+}
+
 TEST_CASE("each element of a draw is random_value of its index: whole draws and parts") {
   // The CPU kernel makes its words 8 counters at a time; every element must still be the one the
   // scalar definition gives, from any offset, for any length, and in a part whose runs jump.
