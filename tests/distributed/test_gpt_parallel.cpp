@@ -103,8 +103,12 @@ TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient sli
   check_error([&] { models::ParallelGPT(small_config(2, false), tp, 0, 3); }, {"stage 0 of 3 does not fit"});
 }
 
-TEST_CASE("ParallelGPT: trained through the engine on every grid shape, sequence parallel or not, it matches GPT",
-          "[distributed]") {
+namespace {
+
+// Trains ParallelGPT through kiln::Engine (ZeRO 1) on every grid shape that the world's ranks make,
+// sequence parallel or not, with dropout or not, its stages and slices on `device`, against GPT on
+// one process on the CPU: the loss, the gradient norm, where the generator ends, and every weight.
+void train_on_every_grid(const Device& device) {
   auto world = init("mpi");
   const int n = world->size();
   struct Run {
@@ -122,7 +126,7 @@ TEST_CASE("ParallelGPT: trained through the engine on every grid shape, sequence
   for (const auto& [sizes, sequence_parallel, dropout] : runs) {
     const int data = n / (sizes.tensor * sizes.pipeline);
     INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", data " << data << ", sequence parallel "
-                   << sequence_parallel << ", dropout " << dropout);
+                   << sequence_parallel << ", dropout " << dropout << ", on " << device.str());
     ParallelGrid grid(world, sizes);
     models::GPTConfig c = small_config(4, /*tie=*/true);  // across stages: a copy on the last
     c.dropout = dropout;
@@ -130,6 +134,7 @@ TEST_CASE("ParallelGPT: trained through the engine on every grid shape, sequence
     models::GPT whole(c);
     manual_seed(23);
     models::ParallelGPT stage(c, grid.tensor(), grid.pipeline_rank(), grid.pipeline_size(), sequence_parallel);
+    stage.to(device);
     const int64_t rows = 24, shard = rows / data;  // 2 micro-batches per data rank
     const Config cfg = Config::from_string(fmt::format(R"({{
         "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": 2, "gradient_clipping": 1.0,
@@ -162,25 +167,43 @@ TEST_CASE("ParallelGPT: trained through the engine on every grid shape, sequence
       opt_ref.step();
       const int d = grid.data_rank();
       default_generator().set_state(start);
-      Tensor loss = engine.train_batch(idx.narrow(0, d * shard, shard), targets.narrow(0, d * shard, shard));
+      Tensor loss = engine.train_batch(idx.narrow(0, d * shard, shard).to(device),
+                                       targets.narrow(0, d * shard, shard).to(device));
       CHECK(default_generator().offset() == end.offset);  // every stage's generator moved as one process's
-      check_close(loss, loss_ref, {1e-5, 1e-6});
+      check_close(loss.cpu(), loss_ref, {1e-5, 1e-6});
       CHECK(engine.get_global_grad_norm() == Approx(norm_ref).epsilon(1e-5));
     }
     // Every weight of this rank's stage and slices, against the whole model's.
     const int t = grid.tensor_rank(), T = grid.tensor_size();
     const kiln::test::Tolerance tol{1e-4, 1e-6};
-    if (stage.wte) check_close(stage.wte->weight, whole.transformer.wte.weight, tol);
+    if (stage.wte) check_close(stage.wte->weight.cpu(), whole.transformer.wte.weight, tol);
     for (size_t j = 0; j < stage.h.size(); ++j) {
       auto& mine = stage.h.at<models::ParallelGPT::Block>(j);
       const nn::TransformerBlock& b = whole.block(stage.first_block() + static_cast<int64_t>(j));
-      check_close(mine.attn.c_attn.weight, column_slice(b.attn.c_attn.weight, 3, t, T), tol);
-      check_close(mine.mlp.proj.weight, row_slice(b.mlp.c_proj.weight, t, T), tol);
-      check_close(mine.ln_2.weight, b.ln_2.weight, tol);
+      CHECK(mine.attn.c_attn.weight.device() == device);
+      check_close(mine.attn.c_attn.weight.cpu(), column_slice(b.attn.c_attn.weight, 3, t, T), tol);
+      check_close(mine.mlp.proj.weight.cpu(), row_slice(b.mlp.c_proj.weight, t, T), tol);
+      check_close(mine.ln_2.weight.cpu(), b.ln_2.weight, tol);
     }
-    if (stage.lm_head) check_close(stage.lm_head->weight, whole.transformer.wte.weight, tol);
+    if (stage.lm_head) check_close(stage.lm_head->weight.cpu(), whole.transformer.wte.weight, tol);
     CHECK(stage.tied_weights().size() == (sizes.pipeline > 1 && (stage.is_first_stage() || stage.is_last_stage())));
   }
+}
+
+}  // namespace
+
+TEST_CASE("ParallelGPT: trained through the engine on every grid shape, sequence parallel or not, it matches GPT",
+          "[distributed]") {
+  train_on_every_grid(Device::cpu());
+}
+
+// Several ranks sharing the one GPU, their messages staged through host memory (the MPI backend):
+// the pipeline's activations and gradients, the tensor-parallel all-reduces and all-gathers, the
+// sequence-parallel reduce-scatters, ZeRO's and the tied weights' exchanges, and dropout's masks on
+// the GPU, which must be those the CPU draws. Hidden from the default run; CTest runs it with the
+// other [gpu] cases at 2 and 3 ranks, skipped without a GPU.
+TEST_CASE("ParallelGPT on the GPU, through MPI: every grid shape matches GPT on the CPU", "[.][gpu][distributed]") {
+  train_on_every_grid(Device::cuda(0));
 }
 
 TEST_CASE("ParallelGPT: a head tied across stages trains as one weight, at ZeRO 0 and 1, and resumes",
