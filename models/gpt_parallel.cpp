@@ -105,6 +105,81 @@ void ParallelGPT::load_from(const GPT& whole) {
   if (lm_head) copy_into(lm_head->weight, config.tie_weights ? whole.transformer.wte.weight : whole.lm_head->weight);
 }
 
+namespace {
+
+// The tensors of `whole` that stage blocks [first, last) hold (and, for the last stage, ln_f's and
+// an untied head's), in the order gather sends them.
+std::vector<Tensor> stage_tensors(GPT& whole, int64_t first, int64_t last, bool last_stage) {
+  std::vector<Tensor> out;
+  for (int64_t i = first; i < last; ++i) {
+    nn::TransformerBlock& b = whole.block(i);
+    for (Tensor* t : {&b.ln_1.weight, &b.ln_1.bias, &b.attn.c_attn.weight, &b.attn.c_attn.bias, &b.attn.c_proj.weight,
+                      &b.attn.c_proj.bias, &b.ln_2.weight, &b.ln_2.bias, &b.mlp.c_fc.weight, &b.mlp.c_fc.bias,
+                      &b.mlp.c_proj.weight, &b.mlp.c_proj.bias}) {
+      out.push_back(*t);
+    }
+  }
+  if (last_stage) {
+    out.push_back(whole.transformer.ln_f.weight);
+    out.push_back(whole.transformer.ln_f.bias);
+    if (!whole.config.tie_weights) out.push_back(whole.lm_head->weight);
+  }
+  return out;
+}
+
+constexpr int kGatherTag = 3;  // apart from the pipeline's activations (0), gradients (1) and ties (2)
+
+}  // namespace
+
+std::unique_ptr<GPT> ParallelGPT::gather(distributed::Communicator& pipeline) {
+  KILN_CHECK(pipeline.size() == num_stages_ && pipeline.rank() == stage_,
+             "ParallelGPT::gather: stage {} of {} needs the pipeline's communicator (grid.pipeline()), where it is "
+             "rank {} of {}; got rank {} of {}", stage_, num_stages_, stage_, num_stages_, pipeline.rank(),
+             pipeline.size());
+  NoGradGuard no_grad;
+  // This stage's part, whole: the slices gathered over the tensor group, in stage_tensors' order.
+  std::vector<Tensor> mine;
+  for (size_t j = 0; j < h.size(); ++j) {
+    Block& b = h.at<Block>(j);
+    const auto [attn_w, attn_b] = b.attn.c_attn.gather_full();
+    const auto [proj_w, proj_b] = b.attn.c_proj.gather_full();
+    const auto [fc_w, fc_b] = b.mlp.fc.gather_full();
+    const auto [out_w, out_b] = b.mlp.proj.gather_full();
+    for (const Tensor& t : {b.ln_1.weight, b.ln_1.bias, attn_w, attn_b, proj_w, proj_b, b.ln_2.weight, b.ln_2.bias,
+                            fc_w, fc_b, out_w, out_b}) {
+      mine.push_back(t.detach());
+    }
+  }
+  if (is_last_stage()) {
+    mine.push_back(ln_f->weight.detach());
+    mine.push_back(ln_f->bias.detach());
+    // A head tied across stages is a copy of the first stage's wte, which is the one trained.
+    if (!config.tie_weights) mine.push_back(lm_head->weight.detach());
+  }
+  if (!is_first_stage()) {
+    for (const Tensor& t : mine) pipeline.send(t.to(pipeline.device(), kFloat32).contiguous(), 0, kGatherTag);
+    return nullptr;
+  }
+  const Generator::State state = default_generator().get_state();
+  auto whole = std::make_unique<GPT>(config);
+  default_generator().set_state(state);
+  auto copy = [](Tensor dst, const Tensor& src) { dst.copy_(src.to(Device::cpu(), kFloat32)); };
+  copy(whole->transformer.wte.weight, wte->weight);
+  copy(whole->transformer.wpe.weight, wpe->weight);
+  const std::vector<Tensor> own = stage_tensors(*whole, first_, first_ + static_cast<int64_t>(h.size()), is_last_stage());
+  for (size_t i = 0; i < own.size(); ++i) copy(own[i], mine[i]);
+  // The other stages' parts, in stage order, each in the order it sends them.
+  for (int s = 1; s < num_stages_; ++s) {
+    const int64_t first = s * config.n_layer / num_stages_, last = (s + 1) * config.n_layer / num_stages_;
+    for (const Tensor& t : stage_tensors(*whole, first, last, s == num_stages_ - 1)) {
+      Tensor buffer = empty(t.sizes(), TensorOptions(kFloat32).device(pipeline.device()));
+      pipeline.recv(buffer, s, kGatherTag);
+      copy(t, buffer);
+    }
+  }
+  return whole;
+}
+
 std::vector<distributed::TiedWeight> ParallelGPT::tied_weights() {
   if (!config.tie_weights || num_stages_ == 1) return {};
   if (is_first_stage()) return {{.weight = wte->weight, .owner = 0, .user = num_stages_ - 1}};

@@ -62,6 +62,12 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights {
 
   // Sets this stage's weights (this rank's slices) from a whole model of the same config.
   void load_from(const GPT& whole);
+  // The whole model that the stages and slices make up, the inverse of load_from: a GPT of this
+  // config, float32 on the CPU, on every rank of the first stage (each of its tensor ranks gets
+  // one); nullptr on the other stages. Collective: every rank of each stage's tensor group and of
+  // `pipeline` (the stages, stage s its rank s: grid.pipeline()) calls it. Building the copy draws
+  // nothing from the default generator. For a sample, or a file in GPT-2's layout, after training.
+  std::unique_ptr<GPT> gather(distributed::Communicator& pipeline);
 
   // With a tied head and more than one stage: wte (first stage) and its copy, lm_head's weight
   // (last stage), stage 0 the owner; empty otherwise.

@@ -24,7 +24,8 @@
 // (Engine::train_batch); --sequence-parallel cuts the activations between the tensor-parallel
 // layers along the sequence. The ranks of one data-parallel replica draw the same windows; the
 // validation loss comes through the pipeline; the weights are saved in the engine's checkpoint
-// alone (one folder per stage and slice), and no sample is generated.
+// alone (one folder per stage and slice); the sample comes from the whole model, gathered from the
+// stages and slices onto rank 0 (ParallelGPT::gather).
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -608,16 +609,24 @@ int run(int argc, char** argv) {
   const std::string png = main_rank ? train::plot_losses(history, out_dir, &why) : "";
   if (main_rank && png.empty() && !quiet) std::printf("train_gpt: no plot: %s\n", why.c_str());
 
-  if (grid && sample > 0 && !quiet) std::printf("train_gpt: no sample: the model is split over the grid\n");
+  // With a grid, the stages and slices gathered into one GPT on the first stage's ranks (rank 0 is
+  // among them), which samples there.
   auto all = sample > 0 && !grid ? gathered() : nullptr;
-  if (main_rank && sample > 0 && !grid) {
+  std::unique_ptr<models::GPT> joined;
+  if (sample > 0 && grid) {
+    joined = stage->gather(*grid->pipeline());
+    if (joined) joined->to(device);
+  }
+  models::GPT* sampler = grid ? joined.get() : whole.get();
+  if (main_rank && sample > 0) {
+    KILN_CHECK(sampler != nullptr, "train_gpt: internal error: rank 0 is not on the grid's first stage");
     const std::string& given = flags.get("prompt");
     std::vector<int64_t> ids(given.begin(), given.end());
     if (ids.empty()) ids.push_back('\n');
     for (auto& id : ids) id = static_cast<uint8_t>(id);
     if (static_cast<int64_t>(ids.size()) > c.block_size) ids.erase(ids.begin(), ids.end() - c.block_size);
     Generator g(r.seed);
-    Tensor out = whole->generate(from_vector(ids, {1, static_cast<int64_t>(ids.size())}, device), sample,
+    Tensor out = sampler->generate(from_vector(ids, {1, static_cast<int64_t>(ids.size())}, device), sample,
                                 {.temperature = temperature, .top_k = top_k}, &g);
     const std::vector<int64_t> bytes = out.to(Device::cpu()).to_vector<int64_t>();
     std::string raw;  // the file gets the bytes as generated (UTF-8 prompts stay whole); the terminal '?'s

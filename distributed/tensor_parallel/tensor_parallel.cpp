@@ -251,6 +251,26 @@ void ColumnParallelLinear::load_full(const Tensor& w, const Tensor& b) {
   if (b.defined()) bias.copy_(column_slice(b.reshape({-1, 1}), options_.stride, *comm_).reshape({-1}));
 }
 
+std::pair<Tensor, Tensor> ColumnParallelLinear::gather_full() const {
+  NoGradGuard no_grad;
+  // Rank r holds rows [b B + r n, b B + (r + 1) n) of each of the stride blocks b (B = p n): the
+  // gathered (p, stride, n, ...) goes back to (stride, p, n, ...).
+  const int64_t p = comm_->size(), stride = options_.stride;
+  auto whole = [&](const Tensor& param) {
+    const Tensor slice = param.detach().contiguous();
+    Tensor all = empty({p * slice.numel()}, slice.options());
+    comm_->all_gather_into_tensor(all, slice.reshape({-1}));
+    Shape split{p, stride, slice.size(0) / stride};
+    for (int64_t d = 1; d < slice.dim(); ++d) split.push_back(slice.size(d));
+    Shape order{1, 0};
+    for (int64_t d = 2; d < static_cast<int64_t>(split.size()); ++d) order.push_back(d);
+    Shape out = slice.sizes();
+    out[0] *= p;
+    return all.view(split).permute(order).contiguous().view(out);
+  };
+  return {whole(weight), bias.defined() ? whole(bias) : Tensor()};
+}
+
 Tensor ColumnParallelLinear::forward(const Tensor& input) {
   Tensor y = options_.sequence_parallel ? GatheredLinear::apply(input, weight, bias, comm_.get())
                                         : nn::linear(copy_to_tensor_parallel_region(input, *comm_), weight, bias);
@@ -286,6 +306,12 @@ void RowParallelLinear::load_full(const Tensor& w, const Tensor& b) {
   NoGradGuard no_grad;
   weight.copy_(own_part(w, *comm_, Cut::kFeatures));
   if (b.defined()) bias.copy_(b);
+}
+
+std::pair<Tensor, Tensor> RowParallelLinear::gather_full() const {
+  NoGradGuard no_grad;
+  // The bias is whole on every rank already.
+  return {gathered(weight.detach(), *comm_, Cut::kFeatures), bias.defined() ? bias.detach().clone() : Tensor()};
 }
 
 Tensor RowParallelLinear::forward(const Tensor& input) {

@@ -50,11 +50,13 @@
 //
 // Every rank builds each layer from the same random numbers (the same seed, as Megatron's master
 // weights) and keeps its slice, so p ranks hold, and compute, the same model as one process with
-// nn::Linear would; load_full sets a layer's slice from whole weights.
+// nn::Linear would; load_full sets a layer's slice from whole weights, and gather_full gives the
+// whole weights back from the slices.
 #pragma once
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distributed/comm/communicator.h"
@@ -91,6 +93,9 @@ class ColumnParallelLinear : public nn::Module {
   std::string extra_repr() const override;
   // Sets this rank's slice from the whole layer's weight (out, in) and bias (out).
   void load_full(const Tensor& weight, const Tensor& bias = {});
+  // The whole layer's weight (out, in) and bias (out, or undefined), from every rank's slice: the
+  // inverse of load_full. Collective: each rank of the layer's calls it and gets the whole.
+  std::pair<Tensor, Tensor> gather_full() const;
 
   Tensor weight;  // (out / p, in)
   Tensor bias;    // (out / p), or undefined
@@ -115,6 +120,7 @@ class RowParallelLinear : public nn::Module {
   Tensor forward(const Tensor& input) override;
   std::string extra_repr() const override;
   void load_full(const Tensor& weight, const Tensor& bias = {});
+  std::pair<Tensor, Tensor> gather_full() const;  // as ColumnParallelLinear's
 
   Tensor weight;  // (out, in / p)
   Tensor bias;    // (out), the same on every rank (added once, after the all-reduce), or undefined

@@ -1,8 +1,8 @@
 // tests/distributed/test_gpt_parallel.cpp: models::ParallelGPT, GPT-2 tensor-parallel (sequence
 // parallel or not) and cut into pipeline stages, against GPT on one process: the logits and every
 // gradient slice, training through kiln::Engine on every data x pipeline x tensor grid that the
-// ranks make (with dropout too: the same masks as one process's), and a head tied to the
-// embedding across stages.
+// ranks make (with dropout too: the same masks as one process's), a head tied to the embedding
+// across stages, and the whole model gathered back from the stages and slices.
 #include <filesystem>
 
 #include "models/gpt_parallel.h"
@@ -187,6 +187,15 @@ void train_on_every_grid(const Device& device) {
     }
     if (stage.lm_head) check_close(stage.lm_head->weight.cpu(), whole.transformer.wte.weight, tol);
     CHECK(stage.tied_weights().size() == (sizes.pipeline > 1 && (stage.is_first_stage() || stage.is_last_stage())));
+    // Gathered into one GPT on the first stage: the model one process trained.
+    const std::unique_ptr<models::GPT> gathered = stage.gather(*grid.pipeline());
+    REQUIRE((gathered != nullptr) == stage.is_first_stage());
+    if (gathered) {
+      for (const auto& [name, t] : whole.state_dict()) {
+        INFO(name);
+        check_close(gathered->state_dict().at(name), t, tol);
+      }
+    }
   }
 }
 
@@ -204,6 +213,39 @@ TEST_CASE("ParallelGPT: trained through the engine on every grid shape, sequence
 // other [gpu] cases at 2 and 3 ranks, skipped without a GPU.
 TEST_CASE("ParallelGPT on the GPU, through MPI: every grid shape matches GPT on the CPU", "[.][gpu][distributed]") {
   train_on_every_grid(Device::cuda(0));
+}
+
+TEST_CASE("ParallelGPT: gather puts the stages and slices back into the GPT load_from took them from, exactly",
+          "[distributed]") {
+  auto world = init("mpi");
+  for (const GridSizes& sizes : kiln::test::grid_shapes(world->size())) {
+    for (bool tie : {true, false}) {
+      INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", tied head " << tie);
+      ParallelGrid grid(world, sizes);
+      const models::GPTConfig c = small_config(4, tie);
+      manual_seed(31);
+      models::GPT whole(c);
+      manual_seed(32);  // other weights, replaced by whole's
+      models::ParallelGPT stage(c, grid.tensor(), grid.pipeline_rank(), grid.pipeline_size());
+      stage.load_from(whole);
+      const uint64_t offset = default_generator().offset();
+      const std::unique_ptr<models::GPT> gathered = stage.gather(*grid.pipeline());
+      CHECK(default_generator().offset() == offset);  // the copy drew nothing: the ranks stay in step
+      REQUIRE((gathered != nullptr) == stage.is_first_stage());
+      if (!gathered) continue;
+      const TensorDict want = whole.state_dict(), got = gathered->state_dict();
+      CHECK(got.size() == want.size());
+      for (const auto& [name, t] : want) {
+        INFO(name);
+        kiln::test::check_equal(got.at(name), t);
+      }
+    }
+  }
+  if (world->size() > 1) {  // the world is not the pipeline's communicator of a one-stage model
+    ParallelGrid grid(world, {.tensor = world->size()});
+    models::ParallelGPT stage(small_config(2, true), grid.tensor());
+    check_error([&] { stage.gather(*world); }, {"ParallelGPT::gather", "grid.pipeline()", "rank 0 of 1"});
+  }
 }
 
 TEST_CASE("ParallelGPT: a head tied across stages trains as one weight, at ZeRO 0 and 1, and resumes",

@@ -7,7 +7,8 @@
 #      too; stopped at step 3 and resumed, they equal a run straight through, bit for bit: the
 #      loss of every step and the validation losses. A checkpoint without head_tied_across_stages
 #      (an older run's) resumes untied: from a tied run's, an Error on every rank.
-#   3. A grid without a DeepSpeed config, with more ranks than there are, or --sequence-parallel
+#   3. The sample at the end, from the model gathered onto rank 0, is one rank's.
+#   4. A grid without a DeepSpeed config, with more ranks than there are, or --sequence-parallel
 #      without tensor parallelism is an Error.
 #   cmake -DPROGRAM=<train_gpt> -DLAUNCHER="kiln-run;-n;2" -DWORK=<dir> -P gpt_grid_check.cmake
 file(REMOVE_RECURSE ${WORK})
@@ -67,7 +68,26 @@ if(rc EQUAL 0 OR NOT err MATCHES "trainable elements")
   message(FATAL_ERROR "an untied head resumed from a tied checkpoint should be an Error on every rank, got ${rc}:\n${err}")
 endif()
 
-# 3. Errors.
+# 3. The sample at the end comes from the whole model, gathered from the stages and slices onto
+#    rank 0: after the same training, drawn from the same generator, it is one rank's.
+set(sampled --eval-batches 1 --threads 1 --quiet --sample 24 --top-k 0 --prompt "The " --steps 2)
+run_program(out "" ${model} ${sampled} --out ${WORK}/sample-one)
+run_program(out "${LAUNCHER}" ${model} ${sampled} --tensor-parallel 2 --out ${WORK}/sample-tensor)
+run_program(out "${LAUNCHER}" ${model} ${sampled} --pipeline-parallel 2 --out ${WORK}/sample-pipeline)
+# Read as hex: the bytes drawn may be any of 256, a NUL or a ';' among them.
+file(READ ${WORK}/sample-one/sample.txt one_sample HEX)
+string(LENGTH "${one_sample}" n)
+if(NOT n EQUAL 58)  # "The ", 24 bytes and a newline: 29 bytes
+  message(FATAL_ERROR "one rank's sample should be 29 bytes, got ${one_sample} (hex)")
+endif()
+foreach(grid tensor pipeline)
+  file(READ ${WORK}/sample-${grid}/sample.txt grid_sample HEX)
+  if(NOT grid_sample STREQUAL one_sample)
+    message(FATAL_ERROR "the ${grid}-parallel run's sample ${grid_sample} (hex) is not one rank's ${one_sample}")
+  endif()
+endforeach()
+
+# 4. Errors.
 execute_process(COMMAND ${PROGRAM} --n-layer 2 --corpus ${WORK}/corpus.txt --tensor-parallel 2 --steps 1 --out ${WORK}/e1
                 RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
 if(rc EQUAL 0 OR NOT err MATCHES "train through the engine: give a --deepspeed-config too")
