@@ -78,7 +78,7 @@ for step in "${steps[@]}"; do
       -DKILN_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 ${cudnn_root:+-DCUDNN_ROOT="$cudnn_root"} \
       >"$logs/configure.log" 2>&1 ||
       { tail -40 "$logs/configure.log"; exit 1; }
-    grep -i "mpi\|nccl\|cudnn" "$logs/configure.log" | head -10
+    grep "^-- kiln:" "$logs/configure.log"
     limit 900 cmake --build $build -j"$(nproc)" --target "${targets[@]}" >"$logs/build.log" 2>&1 ||
       { grep -B2 -A12 "error" "$logs/build.log" | head -120; tail -3 "$logs/build.log"; exit 1; }
     echo "gpu_check: built ${targets[*]} in $((SECONDS - start)) s"

@@ -2,7 +2,8 @@
 // scaled_dot_product_attention (float64 on CUDA) against the CPU's fused one, forward and gradients;
 // the CUDA flash kernels (float16, bfloat16, float32) against a float64 composition of the same
 // rounded inputs (the 16-bit ones in both kernel sets of KILN_CUDA_ATTENTION), also reading the heads
-// of one projection in place, and their memory; a tiny GPT's logits and parameter gradients; and
+// of one projection in place, and their memory; a tiny GPT's logits and parameter gradients, with
+// dropout (the CPU's masks, checkpointed or not) and under float16 and bfloat16 autocast; and
 // activation offload (SaveOnCpu): the same gradients, the saved activations copied to the host, and
 // less device memory held by the graph. One case checks every head dim row by row, on peaked scores,
 // tails and broadcast key and value heads.
@@ -288,6 +289,78 @@ TEST_CASE("GPT on cuda:0: logits and gradients equal the CPU's", "[gpu][gpt]") {
   for (size_t i = 0; i < pc.size(); ++i) {
     INFO(pc[i].first);
     test::check_close(pg[i].second.grad().cpu(), pc[i].second.grad(), {1e-3, 1e-5});
+  }
+}
+
+// The CUDA random numbers are the CPU's (Philox, the same element mapping), so from one generator
+// state a GPT with dropout drops the same elements on both devices: on the CPU the attention
+// probabilities' mask is drawn inside the fused kernel, on CUDA by dropout on the composed
+// probabilities, so this also holds the two to one mask. Activation checkpointing on CUDA replays
+// the masks.
+TEST_CASE("GPT with dropout on cuda:0, checkpointed or not: the CPU's loss and gradients from the same state",
+          "[gpu][gpt]") {
+  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 16, .vocab_size = 40, .dropout = 0.2};
+  GPT cpu(c), gpu(c);
+  gpu.load_state_dict(cpu.state_dict());
+  gpu.to(kGpu);
+  Tensor idx = randint(0, 40, {3, 16}), targets = randint(0, 40, {3, 16});
+  for (bool checkpointed : {false, true}) {
+    INFO("checkpointed " << checkpointed);
+    gpu.set_checkpointing(checkpointed);
+    cpu.zero_grad();
+    gpu.zero_grad();
+    const Generator::State state = default_generator().get_state();
+    Tensor lc = GPT::loss(cpu(idx), targets);
+    const uint64_t cpu_end = default_generator().offset();
+    default_generator().set_state(state);
+    Tensor lg = GPT::loss(gpu(idx.to(kGpu)), targets.to(kGpu));
+    CHECK(default_generator().offset() == cpu_end);
+    CHECK(lg.item<double>() == Approx(lc.item<double>()).epsilon(1e-5));
+    lc.backward();
+    lg.backward();
+    auto pc = cpu.named_parameters(), pg = gpu.named_parameters();
+    for (size_t i = 0; i < pc.size(); ++i) {
+      INFO(pc[i].first);
+      test::check_close(pg[i].second.grad().cpu(), pc[i].second.grad(), {1e-3, 1e-5});
+    }
+  }
+}
+
+// Autocast's policy on CUDA (PyTorch's): the GEMMs and attention in the 16-bit dtype, the norms,
+// softmax and the loss in float32; the loss and gradients near float32's, the weights float32.
+TEST_CASE("GPT under float16 and bfloat16 autocast on cuda:0: near float32's loss and gradients", "[gpu][gpt][autocast]") {
+  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 64, .block_size = 32, .vocab_size = 50};
+  GPT model(c);
+  model.to(kGpu);
+  Tensor idx = randint(0, 50, {4, 32}).to(kGpu), targets = randint(0, 50, {4, 32}).to(kGpu);
+  auto run = [&](std::optional<DType> low) {
+    model.zero_grad();
+    Tensor loss;
+    {
+      AutocastGuard ac(DeviceType::CUDA, low.value_or(kFloat16), low.has_value());
+      Tensor logits = model(idx);
+      CHECK(logits.dtype() == (low ? *low : kFloat32));  // the head is a GEMM
+      loss = GPT::loss(logits, targets);
+      CHECK(loss.dtype() == kFloat32);  // cross-entropy runs in float32
+    }
+    loss.backward();
+    std::vector<Tensor> grads;
+    for (const auto& p : model.parameters()) {
+      CHECK(p.grad().dtype() == kFloat32);
+      grads.push_back(p.grad().cpu());
+    }
+    return std::pair{loss.item<double>(), grads};
+  };
+  const auto [loss32, grads32] = run(std::nullopt);
+  for (DType low : {kFloat16, kBFloat16}) {
+    INFO(dtype_name(low));
+    const auto [loss, grads] = run(low);
+    CHECK(loss == Approx(loss32).epsilon(low == kFloat16 ? 2e-3 : 1e-2));
+    for (size_t i = 0; i < grads.size(); ++i) {
+      // Relative to the largest gradient of each weight: 16-bit products, float32 sums.
+      const double scale = grads32[i].abs().max().item<double>();
+      test::check_close(grads[i], grads32[i], {0, (low == kFloat16 ? 2e-2 : 8e-2) * scale});
+    }
   }
 }
 
