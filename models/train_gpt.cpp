@@ -615,6 +615,7 @@ int run(int argc, char** argv) {
   std::unique_ptr<models::GPT> joined;
   if (sample > 0 && grid) {
     joined = stage->gather(*grid->pipeline());
+    if (!main_rank) joined.reset();  // the other ranks of the first stage get a copy too
     if (joined) joined->to(device);
   }
   models::GPT* sampler = grid ? joined.get() : whole.get();

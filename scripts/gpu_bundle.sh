@@ -66,10 +66,12 @@ else
 fi
 rm -rf "$dest"
 mv "$dest.new" "$dest"
-grep -qx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >>.git/info/exclude
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.deps/' "$exclude" 2>/dev/null || echo '/.deps/' >>"$exclude"
 # What travels: the files git tracks or sees untracked, and .deps.
-tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null |
-       awk '{s += $1} END {print s + 0}')
+tree=$({ git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null || true; } |
+       awk '{s += $1} END {print s + 0}')  # a tracked file deleted from the tree counts nothing
 bundle=$(du -sb "$dest" | cut -f1)
 total_mib=$(((tree + bundle) >> 20))
 echo "gpu_bundle: .deps is $((bundle >> 20)) MiB; with the tree $total_mib MiB travel (at most 64)"
