@@ -166,7 +166,8 @@ std::unique_ptr<GPT> ParallelGPT::gather(distributed::Communicator& pipeline) {
   auto copy = [](Tensor dst, const Tensor& src) { dst.copy_(src.to(Device::cpu(), kFloat32)); };
   copy(whole->transformer.wte.weight, wte->weight);
   copy(whole->transformer.wpe.weight, wpe->weight);
-  const std::vector<Tensor> own = stage_tensors(*whole, first_, first_ + static_cast<int64_t>(h.size()), is_last_stage());
+  const int64_t last = first_ + static_cast<int64_t>(h.size());
+  const std::vector<Tensor> own = stage_tensors(*whole, first_, last, is_last_stage());
   for (size_t i = 0; i < own.size(); ++i) copy(own[i], mine[i]);
   // The other stages' parts, in stage order, each in the order it sends them.
   for (int s = 1; s < num_stages_; ++s) {

@@ -609,8 +609,8 @@ int run(int argc, char** argv) {
   const std::string png = main_rank ? train::plot_losses(history, out_dir, &why) : "";
   if (main_rank && png.empty() && !quiet) std::printf("train_gpt: no plot: %s\n", why.c_str());
 
-  // With a grid, the stages and slices gathered into one GPT on the first stage's ranks (rank 0 is
-  // among them), which samples there.
+  // With a grid, the stages and slices are gathered into one GPT on the first stage's ranks; rank 0,
+  // one of them, samples from it.
   auto all = sample > 0 && !grid ? gathered() : nullptr;
   std::unique_ptr<models::GPT> joined;
   if (sample > 0 && grid) {
@@ -628,7 +628,7 @@ int run(int argc, char** argv) {
     if (static_cast<int64_t>(ids.size()) > c.block_size) ids.erase(ids.begin(), ids.end() - c.block_size);
     Generator g(r.seed);
     Tensor out = sampler->generate(from_vector(ids, {1, static_cast<int64_t>(ids.size())}, device), sample,
-                                {.temperature = temperature, .top_k = top_k}, &g);
+                                   {.temperature = temperature, .top_k = top_k}, &g);
     const std::vector<int64_t> bytes = out.to(Device::cpu()).to_vector<int64_t>();
     std::string raw;  // the file gets the bytes as generated (UTF-8 prompts stay whole); the terminal '?'s
     for (int64_t b : bytes) raw += static_cast<char>(b);

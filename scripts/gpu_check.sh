@@ -34,7 +34,10 @@ mkdir -p "$logs"
 exec 3>&2  # limit's notices go here, not into the output of the command it skips
 rounds=${ROUNDS:-2}
 deadline=${GPU_CHECK_SECONDS:-}
-[[ -z $deadline || $deadline =~ ^[0-9]+$ ]] || { echo "gpu_check: GPU_CHECK_SECONDS='$deadline' is not a number of seconds" >&2; exit 2; }
+if [[ -n $deadline && ! $deadline =~ ^[0-9]+$ ]]; then
+  echo "gpu_check: GPU_CHECK_SECONDS='$deadline' is not a number of seconds" >&2
+  exit 2
+fi
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "gpu_check: ROUNDS='$rounds' must be a whole number >= 1" >&2; exit 2; }
 pack_logs() { tar czf "$out/logs.tar.gz" -C "$logs" . 2>/dev/null; }
 finish() {
@@ -100,13 +103,15 @@ for step in "${steps[@]}"; do
     rc=${PIPESTATUS[0]}; echo "gpu_check: test_cuda exit $rc in $((SECONDS - start)) s"; ((rc)) && status=1
     grep -E "^test cases|^assertions|seconds: " "$logs/test_cuda.log" | sort -t: -k1,1 | tail -40
     start=$SECONDS
-    limit 400 ctest --test-dir $build -L gpu -E "^cuda: all" --output-on-failure --timeout 300 >"$logs/ctest_gpu.log" 2>&1
+    limit 400 ctest --test-dir $build -L gpu -E "^cuda: all" --output-on-failure --timeout 300 \
+      >"$logs/ctest_gpu.log" 2>&1
     rc=$?; echo "gpu_check: ctest -L gpu exit $rc in $((SECONDS - start)) s"; ((rc)) && status=1
     grep -E "tests passed|Failed|\*\*\*|Not Run|Test +#" "$logs/ctest_gpu.log" | head -40
     ;;
   suite)
     start=$SECONDS
-    limit 600 ctest --test-dir $build -j"$(nproc)" -E "^cuda: all" --output-on-failure --timeout 300 >"$logs/ctest.log" 2>&1
+    limit 600 ctest --test-dir $build -j"$(nproc)" -E "^cuda: all" --output-on-failure --timeout 300 \
+      >"$logs/ctest.log" 2>&1
     rc=$?; echo "gpu_check: ctest exit $rc in $((SECONDS - start)) s"; ((rc)) && status=1
     grep -E "tests passed|Failed|\*\*\*|Not Run" "$logs/ctest.log" | head -40
     ;;

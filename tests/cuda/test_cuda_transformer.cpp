@@ -328,7 +328,8 @@ TEST_CASE("GPT with dropout on cuda:0, checkpointed or not: the CPU's loss and g
 
 // Autocast's policy on CUDA (PyTorch's): the GEMMs and attention in the 16-bit dtype, the norms,
 // softmax and the loss in float32; the loss and gradients near float32's, the weights float32.
-TEST_CASE("GPT under float16 and bfloat16 autocast on cuda:0: near float32's loss and gradients", "[gpu][gpt][autocast]") {
+TEST_CASE("GPT under float16 and bfloat16 autocast on cuda:0: near float32's loss and gradients",
+          "[gpu][gpt][autocast]") {
   GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 64, .block_size = 32, .vocab_size = 50};
   GPT model(c);
   model.to(kGpu);
