@@ -275,38 +275,18 @@ TEST_CASE("KILN_CUDA_ATTENTION names a kernel set or is an Error", "[gpu][attent
   test::check_close(y[1], y[0], {1e-2, 1e-3});
 }
 
-TEST_CASE("GPT on cuda:0: logits and gradients equal the CPU's", "[gpu][gpt]") {
-  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 16, .vocab_size = 40};
-  GPT cpu(c), gpu(c);
-  gpu.load_state_dict(cpu.state_dict());
-  gpu.to(kGpu);
-  Tensor idx = randint(0, 40, {3, 16}), targets = randint(0, 40, {3, 16});
-  Tensor lc = GPT::loss(cpu(idx), targets), lg = GPT::loss(gpu(idx.to(kGpu)), targets.to(kGpu));
-  CHECK(lg.item<double>() == Approx(lc.item<double>()).epsilon(1e-5));
-  lc.backward();
-  lg.backward();
-  auto pc = cpu.named_parameters(), pg = gpu.named_parameters();
-  for (size_t i = 0; i < pc.size(); ++i) {
-    INFO(pc[i].first);
-    test::check_close(pg[i].second.grad().cpu(), pc[i].second.grad(), {1e-3, 1e-5});
-  }
-}
+namespace {
 
-// The CUDA random numbers are the CPU's (Philox, the same element mapping), so from one generator
-// state a GPT with dropout drops the same elements on both devices: on the CPU the attention
-// probabilities' mask is drawn inside the fused kernel, on CUDA by dropout on the composed
-// probabilities, so this also holds the two to one mask. Activation checkpointing on CUDA replays
-// the masks.
-TEST_CASE("GPT with dropout on cuda:0, checkpointed or not: the CPU's loss and gradients from the same state",
-          "[gpu][gpt]") {
-  GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 16, .vocab_size = 40, .dropout = 0.2};
+// A GPT of config c on the CPU and a copy on cuda:0, each run on the same batch from the same
+// generator state: the same loss (and generator offset after), and every parameter's gradient.
+void check_gpt_on_gpu(const GPTConfig& c, const std::vector<bool>& checkpointed) {
   GPT cpu(c), gpu(c);
   gpu.load_state_dict(cpu.state_dict());
   gpu.to(kGpu);
-  Tensor idx = randint(0, 40, {3, 16}), targets = randint(0, 40, {3, 16});
-  for (bool checkpointed : {false, true}) {
-    INFO("checkpointed " << checkpointed);
-    gpu.set_checkpointing(checkpointed);
+  Tensor idx = randint(0, c.vocab_size, {3, c.block_size}), targets = randint(0, c.vocab_size, {3, c.block_size});
+  for (bool on : checkpointed) {
+    INFO("checkpointed " << on);
+    gpu.set_checkpointing(on);
     cpu.zero_grad();
     gpu.zero_grad();
     const Generator::State state = default_generator().get_state();
@@ -324,6 +304,23 @@ TEST_CASE("GPT with dropout on cuda:0, checkpointed or not: the CPU's loss and g
       test::check_close(pg[i].second.grad().cpu(), pc[i].second.grad(), {1e-3, 1e-5});
     }
   }
+}
+
+}  // namespace
+
+TEST_CASE("GPT on cuda:0: logits and gradients equal the CPU's", "[gpu][gpt]") {
+  check_gpt_on_gpu({.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 16, .vocab_size = 40}, {false});
+}
+
+// The CUDA random numbers are the CPU's (Philox, the same element mapping), so from one generator
+// state a GPT with dropout drops the same elements on both devices: on the CPU the attention
+// probabilities' mask is drawn inside the fused kernel, on CUDA by dropout on the composed
+// probabilities, so this also holds the two to one mask. Activation checkpointing on CUDA replays
+// the masks.
+TEST_CASE("GPT with dropout on cuda:0, checkpointed or not: the CPU's loss and gradients from the same state",
+          "[gpu][gpt]") {
+  check_gpt_on_gpu({.n_layer = 2, .n_head = 2, .n_embd = 32, .block_size = 16, .vocab_size = 40, .dropout = 0.2},
+                   {false, true});
 }
 
 // Autocast's policy on CUDA (PyTorch's): the GEMMs and attention in the 16-bit dtype, the norms,

@@ -191,9 +191,10 @@ void train_on_every_grid(const Device& device) {
     const std::unique_ptr<models::GPT> gathered = stage.gather(*grid.pipeline());
     REQUIRE((gathered != nullptr) == stage.is_first_stage());
     if (gathered) {
+      const TensorDict got = gathered->state_dict();
       for (const auto& [name, t] : whole.state_dict()) {
         INFO(name);
-        check_close(gathered->state_dict().at(name), t, tol);
+        check_close(got.at(name), t, tol);
       }
     }
   }
