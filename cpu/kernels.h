@@ -139,6 +139,15 @@ void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs,
 // wide, and k one block of b's rows or c at most 1 MiB.
 bool sgemm_avx512_unpacked(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs);
 bool cpu_has_avx512();
+// bfloat16 c = a @ b with AVX512-BF16 (bf16gemm.cpp): float32 sums, each rounded once; a and b as
+// for sgemm_avx512, c row-major with leading dim ldc. Threads through parallel_for (serial when
+// nested). Call only when cpu_has_avx512_bf16() is true.
+void bf16gemm_avx512(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                     const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* c, int64_t ldc);
+bool cpu_has_avx512_bf16();
+// Whether a bfloat16 matmul goes to bf16gemm_avx512 rather than through float32 (matmul.cpp,
+// Note [which bfloat16 GEMM]): with KILN_CPU_BF16_GEMM=own on a CPU with AVX512-BF16.
+bool use_own_bf16gemm();
 // Whether a float32 product c (m, n) = a (m, k) @ b (k, n), a's columns a_cs apart and b's b_cs,
 // goes to sgemm_avx512 (matmul.cpp, Note [which float32 GEMM]): on an AVX-512 CPU where OpenBLAS is
 // absent or runs an AVX2 kernel (or KILN_CPU_GEMM=own), when c is at least one tile's height and a

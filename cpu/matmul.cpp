@@ -8,7 +8,8 @@
 // pool, its threads sharing the packed b (except in small products, Note [sharing b], and in those
 // it does not pack at all, Note [unpacked products]).
 // A transposed operand (a view with strides (1, M)) is passed to BLAS as "transposed", not copied.
-// The 16-bit floats are converted to float32, multiplied and rounded back; integers use Eigen.
+// float16 and bfloat16 are converted to float32, multiplied and rounded back (bfloat16 can go to
+// Kiln's AVX512-BF16 GEMM instead, Note [which bfloat16 GEMM]); integers use Eigen.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cstdlib>
@@ -175,18 +176,18 @@ namespace {
 // when it is split over threads, are then told, not asked again.
 template <typename T>
 bool own_gemm(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
-  if constexpr (std::is_same_v<T, float>) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    return true;
+  } else if constexpr (std::is_same_v<T, float>) {
     return c.cs == 1 && use_own_sgemm(c.rows, c.cols, a.cols, a.cs, b.cs);
   } else {
     return false;
   }
 }
 
-// c = a @ b: by sgemm.cpp when own (which threads through the pool unless called from a
-// parallel_for), else by one BLAS or Eigen call on this thread. c is row-major (ops/ allocates it).
+// c = a @ b for float, double and the integers (gemm_serial).
 template <typename T>
-void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool own) {
-  if (c.rows == 0 || c.cols == 0) return;
+void gemm_serial_blas(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool own) {
   if constexpr (std::is_same_v<T, float>) {
     if (own) {
       sgemm_avx512(c.rows, c.cols, a.cols, a.data, a.rs, a.cs, b.data, b.rs, b.cs, false, c.data, c.rs);
@@ -221,6 +222,19 @@ void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool own) {
   }
 #endif
   gemm_eigen(a, b, c);
+}
+
+// c = a @ b: by sgemm.cpp when own (which threads through the pool unless called from a
+// parallel_for), else by one BLAS or Eigen call on this thread; bfloat16 always by bf16gemm.cpp
+// (matmul_kernel sends it here only then). c is row-major (ops/ allocates it).
+template <typename T>
+void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool own) {
+  if (c.rows == 0 || c.cols == 0) return;
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    bf16gemm_avx512(c.rows, c.cols, a.cols, a.data, a.rs, a.cs, b.data, b.rs, b.cs, c.data, c.rs);
+  } else {
+    gemm_serial_blas(a, b, c, own);
+  }
 }
 
 // Row block [r0, r1) of a and c, or column block of b and c.
@@ -293,7 +307,7 @@ void matmul_typed(const View& av, const View& bv, const View& cv) {
   }
 }
 
-// The 16-bit floats: multiply in float32, round the result once.
+// The 16-bit floats through float32: multiply in float32, round the result once.
 void matmul_via_float(const View& a, const View& b, const View& c) {
   // The float32 copies come from the caching allocator (ScratchBuffer): a std::vector would zero
   // them first and, at these sizes, take fresh pages from the system on every call.
@@ -376,14 +390,45 @@ bool cpu_has_avx512() {
 #endif
 }
 
+bool cpu_has_avx512_bf16() {
+#ifdef KILN_HAVE_BF16GEMM_AVX512
+  static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+#else
+  return false;
+#endif
+}
+
+// Note [which bfloat16 GEMM]: matmul_via_float, unless KILN_CPU_BF16_GEMM=own on a CPU with
+// AVX512-BF16: then bf16gemm.cpp, which multiplies the bfloat16 operands as they are. The two give
+// the same float32 sums up to the order of the additions, each rounded once. bf16gemm.cpp is not
+// the default because, measured on the one AVX512-BF16 CPU at hand (a Xeon of the Sapphire Rapids
+// family, 2026-11-29, benchmarks/results/README.md), it ran at 0.54-0.66x matmul_via_float's
+// FLOP/s on one thread and 0.65-0.93x on two: VDPBF16PS there does about half the multiply-adds a
+// cycle that sgemm.cpp's FMAs do. A CPU whose VDPBF16PS keeps the FMA's rate would do twice as many.
+// KILN_CPU_BF16_GEMM=own on a CPU without AVX512-BF16 keeps matmul_via_float.
+bool use_own_bf16gemm() {
+  static const bool own = [] {
+    const char* v = std::getenv("KILN_CPU_BF16_GEMM");
+    if (v != nullptr && std::string_view(v) != "own" && std::string_view(v) != "float")
+      KILN_FAIL("KILN_CPU_BF16_GEMM={}: expected 'own' (Kiln's AVX512-BF16 GEMM where the CPU has it) or 'float' "
+                "(convert to float32 and use the float32 GEMM, the default)", v);
+    return cpu_has_avx512_bf16() && v != nullptr && std::string_view(v) == "own";
+  }();
+  return own;
+}
+
 void matmul_kernel(const View& a, const View& b, const View& c) {
   switch (c.dtype) {
     case DType::Float32: return matmul_typed<float>(a, b, c);
     case DType::Float64: return matmul_typed<double>(a, b, c);
     case DType::Int32: return matmul_typed<int32_t>(a, b, c);
     case DType::Int64: return matmul_typed<int64_t>(a, b, c);
-    case DType::Float16:
-    case DType::BFloat16: return matmul_via_float(a, b, c);
+    case DType::Float16: return matmul_via_float(a, b, c);
+    case DType::BFloat16:
+      if (use_own_bf16gemm() && (c.numel() == 0 || c.strides[c.ndim() - 1] == 1)) return matmul_typed<BFloat16>(a, b, c);
+      return matmul_via_float(a, b, c);
     default: KILN_FAIL("matmul: not implemented for {}", dtype_name(c.dtype));
   }
 }
