@@ -88,7 +88,26 @@ struct TileOut {
   float* partial;
   int64_t ldp;
   bool add_partial, last;
+  TileOut at(int64_t i, int64_t j) const {  // the same, from element (i, j) of c on
+    return {c + i * ldc + j, ldc, partial == nullptr ? nullptr : partial + i * ldp + j, ldp, add_partial, last};
+  }
 };
+
+// c[:mr, :nr] (at out) gets the tile whose 16 columns from 16 v of row i are sum(i, v).
+template <typename Sum>
+__attribute__((always_inline)) inline void store_tile(const TileOut& out, int64_t mr, int64_t nr, const Sum& sum) {
+  for (int64_t i = 0; i < mr; ++i)
+    for (int64_t v = 0; v * 16 < nr; ++v) {
+      const __mmask16 m = lanes(nr - v * 16);
+      __m512 x = sum(i, v);
+      if (out.add_partial) x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, out.partial + i * out.ldp + v * 16));
+      if (out.last) {
+        _mm256_mask_storeu_epi16(out.c + i * out.ldc + v * 16, m, round_to_bf16(x));
+      } else {
+        _mm512_mask_storeu_ps(out.partial + i * out.ldp + v * 16, m, x);
+      }
+    }
+}
 
 // The tile (MR x NV*16) of sums over kp pairs (and one lone last row of k when odd): a's word for
 // row i and pair q at row[i] + q * a_pair (rows from mr on read row mr - 1 again, unstored); b's
@@ -119,29 +138,19 @@ void micro_kernel(int64_t kp, bool odd, const uint16_t* a, int64_t a_row, int64_
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av, (__m512bh)b[j]);
     }
   }
-  for (int64_t i = 0; i < mr; ++i)
-    for (int j = 0; j < NV; ++j) {
-      const __mmask16 m = lanes(nr - j * 16);
-      if (m == 0) break;
-      __m512 v = acc[i][j];
-      if (out.add_partial) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(m, out.partial + i * out.ldp + j * 16));
-      if (out.last) {
-        _mm256_mask_storeu_epi16(out.c + i * out.ldc + j * 16, m, round_to_bf16(v));
-      } else {
-        _mm512_mask_storeu_ps(out.partial + i * out.ldp + j * 16, m, v);
-      }
-    }
+  store_tile(out, mr, nr, [&](int64_t i, int64_t v) { return acc[i][v]; });
 }
 
 // Packs b's block (rows p0..p0+kc, columns jc..jc+nc), panels j0..j1, into out: panel jp at
-// out + jp * NR * kp (kp = ceil(kc / 2) rows of nv*16 words, nv = ceil(width / 16), zeros right of
-// the width and in the high half of an odd kc's last row).
+// out + jp * NR * rows (kp = ceil(kc / 2) rows of nv*16 words, nv = ceil(width / 16), zeros right
+// of the width and in the high half of an odd kc's last row; then zero rows up to rows >= kp).
 void pack_b_panels(const Operand& b, int64_t p0, int64_t kc, int64_t jc, int64_t nc, int64_t j0, int64_t j1,
-                   uint32_t* out) {
+                   int64_t rows, uint32_t* out) {
   const int64_t kp = (kc + 1) / 2;
   for (int64_t jp = j0; jp < j1; ++jp) {
     const int64_t w = std::min(NR, nc - jp * NR), nv = (w + 15) / 16, stride = nv * 16;
-    uint32_t* panel = out + jp * NR * kp;
+    uint32_t* panel = out + jp * NR * rows;
+    std::memset(panel + kp * stride, 0, sizeof(uint32_t) * (rows - kp) * stride);
     const int64_t col0 = jc + jp * NR;
     if (b.cs == 1) {  // rows contiguous: interleave two rows' 16 columns into 16 words
       for (int64_t q = 0; q < kp; ++q) {
@@ -208,7 +217,7 @@ void pack_a(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, ui
 }
 
 // Rows i0..i1 and panels pa..pb of c from one packed block of b (rows p0..p0+kc of k, columns
-// jc..jc+nc of c).
+// jc..jc+nc of c, kp rows a panel).
 void compute_block(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int64_t kc, const uint32_t* bp,
                    int64_t jc, int64_t nc, int64_t pa, int64_t pb, const TileOut& out) {
   const int64_t kp = (kc + 1) / 2;
@@ -222,11 +231,10 @@ void compute_block(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int64_t
       const int64_t jr = jp * NR, w = std::min(NR, nc - jr);
       const uint32_t* panel = bp + jr * kp;
       for (int64_t ir = 0; ir < mc; ir += MR) {
-        const int64_t mr = std::min(MR, mc - ir), i = ic + ir, j = jc + jr;
-        float* partial = out.partial == nullptr ? nullptr : out.partial + i * out.ldp + j;
-        const TileOut tile{out.c + i * out.ldc + j, out.ldc, partial, out.ldp, out.add_partial, out.last};
+        const int64_t mr = std::min(MR, mc - ir);
+        const TileOut tile = out.at(ic + ir, jc + jr);
         // a's words: rows a.rs apart, pairs 2 apart; packed, rows one word apart, pairs MR words.
-        const uint16_t* arow = direct ? a.at(i, p0) : reinterpret_cast<const uint16_t*>(ap.data() + ir * kp);
+        const uint16_t* arow = direct ? a.at(ic + ir, p0) : reinterpret_cast<const uint16_t*>(ap.data() + ir * kp);
         const int64_t a_row = direct ? a.rs : 2, a_pair = direct ? 2 : 2 * MR;
         if (w > 32) {
           micro_kernel<3>(kp - odd, odd, arow, a_row, a_pair, panel, tile, mr, w);
@@ -240,10 +248,167 @@ void compute_block(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int64_t
   }
 }
 
-}  // namespace
+// ---- AMX ----
+// Note [AMX]: Intel's Advanced Matrix Extensions add eight tile registers of up to 16 rows x 64
+// bytes and TDPBF16PS, which adds to a tile C of 16 x 16 float32 the product of a tile A of 16 rows
+// x 32 bfloat16 (each row 32 consecutive k) and a tile B of 16 rows of 16 words, row q holding the
+// pairs (b[2q][j], b[2q + 1][j]): exactly a packed panel's rows, 16 columns of it. One instruction
+// is 8,192 multiply-adds. The micro-kernel keeps a 16 x 48 block of c in three C tiles (0-2); each
+// step of 32 k loads a's 16 x 32 block (tile 3) and three B tiles (4-6) straight from the panel
+// (rows a panel's width apart) and issues three TDPBF16PS. a is packed into 16 x 32 blocks, zero-
+// padded below its last row and right of k's end, and a panel's rows are padded with zero rows to
+// a multiple of 16, so every tile is full and the configuration never changes. The tiles go to a
+// 16 x 48 float32 scratch and from there to c like the other kernel's registers.
+// Linux hands a process the tiles' 8 KiB of state only when asked (arch_prctl, cpu_has_amx_bf16 in
+// matmul.cpp); each thread loads the configuration before its first tile instruction and releases
+// the tiles when its block is done.
+constexpr int64_t AMR = 16;     // rows of an AMX micro-tile
+constexpr int64_t AKB = 32;     // k per tile step
+constexpr int64_t AMC = 64;     // rows of a per packed block
+constexpr int64_t kABlock = AMR * AKB;  // elements in one packed 16 x 32 block of a
 
-void bf16gemm_avx512(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
-                     const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* c, int64_t ldc) {
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};  // bytes a row
+  uint8_t rows[16] = {};
+};
+
+// Packs a's rows i0..i0+mc, columns p0..p0+kc, into 16-row tiles of ceil(kc / 32) blocks of 16 x 32
+// elements (row-major, 64 bytes a row), zeros below the last row and right of kc.
+void pack_a_amx(const Operand& a, int64_t i0, int64_t mc, int64_t p0, int64_t kc, uint16_t* out) {
+  const int64_t nkb = (kc + AKB - 1) / AKB;
+  for (int64_t t = 0; t < mc; t += AMR, out += nkb * kABlock) {
+    const int64_t rows = std::min(AMR, mc - t);
+    for (int64_t kb = 0; kb < nkb; ++kb) {
+      uint16_t* blk = out + kb * kABlock;
+      const int64_t left = kc - kb * AKB;  // columns of k from this block's first on
+      if (a.cs == 1) {  // rows contiguous: 32 elements a row, masked at k's end
+        const __mmask32 m = left >= 32 ? ~__mmask32(0) : __mmask32((uint64_t(1) << left) - 1);
+        for (int64_t r = 0; r < AMR; ++r)
+          _mm512_store_si512(blk + r * AKB, r < rows ? _mm512_maskz_loadu_epi16(m, a.at(i0 + t + r, p0 + kb * AKB))
+                                                     : _mm512_setzero_si512());
+      } else if (a.rs == 1) {  // a transposed: a column's 16 rows are contiguous; pair them, transpose
+        __m512 w[16];  // w[q]: the words (a[i][2q], a[i][2q + 1]) of the 16 rows i, then transposed
+        const __mmask16 m = lanes(rows);
+        for (int64_t q = 0; q < 16; ++q) {
+          const int64_t p = kb * AKB + 2 * q;
+          const __m512i lo = p < kc ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a.at(i0 + t, p0 + p)))
+                                    : _mm512_setzero_si512();
+          const __m512i hi = p + 1 < kc ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, a.at(i0 + t, p0 + p + 1)))
+                                        : _mm512_setzero_si512();
+          w[q] = _mm512_castsi512_ps(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
+        }
+        transpose16(w);  // w[r]: row r's 16 words, its 32 elements in k's order
+        for (int64_t r = 0; r < AMR; ++r) _mm512_store_ps(reinterpret_cast<float*>(blk + r * AKB), w[r]);
+      } else {
+        for (int64_t r = 0; r < AMR; ++r)
+          for (int64_t e = 0; e < AKB; ++e) blk[r * AKB + e] = r < rows && e < left ? *a.at(i0 + t + r, p0 + kb * AKB + e) : 0;
+      }
+    }
+  }
+}
+
+// The 16 x NV*16 block of sums over nkb steps of 32 k: a's packed blocks at ap, b's panel at bp
+// (rows stride words apart); into scratch (16 rows of 48 floats).
+template <int NV>
+void amx_kernel(int64_t nkb, const uint16_t* ap, const uint32_t* bp, int64_t stride, float* scratch) {
+  _tile_zero(0);
+  if constexpr (NV > 1) _tile_zero(1);
+  if constexpr (NV > 2) _tile_zero(2);
+  const int64_t b_bytes = stride * 4;
+  for (int64_t kb = 0; kb < nkb; ++kb) {
+    const uint32_t* brow = bp + kb * 16 * stride;
+    _tile_loadd(3, ap + kb * kABlock, 64);
+    _tile_loadd(4, brow, b_bytes);
+    _tile_dpbf16ps(0, 3, 4);
+    if constexpr (NV > 1) {
+      _tile_loadd(5, brow + 16, b_bytes);
+      _tile_dpbf16ps(1, 3, 5);
+    }
+    if constexpr (NV > 2) {
+      _tile_loadd(6, brow + 32, b_bytes);
+      _tile_dpbf16ps(2, 3, 6);
+    }
+  }
+  _tile_stored(0, scratch, NR * 4);
+  if constexpr (NV > 1) _tile_stored(1, scratch + 16, NR * 4);
+  if constexpr (NV > 2) _tile_stored(2, scratch + 32, NR * 4);
+}
+
+// compute_block with AMX: b's panels have rows (a multiple of 16) rows.
+void compute_block_amx(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int64_t kc, const uint32_t* bp,
+                       int64_t rows, int64_t jc, int64_t nc, int64_t pa, int64_t pb, const TileOut& out) {
+  TileConfig cfg;
+  for (int t = 0; t < 7; ++t) {
+    cfg.rows[t] = 16;
+    cfg.colsb[t] = 64;
+  }
+  _tile_loadconfig(&cfg);
+  const int64_t nkb = (kc + AKB - 1) / AKB;
+  ScratchBuffer<uint16_t> ap(static_cast<size_t>(std::min(AMC, (i1 - i0 + AMR - 1) / AMR * AMR) * nkb * AKB));
+  alignas(64) float scratch[AMR * NR];
+  for (int64_t ic = i0; ic < i1; ic += AMC) {
+    const int64_t mc = std::min(AMC, i1 - ic);
+    pack_a_amx(a, ic, mc, p0, kc, ap.data());
+    for (int64_t jp = pa; jp < pb; ++jp) {
+      const int64_t jr = jp * NR, w = std::min(NR, nc - jr), nv = (w + 15) / 16;
+      const uint32_t* panel = bp + jr * rows;
+      for (int64_t ir = 0; ir < mc; ir += AMR) {
+        const uint16_t* at = ap.data() + ir / AMR * nkb * kABlock;
+        if (nv == 3) {
+          amx_kernel<3>(nkb, at, panel, nv * 16, scratch);
+        } else if (nv == 2) {
+          amx_kernel<2>(nkb, at, panel, nv * 16, scratch);
+        } else {
+          amx_kernel<1>(nkb, at, panel, nv * 16, scratch);
+        }
+        store_tile(out.at(ic + ir, jc + jr), std::min(AMR, mc - ir), w,
+                   [&](int64_t i, int64_t v) { return _mm512_load_ps(scratch + i * NR + v * 16); });
+      }
+    }
+  }
+  _tile_release();
+}
+
+// The loops over blocks of n and k, shared by the two kernels: b's block packed by all threads
+// together, then each thread its rows of c (tiles of tile_rows) or, when c has too few rows for
+// that, its panels.
+template <bool kAmx>
+void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int64_t k, uint16_t* c, int64_t ldc) {
+  constexpr int64_t tile_rows = kAmx ? AMR : MR;
+  ScratchBuffer<float> partial(k > KC ? static_cast<size_t>(m * n) : 0);  // sums between blocks of k
+  const int64_t m_tiles = (m + tile_rows - 1) / tile_rows;
+  const int64_t kp_max = (std::min(KC, k) + 1) / 2;
+  for (int64_t jc = 0; jc < n; jc += NC) {
+    const int64_t nc = std::min(NC, n - jc), panels = (nc + NR - 1) / NR;
+    ScratchBuffer<uint32_t> bp(static_cast<size_t>(panels * NR * (kAmx ? (kp_max + 15) / 16 * 16 : kp_max)));
+    for (int64_t pc = 0; pc < k; pc += KC) {
+      const int64_t kc = std::min(KC, k - pc), kp = (kc + 1) / 2, rows = kAmx ? (kp + 15) / 16 * 16 : kp;
+      const TileOut out{c, ldc, partial.data(), n, pc > 0, pc + kc == k};
+      parallel_for(0, panels, 2, [&](int64_t j0, int64_t j1) { pack_b_panels(B, pc, kc, jc, nc, j0, j1, rows, bp.data()); });
+      auto block = [&](int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
+        if constexpr (kAmx) {
+          compute_block_amx(A, r0, r1, pc, kc, bp.data(), rows, jc, nc, j0, j1, out);
+        } else {
+          compute_block(A, r0, r1, pc, kc, bp.data(), jc, nc, j0, j1, out);
+        }
+      };
+      if (split_by_rows(m_tiles, panels)) {
+        parallel_for(0, m_tiles, std::max<int64_t>(1, kGrainFlops / (tile_rows * nc * kc)), [&](int64_t t0, int64_t t1) {
+          block(t0 * tile_rows, std::min(m, t1 * tile_rows), 0, panels);
+        });
+      } else {
+        parallel_for(0, panels, std::max<int64_t>(1, kGrainFlops / (m * NR * kc)),
+                     [&](int64_t j0, int64_t j1) { block(0, m, j0, j1); });
+      }
+    }
+  }
+}
+
+template <bool kAmx>
+void bf16gemm(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs, const BFloat16* b,
+              int64_t b_rs, int64_t b_cs, BFloat16* c, int64_t ldc) {
   static_assert(sizeof(BFloat16) == sizeof(uint16_t));
   if (m <= 0 || n <= 0) return;
   auto* cbits = reinterpret_cast<uint16_t*>(c);
@@ -251,28 +416,20 @@ void bf16gemm_avx512(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t
     for (int64_t i = 0; i < m; ++i) std::memset(cbits + i * ldc, 0, sizeof(uint16_t) * n);
     return;
   }
-  const Operand A{reinterpret_cast<const uint16_t*>(a), a_rs, a_cs};
-  const Operand B{reinterpret_cast<const uint16_t*>(b), b_rs, b_cs};
-  ScratchBuffer<float> partial(k > KC ? static_cast<size_t>(m * n) : 0);  // sums between blocks of k
-  const int64_t m_tiles = (m + MR - 1) / MR;
-  for (int64_t jc = 0; jc < n; jc += NC) {
-    const int64_t nc = std::min(NC, n - jc), panels = (nc + NR - 1) / NR;
-    ScratchBuffer<uint32_t> bp(static_cast<size_t>(panels * NR * ((std::min(KC, k) + 1) / 2)));
-    for (int64_t pc = 0; pc < k; pc += KC) {
-      const int64_t kc = std::min(KC, k - pc);
-      const TileOut out{cbits, ldc, partial.data(), n, pc > 0, pc + kc == k};
-      parallel_for(0, panels, 2, [&](int64_t j0, int64_t j1) { pack_b_panels(B, pc, kc, jc, nc, j0, j1, bp.data()); });
-      if (split_by_rows(m_tiles, panels)) {
-        parallel_for(0, m_tiles, std::max<int64_t>(1, kGrainFlops / (MR * nc * kc)), [&](int64_t t0, int64_t t1) {
-          compute_block(A, t0 * MR, std::min(m, t1 * MR), pc, kc, bp.data(), jc, nc, 0, panels, out);
-        });
-      } else {
-        parallel_for(0, panels, std::max<int64_t>(1, kGrainFlops / (m * NR * kc)), [&](int64_t j0, int64_t j1) {
-          compute_block(A, 0, m, pc, kc, bp.data(), jc, nc, j0, j1, out);
-        });
-      }
-    }
-  }
+  blocked_gemm<kAmx>({reinterpret_cast<const uint16_t*>(a), a_rs, a_cs}, {reinterpret_cast<const uint16_t*>(b), b_rs, b_cs},
+                     m, n, k, cbits, ldc);
+}
+
+}  // namespace
+
+void bf16gemm_avx512(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                     const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* c, int64_t ldc) {
+  bf16gemm<false>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc);
+}
+
+void bf16gemm_amx(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                  const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* c, int64_t ldc) {
+  bf16gemm<true>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc);
 }
 
 }  // namespace kiln::cpu

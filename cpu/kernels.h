@@ -144,10 +144,16 @@ bool cpu_has_avx512();
 // nested). Call only when cpu_has_avx512_bf16() is true.
 void bf16gemm_avx512(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
                      const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* c, int64_t ldc);
+// The same with AMX's tiles (Note [AMX] in bf16gemm.cpp). Call only when cpu_has_amx_bf16() is true.
+void bf16gemm_amx(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                  const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* c, int64_t ldc);
 bool cpu_has_avx512_bf16();
-// Whether a bfloat16 matmul goes to bf16gemm_avx512 rather than through float32 (matmul.cpp,
-// Note [which bfloat16 GEMM]): with KILN_CPU_BF16_GEMM=own on a CPU with AVX512-BF16.
-bool use_own_bf16gemm();
+// Whether the CPU has AMX-BF16 and the OS has let this process use the tiles (asked once).
+bool cpu_has_amx_bf16();
+// Where a bfloat16 matmul goes (matmul.cpp, Note [which bfloat16 GEMM]): through float32,
+// bf16gemm_avx512 or bf16gemm_amx.
+enum class Bf16Gemm { kFloat, kAvx512, kAmx };
+Bf16Gemm bf16gemm_choice();
 // Whether a float32 product c (m, n) = a (m, k) @ b (k, n), a's columns a_cs apart and b's b_cs,
 // goes to sgemm_avx512 (matmul.cpp, Note [which float32 GEMM]): on an AVX-512 CPU where OpenBLAS is
 // absent or runs an AVX2 kernel (or KILN_CPU_GEMM=own), when c is at least one tile's height and a

@@ -8,9 +8,14 @@
 // pool, its threads sharing the packed b (except in small products, Note [sharing b], and in those
 // it does not pack at all, Note [unpacked products]).
 // A transposed operand (a view with strides (1, M)) is passed to BLAS as "transposed", not copied.
-// float16 and bfloat16 are converted to float32, multiplied and rounded back (bfloat16 can go to
-// Kiln's AVX512-BF16 GEMM instead, Note [which bfloat16 GEMM]); integers use Eigen.
+// float16 is converted to float32, multiplied and rounded back; bfloat16 too, unless it goes to
+// Kiln's AMX or AVX512-BF16 GEMM (Note [which bfloat16 GEMM]); integers use Eigen.
 #include <Eigen/Core>
+#if defined(KILN_HAVE_BF16GEMM_AVX512) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -225,13 +230,14 @@ void gemm_serial_blas(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool ow
 }
 
 // c = a @ b: by sgemm.cpp when own (which threads through the pool unless called from a
-// parallel_for), else by one BLAS or Eigen call on this thread; bfloat16 always by bf16gemm.cpp
-// (matmul_kernel sends it here only then). c is row-major (ops/ allocates it).
+// parallel_for), else by one BLAS or Eigen call on this thread; bfloat16 always by bf16gemm.cpp's
+// chosen kernel (matmul_kernel sends it here only then). c is row-major (ops/ allocates it).
 template <typename T>
 void gemm_serial(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool own) {
   if (c.rows == 0 || c.cols == 0) return;
   if constexpr (std::is_same_v<T, BFloat16>) {
-    bf16gemm_avx512(c.rows, c.cols, a.cols, a.data, a.rs, a.cs, b.data, b.rs, b.cs, c.data, c.rs);
+    const auto gemm = bf16gemm_choice() == Bf16Gemm::kAmx ? bf16gemm_amx : bf16gemm_avx512;
+    gemm(c.rows, c.cols, a.cols, a.data, a.rs, a.cs, b.data, b.rs, b.cs, c.data, c.rs);
   } else {
     gemm_serial_blas(a, b, c, own);
   }
@@ -400,23 +406,45 @@ bool cpu_has_avx512_bf16() {
 #endif
 }
 
-// Note [which bfloat16 GEMM]: matmul_via_float, unless KILN_CPU_BF16_GEMM=own on a CPU with
-// AVX512-BF16: then bf16gemm.cpp, which multiplies the bfloat16 operands as they are. The two give
-// the same float32 sums up to the order of the additions, each rounded once. bf16gemm.cpp is not
-// the default because, measured on the one AVX512-BF16 CPU at hand (a Xeon of the Sapphire Rapids
-// family, 2026-11-29, benchmarks/results/README.md), it ran at 0.54-0.66x matmul_via_float's
-// FLOP/s on one thread and 0.65-0.93x on two: VDPBF16PS there does about half the multiply-adds a
-// cycle that sgemm.cpp's FMAs do. A CPU whose VDPBF16PS keeps the FMA's rate would do twice as many.
-// KILN_CPU_BF16_GEMM=own on a CPU without AVX512-BF16 keeps matmul_via_float.
-bool use_own_bf16gemm() {
-  static const bool own = [] {
+bool cpu_has_amx_bf16() {
+#if defined(KILN_HAVE_BF16GEMM_AVX512) && defined(__linux__)
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1;
+    if (!amx_bf16 || !amx_tile || !cpu_has_avx512_bf16()) return false;
+    // Linux gives a process the tiles' state only on request (ARCH_REQ_XCOMP_PERM for
+    // XFEATURE_XTILEDATA, number 18); a kernel without AMX support refuses.
+    constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+// Note [which bfloat16 GEMM]: bf16gemm.cpp's AMX kernel where the CPU has AMX-BF16 (and Linux lets
+// this process use it), else matmul_via_float; with KILN_CPU_BF16_GEMM=own, the AMX kernel or else
+// bf16gemm.cpp's AVX512-BF16 one where the CPU has that; with KILN_CPU_BF16_GEMM=float,
+// matmul_via_float always. All give the same float32 sums up to the order of the additions, each
+// rounded once. The AVX512-BF16 kernel is not the default because, measured on the one such CPU at
+// hand (a Xeon of the Sapphire Rapids family, 2026-11-29, benchmarks/results/README.md), it ran at
+// 0.54-0.66x matmul_via_float's FLOP/s on one thread and 0.65-0.93x on two: VDPBF16PS there does
+// about half the multiply-adds a cycle that sgemm.cpp's FMAs do. A CPU whose VDPBF16PS keeps the
+// FMA's rate would do twice as many. The AMX kernel on the same CPU: see the same README.
+Bf16Gemm bf16gemm_choice() {
+  static const Bf16Gemm choice = [] {
     const char* v = std::getenv("KILN_CPU_BF16_GEMM");
     if (v != nullptr && std::string_view(v) != "own" && std::string_view(v) != "float")
-      KILN_FAIL("KILN_CPU_BF16_GEMM={}: expected 'own' (Kiln's AVX512-BF16 GEMM where the CPU has it) or 'float' "
-                "(convert to float32 and use the float32 GEMM, the default)", v);
-    return cpu_has_avx512_bf16() && v != nullptr && std::string_view(v) == "own";
+      KILN_FAIL("KILN_CPU_BF16_GEMM={}: expected 'own' (Kiln's AMX or AVX512-BF16 GEMM where the CPU has it) or "
+                "'float' (convert to float32 and use the float32 GEMM)", v);
+    if (v != nullptr && std::string_view(v) == "float") return Bf16Gemm::kFloat;
+    if (cpu_has_amx_bf16()) return Bf16Gemm::kAmx;
+    if (v != nullptr && cpu_has_avx512_bf16()) return Bf16Gemm::kAvx512;
+    return Bf16Gemm::kFloat;
   }();
-  return own;
+  return choice;
 }
 
 void matmul_kernel(const View& a, const View& b, const View& c) {
@@ -427,7 +455,8 @@ void matmul_kernel(const View& a, const View& b, const View& c) {
     case DType::Int64: return matmul_typed<int64_t>(a, b, c);
     case DType::Float16: return matmul_via_float(a, b, c);
     case DType::BFloat16:
-      if (use_own_bf16gemm() && (c.numel() == 0 || c.strides[c.ndim() - 1] == 1)) return matmul_typed<BFloat16>(a, b, c);
+      if (bf16gemm_choice() != Bf16Gemm::kFloat && (c.numel() == 0 || c.strides[c.ndim() - 1] == 1))
+        return matmul_typed<BFloat16>(a, b, c);
       return matmul_via_float(a, b, c);
     default: KILN_FAIL("matmul: not implemented for {}", dtype_name(c.dtype));
   }

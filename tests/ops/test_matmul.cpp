@@ -7,9 +7,9 @@
 // depend on the thread count. Also addmm (bias + a @ b, which nn::linear uses), against the same
 // bound, with its gradients and errors, and addmm_gelu (gelu(bias + a @ b), which nn::GeluMLP uses).
 // And that OpenBLAS's own thread server is down and stays down while Kiln's pool calls it. And
-// bfloat16's cpu/bf16gemm.cpp, on CPUs with AVX512-BF16, against the bound of a float32 sum rounded
-// once to bfloat16, bit for bit against a cast where the sum is exact, and through matmul when
-// KILN_CPU_BF16_GEMM=own (a CTest entry of its own).
+// bfloat16's cpu/bf16gemm.cpp, both kernels where the CPU has them (AVX512-BF16, AMX), against the
+// bound of a float32 sum rounded once to bfloat16, bit for bit against a cast where the sum is
+// exact, and through matmul (with KILN_CPU_BF16_GEMM=own too, a CTest entry of its own).
 #include <array>
 #include <cmath>
 #include <cstdlib>
@@ -301,20 +301,37 @@ TEST_CASE("nn::linear through addmm: a fresh output (in-place ops recordable), a
                     matmul(values({3, 5}, 0.1), values({4, 5}, 0.2).t()) + values({4}, 0.3), {1e-6, 1e-6});
 }
 
-// ---- bfloat16: cpu/bf16gemm.cpp, on CPUs with AVX512-BF16 ----
+// ---- bfloat16: cpu/bf16gemm.cpp's two kernels, on CPUs with AVX512-BF16 and with AMX ----
 namespace {
 
-// a @ b for 2-D bfloat16 a and b through cpu/bf16gemm.cpp itself, with the views' strides.
-Tensor own_bf16_product(const Tensor& a, const Tensor& b) {
+using Bf16Kernel = void (*)(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t,
+                            int64_t, BFloat16*, int64_t);
+struct NamedKernel {
+  const char* name;
+  Bf16Kernel gemm;
+};
+
+// The kernels this CPU can run (none: the tests say so and check nothing).
+std::vector<NamedKernel> bf16_kernels() {
+  std::vector<NamedKernel> kernels;
+  if (cpu::cpu_has_avx512_bf16()) kernels.push_back({"AVX512-BF16", cpu::bf16gemm_avx512});
+  if (cpu::cpu_has_amx_bf16()) kernels.push_back({"AMX", cpu::bf16gemm_amx});
+  if (kernels.empty()) WARN("no AVX512-BF16 on this CPU: cpu/bf16gemm.cpp is not used, not checked");
+  if (kernels.size() == 1) WARN("no AMX-BF16 on this CPU (or not allowed by the OS): bf16gemm.cpp's AMX kernel is not checked");
+  return kernels;
+}
+
+// a @ b for 2-D bfloat16 a and b through one of cpu/bf16gemm.cpp's kernels, with the views' strides.
+Tensor own_bf16_product(Bf16Kernel gemm, const Tensor& a, const Tensor& b) {
   Tensor c = zeros({a.size(0), b.size(1)}, kBFloat16);
-  cpu::bf16gemm_avx512(a.size(0), b.size(1), a.size(1), a.data_ptr<BFloat16>(), a.stride(0), a.stride(1),
-                       b.data_ptr<BFloat16>(), b.stride(0), b.stride(1), c.data_ptr<BFloat16>(), c.stride(0));
+  gemm(a.size(0), b.size(1), a.size(1), a.data_ptr<BFloat16>(), a.stride(0), a.stride(1), b.data_ptr<BFloat16>(),
+       b.stride(0), b.stride(1), c.data_ptr<BFloat16>(), c.stride(0));
   return c;
 }
 
 // A bfloat16 product: a float32 sum s (within 2 (k + 1) u32 (|a| @ |b|) of the exact product, any
-// order; bf16gemm.cpp's instruction also flushes denormals, the 1e-30) rounded once to bfloat16
-// (within u = 2^-8 of |s|: bfloat16 has 8 significant bits).
+// order; the instructions also flush denormals, the 1e-30) rounded once to bfloat16 (within
+// u = 2^-8 of |s|: bfloat16 has 8 significant bits).
 void check_bf16_product(const Tensor& actual, const Tensor& a, const Tensor& b) {
   REQUIRE(actual.dtype() == kBFloat16);
   Tensor a64 = a.to(kFloat64), b64 = b.to(kFloat64);
@@ -331,43 +348,46 @@ void check_bf16_product(const Tensor& actual, const Tensor& a, const Tensor& b) 
 
 Tensor bf16_values(const Shape& shape, double seed) { return test::sample(shape, kFloat32, seed).to(kBFloat16); }
 
-bool skip_bf16gemm() {
-  if (cpu::cpu_has_avx512_bf16()) return false;
-  WARN("no AVX512-BF16 on this CPU: cpu/bf16gemm.cpp is not used, not checked");
-  return true;
-}
-
 }  // namespace
 
 TEST_CASE("bfloat16 cpu/bf16gemm.cpp at tile, pair and block edges, against float64") {
-  // (m, k, n): k odd (a lone last row of k, its pair's high half zero) and even, k across the
-  // 2,048-row blocks (the float32 partial sums between blocks) with an odd tail, n across every edge
-  // panel width and the 2,064-column blocks, m across 8-row tiles and 64-row blocks.
-  if (skip_bf16gemm()) return;
-  // matmul takes it only when told to (Note [which bfloat16 GEMM] in cpu/matmul.cpp).
-  CHECK(cpu::use_own_bf16gemm() == (std::getenv("KILN_CPU_BF16_GEMM") != nullptr &&
-                                    std::string_view(std::getenv("KILN_CPU_BF16_GEMM")) == "own"));
+  // (m, k, n): k odd (a lone last row of k, its pair's high half zero) and even, k not a multiple
+  // of AMX's 32 and across the 2,048-row blocks (the float32 partial sums between blocks) with an
+  // odd tail, n across every edge panel width and the 2,064-column blocks, m across 8- and 16-row
+  // tiles and 64-row blocks.
   const std::vector<std::array<int64_t, 3>> shapes = {
-      {1, 1, 1},     {7, 5, 3},      {8, 2, 16},      {9, 17, 33},      {16, 1, 48},    {23, 40, 49},
-      {65, 301, 47}, {129, 256, 97}, {37, 2049, 100}, {20, 4100, 60},   {3, 7, 2065},   {130, 64, 4200}};
-  for (const auto& [m, k, n] : shapes) {
-    Tensor a = bf16_values({m, k}, 0.3), b = bf16_values({k, n}, 0.7);
-    Tensor one, two;
-    {
-      ThreadsGuard g(1);
-      one = own_bf16_product(a, b);
+      {1, 1, 1},     {7, 5, 3},      {8, 2, 16},      {9, 17, 33},    {16, 1, 48},  {23, 40, 49},   {17, 32, 96},
+      {65, 301, 47}, {129, 256, 97}, {37, 2049, 100}, {20, 4100, 60}, {3, 7, 2065}, {130, 64, 4200}};
+  for (const auto& [name, gemm] : bf16_kernels())
+    for (const auto& [m, k, n] : shapes) {
+      INFO(name << " kernel");
+      Tensor a = bf16_values({m, k}, 0.3), b = bf16_values({k, n}, 0.7);
+      Tensor one, two;
+      {
+        ThreadsGuard g(1);
+        one = own_bf16_product(gemm, a, b);
+      }
+      {
+        ThreadsGuard g(2);
+        two = own_bf16_product(gemm, a, b);
+      }
+      check_bf16_product(one, a, b);
+      test::check_equal(two, one);  // the same sums however c is split between threads
     }
-    {
-      ThreadsGuard g(2);
-      two = own_bf16_product(a, b);
-    }
-    check_bf16_product(one, a, b);
-    test::check_equal(two, one);  // the same sums however c is split between threads
-  }
 }
 
 TEST_CASE("bfloat16 cpu/bf16gemm.cpp with transposed and strided operands, and matmul reaching it") {
-  if (skip_bf16gemm()) return;
+  // Note [which bfloat16 GEMM] in cpu/matmul.cpp: AMX where the CPU has it; with
+  // KILN_CPU_BF16_GEMM=own (CTest runs test_ops so once more) AVX512-BF16 where it has only that;
+  // else through float32.
+  const char* env = std::getenv("KILN_CPU_BF16_GEMM");
+  const bool told_own = env != nullptr && std::string_view(env) == "own";
+  const bool told_float = env != nullptr && std::string_view(env) == "float";
+  const cpu::Bf16Gemm expected = told_float                   ? cpu::Bf16Gemm::kFloat
+                                 : cpu::cpu_has_amx_bf16()    ? cpu::Bf16Gemm::kAmx
+                                 : told_own && cpu::cpu_has_avx512_bf16() ? cpu::Bf16Gemm::kAvx512
+                                                              : cpu::Bf16Gemm::kFloat;
+  CHECK(cpu::bf16gemm_choice() == expected);
   for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{45, 271, 100}, {5, 40, 20}, {70, 2050, 30}}) {
     Tensor a = bf16_values({m, k}, 0.1), b = bf16_values({k, n}, 0.2);
     Tensor at = bf16_values({k, m}, 0.3).t(), bt = bf16_values({n, k}, 0.4).t();  // strides (1, ld)
@@ -378,15 +398,15 @@ TEST_CASE("bfloat16 cpu/bf16gemm.cpp with transposed and strided operands, and m
       for (const Tensor& y : {b, bt, b_strided}) {
         INFO("m " << m << ", k " << k << ", n " << n << ", a strides " << x.stride(0) << ", " << x.stride(1)
                   << ", b strides " << y.stride(0) << ", " << y.stride(1));
-        const Tensor own = own_bf16_product(x, y);
-        check_bf16_product(own, x, y);
-        // matmul on bfloat16 goes to bf16gemm.cpp when KILN_CPU_BF16_GEMM=own (CTest runs test_ops
-        // so once more), else through float32.
-        if (cpu::use_own_bf16gemm()) {
-          test::check_equal(matmul(x, y), own);
-        } else {
-          check_bf16_product(matmul(x, y), x, y);
+        for (const auto& [name, gemm] : bf16_kernels()) {
+          INFO(name << " kernel");
+          const Tensor own = own_bf16_product(gemm, x, y);
+          check_bf16_product(own, x, y);
+          const bool chosen = (expected == cpu::Bf16Gemm::kAmx && gemm == cpu::bf16gemm_amx) ||
+                              (expected == cpu::Bf16Gemm::kAvx512 && gemm == cpu::bf16gemm_avx512);
+          if (chosen) test::check_equal(matmul(x, y), own);
         }
+        check_bf16_product(matmul(x, y), x, y);
       }
   }
   // Batched, b broadcast over the batch, and the small products split over the batch.
@@ -403,29 +423,31 @@ TEST_CASE("bfloat16 cpu/bf16gemm.cpp rounds as a float32-to-bfloat16 cast does, 
   // With k = 1 and 2 the float32 sum is the same in any order, so the product must equal, bit for
   // bit, the float32 product of the same values cast to bfloat16: to nearest even (products of two
   // bfloat16 have up to 16 significant bits, so ties occur), a NaN quiet.
-  if (skip_bf16gemm()) return;
-  for (int64_t k : {1, 2}) {
-    Tensor a = (bf16_values({33, k}, 0.2) * 3.0f).to(kBFloat16), b = (bf16_values({k, 50}, 0.9) * 7.0f).to(kBFloat16);
-    INFO("k " << k);
-    test::check_equal(own_bf16_product(a, b), matmul(a.to(kFloat32), b.to(kFloat32)).to(kBFloat16));
-  }
-  Tensor a = bf16_values({9, 20}, 0.4), b = bf16_values({20, 17}, 0.6);
-  a.select(0, 2).select(0, 5).fill_(std::nan(""));
-  b.select(1, 4).select(0, 7).fill_(INFINITY);
-  Tensor c = own_bf16_product(a, b).to(kFloat32);
-  for (int64_t i = 0; i < 9; ++i)
-    for (int64_t j = 0; j < 17; ++j) {
-      const float v = c.select(0, i).select(0, j).item<float>();
-      INFO("c[" << i << ", " << j << "] = " << v);
-      if (i == 2) {
-        CHECK(std::isnan(v));  // NaN times anything finite
-      } else if (j == 4) {
-        CHECK((std::isinf(v) || std::isnan(v)));  // an infinity times a's row: inf, or NaN where a has 0
-      } else {
-        CHECK(std::isfinite(v));
-      }
+  for (const auto& [name, gemm] : bf16_kernels()) {
+    INFO(name << " kernel");
+    for (int64_t k : {1, 2}) {
+      Tensor a = (bf16_values({33, k}, 0.2) * 3.0f).to(kBFloat16), b = (bf16_values({k, 50}, 0.9) * 7.0f).to(kBFloat16);
+      INFO("k " << k);
+      test::check_equal(own_bf16_product(gemm, a, b), matmul(a.to(kFloat32), b.to(kFloat32)).to(kBFloat16));
     }
-  // k = 0: zeros.
-  Tensor empty_a = zeros({4, 0}, kBFloat16), empty_b = zeros({0, 5}, kBFloat16);
-  test::check_equal(own_bf16_product(empty_a, empty_b), zeros({4, 5}, kBFloat16));
+    Tensor a = bf16_values({9, 20}, 0.4), b = bf16_values({20, 17}, 0.6);
+    a.select(0, 2).select(0, 5).fill_(std::nan(""));
+    b.select(1, 4).select(0, 7).fill_(INFINITY);
+    Tensor c = own_bf16_product(gemm, a, b).to(kFloat32);
+    for (int64_t i = 0; i < 9; ++i)
+      for (int64_t j = 0; j < 17; ++j) {
+        const float v = c.select(0, i).select(0, j).item<float>();
+        INFO("c[" << i << ", " << j << "] = " << v);
+        if (i == 2) {
+          CHECK(std::isnan(v));  // NaN times anything finite
+        } else if (j == 4) {
+          CHECK((std::isinf(v) || std::isnan(v)));  // an infinity times a's row: inf, or NaN where a has 0
+        } else {
+          CHECK(std::isfinite(v));
+        }
+      }
+    // k = 0: zeros.
+    Tensor empty_a = zeros({4, 0}, kBFloat16), empty_b = zeros({0, 5}, kBFloat16);
+    test::check_equal(own_bf16_product(gemm, empty_a, empty_b), zeros({4, 5}, kBFloat16));
+  }
 }
