@@ -9,6 +9,7 @@ bench_checkpointing_mem.
 Run it with Debian's Python and python3-torch 1.13 (/usr/bin/python3), not another python3 on PATH:
     /usr/bin/python3 benchmarks/anchors/torch_gpt_char.py [--bench gpt_char|checkpointing_mem]
         [--checkpoint] [--layers N] [--steps N] [--corpus PATH] [--device cpu|cuda]
+        [--autocast none|bf16]
 
 Dimensions: B batch (16), T time (128), C channels (128), H heads (4), D = C / H (32), V vocabulary
 (256), L layers (4; 8 for checkpointing_mem). x = wte[idx] + wpe[pos]; pre-LN blocks
@@ -21,7 +22,8 @@ drawing, forward, backward, optimizer step and loss.item(); ms_per_step is the m
 anchor_gpt_char.cpp, so the two draw the same random numbers.
 
 --checkpoint wraps every block in torch.utils.checkpoint.checkpoint (use_reentrant left at 1.13's
-default, True). Prints one JSON line with the keys of anchor_gpt_char and "impl":"pytorch";
+default, True). --autocast bf16 runs forward and loss under torch.autocast(device, torch.bfloat16),
+as bench_gpt_char --autocast bf16 does, the line then carrying "autocast": "bf16". Prints one JSON line with the keys of anchor_gpt_char and "impl":"pytorch";
 checkpointing_mem lines carry "ckpt": false or true.
 """
 import argparse
@@ -153,6 +155,8 @@ def parse_args():
     ap.add_argument("--checkpoint", action="store_true", help="checkpoint every block")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
                     help="where the model and batches live (cuda: the GPU figure of BENCHMARKS.md)")
+    ap.add_argument("--autocast", default="none", choices=["none", "bf16"],
+                    help="forward and loss under bfloat16 autocast")
     args = ap.parse_args()
     ckpt_bench = args.bench == "checkpointing_mem"
     args.layers = args.layers or (8 if ckpt_bench else 4)
@@ -193,8 +197,9 @@ def main():
         window = window.to(args.device)
         x, y = window[:, :CONTEXT], window[:, 1:]                                    # (B, T)
         optimizer.zero_grad()
-        logits = model(x)  # (B, T, V)
-        loss = F.cross_entropy(logits.view(-1, VOCAB), y.reshape(-1))
+        with torch.autocast(args.device, dtype=torch.bfloat16, enabled=args.autocast == "bf16"):
+            logits = model(x)  # (B, T, V)
+            loss = F.cross_entropy(logits.view(-1, VOCAB), y.reshape(-1))
         loss.backward()
         optimizer.step()
         value = loss.item()
@@ -208,6 +213,8 @@ def main():
               "threads": torch.get_num_threads(), "n_layer": args.layers, "steps": args.steps}
     if args.bench == "checkpointing_mem":
         result["ckpt"] = args.checkpoint
+    if args.autocast != "none":
+        result["autocast"] = args.autocast
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
     result.update({"ms_per_step": round(statistics.median(timed), 3),
                    "loss_final": round(loss_final, 4), "loss_first": round(loss_first, 4),
