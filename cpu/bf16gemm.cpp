@@ -1,24 +1,31 @@
-// cpu/bf16gemm.cpp: Kiln's own bfloat16 GEMM for CPUs with AVX512-BF16, c = a @ b, every element
-// of c a float32 sum of exact products, rounded to bfloat16 once at the end.
+// cpu/bf16gemm.cpp: Kiln's own bfloat16 GEMMs, c = a @ b, every element of c a float32 sum of
+// exact products, rounded to bfloat16 once at the end: one kernel for CPUs with AVX512-BF16 and one
+// for CPUs with AMX (Note [AMX]), in the same loops.
 //
-// By default a bfloat16 matmul converts a and b to float32, multiplies with the float32 GEMM and
-// rounds c (matmul.cpp, matmul_via_float): three conversion passes and float32 operands twice the
-// size. Here the operands stay bfloat16 up to the instruction that multiplies them (matmul takes
-// this path only with KILN_CPU_BF16_GEMM=own: on the one such CPU measured it was the slower one,
-// Note [which bfloat16 GEMM] in matmul.cpp): VDPBF16PS takes 16 lanes of bfloat16 *pairs* from each of two
-// registers and adds both products of each lane's pair to that lane's float32 accumulator,
+// Without them a bfloat16 matmul converts a and b to float32, multiplies with the float32 GEMM and
+// rounds c (matmul.cpp, matmul_via_float): three conversion passes, float32 operands twice the
+// size, and float32's arithmetic. Here the operands stay bfloat16 up to the instruction that
+// multiplies them. Which one matmul takes is Note [which bfloat16 GEMM] in matmul.cpp: AMX where
+// the CPU has it; the AVX512-BF16 kernel only when asked for (KILN_CPU_BF16_GEMM=own), since on the
+// one such CPU measured it was slower than the way through float32.
+//
+// VDPBF16PS (AVX512-BF16) takes 16 lanes of bfloat16 *pairs* from each of two registers and adds
+// both products of each lane's pair to that lane's float32 accumulator,
 //   acc[j] += a0 * b0[j] + a1 * b1[j],
-// so one instruction does 32 multiply-adds, twice a float32 FMA's 16. (The product of two bfloat16
-// is exact in float32; the instruction rounds each addition to nearest even and, unlike the FMA,
-// treats denormal inputs and results as zero: bfloat16's denormals lie below 1.2e-38.)
+// 32 multiply-adds an instruction, twice a float32 FMA's 16. (The product of two bfloat16 is exact
+// in float32; the instruction rounds each addition to nearest even and, unlike the FMA, treats
+// denormal inputs and results as zero: bfloat16's denormals lie below 1.2e-38. AMX's TDPBF16PS
+// does the same.)
 //
 // The loops are sgemm.cpp's (Goto/BLIS; read that file first); what differs is the pairing of k:
 //   - b's block is packed into panels of NR = 48 columns, kc/2 rows of 48 32-bit words, the word
 //     for pair q and column j holding b[2q][j] in its low half and b[2q + 1][j] in its high half.
-//     With an odd kc the last word's high half is zero.
+//     With an odd kc the last word's high half is zero. (For AMX the rows are padded with zero rows
+//     to a multiple of 16.)
 //   - a's pair (a[i][2q], a[i][2q + 1]) is one 32-bit word where a's rows are contiguous, broadcast
 //     straight from a (nothing packed); otherwise (a transposed, as in a weight's gradient x^T @ dy)
-//     a's block is packed into micro-panels of MR = 8 rows, kc/2 rows of 8 words.
+//     a's block is packed into micro-panels of MR = 8 rows, kc/2 rows of 8 words. (AMX packs a
+//     always, into 16 x 32 blocks.)
 //   - the micro-kernel holds an 8 x 48 tile of float32 sums in 24 zmm registers; each step of a pair
 //     loads three vectors of b's words and broadcasts a's eight words: 24 VDPBF16PS for 24 loads.
 //   - with k longer than one block (KC = 2048), the tile's partial sums wait in a float32 copy of c
@@ -28,8 +35,9 @@
 // sums agree (they differ only in the order of additions).
 //
 // Every element of c is the same sum in the same order whatever the thread count or the split.
-// This file is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 (cpu/CMakeLists.txt);
-// matmul.cpp calls it only after asking the CPU (cpu_has_avx512_bf16, use_own_bf16gemm).
+// This file is compiled with -mavx512f -mavx512bw -mavx512vl -mavx512bf16 -mamx-tile -mamx-bf16
+// (cpu/CMakeLists.txt); matmul.cpp calls a kernel only after asking the CPU (cpu_has_avx512_bf16,
+// cpu_has_amx_bf16).
 #include <algorithm>
 #include <cstring>
 

@@ -219,6 +219,17 @@ void reduce_outer(const View& in, const View& out) {
   // acc strides in units of in's item size must be exact: sizeof(acc_t) is a multiple of it.
   StridedLoop<2> loop({&acc_view, &in});
   loop.run(0, loop.numel(), [](char* const* p, const int64_t* s, int64_t n) {
+    if constexpr (std::is_same_v<R, SumR<T>>) {
+      // A contiguous row into contiguous accumulators (the bias gradient's column sums): the same
+      // adds as R::update, in a loop the compiler vectorizes (the generic one was 8% of a bfloat16
+      // GPT step).
+      if (s[0] == static_cast<int64_t>(sizeof(acc_t)) && s[1] == static_cast<int64_t>(sizeof(T))) {
+        acc_t* a = reinterpret_cast<acc_t*>(p[0]);
+        const T* x = reinterpret_cast<const T*>(p[1]);
+        for (int64_t i = 0; i < n; ++i) R::update(a[i], x[i], 0);
+        return;
+      }
+    }
     for (int64_t i = 0; i < n; ++i) R::update(at<acc_t>(p[0], i * s[0]), at<T>(p[1], i * s[1]), 0);
   });
   StridedLoop<1> out_loop({&out});
