@@ -13,6 +13,9 @@
 #include <cstdint>
 
 namespace kiln::cpu::avx512 {
+// Internal linkage: sgemm.cpp and bf16gemm.cpp are compiled with different -m flags, and one
+// out-of-line copy must not serve the other.
+namespace {
 
 inline __mmask16 lanes(int64_t n) {  // the first n of 16 lanes (none for n <= 0, all for n >= 16)
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);
@@ -45,4 +48,5 @@ inline void transpose16(__m512 r[16]) {
   }
 }
 
+}  // namespace
 }  // namespace kiln::cpu::avx512

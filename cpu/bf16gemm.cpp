@@ -27,7 +27,7 @@
 //     a's block is packed into micro-panels of MR = 8 rows, kc/2 rows of 8 words. (AMX packs a
 //     always, into 16 x 32 blocks.)
 //   - the micro-kernel holds an 8 x 48 tile of float32 sums in 24 zmm registers; each step of a pair
-//     loads three vectors of b's words and broadcasts a's eight words: 24 VDPBF16PS for 24 loads.
+//     loads three vectors of b's words and broadcasts a's eight words: 24 VDPBF16PS for 11 loads.
 //   - with k longer than one block (KC = 2048), the tile's partial sums wait in a float32 copy of c
 //     between blocks; the last block adds them and rounds.
 // Rounding to bfloat16 is to nearest even, NaN kept quiet: bit for bit what the float-to-bfloat16
@@ -71,6 +71,7 @@ struct Operand {
 };
 
 uint32_t load_word(const uint16_t* p) {  // two consecutive bfloat16, the first in the low half
+  // (memcpy: the packed a is written as 32-bit words and read here through uint16_t pointers)
   uint32_t w;
   std::memcpy(&w, p, sizeof w);
   return w;
@@ -142,7 +143,9 @@ void micro_kernel(int64_t kp, bool odd, const uint16_t* a, int64_t a_row, int64_
     __m512i b[NV];
     for (int j = 0; j < NV; ++j) b[j] = _mm512_load_si512(bp + j * 16);
     for (int i = 0; i < MR; ++i) {
-      const __m512i av = _mm512_set1_epi32(static_cast<int>(row[i][kp * a_pair]));
+      uint16_t lone;  // 2 bytes: in the direct path this can be a's last element
+      std::memcpy(&lone, row[i] + kp * a_pair, sizeof lone);
+      const __m512i av = _mm512_set1_epi32(lone);
       for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)av, (__m512bh)b[j]);
     }
   }
@@ -347,18 +350,19 @@ void amx_kernel(int64_t nkb, const uint16_t* ap, const uint32_t* bp, int64_t str
 // compute_block with AMX: b's panels have rows (a multiple of 16) rows.
 void compute_block_amx(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int64_t kc, const uint32_t* bp,
                        int64_t rows, int64_t jc, int64_t nc, int64_t pa, int64_t pb, const TileOut& out) {
-  TileConfig cfg;
+  const int64_t nkb = (kc + AKB - 1) / AKB;
+  ScratchBuffer<uint16_t> ap(static_cast<size_t>(std::min(AMC, (i1 - i0 + AMR - 1) / AMR * AMR) * nkb * AKB));
+  alignas(64) float scratch[AMR * NR];
+  TileConfig cfg;  // loaded after the allocation, which may throw, so the tiles are always released
   for (int t = 0; t < 7; ++t) {
     cfg.rows[t] = 16;
     cfg.colsb[t] = 64;
   }
   _tile_loadconfig(&cfg);
-  const int64_t nkb = (kc + AKB - 1) / AKB;
-  ScratchBuffer<uint16_t> ap(static_cast<size_t>(std::min(AMC, (i1 - i0 + AMR - 1) / AMR * AMR) * nkb * AKB));
-  alignas(64) float scratch[AMR * NR];
   for (int64_t ic = i0; ic < i1; ic += AMC) {
     const int64_t mc = std::min(AMC, i1 - ic);
     pack_a_amx(a, ic, mc, p0, kc, ap.data());
+    asm volatile("" ::: "memory");  // GCC's _tile_loadd does not say it reads memory: order the stores first
     for (int64_t jp = pa; jp < pb; ++jp) {
       const int64_t jr = jp * NR, w = std::min(NR, nc - jr), nv = (w + 15) / 16;
       const uint32_t* panel = bp + jr * rows;

@@ -396,6 +396,19 @@ bool cpu_has_avx512() {
 #endif
 }
 
+#ifndef KILN_HAVE_BF16GEMM_AVX512
+// Built without bf16gemm.cpp (cpu/CMakeLists.txt): cpu_has_avx512_bf16 and cpu_has_amx_bf16 say
+// false, so these are never reached; they keep the callers linking.
+void bf16gemm_avx512(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
+                     BFloat16*, int64_t) {
+  KILN_FAIL("bf16gemm_avx512: Kiln was built without its AVX512-BF16 kernels (a compiler without -mavx512bf16)");
+}
+void bf16gemm_amx(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t, int64_t,
+                  BFloat16*, int64_t) {
+  KILN_FAIL("bf16gemm_amx: Kiln was built without its AMX kernels (a compiler without -mamx-tile -mamx-bf16)");
+}
+#endif
+
 bool cpu_has_avx512_bf16() {
 #ifdef KILN_HAVE_BF16GEMM_AVX512
   static const bool has = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") &&
@@ -430,7 +443,7 @@ bool cpu_has_amx_bf16() {
 // matmul_via_float always. All give the same float32 sums up to the order of the additions, each
 // rounded once. The AVX512-BF16 kernel is not the default because, measured on the one such CPU at
 // hand (a Xeon of the Sapphire Rapids family, 2026-11-29, benchmarks/results/README.md), it ran at
-// 0.54-0.66x matmul_via_float's FLOP/s on one thread and 0.65-0.93x on two: VDPBF16PS there does
+// 0.54-0.66x matmul_via_float's FLOP/s on one thread and 0.74-0.87x on two: VDPBF16PS there does
 // about half the multiply-adds a cycle that sgemm.cpp's FMAs do. A CPU whose VDPBF16PS keeps the
 // FMA's rate would do twice as many. The AMX kernel on the same CPU ran at 3.4-7.0x the path
 // through float32 on one thread (1.7-3.0x on two), and took a bfloat16-autocast gpt_char step from
