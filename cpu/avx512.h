@@ -1,5 +1,5 @@
-// cpu/avx512.h: small AVX-512 helpers shared by the GEMMs (sgemm.cpp, bf16gemm.cpp), which are
-// compiled with AVX-512 flags whatever the target CPU (cpu/CMakeLists.txt). Include it only there.
+// cpu/avx512.h: small helpers shared by the GEMMs (sgemm.cpp, bf16gemm.cpp), which are compiled
+// with AVX-512 flags whatever the target CPU (cpu/CMakeLists.txt). Include it only there.
 #pragma once
 
 // GCC 12's _mm512_undefined_* initialise a variable from itself, and its -Wuninitialized reports
@@ -12,10 +12,19 @@
 
 #include <cstdint>
 
+#include "cpu/parallel.h"
+
 namespace kiln::cpu::avx512 {
 // Internal linkage: sgemm.cpp and bf16gemm.cpp are compiled with different -m flags, and one
 // out-of-line copy must not serve the other.
 namespace {
+
+// How a GEMM's c is shared out between the threads: each its rows (m_tiles tiles of rows), or, when
+// c has too few rows for that, each its panels of b.
+inline bool split_by_rows(int64_t m_tiles, int64_t panels) {
+  const int threads = get_num_threads();
+  return m_tiles >= 2 * threads || panels < threads;
+}
 
 inline __mmask16 lanes(int64_t n) {  // the first n of 16 lanes (none for n <= 0, all for n >= 16)
   return n >= 16 ? __mmask16(0xFFFF) : n <= 0 ? __mmask16(0) : __mmask16((1u << n) - 1);

@@ -49,6 +49,7 @@ namespace kiln::cpu {
 namespace {
 
 using avx512::lanes;
+using avx512::split_by_rows;
 using avx512::transpose16;
 
 constexpr int64_t MR = 8;        // rows of a micro-tile
@@ -57,11 +58,6 @@ constexpr int64_t KC = 2048;     // rows of b per packed block (1,024 pairs: a p
 constexpr int64_t MC = 64;       // rows of a per block of a thread's rows
 constexpr int64_t NC = 48 * 43;  // columns of b per packed block (2,064; 8 MiB packed)
 constexpr int64_t kGrainFlops = int64_t(1) << 17;  // multiply-adds below which one thread is enough
-
-bool split_by_rows(int64_t m_tiles, int64_t panels) {  // as in sgemm.cpp
-  const int threads = get_num_threads();
-  return m_tiles >= 2 * threads || panels < threads;
-}
 
 // One operand: element (i, j)'s bits at data[i * rs + j * cs].
 struct Operand {

@@ -62,6 +62,7 @@ namespace kiln::cpu {
 namespace {
 
 using avx512::lanes;
+using avx512::split_by_rows;
 using avx512::transpose16;
 
 constexpr int64_t MR = 8;        // rows of a micro-tile
@@ -71,13 +72,6 @@ constexpr int64_t MC = 64;       // rows of a per packed block
 constexpr int64_t NC = 48 * 43;  // columns of b per packed block (2,064; 8 MiB packed)
 constexpr int64_t kPrivateUpTo = int64_t(1) << 22;  // multiply-adds up to which each thread packs all of b
 constexpr int64_t kGrainFlops = int64_t(1) << 17;    // multiply-adds below which one thread is enough
-
-// How c is shared out between the threads: each its rows (m_tiles tiles of MR), or, when c has too
-// few rows for that, each its panels of b.
-bool split_by_rows(int64_t m_tiles, int64_t panels) {
-  const int threads = get_num_threads();
-  return m_tiles >= 2 * threads || panels < threads;
-}
 
 // c[:mr, :nr] gets the tile acc (load_c: added to what c holds). Inlined into the kernels, whose
 // accumulators stay in registers until here.
