@@ -352,9 +352,9 @@ class Backend {
   //    float32 when q is 16-bit. Every view but lse may have any strides on its first three dims (the
   //    heads of a (B, T, 3 C) projection read in place, an output written as (B, L, H, Ev): Note
   //    [attention layout] in ops/attention.cpp); its last dim has stride 1 and its rows do not
-  //    overlap. The CPU takes float32 and float64, with or without dropout; CUDA float16, bfloat16
-  //    and float32 with Ev = E in {32, 64, 96, 128}, 16-bit rows starting on 16-byte boundaries, and
-  //    no dropout --
+  //    overlap. The CPU takes float32, float64 and bfloat16, with or without dropout; CUDA float16,
+  //    bfloat16 and float32 with Ev = E in {32, 64, 96, 128}, 16-bit rows starting on 16-byte
+  //    boundaries, and no dropout --
   virtual void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
                          const AttentionArgs& args, const Stream& s) = 0;
   // The gradients of <grad_out, out> with respect to q, k and v (each overwritten), from the forward's

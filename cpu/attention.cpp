@@ -27,6 +27,16 @@
 // splits further, by query block, since its blocks are independent); the products are gemm() of
 // matmul.cpp, which reads the operands' rows at their own strides (core/backend.h: a head of a
 // (B, T, 3 C) projection is read where it lies).
+//
+// Note [bfloat16 attention]: bfloat16 q, k and v (autocast's attention) are read as they are, with
+// every score, probability, running sum and gradient in float32, as the CUDA kernel does: the block
+// products take bfloat16 operands and give float32 sums, so the probabilities p (and ds in the
+// backward) are rounded to bfloat16 for the products that take them as an operand; out and the
+// gradients are rounded once, at the end (the gradients are summed over the query blocks in float32
+// scratch first). Where the CPU has AMX (and KILN_CPU_BF16_GEMM does not say float: Note [which
+// bfloat16 GEMM] in matmul.cpp) the products are AMX's (bf16gemm_amx_f32); elsewhere they take
+// float32 copies of the two operand blocks into gemm<float>. Either way the autograd graph keeps the
+// bfloat16 inputs, half the memory of float32 copies.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -46,6 +56,75 @@ constexpr int64_t kBlock = 64;
 
 template <typename T>
 using Row = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+// The type the kernels compute in: float32 for bfloat16 inputs, the inputs' own type otherwise.
+template <typename T>
+struct ComputeOf {
+  using type = T;
+};
+template <>
+struct ComputeOf<BFloat16> {
+  using type = float;
+};
+
+// The block products: c (m, n) = op(a) @ op(b) (+ c when accumulate), with op transposing when ta or
+// tb (a stored (m, k) with leading dim lda, or (k, m) when ta; b likewise), a and b of the inputs'
+// type T, c of the compute type F. For float32 and float64, gemm() of matmul.cpp; for bfloat16,
+// AMX's products where amx is true, else float32 copies of a and b into gemm<float> (Note [bfloat16
+// attention]).
+template <typename T, typename F>
+void block_gemm(bool amx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+                int64_t ldb, bool accumulate, F* c, int64_t ldc) {
+  if constexpr (std::is_same_v<T, F>) {
+    gemm<T>(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+  } else {
+    if (amx) {
+      bf16gemm_amx_f32(m, n, k, a, ta ? 1 : lda, ta ? lda : 1, b, tb ? 1 : ldb, tb ? ldb : 1, accumulate, c, ldc);
+      return;
+    }
+    // Each operand's rows as stored, widened into a contiguous float32 copy.
+    auto widen = [](const T* x, int64_t rows, int64_t cols, int64_t ld, F* out) {
+      for (int64_t i = 0; i < rows; ++i)
+        for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = static_cast<F>(x[i * ld + j]);
+    };
+    const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+    ScratchBuffer<F> af(static_cast<size_t>(a_rows * a_cols)), bf(static_cast<size_t>(b_rows * b_cols));
+    widen(a, a_rows, a_cols, lda, af.data());
+    widen(b, b_rows, b_cols, ldb, bf.data());
+    gemm<F>(ta, tb, m, n, k, af.data(), a_cols, bf.data(), b_cols, accumulate, c, ldc);
+  }
+}
+
+// y[0, n) = x[0, n) rounded to T (bf16gemm.cpp's vector rounding where amx, the CPU then having
+// AVX-512; else core/half.h's, which rounds the same).
+template <typename T, typename F>
+void narrow(const F* x, T* y, int64_t n, bool amx) {
+  if constexpr (std::is_same_v<T, BFloat16>) {
+    if (amx) {
+      round_to_bf16_run(x, y, n);
+      return;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(x[i]);
+}
+
+// x[0, n) as an operand of type T of a block product: x itself when T is the compute type F, else
+// rounded into scratch.
+template <typename T, typename F>
+const T* as_operand(const F* x, T* scratch, int64_t n, bool amx) {
+  if constexpr (std::is_same_v<T, F>) {
+    return x;
+  } else {
+    narrow(x, scratch, n, amx);
+    return scratch;
+  }
+}
+
+// Whether the bfloat16 block products go to AMX (Note [bfloat16 attention]).
+template <typename T>
+bool use_amx() {
+  return std::is_same_v<T, BFloat16> && bf16gemm_choice() == Bf16Gemm::kAmx;
+}
 
 // Block scratch is a ScratchBuffer (cpu/kernels.h), 64-byte aligned as Eigen's vector loops need.
 // Those start at the first aligned element and do the ones before it (and the tail) in scalar code,
@@ -86,53 +165,63 @@ void mask_values(T* z, int64_t n, uint64_t first, const AttentionArgs& args) {
 template <typename T>
 void attention_typed(const View& qv, const View& kv, const View& vv, const View& ov, const View& lsev,
                      const AttentionArgs& args) {
+  using F = typename ComputeOf<T>::type;
+  constexpr bool kNarrow = !std::is_same_v<T, F>;  // p rounded to T for the second product
+  const bool amx = use_amx<T>();
   const int64_t B = qv.sizes[0] * qv.sizes[1], L = qv.sizes[2], E = qv.sizes[3], S = kv.sizes[2], Ev = vv.sizes[3];
   const auto q = attention_heads<const T>(qv), k = attention_heads<const T>(kv), v = attention_heads<const T>(vv);
   const auto out = attention_heads<T>(ov);
-  T* lse = lsev.ptr<T>();
-  const T scale = static_cast<T>(args.scale);
+  F* lse = lsev.ptr<F>();
+  const F scale = static_cast<F>(args.scale);
   const int64_t q_blocks = (L + kBlock - 1) / kBlock;
   parallel_for(0, B * q_blocks, 1, [&](int64_t t0, int64_t t1) {
-    ScratchBuffer<T> scores(kBlock * kBlock), acc(kBlock * Ev), z(args.dropout > 0 ? kBlock : 0);
-    std::vector<T> m(kBlock), l(kBlock);
+    ScratchBuffer<F> scores(kBlock * kBlock), acc(kBlock * Ev), z(args.dropout > 0 ? kBlock : 0);
+    ScratchBuffer<T> p(kNarrow ? kBlock * kBlock : 0);
+    std::vector<F> m(kBlock), l(kBlock);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t b = t / q_blocks, q0 = (t % q_blocks) * kBlock, rows = std::min(kBlock, L - q0);
       const T* qb = q.slice(b) + q0 * q.ld;
       const T *kb = k.slice(b), *vb = v.slice(b);
-      std::fill(acc.data(), acc.data() + rows * Ev, T(0));
-      std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
-      std::fill(l.begin(), l.end(), T(0));
+      std::fill(acc.data(), acc.data() + rows * Ev, F(0));
+      std::fill(m.begin(), m.end(), -std::numeric_limits<F>::infinity());
+      std::fill(l.begin(), l.end(), F(0));
       const int64_t k_end = args.causal ? std::min(S, q0 + rows) : S;
       for (int64_t k0 = 0; k0 < k_end; k0 += kBlock) {
         const int64_t cols = std::min(kBlock, S - k0);
-        gemm<T>(false, true, rows, cols, E, qb, q.ld, kb + k0 * k.ld, k.ld, false, scores.data(), cols);
+        block_gemm(amx, false, true, rows, cols, E, qb, q.ld, kb + k0 * k.ld, k.ld, false, scores.data(), cols);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t n = visible(r, cols, q0, k0, args.causal);
-          Row<T> s(scores.data() + r * cols, cols);
+          Row<F> s(scores.data() + r * cols, cols);
           if (n == 0) {
             s.setZero();  // this row sees none of the block: it adds nothing
             continue;
           }
           s.head(n) *= scale;
-          const T m_new = std::max(m[r], s.head(n).maxCoeff());
-          const T c = std::exp(m[r] - m_new);  // 0 on the row's first block (m = -inf)
+          const F m_new = std::max(m[r], s.head(n).maxCoeff());
+          const F c = std::exp(m[r] - m_new);  // 0 on the row's first block (m = -inf)
           s.head(n) = exact_exp(s.head(n) - m_new);
           s.tail(cols - n).setZero();
           l[r] = c * l[r] + s.head(n).sum();
           m[r] = m_new;
           if (args.dropout > 0) {
             mask_values(z.data(), n, args.mask_index(b, q0 + r, k0, L, S), args);
-            s.head(n) *= Row<T>(z.data(), n);
+            s.head(n) *= Row<F>(z.data(), n);
           }
-          if (c != T(1)) Row<T>(acc.data() + r * Ev, Ev) *= c;
+          if (c != F(1)) Row<F>(acc.data() + r * Ev, Ev) *= c;
         }
-        gemm<T>(false, false, rows, Ev, cols, scores.data(), cols, vb + k0 * v.ld, v.ld, true, acc.data(), Ev);
+        const T* pb = as_operand(scores.data(), p.data(), rows * cols, amx);
+        block_gemm(amx, false, false, rows, Ev, cols, pb, cols, vb + k0 * v.ld, v.ld, true, acc.data(), Ev);
       }
       for (int64_t r = 0; r < rows; ++r) {
         T* o = out.slice(b) + (q0 + r) * out.ld;
-        const T inv = l[r] > 0 ? T(1) / l[r] : T(0);  // a row that saw no key (S = 0) is zero
-        const T* a = acc.data() + r * Ev;
-        for (int64_t e = 0; e < Ev; ++e) o[e] = a[e] * inv;
+        const F inv = l[r] > 0 ? F(1) / l[r] : F(0);  // a row that saw no key (S = 0) is zero
+        F* a = acc.data() + r * Ev;
+        if constexpr (kNarrow) {
+          Row<F>(a, Ev) *= inv;
+          narrow(a, o, Ev, amx);
+        } else {
+          for (int64_t e = 0; e < Ev; ++e) o[e] = a[e] * inv;
+        }
         lse[b * L + q0 + r] = m[r] + std::log(l[r]);
       }
     }
@@ -143,31 +232,45 @@ template <typename T>
 void attention_backward_typed(const View& qv, const View& kv, const View& vv, const View& ov, const View& lsev,
                               const View& gov, const View& gqv, const View& gkv, const View& gvv,
                               const AttentionArgs& args) {
+  using F = typename ComputeOf<T>::type;
+  constexpr bool kNarrow = !std::is_same_v<T, F>;  // p and ds rounded to T, gradients summed in F scratch
+  const bool amx = use_amx<T>();
   const int64_t B = qv.sizes[0] * qv.sizes[1], L = qv.sizes[2], E = qv.sizes[3], S = kv.sizes[2], Ev = vv.sizes[3];
   const auto q = attention_heads<const T>(qv), k = attention_heads<const T>(kv), v = attention_heads<const T>(vv);
   const auto out = attention_heads<const T>(ov), gout = attention_heads<const T>(gov);
   const auto gq = attention_heads<T>(gqv), gk = attention_heads<T>(gkv), gv = attention_heads<T>(gvv);
-  const T* lse = lsev.ptr<T>();
-  const T scale = static_cast<T>(args.scale);
+  const F* lse = lsev.ptr<F>();
+  const F scale = static_cast<F>(args.scale);
   // Rows [0, rows) of a slice, each `cols` long, set to zero.
-  auto clear = [](T* m, int64_t rows, int64_t cols, int64_t ld) {
-    for (int64_t i = 0; i < rows; ++i) std::fill(m + i * ld, m + i * ld + cols, T(0));
+  auto clear = [](F* m, int64_t rows, int64_t cols, int64_t ld) {
+    for (int64_t i = 0; i < rows; ++i) std::fill(m + i * ld, m + i * ld + cols, F(0));
   };
   const bool dropping = args.dropout > 0;
   parallel_for(0, B, 1, [&](int64_t b0, int64_t b1) {
-    // With dropout, z holds the block's mask values and pd = p z the kept probabilities.
-    ScratchBuffer<T> p(kBlock * kBlock), dp(kBlock * kBlock), z(dropping ? kBlock * kBlock : 0),
+    // With dropout, z holds the block's mask values and pd = p z the kept probabilities. For bfloat16,
+    // p16 and ds16 are the rounded operands, and sq, sk, sv the slice's gradients in float32.
+    ScratchBuffer<F> p(kBlock * kBlock), dp(kBlock * kBlock), z(dropping ? kBlock * kBlock : 0),
         pd(dropping ? kBlock * kBlock : 0);
-    std::vector<T> D(L);
+    ScratchBuffer<T> p16(kNarrow ? kBlock * kBlock : 0), ds16(kNarrow ? kBlock * kBlock : 0);
+    ScratchBuffer<F> sq(kNarrow ? L * E : 0), sk(kNarrow ? S * E : 0), sv(kNarrow ? S * Ev : 0);
+    std::vector<F> D(L);
     for (int64_t b = b0; b < b1; ++b) {
       const T *qb = q.slice(b), *kb = k.slice(b), *vb = v.slice(b), *ob = out.slice(b), *gob = gout.slice(b);
-      T *gqb = gq.slice(b), *gkb = gk.slice(b), *gvb = gv.slice(b);
-      clear(gqb, L, E, gq.ld);
-      clear(gkb, S, E, gk.ld);
-      clear(gvb, S, Ev, gv.ld);
+      F *gqb, *gkb, *gvb;  // where the gradients are summed, rows ld_q, ld_k, ld_v apart
+      int64_t ld_q, ld_k, ld_v;
+      if constexpr (kNarrow) {
+        gqb = sq.data(), gkb = sk.data(), gvb = sv.data();
+        ld_q = E, ld_k = E, ld_v = Ev;
+      } else {
+        gqb = gq.slice(b), gkb = gk.slice(b), gvb = gv.slice(b);
+        ld_q = gq.ld, ld_k = gk.ld, ld_v = gv.ld;
+      }
+      clear(gqb, L, E, ld_q);
+      clear(gkb, S, E, ld_k);
+      clear(gvb, S, Ev, ld_v);
       for (int64_t i = 0; i < L; ++i) {
-        T d = 0;
-        for (int64_t e = 0; e < Ev; ++e) d += gob[i * gout.ld + e] * ob[i * out.ld + e];
+        F d = 0;
+        for (int64_t e = 0; e < Ev; ++e) d += static_cast<F>(gob[i * gout.ld + e]) * static_cast<F>(ob[i * out.ld + e]);
         D[i] = d;
       }
       for (int64_t k0 = 0; k0 < S; k0 += kBlock) {
@@ -177,29 +280,37 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
         for (int64_t q0 = q_start; q0 < L; q0 += kBlock) {
           const int64_t rows = std::min(kBlock, L - q0);
           const T *qi = qb + q0 * q.ld, *goi = gob + q0 * gout.ld, *kj = kb + k0 * k.ld, *vj = vb + k0 * v.ld;
-          gemm<T>(false, true, rows, cols, E, qi, q.ld, kj, k.ld, false, p.data(), cols);
+          block_gemm(amx, false, true, rows, cols, E, qi, q.ld, kj, k.ld, false, p.data(), cols);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t n = visible(r, cols, q0, k0, args.causal);
-            Row<T> s(p.data() + r * cols, cols);
+            Row<F> s(p.data() + r * cols, cols);
             s.head(n) = exact_exp(s.head(n) * scale - lse[b * L + q0 + r]);
             s.tail(cols - n).setZero();
             if (dropping) {
-              Row<T> zr(z.data() + r * cols, cols);
+              Row<F> zr(z.data() + r * cols, cols);
               mask_values(zr.data(), n, args.mask_index(b, q0 + r, k0, L, S), args);
               zr.tail(cols - n).setZero();
-              Row<T>(pd.data() + r * cols, cols) = s * zr;
+              Row<F>(pd.data() + r * cols, cols) = s * zr;
             }
           }
-          gemm<T>(true, false, cols, Ev, rows, dropping ? pd.data() : p.data(), cols, goi, gout.ld, true,
-                  gvb + k0 * gv.ld, gv.ld);
-          gemm<T>(false, true, rows, cols, Ev, goi, gout.ld, vj, v.ld, false, dp.data(), cols);
+          const T* kept = as_operand(dropping ? pd.data() : p.data(), p16.data(), rows * cols, amx);
+          block_gemm(amx, true, false, cols, Ev, rows, kept, cols, goi, gout.ld, true, gvb + k0 * ld_v, ld_v);
+          block_gemm(amx, false, true, rows, cols, Ev, goi, gout.ld, vj, v.ld, false, dp.data(), cols);
           for (int64_t r = 0; r < rows; ++r) {
-            Row<T> ds(dp.data() + r * cols, cols);
-            if (dropping) ds *= Row<T>(z.data() + r * cols, cols);
-            ds = Row<T>(p.data() + r * cols, cols) * (ds - D[q0 + r]) * scale;
+            Row<F> ds(dp.data() + r * cols, cols);
+            if (dropping) ds *= Row<F>(z.data() + r * cols, cols);
+            ds = Row<F>(p.data() + r * cols, cols) * (ds - D[q0 + r]) * scale;
           }
-          gemm<T>(false, false, rows, E, cols, dp.data(), cols, kj, k.ld, true, gqb + q0 * gq.ld, gq.ld);
-          gemm<T>(true, false, cols, E, rows, dp.data(), cols, qi, q.ld, true, gkb + k0 * gk.ld, gk.ld);
+          const T* ds_op = as_operand(dp.data(), ds16.data(), rows * cols, amx);
+          block_gemm(amx, false, false, rows, E, cols, ds_op, cols, kj, k.ld, true, gqb + q0 * ld_q, ld_q);
+          block_gemm(amx, true, false, cols, E, rows, ds_op, cols, qi, q.ld, true, gkb + k0 * ld_k, ld_k);
+        }
+      }
+      if constexpr (kNarrow) {  // the float32 sums, rounded once
+        for (int64_t i = 0; i < L; ++i) narrow(gqb + i * ld_q, gq.slice(b) + i * gq.ld, E, amx);
+        for (int64_t j = 0; j < S; ++j) {
+          narrow(gkb + j * ld_k, gk.slice(b) + j * gk.ld, E, amx);
+          narrow(gvb + j * ld_v, gv.slice(b) + j * gv.ld, Ev, amx);
         }
       }
     }
@@ -210,6 +321,7 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
 
 void attention_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,
                       const AttentionArgs& args) {
+  if (q.dtype == kBFloat16) return attention_typed<BFloat16>(q, k, v, out, lse, args);
   KILN_DISPATCH_F32_F64(q.dtype, "scaled_dot_product_attention",
                         [&] { attention_typed<scalar_t>(q, k, v, out, lse, args); });
 }
@@ -217,6 +329,9 @@ void attention_kernel(const View& q, const View& k, const View& v, const View& o
 void attention_backward_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,
                                const View& grad_out, const View& grad_q, const View& grad_k, const View& grad_v,
                                const AttentionArgs& args) {
+  if (q.dtype == kBFloat16) {
+    return attention_backward_typed<BFloat16>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args);
+  }
   KILN_DISPATCH_F32_F64(q.dtype, "scaled_dot_product_attention backward", [&] {
     attention_backward_typed<scalar_t>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args);
   });

@@ -94,7 +94,8 @@ struct TileOut {
   int64_t ldp;
   bool add_partial, last;
   TileOut at(int64_t i, int64_t j) const {  // the same, from element (i, j) of c on
-    return {c + i * ldc + j, ldc, partial == nullptr ? nullptr : partial + i * ldp + j, ldp, add_partial, last};
+    return {c == nullptr ? nullptr : c + i * ldc + j, ldc, partial == nullptr ? nullptr : partial + i * ldp + j, ldp,
+            add_partial, last};
   }
 };
 
@@ -381,11 +382,13 @@ void compute_block_amx(const Operand& a, int64_t i0, int64_t i1, int64_t p0, int
 
 // The loops over blocks of n and k, shared by the two kernels: b's block packed by all threads
 // together, then each thread its rows of c (tiles of tile_rows) or, when c has too few rows for
-// that, its panels.
+// that, its panels. c is bfloat16 (c16, rounded once at the end) or float32 (c32, leading dim ldc
+// too, added to when accumulate): a float32 c holds the partial sums between blocks of k itself.
 template <bool kAmx>
-void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int64_t k, uint16_t* c, int64_t ldc) {
+void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int64_t k, uint16_t* c16, float* c32,
+                  bool accumulate, int64_t ldc) {
   constexpr int64_t tile_rows = kAmx ? AMR : MR;
-  ScratchBuffer<float> partial(k > KC ? static_cast<size_t>(m * n) : 0);  // sums between blocks of k
+  ScratchBuffer<float> partial(c16 != nullptr && k > KC ? static_cast<size_t>(m * n) : 0);  // sums between blocks of k
   const int64_t m_tiles = (m + tile_rows - 1) / tile_rows;
   const int64_t kp_max = (std::min(KC, k) + 1) / 2;
   for (int64_t jc = 0; jc < n; jc += NC) {
@@ -393,7 +396,8 @@ void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int6
     ScratchBuffer<uint32_t> bp(static_cast<size_t>(panels * NR * (kAmx ? (kp_max + 15) / 16 * 16 : kp_max)));
     for (int64_t pc = 0; pc < k; pc += KC) {
       const int64_t kc = std::min(KC, k - pc), kp = (kc + 1) / 2, rows = kAmx ? (kp + 15) / 16 * 16 : kp;
-      const TileOut out{c, ldc, partial.data(), n, pc > 0, pc + kc == k};
+      const TileOut out = c16 != nullptr ? TileOut{c16, ldc, partial.data(), n, pc > 0, pc + kc == k}
+                                         : TileOut{nullptr, 0, c32, ldc, pc > 0 || accumulate, false};
       parallel_for(0, panels, 2, [&](int64_t j0, int64_t j1) { pack_b_panels(B, pc, kc, jc, nc, j0, j1, rows, bp.data()); });
       auto block = [&](int64_t r0, int64_t r1, int64_t j0, int64_t j1) {
         if constexpr (kAmx) {
@@ -425,7 +429,7 @@ void bf16gemm(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, 
     return;
   }
   blocked_gemm<kAmx>({reinterpret_cast<const uint16_t*>(a), a_rs, a_cs}, {reinterpret_cast<const uint16_t*>(b), b_rs, b_cs},
-                     m, n, k, cbits, ldc);
+                     m, n, k, cbits, nullptr, false, ldc);
 }
 
 }  // namespace
@@ -438,6 +442,26 @@ void bf16gemm_avx512(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t
 void bf16gemm_amx(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
                   const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* c, int64_t ldc) {
   bf16gemm<true>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc);
+}
+
+void bf16gemm_amx_f32(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                      const BFloat16* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
+  blocked_gemm<true>({reinterpret_cast<const uint16_t*>(a), a_rs, a_cs}, {reinterpret_cast<const uint16_t*>(b), b_rs, b_cs},
+                     m, n, k, nullptr, c, accumulate, ldc);
+}
+
+void round_to_bf16_run(const float* x, BFloat16* y, int64_t n) {
+  auto* out = reinterpret_cast<uint16_t*>(y);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 m = lanes(n - i);
+    _mm256_mask_storeu_epi16(out + i, m, round_to_bf16(_mm512_maskz_loadu_ps(m, x + i)));
+  }
 }
 
 }  // namespace kiln::cpu

@@ -407,6 +407,13 @@ void bf16gemm_amx(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, 
                   BFloat16*, int64_t) {
   KILN_FAIL("bf16gemm_amx: Kiln was built without its AMX kernels (a compiler without -mamx-tile -mamx-bf16)");
 }
+void bf16gemm_amx_f32(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t,
+                      int64_t, bool, float*, int64_t) {
+  KILN_FAIL("bf16gemm_amx_f32: Kiln was built without its AMX kernels (a compiler without -mamx-tile -mamx-bf16)");
+}
+void round_to_bf16_run(const float*, BFloat16*, int64_t) {
+  KILN_FAIL("round_to_bf16_run: Kiln was built without its AVX512-BF16 kernels (a compiler without -mavx512bf16)");
+}
 #endif
 
 bool cpu_has_avx512_bf16() {

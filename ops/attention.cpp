@@ -112,9 +112,9 @@ TensorList attention_backward_composed(const Tensor& q, const Tensor& k, const T
 // gradients are written in their input's order of dims: when q's heads are interleaved along its rows
 // (stride of H below that of L, as in (B, T, H, E) memory), out is allocated as (B, L, H, Ev) memory
 // and returned as its (B, H, L, Ev) view, so that transposing the heads back into (B, L, H * Ev) for
-// the output projection is a view too. PyTorch's flash attention does the same. (Not for 16-bit
+// the output projection is a view too. PyTorch's flash attention does the same. (Not for float16
 // inputs on the CPU: its kernel takes float32 copies of them, and the result is converted back into a
-// new contiguous tensor.)
+// new contiguous tensor. bfloat16 it reads as it is: Note [bfloat16 attention] in cpu/attention.cpp.)
 // A view is copied only when a kernel cannot read it: its last dim is not contiguous, its rows overlap
 // (stride below the row length), or, for CUDA's 16-bit kernels (16-byte vector loads), its rows do
 // not start on 16-byte boundaries.
@@ -148,10 +148,11 @@ Tensor empty_in_order_of(const Tensor& like, int64_t cols, DType dtype) {
 // The fused form on (B, H, L, E), (B, H, S, E), (B, H, S, Ev) tensors of one floating dtype.
 Tensor attention_fused(const Tensor& q4, const Tensor& k4, const Tensor& v4, const AttentionArgs& args) {
   const DType dtype = q4.dtype();
-  // The CPU kernel computes in float32 or float64, so 16-bit inputs go through float32 there; the CUDA
-  // kernel takes the 16-bit tensors themselves (tensor cores, float32 accumulation). lse is float32
-  // whenever the inputs are 16-bit.
-  const DType compute = is_reduced_float(dtype) && q4.device().is_cpu() ? kFloat32 : dtype;
+  // The CPU kernel takes float32, float64 and bfloat16 (Note [bfloat16 attention] in
+  // cpu/attention.cpp), so float16 goes through float32 there; the CUDA kernel takes the 16-bit
+  // tensors themselves (tensor cores, float32 accumulation). lse is float32 whenever the inputs are
+  // 16-bit.
+  const DType compute = dtype == kFloat16 && q4.device().is_cpu() ? kFloat32 : dtype;
   const DType lse_dtype = is_reduced_float(dtype) ? kFloat32 : dtype;
   Tensor q = readable(q4.to(compute)), k = readable(k4.to(compute)), v = readable(v4.to(compute));
   const int64_t B = q.sizes()[0], H = q.sizes()[1], L = q.sizes()[2], Ev = v.sizes()[3];

@@ -320,6 +320,87 @@ TEST_CASE("scaled_dot_product_attention: dropout in float32 and bfloat16, gradgr
   }
 }
 
+namespace {
+
+// |actual - expected| <= bound, element by element (all float64 but actual).
+void check_within(const char* what, const Tensor& actual, const Tensor& expected, const Tensor& bound) {
+  REQUIRE(actual.sizes() == expected.sizes());
+  const double worst = ((actual.to(kFloat64) - expected).abs() - bound).max().item<double>();
+  INFO(what << ": the worst element exceeds its bound by " << worst);
+  CHECK(worst <= 0.0);
+}
+
+// The fused kernel on bfloat16 q, k and v (Note [bfloat16 attention] in cpu/attention.cpp) against
+// float64 on the same values, forward and the three gradients for a bfloat16 cotangent g, with
+// dropout d (0: none). The bounds follow the kernel's roundings, with u = 2^-8 (twice bfloat16's
+// unit roundoff, room for float32's sums and exp); p is the softmax, z the mask values (1 without
+// dropout), dp = g v^T, D_i = sum_e g_ie out_ie and ds = p (dp z - D) scale:
+//   out_i: the products take p z rounded:     u (sum_j p_ij z_ij |v_j| + |out_i|)
+//   D_i is the kernel's, from its rounded out: off by dD_i <= sum_e |g_ie| bound(out_ie)
+//   gv_j:  p z rounded:                       u (sum_i p_ij z_ij |g_i| + |gv_j|)
+//   gq_i:  ds rounded, and dD:                u (sum_j |ds_ij| |k_j| + |gq_i|) + scale sum_j p_ij dD_i |k_j|
+//   gk_j:  likewise:                          u (sum_i |ds_ij| |q_i| + |gk_j|) + scale sum_i p_ij dD_i |q_i|
+void check_bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, bool causal, double d, uint64_t seed) {
+  Generator gen(seed), gen_ref(seed), data(seed + 1);
+  Tensor out = scaled_dot_product_attention(q, k, v, {}, d, causal, {}, &gen);
+  REQUIRE(out.dtype() == kBFloat16);
+  Tensor g = randn(out.sizes(), kFloat64, &data).to(kBFloat16);
+  auto got = autograd::grad({out}, {q, k, v}, {g});
+
+  Tensor q64 = q.detach().to(kFloat64), k64 = k.detach().to(kFloat64), v64 = v.detach().to(kFloat64);
+  Tensor g64 = g.to(kFloat64);
+  const int64_t L = q.size(-2), S = k.size(-2);
+  const double scale = 1 / std::sqrt(static_cast<double>(q.size(-1)));
+  Tensor s = matmul(q64, k64.transpose(-2, -1)) * scale;
+  if (causal) s = s.masked_fill(ones({L, S}, kBool).triu(1), -INFINITY);
+  Tensor p = softmax(s, -1);
+  Tensor z = d > 0 ? dropout(ones_like(p), d, true, &gen_ref) : ones_like(p);  // the same draw as the kernel's
+  Tensor pz = p * z;
+  Tensor out64 = matmul(pz, v64);
+  Tensor ds = p * (matmul(g64, v64.transpose(-2, -1)) * z - (g64 * out64).sum({-1}, true)) * scale;
+  Tensor gq = matmul(ds, k64), gk = matmul(ds.transpose(-2, -1), q64), gv = matmul(pz.transpose(-2, -1), g64);
+  const double u = std::ldexp(1.0, -8);
+  Tensor b_out = (matmul(pz, v64.abs()) + out64.abs()) * u;
+  Tensor pdD = p * (g64.abs() * b_out).sum({-1}, true) * scale;
+  check_within("out", out, out64, b_out);
+  check_within("grad of q", got[0], gq, (matmul(ds.abs(), k64.abs()) + gq.abs()) * u + matmul(pdD, k64.abs()));
+  check_within("grad of k", got[1], gk,
+               (matmul(ds.abs().transpose(-2, -1), q64.abs()) + gk.abs()) * u + matmul(pdD.transpose(-2, -1), q64.abs()));
+  check_within("grad of v", got[2], gv, (matmul(pz.transpose(-2, -1), g64.abs()) + gv.abs()) * u);
+  for (const Tensor& t : got) CHECK(t.dtype() == kBFloat16);
+}
+
+}  // namespace
+
+TEST_CASE("bfloat16 cpu attention: the fused kernel's bfloat16 path against float64, forward and backward",
+          "[ops][attention]") {
+  // Through AMX where the CPU has it, else float32 copies of the block operands; CTest runs this
+  // once more with KILN_CPU_BF16_GEMM=float, the second way on every CPU. Sizes around the 64-row
+  // blocks, head dims below, at and above AMX's 32 k a step, Ev != E, L != S.
+  FusionGuard fused(true);
+  Generator gen(21);
+  struct Case {
+    int64_t L, S, E, Ev;
+    bool causal;
+    double dropout;
+  };
+  for (const Case& c : std::vector<Case>{{70, 70, 16, 16, true, 0.0},  {70, 70, 16, 16, false, 0.0},
+                                         {130, 130, 32, 32, true, 0.0}, {5, 130, 48, 24, false, 0.0},
+                                         {64, 64, 64, 64, true, 0.0},  {1, 1, 32, 32, true, 0.0},
+                                         {70, 70, 32, 32, true, 0.2},  {65, 7, 40, 8, false, 0.1}}) {
+    INFO("L " << c.L << ", S " << c.S << ", E " << c.E << ", Ev " << c.Ev << ", causal " << c.causal << ", dropout "
+              << c.dropout);
+    Tensor q = randn({2, 3, c.L, c.E}, kFloat32, &gen).to(kBFloat16).requires_grad_();
+    Tensor k = randn({2, 3, c.S, c.E}, kFloat32, &gen).to(kBFloat16).requires_grad_();
+    Tensor v = randn({2, 3, c.S, c.Ev}, kFloat32, &gen).to(kBFloat16).requires_grad_();
+    check_bf16_attention(q, k, v, c.causal, c.dropout, 100 + c.L);
+  }
+  // The heads of one (B, T, 3, H, E) projection, read where they lie.
+  Tensor qkv = randn({2, 70, 3, 2, 32}, kFloat32, &gen).to(kBFloat16).requires_grad_();
+  auto head = [&](int64_t i) { return qkv.select(2, i).transpose(1, 2); };
+  check_bf16_attention(head(0), head(1), head(2), true, 0.0, 7);
+}
+
 TEST_CASE("scaled_dot_product_attention: the fused kernel gives the same bits wherever its scratch memory lands",
           "[ops][attention]") {
   // The kernel's block scratch comes from the heap. Eigen's vector loops start at the first aligned

@@ -413,6 +413,40 @@ TEST_CASE("bfloat16 cpu/bf16gemm.cpp with transposed and strided operands, and m
   for (int64_t i = 0; i < 2; ++i) check_bf16_product(c2.select(0, i), a2.select(0, i), b2);
 }
 
+TEST_CASE("bfloat16 cpu/bf16gemm.cpp's AMX products into float32, added to c or not") {
+  // bf16gemm_amx_f32, the attention kernel's block products (Note [bfloat16 attention] in
+  // cpu/attention.cpp): the float32 sums unrounded, written over c or added to it, with k across a
+  // 2,048-row block (c holding the sums between blocks), transposed operands, and c's rows wider
+  // than n.
+  if (!cpu::cpu_has_amx_bf16()) {
+    WARN("no AMX-BF16 on this CPU (or not allowed by the OS): bf16gemm_amx_f32 is not checked");
+    return;
+  }
+  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{64, 32, 64}, {7, 70, 50}, {33, 2100, 20}, {64, 16, 48}}) {
+    Tensor a = bf16_values({m, k}, 0.2), at = bf16_values({k, m}, 0.3).t();
+    Tensor b = bf16_values({k, n}, 0.4), bt = bf16_values({n, k}, 0.5).t();
+    for (const Tensor& x : {a, at})
+      for (const Tensor& y : {b, bt})
+        for (bool accumulate : {false, true}) {
+          INFO("m " << m << ", k " << k << ", n " << n << ", a strides " << x.stride(0) << ", " << x.stride(1)
+                    << ", b strides " << y.stride(0) << ", " << y.stride(1) << ", accumulate " << accumulate);
+          Tensor c0 = test::sample({m, n + 5}, kFloat32, 0.6);  // rows n + 5 apart; the last 5 untouched
+          Tensor c = c0.clone();
+          cpu::bf16gemm_amx_f32(m, n, k, x.data_ptr<BFloat16>(), x.stride(0), x.stride(1), y.data_ptr<BFloat16>(),
+                                y.stride(0), y.stride(1), accumulate, c.data_ptr<float>(), c.stride(0));
+          check_product(c.narrow(1, 0, n), x, y, accumulate ? c0.narrow(1, 0, n) : Tensor());
+          test::check_equal(c.narrow(1, n, 5), c0.narrow(1, n, 5));
+        }
+  }
+  // k = 0: c zeroed, or left as it was when accumulating.
+  Tensor c = test::sample({3, 4}, kFloat32, 0.1), kept = c.clone();
+  const BFloat16 none{};
+  cpu::bf16gemm_amx_f32(3, 4, 0, &none, 0, 1, &none, 4, 1, true, c.data_ptr<float>(), 4);
+  test::check_equal(c, kept);
+  cpu::bf16gemm_amx_f32(3, 4, 0, &none, 0, 1, &none, 4, 1, false, c.data_ptr<float>(), 4);
+  test::check_equal(c, zeros({3, 4}));
+}
+
 TEST_CASE("bfloat16 cpu/bf16gemm.cpp rounds as a float32-to-bfloat16 cast does, NaN and infinity kept") {
   // With k = 1 and 2 the float32 sum is the same in any order, so the product must equal, bit for
   // bit, the float32 product of the same values cast to bfloat16: to nearest even (products of two
