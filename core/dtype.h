@@ -81,7 +81,7 @@ template <typename T> using opmath_t = typename OpMath<T>::type;
   }
 
 // Float32 and float64 only: the kernels that ops/ feeds 16-bit floats converted to float32
-// (convolution, pooling, normalisation), the fused Adam step and the CPU attention kernel.
+// (convolution, pooling, normalisation) and the fused Adam step.
 #define KILN_DISPATCH_F32_F64(dtype, name, ...)                                       \
   [&] {                                                                               \
     switch (dtype) {                                                                  \

@@ -25,8 +25,8 @@
 // where D_i = sum_e dout[i][e] * out[i][e] still equals sum_j p_ij dp_ij.
 // Each of the B x H (batch, head) slices is one task for the pool of cpu/parallel.h (the forward
 // splits further, by query block, since its blocks are independent); the products are gemm() of
-// matmul.cpp, which reads the operands' rows at their own strides (core/backend.h: a head of a
-// (B, T, 3 C) projection is read where it lies).
+// matmul.cpp (for bfloat16, the Note below), which reads the operands' rows at their own strides
+// (core/backend.h: a head of a (B, T, 3 C) projection is read where it lies).
 //
 // Note [bfloat16 attention]: bfloat16 q, k and v (autocast's attention) are read as they are, with
 // every score, probability, running sum and gradient in float32, as the CUDA kernel does: the block
@@ -321,20 +321,30 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
 
 void attention_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,
                       const AttentionArgs& args) {
-  if (q.dtype == kBFloat16) return attention_typed<BFloat16>(q, k, v, out, lse, args);
-  KILN_DISPATCH_F32_F64(q.dtype, "scaled_dot_product_attention",
-                        [&] { attention_typed<scalar_t>(q, k, v, out, lse, args); });
+  switch (q.dtype) {
+    case DType::Float32: return attention_typed<float>(q, k, v, out, lse, args);
+    case DType::Float64: return attention_typed<double>(q, k, v, out, lse, args);
+    case DType::BFloat16: return attention_typed<BFloat16>(q, k, v, out, lse, args);
+    default:
+      KILN_FAIL("scaled_dot_product_attention: the CPU kernel takes float32, float64 or bfloat16, got {}",
+                dtype_name(q.dtype));
+  }
 }
 
 void attention_backward_kernel(const View& q, const View& k, const View& v, const View& out, const View& lse,
                                const View& grad_out, const View& grad_q, const View& grad_k, const View& grad_v,
                                const AttentionArgs& args) {
-  if (q.dtype == kBFloat16) {
-    return attention_backward_typed<BFloat16>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args);
+  switch (q.dtype) {
+    case DType::Float32:
+      return attention_backward_typed<float>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args);
+    case DType::Float64:
+      return attention_backward_typed<double>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args);
+    case DType::BFloat16:
+      return attention_backward_typed<BFloat16>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args);
+    default:
+      KILN_FAIL("scaled_dot_product_attention backward: the CPU kernel takes float32, float64 or bfloat16, got {}",
+                dtype_name(q.dtype));
   }
-  KILN_DISPATCH_F32_F64(q.dtype, "scaled_dot_product_attention backward", [&] {
-    attention_backward_typed<scalar_t>(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args);
-  });
 }
 
 }  // namespace kiln::cpu

@@ -1,6 +1,8 @@
 // cpu/bf16gemm.cpp: Kiln's own bfloat16 GEMMs, c = a @ b, every element of c a float32 sum of
 // exact products, rounded to bfloat16 once at the end: one kernel for CPUs with AVX512-BF16 and one
-// for CPUs with AMX (Note [AMX]), in the same loops.
+// for CPUs with AMX (Note [AMX]), in the same loops. The AMX one also writes (or adds) its float32
+// sums unrounded into a float32 c (bf16gemm_amx_f32), for the attention kernel's block products
+// (Note [bfloat16 attention] in attention.cpp).
 //
 // Without them a bfloat16 matmul converts a and b to float32, multiplies with the float32 GEMM and
 // rounds c (matmul.cpp, matmul_via_float): three conversion passes, float32 operands twice the
@@ -29,7 +31,7 @@
 //   - the micro-kernel holds an 8 x 48 tile of float32 sums in 24 zmm registers; each step of a pair
 //     loads three vectors of b's words and broadcasts a's eight words: 24 VDPBF16PS for 11 loads.
 //   - with k longer than one block (KC = 2048), the tile's partial sums wait in a float32 copy of c
-//     between blocks; the last block adds them and rounds.
+//     between blocks; the last block adds them and rounds. (A float32 c holds them itself.)
 // Rounding to bfloat16 is to nearest even, NaN kept quiet: bit for bit what the float-to-bfloat16
 // conversion of core/half.h does, so a product here equals matmul_via_float's wherever the float32
 // sums agree (they differ only in the order of additions).
@@ -84,9 +86,10 @@ __m256i round_to_bf16(__m512 v) {
   return _mm512_cvtepi32_epi16(r);
 }
 
-// What a micro-kernel does with its tile: partial (m x n float32, leading dim n; null when k is one
-// block) holds the sums of earlier blocks of k when add_partial; the tile goes to c rounded when
-// last, else to partial.
+// What a micro-kernel does with its tile: partial (m x n float32, leading dim ldp; null when k is
+// one block) holds the sums of earlier blocks of k when add_partial; the tile goes to c rounded when
+// last, else to partial. For a float32 c (bf16gemm_amx_f32) partial is c itself, c is null and last
+// never set: add_partial from the second block of k on, or from the first when adding to c.
 struct TileOut {
   uint16_t* c;
   int64_t ldc;

@@ -172,11 +172,15 @@ Tensor attention_fused(const Tensor& q4, const Tensor& k4, const Tensor& v4, con
              Tensor go = g[0].to(compute);
              TensorList grads;
              if (GradMode::is_enabled()) {
+               // Written with ops (create_graph); on the CPU a bfloat16 input's in float32, as its
+               // kernel computes (the casts are recorded too).
+               const DType ops_dtype = is_reduced_float(compute) && qs.device().is_cpu() ? kFloat32 : compute;
                Tensor z;
                if (args.dropout > 0) {
-                 z = mask_values({qs.size(0), qs.size(1), qs.size(2), ks.size(2)}, args, compute, qs.device());
+                 z = mask_values({qs.size(0), qs.size(1), qs.size(2), ks.size(2)}, args, ops_dtype, qs.device());
                }
-               grads = attention_backward_composed(qs, ks, vs, go, args.causal, args.scale, z);
+               grads = attention_backward_composed(qs.to(ops_dtype), ks.to(ops_dtype), vs.to(ops_dtype), go.to(ops_dtype),
+                                                   args.causal, args.scale, z);
              } else {
                go = readable(go);
                Tensor gq = empty_in_order_of(qs, qs.sizes()[3], compute);

@@ -345,7 +345,9 @@ void check_bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, boo
   Tensor out = scaled_dot_product_attention(q, k, v, {}, d, causal, {}, &gen);
   REQUIRE(out.dtype() == kBFloat16);
   Tensor g = randn(out.sizes(), kFloat64, &data).to(kBFloat16);
-  auto got = autograd::grad({out}, {q, k, v}, {g});
+  // The kernel's backward, then (create_graph) the one written with ops, in float32 on the CPU.
+  auto got = autograd::grad({out}, {q, k, v}, {g}, true);
+  auto with_ops = autograd::grad({out}, {q, k, v}, {g}, true, true);
 
   Tensor q64 = q.detach().to(kFloat64), k64 = k.detach().to(kFloat64), v64 = v.detach().to(kFloat64);
   Tensor g64 = g.to(kFloat64);
@@ -368,6 +370,11 @@ void check_bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, boo
                (matmul(ds.abs().transpose(-2, -1), q64.abs()) + gk.abs()) * u + matmul(pdD.transpose(-2, -1), q64.abs()));
   check_within("grad of v", got[2], gv, (matmul(pz.transpose(-2, -1), g64.abs()) + gv.abs()) * u);
   for (const Tensor& t : got) CHECK(t.dtype() == kBFloat16);
+  // Written with ops in float32, the gradients are rounded once: within 2^-8 of float64's.
+  const double unit = std::ldexp(1.0, -8);
+  check_within("grad of q, with ops", with_ops[0], gq, gq.abs() * unit + 1e-6);
+  check_within("grad of k, with ops", with_ops[1], gk, gk.abs() * unit + 1e-6);
+  check_within("grad of v, with ops", with_ops[2], gv, gv.abs() * unit + 1e-6);
 }
 
 }  // namespace
@@ -376,7 +383,7 @@ TEST_CASE("bfloat16 cpu attention: the fused kernel's bfloat16 path against floa
           "[ops][attention]") {
   // Through AMX where the CPU has it, else float32 copies of the block operands; CTest runs this
   // once more with KILN_CPU_BF16_GEMM=float, the second way on every CPU. Sizes around the 64-row
-  // blocks, head dims below, at and above AMX's 32 k a step, Ev != E, L != S.
+  // blocks, head dims below, at and above AMX's 32 k a step and odd, Ev != E, L != S (causal too).
   FusionGuard fused(true);
   Generator gen(21);
   struct Case {
@@ -387,7 +394,8 @@ TEST_CASE("bfloat16 cpu attention: the fused kernel's bfloat16 path against floa
   for (const Case& c : std::vector<Case>{{70, 70, 16, 16, true, 0.0},  {70, 70, 16, 16, false, 0.0},
                                          {130, 130, 32, 32, true, 0.0}, {5, 130, 48, 24, false, 0.0},
                                          {64, 64, 64, 64, true, 0.0},  {1, 1, 32, 32, true, 0.0},
-                                         {70, 70, 32, 32, true, 0.2},  {65, 7, 40, 8, false, 0.1}}) {
+                                         {70, 70, 32, 32, true, 0.2},  {65, 7, 40, 8, false, 0.1},
+                                         {70, 130, 33, 33, true, 0.0}, {130, 70, 17, 20, true, 0.1}}) {
     INFO("L " << c.L << ", S " << c.S << ", E " << c.E << ", Ev " << c.Ev << ", causal " << c.causal << ", dropout "
               << c.dropout);
     Tensor q = randn({2, 3, c.L, c.E}, kFloat32, &gen).to(kBFloat16).requires_grad_();

@@ -431,11 +431,19 @@ TEST_CASE("bfloat16 cpu/bf16gemm.cpp's AMX products into float32, added to c or 
           INFO("m " << m << ", k " << k << ", n " << n << ", a strides " << x.stride(0) << ", " << x.stride(1)
                     << ", b strides " << y.stride(0) << ", " << y.stride(1) << ", accumulate " << accumulate);
           Tensor c0 = test::sample({m, n + 5}, kFloat32, 0.6);  // rows n + 5 apart; the last 5 untouched
-          Tensor c = c0.clone();
-          cpu::bf16gemm_amx_f32(m, n, k, x.data_ptr<BFloat16>(), x.stride(0), x.stride(1), y.data_ptr<BFloat16>(),
-                                y.stride(0), y.stride(1), accumulate, c.data_ptr<float>(), c.stride(0));
+          Tensor c = c0.clone(), c_one = c0.clone();
+          auto product = [&](Tensor& out) {
+            cpu::bf16gemm_amx_f32(m, n, k, x.data_ptr<BFloat16>(), x.stride(0), x.stride(1), y.data_ptr<BFloat16>(),
+                                  y.stride(0), y.stride(1), accumulate, out.data_ptr<float>(), out.stride(0));
+          };
+          product(c);
+          {
+            ThreadsGuard one(1);
+            product(c_one);
+          }
           check_product(c.narrow(1, 0, n), x, y, accumulate ? c0.narrow(1, 0, n) : Tensor());
           test::check_equal(c.narrow(1, n, 5), c0.narrow(1, n, 5));
+          test::check_equal(c_one, c);  // the same sums on one thread as on all
         }
   }
   // k = 0: c zeroed, or left as it was when accumulating.
