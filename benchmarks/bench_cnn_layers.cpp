@@ -5,7 +5,9 @@
 // warm-up runs. Then conv3d, conv_transpose2d, adaptive max pooling, and the gather and scatter_add that
 // losses and pooling backwards use (see the end of main). One JSON line per result.
 // Its PyTorch counterpart: benchmarks/torch_cnn_layers.py.
-// Usage: bench_cnn_layers [threads] (default 2).
+// Usage: bench_cnn_layers [threads] [--autocast bf16] (threads default 2). With --autocast bf16 the
+// CNN's parts run under bfloat16 autocast (the backward kernels' parts on bfloat16 copies of their
+// operands), each line saying "autocast":"bf16", and the parts beyond the CNN are skipped.
 #include <kiln/kiln.h>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 using namespace kiln;
@@ -31,7 +34,21 @@ static double median_ms(const std::function<void()>& fn) {
 }
 
 int main(int argc, char** argv) {
-  set_num_threads(argc > 1 ? std::atoi(argv[1]) : 2);
+  int threads = 2;
+  bool bf16 = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--autocast" && i + 1 < argc && std::string(argv[i + 1]) == "bf16") {
+      bf16 = true;
+      ++i;
+    } else if (!arg.empty() && arg.find_first_not_of("0123456789") == std::string::npos && std::atoi(arg.c_str()) > 0) {
+      threads = std::atoi(arg.c_str());
+    } else {
+      std::fprintf(stderr, "usage: %s [threads] [--autocast bf16]\n", argv[0]);
+      return 2;
+    }
+  }
+  set_num_threads(threads);
   Generator gen(0);
   Tensor x = randn({128, 1, 28, 28}, {}, &gen);
   Tensor w1 = (randn({32, 1, 3, 3}, {}, &gen) * 0.3).requires_grad_();
@@ -43,17 +60,19 @@ int main(int argc, char** argv) {
     return max_pool2d(relu(conv2d(h, w2, b2, {1, 1}, {1, 1})), 2);
   };
   Tensor cot = randn({128, 64, 7, 7}, {}, &gen);
-  auto report = [](const char* what, double ms) {
+  auto report = [bf16](const char* what, double ms) {
     std::printf("{\"bench\":\"cnn_layers\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,\"batch\":128,"
-                "\"part\":\"%s\",\"ms\":%.3f}\n",
-                get_num_threads(), what, ms);
+                "%s\"part\":\"%s\",\"ms\":%.3f}\n",
+                get_num_threads(), bf16 ? "\"autocast\":\"bf16\"," : "", what, ms);
   };
   report("forward_backward", median_ms([&] {
            for (Tensor* p : {&w1, &b1, &w2, &b2}) p->set_grad(Tensor());
+           AutocastGuard ac(DeviceType::CPU, kBFloat16, bf16);
            forward().backward(cot);
          }));
   {
     NoGradGuard no_grad;
+    AutocastGuard ac(DeviceType::CPU, kBFloat16, bf16);
     report("forward", median_ms([&] { forward(); }));
     Tensor c1 = relu(conv2d(x, w1, b1, {1, 1}, {1, 1}));
     Tensor p1 = max_pool2d(c1, 2);
@@ -62,14 +81,15 @@ int main(int argc, char** argv) {
     report("pool1_forward", median_ms([&] { max_pool2d(c1, 2); }));
     report("conv2_forward", median_ms([&] { conv2d(p1, w2, b2, {1, 1}, {1, 1}); }));
     report("pool2_forward", median_ms([&] { max_pool2d(c2, 2); }));
-    Tensor g2 = randn(c2.sizes(), {}, &gen);
+    Tensor g2 = randn(c2.sizes(), {}, &gen).to(c2.dtype()), w2_used = w2.to(c2.dtype());
     report("conv2_backward_input", median_ms([&] {
-             conv2d_backward_input(g2, w2, p1.sizes(), {1, 1}, {1, 1}, {1, 1}, 1);
+             conv2d_backward_input(g2, w2_used, p1.sizes(), {1, 1}, {1, 1}, {1, 1}, 1);
            }));
     report("conv2_backward_weight", median_ms([&] {
              conv2d_backward_weight(g2, p1, w2.sizes(), {1, 1}, {1, 1}, {1, 1}, 1);
            }));
   }
+  if (bf16) return 0;
   // Beyond the CNN: conv3d (one conv2d over the stacked depth windows, ops/conv.cpp) on a
   // (4, 16, 16, 32, 32) input with a 3x3x3 kernel to 32 channels, and adaptive max pooling (its own
   // kernel, cpu/pool.cpp) of a (128, 32, 28, 28) input to 5 x 5, forward + backward (the gradient of the

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # benchmarks/torch_cnn_layers.py: PyTorch's side of bench_cnn_layers.cpp (same layers, shapes, parts and
 # timing rule: median of 15 runs after 3 warm-up runs), for Debian's /usr/bin/python3 with torch.
-# Usage: /usr/bin/python3 benchmarks/torch_cnn_layers.py [threads] (default 2).
+# Usage: /usr/bin/python3 benchmarks/torch_cnn_layers.py [threads] [--autocast bf16] (threads default 2);
+# --autocast bf16 as bench_cnn_layers: the CNN's parts under bfloat16 autocast, the rest skipped.
 import json
 import statistics
 import sys
@@ -10,7 +11,11 @@ import time
 import torch
 import torch.nn.functional as F
 
-threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+args = sys.argv[1:]
+bf16 = args[-2:] == ["--autocast", "bf16"]
+if bf16:
+    args = args[:-2]
+threads = int(args[0]) if args else 2
 torch.set_num_threads(threads)
 torch.manual_seed(0)
 x = torch.randn(128, 1, 28, 28)
@@ -38,18 +43,24 @@ def median_ms(fn):
 
 
 def report(part, ms):
-    print(json.dumps({"bench": "cnn_layers", "impl": "torch " + torch.__version__, "device": "cpu",
-                      "threads": threads, "batch": 128, "part": part, "ms": round(ms, 3)}))
+    line = {"bench": "cnn_layers", "impl": "torch " + torch.__version__, "device": "cpu",
+            "threads": threads, "batch": 128}
+    if bf16:
+        line["autocast"] = "bf16"
+    line.update({"part": part, "ms": round(ms, 3)})
+    print(json.dumps(line))
 
 
 def fwd_bwd():
     for p in (w1, b1, w2, b2):
         p.grad = None
-    forward().backward(cot)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        out = forward()
+    out.backward(cot)
 
 
 report("forward_backward", median_ms(fwd_bwd))
-with torch.no_grad():
+with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
     report("forward", median_ms(forward))
     c1 = F.relu(F.conv2d(x, w1, b1, padding=1))
     p1 = F.max_pool2d(c1, 2)
@@ -58,11 +69,14 @@ with torch.no_grad():
     report("pool1_forward", median_ms(lambda: F.max_pool2d(c1, 2)))
     report("conv2_forward", median_ms(lambda: F.conv2d(p1, w2, b2, padding=1)))
     report("pool2_forward", median_ms(lambda: F.max_pool2d(c2, 2)))
-    g2 = torch.randn(c2.shape)
+    g2 = torch.randn(c2.shape).to(c2.dtype)
+    w2_used = w2.to(c2.dtype)
     report("conv2_backward_input",
-           median_ms(lambda: torch.nn.grad.conv2d_input(p1.shape, w2, g2, padding=1)))
+           median_ms(lambda: torch.nn.grad.conv2d_input(p1.shape, w2_used, g2, padding=1)))
     report("conv2_backward_weight",
            median_ms(lambda: torch.nn.grad.conv2d_weight(p1, w2.shape, g2, padding=1)))
+if bf16:
+    sys.exit(0)
 
 # Beyond the CNN, as bench_cnn_layers.cpp: conv3d, conv_transpose2d, adaptive max pooling, gather and
 # scatter_add.

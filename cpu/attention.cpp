@@ -45,6 +45,7 @@
 
 #include "core/error.h"
 #include "core/philox.h"
+#include "cpu/bf16_products.h"
 #include "cpu/exact_math.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
@@ -56,81 +57,6 @@ constexpr int64_t kBlock = 64;
 
 template <typename T>
 using Row = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-
-// The type the kernels compute in: float32 for bfloat16 inputs, the inputs' own type otherwise.
-template <typename T>
-struct ComputeOf {
-  using type = T;
-};
-template <>
-struct ComputeOf<BFloat16> {
-  using type = float;
-};
-
-// The block products: c (m, n) = op(a) @ op(b) (+ c when accumulate), with op transposing when ta or
-// tb (a stored (m, k) with leading dim lda, or (k, m) when ta; b likewise), a and b of the inputs'
-// type T, c of the compute type F. For float32 and float64, gemm() of matmul.cpp; for bfloat16,
-// AMX's products where amx is true, else float32 copies of a and b into gemm<float> (Note [bfloat16
-// attention]).
-template <typename T, typename F>
-void block_gemm(bool amx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-                int64_t ldb, bool accumulate, F* c, int64_t ldc) {
-  if constexpr (std::is_same_v<T, F>) {
-    gemm<T>(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
-  } else {
-    if (amx) {
-      bf16gemm_amx_f32(m, n, k, a, ta ? 1 : lda, ta ? lda : 1, b, tb ? 1 : ldb, tb ? ldb : 1, accumulate, c, ldc);
-      return;
-    }
-    // Each operand's rows as stored, widened into a contiguous float32 copy.
-    auto widen = [](const T* x, int64_t rows, int64_t cols, int64_t ld, F* out) {
-      for (int64_t i = 0; i < rows; ++i)
-        for (int64_t j = 0; j < cols; ++j) out[i * cols + j] = static_cast<F>(x[i * ld + j]);
-    };
-    const int64_t a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
-    ScratchBuffer<F> af(static_cast<size_t>(a_rows * a_cols)), bf(static_cast<size_t>(b_rows * b_cols));
-    widen(a, a_rows, a_cols, lda, af.data());
-    widen(b, b_rows, b_cols, ldb, bf.data());
-    gemm<F>(ta, tb, m, n, k, af.data(), a_cols, bf.data(), b_cols, accumulate, c, ldc);
-  }
-}
-
-// y[0, n) = x[0, n) rounded to T (bf16gemm.cpp's vector rounding where amx, the CPU then having
-// AVX-512; else core/half.h's, which rounds the same).
-template <typename T, typename F>
-void narrow(const F* x, T* y, int64_t n, bool amx) {
-  if constexpr (std::is_same_v<T, BFloat16>) {
-    if (amx) {
-      round_to_bf16_run(x, y, n);
-      return;
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(x[i]);
-}
-
-// x[0, n) as an operand of type T of a block product: x itself when T is the compute type F, else
-// rounded into scratch.
-template <typename T, typename F>
-const T* as_operand(const F* x, T* scratch, int64_t n, bool amx) {
-  if constexpr (std::is_same_v<T, F>) {
-    return x;
-  } else {
-    narrow(x, scratch, n, amx);
-    return scratch;
-  }
-}
-
-// Whether the bfloat16 block products go to AMX (Note [bfloat16 attention]).
-template <typename T>
-bool use_amx() {
-  return std::is_same_v<T, BFloat16> && bf16gemm_choice() == Bf16Gemm::kAmx;
-}
-
-// Block scratch is a ScratchBuffer (cpu/kernels.h), 64-byte aligned as Eigen's vector loops need.
-// Those start at the first aligned element and do the ones before it (and the tail) in scalar code,
-// whose exp can differ from the vector exp in the last bit, and whose sum adds in another order. On
-// a plain heap buffer that split would follow the buffer's address, and so would the results;
-// aligned, it follows the row's offset alone.
 
 // How many of the block's `cols` key columns (from k0) query row q0 + r may see: all of them, or with
 // causal those up to its own position. The columns past that are zeroed in the block, never exp'd.
@@ -188,7 +114,7 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
       const int64_t k_end = args.causal ? std::min(S, q0 + rows) : S;
       for (int64_t k0 = 0; k0 < k_end; k0 += kBlock) {
         const int64_t cols = std::min(kBlock, S - k0);
-        block_gemm(amx, false, true, rows, cols, E, qb, q.ld, kb + k0 * k.ld, k.ld, false, scores.data(), cols);
+        mixed_gemm(amx, false, true, rows, cols, E, qb, q.ld, kb + k0 * k.ld, k.ld, false, scores.data(), cols);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t n = visible(r, cols, q0, k0, args.causal);
           Row<F> s(scores.data() + r * cols, cols);
@@ -210,7 +136,7 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
           if (c != F(1)) Row<F>(acc.data() + r * Ev, Ev) *= c;
         }
         const T* pb = as_operand(scores.data(), p.data(), rows * cols, amx);
-        block_gemm(amx, false, false, rows, Ev, cols, pb, cols, vb + k0 * v.ld, v.ld, true, acc.data(), Ev);
+        mixed_gemm(amx, false, false, rows, Ev, cols, pb, cols, vb + k0 * v.ld, v.ld, true, acc.data(), Ev);
       }
       for (int64_t r = 0; r < rows; ++r) {
         T* o = out.slice(b) + (q0 + r) * out.ld;
@@ -280,7 +206,7 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
         for (int64_t q0 = q_start; q0 < L; q0 += kBlock) {
           const int64_t rows = std::min(kBlock, L - q0);
           const T *qi = qb + q0 * q.ld, *goi = gob + q0 * gout.ld, *kj = kb + k0 * k.ld, *vj = vb + k0 * v.ld;
-          block_gemm(amx, false, true, rows, cols, E, qi, q.ld, kj, k.ld, false, p.data(), cols);
+          mixed_gemm(amx, false, true, rows, cols, E, qi, q.ld, kj, k.ld, false, p.data(), cols);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t n = visible(r, cols, q0, k0, args.causal);
             Row<F> s(p.data() + r * cols, cols);
@@ -294,16 +220,16 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
             }
           }
           const T* kept = as_operand(dropping ? pd.data() : p.data(), p16.data(), rows * cols, amx);
-          block_gemm(amx, true, false, cols, Ev, rows, kept, cols, goi, gout.ld, true, gvb + k0 * ld_v, ld_v);
-          block_gemm(amx, false, true, rows, cols, Ev, goi, gout.ld, vj, v.ld, false, dp.data(), cols);
+          mixed_gemm(amx, true, false, cols, Ev, rows, kept, cols, goi, gout.ld, true, gvb + k0 * ld_v, ld_v);
+          mixed_gemm(amx, false, true, rows, cols, Ev, goi, gout.ld, vj, v.ld, false, dp.data(), cols);
           for (int64_t r = 0; r < rows; ++r) {
             Row<F> ds(dp.data() + r * cols, cols);
             if (dropping) ds *= Row<F>(z.data() + r * cols, cols);
             ds = Row<F>(p.data() + r * cols, cols) * (ds - D[q0 + r]) * scale;
           }
           const T* ds_op = as_operand(dp.data(), ds16.data(), rows * cols, amx);
-          block_gemm(amx, false, false, rows, E, cols, ds_op, cols, kj, k.ld, true, gqb + q0 * ld_q, ld_q);
-          block_gemm(amx, true, false, cols, E, rows, ds_op, cols, qi, q.ld, true, gkb + k0 * ld_k, ld_k);
+          mixed_gemm(amx, false, false, rows, E, cols, ds_op, cols, kj, k.ld, true, gqb + q0 * ld_q, ld_q);
+          mixed_gemm(amx, true, false, cols, E, rows, ds_op, cols, qi, q.ld, true, gkb + k0 * ld_k, ld_k);
         }
       }
       if constexpr (kNarrow) {  // the float32 sums, rounded once

@@ -5,15 +5,24 @@
 //   forward:         out (C_out/g, P)  = W (C_out/g, K) @ col (K, P)
 //   backward input:  col (K, P)        = W^T @ grad_out (C_out/g, P), scattered back (col2im)
 //   backward weight: grad_W (C_out/g, K) += grad_out @ col^T
-// The GEMMs are gemm() of matmul.cpp (OpenBLAS, single-threaded); the pool of cpu/parallel.h splits the
-// batch, each piece with its own column buffer (and, for the weight gradient, its own accumulator,
-// summed in piece order so the result does not depend on timing). With fewer images than threads, the
-// columns of each GEMM are split instead. A 1x1 convolution with stride 1 and
-// no padding needs no columns: the input plane is the column matrix.
+// The GEMMs are gemm() of matmul.cpp (OpenBLAS, single-threaded; for bfloat16 the Note below); the
+// pool of cpu/parallel.h splits the batch, each piece with its own column buffer (and, for the weight
+// gradient, its own accumulator, summed in piece order so the result does not depend on timing). With
+// fewer images than threads, the columns of each GEMM are split instead. A 1x1 convolution with
+// stride 1 and no padding needs no columns: the input plane is the column matrix.
+//
+// Note [bfloat16 convolution]: bfloat16 inputs (autocast's convolutions) are read as they are, the
+// columns are bfloat16 too, and every product is a float32 sum of exact products (cpu/bf16_products.h:
+// AMX's tiles where the CPU has them, else float32 copies of the two operands), rounded to bfloat16
+// once: the forward's after the bias is added, the input gradient's after col2im has summed the
+// columns in float32, the weight gradient's after the batch's pieces are summed in float32. These
+// are the float32 kernel's sums on the same values, up to the order of the additions, which is what
+// the CPU computed before, on float32 copies that ops/conv.cpp made of the whole tensors.
 #include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
+#include "cpu/bf16_products.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
 
@@ -111,52 +120,74 @@ BatchSplit batch_split(int64_t N, int64_t work_per_sample) {
   return {parallel_pieces(N, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(work_per_sample, 1))), false};
 }
 
-// Runs fn(piece, n0, n1, gemm) for each piece of the batch, where gemm has gemm<T>'s signature.
-template <typename T, typename F>
-void run_batch(const BatchSplit& split, int64_t N, const F& fn) {
+// Runs fn(piece, n0, n1, gemm) for each piece of the batch, where gemm has mixed_gemm's signature
+// without its first argument: c (m, n) of T's compute type F (+)= op(a) @ op(b) for a and b of T.
+template <typename T, typename Fn>
+void run_batch(const BatchSplit& split, int64_t N, bool amx, const Fn& fn) {
+  using F = typename ComputeOf<T>::type;
   if (split.split_gemm) {
-    fn(0, 0, N, [](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-                   int64_t ldb, bool accumulate, T* c, int64_t ldc) {
+    fn(0, 0, N, [amx](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+                      int64_t ldb, bool accumulate, F* c, int64_t ldc) {
       // The GEMM is chosen once for the whole product, so the choice does not depend on the pieces.
       const bool own = gemm_uses_own<T>(ta, tb, m, n, k, lda, ldb);
       const int64_t grain = std::max<int64_t>(16, (1 << 16) / std::max<int64_t>(m * k, 1));
       parallel_for(0, n, grain, [&](int64_t j0, int64_t j1) {
-        gemm_chosen<T>(own, ta, tb, m, j1 - j0, k, a, lda, tb ? b + j0 * ldb : b + j0, ldb, accumulate, c + j0, ldc);
+        const T* bj = tb ? b + j0 * ldb : b + j0;
+        if constexpr (std::is_same_v<T, F>) {
+          gemm_chosen<T>(own, ta, tb, m, j1 - j0, k, a, lda, bj, ldb, accumulate, c + j0, ldc);
+        } else {
+          mixed_gemm(amx, ta, tb, m, j1 - j0, k, a, lda, bj, ldb, accumulate, c + j0, ldc);
+        }
       });
     });
     return;
   }
   const int pieces = split.pieces;
+  auto gemm = [amx](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
+                    int64_t ldb, bool accumulate, F* c, int64_t ldc) {
+    mixed_gemm(amx, ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+  };
   parallel_for(0, pieces, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) fn(p, N * p / pieces, N * (p + 1) / pieces, gemm<T>);
+    for (int64_t p = p0; p < p1; ++p) fn(p, N * p / pieces, N * (p + 1) / pieces, gemm);
   });
 }
 
 template <typename T>
 void conv2d_typed(const View& input, const View& weight, const View& bias, const View& out,
                   const Conv2dArgs& args) {
+  using F = typename ComputeOf<T>::type;
+  constexpr bool kNarrow = !std::is_same_v<T, F>;  // sums in float32 scratch, rounded into out
+  const bool amx = use_amx<T>();
   const Geometry g = geometry(input, weight, out, args);
   const T* x = input.ptr<T>();
   const T* w = weight.ptr<T>();
   const T* b = bias.data ? bias.ptr<T>() : nullptr;
   T* y = out.ptr<T>();
   const bool direct = g.pointwise();
-  run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
+  run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, amx, [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
     ScratchBuffer<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
+    ScratchBuffer<F> sums(kNarrow ? static_cast<size_t>(g.Cog * g.P) : 0);
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t grp = 0; grp < g.G; ++grp) {
         const T* xg = x + (n * g.C + grp * g.Cg) * g.H * g.W;
         if (!direct) im2col(xg, g, col.data());
         T* yg = y + (n * g.Co + grp * g.Cog) * g.P;
+        F* yf;  // where the group's output is summed
+        if constexpr (kNarrow) {
+          yf = sums.data();
+        } else {
+          yf = yg;
+        }
         gemm(false, false, g.Cog, g.P, g.K, w + grp * g.Cog * g.K, g.K, direct ? xg : col.data(), g.P,
-                false, yg, g.P);
+             false, yf, g.P);
         if (b) {
           for (int64_t co = 0; co < g.Cog; ++co) {
-            const T bv = b[grp * g.Cog + co];
-            T* row = yg + co * g.P;
+            const F bv = static_cast<F>(b[grp * g.Cog + co]);
+            F* row = yf + co * g.P;
             for (int64_t p = 0; p < g.P; ++p) row[p] += bv;
           }
         }
+        if constexpr (kNarrow) narrow(yf, yg, g.Cog * g.P, amx);
       }
     }
   });
@@ -165,25 +196,37 @@ void conv2d_typed(const View& input, const View& weight, const View& bias, const
 template <typename T>
 void conv2d_backward_input_typed(const View& grad_out, const View& weight, const View& grad_input,
                                  const Conv2dArgs& args) {
+  using F = typename ComputeOf<T>::type;
+  constexpr bool kNarrow = !std::is_same_v<T, F>;  // col2im sums in float32 scratch, rounded into gx
+  const bool amx = use_amx<T>();
   const Geometry g = geometry(grad_input, weight, grad_out, args);
   const T* gy = grad_out.ptr<T>();
   const T* w = weight.ptr<T>();
   T* gx = grad_input.ptr<T>();
   const bool direct = g.pointwise();
-  run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
-    ScratchBuffer<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
+  const int64_t plane = g.Cg * g.H * g.W;  // one sample's group of gx
+  run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, amx, [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
+    ScratchBuffer<F> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
+    ScratchBuffer<F> sums(kNarrow ? static_cast<size_t>(plane) : 0);
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t grp = 0; grp < g.G; ++grp) {
         T* gxg = gx + (n * g.C + grp * g.Cg) * g.H * g.W;
         const T* gyg = gy + (n * g.Co + grp * g.Cog) * g.P;
         const T* wg = w + grp * g.Cog * g.K;
-        if (direct) {
-          gemm(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, gxg, g.P);
-          continue;
+        F* gxf;  // where the group's gradient is summed
+        if constexpr (kNarrow) {
+          gxf = sums.data();
+        } else {
+          gxf = gxg;
         }
-        gemm(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, col.data(), g.P);
-        std::memset(gxg, 0, sizeof(T) * g.Cg * g.H * g.W);
-        col2im(col.data(), g, gxg);
+        if (direct) {
+          gemm(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, gxf, g.P);
+        } else {
+          gemm(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, col.data(), g.P);
+          std::memset(gxf, 0, sizeof(F) * plane);
+          col2im(col.data(), g, gxf);
+        }
+        if constexpr (kNarrow) narrow(gxf, gxg, plane, amx);
       }
     }
   });
@@ -192,6 +235,9 @@ void conv2d_backward_input_typed(const View& grad_out, const View& weight, const
 template <typename T>
 void conv2d_backward_weight_typed(const View& grad_out, const View& input, const View& grad_weight,
                                   const Conv2dArgs& args) {
+  using F = typename ComputeOf<T>::type;
+  constexpr bool kNarrow = !std::is_same_v<T, F>;  // every piece sums in float32 scratch
+  const bool amx = use_amx<T>();
   const Geometry g = geometry(input, grad_weight, grad_out, args);
   const T* gy = grad_out.ptr<T>();
   const T* x = input.ptr<T>();
@@ -199,14 +245,22 @@ void conv2d_backward_weight_typed(const View& grad_out, const View& input, const
   const int64_t wsize = g.Co * g.K;
   const BatchSplit split = batch_split(g.N, wsize * g.P);
   const int pieces = split.pieces;
-  // Piece 0 accumulates straight into grad_weight; the others into their own buffers.
-  ScratchBuffer<T> partial(static_cast<size_t>(wsize) * (pieces - 1));
-  if (pieces > 1) std::memset(partial.data(), 0, sizeof(T) * wsize * (pieces - 1));
+  // Piece 0 accumulates straight into grad_weight (for bfloat16, into scratch too); the others into
+  // their own buffers.
+  const int own_buffers = kNarrow ? pieces : pieces - 1;
+  ScratchBuffer<F> partial(static_cast<size_t>(wsize) * own_buffers);
+  if (own_buffers > 0) std::memset(partial.data(), 0, sizeof(F) * wsize * own_buffers);
+  F* total;  // piece 0's sums, to which the others' are added
+  if constexpr (kNarrow) {
+    total = partial.data();
+  } else {
+    total = gw;
+    std::memset(gw, 0, sizeof(T) * wsize);
+  }
   const bool direct = g.pointwise();
-  std::memset(gw, 0, sizeof(T) * wsize);
-  run_batch<T>(split, g.N, [&](int64_t p, int64_t n0, int64_t n1, const auto& gemm) {
+  run_batch<T>(split, g.N, amx, [&](int64_t p, int64_t n0, int64_t n1, const auto& gemm) {
     ScratchBuffer<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
-    T* acc = p == 0 ? gw : partial.data() + (p - 1) * wsize;
+    F* acc = p == 0 ? total : partial.data() + (kNarrow ? p : p - 1) * wsize;
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t grp = 0; grp < g.G; ++grp) {
         const T* xg = x + (n * g.C + grp * g.Cg) * g.H * g.W;
@@ -217,8 +271,20 @@ void conv2d_backward_weight_typed(const View& grad_out, const View& input, const
     }
   });
   for (int p = 1; p < pieces; ++p) {
-    const T* part = partial.data() + (p - 1) * wsize;
-    for (int64_t i = 0; i < wsize; ++i) gw[i] += part[i];
+    const F* part = partial.data() + (kNarrow ? p : p - 1) * wsize;
+    for (int64_t i = 0; i < wsize; ++i) total[i] += part[i];
+  }
+  if constexpr (kNarrow) narrow(total, gw, wsize, amx);
+}
+
+// The kernels' element types: float32, float64 and bfloat16 (Note [bfloat16 convolution]).
+template <typename Fn>
+void dispatch(DType dtype, const char* name, const Fn& fn) {
+  switch (dtype) {
+    case DType::Float32: return fn(float{});
+    case DType::Float64: return fn(double{});
+    case DType::BFloat16: return fn(BFloat16{});
+    default: KILN_FAIL("{}: the CPU kernel takes float32, float64 or bfloat16, got {}", name, dtype_name(dtype));
   }
 }
 
@@ -226,19 +292,19 @@ void conv2d_backward_weight_typed(const View& grad_out, const View& input, const
 
 void conv2d_kernel(const View& input, const View& weight, const View& bias, const View& out,
                    const Conv2dArgs& args) {
-  KILN_DISPATCH_F32_F64(out.dtype, "conv2d", [&] { conv2d_typed<scalar_t>(input, weight, bias, out, args); });
+  dispatch(out.dtype, "conv2d", [&](auto t) { conv2d_typed<decltype(t)>(input, weight, bias, out, args); });
 }
 
 void conv2d_backward_input_kernel(const View& grad_out, const View& weight, const View& grad_input,
                                   const Conv2dArgs& args) {
-  KILN_DISPATCH_F32_F64(grad_input.dtype, "conv2d_backward_input",
-                        [&] { conv2d_backward_input_typed<scalar_t>(grad_out, weight, grad_input, args); });
+  dispatch(grad_input.dtype, "conv2d_backward_input",
+           [&](auto t) { conv2d_backward_input_typed<decltype(t)>(grad_out, weight, grad_input, args); });
 }
 
 void conv2d_backward_weight_kernel(const View& grad_out, const View& input, const View& grad_weight,
                                    const Conv2dArgs& args) {
-  KILN_DISPATCH_F32_F64(grad_weight.dtype, "conv2d_backward_weight",
-                        [&] { conv2d_backward_weight_typed<scalar_t>(grad_out, input, grad_weight, args); });
+  dispatch(grad_weight.dtype, "conv2d_backward_weight",
+           [&](auto t) { conv2d_backward_weight_typed<decltype(t)>(grad_out, input, grad_weight, args); });
 }
 
 }  // namespace kiln::cpu

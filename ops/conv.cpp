@@ -77,6 +77,12 @@ void check_float_pair(const char* op, const Tensor& a, const Tensor& b, const ch
              dtype_name(a.dtype()), dtype_name(b.dtype()));
 }
 
+// Whether t's 16-bit dtype goes through float32 copies to the kernels: float16 always, bfloat16 on
+// CUDA; the CPU's kernels read bfloat16 as it is (Note [bfloat16 convolution] in cpu/conv.cpp).
+bool through_float32(const Tensor& t) {
+  return is_reduced_float(t.dtype()) && !(t.dtype() == kBFloat16 && t.device().is_cpu());
+}
+
 Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dArgs& a,
                    const char* op) {
   check_float_pair(op, input, weight);
@@ -87,7 +93,7 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
                bias.sizes().str());
   }
   Shape out_shape = conv_output_shape(input.sizes(), weight.sizes(), a, op);
-  if (is_reduced_float(input.dtype())) {
+  if (through_float32(input)) {
     Tensor b = bias.defined() ? bias.to(kFloat32) : Tensor();
     return conv2d_impl(input.to(kFloat32), weight.to(kFloat32), b, a, op).to(input.dtype());
   }
@@ -342,7 +348,7 @@ Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, co
   Shape out_shape = conv_output_shape(input_shape, weight.sizes(), a, op);
   KILN_CHECK(grad_output.sizes() == out_shape, "{}: grad_output has shape {}, but the convolution's output is {}",
              op, grad_output.sizes().str(), out_shape.str());
-  if (is_reduced_float(weight.dtype())) {
+  if (through_float32(weight)) {
     return conv2d_backward_input(grad_output.to(kFloat32), weight.to(kFloat32), input_shape, stride, padding,
                                  dilation, groups)
         .to(weight.dtype());
@@ -387,7 +393,7 @@ Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, co
   Shape out_shape = conv_output_shape(input.sizes(), weight_shape, a, op);
   KILN_CHECK(grad_output.sizes() == out_shape, "{}: grad_output has shape {}, but the convolution's output is {}",
              op, grad_output.sizes().str(), out_shape.str());
-  if (is_reduced_float(input.dtype())) {
+  if (through_float32(input)) {
     return conv2d_backward_weight(grad_output.to(kFloat32), input.to(kFloat32), weight_shape, stride, padding,
                                   dilation, groups)
         .to(input.dtype());

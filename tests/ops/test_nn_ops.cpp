@@ -2,8 +2,12 @@
 // dropout's randomness (its exact relation to the bernoulli mask, its statistics, determinism for
 // a seeded Generator, dropout_part's parts of the whole mask), the number forms of the pooling
 // kernel size, and the CNN-sized conv and pool paths (the multi-threaded batch split and the 2x2
-// pooling loop) against an independent float64 computation, and the contiguous fast paths of the
-// index kernels against their strided path and an explicit loop.
+// pooling loop) against an independent float64 computation, the bfloat16 convolution kernels against
+// float64, and the contiguous fast paths of the index kernels against their strided path and an
+// explicit loop.
+#include <cmath>
+#include <vector>
+
 #include "support.h"
 
 using namespace kiln;
@@ -383,5 +387,59 @@ TEST_CASE("max pooling's indices are saved for backward: changed in place, backw
     test::check_error([&] { out.sum().backward(); },
                       {adaptive ? "AdaptiveMaxPool2DBackward" : "MaxPool2DBackward",
                        "modified by an in-place operation"});
+  }
+}
+
+namespace {
+
+// |actual - exact| <= 2 (k + 1) u s + (|exact| + that) 2^-8, u = 2^-24, s the same op on the operands'
+// absolute values: a float32 sum of k exact products (any order), rounded once to bfloat16.
+void check_bf16_sum(const char* what, const Tensor& actual, const Tensor& exact, const Tensor& abs_sums, int64_t k) {
+  REQUIRE(actual.dtype() == kBFloat16);
+  REQUIRE(actual.sizes() == exact.sizes());
+  Tensor sum_err = abs_sums * (2.0 * static_cast<double>(k + 1) * std::ldexp(1.0, -24)) + 1e-30;
+  Tensor excess = (actual.to(kFloat64) - exact).abs() - sum_err - (exact.abs() + sum_err) * std::ldexp(1.0, -8);
+  const double worst = excess.max().item<double>();
+  INFO(what << ": the worst element exceeds its bound by " << worst);
+  CHECK(worst <= 0.0);
+}
+
+}  // namespace
+
+TEST_CASE("bfloat16 cpu conv2d: forward and both backwards read bfloat16, against float64",
+          "[ops][conv][autocast]") {
+  // Note [bfloat16 convolution] in cpu/conv.cpp: bfloat16 columns and operands, float32 sums (AMX
+  // where the CPU has it; CTest runs this once more with KILN_CPU_BF16_GEMM=float, float32 copies of
+  // the operands), each result rounded once. Batches split over the threads and a single image whose
+  // GEMMs split their columns instead; 1x1 (no columns), groups, stride, padding, dilation.
+  struct Case {
+    Shape x, w;
+    Shape stride, padding, dilation;
+    int64_t groups;
+  };
+  for (const Case& c : std::vector<Case>{{{5, 3, 12, 12}, {8, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+                                         {{1, 32, 14, 14}, {64, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+                                         {{3, 16, 9, 7}, {24, 16, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1},
+                                         {{2, 6, 11, 10}, {4, 3, 3, 2}, {2, 1}, {1, 0}, {1, 2}, 2},
+                                         {{4, 40, 8, 8}, {33, 40, 5, 5}, {1, 1}, {2, 2}, {1, 1}, 1}}) {
+    INFO("x " << c.x.str() << ", w " << c.w.str() << ", groups " << c.groups);
+    Tensor x = test::sample(c.x, kFloat32, 0.3).to(kBFloat16), w = test::sample(c.w, kFloat32, 0.6).to(kBFloat16);
+    Tensor b = test::sample({c.w[0]}, kFloat32, 0.9).to(kBFloat16);
+    Tensor x64 = x.to(kFloat64), w64 = w.to(kFloat64), b64 = b.to(kFloat64);
+    Tensor y = conv2d(x, w, b, c.stride, c.padding, c.dilation, c.groups);
+    const int64_t K = c.w[1] * c.w[2] * c.w[3];
+    check_bf16_sum("forward", y, conv2d(x64, w64, b64, c.stride, c.padding, c.dilation, c.groups),
+                   conv2d(x64.abs(), w64.abs(), b64.abs(), c.stride, c.padding, c.dilation, c.groups), K + 1);
+    Tensor g = test::sample(y.sizes(), kFloat32, 0.4).to(kBFloat16), g64 = g.to(kFloat64);
+    const int64_t per_input = c.w[0] / c.groups * c.w[2] * c.w[3];
+    check_bf16_sum("grad of the input", conv2d_backward_input(g, w, c.x, c.stride, c.padding, c.dilation, c.groups),
+                   conv2d_backward_input(g64, w64, c.x, c.stride, c.padding, c.dilation, c.groups),
+                   conv2d_backward_input(g64.abs(), w64.abs(), c.x, c.stride, c.padding, c.dilation, c.groups),
+                   per_input);
+    const int64_t per_weight = y.size(0) * y.size(2) * y.size(3);
+    check_bf16_sum("grad of the weight", conv2d_backward_weight(g, x, c.w, c.stride, c.padding, c.dilation, c.groups),
+                   conv2d_backward_weight(g64, x64, c.w, c.stride, c.padding, c.dilation, c.groups),
+                   conv2d_backward_weight(g64.abs(), x64.abs(), c.w, c.stride, c.padding, c.dilation, c.groups),
+                   per_weight);
   }
 }
