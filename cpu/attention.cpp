@@ -58,6 +58,12 @@ constexpr int64_t kBlock = 64;
 template <typename T>
 using Row = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
 
+// Block scratch is a ScratchBuffer (cpu/kernels.h), 64-byte aligned as Eigen's vector loops need.
+// Those start at the first aligned element and do the ones before it (and the tail) in scalar code,
+// whose exp can differ from the vector exp in the last bit, and whose sum adds in another order. On
+// a plain heap buffer that split would follow the buffer's address, and so would the results;
+// aligned, it follows the row's offset alone.
+
 // How many of the block's `cols` key columns (from k0) query row q0 + r may see: all of them, or with
 // causal those up to its own position. The columns past that are zeroed in the block, never exp'd.
 int64_t visible(int64_t r, int64_t cols, int64_t q0, int64_t k0, bool causal) {
