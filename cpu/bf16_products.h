@@ -24,7 +24,7 @@ struct ComputeOf<BFloat16> {
   using type = float;
 };
 
-// Whether a kernel on T's bfloat16 products go to AMX: where the CPU has it and KILN_CPU_BF16_GEMM
+// Whether the bfloat16 products of a kernel on T go to AMX: where the CPU has it and KILN_CPU_BF16_GEMM
 // does not say float (Note [which bfloat16 GEMM] in matmul.cpp). Asked once per kernel call.
 template <typename T>
 bool use_amx() {

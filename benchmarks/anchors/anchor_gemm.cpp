@@ -4,12 +4,11 @@
 //
 // C = A B for square n x n fp32 matrices, uniform [0, 1), n in {256, 512, 1024, 2048}
 // (--sizes 256,512 changes the list); --dtype bf16 multiplies bfloat16 matrices instead (LibTorch
-// hands those to oneDNN, which uses AMX where the CPU has it). 2 warm-up calls, then single calls are timed until there are
-// at least 5 of them and at least 1 s in all; GFLOP/s = 2 n^3 / median seconds.
-// Prints one JSON line per n:
+// hands those to oneDNN, which uses AMX where the CPU has it). 2 warm-up calls, then single calls
+// are timed until there are at least 5 of them and at least 1 s in all; GFLOP/s = 2 n^3 / median
+// seconds. Prints one JSON line per n:
 //   {"bench":"gemm","impl":"libtorch","device":"cpu","dtype":"float32","threads":2,"n":256,
-//    "gflops_256":...,
-//    "median_s":...,"calls":...}
+//    "gflops_256":...,"median_s":...,"calls":...}
 //
 // LibTorch at its best: 2 intra-op threads (its default here would be 1), and the comparison
 // script sets OMP_WAIT_POLICY=passive so LibTorch's OpenMP threads do not spin against
