@@ -148,12 +148,8 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
         T* o = out.slice(b) + (q0 + r) * out.ld;
         const F inv = l[r] > 0 ? F(1) / l[r] : F(0);  // a row that saw no key (S = 0) is zero
         F* a = acc.data() + r * Ev;
-        if constexpr (kNarrow) {
-          Row<F>(a, Ev) *= inv;
-          narrow(a, o, Ev, amx);
-        } else {
-          for (int64_t e = 0; e < Ev; ++e) o[e] = a[e] * inv;
-        }
+        Row<F>(a, Ev) *= inv;
+        narrow(a, o, Ev, amx);
         lse[b * L + q0 + r] = m[r] + std::log(l[r]);
       }
     }

@@ -129,7 +129,7 @@ void run_batch(const BatchSplit& split, int64_t N, bool amx, const Fn& fn) {
     fn(0, 0, N, [amx](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
                       int64_t ldb, bool accumulate, F* c, int64_t ldc) {
       // The GEMM is chosen once for the whole product, so the choice does not depend on the pieces.
-      const bool own = gemm_uses_own<T>(ta, tb, m, n, k, lda, ldb);
+      [[maybe_unused]] const bool own = gemm_uses_own<T>(ta, tb, m, n, k, lda, ldb);  // float32 only
       const int64_t grain = std::max<int64_t>(16, (1 << 16) / std::max<int64_t>(m * k, 1));
       parallel_for(0, n, grain, [&](int64_t j0, int64_t j1) {
         const T* bj = tb ? b + j0 * ldb : b + j0;

@@ -46,6 +46,13 @@ void check_equal(const Tensor& actual, const Tensor& expected) {
   CHECK(actual.to_vector<double>() == expected.to_vector<double>());
 }
 
+void check_within(const std::string& what, const Tensor& actual, const Tensor& expected, const Tensor& bound) {
+  REQUIRE(actual.sizes() == expected.sizes());
+  const double worst = ((actual.to(kFloat64) - expected).abs() - bound).max().item<double>();
+  INFO(what << ": the worst element exceeds its bound by " << worst);
+  CHECK(worst <= 0.0);
+}
+
 void check_error(const std::function<void()>& fn, const std::vector<std::string>& fragments) {
   try {
     fn();

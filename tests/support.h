@@ -23,6 +23,9 @@ void check_close(const Tensor& actual, const Tensor& expected, Tolerance tol);
 void check_close(const Tensor& actual, const Tensor& expected);  // tolerance of actual's dtype
 // Exact equality of shape, dtype and values.
 void check_equal(const Tensor& actual, const Tensor& expected);
+// |actual - expected| <= bound element by element (expected and bound float64, of actual's shape);
+// on failure says by how much the worst element exceeds its bound, under the label `what`.
+void check_within(const std::string& what, const Tensor& actual, const Tensor& expected, const Tensor& bound);
 
 // fn() must throw kiln::Error whose message contains every one of `fragments`.
 void check_error(const std::function<void()>& fn, const std::vector<std::string>& fragments);

@@ -322,14 +322,6 @@ TEST_CASE("scaled_dot_product_attention: dropout in float32 and bfloat16, gradgr
 
 namespace {
 
-// |actual - expected| <= bound, element by element (all float64 but actual).
-void check_within(const char* what, const Tensor& actual, const Tensor& expected, const Tensor& bound) {
-  REQUIRE(actual.sizes() == expected.sizes());
-  const double worst = ((actual.to(kFloat64) - expected).abs() - bound).max().item<double>();
-  INFO(what << ": the worst element exceeds its bound by " << worst);
-  CHECK(worst <= 0.0);
-}
-
 // The fused kernel on bfloat16 q, k and v (Note [bfloat16 attention] in cpu/attention.cpp) against
 // float64 on the same values, forward and the three gradients for a bfloat16 cotangent g, with
 // dropout d (0: none). The bounds follow the kernel's roundings, with u = 2^-8 (twice bfloat16's
@@ -364,17 +356,17 @@ void check_bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, boo
   const double u = std::ldexp(1.0, -8);
   Tensor b_out = (matmul(pz, v64.abs()) + out64.abs()) * u;
   Tensor pdD = p * (g64.abs() * b_out).sum({-1}, true) * scale;
-  check_within("out", out, out64, b_out);
-  check_within("grad of q", got[0], gq, (matmul(ds.abs(), k64.abs()) + gq.abs()) * u + matmul(pdD, k64.abs()));
-  check_within("grad of k", got[1], gk,
+  test::check_within("out", out, out64, b_out);
+  test::check_within("grad of q", got[0], gq, (matmul(ds.abs(), k64.abs()) + gq.abs()) * u + matmul(pdD, k64.abs()));
+  test::check_within("grad of k", got[1], gk,
                (matmul(ds.abs().transpose(-2, -1), q64.abs()) + gk.abs()) * u + matmul(pdD.transpose(-2, -1), q64.abs()));
-  check_within("grad of v", got[2], gv, (matmul(pz.transpose(-2, -1), g64.abs()) + gv.abs()) * u);
+  test::check_within("grad of v", got[2], gv, (matmul(pz.transpose(-2, -1), g64.abs()) + gv.abs()) * u);
   for (const Tensor& t : got) CHECK(t.dtype() == kBFloat16);
   // Written with ops in float32, the gradients are rounded once: within 2^-8 of float64's.
   const double unit = std::ldexp(1.0, -8);
-  check_within("grad of q, with ops", with_ops[0], gq, gq.abs() * unit + 1e-6);
-  check_within("grad of k, with ops", with_ops[1], gk, gk.abs() * unit + 1e-6);
-  check_within("grad of v, with ops", with_ops[2], gv, gv.abs() * unit + 1e-6);
+  test::check_within("grad of q, with ops", with_ops[0], gq, gq.abs() * unit + 1e-6);
+  test::check_within("grad of k, with ops", with_ops[1], gk, gk.abs() * unit + 1e-6);
+  test::check_within("grad of v, with ops", with_ops[2], gv, gv.abs() * unit + 1e-6);
 }
 
 }  // namespace
