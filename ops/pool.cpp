@@ -4,7 +4,8 @@
 // private op that records its own backward, so double backward works: max pooling's backward scatters
 // the gradient to the saved indices (its own backward gathers at them), and so does adaptive max
 // pooling's; the average poolings' backward is the transpose of a linear map (its backward is the
-// forward). 16-bit floats run in float32.
+// forward). 16-bit floats run in float32, except max and adaptive max pooling on the CPU, whose kernels
+// take them as they are (the maxima are the same values; a gradient is summed in float32 there).
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -21,6 +22,10 @@ using autograd::TensorList;
 namespace {
 
 bool is_half(DType t) { return t == kFloat16 || t == kBFloat16; }
+
+// Whether a max pooling of x runs on a float32 copy: 16-bit floats on CUDA, whose kernels take float32
+// and float64 only.
+bool max_pool_through_float32(const Tensor& x) { return is_half(x.dtype()) && !x.device().is_cpu(); }
 
 // kernel_size / stride / padding / dilation: one number for both dims, or two.
 void pair_arg(const Shape& s, const char* op, const char* name, int64_t min, int64_t& h, int64_t& w) {
@@ -217,7 +222,7 @@ std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Shape&
   const char* op = "max_pool2d";
   check_pool_input(x, op);
   Pool2dArgs a = pool_args(kernel_size, stride, padding, dilation, op);
-  if (is_half(x.dtype())) {
+  if (max_pool_through_float32(x)) {
     auto [out, indices] = max_pool2d_with_indices(x.to(kFloat32), kernel_size, stride, padding, dilation, ceil_mode);
     return {out.to(x.dtype()), indices};
   }
@@ -267,7 +272,7 @@ std::tuple<Tensor, Tensor> adaptive_max_pool2d_with_indices(const Tensor& x, con
   const char* op = "adaptive_max_pool2d";
   check_pool_input(x, op);
   const auto [Ho, Wo] = adaptive_output_size(output_size, op);
-  if (is_half(x.dtype())) {
+  if (max_pool_through_float32(x)) {
     auto [out, indices] = adaptive_max_pool2d_with_indices(x.to(kFloat32), output_size);
     return {out.to(x.dtype()), indices};
   }

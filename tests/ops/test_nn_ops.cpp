@@ -3,9 +3,11 @@
 // a seeded Generator, dropout_part's parts of the whole mask), the number forms of the pooling
 // kernel size, and the CNN-sized conv and pool paths (the multi-threaded batch split and the 2x2
 // pooling loop) against an independent float64 computation, the bfloat16 convolution kernels against
-// float64, and the contiguous fast paths of the index kernels against their strided path and an
-// explicit loop.
+// float64, the 16-bit max pooling kernels against float32's, and the contiguous fast paths of the
+// index kernels against their strided path and an explicit loop.
 #include <cmath>
+#include <limits>
+#include <random>
 #include <vector>
 
 #include "support.h"
@@ -388,6 +390,65 @@ TEST_CASE("max pooling's indices are saved for backward: changed in place, backw
                       {adaptive ? "AdaptiveMaxPool2DBackward" : "MaxPool2DBackward",
                        "modified by an in-place operation"});
   }
+}
+
+TEST_CASE("max pooling of float16 and bfloat16 on the CPU: the float32 kernels' values and indices, gradients summed in float32",
+          "[ops][pool]") {
+  // The 16-bit kernels compare keys of the bits (cpu/pool.cpp); the float32 kernels, on the same
+  // values widened exactly, are the reference. Values from a small set, so windows hold ties, -0 beside
+  // +0, infinities and NaNs of both signs; widths 2 to 37 take the 2x2 loop through whole runs of 16
+  // outputs and every length of a run's tail.
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> pool_of_values{-2.0f, -1.0f, -0.0f, 0.0f, 0.5f, 1.0f, 1.0f, 3.0f, 3.0f, inf, -inf, nan, -nan};
+  std::mt19937 rng(11);
+  auto values = [&](int64_t n, bool specials) {
+    std::vector<float> v(static_cast<size_t>(n));
+    for (float& e : v) e = pool_of_values[rng() % (specials ? pool_of_values.size() : 9)];
+    return v;
+  };
+  // Same values; same indices, so the same elements: a -0 chosen where a -0 was.
+  auto check_same = [](const std::tuple<Tensor, Tensor>& got, const std::tuple<Tensor, Tensor>& want) {
+    const auto& [v16, i16] = got;
+    const auto& [v32, i32] = want;
+    test::check_close(v16.to(kFloat32), v32, test::Tolerance{0, 0});
+    test::check_equal(i16, i32);
+    const std::vector<float> a = v16.to(kFloat32).to_vector<float>(), b = v32.to_vector<float>();
+    for (size_t i = 0; i < a.size(); ++i) {
+      if (a[i] == 0.0f && std::signbit(a[i]) != std::signbit(b[i])) FAIL("the sign of a zero differs at " << i);
+    }
+  };
+  int64_t cases = 0;
+  for (DType dt : {kFloat16, kBFloat16}) {
+    INFO(dtype_name(dt));
+    for (int64_t H : {2, 3, 5, 8}) {
+      for (int64_t W = 2; W <= 37; ++W) {
+        INFO("H " << H << " W " << W);
+        Tensor x32 = from_vector<float>(values(2 * 3 * H * W, W % 3 != 0), {2, 3, H, W});
+        Tensor x16 = x32.to(dt);
+        x32 = x16.to(kFloat32);  // -NaN and NaN as the 16-bit type holds them
+        check_same(max_pool2d_with_indices(x16, {2}), max_pool2d_with_indices(x32, {2}));
+        check_same(max_pool2d_with_indices(x16, {3}, {2}, {1}), max_pool2d_with_indices(x32, {3}, {2}, {1}));
+        check_same(max_pool2d_with_indices(x16, {2}, {2}, {0}, {1}, true),
+                   max_pool2d_with_indices(x32, {2}, {2}, {0}, {1}, true));
+        check_same(adaptive_max_pool2d_with_indices(x16, {2, 3}), adaptive_max_pool2d_with_indices(x32, {2, 3}));
+        ++cases;
+      }
+    }
+    // Backward: overlapping 3x3 windows at stride 2 send several gradients to one input; they are
+    // summed in float32 and rounded once, as backward through float32 copies was.
+    Tensor x32 = from_vector<float>(values(2 * 3 * 11 * 13, false), {2, 3, 11, 13});
+    Tensor x16 = x32.to(dt).requires_grad_();
+    Tensor xf = x16.detach().to(kFloat32).requires_grad_();
+    Tensor out16 = max_pool2d(x16, {3}, {2}, {1});
+    Tensor g16 = test::sample(out16.sizes(), kFloat32, 0.3).to(dt);
+    out16.backward(g16);
+    max_pool2d(xf, {3}, {2}, {1}).backward(g16.to(kFloat32));
+    REQUIRE(x16.grad().dtype() == dt);
+    test::check_close(x16.grad(), xf.grad().to(dt), test::Tolerance{0, 0});
+    // The 16-bit path keeps its dtype: no float32 copy in the graph.
+    CHECK(out16.dtype() == dt);
+  }
+  CHECK(cases == 2 * 4 * 36);
 }
 
 namespace {
