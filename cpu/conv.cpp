@@ -9,7 +9,8 @@
 // pool of cpu/parallel.h splits the batch, each piece with its own column buffer (and, for the weight
 // gradient, its own accumulator, summed in piece order so the result does not depend on timing). With
 // fewer images than threads, the columns of each GEMM are split instead. A 1x1 convolution with
-// stride 1 and no padding needs no columns: the input plane is the column matrix.
+// stride 1 and no padding needs no columns: the input plane is the column matrix; one with stride 1
+// and an output as wide as its input has its columns copied in spans (Note [im2col in spans]).
 //
 // Note [bfloat16 convolution]: bfloat16 inputs (autocast's convolutions) are read as they are, the
 // columns are bfloat16 too, and every product is a float32 sum of exact products (cpu/bf16_products.h:
@@ -48,60 +49,113 @@ Geometry geometry(const View& input, const View& weight, const View& out, const 
   return g;
 }
 
+// The output columns [lo, hi) whose input column ow * stride_w + w_off lies in [0, W), and likewise
+// the output rows whose input row oh * stride_h + h_off lies in [0, H).
+struct Inside {
+  int64_t lo, hi;
+};
+Inside inside(int64_t out, int64_t stride, int64_t off, int64_t in) {
+  int64_t lo = 0, hi = out;
+  while (lo < out && lo * stride + off < 0) ++lo;
+  while (hi > lo && (hi - 1) * stride + off >= in) --hi;
+  return {lo, hi};
+}
+
+// Whether im2col and col2im move whole planes at once (Note [im2col in spans]).
+bool spans(const Geometry& g) { return g.a.stride_h == 1 && g.a.stride_w == 1 && g.Wo == g.W; }
+
+// Note [im2col in spans]: with stride 1 and an output as wide as the input (a "same" convolution, as
+// the CNN's), a column row's valid part, rows oh_lo..oh_hi, is the input plane shifted by whole rows
+// and columns: consecutive output rows read consecutive input rows, Wo = W apart on both sides. So
+// one copy moves it all, from the first row's first valid column to the last row's last one; it also
+// carries, at each row's ends, the neighbouring row's elements, which are then overwritten with the
+// padding's zeros. col2im does the same in reverse: it zeroes those columns of its own scratch first
+// and adds the span in one loop. Rows of 14 elements, as the CNN's second convolution has, went
+// through a copy call each before. The sums are the same, in the same order: what the span adds
+// beyond them is zeros, and x + 0 = x for every x a sum from +0 can reach (never -0).
+//
 // col (K, P) = the patches of x (Cg, H, W), one row per (channel, kernel row, kernel column).
 template <typename T>
 void im2col(const T* x, const Geometry& g, T* col) {
   const auto& a = g.a;
+  const bool whole = spans(g);
   for (int64_t c = 0; c < g.Cg; ++c) {
     for (int64_t i = 0; i < g.kH; ++i) {
       for (int64_t j = 0; j < g.kW; ++j) {
         T* row = col + ((c * g.kH + i) * g.kW + j) * g.P;
         const T* plane = x + c * g.H * g.W;
-        const int64_t w_off = j * a.dilation_w - a.pad_w;
-        // The output columns whose input column is inside [0, W).
-        int64_t ow_lo = 0, ow_hi = g.Wo;
-        while (ow_lo < g.Wo && ow_lo * a.stride_w + w_off < 0) ++ow_lo;
-        while (ow_hi > ow_lo && (ow_hi - 1) * a.stride_w + w_off >= g.W) --ow_hi;
+        const int64_t h_off = i * a.dilation_h - a.pad_h, w_off = j * a.dilation_w - a.pad_w;
+        const Inside cols = inside(g.Wo, a.stride_w, w_off, g.W);
+        if (whole) {
+          const Inside rows = inside(g.Ho, 1, h_off, g.H);
+          std::fill(row, row + rows.lo * g.Wo, T(0));
+          std::fill(row + rows.hi * g.Wo, row + g.P, T(0));
+          if (rows.lo == rows.hi) continue;
+          if (cols.lo < cols.hi) {
+            const int64_t first = rows.lo * g.Wo + cols.lo, last = (rows.hi - 1) * g.Wo + cols.hi;
+            std::memcpy(row + first, plane + first + h_off * g.W + w_off, sizeof(T) * (last - first));
+          }
+          for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {
+            T* dst = row + oh * g.Wo;
+            std::fill(dst, dst + cols.lo, T(0));
+            std::fill(dst + cols.hi, dst + g.Wo, T(0));
+          }
+          continue;
+        }
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
           T* dst = row + oh * g.Wo;
-          const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dilation_h;
+          const int64_t ih = oh * a.stride_h + h_off;
           if (ih < 0 || ih >= g.H) {
-            std::memset(dst, 0, sizeof(T) * g.Wo);
+            std::fill(dst, dst + g.Wo, T(0));
             continue;
           }
           const T* src = plane + ih * g.W;  // input column ow * stride_w + w_off
-          for (int64_t ow = 0; ow < ow_lo; ++ow) dst[ow] = T(0);
+          for (int64_t ow = 0; ow < cols.lo; ++ow) dst[ow] = T(0);
           if (a.stride_w == 1) {
-            if (ow_hi > ow_lo) std::memcpy(dst + ow_lo, src + ow_lo + w_off, sizeof(T) * (ow_hi - ow_lo));
+            if (cols.hi > cols.lo) std::memcpy(dst + cols.lo, src + cols.lo + w_off, sizeof(T) * (cols.hi - cols.lo));
           } else {
-            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dst[ow] = src[ow * a.stride_w + w_off];
+            for (int64_t ow = cols.lo; ow < cols.hi; ++ow) dst[ow] = src[ow * a.stride_w + w_off];
           }
-          for (int64_t ow = ow_hi; ow < g.Wo; ++ow) dst[ow] = T(0);
+          for (int64_t ow = cols.hi; ow < g.Wo; ++ow) dst[ow] = T(0);
         }
       }
     }
   }
 }
 
-// x (Cg, H, W) += the columns scattered back to where im2col read them (x zeroed by the caller).
+// x (Cg, H, W) += the columns scattered back to where im2col read them (x zeroed by the caller). The
+// columns are scratch: in spans (Note [im2col in spans]) the padding's columns are zeroed in them.
 template <typename T>
-void col2im(const T* col, const Geometry& g, T* x) {
+void col2im(T* col, const Geometry& g, T* x) {
   const auto& a = g.a;
+  const bool whole = spans(g);
   for (int64_t c = 0; c < g.Cg; ++c) {
     for (int64_t i = 0; i < g.kH; ++i) {
       for (int64_t j = 0; j < g.kW; ++j) {
-        const T* row = col + ((c * g.kH + i) * g.kW + j) * g.P;
+        T* row = col + ((c * g.kH + i) * g.kW + j) * g.P;
         T* plane = x + c * g.H * g.W;
-        const int64_t w_off = j * a.dilation_w - a.pad_w;
-        int64_t ow_lo = 0, ow_hi = g.Wo;
-        while (ow_lo < g.Wo && ow_lo * a.stride_w + w_off < 0) ++ow_lo;
-        while (ow_hi > ow_lo && (ow_hi - 1) * a.stride_w + w_off >= g.W) --ow_hi;
+        const int64_t h_off = i * a.dilation_h - a.pad_h, w_off = j * a.dilation_w - a.pad_w;
+        const Inside cols = inside(g.Wo, a.stride_w, w_off, g.W);
+        if (whole) {
+          const Inside rows = inside(g.Ho, 1, h_off, g.H);
+          if (rows.lo == rows.hi || cols.lo == cols.hi) continue;
+          const int64_t first = rows.lo * g.Wo + cols.lo, last = (rows.hi - 1) * g.Wo + cols.hi;
+          for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {  // the padding's columns inside the span
+            T* r = row + oh * g.Wo;
+            if (oh > rows.lo) std::fill(r, r + cols.lo, T(0));
+            if (oh + 1 < rows.hi) std::fill(r + cols.hi, r + g.Wo, T(0));
+          }
+          T* dst = plane + first + h_off * g.W + w_off;
+          const T* src = row + first;
+          for (int64_t e = 0; e < last - first; ++e) dst[e] += src[e];
+          continue;
+        }
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
-          const int64_t ih = oh * a.stride_h - a.pad_h + i * a.dilation_h;
+          const int64_t ih = oh * a.stride_h + h_off;
           if (ih < 0 || ih >= g.H) continue;
           const T* src = row + oh * g.Wo;
           T* dst = plane + ih * g.W;
-          for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dst[ow * a.stride_w + w_off] += src[ow];
+          for (int64_t ow = cols.lo; ow < cols.hi; ++ow) dst[ow * a.stride_w + w_off] += src[ow];
         }
       }
     }

@@ -1,10 +1,10 @@
 // tests/ops/test_nn_ops.cpp: what the op table (op_table.cpp) cannot say about the nn ops:
 // dropout's randomness (its exact relation to the bernoulli mask, its statistics, determinism for
 // a seeded Generator, dropout_part's parts of the whole mask), the number forms of the pooling
-// kernel size, and the CNN-sized conv and pool paths (the multi-threaded batch split and the 2x2
-// pooling loop) against an independent float64 computation, the bfloat16 convolution kernels against
-// float64, the 16-bit max pooling kernels against float32's, and the contiguous fast paths of the
-// index kernels against their strided path and an explicit loop.
+// kernel size, and the CNN-sized conv and pool paths (the multi-threaded batch split, the 2x2
+// pooling loop, im2col's spans) against an independent float64 computation, the bfloat16
+// convolution kernels against float64, the 16-bit max pooling kernels against float32's, and the
+// contiguous fast paths of the index kernels against their strided path and an explicit loop.
 #include <cmath>
 #include <limits>
 #include <random>
@@ -157,6 +157,62 @@ TEST_CASE("one large image (the GEMMs split over the threads) matches a float64 
   (yb * cot).sum().backward();
   test::check_close(xa.grad(), xb.grad());
   test::check_close(wa.grad(), wb.grad());
+}
+
+TEST_CASE("stride-1 convolutions as wide as their input (im2col in spans) match a float64 reference", "[ops][conv]") {
+  // cpu/conv.cpp's Note [im2col in spans]: one copy (one add, in col2im) per column row, the padding's
+  // columns zeroed after. Geometries where whole rows or columns of a kernel offset fall in the padding,
+  // where the output is lower than the input, dilation, rectangular kernels and groups; forward and both
+  // gradients against a composition of pad, narrow and matmul in float64.
+  struct Geo {
+    Shape x, w;
+    int64_t pad_h, pad_w, dil_h, dil_w, groups;
+  };
+  const std::vector<Geo> geos{
+      {{3, 4, 14, 14}, {8, 4, 3, 3}, 1, 1, 1, 1, 1},  // the CNN's second convolution, smaller
+      {{2, 3, 9, 11}, {4, 3, 5, 5}, 2, 2, 1, 1, 1},
+      {{2, 3, 8, 10}, {4, 3, 3, 3}, 2, 2, 2, 2, 1},
+      {{2, 2, 2, 5}, {3, 2, 3, 3}, 3, 3, 3, 3, 1},    // offsets +-3 leave no input row at all
+      {{2, 2, 4, 1}, {3, 2, 3, 3}, 1, 1, 1, 1, 1},    // offsets +-1 leave no input column
+      {{2, 3, 7, 6}, {4, 3, 3, 3}, 0, 1, 1, 1, 1},    // output 5 rows high, 6 wide
+      {{2, 3, 6, 7}, {4, 3, 1, 3}, 0, 1, 1, 1, 1},
+      {{2, 4, 6, 6}, {6, 2, 3, 3}, 1, 1, 1, 1, 2},
+  };
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (size_t n = 0; n < geos.size(); ++n) {
+      const Geo& g = geos[n];
+      INFO(dtype_name(dt) << " geometry " << n);
+      Tensor x = test::sample(g.x, kFloat64), w = test::sample(g.w, kFloat64, 1.3) * 0.3;
+      Tensor xa = x.to(dt).clone().requires_grad_(), wa = w.to(dt).clone().requires_grad_();
+      Tensor ya = conv2d(xa, wa, {}, {1, 1}, {g.pad_h, g.pad_w}, {g.dil_h, g.dil_w}, g.groups);
+      REQUIRE(ya.size(3) == g.x[3]);
+      // The reference, group by group: out[:, o] = sum over (i, j) of w[o, :, i, j] @ the shifted input.
+      Tensor xr = x.clone().requires_grad_(), wr = w.clone().requires_grad_();
+      Tensor xp = pad(xr, {g.pad_w, g.pad_w, g.pad_h, g.pad_h});
+      const int64_t Ho = ya.size(2), Wo = ya.size(3), cg = g.x[1] / g.groups, og = g.w[0] / g.groups;
+      std::vector<Tensor> outs;
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        Tensor xg = xp.narrow(1, grp * cg, cg), wg = wr.narrow(0, grp * og, og);
+        Tensor out = zeros({g.x[0], og, Ho * Wo}, kFloat64);
+        for (int64_t i = 0; i < g.w[2]; ++i) {
+          for (int64_t j = 0; j < g.w[3]; ++j) {
+            Tensor patch = xg.narrow(2, i * g.dil_h, Ho).narrow(3, j * g.dil_w, Wo).flatten(2);
+            out = out + matmul(wg.select(3, j).select(2, i), patch);
+          }
+        }
+        outs.push_back(out.view({g.x[0], og, Ho, Wo}));
+      }
+      Tensor yr = cat(outs, 1);
+      // float32: sums of up to 3 x 14 x 14 products, summed in other orders than float64's.
+      const test::Tolerance tol = dt == kFloat32 ? test::Tolerance{1e-4, 1e-4} : test::tolerance_for(kFloat64);
+      test::check_close(ya, yr.detach().to(dt), tol);
+      Tensor cot = test::sample(yr.sizes(), kFloat64, 0.7);
+      (ya * cot.to(dt)).sum().backward();
+      (yr * cot).sum().backward();
+      test::check_close(xa.grad(), xr.grad().to(dt), tol);
+      test::check_close(wa.grad(), wr.grad().to(dt), tol);
+    }
+  }
 }
 
 TEST_CASE("gelu's fused backward (both forms) equals the float64 formula, in float32 and float64", "[ops][gelu]") {
