@@ -124,17 +124,20 @@ Plan make_plan(const View& in, const View& out) {
   return p;
 }
 
-// The sum of a contiguous run of floats in double, in eight independent lanes: one chain of
-// dependent double adds would cost ~4 cycles an element; eight chains vectorize.
+// The sum of a contiguous run of floats (16-bit ones widened through float32) in double, in eight
+// independent lanes: one chain of dependent double adds would cost ~4 cycles an element; eight
+// chains vectorize. (The bias gradient of a bfloat16 convolution under autocast took 13% of the CNN
+// step on the scalar chain.)
 template <typename T>
 double sum_run(const T* x, int64_t n) {
+  auto wide = [](T v) { return static_cast<double>(static_cast<opmath_t<T>>(v)); };
   double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) lane[j] += static_cast<double>(x[i + j]);
+    for (int j = 0; j < 8; ++j) lane[j] += wide(x[i + j]);
   }
   double tail = 0;
-  for (; i < n; ++i) tail += static_cast<double>(x[i]);
+  for (; i < n; ++i) tail += wide(x[i]);
   return ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7])) + tail;
 }
 
@@ -145,7 +148,7 @@ typename R::acc_t reduce_slice(const StridedLoop<1>& loop, int64_t begin, int64_
   int64_t pos = begin;
   loop.run(begin, end, [&](char* const* p, const int64_t* s, int64_t n) {
     const char* x = p[0];
-    if constexpr (std::is_same_v<R, SumR<T>> && std::is_floating_point_v<T>) {
+    if constexpr (std::is_same_v<R, SumR<T>> && std::is_floating_point_v<opmath_t<T>>) {
       if (s[0] == static_cast<int64_t>(sizeof(T))) {
         acc += sum_run(reinterpret_cast<const T*>(x), n);
         pos += n;
