@@ -93,7 +93,7 @@ void im2col(const T* x, const Geometry& g, T* col) {
           if (rows.lo == rows.hi) continue;
           if (cols.lo < cols.hi) {
             const int64_t first = rows.lo * g.Wo + cols.lo, last = (rows.hi - 1) * g.Wo + cols.hi;
-            std::memcpy(row + first, plane + first + h_off * g.W + w_off, sizeof(T) * (last - first));
+            std::memcpy(row + first, plane + (first + h_off * g.W + w_off), sizeof(T) * (last - first));
           }
           for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {
             T* dst = row + oh * g.Wo;
@@ -145,7 +145,7 @@ void col2im(T* col, const Geometry& g, T* x) {
             if (oh > rows.lo) std::fill(r, r + cols.lo, T(0));
             if (oh + 1 < rows.hi) std::fill(r + cols.hi, r + g.Wo, T(0));
           }
-          T* dst = plane + first + h_off * g.W + w_off;
+          T* dst = plane + (first + h_off * g.W + w_off);  // summed first: in the plane, unlike first alone
           const T* src = row + first;
           for (int64_t e = 0; e < last - first; ++e) dst[e] += src[e];
           continue;

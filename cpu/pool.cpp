@@ -18,7 +18,6 @@
 namespace kiln::cpu {
 namespace {
 
-
 // Runs fn(plane) for every plane of a (N, C, ...) view, in parallel; `work` is the cost of one plane.
 template <typename F>
 void for_planes(int64_t planes, int64_t work, const F& fn) {
@@ -91,7 +90,7 @@ Lane<T> minus_infinity() {
 }
 
 // 2x2, stride-2 max pooling, in PyTorch's scan order, on runs of kPoolRun outputs of a row: the run's
-// columns of both input rows go into local arrays of lanes (zero-padded after a row's last column),
+// columns of both input rows go into local arrays of lanes (zero-padded after the run's last column),
 // and a loop of a constant trip count, which the compiler vectorizes whole, pools them. Looping over
 // a row as it lies, the compiler's vector loop left short rows (the CNN's rows of 14 and 7 outputs)
 // to a scalar tail: single-threaded on 4,096 planes of 28 x 28, 8.9 ms against 1.3.

@@ -177,6 +177,8 @@ TEST_CASE("stride-1 convolutions as wide as their input (im2col in spans) match 
       {{2, 3, 7, 6}, {4, 3, 3, 3}, 0, 1, 1, 1, 1},    // output 5 rows high, 6 wide
       {{2, 3, 6, 7}, {4, 3, 1, 3}, 0, 1, 1, 1, 1},
       {{2, 4, 6, 6}, {6, 2, 3, 3}, 1, 1, 1, 1, 2},
+      {{2, 3, 3, 6}, {4, 3, 3, 3}, 3, 1, 1, 1, 1},    // output 7 rows high: whole rows of padding both ends
+      {{1, 2, 2, 3}, {2, 2, 1, 3}, 5, 1, 1, 1, 1},    // output 12 rows high, 2 of them from the input
   };
   for (DType dt : {kFloat32, kFloat64}) {
     for (size_t n = 0; n < geos.size(); ++n) {
@@ -501,10 +503,24 @@ TEST_CASE("max pooling of float16 and bfloat16 on the CPU: the float32 kernels' 
     max_pool2d(xf, {3}, {2}, {1}).backward(g16.to(kFloat32));
     REQUIRE(x16.grad().dtype() == dt);
     test::check_close(x16.grad(), xf.grad().to(dt), test::Tolerance{0, 0});
-    // The 16-bit path keeps its dtype: no float32 copy in the graph.
-    CHECK(out16.dtype() == dt);
+    // No float32 copy in the graph: the pooling's own node, not a cast's.
+    CHECK(std::string(out16.grad_fn()->name()) == "MaxPool2DBackward");
   }
-  CHECK(cases == 2 * 4 * 36);
+  CHECK(cases == 2 * 4 * 36);  // every geometry ran
+}
+
+TEST_CASE("2x2 max pooling of rows longer than one run of 16 outputs matches amax over the windows", "[ops][pool]") {
+  // An independent reference for the second run of a row and its tail (38 columns: 16 + 3 outputs),
+  // in every dtype the kernel takes; the indices must point at the maxima.
+  for (DType dt : {kFloat32, kFloat64, kBFloat16, kFloat16}) {
+    INFO(dtype_name(dt));
+    Tensor x = test::sample({2, 3, 36, 38}, kFloat64).to(dt);
+    auto [out, indices] = max_pool2d_with_indices(x, {2});
+    REQUIRE(out.sizes() == Shape{2, 3, 18, 19});
+    Tensor windows = x.unflatten(3, {19, 2}).unflatten(2, {18, 2}).amax({3, 5});
+    test::check_close(out, windows, test::Tolerance{0, 0});
+    test::check_close(x.flatten(2).gather(2, indices.flatten(2)).view(out.sizes()), out, test::Tolerance{0, 0});
+  }
 }
 
 namespace {
