@@ -18,13 +18,15 @@
 namespace kiln::cpu {
 namespace {
 
+// How many planes a thread takes at least, when one plane costs `work`.
+int64_t plane_grain(int64_t work) { return std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(work, 1)); }
+
 // Runs fn(plane) for every plane of a (N, C, ...) view, in parallel; `work` is the cost of one plane.
 template <typename F>
 void for_planes(int64_t planes, int64_t work, const F& fn) {
-  parallel_for(0, planes, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(work, 1)),
-               [&](int64_t p0, int64_t p1) {
-                 for (int64_t p = p0; p < p1; ++p) fn(p);
-               });
+  parallel_for(0, planes, plane_grain(work), [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) fn(p);
+  });
 }
 
 // Max pooling compares and copies; it does no arithmetic, so every dtype's kernel picks the value the
@@ -183,7 +185,7 @@ void max_pool2d_backward_typed(const View& grad_out, const View& indices, const 
   const T* gy = grad_out.ptr<T>();
   const int64_t* idx = indices.ptr<int64_t>();
   T* gx = grad_in.ptr<T>();
-  parallel_for(0, planes, std::max<int64_t>(1, (1 << 14) / std::max<int64_t>(HW, 1)), [&](int64_t p0, int64_t p1) {
+  parallel_for(0, planes, plane_grain(HW), [&](int64_t p0, int64_t p1) {  // for_planes, with a scratch per run
     ScratchBuffer<C> sums(kNarrow ? static_cast<size_t>(HW) : 0);
     for (int64_t p = p0; p < p1; ++p) {
       C* gp;  // where the plane's gradient is summed

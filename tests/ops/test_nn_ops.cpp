@@ -106,20 +106,29 @@ TEST_CASE("pooling takes the kernel size as one number", "[ops][pool]") {
   CHECK(max_pool2d(x, 2).sizes() == Shape{2, 3, 3, 3});
 }
 
-// conv2d as a sum of shifted products, in float64: an independent check of the im2col + GEMM kernel.
-static Tensor conv_reference(const Tensor& x, const Tensor& w, int64_t pad) {
-  Tensor xp = pad > 0 ? kiln::pad(x, {pad, pad, pad, pad}) : x;
+// conv2d at stride 1 as a sum of shifted products, group by group, in float64: an independent check
+// of the im2col + GEMM kernel. out[:, o] = the sum over (i, j) of w[o, :, i, j] @ the shifted input.
+struct ConvRef {
+  int64_t pad_h = 0, pad_w = 0, dil_h = 1, dil_w = 1, groups = 1;
+};
+static Tensor conv_reference(const Tensor& x, const Tensor& w, const ConvRef& a) {
+  Tensor xp = a.pad_h > 0 || a.pad_w > 0 ? kiln::pad(x, {a.pad_w, a.pad_w, a.pad_h, a.pad_h}) : x;
   const int64_t kh = w.sizes()[2], kw = w.sizes()[3];
-  const int64_t Ho = xp.sizes()[2] - kh + 1, Wo = xp.sizes()[3] - kw + 1;
-  Tensor out = zeros({x.sizes()[0], w.sizes()[0], Ho, Wo}, kFloat64);
-  for (int64_t i = 0; i < kh; ++i) {
-    for (int64_t j = 0; j < kw; ++j) {
-      Tensor patch = xp.narrow(2, i, Ho).narrow(3, j, Wo);                      // (N, C, Ho, Wo)
-      Tensor wij = w.select(3, j).select(2, i);                                  // (Co, C)
-      out = out + matmul(wij, patch.flatten(2)).view(out.sizes());               // (N, Co, Ho*Wo)
+  const int64_t Ho = xp.sizes()[2] - a.dil_h * (kh - 1), Wo = xp.sizes()[3] - a.dil_w * (kw - 1);
+  const int64_t cg = x.sizes()[1] / a.groups, og = w.sizes()[0] / a.groups;
+  std::vector<Tensor> outs;
+  for (int64_t grp = 0; grp < a.groups; ++grp) {
+    Tensor xg = xp.narrow(1, grp * cg, cg), wg = w.narrow(0, grp * og, og);
+    Tensor out = zeros({x.sizes()[0], og, Ho * Wo}, kFloat64);
+    for (int64_t i = 0; i < kh; ++i) {
+      for (int64_t j = 0; j < kw; ++j) {
+        Tensor patch = xg.narrow(2, i * a.dil_h, Ho).narrow(3, j * a.dil_w, Wo).flatten(2);  // (N, Cg, Ho*Wo)
+        out = out + matmul(wg.select(3, j).select(2, i), patch);                              // (N, Og, Ho*Wo)
+      }
     }
+    outs.push_back(out.view({x.sizes()[0], og, Ho, Wo}));
   }
-  return out;
+  return cat(outs, 1);
 }
 
 TEST_CASE("the CNN's conv and pool at batch 32 on several threads match a float64 reference", "[ops][conv]") {
@@ -127,13 +136,13 @@ TEST_CASE("the CNN's conv and pool at batch 32 on several threads match a float6
   Tensor x = test::sample({32, 4, 14, 14}, kFloat64);
   Tensor w = test::sample({8, 4, 3, 3}, kFloat64, 1.7) * 0.2;
   Tensor y = conv2d(x.to(kFloat32), w.to(kFloat32), {}, {1, 1}, {1, 1});
-  test::check_close(y, conv_reference(x, w, 1).to(kFloat32));
+  test::check_close(y, conv_reference(x, w, {.pad_h = 1, .pad_w = 1}).to(kFloat32));
   // Backward against the reference's autograd (matmul, narrow, pad), in float64.
   Tensor xa = x.clone().requires_grad_(), wa = w.clone().requires_grad_();
   Tensor xb = x.clone().requires_grad_(), wb = w.clone().requires_grad_();
   Tensor cot = test::sample({32, 8, 14, 14}, kFloat64, 0.3);
   (conv2d(xa, wa, {}, {1, 1}, {1, 1}) * cot).sum().backward();
-  (conv_reference(xb, wb, 1) * cot).sum().backward();
+  (conv_reference(xb, wb, {.pad_h = 1, .pad_w = 1}) * cot).sum().backward();
   test::check_close(xa.grad(), xb.grad());
   test::check_close(wa.grad(), wb.grad());
   // 2x2 max pooling's fast loop against the general one (a 2x2 window given with padding 0 as 3 numbers
@@ -150,7 +159,7 @@ TEST_CASE("one large image (the GEMMs split over the threads) matches a float64 
   Tensor xa = x.clone().requires_grad_(), wa = w.clone().requires_grad_();
   Tensor xb = x.clone().requires_grad_(), wb = w.clone().requires_grad_();
   Tensor ya = conv2d(xa.squeeze(0), wa, {}, {1, 1}, {1, 1});  // unbatched
-  Tensor yb = conv_reference(xb, wb, 1).squeeze(0);
+  Tensor yb = conv_reference(xb, wb, {.pad_h = 1, .pad_w = 1}).squeeze(0);
   test::check_close(ya, yb);
   Tensor cot = test::sample(ya.sizes(), kFloat64, 0.3);
   (ya * cot).sum().backward();
@@ -166,19 +175,19 @@ TEST_CASE("stride-1 convolutions as wide as their input (im2col in spans) match 
   // gradients against a composition of pad, narrow and matmul in float64.
   struct Geo {
     Shape x, w;
-    int64_t pad_h, pad_w, dil_h, dil_w, groups;
+    ConvRef a;
   };
   const std::vector<Geo> geos{
-      {{3, 4, 14, 14}, {8, 4, 3, 3}, 1, 1, 1, 1, 1},  // the CNN's second convolution, smaller
-      {{2, 3, 9, 11}, {4, 3, 5, 5}, 2, 2, 1, 1, 1},
-      {{2, 3, 8, 10}, {4, 3, 3, 3}, 2, 2, 2, 2, 1},
-      {{2, 2, 2, 5}, {3, 2, 3, 3}, 3, 3, 3, 3, 1},    // offsets +-3 leave no input row at all
-      {{2, 2, 4, 1}, {3, 2, 3, 3}, 1, 1, 1, 1, 1},    // offsets +-1 leave no input column
-      {{2, 3, 7, 6}, {4, 3, 3, 3}, 0, 1, 1, 1, 1},    // output 5 rows high, 6 wide
-      {{2, 3, 6, 7}, {4, 3, 1, 3}, 0, 1, 1, 1, 1},
-      {{2, 4, 6, 6}, {6, 2, 3, 3}, 1, 1, 1, 1, 2},
-      {{2, 3, 3, 6}, {4, 3, 3, 3}, 3, 1, 1, 1, 1},    // output 7 rows high: whole rows of padding both ends
-      {{1, 2, 2, 3}, {2, 2, 1, 3}, 5, 1, 1, 1, 1},    // output 12 rows high, 2 of them from the input
+      {{3, 4, 14, 14}, {8, 4, 3, 3}, {1, 1, 1, 1, 1}},  // the CNN's second convolution, smaller
+      {{2, 3, 9, 11}, {4, 3, 5, 5}, {2, 2, 1, 1, 1}},
+      {{2, 3, 8, 10}, {4, 3, 3, 3}, {2, 2, 2, 2, 1}},
+      {{2, 2, 2, 5}, {3, 2, 3, 3}, {3, 3, 3, 3, 1}},    // offsets +-3 leave no input row at all
+      {{2, 2, 4, 1}, {3, 2, 3, 3}, {1, 1, 1, 1, 1}},    // offsets +-1 leave no input column
+      {{2, 3, 7, 6}, {4, 3, 3, 3}, {0, 1, 1, 1, 1}},    // output 5 rows high, 6 wide
+      {{2, 3, 6, 7}, {4, 3, 1, 3}, {0, 1, 1, 1, 1}},
+      {{2, 4, 6, 6}, {6, 2, 3, 3}, {1, 1, 1, 1, 2}},
+      {{2, 3, 3, 6}, {4, 3, 3, 3}, {3, 1, 1, 1, 1}},    // output 7 rows high: whole rows of padding both ends
+      {{1, 2, 2, 3}, {2, 2, 1, 3}, {5, 1, 1, 1, 1}},    // output 12 rows high, 2 of them from the input
   };
   for (DType dt : {kFloat32, kFloat64}) {
     for (size_t n = 0; n < geos.size(); ++n) {
@@ -186,25 +195,10 @@ TEST_CASE("stride-1 convolutions as wide as their input (im2col in spans) match 
       INFO(dtype_name(dt) << " geometry " << n);
       Tensor x = test::sample(g.x, kFloat64), w = test::sample(g.w, kFloat64, 1.3) * 0.3;
       Tensor xa = x.to(dt).clone().requires_grad_(), wa = w.to(dt).clone().requires_grad_();
-      Tensor ya = conv2d(xa, wa, {}, {1, 1}, {g.pad_h, g.pad_w}, {g.dil_h, g.dil_w}, g.groups);
+      Tensor ya = conv2d(xa, wa, {}, {1, 1}, {g.a.pad_h, g.a.pad_w}, {g.a.dil_h, g.a.dil_w}, g.a.groups);
       REQUIRE(ya.size(3) == g.x[3]);
-      // The reference, group by group: out[:, o] = sum over (i, j) of w[o, :, i, j] @ the shifted input.
       Tensor xr = x.clone().requires_grad_(), wr = w.clone().requires_grad_();
-      Tensor xp = pad(xr, {g.pad_w, g.pad_w, g.pad_h, g.pad_h});
-      const int64_t Ho = ya.size(2), Wo = ya.size(3), cg = g.x[1] / g.groups, og = g.w[0] / g.groups;
-      std::vector<Tensor> outs;
-      for (int64_t grp = 0; grp < g.groups; ++grp) {
-        Tensor xg = xp.narrow(1, grp * cg, cg), wg = wr.narrow(0, grp * og, og);
-        Tensor out = zeros({g.x[0], og, Ho * Wo}, kFloat64);
-        for (int64_t i = 0; i < g.w[2]; ++i) {
-          for (int64_t j = 0; j < g.w[3]; ++j) {
-            Tensor patch = xg.narrow(2, i * g.dil_h, Ho).narrow(3, j * g.dil_w, Wo).flatten(2);
-            out = out + matmul(wg.select(3, j).select(2, i), patch);
-          }
-        }
-        outs.push_back(out.view({g.x[0], og, Ho, Wo}));
-      }
-      Tensor yr = cat(outs, 1);
+      Tensor yr = conv_reference(xr, wr, g.a);
       // float32: sums of up to 3 x 14 x 14 products, summed in other orders than float64's.
       const test::Tolerance tol = dt == kFloat32 ? test::Tolerance{1e-4, 1e-4} : test::tolerance_for(kFloat64);
       test::check_close(ya, yr.detach().to(dt), tol);
