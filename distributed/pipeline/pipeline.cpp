@@ -1,4 +1,5 @@
-// distributed/pipeline/pipeline.cpp: the GPipe and 1F1B schedules over send/recv (see pipeline.h).
+// distributed/pipeline/pipeline.cpp: the GPipe, 1F1B and interleaved 1F1B schedules over send/recv (see
+// pipeline.h).
 #include "distributed/pipeline/pipeline.h"
 
 #include <algorithm>
@@ -29,10 +30,28 @@ struct Pipeline::MicroBatch {
 };
 
 Pipeline::Pipeline(nn::Module& stage, std::shared_ptr<Communicator> comm, LossFn loss_fn, PipelineOptions options)
-    : stage_(stage), comm_(std::move(comm)), loss_fn_(std::move(loss_fn)), options_(options) {
+    : Pipeline(std::vector<nn::Module*>{&stage}, std::move(comm), std::move(loss_fn), std::move(options)) {}
+
+Pipeline::Pipeline(std::vector<nn::Module*> chunks, std::shared_ptr<Communicator> comm, LossFn loss_fn,
+                   PipelineOptions options)
+    : chunks_(std::move(chunks)), comm_(std::move(comm)), loss_fn_(std::move(loss_fn)), options_(std::move(options)) {
   KILN_CHECK(comm_ != nullptr, "Pipeline: the communicator is null; pass distributed::init()");
   KILN_CHECK(options_.micro_batches >= 1, "Pipeline: micro_batches must be >= 1, not {}", options_.micro_batches);
   KILN_CHECK(loss_fn_ != nullptr, "Pipeline: the loss function is empty");
+  KILN_CHECK(!chunks_.empty(), "Pipeline: no model chunks; pass this rank's stage, or its chunks for the interleaved "
+             "schedule");
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    KILN_CHECK(chunks_[c] != nullptr, "Pipeline: model chunk {} of {} is null", c, chunks_.size());
+  }
+  if (chunks_.size() > 1) {
+    KILN_CHECK(options_.schedule == PipelineSchedule::kInterleaved1F1B,
+               "Pipeline: {} model chunks on a rank need the schedule kInterleaved1F1B; GPipe and 1F1B run one stage "
+               "per rank", chunks_.size());
+    KILN_CHECK(options_.micro_batches % num_stages() == 0,
+               "Pipeline: the interleaved schedule takes micro-batches {} at a time (one per stage), and {} is not a "
+               "multiple of {}; set micro_batches to a multiple of the number of stages", num_stages(),
+               options_.micro_batches, num_stages());
+  }
 }
 
 // ---- messages: a header (dtype, number of dims, the dims), then the tensor ----
@@ -60,11 +79,27 @@ void Pipeline::start_batch() {
   }
   for (Channel& c : sent_) c = Channel();
   for (Channel& c : received_) c = Channel();
-  const auto params = stage_.parameters();
-  device_ = params.empty() ? Device::cpu() : params[0].device();
+  for (auto& queue : local_) queue.clear();
+  // Each virtual stage but the first receives an activation per micro-batch, each but the last a
+  // gradient (train_batch).
+  const int64_t m = options_.micro_batches, v = num_chunks();
+  expected_[kActivationTag] = m * v - (is_first_stage() ? m : 0);
+  expected_[kGradientTag] = m * v - (is_last_stage() ? m : 0);
+  device_ = Device::cpu();
+  for (nn::Module* chunk : chunks_) {
+    const auto params = chunk->parameters();
+    if (!params.empty()) {
+      device_ = params[0].device();
+      break;
+    }
+  }
 }
 
 void Pipeline::send(const Tensor& t, int dst, int tag) {
+  if (dst == stage_id()) {  // one rank, several chunks: the next (or previous) chunk is here
+    local_[tag].push_back(t);
+    return;
+  }
   KILN_CHECK(t.dim() <= kMaxDims, "Pipeline: stage {} sends a tensor of {} dims; at most {} are supported",
              stage_id(), t.dim(), kMaxDims);
   std::vector<int64_t> header(2 + kMaxDims, 0);
@@ -111,6 +146,12 @@ std::pair<DType, Shape> Pipeline::decode_header(const Tensor& h, int src) const 
 }
 
 Tensor Pipeline::recv(int src, int tag) {
+  if (src == stage_id()) {
+    KILN_CHECK(!local_[tag].empty(), "Pipeline: stage {} expected a message from itself that it never sent", src);
+    Tensor t = local_[tag].front();
+    local_[tag].pop_front();
+    return t;
+  }
   const auto t0 = Clock::now();
   Channel& c = received_[tag];
   Tensor t;
@@ -137,7 +178,7 @@ Tensor Pipeline::recv(int src, int tag) {
   ++c.count;
   c.dtype = t.dtype();
   c.shape = t.sizes();
-  if (receives_ahead() && c.count < options_.micro_batches) {
+  if (receives_ahead() && c.count < expected_[tag]) {
     c.header = header_buffer();
     c.data = empty(c.shape, TensorOptions(c.dtype).device(device_));
     c.header_work = comm_->recv(c.header, src, tag, /*async_op=*/true);
@@ -156,12 +197,18 @@ void Pipeline::wait_sends() {
 
 // ---- one micro-batch ----
 
-void Pipeline::forward_step(MicroBatch& mb, const Tensor& input, const Tensor& target, bool keep_graph) {
-  Tensor x = is_first_stage() ? input : recv(stage_id() - 1, kActivationTag);
-  if (!is_first_stage() && keep_graph && x.is_floating_point()) x.requires_grad_();
+// A micro-batch's activations come from the previous virtual stage, on rank s - 1 (for chunk 0 of
+// rank 0, the batch), and go to the next, on rank s + 1 (rank p - 1 sends to rank 0's next chunk);
+// gradients the other way.
+void Pipeline::forward_step(int64_t chunk, MicroBatch& mb, const Tensor& input, const Tensor& target,
+                            bool keep_graph) {
+  const int p = num_stages(), s = stage_id();
+  chunk_ = chunk;
+  Tensor x = first_virtual(chunk) ? input : recv((s + p - 1) % p, kActivationTag);
+  if (!first_virtual(chunk) && keep_graph && x.is_floating_point()) x.requires_grad_();
   const auto t0 = Clock::now();
-  Tensor y = stage_(x);
-  if (is_last_stage()) {
+  Tensor y = (*chunks_[static_cast<size_t>(chunk)])(x);
+  if (last_virtual(chunk)) {
     if (keep_graph) {
       Tensor loss = loss_fn_(y, target);
       KILN_CHECK(loss.numel() == 1, "Pipeline: the loss function must return one element (a mean), not shape {}",
@@ -173,20 +220,22 @@ void Pipeline::forward_step(MicroBatch& mb, const Tensor& input, const Tensor& t
     stats_.compute_seconds += seconds_since(t0);
   } else {
     stats_.compute_seconds += seconds_since(t0);
-    send(y.detach(), stage_id() + 1, kActivationTag);
+    send(y.detach(), (s + 1) % p, kActivationTag);
     if (keep_graph) mb.output = y;
   }
   if (keep_graph) mb.input = x;
 }
 
-void Pipeline::backward_step(MicroBatch& mb) {
-  if (is_last_stage()) {
+void Pipeline::backward_step(int64_t chunk, MicroBatch& mb) {
+  const int p = num_stages(), s = stage_id();
+  chunk_ = chunk;
+  if (last_virtual(chunk)) {
     loss_sum_ += mb.loss.item<double>();
     const auto t0 = Clock::now();
     mb.loss.backward();
     stats_.compute_seconds += seconds_since(t0);
   } else {
-    Tensor g = recv(stage_id() + 1, kGradientTag);
+    Tensor g = recv((s + 1) % p, kGradientTag);
     KILN_CHECK(g.sizes() == mb.output.sizes(),
                "Pipeline: stage {} got a gradient of shape {} for its output of shape {}", stage_id(), g.sizes().str(),
                mb.output.sizes().str());
@@ -194,9 +243,9 @@ void Pipeline::backward_step(MicroBatch& mb) {
     mb.output.backward(g);
     stats_.compute_seconds += seconds_since(t0);
   }
-  if (!is_first_stage()) {
+  if (!first_virtual(chunk)) {
     Tensor gi = mb.input.grad();
-    send(gi.defined() ? gi : zeros_like(mb.input), stage_id() - 1, kGradientTag);
+    send(gi.defined() ? gi : zeros_like(mb.input), (s + p - 1) % p, kGradientTag);
   }
   mb = MicroBatch();  // this micro-batch's activations go
 }
@@ -215,10 +264,22 @@ std::vector<Tensor> cut(const Tensor& t, int64_t m, const char* what, int stage)
   return t.split(t.size(0) / m, 0);
 }
 
+// Interleaved 1F1B's order of ops on a rank (Megatron-LM's): its k-th forward (or backward) of the
+// batch's m v is micro-batch (k / (p v)) p + k % p of chunk (k % (p v)) / p (for backwards, counted
+// from the last chunk). So the ranks take micro-batches p at a time, and each group goes through
+// every chunk before the next starts.
+struct ChunkOp {
+  int64_t chunk, micro_batch;
+};
+ChunkOp interleaved_op(int64_t k, int p, int64_t v, bool backward) {
+  const int64_t group = k % (p * v), chunk = group / p;
+  return {backward ? v - 1 - chunk : chunk, k / (p * v) * p + k % p};
+}
+
 }  // namespace
 
 Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
-  const int64_t m = options_.micro_batches;
+  const int64_t m = options_.micro_batches, v = num_chunks();
   const int s = stage_id(), p = num_stages();
   std::vector<Tensor> inputs(m), targets(m);
   if (is_first_stage()) inputs = cut(input, m, "input", s);
@@ -227,31 +288,51 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
   start_batch();
   loss_sum_ = 0;
   const auto t0 = Clock::now();
-  std::vector<MicroBatch> mbs(m);
+  std::vector<MicroBatch> mbs(m * v);  // chunk c's micro-batch i at c m + i
   int64_t in_flight = 0;
-  auto forward = [&](int64_t i) {
-    forward_step(mbs[i], inputs[i], targets[i], /*keep_graph=*/true);
+  auto forward = [&](int64_t chunk, int64_t i) {
+    forward_step(chunk, mbs[chunk * m + i], inputs[i], targets[i], /*keep_graph=*/true);
     stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight);
   };
-  auto backward = [&](int64_t i) {
+  auto backward = [&](int64_t chunk, int64_t i) {
+    chunk_ = chunk;
     if (options_.before_backward) options_.before_backward(i, i == m - 1);
-    backward_step(mbs[i]);
+    backward_step(chunk, mbs[chunk * m + i]);
     --in_flight;
   };
   if (options_.schedule == PipelineSchedule::kGPipe) {
-    for (int64_t i = 0; i < m; ++i) forward(i);
-    for (int64_t i = 0; i < m; ++i) backward(i);
-  } else {
+    for (int64_t i = 0; i < m; ++i) forward(0, i);
+    for (int64_t i = 0; i < m; ++i) backward(0, i);
+  } else if (v == 1) {
     // 1F1B: the warm-up fills the pipeline ahead of this stage; then each forward is followed by
     // the backward of the oldest micro-batch, so at most p - s are alive here.
     const int64_t warmup = std::min<int64_t>(p - s - 1, m);
-    for (int64_t i = 0; i < warmup; ++i) forward(i);
+    for (int64_t i = 0; i < warmup; ++i) forward(0, i);
     for (int64_t i = warmup; i < m; ++i) {
-      forward(i);
-      backward(i - warmup);
+      forward(0, i);
+      backward(0, i - warmup);
     }
-    for (int64_t i = m - warmup; i < m; ++i) backward(i);
+    for (int64_t i = m - warmup; i < m; ++i) backward(0, i);
+  } else {
+    // Interleaved 1F1B: the same three phases over the m v ops of each kind; the warm-up fills the
+    // v p virtual stages ahead of this rank's first backward.
+    const int64_t total = m * v, warmup = std::min<int64_t>(int64_t{p - s - 1} * 2 + (v - 1) * p, total);
+    auto forward_k = [&](int64_t k) {
+      const ChunkOp op = interleaved_op(k, p, v, /*backward=*/false);
+      forward(op.chunk, op.micro_batch);
+    };
+    auto backward_k = [&](int64_t k) {
+      const ChunkOp op = interleaved_op(k, p, v, /*backward=*/true);
+      backward(op.chunk, op.micro_batch);
+    };
+    for (int64_t k = 0; k < warmup; ++k) forward_k(k);
+    for (int64_t k = warmup; k < total; ++k) {
+      forward_k(k);
+      backward_k(k - warmup);
+    }
+    for (int64_t k = total - warmup; k < total; ++k) backward_k(k);
   }
+  chunk_ = 0;
   wait_sends();
   stats_.seconds = seconds_since(t0);
   // The last stage's sum of loss / m: the batch's mean.
@@ -263,23 +344,29 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
 Tensor Pipeline::eval_batch(const Tensor& input) {
   NoGradGuard no_grad;
   // In eval mode, as DeepSpeed's eval_batch (dropout off, so no random numbers are drawn either);
-  // the stage's mode is put back however the batch ends.
-  struct RestoreMode {
-    nn::Module& stage;
-    bool training;
-    ~RestoreMode() { stage.train(training); }
-  } restore{stage_, stage_.is_training()};
-  stage_.eval();
-  const int64_t m = options_.micro_batches;
+  // every chunk's mode is put back however the batch ends.
+  struct RestoreModes {
+    std::vector<std::pair<nn::Module*, bool>> modes;
+    ~RestoreModes() {
+      for (auto [chunk, training] : modes) chunk->train(training);
+    }
+  } restore;
+  for (nn::Module* chunk : chunks_) restore.modes.emplace_back(chunk, chunk->is_training());
+  for (nn::Module* chunk : chunks_) chunk->eval();
+  const int64_t m = options_.micro_batches, v = num_chunks();
   std::vector<Tensor> inputs(m);
   if (is_first_stage()) inputs = cut(input, m, "input", stage_id());
   start_batch();
   std::vector<Tensor> outputs;
-  for (int64_t i = 0; i < m; ++i) {
+  // The forwards in the training schedules' order: micro-batch order for one chunk, groups of p
+  // through every chunk in turn when interleaved.
+  for (int64_t k = 0; k < m * v; ++k) {
+    const ChunkOp op = v == 1 ? ChunkOp{0, k} : interleaved_op(k, num_stages(), v, /*backward=*/false);
     MicroBatch mb;
-    forward_step(mb, inputs[i], Tensor(), /*keep_graph=*/false);
-    if (is_last_stage()) outputs.push_back(mb.output);
+    forward_step(op.chunk, mb, inputs[op.micro_batch], Tensor(), /*keep_graph=*/false);
+    if (last_virtual(op.chunk)) outputs.push_back(mb.output);
   }
+  chunk_ = 0;
   wait_sends();
   return is_last_stage() ? cat(outputs, 0) : Tensor();
 }

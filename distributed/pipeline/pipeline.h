@@ -38,8 +38,25 @@
 // when every stage's forward and backward take as long; 1F1B keeps at most p - s micro-batches'
 // activations alive on stage s instead of m. Gradients of the stage's parameters accumulate over
 // the micro-batches; the optimizer steps after train_batch, each rank its own stage.
+//
+// Interleaved 1F1B (Megatron-LM's virtual pipeline stages, Narayanan et al. 2021, section 2.2):
+// each rank holds v model chunks instead of one stage; chunk c of rank s is virtual stage c p + s,
+// so a micro-batch goes round the ranks v times (rank p - 1 sends to rank 0 for the next chunk,
+// and gradients come back the same way). Each op is then 1/v of a stage's work, and the fill and
+// drain take 1/v as long: the bubble is (p - 1) / (v m + p - 1), for v - 1 more messages per
+// micro-batch each way. m must be a multiple of p: the ranks take micro-batches p at a time, each
+// group through chunk 0, then chunk 1, ... (backwards through the chunks the other way round). The
+// warm-up runs (p - s - 1) 2 + (v - 1) p forwards. p = 2, v = 2 (chunks a and b, each half a
+// stage's layers), m = 4, an op half as long as above:
+//   stage 0  F0a F1a F0b F1b F2a B0b F3a B1b F2b B0a F3b B1a .   B2b .   B3b B2a B3a
+//   stage 1  .   F0a F1a F0b B0b F1b B1b F2a B0a F3a B1a F2b B2b F3b B3b B2a B3a .
+// (1F1B with the same layers, p = 2 and m = 4 takes 10 of the old steps, this 9; the bubbles are
+// 1/5 and 1/9.) Each rank keeps up to (p - s - 1) 2 + (v - 1) p + 1 chunks' activations alive,
+// each about 1/v of a stage's: more than 1F1B's p - s stages' worth, as Megatron's interleaving
+// does too.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -51,7 +68,7 @@
 
 namespace kiln::distributed {
 
-enum class PipelineSchedule { kGPipe, k1F1B };
+enum class PipelineSchedule { kGPipe, k1F1B, kInterleaved1F1B };
 
 struct PipelineOptions {
   int64_t micro_batches = 4;                        // m: the batch's dim 0 is cut into m chunks
@@ -64,7 +81,8 @@ struct PipelineOptions {
   // same value.
   bool recv_ahead = false;
   // Called on this stage just before each micro-batch's backward, with its index and whether it is
-  // the batch's last backward here (the backwards run in micro-batch order in both schedules).
+  // the batch's last backward here (the backwards run in micro-batch order in every schedule; with
+  // several chunks, whether it is the chunk's last, chunk_index() saying which chunk it is).
   // kiln::Engine uses it to have the gradients reduced over the data-parallel ranks during the last
   // backward only.
   std::function<void(int64_t micro_batch, bool last)> before_backward = {};
@@ -76,6 +94,11 @@ class Pipeline {
   // ranks, stage s = rank s. `stage` must outlive the pipeline.
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
   Pipeline(nn::Module& stage, std::shared_ptr<Communicator> comm, LossFn loss_fn, PipelineOptions options = {});
+  // Interleaved 1F1B: this rank's v model chunks, chunk c being virtual stage c p + s (c = 0 holds the
+  // layers nearest the input). Every rank passes as many chunks, and the schedule kInterleaved1F1B
+  // (with one chunk it runs 1F1B). The chunks must outlive the pipeline.
+  Pipeline(std::vector<nn::Module*> chunks, std::shared_ptr<Communicator> comm, LossFn loss_fn,
+           PipelineOptions options = {});
 
   // One batch, forward and backward, on every stage (every rank calls it): `input` is read on the
   // first stage and `target` on the last (the others may pass undefined tensors). Returns the
@@ -89,6 +112,9 @@ class Pipeline {
 
   int stage_id() const { return comm_->rank(); }
   int num_stages() const { return comm_->size(); }
+  int64_t num_chunks() const { return static_cast<int64_t>(chunks_.size()); }  // v: 1 but when interleaved
+  // The chunk whose forward or backward is running (0 outside them): for before_backward.
+  int64_t chunk_index() const { return chunk_; }
   bool is_first_stage() const { return stage_id() == 0; }
   bool is_last_stage() const { return stage_id() == num_stages() - 1; }
 
@@ -99,7 +125,7 @@ class Pipeline {
     double seconds = 0;          // the whole train_batch on this stage
     double compute_seconds = 0;  // in the stage's forward, the loss and backward: the rest is idle or messages
     double wait_seconds = 0;     // of the rest, blocked in receives: waiting for a neighbour
-    int64_t peak_in_flight = 0;  // micro-batches whose activations were alive at once
+    int64_t peak_in_flight = 0;  // micro-batches (with chunks: a chunk's micro-batches) alive at once
   };
   Stats last_stats() const { return stats_; }
 
@@ -120,19 +146,25 @@ class Pipeline {
   bool receives_ahead() const { return options_.recv_ahead && !comm_->p2p_in_call_order(); }
   Tensor header_buffer() const;  // what a message's header is received into
   std::pair<DType, Shape> decode_header(const Tensor& h, int src) const;
-  void forward_step(MicroBatch& mb, const Tensor& input, const Tensor& target, bool keep_graph);
-  void backward_step(MicroBatch& mb);
+  // Virtual stage c p + s: the first reads the batch's input, the last computes the loss.
+  bool first_virtual(int64_t chunk) const { return chunk == 0 && is_first_stage(); }
+  bool last_virtual(int64_t chunk) const { return chunk == num_chunks() - 1 && is_last_stage(); }
+  void forward_step(int64_t chunk, MicroBatch& mb, const Tensor& input, const Tensor& target, bool keep_graph);
+  void backward_step(int64_t chunk, MicroBatch& mb);
   void send(const Tensor& t, int dst, int tag);
   Tensor recv(int src, int tag);
   void wait_sends();
 
-  nn::Module& stage_;
+  std::vector<nn::Module*> chunks_;  // one but when interleaved
+  int64_t chunk_ = 0;
   std::shared_ptr<Communicator> comm_;
   LossFn loss_fn_;
   PipelineOptions options_;
   std::vector<Work> sends_;           // in flight
   std::vector<Tensor> send_buffers_;  // what each of them reads (the same index), alive until it completes
   Channel sent_[2], received_[2];  // by tag
+  int64_t expected_[2] = {0, 0};   // receives of each tag in the current batch (where receives ahead stop)
+  std::deque<Tensor> local_[2];    // one rank with several chunks: its messages to itself, by tag, in order
   Device device_ = Device::cpu();   // where this stage's parameters are: received tensors go there (per batch)
   double loss_sum_ = 0;  // the last stage's, over the micro-batches of train_batch
   Stats stats_;

@@ -1,9 +1,12 @@
 // tests/distributed/test_pipeline.cpp: pipeline parallelism (distributed/pipeline/) at 1-4 stages
 // against one process training the whole model on the whole batch: the losses of every step and
-// every weight match, for GPipe and 1F1B, and each schedule keeps as many micro-batches alive as it
-// should.
+// every weight match, for GPipe, 1F1B and interleaved 1F1B (2 and 3 chunks per rank), and each
+// schedule keeps as many micro-batches alive as it should.
 #include <cmath>
+#include <memory>
 #include <optional>
+#include <tuple>
+#include <vector>
 
 #include "support.h"
 
@@ -16,14 +19,14 @@ namespace {
 
 constexpr int kLayers = 8;
 
-// The whole model: 8 Linear layers, tanh between them. A stage holds layers [begin, end).
+// The whole model: 8 (or `total`) Linear layers, tanh between them. A stage holds layers [begin, end).
 struct Layers : nn::Module {
   std::vector<std::shared_ptr<nn::Linear>> layers;
-  int begin, end;
+  int begin, end, total;
   int eval_forwards = 0;  // forwards run in eval mode
-  Layers(int b, int e) : begin(b), end(e) {
+  Layers(int b, int e, int total_layers = kLayers) : begin(b), end(e), total(total_layers) {
     for (int i = b; i < e; ++i) {
-      const int64_t in = i == 0 ? 12 : 16, out = i == kLayers - 1 ? 5 : 16;
+      const int64_t in = i == 0 ? 12 : 16, out = i == total - 1 ? 5 : 16;
       layers.push_back(std::make_shared<nn::Linear>(in, out));
       register_module(std::to_string(i), layers.back());
     }
@@ -33,13 +36,13 @@ struct Layers : nn::Module {
     Tensor h = x;
     for (int i = begin; i < end; ++i) {
       h = (*layers[static_cast<size_t>(i - begin)])(h);
-      if (i != kLayers - 1) h = tanh(h);
+      if (i != total - 1) h = tanh(h);
     }
     return h;
   }
 };
 
-std::pair<int, int> stage_range(int s, int p) { return {s * kLayers / p, (s + 1) * kLayers / p}; }
+std::pair<int, int> stage_range(int s, int p, int total = kLayers) { return {s * total / p, (s + 1) * total / p}; }
 
 std::pair<Tensor, Tensor> batch(int step, int64_t rows) {
   Tensor x = kiln::test::sample({rows, 12}, kFloat32, 0.37 * step + 0.2);
@@ -119,6 +122,98 @@ TEST_CASE("pipeline: GPipe and 1F1B on p stages match one process over 20 steps"
   }
 }
 
+TEST_CASE("pipeline: interleaved 1F1B with 2 and 3 chunks per rank matches one process over 20 steps",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), s = comm->rank();
+  constexpr int kTotal = 12;  // layers: every virtual stage holds one at least (4 ranks x 3 chunks)
+  struct Case {
+    int64_t v, m;
+    bool recv_ahead;
+  };
+  // m = p (the warm-up takes every forward but on the last rank), 2p and 3p; one chunk runs 1F1B
+  // (m = 3 need not be a multiple of p there).
+  for (auto [v, m, ahead] : {Case{2, p, false}, Case{2, 2 * p, false}, Case{3, 2 * p, true}, Case{2, 3 * p, true},
+                             Case{3, p, false}, Case{1, 3, false}}) {
+    INFO("v " << v << ", m " << m << ", recv_ahead " << ahead);
+    manual_seed(5);
+    Layers ref(0, kTotal, kTotal);
+    std::vector<std::unique_ptr<Layers>> chunks;  // chunk c: virtual stage c p + s
+    std::vector<nn::Module*> pointers;
+    std::vector<Tensor> params;
+    for (int64_t c = 0; c < v; ++c) {
+      const auto [begin, end] = stage_range(static_cast<int>(c * p + s), static_cast<int>(v * p), kTotal);
+      chunks.push_back(std::make_unique<Layers>(begin, end, kTotal));
+      for (int i = begin; i < end; ++i) {
+        chunks.back()->layers[static_cast<size_t>(i - begin)]->load_state_dict(
+            ref.layers[static_cast<size_t>(i)]->state_dict());
+      }
+      pointers.push_back(chunks.back().get());
+      for (const Tensor& t : chunks.back()->parameters()) params.push_back(t);
+    }
+    // Which (chunk, micro-batch) each backward was, and whether it was called the chunk's last.
+    std::vector<std::tuple<int64_t, int64_t, bool>> backwards;
+    Pipeline* seen = nullptr;
+    Pipeline pipe(pointers, comm, loss_fn,
+                  {.micro_batches = m, .schedule = PipelineSchedule::kInterleaved1F1B, .recv_ahead = ahead,
+                   .before_backward = [&](int64_t i, bool last) {
+                     backwards.emplace_back(seen->chunk_index(), i, last);
+                   }});
+    seen = &pipe;
+    CHECK(pipe.num_chunks() == v);
+    optim::SGD opt_ref(ref.parameters(), {.lr = 0.2, .momentum = 0.9});
+    optim::SGD opt(params, {.lr = 0.2, .momentum = 0.9});
+    // At most the warm-up's forwards and one more are alive (Megatron-LM's warm-up when interleaved).
+    const int64_t warmup = v == 1 ? std::min<int64_t>(p - s - 1, m)
+                                  : std::min<int64_t>(int64_t{p - s - 1} * 2 + (v - 1) * p, m * v);
+    const int64_t rows = 3 * m;
+    for (int step = 0; step < 20; ++step) {
+      INFO("step " << step);
+      auto [x, y] = batch(step, rows);
+      opt_ref.zero_grad();
+      Tensor loss_ref = loss_fn(ref(x), y);
+      loss_ref.backward();
+      opt_ref.step();
+      opt.zero_grad();
+      backwards.clear();
+      Tensor loss = pipe.train_batch(s == 0 ? x : Tensor(), s == p - 1 ? y : Tensor());
+      opt.step();
+      check_close(loss, loss_ref.detach(), {1e-5, 1e-7});
+      CHECK(pipe.last_stats().peak_in_flight == std::min(warmup + 1, m * v));
+      // Every chunk's backwards in micro-batch order, the last one called last.
+      REQUIRE(backwards.size() == static_cast<size_t>(m * v));
+      std::vector<int64_t> next(static_cast<size_t>(v), 0);
+      for (auto [c, i, last] : backwards) {
+        CHECK(i == next[static_cast<size_t>(c)]++);
+        CHECK(last == (i == m - 1));
+      }
+    }
+    for (int64_t c = 0; c < v; ++c) {
+      const Layers& chunk = *chunks[static_cast<size_t>(c)];
+      for (int i = chunk.begin; i < chunk.end; ++i) {
+        INFO("layer " << i);
+        check_close(chunk.layers[static_cast<size_t>(i - chunk.begin)]->weight, ref.layers[static_cast<size_t>(i)]->weight,
+                    {1e-5, 1e-6});
+        check_close(chunk.layers[static_cast<size_t>(i - chunk.begin)]->bias, ref.layers[static_cast<size_t>(i)]->bias,
+                    {1e-5, 1e-6});
+      }
+    }
+    // Forward only: each chunk runs every micro-batch once, in eval mode, and is back in training mode.
+    auto [x, y] = batch(99, rows);
+    Tensor out = pipe.eval_batch(s == 0 ? x : Tensor());
+    for (const auto& chunk : chunks) {
+      CHECK(chunk->eval_forwards == m);
+      CHECK(chunk->is_training());
+    }
+    if (s == p - 1) {
+      NoGradGuard no_grad;
+      check_close(out, ref(x), {1e-5, 1e-6});
+    } else {
+      CHECK_FALSE(out.defined());
+    }
+  }
+}
+
 namespace {
 
 // A model whose activation between its two parts changes width and dtype with the data: part A is a
@@ -153,18 +248,30 @@ struct Shifting : nn::Module {
 TEST_CASE("pipeline: activations whose shape and dtype change between micro-batches", "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size(), s = comm->rank();
-  const int64_t m = 8, rows = 16;
-  for (auto schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
-    INFO("schedule " << (schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B"));
+  using enum PipelineSchedule;
+  for (auto schedule : {kGPipe, k1F1B, kInterleaved1F1B}) {
+    INFO("schedule " << (schedule == kGPipe ? "GPipe" : schedule == k1F1B ? "1F1B" : "interleaved 1F1B, 2 chunks"));
+    // Interleaved: 2 chunks per rank, m a multiple of p (9 on 3 ranks).
+    const int64_t v = schedule == kInterleaved1F1B ? 2 : 1, m = (8 + p - 1) / p * p, rows = 2 * m;
     manual_seed(9);
     Shifting ref(true, true);
-    Shifting stage(s == 0, s == p - 1);
-    if (stage.a) stage.a->load_state_dict(ref.a->state_dict());
-    if (stage.b) stage.b->load_state_dict(ref.b->state_dict());
-    Pipeline pipe(stage, comm, loss_fn, {.micro_batches = m, .schedule = schedule, .recv_ahead = true});
+    // A on the first virtual stage, B on the last, the chunks between passing the activation on.
+    std::vector<std::unique_ptr<Shifting>> chunks;
+    std::vector<nn::Module*> pointers;
+    Shifting* with_a = nullptr;
+    Shifting* with_b = nullptr;
+    std::vector<Tensor> params;  // the chunks between have none
+    for (int64_t c = 0; c < v; ++c) {
+      chunks.push_back(std::make_unique<Shifting>(c == 0 && s == 0, c == v - 1 && s == p - 1));
+      pointers.push_back(chunks.back().get());
+      if (chunks.back()->a) with_a = chunks.back().get(), with_a->a->load_state_dict(ref.a->state_dict());
+      if (chunks.back()->b) with_b = chunks.back().get(), with_b->b->load_state_dict(ref.b->state_dict());
+      for (const Tensor& t : chunks.back()->parameters()) params.push_back(t);
+    }
+    Pipeline pipe(pointers, comm, loss_fn, {.micro_batches = m, .schedule = schedule, .recv_ahead = true});
     optim::SGD opt_ref(ref.parameters(), {.lr = 0.3});
-    std::optional<optim::SGD> opt;  // the stages between have no parameters
-    if (!stage.parameters().empty()) opt.emplace(stage.parameters(), optim::SGDOptions{.lr = 0.3});
+    std::optional<optim::SGD> opt;
+    if (!params.empty()) opt.emplace(params, optim::SGDOptions{.lr = 0.3});
     int changes = 0;  // consecutive micro-batches whose activations differ in shape or dtype
     // A batch whose first two columns, which choose the width and dtype, change from micro-batch to
     // micro-batch.
@@ -196,9 +303,10 @@ TEST_CASE("pipeline: activations whose shape and dtype change between micro-batc
       if (opt) opt->step();
       check_close(loss, loss_ref.detach(), {1e-5, 1e-7});
     }
-    CHECK(changes >= 30);  // of the 42 changes of micro-batch: the data does make the activations change
-    if (stage.a) check_close(stage.a->weight, ref.a->weight, {1e-5, 1e-6});
-    if (stage.b) check_close(stage.b->weight, ref.b->weight, {1e-5, 1e-6});
+    // Of the 6 (m - 1) changes of micro-batch (42 or 48), most: the data does make the activations change.
+    CHECK(changes >= 6 * (m - 1) * 2 / 3);
+    if (with_a) check_close(with_a->a->weight, ref.a->weight, {1e-5, 1e-6});
+    if (with_b) check_close(with_b->b->weight, ref.b->weight, {1e-5, 1e-6});
     // Forward only, the activations changing the same way.
     auto [x, y] = shifting_batch(7);
     Tensor out = pipe.eval_batch(s == 0 ? x : Tensor());
@@ -218,6 +326,19 @@ TEST_CASE("pipeline: bad use is an Error", "[distributed]") {
   check_error([&] { Pipeline bad(stage, nullptr, loss_fn); }, {"communicator is null"});
   check_error([&] { Pipeline bad(stage, comm, loss_fn, {.micro_batches = 0}); }, {"micro_batches must be >= 1"});
   check_error([&] { Pipeline bad(stage, comm, nullptr); }, {"loss function is empty"});
+  Layers other(stage.begin, stage.end);
+  check_error([&] { Pipeline bad(std::vector<nn::Module*>{}, comm, loss_fn); }, {"no model chunks"});
+  check_error([&] { Pipeline bad({&stage, nullptr}, comm, loss_fn); }, {"model chunk 1 of 2 is null"});
+  check_error([&] { Pipeline bad({&stage, &other}, comm, loss_fn, {.schedule = PipelineSchedule::k1F1B}); },
+              {"2 model chunks on a rank need the schedule kInterleaved1F1B"});
+  if (p > 1) {
+    check_error(
+        [&] {
+          Pipeline bad({&stage, &other}, comm, loss_fn,
+                       {.micro_batches = p + 1, .schedule = PipelineSchedule::kInterleaved1F1B});
+        },
+        {fmt::format("micro-batches {} at a time", p), fmt::format("{} is not a multiple of {}", p + 1, p)});
+  }
   if (p == 1) {  // a stage alone: no other rank waits for its messages
     Pipeline pipe(stage, comm, loss_fn, {.micro_batches = 4});
     auto [x, y] = batch(0, 10);
