@@ -6,7 +6,7 @@
 //   kiln-run -n 2 build/release/bin/bench_pipeline [batches]
 //
 // Every stage is the same: 4 Linear(512, 512) + ReLU layers, so that each takes as long (when
-// interleaved, each rank holds two chunks of 2 such layers: virtual stages 2 c + s of 4, the same
+// interleaved, each rank holds two chunks of 2 such layers: virtual stages c p + s of 2p, the same
 // work per rank); each micro-batch is 512 rows, so a micro-batch costs the same whatever m. For
 // m = 1, 2, 4, 8, each schedule (interleaved where p divides m), and receives posted ahead or when
 // needed (PipelineOptions::recv_ahead): ms per batch (median over the batches, the slowest
@@ -16,8 +16,9 @@
 // (p - 1) / (v m + p - 1) (v = 2 chunks when interleaved, else 1); the micro-batches alive at once
 // on stage 0 (m for GPipe, p for 1F1B; chunks' micro-batches, 3p - 1 for 2 chunks at m >= 2p); and
 // the peak of the CPU allocator's live bytes during a batch above its level before (the
-// activations) on the last stage, which keeps m micro-batches alive under GPipe and 1 under 1F1B
-// (and, receiving ahead, the next micro-batch's input).
+// activations) on the last stage, which keeps m micro-batches alive under GPipe, 1 under 1F1B and
+// up to p + 1 chunk micro-batches (half a stage's each) when interleaved (and, receiving ahead, the
+// next micro-batch's input).
 #include <kiln/kiln.h>
 
 #include <cstdio>

@@ -41,7 +41,8 @@ Pipeline::Pipeline(std::vector<nn::Module*> chunks, std::shared_ptr<Communicator
   KILN_CHECK(!chunks_.empty(), "Pipeline: no model chunks; pass this rank's stage, or its chunks for the interleaved "
              "schedule");
   for (size_t c = 0; c < chunks_.size(); ++c) {
-    KILN_CHECK(chunks_[c] != nullptr, "Pipeline: model chunk {} of {} is null", c, chunks_.size());
+    KILN_CHECK(chunks_[c] != nullptr, "Pipeline: model chunk {} of {} is null; pass a module for every chunk", c,
+               chunks_.size());
   }
   if (chunks_.size() > 1) {
     KILN_CHECK(options_.schedule == PipelineSchedule::kInterleaved1F1B,
@@ -58,14 +59,17 @@ Pipeline::Pipeline(std::vector<nn::Module*> chunks, std::shared_ptr<Communicator
 //
 // Note [receiving ahead]
 // A receive posted only when the stage needs the tensor puts the whole transfer on the critical
-// path: on MPI a large message waits for its receive before it moves (rendezvous), so each of the
-// 2m messages of a batch would add its transfer to the bubble. With recv_ahead, a stage posts the
-// receive of message i + 1 of a direction as soon as message i is in, guessing i's dtype and shape
-// (micro-batches are equal, so the guess holds unless the stage's output shape depends on the data).
-// Both sides know the guess, since both saw message i. The sender of a message that does not match
-// it sends its header, then a filler of the guessed dtype and shape (which the receive posted ahead
-// takes), then the tensor; the receiver, seeing the header differ, drops the filler and receives the
-// tensor. The receives ahead stop at the batch's m-th message, so none is left over between batches.
+// path: on MPI a large message waits for its receive before it moves (rendezvous), so each of a
+// stage's 2m messages a batch (2 m v with v chunks) would add its transfer to the bubble. With
+// recv_ahead, a stage posts the receive of message i + 1 of a direction as soon as message i is in,
+// guessing i's dtype and shape (micro-batches are equal, so the guess holds unless the output shape
+// depends on the data or, with chunks, differs between chunks: a channel's messages change chunk
+// every p). Both sides know the guess, since both saw message i. The sender of a message that does
+// not match it sends its header, then a filler of the guessed dtype and shape (which the receive
+// posted ahead takes), then the tensor; the receiver, seeing the header differ, drops the filler
+// and receives the tensor. The receives ahead stop at the batch's last message of the direction
+// (expected_: m, or m v, less m where this rank holds the first or last virtual stage), so none is
+// left over between batches.
 // NCCL runs send and recv in call order on one stream, where a receive posted early would hold back
 // this stage's own sends (and deadlock 1F1B): there the receives are posted when needed.
 

@@ -20,9 +20,10 @@
 // way: the gradient of the activation comes from s + 1 and the gradient of the stage's input goes
 // to s - 1. Each message is a small header (dtype and shape) and the tensor, sent asynchronously,
 // so a stage never blocks on a send (with both directions in flight, blocking sends could deadlock).
-// With recv_ahead, receives are posted one message ahead: as soon as micro-batch i's activation (or
-// gradient) is in, the receive of i + 1's is posted with i's dtype and shape, so that it can arrive
-// while this stage computes instead of after (see Note [receiving ahead] in pipeline.cpp).
+// With recv_ahead, receives are posted one message ahead: as soon as a message (an activation or a
+// gradient) is in, the receive of the next one from the same neighbour is posted with its dtype
+// and shape, so that it can arrive while this stage computes instead of after (see Note [receiving
+// ahead] in pipeline.cpp).
 //
 // Schedules, for p stages and m micro-batches (F = forward, B = backward, . = idle; p = 3, m = 4):
 //
@@ -51,9 +52,10 @@
 //   stage 0  F0a F1a F0b F1b F2a B0b F3a B1b F2b B0a F3b B1a .   B2b .   B3b B2a B3a
 //   stage 1  .   F0a F1a F0b B0b F1b B1b F2a B0a F3a B1a F2b B2b F3b B3b B2a B3a .
 // (1F1B with the same layers, p = 2 and m = 4 takes 10 of the old steps, this 9; the bubbles are
-// 1/5 and 1/9.) Each rank keeps up to (p - s - 1) 2 + (v - 1) p + 1 chunks' activations alive,
+// 1/5 and 1/9.) Each micro-batch crosses between ranks v p - 1 times each way instead of p - 1.
+// Rank s keeps up to min((p - s - 1) 2 + (v - 1) p + 1, m v) chunk micro-batches' activations alive,
 // each about 1/v of a stage's: more than 1F1B's p - s stages' worth, as Megatron's interleaving
-// does too.
+// does too. Tested over MPI only: NCCL runs one rank here (one GPU).
 #pragma once
 
 #include <deque>
@@ -95,19 +97,21 @@ class Pipeline {
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
   Pipeline(nn::Module& stage, std::shared_ptr<Communicator> comm, LossFn loss_fn, PipelineOptions options = {});
   // Interleaved 1F1B: this rank's v model chunks, chunk c being virtual stage c p + s (c = 0 holds the
-  // layers nearest the input). Every rank passes as many chunks, and the schedule kInterleaved1F1B
-  // (with one chunk it runs 1F1B). The chunks must outlive the pipeline.
+  // layers nearest the input). Every rank must pass as many chunks (unchecked: a rank with fewer
+  // leaves its neighbours waiting until the communicator's timeout), and the schedule
+  // kInterleaved1F1B (with one chunk it runs 1F1B). The chunks must outlive the pipeline.
   Pipeline(std::vector<nn::Module*> chunks, std::shared_ptr<Communicator> comm, LossFn loss_fn,
            PipelineOptions options = {});
 
   // One batch, forward and backward, on every stage (every rank calls it): `input` is read on the
   // first stage and `target` on the last (the others may pass undefined tensors). Returns the
-  // batch's mean loss on every rank. The stage's parameters get the gradient of that loss.
+  // batch's mean loss on every rank. The stage's (every chunk's) parameters get the gradient of that
+  // loss.
   Tensor train_batch(const Tensor& input, const Tensor& target);
-  // Forward only (no graph kept), with the stage in eval mode: the last stage's outputs of every
-  // micro-batch, concatenated along dim 0; undefined on the other stages. Afterwards the stage is
-  // in the mode it was in, every submodule with it (Module::train), as DeepSpeed's train_batch
-  // puts the whole module back in training mode.
+  // Forward only (no graph kept), with the stage (every chunk) in eval mode: the last stage's
+  // outputs of every micro-batch, concatenated along dim 0; undefined on the other stages.
+  // Afterwards each chunk is in the mode it was in, every submodule with it (Module::train), as
+  // DeepSpeed's train_batch puts the whole module back in training mode.
   Tensor eval_batch(const Tensor& input);
 
   int stage_id() const { return comm_->rank(); }

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <memory>
 #include <optional>
-#include <tuple>
+#include <string>
 #include <vector>
 
 #include "support.h"
@@ -24,6 +24,8 @@ struct Layers : nn::Module {
   std::vector<std::shared_ptr<nn::Linear>> layers;
   int begin, end, total;
   int eval_forwards = 0;  // forwards run in eval mode
+  std::vector<std::string>* trace = nullptr;  // where a training forward writes "F" and `name`
+  std::string name;
   Layers(int b, int e, int total_layers = kLayers) : begin(b), end(e), total(total_layers) {
     for (int i = b; i < e; ++i) {
       const int64_t in = i == 0 ? 12 : 16, out = i == total - 1 ? 5 : 16;
@@ -33,6 +35,7 @@ struct Layers : nn::Module {
   }
   Tensor forward(const Tensor& x) override {
     if (!is_training()) ++eval_forwards;
+    if (is_training() && trace) trace->push_back("F" + name);
     Tensor h = x;
     for (int i = begin; i < end; ++i) {
       h = (*layers[static_cast<size_t>(i - begin)])(h);
@@ -131,8 +134,8 @@ TEST_CASE("pipeline: interleaved 1F1B with 2 and 3 chunks per rank matches one p
     int64_t v, m;
     bool recv_ahead;
   };
-  // m = p (the warm-up takes every forward but on the last rank), 2p and 3p; one chunk runs 1F1B
-  // (m = 3 need not be a multiple of p there).
+  // m = p (on 2 ranks, the warm-up takes every forward but on the last rank), 2p and 3p; one chunk
+  // runs 1F1B (m = 3 need not be a multiple of p there).
   for (auto [v, m, ahead] : {Case{2, p, false}, Case{2, 2 * p, false}, Case{3, 2 * p, true}, Case{2, 3 * p, true},
                              Case{3, p, false}, Case{1, 3, false}}) {
     INFO("v " << v << ", m " << m << ", recv_ahead " << ahead);
@@ -151,21 +154,49 @@ TEST_CASE("pipeline: interleaved 1F1B with 2 and 3 chunks per rank matches one p
       pointers.push_back(chunks.back().get());
       for (const Tensor& t : chunks.back()->parameters()) params.push_back(t);
     }
-    // Which (chunk, micro-batch) each backward was, and whether it was called the chunk's last.
-    std::vector<std::tuple<int64_t, int64_t, bool>> backwards;
+    // The ops in the order they ran: "F<chunk>" from each chunk's forward, "B<chunk>.<micro-batch>"
+    // from before_backward; and whether each backward was called its chunk's last.
+    std::vector<std::string> trace;
+    std::vector<bool> lasts;
+    for (int64_t c = 0; c < v; ++c) {
+      chunks[static_cast<size_t>(c)]->trace = &trace;
+      chunks[static_cast<size_t>(c)]->name = std::to_string(c);
+    }
     Pipeline* seen = nullptr;
     Pipeline pipe(pointers, comm, loss_fn,
                   {.micro_batches = m, .schedule = PipelineSchedule::kInterleaved1F1B, .recv_ahead = ahead,
                    .before_backward = [&](int64_t i, bool last) {
-                     backwards.emplace_back(seen->chunk_index(), i, last);
+                     trace.push_back(fmt::format("B{}.{}", seen->chunk_index(), i));
+                     lasts.push_back(last);
                    }});
     seen = &pipe;
-    CHECK(pipe.num_chunks() == v);
     optim::SGD opt_ref(ref.parameters(), {.lr = 0.2, .momentum = 0.9});
     optim::SGD opt(params, {.lr = 0.2, .momentum = 0.9});
-    // At most the warm-up's forwards and one more are alive (Megatron-LM's warm-up when interleaved).
+    // Megatron-LM's order, written out: the micro-batches p at a time (all of them in turn with one
+    // chunk), each group through chunks 0, 1, ... forward and ..., 1, 0 backward; a warm-up of
+    // forwards, then one forward and one backward in turn, then the backwards left. At most the
+    // warm-up's forwards and one more are alive.
     const int64_t warmup = v == 1 ? std::min<int64_t>(p - s - 1, m)
                                   : std::min<int64_t>(int64_t{p - s - 1} * 2 + (v - 1) * p, m * v);
+    const int64_t group = v == 1 ? m : p;
+    std::vector<std::string> forwards, backwards, expected;
+    for (int64_t g = 0; g < m / group; ++g) {
+      for (int64_t c = 0; c < v; ++c) {
+        for (int64_t j = 0; j < group; ++j) {
+          forwards.push_back(fmt::format("F{}", c));
+          backwards.push_back(fmt::format("B{}.{}", v - 1 - c, g * group + j));
+        }
+      }
+    }
+    for (int64_t k = 0; k < m * v; ++k) {
+      if (k < m * v - warmup) {
+        expected.push_back(forwards[static_cast<size_t>(k + warmup)]);
+        expected.push_back(backwards[static_cast<size_t>(k)]);
+      } else {
+        expected.push_back(backwards[static_cast<size_t>(k)]);
+      }
+    }
+    expected.insert(expected.begin(), forwards.begin(), forwards.begin() + warmup);
     const int64_t rows = 3 * m;
     for (int step = 0; step < 20; ++step) {
       INFO("step " << step);
@@ -175,17 +206,17 @@ TEST_CASE("pipeline: interleaved 1F1B with 2 and 3 chunks per rank matches one p
       loss_ref.backward();
       opt_ref.step();
       opt.zero_grad();
-      backwards.clear();
+      trace.clear();
+      lasts.clear();
       Tensor loss = pipe.train_batch(s == 0 ? x : Tensor(), s == p - 1 ? y : Tensor());
       opt.step();
       check_close(loss, loss_ref.detach(), {1e-5, 1e-7});
       CHECK(pipe.last_stats().peak_in_flight == std::min(warmup + 1, m * v));
-      // Every chunk's backwards in micro-batch order, the last one called last.
-      REQUIRE(backwards.size() == static_cast<size_t>(m * v));
-      std::vector<int64_t> next(static_cast<size_t>(v), 0);
-      for (auto [c, i, last] : backwards) {
-        CHECK(i == next[static_cast<size_t>(c)]++);
-        CHECK(last == (i == m - 1));
+      CHECK(trace == expected);
+      // A chunk's backwards run in micro-batch order: its last is micro-batch m - 1.
+      REQUIRE(lasts.size() == backwards.size());
+      for (size_t k = 0; k < lasts.size(); ++k) {
+        CHECK(lasts[k] == backwards[k].ends_with(fmt::format(".{}", m - 1)));
       }
     }
     for (int64_t c = 0; c < v; ++c) {
@@ -198,19 +229,32 @@ TEST_CASE("pipeline: interleaved 1F1B with 2 and 3 chunks per rank matches one p
                     {1e-5, 1e-6});
       }
     }
-    // Forward only: each chunk runs every micro-batch once, in eval mode, and is back in training mode.
+    // Forward only: each chunk runs every micro-batch once, in eval mode, and is back in the mode it
+    // was in (chunk 0 was put in eval mode before).
     auto [x, y] = batch(99, rows);
+    chunks[0]->eval();
     Tensor out = pipe.eval_batch(s == 0 ? x : Tensor());
-    for (const auto& chunk : chunks) {
-      CHECK(chunk->eval_forwards == m);
-      CHECK(chunk->is_training());
+    for (int64_t c = 0; c < v; ++c) {
+      CHECK(chunks[static_cast<size_t>(c)]->eval_forwards == m);
+      CHECK(chunks[static_cast<size_t>(c)]->is_training() == (c > 0));
     }
+    chunks[0]->train();
     if (s == p - 1) {
       NoGradGuard no_grad;
       check_close(out, ref(x), {1e-5, 1e-6});
     } else {
       CHECK_FALSE(out.defined());
     }
+    // Training goes on after eval_batch (no receive ahead left over from it).
+    auto [x2, y2] = batch(20, rows);
+    opt_ref.zero_grad();
+    Tensor loss_ref = loss_fn(ref(x2), y2);
+    loss_ref.backward();
+    opt_ref.step();
+    opt.zero_grad();
+    Tensor loss = pipe.train_batch(s == 0 ? x2 : Tensor(), s == p - 1 ? y2 : Tensor());
+    opt.step();
+    check_close(loss, loss_ref.detach(), {1e-5, 1e-7});
   }
 }
 
