@@ -91,6 +91,29 @@ void write_text_atomically(const std::string& path, const std::string& text) {
   KILN_CHECK(!ec, "save_checkpoint: cannot rename '{}' to '{}': {}", tmp, path, ec.message());
 }
 
+// The parent of an interleaved pipeline's chunks, so that the optimizer, the dtype conversion and
+// the checkpoints see this rank's chunks as one module, children "0", "1", ... (borrowed).
+class ChunkHolder : public nn::Module {
+ public:
+  explicit ChunkHolder(const std::vector<nn::Module*>& chunks) {
+    for (size_t c = 0; c < chunks.size(); ++c) register_module(std::to_string(c), *chunks[c]);
+  }
+  Tensor forward(const Tensor&) override {
+    KILN_FAIL("Engine: a pipeline's model chunks run through Engine.train_batch and eval_batch, not as one module");
+  }
+};
+
+// The holder of several chunks; nullptr for one (the engine's model is then the chunk itself).
+std::unique_ptr<nn::Module> chunk_holder(const std::vector<nn::Module*>& chunks) {
+  KILN_CHECK(!chunks.empty(), "Engine: no model chunks; pass this rank's stage, or its chunks for interleaved 1F1B");
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    KILN_CHECK(chunks[c] != nullptr, "Engine: model chunk {} of {} is null; pass a module for every chunk", c,
+               chunks.size());
+  }
+  if (chunks.size() == 1) return nullptr;
+  return std::make_unique<ChunkHolder>(chunks);
+}
+
 }  // namespace
 
 Engine::Engine(nn::Module& model, const Config& config, std::shared_ptr<distributed::Communicator> comm)
@@ -100,7 +123,21 @@ Engine::Engine(nn::Module& model, const Config& config, std::shared_ptr<distribu
 
 Engine::Engine(nn::Module& stage, const Config& config, const distributed::ParallelGrid& grid,
                distributed::Pipeline::LossFn loss_fn)
-    : model_(stage), config_(config), comm_(grid.data()), pipeline_comm_(grid.pipeline()), tensor_comm_(grid.tensor()) {
+    : Engine(nullptr, {&stage}, config, grid, std::move(loss_fn)) {}
+
+Engine::Engine(std::vector<nn::Module*> chunks, const Config& config, const distributed::ParallelGrid& grid,
+               distributed::Pipeline::LossFn loss_fn)
+    : Engine(chunk_holder(chunks), chunks, config, grid, std::move(loss_fn)) {}
+
+Engine::Engine(std::unique_ptr<nn::Module> holder, const std::vector<nn::Module*>& chunks, const Config& config,
+               const distributed::ParallelGrid& grid, distributed::Pipeline::LossFn loss_fn)
+    : chunk_holder_(std::move(holder)),
+      model_(chunk_holder_ ? *chunk_holder_ : *chunks.at(0)),
+      config_(config),
+      comm_(grid.data()),
+      pipeline_comm_(grid.pipeline()),
+      tensor_comm_(grid.tensor()),
+      chunks_(static_cast<int64_t>(chunks.size())) {
   KILN_CHECK(config_.zero_optimization.stage <= 1,
              "Engine: ZeRO stage {} does not go with pipeline parallelism (nor does it in DeepSpeed): set "
              "\"zero_optimization\": {{\"stage\": 0}} or 1", config_.zero_optimization.stage);
@@ -108,22 +145,33 @@ Engine::Engine(nn::Module& stage, const Config& config, const distributed::Paral
              "returning the last stage's mean loss of a micro-batch");
   // Weights this stage shares with another (DeepSpeed's TiedLayerSpec): checked on every rank first,
   // so that a wrong list stops them all rather than a stage waiting for its partner.
-  if (auto* holder = dynamic_cast<distributed::TiedWeights*>(&model_)) tied_ = holder->tied_weights();
+  for (nn::Module* chunk : chunks) {
+    if (auto* holder = dynamic_cast<distributed::TiedWeights*>(chunk)) {
+      for (const distributed::TiedWeight& t : holder->tied_weights()) tied_.push_back(t);
+    }
+  }
   run_and_agree(*grid.world(), true, "Engine", "checking the stage's tied weights",
                 [&] { distributed::check_tied_weights(tied_, *pipeline_comm_, "Engine"); });
   init(grid.world());
-  distributed::PipelineOptions options{.micro_batches = batch_.gradient_accumulation_steps,
-                                       .schedule = distributed::PipelineSchedule::k1F1B};
+  KILN_CHECK(chunks_ == 1 || batch_.gradient_accumulation_steps % pipeline_comm_->size() == 0,
+             "Engine: interleaved 1F1B takes the micro-batches {} at a time (one per pipeline stage), and "
+             "gradient_accumulation_steps is {}; make it a multiple of {}", pipeline_comm_->size(),
+             batch_.gradient_accumulation_steps, pipeline_comm_->size());
+  distributed::PipelineOptions options{
+      .micro_batches = batch_.gradient_accumulation_steps,
+      .schedule = chunks_ > 1 ? distributed::PipelineSchedule::kInterleaved1F1B : distributed::PipelineSchedule::k1F1B};
   // The micro-batches' gradients accumulate on each stage and are reduced over the data-parallel
   // ranks during the last one's backward; on a stage with tied weights, after the pipeline (in
-  // train_batch), once the other stage's gradient of each is in.
+  // train_batch), once the other stage's gradient of each is in; with several chunks, after the
+  // pipeline too (a reducing backward reduces every bucket at its end, and the chunks' last
+  // backwards come one after another).
   options.before_backward = [this](int64_t, bool last) {
-    optimizer_->set_gradient_accumulation_boundary(last && tied_.empty());
+    optimizer_->set_gradient_accumulation_boundary(last && tied_.empty() && chunks_ == 1);
   };
   auto scaled = [this, loss_fn = std::move(loss_fn)](const Tensor& output, const Tensor& target) {
     return scaler_->scale(loss_fn(output, target));
   };
-  pipeline_ = std::make_unique<distributed::Pipeline>(model_, pipeline_comm_, scaled, options);
+  pipeline_ = std::make_unique<distributed::Pipeline>(chunks, pipeline_comm_, scaled, options);
   // The parameters whole on every rank of the tensor group add to the norm on its first rank alone.
   if (tensor_comm_->size() > 1) {
     std::vector<Tensor> slices = distributed::tensor_parallel_slices(model_);
@@ -227,8 +275,8 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
   const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0;
   const auto t0 = Clock::now();
   Tensor loss = pipeline_->train_batch(x, target);  // the gradients are reduced during the last backward
-  if (!tied_.empty()) {  // ... or now, with each tied weight's gradient from the other stage added
-    distributed::add_tied_gradients(tied_, *pipeline_comm_);
+  if (!tied_.empty() || chunks_ > 1) {  // ... or now, with each tied weight's gradient from the other stage added
+    if (!tied_.empty()) distributed::add_tied_gradients(tied_, *pipeline_comm_);
     optimizer_->reduce_gradients();
   }
   backward_s_ += seconds_since(t0);  // forward and backward, interleaved by the schedule
@@ -463,6 +511,11 @@ Engine initialize(nn::Module& model, const Config& config, std::shared_ptr<distr
 Engine initialize(nn::Module& stage, const Config& config, const distributed::ParallelGrid& grid,
                   distributed::Pipeline::LossFn loss_fn) {
   return Engine(stage, config, grid, std::move(loss_fn));
+}
+
+Engine initialize(std::vector<nn::Module*> chunks, const Config& config, const distributed::ParallelGrid& grid,
+                  distributed::Pipeline::LossFn loss_fn) {
+  return Engine(std::move(chunks), config, grid, std::move(loss_fn));
 }
 
 }  // namespace kiln

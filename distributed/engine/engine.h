@@ -33,7 +33,15 @@
 //   auto engine = kiln::initialize(stage, config, grid, loss_fn);
 //   for (auto& [x, y] : loader) engine.train_batch(x, y);  // one optimizer step; returns the loss
 //
-// The gradients are reduced over the data axis during each stage's last backward; the clipping
+// Given this rank's model chunks instead of one stage (kiln::initialize({&a, &b}, config, grid,
+// loss_fn)), the pipeline runs interleaved 1F1B (Megatron-LM's virtual stages; pipeline.h), chunk c
+// of rank s being virtual stage c p + s; gradient_accumulation_steps must then be a multiple of the
+// pipeline's size. module() is then a module whose children "0", "1", ... are the chunks, and the
+// checkpoints name each chunk's weights with that prefix.
+//
+// The gradients are reduced over the data axis during each stage's last backward (with chunks, or
+// tied weights, after the pipeline: a reducing backward reduces every bucket at its end, and the
+// chunks' last backwards come at different times); the clipping
 // norm and fp16's overflow check span every stage and slice (a parameter that every rank of a
 // tensor group holds whole counts once). A stage that implements distributed::TiedWeights (GPT's
 // embedding, used again as the head on the last stage) has each copy's gradient added to the
@@ -67,6 +75,11 @@ class Engine {
   // engine; `loss_fn(output, target)` gives the last stage's mean loss of a micro-batch. Every rank
   // of the grid builds it.
   Engine(nn::Module& stage, const Config& config, const distributed::ParallelGrid& grid,
+         distributed::Pipeline::LossFn loss_fn);
+  // Interleaved 1F1B: this rank's model chunks (chunk c: virtual stage c p + s of the grid's p
+  // pipeline ranks; every rank passes as many), which must outlive the engine. One chunk is the
+  // constructor above.
+  Engine(std::vector<nn::Module*> chunks, const Config& config, const distributed::ParallelGrid& grid,
          distributed::Pipeline::LossFn loss_fn);
   ~Engine();
   Engine(const Engine&) = delete;
@@ -104,7 +117,7 @@ class Engine {
   int64_t gradient_accumulation_steps() const { return batch_.gradient_accumulation_steps; }
   DType dtype() const { return dtype_; }  // the model's weights
 
-  nn::Module& module() { return model_; }
+  nn::Module& module() { return model_; }  // with chunks, the module that holds them as "0", "1", ...
   distributed::ZeroOptimizer& optimizer() { return *optimizer_; }
   optim::LRScheduler* lr_scheduler() { return scheduler_.get(); }
   distributed::Communicator& comm() { return *comm_; }  // the data-parallel ranks
@@ -137,6 +150,8 @@ class Engine {
   std::string load_checkpoint(const std::string& dir, const std::string& tag = "");
 
  private:
+  Engine(std::unique_ptr<nn::Module> holder, const std::vector<nn::Module*>& chunks, const Config& config,
+         const distributed::ParallelGrid& grid, distributed::Pipeline::LossFn loss_fn);
   void init(std::shared_ptr<distributed::Communicator> world);
   std::string load_stage(const std::string& dir, const std::string& tag);  // load_checkpoint's work on this rank
   void optimizer_step();  // at an accumulation boundary: unscale, clip, step, schedule, zero_grad
@@ -144,12 +159,14 @@ class Engine {
   std::string stage_folder(const std::string& dir, const std::string& tag) const;
   std::vector<distributed::Communicator*> model_parallel() const;  // the tensor and pipeline axes
 
+  std::unique_ptr<nn::Module> chunk_holder_;  // with several chunks: model_, their parent
   nn::Module& model_;
   Config config_;
   std::shared_ptr<distributed::Communicator> comm_;   // data parallel
   std::shared_ptr<distributed::Communicator> world_;  // every rank (comm_ without a pipeline)
   std::shared_ptr<distributed::Communicator> pipeline_comm_, tensor_comm_;  // with a grid
   std::unique_ptr<distributed::Pipeline> pipeline_;
+  int64_t chunks_ = 1;  // model chunks per pipeline rank (interleaved 1F1B when more than 1)
   std::function<bool(const Tensor&)> counted_;  // in the gradient norm on this rank (tensor parallel)
   std::vector<distributed::TiedWeight> tied_;   // this stage's weights tied to another's (pipeline)
   Config::Batch batch_;
@@ -168,6 +185,9 @@ class Engine {
 Engine initialize(nn::Module& model, const Config& config, std::shared_ptr<distributed::Communicator> comm = nullptr);
 // ... and DeepSpeed's initialize of a PipelineModule: the pipeline-parallel engine (see above).
 Engine initialize(nn::Module& stage, const Config& config, const distributed::ParallelGrid& grid,
+                  distributed::Pipeline::LossFn loss_fn);
+// ... with this rank's model chunks: interleaved 1F1B (see above).
+Engine initialize(std::vector<nn::Module*> chunks, const Config& config, const distributed::ParallelGrid& grid,
                   distributed::Pipeline::LossFn loss_fn);
 
 }  // namespace kiln
