@@ -45,14 +45,29 @@ Tensor ParallelGPT::Block::forward(const Tensor& x) {
 }
 
 ParallelGPT::ParallelGPT(GPTConfig c, std::shared_ptr<distributed::Communicator> tp, int stage, int num_stages,
-                         bool sequence_parallel)
-    : config(c), tp_(tp), stage_(stage), num_stages_(num_stages), sequence_parallel_(sequence_parallel) {
+                         bool sequence_parallel, int chunks)
+    : config(c),
+      tp_(tp),
+      stage_(stage),
+      num_stages_(num_stages),
+      ranks_(chunks >= 1 ? num_stages / chunks : num_stages),
+      sequence_parallel_(sequence_parallel) {
   KILN_CHECK(tp != nullptr, "ParallelGPT: the tensor-parallel communicator is null; pass grid.tensor() (or "
              "distributed::init() for tensor parallelism alone)");
   KILN_CHECK(num_stages >= 1 && stage >= 0 && stage < num_stages && num_stages <= c.n_layer,
              "ParallelGPT: stage {} of {} does not fit a model of {} blocks: each of 1 to n_layer stages needs a "
              "block, and stage must be in [0, num_stages)", stage, num_stages, c.n_layer);
   KILN_CHECK(c.bias, "ParallelGPT: bias = false is not supported; its parallel layers have biases");
+  KILN_CHECK(chunks >= 1 && num_stages % chunks == 0,
+             "ParallelGPT: {} stages do not cut into {} chunks per pipeline rank; num_stages is the ranks times the "
+             "chunks", num_stages, chunks);
+  KILN_CHECK(chunks == 1 || c.dropout == 0,
+             "ParallelGPT: dropout {} with {} chunks per pipeline rank (interleaved 1F1B) is not supported: a chunk "
+             "cannot tell which micro-batch it runs, so its masks would not be one process's; set dropout to 0",
+             c.dropout, chunks);
+  KILN_CHECK(chunks == 1 || !c.tie_weights || ranks_ >= 2,
+             "ParallelGPT: a head tied to the embedding with {} chunks on one pipeline rank would be tied to itself; "
+             "use 2 or more pipeline ranks, or untie the head", chunks);
   // The whole model from the same random numbers that GPT(c) draws on one process; afterwards the
   // generator is where GPT(c) would have left it, whatever the parallel layers drew in between.
   const GPT whole(c);
@@ -132,12 +147,60 @@ constexpr int kGatherTag = 3;  // apart from the pipeline's activations (0), gra
 }  // namespace
 
 std::unique_ptr<GPT> ParallelGPT::gather(distributed::Communicator& pipeline) {
-  KILN_CHECK(pipeline.size() == num_stages_ && pipeline.rank() == stage_,
-             "ParallelGPT::gather: stage {} of {} needs the pipeline's communicator (grid.pipeline()), where it is "
-             "rank {} of {}; got rank {} of {}", stage_, num_stages_, stage_, num_stages_, pipeline.rank(),
-             pipeline.size());
+  return gather_chunks({this}, pipeline);
+}
+
+std::unique_ptr<GPT> ParallelGPT::gather_chunks(const std::vector<ParallelGPT*>& chunks,
+                                                distributed::Communicator& pipeline) {
+  const int p = pipeline.size(), rank = pipeline.rank();
+  const int v = static_cast<int>(chunks.size());
+  KILN_CHECK(v >= 1, "ParallelGPT::gather_chunks: no chunks; pass this rank's");
+  for (int c = 0; c < v; ++c) {
+    const ParallelGPT& chunk = *chunks[static_cast<size_t>(c)];
+    KILN_CHECK(chunk.num_stages_ == p * v && chunk.stage_ == c * p + rank,
+               "ParallelGPT::gather: stage {} of {} needs the pipeline's communicator (grid.pipeline()), where it is "
+               "chunk {} of rank {} of {}; got chunk {} of rank {} of {}", chunk.stage_, chunk.num_stages_,
+               chunk.stage_ / chunk.ranks_, chunk.stage_ % chunk.ranks_, chunk.ranks_, c, rank, p);
+  }
   NoGradGuard no_grad;
-  // This stage's part, whole: the slices gathered over the tensor group, in stage_tensors' order.
+  // Each chunk's part, whole: the slices gathered over the tensor group, in stage_tensors' order.
+  std::vector<std::vector<Tensor>> parts;
+  for (ParallelGPT* chunk : chunks) parts.push_back(chunk->whole_part());
+  if (rank != 0) {
+    for (const auto& part : parts) {
+      for (const Tensor& t : part) pipeline.send(t.to(pipeline.device(), kFloat32).contiguous(), 0, kGatherTag);
+    }
+    return nullptr;
+  }
+  const ParallelGPT& first = *chunks[0];
+  const GPTConfig& config = first.config;
+  const Generator::State state = default_generator().get_state();
+  auto whole = std::make_unique<GPT>(config);
+  default_generator().set_state(state);
+  auto copy = [](Tensor dst, const Tensor& src) { dst.copy_(src.to(Device::cpu(), kFloat32)); };
+  copy(whole->transformer.wte.weight, first.wte->weight);
+  copy(whole->transformer.wpe.weight, first.wpe->weight);
+  // Every stage's part in stage order: this rank's own, the others' each in the order its rank
+  // sends them (its chunks in order).
+  const int stages = p * v;
+  for (int s = 0; s < stages; ++s) {
+    const int64_t lo = s * config.n_layer / stages, hi = (s + 1) * config.n_layer / stages;
+    const std::vector<Tensor> dst = stage_tensors(*whole, lo, hi, s == stages - 1);
+    if (s % p == 0) {
+      const std::vector<Tensor>& own = parts[static_cast<size_t>(s / p)];
+      for (size_t i = 0; i < dst.size(); ++i) copy(dst[i], own[i]);
+      continue;
+    }
+    for (const Tensor& t : dst) {
+      Tensor buffer = empty(t.sizes(), TensorOptions(kFloat32).device(pipeline.device()));
+      pipeline.recv(buffer, s % p, kGatherTag);
+      copy(t, buffer);
+    }
+  }
+  return whole;
+}
+
+std::vector<Tensor> ParallelGPT::whole_part() {
   std::vector<Tensor> mine;
   for (size_t j = 0; j < h.size(); ++j) {
     Block& b = h.at<Block>(j);
@@ -156,35 +219,14 @@ std::unique_ptr<GPT> ParallelGPT::gather(distributed::Communicator& pipeline) {
     // A head tied across stages is a copy of the first stage's wte, which is the one trained.
     if (!config.tie_weights) mine.push_back(lm_head->weight.detach());
   }
-  if (!is_first_stage()) {
-    for (const Tensor& t : mine) pipeline.send(t.to(pipeline.device(), kFloat32).contiguous(), 0, kGatherTag);
-    return nullptr;
-  }
-  const Generator::State state = default_generator().get_state();
-  auto whole = std::make_unique<GPT>(config);
-  default_generator().set_state(state);
-  auto copy = [](Tensor dst, const Tensor& src) { dst.copy_(src.to(Device::cpu(), kFloat32)); };
-  copy(whole->transformer.wte.weight, wte->weight);
-  copy(whole->transformer.wpe.weight, wpe->weight);
-  const int64_t last = first_ + static_cast<int64_t>(h.size());
-  const std::vector<Tensor> own = stage_tensors(*whole, first_, last, is_last_stage());
-  for (size_t i = 0; i < own.size(); ++i) copy(own[i], mine[i]);
-  // The other stages' parts, in stage order, each in the order it sends them.
-  for (int s = 1; s < num_stages_; ++s) {
-    const int64_t first = s * config.n_layer / num_stages_, last = (s + 1) * config.n_layer / num_stages_;
-    for (const Tensor& t : stage_tensors(*whole, first, last, s == num_stages_ - 1)) {
-      Tensor buffer = empty(t.sizes(), TensorOptions(kFloat32).device(pipeline.device()));
-      pipeline.recv(buffer, s, kGatherTag);
-      copy(t, buffer);
-    }
-  }
-  return whole;
+  return mine;
 }
 
 std::vector<distributed::TiedWeight> ParallelGPT::tied_weights() {
   if (!config.tie_weights || num_stages_ == 1) return {};
-  if (is_first_stage()) return {{.weight = wte->weight, .owner = 0, .user = num_stages_ - 1}};
-  if (is_last_stage()) return {{.weight = lm_head->weight, .owner = 0, .user = num_stages_ - 1}};
+  // The first stage is on rank 0, the last (virtual stage num_stages - 1) on the pipeline's last rank.
+  if (is_first_stage()) return {{.weight = wte->weight, .owner = 0, .user = ranks_ - 1}};
+  if (is_last_stage()) return {{.weight = lm_head->weight, .owner = 0, .user = ranks_ - 1}};
   return {};
 }
 

@@ -31,6 +31,14 @@
 // state: each rank its part of them, and each stage reserves the other stages' (Note [dropout
 // across stages], gpt_parallel.cpp), so the ranks' generators stay in step.
 //
+// Interleaved 1F1B (Megatron-LM's virtual stages, distributed/pipeline/pipeline.h): each rank builds
+// v chunks, chunk c being stage c p + s of p v (num_stages = p v, chunks = v), each from the same
+// state of the default generator (each draws the whole model and keeps its part), and hands them
+// to kiln::initialize({&chunk0, &chunk1}, ...); gather_chunks joins them. The tied head's copy is then
+// on rank p - 1, which needs p >= 2. Not with dropout: a chunk's forward cannot tell which
+// micro-batch it runs, so it cannot reserve the other chunks' draws as the masks of one process
+// need (an Error says so).
+//
 // Every rank builds the model from the same seed, and each keeps its slices, so the ranks hold
 // the same model that GPT(config) is on one process; load_from copies one's weights in. Not here:
 // bias = false.
@@ -50,8 +58,10 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights {
   // Stage `stage` of `num_stages` of the model that `config` describes, its blocks tensor-parallel
   // over `tp` (n_head and 4 n_embd multiples of tp's size). sequence_parallel: between the blocks'
   // tensor-parallel layers each rank of tp keeps its part of the sequence (see below).
+  // chunks: the model chunks each pipeline rank holds (interleaved 1F1B); stage and num_stages
+  // then count virtual stages, stage c p + s being chunk c of pipeline rank s.
   ParallelGPT(GPTConfig config, std::shared_ptr<distributed::Communicator> tp, int stage = 0, int num_stages = 1,
-              bool sequence_parallel = false);
+              bool sequence_parallel = false, int chunks = 1);
 
   // The first stage: token ids (B, T); the others: the hidden states (B, T, n_embd) from the stage
   // before (sequence parallel: (B, T / tp size, n_embd), this rank's positions). The last stage
@@ -68,9 +78,12 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights {
   // `pipeline` (the stages, stage s its rank s: grid.pipeline()) calls it. Building the copy draws
   // nothing from the default generator. For a sample, or a file in GPT-2's layout, after training.
   std::unique_ptr<GPT> gather(distributed::Communicator& pipeline);
+  // The same for this rank's chunks (interleaved 1F1B), in chunk order.
+  static std::unique_ptr<GPT> gather_chunks(const std::vector<ParallelGPT*>& chunks,
+                                            distributed::Communicator& pipeline);
 
   // With a tied head and more than one stage: wte (first stage) and its copy, lm_head's weight
-  // (last stage), stage 0 the owner; empty otherwise.
+  // (last stage), rank 0 the owner and the last stage's rank the user; empty otherwise.
   std::vector<distributed::TiedWeight> tied_weights() override;
 
   bool is_first_stage() const { return stage_ == 0; }
@@ -100,11 +113,15 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights {
   std::shared_ptr<nn::Linear> lm_head;
 
  private:
+  // This stage's weights, whole (its slices gathered over the tensor group: collective there), in
+  // the order gather sends them.
+  std::vector<Tensor> whole_part();
   // Reserves the dropout counters of blocks [first, last) (and the embeddings') of a (B, T) batch.
   void reserve_dropout(int64_t first, int64_t last, bool embeddings, int64_t B, int64_t T);
 
   std::shared_ptr<distributed::Communicator> tp_;
   int stage_, num_stages_;
+  int ranks_;  // the pipeline's ranks: num_stages / chunks
   bool sequence_parallel_;
   int64_t first_ = 0;
 };

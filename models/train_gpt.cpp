@@ -10,6 +10,7 @@
 //   kiln-run -n 2 train_gpt --out runs/gpt-ddp           # data parallel on 2 ranks
 //   kiln-run -n 4 train_gpt --deepspeed-config configs/ds_zero2.json   # DeepSpeed's config: ZeRO, bf16, ...
 //   kiln-run -n 4 train_gpt --deepspeed-config ds.json --tensor-parallel 2 --pipeline-parallel 2   # 3D
+//   kiln-run -n 2 train_gpt --deepspeed-config ds.json --pipeline-parallel 2 --virtual-stages 2   # interleaved
 //
 // The last tenth of the corpus is held out: every --eval-every steps the validation loss is the mean
 // over --eval-batches fixed windows of it. A step is --grad-accum micro-batches of --batch-size
@@ -22,7 +23,9 @@
 // models::ParallelGPT (models/gpt_parallel.h): each rank holds its stage's blocks, its slices of
 // them, and the engine runs each step as a pipeline of the accumulation's micro-batches
 // (Engine::train_batch); --sequence-parallel cuts the activations between the tensor-parallel
-// layers along the sequence. The ranks of one data-parallel replica draw the same windows; the
+// layers along the sequence; --virtual-stages V gives each pipeline rank V chunks of the blocks
+// (stage c P + s of P V) and the engine runs interleaved 1F1B (gradient_accumulation_steps a
+// multiple of P; no dropout). The ranks of one data-parallel replica draw the same windows; the
 // validation loss comes through the pipeline; the weights are saved in the engine's checkpoint
 // alone (one folder per stage and slice); the sample comes from the whole model, gathered from the
 // stages and slices onto rank 0 (ParallelGPT::gather).
@@ -70,6 +73,7 @@ struct Run {
   std::string device = "cpu";
   std::string deepspeed_config;  // the text of the --deepspeed-config file ("" = none)
   int64_t tensor_parallel = 1, pipeline_parallel = 1;  // the grid's tensor and pipeline sizes
+  int64_t virtual_stages = 1;  // model chunks per pipeline rank (interleaved 1F1B when more than 1)
   bool sequence_parallel = false;  // between the tensor-parallel layers, 1 / tensor_parallel of the positions
   // Whether a pipeline keeps the head tied to the embedding (a copy on the last stage). New runs
   // do; a checkpoint written before they could (no such key) holds an untied head, and resumes so.
@@ -80,7 +84,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(Run, config, n_layer, n_head, n_
                                                 batch_size, grad_accum, lr, weight_decay, clip,
                                                 checkpoint_activations, offload_activations, fusion, fused_adam,
                                                 autocast, seed, device, deepspeed_config, tensor_parallel,
-                                                pipeline_parallel, sequence_parallel, head_tied_across_stages)
+                                                pipeline_parallel, sequence_parallel, head_tied_across_stages,
+                                                virtual_stages)
 
 models::GPTConfig model_config(const Run& r) {
   KILN_CHECK(r.config == "gpt_char" || r.config == "gpt2",
@@ -118,6 +123,7 @@ void check_resumed(const Run& r, const std::string& manifest) {
         "none, bf16 or fp16");
   check(r.tensor_parallel >= 1 && r.pipeline_parallel >= 1, "tensor_parallel",
         fmt::format("{} (pipeline_parallel {})", r.tensor_parallel, r.pipeline_parallel), ">= 1, as pipeline_parallel");
+  check(r.virtual_stages >= 1, "virtual_stages", std::to_string(r.virtual_stages), ">= 1");
 }
 
 // On --resume the checkpoint's settings hold. One given on the command line that differs from
@@ -239,6 +245,9 @@ int run(int argc, char** argv) {
   flags.add("pipeline-parallel", "1", "pipeline stages the blocks are cut into, the last holding a copy of the "
             "embedding for the tied head (with --deepspeed-config; its gradient_accumulation_steps are the "
             "micro-batches)");
+  flags.add("virtual-stages", "1", "with --pipeline-parallel 2 or more: model chunks per pipeline rank, run "
+            "as Megatron's interleaved 1F1B (the accumulation's micro-batches a multiple of the stages; no "
+            "dropout)");
   flags.add_switch("sequence-parallel", "with --tensor-parallel: between the tensor-parallel layers each rank "
                    "keeps its part of the sequence (Megatron's sequence parallelism)");
   flags.add("resume", "", "continue from this checkpoint directory, with its settings (--corpus and --device may change)");
@@ -270,6 +279,7 @@ int run(int argc, char** argv) {
   r.device = flags.get("device");
   r.tensor_parallel = flags.get_int("tensor-parallel", 1, 1 << 16);
   r.pipeline_parallel = flags.get_int("pipeline-parallel", 1, 1 << 16);
+  r.virtual_stages = flags.get_int("virtual-stages", 1, 1 << 16);
   r.sequence_parallel = flags.get_switch("sequence-parallel");
   r.head_tied_across_stages = true;
   if (const std::string& path = flags.get("deepspeed-config"); !path.empty()) {
@@ -323,6 +333,8 @@ int run(int argc, char** argv) {
   if (!main_rank) quiet = true;
   KILN_CHECK(!r.sequence_parallel || r.tensor_parallel > 1, "--sequence-parallel splits the sequence among the "
              "tensor-parallel ranks: give --tensor-parallel 2 or more");
+  KILN_CHECK(r.virtual_stages == 1 || r.pipeline_parallel > 1, "--virtual-stages cuts each pipeline rank's blocks "
+             "into chunks: give --pipeline-parallel 2 or more");
   // Tensor and pipeline parallel: the ranks as a grid, the rest of them data parallel.
   std::unique_ptr<distributed::ParallelGrid> grid;
   if (r.tensor_parallel * r.pipeline_parallel > 1) {
@@ -370,19 +382,31 @@ int run(int argc, char** argv) {
   manual_seed(r.seed);
   // One model, or with a grid this rank's stage and slices of it (the same weights from the seed).
   std::unique_ptr<models::GPT> whole;
-  std::unique_ptr<models::ParallelGPT> stage;
+  std::vector<std::unique_ptr<models::ParallelGPT>> chunks;  // this rank's stage, or its chunks
+  std::vector<models::ParallelGPT*> chunk_pointers;
   if (grid) {
     KILN_CHECK(!r.sequence_parallel || config.block_size % r.tensor_parallel == 0,
                "--sequence-parallel: the context ({}) must be a multiple of --tensor-parallel ({}); change --context",
                config.block_size, r.tensor_parallel);
-    stage = std::make_unique<models::ParallelGPT>(config, grid->tensor(), grid->pipeline_rank(), grid->pipeline_size(),
-                                                  r.sequence_parallel);
+    const int p = grid->pipeline_size(), v = static_cast<int>(r.virtual_stages);
+    KILN_CHECK(p * v <= config.n_layer, "--pipeline-parallel {} x --virtual-stages {} = {} stages, and the model has "
+               "{} blocks; each stage needs one: lower --virtual-stages or raise --n-layer", p, v, p * v,
+               config.n_layer);
+    // Each chunk draws the whole model and keeps its part: all from the same generator state.
+    const Generator::State before = default_generator().get_state();
+    for (int c = 0; c < v; ++c) {
+      default_generator().set_state(before);
+      chunks.push_back(std::make_unique<models::ParallelGPT>(config, grid->tensor(), c * p + grid->pipeline_rank(),
+                                                             p * v, r.sequence_parallel, v));
+      chunk_pointers.push_back(chunks.back().get());
+    }
   } else {
     whole = std::make_unique<models::GPT>(config);
     whole->set_checkpointing(r.checkpoint_activations);
   }
-  nn::Module& model = grid ? static_cast<nn::Module&>(*stage) : *whole;
-  model.to(device);
+  nn::Module& model = grid ? static_cast<nn::Module&>(*chunks[0]) : *whole;
+  for (const auto& chunk : chunks) chunk->to(device);
+  if (whole) whole->to(device);
   std::unique_ptr<optim::AdamW> opt;  // without a DeepSpeed config; with one, the engine's optimizer
   if (!ds) opt = std::make_unique<optim::AdamW>(model.parameters(), optim::AdamWOptions{
                      .lr = r.lr, .weight_decay = r.weight_decay, .fused = r.fused_adam});
@@ -431,7 +455,8 @@ int run(int argc, char** argv) {
   // Counted before ZeRO stage 3 shards them; with a grid, the whole model's (models::GPT's formula).
   const int64_t num_parameters = grid ? gpt_parameters(config) : model.num_parameters();
   if (grid) {
-    engine.emplace(model, *ds, *grid, models::ParallelGPT::loss);
+    engine.emplace(std::vector<nn::Module*>(chunk_pointers.begin(), chunk_pointers.end()), *ds, *grid,
+                   models::ParallelGPT::loss);
   } else if (ds) {
     engine.emplace(model, *ds, comm);
     // At stage 3 the tied head reads the embedding's weight inside GPT's own forward.
@@ -614,7 +639,7 @@ int run(int argc, char** argv) {
   auto all = sample > 0 && !grid ? gathered() : nullptr;
   std::unique_ptr<models::GPT> joined;
   if (sample > 0 && grid) {
-    joined = stage->gather(*grid->pipeline());
+    joined = models::ParallelGPT::gather_chunks(chunk_pointers, *grid->pipeline());
     if (!main_rank) joined.reset();  // the other ranks of the first stage get a copy too
     if (joined) joined->to(device);
   }

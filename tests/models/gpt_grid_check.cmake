@@ -10,6 +10,8 @@
 #   3. The sample at the end, from the model gathered onto rank 0, is one rank's.
 #   4. A grid without a DeepSpeed config, with more ranks than there are, or --sequence-parallel
 #      without tensor parallelism is an Error.
+#   5. Interleaved 1F1B (--virtual-stages 2 on 2 pipeline ranks) trains as one rank does, resumes
+#      exactly, and samples as one rank does.
 #   cmake -DPROGRAM=<train_gpt> -DLAUNCHER="kiln-run;-n;2" -DWORK=<dir> -P gpt_grid_check.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
@@ -102,4 +104,50 @@ execute_process(COMMAND ${PROGRAM} ${model} --sequence-parallel --steps 1 --out 
                 RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
 if(rc EQUAL 0 OR NOT err MATCHES "give --tensor-parallel 2 or more")
   message(FATAL_ERROR "--sequence-parallel without tensor parallelism should be an Error, got ${rc}:\n${err}")
+endif()
+
+# 5. Interleaved 1F1B: two pipeline ranks of two chunks each (4 blocks, no dropout) train as one
+#    rank does; stopped at step 3 and resumed, they equal a run straight through; the sample,
+#    gathered from the chunks, is one rank's. Dropout with chunks, chunks without a pipeline, and
+#    more stages than blocks are Errors.
+set(deep --n-layer 4 --context 16 --dropout 0 --corpus ${WORK}/corpus.txt --deepspeed-config ${WORK}/ds.json)
+set(interleaved --pipeline-parallel 2 --virtual-stages 2)
+run_program(out "" ${deep} ${run} --steps 6 --out ${WORK}/deep-one)
+run_program(out "${LAUNCHER}" ${deep} ${run} --steps 6 ${interleaved} --out ${WORK}/interleaved)
+run_program(out "${LAUNCHER}" ${deep} ${run} --steps 3 ${interleaved} --out ${WORK}/interleaved-stopped)
+run_program(out "${LAUNCHER}" --resume ${WORK}/interleaved-stopped/checkpoint ${run} --steps 6
+            --out ${WORK}/interleaved-stopped)
+losses(deep_one ${WORK}/deep-one/metrics.jsonl)
+losses(chunked ${WORK}/interleaved/metrics.jsonl)
+check_losses_close("${chunked}" "${deep_one}" "interleaved 1F1B's" "one rank's")
+file(STRINGS ${WORK}/interleaved/metrics.jsonl straight)
+file(STRINGS ${WORK}/interleaved-stopped/metrics.jsonl resumed)
+if(NOT resumed STREQUAL straight)
+  message(FATAL_ERROR "interleaved, resumed:\n${resumed}\nstraight through:\n${straight}")
+endif()
+if(NOT EXISTS ${WORK}/interleaved/checkpoint-engine/step6/stage_1/zero_rank_0.safetensors)
+  message(FATAL_ERROR "no engine checkpoint of pipeline rank 1 in ${WORK}/interleaved/checkpoint-engine/step6")
+endif()
+run_program(out "" ${deep} ${sampled} --out ${WORK}/sample-deep-one)
+run_program(out "${LAUNCHER}" ${deep} ${sampled} ${interleaved} --out ${WORK}/sample-interleaved)
+file(READ ${WORK}/sample-deep-one/sample.txt one_sample HEX)
+file(READ ${WORK}/sample-interleaved/sample.txt chunked_sample HEX)
+string(LENGTH "${one_sample}" n)
+if(NOT n EQUAL 58 OR NOT chunked_sample STREQUAL one_sample)
+  message(FATAL_ERROR "the interleaved run's sample ${chunked_sample} (hex) is not one rank's ${one_sample}")
+endif()
+execute_process(COMMAND ${LAUNCHER} ${PROGRAM} ${deep} ${interleaved} --dropout 0.1 --steps 1 --out ${WORK}/e4
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err TIMEOUT 120)
+if(rc EQUAL 0 OR NOT err MATCHES "dropout 0.1 with 2 chunks per pipeline rank")
+  message(FATAL_ERROR "dropout with --virtual-stages should be an Error, got ${rc}:\n${err}")
+endif()
+execute_process(COMMAND ${PROGRAM} ${deep} --virtual-stages 2 --steps 1 --out ${WORK}/e5
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "give --pipeline-parallel 2 or more")
+  message(FATAL_ERROR "--virtual-stages without a pipeline should be an Error, got ${rc}:\n${err}")
+endif()
+execute_process(COMMAND ${LAUNCHER} ${PROGRAM} ${deep} --pipeline-parallel 2 --virtual-stages 3 --steps 1
+                --out ${WORK}/e6 RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err TIMEOUT 120)
+if(rc EQUAL 0 OR NOT err MATCHES "= 6 stages, and the model has 4 blocks")
+  message(FATAL_ERROR "more stages than blocks should be an Error, got ${rc}:\n${err}")
 endif()
