@@ -21,7 +21,10 @@
 // during a round's steps (its activations and the other transient tensors, over what the models
 // hold), and the loss after the last step (the same on every grid of one head, up to the summation
 // order: the same training; with dropout, on every grid of one data rank, whose micro-batches and
-// so masks are one process's: each run keeps its own generator state). The runs take turns, round after round.
+// so masks are one process's: each run keeps its own generator state). On pipelines, without
+// dropout or sequence parallelism, also as interleaved 1F1B with 2 chunks per pipeline rank
+// (Megatron-LM's virtual stages), with its time's ratio to the same grid's 1F1B. The runs take
+// turns, round after round.
 // PyTorch and LibTorch have no tensor or pipeline parallelism of their own to set beside this.
 #include <kiln/kiln.h>
 
@@ -54,8 +57,9 @@ int main(int argc, char** argv) {
     GridSizes sizes;
     bool tied = true, sequence_parallel = false;
     double dropout = 0;
+    int chunks = 1;  // per pipeline rank: interleaved 1F1B when 2
     std::unique_ptr<ParallelGrid> grid;
-    std::unique_ptr<models::ParallelGPT> stage;
+    std::vector<std::unique_ptr<models::ParallelGPT>> stages;  // this rank's chunks
     std::unique_ptr<Engine> engine;
     Generator::State rng{0, 0};  // where this run's dropout masks go on from (the runs take turns)
     std::vector<double> ms;  // per round
@@ -75,24 +79,35 @@ int main(int argc, char** argv) {
         if (n % (t * p) != 0 || config.n_head % t != 0 || p > config.n_layer) continue;
         const int data = n / (t * p);
         if (windows % (data * micro_batches) != 0) continue;
-        Run r;
-        r.sizes = {.tensor = t, .pipeline = p};
-        r.tied = tied;
-        r.sequence_parallel = sequence_parallel;
-        r.dropout = dropout;
-        models::GPTConfig c = config;
-        c.tie_weights = tied;
-        c.dropout = dropout;
-        r.grid = std::make_unique<ParallelGrid>(world, r.sizes);
-        manual_seed(7);
-        r.stage = std::make_unique<models::ParallelGPT>(c, r.grid->tensor(), r.grid->pipeline_rank(), p,
-                                                        sequence_parallel);
-        const Config cfg = Config::from_string(fmt::format(R"({{
-            "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 1.0,
-            "steps_per_print": 1000000, "optimizer": {{"type": "AdamW", "params": {{"lr": 3e-4}}}},
-            "zero_optimization": {{"stage": 1}}}})", windows / data / micro_batches, micro_batches));
-        r.engine = std::make_unique<Engine>(*r.stage, cfg, *r.grid, models::ParallelGPT::loss);
-        runs.push_back(std::move(r));
+        for (int v : {1, 2}) {
+          if (v > 1 && (p == 1 || dropout > 0 || sequence_parallel || micro_batches % p != 0 ||
+                        p * v > config.n_layer)) {
+            continue;
+          }
+          Run r;
+          r.sizes = {.tensor = t, .pipeline = p};
+          r.tied = tied;
+          r.sequence_parallel = sequence_parallel;
+          r.dropout = dropout;
+          r.chunks = v;
+          models::GPTConfig c = config;
+          c.tie_weights = tied;
+          c.dropout = dropout;
+          r.grid = std::make_unique<ParallelGrid>(world, r.sizes);
+          std::vector<nn::Module*> chunks;
+          for (int k = 0; k < v; ++k) {
+            manual_seed(7);  // each chunk draws the whole model and keeps its part
+            r.stages.push_back(std::make_unique<models::ParallelGPT>(c, r.grid->tensor(), k * p + r.grid->pipeline_rank(),
+                                                                     p * v, sequence_parallel, v));
+            chunks.push_back(r.stages.back().get());
+          }
+          const Config cfg = Config::from_string(fmt::format(R"({{
+              "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 1.0,
+              "steps_per_print": 1000000, "optimizer": {{"type": "AdamW", "params": {{"lr": 3e-4}}}},
+              "zero_optimization": {{"stage": 1}}}})", windows / data / micro_batches, micro_batches));
+          r.engine = std::make_unique<Engine>(chunks, cfg, *r.grid, models::ParallelGPT::loss);
+          runs.push_back(std::move(r));
+        }
       }
     }
   }
@@ -135,10 +150,10 @@ int main(int argc, char** argv) {
   }
   // The data-parallel grid's time for each head and dropout, each grid's time with the other head,
   // and each run's time without dropout.
-  auto time_of = [&](bool tied, GridSizes sizes, bool sequence_parallel = false, double dropout = 0) {
+  auto time_of = [&](bool tied, GridSizes sizes, bool sequence_parallel = false, double dropout = 0, int chunks = 1) {
     for (const Run& r : runs) {
       if (r.tied == tied && r.sequence_parallel == sequence_parallel && r.dropout == dropout &&
-          r.sizes.tensor == sizes.tensor && r.sizes.pipeline == sizes.pipeline) {
+          r.sizes.tensor == sizes.tensor && r.sizes.pipeline == sizes.pipeline && r.chunks == chunks) {
         return kiln_bench::median(r.ms);
       }
     }
@@ -149,20 +164,22 @@ int main(int argc, char** argv) {
       const double ms = kiln_bench::median(r.ms);
       const double lo = *std::min_element(r.ms.begin(), r.ms.end()), hi = *std::max_element(r.ms.begin(), r.ms.end());
       const double base = time_of(r.tied, {.tensor = 1, .pipeline = 1}, false, r.dropout);
-      const double untied = r.dropout == 0 ? time_of(false, r.sizes) : 0.0;
+      const double untied = r.dropout == 0 ? time_of(false, r.sizes, false, 0, r.chunks) : 0.0;
       const double no_dropout = r.dropout > 0 ? time_of(r.tied, r.sizes, r.sequence_parallel) : 0.0;
+      const double one_chunk = r.chunks > 1 ? time_of(r.tied, r.sizes) : 0.0;
       std::printf("{\"bench\":\"parallel_gpt\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
-                  "\"tensor\":%d,\"pipeline\":%d,\"data\":%d,\"model\":\"%s\",\"sequence_parallel\":%s,\"dropout\":%.2f,"
+                  "\"tensor\":%d,\"pipeline\":%d,\"chunks\":%d,\"data\":%d,\"model\":\"%s\",\"sequence_parallel\":%s,\"dropout\":%.2f,"
                   "\"windows_per_step\":%lld,"
                   "\"micro_batches\":%lld,\"steps\":%d,\"rounds\":%d,\"ms_per_step\":%.2f,\"ms_min\":%.2f,"
                   "\"ms_max\":%.2f,\"tokens_per_s\":%.0f,\"time_vs_data_parallel\":%.3f,\"time_vs_untied\":%.3f,"
-                  "\"time_vs_no_dropout\":%.3f,"
+                  "\"time_vs_no_dropout\":%.3f,\"time_vs_one_chunk\":%.3f,"
                   "\"peak_increment_mib\":%.1f,\"loss_after\":%.6f}\n",
-                  n, r.sizes.tensor, r.sizes.pipeline, n / (r.sizes.tensor * r.sizes.pipeline),
+                  n, r.sizes.tensor, r.sizes.pipeline, r.chunks, n / (r.sizes.tensor * r.sizes.pipeline),
                   r.tied ? "gpt_char" : "gpt_char_untied", r.sequence_parallel ? "true" : "false", r.dropout,
                   static_cast<long long>(windows), static_cast<long long>(micro_batches), steps, rounds, ms, lo, hi,
                   static_cast<double>(windows * config.block_size) / (ms / 1e3), base > 0 ? ms / base : 0.0,
-                  untied > 0 ? ms / untied : 0.0, no_dropout > 0 ? ms / no_dropout : 0.0, r.peak_mib, r.loss);
+                  untied > 0 ? ms / untied : 0.0, no_dropout > 0 ? ms / no_dropout : 0.0,
+                  one_chunk > 0 ? ms / one_chunk : 0.0, r.peak_mib, r.loss);
     }
     std::fflush(stdout);
   }
