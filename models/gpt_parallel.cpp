@@ -156,8 +156,10 @@ std::unique_ptr<GPT> ParallelGPT::gather_chunks(const std::vector<ParallelGPT*>&
   const int v = static_cast<int>(chunks.size());
   KILN_CHECK(v >= 1, "ParallelGPT::gather_chunks: no chunks; pass this rank's");
   for (int c = 0; c < v; ++c) {
+    KILN_CHECK(chunks[static_cast<size_t>(c)] != nullptr, "ParallelGPT::gather_chunks: chunk {} of {} is null; pass "
+               "this rank's chunks", c, v);
     const ParallelGPT& chunk = *chunks[static_cast<size_t>(c)];
-    KILN_CHECK(chunk.num_stages_ == p * v && chunk.stage_ == c * p + rank,
+    KILN_CHECK(chunk.num_stages_ == p * v && chunk.stage_ == c * p + rank && chunk.ranks_ == p,
                "ParallelGPT::gather: stage {} of {} needs the pipeline's communicator (grid.pipeline()), where it is "
                "chunk {} of rank {} of {}; got chunk {} of rank {} of {}", chunk.stage_, chunk.num_stages_,
                chunk.stage_ / chunk.ranks_, chunk.stage_ % chunk.ranks_, chunk.ranks_, c, rank, p);

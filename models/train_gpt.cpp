@@ -28,7 +28,7 @@
 // multiple of P; no dropout). The ranks of one data-parallel replica draw the same windows; the
 // validation loss comes through the pipeline; the weights are saved in the engine's checkpoint
 // alone (one folder per stage and slice); the sample comes from the whole model, gathered from the
-// stages and slices onto rank 0 (ParallelGPT::gather).
+// stages and slices onto rank 0 (ParallelGPT::gather_chunks).
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -526,8 +526,12 @@ int run(int argc, char** argv) {
                 comm && comm->size() > 1 ? fmt::format(" per rank, {} ranks", comm->size()).c_str() : "",
                 ds ? fmt::format("DeepSpeed config: ZeRO stage {}, {} lr {}{}", ds->zero_optimization.stage,
                                  engine->optimizer().name(), engine->get_lr()[0],
-                                 grid ? fmt::format(", grid tensor {} x pipeline {} x data {}", grid->tensor_size(),
-                                                    grid->pipeline_size(), grid->data_size())
+                                 grid ? fmt::format(", grid tensor {} x pipeline {}{} x data {}", grid->tensor_size(),
+                                                    grid->pipeline_size(),
+                                                    r.virtual_stages > 1
+                                                        ? fmt::format(" (interleaved, {} chunks each)", r.virtual_stages)
+                                                        : "",
+                                                    grid->data_size())
                                       : "").c_str()
                    : fmt::format("AdamW lr {}", r.lr).c_str(),
                 get_num_threads(),

@@ -13,6 +13,7 @@
 
 #include "core/grad_mode.h"
 #include "data/safetensors.h"
+#include "distributed/comm/peer_error.h"
 #include "distributed/tensor_parallel/tensor_parallel.h"
 #include "ops/ops.h"
 
@@ -24,7 +25,8 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Runs `work` on the ranks where `mine` is true, then tells every rank of `world` how it went: when
-// it failed anywhere, that rank throws its own Error and every other rank one that points to it,
+// it failed anywhere, that rank throws its own Error and every other rank one that points to it (a
+// distributed::PeerError),
 // instead of going on to wait in a collective for a rank that has stopped. (A collective itself: it
 // also keeps every rank from going on before the work is done.)
 void run_and_agree(distributed::Communicator& world, bool mine, const char* who, const std::string& what,
@@ -40,7 +42,9 @@ void run_and_agree(distributed::Communicator& world, bool mine, const char* who,
   Tensor ok = from_vector<int32_t>({failure ? 0 : 1}).to(world.device());
   world.all_reduce(ok, distributed::ReduceOp::Min);
   if (failure) std::rethrow_exception(failure);
-  KILN_CHECK(ok.item<int32_t>() == 1, "{}: {} failed on another rank; its Error says why", who, what);
+  if (ok.item<int32_t>() != 1) {
+    throw distributed::PeerError(fmt::format("{}: {} failed on another rank; its Error says why", who, what));
+  }
 }
 
 distributed::ZeroOptimizer::MakeOptimizer make_inner(const Config::Optimizer& o) {
@@ -152,11 +156,21 @@ Engine::Engine(std::unique_ptr<nn::Module> holder, const std::vector<nn::Module*
   }
   run_and_agree(*grid.world(), true, "Engine", "checking the stage's tied weights",
                 [&] { distributed::check_tied_weights(tied_, *pipeline_comm_, "Engine"); });
-  init(grid.world());
-  KILN_CHECK(chunks_ == 1 || batch_.gradient_accumulation_steps % pipeline_comm_->size() == 0,
+  // Every pipeline rank must hold as many chunks, or the ranks would wait on each other's messages
+  // until the timeout: the counts are compared (the largest and the smallest) on every rank.
+  Tensor counts = from_vector<int64_t>({chunks_, -chunks_}).to(pipeline_comm_->device());
+  pipeline_comm_->all_reduce(counts, distributed::ReduceOp::Max);
+  const std::vector<int64_t> extremes = counts.to_vector<int64_t>();
+  KILN_CHECK(extremes[0] == -extremes[1], "Engine: the pipeline's ranks hold from {} to {} model chunks (this one "
+             "{}); every rank must pass as many", -extremes[1], extremes[0], chunks_);
+  // Checked before init() converts the chunks and builds the optimizer, so that a bad config
+  // leaves the caller's modules as they were.
+  const int64_t accumulation = config_.resolve_batch(comm_->size()).gradient_accumulation_steps;
+  KILN_CHECK(chunks_ == 1 || accumulation % pipeline_comm_->size() == 0,
              "Engine: interleaved 1F1B takes the micro-batches {} at a time (one per pipeline stage), and "
-             "gradient_accumulation_steps is {}; make it a multiple of {}", pipeline_comm_->size(),
-             batch_.gradient_accumulation_steps, pipeline_comm_->size());
+             "gradient_accumulation_steps is {}; make it a multiple of {}", pipeline_comm_->size(), accumulation,
+             pipeline_comm_->size());
+  init(grid.world());
   distributed::PipelineOptions options{
       .micro_batches = batch_.gradient_accumulation_steps,
       .schedule = chunks_ > 1 ? distributed::PipelineSchedule::kInterleaved1F1B : distributed::PipelineSchedule::k1F1B};
@@ -373,6 +387,7 @@ void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in) 
                            {{"world_size", std::to_string(comm_->size())},
                             {"zero_stage", std::to_string(optimizer_->stage())},
                             {"pipeline_stages", std::to_string(pipeline_ ? pipeline_->num_stages() : 1)},
+                            {"pipeline_chunks", std::to_string(chunks_)},
                             {"tensor_parallel", std::to_string(tensor_comm_ ? tensor_comm_->size() : 1)}});
   });
   // Every shard (of every stage) is on disk before `latest` names this checkpoint.
@@ -454,11 +469,12 @@ std::string Engine::load_stage(const std::string& dir, const std::string& tag_in
   KILN_CHECK(meta.count("world_size") != 0, "load_checkpoint: '{}' has no world_size in its metadata", engine_file);
   const int stages = meta.count("pipeline_stages") ? std::stoi(meta.at("pipeline_stages")) : 1;
   const int slices = meta.count("tensor_parallel") ? std::stoi(meta.at("tensor_parallel")) : 1;
+  const int64_t chunks = meta.count("pipeline_chunks") ? std::stoll(meta.at("pipeline_chunks")) : 1;
   const int my_stages = pipeline_ ? pipeline_->num_stages() : 1, my_slices = tensor_comm_ ? tensor_comm_->size() : 1;
-  KILN_CHECK(stages == my_stages && slices == my_slices,
-             "load_checkpoint: '{}' was saved by {} pipeline stage(s) x {} tensor-parallel rank(s), and this engine has "
-             "{} x {}; load it with as many (each holds its own layers and slices)", engine_file, stages, slices,
-             my_stages, my_slices);
+  KILN_CHECK(stages == my_stages && slices == my_slices && chunks == chunks_,
+             "load_checkpoint: '{}' was saved by {} pipeline stage(s) of {} chunk(s) x {} tensor-parallel rank(s), and "
+             "this engine has {} of {} x {}; load it with as many (each holds its own layers and slices)", engine_file,
+             stages, chunks, slices, my_stages, chunks_, my_slices);
   const int old_world = std::stoi(meta.at("world_size"));
   // The model's buffers and frozen parameters; the trainable weights come from the optimizer's
   // float32 masters below (at stage 3 the parameters hold nothing to load into).

@@ -77,8 +77,8 @@ class Engine {
   Engine(nn::Module& stage, const Config& config, const distributed::ParallelGrid& grid,
          distributed::Pipeline::LossFn loss_fn);
   // Interleaved 1F1B: this rank's model chunks (chunk c: virtual stage c p + s of the grid's p
-  // pipeline ranks; every rank passes as many), which must outlive the engine. One chunk is the
-  // constructor above.
+  // pipeline ranks; every rank must pass as many, else every rank gets an Error), which must
+  // outlive the engine. One chunk is the constructor above.
   Engine(std::vector<nn::Module*> chunks, const Config& config, const distributed::ParallelGrid& grid,
          distributed::Pipeline::LossFn loss_fn);
   ~Engine();
@@ -140,7 +140,8 @@ class Engine {
   // gathered one parameter at a time); without it nothing is written and it returns false, as
   // DeepSpeed's. exclude_frozen_parameters leaves out the parameters that do not require grad.
   // With a grid, each stage writes its own layers to save_dir/stage_<s>/save_filename (each
-  // tensor slice in tensor_<t>/ there).
+  // tensor slice in tensor_<t>/ there; with chunks, their names prefixed "0.", "1.", ... as
+  // module() holds them).
   // Every rank calls it; written whole or not at all.
   bool save_16bit_model(const std::string& save_dir, const std::string& save_filename = "model.safetensors",
                         bool exclude_frozen_parameters = false);

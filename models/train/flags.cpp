@@ -4,14 +4,17 @@
 #include <fmt/format.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <new>
+#include <thread>
 
 #include "core/error.h"
 #include "distributed/comm/communicator.h"
+#include "distributed/comm/peer_error.h"
 
 namespace kiln::train {
 
@@ -115,8 +118,12 @@ const std::string& Flags::get_choice(const std::string& name,
 int exit_on_exception(const char* program, std::string_view memory_hint) {
   std::string message;
   int code = 2;
+  bool peer = false;  // another rank failed, and its own Error says why
   try {
     throw;
+  } catch (const distributed::PeerError& e) {
+    message = e.what();
+    peer = true;
   } catch (const OutOfMemoryError& e) {
     message = fmt::format("{}. {}", e.what(), memory_hint);
   } catch (const std::bad_alloc&) {
@@ -131,6 +138,9 @@ int exit_on_exception(const char* program, std::string_view memory_hint) {
     code = 1;
   }
   std::fprintf(stderr, "%s: error: %s\n", program, message.c_str());
+  // The rank that failed prints why and stops the job itself; stopping it from here at once could
+  // kill that rank before it has printed (seen on a loaded machine), so this rank waits a moment.
+  if (peer && distributed::world_info().size > 1) std::this_thread::sleep_for(std::chrono::seconds(2));
   if (distributed::world_info().size > 1) distributed::abort_job(code);
   return code;
 }

@@ -55,7 +55,8 @@ class Flags {
 // Running out of memory (kiln::OutOfMemoryError, std::bad_alloc) returns 2 and adds `memory_hint`:
 // which of the program's flags size the run. In a job of several ranks it stops them all with that
 // code (distributed::abort_job): one rank that fails alone would otherwise leave the others waiting
-// in their next collective until its timeout.
+// in their next collective until its timeout. On a distributed::PeerError (another rank failed) it
+// waits 2 s first, so that the failing rank's own message is printed before the job ends.
 int exit_on_exception(const char* program, std::string_view memory_hint);
 
 }  // namespace kiln::train

@@ -567,6 +567,11 @@ TEST_CASE("engine: interleaved 1F1B (2 chunks per stage) with data parallel and 
       REQUIRE(saved.size() == got.size());
       for (size_t i = 0; i < saved.size(); ++i) kiln::test::check_equal(got[i], saved[i]);
     }
+    // The same layers as one stage per rank: the checkpoint's chunks do not fit it.
+    MlpStage single(other, stages == 1 ? std::vector<int>{0, 1, 2} : s == 0 ? std::vector<int>{0, 1}
+                                                                            : std::vector<int>{2});
+    Engine one = kiln::initialize(single, config(zero, gas), grid, loss_fn);
+    check_error([&] { one.load_checkpoint(dir); }, {"of 2 chunk(s)", "this engine has", "of 1 x 1"});
     world->barrier();
   }
   if (stages == 2) {
@@ -575,6 +580,11 @@ TEST_CASE("engine: interleaved 1F1B (2 chunks per stage) with data parallel and 
     auto chunks = make_chunks(whole);
     check_error([&] { kiln::initialize(pointers(chunks), config(0, 3), grid, loss_fn); },
                 {"takes the micro-batches 2 at a time", "gradient_accumulation_steps is 3; make it a multiple of 2"});
+    // Ranks that pass different numbers of chunks: an Error on every rank, not a wait.
+    std::vector<nn::Module*> mine = pointers(chunks);
+    if (s == 1) mine.pop_back();
+    check_error([&] { kiln::initialize(mine, config(0, gas), grid, loss_fn); },
+                {"the pipeline's ranks hold from 1 to 2 model chunks", "every rank must pass as many"});
   }
   check_error([&] { kiln::initialize(std::vector<nn::Module*>{}, config(0, gas), grid, loss_fn); },
               {"Engine: no model chunks"});
