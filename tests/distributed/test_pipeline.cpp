@@ -55,6 +55,15 @@ std::pair<Tensor, Tensor> batch(int step, int64_t rows) {
 
 Tensor loss_fn(const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); }
 
+// The reference: one step of the whole model on the whole batch, in one process; its loss.
+Tensor reference_step(nn::Module& ref, optim::Optimizer& opt, const Tensor& x, const Tensor& y) {
+  opt.zero_grad();
+  Tensor loss = loss_fn(ref(x), y);
+  loss.backward();
+  opt.step();
+  return loss.detach();
+}
+
 }  // namespace
 
 TEST_CASE("pipeline: GPipe and 1F1B on p stages match one process over 20 steps", "[distributed]") {
@@ -89,15 +98,12 @@ TEST_CASE("pipeline: GPipe and 1F1B on p stages match one process over 20 steps"
     for (int step = 0; step < 20; ++step) {
       INFO("step " << step);
       auto [x, y] = batch(step, rows);
-      opt_ref.zero_grad();
-      Tensor loss_ref = loss_fn(ref(x), y);
-      loss_ref.backward();
-      opt_ref.step();
+      Tensor loss_ref = reference_step(ref, opt_ref, x, y);
       opt.zero_grad();
       // Only the first stage reads the input and only the last the target.
       Tensor loss = pipe.train_batch(s == 0 ? x : Tensor(), s == p - 1 ? y : Tensor());
       opt.step();
-      check_close(loss, loss_ref.detach(), {1e-5, 1e-7});
+      check_close(loss, loss_ref, {1e-5, 1e-7});
       const auto stats = pipe.last_stats();
       CHECK(stats.peak_in_flight == (schedule == PipelineSchedule::kGPipe ? m : std::min<int64_t>(p - s, m)));
       CHECK(stats.seconds >= stats.wait_seconds);
@@ -201,16 +207,13 @@ TEST_CASE("pipeline: interleaved 1F1B with 2 and 3 chunks per rank matches one p
     for (int step = 0; step < 20; ++step) {
       INFO("step " << step);
       auto [x, y] = batch(step, rows);
-      opt_ref.zero_grad();
-      Tensor loss_ref = loss_fn(ref(x), y);
-      loss_ref.backward();
-      opt_ref.step();
+      Tensor loss_ref = reference_step(ref, opt_ref, x, y);
       opt.zero_grad();
       trace.clear();
       lasts.clear();
       Tensor loss = pipe.train_batch(s == 0 ? x : Tensor(), s == p - 1 ? y : Tensor());
       opt.step();
-      check_close(loss, loss_ref.detach(), {1e-5, 1e-7});
+      check_close(loss, loss_ref, {1e-5, 1e-7});
       CHECK(pipe.last_stats().peak_in_flight == std::min(warmup + 1, m * v));
       CHECK(trace == expected);
       // A chunk's backwards run in micro-batch order: its last is micro-batch m - 1.
@@ -247,14 +250,11 @@ TEST_CASE("pipeline: interleaved 1F1B with 2 and 3 chunks per rank matches one p
     }
     // Training goes on after eval_batch (no receive ahead left over from it).
     auto [x2, y2] = batch(20, rows);
-    opt_ref.zero_grad();
-    Tensor loss_ref = loss_fn(ref(x2), y2);
-    loss_ref.backward();
-    opt_ref.step();
+    Tensor loss_ref = reference_step(ref, opt_ref, x2, y2);
     opt.zero_grad();
     Tensor loss = pipe.train_batch(s == 0 ? x2 : Tensor(), s == p - 1 ? y2 : Tensor());
     opt.step();
-    check_close(loss, loss_ref.detach(), {1e-5, 1e-7});
+    check_close(loss, loss_ref, {1e-5, 1e-7});
   }
 }
 

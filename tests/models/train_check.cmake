@@ -48,15 +48,22 @@ function(nano out_var text)
   set(${out_var} ${value} PARENT_SCOPE)
 endfunction()
 
-# The "loss" of each step line and the "test_loss" of each epoch line of a metrics file, in order.
-function(losses out_var file)
+# The values of the keys that `key_regex` matches (alternatives, no group of its own) in the lines
+# of a metrics file, in order.
+function(metric_values out_var file key_regex)
   file(STRINGS ${file} lines)
   set(values "")
   foreach(line IN LISTS lines)
-    if(line MATCHES "\"(test_)?loss\":([0-9.e-]+)")
+    if(line MATCHES "\"(${key_regex})\":([0-9.e-]+)")
       list(APPEND values "${CMAKE_MATCH_2}")
     endif()
   endforeach()
+  set(${out_var} "${values}" PARENT_SCOPE)
+endfunction()
+
+# The "loss" of each step line and the "test_loss" of each epoch line of a metrics file, in order.
+function(losses out_var file)
+  metric_values(values ${file} "test_loss|loss")
   set(${out_var} "${values}" PARENT_SCOPE)
 endfunction()
 
