@@ -61,10 +61,6 @@ ParallelGPT::ParallelGPT(GPTConfig c, std::shared_ptr<distributed::Communicator>
   KILN_CHECK(chunks >= 1 && num_stages % chunks == 0,
              "ParallelGPT: {} stages do not cut into {} chunks per pipeline rank; num_stages is the ranks times the "
              "chunks", num_stages, chunks);
-  KILN_CHECK(chunks == 1 || c.dropout == 0,
-             "ParallelGPT: dropout {} with {} chunks per pipeline rank (interleaved 1F1B) is not supported: a chunk "
-             "cannot tell which micro-batch it runs, so its masks would not be one process's; set dropout to 0",
-             c.dropout, chunks);
   KILN_CHECK(chunks == 1 || !c.tie_weights || ranks_ >= 2,
              "ParallelGPT: a head tied to the embedding with {} chunks on one pipeline rank would be tied to itself; "
              "use 2 or more pipeline ranks, or untie the head", chunks);
@@ -239,7 +235,9 @@ std::vector<distributed::TiedWeight> ParallelGPT::tied_weights() {
 // [dropout in parallel layers]) and reserves, without drawing, the counters of the other stages'
 // masks: those before its blocks first, those after them last. So every stage's generator moves
 // as one process's does, and each mask is the one GPT(config) draws from the same state, whatever
-// the grid; a pipeline's micro-batches draw as gradient accumulation does on one process.
+// the grid; a pipeline's micro-batches draw as gradient accumulation does on one process (with
+// several chunks per rank, whose forwards run out of micro-batch order, because the pipeline starts
+// each micro-batch's forwards where one process's start: distributed::DrawsAsWholeModel).
 void ParallelGPT::reserve_dropout(int64_t first, int64_t last, bool embeddings, int64_t B, int64_t T) {
   Generator& gen = default_generator();
   const int64_t activation = B * T * config.n_embd;

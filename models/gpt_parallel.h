@@ -35,9 +35,10 @@
 // v chunks, chunk c being stage c p + s of p v (num_stages = p v, chunks = v), each from the same
 // state of the default generator (each draws the whole model and keeps its part), and hands them
 // to kiln::initialize({&chunk0, &chunk1}, ...); gather_chunks joins them. The tied head's copy is then
-// on rank p - 1, which needs p >= 2. Not with dropout: a chunk's forward cannot tell which
-// micro-batch it runs, so it cannot reserve the other chunks' draws as the masks of one process
-// need (an Error says so).
+// on rank p - 1, which needs p >= 2. With dropout, the masks are still one process's: each chunk's
+// forward moves the generator as a whole forward does, and the pipeline starts each micro-batch's
+// forwards where one process's start (distributed::DrawsAsWholeModel), whatever order the
+// interleaved schedule runs them in.
 //
 // Every rank builds the model from the same seed, and each keeps its slices, so the ranks hold
 // the same model that GPT(config) is on one process; load_from copies one's weights in. Not here:
@@ -53,7 +54,7 @@
 
 namespace kiln::models {
 
-class ParallelGPT : public nn::Module, public distributed::TiedWeights {
+class ParallelGPT : public nn::Module, public distributed::TiedWeights, public distributed::DrawsAsWholeModel {
  public:
   // Stage `stage` of `num_stages` of the model that `config` describes, its blocks tensor-parallel
   // over `tp` (n_head and 4 n_embd multiples of tp's size). sequence_parallel: between the blocks'

@@ -25,7 +25,7 @@
 // (Engine::train_batch); --sequence-parallel cuts the activations between the tensor-parallel
 // layers along the sequence; --virtual-stages V gives each pipeline rank V chunks of the blocks
 // (stage c P + s of P V) and the engine runs interleaved 1F1B (gradient_accumulation_steps a
-// multiple of P; no dropout). The ranks of one data-parallel replica draw the same windows; the
+// multiple of P). The ranks of one data-parallel replica draw the same windows; the
 // validation loss comes through the pipeline; the weights are saved in the engine's checkpoint
 // alone (one folder per stage and slice); the sample comes from the whole model, gathered from the
 // stages and slices onto rank 0 (ParallelGPT::gather_chunks).
@@ -246,8 +246,7 @@ int run(int argc, char** argv) {
             "embedding for the tied head (with --deepspeed-config; its gradient_accumulation_steps are the "
             "micro-batches)");
   flags.add("virtual-stages", "1", "with --pipeline-parallel 2 or more: model chunks per pipeline rank, run "
-            "as Megatron's interleaved 1F1B (the accumulation's micro-batches a multiple of the stages; no "
-            "dropout)");
+            "as Megatron's interleaved 1F1B (the accumulation's micro-batches a multiple of the stages)");
   flags.add_switch("sequence-parallel", "with --tensor-parallel: between the tensor-parallel layers each rank "
                    "keeps its part of the sequence (Megatron's sequence parallelism)");
   flags.add("resume", "", "continue from this checkpoint directory, with its settings (--corpus and --device may change)");

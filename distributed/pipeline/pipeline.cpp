@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 
+#include "core/generator.h"
 #include "core/grad_mode.h"
 #include "ops/ops.h"
 
@@ -43,6 +44,14 @@ Pipeline::Pipeline(std::vector<nn::Module*> chunks, std::shared_ptr<Communicator
   for (size_t c = 0; c < chunks_.size(); ++c) {
     KILN_CHECK(chunks_[c] != nullptr, "Pipeline: model chunk {} of {} is null; pass a module for every chunk", c,
                chunks_.size());
+  }
+  auto draws_as_whole = [](nn::Module* chunk) { return dynamic_cast<DrawsAsWholeModel*>(chunk) != nullptr; };
+  draws_as_whole_model_ = draws_as_whole(chunks_[0]);
+  for (size_t c = 1; c < chunks_.size(); ++c) {
+    KILN_CHECK(draws_as_whole(chunks_[c]) == draws_as_whole_model_,
+               "Pipeline: model chunk 0 is {}a DrawsAsWholeModel and chunk {} is {}; the pipeline positions the "
+               "generator for every chunk of a rank or for none, so make them all one kind",
+               draws_as_whole_model_ ? "" : "not ", c, draws_as_whole(chunks_[c]) ? "" : "not");
   }
   if (chunks_.size() > 1) {
     KILN_CHECK(options_.schedule == PipelineSchedule::kInterleaved1F1B,
@@ -294,8 +303,26 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
   const auto t0 = Clock::now();
   std::vector<MicroBatch> mbs(m * v);  // chunk c's micro-batch i at c m + i
   int64_t in_flight = 0;
+  // DrawsAsWholeModel: micro-batch i's forwards start at the batch's state plus i times what a
+  // forward moves the generator, measured by the first (every schedule's first is chunk 0's of
+  // micro-batch 0, which starts at the batch's state).
+  Generator& gen = default_generator();
+  const Generator::State start = gen.get_state();
+  std::optional<uint64_t> per_forward;
   auto forward = [&](int64_t chunk, int64_t i) {
+    if (draws_as_whole_model_ && per_forward) {
+      gen.set_state({start.seed, start.offset + static_cast<uint64_t>(i) * *per_forward});
+    }
+    const uint64_t before = gen.offset();
     forward_step(chunk, mbs[chunk * m + i], inputs[i], targets[i], /*keep_graph=*/true);
+    if (draws_as_whole_model_) {
+      const uint64_t moved = gen.offset() - before;
+      if (!per_forward) per_forward = moved;
+      KILN_CHECK(moved == *per_forward,
+                 "Pipeline: stage {}'s chunk {} moved the default generator by {} counters in its forward of "
+                 "micro-batch {}, and the batch's first forward by {}; a DrawsAsWholeModel module must draw or "
+                 "reserve a whole model forward's random numbers in each forward", s, chunk, moved, i, *per_forward);
+    }
     stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight);
   };
   auto backward = [&](int64_t chunk, int64_t i) {
@@ -337,6 +364,9 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
     for (int64_t k = total - warmup; k < total; ++k) backward_k(k);
   }
   chunk_ = 0;
+  if (draws_as_whole_model_) {  // where m forwards of one process leave it
+    gen.set_state({start.seed, start.offset + static_cast<uint64_t>(m) * per_forward.value_or(0)});
+  }
   wait_sends();
   stats_.seconds = seconds_since(t0);
   // The last stage's sum of loss / m: the batch's mean.

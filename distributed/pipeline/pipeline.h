@@ -56,6 +56,13 @@
 // Rank s keeps up to min((p - s - 1) 2 + (v - 1) p + 1, m v) chunk micro-batches' activations alive,
 // each about 1/v of a stage's: more than 1F1B's p - s stages' worth, as Megatron's interleaving
 // does too. Tested over MPI only: NCCL runs one rank here (one GPU).
+//
+// Random numbers (dropout): a stage's forwards draw from the default generator in the order they
+// run. With one stage per rank that is micro-batch order, as on one process; a rank's chunks run
+// out of that order (above, chunk b of micro-batch 0 after chunk a of micro-batch 1). Chunks that
+// draw their micro-batch's numbers where the whole model would (DrawsAsWholeModel, below) have each
+// forward started where one process's forward of that micro-batch starts, so their masks are one
+// process's under every schedule.
 #pragma once
 
 #include <deque>
@@ -169,9 +176,23 @@ class Pipeline {
   Channel sent_[2], received_[2];  // by tag
   int64_t expected_[2] = {0, 0};   // receives of each tag in the current batch (where receives ahead stop)
   std::deque<Tensor> local_[2];    // one rank with several chunks: its messages to itself, by tag, in order
+  bool draws_as_whole_model_ = false;  // every chunk is a DrawsAsWholeModel
   Device device_ = Device::cpu();   // where this stage's parameters are: received tensors go there (per batch)
   double loss_sum_ = 0;  // the last stage's, over the micro-batches of train_batch
   Stats stats_;
+};
+
+// What a stage or chunk module implements (it has nothing to override) when each of its forwards
+// moves the default generator as a forward of the whole model does: it draws its own layers' random
+// numbers where the whole model draws them, and reserves the others' (Generator::reserve), as
+// models::ParallelGPT does for dropout. The pipeline then starts the forward of micro-batch i from
+// the batch's starting state plus i times what the first forward moved it, in whatever order the
+// schedule runs the forwards, and leaves the generator after the batch where m forwards of one
+// process leave it. A forward that moves the generator by another amount than the batch's first is
+// an Error naming the chunk. Either every chunk of a rank implements it or none does.
+class DrawsAsWholeModel {
+ public:
+  virtual ~DrawsAsWholeModel() = default;
 };
 
 // A weight that two stages use, each holding a copy of it: GPT's token embedding, which the last

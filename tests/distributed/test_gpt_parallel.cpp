@@ -1,8 +1,9 @@
 // tests/distributed/test_gpt_parallel.cpp: models::ParallelGPT, GPT-2 tensor-parallel (sequence
 // parallel or not) and cut into pipeline stages, against GPT on one process: the logits and every
 // gradient slice, training through kiln::Engine on every data x pipeline x tensor grid that the
-// ranks make (with dropout too: the same masks as one process's), a head tied to the embedding
-// across stages, and the whole model gathered back from the stages and slices.
+// ranks make (with dropout too: the same masks as one process's), 2 chunks per pipeline rank with
+// dropout, a head tied to the embedding across stages, and the whole model gathered back from the
+// stages and slices.
 #include <filesystem>
 
 #include "models/gpt_parallel.h"
@@ -36,6 +37,39 @@ Tensor column_slice(const Tensor& w, int64_t stride, int r, int p) {
 }
 
 Tensor row_slice(const Tensor& w, int r, int p) { return w.narrow(1, r * w.size(1) / p, w.size(1) / p); }
+
+// One process's step as a grid with `data` replicas takes it, each replica `gas` micro-batches of
+// `micro` rows of its shard of (idx, targets): micro-batch k of every replica from the same
+// generator state (the ranks are seeded alike), so with dropout each draws the masks a stage draws
+// for it; then clipping at 1 and opt's step. Leaves the generator where it was; returns the loss,
+// the gradient norm before clipping, and the generator's offset after the micro-batches.
+struct ReferenceStep {
+  double loss, norm;
+  uint64_t end;
+};
+ReferenceStep reference_step(models::GPT& whole, optim::Optimizer& opt, const Tensor& idx, const Tensor& targets,
+                             int64_t micro, int64_t gas, int data) {
+  const Generator::State start = default_generator().get_state();
+  const int64_t shard = micro * gas;
+  opt.zero_grad();
+  double loss = 0;
+  for (int64_t k = 0; k < gas; ++k) {
+    const Generator::State state = default_generator().get_state();
+    for (int replica = 0; replica < data; ++replica) {
+      default_generator().set_state(state);
+      const int64_t first = replica * shard + k * micro;
+      Tensor l = models::GPT::loss(whole(idx.narrow(0, first, micro)), targets.narrow(0, first, micro)) /
+                 static_cast<double>(gas * data);
+      l.backward();
+      loss += l.item<double>();
+    }
+  }
+  const uint64_t end = default_generator().offset();
+  const double norm = nn::utils::clip_grad_norm_(whole.parameters(), 1.0).item<double>();
+  opt.step();
+  default_generator().set_state(start);
+  return {loss, norm, end};
+}
 
 }  // namespace
 
@@ -145,33 +179,13 @@ void train_on_every_grid(const Device& device) {
     for (int step = 0; step < 3; ++step) {
       INFO("step " << step);
       Tensor idx = randint(0, c.vocab_size, {rows, 12}), targets = randint(0, c.vocab_size, {rows, 12});
-      // One process, as the grid: micro-batch k of every data replica from the same generator state
-      // (the ranks are seeded alike), so with dropout each draws the masks a stage draws for it.
-      const Generator::State start = default_generator().get_state();
-      opt_ref.zero_grad();
-      Tensor loss_ref = zeros({});
-      const int64_t micro = shard / 2;
-      for (int64_t k = 0; k < 2; ++k) {
-        const Generator::State state = default_generator().get_state();
-        for (int64_t replica = 0; replica < data; ++replica) {
-          default_generator().set_state(state);
-          const int64_t first = replica * shard + k * micro;
-          Tensor l = models::GPT::loss(whole(idx.narrow(0, first, micro)), targets.narrow(0, first, micro)) /
-                     static_cast<double>(2 * data);
-          l.backward();
-          loss_ref = loss_ref + l.detach();
-        }
-      }
-      const Generator::State end = default_generator().get_state();
-      const double norm_ref = nn::utils::clip_grad_norm_(whole.parameters(), 1.0).item<double>();
-      opt_ref.step();
+      const ReferenceStep ref = reference_step(whole, opt_ref, idx, targets, shard / 2, 2, data);
       const int d = grid.data_rank();
-      default_generator().set_state(start);
       Tensor loss = engine.train_batch(idx.narrow(0, d * shard, shard).to(device),
                                        targets.narrow(0, d * shard, shard).to(device));
-      CHECK(default_generator().offset() == end.offset);  // every stage's generator moved as one process's
-      check_close(loss.cpu(), loss_ref, {1e-5, 1e-6});
-      CHECK(engine.get_global_grad_norm() == Approx(norm_ref).epsilon(1e-5));
+      CHECK(default_generator().offset() == ref.end);  // every stage's generator moved as one process's
+      CHECK(loss.cpu().item<double>() == Approx(ref.loss).epsilon(1e-5));
+      CHECK(engine.get_global_grad_norm() == Approx(ref.norm).epsilon(1e-5));
     }
     // Every weight of this rank's stage and slices, against the whole model's.
     const int t = grid.tensor_rank(), T = grid.tensor_size();
@@ -214,6 +228,51 @@ TEST_CASE("ParallelGPT: trained through the engine on every grid shape, sequence
 // other [gpu] cases at 2 and 3 ranks, skipped without a GPU.
 TEST_CASE("ParallelGPT on the GPU, through MPI: every grid shape matches GPT on the CPU", "[.][gpu][distributed]") {
   train_on_every_grid(Device::cuda(0));
+}
+
+TEST_CASE("ParallelGPT: 2 chunks per pipeline rank (interleaved 1F1B) with dropout train as GPT on one process",
+          "[distributed]") {
+  auto world = init("mpi");
+  const int stages = world->size() % 2 == 0 ? 2 : 1;  // and the rest data parallel
+  ParallelGrid grid(world, {.pipeline = stages});
+  const int s = grid.pipeline_rank(), d = grid.data_rank(), data = grid.data_size();
+  models::GPTConfig c = small_config(4, /*tie=*/stages > 1);  // one rank's chunks cannot tie to each other
+  c.dropout = 0.1;
+  manual_seed(23);
+  models::GPT whole(c);
+  std::vector<std::unique_ptr<models::ParallelGPT>> chunks;  // chunk k: virtual stage k p + s of 2p
+  for (int k = 0; k < 2; ++k) {
+    manual_seed(23);  // each chunk from the state the whole model was drawn from
+    chunks.push_back(std::make_unique<models::ParallelGPT>(c, grid.tensor(), k * stages + s, 2 * stages, false, 2));
+  }
+  const int64_t micro = 2, gas = 4, shard = micro * gas, rows = shard * data;
+  const Config cfg = Config::from_string(fmt::format(R"({{
+      "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 1.0,
+      "steps_per_print": 1000, "optimizer": {{"type": "SGD", "params": {{"lr": 0.1, "momentum": 0.9}}}},
+      "zero_optimization": {{"stage": 1}}}})", micro, gas));
+  Engine engine = kiln::initialize(std::vector<nn::Module*>{chunks[0].get(), chunks[1].get()}, cfg, grid,
+                                   models::ParallelGPT::loss);
+  optim::SGD opt_ref(whole.parameters(), {.lr = 0.1, .momentum = 0.9});
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    Tensor idx = randint(0, c.vocab_size, {rows, 12}), targets = randint(0, c.vocab_size, {rows, 12});
+    const ReferenceStep ref = reference_step(whole, opt_ref, idx, targets, micro, gas, data);
+    Tensor loss = engine.train_batch(idx.narrow(0, d * shard, shard), targets.narrow(0, d * shard, shard));
+    CHECK(default_generator().offset() == ref.end);
+    CHECK(loss.item<double>() == Approx(ref.loss).epsilon(1e-5));
+    CHECK(engine.get_global_grad_norm() == Approx(ref.norm).epsilon(1e-5));
+  }
+  // The chunks gathered into one GPT on rank 0 of the pipeline: the model one process trained.
+  const std::unique_ptr<models::GPT> gathered =
+      models::ParallelGPT::gather_chunks({chunks[0].get(), chunks[1].get()}, *grid.pipeline());
+  REQUIRE((gathered != nullptr) == (s == 0));
+  if (gathered) {
+    const TensorDict got = gathered->state_dict();
+    for (const auto& [name, t] : whole.state_dict()) {
+      INFO(name);
+      check_close(got.at(name), t, {1e-4, 1e-6});
+    }
+  }
 }
 
 TEST_CASE("ParallelGPT: gather puts the stages and slices back into the GPT load_from took them from, exactly",

@@ -1,7 +1,8 @@
 // tests/distributed/test_pipeline.cpp: pipeline parallelism (distributed/pipeline/) at 1-4 stages
 // against one process training the whole model on the whole batch: the losses of every step and
 // every weight match, for GPipe, 1F1B and interleaved 1F1B (2 and 3 chunks per rank), and each
-// schedule keeps as many micro-batches alive as it should.
+// schedule keeps as many micro-batches alive as it should; with dropout, chunks that draw as the
+// whole model does get one process's masks.
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -361,6 +362,115 @@ TEST_CASE("pipeline: activations whose shape and dtype change between micro-batc
       check_close(out, cat(outs, 0), {1e-5, 1e-6});
     }
   }
+}
+
+namespace {
+
+// Layers with dropout (0.3) after each hidden layer's tanh that draws as the whole model does: a
+// chunk draws its own layers' masks and reserves the counters of the others', so each forward
+// moves the generator as the whole model's does (DrawsAsWholeModel). reserve_others = false makes
+// a chunk that breaks that promise.
+struct Dropping : Layers, DrawsAsWholeModel {
+  bool reserve_others = true;
+  using Layers::Layers;
+  Tensor forward(const Tensor& x) override {
+    const int64_t rows = x.size(0);
+    auto reserve = [&](int from, int to) {
+      for (int i = from; i < to; ++i) {
+        if (reserve_others && i != total - 1 && is_training()) default_generator().reserve(rows * 16);
+      }
+    };
+    reserve(0, begin);
+    Tensor h = x;
+    for (int i = begin; i < end; ++i) {
+      h = (*layers[static_cast<size_t>(i - begin)])(h);
+      if (i != total - 1) h = nn::dropout(tanh(h), 0.3, is_training());
+    }
+    reserve(end, total);
+    return h;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("pipeline: chunks that draw as the whole model get one process's dropout masks under every schedule",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), s = comm->rank();
+  constexpr int kTotal = 12;
+  struct Case {
+    PipelineSchedule schedule;
+    int64_t v, m;
+  };
+  using enum PipelineSchedule;
+  for (auto [schedule, v, m] : {Case{kGPipe, 1, 3}, Case{k1F1B, 1, 4}, Case{kInterleaved1F1B, 2, p},
+                                Case{kInterleaved1F1B, 2, 2 * p}, Case{kInterleaved1F1B, 3, 2 * p}}) {
+    INFO("v " << v << ", m " << m << (schedule == kGPipe ? ", GPipe" : ""));
+    manual_seed(8);
+    Dropping ref(0, kTotal, kTotal);
+    std::vector<std::unique_ptr<Dropping>> chunks;  // chunk c: virtual stage c p + s
+    std::vector<nn::Module*> pointers;
+    std::vector<Tensor> params;
+    for (int64_t c = 0; c < v; ++c) {
+      const auto [begin, end] = stage_range(static_cast<int>(c * p + s), static_cast<int>(v * p), kTotal);
+      chunks.push_back(std::make_unique<Dropping>(begin, end, kTotal));
+      for (int i = begin; i < end; ++i) {
+        chunks.back()->layers[static_cast<size_t>(i - begin)]->load_state_dict(
+            ref.layers[static_cast<size_t>(i)]->state_dict());
+      }
+      pointers.push_back(chunks.back().get());
+      for (const Tensor& t : chunks.back()->parameters()) params.push_back(t);
+    }
+    Pipeline pipe(pointers, comm, loss_fn, {.micro_batches = m, .schedule = schedule});
+    optim::SGD opt_ref(ref.parameters(), {.lr = 0.2, .momentum = 0.9});
+    optim::SGD opt(params, {.lr = 0.2, .momentum = 0.9});
+    manual_seed(9);  // every rank's generator in one state (the chunks' initializations drew unequally)
+    const int64_t rows = 3 * m, micro = 3;
+    for (int step = 0; step < 5; ++step) {
+      INFO("step " << step);
+      auto [x, y] = batch(step, rows);
+      // One process: the micro-batches in turn (gradient accumulation), each drawing its masks
+      // after the one before; the pipeline starts from the same state.
+      const Generator::State start = default_generator().get_state();
+      opt_ref.zero_grad();
+      double loss_ref = 0;
+      for (int64_t i = 0; i < m; ++i) {
+        Tensor l = loss_fn(ref(x.narrow(0, i * micro, micro)), y.narrow(0, i * micro, micro)) / static_cast<double>(m);
+        l.backward();
+        loss_ref += l.item<double>();
+      }
+      opt_ref.step();
+      const uint64_t end = default_generator().offset();
+      CHECK(end > start.offset);
+      default_generator().set_state(start);
+      opt.zero_grad();
+      Tensor loss = pipe.train_batch(s == 0 ? x : Tensor(), s == p - 1 ? y : Tensor());
+      opt.step();
+      CHECK(loss.item<double>() == Approx(loss_ref).epsilon(1e-5));
+      CHECK(default_generator().offset() == end);  // where one process's m forwards leave it
+    }
+    for (const auto& chunk : chunks) {
+      for (int i = chunk->begin; i < chunk->end; ++i) {
+        INFO("layer " << i);
+        check_close(chunk->layers[static_cast<size_t>(i - chunk->begin)]->weight,
+                    ref.layers[static_cast<size_t>(i)]->weight, {1e-5, 1e-6});
+      }
+    }
+  }
+  // Broken promises, on a pipeline of this rank alone (an Error on one rank would leave the others
+  // waiting): chunks of two kinds, and a chunk that draws only its own layers' masks (chunk 0's six
+  // against chunk 1's five).
+  auto alone = comm->split(s, 0);
+  Dropping a(0, 6, kTotal), b(6, kTotal, kTotal);
+  Layers plain(6, kTotal, kTotal);
+  check_error([&] { Pipeline bad({&a, &plain}, alone, loss_fn, {.schedule = kInterleaved1F1B}); },
+              {"chunk 0 is a DrawsAsWholeModel and chunk 1 is not", "make them all one kind"});
+  a.reserve_others = b.reserve_others = false;
+  Pipeline pipe({&a, &b}, alone, loss_fn, {.micro_batches = 2, .schedule = kInterleaved1F1B});
+  auto [x, y] = batch(0, 6);
+  check_error([&] { pipe.train_batch(x, y); },
+              {"stage 0's chunk 1 moved the default generator by 120 counters in its forward of micro-batch 0, and the "
+               "batch's first forward by 144", "must draw or reserve a whole model forward's random numbers"});
 }
 
 TEST_CASE("pipeline: bad use is an Error", "[distributed]") {

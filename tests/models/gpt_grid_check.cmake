@@ -10,8 +10,8 @@
 #   3. The sample at the end, from the model gathered onto rank 0, is one rank's.
 #   4. A grid without a DeepSpeed config, with more ranks than there are, or --sequence-parallel
 #      without tensor parallelism is an Error.
-#   5. Interleaved 1F1B (--virtual-stages 2 on 2 pipeline ranks) trains as one rank does, resumes
-#      exactly, and samples as one rank does.
+#   5. Interleaved 1F1B (--virtual-stages 2 on 2 pipeline ranks, dropout 0.1 too) trains as one
+#      rank does, resumes exactly, and samples as one rank does.
 #   cmake -DPROGRAM=<train_gpt> -DLAUNCHER="kiln-run;-n;2" -DWORK=<dir> -P gpt_grid_check.cmake
 file(REMOVE_RECURSE ${WORK})
 file(MAKE_DIRECTORY ${WORK})
@@ -106,11 +106,12 @@ if(rc EQUAL 0 OR NOT err MATCHES "give --tensor-parallel 2 or more")
   message(FATAL_ERROR "--sequence-parallel without tensor parallelism should be an Error, got ${rc}:\n${err}")
 endif()
 
-# 5. Interleaved 1F1B: two pipeline ranks of two chunks each (4 blocks, no dropout) train as one
-#    rank does; stopped at step 3 and resumed, they equal a run straight through; the sample,
-#    gathered from the chunks, is one rank's. Dropout with chunks, chunks without a pipeline, and
-#    more stages than blocks are Errors.
-set(deep --n-layer 4 --context 16 --dropout 0 --corpus ${WORK}/corpus.txt --deepspeed-config ${WORK}/ds.json)
+# 5. Interleaved 1F1B: two pipeline ranks of two chunks each (4 blocks, dropout 0.1: each rank
+#    runs its chunks' forwards out of micro-batch order, and the masks are still one rank's) train
+#    as one rank does; stopped at step 3 and resumed, they equal a run straight through; the sample,
+#    gathered from the chunks, is one rank's. Chunks without a pipeline, and more stages than blocks
+#    are Errors.
+set(deep --n-layer 4 --context 16 --dropout 0.1 --corpus ${WORK}/corpus.txt --deepspeed-config ${WORK}/ds.json)
 set(interleaved --pipeline-parallel 2 --virtual-stages 2)
 run_program(out "" ${deep} ${run} --steps 6 --out ${WORK}/deep-one)
 run_program(out "${LAUNCHER}" ${deep} ${run} --steps 6 ${interleaved} --out ${WORK}/interleaved)
@@ -147,11 +148,6 @@ file(READ ${WORK}/sample-interleaved/sample.txt chunked_sample HEX)
 string(LENGTH "${one_sample}" n)
 if(NOT n EQUAL 58 OR NOT chunked_sample STREQUAL one_sample)
   message(FATAL_ERROR "the interleaved run's sample ${chunked_sample} (hex) is not one rank's ${one_sample}")
-endif()
-execute_process(COMMAND ${LAUNCHER} ${PROGRAM} ${deep} ${interleaved} --dropout 0.1 --steps 1 --out ${WORK}/e4
-                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err TIMEOUT 120)
-if(rc EQUAL 0 OR NOT err MATCHES "dropout 0.1 with 2 chunks per pipeline rank")
-  message(FATAL_ERROR "dropout with --virtual-stages should be an Error, got ${rc}:\n${err}")
 endif()
 execute_process(COMMAND ${PROGRAM} ${deep} --virtual-stages 2 --steps 1 --out ${WORK}/e5
                 RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
