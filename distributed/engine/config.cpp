@@ -28,7 +28,7 @@ const std::set<std::string> kUnsupportedTop = {
     "sparse_attention", "sparse_gradients", "tensorboard", "torch_autocast", "wandb", "compile",
     "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type", "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
-    "offload_param", "sub_group_size", "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
+    "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
     "cpu_offload_params", "cpu_offload_use_pin_memory", "mics_shard_size", "mics_hierarchical_params_gather",
     "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "memory_efficient_linear",
     "legacy_stage1", "use_multi_rank_bucket_allreduce", "pipeline_loading_checkpoint", "override_module_apply",
@@ -369,6 +369,7 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
   s.read("stage3_model_persistence_threshold", z.stage3_model_persistence_threshold, 0);
   s.read("stage3_max_live_parameters", z.stage3_max_live_parameters, 0);
   s.read("stage3_max_reuse_distance", z.stage3_max_reuse_distance, 0);
+  s.read("sub_group_size", z.sub_group_size, 0);
   // The fp16 name is DeepSpeed's older one for the same switch.
   if (s.has("stage3_gather_16bit_weights_on_model_save") && s.has("stage3_gather_fp16_weights_on_model_save")) {
     s.fail_at("stage3_gather_fp16_weights_on_model_save",
@@ -381,8 +382,10 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
   s.read_fixed("allgather_partitions", true, "the weights are always all-gathered after a step");
   s.read_fixed("ignore_unused_parameters", true, "a parameter without a gradient in a step contributes zeros");
   s.read_fixed("load_from_fp32_weights", true, "checkpoints hold the float32 masters, and resume from them");
-  if (s.has("offload_optimizer")) {
-    Section o(source, "zero_optimization.offload_optimizer", s.at("offload_optimizer"), kUnsupportedOffload);
+  // offload_optimizer and offload_param: {"device": "none" | "cpu", "pin_memory": ...}.
+  auto read_offload = [&](const char* key, bool& to_cpu) {
+    if (!s.has(key)) return;
+    Section o(source, fmt::format("zero_optimization.{}", key), s.at(key), kUnsupportedOffload);
     std::string device = "none";
     o.read("device", device);
     if (device != "none" && device != "cpu") {
@@ -391,8 +394,10 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
     bool pin_memory = false;  // the host copies are made through pinned staging either way
     o.read("pin_memory", pin_memory);
     o.finish();
-    z.offload_optimizer = device == "cpu";
-  }
+    to_cpu = device == "cpu";
+  };
+  read_offload("offload_optimizer", z.offload_optimizer);
+  read_offload("offload_param", z.offload_param);
   s.finish();
 }
 

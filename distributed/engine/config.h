@@ -18,6 +18,8 @@
 //                  at stage 3 only, as DeepSpeed),
 //                  contiguous_gradients, reduce_scatter, allgather_partitions,
 //                  offload_optimizer: {device: none | cpu, pin_memory},
+//                  offload_param: {device: none | cpu, pin_memory} (stage 3; CPU models only),
+//                  sub_group_size (accepted: the update does not depend on it),
 //                  stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
 //                  stage3_model_persistence_threshold,
 //                  stage3_max_live_parameters, stage3_max_reuse_distance,

@@ -36,6 +36,10 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   KILN_CHECK(options_.reduce_bucket_size >= 1 && options_.allgather_bucket_size >= 1,
              "ZeRO: reduce_bucket_size and allgather_bucket_size must be >= 1 element, not {} and {}",
              options_.reduce_bucket_size, options_.allgather_bucket_size);
+  KILN_CHECK(!options_.offload_param || options_.stage == 3,
+             "ZeRO: offload_param is for stage 3, where the weights are partitioned (DeepSpeed reads it there only); "
+             "this is stage {}: remove offload_param, or use stage 3", options_.stage);
+  KILN_CHECK(options_.sub_group_size >= 0, "ZeRO: sub_group_size must be >= 0, not {}", options_.sub_group_size);
   verify_same_model(*comm_, model_, "ZeRO");
 
   std::vector<int64_t> numels;
@@ -57,6 +61,10 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   layout_ = std::make_unique<FlatLayout>(std::move(numels), sharded ? world : 1);
   const FlatRange part = layout_->partition(sharded ? rank : 0);
   const TensorOptions model_options = params_[0].options();
+  KILN_CHECK(!options_.offload_param || model_options.device().is_cpu(),
+             "ZeRO: offload_param (the weights' shard kept in host memory) is not implemented for a model on {}; "
+             "remove it, or offload the optimizer state instead (offload_optimizer), which is",
+             model_options.device().str());
 
   NoGradGuard no_grad;
   // The flat weights, rank 0's everywhere; the parameters become views of them.

@@ -71,6 +71,15 @@ struct ZeroOptions {
   // step there; the gradients' partition is copied to the host and the weights back. On a CPU
   // model it changes nothing.
   bool offload_optimizer = false;
+  // ZeRO-Infinity's parameter offload (stage 3): keep the weights' shard in host memory. A CPU
+  // model's shard is there already, so it changes nothing; for a CUDA model it is not implemented
+  // and the constructor says so. At stages 0-2 it is an Error (DeepSpeed reads it at stage 3 only).
+  bool offload_param = false;
+  // DeepSpeed's stage 3 steps its partition in sub-groups of about this many elements, to bound the
+  // temporary buffers of its step (of offload especially). Every Kiln optimizer is elementwise, so
+  // the update is the same for any size; Kiln steps each rank's partition as one group and reads
+  // the value only to accept DeepSpeed's configs (HF's set it to 1e9, axolotl's to 0).
+  int64_t sub_group_size = 1'000'000'000;
   // Stage 3's prefetching and keeping of gathered weights (param_gatherer.h has how): elements
   // fetched ahead of their use, parameters small enough to stay gathered (and how many elements of
   // them in all), the most gathered or in flight at once, and how near a parameter's next use must

@@ -55,6 +55,7 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
     "fp16": {"enabled": true, "initial_scale_power": 12, "hysteresis": 3},
     "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "overlap_comm": true, "contiguous_gradients": true,
                           "offload_optimizer": {"device": "cpu", "pin_memory": true},
+                          "offload_param": {"device": "cpu", "pin_memory": true}, "sub_group_size": 0,
                           "stage3_prefetch_bucket_size": 2e6, "stage3_max_reuse_distance": 0,
                           "stage3_model_persistence_threshold": 1e6}
   })");
@@ -79,6 +80,11 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
   CHECK(cfg.zero_optimization.reduce_bucket_size == 500'000'000);
   CHECK(cfg.zero_optimization.overlap_comm);
   CHECK(cfg.zero_optimization.offload_optimizer);
+  CHECK(cfg.zero_optimization.offload_param);
+  CHECK(cfg.zero_optimization.sub_group_size == 0);
+  CHECK(Config::from_string(R"({"train_batch_size": 8})").zero_optimization.sub_group_size == 1'000'000'000);
+  CHECK_FALSE(Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"offload_param": {"device": "none"}}})")
+                  .zero_optimization.offload_param);
   CHECK(cfg.zero_optimization.stage3_prefetch_bucket_size == 2'000'000);
   CHECK(cfg.zero_optimization.stage3_max_reuse_distance == 0);
   CHECK(cfg.zero_optimization.stage3_model_persistence_threshold == 1'000'000);
@@ -114,8 +120,14 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"zero_optimization.reduce_buket_size\"", "did you mean \"reduce_bucket_size\""});
   bad(R"({"train_batch_size": 8, "activation_checkpointing": {}})",
       {"\"activation_checkpointing\" is a DeepSpeed option that Kiln does not implement"});
-  bad(R"({"train_batch_size": 8, "zero_optimization": {"sub_group_size": 1e9}})",
-      {"zero_optimization.sub_group_size", "does not implement"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"sub_group_size": -1}})",
+      {"\"zero_optimization.sub_group_size\" must be >= 0, not -1"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"offload_param": {"device": "nvme"}}})",
+      {"\"zero_optimization.offload_param.device\" must be \"none\" or \"cpu\", not \"nvme\""});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"offload_param": {"device": "cpu", "buffer_count": 5}}})",
+      {"zero_optimization.offload_param.buffer_count", "does not implement"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"mics_shard_size": 2}})",
+      {"zero_optimization.mics_shard_size", "does not implement"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true,
                                                        "stage3_gather_fp16_weights_on_model_save": true}})",
       {"\"zero_optimization.stage3_gather_fp16_weights_on_model_save\" is the older name", "keep one"});

@@ -76,9 +76,12 @@ TEST_CASE("zero: every stage on N ranks with micro-batch b matches one process w
       // Buckets of 300 elements and all-gathers of 128 per rank: several of each per step, and
       // parameters that straddle partitions and buckets.
       // At stage 3 every parameter is gathered where it is used and dropped after (no prefetch, no
-      // parameter small enough to persist, none kept for reuse); the next test covers those.
+      // parameter small enough to persist, none kept for reuse); the next test covers those. Stage
+      // 3 takes DeepSpeed's offload_param too, and sub-groups of 0 (each parameter one in DeepSpeed),
+      // neither of which changes the update of a CPU model.
       ZeroOptimizer opt(local, comm, sgd(0.1),
                         {.stage = stage, .reduce_bucket_size = 300, .allgather_bucket_size = 128, .overlap_comm = overlap,
+                         .offload_param = stage == 3, .sub_group_size = stage == 3 ? 0 : 1'000'000'000,
                          .stage3_prefetch_bucket_size = 0, .stage3_param_persistence_threshold = 0,
                          .stage3_max_reuse_distance = 0});
       CHECK(opt.name() == fmt::format("ZeRO-{}(SGD)", stage));
@@ -496,6 +499,10 @@ TEST_CASE("zero: bad construction is an Error", "[distributed]") {
   check_error([&] { ZeroOptimizer o(m, nullptr, sgd(0.1)); }, {"communicator is null"});
   check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 4}); }, {"stage must be 0, 1, 2 or 3"});
   check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.reduce_bucket_size = 0}); }, {"reduce_bucket_size"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 2, .offload_param = true}); },
+              {"offload_param is for stage 3", "this is stage 2"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 3, .sub_group_size = -1}); },
+              {"sub_group_size must be >= 0, not -1"});
   Mlp mixed;
   mixed.f2.to(kFloat64);
   check_error([&] { ZeroOptimizer o(mixed, comm, sgd(0.1)); }, {"f2.weight", "float64", "share a dtype"});
