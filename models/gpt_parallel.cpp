@@ -267,7 +267,11 @@ Tensor ParallelGPT::forward(const Tensor& input) {
     x = nn::dropout((*wte)(input) + (*wpe)(arange(0, T, 1, kInt64, input.device())), config.dropout, is_training());
     if (sequence_parallel_) x = distributed::scatter_to_sequence_parallel_region(x, *tp_);
   }
-  for (size_t j = 0; j < h.size(); ++j) x = h.at<Block>(j)(x);
+  const bool recompute = checkpointing_ && is_training() && GradMode::is_enabled();
+  for (size_t j = 0; j < h.size(); ++j) {
+    Block& block = h.at<Block>(j);
+    x = recompute ? nn::checkpoint_module(block, x) : block(x);
+  }
   if (drops && !is_last_stage()) {
     reserve_dropout(first_ + static_cast<int64_t>(h.size()), config.n_layer, false, x.size(0), positions(x));
   }

@@ -87,6 +87,14 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights, public d
   // (last stage), rank 0 the owner and the last stage's rank the user; empty otherwise.
   std::vector<distributed::TiedWeight> tied_weights() override;
 
+  // Activation checkpointing (autograd::checkpoint, as GPT::set_checkpointing) of every block of
+  // this stage: in training with grad recording on, a block keeps only its input and runs again in
+  // backward, its tensor-parallel collectives included (every rank of the tensor group recomputes
+  // at the same point of backward), and its dropout masks the same (the generator's state is
+  // replayed). Megatron-LM's full recompute (--recompute-granularity full).
+  void set_checkpointing(bool on) { checkpointing_ = on; }
+  bool checkpointing() const { return checkpointing_; }
+
   bool is_first_stage() const { return stage_ == 0; }
   bool is_last_stage() const { return stage_ == num_stages_ - 1; }
   bool sequence_parallel() const { return sequence_parallel_; }
@@ -124,6 +132,7 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights, public d
   int stage_, num_stages_;
   int ranks_;  // the pipeline's ranks: num_stages / chunks
   bool sequence_parallel_;
+  bool checkpointing_ = false;
   int64_t first_ = 0;
 };
 

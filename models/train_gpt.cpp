@@ -342,9 +342,6 @@ int run(int argc, char** argv) {
     KILN_CHECK(comm->size() % (r.tensor_parallel * r.pipeline_parallel) == 0,
                "{} ranks do not make a grid of tensor {} x pipeline {}; run a multiple of {} ranks (kiln-run -n N)",
                comm->size(), r.tensor_parallel, r.pipeline_parallel, r.tensor_parallel * r.pipeline_parallel);
-    KILN_CHECK(!r.checkpoint_activations && !r.offload_activations,
-               "--checkpoint-activations and --offload-activations are not written for a model split over a grid; "
-               "drop them");
     grid = std::make_unique<distributed::ParallelGrid>(
         comm, distributed::GridSizes{.tensor = static_cast<int>(r.tensor_parallel),
                                      .pipeline = static_cast<int>(r.pipeline_parallel)});
@@ -397,6 +394,7 @@ int run(int argc, char** argv) {
       default_generator().set_state(before);
       chunks.push_back(std::make_unique<models::ParallelGPT>(config, grid->tensor(), c * p + grid->pipeline_rank(),
                                                              p * v, r.sequence_parallel, v));
+      chunks.back()->set_checkpointing(r.checkpoint_activations);
       chunk_pointers.push_back(chunks.back().get());
     }
   } else {
@@ -557,6 +555,10 @@ int run(int argc, char** argv) {
     double loss_sum = 0;
     if (grid) {  // the step's micro-batches through the pipeline, and the step
       data::Example b = train_text.sample(r.batch_size * r.grad_accum, c.block_size, windows);
+      // Offload: what the forwards save goes to host memory (what the backwards save too, which
+      // is only a checkpointed block's recompute, freed at once).
+      std::optional<autograd::SaveOnCpu> offload;
+      if (r.offload_activations) offload.emplace(/*pin_memory=*/device.is_cuda());
       loss_sum = engine->train_batch(b.data.to(device), b.target.to(device)).item<double>();
     }
     for (int64_t m = 0; engine && !grid && m < r.grad_accum; ++m) {  // the engine's step: it accumulates, clips, steps

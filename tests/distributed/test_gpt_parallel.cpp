@@ -76,8 +76,15 @@ ReferenceStep reference_step(models::GPT& whole, optim::Optimizer& opt, const Te
 TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient slices equal GPT's", "[distributed]") {
   auto tp = init("mpi");
   const int r = tp->rank(), p = tp->size();
-  for (auto [sequence_parallel, dropout] : {std::pair{false, 0.0}, {true, 0.0}, {false, 0.2}, {true, 0.2}}) {
-    INFO("sequence parallel " << sequence_parallel << ", dropout " << dropout);
+  struct Case {
+    bool sequence_parallel;
+    double dropout;
+    bool checkpointing;  // the blocks recomputed in backward: their collectives and masks again
+  };
+  for (auto [sequence_parallel, dropout, checkpointing] :
+       {Case{false, 0.0, false}, {true, 0.0, false}, {false, 0.2, false}, {true, 0.2, false}, {false, 0.2, true},
+        {true, 0.2, true}}) {
+    INFO("sequence parallel " << sequence_parallel << ", dropout " << dropout << ", checkpointing " << checkpointing);
     models::GPTConfig c = small_config(2, /*tie=*/true);
     c.gelu_approximate = "tanh";
     c.dropout = dropout;
@@ -86,6 +93,7 @@ TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient sli
     const Generator::State after = default_generator().get_state();
     manual_seed(5);
     models::ParallelGPT par(c, tp, 0, 1, sequence_parallel);
+    par.set_checkpointing(checkpointing);
     // The same weights from the same seed, and the generator left where GPT's construction leaves it.
     CHECK(default_generator().get_state().offset == after.offset);
     Tensor idx = randint(0, c.vocab_size, {3, 12});
@@ -99,6 +107,7 @@ TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient sli
     Tensor logits_par = par(idx);
     CHECK(default_generator().offset() == after_whole);
     CHECK((after_whole > before.offset) == (dropout > 0));
+    CHECK((autograd::to_dot(logits_par).find("CheckpointBackward") != std::string::npos) == checkpointing);
     check_close(logits_par, logits, {1e-5, 1e-6});
     models::GPT::loss(logits, targets).backward();
     models::ParallelGPT::loss(logits_par, targets).backward();
@@ -140,8 +149,9 @@ TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient sli
 namespace {
 
 // Trains ParallelGPT through kiln::Engine (ZeRO 1) on every grid shape that the world's ranks make,
-// sequence parallel or not, with dropout or not, its stages and slices on `device`, against GPT on
-// one process on the CPU: the loss, the gradient norm, where the generator ends, and every weight.
+// sequence parallel or not, with dropout or not, with its blocks checkpointed or not, its stages
+// and slices on `device`, against GPT on one process on the CPU: the loss, the gradient norm, where
+// the generator ends, and every weight.
 void train_on_every_grid(const Device& device) {
   auto world = init("mpi");
   const int n = world->size();
@@ -149,6 +159,7 @@ void train_on_every_grid(const Device& device) {
     GridSizes sizes;
     bool sequence_parallel;
     double dropout;
+    bool checkpointing = false;  // every block recomputed in backward, collectives and masks included
   };
   std::vector<Run> runs;
   for (const GridSizes& sizes : kiln::test::grid_shapes(n)) {
@@ -156,11 +167,13 @@ void train_on_every_grid(const Device& device) {
     if (sizes.tensor > 1) runs.push_back({sizes, true, 0.0});
     runs.push_back({sizes, false, 0.1});
     if (sizes.tensor > 1) runs.push_back({sizes, true, 0.1});
+    runs.push_back({sizes, sizes.tensor > 1, 0.1, true});
   }
-  for (const auto& [sizes, sequence_parallel, dropout] : runs) {
+  for (const auto& [sizes, sequence_parallel, dropout, checkpointing] : runs) {
     const int data = n / (sizes.tensor * sizes.pipeline);
     INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", data " << data << ", sequence parallel "
-                   << sequence_parallel << ", dropout " << dropout << ", on " << device.str());
+                   << sequence_parallel << ", dropout " << dropout << ", checkpointing " << checkpointing << ", on "
+                   << device.str());
     ParallelGrid grid(world, sizes);
     models::GPTConfig c = small_config(4, /*tie=*/true);  // across stages: a copy on the last
     c.dropout = dropout;
@@ -168,6 +181,8 @@ void train_on_every_grid(const Device& device) {
     models::GPT whole(c);
     manual_seed(23);
     models::ParallelGPT stage(c, grid.tensor(), grid.pipeline_rank(), grid.pipeline_size(), sequence_parallel);
+    stage.set_checkpointing(checkpointing);
+    CHECK(stage.checkpointing() == checkpointing);
     stage.to(device);
     const int64_t rows = 24, shard = rows / data;  // 2 micro-batches per data rank
     const Config cfg = Config::from_string(fmt::format(R"({{
@@ -230,7 +245,7 @@ TEST_CASE("ParallelGPT on the GPU, through MPI: every grid shape matches GPT on 
   train_on_every_grid(Device::cuda(0));
 }
 
-TEST_CASE("ParallelGPT: 2 chunks per pipeline rank (interleaved 1F1B) with dropout train as GPT on one process",
+TEST_CASE("ParallelGPT: 2 chunks per pipeline rank (interleaved 1F1B), dropout, one checkpointed, train as GPT",
           "[distributed]") {
   auto world = init("mpi");
   const int stages = world->size() % 2 == 0 ? 2 : 1;  // and the rest data parallel
@@ -244,6 +259,7 @@ TEST_CASE("ParallelGPT: 2 chunks per pipeline rank (interleaved 1F1B) with dropo
   for (int k = 0; k < 2; ++k) {
     manual_seed(23);  // each chunk from the state the whole model was drawn from
     chunks.push_back(std::make_unique<models::ParallelGPT>(c, grid.tensor(), k * stages + s, 2 * stages, false, 2));
+    chunks.back()->set_checkpointing(k == 1);  // the second chunk's blocks recomputed, masks replayed
   }
   const int64_t micro = 2, gas = 4, shard = micro * gas, rows = shard * data;
   const Config cfg = Config::from_string(fmt::format(R"({{

@@ -4,7 +4,7 @@
 #      does: the loss of every step within 1e-5 relative (the same windows and dropout masks, the
 #      same arithmetic summed in another order).
 #   2. Two pipeline stages (the head tied to the embedding across them) train as one rank does
-#      too; stopped at step 3 and resumed, they equal a run straight through, bit for bit: the
+#      too, with activation checkpointing and offload as well; stopped at step 3 and resumed, they equal a run straight through, bit for bit: the
 #      loss of every step and the validation losses. A checkpoint without head_tied_across_stages
 #      (an older run's) resumes untied: from a tied run's, an Error on every rank.
 #   3. The sample at the end, from the model gathered onto rank 0, is one rank's.
@@ -44,6 +44,12 @@ run_program(out "${LAUNCHER}" ${model} ${run} --steps 3 --pipeline-parallel 2 --
 run_program(out "${LAUNCHER}" --resume ${WORK}/stopped/checkpoint ${run} --steps 6 --out ${WORK}/stopped)
 losses(pipeline ${WORK}/straight/metrics.jsonl)
 check_losses_close("${pipeline}" "${one}" "two stages'" "one rank's")
+# With every block checkpointed (recomputed in backward, its dropout masks replayed) and the saved
+# activations offloaded (on a CPU model they stay where they are): the same losses.
+run_program(out "${LAUNCHER}" ${model} ${run} --steps 6 --pipeline-parallel 2 --checkpoint-activations
+            --offload-activations --out ${WORK}/recomputed)
+losses(recomputed ${WORK}/recomputed/metrics.jsonl)
+check_losses_close("${recomputed}" "${one}" "two checkpointed stages'" "one rank's")
 file(STRINGS ${WORK}/straight/metrics.jsonl straight)
 file(STRINGS ${WORK}/stopped/metrics.jsonl resumed)
 if(NOT resumed STREQUAL straight)
