@@ -33,6 +33,16 @@ namespace detail {
 // Whether the backward running on this thread is a grad() or a backward(inputs=), which must leave
 // the .grad() of tensors other than the inputs alone.
 bool in_partial_backward();
+// While it lives, the next backward started on this thread queues its callbacks (queue_callback)
+// on the backward running now, if one is: autograd::checkpoint's recompute, whose backward runs
+// inside the outer one, holds it, so that "when backward has finished" means the outer backward.
+class JoinOuterCallbacks {
+ public:
+  JoinOuterCallbacks();
+  ~JoinOuterCallbacks();
+  JoinOuterCallbacks(const JoinOuterCallbacks&) = delete;
+  JoinOuterCallbacks& operator=(const JoinOuterCallbacks&) = delete;
+};
 }  // namespace detail
 
 // Anomaly detection (PyTorch's torch.autograd.set_detect_anomaly, LibTorch's AnomalyMode): while it is
@@ -58,7 +68,10 @@ class DetectAnomalyGuard {
 
 // Runs fn when the backward now running on this thread has finished with every node (PyTorch's
 // Variable._execution_engine.queue_callback). Call it from a hook; DistributedDataParallel waits
-// for its last all-reduce this way, so that backward() returns with the gradients averaged.
+// for its last all-reduce this way, so that backward() returns with the gradients averaged. From
+// inside a checkpointed function's recompute, whose backward runs within the outer one, fn waits
+// for the outer backward (a reducer whose first gradient comes from a checkpointed layer must not
+// finish before the layers after it); a backward a hook starts itself has callbacks of its own.
 void queue_callback(std::function<void()> fn);
 
 // Activation checkpointing (PyTorch's torch.utils.checkpoint): returns fn(inputs), but records
@@ -69,8 +82,9 @@ void queue_callback(std::function<void()> fn);
 // (gradcheck included) are not supported (Errors). An input changed in place between the forward
 // and the backward is an Error (the recompute would read the new values); an output that is an
 // input itself comes back as a view of it (ops::alias), so the input stays as it was (a leaf stays
-// a leaf) and in-place changes to either are refused while the view lives. See
-// autograd/checkpoint.cpp.
+// a leaf) and in-place changes to either are refused while the view lives. The recompute saves
+// its tensors plainly, whatever saved-tensor hooks are on when backward runs (a SaveOnCpu around a
+// whole training step would copy them to the host and straight back). See autograd/checkpoint.cpp.
 using CheckpointFn = std::function<TensorList(const TensorList&)>;
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state = true);
 // The same, with backward running `recompute` instead of fn: a function that records fn's graph

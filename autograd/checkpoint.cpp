@@ -102,6 +102,10 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
         ~RngRestore() { default_generator().set_state(now); }
       } restore;
       if (preserve_rng_state) default_generator().set_state(rng);
+      // What the recompute saves lives until the backward below: offloading it (a SaveOnCpu still
+      // on in backward) would only copy it out and back.
+      auto keep = [](const Tensor& t) { return t; };
+      SavedTensorHooksGuard plain({keep, keep});
       AutoGradMode on(true);
       autocast::StateGuard forward_autocast(autocast_state);  // the engine turned it off
       outs = recompute(again);
@@ -117,7 +121,10 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
         root_grads.push_back(g[i]);
       }
     }
-    if (!roots.empty()) backward(roots, root_grads);
+    if (!roots.empty()) {
+      detail::JoinOuterCallbacks join;  // a reducer's end-of-backward waits for the outer backward
+      backward(roots, root_grads);
+    }
     TensorList result;
     for (size_t i = 0; i < again.size(); ++i) result.push_back(wants[i] ? again[i].grad() : Tensor());
     return result;

@@ -42,16 +42,22 @@ void AutogradContext::wire_saved(const TensorList& outputs) {
 namespace {
 
 // queue_callback(): the callbacks of the backward running on this thread (a backward started from
-// inside a hook gets its own list).
+// inside a hook gets its own list; a checkpoint's recompute joins the outer one's:
+// detail::JoinOuterCallbacks).
 thread_local std::vector<std::function<void()>>* t_callbacks = nullptr;
+thread_local bool t_join_outer = false;
 
 class CallbackScope {
  public:
-  CallbackScope() : outer_(t_callbacks) { t_callbacks = &mine_; }
+  CallbackScope() : outer_(t_callbacks), joins_(t_join_outer && t_callbacks != nullptr) {
+    t_join_outer = false;  // a backward started further in has its own, unless it joins too
+    if (!joins_) t_callbacks = &mine_;
+  }
   ~CallbackScope() { t_callbacks = outer_; }
   CallbackScope(const CallbackScope&) = delete;
   CallbackScope& operator=(const CallbackScope&) = delete;
-  void run() {  // in order; a callback may queue more
+  void run() {  // in order; a callback may queue more. A joined list is the outer backward's to run.
+    if (joins_) return;
     for (size_t i = 0; i < mine_.size(); ++i) {
       auto fn = std::move(mine_[i]);
       fn();
@@ -61,6 +67,7 @@ class CallbackScope {
 
  private:
   std::vector<std::function<void()>>* outer_;
+  bool joins_;
   std::vector<std::function<void()>> mine_;
 };
 
@@ -311,6 +318,9 @@ TensorList grad(const TensorList& outputs, const TensorList& inputs, const Tenso
 }
 
 bool detail::in_partial_backward() { return t_partial; }
+
+detail::JoinOuterCallbacks::JoinOuterCallbacks() { t_join_outer = true; }
+detail::JoinOuterCallbacks::~JoinOuterCallbacks() { t_join_outer = false; }
 
 bool AnomalyMode::is_enabled() { return g_anomaly.load(std::memory_order_relaxed); }
 void AnomalyMode::set_enabled(bool enabled) { g_anomaly.store(enabled, std::memory_order_relaxed); }

@@ -44,6 +44,12 @@ Tensor ParallelGPT::Block::forward(const Tensor& x) {
   return h + mlp(norm(ln_2, h));
 }
 
+Tensor ParallelGPT::Block::forward_for_recompute(const Tensor& x) {
+  if (mlp.has_forward_hooks()) return forward(x);
+  Tensor h = x + attn(norm(ln_1, x));
+  return h + mlp.forward_for_recompute(norm(ln_2, h));
+}
+
 ParallelGPT::ParallelGPT(GPTConfig c, std::shared_ptr<distributed::Communicator> tp, int stage, int num_stages,
                          bool sequence_parallel, int chunks)
     : config(c),
@@ -270,7 +276,7 @@ Tensor ParallelGPT::forward(const Tensor& input) {
   const bool recompute = checkpointing_ && is_training() && GradMode::is_enabled();
   for (size_t j = 0; j < h.size(); ++j) {
     Block& block = h.at<Block>(j);
-    x = recompute ? nn::checkpoint_module(block, x) : block(x);
+    x = recompute ? nn::checkpoint_module(block, x, /*preserve_rng_state=*/true, recompute_skips_unread_) : block(x);
   }
   if (drops && !is_last_stage()) {
     reserve_dropout(first_ + static_cast<int64_t>(h.size()), config.n_layer, false, x.size(0), positions(x));

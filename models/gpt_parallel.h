@@ -91,9 +91,13 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights, public d
   // this stage: in training with grad recording on, a block keeps only its input and runs again in
   // backward, its tensor-parallel collectives included (every rank of the tensor group recomputes
   // at the same point of backward), and its dropout masks the same (the generator's state is
-  // replayed). Megatron-LM's full recompute (--recompute-granularity full).
+  // replayed). Megatron-LM's full recompute of every layer (--recompute-granularity full
+  // --recompute-method uniform --recompute-num-layers 1), less what backward never
+  // reads: the recompute leaves out the MLP's last GEMM and its all-reduce (Block::
+  // forward_for_recompute), unless set_recompute_skips_unread(false), to measure the difference.
   void set_checkpointing(bool on) { checkpointing_ = on; }
   bool checkpointing() const { return checkpointing_; }
+  void set_recompute_skips_unread(bool on) { recompute_skips_unread_ = on; }
 
   bool is_first_stage() const { return stage_ == 0; }
   bool is_last_stage() const { return stage_ == num_stages_ - 1; }
@@ -103,6 +107,10 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights, public d
   struct Block : nn::Module {
     Block(const GPTConfig& c, const std::shared_ptr<distributed::Communicator>& tp, bool sequence_parallel);
     Tensor forward(const Tensor& x) override;
+    // forward with the MLP's projection only recorded (ParallelMLP::forward_for_recompute): the
+    // block ends in h + dropout(proj(...)), whose backward reads neither the add's nor the
+    // projection's output. forward itself where the MLP has hooks.
+    Tensor forward_for_recompute(const Tensor& x) override;
     nn::LayerNorm ln_1;
     distributed::ParallelSelfAttention attn;
     nn::LayerNorm ln_2;
@@ -133,6 +141,7 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights, public d
   int ranks_;  // the pipeline's ranks: num_stages / chunks
   bool sequence_parallel_;
   bool checkpointing_ = false;
+  bool recompute_skips_unread_ = true;
   int64_t first_ = 0;
 };
 

@@ -555,8 +555,8 @@ int run(int argc, char** argv) {
     double loss_sum = 0;
     if (grid) {  // the step's micro-batches through the pipeline, and the step
       data::Example b = train_text.sample(r.batch_size * r.grad_accum, c.block_size, windows);
-      // Offload: what the forwards save goes to host memory (what the backwards save too, which
-      // is only a checkpointed block's recompute, freed at once).
+      // Offload: what the forwards save goes to host memory (a checkpointed block's recompute in
+      // backward saves plainly: autograd::checkpoint).
       std::optional<autograd::SaveOnCpu> offload;
       if (r.offload_activations) offload.emplace(/*pin_memory=*/device.is_cuda());
       loss_sum = engine->train_batch(b.data.to(device), b.target.to(device)).item<double>();

@@ -33,8 +33,10 @@ const std::set<std::string> kUnsupportedZero = {
     "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "memory_efficient_linear",
     "legacy_stage1", "use_multi_rank_bucket_allreduce", "pipeline_loading_checkpoint", "override_module_apply",
     "zeropp_loco_param", "log_trace_cache_warnings"};
-const std::set<std::string> kUnsupportedOffload = {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu",
-                                                   "pipeline_read", "pipeline_write", "fast_init", "ratio"};
+// DeepSpeed's NVMe and tuning keys of "offload_optimizer" and of "offload_param".
+const std::set<std::string> kUnsupportedOffloadOptimizer = {"nvme_path", "buffer_count", "pipeline_read",
+                                                            "pipeline_write", "fast_init", "ratio"};
+const std::set<std::string> kUnsupportedOffloadParam = {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"};
 
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
@@ -383,9 +385,9 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
   s.read_fixed("ignore_unused_parameters", true, "a parameter without a gradient in a step contributes zeros");
   s.read_fixed("load_from_fp32_weights", true, "checkpoints hold the float32 masters, and resume from them");
   // offload_optimizer and offload_param: {"device": "none" | "cpu", "pin_memory": ...}.
-  auto read_offload = [&](const char* key, bool& to_cpu) {
+  auto read_offload = [&](const char* key, const std::set<std::string>& unsupported, bool& to_cpu) {
     if (!s.has(key)) return;
-    Section o(source, fmt::format("zero_optimization.{}", key), s.at(key), kUnsupportedOffload);
+    Section o(source, fmt::format("zero_optimization.{}", key), s.at(key), unsupported);
     std::string device = "none";
     o.read("device", device);
     if (device != "none" && device != "cpu") {
@@ -396,8 +398,12 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
     o.finish();
     to_cpu = device == "cpu";
   };
-  read_offload("offload_optimizer", z.offload_optimizer);
-  read_offload("offload_param", z.offload_param);
+  read_offload("offload_optimizer", kUnsupportedOffloadOptimizer, z.offload_optimizer);
+  read_offload("offload_param", kUnsupportedOffloadParam, z.offload_param);
+  if (z.offload_param && z.stage != 3) {
+    s.fail_at("offload_param", fmt::format("offloads stage 3's partitioned weights, and this is stage {} (DeepSpeed "
+                                           "ignores it there); remove it, or use stage 3", z.stage));
+  }
   s.finish();
 }
 

@@ -316,12 +316,16 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
     const uint64_t before = gen.offset();
     forward_step(chunk, mbs[chunk * m + i], inputs[i], targets[i], /*keep_graph=*/true);
     if (draws_as_whole_model_) {
+      KILN_CHECK(gen.seed() == start.seed && gen.offset() >= before,
+                 "Pipeline: stage {}'s chunk {} reseeded the default generator or moved it back in its forward of "
+                 "micro-batch {}; a DrawsAsWholeModel module must only draw or reserve", s, chunk, i);
       const uint64_t moved = gen.offset() - before;
       if (!per_forward) per_forward = moved;
       KILN_CHECK(moved == *per_forward,
                  "Pipeline: stage {}'s chunk {} moved the default generator by {} counters in its forward of "
                  "micro-batch {}, and the batch's first forward by {}; a DrawsAsWholeModel module must draw or "
-                 "reserve a whole model forward's random numbers in each forward", s, chunk, moved, i, *per_forward);
+                 "reserve a whole model forward's random numbers in each forward (are the chunks all in training "
+                 "mode, and built from one config?)", s, chunk, moved, i, *per_forward);
     }
     stats_.peak_in_flight = std::max(stats_.peak_in_flight, ++in_flight);
   };

@@ -189,7 +189,9 @@ class Pipeline {
 // the batch's starting state plus i times what the first forward moved it, in whatever order the
 // schedule runs the forwards, and leaves the generator after the batch where m forwards of one
 // process leave it. A forward that moves the generator by another amount than the batch's first is
-// an Error naming the chunk. Either every chunk of a rank implements it or none does.
+// an Error naming the chunk (on that rank: the others stop at the communicator's timeout, or at
+// once where the program aborts the job on an Error, as kiln-train and train_gpt do). Either every
+// chunk of a rank implements it or none does.
 class DrawsAsWholeModel {
  public:
   virtual ~DrawsAsWholeModel() = default;

@@ -122,13 +122,18 @@ struct Scatter : autograd::Function<Scatter> {
   }
 };
 
+// values = false: the output's shape without the reduction (RowParallelLinear::forward_graph_only).
 struct ReduceScatterToSequence : autograd::Function<ReduceScatterToSequence> {
-  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm) {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, Communicator* comm, bool values) {
     ctx->saved_data["comm"] = comm;
-    return reduce_scattered_positions(x, *comm);
+    if (values) return reduce_scattered_positions(x, *comm);
+    check_cut(x, comm->size(), Cut::kPositions, /*divides=*/true);
+    Shape out_shape = x.sizes();
+    out_shape[1] /= comm->size();
+    return zeros(out_shape, x.options());
   }
   static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
-    return {gathered(g[0], comm_of(ctx), Cut::kPositions), Tensor()};
+    return {gathered(g[0], comm_of(ctx), Cut::kPositions), Tensor(), Tensor()};
   }
 };
 
@@ -221,7 +226,7 @@ Tensor gather_from_sequence_parallel_region(const Tensor& x, Communicator& comm,
   return Gather::apply(x, &comm, Cut::kPositions, tensor_parallel_output_grad);
 }
 Tensor reduce_scatter_to_sequence_parallel_region(const Tensor& x, Communicator& comm) {
-  return ReduceScatterToSequence::apply(x, &comm);
+  return ReduceScatterToSequence::apply(x, &comm, true);
 }
 Tensor scatter_to_sequence_parallel_region(const Tensor& x, Communicator& comm) {
   return Scatter::apply(x, &comm, Cut::kPositions);
@@ -326,6 +331,17 @@ Tensor RowParallelLinear::forward(const Tensor& input) {
   return bias.defined() ? y + bias : y;  // once, after the sum
 }
 
+Tensor RowParallelLinear::forward_graph_only(const Tensor& input) {
+  Tensor x = options_.input_is_parallel ? input : scatter_to_tensor_parallel_region(input, *comm_);
+  Tensor partial = nn::linear_graph_only(x, weight);  // zeros, with linear's node
+  if (options_.sequence_parallel) {
+    Tensor y = ReduceScatterToSequence::apply(partial, comm_.get(), false);
+    return bias.defined() ? y + copy_to_tensor_parallel_region(bias, *comm_) : y;
+  }
+  // The all-reduce's backward is the identity: the partial sums' node takes the gradient as it is.
+  return bias.defined() ? partial + bias : partial;
+}
+
 std::string RowParallelLinear::extra_repr() const {
   return fmt::format("in_features={} ({} on each of {} ranks), out_features={}, bias={}, input_is_parallel={}, "
                      "sequence_parallel={}", in_features_, in_features_ / comm_->size(), comm_->size(), out_features_,
@@ -351,6 +367,12 @@ ParallelMLP::ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communi
 
 Tensor ParallelMLP::forward(const Tensor& input) {
   return output_dropout(proj(gelu(fc(input), gelu_approximate_)), dropout_, is_training(), sequence_parallel_, *comm_);
+}
+
+Tensor ParallelMLP::forward_for_recompute(const Tensor& input) {
+  if (proj.has_forward_hooks()) return forward(input);
+  return output_dropout(proj.forward_graph_only(gelu(fc(input), gelu_approximate_)), dropout_, is_training(),
+                        sequence_parallel_, *comm_);
 }
 
 // ---- ParallelSelfAttention ----

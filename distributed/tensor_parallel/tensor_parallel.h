@@ -118,6 +118,12 @@ class RowParallelLinear : public nn::Module {
   RowParallelLinear(int64_t in_features, int64_t out_features, std::shared_ptr<Communicator> comm,
                     RowParallelLinearOptions options = {});
   Tensor forward(const Tensor& input) override;
+  // forward's graph without its GEMM and its all-reduce (or reduce-scatter): the output has
+  // forward's shape and nodes, and holds the bias alone. For a checkpointed block's recompute, whose
+  // backward never reads this layer's output (Note [a recompute computes what backward reads] in
+  // autograd/checkpoint.cpp): the all-reduce's backward is the identity, the reduce-scatter's an
+  // all-gather, which backward still runs. No collective in forward: call it on every rank or none.
+  Tensor forward_graph_only(const Tensor& input);
   std::string extra_repr() const override;
   void load_full(const Tensor& weight, const Tensor& bias = {});
   std::pair<Tensor, Tensor> gather_full() const;  // as ColumnParallelLinear's
@@ -141,6 +147,10 @@ class ParallelMLP : public nn::Module {
   ParallelMLP(int64_t n_embd, int64_t hidden, std::shared_ptr<Communicator> comm,
               std::string gelu_approximate = "none", bool sequence_parallel = false, double dropout = 0.0);
   Tensor forward(const Tensor& input) override;
+  // forward with proj's GEMM and reduction only recorded (RowParallelLinear::forward_graph_only);
+  // the dropout still draws forward's mask. forward itself where proj has hooks, which must see
+  // the values.
+  Tensor forward_for_recompute(const Tensor& input) override;
   ColumnParallelLinear fc;
   RowParallelLinear proj;
 

@@ -167,3 +167,63 @@ TEST_CASE("checkpoint: a recompute that throws leaves the generator where it was
   CHECK(default_generator().get_state().offset == before.offset);
   CHECK(default_generator().get_state().seed == before.seed);
 }
+
+TEST_CASE("checkpoint: a callback queued inside the recompute runs once, when the outer backward has finished",
+          "[autograd]") {
+  // loss = sum(checkpoint(x -> x w1)(a w0)): w1's gradient comes inside the recompute's backward,
+  // w0's after it, in the outer one. DDP and ZeRO queue their end of backward from the first
+  // gradient they see, which here is w1's.
+  Tensor w0 = randn({4, 4}).requires_grad_(), w1 = randn({4, 4}).requires_grad_();
+  Tensor a = randn({3, 4});
+  int calls = 0;
+  bool w0_done = false;
+  w1.register_hook([&](const Tensor&) {
+    autograd::queue_callback([&] {
+      ++calls;
+      w0_done = w0.grad().defined();
+    });
+    return Tensor();
+  });
+  auto fn = [&w1](const autograd::TensorList& in) { return autograd::TensorList{matmul(in[0], w1)}; };
+  autograd::checkpoint(fn, {matmul(a, w0)})[0].sum().backward();
+  CHECK(calls == 1);
+  CHECK(w0_done);
+  // A backward that a hook starts inside the recompute has callbacks of its own, run when it ends.
+  Tensor side = randn({2}).requires_grad_();
+  int inner_calls = 0;
+  bool inner_ran_before_outer_ended = false;
+  Tensor w2 = randn({4, 4}).requires_grad_();
+  w2.register_hook([&](const Tensor&) {
+    AutoGradMode on(true);  // backward records nothing itself
+    Tensor s = (side * 2).sum();
+    side.register_hook([&](const Tensor&) {
+      autograd::queue_callback([&] { ++inner_calls; });
+      return Tensor();
+    });
+    s.backward();
+    inner_ran_before_outer_ended = inner_calls == 1;
+    return Tensor();
+  });
+  auto fn2 = [&w2](const autograd::TensorList& in) { return autograd::TensorList{matmul(in[0], w2)}; };
+  autograd::checkpoint(fn2, {matmul(a, w0)})[0].sum().backward();
+  CHECK(inner_ran_before_outer_ended);
+  CHECK(inner_calls == 1);
+}
+
+TEST_CASE("checkpoint: the recompute saves plainly, whatever saved-tensor hooks are on in backward", "[autograd]") {
+  // A SaveOnCpu around a whole step would otherwise copy what the recompute saves out and back.
+  int packs = 0;
+  autograd::SavedTensorHooksGuard counting({[&packs](const Tensor& t) {
+                                    ++packs;
+                                    return t;
+                                  },
+                                  [](const Tensor& t) { return t; }});
+  Tensor w0 = randn({4, 4}).requires_grad_(), w1 = randn({4, 4}).requires_grad_();
+  auto fn = [&w1](const autograd::TensorList& in) { return autograd::TensorList{gelu(matmul(in[0], w1))}; };
+  Tensor loss = autograd::checkpoint(fn, {matmul(randn({3, 4}), w0)})[0].sum();
+  const int forward_packs = packs;
+  CHECK(forward_packs > 0);  // the matmul outside the checkpoint saved its operands through the hooks
+  loss.backward();
+  CHECK(packs == forward_packs);  // the recompute's gelu and matmul saved theirs without
+  CHECK(w1.grad().defined());
+}

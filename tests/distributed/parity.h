@@ -19,6 +19,16 @@ struct Mlp : nn::Module {
   Tensor forward(const Tensor& x) override { return f3(relu(f2(relu(f1(x))))); }
 };
 
+// Mlp's arithmetic in two checkpointed blocks (nn::CheckpointWrapper): every parameter's gradient
+// arrives inside a recompute's backward, which runs within the outer backward, so a reducer's
+// end-of-backward callback queued there must still wait for the outer one.
+struct CheckpointedMlp : nn::Module {
+  nn::CheckpointWrapper a{nn::Sequential{nn::Linear(20, 32), nn::ReLU(), nn::Linear(32, 32), nn::ReLU()}};
+  nn::CheckpointWrapper b{nn::Linear(32, 10)};
+  CheckpointedMlp() { register_modules({{"a", a}, {"b", b}}); }
+  Tensor forward(const Tensor& x) override { return b(a(x)); }
+};
+
 // The whole batch of step `step`, the same on every rank: `rows` samples of 20 features, classes 0..9.
 inline std::pair<Tensor, Tensor> batch(int step, int64_t rows) {
   Tensor x = sample({rows, 20}, kFloat32, 0.1 * step);

@@ -109,6 +109,32 @@ TEST_CASE("ddp: gpt_char on N ranks with micro-batch b matches one process with 
   }
 }
 
+TEST_CASE("ddp: checkpointed layers (gradients from inside recomputes) are averaged once, at the end of backward",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size();
+  const int64_t b = 6;
+  for (bool overlap : {true, false}) {
+    INFO("overlap " << overlap);
+    manual_seed(13);
+    kiln::test::CheckpointedMlp ref, local;
+    local.load_state_dict(ref.state_dict());
+    DistributedDataParallel ddp(local, comm, {.bucket_cap_mb = 0.004, .overlap = overlap});
+    optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
+    optim::SGD opt(local.parameters(), {.lr = 0.1, .momentum = 0.9});
+    auto loss_fn = [](nn::Module& m, const Tensor& x, const Tensor& y) { return nn::cross_entropy(m(x), y); };
+    for (int step = 0; step < 5; ++step) {
+      INFO("step " << step);
+      auto [x, y] = batch(step, b * p);
+      kiln::test::parity_step(*comm, ref, opt_ref, ddp, opt, x, y, b, loss_fn, {1e-6, 1e-7});
+    }
+    for (const auto& [name, t] : ref.named_parameters()) {
+      INFO(name);
+      check_close(local.state_dict().at(name), t, {1e-6, 1e-6});
+    }
+  }
+}
+
 TEST_CASE("ddp: no_sync accumulates locally, the next backward averages the sum", "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();

@@ -55,8 +55,7 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
     "fp16": {"enabled": true, "initial_scale_power": 12, "hysteresis": 3},
     "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8, "overlap_comm": true, "contiguous_gradients": true,
                           "offload_optimizer": {"device": "cpu", "pin_memory": true},
-                          "offload_param": {"device": "cpu", "pin_memory": true}, "sub_group_size": 0,
-                          "stage3_prefetch_bucket_size": 2e6, "stage3_max_reuse_distance": 0,
+                          "sub_group_size": 0, "stage3_prefetch_bucket_size": 2e6, "stage3_max_reuse_distance": 0,
                           "stage3_model_persistence_threshold": 1e6}
   })");
   CHECK(*cfg.train_batch_size == 64);
@@ -80,8 +79,11 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
   CHECK(cfg.zero_optimization.reduce_bucket_size == 500'000'000);
   CHECK(cfg.zero_optimization.overlap_comm);
   CHECK(cfg.zero_optimization.offload_optimizer);
-  CHECK(cfg.zero_optimization.offload_param);
+  CHECK_FALSE(cfg.zero_optimization.offload_param);
   CHECK(cfg.zero_optimization.sub_group_size == 0);
+  CHECK(Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
+                                  "offload_param": {"device": "cpu", "pin_memory": true}}})")
+            .zero_optimization.offload_param);
   CHECK(Config::from_string(R"({"train_batch_size": 8})").zero_optimization.sub_group_size == 1'000'000'000);
   CHECK_FALSE(Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"offload_param": {"device": "none"}}})")
                   .zero_optimization.offload_param);
@@ -124,8 +126,13 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"zero_optimization.sub_group_size\" must be >= 0, not -1"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"offload_param": {"device": "nvme"}}})",
       {"\"zero_optimization.offload_param.device\" must be \"none\" or \"cpu\", not \"nvme\""});
-  bad(R"({"train_batch_size": 8, "zero_optimization": {"offload_param": {"device": "cpu", "buffer_count": 5}}})",
-      {"zero_optimization.offload_param.buffer_count", "does not implement"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "max_in_cpu": 5}}})",
+      {"zero_optimization.offload_param.max_in_cpu", "does not implement"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "offload_param": {"device": "cpu", "ratio": 0.5}}})",
+      {"\"zero_optimization.offload_param.ratio\" is not a key Kiln knows"});  // offload_optimizer's only
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}})",
+      {"\"zero_optimization.offload_param\" offloads stage 3's partitioned weights, and this is stage 2",
+       "remove it, or use stage 3"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"mics_shard_size": 2}})",
       {"zero_optimization.mics_shard_size", "does not implement"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true,

@@ -146,6 +146,59 @@ TEST_CASE("ParallelGPT: tensor-parallel over every rank, logits and gradient sli
   check_error([&] { models::ParallelGPT(small_config(2, false), tp, 0, 3); }, {"stage 0 of 3 does not fit"});
 }
 
+TEST_CASE("ParallelGPT: a checkpointed block's recompute skips the MLP projection's GEMM and reduction, same "
+          "gradients", "[distributed]") {
+  auto tp = init("mpi");
+  const int r = tp->rank(), p = tp->size();
+  for (bool sequence_parallel : {false, true}) {
+    INFO("sequence parallel " << sequence_parallel);
+    models::GPTConfig c = small_config(1, false);
+    c.dropout = 0.3;
+    manual_seed(6);
+    models::ParallelGPT par(c, tp, 0, 1, sequence_parallel);
+    auto& b = par.h.at<models::ParallelGPT::Block>(0);
+    // The same input and output gradient on every rank; each rank's positions when sequence parallel.
+    manual_seed(7);
+    const int64_t T = 12, t = sequence_parallel ? T / p : T;
+    Tensor x = randn({2, T, c.n_embd}).narrow(1, sequence_parallel ? r * t : 0, t).contiguous().requires_grad_();
+    Tensor gy = randn({2, T, c.n_embd}).narrow(1, sequence_parallel ? r * t : 0, t).contiguous();
+    const std::vector<Tensor> wrt{x, b.mlp.proj.weight, b.mlp.proj.bias, b.mlp.fc.weight, b.ln_2.weight,
+                                  b.attn.c_attn.weight};
+    for (bool training : {false, true}) {  // in training the dropouts draw their masks
+      INFO("training " << training);
+      par.train(training);
+      const Generator::State start = default_generator().get_state();
+      const uint64_t collectives = tp->sequence_number();
+      Tensor out = b.forward(x);
+      const uint64_t forward_collectives = tp->sequence_number() - collectives;
+      const uint64_t after = default_generator().offset();
+      default_generator().set_state(start);
+      Tensor recomputed = b.forward_for_recompute(x);
+      // One reduction fewer (attention's c_proj keeps its own: ln_2 reads its sum), the same masks.
+      if (p > 1) CHECK(tp->sequence_number() - collectives - forward_collectives == forward_collectives - 1);
+      CHECK(default_generator().offset() == after);
+      CHECK((after > start.offset) == training);
+      if (!training) {
+        // The projection was recorded, not computed: the block's output is h plus the bias.
+        Tensor h = x + b.attn(b.ln_1(x));
+        check_close(recomputed, h + b.mlp.proj.bias, {1e-6, 1e-6});
+        CHECK((out - recomputed).abs().max().item<double>() > 1e-3);
+      }
+      const auto want = autograd::grad({out}, wrt, {gy});
+      const auto got = autograd::grad({recomputed}, wrt, {gy});
+      for (size_t i = 0; i < want.size(); ++i) {
+        INFO("gradient " << i);
+        check_close(got[i], want[i], {1e-6, 1e-7});
+      }
+    }
+    // Hooks on the MLP's projection must see its values: then the block runs whole.
+    par.eval();
+    auto handle = b.mlp.proj.register_forward_hook([](nn::Module&, const Tensor&, const Tensor&) { return Tensor(); });
+    kiln::test::check_equal(b.forward_for_recompute(x), b.forward(x));
+    handle.remove();
+  }
+}
+
 namespace {
 
 // Trains ParallelGPT through kiln::Engine (ZeRO 1) on every grid shape that the world's ranks make,
@@ -160,6 +213,7 @@ void train_on_every_grid(const Device& device) {
     bool sequence_parallel;
     double dropout;
     bool checkpointing = false;  // every block recomputed in backward, collectives and masks included
+    bool tied = true;
   };
   std::vector<Run> runs;
   for (const GridSizes& sizes : kiln::test::grid_shapes(n)) {
@@ -167,15 +221,18 @@ void train_on_every_grid(const Device& device) {
     if (sizes.tensor > 1) runs.push_back({sizes, true, 0.0});
     runs.push_back({sizes, false, 0.1});
     if (sizes.tensor > 1) runs.push_back({sizes, true, 0.1});
+    // Checkpointed with the head untied too: then the stages' ZeRO reduction runs during the last
+    // backward, and a stage's first gradient comes from inside a recompute.
     runs.push_back({sizes, sizes.tensor > 1, 0.1, true});
+    runs.push_back({sizes, false, 0.1, true, false});
   }
-  for (const auto& [sizes, sequence_parallel, dropout, checkpointing] : runs) {
+  for (const auto& [sizes, sequence_parallel, dropout, checkpointing, tied] : runs) {
     const int data = n / (sizes.tensor * sizes.pipeline);
     INFO("tensor " << sizes.tensor << ", pipeline " << sizes.pipeline << ", data " << data << ", sequence parallel "
-                   << sequence_parallel << ", dropout " << dropout << ", checkpointing " << checkpointing << ", on "
-                   << device.str());
+                   << sequence_parallel << ", dropout " << dropout << ", checkpointing " << checkpointing
+                   << ", tied " << tied << ", on " << device.str());
     ParallelGrid grid(world, sizes);
-    models::GPTConfig c = small_config(4, /*tie=*/true);  // across stages: a copy on the last
+    models::GPTConfig c = small_config(4, tied);  // tied across stages: a copy on the last
     c.dropout = dropout;
     manual_seed(23);
     models::GPT whole(c);
@@ -214,8 +271,11 @@ void train_on_every_grid(const Device& device) {
       check_close(mine.mlp.proj.weight.cpu(), row_slice(b.mlp.c_proj.weight, t, T), tol);
       check_close(mine.ln_2.weight.cpu(), b.ln_2.weight, tol);
     }
-    if (stage.lm_head) check_close(stage.lm_head->weight.cpu(), whole.transformer.wte.weight, tol);
-    CHECK(stage.tied_weights().size() == (sizes.pipeline > 1 && (stage.is_first_stage() || stage.is_last_stage())));
+    if (stage.lm_head) {
+      check_close(stage.lm_head->weight.cpu(), tied ? whole.transformer.wte.weight : whole.lm_head->weight, tol);
+    }
+    CHECK(stage.tied_weights().size() ==
+          (tied && sizes.pipeline > 1 && (stage.is_first_stage() || stage.is_last_stage())));
     // Gathered into one GPT on the first stage: the model one process trained.
     const std::unique_ptr<models::GPT> gathered = stage.gather(*grid.pipeline());
     REQUIRE((gathered != nullptr) == stage.is_first_stage());

@@ -113,6 +113,33 @@ TEST_CASE("zero: every stage on N ranks with micro-batch b matches one process w
   }
 }
 
+TEST_CASE("zero: checkpointed layers (gradients from inside recomputes) reduce once, at the end of backward",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size();
+  const int64_t b = 6;
+  for (int stage : {0, 1, 2, 3}) {
+    for (bool overlap : {false, true}) {
+      INFO("stage " << stage << ", overlap " << overlap);
+      manual_seed(12);
+      kiln::test::CheckpointedMlp ref, local;
+      local.load_state_dict(ref.state_dict());
+      ZeroOptimizer opt(local, comm, sgd(0.1), {.stage = stage, .reduce_bucket_size = 300, .overlap_comm = overlap});
+      optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
+      for (int step = 0; step < 5; ++step) {
+        INFO("step " << step);
+        auto [x, y] = batch(step, b * p);
+        kiln::test::parity_step(*comm, ref, opt_ref, local, opt, x, y, b, mlp_loss, {1e-5, 1e-7});
+      }
+      const TensorDict got = weights(opt, local);
+      for (const auto& [name, t] : ref.named_parameters()) {
+        INFO(name);
+        check_close(got.at(name), t, {1e-5, 1e-6});
+      }
+    }
+  }
+}
+
 namespace {
 
 // ZeRO-3 trains gpt_char's layers (2 of them) on `device` for 20 steps, against one process on the
