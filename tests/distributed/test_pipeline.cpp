@@ -65,6 +65,30 @@ Tensor reference_step(nn::Module& ref, optim::Optimizer& opt, const Tensor& x, c
   return loss.detach();
 }
 
+// This rank's v chunks of `ref` as modules of type L (chunk c: virtual stage c p + s of v p), each
+// with its layers' weights copied from ref's, and what a Pipeline and an optimizer take of them.
+template <class L>
+struct Chunks {
+  std::vector<std::unique_ptr<L>> modules;
+  std::vector<nn::Module*> pointers;
+  std::vector<Tensor> params;
+};
+template <class L>
+Chunks<L> make_chunks(const Layers& ref, int64_t v, int p, int s) {
+  Chunks<L> out;
+  for (int64_t c = 0; c < v; ++c) {
+    const auto [begin, end] = stage_range(static_cast<int>(c * p + s), static_cast<int>(v * p), ref.total);
+    out.modules.push_back(std::make_unique<L>(begin, end, ref.total));
+    for (int i = begin; i < end; ++i) {
+      out.modules.back()->layers[static_cast<size_t>(i - begin)]->load_state_dict(
+          ref.layers[static_cast<size_t>(i)]->state_dict());
+    }
+    out.pointers.push_back(out.modules.back().get());
+    for (const Tensor& t : out.modules.back()->parameters()) out.params.push_back(t);
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("pipeline: GPipe and 1F1B on p stages match one process over 20 steps", "[distributed]") {
@@ -148,19 +172,8 @@ TEST_CASE("pipeline: interleaved 1F1B with 2 and 3 chunks per rank matches one p
     INFO("v " << v << ", m " << m << ", recv_ahead " << ahead);
     manual_seed(5);
     Layers ref(0, kTotal, kTotal);
-    std::vector<std::unique_ptr<Layers>> chunks;  // chunk c: virtual stage c p + s
-    std::vector<nn::Module*> pointers;
-    std::vector<Tensor> params;
-    for (int64_t c = 0; c < v; ++c) {
-      const auto [begin, end] = stage_range(static_cast<int>(c * p + s), static_cast<int>(v * p), kTotal);
-      chunks.push_back(std::make_unique<Layers>(begin, end, kTotal));
-      for (int i = begin; i < end; ++i) {
-        chunks.back()->layers[static_cast<size_t>(i - begin)]->load_state_dict(
-            ref.layers[static_cast<size_t>(i)]->state_dict());
-      }
-      pointers.push_back(chunks.back().get());
-      for (const Tensor& t : chunks.back()->parameters()) params.push_back(t);
-    }
+    Chunks<Layers> made = make_chunks<Layers>(ref, v, p, s);  // chunk c: virtual stage c p + s
+    auto& [chunks, pointers, params] = made;
     // The ops in the order they ran: "F<chunk>" from each chunk's forward, "B<chunk>.<micro-batch>"
     // from before_backward; and whether each backward was called its chunk's last.
     std::vector<std::string> trace;
@@ -408,19 +421,8 @@ TEST_CASE("pipeline: chunks that draw as the whole model get one process's dropo
     INFO("v " << v << ", m " << m << (schedule == kGPipe ? ", GPipe" : ""));
     manual_seed(8);
     Dropping ref(0, kTotal, kTotal);
-    std::vector<std::unique_ptr<Dropping>> chunks;  // chunk c: virtual stage c p + s
-    std::vector<nn::Module*> pointers;
-    std::vector<Tensor> params;
-    for (int64_t c = 0; c < v; ++c) {
-      const auto [begin, end] = stage_range(static_cast<int>(c * p + s), static_cast<int>(v * p), kTotal);
-      chunks.push_back(std::make_unique<Dropping>(begin, end, kTotal));
-      for (int i = begin; i < end; ++i) {
-        chunks.back()->layers[static_cast<size_t>(i - begin)]->load_state_dict(
-            ref.layers[static_cast<size_t>(i)]->state_dict());
-      }
-      pointers.push_back(chunks.back().get());
-      for (const Tensor& t : chunks.back()->parameters()) params.push_back(t);
-    }
+    Chunks<Dropping> made = make_chunks<Dropping>(ref, v, p, s);  // chunk c: virtual stage c p + s
+    auto& [chunks, pointers, params] = made;
     Pipeline pipe(pointers, comm, loss_fn, {.micro_batches = m, .schedule = schedule});
     optim::SGD opt_ref(ref.parameters(), {.lr = 0.2, .momentum = 0.9});
     optim::SGD opt(params, {.lr = 0.2, .momentum = 0.9});
