@@ -92,6 +92,23 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool pre
 // (Note [a recompute computes what backward reads] in autograd/checkpoint.cpp).
 TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, const TensorList& inputs,
                       bool preserve_rng_state = true);
+// How a checkpoint keeps an input from the forward to the backward: called in forward with the
+// input, it returns what backward calls to get the input back, which must have its shape, dtype and
+// device. DeepSpeed's "activation_checkpointing" options are two of them: cpu_checkpointing keeps a
+// host copy (keep_on_cpu below), partition_activations keeps this rank's part of the input and
+// all-gathers it in backward (distributed::keep_partitioned). An input that is a leaf requiring grad
+// (a parameter) is kept as it is. An input changed in place while its storage lives is still an
+// Error in backward.
+using KeepInput = std::function<std::function<Tensor()>(const Tensor&)>;
+struct CheckpointOptions {
+  bool preserve_rng_state = true;
+  KeepInput keep_input;  // empty: the inputs themselves are kept
+};
+TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, const TensorList& inputs,
+                      const CheckpointOptions& options);
+// Keeps a host copy of a device input (DeepSpeed's cpu_checkpointing), made and copied back as
+// SaveOnCpu does (pinned and non-blocking with pin_memory); a CPU input is kept as it is.
+KeepInput keep_on_cpu(bool pin_memory = true);
 
 // Activation offload (PyTorch's torch.autograd.graph.save_on_cpu): while a SaveOnCpu lives, every
 // tensor that an op saves for backward (but the parameters, which are saved as they are) is copied

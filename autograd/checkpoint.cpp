@@ -23,12 +23,77 @@
 // nn::TransformerBlock overrides: it records its MLP's last projection with nn::linear_graph_only
 // and so skips its GEMM, a third of the block's weight FLOPs. The recompute's outputs must have the
 // shapes and dtypes of fn's; their values are never read.
+//
+// What the checkpoint keeps of its inputs can be less than the inputs (CheckpointOptions::
+// keep_input): a host copy (keep_on_cpu, DeepSpeed's cpu_checkpointing), or this rank's part of an
+// input that every rank of a tensor-parallel group holds whole (distributed::keep_partitioned,
+// DeepSpeed's partition_activations and Megatron-LM's --distribute-saved-activations). With k
+// checkpointed blocks those inputs are most of what stays between forward and backward.
 #include "autograd/autograd.h"
+
+#include <fmt/format.h>
+
 #include "core/generator.h"
+#include "core/tensor_impl.h"
 #include "ops/autocast.h"
 #include "ops/record.h"
 
 namespace kiln::autograd {
+
+namespace {
+
+// One input of a checkpointed function, from the forward to the backward: a detached handle, or
+// what a KeepInput made of it, with the input's storage (weakly: a keeper that copies the input
+// lets it go) and version, to refuse an input changed in place in between.
+class Kept {
+ public:
+  Kept(const Tensor& t, const KeepInput& keep) {
+    if (!t.defined()) return;
+    storage_ = t.impl()->storage;
+    version_ = t._version();
+    shape_ = t.shape();
+    dtype_ = t.dtype();
+    device_ = t.device();
+    if (keep && !(t.is_leaf() && t.requires_grad())) {
+      restore_ = keep(t.detach());
+      KILN_CHECK(restore_ != nullptr, "checkpoint: the keep_input function returned no way back for an input of {}",
+                 t.shape().str());
+    } else {
+      tensor_ = t.detach();
+    }
+  }
+
+  // The input again (undefined where it was); `i` numbers it in Errors.
+  Tensor get(size_t i) const {
+    if (!tensor_.defined() && restore_ == nullptr) return {};
+    const std::shared_ptr<Storage> storage = storage_.lock();
+    KILN_CHECK(storage == nullptr || storage->version == version_,
+               "CheckpointBackward: input {} of the checkpointed function was modified by an in-place operation "
+               "after the forward (it is at version {}, it was at version {}), so the recompute would use other "
+               "values. Use the out-of-place form, or clone() the input before changing it",
+               i, storage == nullptr ? 0 : storage->version, version_);
+    if (restore_ == nullptr) return tensor_.detach();
+    Tensor t = restore_();
+    KILN_CHECK(t.defined() && t.shape() == shape_ && t.dtype() == dtype_ && t.device() == device_,
+               "CheckpointBackward: input {} came back from its keep_input function as {}, but it was a {} {} tensor "
+               "on {}; the function must give back the tensor it was given",
+               i, t.defined() ? fmt::format("a {} {} tensor on {}", t.shape().str(), dtype_name(t.dtype()), t.device().str())
+                              : std::string("an undefined tensor"),
+               shape_.str(), dtype_name(dtype_), device_.str());
+    return t.detach();
+  }
+
+ private:
+  Tensor tensor_;
+  std::function<Tensor()> restore_;
+  std::weak_ptr<Storage> storage_;
+  uint64_t version_ = 0;
+  Shape shape_;
+  DType dtype_ = DType::Float32;
+  Device device_ = Device::cpu();
+};
+
+}  // namespace
 
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state) {
   return checkpoint(fn, fn, inputs, preserve_rng_state);
@@ -36,6 +101,14 @@ TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool pre
 
 TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, const TensorList& inputs,
                       bool preserve_rng_state) {
+  CheckpointOptions options;
+  options.preserve_rng_state = preserve_rng_state;
+  return checkpoint(fn, recompute, inputs, options);
+}
+
+TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, const TensorList& inputs,
+                      const CheckpointOptions& options) {
+  const bool preserve_rng_state = options.preserve_rng_state;
   KILN_CHECK(fn != nullptr && recompute != nullptr, "checkpoint: the function{} is empty",
              fn != nullptr ? " to run again in backward" : "");
   const Generator::State rng = default_generator().get_state();
@@ -65,17 +138,16 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
     }
   }
 
-  // The backward keeps the inputs (as detached handles, which share their version counters) and fn.
-  TensorList kept;
-  std::vector<bool> wants;           // which inputs get a gradient
-  std::vector<uint64_t> versions;    // each input's version now: backward recomputes from its data
+  // The backward keeps the inputs (as detached handles, which share their version counters, or in
+  // what options.keep_input makes of them) and fn.
+  std::vector<Kept> kept;
+  std::vector<bool> wants;  // which inputs get a gradient
   for (const auto& t : inputs) {
-    kept.push_back(t.defined() ? t.detach() : Tensor());
+    kept.push_back(Kept(t, options.keep_input));
     wants.push_back(t.defined() && t.requires_grad());
-    versions.push_back(t.defined() ? t._version() : 0);
   }
   record("CheckpointBackward", inputs, outputs,
-         [recompute, kept, wants, versions, rng, preserve_rng_state, autocast_state](const Grads& g) {
+         [recompute, kept, wants, rng, preserve_rng_state, autocast_state](const Grads& g) {
     KILN_CHECK(!GradMode::is_enabled(),
                "checkpoint: backward with create_graph=true (higher-order gradients) is not supported through "
                "a checkpointed function; call it without checkpoint for that");
@@ -85,12 +157,7 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
                "uses (PyTorch's reentrant checkpoint refuses them too); use backward() without inputs");
     TensorList again;
     for (size_t i = 0; i < kept.size(); ++i) {
-      KILN_CHECK(!kept[i].defined() || kept[i]._version() == versions[i],
-                 "CheckpointBackward: input {} of the checkpointed function was modified by an in-place operation "
-                 "after the forward (it is at version {}, it was at version {}), so the recompute would use other "
-                 "values. Use the out-of-place form, or clone() the input before changing it",
-                 i, kept[i]._version(), versions[i]);
-      Tensor d = kept[i].defined() ? kept[i].detach() : Tensor();
+      Tensor d = kept[i].get(i);
       if (wants[i]) d.requires_grad_();
       again.push_back(d);
     }
@@ -130,6 +197,14 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
     return result;
   });
   return outputs;
+}
+
+KeepInput keep_on_cpu(bool pin_memory) {
+  return [pin_memory](const Tensor& t) -> std::function<Tensor()> {
+    if (t.device().is_cpu()) return [t] { return t; };
+    Tensor host = t.to(Device::cpu(), /*non_blocking=*/pin_memory);  // as SaveOnCpu (autograd/offload.cpp)
+    return [host, device = t.device(), pin_memory] { return host.to(device, /*non_blocking=*/pin_memory); };
+  };
 }
 
 }  // namespace kiln::autograd

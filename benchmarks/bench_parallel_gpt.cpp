@@ -25,8 +25,10 @@
 // dropout or sequence parallelism, also as interleaved 1F1B with 2 chunks per pipeline rank
 // (Megatron-LM's virtual stages), with its time's ratio to the same grid's 1F1B. And tied with
 // every block checkpointed (recomputed in backward): "skip_unread", the default, whose recompute
-// leaves out the MLP's last GEMM and reduction, and "whole", Megatron-LM's full recompute; each
-// with the ratio of its time to the same grid's without. The runs take turns, round after round.
+// leaves out the MLP's last GEMM and reduction, "whole", Megatron-LM's full recompute, and on grids
+// with a tensor axis "skip_unread_partitioned", each tensor rank keeping half of each block's input
+// (DeepSpeed's activation_checkpointing.partition_activations); each with the ratio of its time to
+// the same grid's without. The runs take turns, round after round.
 // PyTorch and LibTorch have no tensor or pipeline parallelism of their own to set beside this.
 #include <kiln/kiln.h>
 
@@ -60,7 +62,9 @@ int main(int argc, char** argv) {
     bool tied = true, sequence_parallel = false;
     double dropout = 0;
     int chunks = 1;  // per pipeline rank: interleaved 1F1B when 2
-    int recompute = 0;  // 0: no checkpointing; 1: checkpointed, the recompute skips what is unread; 2: whole
+    // 0: no checkpointing; 1: checkpointed, the recompute skips what is unread; 2: whole; 3: as 1,
+    // each block's input partitioned among the tensor ranks
+    int recompute = 0;
     std::unique_ptr<ParallelGrid> grid;
     std::vector<std::unique_ptr<models::ParallelGPT>> stages;  // this rank's chunks
     std::unique_ptr<Engine> engine;
@@ -77,9 +81,9 @@ int main(int argc, char** argv) {
   };
   for (const auto& [tied, sequence_parallel, dropout, recompute] :
        {Variant{true, false, 0}, {false, false, 0}, {true, true, 0}, {true, false, 0.1}, {true, true, 0.1},
-        {true, false, 0, 1}, {true, false, 0, 2}}) {
+        {true, false, 0, 1}, {true, false, 0, 2}, {true, false, 0, 3}}) {
     for (int t = 1; t <= n; ++t) {
-      if (sequence_parallel && t == 1) continue;
+      if ((sequence_parallel || recompute == 3) && t == 1) continue;
       for (int p = 1; t * p <= n; ++p) {
         if (n % (t * p) != 0 || config.n_head % t != 0 || p > config.n_layer) continue;
         const int data = n / (t * p);
@@ -106,13 +110,15 @@ int main(int argc, char** argv) {
             r.stages.push_back(std::make_unique<models::ParallelGPT>(c, r.grid->tensor(), k * p + r.grid->pipeline_rank(),
                                                                      p * v, sequence_parallel, v));
             r.stages.back()->set_checkpointing(recompute > 0);
-            r.stages.back()->set_recompute_skips_unread(recompute == 1);
+            r.stages.back()->set_recompute_skips_unread(recompute != 2);
             chunks.push_back(r.stages.back().get());
           }
           const Config cfg = Config::from_string(fmt::format(R"({{
               "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 1.0,
               "steps_per_print": 1000000, "optimizer": {{"type": "AdamW", "params": {{"lr": 3e-4}}}},
-              "zero_optimization": {{"stage": 1}}}})", windows / data / micro_batches, micro_batches));
+              "zero_optimization": {{"stage": 1}},
+              "activation_checkpointing": {{"partition_activations": {}}}}})",
+              windows / data / micro_batches, micro_batches, recompute == 3 ? "true" : "false"));
           r.engine = std::make_unique<Engine>(chunks, cfg, *r.grid, models::ParallelGPT::loss);
           runs.push_back(std::move(r));
         }
@@ -188,7 +194,10 @@ int main(int argc, char** argv) {
                   "\"peak_increment_mib\":%.1f,\"loss_after\":%.6f}\n",
                   n, r.sizes.tensor, r.sizes.pipeline, r.chunks, n / (r.sizes.tensor * r.sizes.pipeline),
                   r.tied ? "gpt_char" : "gpt_char_untied", r.sequence_parallel ? "true" : "false", r.dropout,
-                  r.recompute == 0 ? "none" : r.recompute == 1 ? "skip_unread" : "whole",
+                  r.recompute == 0   ? "none"
+                  : r.recompute == 1 ? "skip_unread"
+                  : r.recompute == 2 ? "whole"
+                                     : "skip_unread_partitioned",
                   static_cast<long long>(windows), static_cast<long long>(micro_batches), steps, rounds, ms, lo, hi,
                   static_cast<double>(windows * config.block_size) / (ms / 1e3), base > 0 ? ms / base : 0.0,
                   untied > 0 ? ms / untied : 0.0, no_dropout > 0 ? ms / no_dropout : 0.0,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 
+#include "autograd/autograd.h"
 #include "core/grad_mode.h"
 #include "data/safetensors.h"
 
@@ -105,7 +106,9 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
     if (checkpoint_[static_cast<size_t>(i)] && !caches && is_training() && GradMode::is_enabled()) {
       // The recompute skips the block's last GEMM (Note [a recompute computes what backward reads] in
       // autograd/checkpoint.cpp); a block with hooks runs whole both times, hooks and all.
-      x = nn::checkpoint_module(*b, x, /*preserve_rng_state=*/true, recompute_skips_unread_);
+      autograd::CheckpointOptions options;
+      if (keeping_.cpu_checkpointing) options.keep_input = autograd::keep_on_cpu();
+      x = nn::checkpoint_module(*b, x, options, recompute_skips_unread_);
     } else {
       x = b->forward(x, caches ? &(*caches)[static_cast<size_t>(i)] : nullptr);
     }

@@ -45,7 +45,7 @@ struct GenerateOptions {
   bool use_cache = true;     // keys and values kept between steps (false: the whole window each step)
 };
 
-class GPT : public nn::Module {
+class GPT : public nn::Module, public nn::ConfiguresCheckpointing {
  public:
   explicit GPT(GPTConfig config);
 
@@ -74,6 +74,11 @@ class GPT : public nn::Module {
   // or runs the block whole, as torch.utils.checkpoint does: the same gradients either way, so that
   // what the skip saves can be measured (bench_checkpointing_mem --full-recompute).
   void set_recompute_skips_unread(bool on) { recompute_skips_unread_ = on; }
+  // How checkpointed blocks keep their inputs (DeepSpeed's "activation_checkpointing" section, which
+  // kiln::initialize passes here): cpu_checkpointing keeps them in pinned host memory. On one
+  // process there is no tensor-parallel group, so partition_activations changes nothing.
+  void configure_checkpointing(const nn::ActivationCheckpointing& options) override { keeping_ = options; }
+  const nn::ActivationCheckpointing& checkpointing_options() const { return keeping_; }
 
   nn::TransformerBlock& block(int64_t i) const { return transformer.h.at<nn::TransformerBlock>(static_cast<size_t>(i)); }
 
@@ -92,6 +97,7 @@ class GPT : public nn::Module {
  private:
   std::vector<bool> checkpoint_;
   bool recompute_skips_unread_ = true;
+  nn::ActivationCheckpointing keeping_;
 };
 
 // ---- Hugging Face GPT-2 safetensors (model.safetensors of the "gpt2" checkpoints) ----

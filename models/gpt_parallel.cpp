@@ -1,6 +1,7 @@
 // models/gpt_parallel.cpp: see models/gpt_parallel.h.
 #include "models/gpt_parallel.h"
 
+#include "autograd/autograd.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
 
@@ -255,6 +256,15 @@ void ParallelGPT::reserve_dropout(int64_t first, int64_t last, bool embeddings, 
   }
 }
 
+void ParallelGPT::configure_checkpointing(const nn::ActivationCheckpointing& options) {
+  KILN_CHECK(!(options.partition_activations && sequence_parallel_ && tp_->size() > 1),
+             "ParallelGPT: partition_activations splits each checkpointed block's input among the tensor group's "
+             "ranks, and with sequence parallelism each rank holds only its part of the sequence already (Megatron-LM "
+             "refuses --distribute-saved-activations with --sequence-parallel too); set \"partition_activations\": "
+             "false, or turn sequence parallelism off");
+  keeping_ = options;
+}
+
 Tensor ParallelGPT::forward(const Tensor& input) {
   Tensor x = input;
   const bool drops = is_training() && config.dropout > 0;
@@ -274,9 +284,12 @@ Tensor ParallelGPT::forward(const Tensor& input) {
     if (sequence_parallel_) x = distributed::scatter_to_sequence_parallel_region(x, *tp_);
   }
   const bool recompute = checkpointing_ && is_training() && GradMode::is_enabled();
+  autograd::CheckpointOptions options;
+  if (keeping_.cpu_checkpointing) options.keep_input = autograd::keep_on_cpu();
+  if (keeping_.partition_activations) options.keep_input = distributed::keep_partitioned(tp_, options.keep_input);
   for (size_t j = 0; j < h.size(); ++j) {
     Block& block = h.at<Block>(j);
-    x = recompute ? nn::checkpoint_module(block, x, /*preserve_rng_state=*/true, recompute_skips_unread_) : block(x);
+    x = recompute ? nn::checkpoint_module(block, x, options, recompute_skips_unread_) : block(x);
   }
   if (drops && !is_last_stage()) {
     reserve_dropout(first_ + static_cast<int64_t>(h.size()), config.n_layer, false, x.size(0), positions(x));

@@ -54,7 +54,10 @@
 
 namespace kiln::models {
 
-class ParallelGPT : public nn::Module, public distributed::TiedWeights, public distributed::DrawsAsWholeModel {
+class ParallelGPT : public nn::Module,
+                    public distributed::TiedWeights,
+                    public distributed::DrawsAsWholeModel,
+                    public nn::ConfiguresCheckpointing {
  public:
   // Stage `stage` of `num_stages` of the model that `config` describes, its blocks tensor-parallel
   // over `tp` (n_head and 4 n_embd multiples of tp's size). sequence_parallel: between the blocks'
@@ -98,6 +101,14 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights, public d
   void set_checkpointing(bool on) { checkpointing_ = on; }
   bool checkpointing() const { return checkpointing_; }
   void set_recompute_skips_unread(bool on) { recompute_skips_unread_ = on; }
+  // How the checkpointed blocks keep their inputs (DeepSpeed's "activation_checkpointing" section,
+  // which kiln::initialize passes here). partition_activations: each rank of the tensor group keeps
+  // 1/size of each block's input, all-gathered in backward (distributed::keep_partitioned;
+  // Megatron-LM's --distribute-saved-activations); with sequence parallelism the inputs are split
+  // already, and asking for it is an Error (as in Megatron-LM). cpu_checkpointing: what is kept
+  // goes to pinned host memory.
+  void configure_checkpointing(const nn::ActivationCheckpointing& options) override;
+  const nn::ActivationCheckpointing& checkpointing_options() const { return keeping_; }
 
   bool is_first_stage() const { return stage_ == 0; }
   bool is_last_stage() const { return stage_ == num_stages_ - 1; }
@@ -142,6 +153,7 @@ class ParallelGPT : public nn::Module, public distributed::TiedWeights, public d
   bool sequence_parallel_;
   bool checkpointing_ = false;
   bool recompute_skips_unread_ = true;
+  nn::ActivationCheckpointing keeping_;
   int64_t first_ = 0;
 };
 

@@ -45,6 +45,13 @@ CheckpointWrapper::CheckpointWrapper(std::shared_ptr<Module> module, bool preser
 }
 
 Tensor checkpoint_module(Module& module, const Tensor& input, bool preserve_rng_state, bool skip_unread) {
+  autograd::CheckpointOptions options;
+  options.preserve_rng_state = preserve_rng_state;
+  return checkpoint_module(module, input, options, skip_unread);
+}
+
+Tensor checkpoint_module(Module& module, const Tensor& input, const autograd::CheckpointOptions& options,
+                         bool skip_unread) {
   Module* m = &module;
   const bool whole = !skip_unread || m->has_forward_hooks();  // hooks must see the values
   return autograd::checkpoint(
@@ -52,7 +59,7 @@ Tensor checkpoint_module(Module& module, const Tensor& input, bool preserve_rng_
       [m, whole](const autograd::TensorList& in) {
         return autograd::TensorList{whole ? (*m)(in[0]) : m->forward_for_recompute(in[0])};
       },
-      {input}, preserve_rng_state)[0];
+      {input}, options)[0];
 }
 
 Tensor CheckpointWrapper::forward(const Tensor& input) {

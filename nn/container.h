@@ -1,4 +1,5 @@
-// nn/container.h: Sequential, ModuleList, ModuleDict and CheckpointWrapper. Unlike the members of a
+// nn/container.h: Sequential, ModuleList, ModuleDict and CheckpointWrapper (and the options of
+// DeepSpeed's "activation_checkpointing" that checkpointing models take). Unlike the members of a
 // user's module, their children are owned (see Note [module ownership] in nn/module.h): they are moved
 // in or shared.
 //
@@ -20,6 +21,10 @@
 #include <vector>
 
 #include "nn/module.h"
+
+namespace kiln::autograd {
+struct CheckpointOptions;  // autograd/autograd.h
+}
 
 namespace kiln::nn {
 
@@ -107,6 +112,28 @@ class ModuleDict : public Module {
 // false. See Note [a recompute computes what backward reads] in autograd/checkpoint.cpp.
 Tensor checkpoint_module(Module& module, const Tensor& input, bool preserve_rng_state = true,
                          bool skip_unread = true);
+// The same, keeping the input as options.keep_input says (autograd::CheckpointOptions).
+Tensor checkpoint_module(Module& module, const Tensor& input, const autograd::CheckpointOptions& options,
+                         bool skip_unread = true);
+
+// DeepSpeed's "activation_checkpointing" section (what deepspeed.checkpointing.configure takes):
+// how the blocks that a model checkpoints keep their inputs. It does not itself turn checkpointing
+// on (GPT::set_checkpointing, train_gpt --checkpoint-activations do). kiln::initialize hands it to
+// each module it trains (the model, or each pipeline chunk) that implements
+// ConfiguresCheckpointing: models::GPT and models::ParallelGPT.
+struct ActivationCheckpointing {
+  // Each rank of the tensor-parallel group keeps 1/size of a checkpointed block's input, which
+  // every rank of the group holds whole, and backward all-gathers it (Megatron-LM's
+  // --distribute-saved-activations). Without a tensor-parallel group (size 1) it changes nothing.
+  bool partition_activations = false;
+  // What is kept goes to host memory (pinned) and comes back in backward; on the CPU, nothing moves.
+  bool cpu_checkpointing = false;
+};
+class ConfiguresCheckpointing {
+ public:
+  virtual ~ConfiguresCheckpointing() = default;
+  virtual void configure_checkpointing(const ActivationCheckpointing& options) = 0;
+};
 
 // Activation checkpointing of one module (PyTorch's checkpoint_wrapper, CheckpointWrapper): forward
 // runs the wrapped module through autograd::checkpoint, so that only its input is kept for backward,

@@ -21,7 +21,7 @@ using json = nlohmann::json;
 // DeepSpeed keys that Kiln does not implement, by section: naming them apart from typos tells the
 // user that the key is right but the feature is not here.
 const std::set<std::string> kUnsupportedTop = {
-    "amp", "activation_checkpointing", "aio", "autotuning", "checkpoint", "comms_logger", "communication_data_type",
+    "amp", "aio", "autotuning", "checkpoint", "comms_logger", "communication_data_type",
     "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency", "data_types", "disable_allgather",
     "dump_state", "eigenvalue", "elasticity", "flops_profiler", "gradient_predivide_factor", "hybrid_engine",
     "memory_breakdown", "nebula", "pipeline", "prescale_gradients", "progressive_layer_drop", "quantize_training",
@@ -407,6 +407,27 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
   s.finish();
 }
 
+// DeepSpeed's "activation_checkpointing" (deepspeed.checkpointing.configure's options).
+void read_activation_checkpointing(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("activation_checkpointing")) return;
+  Section s(source, "activation_checkpointing", top.at("activation_checkpointing"));
+  auto& a = cfg.activation_checkpointing;
+  s.read("partition_activations", a.partition_activations);
+  s.read("cpu_checkpointing", a.cpu_checkpointing);
+  s.read_fixed("contiguous_memory_optimization", false,
+               "the kept inputs are not copied into one preallocated buffer (the caching allocator reuses freed "
+               "blocks); remove it");
+  // Sizes contiguous_memory_optimization's buffer, which Kiln does not have: checked, no effect.
+  if (s.has("number_checkpoints") && !s.at("number_checkpoints").is_null()) {
+    std::optional<int64_t> n;
+    s.read("number_checkpoints", n);
+  }
+  s.read_fixed("synchronize_checkpoint_boundary", false,
+               "checkpointed blocks do not synchronize the device (a profiler's timeline shows the blocks); remove it");
+  s.read_fixed("profile", false, "checkpointed forwards are not timed one by one; use wall_clock_breakdown");
+  s.finish();
+}
+
 }  // namespace
 
 Config Config::from_string(const std::string& text, const std::string& source) {
@@ -424,6 +445,7 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   read_scheduler(top, source, cfg);
   read_fp16(top, source, cfg);
   read_zero(top, source, cfg);
+  read_activation_checkpointing(top, source, cfg);
   top.finish();
   KILN_CHECK(cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu,
              "{}: neither \"train_batch_size\" nor \"train_micro_batch_size_per_gpu\" is given; give at least one "

@@ -24,6 +24,10 @@
 //                  stage3_model_persistence_threshold,
 //                  stage3_max_live_parameters, stage3_max_reuse_distance,
 //                  stage3_gather_16bit_weights_on_model_save (or its older name, ..._fp16_...)}
+//   activation_checkpointing {partition_activations, cpu_checkpointing, number_checkpoints
+//                  (checked, no effect); contiguous_memory_optimization, synchronize_checkpoint_boundary
+//                  and profile only false}: how the blocks a model checkpoints keep their inputs
+//                  (nn::ActivationCheckpointing); checkpointing itself is the model's switch
 //
 // "Strictly": a key Kiln does not know is an Error naming it, where it is, the keys allowed there and
 // the closest of them ("did you mean"); a DeepSpeed key that Kiln does not implement is an Error
@@ -38,6 +42,7 @@
 #include <string>
 
 #include "distributed/zero/zero_optimizer.h"
+#include "nn/container.h"
 #include "optim/adagrad.h"
 #include "optim/adam.h"
 #include "optim/grad_scaler.h"
@@ -90,6 +95,8 @@ struct Config {
   } bf16;
 
   distributed::ZeroOptions zero_optimization{.stage = 0};
+  // kiln::initialize passes it to the modules it trains that take it (nn::ConfiguresCheckpointing).
+  nn::ActivationCheckpointing activation_checkpointing;
 
   // Reads and checks a DeepSpeed JSON configuration; `source` names it in Errors.
   static Config from_file(const std::string& path);

@@ -428,4 +428,24 @@ std::vector<Tensor> tensor_parallel_slices(nn::Module& module) {
   return slices;
 }
 
+autograd::KeepInput keep_partitioned(std::shared_ptr<Communicator> group, autograd::KeepInput then) {
+  KILN_CHECK(group != nullptr, "keep_partitioned: the communicator is null; pass the tensor-parallel group");
+  return [group, then](const Tensor& t) -> std::function<Tensor()> {
+    const int64_t n = group->size();
+    if (n == 1) return then ? then(t) : [t] { return t; };
+    const int64_t numel = t.numel();
+    const int64_t part = (numel + n - 1) / n;
+    const int64_t begin = std::min(numel, group->rank() * part), end = std::min(numel, begin + part);
+    Tensor mine = zeros({part}, t.options());
+    if (end > begin) mine.narrow(0, 0, end - begin).copy_(t.reshape({numel}).narrow(0, begin, end - begin));
+    std::function<Tensor()> back = then ? then(mine) : [mine] { return mine; };
+    return [group, back = std::move(back), shape = t.shape(), numel, part, n] {
+      Tensor kept = back();
+      Tensor gathered = empty({n * part}, kept.options());
+      group->all_gather_into_tensor(gathered, kept);
+      return gathered.narrow(0, 0, numel).reshape(shape);
+    };
+  };
+}
+
 }  // namespace kiln::distributed

@@ -59,6 +59,7 @@
 #include <utility>
 #include <vector>
 
+#include "autograd/autograd.h"
 #include "distributed/comm/communicator.h"
 #include "nn/module.h"
 
@@ -193,6 +194,14 @@ class ParallelSelfAttention : public nn::Module {
   bool sequence_parallel_;
   std::shared_ptr<Communicator> comm_;
 };
+
+// A checkpoint's way of keeping an input that every rank of `group` holds whole (autograd::
+// CheckpointOptions::keep_input): each rank keeps its 1/size of the flattened input (a copy, so
+// the whole one can be freed; the last part padded), passed on to `then` where given (keep_on_cpu:
+// DeepSpeed's cpu_checkpointing), and backward all-gathers the parts over the group. DeepSpeed's
+// partition_activations, Megatron-LM's --distribute-saved-activations. Every rank of the group runs
+// the checkpointed backward at the same point (the recompute's own collectives need it anyway).
+autograd::KeepInput keep_partitioned(std::shared_ptr<Communicator> group, autograd::KeepInput then = {});
 
 // The parameters of `module` that are slices of its tensor-parallel layers: column-parallel weights
 // and biases, row-parallel weights. Every other parameter is whole, the same on each rank of the

@@ -227,3 +227,96 @@ TEST_CASE("checkpoint: the recompute saves plainly, whatever saved-tensor hooks 
   CHECK(packs == forward_packs);  // the recompute's gelu and matmul saved theirs without
   CHECK(w1.grad().defined());
 }
+
+TEST_CASE("checkpoint: keep_input keeps what it makes of each input, and backward gets the input back from it",
+          "[autograd]") {
+  manual_seed(4);
+  std::vector<Block> blocks = {Block(16), Block(16), Block(16)};
+  Tensor x0 = randn({8, 16});
+  // A keeper that keeps every other element and the rest in a map, as a partition among two ranks
+  // would: what is kept is a new tensor, half the input's size; backward joins the halves again.
+  int kept_count = 0, restored_count = 0;
+  std::vector<Tensor> others;  // the halves "the other rank" keeps
+  autograd::CheckpointOptions options;
+  options.keep_input = [&](const Tensor& t) -> std::function<Tensor()> {
+    ++kept_count;
+    Tensor flat = t.reshape({2, t.numel() / 2});
+    Tensor mine = flat.narrow(0, 0, 1).clone();
+    others.push_back(flat.narrow(0, 1, 1).clone());
+    Tensor other = others.back();
+    return [&restored_count, mine, other, shape = t.shape()] {
+      ++restored_count;
+      return cat({mine, other}, 0).reshape(shape);
+    };
+  };
+  Tensor grads[2][4];
+  for (int use = 0; use < 2; ++use) {
+    Tensor x = x0.clone().requires_grad_();
+    for (auto& b : blocks) {
+      for (auto& p : b.params()) p.set_grad(Tensor());
+    }
+    manual_seed(42);
+    Tensor h = x * 1;  // not a leaf: the keeper sees every block's input
+    for (const auto& b : blocks) {
+      auto fn = [&b](const autograd::TensorList& in) { return autograd::TensorList{b(in[0])}; };
+      h = use == 0 ? b(h) : autograd::checkpoint(fn, fn, {h}, options)[0];
+    }
+    (h * h).mean().backward();
+    for (size_t i = 0; i < 3; ++i) grads[use][i] = blocks[i].w1.grad().clone();
+    grads[use][3] = x.grad().clone();
+  }
+  CHECK(kept_count == 3);
+  CHECK(restored_count == 3);
+  for (int i = 0; i < 4; ++i) {
+    INFO("gradient " << i);
+    kiln::test::check_equal(grads[1][i], grads[0][i]);
+  }
+
+  // A parameter given as an input is kept as it is: the keeper never sees it.
+  kept_count = 0;
+  Tensor w = randn({4}).requires_grad_();
+  auto square = [](const autograd::TensorList& in) { return autograd::TensorList{in[0] * in[0]}; };
+  autograd::checkpoint(square, square, {w}, options)[0].sum().backward();
+  CHECK(kept_count == 0);
+  kiln::test::check_close(w.grad(), w.detach() * 2);
+
+  // keep_on_cpu keeps a CPU input as it is (on a GPU it keeps a host copy: test_cuda_nn.cpp).
+  autograd::CheckpointOptions on_cpu;
+  on_cpu.keep_input = autograd::keep_on_cpu();
+  Tensor y = from_vector<float>({1, 2, 3}).requires_grad_();
+  autograd::checkpoint(square, square, {y * 1}, on_cpu)[0].sum().backward();
+  kiln::test::check_close(y.grad(), from_vector<float>({2, 4, 6}));
+}
+
+TEST_CASE("checkpoint: a keep_input that gives back another tensor, or an input changed in place, is an Error",
+          "[autograd]") {
+  auto square = [](const autograd::TensorList& in) { return autograd::TensorList{in[0] * in[0]}; };
+  Tensor x = from_vector<float>({1, 2, 3}).requires_grad_();
+  autograd::CheckpointOptions wrong;
+  wrong.keep_input = [](const Tensor& t) -> std::function<Tensor()> {
+    Tensor half = t.narrow(0, 0, 1).clone();
+    return [half] { return half; };
+  };
+  Tensor out = autograd::checkpoint(square, square, {x * 1}, wrong)[0];
+  check_error([&] { out.sum().backward(); },
+              {"CheckpointBackward: input 0 came back from its keep_input function as a [1] float32 tensor on cpu",
+               "it was a [3] float32 tensor on cpu"});
+  autograd::CheckpointOptions none;
+  none.keep_input = [](const Tensor&) { return std::function<Tensor()>(); };
+  check_error([&] { autograd::checkpoint(square, square, {x * 1}, none); },
+              {"keep_input function returned no way back for an input of [3]"});
+  // The keeper copies the input, but an input changed in place while it lives is still refused,
+  // as without a keeper (the gradients would not be those of the values the graph saw).
+  autograd::CheckpointOptions copying;
+  copying.keep_input = [](const Tensor& t) -> std::function<Tensor()> {
+    Tensor c = t.clone();
+    return [c] { return c; };
+  };
+  Tensor y = x * 1;
+  Tensor z = autograd::checkpoint(square, square, {y}, copying)[0];
+  {
+    NoGradGuard no_grad;
+    y.mul_(10);
+  }
+  check_error([&] { z.sum().backward(); }, {"CheckpointBackward", "input 0", "modified by an in-place operation"});
+}

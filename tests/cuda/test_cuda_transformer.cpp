@@ -399,3 +399,33 @@ TEST_CASE("activation offload (SaveOnCpu) on cuda:0: same gradients, activations
   CHECK(cuda::host_memory_stats().allocated_bytes == pinned_before);  // the host copies are gone after backward
   for (size_t i = 0; i < plain.size(); ++i) test::check_close(pinned[i], plain[i], {1e-6, 1e-7});
 }
+
+// DeepSpeed's cpu_checkpointing: each checkpointed block's input waits for backward in pinned host
+// memory (autograd::keep_on_cpu) instead of on the device.
+TEST_CASE("GPT checkpointed on cuda:0 with cpu_checkpointing: same gradients, the blocks' inputs on the host",
+          "[gpu][offload]") {
+  GPTConfig c{.n_layer = 3, .n_head = 2, .n_embd = 64, .block_size = 32, .vocab_size = 50};
+  GPT model(c);
+  model.to(kGpu);
+  model.set_checkpointing(true);
+  Tensor idx = randint(0, 50, {8, 32}).to(kGpu), targets = randint(0, 50, {8, 32}).to(kGpu);
+  auto run = [&](bool on_cpu, int64_t* held) {
+    model.configure_checkpointing({.partition_activations = false, .cpu_checkpointing = on_cpu});
+    model.zero_grad();
+    const int64_t before = memory::stats(kGpu).allocated_bytes;
+    Tensor loss = GPT::loss(model(idx), targets);
+    *held = memory::stats(kGpu).allocated_bytes - before;
+    loss.backward();
+    std::vector<Tensor> grads;
+    for (const auto& p : model.parameters()) grads.push_back(p.grad().cpu());
+    return grads;
+  };
+  const int64_t pinned_before = cuda::host_memory_stats().allocated_bytes;
+  int64_t held_device = 0, held_host = 0;
+  auto kept = run(false, &held_device);
+  auto moved = run(true, &held_host);
+  // The 3 blocks' (8, 32, 64) float32 inputs: 64 KiB each, no longer on the device.
+  CHECK(held_device - held_host == 3 * 8 * 32 * 64 * 4);
+  CHECK(cuda::host_memory_stats().allocated_bytes == pinned_before);  // the host copies are gone after backward
+  for (size_t i = 0; i < kept.size(); ++i) test::check_close(moved[i], kept[i], {1e-6, 1e-7});
+}

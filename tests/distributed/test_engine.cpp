@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "data/safetensors.h"
+#include "models/gpt.h"
 #include "parity.h"
 
 using namespace kiln;
@@ -99,6 +100,15 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
   CHECK(Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
                                   "stage3_gather_fp16_weights_on_model_save": true}})")
             .zero_optimization.stage3_gather_16bit_weights_on_model_save);  // DeepSpeed's older name
+  CHECK_FALSE(cfg.activation_checkpointing.partition_activations);  // DeepSpeed's defaults
+  CHECK_FALSE(cfg.activation_checkpointing.cpu_checkpointing);
+  const Config ac = Config::from_string(R"({"train_batch_size": 8, "activation_checkpointing": {
+      "partition_activations": true, "cpu_checkpointing": true, "contiguous_memory_optimization": false,
+      "number_checkpoints": null, "synchronize_checkpoint_boundary": false, "profile": false}})");
+  CHECK(ac.activation_checkpointing.partition_activations);
+  CHECK(ac.activation_checkpointing.cpu_checkpointing);
+  CHECK(Config::from_string(R"({"train_batch_size": 8, "activation_checkpointing": {"number_checkpoints": 4}})")
+            .activation_checkpointing.partition_activations == false);
   const Config::Batch b = cfg.resolve_batch(2);
   CHECK(b.micro_batch_size == 8);  // 64 / 2 ranks / 4 steps
   CHECK(b.gradient_accumulation_steps == 4);
@@ -120,8 +130,17 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
        "at the top level"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "reduce_buket_size": 10}})",
       {"\"zero_optimization.reduce_buket_size\"", "did you mean \"reduce_bucket_size\""});
-  bad(R"({"train_batch_size": 8, "activation_checkpointing": {}})",
-      {"\"activation_checkpointing\" is a DeepSpeed option that Kiln does not implement"});
+  bad(R"({"train_batch_size": 8, "activation_checkpointing": {"contiguous_memory_optimization": true}})",
+      {"\"activation_checkpointing.contiguous_memory_optimization\" must be false in Kiln"});
+  bad(R"({"train_batch_size": 8, "activation_checkpointing": {"profile": true}})",
+      {"\"activation_checkpointing.profile\" must be false in Kiln", "wall_clock_breakdown"});
+  bad(R"({"train_batch_size": 8, "activation_checkpointing": {"number_checkpoints": 0}})",
+      {"\"activation_checkpointing.number_checkpoints\" must be >= 1, not 0"});
+  bad(R"({"train_batch_size": 8, "activation_checkpointing": {"partition_activation": true}})",
+      {"\"activation_checkpointing.partition_activation\" is not a key Kiln knows",
+       "did you mean \"partition_activations\""});
+  bad(R"({"train_batch_size": 8, "activation_checkpointing": {"cpu_checkpointing": "yes"}})",
+      {"\"activation_checkpointing.cpu_checkpointing\" must be true or false"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"sub_group_size": -1}})",
       {"\"zero_optimization.sub_group_size\" must be >= 0, not -1"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"offload_param": {"device": "nvme"}}})",
@@ -175,6 +194,28 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
   check_error([&] { cfg.resolve_batch(2); },
               {"train_batch_size 64 != micro 4 x accumulation 4 x data-parallel 2 = 32"});
   CHECK(cfg.resolve_batch(4).train_batch_size == 64);
+}
+
+TEST_CASE("engine: \"activation_checkpointing\" reaches the modules that take it, and needs one", "[distributed]") {
+  auto comm = init("mpi");
+  const std::string with = R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+                              "activation_checkpointing": {"partition_activations": true, "cpu_checkpointing": true}})";
+  const models::GPTConfig c{.n_layer = 1, .n_head = 2, .n_embd = 8, .block_size = 4, .vocab_size = 10};
+  models::GPT gpt(c);
+  CHECK_FALSE(gpt.checkpointing_options().cpu_checkpointing);
+  Engine engine = kiln::initialize(gpt, Config::from_string(with), comm);
+  CHECK(gpt.checkpointing_options().cpu_checkpointing);
+  CHECK(gpt.checkpointing_options().partition_activations);
+  // Inside another module too.
+  nn::Sequential outer;
+  models::GPT& held = outer.push_back(std::make_shared<models::GPT>(c));
+  Engine inner = kiln::initialize(outer, Config::from_string(with), comm);
+  CHECK(held.checkpointing_options().cpu_checkpointing);
+  // A model none of whose modules takes it: the section would change nothing, so it is an Error.
+  Mlp mlp;
+  check_error([&] { kiln::initialize(mlp, Config::from_string(with), comm); },
+              {"\"activation_checkpointing\" says how checkpointed blocks keep their inputs",
+               "models::GPT and models::ParallelGPT do"});
 }
 
 TEST_CASE("engine: accumulation, clipping and a warmup schedule at each ZeRO stage match one process",

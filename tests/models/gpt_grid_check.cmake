@@ -3,6 +3,8 @@
 #   1. Tensor parallel over 2 ranks, with and without sequence parallelism, trains as one rank
 #      does: the loss of every step within 1e-5 relative (the same windows and dropout masks, the
 #      same arithmetic summed in another order).
+#      So does it with the blocks checkpointed and their inputs partitioned between the 2 tensor
+#      ranks ("activation_checkpointing" in the DeepSpeed config).
 #   2. Two pipeline stages (the head tied to the embedding across them) train as one rank does
 #      too, with activation checkpointing and offload as well; stopped at step 3 and resumed, they equal a run straight through, bit for bit: the
 #      loss of every step and the validation losses. A checkpoint without head_tied_across_stages
@@ -34,6 +36,18 @@ check_losses_close("${tensor}" "${one}" "tensor parallel's" "one rank's")
 run_program(out "${LAUNCHER}" ${model} ${run} --steps 6 --tensor-parallel 2 --sequence-parallel --out ${WORK}/sequence)
 losses(sequence ${WORK}/sequence/metrics.jsonl)
 check_losses_close("${sequence}" "${one}" "sequence parallel's" "one rank's")
+# The blocks checkpointed, each tensor rank keeping half of each block's input (DeepSpeed's
+# "activation_checkpointing": partition_activations; cpu_checkpointing leaves CPU tensors where they
+# are): the same losses.
+file(READ ${WORK}/ds.json plain_config)
+string(REPLACE "\"zero_optimization\"" "\"activation_checkpointing\": {\"partition_activations\": true, \"cpu_checkpointing\": true},\n  \"zero_optimization\""
+       partitioned_config "${plain_config}")
+file(WRITE ${WORK}/ds-partitioned.json "${partitioned_config}")
+run_program(out "${LAUNCHER}" --n-layer 2 --context 16 --dropout 0.1 --corpus ${WORK}/corpus.txt
+            --deepspeed-config ${WORK}/ds-partitioned.json ${run} --steps 6 --tensor-parallel 2
+            --checkpoint-activations --out ${WORK}/partitioned)
+losses(partitioned ${WORK}/partitioned/metrics.jsonl)
+check_losses_close("${partitioned}" "${one}" "partitioned checkpointing's" "one rank's")
 if(NOT EXISTS ${WORK}/tensor/checkpoint-engine/step6/stage_0/tensor_1/zero_rank_0.safetensors)
   message(FATAL_ERROR "no engine checkpoint of tensor rank 1 in ${WORK}/tensor/checkpoint-engine/step6/stage_0")
 endif()
