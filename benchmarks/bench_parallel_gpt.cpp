@@ -19,7 +19,8 @@
 // time with the untied head (without sequence parallelism or dropout), the ratio to the same run
 // without dropout, the largest increment of a rank's tensor memory
 // during a round's steps (its activations and the other transient tensors, over what the models
-// hold), and the loss after the last step (the same on every grid of one head, up to the summation
+// hold), on grids of one stage the tensor memory that one micro-batch's forward and loss leave for
+// its backward, and the loss after the last step (the same on every grid of one head, up to the summation
 // order: the same training; with dropout, on every grid of one data rank, whose micro-batches and
 // so masks are one process's: each run keeps its own generator state). On pipelines, without
 // dropout or sequence parallelism, also as interleaved 1F1B with 2 chunks per pipeline rank
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
     Generator::State rng{0, 0};  // where this run's dropout masks go on from (the runs take turns)
     std::vector<double> ms;  // per round
     double peak_mib = 0;     // the largest over rounds and ranks
+    double kept_mib = -1;    // one stage: what a micro-batch's forward leaves for its backward
     double loss = 0;
   };
   std::vector<Run> runs;
@@ -148,6 +150,22 @@ int main(int argc, char** argv) {
     return loss;
   };
   for (Run& r : runs) train(r, 0, 1);  // warm-up
+  // On one stage: the tensor memory that one micro-batch's forward and loss leave for the backward
+  // (the graph is dropped unused; the generator goes back to where it was).
+  for (Run& r : runs) {
+    if (r.sizes.pipeline != 1) continue;
+    const int data = r.grid->data_size(), d = r.grid->data_rank();
+    const int64_t rows = windows / data / micro_batches;
+    const auto& [x, y] = batches[0];
+    const Generator::State state = default_generator().get_state();
+    const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
+    {
+      Tensor loss = models::ParallelGPT::loss((*r.stages[0])(x.narrow(0, d * rows, rows)), y.narrow(0, d * rows, rows));
+      const double mib = static_cast<double>(memory::stats(Device::cpu()).allocated_bytes - before) / (1 << 20);
+      r.kept_mib = kiln_bench::slowest(*world, mib);
+    }
+    default_generator().set_state(state);
+  }
   for (int round = 0; round < rounds; ++round) {
     for (Run& r : runs) {
       // Every round trains the same steps again from where the model is: the time is what counts.
@@ -191,7 +209,7 @@ int main(int argc, char** argv) {
                   "\"micro_batches\":%lld,\"steps\":%d,\"rounds\":%d,\"ms_per_step\":%.2f,\"ms_min\":%.2f,"
                   "\"ms_max\":%.2f,\"tokens_per_s\":%.0f,\"time_vs_data_parallel\":%.3f,\"time_vs_untied\":%.3f,"
                   "\"time_vs_no_dropout\":%.3f,\"time_vs_one_chunk\":%.3f,\"time_vs_no_checkpointing\":%.3f,"
-                  "\"peak_increment_mib\":%.1f,\"loss_after\":%.6f}\n",
+                  "\"peak_increment_mib\":%.1f,\"kept_after_forward_mib\":%s,\"loss_after\":%.6f}\n",
                   n, r.sizes.tensor, r.sizes.pipeline, r.chunks, n / (r.sizes.tensor * r.sizes.pipeline),
                   r.tied ? "gpt_char" : "gpt_char_untied", r.sequence_parallel ? "true" : "false", r.dropout,
                   r.recompute == 0   ? "none"
@@ -202,7 +220,7 @@ int main(int argc, char** argv) {
                   static_cast<double>(windows * config.block_size) / (ms / 1e3), base > 0 ? ms / base : 0.0,
                   untied > 0 ? ms / untied : 0.0, no_dropout > 0 ? ms / no_dropout : 0.0,
                   one_chunk > 0 ? ms / one_chunk : 0.0, no_checkpointing > 0 ? ms / no_checkpointing : 0.0, r.peak_mib,
-                  r.loss);
+                  r.kept_mib < 0 ? "null" : fmt::format("{:.3f}", r.kept_mib).c_str(), r.loss);
     }
     std::fflush(stdout);
   }
