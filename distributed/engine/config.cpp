@@ -38,6 +38,29 @@ const std::set<std::string> kUnsupportedOffloadOptimizer = {"nvme_path", "buffer
                                                             "pipeline_write", "fast_init", "ratio"};
 const std::set<std::string> kUnsupportedOffloadParam = {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"};
 
+// Whether a DeepSpeed key that Kiln does not implement asks for nothing where it is: set to
+// DeepSpeed's "off" (false, null, a section with "enabled": false or with nothing but those, or a
+// factor of 1), as configs written for DeepSpeed often carry them ("prescale_gradients": false,
+// "tensorboard": {"enabled": false}). Such a key is accepted and does nothing; any other value of
+// it is an Error.
+bool asks_for_nothing(const std::string& key, const json& v) {
+  if (v.is_null()) return true;
+  if (v.is_boolean()) return !v.get<bool>();
+  if (v.is_object()) {
+    const auto enabled = v.find("enabled");
+    if (enabled != v.end()) return enabled->is_boolean() && !enabled->get<bool>();
+    // A section without the switch ("data_types": {"grad_accum_dtype": null}): off where all of it is.
+    return std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_null() || (x.is_boolean() && !x.get<bool>()); });
+  }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    if (key == "gradient_predivide_factor" || key == "ratio") return x == 1.0;  // no division; all offloaded
+    if (key == "mics_shard_size") return x == -1;                             // MiCS off (its default)
+    if (key == "zero_hpz_partition_size") return x == 1;                      // ZeRO++'s secondary partition off
+  }
+  return false;
+}
+
 size_t edit_distance(const std::string& a, const std::string& b) {
   std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
@@ -159,8 +182,11 @@ class Section {
     for (const auto& [key, value] : obj_.items()) {
       if (known_.count(key)) continue;
       if (unsupported_.count(key)) {
-        fail_at(key, "is a DeepSpeed option that Kiln does not implement; remove it (docs/zero.md lists what Kiln "
-                     "reads)");
+        if (asks_for_nothing(key, value)) continue;
+        fail_at(key, fmt::format("is a DeepSpeed option that Kiln does not implement, and {} asks for it; remove "
+                                 "it (docs/zero.md lists what Kiln reads; such an option is accepted where it is "
+                                 "off: false, null or {{\"enabled\": false}})",
+                                 value.dump().size() > 60 ? "this value" : value.dump()));
       }
       std::string best;
       size_t best_d = 4;

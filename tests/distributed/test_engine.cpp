@@ -121,6 +121,48 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
             .resolve_batch(2).train_batch_size == 20);
 }
 
+TEST_CASE("engine config: DeepSpeed options that Kiln does not implement are accepted where they are off",
+          "[distributed]") {
+  // As configs written for DeepSpeed (Megatron-DeepSpeed's, DeepSpeedExamples') carry them.
+  const Config cfg = Config::from_string(R"({
+    "train_batch_size": 8, "prescale_gradients": false, "gradient_predivide_factor": 1.0,
+    "sparse_gradients": false, "memory_breakdown": false, "dump_state": false, "communication_data_type": null,
+    "tensorboard": {"enabled": false, "output_path": "", "job_name": "x"}, "wandb": {"enabled": false},
+    "csv_monitor": {"enabled": false}, "flops_profiler": {"enabled": false, "profile_step": 1, "detailed": true},
+    "comms_logger": {"enabled": false}, "curriculum_learning": {"enabled": false},
+    "amp": {"enabled": false, "opt_level": "O1"}, "elasticity": {"enabled": false}, "autotuning": {"enabled": false},
+    "data_types": {"grad_accum_dtype": null},
+    "bf16": {"enabled": false, "immediate_grad_update": false}, "fp16": {"enabled": false, "fp16_master_weights_and_grads": false},
+    "zero_optimization": {"stage": 2, "round_robin_gradients": false, "elastic_checkpoint": false,
+                          "cpu_offload": false, "mics_shard_size": -1, "zero_hpz_partition_size": 1,
+                          "zero_quantized_weights": false, "zero_quantized_gradients": false,
+                          "offload_optimizer": {"device": "cpu", "nvme_path": null, "pipeline_read": false,
+                                                "fast_init": false, "ratio": 1.0}}
+  })");
+  CHECK(cfg.zero_optimization.stage == 2);
+  CHECK(cfg.zero_optimization.offload_optimizer);
+  CHECK_FALSE(cfg.fp16.enabled);
+  // Still typo-checked: a key that is not DeepSpeed's is an Error whatever its value.
+  check_error([] { Config::from_string(R"({"train_batch_size": 8, "tensorbord": {"enabled": false}})"); },
+              {"\"tensorbord\" is not a key Kiln knows"});
+}
+
+TEST_CASE("engine config: the examples in configs/ read", "[distributed]") {
+  const std::filesystem::path dir = std::filesystem::path(KILN_TEST_FIXTURES) / ".." / ".." / "configs";
+  int read = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".json") continue;
+    INFO(entry.path());
+    const Config cfg = Config::from_file(entry.path().string());
+    CHECK(cfg.optimizer.has_value());
+    ++read;
+  }
+  CHECK(read >= 4);
+  const Config partitioned = Config::from_file((dir / "ds_zero1_checkpointing.json").string());
+  CHECK(partitioned.activation_checkpointing.partition_activations);
+  CHECK_FALSE(partitioned.activation_checkpointing.cpu_checkpointing);
+}
+
 TEST_CASE("engine config: every mistake is an Error that names the key and what to do", "[distributed]") {
   auto bad = [](const std::string& json, const std::vector<std::string>& fragments) {
     check_error([&] { Config::from_string(json, "ds_config.json"); }, fragments);
@@ -153,7 +195,23 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"zero_optimization.offload_param\" offloads stage 3's partitioned weights, and this is stage 2",
        "remove it, or use stage 3"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"mics_shard_size": 2}})",
-      {"zero_optimization.mics_shard_size", "does not implement"});
+      {"zero_optimization.mics_shard_size", "does not implement, and 2 asks for it"});
+  // Options Kiln does not implement, switched on: each an Error naming it and the value.
+  bad(R"({"train_batch_size": 8, "prescale_gradients": true})",
+      {"\"prescale_gradients\" is a DeepSpeed option that Kiln does not implement, and true asks for it",
+       "accepted where it is off"});
+  bad(R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "output_path": "tb/"}})",
+      {"\"tensorboard\" is a DeepSpeed option that Kiln does not implement"});
+  // Without "enabled": false, a section with settings in it is taken as asking for the feature.
+  bad(R"({"train_batch_size": 8, "flops_profiler": {"profile_step": 1}})", {"\"flops_profiler\" is a DeepSpeed option"});
+  bad(R"({"train_batch_size": 8, "gradient_predivide_factor": 2.0})",
+      {"\"gradient_predivide_factor\" is a DeepSpeed option that Kiln does not implement, and 2.0 asks for it"});
+  bad(R"({"train_batch_size": 8, "communication_data_type": "fp16"})",
+      {"\"communication_data_type\" is a DeepSpeed option", "\"fp16\" asks for it"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"cpu_offload": true}})",
+      {"\"zero_optimization.cpu_offload\" is a DeepSpeed option"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.3}}})",
+      {"\"zero_optimization.offload_optimizer.ratio\" is a DeepSpeed option", "0.3 asks for it"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"stage3_gather_16bit_weights_on_model_save": true,
                                                        "stage3_gather_fp16_weights_on_model_save": true}})",
       {"\"zero_optimization.stage3_gather_fp16_weights_on_model_save\" is the older name", "keep one"});
