@@ -66,12 +66,19 @@ class Kept {
   // The input again (undefined where it was); `i` numbers it in Errors.
   Tensor get(size_t i) const {
     if (!tensor_.defined() && restore_ == nullptr) return {};
+    // Ranks whose keepers gather (distributed::keep_partitioned) ran the same forward, so they pass
+    // or fail this check alike: one rank failing alone would leave the others in the gather until
+    // the communicator's timeout.
     const std::shared_ptr<Storage> storage = storage_.lock();
     KILN_CHECK(storage == nullptr || storage->version == version_,
                "CheckpointBackward: input {} of the checkpointed function was modified by an in-place operation "
-               "after the forward (it is at version {}, it was at version {}), so the recompute would use other "
-               "values. Use the out-of-place form, or clone() the input before changing it",
-               i, storage == nullptr ? 0 : storage->version, version_);
+               "after the forward (it is at version {}, it was at version {}){}. Use the out-of-place form, or "
+               "clone() the input before changing it",
+               i, storage == nullptr ? 0 : storage->version, version_,
+               restore_ == nullptr ? ", so the recompute would use other values"
+                                   : "; a checkpointed input must stay as it was until backward, kept in another "
+                                     "form (keep_input) or not");
+    
     if (restore_ == nullptr) return tensor_.detach();
     Tensor t = restore_();
     KILN_CHECK(t.defined() && t.shape() == shape_ && t.dtype() == dtype_ && t.device() == device_,

@@ -38,19 +38,37 @@ const std::set<std::string> kUnsupportedOffloadOptimizer = {"nvme_path", "buffer
                                                             "pipeline_write", "fast_init", "ratio"};
 const std::set<std::string> kUnsupportedOffloadParam = {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"};
 
+// DeepSpeed options that Kiln does not implement and that have no value asking for nothing: their
+// presence asks for something (sparse_attention, pipeline, compile, checkpoint's tag validation),
+// or their default is on (DeepSpeed's memory-efficient ZeRO-3 linear, its CPU Adam check, ...).
+const std::set<std::string> kNoOffValue = {"sparse_attention",          "pipeline",
+                                           "compile",                   "checkpoint",
+                                           "zero_force_ds_cpu_optimizer", "memory_efficient_linear",
+                                           "use_multi_rank_bucket_allreduce", "override_module_apply"};
+
+// The value that turns off a DeepSpeed option that Kiln does not implement, for messages.
+std::string off_value(const std::string& key) {
+  if (key == "gradient_predivide_factor" || key == "ratio" || key == "zero_hpz_partition_size") return "1";
+  if (key == "mics_shard_size") return "-1";
+  return "false, null or {\"enabled\": false}";
+}
+
 // Whether a DeepSpeed key that Kiln does not implement asks for nothing where it is: set to
-// DeepSpeed's "off" (false, null, a section with "enabled": false or with nothing but those, or a
-// factor of 1), as configs written for DeepSpeed often carry them ("prescale_gradients": false,
-// "tensorboard": {"enabled": false}). Such a key is accepted and does nothing; any other value of
-// it is an Error.
+// DeepSpeed's "off" (false, null, a section with "enabled": false or holding nothing but false and
+// null, or off_value's number), as configs written for DeepSpeed often carry them
+// ("prescale_gradients": false, "tensorboard": {"enabled": false}). Such a key is accepted and does
+// nothing; any other value of it is an Error.
 bool asks_for_nothing(const std::string& key, const json& v) {
+  if (kNoOffValue.count(key)) return false;
   if (v.is_null()) return true;
   if (v.is_boolean()) return !v.get<bool>();
   if (v.is_object()) {
     const auto enabled = v.find("enabled");
     if (enabled != v.end()) return enabled->is_boolean() && !enabled->get<bool>();
-    // A section without the switch ("data_types": {"grad_accum_dtype": null}): off where all of it is.
-    return std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_null() || (x.is_boolean() && !x.get<bool>()); });
+    // A section without the switch ("data_types": {"grad_accum_dtype": null}): off where all of it
+    // is; an empty one takes every default, which may be on.
+    return !v.empty() &&
+           std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_null() || (x.is_boolean() && !x.get<bool>()); });
   }
   if (v.is_number()) {
     const double x = v.get<double>();
@@ -183,10 +201,13 @@ class Section {
       if (known_.count(key)) continue;
       if (unsupported_.count(key)) {
         if (asks_for_nothing(key, value)) continue;
+        if (kNoOffValue.count(key)) {
+          fail_at(key, "is a DeepSpeed option that Kiln does not implement; remove it (docs/zero.md lists what "
+                       "Kiln reads)");
+        }
         fail_at(key, fmt::format("is a DeepSpeed option that Kiln does not implement, and {} asks for it; remove "
-                                 "it (docs/zero.md lists what Kiln reads; such an option is accepted where it is "
-                                 "off: false, null or {{\"enabled\": false}})",
-                                 value.dump().size() > 60 ? "this value" : value.dump()));
+                                 "it, or turn it off ({}; docs/zero.md lists what Kiln reads)",
+                                 value.dump().size() > 60 ? "this value" : value.dump(), off_value(key)));
       }
       std::string best;
       size_t best_d = 4;
@@ -437,7 +458,7 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
 void read_activation_checkpointing(Section& top, const std::string& source, Config& cfg) {
   if (!top.has("activation_checkpointing")) return;
   Section s(source, "activation_checkpointing", top.at("activation_checkpointing"));
-  auto& a = cfg.activation_checkpointing;
+  auto& a = cfg.activation_checkpointing.emplace();
   s.read("partition_activations", a.partition_activations);
   s.read("cpu_checkpointing", a.cpu_checkpointing);
   s.read_fixed("contiguous_memory_optimization", false,

@@ -31,8 +31,8 @@
 //
 // "Strictly": a key Kiln does not know is an Error naming it, where it is, the keys allowed there and
 // the closest of them ("did you mean"); a DeepSpeed key that Kiln does not implement is an Error
-// saying so, unless its value asks for nothing (false, null, {"enabled": false}: DeepSpeed's
-// "off", which configs written for it often spell out); so are a key given twice in one object (JSON allows it, and the last would silently
+// saying so, unless its value asks for nothing (false, null, {"enabled": false}, a factor of 1:
+// DeepSpeed's "off", which configs written for it often spell out); so are a key given twice in one object (JSON allows it, and the last would silently
 // win), a value of the wrong type ("stage": "2"), and one out of range. Batch sizes are checked when
 // the world size is known (resolve_batch), with DeepSpeed's arithmetic shown:
 //   train_batch_size 64 != micro 4 x accumulation 4 x data-parallel 2 = 32
@@ -96,8 +96,9 @@ struct Config {
   } bf16;
 
   distributed::ZeroOptions zero_optimization{.stage = 0};
-  // kiln::initialize passes it to the modules it trains that take it (nn::ConfiguresCheckpointing).
-  nn::ActivationCheckpointing activation_checkpointing;
+  // Where the section is given, kiln::initialize passes it to the modules it trains that take it
+  // (nn::ConfiguresCheckpointing); where it is not, their settings stay as they are.
+  std::optional<nn::ActivationCheckpointing> activation_checkpointing;
 
   // Reads and checks a DeepSpeed JSON configuration; `source` names it in Errors.
   static Config from_file(const std::string& path);

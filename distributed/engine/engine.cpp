@@ -205,12 +205,12 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
   KILN_CHECK(config_.optimizer.has_value(),
              "Engine: the config has no \"optimizer\" section; add one, e.g. \"optimizer\": {{\"type\": \"AdamW\", "
              "\"params\": {{\"lr\": 1e-3}}}}");
-  // "activation_checkpointing": to every module of the model (the chunks, with several) that takes
-  // it; asked for, it must reach one.
-  const nn::ActivationCheckpointing& keeping = config_.activation_checkpointing;
+  // "activation_checkpointing", where given: to every module of the model (the chunks, with
+  // several) that takes it; asked for, it must reach one.
+  const nn::ActivationCheckpointing keeping = config_.activation_checkpointing.value_or(nn::ActivationCheckpointing{});
   int configured = 0;
   for (nn::Module* m : model_.modules()) {
-    if (auto* c = dynamic_cast<nn::ConfiguresCheckpointing*>(m)) {
+    if (auto* c = dynamic_cast<nn::ConfiguresCheckpointing*>(m); c && config_.activation_checkpointing) {
       c->configure_checkpointing(keeping);
       ++configured;
     }

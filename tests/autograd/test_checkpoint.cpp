@@ -280,7 +280,9 @@ TEST_CASE("checkpoint: keep_input keeps what it makes of each input, and backwar
   CHECK(kept_count == 0);
   kiln::test::check_close(w.grad(), w.detach() * 2);
 
-  // keep_on_cpu keeps a CPU input as it is (on a GPU it keeps a host copy: test_cuda_nn.cpp).
+  // keep_on_cpu keeps a CPU input as it is (on a GPU it keeps a host copy: test_cuda_transformer.cpp).
+  Tensor host = randn({5});
+  CHECK(autograd::keep_on_cpu()(host)().is_same(host));
   autograd::CheckpointOptions on_cpu;
   on_cpu.keep_input = autograd::keep_on_cpu();
   Tensor y = from_vector<float>({1, 2, 3}).requires_grad_();
@@ -318,5 +320,7 @@ TEST_CASE("checkpoint: a keep_input that gives back another tensor, or an input 
     NoGradGuard no_grad;
     y.mul_(10);
   }
-  check_error([&] { z.sum().backward(); }, {"CheckpointBackward", "input 0", "modified by an in-place operation"});
+  check_error([&] { z.sum().backward(); },
+              {"CheckpointBackward", "input 0", "modified by an in-place operation",
+               "a checkpointed input must stay as it was until backward, kept in another form (keep_input) or not"});
 }

@@ -100,15 +100,17 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
   CHECK(Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3,
                                   "stage3_gather_fp16_weights_on_model_save": true}})")
             .zero_optimization.stage3_gather_16bit_weights_on_model_save);  // DeepSpeed's older name
-  CHECK_FALSE(cfg.activation_checkpointing.partition_activations);  // DeepSpeed's defaults
-  CHECK_FALSE(cfg.activation_checkpointing.cpu_checkpointing);
+  CHECK_FALSE(cfg.activation_checkpointing.has_value());
   const Config ac = Config::from_string(R"({"train_batch_size": 8, "activation_checkpointing": {
       "partition_activations": true, "cpu_checkpointing": true, "contiguous_memory_optimization": false,
       "number_checkpoints": null, "synchronize_checkpoint_boundary": false, "profile": false}})");
-  CHECK(ac.activation_checkpointing.partition_activations);
-  CHECK(ac.activation_checkpointing.cpu_checkpointing);
-  CHECK(Config::from_string(R"({"train_batch_size": 8, "activation_checkpointing": {"number_checkpoints": 4}})")
-            .activation_checkpointing.partition_activations == false);
+  CHECK(ac.activation_checkpointing->partition_activations);
+  CHECK(ac.activation_checkpointing->cpu_checkpointing);
+  const Config defaults =
+      Config::from_string(R"({"train_batch_size": 8, "activation_checkpointing": {"number_checkpoints": 4}})");
+  REQUIRE(defaults.activation_checkpointing.has_value());
+  CHECK_FALSE(defaults.activation_checkpointing->partition_activations);  // DeepSpeed's defaults
+  CHECK_FALSE(defaults.activation_checkpointing->cpu_checkpointing);
   const Config::Batch b = cfg.resolve_batch(2);
   CHECK(b.micro_batch_size == 8);  // 64 / 2 ranks / 4 steps
   CHECK(b.gradient_accumulation_steps == 4);
@@ -159,8 +161,9 @@ TEST_CASE("engine config: the examples in configs/ read", "[distributed]") {
   }
   CHECK(read >= 4);
   const Config partitioned = Config::from_file((dir / "ds_zero1_checkpointing.json").string());
-  CHECK(partitioned.activation_checkpointing.partition_activations);
-  CHECK_FALSE(partitioned.activation_checkpointing.cpu_checkpointing);
+  REQUIRE(partitioned.activation_checkpointing.has_value());
+  CHECK(partitioned.activation_checkpointing->partition_activations);
+  CHECK_FALSE(partitioned.activation_checkpointing->cpu_checkpointing);
 }
 
 TEST_CASE("engine config: every mistake is an Error that names the key and what to do", "[distributed]") {
@@ -195,17 +198,23 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"zero_optimization.offload_param\" offloads stage 3's partitioned weights, and this is stage 2",
        "remove it, or use stage 3"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"mics_shard_size": 2}})",
-      {"zero_optimization.mics_shard_size", "does not implement, and 2 asks for it"});
+      {"zero_optimization.mics_shard_size", "does not implement, and 2 asks for it", "turn it off (-1;"});
   // Options Kiln does not implement, switched on: each an Error naming it and the value.
   bad(R"({"train_batch_size": 8, "prescale_gradients": true})",
       {"\"prescale_gradients\" is a DeepSpeed option that Kiln does not implement, and true asks for it",
-       "accepted where it is off"});
+       "turn it off (false, null or {\"enabled\": false}"});
+  // Options with no value that is off: present at all, or at DeepSpeed's default, they ask for something.
+  bad(R"({"train_batch_size": 8, "sparse_attention": {}})", {"\"sparse_attention\" is a DeepSpeed option", "remove it"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"memory_efficient_linear": false}})",
+      {"\"zero_optimization.memory_efficient_linear\" is a DeepSpeed option that Kiln does not implement; remove it"});
+  bad(R"({"train_batch_size": 8, "data_types": {}})", {"\"data_types\" is a DeepSpeed option"});
   bad(R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "output_path": "tb/"}})",
       {"\"tensorboard\" is a DeepSpeed option that Kiln does not implement"});
   // Without "enabled": false, a section with settings in it is taken as asking for the feature.
   bad(R"({"train_batch_size": 8, "flops_profiler": {"profile_step": 1}})", {"\"flops_profiler\" is a DeepSpeed option"});
   bad(R"({"train_batch_size": 8, "gradient_predivide_factor": 2.0})",
-      {"\"gradient_predivide_factor\" is a DeepSpeed option that Kiln does not implement, and 2.0 asks for it"});
+      {"\"gradient_predivide_factor\" is a DeepSpeed option that Kiln does not implement, and 2.0 asks for it",
+       "turn it off (1;"});
   bad(R"({"train_batch_size": 8, "communication_data_type": "fp16"})",
       {"\"communication_data_type\" is a DeepSpeed option", "\"fp16\" asks for it"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"cpu_offload": true}})",
@@ -269,6 +278,13 @@ TEST_CASE("engine: \"activation_checkpointing\" reaches the modules that take it
   models::GPT& held = outer.push_back(std::make_shared<models::GPT>(c));
   Engine inner = kiln::initialize(outer, Config::from_string(with), comm);
   CHECK(held.checkpointing_options().cpu_checkpointing);
+  // A config without the section leaves a module's own settings as they are.
+  models::GPT own(c);
+  own.configure_checkpointing({.partition_activations = false, .cpu_checkpointing = true});
+  Engine plain = kiln::initialize(
+      own, Config::from_string(R"({"train_micro_batch_size_per_gpu": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})"),
+      comm);
+  CHECK(own.checkpointing_options().cpu_checkpointing);
   // A model none of whose modules takes it: the section would change nothing, so it is an Error.
   Mlp mlp;
   check_error([&] { kiln::initialize(mlp, Config::from_string(with), comm); },

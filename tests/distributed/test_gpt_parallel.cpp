@@ -181,6 +181,28 @@ TEST_CASE("ParallelGPT: partition_activations keeps 1/size of each checkpointed 
   const int64_t saved = kept[0] - kept[1], expected = 4 * 3 * 12 * 48 * 4 * (p - 1) / p;
   INFO("kept " << kept[0] << " bytes whole, " << kept[1] << " partitioned over " << p << " ranks");
   CHECK(saved == expected);
+  // keep_partitioned alone, on sizes that do not divide among the ranks (the last parts padded, and
+  // ranks past the end keeping only padding) and on an empty tensor: each rank keeps ceil(n / p)
+  // elements, its slice of the input then zeros, and the input comes back exactly.
+  const int r = tp->rank();
+  for (int64_t n : {0, 1, 7, 13}) {
+    INFO(n << " elements");
+    Tensor t = (arange(0, n, 1, kFloat32) + 0.5).reshape({1, n});
+    Tensor part;
+    auto keep = distributed::keep_partitioned(tp, [&part](const Tensor& mine) -> std::function<Tensor()> {
+      part = mine;
+      return [mine] { return mine; };
+    });
+    std::function<Tensor()> back = keep(t);
+    const int64_t size = (n + p - 1) / p, begin = std::min(n, r * size), end = std::min(n, begin + size);
+    REQUIRE(part.numel() == size);
+    Tensor expected = zeros({size});
+    if (end > begin) expected.narrow(0, 0, end - begin).copy_(t.reshape({n}).narrow(0, begin, end - begin));
+    kiln::test::check_equal(part.reshape({part.numel()}), expected);  // on one rank, the input itself
+    Tensor again = back();
+    CHECK(again.sizes() == t.sizes());
+    kiln::test::check_equal(again, t);
+  }
   // Sequence parallel splits the inputs already: asking for both is an Error, as in Megatron-LM.
   if (p > 1) {
     models::ParallelGPT sp(c, tp, 0, 1, /*sequence_parallel=*/true);

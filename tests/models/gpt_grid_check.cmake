@@ -42,6 +42,9 @@ check_losses_close("${sequence}" "${one}" "sequence parallel's" "one rank's")
 file(READ ${WORK}/ds.json plain_config)
 string(REPLACE "\"zero_optimization\"" "\"activation_checkpointing\": {\"partition_activations\": true, \"cpu_checkpointing\": true},\n  \"zero_optimization\""
        partitioned_config "${plain_config}")
+if(partitioned_config STREQUAL plain_config)
+  message(FATAL_ERROR "no \"zero_optimization\" in ${WORK}/ds.json to put the section before")
+endif()
 file(WRITE ${WORK}/ds-partitioned.json "${partitioned_config}")
 run_program(out "${LAUNCHER}" --n-layer 2 --context 16 --dropout 0.1 --corpus ${WORK}/corpus.txt
             --deepspeed-config ${WORK}/ds-partitioned.json ${run} --steps 6 --tensor-parallel 2
