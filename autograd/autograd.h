@@ -23,6 +23,22 @@ namespace kiln::autograd {
 void backward(const TensorList& tensors, const TensorList& grad_tensors = {}, bool retain_graph = false,
               bool create_graph = false, const TensorList& inputs = {});
 
+// Where backward enters the graph at `t` (PyTorch's torch.autograd.graph.get_gradient_edge): the
+// node that made t and which of its outputs t is, with t's shape, dtype and device to check the
+// gradient against. Kept instead of t, it keeps the graph behind t but not t's values: a pipeline
+// stage lets its output go once it is sent (Megatron-LM's deallocate_output_tensor) and starts
+// backward from the edge. t must require grad.
+struct GradientEdge {
+  Edge edge;
+  Shape shape;
+  DType dtype = DType::Float32;
+  Device device = Device::cpu();
+};
+GradientEdge get_gradient_edge(const Tensor& t);
+// backward({t}, {grad}) for the t that `root` was taken from (PyTorch's backward given a
+// GradientEdge): the gradient accumulates into the leaves' .grad(); the graph is freed.
+void backward(const GradientEdge& root, const Tensor& grad);
+
 // d(sum_i <outputs[i], grad_outputs[i]>)/d(inputs[j]) for each j, without touching .grad().
 // retain_graph defaults to create_graph, as in PyTorch. allow_unused: an input the outputs do not
 // depend on gets an undefined tensor instead of an Error.

@@ -292,6 +292,24 @@ void backward(const TensorList& tensors, const TensorList& grad_tensors, bool re
   run(roots, grads, retain_graph || create_graph, create_graph, &captures, /*accumulate=*/true);
 }
 
+GradientEdge get_gradient_edge(const Tensor& t) {
+  KILN_CHECK(t.defined() && t.requires_grad(),
+             "get_gradient_edge: the tensor does not require grad and has no grad_fn: backward cannot start there");
+  return {gradient_edge(t), t.sizes(), t.dtype(), t.device()};
+}
+
+void backward(const GradientEdge& root, const Tensor& grad) {
+  KILN_CHECK(root.edge.valid(), "backward: the gradient edge is empty; take it with get_gradient_edge(t)");
+  KILN_CHECK(grad.defined(), "backward: from a gradient edge, pass the gradient (of shape {})", root.shape.str());
+  KILN_CHECK(grad.sizes() == root.shape, "backward: the gradient has shape {} but the edge's tensor had shape {}",
+             grad.sizes().str(), root.shape.str());
+  KILN_CHECK(grad.device() == root.device, "backward: the gradient is on {} but the edge's tensor was on {}",
+             grad.device().str(), root.device.str());
+  KILN_CHECK(grad.is_floating_point(), "backward: the gradient is {}; it must be floating", dtype_name(grad.dtype()));
+  run({root.edge}, {grad.dtype() == root.dtype ? grad : grad.to(root.dtype)}, /*retain_graph=*/false,
+      /*create_graph=*/false, nullptr, /*accumulate=*/true);
+}
+
 TensorList grad(const TensorList& outputs, const TensorList& inputs, const TensorList& grad_outputs,
                 std::optional<bool> retain_graph, bool create_graph, bool allow_unused) {
   KILN_CHECK(grad_outputs.empty() || grad_outputs.size() == outputs.size(),

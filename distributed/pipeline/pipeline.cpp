@@ -8,6 +8,7 @@
 #include <functional>
 #include <optional>
 
+#include "autograd/autograd.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
 #include "ops/ops.h"
@@ -27,6 +28,9 @@ constexpr int64_t kMaxDims = 8;
 struct Pipeline::MicroBatch {
   Tensor input;   // what this stage received (or cut from the batch): its gradient goes back
   Tensor output;  // this stage's result, whose gradient comes from the next stage
+  // ... or, once sent (PipelineOptions::deallocate_outputs), only where backward enters the graph
+  // there: the output's values are not needed, and the send lets them go when it completes.
+  autograd::GradientEdge output_edge;
   Tensor loss;    // the last stage's loss / m
 };
 
@@ -234,7 +238,11 @@ void Pipeline::forward_step(int64_t chunk, MicroBatch& mb, const Tensor& input, 
   } else {
     stats_.compute_seconds += seconds_since(t0);
     send(y.detach(), (s + 1) % p, kActivationTag);
-    if (keep_graph) mb.output = y;
+    if (keep_graph && options_.deallocate_outputs && y.requires_grad()) {
+      mb.output_edge = autograd::get_gradient_edge(y);
+    } else if (keep_graph) {
+      mb.output = y;
+    }
   }
   if (keep_graph) mb.input = x;
 }
@@ -249,11 +257,15 @@ void Pipeline::backward_step(int64_t chunk, MicroBatch& mb) {
     stats_.compute_seconds += seconds_since(t0);
   } else {
     Tensor g = recv((s + 1) % p, kGradientTag);
-    KILN_CHECK(g.sizes() == mb.output.sizes(),
-               "Pipeline: stage {} got a gradient of shape {} for its output of shape {}", stage_id(), g.sizes().str(),
-               mb.output.sizes().str());
+    const Shape& shape = mb.output_edge.edge.valid() ? mb.output_edge.shape : mb.output.sizes();
+    KILN_CHECK(g.sizes() == shape, "Pipeline: stage {} got a gradient of shape {} for its output of shape {}",
+               stage_id(), g.sizes().str(), shape.str());
     const auto t0 = Clock::now();
-    mb.output.backward(g);
+    if (mb.output_edge.edge.valid()) {
+      autograd::backward(mb.output_edge, g);
+    } else {
+      mb.output.backward(g);
+    }
     stats_.compute_seconds += seconds_since(t0);
   }
   if (!first_virtual(chunk)) {

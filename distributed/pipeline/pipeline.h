@@ -95,6 +95,11 @@ struct PipelineOptions {
   // kiln::Engine uses it to have the gradients reduced over the data-parallel ranks during the last
   // backward only.
   std::function<void(int64_t micro_batch, bool last)> before_backward = {};
+  // A stage other than the last keeps, of each output it sent, only where backward enters the
+  // graph there (autograd::get_gradient_edge), not the output's values: backward needs only the
+  // graph and the gradient that comes back (Megatron-LM's --deallocate-pipeline-outputs, on by
+  // default as there). false keeps the outputs, to measure what this saves.
+  bool deallocate_outputs = true;
 };
 
 class Pipeline {

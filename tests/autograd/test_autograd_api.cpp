@@ -1,8 +1,8 @@
 // tests/autograd/test_autograd_api.cpp: autograd's API beyond backward() and grad(), against PyTorch
 // 1.13 (values from torch for the same inputs, or compositions of Kiln's own ops in float64):
 // backward(inputs=), hook handles and remove_hook, anomaly detection, custom Functions with TensorList
-// arguments, mark_dirty, mark_non_differentiable and set_materialize_grads, isnan/isinf/isfinite, and a
-// reshape that copies being no view.
+// arguments, mark_dirty, mark_non_differentiable and set_materialize_grads, isnan/isinf/isfinite, a
+// reshape that copies being no view, and backward from a gradient edge.
 #include <cmath>
 #include <limits>
 
@@ -145,6 +145,33 @@ TEST_CASE("backward with inputs refuses inputs without grad and checkpointed gra
   Tensor out = autograd::checkpoint([](const TensorList& in) { return TensorList{in[0].sin()}; }, {x})[0];
   check_error([&] { out.sum().backward({}, false, false, {x}); },
               {"checkpoint", "backward(inputs=)", "use backward() without inputs"});
+}
+
+// torch.autograd.graph.get_gradient_edge, and backward started from it: the same gradients as
+// backward from the tensor, with the tensor itself gone (what a pipeline stage keeps of its output).
+TEST_CASE("backward from a gradient edge equals backward from its tensor, without the tensor", "[autograd]") {
+  Tensor w = from_vector<double>({0.5, -1.5, 2.0}).requires_grad_();
+  Tensor g = from_vector<double>({1.0, 2.0, -3.0});
+  (w.exp() * 3).backward(g);
+  const Tensor expected = w.grad().clone();
+  w.set_grad(Tensor());
+  autograd::GradientEdge edge;
+  std::weak_ptr<TensorImpl> gone;
+  {
+    Tensor out = w.exp() * 3;  // mul by a number saves nothing of its output
+    gone = out.impl_ptr();
+    edge = autograd::get_gradient_edge(out);
+  }
+  CHECK(gone.expired());
+  CHECK(edge.shape == Shape{3});
+  autograd::backward(edge, g.to(kFloat32));  // cast to the tensor's dtype, as backward(g) does
+  check_close(w.grad(), expected, {1e-7, 1e-7});
+  // Errors: no graph at the tensor, a gradient of another shape, an integer gradient.
+  test::check_error([] { autograd::get_gradient_edge(from_vector<float>({1})); }, {"does not require grad"});
+  autograd::GradientEdge again = autograd::get_gradient_edge(w * 2);
+  test::check_error([&] { autograd::backward(again, zeros({2}, kFloat64)); },
+                    {"the gradient has shape [2] but the edge's tensor had shape [3]"});
+  test::check_error([&] { autograd::backward(again, zeros({3}, kInt64)); }, {"it must be floating"});
 }
 
 TEST_CASE("register_hook returns a handle that remove_hook removes", "[autograd]") {

@@ -2,7 +2,8 @@
 // against one process training the whole model on the whole batch: the losses of every step and
 // every weight match, for GPipe, 1F1B and interleaved 1F1B (2 and 3 chunks per rank), and each
 // schedule keeps as many micro-batches alive as it should; with dropout, chunks that draw as the
-// whole model does get one process's masks.
+// whole model does get one process's masks; a stage keeps only the gradient edges of its outputs.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <optional>
@@ -154,6 +155,50 @@ TEST_CASE("pipeline: GPipe and 1F1B on p stages match one process over 20 steps"
       CHECK_FALSE(out.defined());
     }
   }
+}
+
+// Megatron-LM's deallocate_output_tensor: once sent, an output's values are not needed for the
+// backward, only the graph behind it. Each output the stage made is watched through its TensorImpl,
+// which only the pipeline holds (the send takes a detached handle, and tanh saves its output as
+// another handle): at the first backward, with deallocate_outputs none is alive, without it all m
+// are. Their storage goes when the send that shares it completes (not timed here). The two train
+// alike, bit for bit.
+TEST_CASE("pipeline: a stage keeps only the gradient edge of each output it sent", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), s = comm->rank();
+  const auto [begin, end] = stage_range(s, p);
+  const int64_t m = 4;
+  std::vector<Tensor> weights[2];
+  for (bool deallocate : {true, false}) {
+    INFO("deallocate_outputs " << deallocate);
+    manual_seed(5);
+    Layers stage(begin, end);
+    std::vector<std::weak_ptr<TensorImpl>> outputs;
+    stage.register_forward_hook([&outputs](nn::Module&, const Tensor&, const Tensor& out) {
+      outputs.push_back(out.impl_ptr());
+      return out;
+    });
+    int64_t alive = -1;
+    PipelineOptions options{.micro_batches = m, .schedule = PipelineSchedule::kGPipe};
+    options.deallocate_outputs = deallocate;
+    options.before_backward = [&](int64_t k, bool) {
+      if (k == 0) alive = std::count_if(outputs.begin(), outputs.end(), [](const auto& w) { return !w.expired(); });
+    };
+    Pipeline pipe(stage, comm, loss_fn, options);
+    optim::SGD opt(stage.parameters(), {.lr = 0.2});
+    for (int step = 0; step < 3; ++step) {
+      outputs.clear();
+      auto [x, y] = batch(step, 12);
+      opt.zero_grad();
+      pipe.train_batch(s == 0 ? x : Tensor(), s == p - 1 ? y : Tensor());
+      opt.step();
+      CHECK(outputs.size() == static_cast<size_t>(m));
+      // The last stage's outputs feed its loss, whose graph holds them either way.
+      if (s != p - 1) CHECK(alive == (deallocate ? 0 : m));
+    }
+    for (const Tensor& w : stage.parameters()) weights[deallocate ? 0 : 1].push_back(w.detach().clone());
+  }
+  for (size_t i = 0; i < weights[0].size(); ++i) kiln::test::check_equal(weights[0][i], weights[1][i]);
 }
 
 TEST_CASE("pipeline: interleaved 1F1B with 2 and 3 chunks per rank matches one process over 20 steps",
