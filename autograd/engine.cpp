@@ -231,19 +231,21 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
   return captured;
 }
 
-// The root gradient for `t`: the given one (checked, and in t's dtype as PyTorch casts it), or 1 for
-// a single element.
+// The given gradient for output i, of that shape, dtype and device: checked, and in its dtype as
+// PyTorch casts it.
+Tensor checked_root_grad(const Tensor& given, const Shape& shape, DType dtype, Device device, size_t i) {
+  KILN_CHECK(given.sizes() == shape, "backward: the gradient for output {} has shape {} but the output has shape {}",
+             i, given.sizes().str(), shape.str());
+  KILN_CHECK(given.device() == device, "backward: the gradient for output {} is on {} but the output is on {}", i,
+             given.device().str(), device.str());
+  KILN_CHECK(given.is_floating_point(), "backward: the gradient for output {} is {}; it must be floating", i,
+             dtype_name(given.dtype()));
+  return given.dtype() == dtype ? given : given.to(dtype);
+}
+
+// The root gradient for `t`: the given one (checked_root_grad), or 1 for a single element.
 Tensor root_grad(const Tensor& t, const Tensor& given, size_t i) {
-  if (given.defined()) {
-    KILN_CHECK(given.sizes() == t.sizes(),
-               "backward: the gradient for output {} has shape {} but the output has shape {}", i,
-               given.sizes().str(), t.sizes().str());
-    KILN_CHECK(given.device() == t.device(), "backward: the gradient for output {} is on {} but the output is on {}",
-               i, given.device().str(), t.device().str());
-    KILN_CHECK(given.is_floating_point(), "backward: the gradient for output {} is {}; it must be floating", i,
-               dtype_name(given.dtype()));
-    return given.dtype() == t.dtype() ? given : given.to(t.dtype());
-  }
+  if (given.defined()) return checked_root_grad(given, t.sizes(), t.dtype(), t.device(), i);
   KILN_CHECK(t.numel() == 1,
              "backward: a gradient can be created implicitly only for single-element outputs; output {} has "
              "shape {}, so pass a gradient of that shape (e.g. ones_like(out))",
@@ -301,12 +303,7 @@ GradientEdge get_gradient_edge(const Tensor& t) {
 void backward(const GradientEdge& root, const Tensor& grad) {
   KILN_CHECK(root.edge.valid(), "backward: the gradient edge is empty; take it with get_gradient_edge(t)");
   KILN_CHECK(grad.defined(), "backward: from a gradient edge, pass the gradient (of shape {})", root.shape.str());
-  KILN_CHECK(grad.sizes() == root.shape, "backward: the gradient has shape {} but the edge's tensor had shape {}",
-             grad.sizes().str(), root.shape.str());
-  KILN_CHECK(grad.device() == root.device, "backward: the gradient is on {} but the edge's tensor was on {}",
-             grad.device().str(), root.device.str());
-  KILN_CHECK(grad.is_floating_point(), "backward: the gradient is {}; it must be floating", dtype_name(grad.dtype()));
-  run({root.edge}, {grad.dtype() == root.dtype ? grad : grad.to(root.dtype)}, /*retain_graph=*/false,
+  run({root.edge}, {checked_root_grad(grad, root.shape, root.dtype, root.device, 0)}, /*retain_graph=*/false,
       /*create_graph=*/false, nullptr, /*accumulate=*/true);
 }
 

@@ -101,14 +101,14 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
   Tensor pos = arange(past, past + T, 1, kInt64, idx.device());
   Tensor x = transformer.wte(idx) + transformer.wpe(pos);
   x = nn::dropout(x, config.dropout, is_training());
+  autograd::CheckpointOptions checkpointed;  // for the checkpointed blocks
+  if (keeping_.cpu_checkpointing) checkpointed.keep_input = autograd::keep_on_cpu();
   for (int64_t i = 0; i < config.n_layer; ++i) {
     nn::TransformerBlock* b = &block(i);
     if (checkpoint_[static_cast<size_t>(i)] && !caches && is_training() && GradMode::is_enabled()) {
       // The recompute skips the block's last GEMM (Note [a recompute computes what backward reads] in
       // autograd/checkpoint.cpp); a block with hooks runs whole both times, hooks and all.
-      autograd::CheckpointOptions options;
-      if (keeping_.cpu_checkpointing) options.keep_input = autograd::keep_on_cpu();
-      x = nn::checkpoint_module(*b, x, options, recompute_skips_unread_);
+      x = nn::checkpoint_module(*b, x, checkpointed, recompute_skips_unread_);
     } else {
       x = b->forward(x, caches ? &(*caches)[static_cast<size_t>(i)] : nullptr);
     }

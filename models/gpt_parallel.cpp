@@ -285,8 +285,10 @@ Tensor ParallelGPT::forward(const Tensor& input) {
   }
   const bool recompute = checkpointing_ && is_training() && GradMode::is_enabled();
   autograd::CheckpointOptions options;
-  if (keeping_.cpu_checkpointing) options.keep_input = autograd::keep_on_cpu();
-  if (keeping_.partition_activations) options.keep_input = distributed::keep_partitioned(tp_, options.keep_input);
+  if (recompute && keeping_.cpu_checkpointing) options.keep_input = autograd::keep_on_cpu();
+  if (recompute && keeping_.partition_activations) {
+    options.keep_input = distributed::keep_partitioned(tp_, options.keep_input);
+  }
   for (size_t j = 0; j < h.size(); ++j) {
     Block& block = h.at<Block>(j);
     x = recompute ? nn::checkpoint_module(block, x, options, recompute_skips_unread_) : block(x);

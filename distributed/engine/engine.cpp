@@ -207,19 +207,20 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
              "\"params\": {{\"lr\": 1e-3}}}}");
   // "activation_checkpointing", where given: to every module of the model (the chunks, with
   // several) that takes it; asked for, it must reach one.
-  const nn::ActivationCheckpointing keeping = config_.activation_checkpointing.value_or(nn::ActivationCheckpointing{});
-  int configured = 0;
-  for (nn::Module* m : model_.modules()) {
-    if (auto* c = dynamic_cast<nn::ConfiguresCheckpointing*>(m); c && config_.activation_checkpointing) {
-      c->configure_checkpointing(keeping);
-      ++configured;
+  if (const auto& keeping = config_.activation_checkpointing) {
+    int configured = 0;
+    for (nn::Module* m : model_.modules()) {
+      if (auto* c = dynamic_cast<nn::ConfiguresCheckpointing*>(m)) {
+        c->configure_checkpointing(*keeping);
+        ++configured;
+      }
     }
+    KILN_CHECK(configured > 0 || !(keeping->partition_activations || keeping->cpu_checkpointing),
+               "Engine: the config's \"activation_checkpointing\" says how checkpointed blocks keep their inputs, "
+               "but no module of this model checkpoints blocks that way ({} does not implement "
+               "nn::ConfiguresCheckpointing; models::GPT and models::ParallelGPT do); remove the section, or keep the "
+               "inputs yourself with autograd::CheckpointOptions::keep_input", model_.name());
   }
-  KILN_CHECK(configured > 0 || !(keeping.partition_activations || keeping.cpu_checkpointing),
-             "Engine: the config's \"activation_checkpointing\" says how checkpointed blocks keep their inputs, but "
-             "no module of this model checkpoints blocks that way ({} does not implement "
-             "nn::ConfiguresCheckpointing; models::GPT and models::ParallelGPT do); remove the section, or keep the "
-             "inputs yourself with autograd::CheckpointOptions::keep_input", model_.name());
   // DeepSpeed converts the module itself: weights, activations and gradients in 16 bits.
   if (config_.fp16.enabled) model_.to(kFloat16);
   if (config_.bf16.enabled) model_.to(kBFloat16);

@@ -170,7 +170,7 @@ TEST_CASE("backward from a gradient edge equals backward from its tensor, withou
   test::check_error([] { autograd::get_gradient_edge(from_vector<float>({1})); }, {"does not require grad"});
   autograd::GradientEdge again = autograd::get_gradient_edge(w * 2);
   test::check_error([&] { autograd::backward(again, zeros({2}, kFloat64)); },
-                    {"the gradient has shape [2] but the edge's tensor had shape [3]"});
+                    {"the gradient for output 0 has shape [2] but the output has shape [3]"});
   test::check_error([&] { autograd::backward(again, zeros({3}, kInt64)); }, {"it must be floating"});
 }
 
