@@ -14,12 +14,15 @@
 // all-gathered where it is used; prefetched (stage3_prefetch_bucket_size); and with DeepSpeed's
 // defaults (prefetch, parameters of <= 100,000 elements persistent, weights kept between their
 // forward and backward use), with the all-gathers per step started at the point of use and ahead,
-// and the time per step spent waiting for them (the slowest rank's mean).
+// and the time per step spent waiting for them (the slowest rank's mean). Last, stages 0 and 2 with
+// the gradient buckets sent in float32 (communication_data_type), and stage 2 with them divided by
+// the ranks before a plain sum (prescale_gradients).
 #include <kiln/kiln.h>
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <vector>
 
 #include "bench_util.h"
@@ -46,6 +49,8 @@ int main(int argc, char** argv) {
     int stage;
     const char* stage3;  // how stage 3 fetches its weights
     int64_t prefetch, persistence, reuse;
+    std::optional<DType> wire = std::nullopt;  // communication_data_type
+    bool prescale = false;                     // prescale_gradients
   };
   const std::vector<Run> runs = {
       {0, "", 0, 0, 0},
@@ -54,6 +59,11 @@ int main(int argc, char** argv) {
       {3, "on demand", 0, 0, 0},
       {3, "prefetch", 50'000'000, 0, 0},
       {3, "prefetch, persistence, reuse (DeepSpeed's defaults)", 50'000'000, 100'000, 1'000'000'000},
+      // How the gradients are averaged: float32 buckets (twice the bytes, two conversions) and
+      // DeepSpeed's division before a plain sum, against stage 2's line above.
+      {0, "", 0, 0, 0, kFloat32},
+      {2, "", 0, 0, 0, kFloat32},
+      {2, "", 0, 0, 0, std::nullopt, true},
   };
   for (const Run& run : runs) {
     const int stage = run.stage;
@@ -67,9 +77,9 @@ int main(int argc, char** argv) {
       psi = static_cast<double>(net.num_parameters());
       ZeroOptimizer opt(net, comm, [](std::vector<Tensor> masters) {
         return std::make_unique<optim::AdamW>(std::move(masters), optim::AdamWOptions{.lr = 1e-3, .fused = true});
-      }, {.stage = stage, .reduce_bucket_size = 1 << 20, .overlap_comm = true,
-          .stage3_prefetch_bucket_size = run.prefetch, .stage3_param_persistence_threshold = run.persistence,
-          .stage3_max_reuse_distance = run.reuse});
+      }, {.stage = stage, .reduce_bucket_size = 1 << 20, .overlap_comm = true, .communication_data_type = run.wire,
+          .prescale_gradients = run.prescale, .stage3_prefetch_bucket_size = run.prefetch,
+          .stage3_param_persistence_threshold = run.persistence, .stage3_max_reuse_distance = run.reuse});
       std::vector<double> times;
       ParamGatherer::Stats warm;
       for (int s = 0; s < steps + 2; ++s) {
@@ -96,10 +106,12 @@ int main(int argc, char** argv) {
     }
     if (r == 0) {
       std::printf("{\"bench\":\"zero\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
-                  "\"stage\":%d,%s\"model\":\"mlp 784-1024x3-10 bf16, AdamW\",\"params\":%.0f,"
+                  "\"stage\":%d,%s%s\"model\":\"mlp 784-1024x3-10 bf16, AdamW\",\"params\":%.0f,"
                   "\"model_state_mib\":%.3f,\"formula_mib\":%.3f,\"ratio_to_formula\":%.4f,"
                   "\"peak_step_mib\":%.3f,\"ms_per_step\":%.3f%s}\n",
-                  p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",", run.stage3).c_str() : "", psi,
+                  p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",", run.stage3).c_str() : "",
+                  fmt::format("\"communication_data_type\":\"{}\",\"prescale_gradients\":{},",
+                              dtype_name(run.wire.value_or(kBFloat16)), run.prescale).c_str(), psi,
                   states / (1 << 20), formula / (1 << 20), states / formula, peak / (1 << 20), ms,
                   stage == 3 ? fmt::format(",\"gathers_per_step\":{:.1f},\"prefetches_per_step\":{:.1f},"
                                            "\"gather_wait_ms_per_step\":{:.3f}", gathers, prefetches, wait_ms).c_str()

@@ -21,10 +21,9 @@ using json = nlohmann::json;
 // DeepSpeed keys that Kiln does not implement, by section: naming them apart from typos tells the
 // user that the key is right but the feature is not here.
 const std::set<std::string> kUnsupportedTop = {
-    "amp", "aio", "autotuning", "checkpoint", "comms_logger", "communication_data_type",
-    "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency", "data_types", "disable_allgather",
-    "dump_state", "eigenvalue", "elasticity", "flops_profiler", "gradient_predivide_factor", "hybrid_engine",
-    "memory_breakdown", "nebula", "pipeline", "prescale_gradients", "progressive_layer_drop", "quantize_training",
+    "amp", "aio", "autotuning", "checkpoint", "comms_logger", "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency", "data_types", "disable_allgather",
+    "dump_state", "eigenvalue", "elasticity", "flops_profiler", "hybrid_engine",
+    "memory_breakdown", "nebula", "pipeline", "progressive_layer_drop", "quantize_training",
     "sparse_attention", "sparse_gradients", "tensorboard", "torch_autocast", "wandb", "compile",
     "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type", "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
@@ -48,7 +47,7 @@ const std::set<std::string> kNoOffValue = {"sparse_attention",          "pipelin
 
 // The value that turns off a DeepSpeed option that Kiln does not implement, for messages.
 std::string off_value(const std::string& key) {
-  if (key == "gradient_predivide_factor" || key == "ratio" || key == "zero_hpz_partition_size") return "1";
+  if (key == "ratio" || key == "zero_hpz_partition_size") return "1";
   if (key == "mics_shard_size") return "-1";
   return "false, null or {\"enabled\": false}";
 }
@@ -56,7 +55,7 @@ std::string off_value(const std::string& key) {
 // Whether a DeepSpeed key that Kiln does not implement asks for nothing where it is: set to
 // DeepSpeed's "off" (false, null, a section with "enabled": false or holding nothing but false and
 // null, or off_value's number), as configs written for DeepSpeed often carry them
-// ("prescale_gradients": false, "tensorboard": {"enabled": false}). Such a key is accepted and does
+// ("sparse_gradients": false, "tensorboard": {"enabled": false}). Such a key is accepted and does
 // nothing; any other value of it is an Error.
 bool asks_for_nothing(const std::string& key, const json& v) {
   if (kNoOffValue.count(key)) return false;
@@ -72,7 +71,7 @@ bool asks_for_nothing(const std::string& key, const json& v) {
   }
   if (v.is_number()) {
     const double x = v.get<double>();
-    if (key == "gradient_predivide_factor" || key == "ratio") return x == 1.0;  // no division; all offloaded
+    if (key == "ratio") return x == 1.0;                                      // all of the optimizer offloaded
     if (key == "mics_shard_size") return x == -1;                             // MiCS off (its default)
     if (key == "zero_hpz_partition_size") return x == 1;                      // ZeRO++'s secondary partition off
   }
@@ -475,6 +474,30 @@ void read_activation_checkpointing(Section& top, const std::string& source, Conf
   s.finish();
 }
 
+// DeepSpeed's top-level keys for how the gradients are averaged (ZeroOptions has the arithmetic).
+void read_gradient_averaging(Section& top, distributed::ZeroOptions& z) {
+  top.read("prescale_gradients", z.prescale_gradients);
+  top.read("gradient_predivide_factor", z.gradient_predivide_factor, 0.0);
+  if (z.gradient_predivide_factor == 0) {
+    top.fail_at("gradient_predivide_factor", "must be > 0 (the gradients are divided by it; 1 is off), not 0");
+  }
+  if (z.prescale_gradients && z.gradient_predivide_factor != 1.0) {
+    top.fail_at("gradient_predivide_factor", fmt::format("is {}, and \"prescale_gradients\" is true: prescaling divides "
+                                                         "by the number of ranks before the sum; give one of the two",
+                                                         z.gradient_predivide_factor));
+  }
+  if (top.has("communication_data_type") && !top.at("communication_data_type").is_null()) {
+    std::string wire;
+    top.read("communication_data_type", wire);
+    const std::string name = lower(wire);
+    if (name == "fp16") z.communication_data_type = kFloat16;
+    else if (name == "bf16" || name == "bfp16") z.communication_data_type = kBFloat16;  // bfp16: its older name
+    else if (name == "fp32") z.communication_data_type = kFloat32;
+    else top.fail_at("communication_data_type", fmt::format("must be \"fp16\", \"bf16\" or \"fp32\" (or null: the model's "
+                                                            "dtype), not \"{}\"", wire));
+  }
+}
+
 }  // namespace
 
 Config Config::from_string(const std::string& text, const std::string& source) {
@@ -488,6 +511,7 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   top.read("steps_per_print", cfg.steps_per_print, 1);
   top.read("wall_clock_breakdown", cfg.wall_clock_breakdown);
   top.read("zero_allow_untested_optimizer", cfg.zero_allow_untested_optimizer);
+  read_gradient_averaging(top, cfg.zero_optimization);
   read_optimizer(top, source, cfg);
   read_scheduler(top, source, cfg);
   read_fp16(top, source, cfg);

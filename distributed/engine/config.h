@@ -8,6 +8,8 @@
 //
 //   train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps
 //   gradient_clipping, steps_per_print, wall_clock_breakdown, zero_allow_untested_optimizer
+//   communication_data_type (fp16 | bf16 | fp32), prescale_gradients, gradient_predivide_factor:
+//                  how the gradients are averaged, kept in zero_optimization (ZeroOptions)
 //   optimizer     {type: Adam | AdamW | SGD | Adagrad | RMSprop, params: {lr, betas, eps, weight_decay,
 //                  adam_w_mode, amsgrad, momentum, dampening, nesterov, alpha, centered, lr_decay, ...}}
 //   scheduler     {type: WarmupLR | WarmupDecayLR | WarmupCosineLR, params: {...}}
@@ -95,6 +97,7 @@ struct Config {
     bool enabled = false;
   } bf16;
 
+  // The "zero_optimization" section, and the top-level keys of how the gradients are averaged.
   distributed::ZeroOptions zero_optimization{.stage = 0};
   // Where the section is given, kiln::initialize passes it to the modules it trains that take it
   // (nn::ConfiguresCheckpointing); where it is not, their settings stay as they are.

@@ -19,24 +19,37 @@ struct GradReducer::Bucket {
   FlatRange mine;       // the part of spec.range in this rank's partition (maybe empty)
   size_t pending = 0;   // gradients still to arrive in this backward
   Tensor buffer;        // kBucketed: the bucket's gradients, made when its first one arrives
+  Tensor wire;          // what the operation reads (kAllReduce: and writes): the bucket, or its
+                        // copy in GradAveraging::dtype
   Tensor output;        // kReduceScatter, kBucketed: this rank's averaged part (mine.size() elements)
   Work work;
   bool launched = false, completed = false;
 };
 
 GradReducer::GradReducer(Communicator& comm, const FlatLayout& layout, std::vector<Tensor> params, Mode mode,
-                         int64_t bucket_numel, bool overlap, Tensor flat_grads, Tensor grad_shard)
+                         int64_t bucket_numel, bool overlap, Tensor flat_grads, Tensor grad_shard,
+                         GradAveraging averaging)
     : comm_(comm),
       layout_(layout),
       params_(std::move(params)),
       mode_(mode),
       overlap_(overlap),
+      averaging_(averaging),
       flat_grads_(std::move(flat_grads)),
       grad_shard_(std::move(grad_shard)) {
   KILN_CHECK(static_cast<int64_t>(params_.size()) == layout_.num_params(),
              "GradReducer: {} parameters for a layout of {}", params_.size(), layout_.num_params());
   KILN_CHECK(mode_ == Mode::kBucketed || flat_grads_.defined(),
              "GradReducer: stages 0 and 1 reduce a flat gradient buffer; none was given");
+  // ZeroOptimizer has checked these with the options' names; here only what the arithmetic needs.
+  KILN_CHECK(!averaging_.dtype || is_floating(*averaging_.dtype), "GradReducer: buckets travel in a floating dtype");
+  KILN_CHECK(averaging_.predivide >= 0 && !(averaging_.prescale && averaging_.predivide > 0),
+             "GradReducer: prescale or a predivide factor > 0, not both");
+  const double f = averaging_.prescale ? comm_.size() : averaging_.predivide;
+  if (f > 0) {
+    before_ = 1.0 / f;
+    after_ = f / comm_.size();
+  }
   const FlatRange part = mode_ == Mode::kAllReduce ? FlatRange{0, layout_.padded_numel()}
                                                    : layout_.partition(comm_.rank());
   bucket_of_.assign(params_.size(), 0);
@@ -68,7 +81,7 @@ void GradReducer::attach_grads() {
   if (in_backward_) {  // a backward threw before its end: let its operations finish, then forget it
     for (auto& b : buckets_) {
       if (b->launched && !b->completed) b->work.wait();
-      b->buffer = b->output = Tensor();
+      b->buffer = b->wire = b->output = Tensor();
     }
     in_backward_ = false;
   }
@@ -160,18 +173,27 @@ void GradReducer::launch(Bucket& b) {
     }
   }
   const FlatRange range = b.spec.range;
+  if (mode_ == Mode::kBucketed && !b.buffer.defined()) b.buffer = zeros({range.size()}, params_[0].options());
+  const Tensor bucket = mode_ == Mode::kBucketed ? b.buffer : flat_grads_.narrow(0, range.begin, range.size());
+  {
+    NoGradGuard no_grad;
+    const bool convert = averaging_.dtype && *averaging_.dtype != bucket.dtype();
+    b.wire = convert ? bucket.to(*averaging_.dtype) : bucket;
+    if (convert && mode_ == Mode::kBucketed) b.buffer = Tensor();  // the copy on the wire is all it needs
+    if (before_ != 1) b.wire.mul_(before_);
+  }
+  // With a predivide factor f: the sum of what each rank divided by f; else the communicator's average.
+  const ReduceOp op = averaging_.prescale || averaging_.predivide > 0 ? ReduceOp::Sum : ReduceOp::Avg;
   if (mode_ == Mode::kAllReduce) {
-    b.work = comm_.all_reduce(flat_grads_.narrow(0, range.begin, range.size()), ReduceOp::Avg, /*async_op=*/true);
+    b.work = comm_.all_reduce(b.wire, op, /*async_op=*/true);
   } else {
-    if (mode_ == Mode::kBucketed && !b.buffer.defined()) b.buffer = zeros({range.size()}, params_[0].options());
-    Tensor input = mode_ == Mode::kBucketed ? b.buffer : flat_grads_.narrow(0, range.begin, range.size());
     std::vector<Tensor> inputs;
     for (int r = 0; r < comm_.size(); ++r) {
       const FlatRange piece = intersect(range, layout_.partition(r));
-      inputs.push_back(input.narrow(0, piece.begin - range.begin, piece.size()));
+      inputs.push_back(b.wire.narrow(0, piece.begin - range.begin, piece.size()));
     }
-    b.output = empty({b.mine.size()}, input.options());
-    b.work = comm_.reduce_scatter(b.output, inputs, ReduceOp::Avg, /*async_op=*/true);
+    b.output = empty({b.mine.size()}, b.wire.options());
+    b.work = comm_.reduce_scatter(b.output, inputs, op, /*async_op=*/true);
   }
   b.launched = true;
   if (in_backward_) ++started_during_backward_;
@@ -181,16 +203,25 @@ void GradReducer::launch(Bucket& b) {
 void GradReducer::complete(Bucket& b) {
   b.work.wait();
   b.completed = true;
-  if (mode_ == Mode::kAllReduce) return;  // averaged in place
   NoGradGuard no_grad;
+  if (mode_ == Mode::kAllReduce) {  // averaged in place, or in the copy that goes back
+    if (after_ != 1) b.wire.mul_(after_);
+    if (b.wire.dtype() != flat_grads_.dtype()) {
+      flat_grads_.narrow(0, b.spec.range.begin, b.spec.range.size()).copy_(b.wire);
+    }
+    b.wire = Tensor();
+    return;
+  }
   const int64_t at = b.mine.begin - layout_.partition(comm_.rank()).begin;
   if (b.mine.size() > 0) {
+    if (after_ != 1) b.output.mul_(after_);
     Tensor dst = grad_shard_.narrow(0, at, b.mine.size());
     // Stage 1 overwrites its partition's local sum with the average; stage 2 accumulates micro-batches.
     if (mode_ == Mode::kReduceScatter) dst.copy_(b.output);
-    else dst.add_(b.output);
+    else dst.add_(b.output.dtype() == dst.dtype() ? b.output : b.output.to(dst.dtype()));
   }
   b.buffer = Tensor();
+  b.wire = Tensor();
   b.output = Tensor();
 }
 

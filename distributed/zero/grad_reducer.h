@@ -17,6 +17,19 @@
 //                              partition's gradient buffer. Gradients of the whole model never
 //                              exist at once: at most the buckets in flight do.
 //
+// "Averaged" is, by default, the communicator's ReduceOp::Avg on the gradients' own dtype. With
+// GradAveraging (DeepSpeed's communication_data_type, prescale_gradients, gradient_predivide_factor),
+// a bucket travels in another dtype (converted before the operation, and its result back after),
+// and/or is summed between two multiplications, as DeepSpeed's engine does it:
+//
+//   x * (1 / f)  ->  ReduceOp::Sum over the N ranks  ->  * (f / N)     f: the predivide factor
+//
+// (prescale_gradients is f = N: all of the division before the sum, none after). Dividing first
+// keeps a 16-bit sum of large gradients from overflowing; dividing after keeps small ones from
+// underflowing. Where a bucket is reduced in place (stages 0 and 1, no conversion), the division
+// before the sum also scales the flat buffer's parts outside this rank's partition, which no one
+// reads after the reduction.
+//
 // With overlap (DeepSpeed's overlap_comm) a bucket's operation runs while backward computes the
 // next gradients and is waited for when backward has finished (an autograd callback); without, it
 // is waited for at once. Stages 0 and 1 reduce only in a backward that ends an accumulation
@@ -31,6 +44,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "distributed/comm/communicator.h"
@@ -38,16 +52,24 @@
 
 namespace kiln::distributed {
 
+// How a bucket is averaged (see above); the default is ReduceOp::Avg in the gradients' dtype.
+struct GradAveraging {
+  std::optional<DType> dtype = std::nullopt;  // the dtype the buckets travel in (a floating one)
+  double predivide = 0;  // f > 0: multiply by 1/f, sum, multiply by f/N; 0: ReduceOp::Avg
+  bool prescale = false;  // f = N (DeepSpeed's prescale_gradients); predivide must then be 0
+};
+
 class GradReducer {
  public:
   enum class Mode { kAllReduce, kReduceScatter, kBucketed };
+
 
   // params: the parameters the layout describes, in its order. flat_grads (kAllReduce,
   // kReduceScatter): the flat gradient buffer (padded_numel elements) whose views the parameters'
   // .grad() are; undefined for kBucketed. grad_shard: where this rank's averaged gradients go (the
   // partition's slice of flat_grads, or a buffer of partition_numel elements for kBucketed).
   GradReducer(Communicator& comm, const FlatLayout& layout, std::vector<Tensor> params, Mode mode,
-              int64_t bucket_numel, bool overlap, Tensor flat_grads, Tensor grad_shard);
+              int64_t bucket_numel, bool overlap, Tensor flat_grads, Tensor grad_shard, GradAveraging averaging = {});
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -83,6 +105,8 @@ class GradReducer {
   std::vector<Tensor> params_;
   Mode mode_;
   bool overlap_;
+  GradAveraging averaging_;
+  double before_ = 1, after_ = 1;  // the multiplications around a summing reduction
   Tensor flat_grads_, grad_shard_;
   std::vector<Tensor> slots_;  // per parameter: its view of the flat gradient buffer (stages 0 and 1)
   std::vector<std::unique_ptr<Bucket>> buckets_;

@@ -40,6 +40,18 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
              "ZeRO: offload_param is for stage 3, where the weights are partitioned (DeepSpeed reads it there only); "
              "this is stage {}: remove offload_param, or use stage 3", options_.stage);
   KILN_CHECK(options_.sub_group_size >= 0, "ZeRO: sub_group_size must be >= 0, not {}", options_.sub_group_size);
+  if (const auto& wire = options_.communication_data_type) {
+    KILN_CHECK(*wire == kFloat16 || *wire == kBFloat16 || *wire == kFloat32,
+               "ZeRO: communication_data_type must be float16, bfloat16 or float32 (DeepSpeed's fp16, bf16, fp32), "
+               "not {}", dtype_name(*wire));
+  }
+  KILN_CHECK(std::isfinite(options_.gradient_predivide_factor) && options_.gradient_predivide_factor > 0,
+             "ZeRO: gradient_predivide_factor must be a finite number > 0 (1: off), not {}",
+             options_.gradient_predivide_factor);
+  KILN_CHECK(!options_.prescale_gradients || options_.gradient_predivide_factor == 1.0,
+             "ZeRO: prescale_gradients divides the gradients by the number of ranks before the sum, and "
+             "gradient_predivide_factor {} asks to divide them by another number; use one of the two",
+             options_.gradient_predivide_factor);
   verify_same_model(*comm_, model_, "ZeRO");
 
   std::vector<int64_t> numels;
@@ -109,8 +121,12 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   const auto mode = options_.stage == 0   ? GradReducer::Mode::kAllReduce
                     : options_.stage == 1 ? GradReducer::Mode::kReduceScatter
                                           : GradReducer::Mode::kBucketed;
+  const GradAveraging averaging{
+      .dtype = options_.communication_data_type,
+      .predivide = options_.gradient_predivide_factor == 1.0 ? 0.0 : options_.gradient_predivide_factor,
+      .prescale = options_.prescale_gradients};
   reducer_ = std::make_unique<GradReducer>(*comm_, *layout_, params_, mode, options_.reduce_bucket_size,
-                                           options_.overlap_comm, flat_grads_, grad_shard_);
+                                           options_.overlap_comm, flat_grads_, grad_shard_, averaging);
   if (options_.stage == 3) {
     gatherer_ = std::make_unique<ParamGatherer>(
         *comm_, *layout_, params_, shard_, model_,

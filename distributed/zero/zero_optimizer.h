@@ -46,6 +46,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "distributed/comm/communicator.h"
@@ -67,6 +68,16 @@ struct ZeroOptions {
   int64_t reduce_bucket_size = 500'000'000;    // elements per gradient bucket
   int64_t allgather_bucket_size = 500'000'000; // elements per rank in each all-gather of step()
   bool overlap_comm = false;                   // run each bucket's reduction while backward goes on
+  // How the gradients are averaged: top-level keys of a DeepSpeed config, which Engine passes here
+  // (grad_reducer.h has the arithmetic). By default each bucket is averaged by the communicator
+  // (ReduceOp::Avg) in the model's dtype. communication_data_type: the dtype the buckets travel in
+  // (float16, bfloat16 or float32: half the bytes of a float32 model's, or a 16-bit model's
+  // gradients summed in float32), converted before and back after. prescale_gradients: divide by
+  // the number of ranks before summing; gradient_predivide_factor f: divide by f before summing and
+  // by (ranks / f) after (1: off). DeepSpeed takes the last two at stage 0 only; Kiln at every stage.
+  std::optional<DType> communication_data_type = std::nullopt;
+  bool prescale_gradients = false;
+  double gradient_predivide_factor = 1.0;
   // ZeRO-Offload: keep the float32 master partition and the optimizer state in host memory and
   // step there; the gradients' partition is copied to the host and the weights back. On a CPU
   // model it changes nothing.
@@ -157,6 +168,7 @@ class ZeroOptimizer : public optim::Optimizer {
   void register_external_parameter(nn::Module& module, const Tensor& param);
 
   int stage() const { return options_.stage; }
+  const ZeroOptions& options() const { return options_; }
   const FlatLayout& layout() const { return *layout_; }
   Communicator& comm() { return *comm_; }
   optim::Optimizer& inner() { return *inner_; }

@@ -149,6 +149,32 @@ TEST_CASE("engine config: DeepSpeed options that Kiln does not implement are acc
               {"\"tensorbord\" is not a key Kiln knows"});
 }
 
+TEST_CASE("engine: communication_data_type, prescale_gradients and gradient_predivide_factor reach ZeRO",
+          "[distributed]") {
+  const Config off = Config::from_string(R"({"train_batch_size": 8, "prescale_gradients": false,
+                                             "gradient_predivide_factor": 1.0, "communication_data_type": null})");
+  CHECK_FALSE(off.zero_optimization.communication_data_type.has_value());
+  CHECK_FALSE(off.zero_optimization.prescale_gradients);
+  CHECK(off.zero_optimization.gradient_predivide_factor == 1.0);
+  for (const auto& [name, dtype] : std::vector<std::pair<std::string, DType>>{
+           {"fp16", kFloat16}, {"BF16", kBFloat16}, {"bfp16", kBFloat16}, {"fp32", kFloat32}}) {
+    INFO(name);
+    const Config c = Config::from_string(R"({"train_batch_size": 8, "communication_data_type": ")" + name + "\"}");
+    CHECK(c.zero_optimization.communication_data_type == dtype);
+  }
+  // Given at the top level, as DeepSpeed's, and applied at any stage.
+  auto comm = init("mpi");
+  manual_seed(1);
+  Mlp m;
+  Engine engine = kiln::initialize(m, Config::from_string(R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "bf16": {"enabled": true},
+      "communication_data_type": "fp32", "gradient_predivide_factor": 2, "zero_optimization": {"stage": 2}})"), comm);
+  CHECK(engine.optimizer().options().communication_data_type == kFloat32);
+  CHECK(engine.optimizer().options().gradient_predivide_factor == 2.0);
+  CHECK_FALSE(engine.optimizer().options().prescale_gradients);
+  CHECK(engine.optimizer().options().stage == 2);
+}
+
 TEST_CASE("engine config: the examples in configs/ read", "[distributed]") {
   const std::filesystem::path dir = std::filesystem::path(KILN_TEST_FIXTURES) / ".." / ".." / "configs";
   int read = 0;
@@ -200,8 +226,8 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
   bad(R"({"train_batch_size": 8, "zero_optimization": {"mics_shard_size": 2}})",
       {"zero_optimization.mics_shard_size", "does not implement, and 2 asks for it", "turn it off (-1;"});
   // Options Kiln does not implement, switched on: each an Error naming it and the value.
-  bad(R"({"train_batch_size": 8, "prescale_gradients": true})",
-      {"\"prescale_gradients\" is a DeepSpeed option that Kiln does not implement, and true asks for it",
+  bad(R"({"train_batch_size": 8, "sparse_gradients": true})",
+      {"\"sparse_gradients\" is a DeepSpeed option that Kiln does not implement, and true asks for it",
        "turn it off (false, null or {\"enabled\": false}"});
   // Options with no value that is off: present at all, or at DeepSpeed's default, they ask for something.
   bad(R"({"train_batch_size": 8, "sparse_attention": {}})", {"\"sparse_attention\" is a DeepSpeed option", "remove it"});
@@ -212,11 +238,18 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"tensorboard\" is a DeepSpeed option that Kiln does not implement"});
   // Without "enabled": false, a section with settings in it is taken as asking for the feature.
   bad(R"({"train_batch_size": 8, "flops_profiler": {"profile_step": 1}})", {"\"flops_profiler\" is a DeepSpeed option"});
-  bad(R"({"train_batch_size": 8, "gradient_predivide_factor": 2.0})",
-      {"\"gradient_predivide_factor\" is a DeepSpeed option that Kiln does not implement, and 2.0 asks for it",
-       "turn it off (1;"});
-  bad(R"({"train_batch_size": 8, "communication_data_type": "fp16"})",
-      {"\"communication_data_type\" is a DeepSpeed option", "\"fp16\" asks for it"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"zero_hpz_partition_size": 4}})",
+      {"\"zero_optimization.zero_hpz_partition_size\" is a DeepSpeed option that Kiln does not implement, and 4 asks "
+       "for it", "turn it off (1;"});
+  // How the gradients are averaged.
+  bad(R"({"train_batch_size": 8, "communication_data_type": "fp8"})",
+      {"\"communication_data_type\" must be \"fp16\", \"bf16\" or \"fp32\"", "not \"fp8\""});
+  bad(R"({"train_batch_size": 8, "communication_data_type": 16})", {"\"communication_data_type\" must be a string"});
+  bad(R"({"train_batch_size": 8, "gradient_predivide_factor": 0})", {"\"gradient_predivide_factor\" must be > 0"});
+  bad(R"({"train_batch_size": 8, "gradient_predivide_factor": -2})",
+      {"\"gradient_predivide_factor\" must be a finite number >= 0, not -2"});
+  bad(R"({"train_batch_size": 8, "prescale_gradients": true, "gradient_predivide_factor": 2})",
+      {"\"gradient_predivide_factor\" is 2, and \"prescale_gradients\" is true", "give one of the two"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"cpu_offload": true}})",
       {"\"zero_optimization.cpu_offload\" is a DeepSpeed option"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"offload_optimizer": {"device": "cpu", "ratio": 0.3}}})",

@@ -530,6 +530,12 @@ TEST_CASE("zero: bad construction is an Error", "[distributed]") {
               {"offload_param is for stage 3", "this is stage 2"});
   check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 3, .sub_group_size = -1}); },
               {"sub_group_size must be >= 0, not -1"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.communication_data_type = kFloat64}); },
+              {"communication_data_type must be float16, bfloat16 or float32", "not float64"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.gradient_predivide_factor = 0}); },
+              {"gradient_predivide_factor must be a finite number > 0 (1: off), not 0"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.prescale_gradients = true, .gradient_predivide_factor = 2}); },
+              {"prescale_gradients divides", "gradient_predivide_factor 2", "use one of the two"});
   Mlp mixed;
   mixed.f2.to(kFloat64);
   check_error([&] { ZeroOptimizer o(mixed, comm, sgd(0.1)); }, {"f2.weight", "float64", "share a dtype"});
@@ -575,6 +581,74 @@ TEST_CASE("zero: stage 1 refuses a second reduction before zero_grad; a dropped 
       const FlatRange mine = intersect(o.layout().param(k), part);
       if (!mine.empty()) {
         CHECK(g.narrow(0, mine.begin - part.begin, mine.size()).abs().max().item<float>() == 0.0f);
+      }
+    }
+  }
+}
+
+namespace {
+
+// One parameter whose gradient each rank chooses: loss = (p * c).sum() has the gradient c.
+struct Chosen : nn::Module {
+  Tensor p;
+  explicit Chosen(int64_t n) { p = register_parameter("p", zeros({n})); }
+  Tensor forward(const Tensor& c) override { return (p * c).sum(); }
+};
+
+}  // namespace
+
+TEST_CASE("zero: communication_data_type, prescale_gradients and gradient_predivide_factor average as DeepSpeed does",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int N = comm->size(), r = comm->rank();
+  const int64_t n = 37;  // not a multiple of the ranks: the partitions are padded
+  // Rank q's gradient is k_i + q 2^-13, k_i in 1..5. q 2^-13 (q <= 3) is less than half a float16 or
+  // bfloat16 ulp at 1..5 (2^-11 at least), so a bucket that travels in 16 bits arrives as k_i on
+  // every rank, while float32 carries it exactly: the average is k_i + (N - 1)/2 2^-13.
+  auto gradient = [&](int q) {
+    std::vector<float> v(n);
+    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 5 + 1) + static_cast<float>(q) * 0x1p-13f;
+    return from_vector<float>(v);
+  };
+  const Tensor k = gradient(0);
+  const Tensor mean = k + (N - 1) / 2.0 * 0x1p-13;
+  struct Case {
+    const char* name;
+    ZeroOptions options;
+    Tensor expected;
+    kiln::test::Tolerance tol;
+  };
+  const std::vector<Case> cases = {
+      {"default: ReduceOp::Avg in float32", {}, mean, {1e-6, 0}},
+      {"float32 on the wire: the model's dtype", {.communication_data_type = kFloat32}, mean, {1e-6, 0}},
+      {"prescale_gradients", {.prescale_gradients = true}, mean, {1e-6, 0}},
+      {"gradient_predivide_factor 2", {.gradient_predivide_factor = 2}, mean, {1e-6, 0}},
+      {"float16 on the wire", {.communication_data_type = kFloat16}, k, {0, 0}},
+      {"bfloat16 on the wire", {.communication_data_type = kBFloat16}, k, {0, 0}},
+      {"float16 and gradient_predivide_factor 2",
+       {.communication_data_type = kFloat16, .gradient_predivide_factor = 2}, k, {1e-3, 0}},
+      {"bfloat16 and prescale_gradients", {.communication_data_type = kBFloat16, .prescale_gradients = true}, k,
+       {8e-3, 0}},
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const Case& c : cases) {
+      INFO("stage " << stage << ", " << c.name);
+      ZeroOptions options = c.options;
+      options.stage = stage;
+      options.reduce_bucket_size = 10;  // several buckets, one parameter cut across them
+      Chosen m(n);
+      ZeroOptimizer opt(m, comm, sgd(0.1), options);
+      m(gradient(r)).backward();
+      const FlatRange part = opt.layout().partition(stage > 0 ? r : 0);
+      auto partition = [&](const Tensor& whole) {
+        return cat({whole, zeros({opt.layout().padded_numel() - n})}).narrow(0, part.begin, part.size());
+      };
+      const Tensor got = opt.grads()[0];
+      if (c.tol.rtol == 0) kiln::test::check_equal(got, partition(c.expected));
+      else check_close(got, partition(c.expected), c.tol);
+      // What tells the wires apart: with more than one rank, float32's mean is k + at least 2^-14.
+      if (N > 1 && c.expected.is_same(mean) && part.begin < n) {
+        CHECK((got - partition(k)).abs().max().item<float>() >= 0x1p-14f);
       }
     }
   }
