@@ -1,7 +1,10 @@
 // tests/support.cpp: see support.h.
 #include "support.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <sstream>
 
@@ -89,6 +92,34 @@ Tensor sines(const Shape& shape, double seed, bool requires_grad) {
   for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37 * static_cast<double>(i) + seed);
   Tensor t = from_vector(v, shape);
   return requires_grad ? t.requires_grad_() : t;
+}
+
+std::string captured_output(int fd, const std::function<void()>& fn) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::FILE* file = std::tmpfile();
+  REQUIRE(file != nullptr);
+  const int saved = ::dup(fd);
+  ::dup2(::fileno(file), fd);
+  struct Restore {  // however fn() ends
+    int fd, saved;
+    ~Restore() {
+      std::fflush(stdout);
+      std::fflush(stderr);
+      ::dup2(saved, fd);
+      ::close(saved);
+    }
+  };
+  {
+    Restore restore{fd, saved};
+    fn();
+  }
+  std::string text;
+  std::rewind(file);
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, file)) > 0;) text.append(buffer, n);
+  std::fclose(file);
+  return text;
 }
 
 }  // namespace kiln::test

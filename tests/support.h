@@ -57,6 +57,10 @@ struct EnvGuard {
   std::optional<std::string> previous;
 };
 
+// What fn() writes to the file descriptor fd (1: stdout, 2: stderr), which is redirected to a
+// temporary file meanwhile (the C streams flushed before and after).
+std::string captured_output(int fd, const std::function<void()>& fn);
+
 // Deterministic, non-trivial values in (-2, 2) (no RNG needed): element i gets sin(1.3 i + seed).
 Tensor sample(const Shape& shape, DType dtype = kFloat32, double seed = 0.5);
 // float64 sin(0.37 i + seed), requiring grad when asked: the inputs of the autograd tests' torch

@@ -23,7 +23,7 @@ using json = nlohmann::json;
 const std::set<std::string> kUnsupportedTop = {
     "amp", "aio", "autotuning", "checkpoint", "comms_logger", "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency", "data_types", "disable_allgather",
     "dump_state", "eigenvalue", "elasticity", "flops_profiler", "hybrid_engine",
-    "memory_breakdown", "nebula", "pipeline", "progressive_layer_drop", "quantize_training",
+    "nebula", "pipeline", "progressive_layer_drop", "quantize_training",
     "sparse_attention", "sparse_gradients", "tensorboard", "torch_autocast", "wandb", "compile",
     "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type", "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
@@ -510,6 +510,7 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   top.read("gradient_clipping", cfg.gradient_clipping, 0.0);
   top.read("steps_per_print", cfg.steps_per_print, 1);
   top.read("wall_clock_breakdown", cfg.wall_clock_breakdown);
+  top.read("memory_breakdown", cfg.memory_breakdown);
   top.read("zero_allow_untested_optimizer", cfg.zero_allow_untested_optimizer);
   read_gradient_averaging(top, cfg.zero_optimization);
   read_optimizer(top, source, cfg);

@@ -7,7 +7,7 @@
 // implements this subset of them:
 //
 //   train_batch_size, train_micro_batch_size_per_gpu, gradient_accumulation_steps
-//   gradient_clipping, steps_per_print, wall_clock_breakdown, zero_allow_untested_optimizer
+//   gradient_clipping, steps_per_print, wall_clock_breakdown, memory_breakdown, zero_allow_untested_optimizer
 //   communication_data_type (fp16 | bf16 | fp32), prescale_gradients, gradient_predivide_factor:
 //                  how the gradients are averaged, kept in zero_optimization (ZeroOptions)
 //   optimizer     {type: Adam | AdamW | SGD | Adagrad | RMSprop, params: {lr, betas, eps, weight_decay,
@@ -64,6 +64,7 @@ struct Config {
   double gradient_clipping = 0;        // max global norm of the gradients; 0: no clipping
   int64_t steps_per_print = 10;        // rank 0 prints the step, lr and loss scale this often
   bool wall_clock_breakdown = false;   // ... and the time spent in forward, backward and step
+  bool memory_breakdown = false;       // ... and the tensor memory: now, and the peak since the last print
   bool zero_allow_untested_optimizer = false;  // accepted for compatibility: every Kiln optimizer is
 
   // "optimizer": the type picks the struct its params fill (DeepSpeed's types, any case). DeepSpeed's

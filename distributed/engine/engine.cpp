@@ -349,6 +349,27 @@ std::vector<double> Engine::get_lr() const {
 }
 
 void Engine::report() {
+  // memory_breakdown: each figure the largest over the ranks (a collective: every rank reports at
+  // the same steps), for the model's device and, where that is a GPU, the host; then the peaks are
+  // reset, as DeepSpeed's see_memory_usage does.
+  std::vector<std::string> memory_lines;
+  if (config_.memory_breakdown) {
+    const Device device = model_.parameters().at(0).device();
+    std::vector<Device> devices{device};
+    if (!device.is_cpu()) devices.push_back(Device::cpu());
+    for (const Device& d : devices) {
+      const MemoryStats s = memory::stats(d);
+      Tensor most = from_vector<double>({static_cast<double>(s.allocated_bytes), static_cast<double>(s.peak_allocated_bytes),
+                                         static_cast<double>(s.reserved_bytes)}).to(world_->device());
+      world_->all_reduce(most, distributed::ReduceOp::Max);
+      memory::reset_peak(d);
+      const std::vector<double> mib = most.to_vector<double>();
+      memory_lines.push_back(fmt::format(
+          "[kiln] memory on {} (MiB{}): allocated {:.2f} | peak {:.2f} since the last print | reserved {:.2f}",
+          d.str(), world_->size() > 1 ? fmt::format(", the largest over {} ranks", world_->size()) : "",
+          mib[0] / (1 << 20), mib[1] / (1 << 20), mib[2] / (1 << 20)));
+    }
+  }
   if (world_->rank() == 0) {
     std::string lrs;
     for (double lr : get_lr()) lrs += fmt::format("{}{:.6g}", lrs.empty() ? "" : ", ", lr);
@@ -366,6 +387,7 @@ void Engine::report() {
                     1e3 * step_s_ / n);
       }
     }
+    for (const std::string& line : memory_lines) std::printf("%s\n", line.c_str());
     std::fflush(stdout);
   }
   forward_s_ = backward_s_ = step_s_ = 0;

@@ -18,7 +18,10 @@
 // on all; step() is called after every backward and acts only at the accumulation boundary, where
 // it unscales, clips the global gradient norm, steps the optimizer and the schedule and zeroes the
 // gradients. Stage 0 is plain data parallelism (gradients all-reduced during backward). The engine
-// owns the optimizer; zero_grad() is part of step(). Rank 0 prints every steps_per_print steps.
+// owns the optimizer; zero_grad() is part of step(). Rank 0 prints every steps_per_print steps: the
+// step, lr, loss scale and gradient norm; with wall_clock_breakdown the time in forward, backward
+// and step; with memory_breakdown the tensor memory now and its peak since the last print (the
+// largest over the ranks, on the model's device and, for a GPU model, the host).
 //
 // Pipeline and tensor parallel (DeepSpeed's PipelineEngine, Megatron's 3D parallelism): built from
 // this rank's stage and a ParallelGrid, the engine runs each batch through a 1F1B Pipeline

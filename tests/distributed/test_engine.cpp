@@ -4,6 +4,7 @@
 // arithmetic by hand.
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "data/safetensors.h"
 #include "models/gpt.h"
@@ -173,6 +174,45 @@ TEST_CASE("engine: communication_data_type, prescale_gradients and gradient_pred
   CHECK(engine.optimizer().options().gradient_predivide_factor == 2.0);
   CHECK_FALSE(engine.optimizer().options().prescale_gradients);
   CHECK(engine.optimizer().options().stage == 2);
+}
+
+TEST_CASE("engine: memory_breakdown prints the tensor memory every steps_per_print steps, the largest over the ranks",
+          "[distributed]") {
+  auto comm = init("mpi");
+  manual_seed(1);
+  Mlp m;
+  Engine engine = kiln::initialize(m, Config::from_string(R"({"train_micro_batch_size_per_gpu": 4, "steps_per_print": 2,
+      "memory_breakdown": true, "optimizer": {"type": "SGD", "params": {"lr": 0.1}}})"), comm);
+  auto [x, y] = batch(1, 4);
+  const std::string out = kiln::test::captured_output(1, [&] {
+    for (int k = 0; k < 5; ++k) {
+      engine.backward(nn::cross_entropy(engine(x), y));
+      engine.step();
+    }
+  });
+  if (comm->rank() != 0) {
+    CHECK(out.empty());  // rank 0 prints
+    return;
+  }
+  // Steps 2 and 4: the step's line, then the memory's.
+  std::istringstream lines(out);
+  std::vector<std::string> memory;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("[kiln] memory", 0) == 0) memory.push_back(line);
+  }
+  REQUIRE(memory.size() == 2);
+  const std::string prefix = comm->size() > 1 ? fmt::format("[kiln] memory on cpu (MiB, the largest over {} ranks): ", comm->size())
+                                              : "[kiln] memory on cpu (MiB): ";
+  for (const std::string& line : memory) {
+    INFO(line);
+    REQUIRE(line.rfind(prefix, 0) == 0);
+    double allocated = 0, peak = 0, reserved = 0;
+    REQUIRE(std::sscanf(line.c_str() + prefix.size(), "allocated %lf | peak %lf since the last print | reserved %lf",
+                        &allocated, &peak, &reserved) == 3);
+    CHECK(allocated > 0);
+    CHECK(peak >= allocated);
+    CHECK(reserved >= allocated);
+  }
 }
 
 TEST_CASE("engine config: the examples in configs/ read", "[distributed]") {

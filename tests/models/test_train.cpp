@@ -53,25 +53,6 @@ train::TrainOptions small_run(const std::string& model, const std::string& out) 
   return o;
 }
 
-// What `fn` writes to stderr.
-template <class F>
-std::string captured_stderr(F fn) {
-  const std::string path = scratch_dir("stderr.txt");
-  fs::create_directories(fs::path(path).parent_path());
-  std::fflush(stderr);
-  const int saved = ::dup(2);
-  std::FILE* file = std::fopen(path.c_str(), "w");
-  REQUIRE(file != nullptr);
-  ::dup2(::fileno(file), 2);
-  fn();
-  std::fflush(stderr);
-  ::dup2(saved, 2);
-  ::close(saved);
-  std::fclose(file);
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
 }  // namespace
 
 TEST_CASE("ProgressBar renders tqdm's bar on a terminal and plain lines elsewhere") {
@@ -438,7 +419,7 @@ TEST_CASE("A synthetic set too big for this machine is an Error before its table
 TEST_CASE("exit_on_exception: the exit code by kind of exception, and the memory hint when out of memory") {
   auto end = [](auto thrower) {
     int code = -1;
-    std::string text = captured_stderr([&] {
+    std::string text = kiln::test::captured_output(2, [&] {
       try {
         thrower();
       } catch (...) {
