@@ -320,6 +320,14 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
   // micro-batch 0, which starts at the batch's state).
   Generator& gen = default_generator();
   const Generator::State start = gen.get_state();
+  struct RestoreOnThrow {  // a batch that throws leaves the generator as it found it
+    Generator& gen;
+    Generator::State start;
+    int uncaught = std::uncaught_exceptions();
+    ~RestoreOnThrow() {
+      if (std::uncaught_exceptions() > uncaught) gen.set_state(start);
+    }
+  } restore{gen, start};
   std::optional<uint64_t> per_forward;
   auto forward = [&](int64_t chunk, int64_t i) {
     if (draws_as_whole_model_ && per_forward) {

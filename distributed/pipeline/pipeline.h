@@ -62,7 +62,8 @@
 // out of that order (above, chunk b of micro-batch 0 after chunk a of micro-batch 1). Chunks that
 // draw their micro-batch's numbers where the whole model would (DrawsAsWholeModel, below) have each
 // forward started where one process's forward of that micro-batch starts, so their masks are one
-// process's under every schedule.
+// process's under every schedule. A train_batch that throws leaves the generator where it found it,
+// so that a caller who catches the Error and runs the batch again draws the same numbers.
 #pragma once
 
 #include <deque>

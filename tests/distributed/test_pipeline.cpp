@@ -515,9 +515,13 @@ TEST_CASE("pipeline: chunks that draw as the whole model get one process's dropo
   a.reserve_others = b.reserve_others = false;
   Pipeline pipe({&a, &b}, alone, loss_fn, {.micro_batches = 2, .schedule = kInterleaved1F1B});
   auto [x, y] = batch(0, 6);
+  const Generator::State before = default_generator().get_state();
   check_error([&] { pipe.train_batch(x, y); },
               {"stage 0's chunk 1 moved the default generator by 120 counters in its forward of micro-batch 0, and the "
                "batch's first forward by 144", "must draw or reserve a whole model forward's random numbers"});
+  // The batch threw after two forwards had drawn: the generator is back where the batch found it.
+  CHECK(default_generator().seed() == before.seed);
+  CHECK(default_generator().offset() == before.offset);
 }
 
 TEST_CASE("pipeline: bad use is an Error", "[distributed]") {
