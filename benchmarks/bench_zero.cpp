@@ -16,7 +16,8 @@
 // forward and backward use), with the all-gathers per step started at the point of use and ahead,
 // and the time per step spent waiting for them (the slowest rank's mean). Last, stages 0 and 2 with
 // the gradient buckets sent in float32 (communication_data_type), and stage 2 with them divided by
-// the ranks before a plain sum (prescale_gradients).
+// the ranks before a plain sum (prescale_gradients); and stages 0 and 2 with the gradients
+// accumulated in float32 (grad_accum_dtype; the formula then counts 4 bytes for them, not 2).
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
     int64_t prefetch, persistence, reuse;
     std::optional<DType> wire = std::nullopt;  // communication_data_type
     bool prescale = false;                     // prescale_gradients
+    std::optional<DType> accumulate = std::nullopt;  // grad_accum_dtype
   };
   const std::vector<Run> runs = {
       {0, "", 0, 0, 0},
@@ -64,6 +66,11 @@ int main(int argc, char** argv) {
       {0, "", 0, 0, 0, kFloat32},
       {2, "", 0, 0, 0, kFloat32},
       {2, "", 0, 0, 0, std::nullopt, true},
+      // Gradients accumulated in float32 (data_types.grad_accum_dtype; the engine's default for
+      // bfloat16 at stage 0): 2 more bytes per element of the gradient buffer, no float32 copy of
+      // them in the step.
+      {0, "", 0, 0, 0, std::nullopt, false, kFloat32},
+      {2, "", 0, 0, 0, std::nullopt, false, kFloat32},
   };
   for (const Run& run : runs) {
     const int stage = run.stage;
@@ -78,8 +85,9 @@ int main(int argc, char** argv) {
       ZeroOptimizer opt(net, comm, [](std::vector<Tensor> masters) {
         return std::make_unique<optim::AdamW>(std::move(masters), optim::AdamWOptions{.lr = 1e-3, .fused = true});
       }, {.stage = stage, .reduce_bucket_size = 1 << 20, .overlap_comm = true, .communication_data_type = run.wire,
-          .prescale_gradients = run.prescale, .stage3_prefetch_bucket_size = run.prefetch,
-          .stage3_param_persistence_threshold = run.persistence, .stage3_max_reuse_distance = run.reuse});
+          .prescale_gradients = run.prescale, .grad_accum_dtype = run.accumulate,
+          .stage3_prefetch_bucket_size = run.prefetch, .stage3_param_persistence_threshold = run.persistence,
+          .stage3_max_reuse_distance = run.reuse});
       std::vector<double> times;
       ParamGatherer::Stats warm;
       for (int s = 0; s < steps + 2; ++s) {
@@ -103,6 +111,7 @@ int main(int argc, char** argv) {
       const double n = p;
       formula = stage == 0 ? 16 * psi : stage == 1 ? 4 * psi + 12 * psi / n : stage == 2 ? 2 * psi + 14 * psi / n
                                                                                          : 16 * psi / n;
+      if (run.accumulate) formula += stage <= 1 ? 2 * psi : 2 * psi / n;  // float32 gradients: 4 bytes, not 2
     }
     if (r == 0) {
       std::printf("{\"bench\":\"zero\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
@@ -110,8 +119,9 @@ int main(int argc, char** argv) {
                   "\"model_state_mib\":%.3f,\"formula_mib\":%.3f,\"ratio_to_formula\":%.4f,"
                   "\"peak_step_mib\":%.3f,\"ms_per_step\":%.3f%s}\n",
                   p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",", run.stage3).c_str() : "",
-                  fmt::format("\"communication_data_type\":\"{}\",\"prescale_gradients\":{},",
-                              dtype_name(run.wire.value_or(kBFloat16)), run.prescale).c_str(), psi,
+                  fmt::format("\"communication_data_type\":\"{}\",\"prescale_gradients\":{},\"grad_accum_dtype\":\"{}\",",
+                              dtype_name(run.wire.value_or(kBFloat16)), run.prescale,
+                              dtype_name(run.accumulate.value_or(kBFloat16))).c_str(), psi,
                   states / (1 << 20), formula / (1 << 20), states / formula, peak / (1 << 20), ms,
                   stage == 3 ? fmt::format(",\"gathers_per_step\":{:.1f},\"prefetches_per_step\":{:.1f},"
                                            "\"gather_wait_ms_per_step\":{:.3f}", gathers, prefetches, wait_ms).c_str()

@@ -21,7 +21,7 @@ using json = nlohmann::json;
 // DeepSpeed keys that Kiln does not implement, by section: naming them apart from typos tells the
 // user that the key is right but the feature is not here.
 const std::set<std::string> kUnsupportedTop = {
-    "amp", "aio", "autotuning", "checkpoint", "comms_logger", "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency", "data_types", "disable_allgather",
+    "amp", "aio", "autotuning", "checkpoint", "comms_logger", "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency", "disable_allgather",
     "dump_state", "eigenvalue", "elasticity", "flops_profiler", "hybrid_engine",
     "nebula", "pipeline", "progressive_layer_drop", "quantize_training",
     "sparse_attention", "sparse_gradients", "tensorboard", "torch_autocast", "wandb", "compile",
@@ -498,6 +498,24 @@ void read_gradient_averaging(Section& top, distributed::ZeroOptions& z) {
   }
 }
 
+// DeepSpeed's "data_types": {"grad_accum_dtype": ...}, by the names its DtypeEnum takes.
+void read_data_types(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("data_types")) return;
+  Section s(source, "data_types", top.at("data_types"));
+  if (s.has("grad_accum_dtype") && !s.at("grad_accum_dtype").is_null()) {
+    std::string given;
+    s.read("grad_accum_dtype", given);
+    const std::string name = lower(given);
+    auto& accumulate = cfg.zero_optimization.grad_accum_dtype;
+    if (name == "fp32" || name == "float32" || name == "float" || name == "torch.float32") accumulate = kFloat32;
+    else if (name == "fp16" || name == "float16" || name == "half" || name == "torch.float16") accumulate = kFloat16;
+    else if (name == "bf16" || name == "bfloat16" || name == "bfloat" || name == "torch.bfloat16") accumulate = kBFloat16;
+    else s.fail_at("grad_accum_dtype", fmt::format("must be \"fp32\", \"fp16\" or \"bf16\" (or null: DeepSpeed's "
+                                                   "default), not \"{}\"", given));
+  }
+  s.finish();
+}
+
 }  // namespace
 
 Config Config::from_string(const std::string& text, const std::string& source) {
@@ -518,6 +536,7 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   read_fp16(top, source, cfg);
   read_zero(top, source, cfg);
   read_activation_checkpointing(top, source, cfg);
+  read_data_types(top, source, cfg);
   top.finish();
   KILN_CHECK(cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu,
              "{}: neither \"train_batch_size\" nor \"train_micro_batch_size_per_gpu\" is given; give at least one "

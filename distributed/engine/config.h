@@ -10,6 +10,8 @@
 //   gradient_clipping, steps_per_print, wall_clock_breakdown, memory_breakdown, zero_allow_untested_optimizer
 //   communication_data_type (fp16 | bf16 | fp32), prescale_gradients, gradient_predivide_factor:
 //                  how the gradients are averaged, kept in zero_optimization (ZeroOptions)
+//   data_types    {grad_accum_dtype}: the dtype the gradients accumulate in (ZeroOptions; unset,
+//                  Engine takes DeepSpeed's default: float32 for bf16 at stage 0, else the model's)
 //   optimizer     {type: Adam | AdamW | SGD | Adagrad | RMSprop, params: {lr, betas, eps, weight_decay,
 //                  adam_w_mode, amsgrad, momentum, dampening, nesterov, alpha, centered, lr_decay, ...}}
 //   scheduler     {type: WarmupLR | WarmupDecayLR | WarmupCosineLR, params: {...}}
@@ -98,7 +100,8 @@ struct Config {
     bool enabled = false;
   } bf16;
 
-  // The "zero_optimization" section, and the top-level keys of how the gradients are averaged.
+  // The "zero_optimization" section, the top-level keys of how the gradients are averaged, and
+  // data_types.grad_accum_dtype.
   distributed::ZeroOptions zero_optimization{.stage = 0};
   // Where the section is given, kiln::initialize passes it to the modules it trains that take it
   // (nn::ConfiguresCheckpointing); where it is not, their settings stay as they are.

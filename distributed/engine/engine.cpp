@@ -240,8 +240,11 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
     }
   } hidden{copies};
   for (Tensor& c : copies) c.requires_grad_(false);
-  optimizer_ = std::make_unique<distributed::ZeroOptimizer>(model_, comm_, make_inner(*config_.optimizer),
-                                                            config_.zero_optimization);
+  // DeepSpeed's default where data_types.grad_accum_dtype is unset: bfloat16 without ZeRO (its
+  // BF16_Optimizer) accumulates the gradients in float32; everything else in the model's dtype.
+  distributed::ZeroOptions zero = config_.zero_optimization;
+  if (!zero.grad_accum_dtype && dtype_ == kBFloat16 && zero.stage == 0) zero.grad_accum_dtype = kFloat32;
+  optimizer_ = std::make_unique<distributed::ZeroOptimizer>(model_, comm_, make_inner(*config_.optimizer), zero);
   if (config_.scheduler) scheduler_ = make_scheduler(*config_.scheduler, *optimizer_);
   optim::GradScalerOptions scaling = config_.fp16.scaler;
   scaling.enabled = config_.fp16.enabled;

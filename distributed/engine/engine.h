@@ -13,7 +13,8 @@
 //   engine.save_16bit_model("out");          // the whole model, one file, for inference
 //
 // As DeepSpeed's: fp16 or bf16 convert the model to that dtype (float32 master weights live in the
-// ZeRO optimizer, partitioned from stage 1); with fp16 the loss is scaled dynamically
+// ZeRO optimizer, partitioned from stage 1; with bf16 at stage 0 the gradients accumulate in
+// float32 unless data_types.grad_accum_dtype says otherwise); with fp16 the loss is scaled dynamically
 // (ShardedGradScaler, DeepSpeed's rule) and a step whose gradients overflow on any rank is skipped
 // on all; step() is called after every backward and acts only at the accumulation boundary, where
 // it unscales, clips the global gradient norm, steps the optimizer and the schedule and zeroes the

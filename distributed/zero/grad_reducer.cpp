@@ -61,6 +61,7 @@ GradReducer::GradReducer(Communicator& comm, const FlatLayout& layout, std::vect
     buckets_.push_back(std::move(b));
   }
   ready_.assign(params_.size(), false);
+  wide_ = mode_ != Mode::kBucketed && flat_grads_.dtype() != params_.at(0).dtype();
   if (mode_ != Mode::kBucketed) {
     for (size_t k = 0; k < params_.size(); ++k) {
       const FlatRange r = layout_.param(static_cast<int64_t>(k));
@@ -86,7 +87,9 @@ void GradReducer::attach_grads() {
     in_backward_ = false;
   }
   reduced_ = false;
-  for (size_t k = 0; k < params_.size(); ++k) params_[k].set_grad(mode_ == Mode::kBucketed ? Tensor() : slots_[k]);
+  for (size_t k = 0; k < params_.size(); ++k) {
+    params_[k].set_grad(mode_ == Mode::kBucketed || wide_ ? Tensor() : slots_[k]);
+  }
 }
 
 void GradReducer::begin_backward() {
@@ -119,15 +122,16 @@ void GradReducer::start_reduction() {
 }
 
 void GradReducer::grad_ready(size_t k) {
+  if (wide_) add_into_slot(k);  // every backward's gradient, at once
   if (!sync_ && mode_ != Mode::kBucketed) return;  // accumulating: the gradients stay in the flat buffer
   if (!in_backward_) begin_backward();
   if (ready_[k]) return;
   ready_[k] = true;
   const Tensor& p = params_[k];
-  Tensor g = p.grad();
-  check_grad(k, g);
   Bucket& b = *buckets_[bucket_of_[k]];
-  {
+  if (!wide_) {
+    Tensor g = p.grad();
+    check_grad(k, g);
     NoGradGuard no_grad;
     if (mode_ == Mode::kBucketed) {
       if (!b.buffer.defined()) b.buffer = zeros({b.spec.range.size()}, p.options());
@@ -142,6 +146,15 @@ void GradReducer::grad_ready(size_t k) {
     }
   }
   if (--b.pending == 0) launch_ready();
+}
+
+void GradReducer::add_into_slot(size_t k) {
+  const Tensor g = params_[k].grad();
+  if (!g.defined()) return;
+  check_grad(k, g);
+  NoGradGuard no_grad;
+  slots_[k].add_(g.to(slots_[k].dtype()));
+  params_[k].set_grad(Tensor());
 }
 
 // The gradient has its parameter's dtype, device and number of elements (the layout's: at stage 3
@@ -234,7 +247,9 @@ void GradReducer::finish() {
     if (ready_[k]) continue;
     ready_[k] = true;
     --buckets_[bucket_of_[k]]->pending;
-    if (mode_ != Mode::kBucketed && !params_[k].grad().is_same(slots_[k])) {
+    if (wide_) {
+      add_into_slot(k);  // a .grad() set since its hook ran (a tied weight's, added by Engine), if any
+    } else if (mode_ != Mode::kBucketed && !params_[k].grad().is_same(slots_[k])) {
       // .grad() dropped since the last step: no gradient, not the old one; or (reduce(), after
       // backwards without sync) replaced: it holds the accumulation's gradient.
       NoGradGuard no_grad;

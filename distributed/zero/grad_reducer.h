@@ -41,6 +41,14 @@
 // 1: its gradient accumulated so far, or the .grad() that replaced the slot since; zeros once
 // .grad() was dropped) or zeros (2 and 3), so every rank starts the same buckets in the same
 // order, provided every rank ran the same modules.
+//
+// A wider flat buffer (stages 0 and 1; DeepSpeed's data_types.grad_accum_dtype, float32 for a
+// 16-bit model): the parameters' .grad() cannot be views of it, so each hook adds the fresh 16-bit
+// gradient into the parameter's float32 slot and drops .grad(), in every backward; the micro-batches
+// accumulate in float32 instead of rounding to 16 bits at each one. A .grad() found at the end of a
+// reduction (one set since the hook ran) is added too, and .grad() stays undefined: zero the
+// gradients with zero_grad() (attach_grads), not the model's. At stages 2 and 3 the partition's
+// buffer may be wider the same way: each backward's reduced part is added into it.
 #pragma once
 
 #include <memory>
@@ -63,11 +71,11 @@ class GradReducer {
  public:
   enum class Mode { kAllReduce, kReduceScatter, kBucketed };
 
-
   // params: the parameters the layout describes, in its order. flat_grads (kAllReduce,
   // kReduceScatter): the flat gradient buffer (padded_numel elements) whose views the parameters'
-  // .grad() are; undefined for kBucketed. grad_shard: where this rank's averaged gradients go (the
-  // partition's slice of flat_grads, or a buffer of partition_numel elements for kBucketed).
+  // .grad() are (or, wider than they, which their gradients are added into); undefined for
+  // kBucketed. grad_shard: where this rank's averaged gradients go (the partition's slice of
+  // flat_grads, or a buffer of partition_numel elements for kBucketed).
   GradReducer(Communicator& comm, const FlatLayout& layout, std::vector<Tensor> params, Mode mode,
               int64_t bucket_numel, bool overlap, Tensor flat_grads, Tensor grad_shard, GradAveraging averaging = {});
   ~GradReducer();
@@ -93,6 +101,7 @@ class GradReducer {
   struct Bucket;
   void grad_ready(size_t k);
   void check_grad(size_t k, const Tensor& g) const;  // its parameter's dtype, device and size
+  void add_into_slot(size_t k);  // wide_: .grad() added into the parameter's slot, then dropped
   void begin_backward();
   void start_reduction();  // begin_backward without the callback at backward's end
   void launch_ready();
@@ -114,6 +123,7 @@ class GradReducer {
   std::vector<uint64_t> hooks_;
   std::vector<bool> ready_;
   size_t next_to_launch_ = 0;
+  bool wide_ = false;  // stages 0 and 1 with a flat buffer wider than the parameters (float32 for 16 bits)
   bool sync_ = true, in_backward_ = false;
   bool reduced_ = false;  // kReduceScatter: a backward has reduced since attach_grads
   int64_t started_during_backward_ = 0;

@@ -73,6 +73,10 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   layout_ = std::make_unique<FlatLayout>(std::move(numels), sharded ? world : 1);
   const FlatRange part = layout_->partition(sharded ? rank : 0);
   const TensorOptions model_options = params_[0].options();
+  const DType accumulate = options_.grad_accum_dtype.value_or(model_options.dtype());
+  KILN_CHECK(accumulate == model_options.dtype() || (accumulate == kFloat32 && is_reduced_float(model_options.dtype())),
+             "ZeRO: grad_accum_dtype is {} for a {} model; the gradients accumulate in the model's dtype or, for a "
+             "16-bit model, in float32", dtype_name(accumulate), dtype_name(model_options.dtype()));
   KILN_CHECK(!options_.offload_param || model_options.device().is_cpu(),
              "ZeRO: offload_param (the weights' shard kept in host memory) is not implemented for a model on {}; "
              "remove it, or offload the optimizer state instead (offload_optimizer), which is",
@@ -103,10 +107,10 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   }
 
   if (options_.stage <= 1) {
-    flat_grads_ = zeros({layout_->padded_numel()}, model_options);
+    flat_grads_ = zeros({layout_->padded_numel()}, model_options.dtype(accumulate));
     grad_shard_ = flat_grads_.narrow(0, part.begin, part.size());
   } else {
-    grad_shard_ = zeros({part.size()}, model_options);
+    grad_shard_ = zeros({part.size()}, model_options.dtype(accumulate));
   }
 
   inner_ = make_optimizer({master_});

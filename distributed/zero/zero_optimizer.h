@@ -78,6 +78,12 @@ struct ZeroOptions {
   std::optional<DType> communication_data_type = std::nullopt;
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
+  // The dtype the gradients accumulate in over the micro-batches of a step (DeepSpeed's
+  // data_types.grad_accum_dtype): the model's (unset: the default here) or, for a 16-bit model,
+  // float32, whose flat gradient buffer (stages 0 and 1) or partition (2 and 3) then takes 4 bytes
+  // per element instead of 2, and the step needs no float32 copy of the gradients. Engine sets
+  // float32 for bfloat16 at stage 0 where the config leaves it unset, as DeepSpeed does.
+  std::optional<DType> grad_accum_dtype = std::nullopt;
   // ZeRO-Offload: keep the float32 master partition and the optimizer state in host memory and
   // step there; the gradients' partition is copied to the host and the weights back. On a CPU
   // model it changes nothing.
@@ -217,7 +223,8 @@ class ZeroOptimizer : public optim::Optimizer {
   Tensor flat_params_;  // stages 0-2: padded_numel elements in the model's dtype; params are views of it
   Tensor shard_;        // this rank's partition of the weights, in the model's dtype
   Tensor flat_grads_;   // stages 0 and 1: padded_numel elements; params' .grad() are views of it
-  Tensor grad_shard_;   // this rank's averaged gradients, in the model's dtype
+                        // (unless it is wider: grad_accum_dtype)
+  Tensor grad_shard_;   // this rank's averaged gradients, in grad_accum_dtype
   Tensor master_;       // float32 (or float64) master partition: the inner optimizer's one parameter
   bool master_grad_ready_ = false;
   std::unique_ptr<optim::Optimizer> inner_;

@@ -215,6 +215,51 @@ TEST_CASE("engine: memory_breakdown prints the tensor memory every steps_per_pri
   }
 }
 
+TEST_CASE("engine: data_types.grad_accum_dtype, and DeepSpeed's float32 default for bf16 without ZeRO",
+          "[distributed]") {
+  auto comm = init("mpi");
+  auto engine_with = [&](nn::Module& m, const std::string& keys) {
+    return kiln::initialize(m, Config::from_string(R"({"train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}})" + keys + "}"), comm);
+  };
+  struct Case {
+    std::string keys;
+    DType accumulate;  // the optimizer's flat gradient buffer (stages 0 and 1) or partition (2, 3)
+  };
+  const std::vector<Case> cases = {
+      {R"(, "bf16": {"enabled": true})", kFloat32},  // stage 0: DeepSpeed's BF16_Optimizer
+      {R"(, "bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "bf16"})", kBFloat16},
+      {R"(, "bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": null})", kFloat32},
+      {R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 1})", kBFloat16},
+      {R"(, "bf16": {"enabled": true}, "zero_optimization": {"stage": 2}, "data_types": {"grad_accum_dtype": "fp32"})",
+       kFloat32},
+      {R"(, "fp16": {"enabled": true})", kFloat16},
+      {R"(, "fp16": {"enabled": true}, "data_types": {"grad_accum_dtype": "float32"})", kFloat32},
+      {"", kFloat32},
+  };
+  for (const Case& c : cases) {
+    INFO(c.keys);
+    manual_seed(1);
+    Mlp m;
+    Engine engine = engine_with(m, c.keys);
+    const int64_t partition = engine.optimizer().layout().partition_numel();
+    const int64_t elements = engine.optimizer().stage() <= 1 ? engine.optimizer().layout().padded_numel() : partition;
+    CHECK(engine.optimizer().model_state_bytes().grads == elements * itemsize(c.accumulate));
+    // The step's gradients: float32 as the masters, copied or not.
+    auto [x, y] = batch(1, 2);
+    engine.backward(nn::cross_entropy(engine(x.to(engine.dtype())).to(kFloat32), y));
+    CHECK(engine.optimizer().grads()[0].dtype() == kFloat32);
+    engine.step();
+  }
+  Mlp f32;
+  check_error([&] { engine_with(f32, R"(, "data_types": {"grad_accum_dtype": "bf16"})"); },
+              {"ZeRO: grad_accum_dtype is bfloat16 for a float32 model", "in the model's dtype or, for a 16-bit model, "
+               "in float32"});
+  Mlp half;
+  check_error([&] { engine_with(half, R"(, "bf16": {"enabled": true}, "data_types": {"grad_accum_dtype": "fp16"})"); },
+              {"grad_accum_dtype is float16 for a bfloat16 model"});
+}
+
 TEST_CASE("engine config: the examples in configs/ read", "[distributed]") {
   const std::filesystem::path dir = std::filesystem::path(KILN_TEST_FIXTURES) / ".." / ".." / "configs";
   int read = 0;
@@ -273,7 +318,10 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
   bad(R"({"train_batch_size": 8, "sparse_attention": {}})", {"\"sparse_attention\" is a DeepSpeed option", "remove it"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"memory_efficient_linear": false}})",
       {"\"zero_optimization.memory_efficient_linear\" is a DeepSpeed option that Kiln does not implement; remove it"});
-  bad(R"({"train_batch_size": 8, "data_types": {}})", {"\"data_types\" is a DeepSpeed option"});
+  bad(R"({"train_batch_size": 8, "data_types": {"grad_accum_dtype": "int8"}})",
+      {"\"data_types.grad_accum_dtype\" must be \"fp32\", \"fp16\" or \"bf16\"", "not \"int8\""});
+  bad(R"({"train_batch_size": 8, "data_types": {"grad_accum": "fp32"}})",
+      {"\"data_types.grad_accum\" is not a key Kiln knows", "the keys allowed in \"data_types\" are: grad_accum_dtype"});
   bad(R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "output_path": "tb/"}})",
       {"\"tensorboard\" is a DeepSpeed option that Kiln does not implement"});
   // Without "enabled": false, a section with settings in it is taken as asking for the feature.

@@ -653,3 +653,61 @@ TEST_CASE("zero: communication_data_type, prescale_gradients and gradient_prediv
     }
   }
 }
+
+TEST_CASE("zero: gradients of a bfloat16 model accumulate in float32 with grad_accum_dtype, at every stage",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int N = comm->size(), r = comm->rank();
+  const int64_t n = 13;
+  // Four micro-batches whose bfloat16 gradients are 256 + 4r, then 1, 1 and 1: each 1 is half an
+  // ulp at 256-512 (bfloat16 has 8 significant bits), so a bfloat16 sum rounds it (ties to even)
+  // and loses at least 1 of the 3, while float32 reaches 259 + 4r. The mean over the ranks,
+  // 259 + 2(N - 1), and that of each micro-batch (stages 2 and 3 reduce every one in bfloat16),
+  // 256 + 2(N - 1) and 1, are exact in bfloat16.
+  const Tensor first = full({n}, 256.0 + 4 * r, kBFloat16), then = full({n}, 1.0, kBFloat16);
+  const Tensor exact = full({n}, 259.0 + 2 * (N - 1), kFloat32);
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const std::optional<DType>& accumulate : {std::optional<DType>(), std::optional<DType>(kFloat32)}) {
+      INFO("stage " << stage << (accumulate ? ", float32 accumulation" : ", bfloat16 accumulation"));
+      Chosen m(n);
+      m.to(kBFloat16);
+      ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = stage, .reduce_bucket_size = 5, .grad_accum_dtype = accumulate});
+      for (int i = 0; i < 4; ++i) {
+        opt.set_gradient_accumulation_boundary(i == 3);
+        m(i == 0 ? first : then).backward();
+        if (accumulate && stage <= 1) CHECK_FALSE(m.p.grad().defined());  // added into the float32 buffer
+      }
+      const FlatRange part = opt.layout().partition(stage > 0 ? r : 0);
+      const int64_t real = std::max<int64_t>(0, std::min(n, part.end) - part.begin);  // less the padding
+      const Tensor got = opt.grads()[0].narrow(0, 0, real);
+      if (accumulate) {
+        kiln::test::check_equal(got, exact.narrow(0, 0, real));
+      } else if (real > 0) {
+        // Rounded at each micro-batch: at least 1 short of the float32 sum.
+        CHECK((exact.narrow(0, 0, real) - got).min().item<float>() >= 1.0f);
+      }
+      // A step and zero_grad leave nothing behind: the next accumulation starts from zero.
+      opt.step();
+      opt.zero_grad();
+      opt.set_gradient_accumulation_boundary(true);
+      m(then).backward();
+      kiln::test::check_equal(opt.grads()[0].narrow(0, 0, real), full({real}, 1.0, kFloat32));
+    }
+  }
+  // A .grad() set after the backwards (as Engine adds a tied weight's gradient from another
+  // pipeline stage) is added in by reduce_gradients().
+  for (int stage : {0, 1}) {
+    INFO("stage " << stage);
+    Chosen m(n);
+    m.to(kBFloat16);
+    ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = stage, .grad_accum_dtype = kFloat32});
+    opt.set_gradient_accumulation_boundary(false);
+    m(first).backward();
+    m.p.set_grad(full({n}, 3.0, kBFloat16));
+    opt.reduce_gradients();
+    const FlatRange part = opt.layout().partition(stage > 0 ? r : 0);
+    const int64_t real = std::max<int64_t>(0, std::min(n, part.end) - part.begin);
+    kiln::test::check_equal(opt.grads()[0].narrow(0, 0, real), exact.narrow(0, 0, real));
+    CHECK_FALSE(m.p.grad().defined());
+  }
+}
