@@ -474,45 +474,59 @@ void read_activation_checkpointing(Section& top, const std::string& source, Conf
   s.finish();
 }
 
-// DeepSpeed's top-level keys for how the gradients are averaged (ZeroOptions has the arithmetic).
-void read_gradient_averaging(Section& top, distributed::ZeroOptions& z) {
-  top.read("prescale_gradients", z.prescale_gradients);
-  top.read("gradient_predivide_factor", z.gradient_predivide_factor, 0.0);
-  if (z.gradient_predivide_factor == 0) {
-    top.fail_at("gradient_predivide_factor", "must be > 0 (the gradients are divided by it; 1 is off), not 0");
+// A dtype named as DeepSpeed's DtypeEnum names them ("fp32", "float32", "float", "torch.float32",
+// ... any case), or nothing.
+std::optional<DType> dtype_named(const std::string& given) {
+  const std::string name = lower(given);
+  if (name == "fp32" || name == "float32" || name == "float" || name == "torch.float32") return kFloat32;
+  if (name == "fp16" || name == "float16" || name == "half" || name == "torch.float16") return kFloat16;
+  // bfp16: communication_data_type's older name for it
+  if (name == "bf16" || name == "bfloat16" || name == "bfloat" || name == "torch.bfloat16" || name == "bfp16") {
+    return kBFloat16;
   }
-  if (z.prescale_gradients && z.gradient_predivide_factor != 1.0) {
-    top.fail_at("gradient_predivide_factor", fmt::format("is {}, and \"prescale_gradients\" is true: prescaling divides "
-                                                         "by the number of ranks before the sum; give one of the two",
-                                                         z.gradient_predivide_factor));
-  }
-  if (top.has("communication_data_type") && !top.at("communication_data_type").is_null()) {
-    std::string wire;
-    top.read("communication_data_type", wire);
-    const std::string name = lower(wire);
-    if (name == "fp16") z.communication_data_type = kFloat16;
-    else if (name == "bf16" || name == "bfp16") z.communication_data_type = kBFloat16;  // bfp16: its older name
-    else if (name == "fp32") z.communication_data_type = kFloat32;
-    else top.fail_at("communication_data_type", fmt::format("must be \"fp16\", \"bf16\" or \"fp32\" (or null: the model's "
-                                                            "dtype), not \"{}\"", wire));
+  return std::nullopt;
+}
+
+// A dtype key (null: unset, as DeepSpeed's default).
+void read_dtype(Section& s, const std::string& key, std::optional<DType>& out) {
+  if (!s.has(key) || s.at(key).is_null()) return;
+  std::string given;
+  s.read(key, given);
+  out = dtype_named(given);
+  if (!out) {
+    s.fail_at(key, fmt::format("must be \"fp32\", \"fp16\" or \"bf16\" (or null: DeepSpeed's default), not \"{}\"",
+                               given));
   }
 }
 
-// DeepSpeed's "data_types": {"grad_accum_dtype": ...}, by the names its DtypeEnum takes.
-void read_data_types(Section& top, const std::string& source, Config& cfg) {
-  if (!top.has("data_types")) return;
-  Section s(source, "data_types", top.at("data_types"));
-  if (s.has("grad_accum_dtype") && !s.at("grad_accum_dtype").is_null()) {
-    std::string given;
-    s.read("grad_accum_dtype", given);
-    const std::string name = lower(given);
-    auto& accumulate = cfg.zero_optimization.grad_accum_dtype;
-    if (name == "fp32" || name == "float32" || name == "float" || name == "torch.float32") accumulate = kFloat32;
-    else if (name == "fp16" || name == "float16" || name == "half" || name == "torch.float16") accumulate = kFloat16;
-    else if (name == "bf16" || name == "bfloat16" || name == "bfloat" || name == "torch.bfloat16") accumulate = kBFloat16;
-    else s.fail_at("grad_accum_dtype", fmt::format("must be \"fp32\", \"fp16\" or \"bf16\" (or null: DeepSpeed's "
-                                                   "default), not \"{}\"", given));
+// DeepSpeed's top-level keys for how the gradients are averaged (ZeroOptions has the arithmetic);
+// null is DeepSpeed's default, as for every key here.
+void read_gradient_averaging(Section& top, distributed::ZeroOptions& z) {
+  if (top.has("prescale_gradients") && !top.at("prescale_gradients").is_null()) {
+    top.read("prescale_gradients", z.prescale_gradients);
   }
+  if (top.has("gradient_predivide_factor") && !top.at("gradient_predivide_factor").is_null()) {
+    const json& v = top.at("gradient_predivide_factor");
+    if (!v.is_number() || !(v.get<double>() > 0) || !std::isfinite(v.get<double>())) {
+      top.fail_at("gradient_predivide_factor", fmt::format("must be a finite number > 0 (the gradients are divided by it "
+                                                           "before the sum; 1 is off), not {}", v.dump()));
+    }
+    z.gradient_predivide_factor = v.get<double>();
+  }
+  if (z.prescale_gradients && z.gradient_predivide_factor != 1.0) {
+    top.fail_at("gradient_predivide_factor", fmt::format("is {}, and \"prescale_gradients\" is true: prescaling divides "
+                                                         "by the number of ranks before the sum (DeepSpeed then ignores "
+                                                         "the factor); give one of the two",
+                                                         z.gradient_predivide_factor));
+  }
+  read_dtype(top, "communication_data_type", z.communication_data_type);
+}
+
+// DeepSpeed's "data_types": {"grad_accum_dtype": ...}.
+void read_data_types(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("data_types") || top.at("data_types").is_null()) return;
+  Section s(source, "data_types", top.at("data_types"));
+  read_dtype(s, "grad_accum_dtype", cfg.zero_optimization.grad_accum_dtype);
   s.finish();
 }
 
@@ -528,7 +542,7 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   top.read("gradient_clipping", cfg.gradient_clipping, 0.0);
   top.read("steps_per_print", cfg.steps_per_print, 1);
   top.read("wall_clock_breakdown", cfg.wall_clock_breakdown);
-  top.read("memory_breakdown", cfg.memory_breakdown);
+  if (top.has("memory_breakdown") && !top.at("memory_breakdown").is_null()) top.read("memory_breakdown", cfg.memory_breakdown);
   top.read("zero_allow_untested_optimizer", cfg.zero_allow_untested_optimizer);
   read_gradient_averaging(top, cfg.zero_optimization);
   read_optimizer(top, source, cfg);

@@ -322,7 +322,7 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
   const Generator::State start = gen.get_state();
   struct RestoreOnThrow {  // a batch that throws leaves the generator as it found it
     Generator& gen;
-    Generator::State start;
+    const Generator::State& start;
     int uncaught = std::uncaught_exceptions();
     ~RestoreOnThrow() {
       if (std::uncaught_exceptions() > uncaught) gen.set_state(start);

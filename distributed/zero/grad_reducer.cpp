@@ -41,14 +41,14 @@ GradReducer::GradReducer(Communicator& comm, const FlatLayout& layout, std::vect
              "GradReducer: {} parameters for a layout of {}", params_.size(), layout_.num_params());
   KILN_CHECK(mode_ == Mode::kBucketed || flat_grads_.defined(),
              "GradReducer: stages 0 and 1 reduce a flat gradient buffer; none was given");
-  // ZeroOptimizer has checked these with the options' names; here only what the arithmetic needs.
+  // ZeroOptimizer checks the options, with their names; here only what the arithmetic needs.
   KILN_CHECK(!averaging_.dtype || is_floating(*averaging_.dtype), "GradReducer: buckets travel in a floating dtype");
-  KILN_CHECK(averaging_.predivide >= 0 && !(averaging_.prescale && averaging_.predivide > 0),
-             "GradReducer: prescale or a predivide factor > 0, not both");
+  KILN_CHECK(averaging_.predivide >= 0, "GradReducer: the predivide factor is negative");
   const double f = averaging_.prescale ? comm_.size() : averaging_.predivide;
-  if (f > 0) {
+  if (f > 0) {  // a sum between two multiplications, else the communicator's average
     before_ = 1.0 / f;
     after_ = f / comm_.size();
+    op_ = ReduceOp::Sum;
   }
   const FlatRange part = mode_ == Mode::kAllReduce ? FlatRange{0, layout_.padded_numel()}
                                                    : layout_.partition(comm_.rank());
@@ -125,7 +125,15 @@ void GradReducer::grad_ready(size_t k) {
   if (wide_) add_into_slot(k);  // every backward's gradient, at once
   if (!sync_ && mode_ != Mode::kBucketed) return;  // accumulating: the gradients stay in the flat buffer
   if (!in_backward_) begin_backward();
-  if (ready_[k]) return;
+  if (ready_[k]) {
+    // A second gradient in one backward (a parameter used inside a checkpointed block and outside
+    // it gets one from each backward): too late once its bucket is on its way.
+    KILN_CHECK(!buckets_[bucket_of_[k]]->launched,
+               "ZeRO: parameter {} received a second gradient in this backward after its bucket's reduction had "
+               "started (a parameter used both inside and outside a checkpointed block gets one from each); use it "
+               "on one side of the checkpoint only", k);
+    return;
+  }
   ready_[k] = true;
   const Tensor& p = params_[k];
   Bucket& b = *buckets_[bucket_of_[k]];
@@ -146,6 +154,17 @@ void GradReducer::grad_ready(size_t k) {
     }
   }
   if (--b.pending == 0) launch_ready();
+}
+
+void GradReducer::check_no_grads() const {
+  if (!wide_) return;
+  for (size_t k = 0; k < params_.size(); ++k) {
+    KILN_CHECK(!params_[k].grad().defined(),
+               "ZeRO: parameter {} holds a .grad() set after its gradients were reduced; with grad_accum_dtype wider "
+               "than the model, a step reads the {} gradient buffer, not .grad(). Add a gradient before the reduction: "
+               "backward with set_gradient_accumulation_boundary(false), set it, then reduce_gradients()",
+               k, dtype_name(flat_grads_.dtype()));
+  }
 }
 
 void GradReducer::add_into_slot(size_t k) {
@@ -195,10 +214,8 @@ void GradReducer::launch(Bucket& b) {
     if (convert && mode_ == Mode::kBucketed) b.buffer = Tensor();  // the copy on the wire is all it needs
     if (before_ != 1) b.wire.mul_(before_);
   }
-  // With a predivide factor f: the sum of what each rank divided by f; else the communicator's average.
-  const ReduceOp op = averaging_.prescale || averaging_.predivide > 0 ? ReduceOp::Sum : ReduceOp::Avg;
   if (mode_ == Mode::kAllReduce) {
-    b.work = comm_.all_reduce(b.wire, op, /*async_op=*/true);
+    b.work = comm_.all_reduce(b.wire, op_, /*async_op=*/true);
   } else {
     std::vector<Tensor> inputs;
     for (int r = 0; r < comm_.size(); ++r) {
@@ -206,7 +223,7 @@ void GradReducer::launch(Bucket& b) {
       inputs.push_back(b.wire.narrow(0, piece.begin - range.begin, piece.size()));
     }
     b.output = empty({b.mine.size()}, b.wire.options());
-    b.work = comm_.reduce_scatter(b.output, inputs, op, /*async_op=*/true);
+    b.work = comm_.reduce_scatter(b.output, inputs, op_, /*async_op=*/true);
   }
   b.launched = true;
   if (in_backward_) ++started_during_backward_;

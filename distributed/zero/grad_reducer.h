@@ -39,16 +39,18 @@
 // backward and accumulates in the partition (DeepSpeed does the same).
 // A parameter that gets no gradient in a backward contributes what its slot holds (stages 0 and
 // 1: its gradient accumulated so far, or the .grad() that replaced the slot since; zeros once
-// .grad() was dropped) or zeros (2 and 3), so every rank starts the same buckets in the same
-// order, provided every rank ran the same modules.
+// .grad() was dropped, except with a wider buffer, below) or zeros (2 and 3), so every rank starts
+// the same buckets in the same order, provided every rank ran the same modules.
 //
 // A wider flat buffer (stages 0 and 1; DeepSpeed's data_types.grad_accum_dtype, float32 for a
 // 16-bit model): the parameters' .grad() cannot be views of it, so each hook adds the fresh 16-bit
 // gradient into the parameter's float32 slot and drops .grad(), in every backward; the micro-batches
-// accumulate in float32 instead of rounding to 16 bits at each one. A .grad() found at the end of a
-// reduction (one set since the hook ran) is added too, and .grad() stays undefined: zero the
-// gradients with zero_grad() (attach_grads), not the model's. At stages 2 and 3 the partition's
-// buffer may be wider the same way: each backward's reduced part is added into it.
+// accumulate in float32 instead of rounding to 16 bits at each one. A parameter whose hook did not
+// run in a reduction (every one, for reduce()) has a .grad() set since then (a tied weight's,
+// added by Engine) added too. .grad() is otherwise undefined, and one found at the step is an
+// Error (check_no_grads); zero the gradients with zero_grad() (attach_grads), not the model's. At
+// stages 2 and 3 the partition's buffer may be wider the same way: each backward's reduced part is
+// added into it.
 #pragma once
 
 #include <memory>
@@ -94,6 +96,10 @@ class GradReducer {
   // values are left as they are. ZeroOptimizer::zero_grad calls it after zeroing them.
   void attach_grads();
   size_t num_buckets() const { return buckets_.size(); }
+  // With a wider flat buffer: an Error naming a parameter that holds a .grad(), which its slot did
+  // not take (set after the reduction) and the step would not see. ZeroOptimizer calls it before
+  // a step.
+  void check_no_grads() const;
   // Buckets whose operation started before backward had finished, in the last reducing backward.
   int64_t buckets_started_during_backward() const { return started_during_backward_; }
 
@@ -116,6 +122,7 @@ class GradReducer {
   bool overlap_;
   GradAveraging averaging_;
   double before_ = 1, after_ = 1;  // the multiplications around a summing reduction
+  ReduceOp op_ = ReduceOp::Avg;     // Sum between them (GradAveraging), else the communicator's Avg
   Tensor flat_grads_, grad_shard_;
   std::vector<Tensor> slots_;  // per parameter: its view of the flat gradient buffer (stages 0 and 1)
   std::vector<std::unique_ptr<Bucket>> buckets_;

@@ -125,8 +125,11 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   const auto mode = options_.stage == 0   ? GradReducer::Mode::kAllReduce
                     : options_.stage == 1 ? GradReducer::Mode::kReduceScatter
                                           : GradReducer::Mode::kBucketed;
+  // Accumulated wider than the model, the gradients travel in the model's dtype unless
+  // communication_data_type says otherwise, as DeepSpeed's (its default is the model's dtype).
   const GradAveraging averaging{
-      .dtype = options_.communication_data_type,
+      .dtype = options_.communication_data_type ? options_.communication_data_type
+                                                : std::optional<DType>(model_options.dtype()),
       .predivide = options_.gradient_predivide_factor == 1.0 ? 0.0 : options_.gradient_predivide_factor,
       .prescale = options_.prescale_gradients};
   reducer_ = std::make_unique<GradReducer>(*comm_, *layout_, params_, mode, options_.reduce_bucket_size,
@@ -159,6 +162,7 @@ void ZeroOptimizer::register_external_parameter(nn::Module& module, const Tensor
 
 void ZeroOptimizer::prepare_master_grads() {
   if (master_grad_ready_) return;
+  reducer_->check_no_grads();
   NoGradGuard no_grad;
   const bool own = master_.dtype() == grad_shard_.dtype() && master_.device() == grad_shard_.device();
   master_.set_grad(own ? grad_shard_ : grad_shard_.to(master_.device(), master_.dtype()));

@@ -74,15 +74,18 @@ struct ZeroOptions {
   // (float16, bfloat16 or float32: half the bytes of a float32 model's, or a 16-bit model's
   // gradients summed in float32), converted before and back after. prescale_gradients: divide by
   // the number of ranks before summing; gradient_predivide_factor f: divide by f before summing and
-  // by (ranks / f) after (1: off). DeepSpeed takes the last two at stage 0 only; Kiln at every stage.
+  // by (ranks / f) after (1: off). DeepSpeed applies the last two where it all-reduces (stage 0, and
+  // stages 1 and 2 with reduce_scatter false) and refuses them with its reduce-scatter; Kiln, which
+  // reduce-scatters from stage 1 on, applies them at every stage.
   std::optional<DType> communication_data_type = std::nullopt;
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   // The dtype the gradients accumulate in over the micro-batches of a step (DeepSpeed's
   // data_types.grad_accum_dtype): the model's (unset: the default here) or, for a 16-bit model,
   // float32, whose flat gradient buffer (stages 0 and 1) or partition (2 and 3) then takes 4 bytes
-  // per element instead of 2, and the step needs no float32 copy of the gradients. Engine sets
-  // float32 for bfloat16 at stage 0 where the config leaves it unset, as DeepSpeed does.
+  // per element instead of 2, and the step needs no float32 copy of the gradients. They still
+  // travel in the model's dtype unless communication_data_type says otherwise, as in DeepSpeed.
+  // Engine sets float32 for bfloat16 at stage 0 where the config leaves it unset, as DeepSpeed does.
   std::optional<DType> grad_accum_dtype = std::nullopt;
   // ZeRO-Offload: keep the float32 master partition and the optimizer state in host memory and
   // step there; the gradients' partition is copied to the host and the weights back. On a CPU

@@ -595,6 +595,13 @@ struct Chosen : nn::Module {
   Tensor forward(const Tensor& c) override { return (p * c).sum(); }
 };
 
+// How many of this rank's partition's elements are the first n of the flat buffer (the rest of
+// the partition is padding).
+int64_t leading(ZeroOptimizer& opt, int64_t n) {
+  const FlatRange part = opt.layout().partition(opt.stage() > 0 ? opt.comm().rank() : 0);
+  return std::max<int64_t>(0, std::min(n, part.end) - part.begin);
+}
+
 }  // namespace
 
 TEST_CASE("zero: communication_data_type, prescale_gradients and gradient_predivide_factor average as DeepSpeed does",
@@ -654,6 +661,44 @@ TEST_CASE("zero: communication_data_type, prescale_gradients and gradient_prediv
   }
 }
 
+TEST_CASE("zero: prescaling and predivision divide in 16 bits before a plain sum, as DeepSpeed's", "[distributed]") {
+  auto comm = init("mpi");
+  const int N = comm->size();
+  const int64_t n = 9;
+  // float32 gradients sent as float16. What tells DeepSpeed's arithmetic from the communicator's
+  // average (which the MPI backend sums in float32) is where it rounds: 2^-24, float16's smallest
+  // value, divided before the sum becomes 0 (dividing after keeps it); 60000 divided by 2 and
+  // summed in float16 over 3 or more ranks overflows (90000 > 65504).
+  const double tiny = 0x1p-24, large = 60000;
+  struct Case {
+    const char* name;
+    ZeroOptions options;
+    double gradient, expected;
+  };
+  const double inf = std::numeric_limits<double>::infinity();
+  const std::vector<Case> cases = {
+      {"the average keeps 2^-24", {.communication_data_type = kFloat16}, tiny, tiny},
+      {"prescaled, 2^-24 / N is 0", {.communication_data_type = kFloat16, .prescale_gradients = true}, tiny,
+       N == 1 ? tiny : 0.0},
+      {"predivided by 2, 2^-25 is 0", {.communication_data_type = kFloat16, .gradient_predivide_factor = 2}, tiny, 0.0},
+      {"the average keeps 60000", {.communication_data_type = kFloat16}, large, large},
+      {"predivided by 2, N x 30000 overflows from 3 ranks",
+       {.communication_data_type = kFloat16, .gradient_predivide_factor = 2}, large, N <= 2 ? large : inf},
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    for (const Case& c : cases) {
+      INFO("stage " << stage << ": " << c.name);
+      ZeroOptions options = c.options;
+      options.stage = stage;
+      Chosen m(n);
+      ZeroOptimizer opt(m, comm, sgd(0.1), options);
+      m(full({n}, c.gradient)).backward();
+      const int64_t real = leading(opt, n);
+      kiln::test::check_equal(opt.grads()[0].narrow(0, 0, real), full({real}, c.expected));
+    }
+  }
+}
+
 TEST_CASE("zero: gradients of a bfloat16 model accumulate in float32 with grad_accum_dtype, at every stage",
           "[distributed]") {
   auto comm = init("mpi");
@@ -663,28 +708,37 @@ TEST_CASE("zero: gradients of a bfloat16 model accumulate in float32 with grad_a
   // ulp at 256-512 (bfloat16 has 8 significant bits), so a bfloat16 sum rounds it (ties to even)
   // and loses at least 1 of the 3, while float32 reaches 259 + 4r. The mean over the ranks,
   // 259 + 2(N - 1), and that of each micro-batch (stages 2 and 3 reduce every one in bfloat16),
-  // 256 + 2(N - 1) and 1, are exact in bfloat16.
+  // 256 + 2(N - 1) and 1, are exact in bfloat16. Sent in bfloat16 (DeepSpeed's default wire),
+  // stages 0 and 1 round each rank's float32 sum first: 259 + 4r to 260 + 4r, mean 260 + 2(N - 1).
   const Tensor first = full({n}, 256.0 + 4 * r, kBFloat16), then = full({n}, 1.0, kBFloat16);
-  const Tensor exact = full({n}, 259.0 + 2 * (N - 1), kFloat32);
+  struct Case {
+    std::optional<DType> accumulate, wire;
+    const char* name;
+  };
   for (int stage = 0; stage <= 3; ++stage) {
-    for (const std::optional<DType>& accumulate : {std::optional<DType>(), std::optional<DType>(kFloat32)}) {
-      INFO("stage " << stage << (accumulate ? ", float32 accumulation" : ", bfloat16 accumulation"));
+    for (const Case& c : {Case{std::nullopt, std::nullopt, "bfloat16 accumulation"},
+                          Case{kFloat32, std::nullopt, "float32 accumulation, bfloat16 wire"},
+                          Case{kFloat32, kFloat32, "float32 accumulation, float32 wire"},
+                          Case{std::nullopt, kFloat32, "bfloat16 accumulation, float32 wire"}}) {
+      INFO("stage " << stage << ", " << c.name);
       Chosen m(n);
       m.to(kBFloat16);
-      ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = stage, .reduce_bucket_size = 5, .grad_accum_dtype = accumulate});
+      ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = stage, .reduce_bucket_size = 5, .overlap_comm = stage % 2 == 0,
+                                            .communication_data_type = c.wire, .grad_accum_dtype = c.accumulate});
       for (int i = 0; i < 4; ++i) {
         opt.set_gradient_accumulation_boundary(i == 3);
         m(i == 0 ? first : then).backward();
-        if (accumulate && stage <= 1) CHECK_FALSE(m.p.grad().defined());  // added into the float32 buffer
+        if (c.accumulate && stage <= 1) CHECK_FALSE(m.p.grad().defined());  // added into the float32 buffer
       }
-      const FlatRange part = opt.layout().partition(stage > 0 ? r : 0);
-      const int64_t real = std::max<int64_t>(0, std::min(n, part.end) - part.begin);  // less the padding
+      const int64_t real = leading(opt, n);
       const Tensor got = opt.grads()[0].narrow(0, 0, real);
-      if (accumulate) {
-        kiln::test::check_equal(got, exact.narrow(0, 0, real));
+      const double exact = 259.0 + 2 * (N - 1);
+      if (c.accumulate) {
+        const bool rounded = stage <= 1 && !c.wire;
+        kiln::test::check_equal(got, full({real}, rounded ? exact + 1 : exact));
       } else if (real > 0) {
         // Rounded at each micro-batch: at least 1 short of the float32 sum.
-        CHECK((exact.narrow(0, 0, real) - got).min().item<float>() >= 1.0f);
+        CHECK((exact - got).min().item<float>() >= 1.0f);
       }
       // A step and zero_grad leave nothing behind: the next accumulation starts from zero.
       opt.step();
@@ -695,19 +749,25 @@ TEST_CASE("zero: gradients of a bfloat16 model accumulate in float32 with grad_a
     }
   }
   // A .grad() set after the backwards (as Engine adds a tied weight's gradient from another
-  // pipeline stage) is added in by reduce_gradients().
+  // pipeline stage) is added in by reduce_gradients(); one set after the reduction is an Error.
   for (int stage : {0, 1}) {
     INFO("stage " << stage);
     Chosen m(n);
     m.to(kBFloat16);
-    ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = stage, .grad_accum_dtype = kFloat32});
+    ZeroOptimizer opt(m, comm, sgd(0.1),
+                      {.stage = stage, .communication_data_type = kFloat32, .grad_accum_dtype = kFloat32});
     opt.set_gradient_accumulation_boundary(false);
     m(first).backward();
     m.p.set_grad(full({n}, 3.0, kBFloat16));
     opt.reduce_gradients();
-    const FlatRange part = opt.layout().partition(stage > 0 ? r : 0);
-    const int64_t real = std::max<int64_t>(0, std::min(n, part.end) - part.begin);
-    kiln::test::check_equal(opt.grads()[0].narrow(0, 0, real), exact.narrow(0, 0, real));
+    const int64_t real = leading(opt, n);
+    kiln::test::check_equal(opt.grads()[0].narrow(0, 0, real), full({real}, 259.0 + 2 * (N - 1), kFloat32));
     CHECK_FALSE(m.p.grad().defined());
+    opt.zero_grad();
+    opt.set_gradient_accumulation_boundary(true);
+    m(first).backward();
+    m.p.set_grad(full({n}, 3.0, kBFloat16));
+    check_error([&] { opt.step(); }, {"ZeRO: parameter 0 holds a .grad() set after its gradients were reduced",
+                                      "reads the float32 gradient buffer", "then reduce_gradients()"});
   }
 }
