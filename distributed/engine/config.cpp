@@ -21,9 +21,9 @@ using json = nlohmann::json;
 // DeepSpeed keys that Kiln does not implement, by section: naming them apart from typos tells the
 // user that the key is right but the feature is not here.
 const std::set<std::string> kUnsupportedTop = {
-    "amp", "aio", "autotuning", "checkpoint", "comms_logger", "compression_training", "csv_monitor", "curriculum_learning", "data_efficiency", "disable_allgather",
-    "dump_state", "eigenvalue", "elasticity", "flops_profiler", "hybrid_engine",
-    "nebula", "pipeline", "progressive_layer_drop", "quantize_training",
+    "amp", "aio", "autotuning", "checkpoint", "comms_logger", "compression_training", "csv_monitor",
+    "curriculum_learning", "data_efficiency", "disable_allgather", "dump_state", "eigenvalue", "elasticity",
+    "flops_profiler", "hybrid_engine", "nebula", "pipeline", "progressive_layer_drop", "quantize_training",
     "sparse_attention", "sparse_gradients", "tensorboard", "torch_autocast", "wandb", "compile",
     "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type", "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
@@ -542,7 +542,9 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   top.read("gradient_clipping", cfg.gradient_clipping, 0.0);
   top.read("steps_per_print", cfg.steps_per_print, 1);
   top.read("wall_clock_breakdown", cfg.wall_clock_breakdown);
-  if (top.has("memory_breakdown") && !top.at("memory_breakdown").is_null()) top.read("memory_breakdown", cfg.memory_breakdown);
+  if (top.has("memory_breakdown") && !top.at("memory_breakdown").is_null()) {
+    top.read("memory_breakdown", cfg.memory_breakdown);
+  }
   top.read("zero_allow_untested_optimizer", cfg.zero_allow_untested_optimizer);
   read_gradient_averaging(top, cfg.zero_optimization);
   read_optimizer(top, source, cfg);

@@ -362,8 +362,10 @@ void Engine::report() {
     if (!device.is_cpu()) devices.push_back(Device::cpu());
     for (const Device& d : devices) {
       const MemoryStats s = memory::stats(d);
-      Tensor most = from_vector<double>({static_cast<double>(s.allocated_bytes), static_cast<double>(s.peak_allocated_bytes),
-                                         static_cast<double>(s.reserved_bytes)}).to(world_->device());
+      Tensor most = from_vector<double>({static_cast<double>(s.allocated_bytes),
+                                         static_cast<double>(s.peak_allocated_bytes),
+                                         static_cast<double>(s.reserved_bytes)})
+                        .to(world_->device());
       world_->all_reduce(most, distributed::ReduceOp::Max);
       memory::reset_peak(d);
       const std::vector<double> mib = most.to_vector<double>();

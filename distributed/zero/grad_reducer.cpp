@@ -127,11 +127,21 @@ void GradReducer::grad_ready(size_t k) {
   if (!in_backward_) begin_backward();
   if (ready_[k]) {
     // A second gradient in one backward (a parameter used inside a checkpointed block and outside
-    // it gets one from each backward): too late once its bucket is on its way.
-    KILN_CHECK(!buckets_[bucket_of_[k]]->launched,
+    // it gets one from each backward): added to the first while its bucket waits (stages 0 and 1
+    // accumulated it in the slot already); too late once the bucket is on its way, as in DeepSpeed.
+    Bucket& b = *buckets_[bucket_of_[k]];
+    KILN_CHECK(!b.launched,
                "ZeRO: parameter {} received a second gradient in this backward after its bucket's reduction had "
                "started (a parameter used both inside and outside a checkpointed block gets one from each); use it "
                "on one side of the checkpoint only", k);
+    if (mode_ == Mode::kBucketed) {
+      const Tensor g = params_[k].grad();
+      check_grad(k, g);
+      NoGradGuard no_grad;
+      const FlatRange r = layout_.param(static_cast<int64_t>(k));
+      b.buffer.narrow(0, r.begin - b.spec.range.begin, r.size()).add_(g.reshape({-1}));
+      params_[k].set_grad(Tensor());
+    }
     return;
   }
   ready_[k] = true;

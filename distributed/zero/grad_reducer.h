@@ -17,7 +17,7 @@
 //                              partition's gradient buffer. Gradients of the whole model never
 //                              exist at once: at most the buckets in flight do.
 //
-// "Averaged" is, by default, the communicator's ReduceOp::Avg on the gradients' own dtype. With
+// "Averaged" is, by default, the communicator's ReduceOp::Avg on the bucket as it is. With
 // GradAveraging (DeepSpeed's communication_data_type, prescale_gradients, gradient_predivide_factor),
 // a bucket travels in another dtype (converted before the operation, and its result back after),
 // and/or is summed between two multiplications, as DeepSpeed's engine does it:
@@ -62,7 +62,7 @@
 
 namespace kiln::distributed {
 
-// How a bucket is averaged (see above); the default is ReduceOp::Avg in the gradients' dtype.
+// How a bucket is averaged (see above); the default is ReduceOp::Avg in the bucket's own dtype.
 struct GradAveraging {
   std::optional<DType> dtype = std::nullopt;  // the dtype the buckets travel in (a floating one)
   double predivide = 0;  // f > 0: multiply by 1/f, sum, multiply by f/N; 0: ReduceOp::Avg

@@ -771,3 +771,49 @@ TEST_CASE("zero: gradients of a bfloat16 model accumulate in float32 with grad_a
                                       "reads the float32 gradient buffer", "then reduce_gradients()"});
   }
 }
+
+namespace {
+
+// l is used inside a checkpointed block and outside it, so each backward gives it two gradients, one
+// from the recompute's backward and one from the outer graph; a's comes after both.
+struct Twice : nn::Module {
+  nn::Linear a{4, 4}, l{4, 4};
+  Twice() { register_modules({{"a", a}, {"l", l}}); }
+  Tensor forward(const Tensor& x) override {
+    const Tensor h = a(x);
+    auto inner = [this](const std::vector<Tensor>& in) { return std::vector<Tensor>{l(in[0])}; };
+    const Tensor inside = autograd::checkpoint(inner, {h})[0];
+    return (inside + l(h)).square().sum();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("zero: a parameter's second gradient in one backward is added while its bucket waits, an Error after",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const Tensor x = kiln::test::sample({3, 4});
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    manual_seed(3);
+    Twice ref, m;
+    m.load_state_dict(ref.state_dict());
+    ref(x).backward();
+    std::vector<Tensor> grads;
+    for (const Tensor& p : ref.parameters()) grads.push_back(p.grad().reshape({-1}));
+    // One bucket: it waits for a's gradient, which comes after both of l's.
+    ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = stage});
+    m(x).backward();
+    const int64_t n = ref.num_parameters();
+    const FlatRange part = opt.layout().partition(stage > 0 ? comm->rank() : 0);
+    const Tensor padded = cat({cat(grads), zeros({opt.layout().padded_numel() - n})});
+    const Tensor expected = padded.narrow(0, part.begin, part.size());
+    check_close(opt.grads()[0], expected, {1e-6, 1e-7});
+    // A bucket per parameter: l.bias (parameter 3, in the first bucket) leaves with its first gradient.
+    Twice small;
+    ZeroOptimizer tight(small, comm, sgd(0.1), {.stage = stage, .reduce_bucket_size = 1});
+    check_error([&] { small(x).backward(); },
+                {"ZeRO: parameter 3 received a second gradient in this backward after its bucket's reduction had started",
+                 "use it on one side of the checkpoint only"});
+  }
+}
