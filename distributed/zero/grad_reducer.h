@@ -40,7 +40,10 @@
 // A parameter that gets no gradient in a backward contributes what its slot holds (stages 0 and
 // 1: its gradient accumulated so far, or the .grad() that replaced the slot since; zeros once
 // .grad() was dropped, except with a wider buffer, below) or zeros (2 and 3), so every rank starts
-// the same buckets in the same order, provided every rank ran the same modules.
+// the same buckets in the same order, provided every rank ran the same modules. A parameter with
+// two gradients in one backward (used inside a checkpointed block and outside it: the recompute's
+// backward gives one, the outer graph the other) has the second added to the first while its
+// bucket waits; after the bucket has started, it is an Error (DeepSpeed refuses it too).
 //
 // A wider flat buffer (stages 0 and 1; DeepSpeed's data_types.grad_accum_dtype, float32 for a
 // 16-bit model): the parameters' .grad() cannot be views of it, so each hook adds the fresh 16-bit
