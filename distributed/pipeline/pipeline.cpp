@@ -27,9 +27,10 @@ constexpr int64_t kMaxDims = 8;
 
 struct Pipeline::MicroBatch {
   Tensor input;   // what this stage received (or cut from the batch): its gradient goes back
-  Tensor output;  // this stage's result, whose gradient comes from the next stage
-  // ... or, once sent (PipelineOptions::deallocate_outputs), only where backward enters the graph
-  // there: the output's values are not needed, and the send lets them go when it completes.
+  Tensor output;  // the last stage's result in eval_batch; a sent output without deallocate_outputs
+  // Where backward enters the graph at a sent output: all that backward needs of it. The output
+  // itself is kept only without PipelineOptions::deallocate_outputs; else the send lets its values
+  // go when it completes.
   autograd::GradientEdge output_edge;
   Tensor loss;    // the last stage's loss / m
 };
@@ -238,10 +239,9 @@ void Pipeline::forward_step(int64_t chunk, MicroBatch& mb, const Tensor& input, 
   } else {
     stats_.compute_seconds += seconds_since(t0);
     send(y.detach(), (s + 1) % p, kActivationTag);
-    if (keep_graph && options_.deallocate_outputs && y.requires_grad()) {
-      mb.output_edge = autograd::get_gradient_edge(y);
-    } else if (keep_graph) {
-      mb.output = y;
+    if (keep_graph) {
+      if (y.requires_grad()) mb.output_edge = autograd::get_gradient_edge(y);
+      if (!options_.deallocate_outputs) mb.output = y;  // kept only to be measured against
     }
   }
   if (keep_graph) mb.input = x;
@@ -257,15 +257,13 @@ void Pipeline::backward_step(int64_t chunk, MicroBatch& mb) {
     stats_.compute_seconds += seconds_since(t0);
   } else {
     Tensor g = recv((s + 1) % p, kGradientTag);
-    const Shape& shape = mb.output_edge.edge.valid() ? mb.output_edge.shape : mb.output.sizes();
-    KILN_CHECK(g.sizes() == shape, "Pipeline: stage {} got a gradient of shape {} for its output of shape {}",
-               stage_id(), g.sizes().str(), shape.str());
+    KILN_CHECK(mb.output_edge.edge.valid(), "Pipeline: stage {}'s output does not require grad, so its gradient from "
+               "the next stage has nowhere to go; let a parameter of the stage require grad", stage_id());
+    KILN_CHECK(g.sizes() == mb.output_edge.shape,
+               "Pipeline: stage {} got a gradient of shape {} for its output of shape {}", stage_id(), g.sizes().str(),
+               mb.output_edge.shape.str());
     const auto t0 = Clock::now();
-    if (mb.output_edge.edge.valid()) {
-      autograd::backward(mb.output_edge, g);
-    } else {
-      mb.output.backward(g);
-    }
+    autograd::backward(mb.output_edge, g);
     stats_.compute_seconds += seconds_since(t0);
   }
   if (!first_virtual(chunk)) {

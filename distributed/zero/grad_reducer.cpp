@@ -138,8 +138,7 @@ void GradReducer::grad_ready(size_t k) {
       const Tensor g = params_[k].grad();
       check_grad(k, g);
       NoGradGuard no_grad;
-      const FlatRange r = layout_.param(static_cast<int64_t>(k));
-      b.buffer.narrow(0, r.begin - b.spec.range.begin, r.size()).add_(g.reshape({-1}));
+      in_bucket(b, k).add_(g.reshape({-1}));
       params_[k].set_grad(Tensor());
     }
     return;
@@ -153,8 +152,7 @@ void GradReducer::grad_ready(size_t k) {
     NoGradGuard no_grad;
     if (mode_ == Mode::kBucketed) {
       if (!b.buffer.defined()) b.buffer = zeros({b.spec.range.size()}, p.options());
-      const FlatRange r = layout_.param(static_cast<int64_t>(k));
-      b.buffer.narrow(0, r.begin - b.spec.range.begin, r.size()).copy_(g.reshape({-1}));
+      in_bucket(b, k).copy_(g.reshape({-1}));
       params_[k].set_grad(Tensor());  // the point of stage 2: no full gradient outlives its bucket copy
     } else if (!g.is_same(slots_[k])) {
       // Replaced since the last step (model.zero_grad() drops .grad(), say): it holds this
@@ -164,6 +162,11 @@ void GradReducer::grad_ready(size_t k) {
     }
   }
   if (--b.pending == 0) launch_ready();
+}
+
+Tensor GradReducer::in_bucket(const Bucket& b, size_t k) const {
+  const FlatRange r = layout_.param(static_cast<int64_t>(k));
+  return b.buffer.narrow(0, r.begin - b.spec.range.begin, r.size());
 }
 
 void GradReducer::check_no_grads() const {
@@ -219,9 +222,8 @@ void GradReducer::launch(Bucket& b) {
   const Tensor bucket = mode_ == Mode::kBucketed ? b.buffer : flat_grads_.narrow(0, range.begin, range.size());
   {
     NoGradGuard no_grad;
-    const bool convert = averaging_.dtype && *averaging_.dtype != bucket.dtype();
-    b.wire = convert ? bucket.to(*averaging_.dtype) : bucket;
-    if (convert && mode_ == Mode::kBucketed) b.buffer = Tensor();  // the copy on the wire is all it needs
+    b.wire = averaging_.dtype ? bucket.to(*averaging_.dtype) : bucket;  // the bucket itself in its own dtype
+    if (!b.wire.is_same(bucket) && mode_ == Mode::kBucketed) b.buffer = Tensor();  // the copy is all it needs
     if (before_ != 1) b.wire.mul_(before_);
   }
   if (mode_ == Mode::kAllReduce) {
@@ -246,7 +248,7 @@ void GradReducer::complete(Bucket& b) {
   NoGradGuard no_grad;
   if (mode_ == Mode::kAllReduce) {  // averaged in place, or in the copy that goes back
     if (after_ != 1) b.wire.mul_(after_);
-    if (b.wire.dtype() != flat_grads_.dtype()) {
+    if (b.wire.dtype() != flat_grads_.dtype()) {  // a converted copy (launch)
       flat_grads_.narrow(0, b.spec.range.begin, b.spec.range.size()).copy_(b.wire);
     }
     b.wire = Tensor();
@@ -258,7 +260,7 @@ void GradReducer::complete(Bucket& b) {
     Tensor dst = grad_shard_.narrow(0, at, b.mine.size());
     // Stage 1 overwrites its partition's local sum with the average; stage 2 accumulates micro-batches.
     if (mode_ == Mode::kReduceScatter) dst.copy_(b.output);
-    else dst.add_(b.output.dtype() == dst.dtype() ? b.output : b.output.to(dst.dtype()));
+    else dst.add_(b.output.to(dst.dtype()));
   }
   b.buffer = Tensor();
   b.wire = Tensor();

@@ -111,6 +111,7 @@ class GradReducer {
   void grad_ready(size_t k);
   void check_grad(size_t k, const Tensor& g) const;  // its parameter's dtype, device and size
   void add_into_slot(size_t k);  // wide_: .grad() added into the parameter's slot, then dropped
+  Tensor in_bucket(const Bucket& b, size_t k) const;  // kBucketed: parameter k's part of b's buffer
   void begin_backward();
   void start_reduction();  // begin_backward without the callback at backward's end
   void launch_ready();
