@@ -33,10 +33,11 @@
 // products take bfloat16 operands and give float32 sums, so the probabilities p (and ds in the
 // backward) are rounded to bfloat16 for the products that take them as an operand; out and the
 // gradients are rounded once, at the end (the gradients are summed over the query blocks in float32
-// scratch first). Where the CPU has AMX (and KILN_CPU_BF16_GEMM does not say float: Note [which
-// bfloat16 GEMM] in matmul.cpp) the products are AMX's (bf16gemm_amx_f32); elsewhere they take
-// float32 copies of the two operand blocks into gemm<float>. Either way the autograd graph keeps the
-// bfloat16 inputs, half the memory of float32 copies.
+// scratch first). Where a bfloat16 matmul takes bf16gemm.cpp's AMX or AVX512-BF16 kernel (Note
+// [which bfloat16 GEMM] in matmul.cpp), so do these products (bf16gemm_amx_f32,
+// bf16gemm_avx512_f32); elsewhere they take float32 copies of the two operand blocks into
+// gemm<float>. Either way the autograd graph keeps the bfloat16 inputs, half the memory of float32
+// copies.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
@@ -99,7 +100,7 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
                      const AttentionArgs& args) {
   using F = typename ComputeOf<T>::type;
   constexpr bool kNarrow = !std::is_same_v<T, F>;  // p rounded to T for the second product
-  const bool amx = use_amx<T>();
+  const bool own_bf16 = own_bf16_products<T>();
   const int64_t B = qv.sizes[0] * qv.sizes[1], L = qv.sizes[2], E = qv.sizes[3], S = kv.sizes[2], Ev = vv.sizes[3];
   const auto q = attention_heads<const T>(qv), k = attention_heads<const T>(kv), v = attention_heads<const T>(vv);
   const auto out = attention_heads<T>(ov);
@@ -120,7 +121,7 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
       const int64_t k_end = args.causal ? std::min(S, q0 + rows) : S;
       for (int64_t k0 = 0; k0 < k_end; k0 += kBlock) {
         const int64_t cols = std::min(kBlock, S - k0);
-        mixed_gemm(amx, false, true, rows, cols, E, qb, q.ld, kb + k0 * k.ld, k.ld, false, scores.data(), cols);
+        mixed_gemm(own_bf16, false, true, rows, cols, E, qb, q.ld, kb + k0 * k.ld, k.ld, false, scores.data(), cols);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t n = visible(r, cols, q0, k0, args.causal);
           Row<F> s(scores.data() + r * cols, cols);
@@ -141,15 +142,15 @@ void attention_typed(const View& qv, const View& kv, const View& vv, const View&
           }
           if (c != F(1)) Row<F>(acc.data() + r * Ev, Ev) *= c;
         }
-        const T* pb = as_operand(scores.data(), p.data(), rows * cols, amx);
-        mixed_gemm(amx, false, false, rows, Ev, cols, pb, cols, vb + k0 * v.ld, v.ld, true, acc.data(), Ev);
+        const T* pb = as_operand(scores.data(), p.data(), rows * cols, own_bf16);
+        mixed_gemm(own_bf16, false, false, rows, Ev, cols, pb, cols, vb + k0 * v.ld, v.ld, true, acc.data(), Ev);
       }
       for (int64_t r = 0; r < rows; ++r) {
         T* o = out.slice(b) + (q0 + r) * out.ld;
         const F inv = l[r] > 0 ? F(1) / l[r] : F(0);  // a row that saw no key (S = 0) is zero
         F* a = acc.data() + r * Ev;
         Row<F>(a, Ev) *= inv;
-        narrow(a, o, Ev, amx);
+        narrow(a, o, Ev, own_bf16);
         lse[b * L + q0 + r] = m[r] + std::log(l[r]);
       }
     }
@@ -162,7 +163,7 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
                               const AttentionArgs& args) {
   using F = typename ComputeOf<T>::type;
   constexpr bool kNarrow = !std::is_same_v<T, F>;  // p and ds rounded to T, gradients summed in F scratch
-  const bool amx = use_amx<T>();
+  const bool own_bf16 = own_bf16_products<T>();
   const int64_t B = qv.sizes[0] * qv.sizes[1], L = qv.sizes[2], E = qv.sizes[3], S = kv.sizes[2], Ev = vv.sizes[3];
   const auto q = attention_heads<const T>(qv), k = attention_heads<const T>(kv), v = attention_heads<const T>(vv);
   const auto out = attention_heads<const T>(ov), gout = attention_heads<const T>(gov);
@@ -208,7 +209,7 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
         for (int64_t q0 = q_start; q0 < L; q0 += kBlock) {
           const int64_t rows = std::min(kBlock, L - q0);
           const T *qi = qb + q0 * q.ld, *goi = gob + q0 * gout.ld, *kj = kb + k0 * k.ld, *vj = vb + k0 * v.ld;
-          mixed_gemm(amx, false, true, rows, cols, E, qi, q.ld, kj, k.ld, false, p.data(), cols);
+          mixed_gemm(own_bf16, false, true, rows, cols, E, qi, q.ld, kj, k.ld, false, p.data(), cols);
           for (int64_t r = 0; r < rows; ++r) {
             const int64_t n = visible(r, cols, q0, k0, args.causal);
             Row<F> s(p.data() + r * cols, cols);
@@ -221,24 +222,24 @@ void attention_backward_typed(const View& qv, const View& kv, const View& vv, co
               Row<F>(pd.data() + r * cols, cols) = s * zr;
             }
           }
-          const T* kept = as_operand(dropping ? pd.data() : p.data(), p16.data(), rows * cols, amx);
-          mixed_gemm(amx, true, false, cols, Ev, rows, kept, cols, goi, gout.ld, true, gvb + k0 * ld_v, ld_v);
-          mixed_gemm(amx, false, true, rows, cols, Ev, goi, gout.ld, vj, v.ld, false, dp.data(), cols);
+          const T* kept = as_operand(dropping ? pd.data() : p.data(), p16.data(), rows * cols, own_bf16);
+          mixed_gemm(own_bf16, true, false, cols, Ev, rows, kept, cols, goi, gout.ld, true, gvb + k0 * ld_v, ld_v);
+          mixed_gemm(own_bf16, false, true, rows, cols, Ev, goi, gout.ld, vj, v.ld, false, dp.data(), cols);
           for (int64_t r = 0; r < rows; ++r) {
             Row<F> ds(dp.data() + r * cols, cols);
             if (dropping) ds *= Row<F>(z.data() + r * cols, cols);
             ds = Row<F>(p.data() + r * cols, cols) * (ds - D[q0 + r]) * scale;
           }
-          const T* ds_op = as_operand(dp.data(), ds16.data(), rows * cols, amx);
-          mixed_gemm(amx, false, false, rows, E, cols, ds_op, cols, kj, k.ld, true, gqb + q0 * ld_q, ld_q);
-          mixed_gemm(amx, true, false, cols, E, rows, ds_op, cols, qi, q.ld, true, gkb + k0 * ld_k, ld_k);
+          const T* ds_op = as_operand(dp.data(), ds16.data(), rows * cols, own_bf16);
+          mixed_gemm(own_bf16, false, false, rows, E, cols, ds_op, cols, kj, k.ld, true, gqb + q0 * ld_q, ld_q);
+          mixed_gemm(own_bf16, true, false, cols, E, rows, ds_op, cols, qi, q.ld, true, gkb + k0 * ld_k, ld_k);
         }
       }
       if constexpr (kNarrow) {  // the float32 sums, rounded once
-        for (int64_t i = 0; i < L; ++i) narrow(gqb + i * ld_q, gq.slice(b) + i * gq.ld, E, amx);
+        for (int64_t i = 0; i < L; ++i) narrow(gqb + i * ld_q, gq.slice(b) + i * gq.ld, E, own_bf16);
         for (int64_t j = 0; j < S; ++j) {
-          narrow(gkb + j * ld_k, gk.slice(b) + j * gk.ld, E, amx);
-          narrow(gvb + j * ld_v, gv.slice(b) + j * gv.ld, Ev, amx);
+          narrow(gkb + j * ld_k, gk.slice(b) + j * gk.ld, E, own_bf16);
+          narrow(gvb + j * ld_v, gv.slice(b) + j * gv.ld, Ev, own_bf16);
         }
       }
     }

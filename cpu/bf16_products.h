@@ -2,8 +2,9 @@
 // read bfloat16 tensors and compute in float32 (attention.cpp's Note [bfloat16 attention], conv.cpp's
 // Note [bfloat16 convolution]). Each kernel is a template on its element type T and computes in
 // ComputeOf<T>: float32 and float64 kernels go on as before, gemm() of matmul.cpp doing their
-// products; a bfloat16 kernel's products take bfloat16 operands and give float32 sums, on AMX's tiles
-// where the CPU has them (bf16gemm_amx_f32), elsewhere through float32 copies of the two operands.
+// products; a bfloat16 kernel's products take bfloat16 operands and give float32 sums, on
+// bf16gemm.cpp's kernels where matmul takes them (AMX's tiles, or AVX512-BF16's dot products: Note
+// [which bfloat16 GEMM] in matmul.cpp), elsewhere through float32 copies of the two operands.
 #pragma once
 
 #include <algorithm>
@@ -24,26 +25,28 @@ struct ComputeOf<BFloat16> {
   using type = float;
 };
 
-// Whether the bfloat16 products of a kernel on T go to AMX: where the CPU has it and KILN_CPU_BF16_GEMM
-// does not say float (Note [which bfloat16 GEMM] in matmul.cpp). Asked once per kernel call.
+// Whether the bfloat16 products of a kernel on T go to bf16gemm.cpp: where a bfloat16 matmul goes
+// there (Note [which bfloat16 GEMM] in matmul.cpp). Asked once per kernel call.
 template <typename T>
-bool use_amx() {
-  return std::is_same_v<T, BFloat16> && bf16gemm_choice() == Bf16Gemm::kAmx;
+bool own_bf16_products() {
+  return std::is_same_v<T, BFloat16> && bf16gemm_choice() != Bf16Gemm::kFloat;
 }
 
 // c (m, n) = op(a) @ op(b) (+ c when accumulate), op transposing when ta or tb (a stored (m, k) with
 // leading dim lda, or (k, m) when ta; b likewise), a and b of type T, c of the compute type F. For
-// float32 and float64, gemm(); for bfloat16, bf16gemm_amx_f32 where amx, else float32 copies of a
-// and b into gemm<float>. Threads as those do: serial inside a caller's parallel_for.
+// float32 and float64, gemm(); for bfloat16, bf16gemm.cpp's chosen kernel (bf16gemm_amx_f32 or
+// bf16gemm_avx512_f32) where own_bf16, else float32 copies of a and b into gemm<float>. Threads as
+// those do: serial inside a caller's parallel_for.
 template <typename T, typename F>
-void mixed_gemm(bool amx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-                int64_t ldb, bool accumulate, F* c, int64_t ldc) {
+void mixed_gemm(bool own_bf16, bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                const T* b, int64_t ldb, bool accumulate, F* c, int64_t ldc) {
   if constexpr (std::is_same_v<T, F>) {
     gemm<T>(ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
   } else {
     static_assert(std::is_same_v<T, BFloat16> && std::is_same_v<F, float>);
-    if (amx) {
-      bf16gemm_amx_f32(m, n, k, a, ta ? 1 : lda, ta ? lda : 1, b, tb ? 1 : ldb, tb ? ldb : 1, accumulate, c, ldc);
+    if (own_bf16) {
+      const auto product = bf16gemm_choice() == Bf16Gemm::kAmx ? bf16gemm_amx_f32 : bf16gemm_avx512_f32;
+      product(m, n, k, a, ta ? 1 : lda, ta ? lda : 1, b, tb ? 1 : ldb, tb ? ldb : 1, accumulate, c, ldc);
       return;
     }
     // Each operand's rows as stored, widened into a contiguous float32 copy.
@@ -59,12 +62,12 @@ void mixed_gemm(bool amx, bool ta, bool tb, int64_t m, int64_t n, int64_t k, con
   }
 }
 
-// y[0, n) = x[0, n) converted to T: for bfloat16, rounded by bf16gemm.cpp's vector code where amx
-// (the CPU then has AVX-512), else by core/half.h's, which rounds the same.
+// y[0, n) = x[0, n) converted to T: for bfloat16, rounded by bf16gemm.cpp's vector code where
+// own_bf16 (the CPU then has AVX-512), else by core/half.h's, which rounds the same.
 template <typename T, typename F>
-void narrow(const F* x, T* y, int64_t n, bool amx) {
+void narrow(const F* x, T* y, int64_t n, bool own_bf16) {
   if constexpr (std::is_same_v<T, BFloat16>) {
-    if (amx) {
+    if (own_bf16) {
       round_to_bf16_run(x, y, n);
       return;
     }
@@ -75,11 +78,11 @@ void narrow(const F* x, T* y, int64_t n, bool amx) {
 // x[0, n) as an operand of type T of a product: x itself when T is the compute type F, else rounded
 // into scratch.
 template <typename T, typename F>
-const T* as_operand(const F* x, T* scratch, int64_t n, bool amx) {
+const T* as_operand(const F* x, T* scratch, int64_t n, bool own_bf16) {
   if constexpr (std::is_same_v<T, F>) {
     return x;
   } else {
-    narrow(x, scratch, n, amx);
+    narrow(x, scratch, n, own_bf16);
     return scratch;
   }
 }

@@ -1,15 +1,16 @@
 // cpu/bf16gemm.cpp: Kiln's own bfloat16 GEMMs, c = a @ b, every element of c a float32 sum of
 // exact products, rounded to bfloat16 once at the end: one kernel for CPUs with AVX512-BF16 and one
-// for CPUs with AMX (Note [AMX]), in the same loops. The AMX one also writes (or adds) its float32
-// sums unrounded into a float32 c (bf16gemm_amx_f32), for the attention kernel's block products
-// (Note [bfloat16 attention] in attention.cpp).
+// for CPUs with AMX (Note [AMX]), in the same loops. Each also writes (or adds) its float32 sums
+// unrounded into a float32 c (bf16gemm_avx512_f32, bf16gemm_amx_f32), for the block products of the
+// attention and convolution kernels (cpu/bf16_products.h).
 //
 // Without them a bfloat16 matmul converts a and b to float32, multiplies with the float32 GEMM and
 // rounds c (matmul.cpp, matmul_via_float): three conversion passes, float32 operands twice the
 // size, and float32's arithmetic. Here the operands stay bfloat16 up to the instruction that
 // multiplies them. Which one matmul takes is Note [which bfloat16 GEMM] in matmul.cpp: AMX where
-// the CPU has it; the AVX512-BF16 kernel only when asked for (KILN_CPU_BF16_GEMM=own), since on the
-// one such CPU measured it was slower than the way through float32.
+// the CPU has it; else the AVX512-BF16 kernel where the CPU has that and is not Intel's, since on
+// the Intel CPU measured it was slower than the way through float32 and on an AMD Zen 5 it was
+// 1.6-2.0x faster.
 //
 // VDPBF16PS (AVX512-BF16) takes 16 lanes of bfloat16 *pairs* from each of two registers and adds
 // both products of each lane's pair to that lane's float32 accumulator,
@@ -435,6 +436,19 @@ void bf16gemm(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, 
                      m, n, k, cbits, nullptr, false, ldc);
 }
 
+template <bool kAmx>
+void bf16gemm_f32(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs, const BFloat16* b,
+                  int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    if (!accumulate)
+      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
+    return;
+  }
+  blocked_gemm<kAmx>({reinterpret_cast<const uint16_t*>(a), a_rs, a_cs}, {reinterpret_cast<const uint16_t*>(b), b_rs, b_cs},
+                     m, n, k, nullptr, c, accumulate, ldc);
+}
+
 }  // namespace
 
 void bf16gemm_avx512(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
@@ -447,16 +461,14 @@ void bf16gemm_amx(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_
   bf16gemm<true>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, c, ldc);
 }
 
+void bf16gemm_avx512_f32(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                         const BFloat16* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc) {
+  bf16gemm_f32<false>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, accumulate, c, ldc);
+}
+
 void bf16gemm_amx_f32(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
                       const BFloat16* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc) {
-  if (m <= 0 || n <= 0) return;
-  if (k <= 0) {
-    if (!accumulate)
-      for (int64_t i = 0; i < m; ++i) std::fill(c + i * ldc, c + i * ldc + n, 0.0f);
-    return;
-  }
-  blocked_gemm<true>({reinterpret_cast<const uint16_t*>(a), a_rs, a_cs}, {reinterpret_cast<const uint16_t*>(b), b_rs, b_cs},
-                     m, n, k, nullptr, c, accumulate, ldc);
+  bf16gemm_f32<true>(m, n, k, a, a_rs, a_cs, b, b_rs, b_cs, accumulate, c, ldc);
 }
 
 void round_to_bf16_run(const float* x, BFloat16* y, int64_t n) {

@@ -14,11 +14,12 @@
 //
 // Note [bfloat16 convolution]: bfloat16 inputs (autocast's convolutions) are read as they are, the
 // columns are bfloat16 too, and every product is a float32 sum of exact products (cpu/bf16_products.h:
-// AMX's tiles where the CPU has them, else float32 copies of the two operands), rounded to bfloat16
-// once: the forward's after the bias is added, the input gradient's after col2im has summed the
-// columns in float32, the weight gradient's after the batch's pieces are summed in float32. These
-// are the float32 kernel's sums on the same values, up to the order of the additions, which is what
-// the CPU computed before, on float32 copies that ops/conv.cpp made of the whole tensors.
+// bf16gemm.cpp's AMX or AVX512-BF16 kernel where matmul takes it, else float32 copies of the two
+// operands), rounded to bfloat16 once: the forward's after the bias is added, the input gradient's
+// after col2im has summed the columns in float32, the weight gradient's after the batch's pieces are
+// summed in float32. These are the float32 kernel's sums on the same values, up to the order of the
+// additions, which is what the CPU computed before, on float32 copies that ops/conv.cpp made of the
+// whole tensors.
 #include <algorithm>
 #include <cstring>
 
@@ -177,11 +178,11 @@ BatchSplit batch_split(int64_t N, int64_t work_per_sample) {
 // Runs fn(piece, n0, n1, gemm) for each piece of the batch, where gemm has mixed_gemm's signature
 // without its first argument: c (m, n) of T's compute type F (+)= op(a) @ op(b) for a and b of T.
 template <typename T, typename Fn>
-void run_batch(const BatchSplit& split, int64_t N, bool amx, const Fn& fn) {
+void run_batch(const BatchSplit& split, int64_t N, bool own_bf16, const Fn& fn) {
   using F = typename ComputeOf<T>::type;
   if (split.split_gemm) {
-    fn(0, 0, N, [amx](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-                      int64_t ldb, bool accumulate, F* c, int64_t ldc) {
+    fn(0, 0, N, [own_bf16](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                           const T* b, int64_t ldb, bool accumulate, F* c, int64_t ldc) {
       // The GEMM is chosen once for the whole product, so the choice does not depend on the pieces.
       [[maybe_unused]] const bool own = gemm_uses_own<T>(ta, tb, m, n, k, lda, ldb);  // float32 only
       const int64_t grain = std::max<int64_t>(16, (1 << 16) / std::max<int64_t>(m * k, 1));
@@ -190,16 +191,16 @@ void run_batch(const BatchSplit& split, int64_t N, bool amx, const Fn& fn) {
         if constexpr (std::is_same_v<T, F>) {
           gemm_chosen<T>(own, ta, tb, m, j1 - j0, k, a, lda, bj, ldb, accumulate, c + j0, ldc);
         } else {
-          mixed_gemm(amx, ta, tb, m, j1 - j0, k, a, lda, bj, ldb, accumulate, c + j0, ldc);
+          mixed_gemm(own_bf16, ta, tb, m, j1 - j0, k, a, lda, bj, ldb, accumulate, c + j0, ldc);
         }
       });
     });
     return;
   }
   const int pieces = split.pieces;
-  auto gemm = [amx](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda, const T* b,
-                    int64_t ldb, bool accumulate, F* c, int64_t ldc) {
-    mixed_gemm(amx, ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
+  auto gemm = [own_bf16](bool ta, bool tb, int64_t m, int64_t n, int64_t k, const T* a, int64_t lda,
+                         const T* b, int64_t ldb, bool accumulate, F* c, int64_t ldc) {
+    mixed_gemm(own_bf16, ta, tb, m, n, k, a, lda, b, ldb, accumulate, c, ldc);
   };
   parallel_for(0, pieces, 1, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) fn(p, N * p / pieces, N * (p + 1) / pieces, gemm);
@@ -211,14 +212,15 @@ void conv2d_typed(const View& input, const View& weight, const View& bias, const
                   const Conv2dArgs& args) {
   using F = typename ComputeOf<T>::type;
   constexpr bool kNarrow = !std::is_same_v<T, F>;  // sums in float32 scratch, rounded into out
-  const bool amx = use_amx<T>();
+  const bool own_bf16 = own_bf16_products<T>();
   const Geometry g = geometry(input, weight, out, args);
   const T* x = input.ptr<T>();
   const T* w = weight.ptr<T>();
   const T* b = bias.data ? bias.ptr<T>() : nullptr;
   T* y = out.ptr<T>();
   const bool direct = g.pointwise();
-  run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, amx, [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
+  run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, own_bf16,
+               [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
     ScratchBuffer<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
     ScratchBuffer<F> sums(kNarrow ? static_cast<size_t>(g.Cog * g.P) : 0);
     for (int64_t n = n0; n < n1; ++n) {
@@ -241,7 +243,7 @@ void conv2d_typed(const View& input, const View& weight, const View& bias, const
             for (int64_t p = 0; p < g.P; ++p) row[p] += bv;
           }
         }
-        if constexpr (kNarrow) narrow(yf, yg, g.Cog * g.P, amx);
+        if constexpr (kNarrow) narrow(yf, yg, g.Cog * g.P, own_bf16);
       }
     }
   });
@@ -252,14 +254,15 @@ void conv2d_backward_input_typed(const View& grad_out, const View& weight, const
                                  const Conv2dArgs& args) {
   using F = typename ComputeOf<T>::type;
   constexpr bool kNarrow = !std::is_same_v<T, F>;  // col2im sums in float32 scratch, rounded into gx
-  const bool amx = use_amx<T>();
+  const bool own_bf16 = own_bf16_products<T>();
   const Geometry g = geometry(grad_input, weight, grad_out, args);
   const T* gy = grad_out.ptr<T>();
   const T* w = weight.ptr<T>();
   T* gx = grad_input.ptr<T>();
   const bool direct = g.pointwise();
   const int64_t plane = g.Cg * g.H * g.W;  // one sample's group of gx
-  run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, amx, [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
+  run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, own_bf16,
+               [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
     ScratchBuffer<F> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
     ScratchBuffer<F> sums(kNarrow ? static_cast<size_t>(plane) : 0);
     for (int64_t n = n0; n < n1; ++n) {
@@ -280,7 +283,7 @@ void conv2d_backward_input_typed(const View& grad_out, const View& weight, const
           std::memset(gxf, 0, sizeof(F) * plane);
           col2im(col.data(), g, gxf);
         }
-        if constexpr (kNarrow) narrow(gxf, gxg, plane, amx);
+        if constexpr (kNarrow) narrow(gxf, gxg, plane, own_bf16);
       }
     }
   });
@@ -291,7 +294,7 @@ void conv2d_backward_weight_typed(const View& grad_out, const View& input, const
                                   const Conv2dArgs& args) {
   using F = typename ComputeOf<T>::type;
   constexpr bool kNarrow = !std::is_same_v<T, F>;  // every piece sums in float32 scratch
-  const bool amx = use_amx<T>();
+  const bool own_bf16 = own_bf16_products<T>();
   const Geometry g = geometry(input, grad_weight, grad_out, args);
   const T* gy = grad_out.ptr<T>();
   const T* x = input.ptr<T>();
@@ -312,7 +315,7 @@ void conv2d_backward_weight_typed(const View& grad_out, const View& input, const
     std::memset(gw, 0, sizeof(T) * wsize);
   }
   const bool direct = g.pointwise();
-  run_batch<T>(split, g.N, amx, [&](int64_t p, int64_t n0, int64_t n1, const auto& gemm) {
+  run_batch<T>(split, g.N, own_bf16, [&](int64_t p, int64_t n0, int64_t n1, const auto& gemm) {
     ScratchBuffer<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
     F* acc = p == 0 ? total : partial.data() + (kNarrow ? p : p - 1) * wsize;
     for (int64_t n = n0; n < n1; ++n) {
@@ -328,7 +331,7 @@ void conv2d_backward_weight_typed(const View& grad_out, const View& input, const
     const F* part = partial.data() + (kNarrow ? p : p - 1) * wsize;
     for (int64_t i = 0; i < wsize; ++i) total[i] += part[i];
   }
-  if constexpr (kNarrow) narrow(total, gw, wsize, amx);
+  if constexpr (kNarrow) narrow(total, gw, wsize, own_bf16);
 }
 
 // The kernels' element types: float32, float64 and bfloat16 (Note [bfloat16 convolution]).

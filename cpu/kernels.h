@@ -147,9 +147,11 @@ void bf16gemm_avx512(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t
 // The same with AMX's tiles (Note [AMX] in bf16gemm.cpp). Call only when cpu_has_amx_bf16() is true.
 void bf16gemm_amx(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
                   const BFloat16* b, int64_t b_rs, int64_t b_cs, BFloat16* c, int64_t ldc);
-// float32 c = a @ b (+ c when accumulate) for bfloat16 a and b, with AMX's tiles: the same sums as
-// bf16gemm_amx's, not rounded. For the attention kernel's block products (attention.cpp). Call only
-// when cpu_has_amx_bf16() is true.
+// float32 c = a @ b (+ c when accumulate) for bfloat16 a and b: the same sums as bf16gemm_avx512's
+// and bf16gemm_amx's, not rounded. For the block products of the attention and convolution kernels
+// (bf16_products.h). Call only when the CPU has the kernel's instructions, as above.
+void bf16gemm_avx512_f32(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
+                         const BFloat16* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc);
 void bf16gemm_amx_f32(int64_t m, int64_t n, int64_t k, const BFloat16* a, int64_t a_rs, int64_t a_cs,
                       const BFloat16* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc);
 // y[i] = x[i] rounded to bfloat16 as core/half.h rounds, for i < n, with AVX-512 (bf16gemm.cpp). Call
@@ -158,6 +160,8 @@ void round_to_bf16_run(const float* x, BFloat16* y, int64_t n);
 bool cpu_has_avx512_bf16();
 // Whether the CPU has AMX-BF16 and the OS has let this process use the tiles (asked once).
 bool cpu_has_amx_bf16();
+// Whether the CPU is Intel's (CPUID's vendor string GenuineIntel; asked once).
+bool cpu_is_intel();
 // Where a bfloat16 matmul goes (matmul.cpp, Note [which bfloat16 GEMM]): through float32,
 // bf16gemm_avx512 or bf16gemm_amx.
 enum class Bf16Gemm { kFloat, kAvx512, kAmx };

@@ -407,6 +407,10 @@ void bf16gemm_amx(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, 
                   BFloat16*, int64_t) {
   KILN_FAIL("bf16gemm_amx: Kiln was built without its AMX kernels (a compiler without -mamx-tile -mamx-bf16)");
 }
+void bf16gemm_avx512_f32(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t,
+                         int64_t, bool, float*, int64_t) {
+  KILN_FAIL("bf16gemm_avx512_f32: Kiln was built without its AVX512-BF16 kernels (a compiler without -mavx512bf16)");
+}
 void bf16gemm_amx_f32(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t,
                       int64_t, bool, float*, int64_t) {
   KILN_FAIL("bf16gemm_amx_f32: Kiln was built without its AMX kernels (a compiler without -mamx-tile -mamx-bf16)");
@@ -444,17 +448,30 @@ bool cpu_has_amx_bf16() {
 #endif
 }
 
+bool cpu_is_intel() {
+#if defined(__x86_64__) || defined(__i386__)
+  static const bool intel = __builtin_cpu_is("intel");
+  return intel;
+#else
+  return false;
+#endif
+}
+
 // Note [which bfloat16 GEMM]: bf16gemm.cpp's AMX kernel where the CPU has AMX-BF16 (and Linux lets
-// this process use it), else matmul_via_float; with KILN_CPU_BF16_GEMM=own, the AMX kernel or else
-// bf16gemm.cpp's AVX512-BF16 one where the CPU has that; with KILN_CPU_BF16_GEMM=float,
-// matmul_via_float always. All give the same float32 sums up to the order of the additions, each
-// rounded once. The AVX512-BF16 kernel is not the default because, measured on the one such CPU at
-// hand (a Xeon of the Sapphire Rapids family, 2026-11-29, benchmarks/results/README.md), it ran at
-// 0.54-0.66x matmul_via_float's FLOP/s on one thread and 0.74-0.87x on two: VDPBF16PS there does
-// about half the multiply-adds a cycle that sgemm.cpp's FMAs do. A CPU whose VDPBF16PS keeps the
-// FMA's rate would do twice as many. The AMX kernel on the same CPU ran at 3.4-7.0x the path
-// through float32 on one thread (1.7-3.0x on two), and took a bfloat16-autocast gpt_char step from
-// 151 to 85 ms (float32: 101 ms).
+// this process use it); else its AVX512-BF16 kernel where the CPU has AVX512-BF16 and is not an
+// Intel CPU; else matmul_via_float. KILN_CPU_BF16_GEMM=own takes the AVX512-BF16 kernel on an Intel
+// CPU without AMX too, and KILN_CPU_BF16_GEMM=float takes matmul_via_float everywhere. All give the
+// same float32 sums up to the order of the additions, each rounded once. The rule is what was
+// measured (benchmarks/results/README.md), and it follows how fast VDPBF16PS is beside the FMA:
+//   - On a Xeon of the Sapphire Rapids family (2026-11-29) the AVX512-BF16 kernel ran at
+//     0.54-0.66x matmul_via_float's FLOP/s on one thread and 0.74-0.87x on two: VDPBF16PS there
+//     does about half the multiply-adds a cycle that sgemm.cpp's FMAs do. The AMX kernel ran at
+//     3.4-7.0x the path through float32 on one thread (1.7-3.0x on two), and took a bfloat16-autocast
+//     gpt_char step from 151 to 85 ms (float32: 101 ms).
+//   - On an AMD Zen 5 (EPYC, 2026-12-02), whose VDPBF16PS keeps the FMA's rate and so does twice its
+//     multiply-adds, the AVX512-BF16 kernel ran at 1.6-2.0x matmul_via_float's FLOP/s (n = 256 to
+//     4096, one and two threads). The only other AMD CPUs with AVX512-BF16 are the Zen 4s, whose
+//     VDPBF16PS was not measured here.
 Bf16Gemm bf16gemm_choice() {
   static const Bf16Gemm choice = [] {
     const char* v = std::getenv("KILN_CPU_BF16_GEMM");
@@ -463,7 +480,7 @@ Bf16Gemm bf16gemm_choice() {
                 "'float' (convert to float32 and use the float32 GEMM)", v);
     if (v != nullptr && std::string_view(v) == "float") return Bf16Gemm::kFloat;
     if (cpu_has_amx_bf16()) return Bf16Gemm::kAmx;
-    if (v != nullptr && cpu_has_avx512_bf16()) return Bf16Gemm::kAvx512;
+    if (cpu_has_avx512_bf16() && (v != nullptr || !cpu_is_intel())) return Bf16Gemm::kAvx512;
     return Bf16Gemm::kFloat;
   }();
   return choice;

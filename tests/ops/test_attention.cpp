@@ -373,9 +373,10 @@ void check_bf16_attention(const Tensor& q, const Tensor& k, const Tensor& v, boo
 
 TEST_CASE("bfloat16 cpu attention: the fused kernel's bfloat16 path against float64, forward and backward",
           "[ops][attention]") {
-  // Through AMX where the CPU has it, else float32 copies of the block operands; CTest runs this
-  // once more with KILN_CPU_BF16_GEMM=float, the second way on every CPU. Sizes around the 64-row
-  // blocks, head dims below, at and above AMX's 32 k a step and odd, Ev != E, L != S (causal too).
+  // Through cpu/bf16gemm.cpp (AMX or AVX512-BF16) where the CPU takes it, else float32 copies of the
+  // block operands; CTest runs this once more with KILN_CPU_BF16_GEMM=float, the second way on every
+  // CPU. Sizes around the 64-row blocks, head dims below, at and above AMX's 32 k a step and odd,
+  // Ev != E, L != S (causal too).
   FusionGuard fused(true);
   Generator gen(21);
   struct Case {

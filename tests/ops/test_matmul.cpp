@@ -369,16 +369,17 @@ TEST_CASE("bfloat16 cpu/bf16gemm.cpp at tile, pair and block edges, against floa
 }
 
 TEST_CASE("bfloat16 cpu/bf16gemm.cpp with transposed and strided operands, and matmul reaching it") {
-  // Note [which bfloat16 GEMM] in cpu/matmul.cpp: AMX where the CPU has it; with
-  // KILN_CPU_BF16_GEMM=own (CTest runs test_ops so once more) AVX512-BF16 where it has only that;
-  // else through float32.
+  // Note [which bfloat16 GEMM] in cpu/matmul.cpp: AMX where the CPU has it; AVX512-BF16 where it
+  // has only that and is not Intel's, or on Intel's with KILN_CPU_BF16_GEMM=own (CTest runs test_ops
+  // so once more); else through float32.
   const char* env = std::getenv("KILN_CPU_BF16_GEMM");
   const bool told_own = env != nullptr && std::string_view(env) == "own";
   const bool told_float = env != nullptr && std::string_view(env) == "float";
-  const cpu::Bf16Gemm expected = told_float                   ? cpu::Bf16Gemm::kFloat
-                                 : cpu::cpu_has_amx_bf16()    ? cpu::Bf16Gemm::kAmx
-                                 : told_own && cpu::cpu_has_avx512_bf16() ? cpu::Bf16Gemm::kAvx512
-                                                              : cpu::Bf16Gemm::kFloat;
+  const bool avx512 = cpu::cpu_has_avx512_bf16() && (told_own || !cpu::cpu_is_intel());
+  const cpu::Bf16Gemm expected = told_float                ? cpu::Bf16Gemm::kFloat
+                                 : cpu::cpu_has_amx_bf16() ? cpu::Bf16Gemm::kAmx
+                                 : avx512                  ? cpu::Bf16Gemm::kAvx512
+                                                           : cpu::Bf16Gemm::kFloat;
   CHECK(cpu::bf16gemm_choice() == expected);
   for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{45, 271, 100}, {5, 40, 20}, {70, 2050, 30}}) {
     Tensor a = bf16_values({m, k}, 0.1), b = bf16_values({k, n}, 0.2);
@@ -411,46 +412,55 @@ TEST_CASE("bfloat16 cpu/bf16gemm.cpp with transposed and strided operands, and m
   for (int64_t i = 0; i < 2; ++i) check_bf16_product(c2.select(0, i), a2.select(0, i), b2);
 }
 
-TEST_CASE("bfloat16 cpu/bf16gemm.cpp's AMX products into float32, added to c or not") {
-  // bf16gemm_amx_f32, the attention kernel's block products (Note [bfloat16 attention] in
-  // cpu/attention.cpp): the float32 sums unrounded, written over c or added to it, with k across a
-  // 2,048-row block (c holding the sums between blocks), transposed operands, and c's rows wider
-  // than n.
-  if (!cpu::cpu_has_amx_bf16()) {
-    WARN("no AMX-BF16 on this CPU (or not allowed by the OS): bf16gemm_amx_f32 is not checked");
-    return;
-  }
-  for (const auto& [m, k, n] : std::vector<std::array<int64_t, 3>>{{64, 32, 64}, {7, 70, 50}, {33, 2100, 20}, {64, 16, 48}}) {
-    Tensor a = bf16_values({m, k}, 0.2), at = bf16_values({k, m}, 0.3).t();
-    Tensor b = bf16_values({k, n}, 0.4), bt = bf16_values({n, k}, 0.5).t();
-    for (const Tensor& x : {a, at})
-      for (const Tensor& y : {b, bt})
-        for (bool accumulate : {false, true}) {
-          INFO("m " << m << ", k " << k << ", n " << n << ", a strides " << x.stride(0) << ", " << x.stride(1)
-                    << ", b strides " << y.stride(0) << ", " << y.stride(1) << ", accumulate " << accumulate);
-          Tensor c0 = test::sample({m, n + 5}, kFloat32, 0.6);  // rows n + 5 apart; the last 5 untouched
-          Tensor c = c0.clone(), c_one = c0.clone();
-          auto product = [&](Tensor& out) {
-            cpu::bf16gemm_amx_f32(m, n, k, x.data_ptr<BFloat16>(), x.stride(0), x.stride(1), y.data_ptr<BFloat16>(),
-                                  y.stride(0), y.stride(1), accumulate, out.data_ptr<float>(), out.stride(0));
-          };
-          product(c);
-          {
-            ThreadsGuard one(1);
-            product(c_one);
+TEST_CASE("bfloat16 cpu/bf16gemm.cpp's products into float32, added to c or not") {
+  // bf16gemm_avx512_f32 and bf16gemm_amx_f32, the block products of the attention and convolution
+  // kernels (cpu/bf16_products.h): the float32 sums unrounded, written over c or added to it, with k
+  // odd and across a 2,048-row block (c holding the sums between blocks), transposed operands, and
+  // c's rows wider than n.
+  using F32Kernel = void (*)(int64_t, int64_t, int64_t, const BFloat16*, int64_t, int64_t, const BFloat16*, int64_t,
+                             int64_t, bool, float*, int64_t);
+  std::vector<std::pair<const char*, F32Kernel>> kernels;
+  if (cpu::cpu_has_avx512_bf16()) kernels.emplace_back("AVX512-BF16", cpu::bf16gemm_avx512_f32);
+  if (cpu::cpu_has_amx_bf16()) kernels.emplace_back("AMX", cpu::bf16gemm_amx_f32);
+  if (kernels.size() < 2) WARN("this CPU runs " << kernels.size() << " of bf16gemm.cpp's two float32-output kernels");
+  for (const auto& [name, gemm] : kernels) {
+    INFO(name << " kernel");
+    const std::vector<std::array<int64_t, 3>> shapes = {{64, 32, 64}, {7, 70, 50}, {33, 2100, 20}, {64, 16, 48}, {9, 33, 17}};
+    for (const auto& [m, k, n] : shapes) {
+      Tensor a = bf16_values({m, k}, 0.2), at = bf16_values({k, m}, 0.3).t();
+      Tensor b = bf16_values({k, n}, 0.4), bt = bf16_values({n, k}, 0.5).t();
+      for (const Tensor& x : {a, at})
+        for (const Tensor& y : {b, bt})
+          for (bool accumulate : {false, true}) {
+            INFO("m " << m << ", k " << k << ", n " << n << ", a strides " << x.stride(0) << ", " << x.stride(1)
+                      << ", b strides " << y.stride(0) << ", " << y.stride(1) << ", accumulate " << accumulate);
+            Tensor c0 = test::sample({m, n + 5}, kFloat32, 0.6);  // rows n + 5 apart; the last 5 untouched
+            Tensor c = c0.clone(), c_one = c0.clone();
+            auto product = [&](Tensor& out) {
+              gemm(m, n, k, x.data_ptr<BFloat16>(), x.stride(0), x.stride(1), y.data_ptr<BFloat16>(), y.stride(0),
+                   y.stride(1), accumulate, out.data_ptr<float>(), out.stride(0));
+            };
+            product(c);
+            {
+              ThreadsGuard one(1);
+              product(c_one);
+            }
+            check_product(c.narrow(1, 0, n), x, y, accumulate ? c0.narrow(1, 0, n) : Tensor());
+            test::check_equal(c.narrow(1, n, 5), c0.narrow(1, n, 5));
+            test::check_equal(c_one, c);  // the same sums on one thread as on all
           }
-          check_product(c.narrow(1, 0, n), x, y, accumulate ? c0.narrow(1, 0, n) : Tensor());
-          test::check_equal(c.narrow(1, n, 5), c0.narrow(1, n, 5));
-          test::check_equal(c_one, c);  // the same sums on one thread as on all
-        }
+    }
   }
   // k = 0: c zeroed, or left as it was when accumulating.
-  Tensor c = test::sample({3, 4}, kFloat32, 0.1), kept = c.clone();
-  const BFloat16 none{};
-  cpu::bf16gemm_amx_f32(3, 4, 0, &none, 0, 1, &none, 4, 1, true, c.data_ptr<float>(), 4);
-  test::check_equal(c, kept);
-  cpu::bf16gemm_amx_f32(3, 4, 0, &none, 0, 1, &none, 4, 1, false, c.data_ptr<float>(), 4);
-  test::check_equal(c, zeros({3, 4}));
+  for (const auto& [name, gemm] : kernels) {
+    INFO(name << " kernel");
+    Tensor c = test::sample({3, 4}, kFloat32, 0.1), kept = c.clone();
+    const BFloat16 none{};
+    gemm(3, 4, 0, &none, 0, 1, &none, 4, 1, true, c.data_ptr<float>(), 4);
+    test::check_equal(c, kept);
+    gemm(3, 4, 0, &none, 0, 1, &none, 4, 1, false, c.data_ptr<float>(), 4);
+    test::check_equal(c, zeros({3, 4}));
+  }
 }
 
 TEST_CASE("bfloat16 cpu/bf16gemm.cpp rounds as a float32-to-bfloat16 cast does, NaN and infinity kept") {

@@ -531,9 +531,9 @@ void check_bf16_sum(const char* what, const Tensor& actual, const Tensor& exact,
 
 TEST_CASE("bfloat16 cpu conv2d: forward and both backwards read bfloat16, against float64",
           "[ops][conv][autocast]") {
-  // Note [bfloat16 convolution] in cpu/conv.cpp: bfloat16 columns and operands, float32 sums (AMX
-  // where the CPU has it; CTest runs this once more with KILN_CPU_BF16_GEMM=float, float32 copies of
-  // the operands), each result rounded once. Batches split over the threads and a single image whose
+  // Note [bfloat16 convolution] in cpu/conv.cpp: bfloat16 columns and operands, float32 sums
+  // (cpu/bf16gemm.cpp's AMX or AVX512-BF16 kernel where the CPU takes it; CTest runs this once more
+  // with KILN_CPU_BF16_GEMM=float, float32 copies of the operands), each result rounded once. Batches split over the threads and a single image whose
   // GEMMs split their columns instead; 1x1 (no columns), groups, stride, padding, dilation.
   struct Case {
     Shape x, w;
