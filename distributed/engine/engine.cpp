@@ -233,18 +233,23 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
   for (const auto& t : tied_) {
     if (t.user == pipeline_comm_->rank() && t.weight.requires_grad()) copies.push_back(t.weight);
   }
-  struct Hidden {  // back to requiring grad however the optimizer's construction ends
-    std::vector<Tensor>& copies;
-    ~Hidden() {
-      for (Tensor& c : copies) c.requires_grad_(true);
-    }
-  } hidden{copies};
-  for (Tensor& c : copies) c.requires_grad_(false);
   // DeepSpeed's default where data_types.grad_accum_dtype is unset: bfloat16 without ZeRO (its
   // BF16_Optimizer) accumulates the gradients in float32; everything else in the model's dtype.
   distributed::ZeroOptions zero = config_.zero_optimization;
   if (!zero.grad_accum_dtype && dtype_ == kBFloat16 && zero.stage == 0) zero.grad_accum_dtype = kFloat32;
-  optimizer_ = std::make_unique<distributed::ZeroOptimizer>(model_, comm_, make_inner(*config_.optimizer), zero);
+  {
+    struct Hidden {  // back to requiring grad however the optimizer's construction ends
+      std::vector<Tensor>& copies;
+      ~Hidden() {
+        for (Tensor& c : copies) c.requires_grad_(true);
+      }
+    } hidden{copies};
+    for (Tensor& c : copies) c.requires_grad_(false);
+    optimizer_ = std::make_unique<distributed::ZeroOptimizer>(model_, comm_, make_inner(*config_.optimizer), zero);
+  }
+  if (!tied_.empty() && zero.grad_accum_dtype && *zero.grad_accum_dtype != dtype_) {
+    sum_tied_gradients(*zero.grad_accum_dtype);
+  }
   if (config_.scheduler) scheduler_ = make_scheduler(*config_.scheduler, *optimizer_);
   optim::GradScalerOptions scaling = config_.fp16.scaler;
   scaling.enabled = config_.fp16.enabled;
@@ -252,7 +257,41 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
   scaler_ = std::make_unique<distributed::ShardedGradScaler>(world_, scaling);
 }
 
-Engine::~Engine() = default;
+// The copies' gradients summed in `wide` (see tied_sums_); both stages of a tie exchange them so.
+void Engine::sum_tied_gradients(DType wide) {
+  for (const auto& t : tied_) {
+    if (t.user != pipeline_comm_->rank()) continue;
+    Tensor sum = zeros(t.weight.sizes(), TensorOptions(wide).device(t.weight.device()));
+    auto s = std::make_unique<TiedSum>(TiedSum{t.weight, std::move(sum)});
+    if (t.weight.requires_grad()) {  // a frozen copy sends zeros
+      s->hook = t.weight.register_post_accumulate_grad_hook([s = s.get()](const Tensor& leaf) {
+        NoGradGuard no_grad;
+        s->sum.add_(leaf.grad().to(s->sum.dtype()));
+        Tensor(leaf).set_grad(Tensor());
+      });
+    }
+    tied_sums_.push_back(std::move(s));
+  }
+  auto take = [this](const distributed::TiedWeight& t) {
+    for (auto& s : tied_sums_) {
+      if (!s->weight.is_same(t.weight)) continue;
+      Tensor sum = s->sum;
+      s->sum = zeros_like(sum);  // the one sent stays as it is until its send is done
+      return sum;
+    }
+    KILN_FAIL("Engine: a tied weight's copy has no float32 sum of its gradients");
+  };
+  auto add = [this](const distributed::TiedWeight& t, const Tensor& g) {
+    if (t.weight.requires_grad()) optimizer_->add_to_gradient(t.weight, g);  // what the optimizer trains
+  };
+  tied_gradients_ = std::make_unique<distributed::TiedGradients>(distributed::TiedGradients{wide, take, add});
+}
+
+Engine::~Engine() {
+  for (auto& s : tied_sums_) {
+    if (s->hook != 0) s->weight.remove_post_accumulate_grad_hook(s->hook);
+  }
+}
 
 Tensor Engine::forward(const Tensor& input) {
   KILN_CHECK(!pipeline_, "Engine.forward: a pipeline-parallel engine runs whole batches: call train_batch(input, "
@@ -307,9 +346,10 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
   const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0;
   const auto t0 = Clock::now();
+  for (auto& s : tied_sums_) s->sum.zero_();  // what a batch that threw may have left
   Tensor loss = pipeline_->train_batch(x, target);  // the gradients are reduced during the last backward
   if (!tied_.empty() || chunks_ > 1) {  // ... or now, with each tied weight's gradient from the other stage added
-    if (!tied_.empty()) distributed::add_tied_gradients(tied_, *pipeline_comm_);
+    if (!tied_.empty()) distributed::add_tied_gradients(tied_, *pipeline_comm_, tied_gradients_.get());
     optimizer_->reduce_gradients();
   }
   backward_s_ += seconds_since(t0);  // forward and backward, interleaved by the schedule

@@ -50,7 +50,9 @@
 // tensor group holds whole counts once). A stage that implements distributed::TiedWeights (GPT's
 // embedding, used again as the head on the last stage) has each copy's gradient added to the
 // owner's before its reduction, which then runs after the pipeline, and the owner's new weight
-// copied back after the step; the copies are not in their stage's optimizer. As DeepSpeed, ZeRO
+// copied back after the step; the copies are not in their stage's optimizer. Where gradients
+// accumulate in float32 for a 16-bit model (grad_accum_dtype), a copy's micro-batches are summed
+// in float32 too, and the sum travels and is added in float32. As DeepSpeed, ZeRO
 // stages 2 and 3 do not go with a pipeline, and forward, backward and step are Errors there:
 // train_batch does all three.
 #pragma once
@@ -158,6 +160,7 @@ class Engine {
   Engine(std::unique_ptr<nn::Module> holder, const std::vector<nn::Module*>& chunks, const Config& config,
          const distributed::ParallelGrid& grid, distributed::Pipeline::LossFn loss_fn);
   void init(std::shared_ptr<distributed::Communicator> world);
+  void sum_tied_gradients(DType wide);  // tied_sums_ and tied_gradients_
   std::string load_stage(const std::string& dir, const std::string& tag);  // load_checkpoint's work on this rank
   void optimizer_step();  // at an accumulation boundary: unscale, clip, step, schedule, zero_grad
   void report();
@@ -174,6 +177,15 @@ class Engine {
   int64_t chunks_ = 1;  // model chunks per pipeline rank (interleaved 1F1B when more than 1)
   std::function<bool(const Tensor&)> counted_;  // in the gradient norm on this rank (tensor parallel)
   std::vector<distributed::TiedWeight> tied_;   // this stage's weights tied to another's (pipeline)
+  // With gradients accumulating wider than the model (grad_accum_dtype): each of this stage's
+  // copies of a tied weight sums its micro-batches' gradients in that dtype (a hook adds each one
+  // and drops .grad()), and the sum goes to the owner, which adds it to its own wide gradient.
+  struct TiedSum {
+    Tensor weight, sum;
+    uint64_t hook = 0;
+  };
+  std::vector<std::unique_ptr<TiedSum>> tied_sums_;
+  std::unique_ptr<distributed::TiedGradients> tied_gradients_;  // set with them, on owners too
   Config::Batch batch_;
   DType dtype_;
   std::unique_ptr<distributed::ZeroOptimizer> optimizer_;

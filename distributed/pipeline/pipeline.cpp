@@ -479,11 +479,12 @@ Tensor recv_tied(Communicator& c, int src, const Device& device) {
   return t;
 }
 
-void check_received(const Tensor& got, const Tensor& like, int stage, int src, const char* who) {
-  KILN_CHECK(got.sizes() == like.sizes() && got.dtype() == like.dtype(),
+// got against the copy `like`; a gradient travelling in another dtype than the weight's has that.
+void check_received(const Tensor& got, const Tensor& like, DType dtype, int stage, int src, const char* who) {
+  KILN_CHECK(got.sizes() == like.sizes() && got.dtype() == dtype,
              "{}: stage {}'s copy of a tied weight is {} of shape {}, and stage {} sent {} of shape {}; the two "
-             "stages of a tie must hold the same weight", who, stage, dtype_name(like.dtype()), like.sizes().str(),
-             src, dtype_name(got.dtype()), got.sizes().str());
+             "stages of a tie must hold the same weight (and accumulate its gradient in the same dtype)", who, stage,
+             dtype_name(dtype), like.sizes().str(), src, dtype_name(got.dtype()), got.sizes().str());
 }
 
 // Every send of this stage's ties first (so that ties in both directions, or in a cycle, cannot
@@ -494,7 +495,8 @@ void check_received(const Tensor& got, const Tensor& like, int stage, int src, c
 void exchange_tied(const std::vector<TiedWeight>& tied, Communicator& pipeline, const char* who,
                    const std::function<std::optional<std::pair<Tensor, int>>(const TiedWeight&)>& outgoing,
                    const std::function<int(const TiedWeight&)>& source,
-                   const std::function<void(const TiedWeight&, const Tensor&)>& apply) {
+                   const std::function<void(const TiedWeight&, const Tensor&)>& apply,
+                   std::optional<DType> dtype = std::nullopt) {
   check_list(tied, pipeline.rank(), pipeline.size(), who);
   std::vector<Work> sends;
   std::vector<Tensor> buffers;
@@ -515,7 +517,7 @@ void exchange_tied(const std::vector<TiedWeight>& tied, Communicator& pipeline, 
   for (Work& s : sends) s.wait();
   if (failure) std::rethrow_exception(failure);
   for (const auto& [t, got] : received) {
-    check_received(got, t->weight, pipeline.rank(), source(*t), who);
+    check_received(got, t->weight, dtype.value_or(t->weight.dtype()), pipeline.rank(), source(*t), who);
   }
   NoGradGuard no_grad;
   for (const auto& [t, got] : received) apply(*t, got);
@@ -556,23 +558,26 @@ void check_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipel
   }
 }
 
-void add_tied_gradients(const std::vector<TiedWeight>& tied, Communicator& pipeline) {
+void add_tied_gradients(const std::vector<TiedWeight>& tied, Communicator& pipeline, const TiedGradients* gradients) {
   const int s = pipeline.rank();
   exchange_tied(
       tied, pipeline, "add_tied_gradients",
       [&](const TiedWeight& t) -> std::optional<std::pair<Tensor, int>> {
         if (s != t.user) return std::nullopt;
+        if (gradients != nullptr) return std::pair{gradients->take(t), t.owner};
         Tensor w = t.weight;
         const Tensor g = w.grad();
         w.set_grad(Tensor());  // the owner has it now
         return std::pair{g.defined() ? g : zeros_like(w), t.owner};
       },
       [&](const TiedWeight& t) { return s == t.owner ? t.user : -1; },
-      [](const TiedWeight& t, const Tensor& g) {
+      [&](const TiedWeight& t, const Tensor& g) {
+        if (gradients != nullptr) return gradients->add(t, g);
         Tensor w = t.weight;
         if (w.grad().defined()) w.grad().add_(g);
         else w.set_grad(g);
-      });
+      },
+      gradients != nullptr ? std::optional(gradients->dtype) : std::nullopt);
 }
 
 void copy_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipeline) {

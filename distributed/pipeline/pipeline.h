@@ -229,11 +229,23 @@ class TiedWeights {
 // is wrong every stage gets an Error naming it. The two below check only the caller's own list.
 void check_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipeline,
                         const char* who = "tied weights");
+// Where add_tied_gradients finds a copy's gradient and puts the one it receives, when that is not
+// the weights' .grad(): kiln::Engine, whose gradients accumulate in float32 for a 16-bit model
+// (DeepSpeed's grad_accum_dtype), sums the user's copy's micro-batches in float32 and adds the sum
+// into the owner's float32 gradient, as DeepSpeed's pipeline all-reduces a tied weight's
+// high-precision gradient.
+struct TiedGradients {
+  DType dtype = kFloat32;  // what take gives, and travels
+  std::function<Tensor(const TiedWeight&)> take;             // the user's gradient (zeros if none); reset after
+  std::function<void(const TiedWeight&, const Tensor&)> add;  // the owner adds what it received
+};
 // Over the pipeline's ranks (stage s = rank s), for each tie of this stage: the user sends its
 // copy's gradient (zeros where it got none) and drops it, and the owner adds it to its weight's
-// .grad(). Only the two stages of a tie take part; each calls it with its own list. A copy whose
-// dtype or shape differs from the other stage's is an Error (after every message is in).
-void add_tied_gradients(const std::vector<TiedWeight>& tied, Communicator& pipeline);
+// .grad(); or, given gradients, what gradients.take gives goes to gradients.add. Only the two
+// stages of a tie take part; each calls it with its own list. A copy whose dtype or shape differs
+// from the other stage's is an Error (after every message is in).
+void add_tied_gradients(const std::vector<TiedWeight>& tied, Communicator& pipeline,
+                        const TiedGradients* gradients = nullptr);
 // For each tie of this stage: the owner's weight into the user's copy (the same Errors).
 void copy_tied_weights(const std::vector<TiedWeight>& tied, Communicator& pipeline);
 

@@ -1,6 +1,8 @@
 // distributed/zero/grad_reducer.cpp: the gradient hooks and buckets of ZeRO (see grad_reducer.h).
 #include "distributed/zero/grad_reducer.h"
 
+#include <algorithm>
+
 #include "autograd/autograd.h"
 #include "core/grad_mode.h"
 #include "ops/ops.h"
@@ -103,6 +105,29 @@ void GradReducer::reduce() {
   KILN_CHECK(!in_backward_, "ZeRO: reduce_gradients was called during a backward; call it after backward");
   start_reduction();
   finish();  // every parameter as one without a gradient in a backward: its slot holds its sum
+}
+
+void GradReducer::add_to_gradient(const Tensor& param, const Tensor& g) {
+  KILN_CHECK(mode_ != Mode::kBucketed, "ZeRO: add_to_gradient is for stages 0 and 1, whose gradients accumulate "
+             "until the reduction; stages 2 and 3 reduce in every backward");
+  KILN_CHECK(!in_backward_, "ZeRO: add_to_gradient was called during a backward; call it after backward");
+  const auto it = std::find_if(params_.begin(), params_.end(), [&](const Tensor& p) { return p.is_same(param); });
+  KILN_CHECK(it != params_.end(), "ZeRO: add_to_gradient was given a tensor that is not one of the parameters it "
+             "trains");
+  const size_t k = static_cast<size_t>(it - params_.begin());
+  KILN_CHECK(g.sizes() == param.sizes() && g.device() == param.device() && g.is_floating_point(),
+             "ZeRO: add_to_gradient: parameter {} is {} on {} and was given a {} gradient of shape {} on {}; give it "
+             "one of the parameter's shape and device", k, param.sizes().str(), param.device().str(),
+             dtype_name(g.dtype()), g.sizes().str(), g.device().str());
+  NoGradGuard no_grad;
+  if (wide_) {
+    add_into_slot(k);  // a .grad() already set, first
+    slots_[k].add_(g.to(slots_[k].dtype()));
+    return;
+  }
+  Tensor p = param;
+  if (p.grad().defined()) p.grad().add_(g.to(p.dtype()));
+  else p.set_grad(g.to(p.dtype()));
 }
 
 void GradReducer::start_reduction() {

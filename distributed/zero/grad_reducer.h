@@ -94,6 +94,11 @@ class GradReducer {
   // in the flat buffer (and any .grad() set since), as a backward with sync would have at its end.
   // kiln::Engine calls it once it has added a tied weight's gradient from another pipeline stage.
   void reduce();
+  // Stages 0 and 1, before the reduction: g (param's shape and device, any floating dtype) added to
+  // param's gradient as it accumulates: into its slot with a wider buffer (in the buffer's dtype,
+  // so a float32 g is not rounded to 16 bits), else into its .grad(). kiln::Engine adds a tied
+  // weight's gradient from another pipeline stage this way.
+  void add_to_gradient(const Tensor& param, const Tensor& g);
   // Puts every parameter's .grad() back on its view of the flat buffer (kAllReduce, kReduceScatter)
   // or drops it (kBucketed), and forgets a backward that did not finish (it threw). The buffer's
   // values are left as they are. ZeroOptimizer::zero_grad calls it after zeroing them.

@@ -152,6 +152,8 @@ void ZeroOptimizer::set_gradient_accumulation_boundary(bool boundary) { reducer_
 
 void ZeroOptimizer::reduce_gradients() { reducer_->reduce(); }
 
+void ZeroOptimizer::add_to_gradient(const Tensor& param, const Tensor& g) { reducer_->add_to_gradient(param, g); }
+
 int64_t ZeroOptimizer::buckets_started_during_backward() const { return reducer_->buckets_started_during_backward(); }
 
 ParamGatherer::Stats ZeroOptimizer::stage3_stats() const { return gatherer_ ? gatherer_->stats() : ParamGatherer::Stats{}; }

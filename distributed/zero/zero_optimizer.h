@@ -152,6 +152,11 @@ class ZeroOptimizer : public optim::Optimizer {
   // as a backward at the boundary would have (DeepSpeed's reduce_gradients), for a caller that
   // changes them between backward and the reduction (a pipeline's tied weights). Once per step.
   void reduce_gradients();
+  // Stages 0 and 1, between the backwards and reduce_gradients: adds g (param's shape, any floating
+  // dtype) to param's accumulating gradient, in grad_accum_dtype where that is wider than the model
+  // (GradReducer::add_to_gradient). For a pipeline's tied weight, whose other copy's gradient
+  // arrives from another stage.
+  void add_to_gradient(const Tensor& param, const Tensor& g);
 
   // This rank's shard of the training state: the inner optimizer's state dict (its state is of the
   // partition) and "master" (the float32 master partition), with "zero.rank", "zero.world_size",

@@ -1012,3 +1012,68 @@ TEST_CASE("engine: a wrong list of tied weights is an Error on every rank, not a
                 {"Engine: stage 0 lists 1 tie(s) that it owns and stage 1 uses, and stage 1 lists 0"});
   }
 }
+
+namespace {
+
+// Stage 0 scales its input by w; stage 1 adds its copy of w. With x = 0 only the copy gets a
+// gradient: the sum of the target over the micro-batch, divided by the pipeline's m. Each stage
+// adds a bias b of its own too (a stage must train something besides a copy).
+struct ScaleThenShift : nn::Module, TiedWeights {
+  Tensor w, b;
+  int stage;
+  explicit ScaleThenShift(int s)
+      : w(register_parameter("w", zeros({1}))), b(register_parameter("b", zeros({1}))), stage(s) {}
+  Tensor forward(const Tensor& x) override { return (stage == 0 ? x * w : x + w) + b; }
+  std::vector<TiedWeight> tied_weights() override { return {{.weight = w, .owner = 0, .user = 1}}; }
+};
+
+}  // namespace
+
+TEST_CASE("engine: a tied weight's copy sums its micro-batches in grad_accum_dtype, float32 end to end",
+          "[distributed]") {
+  auto world = init("mpi");
+  if (world->size() % 2 == 1) {
+    SUCCEED("an odd world size: no two-stage grid here (the even sizes run it)");
+    return;
+  }
+  ParallelGrid grid(world, {.pipeline = 2});
+  const int s = grid.pipeline_rank();
+  auto loss_fn = [](const Tensor& out, const Tensor& y) { return (out * y).sum(); };
+  // 4 micro-batches of one row: the copy's gradients are 1024 / 4 = 256, then 1, 1, 1. In bfloat16
+  // 256 + 1 rounds back to 256 (8 significant bits), so the sum stays 256; in float32 it is 259.
+  // SGD with lr 1 from w = 0 makes the float32 master -259, the bfloat16 weight -260 (to even).
+  // The gradients' reduction travels in bfloat16 unless communication_data_type says fp32 (as
+  // DeepSpeed's), which rounds 259 to 260 once.
+  const Tensor x = zeros({4, 1}, kBFloat16);
+  const Tensor y = from_vector<float>({1024, 4, 4, 4}).reshape({4, 1}).to(kBFloat16);
+  struct Case {
+    std::string settings;
+    float master, weight;
+    bool wide = true;  // float32 sums: .grad() stays undefined on both stages (else the owner's is a view)
+  };
+  const std::vector<Case> cases = {
+      {R"("zero_optimization": {"stage": 0})", -260, -260},  // float32 sums: the bf16 default at stage 0
+      {R"("zero_optimization": {"stage": 0}, "communication_data_type": "fp32")", -259, -260},
+      {R"("zero_optimization": {"stage": 1}, "communication_data_type": "fp32", "data_types": {"grad_accum_dtype": "fp32"})",
+       -259, -260},
+      {R"("zero_optimization": {"stage": 0}, "data_types": {"grad_accum_dtype": "bf16"})", -256, -256, false}};
+  for (const Case& c : cases) {
+    INFO(c.settings);
+    ScaleThenShift stage(s);
+    const Config cfg = Config::from_string(fmt::format(R"({{"train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 4, "bf16": {{"enabled": true}}, {},
+        "optimizer": {{"type": "SGD", "params": {{"lr": 1.0}}}}}})", c.settings));
+    Engine e = kiln::initialize(stage, cfg, grid, loss_fn);
+    e.train_batch(s == 0 ? x : Tensor(), s == 1 ? y : Tensor());
+    kiln::test::check_equal(stage.w, full({1}, c.weight, kBFloat16));  // the owner's new weight, and the copy of it
+    // The float32 master of w: the first element of data rank 0's partition (at stage 1 too).
+    if (s == 0 && grid.data_rank() == 0) kiln::test::check_equal(e.optimizer().master().narrow(0, 0, 1), full({1}, c.master));
+    if (c.wide || s == 1) CHECK_FALSE(stage.w.grad().defined());
+    // A second batch: the copy's sum starts again from zero (w' = -260 adds nothing to its gradient).
+    e.train_batch(s == 0 ? x : Tensor(), s == 1 ? y : Tensor());
+    if (s == 0 && grid.data_rank() == 0) {
+      kiln::test::check_equal(e.optimizer().master().narrow(0, 0, 1), full({1}, 2 * c.master));
+    }
+  }
+  world->barrier();
+}
