@@ -10,7 +10,7 @@
 // multiplies them. Which one matmul takes is Note [which bfloat16 GEMM] in matmul.cpp: AMX where
 // the CPU has it; else the AVX512-BF16 kernel where the CPU has that and is not Intel's, since on
 // the Intel CPU measured it was slower than the way through float32 and on an AMD Zen 5 it was
-// 1.6-2.0x faster.
+// 1.6-2.1x faster.
 //
 // VDPBF16PS (AVX512-BF16) takes 16 lanes of bfloat16 *pairs* from each of two registers and adds
 // both products of each lane's pair to that lane's float32 accumulator,

@@ -469,9 +469,10 @@ bool cpu_is_intel() {
 //     3.4-7.0x the path through float32 on one thread (1.7-3.0x on two), and took a bfloat16-autocast
 //     gpt_char step from 151 to 85 ms (float32: 101 ms).
 //   - On an AMD Zen 5 (EPYC, 2026-12-02), whose VDPBF16PS keeps the FMA's rate and so does twice its
-//     multiply-adds, the AVX512-BF16 kernel ran at 1.6-2.0x matmul_via_float's FLOP/s (n = 256 to
-//     4096, one and two threads). The only other AMD CPUs with AVX512-BF16 are the Zen 4s, whose
-//     VDPBF16PS was not measured here.
+//     multiply-adds, the AVX512-BF16 kernel ran at 1.6-2.1x matmul_via_float's FLOP/s (n = 256 to
+//     2048, one and two threads, medians of 3 rounds), and took a bfloat16-autocast gpt_char step
+//     from 65.0 ms to 49.7 (float32: 60.6). The only other AMD CPUs with AVX512-BF16 are the Zen 4s,
+//     whose VDPBF16PS was not measured here.
 Bf16Gemm bf16gemm_choice() {
   static const Bf16Gemm choice = [] {
     const char* v = std::getenv("KILN_CPU_BF16_GEMM");
