@@ -8,9 +8,9 @@
 // rounds c (matmul.cpp, matmul_via_float): three conversion passes, float32 operands twice the
 // size, and float32's arithmetic. Here the operands stay bfloat16 up to the instruction that
 // multiplies them. Which one matmul takes is Note [which bfloat16 GEMM] in matmul.cpp: AMX where
-// the CPU has it; else the AVX512-BF16 kernel where the CPU has that and is not Intel's, since on
-// the Intel CPU measured it was slower than the way through float32 and on an AMD Zen 5 it was
-// 1.6-2.1x faster.
+// the CPU has it; else the AVX512-BF16 kernel where the CPU has that and runs it at the FMA's rate
+// (AMD from Zen 5 on), since on the Intel CPU measured it was slower than the way through float32
+// and on an AMD Zen 5 it was 1.6-2.1x faster.
 //
 // VDPBF16PS (AVX512-BF16) takes 16 lanes of bfloat16 *pairs* from each of two registers and adds
 // both products of each lane's pair to that lane's float32 accumulator,
@@ -89,7 +89,7 @@ __m256i round_to_bf16(__m512 v) {
 
 // What a micro-kernel does with its tile: partial (m x n float32, leading dim ldp; null when k is
 // one block) holds the sums of earlier blocks of k when add_partial; the tile goes to c rounded when
-// last, else to partial. For a float32 c (bf16gemm_amx_f32) partial is c itself, c is null and last
+// last, else to partial. For a float32 c (bf16gemm_*_f32) partial is c itself, c is null and last
 // never set: add_partial from the second block of k on, or from the first when adding to c.
 struct TileOut {
   uint16_t* c;

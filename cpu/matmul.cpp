@@ -448,21 +448,27 @@ bool cpu_has_amx_bf16() {
 #endif
 }
 
-bool cpu_is_intel() {
-#if defined(__x86_64__) || defined(__i386__)
-  static const bool intel = __builtin_cpu_is("intel");
-  return intel;
+bool cpu_bf16_dot_at_fma_rate() {
+#if defined(KILN_HAVE_BF16GEMM_AVX512) && defined(__linux__)
+  static const bool fast = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!__builtin_cpu_is("amd") || __get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+    const unsigned base = (eax >> 8) & 0xf, extended = (eax >> 20) & 0xff;  // CPUID's family fields
+    return (base == 0xf ? base + extended : base) >= 0x1a;  // Zen 5 is family 0x1a (26)
+  }();
+  return fast;
 #else
   return false;
 #endif
 }
 
 // Note [which bfloat16 GEMM]: bf16gemm.cpp's AMX kernel where the CPU has AMX-BF16 (and Linux lets
-// this process use it); else its AVX512-BF16 kernel where the CPU has AVX512-BF16 and is not an
-// Intel CPU; else matmul_via_float. KILN_CPU_BF16_GEMM=own takes the AVX512-BF16 kernel on an Intel
-// CPU without AMX too, and KILN_CPU_BF16_GEMM=float takes matmul_via_float everywhere. All give the
-// same float32 sums up to the order of the additions, each rounded once. The rule is what was
-// measured (benchmarks/results/README.md), and it follows how fast VDPBF16PS is beside the FMA:
+// this process use it); else its AVX512-BF16 kernel where the CPU has AVX512-BF16 and its VDPBF16PS
+// is known to run at the FMA's rate (cpu_bf16_dot_at_fma_rate: AMD from Zen 5 on); else
+// matmul_via_float. KILN_CPU_BF16_GEMM=own takes the AVX512-BF16 kernel on any CPU with AVX512-BF16
+// and no AMX, and KILN_CPU_BF16_GEMM=float takes matmul_via_float everywhere. All give the same
+// float32 sums up to the order of the additions, each rounded once. The rule is what was measured
+// (benchmarks/results/README.md), and it follows how fast VDPBF16PS is beside the FMA:
 //   - On a Xeon of the Sapphire Rapids family (2026-11-29) the AVX512-BF16 kernel ran at
 //     0.54-0.66x matmul_via_float's FLOP/s on one thread and 0.74-0.87x on two: VDPBF16PS there
 //     does about half the multiply-adds a cycle that sgemm.cpp's FMAs do. The AMX kernel ran at
@@ -471,8 +477,8 @@ bool cpu_is_intel() {
 //   - On an AMD Zen 5 (EPYC, 2026-12-02), whose VDPBF16PS keeps the FMA's rate and so does twice its
 //     multiply-adds, the AVX512-BF16 kernel ran at 1.6-2.1x matmul_via_float's FLOP/s (n = 256 to
 //     2048, one and two threads, medians of 3 rounds), and took a bfloat16-autocast gpt_char step
-//     from 65.0 ms to 49.7 (float32: 60.6). The only other AMD CPUs with AVX512-BF16 are the Zen 4s,
-//     whose VDPBF16PS was not measured here.
+//     from 65.0 ms to 49.7 (float32: 60.6). The only other AMD CPUs with AVX512-BF16, the Zen 4s
+//     (family 25), were not measured, so they go through float32 unless told own.
 Bf16Gemm bf16gemm_choice() {
   static const Bf16Gemm choice = [] {
     const char* v = std::getenv("KILN_CPU_BF16_GEMM");
@@ -481,7 +487,7 @@ Bf16Gemm bf16gemm_choice() {
                 "'float' (convert to float32 and use the float32 GEMM)", v);
     if (v != nullptr && std::string_view(v) == "float") return Bf16Gemm::kFloat;
     if (cpu_has_amx_bf16()) return Bf16Gemm::kAmx;
-    if (cpu_has_avx512_bf16() && (v != nullptr || !cpu_is_intel())) return Bf16Gemm::kAvx512;
+    if (cpu_has_avx512_bf16() && (v != nullptr || cpu_bf16_dot_at_fma_rate())) return Bf16Gemm::kAvx512;
     return Bf16Gemm::kFloat;
   }();
   return choice;

@@ -261,10 +261,14 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
 void Engine::sum_tied_gradients(DType wide) {
   for (const auto& t : tied_) {
     if (t.user != pipeline_comm_->rank()) continue;
+    const bool listed = std::any_of(tied_sums_.begin(), tied_sums_.end(),
+                                    [&](const auto& s) { return s->weight.is_same(t.weight); });
+    if (listed) continue;  // one sum a copy, however many ties list it
     Tensor sum = zeros(t.weight.sizes(), TensorOptions(wide).device(t.weight.device()));
-    auto s = std::make_unique<TiedSum>(TiedSum{t.weight, std::move(sum)});
-    if (t.weight.requires_grad()) {  // a frozen copy sends zeros
+    auto s = std::make_unique<TiedSum>(t.weight, std::move(sum));
+    if (t.weight.requires_grad()) {
       s->hook = t.weight.register_post_accumulate_grad_hook([s = s.get()](const Tensor& leaf) {
+        if (!leaf.grad().defined()) return;
         NoGradGuard no_grad;
         s->sum.add_(leaf.grad().to(s->sum.dtype()));
         Tensor(leaf).set_grad(Tensor());
@@ -277,9 +281,15 @@ void Engine::sum_tied_gradients(DType wide) {
       if (!s->weight.is_same(t.weight)) continue;
       Tensor sum = s->sum;
       s->sum = zeros_like(sum);  // the one sent stays as it is until its send is done
+      Tensor w = t.weight;
+      if (w.grad().defined()) {  // a copy without the hook (frozen when the engine was built)
+        NoGradGuard no_grad;
+        sum.add_(w.grad().to(sum.dtype()));
+        w.set_grad(Tensor());
+      }
       return sum;
     }
-    KILN_FAIL("Engine: a tied weight's copy has no float32 sum of its gradients");
+    KILN_FAIL("Engine: a tied weight's copy on stage {} has no sum of its gradients", t.user);  // every copy has one
   };
   auto add = [this](const distributed::TiedWeight& t, const Tensor& g) {
     if (t.weight.requires_grad()) optimizer_->add_to_gradient(t.weight, g);  // what the optimizer trains
@@ -287,11 +297,7 @@ void Engine::sum_tied_gradients(DType wide) {
   tied_gradients_ = std::make_unique<distributed::TiedGradients>(distributed::TiedGradients{wide, take, add});
 }
 
-Engine::~Engine() {
-  for (auto& s : tied_sums_) {
-    if (s->hook != 0) s->weight.remove_post_accumulate_grad_hook(s->hook);
-  }
-}
+Engine::~Engine() = default;
 
 Tensor Engine::forward(const Tensor& input) {
   KILN_CHECK(!pipeline_, "Engine.forward: a pipeline-parallel engine runs whole batches: call train_batch(input, "
@@ -346,7 +352,6 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
   const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0;
   const auto t0 = Clock::now();
-  for (auto& s : tied_sums_) s->sum.zero_();  // what a batch that threw may have left
   Tensor loss = pipeline_->train_batch(x, target);  // the gradients are reduced during the last backward
   if (!tied_.empty() || chunks_ > 1) {  // ... or now, with each tied weight's gradient from the other stage added
     if (!tied_.empty()) distributed::add_tied_gradients(tied_, *pipeline_comm_, tied_gradients_.get());

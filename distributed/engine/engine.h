@@ -180,9 +180,17 @@ class Engine {
   // With gradients accumulating wider than the model (grad_accum_dtype): each of this stage's
   // copies of a tied weight sums its micro-batches' gradients in that dtype (a hook adds each one
   // and drops .grad()), and the sum goes to the owner, which adds it to its own wide gradient.
+  // A copy frozen when the engine was built has no hook (one needs a leaf that requires grad), and
+  // sends its .grad() as it is. The hook goes with the sum, even when a constructor throws.
   struct TiedSum {
     Tensor weight, sum;
     uint64_t hook = 0;
+    TiedSum(Tensor w, Tensor s) : weight(std::move(w)), sum(std::move(s)) {}
+    TiedSum(const TiedSum&) = delete;
+    TiedSum& operator=(const TiedSum&) = delete;
+    ~TiedSum() {
+      if (hook != 0) weight.remove_post_accumulate_grad_hook(hook);
+    }
   };
   std::vector<std::unique_ptr<TiedSum>> tied_sums_;
   std::unique_ptr<distributed::TiedGradients> tied_gradients_;  // set with them, on owners too

@@ -242,8 +242,9 @@ struct TiedGradients {
 // Over the pipeline's ranks (stage s = rank s), for each tie of this stage: the user sends its
 // copy's gradient (zeros where it got none) and drops it, and the owner adds it to its weight's
 // .grad(); or, given gradients, what gradients.take gives goes to gradients.add. Only the two
-// stages of a tie take part; each calls it with its own list. A copy whose dtype or shape differs
-// from the other stage's is an Error (after every message is in).
+// stages of a tie take part; each calls it with its own list. A copy whose shape differs from the
+// other stage's is an Error (after every message is in), as is a dtype other than the copy's (or,
+// given gradients, than gradients.dtype).
 void add_tied_gradients(const std::vector<TiedWeight>& tied, Communicator& pipeline,
                         const TiedGradients* gradients = nullptr);
 // For each tie of this stage: the owner's weight into the user's copy (the same Errors).

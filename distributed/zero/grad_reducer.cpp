@@ -117,7 +117,7 @@ void GradReducer::add_to_gradient(const Tensor& param, const Tensor& g) {
   const size_t k = static_cast<size_t>(it - params_.begin());
   KILN_CHECK(g.sizes() == param.sizes() && g.device() == param.device() && g.is_floating_point(),
              "ZeRO: add_to_gradient: parameter {} is {} on {} and was given a {} gradient of shape {} on {}; give it "
-             "one of the parameter's shape and device", k, param.sizes().str(), param.device().str(),
+             "a floating-point one of the parameter's shape and device", k, param.sizes().str(), param.device().str(),
              dtype_name(g.dtype()), g.sizes().str(), g.device().str());
   NoGradGuard no_grad;
   if (wide_) {
@@ -126,8 +126,12 @@ void GradReducer::add_to_gradient(const Tensor& param, const Tensor& g) {
     return;
   }
   Tensor p = param;
-  if (p.grad().defined()) p.grad().add_(g.to(p.dtype()));
-  else p.set_grad(g.to(p.dtype()));
+  if (p.grad().defined()) {
+    p.grad().add_(g.to(p.dtype()));
+  } else {  // dropped since the step: the slot takes g (a copy, never g itself) and is .grad() again
+    slots_[k].copy_(g);
+    p.set_grad(slots_[k]);
+  }
 }
 
 void GradReducer::start_reduction() {

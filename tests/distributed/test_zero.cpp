@@ -3,6 +3,8 @@
 // ranks with micro-batch b must match 1 process with batch N*b. Also the flat layout's arithmetic,
 // the model-state bytes against the ZeRO paper's formulas, global clipping, the sharded loss scaler
 // and sharded state dicts loaded at another world size.
+#include <cmath>
+
 #include "models/gpt.h"
 #include "parity.h"
 
@@ -748,8 +750,11 @@ TEST_CASE("zero: gradients of a bfloat16 model accumulate in float32 with grad_a
       kiln::test::check_equal(opt.grads()[0].narrow(0, 0, real), full({real}, 1.0, kFloat32));
     }
   }
-  // A .grad() set after the backwards (as Engine adds a tied weight's gradient from another
-  // pipeline stage) is added in by reduce_gradients(); one set after the reduction is an Error.
+  // A .grad() set after the backwards is added in by reduce_gradients(), and so is a float32
+  // gradient given to add_to_gradient (as Engine adds a tied weight's from another pipeline stage),
+  // kept whole: 2^-9 on top of 259 is below bfloat16's precision. A .grad() set after the reduction
+  // is an Error.
+  const double fine = std::ldexp(1.0, -9);
   for (int stage : {0, 1}) {
     INFO("stage " << stage);
     Chosen m(n);
@@ -759,9 +764,10 @@ TEST_CASE("zero: gradients of a bfloat16 model accumulate in float32 with grad_a
     opt.set_gradient_accumulation_boundary(false);
     m(first).backward();
     m.p.set_grad(full({n}, 3.0, kBFloat16));
+    opt.add_to_gradient(m.p, full({n}, fine, kFloat32));
     opt.reduce_gradients();
     const int64_t real = leading(opt, n);
-    kiln::test::check_equal(opt.grads()[0].narrow(0, 0, real), full({real}, 259.0 + 2 * (N - 1), kFloat32));
+    kiln::test::check_equal(opt.grads()[0].narrow(0, 0, real), full({real}, 259.0 + fine + 2 * (N - 1), kFloat32));
     CHECK_FALSE(m.p.grad().defined());
     opt.zero_grad();
     opt.set_gradient_accumulation_boundary(true);
@@ -770,6 +776,39 @@ TEST_CASE("zero: gradients of a bfloat16 model accumulate in float32 with grad_a
     check_error([&] { opt.step(); }, {"ZeRO: parameter 0 holds a .grad() set after its gradients were reduced",
                                       "reads the float32 gradient buffer", "then reduce_gradients()"});
   }
+}
+
+TEST_CASE("zero: add_to_gradient in the model's dtype copies what it is given, and refuses what it cannot add",
+          "[distributed]") {
+  // (With a wider buffer: the grad_accum_dtype test above.) In the model's dtype it adds into
+  // .grad(), or, with .grad() dropped, into the parameter's slot, which .grad() views again; the
+  // tensor given is never .grad() itself.
+  auto comm = init("mpi");
+  const int64_t n = 13;
+  for (int stage : {0, 1}) {
+    INFO("stage " << stage << ", bfloat16 buffer");
+    Chosen m(n);
+    m.to(kBFloat16);
+    ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = stage});
+    opt.set_gradient_accumulation_boundary(false);
+    m.p.set_grad(Tensor());
+    const Tensor g = full({n}, 2.0, kBFloat16);
+    opt.add_to_gradient(m.p, g);
+    opt.add_to_gradient(m.p, g);
+    kiln::test::check_equal(g, full({n}, 2.0, kBFloat16));
+    kiln::test::check_equal(m.p.grad(), full({n}, 4.0, kBFloat16));
+    opt.reduce_gradients();
+    const int64_t real = leading(opt, n);
+    kiln::test::check_equal(opt.grads()[0].narrow(0, 0, real), full({real}, 4.0, kFloat32));
+  }
+  Chosen m(n), other(n);
+  ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = 0});
+  check_error([&] { opt.add_to_gradient(other.p, zeros({n})); }, {"not one of the parameters it trains"});
+  check_error([&] { opt.add_to_gradient(m.p, zeros({n + 1})); }, {"was given a float32 gradient of shape [14]"});
+  check_error([&] { opt.add_to_gradient(m.p, zeros({n}, kInt64)); }, {"give it a floating-point one"});
+  Chosen m2(n);
+  ZeroOptimizer opt2(m2, comm, sgd(0.1), {.stage = 2});
+  check_error([&] { opt2.add_to_gradient(m2.p, zeros({n})); }, {"add_to_gradient is for stages 0 and 1"});
 }
 
 namespace {

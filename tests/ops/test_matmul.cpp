@@ -370,12 +370,12 @@ TEST_CASE("bfloat16 cpu/bf16gemm.cpp at tile, pair and block edges, against floa
 
 TEST_CASE("bfloat16 cpu/bf16gemm.cpp with transposed and strided operands, and matmul reaching it") {
   // Note [which bfloat16 GEMM] in cpu/matmul.cpp: AMX where the CPU has it; AVX512-BF16 where it
-  // has only that and is not Intel's, or on Intel's with KILN_CPU_BF16_GEMM=own (CTest runs test_ops
-  // so once more); else through float32.
+  // has only that and its dot product keeps the FMA's rate, or anywhere with KILN_CPU_BF16_GEMM=own
+  // (CTest runs test_ops so once more); else through float32.
   const char* env = std::getenv("KILN_CPU_BF16_GEMM");
   const bool told_own = env != nullptr && std::string_view(env) == "own";
   const bool told_float = env != nullptr && std::string_view(env) == "float";
-  const bool avx512 = cpu::cpu_has_avx512_bf16() && (told_own || !cpu::cpu_is_intel());
+  const bool avx512 = cpu::cpu_has_avx512_bf16() && (told_own || cpu::cpu_bf16_dot_at_fma_rate());
   const cpu::Bf16Gemm expected = told_float                ? cpu::Bf16Gemm::kFloat
                                  : cpu::cpu_has_amx_bf16() ? cpu::Bf16Gemm::kAmx
                                  : avx512                  ? cpu::Bf16Gemm::kAvx512
