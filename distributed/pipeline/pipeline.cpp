@@ -481,12 +481,12 @@ Tensor recv_tied(Communicator& c, int src, const Device& device) {
 
 // got against the copy `like`: its shape, and `dtype` (the copy's, or the one its gradient travels in).
 void check_received(const Tensor& got, const Tensor& like, DType dtype, int stage, int src, const char* who) {
-  const std::string travels =
-      dtype == like.dtype() ? std::string() : fmt::format(", its gradient travelling as {}", dtype_name(dtype));
   KILN_CHECK(got.sizes() == like.sizes() && got.dtype() == dtype,
              "{}: stage {}'s copy of a tied weight is {} of shape {}{}, and stage {} sent {} of shape {}; the two "
              "stages of a tie must hold the same weight (and accumulate its gradient in the same dtype)", who, stage,
-             dtype_name(like.dtype()), like.sizes().str(), travels, src, dtype_name(got.dtype()), got.sizes().str());
+             dtype_name(like.dtype()), like.sizes().str(),
+             dtype == like.dtype() ? std::string() : fmt::format(", its gradient travelling as {}", dtype_name(dtype)),
+             src, dtype_name(got.dtype()), got.sizes().str());
 }
 
 // Every send of this stage's ties first (so that ties in both directions, or in a cycle, cannot
