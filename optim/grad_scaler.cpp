@@ -58,30 +58,10 @@ void GradScaler::unscale_(Optimizer& optimizer) {
              optimizer.name());
   KILN_CHECK(!r.stepped, "GradScaler.unscale_: called after step() on this optimizer ({}); call it before",
              optimizer.name());
-  NoGradGuard no_grad;
-  const double inv_scale = 1.0 / scale_;
-  // An inf or NaN anywhere makes a sum inf or NaN (inf - inf is NaN), so one sum per gradient and
-  // one read of their total find it. The sum is in float32 at least, so finite elements can also sum
-  // past float32's 3.4e38 (DeepSpeed counts that as an overflow); a sum that is not finite is
-  // therefore confirmed element by element, by each gradient's max and min (NaN wins both), as
-  // PyTorch checks every element.
-  Tensor total;
-  std::vector<Tensor> grads = optimizer.grads();
-  for (Tensor& g : grads) {
-    g.mul_(inv_scale);
-    Tensor s = sum(g, {}, false, is_reduced_float(g.dtype()) ? kFloat32 : g.dtype());
-    s = total.defined() ? s.to(total.device(), kFloat64) : s.to(kFloat64);
-    total = total.defined() ? total + s : s;
-  }
+  const Optimizer::Unscaled u = optimizer.unscale_grads_(1.0 / scale_);
   r.unscaled = true;
-  r.has_grads = !grads.empty();
-  r.found_inf = total.defined() && !std::isfinite(total.item<double>());
-  if (r.found_inf) {
-    r.found_inf = std::any_of(grads.begin(), grads.end(), [](const Tensor& g) {
-      return g.numel() > 0 && !(std::isfinite(g.max().item<double>()) && std::isfinite(g.min().item<double>()));
-    });
-  }
-  r.found_inf = found_inf_anywhere(r.found_inf);
+  r.has_grads = u.has_grads;
+  r.found_inf = found_inf_anywhere(u.found_inf);
 }
 
 bool GradScaler::step(Optimizer& optimizer) {

@@ -1,6 +1,7 @@
 // optim/optimizer.cpp: parameter groups, zero_grad and the state_dict of every optimizer.
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -111,6 +112,28 @@ std::vector<Tensor> Optimizer::grads() {
     }
   }
   return out;
+}
+
+Optimizer::Unscaled Optimizer::unscale_grads_(double factor) {
+  NoGradGuard no_grad;
+  std::vector<Tensor> gs = grads();
+  for (Tensor& g : gs) g.mul_(factor);
+  return {.has_grads = !gs.empty(), .found_inf = has_inf_or_nan(gs)};
+}
+
+bool has_inf_or_nan(const std::vector<Tensor>& grads) {
+  NoGradGuard no_grad;
+  // An inf or NaN anywhere makes a sum inf or NaN (inf - inf is NaN).
+  Tensor total;
+  for (const Tensor& g : grads) {
+    Tensor s = sum(g, {}, false, is_reduced_float(g.dtype()) ? kFloat32 : g.dtype());
+    s = total.defined() ? s.to(total.device(), kFloat64) : s.to(kFloat64);
+    total = total.defined() ? total + s : s;
+  }
+  if (!total.defined() || std::isfinite(total.item<double>())) return false;
+  return std::any_of(grads.begin(), grads.end(), [](const Tensor& g) {
+    return g.numel() > 0 && !(std::isfinite(g.max().item<double>()) && std::isfinite(g.min().item<double>()));
+  });
 }
 
 const ParamState* Optimizer::find_state(const Tensor& param) const {

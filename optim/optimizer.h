@@ -54,6 +54,14 @@ class Optimizer {
   // GradScaler unscales these in place and checks them for inf/NaN; MasterWeights
   // (optim/master_weights.h) gives the float32 copies that its step reads instead.
   virtual std::vector<Tensor> grads();
+  // Multiplies the gradients step() reads by `factor` (GradScaler::unscale_ passes 1 / scale) and
+  // says whether there were any and whether one holds an inf or a NaN after it. Here: grads(), in
+  // place. ZeroOptimizer, whose step converts its gradients to float32 a sub-group at a time, keeps
+  // the factor for then and checks its 16-bit gradients as they will be.
+  struct Unscaled {
+    bool has_grads = false, found_inf = false;
+  };
+  virtual Unscaled unscale_grads_(double factor);
 
   std::vector<ParamGroup>& param_groups() { return groups_; }
   const std::vector<ParamGroup>& param_groups() const { return groups_; }
@@ -98,6 +106,12 @@ class Optimizer {
   std::vector<ParamGroup> groups_;
   std::unordered_map<const TensorImpl*, ParamState> state_;
 };
+
+// Whether any element of `grads` is an inf or a NaN: one sum per tensor (in float32 at least) and
+// one read of their total; a total that is not finite, which finite elements can also reach past
+// float32's 3.4e38, is confirmed by each tensor's max and min (NaN wins both), so that only a true
+// inf or NaN counts, as PyTorch checks every element.
+bool has_inf_or_nan(const std::vector<Tensor>& grads);
 
 // Parameters and options of one group, for constructors that take several groups:
 //   optim::SGD opt({{net.body.parameters(), {.lr = 0.1}}, {net.head.parameters(), {.lr = 0.01}}});

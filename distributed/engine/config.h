@@ -23,7 +23,7 @@
 //                  contiguous_gradients, reduce_scatter, allgather_partitions,
 //                  offload_optimizer: {device: none | cpu, pin_memory},
 //                  offload_param: {device: none | cpu, pin_memory} (stage 3; CPU models only),
-//                  sub_group_size (accepted: the update does not depend on it),
+//                  sub_group_size (stage 3 steps its partition in sub-groups of about this size),
 //                  stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
 //                  stage3_model_persistence_threshold,
 //                  stage3_max_live_parameters, stage3_max_reuse_distance,

@@ -42,4 +42,27 @@ std::vector<GradBucket> make_grad_buckets(const FlatLayout& layout, int64_t buck
   return buckets;
 }
 
+std::vector<FlatRange> make_sub_groups(const FlatLayout& layout, int partition, int64_t sub_group_size) {
+  KILN_CHECK(sub_group_size >= 0, "make_sub_groups: sub_group_size must be >= 0, not {}", sub_group_size);
+  KILN_CHECK(partition >= 0 && partition < layout.num_partitions(), "make_sub_groups: partition {} is not in [0, {})",
+             partition, layout.num_partitions());
+  const FlatRange part = layout.partition(partition);
+  std::vector<int64_t> piece_ends;  // where each parameter's piece in the partition ends (offsets)
+  for (int64_t i = 0; i < layout.num_params(); ++i) {
+    const FlatRange piece = intersect(layout.param(i), part);
+    if (!piece.empty()) piece_ends.push_back(piece.end - part.begin);
+  }
+  std::vector<FlatRange> groups;
+  int64_t begin = 0;
+  if (sub_group_size < part.size()) {
+    for (size_t k = 0; k + 1 < piece_ends.size(); ++k) {  // the last piece's group runs to the end
+      if (piece_ends[k] - begin < sub_group_size) continue;
+      groups.push_back({begin, piece_ends[k]});
+      begin = piece_ends[k];
+    }
+  }
+  groups.push_back({begin, part.size()});
+  return groups;
+}
+
 }  // namespace kiln::distributed

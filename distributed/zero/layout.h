@@ -64,4 +64,11 @@ struct GradBucket {
 // filled from the last parameter backwards: bucket 0 holds the last parameters registered.
 std::vector<GradBucket> make_grad_buckets(const FlatLayout& layout, int64_t bucket_numel);
 
+// Stage 3's sub-groups of partition `partition` (DeepSpeed's sub_group_size): the parameters' pieces
+// in it, in order, are gathered into a group until it holds >= sub_group_size elements, so a group
+// is whole pieces (one piece when sub_group_size is 0 or a piece is larger) and the last group runs
+// to the partition's end, padding included. The ranges are offsets into the partition and cover it
+// end to end; one range, the whole partition, where sub_group_size >= partition_numel().
+std::vector<FlatRange> make_sub_groups(const FlatLayout& layout, int partition, int64_t sub_group_size);
+
 }  // namespace kiln::distributed

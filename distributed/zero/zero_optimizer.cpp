@@ -113,14 +113,26 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
     grad_shard_ = zeros({part.size()}, model_options.dtype(accumulate));
   }
 
-  inner_ = make_optimizer({master_});
-  KILN_CHECK(inner_ != nullptr, "ZeRO: the function that makes the inner optimizer returned null");
-  const auto& inner_groups = inner_->param_groups();
-  KILN_CHECK(inner_groups.size() == 1 && inner_groups[0].params.size() == 1 && inner_groups[0].params[0].is_same(master_),
-             "ZeRO: the inner optimizer ({}) must hold exactly the one master tensor it was given, in one group",
-             inner_->name());
-  name_ = fmt::format("ZeRO-{}({})", options_.stage, inner_->name());
-  add_group(params_, inner_groups[0].options);
+  // One inner optimizer per sub-group (stage 3 may cut the partition; make_sub_groups), each over
+  // its part of the master partition, or over master_ itself where there is one group.
+  const std::vector<FlatRange> ranges = options_.stage == 3
+                                            ? make_sub_groups(*layout_, rank, options_.sub_group_size)
+                                            : std::vector<FlatRange>{{0, part.size()}};
+  for (const FlatRange& range : ranges) {
+    SubGroup sg{.range = range,
+                .master = ranges.size() == 1 ? master_
+                                             : master_.detach().narrow(0, range.begin, range.size()).requires_grad_(),
+                .inner = nullptr};
+    sg.inner = make_optimizer({sg.master});
+    KILN_CHECK(sg.inner != nullptr, "ZeRO: the function that makes the inner optimizer returned null");
+    const auto& groups = sg.inner->param_groups();
+    KILN_CHECK(groups.size() == 1 && groups[0].params.size() == 1 && groups[0].params[0].is_same(sg.master),
+               "ZeRO: the inner optimizer ({}) must hold exactly the one master tensor it was given, in one group",
+               sg.inner->name());
+    sub_groups_.push_back(std::move(sg));
+  }
+  name_ = fmt::format("ZeRO-{}({})", options_.stage, sub_groups_[0].inner->name());
+  add_group(params_, sub_groups_[0].inner->param_groups()[0].options);
 
   const auto mode = options_.stage == 0   ? GradReducer::Mode::kAllReduce
                     : options_.stage == 1 ? GradReducer::Mode::kReduceScatter
@@ -162,13 +174,35 @@ void ZeroOptimizer::register_external_parameter(nn::Module& module, const Tensor
   if (gatherer_) gatherer_->register_external_parameter(module, param);
 }
 
+std::vector<FlatRange> ZeroOptimizer::sub_groups() const {
+  std::vector<FlatRange> out;
+  for (const SubGroup& sg : sub_groups_) out.push_back(sg.range);
+  return out;
+}
+
+bool ZeroOptimizer::converts_per_sub_group() const {
+  const bool own = master_.dtype() == grad_shard_.dtype() && master_.device() == grad_shard_.device();
+  return sub_groups_.size() > 1 && !own && !master_grad_ready_;
+}
+
 void ZeroOptimizer::prepare_master_grads() {
   if (master_grad_ready_) return;
   reducer_->check_no_grads();
   NoGradGuard no_grad;
   const bool own = master_.dtype() == grad_shard_.dtype() && master_.device() == grad_shard_.device();
-  master_.set_grad(own ? grad_shard_ : grad_shard_.to(master_.device(), master_.dtype()));
+  Tensor g = own ? grad_shard_ : grad_shard_.to(master_.device(), master_.dtype());
+  for (double f : pending_factors_) g.mul_(f);  // kept by unscale_grads_ and clip_grad_norm_
+  pending_factors_.clear();
+  master_.set_grad(g);
   master_grad_ready_ = true;
+}
+
+Tensor ZeroOptimizer::sub_group_grad(size_t k) const {
+  const FlatRange r = sub_groups_[k].range;
+  if (master_grad_ready_) return master_.grad().narrow(0, r.begin, r.size());
+  Tensor g = grad_shard_.narrow(0, r.begin, r.size()).to(master_.device(), master_.dtype());  // a copy: dtypes differ
+  for (double f : pending_factors_) g.mul_(f);  // as they were applied to the whole copy, in order
+  return g;
 }
 
 std::vector<Tensor> ZeroOptimizer::grads() {
@@ -176,21 +210,51 @@ std::vector<Tensor> ZeroOptimizer::grads() {
   return {master_.grad()};
 }
 
+optim::Optimizer::Unscaled ZeroOptimizer::unscale_grads_(double factor) {
+  if (!converts_per_sub_group()) return Optimizer::unscale_grads_(factor);
+  reducer_->check_no_grads();
+  NoGradGuard no_grad;
+  // Each sub-group checked as the step will read it; the factor is applied there.
+  bool found_inf = false;
+  for (size_t k = 0; k < sub_groups_.size() && !found_inf; ++k) {
+    Tensor g = sub_group_grad(k);
+    g.mul_(factor);
+    found_inf = optim::has_inf_or_nan({g});
+  }
+  pending_factors_.push_back(factor);
+  return {.has_grads = true, .found_inf = found_inf};
+}
+
 Tensor ZeroOptimizer::clip_grad_norm_(double max_norm, const std::vector<Communicator*>& model_parallel,
                                       const std::function<bool(const Tensor& param)>& counted) {
   KILN_CHECK(max_norm > 0, "ZeRO.clip_grad_norm_: max_norm must be > 0, not {}", max_norm);
-  prepare_master_grads();
+  const bool per_sub_group = converts_per_sub_group();
+  if (per_sub_group) reducer_->check_no_grads();
+  else prepare_master_grads();
   NoGradGuard no_grad;
-  Tensor g = master_.grad();
-  // The squares of this rank's partition, summed over the ranks: every element of the model is in
-  // exactly one partition (the padding is zeros), so this is the whole model's squared norm.
-  Tensor sq = g.square().sum(kFloat64);
-  if (counted) {  // less the parameters counted elsewhere: their elements in this partition
-    const FlatRange part = layout_->partition(options_.stage > 0 ? comm_->rank() : 0);
+  const FlatRange part = layout_->partition(options_.stage > 0 ? comm_->rank() : 0);
+  // The squares of g, the gradients of the partition's offsets r, less the parameters counted
+  // elsewhere (their elements there).
+  auto squares = [&](const Tensor& g, FlatRange r) {
+    Tensor sq = g.square().sum(kFloat64);
+    if (!counted) return sq;
+    const FlatRange here{part.begin + r.begin, part.begin + r.end};
     for (size_t k = 0; k < params_.size(); ++k) {
       if (counted(params_[k])) continue;
-      const FlatRange mine = intersect(layout_->param(static_cast<int64_t>(k)), part);
-      if (!mine.empty()) sq = sq - g.narrow(0, mine.begin - part.begin, mine.size()).square().sum(kFloat64);
+      const FlatRange mine = intersect(layout_->param(static_cast<int64_t>(k)), here);
+      if (!mine.empty()) sq = sq - g.narrow(0, mine.begin - here.begin, mine.size()).square().sum(kFloat64);
+    }
+    return sq;
+  };
+  // The squares of this rank's partition, summed over the ranks: every element of the model is in
+  // exactly one partition (the padding is zeros), so this is the whole model's squared norm.
+  Tensor sq;
+  if (!per_sub_group) {
+    sq = squares(master_.grad(), {0, part.size()});
+  } else {
+    for (size_t k = 0; k < sub_groups_.size(); ++k) {
+      Tensor s = squares(sub_group_grad(k), sub_groups_[k].range);
+      sq = sq.defined() ? sq + s : s;
     }
   }
   sq = sq.reshape({1}).to(comm_->device());
@@ -200,17 +264,30 @@ Tensor ZeroOptimizer::clip_grad_norm_(double max_norm, const std::vector<Communi
   }
   const double total = std::sqrt(sq.item<double>());
   const double coef = max_norm / (total + 1e-6);  // torch.nn.utils.clip_grad_norm_'s rule
-  if (coef < 1) g.mul_(coef);
+  if (coef < 1) {
+    if (per_sub_group) pending_factors_.push_back(coef);  // applied in the step
+    else master_.grad().mul_(coef);
+  }
   return scalar_tensor(total, kFloat64);
 }
 
 void ZeroOptimizer::step() {
   if (gatherer_) gatherer_->finish_pending();  // the all-gathers in flight read the shard the step writes
-  prepare_master_grads();
-  inner_->param_groups()[0].options = groups_[0].options;  // what schedulers changed
-  inner_->step();
+  if (converts_per_sub_group()) reducer_->check_no_grads();
+  else prepare_master_grads();
   NoGradGuard no_grad;
-  if (!master_.is_same(shard_) && master_.data_ptr() != shard_.data_ptr()) shard_.copy_(master_);  // rounded
+  const bool rounds = !master_.is_same(shard_) && master_.data_ptr() != shard_.data_ptr();
+  // A sub-group at a time: its float32 gradients (where they are made here), its inner step, and
+  // its new weights rounded into the shard, so the step's temporaries are one sub-group's.
+  for (size_t k = 0; k < sub_groups_.size(); ++k) {
+    SubGroup& sg = sub_groups_[k];
+    sg.inner->param_groups()[0].options = groups_[0].options;  // what schedulers changed
+    if (sub_groups_.size() > 1) sg.master.set_grad(sub_group_grad(k));  // one group: master_ holds it
+    sg.inner->step();
+    if (sub_groups_.size() > 1) sg.master.set_grad(Tensor());
+    if (rounds) shard_.narrow(0, sg.range.begin, sg.range.size()).copy_(sg.master);
+  }
+  pending_factors_.clear();
   if (options_.stage == 1 || options_.stage == 2) {
     // Every rank's new partition to every rank, in chunks of at most allgather_bucket_size.
     const int64_t P = layout_->partition_numel();
@@ -238,6 +315,7 @@ void ZeroOptimizer::zero_grad(bool /*set_to_none*/) {
   reducer_->attach_grads();
   if (master_.grad().defined() && !master_.grad().is_same(grad_shard_)) master_.set_grad(Tensor());
   master_grad_ready_ = false;
+  pending_factors_.clear();
 }
 
 ZeroOptimizer::ModelStateBytes ZeroOptimizer::model_state_bytes() const {
@@ -245,8 +323,10 @@ ZeroOptimizer::ModelStateBytes ZeroOptimizer::model_state_bytes() const {
   b.params = options_.stage == 3 ? shard_.nbytes() + gatherer_->persistent_bytes() : flat_params_.nbytes();
   b.grads = flat_grads_.defined() ? flat_grads_.nbytes() : grad_shard_.nbytes();
   b.master = master_.data_ptr() == shard_.data_ptr() ? 0 : master_.nbytes();
-  if (const optim::ParamState* st = inner_->find_state(master_)) {
-    for (const auto& [name, t] : st->buffers) b.optimizer_state += t.nbytes();
+  for (const SubGroup& sg : sub_groups_) {
+    if (const optim::ParamState* st = sg.inner->find_state(sg.master)) {
+      for (const auto& [name, t] : st->buffers) b.optimizer_state += t.nbytes();
+    }
   }
   return b;
 }
@@ -290,8 +370,19 @@ TensorDict ZeroOptimizer::consolidated_state_dict(int dst, bool exclude_frozen_p
 
 TensorDict ZeroOptimizer::state_dict() const {
   TensorDict dict = Optimizer::state_dict();  // param_groups.*: this optimizer's (the schedulers') options
-  for (const auto& [key, t] : inner_->state_dict()) {
-    if (key.rfind("state.", 0) == 0) dict.insert(key, t);
+  // The inner state: the one inner optimizer's (its buffers shared), or the sub-groups' buffers end
+  // to end (copies), so that the file is that of one group whatever sub_group_size was.
+  std::vector<TensorDict> inner;
+  for (const SubGroup& sg : sub_groups_) inner.push_back(sg.inner->state_dict());
+  for (const auto& [key, t] : inner[0]) {
+    if (key.rfind("state.", 0) != 0) continue;
+    if (sub_groups_.size() == 1 || t.sizes() != sub_groups_[0].master.sizes()) {
+      dict.insert(key, t);  // the step count, the same in every sub-group (they step together)
+      continue;
+    }
+    std::vector<Tensor> parts;
+    for (const TensorDict& d : inner) parts.push_back(d.at(key));
+    dict.insert(key, cat(parts, 0));
   }
   dict.insert("master", master_.detach());
   dict.insert("zero.stage", int64_scalar(options_.stage));
@@ -371,7 +462,20 @@ void ZeroOptimizer::load_partitions(const std::vector<std::pair<int64_t, const T
     }
   }
   for_inner.insert("param_groups.0.params", from_vector<int64_t>({0}));
-  inner_->load_state_dict(for_inner);  // checks the options and the state's shapes, then loads them
+  // Each sub-group's inner optimizer gets its part of the partition's buffers; it checks the
+  // options and the state's shapes, then copies them.
+  for (const SubGroup& sg : sub_groups_) {
+    if (sub_groups_.size() == 1) {
+      sg.inner->load_state_dict(for_inner);
+      break;
+    }
+    TensorDict mine;
+    for (const auto& [key, t] : for_inner) {
+      const bool per_element = key.rfind("state.", 0) == 0 && t.dim() == 1 && t.numel() == part.size();
+      mine.insert(key, per_element ? t.narrow(0, sg.range.begin, sg.range.size()) : t);
+    }
+    sg.inner->load_state_dict(mine);
+  }
   Optimizer::load_state_dict(groups_only);
   NoGradGuard no_grad;
   if (gatherer_) gatherer_->finish_pending();

@@ -24,7 +24,8 @@
 // padded to a multiple of N and cut into N equal partitions; rank r owns partition r. It keeps the
 // float32 master weights of its partition only (in float32 and float64 models, the partition of the
 // flat buffer is its own master: no copy), and the inner optimizer (any of Kiln's: SGD, Adam,
-// AdamW, ...) is built over that one tensor, so its state is a partition too. Every one of those
+// AdamW, ...) is built over that one tensor, so its state is a partition too (at stage 3, one inner
+// optimizer per sub-group of the partition: ZeroOptions::sub_group_size). Every one of those
 // optimizers is elementwise, so updating each partition on its own rank is the same arithmetic as
 // updating the whole model on one. The gradients are averaged over the ranks during backward by
 // GradReducer (grad_reducer.h): all-reduced (stage 0) or reduce-scattered so that each rank
@@ -95,10 +96,14 @@ struct ZeroOptions {
   // model's shard is there already, so it changes nothing; for a CUDA model it is not implemented
   // and the constructor says so. At stages 0-2 it is an Error (DeepSpeed reads it at stage 3 only).
   bool offload_param = false;
-  // DeepSpeed's stage 3 steps its partition in sub-groups of about this many elements, to bound the
-  // temporary buffers of its step (of offload especially). Every Kiln optimizer is elementwise, so
-  // the update is the same for any size; Kiln steps each rank's partition as one group and reads
-  // the value only to accept DeepSpeed's configs (HF's set it to 1e9, axolotl's to 0).
+  // Stage 3 steps each rank's partition a sub-group at a time: whole parameters' pieces, gathered
+  // until a group holds >= sub_group_size elements (0: one parameter each; make_sub_groups in
+  // layout.h), as DeepSpeed's stage 3. Each sub-group has its own inner optimizer, and the float32
+  // copy of a 16-bit model's gradients (or of a CUDA model's, offloaded), the inner step's
+  // temporaries and the rounding back into the shard are made for one sub-group at a time, which
+  // bounds the step's extra memory by the largest group instead of the partition. The update is
+  // the same at any size (every Kiln optimizer is elementwise), and so is the checkpoint. Stages
+  // 0-2 step the partition whole, as DeepSpeed's.
   int64_t sub_group_size = 1'000'000'000;
   // Stage 3's prefetching and keeping of gathered weights (param_gatherer.h has how): elements
   // fetched ahead of their use, parameters small enough to stay gathered (and how many elements of
@@ -117,7 +122,8 @@ struct ZeroOptions {
 
 class ZeroOptimizer : public optim::Optimizer {
  public:
-  // Builds the inner optimizer over this rank's masters (one tensor); it must use exactly them.
+  // Builds an inner optimizer over this rank's masters (one tensor: the master partition, or at
+  // stage 3 one sub-group of it, once per sub-group); it must use exactly them.
   using MakeOptimizer = std::function<std::unique_ptr<optim::Optimizer>(std::vector<Tensor> masters)>;
 
   // Trains the parameters of `model` that require grad, which must share one floating dtype and one
@@ -132,11 +138,19 @@ class ZeroOptimizer : public optim::Optimizer {
   // Zeroes the gradients (this rank's partition, and the flat buffer at stages 0 and 1, whose views
   // the parameters' .grad() stay: set_to_none does not free them, as DeepSpeed's contiguous buffers).
   void zero_grad(bool set_to_none = true) override;
-  // This rank's averaged gradients as the inner optimizer reads them (one float32 tensor of
-  // partition_numel elements): GradScaler unscales these. Empty before any backward.
+  // This rank's averaged gradients as the inner optimizers read them (one float32 tensor of
+  // partition_numel elements). Where the step makes its float32 copy a sub-group at a time (stage 3,
+  // several sub-groups, a 16-bit model), this makes the whole copy at once, and the step uses it.
   std::vector<Tensor> grads() override;
+  // GradScaler::unscale_: multiplies the gradients by factor and checks them for inf/NaN. Where the
+  // step converts the gradients a sub-group at a time, each sub-group is checked as it will be
+  // (converted and multiplied), and the factor is kept and applied in the step, as DeepSpeed's
+  // stage 3 unscales each sub-group in its step.
+  Unscaled unscale_grads_(double factor) override;
   // Scales the gradients so that their norm over every rank's partition is at most max_norm, as
   // nn::utils::clip_grad_norm_ would on one process; returns that norm (a 0-d float64 tensor).
+  // With sub-groups converted in the step (see grads()), the norm is summed a sub-group at a time
+  // and the scaling is kept and applied in the step.
   // Every rank calls it (an all-reduce). model_parallel: the ranks that hold the model's other
   // parts (a pipeline's other stages, a layer's other tensor-parallel slices), whose squared norms
   // add to this one's, one communicator after the other; a parameter for which counted(param) is
@@ -159,8 +173,9 @@ class ZeroOptimizer : public optim::Optimizer {
   void add_to_gradient(const Tensor& param, const Tensor& g);
 
   // This rank's shard of the training state: the inner optimizer's state dict (its state is of the
-  // partition) and "master" (the float32 master partition), with "zero.rank", "zero.world_size",
-  // "zero.numel" and "zero.stage". Saved per rank (Engine::save_checkpoint).
+  // partition; with several sub-groups, their inner optimizers' buffers end to end, so the file is
+  // the same at any sub_group_size) and "master" (the float32 master partition), with "zero.rank",
+  // "zero.world_size", "zero.numel" and "zero.stage". Saved per rank (Engine::save_checkpoint).
   TensorDict state_dict() const override;
   // This rank's own shard (same world size and stage family: partitioned or not).
   void load_state_dict(const TensorDict& dict) override;
@@ -185,7 +200,11 @@ class ZeroOptimizer : public optim::Optimizer {
   const ZeroOptions& options() const { return options_; }
   const FlatLayout& layout() const { return *layout_; }
   Communicator& comm() { return *comm_; }
-  optim::Optimizer& inner() { return *inner_; }
+  // The inner optimizer of sub-group k (one per sub-group; one in all, over master(), except at
+  // stage 3 with a sub_group_size smaller than the partition), and the sub-groups as ranges of the
+  // partition.
+  optim::Optimizer& inner(size_t k = 0) { return *sub_groups_.at(k).inner; }
+  std::vector<FlatRange> sub_groups() const;
   const Tensor& master() const { return master_; }  // this rank's float32 master partition
 
   // Bytes this rank holds for training, by kind (DeepSpeed's "model states"): weights (the flat
@@ -221,6 +240,13 @@ class ZeroOptimizer : public optim::Optimizer {
 
  private:
   void prepare_master_grads();
+  // Whether the float32 gradients are made a sub-group at a time, in the step: several sub-groups,
+  // a gradient partition that is not already the masters' dtype and device, and no whole copy made
+  // by grads() since the last step.
+  bool converts_per_sub_group() const;
+  // Sub-group k's gradients as its inner optimizer reads them: a view of the whole ones where they
+  // are ready (prepare_master_grads), else a float32 copy with the pending factors applied.
+  Tensor sub_group_grad(size_t k) const;
   void load_partitions(const std::vector<std::pair<int64_t, const TensorDict*>>& shards);  // (partition, its dict)
 
   nn::Module& model_;
@@ -233,9 +259,19 @@ class ZeroOptimizer : public optim::Optimizer {
   Tensor flat_grads_;   // stages 0 and 1: padded_numel elements; params' .grad() are views of it
                         // (unless it is wider: grad_accum_dtype)
   Tensor grad_shard_;   // this rank's averaged gradients, in grad_accum_dtype
-  Tensor master_;       // float32 (or float64) master partition: the inner optimizer's one parameter
+  Tensor master_;       // float32 (or float64) master partition
   bool master_grad_ready_ = false;
-  std::unique_ptr<optim::Optimizer> inner_;
+  // The partition's sub-groups, each with its master (master_ itself where there is one group, else
+  // a view of it) and its inner optimizer over that one tensor.
+  struct SubGroup {
+    FlatRange range;  // offsets into the partition
+    Tensor master;
+    std::unique_ptr<optim::Optimizer> inner;
+  };
+  std::vector<SubGroup> sub_groups_;
+  // Factors unscale_grads_ and clip_grad_norm_ kept for the step's per-sub-group conversion, in the
+  // order they came (each a multiplication, as on the whole copy); cleared by step and zero_grad.
+  std::vector<double> pending_factors_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ParamGatherer> gatherer_;
 };

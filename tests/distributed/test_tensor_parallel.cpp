@@ -245,7 +245,11 @@ TEST_CASE("sequence parallel: ParallelMLP and ParallelSelfAttention on each rank
     (yr * cot).sum().backward();
     (yp * positions(cot)).sum().backward();
     check_close(xp.grad(), positions(xr.grad()), tol);  // later positions' queries reach earlier keys
-    check_close(attn.c_proj.weight.grad(), ref.c_proj.weight.grad().narrow(1, r * C / p, C / p), tol);
+    // c_proj's weight gradient sums products of the attention's outputs (softmax-weighted sums of
+    // values, each a sum of 48 float32 products), computed in another order here than in the whole
+    // layer; where the terms cancel, that leaves a few float32 epsilons (6e-8) of the terms' size,
+    // which reached 2.3e-6 in a build for a Zen 4 (-march=native): hence 5e-6 absolute here.
+    check_close(attn.c_proj.weight.grad(), ref.c_proj.weight.grad().narrow(1, r * C / p, C / p), {1e-5, 5e-6});
     check_close(attn.c_proj.bias.grad(), ref.c_proj.bias.grad(), tol);
   }
 }

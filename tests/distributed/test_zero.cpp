@@ -62,6 +62,25 @@ TEST_CASE("zero: the flat layout pads to the ranks and cuts buckets from the las
   check_error([&] { make_grad_buckets(layout, 0); }, {"bucket size must be >= 1"});
 }
 
+TEST_CASE("zero: stage 3's sub-groups gather whole pieces of parameters, as DeepSpeed's", "[distributed]") {
+  FlatLayout layout({6, 3, 0, 5, 2}, 2);  // 16 elements: partition 0 is [0, 8), partition 1 [8, 16)
+  using Groups = std::vector<FlatRange>;
+  // Partition 0 holds pieces of 6 and 2 elements, partition 1 of 1, 5 and 2.
+  CHECK(make_sub_groups(layout, 0, 0) == Groups{{0, 6}, {6, 8}});  // 0: a piece each
+  CHECK(make_sub_groups(layout, 1, 0) == Groups{{0, 1}, {1, 6}, {6, 8}});
+  CHECK(make_sub_groups(layout, 1, 5) == Groups{{0, 6}, {6, 8}});  // 1 < 5, 1 + 5 >= 5: cut
+  CHECK(make_sub_groups(layout, 1, 7) == Groups{{0, 8}});  // the last piece's group runs to the end
+  CHECK(make_sub_groups(layout, 0, 6) == Groups{{0, 6}, {6, 8}});
+  CHECK(make_sub_groups(layout, 0, 8) == Groups{{0, 8}});  // >= the partition: one group
+  FlatLayout padded({5, 2}, 3);  // 7 elements padded to 9: partitions of 3
+  CHECK(make_sub_groups(padded, 0, 0) == Groups{{0, 3}});
+  CHECK(make_sub_groups(padded, 1, 0) == Groups{{0, 2}, {2, 3}});  // [3, 6): 2 of p0, 1 of p1
+  CHECK(make_sub_groups(padded, 2, 0) == Groups{{0, 3}});  // [6, 9): 1 of p1, then the padding, in its group
+  CHECK(make_sub_groups(FlatLayout({1}, 3), 1, 0) == Groups{{0, 1}});  // padding only
+  check_error([&] { make_sub_groups(layout, 2, 0); }, {"partition 2 is not in [0, 2)"});
+  check_error([&] { make_sub_groups(layout, 0, -1); }, {"sub_group_size must be >= 0"});
+}
+
 TEST_CASE("zero: every stage on N ranks with micro-batch b matches one process with batch N*b over 20 steps",
           "[distributed]") {
   auto comm = init("mpi");
@@ -452,6 +471,135 @@ TEST_CASE("zero: an overflow on one rank makes every rank skip the step (Sharded
   scaler.scale(nn::cross_entropy(m(x), y)).backward();
   CHECK(scaler.step(opt));
   scaler.update();
+}
+
+namespace {
+
+// 16 linear layers: parameters that are small beside a rank's partition, so that stage 3's
+// sub-groups of one parameter each are a fraction of it.
+struct Deep : nn::Module {
+  nn::Sequential body;
+  Deep() {
+    body.push_back(nn::Linear(20, 32));
+    for (int i = 0; i < 14; ++i) {
+      body.push_back(nn::ReLU());
+      body.push_back(nn::Linear(32, 32));
+    }
+    body.push_back(nn::ReLU());
+    body.push_back(nn::Linear(32, 10));
+    register_modules({{"body", body}});
+  }
+  Tensor forward(const Tensor& x) override { return body(x); }
+};
+
+}  // namespace
+
+TEST_CASE("zero: stage 3 steps a sub-group at a time as it steps the partition whole, in less memory",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 4;
+  struct Case {
+    DType dtype;
+    bool fused, scaler;
+    double clip;
+    std::optional<DType> accumulate;
+  };
+  // float16 with a dynamic loss scale that starts too high (its first steps overflow and are
+  // skipped) and clipping; bfloat16 with the fused AdamW; bfloat16 accumulating in float32, whose
+  // gradient partition the step reads as it is (no float32 copy: only the inner steps are cut).
+  for (const Case& c : {Case{kFloat16, false, true, 0.05, std::nullopt}, Case{kBFloat16, true, false, 0.05, std::nullopt},
+                        Case{kBFloat16, false, false, 0, kFloat32}}) {
+    INFO(dtype_name(c.dtype) << ", fused " << c.fused << ", accumulate " << c.accumulate.has_value());
+    auto adamw = [&](std::vector<Tensor> m) {
+      return std::make_unique<optim::AdamW>(std::move(m), optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1,
+                                                                               .fused = c.fused});
+    };
+    auto make_model = [&](uint64_t seed) {
+      manual_seed(seed);
+      auto m = std::make_unique<Deep>();
+      m->to(c.dtype);
+      return m;
+    };
+    // No prefetch, persistence or reuse: the step's peak is then the step's own.
+    ZeroOptions o{.stage = 3, .reduce_bucket_size = 2000, .grad_accum_dtype = c.accumulate,
+                  .stage3_prefetch_bucket_size = 0, .stage3_param_persistence_threshold = 0,
+                  .stage3_max_reuse_distance = 0};
+    auto whole_model = make_model(21), cut_model = make_model(21);
+    ZeroOptimizer whole(*whole_model, comm, adamw, o);
+    o.sub_group_size = 0;  // one parameter's piece each
+    ZeroOptimizer cut(*cut_model, comm, adamw, o);
+    CHECK(whole.sub_groups().size() == 1);
+    CHECK(cut.sub_groups() == make_sub_groups(cut.layout(), r, 0));
+    REQUIRE(cut.sub_groups().size() >= 3);
+    const optim::GradScalerOptions so{.initial_scale_power = 18, .hysteresis = 1, .enabled = c.scaler};
+    ShardedGradScaler whole_scaler(comm, so), cut_scaler(comm, so);
+    struct Run {
+      ZeroOptimizer& opt;
+      nn::Module& model;
+      ShardedGradScaler& scaler;
+      int64_t step_bytes = 0;  // the most bytes allocated above the gradients by unscale, clip and step
+      double norm = 0;
+    };
+    Run runs[] = {{whole, *whole_model, whole_scaler}, {cut, *cut_model, cut_scaler}};
+    bool clipped = false;
+    for (int step = 0; step < 8; ++step) {
+      auto [x, y] = batch(step, b * p);
+      for (Run& run : runs) {
+        run.opt.zero_grad();
+        Tensor out = run.model(x.narrow(0, r * b, b).to(c.dtype)).to(kFloat32);
+        run.scaler.scale(nn::cross_entropy(out, y.narrow(0, r * b, b))).backward();
+        memory::reset_peak(Device::cpu());
+        const int64_t base = memory::stats(Device::cpu()).allocated_bytes;
+        run.scaler.unscale_(run.opt);
+        if (c.clip > 0) run.norm = run.opt.clip_grad_norm_(c.clip).item<double>();
+        run.scaler.step(run.opt);
+        run.step_bytes = memory::stats(Device::cpu()).peak_allocated_bytes - base;
+        run.scaler.update();
+      }
+      INFO("step " << step);
+      CHECK(std::isfinite(runs[0].norm) == std::isfinite(runs[1].norm));
+      if (std::isfinite(runs[0].norm)) CHECK(runs[1].norm == Approx(runs[0].norm).epsilon(1e-12));
+      clipped = clipped || (std::isfinite(runs[0].norm) && runs[0].norm > c.clip && c.clip > 0);
+      kiln::test::check_equal(cut.master(), whole.master());
+    }
+    CHECK(cut_scaler.skipped_steps() == whole_scaler.skipped_steps());
+    if (c.scaler) CHECK(whole_scaler.skipped_steps() >= 1);
+    if (c.clip > 0) CHECK(clipped);
+    // The last step's extra memory: the float32 gradients (or the unfused AdamW's temporaries) of
+    // the largest parameter, against those of the whole partition.
+    INFO("step bytes: whole " << runs[0].step_bytes << ", cut " << runs[1].step_bytes);
+    CHECK(runs[1].step_bytes * 2 < runs[0].step_bytes);
+    const TensorDict weights_whole = weights(whole, *whole_model);
+    for (const auto& [name, t] : weights(cut, *cut_model)) kiln::test::check_equal(t, weights_whole.at(name));
+
+    // The state dict is the same at any sub_group_size, and each loads into the other.
+    const TensorDict sd_whole = whole.state_dict(), sd_cut = cut.state_dict();
+    REQUIRE(sd_cut.size() == sd_whole.size());
+    for (const auto& [key, t] : sd_whole) {
+      INFO(key);
+      REQUIRE(sd_cut.find(key) != nullptr);
+      kiln::test::check_equal(sd_cut.at(key), t);
+    }
+    auto whole_again_model = make_model(5), cut_again_model = make_model(6);
+    ZeroOptimizer cut_again(*cut_again_model, comm, adamw, o);  // sub-groups of one parameter
+    o.sub_group_size = 1'000'000'000;
+    ZeroOptimizer whole_again(*whole_again_model, comm, adamw, o);
+    cut_again.load_state_dict(sd_whole);
+    whole_again.load_state_dict(sd_cut);
+    for (int step = 8; step < 10; ++step) {
+      auto [x, y] = batch(step, b * p);
+      for (auto [opt, model] : {std::pair<ZeroOptimizer*, nn::Module*>{&whole, whole_model.get()},
+                                {&cut_again, cut_again_model.get()}, {&whole_again, whole_again_model.get()}}) {
+        opt->zero_grad();
+        Tensor out = (*model)(x.narrow(0, r * b, b).to(c.dtype)).to(kFloat32);
+        nn::cross_entropy(out, y.narrow(0, r * b, b)).backward();
+        opt->step();
+      }
+      kiln::test::check_equal(cut_again.master(), whole.master());
+      kiln::test::check_equal(whole_again.master(), whole.master());
+    }
+  }
 }
 
 TEST_CASE("zero: a sharded state dict loads at another world size and stage", "[distributed]") {
