@@ -62,10 +62,12 @@ class GradScaler {
 
   // loss * get_scale() (in float32 when the loss is 16-bit, so the scaled value itself is finite).
   Tensor scale(const Tensor& loss) const;
-  // Divides the gradients optimizer.step() will read (Optimizer::grads()) by the scale, in place,
-  // and records whether any of them holds an inf or a NaN. At most once per optimizer between
-  // update()s; call it before clipping gradients. Works on any device: one sum per gradient (an
-  // inf or NaN anywhere makes the sum non-finite) and one read of the total.
+  // Divides the gradients optimizer.step() will read by the scale and records whether any of them
+  // holds an inf or a NaN (Optimizer::unscale_grads_: the grads(), in place; a ZeroOptimizer that
+  // converts its gradients a sub-group at a time in its step applies the division there). At most
+  // once per optimizer between update()s; call it before clipping gradients. Works on any device:
+  // one sum per gradient (an inf or NaN anywhere makes the sum non-finite) and one read of the
+  // total.
   void unscale_(Optimizer& optimizer);
   // unscale_ (unless done already), then optimizer.step() unless the gradients held inf/NaN.
   // Returns whether it stepped; a skipped step leaves the parameters and the optimizer state as

@@ -200,7 +200,8 @@ void ZeroOptimizer::prepare_master_grads() {
 Tensor ZeroOptimizer::sub_group_grad(size_t k) const {
   const FlatRange r = sub_groups_[k].range;
   if (master_grad_ready_) return master_.grad().narrow(0, r.begin, r.size());
-  Tensor g = grad_shard_.narrow(0, r.begin, r.size()).to(master_.device(), master_.dtype());  // a copy: dtypes differ
+  // A copy (converts_per_sub_group: the dtype or the device differs).
+  Tensor g = grad_shard_.narrow(0, r.begin, r.size()).to(master_.device(), master_.dtype());
   for (double f : pending_factors_) g.mul_(f);  // as they were applied to the whole copy, in order
   return g;
 }
@@ -214,15 +215,17 @@ optim::Optimizer::Unscaled ZeroOptimizer::unscale_grads_(double factor) {
   if (!converts_per_sub_group()) return Optimizer::unscale_grads_(factor);
   reducer_->check_no_grads();
   NoGradGuard no_grad;
-  // Each sub-group checked as the step will read it; the factor is applied there.
-  bool found_inf = false;
-  for (size_t k = 0; k < sub_groups_.size() && !found_inf; ++k) {
+  // Each sub-group as the step will read it (the factor is applied there): an inf or NaN anywhere
+  // makes its sum inf or NaN. The sums are float64, which float32 elements cannot overflow, added
+  // up where they are and read once.
+  Tensor total;
+  for (size_t k = 0; k < sub_groups_.size(); ++k) {
     Tensor g = sub_group_grad(k);
-    g.mul_(factor);
-    found_inf = optim::has_inf_or_nan({g});
+    Tensor s = g.mul_(factor).sum(kFloat64);
+    total = total.defined() ? total + s : s;
   }
   pending_factors_.push_back(factor);
-  return {.has_grads = true, .found_inf = found_inf};
+  return {.has_grads = true, .found_inf = !std::isfinite(total.item<double>())};
 }
 
 Tensor ZeroOptimizer::clip_grad_norm_(double max_norm, const std::vector<Communicator*>& model_parallel,
@@ -376,8 +379,8 @@ TensorDict ZeroOptimizer::state_dict() const {
   for (const SubGroup& sg : sub_groups_) inner.push_back(sg.inner->state_dict());
   for (const auto& [key, t] : inner[0]) {
     if (key.rfind("state.", 0) != 0) continue;
-    if (sub_groups_.size() == 1 || t.sizes() != sub_groups_[0].master.sizes()) {
-      dict.insert(key, t);  // the step count, the same in every sub-group (they step together)
+    if (sub_groups_.size() == 1 || t.dim() != 1) {
+      dict.insert(key, t);  // a 0-d entry (the step count): the same in every sub-group, which step together
       continue;
     }
     std::vector<Tensor> parts;

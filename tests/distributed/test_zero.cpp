@@ -552,7 +552,12 @@ TEST_CASE("zero: stage 3 steps a sub-group at a time as it steps the partition w
         memory::reset_peak(Device::cpu());
         const int64_t base = memory::stats(Device::cpu()).allocated_bytes;
         run.scaler.unscale_(run.opt);
-        if (c.clip > 0) run.norm = run.opt.clip_grad_norm_(c.clip).item<double>();
+        // Once, the whole float32 copy between unscale_ and the step: it takes the factor kept.
+        if (step == 6 && &run == &runs[1]) REQUIRE(run.opt.grads().at(0).numel() == cut.master().numel());
+        // In float16, the norm leaves out the first layer's weight, as a parameter counted elsewhere.
+        std::function<bool(const Tensor&)> counted;
+        if (c.dtype == kFloat16) counted = [first = run.model.parameters()[0]](const Tensor& t) { return !t.is_same(first); };
+        if (c.clip > 0) run.norm = run.opt.clip_grad_norm_(c.clip, {}, counted).item<double>();
         run.scaler.step(run.opt);
         run.step_bytes = memory::stats(Device::cpu()).peak_allocated_bytes - base;
         run.scaler.update();
