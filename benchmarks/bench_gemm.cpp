@@ -2,7 +2,7 @@
 // uniform [0, 1); 2 warm-up calls, then single calls timed until at least 5 calls and 1 s;
 // GFLOP/s = 2 n^3 / median. One JSON line per n. Anchor: benchmarks/anchors/anchor_gemm.cpp.
 // --dtype bf16 multiplies bfloat16 A and B instead (cpu/bf16gemm.cpp's AMX kernel where the CPU has
-// AMX, its AVX512-BF16 kernel where it has that at the FMA's rate (AMD Zen 5), else through float32;
+// AMX, its AVX512-BF16 kernel where it has that at the FMA's rate (AMD Zen 4 and 5), else through float32;
 // KILN_CPU_BF16_GEMM=own|float as in Note [which bfloat16 GEMM] in cpu/matmul.cpp).
 //   bench_gemm [--sizes 256,512,1024,2048] [--threads N] [--dtype f32|bf16]
 //   (N: the pool's threads, default every core)

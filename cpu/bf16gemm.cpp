@@ -9,8 +9,8 @@
 // size, and float32's arithmetic. Here the operands stay bfloat16 up to the instruction that
 // multiplies them. Which one matmul takes is Note [which bfloat16 GEMM] in matmul.cpp: AMX where
 // the CPU has it; else the AVX512-BF16 kernel where the CPU has that and runs it at the FMA's rate
-// (AMD from Zen 5 on), since on the Intel CPU measured it was slower than the way through float32
-// and on an AMD Zen 5 it was 1.6-2.1x faster.
+// (AMD from Zen 4 on), since on the Intel CPU measured it was slower than the way through float32
+// and on an AMD Zen 4 and Zen 5 it was about twice as fast.
 //
 // VDPBF16PS (AVX512-BF16) takes 16 lanes of bfloat16 *pairs* from each of two registers and adds
 // both products of each lane's pair to that lane's float32 accumulator,

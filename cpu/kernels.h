@@ -161,8 +161,9 @@ bool cpu_has_avx512_bf16();
 // Whether the CPU has AMX-BF16 and the OS has let this process use the tiles (asked once).
 bool cpu_has_amx_bf16();
 // Whether the CPU's VDPBF16PS is known to do its 32 multiply-adds at the FMA's rate of 16, so that
-// bf16gemm_avx512 outruns the way through float32: AMD's from Zen 5 (family 26) on, where it was
-// measured (Note [which bfloat16 GEMM] in matmul.cpp). Asked once.
+// bf16gemm_avx512 outruns the way through float32: AMD's from Zen 4 (family 25, the first of theirs
+// with AVX512-BF16) on, as measured on a Zen 4 and a Zen 5 (Note [which bfloat16 GEMM] in
+// matmul.cpp). Asked once.
 bool cpu_bf16_dot_at_fma_rate();
 // Where a bfloat16 matmul goes (matmul.cpp, Note [which bfloat16 GEMM]): through float32,
 // bf16gemm_avx512 or bf16gemm_amx.

@@ -454,7 +454,8 @@ bool cpu_bf16_dot_at_fma_rate() {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     if (!__builtin_cpu_is("amd") || __get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
     const unsigned base = (eax >> 8) & 0xf, extended = (eax >> 20) & 0xff;  // CPUID's family fields
-    return (base == 0xf ? base + extended : base) >= 0x1a;  // Zen 5 is family 0x1a (26)
+    // Zen 4 is family 0x19 (25), the first AMD with AVX512-BF16; Zen 5 is 0x1a (26).
+    return (base == 0xf ? base + extended : base) >= 0x19;
   }();
   return fast;
 #else
@@ -464,7 +465,7 @@ bool cpu_bf16_dot_at_fma_rate() {
 
 // Note [which bfloat16 GEMM]: bf16gemm.cpp's AMX kernel where the CPU has AMX-BF16 (and Linux lets
 // this process use it); else its AVX512-BF16 kernel where the CPU has AVX512-BF16 and its VDPBF16PS
-// is known to run at the FMA's rate (cpu_bf16_dot_at_fma_rate: AMD from Zen 5 on); else
+// is known to run at the FMA's rate (cpu_bf16_dot_at_fma_rate: AMD from Zen 4 on); else
 // matmul_via_float. KILN_CPU_BF16_GEMM=own takes the AVX512-BF16 kernel on any CPU with AVX512-BF16
 // and no AMX, and KILN_CPU_BF16_GEMM=float takes matmul_via_float everywhere. All give the same
 // float32 sums up to the order of the additions, each rounded once. The rule is what was measured
@@ -477,8 +478,11 @@ bool cpu_bf16_dot_at_fma_rate() {
 //   - On an AMD Zen 5 (EPYC, 2026-12-02), whose VDPBF16PS keeps the FMA's rate and so does twice its
 //     multiply-adds, the AVX512-BF16 kernel ran at 1.6-2.1x matmul_via_float's FLOP/s (n = 256 to
 //     2048, one and two threads, medians of 3 rounds), and took a bfloat16-autocast gpt_char step
-//     from 65.0 ms to 49.7 (float32: 60.6). The only other AMD CPUs with AVX512-BF16, the Zen 4s
-//     (family 25), were not measured, so they go through float32 unless told own.
+//     from 65.0 ms to 49.7 (float32: 60.6).
+//   - On an AMD Zen 4 (EPYC, family 25 model 17, 2026-12-02), the first AMD with AVX512-BF16, whose
+//     512-bit VDPBF16PS also keeps the FMA's rate, it ran at 1.7-2.3x matmul_via_float's FLOP/s
+//     (per-round medians 1.84-2.24) and took a bfloat16-autocast gpt_char step from 101.6 ms to 64.7
+//     (float32: 91.2), so from Zen 4 on AMD's take it by default.
 Bf16Gemm bf16gemm_choice() {
   static const Bf16Gemm choice = [] {
     const char* v = std::getenv("KILN_CPU_BF16_GEMM");
