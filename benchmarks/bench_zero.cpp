@@ -4,24 +4,24 @@
 //   kiln-run -n 4 build/release/bin/bench_zero [steps]
 //
 // The model is an MLP 784-1024-1024-1024-10 (2.9 M parameters) kept in bfloat16 and trained with
-// AdamW (float32 masters and moments): the ZeRO paper's mixed-precision Adam, whose model states per
-// rank are 16 Psi bytes at stage 0, 4 Psi + 12 Psi / N at stage 1, 2 Psi + 14 Psi / N at stage 2
-// and 16 Psi / N at stage 3 (BENCHMARKS.md's distributed target: within 5%). Measured for each
+// AdamW (float32 masters and moments): the ZeRO paper's mixed-precision Adam, whose model states
+// per rank are 16 Psi bytes at stage 0, 4 Psi + 12 Psi / N at stage 1, 2 Psi + 14 Psi / N at stage
+// 2 and 16 Psi / N at stage 3 (BENCHMARKS.md's distributed target: within 5%). Measured for each
 // stage: the CPU allocator's live bytes after a step minus before the model was built (weights,
 // gradients, masters and Adam's state: the activations are freed by then), the peak during an
 // iteration (forward, backward and step) above that, the peak of the optimizer step alone above
-// what was allocated before it, and ms per iteration (median, the slowest rank's; the JSON keys
-// say "step" for the iteration, as they always have), micro-batch 64 per rank, one compute
-// thread per rank, 2 MB gradient buckets with overlap. Stage 3 runs three ways: each weight
-// all-gathered where it is used; prefetched (stage3_prefetch_bucket_size); and with DeepSpeed's
-// defaults (prefetch, parameters of <= 100,000 elements persistent, weights kept between their
-// forward and backward use), with the all-gathers per step started at the point of use and ahead,
-// and the time per step spent waiting for them (the slowest rank's mean). Last, stages 0 and 2 with
-// the gradient buckets sent in float32 (communication_data_type), and stage 2 with them divided by
-// the ranks before a plain sum (prescale_gradients); and stages 0 and 2 with the gradients
-// accumulated in float32 (grad_accum_dtype; the formula then counts 4 bytes for them, not 2); and
-// stage 3 stepped in sub-groups of one parameter each (sub_group_size 0), whose float32 gradients
-// are made one sub-group at a time, against the partition's at once.
+// what was allocated before it, ms per iteration and ms of the optimizer step alone (medians, the
+// slowest rank's; the JSON keys say "step" for the iteration, as they always have), micro-batch 64
+// per rank, one compute thread per rank, 2 MB gradient buckets with overlap. Stage 3 runs three
+// ways: each weight all-gathered where it is used; prefetched (stage3_prefetch_bucket_size); and
+// with DeepSpeed's defaults (prefetch, parameters of <= 100,000 elements persistent, weights kept
+// between their forward and backward use), with the all-gathers per step started at the point of
+// use and ahead, and the time per step spent waiting for them (the slowest rank's mean). Last,
+// stages 0 and 2 with the gradient buckets sent in float32 (communication_data_type), and stage 2
+// with them divided by the ranks before a plain sum (prescale_gradients); and stages 0 and 2 with
+// the gradients accumulated in float32 (grad_accum_dtype; the formula then counts 4 bytes for them,
+// not 2); and stage 3 stepped in sub-groups of one parameter each (sub_group_size 0), whose float32
+// gradients are made one sub-group at a time, against the partition's at once.
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -85,6 +85,7 @@ int main(int argc, char** argv) {
     const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
     double psi = 0, states = 0, peak = 0, formula = 0, ms = 0;
     double opt_peak = 0;  // the most allocated during opt.step() above what was allocated before it
+    double opt_ms = 0;    // opt.step()'s median time, the slowest rank's
     double gathers = 0, prefetches = 0;  // stage 3's all-gathers per step, at the point of use and ahead
     double wait_ms = 0;                   // and the time per step spent waiting for them
     {
@@ -97,7 +98,7 @@ int main(int argc, char** argv) {
           .prescale_gradients = run.prescale, .grad_accum_dtype = run.accumulate,
           .sub_group_size = run.sub_group, .stage3_prefetch_bucket_size = run.prefetch,
           .stage3_param_persistence_threshold = run.persistence, .stage3_max_reuse_distance = run.reuse});
-      std::vector<double> times;
+      std::vector<double> times, step_times;  // the iterations', and the optimizer steps' alone
       ParamGatherer::Stats warm;
       int64_t iteration_peak = 0, step_peak = 0;  // the last iteration's
       for (int s = 0; s < steps + 2; ++s) {
@@ -111,7 +112,9 @@ int main(int argc, char** argv) {
         const int64_t backward_peak = memory::stats(Device::cpu()).peak_allocated_bytes;
         memory::reset_peak(Device::cpu());  // the optimizer step's own peak
         const int64_t before_step = memory::stats(Device::cpu()).allocated_bytes;
+        const auto t1 = Clock::now();
         opt.step();
+        if (s >= 2) step_times.push_back(std::chrono::duration<double>(Clock::now() - t1).count() * 1e3);
         step_peak = memory::stats(Device::cpu()).peak_allocated_bytes - before_step;
         iteration_peak = std::max(backward_peak, memory::stats(Device::cpu()).peak_allocated_bytes);
         const double t = std::chrono::duration<double>(Clock::now() - t0).count() * 1e3;
@@ -121,6 +124,7 @@ int main(int argc, char** argv) {
       prefetches = static_cast<double>(opt.stage3_stats().prefetches - warm.prefetches) / steps;
       wait_ms = kiln_bench::slowest(*comm, (opt.stage3_stats().wait_seconds - warm.wait_seconds) * 1e3 / steps);
       ms = kiln_bench::slowest(*comm, kiln_bench::median(times));
+      opt_ms = kiln_bench::slowest(*comm, kiln_bench::median(step_times));
       states = kiln_bench::slowest(*comm, static_cast<double>(memory::stats(Device::cpu()).allocated_bytes - before));
       peak = kiln_bench::slowest(*comm, static_cast<double>(iteration_peak - before));
       opt_peak = kiln_bench::slowest(*comm, static_cast<double>(step_peak));
@@ -133,13 +137,14 @@ int main(int argc, char** argv) {
       std::printf("{\"bench\":\"zero\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
                   "\"stage\":%d,%s%s\"model\":\"mlp 784-1024x3-10 bf16, AdamW\",\"params\":%.0f,"
                   "\"model_state_mib\":%.3f,\"formula_mib\":%.3f,\"ratio_to_formula\":%.4f,"
-                  "\"peak_step_mib\":%.3f,\"optimizer_step_peak_mib\":%.3f,\"ms_per_step\":%.3f%s}\n",
+                  "\"peak_step_mib\":%.3f,\"optimizer_step_peak_mib\":%.3f,\"ms_per_step\":%.3f,"
+                  "\"optimizer_step_ms\":%.3f%s}\n",
                   p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",\"sub_group_size\":{},", run.stage3, run.sub_group).c_str()
                                     : "",
                   fmt::format("\"communication_data_type\":\"{}\",\"prescale_gradients\":{},\"grad_accum_dtype\":\"{}\",",
                               dtype_name(run.wire.value_or(kBFloat16)), run.prescale,
                               dtype_name(run.accumulate.value_or(kBFloat16))).c_str(), psi,
-                  states / (1 << 20), formula / (1 << 20), states / formula, peak / (1 << 20), opt_peak / (1 << 20), ms,
+                  states / (1 << 20), formula / (1 << 20), states / formula, peak / (1 << 20), opt_peak / (1 << 20), ms, opt_ms,
                   stage == 3 ? fmt::format(",\"gathers_per_step\":{:.1f},\"prefetches_per_step\":{:.1f},"
                                            "\"gather_wait_ms_per_step\":{:.3f}", gathers, prefetches, wait_ms).c_str()
                              : "");
