@@ -23,8 +23,9 @@
 // its backward, and the loss after the last step (the same on every grid of one head, up to the summation
 // order: the same training; with dropout, on every grid of one data rank, whose micro-batches and
 // so masks are one process's: each run keeps its own generator state). On pipelines, without
-// dropout or sequence parallelism, also as interleaved 1F1B with 2 chunks per pipeline rank
-// (Megatron-LM's virtual stages), with its time's ratio to the same grid's 1F1B. And tied with
+// sequence parallelism, also as interleaved 1F1B with 2 chunks per pipeline rank (Megatron-LM's
+// virtual stages), tied, without dropout and with it, with its time's ratio to the same grid's
+// 1F1B of the same dropout. And tied with
 // every block checkpointed (recomputed in backward): "skip_unread", the default, whose recompute
 // leaves out the MLP's last GEMM and reduction, "whole", Megatron-LM's full recompute, and on grids
 // with a tensor axis "skip_unread_partitioned", each tensor rank keeping half of each block's input
@@ -91,7 +92,7 @@ int main(int argc, char** argv) {
         const int data = n / (t * p);
         if (windows % (data * micro_batches) != 0) continue;
         for (int v : {1, 2}) {
-          if (v > 1 && (p == 1 || dropout > 0 || sequence_parallel || recompute > 0 || micro_batches % p != 0 ||
+          if (v > 1 && (p == 1 || sequence_parallel || recompute > 0 || micro_batches % p != 0 ||
                         p * v > config.n_layer)) {
             continue;
           }
@@ -199,8 +200,8 @@ int main(int argc, char** argv) {
       const double lo = *std::min_element(r.ms.begin(), r.ms.end()), hi = *std::max_element(r.ms.begin(), r.ms.end());
       const double base = time_of(r.tied, {.tensor = 1, .pipeline = 1}, false, r.dropout, 1, r.recompute);
       const double untied = r.dropout == 0 && r.recompute == 0 ? time_of(false, r.sizes, false, 0, r.chunks) : 0.0;
-      const double no_dropout = r.dropout > 0 ? time_of(r.tied, r.sizes, r.sequence_parallel) : 0.0;
-      const double one_chunk = r.chunks > 1 ? time_of(r.tied, r.sizes) : 0.0;
+      const double no_dropout = r.dropout > 0 ? time_of(r.tied, r.sizes, r.sequence_parallel, 0, r.chunks) : 0.0;
+      const double one_chunk = r.chunks > 1 ? time_of(r.tied, r.sizes, false, r.dropout) : 0.0;
       const double no_checkpointing = r.recompute > 0 ? time_of(r.tied, r.sizes) : 0.0;
       std::printf("{\"bench\":\"parallel_gpt\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
                   "\"tensor\":%d,\"pipeline\":%d,\"chunks\":%d,\"data\":%d,\"model\":\"%s\",\"sequence_parallel\":%s,\"dropout\":%.2f,"
