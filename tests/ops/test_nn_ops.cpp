@@ -446,8 +446,8 @@ TEST_CASE("max pooling's indices are saved for backward: changed in place, backw
 
 TEST_CASE("max pooling of float16 and bfloat16 on the CPU: the float32 kernels' values and indices, gradients summed in float32",
           "[ops][pool]") {
-  // The 16-bit kernels compare keys of the bits (cpu/pool.cpp); the float32 kernels, on the same
-  // values widened exactly, are the reference. Values from a small set, so windows hold ties, -0 beside
+  // The float16 kernels compare keys of the bits, the bfloat16 ones the float32s that a shift of the
+  // bits makes (cpu/pool.cpp); the float32 kernels, on the same values widened exactly, are the reference. Values from a small set, so windows hold ties, -0 beside
   // +0, infinities and NaNs of both signs; widths 2 to 37 take the 2x2 loop through whole runs of 16
   // outputs and every length of a run's tail.
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
