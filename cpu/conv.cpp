@@ -10,7 +10,9 @@
 // gradient, its own accumulator, summed in piece order so the result does not depend on timing). With
 // fewer images than threads, the columns of each GEMM are split instead. A 1x1 convolution with
 // stride 1 and no padding needs no columns: the input plane is the column matrix; one with stride 1
-// and an output as wide as its input has its columns copied in spans (Note [im2col in spans]).
+// and an output as wide as its input has its columns copied in spans (Note [im2col in spans]). For
+// bfloat16, the forward and the input's gradient multiply the columns of several images at once
+// (Note [images side by side]).
 //
 // Note [bfloat16 convolution]: bfloat16 inputs (autocast's convolutions) are read as they are, the
 // columns are bfloat16 too, and every product is a float32 sum of exact products (cpu/bf16_products.h:
@@ -74,16 +76,29 @@ bool spans(const Geometry& g) { return g.a.stride_h == 1 && g.a.stride_w == 1 &&
 // and adds the span in one loop. Rows of 14 elements, as the CNN's second convolution has, went
 // through a copy call each before. The sums are the same, in the same order: what the span adds
 // beyond them is zeros, and x + 0 = x for every x a sum from +0 can reach (never -0).
-//
-// col (K, P) = the patches of x (Cg, H, W), one row per (channel, kernel row, kernel column).
+
+// Zeroes columns [0, cols.lo) and [cols.hi, Wo) of rows [r0, r1) of a column row (Wo wide), column
+// by column: a row at a time, std::fill became two calls of memset for one element each (a 3x3
+// window's padding of 1), which took a quarter of the time of the CNN's second bfloat16 convolution.
 template <typename T>
-void im2col(const T* x, const Geometry& g, T* col) {
+void zero_padding_columns(T* row, int64_t Wo, int64_t r0, int64_t r1, const Inside& cols) {
+  for (int64_t c = 0; c < cols.lo; ++c)
+    for (int64_t r = r0; r < r1; ++r) row[r * Wo + c] = T(0);
+  for (int64_t c = cols.hi; c < Wo; ++c)
+    for (int64_t r = r0; r < r1; ++r) row[r * Wo + c] = T(0);
+}
+
+// col (K, P) = the patches of x (Cg, H, W), one row per (channel, kernel row, kernel column), rows
+// ld apart (P, or more where the columns of several images lie side by side: Note [images side by
+// side]).
+template <typename T>
+void im2col(const T* x, const Geometry& g, T* col, int64_t ld) {
   const auto& a = g.a;
   const bool whole = spans(g);
   for (int64_t c = 0; c < g.Cg; ++c) {
     for (int64_t i = 0; i < g.kH; ++i) {
       for (int64_t j = 0; j < g.kW; ++j) {
-        T* row = col + ((c * g.kH + i) * g.kW + j) * g.P;
+        T* row = col + ((c * g.kH + i) * g.kW + j) * ld;
         const T* plane = x + c * g.H * g.W;
         const int64_t h_off = i * a.dilation_h - a.pad_h, w_off = j * a.dilation_w - a.pad_w;
         const Inside cols = inside(g.Wo, a.stride_w, w_off, g.W);
@@ -96,11 +111,7 @@ void im2col(const T* x, const Geometry& g, T* col) {
             const int64_t first = rows.lo * g.Wo + cols.lo, last = (rows.hi - 1) * g.Wo + cols.hi;
             std::memcpy(row + first, plane + (first + h_off * g.W + w_off), sizeof(T) * (last - first));
           }
-          for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {
-            T* dst = row + oh * g.Wo;
-            std::fill(dst, dst + cols.lo, T(0));
-            std::fill(dst + cols.hi, dst + g.Wo, T(0));
-          }
+          zero_padding_columns(row, g.Wo, rows.lo, rows.hi, cols);
           continue;
         }
         for (int64_t oh = 0; oh < g.Ho; ++oh) {
@@ -124,16 +135,17 @@ void im2col(const T* x, const Geometry& g, T* col) {
   }
 }
 
-// x (Cg, H, W) += the columns scattered back to where im2col read them (x zeroed by the caller). The
-// columns are scratch: in spans (Note [im2col in spans]) the padding's columns are zeroed in them.
+// x (Cg, H, W) += the columns (rows ld apart, as im2col's) scattered back to where im2col read them
+// (x zeroed by the caller). The columns are scratch: in spans (Note [im2col in spans]) the padding's
+// columns are zeroed in them.
 template <typename T>
-void col2im(T* col, const Geometry& g, T* x) {
+void col2im(T* col, const Geometry& g, T* x, int64_t ld) {
   const auto& a = g.a;
   const bool whole = spans(g);
   for (int64_t c = 0; c < g.Cg; ++c) {
     for (int64_t i = 0; i < g.kH; ++i) {
       for (int64_t j = 0; j < g.kW; ++j) {
-        T* row = col + ((c * g.kH + i) * g.kW + j) * g.P;
+        T* row = col + ((c * g.kH + i) * g.kW + j) * ld;
         T* plane = x + c * g.H * g.W;
         const int64_t h_off = i * a.dilation_h - a.pad_h, w_off = j * a.dilation_w - a.pad_w;
         const Inside cols = inside(g.Wo, a.stride_w, w_off, g.W);
@@ -141,11 +153,7 @@ void col2im(T* col, const Geometry& g, T* x) {
           const Inside rows = inside(g.Ho, 1, h_off, g.H);
           if (rows.lo == rows.hi || cols.lo == cols.hi) continue;
           const int64_t first = rows.lo * g.Wo + cols.lo, last = (rows.hi - 1) * g.Wo + cols.hi;
-          for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {  // the padding's columns inside the span
-            T* r = row + oh * g.Wo;
-            if (oh > rows.lo) std::fill(r, r + cols.lo, T(0));
-            if (oh + 1 < rows.hi) std::fill(r + cols.hi, r + g.Wo, T(0));
-          }
+          zero_padding_columns(row, g.Wo, rows.lo, rows.hi, cols);  // what the span would add there
           T* dst = plane + (first + h_off * g.W + w_off);  // summed first: in the plane, unlike first alone
           const T* src = row + first;
           for (int64_t e = 0; e < last - first; ++e) dst[e] += src[e];
@@ -207,6 +215,29 @@ void run_batch(const BatchSplit& split, int64_t N, bool own_bf16, const Fn& fn) 
   });
 }
 
+// Note [images side by side]: a convolution's products are small where its output planes are (the
+// CNN's second: 64 x 196 from k = 288, per image), and bf16gemm.cpp's kernel then spends a share of
+// its time outside full micro-tiles: 196 columns are four panels of 48 and a fifth of 4, whose call
+// costs about what a full one does. So a bfloat16 forward lays the columns of several images of its
+// piece side by side, (K, nb * P), and multiplies them in one product (784 columns: sixteen panels
+// and one of 16); the input's gradient multiplies the images' output gradients, copied side by
+// side, into such columns. On bf16gemm.cpp's kernels each element of c is the same sum in the same
+// order whatever c's width, so the results are those of one product per image. nb gives the product
+// at least kSideBySideColumns columns, the columns at most kSideBySideBytes. float32 and float64 go
+// on one image at a time, straight into the output (their products are OpenBLAS's or sgemm.cpp's).
+// On a Zen 4 this and zero_padding_columns took the CNN's second convolution from 4.50 to 3.03 ms
+// forward and 5.45 to 3.93 for the input's gradient (2 threads, medians of 5 rounds); the weight's
+// gradient, 4.04 to 3.19, by zero_padding_columns alone (its products sum over the columns, whose
+// 196 are already long enough).
+constexpr int64_t kSideBySideColumns = 768;
+constexpr int64_t kSideBySideBytes = int64_t(1) << 20;
+
+int64_t images_side_by_side(const Geometry& g, int64_t element_bytes) {
+  const int64_t wanted = (kSideBySideColumns + g.P - 1) / g.P;
+  const int64_t fit = kSideBySideBytes / std::max<int64_t>(1, g.K * g.P * element_bytes);
+  return std::max<int64_t>(1, std::min(wanted, fit));
+}
+
 template <typename T>
 void conv2d_typed(const View& input, const View& weight, const View& bias, const View& out,
                   const Conv2dArgs& args) {
@@ -219,31 +250,36 @@ void conv2d_typed(const View& input, const View& weight, const View& bias, const
   const T* b = bias.data ? bias.ptr<T>() : nullptr;
   T* y = out.ptr<T>();
   const bool direct = g.pointwise();
+  const int64_t nb = kNarrow && !direct ? images_side_by_side(g, sizeof(T)) : 1;  // Note [images side by side]
   run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, own_bf16,
                [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
-    ScratchBuffer<T> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
-    ScratchBuffer<F> sums(kNarrow ? static_cast<size_t>(g.Cog * g.P) : 0);
-    for (int64_t n = n0; n < n1; ++n) {
+    const int64_t widest = std::min(nb, n1 - n0) * g.P;
+    ScratchBuffer<T> col(direct ? 0 : static_cast<size_t>(g.K * widest));
+    ScratchBuffer<F> sums(kNarrow ? static_cast<size_t>(g.Cog * widest) : 0);
+    for (int64_t n = n0; n < n1; n += nb) {
+      const int64_t images = std::min(nb, n1 - n), ld = images * g.P;  // ld: the product's width
       for (int64_t grp = 0; grp < g.G; ++grp) {
-        const T* xg = x + (n * g.C + grp * g.Cg) * g.H * g.W;
-        if (!direct) im2col(xg, g, col.data());
-        T* yg = y + (n * g.Co + grp * g.Cog) * g.P;
-        F* yf;  // where the group's output is summed
+        auto x_of = [&](int64_t i) { return x + ((n + i) * g.C + grp * g.Cg) * g.H * g.W; };
+        if (!direct)
+          for (int64_t i = 0; i < images; ++i) im2col(x_of(i), g, col.data() + i * g.P, ld);
+        F* yf;  // where the group's output is summed: its images side by side in scratch, or out itself
         if constexpr (kNarrow) {
           yf = sums.data();
         } else {
-          yf = yg;
+          yf = y + (n * g.Co + grp * g.Cog) * g.P;  // one image (nb is 1)
         }
-        gemm(false, false, g.Cog, g.P, g.K, w + grp * g.Cog * g.K, g.K, direct ? xg : col.data(), g.P,
-             false, yf, g.P);
-        if (b) {
+        gemm(false, false, g.Cog, ld, g.K, w + grp * g.Cog * g.K, g.K, direct ? x_of(0) : col.data(), ld, false,
+             yf, ld);
+        for (int64_t i = 0; i < images; ++i) {
           for (int64_t co = 0; co < g.Cog; ++co) {
-            const F bv = static_cast<F>(b[grp * g.Cog + co]);
-            F* row = yf + co * g.P;
-            for (int64_t p = 0; p < g.P; ++p) row[p] += bv;
+            F* row = yf + co * ld + i * g.P;
+            if (b) {
+              const F bv = static_cast<F>(b[grp * g.Cog + co]);
+              for (int64_t p = 0; p < g.P; ++p) row[p] += bv;
+            }
+            if constexpr (kNarrow) narrow(row, y + ((n + i) * g.Co + grp * g.Cog + co) * g.P, g.P, own_bf16);
           }
         }
-        if constexpr (kNarrow) narrow(yf, yg, g.Cog * g.P, own_bf16);
       }
     }
   });
@@ -261,29 +297,44 @@ void conv2d_backward_input_typed(const View& grad_out, const View& weight, const
   T* gx = grad_input.ptr<T>();
   const bool direct = g.pointwise();
   const int64_t plane = g.Cg * g.H * g.W;  // one sample's group of gx
+  // bfloat16: the columns of several images side by side (Note [images side by side]), from their
+  // gradients copied side by side, each image's then summed back by col2im on its own.
+  const int64_t nb = kNarrow && !direct ? images_side_by_side(g, sizeof(F)) : 1;
   run_batch<T>(batch_split(g.N, g.Co * g.K * g.P), g.N, own_bf16,
                [&](int64_t, int64_t n0, int64_t n1, const auto& gemm) {
-    ScratchBuffer<F> col(direct ? 0 : static_cast<size_t>(g.K * g.P));
+    const int64_t widest = std::min(nb, n1 - n0) * g.P;
+    ScratchBuffer<F> col(direct ? 0 : static_cast<size_t>(g.K * widest));
+    ScratchBuffer<T> gys(nb > 1 ? static_cast<size_t>(g.Cog * widest) : 0);
     ScratchBuffer<F> sums(kNarrow ? static_cast<size_t>(plane) : 0);
-    for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t n = n0; n < n1; n += nb) {
+      const int64_t images = std::min(nb, n1 - n), ld = images * g.P;  // ld: the product's width
       for (int64_t grp = 0; grp < g.G; ++grp) {
-        T* gxg = gx + (n * g.C + grp * g.Cg) * g.H * g.W;
-        const T* gyg = gy + (n * g.Co + grp * g.Cog) * g.P;
+        auto gy_of = [&](int64_t i) { return gy + ((n + i) * g.Co + grp * g.Cog) * g.P; };
         const T* wg = w + grp * g.Cog * g.K;
-        F* gxf;  // where the group's gradient is summed
-        if constexpr (kNarrow) {
-          gxf = sums.data();
-        } else {
-          gxf = gxg;
+        const T* gyb = gy_of(0);  // the product's b: one image's gradient, or the images' side by side
+        if (images > 1) {
+          for (int64_t co = 0; co < g.Cog; ++co)
+            for (int64_t i = 0; i < images; ++i)
+              std::memcpy(gys.data() + co * ld + i * g.P, gy_of(i) + co * g.P, sizeof(T) * g.P);
+          gyb = gys.data();
         }
-        if (direct) {
-          gemm(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, gxf, g.P);
-        } else {
-          gemm(true, false, g.K, g.P, g.Cog, wg, g.K, gyg, g.P, false, col.data(), g.P);
-          std::memset(gxf, 0, sizeof(F) * plane);
-          col2im(col.data(), g, gxf);
+        for (int64_t i = 0; i < images; ++i) {
+          T* gxg = gx + ((n + i) * g.C + grp * g.Cg) * g.H * g.W;
+          F* gxf;  // where the image's group's gradient is summed
+          if constexpr (kNarrow) {
+            gxf = sums.data();
+          } else {
+            gxf = gxg;
+          }
+          if (direct) {  // one image (nb is 1)
+            gemm(true, false, g.K, g.P, g.Cog, wg, g.K, gyb, g.P, false, gxf, g.P);
+          } else {
+            if (i == 0) gemm(true, false, g.K, ld, g.Cog, wg, g.K, gyb, ld, false, col.data(), ld);
+            std::memset(gxf, 0, sizeof(F) * plane);
+            col2im(col.data() + i * g.P, g, gxf, ld);
+          }
+          if constexpr (kNarrow) narrow(gxf, gxg, plane, own_bf16);
         }
-        if constexpr (kNarrow) narrow(gxf, gxg, plane, own_bf16);
       }
     }
   });
@@ -321,7 +372,7 @@ void conv2d_backward_weight_typed(const View& grad_out, const View& input, const
     for (int64_t n = n0; n < n1; ++n) {
       for (int64_t grp = 0; grp < g.G; ++grp) {
         const T* xg = x + (n * g.C + grp * g.Cg) * g.H * g.W;
-        if (!direct) im2col(xg, g, col.data());
+        if (!direct) im2col(xg, g, col.data(), g.P);
         gemm(false, true, g.Cog, g.K, g.P, gy + (n * g.Co + grp * g.Cog) * g.P, g.P, direct ? xg : col.data(),
              g.P, true, acc + grp * g.Cog * g.K, g.K);
       }

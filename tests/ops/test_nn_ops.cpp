@@ -534,7 +534,8 @@ TEST_CASE("bfloat16 cpu conv2d: forward and both backwards read bfloat16, agains
   // Note [bfloat16 convolution] in cpu/conv.cpp: bfloat16 columns and operands, float32 sums
   // (cpu/bf16gemm.cpp's AMX or AVX512-BF16 kernel where the CPU takes it; CTest runs this once more
   // with KILN_CPU_BF16_GEMM=float, float32 copies of the operands), each result rounded once. Batches split over the threads and a single image whose
-  // GEMMs split their columns instead; 1x1 (no columns), groups, stride, padding, dilation.
+  // GEMMs split their columns instead; 1x1 (no columns), groups, stride, padding, dilation; several
+  // images' columns side by side (Note [images side by side]).
   struct Case {
     Shape x, w;
     Shape stride, padding, dilation;
@@ -544,7 +545,12 @@ TEST_CASE("bfloat16 cpu conv2d: forward and both backwards read bfloat16, agains
                                          {{1, 32, 14, 14}, {64, 32, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
                                          {{3, 16, 9, 7}, {24, 16, 1, 1}, {1, 1}, {0, 0}, {1, 1}, 1},
                                          {{2, 6, 11, 10}, {4, 3, 3, 2}, {2, 1}, {1, 0}, {1, 2}, 2},
-                                         {{4, 40, 8, 8}, {33, 40, 5, 5}, {1, 1}, {2, 2}, {1, 1}, 1}}) {
+                                         {{4, 40, 8, 8}, {33, 40, 5, 5}, {1, 1}, {2, 2}, {1, 1}, 1},
+                                         // Small planes: the forward and the input's gradient multiply
+                                         // 22 (31) images' columns side by side, then the rest.
+                                         {{30, 3, 6, 6}, {5, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+                                         {{25, 4, 5, 7}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2},
+                                         {{40, 3, 9, 9}, {4, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1}}) {
     INFO("x " << c.x.str() << ", w " << c.w.str() << ", groups " << c.groups);
     Tensor x = test::sample(c.x, kFloat32, 0.3).to(kBFloat16), w = test::sample(c.w, kFloat32, 0.6).to(kBFloat16);
     Tensor b = test::sample({c.w[0]}, kFloat32, 0.9).to(kBFloat16);
