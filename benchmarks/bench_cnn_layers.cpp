@@ -2,8 +2,8 @@
 // at batch 128: Conv(1->32, 3x3, pad 1)-ReLU-MaxPool2-Conv(32->64, 3x3, pad 1)-ReLU-MaxPool2 on a
 // (128, 1, 28, 28) input, forward alone and forward + backward (gradients of both convolutions' weights
 // and biases; the input needs none), and each layer's forward alone. ms = median of 15 runs after 3
-// warm-up runs. Then conv3d, conv_transpose2d, adaptive max pooling, and the gather and scatter_add that
-// losses and pooling backwards use (see the end of main). One JSON line per result.
+// warm-up runs. Then conv3d, conv_transpose2d, a stride-2 conv2d, adaptive max pooling, and the gather
+// and scatter_add that losses and pooling backwards use (see the end of main). One JSON line per result.
 // Its PyTorch counterpart: benchmarks/torch_cnn_layers.py.
 // Usage: bench_cnn_layers [threads] [--autocast bf16] (threads default 2). With --autocast bf16 the
 // CNN's parts run under bfloat16 autocast (the backward kernels' parts on bfloat16 copies of their
@@ -94,7 +94,8 @@ int main(int argc, char** argv) {
   // (4, 16, 16, 32, 32) input with a 3x3x3 kernel to 32 channels, and adaptive max pooling (its own
   // kernel, cpu/pool.cpp) of a (128, 32, 28, 28) input to 5 x 5, forward + backward (the gradient of the
   // weight, or of the input) and forward alone; conv_transpose2d of a (32, 64, 14, 14) input to 32 channels
-  // with a 4x4 kernel, stride 2, padding 1 (a generator's 2x upsampling, to 28 x 28), likewise. Then gather
+  // with a 4x4 kernel, stride 2, padding 1 (a generator's 2x upsampling, to 28 x 28), likewise; a
+  // stride-2 conv2d, forward + backward. Then gather
   // along dim 1 and dim 0 and scatter_add along
   // dim 1 of a (2048, 2048) float32 tensor at random int64 indices (cpu/index.cpp).
   Tensor x3 = randn({4, 16, 16, 32, 32}, {}, &gen);
@@ -112,6 +113,16 @@ int main(int argc, char** argv) {
   report("conv_transpose2d_forward_backward", median_ms([&] {
            wt.set_grad(Tensor());
            conv_transpose2d(xt, wt, {}, {2, 2}, {1, 1}).backward(cot_t);
+         }));
+  // A ResNet's downsampling convolution: (64, 32, 28, 28) to 64 channels, 3x3, stride 2, padding 1,
+  // forward and both gradients (columns copied row by row: no spans at stride 2).
+  Tensor xs = randn({64, 32, 28, 28}, {}, &gen).requires_grad_();
+  Tensor ws = (randn({64, 32, 3, 3}, {}, &gen) * 0.06).requires_grad_();
+  Tensor cot_s = randn({64, 64, 14, 14}, {}, &gen);
+  report("conv_stride2_forward_backward", median_ms([&] {
+           xs.set_grad(Tensor());
+           ws.set_grad(Tensor());
+           conv2d(xs, ws, {}, {2, 2}, {1, 1}).backward(cot_s);
          }));
   report("adaptive_max_pool_forward_backward", median_ms([&] {
            a.set_grad(Tensor());

@@ -78,8 +78,8 @@ with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
 if bf16:
     sys.exit(0)
 
-# Beyond the CNN, as bench_cnn_layers.cpp: conv3d, conv_transpose2d, adaptive max pooling, gather and
-# scatter_add.
+# Beyond the CNN, as bench_cnn_layers.cpp: conv3d, conv_transpose2d, a stride-2 conv2d, adaptive max
+# pooling, gather and scatter_add.
 x3 = torch.randn(4, 16, 16, 32, 32)
 w3 = (torch.randn(32, 16, 3, 3, 3) * 0.05).requires_grad_()
 cot3 = torch.randn(4, 32, 16, 32, 32)
@@ -102,6 +102,17 @@ def conv_transpose_fwd_bwd():
     F.conv_transpose2d(xt, wt, None, 2, 1).backward(cot_t)
 
 
+xs = torch.randn(64, 32, 28, 28).requires_grad_()
+ws = (torch.randn(64, 32, 3, 3) * 0.06).requires_grad_()
+cot_s = torch.randn(64, 64, 14, 14)
+
+
+def conv_stride2_fwd_bwd():
+    xs.grad = None
+    ws.grad = None
+    F.conv2d(xs, ws, None, 2, 1).backward(cot_s)
+
+
 def adaptive_max_fwd_bwd():
     a.grad = None
     F.adaptive_max_pool2d(a, 5).backward(cot_a)
@@ -109,6 +120,7 @@ def adaptive_max_fwd_bwd():
 
 report("conv3d_forward_backward", median_ms(conv3d_fwd_bwd))
 report("conv_transpose2d_forward_backward", median_ms(conv_transpose_fwd_bwd))
+report("conv_stride2_forward_backward", median_ms(conv_stride2_fwd_bwd))
 report("adaptive_max_pool_forward_backward", median_ms(adaptive_max_fwd_bwd))
 with torch.no_grad():
     report("conv3d_forward", median_ms(lambda: F.conv3d(x3, w3, None, 1, 1)))
