@@ -163,8 +163,10 @@ bool cpu_has_amx_bf16();
 // Whether the CPU's VDPBF16PS is known to do its 32 multiply-adds at the FMA's rate of 16, so that
 // bf16gemm_avx512 outruns the way through float32: AMD's from Zen 4 (family 25, the first of theirs
 // with AVX512-BF16) on, as measured on a Zen 4 and a Zen 5 (Note [which bfloat16 GEMM] in
-// matmul.cpp). Asked once.
+// matmul.cpp). Asked once; bf16_dot_at_fma_rate(amd, eax) is the rule, from the vendor and CPUID
+// leaf 1's eax (the family fields), for any CPU.
 bool cpu_bf16_dot_at_fma_rate();
+bool bf16_dot_at_fma_rate(bool amd, uint32_t cpuid1_eax);
 // Where a bfloat16 matmul goes (matmul.cpp, Note [which bfloat16 GEMM]): through float32,
 // bf16gemm_avx512 or bf16gemm_amx.
 enum class Bf16Gemm { kFloat, kAvx512, kAmx };

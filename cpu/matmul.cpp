@@ -448,14 +448,19 @@ bool cpu_has_amx_bf16() {
 #endif
 }
 
+bool bf16_dot_at_fma_rate(bool amd, uint32_t cpuid1_eax) {
+  if (!amd) return false;
+  const uint32_t base = (cpuid1_eax >> 8) & 0xf, extended = (cpuid1_eax >> 20) & 0xff;  // the family fields
+  // Zen 4 is family 0x19 (25), the first AMD with AVX512-BF16; Zen 5 is 0x1a (26).
+  return (base == 0xf ? base + extended : base) >= 0x19;
+}
+
 bool cpu_bf16_dot_at_fma_rate() {
 #if defined(KILN_HAVE_BF16GEMM_AVX512) && defined(__linux__)
   static const bool fast = [] {
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!__builtin_cpu_is("amd") || __get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
-    const unsigned base = (eax >> 8) & 0xf, extended = (eax >> 20) & 0xff;  // CPUID's family fields
-    // Zen 4 is family 0x19 (25), the first AMD with AVX512-BF16; Zen 5 is 0x1a (26).
-    return (base == 0xf ? base + extended : base) >= 0x19;
+    if (__get_cpuid(1, &eax, &ebx, &ecx, &edx) == 0) return false;
+    return bf16_dot_at_fma_rate(__builtin_cpu_is("amd"), eax);
   }();
   return fast;
 #else

@@ -368,6 +368,28 @@ TEST_CASE("bfloat16 cpu/bf16gemm.cpp at tile, pair and block edges, against floa
     }
 }
 
+TEST_CASE("bfloat16: which CPUs' VDPBF16PS keeps the FMA's rate, from the vendor and CPUID's family fields") {
+  // Note [which bfloat16 GEMM] in cpu/matmul.cpp: AMD from family 0x19 (Zen 4) on. CPUID leaf 1's eax
+  // of real CPUs: the family is the base field, plus the extended field where the base is 0xf.
+  struct Cpu {
+    const char* name;
+    bool amd;
+    uint32_t eax;
+    bool expected;
+  };
+  for (const Cpu& c : std::vector<Cpu>{
+           {"AMD Zen 2 (EPYC 7002, family 0x17 model 0x31)", true, 0x00830F10, false},
+           {"AMD Zen 3 (EPYC 7003, family 0x19 model 0x01; no AVX512-BF16, so never asked)", true, 0x00A00F11, true},
+           {"AMD Zen 4 (EPYC 9004, family 0x19 model 0x11)", true, 0x00A10F11, true},
+           {"AMD Zen 5 (EPYC 9005, family 0x1a model 0x02)", true, 0x00B00F21, true},
+           {"Intel Sapphire Rapids (family 6 model 0x8f)", false, 0x000806F8, false},
+           {"family 6 with the extended field set, which then does not count", true, 0x0FF00600, false},
+           {"family 0xf + 0x09 = 0x18 (Hygon Dhyana's, as an AMD)", true, 0x00900F00, false}}) {
+    INFO(c.name);
+    CHECK(cpu::bf16_dot_at_fma_rate(c.amd, c.eax) == c.expected);
+  }
+}
+
 TEST_CASE("bfloat16 cpu/bf16gemm.cpp with transposed and strided operands, and matmul reaching it") {
   // Note [which bfloat16 GEMM] in cpu/matmul.cpp: AMX where the CPU has it; AVX512-BF16 where it
   // has only that and its dot product keeps the FMA's rate, or anywhere with KILN_CPU_BF16_GEMM=own
