@@ -384,7 +384,7 @@ TEST_CASE("bfloat16: which CPUs' VDPBF16PS keeps the FMA's rate, from the vendor
            {"AMD Zen 5 (EPYC 9005, family 0x1a model 0x02)", true, 0x00B00F21, true},
            {"Intel Sapphire Rapids (family 6 model 0x8f)", false, 0x000806F8, false},
            {"family 6 with the extended field set, which then does not count", true, 0x0FF00600, false},
-           {"family 0xf + 0x09 = 0x18 (Hygon Dhyana's, as an AMD)", true, 0x00900F00, false}}) {
+           {"family 0xf + 0x09 = 0x18, the one below Zen 3 and 4's", true, 0x00900F00, false}}) {
     INFO(c.name);
     CHECK(cpu::bf16_dot_at_fma_rate(c.amd, c.eax) == c.expected);
   }

@@ -447,9 +447,10 @@ TEST_CASE("max pooling's indices are saved for backward: changed in place, backw
 TEST_CASE("max pooling of float16 and bfloat16 on the CPU: the float32 kernels' values and indices, gradients summed in float32",
           "[ops][pool]") {
   // The float16 kernels compare keys of the bits, the bfloat16 ones the float32s that a shift of the
-  // bits makes (cpu/pool.cpp); the float32 kernels, on the same values widened exactly, are the reference. Values from a small set, so windows hold ties, -0 beside
-  // +0, infinities and NaNs of both signs; widths 2 to 37 take the 2x2 loop through whole runs of 16
-  // outputs and every length of a run's tail.
+  // bits makes (cpu/pool.cpp); the float32 kernels, on the same values widened exactly, are the
+  // reference. Values from a small set, so windows hold ties, -0 beside +0, infinities and NaNs of
+  // both signs; widths 2 to 37 take the 2x2 loop through whole runs of 16 outputs and every length of
+  // a run's tail.
   const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
   const std::vector<float> pool_of_values{-2.0f, -1.0f, -0.0f, 0.0f, 0.5f, 1.0f, 1.0f, 3.0f, 3.0f, inf, -inf, nan, -nan};
   std::mt19937 rng(11);
@@ -547,10 +548,11 @@ TEST_CASE("bfloat16 cpu conv2d: forward and both backwards read bfloat16, agains
                                          {{2, 6, 11, 10}, {4, 3, 3, 2}, {2, 1}, {1, 0}, {1, 2}, 2},
                                          {{4, 40, 8, 8}, {33, 40, 5, 5}, {1, 1}, {2, 2}, {1, 1}, 1},
                                          // Small planes: the forward and the input's gradient multiply
-                                         // 22 (31) images' columns side by side, then the rest.
-                                         {{30, 3, 6, 6}, {5, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
-                                         {{25, 4, 5, 7}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2},
-                                         {{40, 3, 9, 9}, {4, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1}}) {
+                                         // 22 images' columns side by side (31 at stride 2), then the
+                                         // rest of a thread's piece (of 25-35 images on 2 threads).
+                                         {{60, 3, 6, 6}, {5, 3, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 1},
+                                         {{50, 4, 5, 7}, {6, 2, 3, 3}, {1, 1}, {1, 1}, {1, 1}, 2},
+                                         {{70, 3, 9, 9}, {4, 3, 3, 3}, {2, 2}, {1, 1}, {1, 1}, 1}}) {
     INFO("x " << c.x.str() << ", w " << c.w.str() << ", groups " << c.groups);
     Tensor x = test::sample(c.x, kFloat32, 0.3).to(kBFloat16), w = test::sample(c.w, kFloat32, 0.6).to(kBFloat16);
     Tensor b = test::sample({c.w[0]}, kFloat32, 0.9).to(kBFloat16);
