@@ -95,9 +95,8 @@ int main(int argc, char** argv) {
   // kernel, cpu/pool.cpp) of a (128, 32, 28, 28) input to 5 x 5, forward + backward (the gradient of the
   // weight, or of the input) and forward alone; conv_transpose2d of a (32, 64, 14, 14) input to 32 channels
   // with a 4x4 kernel, stride 2, padding 1 (a generator's 2x upsampling, to 28 x 28), likewise; a
-  // stride-2 conv2d, forward + backward. Then gather
-  // along dim 1 and dim 0 and scatter_add along
-  // dim 1 of a (2048, 2048) float32 tensor at random int64 indices (cpu/index.cpp).
+  // stride-2 conv2d, forward + backward. Then gather along dim 1 and dim 0 and scatter_add along dim 1
+  // of a (2048, 2048) float32 tensor at random int64 indices (cpu/index.cpp).
   Tensor x3 = randn({4, 16, 16, 32, 32}, {}, &gen);
   Tensor w3 = (randn({32, 16, 3, 3, 3}, {}, &gen) * 0.05).requires_grad_();
   Tensor cot3 = randn({4, 32, 16, 32, 32}, {}, &gen);

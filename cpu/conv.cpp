@@ -103,28 +103,23 @@ void im2col(const T* x, const Geometry& g, T* col, int64_t ld) {
         const T* plane = x + c * g.H * g.W;
         const int64_t h_off = i * a.dilation_h - a.pad_h, w_off = j * a.dilation_w - a.pad_w;
         const Inside cols = inside(g.Wo, a.stride_w, w_off, g.W);
-        if (whole) {
-          const Inside rows = inside(g.Ho, 1, h_off, g.H);
-          std::fill(row, row + rows.lo * g.Wo, T(0));
-          std::fill(row + rows.hi * g.Wo, row + g.P, T(0));
-          if (rows.lo == rows.hi) continue;
-          if (cols.lo < cols.hi) {
-            const int64_t first = rows.lo * g.Wo + cols.lo, last = (rows.hi - 1) * g.Wo + cols.hi;
-            std::memcpy(row + first, plane + (first + h_off * g.W + w_off), sizeof(T) * (last - first));
-          }
-          zero_padding_columns(row, g.Wo, rows.lo, rows.hi, cols);
-          continue;
-        }
         const Inside rows = inside(g.Ho, a.stride_h, h_off, g.H);
         std::fill(row, row + rows.lo * g.Wo, T(0));
         std::fill(row + rows.hi * g.Wo, row + g.P, T(0));
-        for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {
-          T* dst = row + oh * g.Wo;
-          const T* src = plane + (oh * a.stride_h + h_off) * g.W;  // input column ow * stride_w + w_off
-          if (a.stride_w == 1) {
-            if (cols.hi > cols.lo) std::memcpy(dst + cols.lo, src + cols.lo + w_off, sizeof(T) * (cols.hi - cols.lo));
-          } else {
-            for (int64_t ow = cols.lo; ow < cols.hi; ++ow) dst[ow] = src[ow * a.stride_w + w_off];
+        if (whole) {  // stride 1 both ways: one copy (Note [im2col in spans])
+          if (rows.lo < rows.hi && cols.lo < cols.hi) {
+            const int64_t first = rows.lo * g.Wo + cols.lo, last = (rows.hi - 1) * g.Wo + cols.hi;
+            std::memcpy(row + first, plane + (first + h_off * g.W + w_off), sizeof(T) * (last - first));
+          }
+        } else {
+          for (int64_t oh = rows.lo; oh < rows.hi; ++oh) {
+            T* dst = row + oh * g.Wo;
+            const T* src = plane + (oh * a.stride_h + h_off) * g.W;  // input column ow * stride_w + w_off
+            if (a.stride_w == 1) {
+              if (cols.hi > cols.lo) std::memcpy(dst + cols.lo, src + cols.lo + w_off, sizeof(T) * (cols.hi - cols.lo));
+            } else {
+              for (int64_t ow = cols.lo; ow < cols.hi; ++ow) dst[ow] = src[ow * a.stride_w + w_off];
+            }
           }
         }
         zero_padding_columns(row, g.Wo, rows.lo, rows.hi, cols);
@@ -316,6 +311,7 @@ void conv2d_backward_input_typed(const View& grad_out, const View& weight, const
               std::memcpy(gys.data() + co * ld + i * g.P, gy_of(i) + co * g.P, sizeof(T) * g.P);
           gyb = gys.data();
         }
+        if (!direct) gemm(true, false, g.K, ld, g.Cog, wg, g.K, gyb, ld, false, col.data(), ld);  // the images' columns
         for (int64_t i = 0; i < images; ++i) {
           T* gxg = gx + ((n + i) * g.C + grp * g.Cg) * g.H * g.W;
           F* gxf;  // where the image's group's gradient is summed
@@ -327,7 +323,6 @@ void conv2d_backward_input_typed(const View& grad_out, const View& weight, const
           if (direct) {  // one image (nb is 1)
             gemm(true, false, g.K, g.P, g.Cog, wg, g.K, gyb, g.P, false, gxf, g.P);
           } else {
-            if (i == 0) gemm(true, false, g.K, ld, g.Cog, wg, g.K, gyb, ld, false, col.data(), ld);
             std::memset(gxf, 0, sizeof(F) * plane);
             col2im(col.data() + i * g.P, g, gxf, ld);
           }
