@@ -116,9 +116,26 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
 // (a parameter) is kept as it is. An input changed in place while its storage lives is still an
 // Error in backward.
 using KeepInput = std::function<std::function<Tensor()>(const Tensor&)>;
+// What checkpoints given it (CheckpointOptions::profile; DeepSpeed's activation_checkpointing
+// "profile") measured, summed over every checkpoint that ran: the forwards (without recording),
+// and in their backwards the recompute (bringing the kept inputs back and running the function
+// again) and the backward through the recomputed graph. Each time waits for the inputs' device
+// at both ends, as DeepSpeed's timers do, so that a GPU's queued work counts where it was queued.
+struct CheckpointProfile {
+  int64_t forwards = 0;
+  double forward_s = 0;
+  int64_t backwards = 0;
+  double recompute_s = 0;
+  double backward_s = 0;
+};
 struct CheckpointOptions {
   bool preserve_rng_state = true;
   KeepInput keep_input;  // empty: the inputs themselves are kept
+  // DeepSpeed's synchronize_checkpoint_boundary: wait for the inputs' device (a GPU; the CPU has
+  // nothing queued) before and after the forward and the backward, so that each block's device
+  // work lies between its boundaries in a profiler's timeline.
+  bool synchronize = false;
+  std::shared_ptr<CheckpointProfile> profile = nullptr;  // where set, the checkpoint adds its times to it
 };
 TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, const TensorList& inputs,
                       const CheckpointOptions& options);

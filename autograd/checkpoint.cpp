@@ -29,12 +29,20 @@
 // input that every rank of a tensor-parallel group holds whole (distributed::keep_partitioned,
 // DeepSpeed's partition_activations and Megatron-LM's --distribute-saved-activations). With k
 // checkpointed blocks those inputs are most of what stays between forward and backward.
+//
+// DeepSpeed's two other switches for checkpointed blocks are CheckpointOptions::synchronize
+// (synchronize_checkpoint_boundary: the forward and the backward wait for the device at both ends)
+// and CheckpointOptions::profile ("profile": the time of the forward, of the recompute and of the
+// backward through the recomputed graph, each measured between two such waits).
 #include "autograd/autograd.h"
+
+#include <chrono>
 
 #include <fmt/format.h>
 
 #include "core/generator.h"
 #include "core/tensor_impl.h"
+#include "cuda/cuda.h"
 #include "ops/autocast.h"
 #include "ops/record.h"
 
@@ -100,6 +108,21 @@ class Kept {
   Device device_ = Device::cpu();
 };
 
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The device of the first defined input: the one whose queued work a checkpoint's boundaries wait
+// for. The CPU's ops have finished when they return.
+Device device_of(const TensorList& inputs) {
+  for (const Tensor& t : inputs) {
+    if (t.defined()) return t.device();
+  }
+  return Device::cpu();
+}
+void wait_for(Device device) {
+  if (device.is_cuda()) cuda::synchronize(device.index);
+}
+
 }  // namespace
 
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, bool preserve_rng_state) {
@@ -120,10 +143,20 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
              fn != nullptr ? " to run again in backward" : "");
   const Generator::State rng = default_generator().get_state();
   const autocast::State autocast_state = autocast::current_state();  // the recompute runs under it
+  const std::shared_ptr<CheckpointProfile> profile = options.profile;
+  const bool waits = options.synchronize || profile != nullptr;
+  const Device device = device_of(inputs);
+  if (waits) wait_for(device);
+  const auto forward_start = Clock::now();
   TensorList outputs;
   {
     NoGradGuard no_grad;
     outputs = fn(inputs);
+  }
+  if (waits) wait_for(device);
+  if (profile) {
+    ++profile->forwards;
+    profile->forward_s += seconds_since(forward_start);
   }
   KILN_CHECK(!outputs.empty(), "checkpoint: the function returned no tensors");
   for (size_t i = 0; i < outputs.size(); ++i) {
@@ -154,7 +187,7 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
     wants.push_back(t.defined() && t.requires_grad());
   }
   record("CheckpointBackward", inputs, outputs,
-         [recompute, kept, wants, rng, preserve_rng_state, autocast_state](const Grads& g) {
+         [recompute, kept, wants, rng, preserve_rng_state, autocast_state, waits, device, profile](const Grads& g) {
     KILN_CHECK(!GradMode::is_enabled(),
                "checkpoint: backward with create_graph=true (higher-order gradients) is not supported through "
                "a checkpointed function; call it without checkpoint for that");
@@ -162,6 +195,8 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
                "checkpoint: autograd::grad() or backward(inputs=) through a checkpointed function is not "
                "supported: its recompute runs backward(), which accumulates into the .grad() of every parameter it "
                "uses (PyTorch's reentrant checkpoint refuses them too); use backward() without inputs");
+    if (waits) wait_for(device);
+    const auto recompute_start = Clock::now();
     TensorList again;
     for (size_t i = 0; i < kept.size(); ++i) {
       Tensor d = kept[i].get(i);
@@ -188,6 +223,11 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
                "checkpoint: the function returned {} tensors when run again in backward but {} in forward; it "
                "must compute the same thing both times",
                outs.size(), g.grads.size());
+    if (profile) {
+      wait_for(device);
+      profile->recompute_s += seconds_since(recompute_start);
+    }
+    const auto backward_start = Clock::now();
     TensorList roots, root_grads;
     for (size_t i = 0; i < outs.size(); ++i) {
       if (g[i].defined() && outs[i].requires_grad()) {
@@ -198,6 +238,11 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
     if (!roots.empty()) {
       detail::JoinOuterCallbacks join;  // a reducer's end-of-backward waits for the outer backward
       backward(roots, root_grads);
+    }
+    if (waits) wait_for(device);
+    if (profile) {
+      ++profile->backwards;
+      profile->backward_s += seconds_since(backward_start);
     }
     TensorList result;
     for (size_t i = 0; i < again.size(); ++i) result.push_back(wants[i] ? again[i].grad() : Tensor());

@@ -103,6 +103,8 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
   x = nn::dropout(x, config.dropout, is_training());
   autograd::CheckpointOptions checkpointed;  // for the checkpointed blocks
   if (keeping_.cpu_checkpointing) checkpointed.keep_input = autograd::keep_on_cpu();
+  checkpointed.synchronize = keeping_.synchronize_checkpoint_boundary;
+  checkpointed.profile = keeping_.profile;
   for (int64_t i = 0; i < config.n_layer; ++i) {
     nn::TransformerBlock* b = &block(i);
     if (checkpoint_[static_cast<size_t>(i)] && !caches && is_training() && GradMode::is_enabled()) {

@@ -286,6 +286,8 @@ Tensor ParallelGPT::forward(const Tensor& input) {
   const bool recompute = checkpointing_ && is_training() && GradMode::is_enabled();
   autograd::CheckpointOptions options;
   if (recompute && keeping_.cpu_checkpointing) options.keep_input = autograd::keep_on_cpu();
+  options.synchronize = keeping_.synchronize_checkpoint_boundary;
+  options.profile = keeping_.profile;
   if (recompute && keeping_.partition_activations) {
     options.keep_input = distributed::keep_partitioned(tp_, options.keep_input);
   }

@@ -24,6 +24,7 @@
 
 namespace kiln::autograd {
 struct CheckpointOptions;  // autograd/autograd.h
+struct CheckpointProfile;  // autograd/autograd.h
 }
 
 namespace kiln::nn {
@@ -128,6 +129,13 @@ struct ActivationCheckpointing {
   bool partition_activations = false;
   // What is kept goes to host memory (pinned) and comes back in backward; on the CPU, nothing moves.
   bool cpu_checkpointing = false;
+  // Each block's forward and backward wait for the device at both ends
+  // (autograd::CheckpointOptions::synchronize); on the CPU, nothing is queued to wait for.
+  bool synchronize_checkpoint_boundary = false;
+  // Where set, each checkpointed block adds the time of its forward, recompute and backward to it
+  // (autograd::CheckpointOptions::profile). kiln::initialize makes one for "profile": true and
+  // prints it every steps_per_print steps.
+  std::shared_ptr<autograd::CheckpointProfile> profile = nullptr;
 };
 class ConfiguresCheckpointing {
  public:

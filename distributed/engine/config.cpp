@@ -10,6 +10,7 @@
 #include <set>
 #include <sstream>
 
+#include "autograd/autograd.h"
 #include "core/error.h"
 
 namespace kiln {
@@ -468,9 +469,10 @@ void read_activation_checkpointing(Section& top, const std::string& source, Conf
     std::optional<int64_t> n;
     s.read("number_checkpoints", n);
   }
-  s.read_fixed("synchronize_checkpoint_boundary", false,
-               "checkpointed blocks do not synchronize the device (a profiler's timeline shows the blocks); remove it");
-  s.read_fixed("profile", false, "checkpointed forwards are not timed one by one; use wall_clock_breakdown");
+  s.read("synchronize_checkpoint_boundary", a.synchronize_checkpoint_boundary);
+  bool profile = false;
+  s.read("profile", profile);
+  if (profile) a.profile = std::make_shared<autograd::CheckpointProfile>();  // Engine makes its own
   s.finish();
 }
 

@@ -28,10 +28,12 @@
 //                  stage3_model_persistence_threshold,
 //                  stage3_max_live_parameters, stage3_max_reuse_distance,
 //                  stage3_gather_16bit_weights_on_model_save (or its older name, ..._fp16_...)}
-//   activation_checkpointing {partition_activations, cpu_checkpointing, number_checkpoints
-//                  (checked, no effect); contiguous_memory_optimization, synchronize_checkpoint_boundary
-//                  and profile only false}: how the blocks a model checkpoints keep their inputs
-//                  (nn::ActivationCheckpointing); checkpointing itself is the model's switch
+//   activation_checkpointing {partition_activations, cpu_checkpointing,
+//                  synchronize_checkpoint_boundary, profile (the blocks' times, printed every
+//                  steps_per_print steps), number_checkpoints (checked, no effect);
+//                  contiguous_memory_optimization only false}: how the blocks a model checkpoints keep
+//                  their inputs and are timed (nn::ActivationCheckpointing); checkpointing itself is
+//                  the model's switch
 //
 // "Strictly": a key Kiln does not know is an Error naming it, where it is, the keys allowed there and
 // the closest of them ("did you mean"); a DeepSpeed key that Kiln does not implement is an Error

@@ -12,6 +12,7 @@
 #include <limits>
 
 #include "core/grad_mode.h"
+#include "cuda/cuda.h"
 #include "data/safetensors.h"
 #include "distributed/comm/peer_error.h"
 #include "distributed/tensor_parallel/tensor_parallel.h"
@@ -22,7 +23,6 @@ namespace kiln {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Runs `work` on the ranks where `mine` is true, then tells every rank of `world` how it went: when
 // it failed anywhere, that rank throws its own Error and every other rank one that points to it (a
@@ -206,8 +206,9 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
              "Engine: the config has no \"optimizer\" section; add one, e.g. \"optimizer\": {{\"type\": \"AdamW\", "
              "\"params\": {{\"lr\": 1e-3}}}}");
   // "activation_checkpointing", where given: to every module of the model (the chunks, with
-  // several) that takes it; asked for, it must reach one.
-  if (const auto& keeping = config_.activation_checkpointing) {
+  // several) that takes it; asked for, it must reach one. Its profile is this engine's own.
+  if (auto& keeping = config_.activation_checkpointing) {
+    if (keeping->profile) keeping->profile = std::make_shared<autograd::CheckpointProfile>();
     int configured = 0;
     for (nn::Module* m : model_.modules()) {
       if (auto* c = dynamic_cast<nn::ConfiguresCheckpointing*>(m)) {
@@ -215,11 +216,12 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
         ++configured;
       }
     }
-    KILN_CHECK(configured > 0 || !(keeping->partition_activations || keeping->cpu_checkpointing),
-               "Engine: the config's \"activation_checkpointing\" says how checkpointed blocks keep their inputs, "
-               "but no module of this model checkpoints blocks that way ({} does not implement "
-               "nn::ConfiguresCheckpointing; models::GPT and models::ParallelGPT do); remove the section, or keep the "
-               "inputs yourself with autograd::CheckpointOptions::keep_input", model_.name());
+    KILN_CHECK(configured > 0 || !(keeping->partition_activations || keeping->cpu_checkpointing ||
+                                   keeping->synchronize_checkpoint_boundary || keeping->profile),
+               "Engine: the config's \"activation_checkpointing\" says how checkpointed blocks keep their inputs "
+               "or are timed, but no module of this model checkpoints blocks that way ({} does not implement "
+               "nn::ConfiguresCheckpointing; models::GPT and models::ParallelGPT do); remove the section, or set "
+               "autograd::CheckpointOptions (keep_input, synchronize, profile) where you checkpoint", model_.name());
   }
   // DeepSpeed converts the module itself: weights, activations and gradients in 16 bits.
   if (config_.fp16.enabled) model_.to(kFloat16);
@@ -227,6 +229,7 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
   const auto params = model_.parameters();
   KILN_CHECK(!params.empty(), "Engine: the model has no parameters");
   dtype_ = params[0].dtype();
+  device_ = params[0].device();
   // A user stage's copy of a tied weight stays out of its optimizer (the owner trains the weight):
   // ZeroOptimizer trains what requires grad, so the copy does not while it is built.
   std::vector<Tensor> copies;
@@ -299,10 +302,18 @@ void Engine::sum_tied_gradients(DType wide) {
 
 Engine::~Engine() = default;
 
+Clock::time_point Engine::now() const {
+  if (config_.wall_clock_breakdown && device_.is_cuda()) cuda::synchronize(device_.index);
+  return Clock::now();
+}
+double Engine::seconds_since(Clock::time_point t0) const {
+  return std::chrono::duration<double>(now() - t0).count();
+}
+
 Tensor Engine::forward(const Tensor& input) {
   KILN_CHECK(!pipeline_, "Engine.forward: a pipeline-parallel engine runs whole batches: call train_batch(input, "
              "target) (or eval_batch), as DeepSpeed's PipelineEngine");
-  const auto t0 = Clock::now();
+  const auto t0 = now();
   Tensor x = input;
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.is_floating_point()) x = x.to(kFloat16);
   Tensor out = model_(x);
@@ -316,7 +327,7 @@ void Engine::backward(const Tensor& loss) {
              loss.defined() ? loss.sizes().str() : "undefined");
   KILN_CHECK(!pipeline_, "Engine.backward: a pipeline-parallel engine runs whole batches: call train_batch(input, "
              "target), as DeepSpeed's PipelineEngine");
-  const auto t0 = Clock::now();
+  const auto t0 = now();
   optimizer_->set_gradient_accumulation_boundary(is_gradient_accumulation_boundary());
   Tensor scaled = loss;
   // The mean over the accumulated micro-batches, as one batch of gradient_accumulation_steps times
@@ -351,7 +362,7 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
   Tensor x = input;
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
   const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0;
-  const auto t0 = Clock::now();
+  const auto t0 = now();
   Tensor loss = pipeline_->train_batch(x, target);  // the gradients are reduced during the last backward
   if (!tied_.empty() || chunks_ > 1) {  // ... or now, with each tied weight's gradient from the other stage added
     if (!tied_.empty()) distributed::add_tied_gradients(tied_, *pipeline_comm_, tied_gradients_.get());
@@ -375,7 +386,7 @@ Tensor Engine::eval_batch(const Tensor& input) {
 }
 
 void Engine::optimizer_step() {
-  const auto t0 = Clock::now();
+  const auto t0 = now();
   scaler_->unscale_(*optimizer_);  // nothing without fp16; with it, an overflow anywhere is seen everywhere
   global_grad_norm_ = optimizer_->clip_grad_norm_(config_.gradient_clipping > 0 ? config_.gradient_clipping
                                                                                  : std::numeric_limits<double>::infinity(),
@@ -438,9 +449,21 @@ void Engine::report() {
       }
     }
     for (const std::string& line : memory_lines) std::printf("%s\n", line.c_str());
+    // activation_checkpointing's "profile": this rank's blocks (DeepSpeed logs each block's times on
+    // rank 0 as it runs; here they are summed over the steps since the last print).
+    if (const auto& keeping = config_.activation_checkpointing; keeping && keeping->profile) {
+      const autograd::CheckpointProfile& p = *keeping->profile;
+      const double n = static_cast<double>(config_.steps_per_print);
+      std::printf("[kiln] checkpointed blocks (ms per step, mean of %lld; %.4g forwards and %.4g backwards a step): "
+                  "forward %.2f | recompute %.2f | backward %.2f\n",
+                  static_cast<long long>(config_.steps_per_print), static_cast<double>(p.forwards) / n,
+                  static_cast<double>(p.backwards) / n, 1e3 * p.forward_s / n, 1e3 * p.recompute_s / n,
+                  1e3 * p.backward_s / n);
+    }
     std::fflush(stdout);
   }
   forward_s_ = backward_s_ = step_s_ = 0;
+  if (const auto& keeping = config_.activation_checkpointing; keeping && keeping->profile) *keeping->profile = {};
 }
 
 // ---- checkpoints ----

@@ -21,8 +21,10 @@
 // gradients. Stage 0 is plain data parallelism (gradients all-reduced during backward). The engine
 // owns the optimizer; zero_grad() is part of step(). Rank 0 prints every steps_per_print steps: the
 // step, lr, loss scale and gradient norm; with wall_clock_breakdown the time in forward, backward
-// and step; with memory_breakdown the tensor memory now and its peak since the last print (the
-// largest over the ranks, on the model's device and, for a GPU model, the host).
+// and step (waiting for a GPU at each phase's ends); with memory_breakdown the tensor memory now
+// and its peak since the last print (the largest over the ranks, on the model's device and, for a
+// GPU model, the host); with activation_checkpointing's profile, rank 0's checkpointed blocks'
+// forward, recompute and backward times (nn::ActivationCheckpointing::profile).
 //
 // Pipeline and tensor parallel (DeepSpeed's PipelineEngine, Megatron's 3D parallelism): built from
 // this rank's stage and a ParallelGrid, the engine runs each batch through a 1F1B Pipeline
@@ -201,8 +203,13 @@ class Engine {
   std::unique_ptr<distributed::ShardedGradScaler> scaler_;
   int64_t global_steps_ = 0, micro_steps_ = 0;
   double global_grad_norm_ = -1;
-  // wall_clock_breakdown: seconds since the last report
+  // wall_clock_breakdown: seconds since the last report, each phase timed from and to a moment when
+  // the model's device had finished what was queued (as DeepSpeed's SynchronizedWallClockTimer), so
+  // that a GPU's work counts in the phase that queued it
   double forward_s_ = 0, backward_s_ = 0, step_s_ = 0;
+  Device device_ = Device::cpu();  // the model's, when the engine was built
+  std::chrono::steady_clock::time_point now() const;
+  double seconds_since(std::chrono::steady_clock::time_point t0) const;
 };
 
 // DeepSpeed's deepspeed.initialize: the engine for `model` (returned by value; an Engine is not

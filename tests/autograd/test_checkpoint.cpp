@@ -1,6 +1,9 @@
 // tests/autograd/test_checkpoint.cpp: activation checkpointing gives the gradients of the plain
 // computation (dropout included, through the replayed generator) and keeps fewer bytes alive
 // between forward and backward.
+#include <chrono>
+#include <thread>
+
 #include "support.h"
 
 using namespace kiln;
@@ -323,4 +326,59 @@ TEST_CASE("checkpoint: a keep_input that gives back another tensor, or an input 
   check_error([&] { z.sum().backward(); },
               {"CheckpointBackward", "input 0", "modified by an in-place operation",
                "a checkpointed input must stay as it was until backward, kept in another form (keep_input) or not"});
+}
+
+namespace {
+
+// x * 1, whose backward sleeps `ms` milliseconds: a backward of known least duration.
+struct SlowBackward : autograd::Function<SlowBackward> {
+  static Tensor forward(autograd::AutogradContext* ctx, const Tensor& x, int ms) {
+    ctx->saved_data["ms"] = ms;
+    return x * 1;
+  }
+  static autograd::TensorList backward(autograd::AutogradContext* ctx, autograd::TensorList g) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::any_cast<int>(ctx->saved_data.at("ms"))));
+    return {g[0], Tensor()};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("checkpoint: profile counts forwards and backwards, and each phase's time holds that phase's work",
+          "[autograd]") {
+  // The forward sleeps 10 ms, the recompute 20 and the backward 40: each time is at least its own
+  // sleep (sleep_for never returns early), so a timer that missed its phase would fail. No upper
+  // bound is checked: timing never decides a test beyond what the clock guarantees.
+  int runs = 0;
+  auto fn = [&runs](const autograd::TensorList& in) {
+    ++runs;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 * runs));
+    return autograd::TensorList{SlowBackward::apply(in[0] * in[0], 40)};
+  };
+  auto profile = std::make_shared<autograd::CheckpointProfile>();
+  autograd::CheckpointOptions options;
+  options.profile = profile;
+  options.synchronize = true;  // nothing to wait for on the CPU: the same values
+  Tensor x = from_vector<float>({1, 2, 3}).requires_grad_();
+  Tensor y = autograd::checkpoint(fn, fn, {x * 1}, options)[0];
+  CHECK(profile->forwards == 1);
+  CHECK(profile->backwards == 0);
+  CHECK(profile->forward_s >= 0.010);
+  CHECK(profile->recompute_s == 0);
+  y.sum().backward();
+  CHECK(runs == 2);
+  CHECK(profile->forwards == 1);
+  CHECK(profile->backwards == 1);
+  CHECK(profile->recompute_s >= 0.020);
+  CHECK(profile->backward_s >= 0.040);
+  kiln::test::check_close(x.grad(), from_vector<float>({2, 4, 6}));
+
+  // A forward without grad mode is counted; it has no backward.
+  runs = 0;
+  {
+    NoGradGuard no_grad;
+    autograd::checkpoint(fn, fn, {x}, options);
+  }
+  CHECK(profile->forwards == 2);
+  CHECK(profile->backwards == 1);
 }
