@@ -22,7 +22,7 @@
 //                  at stage 3 only, as DeepSpeed),
 //                  contiguous_gradients, reduce_scatter, allgather_partitions,
 //                  offload_optimizer: {device: none | cpu, pin_memory},
-//                  offload_param: {device: none | cpu, pin_memory} (stage 3; CPU models only),
+//                  offload_param: {device: none | cpu, pin_memory} (stage 3),
 //                  sub_group_size (stage 3 steps its partition in sub-groups of about this size),
 //                  stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
 //                  stage3_model_persistence_threshold,

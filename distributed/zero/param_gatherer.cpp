@@ -57,6 +57,8 @@ ParamGatherer::ParamGatherer(Communicator& comm, const FlatLayout& layout, std::
       layout_(layout),
       options_(options),
       params_(std::move(params)),
+      device_(params_.empty() ? shard.device() : params_[0].device()),
+      gather_device_(comm.device().is_cpu() ? shard.device() : device_),
       gathered_(params_.size(), true),
       persistent_(params_.size(), false),
       pending_(params_.size()),
@@ -202,34 +204,43 @@ void ParamGatherer::prefetch() {
   }
 }
 
-Work ParamGatherer::all_gather_param(size_t k, Tensor& full) {
+ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k) {
   NoGradGuard no_grad;
   const FlatRange range = layout_.param(static_cast<int64_t>(k));
   const FlatRange part = layout_.partition(comm_.rank());
-  full = empty({range.size()}, shard_.options());
+  Pending p;
+  // Gathered on the host for a GPU, it goes to the GPU from pinned memory without the host waiting.
+  p.full = empty({range.size()}, TensorOptions(shard_.dtype())
+                                      .device(gather_device_)
+                                      .pinned_memory(gather_device_.is_cpu() && device_.is_cuda()));
   std::vector<Tensor> outputs;
   for (int r = 0; r < comm_.size(); ++r) {
     const FlatRange piece = intersect(range, layout_.partition(r));
-    outputs.push_back(full.narrow(0, piece.begin - range.begin, piece.size()));
+    outputs.push_back(p.full.narrow(0, piece.begin - range.begin, piece.size()));
   }
   const FlatRange mine = intersect(range, part);
-  return comm_.all_gather(
-      outputs, mine.empty() ? shard_.narrow(0, 0, 0) : shard_.narrow(0, mine.begin - part.begin, mine.size()),
-      /*async_op=*/true);
+  p.input = mine.empty() ? shard_.narrow(0, 0, 0) : shard_.narrow(0, mine.begin - part.begin, mine.size());
+  if (p.input.device() != gather_device_) p.input = p.input.to(gather_device_, /*non_blocking=*/p.input.is_pinned());
+  p.work = comm_.all_gather(outputs, p.input, /*async_op=*/true);
+  return p;
+}
+
+Tensor ParamGatherer::on_device(const Tensor& full) const {
+  NoGradGuard no_grad;
+  return full.device() == device_ ? full : full.to(device_, /*non_blocking=*/full.is_pinned());
 }
 
 void ParamGatherer::start(size_t k) {
-  Tensor full;
-  Work work = all_gather_param(k, full);
-  in_flight_numel_ += full.numel();
-  if (!persistent_[k]) live_numel_ += full.numel();
-  pending_[k] = Pending{std::move(work), std::move(full)};
+  Pending p = all_gather_param(k);
+  in_flight_numel_ += p.full.numel();
+  if (!persistent_[k]) live_numel_ += p.full.numel();
+  pending_[k] = std::move(p);
 }
 
 Tensor ParamGatherer::gathered_copy(size_t k) {
-  Tensor full;
-  all_gather_param(k, full).wait();
-  return full.view(shapes_[k]);
+  Pending p = all_gather_param(k);
+  p.work.wait();
+  return on_device(p.full).view(shapes_[k]);
 }
 
 void ParamGatherer::finish(size_t k) {
@@ -240,7 +251,7 @@ void ParamGatherer::finish(size_t k) {
   p.work.wait();
   stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   NoGradGuard no_grad;
-  params_[k].set_data(p.full.view(shapes_[k]));
+  params_[k].set_data(on_device(p.full).view(shapes_[k]));
   gathered_[k] = true;
 }
 
@@ -260,7 +271,7 @@ void ParamGatherer::done_with(size_t k) {
 
 void ParamGatherer::release(size_t k) {
   if (!gathered_[k]) return;
-  params_[k].set_data(empty({0}, shard_.options()));
+  params_[k].set_data(empty({0}, TensorOptions(shard_.dtype()).device(device_)));
   gathered_[k] = false;
   if (!persistent_[k]) live_numel_ -= numel_of(layout_, k);
 }

@@ -26,6 +26,11 @@
 // parameters of at most param_persistence_threshold elements are never dropped (each is one
 // all-gather per step instead of two per use). A fetch that differs from the trace (the model took
 // another path) stops the prefetching until the next step records a new trace.
+//
+// The shard may live in host memory while the parameters live on a GPU (offload_param, ZeRO-
+// Infinity's parameter offload). A communicator that carries host memory (MPI) then gathers each
+// parameter on the host and the whole of it is copied to the GPU once, when it is needed; one that
+// carries device memory (NCCL) gets this rank's piece copied to the GPU first and gathers there.
 #pragma once
 
 #include <cstdint>
@@ -60,9 +65,9 @@ class ParamGatherer {
     double wait_seconds = 0;    // spent waiting for all-gathers to complete (what prefetch did not hide)
   };
 
-  // params: the parameters the layout describes (of `model`), in its order; shard: this rank's
-  // partition of their flat weights (layout.partition_numel() elements). Drops every parameter
-  // but the persistent ones.
+  // params: the parameters the layout describes (of `model`), in its order, all on one device;
+  // shard: this rank's partition of their flat weights (layout.partition_numel() elements), on
+  // that device or in pinned host memory. Drops every parameter but the persistent ones.
   ParamGatherer(Communicator& comm, const FlatLayout& layout, std::vector<Tensor> params, Tensor shard,
                 nn::Module& model, Options options);
   ~ParamGatherer();  // removes the hooks and gathers every parameter (not while an Error unwinds)
@@ -93,7 +98,8 @@ class ParamGatherer {
   enum class TraceState { kRecord, kReplay, kMissed };
   struct Pending {
     Work work;
-    Tensor full;
+    Tensor full;   // where the all-gather writes: on gather_device_
+    Tensor input;  // what this rank sends, kept until the all-gather has completed
   };
 
   void hook_module(nn::Module& module, std::vector<size_t> owned);
@@ -105,13 +111,17 @@ class ParamGatherer {
   void done_with(size_t k);  // no forward reads it any more: drop it, unless it persists or returns soon
   void release(size_t k);
   size_t index_of(const Tensor& param) const;
-  // Starts the all-gather of parameter k's partitions into a new flat tensor (returned in `full`).
-  Work all_gather_param(size_t k, Tensor& full);
+  // Starts the all-gather of parameter k's partitions into a new flat tensor (the returned `full`).
+  Pending all_gather_param(size_t k);
+  // A completed all-gather's flat tensor on the parameters' device.
+  Tensor on_device(const Tensor& full) const;
 
   Communicator& comm_;
   const FlatLayout& layout_;
   Options options_;
   std::vector<Tensor> params_;
+  Device device_;         // the parameters'
+  Device gather_device_;  // the all-gathers': the shard's on a host communicator, else device_
   std::vector<Shape> shapes_;
   std::vector<bool> gathered_;
   std::vector<bool> persistent_;

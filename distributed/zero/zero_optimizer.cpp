@@ -77,11 +77,6 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   KILN_CHECK(accumulate == model_options.dtype() || (accumulate == kFloat32 && is_reduced_float(model_options.dtype())),
              "ZeRO: grad_accum_dtype is {} for a {} model; the gradients accumulate in the model's dtype or, for a "
              "16-bit model, in float32", dtype_name(accumulate), dtype_name(model_options.dtype()));
-  KILN_CHECK(!options_.offload_param || model_options.device().is_cpu(),
-             "ZeRO: offload_param (the weights' shard kept in host memory) is not implemented for a model on {}; "
-             "remove it, or offload the optimizer state instead (offload_optimizer), which is",
-             model_options.device().str());
-
   NoGradGuard no_grad;
   // The flat weights, rank 0's everywhere; the parameters become views of them.
   flat_params_ = zeros({layout_->padded_numel()}, model_options);
@@ -94,10 +89,21 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   comm_->broadcast(flat_params_, 0);
   for (const Tensor& b : model_.buffers()) comm_->broadcast(b, 0);
   shard_ = flat_params_.narrow(0, part.begin, part.size());
-  if (options_.stage == 3) shard_ = shard_.clone();
+  if (options_.stage == 3) {
+    // Stage 3's own shard: on the model's device, or with offload_param in pinned host memory, from
+    // which ParamGatherer copies what it gathers to the device.
+    if (options_.offload_param && !model_options.device().is_cpu()) {
+      Tensor host = empty({part.size()}, TensorOptions(model_options.dtype()).pinned_memory(true));
+      host.copy_(shard_);
+      shard_ = host;
+    } else {
+      shard_ = shard_.clone();
+    }
+  }
 
   // The master partition: the shard itself where it is already float32 or float64 and where the
-  // step runs (no copy), else a float32 copy (in host memory with offload_optimizer).
+  // step runs (no copy: a float32 model with both offloads steps its host shard), else a float32
+  // copy (in host memory with offload_optimizer).
   const DType master_dtype = is_reduced_float(model_options.dtype()) ? kFloat32 : model_options.dtype();
   const Device master_device = options_.offload_optimizer ? Device::cpu() : model_options.device();
   if (master_dtype == shard_.dtype() && master_device == shard_.device()) {

@@ -92,9 +92,12 @@ struct ZeroOptions {
   // step there; the gradients' partition is copied to the host and the weights back. On a CPU
   // model it changes nothing.
   bool offload_optimizer = false;
-  // ZeRO-Infinity's parameter offload (stage 3): keep the weights' shard in host memory. A CPU
-  // model's shard is there already, so it changes nothing; for a CUDA model it is not implemented
-  // and the constructor says so. At stages 0-2 it is an Error (DeepSpeed reads it at stage 3 only).
+  // ZeRO-Infinity's parameter offload (stage 3): keep the weights' shard in pinned host memory; each
+  // all-gather copies what it needs to the device (ParamGatherer), and the step writes the shard on
+  // the host (from a host master with offload_optimizer, which a float32 model's shard then is).
+  // The device holds only the parameters gathered at the time. A CPU model's shard is in host
+  // memory already, so it changes nothing there. At stages 0-2 it is an Error (DeepSpeed reads it at
+  // stage 3 only).
   bool offload_param = false;
   // Stage 3 steps each rank's partition a sub-group at a time: whole parameters' pieces, gathered
   // until a group holds >= sub_group_size elements (0: one parameter each; make_sub_groups in
@@ -207,10 +210,11 @@ class ZeroOptimizer : public optim::Optimizer {
   std::vector<FlatRange> sub_groups() const;
   const Tensor& master() const { return master_; }  // this rank's float32 master partition
 
-  // Bytes this rank holds for training, by kind (DeepSpeed's "model states"): weights (the flat
-  // buffer, or at stage 3 the shard and the persistent parameters), gradients (the flat buffer, or
-  // the partition's), float32 masters (0 where the partition is its own master) and optimizer
-  // state. Stage 2's buckets in flight and stage 3's gathered layers are transient and not counted.
+  // Bytes this rank holds for training, by kind (DeepSpeed's "model states"), on its device or, where
+  // offloaded, in host memory: weights (the flat buffer, or at stage 3 the shard and the persistent
+  // parameters), gradients (the flat buffer, or the partition's), float32 masters (0 where the
+  // partition is its own master) and optimizer state. Stage 2's buckets in flight and stage 3's
+  // gathered layers are transient and not counted.
   struct ModelStateBytes {
     int64_t params = 0, grads = 0, master = 0, optimizer_state = 0;
     int64_t total() const { return params + grads + master + optimizer_state; }

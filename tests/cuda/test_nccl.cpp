@@ -3,6 +3,7 @@
 // and kiln::Engine at every ZeRO stage on it against one process on the CPU.
 // Part of the GPU test binary, which exits 77 without a GPU; run alone it is world size 1 (an MPI
 // singleton), and under mpirun every rank needs a GPU of its own.
+#include <algorithm>
 #include <thread>
 
 #include "models/gpt.h"
@@ -221,7 +222,10 @@ TEST_CASE("nccl: CPU tensors and bad arguments are Errors before anything is sen
 // the ranks at every ZeRO stage (gradients reduced in buckets during backward, the optimizer's
 // state, the gradients and at stage 3 the weights sharded, each exchange on NCCL's stream), with
 // accumulation and clipping, against GPT on one process on the CPU with the whole batch. Run alone
-// it is world size 1: the collectives then copy, but every stream and event is the real one.
+// it is world size 1: the collectives then copy, but every stream and event is the real one. The
+// last case is stage 3 with the weights' shard and the optimizer in host memory (offload_param,
+// offload_optimizer): each rank's piece goes to the GPU before its all-gather, and the step runs on
+// the host in sub-groups.
 TEST_CASE("nccl: the engine at every ZeRO stage trains a GPT as one process on the CPU does", "[gpu][nccl]") {
   auto comm = nccl();
   if (!comm) return;
@@ -233,13 +237,17 @@ TEST_CASE("nccl: the engine at every ZeRO stage trains a GPT as one process on t
   c.block_size = 8;
   c.vocab_size = 24;
   const int64_t micro = 2, gas = 2;
-  for (int stage : {0, 1, 2, 3}) {
-    INFO("ZeRO stage " << stage);
+  for (int kase = 0; kase < 5; ++kase) {
+    const int stage = std::min(kase, 3);
+    const bool offload = kase == 4;
+    INFO("ZeRO stage " << stage << (offload ? ", offloaded" : ""));
+    const std::string offloading = offload ? R"(, "offload_param": {"device": "cpu"},
+        "offload_optimizer": {"device": "cpu"}, "sub_group_size": 2000)" : "";
     const Config cfg = Config::from_string(fmt::format(R"({{
         "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 0.5,
         "steps_per_print": 1000, "optimizer": {{"type": "SGD", "params": {{"lr": 0.1, "momentum": 0.9}}}},
         "zero_optimization": {{"stage": {}, "reduce_bucket_size": 3000, "overlap_comm": true,
-                                "stage3_param_persistence_threshold": 0}}}})", micro, gas, stage));
+                                "stage3_param_persistence_threshold": 0{}}}}})", micro, gas, stage, offloading));
     manual_seed(5);
     models::GPT ref(c);
     manual_seed(5);

@@ -165,8 +165,11 @@ namespace {
 
 // ZeRO-3 trains gpt_char's layers (2 of them) on `device` for 20 steps, against one process on the
 // CPU: the mean loss, every weight, and the whole model gathered for evaluation on rank 0 alone.
-// The tolerances on a GPU are wider: cuBLAS sums its products in another order than the CPU.
-void train_gpt_char_at_stage3(const Device& device) {
+// The tolerances on a GPU are wider: cuBLAS sums its products in another order than the CPU. With
+// `offload`, the weights' shard, the master and the optimizer state are in host memory
+// (offload_param and offload_optimizer) and the step runs in sub-groups. Returns the bytes the
+// optimizer's construction left allocated on `device`.
+int64_t train_gpt_char_at_stage3(const Device& device, bool offload = false) {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
   // The loss, the weights and the evaluation's logits: wider on a GPU.
@@ -185,8 +188,12 @@ void train_gpt_char_at_stage3(const Device& device) {
   local.to(device);
   // DeepSpeed's prefetch and reuse defaults; no parameter persists (under its default threshold
   // every one of gpt_char's would).
+  const int64_t before = memory::stats(device).allocated_bytes;
   ZeroOptimizer opt(local, comm, sgd(0.1), {.stage = 3, .reduce_bucket_size = 100'000, .overlap_comm = true,
+                                            .offload_optimizer = offload, .offload_param = offload,
+                                            .sub_group_size = offload ? 20'000 : 1'000'000'000,
                                             .stage3_param_persistence_threshold = 0});
+  const int64_t held = memory::stats(device).allocated_bytes - before;
   // GPT's forward reads the embedding's weight for its tied head itself.
   opt.register_external_parameter(local, local.transformer.wte.weight);
   optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
@@ -221,12 +228,14 @@ void train_gpt_char_at_stage3(const Device& device) {
   Tensor one = full({1}, 1.0);
   comm->all_reduce(one);  // the ranks are still in step
   check_close(one, full({1}, static_cast<double>(p)));
+  return held;
 }
 
 }  // namespace
 
 TEST_CASE("zero: stage 3 trains gpt_char (tied head, fused blocks) as one process does", "[distributed]") {
   train_gpt_char_at_stage3(Device::cpu());
+  train_gpt_char_at_stage3(Device::cpu(), /*offload=*/true);  // in sub-groups; nothing moves on the CPU
 }
 
 // Several ranks sharing the one GPU, through the MPI backend's host staging: stage 3's gathers,
@@ -235,6 +244,23 @@ TEST_CASE("zero: stage 3 trains gpt_char (tied head, fused blocks) as one proces
 TEST_CASE("zero: stage 3 on the GPU, through MPI, trains gpt_char as one process on the CPU does",
           "[.][gpu][distributed]") {
   train_gpt_char_at_stage3(Device::cuda(0));
+}
+
+// ZeRO-Infinity's parameter offload with ZeRO-Offload: the shard in pinned host memory, gathered
+// there and copied to the GPU whole when needed, and stepped on the host in sub-groups.
+TEST_CASE("zero: stage 3 on the GPU with offload_param and offload_optimizer trains gpt_char as one process does, "
+          "the shard off the device", "[.][gpu][distributed]") {
+  const int64_t held_on_device = train_gpt_char_at_stage3(Device::cuda(0));
+  const int64_t held_offloaded = train_gpt_char_at_stage3(Device::cuda(0), /*offload=*/true);
+  // A float32 model's shard is its own master: on the device without offloading, in host memory
+  // with it. This rank's partition of gpt_char's 2 layers: at least a 1/size of its elements.
+  auto comm = init("mpi");
+  models::GPTConfig config = models::GPTConfig::gpt_char();
+  config.n_layer = 2;
+  int64_t numel = 0;
+  for (const Tensor& t : models::GPT(config).parameters()) numel += t.numel();
+  const int64_t shard_bytes = numel / comm->size() * 4;
+  CHECK(held_on_device - held_offloaded >= shard_bytes);
 }
 
 TEST_CASE("zero: stage 3's prefetch, persistent parameters and reuse train gpt_char as one process does",
