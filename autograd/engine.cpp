@@ -19,6 +19,7 @@
 
 #include "autograd/autograd.h"
 #include "ops/autocast.h"
+#include "ops/flops.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -113,6 +114,7 @@ TensorList run(const std::vector<Edge>& roots, const TensorList& root_grads, boo
   // See Note [autocast] in ops/autocast.h.
   autocast::clear_cache();
   autocast::StateGuard no_autocast(autocast::State{});
+  flops::Paused not_counted;  // a flops count holds the forward's ops (ops/flops.h)
   // 1. Dependencies.
   std::unordered_map<Node*, int> deps;
   std::unordered_map<Node*, std::shared_ptr<Node>> alive;  // keeps every node alive while we run

@@ -112,7 +112,7 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
       // autograd/checkpoint.cpp); a block with hooks runs whole both times, hooks and all.
       x = nn::checkpoint_module(*b, x, checkpointed, recompute_skips_unread_);
     } else {
-      x = b->forward(x, caches ? &(*caches)[static_cast<size_t>(i)] : nullptr);
+      x = caches ? b->forward(x, &(*caches)[static_cast<size_t>(i)]) : (*b)(x);  // through its hooks
     }
   }
   x = transformer.ln_f(x);

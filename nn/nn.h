@@ -1,10 +1,11 @@
 // nn/nn.h: everything of kiln::nn in one include: Module, the layers (attention and transformer blocks
-// too), the losses and functional forms, and nn::init.
+// too), the losses and functional forms, nn::init and the flops profiler.
 #pragma once
 
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/conv.h"
+#include "nn/flops_profiler.h"
 #include "nn/functional.h"
 #include "nn/init.h"
 #include "nn/linear.h"

@@ -194,7 +194,7 @@ TransformerBlock::TransformerBlock(int64_t n_embd, int64_t n_head, TransformerOp
 }
 
 std::tuple<Tensor, Tensor> TransformerBlock::attention_half(const Tensor& x, KVCache* cache) {
-  Tensor a = attn.forward(ln_1(x), cache);
+  Tensor a = cache ? attn.forward(ln_1(x), cache) : attn(ln_1(x));  // through its hooks, where it can
   if (ln_2.has_forward_hooks()) {  // the hooks must see ln_2's input and output
     Tensor h = x + a;
     return {h, ln_2(h)};

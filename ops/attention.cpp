@@ -28,6 +28,7 @@
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
+#include "ops/flops.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -237,6 +238,8 @@ Tensor attention(const char* op, const Tensor& query, const Tensor& key, const T
   KILN_CHECK(!(is_causal && attn_mask.defined()),
              "{}: give attn_mask or is_causal = true, not both (fold the causal mask into attn_mask)", op);
   Shape batch = broadcast_shapes(broadcast_shapes(batch_of(query), batch_of(key), op), batch_of(value), op);
+  // Q Kᵀ and the product with V per head, and the softmax over the scores.
+  flops::Op count(batch.numel() * L * S * (E + value.sizes()[value.dim() - 1]), batch.numel() * L * S);
   if (attn_mask.defined()) {
     check_same_device(op, query, attn_mask);
     KILN_CHECK(attn_mask.dtype() == kBool || attn_mask.dtype() == query.dtype(),

@@ -12,6 +12,7 @@
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
+#include "ops/flops.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -99,6 +100,8 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
   }
   Tensor x = input.contiguous(), w = weight.contiguous(), b = bias.defined() ? bias.contiguous() : Tensor();
   Tensor out = empty_tensor(out_shape, x.dtype(), x.device());
+  // Per output element, (C_in / groups) x kH x kW products; and the bias's add.
+  flops::Op count(out.numel() * w.numel() / w.size(0), b.defined() ? out.numel() : 0);
   View bias_view;
   if (b.defined()) bias_view = view_of(b);
   if (out.numel() > 0) {

@@ -5,6 +5,7 @@
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
+#include "ops/flops.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -42,6 +43,7 @@ DType floating_of(DType t) { return is_floating(t) ? t : kFloat32; }
 Tensor unary_forward(UnaryOp op, const Tensor& x, DType dtype, UnaryArgs args = {}) {
   Tensor in = cast_no_grad(x, dtype);
   Tensor out = empty_tensor(x.sizes(), op == UnaryOp::LogicalNot ? kBool : dtype, x.device());
+  flops::Op count(0, is_floating(out.dtype()) ? out.numel() : 0);
   backend_for(x.device()).unary(op, view_of(in), view_of(out), args, stream_for(x.device()));
   return out;
 }
@@ -88,6 +90,7 @@ Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, DType compu
   Shape shape = a.sizes() == b.sizes() ? a.sizes() : broadcast_shapes(a.sizes(), b.sizes(), name);
   Tensor ac = cast_no_grad(a, compute), bc = cast_no_grad(b, compute);
   Tensor out = empty_tensor(shape, is_comparison(op) ? kBool : compute, a.device());
+  flops::Op count(0, is_floating(out.dtype()) ? out.numel() : 0);
   backend_for(a.device())
       .binary(op, broadcast_view(ac, shape), broadcast_view(bc, shape), view_of(out), alpha,
               stream_for(a.device()));
@@ -304,6 +307,7 @@ bool bias_gelu_fuses(DType dtype) { return fusion_enabled() && (dtype == kFloat3
 
 Tensor bias_gelu(const Tensor& input, const Tensor& bias, std::string_view approximate) {
   const char* op = "bias_gelu";
+  flops::Op count(0, 2 * input.numel());  // the add and the GELU
   const bool tanh_form = parse_gelu_approximate(approximate, op);
   KILN_CHECK(input.dim() >= 1 && bias.dim() == 1 && bias.size(0) == input.size(-1),
              "{}: bias must be 1-D with as many elements as the input's last dim; got input {} and bias {}", op,

@@ -6,6 +6,7 @@
 #include "core/grad_mode.h"
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
+#include "ops/flops.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -43,6 +44,7 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, const Shape& shape_a, const S
   sb.push_back(K), sb.push_back(N);
   sc.push_back(M), sc.push_back(N);
   Tensor out = empty_tensor(sc, a.dtype(), a.device());
+  flops::Op count(batch.numel() * M * K * N, 0);
   backend_for(a.device()).matmul(broadcast_view(a, sa), broadcast_view(b, sb), view_of(out), stream_for(a.device()));
   if (should_record(a, b)) {
     record("MatmulBackward", {a, b}, {out},
@@ -113,6 +115,7 @@ static void check_addmm(const char* op, const Tensor& bias, const Tensor& a, con
 // out = bias + a @ b for checked operands, recording nothing: the bias in the GEMM's epilogue where the
 // backend can (Backend::matmul_bias), else matmul and add_.
 static void addmm_into(const Tensor& out, const Tensor& bias, const Tensor& a, const Tensor& b) {
+  flops::Op count(a.size(0) * a.size(1) * b.size(1), out.numel());  // the product, and the bias's add
   Backend& backend = backend_for(a.device());
   const Stream s = stream_for(a.device());
   if (bias.dim() == 1 && bias.size(0) == out.size(1)) {  // what a backend may fuse
@@ -200,6 +203,7 @@ Tensor addmm_gelu(const Tensor& bias, const Tensor& a, const Tensor& b, std::str
     const Tensor bc = bias.contiguous();
     if (backend_for(a.device())
             .matmul_bias_gelu(view_of(a), view_of(b), view_of(bc), view_of(out), view_of(pre), stream_for(a.device()))) {
+      flops::Op count(M * a.size(1) * N, 2 * M * N);  // the product, the bias's add and the GELU
       if (should_record({bias, a, b})) {
         // Saves the GELU's input pre (written by the same GEMM), not recomputed: as bias_gelu saves
         // its input, the same bytes.

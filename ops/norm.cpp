@@ -17,6 +17,7 @@
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
+#include "ops/flops.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -186,6 +187,7 @@ int64_t check_trailing(const Tensor& input, const Shape& normalized_shape, const
 // The trailing-dims norms: input (..., normalized_shape).
 Tensor trailing_norm(const Tensor& input, const Shape& normalized_shape, const Tensor& weight, const Tensor& bias,
                      double eps, bool rms, const char* op) {
+  flops::Op count(0, input.numel() * (weight.defined() ? 5 : 4));
   const int64_t M = check_trailing(input, normalized_shape, weight, bias, op);
   const int64_t R = M == 0 ? 0 : input.numel() / M;
   if (fusable(input, weight, bias)) {
@@ -234,6 +236,7 @@ std::tuple<Tensor, Tensor> add_layer_norm(const Tensor& x, const Tensor& residua
   }
   const int64_t M = check_trailing(x, normalized_shape, weight, bias, op), R = M == 0 ? 0 : x.numel() / M;
   auto flat = [M](const Tensor& t) { return t.defined() ? t.reshape({M}) : Tensor(); };
+  flops::Op count(0, x.numel() * (weight.defined() ? 6 : 5));  // the add, then layer_norm's
   auto [sum, out] = fused_norm(x.reshape({R, M}), residual.reshape({R, M}), flat(weight), flat(bias), eps, false);
   return {sum.reshape(x.sizes()), out.reshape(x.sizes())};
 }
@@ -259,6 +262,7 @@ Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight,
     if (autocast::OpScope ac{autocast::Op::GroupNorm, input.device()})
       return group_norm(ac.cast(input), num_groups, ac.cast(weight), ac.cast(bias), eps);
   }
+  flops::Op count(0, input.numel() * (weight.defined() ? 5 : 4));
   const char* op = "group_norm";
   KILN_CHECK(input.dim() >= 2, "{}: expected an input of at least 2 dims (N, C, *), got shape {}", op,
              input.sizes().str());
@@ -284,6 +288,7 @@ Tensor group_norm(const Tensor& input, int64_t num_groups, const Tensor& weight,
 Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
                   const Tensor& bias, bool training, double momentum, double eps) {
   const char* op = "batch_norm";
+  flops::Op count(0, input.numel() * (weight.defined() ? 5 : 4));
   KILN_CHECK(input.dim() >= 2, "{}: expected an input of at least 2 dims (N, C) or (N, C, *), got shape {}", op,
              input.sizes().str());
   KILN_CHECK(is_floating(input.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(input.dtype()));

@@ -8,6 +8,7 @@
 // take them as they are (the maxima are the same values; a gradient is summed in float32 there).
 
 #include "ops/dispatch.h"
+#include "ops/flops.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -220,6 +221,7 @@ Tensor adaptive_avg_pool1d(const Tensor& x, int64_t output_size) {
 std::tuple<Tensor, Tensor> max_pool2d_with_indices(const Tensor& x, const Shape& kernel_size, const Shape& stride,
                                                    const Shape& padding, const Shape& dilation, bool ceil_mode) {
   const char* op = "max_pool2d";
+  flops::Op count(0, x.numel());
   check_pool_input(x, op);
   Pool2dArgs a = pool_args(kernel_size, stride, padding, dilation, op);
   if (max_pool_through_float32(x)) {
@@ -252,6 +254,7 @@ Tensor max_pool2d(const Tensor& x, const Shape& kernel_size, const Shape& stride
 Tensor avg_pool2d(const Tensor& x, const Shape& kernel_size, const Shape& stride, const Shape& padding,
                   bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor_override) {
   const char* op = "avg_pool2d";
+  flops::Op count(0, x.numel());
   check_pool_input(x, op);
   Pool2dArgs a = pool_args(kernel_size, stride, padding, {1, 1}, op);
   a.count_include_pad = count_include_pad;

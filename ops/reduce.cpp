@@ -5,6 +5,7 @@
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
+#include "ops/flops.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -48,6 +49,7 @@ Plan make_plan(const Tensor& x, const Shape& dims, bool keepdim, const char* op)
 }
 
 Tensor reduce_raw(ReduceKind op, const Tensor& x, const Plan& plan, DType out_dtype) {
+  flops::Op count(0, is_floating(out_dtype) ? x.numel() : 0);
   Tensor out = empty_tensor(plan.keep_shape, out_dtype, x.device());
   backend_for(x.device()).reduce(op, view_of(x), view_of(out), stream_for(x.device()));
   return out.sizes() == plan.out_shape ? out : out.view(plan.out_shape);

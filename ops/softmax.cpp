@@ -4,6 +4,7 @@
 //   log_softmax: dx = g - exp(y) * sum(g)
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
+#include "ops/flops.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -20,6 +21,7 @@ static Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   KILN_CHECK(is_floating(x.dtype()), "{}: needs a floating-point input, got {}", name, dtype_name(x.dtype()));
   int d = wrap_dim(dim, x.dim(), name);
   if (x.dim() == 0) return softmax_impl(x.reshape({1}), 0, log).reshape({});
+  flops::Op count(0, x.numel());
   Tensor out = empty_tensor(x.sizes(), x.dtype(), x.device());
   backend_for(x.device()).softmax(view_of(x), view_of(out), d, log, stream_for(x.device()));
   if (should_record(x)) {
@@ -50,6 +52,7 @@ Tensor log_softmax(const Tensor& x, int64_t dim) {
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index,
                              double label_smoothing) {
   const char* op = "softmax_cross_entropy";
+  flops::Op count(0, logits.numel());  // as its log_softmax
   KILN_CHECK(logits.dim() == 2 && is_floating(logits.dtype()),
              "{}: logits must be floating (R, C), got {} {}", op, dtype_name(logits.dtype()), logits.sizes().str());
   KILN_CHECK(target.dim() == 1 && target.size(0) == logits.size(0) &&

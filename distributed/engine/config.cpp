@@ -24,7 +24,7 @@ using json = nlohmann::json;
 const std::set<std::string> kUnsupportedTop = {
     "amp", "aio", "autotuning", "checkpoint", "comms_logger", "compression_training", "csv_monitor",
     "curriculum_learning", "data_efficiency", "disable_allgather", "dump_state", "eigenvalue", "elasticity",
-    "flops_profiler", "hybrid_engine", "nebula", "pipeline", "progressive_layer_drop", "quantize_training",
+    "hybrid_engine", "nebula", "pipeline", "progressive_layer_drop", "quantize_training",
     "sparse_attention", "sparse_gradients", "tensorboard", "torch_autocast", "wandb", "compile",
     "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type", "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
@@ -476,6 +476,21 @@ void read_activation_checkpointing(Section& top, const std::string& source, Conf
   s.finish();
 }
 
+// DeepSpeed's "flops_profiler": which step's forward to profile on rank 0 and what to print.
+void read_flops_profiler(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("flops_profiler")) return;
+  Section s(source, "flops_profiler", top.at("flops_profiler"));
+  auto& f = cfg.flops_profiler;
+  s.read("enabled", f.enabled);
+  s.read("recompute_fwd_factor", f.recompute_fwd_factor, 0.0);
+  s.read("profile_step", f.profile_step, 0);
+  s.read("module_depth", f.module_depth, -1);
+  s.read("top_modules", f.top_modules, 1);
+  s.read("detailed", f.detailed);
+  if (s.has("output_file") && !s.at("output_file").is_null()) s.read("output_file", f.output_file);
+  s.finish();
+}
+
 // A dtype named as DeepSpeed's DtypeEnum names them ("fp32", "float32", "float", "torch.float32",
 // ... any case), or nothing.
 std::optional<DType> dtype_named(const std::string& given) {
@@ -554,6 +569,7 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   read_fp16(top, source, cfg);
   read_zero(top, source, cfg);
   read_activation_checkpointing(top, source, cfg);
+  read_flops_profiler(top, source, cfg);
   read_data_types(top, source, cfg);
   top.finish();
   KILN_CHECK(cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu,

@@ -34,6 +34,8 @@
 //                  contiguous_memory_optimization only false}: how the blocks a model checkpoints keep
 //                  their inputs and are timed (nn::ActivationCheckpointing); checkpointing itself is
 //                  the model's switch
+//   flops_profiler {enabled, profile_step, module_depth, top_modules, detailed, output_file,
+//                  recompute_fwd_factor}: nn::FlopsProfiler on rank 0's forward at profile_step
 //
 // "Strictly": a key Kiln does not know is an Error naming it, where it is, the keys allowed there and
 // the closest of them ("did you mean"); a DeepSpeed key that Kiln does not implement is an Error
@@ -69,7 +71,22 @@ struct Config {
   int64_t steps_per_print = 10;        // rank 0 prints the step, lr and loss scale this often
   bool wall_clock_breakdown = false;   // ... and the time spent in forward, backward and step
   bool memory_breakdown = false;       // ... and the tensor memory: now, and the peak since the last print
-  bool zero_allow_untested_optimizer = false;  // accepted for compatibility: every Kiln optimizer is
+  bool zero_allow_untested_optimizer = false;  // accepted for compatibility: ZeRO takes every Kiln optimizer
+
+  // "flops_profiler" (DeepSpeed's keys and defaults): rank 0 profiles the first forward of the step
+  // that starts after profile_step steps (nn::FlopsProfiler), and prints the profile with the
+  // backward's and the step's latencies when that step ends (or writes it to output_file).
+  struct FlopsProfiler {
+    bool enabled = false;
+    int64_t profile_step = 1;
+    int module_depth = -1;  // -1: every depth
+    int top_modules = 1;
+    bool detailed = true;
+    std::string output_file;  // empty: stdout
+    // Checkpointed blocks run their forward again in backward: fwd+bwd flops are (3 + this) x fwd.
+    double recompute_fwd_factor = 0;
+  };
+  FlopsProfiler flops_profiler;
 
   // "optimizer": the type picks the struct its params fill (DeepSpeed's types, any case). DeepSpeed's
   // "Adam" is its FusedAdam, whose weight decay is decoupled (AdamW's) unless "adam_w_mode": false,

@@ -16,6 +16,7 @@
 #include "data/safetensors.h"
 #include "distributed/comm/peer_error.h"
 #include "distributed/tensor_parallel/tensor_parallel.h"
+#include "nn/flops_profiler.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -185,6 +186,10 @@ Engine::Engine(std::unique_ptr<nn::Module> holder, const std::vector<nn::Module*
   auto scaled = [this, loss_fn = std::move(loss_fn)](const Tensor& output, const Tensor& target) {
     return scaler_->scale(loss_fn(output, target));
   };
+  KILN_CHECK(!config_.flops_profiler.enabled,
+             "Engine: \"flops_profiler\" profiles the forward that Engine.forward runs, and a pipeline-parallel "
+             "engine runs its stages' forwards inside train_batch; remove the section, and profile a stage's module "
+             "with nn::FlopsProfiler around a forward of your own");
   pipeline_ = std::make_unique<distributed::Pipeline>(chunks, pipeline_comm_, scaled, options);
   // The parameters whole on every rank of the tensor group add to the norm on its first rank alone.
   if (tensor_comm_->size() > 1) {
@@ -316,7 +321,18 @@ Tensor Engine::forward(const Tensor& input) {
   const auto t0 = now();
   Tensor x = input;
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.is_floating_point()) x = x.to(kFloat16);
+  // DeepSpeed's flops profiler: rank 0's first forward once profile_step steps have been taken.
+  const bool profile = config_.flops_profiler.enabled && profiling_ == Profiling::kNotYet &&
+                       global_steps_ == config_.flops_profiler.profile_step && world_->rank() == 0;
+  if (profile) {
+    flops_profiler_ = std::make_unique<nn::FlopsProfiler>(model_);
+    flops_profiler_->start_profile();
+  }
   Tensor out = model_(x);
+  if (profile) {
+    flops_profiler_->stop_profile();
+    profiling_ = Profiling::kForwardDone;
+  }
   forward_s_ += seconds_since(t0);
   return out;
 }
@@ -335,6 +351,11 @@ void Engine::backward(const Tensor& loss) {
   if (batch_.gradient_accumulation_steps > 1) scaled = scaled / static_cast<double>(batch_.gradient_accumulation_steps);
   scaler_->scale(scaled).backward();
   backward_s_ += seconds_since(t0);
+  if (profiling_ == Profiling::kForwardDone) {  // the profiled forward's backward, all its device work
+    if (device_.is_cuda()) cuda::synchronize(device_.index);
+    profiled_backward_s_ = std::chrono::duration<double>(Clock::now() - t0).count();
+    profiling_ = Profiling::kBackwardDone;
+  }
 }
 
 void Engine::step() {
@@ -397,8 +418,35 @@ void Engine::optimizer_step() {
   if (stepped && scheduler_) scheduler_->step();  // DeepSpeed does not advance the schedule on a skipped step
   optimizer_->zero_grad();
   ++global_steps_;
-  step_s_ += seconds_since(t0);
+  const double seconds = seconds_since(t0);
+  step_s_ += seconds;
+  if (flops_profiler_ && profiling_ == Profiling::kBackwardDone) print_flops_profile(seconds);
   if (global_steps_ % config_.steps_per_print == 0) report();
+}
+
+void Engine::print_flops_profile(double step_s) {
+  const Config::FlopsProfiler& f = config_.flops_profiler;
+  const double fwd_s = flops_profiler_->get_total_duration(), bwd_s = profiled_backward_s_;
+  const double flops = static_cast<double>(flops_profiler_->get_total_flops());
+  auto line = [](const std::string& label, const std::string& value) {
+    return fmt::format("{:<62}{}", label + ": ", value);
+  };
+  auto rate = [](double n, double s) { return s > 0 ? fmt::format("{:.2f} GFLOPS", n / s / 1e9) : std::string("-"); };
+  const std::vector<std::string> extra = {
+      line("bwd latency", fmt::format("{:.2f} ms", 1e3 * bwd_s)),
+      line("bwd FLOPS per device = 2 * fwd flops per device / bwd latency", rate(2 * flops, bwd_s)),
+      line(fmt::format("fwd+bwd FLOPS per device = {:g} * fwd flops per device / (fwd+bwd latency)",
+                       3 + f.recompute_fwd_factor),
+           rate((3 + f.recompute_fwd_factor) * flops, fwd_s + bwd_s)),
+      line("step latency", fmt::format("{:.2f} ms", 1e3 * step_s)),
+      line("iter latency", fmt::format("{:.2f} ms", 1e3 * (fwd_s + bwd_s + step_s))),
+      line("world size", std::to_string(world_->size())),
+      line("data parallel size", std::to_string(comm_->size())),
+      line("batch size per device", std::to_string(batch_.micro_batch_size)),
+  };
+  flops_profiler_->print_model_profile(global_steps_, f.module_depth, f.top_modules, f.detailed, f.output_file, extra);
+  flops_profiler_->end_profile();
+  profiling_ = Profiling::kDone;
 }
 
 std::vector<double> Engine::get_lr() const {

@@ -24,7 +24,9 @@
 // and step (waiting for a GPU at each phase's ends); with memory_breakdown the tensor memory now
 // and its peak since the last print (the largest over the ranks, on the model's device and, for a
 // GPU model, the host); with activation_checkpointing's profile, rank 0's checkpointed blocks'
-// forward, recompute and backward times (nn::ActivationCheckpointing::profile).
+// forward, recompute and backward times (nn::ActivationCheckpointing::profile). With
+// "flops_profiler", rank 0 profiles one forward (nn::FlopsProfiler) and prints the profile at the
+// end of its step, as DeepSpeed's engine does (not on a pipeline: profile a stage's module itself).
 //
 // Pipeline and tensor parallel (DeepSpeed's PipelineEngine, Megatron's 3D parallelism): built from
 // this rank's stage and a ParallelGrid, the engine runs each batch through a 1F1B Pipeline
@@ -70,6 +72,10 @@
 #include "distributed/pipeline/pipeline.h"
 #include "distributed/zero/zero_optimizer.h"
 #include "optim/lr_scheduler.h"
+
+namespace kiln::nn {
+class FlopsProfiler;  // nn/flops_profiler.h
+}
 
 namespace kiln {
 
@@ -166,6 +172,7 @@ class Engine {
   std::string load_stage(const std::string& dir, const std::string& tag);  // load_checkpoint's work on this rank
   void optimizer_step();  // at an accumulation boundary: unscale, clip, step, schedule, zero_grad
   void report();
+  void print_flops_profile(double step_seconds);
   std::string stage_folder(const std::string& dir, const std::string& tag) const;
   std::vector<distributed::Communicator*> model_parallel() const;  // the tensor and pipeline axes
 
@@ -208,6 +215,11 @@ class Engine {
   // that a GPU's work counts in the phase that queued it
   double forward_s_ = 0, backward_s_ = 0, step_s_ = 0;
   Device device_ = Device::cpu();  // the model's, when the engine was built
+  // "flops_profiler": made at the forward it profiles; the backward and step after it are timed,
+  // and the step prints the profile and ends it.
+  std::unique_ptr<nn::FlopsProfiler> flops_profiler_;
+  enum class Profiling { kNotYet, kForwardDone, kBackwardDone, kDone } profiling_ = Profiling::kNotYet;
+  double profiled_backward_s_ = 0;
   std::chrono::steady_clock::time_point now() const;
   double seconds_since(std::chrono::steady_clock::time_point t0) const;
 };

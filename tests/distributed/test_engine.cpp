@@ -341,7 +341,7 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
   bad(R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "output_path": "tb/"}})",
       {"\"tensorboard\" is a DeepSpeed option that Kiln does not implement"});
   // Without "enabled": false, a section with settings in it is taken as asking for the feature.
-  bad(R"({"train_batch_size": 8, "flops_profiler": {"profile_step": 1}})", {"\"flops_profiler\" is a DeepSpeed option"});
+  bad(R"({"train_batch_size": 8, "comms_logger": {"verbose": true}})", {"\"comms_logger\" is a DeepSpeed option"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"zero_hpz_partition_size": 4}})",
       {"\"zero_optimization.zero_hpz_partition_size\" is a DeepSpeed option that Kiln does not implement, and 4 asks "
        "for it", "turn it off (1;"});
@@ -434,6 +434,78 @@ TEST_CASE("engine: \"activation_checkpointing\" reaches the modules that take it
     kiln::initialize(mlp, Config::from_string(R"({"train_micro_batch_size_per_gpu": 2,
         "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "activation_checkpointing": {"profile": true}})"), comm);
   }, {"\"activation_checkpointing\" says how checkpointed blocks keep their inputs or are timed"});
+}
+
+TEST_CASE("engine: flops_profiler prints rank 0's profile of one forward at the step DeepSpeed prints it",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const models::GPTConfig c{.n_layer = 2, .n_head = 2, .n_embd = 16, .block_size = 8, .vocab_size = 20};
+  const int64_t B = 3, T = 8, d = 16, V = 20;
+  // gpt's MACs per forward: 12 d^2 per token and layer, attention's 2 T^2 d per layer, the head's.
+  const int64_t macs = 2 * (B * T * 12 * d * d + 2 * B * T * T * d) + B * T * d * V;
+  const std::filesystem::path file =
+      std::filesystem::temp_directory_path() / fmt::format("kiln_engine_flops_{}.txt", comm->size());
+  for (bool to_file : {false, true}) {
+    INFO("to a file: " << to_file);
+    manual_seed(4);
+    models::GPT gpt(c);
+    Engine engine = kiln::initialize(gpt, Config::from_string(fmt::format(R"({{
+        "train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 2, "steps_per_print": 100,
+        "optimizer": {{"type": "SGD", "params": {{"lr": 0.1}}}},
+        "flops_profiler": {{"enabled": true, "profile_step": 1, "module_depth": 1, "top_modules": 2,
+                            "detailed": false, "output_file": {}, "recompute_fwd_factor": 0.0}}}})",
+        to_file ? "\"" + file.string() + "\"" : "null")), comm);
+    manual_seed(comm->rank());
+    const std::string out = kiln::test::captured_output(1, [&] {
+      for (int k = 0; k < 6; ++k) {  // 3 steps of 2 micro-batches
+        Tensor idx = randint(0, V, {B, T});
+        engine.backward(models::GPT::loss(engine(idx), randint(0, V, {B, T})));
+        engine.step();
+      }
+    });
+    comm->barrier();
+    std::string text = out;
+    if (to_file) {
+      CHECK(out.empty());
+      if (comm->rank() == 0) {
+        std::ifstream in(file);
+        std::stringstream written;
+        written << in.rdbuf();
+        text = written.str();
+        std::filesystem::remove(file);
+      }
+    }
+    if (comm->rank() != 0) {
+      CHECK(out.empty());  // rank 0 profiles and prints
+      continue;
+    }
+    INFO(text);
+    auto count = [&](const std::string& what) {
+      size_t n = 0;
+      for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+      return n;
+    };
+    CHECK(count("Profile Summary at step 2:") == 1);  // profiled after 1 step, printed as DeepSpeed does
+    CHECK(count("Profile Summary") == 1);
+    CHECK(count(fmt::format("{:<62}{:.2f} KMACs", "fwd MACs per device:", macs / 1e3)) == 1);
+    CHECK(count(fmt::format("{:<62}{}", "batch size per device:", 3)) == 1);
+    CHECK(count(fmt::format("{:<62}{}", "data parallel size:", comm->size())) == 1);
+    CHECK(count("\nbwd latency:") == 1);
+    CHECK(count("fwd+bwd FLOPS per device = 3 * fwd flops per device / (fwd+bwd latency):") == 1);
+    CHECK(count("step latency:") == 1);
+    CHECK(count("depth 1:") == 1);
+    CHECK(count("depth 2:") == 0);  // module_depth 1
+    CHECK(count("Detailed Profile") == 0);
+  }
+  auto bad = [](const std::string& json, const std::vector<std::string>& fragments) {
+    check_error([&] { Config::from_string(json, "ds_config.json"); }, fragments);
+  };
+  bad(R"({"train_batch_size": 8, "flops_profiler": {"profile_step": -1}})",
+      {"\"flops_profiler.profile_step\" must be >= 0, not -1"});
+  bad(R"({"train_batch_size": 8, "flops_profiler": {"module_depth": -2}})",
+      {"\"flops_profiler.module_depth\" must be >= -1, not -2"});
+  bad(R"({"train_batch_size": 8, "flops_profiler": {"profile_steps": 3}})",
+      {"\"flops_profiler.profile_steps\" is not a key Kiln knows", "did you mean \"profile_step\""});
 }
 
 TEST_CASE("engine: activation_checkpointing's profile prints the checkpointed blocks' times; it and "
