@@ -39,15 +39,27 @@ class Counting {
   Counts* previous_;
 };
 
-// Whether this thread counts now (a Counting scope, outside a counted op and outside backward).
-bool counting();
+namespace detail {
+// A Counting scope is on, and no counted op and no backward runs: one thread-local load per op
+// when off (as autocast's switch).
+extern thread_local constinit bool t_counting;
+void add(int64_t macs, int64_t other_flops);  // and pause
+void resume();
+}  // namespace detail
+
+// Whether this thread counts now.
+inline bool counting() { return detail::t_counting; }
 
 // An op's own count: adds macs and flops (2 * macs are added for the products) and stops the ops it
 // runs inside from counting while it lives.
 class Op {
  public:
-  Op(int64_t macs, int64_t other_flops);
-  ~Op();
+  Op(int64_t macs, int64_t other_flops) : counted_(detail::t_counting) {
+    if (counted_) detail::add(macs, other_flops);
+  }
+  ~Op() {
+    if (counted_) detail::resume();
+  }
   Op(const Op&) = delete;
   Op& operator=(const Op&) = delete;
 
