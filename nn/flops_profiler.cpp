@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -29,15 +30,16 @@ std::string milliseconds(double s) { return fmt::format("{:.2f} ms", 1e3 * s); }
 std::string percent(double part, double whole) { return fmt::format("{:.2f}%", whole > 0 ? 100 * part / whole : 0.0); }
 std::string per_second(int64_t flops, double s) { return s > 0 ? with_unit(flops / s, "FLOPS") : "0.00 FLOPS"; }
 
-int64_t params_of(Module& m) {
+int64_t params_of(Module& m, const std::function<int64_t(const Tensor&)>& numel) {
   int64_t n = 0;
-  for (const Tensor& p : m.parameters()) n += p.numel();  // each parameter once
+  for (const Tensor& p : m.parameters()) n += numel ? numel(p) : p.numel();  // each parameter once
   return n;
 }
 
 }  // namespace
 
-FlopsProfiler::FlopsProfiler(Module& model) : model_(model) {}
+FlopsProfiler::FlopsProfiler(Module& model, std::function<int64_t(const Tensor&)> numel)
+    : model_(model), numel_(std::move(numel)) {}
 
 FlopsProfiler::~FlopsProfiler() { end_profile(); }
 
@@ -53,7 +55,7 @@ void FlopsProfiler::start_profile() {
       profiles_.push_back({.name = name,
                            .type = m->name(),
                            .depth = name.empty() ? 0 : 1 + static_cast<int>(std::count(name.begin(), name.end(), '.')),
-                           .params = params_of(*m)});
+                           .params = params_of(*m, numel_)});
       hooks_.push_back(m->register_forward_pre_hook([this, i](Module&, const Tensor& x) {
         if (!counting_) return x;  // stopped
         wait_for_device();
@@ -102,7 +104,9 @@ void FlopsProfiler::end_profile() {
 
 int64_t FlopsProfiler::get_total_flops() const { return profiles_.empty() ? 0 : profiles_[0].counts.flops; }
 int64_t FlopsProfiler::get_total_macs() const { return profiles_.empty() ? 0 : profiles_[0].counts.macs; }
-int64_t FlopsProfiler::get_total_params() const { return profiles_.empty() ? params_of(model_) : profiles_[0].params; }
+int64_t FlopsProfiler::get_total_params() const {
+  return profiles_.empty() ? params_of(model_, numel_) : profiles_[0].params;
+}
 double FlopsProfiler::get_total_duration() const { return profiles_.empty() ? 0 : profiles_[0].seconds; }
 
 std::string FlopsProfiler::model_profile(int64_t profile_step, int module_depth, int top_modules, bool detailed,

@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,7 +32,9 @@ namespace kiln::nn {
 
 class FlopsProfiler {
  public:
-  explicit FlopsProfiler(Module& model);
+  // numel gives a parameter's element count where numel() does not (ZeRO stage 3 drops the
+  // parameters between uses: ZeroOptimizer::full_numel); empty: numel().
+  explicit FlopsProfiler(Module& model, std::function<int64_t(const Tensor&)> numel = {});
   ~FlopsProfiler();
   FlopsProfiler(const FlopsProfiler&) = delete;
   FlopsProfiler& operator=(const FlopsProfiler&) = delete;
@@ -83,6 +86,7 @@ class FlopsProfiler {
   void wait_for_device() const;
 
   Module& model_;
+  std::function<int64_t(const Tensor&)> numel_;
   Device device_ = Device::cpu();  // the model's, whose queued work the hooks wait for
   std::vector<ModuleProfile> profiles_;
   std::vector<std::vector<Entry>> open_;  // per module: its forwards running now

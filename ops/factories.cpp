@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "ops/dispatch.h"
+#include "ops/flops.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -145,6 +146,7 @@ Tensor bernoulli(const Shape& shape, double p, TensorOptions options, Generator*
 }
 
 Tensor dropout(const Tensor& input, double p, bool train, Generator* gen) {
+  flops::Op uncounted(0, 0);  // dropout counts nothing (ops/flops.h), its mask's product neither
   KILN_CHECK(p >= 0 && p <= 1, "dropout: probability p must be in [0, 1], got {}", p);
   if (!train || p == 0) return input;
   KILN_CHECK(is_floating(input.dtype()), "dropout: needs a floating-point input, got {}", dtype_name(input.dtype()));
@@ -157,6 +159,7 @@ Tensor dropout(const Tensor& input, double p, bool train, Generator* gen) {
 
 Tensor dropout_part(const Tensor& input, double p, bool train, int64_t dim, int64_t start, int64_t whole,
                     Generator* gen) {
+  flops::Op uncounted(0, 0);  // as dropout
   // The cut is checked in evaluation too, so that a wrong one shows before training does.
   KILN_CHECK(p >= 0 && p <= 1, "dropout_part: probability p must be in [0, 1], got {}", p);
   KILN_CHECK(input.dim() > 0, "dropout_part: needs a dim to cut along; a scalar has none (use dropout)");

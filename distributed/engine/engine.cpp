@@ -228,6 +228,16 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
                "nn::ConfiguresCheckpointing; models::GPT and models::ParallelGPT do); remove the section, or set "
                "autograd::CheckpointOptions (keep_input, synchronize, profile) where you checkpoint", model_.name());
   }
+  // "flops_profiler": rank 0 writes output_file after the profiled step; a directory that is not
+  // there is an Error now, on every rank.
+  if (const auto& f = config_.flops_profiler; f.enabled && !f.output_file.empty()) {
+    run_and_agree(*world_, world_->rank() == 0, "Engine", "checking flops_profiler.output_file", [&] {
+      const std::filesystem::path dir = std::filesystem::path(f.output_file).parent_path();
+      KILN_CHECK(dir.empty() || std::filesystem::is_directory(dir),
+                 "Engine: \"flops_profiler.output_file\" is '{}', but the directory '{}' does not exist; create it, "
+                 "or give another path", f.output_file, dir.string());
+    });
+  }
   // DeepSpeed converts the module itself: weights, activations and gradients in 16 bits.
   if (config_.fp16.enabled) model_.to(kFloat16);
   if (config_.bf16.enabled) model_.to(kBFloat16);
@@ -325,7 +335,8 @@ Tensor Engine::forward(const Tensor& input) {
   const bool profile = config_.flops_profiler.enabled && profiling_ == Profiling::kNotYet &&
                        global_steps_ == config_.flops_profiler.profile_step && world_->rank() == 0;
   if (profile) {
-    flops_profiler_ = std::make_unique<nn::FlopsProfiler>(model_);
+    flops_profiler_ = std::make_unique<nn::FlopsProfiler>(
+        model_, [this](const Tensor& p) { return optimizer_->full_numel(p); });  // stage 3 drops them
     flops_profiler_->start_profile();
   }
   Tensor out = model_(x);

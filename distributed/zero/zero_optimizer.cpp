@@ -327,6 +327,13 @@ void ZeroOptimizer::zero_grad(bool /*set_to_none*/) {
   pending_factors_.clear();
 }
 
+int64_t ZeroOptimizer::full_numel(const Tensor& p) const {
+  for (size_t k = 0; k < params_.size(); ++k) {
+    if (params_[k].is_same(p)) return layout_->param(static_cast<int64_t>(k)).size();
+  }
+  return p.numel();
+}
+
 ZeroOptimizer::ModelStateBytes ZeroOptimizer::model_state_bytes() const {
   ModelStateBytes b;
   b.params = options_.stage == 3 ? shard_.nbytes() + gatherer_->persistent_bytes() : flat_params_.nbytes();

@@ -209,6 +209,9 @@ class ZeroOptimizer : public optim::Optimizer {
   optim::Optimizer& inner(size_t k = 0) { return *sub_groups_.at(k).inner; }
   std::vector<FlatRange> sub_groups() const;
   const Tensor& master() const { return master_; }  // this rank's float32 master partition
+  // The elements of parameter p whole, also while stage 3 has dropped it (DeepSpeed's ds_numel);
+  // p.numel() for a tensor this optimizer does not train.
+  int64_t full_numel(const Tensor& p) const;
 
   // Bytes this rank holds for training, by kind (DeepSpeed's "model states"), on its device or, where
   // offloaded, in host memory: weights (the flat buffer, or at stage 3 the shard and the persistent

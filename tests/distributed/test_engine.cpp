@@ -497,6 +497,37 @@ TEST_CASE("engine: flops_profiler prints rank 0's profile of one forward at the 
     CHECK(count("depth 2:") == 0);  // module_depth 1
     CHECK(count("Detailed Profile") == 0);
   }
+  // ZeRO stage 3 drops the parameters between uses: the profile counts them whole.
+  {
+    manual_seed(4);
+    models::GPT gpt(c);
+    int64_t params = 0;
+    for (const Tensor& p : gpt.parameters()) params += p.numel();
+    Engine engine = kiln::initialize(gpt, Config::from_string(R"({"train_micro_batch_size_per_gpu": 3,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, "zero_optimization": {"stage": 3},
+        "flops_profiler": {"enabled": true, "profile_step": 0, "detailed": false}})"), comm);
+    engine.optimizer().register_external_parameter(gpt, gpt.transformer.wte.weight);  // the tied head
+    const std::string out = kiln::test::captured_output(1, [&] {
+      Tensor idx = randint(0, V, {B, T});
+      engine.backward(models::GPT::loss(engine(idx), randint(0, V, {B, T})));
+      engine.step();
+    });
+    if (comm->rank() == 0) {
+      INFO(out);
+      CHECK(out.find(fmt::format("{:<62}{:.2f} K\n", "params per device:", params / 1e3)) != std::string::npos);
+      CHECK(out.find(fmt::format("{:<62}{:.2f} KMACs", "fwd MACs per device:", macs / 1e3)) != std::string::npos);
+    }
+  }
+  // An output_file in a directory that is not there: an Error on every rank when the engine is built.
+  {
+    models::GPT gpt(c);
+    check_error([&] {
+      kiln::initialize(gpt, Config::from_string(R"({"train_micro_batch_size_per_gpu": 3,
+          "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+          "flops_profiler": {"enabled": true, "output_file": "/nonexistent-kiln-dir/profile.txt"}})"), comm);
+    }, comm->rank() == 0 ? std::vector<std::string>{"flops_profiler.output_file", "'/nonexistent-kiln-dir' does not exist"}
+                         : std::vector<std::string>{"checking flops_profiler.output_file failed on another rank"});
+  }
   auto bad = [](const std::string& json, const std::vector<std::string>& fragments) {
     check_error([&] { Config::from_string(json, "ds_config.json"); }, fragments);
   };

@@ -76,6 +76,8 @@ TEST_CASE("flops: each op counts its MACs and flops by DeepSpeed's rules, once, 
   CHECK(counted([&] { layer_norm(m, {10}, ones({10}), zeros({10})); }).flops == 150);
   CHECK(counted([&] { layer_norm(m, {10}); }).flops == 120);
   CHECK(counted([&] { m.t().contiguous().view({30}); }).flops == 0);
+  CHECK(counted([&] { dropout(m, 0.5); }).flops == 0);
+  CHECK(counted([&] { nn::functional::embedding(randint(0, 10, {4}), m.t().contiguous()); }).flops == 0);
   CHECK(counted([&] { m.lt(0.5); }).flops == 0);  // a comparison's result is not floating
 
   // Backward counts nothing; nested scopes count their own.
