@@ -303,6 +303,9 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
     out = out.to(input.dtype());
     return input.dim() == 3 ? out.squeeze(0) : out;
   }
+  // Each input element times (C_out / groups) x kH x kW weights; and the bias's add.
+  flops::Op count(input.numel() * weight.numel() / w[0],
+                  bias.defined() ? in[0] * w[1] * groups * (h_min + op_h) * (w_min + op_w) : 0);
   const int64_t extra_h = op_h / a.stride_h, extra_w = op_w / a.stride_w;  // zero rows and columns of x
   if (extra_h > 0 || extra_w > 0) x = pad(x, {0, extra_w, 0, extra_h});
   Tensor out = conv2d_backward_input(x, weight, {in[0], w[1] * groups, h_min + op_h, w_min + op_w}, stride_of(a),

@@ -4,7 +4,8 @@
 //   - products count their multiply-accumulates (MACs) and 2 flops per MAC: matmul, mm, bmm and
 //     addmm (M·K·N per product, and one flop per element of addmm's bias add; linear is one of
 //     them, or a matmul and a bias add), the convolutions (per output element, in_channels / groups
-//     × the kernel's size, and one flop per element for the bias), and scaled_dot_product_attention
+//     × the kernel's size, and one flop per element for the bias; a transposed convolution per
+//     input element, out_channels / groups × the kernel's size), and scaled_dot_product_attention
 //     (L·S·(E + Ev) per head: Q Kᵀ and the product with V, plus one flop per score for the softmax;
 //     a causal mask's zeros are counted too, as DeepSpeed does);
 //   - elementwise ops (unary and binary, floating results: one per output element), softmax,

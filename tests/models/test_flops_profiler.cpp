@@ -57,6 +57,14 @@ TEST_CASE("flops: each op counts its MACs and flops by DeepSpeed's rules, once, 
   c = counted([&] { conv3d(randn({1, 2, 5, 6, 6}), randn({4, 2, 3, 3, 3})); });
   CHECK(c.macs == (4 * 3 * 4 * 4) * (2 * 3 * 3 * 3));
 
+  // conv_transpose2d: per input element, C_out / groups x kH x kW products; the bias per output
+  // element. The (1, 4, 5, 5) input to 6 channels, stride 2: a (1, 6, 11, 11) output.
+  c = counted([&] { conv_transpose2d(randn({1, 4, 5, 5}), randn({4, 6, 3, 3}), randn({6}), {2, 2}); });
+  CHECK(c.macs == 4 * 5 * 5 * 6 * 3 * 3);
+  CHECK(c.flops == 2 * c.macs + 6 * 11 * 11);
+  c = counted([&] { conv_transpose1d(randn({2, 4, 7}), randn({4, 3, 3})); });  // as a 2-D one of height 1
+  CHECK(c.macs == 2 * 4 * 7 * 3 * 3);
+
   // Attention: per head, L x S x (E + Ev) products and L x S softmax flops; causal counts them all.
   Tensor q = randn({2, 3, 5, 8}), k = randn({2, 3, 7, 8}), v = randn({2, 3, 7, 4});
   c = counted([&] { scaled_dot_product_attention(q, k, v); });
