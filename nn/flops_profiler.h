@@ -12,10 +12,10 @@
 // The ops count their own work (ops/flops.h has the rules, DeepSpeed's: 2 flops per MAC of the
 // products, one per element of the elementwise ops, ...); forward hooks on every module take the
 // counts and the time between a module's entry and its exit (waiting for a GPU at both, as
-// DeepSpeed's hooks do). Backward is not counted, as in
-// DeepSpeed, whose summary takes backward as twice the forward's flops. Counting is per thread:
-// start_profile and stop_profile on the thread that runs the forward. kiln::initialize's engine runs
-// it for the config's "flops_profiler" section at its profile_step, on rank 0.
+// DeepSpeed's hooks do). Backward is not counted, as in DeepSpeed, whose summary takes backward as
+// twice the forward's flops. Counting is per thread: start_profile and stop_profile on the thread
+// that runs the forward. kiln::initialize's engine runs it for the config's "flops_profiler"
+// section at its profile_step, on rank 0.
 #pragma once
 
 #include <chrono>
@@ -46,7 +46,6 @@ class FlopsProfiler {
   void stop_profile();
   void reset_profile();
   void end_profile();  // stops, and removes the hooks
-  bool started() const { return counting_ != nullptr; }
 
   int64_t get_total_flops() const;   // the model's forwards while counting
   int64_t get_total_macs() const;
