@@ -1,5 +1,5 @@
 // data/data.h: everything in data/, in one include: datasets, the DataLoader, Fashion-MNIST /
-// MNIST, synthetic images, byte-level text, and safetensors files.
+// MNIST, synthetic images, byte-level text, safetensors files, and TensorBoard event files.
 #pragma once
 
 #include "data/byte_text.h"
@@ -9,3 +9,4 @@
 #include "data/mnist.h"
 #include "data/safetensors.h"
 #include "data/synthetic.h"
+#include "data/tensorboard.h"

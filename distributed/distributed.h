@@ -7,6 +7,7 @@
 
 #include "distributed/algorithms/ring.h"
 #include "distributed/comm/communicator.h"
+#include "distributed/comm/comms_logger.h"
 #include "distributed/ddp/ddp.h"
 #include "distributed/engine/engine.h"
 #include "distributed/grid/grid.h"

@@ -635,6 +635,7 @@ int run(int argc, char** argv) {
                                   engine ? engine->skipped_steps() : scaler.skipped_steps()).c_str()
                     : "");
   }
+  if (engine && !quiet) engine->log_summary();  // the DeepSpeed config's comms_logger table, if any
   std::string why;
   const std::string png = main_rank ? train::plot_losses(history, out_dir, &why) : "";
   if (main_rank && png.empty() && !quiet) std::printf("train_gpt: no plot: %s\n", why.c_str());

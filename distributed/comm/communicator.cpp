@@ -10,6 +10,7 @@
 #include "distributed/comm/work.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
+#include "distributed/comm/comms_logger.h"
 
 namespace kiln::distributed {
 
@@ -338,6 +339,7 @@ void abort_job(int exit_code) { mpi_abort(exit_code); }
 bool same_on_every_rank(Communicator& comm, std::string_view bytes) {
   const int64_t h = hash_bytes(bytes.data(), bytes.size());
   Tensor extremes = from_vector<int64_t>({h, -h});
+  CommCaller caller("same_on_every_rank");
   comm.all_reduce(extremes, ReduceOp::Max);
   const auto e = extremes.to_vector<int64_t>();
   return e[0] == -e[1];  // the largest hash equals the smallest

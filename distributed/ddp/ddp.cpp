@@ -6,6 +6,7 @@
 #include "autograd/autograd.h"
 #include "core/grad_mode.h"
 #include "ops/ops.h"
+#include "distributed/comm/comms_logger.h"
 
 namespace kiln::distributed {
 
@@ -117,6 +118,7 @@ struct DistributedDataParallel::Reducer {
   }
 
   void launch(Bucket& b) {
+    CommCaller caller("DistributedDataParallel");
     b.work = comm.all_reduce(b.flat, ReduceOp::Avg, /*async_op=*/true);
     b.launched = true;
   }

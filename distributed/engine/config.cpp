@@ -22,10 +22,9 @@ using json = nlohmann::json;
 // DeepSpeed keys that Kiln does not implement, by section: naming them apart from typos tells the
 // user that the key is right but the feature is not here.
 const std::set<std::string> kUnsupportedTop = {
-    "amp", "aio", "autotuning", "checkpoint", "comms_logger", "compression_training", "csv_monitor",
-    "curriculum_learning", "data_efficiency", "disable_allgather", "dump_state", "eigenvalue", "elasticity",
+    "amp", "aio", "autotuning", "checkpoint", "comet", "compression_training", "curriculum_learning", "data_efficiency", "disable_allgather", "dump_state", "eigenvalue", "elasticity",
     "hybrid_engine", "nebula", "pipeline", "progressive_layer_drop", "quantize_training",
-    "sparse_attention", "sparse_gradients", "tensorboard", "torch_autocast", "wandb", "compile",
+    "sparse_attention", "sparse_gradients", "torch_autocast", "wandb", "compile",
     "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type", "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
     "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
@@ -56,7 +55,7 @@ std::string off_value(const std::string& key) {
 // Whether a DeepSpeed key that Kiln does not implement asks for nothing where it is: set to
 // DeepSpeed's "off" (false, null, a section with "enabled": false or holding nothing but false and
 // null, or off_value's number), as configs written for DeepSpeed often carry them
-// ("sparse_gradients": false, "tensorboard": {"enabled": false}). Such a key is accepted and does
+// ("sparse_gradients": false, "wandb": {"enabled": false}). Such a key is accepted and does
 // nothing; any other value of it is an Error.
 bool asks_for_nothing(const std::string& key, const json& v) {
   if (kNoOffValue.count(key)) return false;
@@ -491,6 +490,48 @@ void read_flops_profiler(Section& top, const std::string& source, Config& cfg) {
   s.finish();
 }
 
+// DeepSpeed's "comms_logger": which communication operations to time (distributed/comm/comms_logger.h).
+void read_comms_logger(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("comms_logger") || top.at("comms_logger").is_null()) return;
+  Section s(source, "comms_logger", top.at("comms_logger"));
+  auto& c = cfg.comms_logger;
+  s.read("enabled", c.enabled);
+  s.read("verbose", c.verbose);
+  s.read("prof_all", c.prof_all);
+  s.read("debug", c.debug);
+  if (s.has("prof_ops") && !s.at("prof_ops").is_null()) {
+    const json& v = s.at("prof_ops");
+    if (!v.is_array()) s.fail_at("prof_ops", "must be a list of operation names (\"all_reduce\", ...), not " + type_name(v));
+    for (const json& x : v) {
+      if (!x.is_string()) s.fail_at("prof_ops", "must be a list of operation names; it holds " + type_name(x));
+      const std::string op = x.get<std::string>();
+      if (std::find(std::begin(distributed::kCommOpNames), std::end(distributed::kCommOpNames), op) ==
+          std::end(distributed::kCommOpNames)) {
+        std::string names;
+        for (const char* n : distributed::kCommOpNames) names += (names.empty() ? "" : ", ") + std::string(n);
+        s.fail_at("prof_ops", fmt::format("names \"{}\", which is not a communication operation; the operations are: {}",
+                                          op, names));
+      }
+      c.prof_ops.push_back(op);
+    }
+  }
+  s.finish();
+}
+
+// DeepSpeed's monitors "tensorboard" and "csv_monitor": where rank 0 writes the training events.
+void read_monitor(Section& top, const std::string& source, const std::string& key, Config::Monitor& m) {
+  if (!top.has(key) || top.at(key).is_null()) return;
+  Section s(source, key, top.at(key));
+  s.read("enabled", m.enabled);
+  if (s.has("output_path") && !s.at("output_path").is_null()) s.read("output_path", m.output_path);
+  if (s.has("job_name") && !s.at("job_name").is_null()) s.read("job_name", m.job_name);
+  if (m.job_name.empty() || m.job_name.find('/') != std::string::npos || m.job_name == "." || m.job_name == "..") {
+    s.fail_at("job_name", fmt::format("is \"{}\"; it names the folder the events go to under output_path: give a "
+                                      "name without '/'", m.job_name));
+  }
+  s.finish();
+}
+
 // A dtype named as DeepSpeed's DtypeEnum names them ("fp32", "float32", "float", "torch.float32",
 // ... any case), or nothing.
 std::optional<DType> dtype_named(const std::string& given) {
@@ -570,6 +611,9 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   read_zero(top, source, cfg);
   read_activation_checkpointing(top, source, cfg);
   read_flops_profiler(top, source, cfg);
+  read_comms_logger(top, source, cfg);
+  read_monitor(top, source, "tensorboard", cfg.tensorboard);
+  read_monitor(top, source, "csv_monitor", cfg.csv_monitor);
   read_data_types(top, source, cfg);
   top.finish();
   KILN_CHECK(cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu,

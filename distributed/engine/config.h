@@ -36,6 +36,10 @@
 //                  the model's switch
 //   flops_profiler {enabled, profile_step, module_depth, top_modules, detailed, output_file,
 //                  recompute_fwd_factor}: nn::FlopsProfiler on rank 0's forward at profile_step
+//   comms_logger  {enabled, verbose, prof_all, debug, prof_ops}: the engine's communication timed
+//                  (distributed::CommsLogger; Engine::log_summary)
+//   tensorboard, csv_monitor {enabled, output_path, job_name}: the training events written by rank 0
+//                  (DeepSpeed's monitors; "wandb" and "comet" need their services and are refused)
 //
 // "Strictly": a key Kiln does not know is an Error naming it, where it is, the keys allowed there and
 // the closest of them ("did you mean"); a DeepSpeed key that Kiln does not implement is an Error
@@ -50,6 +54,7 @@
 #include <optional>
 #include <string>
 
+#include "distributed/comm/comms_logger.h"
 #include "distributed/zero/zero_optimizer.h"
 #include "nn/container.h"
 #include "optim/adagrad.h"
@@ -87,6 +92,20 @@ struct Config {
     double recompute_fwd_factor = 0;
   };
   FlopsProfiler flops_profiler;
+
+  // "comms_logger" (DeepSpeed's keys and defaults): the engine's communication is timed, made
+  // blocking (distributed/comm/comms_logger.h); Engine::log_summary prints the table.
+  distributed::CommsLoggerOptions comms_logger;
+
+  // "tensorboard" and "csv_monitor" (DeepSpeed's monitors): rank 0 writes the training events
+  // (Train/Samples/train_loss, lr, loss_scale, ...) under output_path/job_name/
+  // (distributed/engine/monitor.h).
+  struct Monitor {
+    bool enabled = false;
+    std::string output_path;  // "": the working directory
+    std::string job_name = "DeepSpeedJobName";
+  };
+  Monitor tensorboard, csv_monitor;
 
   // "optimizer": the type picks the struct its params fill (DeepSpeed's types, any case). DeepSpeed's
   // "Adam" is its FusedAdam, whose weight decay is decoupled (AdamW's) unless "adam_w_mode": false,

@@ -14,7 +14,9 @@
 #include "core/grad_mode.h"
 #include "cuda/cuda.h"
 #include "data/safetensors.h"
+#include "distributed/comm/comms_logger.h"
 #include "distributed/comm/peer_error.h"
+#include "distributed/engine/monitor.h"
 #include "distributed/tensor_parallel/tensor_parallel.h"
 #include "nn/flops_profiler.h"
 #include "ops/ops.h"
@@ -41,6 +43,7 @@ void run_and_agree(distributed::Communicator& world, bool mine, const char* who,
     }
   }
   Tensor ok = from_vector<int32_t>({failure ? 0 : 1}).to(world.device());
+  distributed::CommCaller caller("Engine: every rank's outcome");
   world.all_reduce(ok, distributed::ReduceOp::Min);
   if (failure) std::rethrow_exception(failure);
   if (ok.item<int32_t>() != 1) {
@@ -206,6 +209,16 @@ Engine::Engine(std::unique_ptr<nn::Module> holder, const std::vector<nn::Module*
 
 void Engine::init(std::shared_ptr<distributed::Communicator> world) {
   world_ = std::move(world);
+  // "comms_logger": every communicator the engine and what it builds (the ZeRO optimizer, the
+  // pipeline, the scaler) talk on goes through the logger from here on.
+  if (config_.comms_logger.enabled) {
+    comms_logger_ = std::make_shared<distributed::CommsLogger>(config_.comms_logger, world_->rank() == 0);
+    const bool same = world_ == comm_;
+    comm_ = distributed::log_communication(comm_, comms_logger_);
+    world_ = same ? comm_ : distributed::log_communication(world_, comms_logger_);
+    if (pipeline_comm_) pipeline_comm_ = distributed::log_communication(pipeline_comm_, comms_logger_);
+    if (tensor_comm_) tensor_comm_ = distributed::log_communication(tensor_comm_, comms_logger_);
+  }
   batch_ = config_.resolve_batch(comm_->size());
   KILN_CHECK(config_.optimizer.has_value(),
              "Engine: the config has no \"optimizer\" section; add one, e.g. \"optimizer\": {{\"type\": \"AdamW\", "
@@ -236,6 +249,20 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
       KILN_CHECK(dir.empty() || std::filesystem::is_directory(dir),
                  "Engine: \"flops_profiler.output_file\" is '{}', but the directory '{}' does not exist; create it, "
                  "or give another path", f.output_file, dir.string());
+    });
+  }
+  // "tensorboard" and "csv_monitor": rank 0 makes their directories now; one it cannot make stops
+  // every rank.
+  if (config_.tensorboard.enabled || config_.csv_monitor.enabled) {
+    run_and_agree(*world_, world_->rank() == 0, "Engine", "creating the monitors' directories", [&] {
+      auto monitors = std::make_unique<MonitorMaster>();
+      if (const auto& m = config_.tensorboard; m.enabled) {
+        monitors->add(std::make_unique<TensorBoardMonitor>(m.output_path, m.job_name));
+      }
+      if (const auto& m = config_.csv_monitor; m.enabled) {
+        monitors->add(std::make_unique<CsvMonitor>(m.output_path, m.job_name));
+      }
+      monitor_ = std::move(monitors);
     });
   }
   // DeepSpeed converts the module itself: weights, activations and gradients in 16 bits.
@@ -362,6 +389,15 @@ void Engine::backward(const Tensor& loss) {
   if (batch_.gradient_accumulation_steps > 1) scaled = scaled / static_cast<double>(batch_.gradient_accumulation_steps);
   scaler_->scale(scaled).backward();
   backward_s_ += seconds_since(t0);
+  // The monitors' train_loss: rank 0's micro-batch losses averaged over the step, written at its
+  // boundary with the samples before the step (as DeepSpeed's backward writes it).
+  if (monitor_) {
+    monitor_loss_ += loss.item<double>() / static_cast<double>(batch_.gradient_accumulation_steps);
+    if (is_gradient_accumulation_boundary()) {
+      monitor_->write_events({{"Train/Samples/train_loss", monitor_loss_, global_samples()}});
+      monitor_loss_ = 0;
+    }
+  }
   if (profiling_ == Profiling::kForwardDone) {  // the profiled forward's backward, all its device work
     if (device_.is_cuda()) cuda::synchronize(device_.index);
     profiled_backward_s_ = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -406,8 +442,14 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
   if (!tied_.empty()) distributed::copy_tied_weights(tied_, *pipeline_comm_);  // the owners' new weights
   // The mean over the data-parallel ranks of their batches' losses.
   Tensor mean = full({1}, loss.item<double>() / scale, TensorOptions(kFloat64).device(comm_->device()));
-  if (comm_->size() > 1) comm_->all_reduce(mean, distributed::ReduceOp::Avg);
-  return mean.reshape({}).to(Device::cpu(), kFloat32);
+  if (comm_->size() > 1) {
+    distributed::CommCaller caller("Engine.train_batch: the mean loss");
+    comm_->all_reduce(mean, distributed::ReduceOp::Avg);
+  }
+  Tensor result = mean.reshape({}).to(Device::cpu(), kFloat32);
+  // As DeepSpeed's PipelineEngine: the batch's loss, at the samples after the step.
+  if (monitor_) monitor_->write_events({{"Train/Samples/train_loss", result.item<double>(), global_samples()}});
+  return result;
 }
 
 Tensor Engine::eval_batch(const Tensor& input) {
@@ -432,7 +474,34 @@ void Engine::optimizer_step() {
   const double seconds = seconds_since(t0);
   step_s_ += seconds;
   if (flops_profiler_ && profiling_ == Profiling::kBackwardDone) print_flops_profile(seconds);
+  if (monitor_) write_step_events();
   if (global_steps_ % config_.steps_per_print == 0) report();
+}
+
+// DeepSpeed's events after a step, at the samples after it: the first group's lr, fp16's loss
+// scale, and with wall_clock_breakdown each phase's milliseconds in this step (a pipeline
+// interleaves forward and backward: their sum is the backward's).
+void Engine::write_step_events() {
+  const int64_t samples = global_samples();
+  std::vector<MonitorEvent> events{{"Train/Samples/lr", get_lr().at(0), samples}};
+  if (config_.fp16.enabled) events.push_back({"Train/Samples/loss_scale", loss_scale(), samples});
+  if (config_.wall_clock_breakdown) {
+    if (!pipeline_) {
+      events.push_back({"Train/Samples/elapsed_time_ms_forward", 1e3 * (forward_s_ - monitored_forward_s_), samples});
+    }
+    events.push_back({"Train/Samples/elapsed_time_ms_backward", 1e3 * (backward_s_ - monitored_backward_s_), samples});
+    events.push_back({"Train/Samples/elapsed_time_ms_step", 1e3 * (step_s_ - monitored_step_s_), samples});
+    monitored_forward_s_ = forward_s_;
+    monitored_backward_s_ = backward_s_;
+    monitored_step_s_ = step_s_;
+  }
+  monitor_->write_events(events);
+}
+
+void Engine::log_summary() {
+  if (!comms_logger_ || world_->rank() != 0) return;
+  std::printf("%s", comms_logger_->summary().c_str());
+  std::fflush(stdout);
 }
 
 void Engine::print_flops_profile(double step_s) {
@@ -522,6 +591,7 @@ void Engine::report() {
     std::fflush(stdout);
   }
   forward_s_ = backward_s_ = step_s_ = 0;
+  monitored_forward_s_ = monitored_backward_s_ = monitored_step_s_ = 0;
   if (const auto& keeping = config_.activation_checkpointing; keeping && keeping->profile) *keeping->profile = {};
 }
 

@@ -27,6 +27,9 @@
 // forward, recompute and backward times (nn::ActivationCheckpointing::profile). With
 // "flops_profiler", rank 0 profiles one forward (nn::FlopsProfiler) and prints the profile at the
 // end of its step, as DeepSpeed's engine does (not on a pipeline: profile a stage's module itself).
+// With "comms_logger", the engine's communication is timed (comms_logger(), log_summary()); with
+// "tensorboard" or "csv_monitor", rank 0 writes the loss, lr, loss scale and phase times at each
+// step (distributed/engine/monitor.h).
 //
 // Pipeline and tensor parallel (DeepSpeed's PipelineEngine, Megatron's 3D parallelism): built from
 // this rank's stage and a ParallelGrid, the engine runs each batch through a 1F1B Pipeline
@@ -78,6 +81,8 @@ class FlopsProfiler;  // nn/flops_profiler.h
 }
 
 namespace kiln {
+
+class MonitorMaster;  // distributed/engine/monitor.h
 
 class Engine {
  public:
@@ -135,6 +140,18 @@ class Engine {
   distributed::ZeroOptimizer& optimizer() { return *optimizer_; }
   optim::LRScheduler* lr_scheduler() { return scheduler_.get(); }
   distributed::Communicator& comm() { return *comm_; }  // the data-parallel ranks
+  // "comms_logger": the logger that times the engine's communication (nullptr when not enabled).
+  // The engine's communicators (data parallel, the whole job, the pipeline's and the tensor
+  // group's) go through it; a stage's own tensor-parallel layers talk on the grid's communicators
+  // directly and are not logged.
+  distributed::CommsLogger* comms_logger() { return comms_logger_.get(); }
+  // DeepSpeed's deepspeed.comm.log_summary(): rank 0 of the job prints its logger's table (nothing
+  // without "comms_logger"). Not a collective: call it on any ranks.
+  void log_summary();
+  // "tensorboard" and "csv_monitor": rank 0's monitors (nullptr elsewhere, and without them).
+  MonitorMaster* monitor() { return monitor_.get(); }
+  // DeepSpeed's global_samples: samples of the steps taken (or skipped), global_steps x train_batch_size.
+  int64_t global_samples() const { return global_steps_ * batch_.train_batch_size; }
   const Config& config() const { return config_; }
 
   // Writes dir/tag/ (tag "" is DeepSpeed's "global_step<N>"): model.safetensors (rank 0: every
@@ -220,6 +237,11 @@ class Engine {
   std::unique_ptr<nn::FlopsProfiler> flops_profiler_;
   enum class Profiling { kNotYet, kForwardDone, kBackwardDone, kDone } profiling_ = Profiling::kNotYet;
   double profiled_backward_s_ = 0;
+  std::shared_ptr<distributed::CommsLogger> comms_logger_;
+  std::unique_ptr<MonitorMaster> monitor_;
+  double monitor_loss_ = 0;  // rank 0's micro-batch losses of this step, each / gradient_accumulation_steps
+  double monitored_forward_s_ = 0, monitored_backward_s_ = 0, monitored_step_s_ = 0;  // the phases' sums at the last write
+  void write_step_events();  // after an optimizer step, rank 0: lr, loss scale, phase times
   std::chrono::steady_clock::time_point now() const;
   double seconds_since(std::chrono::steady_clock::time_point t0) const;
 };

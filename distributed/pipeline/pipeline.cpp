@@ -12,6 +12,7 @@
 #include "core/generator.h"
 #include "core/grad_mode.h"
 #include "ops/ops.h"
+#include "distributed/comm/comms_logger.h"
 
 namespace kiln::distributed {
 
@@ -114,6 +115,7 @@ void Pipeline::start_batch() {
 }
 
 void Pipeline::send(const Tensor& t, int dst, int tag) {
+  CommCaller caller("pipeline");
   if (dst == stage_id()) {  // one rank, several chunks: the next (or previous) chunk is here
     local_[tag].push_back(t);
     return;
@@ -164,6 +166,7 @@ std::pair<DType, Shape> Pipeline::decode_header(const Tensor& h, int src) const 
 }
 
 Tensor Pipeline::recv(int src, int tag) {
+  CommCaller caller("pipeline");
   if (src == stage_id()) {
     KILN_CHECK(!local_[tag].empty(), "Pipeline: stage {} expected a message from itself that it never sent", src);
     Tensor t = local_[tag].front();
@@ -393,6 +396,7 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
   stats_.seconds = seconds_since(t0);
   // The last stage's sum of loss / m: the batch's mean.
   Tensor total = full({1}, loss_sum_, TensorOptions(kFloat64).device(comm_->device()));
+  CommCaller caller("pipeline loss");
   comm_->broadcast(total, p - 1);
   return total.reshape({}).to(Device::cpu(), kFloat32);
 }

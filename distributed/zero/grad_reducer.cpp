@@ -6,6 +6,7 @@
 #include "autograd/autograd.h"
 #include "core/grad_mode.h"
 #include "ops/ops.h"
+#include "distributed/comm/comms_logger.h"
 
 namespace kiln::distributed {
 
@@ -255,6 +256,7 @@ void GradReducer::launch(Bucket& b) {
     if (!b.wire.is_same(bucket) && mode_ == Mode::kBucketed) b.buffer = Tensor();  // the copy is all it needs
     if (before_ != 1) b.wire.mul_(before_);
   }
+  CommCaller caller("gradient reduction");
   if (mode_ == Mode::kAllReduce) {
     b.work = comm_.all_reduce(b.wire, op_, /*async_op=*/true);
   } else {

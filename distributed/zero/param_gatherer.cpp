@@ -9,6 +9,7 @@
 
 #include "core/grad_mode.h"
 #include "ops/ops.h"
+#include "distributed/comm/comms_logger.h"
 
 namespace kiln::distributed {
 
@@ -221,6 +222,7 @@ ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k) {
   const FlatRange mine = intersect(range, part);
   p.input = mine.empty() ? shard_.narrow(0, 0, 0) : shard_.narrow(0, mine.begin - part.begin, mine.size());
   if (p.input.device() != gather_device_) p.input = p.input.to(gather_device_, /*non_blocking=*/p.input.is_pinned());
+  CommCaller caller("ZeRO-3 parameter gather");
   p.work = comm_.all_gather(outputs, p.input, /*async_op=*/true);
   return p;
 }

@@ -11,6 +11,7 @@
 #include "distributed/zero/grad_reducer.h"
 #include "distributed/zero/param_gatherer.h"
 #include "ops/ops.h"
+#include "distributed/comm/comms_logger.h"
 
 namespace kiln::distributed {
 
@@ -86,6 +87,7 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
     view.copy_(params_[k]);
     params_[k].set_data(view);
   }
+  CommCaller caller("rank 0's weights to every rank");
   comm_->broadcast(flat_params_, 0);
   for (const Tensor& b : model_.buffers()) comm_->broadcast(b, 0);
   shard_ = flat_params_.narrow(0, part.begin, part.size());
@@ -267,6 +269,7 @@ Tensor ZeroOptimizer::clip_grad_norm_(double max_norm, const std::vector<Communi
     }
   }
   sq = sq.reshape({1}).to(comm_->device());
+  CommCaller caller("gradient norm");
   if (options_.stage > 0) comm_->all_reduce(sq, ReduceOp::Sum);
   for (Communicator* c : model_parallel) {
     if (c->size() > 1) c->all_reduce(sq, ReduceOp::Sum);
@@ -301,6 +304,7 @@ void ZeroOptimizer::step() {
     // Every rank's new partition to every rank, in chunks of at most allgather_bucket_size.
     const int64_t P = layout_->partition_numel();
     const int rank = comm_->rank();
+    CommCaller caller("ZeRO updated partitions");
     if (options_.allgather_bucket_size >= P) {
       comm_->all_gather_into_tensor(flat_params_, shard_);
     } else {
@@ -520,6 +524,7 @@ ShardedGradScaler::ShardedGradScaler(std::shared_ptr<Communicator> comm, optim::
 
 bool ShardedGradScaler::found_inf_anywhere(bool found_inf_here) {
   Tensor flag = from_vector<int32_t>({found_inf_here ? 1 : 0}).to(comm_->device());
+  CommCaller caller("loss scaler overflow check");
   comm_->all_reduce(flag, ReduceOp::Max);
   return flag.item<int32_t>() != 0;
 }

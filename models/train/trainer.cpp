@@ -534,6 +534,7 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
                  ckpt_dir.c_str(), metrics_path.c_str(), result.plot_path.empty() ? "" : "; plot ",
                  result.plot_path.c_str());
   }
+  if (engine && !o.quiet) engine->log_summary();  // the DeepSpeed config's comms_logger table, if any
   return result;
 }
 

@@ -2,6 +2,8 @@
 // an Error naming it) and Engine (accumulation, clipping, fp16 loss scaling, ZeRO stages, the
 // schedule, checkpoints resumed at another world size), against one process doing the same
 // arithmetic by hand.
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -130,6 +132,31 @@ TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distr
             .resolve_batch(2).train_batch_size == 20);
 }
 
+TEST_CASE("engine config: comms_logger, tensorboard and csv_monitor are read with DeepSpeed's defaults",
+          "[distributed]") {
+  Config cfg = Config::from_string(R"({"train_batch_size": 8, "comms_logger": {"enabled": true},
+                                       "tensorboard": {"enabled": true}, "csv_monitor": {"enabled": false}})");
+  CHECK(cfg.comms_logger.enabled);
+  CHECK_FALSE(cfg.comms_logger.verbose);
+  CHECK(cfg.comms_logger.prof_all);
+  CHECK_FALSE(cfg.comms_logger.debug);
+  CHECK(cfg.comms_logger.prof_ops.empty());
+  CHECK(cfg.tensorboard.enabled);
+  CHECK(cfg.tensorboard.output_path.empty());
+  CHECK(cfg.tensorboard.job_name == "DeepSpeedJobName");
+  CHECK_FALSE(cfg.csv_monitor.enabled);
+  cfg = Config::from_string(R"({"train_batch_size": 8,
+      "comms_logger": {"enabled": true, "verbose": true, "prof_all": false, "debug": true,
+                       "prof_ops": ["all_reduce", "all_gather_into_tensor"]},
+      "csv_monitor": {"enabled": true, "output_path": "logs/", "job_name": "run1"}})");
+  CHECK(cfg.comms_logger.verbose);
+  CHECK_FALSE(cfg.comms_logger.prof_all);
+  CHECK(cfg.comms_logger.debug);
+  CHECK(cfg.comms_logger.prof_ops == std::vector<std::string>{"all_reduce", "all_gather_into_tensor"});
+  CHECK(cfg.csv_monitor.output_path == "logs/");
+  CHECK(cfg.csv_monitor.job_name == "run1");
+}
+
 TEST_CASE("engine config: DeepSpeed options that Kiln does not implement are accepted where they are off",
           "[distributed]") {
   // As configs written for DeepSpeed (Megatron-DeepSpeed's, DeepSpeedExamples') carry them.
@@ -151,6 +178,8 @@ TEST_CASE("engine config: DeepSpeed options that Kiln does not implement are acc
   CHECK(cfg.zero_optimization.stage == 2);
   CHECK(cfg.zero_optimization.offload_optimizer);
   CHECK_FALSE(cfg.fp16.enabled);
+  CHECK_FALSE(cfg.tensorboard.enabled);
+  CHECK_FALSE(cfg.comms_logger.enabled);
   // Still typo-checked: a key that is not DeepSpeed's is an Error whatever its value.
   check_error([] { Config::from_string(R"({"train_batch_size": 8, "tensorbord": {"enabled": false}})"); },
               {"\"tensorbord\" is not a key Kiln knows"});
@@ -228,6 +257,151 @@ TEST_CASE("engine: memory_breakdown prints the tensor memory every steps_per_pri
   }
 }
 
+namespace {
+
+// The lines of a text file.
+std::vector<std::string> lines_of(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+// "step,value" -> (step, value)
+std::pair<int64_t, double> csv_row(const std::string& line) {
+  const size_t comma = line.find(',');
+  REQUIRE(comma != std::string::npos);
+  return {std::stoll(line.substr(0, comma)), std::stod(line.substr(comma + 1))};
+}
+
+}  // namespace
+
+TEST_CASE("engine: tensorboard and csv_monitor write rank 0's loss, lr, loss scale and times where DeepSpeed does",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int n = comm->size(), r = comm->rank();
+  const std::string dir = shared_temp_dir(*comm, "kiln-monitor");
+  const int64_t micro = 2, gas = 2, tb = micro * gas * n;
+  const std::string json = fmt::format(R"({{
+    "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "steps_per_print": 2,
+    "wall_clock_breakdown": true, "fp16": {{"enabled": true, "auto_cast": true, "initial_scale_power": 8}},
+    "optimizer": {{"type": "SGD", "params": {{"lr": 0.1}}}},
+    "scheduler": {{"type": "WarmupLR", "params": {{"warmup_min_lr": 0, "warmup_max_lr": 0.1, "warmup_num_steps": 4,
+                                                  "warmup_type": "linear"}}}},
+    "tensorboard": {{"enabled": true, "output_path": "{}/tb", "job_name": "gpt"}},
+    "csv_monitor": {{"enabled": true, "output_path": "{}", "job_name": "csv"}}
+  }})", micro, gas, dir, dir);
+  std::vector<double> losses, lrs, scales;  // rank 0's step means, and after each step
+  auto train = [&](Engine& engine, int steps) {
+    for (int step = 0; step < steps; ++step) {
+      double sum = 0;
+      for (int k = 0; k < gas; ++k) {
+        auto [x, y] = batch(10 * step + k, micro * n);
+        Tensor loss = nn::cross_entropy(engine(x.narrow(0, r * micro, micro)), y.narrow(0, r * micro, micro));
+        sum += loss.item<double>();
+        engine.backward(loss);
+        engine.step();
+      }
+      losses.push_back(sum / gas);
+      lrs.push_back(engine.get_lr()[0]);
+      scales.push_back(engine.loss_scale());
+    }
+  };
+  {
+    manual_seed(5);
+    Mlp m;
+    Engine engine = kiln::initialize(m, Config::from_string(json), comm);
+    CHECK((engine.monitor() != nullptr) == (r == 0));
+    kiln::test::captured_output(1, [&] { train(engine, 3); });
+    CHECK(engine.global_samples() == 3 * tb);
+  }
+  comm->barrier();
+  if (r == 0) {
+    const std::filesystem::path csv = std::filesystem::path(dir) / "csv";
+    // train_loss: at the samples before each step (DeepSpeed's backward writes it)
+    auto lines = lines_of(csv / "Train_Samples_train_loss.csv");
+    REQUIRE(lines.size() == 4);
+    CHECK(lines[0] == "step,train_loss");
+    for (size_t k = 0; k < 3; ++k) {
+      const auto [step, value] = csv_row(lines[k + 1]);
+      CHECK(step == static_cast<int64_t>(k) * tb);
+      CHECK(value == Approx(losses[k]).epsilon(1e-12));
+    }
+    // lr and loss_scale: at the samples after each step
+    lines = lines_of(csv / "Train_Samples_lr.csv");
+    REQUIRE(lines.size() == 4);
+    CHECK(lines[0] == "step,lr");
+    auto scale_lines = lines_of(csv / "Train_Samples_loss_scale.csv");
+    REQUIRE(scale_lines.size() == 4);
+    CHECK(scale_lines[0] == "step,loss_scale");
+    for (size_t k = 0; k < 3; ++k) {
+      const auto [step, lr] = csv_row(lines[k + 1]);
+      CHECK(step == static_cast<int64_t>(k + 1) * tb);
+      CHECK(lr == lrs[k]);  // written with the shortest text that reads back as the same double
+      CHECK(csv_row(scale_lines[k + 1]).second == scales[k]);
+    }
+    CHECK(scales[0] == 256);  // 2^initial_scale_power
+    // wall_clock_breakdown: each phase's milliseconds in the step
+    for (const char* phase : {"forward", "backward", "step"}) {
+      INFO(phase);
+      lines = lines_of(csv / fmt::format("Train_Samples_elapsed_time_ms_{}.csv", phase));
+      REQUIRE(lines.size() == 4);
+      CHECK(lines[0] == fmt::format("step,elapsed_time_ms_{}", phase));
+      for (size_t k = 1; k < 4; ++k) CHECK(csv_row(lines[k]).second >= 0);
+    }
+    // TensorBoard: one event file, its first record the file version and then one per event.
+    std::vector<std::filesystem::path> files;
+    for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(dir) / "tb" / "gpt")) {
+      files.push_back(e.path());
+    }
+    REQUIRE(files.size() == 1);
+    CHECK(files[0].filename().string().rfind("events.out.tfevents.", 0) == 0);
+    std::ifstream in(files[0], std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::vector<std::string> payloads;
+    for (size_t at = 0; at + 12 <= bytes.size();) {
+      uint64_t len = 0;
+      std::memcpy(&len, bytes.data() + at, 8);
+      payloads.push_back(bytes.substr(at + 12, len));
+      at += 12 + len + 4;
+    }
+    REQUIRE(payloads.size() == 1 + 3 * 6);  // version; per step: loss, lr, scale, 3 times
+    CHECK(payloads[0].find("brain.Event:2") != std::string::npos);
+    CHECK(payloads[1].find("Train/Samples/train_loss") != std::string::npos);
+    CHECK(payloads[2].find("Train/Samples/lr") != std::string::npos);
+    CHECK(payloads[3].find("Train/Samples/loss_scale") != std::string::npos);
+    CHECK(payloads[4].find("Train/Samples/elapsed_time_ms_forward") != std::string::npos);
+  }
+  comm->barrier();
+  // A resumed run appends to the CSV files, without a second header.
+  {
+    manual_seed(5);
+    Mlp m;
+    Engine engine = kiln::initialize(m, Config::from_string(json), comm);
+    kiln::test::captured_output(1, [&] { train(engine, 1); });
+  }
+  comm->barrier();
+  if (r == 0) {
+    const auto lines = lines_of(std::filesystem::path(dir) / "csv" / "Train_Samples_lr.csv");
+    REQUIRE(lines.size() == 5);
+    CHECK(std::count(lines.begin(), lines.end(), "step,lr") == 1);
+  }
+  // A directory rank 0 cannot make stops every rank.
+  const std::string unwritable = fmt::format(R"({{"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {{"type": "SGD", "params": {{"lr": 0.1}}}},
+      "csv_monitor": {{"enabled": true, "output_path": "/proc/kiln", "job_name": "x"}}}})");
+  Mlp m;
+  if (r == 0) {
+    check_error([&] { Engine e(m, Config::from_string(unwritable), comm); },
+                {"csv_monitor: cannot create the directory '/proc/kiln/x'", "give a writable output_path"});
+  } else {
+    check_error([&] { Engine e(m, Config::from_string(unwritable), comm); },
+                {"creating the monitors' directories failed on another rank"});
+  }
+  comm->barrier();
+  if (r == 0) std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("engine: data_types.grad_accum_dtype, and DeepSpeed's float32 default for bf16 without ZeRO",
           "[distributed]") {
   auto comm = init("mpi");
@@ -286,7 +460,7 @@ TEST_CASE("engine config: the examples in configs/ read", "[distributed]") {
     CHECK(cfg.optimizer.has_value());
     ++read;
   }
-  CHECK(read >= 4);
+  CHECK(read >= 5);
   const Config partitioned = Config::from_file((dir / "ds_zero1_checkpointing.json").string());
   REQUIRE(partitioned.activation_checkpointing.has_value());
   CHECK(partitioned.activation_checkpointing->partition_activations);
@@ -338,10 +512,20 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"data_types.grad_accum_dtype\" must be \"fp32\", \"fp16\" or \"bf16\"", "not \"int8\""});
   bad(R"({"train_batch_size": 8, "data_types": {"grad_accum": "fp32"}})",
       {"\"data_types.grad_accum\" is not a key Kiln knows", "the keys allowed in \"data_types\" are: grad_accum_dtype"});
-  bad(R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "output_path": "tb/"}})",
-      {"\"tensorboard\" is a DeepSpeed option that Kiln does not implement"});
+  bad(R"({"train_batch_size": 8, "wandb": {"enabled": true, "project": "x"}})",
+      {"\"wandb\" is a DeepSpeed option that Kiln does not implement"});
   // Without "enabled": false, a section with settings in it is taken as asking for the feature.
-  bad(R"({"train_batch_size": 8, "comms_logger": {"verbose": true}})", {"\"comms_logger\" is a DeepSpeed option"});
+  bad(R"({"train_batch_size": 8, "comet": {"project": "x"}})", {"\"comet\" is a DeepSpeed option"});
+  bad(R"({"train_batch_size": 8, "comms_logger": {"enabled": true, "prof_ops": ["allreduce"]}})",
+      {"\"comms_logger.prof_ops\" names \"allreduce\", which is not a communication operation", "all_reduce, "});
+  bad(R"({"train_batch_size": 8, "comms_logger": {"enabled": true, "prof_ops": "all_reduce"}})",
+      {"\"comms_logger.prof_ops\" must be a list of operation names"});
+  bad(R"({"train_batch_size": 8, "comms_logger": {"enabled": true, "verbos": true}})",
+      {"\"comms_logger.verbos\" is not a key Kiln knows", "did you mean \"verbose\""});
+  bad(R"({"train_batch_size": 8, "csv_monitor": {"enabled": true, "job_name": "a/b"}})",
+      {"\"csv_monitor.job_name\" is \"a/b\"", "without '/'"});
+  bad(R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "output_pth": "tb"}})",
+      {"\"tensorboard.output_pth\" is not a key Kiln knows", "did you mean \"output_path\""});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"zero_hpz_partition_size": 4}})",
       {"\"zero_optimization.zero_hpz_partition_size\" is a DeepSpeed option that Kiln does not implement, and 4 asks "
        "for it", "turn it off (1;"});

@@ -1,0 +1,165 @@
+// data/tensorboard.cpp: TensorBoard event files (see tensorboard.h).
+#include "data/tensorboard.h"
+
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace kiln::tensorboard {
+
+namespace {
+
+// The byte-at-a-time table of the reflected Castagnoli polynomial.
+const std::array<uint32_t, 256>& crc_table() {
+  static const std::array<uint32_t, 256> table = [] {
+    std::array<uint32_t, 256> t{};
+    for (uint32_t i = 0; i < 256; ++i) {
+      uint32_t c = i;
+      for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  return table;
+}
+
+// Protocol buffers' wire format, the three field kinds an Event needs: a field's key is
+// (number << 3) | wire type, then a varint (type 0), 8 little-endian bytes (1), a varint length and
+// the bytes (2), or 4 little-endian bytes (5).
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out.push_back(static_cast<char>((v & 0x7F) | 0x80));
+    v >>= 7;
+  }
+  out.push_back(static_cast<char>(v));
+}
+template <class T>
+void put_le(std::string& out, T v) {  // the host is little-endian (x86-64, AArch64 Linux)
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &v, sizeof(T));
+  out.append(bytes, sizeof(T));
+}
+void put_key(std::string& out, int field, int wire_type) { put_varint(out, static_cast<uint64_t>(field << 3 | wire_type)); }
+void put_bytes(std::string& out, int field, std::string_view bytes) {
+  put_key(out, field, 2);
+  put_varint(out, bytes.size());
+  out.append(bytes);
+}
+
+// Event fields: 1 wall_time (double), 2 step (int64), 3 file_version (string), 5 summary (Summary).
+std::string event_head(double wall_time, int64_t step) {
+  std::string e;
+  put_key(e, 1, 1);
+  put_le(e, wall_time);
+  if (step != 0) {  // proto3 leaves zeros out
+    put_key(e, 2, 0);
+    put_varint(e, static_cast<uint64_t>(step));  // a negative step takes ten bytes, as int64 does
+  }
+  return e;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::atomic<int> g_files{0};  // the file counter in the name, as PyTorch's global uid
+
+}  // namespace
+
+uint32_t crc32c(const void* data, size_t n) {
+  const auto& table = crc_table();
+  const auto* p = static_cast<const unsigned char*>(data);
+  uint32_t c = 0xFFFFFFFFu;
+  for (size_t i = 0; i < n; ++i) c = table[(c ^ p[i]) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+uint32_t masked_crc32c(const void* data, size_t n) {
+  const uint32_t c = crc32c(data, n);
+  return ((c >> 15) | (c << 17)) + 0xa282ead8u;
+}
+
+std::string scalar_event(double wall_time, int64_t step, std::string_view tag, float value) {
+  std::string v;  // Summary.Value: 1 tag (string), 2 simple_value (float)
+  put_bytes(v, 1, tag);
+  put_key(v, 2, 5);
+  put_le(v, value);
+  std::string summary;  // Summary: 1 value (repeated Value)
+  put_bytes(summary, 1, v);
+  std::string e = event_head(wall_time, step);
+  put_bytes(e, 5, summary);
+  return e;
+}
+
+std::string file_version_event(double wall_time) {
+  std::string e = event_head(wall_time, 0);
+  put_bytes(e, 3, "brain.Event:2");
+  return e;
+}
+
+std::string tf_record(std::string_view payload) {
+  std::string r;
+  put_le(r, static_cast<uint64_t>(payload.size()));
+  put_le(r, masked_crc32c(r.data(), 8));
+  r.append(payload);
+  put_le(r, masked_crc32c(payload.data(), payload.size()));
+  return r;
+}
+
+SummaryWriter::SummaryWriter(const std::string& log_dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(log_dir, ec);
+  KILN_CHECK(!ec && std::filesystem::is_directory(log_dir),
+             "tensorboard::SummaryWriter: cannot create the directory '{}'{}; give a writable path", log_dir,
+             ec ? ": " + ec.message() : "");
+  char host[256] = "localhost";
+  gethostname(host, sizeof(host) - 1);
+  host[sizeof(host) - 1] = '\0';
+  const double t = now_seconds();
+  path_ = (std::filesystem::path(log_dir) /
+           fmt::format("events.out.tfevents.{:010d}.{}.{}.{}", static_cast<int64_t>(t), host, getpid(), g_files++))
+              .string();
+  file_ = std::fopen(path_.c_str(), "wb");
+  KILN_CHECK(file_ != nullptr, "tensorboard::SummaryWriter: cannot create '{}': {}; give a writable log_dir", path_,
+             std::strerror(errno));
+  write(tf_record(file_version_event(t)));
+  flush();
+}
+
+SummaryWriter::~SummaryWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void SummaryWriter::write(const std::string& record) {
+  KILN_CHECK(file_ != nullptr, "tensorboard::SummaryWriter: '{}' is closed; make a new writer to add more", path_);
+  const size_t written = std::fwrite(record.data(), 1, record.size(), file_);
+  KILN_CHECK(written == record.size(), "tensorboard::SummaryWriter: writing '{}' failed: {}; check the disk", path_,
+             std::strerror(errno));
+}
+
+void SummaryWriter::add_scalar(std::string_view tag, double value, int64_t step, double wall_time) {
+  KILN_CHECK(!tag.empty(), "tensorboard::SummaryWriter.add_scalar: the tag is empty; name the scalar (\"Train/loss\")");
+  write(tf_record(scalar_event(wall_time < 0 ? now_seconds() : wall_time, step, tag, static_cast<float>(value))));
+}
+
+void SummaryWriter::flush() {
+  if (file_ == nullptr) return;
+  KILN_CHECK(std::fflush(file_) == 0, "tensorboard::SummaryWriter: writing '{}' failed: {}; check the disk", path_,
+             std::strerror(errno));
+}
+
+void SummaryWriter::close() {
+  if (file_ == nullptr) return;
+  flush();
+  std::fclose(file_);
+  file_ = nullptr;
+}
+
+}  // namespace kiln::tensorboard

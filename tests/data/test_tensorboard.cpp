@@ -1,0 +1,155 @@
+// tests/data/test_tensorboard.cpp: TensorBoard event files: the CRC-32C and the Event encoding
+// byte for byte against TensorBoard's own (tests/fixtures/gen_tensorboard_golden.py), and a
+// SummaryWriter's file read back record by record.
+#include <filesystem>
+#include <fstream>
+
+#include "data/tensorboard.h"
+#include "support.h"
+
+using namespace kiln;
+namespace tb = kiln::tensorboard;
+
+namespace {
+
+std::string hex(std::string_view bytes) {
+  std::string out;
+  for (unsigned char c : bytes) out += fmt::format("{:02x}", c);
+  return out;
+}
+
+template <class T>
+T read_le(const std::string& s, size_t at) {
+  T v;
+  std::memcpy(&v, s.data() + at, sizeof(T));
+  return v;
+}
+
+uint64_t read_varint(const std::string& s, size_t& at) {
+  uint64_t v = 0;
+  for (int shift = 0;; shift += 7) {
+    REQUIRE(at < s.size());
+    const auto byte = static_cast<unsigned char>(s[at++]);
+    v |= static_cast<uint64_t>(byte & 0x7F) << shift;
+    if (!(byte & 0x80)) return v;
+  }
+}
+
+// What a reader takes from one Event: the fields Kiln writes.
+struct Decoded {
+  double wall_time = 0;
+  int64_t step = 0;
+  std::string file_version, tag;
+  float value = 0;
+  bool has_value = false;
+};
+
+// A protobuf reader of exactly the fields an Event of Kiln's holds; anything else fails the test.
+Decoded decode_event(const std::string& e) {
+  Decoded d;
+  size_t at = 0;
+  while (at < e.size()) {
+    const uint64_t key = read_varint(e, at);
+    if (key == (1 << 3 | 1)) {
+      d.wall_time = read_le<double>(e, at);
+      at += 8;
+    } else if (key == (2 << 3 | 0)) {
+      d.step = static_cast<int64_t>(read_varint(e, at));
+    } else if (key == (3 << 3 | 2)) {
+      const uint64_t n = read_varint(e, at);
+      d.file_version = e.substr(at, n);
+      at += n;
+    } else if (key == (5 << 3 | 2)) {  // Summary { Value value = 1 }
+      const std::string summary = e.substr(at, read_varint(e, at));
+      at += summary.size();
+      size_t s = 0;
+      REQUIRE(read_varint(summary, s) == (1 << 3 | 2));
+      const std::string value = summary.substr(s, read_varint(summary, s));
+      size_t v = 0;
+      REQUIRE(read_varint(value, v) == (1 << 3 | 2));
+      const uint64_t n = read_varint(value, v);
+      d.tag = value.substr(v, n);
+      v += n;
+      REQUIRE(read_varint(value, v) == (2 << 3 | 5));
+      d.value = read_le<float>(value, v);
+      d.has_value = true;
+    } else {
+      FAIL("an Event field Kiln does not write: key " << key);
+    }
+  }
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("tensorboard: CRC-32C and its mask are TFRecord's", "[data]") {
+  const std::string check = "123456789";
+  CHECK(tb::crc32c(check.data(), check.size()) == 0xE3069283u);  // the CRC-32C check value
+  CHECK(tb::masked_crc32c(check.data(), check.size()) == 0xc78ab0e5u);  // TensorBoard's masked_crc32c
+  CHECK(tb::crc32c("", 0) == 0u);
+}
+
+TEST_CASE("tensorboard: Events are encoded byte for byte as TensorBoard's protobuf classes encode them", "[data]") {
+  // tests/fixtures/gen_tensorboard_golden.py
+  CHECK(hex(tb::scalar_event(1764750000.25, 4096, "Train/Samples/train_loss", 2.5f)) ==
+        "09000010acfc4bda411080202a210a1f0a18547261696e2f53616d706c65732f747261696e5f6c6f73731500002040");
+  CHECK(hex(tb::file_version_event(1764750000.25)) == "09000010acfc4bda411a0d627261696e2e4576656e743a32");
+  CHECK(hex(tb::scalar_event(12.5, -3, "x", -0.1f)) ==
+        "09000000000000294010fdffffffffffffffff012a0a0a080a017815cdccccbd");
+  // The record around the first: length, masked CRC of the length, payload, masked CRC of the payload.
+  const std::string payload = tb::scalar_event(1764750000.25, 4096, "Train/Samples/train_loss", 2.5f);
+  const std::string record = tb::tf_record(payload);
+  REQUIRE(record.size() == 8 + 4 + payload.size() + 4);
+  CHECK(read_le<uint64_t>(record, 0) == payload.size());
+  CHECK(read_le<uint32_t>(record, 8) == 0x501d5d6du);
+  CHECK(record.substr(12, payload.size()) == payload);
+  CHECK(read_le<uint32_t>(record, 12 + payload.size()) == 0x7d9cc603u);
+}
+
+TEST_CASE("tensorboard: a SummaryWriter's file reads back, record by record", "[data]") {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kiln-tb-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  std::string path;
+  {
+    tb::SummaryWriter writer((dir / "run" / "a").string());  // parents made
+    path = writer.path();
+    CHECK(std::filesystem::path(path).parent_path() == dir / "run" / "a");
+    CHECK(std::filesystem::path(path).filename().string().rfind("events.out.tfevents.", 0) == 0);
+    for (int64_t step = 0; step < 5; ++step) writer.add_scalar("Train/loss", 3.0 - 0.5 * step, 8 * step, 100.0 + step);
+    writer.add_scalar("Train/lr", 1e-3, 40);  // now
+    writer.flush();
+    writer.close();
+    CHECK_THROWS_WITH(writer.add_scalar("x", 1, 1), Catch::Contains("is closed"));
+    CHECK_THROWS_WITH(tb::SummaryWriter("/proc/kiln-not-here"), Catch::Contains("cannot create the directory"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<Decoded> events;
+  size_t at = 0;
+  while (at < bytes.size()) {
+    REQUIRE(at + 12 <= bytes.size());
+    const uint64_t n = read_le<uint64_t>(bytes, at);
+    CHECK(read_le<uint32_t>(bytes, at + 8) == tb::masked_crc32c(bytes.data() + at, 8));
+    REQUIRE(at + 12 + n + 4 <= bytes.size());
+    const std::string payload = bytes.substr(at + 12, n);
+    CHECK(read_le<uint32_t>(bytes, at + 12 + n) == tb::masked_crc32c(payload.data(), payload.size()));
+    events.push_back(decode_event(payload));
+    at += 12 + n + 4;
+  }
+  REQUIRE(events.size() == 7);
+  CHECK(events[0].file_version == "brain.Event:2");
+  CHECK_FALSE(events[0].has_value);
+  CHECK(events[0].wall_time > 1.7e9);  // written now
+  for (int64_t step = 0; step < 5; ++step) {
+    const Decoded& e = events[static_cast<size_t>(step + 1)];
+    CHECK(e.tag == "Train/loss");
+    CHECK(e.step == 8 * step);
+    CHECK(e.value == static_cast<float>(3.0 - 0.5 * step));
+    CHECK(e.wall_time == 100.0 + step);
+  }
+  CHECK(events[6].tag == "Train/lr");
+  CHECK(events[6].value == 1e-3f);
+  CHECK(events[6].step == 40);
+  CHECK(events[6].wall_time >= events[0].wall_time);
+  std::filesystem::remove_all(dir);
+}
