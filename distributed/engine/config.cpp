@@ -22,10 +22,11 @@ using json = nlohmann::json;
 // DeepSpeed keys that Kiln does not implement, by section: naming them apart from typos tells the
 // user that the key is right but the feature is not here.
 const std::set<std::string> kUnsupportedTop = {
-    "amp", "aio", "autotuning", "checkpoint", "comet", "compression_training", "curriculum_learning", "data_efficiency", "disable_allgather", "dump_state", "eigenvalue", "elasticity",
-    "hybrid_engine", "nebula", "pipeline", "progressive_layer_drop", "quantize_training",
-    "sparse_attention", "sparse_gradients", "torch_autocast", "wandb", "compile",
-    "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type", "weight_quantization"};
+    "amp", "aio", "autotuning", "checkpoint", "comet", "compression_training", "curriculum_learning",
+    "data_efficiency", "disable_allgather", "dump_state", "eigenvalue", "elasticity", "hybrid_engine", "nebula",
+    "pipeline", "progressive_layer_drop", "quantize_training", "sparse_attention", "sparse_gradients",
+    "torch_autocast", "wandb", "compile", "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type",
+    "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
     "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
     "cpu_offload_params", "cpu_offload_use_pin_memory", "mics_shard_size", "mics_hierarchical_params_gather",

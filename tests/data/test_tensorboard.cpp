@@ -1,6 +1,9 @@
 // tests/data/test_tensorboard.cpp: TensorBoard event files: the CRC-32C and the Event encoding
 // byte for byte against TensorBoard's own (tests/fixtures/gen_tensorboard_golden.py), and a
 // SummaryWriter's file read back record by record.
+#include <unistd.h>
+
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 

@@ -1050,13 +1050,18 @@ TEST_CASE("engine: pipeline stages with data parallel, accumulation, clipping an
                                                                                    : std::vector<int>{2};
   const int64_t micro = 2, gas = 3, rows = micro * gas;
   auto loss_fn = [](const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); };
-  auto config = [&](int zero) {
+  const std::string dir = shared_temp_dir(*world, "kiln-engine");
+  // watched: with a CSV monitor and the communication logger, which must change nothing
+  auto config = [&](int zero, bool watched = false) {
+    const std::string watching = watched ? fmt::format(R"(, "comms_logger": {{"enabled": true, "debug": true}},
+      "csv_monitor": {{"enabled": true, "output_path": "{}", "job_name": "pipe{}"}})", dir, zero) : "";
     return Config::from_string(fmt::format(R"({{
       "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 0.3,
       "steps_per_print": 1000, "optimizer": {{"type": "SGD", "params": {{"lr": 0.2, "momentum": 0.9}}}},
       "scheduler": {{"type": "WarmupLR", "params": {{"warmup_min_lr": 0.0, "warmup_max_lr": 0.2,
                                                     "warmup_num_steps": 3, "warmup_type": "linear"}}}},
-      "zero_optimization": {{"stage": {}, "reduce_bucket_size": 300, "overlap_comm": true}}}})", micro, gas, zero));
+      "zero_optimization": {{"stage": {}, "reduce_bucket_size": 300, "overlap_comm": true}}{}}})", micro, gas, zero,
+      watching));
   };
   auto train = [&](Engine& e, int from, int to) {
     for (int step = from; step < to; ++step) {
@@ -1064,7 +1069,6 @@ TEST_CASE("engine: pipeline stages with data parallel, accumulation, clipping an
       e.train_batch(x.narrow(0, d * rows, rows), y.narrow(0, d * rows, rows));
     }
   };
-  const std::string dir = shared_temp_dir(*world, "kiln-engine");
   for (int zero : {0, 1}) {
     INFO("ZeRO stage " << zero << ", " << stages << " stages x " << data << " data-parallel ranks");
     manual_seed(31);
@@ -1073,7 +1077,8 @@ TEST_CASE("engine: pipeline stages with data parallel, accumulation, clipping an
     optim::SGD opt_ref(ref.parameters(), {.lr = 0.2, .momentum = 0.9});
     optim::WarmupLR sched_ref(opt_ref, {.warmup_min_lr = 0, .warmup_max_lr = 0.2, .warmup_num_steps = 3,
                                         .warmup_type = "linear"});
-    Engine engine = kiln::initialize(stage, config(zero), grid, loss_fn);
+    Engine engine = kiln::initialize(stage, config(zero, /*watched=*/true), grid, loss_fn);
+    std::vector<double> losses;
     CHECK(engine.is_pipeline_parallel());
     CHECK(engine.train_batch_size() == rows * data);
     for (int step = 0; step < 5; ++step) {
@@ -1086,6 +1091,7 @@ TEST_CASE("engine: pipeline stages with data parallel, accumulation, clipping an
       opt_ref.step();
       sched_ref.step();
       Tensor loss = engine.train_batch(x.narrow(0, d * rows, rows), y.narrow(0, d * rows, rows));
+      losses.push_back(loss.item<double>());
       CHECK(loss.item<double>() == Approx(loss_ref.item<double>()).epsilon(1e-5));
       CHECK(engine.get_global_grad_norm() == Approx(norm_ref).epsilon(1e-5));
       CHECK(engine.global_steps() == step + 1);
@@ -1095,6 +1101,21 @@ TEST_CASE("engine: pipeline stages with data parallel, accumulation, clipping an
       INFO(name);
       check_close(t, want.at(name), {1e-5, 1e-6});
     }
+    // The pipeline's monitor: the batch's loss (every rank's), at the samples after the step.
+    if (world->rank() == 0) {
+      const auto lines = lines_of(std::filesystem::path(dir) / fmt::format("pipe{}", zero) / "Train_Samples_train_loss.csv");
+      REQUIRE(lines.size() == 6);
+      for (size_t k = 0; k < 5; ++k) {
+        const auto [samples, value] = csv_row(lines[k + 1]);
+        CHECK(samples == static_cast<int64_t>(k + 1) * rows * data);
+        CHECK(value == Approx(losses[k]).epsilon(1e-6));  // written in float32's value
+      }
+      CHECK_FALSE(std::filesystem::exists(std::filesystem::path(dir) / fmt::format("pipe{}", zero) /
+                                          "Train_Samples_elapsed_time_ms_forward.csv"));
+    }
+    std::vector<std::string> names;
+    for (const auto& [name, sizes] : engine.comms_logger()->records()) names.push_back(name);
+    CHECK(std::count(names.begin(), names.end(), "broadcast | [Caller: pipeline loss]") == 1);
     // 2 steps, saved (a folder per stage), loaded by a new engine, 3 more: the same weights.
     manual_seed(31);
     Mlp again;
