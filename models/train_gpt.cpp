@@ -635,7 +635,9 @@ int run(int argc, char** argv) {
                                   engine ? engine->skipped_steps() : scaler.skipped_steps()).c_str()
                     : "");
   }
-  if (engine && !quiet) engine->log_summary();  // the DeepSpeed config's comms_logger table, if any
+  // The DeepSpeed config's comms_logger table, if any, and (without a pipeline) how much of it was
+  // waiting for the slowest rank: a collective, so every rank calls it (rank 0 prints).
+  if (engine) engine->log_summary(/*show_straggler=*/!engine->is_pipeline_parallel());
   std::string why;
   const std::string png = main_rank ? train::plot_losses(history, out_dir, &why) : "";
   if (main_rank && png.empty() && !quiet) std::printf("train_gpt: no plot: %s\n", why.c_str());

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "cuda/cuda.h"
+#include "ops/ops.h"
 
 namespace kiln::distributed {
 
@@ -142,6 +143,54 @@ std::string CommsLogger::summary() const {
   return out;
 }
 
+namespace {
+class LoggingCommunicator;
+Communicator& unlogged(Communicator& comm);
+}  // namespace
+
+std::string CommsLogger::straggler_summary(Communicator& logged) const {
+  Communicator& comm = unlogged(logged);
+  const auto records = this->records();
+  // Every rank must hold the same entries, or the element-wise minimum below would pair latencies
+  // of different operations (or wait for ranks that have fewer).
+  std::string layout;
+  std::vector<double> latencies;
+  for (const auto& [name, sizes] : records) {
+    for (const auto& [bytes, e] : sizes) {
+      layout += fmt::format("{}\n{}\n{}\n", name, bytes, e.count);
+      latencies.insert(latencies.end(), e.latency_ms.begin(), e.latency_ms.end());
+    }
+  }
+  KILN_CHECK(same_on_every_rank(comm, layout),
+             "CommsLogger::straggler_summary: the ranks logged different operations (names, message sizes or "
+             "counts differ; this rank logged {} records); the breakdown compares each operation's time across the "
+             "ranks, so every rank must have logged the same ones: pipeline stages, for one, send different "
+             "messages; call summary() instead", records.size());
+  if (latencies.empty()) return "";
+  Tensor least = from_vector<double>(latencies).to(comm.device());
+  comm.all_reduce(least, ReduceOp::Min);
+  const std::vector<double> mins = least.to_vector<double>();
+  std::string out = "_______________________________\nBreakdown with straggler effect\n-------------------------------\n";
+  out += fmt::format("{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}{:<20}\n", "Comm. Op", "Message Size", "Count",
+                     "Total comm lat(ms)", "Total straggler(ms)", "Avg comm lat(ms)", "Avg straggler(ms)");
+  size_t at = 0;
+  for (const auto& [name, sizes] : records) {
+    out += name + "\n";
+    for (const auto& [bytes, e] : sizes) {
+      std::vector<double> comm_ms(mins.begin() + static_cast<std::ptrdiff_t>(at),
+                                  mins.begin() + static_cast<std::ptrdiff_t>(at + e.latency_ms.size()));
+      std::vector<double> straggler_ms(comm_ms.size());
+      for (size_t k = 0; k < comm_ms.size(); ++k) straggler_ms[k] = e.latency_ms[k] - comm_ms[k];
+      at += e.latency_ms.size();
+      out += fmt::format("{:<20}{:<20}{:<20}{:<20.2f}{:<20.2f}{:<20.2f}{:<20.2f}\n", "", convert_size(bytes), e.count,
+                         std::accumulate(comm_ms.begin(), comm_ms.end(), 0.0),
+                         std::accumulate(straggler_ms.begin(), straggler_ms.end(), 0.0), trim_mean(comm_ms, 0.1),
+                         trim_mean(straggler_ms, 0.1));
+    }
+  }
+  return out;
+}
+
 void CommsLogger::reset() {
   std::lock_guard<std::mutex> lock(mutex_);
   records_.clear();
@@ -250,7 +299,16 @@ class LoggingCommunicator final : public Communicator {
 
   std::shared_ptr<Communicator> inner_;
   std::shared_ptr<CommsLogger> logger_;
+
+  friend Communicator& unlogged(Communicator& comm);
 };
+
+// The communicator under any logging ones.
+Communicator& unlogged(Communicator& comm) {
+  Communicator* c = &comm;
+  while (auto* l = dynamic_cast<LoggingCommunicator*>(c)) c = l->inner_.get();
+  return *c;
+}
 
 }  // namespace
 

@@ -84,6 +84,14 @@ class CommsLogger {
   // DeepSpeed's log_all table: per record and message size, the count, total latency, and the
   // 10%-trimmed means of the latency, algbw and busbw. "" when nothing was logged.
   std::string summary() const;
+  // DeepSpeed's "breakdown with straggler effect" (log_summary(show_straggler=True)): each logged
+  // operation's latency split into the part every rank spent (the smallest over the ranks of
+  // `comm`: the transfer itself, timed on the rank that arrived last) and the rest (this rank's
+  // wait for a later one), per record and message size, totals and trimmed means. A collective:
+  // every rank of `comm` calls it, having logged the same operations in the same order (else an
+  // Error on every rank, as when pipeline stages logged different sends); a communicator that
+  // logs to this logger is looked through, so that the comparison itself is not logged.
+  std::string straggler_summary(Communicator& comm) const;
   void reset();
 
  private:

@@ -7,10 +7,10 @@
 #include <optional>
 
 #include "distributed/comm/backends.h"
+#include "distributed/comm/comms_logger.h"
 #include "distributed/comm/work.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
-#include "distributed/comm/comms_logger.h"
 
 namespace kiln::distributed {
 
@@ -338,7 +338,7 @@ void abort_job(int exit_code) { mpi_abort(exit_code); }
 
 bool same_on_every_rank(Communicator& comm, std::string_view bytes) {
   const int64_t h = hash_bytes(bytes.data(), bytes.size());
-  Tensor extremes = from_vector<int64_t>({h, -h});
+  Tensor extremes = from_vector<int64_t>({h, -h}).to(comm.device());  // NCCL: on its GPU
   CommCaller caller("same_on_every_rank");
   comm.all_reduce(extremes, ReduceOp::Max);
   const auto e = extremes.to_vector<int64_t>();

@@ -5,8 +5,8 @@
 
 #include "autograd/autograd.h"
 #include "core/grad_mode.h"
-#include "ops/ops.h"
 #include "distributed/comm/comms_logger.h"
+#include "ops/ops.h"
 
 namespace kiln::distributed {
 
@@ -167,7 +167,7 @@ struct DistributedDataParallel::Reducer {
     std::vector<int32_t> had_grad(params.size(), 1);
     if (options.find_unused_parameters) {
       for (size_t k = 0; k < params.size(); ++k) had_grad[k] = params[k].grad().defined() ? 1 : 0;
-      Tensor any = from_vector<int32_t>(had_grad);
+      Tensor any = from_vector<int32_t>(had_grad).to(comm.device());  // NCCL: on its GPU
       comm.all_reduce(any, ReduceOp::Max);
       had_grad = any.to_vector<int32_t>();
     }
@@ -207,9 +207,10 @@ void verify_same_model(Communicator& comm, const nn::Module& module, const char*
   std::string text;
   for (const auto& line : mine) text += line + "\n";
   if (same_on_every_rank(comm, text)) return;
-  Tensor length = from_vector<int64_t>({static_cast<int64_t>(text.size())});
+  // On the communicator's device (NCCL carries only tensors on its GPU).
+  Tensor length = from_vector<int64_t>({static_cast<int64_t>(text.size())}).to(comm.device());
   comm.broadcast(length, 0);
-  Tensor chars = zeros({length.item<int64_t>()}, kInt32);
+  Tensor chars = zeros({length.item<int64_t>()}, TensorOptions(kInt32).device(comm.device()));
   if (comm.rank() == 0) chars.copy_(from_vector<int32_t>(std::vector<int32_t>(text.begin(), text.end())));
   comm.broadcast(chars, 0);
   std::vector<std::string> theirs(1);

@@ -498,9 +498,16 @@ void Engine::write_step_events() {
   monitor_->write_events(events);
 }
 
-void Engine::log_summary() {
-  if (!comms_logger_ || world_->rank() != 0) return;
-  std::printf("%s", comms_logger_->summary().c_str());
+void Engine::log_summary(bool show_straggler) {
+  if (!comms_logger_) return;
+  std::string text = comms_logger_->summary();
+  if (show_straggler) {
+    KILN_CHECK(!pipeline_, "Engine.log_summary: show_straggler compares each operation across the ranks, and a "
+               "pipeline's stages send different messages; call log_summary() without it");
+    text += comms_logger_->straggler_summary(*world_);
+  }
+  if (world_->rank() != 0) return;
+  std::printf("%s", text.c_str());
   std::fflush(stdout);
 }
 

@@ -145,9 +145,12 @@ class Engine {
   // group's) go through it; a stage's own tensor-parallel layers talk on the grid's communicators
   // directly and are not logged.
   distributed::CommsLogger* comms_logger() { return comms_logger_.get(); }
-  // DeepSpeed's deepspeed.comm.log_summary(): rank 0 of the job prints its logger's table (nothing
-  // without "comms_logger"). Not a collective: call it on any ranks.
-  void log_summary();
+  // DeepSpeed's deepspeed.comm.log_summary(show_straggler): rank 0 of the job prints its logger's
+  // table (nothing without "comms_logger"); not a collective, call it on any ranks. With
+  // show_straggler, then the breakdown of each operation into transfer and waiting for the slowest
+  // rank (CommsLogger::straggler_summary): a collective, every rank calls it, and not on a
+  // pipeline-parallel engine, whose stages log different messages (an Error on every rank).
+  void log_summary(bool show_straggler = false);
   // "tensorboard" and "csv_monitor": rank 0's monitors (nullptr elsewhere, and without them).
   MonitorMaster* monitor() { return monitor_.get(); }
   // DeepSpeed's global_samples: samples of the steps taken (or skipped), global_steps x train_batch_size.

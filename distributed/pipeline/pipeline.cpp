@@ -11,8 +11,8 @@
 #include "autograd/autograd.h"
 #include "core/generator.h"
 #include "core/grad_mode.h"
-#include "ops/ops.h"
 #include "distributed/comm/comms_logger.h"
+#include "ops/ops.h"
 
 namespace kiln::distributed {
 

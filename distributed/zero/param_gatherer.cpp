@@ -8,8 +8,8 @@
 #include <unordered_map>
 
 #include "core/grad_mode.h"
-#include "ops/ops.h"
 #include "distributed/comm/comms_logger.h"
+#include "ops/ops.h"
 
 namespace kiln::distributed {
 

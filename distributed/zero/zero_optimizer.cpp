@@ -8,10 +8,10 @@
 #include <set>
 
 #include "core/grad_mode.h"
+#include "distributed/comm/comms_logger.h"
 #include "distributed/zero/grad_reducer.h"
 #include "distributed/zero/param_gatherer.h"
 #include "ops/ops.h"
-#include "distributed/comm/comms_logger.h"
 
 namespace kiln::distributed {
 

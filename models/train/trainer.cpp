@@ -534,7 +534,9 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
                  ckpt_dir.c_str(), metrics_path.c_str(), result.plot_path.empty() ? "" : "; plot ",
                  result.plot_path.c_str());
   }
-  if (engine && !o.quiet) engine->log_summary();  // the DeepSpeed config's comms_logger table, if any
+  // The DeepSpeed config's comms_logger table, if any, and how much of it was waiting for the
+  // slowest rank: a collective, so every rank calls it (rank 0 prints).
+  if (engine) engine->log_summary(/*show_straggler=*/true);
   return result;
 }
 

@@ -2,6 +2,7 @@
 // its figures against DeepSpeed's formulas worked by hand, a logging communicator that records
 // every collective with its size and leaves the results as they were, prof_ops and the callers'
 // names, and the engine's "comms_logger", whose training matches an engine's without it.
+#include <map>
 #include <sstream>
 
 #include "distributed/comm/comms_logger.h"
@@ -12,6 +13,7 @@ using namespace kiln::distributed;
 using kiln::test::batch;
 using kiln::test::check_close;
 using kiln::test::check_equal;
+using kiln::test::check_error;
 using kiln::test::Mlp;
 
 namespace {
@@ -222,6 +224,82 @@ TEST_CASE("comms_logger: prof_ops picks the operations, debug names their caller
   CHECK_THROWS_WITH(log_communication(nullptr, logger), Catch::Contains("the communicator is null"));
 }
 
+namespace {
+
+// The rows of a table of summary() or straggler_summary(): record name -> its rows' numbers.
+std::map<std::string, std::vector<std::vector<double>>> table_rows(const std::string& table) {
+  std::map<std::string, std::vector<std::vector<double>>> rows;
+  std::istringstream lines(table);
+  std::string record;
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty() || line.rfind("Comm. Op", 0) == 0 || line[0] == '_' || line[0] == '-' ||
+        line.rfind("Breakdown", 0) == 0) {
+      continue;
+    }
+    if (line[0] != ' ') {
+      record = line;
+      continue;
+    }
+    std::vector<double> numbers;  // the columns after the message size (whose unit has a space)
+    for (size_t col = 40; col < line.size(); col += 20) numbers.push_back(std::stod(line.substr(col, 20)));
+    rows[record].push_back(numbers);
+  }
+  return rows;
+}
+
+}  // namespace
+
+TEST_CASE("comms_logger: the straggler breakdown splits each latency into the transfer and the wait",
+          "[distributed]") {
+  auto world = init("mpi");
+  const int n = world->size(), r = world->rank();
+  auto logger = std::make_shared<CommsLogger>(CommsLoggerOptions{.enabled = true}, false);
+  auto comm = log_communication(world, logger);
+  Tensor t = ones({256});
+  for (int k = 0; k < 5; ++k) comm->all_reduce(t);
+  comm->broadcast(t, 0);
+  const std::string table = logger->summary();
+  const std::string breakdown = logger->straggler_summary(*comm);
+  CHECK(logger->summary() == table);  // the comparison itself is not logged
+  REQUIRE(breakdown.rfind("_______________________________\nBreakdown with straggler effect\n", 0) == 0);
+  const auto totals = table_rows(table), parts = table_rows(breakdown);
+  REQUIRE(totals.size() == 2);
+  REQUIRE(parts.size() == 2);
+  for (const auto& [record, rows] : totals) {
+    INFO(record);
+    REQUIRE(parts.count(record) == 1);
+    REQUIRE(rows.size() == 1);
+    const std::vector<double>& whole = rows[0];  // count, total latency, ...
+    const std::vector<double>& split = parts.at(record)[0];  // count, total comm, total straggler, ...
+    CHECK(split[0] == whole[0]);
+    CHECK(split[1] + split[2] == Approx(whole[1]).margin(0.016));  // each rounded to 0.01
+    CHECK(split[2] >= 0);
+    // The transfer is the same on every rank; the smallest wait, over the ranks, is none.
+    Tensor shared = from_vector<double>({split[1], -split[1], split[2]});
+    Tensor extremes = shared.clone();
+    world->all_reduce(extremes, ReduceOp::Min);
+    CHECK(-extremes[1].item<double>() == split[1]);
+    CHECK(extremes[0].item<double>() == split[1]);
+  }
+  // For one operation the wait is exactly zero on the rank that arrived last: the minimum over
+  // the ranks of the waits, operation by operation, comes from the records themselves.
+  const auto e = logger->records()[1].second.begin()->second;  // the broadcast
+  Tensor lat = from_vector<double>({e.latency_ms[0]});
+  Tensor least = lat.clone();
+  world->all_reduce(least, ReduceOp::Min);
+  Tensor wait = lat - least;
+  world->all_reduce(wait, ReduceOp::Min);
+  CHECK(wait.item<double>() == 0);
+
+  // Ranks that logged different operations: an Error on every rank, not a wait.
+  if (n > 1) {
+    auto solo = comm->split(r, 0);  // a communicator of one rank each
+    if (r == 0) solo->barrier();    // logged on rank 0 alone
+    check_error([&] { logger->straggler_summary(*comm); },
+                {"straggler_summary: the ranks logged different operations", "call summary() instead"});
+  }
+}
+
 TEST_CASE("engine: comms_logger times the engine's communication, names its callers, and changes no result",
           "[distributed]") {
   auto comm = init("mpi");
@@ -276,11 +354,15 @@ TEST_CASE("engine: comms_logger times the engine's communication, names its call
       }
     }
     const std::string out = kiln::test::captured_output(1, [&] { logged.log_summary(); });
+    const std::string both = kiln::test::captured_output(1, [&] { logged.log_summary(/*show_straggler=*/true); });
     if (r == 0) {
       CHECK(out == logged.comms_logger()->summary());
+      CHECK(both.rfind(out, 0) == 0);
+      CHECK(both.find("Breakdown with straggler effect") != std::string::npos);
       CHECK(out.find("broadcast | [Caller: rank 0's weights to every rank]") != std::string::npos);
     } else {
       CHECK(out.empty());
+      CHECK(both.empty());
     }
   }
 }

@@ -1116,6 +1116,8 @@ TEST_CASE("engine: pipeline stages with data parallel, accumulation, clipping an
     std::vector<std::string> names;
     for (const auto& [name, sizes] : engine.comms_logger()->records()) names.push_back(name);
     CHECK(std::count(names.begin(), names.end(), "broadcast | [Caller: pipeline loss]") == 1);
+    check_error([&] { engine.log_summary(/*show_straggler=*/true); },
+                {"show_straggler compares each operation across the ranks, and a pipeline's stages"});
     // 2 steps, saved (a folder per stage), loaded by a new engine, 3 more: the same weights.
     manual_seed(31);
     Mlp again;
