@@ -45,6 +45,23 @@ TEST_CASE("The distributed headers' examples compile and run", "[distributed][ex
       opt.zero_grad();  loss.backward();  opt.step();
     }
   }
+  // distributed/comm/comms_logger.h (and docs/profiling.md's DistributedDataParallel)
+  {
+    auto logger = std::make_shared<distributed::CommsLogger>(distributed::CommsLoggerOptions{.enabled = true});
+    auto comm = distributed::log_communication(distributed::init(), logger);
+    Mlp model;
+    distributed::DistributedDataParallel ddp(model, comm);   // its all-reduces are logged
+    optim::SGD opt(ddp.parameters(), {.lr = 0.1});
+    for (int step = 0; step < 2; ++step) {
+      auto [x, y] = batch(step, 4);
+      Tensor loss = nn::cross_entropy(ddp(x), y);
+      opt.zero_grad();  loss.backward();  opt.step();
+    }
+    const std::string out = kiln::test::captured_output(1, [&] {
+      if (comm->rank() == 0) fmt::print("{}", logger->summary());
+    });
+    CHECK((comm->rank() == 0) == (out.find("all_reduce") != std::string::npos));
+  }
   // distributed/engine/engine.h and config.h
   {
     auto comm = distributed::init();
