@@ -22,7 +22,7 @@ using json = nlohmann::json;
 // DeepSpeed keys that Kiln does not implement, by section: naming them apart from typos tells the
 // user that the key is right but the feature is not here.
 const std::set<std::string> kUnsupportedTop = {
-    "amp", "aio", "autotuning", "checkpoint", "comet", "compression_training", "curriculum_learning",
+    "amp", "aio", "autotuning", "comet", "compression_training", "curriculum_learning",
     "data_efficiency", "disable_allgather", "dump_state", "eigenvalue", "elasticity", "hybrid_engine", "nebula",
     "pipeline", "progressive_layer_drop", "quantize_training", "sparse_attention", "sparse_gradients",
     "torch_autocast", "wandb", "compile", "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type",
@@ -39,12 +39,15 @@ const std::set<std::string> kUnsupportedOffloadOptimizer = {"nvme_path", "buffer
 const std::set<std::string> kUnsupportedOffloadParam = {"nvme_path", "buffer_count", "buffer_size", "max_in_cpu"};
 
 // DeepSpeed options that Kiln does not implement and that have no value asking for nothing: their
-// presence asks for something (sparse_attention, pipeline, compile, checkpoint's tag validation),
-// or their default is on (DeepSpeed's memory-efficient ZeRO-3 linear, its CPU Adam check, ...).
-const std::set<std::string> kNoOffValue = {"sparse_attention",          "pipeline",
-                                           "compile",                   "checkpoint",
-                                           "zero_force_ds_cpu_optimizer", "memory_efficient_linear",
-                                           "use_multi_rank_bucket_allreduce", "override_module_apply"};
+// presence asks for something (sparse_attention, pipeline, compile), or their default is on
+// (DeepSpeed's memory-efficient ZeRO-3 linear, its CPU Adam check, ...).
+const std::set<std::string> kNoOffValue = {"sparse_attention",
+                                           "pipeline",
+                                           "compile",
+                                           "zero_force_ds_cpu_optimizer",
+                                           "memory_efficient_linear",
+                                           "use_multi_rank_bucket_allreduce",
+                                           "override_module_apply"};
 
 // The value that turns off a DeepSpeed option that Kiln does not implement, for messages.
 std::string off_value(const std::string& key) {
@@ -491,6 +494,30 @@ void read_flops_profiler(Section& top, const std::string& source, Config& cfg) {
   s.finish();
 }
 
+// DeepSpeed's "checkpoint": tag_validation, and the options of its own formats and storage, which
+// Kiln reads only where they are off.
+void read_checkpoint(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("checkpoint") || top.at("checkpoint").is_null()) return;
+  Section s(source, "checkpoint", top.at("checkpoint"));
+  std::string mode = cfg.checkpoint_tag_validation;
+  s.read("tag_validation", mode);
+  mode = lower(mode);
+  if (mode != "warn" && mode != "ignore" && mode != "fail") {
+    s.fail_at("tag_validation", fmt::format("must be \"Warn\", \"Ignore\" or \"Fail\", not \"{}\"", mode));
+  }
+  cfg.checkpoint_tag_validation = mode;
+  s.read_fixed("load_universal", false,
+               "DeepSpeed's universal checkpoints are not implemented; Kiln's own load at another world size and "
+               "ZeRO stage (Engine::load_checkpoint)");
+  s.read_fixed("use_node_local_storage", false, "every rank writes to the checkpoint's directory");
+  if (s.has("parallel_write") && !s.at("parallel_write").is_null()) {
+    Section w(source, "checkpoint.parallel_write", s.at("parallel_write"));
+    w.read_fixed("pipeline_stage", false, "each pipeline stage's files are written by its own ranks already");
+    w.finish();
+  }
+  s.finish();
+}
+
 // DeepSpeed's "comms_logger": which communication operations to time (distributed/comm/comms_logger.h).
 void read_comms_logger(Section& top, const std::string& source, Config& cfg) {
   if (!top.has("comms_logger") || top.at("comms_logger").is_null()) return;
@@ -612,6 +639,7 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   read_zero(top, source, cfg);
   read_activation_checkpointing(top, source, cfg);
   read_flops_profiler(top, source, cfg);
+  read_checkpoint(top, source, cfg);
   read_comms_logger(top, source, cfg);
   read_monitor(top, source, "tensorboard", cfg.tensorboard);
   read_monitor(top, source, "csv_monitor", cfg.csv_monitor);

@@ -36,6 +36,8 @@
 //                  the model's switch
 //   flops_profiler {enabled, profile_step, module_depth, top_modules, detailed, output_file,
 //                  recompute_fwd_factor}: nn::FlopsProfiler on rank 0's forward at profile_step
+//   checkpoint    {tag_validation (Warn | Ignore | Fail); load_universal, use_node_local_storage,
+//                  parallel_write.pipeline_stage only false}
 //   comms_logger  {enabled, verbose, prof_all, debug, prof_ops}: the engine's communication timed
 //                  (distributed::CommsLogger; Engine::log_summary)
 //   tensorboard, csv_monitor {enabled, output_path, job_name}: the training events written by rank 0
@@ -93,7 +95,12 @@ struct Config {
   };
   FlopsProfiler flops_profiler;
 
-  // "comms_logger" (DeepSpeed's keys and defaults): the engine's communication is timed, made
+  // "checkpoint": {"tag_validation": "Warn" | "Ignore" | "Fail"} (DeepSpeed's, its default Warn):
+  // save_checkpoint compares the tag the ranks pass, and a mismatch is a warning from rank 0 or an
+  // Error on every rank. Kept lower-case.
+  std::string checkpoint_tag_validation = "warn";
+
+    // "comms_logger" (DeepSpeed's keys and defaults): the engine's communication is timed, made
   // blocking (distributed/comm/comms_logger.h); Engine::log_summary prints the table.
   distributed::CommsLoggerOptions comms_logger;
 

@@ -606,6 +606,16 @@ void Engine::report() {
 
 void Engine::save_checkpoint(const std::string& dir, const std::string& tag_in) {
   const std::string tag = tag_in.empty() ? fmt::format("global_step{}", global_steps_) : tag_in;
+  // DeepSpeed's checkpoint.tag_validation: the ranks compare their tags (one all-reduce of a hash).
+  if (config_.checkpoint_tag_validation != "ignore" && !distributed::same_on_every_rank(*world_, tag)) {
+    const std::string why = fmt::format(
+        "save_checkpoint: the checkpoint tag '{}' (rank {}) is not the same on every rank; pass one tag on every "
+        "rank (a tag that names the rank breaks the checkpoint's folder, and a load at another world size)",
+        tag, world_->rank());
+    KILN_CHECK(config_.checkpoint_tag_validation != "fail", "{} (\"checkpoint\": {{\"tag_validation\": \"Fail\"}})",
+               why);
+    std::fprintf(stderr, "[kiln] warning: %s\n", why.c_str());
+  }
   KILN_CHECK(tag.find('/') == std::string::npos && tag != "." && tag != "..",
              "save_checkpoint: the tag '{}' must be a plain name, not a path", tag);
   // Each step is agreed on by every rank (run_and_agree), so that a rank that cannot write stops

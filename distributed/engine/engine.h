@@ -165,7 +165,8 @@ class Engine {
   // named by their data-parallel rank), and a load needs as many stages and slices. Call it after a
   // step (the gradients of an accumulation in progress are not saved). Each file is written whole
   // or not at all, and `latest` moves last, so a save cut off leaves the previous one loadable.
-  // Every rank calls it.
+  // Every rank calls it, with the same tag: the config's checkpoint.tag_validation (DeepSpeed's,
+  // "Warn" by default) compares the ranks' tags, and a mismatch is a warning, or with "Fail" an Error.
   void save_checkpoint(const std::string& dir, const std::string& tag = "");
   // DeepSpeed's save_16bit_model: rank 0 writes save_dir/save_filename, a safetensors file of the
   // model's state_dict() with every weight whole, in the model's dtype (16 bits under fp16 or bf16),

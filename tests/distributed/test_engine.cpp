@@ -155,6 +155,10 @@ TEST_CASE("engine config: comms_logger, tensorboard and csv_monitor are read wit
   CHECK(cfg.comms_logger.prof_ops == std::vector<std::string>{"all_reduce", "all_gather_into_tensor"});
   CHECK(cfg.csv_monitor.output_path == "logs/");
   CHECK(cfg.csv_monitor.job_name == "run1");
+  CHECK(cfg.checkpoint_tag_validation == "warn");  // DeepSpeed's default
+  cfg = Config::from_string(R"({"train_batch_size": 8, "checkpoint": {"tag_validation": "FAIL",
+      "load_universal": false, "use_node_local_storage": false, "parallel_write": {"pipeline_stage": false}}})");
+  CHECK(cfg.checkpoint_tag_validation == "fail");
 }
 
 TEST_CASE("engine config: DeepSpeed options that Kiln does not implement are accepted where they are off",
@@ -402,6 +406,46 @@ TEST_CASE("engine: tensorboard and csv_monitor write rank 0's loss, lr, loss sca
   if (r == 0) std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("engine: checkpoint.tag_validation compares the ranks' tags, as DeepSpeed's", "[distributed]") {
+  auto comm = init("mpi");
+  const int n = comm->size(), r = comm->rank();
+  const std::string dir = shared_temp_dir(*comm, "kiln-tags");
+  for (const char* mode : {"Warn", "Ignore", "Fail"}) {
+    INFO(mode);
+    Mlp m;
+    Engine engine = kiln::initialize(m, Config::from_string(fmt::format(R"({{"train_micro_batch_size_per_gpu": 2,
+        "optimizer": {{"type": "SGD", "params": {{"lr": 0.1}}}}, "checkpoint": {{"tag_validation": "{}"}}}})", mode)),
+        comm);
+    engine.save_checkpoint(dir, "same");  // one tag everywhere: saved, whatever the mode
+    CHECK(engine.load_checkpoint(dir) == "same");
+    if (n == 1) continue;
+    // A tag that names the rank.
+    bool threw = false;
+    std::string message;
+    const std::string err = kiln::test::captured_output(2, [&] {
+      try {
+        engine.save_checkpoint(dir, fmt::format("{}-rank{}", mode, r));
+      } catch (const Error& e) {
+        threw = true;
+        message = e.what();
+      }
+    });
+    if (std::string(mode) == "Fail") {
+      CHECK(threw);  // on every rank, before anything is written
+      CHECK(message.find(fmt::format("the checkpoint tag 'Fail-rank{}' (rank {}) is not the same on every rank", r,
+                                     r)) != std::string::npos);
+      CHECK_FALSE(std::filesystem::exists(std::filesystem::path(dir) / fmt::format("Fail-rank{}", r)));
+    } else {
+      CHECK((err.find("[kiln] warning: save_checkpoint: the checkpoint tag") != std::string::npos) ==
+            (std::string(mode) == "Warn"));
+      CHECK(threw);  // the folders differ, and the ranks' writes agree that one failed
+    }
+    comm->barrier();
+  }
+  comm->barrier();
+  if (r == 0) std::filesystem::remove_all(dir);
+}
+
 TEST_CASE("engine: data_types.grad_accum_dtype, and DeepSpeed's float32 default for bf16 without ZeRO",
           "[distributed]") {
   auto comm = init("mpi");
@@ -512,6 +556,12 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"data_types.grad_accum_dtype\" must be \"fp32\", \"fp16\" or \"bf16\"", "not \"int8\""});
   bad(R"({"train_batch_size": 8, "data_types": {"grad_accum": "fp32"}})",
       {"\"data_types.grad_accum\" is not a key Kiln knows", "the keys allowed in \"data_types\" are: grad_accum_dtype"});
+  bad(R"({"train_batch_size": 8, "checkpoint": {"tag_validation": "Strict"}})",
+      {"\"checkpoint.tag_validation\" must be \"Warn\", \"Ignore\" or \"Fail\", not \"strict\""});
+  bad(R"({"train_batch_size": 8, "checkpoint": {"load_universal": true}})",
+      {"\"checkpoint.load_universal\" must be false in Kiln", "universal checkpoints are not implemented"});
+  bad(R"({"train_batch_size": 8, "checkpoint": {"tag_validaton": "Warn"}})",
+      {"\"checkpoint.tag_validaton\" is not a key Kiln knows", "did you mean \"tag_validation\""});
   bad(R"({"train_batch_size": 8, "wandb": {"enabled": true, "project": "x"}})",
       {"\"wandb\" is a DeepSpeed option that Kiln does not implement"});
   // Without "enabled": false, a section with settings in it is taken as asking for the feature.
