@@ -9,6 +9,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "core/error.h"
 
@@ -111,6 +113,32 @@ std::string tf_record(std::string_view payload) {
   r.append(payload);
   put_le(r, masked_crc32c(payload.data(), payload.size()));
   return r;
+}
+
+std::vector<std::string> read_tf_records(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in.good(), "tensorboard::read_tf_records: cannot open '{}'; check the path", path);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  KILN_CHECK(!in.bad(), "tensorboard::read_tf_records: reading '{}' failed", path);
+  auto le = [&](size_t at, size_t n) {
+    uint64_t v = 0;
+    for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);
+    return v;
+  };
+  std::vector<std::string> payloads;
+  for (size_t at = 0; at + 12 <= bytes.size();) {
+    KILN_CHECK(le(at + 8, 4) == masked_crc32c(bytes.data() + at, 8),
+               "tensorboard::read_tf_records: '{}': the length of record {} (at byte {}) fails its CRC; the file is "
+               "corrupt from there on", path, payloads.size(), at);
+    const uint64_t n = le(at, 8);
+    if (n > bytes.size() - at - 12 || bytes.size() - at - 12 - n < 4) break;  // cut off: the end
+    KILN_CHECK(le(at + 12 + n, 4) == masked_crc32c(bytes.data() + at + 12, n),
+               "tensorboard::read_tf_records: '{}': the payload of record {} (at byte {}) fails its CRC; the file is "
+               "corrupt there", path, payloads.size(), at);
+    payloads.push_back(bytes.substr(at + 12, n));
+    at += 12 + n + 4;
+  }
+  return payloads;
 }
 
 SummaryWriter::SummaryWriter(const std::string& log_dir) {

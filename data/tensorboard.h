@@ -10,14 +10,15 @@
 // tensorflow.Event protocol buffer; the first holds file_version "brain.Event:2", the others a
 // Summary with one Value {tag, simple_value}. Those three messages are the whole of the protobuf
 // that is needed, and they are encoded here by hand (docs/profiling.md walks through the bytes).
-// Records are appended whole; a reader stops at a record cut off by a crash, so what was flushed
-// before it stays readable.
+// Records are appended whole; a reader (read_tf_records, TensorBoard's) stops at a record cut off
+// by a crash, so what was flushed before it stays readable.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace kiln::tensorboard {
 
@@ -33,6 +34,10 @@ std::string scalar_event(double wall_time, int64_t step, std::string_view tag, f
 std::string file_version_event(double wall_time);
 // One TFRecord around a payload.
 std::string tf_record(std::string_view payload);
+// The payloads of an event file's records, in order, each record's two CRCs checked: a corrupt one
+// is an Error naming its offset. A record cut off at the end (a writer that stopped mid-record)
+// ends the list, as TensorBoard's reader stops there.
+std::vector<std::string> read_tf_records(const std::string& path);
 
 class SummaryWriter {
  public:

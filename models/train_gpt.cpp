@@ -373,6 +373,9 @@ int run(int argc, char** argv) {
     r.grad_accum = b.gradient_accumulation_steps;
     r.clip = ds->gradient_clipping;
     r.autocast = ds->fp16.enabled ? "fp16" : ds->bf16.enabled ? "bf16" : "none";
+    if (const auto& t = ds->torch_autocast; t.enabled) {  // the model stays float32; forward under autocast
+      r.autocast = t.dtype.value_or(device.is_cuda() ? kFloat16 : kBFloat16) == kFloat16 ? "fp16" : "bf16";
+    }
   }
 
   manual_seed(r.seed);
@@ -537,7 +540,7 @@ int run(int argc, char** argv) {
                 r.autocast == "none" ? "" : fmt::format(", autocast {}", r.autocast).c_str(), r.fusion ? "" : ", fusion off",
                 r.clip > 0 ? fmt::format(", clip {}", r.clip).c_str() : "",
                 ckpt ? fmt::format(", resumed at step {}{}", step,
-                                   scaler.is_enabled() || (ds && ds->fp16.enabled)
+                                   scaler.is_enabled() || (ds && r.autocast == "fp16")
                                        ? fmt::format(" (loss scale {})", engine ? engine->loss_scale() : scaler.get_scale())
                                        : "").c_str()
                      : "");
@@ -565,7 +568,14 @@ int run(int argc, char** argv) {
       data::Example b = train_text.sample(r.batch_size, c.block_size, windows);
       std::optional<autograd::SaveOnCpu> offload;
       if (r.offload_activations) offload.emplace(/*pin_memory=*/device.is_cuda());
-      Tensor loss = models::GPT::loss((*engine)(b.data.to(device)), b.target.to(device));
+      Tensor logits = (*engine)(b.data.to(device));
+      Tensor loss;
+      {
+        // With torch_autocast, the loss under the forward's autocast too (float32, by its policy),
+        // as a model that computes its loss in forward would.
+        AutocastGuard ac(device, engine->autocast_dtype(), engine->autocast_dtype().has_value());
+        loss = models::GPT::loss(logits, b.target.to(device));
+      }
       offload.reset();
       engine->backward(loss);
       engine->step();

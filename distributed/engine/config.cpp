@@ -25,7 +25,7 @@ const std::set<std::string> kUnsupportedTop = {
     "amp", "aio", "autotuning", "comet", "compression_training", "curriculum_learning",
     "data_efficiency", "disable_allgather", "dump_state", "eigenvalue", "elasticity", "hybrid_engine", "nebula",
     "pipeline", "progressive_layer_drop", "quantize_training", "sparse_attention", "sparse_gradients",
-    "torch_autocast", "wandb", "compile", "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type",
+    "wandb", "compile", "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type",
     "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
     "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
@@ -608,6 +608,62 @@ void read_gradient_averaging(Section& top, distributed::ZeroOptions& z) {
   read_dtype(top, "communication_data_type", z.communication_data_type);
 }
 
+// DeepSpeed's "torch_autocast": {"enabled", "dtype", "lower_precision_safe_modules"}. The modules
+// are named as Python classes ("torch.nn.Linear", "torch.nn.modules.linear.Linear") or C++ ones
+// ("kiln::nn::Linear"); what counts is the class name after the last '.' or "::", which is what
+// nn::Module::name() gives.
+void read_torch_autocast(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("torch_autocast") || top.at("torch_autocast").is_null()) return;
+  Section s(source, "torch_autocast", top.at("torch_autocast"));
+  auto& t = cfg.torch_autocast;
+  s.read("enabled", t.enabled);
+  if (s.has("dtype") && !s.at("dtype").is_null()) {
+    std::string given;
+    s.read("dtype", given);
+    const std::optional<DType> d = dtype_named(given);
+    if (!d || *d == kFloat32) {
+      s.fail_at("dtype", fmt::format("must be \"bfloat16\" or \"float16\" (\"bf16\", \"fp16\", ...; null: the "
+                                     "device's default, bfloat16 on a CPU and float16 on a GPU, as torch.autocast's), "
+                                     "not \"{}\"{}", given, d ? "; float32 is no autocast: set \"enabled\": false" : ""));
+    }
+    t.dtype = d;
+  }
+  if (s.has("lower_precision_safe_modules") && !s.at("lower_precision_safe_modules").is_null()) {
+    const json& v = s.at("lower_precision_safe_modules");
+    if (!v.is_array()) {
+      s.fail_at("lower_precision_safe_modules", "must be a list of module classes (\"torch.nn.Linear\", ...), not " +
+                                                   type_name(v));
+    }
+    std::vector<std::string> names;
+    for (const json& x : v) {
+      if (!x.is_string()) s.fail_at("lower_precision_safe_modules", "must be a list of class names; it holds " + type_name(x));
+      const std::string full = x.get<std::string>();
+      const size_t cut = full.find_last_of(".:");
+      const std::string name = cut == std::string::npos ? full : full.substr(cut + 1);
+      if (name.empty()) {
+        s.fail_at("lower_precision_safe_modules", fmt::format("holds \"{}\", which names no class; write one as "
+                                                              "\"torch.nn.Linear\" or \"Linear\"", full));
+      }
+      names.push_back(name);
+    }
+    t.lower_precision_safe_modules = std::move(names);
+  }
+  s.finish();
+  if (!t.enabled) return;
+  // DeepSpeed (runtime/torch_autocast.py) refuses these with torch_autocast too.
+  if (cfg.fp16.enabled || cfg.bf16.enabled) {
+    top.fail_at("torch_autocast", fmt::format("is enabled, and so is \"{}\", which keeps the model in 16 bits; "
+                                              "torch_autocast keeps it in float32 and runs its forward under autocast: "
+                                              "use one of the two", cfg.fp16.enabled ? "fp16" : "bf16"));
+  }
+  if (const auto& c = cfg.zero_optimization.communication_data_type; c && *c != kFloat32) {
+    top.fail_at("communication_data_type", fmt::format("is {}, and torch_autocast is enabled: its "
+                                                       "lower_precision_safe_modules' gradients travel in the autocast "
+                                                       "dtype and the others in float32; remove the key, or set \"fp32\"",
+                                                       dtype_name(*c)));
+  }
+}
+
 // DeepSpeed's "data_types": {"grad_accum_dtype": ...}.
 void read_data_types(Section& top, const std::string& source, Config& cfg) {
   if (!top.has("data_types") || top.at("data_types").is_null()) return;
@@ -644,6 +700,7 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   read_monitor(top, source, "tensorboard", cfg.tensorboard);
   read_monitor(top, source, "csv_monitor", cfg.csv_monitor);
   read_data_types(top, source, cfg);
+  read_torch_autocast(top, source, cfg);
   top.finish();
   KILN_CHECK(cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu,
              "{}: neither \"train_batch_size\" nor \"train_micro_batch_size_per_gpu\" is given; give at least one "

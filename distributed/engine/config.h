@@ -18,6 +18,8 @@
 //   fp16          {enabled, auto_cast, loss_scale, initial_scale_power, loss_scale_window,
 //                  hysteresis, consecutive_hysteresis, min_loss_scale}
 //   bf16          {enabled}
+//   torch_autocast {enabled, dtype, lower_precision_safe_modules}: a float32 model's forward under
+//                  autocast, the listed modules' gradients (and stage 3's gathers) in its dtype
 //   zero_optimization {stage, reduce_bucket_size, allgather_bucket_size, overlap_comm (default: on
 //                  at stage 3 only, as DeepSpeed),
 //                  contiguous_gradients, reduce_scatter, allgather_partitions,
@@ -55,6 +57,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "distributed/comm/comms_logger.h"
 #include "distributed/zero/zero_optimizer.h"
@@ -144,6 +147,17 @@ struct Config {
   struct Bf16 {
     bool enabled = false;
   } bf16;
+  // "torch_autocast" (DeepSpeed's): the model stays float32 and Engine runs its forward under
+  // autocast (AutocastGuard, ops/autocast.h) to dtype; the parameters of the modules of the listed
+  // classes (by name(); unset, ZeroOptions' default: Linear, Conv1d, Conv2d, Conv3d) have their
+  // gradients averaged, and at stage 3 their weights gathered, in dtype (ZeroOptions::autocast_dtype).
+  // With float16, the loss is scaled by PyTorch's GradScaler rule (2^16, halved at each overflow,
+  // doubled after 2000 good steps), as DeepSpeed's torch.amp.GradScaler.
+  struct TorchAutocast {
+    bool enabled = false;
+    std::optional<DType> dtype;  // unset: the device's autocast default (CPU bfloat16, CUDA float16)
+    std::optional<std::vector<std::string>> lower_precision_safe_modules;  // class names
+  } torch_autocast;
 
   // The "zero_optimization" section, the top-level keys of how the gradients are averaged, and
   // data_types.grad_accum_dtype.

@@ -19,6 +19,7 @@
 #include "distributed/engine/monitor.h"
 #include "distributed/tensor_parallel/tensor_parallel.h"
 #include "nn/flops_profiler.h"
+#include "ops/autocast.h"
 #include "ops/ops.h"
 
 namespace kiln {
@@ -282,6 +283,13 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
   // BF16_Optimizer) accumulates the gradients in float32; everything else in the model's dtype.
   distributed::ZeroOptions zero = config_.zero_optimization;
   if (!zero.grad_accum_dtype && dtype_ == kBFloat16 && zero.stage == 0) zero.grad_accum_dtype = kFloat32;
+  // "torch_autocast": dtype unset is torch.autocast's default for the device. ZeroOptimizer checks
+  // that the model is float32 and applies the dtype to the listed modules' communication.
+  if (const auto& t = config_.torch_autocast; t.enabled) {
+    autocast_dtype_ = t.dtype.value_or(device_.is_cuda() ? kFloat16 : kBFloat16);
+    zero.autocast_dtype = autocast_dtype_;
+    if (t.lower_precision_safe_modules) zero.lower_precision_safe_modules = *t.lower_precision_safe_modules;
+  }
   {
     struct Hidden {  // back to requiring grad however the optimizer's construction ends
       std::vector<Tensor>& copies;
@@ -298,6 +306,13 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
   if (config_.scheduler) scheduler_ = make_scheduler(*config_.scheduler, *optimizer_);
   optim::GradScalerOptions scaling = config_.fp16.scaler;
   scaling.enabled = config_.fp16.enabled;
+  if (autocast_dtype_ == kFloat16) {
+    // DeepSpeed scales float16 autocast's loss with torch.amp.GradScaler: 2^16, halved at every
+    // overflow (no hysteresis, no floor, no Error), doubled after 2000 steps without one.
+    scaling = optim::GradScalerOptions{.loss_scale = 0, .initial_scale_power = 16, .loss_scale_window = 2000,
+                                       .hysteresis = 1, .min_loss_scale = std::numeric_limits<float>::min(),
+                                       .raise_error_at_min_scale = false, .enabled = true};
+  }
   // An overflow on any rank, of any stage, skips the step on all.
   scaler_ = std::make_unique<distributed::ShardedGradScaler>(world_, scaling);
 }
@@ -366,7 +381,12 @@ Tensor Engine::forward(const Tensor& input) {
         model_, [this](const Tensor& p) { return optimizer_->full_numel(p); });  // stage 3 drops them
     flops_profiler_->start_profile();
   }
-  Tensor out = model_(x);
+  Tensor out;
+  {
+    std::optional<AutocastGuard> autocast;
+    if (autocast_dtype_) autocast.emplace(device_, autocast_dtype_);
+    out = model_(x);
+  }
   if (profile) {
     flops_profiler_->stop_profile();
     profiling_ = Profiling::kForwardDone;
@@ -392,10 +412,12 @@ void Engine::backward(const Tensor& loss) {
   // The monitors' train_loss: rank 0's micro-batch losses averaged over the step, written at its
   // boundary with the samples before the step (as DeepSpeed's backward writes it).
   if (monitor_) {
-    monitor_loss_ += loss.item<double>() / static_cast<double>(batch_.gradient_accumulation_steps);
+    NoGradGuard no_grad;
+    const Tensor part = loss.detach().reshape({}).to(kFloat64) / static_cast<double>(batch_.gradient_accumulation_steps);
+    monitor_loss_ = monitor_loss_.defined() ? monitor_loss_ + part : part;
     if (is_gradient_accumulation_boundary()) {
-      monitor_->write_events({{"Train/Samples/train_loss", monitor_loss_, global_samples()}});
-      monitor_loss_ = 0;
+      monitor_->write_events({{"Train/Samples/train_loss", monitor_loss_.item<double>(), global_samples()}});
+      monitor_loss_ = Tensor();
     }
   }
   if (profiling_ == Profiling::kForwardDone) {  // the profiled forward's backward, all its device work
@@ -431,7 +453,13 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
   const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0;
   const auto t0 = now();
-  Tensor loss = pipeline_->train_batch(x, target);  // the gradients are reduced during the last backward
+  Tensor loss;
+  {
+    // The stages' forwards under autocast; the autograd engine runs their backwards without it.
+    std::optional<AutocastGuard> autocast;
+    if (autocast_dtype_) autocast.emplace(device_, autocast_dtype_);
+    loss = pipeline_->train_batch(x, target);  // the gradients are reduced during the last backward
+  }
   if (!tied_.empty() || chunks_ > 1) {  // ... or now, with each tied weight's gradient from the other stage added
     if (!tied_.empty()) distributed::add_tied_gradients(tied_, *pipeline_comm_, tied_gradients_.get());
     optimizer_->reduce_gradients();
@@ -456,6 +484,8 @@ Tensor Engine::eval_batch(const Tensor& input) {
   KILN_CHECK(pipeline_, "Engine.eval_batch: this engine has no pipeline; call the model (or forward)");
   Tensor x = input;
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
+  std::optional<AutocastGuard> autocast;
+  if (autocast_dtype_) autocast.emplace(device_, autocast_dtype_);
   return pipeline_->eval_batch(x);
 }
 
@@ -484,7 +514,7 @@ void Engine::optimizer_step() {
 void Engine::write_step_events() {
   const int64_t samples = global_samples();
   std::vector<MonitorEvent> events{{"Train/Samples/lr", get_lr().at(0), samples}};
-  if (config_.fp16.enabled) events.push_back({"Train/Samples/loss_scale", loss_scale(), samples});
+  if (scaler_->is_enabled()) events.push_back({"Train/Samples/loss_scale", loss_scale(), samples});
   if (config_.wall_clock_breakdown) {
     if (!pipeline_) {
       events.push_back({"Train/Samples/elapsed_time_ms_forward", 1e3 * (forward_s_ - monitored_forward_s_), samples});

@@ -29,7 +29,10 @@
 // end of its step, as DeepSpeed's engine does (not on a pipeline: profile a stage's module itself).
 // With "comms_logger", the engine's communication is timed (comms_logger(), log_summary()); with
 // "tensorboard" or "csv_monitor", rank 0 writes the loss, lr, loss scale and phase times at each
-// step (distributed/engine/monitor.h).
+// step (distributed/engine/monitor.h). With "torch_autocast", the model stays float32 and forward
+// (train_batch and eval_batch on a pipeline) runs under autocast to its dtype; the ZeRO optimizer
+// averages the gradients of its lower_precision_safe_modules in that dtype (ZeroOptions::
+// autocast_dtype), and with float16 the loss is scaled by PyTorch's GradScaler rule.
 //
 // Pipeline and tensor parallel (DeepSpeed's PipelineEngine, Megatron's 3D parallelism): built from
 // this rank's stage and a ParallelGrid, the engine runs each batch through a 1F1B Pipeline
@@ -67,6 +70,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -135,6 +139,7 @@ class Engine {
   int64_t train_micro_batch_size_per_gpu() const { return batch_.micro_batch_size; }
   int64_t gradient_accumulation_steps() const { return batch_.gradient_accumulation_steps; }
   DType dtype() const { return dtype_; }  // the model's weights
+  std::optional<DType> autocast_dtype() const { return autocast_dtype_; }  // torch_autocast's, when on
 
   nn::Module& module() { return model_; }  // with chunks, the module that holds them as "0", "1", ...
   distributed::ZeroOptimizer& optimizer() { return *optimizer_; }
@@ -226,6 +231,7 @@ class Engine {
   std::unique_ptr<distributed::TiedGradients> tied_gradients_;  // set with them, on owners too
   Config::Batch batch_;
   DType dtype_;
+  std::optional<DType> autocast_dtype_;  // "torch_autocast": forward runs under autocast to it
   std::unique_ptr<distributed::ZeroOptimizer> optimizer_;
   std::unique_ptr<optim::LRScheduler> scheduler_;
   std::unique_ptr<distributed::ShardedGradScaler> scaler_;
@@ -243,7 +249,9 @@ class Engine {
   double profiled_backward_s_ = 0;
   std::shared_ptr<distributed::CommsLogger> comms_logger_;
   std::unique_ptr<MonitorMaster> monitor_;
-  double monitor_loss_ = 0;  // rank 0's micro-batch losses of this step, each / gradient_accumulation_steps
+  // Rank 0's micro-batch losses of this step, each / gradient_accumulation_steps, summed on the
+  // loss's device and read once, at the boundary (as DeepSpeed's): no wait for a GPU at each.
+  Tensor monitor_loss_;
   double monitored_forward_s_ = 0, monitored_backward_s_ = 0, monitored_step_s_ = 0;  // the phases' sums at the last write
   void write_step_events();  // after an optimizer step, rank 0: lr, loss scale, phase times
   std::chrono::steady_clock::time_point now() const;

@@ -15,16 +15,55 @@ namespace {
 // (DeepSpeed double-buffers its bucket the same way), so stage 2's gradient memory stays at a few
 // buckets even when the network is faster than backward.
 constexpr size_t kMaxInFlight = 2;
+
+// The parts of `ranges` (ascending) inside `within`, ascending, empty ones left out.
+std::vector<FlatRange> pieces_in(const std::vector<FlatRange>& ranges, FlatRange within) {
+  std::vector<FlatRange> out;
+  for (const FlatRange& r : ranges) {
+    const FlatRange piece = intersect(r, within);
+    if (!piece.empty()) out.push_back(piece);
+  }
+  return out;
+}
+
+int64_t numel_of(const std::vector<FlatRange>& ranges) {
+  int64_t n = 0;
+  for (const FlatRange& r : ranges) n += r.size();
+  return n;
+}
+
+// Where flat position `at` (inside one of `ranges`) lies when the ranges are laid end to end.
+int64_t offset_in(const std::vector<FlatRange>& ranges, int64_t at) {
+  int64_t before = 0;
+  for (const FlatRange& r : ranges) {
+    if (at >= r.begin && at <= r.end) return before + (at - r.begin);
+    before += r.size();
+  }
+  KILN_FAIL("GradReducer: flat position {} is in none of the bucket's ranges", at);  // the layout's own arithmetic
+}
 }  // namespace
+
+// Note [buckets of several ranges]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A bucket is usually one range of the flat buffer, and everything below is a view of it: stage
+// 0's all-reduce runs in place, and rank r's input to a reduce-scatter is the part of the range in
+// partition r. Where buckets are grouped by the dtype they travel in (torch_autocast), a group's
+// bucket skips the other groups' parameters and covers several ranges. Its gradients are then laid
+// end to end in ascending flat order (the bucket's own order: stage 2's buffer is laid out so),
+// and for a reduce-scatter the wire holds rank 0's pieces of every range, then rank 1's, ...: each
+// rank's input is one contiguous part, and what each receives is its pieces end to end, copied
+// into its partition piece by piece.
 
 struct GradReducer::Bucket {
   GradBucket spec;
-  FlatRange mine;       // the part of spec.range in this rank's partition (maybe empty)
+  std::optional<DType> wire_dtype;  // the dtype it travels in (GradAveraging), unset: its own
+  std::vector<FlatRange> mine;  // spec.ranges' pieces in this rank's partition (kAllReduce: all of them)
+  int64_t mine_numel = 0;
   size_t pending = 0;   // gradients still to arrive in this backward
-  Tensor buffer;        // kBucketed: the bucket's gradients, made when its first one arrives
-  Tensor wire;          // what the operation reads (kAllReduce: and writes): the bucket, or its
-                        // copy in GradAveraging::dtype
-  Tensor output;        // kReduceScatter, kBucketed: this rank's averaged part (mine.size() elements)
+  Tensor buffer;        // kBucketed: the bucket's gradients (its ranges end to end), made when the first arrives
+  Tensor wire;          // what the operation reads (kAllReduce: and writes): the bucket, or its copy
+                        // in GradAveraging::dtype, or its pieces by rank (Note [buckets of several ranges])
+  Tensor output;        // kReduceScatter, kBucketed: this rank's averaged pieces (mine_numel elements)
   Work work;
   bool launched = false, completed = false;
 };
@@ -46,6 +85,13 @@ GradReducer::GradReducer(Communicator& comm, const FlatLayout& layout, std::vect
              "GradReducer: stages 0 and 1 reduce a flat gradient buffer; none was given");
   // ZeroOptimizer checks the options, with their names; here only what the arithmetic needs.
   KILN_CHECK(!averaging_.dtype || is_floating(*averaging_.dtype), "GradReducer: buckets travel in a floating dtype");
+  KILN_CHECK(averaging_.param_dtypes.empty() || averaging_.param_dtypes.size() == params_.size(),
+             "GradReducer: {} per-parameter dtypes for {} parameters", averaging_.param_dtypes.size(), params_.size());
+  std::vector<int> groups;
+  for (DType d : averaging_.param_dtypes) {
+    KILN_CHECK(is_floating(d), "GradReducer: buckets travel in a floating dtype, not {}", dtype_name(d));
+    groups.push_back(static_cast<int>(d));
+  }
   KILN_CHECK(averaging_.predivide >= 0, "GradReducer: the predivide factor is negative");
   const double f = averaging_.prescale ? comm_.size() : averaging_.predivide;
   if (f > 0) {  // a sum between two multiplications, else the communicator's average
@@ -56,10 +102,18 @@ GradReducer::GradReducer(Communicator& comm, const FlatLayout& layout, std::vect
   const FlatRange part = mode_ == Mode::kAllReduce ? FlatRange{0, layout_.padded_numel()}
                                                    : layout_.partition(comm_.rank());
   bucket_of_.assign(params_.size(), 0);
-  for (GradBucket& spec : make_grad_buckets(layout_, bucket_numel)) {
+  offset_in_bucket_.assign(params_.size(), 0);
+  for (GradBucket& spec : make_grad_buckets(layout_, bucket_numel, groups)) {
     auto b = std::make_unique<Bucket>();
-    b->mine = intersect(spec.range, part);
-    for (int64_t k : spec.params) bucket_of_[k] = buckets_.size();
+    b->mine = pieces_in(spec.ranges, part);
+    b->mine_numel = numel_of(b->mine);
+    b->wire_dtype = groups.empty() ? averaging_.dtype
+                                   : std::optional<DType>(averaging_.param_dtypes[static_cast<size_t>(spec.params[0])]);
+    for (int64_t k : spec.params) {
+      bucket_of_[k] = buckets_.size();
+      // An empty parameter may lie between the ranges of its group's bucket: it holds nothing anywhere.
+      offset_in_bucket_[k] = layout_.param(k).empty() ? 0 : offset_in(spec.ranges, layout_.param(k).begin);
+    }
     b->spec = std::move(spec);
     buckets_.push_back(std::move(b));
   }
@@ -181,7 +235,7 @@ void GradReducer::grad_ready(size_t k) {
     check_grad(k, g);
     NoGradGuard no_grad;
     if (mode_ == Mode::kBucketed) {
-      if (!b.buffer.defined()) b.buffer = zeros({b.spec.range.size()}, p.options());
+      if (!b.buffer.defined()) b.buffer = zeros({b.spec.numel()}, p.options());
       in_bucket(b, k).copy_(g.reshape({-1}));
       params_[k].set_grad(Tensor());  // the point of stage 2: no full gradient outlives its bucket copy
     } else if (!g.is_same(slots_[k])) {
@@ -195,8 +249,7 @@ void GradReducer::grad_ready(size_t k) {
 }
 
 Tensor GradReducer::in_bucket(const Bucket& b, size_t k) const {
-  const FlatRange r = layout_.param(static_cast<int64_t>(k));
-  return b.buffer.narrow(0, r.begin - b.spec.range.begin, r.size());
+  return b.buffer.narrow(0, offset_in_bucket_[k], layout_.param(static_cast<int64_t>(k)).size());
 }
 
 void GradReducer::check_no_grads() const {
@@ -247,13 +300,29 @@ void GradReducer::launch(Bucket& b) {
       --in_flight;
     }
   }
-  const FlatRange range = b.spec.range;
-  if (mode_ == Mode::kBucketed && !b.buffer.defined()) b.buffer = zeros({range.size()}, params_[0].options());
-  const Tensor bucket = mode_ == Mode::kBucketed ? b.buffer : flat_grads_.narrow(0, range.begin, range.size());
+  const std::vector<FlatRange>& ranges = b.spec.ranges;
+  if (mode_ == Mode::kBucketed && !b.buffer.defined()) b.buffer = zeros({b.spec.numel()}, params_[0].options());
   {
     NoGradGuard no_grad;
-    b.wire = averaging_.dtype ? bucket.to(*averaging_.dtype) : bucket;  // the bucket itself in its own dtype
-    if (!b.wire.is_same(bucket) && mode_ == Mode::kBucketed) b.buffer = Tensor();  // the copy is all it needs
+    // The bucket's gradients in its own order: its buffer, or the flat buffer's range (a view) or
+    // ranges (a copy).
+    Tensor bucket = b.buffer;
+    if (mode_ != Mode::kBucketed) {
+      std::vector<Tensor> parts;
+      for (const FlatRange& r : ranges) parts.push_back(flat_grads_.narrow(0, r.begin, r.size()));
+      bucket = parts.size() == 1 ? parts[0] : cat(parts);
+    }
+    if (ranges.size() > 1 && mode_ != Mode::kAllReduce) {  // rank by rank (Note [buckets of several ranges])
+      std::vector<Tensor> parts;
+      for (int r = 0; r < comm_.size(); ++r) {
+        for (const FlatRange& piece : pieces_in(ranges, layout_.partition(r))) {
+          parts.push_back(bucket.narrow(0, offset_in(ranges, piece.begin), piece.size()));
+        }
+      }
+      bucket = parts.empty() ? bucket.narrow(0, 0, 0) : cat(parts);
+    }
+    b.wire = b.wire_dtype ? bucket.to(*b.wire_dtype) : bucket;  // the bucket itself in its own dtype
+    if (!b.wire.is_same(b.buffer) && mode_ == Mode::kBucketed) b.buffer = Tensor();  // the copy is all it needs
     if (before_ != 1) b.wire.mul_(before_);
   }
   CommCaller caller("gradient reduction");
@@ -261,11 +330,18 @@ void GradReducer::launch(Bucket& b) {
     b.work = comm_.all_reduce(b.wire, op_, /*async_op=*/true);
   } else {
     std::vector<Tensor> inputs;
+    int64_t at = 0;
     for (int r = 0; r < comm_.size(); ++r) {
-      const FlatRange piece = intersect(range, layout_.partition(r));
-      inputs.push_back(b.wire.narrow(0, piece.begin - range.begin, piece.size()));
+      if (ranges.size() == 1) {  // rank r's part of the range (maybe empty, but inside it)
+        const FlatRange piece = intersect(ranges[0], layout_.partition(r));
+        inputs.push_back(b.wire.narrow(0, piece.begin - ranges[0].begin, piece.size()));
+      } else {
+        const int64_t n = numel_of(pieces_in(ranges, layout_.partition(r)));
+        inputs.push_back(b.wire.narrow(0, at, n));
+        at += n;
+      }
     }
-    b.output = empty({b.mine.size()}, b.wire.options());
+    b.output = empty({b.mine_numel}, b.wire.options());
     b.work = comm_.reduce_scatter(b.output, inputs, op_, /*async_op=*/true);
   }
   b.launched = true;
@@ -279,19 +355,28 @@ void GradReducer::complete(Bucket& b) {
   NoGradGuard no_grad;
   if (mode_ == Mode::kAllReduce) {  // averaged in place, or in the copy that goes back
     if (after_ != 1) b.wire.mul_(after_);
-    if (b.wire.dtype() != flat_grads_.dtype()) {  // a converted copy (launch)
-      flat_grads_.narrow(0, b.spec.range.begin, b.spec.range.size()).copy_(b.wire);
+    if (b.spec.ranges.size() > 1 || b.wire.dtype() != flat_grads_.dtype()) {  // a copy (launch)
+      int64_t at = 0;
+      for (const FlatRange& r : b.spec.ranges) {
+        flat_grads_.narrow(0, r.begin, r.size()).copy_(b.wire.narrow(0, at, r.size()));
+        at += r.size();
+      }
     }
     b.wire = Tensor();
     return;
   }
-  const int64_t at = b.mine.begin - layout_.partition(comm_.rank()).begin;
-  if (b.mine.size() > 0) {
+  if (b.mine_numel > 0) {
     if (after_ != 1) b.output.mul_(after_);
-    Tensor dst = grad_shard_.narrow(0, at, b.mine.size());
-    // Stage 1 overwrites its partition's local sum with the average; stage 2 accumulates micro-batches.
-    if (mode_ == Mode::kReduceScatter) dst.copy_(b.output);
-    else dst.add_(b.output.to(dst.dtype()));
+    const int64_t part_begin = layout_.partition(comm_.rank()).begin;
+    int64_t at = 0;
+    for (const FlatRange& piece : b.mine) {
+      Tensor dst = grad_shard_.narrow(0, piece.begin - part_begin, piece.size());
+      const Tensor src = b.output.narrow(0, at, piece.size());
+      // Stage 1 overwrites its partition's local sum with the average; stage 2 accumulates micro-batches.
+      if (mode_ == Mode::kReduceScatter) dst.copy_(src);
+      else dst.add_(src.to(dst.dtype()));
+      at += piece.size();
+    }
   }
   b.buffer = Tensor();
   b.wire = Tensor();

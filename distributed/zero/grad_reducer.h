@@ -19,7 +19,8 @@
 //
 // "Averaged" is, by default, the communicator's ReduceOp::Avg on the bucket as it is. With
 // GradAveraging (DeepSpeed's communication_data_type, prescale_gradients, gradient_predivide_factor),
-// a bucket travels in another dtype (converted before the operation, and its result back after),
+// a bucket travels in another dtype (converted before the operation, and its result back after;
+// the dtype may be set per parameter, and buckets then hold one dtype's parameters each),
 // and/or is summed between two multiplications, as DeepSpeed's engine does it:
 //
 //   x * (1 / f)  ->  ReduceOp::Sum over the N ranks  ->  * (f / N)     f: the predivide factor
@@ -68,6 +69,10 @@ namespace kiln::distributed {
 // How a bucket is averaged (see above); the default is ReduceOp::Avg in the bucket's own dtype.
 struct GradAveraging {
   std::optional<DType> dtype = std::nullopt;  // the dtype the buckets travel in (a floating one)
+  // Per parameter, in the layout's order: the dtype its gradient travels in instead of `dtype`
+  // (empty: `dtype` for every one). A bucket then holds parameters of one such dtype only
+  // (make_grad_buckets' groups). DeepSpeed's torch_autocast: ZeroOptions::autocast_dtype.
+  std::vector<DType> param_dtypes;
   double predivide = 0;  // f > 0: multiply by 1/f, sum, multiply by f/N; 0: ReduceOp::Avg
   bool prescale = false;  // f = N (DeepSpeed's prescale_gradients); predivide must then be 0
 };
@@ -136,6 +141,7 @@ class GradReducer {
   std::vector<Tensor> slots_;  // per parameter: its view of the flat gradient buffer (stages 0 and 1)
   std::vector<std::unique_ptr<Bucket>> buckets_;
   std::vector<size_t> bucket_of_;  // per parameter
+  std::vector<int64_t> offset_in_bucket_;  // per parameter: where it starts in its bucket's own order
   std::vector<uint64_t> hooks_;
   std::vector<bool> ready_;
   size_t next_to_launch_ = 0;

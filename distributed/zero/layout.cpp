@@ -2,6 +2,7 @@
 #include "distributed/zero/layout.h"
 
 #include <algorithm>
+#include <map>
 
 #include "core/error.h"
 
@@ -26,19 +27,40 @@ FlatLayout::FlatLayout(std::vector<int64_t> numels, int partitions)
   padded_numel_ = (numel_ + partitions_ - 1) / partitions_ * partitions_;
 }
 
-std::vector<GradBucket> make_grad_buckets(const FlatLayout& layout, int64_t bucket_numel) {
+int64_t GradBucket::numel() const {
+  int64_t n = 0;
+  for (const FlatRange& r : ranges) n += r.size();
+  return n;
+}
+
+std::vector<GradBucket> make_grad_buckets(const FlatLayout& layout, int64_t bucket_numel,
+                                          const std::vector<int>& groups) {
   KILN_CHECK(bucket_numel >= 1, "make_grad_buckets: the bucket size must be >= 1 element, not {}", bucket_numel);
+  KILN_CHECK(groups.empty() || static_cast<int64_t>(groups.size()) == layout.num_params(),
+             "make_grad_buckets: {} groups for {} parameters; give one per parameter, or none", groups.size(),
+             layout.num_params());
   std::vector<GradBucket> buckets;
+  std::map<int, size_t> open;  // per group: the bucket it fills
   for (int64_t i = layout.num_params(); i-- > 0;) {
     const FlatRange p = layout.param(i);
-    // Parameters are laid out in order, so walking them backwards extends a bucket downwards.
-    if (buckets.empty() ||
-        (!buckets.back().params.empty() && buckets.back().range.size() + p.size() > bucket_numel)) {
-      buckets.push_back(GradBucket{.params = {}, .range = {p.end, p.end}});
+    const int group = groups.empty() ? 0 : groups[static_cast<size_t>(i)];
+    auto it = open.find(group);
+    if (it == open.end() || buckets[it->second].numel() + p.size() > bucket_numel) {
+      it = open.insert_or_assign(group, buckets.size()).first;
+      buckets.emplace_back();
     }
-    buckets.back().params.push_back(i);
-    buckets.back().range.begin = p.begin;
+    GradBucket& b = buckets[it->second];
+    const bool first = b.params.empty();
+    b.params.push_back(i);
+    // Walking backwards, each parameter lies below the bucket's ranges: it extends the lowest one
+    // downwards where it ends where that begins, or goes before it.
+    if (p.empty() && !first) continue;
+    if (!b.ranges.empty() && b.ranges.front().begin == p.end) b.ranges.front().begin = p.begin;
+    else b.ranges.insert(b.ranges.begin(), p);
   }
+  // A bucket is complete when its first parameter has its gradient; backward goes down the layout.
+  std::stable_sort(buckets.begin(), buckets.end(),
+                   [](const GradBucket& a, const GradBucket& b) { return a.params.back() > b.params.back(); });
   return buckets;
 }
 

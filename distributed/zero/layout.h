@@ -54,15 +54,22 @@ class FlatLayout {
   int64_t numel_ = 0, padded_numel_ = 0;
 };
 
-// A gradient bucket: whole parameters, consecutive in reverse registration order.
+// A gradient bucket: whole parameters, in reverse registration order.
 struct GradBucket {
-  std::vector<int64_t> params;  // parameter indices, in the order backward produces them (descending)
-  FlatRange range;              // the flat elements they cover
+  std::vector<int64_t> params;    // parameter indices, in the order backward produces them (descending)
+  std::vector<FlatRange> ranges;  // the flat elements they cover, ascending; one range unless grouped
+  int64_t numel() const;
 };
 
 // Buckets of at most `bucket_numel` elements each (a larger parameter gets a bucket of its own),
-// filled from the last parameter backwards: bucket 0 holds the last parameters registered.
-std::vector<GradBucket> make_grad_buckets(const FlatLayout& layout, int64_t bucket_numel);
+// filled from the last parameter backwards: bucket 0 holds the last parameters registered, and each
+// bucket is one range of the flat buffer. groups (one number per parameter, or empty): a bucket
+// holds parameters of one group only (buckets that travel in different dtypes:
+// ZeroOptions::autocast_dtype). Each group then fills its own bucket, skipping over the others'
+// parameters, so a bucket may cover several ranges; the buckets are ordered by when backward
+// completes them (their first parameter, the last to get its gradient: descending).
+std::vector<GradBucket> make_grad_buckets(const FlatLayout& layout, int64_t bucket_numel,
+                                          const std::vector<int>& groups = {});
 
 // Stage 3's sub-groups of partition `partition` (DeepSpeed's sub_group_size): the parameters' pieces
 // in it, in order, are gathered into a group until it holds >= sub_group_size elements, so a group

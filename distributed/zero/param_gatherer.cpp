@@ -62,6 +62,7 @@ ParamGatherer::ParamGatherer(Communicator& comm, const FlatLayout& layout, std::
       gather_device_(comm.device().is_cpu() ? shard.device() : device_),
       gathered_(params_.size(), true),
       persistent_(params_.size(), false),
+      rounded_(params_.size(), false),
       pending_(params_.size()),
       users_(params_.size(), 0),
       shard_(std::move(shard)),
@@ -74,6 +75,12 @@ ParamGatherer::ParamGatherer(Communicator& comm, const FlatLayout& layout, std::
   check(options_.model_persistence_threshold, "stage3_model_persistence_threshold");
   check(options_.max_live_parameters, "stage3_max_live_parameters");
   check(options_.max_reuse_distance, "stage3_max_reuse_distance");
+  KILN_CHECK(options_.gather_dtypes.empty() || options_.gather_dtypes.size() == params_.size(),
+             "ZeRO stage 3: {} gather dtypes for {} parameters; give one per parameter, or none",
+             options_.gather_dtypes.size(), params_.size());
+  for (DType d : options_.gather_dtypes) {
+    KILN_CHECK(is_floating(d), "ZeRO stage 3: parameters are gathered in a floating dtype, not {}", dtype_name(d));
+  }
   std::unordered_map<const TensorImpl*, size_t> index;
   int64_t persistent_numel = 0;
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -160,7 +167,7 @@ void ParamGatherer::fetch(size_t event, const std::vector<size_t>& ks) {
   // module move together.
   for (size_t k : ks) {
     if (!gathered_[k] && !pending_[k]) {
-      start(k);
+      start(k, /*exact=*/pinned_);
       ++stats_.gathers;
     }
   }
@@ -205,13 +212,15 @@ void ParamGatherer::prefetch() {
   }
 }
 
-ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k) {
+ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k, bool exact) {
   NoGradGuard no_grad;
   const FlatRange range = layout_.param(static_cast<int64_t>(k));
   const FlatRange part = layout_.partition(comm_.rank());
   Pending p;
+  const DType wire = exact || options_.gather_dtypes.empty() ? shard_.dtype() : options_.gather_dtypes[k];
+  p.rounded = wire != shard_.dtype();
   // Gathered on the host for a GPU, it goes to the GPU from pinned memory without the host waiting.
-  p.full = empty({range.size()}, TensorOptions(shard_.dtype())
+  p.full = empty({range.size()}, TensorOptions(wire)
                                       .device(gather_device_)
                                       .pinned_memory(gather_device_.is_cpu() && device_.is_cuda()));
   std::vector<Tensor> outputs;
@@ -222,6 +231,7 @@ ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k) {
   const FlatRange mine = intersect(range, part);
   p.input = mine.empty() ? shard_.narrow(0, 0, 0) : shard_.narrow(0, mine.begin - part.begin, mine.size());
   if (p.input.device() != gather_device_) p.input = p.input.to(gather_device_, /*non_blocking=*/p.input.is_pinned());
+  if (p.rounded) p.input = p.input.to(wire);
   CommCaller caller("ZeRO-3 parameter gather");
   p.work = comm_.all_gather(outputs, p.input, /*async_op=*/true);
   return p;
@@ -229,18 +239,19 @@ ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k) {
 
 Tensor ParamGatherer::on_device(const Tensor& full) const {
   NoGradGuard no_grad;
-  return full.device() == device_ ? full : full.to(device_, /*non_blocking=*/full.is_pinned());
+  Tensor there = full.device() == device_ ? full : full.to(device_, /*non_blocking=*/full.is_pinned());
+  return there.dtype() == shard_.dtype() ? there : there.to(shard_.dtype());  // widened back from gather_dtypes'
 }
 
-void ParamGatherer::start(size_t k) {
-  Pending p = all_gather_param(k);
+void ParamGatherer::start(size_t k, bool exact) {
+  Pending p = all_gather_param(k, exact);
   in_flight_numel_ += p.full.numel();
   if (!persistent_[k]) live_numel_ += p.full.numel();
   pending_[k] = std::move(p);
 }
 
 Tensor ParamGatherer::gathered_copy(size_t k) {
-  Pending p = all_gather_param(k);
+  Pending p = all_gather_param(k, /*exact=*/true);
   p.work.wait();
   return on_device(p.full).view(shapes_[k]);
 }
@@ -255,6 +266,7 @@ void ParamGatherer::finish(size_t k) {
   NoGradGuard no_grad;
   params_[k].set_data(on_device(p.full).view(shapes_[k]));
   gathered_[k] = true;
+  rounded_[k] = p.rounded;
 }
 
 void ParamGatherer::done_with(size_t k) {
@@ -285,8 +297,10 @@ void ParamGatherer::finish_pending() {
 }
 
 void ParamGatherer::gather_all() {
+  finish_pending();  // a prefetch may be rounded (gather_dtypes): what it brings is gathered again
   for (size_t k = 0; k < params_.size(); ++k) {
-    if (!gathered_[k] && !pending_[k]) start(k);
+    if (gathered_[k] && rounded_[k]) release(k);
+    if (!gathered_[k]) start(k, /*exact=*/true);
   }
   finish_pending();
 }

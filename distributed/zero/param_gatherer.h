@@ -55,6 +55,13 @@ class ParamGatherer {
     int64_t model_persistence_threshold = std::numeric_limits<int64_t>::max();  // up to this many in all
     int64_t max_live_parameters = std::numeric_limits<int64_t>::max();  // gathered + in flight: prefetch stops here
     int64_t max_reuse_distance = 0;  // keep a parameter whose next use is nearer than this; 0: drop at once
+    // Per parameter, in the layout's order: the dtype its gathers for a module's forward and
+    // backward travel in (empty: the shard's). A 16-bit one halves a float32 model's bytes, and the
+    // parameter then holds its weights rounded to it (in the shard's dtype) while gathered so;
+    // DeepSpeed's torch_autocast gathers its lower_precision_safe_modules' weights that way, which
+    // autocast's ops round to the same 16 bits anyway (ZeroOptions::autocast_dtype). gather_all,
+    // pin_all and gathered_copy gather the weights exactly.
+    std::vector<DType> gather_dtypes;
   };
   // What the hooks did since construction (every rank's are the same).
   struct Stats {
@@ -100,19 +107,21 @@ class ParamGatherer {
     Work work;
     Tensor full;   // where the all-gather writes: on gather_device_
     Tensor input;  // what this rank sends, kept until the all-gather has completed
+    bool rounded = false;  // in Options::gather_dtypes' dtype, narrower than the shard's
   };
 
   void hook_module(nn::Module& module, std::vector<size_t> owned);
   void fetch(size_t event, const std::vector<size_t>& ks);  // event: 2 * hooked module + (backward ? 1 : 0)
   void follow_trace(size_t event);
   void prefetch();
-  void start(size_t k);
+  void start(size_t k, bool exact = false);  // exact: in the shard's dtype, whatever gather_dtypes says
   void finish(size_t k);
   void done_with(size_t k);  // no forward reads it any more: drop it, unless it persists or returns soon
   void release(size_t k);
   size_t index_of(const Tensor& param) const;
-  // Starts the all-gather of parameter k's partitions into a new flat tensor (the returned `full`).
-  Pending all_gather_param(size_t k);
+  // Starts the all-gather of parameter k's partitions into a new flat tensor (the returned `full`),
+  // in gather_dtypes' dtype unless exact.
+  Pending all_gather_param(size_t k, bool exact);
   // A completed all-gather's flat tensor on the parameters' device.
   Tensor on_device(const Tensor& full) const;
 
@@ -125,6 +134,7 @@ class ParamGatherer {
   std::vector<Shape> shapes_;
   std::vector<bool> gathered_;
   std::vector<bool> persistent_;
+  std::vector<bool> rounded_;  // gathered in a narrower dtype (Options::gather_dtypes)
   std::vector<std::optional<Pending>> pending_;
   std::vector<int> users_;  // per parameter: module forwards running that read it
   int64_t in_flight_numel_ = 0;  // elements of the prefetches not yet waited for

@@ -3,9 +3,12 @@
 // hooks param_gatherer.h).
 #include "distributed/zero/zero_optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
+
+#include <fmt/format.h>
 
 #include "core/grad_mode.h"
 #include "distributed/comm/comms_logger.h"
@@ -46,6 +49,15 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
                "ZeRO: communication_data_type must be float16, bfloat16 or float32 (DeepSpeed's fp16, bf16, fp32), "
                "not {}", dtype_name(*wire));
   }
+  if (const auto& low = options_.autocast_dtype) {
+    KILN_CHECK(*low == kFloat16 || *low == kBFloat16,
+               "ZeRO: autocast_dtype (DeepSpeed's torch_autocast.dtype) must be float16 or bfloat16, not {}",
+               dtype_name(*low));
+    KILN_CHECK(!options_.communication_data_type || *options_.communication_data_type == kFloat32,
+               "ZeRO: with torch_autocast, the lower_precision_safe_modules' gradients travel in {} and the others "
+               "in float32; communication_data_type is {}: remove it, or set it to fp32 (DeepSpeed requires the same)",
+               dtype_name(*low), dtype_name(*options_.communication_data_type));
+  }
   KILN_CHECK(std::isfinite(options_.gradient_predivide_factor) && options_.gradient_predivide_factor > 0,
              "ZeRO: gradient_predivide_factor must be a finite number > 0 (1: off), not {}",
              options_.gradient_predivide_factor);
@@ -69,6 +81,34 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
     numels.push_back(p.numel());
   }
   KILN_CHECK(!params_.empty(), "ZeRO: the model has no parameter that requires grad; there is nothing to train");
+  // Each parameter's wire dtype: the model's or communication_data_type's, and with torch_autocast
+  // autocast_dtype for the parameters of the modules it lists (of the classes by name()).
+  communication_dtypes_.assign(params_.size(), options_.communication_data_type.value_or(params_[0].dtype()));
+  if (const auto& low = options_.autocast_dtype) {
+    KILN_CHECK(params_[0].dtype() == kFloat32,
+               "ZeRO: torch_autocast runs a float32 model's forward under autocast, and this model's parameters are "
+               "{}; keep the model in float32 (and remove the \"fp16\" or \"bf16\" section)",
+               dtype_name(params_[0].dtype()));
+    const auto& listed = options_.lower_precision_safe_modules;
+    std::set<std::string> classes;  // of the modules that hold parameters, for the message
+    bool matched = false;
+    for (nn::Module* m : model_.modules()) {
+      const auto own = m->parameters(/*recurse=*/false);
+      if (own.empty()) continue;
+      classes.insert(m->name());
+      if (std::find(listed.begin(), listed.end(), m->name()) == listed.end()) continue;
+      matched = true;
+      for (const Tensor& p : own) {
+        for (size_t k = 0; k < params_.size(); ++k) {
+          if (params_[k].is_same(p)) communication_dtypes_[k] = *low;
+        }
+      }
+    }
+    KILN_CHECK(listed.empty() || matched,
+               "ZeRO: torch_autocast's lower_precision_safe_modules lists {}, and no module of this model is of "
+               "those classes; the classes that hold parameters here are {}: list those whose gradients may travel "
+               "in {}", fmt::join(listed, ", "), fmt::join(classes, ", "), dtype_name(*low));
+  }
   const int world = comm_->size(), rank = comm_->rank();
   const bool sharded = options_.stage > 0;
   layout_ = std::make_unique<FlatLayout>(std::move(numels), sharded ? world : 1);
@@ -150,6 +190,7 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   const GradAveraging averaging{
       .dtype = options_.communication_data_type ? options_.communication_data_type
                                                 : std::optional<DType>(model_options.dtype()),
+      .param_dtypes = options_.autocast_dtype ? communication_dtypes_ : std::vector<DType>{},
       .predivide = options_.gradient_predivide_factor == 1.0 ? 0.0 : options_.gradient_predivide_factor,
       .prescale = options_.prescale_gradients};
   reducer_ = std::make_unique<GradReducer>(*comm_, *layout_, params_, mode, options_.reduce_bucket_size,
@@ -161,7 +202,8 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
                                .param_persistence_threshold = options_.stage3_param_persistence_threshold,
                                .model_persistence_threshold = options_.stage3_model_persistence_threshold,
                                .max_live_parameters = options_.stage3_max_live_parameters,
-                               .max_reuse_distance = options_.stage3_max_reuse_distance});
+                               .max_reuse_distance = options_.stage3_max_reuse_distance,
+                               .gather_dtypes = options_.autocast_dtype ? communication_dtypes_ : std::vector<DType>{}});
     flat_params_ = Tensor();  // the parameters were its last views: the full weights are gone
   }
 }

@@ -48,6 +48,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "distributed/comm/communicator.h"
@@ -79,6 +80,15 @@ struct ZeroOptions {
   // stages 1 and 2 with reduce_scatter false) and refuses them with its reduce-scatter; Kiln, which
   // reduce-scatters from stage 1 on, applies them at every stage.
   std::optional<DType> communication_data_type = std::nullopt;
+  // DeepSpeed's torch_autocast (the model float32, its forward under autocast to this 16-bit dtype):
+  // the parameters of the modules whose class is listed in lower_precision_safe_modules (by name(),
+  // "Linear"; DeepSpeed's default list is Linear, Conv1d, Conv2d, Conv3d) have their gradients
+  // averaged in autocast_dtype, and at stage 3 their weights gathered for forward and backward in
+  // it: half the bytes, and no change to what autocast's ops compute with them, which round the
+  // weights to that dtype anyway. The other parameters travel as communication_data_type says
+  // (which must then be float32 or unset, as DeepSpeed's). The buckets hold one dtype's each.
+  std::optional<DType> autocast_dtype = std::nullopt;
+  std::vector<std::string> lower_precision_safe_modules = {"Linear", "Conv1d", "Conv2d", "Conv3d"};
   bool prescale_gradients = false;
   double gradient_predivide_factor = 1.0;
   // The dtype the gradients accumulate in over the micro-batches of a step (DeepSpeed's
@@ -201,6 +211,10 @@ class ZeroOptimizer : public optim::Optimizer {
 
   int stage() const { return options_.stage; }
   const ZeroOptions& options() const { return options_; }
+  // The dtype each parameter's gradient is averaged in (and, at stage 3, its weights gathered in
+  // for forward and backward), in the layout's order: the model's, communication_data_type's, or
+  // for lower_precision_safe_modules' parameters autocast_dtype's.
+  const std::vector<DType>& communication_dtypes() const { return communication_dtypes_; }
   const FlatLayout& layout() const { return *layout_; }
   Communicator& comm() { return *comm_; }
   // The inner optimizer of sub-group k (one per sub-group; one in all, over master(), except at
@@ -259,6 +273,7 @@ class ZeroOptimizer : public optim::Optimizer {
   nn::Module& model_;
   std::shared_ptr<Communicator> comm_;
   ZeroOptions options_;
+  std::vector<DType> communication_dtypes_;  // per parameter (communication_dtypes())
   std::vector<Tensor> params_;  // the trainable parameters, in the layout's order
   std::unique_ptr<FlatLayout> layout_;
   Tensor flat_params_;  // stages 0-2: padded_numel elements in the model's dtype; params are views of it

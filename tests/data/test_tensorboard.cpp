@@ -125,20 +125,8 @@ TEST_CASE("tensorboard: a SummaryWriter's file reads back, record by record", "[
     CHECK_THROWS_WITH(writer.add_scalar("x", 1, 1), Catch::Contains("is closed"));
     CHECK_THROWS_WITH(tb::SummaryWriter("/proc/kiln-not-here"), Catch::Contains("cannot create the directory"));
   }
-  std::ifstream in(path, std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::vector<Decoded> events;
-  size_t at = 0;
-  while (at < bytes.size()) {
-    REQUIRE(at + 12 <= bytes.size());
-    const uint64_t n = read_le<uint64_t>(bytes, at);
-    CHECK(read_le<uint32_t>(bytes, at + 8) == tb::masked_crc32c(bytes.data() + at, 8));
-    REQUIRE(at + 12 + n + 4 <= bytes.size());
-    const std::string payload = bytes.substr(at + 12, n);
-    CHECK(read_le<uint32_t>(bytes, at + 12 + n) == tb::masked_crc32c(payload.data(), payload.size()));
-    events.push_back(decode_event(payload));
-    at += 12 + n + 4;
-  }
+  for (const std::string& payload : tb::read_tf_records(path)) events.push_back(decode_event(payload));
   REQUIRE(events.size() == 7);
   CHECK(events[0].file_version == "brain.Event:2");
   CHECK_FALSE(events[0].has_value);
@@ -154,5 +142,26 @@ TEST_CASE("tensorboard: a SummaryWriter's file reads back, record by record", "[
   CHECK(events[6].value == 1e-3f);
   CHECK(events[6].step == 40);
   CHECK(events[6].wall_time >= events[0].wall_time);
+  // A record cut off at the end (a writer stopped mid-record) ends what reads back; a changed byte
+  // is an Error naming the record.
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto write = [](const std::filesystem::path& p, const std::string& b) {
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << b;
+    return p.string();
+  };
+  const size_t last = bytes.size() - tb::tf_record(tb::scalar_event(0, 40, "Train/lr", 1e-3f)).size();
+  for (size_t keep : {bytes.size() - 1, last + 12, last + 5, last}) {
+    INFO("kept " << keep << " bytes of " << bytes.size());
+    CHECK(tb::read_tf_records(write(dir / "cut", bytes.substr(0, keep))).size() == 6);
+  }
+  std::string flipped = bytes;
+  flipped[last + 20] ^= 1;
+  CHECK_THROWS_WITH(tb::read_tf_records(write(dir / "flipped", flipped)),
+                    Catch::Contains("payload of record 6") && Catch::Contains(fmt::format("at byte {}", last)));
+  flipped = bytes;
+  flipped[last] ^= 1;  // its length
+  CHECK_THROWS_WITH(tb::read_tf_records(write(dir / "length", flipped)), Catch::Contains("the length of record 6"));
+  CHECK_THROWS_WITH(tb::read_tf_records((dir / "absent").string()), Catch::Contains("cannot open"));
   std::filesystem::remove_all(dir);
 }

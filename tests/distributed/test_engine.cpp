@@ -3,12 +3,12 @@
 // schedule, checkpoints resumed at another world size), against one process doing the same
 // arithmetic by hand.
 #include <algorithm>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "data/safetensors.h"
+#include "data/tensorboard.h"
 #include "models/gpt.h"
 #include "parity.h"
 
@@ -222,6 +222,160 @@ TEST_CASE("engine: communication_data_type, prescale_gradients and gradient_pred
   CHECK(engine.optimizer().options().stage == 2);
 }
 
+TEST_CASE("engine config: torch_autocast is read as DeepSpeed's", "[distributed]") {
+  const Config off = Config::from_string(R"({"train_batch_size": 8})");
+  CHECK_FALSE(off.torch_autocast.enabled);
+  CHECK_FALSE(off.torch_autocast.dtype.has_value());
+  CHECK_FALSE(off.torch_autocast.lower_precision_safe_modules.has_value());
+  const Config on = Config::from_string(R"({"train_batch_size": 8, "torch_autocast": {"enabled": true,
+      "dtype": "bfloat16", "lower_precision_safe_modules": ["torch.nn.Linear", "torch.nn.modules.conv.Conv2d",
+      "kiln::nn::Conv1d", "Embedding"]}})");
+  CHECK(on.torch_autocast.enabled);
+  CHECK(on.torch_autocast.dtype == kBFloat16);
+  CHECK(*on.torch_autocast.lower_precision_safe_modules ==
+        std::vector<std::string>{"Linear", "Conv2d", "Conv1d", "Embedding"});
+  for (const auto& [name, dtype] : std::vector<std::pair<std::string, DType>>{
+           {"fp16", kFloat16}, {"torch.float16", kFloat16}, {"half", kFloat16}, {"bf16", kBFloat16},
+           {"torch.bfloat16", kBFloat16}}) {
+    INFO(name);
+    CHECK(Config::from_string(R"({"train_batch_size": 8, "torch_autocast": {"enabled": true, "dtype": ")" + name + "\"}}")
+              .torch_autocast.dtype == dtype);
+  }
+  // Off, as configs written for DeepSpeed carry it, and an empty list (nothing travels in 16 bits).
+  CHECK_FALSE(Config::from_string(R"({"train_batch_size": 8, "bf16": {"enabled": true},
+      "torch_autocast": {"enabled": false, "dtype": "float16"}})").torch_autocast.enabled);
+  CHECK(Config::from_string(R"({"train_batch_size": 8, "torch_autocast": {"enabled": true,
+      "lower_precision_safe_modules": []}})").torch_autocast.lower_precision_safe_modules->empty());
+  auto bad = [](const std::string& json, const std::vector<std::string>& fragments) {
+    check_error([&] { Config::from_string(json, "ds_config.json"); }, fragments);
+  };
+  bad(R"({"train_batch_size": 8, "torch_autocast": {"enabled": true, "dtype": "fp32"}})",
+      {"\"torch_autocast.dtype\" must be \"bfloat16\" or \"float16\"", "float32 is no autocast"});
+  bad(R"({"train_batch_size": 8, "torch_autocast": {"enabled": true, "dtype": "int8"}})",
+      {"\"torch_autocast.dtype\" must be", "not \"int8\""});
+  bad(R"({"train_batch_size": 8, "torch_autocast": {"enabled": true, "lower_precision_safe_modules": "Linear"}})",
+      {"\"torch_autocast.lower_precision_safe_modules\" must be a list of module classes"});
+  bad(R"({"train_batch_size": 8, "torch_autocast": {"enabled": true, "lower_precision_safe_modules": ["torch.nn."]}})",
+      {"holds \"torch.nn.\", which names no class"});
+  bad(R"({"train_batch_size": 8, "torch_autocast": {"enabled": true, "dtyp": "bf16"}})",
+      {"\"torch_autocast.dtyp\" is not a key Kiln knows", "did you mean \"dtype\""});
+  bad(R"({"train_batch_size": 8, "bf16": {"enabled": true}, "torch_autocast": {"enabled": true}})",
+      {"\"torch_autocast\" is enabled, and so is \"bf16\"", "use one of the two"});
+  bad(R"({"train_batch_size": 8, "communication_data_type": "bf16", "torch_autocast": {"enabled": true}})",
+      {"\"communication_data_type\" is bfloat16, and torch_autocast is enabled", "set \"fp32\""});
+}
+
+namespace {
+
+// Linear layers around a LayerNorm: the Linears' parameters are lower_precision_safe_modules' by
+// default, the LayerNorm's are not.
+struct NormMlp : nn::Module {
+  nn::Linear f1{20, 32};
+  nn::LayerNorm norm{32};
+  nn::Linear f2{32, 10};
+  NormMlp() { register_modules({{"f1", f1}, {"norm", norm}, {"f2", f2}}); }
+  Tensor forward(const Tensor& x) override { return f2(relu(norm(f1(x)))); }
+};
+
+bool all_bfloat16(const Tensor& t) {
+  return (t - t.to(kBFloat16).to(kFloat32)).abs().max().item<float>() == 0;
+}
+
+}  // namespace
+
+TEST_CASE("engine: torch_autocast runs forward in bfloat16 and averages the Linears' gradients in it, at every "
+          "ZeRO stage", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 3;
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("stage " << stage);
+    manual_seed(11);
+    NormMlp m, ref;
+    ref.load_state_dict(m.state_dict());
+    Engine engine = kiln::initialize(m, Config::from_string(fmt::format(R"({{"train_micro_batch_size_per_gpu": {},
+        "optimizer": {{"type": "SGD", "params": {{"lr": 0.1}}}}, "torch_autocast": {{"enabled": true}},
+        "zero_optimization": {{"stage": {}, "reduce_bucket_size": 300}}}})", b, stage)), comm);
+    CHECK(engine.autocast_dtype() == kBFloat16);  // the CPU's default, as torch.autocast's
+    CHECK(engine.dtype() == kFloat32);            // the model stays float32
+    CHECK(engine.optimizer().communication_dtypes() ==
+          std::vector<DType>{kBFloat16, kBFloat16, kFloat32, kFloat32, kBFloat16, kBFloat16});
+    auto [x, y] = batch(2, b * p);
+    const Tensor mine = x.narrow(0, r * b, b), my_y = y.narrow(0, r * b, b);
+    const Tensor out = engine(mine);
+    CHECK(out.dtype() == kBFloat16);  // the last Linear's, under autocast
+    engine.backward(nn::cross_entropy(out, my_y));
+    // The reference: each rank's gradient of the same forward under autocast (the loss outside it,
+    // as above), averaged over the ranks in float32.
+    Tensor ref_out;
+    {
+      AutocastGuard autocast(Device::cpu(), kBFloat16);
+      ref_out = ref(mine);
+    }
+    nn::cross_entropy(ref_out, my_y).backward();
+    std::vector<Tensor> expected;
+    for (const Tensor& q : ref.parameters()) {
+      Tensor g = q.grad().clone();
+      comm->all_reduce(g, ReduceOp::Avg);
+      expected.push_back(g.reshape({-1}));
+    }
+    const FlatLayout& layout = engine.optimizer().layout();
+    const FlatRange part = layout.partition(stage > 0 ? r : 0);
+    const Tensor got = engine.optimizer().grads()[0];
+    for (int64_t i = 0; i < layout.num_params(); ++i) {
+      INFO("parameter " << i);
+      const FlatRange piece = intersect(layout.param(i), part);
+      if (piece.empty()) continue;
+      const Tensor g = got.narrow(0, piece.begin - part.begin, piece.size());
+      const Tensor e = expected[i].narrow(0, piece.begin - layout.param(i).begin, piece.size());
+      if (i == 2 || i == 3) {  // the LayerNorm's, in float32
+        check_close(g, e, {1e-5, 1e-6});
+      } else {  // the Linears', averaged in bfloat16: each value is one, within bfloat16's rounding
+        CHECK(all_bfloat16(g));
+        check_close(g, e, {2e-2, 1e-3});
+      }
+    }
+    engine.step();
+    CHECK(engine.global_steps() == 1);
+  }
+  // The listed classes must name a module of the model.
+  NormMlp m;
+  check_error([&] {
+    kiln::initialize(m, Config::from_string(R"({"train_micro_batch_size_per_gpu": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "torch_autocast": {"enabled": true, "lower_precision_safe_modules": ["torch.nn.Linaer"]}})"), comm);
+  }, {"lower_precision_safe_modules lists Linaer", "here are LayerNorm, Linear:"});
+}
+
+TEST_CASE("engine: torch_autocast in float16 scales the loss by PyTorch's GradScaler rule", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  manual_seed(5);
+  Mlp m;
+  Engine engine = kiln::initialize(m, Config::from_string(R"({"train_micro_batch_size_per_gpu": 4,
+      "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "torch_autocast": {"enabled": true, "dtype": "fp16"},
+      "zero_optimization": {"stage": 1}})"), comm);
+  CHECK(engine.autocast_dtype() == kFloat16);
+  CHECK(engine.loss_scale() == 65536);  // torch.amp.GradScaler's init_scale
+  auto [x, y] = batch(1, 4);
+  CHECK(engine(x).dtype() == kFloat16);
+  // One overflow (an inf in the last rank's partition only) halves the scale at once: no hysteresis.
+  const Tensor before = engine.optimizer().master().detach().clone();
+  engine.backward(nn::cross_entropy(engine(x), y));
+  if (r == p - 1) engine.optimizer().grads()[0].narrow(0, 0, 1).fill_(std::numeric_limits<double>::infinity());
+  engine.step();
+  CHECK(engine.skipped_steps() == 1);
+  CHECK(engine.loss_scale() == 32768);
+  kiln::test::check_equal(engine.optimizer().master(), before);
+  for (int k = 0; k < 3; ++k) {
+    engine.backward(nn::cross_entropy(engine(x), y));
+    engine.step();
+  }
+  CHECK(engine.skipped_steps() == 1);
+  CHECK(engine.loss_scale() == 32768);  // growth after 2000 good steps
+  CHECK((engine.optimizer().master() - before).abs().max().item<float>() > 1e-4f);
+}
+
 TEST_CASE("engine: memory_breakdown prints the tensor memory every steps_per_print steps, the largest over the ranks",
           "[distributed]") {
   auto comm = init("mpi");
@@ -360,15 +514,7 @@ TEST_CASE("engine: tensorboard and csv_monitor write rank 0's loss, lr, loss sca
     }
     REQUIRE(files.size() == 1);
     CHECK(files[0].filename().string().rfind("events.out.tfevents.", 0) == 0);
-    std::ifstream in(files[0], std::ios::binary);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::vector<std::string> payloads;
-    for (size_t at = 0; at + 12 <= bytes.size();) {
-      uint64_t len = 0;
-      std::memcpy(&len, bytes.data() + at, 8);
-      payloads.push_back(bytes.substr(at + 12, len));
-      at += 12 + len + 4;
-    }
+    const std::vector<std::string> payloads = tensorboard::read_tf_records(files[0].string());
     REQUIRE(payloads.size() == 1 + 3 * 6);  // version; per step: loss, lr, scale, 3 times
     CHECK(payloads[0].find("brain.Event:2") != std::string::npos);
     CHECK(payloads[1].find("Train/Samples/train_loss") != std::string::npos);
@@ -1336,6 +1482,50 @@ TEST_CASE("engine: fp16 through a pipeline skips a step that overflows on one st
   run();
   CHECK(engine.skipped_steps() == 1);
   CHECK((engine.optimizer().master() - before).abs().max().item<float>() > 1e-5f);
+}
+
+TEST_CASE("engine: torch_autocast runs a pipeline's stages under autocast, and its loss in float32", "[distributed]") {
+  auto world = init("mpi");
+  const int stages = world->size() % 2 == 0 ? 2 : 1;
+  ParallelGrid grid(world, {.pipeline = stages});
+  const int s = grid.pipeline_rank(), d = grid.data_rank();
+  const std::vector<int> layers = stages == 1 ? std::vector<int>{0, 1, 2} : s == 0 ? std::vector<int>{0, 1}
+                                                                                   : std::vector<int>{2};
+  manual_seed(43);
+  Mlp whole;
+  MlpStage stage(whole, layers);
+  DType seen = kFloat32, loss_dtype = kBFloat16;
+  stage.layers.back()->register_forward_hook([&](nn::Module&, const Tensor&, const Tensor& out) {
+    seen = out.dtype();
+    return Tensor();
+  });
+  Engine engine = kiln::initialize(stage, Config::from_string(R"({"train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": 2, "steps_per_print": 1000, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+      "torch_autocast": {"enabled": true, "dtype": "bf16"}, "zero_optimization": {"stage": 1}})"), grid,
+      [&](const Tensor& out, const Tensor& y) {
+        Tensor loss = nn::cross_entropy(out, y);  // under the engine's autocast: float32, by the policy
+        loss_dtype = loss.dtype();
+        return loss;
+      });
+  CHECK(stage.layers[0]->weight.dtype() == kFloat32);
+  auto [x, y] = batch(4, 4 * grid.data_size());
+  const Tensor mine = x.narrow(0, 4 * d, 4), my_y = y.narrow(0, 4 * d, 4);
+  const double loss = engine.train_batch(mine, my_y).item<double>();
+  CHECK(seen == kBFloat16);
+  if (stage.ends_model) CHECK(loss_dtype == kFloat32);
+  // The same micro-batches through the whole model in one process, under autocast, averaged over
+  // the data ranks: the pipeline computes the same bfloat16 products.
+  double expected = 0;
+  for (int m = 0; m < 2; ++m) {
+    AutocastGuard autocast(Device::cpu(), kBFloat16);
+    expected += nn::cross_entropy(whole(mine.narrow(0, 2 * m, 2)), my_y.narrow(0, 2 * m, 2)).item<double>() / 2;
+  }
+  Tensor mean = full({1}, expected, kFloat64);
+  grid.data()->all_reduce(mean, ReduceOp::Avg);
+  CHECK(std::abs(loss - mean.item<double>()) <= 1e-5 * std::abs(mean.item<double>()));
+  seen = kFloat32;
+  CHECK(engine.eval_batch(mine).defined() == stage.ends_model);
+  CHECK(seen == kBFloat16);
 }
 
 TEST_CASE("engine: a checkpoint resumes with another accumulation count for the same batch", "[distributed]") {

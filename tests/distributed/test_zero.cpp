@@ -50,16 +50,41 @@ TEST_CASE("zero: the flat layout pads to the ranks and cuts buckets from the las
   const auto buckets = make_grad_buckets(layout, 8);
   REQUIRE(buckets.size() == 2);
   CHECK(buckets[0].params == std::vector<int64_t>{3, 2, 1});  // 5 + 0 + 3 = 8 elements
-  CHECK(buckets[0].range == FlatRange{6, 14});
+  CHECK(buckets[0].ranges == std::vector<FlatRange>{{6, 14}});
   CHECK(buckets[1].params == std::vector<int64_t>{0});
-  CHECK(buckets[1].range == FlatRange{0, 6});
+  CHECK(buckets[1].ranges == std::vector<FlatRange>{{0, 6}});
   const auto single = make_grad_buckets(layout, 2);  // a parameter larger than a bucket has its own
   CHECK(single.size() == 4);
-  CHECK(single.front().range == FlatRange{9, 14});
+  CHECK(single.front().ranges == std::vector<FlatRange>{{9, 14}});
   FlatLayout one({7}, 3);
   CHECK(one.padded_numel() == 9);
   check_error([] { FlatLayout bad({1}, 0); }, {"partitions must be >= 1"});
   check_error([&] { make_grad_buckets(layout, 0); }, {"bucket size must be >= 1"});
+  // Groups (the dtypes buckets travel in): a bucket holds one group's parameters, skipping over the
+  // others'; the buckets come in the order backward completes them (their lowest parameter last).
+  const auto grouped = make_grad_buckets(layout, 100, {0, 1, 1, 0});
+  REQUIRE(grouped.size() == 2);
+  CHECK(grouped[0].params == std::vector<int64_t>{2, 1});
+  CHECK(grouped[0].ranges == std::vector<FlatRange>{{6, 9}});
+  CHECK(grouped[1].params == std::vector<int64_t>{3, 0});
+  CHECK(grouped[1].ranges == std::vector<FlatRange>{{0, 6}, {9, 14}});
+  CHECK(grouped[1].numel() == 11);
+  const auto small = make_grad_buckets(layout, 6, {0, 1, 0, 0});  // group 0: 5 + 0, then 6 alone
+  REQUIRE(small.size() == 3);
+  CHECK(small[0].params == std::vector<int64_t>{3, 2});
+  CHECK(small[0].ranges == std::vector<FlatRange>{{9, 14}});
+  CHECK(small[1].params == std::vector<int64_t>{1});
+  CHECK(small[2].params == std::vector<int64_t>{0});
+  CHECK(make_grad_buckets(layout, 100, {7, 7, 7, 7}).size() == 1);
+  // An empty parameter between another group's: its bucket's ranges pass it by.
+  FlatLayout gaps({3, 2, 0, 4, 2}, 1);
+  const auto around = make_grad_buckets(gaps, 100, {1, 0, 1, 0, 1});
+  REQUIRE(around.size() == 2);
+  CHECK(around[0].params == std::vector<int64_t>{3, 1});
+  CHECK(around[0].ranges == std::vector<FlatRange>{{3, 9}});
+  CHECK(around[1].params == std::vector<int64_t>{4, 2, 0});
+  CHECK(around[1].ranges == std::vector<FlatRange>{{0, 3}, {9, 11}});
+  check_error([&] { make_grad_buckets(layout, 100, {0, 1}); }, {"2 groups for 4 parameters"});
 }
 
 TEST_CASE("zero: stage 3's sub-groups gather whole pieces of parameters, as DeepSpeed's", "[distributed]") {
@@ -776,6 +801,13 @@ struct Chosen : nn::Module {
   Tensor forward(const Tensor& c) override { return (p * c).sum(); }
 };
 
+// Rank q's gradient in the tests of the wire's dtype: k_i + q 2^-13, k_i = i % 5 + 1.
+Tensor chosen_gradient(int64_t n, int q) {
+  std::vector<float> v(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 5 + 1) + static_cast<float>(q) * 0x1p-13f;
+  return from_vector<float>(v);
+}
+
 // How many of this rank's partition's elements are the first n of the flat buffer (the rest of
 // the partition is padding).
 int64_t leading(ZeroOptimizer& opt, int64_t n) {
@@ -793,11 +825,7 @@ TEST_CASE("zero: communication_data_type, prescale_gradients and gradient_prediv
   // Rank q's gradient is k_i + q 2^-13, k_i in 1..5. q 2^-13 (q <= 3) is less than half a float16 or
   // bfloat16 ulp at 1..5 (2^-11 at least), so a bucket that travels in 16 bits arrives as k_i on
   // every rank, while float32 carries it exactly: the average is k_i + (N - 1)/2 2^-13.
-  auto gradient = [&](int q) {
-    std::vector<float> v(n);
-    for (int64_t i = 0; i < n; ++i) v[i] = static_cast<float>(i % 5 + 1) + static_cast<float>(q) * 0x1p-13f;
-    return from_vector<float>(v);
-  };
+  auto gradient = [&](int q) { return chosen_gradient(n, q); };
   const Tensor k = gradient(0);
   const Tensor mean = k + (N - 1) / 2.0 * 0x1p-13;
   struct Case {
@@ -839,6 +867,165 @@ TEST_CASE("zero: communication_data_type, prescale_gradients and gradient_prediv
         CHECK((got - partition(k)).abs().max().item<float>() >= 0x1p-14f);
       }
     }
+  }
+}
+
+namespace {
+
+// Chosen under another class name, for lower_precision_safe_modules.
+struct SafeChosen : Chosen {
+  using Chosen::Chosen;
+};
+
+// Both, each given the same chosen gradient.
+struct ChosenPair : nn::Module {
+  Chosen plain;
+  SafeChosen safe;
+  explicit ChosenPair(int64_t n) : plain(n), safe(n) { register_modules({{"plain", plain}, {"safe", safe}}); }
+  Tensor forward(const Tensor& c) override { return plain(c) + safe(c); }
+};
+
+// Records the weights its forward sees.
+struct Probe : nn::Module {
+  Tensor w, seen;
+  explicit Probe(const Tensor& init) { w = register_parameter("w", init.clone()); }
+  Tensor forward(const Tensor& x) override {
+    seen = w.detach().clone();
+    return (w * x).sum();
+  }
+};
+struct SafeProbe : Probe {
+  using Probe::Probe;
+};
+struct ProbePair : nn::Module {
+  Probe plain;
+  SafeProbe safe;
+  explicit ProbePair(const Tensor& init) : plain(init), safe(init) {
+    register_modules({{"plain", plain}, {"safe", safe}});
+  }
+  Tensor forward(const Tensor& x) override { return plain(x) + safe(x); }
+};
+
+}  // namespace
+
+TEST_CASE("zero: torch_autocast averages the listed modules' gradients in its dtype, the others' in float32",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int N = comm->size(), r = comm->rank();
+  const int64_t n = 23;
+  // As in the test above: rank q's gradient k_i + q 2^-13 arrives as k_i through 16 bits, and as
+  // their mean k_i + (N - 1)/2 2^-13 through float32.
+  auto gradient = [&](int q) { return chosen_gradient(n, q); };
+  const Tensor k = gradient(0);
+  const Tensor mean = k + (N - 1) / 2.0 * 0x1p-13;
+  for (DType low : {kBFloat16, kFloat16}) {
+    for (int stage = 0; stage <= 3; ++stage) {
+      for (int64_t bucket : {int64_t{10}, int64_t{1'000}}) {  // parameters cut across buckets; one bucket's worth
+        INFO(dtype_name(low) << ", stage " << stage << ", buckets of " << bucket);
+        ChosenPair m(n);
+        ZeroOptimizer opt(m, comm, sgd(0.1),
+                          {.stage = stage, .reduce_bucket_size = bucket, .autocast_dtype = low,
+                           .lower_precision_safe_modules = {"SafeChosen"}});
+        CHECK(opt.communication_dtypes() == std::vector<DType>{kFloat32, low});
+        m(gradient(r)).backward();
+        const FlatRange part = opt.layout().partition(stage > 0 ? r : 0);
+        const Tensor expected =
+            cat({mean, k, zeros({opt.layout().padded_numel() - 2 * n})}).narrow(0, part.begin, part.size());
+        const Tensor got = opt.grads()[0];
+        check_close(got, expected, {1e-6, 0});
+        // The listed module's part came through 16 bits: exactly k_i.
+        const FlatRange safe_part = intersect(opt.layout().param(1), part);
+        if (!safe_part.empty()) {
+          kiln::test::check_equal(got.narrow(0, safe_part.begin - part.begin, safe_part.size()),
+                                  expected.narrow(0, safe_part.begin - part.begin, safe_part.size()));
+        }
+        // ... and the other's through float32: k_i plus at least 2^-14.
+        const FlatRange plain_part = intersect(opt.layout().param(0), part);
+        if (N > 1 && !plain_part.empty()) {
+          CHECK((got.narrow(0, plain_part.begin - part.begin, plain_part.size()) -
+                 k.narrow(0, plain_part.begin, plain_part.size()))
+                    .abs()
+                    .min()
+                    .item<float>() >= 0x1p-14f);
+        }
+      }
+    }
+  }
+  // The dtypes alternating, and an empty parameter: each dtype's bucket covers two ranges, rank r's
+  // part of it is its pieces of both, and the empty one lies between the ranges of its bucket.
+  struct Sandwich : nn::Module {
+    SafeChosen a, b;
+    Chosen c, empty{0}, d;
+    explicit Sandwich(int64_t n) : a(n), b(n), c(n), d(n) {
+      register_modules({{"a", a}, {"c", c}, {"empty", empty}, {"b", b}, {"d", d}});
+    }
+    Tensor forward(const Tensor& g) override { return a(g) + c(g) + empty(g.narrow(0, 0, 0)) + b(g) + d(g); }
+  };
+  for (int stage = 0; stage <= 3; ++stage) {
+    INFO("an empty parameter, stage " << stage);
+    Sandwich m(n);
+    ZeroOptimizer opt(m, comm, sgd(0.1), {.stage = stage, .autocast_dtype = kBFloat16,
+                                          .lower_precision_safe_modules = {"SafeChosen"}});
+    m(gradient(r)).backward();
+    const FlatRange part = opt.layout().partition(stage > 0 ? r : 0);
+    const Tensor expected =
+        cat({k, mean, k, mean, zeros({opt.layout().padded_numel() - 4 * n})}).narrow(0, part.begin, part.size());
+    check_close(opt.grads()[0], expected, {1e-6, 0});
+    CHECK(opt.communication_dtypes() == std::vector<DType>{kBFloat16, kFloat32, kFloat32, kBFloat16, kFloat32});
+  }
+  // Without autocast_dtype the list does nothing; an empty list sends everything in float32.
+  ChosenPair m(n);
+  CHECK(ZeroOptimizer(m, comm, sgd(0.1), {.stage = 2}).communication_dtypes() == std::vector<DType>{kFloat32, kFloat32});
+  ChosenPair e(n);
+  CHECK(ZeroOptimizer(e, comm, sgd(0.1), {.stage = 2, .autocast_dtype = kBFloat16, .lower_precision_safe_modules = {}})
+            .communication_dtypes() == std::vector<DType>{kFloat32, kFloat32});
+  ChosenPair d(n);  // the default list: Linear, Conv1d, Conv2d, Conv3d
+  check_error([&] { ZeroOptimizer(d, comm, sgd(0.1), {.stage = 1, .autocast_dtype = kBFloat16}); },
+              {"lower_precision_safe_modules lists Linear, Conv1d, Conv2d, Conv3d", "no module of this model",
+               "here are Chosen, SafeChosen"});
+  ChosenPair b(n);
+  b.to(kBFloat16);
+  check_error([&] { ZeroOptimizer(b, comm, sgd(0.1), {.stage = 1, .autocast_dtype = kBFloat16}); },
+              {"torch_autocast runs a float32 model's forward", "bfloat16", "keep the model in float32"});
+  ChosenPair w(n);
+  check_error([&] {
+    ZeroOptimizer(w, comm, sgd(0.1), {.stage = 1, .communication_data_type = kFloat16, .autocast_dtype = kBFloat16});
+  }, {"communication_data_type is float16", "set it to fp32"});
+  ChosenPair f(n);
+  check_error([&] { ZeroOptimizer(f, comm, sgd(0.1), {.stage = 1, .autocast_dtype = kFloat32}); },
+              {"autocast_dtype", "must be float16 or bfloat16, not float32"});
+}
+
+TEST_CASE("zero: stage 3 gathers the listed modules' weights in torch_autocast's dtype for forward, and exactly "
+          "for GatheredParameters", "[distributed]") {
+  auto comm = init("mpi");
+  // 1 + i 2^-12: not a bfloat16 (8 significant bits) unless i is a multiple of 32.
+  const int64_t n = 41;
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = 1.0f + static_cast<float>(i) * 0x1p-12f;
+  const Tensor init = from_vector<float>(v);
+  const Tensor rounded = init.to(kBFloat16).to(kFloat32);
+  REQUIRE((rounded - init).abs().max().item<float>() > 0);
+  for (int64_t persistence : {int64_t{0}, int64_t{100'000}}) {  // gathered per use; kept between steps
+    INFO("stage3_param_persistence_threshold " << persistence);
+    ProbePair m(init);
+    ZeroOptimizer opt(m, comm, sgd(0.0),
+                      {.stage = 3, .autocast_dtype = kBFloat16, .lower_precision_safe_modules = {"SafeProbe"},
+                       .stage3_param_persistence_threshold = persistence});
+    for (int step = 0; step < 2; ++step) {
+      m(ones({n})).backward();
+      kiln::test::check_equal(m.plain.seen, init);
+      kiln::test::check_equal(m.safe.seen, rounded);
+      opt.step();  // lr 0: the weights stay
+      opt.zero_grad();
+    }
+    {
+      ZeroOptimizer::GatheredParameters gathered(opt);  // the weights as they are, for saving or reading
+      kiln::test::check_equal(m.safe.w, init);
+      kiln::test::check_equal(m.plain.w, init);
+    }
+    const TensorDict whole = opt.consolidated_state_dict(0);  // what checkpoints write: exact
+    if (comm->rank() == 0) kiln::test::check_equal(whole.at("safe.w"), init);
   }
 }
 
