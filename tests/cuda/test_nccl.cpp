@@ -284,3 +284,64 @@ TEST_CASE("nccl: the engine at every ZeRO stage trains a GPT as one process on t
     }
   }
 }
+
+// DeepSpeed's torch_autocast on the GPU: float16 by default there, the loss scaled by
+// torch.amp.GradScaler's rule, the Linears' gradients averaged in float16 through NCCL.
+TEST_CASE("nccl: torch_autocast runs forward in float16 and averages the Linears' gradients in it", "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  if (comm->size() != 1) {
+    WARN("the expected gradients are one rank's: run at world size 1");
+    return;
+  }
+  struct Net : nn::Module {
+    nn::Linear f1{16, 32};
+    nn::LayerNorm norm{32};
+    nn::Linear f2{32, 8};
+    Net() { register_modules({{"f1", f1}, {"norm", norm}, {"f2", f2}}); }
+    Tensor forward(const Tensor& x) override { return f2(relu(norm(f1(x)))); }
+  };
+  for (int stage : {0, 2, 3}) {
+    INFO("ZeRO stage " << stage);
+    manual_seed(7);
+    Net net, ref;
+    ref.load_state_dict(net.state_dict());
+    net.to(gpu());
+    ref.to(gpu());
+    Engine engine = kiln::initialize(net, Config::from_string(fmt::format(R"({{"train_micro_batch_size_per_gpu": 4,
+        "optimizer": {{"type": "SGD", "params": {{"lr": 0.1}}}}, "torch_autocast": {{"enabled": true}},
+        "zero_optimization": {{"stage": {}}}}})", stage)), comm);
+    CHECK(engine.autocast_dtype() == kFloat16);  // torch.autocast's default on CUDA
+    CHECK(engine.loss_scale() == 65536);
+    Generator data(3);
+    Tensor x = randn({4, 16}, kFloat32, &data).to(gpu());
+    Tensor y = randint(0, 8, {4}, kInt64, &data).to(gpu());
+    const Tensor out = engine(x);
+    CHECK(out.dtype() == kFloat16);
+    engine.backward(nn::cross_entropy(out, y));
+    Tensor ref_out;
+    {
+      AutocastGuard autocast(gpu(), kFloat16);
+      ref_out = ref(x);
+    }
+    optim::GradScaler scaler;  // 2^16, scaling the loss as the engine's does
+    scaler.scale(nn::cross_entropy(ref_out, y)).backward();
+    const Tensor got = engine.optimizer().grads()[0].cpu();
+    const FlatLayout& layout = engine.optimizer().layout();
+    const FlatRange part = layout.partition(stage > 0 ? comm->rank() : 0);
+    const auto params = ref.parameters();
+    for (int64_t i = 0; i < layout.num_params(); ++i) {
+      INFO("parameter " << i);
+      const FlatRange piece = intersect(layout.param(i), part);
+      if (piece.empty()) continue;
+      const Tensor g = got.narrow(0, piece.begin - part.begin, piece.size());
+      // One rank averages over itself: the Linears' gradients rounded to float16, the LayerNorm's as they are.
+      Tensor e = params[static_cast<size_t>(i)].grad().cpu().reshape({-1});
+      e = e.narrow(0, piece.begin - layout.param(i).begin, piece.size());
+      if (i == 2 || i == 3) check_equal(g, e);
+      else check_equal(g, e.to(kFloat16).to(kFloat32));
+    }
+    engine.step();
+    CHECK(engine.global_steps() == 1);
+  }
+}
