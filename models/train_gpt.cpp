@@ -569,12 +569,15 @@ int run(int argc, char** argv) {
       std::optional<autograd::SaveOnCpu> offload;
       if (r.offload_activations) offload.emplace(/*pin_memory=*/device.is_cuda());
       Tensor logits = (*engine)(b.data.to(device));
+      Tensor target = b.target.to(device);
+      // curriculum_learning: the engine kept the first curriculum_seqlen() positions; so do the targets.
+      if (engine->curriculum_seqlen() > 0) target = target.narrow(1, 0, logits.size(1));
       Tensor loss;
       {
         // With torch_autocast, the loss under the forward's autocast too (float32, by its policy),
         // as a model that computes its loss in forward would.
         AutocastGuard ac(device, engine->autocast_dtype(), engine->autocast_dtype().has_value());
-        loss = models::GPT::loss(logits, b.target.to(device));
+        loss = models::GPT::loss(logits, target);
       }
       offload.reset();
       engine->backward(loss);

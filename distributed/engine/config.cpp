@@ -22,7 +22,7 @@ using json = nlohmann::json;
 // DeepSpeed keys that Kiln does not implement, by section: naming them apart from typos tells the
 // user that the key is right but the feature is not here.
 const std::set<std::string> kUnsupportedTop = {
-    "amp", "aio", "autotuning", "comet", "compression_training", "curriculum_learning",
+    "amp", "aio", "autotuning", "comet", "compression_training",
     "data_efficiency", "disable_allgather", "dump_state", "eigenvalue", "elasticity", "hybrid_engine", "nebula",
     "pipeline", "progressive_layer_drop", "quantize_training", "sparse_attention", "sparse_gradients",
     "wandb", "compile", "zero_force_ds_cpu_optimizer", "seq_parallel_communication_data_type",
@@ -664,6 +664,57 @@ void read_torch_autocast(Section& top, const std::string& source, Config& cfg) {
   }
 }
 
+// DeepSpeed's (legacy) "curriculum_learning" (distributed/engine/curriculum.h). Enabled, the keys
+// DeepSpeed requires are required, and the schedule is checked by building it.
+void read_curriculum(Section& top, const std::string& source, Config& cfg) {
+  if (!top.has("curriculum_learning") || top.at("curriculum_learning").is_null()) return;
+  Section s(source, "curriculum_learning", top.at("curriculum_learning"));
+  CurriculumOptions& c = cfg.curriculum_learning;
+  s.read("enabled", c.enabled);
+  s.read("curriculum_type", c.curriculum_type);
+  s.read("min_difficulty", c.min_difficulty, 1);
+  s.read("max_difficulty", c.max_difficulty, 1);
+  s.read("schedule_type", c.schedule_type);
+  if (s.has("schedule_config") && !s.at("schedule_config").is_null()) {
+    Section sc(source, "curriculum_learning.schedule_config", s.at("schedule_config"));
+    sc.read("total_curriculum_step", c.total_curriculum_step, 1);
+    sc.read("difficulty_step", c.difficulty_step, 1);
+    sc.read("root_degree", c.root_degree, 0.0);
+    auto integers = [&](const char* key, std::vector<int64_t>& out) {
+      if (!sc.has(key)) return;
+      const json& v = sc.at(key);
+      if (!v.is_array()) sc.fail_at(key, "must be a list of integers, not " + type_name(v));
+      for (const json& x : v) {
+        if (!x.is_number_integer() && !x.is_number_unsigned()) sc.fail_at(key, "must be a list of integers; it holds " + type_name(x));
+        out.push_back(x.get<int64_t>());
+      }
+    };
+    integers("difficulty", c.difficulty);
+    integers("max_step", c.max_step);
+    sc.finish();
+  }
+  s.finish();
+  if (!c.enabled) return;
+  for (const char* key : {"curriculum_type", "min_difficulty", "max_difficulty", "schedule_type", "schedule_config"}) {
+    if (!s.has(key)) s.fail_at(key, "is required when curriculum learning is enabled (as in DeepSpeed)");
+  }
+  const json& sc = s.at("schedule_config");
+  std::vector<const char*> needed = {"difficulty", "max_step"};
+  if (c.schedule_type == "fixed_linear") needed = {"total_curriculum_step", "difficulty_step"};
+  if (c.schedule_type == "fixed_root") needed = {"total_curriculum_step", "difficulty_step", "root_degree"};
+  for (const char* key : needed) {
+    if (c.schedule_type != "fixed_discrete" && c.schedule_type != "fixed_linear" && c.schedule_type != "fixed_root") break;
+    if (!sc.contains(key)) {
+      s.fail_at("schedule_config", fmt::format("needs \"{}\" for the {} schedule (as in DeepSpeed)", key, c.schedule_type));
+    }
+  }
+  try {
+    CurriculumScheduler check(c);
+  } catch (const Error& e) {
+    KILN_FAIL("{}: {}", source, e.what());
+  }
+}
+
 // DeepSpeed's "data_types": {"grad_accum_dtype": ...}.
 void read_data_types(Section& top, const std::string& source, Config& cfg) {
   if (!top.has("data_types") || top.at("data_types").is_null()) return;
@@ -701,6 +752,7 @@ Config Config::from_string(const std::string& text, const std::string& source) {
   read_monitor(top, source, "csv_monitor", cfg.csv_monitor);
   read_data_types(top, source, cfg);
   read_torch_autocast(top, source, cfg);
+  read_curriculum(top, source, cfg);
   top.finish();
   KILN_CHECK(cfg.train_batch_size || cfg.train_micro_batch_size_per_gpu,
              "{}: neither \"train_batch_size\" nor \"train_micro_batch_size_per_gpu\" is given; give at least one "

@@ -20,6 +20,10 @@
 //   bf16          {enabled}
 //   torch_autocast {enabled, dtype, lower_precision_safe_modules}: a float32 model's forward under
 //                  autocast, the listed modules' gradients (and stage 3's gathers) in its dtype
+//   curriculum_learning {enabled, curriculum_type (seqlen), min_difficulty, max_difficulty,
+//                  schedule_type (fixed_linear | fixed_root | fixed_discrete), schedule_config:
+//                  {total_curriculum_step, difficulty_step, root_degree, difficulty, max_step}}:
+//                  the sequence length grows by the schedule (distributed/engine/curriculum.h)
 //   zero_optimization {stage, reduce_bucket_size, allgather_bucket_size, overlap_comm (default: on
 //                  at stage 3 only, as DeepSpeed),
 //                  contiguous_gradients, reduce_scatter, allgather_partitions,
@@ -60,6 +64,7 @@
 #include <vector>
 
 #include "distributed/comm/comms_logger.h"
+#include "distributed/engine/curriculum.h"
 #include "distributed/zero/zero_optimizer.h"
 #include "nn/container.h"
 #include "optim/adagrad.h"
@@ -158,6 +163,9 @@ struct Config {
     std::optional<DType> dtype;  // unset: the device's autocast default (CPU bfloat16, CUDA float16)
     std::optional<std::vector<std::string>> lower_precision_safe_modules;  // class names
   } torch_autocast;
+  // "curriculum_learning" (DeepSpeed's legacy form): the sequence length grows by a schedule, and
+  // Engine's forward keeps that many positions of the input's dim 1 (distributed/engine/curriculum.h).
+  CurriculumOptions curriculum_learning;
 
   // The "zero_optimization" section, the top-level keys of how the gradients are averaged, and
   // data_types.grad_accum_dtype.

@@ -304,6 +304,9 @@ void Engine::init(std::shared_ptr<distributed::Communicator> world) {
     sum_tied_gradients(*zero.grad_accum_dtype);
   }
   if (config_.scheduler) scheduler_ = make_scheduler(*config_.scheduler, *optimizer_);
+  if (config_.curriculum_learning.enabled) {
+    curriculum_ = std::make_unique<CurriculumScheduler>(config_.curriculum_learning);
+  }
   optim::GradScalerOptions scaling = config_.fp16.scaler;
   scaling.enabled = config_.fp16.enabled;
   if (autocast_dtype_ == kFloat16) {
@@ -367,11 +370,22 @@ double Engine::seconds_since(Clock::time_point t0) const {
   return std::chrono::duration<double>(now() - t0).count();
 }
 
+Tensor Engine::apply_curriculum(const Tensor& input, const char* who) {
+  const int64_t len = curriculum_->update_difficulty(global_steps_ + 1);
+  if (!input.defined()) return input;
+  KILN_CHECK(input.dim() >= 2, "{}: curriculum_learning's seqlen keeps the first positions of dim 1 of a (batch, "
+             "sequence, ...) input, and this one has shape {}; remove the section, or pass sequences", who,
+             input.sizes().str());
+  return input.size(1) > len ? input.narrow(1, 0, len) : input;
+}
+
 Tensor Engine::forward(const Tensor& input) {
   KILN_CHECK(!pipeline_, "Engine.forward: a pipeline-parallel engine runs whole batches: call train_batch(input, "
              "target) (or eval_batch), as DeepSpeed's PipelineEngine");
   const auto t0 = now();
   Tensor x = input;
+  // As DeepSpeed's: a training forward only (the module in training mode, gradients on).
+  if (curriculum_ && model_.is_training() && GradMode::is_enabled()) x = apply_curriculum(x, "Engine.forward");
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.is_floating_point()) x = x.to(kFloat16);
   // DeepSpeed's flops profiler: rank 0's first forward once profile_step steps have been taken.
   const bool profile = config_.flops_profiler.enabled && profiling_ == Profiling::kNotYet &&
@@ -449,7 +463,11 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
                  t->dim() >= 1 ? t->size(0) : 0, batch_.micro_batch_size, batch_.gradient_accumulation_steps, rows);
     }
   });
-  Tensor x = input;
+  Tensor x = input, y = target;
+  if (curriculum_) {  // the stages see the cut input; the last one's loss the cut target
+    x = apply_curriculum(x, "Engine.train_batch");
+    if (y.defined() && y.dim() >= 2) y = y.narrow(1, 0, std::min(y.size(1), curriculum_->get_current_difficulty()));
+  }
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
   const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0;
   const auto t0 = now();
@@ -458,7 +476,7 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
     // The stages' forwards under autocast; the autograd engine runs their backwards without it.
     std::optional<AutocastGuard> autocast;
     if (autocast_dtype_) autocast.emplace(device_, autocast_dtype_);
-    loss = pipeline_->train_batch(x, target);  // the gradients are reduced during the last backward
+    loss = pipeline_->train_batch(x, y);  // the gradients are reduced during the last backward
   }
   if (!tied_.empty() || chunks_ > 1) {  // ... or now, with each tied weight's gradient from the other stage added
     if (!tied_.empty()) distributed::add_tied_gradients(tied_, *pipeline_comm_, tied_gradients_.get());

@@ -29,7 +29,9 @@
 // end of its step, as DeepSpeed's engine does (not on a pipeline: profile a stage's module itself).
 // With "comms_logger", the engine's communication is timed (comms_logger(), log_summary()); with
 // "tensorboard" or "csv_monitor", rank 0 writes the loss, lr, loss scale and phase times at each
-// step (distributed/engine/monitor.h). With "torch_autocast", the model stays float32 and forward
+// step (distributed/engine/monitor.h). With "curriculum_learning" (curriculum.h), a training
+// forward keeps the first curriculum_seqlen() positions of its (B, T) input, a length that grows by
+// the schedule (train_batch cuts the targets too). With "torch_autocast", the model stays float32 and forward
 // (train_batch and eval_batch on a pipeline) runs under autocast to its dtype; the ZeRO optimizer
 // averages the gradients of its lower_precision_safe_modules in that dtype (ZeroOptions::
 // autocast_dtype), and with float16 the loss is scaled by PyTorch's GradScaler rule.
@@ -140,6 +142,10 @@ class Engine {
   int64_t gradient_accumulation_steps() const { return batch_.gradient_accumulation_steps; }
   DType dtype() const { return dtype_; }  // the model's weights
   std::optional<DType> autocast_dtype() const { return autocast_dtype_; }  // torch_autocast's, when on
+  // "curriculum_learning": the schedule's current sequence length, at most which positions the last
+  // training forward kept (cut its loss's targets as its output); 0 when off. The scheduler, or nullptr.
+  int64_t curriculum_seqlen() const { return curriculum_ ? curriculum_->get_current_difficulty() : 0; }
+  const CurriculumScheduler* curriculum_scheduler() const { return curriculum_.get(); }
 
   nn::Module& module() { return model_; }  // with chunks, the module that holds them as "0", "1", ...
   distributed::ZeroOptimizer& optimizer() { return *optimizer_; }
@@ -232,6 +238,10 @@ class Engine {
   Config::Batch batch_;
   DType dtype_;
   std::optional<DType> autocast_dtype_;  // "torch_autocast": forward runs under autocast to it
+  std::unique_ptr<CurriculumScheduler> curriculum_;  // "curriculum_learning"
+  // The next training forward's sequence length: the schedule moved to this step's (s = optimizer
+  // steps + 1, as DeepSpeed's), and the input's dim 1 cut to it (an Error for an input of one dim).
+  Tensor apply_curriculum(const Tensor& input, const char* who);
   std::unique_ptr<distributed::ZeroOptimizer> optimizer_;
   std::unique_ptr<optim::LRScheduler> scheduler_;
   std::unique_ptr<distributed::ShardedGradScaler> scaler_;

@@ -261,6 +261,9 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
   // the gradients; rank 0 alone prints, evaluates and writes files.
   std::optional<Config> ds_config;
   if (!o.deepspeed_config.empty()) ds_config = Config::from_string(o.deepspeed_config, "the DeepSpeed config");
+  KILN_CHECK(!ds_config || !ds_config->curriculum_learning.enabled,
+             "kiln-train: the DeepSpeed config enables curriculum_learning, whose seqlen cuts dim 1 of a batch of "
+             "sequences; kiln-train's images have none. Remove the section (train_gpt takes it)");
   const distributed::WorldInfo world = distributed::world_info();
   std::shared_ptr<distributed::Communicator> comm;
   if (world.size > 1 || ds_config) comm = distributed::init("mpi");  // the engine needs one, at any size

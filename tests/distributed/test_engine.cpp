@@ -265,6 +265,152 @@ TEST_CASE("engine config: torch_autocast is read as DeepSpeed's", "[distributed]
       {"\"communication_data_type\" is bfloat16, and torch_autocast is enabled", "set \"fp32\""});
 }
 
+TEST_CASE("engine config: curriculum_learning is read as DeepSpeed's, and its schedules step as DeepSpeed's",
+          "[distributed]") {
+  auto config = [](const std::string& schedule) {
+    return Config::from_string(R"({"train_batch_size": 8, "curriculum_learning": {"enabled": true,
+        "curriculum_type": "seqlen", "min_difficulty": 16, "max_difficulty": 128, )" + schedule + "}}");
+  };
+  // DeepSpeed's arithmetic: floor(progress (max - min) + min), down to a multiple of difficulty_step.
+  const Config linear = config(R"("schedule_type": "fixed_linear",
+      "schedule_config": {"total_curriculum_step": 100, "difficulty_step": 8})");
+  CHECK(linear.curriculum_learning.enabled);
+  CHECK(linear.curriculum_learning.total_curriculum_step == 100);
+  CurriculumScheduler lin(linear.curriculum_learning);
+  CHECK(lin.get_current_difficulty() == 16);
+  const std::vector<std::pair<int64_t, int64_t>> linear_steps = {{0, 16}, {1, 16}, {10, 24}, {50, 72}, {99, 120},
+                                                                 {100, 128}, {150, 128}};
+  for (const auto& [step, d] : linear_steps) {
+    INFO("fixed_linear, step " << step);
+    CHECK(lin.get_difficulty(step) == d);
+  }
+  CurriculumScheduler sqrt(config(R"("schedule_type": "fixed_root",
+      "schedule_config": {"total_curriculum_step": 100, "difficulty_step": 8, "root_degree": 2})").curriculum_learning);
+  const std::vector<std::pair<int64_t, int64_t>> root_steps = {{0, 16}, {1, 24}, {25, 72}, {64, 104}, {99, 120},
+                                                               {100, 128}};
+  for (const auto& [step, d] : root_steps) {
+    INFO("fixed_root 2, step " << step);
+    CHECK(sqrt.get_difficulty(step) == d);
+  }
+  CurriculumScheduler cube(config(R"("schedule_type": "fixed_root",
+      "schedule_config": {"total_curriculum_step": 100, "difficulty_step": 8, "root_degree": 3})").curriculum_learning);
+  CHECK(cube.get_difficulty(1) == 40);
+  CHECK(cube.get_difficulty(8) == 64);
+  CHECK(cube.get_difficulty(27) == 88);
+  CurriculumScheduler discrete(config(R"("schedule_type": "fixed_discrete",
+      "schedule_config": {"difficulty": [16, 64, 128], "max_step": [5, 10]})").curriculum_learning);
+  for (int64_t step = 0; step <= 12; ++step) {
+    INFO("fixed_discrete, step " << step);
+    CHECK(discrete.get_difficulty(step) == (step <= 5 ? 16 : step <= 10 ? 64 : 128));
+  }
+  // The current difficulty follows the schedule until it reaches the maximum, then stays.
+  CHECK(discrete.update_difficulty(6) == 64);
+  CHECK(discrete.update_difficulty(2) == 16);
+  CHECK(discrete.update_difficulty(11) == 128);
+  CHECK(discrete.update_difficulty(3) == 128);
+  // Off, with DeepSpeed's other keys, as configs carry it.
+  CHECK_FALSE(Config::from_string(R"({"train_batch_size": 8, "curriculum_learning": {"enabled": false,
+      "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 64, "schedule_type": "fixed_linear",
+      "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}})").curriculum_learning.enabled);
+  auto bad = [&](const std::string& schedule, const std::vector<std::string>& fragments) {
+    check_error([&] { config(schedule); }, fragments);
+  };
+  bad(R"("schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 100})",
+      {"\"curriculum_learning.schedule_config\" needs \"difficulty_step\" for the fixed_linear schedule"});
+  bad(R"("schedule_type": "fixed_root", "schedule_config": {"total_curriculum_step": 100, "difficulty_step": 8})",
+      {"needs \"root_degree\" for the fixed_root schedule"});
+  bad(R"("schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 100, "difficulty_step": 32})",
+      {"min_difficulty 16 is below difficulty_step 32", "round down to 0"});
+  bad(R"("schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [16, 64], "max_step": [5, 10]})",
+      {"2 difficulties and 2 max steps"});
+  bad(R"("schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [16, 64, 256], "max_step": [5, 10]})",
+      {"difficulty[2] is 256", "max_difficulty 128"});
+  bad(R"("schedule_type": "linear", "schedule_config": {})", {"schedule_type \"linear\" is not one of DeepSpeed's"});
+  bad(R"("schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 100, "difficulty_stp": 8})",
+      {"\"curriculum_learning.schedule_config.difficulty_stp\" is not a key Kiln knows",
+       "did you mean \"difficulty_step\""});
+  check_error([] { Config::from_string(R"({"train_batch_size": 8, "curriculum_learning": {"enabled": true,
+      "curriculum_type": "seqlen", "max_difficulty": 64, "schedule_type": "fixed_linear", "schedule_config": {}}})"); },
+              {"\"curriculum_learning.min_difficulty\" is required when curriculum learning is enabled"});
+  check_error([] { Config::from_string(R"({"train_batch_size": 8, "curriculum_learning": {"enabled": true,
+      "curriculum_type": "vocab", "min_difficulty": 8, "max_difficulty": 64, "schedule_type": "fixed_linear",
+      "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}})"); },
+              {"curriculum_type \"vocab\" is not one Kiln applies"});
+}
+
+TEST_CASE("engine: curriculum_learning cuts the training sequences to the schedule's length, forward and pipeline",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const std::string curriculum = R"("curriculum_learning": {"enabled": true, "curriculum_type": "seqlen",
+      "min_difficulty": 4, "max_difficulty": 16, "schedule_type": "fixed_discrete",
+      "schedule_config": {"difficulty": [4, 8, 16], "max_step": [1, 2]}})";
+  // A GPT: the engine keeps the first positions of each training forward's tokens.
+  models::GPTConfig c;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.n_embd = 16;
+  c.block_size = 16;
+  c.vocab_size = 12;
+  manual_seed(3);
+  models::GPT gpt(c);
+  Engine engine = kiln::initialize(gpt, Config::from_string(R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, )" + curriculum + "}"), comm);
+  CHECK(engine.curriculum_seqlen() == 4);
+  Generator data(5);
+  for (int64_t step = 1; step <= 4; ++step) {
+    INFO("step " << step);
+    Tensor idx = randint(0, c.vocab_size, {2, 16}, kInt64, &data);
+    const Tensor logits = engine(idx);
+    const int64_t expected = step <= 1 ? 4 : step <= 2 ? 8 : 16;  // the schedule at global_steps + 1
+    CHECK(engine.curriculum_seqlen() == expected);
+    CHECK(logits.sizes() == Shape{2, expected, c.vocab_size});
+    engine.backward(models::GPT::loss(logits, idx.narrow(1, 0, engine.curriculum_seqlen())));
+    engine.step();
+  }
+  {
+    NoGradGuard no_grad;  // evaluation: the whole sequence
+    CHECK(engine(randint(0, c.vocab_size, {2, 16}, kInt64, &data)).size(1) == 16);
+  }
+  // A pipeline's train_batch cuts the input and the target; the loss is the cut sequences' loss.
+  const int stages = comm->size() % 2 == 0 ? 2 : 1;
+  ParallelGrid grid(comm, {.pipeline = stages});
+  const int s = grid.pipeline_rank(), d = grid.data_rank();
+  const std::vector<int> layers = stages == 1 ? std::vector<int>{0, 1, 2} : s == 0 ? std::vector<int>{0, 1}
+                                                                                   : std::vector<int>{2};
+  manual_seed(47);
+  Mlp whole;
+  MlpStage stage(whole, layers);
+  Engine pipe = kiln::initialize(stage, Config::from_string(R"({"train_micro_batch_size_per_gpu": 2,
+      "gradient_accumulation_steps": 2, "steps_per_print": 1000, "optimizer": {"type": "SGD", "params": {"lr": 0.0}},
+      )" + curriculum + "}"), grid, [](const Tensor& out, const Tensor& y) {
+    return nn::cross_entropy(out.reshape({-1, 10}), y.reshape({-1}));
+  });
+  Tensor x = kiln::test::sample({4 * grid.data_size(), 16, 20}, kFloat32, 0.3);
+  Tensor y = ((kiln::test::sample({4 * grid.data_size(), 16}, kFloat64, 2.1) + 2) * 2.4).to(kInt64);
+  const Tensor mine = x.narrow(0, 4 * d, 4), my_y = y.narrow(0, 4 * d, 4);
+  for (int64_t step = 1; step <= 3; ++step) {
+    INFO("pipeline, step " << step);
+    const double loss = pipe.train_batch(mine, my_y).item<double>();
+    const int64_t len = step <= 1 ? 4 : step <= 2 ? 8 : 16;
+    CHECK(pipe.curriculum_seqlen() == len);
+    double expected = 0;  // lr 0: the weights stay those of `whole`
+    for (int m = 0; m < 2; ++m) {
+      expected += nn::cross_entropy(whole(mine.narrow(0, 2 * m, 2).narrow(1, 0, len)).reshape({-1, 10}),
+                                    my_y.narrow(0, 2 * m, 2).narrow(1, 0, len).reshape({-1}))
+                      .item<double>() / 2;
+    }
+    Tensor mean = full({1}, expected, kFloat64);
+    grid.data()->all_reduce(mean, ReduceOp::Avg);
+    CHECK(std::abs(loss - mean.item<double>()) <= 1e-5 * std::abs(mean.item<double>()));
+  }
+  // An input without a sequence dimension is an Error that says why.
+  Mlp flat;
+  Engine mlp = kiln::initialize(flat, Config::from_string(R"({"train_micro_batch_size_per_gpu": 2,
+      "optimizer": {"type": "SGD", "params": {"lr": 0.1}}, )" + curriculum + "}"), comm);
+  check_error([&] { mlp(zeros({2})); }, {"curriculum_learning's seqlen keeps the first positions of dim 1",
+                                          "shape [2]"});
+}
+
 namespace {
 
 // Linear layers around a LayerNorm: the Linears' parameters are lower_precision_safe_modules' by
