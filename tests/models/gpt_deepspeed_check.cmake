@@ -82,3 +82,20 @@ execute_process(COMMAND ${PROGRAM} --deepspeed-config ${WORK}/typo.json --steps 
 if(rc EQUAL 0 OR NOT err MATCHES "typo.json: \"zero_optimisation\" is not a key Kiln knows here [(]did you mean \"zero_optimization\"")
   message(FATAL_ERROR "a misspelt key should be an Error naming it, got ${rc}:\n${err}")
 endif()
+
+# curriculum_learning and torch_autocast from the config, on one process: the engine cuts the
+# windows to 2, then 4, then 8 bytes, train_gpt cuts the targets with them, and the loss is
+# computed under the forward's autocast.
+file(WRITE ${WORK}/curriculum.json [=[{
+  "train_micro_batch_size_per_gpu": 2, "steps_per_print": 1000,
+  "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+  "torch_autocast": {"enabled": true, "dtype": "bf16"},
+  "curriculum_learning": {"enabled": true, "curriculum_type": "seqlen", "min_difficulty": 2, "max_difficulty": 8,
+                          "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [2, 4, 8], "max_step": [1, 2]}}
+}]=])
+execute_process(COMMAND ${PROGRAM} --n-layer 1 --n-head 2 --n-embd 32 --context 8 --corpus ${WORK}/corpus.txt
+                        --deepspeed-config ${WORK}/curriculum.json ${run} --steps 4 --out ${WORK}/curriculum
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+if(NOT rc EQUAL 0 OR NOT out MATCHES "train_gpt: 4 steps .*train loss [0-9.]+, validation loss [0-9.]+")
+  message(FATAL_ERROR "curriculum_learning with torch_autocast should train (${rc}):\n${out}\n${err}")
+endif()

@@ -92,3 +92,11 @@ execute_process(COMMAND ${PROGRAM} ${data} --deepspeed-config ${WORK}/typo.json 
 if(rc EQUAL 0 OR NOT err MATCHES "typo.json: \"zero_optimisation\" is not a key Kiln knows here [(]did you mean \"zero_optimization\"")
   message(FATAL_ERROR "a misspelt key should be an Error naming it, got ${rc}:\n${err}")
 endif()
+file(WRITE ${WORK}/curriculum.json [=[{"train_batch_size": 16, "curriculum_learning": {"enabled": true,
+  "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 64, "schedule_type": "fixed_linear",
+  "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}}]=])
+execute_process(COMMAND ${PROGRAM} ${data} --deepspeed-config ${WORK}/curriculum.json --out ${WORK}/curriculum
+                RESULT_VARIABLE rc OUTPUT_QUIET ERROR_VARIABLE err)
+if(rc EQUAL 0 OR NOT err MATCHES "enables curriculum_learning, whose seqlen cuts dim 1")
+  message(FATAL_ERROR "curriculum_learning should be refused by kiln-train, got ${rc}:\n${err}")
+endif()
