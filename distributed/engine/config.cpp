@@ -7,8 +7,10 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
+#include <type_traits>
 
 #include "autograd/autograd.h"
 #include "core/error.h"
@@ -176,6 +178,21 @@ class Section {
     const json& v = obj_.at(key);
     if (!v.is_string()) fail_at(key, "must be a string, not " + type_name(v));
     out = v.get<std::string>();
+  }
+  // A list of strings, or of integers (integers: true), each checked for its type; absent or null
+  // leaves `out` as it is. `of_what` names the items in messages: "a list of <of_what> (<example>)".
+  template <class T>
+  void read_list(const std::string& key, std::vector<T>& out, const std::string& of_what, const std::string& example) {
+    if (!has(key) || obj_.at(key).is_null()) return;
+    const json& v = obj_.at(key);
+    if (!v.is_array()) fail_at(key, fmt::format("must be a list of {} ({}), not {}", of_what, example, type_name(v)));
+    std::vector<T> items;
+    for (const json& x : v) {
+      const bool fits = std::is_same_v<T, std::string> ? x.is_string() : (x.is_number_integer() || x.is_number_unsigned());
+      if (!fits) fail_at(key, fmt::format("must be a list of {}; it holds {}", of_what, type_name(x)));
+      items.push_back(x.get<T>());
+    }
+    out = std::move(items);
   }
   // A boolean that Kiln implements at one value only (its behaviour is fixed).
   void read_fixed(const std::string& key, bool value, const std::string& why) {
@@ -527,20 +544,14 @@ void read_comms_logger(Section& top, const std::string& source, Config& cfg) {
   s.read("verbose", c.verbose);
   s.read("prof_all", c.prof_all);
   s.read("debug", c.debug);
-  if (s.has("prof_ops") && !s.at("prof_ops").is_null()) {
-    const json& v = s.at("prof_ops");
-    if (!v.is_array()) s.fail_at("prof_ops", "must be a list of operation names (\"all_reduce\", ...), not " + type_name(v));
-    for (const json& x : v) {
-      if (!x.is_string()) s.fail_at("prof_ops", "must be a list of operation names; it holds " + type_name(x));
-      const std::string op = x.get<std::string>();
-      if (std::find(std::begin(distributed::kCommOpNames), std::end(distributed::kCommOpNames), op) ==
-          std::end(distributed::kCommOpNames)) {
-        std::string names;
-        for (const char* n : distributed::kCommOpNames) names += (names.empty() ? "" : ", ") + std::string(n);
-        s.fail_at("prof_ops", fmt::format("names \"{}\", which is not a communication operation; the operations are: {}",
-                                          op, names));
-      }
-      c.prof_ops.push_back(op);
+  s.read_list("prof_ops", c.prof_ops, "operation names", "\"all_reduce\", ...");
+  for (const std::string& op : c.prof_ops) {
+    if (std::find(std::begin(distributed::kCommOpNames), std::end(distributed::kCommOpNames), op) ==
+        std::end(distributed::kCommOpNames)) {
+      std::string names;
+      for (const char* n : distributed::kCommOpNames) names += (names.empty() ? "" : ", ") + std::string(n);
+      s.fail_at("prof_ops", fmt::format("names \"{}\", which is not a communication operation; the operations are: {}",
+                                        op, names));
     }
   }
   s.finish();
@@ -629,22 +640,15 @@ void read_torch_autocast(Section& top, const std::string& source, Config& cfg) {
     t.dtype = d;
   }
   if (s.has("lower_precision_safe_modules") && !s.at("lower_precision_safe_modules").is_null()) {
-    const json& v = s.at("lower_precision_safe_modules");
-    if (!v.is_array()) {
-      s.fail_at("lower_precision_safe_modules", "must be a list of module classes (\"torch.nn.Linear\", ...), not " +
-                                                   type_name(v));
-    }
     std::vector<std::string> names;
-    for (const json& x : v) {
-      if (!x.is_string()) s.fail_at("lower_precision_safe_modules", "must be a list of class names; it holds " + type_name(x));
-      const std::string full = x.get<std::string>();
-      const size_t cut = full.find_last_of(".:");
-      const std::string name = cut == std::string::npos ? full : full.substr(cut + 1);
-      if (name.empty()) {
+    s.read_list("lower_precision_safe_modules", names, "module classes", "\"torch.nn.Linear\", ...");
+    for (std::string& name : names) {
+      const size_t cut = name.find_last_of(".:");
+      if (cut + 1 == name.size()) {
         s.fail_at("lower_precision_safe_modules", fmt::format("holds \"{}\", which names no class; write one as "
-                                                              "\"torch.nn.Linear\" or \"Linear\"", full));
+                                                              "\"torch.nn.Linear\" or \"Linear\"", name));
       }
-      names.push_back(name);
+      if (cut != std::string::npos) name = name.substr(cut + 1);
     }
     t.lower_precision_safe_modules = std::move(names);
   }
@@ -680,17 +684,8 @@ void read_curriculum(Section& top, const std::string& source, Config& cfg) {
     sc.read("total_curriculum_step", c.total_curriculum_step, 1);
     sc.read("difficulty_step", c.difficulty_step, 1);
     sc.read("root_degree", c.root_degree, 0.0);
-    auto integers = [&](const char* key, std::vector<int64_t>& out) {
-      if (!sc.has(key)) return;
-      const json& v = sc.at(key);
-      if (!v.is_array()) sc.fail_at(key, "must be a list of integers, not " + type_name(v));
-      for (const json& x : v) {
-        if (!x.is_number_integer() && !x.is_number_unsigned()) sc.fail_at(key, "must be a list of integers; it holds " + type_name(x));
-        out.push_back(x.get<int64_t>());
-      }
-    };
-    integers("difficulty", c.difficulty);
-    integers("max_step", c.max_step);
+    sc.read_list("difficulty", c.difficulty, "integers", "one per stage of the schedule");
+    sc.read_list("max_step", c.max_step, "integers", "the last step of each difficulty but the last");
     sc.finish();
   }
   s.finish();
@@ -698,14 +693,16 @@ void read_curriculum(Section& top, const std::string& source, Config& cfg) {
   for (const char* key : {"curriculum_type", "min_difficulty", "max_difficulty", "schedule_type", "schedule_config"}) {
     if (!s.has(key)) s.fail_at(key, "is required when curriculum learning is enabled (as in DeepSpeed)");
   }
-  const json& sc = s.at("schedule_config");
-  std::vector<const char*> needed = {"difficulty", "max_step"};
-  if (c.schedule_type == "fixed_linear") needed = {"total_curriculum_step", "difficulty_step"};
-  if (c.schedule_type == "fixed_root") needed = {"total_curriculum_step", "difficulty_step", "root_degree"};
-  for (const char* key : needed) {
-    if (c.schedule_type != "fixed_discrete" && c.schedule_type != "fixed_linear" && c.schedule_type != "fixed_root") break;
-    if (!sc.contains(key)) {
-      s.fail_at("schedule_config", fmt::format("needs \"{}\" for the {} schedule (as in DeepSpeed)", key, c.schedule_type));
+  // The schedule's own keys (an unknown schedule_type is the scheduler's Error below).
+  const std::map<std::string, std::vector<const char*>> needed = {
+      {"fixed_linear", {"total_curriculum_step", "difficulty_step"}},
+      {"fixed_root", {"total_curriculum_step", "difficulty_step", "root_degree"}},
+      {"fixed_discrete", {"difficulty", "max_step"}}};
+  if (const auto it = needed.find(c.schedule_type); it != needed.end()) {
+    for (const char* key : it->second) {
+      if (!s.at("schedule_config").contains(key)) {
+        s.fail_at("schedule_config", fmt::format("needs \"{}\" for the {} schedule (as in DeepSpeed)", key, c.schedule_type));
+      }
     }
   }
   try {

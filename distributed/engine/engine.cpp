@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <limits>
+#include <tuple>
 
 #include "core/grad_mode.h"
 #include "cuda/cuda.h"
@@ -370,13 +371,18 @@ double Engine::seconds_since(Clock::time_point t0) const {
   return std::chrono::duration<double>(now() - t0).count();
 }
 
-Tensor Engine::apply_curriculum(const Tensor& input, const char* who) {
+std::pair<Tensor, Tensor> Engine::apply_curriculum(const Tensor& input, const Tensor& target, const char* who) {
   const int64_t len = curriculum_->update_difficulty(global_steps_ + 1);
-  if (!input.defined()) return input;
-  KILN_CHECK(input.dim() >= 2, "{}: curriculum_learning's seqlen keeps the first positions of dim 1 of a (batch, "
-             "sequence, ...) input, and this one has shape {}; remove the section, or pass sequences", who,
-             input.sizes().str());
-  return input.size(1) > len ? input.narrow(1, 0, len) : input;
+  KILN_CHECK(!input.defined() || input.dim() >= 2, "{}: curriculum_learning's seqlen keeps the first positions of "
+             "dim 1 of a (batch, sequence, ...) input, and this one has shape {}; remove the section, or pass "
+             "sequences", who, input.sizes().str());
+  auto cut = [len](const Tensor& t) { return t.defined() && t.dim() >= 2 && t.size(1) > len ? t.narrow(1, 0, len) : t; };
+  return {cut(input), cut(target)};
+}
+
+std::optional<AutocastGuard> Engine::forward_autocast() const {
+  if (!autocast_dtype_) return std::nullopt;
+  return std::optional<AutocastGuard>(std::in_place, device_, autocast_dtype_);
 }
 
 Tensor Engine::forward(const Tensor& input) {
@@ -385,7 +391,9 @@ Tensor Engine::forward(const Tensor& input) {
   const auto t0 = now();
   Tensor x = input;
   // As DeepSpeed's: a training forward only (the module in training mode, gradients on).
-  if (curriculum_ && model_.is_training() && GradMode::is_enabled()) x = apply_curriculum(x, "Engine.forward");
+  if (curriculum_ && model_.is_training() && GradMode::is_enabled()) {
+    x = apply_curriculum(x, Tensor(), "Engine.forward").first;
+  }
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.is_floating_point()) x = x.to(kFloat16);
   // DeepSpeed's flops profiler: rank 0's first forward once profile_step steps have been taken.
   const bool profile = config_.flops_profiler.enabled && profiling_ == Profiling::kNotYet &&
@@ -397,8 +405,7 @@ Tensor Engine::forward(const Tensor& input) {
   }
   Tensor out;
   {
-    std::optional<AutocastGuard> autocast;
-    if (autocast_dtype_) autocast.emplace(device_, autocast_dtype_);
+    const auto autocast = forward_autocast();
     out = model_(x);
   }
   if (profile) {
@@ -464,18 +471,14 @@ Tensor Engine::train_batch(const Tensor& input, const Tensor& target) {
     }
   });
   Tensor x = input, y = target;
-  if (curriculum_) {  // the stages see the cut input; the last one's loss the cut target
-    x = apply_curriculum(x, "Engine.train_batch");
-    if (y.defined() && y.dim() >= 2) y = y.narrow(1, 0, std::min(y.size(1), curriculum_->get_current_difficulty()));
-  }
+  if (curriculum_) std::tie(x, y) = apply_curriculum(x, y, "Engine.train_batch");  // the stages' input, the loss's target
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
   const double scale = scaler_->is_enabled() ? scaler_->get_scale() : 1.0;
   const auto t0 = now();
   Tensor loss;
   {
     // The stages' forwards under autocast; the autograd engine runs their backwards without it.
-    std::optional<AutocastGuard> autocast;
-    if (autocast_dtype_) autocast.emplace(device_, autocast_dtype_);
+    const auto autocast = forward_autocast();
     loss = pipeline_->train_batch(x, y);  // the gradients are reduced during the last backward
   }
   if (!tied_.empty() || chunks_ > 1) {  // ... or now, with each tied weight's gradient from the other stage added
@@ -502,8 +505,7 @@ Tensor Engine::eval_batch(const Tensor& input) {
   KILN_CHECK(pipeline_, "Engine.eval_batch: this engine has no pipeline; call the model (or forward)");
   Tensor x = input;
   if (config_.fp16.enabled && config_.fp16.auto_cast && x.defined() && x.is_floating_point()) x = x.to(kFloat16);
-  std::optional<AutocastGuard> autocast;
-  if (autocast_dtype_) autocast.emplace(device_, autocast_dtype_);
+  const auto autocast = forward_autocast();
   return pipeline_->eval_batch(x);
 }
 

@@ -74,6 +74,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "distributed/engine/config.h"
@@ -89,6 +90,7 @@ class FlopsProfiler;  // nn/flops_profiler.h
 namespace kiln {
 
 class MonitorMaster;  // distributed/engine/monitor.h
+class AutocastGuard;  // ops/autocast.h
 
 class Engine {
  public:
@@ -239,9 +241,13 @@ class Engine {
   DType dtype_;
   std::optional<DType> autocast_dtype_;  // "torch_autocast": forward runs under autocast to it
   std::unique_ptr<CurriculumScheduler> curriculum_;  // "curriculum_learning"
-  // The next training forward's sequence length: the schedule moved to this step's (s = optimizer
-  // steps + 1, as DeepSpeed's), and the input's dim 1 cut to it (an Error for an input of one dim).
-  Tensor apply_curriculum(const Tensor& input, const char* who);
+  // A training batch's input (and a pipeline's target) cut to the sequence length of this step
+  // (s = optimizer steps + 1, as DeepSpeed's): the schedule moves, and dim 1 keeps that many
+  // positions. An input of one dim is an Error; a target of one dim is left whole.
+  std::pair<Tensor, Tensor> apply_curriculum(const Tensor& input, const Tensor& target, const char* who);
+  // Autocast for the model's forwards, while "torch_autocast" is on; nothing (an outer scope's
+  // state stays) when it is off.
+  std::optional<AutocastGuard> forward_autocast() const;
   std::unique_ptr<distributed::ZeroOptimizer> optimizer_;
   std::unique_ptr<optim::LRScheduler> scheduler_;
   std::unique_ptr<distributed::ShardedGradScaler> scaler_;

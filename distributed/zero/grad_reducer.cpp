@@ -26,12 +26,6 @@ std::vector<FlatRange> pieces_in(const std::vector<FlatRange>& ranges, FlatRange
   return out;
 }
 
-int64_t numel_of(const std::vector<FlatRange>& ranges) {
-  int64_t n = 0;
-  for (const FlatRange& r : ranges) n += r.size();
-  return n;
-}
-
 // Where flat position `at` (inside one of `ranges`) lies when the ranges are laid end to end.
 int64_t offset_in(const std::vector<FlatRange>& ranges, int64_t at) {
   int64_t before = 0;

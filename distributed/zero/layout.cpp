@@ -27,11 +27,13 @@ FlatLayout::FlatLayout(std::vector<int64_t> numels, int partitions)
   padded_numel_ = (numel_ + partitions_ - 1) / partitions_ * partitions_;
 }
 
-int64_t GradBucket::numel() const {
+int64_t numel_of(const std::vector<FlatRange>& ranges) {
   int64_t n = 0;
   for (const FlatRange& r : ranges) n += r.size();
   return n;
 }
+
+int64_t GradBucket::numel() const { return numel_of(ranges); }
 
 std::vector<GradBucket> make_grad_buckets(const FlatLayout& layout, int64_t bucket_numel,
                                           const std::vector<int>& groups) {

@@ -32,6 +32,8 @@ struct FlatRange {
 // The part of `range` inside `within`. When they do not meet it is empty and still lies within
 // `range`, so that a slice of a buffer holding `range` at it is a valid empty slice.
 FlatRange intersect(FlatRange range, FlatRange within);
+// The elements of several ranges together.
+int64_t numel_of(const std::vector<FlatRange>& ranges);
 
 class FlatLayout {
  public:

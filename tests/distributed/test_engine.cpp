@@ -48,6 +48,12 @@ struct MlpStage : nn::Module {
   }
 };
 
+// The Mlp's layers on pipeline stage `s` of `stages` (1 or 2): all three, or f1 and f2, then f3.
+std::vector<int> mlp_stage_layers(int stages, int s) {
+  if (stages == 1) return {0, 1, 2};
+  return s == 0 ? std::vector<int>{0, 1} : std::vector<int>{2};
+}
+
 }  // namespace
 
 TEST_CASE("engine config: a DeepSpeed config is read with its defaults", "[distributed]") {
@@ -375,8 +381,7 @@ TEST_CASE("engine: curriculum_learning cuts the training sequences to the schedu
   const int stages = comm->size() % 2 == 0 ? 2 : 1;
   ParallelGrid grid(comm, {.pipeline = stages});
   const int s = grid.pipeline_rank(), d = grid.data_rank();
-  const std::vector<int> layers = stages == 1 ? std::vector<int>{0, 1, 2} : s == 0 ? std::vector<int>{0, 1}
-                                                                                   : std::vector<int>{2};
+  const std::vector<int> layers = mlp_stage_layers(stages, s);
   manual_seed(47);
   Mlp whole;
   MlpStage stage(whole, layers);
@@ -1388,8 +1393,7 @@ TEST_CASE("engine: pipeline stages with data parallel, accumulation, clipping an
   const int stages = world->size() % 2 == 0 ? 2 : 1;  // and the rest data parallel
   ParallelGrid grid(world, {.pipeline = stages});
   const int data = grid.data_size(), d = grid.data_rank(), s = grid.pipeline_rank();
-  const std::vector<int> layers = stages == 1 ? std::vector<int>{0, 1, 2} : s == 0 ? std::vector<int>{0, 1}
-                                                                                   : std::vector<int>{2};
+  const std::vector<int> layers = mlp_stage_layers(stages, s);
   const int64_t micro = 2, gas = 3, rows = micro * gas;
   auto loss_fn = [](const Tensor& out, const Tensor& y) { return nn::cross_entropy(out, y); };
   const std::string dir = shared_temp_dir(*world, "kiln-engine");
@@ -1565,8 +1569,7 @@ TEST_CASE("engine: interleaved 1F1B (2 chunks per stage) with data parallel and 
       for (size_t i = 0; i < saved.size(); ++i) kiln::test::check_equal(got[i], saved[i]);
     }
     // The same layers as one stage per rank: the checkpoint's chunks do not fit it.
-    MlpStage single(other, stages == 1 ? std::vector<int>{0, 1, 2} : s == 0 ? std::vector<int>{0, 1}
-                                                                            : std::vector<int>{2});
+    MlpStage single(other, mlp_stage_layers(stages, s));
     Engine one = kiln::initialize(single, config(zero, gas), grid, loss_fn);
     check_error([&] { one.load_checkpoint(dir); }, {"of 2 chunk(s)", "this engine has", "of 1 x 1"});
     world->barrier();
@@ -1595,8 +1598,7 @@ TEST_CASE("engine: fp16 through a pipeline skips a step that overflows on one st
   const int stages = world->size() % 2 == 0 ? 2 : 1;
   ParallelGrid grid(world, {.pipeline = stages});
   const int s = grid.pipeline_rank(), d = grid.data_rank();
-  const std::vector<int> layers = stages == 1 ? std::vector<int>{0, 1, 2} : s == 0 ? std::vector<int>{0, 1}
-                                                                                   : std::vector<int>{2};
+  const std::vector<int> layers = mlp_stage_layers(stages, s);
   manual_seed(41);
   Mlp whole;
   MlpStage stage(whole, layers);
@@ -1635,8 +1637,7 @@ TEST_CASE("engine: torch_autocast runs a pipeline's stages under autocast, and i
   const int stages = world->size() % 2 == 0 ? 2 : 1;
   ParallelGrid grid(world, {.pipeline = stages});
   const int s = grid.pipeline_rank(), d = grid.data_rank();
-  const std::vector<int> layers = stages == 1 ? std::vector<int>{0, 1, 2} : s == 0 ? std::vector<int>{0, 1}
-                                                                                   : std::vector<int>{2};
+  const std::vector<int> layers = mlp_stage_layers(stages, s);
   manual_seed(43);
   Mlp whole;
   MlpStage stage(whole, layers);
