@@ -21,7 +21,9 @@
 // with them divided by the ranks before a plain sum (prescale_gradients); and stages 0 and 2 with
 // the gradients accumulated in float32 (grad_accum_dtype; the formula then counts 4 bytes for them,
 // not 2); and stage 3 stepped in sub-groups of one parameter each (sub_group_size 0), whose float32
-// gradients are made one sub-group at a time, against the partition's at once.
+// gradients are made one sub-group at a time, against the partition's at once. At an even number
+// of ranks, stage 3 with MiCS (mics_shard_size half the ranks; its formula is 16 Psi / that), on
+// demand and with DeepSpeed's defaults.
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -58,8 +60,9 @@ int main(int argc, char** argv) {
     bool prescale = false;                     // prescale_gradients
     std::optional<DType> accumulate = std::nullopt;  // grad_accum_dtype
     int64_t sub_group = 1'000'000'000;               // sub_group_size
+    int64_t mics = -1;                               // mics_shard_size
   };
-  const std::vector<Run> runs = {
+  std::vector<Run> runs = {
       {0, "", 0, 0, 0},
       {1, "", 0, 0, 0},
       {2, "", 0, 0, 0},
@@ -80,6 +83,14 @@ int main(int argc, char** argv) {
       {3, "prefetch, persistence, reuse (DeepSpeed's defaults)", 50'000'000, 100'000, 1'000'000'000, std::nullopt,
        false, std::nullopt, 0},
   };
+  // MiCS at an even number of ranks: stage 3 in groups of half of them, replicated twice (the
+  // weights' all-gathers and the buckets' reduce-scatters in a group, one all-reduce of each
+  // rank's gradient partition across the groups per step).
+  if (p % 2 == 0) {
+    runs.push_back({3, "on demand", 0, 0, 0, std::nullopt, false, std::nullopt, 1'000'000'000, p / 2});
+    runs.push_back({3, "prefetch, persistence, reuse (DeepSpeed's defaults)", 50'000'000, 100'000, 1'000'000'000,
+                    std::nullopt, false, std::nullopt, 1'000'000'000, p / 2});
+  }
   for (const Run& run : runs) {
     const int stage = run.stage;
     const int64_t before = memory::stats(Device::cpu()).allocated_bytes;
@@ -97,7 +108,8 @@ int main(int argc, char** argv) {
       }, {.stage = stage, .reduce_bucket_size = 1 << 20, .overlap_comm = true, .communication_data_type = run.wire,
           .prescale_gradients = run.prescale, .grad_accum_dtype = run.accumulate,
           .sub_group_size = run.sub_group, .stage3_prefetch_bucket_size = run.prefetch,
-          .stage3_param_persistence_threshold = run.persistence, .stage3_max_reuse_distance = run.reuse});
+          .stage3_param_persistence_threshold = run.persistence, .stage3_max_reuse_distance = run.reuse,
+          .mics_shard_size = run.mics});
       std::vector<double> times, step_times;  // the iterations', and the optimizer steps' alone
       ParamGatherer::Stats warm;
       int64_t iteration_peak = 0, step_peak = 0;  // the last iteration's
@@ -128,7 +140,7 @@ int main(int argc, char** argv) {
       states = kiln_bench::slowest(*comm, static_cast<double>(memory::stats(Device::cpu()).allocated_bytes - before));
       peak = kiln_bench::slowest(*comm, static_cast<double>(iteration_peak - before));
       opt_peak = kiln_bench::slowest(*comm, static_cast<double>(step_peak));
-      const double n = p;
+      const double n = run.mics == -1 ? p : static_cast<double>(run.mics);  // the ranks a copy is sharded over
       formula = stage == 0 ? 16 * psi : stage == 1 ? 4 * psi + 12 * psi / n : stage == 2 ? 2 * psi + 14 * psi / n
                                                                                          : 16 * psi / n;
       if (run.accumulate) formula += stage <= 1 ? 2 * psi : 2 * psi / n;  // float32 gradients: 4 bytes, not 2
@@ -139,7 +151,8 @@ int main(int argc, char** argv) {
                   "\"model_state_mib\":%.3f,\"formula_mib\":%.3f,\"ratio_to_formula\":%.4f,"
                   "\"peak_step_mib\":%.3f,\"optimizer_step_peak_mib\":%.3f,\"ms_per_step\":%.3f,"
                   "\"optimizer_step_ms\":%.3f%s}\n",
-                  p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",\"sub_group_size\":{},", run.stage3, run.sub_group).c_str()
+                  p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",\"sub_group_size\":{},\"mics_shard_size\":{},", run.stage3,
+                                                     run.sub_group, run.mics).c_str()
                                     : "",
                   fmt::format("\"communication_data_type\":\"{}\",\"prescale_gradients\":{},\"grad_accum_dtype\":\"{}\",",
                               dtype_name(run.wire.value_or(kBFloat16)), run.prescale,

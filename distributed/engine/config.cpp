@@ -31,7 +31,7 @@ const std::set<std::string> kUnsupportedTop = {
     "weight_quantization"};
 const std::set<std::string> kUnsupportedZero = {
     "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
-    "cpu_offload_params", "cpu_offload_use_pin_memory", "mics_shard_size", "mics_hierarchical_params_gather",
+    "cpu_offload_params", "cpu_offload_use_pin_memory", "mics_hierarchical_params_gather",
     "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "memory_efficient_linear",
     "legacy_stage1", "use_multi_rank_bucket_allreduce", "pipeline_loading_checkpoint", "override_module_apply",
     "zeropp_loco_param", "log_trace_cache_warnings"};
@@ -54,7 +54,6 @@ const std::set<std::string> kNoOffValue = {"sparse_attention",
 // The value that turns off a DeepSpeed option that Kiln does not implement, for messages.
 std::string off_value(const std::string& key) {
   if (key == "ratio" || key == "zero_hpz_partition_size") return "1";
-  if (key == "mics_shard_size") return "-1";
   return "false, null or {\"enabled\": false}";
 }
 
@@ -78,7 +77,6 @@ bool asks_for_nothing(const std::string& key, const json& v) {
   if (v.is_number()) {
     const double x = v.get<double>();
     if (key == "ratio") return x == 1.0;                                      // all of the optimizer offloaded
-    if (key == "mics_shard_size") return x == -1;                             // MiCS off (its default)
     if (key == "zero_hpz_partition_size") return x == 1;                      // ZeRO++'s secondary partition off
   }
   return false;
@@ -470,6 +468,13 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
   if (z.offload_param && z.stage != 3) {
     s.fail_at("offload_param", fmt::format("offloads stage 3's partitioned weights, and this is stage {} (DeepSpeed "
                                            "ignores it there); remove it, or use stage 3", z.stage));
+  }
+  // MiCS: -1 is off; a number of ranks shards stage 3 over groups of that many (ZeroOptions).
+  s.read("mics_shard_size", z.mics_shard_size, -1);
+  if (z.mics_shard_size == 0) s.fail_at("mics_shard_size", "must be -1 (off) or a number of ranks >= 1, not 0");
+  if (z.mics_shard_size != -1 && z.stage != 3) {
+    s.fail_at("mics_shard_size", fmt::format("shards stage 3's model states over groups of ranks, and this is stage {} "
+                                             "(DeepSpeed's MiCS is a stage 3 optimizer too); remove it, or use stage 3", z.stage));
   }
   s.finish();
 }

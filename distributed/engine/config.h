@@ -30,6 +30,7 @@
 //                  offload_optimizer: {device: none | cpu, pin_memory},
 //                  offload_param: {device: none | cpu, pin_memory} (stage 3),
 //                  sub_group_size (stage 3 steps its partition in sub-groups of about this size),
+//                  mics_shard_size (stage 3 shards over groups of this many ranks: MiCS),
 //                  stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
 //                  stage3_model_persistence_threshold,
 //                  stage3_max_live_parameters, stage3_max_reuse_distance,

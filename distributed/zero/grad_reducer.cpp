@@ -189,6 +189,7 @@ void GradReducer::start_reduction() {
              "accumulation: call set_gradient_accumulation_boundary(false) before the backwards that do not end it "
              "(Engine does), or zero_grad() between steps");
   in_backward_ = true;
+  ++reductions_;
   std::fill(ready_.begin(), ready_.end(), false);
   for (auto& b : buckets_) {
     b->pending = b->spec.params.size();

@@ -115,6 +115,8 @@ class GradReducer {
   void check_no_grads() const;
   // Buckets whose operation started before backward had finished, in the last reducing backward.
   int64_t buckets_started_during_backward() const { return started_during_backward_; }
+  // How many reductions have started since construction (one per reducing backward, or reduce()).
+  int64_t reductions() const { return reductions_; }
 
  private:
   struct Bucket;
@@ -149,6 +151,7 @@ class GradReducer {
   bool sync_ = true, in_backward_ = false;
   bool reduced_ = false;  // kReduceScatter: a backward has reduced since attach_grads
   int64_t started_during_backward_ = 0;
+  int64_t reductions_ = 0;
 };
 
 }  // namespace kiln::distributed

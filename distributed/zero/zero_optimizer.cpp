@@ -66,6 +66,23 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
              "gradient_predivide_factor {} asks to divide them by another number; use one of the two",
              options_.gradient_predivide_factor);
   verify_same_model(*comm_, model_, "ZeRO");
+  // MiCS: shard groups of consecutive ranks, and replica groups of the ranks at the same place in
+  // each (DeepSpeed's layout). Without it the partitions span every rank.
+  shard_comm_ = comm_;
+  if (options_.mics_shard_size != -1) {
+    const int64_t s = options_.mics_shard_size, n = comm_->size();
+    KILN_CHECK(s >= 1, "ZeRO: mics_shard_size must be -1 (off) or a number of ranks >= 1, not {}", s);
+    KILN_CHECK(options_.stage == 3,
+               "ZeRO: mics_shard_size shards stage 3's model states over groups of ranks, and this is stage {} "
+               "(DeepSpeed's MiCS is a stage 3 optimizer too); remove it, or use stage 3", options_.stage);
+    KILN_CHECK(n % s == 0,
+               "ZeRO: mics_shard_size {} does not divide the {} data-parallel ranks; use a divisor of {} (each group "
+               "of {} consecutive ranks holds one copy of the model states)", s, n, n, s);
+    const int rank = comm_->rank();
+    shard_comm_ = comm_->split(static_cast<int>(rank / s), static_cast<int>(rank % s));
+    replica_comm_ = comm_->split(static_cast<int>(rank % s), static_cast<int>(rank / s));
+    if (replica_comm_->size() == 1) replica_comm_.reset();  // one group: plain stage 3
+  }
 
   std::vector<int64_t> numels;
   for (const auto& [name, p] : model_.named_parameters()) {
@@ -109,7 +126,7 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
                "those classes; the classes that hold parameters here are {}: list those whose gradients may travel "
                "in {}", fmt::join(listed, ", "), fmt::join(classes, ", "), dtype_name(*low));
   }
-  const int world = comm_->size(), rank = comm_->rank();
+  const int world = shard_comm_->size(), rank = shard_comm_->rank();
   const bool sharded = options_.stage > 0;
   layout_ = std::make_unique<FlatLayout>(std::move(numels), sharded ? world : 1);
   const FlatRange part = layout_->partition(sharded ? rank : 0);
@@ -193,11 +210,11 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
       .param_dtypes = options_.autocast_dtype ? communication_dtypes_ : std::vector<DType>{},
       .predivide = options_.gradient_predivide_factor == 1.0 ? 0.0 : options_.gradient_predivide_factor,
       .prescale = options_.prescale_gradients};
-  reducer_ = std::make_unique<GradReducer>(*comm_, *layout_, params_, mode, options_.reduce_bucket_size,
+  reducer_ = std::make_unique<GradReducer>(*shard_comm_, *layout_, params_, mode, options_.reduce_bucket_size,
                                            options_.overlap_comm, flat_grads_, grad_shard_, averaging);
   if (options_.stage == 3) {
     gatherer_ = std::make_unique<ParamGatherer>(
-        *comm_, *layout_, params_, shard_, model_,
+        *shard_comm_, *layout_, params_, shard_, model_,
         ParamGatherer::Options{.prefetch_bucket_size = options_.stage3_prefetch_bucket_size,
                                .param_persistence_threshold = options_.stage3_param_persistence_threshold,
                                .model_persistence_threshold = options_.stage3_model_persistence_threshold,
@@ -230,14 +247,32 @@ std::vector<FlatRange> ZeroOptimizer::sub_groups() const {
   return out;
 }
 
+void ZeroOptimizer::gradients_complete() {
+  reducer_->check_no_grads();
+  if (!replica_comm_) return;
+  if (replicas_averaged_) {
+    KILN_CHECK(reducer_->reductions() == averaged_after_,
+               "ZeRO: a backward ran after the gradients were read (grads(), unscaling or clip_grad_norm_) and before "
+               "step() or zero_grad(); with mics_shard_size the gradient partitions are averaged over the shard groups "
+               "once a step, when first read, so read them after the accumulation's last backward");
+    return;
+  }
+  // The shard group's average, averaged with the other groups': the average over every rank.
+  NoGradGuard no_grad;
+  CommCaller caller("MiCS gradient partitions over the replicas");
+  replica_comm_->all_reduce(grad_shard_, ReduceOp::Avg);
+  replicas_averaged_ = true;
+  averaged_after_ = reducer_->reductions();
+}
+
 bool ZeroOptimizer::converts_per_sub_group() const {
   const bool own = master_.dtype() == grad_shard_.dtype() && master_.device() == grad_shard_.device();
   return sub_groups_.size() > 1 && !own && !master_grad_ready_;
 }
 
 void ZeroOptimizer::prepare_master_grads() {
+  gradients_complete();  // also where the copy is made already: with MiCS, a backward since is an Error
   if (master_grad_ready_) return;
-  reducer_->check_no_grads();
   NoGradGuard no_grad;
   const bool own = master_.dtype() == grad_shard_.dtype() && master_.device() == grad_shard_.device();
   Tensor g = own ? grad_shard_ : grad_shard_.to(master_.device(), master_.dtype());
@@ -263,7 +298,7 @@ std::vector<Tensor> ZeroOptimizer::grads() {
 
 optim::Optimizer::Unscaled ZeroOptimizer::unscale_grads_(double factor) {
   if (!converts_per_sub_group()) return Optimizer::unscale_grads_(factor);
-  reducer_->check_no_grads();
+  gradients_complete();
   NoGradGuard no_grad;
   // Each sub-group as the step will read it (the factor is applied there): an inf or NaN anywhere
   // makes its sum inf or NaN. The sums are float64, which float32 elements cannot overflow, added
@@ -282,10 +317,10 @@ Tensor ZeroOptimizer::clip_grad_norm_(double max_norm, const std::vector<Communi
                                       const std::function<bool(const Tensor& param)>& counted) {
   KILN_CHECK(max_norm > 0, "ZeRO.clip_grad_norm_: max_norm must be > 0, not {}", max_norm);
   const bool per_sub_group = converts_per_sub_group();
-  if (per_sub_group) reducer_->check_no_grads();
+  if (per_sub_group) gradients_complete();
   else prepare_master_grads();
   NoGradGuard no_grad;
-  const FlatRange part = layout_->partition(options_.stage > 0 ? comm_->rank() : 0);
+  const FlatRange part = layout_->partition(options_.stage > 0 ? shard_comm_->rank() : 0);
   // The squares of g, the gradients of the partition's offsets r, less the parameters counted
   // elsewhere (their elements there).
   auto squares = [&](const Tensor& g, FlatRange r) {
@@ -300,7 +335,8 @@ Tensor ZeroOptimizer::clip_grad_norm_(double max_norm, const std::vector<Communi
     return sq;
   };
   // The squares of this rank's partition, summed over the ranks: every element of the model is in
-  // exactly one partition (the padding is zeros), so this is the whole model's squared norm.
+  // exactly one partition (the padding is zeros), so this is the whole model's squared norm. (With
+  // MiCS, over the shard group: the other groups hold the same partitions, averaged alike.)
   Tensor sq;
   if (!per_sub_group) {
     sq = squares(master_.grad(), {0, part.size()});
@@ -312,7 +348,7 @@ Tensor ZeroOptimizer::clip_grad_norm_(double max_norm, const std::vector<Communi
   }
   sq = sq.reshape({1}).to(comm_->device());
   CommCaller caller("gradient norm");
-  if (options_.stage > 0) comm_->all_reduce(sq, ReduceOp::Sum);
+  if (options_.stage > 0) shard_comm_->all_reduce(sq, ReduceOp::Sum);
   for (Communicator* c : model_parallel) {
     if (c->size() > 1) c->all_reduce(sq, ReduceOp::Sum);
   }
@@ -327,7 +363,7 @@ Tensor ZeroOptimizer::clip_grad_norm_(double max_norm, const std::vector<Communi
 
 void ZeroOptimizer::step() {
   if (gatherer_) gatherer_->finish_pending();  // the all-gathers in flight read the shard the step writes
-  if (converts_per_sub_group()) reducer_->check_no_grads();
+  if (converts_per_sub_group()) gradients_complete();
   else prepare_master_grads();
   NoGradGuard no_grad;
   const bool rounds = !master_.is_same(shard_) && master_.data_ptr() != shard_.data_ptr();
@@ -345,22 +381,23 @@ void ZeroOptimizer::step() {
   if (options_.stage == 1 || options_.stage == 2) {
     // Every rank's new partition to every rank, in chunks of at most allgather_bucket_size.
     const int64_t P = layout_->partition_numel();
-    const int rank = comm_->rank();
+    const int rank = shard_comm_->rank();
     CommCaller caller("ZeRO updated partitions");
     if (options_.allgather_bucket_size >= P) {
-      comm_->all_gather_into_tensor(flat_params_, shard_);
+      shard_comm_->all_gather_into_tensor(flat_params_, shard_);
     } else {
       for (int64_t c0 = 0; c0 < P; c0 += options_.allgather_bucket_size) {
         const int64_t len = std::min(options_.allgather_bucket_size, P - c0);
         std::vector<Tensor> outputs;
-        for (int r = 0; r < comm_->size(); ++r) outputs.push_back(flat_params_.narrow(0, r * P + c0, len));
-        comm_->all_gather(outputs, flat_params_.narrow(0, rank * P + c0, len));
+        for (int r = 0; r < shard_comm_->size(); ++r) outputs.push_back(flat_params_.narrow(0, r * P + c0, len));
+        shard_comm_->all_gather(outputs, flat_params_.narrow(0, rank * P + c0, len));
       }
     }
   }
   if (gatherer_) gatherer_->release_all();  // any weight still gathered is stale now
   if (master_.grad().defined() && !master_.grad().is_same(grad_shard_)) master_.set_grad(Tensor());
   master_grad_ready_ = false;
+  replicas_averaged_ = false;
 }
 
 void ZeroOptimizer::zero_grad(bool /*set_to_none*/) {
@@ -370,6 +407,7 @@ void ZeroOptimizer::zero_grad(bool /*set_to_none*/) {
   reducer_->attach_grads();
   if (master_.grad().defined() && !master_.grad().is_same(grad_shard_)) master_.set_grad(Tensor());
   master_grad_ready_ = false;
+  replicas_averaged_ = false;
   pending_factors_.clear();
 }
 
@@ -448,7 +486,7 @@ TensorDict ZeroOptimizer::state_dict() const {
   }
   dict.insert("master", master_.detach());
   dict.insert("zero.stage", int64_scalar(options_.stage));
-  dict.insert("zero.rank", int64_scalar(comm_->rank()));
+  dict.insert("zero.rank", int64_scalar(shard_comm_->rank()));  // the partition's number
   dict.insert("zero.world_size", int64_scalar(comm_->size()));
   dict.insert("zero.partitions", int64_scalar(layout_->num_partitions()));
   dict.insert("zero.numel", int64_scalar(layout_->numel()));
@@ -458,7 +496,7 @@ TensorDict ZeroOptimizer::state_dict() const {
 void ZeroOptimizer::load_state_dict(const TensorDict& dict) {
   const int64_t partitions = read_int(dict, "zero.partitions", "ZeRO.load_state_dict");
   const int64_t rank = read_int(dict, "zero.rank", "ZeRO.load_state_dict");
-  const int64_t here = layout_->num_partitions() == 1 ? 0 : comm_->rank();
+  const int64_t here = layout_->num_partitions() == 1 ? 0 : shard_comm_->rank();
   KILN_CHECK(partitions == layout_->num_partitions() && (partitions == 1 || rank == here),
              "ZeRO.load_state_dict: the state dict is rank {}'s shard of {} partition(s), but this rank ({} of {}) "
              "has partition {} of {}; to load shards saved at another world size or stage, pass every rank's to "
@@ -490,7 +528,7 @@ void ZeroOptimizer::load_partitions(const std::vector<std::pair<int64_t, const T
              "{}: the checkpoint's model has {} trainable elements but this one has {}; load it into the model it "
              "was saved from", who, numel, layout_->numel());
   const int64_t old_p = head.at("master").numel();
-  const FlatRange part = layout_->partition(layout_->num_partitions() == 1 ? 0 : comm_->rank());
+  const FlatRange part = layout_->partition(layout_->num_partitions() == 1 ? 0 : shard_comm_->rank());
 
   // An entry of the old partitions' size is partitioned: this rank's new partition is cut from the
   // old ones that overlap it. Anything else (a step count) is the same on every rank: the first's.
@@ -543,7 +581,7 @@ void ZeroOptimizer::load_partitions(const std::vector<std::pair<int64_t, const T
   if (gatherer_) gatherer_->finish_pending();
   master_.copy_(master);
   if (master_.data_ptr() != shard_.data_ptr()) shard_.copy_(master_);
-  if (options_.stage == 1 || options_.stage == 2) comm_->all_gather_into_tensor(flat_params_, shard_);
+  if (options_.stage == 1 || options_.stage == 2) shard_comm_->all_gather_into_tensor(flat_params_, shard_);
   if (gatherer_) gatherer_->release_all();
 }
 

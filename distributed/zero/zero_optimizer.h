@@ -20,6 +20,9 @@
 //   stage 2  ... and gradients           2 + (2 + 12) / N                       the same
 //   stage 3  ... and the weights         (2 + 2 + 12) / N  = 16 Psi / N bytes   + an all-gather per layer
 //
+// (MiCS, ZeroOptions::mics_shard_size = s: stage 3 within groups of s ranks, 16 Psi / s bytes, and
+// one all-reduce of each rank's gradient partition across the N / s groups per step.)
+//
 // How (layout.h has the picture): the trainable parameters are laid end to end in one flat buffer,
 // padded to a multiple of N and cut into N equal partitions; rank r owns partition r. It keeps the
 // float32 master weights of its partition only (in float32 and float64 models, the partition of the
@@ -131,6 +134,15 @@ struct ZeroOptions {
   // 0); when false it writes nothing there and returns false, as DeepSpeed's. The optimizer itself
   // does not read it.
   bool stage3_gather_16bit_weights_on_model_save = false;
+  // MiCS (Zhang et al., 2022; DeepSpeed's mics_shard_size), stage 3 only: shard the model states
+  // over groups of this many consecutive ranks instead of over all N, and replicate them across the
+  // N / mics_shard_size groups. The all-gathers of the weights and the gradients' reduce-scatters
+  // then span one group (fewer, nearer ranks: within a node, where the links are fast), and once a
+  // step, after the last backward of the accumulation, each rank's gradient partition is averaged
+  // with its replicas' (the ranks of the same place in the other groups) by one all-reduce. A rank
+  // holds 16 Psi / mics_shard_size bytes instead of 16 Psi / N. -1: off (DeepSpeed's default);
+  // N: plain stage 3. It must divide the number of ranks.
+  int64_t mics_shard_size = -1;
 };
 
 class ZeroOptimizer : public optim::Optimizer {
@@ -217,6 +229,11 @@ class ZeroOptimizer : public optim::Optimizer {
   const std::vector<DType>& communication_dtypes() const { return communication_dtypes_; }
   const FlatLayout& layout() const { return *layout_; }
   Communicator& comm() { return *comm_; }
+  // The ranks the partitions are spread over: comm() itself, or with mics_shard_size this rank's
+  // shard group (its rank there is the partition it holds). The replicas of this rank's partition,
+  // one per shard group, form replica_comm() (null without MiCS).
+  Communicator& shard_comm() { return *shard_comm_; }
+  Communicator* replica_comm() { return replica_comm_.get(); }
   // The inner optimizer of sub-group k (one per sub-group; one in all, over master(), except at
   // stage 3 with a sub_group_size smaller than the partition), and the sub-groups as ranges of the
   // partition.
@@ -260,6 +277,10 @@ class ZeroOptimizer : public optim::Optimizer {
   };
 
  private:
+  // Before the averaged gradients are read (the step, grads(), unscaling, clipping): checks that no
+  // .grad() was left out (GradReducer::check_no_grads) and, with MiCS, averages the partition with
+  // its replicas, once per step.
+  void gradients_complete();
   void prepare_master_grads();
   // Whether the float32 gradients are made a sub-group at a time, in the step: several sub-groups,
   // a gradient partition that is not already the masters' dtype and device, and no whole copy made
@@ -272,6 +293,10 @@ class ZeroOptimizer : public optim::Optimizer {
 
   nn::Module& model_;
   std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<Communicator> shard_comm_;    // comm_, or MiCS's shard group
+  std::shared_ptr<Communicator> replica_comm_;  // MiCS's replica group; null without MiCS
+  bool replicas_averaged_ = false;              // since the last step or zero_grad
+  int64_t averaged_after_ = 0;                  // the reducer's reductions() when they were
   ZeroOptions options_;
   std::vector<DType> communication_dtypes_;  // per parameter (communication_dtypes())
   std::vector<Tensor> params_;  // the trainable parameters, in the layout's order

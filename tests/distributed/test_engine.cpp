@@ -840,7 +840,13 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"zero_optimization.offload_param\" offloads stage 3's partitioned weights, and this is stage 2",
        "remove it, or use stage 3"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"mics_shard_size": 2}})",
-      {"zero_optimization.mics_shard_size", "does not implement, and 2 asks for it", "turn it off (-1;"});
+      {"\"zero_optimization.mics_shard_size\" shards stage 3's model states", "this is stage 0", "use stage 3"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "mics_shard_size": 0}})",
+      {"\"zero_optimization.mics_shard_size\" must be -1 (off) or a number of ranks >= 1, not 0"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "mics_shard_size": -2}})",
+      {"\"zero_optimization.mics_shard_size\" must be >= -1, not -2"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "mics_hierarchical_params_gather": true}})",
+      {"zero_optimization.mics_hierarchical_params_gather", "does not implement, and true asks for it"});
   // Options Kiln does not implement, switched on: each an Error naming it and the value.
   bad(R"({"train_batch_size": 8, "sparse_gradients": true})",
       {"\"sparse_gradients\" is a DeepSpeed option that Kiln does not implement, and true asks for it",
@@ -1142,22 +1148,26 @@ TEST_CASE("engine: accumulation, clipping and a warmup schedule at each ZeRO sta
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
   const int64_t micro = 3, gas = 2;
-  for (int stage : {0, 1, 2, 3}) {
-    INFO("stage " << stage);
+  // Stage 3 twice: the second with MiCS, in groups of half the ranks (of 1 at odd world sizes).
+  const int64_t half = p % 2 == 0 ? p / 2 : 1;
+  for (auto [stage, mics] : {std::pair<int, int64_t>{0, -1}, {1, -1}, {2, -1}, {3, -1}, {3, half}}) {
+    INFO("stage " << stage << ", mics_shard_size " << mics);
     Config cfg = Config::from_string(fmt::format(R"({{
       "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 0.3,
       "steps_per_print": 1000,
       "optimizer": {{"type": "SGD", "params": {{"lr": 0.2, "momentum": 0.9}}}},
       "scheduler": {{"type": "WarmupLR", "params": {{"warmup_min_lr": 0.0, "warmup_max_lr": 0.2,
                                                     "warmup_num_steps": 5, "warmup_type": "linear"}}}},
-      "zero_optimization": {{"stage": {}, "reduce_bucket_size": 200, "overlap_comm": true}}
-    }})", micro, gas, stage));
+      "zero_optimization": {{"stage": {}, "reduce_bucket_size": 200, "overlap_comm": true, "mics_shard_size": {}}}
+    }})", micro, gas, stage, mics));
+    CHECK(cfg.zero_optimization.mics_shard_size == mics);
     manual_seed(21);
     Mlp ref;
     manual_seed(21);
     Mlp local;
     Engine engine = kiln::initialize(local, cfg, comm);
     CHECK(engine.train_batch_size() == micro * gas * p);
+    CHECK(engine.optimizer().shard_comm().size() == (mics == -1 ? p : mics));
     optim::SGD opt_ref(ref.parameters(), {.lr = 0.2, .momentum = 0.9});
     optim::WarmupLR sched_ref(opt_ref, {.warmup_min_lr = 0, .warmup_max_lr = 0.2, .warmup_num_steps = 5,
                                         .warmup_type = "linear"});
@@ -1279,6 +1289,17 @@ TEST_CASE("engine: a checkpoint resumes where it stopped, at another ZeRO stage,
     train(e, 3, 6, r, p);
     ZeroOptimizer::GatheredParameters gathered(e.optimizer());
     for (const auto& [name, t] : expect) check_close(second.state_dict().at(name), t, {1e-5, 1e-6});
+  }
+  if (p > 1) {  // resumed at stage 3 with MiCS: groups of half the ranks, replicated twice
+    Config mics = config(3, p);
+    mics.zero_optimization.mics_shard_size = p / 2;
+    manual_seed(76);
+    Mlp fourth;
+    Engine e = kiln::initialize(fourth, mics, comm);
+    e.load_checkpoint(dir);
+    train(e, 3, 6, r, p);
+    ZeroOptimizer::GatheredParameters gathered(e.optimizer());
+    for (const auto& [name, t] : expect) check_close(fourth.state_dict().at(name), t, {1e-5, 1e-6});
   }
   // The same checkpoint on rank 0 alone (world size 1) at stage 1.
   auto solo = comm->split(r == 0 ? 0 : -1, 0);

@@ -499,6 +499,211 @@ TEST_CASE("zero: clip_grad_norm_ clips by the norm over every rank's partition",
   }
 }
 
+namespace {
+
+// Every rank's state_dict() shard on every rank: what reading every rank's file gives.
+std::vector<TensorDict> all_shards(Communicator& comm, ZeroOptimizer& opt) {
+  const TensorDict mine = opt.state_dict();
+  std::vector<TensorDict> shards;
+  for (int q = 0; q < comm.size(); ++q) {
+    TensorDict shard;
+    for (const auto& [key, t] : mine) {
+      Tensor c = t.clone();
+      comm.broadcast(c, q);
+      shard.insert(key, c);
+    }
+    shards.push_back(shard);
+  }
+  return shards;
+}
+
+// The shard group sizes to try on p ranks: every divisor of p.
+std::vector<int64_t> divisors(int p) {
+  std::vector<int64_t> out;
+  for (int64_t s = 1; s <= p; ++s)
+    if (p % s == 0) out.push_back(s);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("zero: MiCS shards stage 3 over groups of mics_shard_size ranks and trains as one process does, with "
+          "accumulation and clipping", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 3, gas = 2;
+  for (int64_t s : divisors(p)) {
+    for (bool overlap : {false, true}) {
+      INFO("mics_shard_size " << s << " of " << p << " ranks, overlap " << overlap);
+      manual_seed(13);
+      Mlp ref;
+      manual_seed(200 + r);  // different on every rank: rank 0's are broadcast to all, not to its group alone
+      Mlp local;
+      if (r == 0) local.load_state_dict(ref.state_dict());
+      ZeroOptimizer opt(local, comm, sgd(0.1),
+                        {.stage = 3, .reduce_bucket_size = 300, .overlap_comm = overlap,
+                         .stage3_param_persistence_threshold = 0, .mics_shard_size = s});
+      // Groups of s consecutive ranks; the replicas are the ranks at the same place in each group.
+      CHECK(opt.shard_comm().size() == s);
+      CHECK(opt.shard_comm().rank() == r % s);
+      if (s == p) {
+        CHECK(opt.replica_comm() == nullptr);
+      } else {
+        REQUIRE(opt.replica_comm() != nullptr);
+        CHECK(opt.replica_comm()->size() == p / s);
+        CHECK(opt.replica_comm()->rank() == r / s);
+      }
+      // Each rank holds 1/s of the weights (no parameter persists), not 1/p.
+      CHECK(opt.layout().num_partitions() == s);
+      CHECK(opt.layout().partition_numel() == (opt.layout().numel() + s - 1) / s);
+      CHECK(opt.model_state_bytes().params == opt.layout().partition_numel() * 4);
+      optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
+      bool clipped = false;
+      for (int step = 0; step < 8; ++step) {
+        INFO("step " << step);
+        // The reference: one batch of gas x p x b samples; each rank: gas micro-batches of b, each
+        // loss scaled by 1/gas (as Engine does).
+        auto [x, y] = batch(step, gas * p * b);
+        opt_ref.zero_grad();
+        nn::cross_entropy(ref(x), y).backward();
+        const double norm_ref = nn::utils::clip_grad_norm_(ref.parameters(), 0.3).item<double>();
+        opt_ref.step();
+        opt.zero_grad();
+        for (int64_t k = 0; k < gas; ++k) {
+          const int64_t at = (k * p + r) * b;
+          (nn::cross_entropy(local(x.narrow(0, at, b)), y.narrow(0, at, b)) * (1.0 / gas)).backward();
+        }
+        const double norm = opt.clip_grad_norm_(0.3).item<double>();
+        CHECK(norm == Approx(norm_ref).epsilon(1e-5));
+        clipped = clipped || norm > 0.3;
+        opt.step();
+      }
+      CHECK(clipped);
+      const TensorDict got = weights(opt, local);
+      for (const auto& [name, t] : ref.named_parameters()) {
+        INFO(name);
+        check_close(got.at(name), t, {1e-5, 1e-6});
+      }
+      CHECK(local.f1.weight.numel() == 0);
+      if (opt.replica_comm()) {
+        // The partitions are averaged with their replicas once a step, when first read: a backward
+        // after that would add this rank's own gradients to the average, so the step refuses it.
+        auto [x, y] = batch(99, b);
+        opt.zero_grad();
+        nn::cross_entropy(local(x), y).backward();
+        opt.grads();
+        nn::cross_entropy(local(x), y).backward();
+        check_error([&] { opt.step(); }, {"a backward ran after the gradients were read", "mics_shard_size"});
+        opt.zero_grad();
+      }
+    }
+  }
+}
+
+TEST_CASE("zero: MiCS in 16 bits steps in sub-groups as it steps the partition whole, and near plain stage 3",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 4;
+  const int64_t s = p % 2 == 0 ? p / 2 : 1;  // replicas wherever p > 1
+  // SGD: an update in proportion to the gradient, so that the rounding of two averages in bfloat16
+  // (the group's, then the replicas') against one stays as small in the weights as in the
+  // gradients; Adam would turn a gradient that cancels to nearly 0 into a step of lr either way.
+  const ZeroOptimizer::MakeOptimizer inner = sgd(0.1);
+  auto make_model = [] {
+    manual_seed(31);
+    auto m = std::make_unique<Mlp>();
+    m->to(kBFloat16);
+    return m;
+  };
+  auto whole_model = make_model(), cut_model = make_model(), plain_model = make_model();
+  ZeroOptions o{.stage = 3, .reduce_bucket_size = 400, .stage3_param_persistence_threshold = 0, .mics_shard_size = s};
+  ZeroOptimizer whole(*whole_model, comm, inner, o);
+  o.sub_group_size = 0;  // one parameter's piece each: the float32 gradients are made a piece at a time
+  ZeroOptimizer cut(*cut_model, comm, inner, o);
+  o.sub_group_size = 1'000'000'000;
+  o.mics_shard_size = -1;
+  ZeroOptimizer plain(*plain_model, comm, inner, o);
+  REQUIRE(cut.sub_groups().size() >= 2);
+  bool clipped = false;
+  for (int step = 0; step < 6; ++step) {
+    INFO("step " << step);
+    auto [x, y] = batch(step, b * p);
+    double norms[3];
+    int k = 0;
+    for (auto [opt, model] : {std::pair<ZeroOptimizer*, nn::Module*>{&whole, whole_model.get()},
+                              {&cut, cut_model.get()}, {&plain, plain_model.get()}}) {
+      opt->zero_grad();
+      Tensor out = (*model)(x.narrow(0, r * b, b).to(kBFloat16)).to(kFloat32);
+      (nn::cross_entropy(out, y.narrow(0, r * b, b)) * 1024.0).backward();
+      CHECK_FALSE(opt->unscale_grads_(1.0 / 1024).found_inf);  // read first here: the replicas average
+      norms[k++] = opt->clip_grad_norm_(0.05).item<double>();
+      opt->step();
+    }
+    CHECK(norms[1] == Approx(norms[0]).epsilon(1e-9));
+    CHECK(norms[2] == Approx(norms[0]).epsilon(2e-2));
+    clipped = clipped || norms[0] > 0.05;
+    check_close(cut.master(), whole.master(), {1e-6, 1e-7});  // the same arithmetic, cut in pieces
+  }
+  CHECK(clipped);
+  const TensorDict w = weights(whole, *whole_model), q = weights(plain, *plain_model);
+  for (const auto& [name, t] : w) {
+    INFO(name);
+    check_close(q.at(name).to(kFloat32), t.to(kFloat32), {2e-2, 2e-3});  // averaged in another order
+  }
+}
+
+TEST_CASE("zero: MiCS's shards resume without MiCS, and plain stage 3's resume with it", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 4;
+  const int64_t s = p % 2 == 0 ? p / 2 : 1;
+  auto adam = [](std::vector<Tensor> m) {
+    return std::make_unique<optim::AdamW>(std::move(m), optim::AdamWOptions{.lr = 1e-2});
+  };
+  manual_seed(8);
+  Mlp ref;
+  optim::AdamW opt_ref(ref.parameters(), {.lr = 1e-2});
+  auto train = [&](ZeroOptimizer& opt, nn::Module& m, int from, int to) {
+    for (int step = from; step < to; ++step) {
+      auto [x, y] = batch(step, b * p);
+      opt_ref.zero_grad();
+      nn::cross_entropy(ref(x), y).backward();
+      opt_ref.step();
+      opt.zero_grad();
+      nn::cross_entropy(m(x.narrow(0, r * b, b)), y.narrow(0, r * b, b)).backward();
+      opt.step();
+    }
+  };
+  std::vector<TensorDict> shards;
+  {
+    manual_seed(8);
+    Mlp m;
+    ZeroOptimizer opt(m, comm, adam, {.stage = 3, .mics_shard_size = s});
+    train(opt, m, 0, 3);
+    shards = all_shards(*comm, opt);
+    // A rank's shard is its place in its group's: the replicas save the same partition.
+    CHECK(shards[static_cast<size_t>(r)].at("zero.rank").item<int64_t>() == r % s);
+    CHECK(shards[static_cast<size_t>(r)].at("zero.partitions").item<int64_t>() == s);
+    kiln::test::check_equal(shards[static_cast<size_t>(r)].at("master"), shards[static_cast<size_t>(r % s)].at("master"));
+  }
+  {
+    manual_seed(99);
+    Mlp m;
+    ZeroOptimizer opt(m, comm, adam, {.stage = 3});
+    opt.load_sharded_state_dict(shards);
+    train(opt, m, 3, 5);
+    shards = all_shards(*comm, opt);
+  }
+  manual_seed(98);
+  Mlp m;
+  ZeroOptimizer opt(m, comm, adam, {.stage = 3, .mics_shard_size = s});
+  opt.load_sharded_state_dict(shards);
+  train(opt, m, 5, 7);  // Adam's moments and step count came along both ways
+  const TensorDict got = weights(opt, m);
+  for (const auto& [name, t] : ref.named_parameters()) check_close(got.at(name), t, {1e-5, 1e-6});
+}
+
 TEST_CASE("zero: an overflow on one rank makes every rank skip the step (ShardedGradScaler)", "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
@@ -687,17 +892,7 @@ TEST_CASE("zero: a sharded state dict loads at another world size and stage", "[
       nn::cross_entropy(first(x.narrow(0, r * b, b)), y.narrow(0, r * b, b)).backward();
       opt.step();
     }
-    // Every rank's shard on every rank: what reading every rank's file gives.
-    TensorDict mine = opt.state_dict();
-    for (int q = 0; q < p; ++q) {
-      TensorDict shard;
-      for (const auto& [key, t] : mine) {
-        Tensor c = t.clone();
-        comm->broadcast(c, q);
-        shard.insert(key, c);
-      }
-      shards.push_back(shard);
-    }
+    shards = all_shards(*comm, opt);
     CHECK(shards[static_cast<size_t>(r)].at("zero.rank").item<int64_t>() == r);
   }
   // Resume at stage 1 on one rank (a sub-communicator of rank 0 alone), then at stage 3 on all.
@@ -736,6 +931,15 @@ TEST_CASE("zero: bad construction is an Error", "[distributed]") {
               {"offload_param is for stage 3", "this is stage 2"});
   check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 3, .sub_group_size = -1}); },
               {"sub_group_size must be >= 0, not -1"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 2, .mics_shard_size = 1}); },
+              {"mics_shard_size shards stage 3's model states", "this is stage 2", "use stage 3"});
+  for (int64_t bad : {int64_t{0}, int64_t{-2}}) {
+    check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 3, .mics_shard_size = bad}); },
+                {"mics_shard_size must be -1 (off) or a number of ranks >= 1", fmt::format("not {}", bad)});
+  }
+  const int64_t p1 = comm->size() + 1;
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 3, .mics_shard_size = p1}); },
+              {fmt::format("mics_shard_size {} does not divide the {} data-parallel ranks", p1, comm->size())});
   check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.communication_data_type = kFloat64}); },
               {"communication_data_type must be float16, bfloat16 or float32", "not float64"});
   check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.gradient_predivide_factor = 0}); },
