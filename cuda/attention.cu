@@ -408,17 +408,21 @@ __device__ __forceinline__ unsigned shared_address(const void* p) {
 
 // Four 8 x 8 matrices of 16-bit values from shared memory: lanes 8i .. 8i+7 give the addresses of
 // matrix i's rows (16 bytes each); afterwards r[i] holds, in lane 4g + t, row g's columns 2t, 2t+1
-// of matrix i (with .trans, Trans = true: column g's rows 2t, 2t+1).
+// of matrix i (with .trans, Trans = true: column g's rows 2t, 2t+1). The "memory" clobbers here and
+// in cp_async_16 tell the compiler that these read and write shared memory, so that it keeps plain
+// shared-memory accesses on their side of them.
 template <bool Trans>
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
   if constexpr (Trans) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(row)));
+                 : "r"(shared_address(row))
+                 : "memory");
   } else {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(shared_address(row)));
+                 : "r"(shared_address(row))
+                 : "memory");
   }
 }
 
@@ -426,7 +430,8 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row) {
 // must still be a readable address).
 __device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)), "l"(src),
-               "r"(valid ? 16 : 0));
+               "r"(valid ? 16 : 0)
+               : "memory");
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most N of this thread's committed groups are still in flight.

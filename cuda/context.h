@@ -67,8 +67,8 @@ bool is_pinned_host(const void* ptr, size_t nbytes);
 void record_host_use(const void* ptr, cudaStream_t stream);
 // Work queued on `stream` from now on waits for the copies recorded against ptr's pinned block on
 // any stream (a block written by a copy on one stream and read by a copy on another, as
-// SaveOnCpu(pin_memory) does when forward and backward run on different streams). An asynchronous
-// copy calls it before queueing itself.
+// SaveOnCpu(pin_memory) does when forward and backward run on different streams). A copy from or
+// into a pinned block, asynchronous or not, calls it before queueing itself.
 void wait_host_uses(const void* ptr, cudaStream_t stream);
 
 // The CudaBackend (backend.cu); cuda::backend() in runtime.cpp returns it.

@@ -28,7 +28,8 @@
 //    after the copy, or the device) before reading them.
 //  - Either way, the copy first waits for the copies earlier recorded against the same pinned block
 //    on other streams (wait_host_uses): a block written from the device on one stream and copied
-//    back on another arrives as written.
+//    back on another arrives as written. So does a blocking copy from or into a pinned block (its
+//    stream waits for them, and the host for its stream).
 // Any other copy, pageable memory included, takes the synchronous path: correct, just not
 // overlapped.
 #include <cstring>
@@ -154,9 +155,9 @@ void copy_within_device(const View& src, const View& dst, const Stream& s) {
 void copy_host_to_device(const View& src, const View& dst, int device, const Stream& s, bool non_blocking) {
   const cudaStream_t stream = stream_of(s);
   const View src_c = compact(src);  // the distinct elements of src
-  const bool async = non_blocking && stream == current_stream_handle(device) && src_c.is_contiguous() &&
-                     is_pinned_host(src_c.data, static_cast<size_t>(nbytes(src_c)));
-  if (async) wait_host_uses(src_c.data, stream);  // what other streams' copies write into the block
+  const bool pinned = src_c.is_contiguous() && is_pinned_host(src_c.data, static_cast<size_t>(nbytes(src_c)));
+  const bool async = non_blocking && stream == current_stream_handle(device) && pinned;
+  if (pinned) wait_host_uses(src_c.data, stream);  // what other streams' copies write into the block
   auto finish = [&] {  // after everything is queued
     if (async) return record_host_use(src_c.data, stream);
     sync(stream);  // before the caller's memory, host_buffer and the staging buffer go
@@ -200,9 +201,9 @@ void copy_device_to_host(const View& src, int device, const View& dst, const Str
   const cudaStream_t stream = stream_of(s);
   const View src_c = compact(src);
   const auto bytes = static_cast<size_t>(src_c.numel() * itemsize(dst.dtype));
-  const bool async = non_blocking && stream == current_stream_handle(device) && src_c.sizes == dst.sizes &&
-                     dst.is_contiguous() && is_pinned_host(dst.data, bytes);
-  if (async) wait_host_uses(dst.data, stream);  // other streams' copies still reading the block
+  const bool pinned = src_c.sizes == dst.sizes && dst.is_contiguous() && is_pinned_host(dst.data, bytes);
+  const bool async = non_blocking && stream == current_stream_handle(device) && pinned;
+  if (pinned) wait_host_uses(dst.data, stream);  // other streams' copies still reading the block
   auto finish = [&] {
     if (async) return record_host_use(dst.data, stream);
     sync(stream);

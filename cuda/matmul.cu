@@ -457,19 +457,28 @@ bool lt_matmul(const View& a, const View& b, const View& bias, const View& c, co
     int found = 0;
     const cublasStatus_t asked = KILN_CUBLAS(cublasLtMatmulAlgoGetHeuristic)(
         handle, raw_desc, la.get(), lb.get(), ld.get(), ld.get(), raw_pref, 1, &result, &found);
-    const bool usable = asked == CUBLAS_STATUS_SUCCESS && found > 0;  // else e.g. CUBLAS_STATUS_NOT_SUPPORTED
-    std::lock_guard<std::mutex> lock(lt_cache_mutex());
-    lt_cache().emplace(key, usable ? std::optional(result) : std::nullopt);
+    const bool usable = asked == CUBLAS_STATUS_SUCCESS && found > 0;
+    // Only an answer about these sizes is kept: no algorithm, or CUBLAS_STATUS_NOT_SUPPORTED. A
+    // passing failure (out of memory, say) is not, so the next call asks again.
+    const bool lasting = usable || (asked == CUBLAS_STATUS_SUCCESS && found == 0) ||
+                         asked == CUBLAS_STATUS_NOT_SUPPORTED;
+    if (lasting) {
+      std::lock_guard<std::mutex> lock(lt_cache_mutex());
+      lt_cache().emplace(key, usable ? std::optional(result) : std::nullopt);
+    }
     if (!usable) return false;
     best = result;
   }
   DeviceBuffer workspace(device, std::max<size_t>(best->workspaceSize, 1));
   const float alpha = 1, beta = 0;
   // A refusal here (an algorithm that turns out not to run these sizes, say) leaves c to the
-  // caller's composed path, which overwrites all of it.
-  return KILN_CUBLAS(cublasLtMatmul)(handle, raw_desc, &alpha, b.data, la.get(), a.data, lb.get(), &beta, c.data,
-                                     ld.get(), c.data, ld.get(), &best->algo, workspace.data(), best->workspaceSize,
-                                     stream_of(s)) == CUBLAS_STATUS_SUCCESS;
+  // caller's composed path, which overwrites all of it. A failed launch inside cuBLASLt would leave
+  // the runtime's last error set, for the next kernel's check to report under its own name: cleared.
+  const cublasStatus_t ran = KILN_CUBLAS(cublasLtMatmul)(
+      handle, raw_desc, &alpha, b.data, la.get(), a.data, lb.get(), &beta, c.data, ld.get(), c.data, ld.get(),
+      &best->algo, workspace.data(), best->workspaceSize, stream_of(s));
+  if (ran != CUBLAS_STATUS_SUCCESS) (void)cudaGetLastError();
+  return ran == CUBLAS_STATUS_SUCCESS;
 }
 
 }  // namespace

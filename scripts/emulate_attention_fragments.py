@@ -243,9 +243,11 @@ def main():
     rng = np.random.default_rng(0)
     worst = 0.0
     # Lengths that leave partial tiles, L != S both ways, causal and not; D = 32 keeps it quick (the
-    # head dim enters only as the count of 16-wide steps).
+    # head dim enters only as the count of 16-wide steps). Also: causal with key blocks past every
+    # query (7 x 130: the dK/dV walk has no tile), blocks whose warps are all padding (1 x 1), and a
+    # head dim of 96 (six 16-wide steps).
     for (L, S, D, causal) in [(70, 70, 32, True), (70, 130, 32, False), (130, 70, 32, True), (100, 100, 32, False),
-                              (64, 64, 64, True)]:
+                              (64, 64, 64, True), (7, 130, 32, True), (1, 1, 32, True), (20, 20, 96, False)]:
         q, k, v, go = (rng.standard_normal((n, D)) for n in (L, S, S, L))
         scale = 1 / np.sqrt(D)
         sc = q @ k.T * scale
