@@ -23,7 +23,8 @@
 // not 2); and stage 3 stepped in sub-groups of one parameter each (sub_group_size 0), whose float32
 // gradients are made one sub-group at a time, against the partition's at once. At an even number
 // of ranks, stage 3 with MiCS (mics_shard_size half the ranks; its formula is 16 Psi / that), on
-// demand and with DeepSpeed's defaults.
+// demand and with DeepSpeed's defaults; and stage 3 with ZeRO++'s hpZ (zero_hpz_partition_size half
+// the ranks; its formula adds 2 Psi / that for the secondary shard), on demand.
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -61,6 +62,7 @@ int main(int argc, char** argv) {
     std::optional<DType> accumulate = std::nullopt;  // grad_accum_dtype
     int64_t sub_group = 1'000'000'000;               // sub_group_size
     int64_t mics = -1;                               // mics_shard_size
+    int64_t hpz = 1;                                 // zero_hpz_partition_size
   };
   std::vector<Run> runs = {
       {0, "", 0, 0, 0},
@@ -90,6 +92,9 @@ int main(int argc, char** argv) {
     runs.push_back({3, "on demand", 0, 0, 0, std::nullopt, false, std::nullopt, 1'000'000'000, p / 2});
     runs.push_back({3, "prefetch, persistence, reuse (DeepSpeed's defaults)", 50'000'000, 100'000, 1'000'000'000,
                     std::nullopt, false, std::nullopt, 1'000'000'000, p / 2});
+    // ZeRO++'s hpZ: the shards over every rank, a secondary copy in groups of half of them, which
+    // backward's all-gathers read (on demand, so that backward gathers every weight).
+    runs.push_back({3, "on demand", 0, 0, 0, std::nullopt, false, std::nullopt, 1'000'000'000, -1, p / 2});
   }
   for (const Run& run : runs) {
     const int stage = run.stage;
@@ -98,6 +103,7 @@ int main(int argc, char** argv) {
     double opt_peak = 0;  // the most allocated during opt.step() above what was allocated before it
     double opt_ms = 0;    // opt.step()'s median time, the slowest rank's
     double gathers = 0, prefetches = 0;  // stage 3's all-gathers per step, at the point of use and ahead
+    double secondary = 0;                // of them, hpZ's from the secondary shards
     double wait_ms = 0;                   // and the time per step spent waiting for them
     {
       kiln_bench::Mlp784 net;
@@ -109,7 +115,7 @@ int main(int argc, char** argv) {
           .prescale_gradients = run.prescale, .grad_accum_dtype = run.accumulate,
           .sub_group_size = run.sub_group, .stage3_prefetch_bucket_size = run.prefetch,
           .stage3_param_persistence_threshold = run.persistence, .stage3_max_reuse_distance = run.reuse,
-          .mics_shard_size = run.mics});
+          .mics_shard_size = run.mics, .zero_hpz_partition_size = run.hpz});
       std::vector<double> times, step_times;  // the iterations', and the optimizer steps' alone
       ParamGatherer::Stats warm;
       int64_t iteration_peak = 0, step_peak = 0;  // the last iteration's
@@ -134,6 +140,7 @@ int main(int argc, char** argv) {
       }
       gathers = static_cast<double>(opt.stage3_stats().gathers - warm.gathers) / steps;
       prefetches = static_cast<double>(opt.stage3_stats().prefetches - warm.prefetches) / steps;
+      secondary = static_cast<double>(opt.stage3_stats().secondary_gathers - warm.secondary_gathers) / steps;
       wait_ms = kiln_bench::slowest(*comm, (opt.stage3_stats().wait_seconds - warm.wait_seconds) * 1e3 / steps);
       ms = kiln_bench::slowest(*comm, kiln_bench::median(times));
       opt_ms = kiln_bench::slowest(*comm, kiln_bench::median(step_times));
@@ -144,6 +151,7 @@ int main(int argc, char** argv) {
       formula = stage == 0 ? 16 * psi : stage == 1 ? 4 * psi + 12 * psi / n : stage == 2 ? 2 * psi + 14 * psi / n
                                                                                          : 16 * psi / n;
       if (run.accumulate) formula += stage <= 1 ? 2 * psi : 2 * psi / n;  // float32 gradients: 4 bytes, not 2
+      if (run.hpz > 1) formula += 2 * psi / static_cast<double>(run.hpz);  // hpZ's secondary shard of the weights
     }
     if (r == 0) {
       std::printf("{\"bench\":\"zero\",\"impl\":\"kiln\",\"device\":\"cpu\",\"backend\":\"mpi\",\"ranks\":%d,"
@@ -151,15 +159,17 @@ int main(int argc, char** argv) {
                   "\"model_state_mib\":%.3f,\"formula_mib\":%.3f,\"ratio_to_formula\":%.4f,"
                   "\"peak_step_mib\":%.3f,\"optimizer_step_peak_mib\":%.3f,\"ms_per_step\":%.3f,"
                   "\"optimizer_step_ms\":%.3f%s}\n",
-                  p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",\"sub_group_size\":{},\"mics_shard_size\":{},", run.stage3,
-                                                     run.sub_group, run.mics).c_str()
+                  p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",\"sub_group_size\":{},\"mics_shard_size\":{},"
+                                                     "\"zero_hpz_partition_size\":{},", run.stage3, run.sub_group,
+                                                     run.mics, run.hpz).c_str()
                                     : "",
                   fmt::format("\"communication_data_type\":\"{}\",\"prescale_gradients\":{},\"grad_accum_dtype\":\"{}\",",
                               dtype_name(run.wire.value_or(kBFloat16)), run.prescale,
                               dtype_name(run.accumulate.value_or(kBFloat16))).c_str(), psi,
                   states / (1 << 20), formula / (1 << 20), states / formula, peak / (1 << 20), opt_peak / (1 << 20), ms, opt_ms,
                   stage == 3 ? fmt::format(",\"gathers_per_step\":{:.1f},\"prefetches_per_step\":{:.1f},"
-                                           "\"gather_wait_ms_per_step\":{:.3f}", gathers, prefetches, wait_ms).c_str()
+                                           "\"secondary_gathers_per_step\":{:.1f},\"gather_wait_ms_per_step\":{:.3f}",
+                                           gathers, prefetches, secondary, wait_ms).c_str()
                              : "");
       std::fflush(stdout);
     }

@@ -32,7 +32,7 @@ const std::set<std::string> kUnsupportedTop = {
 const std::set<std::string> kUnsupportedZero = {
     "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
     "cpu_offload_params", "cpu_offload_use_pin_memory", "mics_hierarchical_params_gather",
-    "zero_hpz_partition_size", "zero_quantized_weights", "zero_quantized_gradients", "memory_efficient_linear",
+    "zero_quantized_weights", "zero_quantized_gradients", "memory_efficient_linear",
     "legacy_stage1", "use_multi_rank_bucket_allreduce", "pipeline_loading_checkpoint", "override_module_apply",
     "zeropp_loco_param", "log_trace_cache_warnings"};
 // DeepSpeed's NVMe and tuning keys of "offload_optimizer" and of "offload_param".
@@ -53,7 +53,7 @@ const std::set<std::string> kNoOffValue = {"sparse_attention",
 
 // The value that turns off a DeepSpeed option that Kiln does not implement, for messages.
 std::string off_value(const std::string& key) {
-  if (key == "ratio" || key == "zero_hpz_partition_size") return "1";
+  if (key == "ratio") return "1";
   return "false, null or {\"enabled\": false}";
 }
 
@@ -77,7 +77,6 @@ bool asks_for_nothing(const std::string& key, const json& v) {
   if (v.is_number()) {
     const double x = v.get<double>();
     if (key == "ratio") return x == 1.0;                                      // all of the optimizer offloaded
-    if (key == "zero_hpz_partition_size") return x == 1;                      // ZeRO++'s secondary partition off
   }
   return false;
 }
@@ -475,6 +474,17 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
   if (z.mics_shard_size != -1 && z.stage != 3) {
     s.fail_at("mics_shard_size", fmt::format("shards stage 3's model states over groups of ranks, and this is stage {} "
                                              "(DeepSpeed's MiCS is a stage 3 optimizer too); remove it, or use stage 3", z.stage));
+  }
+  // ZeRO++'s hpZ: 1 is off; a number of ranks keeps a secondary shard of the weights per group of that many.
+  s.read("zero_hpz_partition_size", z.zero_hpz_partition_size, 1);
+  if (z.zero_hpz_partition_size != 1 && z.stage != 3) {
+    s.fail_at("zero_hpz_partition_size",
+              fmt::format("keeps a secondary shard of stage 3's partitioned weights, and this is stage {} (DeepSpeed's "
+                          "hpZ is for stage 3 too); remove it, or use stage 3", z.stage));
+  }
+  if (z.zero_hpz_partition_size != 1 && z.mics_shard_size != -1) {
+    s.fail_at("zero_hpz_partition_size", "and \"mics_shard_size\" are both set; use one (hpZ shards over all ranks "
+                                         "and keeps a copy of the weights per group, MiCS shards within each group)");
   }
   s.finish();
 }

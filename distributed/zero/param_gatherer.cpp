@@ -81,6 +81,17 @@ ParamGatherer::ParamGatherer(Communicator& comm, const FlatLayout& layout, std::
   for (DType d : options_.gather_dtypes) {
     KILN_CHECK(is_floating(d), "ZeRO stage 3: parameters are gathered in a floating dtype, not {}", dtype_name(d));
   }
+  secondary_state_.assign(params_.size(), 0);
+  if (Communicator* group = options_.secondary) {
+    KILN_CHECK(comm_.size() % group->size() == 0,
+               "ZeRO stage 3: hpZ's secondary group of {} ranks does not divide the {} ranks of the shards",
+               group->size(), comm_.size());
+    std::vector<int64_t> numels;
+    for (size_t k = 0; k < params_.size(); ++k) numels.push_back(numel_of(layout_, k));
+    secondary_layout_ = std::make_unique<FlatLayout>(std::move(numels), group->size());
+    // Where the gathers read: beside the shard on a host communicator, else on the device.
+    secondary_shard_ = zeros({secondary_layout_->partition_numel()}, TensorOptions(shard_.dtype()).device(gather_device_));
+  }
   std::unordered_map<const TensorImpl*, size_t> index;
   int64_t persistent_numel = 0;
   for (size_t k = 0; k < params_.size(); ++k) {
@@ -167,7 +178,7 @@ void ParamGatherer::fetch(size_t event, const std::vector<size_t>& ks) {
   // module move together.
   for (size_t k : ks) {
     if (!gathered_[k] && !pending_[k]) {
-      start(k, /*exact=*/pinned_);
+      start(k, /*exact=*/pinned_, /*backward=*/event % 2 == 1);
       ++stats_.gathers;
     }
   }
@@ -206,17 +217,23 @@ void ParamGatherer::prefetch() {
       if (gathered_[k] || pending_[k]) continue;
       if (!persistent_[k] && live_numel_ + numel_of(layout_, k) > options_.max_live_parameters)
         return;
-      start(k);
+      start(k, /*exact=*/false, /*backward=*/trace_[j] % 2 == 1);
       ++stats_.prefetches;
     }
   }
 }
 
-ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k, bool exact) {
+ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k, bool exact, bool backward) {
   NoGradGuard no_grad;
-  const FlatRange range = layout_.param(static_cast<int64_t>(k));
-  const FlatRange part = layout_.partition(comm_.rank());
   Pending p;
+  // hpZ: a backward fetch reads the secondary shards of this rank's group where they hold this
+  // step's weights (and, for an exact gather, hold them exactly); otherwise the shards of all.
+  p.from_secondary = backward && secondary_state_[k] != 0 && !(exact && secondary_state_[k] == 2);
+  Communicator& comm = p.from_secondary ? *options_.secondary : comm_;
+  const FlatLayout& layout = p.from_secondary ? *secondary_layout_ : layout_;
+  const Tensor& shard = p.from_secondary ? secondary_shard_ : shard_;
+  const FlatRange range = layout.param(static_cast<int64_t>(k));
+  const FlatRange part = layout.partition(comm.rank());
   const DType wire = exact || options_.gather_dtypes.empty() ? shard_.dtype() : options_.gather_dtypes[k];
   p.rounded = wire != shard_.dtype();
   // Gathered on the host for a GPU, it goes to the GPU from pinned memory without the host waiting.
@@ -224,16 +241,16 @@ ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k, bool exact) {
                                       .device(gather_device_)
                                       .pinned_memory(gather_device_.is_cpu() && device_.is_cuda()));
   std::vector<Tensor> outputs;
-  for (int r = 0; r < comm_.size(); ++r) {
-    const FlatRange piece = intersect(range, layout_.partition(r));
+  for (int r = 0; r < comm.size(); ++r) {
+    const FlatRange piece = intersect(range, layout.partition(r));
     outputs.push_back(p.full.narrow(0, piece.begin - range.begin, piece.size()));
   }
   const FlatRange mine = intersect(range, part);
-  p.input = mine.empty() ? shard_.narrow(0, 0, 0) : shard_.narrow(0, mine.begin - part.begin, mine.size());
+  p.input = mine.empty() ? shard.narrow(0, 0, 0) : shard.narrow(0, mine.begin - part.begin, mine.size());
   if (p.input.device() != gather_device_) p.input = p.input.to(gather_device_, /*non_blocking=*/p.input.is_pinned());
   if (p.rounded) p.input = p.input.to(wire);
-  CommCaller caller("ZeRO-3 parameter gather");
-  p.work = comm_.all_gather(outputs, p.input, /*async_op=*/true);
+  CommCaller caller(p.from_secondary ? "ZeRO-3 parameter gather (hpZ secondary)" : "ZeRO-3 parameter gather");
+  p.work = comm.all_gather(outputs, p.input, /*async_op=*/true);
   return p;
 }
 
@@ -243,8 +260,9 @@ Tensor ParamGatherer::on_device(const Tensor& full) const {
   return there.dtype() == shard_.dtype() ? there : there.to(shard_.dtype());  // widened back from gather_dtypes'
 }
 
-void ParamGatherer::start(size_t k, bool exact) {
-  Pending p = all_gather_param(k, exact);
+void ParamGatherer::start(size_t k, bool exact, bool backward) {
+  Pending p = all_gather_param(k, exact, backward);
+  if (p.from_secondary) ++stats_.secondary_gathers;
   in_flight_numel_ += p.full.numel();
   if (!persistent_[k]) live_numel_ += p.full.numel();
   pending_[k] = std::move(p);
@@ -264,6 +282,17 @@ void ParamGatherer::finish(size_t k) {
   p.work.wait();
   stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   NoGradGuard no_grad;
+  if (secondary_layout_ && !p.from_secondary) {
+    // hpZ: this rank's piece of the secondary shard, from the weights just gathered.
+    const FlatRange range = layout_.param(static_cast<int64_t>(k));
+    const FlatRange part = secondary_layout_->partition(options_.secondary->rank());
+    const FlatRange mine = intersect(range, part);
+    if (!mine.empty()) {
+      secondary_shard_.narrow(0, mine.begin - part.begin, mine.size())
+          .copy_(p.full.narrow(0, mine.begin - range.begin, mine.size()));
+    }
+    secondary_state_[k] = p.rounded ? 2 : 1;
+  }
   params_[k].set_data(on_device(p.full).view(shapes_[k]));
   gathered_[k] = true;
   rounded_[k] = p.rounded;
@@ -307,6 +336,7 @@ void ParamGatherer::gather_all() {
 
 void ParamGatherer::release_all() {
   finish_pending();
+  std::fill(secondary_state_.begin(), secondary_state_.end(), 0);  // the weights change
   std::fill(users_.begin(), users_.end(), 0);  // after a forward that threw, say
   for (size_t k = 0; k < params_.size(); ++k) release(k);
   // The iteration ends (Note [the fetch trace]).
@@ -332,6 +362,10 @@ void ParamGatherer::release_all() {
     if (persistent_[k]) start(k);
   }
   finish_pending();
+}
+
+int64_t ParamGatherer::secondary_bytes() const {
+  return secondary_shard_.defined() ? secondary_shard_.nbytes() : 0;
 }
 
 int64_t ParamGatherer::persistent_bytes() const {

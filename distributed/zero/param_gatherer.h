@@ -27,6 +27,13 @@
 // all-gather per step instead of two per use). A fetch that differs from the trace (the model took
 // another path) stops the prefetching until the next step records a new trace.
 //
+// ZeRO++'s hierarchical partitioning (hpZ; Options::secondary): besides its shard of the weights
+// (1/N of them), each rank keeps a secondary shard, its 1/h of them among a group of h ranks (a
+// node's). A gather from the shard, over all N ranks, also refreshes this rank's secondary piece of
+// the parameter; a backward fetch then gathers from the secondary shards, over the h ranks alone,
+// while they are fresh: from the forward gather of the same step to the next step (release_all),
+// which changes the weights.
+//
 // The shard may live in host memory while the parameters live on a GPU (offload_param, ZeRO-
 // Infinity's parameter offload). A communicator that carries host memory (MPI) then gathers each
 // parameter on the host and the whole of it is copied to the GPU once, when it is needed; one that
@@ -62,6 +69,10 @@ class ParamGatherer {
     // autocast's ops round to the same 16 bits anyway (ZeroOptions::autocast_dtype). gather_all,
     // pin_all and gathered_copy gather the weights exactly.
     std::vector<DType> gather_dtypes;
+    // hpZ (DeepSpeed's zero_hpz_partition_size): a group of the ranks over which a secondary copy of
+    // the weights is partitioned, for the backward gathers; null: none. It must hold this rank, and
+    // its size must divide the shard's communicator's.
+    Communicator* secondary = nullptr;
   };
   // What the hooks did since construction (every rank's are the same).
   struct Stats {
@@ -69,6 +80,7 @@ class ParamGatherer {
     int64_t prefetches = 0;     // all-gathers started ahead of their use
     int64_t kept_for_reuse = 0; // drops skipped because the parameter is used again soon
     int64_t trace_misses = 0;   // fetches that differed from the trace (prefetch stopped until the next step)
+    int64_t secondary_gathers = 0;  // of the gathers and prefetches, those from hpZ's secondary shards
     double wait_seconds = 0;    // spent waiting for all-gathers to complete (what prefetch did not hide)
   };
 
@@ -99,6 +111,7 @@ class ParamGatherer {
   // trace are left as they are. Every rank calls it, for the same k.
   Tensor gathered_copy(size_t k);
   int64_t persistent_bytes() const;  // of the parameters that stay gathered
+  int64_t secondary_bytes() const;   // of hpZ's secondary shard (0 without)
   const Stats& stats() const { return stats_; }
 
  private:
@@ -108,20 +121,23 @@ class ParamGatherer {
     Tensor full;   // where the all-gather writes: on gather_device_
     Tensor input;  // what this rank sends, kept until the all-gather has completed
     bool rounded = false;  // in Options::gather_dtypes' dtype, narrower than the shard's
+    bool from_secondary = false;  // hpZ: gathered from the secondary shards
   };
 
   void hook_module(nn::Module& module, std::vector<size_t> owned);
   void fetch(size_t event, const std::vector<size_t>& ks);  // event: 2 * hooked module + (backward ? 1 : 0)
   void follow_trace(size_t event);
   void prefetch();
-  void start(size_t k, bool exact = false);  // exact: in the shard's dtype, whatever gather_dtypes says
+  // exact: in the shard's dtype, whatever gather_dtypes says; backward: for a backward fetch (hpZ's
+  // secondary shards serve it where they are fresh).
+  void start(size_t k, bool exact = false, bool backward = false);
   void finish(size_t k);
   void done_with(size_t k);  // no forward reads it any more: drop it, unless it persists or returns soon
   void release(size_t k);
   size_t index_of(const Tensor& param) const;
   // Starts the all-gather of parameter k's partitions into a new flat tensor (the returned `full`),
   // in gather_dtypes' dtype unless exact.
-  Pending all_gather_param(size_t k, bool exact);
+  Pending all_gather_param(size_t k, bool exact, bool backward = false);
   // A completed all-gather's flat tensor on the parameters' device.
   Tensor on_device(const Tensor& full) const;
 
@@ -135,6 +151,12 @@ class ParamGatherer {
   std::vector<bool> gathered_;
   std::vector<bool> persistent_;
   std::vector<bool> rounded_;  // gathered in a narrower dtype (Options::gather_dtypes)
+  // hpZ: the secondary layout (h partitions) and this rank's secondary shard, and per parameter
+  // whether its piece there holds the current weights (0: stale; 1: exact; 2: rounded to
+  // gather_dtypes' dtype, as the forward gather brought them).
+  std::unique_ptr<FlatLayout> secondary_layout_;
+  Tensor secondary_shard_;
+  std::vector<uint8_t> secondary_state_;
   std::vector<std::optional<Pending>> pending_;
   std::vector<int> users_;  // per parameter: module forwards running that read it
   int64_t in_flight_numel_ = 0;  // elements of the prefetches not yet waited for

@@ -83,6 +83,23 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
     replica_comm_ = comm_->split(static_cast<int>(rank % s), static_cast<int>(rank / s));
     if (replica_comm_->size() == 1) replica_comm_.reset();  // one group: plain stage 3
   }
+  // hpZ: groups of consecutive ranks for the secondary shards (DeepSpeed's layout, a node each).
+  if (options_.zero_hpz_partition_size != 1) {
+    const int64_t h = options_.zero_hpz_partition_size, n = comm_->size();
+    KILN_CHECK(h >= 1, "ZeRO: zero_hpz_partition_size must be 1 (off) or a number of ranks > 1, not {}", h);
+    KILN_CHECK(options_.stage == 3,
+               "ZeRO: zero_hpz_partition_size keeps a secondary shard of stage 3's partitioned weights, and this is "
+               "stage {} (DeepSpeed's hpZ is for stage 3 too); remove it, or use stage 3", options_.stage);
+    KILN_CHECK(options_.mics_shard_size == -1,
+               "ZeRO: zero_hpz_partition_size and mics_shard_size both keep the weights' gathers within a group of "
+               "ranks, in two ways; use one (hpZ shards over all ranks and keeps a copy per group; MiCS shards "
+               "within each group)");
+    KILN_CHECK(n % h == 0,
+               "ZeRO: zero_hpz_partition_size {} does not divide the {} data-parallel ranks; use a divisor of {} (the "
+               "ranks of a node, usually)", h, n, n);
+    const int rank = comm_->rank();
+    hpz_comm_ = comm_->split(static_cast<int>(rank / h), static_cast<int>(rank % h));
+  }
 
   std::vector<int64_t> numels;
   for (const auto& [name, p] : model_.named_parameters()) {
@@ -220,7 +237,8 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
                                .model_persistence_threshold = options_.stage3_model_persistence_threshold,
                                .max_live_parameters = options_.stage3_max_live_parameters,
                                .max_reuse_distance = options_.stage3_max_reuse_distance,
-                               .gather_dtypes = options_.autocast_dtype ? communication_dtypes_ : std::vector<DType>{}});
+                               .gather_dtypes = options_.autocast_dtype ? communication_dtypes_ : std::vector<DType>{},
+                               .secondary = hpz_comm_.get()});
     flat_params_ = Tensor();  // the parameters were its last views: the full weights are gone
   }
 }
@@ -253,8 +271,8 @@ void ZeroOptimizer::gradients_complete() {
   if (replicas_averaged_) {
     KILN_CHECK(reducer_->reductions() == averaged_after_,
                "ZeRO: a backward ran after the gradients were read (grads(), unscaling or clip_grad_norm_) and before "
-               "step() or zero_grad(); with mics_shard_size the gradient partitions are averaged over the shard groups "
-               "once a step, when first read, so read them after the accumulation's last backward");
+               "step() or zero_grad(); with mics_shard_size each gradient partition is averaged with its replicas in the "
+               "other shard groups once a step, when first read, so read them after the accumulation's last backward");
     return;
   }
   // The shard group's average, averaged with the other groups': the average over every rank.
@@ -420,7 +438,8 @@ int64_t ZeroOptimizer::full_numel(const Tensor& p) const {
 
 ZeroOptimizer::ModelStateBytes ZeroOptimizer::model_state_bytes() const {
   ModelStateBytes b;
-  b.params = options_.stage == 3 ? shard_.nbytes() + gatherer_->persistent_bytes() : flat_params_.nbytes();
+  b.params = options_.stage == 3 ? shard_.nbytes() + gatherer_->persistent_bytes() + gatherer_->secondary_bytes()
+                                 : flat_params_.nbytes();
   b.grads = flat_grads_.defined() ? flat_grads_.nbytes() : grad_shard_.nbytes();
   b.master = master_.data_ptr() == shard_.data_ptr() ? 0 : master_.nbytes();
   for (const SubGroup& sg : sub_groups_) {

@@ -21,7 +21,9 @@
 //   stage 3  ... and the weights         (2 + 2 + 12) / N  = 16 Psi / N bytes   + an all-gather per layer
 //
 // (MiCS, ZeroOptions::mics_shard_size = s: stage 3 within groups of s ranks, 16 Psi / s bytes, and
-// one all-reduce of each rank's gradient partition across the N / s groups per step.)
+// one all-reduce of each rank's gradient partition across the N / s groups per step. ZeRO++'s hpZ,
+// zero_hpz_partition_size = h: stage 3 plus a secondary shard of the weights per group of h ranks,
+// 2 Psi / h more bytes, from which backward's all-gathers read within the group.)
 //
 // How (layout.h has the picture): the trainable parameters are laid end to end in one flat buffer,
 // padded to a multiple of N and cut into N equal partitions; rank r owns partition r. It keeps the
@@ -143,6 +145,14 @@ struct ZeroOptions {
   // holds 16 Psi / mics_shard_size bytes instead of 16 Psi / N. -1: off (DeepSpeed's default);
   // N: plain stage 3. It must divide the number of ranks.
   int64_t mics_shard_size = -1;
+  // ZeRO++'s hierarchical partitioning (hpZ; Wang et al., 2023; DeepSpeed's
+  // zero_hpz_partition_size), stage 3 only: each rank also keeps a secondary shard of the weights,
+  // its 1/h among h consecutive ranks (a node), refreshed by each forward all-gather (over all N);
+  // the backward all-gathers then read the secondary shards, over those h ranks alone. 2 Psi / h
+  // more bytes per rank for a 16-bit model, and backward's gathers stay within the group (the
+  // gradients are still reduce-scattered over all N). 1: off (DeepSpeed's default). It must divide
+  // the number of ranks; with mics_shard_size it is an Error.
+  int64_t zero_hpz_partition_size = 1;
 };
 
 class ZeroOptimizer : public optim::Optimizer {
@@ -234,6 +244,8 @@ class ZeroOptimizer : public optim::Optimizer {
   // one per shard group, form replica_comm() (null without MiCS).
   Communicator& shard_comm() { return *shard_comm_; }
   Communicator* replica_comm() { return replica_comm_.get(); }
+  // hpZ's group of zero_hpz_partition_size ranks (null without hpZ).
+  Communicator* hpz_comm() { return hpz_comm_.get(); }
   // The inner optimizer of sub-group k (one per sub-group; one in all, over master(), except at
   // stage 3 with a sub_group_size smaller than the partition), and the sub-groups as ranges of the
   // partition.
@@ -245,8 +257,8 @@ class ZeroOptimizer : public optim::Optimizer {
   int64_t full_numel(const Tensor& p) const;
 
   // Bytes this rank holds for training, by kind (DeepSpeed's "model states"), on its device or, where
-  // offloaded, in host memory: weights (the flat buffer, or at stage 3 the shard and the persistent
-  // parameters), gradients (the flat buffer, or the partition's), float32 masters (0 where the
+  // offloaded, in host memory: weights (the flat buffer, or at stage 3 the shard, the persistent
+  // parameters and hpZ's secondary shard), gradients (the flat buffer, or the partition's), float32 masters (0 where the
   // partition is its own master) and optimizer state. Stage 2's buckets in flight and stage 3's
   // gathered layers are transient and not counted.
   struct ModelStateBytes {
@@ -295,6 +307,7 @@ class ZeroOptimizer : public optim::Optimizer {
   std::shared_ptr<Communicator> comm_;
   std::shared_ptr<Communicator> shard_comm_;    // comm_, or MiCS's shard group
   std::shared_ptr<Communicator> replica_comm_;  // MiCS's replica group; null without MiCS
+  std::shared_ptr<Communicator> hpz_comm_;      // hpZ's secondary group; null without hpZ
   bool replicas_averaged_ = false;              // since the last step or zero_grad
   int64_t averaged_after_ = 0;                  // the reducer's reductions() when they were
   ZeroOptions options_;

@@ -880,8 +880,12 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
   bad(R"({"train_batch_size": 8, "tensorboard": {"enabled": true, "output_pth": "tb"}})",
       {"\"tensorboard.output_pth\" is not a key Kiln knows", "did you mean \"output_path\""});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"zero_hpz_partition_size": 4}})",
-      {"\"zero_optimization.zero_hpz_partition_size\" is a DeepSpeed option that Kiln does not implement, and 4 asks "
-       "for it", "turn it off (1;"});
+      {"\"zero_optimization.zero_hpz_partition_size\" keeps a secondary shard of stage 3's partitioned weights",
+       "this is stage 0", "use stage 3"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 0}})",
+      {"\"zero_optimization.zero_hpz_partition_size\" must be >= 1, not 0"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2, "mics_shard_size": 2}})",
+      {"\"zero_optimization.zero_hpz_partition_size\" and \"mics_shard_size\" are both set; use one"});
   // How the gradients are averaged.
   bad(R"({"train_batch_size": 8, "communication_data_type": "fp8"})",
       {"\"communication_data_type\" must be \"fp32\", \"fp16\" or \"bf16\"", "not \"fp8\""});
@@ -1148,19 +1152,30 @@ TEST_CASE("engine: accumulation, clipping and a warmup schedule at each ZeRO sta
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
   const int64_t micro = 3, gas = 2;
-  // Stage 3 twice: the second with MiCS, in groups of half the ranks (of 1 at odd world sizes).
-  const int64_t half = p % 2 == 0 ? p / 2 : 1;
-  for (auto [stage, mics] : {std::pair<int, int64_t>{0, -1}, {1, -1}, {2, -1}, {3, -1}, {3, half}}) {
-    INFO("stage " << stage << ", mics_shard_size " << mics);
+  // Stage 3 three times: plain, with MiCS in groups of half the ranks (of 1 at odd world sizes),
+  // and with hpZ's secondary shards in groups of half the ranks (of all at 2 and odd world sizes), where no
+  // weight persists or is kept from forward to backward, so that backward gathers from them.
+  const int64_t half = p % 2 == 0 ? p / 2 : 1, hpz = p % 2 == 0 && p > 2 ? p / 2 : p;
+  struct Case {
+    int stage;
+    int64_t mics = -1, hpz = 1;
+  };
+  for (const Case c : {Case{0}, Case{1}, Case{2}, Case{3}, Case{3, half}, Case{3, -1, hpz}}) {
+    const int stage = c.stage;
+    const int64_t mics = c.mics;
+    INFO("stage " << stage << ", mics_shard_size " << mics << ", zero_hpz_partition_size " << c.hpz);
     Config cfg = Config::from_string(fmt::format(R"({{
       "train_micro_batch_size_per_gpu": {}, "gradient_accumulation_steps": {}, "gradient_clipping": 0.3,
       "steps_per_print": 1000,
       "optimizer": {{"type": "SGD", "params": {{"lr": 0.2, "momentum": 0.9}}}},
       "scheduler": {{"type": "WarmupLR", "params": {{"warmup_min_lr": 0.0, "warmup_max_lr": 0.2,
                                                     "warmup_num_steps": 5, "warmup_type": "linear"}}}},
-      "zero_optimization": {{"stage": {}, "reduce_bucket_size": 200, "overlap_comm": true, "mics_shard_size": {}}}
-    }})", micro, gas, stage, mics));
+      "zero_optimization": {{"stage": {}, "reduce_bucket_size": 200, "overlap_comm": true, "mics_shard_size": {},
+                             "zero_hpz_partition_size": {}{}}}
+    }})", micro, gas, stage, mics, c.hpz,
+        c.hpz != 1 ? R"(, "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": 0)" : ""));
     CHECK(cfg.zero_optimization.mics_shard_size == mics);
+    CHECK(cfg.zero_optimization.zero_hpz_partition_size == c.hpz);
     manual_seed(21);
     Mlp ref;
     manual_seed(21);
@@ -1168,6 +1183,8 @@ TEST_CASE("engine: accumulation, clipping and a warmup schedule at each ZeRO sta
     Engine engine = kiln::initialize(local, cfg, comm);
     CHECK(engine.train_batch_size() == micro * gas * p);
     CHECK(engine.optimizer().shard_comm().size() == (mics == -1 ? p : mics));
+    CHECK((engine.optimizer().hpz_comm() != nullptr) == (c.hpz != 1));
+    const int64_t secondary_before = engine.optimizer().stage3_stats().secondary_gathers;
     optim::SGD opt_ref(ref.parameters(), {.lr = 0.2, .momentum = 0.9});
     optim::WarmupLR sched_ref(opt_ref, {.warmup_min_lr = 0, .warmup_max_lr = 0.2, .warmup_num_steps = 5,
                                         .warmup_type = "linear"});
@@ -1192,6 +1209,8 @@ TEST_CASE("engine: accumulation, clipping and a warmup schedule at each ZeRO sta
       CHECK(engine.get_global_grad_norm() == Approx(norm_ref).epsilon(1e-5));
       CHECK(engine.get_lr()[0] == Approx(opt_ref.param_groups()[0].lr()));
     }
+    // hpZ: each of the 6 weights gathered from the secondary shards in each backward.
+    if (c.hpz != 1) CHECK(engine.optimizer().stage3_stats().secondary_gathers - secondary_before == 6 * 8 * gas);
     ZeroOptimizer::GatheredParameters gathered(engine.optimizer());
     for (const auto& [name, t] : ref.named_parameters()) {
       INFO(name);

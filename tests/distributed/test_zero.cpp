@@ -600,6 +600,55 @@ TEST_CASE("zero: MiCS shards stage 3 over groups of mics_shard_size ranks and tr
   }
 }
 
+TEST_CASE("zero: hpZ gathers backward's weights from secondary shards within groups of ranks, and trains as one "
+          "process does", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), r = comm->rank();
+  const int64_t b = 3, steps = 6;
+  for (int64_t h : divisors(p)) {
+    if (h == 1) continue;  // 1 is off
+    for (int64_t prefetch : {int64_t{0}, int64_t{50'000}}) {
+      INFO("zero_hpz_partition_size " << h << " of " << p << " ranks, prefetch " << prefetch);
+      manual_seed(14);
+      Mlp ref;
+      manual_seed(300 + r);
+      Mlp local;
+      if (r == 0) local.load_state_dict(ref.state_dict());
+      // Nothing persists or is kept from forward to backward: backward gathers every weight again.
+      ZeroOptimizer opt(local, comm, sgd(0.1),
+                        {.stage = 3, .reduce_bucket_size = 300, .overlap_comm = true,
+                         .stage3_prefetch_bucket_size = prefetch, .stage3_param_persistence_threshold = 0,
+                         .stage3_max_reuse_distance = 0, .zero_hpz_partition_size = h});
+      REQUIRE(opt.hpz_comm() != nullptr);
+      CHECK(opt.hpz_comm()->size() == h);
+      CHECK(opt.hpz_comm()->rank() == r % h);
+      CHECK(opt.shard_comm().size() == p);  // the shards and the gradients still span every rank
+      // The weights: this rank's 1/p of them, and its 1/h of them in the secondary shard.
+      const int64_t numel = opt.layout().numel();
+      CHECK(opt.model_state_bytes().params == (opt.layout().partition_numel() + (numel + h - 1) / h) * 4);
+      optim::SGD opt_ref(ref.parameters(), {.lr = 0.1, .momentum = 0.9});
+      const uint64_t group_ops = opt.hpz_comm()->sequence_number();
+      for (int step = 0; step < steps; ++step) {
+        INFO("step " << step);
+        auto [x, y] = batch(step, b * p);
+        kiln::test::parity_step(*comm, ref, opt_ref, local, opt, x, y, b, mlp_loss, {1e-5, 1e-7});
+      }
+      // Each of the 6 parameters gathered once in forward over every rank, once in backward from
+      // the secondary shards: over the group, one all-gather each.
+      const ParamGatherer::Stats st = opt.stage3_stats();
+      const auto n_params = static_cast<int64_t>(local.parameters().size());
+      CHECK(st.secondary_gathers == n_params * steps);
+      CHECK(st.gathers + st.prefetches == 2 * n_params * steps);
+      CHECK(opt.hpz_comm()->sequence_number() - group_ops == static_cast<uint64_t>(n_params * steps));
+      const TensorDict got = weights(opt, local);
+      for (const auto& [name, t] : ref.named_parameters()) {
+        INFO(name);
+        check_close(got.at(name), t, {1e-5, 1e-6});
+      }
+    }
+  }
+}
+
 TEST_CASE("zero: MiCS in 16 bits steps in sub-groups as it steps the partition whole, and near plain stage 3",
           "[distributed]") {
   auto comm = init("mpi");
@@ -940,6 +989,14 @@ TEST_CASE("zero: bad construction is an Error", "[distributed]") {
   const int64_t p1 = comm->size() + 1;
   check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 3, .mics_shard_size = p1}); },
               {fmt::format("mics_shard_size {} does not divide the {} data-parallel ranks", p1, comm->size())});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 2, .zero_hpz_partition_size = 2}); },
+              {"zero_hpz_partition_size keeps a secondary shard of stage 3's partitioned weights", "this is stage 2"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 3, .zero_hpz_partition_size = 0}); },
+              {"zero_hpz_partition_size must be 1 (off) or a number of ranks > 1, not 0"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 3, .mics_shard_size = 1, .zero_hpz_partition_size = 2}); },
+              {"zero_hpz_partition_size and mics_shard_size", "use one"});
+  check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.stage = 3, .zero_hpz_partition_size = p1}); },
+              {fmt::format("zero_hpz_partition_size {} does not divide the {} data-parallel ranks", p1, comm->size())});
   check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.communication_data_type = kFloat64}); },
               {"communication_data_type must be float16, bfloat16 or float32", "not float64"});
   check_error([&] { ZeroOptimizer o(m, comm, sgd(0.1), {.gradient_predivide_factor = 0}); },
