@@ -24,6 +24,8 @@ void throw_error(std::string message) { throw Error(std::move(message)); }
 std::string_view dtype_name(DType t) {
   switch (t) {
     case DType::Bool: return "bool";
+    case DType::UInt8: return "uint8";
+    case DType::Int8: return "int8";
     case DType::Int32: return "int32";
     case DType::Int64: return "int64";
     case DType::Float16: return "float16";
@@ -34,12 +36,35 @@ std::string_view dtype_name(DType t) {
   return "unknown";
 }
 
+namespace {
+// The promotion lattice's order: bool < uint8, int8 < int32 < int64 < {float16, bfloat16} < float32
+// < float64.
+int promotion_rank(DType t) {
+  switch (t) {
+    case DType::Bool: return 0;
+    case DType::UInt8:
+    case DType::Int8: return 1;
+    case DType::Int32: return 2;
+    case DType::Int64: return 3;
+    case DType::Float16:
+    case DType::BFloat16: return 4;
+    case DType::Float32: return 5;
+    case DType::Float64: return 6;
+  }
+  return 0;
+}
+}  // namespace
+
 DType promote_types(DType a, DType b) {
   if (a == b) return a;
-  if (a > b) std::swap(a, b);  // now a < b in the enum's order
-  // bool < int32 < int64 < {float16, bfloat16} < float32 < float64; the two 16-bit floats meet at
-  // float32 (neither holds the other's range and precision).
-  if (a == DType::Float16 && b == DType::BFloat16) return DType::Float32;
+  if (promotion_rank(a) > promotion_rank(b)) std::swap(a, b);
+  // The two 16-bit floats meet at float32 (neither holds the other's range and precision). uint8
+  // and int8 meet at int16 in PyTorch, a dtype Kiln lacks: refused rather than widened further.
+  if (promotion_rank(a) == promotion_rank(b)) {
+    if (is_floating(a)) return DType::Float32;
+    KILN_FAIL("promote_types: uint8 with int8 gives int16 in PyTorch, which Kiln has no dtype for; "
+              "convert one of them with .to(kInt32) first");
+  }
   return b;
 }
 

@@ -10,12 +10,15 @@
 
 namespace kiln {
 
-// Ordered by promotion category: bool < integers < floating. The values are stable (saved files).
-enum class DType : uint8_t { Bool, Int32, Int64, Float16, BFloat16, Float32, Float64 };
-inline constexpr int kNumDTypes = 7;
+// The values are stable (a pipeline stage's message header carries them), so new dtypes go at the
+// end; promote_types() orders them by category (bool < integers < floating), not by value.
+enum class DType : uint8_t { Bool, Int32, Int64, Float16, BFloat16, Float32, Float64, UInt8, Int8 };
+inline constexpr int kNumDTypes = 9;
 
 // LibTorch's spellings.
 inline constexpr DType kBool = DType::Bool;
+inline constexpr DType kUInt8 = DType::UInt8, kByte = DType::UInt8;
+inline constexpr DType kInt8 = DType::Int8, kChar = DType::Int8;
 inline constexpr DType kInt32 = DType::Int32, kInt = DType::Int32;
 inline constexpr DType kInt64 = DType::Int64, kLong = DType::Int64;
 inline constexpr DType kFloat16 = DType::Float16, kHalf = DType::Float16;
@@ -25,7 +28,9 @@ inline constexpr DType kFloat64 = DType::Float64, kDouble = DType::Float64;
 
 constexpr int64_t itemsize(DType t) {
   switch (t) {
-    case DType::Bool: return 1;
+    case DType::Bool:
+    case DType::UInt8:
+    case DType::Int8: return 1;
     case DType::Float16:
     case DType::BFloat16: return 2;
     case DType::Int32:
@@ -35,8 +40,10 @@ constexpr int64_t itemsize(DType t) {
   }
   return 0;
 }
-constexpr bool is_floating(DType t) { return t >= DType::Float16; }
-constexpr bool is_integral(DType t) { return t == DType::Int32 || t == DType::Int64; }  // not bool
+constexpr bool is_floating(DType t) { return t >= DType::Float16 && t <= DType::Float64; }
+constexpr bool is_integral(DType t) {  // not bool
+  return t == DType::UInt8 || t == DType::Int8 || t == DType::Int32 || t == DType::Int64;
+}
 constexpr bool is_reduced_float(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
 
 std::string_view dtype_name(DType t);  // "float32", "bfloat16", "int64", "bool", ...
@@ -48,6 +55,8 @@ DType promote_types(DType a, DType b);
 // The C++ type of each dtype, and back.
 template <DType T> struct CppType;
 template <> struct CppType<DType::Bool> { using type = bool; };
+template <> struct CppType<DType::UInt8> { using type = uint8_t; };
+template <> struct CppType<DType::Int8> { using type = int8_t; };
 template <> struct CppType<DType::Int32> { using type = int32_t; };
 template <> struct CppType<DType::Int64> { using type = int64_t; };
 template <> struct CppType<DType::Float16> { using type = Half; };
@@ -57,6 +66,8 @@ template <> struct CppType<DType::Float64> { using type = double; };
 
 template <typename T> constexpr DType dtype_of();
 template <> constexpr DType dtype_of<bool>() { return DType::Bool; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::UInt8; }
+template <> constexpr DType dtype_of<int8_t>() { return DType::Int8; }
 template <> constexpr DType dtype_of<int32_t>() { return DType::Int32; }
 template <> constexpr DType dtype_of<int64_t>() { return DType::Int64; }
 template <> constexpr DType dtype_of<Half>() { return DType::Float16; }
@@ -115,6 +126,8 @@ template <typename T> using opmath_t = typename OpMath<T>::type;
       KILN_DTYPE_CASE_(::kiln::DType::BFloat16, __VA_ARGS__)                          \
       KILN_DTYPE_CASE_(::kiln::DType::Int32, __VA_ARGS__)                             \
       KILN_DTYPE_CASE_(::kiln::DType::Int64, __VA_ARGS__)                             \
+      KILN_DTYPE_CASE_(::kiln::DType::UInt8, __VA_ARGS__)                             \
+      KILN_DTYPE_CASE_(::kiln::DType::Int8, __VA_ARGS__)                              \
       default:                                                                        \
         KILN_FAIL("{}: not implemented for dtype {}", name, ::kiln::dtype_name(dtype)); \
     }                                                                                 \
@@ -129,6 +142,8 @@ template <typename T> using opmath_t = typename OpMath<T>::type;
       KILN_DTYPE_CASE_(::kiln::DType::BFloat16, __VA_ARGS__)                          \
       KILN_DTYPE_CASE_(::kiln::DType::Int32, __VA_ARGS__)                             \
       KILN_DTYPE_CASE_(::kiln::DType::Int64, __VA_ARGS__)                             \
+      KILN_DTYPE_CASE_(::kiln::DType::UInt8, __VA_ARGS__)                             \
+      KILN_DTYPE_CASE_(::kiln::DType::Int8, __VA_ARGS__)                              \
       KILN_DTYPE_CASE_(::kiln::DType::Bool, __VA_ARGS__)                              \
     }                                                                                 \
     KILN_FAIL("{}: unknown dtype", name);                                             \

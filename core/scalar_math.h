@@ -24,7 +24,9 @@ KILN_HOST_DEVICE inline T sigmoid(T x) {
 template <typename T>
 KILN_HOST_DEVICE inline T int_pow(T x, T e) {
   using U = std::make_unsigned_t<T>;
-  if (e < 0) return x == 1 ? T(1) : x == -1 ? ((e & 1) ? T(-1) : T(1)) : T(0);
+  if constexpr (std::is_signed_v<T>) {
+    if (e < 0) return x == 1 ? T(1) : x == -1 ? ((e & 1) ? T(-1) : T(1)) : T(0);
+  }
   U result = 1, base = static_cast<U>(x);
   for (U n = static_cast<U>(e); n > 0; n >>= 1) {
     if (n & 1) result *= base;
@@ -40,8 +42,12 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
   if constexpr (std::is_integral_v<T>) {
     switch (op) {
       case UnaryOp::Neg: return static_cast<T>(-x);
-      case UnaryOp::Abs: return x < 0 ? static_cast<T>(-x) : x;
-      case UnaryOp::Sign: return static_cast<T>((x > 0) - (x < 0));
+      case UnaryOp::Abs:
+        if constexpr (std::is_unsigned_v<T>) return x;
+        else return x < 0 ? static_cast<T>(-x) : x;
+      case UnaryOp::Sign:
+        if constexpr (std::is_unsigned_v<T>) return static_cast<T>(x > 0);
+        else return static_cast<T>((x > 0) - (x < 0));
       case UnaryOp::Relu: return x > 0 ? x : T(0);
       case UnaryOp::Square: return static_cast<T>(x * x);
       case UnaryOp::PowScalar: return int_pow(x, static_cast<T>(a));

@@ -78,6 +78,18 @@ __device__ inline void atomic_add(T* p, T v) {
     atomicAdd(reinterpret_cast<unsigned long long*>(p), static_cast<unsigned long long>(v));
   } else if constexpr (std::is_same_v<T, bool>) {
     if (v) *p = true;  // every racing store writes the same value
+  } else if constexpr (std::is_same_v<T, uint8_t> || std::is_same_v<T, int8_t>) {
+    // Compare-and-swap the aligned 32-bit word that holds the byte; the sum wraps, as on the CPU.
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    auto* word = reinterpret_cast<unsigned int*>(addr & ~static_cast<uintptr_t>(3));
+    const unsigned int shift = static_cast<unsigned int>(addr & 3) * 8u;
+    unsigned int old = *word, assumed;
+    do {
+      assumed = old;
+      const auto sum = static_cast<uint8_t>(((assumed >> shift) & 0xffu) + static_cast<uint8_t>(v));
+      const unsigned int next = (assumed & ~(0xffu << shift)) | (static_cast<unsigned int>(sum) << shift);
+      old = atomicCAS(word, assumed, next);
+    } while (old != assumed);
   } else {  // Half, BFloat16: compare-and-swap the aligned 32-bit word that holds the element
     const auto addr = reinterpret_cast<uintptr_t>(p);
     auto* word = reinterpret_cast<unsigned int*>(addr & ~static_cast<uintptr_t>(3));

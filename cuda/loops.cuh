@@ -191,6 +191,8 @@ template <typename To>
 __host__ __device__ inline To load_as(const void* base, int64_t off, DType t) {
   switch (t) {
     case DType::Bool: return convert<To>(static_cast<const bool*>(base)[off]);
+    case DType::UInt8: return convert<To>(static_cast<const uint8_t*>(base)[off]);
+    case DType::Int8: return convert<To>(static_cast<const int8_t*>(base)[off]);
     case DType::Int32: return convert<To>(static_cast<const int32_t*>(base)[off]);
     case DType::Int64: return convert<To>(static_cast<const int64_t*>(base)[off]);
     case DType::Float16: return convert<To>(static_cast<const Half*>(base)[off]);

@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstring>
 #include <filesystem>
 
 #include "data/gzip_file.h"
@@ -98,6 +100,18 @@ const uint8_t* MNIST::image_bytes(int64_t index) const {
 uint8_t MNIST::label(int64_t index) const {
   check_index(name_, index, size_);
   return labels_->data()[index];
+}
+
+Tensor MNIST::data() const {
+  Tensor t = empty({size_, kRows, kCols}, kUInt8);
+  if (size_ > 0) std::memcpy(t.data_ptr<uint8_t>(), images_->data(), static_cast<size_t>(size_ * kRows * kCols));
+  return t;
+}
+
+Tensor MNIST::targets() const {
+  Tensor t = empty({size_}, kInt64);
+  std::copy(labels_->data(), labels_->data() + size_, t.data_ptr<int64_t>());
+  return t;
 }
 
 Example MNIST::get(int64_t index) const {

@@ -48,6 +48,10 @@ class MNIST : public Dataset {
 
   const uint8_t* image_bytes(int64_t index) const;  // 28 * 28 bytes, row-major
   uint8_t label(int64_t index) const;
+  // Every image as torchvision's `dataset.data`: uint8 (N, 28, 28), a copy; and every label as its
+  // `dataset.targets`: int64 (N).
+  Tensor data() const;
+  Tensor targets() const;
 
  protected:
   MNIST(const std::string& root, bool train, const char* name, const char* install_hint);

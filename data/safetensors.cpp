@@ -42,13 +42,14 @@ struct DTypeName {
 };
 constexpr DTypeName kDTypes[] = {
     {kInt64, "I64", 6},     {kFloat64, "F64", 5}, {kFloat32, "F32", 4}, {kInt32, "I32", 3},
-    {kBFloat16, "BF16", 2}, {kFloat16, "F16", 1}, {kBool, "BOOL", 0},
+    {kBFloat16, "BF16", 2}, {kFloat16, "F16", 1}, {kUInt8, "U8", 0},    {kInt8, "I8", 0},
+    {kBool, "BOOL", 0},
 };
 // Names the format knows that Kiln has no tensor type for.
-constexpr std::string_view kForeignDTypes[] = {"U8",      "I8",      "U16",     "I16",     "U32",
-                                               "U64",     "F8_E5M2", "F8_E4M3", "F8_E8M0", "F4",
-                                               "F6_E2M3", "F6_E3M2", "C64"};
-constexpr std::string_view kKilnDTypes = "F64, F32, F16, BF16, I64, I32, BOOL";
+constexpr std::string_view kForeignDTypes[] = {"U16",     "I16",     "U32",     "U64",     "F8_E5M2",
+                                               "F8_E4M3", "F8_E8M0", "F4",      "F6_E2M3", "F6_E3M2",
+                                               "C64"};
+constexpr std::string_view kKilnDTypes = "F64, F32, F16, BF16, I64, I32, I8, U8, BOOL";
 
 const DTypeName& name_of(DType dtype) {
   for (const auto& d : kDTypes) {

@@ -147,6 +147,8 @@ template std::vector<float> Tensor::to_vector() const;
 template std::vector<double> Tensor::to_vector() const;
 template std::vector<int32_t> Tensor::to_vector() const;
 template std::vector<int64_t> Tensor::to_vector() const;
+template std::vector<uint8_t> Tensor::to_vector() const;
+template std::vector<int8_t> Tensor::to_vector() const;
 template std::vector<Half> Tensor::to_vector() const;
 template std::vector<BFloat16> Tensor::to_vector() const;
 template <>

@@ -61,7 +61,8 @@ Tensor arange(const Scalar& start, const Scalar& end, const Scalar& step, std::o
     count = (diff + by - (by > 0 ? 1 : -1)) / by;
     const __int128 last = first + (count > 0 ? count - 1 : 0) * by;
     if (is_integral(dt)) {
-      const __int128 lo = dt == kInt32 ? INT32_MIN : INT64_MIN, hi = dt == kInt32 ? INT32_MAX : INT64_MAX;
+      const __int128 lo = dt == kUInt8 ? 0 : dt == kInt8 ? INT8_MIN : dt == kInt32 ? INT32_MIN : INT64_MIN;
+      const __int128 hi = dt == kUInt8 ? UINT8_MAX : dt == kInt8 ? INT8_MAX : dt == kInt32 ? INT32_MAX : INT64_MAX;
       KILN_CHECK(last >= lo && last <= hi, "arange: the values from {} with step {} reach {}, beyond {}; use a wider "
                  "dtype", start.to_int(), step.to_int(), static_cast<double>(last), dtype_name(dt));
       constexpr __int128 kExact = __int128{1} << 53;
@@ -126,6 +127,8 @@ Tensor randint(int64_t low, int64_t high, const Shape& shape, TensorOptions opti
   int64_t lowest = std::numeric_limits<int64_t>::min(), highest = std::numeric_limits<int64_t>::max();
   switch (dt) {
     case kBool: lowest = 0, highest = 1; break;
+    case kUInt8: lowest = 0, highest = 255; break;
+    case kInt8: lowest = -128, highest = 127; break;
     case kInt32: lowest = std::numeric_limits<int32_t>::min(), highest = std::numeric_limits<int32_t>::max(); break;
     case kFloat16: highest = int64_t{1} << 11; break;
     case kBFloat16: highest = int64_t{1} << 8; break;
@@ -197,7 +200,8 @@ Tensor randperm(int64_t n, TensorOptions options, Generator* gen) {
   KILN_CHECK(dt != kBool, "randperm: not defined for bool; use kInt64 (the default)");
   // Every value 0..n-1 must be exact in the dtype, as PyTorch checks ("n cannot be greater than 2049
   // for Half").
-  const int digits = dt == kFloat16 ? 11 : dt == kBFloat16 ? 8 : dt == kFloat32 ? 24 : dt == kInt32 ? 31 : 62;
+  const int digits = dt == kFloat16 ? 11 : dt == kBFloat16 ? 8 : dt == kFloat32 ? 24 : dt == kInt32 ? 31
+                     : dt == kUInt8 ? 8 : dt == kInt8 ? 7 : 62;
   KILN_CHECK(n <= (int64_t{1} << digits) + (is_floating(dt) ? 1 : 0),
              "randperm: n = {} is more than {} holds exactly; use kInt64 (the default)", n, dtype_name(dt));
   check_pinned_memory(options);
@@ -258,6 +262,8 @@ template Tensor from_vector(const std::vector<float>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<double>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<int32_t>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<int64_t>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<uint8_t>&, const Shape&, Device);
+template Tensor from_vector(const std::vector<int8_t>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<bool>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<Half>&, const Shape&, Device);
 template Tensor from_vector(const std::vector<BFloat16>&, const Shape&, Device);

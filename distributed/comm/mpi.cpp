@@ -126,6 +126,8 @@ MPI_Datatype mpi_type(DType t) {
     case kInt32: return MPI_INT32_T;
     case kInt64: return MPI_INT64_T;
     case kBool: return MPI_C_BOOL;
+    case kUInt8: return MPI_UINT8_T;
+    case kInt8: return MPI_INT8_T;
   }
   return MPI_DATATYPE_NULL;
 }

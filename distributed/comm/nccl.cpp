@@ -86,6 +86,8 @@ ncclDataType_t nccl_type(DType t) {
     case kInt32: return ncclInt32;
     case kInt64: return ncclInt64;
     case kBool: return ncclUint8;  // one byte, 0 or 1
+    case kUInt8: return ncclUint8;
+    case kInt8: return ncclInt8;
   }
   return ncclUint8;
 }

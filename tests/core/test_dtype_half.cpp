@@ -8,6 +8,7 @@
 #include "support.h"
 
 using namespace kiln;
+using kiln::test::check_error;
 
 static float from_bits(uint32_t u) {
   float f;
@@ -25,6 +26,16 @@ TEST_CASE("dtype sizes and names") {
   CHECK(itemsize(kFloat64) == 8);
   CHECK(dtype_name(kBFloat16) == "bfloat16");
   CHECK(dtype_name(kInt64) == "int64");
+  CHECK(itemsize(kUInt8) == 1);
+  CHECK(itemsize(kInt8) == 1);
+  CHECK(dtype_name(kByte) == "uint8");
+  CHECK(dtype_name(kChar) == "int8");
+  CHECK(is_integral(kUInt8));
+  CHECK(is_integral(kInt8));
+  CHECK(!is_floating(kUInt8));
+  CHECK(!is_floating(kInt8));
+  CHECK(!is_integral(kBool));
+  CHECK(is_floating(kFloat64));
 }
 
 TEST_CASE("promote_types follows torch.promote_types") {
@@ -37,6 +48,16 @@ TEST_CASE("promote_types follows torch.promote_types") {
   CHECK(promote_types(kFloat32, kFloat64) == kFloat64);
   CHECK(promote_types(kBool, kBool) == kBool);
   CHECK(promote_types(kInt32, kFloat32) == kFloat32);
+  CHECK(promote_types(kBool, kUInt8) == kUInt8);
+  CHECK(promote_types(kInt8, kBool) == kInt8);
+  CHECK(promote_types(kUInt8, kInt32) == kInt32);
+  CHECK(promote_types(kInt64, kInt8) == kInt64);
+  CHECK(promote_types(kInt8, kFloat16) == kFloat16);
+  CHECK(promote_types(kBFloat16, kUInt8) == kBFloat16);
+  CHECK(promote_types(kUInt8, kUInt8) == kUInt8);
+  // torch.promote_types(uint8, int8) is int16, which Kiln lacks.
+  check_error([] { promote_types(kUInt8, kInt8); }, {"uint8 with int8", "int16", "kInt32"});
+  check_error([] { (zeros({2}, kUInt8) + zeros({2}, kInt8)); }, {"int16"});
 }
 
 TEST_CASE("result_type: dimensioned tensors decide, 0-dim tensors and scalars only raise the category") {
@@ -179,4 +200,37 @@ TEST_CASE("casts between dtypes through tensors") {
   CHECK(std::isinf(h.to(kFloat32).to_vector<float>()[5]));  // 1e6 overflows float16
   CHECK(f.to(kBFloat16).to(kFloat32).to_vector<float>()[5] == 999424.0f);
   CHECK(tensor({1, 0, 1}).to(kBool).to(kInt32).to_vector<int32_t>() == std::vector<int32_t>{1, 0, 1});
+}
+
+TEST_CASE("uint8 and int8: values, scalars and the bounds of what they hold") {
+  Tensor u = from_vector<uint8_t>({0, 7, 200, 255}, {2, 2});
+  CHECK(u.dtype() == kUInt8);
+  CHECK(u.to_vector<uint8_t>() == std::vector<uint8_t>{0, 7, 200, 255});
+  CHECK(u.data_ptr<uint8_t>()[3] == 255);
+  CHECK(u[1][0].item<int64_t>() == 200);
+  Tensor i = from_vector<int8_t>({-128, -1, 0, 127});
+  CHECK(i.to_vector<int8_t>() == std::vector<int8_t>{-128, -1, 0, 127});
+  CHECK(i.to_vector<int64_t>() == std::vector<int64_t>{-128, -1, 0, 127});
+  // An int scalar keeps the tensor's dtype and must fit it, as in PyTorch ("value cannot be
+  // converted to type uint8_t without overflow").
+  CHECK((u + 1).dtype() == kUInt8);
+  CHECK((u + 1).to_vector<int64_t>() == std::vector<int64_t>{1, 8, 201, 0});
+  check_error([&] { (void)(u + 300); }, {"300", "uint8", "overflow"});
+  check_error([&] { (void)full({2}, -129, kInt8); }, {"-129", "int8"});
+  CHECK((u * 0.5).dtype() == kFloat32);
+  CHECK(u.sum().dtype() == kInt64);
+  CHECK(u.sum().item<int64_t>() == 462);
+  CHECK(i.abs().to_vector<int64_t>() == std::vector<int64_t>{-128, 1, 0, 127});  // wraps, as PyTorch
+  // randint checks its range against the dtype's.
+  Generator gen(7);
+  Tensor r = randint(250, 256, {1000}, kUInt8, &gen);
+  CHECK(r.min().item<int64_t>() >= 250);
+  CHECK(r.max().item<int64_t>() == 255);
+  check_error([&] { randint(0, 257, {2}, kUInt8, &gen); }, {"out of bounds", "uint8"});
+  check_error([&] { randint(-129, 0, {2}, kInt8, &gen); }, {"out of bounds", "int8"});
+  CHECK(randperm(256, kUInt8, &gen).sum().item<int64_t>() == 255 * 256 / 2);
+  check_error([&] { randperm(257, kUInt8, &gen); }, {"randperm", "uint8"});
+  check_error([&] { arange(0, 300, 1, kUInt8); }, {"arange", "uint8"});
+  // Integer tensors take no gradient.
+  check_error([&] { u.requires_grad_(); }, {"floating"});
 }

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <filesystem>
+#include <numeric>
 
 #include "data/files.h"
 #include "support.h"
@@ -93,6 +94,14 @@ TEST_CASE("MNIST: hand-built files read value by value", "[data][idx]") {
   CHECK(one.target.item<int64_t>() == 0);
   CHECK(one.data.to_vector<float>()[5] == static_cast<float>(pixel(1, 5)) / 255.0f);
   CHECK(train.label(2) == 9);
+  // torchvision's `data` and `targets`.
+  Tensor all = train.data();
+  CHECK(all.dtype() == kUInt8);
+  REQUIRE(all.sizes() == Shape{3, 28, 28});
+  CHECK(all[2][3][4].item<int64_t>() == pixel(2, 3 * 28 + 4));
+  CHECK(all[0].reshape({-1}).to_vector<int64_t>()[700] == pixel(0, 700));
+  check_close(all.to(kFloat32).div(255).index_select(0, from_vector<int64_t>({2, 0})).unsqueeze(1), batch.data);
+  CHECK(train.targets().to_vector<int64_t>() == std::vector<int64_t>{3, 0, 9});
   check_error([&] { train.get(3); }, {"MNIST", "index 3", "3 samples"});
 
   auto test = data::MNIST::test(dir.path().string());
@@ -227,6 +236,10 @@ TEST_CASE("FashionMNIST: Debian's dataset-fashion-mnist, when installed", "[data
   CHECK(label_sum == 270000);
   CHECK(first_sum == 76247);
   CHECK(last_sum == 16684);
+  CHECK(train.data().to(kInt64).sum().item<int64_t>() == std::accumulate(
+      train.image_bytes(0), train.image_bytes(0) + 60000 * 784, int64_t{0}));
+  CHECK(train.data()[0].to(kInt64).sum().item<int64_t>() == 76247);
+  CHECK(train.targets().sum().item<int64_t>() == 270000);
   const auto row10 = train.get(0).data.select(1, 10).to_vector<float>();  // (28) of image 0
   CHECK(row10[12] == 0.0f);
   CHECK(row10[13] == 193.0f / 255.0f);

@@ -118,7 +118,7 @@ TEST_CASE("comm: all_reduce sum, avg, max and min are exact for every dtype", "[
   const int p = comm->size(), r = comm->rank();
   const int64_t n = 7;
   Tensor i = arange(n, kFloat64);
-  for (DType dt : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64}) {
+  for (DType dt : {kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64, kUInt8, kInt8}) {
     INFO("dtype " << dtype_name(dt));
     Tensor t = ramp(n, r, dt);
     comm->all_reduce(t);

@@ -114,7 +114,8 @@ std::optional<DType> GoldenCase::opt_dtype(const std::string& key) const {
 DType GoldenFile::parse_dtype(const std::string& name) {
   static const std::map<std::string, DType> names = {
       {"float32", kFloat32}, {"float64", kFloat64}, {"float16", kFloat16}, {"bfloat16", kBFloat16},
-      {"int32", kInt32},     {"int64", kInt64},     {"bool", kBool}};
+      {"int32", kInt32},     {"int64", kInt64},     {"uint8", kUInt8},       {"int8", kInt8},
+      {"bool", kBool}};
   auto it = names.find(name);
   if (it == names.end()) bad("unknown dtype '" + name + "'");
   return it->second;
