@@ -55,7 +55,8 @@ void FlopsProfiler::start_profile() {
       profiles_.push_back({.name = name,
                            .type = m->name(),
                            .depth = name.empty() ? 0 : 1 + static_cast<int>(std::count(name.begin(), name.end(), '.')),
-                           .params = params_of(*m, numel_)});
+                           .params = params_of(*m, numel_),
+                           .counts = {}});
       hooks_.push_back(m->register_forward_pre_hook([this, i](Module&, const Tensor& x) {
         if (!counting_) return x;  // stopped
         wait_for_device();

@@ -287,7 +287,7 @@ Tensor attention(const char* op, const Tensor& query, const Tensor& key, const T
   AttentionArgs args{.scale = s, .causal = is_causal};
   if (dropout_p > 0) {  // the counters dropout (or dropout_part) would reserve on the probabilities
     int64_t outer = 1;  // the batch dims before the heads
-    for (size_t d = 0; d + 1 < probs_batch.size(); ++d) outer *= probs_batch[d];
+    for (int d = 0; d + 1 < probs_batch.size(); ++d) outer *= probs_batch[d];
     const int64_t whole = part.whole > 0 ? part.whole : heads;
     const Generator::State state = (gen ? *gen : default_generator()).reserve(outer * whole * L * S);
     args.dropout = dropout_p;
