@@ -24,7 +24,10 @@
 // gradients are made one sub-group at a time, against the partition's at once. At an even number
 // of ranks, stage 3 with MiCS (mics_shard_size half the ranks; its formula is 16 Psi / that), on
 // demand and with DeepSpeed's defaults; and stage 3 with ZeRO++'s hpZ (zero_hpz_partition_size half
-// the ranks; its formula adds 2 Psi / that for the secondary shard), on demand.
+// the ranks; its formula adds 2 Psi / that for the secondary shard), on demand. At every number of
+// ranks, stage 3 with ZeRO++'s qwZ (zero_quantized_weights: the weights' all-gathers in int8 blocks),
+// on demand and with DeepSpeed's defaults. Stage 3's lines give the MiB the all-gathers bring to a
+// rank per step.
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -63,6 +66,7 @@ int main(int argc, char** argv) {
     int64_t sub_group = 1'000'000'000;               // sub_group_size
     int64_t mics = -1;                               // mics_shard_size
     int64_t hpz = 1;                                 // zero_hpz_partition_size
+    bool qwz = false;                                // zero_quantized_weights
   };
   std::vector<Run> runs = {
       {0, "", 0, 0, 0},
@@ -84,6 +88,10 @@ int main(int argc, char** argv) {
       // Stage 3's step a parameter at a time (DeepSpeed's sub-groups, of whole parameters).
       {3, "prefetch, persistence, reuse (DeepSpeed's defaults)", 50'000'000, 100'000, 1'000'000'000, std::nullopt,
        false, std::nullopt, 0},
+      // ZeRO++'s qwZ: the weights gathered as int8 values with a float32 scale per 2048.
+      {3, "on demand", 0, 0, 0, std::nullopt, false, std::nullopt, 1'000'000'000, -1, 1, true},
+      {3, "prefetch, persistence, reuse (DeepSpeed's defaults)", 50'000'000, 100'000, 1'000'000'000, std::nullopt,
+       false, std::nullopt, 1'000'000'000, -1, 1, true},
   };
   // MiCS at an even number of ranks: stage 3 in groups of half of them, replicated twice (the
   // weights' all-gathers and the buckets' reduce-scatters in a group, one all-reduce of each
@@ -105,6 +113,7 @@ int main(int argc, char** argv) {
     double gathers = 0, prefetches = 0;  // stage 3's all-gathers per step, at the point of use and ahead
     double secondary = 0;                // of them, hpZ's from the secondary shards
     double wait_ms = 0;                   // and the time per step spent waiting for them
+    double gathered_mib = 0;              // and what they brought, per step
     {
       kiln_bench::Mlp784 net;
       net.to(kBFloat16);
@@ -115,7 +124,7 @@ int main(int argc, char** argv) {
           .prescale_gradients = run.prescale, .grad_accum_dtype = run.accumulate,
           .sub_group_size = run.sub_group, .stage3_prefetch_bucket_size = run.prefetch,
           .stage3_param_persistence_threshold = run.persistence, .stage3_max_reuse_distance = run.reuse,
-          .mics_shard_size = run.mics, .zero_hpz_partition_size = run.hpz});
+          .mics_shard_size = run.mics, .zero_hpz_partition_size = run.hpz, .zero_quantized_weights = run.qwz});
       std::vector<double> times, step_times;  // the iterations', and the optimizer steps' alone
       ParamGatherer::Stats warm;
       int64_t iteration_peak = 0, step_peak = 0;  // the last iteration's
@@ -141,6 +150,7 @@ int main(int argc, char** argv) {
       gathers = static_cast<double>(opt.stage3_stats().gathers - warm.gathers) / steps;
       prefetches = static_cast<double>(opt.stage3_stats().prefetches - warm.prefetches) / steps;
       secondary = static_cast<double>(opt.stage3_stats().secondary_gathers - warm.secondary_gathers) / steps;
+      gathered_mib = static_cast<double>(opt.stage3_stats().gathered_bytes - warm.gathered_bytes) / steps / (1 << 20);
       wait_ms = kiln_bench::slowest(*comm, (opt.stage3_stats().wait_seconds - warm.wait_seconds) * 1e3 / steps);
       ms = kiln_bench::slowest(*comm, kiln_bench::median(times));
       opt_ms = kiln_bench::slowest(*comm, kiln_bench::median(step_times));
@@ -160,16 +170,17 @@ int main(int argc, char** argv) {
                   "\"peak_step_mib\":%.3f,\"optimizer_step_peak_mib\":%.3f,\"ms_per_step\":%.3f,"
                   "\"optimizer_step_ms\":%.3f%s}\n",
                   p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",\"sub_group_size\":{},\"mics_shard_size\":{},"
-                                                     "\"zero_hpz_partition_size\":{},", run.stage3, run.sub_group,
-                                                     run.mics, run.hpz).c_str()
+                                                     "\"zero_hpz_partition_size\":{},\"zero_quantized_weights\":{},",
+                                                     run.stage3, run.sub_group, run.mics, run.hpz, run.qwz).c_str()
                                     : "",
                   fmt::format("\"communication_data_type\":\"{}\",\"prescale_gradients\":{},\"grad_accum_dtype\":\"{}\",",
                               dtype_name(run.wire.value_or(kBFloat16)), run.prescale,
                               dtype_name(run.accumulate.value_or(kBFloat16))).c_str(), psi,
                   states / (1 << 20), formula / (1 << 20), states / formula, peak / (1 << 20), opt_peak / (1 << 20), ms, opt_ms,
                   stage == 3 ? fmt::format(",\"gathers_per_step\":{:.1f},\"prefetches_per_step\":{:.1f},"
-                                           "\"secondary_gathers_per_step\":{:.1f},\"gather_wait_ms_per_step\":{:.3f}",
-                                           gathers, prefetches, secondary, wait_ms).c_str()
+                                           "\"secondary_gathers_per_step\":{:.1f},\"gather_wait_ms_per_step\":{:.3f},"
+                                           "\"gathered_mib_per_step\":{:.3f}",
+                                           gathers, prefetches, secondary, wait_ms, gathered_mib).c_str()
                              : "");
       std::fflush(stdout);
     }

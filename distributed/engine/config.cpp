@@ -32,7 +32,7 @@ const std::set<std::string> kUnsupportedTop = {
 const std::set<std::string> kUnsupportedZero = {
     "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
     "cpu_offload_params", "cpu_offload_use_pin_memory", "mics_hierarchical_params_gather",
-    "zero_quantized_weights", "zero_quantized_gradients", "memory_efficient_linear",
+    "zero_quantized_gradients", "memory_efficient_linear",
     "legacy_stage1", "use_multi_rank_bucket_allreduce", "pipeline_loading_checkpoint", "override_module_apply",
     "zeropp_loco_param", "log_trace_cache_warnings"};
 // DeepSpeed's NVMe and tuning keys of "offload_optimizer" and of "offload_param".
@@ -485,6 +485,13 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
   if (z.zero_hpz_partition_size != 1 && z.mics_shard_size != -1) {
     s.fail_at("zero_hpz_partition_size", "and \"mics_shard_size\" are both set; use one (hpZ shards over all ranks "
                                          "and keeps a copy of the weights per group, MiCS shards within each group)");
+  }
+  // ZeRO++'s qwZ: stage 3's weight gathers in int8 blocks.
+  s.read("zero_quantized_weights", z.zero_quantized_weights);
+  if (z.zero_quantized_weights && z.stage != 3) {
+    s.fail_at("zero_quantized_weights",
+              fmt::format("quantizes stage 3's weight all-gathers, and this is stage {}, which gathers no weights; "
+                          "remove it, or use stage 3", z.stage));
   }
   s.finish();
 }

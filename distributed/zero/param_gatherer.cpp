@@ -19,6 +19,41 @@ constexpr size_t kMaxTraceEvents = size_t{1} << 20;
 
 int64_t numel_of(const FlatLayout& layout, size_t k) { return layout.param(static_cast<int64_t>(k)).size(); }
 
+// ---- qwZ: int8 blocks (ParamGatherer::Options::quantized_weights) ----
+
+constexpr int64_t kBlock = ParamGatherer::kQuantBlock;
+int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
+
+// x (1-D) as rows of kBlock elements, zeros after its end.
+Tensor padded_blocks(const Tensor& x) {
+  const int64_t n = x.numel(), pad = blocks_of(n) * kBlock - n;
+  const Tensor whole = pad == 0 ? x : cat({x, zeros({pad}, TensorOptions(x.dtype()).device(x.device()))});
+  return whole.view({blocks_of(n), kBlock});
+}
+
+// Symmetric int8 quantization of x (1-D, floating) per block: scale = max |x| / 127 in float32 (0
+// for a block of zeros) and q = x / scale rounded to nearest, halves away from zero (the conversion
+// to int8 truncates), so that |x - q scale| <= scale / 2.
+struct Quantized {
+  Tensor q, scales;
+};
+Quantized quantize_blocks(const Tensor& x) {
+  const auto on = [&](DType d) { return TensorOptions(d).device(x.device()); };
+  if (x.numel() == 0) return {empty({0}, on(kInt8)), empty({0}, on(kFloat32))};
+  const Tensor blocks = padded_blocks(x.to(kFloat32));
+  const Tensor scales = amax(blocks.abs(), {1}) / 127.0;
+  const Tensor y = blocks / where(scales.gt(0), scales, 1.0).unsqueeze(1);
+  const Tensor q = clamp(y + y.sign() * 0.5, -127, 127).to(kInt8);
+  return {q.view({-1}).narrow(0, 0, x.numel()).contiguous(), scales};
+}
+
+// out = q scale, block by block (out: q's elements, any floating dtype).
+void dequantize_into(const Tensor& q, const Tensor& scales, Tensor out) {
+  if (q.numel() == 0) return;
+  const Tensor blocks = padded_blocks(q.to(kFloat32)) * scales.unsqueeze(1);
+  out.copy_(blocks.view({-1}).narrow(0, 0, q.numel()));
+}
+
 }  // namespace
 
 // Note [the fetch trace]
@@ -234,8 +269,11 @@ ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k, bool exact, boo
   const Tensor& shard = p.from_secondary ? secondary_shard_ : shard_;
   const FlatRange range = layout.param(static_cast<int64_t>(k));
   const FlatRange part = layout.partition(comm.rank());
-  const DType wire = exact || options_.gather_dtypes.empty() ? shard_.dtype() : options_.gather_dtypes[k];
-  p.rounded = wire != shard_.dtype();
+  // qwZ: the gathers from the shards that may round, in int8 (see the end of this function), but not
+  // the persistent parameters', which DeepSpeed never partitions (nor quantizes).
+  p.quantized = options_.quantized_weights && !exact && !p.from_secondary && !persistent_[k];
+  const DType wire = exact || p.quantized || options_.gather_dtypes.empty() ? shard_.dtype() : options_.gather_dtypes[k];
+  p.rounded = wire != shard_.dtype() || p.quantized;
   // Gathered on the host for a GPU, it goes to the GPU from pinned memory without the host waiting.
   p.full = empty({range.size()}, TensorOptions(wire)
                                       .device(gather_device_)
@@ -248,6 +286,32 @@ ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k, bool exact, boo
   const FlatRange mine = intersect(range, part);
   p.input = mine.empty() ? shard.narrow(0, 0, 0) : shard.narrow(0, mine.begin - part.begin, mine.size());
   if (p.input.device() != gather_device_) p.input = p.input.to(gather_device_, /*non_blocking=*/p.input.is_pinned());
+  if (p.quantized) {
+    // Each rank's piece is quantized in blocks of its own: the values land where `outputs` says, the
+    // scales one after another (rank r's blocks_of(piece r) of them); finish() dequantizes into full.
+    p.q = empty({range.size()}, TensorOptions(kInt8).device(gather_device_));
+    std::vector<Tensor> q_outputs, scale_outputs;
+    int64_t blocks = 0;
+    for (int r = 0; r < comm.size(); ++r) {
+      const FlatRange piece = intersect(range, layout.partition(r));
+      q_outputs.push_back(p.q.narrow(0, piece.begin - range.begin, piece.size()));
+      blocks += blocks_of(piece.size());
+    }
+    p.scales = empty({blocks}, TensorOptions(kFloat32).device(gather_device_));
+    blocks = 0;
+    for (int r = 0; r < comm.size(); ++r) {
+      const int64_t n = blocks_of(intersect(range, layout.partition(r)).size());
+      scale_outputs.push_back(p.scales.narrow(0, blocks, n));
+      blocks += n;
+    }
+    Quantized mine_q = quantize_blocks(p.input);
+    p.q_input = std::move(mine_q.q);
+    p.scale_input = std::move(mine_q.scales);
+    CommCaller caller("ZeRO-3 parameter gather (qwZ int8)");
+    p.work = comm.all_gather(q_outputs, p.q_input, /*async_op=*/true);
+    p.scale_work = comm.all_gather(scale_outputs, p.scale_input, /*async_op=*/true);
+    return p;
+  }
   if (p.rounded) p.input = p.input.to(wire);
   CommCaller caller(p.from_secondary ? "ZeRO-3 parameter gather (hpZ secondary)" : "ZeRO-3 parameter gather");
   p.work = comm.all_gather(outputs, p.input, /*async_op=*/true);
@@ -263,6 +327,8 @@ Tensor ParamGatherer::on_device(const Tensor& full) const {
 void ParamGatherer::start(size_t k, bool exact, bool backward) {
   Pending p = all_gather_param(k, exact, backward);
   if (p.from_secondary) ++stats_.secondary_gathers;
+  if (p.quantized) ++stats_.quantized_gathers;
+  stats_.gathered_bytes += p.quantized ? p.q.nbytes() + p.scales.nbytes() : p.full.nbytes();
   in_flight_numel_ += p.full.numel();
   if (!persistent_[k]) live_numel_ += p.full.numel();
   pending_[k] = std::move(p);
@@ -280,8 +346,21 @@ void ParamGatherer::finish(size_t k) {
   in_flight_numel_ -= p.full.numel();
   const auto t0 = std::chrono::steady_clock::now();
   p.work.wait();
+  if (p.quantized) p.scale_work.wait();
   stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   NoGradGuard no_grad;
+  if (p.quantized) {
+    const FlatRange range = layout_.param(static_cast<int64_t>(k));
+    int64_t blocks = 0;
+    for (int r = 0; r < comm_.size(); ++r) {
+      const FlatRange piece = intersect(range, layout_.partition(r));
+      const int64_t n = blocks_of(piece.size());
+      const int64_t at = piece.begin - range.begin;
+      dequantize_into(p.q.narrow(0, at, piece.size()), p.scales.narrow(0, blocks, n),
+                      p.full.narrow(0, at, piece.size()));
+      blocks += n;
+    }
+  }
   if (secondary_layout_ && !p.from_secondary) {
     // hpZ: this rank's piece of the secondary shard, from the weights just gathered.
     const FlatRange range = layout_.param(static_cast<int64_t>(k));

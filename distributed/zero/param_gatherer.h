@@ -73,7 +73,15 @@ class ParamGatherer {
     // the weights is partitioned, for the backward gathers; null: none. It must hold this rank, and
     // its size must divide the shard's communicator's.
     Communicator* secondary = nullptr;
+    // qwZ (DeepSpeed's zero_quantized_weights): the gathers from the shards (not gather_all's,
+    // pin_all's or gathered_copy's, not the persistent parameters', not hpZ's secondary ones) carry
+    // int8 values, one float32 scale per block of kQuantBlock elements of each rank's piece
+    // (symmetric: scale = max |w| / 127, values rounded to nearest). The parameter then holds the
+    // dequantized weights, each within scale / 2 of its own, and counts as rounded, as with
+    // gather_dtypes (which it overrides).
+    bool quantized_weights = false;
   };
+  static constexpr int64_t kQuantBlock = 2048;
   // What the hooks did since construction (every rank's are the same).
   struct Stats {
     int64_t gathers = 0;        // all-gathers started where the parameter was needed (a wait for each)
@@ -81,6 +89,9 @@ class ParamGatherer {
     int64_t kept_for_reuse = 0; // drops skipped because the parameter is used again soon
     int64_t trace_misses = 0;   // fetches that differed from the trace (prefetch stopped until the next step)
     int64_t secondary_gathers = 0;  // of the gathers and prefetches, those from hpZ's secondary shards
+    int64_t quantized_gathers = 0;  // of the gathers and prefetches, those in int8 (qwZ)
+    int64_t gathered_bytes = 0;  // what the gathers and prefetches brought: whole parameters, in their wire
+                                 // dtype (and qwZ's int8 values with their scales)
     double wait_seconds = 0;    // spent waiting for all-gathers to complete (what prefetch did not hide)
   };
 
@@ -120,8 +131,13 @@ class ParamGatherer {
     Work work;
     Tensor full;   // where the all-gather writes: on gather_device_
     Tensor input;  // what this rank sends, kept until the all-gather has completed
-    bool rounded = false;  // in Options::gather_dtypes' dtype, narrower than the shard's
+    bool rounded = false;  // in Options::gather_dtypes' dtype, narrower than the shard's, or quantized
     bool from_secondary = false;  // hpZ: gathered from the secondary shards
+    // qwZ: the int8 values (into q, for `full` once dequantized) and the scales of every rank's
+    // blocks, each all-gathered by a work of its own; what this rank sends is kept until they end.
+    bool quantized = false;
+    Work scale_work;
+    Tensor q, scales, q_input, scale_input;
   };
 
   void hook_module(nn::Module& module, std::vector<size_t> owned);

@@ -100,6 +100,9 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
     const int rank = comm_->rank();
     hpz_comm_ = comm_->split(static_cast<int>(rank / h), static_cast<int>(rank % h));
   }
+  KILN_CHECK(!options_.zero_quantized_weights || options_.stage == 3,
+             "ZeRO: zero_quantized_weights quantizes stage 3's weight all-gathers, and stage {} gathers no weights; "
+             "remove it, or use stage 3", options_.stage);
 
   std::vector<int64_t> numels;
   for (const auto& [name, p] : model_.named_parameters()) {
@@ -238,7 +241,8 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
                                .max_live_parameters = options_.stage3_max_live_parameters,
                                .max_reuse_distance = options_.stage3_max_reuse_distance,
                                .gather_dtypes = options_.autocast_dtype ? communication_dtypes_ : std::vector<DType>{},
-                               .secondary = hpz_comm_.get()});
+                               .secondary = hpz_comm_.get(),
+                               .quantized_weights = options_.zero_quantized_weights});
     flat_params_ = Tensor();  // the parameters were its last views: the full weights are gone
   }
 }

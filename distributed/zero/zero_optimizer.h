@@ -23,7 +23,8 @@
 // (MiCS, ZeroOptions::mics_shard_size = s: stage 3 within groups of s ranks, 16 Psi / s bytes, and
 // one all-reduce of each rank's gradient partition across the N / s groups per step. ZeRO++'s hpZ,
 // zero_hpz_partition_size = h: stage 3 plus a secondary shard of the weights per group of h ranks,
-// 2 Psi / h more bytes, from which backward's all-gathers read within the group.)
+// 2 Psi / h more bytes, from which backward's all-gathers read within the group. ZeRO++'s qwZ,
+// zero_quantized_weights: stage 3's weight all-gathers in int8 blocks with a scale each.)
 //
 // How (layout.h has the picture): the trainable parameters are laid end to end in one flat buffer,
 // padded to a multiple of N and cut into N equal partitions; rank r owns partition r. It keeps the
@@ -153,6 +154,14 @@ struct ZeroOptions {
   // gradients are still reduce-scattered over all N). 1: off (DeepSpeed's default). It must divide
   // the number of ranks; with mics_shard_size it is an Error.
   int64_t zero_hpz_partition_size = 1;
+  // ZeRO++'s quantized weights (qwZ; DeepSpeed's zero_quantized_weights), stage 3 only: the weights'
+  // all-gathers from the shards carry int8 values with a float32 scale per block of 2048 (a quarter
+  // of a float32 model's bytes, about half of a 16-bit one's), and forward and backward compute with
+  // the dequantized weights, each within half its block's scale (max |w| / 127) of its own. The
+  // shards, the optimizer's step and checkpoints stay exact, and so do GatheredParameters,
+  // consolidated_state_dict and the persistent parameters (stage3_param_persistence_threshold), which
+  // DeepSpeed never partitions. hpZ's secondary shards hold the dequantized weights.
+  bool zero_quantized_weights = false;
 };
 
 class ZeroOptimizer : public optim::Optimizer {

@@ -806,6 +806,9 @@ TEST_CASE("engine config: the examples in configs/ read", "[distributed]") {
   REQUIRE(partitioned.activation_checkpointing.has_value());
   CHECK(partitioned.activation_checkpointing->partition_activations);
   CHECK_FALSE(partitioned.activation_checkpointing->cpu_checkpointing);
+  const Config zeropp = Config::from_file((dir / "ds_zero3_zeropp.json").string());
+  CHECK(zeropp.zero_optimization.zero_quantized_weights);
+  CHECK(zeropp.zero_optimization.zero_hpz_partition_size == 2);
 }
 
 TEST_CASE("engine config: every mistake is an Error that names the key and what to do", "[distributed]") {
@@ -886,6 +889,13 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"zero_optimization.zero_hpz_partition_size\" must be >= 1, not 0"});
   bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_hpz_partition_size": 2, "mics_shard_size": 2}})",
       {"\"zero_optimization.zero_hpz_partition_size\" and \"mics_shard_size\" are both set; use one"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 2, "zero_quantized_weights": true}})",
+      {"\"zero_optimization.zero_quantized_weights\" quantizes stage 3's weight all-gathers", "this is stage 2",
+       "use stage 3"});
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_weights": 1}})",
+      {"\"zero_optimization.zero_quantized_weights\" must be true or false"});
+  CHECK(Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})")
+            .zero_optimization.zero_quantized_weights);
   // How the gradients are averaged.
   bad(R"({"train_batch_size": 8, "communication_data_type": "fp8"})",
       {"\"communication_data_type\" must be \"fp32\", \"fp16\" or \"bf16\"", "not \"fp8\""});
