@@ -1549,8 +1549,8 @@ TEST_CASE("zero: qwZ gathers the weights in int8 blocks for forward and backward
       CHECK(st.quantized_gathers == (quantized ? 8 : 0));
       if (quantized) {
         CHECK(st.gathers + st.prefetches == 8);
-        // Each gather brings a weight's 5000 int8 values and the float32 scales of every rank's
-        // blocks: 3 blocks at one rank, one more per rank whose piece starts inside a block.
+        // Each gather brings a weight's 5000 int8 values and a float32 scale for every block of every
+        // rank's piece (each piece cut into blocks from its own start: 3 for a whole weight).
         int64_t blocks = 0;
         for (int64_t k = 0; k < 2; ++k) {
           for (int r = 0; r < p; ++r) {
