@@ -170,10 +170,10 @@ for step in "${steps[@]}"; do
     # Where a step's time goes: each part of one block, forward and backward, both sides.
     limit 100 $build/bin/bench_gpt2 --breakdown | tee -a "$out/gpt.jsonl"
     limit 100 python3 benchmarks/anchors/torch_gpt2.py --breakdown | tee -a "$out/gpt.jsonl"
-    # The register-tiled attention kernels (cuda/attention.cu, Note [register-tiled attention]),
-    # still opt-in: their breakdown and a whole GPT-2 run.
-    limit 100 env KILN_CUDA_ATTENTION=mma $build/bin/bench_gpt2 --breakdown | tee -a "$out/gpt.jsonl"
-    limit 200 env KILN_CUDA_ATTENTION=mma $build/bin/bench_gpt2 | tee -a "$out/gpt.jsonl"
+    # The WMMA attention kernels (cuda/attention.cu; the register-tiled ones are the default): their
+    # breakdown and a whole GPT-2 run, for comparison.
+    limit 100 env KILN_CUDA_ATTENTION=wmma $build/bin/bench_gpt2 --breakdown | tee -a "$out/gpt.jsonl"
+    limit 200 env KILN_CUDA_ATTENTION=wmma $build/bin/bench_gpt2 | tee -a "$out/gpt.jsonl"
     # The corpus: bundle it as .deps/corpus/fortunes.txt (scripts/make_fortunes_corpus.sh writes it).
     corpus=$PWD/.deps/corpus/fortunes.txt
     if [[ -f $corpus ]]; then
