@@ -131,7 +131,7 @@ def main():
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--autocast", choices=["bf16", "fp16", "none"], default="bf16",
-                    help="fp16 with torch.cuda.amp.GradScaler; none: float32")
+                    help="fp16 with torch.amp.GradScaler; none: float32")
     ap.add_argument("--breakdown", action="store_true", help="time the parts of one block instead")
     args = ap.parse_args()
     if args.steps <= args.warmup or not 1 <= args.seq <= CONTEXT:
@@ -149,7 +149,11 @@ def main():
                             fused=True)
     step_model = torch.compile(model) if args.compile else model
     low = torch.float16 if args.autocast == "fp16" else torch.bfloat16
-    scaler = torch.cuda.amp.GradScaler(enabled=args.autocast == "fp16")
+    # torch.amp.GradScaler("cuda") since PyTorch 2.3; torch.cuda.amp's spelling warns there.
+    if hasattr(torch, "amp") and hasattr(torch.amp, "GradScaler"):
+        scaler = torch.amp.GradScaler("cuda", enabled=args.autocast == "fp16")
+    else:
+        scaler = torch.cuda.amp.GradScaler(enabled=args.autocast == "fp16")
     gen = torch.Generator().manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
     ms, losses = [], []
