@@ -26,8 +26,10 @@
 // demand and with DeepSpeed's defaults; and stage 3 with ZeRO++'s hpZ (zero_hpz_partition_size half
 // the ranks; its formula adds 2 Psi / that for the secondary shard), on demand. At every number of
 // ranks, stage 3 with ZeRO++'s qwZ (zero_quantized_weights: the weights' all-gathers in int8 blocks),
-// on demand and with DeepSpeed's defaults. Stage 3's lines give the MiB the all-gathers bring to a
-// rank per step.
+// on demand and with DeepSpeed's defaults, and with ZeRO++'s qgZ (zero_quantized_gradients: the
+// gradient buckets as int8 all-to-alls), alone and with qwZ. Stage 3's lines give the MiB the
+// all-gathers bring to a rank per step; every line the MiB its gradient reductions send to the
+// other ranks per step.
 #include <kiln/kiln.h>
 
 #include <chrono>
@@ -67,6 +69,7 @@ int main(int argc, char** argv) {
     int64_t mics = -1;                               // mics_shard_size
     int64_t hpz = 1;                                 // zero_hpz_partition_size
     bool qwz = false;                                // zero_quantized_weights
+    bool qgz = false;                                // zero_quantized_gradients
   };
   std::vector<Run> runs = {
       {0, "", 0, 0, 0},
@@ -92,6 +95,11 @@ int main(int argc, char** argv) {
       {3, "on demand", 0, 0, 0, std::nullopt, false, std::nullopt, 1'000'000'000, -1, 1, true},
       {3, "prefetch, persistence, reuse (DeepSpeed's defaults)", 50'000'000, 100'000, 1'000'000'000, std::nullopt,
        false, std::nullopt, 1'000'000'000, -1, 1, true},
+      // ZeRO++'s qgZ: the gradient buckets as int8 all-to-alls, alone and with qwZ.
+      {3, "prefetch, persistence, reuse (DeepSpeed's defaults)", 50'000'000, 100'000, 1'000'000'000, std::nullopt,
+       false, std::nullopt, 1'000'000'000, -1, 1, false, true},
+      {3, "prefetch, persistence, reuse (DeepSpeed's defaults)", 50'000'000, 100'000, 1'000'000'000, std::nullopt,
+       false, std::nullopt, 1'000'000'000, -1, 1, true, true},
   };
   // MiCS at an even number of ranks: stage 3 in groups of half of them, replicated twice (the
   // weights' all-gathers and the buckets' reduce-scatters in a group, one all-reduce of each
@@ -114,6 +122,7 @@ int main(int argc, char** argv) {
     double secondary = 0;                // of them, hpZ's from the secondary shards
     double wait_ms = 0;                   // and the time per step spent waiting for them
     double gathered_mib = 0;              // and what they brought, per step
+    double gradient_mib = 0;              // what the gradient reductions sent to the other ranks, per step
     {
       kiln_bench::Mlp784 net;
       net.to(kBFloat16);
@@ -124,12 +133,17 @@ int main(int argc, char** argv) {
           .prescale_gradients = run.prescale, .grad_accum_dtype = run.accumulate,
           .sub_group_size = run.sub_group, .stage3_prefetch_bucket_size = run.prefetch,
           .stage3_param_persistence_threshold = run.persistence, .stage3_max_reuse_distance = run.reuse,
-          .mics_shard_size = run.mics, .zero_hpz_partition_size = run.hpz, .zero_quantized_weights = run.qwz});
+          .mics_shard_size = run.mics, .zero_hpz_partition_size = run.hpz, .zero_quantized_weights = run.qwz,
+          .zero_quantized_gradients = run.qgz});
       std::vector<double> times, step_times;  // the iterations', and the optimizer steps' alone
       ParamGatherer::Stats warm;
+      int64_t warm_sent = 0;
       int64_t iteration_peak = 0, step_peak = 0;  // the last iteration's
       for (int s = 0; s < steps + 2; ++s) {
-        if (s == 2) warm = opt.stage3_stats();
+        if (s == 2) {
+          warm = opt.stage3_stats();
+          warm_sent = opt.gradient_bytes_sent();
+        }
         comm->barrier();
         memory::reset_peak(Device::cpu());
         const auto t0 = Clock::now();
@@ -151,6 +165,7 @@ int main(int argc, char** argv) {
       prefetches = static_cast<double>(opt.stage3_stats().prefetches - warm.prefetches) / steps;
       secondary = static_cast<double>(opt.stage3_stats().secondary_gathers - warm.secondary_gathers) / steps;
       gathered_mib = static_cast<double>(opt.stage3_stats().gathered_bytes - warm.gathered_bytes) / steps / (1 << 20);
+      gradient_mib = static_cast<double>(opt.gradient_bytes_sent() - warm_sent) / steps / (1 << 20);
       wait_ms = kiln_bench::slowest(*comm, (opt.stage3_stats().wait_seconds - warm.wait_seconds) * 1e3 / steps);
       ms = kiln_bench::slowest(*comm, kiln_bench::median(times));
       opt_ms = kiln_bench::slowest(*comm, kiln_bench::median(step_times));
@@ -168,15 +183,18 @@ int main(int argc, char** argv) {
                   "\"stage\":%d,%s%s\"model\":\"mlp 784-1024x3-10 bf16, AdamW\",\"params\":%.0f,"
                   "\"model_state_mib\":%.3f,\"formula_mib\":%.3f,\"ratio_to_formula\":%.4f,"
                   "\"peak_step_mib\":%.3f,\"optimizer_step_peak_mib\":%.3f,\"ms_per_step\":%.3f,"
-                  "\"optimizer_step_ms\":%.3f%s}\n",
+                  "\"optimizer_step_ms\":%.3f,\"gradient_mib_sent_per_step\":%.3f%s}\n",
                   p, stage, stage == 3 ? fmt::format("\"stage3\":\"{}\",\"sub_group_size\":{},\"mics_shard_size\":{},"
-                                                     "\"zero_hpz_partition_size\":{},\"zero_quantized_weights\":{},",
-                                                     run.stage3, run.sub_group, run.mics, run.hpz, run.qwz).c_str()
+                                                     "\"zero_hpz_partition_size\":{},\"zero_quantized_weights\":{},"
+                                                     "\"zero_quantized_gradients\":{},",
+                                                     run.stage3, run.sub_group, run.mics, run.hpz, run.qwz, run.qgz)
+                                             .c_str()
                                     : "",
                   fmt::format("\"communication_data_type\":\"{}\",\"prescale_gradients\":{},\"grad_accum_dtype\":\"{}\",",
                               dtype_name(run.wire.value_or(kBFloat16)), run.prescale,
                               dtype_name(run.accumulate.value_or(kBFloat16))).c_str(), psi,
                   states / (1 << 20), formula / (1 << 20), states / formula, peak / (1 << 20), opt_peak / (1 << 20), ms, opt_ms,
+                  gradient_mib,
                   stage == 3 ? fmt::format(",\"gathers_per_step\":{:.1f},\"prefetches_per_step\":{:.1f},"
                                            "\"secondary_gathers_per_step\":{:.1f},\"gather_wait_ms_per_step\":{:.3f},"
                                            "\"gathered_mib_per_step\":{:.3f}",

@@ -28,11 +28,15 @@ CommBandwidth comm_bandwidth(std::string_view op, double msg_bytes, double laten
              op == "reduce_scatter_tensor") {
     algbw = n * per_ms;  // the whole gathered (or scattered) tensor
     busbw = n * per_ms * share;
+  } else if (op == "all_to_all") {  // DeepSpeed's all_to_all_single: S is what this rank sends
+    algbw = per_ms;
+    busbw = per_ms * share;
   } else if (op == "broadcast" || op == "reduce" || op == "send" || op == "recv" || op == "barrier") {
     algbw = busbw = per_ms;
   } else {
     KILN_FAIL("comm_bandwidth: '{}' is not a communication operation; the operations are all_reduce, broadcast, "
-              "reduce, all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, send, recv, barrier",
+              "reduce, all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, all_to_all, send, recv, "
+              "barrier",
               op);
   }
   // bytes/ms x 8 bits / 10^6 = 10^9 bits/s
@@ -71,8 +75,8 @@ CommsLogger::CommsLogger(CommsLoggerOptions options, bool prints) : options_(std
   for (const std::string& op : options_.prof_ops) {
     KILN_CHECK(std::find(std::begin(kCommOpNames), std::end(kCommOpNames), op) != std::end(kCommOpNames),
                "comms_logger: prof_ops names '{}', which is not a communication operation; name some of all_reduce, "
-               "broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, send, "
-               "recv, barrier", op);
+               "broadcast, reduce, all_gather, all_gather_into_tensor, reduce_scatter, reduce_scatter_tensor, "
+               "all_to_all, send, recv, barrier", op);
   }
 }
 
@@ -249,6 +253,12 @@ class LoggingCommunicator final : public Communicator {
   Work reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp op, bool async_op) override {
     return timed("reduce_scatter_tensor", output, bytes_of(output),
                  [&] { return inner_->reduce_scatter_tensor(output, input, op, async_op); });
+  }
+  Work all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, bool async_op) override {
+    int64_t sent = 0;
+    for (const Tensor& t : inputs) sent += bytes_of(t);
+    return timed("all_to_all", inputs.empty() ? Tensor() : inputs[0], sent,
+                 [&] { return inner_->all_to_all(outputs, inputs, async_op); });
   }
   // Asynchronous send and recv are not made blocking (comms_logger.h).
   Work send(const Tensor& t, int dst, int tag, bool async_op) override {

@@ -21,11 +21,12 @@
 // communicator's size (DeepSpeed takes the world's, which differs on a sub-group):
 //   all_reduce:                      algbw = 2 S / t     busbw = S / t x 2 (n - 1) / n
 //   all_gather*, reduce_scatter*:    algbw = n S / t     busbw = n S / t x (n - 1) / n
+//   all_to_all:                      algbw = S / t       busbw = S / t x (n - 1) / n
 //   broadcast, reduce, send, recv:   algbw = busbw = S / t
 //   barrier:                         S = 0
 // where S is the message size: the tensor of all_reduce, broadcast, reduce, send and recv; this
 // rank's piece of all_gather (its input) and of reduce_scatter (its output); the uneven ops take
-// the mean piece. In Gbps (10^9 bits per second), as DeepSpeed prints them.
+// the mean piece; all_to_all, all that this rank sends (DeepSpeed's all_to_all_single rule). In Gbps (10^9 bits per second), as DeepSpeed prints them.
 #pragma once
 
 #include <map>
@@ -53,7 +54,7 @@ struct CommsLoggerOptions {
 // "reduce_scatter"; the flat ones "all_gather_into_tensor" and "reduce_scatter_tensor".
 inline constexpr const char* kCommOpNames[] = {"all_reduce", "broadcast", "reduce", "all_gather",
                                                "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-                                               "send", "recv", "barrier"};
+                                               "all_to_all", "send", "recv", "barrier"};
 
 class CommsLogger {
  public:

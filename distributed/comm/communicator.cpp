@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <optional>
 
@@ -156,8 +157,8 @@ void check_signature(const std::string& what, const Signature& mine, const int64
                                                          "root rank", "reduce op", "per-rank sizes"};
   static constexpr const char* kOpNames[] = {"?", "all_reduce", "broadcast", "reduce", "all_gather",
                                              "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-                                             "barrier", "split"};
-  static_assert(std::size(kOpNames) == kSplit + 1);
+                                             "barrier", "split", "all_to_all"};
+  static_assert(std::size(kOpNames) == kAllToAll + 1);
   auto differs = [&](int i) {
     const int64_t m = mine[static_cast<size_t>(i)];
     return maxima[i] != m || -maxima[kSignatureLen + i] != m;
@@ -166,7 +167,7 @@ void check_signature(const std::string& what, const Signature& mine, const int64
   // message names the two operations only.
   if (differs(1)) {
     const int64_t m = mine[1], hi = maxima[1], lo = -maxima[kSignatureLen + 1];
-    auto name = [](int64_t v) { return v >= 1 && v <= kSplit ? kOpNames[v] : "an unknown operation"; };
+    auto name = [](int64_t v) { return v >= 1 && v <= kAllToAll ? kOpNames[v] : "an unknown operation"; };
     KILN_FAIL("{}: the ranks called different collectives: this rank called {}, another rank {}. Every rank must call "
               "the same collectives in the same order, with matching tensors",
               what, name(m), name(hi != m ? hi : lo));
@@ -193,6 +194,34 @@ void check_signature(const std::string& what, const Signature& mine, const int64
              what, diffs);
 }
 
+namespace {
+constexpr int64_t kNoCount = std::numeric_limits<int64_t>::min() / 2;  // below every count and its negation
+}  // namespace
+
+std::vector<int64_t> pair_check_values(int rank, int size, const std::vector<int64_t>& send,
+                                       const std::vector<int64_t>& recv) {
+  const auto n = static_cast<size_t>(size), me = static_cast<size_t>(rank);
+  std::vector<int64_t> v(2 * n * n, kNoCount);
+  auto put = [&](size_t cell, int64_t count) {  // the max in the first half, the negated min in the second
+    v[cell] = std::max(v[cell], count);
+    v[n * n + cell] = std::max(v[n * n + cell], -count);
+  };
+  for (size_t r = 0; r < n; ++r) put(me * n + r, send[r]);
+  for (size_t s = 0; s < n; ++s) put(s * n + me, recv[s]);
+  return v;
+}
+
+void check_pairs(const std::string& what, int size, const int64_t* maxima) {
+  const auto n = static_cast<size_t>(size);
+  for (size_t cell = 0; cell < n * n; ++cell) {
+    const int64_t hi = maxima[cell], lo = -maxima[n * n + cell];
+    KILN_CHECK(hi == lo,
+               "{}: rank {}'s inputs[{}] and rank {}'s outputs[{}] differ in size ({} and {} elements, one each); "
+               "what rank i sends to rank r must be as large as what rank r receives from rank i",
+               what, cell / n, cell % n, cell % n, cell / n, lo, hi);
+  }
+}
+
 void check_tensor(const char* op, const Tensor& t, const Tensor& like) {
   KILN_CHECK(t.defined(), "{}: the tensor is undefined", op);
   KILN_CHECK(t.is_contiguous(),
@@ -213,6 +242,27 @@ void check_send_dst(int dst, int rank, bool async_op) {
              "send: a blocking send to this rank itself (dst = {}) never completes, because the recv that would "
              "match it cannot be posted until it returns; send with async_op = true, then recv, then wait()",
              dst);
+}
+
+PairCounts all_to_all_counts(const char* op, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                             int rank, int size) {
+  KILN_CHECK(static_cast<int>(inputs.size()) == size && static_cast<int>(outputs.size()) == size,
+             "{}: got {} outputs and {} inputs for {} ranks; pass one of each per rank", op, outputs.size(),
+             inputs.size(), size);
+  PairCounts c;
+  for (int r = 0; r < size; ++r) {
+    const Tensor& in = inputs[static_cast<size_t>(r)];
+    const Tensor& out = outputs[static_cast<size_t>(r)];
+    check_tensor(op, in, inputs[0]);
+    check_tensor(op, out, inputs[0]);
+    check_written(op, out);
+    c.send.push_back(in.numel());
+    c.recv.push_back(out.numel());
+  }
+  const auto me = static_cast<size_t>(rank);
+  KILN_CHECK(c.send[me] == c.recv[me], "{}: this rank ({}) sends {} elements to itself (inputs[{}]) but outputs[{}] has {}",
+             op, rank, c.send[me], rank, rank, c.recv[me]);
+  return c;
 }
 
 std::vector<int64_t> per_rank_counts(const char* op, const std::vector<Tensor>& list, const char* list_name,

@@ -110,6 +110,12 @@ class Communicator {
   // output = op over ranks of their input's slice number rank() (input has size() x output.numel()).
   virtual Work reduce_scatter_tensor(const Tensor& output, const Tensor& input, ReduceOp op = ReduceOp::Sum,
                                      bool async_op = false) = 0;
+  // outputs[r] = rank r's inputs[rank()], on every rank: inputs[r] goes to rank r (MPI_Alltoallv,
+  // torch.distributed.all_to_all). The sizes may differ from pair to pair: rank i's inputs[r] and
+  // rank r's outputs[i] have the same number of elements (checked with check_collectives). One
+  // dtype and device for every tensor.
+  virtual Work all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                          bool async_op = false) = 0;
   // Point to point; the receiver's tensor has the sender's dtype and number of elements.
   virtual Work send(const Tensor& t, int dst, int tag = 0, bool async_op = false) = 0;
   virtual Work recv(const Tensor& t, int src, int tag = 0, bool async_op = false) = 0;

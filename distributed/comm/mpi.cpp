@@ -195,6 +195,9 @@ struct Task {
   bool ordered = true;
   bool finish_is_collective = false;  // split's MPI_Comm_split: later collectives wait for it
   Signature signature = {};
+  // all_to_all's pairing check (pair_check_values), all-reduced with the signature; N ranks.
+  std::vector<int64_t> pair_check;
+  int pair_ranks = 0;
   std::function<void(std::vector<MPI_Request>&)> post;  // posts the operation's requests
   std::function<void()> finish;      // after the requests complete, on the engine thread
   std::function<void()> run_now;     // instead of post: a blocking call on the engine thread
@@ -205,7 +208,7 @@ struct Task {
   int world_rank = 0;
 
   int phase = 0;  // 0: queued, 1: checking, 2: running
-  std::array<int64_t, 2 * kSignatureLen> check_buf = {};
+  std::vector<int64_t> check_buf;
   MPI_Request check_req = MPI_REQUEST_NULL;
   std::vector<MPI_Request> reqs;
   std::vector<MPI_Status> statuses;
@@ -467,9 +470,11 @@ class Engine {
     const char* what = t.work->what.c_str();
     if (t.phase == 0) {
       if (t.check) {
-        t.check_buf = signature_check_values(t.signature);
-        KILN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.check_buf.data(), 2 * kSignatureLen, MPI_INT64_T, MPI_MAX,
-                                      t.check_comm, &t.check_req));
+        const auto values = signature_check_values(t.signature);
+        t.check_buf.assign(values.begin(), values.end());
+        t.check_buf.insert(t.check_buf.end(), t.pair_check.begin(), t.pair_check.end());
+        KILN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.check_buf.data(), static_cast<int>(t.check_buf.size()),
+                                      MPI_INT64_T, MPI_MAX, t.check_comm, &t.check_req));
       }
       t.phase = 1;
       progressed = true;
@@ -514,7 +519,10 @@ class Engine {
 
   // After the check's all-reduce: equal maxima of the signature and of its negation mean equal
   // signatures everywhere.
-  static void verify(const Task& t) { check_signature(t.work->what, t.signature, t.check_buf.data()); }
+  static void verify(const Task& t) {
+    check_signature(t.work->what, t.signature, t.check_buf.data());
+    if (!t.pair_check.empty()) check_pairs(t.work->what, t.pair_ranks, t.check_buf.data() + 2 * kSignatureLen);
+  }
 
   // The Error of a task past its deadline; with abort_on_timeout it stops the job instead.
   std::exception_ptr timed_out(Task& t) {
@@ -771,6 +779,58 @@ class MpiCommunicator final : public Communicator {
           MPI_Ireduce_scatter_block(in.data_ptr(), buf.data_ptr(), n, mpi_type(buf.dtype()), mop, c, &reqs[0]));
     };
     task->finish = average_finish(op, buf, out, size_);
+    return launch(std::move(task), staging, async_op);
+  }
+
+  Work all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, bool async_op) override {
+    const PairCounts counts = all_to_all_counts("all_to_all", outputs, inputs, rank_, size_);
+    int64_t sent = 0, received = 0;
+    for (int r = 0; r < size_; ++r) {
+      sent += counts.send[static_cast<size_t>(r)];
+      received += counts.recv[static_cast<size_t>(r)];
+    }
+    const DType dtype = inputs[0].dtype();
+    auto task = new_task(fmt::format("all_to_all #{} ({}, {} elements out, {} in)", ++seq_, dtype_name(dtype), sent,
+                                     received));
+    const char* what = task->work->what.c_str();
+    sign(*task, kAllToAll, inputs[0], -1, ReduceOp::Sum, {});
+    task->signature[3] = 0;  // the element count: the pairs' sizes are checked apart
+    if (task->check) {
+      task->pair_check = pair_check_values(rank_, size_, counts.send, counts.recv);
+      task->pair_ranks = size_;
+    }
+    Staging staging;
+    std::vector<Tensor> ins, outs;
+    for (int r = 0; r < size_; ++r) {
+      ins.push_back(staging.host(inputs[static_cast<size_t>(r)], true, false).reshape({-1}));
+      outs.push_back(staging.host(outputs[static_cast<size_t>(r)], false, true));
+    }
+    // MPI_Alltoallv takes one buffer each way, with counts and offsets per rank.
+    std::vector<int> scnt, sdispl, rcnt, rdispl;
+    int64_t s_at = 0, r_at = 0;
+    for (int r = 0; r < size_; ++r) {
+      scnt.push_back(to_int_count(counts.send[static_cast<size_t>(r)], what));
+      sdispl.push_back(to_int_count(s_at, what));
+      rcnt.push_back(to_int_count(counts.recv[static_cast<size_t>(r)], what));
+      rdispl.push_back(to_int_count(r_at, what));
+      s_at += counts.send[static_cast<size_t>(r)];
+      r_at += counts.recv[static_cast<size_t>(r)];
+    }
+    Tensor flat_in = sent == 0 ? empty({0}, TensorOptions(dtype)) : cat(ins, 0).contiguous();
+    Tensor flat_out = empty({received}, TensorOptions(dtype));
+    task->post = [flat_in, flat_out, scnt, sdispl, rcnt, rdispl, c = comm_, what](std::vector<MPI_Request>& reqs) {
+      reqs.resize(1);
+      const MPI_Datatype ty = mpi_type(flat_in.dtype());
+      KILN_MPI_CHECK(MPI_Ialltoallv(flat_in.data_ptr(), scnt.data(), sdispl.data(), ty, flat_out.data_ptr(),
+                                    rcnt.data(), rdispl.data(), ty, c, &reqs[0]));
+    };
+    task->finish = [flat_out, outs, rdispl] {
+      const auto* src = static_cast<const char*>(flat_out.data_ptr());
+      for (size_t r = 0; r < outs.size(); ++r) {
+        if (outs[r].numel() == 0) continue;
+        std::memcpy(outs[r].data_ptr(), src + rdispl[r] * flat_out.element_size(), static_cast<size_t>(outs[r].nbytes()));
+      }
+    };
     return launch(std::move(task), staging, async_op);
   }
 

@@ -605,6 +605,41 @@ class NcclCommunicator final : public Communicator {
 
   // NCCL matches sends and receives by their order between two ranks; it has no tags and does not
   // check sizes (a mismatch shows as a timeout naming the op).
+  Work all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, bool async_op) override {
+    const PairCounts counts = all_to_all_counts("all_to_all", outputs, inputs, rank_, size_);
+    check_cuda("all_to_all", inputs[0]);  // and so every tensor, which must share its device
+    int64_t sent = 0, received = 0;
+    for (int r = 0; r < size_; ++r) {
+      sent += counts.send[static_cast<size_t>(r)];
+      received += counts.recv[static_cast<size_t>(r)];
+    }
+    std::string what = fmt::format("all_to_all #{} ({}, {} elements out, {} in)", ++seq_,
+                                   dtype_name(inputs[0].dtype()), sent, received);
+    Signature sig = sign(kAllToAll, inputs[0], -1, ReduceOp::Sum, {});
+    sig[3] = 0;  // the element count: the pairs' sizes are checked apart
+    const std::vector<int64_t> pairs =
+        options_.check_collectives ? pair_check_values(rank_, size_, counts.send, counts.recv) : std::vector<int64_t>{};
+    std::vector<Tensor> keep = outputs;
+    keep.insert(keep.end(), inputs.begin(), inputs.end());
+    // One send and one receive per rank (itself included), in one group: NCCL pairs them up.
+    return launch(
+        std::move(what), &sig, std::move(keep), async_op,
+        [&](ncclComm_t c, cudaStream_t s) {
+          return group([&] {
+            for (int r = 0; r < size_; ++r) {
+              const Tensor& in = inputs[static_cast<size_t>(r)];
+              const Tensor& out = outputs[static_cast<size_t>(r)];
+              ncclResult_t e = ncclSend(in.data_ptr(), static_cast<size_t>(in.numel()), nccl_type(in.dtype()), r, c, s);
+              if (e != ncclSuccess) return e;
+              e = ncclRecv(out.data_ptr(), static_cast<size_t>(out.numel()), nccl_type(out.dtype()), r, c, s);
+              if (e != ncclSuccess) return e;
+            }
+            return ncclSuccess;
+          });
+        },
+        pairs);
+  }
+
   Work send(const Tensor& t, int dst, int tag, bool async_op) override {
     check_cuda("send", t);
     check_rank("send", dst, "dst");
@@ -683,18 +718,23 @@ class NcclCommunicator final : public Communicator {
 
   // The signature check of mpi.cpp, on this communicator's MPI twin: the ranks all-reduce (MAX) the
   // signature and its negation; equal maxima mean every rank asked for the same thing.
-  void verify(const std::string& what, const Signature& sig) {
+  // all_to_all's pairing check (pair_check_values) goes along in the same all-reduce.
+  void verify(const std::string& what, const Signature& sig, const std::vector<int64_t>& pairs = {}) {
     const auto values = signature_check_values(sig);
-    Tensor buf = from_vector(std::vector<int64_t>(values.begin(), values.end()));
+    std::vector<int64_t> all(values.begin(), values.end());
+    all.insert(all.end(), pairs.begin(), pairs.end());
+    Tensor buf = from_vector(all);
     const int64_t* b = buf.data_ptr<int64_t>();
     mpi_->all_reduce(buf, ReduceOp::Max);
     check_signature(what, sig, b);
+    if (!pairs.empty()) check_pairs(what, size_, b + 2 * kSignatureLen);
   }
 
   // Runs one operation as Note [NCCL streams] draws it: checked, ordered after the current stream,
   // enqueued on the comm stream, watched until done.
   Work launch(std::string what, const Signature* sig, std::vector<Tensor> keep, bool async_op,
-              const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& enqueue) {
+              const std::function<ncclResult_t(ncclComm_t, cudaStream_t)>& enqueue,
+              const std::vector<int64_t>& pairs = {}) {
     Watchdog& dog = Watchdog::get();
     dog.drop_released();
     check_usable(what);
@@ -718,7 +758,7 @@ class NcclCommunicator final : public Communicator {
     dog.add(p);
     const std::string& name = p->work->what;
     try {
-      if (sig && options_.check_collectives) verify(name, *sig);
+      if (sig && options_.check_collectives) verify(name, *sig, pairs);
       std::unique_lock<std::mutex> lock(state_->m);
       KILN_CHECK(state_->comm, "{}: this communicator stopped working: {}", name, state_->broken);
       KILN_CUDA_CHECK(cudaEventRecord(ready_->e, compute_stream(device_)));

@@ -63,7 +63,7 @@ struct Staging {
 // signature followed by its negation; equal maxima of both mean every rank asked for the same
 // thing (see mpi.cpp).
 enum OpCode : int64_t { kAllReduce = 1, kBroadcast, kReduce, kAllGather, kAllGatherTensor, kReduceScatter,
-                        kReduceScatterTensor, kBarrier, kSplit };
+                        kReduceScatterTensor, kBarrier, kSplit, kAllToAll };
 constexpr int kSignatureLen = 7;  // sequence number, op, dtype, count, root, reduce op, sizes hash
 using Signature = std::array<int64_t, kSignatureLen>;
 // sizes: the per-rank element counts of the ops whose sizes may differ by rank (then count is 0).
@@ -74,6 +74,16 @@ std::array<int64_t, 2 * kSignatureLen> signature_check_values(const Signature& s
 // maxima: the all-reduced (MAX) 2 x kSignatureLen values. Throws the Error naming every field on
 // which the ranks disagree, with `what` (the op's description).
 void check_signature(const std::string& what, const Signature& mine, const int64_t* maxima);
+// all_to_all's sizes pair up across ranks, not per rank, so its signature leaves them out and this
+// check, appended to the signature's values in the same MAX all-reduce, compares them: 2 N^2 values
+// for N ranks, cell i N + r holding what rank i sends to rank r and what rank r receives from rank i
+// (written by those two ranks; the others put a floor below every count), then the negations. send[r]
+// and recv[s]: this rank's element counts to rank r and from rank s.
+std::vector<int64_t> pair_check_values(int rank, int size, const std::vector<int64_t>& send,
+                                       const std::vector<int64_t>& recv);
+// maxima: the all-reduced 2 N^2 values. Throws the Error naming the first pair of ranks whose
+// sizes differ.
+void check_pairs(const std::string& what, int size, const int64_t* maxima);
 
 // The pieces of an operation's description and checks, shared by the backends.
 std::string describe_op(const char* op, uint64_t number, const Tensor& t, const std::string& extra);
@@ -90,5 +100,13 @@ void check_send_dst(int dst, int rank, bool async_op);
 // input, or output). Returns the per-rank element counts.
 std::vector<int64_t> per_rank_counts(const char* op, const std::vector<Tensor>& list, const char* list_name,
                                      const Tensor& mine, const char* mine_name, int rank, int size);
+// all_to_all's lists: one output and one input per rank, every tensor of inputs[0]'s dtype and
+// device and contiguous, the outputs writable, and this rank's own pair of one size. Returns the
+// element counts sent to each rank and received from each.
+struct PairCounts {
+  std::vector<int64_t> send, recv;
+};
+PairCounts all_to_all_counts(const char* op, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
+                             int rank, int size);
 
 }  // namespace kiln::distributed

@@ -32,7 +32,7 @@ const std::set<std::string> kUnsupportedTop = {
 const std::set<std::string> kUnsupportedZero = {
     "round_robin_gradients", "elastic_checkpoint", "cpu_offload",
     "cpu_offload_params", "cpu_offload_use_pin_memory", "mics_hierarchical_params_gather",
-    "zero_quantized_gradients", "memory_efficient_linear",
+    "memory_efficient_linear",
     "legacy_stage1", "use_multi_rank_bucket_allreduce", "pipeline_loading_checkpoint", "override_module_apply",
     "zeropp_loco_param", "log_trace_cache_warnings"};
 // DeepSpeed's NVMe and tuning keys of "offload_optimizer" and of "offload_param".
@@ -492,6 +492,13 @@ void read_zero(Section& top, const std::string& source, Config& cfg) {
     s.fail_at("zero_quantized_weights",
               fmt::format("quantizes stage 3's weight all-gathers, and this is stage {}, which gathers no weights; "
                           "remove it, or use stage 3", z.stage));
+  }
+  // ZeRO++'s qgZ: stage 3's gradient reduction as int8 all-to-alls.
+  s.read("zero_quantized_gradients", z.zero_quantized_gradients);
+  if (z.zero_quantized_gradients && z.stage != 3) {
+    s.fail_at("zero_quantized_gradients",
+              fmt::format("quantizes stage 3's gradient reduction (DeepSpeed's qgZ is for stage 3), and this is stage "
+                          "{}; remove it, or use stage 3", z.stage));
   }
   s.finish();
 }

@@ -33,7 +33,8 @@
 //                  mics_shard_size (stage 3 shards over groups of this many ranks: MiCS),
 //                  zero_hpz_partition_size (stage 3's backward gathers within groups of this many
 //                  ranks: ZeRO++'s hpZ), zero_quantized_weights (stage 3's weight gathers in int8
-//                  blocks: ZeRO++'s qwZ),
+//                  blocks: ZeRO++'s qwZ), zero_quantized_gradients (stage 3's gradient reduction
+//                  as int8 all-to-alls: ZeRO++'s qgZ),
 //                  stage3_prefetch_bucket_size, stage3_param_persistence_threshold,
 //                  stage3_model_persistence_threshold,
 //                  stage3_max_live_parameters, stage3_max_reuse_distance,

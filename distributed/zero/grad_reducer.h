@@ -75,6 +75,11 @@ struct GradAveraging {
   std::vector<DType> param_dtypes;
   double predivide = 0;  // f > 0: multiply by 1/f, sum, multiply by f/N; 0: ReduceOp::Avg
   bool prescale = false;  // f = N (DeepSpeed's prescale_gradients); predivide must then be 0
+  // ZeRO++'s quantized gradients (qgZ; kBucketed only): each rank's piece of a bucket for rank r is
+  // quantized in int8 blocks (quantize.h) and sent to r by an all-to-all, with its scales by a
+  // second; r dequantizes the N pieces and sums them in float32. In place of the reduce-scatter:
+  // Note [quantized gradients] in grad_reducer.cpp.
+  bool quantized = false;
 };
 
 class GradReducer {
@@ -117,6 +122,10 @@ class GradReducer {
   int64_t buckets_started_during_backward() const { return started_during_backward_; }
   // How many reductions have started since construction (one per reducing backward, or reduce()).
   int64_t reductions() const { return reductions_; }
+  // The bytes this rank's buckets have sent to the other ranks since construction, counted as a
+  // direct exchange sends them (its pieces for the others, and with qgZ their scales; a ring
+  // reduce-scatter sends as many): what qgZ divides.
+  int64_t sent_bytes() const { return sent_bytes_; }
 
  private:
   struct Bucket;
@@ -152,6 +161,7 @@ class GradReducer {
   bool reduced_ = false;  // kReduceScatter: a backward has reduced since attach_grads
   int64_t started_during_backward_ = 0;
   int64_t reductions_ = 0;
+  int64_t sent_bytes_ = 0;
 };
 
 }  // namespace kiln::distributed

@@ -6,9 +6,11 @@
 #include <chrono>
 #include <exception>
 #include <unordered_map>
+#include <vector>
 
 #include "core/grad_mode.h"
 #include "distributed/comm/comms_logger.h"
+#include "distributed/zero/quantize.h"
 #include "ops/ops.h"
 
 namespace kiln::distributed {
@@ -19,41 +21,28 @@ constexpr size_t kMaxTraceEvents = size_t{1} << 20;
 
 int64_t numel_of(const FlatLayout& layout, size_t k) { return layout.param(static_cast<int64_t>(k)).size(); }
 
-// ---- qwZ: int8 blocks (ParamGatherer::Options::quantized_weights) ----
+// qwZ's blocks (quantize.h): ParamGatherer::kQuantBlock is theirs.
+static_assert(ParamGatherer::kQuantBlock == kQuantBlock);
+int64_t blocks_of(int64_t n) { return quant_blocks(n); }
 
-constexpr int64_t kBlock = ParamGatherer::kQuantBlock;
-int64_t blocks_of(int64_t n) { return (n + kBlock - 1) / kBlock; }
-
-// x (1-D) as rows of kBlock elements, zeros after its end.
-Tensor padded_blocks(const Tensor& x) {
-  const int64_t n = x.numel(), pad = blocks_of(n) * kBlock - n;
-  const Tensor whole = pad == 0 ? x : cat({x, zeros({pad}, TensorOptions(x.dtype()).device(x.device()))});
-  return whole.view({blocks_of(n), kBlock});
-}
-
-// Symmetric int8 quantization of x (1-D, floating) per block: scale = max |x| / 127 in float32 (0
-// for a block of zeros) and q = x / scale rounded to nearest, halves away from zero (the conversion
-// to int8 truncates), so that |x - q scale| <= scale / 2.
-struct Quantized {
-  Tensor q, scales;
+// Each rank's piece of parameter range `range` in `layout` (its partitions), as offsets into the
+// gathered parameter (`at`), with that piece's first quantization block among the pieces' blocks
+// laid one rank after another (`block`, qwZ's scales). Empty pieces keep their place.
+struct Piece {
+  int64_t at, size, block, blocks;
 };
-Quantized quantize_blocks(const Tensor& x) {
-  const auto on = [&](DType d) { return TensorOptions(d).device(x.device()); };
-  if (x.numel() == 0) return {empty({0}, on(kInt8)), empty({0}, on(kFloat32))};
-  const Tensor blocks = padded_blocks(x.to(kFloat32));
-  const Tensor scales = amax(blocks.abs(), {1}) / 127.0;
-  const Tensor y = blocks / where(scales.gt(0), scales, 1.0).unsqueeze(1);
-  const Tensor q = clamp(y + y.sign() * 0.5, -127, 127).to(kInt8);
-  return {q.view({-1}).narrow(0, 0, x.numel()).contiguous(), scales};
+std::vector<Piece> pieces_of(const FlatRange& range, const FlatLayout& layout, int ranks) {
+  std::vector<Piece> pieces;
+  pieces.reserve(static_cast<size_t>(ranks));
+  int64_t block = 0;
+  for (int r = 0; r < ranks; ++r) {
+    const FlatRange piece = intersect(range, layout.partition(r));
+    const int64_t at = piece.empty() ? 0 : piece.begin - range.begin;
+    pieces.push_back({at, piece.size(), block, blocks_of(piece.size())});
+    block += pieces.back().blocks;
+  }
+  return pieces;
 }
-
-// out = q scale, block by block (out: q's elements, any floating dtype).
-void dequantize_into(const Tensor& q, const Tensor& scales, Tensor out) {
-  if (q.numel() == 0) return;
-  const Tensor blocks = padded_blocks(q.to(kFloat32)) * scales.unsqueeze(1);
-  out.copy_(blocks.view({-1}).narrow(0, 0, q.numel()));
-}
-
 }  // namespace
 
 // Note [the fetch trace]
@@ -278,31 +267,19 @@ ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k, bool exact, boo
   p.full = empty({range.size()}, TensorOptions(wire)
                                       .device(gather_device_)
                                       .pinned_memory(gather_device_.is_cpu() && device_.is_cuda()));
-  std::vector<Tensor> outputs;
-  for (int r = 0; r < comm.size(); ++r) {
-    const FlatRange piece = intersect(range, layout.partition(r));
-    outputs.push_back(p.full.narrow(0, piece.begin - range.begin, piece.size()));
-  }
+  const std::vector<Piece> pieces = pieces_of(range, layout, comm.size());
   const FlatRange mine = intersect(range, part);
   p.input = mine.empty() ? shard.narrow(0, 0, 0) : shard.narrow(0, mine.begin - part.begin, mine.size());
   if (p.input.device() != gather_device_) p.input = p.input.to(gather_device_, /*non_blocking=*/p.input.is_pinned());
   if (p.quantized) {
-    // Each rank's piece is quantized in blocks of its own: the values land where `outputs` says, the
-    // scales one after another (rank r's blocks_of(piece r) of them); finish() dequantizes into full.
+    // Each rank's piece is quantized in blocks of its own: the values land at the piece's place, the
+    // scales one rank after another (Piece::block); finish() dequantizes into full.
     p.q = empty({range.size()}, TensorOptions(kInt8).device(gather_device_));
+    p.scales = empty({pieces.back().block + pieces.back().blocks}, TensorOptions(kFloat32).device(gather_device_));
     std::vector<Tensor> q_outputs, scale_outputs;
-    int64_t blocks = 0;
-    for (int r = 0; r < comm.size(); ++r) {
-      const FlatRange piece = intersect(range, layout.partition(r));
-      q_outputs.push_back(p.q.narrow(0, piece.begin - range.begin, piece.size()));
-      blocks += blocks_of(piece.size());
-    }
-    p.scales = empty({blocks}, TensorOptions(kFloat32).device(gather_device_));
-    blocks = 0;
-    for (int r = 0; r < comm.size(); ++r) {
-      const int64_t n = blocks_of(intersect(range, layout.partition(r)).size());
-      scale_outputs.push_back(p.scales.narrow(0, blocks, n));
-      blocks += n;
+    for (const Piece& piece : pieces) {
+      q_outputs.push_back(p.q.narrow(0, piece.at, piece.size));
+      scale_outputs.push_back(p.scales.narrow(0, piece.block, piece.blocks));
     }
     Quantized mine_q = quantize_blocks(p.input);
     p.q_input = std::move(mine_q.q);
@@ -313,6 +290,8 @@ ParamGatherer::Pending ParamGatherer::all_gather_param(size_t k, bool exact, boo
     return p;
   }
   if (p.rounded) p.input = p.input.to(wire);
+  std::vector<Tensor> outputs;
+  for (const Piece& piece : pieces) outputs.push_back(p.full.narrow(0, piece.at, piece.size));
   CommCaller caller(p.from_secondary ? "ZeRO-3 parameter gather (hpZ secondary)" : "ZeRO-3 parameter gather");
   p.work = comm.all_gather(outputs, p.input, /*async_op=*/true);
   return p;
@@ -350,15 +329,9 @@ void ParamGatherer::finish(size_t k) {
   stats_.wait_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   NoGradGuard no_grad;
   if (p.quantized) {
-    const FlatRange range = layout_.param(static_cast<int64_t>(k));
-    int64_t blocks = 0;
-    for (int r = 0; r < comm_.size(); ++r) {
-      const FlatRange piece = intersect(range, layout_.partition(r));
-      const int64_t n = blocks_of(piece.size());
-      const int64_t at = piece.begin - range.begin;
-      dequantize_into(p.q.narrow(0, at, piece.size()), p.scales.narrow(0, blocks, n),
-                      p.full.narrow(0, at, piece.size()));
-      blocks += n;
+    for (const Piece& piece : pieces_of(layout_.param(static_cast<int64_t>(k)), layout_, comm_.size())) {
+      dequantize_into(p.q.narrow(0, piece.at, piece.size), p.scales.narrow(0, piece.block, piece.blocks),
+                      p.full.narrow(0, piece.at, piece.size));
     }
   }
   if (secondary_layout_ && !p.from_secondary) {

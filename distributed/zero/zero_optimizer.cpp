@@ -103,6 +103,9 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
   KILN_CHECK(!options_.zero_quantized_weights || options_.stage == 3,
              "ZeRO: zero_quantized_weights quantizes stage 3's weight all-gathers, and stage {} gathers no weights; "
              "remove it, or use stage 3", options_.stage);
+  KILN_CHECK(!options_.zero_quantized_gradients || options_.stage == 3,
+             "ZeRO: zero_quantized_gradients quantizes stage 3's gradient reduction (DeepSpeed's qgZ is for stage 3), "
+             "and this is stage {}; remove it, or use stage 3", options_.stage);
 
   std::vector<int64_t> numels;
   for (const auto& [name, p] : model_.named_parameters()) {
@@ -229,7 +232,8 @@ ZeroOptimizer::ZeroOptimizer(nn::Module& model, std::shared_ptr<Communicator> co
                                                 : std::optional<DType>(model_options.dtype()),
       .param_dtypes = options_.autocast_dtype ? communication_dtypes_ : std::vector<DType>{},
       .predivide = options_.gradient_predivide_factor == 1.0 ? 0.0 : options_.gradient_predivide_factor,
-      .prescale = options_.prescale_gradients};
+      .prescale = options_.prescale_gradients,
+      .quantized = options_.zero_quantized_gradients};
   reducer_ = std::make_unique<GradReducer>(*shard_comm_, *layout_, params_, mode, options_.reduce_bucket_size,
                                            options_.overlap_comm, flat_grads_, grad_shard_, averaging);
   if (options_.stage == 3) {
@@ -256,6 +260,8 @@ void ZeroOptimizer::reduce_gradients() { reducer_->reduce(); }
 void ZeroOptimizer::add_to_gradient(const Tensor& param, const Tensor& g) { reducer_->add_to_gradient(param, g); }
 
 int64_t ZeroOptimizer::buckets_started_during_backward() const { return reducer_->buckets_started_during_backward(); }
+
+int64_t ZeroOptimizer::gradient_bytes_sent() const { return reducer_->sent_bytes(); }
 
 ParamGatherer::Stats ZeroOptimizer::stage3_stats() const { return gatherer_ ? gatherer_->stats() : ParamGatherer::Stats{}; }
 

@@ -24,7 +24,8 @@
 // one all-reduce of each rank's gradient partition across the N / s groups per step. ZeRO++'s hpZ,
 // zero_hpz_partition_size = h: stage 3 plus a secondary shard of the weights per group of h ranks,
 // 2 Psi / h more bytes, from which backward's all-gathers read within the group. ZeRO++'s qwZ,
-// zero_quantized_weights: stage 3's weight all-gathers in int8 blocks with a scale each.)
+// zero_quantized_weights: stage 3's weight all-gathers in int8 blocks with a scale each; its qgZ,
+// zero_quantized_gradients: stage 3's gradient reduce-scatters as int8 all-to-alls.)
 //
 // How (layout.h has the picture): the trainable parameters are laid end to end in one flat buffer,
 // padded to a multiple of N and cut into N equal partitions; rank r owns partition r. It keeps the
@@ -162,6 +163,13 @@ struct ZeroOptions {
   // consolidated_state_dict and the persistent parameters (stage3_param_persistence_threshold), which
   // DeepSpeed never partitions. hpZ's secondary shards hold the dequantized weights.
   bool zero_quantized_weights = false;
+  // ZeRO++'s quantized gradients (qgZ; DeepSpeed's zero_quantized_gradients), stage 3 only: each
+  // bucket's pieces travel to their ranks as int8 values with a float32 scale per block of 2048,
+  // by two all-to-alls in place of the reduce-scatter, and each rank sums the N dequantized pieces
+  // of its part in float32 (Note [quantized gradients] in grad_reducer.cpp): a quarter of a float32
+  // model's gradient bytes, about half of a 16-bit one's, each averaged gradient within the mean of
+  // the ranks' half block scales (max |g| / 254) of the exact average.
+  bool zero_quantized_gradients = false;
 };
 
 class ZeroOptimizer : public optim::Optimizer {
@@ -280,6 +288,9 @@ class ZeroOptimizer : public optim::Optimizer {
   // Stage 3: how many all-gathers started at the point of use and ahead of it, and the other
   // counts of ParamGatherer::Stats, since construction. All zero at stages 0-2.
   ParamGatherer::Stats stage3_stats() const;
+  // The bytes the gradient reductions have sent to the other ranks since construction
+  // (GradReducer::sent_bytes): what zero_quantized_gradients cuts.
+  int64_t gradient_bytes_sent() const;
 
   // Stage 3: gathers every parameter into the model while it lives (DeepSpeed's
   // deepspeed.zero.GatheredParameters), to print or save the weights, or to evaluate or generate on

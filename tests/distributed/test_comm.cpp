@@ -247,6 +247,71 @@ TEST_CASE("comm: reduce_scatter with uneven sizes, and from one tensor", "[distr
   check_equal(o, ((arange(3, kFloat64) + r * 3 + r * 97) * p + p * (p - 1) / 2).to(kFloat32));
 }
 
+TEST_CASE("comm: all_to_all with sizes that differ from pair to pair, several in flight", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  // Rank i sends rank k (i + k + 1) elements of 1000 i + 10 k + j: each pair has its own size.
+  auto piece = [](int i, int k, DType dtype) { return (arange(i + k + 1, kFloat64) + 1000 * i + 10 * k).to(dtype); };
+  for (DType dtype : {kFloat32, kInt64, kBFloat16, kUInt8}) {
+    INFO(dtype_name(dtype));
+    // uint8: the values wrap modulo 256 (the conversion from int64), the same on both sides.
+    const auto make = [&](int i, int k) { return dtype == kUInt8 ? piece(i, k, kInt64).to(kUInt8) : piece(i, k, dtype); };
+    std::vector<Tensor> ins, outs;
+    for (int k = 0; k < p; ++k) {
+      ins.push_back(make(r, k));
+      outs.push_back(zeros({k + r + 1}, dtype));
+    }
+    comm->all_to_all(outs, ins);
+    for (int k = 0; k < p; ++k) check_equal(outs[static_cast<size_t>(k)], make(k, r));
+  }
+  // Several in flight, waited in reverse; empty pieces (to and from rank 0) among them.
+  std::vector<std::vector<Tensor>> outs(3);
+  std::vector<Work> works;
+  for (int t = 0; t < 3; ++t) {
+    std::vector<Tensor> ins;
+    for (int k = 0; k < p; ++k) {
+      const int64_t n = (r == 0 || k == 0) ? 0 : 4;
+      ins.push_back(full({n}, 100.0 * t + 10 * r + k, kFloat64));
+      outs[static_cast<size_t>(t)].push_back(full({n}, -1.0, kFloat64));
+    }
+    works.push_back(comm->all_to_all(outs[static_cast<size_t>(t)], ins, /*async_op=*/true));
+  }
+  for (int t = 2; t >= 0; --t) works[static_cast<size_t>(t)].wait();
+  for (int t = 0; t < 3; ++t) {
+    for (int k = 0; k < p; ++k) {
+      const int64_t n = (r == 0 || k == 0) ? 0 : 4;
+      check_equal(outs[static_cast<size_t>(t)][static_cast<size_t>(k)], full({n}, 100.0 * t + 10 * k + r, kFloat64));
+    }
+  }
+}
+
+TEST_CASE("comm: all_to_all whose pairs do not match is an Error naming them, not a hang", "[distributed]") {
+  auto comm = world();
+  const int p = comm->size(), r = comm->rank();
+  check_error([&] { comm->all_to_all({zeros({1})}, std::vector<Tensor>(static_cast<size_t>(p) + 1, zeros({1}))); },
+              {"all_to_all", "one of each per rank"});
+  std::vector<Tensor> mine(static_cast<size_t>(p), zeros({2})), other(static_cast<size_t>(p), zeros({2}));
+  other[static_cast<size_t>(r)] = zeros({3});
+  check_error([&] { comm->all_to_all(mine, other); },
+              {"all_to_all", fmt::format("this rank ({}) sends 3 elements to itself", r)});
+  other[static_cast<size_t>(r)] = zeros({2}, kInt32);
+  check_error([&] { comm->all_to_all(mine, other); }, {"all_to_all", "one dtype and device"});
+  if (p == 1) return;
+  // Rank 1 sends rank 0 three elements where rank 0 expects two.
+  std::vector<Tensor> ins(static_cast<size_t>(p), zeros({2})), outs(static_cast<size_t>(p), zeros({2}));
+  if (r == 1) ins[0] = zeros({3});
+  check_error([&] { comm->all_to_all(outs, ins); },
+              {"all_to_all #", "rank 1's inputs[0] and rank 0's outputs[1] differ in size (2 and 3 elements"});
+  // The communicator is still usable afterwards.
+  std::vector<Tensor> a(static_cast<size_t>(p)), b(static_cast<size_t>(p));
+  for (int k = 0; k < p; ++k) {
+    a[static_cast<size_t>(k)] = full({1}, static_cast<double>(r), kFloat32);
+    b[static_cast<size_t>(k)] = zeros({1});
+  }
+  comm->all_to_all(b, a);
+  for (int k = 0; k < p; ++k) check_equal(b[static_cast<size_t>(k)], full({1}, static_cast<double>(k), kFloat32));
+}
+
 TEST_CASE("comm: send and recv around the ring", "[distributed]") {
   auto comm = world();
   const int p = comm->size(), r = comm->rank();

@@ -49,7 +49,10 @@ TEST_CASE("comms_logger: DeepSpeed's bandwidths, message sizes and trimmed means
   CHECK(b.busbw_gbps == 0);
   b = comm_bandwidth("barrier", 0, 0.5, 4);
   CHECK(b.algbw_gbps == 0);
-  CHECK_THROWS_WITH(comm_bandwidth("all_to_all", 1, 1, 2), Catch::Contains("not a communication operation"));
+  b = comm_bandwidth("all_to_all", 1e6, 1.0, 4);  // DeepSpeed's all_to_all_single: S / t, x (n - 1) / n
+  CHECK(b.algbw_gbps == Approx(8));
+  CHECK(b.busbw_gbps == Approx(6));
+  CHECK_THROWS_WITH(comm_bandwidth("gather", 1, 1, 2), Catch::Contains("not a communication operation"));
 
   // DeepSpeed's convert_size (Python's str(round(x, 2))).
   CHECK(convert_size(0) == "0B");
@@ -110,6 +113,15 @@ TEST_CASE("comms_logger: a logging communicator records every collective and lea
   comm->all_gather(outs, full({r + 1}, static_cast<double>(r)));
   for (int k = 0; k < n; ++k) CHECK(outs[static_cast<size_t>(k)].sum().item<double>() == k * (k + 1.0));
 
+  // all_to_all: 7 floats to every rank; the message is all this rank sends.
+  std::vector<Tensor> to(static_cast<size_t>(n)), from(static_cast<size_t>(n));
+  for (int k = 0; k < n; ++k) {
+    to[static_cast<size_t>(k)] = full({7}, static_cast<double>(r));
+    from[static_cast<size_t>(k)] = empty({7});
+  }
+  comm->all_to_all(from, to);
+  for (int k = 0; k < n; ++k) check_close(from[static_cast<size_t>(k)], full({7}, static_cast<double>(k)));
+
   comm->barrier();
 
   // Point to point: blocking is timed; asynchronous is passed on untimed (comms_logger.h).
@@ -148,6 +160,7 @@ TEST_CASE("comms_logger: a logging communicator records every collective and lea
   CHECK(find(*logger, "all_gather_into_tensor", 24) != nullptr);  // this rank's piece
   CHECK(find(*logger, "reduce_scatter_tensor", 40) != nullptr);   // this rank's output
   CHECK(find(*logger, "all_gather", total / n) != nullptr);
+  CHECK(find(*logger, "all_to_all", 28 * n) != nullptr);
   CHECK(find(*logger, "barrier", 0) != nullptr);
   if (n >= 2 && r < 2) {
     CHECK(find(*logger, r == 0 ? "send" : "recv", 12) != nullptr);

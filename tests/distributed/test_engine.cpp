@@ -808,6 +808,7 @@ TEST_CASE("engine config: the examples in configs/ read", "[distributed]") {
   CHECK_FALSE(partitioned.activation_checkpointing->cpu_checkpointing);
   const Config zeropp = Config::from_file((dir / "ds_zero3_zeropp.json").string());
   CHECK(zeropp.zero_optimization.zero_quantized_weights);
+  CHECK(zeropp.zero_optimization.zero_quantized_gradients);
   CHECK(zeropp.zero_optimization.zero_hpz_partition_size == 2);
 }
 
@@ -896,6 +897,11 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
       {"\"zero_optimization.zero_quantized_weights\" must be true or false"});
   CHECK(Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_weights": true}})")
             .zero_optimization.zero_quantized_weights);
+  bad(R"({"train_batch_size": 8, "zero_optimization": {"stage": 1, "zero_quantized_gradients": true}})",
+      {"\"zero_optimization.zero_quantized_gradients\" quantizes stage 3's gradient reduction", "this is stage 1",
+       "use stage 3"});
+  CHECK(Config::from_string(R"({"train_batch_size": 8, "zero_optimization": {"stage": 3, "zero_quantized_gradients": true}})")
+            .zero_optimization.zero_quantized_gradients);
   // How the gradients are averaged.
   bad(R"({"train_batch_size": 8, "communication_data_type": "fp8"})",
       {"\"communication_data_type\" must be \"fp32\", \"fp16\" or \"bf16\"", "not \"fp8\""});

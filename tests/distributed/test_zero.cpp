@@ -1619,3 +1619,151 @@ TEST_CASE("zero: qwZ trains near plain stage 3, with hpZ too", "[distributed]") 
     if (hpz != 1) CHECK(quant.stage3_stats().secondary_gathers > 0);
   }
 }
+
+TEST_CASE("zero: qgZ averages the gradients through int8 all-to-alls, each within the ranks' half block scales",
+          "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size(), me = comm->rank();
+  // Probe's gradient is its input: rank q passes x_q, whose pieces have magnitudes 0.1 to 30 (so
+  // that blocks have scales of their own) and differ from rank to rank.
+  const int64_t n = 5000;
+  auto x_of = [&](int q) {
+    std::vector<float> v(n);
+    for (int64_t i = 0; i < n; ++i) {
+      v[i] = std::sin(0.37f * static_cast<float>(i) + static_cast<float>(q)) * (1.0f + 0.25f * static_cast<float>(q)) *
+             (i < 1700 ? 0.1f : i < 4100 ? 3.0f : 30.0f);
+    }
+    return v;
+  };
+  // The exact average of each element, the sum of its magnitudes over ranks (float32's rounding of
+  // the plain average is within a few units of 2^-24 of that), and the qgZ bound: the mean over
+  // ranks of half the scale of the block that held it. Blocks are cut from the start of each rank's
+  // piece of a bucket, in flat positions, and may span both parameters (which hold the same values):
+  // a block's largest |x| is at most the largest within 2047 flat positions of the element.
+  std::vector<std::vector<float>> xs;
+  for (int q = 0; q < p; ++q) xs.push_back(x_of(q));
+  std::vector<double> exact(n, 0.0), abs_sum(n, 0.0);
+  for (int q = 0; q < p; ++q) {
+    for (int64_t i = 0; i < n; ++i) {
+      exact[i] += xs[static_cast<size_t>(q)][i] / static_cast<double>(p);
+      abs_sum[i] += std::fabs(double{xs[static_cast<size_t>(q)][i]});
+    }
+  }
+  // flat position -> element of a parameter (the layout puts plain.w, then safe.w; padding between
+  // or after them holds nothing): -1 outside both.
+  auto bound_at = [&](const FlatLayout& layout, int64_t f) {
+    auto element = [&](int64_t g) -> int64_t {
+      for (int64_t k = 0; k < 2; ++k) {
+        if (g >= layout.param(k).begin && g < layout.param(k).end) return g - layout.param(k).begin;
+      }
+      return -1;
+    };
+    double b = 0;
+    for (int q = 0; q < p; ++q) {
+      double m = 0;
+      for (int64_t g = std::max<int64_t>(0, f - 2047); g < f + 2048; ++g) {
+        const int64_t e = element(g);
+        if (e >= 0) m = std::max(m, std::fabs(double{xs[static_cast<size_t>(q)][e]}));
+      }
+      b += m / 254 / p;
+    }
+    return b;
+  };
+  const Tensor mine = from_vector<float>(x_of(me));
+  const Tensor init = zeros({n});
+  struct Case {
+    int64_t bucket;
+    bool overlap;
+    int64_t mics;
+  };
+  std::vector<Case> cases = {{500'000'000, true, -1}, {700, true, -1}, {700, false, -1}};
+  if (p % 2 == 0) cases.push_back({700, true, 2});  // MiCS: qgZ within shard groups of 2
+  for (const Case& c : cases) {
+    INFO("reduce_bucket_size " << c.bucket << ", overlap " << c.overlap << ", mics_shard_size " << c.mics);
+    int64_t sent[2] = {0, 0};
+    for (bool quantized : {false, true}) {
+      INFO("zero_quantized_gradients " << quantized);
+      ProbePair m(init);
+      ZeroOptimizer opt(m, comm, sgd(0.0),
+                        {.stage = 3, .reduce_bucket_size = c.bucket, .overlap_comm = c.overlap,
+                         .stage3_param_persistence_threshold = 0, .mics_shard_size = c.mics,
+                         .zero_quantized_gradients = quantized});
+      m(mine).backward();
+      const Tensor g = opt.grads()[0];  // this rank's partition of the averaged gradients
+      const FlatLayout& layout = opt.layout();
+      const FlatRange part = layout.partition(layout.num_partitions() == p ? me : me % c.mics);
+      // The largest error over this rank's elements, as a fraction of the bound (quantized) or of
+      // float32's rounding of the sum (plain); and whether any element differs at all.
+      double worst = 0, largest = 0;
+      for (int64_t k = 0; k < 2; ++k) {
+        const FlatRange piece = intersect(layout.param(k), part);
+        if (piece.empty()) continue;
+        const std::vector<float> got = g.narrow(0, piece.begin - part.begin, piece.size()).to_vector<float>();
+        for (int64_t i = piece.begin; i < piece.end; ++i) {
+          const int64_t e = i - layout.param(k).begin;
+          const double err = std::fabs(double{got[static_cast<size_t>(i - piece.begin)]} - exact[e]);
+          const double allowed = quantized ? bound_at(layout, i) * (1 + 1e-5) + 1e-7 : 1e-6 * abs_sum[e] + 1e-12;
+          worst = std::max(worst, err / allowed);
+          largest = std::max(largest, err);
+        }
+      }
+      CHECK(worst <= 1.0);
+      if (quantized) CHECK(largest > 1e-4);  // the values did go through int8 (this rank's own piece too)
+      sent[quantized] = opt.gradient_bytes_sent();
+    }
+    // float32 pieces become int8 ones with a float32 scale per 2048: a quarter of the bytes, plus
+    // 4 bytes a block (each bucket's piece for a rank has at most 2 n / 2048 + 1 blocks).
+    const int64_t group = c.mics > 0 ? c.mics : p;
+    CHECK(sent[1] * 4 >= sent[0]);
+    CHECK(sent[1] <= sent[0] / 4 + 4 * (group - 1) * (2 * n / 2048 + 1) * (2 * n / c.bucket + 2));
+    CHECK((sent[0] == 0) == (group == 1));
+  }
+  check_error([&] { ProbePair m(init); ZeroOptimizer(m, comm, sgd(0.1), {.stage = 2, .zero_quantized_gradients = true}); },
+              {"zero_quantized_gradients", "stage 3", "this is stage 2"});
+}
+
+TEST_CASE("zero: qgZ trains near plain stage 3, with qwZ and hpZ too", "[distributed]") {
+  auto comm = init("mpi");
+  const int p = comm->size();
+  const int64_t b = 3, steps = 6;
+  auto make = [] {
+    manual_seed(17);
+    return std::make_unique<Mlp>();
+  };
+  for (bool zeropp : {false, true}) {  // qgZ alone; qgZ, qwZ and hpZ: ZeRO++ whole
+    INFO("with qwZ and hpZ " << zeropp);
+    auto exact_model = make(), quant_model = make();
+    ZeroOptions o{.stage = 3, .reduce_bucket_size = 300, .stage3_param_persistence_threshold = 0,
+                  .stage3_max_reuse_distance = 0};
+    ZeroOptimizer exact(*exact_model, comm, sgd(0.1), o);
+    o.zero_quantized_gradients = true;
+    o.zero_quantized_weights = zeropp;
+    o.zero_hpz_partition_size = zeropp ? p : 1;
+    ZeroOptimizer quant(*quant_model, comm, sgd(0.1), o);
+    double loss_gap = 0;
+    for (int step = 0; step < steps; ++step) {
+      auto [x, y] = batch(step, b * p);
+      const auto mine = [&](const Tensor& t) { return t.narrow(0, comm->rank() * b, b); };
+      double losses[2];
+      int i = 0;
+      for (auto [opt, model] : {std::pair<ZeroOptimizer*, Mlp*>{&exact, exact_model.get()},
+                                std::pair<ZeroOptimizer*, Mlp*>{&quant, quant_model.get()}}) {
+        Tensor loss = mlp_loss(*model, mine(x), mine(y));
+        loss.backward();
+        opt->step();
+        opt->zero_grad();
+        losses[i++] = loss.item<double>();
+      }
+      loss_gap = std::max(loss_gap, std::fabs(losses[1] - losses[0]) / std::fabs(losses[0]));
+    }
+    // The first step's losses are equal (the weights are); the quantized gradients then move the
+    // weights slightly differently.
+    CHECK(loss_gap > 0);
+    CHECK(loss_gap < 1e-2);
+    const TensorDict a = weights(exact, *exact_model), q = weights(quant, *quant_model);
+    for (const auto& [name, t] : a) {
+      INFO(name);
+      CHECK(((q.at(name) - t).norm() / t.norm()).item<double>() < 3e-2);
+    }
+  }
+}
