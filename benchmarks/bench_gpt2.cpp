@@ -16,7 +16,10 @@
 //
 // --breakdown instead times the parts of one block, forward and backward under autocast at the
 // run's shapes (the median of 20 repetitions after 3, each ended by a device synchronize), one JSON
-// line per part: where a step's time goes. torch_gpt2.py --breakdown times the same parts.
+// line per part: where a step's time goes. Then the parts outside the blocks: the embeddings (wte
+// and wpe), the tied head (x wte^T), the loss over the padded vocabulary from 16-bit logits, and
+// the fused AdamW step over a whole GPT-2 124M's parameters ("ms_step": no backward). A step is about
+// n_layer x block + those. torch_gpt2.py --breakdown times the same parts.
 //
 //   bench_gpt2 [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12]
 //              [--autocast bf16|fp16|none] [--no-autocast] [--no-fusion] [--device cuda] [--breakdown]
@@ -126,16 +129,18 @@ void breakdown(const Options& o, kiln::Device device) {
   manual_seed(0);
   nn::TransformerBlock block(C, H, {.gelu_approximate = "tanh"});
   block.to(device);
+  // The activations autocast hands the parts: 16-bit, or float32 without autocast.
+  const DType low = o.autocast == "fp16" ? kFloat16 : kBFloat16, act = o.autocast == "none" ? kFloat32 : low;
   Tensor x = randn({B, T, C}, kFloat32).to(device).requires_grad_();
-  Tensor q = randn({B, H, T, C / H}, kFloat32).to(device).to(kBFloat16).requires_grad_();
-  Tensor k = randn({B, H, T, C / H}, kFloat32).to(device).to(kBFloat16).requires_grad_();
-  Tensor v = randn({B, H, T, C / H}, kFloat32).to(device).to(kBFloat16).requires_grad_();
-  Tensor h4 = randn({B, T, 4 * C}, kFloat32).to(device).to(kBFloat16).requires_grad_();
+  Tensor q = randn({B, H, T, C / H}, kFloat32).to(device).to(act).requires_grad_();
+  Tensor k = randn({B, H, T, C / H}, kFloat32).to(device).to(act).requires_grad_();
+  Tensor v = randn({B, H, T, C / H}, kFloat32).to(device).to(act).requires_grad_();
+  Tensor h4 = randn({B, T, 4 * C}, kFloat32).to(device).to(act).requires_grad_();
   auto fwd_bwd = [&](const std::function<Tensor()>& f) {
     return [&, f] {
       Tensor y;
       {
-        AutocastGuard ac(device, kBFloat16, o.autocast != "none");
+        AutocastGuard ac(device, low, o.autocast != "none");
         y = f();
       }
       y.backward(ones_like(y));
@@ -153,13 +158,39 @@ void breakdown(const Options& o, kiln::Device device) {
       {"mlp.c_proj", fwd_bwd([&] { return block.mlp.c_proj.forward(h4); })},
       {"residual_add", fwd_bwd([&] { return x + x; })},
   };
-  for (const auto& [name, fn] : parts) {
+  const auto report = [&](const char* name, const char* key, double ms) {
     std::printf("{\"bench\":\"gpt2_124m_breakdown\",\"impl\":\"kiln\",\"part\":\"%s\",\"batch\":%lld,\"seq\":%lld,"
-                "\"attention_kernels\":\"%s\",\"ms_fwd_bwd\":%.3f}\n",
-                name, static_cast<long long>(B), static_cast<long long>(T), attention_kernels(),
-                time_part(fn, device));
+                "\"attention_kernels\":\"%s\",\"%s\":%.3f}\n",
+                name, static_cast<long long>(B), static_cast<long long>(T), attention_kernels(), key, ms);
     std::fflush(stdout);
+  };
+  for (const auto& [name, fn] : parts) report(name, "ms_fwd_bwd", time_part(fn, device));
+
+  // Outside the blocks, with a whole GPT-2 124M's parameters.
+  models::GPTConfig config = models::GPTConfig::gpt2();
+  config.vocab_size = kPaddedVocab;
+  config.n_layer = o.layers;
+  models::GPT model(config);
+  model.to(device);
+  Tensor ids = randint(0, kVocab, {B, T}, kInt64).to(device);
+  Tensor targets = randint(0, kVocab, {B, T}, kInt64).to(device);
+  Tensor pos = arange(0, T, 1, kInt64, device);
+  Tensor logits = randn({B, T, kPaddedVocab}, kFloat32).to(device).to(act);
+  logits.requires_grad_();
+  const Tensor& wte = model.transformer.wte.weight;
+  const std::vector<std::pair<const char*, std::function<void()>>> outside = {
+      {"embedding", fwd_bwd([&] { return model.transformer.wte(ids) + model.transformer.wpe(pos); })},
+      {"head", fwd_bwd([&] { return matmul(x, wte.t()); })},
+      {"loss", fwd_bwd([&] { return models::GPT::loss(logits, targets); })},
+  };
+  for (const auto& [name, fn] : outside) report(name, "ms_fwd_bwd", time_part(fn, device));
+  {
+    NoGradGuard no_grad;
+    for (Tensor& p : model.parameters()) p.set_grad(full_like(p, 1e-3));
   }
+  optim::AdamW opt(model.parameters(),
+                   {.lr = 6e-4, .beta1 = 0.9, .beta2 = 0.95, .eps = 1e-8, .weight_decay = 0.1, .fused = true});
+  report("adamw", "ms_step", time_part([&] { opt.step(); }, device));
 }
 
 }  // namespace

@@ -13,7 +13,9 @@ model in torch.compile (the "aiming at" figure of BENCHMARKS.md).
 
 Prints one JSON line with bench_gpt2's keys and "impl": "pytorch" (or "pytorch-compile"). FLOPs per
 token and MFU are counted as in bench_gpt2.cpp: 6 N (N without wpe) + 12 L T C, against 989.4 TFLOP/s.
---breakdown times the parts of one block instead, as bench_gpt2 --breakdown does.
+--breakdown times the parts of one block instead, then the parts outside the blocks (embeddings, the
+tied head, the loss, the fused AdamW step over a whole model's parameters), as bench_gpt2 --breakdown
+does.
 
     python3 benchmarks/anchors/torch_gpt2.py [--steps 30] [--warmup 5] [--batch 16] [--seq 1024]
         [--layers 12] [--autocast bf16|fp16|none] [--compile] [--breakdown]
@@ -107,19 +109,47 @@ def breakdown(args, dev):
         ("mlp.c_proj", lambda: block.mlp_proj(h4)),
         ("residual_add", lambda: x + x),
     ]
-    for name, f in parts:
+    def timed(fn):
         ms = []
         for i in range(23):
             torch.cuda.synchronize()
             start = time.perf_counter()
-            with torch.autocast("cuda", torch.bfloat16):
-                y = f()
-            y.backward(torch.ones_like(y))
+            fn()
             torch.cuda.synchronize()
             if i >= 3:
                 ms.append((time.perf_counter() - start) * 1e3)
+        return round(statistics.median(ms), 3)
+
+    def fwd_bwd(f):
+        def run():
+            with torch.autocast("cuda", torch.bfloat16):
+                y = f()
+            y.backward(torch.ones_like(y))
+        return run
+
+    def report(name, key, ms):
         print(json.dumps({"bench": "gpt2_124m_breakdown", "impl": "pytorch", "part": name, "batch": b,
-                          "seq": t, "ms_fwd_bwd": round(statistics.median(ms), 3)}), flush=True)
+                          "seq": t, key: ms}), flush=True)
+
+    for name, f in parts:
+        report(name, "ms_fwd_bwd", timed(fwd_bwd(f)))
+    # Outside the blocks, with a whole GPT-2 124M's parameters.
+    model = GPT(args.layers).to(dev)
+    ids = torch.randint(0, VOCAB, (b, t), device=dev)
+    targets = torch.randint(0, VOCAB, (b, t), device=dev)
+    logits = torch.randn(b, t, PADDED_VOCAB, device=dev).to(torch.bfloat16).requires_grad_()
+    outside = [
+        ("embedding", lambda: model.wte(ids) + model.wpe.weight[:t]),
+        ("head", lambda: x @ model.wte.weight.t()),
+        ("loss", lambda: F.cross_entropy(logits.view(-1, PADDED_VOCAB), targets.view(-1))),
+    ]
+    for name, f in outside:
+        report(name, "ms_fwd_bwd", timed(fwd_bwd(f)))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.grad = torch.full_like(p, 1e-3)
+    opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
+    report("adamw", "ms_step", timed(opt.step))
 
 
 def main():
