@@ -139,6 +139,39 @@ TEST_CASE("nccl: all_gather with uneven sizes, and into one tensor (also in plac
   check_equal(buf.cpu(), out.flatten().cpu());
 }
 
+TEST_CASE("nccl: all_to_all with sizes that differ by pair, to this rank itself too", "[gpu][nccl]") {
+  auto comm = nccl();
+  if (!comm) return;
+  const int p = comm->size(), r = comm->rank();
+  // Rank i sends rank k (i + k + 1) values 100 i + k (made by kernels), and nothing to rank k = 1.
+  std::vector<Tensor> to, from;
+  for (int k = 0; k < p; ++k) {
+    const int64_t n = k == 1 || r == 1 ? 0 : r + k + 1;
+    to.push_back(zeros({n}, TensorOptions(kFloat32).device(gpu())) + (100.0 * r + k));
+    from.push_back(full({n}, -1.0, kFloat32).to(gpu()));
+  }
+  comm->all_to_all(from, to);
+  for (int k = 0; k < p; ++k) {
+    const int64_t n = k == 1 || r == 1 ? 0 : r + k + 1;
+    check_equal(from[static_cast<size_t>(k)].cpu(), full({n}, 100.0 * k + r, kFloat32));
+  }
+  // int8 and an all_to_all in flight behind another, as qgZ's values and scales.
+  std::vector<Tensor> qt, qf, st, sf;
+  for (int k = 0; k < p; ++k) {
+    qt.push_back(full({5}, static_cast<double>(r), kInt8).to(gpu()));
+    qf.push_back(zeros({5}, kInt8).to(gpu()));
+    st.push_back(full({2}, 0.5 + r, kFloat32).to(gpu()));
+    sf.push_back(zeros({2}, kFloat32).to(gpu()));
+  }
+  Work a = comm->all_to_all(qf, qt, /*async_op=*/true), b = comm->all_to_all(sf, st, /*async_op=*/true);
+  b.wait();
+  a.wait();
+  for (int k = 0; k < p; ++k) {
+    check_equal(qf[static_cast<size_t>(k)].cpu(), full({5}, static_cast<double>(k), kInt8));
+    check_equal(sf[static_cast<size_t>(k)].cpu(), full({2}, 0.5 + k, kFloat32));
+  }
+}
+
 TEST_CASE("nccl: reduce_scatter with uneven sizes, and from one tensor, with avg", "[gpu][nccl]") {
   auto comm = nccl();
   if (!comm) return;

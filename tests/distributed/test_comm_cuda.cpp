@@ -69,7 +69,7 @@ TEST_CASE("comm on CUDA tensors: all_reduce, broadcast and reduce through host s
   check_equal(inf.cpu(), full({4}, p * (p + 1) / 2.0));
 }
 
-TEST_CASE("comm on CUDA tensors: all_gather and reduce_scatter, uneven and into one tensor",
+TEST_CASE("comm on CUDA tensors: all_gather, reduce_scatter and all_to_all, uneven and into one tensor",
           "[.][gpu][distributed]") {
   auto comm = world();
   const int p = comm->size(), r = comm->rank();
@@ -92,6 +92,18 @@ TEST_CASE("comm on CUDA tensors: all_gather and reduce_scatter, uneven and into 
   Tensor os = zeros({3}, kFloat32).to(kGpu);
   comm->reduce_scatter_tensor(os, in, ReduceOp::Sum);
   check_equal(os.cpu(), ((arange(3, kFloat64) + r * 3) * p + p * (p - 1) / 2).to(kFloat32));
+
+  // all_to_all: rank i sends rank k (i + k + 1) values 100 i + k, made by kernels.
+  std::vector<Tensor> to, from;
+  for (int k = 0; k < p; ++k) {
+    to.push_back((zeros({r + k + 1}, kFloat32).to(kGpu) + (100.0 * r + k)));
+    from.push_back(full({k + r + 1}, -1.0, kFloat32).to(kGpu));
+  }
+  comm->all_to_all(from, to);
+  for (int k = 0; k < p; ++k) {
+    CHECK(from[static_cast<size_t>(k)].device() == kGpu);
+    check_equal(from[static_cast<size_t>(k)].cpu(), full({k + r + 1}, 100.0 * k + r, kFloat32));
+  }
 }
 
 TEST_CASE("comm on CUDA tensors: send and recv, and many operations in flight", "[.][gpu][distributed]") {
