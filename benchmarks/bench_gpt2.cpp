@@ -18,7 +18,7 @@
 // run's shapes (the median of 20 repetitions after 3, each ended by a device synchronize), one JSON
 // line per part: where a step's time goes. Then the parts outside the blocks: the embeddings (wte
 // and wpe), the tied head (x wte^T), the loss over the padded vocabulary from 16-bit logits, and
-// the fused AdamW step over a whole GPT-2 124M's parameters ("ms_step": no backward). A step is about
+// the fused AdamW step over the whole model's parameters ("ms_step": no backward). A step is about
 // n_layer x block + those. torch_gpt2.py --breakdown times the same parts.
 //
 //   bench_gpt2 [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12]
@@ -166,7 +166,7 @@ void breakdown(const Options& o, kiln::Device device) {
   };
   for (const auto& [name, fn] : parts) report(name, "ms_fwd_bwd", time_part(fn, device));
 
-  // Outside the blocks, with a whole GPT-2 124M's parameters.
+  // Outside the blocks, with a whole model's parameters (GPT-2 124M's at --layers 12).
   models::GPTConfig config = models::GPTConfig::gpt2();
   config.vocab_size = kPaddedVocab;
   config.n_layer = o.layers;

@@ -89,14 +89,16 @@ class GPT(nn.Module):
 
 
 def breakdown(args, dev):
-    """One JSON line per part of a block: the median ms of forward + backward under autocast."""
+    """One JSON line per part of a block, then per part outside the blocks: the median ms of forward +
+    backward under autocast (--autocast: bf16, fp16, or none for float32), as bench_gpt2 --breakdown."""
     b, t, c = args.batch, args.seq, CHANNELS
+    low = torch.float16 if args.autocast == "fp16" else torch.bfloat16
+    act = torch.float32 if args.autocast == "none" else low  # the activations autocast hands the parts
     torch.manual_seed(0)
     block = Block().to(dev)
     x = torch.randn(b, t, c, device=dev, requires_grad=True)
-    q, k, v = (torch.randn(b, HEADS, t, c // HEADS, device=dev, dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
-    h4 = torch.randn(b, t, 4 * c, device=dev, dtype=torch.bfloat16, requires_grad=True)
+    q, k, v = (torch.randn(b, HEADS, t, c // HEADS, device=dev, dtype=act, requires_grad=True) for _ in range(3))
+    h4 = torch.randn(b, t, 4 * c, device=dev, dtype=act, requires_grad=True)
     parts = [
         ("block", lambda: block(x)),
         ("ln_1", lambda: block.ln_1(x)),
@@ -122,7 +124,7 @@ def breakdown(args, dev):
 
     def fwd_bwd(f):
         def run():
-            with torch.autocast("cuda", torch.bfloat16):
+            with torch.autocast("cuda", low, enabled=args.autocast != "none"):
                 y = f()
             y.backward(torch.ones_like(y))
         return run
@@ -133,11 +135,11 @@ def breakdown(args, dev):
 
     for name, f in parts:
         report(name, "ms_fwd_bwd", timed(fwd_bwd(f)))
-    # Outside the blocks, with a whole GPT-2 124M's parameters.
+    # Outside the blocks, with a whole model's parameters (GPT-2 124M's at --layers 12).
     model = GPT(args.layers).to(dev)
     ids = torch.randint(0, VOCAB, (b, t), device=dev)
     targets = torch.randint(0, VOCAB, (b, t), device=dev)
-    logits = torch.randn(b, t, PADDED_VOCAB, device=dev).to(torch.bfloat16).requires_grad_()
+    logits = torch.randn(b, t, PADDED_VOCAB, device=dev).to(act).requires_grad_()
     outside = [
         ("embedding", lambda: model.wte(ids) + model.wpe.weight[:t]),
         ("head", lambda: x @ model.wte.weight.t()),

@@ -195,30 +195,26 @@ void check_signature(const std::string& what, const Signature& mine, const int64
 }
 
 namespace {
-constexpr int64_t kNoCount = std::numeric_limits<int64_t>::min() / 2;  // below every count and its negation
+constexpr int64_t kNoCount = std::numeric_limits<int64_t>::min();  // below every count
 }  // namespace
 
 std::vector<int64_t> pair_check_values(int rank, int size, const std::vector<int64_t>& send,
                                        const std::vector<int64_t>& recv) {
   const auto n = static_cast<size_t>(size), me = static_cast<size_t>(rank);
   std::vector<int64_t> v(2 * n * n, kNoCount);
-  auto put = [&](size_t cell, int64_t count) {  // the max in the first half, the negated min in the second
-    v[cell] = std::max(v[cell], count);
-    v[n * n + cell] = std::max(v[n * n + cell], -count);
-  };
-  for (size_t r = 0; r < n; ++r) put(me * n + r, send[r]);
-  for (size_t s = 0; s < n; ++s) put(s * n + me, recv[s]);
+  for (size_t r = 0; r < n; ++r) v[me * n + r] = send[r];          // row me of the sends
+  for (size_t s = 0; s < n; ++s) v[n * n + s * n + me] = recv[s];  // column me of the receives
   return v;
 }
 
 void check_pairs(const std::string& what, int size, const int64_t* maxima) {
   const auto n = static_cast<size_t>(size);
   for (size_t cell = 0; cell < n * n; ++cell) {
-    const int64_t hi = maxima[cell], lo = -maxima[n * n + cell];
-    KILN_CHECK(hi == lo,
-               "{}: rank {}'s inputs[{}] and rank {}'s outputs[{}] differ in size ({} and {} elements, one each); "
-               "what rank i sends to rank r must be as large as what rank r receives from rank i",
-               what, cell / n, cell % n, cell % n, cell / n, lo, hi);
+    const int64_t sent = maxima[cell], expected = maxima[n * n + cell];
+    KILN_CHECK(sent == expected,
+               "{}: rank {} sends {} elements to rank {} (its inputs[{}]), which expects {} (its outputs[{}]); what "
+               "rank i sends to rank r must be as large as what rank r receives from rank i",
+               what, cell / n, sent, cell % n, cell % n, expected, cell / n);
   }
 }
 

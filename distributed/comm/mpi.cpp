@@ -195,9 +195,11 @@ struct Task {
   bool ordered = true;
   bool finish_is_collective = false;  // split's MPI_Comm_split: later collectives wait for it
   Signature signature = {};
-  // all_to_all's pairing check (pair_check_values), all-reduced with the signature; N ranks.
+  // all_to_all's pairing check (pair_check_values; N ranks): a MAX all-reduce on comm once the
+  // signatures agree (so that every rank posts one of the same size), before the operation.
   std::vector<int64_t> pair_check;
   int pair_ranks = 0;
+  bool pairs_posted = false;
   std::function<void(std::vector<MPI_Request>&)> post;  // posts the operation's requests
   std::function<void()> finish;      // after the requests complete, on the engine thread
   std::function<void()> run_now;     // instead of post: a blocking call on the engine thread
@@ -472,7 +474,6 @@ class Engine {
       if (t.check) {
         const auto values = signature_check_values(t.signature);
         t.check_buf.assign(values.begin(), values.end());
-        t.check_buf.insert(t.check_buf.end(), t.pair_check.begin(), t.pair_check.end());
         KILN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.check_buf.data(), static_cast<int>(t.check_buf.size()),
                                       MPI_INT64_T, MPI_MAX, t.check_comm, &t.check_req));
       }
@@ -489,6 +490,25 @@ class Engine {
         verify(t);
       }
       if (blocked) return false;  // an earlier operation of this communicator is not posted yet
+      if (!t.pair_check.empty()) {
+        // all_to_all's pairing check, once the signatures agree (every rank asks for all_to_all on N
+        // ranks, so every rank's buffer has 2 N^2 values): on the operation's own communicator, in
+        // its place among the collectives, while the task still blocks the later ones.
+        if (!t.pairs_posted) {
+          t.pairs_posted = true;
+          progressed = true;
+          KILN_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.pair_check.data(), static_cast<int>(t.pair_check.size()),
+                                        MPI_INT64_T, MPI_MAX, t.comm, &t.check_req));
+          return false;
+        }
+        int flag = 0;
+        KILN_MPI_CHECK(MPI_Test(&t.check_req, &flag, MPI_STATUS_IGNORE));
+        if (!flag) return false;
+        progressed = true;
+        const std::vector<int64_t> maxima = std::move(t.pair_check);
+        t.pair_check.clear();
+        check_pairs(t.work->what, t.pair_ranks, maxima.data());
+      }
       t.post(t.reqs);
       t.statuses.resize(t.reqs.size());
       t.phase = 2;
@@ -519,10 +539,7 @@ class Engine {
 
   // After the check's all-reduce: equal maxima of the signature and of its negation mean equal
   // signatures everywhere.
-  static void verify(const Task& t) {
-    check_signature(t.work->what, t.signature, t.check_buf.data());
-    if (!t.pair_check.empty()) check_pairs(t.work->what, t.pair_ranks, t.check_buf.data() + 2 * kSignatureLen);
-  }
+  static void verify(const Task& t) { check_signature(t.work->what, t.signature, t.check_buf.data()); }
 
   // The Error of a task past its deadline; with abort_on_timeout it stops the job instead.
   std::exception_ptr timed_out(Task& t) {
@@ -795,7 +812,7 @@ class MpiCommunicator final : public Communicator {
     const char* what = task->work->what.c_str();
     sign(*task, kAllToAll, inputs[0], -1, ReduceOp::Sum, {});
     task->signature[3] = 0;  // the element count: the pairs' sizes are checked apart
-    if (task->check) {
+    if (task->check && size_ <= kMaxPairCheckRanks) {
       task->pair_check = pair_check_values(rank_, size_, counts.send, counts.recv);
       task->pair_ranks = size_;
     }

@@ -603,8 +603,6 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
-  // NCCL matches sends and receives by their order between two ranks; it has no tags and does not
-  // check sizes (a mismatch shows as a timeout naming the op).
   Work all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, bool async_op) override {
     const PairCounts counts = all_to_all_counts("all_to_all", outputs, inputs, rank_, size_);
     check_cuda("all_to_all", inputs[0]);  // and so every tensor, which must share its device
@@ -617,8 +615,9 @@ class NcclCommunicator final : public Communicator {
                                    dtype_name(inputs[0].dtype()), sent, received);
     Signature sig = sign(kAllToAll, inputs[0], -1, ReduceOp::Sum, {});
     sig[3] = 0;  // the element count: the pairs' sizes are checked apart
-    const std::vector<int64_t> pairs =
-        options_.check_collectives ? pair_check_values(rank_, size_, counts.send, counts.recv) : std::vector<int64_t>{};
+    const std::vector<int64_t> pairs = options_.check_collectives && size_ <= kMaxPairCheckRanks
+                                           ? pair_check_values(rank_, size_, counts.send, counts.recv)
+                                           : std::vector<int64_t>{};
     std::vector<Tensor> keep = outputs;
     keep.insert(keep.end(), inputs.begin(), inputs.end());
     // One send and one receive per rank (itself included), in one group: NCCL pairs them up.
@@ -640,6 +639,8 @@ class NcclCommunicator final : public Communicator {
         pairs);
   }
 
+  // NCCL matches sends and receives by their order between two ranks; it has no tags and does not
+  // check sizes (a mismatch shows as a timeout naming the op).
   Work send(const Tensor& t, int dst, int tag, bool async_op) override {
     check_cuda("send", t);
     check_rank("send", dst, "dst");
@@ -718,16 +719,17 @@ class NcclCommunicator final : public Communicator {
 
   // The signature check of mpi.cpp, on this communicator's MPI twin: the ranks all-reduce (MAX) the
   // signature and its negation; equal maxima mean every rank asked for the same thing.
-  // all_to_all's pairing check (pair_check_values) goes along in the same all-reduce.
+  // all_to_all's pairing check (pair_check_values) follows in a second all-reduce, once the
+  // signatures agree (so that every rank's is of the same size).
   void verify(const std::string& what, const Signature& sig, const std::vector<int64_t>& pairs = {}) {
     const auto values = signature_check_values(sig);
-    std::vector<int64_t> all(values.begin(), values.end());
-    all.insert(all.end(), pairs.begin(), pairs.end());
-    Tensor buf = from_vector(all);
-    const int64_t* b = buf.data_ptr<int64_t>();
+    Tensor buf = from_vector(std::vector<int64_t>(values.begin(), values.end()));
     mpi_->all_reduce(buf, ReduceOp::Max);
-    check_signature(what, sig, b);
-    if (!pairs.empty()) check_pairs(what, size_, b + 2 * kSignatureLen);
+    check_signature(what, sig, buf.data_ptr<int64_t>());
+    if (pairs.empty()) return;
+    Tensor pair_buf = from_vector(pairs);
+    mpi_->all_reduce(pair_buf, ReduceOp::Max);
+    check_pairs(what, size_, pair_buf.data_ptr<int64_t>());
   }
 
   // Runs one operation as Note [NCCL streams] draws it: checked, ordered after the current stream,

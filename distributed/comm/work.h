@@ -74,11 +74,13 @@ std::array<int64_t, 2 * kSignatureLen> signature_check_values(const Signature& s
 // maxima: the all-reduced (MAX) 2 x kSignatureLen values. Throws the Error naming every field on
 // which the ranks disagree, with `what` (the op's description).
 void check_signature(const std::string& what, const Signature& mine, const int64_t* maxima);
-// all_to_all's sizes pair up across ranks, not per rank, so its signature leaves them out and this
-// check, appended to the signature's values in the same MAX all-reduce, compares them: 2 N^2 values
-// for N ranks, cell i N + r holding what rank i sends to rank r and what rank r receives from rank i
-// (written by those two ranks; the others put a floor below every count), then the negations. send[r]
-// and recv[s]: this rank's element counts to rank r and from rank s.
+// all_to_all's sizes pair up across ranks, not per rank, so its signature leaves them out and a
+// second MAX all-reduce, once the signatures agree, compares them: 2 N^2 values for N ranks, cell
+// i N + r of the first half what rank i sends to rank r (written by rank i), of the second half what
+// rank r expects from rank i (written by rank r); every other rank puts a floor below every count.
+// send[r] and recv[s]: this rank's element counts to rank r and from rank s. Above
+// kMaxPairCheckRanks ranks (2 N^2 values would outweigh most messages) only the signature is checked.
+inline constexpr int kMaxPairCheckRanks = 256;
 std::vector<int64_t> pair_check_values(int rank, int size, const std::vector<int64_t>& send,
                                        const std::vector<int64_t>& recv);
 // maxima: the all-reduced 2 N^2 values. Throws the Error naming the first pair of ranks whose

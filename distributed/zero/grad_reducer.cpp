@@ -153,8 +153,14 @@ GradReducer::~GradReducer() {
 void GradReducer::attach_grads() {
   if (in_backward_) {  // a backward threw before its end: let its operations finish, then forget it
     for (auto& b : buckets_) {
-      if (b->launched && !b->completed) b->work.wait();
+      b->work.wait();        // a default Work (nothing in flight) returns at once
+      b->scale_work.wait();  // qgZ's scales, which may have started even where launch() then threw
+      b->work = b->scale_work = Work();
       b->buffer = b->wire = b->output = Tensor();
+      b->q_to.clear();
+      b->q_from.clear();
+      b->scales_to.clear();
+      b->scales_from.clear();
     }
     in_backward_ = false;
   }
@@ -337,12 +343,15 @@ void GradReducer::launch(Bucket& b) {
       }
       bucket = parts.empty() ? bucket.narrow(0, 0, 0) : cat(parts);
     }
-    b.wire = b.wire_dtype ? bucket.to(*b.wire_dtype) : bucket;  // the bucket itself in its own dtype
+    // The bucket itself in its own dtype; qgZ quantizes it as it is (its int8 blocks replace the
+    // wire's dtype: a 16-bit wire would round float32 gradients twice).
+    b.wire = b.wire_dtype && !averaging_.quantized ? bucket.to(*b.wire_dtype) : bucket;
     if (!b.wire.is_same(b.buffer) && mode_ == Mode::kBucketed) b.buffer = Tensor();  // the copy is all it needs
     if (before_ != 1) b.wire.mul_(before_);
   }
   CommCaller caller("gradient reduction");
   if (mode_ == Mode::kAllReduce) {
+    sent_bytes_ += 2 * (comm_.size() - 1) * b.wire.nbytes() / comm_.size();  // a ring's share
     b.work = comm_.all_reduce(b.wire, op_, /*async_op=*/true);
   } else {
     std::vector<Tensor> inputs;

@@ -13,8 +13,9 @@
 //                              written over its own sum in the buffer as each bucket completes.
 //   kBucketed       (stages 2, 3) no flat gradient buffer: the hook copies a parameter's fresh
 //                              gradient into its bucket's buffer and drops .grad() at once, the
-//                              bucket is reduce-scattered, and each rank adds its part into its
-//                              partition's gradient buffer. Gradients of the whole model never
+//                              bucket is reduce-scattered (or, with GradAveraging::quantized,
+//                              exchanged in int8 by all-to-alls and summed in float32), and each
+//                              rank adds its part into its partition's gradient buffer. Gradients of the whole model never
 //                              exist at once: at most the buckets in flight do.
 //
 // "Averaged" is, by default, the communicator's ReduceOp::Avg on the bucket as it is. With
@@ -78,7 +79,8 @@ struct GradAveraging {
   // ZeRO++'s quantized gradients (qgZ; kBucketed only): each rank's piece of a bucket for rank r is
   // quantized in int8 blocks (quantize.h) and sent to r by an all-to-all, with its scales by a
   // second; r dequantizes the N pieces and sums them in float32. In place of the reduce-scatter:
-  // Note [quantized gradients] in grad_reducer.cpp.
+  // Note [quantized gradients] in grad_reducer.cpp. The bucket is quantized in the parameters'
+  // dtype: `dtype` and `param_dtypes` then only group the buckets.
   bool quantized = false;
 };
 
@@ -122,9 +124,9 @@ class GradReducer {
   int64_t buckets_started_during_backward() const { return started_during_backward_; }
   // How many reductions have started since construction (one per reducing backward, or reduce()).
   int64_t reductions() const { return reductions_; }
-  // The bytes this rank's buckets have sent to the other ranks since construction, counted as a
-  // direct exchange sends them (its pieces for the others, and with qgZ their scales; a ring
-  // reduce-scatter sends as many): what qgZ divides.
+  // The bytes this rank's buckets have sent to the other ranks since construction, counted as the
+  // usual algorithms send them: a reduce-scatter's pieces for the others (a ring sends as many), with
+  // qgZ their int8 values and scales, an all-reduce's 2 (N - 1) / N of its bucket (a ring's).
   int64_t sent_bytes() const { return sent_bytes_; }
 
  private:

@@ -18,7 +18,10 @@ Quantized quantize_blocks(const Tensor& x) {
   if (x.numel() == 0) return {empty({0}, on(kInt8)), empty({0}, on(kFloat32))};
   const Tensor blocks = padded_blocks(x.to(kFloat32));
   const Tensor scales = amax(blocks.abs(), {1}) / 127.0;
-  const Tensor y = blocks / where(scales.gt(0), scales, 1.0).unsqueeze(1);
+  Tensor y = blocks / where(scales.gt(0), scales, 1.0).unsqueeze(1);
+  // A block with an inf or a NaN (a float16 overflow) has a non-finite scale, which keeps its values
+  // non-finite when dequantized (q s); its q are 0, as a NaN has no int8 (the conversion is undefined).
+  y = where(y.isfinite(), y, 0.0);
   // The conversion to int8 truncates: adding half the sign first rounds halves away from zero.
   const Tensor q = clamp(y + y.sign() * 0.5, -127, 127).to(kInt8);
   return {q.view({-1}).narrow(0, 0, x.numel()).contiguous(), scales};

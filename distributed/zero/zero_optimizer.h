@@ -289,7 +289,8 @@ class ZeroOptimizer : public optim::Optimizer {
   // counts of ParamGatherer::Stats, since construction. All zero at stages 0-2.
   ParamGatherer::Stats stage3_stats() const;
   // The bytes the gradient reductions have sent to the other ranks since construction
-  // (GradReducer::sent_bytes): what zero_quantized_gradients cuts.
+  // (GradReducer::sent_bytes): what zero_quantized_gradients cuts. MiCS's all-reduce of each
+  // partition across the replica groups is not counted.
   int64_t gradient_bytes_sent() const;
 
   // Stage 3: gathers every parameter into the model while it lives (DeepSpeed's

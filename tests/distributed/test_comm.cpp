@@ -301,7 +301,13 @@ TEST_CASE("comm: all_to_all whose pairs do not match is an Error naming them, no
   std::vector<Tensor> ins(static_cast<size_t>(p), zeros({2})), outs(static_cast<size_t>(p), zeros({2}));
   if (r == 1) ins[0] = zeros({3});
   check_error([&] { comm->all_to_all(outs, ins); },
-              {"all_to_all #", "rank 1's inputs[0] and rank 0's outputs[1] differ in size (2 and 3 elements"});
+              {"all_to_all #", "rank 1 sends 3 elements to rank 0 (its inputs[0]), which expects 2 (its outputs[1])"});
+  // A rank calling another collective meanwhile: the signatures say so, before any all_to_all check.
+  std::vector<Tensor> same(static_cast<size_t>(p), zeros({2}));
+  Tensor t = zeros({2});
+  check_error([&] { r == 0 ? comm->all_reduce(t) : comm->all_to_all(same, same); },
+              {"different collectives", r == 0 ? "this rank called all_reduce, another rank all_to_all"
+                                               : "this rank called all_to_all, another rank all_reduce"});
   // The communicator is still usable afterwards.
   std::vector<Tensor> a(static_cast<size_t>(p)), b(static_cast<size_t>(p));
   for (int k = 0; k < p; ++k) {
