@@ -6,12 +6,14 @@
 # it leaves in $OUT (default ./gpu-out) the JSON lines of the benchmarks (bench.jsonl, gpt.jsonl,
 # dist.jsonl), device.txt and logs.tar.gz, the logs of every step (kept in build/gpu/logs and
 # packed after each step, so that a run cut short still returns the steps before it in few files).
-#   usage: scripts/gpu_check.sh [build|test|suite|sanitize|train|bench|gpt|dist] ...   (default: build test bench)
+#   usage: scripts/gpu_check.sh [build|test|suite|sanitize|nccl-memcheck|train|bench|gpt|dist] ...
+#          (default: build test bench)
 # build: the GPU tests', benchmarks' and programs' targets only (everything when suite is named).
 # test: test_cuda, then the other CTest entries labelled gpu (CUDA tensors through MPI, 2 and 3
 # ranks on the one GPU). suite: the whole CTest suite. sanitize: the GPU tests but the op table's
 # and NCCL's under compute-sanitizer's memcheck, with the allocator's cache off so that each
-# tensor's bounds are checked. train: kiln-train on the GPU. bench: bench_cuda_ops and the CNN
+# tensor's bounds are checked. nccl-memcheck: the NCCL tests alone under memcheck, each error's
+# lines shown (a 2026-12-04 run reported 4 errors there). train: kiln-train on the GPU. bench: bench_cuda_ops and the CNN
 # against PyTorch. gpt: GPT-2 124M and gpt_char against PyTorch, the switches' effects, and the
 # fused kernels against their compositions. dist: bench_collectives on NCCL (one rank: one GPU)
 # and on MPI with CUDA tensors staged through pinned host memory (two ranks sharing the GPU).
@@ -120,6 +122,15 @@ for step in "${steps[@]}"; do
       $build/bin/test_cuda "~[op_table]~[nccl]" 2>&1 | tail -c 2000000 >"$logs/sanitize.log"
     rc=${PIPESTATUS[0]}; echo "gpu_check: compute-sanitizer memcheck exit $rc"; ((rc)) && status=1
     grep -E "ERROR SUMMARY|^test cases|^assertions|Invalid" "$logs/sanitize.log" | head -20
+    ;;
+  nccl-memcheck)
+    # The NCCL tests under memcheck (sanitize leaves them out): each error with its stack, in the
+    # log and, the first ones, on the output.
+    limit 120 env KILN_CUDA_NO_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+      $build/bin/test_cuda "[nccl]" 2>&1 | tail -c 2000000 >"$logs/nccl_memcheck.log"
+    rc=${PIPESTATUS[0]}; echo "gpu_check: compute-sanitizer memcheck over [nccl] exit $rc"
+    grep -E -A8 "^========= (Invalid|Program hit|Error)" "$logs/nccl_memcheck.log" | head -60
+    grep -E "ERROR SUMMARY|^test cases|^assertions" "$logs/nccl_memcheck.log"
     ;;
   train)
     data=$deps/share/datasets/fashion-mnist
