@@ -139,7 +139,9 @@ int64_t hash_sizes(const std::vector<int64_t>& sizes) {  // of the per-rank elem
 Signature make_signature(uint64_t seq, OpCode code, const Tensor& t, int root, ReduceOp op,
                          const std::vector<int64_t>& sizes) {
   if (code == kBarrier || code == kSplit) return {static_cast<int64_t>(seq), code, -1, 0, 0, -1, 0};
-  return {static_cast<int64_t>(seq), code, static_cast<int64_t>(t.dtype()), sizes.empty() ? t.numel() : 0, root,
+  // all_to_all's sizes pair up across ranks (check_pairs), so its count is 0 too.
+  const int64_t count = sizes.empty() && code != kAllToAll ? t.numel() : 0;
+  return {static_cast<int64_t>(seq), code, static_cast<int64_t>(t.dtype()), count, root,
           static_cast<int64_t>(op), sizes.empty() ? 0 : hash_sizes(sizes)};
 }
 
@@ -200,6 +202,7 @@ constexpr int64_t kNoCount = std::numeric_limits<int64_t>::min();  // below ever
 
 std::vector<int64_t> pair_check_values(int rank, int size, const std::vector<int64_t>& send,
                                        const std::vector<int64_t>& recv) {
+  if (size > kMaxPairCheckRanks) return {};
   const auto n = static_cast<size_t>(size), me = static_cast<size_t>(rank);
   std::vector<int64_t> v(2 * n * n, kNoCount);
   for (size_t r = 0; r < n; ++r) v[me * n + r] = send[r];          // row me of the sends
@@ -254,11 +257,18 @@ PairCounts all_to_all_counts(const char* op, const std::vector<Tensor>& outputs,
     check_written(op, out);
     c.send.push_back(in.numel());
     c.recv.push_back(out.numel());
+    c.sent += in.numel();
+    c.received += out.numel();
   }
   const auto me = static_cast<size_t>(rank);
   KILN_CHECK(c.send[me] == c.recv[me], "{}: this rank ({}) sends {} elements to itself (inputs[{}]) but outputs[{}] has {}",
              op, rank, c.send[me], rank, rank, c.recv[me]);
   return c;
+}
+
+std::string describe_all_to_all(uint64_t number, DType dtype, const PairCounts& counts) {
+  return fmt::format("all_to_all #{} ({}, {} elements out, {} in)", number, dtype_name(dtype), counts.sent,
+                     counts.received);
 }
 
 std::vector<int64_t> per_rank_counts(const char* op, const std::vector<Tensor>& list, const char* list_name,

@@ -801,18 +801,11 @@ class MpiCommunicator final : public Communicator {
 
   Work all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, bool async_op) override {
     const PairCounts counts = all_to_all_counts("all_to_all", outputs, inputs, rank_, size_);
-    int64_t sent = 0, received = 0;
-    for (int r = 0; r < size_; ++r) {
-      sent += counts.send[static_cast<size_t>(r)];
-      received += counts.recv[static_cast<size_t>(r)];
-    }
     const DType dtype = inputs[0].dtype();
-    auto task = new_task(fmt::format("all_to_all #{} ({}, {} elements out, {} in)", ++seq_, dtype_name(dtype), sent,
-                                     received));
+    auto task = new_task(describe_all_to_all(++seq_, dtype, counts));
     const char* what = task->work->what.c_str();
     sign(*task, kAllToAll, inputs[0], -1, ReduceOp::Sum, {});
-    task->signature[3] = 0;  // the element count: the pairs' sizes are checked apart
-    if (task->check && size_ <= kMaxPairCheckRanks) {
+    if (task->check) {
       task->pair_check = pair_check_values(rank_, size_, counts.send, counts.recv);
       task->pair_ranks = size_;
     }
@@ -833,8 +826,8 @@ class MpiCommunicator final : public Communicator {
       s_at += counts.send[static_cast<size_t>(r)];
       r_at += counts.recv[static_cast<size_t>(r)];
     }
-    Tensor flat_in = sent == 0 ? empty({0}, TensorOptions(dtype)) : cat(ins, 0).contiguous();
-    Tensor flat_out = empty({received}, TensorOptions(dtype));
+    Tensor flat_in = counts.sent == 0 ? empty({0}, TensorOptions(dtype)) : cat(ins, 0).contiguous();
+    Tensor flat_out = empty({counts.received}, TensorOptions(dtype));
     task->post = [flat_in, flat_out, scnt, sdispl, rcnt, rdispl, c = comm_, what](std::vector<MPI_Request>& reqs) {
       reqs.resize(1);
       const MPI_Datatype ty = mpi_type(flat_in.dtype());

@@ -606,16 +606,9 @@ class NcclCommunicator final : public Communicator {
   Work all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs, bool async_op) override {
     const PairCounts counts = all_to_all_counts("all_to_all", outputs, inputs, rank_, size_);
     check_cuda("all_to_all", inputs[0]);  // and so every tensor, which must share its device
-    int64_t sent = 0, received = 0;
-    for (int r = 0; r < size_; ++r) {
-      sent += counts.send[static_cast<size_t>(r)];
-      received += counts.recv[static_cast<size_t>(r)];
-    }
-    std::string what = fmt::format("all_to_all #{} ({}, {} elements out, {} in)", ++seq_,
-                                   dtype_name(inputs[0].dtype()), sent, received);
-    Signature sig = sign(kAllToAll, inputs[0], -1, ReduceOp::Sum, {});
-    sig[3] = 0;  // the element count: the pairs' sizes are checked apart
-    const std::vector<int64_t> pairs = options_.check_collectives && size_ <= kMaxPairCheckRanks
+    std::string what = describe_all_to_all(++seq_, inputs[0].dtype(), counts);
+    const Signature sig = sign(kAllToAll, inputs[0], -1, ReduceOp::Sum, {});
+    const std::vector<int64_t> pairs = options_.check_collectives
                                            ? pair_check_values(rank_, size_, counts.send, counts.recv)
                                            : std::vector<int64_t>{};
     std::vector<Tensor> keep = outputs;

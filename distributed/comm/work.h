@@ -79,7 +79,8 @@ void check_signature(const std::string& what, const Signature& mine, const int64
 // i N + r of the first half what rank i sends to rank r (written by rank i), of the second half what
 // rank r expects from rank i (written by rank r); every other rank puts a floor below every count.
 // send[r] and recv[s]: this rank's element counts to rank r and from rank s. Above
-// kMaxPairCheckRanks ranks (2 N^2 values would outweigh most messages) only the signature is checked.
+// kMaxPairCheckRanks ranks (2 N^2 values would outweigh most messages) it returns no values: only
+// the signature is checked. (all_to_all's signature has no element count.)
 inline constexpr int kMaxPairCheckRanks = 256;
 std::vector<int64_t> pair_check_values(int rank, int size, const std::vector<int64_t>& send,
                                        const std::vector<int64_t>& recv);
@@ -107,7 +108,10 @@ std::vector<int64_t> per_rank_counts(const char* op, const std::vector<Tensor>& 
 // element counts sent to each rank and received from each.
 struct PairCounts {
   std::vector<int64_t> send, recv;
+  int64_t sent = 0, received = 0;  // their sums
 };
+// "all_to_all #3 (float32, 12 elements out, 9 in)"
+std::string describe_all_to_all(uint64_t number, DType dtype, const PairCounts& counts);
 PairCounts all_to_all_counts(const char* op, const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                              int rank, int size);
 

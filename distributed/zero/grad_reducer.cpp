@@ -80,6 +80,14 @@ struct GradReducer::Bucket {
   Work scale_work;
   Work work;
   bool launched = false, completed = false;
+
+  void drop_exchange() {  // qgZ's tensors and its second operation, once over
+    q_from.clear();
+    scales_from.clear();
+    q_to.clear();
+    scales_to.clear();
+    scale_work = Work();
+  }
 };
 
 GradReducer::GradReducer(Communicator& comm, const FlatLayout& layout, std::vector<Tensor> params, Mode mode,
@@ -155,12 +163,9 @@ void GradReducer::attach_grads() {
     for (auto& b : buckets_) {
       b->work.wait();        // a default Work (nothing in flight) returns at once
       b->scale_work.wait();  // qgZ's scales, which may have started even where launch() then threw
-      b->work = b->scale_work = Work();
+      b->work = Work();
+      b->drop_exchange();
       b->buffer = b->wire = b->output = Tensor();
-      b->q_to.clear();
-      b->q_from.clear();
-      b->scales_to.clear();
-      b->scales_from.clear();
     }
     in_backward_ = false;
   }
@@ -367,10 +372,7 @@ void GradReducer::launch(Bucket& b) {
       }
     }
     if (averaging_.quantized) {  // Note [quantized gradients]
-      b.q_to.clear();
-      b.scales_to.clear();
-      b.q_from.clear();
-      b.scales_from.clear();
+      b.drop_exchange();
       const auto on = [&](DType d) { return TensorOptions(d).device(b.wire.device()); };
       for (int r = 0; r < comm_.size(); ++r) {
         Quantized q = quantize_blocks(inputs[static_cast<size_t>(r)]);
@@ -408,11 +410,7 @@ void GradReducer::complete(Bucket& b) {
     for (size_t r = 0; r < b.q_from.size(); ++r) sum.add_(dequantize(b.q_from[r], b.scales_from[r]));
     if (op_ == ReduceOp::Avg) sum.div_(static_cast<double>(comm_.size()));
     b.output = sum;
-    b.q_from.clear();
-    b.scales_from.clear();
-    b.q_to.clear();
-    b.scales_to.clear();
-    b.scale_work = Work();
+    b.drop_exchange();
   }
   if (mode_ == Mode::kAllReduce) {  // averaged in place, or in the copy that goes back
     if (after_ != 1) b.wire.mul_(after_);

@@ -10,7 +10,6 @@
 
 #include "core/grad_mode.h"
 #include "distributed/comm/comms_logger.h"
-#include "distributed/zero/quantize.h"
 #include "ops/ops.h"
 
 namespace kiln::distributed {
@@ -20,10 +19,6 @@ namespace {
 constexpr size_t kMaxTraceEvents = size_t{1} << 20;
 
 int64_t numel_of(const FlatLayout& layout, size_t k) { return layout.param(static_cast<int64_t>(k)).size(); }
-
-// qwZ's blocks (quantize.h): ParamGatherer::kQuantBlock is theirs.
-static_assert(ParamGatherer::kQuantBlock == kQuantBlock);
-int64_t blocks_of(int64_t n) { return quant_blocks(n); }
 
 // Each rank's piece of parameter range `range` in `layout` (its partitions), as offsets into the
 // gathered parameter (`at`), with that piece's first quantization block among the pieces' blocks
@@ -38,7 +33,7 @@ std::vector<Piece> pieces_of(const FlatRange& range, const FlatLayout& layout, i
   for (int r = 0; r < ranks; ++r) {
     const FlatRange piece = intersect(range, layout.partition(r));
     const int64_t at = piece.empty() ? 0 : piece.begin - range.begin;
-    pieces.push_back({at, piece.size(), block, blocks_of(piece.size())});
+    pieces.push_back({at, piece.size(), block, quant_blocks(piece.size())});
     block += pieces.back().blocks;
   }
   return pieces;

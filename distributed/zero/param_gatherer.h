@@ -48,6 +48,7 @@
 
 #include "distributed/comm/communicator.h"
 #include "distributed/zero/layout.h"
+#include "distributed/zero/quantize.h"
 #include "nn/module.h"
 
 namespace kiln::distributed {
@@ -81,7 +82,7 @@ class ParamGatherer {
     // gather_dtypes (which it overrides).
     bool quantized_weights = false;
   };
-  static constexpr int64_t kQuantBlock = 2048;
+  static constexpr int64_t kQuantBlock = distributed::kQuantBlock;  // quantize.h
   // What the hooks did since construction (every rank's are the same).
   struct Stats {
     int64_t gathers = 0;        // all-gathers started where the parameter was needed (a wait for each)

@@ -120,13 +120,18 @@ double row_error(const Tensor& a, const Tensor& b) {
 // cancels where P is peaked (the top key's dS is (1 - P) times small terms), so a 16-bit O's rounding
 // (2^-9 of |O| in bfloat16, summed over D terms of dO * O) would dominate a comparison with the exact
 // gradients (row errors up to 0.7 in bfloat16 on an H200) and hide what the kernel itself adds. So
-// `out` is the kernel's own 16-bit output, or the exact one (the exact gradients); P comes from the
-// float64 composition (the attention of an identity matrix, whose rows are P's).
+// `out` is the kernel's own 16-bit output, or the exact one (the exact gradients); p is P in float64
+// (attention_probabilities64).
+// P = softmax(q k^T / sqrt(D)) (masked when causal), [B, H, L, S], from the float64 composition: the
+// attention of an identity matrix, whose rows are P's.
+Tensor attention_probabilities64(const Tensor& q, const Tensor& k, bool causal) {
+  const int64_t B = q.size(0), H = q.size(1), S = k.size(2);
+  return scaled_dot_product_attention(q, k, eye(S, {}, kFloat64).expand({B, H, S, S}), {}, 0.0, causal);
+}
+
 std::vector<Tensor> flash_gradients64(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& cot,
-                                      const Tensor& out, bool causal, bool broadcast) {
-  const int64_t B = q.size(0), H = q.size(1), S = k.size(2), D = q.size(3);
-  Tensor identity = eye(S, {}, kFloat64).expand({B, H, S, S});
-  const Tensor p = scaled_dot_product_attention(q, k, identity, {}, 0.0, causal);  // [B, H, L, S]
+                                      const Tensor& p, const Tensor& out, bool broadcast) {
+  const int64_t D = q.size(3);
   const Tensor delta = (cot * out.to(kFloat64).cpu()).sum(Shape{-1}, true);
   const double scale = 1.0 / std::sqrt(static_cast<double>(D));
   const Tensor ds = p * (cot.matmul(v.transpose(-2, -1)) - delta) * scale;
@@ -163,6 +168,7 @@ TEST_CASE("the CUDA flash attention kernels at every head dim: tails, peaked sco
         auto heads = [&](const Tensor& t) { return c.broadcast ? t.expand({B, H, c.S, D}) : t; };
         test::FusionGuard composed(false);  // the float64 reference op by op
         const Tensor y64 = scaled_dot_product_attention(q, heads(k), heads(v), {}, 0.0, causal);
+        const Tensor p64 = attention_probabilities64(q, heads(k), causal);
         for (const auto& [dt, kernels] : kernel_sets()) {
           test::EnvGuard env("KILN_CUDA_ATTENTION", kernels);
           // Twice the whole-tensor bounds above: one row's error has no others to average with. A
@@ -183,7 +189,7 @@ TEST_CASE("the CUDA flash attention kernels at every head dim: tails, peaked sco
           CHECK(row_error(yg, y64) < bound);
           // In float32 the output's rounding is far below the error of P (exponentials of scores
           // summed in float32), and the exact output is the one consistent with the exact P.
-          const auto g64 = flash_gradients64(q, heads(k), heads(v), cot, dt == kFloat32 ? y64 : yg, causal, c.broadcast);
+          const auto g64 = flash_gradients64(q, heads(k), heads(v), cot, p64, dt == kFloat32 ? y64 : yg, c.broadcast);
           for (int i = 0; i < 3; ++i) {
             INFO("gradient " << i << ", row error " << row_error(gg[i], g64[i]));
             CHECK(row_error(gg[i], g64[i]) < bound);
