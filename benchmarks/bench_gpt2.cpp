@@ -180,7 +180,7 @@ void breakdown(const Options& o, kiln::Device device) {
   const Tensor& wte = model.transformer.wte.weight;
   const std::vector<std::pair<const char*, std::function<void()>>> outside = {
       {"embedding", fwd_bwd([&] { return model.transformer.wte(ids) + model.transformer.wpe(pos); })},
-      {"head", fwd_bwd([&] { return matmul(x, wte.t()); })},
+      {"head", fwd_bwd([&] { return nn::linear(x, wte); })},
       {"loss", fwd_bwd([&] { return models::GPT::loss(logits, targets); })},
   };
   for (const auto& [name, fn] : outside) report(name, "ms_fwd_bwd", time_part(fn, device));

@@ -8,7 +8,8 @@
 //   bias_gelu(_backward) gelu(in + bias) and its gradient with the bias's column sum (three passes)
 //   cross_entropy(_backward)  log-softmax, the pick of the target and label smoothing per row, and a
 //                        backward that writes softmax - target straight from lse, never storing the
-//                        (R, C) log-probabilities
+//                        (R, C) log-probabilities; float16 and bfloat16 rows are read into float32
+//                        (their loss and lse are float32) and their gradient rounded once
 //
 // Rows are split over the pool of cpu/parallel.h. The column sums (grad_weight, grad_bias) go through
 // fixed chunks of kChunk rows: each chunk's partial sums (in double) are written apart and then added
@@ -16,6 +17,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 #include <vector>
 
 #include "core/error.h"
@@ -226,17 +228,32 @@ inline bool target_class(const int64_t* target, int64_t r, int64_t C, int64_t ig
   return true;
 }
 
-template <typename T>
+// Row r of the logits in T, the math type: the row itself, or for 16-bit logits (S != T) the row
+// converted into `scratch` (exactly: float holds every float16 and bfloat16).
+template <typename S, typename T>
+const T* row_in(const S* logits, int64_t r, int64_t C, std::vector<T>& scratch) {
+  if constexpr (std::is_same_v<S, T>) {
+    return logits + r * C;
+  } else {
+    scratch.resize(static_cast<size_t>(C));
+    for (int64_t c = 0; c < C; ++c) scratch[static_cast<size_t>(c)] = static_cast<T>(logits[r * C + c]);
+    return scratch.data();
+  }
+}
+
+// S: the logits' dtype; T: the math's, and the loss's and lse's (float for the 16-bit dtypes).
+template <typename S, typename T>
 void cross_entropy_typed(const View& logitsv, const View& targetv, const View& lossv, const View& lsev,
                          int64_t ignore_index, double eps) {
   const int64_t R = logitsv.sizes[0], C = logitsv.sizes[1];
-  const T* logits = logitsv.ptr<T>();
+  const S* logits = logitsv.ptr<S>();
   const int64_t* target = targetv.ptr<int64_t>();
   T* loss = lossv.ptr<T>();
   T* lse = lsev.ptr<T>();
   parallel_for(0, R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    std::vector<T> scratch;
     for (int64_t r = r0; r < r1; ++r) {
-      ConstRow<T> x(logits + r * C, C);
+      ConstRow<T> x(row_in(logits, r, C, scratch), C);
       const T mx = x.maxCoeff();
       // Every logit -inf (a row fully masked): lse = -inf, as log_softmax gives.
       const double l = std::isinf(mx) && mx < 0 ? static_cast<double>(mx)
@@ -254,27 +271,32 @@ void cross_entropy_typed(const View& logitsv, const View& targetv, const View& l
   });
 }
 
-template <typename T>
+template <typename S, typename T>
 void cross_entropy_backward_typed(const View& logitsv, const View& targetv, const View& lsev, const View& glv,
                                   const View& gv, int64_t ignore_index, double eps) {
   const int64_t R = logitsv.sizes[0], C = logitsv.sizes[1];
-  const T* logits = logitsv.ptr<T>();
+  const S* logits = logitsv.ptr<S>();
   const int64_t* target = targetv.ptr<int64_t>();
   const T* lse = lsev.ptr<T>();
   const T* gl = glv.ptr<T>();
-  T* grad = gv.ptr<T>();
+  S* grad = gv.ptr<S>();
   parallel_for(0, R, row_grain(C), [&](int64_t r0, int64_t r1) {
+    std::vector<T> scratch, result(std::is_same_v<S, T> ? 0 : static_cast<size_t>(C));
     for (int64_t r = r0; r < r1; ++r) {
-      Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> out(grad + r * C, C);
+      T* dst = std::is_same_v<S, T> ? reinterpret_cast<T*>(grad + r * C) : result.data();
+      Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> out(dst, C);
       int64_t t = 0;
       if (!target_class(target, r, C, ignore_index, t)) {
         out.setZero();
-        continue;
+      } else {
+        const T scale = gl[r];
+        const T smooth = static_cast<T>(eps / static_cast<double>(C));
+        out = (exact_exp(ConstRow<T>(row_in(logits, r, C, scratch), C) - lse[r]) - smooth) * scale;
+        out[t] -= static_cast<T>(1 - eps) * scale;
       }
-      const T scale = gl[r];
-      const T smooth = static_cast<T>(eps / static_cast<double>(C));
-      out = (exact_exp(ConstRow<T>(logits + r * C, C) - lse[r]) - smooth) * scale;
-      out[t] -= static_cast<T>(1 - eps) * scale;
+      if constexpr (!std::is_same_v<S, T>) {
+        for (int64_t c = 0; c < C; ++c) grad[r * C + c] = static_cast<S>(dst[c]);  // rounded once
+      }
     }
   });
 }
@@ -311,17 +333,26 @@ void bias_gelu_backward_kernel(const View& grad_out, const View& in, const View&
 
 void cross_entropy_kernel(const View& logits, const View& target, const View& loss, const View& lse,
                           int64_t ignore_index, double label_smoothing) {
-  KILN_DISPATCH_F32_F64(logits.dtype, "cross_entropy", [&] {
-    cross_entropy_typed<scalar_t>(logits, target, loss, lse, ignore_index, label_smoothing);
+  KILN_DISPATCH_FLOAT_TYPES(logits.dtype, "cross_entropy", [&] {
+    using T = opmath_t<scalar_t>;  // float32 loss and lse for the 16-bit dtypes
+    KILN_CHECK(loss.dtype == dtype_of<T>() && lse.dtype == dtype_of<T>(),
+               "cross_entropy: {} logits take {} loss and lse, got {} and {}", dtype_name(logits.dtype),
+               dtype_name(dtype_of<T>()), dtype_name(loss.dtype), dtype_name(lse.dtype));
+    cross_entropy_typed<scalar_t, T>(logits, target, loss, lse, ignore_index, label_smoothing);
   });
 }
 
 void cross_entropy_backward_kernel(const View& logits, const View& target, const View& lse,
                                    const View& grad_loss, const View& grad_logits, int64_t ignore_index,
                                    double label_smoothing) {
-  KILN_DISPATCH_F32_F64(logits.dtype, "cross_entropy backward", [&] {
-    cross_entropy_backward_typed<scalar_t>(logits, target, lse, grad_loss, grad_logits, ignore_index,
-                                           label_smoothing);
+  KILN_DISPATCH_FLOAT_TYPES(logits.dtype, "cross_entropy backward", [&] {
+    using T = opmath_t<scalar_t>;
+    KILN_CHECK(lse.dtype == dtype_of<T>() && grad_loss.dtype == dtype_of<T>() && grad_logits.dtype == logits.dtype,
+               "cross_entropy backward: {} logits take {} lse and loss gradient and a {} gradient, got {}, {} and {}",
+               dtype_name(logits.dtype), dtype_name(dtype_of<T>()), dtype_name(logits.dtype), dtype_name(lse.dtype),
+               dtype_name(grad_loss.dtype), dtype_name(grad_logits.dtype));
+    cross_entropy_backward_typed<scalar_t, T>(logits, target, lse, grad_loss, grad_logits, ignore_index,
+                                              label_smoothing);
   });
 }
 

@@ -6,7 +6,8 @@
 // One warp per row for the row kernels (grid-stride over rows, eight warps to a block): simple, and
 // fast enough for the rows of a transformer (hundreds to a few thousand columns); float32 rows of up
 // to 1024 stay in a warp's registers, and rows of up to 4096 in a block's (Note [layer_norm rows in
-// registers]). Column sums (grad_weight, grad_bias) go through fixed chunks of rows, as on the CPU:
+// registers]). The cross-entropy gives rows of more than 1024 classes (a vocabulary's) a block each
+// and reads 16-bit logits as they are (Note [one pass over the logits]). Column sums (grad_weight, grad_bias) go through fixed chunks of rows, as on the CPU:
 // a first kernel writes one partial sum in double per (chunk, column), a second adds each column's
 // chunks in order, so the result does not depend on scheduling and no atomics are needed.
 //
@@ -33,6 +34,8 @@ __device__ __forceinline__ int64_t first_warp_row() {
   return static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
 }
 __device__ __forceinline__ int64_t warp_row_stride() { return static_cast<int64_t>(gridDim.x) * kWarpsPerBlock; }
+// A block per row, as many blocks as rows (up to kMaxBlocks; the kernels stride over the rest).
+unsigned block_per_row(int64_t R) { return static_cast<unsigned>(std::clamp<int64_t>(R, 1, kMaxBlocks)); }
 
 // ---- column sums in fixed chunks ----
 
@@ -332,18 +335,27 @@ struct ColumnOf {
 // ---- cross_entropy ----
 
 // Note [one pass over the logits]: a row's log-sum-exp in one read, as an online softmax does: each
-// lane keeps the largest logit m it has seen and s = the sum of exp(x - m) over its logits,
-// rescaling s by exp(m_old - m_new) when m grows; the lanes' (m, s) pairs merge the same way. Three
+// thread keeps the largest logit m it has seen and s = the sum of exp(x - m) over its logits,
+// rescaling s by exp(m_old - m_new) when m grows; the threads' (m, s) pairs merge the same way. Three
 // passes (max, then the sums, then the target) read each row of GPT-2's 50304 logits three times, and
-// such a row (197 KiB) has left the caches by the next pass. Sums in double as before; the special
-// rows keep the three-pass results: a row of -inf gives -inf, a NaN among finite logits NaN, a +inf
-// NaN (exp(inf - inf)).
+// such a row (197 KiB in float32) has left the caches by the next pass. The pair is kept in A, the
+// logits' opmath type: float for float32, float16 and bfloat16 (whose loss and lse are float32, so a
+// 16-bit row is read as it is, with no float32 copy of it made first), double for float64. The
+// special rows keep the three-pass results: a row of -inf gives -inf, a NaN among finite logits NaN,
+// a +inf NaN (exp(inf - inf)).
+//
+// Rows of more than 1024 classes get a block each (a warp's 32 loads in flight cannot keep up with
+// the memory), shorter ones a warp; a row whose elements are 16-byte aligned is read sixteen bytes a
+// load, four loads issued before their values are used. The backward is elementwise over (R, C),
+// sixteen bytes at a time where aligned, each element (exp(x - lse) - eps / C - (1 - eps) [c == t])
+// times the row's gradient, in A, rounded once to T.
+template <typename A>
 struct RunningLse {
-  double m = -INFINITY, s = 0;  // s == 0 until a logit above -inf arrives
+  A m = -INFINITY, s = 0;  // s == 0 until a logit above -inf arrives
 
   // s rescaled to the larger maximum m_new (0 stays 0, where m may be -inf; NaN stays NaN).
-  __device__ static double rescale(double s, double m, double m_new) { return s == 0 ? 0.0 : s * exp(m - m_new); }
-  __device__ void add(double x) {
+  __device__ static A rescale(A s, A m, A m_new) { return s == 0 ? A(0) : s * exp(m - m_new); }
+  __device__ void add(A x) {
     if (x > m) {
       s = rescale(s, m, x) + 1;
       m = x;
@@ -351,64 +363,133 @@ struct RunningLse {
       s += exp(x - m);  // a NaN x (never > m) makes s NaN
     }
   }
-  __device__ void merge(double m2, double s2) {
-    const double mm = fmax(m, m2);
+  __device__ void merge(A m2, A s2) {
+    const A mm = fmax(m, m2);  // m is never NaN: add only takes an x above it
     s = rescale(s, m, mm) + rescale(s2, m2, mm);
     m = mm;
   }
-  __device__ double lse() const { return m == -INFINITY ? m : m == INFINITY ? NAN : m + log(s); }
+  __device__ A lse() const { return m == -INFINITY ? m : m == INFINITY ? A(NAN) : m + log(s); }
 };
 
-template <typename T>
-__global__ void cross_entropy_kernel(const T* logits, const int64_t* target, T* loss, T* lse, int64_t R, int64_t C,
-                                     int64_t ignore_index, double eps) {
-  const int lane = threadIdx.x & 31;
-  for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
+// The group's merged pair, in every thread of the group: the warp's by shuffles, then for a block
+// the warps' through shared memory (every thread merging them in the same order).
+template <int kWidth, typename A>
+__device__ RunningLse<A> group_lse(RunningLse<A> run, A* shared_m, A* shared_s) {
+  for (int delta = 16; delta > 0; delta >>= 1) {
+    const A m2 = __shfl_xor_sync(0xffffffffu, run.m, delta), s2 = __shfl_xor_sync(0xffffffffu, run.s, delta);
+    run.merge(m2, s2);
+  }
+  if constexpr (kWidth == 32) {
+    return run;
+  } else {
+    const int warp = static_cast<int>(threadIdx.x >> 5);
+    __syncthreads();  // the previous row's use of the arrays is over
+    if ((threadIdx.x & 31) == 0) {
+      shared_m[warp] = run.m;
+      shared_s[warp] = run.s;
+    }
+    __syncthreads();
+    RunningLse<A> all;
+    for (int w = 0; w < kWidth / 32; ++w) all.merge(shared_m[w], shared_s[w]);
+    return all;
+  }
+}
+
+template <typename T, typename A, int kWidth>
+__global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* logits, const int64_t* target, A* loss,
+                                                                 A* lse, int64_t R, int64_t C, int64_t ignore_index,
+                                                                 double eps, bool vectorized) {
+  using G = RowGroup<kWidth>;
+  constexpr int V = Vec16<T>::kSize, kUnroll = 4;
+  __shared__ A shared_m[kThreads / 32], shared_s[kThreads / 32];
+  __shared__ double shared[32];
+  const int lane = G::lane();
+  for (int64_t r = G::first(); r < R; r += G::step()) {
     const T* x = logits + r * C;
-    RunningLse run;  // See Note [one pass over the logits]
-    double sx = 0;
-    for (int64_t i = lane; i < C; i += 32) {
-      const double v = static_cast<double>(x[i]);
+    RunningLse<A> run;  // See Note [one pass over the logits]
+    A sx = 0;
+    auto take = [&](const T& e) {
+      const A v = static_cast<A>(e);
       run.add(v);
       sx += v;
+    };
+    if (vectorized) {
+      const auto* xv = reinterpret_cast<const Vec16<T>*>(x);
+      const int64_t n = C / V;
+      int64_t i = lane;
+      for (; i + (kUnroll - 1) * kWidth < n; i += kUnroll * kWidth) {
+        Vec16<T> u[kUnroll];
+        KILN_CUDA_UNROLL
+        for (int k = 0; k < kUnroll; ++k) u[k] = xv[i + k * kWidth];
+        KILN_CUDA_UNROLL
+        for (int k = 0; k < kUnroll; ++k) {
+          KILN_CUDA_UNROLL
+          for (int e = 0; e < V; ++e) take(u[k].v[e]);
+        }
+      }
+      for (; i < n; i += kWidth) {
+        const Vec16<T> u = xv[i];
+        KILN_CUDA_UNROLL
+        for (int e = 0; e < V; ++e) take(u.v[e]);
+      }
+    } else {
+      for (int64_t i = lane; i < C; i += kWidth) take(x[i]);
     }
-    for (int delta = 16; delta > 0; delta >>= 1) {
-      const double m2 = __shfl_xor_sync(0xffffffffu, run.m, delta), s2 = __shfl_xor_sync(0xffffffffu, run.s, delta);
-      run.merge(m2, s2);
-    }
-    sx = warp_sum(sx);
+    run = group_lse<kWidth>(run, shared_m, shared_s);
+    const double sum_x = G::sum(static_cast<double>(sx), shared);
     if (lane != 0) continue;
-    const double l = run.lse();
-    lse[r] = static_cast<T>(l);
+    const A l = run.lse();
+    lse[r] = l;
     const int64_t t = target[r];
     if (t == ignore_index) {
-      loss[r] = T(0);
+      loss[r] = A(0);
     } else if (t < 0 || t >= C) {
-      loss[r] = static_cast<T>(NAN);
+      loss[r] = A(NAN);
     } else {
-      double v = l - (1 - eps) * static_cast<double>(x[t]);
-      if (eps > 0) v -= eps / static_cast<double>(C) * sx;
-      loss[r] = static_cast<T>(v);
+      double v = static_cast<double>(l) - (1 - eps) * static_cast<double>(static_cast<A>(x[t]));
+      if (eps > 0) v -= eps / static_cast<double>(C) * sum_x;
+      loss[r] = static_cast<A>(v);
     }
   }
 }
 
-template <typename T>
-__global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* target, const T* lse, const T* gl,
-                                              T* grad, int64_t R, int64_t C, int64_t ignore_index, double eps) {
-  const int lane = threadIdx.x & 31;
-  for (int64_t r = first_warp_row(); r < R; r += warp_row_stride()) {
-    const int64_t t = target[r];
-    const bool ignored = t == ignore_index || t < 0 || t >= C;
-    const T scale = gl[r], l = lse[r];
-    const T smooth = static_cast<T>(eps / static_cast<double>(C)), hit = static_cast<T>(1 - eps);
-    for (int64_t i = lane; i < C; i += 32) {
-      T v = T(0);
-      if (!ignored) {
-        v = (static_cast<T>(exp(static_cast<opmath_t<T>>(logits[r * C + i] - l))) - smooth) * scale;
-        if (i == t) v -= hit * scale;
+// One element's gradient (Note [one pass over the logits]), in A.
+template <typename A>
+__device__ __forceinline__ A cross_entropy_grad(A x, A l, A scale, A smooth, A hit, bool is_target) {
+  A v = (static_cast<A>(exp(x - l)) - smooth) * scale;
+  if (is_target) v -= hit * scale;
+  return v;
+}
+
+template <typename T, typename A>
+__global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* target, const A* lse, const A* gl,
+                                              T* grad, int64_t R, int64_t C, int64_t ignore_index, double eps,
+                                              bool vectorized) {
+  constexpr int V = Vec16<T>::kSize;
+  const A smooth = static_cast<A>(eps / static_cast<double>(C)), hit = static_cast<A>(1 - eps);
+  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (vectorized) {
+    const int64_t per_row = C / V, n = R * per_row;
+    for (int64_t i = first; i < n; i += step) {
+      const int64_t r = i / per_row, c0 = (i - r * per_row) * V, t = target[r];
+      const bool ignored = t == ignore_index || t < 0 || t >= C;
+      const A l = lse[r], scale = gl[r];
+      const Vec16<T> u = reinterpret_cast<const Vec16<T>*>(logits)[i];
+      Vec16<T> o;
+      KILN_CUDA_UNROLL
+      for (int e = 0; e < V; ++e) {
+        o.v[e] = static_cast<T>(ignored ? A(0) : cross_entropy_grad(static_cast<A>(u.v[e]), l, scale, smooth, hit, c0 + e == t));
       }
-      grad[r * C + i] = v;
+      reinterpret_cast<Vec16<T>*>(grad)[i] = o;
+    }
+  } else {
+    const int64_t n = R * C;
+    for (int64_t i = first; i < n; i += step) {
+      const int64_t r = i / C, c = i - r * C, t = target[r];
+      const bool ignored = t == ignore_index || t < 0 || t >= C;
+      grad[i] = static_cast<T>(ignored ? A(0)
+                                       : cross_entropy_grad(static_cast<A>(logits[i]), lse[r], gl[r], smooth, hit, c == t));
     }
   }
 }
@@ -421,7 +502,6 @@ struct RowLaunch {
   K kernel;
   unsigned blocks;
 };
-unsigned block_per_row(int64_t R) { return static_cast<unsigned>(std::clamp<int64_t>(R, 1, kMaxBlocks)); }
 
 template <typename T>
 auto layer_norm_kernel_for(int64_t R, int64_t M) {
@@ -532,13 +612,24 @@ void bias_gelu_backward_launch(const View& grad_out, const View& in, const View&
 
 void cross_entropy_launch(const View& logits, const View& target, const View& loss, const View& lse,
                           int64_t ignore_index, double label_smoothing, const Stream& s) {
-  check_nn_dtype(logits.dtype, "cross_entropy");
   const int64_t R = logits.sizes[0], C = logits.sizes[1];
   if (R == 0 || C == 0) return;
-  KILN_DISPATCH_F32_F64(logits.dtype, "cross_entropy", [&] {
+  KILN_DISPATCH_FLOAT_TYPES(logits.dtype, "cross_entropy", [&] {
     using T = scalar_t;
-    cross_entropy_kernel<T><<<row_blocks(R), kThreads, 0, stream_of(s)>>>(
-        logits.ptr<T>(), target.ptr<int64_t>(), loss.ptr<T>(), lse.ptr<T>(), R, C, ignore_index, label_smoothing);
+    using A = opmath_t<T>;  // float32 loss and lse for the 16-bit dtypes (ops/softmax.cpp allocates them so)
+    KILN_CHECK(loss.dtype == dtype_of<A>() && lse.dtype == dtype_of<A>(),
+               "cross_entropy: {} logits take {} loss and lse, got {} and {}", dtype_name(logits.dtype),
+               dtype_name(dtype_of<A>()), dtype_name(loss.dtype), dtype_name(lse.dtype));
+    const bool vectorized = aligned16(logits.data) && (C * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+    if (C > 1024) {
+      cross_entropy_kernel<T, A, kThreads><<<block_per_row(R), kThreads, 0, stream_of(s)>>>(
+          logits.ptr<T>(), target.ptr<int64_t>(), loss.ptr<A>(), lse.ptr<A>(), R, C, ignore_index, label_smoothing,
+          vectorized);
+    } else {
+      cross_entropy_kernel<T, A, 32><<<row_blocks(R), kThreads, 0, stream_of(s)>>>(
+          logits.ptr<T>(), target.ptr<int64_t>(), loss.ptr<A>(), lse.ptr<A>(), R, C, ignore_index, label_smoothing,
+          vectorized);
+    }
     KILN_CUDA_CHECK(cudaGetLastError());
   });
 }
@@ -546,14 +637,21 @@ void cross_entropy_launch(const View& logits, const View& target, const View& lo
 void cross_entropy_backward_launch(const View& logits, const View& target, const View& lse, const View& grad_loss,
                                    const View& grad_logits, int64_t ignore_index, double label_smoothing,
                                    const Stream& s) {
-  check_nn_dtype(logits.dtype, "cross_entropy backward");
   const int64_t R = logits.sizes[0], C = logits.sizes[1];
   if (R == 0 || C == 0) return;
-  KILN_DISPATCH_F32_F64(logits.dtype, "cross_entropy backward", [&] {
+  KILN_DISPATCH_FLOAT_TYPES(logits.dtype, "cross_entropy backward", [&] {
     using T = scalar_t;
-    cross_entropy_backward_kernel<T><<<row_blocks(R), kThreads, 0, stream_of(s)>>>(
-        logits.ptr<T>(), target.ptr<int64_t>(), lse.ptr<T>(), grad_loss.ptr<T>(), grad_logits.ptr<T>(), R, C,
-        ignore_index, label_smoothing);
+    using A = opmath_t<T>;
+    KILN_CHECK(lse.dtype == dtype_of<A>() && grad_loss.dtype == dtype_of<A>() && grad_logits.dtype == logits.dtype,
+               "cross_entropy backward: {} logits take {} lse and loss gradient and a {} gradient, got {}, {} and {}",
+               dtype_name(logits.dtype), dtype_name(dtype_of<A>()), dtype_name(logits.dtype), dtype_name(lse.dtype),
+               dtype_name(grad_loss.dtype), dtype_name(grad_logits.dtype));
+    const bool vectorized = aligned16(logits.data) && aligned16(grad_logits.data) &&
+                            (C * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+    const int64_t n = vectorized ? R * C / Vec16<T>::kSize : R * C;
+    cross_entropy_backward_kernel<T, A><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(
+        logits.ptr<T>(), target.ptr<int64_t>(), lse.ptr<A>(), grad_loss.ptr<A>(), grad_logits.ptr<T>(), R, C,
+        ignore_index, label_smoothing, vectorized);
     KILN_CUDA_CHECK(cudaGetLastError());
   });
 }

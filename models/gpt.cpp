@@ -116,7 +116,9 @@ Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
     }
   }
   x = transformer.ln_f(x);
-  return lm_head ? (*lm_head)(x) : matmul(x, transformer.wte.weight.t());
+  // The tied head is a Linear with wte's weight (x W^T), as nanoGPT's: the weight's gradient comes
+  // out as (vocab, n_embd) like the weight, and autocast casts the weight as it is stored.
+  return lm_head ? (*lm_head)(x) : nn::linear(x, transformer.wte.weight);
 }
 
 Tensor GPT::loss(const Tensor& logits, const Tensor& targets) {

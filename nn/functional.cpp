@@ -332,9 +332,45 @@ Tensor nll_loss(const Tensor& input, const Tensor& target, const NLLLossOptions&
   return nll(input, target, options.weight, options.ignore_index, r, "nll_loss").loss;
 }
 
+namespace {
+// Class indices without class weights, logits (N, C) or (C): the rows ops::softmax_cross_entropy takes.
+bool class_rows(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options) {
+  if (options.weight.defined() || input.dim() < 1 || input.dim() > 2 || !input.is_floating_point()) return false;
+  const int64_t classes = input.size(input.dim() == 1 ? 0 : 1);
+  return (target.dtype() == kInt64 || target.dtype() == kInt32) &&
+         target.numel() == input.numel() / std::max<int64_t>(classes, 1) && target.dim() == input.dim() - 1;
+}
+
+// cross_entropy of class_rows: one op over the rows, fused while fusion is on
+// (ops::softmax_cross_entropy: log-softmax, the target's pick and the smoothing in one pass). For
+// 16-bit logits its loss is float32; reduced in float32, it is returned in the logits' dtype as
+// PyTorch does, or kept in float32 under autocast (whose policy for losses is float32).
+Tensor class_rows_cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options,
+                                bool float32_result) {
+  const Reduction r = parse_reduction(options.reduction, "cross_entropy");
+  KILN_CHECK(options.label_smoothing >= 0 && options.label_smoothing <= 1,
+             "cross_entropy: label_smoothing must be in [0, 1], got {}", options.label_smoothing);
+  const Tensor per_row = softmax_cross_entropy(input.dim() == 1 ? input.unsqueeze(0) : input, target.reshape({-1}),
+                                               options.ignore_index, options.label_smoothing);
+  Tensor loss;
+  switch (r) {
+    case Reduction::Mean: loss = per_row.sum() / target.ne(options.ignore_index).sum().to(per_row.dtype()); break;
+    case Reduction::Sum: loss = per_row.sum(); break;
+    case Reduction::None: loss = target.dim() == 1 ? per_row : per_row.reshape(target.sizes()); break;
+  }
+  return float32_result ? loss : loss.to(input.dtype());
+}
+}  // namespace
+
 Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntropyOptions& options) {
   if (autocast::is_enabled(input.device().type)) {
     if (autocast::OpScope ac{autocast::Op::CrossEntropy, input.device()}) {
+      // Class-index rows: the 16-bit logits go to softmax_cross_entropy as they are (it computes in
+      // float32, as after the cast, and gives a float32 loss), saving a float32 copy of them.
+      const bool low = input.dtype() == kFloat16 || input.dtype() == kBFloat16;  // what the policy casts
+      if (low && class_rows(input, target, options)) {
+        return class_rows_cross_entropy(input, target, options, true);
+      }
       CrossEntropyOptions o = options;
       o.weight = ac.cast(options.weight);
       return cross_entropy(ac.cast(input), ac.cast(target), o);  // class-index targets stay integers
@@ -349,18 +385,7 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
              dtype_name(input.dtype()), input.sizes().str());
   int cdim = input.dim() == 1 ? 0 : 1;
   int64_t classes = input.size(cdim);
-  if (!options.weight.defined() && input.dim() <= 2 && (target.dtype() == kInt64 || target.dtype() == kInt32) &&
-      target.numel() == input.numel() / std::max<int64_t>(classes, 1) && target.dim() == input.dim() - 1) {
-    // Class indices without class weights, (N, C) or (C): one op over the rows, fused while fusion is
-    // on (ops::softmax_cross_entropy: log-softmax, the target's pick and the smoothing in one pass).
-    Tensor per_row = softmax_cross_entropy(input.dim() == 1 ? input.unsqueeze(0) : input, target.reshape({-1}),
-                                           options.ignore_index, eps);
-    switch (r) {
-      case Reduction::Mean: return per_row.sum() / target.ne(options.ignore_index).sum().to(per_row.dtype());
-      case Reduction::Sum: return per_row.sum();
-      case Reduction::None: return target.dim() == 1 ? per_row : per_row.reshape(target.sizes());
-    }
-  }
+  if (class_rows(input, target, options)) return class_rows_cross_entropy(input, target, options, false);
   Tensor logp = log_softmax(input, cdim);
 
   if (target.is_floating_point()) {  // class probabilities

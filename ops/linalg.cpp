@@ -60,6 +60,18 @@ Tensor matmul_nd(const Tensor& a, const Tensor& b, const Shape& shape_a, const S
   return out;
 }
 
+// Whether a's dims but the last merge into one without a copy (a.reshape({-1, K}) is a view).
+bool leading_dims_fold(const Tensor& a) {
+  int64_t outer_stride = -1;  // the stride the next outer dim of size > 1 must have
+  for (int d = a.dim() - 2; d >= 0; --d) {
+    const int64_t size = a.sizes()[d];
+    if (size == 1) continue;
+    if (outer_stride != -1 && a.strides()[d] != outer_stride) return false;
+    outer_stride = a.strides()[d] * size;
+  }
+  return true;
+}
+
 }  // namespace
 
 inline namespace ops {
@@ -81,6 +93,16 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
     return matmul_nd(a.unsqueeze(0), b.unsqueeze(1), a.sizes(), b.sizes()).reshape({});
   }
   if (a.dim() == 1) return matmul_nd(a.unsqueeze(0), b, a.sizes(), b.sizes()).squeeze(-2);
+  if (a.dim() >= 3 && b.dim() <= 2 && a.numel() > 0 && leading_dims_fold(a)) {
+    // (..., M, K) @ (K, N) as one (rows, K) @ (K, N) GEMM, as PyTorch folds it: b's gradient is then
+    // one GEMM over all the rows, where the batched form would write a (K, N) product per batch
+    // element and sum them (for GPT-2's tied head, 16 products of 768 x 50304).
+    Shape out_shape(std::span<const int64_t>(a.sizes().data(), a.dim() - 1));
+    const Tensor rows = a.reshape({-1, a.size(-1)});
+    if (b.dim() == 1) return matmul_nd(rows, b.unsqueeze(-1), a.sizes(), b.sizes()).view(out_shape);
+    out_shape.push_back(b.size(1));
+    return matmul_nd(rows, b, a.sizes(), b.sizes()).view(out_shape);
+  }
   if (b.dim() == 1) return matmul_nd(a, b.unsqueeze(-1), a.sizes(), b.sizes()).squeeze(-1);
   return matmul_nd(a, b, a.sizes(), b.sizes());
 }

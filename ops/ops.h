@@ -203,8 +203,10 @@ Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);
 // The cross-entropy of each row of logits (R, C) against class indices target (R, int64): per row
 // -(1 - eps) log_softmax(logits)[t] - eps / C sum_c log_softmax(logits)[c], and 0 where target ==
-// ignore_index. One pass each way while fusion is on (set_fusion; float32/float64): the
-// (R, C) log-probabilities are never stored. nn::functional::cross_entropy calls it.
+// ignore_index. One pass each way while fusion is on (set_fusion): the (R, C) log-probabilities
+// are never stored. float16 and bfloat16 logits are computed in float32 and give a float32 loss
+// (their gradient keeps their dtype), as after autocast's cast, without a float32 copy of them.
+// nn::functional::cross_entropy calls it.
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                              double label_smoothing = 0);
 

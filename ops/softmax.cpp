@@ -64,10 +64,14 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t
   check_same_device(op, logits, target);
   const int64_t C = logits.size(1);
   const double eps = label_smoothing;
-  const bool fused = fusion_enabled() && (logits.dtype() == kFloat32 || logits.dtype() == kFloat64);
-  if (!fused) {  // the composition: log_softmax, a gather of the targets' column, the smoothing term
+  // 16-bit logits are read as they are and computed in float32, the loss float32: what autocast's
+  // float32 policy for losses gives, without the float32 copy of the logits (GPT-2's are 1.6 GB in
+  // bfloat16). Their gradient comes back in their dtype, rounded once.
+  const bool low = logits.dtype() == kFloat16 || logits.dtype() == kBFloat16;
+  const DType math = low ? kFloat32 : logits.dtype();
+  if (!fusion_enabled()) {  // the composition: log_softmax, a gather of the targets' column, the smoothing term
     check_class_targets(target, C, ignore_index, "cross_entropy");
-    Tensor logp = log_softmax(logits, 1);
+    Tensor logp = log_softmax(logits.to(math), 1);
     Tensor keep = target.ne(ignore_index);
     Tensor index = target.masked_fill(keep.logical_not(), 0).to(kInt64).unsqueeze(1);
     Tensor loss = gather(logp, 1, index).squeeze(1) * -(1 - eps);
@@ -77,7 +81,7 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t
   Tensor x = logits.contiguous(), t = target.to(kInt64).contiguous();
   const int64_t R = x.size(0);
   if (!x.device().is_cpu()) check_class_targets(t, C, ignore_index, "cross_entropy");  // the CPU kernel checks
-  Tensor loss = empty_tensor({R}, x.dtype(), x.device()), lse = empty_tensor({R}, x.dtype(), x.device());
+  Tensor loss = empty_tensor({R}, math, x.device()), lse = empty_tensor({R}, math, x.device());
   if (R > 0 && C > 0) {
     backend_for(x.device()).cross_entropy(view_of(x), view_of(t), view_of(loss), view_of(lse), ignore_index, eps,
                                           stream_for(x.device()));
@@ -86,16 +90,17 @@ Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t
   }
   if (should_record(logits)) {
     record("CrossEntropyBackward", {x}, {loss},
-           [xs = SavedTensor(x, false), t, lse, ignore_index, eps, C](const Grads& g) -> TensorList {
+           [xs = SavedTensor(x, false), t, lse, ignore_index, eps, C, math](const Grads& g) -> TensorList {
              Tensor xv = xs.unpack("CrossEntropyBackward");
              if (GradMode::is_enabled()) {  // create_graph: as ops, differentiable again
+               Tensor xm = xv.to(math);
                Tensor keep = t.ne(ignore_index).unsqueeze(1);
                Tensor index = t.masked_fill(t.eq(ignore_index), 0).unsqueeze(1);
-               Tensor target_part = zeros_like(xv).scatter(1, index, full_like(xv, 1 - eps).narrow(1, 0, 1));
-               Tensor d = softmax(xv, 1) - target_part - eps / static_cast<double>(C);
-               return {(d * g[0].unsqueeze(1)).masked_fill(keep.logical_not(), 0)};
+               Tensor target_part = zeros_like(xm).scatter(1, index, full_like(xm, 1 - eps).narrow(1, 0, 1));
+               Tensor d = softmax(xm, 1) - target_part - eps / static_cast<double>(C);
+               return {(d * g[0].unsqueeze(1)).masked_fill(keep.logical_not(), 0).to(xv.dtype())};
              }
-             Tensor gl = g[0].contiguous();
+             Tensor gl = g[0].to(math).contiguous();
              Tensor gx = empty_tensor(xv.sizes(), xv.dtype(), xv.device());
              if (gx.numel() > 0) {
                backend_for(xv.device()).cross_entropy_backward(view_of(xv), view_of(t), view_of(lse), view_of(gl),

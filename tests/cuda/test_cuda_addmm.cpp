@@ -232,3 +232,52 @@ TEST_CASE("nn::GeluMLP on CUDA under bfloat16 autocast (the GELU epilogue) match
     test::check_close(gpu_params[i].second.grad().cpu(), cpu_params[i].second.grad(), {5e-2, 5e-2});
   }
 }
+
+TEST_CASE("float16 autocast on CUDA: Linear, LayerNorm, ReLU, Linear and cross_entropy give float32's gradients",
+          "[gpu][addmm]") {
+  // The net of the NCCL torch_autocast test without the engine, step by step against the CPU in
+  // float32: the output, the loss's gradient with respect to it (retained), each parameter's.
+  struct Net : nn::Module {
+    nn::Linear f1{16, 32};
+    nn::LayerNorm norm{32};
+    nn::Linear f2{32, 8};
+    Net() { register_modules({{"f1", f1}, {"norm", norm}, {"f2", f2}}); }
+    Tensor forward(const Tensor& x) override { return f2(relu(norm(f1(x)))); }
+  };
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    INFO("repeat " << repeat);
+    manual_seed(7);
+    Net cpu_net, gpu_net;
+    gpu_net.load_state_dict(cpu_net.state_dict());
+    gpu_net.to(kGpu);
+    Generator data(3);
+    Tensor x = randn({4, 16}, kFloat32, &data);
+    Tensor y = randint(0, 8, {4}, kInt64, &data);
+    Tensor expected = cpu_net.forward(x);
+    expected.retain_grad();
+    (nn::cross_entropy(expected, y) * 64.0).backward();
+    Tensor got;
+    {
+      AutocastGuard ac(DeviceType::CUDA, kFloat16);
+      got = gpu_net.forward(x.to(kGpu));
+    }
+    REQUIRE(got.dtype() == kFloat16);
+    got.retain_grad();
+    {
+      INFO("output");
+      test::check_close(got.cpu().to(kFloat32), expected, {2e-2, 2e-2});
+    }
+    (nn::cross_entropy(got, y.to(kGpu)) * 64.0).backward();
+    {
+      INFO("the loss's gradient with respect to the output");
+      REQUIRE(got.grad().defined());
+      test::check_close(got.grad().cpu().to(kFloat32), expected.grad(), {2e-2, 2e-2});
+    }
+    const auto cpu_params = cpu_net.named_parameters(), gpu_params = gpu_net.named_parameters();
+    for (size_t i = 0; i < cpu_params.size(); ++i) {
+      INFO(cpu_params[i].first);
+      REQUIRE(gpu_params[i].second.grad().defined());
+      test::check_close(gpu_params[i].second.grad().cpu().to(kFloat32), cpu_params[i].second.grad(), {5e-2, 5e-2});
+    }
+  }
+}

@@ -1,8 +1,9 @@
 // tests/cuda/test_cuda_fused.cpp: the fused kernels of cuda/fused.cu (layer_norm, rms_norm,
 // add_layer_norm, bias_gelu, softmax_cross_entropy) on cuda:0 against the CPU's fused kernels (which
 // tests/ops/test_fused.cpp checks against the unfused compositions), forward and every gradient, in
-// float64 and float32, at odd sizes and rows longer than a warp's stride; the target check; and the
-// composed CUDA path (fusion off) against the fused one. Skipped (exit 77) without a GPU.
+// float64 and float32 (softmax_cross_entropy also in float16 and bfloat16), at odd sizes and rows
+// longer than a warp's stride; the target check; and the composed CUDA path (fusion off) against the
+// fused one. Skipped (exit 77) without a GPU.
 #include <cmath>
 
 #include "support.h"
@@ -40,21 +41,29 @@ void check_gpu_equals_cpu(const Fn& fn, const TensorList& inputs, uint64_t seed,
   };
   auto [cpu_out, cpu_grads] = run(Device::cpu(), true);
   auto [gpu_out, gpu_grads] = run(kGpu, fused_gpu);
-  const test::Tolerance tol =
-      inputs[0].dtype() == kFloat64 ? test::Tolerance{1e-11, 1e-11} : test::Tolerance{2e-5, 2e-5};
+  const DType dt = inputs[0].dtype();
+  const test::Tolerance tol = dt == kFloat64 ? test::Tolerance{1e-11, 1e-11} : test::Tolerance{2e-5, 2e-5};
   for (size_t i = 0; i < cpu_out.size(); ++i) {
     INFO("output " << i);
     test::check_close(gpu_out[i].cpu(), cpu_out[i], tol);
   }
+  // 16-bit gradients computed in float32 on both devices and rounded once: a float32 difference at a
+  // rounding boundary is one unit in the last place of the 16-bit value (2^-8 of it in bfloat16, 2^-11
+  // in float16); the absolute part covers float16's subnormals.
+  const bool low = dt == kFloat16 || dt == kBFloat16;
+  const test::Tolerance grad_tol = dt == kBFloat16 ? test::Tolerance{8e-3, 1e-6}
+                                   : dt == kFloat16 ? test::Tolerance{1e-3, 1e-7}
+                                                    : tol;
   for (size_t i = 0; i < cpu_grads.size(); ++i) {
     INFO("gradient " << i);
     // A 1-D gradient (weight, bias) of a 2-D input is a column sum over its rows, each term of which
     // may differ by the elementwise tolerance (tanh and erf are not rounded alike on the two devices).
     // Such differences add like a random walk: the absolute tolerance grows with sqrt(rows). Without
     // it a bias gradient of 2048 rows whose terms cancel down to about 1 differs by 5e-5 in float32.
-    test::Tolerance t = tol;
+    test::Tolerance t = grad_tol;
     if (cpu_grads[i].dim() == 1 && inputs[0].dim() == 2) t.atol *= std::sqrt(static_cast<double>(inputs[0].size(0)));
-    test::check_close(gpu_grads[i].cpu(), cpu_grads[i], t);
+    if (low) REQUIRE(gpu_grads[i].dtype() == dt);
+    test::check_close(gpu_grads[i].cpu().to(kFloat64), cpu_grads[i].to(kFloat64), t);
   }
 }
 
@@ -101,12 +110,15 @@ TEST_CASE("fused bias_gelu on cuda:0 equals the CPU's", "[gpu][fused]") {
 }
 
 TEST_CASE("fused softmax_cross_entropy on cuda:0 equals the CPU's, bad targets are an Error", "[gpu][fused]") {
-  for (DType dt : {kFloat64, kFloat32}) {
+  // Rows of up to 1024 classes take a warp each, longer ones a block; 16-byte aligned rows (C a
+  // multiple of 16 bytes: 256, 50304) are read sixteen bytes at a time, the others element by element.
+  for (DType dt : {kFloat64, kFloat32, kBFloat16, kFloat16}) {
     for (double eps : {0.0, 0.1}) {
-      for (auto [rows, c] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {9, 7}, {2048, 256}, {5, 50257}}) {
+      for (auto [rows, c] : std::vector<std::pair<int64_t, int64_t>>{
+               {1, 1}, {9, 7}, {2048, 256}, {5, 50257}, {3, 50304}, {70, 1032}}) {
         INFO(dtype_name(dt) << ", eps " << eps << ", rows " << rows << ", C " << c);
         Generator gen(static_cast<uint64_t>(rows + c));
-        Tensor logits = randn({rows, c}, dt, &gen) * 4;
+        Tensor logits = (randn({rows, c}, kFloat32, &gen) * 4).to(dt);
         Tensor target = randint(0, c, {rows}, kInt64, &gen);
         if (rows > 2) target[1].fill_(-100);
         Tensor tg = target.to(kGpu);
@@ -121,19 +133,21 @@ TEST_CASE("fused softmax_cross_entropy on cuda:0 equals the CPU's, bad targets a
   // Rows that test the one-pass log-sum-exp (Note [one pass over the logits] in cuda/fused.cu): every
   // logit -inf (lse -inf, so the loss is -inf - -inf: NaN, as on the CPU), half of them -inf, a +inf
   // (NaN), the maximum last, logits 1400 apart, -inf in the middle of the row.
-  {
+  // The same at 300 classes (a warp's rows) and at 3000 (a block's), where it is 10 times wider.
+  for (int64_t w : {1, 10}) {
     const double inf = std::numeric_limits<double>::infinity();
-    Tensor x = randn({6, 300}, kFloat64) * 3;
+    const int64_t C = 300 * w;
+    Tensor x = randn({6, C}, kFloat64) * 3;
     x[0].fill_(-inf);
-    x[1].narrow(0, 0, 150).fill_(-inf);
-    x[2][77].fill_(inf);
-    x[3][299].fill_(40.0);
-    x[4].narrow(0, 0, 100).fill_(-700.0);
-    x[4].narrow(0, 100, 100).fill_(700.0);
-    x[5].narrow(0, 40, 200).fill_(-inf);
-    Tensor target = from_vector<int64_t>({0, 200, 1, 299, 5, 250}, {6});
+    x[1].narrow(0, 0, 150 * w).fill_(-inf);
+    x[2][77 * w].fill_(inf);
+    x[3][C - 1].fill_(40.0);
+    x[4].narrow(0, 0, 100 * w).fill_(-700.0);
+    x[4].narrow(0, 100 * w, 100 * w).fill_(700.0);
+    x[5].narrow(0, 40 * w, 200 * w).fill_(-inf);
+    Tensor target = from_vector<int64_t>({0, 200 * w, 1, C - 1, 5, 250 * w}, {6});
     for (DType dt : {kFloat64, kFloat32}) {
-      INFO(dtype_name(dt) << " special rows");
+      INFO(dtype_name(dt) << " special rows, C " << C);
       Tensor xd = x.to(dt);
       test::check_close(softmax_cross_entropy(xd.to(kGpu), target.to(kGpu)).cpu(), softmax_cross_entropy(xd, target));
     }

@@ -120,7 +120,7 @@ double row_error(const Tensor& a, const Tensor& b) {
 // cancels where P is peaked (the top key's dS is (1 - P) times small terms), so a 16-bit O's rounding
 // (2^-9 of |O| in bfloat16, summed over D terms of dO * O) would dominate a comparison with the exact
 // gradients (row errors up to 0.7 in bfloat16 on an H200) and hide what the kernel itself adds. So
-// `out` is the kernel's own 16-bit output, or the exact one (the exact gradients); p is P in float64
+// `out` is the kernel's own output (the exact O gives the exact gradients); p is P in float64
 // (attention_probabilities64).
 // P = softmax(q k^T / sqrt(D)) (masked when causal), [B, H, L, S], from the float64 composition: the
 // attention of an identity matrix, whose rows are P's.
@@ -151,8 +151,8 @@ TEST_CASE("the CUDA flash attention kernels at every head dim: tails, peaked sco
   // running maximum moves from key tile to key tile (randn inputs barely move it). Shapes: one query
   // over three key tiles (decoding), more queries than keys with a one-key tail, and 1023 (a tail in
   // both); key and value heads broadcast (stride 0) in the second. Each row is checked on its own:
-  // the output against the exact one, the gradients against flash_gradients64 (in 16 bits, delta
-  // from the kernel's rounded output, as the kernels take it).
+  // the output against the exact one, the gradients against flash_gradients64 (delta from the
+  // kernel's own output, as the kernels take it).
   Generator gen(17);
   struct Case {
     int64_t L, S;
@@ -187,12 +187,16 @@ TEST_CASE("the CUDA flash attention kernels at every head dim: tails, peaked sco
           }
           INFO("output row error " << row_error(yg, y64));
           CHECK(row_error(yg, y64) < bound);
-          // In float32 the output's rounding is far below the error of P (exponentials of scores
-          // summed in float32), and the exact output is the one consistent with the exact P.
-          const auto g64 = flash_gradients64(q, heads(k), heads(v), cot, p64, dt == kFloat32 ? y64 : yg, c.broadcast);
+          // In every dtype delta comes from the kernel's own output. In float32 too: O's error of
+          // about 1e-6 of |O| (from P's), summed over D terms of dO * O up to 16 each, moved delta by
+          // up to 5e-4, and the gradients against the exact ones by 3e-5 to 5e-4 on an H200
+          // (2026-12-04), while against this reference they were within 3e-5. So float32's gradients
+          // get five times its output's bound, still far below a wrong index's or mask's error.
+          const auto g64 = flash_gradients64(q, heads(k), heads(v), cot, p64, yg, c.broadcast);
+          const double grad_bound = dt == kFloat32 ? 1e-4 : bound;
           for (int i = 0; i < 3; ++i) {
             INFO("gradient " << i << ", row error " << row_error(gg[i], g64[i]));
-            CHECK(row_error(gg[i], g64[i]) < bound);
+            CHECK(row_error(gg[i], g64[i]) < grad_bound);
           }
         }
       }

@@ -173,6 +173,60 @@ TEST_CASE("softmax_cross_entropy: values against log_softmax, ignore_index, larg
   test::check_equal(softmax_cross_entropy(logits, target.to(kInt32), 7, eps), loss);
 }
 
+TEST_CASE("softmax_cross_entropy of float16 and bfloat16 logits: float32's on the same values, a float32 loss",
+          "[ops][fused]") {
+  // The 16-bit rows are read into float32 (exactly), so the loss is the float32 op's on x.to(float32)
+  // to the bit, and the gradient is float32's rounded once to the logits' dtype; with fusion off the
+  // composition runs in float32 too.
+  for (DType dt : {kFloat16, kBFloat16}) {
+    for (bool fused : {true, false}) {
+      for (auto [rows, c] : std::vector<std::pair<int64_t, int64_t>>{{9, 7}, {5, 4097}}) {
+        INFO(dtype_name(dt) << ", fused " << fused << ", rows " << rows << ", C " << c);
+        FusionGuard guard(fused);
+        Generator gen(static_cast<uint64_t>(rows + c));
+        Tensor x = (randn({rows, c}, kFloat32, &gen) * 4).to(dt).requires_grad_();
+        Tensor target = randint(0, c, {rows}, kInt64, &gen);
+        target[1].fill_(-100);
+        Tensor x32 = x.detach().to(kFloat32).requires_grad_();
+        const Tensor loss = softmax_cross_entropy(x, target, -100, 0.1);
+        const Tensor loss32 = softmax_cross_entropy(x32, target, -100, 0.1);
+        CHECK(loss.dtype() == kFloat32);
+        test::check_equal(loss, loss32);
+        const Tensor cot = randn({rows}, kFloat32, &gen);
+        const Tensor g = autograd::grad({loss}, {x}, {cot})[0];
+        const Tensor g32 = autograd::grad({loss32}, {x32}, {cot})[0];
+        CHECK(g.dtype() == dt);
+        test::check_equal(g, g32.to(dt));
+      }
+    }
+  }
+}
+
+TEST_CASE("nn::functional::cross_entropy of 16-bit logits: the logits' dtype, or float32 under autocast",
+          "[ops][fused]") {
+  // As PyTorch: bfloat16 logits give a bfloat16 loss (float32's rounded), and under autocast, whose
+  // policy for losses is float32, a float32 loss; autocast reads them as they are (no float32 copy)
+  // and gives the same value and gradient as the float32 logits.
+  Generator gen(8);
+  Tensor x = (randn({6, 300}, kFloat32, &gen) * 3).to(kBFloat16).requires_grad_();
+  Tensor target = randint(0, 300, {6}, kInt64, &gen);
+  Tensor x32 = x.detach().to(kFloat32).requires_grad_();
+  const Tensor loss32 = nn::functional::cross_entropy(x32, target);
+  const Tensor plain = nn::functional::cross_entropy(x, target);
+  CHECK(plain.dtype() == kBFloat16);
+  test::check_equal(plain, loss32.to(kBFloat16));
+  Tensor autocast_loss;
+  {
+    AutocastGuard ac(Device::cpu(), kBFloat16);
+    autocast_loss = nn::functional::cross_entropy(x, target);
+  }
+  CHECK(autocast_loss.dtype() == kFloat32);
+  test::check_equal(autocast_loss, loss32);
+  const Tensor g = autograd::grad({autocast_loss}, {x})[0];
+  const Tensor g32 = autograd::grad({loss32}, {x32})[0];
+  test::check_equal(g, g32.to(kBFloat16));
+}
+
 TEST_CASE("relu's one-pass backward equals g * (y > 0)", "[ops][fused]") {
   Generator gen(9);
   for (DType dt : {kFloat32, kFloat64}) {

@@ -517,3 +517,44 @@ TEST_CASE("bfloat16 cpu/bf16gemm.cpp rounds as a float32-to-bfloat16 cast does, 
     test::check_equal(own_bf16_product(gemm, empty_a, empty_b), zeros({4, 5}, kBFloat16));
   }
 }
+
+TEST_CASE("matmul of (..., M, K) by (K, N) or (K): one GEMM over all rows, values and gradients as per batch") {
+  // Where a's leading dims merge (contiguous, or a view of whole rows) the product runs as one
+  // (rows, K) @ (K, N) GEMM, as PyTorch folds it; other layouts keep the batched form. Either way the
+  // output and both gradients equal the per-batch-element products in float64 (exact: small integers).
+  auto ints = [](const Shape& shape, uint64_t seed) {
+    Generator gen(seed);
+    return randint(-4, 5, shape, kInt64, &gen).to(kFloat64);
+  };
+  const Tensor base = ints({3, 2, 5, 4}, 1), w = ints({4, 6}, 2), v = ints({4}, 3);
+  struct Case {
+    const char* name;
+    Tensor a;
+  };
+  for (const Case& c : {Case{"contiguous", base}, Case{"narrowed rows", base.narrow(2, 1, 3)},
+                        Case{"transposed batch dims", base.transpose(0, 1)}, Case{"rows across batches", base.transpose(1, 2)}}) {
+    INFO(c.name);
+    Shape out_shape = c.a.sizes();
+    out_shape[3] = 6;
+    const Tensor cot = ints(out_shape, 4);
+    for (DType dt : {kFloat64, kFloat32}) {
+      INFO(dtype_name(dt));
+      Tensor a = c.a.to(dt).requires_grad_(), b = w.to(dt).requires_grad_();
+      const Tensor y = matmul(a, b);
+      REQUIRE(y.sizes() == out_shape);
+      const auto grads = autograd::grad({y}, {a, b}, {cot.to(dt)});
+      Tensor gb = zeros({4, 6}, kFloat64);
+      for (int64_t i = 0; i < out_shape[0]; ++i) {
+        for (int64_t j = 0; j < out_shape[1]; ++j) {
+          const Tensor ai = c.a[i][j], gi = cot[i][j];
+          test::check_equal(y[i][j].to(kFloat64), ai.matmul(w));
+          test::check_equal(grads[0][i][j].to(kFloat64), gi.matmul(w.t()));
+          gb = gb + ai.t().matmul(gi);
+        }
+      }
+      test::check_equal(grads[1].to(kFloat64), gb);
+    }
+    // A 1-D right operand: (..., M, K) @ (K) is (..., M).
+    test::check_equal(matmul(c.a, v), (c.a * v).sum(Shape{-1}));
+  }
+}
