@@ -21,6 +21,11 @@
 // the fused AdamW step over the whole model's parameters ("ms_step": no backward). A step is about
 // n_layer x block + those. torch_gpt2.py --breakdown times the same parts.
 //
+// --kernels runs --warmup steps, then one step under cuda::KernelProfiler (cuda/profiler.h: CUPTI's
+// record of every kernel and copy the GPU ran), and prints one JSON line per kernel (the 40 with the
+// most GPU time: name, calls, ms) and an "(all)" line with the step's total; the table goes to
+// stderr. torch_gpt2.py --kernels prints the same lines from torch.profiler.
+//
 //   bench_gpt2 [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12]
 //              [--autocast bf16|fp16|none] [--no-autocast] [--no-fusion] [--device cuda] [--breakdown]
 // --autocast fp16 runs the scope in float16 with a GradScaler (its skipped steps are reported);
@@ -50,7 +55,7 @@ constexpr int64_t kVocab = 50257, kPaddedVocab = 50304;
 
 struct Options {
   int64_t steps = 30, warmup = 5, batch = 16, seq = 1024, layers = 12;
-  bool fusion = true, breakdown = false, checkpoint = false, offload = false;
+  bool fusion = true, breakdown = false, checkpoint = false, offload = false, kernels = false;
   std::string autocast = "bf16";  // bf16, fp16 (with a GradScaler) or none (float32)
   std::string device = "cuda";
 };
@@ -59,7 +64,7 @@ struct Options {
   std::fprintf(stderr,
                "usage: %s [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12] "
                "[--autocast bf16|fp16|none] [--no-autocast] [--no-fusion] [--checkpoint] [--offload] [--device cuda] "
-               "[--breakdown]\n",
+               "[--breakdown] [--kernels]\n",
                prog);
   std::exit(code);
 }
@@ -89,6 +94,7 @@ Options parse(int argc, char** argv) {
     else if (a == "--checkpoint") o.checkpoint = true;
     else if (a == "--offload") o.offload = true;
     else if (a == "--breakdown") o.breakdown = true;
+    else if (a == "--kernels") o.kernels = true;
     else if (a == "--device" && i + 1 < argc) o.device = argv[++i];
     else usage(argv[0], a == "--help" || a == "-h" ? 0 : 2);
   }
@@ -193,6 +199,37 @@ void breakdown(const Options& o, kiln::Device device) {
   report("adamw", "ms_step", time_part([&] { opt.step(); }, device));
 }
 
+// --kernels: after --warmup steps, one step under cuda::KernelProfiler, one JSON line per kernel (the
+// 40 with the most GPU time) and one with the step's total GPU time.
+void kernel_profile(const Options& o, const std::function<void(int64_t)>& run_steps) {
+  using namespace kiln;
+  run_steps(o.warmup);
+  cuda::KernelProfiler prof;
+  prof.start();
+  run_steps(1);
+  prof.stop();
+  const auto kernels = prof.kernels();
+  for (size_t i = 0; i < kernels.size() && i < 40; ++i) {
+    std::string name;  // JSON-escaped: kernel names hold no control characters, but may hold quotes
+    for (char c : kernels[i].name) {
+      if (c == '"' || c == '\\') name += '\\';
+      name += c;
+    }
+    std::printf("{\"bench\":\"gpt2_124m_kernels\",\"impl\":\"kiln\",\"autocast\":\"%s\",\"kernel\":\"%s\",\"calls\":%lld,"
+                "\"ms\":%.4f}\n",
+                o.autocast.c_str(), name.c_str(), static_cast<long long>(kernels[i].calls), kernels[i].total_ms);
+  }
+  std::printf("{\"bench\":\"gpt2_124m_kernels\",\"impl\":\"kiln\",\"autocast\":\"%s\",\"kernel\":\"(all)\","
+              "\"kernels\":%zu,\"calls\":%lld,\"ms\":%.4f}\n",
+              o.autocast.c_str(), kernels.size(), [&] {
+                long long calls = 0;
+                for (const auto& k : kernels) calls += k.calls;
+                return calls;
+              }(), prof.total_ms());
+  std::fflush(stdout);
+  std::fputs(prof.table(40).c_str(), stderr);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -224,13 +261,17 @@ int main(int argc, char** argv) {
     optim::GradScaler scaler({.enabled = o.autocast == "fp16"});
     Generator gen(0);
     memory::reset_peak(device);
-    const gpt_bench::StepLog log = gpt_bench::train_steps(
-        model, opt, scaler, o.steps, o.warmup,
-        [&] {
-          Tensor ids = randint(0, kVocab, {o.batch, o.seq + 1}, kInt64, &gen).to(device);
-          return std::pair{ids.narrow(1, 0, o.seq), ids.narrow(1, 1, o.seq)};
-        },
-        {.device = device, .autocast = o.autocast != "none", .low = low, .offload = o.offload});
+    const auto next_batch = [&] {
+      Tensor ids = randint(0, kVocab, {o.batch, o.seq + 1}, kInt64, &gen).to(device);
+      return std::pair{ids.narrow(1, 0, o.seq), ids.narrow(1, 1, o.seq)};
+    };
+    const gpt_bench::StepOptions step_options{
+        .device = device, .autocast = o.autocast != "none", .low = low, .offload = o.offload};
+    if (o.kernels) {
+      kernel_profile(o, [&](int64_t steps) { gpt_bench::train_steps(model, opt, scaler, steps, steps, next_batch, step_options); });
+      return 0;
+    }
+    const gpt_bench::StepLog log = gpt_bench::train_steps(model, opt, scaler, o.steps, o.warmup, next_batch, step_options);
     const double step_ms = kiln_bench::median(log.ms);
     const double tokens_per_s = static_cast<double>(o.batch * o.seq) / (step_ms / 1e3);
     const double peak_gib = static_cast<double>(memory::stats(device).peak_allocated_bytes) / (1ull << 30);

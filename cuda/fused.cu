@@ -7,9 +7,10 @@
 // fast enough for the rows of a transformer (hundreds to a few thousand columns); float32 rows of up
 // to 1024 stay in a warp's registers, and rows of up to 4096 in a block's (Note [layer_norm rows in
 // registers]). The cross-entropy gives rows of more than 1024 classes (a vocabulary's) a block each
-// and reads 16-bit logits as they are (Note [one pass over the logits]). Column sums (grad_weight, grad_bias) go through fixed chunks of rows, as on the CPU:
-// a first kernel writes one partial sum in double per (chunk, column), a second adds each column's
-// chunks in order, so the result does not depend on scheduling and no atomics are needed.
+// and reads 16-bit logits as they are (Note [one pass over the logits]). Column sums (grad_weight,
+// grad_bias) go through fixed chunks of rows, as on the CPU: a first kernel writes one partial sum in
+// double per (chunk, column), a second adds each column's chunks in order, so the result does not
+// depend on scheduling and no atomics are needed.
 //
 // A bad class index cannot throw from a thread: ops/softmax.cpp checks the targets of a CUDA tensor
 // before the launch; the kernel still writes NaN for a row whose target is out of range.
@@ -368,7 +369,12 @@ struct RunningLse {
     s = rescale(s, m, mm) + rescale(s2, m2, mm);
     m = mm;
   }
-  __device__ A lse() const { return m == -INFINITY ? m : m == INFINITY ? A(NAN) : m + log(s); }
+  // In double whatever A is (once a row): a confident row's loss is lse - x[t], a small difference of
+  // two numbers near 20. A row of NaN (and -inf) keeps m = -inf with s NaN: NaN, as on the CPU.
+  __device__ double lse() const {
+    if (m == -INFINITY && s == 0) return -INFINITY;
+    return m == INFINITY ? NAN : static_cast<double>(m) + log(static_cast<double>(s));
+  }
 };
 
 // The group's merged pair, in every thread of the group: the warp's by shuffles, then for a block
@@ -408,8 +414,8 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* logits
     const T* x = logits + r * C;
     RunningLse<A> run;  // See Note [one pass over the logits]
     A sx = 0;
-    auto take = [&](const T& e) {
-      const A v = static_cast<A>(e);
+    auto take = [&](const T& element) {
+      const A v = static_cast<A>(element);
       run.add(v);
       sx += v;
     };
@@ -436,17 +442,17 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* logits
       for (int64_t i = lane; i < C; i += kWidth) take(x[i]);
     }
     run = group_lse<kWidth>(run, shared_m, shared_s);
-    const double sum_x = G::sum(static_cast<double>(sx), shared);
+    const double sum_x = eps > 0 ? G::sum(static_cast<double>(sx), shared) : 0.0;  // eps is the grid's
     if (lane != 0) continue;
-    const A l = run.lse();
-    lse[r] = l;
+    const double l = run.lse();
+    lse[r] = static_cast<A>(l);
     const int64_t t = target[r];
     if (t == ignore_index) {
       loss[r] = A(0);
     } else if (t < 0 || t >= C) {
       loss[r] = A(NAN);
     } else {
-      double v = static_cast<double>(l) - (1 - eps) * static_cast<double>(static_cast<A>(x[t]));
+      double v = l - (1 - eps) * static_cast<double>(static_cast<A>(x[t]));
       if (eps > 0) v -= eps / static_cast<double>(C) * sum_x;
       loss[r] = static_cast<A>(v);
     }
@@ -485,8 +491,10 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* ta
     }
   } else {
     const int64_t n = R * C;
+    const bool index32 = n <= static_cast<int64_t>(UINT32_MAX);  // a 32-bit division per element, not 64
     for (int64_t i = first; i < n; i += step) {
-      const int64_t r = i / C, c = i - r * C, t = target[r];
+      const int64_t r = index32 ? static_cast<uint32_t>(i) / static_cast<uint32_t>(C) : i / C;
+      const int64_t c = i - r * C, t = target[r];
       const bool ignored = t == ignore_index || t < 0 || t >= C;
       grad[i] = static_cast<T>(ignored ? A(0)
                                        : cross_entropy_grad(static_cast<A>(logits[i]), lse[r], gl[r], smooth, hit, c == t));

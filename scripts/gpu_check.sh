@@ -6,7 +6,7 @@
 # it leaves in $OUT (default ./gpu-out) the JSON lines of the benchmarks (bench.jsonl, gpt.jsonl,
 # dist.jsonl), device.txt and logs.tar.gz, the logs of every step (kept in build/gpu/logs and
 # packed after each step, so that a run cut short still returns the steps before it in few files).
-#   usage: scripts/gpu_check.sh [build|test|suite|sanitize|nccl-memcheck|train|bench|gpt|dist] ...
+#   usage: scripts/gpu_check.sh [build|test|suite|sanitize|nccl-memcheck|train|bench|gpt|profile|dist] ...
 #          (default: build test bench)
 # build: the GPU tests', benchmarks' and programs' targets only (everything when suite is named).
 # test: test_cuda, then the other CTest entries labelled gpu (CUDA tensors through MPI, 2 and 3
@@ -15,7 +15,8 @@
 # tensor's bounds are checked. nccl-memcheck: the NCCL tests alone under memcheck, each error's
 # lines shown (a 2026-12-04 run reported 4 errors there). train: kiln-train on the GPU. bench: bench_cuda_ops and the CNN
 # against PyTorch. gpt: GPT-2 124M and gpt_char against PyTorch, the switches' effects, and the
-# fused kernels against their compositions. dist: bench_collectives on NCCL (one rank: one GPU)
+# fused kernels against their compositions. profile: one GPT-2 step's GPU time per kernel, Kiln's
+# (bench_gpt2 --kernels) and PyTorch's (torch_gpt2.py --kernels), into kernels.jsonl. dist: bench_collectives on NCCL (one rank: one GPU)
 # and on MPI with CUDA tensors staged through pinned host memory (two ranks sharing the GPU).
 #
 # A lease of device time is short. GPU_CHECK_SECONDS=N makes the whole call end within about N
@@ -198,6 +199,19 @@ for step in "${steps[@]}"; do
     limit 300 python3 benchmarks/anchors/torch_gpt2.py --compile 2>>"$logs/torch_compile.log" | grep "^{" | tail -1 |
       tee -a "$out/gpt.jsonl"
     ;;
+  profile)
+    # One GPT-2 step's GPU time per kernel: Kiln's (cuda::KernelProfiler, which opens libcupti: the
+    # toolkit's, else the one in PyTorch's nvidia-cuda-cupti wheel) and PyTorch's (torch.profiler).
+    cupti=$(ls /usr/local/cuda/extras/CUPTI/lib64/libcupti.so* /usr/local/cuda/lib64/libcupti.so* \
+      /usr/local/cuda/lib/libcupti.so* 2>/dev/null | head -1)
+    [[ -z $cupti ]] && cupti=$(python3 -c 'import glob, nvidia, os; print(next(iter(sorted(glob.glob(os.path.join(list(nvidia.__path__)[0], "*", "lib", "libcupti.so*")))), ""))' 2>/dev/null)
+    echo "gpu_check: libcupti ${cupti:-not found}"
+    limit 120 env LD_LIBRARY_PATH="${cupti:+$(dirname "$cupti"):}$LD_LIBRARY_PATH" $build/bin/bench_gpt2 --kernels \
+      2>"$logs/kernels_kiln.txt" | tee -a "$out/kernels.jsonl" | grep '"(all)"'
+    limit 120 python3 benchmarks/anchors/torch_gpt2.py --kernels 2>>"$logs/torch_profile.log" |
+      tee -a "$out/kernels.jsonl" | grep '"(all)"'
+    head -45 "$logs/kernels_kiln.txt"
+    ;;
   dist)
     : >"$logs/dist.log"
     # One rank: busbw is 0 and the ring/native summary means nothing; the times and algbw are the figures.
@@ -210,7 +224,7 @@ for step in "${steps[@]}"; do
     tail -5 "$logs/dist.log"
     ;;
   *)
-    echo "gpu_check: unknown step '$step' (build, test, suite, sanitize, train, bench, gpt, dist)" >&2
+    echo "gpu_check: unknown step '$step' (build, test, suite, sanitize, nccl-memcheck, train, bench, gpt, profile, dist)" >&2
     exit 2
     ;;
   esac

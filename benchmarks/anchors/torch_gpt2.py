@@ -15,10 +15,11 @@ Prints one JSON line with bench_gpt2's keys and "impl": "pytorch" (or "pytorch-c
 token and MFU are counted as in bench_gpt2.cpp: 6 N (N without wpe) + 12 L T C, against 989.4 TFLOP/s.
 --breakdown times the parts of one block instead, then the parts outside the blocks (embeddings, the
 tied head, the loss, the fused AdamW step over a whole model's parameters), as bench_gpt2 --breakdown
-does.
+does. --kernels prints one step's GPU time per kernel from torch.profiler, as bench_gpt2 --kernels
+prints Kiln's.
 
     python3 benchmarks/anchors/torch_gpt2.py [--steps 30] [--warmup 5] [--batch 16] [--seq 1024]
-        [--layers 12] [--autocast bf16|fp16|none] [--compile] [--breakdown]
+        [--layers 12] [--autocast bf16|fp16|none] [--compile] [--breakdown] [--kernels]
 """
 import argparse
 import json
@@ -154,6 +155,32 @@ def breakdown(args, dev):
     report("adamw", "ms_step", timed(opt.step))
 
 
+def kernel_profile(args, train_step):
+    """--kernels: after --warmup steps, one step under torch.profiler (CUPTI, as Kiln's
+    cuda::KernelProfiler), one JSON line per kernel (the 40 with the most GPU time) and an "(all)" line."""
+    from torch.profiler import ProfilerActivity, profile
+    for _ in range(args.warmup):
+        train_step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        train_step()
+        torch.cuda.synchronize()
+    kernels = []
+    for evt in prof.key_averages():
+        total_us = getattr(evt, "device_time_total", None)
+        if total_us is None:
+            total_us = getattr(evt, "cuda_time_total", 0)
+        if total_us > 0 and getattr(evt, "device_type", None) == torch.autograd.DeviceType.CUDA:
+            kernels.append((evt.key, evt.count, total_us / 1e3))
+    kernels.sort(key=lambda k: -k[2])
+    for name, calls, ms in kernels[:40]:
+        print(json.dumps({"bench": "gpt2_124m_kernels", "impl": "pytorch", "autocast": args.autocast,
+                          "kernel": name, "calls": calls, "ms": round(ms, 4)}))
+    print(json.dumps({"bench": "gpt2_124m_kernels", "impl": "pytorch", "autocast": args.autocast, "kernel": "(all)",
+                      "kernels": len(kernels), "calls": sum(k[1] for k in kernels),
+                      "ms": round(sum(k[2] for k in kernels), 4)}), flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=30)
@@ -165,6 +192,7 @@ def main():
     ap.add_argument("--autocast", choices=["bf16", "fp16", "none"], default="bf16",
                     help="fp16 with torch.amp.GradScaler; none: float32")
     ap.add_argument("--breakdown", action="store_true", help="time the parts of one block instead")
+    ap.add_argument("--kernels", action="store_true", help="one step's GPU time per kernel (torch.profiler)")
     args = ap.parse_args()
     if args.steps <= args.warmup or not 1 <= args.seq <= CONTEXT:
         ap.error("need --steps > --warmup and 1 <= --seq <= 1024")
@@ -188,9 +216,8 @@ def main():
         scaler = torch.cuda.amp.GradScaler(enabled=args.autocast == "fp16")
     gen = torch.Generator().manual_seed(0)
     torch.cuda.reset_peak_memory_stats()
-    ms, losses = [], []
-    for step in range(1, args.steps + 1):
-        start = time.perf_counter()
+
+    def train_step():
         ids = torch.randint(0, VOCAB, (args.batch, args.seq + 1), generator=gen).to(dev)
         x, y = ids[:, :-1], ids[:, 1:]
         with torch.autocast("cuda", low, enabled=args.autocast != "none"):
@@ -200,7 +227,15 @@ def main():
         scaler.scale(loss).backward()
         scaler.step(opt)  # opt.step() when the scaler is off
         scaler.update()
-        losses.append(loss.item())
+        return loss.item()
+
+    if args.kernels:
+        kernel_profile(args, train_step)
+        return
+    ms, losses = [], []
+    for step in range(1, args.steps + 1):
+        start = time.perf_counter()
+        losses.append(train_step())
         if step > args.warmup:
             ms.append((time.perf_counter() - start) * 1e3)
     step_ms = statistics.median(ms)

@@ -15,6 +15,7 @@
 #include "core/tensor_dict.h"
 #include "cpu/parallel.h"
 #include "cuda/cuda.h"
+#include "cuda/profiler.h"
 #include "data/data.h"
 #include "distributed/distributed.h"
 #include "nn/nn.h"

@@ -106,6 +106,11 @@ TEST_CASE("devices: parsing, and CUDA without a GPU is an Error, not a crash") {
   test::check_error([&] { auto keep = zeros({2}) + on_gpu; }, {"add", "one device", "cpu", "cuda:0"});
 }
 
+TEST_CASE("cuda::KernelProfiler needs a GPU: without one it is an Error that says so") {
+  if (cuda::is_available()) return;  // tests/cuda/test_cuda_profiler.cpp profiles on the GPU
+  test::check_error([] { cuda::KernelProfiler prof; }, {"KernelProfiler", "no CUDA device"});
+}
+
 TEST_CASE("pin_memory and non_blocking: CPU copies are plain copies, pinning needs a usable GPU") {
   Tensor x = test::sample({5});
   CHECK_FALSE(x.is_pinned());

@@ -4,8 +4,9 @@
 // float32 also against the exact product, within float32 accumulation's bound), float16 and bfloat16, with transposed, misaligned and odd-sized operands; that the fused path runs at all (asked
 // directly); nn::linear on top of it. Then addmm_gelu (Note [cuBLASLt GELU epilogue]): the epilogue
 // asked directly in each dtype, its refusals, addmm_gelu's values and gradients against the CPU's
-// whichever path it takes, and nn::GeluMLP under bfloat16 autocast. Between them: plain matmul from
-// two threads on two streams (Note [cuBLAS handles per thread]).
+// whichever path it takes, and nn::GeluMLP under bfloat16 autocast; a small net under float16
+// autocast, forward and backward step by step. Between them: plain matmul from two threads on two
+// streams (Note [cuBLAS handles per thread]).
 #include <cmath>
 #include <functional>
 #include <string>
@@ -235,8 +236,9 @@ TEST_CASE("nn::GeluMLP on CUDA under bfloat16 autocast (the GELU epilogue) match
 
 TEST_CASE("float16 autocast on CUDA: Linear, LayerNorm, ReLU, Linear and cross_entropy give float32's gradients",
           "[gpu][addmm]") {
-  // The net of the NCCL torch_autocast test without the engine, step by step against the CPU in
-  // float32: the output, the loss's gradient with respect to it (retained), each parameter's.
+  // Step by step against the CPU in float32: the output, the loss's gradient with respect to it
+  // (retained), each parameter's. The loss under autocast (float32 by its policy; the kernel reads
+  // the float16 logits as they are), times 64 as a loss scale would.
   struct Net : nn::Module {
     nn::Linear f1{16, 32};
     nn::LayerNorm norm{32};
@@ -244,40 +246,43 @@ TEST_CASE("float16 autocast on CUDA: Linear, LayerNorm, ReLU, Linear and cross_e
     Net() { register_modules({{"f1", f1}, {"norm", norm}, {"f2", f2}}); }
     Tensor forward(const Tensor& x) override { return f2(relu(norm(f1(x)))); }
   };
-  for (int repeat = 0; repeat < 3; ++repeat) {
-    INFO("repeat " << repeat);
-    manual_seed(7);
-    Net cpu_net, gpu_net;
-    gpu_net.load_state_dict(cpu_net.state_dict());
-    gpu_net.to(kGpu);
-    Generator data(3);
-    Tensor x = randn({4, 16}, kFloat32, &data);
-    Tensor y = randint(0, 8, {4}, kInt64, &data);
-    Tensor expected = cpu_net.forward(x);
-    expected.retain_grad();
-    (nn::cross_entropy(expected, y) * 64.0).backward();
-    Tensor got;
-    {
-      AutocastGuard ac(DeviceType::CUDA, kFloat16);
-      got = gpu_net.forward(x.to(kGpu));
-    }
-    REQUIRE(got.dtype() == kFloat16);
-    got.retain_grad();
-    {
-      INFO("output");
-      test::check_close(got.cpu().to(kFloat32), expected, {2e-2, 2e-2});
-    }
-    (nn::cross_entropy(got, y.to(kGpu)) * 64.0).backward();
-    {
-      INFO("the loss's gradient with respect to the output");
-      REQUIRE(got.grad().defined());
-      test::check_close(got.grad().cpu().to(kFloat32), expected.grad(), {2e-2, 2e-2});
-    }
-    const auto cpu_params = cpu_net.named_parameters(), gpu_params = gpu_net.named_parameters();
-    for (size_t i = 0; i < cpu_params.size(); ++i) {
-      INFO(cpu_params[i].first);
-      REQUIRE(gpu_params[i].second.grad().defined());
-      test::check_close(gpu_params[i].second.grad().cpu().to(kFloat32), cpu_params[i].second.grad(), {5e-2, 5e-2});
-    }
+  manual_seed(7);
+  Net cpu_net, gpu_net;
+  gpu_net.load_state_dict(cpu_net.state_dict());
+  gpu_net.to(kGpu);
+  Generator data(3);
+  Tensor x = randn({4, 16}, kFloat32, &data);
+  Tensor y = randint(0, 8, {4}, kInt64, &data);
+  Tensor expected = cpu_net.forward(x);
+  expected.retain_grad();
+  (nn::cross_entropy(expected, y) * 64.0).backward();
+  Tensor got;
+  {
+    AutocastGuard ac(DeviceType::CUDA, kFloat16);
+    got = gpu_net.forward(x.to(kGpu));
+  }
+  REQUIRE(got.dtype() == kFloat16);
+  got.retain_grad();
+  {
+    INFO("output");
+    test::check_close(got.cpu().to(kFloat32), expected, {2e-2, 2e-2});
+  }
+  Tensor loss;
+  {
+    AutocastGuard ac(DeviceType::CUDA, kFloat16);
+    loss = nn::cross_entropy(got, y.to(kGpu)) * 64.0;
+  }
+  CHECK(loss.dtype() == kFloat32);
+  loss.backward();
+  {
+    INFO("the loss's gradient with respect to the output");
+    REQUIRE(got.grad().defined());
+    test::check_close(got.grad().cpu().to(kFloat32), expected.grad(), {2e-2, 2e-2});
+  }
+  const auto cpu_params = cpu_net.named_parameters(), gpu_params = gpu_net.named_parameters();
+  for (size_t i = 0; i < cpu_params.size(); ++i) {
+    INFO(cpu_params[i].first);
+    REQUIRE(gpu_params[i].second.grad().defined());
+    test::check_close(gpu_params[i].second.grad().cpu().to(kFloat32), cpu_params[i].second.grad(), {5e-2, 5e-2});
   }
 }

@@ -351,17 +351,24 @@ TEST_CASE("nccl: torch_autocast runs forward in float16 and averages the Linears
     Tensor y = randint(0, 8, {4}, kInt64, &data).to(gpu());
     const Tensor out = engine(x);
     CHECK(out.dtype() == kFloat16);
-    // The loss over 2^10 (exact): scaled by 2^16, the plain loss's float16 gradients can overflow
-    // (f2's weight gradient sums 4 rows of up to 3 x 2^14; on an H200 they gave inf and NaN on both
-    // sides at every stage in one run, at stage 3 only in another), and NaN equals nothing.
-    engine.backward(nn::cross_entropy(out, y) / 1024.0);
-    Tensor ref_out;
+    // The loss under autocast, as PyTorch asks: float32 by its policy for losses. Outside it the
+    // loss of float16 logits is float16, and its own gradient, the loss scale 2^16, overflows float16
+    // (max 65504): every gradient was inf or NaN on both sides (an H200, 2026-12-04; the CPU under
+    // float16 autocast too). And over 2^10 (exact): scaled by 2^16, f2's float16 weight gradient
+    // sums 4 rows of up to 2^14 times activations of up to about 5.6, past 65504.
+    Tensor loss, ref_loss;
     {
       AutocastGuard autocast(gpu(), kFloat16);
-      ref_out = ref(x);
+      loss = nn::cross_entropy(out, y) / 1024.0;
+    }
+    CHECK(loss.dtype() == kFloat32);
+    engine.backward(loss);
+    {
+      AutocastGuard autocast(gpu(), kFloat16);
+      ref_loss = nn::cross_entropy(ref(x), y) / 1024.0;
     }
     optim::GradScaler scaler;  // 2^16, scaling the loss as the engine's does
-    scaler.scale(nn::cross_entropy(ref_out, y) / 1024.0).backward();
+    scaler.scale(ref_loss).backward();
     const Tensor got = engine.optimizer().grads()[0].cpu();
     CHECK(got.isfinite().all().item<bool>());
     const FlatLayout& layout = engine.optimizer().layout();
