@@ -3,7 +3,8 @@
 // steps follows DeepSpeed's DynamicLossScaler (the expected sequences were made by running
 // DeepSpeed's update_scale, deepspeed/runtime/fp16/loss_scaler.py, on the same overflow pattern),
 // with and without consecutive_hysteresis, clamped at min_loss_scale or stopping there; static
-// scaling; unscaling; the state_dict round trip; a disabled scaler; the Errors.
+// scaling; unscaling; the state_dict round trip; a disabled scaler; the Errors; and under float16
+// autocast, a loss computed outside the scope (float16, so its gradient, the scale, overflows).
 #include <cmath>
 #include <limits>
 #include <tuple>
@@ -300,4 +301,54 @@ TEST_CASE("GradScaler: finite gradients whose sum overflows float32 step, the sc
     CHECK(std::isfinite(growing.get_scale()));
   }
   CHECK(growing.get_scale() == Approx(std::ldexp(1.0, 64) * 1e200));
+}
+
+TEST_CASE("GradScaler: a float16 loss's gradient is the scale itself, past float16 at 2^16; steps resume at 2^15",
+          "[optim][amp]") {
+  // Under float16 autocast on the CPU: a loss computed inside the scope is float32 (the policy for
+  // losses), and the default scale of 2^16 steps at once. Computed outside from the float16 logits,
+  // the loss is float16, and backward's first gradient, 2^16, is past float16's 65504: every
+  // gradient is inf or NaN, the scaler skips (hysteresis 2: twice), halves the scale, and the third
+  // step goes through with finite gradients.
+  struct Net : nn::Module {
+    nn::Linear f1{16, 32};
+    nn::LayerNorm norm{32};
+    nn::Linear f2{32, 8};
+    Net() { register_modules({{"f1", f1}, {"norm", norm}, {"f2", f2}}); }
+    Tensor forward(const Tensor& x) override { return f2(relu(norm(f1(x)))); }
+  };
+  Generator data(3);
+  const Tensor x = randn({4, 16}, kFloat32, &data), y = randint(0, 8, {4}, kInt64, &data);
+  for (bool loss_inside : {true, false}) {
+    INFO("loss computed " << (loss_inside ? "inside" : "outside") << " autocast");
+    manual_seed(7);
+    Net net;
+    optim::SGD opt(net.parameters(), {.lr = 0.01});
+    GradScaler scaler;
+    std::vector<bool> stepped;
+    for (int step = 0; step < 3; ++step) {
+      opt.zero_grad();
+      Tensor loss, logits;
+      {
+        AutocastGuard ac(Device::cpu(), kFloat16);
+        logits = net.forward(x);
+        if (loss_inside) loss = nn::cross_entropy(logits, y);
+      }
+      if (!loss_inside) loss = nn::cross_entropy(logits, y);
+      CHECK(loss.dtype() == (loss_inside ? kFloat32 : kFloat16));
+      scaler.scale(loss).backward();
+      const bool finite = net.f1.weight.grad().isfinite().all().item<bool>();
+      stepped.push_back(scaler.step(opt));
+      CHECK(finite == stepped.back());
+      scaler.update();
+    }
+    if (loss_inside) {
+      CHECK(stepped == std::vector<bool>{true, true, true});
+      CHECK(scaler.get_scale() == 65536);
+    } else {
+      CHECK(stepped == std::vector<bool>{false, false, true});
+      CHECK(scaler.get_scale() == 32768);
+      CHECK(scaler.skipped_steps() == 2);
+    }
+  }
 }
