@@ -15,7 +15,8 @@
 // Outputs side by side in memory (sums over rows): threads take neighbouring outputs, so that a warp
 // reads along a row, with the rows split over row lanes and blocks (reduce_columns_kernel).
 // Softmax: one block per row; the row max and the sum of exp(x - max) are block reductions.
-// Contiguous rows of up to 4096 elements stay in registers between the passes (softmax_rows_kernel).
+// Contiguous rows of up to 4096 elements stay in registers between the passes (softmax_rows_kernel),
+// read sixteen bytes a load where their length allows (softmax_rows_vec_kernel).
 #include <atomic>
 #include <cmath>
 #include <limits>
@@ -384,6 +385,78 @@ __global__ void softmax_rows_kernel(const T* in, T* out, int64_t n_rows, int64_t
   }
 }
 
+// Note [softmax rows sixteen bytes at a time]: the rows of softmax_rows_kernel whose length is a
+// multiple of sixteen bytes (and whose start is aligned) are read and written as Vec16s: a quarter of
+// the load instructions for float32, an eighth for the 16-bit types, each warp moving 512 bytes per
+// instruction. The two block reductions take one __syncthreads each (block_all_reduce): every
+// thread reduces the warps' partials itself, in the same order, instead of one thread doing it
+// between two more barriers; the max and the sum have separate slots, so a row's max slots are free
+// again once every thread has passed that row's sum barrier. Same exponentials and divisions as
+// softmax_rows_kernel, element for element.
+
+// The reduction of v over the block, in every thread, with one __syncthreads; `slots` holds one M per
+// warp and must not be written again before every thread has read it (see the Note).
+template <typename M, typename Op>
+__device__ M block_all_reduce(M v, Op op, M* slots) {
+  for (int delta = 16; delta > 0; delta >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, delta));
+  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = v;
+  __syncthreads();
+  M r = slots[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) r = op(r, slots[w]);
+  return r;
+}
+
+template <typename T, int kPer>
+__global__ void __launch_bounds__(kThreads) softmax_rows_vec_kernel(const T* in, T* out, int64_t n_rows, int64_t len,
+                                                                    bool log_softmax) {
+  using M = opmath_t<T>;
+  constexpr int V = Vec16<T>::kSize, kVecs = kPer / V;
+  static_assert(kPer % V == 0, "a thread's elements are whole vectors");
+  __shared__ M max_slots[32], sum_slots[32];
+  const int64_t nvec = len / V;
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    const auto* x = reinterpret_cast<const Vec16<T>*>(in + r * len);
+    auto* y = reinterpret_cast<Vec16<T>*>(out + r * len);
+    M v[kPer];
+    M mx = -std::numeric_limits<M>::infinity();
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kVecs; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      Vec16<T> w;
+      if (j < nvec) w = x[j];
+      KILN_CUDA_UNROLL
+      for (int e = 0; e < V; ++e) {
+        v[u * V + e] = j < nvec ? static_cast<M>(w.v[e]) : -std::numeric_limits<M>::infinity();
+        mx = MaxOp()(mx, v[u * V + e]);
+      }
+    }
+    mx = block_all_reduce(mx, MaxOp(), max_slots);
+    if (isinf(mx) && mx < 0) mx = 0;  // a row of -inf: exp(-inf - 0) = 0, and 0 / 0 gives nan
+    M sum = 0;
+    KILN_CUDA_UNROLL
+    for (int i = 0; i < kPer; ++i) {
+      v[i] -= mx;
+      const M e = exp(v[i]);  // the padding's exp(-inf) is 0
+      sum += e;
+      if (!log_softmax) v[i] = e;
+    }
+    sum = block_all_reduce(sum, SumOp(), sum_slots);
+    const M log_sum = log(sum);
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kVecs; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      if (j >= nvec) continue;
+      Vec16<T> w;
+      KILN_CUDA_UNROLL
+      for (int e = 0; e < V; ++e) {
+        const M a = v[u * V + e];
+        w.v[e] = static_cast<T>(log_softmax ? a - log_sum : a / sum);
+      }
+      y[j] = w;
+    }
+  }
+}
+
 // ---- launchers ----
 
 // Which dims a reduction keeps and which it reduces (size-1 dims are in neither), as in
@@ -532,6 +605,13 @@ void softmax_launch(const View& in, const View& out, int dim, bool log, const St
   constexpr int kPer = 16;
   if (dim == in.ndim() - 1 && in.is_contiguous() && out.is_contiguous() && len > 128 && len <= kPer * kThreads) {
     KILN_DISPATCH_FLOAT_TYPES(in.dtype, "softmax", [&] {
+      // See Note [softmax rows sixteen bytes at a time].
+      if (len % Vec16<scalar_t>::kSize == 0 && aligned16(in.data) && aligned16(out.data)) {
+        softmax_rows_vec_kernel<scalar_t, kPer><<<blocks, kThreads, 0, stream_of(s)>>>(
+            in.ptr<scalar_t>(), out.ptr<scalar_t>(), n_rows, len, log);
+        KILN_CUDA_CHECK(cudaGetLastError());
+        return;
+      }
       softmax_rows_kernel<scalar_t, kPer><<<blocks, kThreads, 0, stream_of(s)>>>(
           in.ptr<scalar_t>(), out.ptr<scalar_t>(), n_rows, len, log);
       KILN_CUDA_CHECK(cudaGetLastError());
