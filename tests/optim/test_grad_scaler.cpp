@@ -303,7 +303,7 @@ TEST_CASE("GradScaler: finite gradients whose sum overflows float32 step, the sc
   CHECK(growing.get_scale() == Approx(std::ldexp(1.0, 64) * 1e200));
 }
 
-TEST_CASE("GradScaler: a float16 loss's gradient is the scale itself, past float16 at 2^16; steps resume at 2^15",
+TEST_CASE("GradScaler: a float16 loss's gradient is the scale itself, past float16 at 2^16, and steps resume at 2^15",
           "[optim][amp]") {
   // Under float16 autocast on the CPU: a loss computed inside the scope is float32 (the policy for
   // losses), and the default scale of 2^16 steps at once. Computed outside from the float16 logits,
