@@ -336,6 +336,8 @@ class Backend {
   // Cross-entropy of the rows of logits (R, C) with class indices target (R), label smoothing eps:
   //   lse[r] = logsumexp(logits[r]);  loss[r] = lse - (1 - eps) logits[r][t] - eps / C sum_c logits[r][c],
   //   and loss[r] = 0 where target[r] == ignore_index. A target outside [0, C) otherwise is an Error.
+  //   float16 and bfloat16 logits are computed in float32: their loss and lse (and in the backward
+  //   grad_loss) are float32, their grad_logits of their own dtype; float32 and float64 keep theirs.
   virtual void cross_entropy(const View& logits, const View& target, const View& loss, const View& lse,
                              int64_t ignore_index, double label_smoothing, const Stream& s) = 0;
   // grad_logits[r][c] = grad_loss[r] * (exp(logits[r][c] - lse[r]) - (1 - eps) [c == t] - eps / C), and 0

@@ -6,7 +6,8 @@
 // One warp per row for the row kernels (grid-stride over rows, eight warps to a block): simple, and
 // fast enough for the rows of a transformer (hundreds to a few thousand columns); float32 rows of up
 // to 1024 stay in a warp's registers, and rows of up to 4096 in a block's (Note [layer_norm rows in
-// registers]). The cross-entropy gives rows of more than 1024 classes (a vocabulary's) a block each
+// registers]), sixteen bytes a load where they allow (Note [layer_norm rows sixteen bytes at a
+// time]). The cross-entropy gives rows of more than 1024 classes (a vocabulary's) a block each
 // and reads 16-bit logits as they are (Note [one pass over the logits]). Column sums (grad_weight,
 // grad_bias) go through fixed chunks of rows, as on the CPU: a first kernel writes one partial sum in
 // double per (chunk, column), a second adds each column's chunks in order, so the result does not
@@ -197,6 +198,94 @@ __global__ void __launch_bounds__(kThreads, 2) layer_norm_reg_kernel(const T* x,
     for (int u = 0; u < kPer; ++u)
       if (kWidth * u < n) out[row + kWidth * u] = normalized(v[u], tm, ti, wl, bl, kWidth * u);
     if (lane == 0) {
+      mean[r] = tm;
+      rstd[r] = ti;
+    }
+  }
+}
+
+// Note [layer_norm rows sixteen bytes at a time]: a block's float32 rows (1025 to 4096 elements,
+// Note [layer_norm rows in registers]) whose length is a multiple of four, with every pointer 16-byte
+// aligned, are read and written as Vec16s (x, the residual, the weight and bias; out and the sum):
+// a quarter of the load and store instructions. Each of the two sums takes one __syncthreads
+// (block_all_sum: every thread adds the warps' partials itself, in the same order); their slots
+// alternate between consecutive rows, so that a row's slots are not written again before every
+// thread has read them, with or without the mean's sum (rms). The element values, the rounding of
+// normalized() and the double sums are layer_norm_reg_kernel's; only the order of the sums differs.
+__device__ __forceinline__ double block_all_sum(double v, double* slots) {
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = v;
+  __syncthreads();
+  double total = 0;
+  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) total += slots[w];
+  return total;
+}
+
+template <int kPer>
+__global__ void __launch_bounds__(kThreads) layer_norm_vec_kernel(const float* x, const float* res, const float* w,
+                                                                  const float* b, float* out, float* sum,
+                                                                  float* mean, float* rstd, int64_t R, int64_t M,
+                                                                  double eps, bool rms) {
+  using Vec = Vec16<float>;
+  constexpr int V = Vec::kSize, kVecs = kPer / V;
+  __shared__ double slots[2][2][32];  // [row parity][mean, squares][warp]
+  const int64_t nvec = M / V;
+  int parity = 0;
+  for (int64_t r = blockIdx.x; r < R; r += gridDim.x, parity ^= 1) {
+    const auto* xr = reinterpret_cast<const Vec*>(x + r * M);
+    float v[kPer];
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kVecs; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      Vec a{};
+      if (j < nvec) {
+        a = xr[j];
+        if (res) {
+          const Vec c = reinterpret_cast<const Vec*>(res + r * M)[j];
+          KILN_CUDA_UNROLL
+          for (int e = 0; e < V; ++e) a.v[e] = a.v[e] + c.v[e];
+          reinterpret_cast<Vec*>(sum + r * M)[j] = a;
+        }
+      }
+      KILN_CUDA_UNROLL
+      for (int e = 0; e < V; ++e) v[u * V + e] = a.v[e];
+    }
+    double m = 0;
+    if (!rms) {
+      double acc = 0;
+      KILN_CUDA_UNROLL
+      for (int i = 0; i < kPer; ++i) acc += static_cast<double>(v[i]);  // the padding is 0
+      m = block_all_sum(acc, slots[parity][0]) / static_cast<double>(M);
+    }
+    double ss = 0;
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kVecs; ++u) {
+      if (threadIdx.x + static_cast<int64_t>(u) * blockDim.x >= nvec) continue;
+      KILN_CUDA_UNROLL
+      for (int e = 0; e < V; ++e) {
+        const double d = static_cast<double>(v[u * V + e]) - m;
+        ss += d * d;
+      }
+    }
+    ss = block_all_sum(ss, slots[parity][1]);
+    const float tm = static_cast<float>(m), ti = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(M) + eps));
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kVecs; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      if (j >= nvec) continue;
+      Vec wv, bv, o;
+      if (w) wv = reinterpret_cast<const Vec*>(w)[j];
+      if (b) bv = reinterpret_cast<const Vec*>(b)[j];
+      KILN_CUDA_UNROLL
+      for (int e = 0; e < V; ++e) {  // normalized()'s steps, each rounded to float
+        float y = (v[u * V + e] - tm) * ti;
+        if (w) y = y * wv.v[e];
+        if (b) y = y + bv.v[e];
+        o.v[e] = y;
+      }
+      reinterpret_cast<Vec*>(out + r * M)[j] = o;
+    }
+    if (threadIdx.x == 0) {
       mean[r] = tm;
       rstd[r] = ti;
     }
@@ -552,6 +641,16 @@ void layer_norm_launch(const View& x, const View& residual, const View& weight, 
   check_nn_dtype(x.dtype, "layer_norm");
   const int64_t R = x.sizes[0], M = x.sizes[1];
   if (R == 0 || M == 0) return;
+  // See Note [layer_norm rows sixteen bytes at a time].
+  const auto aligned = [](const View& v) { return !v.data || aligned16(v.data); };
+  if (x.dtype == kFloat32 && M > 32 * kWarpRegPer && M <= kThreads * kBlockRegPer && M % 4 == 0 && aligned(x) &&
+      aligned(residual) && aligned(weight) && aligned(bias) && aligned(out) && aligned(sum)) {
+    layer_norm_vec_kernel<kBlockRegPer><<<block_per_row(R), kThreads, 0, stream_of(s)>>>(
+        x.ptr<float>(), ptr_or_null<float>(residual), ptr_or_null<float>(weight), ptr_or_null<float>(bias),
+        out.ptr<float>(), mut_or_null<float>(sum), mean.ptr<float>(), rstd.ptr<float>(), R, M, eps, rms);
+    KILN_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   KILN_DISPATCH_F32_F64(x.dtype, "layer_norm", [&] {
     using T = scalar_t;
     const auto launch = layer_norm_kernel_for<T>(R, M);
