@@ -3,7 +3,8 @@
 //   gemm        C = A B, square n x n, float32 (strict and TF32), bfloat16 and float16; TFLOP/s = 2 n^3 / time
 //   add, gelu, clone, sum, softmax, add_bias (rows + a broadcast row), layer_norm, cross_entropy, sum_rows
 //               (a sum over the rows, as a bias's gradient): memory-bound; GB/s counts each input
-//               read once and each output written once (the fewest bytes the op must move)
+//               read once and each output written once (the fewest bytes the op must move);
+//               softmax_fwd_bwd, layer_norm_fwd_bwd: forward and the input's gradient (five passes)
 //   adamw       one optimizer step over 16 float32 tensors of 2^22 elements (torch: foreach), and
 //   adamw_fused the same with fused = true (torch: fused=True)
 //   linear      y = x W^T + b, GPT-2's MLP up-projection (torch: F.linear); TFLOP/s of the GEMM
@@ -134,6 +135,14 @@ int main(int argc, char** argv) {
     Tensor w = ones({cols}, kGpu), bias = zeros({cols}, kGpu);
     report("layer_norm", "float32", rs, time_per_call([&] { y = layer_norm(x, {cols}, w, bias); }, 50), "gbps",
            2 * f * rows * cols);
+    // Forward and backward (the input's gradient, from a given one): x read and y written, then g and
+    // x (y for softmax) read and the gradient written, five passes over the (rows, cols) floats.
+    Tensor xg = x.clone().requires_grad_(), gy = randn({rows, cols}, kGpu, &gen);
+    report("softmax_fwd_bwd", "float32", rs,
+           time_per_call([&] { (void)autograd::grad({xg.softmax(1)}, {xg}, {gy}); }, 20), "gbps", 5 * f * rows * cols);
+    report("layer_norm_fwd_bwd", "float32", rs,
+           time_per_call([&] { (void)autograd::grad({layer_norm(xg, {cols}, w, bias)}, {xg}, {gy}); }, 20), "gbps",
+           5 * f * rows * cols);
     Tensor target = randint(0, cols, {rows}, TensorOptions(kInt64).device(kGpu), &gen), loss;
     report("cross_entropy", "float32", rs, time_per_call([&] { loss = nn::cross_entropy(x, target); }, 50), "gbps",
            f * rows * cols);

@@ -88,6 +88,13 @@ def main():
     w, bias = torch.ones(cols, device=dev), torch.zeros(cols, device=dev)
     report("layer_norm", "float32", rs, time_per_call(lambda: F.layer_norm(x, (cols,), w, bias), 50), "gbps",
            2 * f * rows * cols)
+    # Forward and backward (the input's gradient), five passes, as bench_cuda_ops.
+    xg, gy = x.clone().requires_grad_(), torch.randn(rows, cols, device=dev, generator=g)
+    report("softmax_fwd_bwd", "float32", rs,
+           time_per_call(lambda: torch.autograd.grad(xg.softmax(1), xg, gy), 20), "gbps", 5 * f * rows * cols)
+    report("layer_norm_fwd_bwd", "float32", rs,
+           time_per_call(lambda: torch.autograd.grad(F.layer_norm(xg, (cols,), w, bias), xg, gy), 20), "gbps",
+           5 * f * rows * cols)
     target = torch.randint(0, cols, (rows,), device=dev, generator=g)
     report("cross_entropy", "float32", rs, time_per_call(lambda: F.cross_entropy(x, target), 50), "gbps",
            f * rows * cols)
