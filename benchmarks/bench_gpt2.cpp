@@ -23,8 +23,9 @@
 //
 // --kernels runs --warmup steps, then one step under cuda::KernelProfiler (cuda/profiler.h: CUPTI's
 // record of every kernel and copy the GPU ran), and prints one JSON line per kernel (the 40 with the
-// most GPU time: name, calls, ms) and an "(all)" line with the step's total; the table goes to
-// stderr. torch_gpt2.py --kernels prints the same lines from torch.profiler.
+// most GPU time: name, calls, ms) and an "(all)" line with the step's total GPU time and its wall
+// time (step_ms; where the kernels' sum falls short of it, the GPU waited for the host); the table
+// goes to stderr. torch_gpt2.py --kernels prints the same lines from torch.profiler.
 //
 //   bench_gpt2 [--steps 30] [--warmup 5] [--batch 16] [--seq 1024] [--layers 12]
 //              [--autocast bf16|fp16|none] [--no-autocast] [--no-fusion] [--device cuda] [--breakdown]
@@ -200,13 +201,15 @@ void breakdown(const Options& o, kiln::Device device) {
 }
 
 // --kernels: after --warmup steps, one step under cuda::KernelProfiler, one JSON line per kernel (the
-// 40 with the most GPU time) and one with the step's total GPU time.
+// 40 with the most GPU time) and one with the step's total GPU time and wall time.
 void kernel_profile(const Options& o, const std::function<void(int64_t)>& run_steps) {
   using namespace kiln;
   run_steps(o.warmup);
   cuda::KernelProfiler prof;
   prof.start();
-  run_steps(1);
+  const auto t0 = std::chrono::steady_clock::now();
+  run_steps(1);  // ends in loss.item(): the GPU's work is done
+  const double step_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   prof.stop();
   const auto kernels = prof.kernels();
   for (size_t i = 0; i < kernels.size() && i < 40; ++i) {
@@ -220,12 +223,12 @@ void kernel_profile(const Options& o, const std::function<void(int64_t)>& run_st
                 o.autocast.c_str(), name.c_str(), static_cast<long long>(kernels[i].calls), kernels[i].total_ms);
   }
   std::printf("{\"bench\":\"gpt2_124m_kernels\",\"impl\":\"kiln\",\"autocast\":\"%s\",\"kernel\":\"(all)\","
-              "\"kernels\":%zu,\"calls\":%lld,\"ms\":%.4f}\n",
+              "\"kernels\":%zu,\"calls\":%lld,\"ms\":%.4f,\"step_ms\":%.3f}\n",
               o.autocast.c_str(), kernels.size(), [&] {
                 long long calls = 0;
                 for (const auto& k : kernels) calls += k.calls;
                 return calls;
-              }(), prof.total_ms());
+              }(), prof.total_ms(), step_ms);
   std::fflush(stdout);
   std::fputs(prof.table(40).c_str(), stderr);
 }
