@@ -355,7 +355,7 @@ TEST_CASE("nccl: torch_autocast runs forward in float16 and averages the Linears
     // loss of float16 logits is float16, and its own gradient, the loss scale 2^16, overflows float16
     // (max 65504): every gradient was inf or NaN on both sides (an H200, 2026-12-04; the CPU under
     // float16 autocast too). And over 2^10 (exact): scaled by 2^16, f2's float16 weight gradient
-    // sums 4 rows of up to 2^14 times activations of up to about 5.6, past 65504.
+    // sums 4 rows of up to 2^14 times activations of up to about 5.6, which can pass 65504.
     Tensor loss, ref_loss;
     {
       AutocastGuard autocast(gpu(), kFloat16);
