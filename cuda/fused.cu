@@ -208,18 +208,13 @@ __global__ void __launch_bounds__(kThreads, 2) layer_norm_reg_kernel(const T* x,
 // Note [layer_norm rows in registers]) whose length is a multiple of four, with every pointer 16-byte
 // aligned, are read and written as Vec16s (x, the residual, the weight and bias; out and the sum):
 // a quarter of the load and store instructions. Each of the two sums takes one __syncthreads
-// (block_all_sum: every thread adds the warps' partials itself, in the same order); their slots
+// (block_all_reduce in loops.cuh: every thread adds the warps' partials itself, in the same order); their slots
 // alternate between consecutive rows, so that a row's slots are not written again before every
 // thread has read them, with or without the mean's sum (rms). The element values, the rounding of
 // normalized() and the double sums are layer_norm_reg_kernel's; only the order of the sums differs.
-__device__ __forceinline__ double block_all_sum(double v, double* slots) {
-  v = warp_sum(v);
-  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = v;
-  __syncthreads();
-  double total = 0;
-  for (int w = 0; w < static_cast<int>(blockDim.x >> 5); ++w) total += slots[w];
-  return total;
-}
+struct Plus {
+  __device__ double operator()(double a, double b) const { return a + b; }
+};
 
 template <int kPer>
 __global__ void __launch_bounds__(kThreads) layer_norm_vec_kernel(const float* x, const float* res, const float* w,
@@ -255,7 +250,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_vec_kernel(const float* x
       double acc = 0;
       KILN_CUDA_UNROLL
       for (int i = 0; i < kPer; ++i) acc += static_cast<double>(v[i]);  // the padding is 0
-      m = block_all_sum(acc, slots[parity][0]) / static_cast<double>(M);
+      m = block_all_reduce(acc, Plus(), slots[parity][0]) / static_cast<double>(M);
     }
     double ss = 0;
     KILN_CUDA_UNROLL
@@ -267,7 +262,7 @@ __global__ void __launch_bounds__(kThreads) layer_norm_vec_kernel(const float* x
         ss += d * d;
       }
     }
-    ss = block_all_sum(ss, slots[parity][1]);
+    ss = block_all_reduce(ss, Plus(), slots[parity][1]);
     const float tm = static_cast<float>(m), ti = static_cast<float>(1.0 / sqrt(ss / static_cast<double>(M) + eps));
     KILN_CUDA_UNROLL
     for (int u = 0; u < kVecs; ++u) {
@@ -277,11 +272,8 @@ __global__ void __launch_bounds__(kThreads) layer_norm_vec_kernel(const float* x
       if (w) wv = reinterpret_cast<const Vec*>(w)[j];
       if (b) bv = reinterpret_cast<const Vec*>(b)[j];
       KILN_CUDA_UNROLL
-      for (int e = 0; e < V; ++e) {  // normalized()'s steps, each rounded to float
-        float y = (v[u * V + e] - tm) * ti;
-        if (w) y = y * wv.v[e];
-        if (b) y = y + bv.v[e];
-        o.v[e] = y;
+      for (int e = 0; e < V; ++e) {
+        o.v[e] = normalized(v[u * V + e], tm, ti, w ? wv.v : nullptr, b ? bv.v : nullptr, e);
       }
       reinterpret_cast<Vec*>(out + r * M)[j] = o;
     }
@@ -574,7 +566,8 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* ta
       Vec16<T> o;
       KILN_CUDA_UNROLL
       for (int e = 0; e < V; ++e) {
-        o.v[e] = static_cast<T>(ignored ? A(0) : cross_entropy_grad(static_cast<A>(u.v[e]), l, scale, smooth, hit, c0 + e == t));
+        const A g = cross_entropy_grad(static_cast<A>(u.v[e]), l, scale, smooth, hit, c0 + e == t);
+        o.v[e] = static_cast<T>(ignored ? A(0) : g);
       }
       reinterpret_cast<Vec16<T>*>(grad)[i] = o;
     }
@@ -585,8 +578,8 @@ __global__ void cross_entropy_backward_kernel(const T* logits, const int64_t* ta
       const int64_t r = index32 ? static_cast<uint32_t>(i) / static_cast<uint32_t>(C) : i / C;
       const int64_t c = i - r * C, t = target[r];
       const bool ignored = t == ignore_index || t < 0 || t >= C;
-      grad[i] = static_cast<T>(ignored ? A(0)
-                                       : cross_entropy_grad(static_cast<A>(logits[i]), lse[r], gl[r], smooth, hit, c == t));
+      const A v = ignored ? A(0) : cross_entropy_grad(static_cast<A>(logits[i]), lse[r], gl[r], smooth, hit, c == t);
+      grad[i] = static_cast<T>(v);
     }
   }
 }
@@ -750,7 +743,8 @@ void cross_entropy_backward_launch(const View& logits, const View& target, const
     using T = scalar_t;
     using A = opmath_t<T>;
     KILN_CHECK(lse.dtype == dtype_of<A>() && grad_loss.dtype == dtype_of<A>() && grad_logits.dtype == logits.dtype,
-               "cross_entropy backward: {} logits take {} lse and loss gradient and a {} gradient, got {}, {} and {}",
+               "cross_entropy backward: {} logits take {} lse and loss gradient and a {} gradient, got {}, {} "
+               "and {}",
                dtype_name(logits.dtype), dtype_name(dtype_of<A>()), dtype_name(logits.dtype), dtype_name(lse.dtype),
                dtype_name(grad_loss.dtype), dtype_name(grad_logits.dtype));
     const bool vectorized = aligned16(logits.data) && aligned16(grad_logits.data) &&

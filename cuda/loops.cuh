@@ -54,6 +54,20 @@ __device__ __forceinline__ double block_sum(double v, double* shared) {
   return total;
 }
 
+// The reduction of v by op over the block, returned to every thread, with one __syncthreads instead
+// of block_sum's two: `slots` holds one M per warp, and the caller must not let it be written again
+// before every thread has read it (alternate two sets of slots between uses, or put a barrier
+// between). Every thread reduces the warps' partials itself, in the same order.
+template <typename M, typename Op>
+__device__ __forceinline__ M block_all_reduce(M v, Op op, M* slots) {
+  for (int delta = 16; delta > 0; delta >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, delta));
+  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = v;
+  __syncthreads();
+  M r = slots[0];
+  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) r = op(r, slots[w]);
+  return r;
+}
+
 template <int N>
 struct OffsetCalc {
   int ndim = 0;                       // dims after merging; dim 0 is the innermost (fastest)

@@ -347,6 +347,30 @@ __global__ void softmax_kernel(const T* in, T* out, int64_t n_rows, int64_t len,
   }
 }
 
+// The register kernels' middle step on a thread's elements, given the row's max: v becomes
+// exp(x - max) for softmax (one exp an element), x - max for log_softmax; returns the thread's sum of
+// the exponentials (the padding's exp(-inf) is 0). A row of -inf takes max 0: exp(-inf - 0) = 0, and
+// the output's 0 / 0 gives nan, as on the CPU.
+template <typename M, int kPer>
+__device__ __forceinline__ M shift_and_exp(M (&v)[kPer], M mx, bool log_softmax) {
+  if (isinf(mx) && mx < 0) mx = 0;
+  M sum = 0;
+  KILN_CUDA_UNROLL
+  for (int u = 0; u < kPer; ++u) {
+    v[u] -= mx;
+    const M e = exp(v[u]);
+    sum += e;
+    if (!log_softmax) v[u] = e;
+  }
+  return sum;
+}
+
+// An output element from shift_and_exp's value a and the row's sum (log_sum = log(sum)).
+template <typename T, typename M>
+__device__ __forceinline__ T softmax_value(M a, M sum, M log_sum, bool log_softmax) {
+  return static_cast<T>(log_softmax ? a - log_sum : a / sum);
+}
+
 // Contiguous rows of at most kPer * blockDim.x elements: each thread keeps its elements of the row
 // in registers, so the row is read from memory once and written once.
 template <typename T, int kPer>
@@ -365,22 +389,12 @@ __global__ void softmax_rows_kernel(const T* in, T* out, int64_t n_rows, int64_t
       mx = MaxOp()(mx, v[u]);
     }
     mx = block_reduce(mx, MaxOp(), shared);
-    if (isinf(mx) && mx < 0) mx = 0;
-    // v becomes exp(x - max) for softmax (one exp an element), x - max for log_softmax.
-    M sum = 0;
-    KILN_CUDA_UNROLL
-    for (int u = 0; u < kPer; ++u) {
-      v[u] -= mx;
-      const M e = exp(v[u]);  // the padding's exp(-inf) is 0
-      sum += e;
-      if (!log_softmax) v[u] = e;
-    }
-    sum = block_reduce(sum, SumOp(), shared);
+    const M sum = block_reduce(shift_and_exp(v, mx, log_softmax), SumOp(), shared);
     const M log_sum = log(sum);
     KILN_CUDA_UNROLL
     for (int u = 0; u < kPer; ++u) {
       const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
-      if (j < len) y[j] = static_cast<T>(log_softmax ? v[u] - log_sum : v[u] / sum);
+      if (j < len) y[j] = softmax_value<T>(v[u], sum, log_sum, log_softmax);
     }
   }
 }
@@ -388,23 +402,11 @@ __global__ void softmax_rows_kernel(const T* in, T* out, int64_t n_rows, int64_t
 // Note [softmax rows sixteen bytes at a time]: the rows of softmax_rows_kernel whose length is a
 // multiple of sixteen bytes (and whose start is aligned) are read and written as Vec16s: a quarter of
 // the load instructions for float32, an eighth for the 16-bit types, each warp moving 512 bytes per
-// instruction. The two block reductions take one __syncthreads each (block_all_reduce): every
-// thread reduces the warps' partials itself, in the same order, instead of one thread doing it
-// between two more barriers; the max and the sum have separate slots, so a row's max slots are free
+// instruction. The two block reductions take one __syncthreads each (block_all_reduce, in
+// loops.cuh): every thread reduces the warps' partials itself, in the same order, instead of one
+// thread doing it between two more barriers; the max and the sum have separate slots, so a row's max slots are free
 // again once every thread has passed that row's sum barrier. Same exponentials and divisions as
-// softmax_rows_kernel, element for element.
-
-// The reduction of v over the block, in every thread, with one __syncthreads; `slots` holds one M per
-// warp and must not be written again before every thread has read it (see the Note).
-template <typename M, typename Op>
-__device__ M block_all_reduce(M v, Op op, M* slots) {
-  for (int delta = 16; delta > 0; delta >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, delta));
-  if ((threadIdx.x & 31) == 0) slots[threadIdx.x >> 5] = v;
-  __syncthreads();
-  M r = slots[0];
-  for (int w = 1; w < static_cast<int>(blockDim.x >> 5); ++w) r = op(r, slots[w]);
-  return r;
-}
+// softmax_rows_kernel (shift_and_exp, softmax_value), element for element.
 
 template <typename T, int kPer>
 __global__ void __launch_bounds__(kThreads) softmax_rows_vec_kernel(const T* in, T* out, int64_t n_rows, int64_t len,
@@ -431,16 +433,7 @@ __global__ void __launch_bounds__(kThreads) softmax_rows_vec_kernel(const T* in,
       }
     }
     mx = block_all_reduce(mx, MaxOp(), max_slots);
-    if (isinf(mx) && mx < 0) mx = 0;  // a row of -inf: exp(-inf - 0) = 0, and 0 / 0 gives nan
-    M sum = 0;
-    KILN_CUDA_UNROLL
-    for (int i = 0; i < kPer; ++i) {
-      v[i] -= mx;
-      const M e = exp(v[i]);  // the padding's exp(-inf) is 0
-      sum += e;
-      if (!log_softmax) v[i] = e;
-    }
-    sum = block_all_reduce(sum, SumOp(), sum_slots);
+    const M sum = block_all_reduce(shift_and_exp(v, mx, log_softmax), SumOp(), sum_slots);
     const M log_sum = log(sum);
     KILN_CUDA_UNROLL
     for (int u = 0; u < kVecs; ++u) {
@@ -448,10 +441,7 @@ __global__ void __launch_bounds__(kThreads) softmax_rows_vec_kernel(const T* in,
       if (j >= nvec) continue;
       Vec16<T> w;
       KILN_CUDA_UNROLL
-      for (int e = 0; e < V; ++e) {
-        const M a = v[u * V + e];
-        w.v[e] = static_cast<T>(log_softmax ? a - log_sum : a / sum);
-      }
+      for (int e = 0; e < V; ++e) w.v[e] = softmax_value<T>(v[u * V + e], sum, log_sum, log_softmax);
       y[j] = w;
     }
   }

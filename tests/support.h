@@ -30,6 +30,18 @@ void check_within(const std::string& what, const Tensor& actual, const Tensor& e
 // fn() must throw kiln::Error whose message contains every one of `fragments`.
 void check_error(const std::function<void()>& fn, const std::vector<std::string>& fragments);
 
+// f2(relu(norm(f1(x)))): Linears around a LayerNorm, the small net of the mixed-precision tests (its
+// Linears' parameters are autocast's and lower_precision_safe_modules' by default, the norm's are not).
+struct NormNet : nn::Module {
+  nn::Linear f1;
+  nn::LayerNorm norm;
+  nn::Linear f2;
+  NormNet(int64_t in, int64_t hidden, int64_t out) : f1(in, hidden), norm(hidden), f2(hidden, out) {
+    register_modules({{"f1", f1}, {"norm", norm}, {"f2", f2}});
+  }
+  Tensor forward(const Tensor& x) override { return f2(relu(norm(f1(x)))); }
+};
+
 // Scoped switches, restored at scope exit: kernel fusion (set_fusion) and the CPU pool's thread count.
 struct FusionGuard {
   explicit FusionGuard(bool on) : previous(fusion_enabled()) { set_fusion(on); }

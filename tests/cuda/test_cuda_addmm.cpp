@@ -239,15 +239,8 @@ TEST_CASE("float16 autocast on CUDA: Linear, LayerNorm, ReLU, Linear and cross_e
   // Step by step against the CPU in float32: the output, the loss's gradient with respect to it
   // (retained), each parameter's. The loss under autocast (float32 by its policy; the kernel reads
   // the float16 logits as they are), times 64 as a loss scale would.
-  struct Net : nn::Module {
-    nn::Linear f1{16, 32};
-    nn::LayerNorm norm{32};
-    nn::Linear f2{32, 8};
-    Net() { register_modules({{"f1", f1}, {"norm", norm}, {"f2", f2}}); }
-    Tensor forward(const Tensor& x) override { return f2(relu(norm(f1(x)))); }
-  };
   manual_seed(7);
-  Net cpu_net, gpu_net;
+  test::NormNet cpu_net(16, 32, 8), gpu_net(16, 32, 8);
   gpu_net.load_state_dict(cpu_net.state_dict());
   gpu_net.to(kGpu);
   Generator data(3);

@@ -327,17 +327,10 @@ TEST_CASE("nccl: torch_autocast runs forward in float16 and averages the Linears
     WARN("the expected gradients are one rank's: run at world size 1");
     return;
   }
-  struct Net : nn::Module {
-    nn::Linear f1{16, 32};
-    nn::LayerNorm norm{32};
-    nn::Linear f2{32, 8};
-    Net() { register_modules({{"f1", f1}, {"norm", norm}, {"f2", f2}}); }
-    Tensor forward(const Tensor& x) override { return f2(relu(norm(f1(x)))); }
-  };
   for (int stage : {0, 2, 3}) {
     INFO("ZeRO stage " << stage);
     manual_seed(7);
-    Net net, ref;
+    kiln::test::NormNet net(16, 32, 8), ref(16, 32, 8);
     ref.load_state_dict(net.state_dict());
     net.to(gpu());
     ref.to(gpu());

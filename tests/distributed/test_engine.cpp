@@ -420,12 +420,8 @@ namespace {
 
 // Linear layers around a LayerNorm: the Linears' parameters are lower_precision_safe_modules' by
 // default, the LayerNorm's are not.
-struct NormMlp : nn::Module {
-  nn::Linear f1{20, 32};
-  nn::LayerNorm norm{32};
-  nn::Linear f2{32, 10};
-  NormMlp() { register_modules({{"f1", f1}, {"norm", norm}, {"f2", f2}}); }
-  Tensor forward(const Tensor& x) override { return f2(relu(norm(f1(x)))); }
+struct NormMlp : kiln::test::NormNet {
+  NormMlp() : NormNet(20, 32, 10) {}
 };
 
 bool all_bfloat16(const Tensor& t) {

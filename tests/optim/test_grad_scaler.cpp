@@ -310,19 +310,12 @@ TEST_CASE("GradScaler: a float16 loss's gradient is the scale itself, past float
   // the loss is float16, and backward's first gradient, 2^16, is past float16's 65504: every
   // gradient is inf or NaN, the scaler skips (hysteresis 2: twice), halves the scale, and the third
   // step goes through with finite gradients.
-  struct Net : nn::Module {
-    nn::Linear f1{16, 32};
-    nn::LayerNorm norm{32};
-    nn::Linear f2{32, 8};
-    Net() { register_modules({{"f1", f1}, {"norm", norm}, {"f2", f2}}); }
-    Tensor forward(const Tensor& x) override { return f2(relu(norm(f1(x)))); }
-  };
   Generator data(3);
   const Tensor x = randn({4, 16}, kFloat32, &data), y = randint(0, 8, {4}, kInt64, &data);
   for (bool loss_inside : {true, false}) {
     INFO("loss computed " << (loss_inside ? "inside" : "outside") << " autocast");
     manual_seed(7);
-    Net net;
+    test::NormNet net(16, 32, 8);
     optim::SGD opt(net.parameters(), {.lr = 0.01});
     GradScaler scaler;
     std::vector<bool> stepped;
