@@ -81,6 +81,14 @@ enum class BinaryOp : uint8_t {
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }
 
+// Three operands a, b, c and a number v (PyTorch's addcmul, addcdiv and lerp):
+enum class TernaryOp : uint8_t {
+  Addcmul,     // a + v * b * c
+  Addcdiv,     // a + v * (b / c)   (floating types only)
+  Lerp,        // a + c * (b - a), weight c; for |c| >= 0.5 b - (b - a) * (1 - c), as PyTorch
+  LerpScalar,  // Lerp with the weight v (c is not read)
+};
+
 enum class ReduceKind : uint8_t { Sum, Prod, Max, Min, ArgMax, ArgMin, All, Any };
 
 enum class RandomKind : uint8_t {
@@ -218,6 +226,10 @@ class Backend {
                       const Stream& s) = 0;
   virtual void where(const View& cond, const View& a, const View& b, const View& out,
                      const Stream& s) = 0;
+  // out = op(a, b, c, v): one dtype throughout (floating for Addcdiv and the Lerps), computed in
+  // opmath_t; out may be a (the in-place forms).
+  virtual void ternary(TernaryOp op, const View& a, const View& b, const View& c, const View& out, double v,
+                       const Stream& s) = 0;
 
   // -- reductions: out has in's rank with size 1 in each reduced dim; ArgMax/ArgMin write int64
   //    and reduce exactly one dim (or the whole tensor, flattened, when out has one element) --

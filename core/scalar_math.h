@@ -161,6 +161,24 @@ KILN_HOST_DEVICE inline bool compare(BinaryOp op, T x, T y) {
   }
 }
 
+// addcmul, addcdiv and lerp (TernaryOp) on one element, v already in T. The products associate as
+// PyTorch's kernels do: (v * b) * c for addcmul, v * (b / c) for addcdiv. lerp takes the end nearer
+// the weight, so that w = 1 gives b exactly. Integers only reach Addcmul (ops/ checks the rest).
+template <typename T>
+KILN_HOST_DEVICE inline T ternary(TernaryOp op, T a, T b, T c, T v) {
+  if constexpr (std::is_integral_v<T>) {
+    return static_cast<T>(a + v * b * c);
+  } else {
+    switch (op) {
+      case TernaryOp::Addcmul: return a + v * b * c;
+      case TernaryOp::Addcdiv: return a + v * (b / c);
+      case TernaryOp::Lerp: v = c; [[fallthrough]];
+      case TernaryOp::LerpScalar: return (v < T(0) ? -v : v) < T(0.5) ? a + v * (b - a) : b - (b - a) * (T(1) - v);
+    }
+    return a;
+  }
+}
+
 // One element of a fused Adam / AdamW step (Backend::adam_step; core/backend.h has the rule), with
 // the coefficients already in T. vmax is read and written only with amsgrad.
 template <typename T>

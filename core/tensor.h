@@ -198,6 +198,10 @@ class Tensor {
   Tensor logical_or(const Tensor& other) const;
   Tensor logical_not() const;
   Tensor masked_fill(const Tensor& mask, const Scalar& value) const;
+  Tensor addcmul(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1) const;
+  Tensor addcdiv(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1) const;
+  Tensor lerp(const Tensor& end, const Tensor& weight) const;
+  Tensor lerp(const Tensor& end, const Scalar& weight) const;
 
   // ---- in place: bump the version counter (ops/elementwise.cpp, ops/copy.cpp) ----
   Tensor& add_(const Tensor& other, const Scalar& alpha = 1);
@@ -215,6 +219,10 @@ class Tensor {
   Tensor& sqrt_();
   Tensor& pow_(const Scalar& exponent);
   Tensor& masked_fill_(const Tensor& mask, const Scalar& value);
+  Tensor& addcmul_(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1);
+  Tensor& addcdiv_(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1);
+  Tensor& lerp_(const Tensor& end, const Tensor& weight);
+  Tensor& lerp_(const Tensor& end, const Scalar& weight);
   Tensor& fill_(const Scalar& value);
   Tensor& zero_();
   // src broadcasts to this; any dtype and device. non_blocking: as for to().

@@ -38,6 +38,10 @@ class CpuBackend final : public Backend {
              const Stream&) override {
     where_kernel(cond, a, b, out);
   }
+  void ternary(TernaryOp op, const View& a, const View& b, const View& c, const View& out, double v,
+               const Stream&) override {
+    ternary_kernel(op, a, b, c, out, v);
+  }
   void reduce(ReduceKind op, const View& in, const View& out, const Stream&) override {
     reduce_kernel(op, in, out);
   }

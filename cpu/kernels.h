@@ -39,6 +39,8 @@ void unary_kernel(UnaryOp op, const View& in, const View& out, UnaryArgs args); 
 void binary_kernel(BinaryOp op, const View& a, const View& b, const View& out,
                    double alpha);                                            // elementwise.cpp
 void where_kernel(const View& cond, const View& a, const View& b, const View& out);  // elementwise.cpp
+void ternary_kernel(TernaryOp op, const View& a, const View& b, const View& c, const View& out,
+                    double v);  // elementwise.cpp
 void reduce_kernel(ReduceKind op, const View& in, const View& out);            // reduce.cpp
 void matmul_kernel(const View& a, const View& b, const View& c);             // matmul.cpp
 void softmax_kernel(const View& in, const View& out, int dim, bool log);     // reduce.cpp

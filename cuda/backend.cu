@@ -69,6 +69,11 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(s.device.index, "where");
     where_launch(cond, a, b, out, s);
   }
+  void ternary(TernaryOp op, const View& a, const View& b, const View& c, const View& out, double v,
+               const Stream& s) override {
+    DeviceGuard guard(s.device.index, "ternary op");
+    ternary_launch(op, a, b, c, out, v, s);
+  }
 
   void reduce(ReduceKind op, const View& in, const View& out, const Stream& s) override {
     DeviceGuard guard(s.device.index, "reduce");

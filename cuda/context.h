@@ -20,6 +20,8 @@
 // buffer that another stream also uses must be named with record_stream().
 #pragma once
 
+#include <vector>
+
 #include <cuda_runtime_api.h>
 
 #include "core/backend.h"
@@ -42,6 +44,10 @@ class DeviceGuard {
 
 // Throws a clear Error when `device_index` is not a device of this machine, naming `what`.
 void check_device(int device_index, const char* what);
+// The devices this process has queued work on: those a DeviceGuard has entered, and the current
+// one. Waiting for these, and not for every visible device, makes no context on a GPU the process
+// never used (cudaSetDevice would make one on each).
+std::vector<int> devices_in_use();
 
 inline cudaStream_t stream_of(const Stream& s) { return static_cast<cudaStream_t>(s.handle); }
 // This thread's current stream of the device (cuda::current_stream's handle): where ops queue their

@@ -55,6 +55,24 @@ __global__ void binary_vec_kernel(int64_t n, const T* x, const T* z, T* y, F f) 
   for (int64_t i = nv * V + tid; i < n; i += step) y[i] = f(x[i], z[i]);
 }
 
+// y[i] = f(x[i], z[i], w[i]), likewise (addcmul, addcdiv, lerp).
+template <typename T, typename F>
+__global__ void ternary_vec_kernel(int64_t n, const T* x, const T* z, const T* w, T* y, F f) {
+  constexpr int V = Vec16<T>::kSize;
+  const int64_t nv = n / V, step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  const int64_t tid = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (int64_t i = tid; i < nv; i += step) {
+    const Vec16<T> a = reinterpret_cast<const Vec16<T>*>(x)[i];
+    const Vec16<T> b = reinterpret_cast<const Vec16<T>*>(z)[i];
+    const Vec16<T> c = reinterpret_cast<const Vec16<T>*>(w)[i];
+    Vec16<T> r;
+    KILN_CUDA_UNROLL
+    for (int e = 0; e < V; ++e) r.v[e] = f(a.v[e], b.v[e], c.v[e]);
+    reinterpret_cast<Vec16<T>*>(y)[i] = r;
+  }
+  for (int64_t i = nv * V + tid; i < n; i += step) y[i] = f(x[i], z[i], w[i]);
+}
+
 // y = f(x, row) or f(row, x) (kRowFirst) where `row` is a block of L elements repeated over x's
 // leading dims (a bias added to every row): vector i of x meets vector i mod (L / kSize) of the row.
 // L is a multiple of kSize, so no vector straddles two rows and n has no tail.
@@ -129,6 +147,28 @@ bool launch_fixed_unary(UnaryOp op, int64_t n, const T* x, T* y, double a, doubl
     case UnaryOp::Silu: launch_fixed_unary<T, UnaryOp::Silu>(n, x, y, a, b, stream); return true;
     default: return false;
   }
+}
+
+// out = op(a, b, c, v) with the op fixed at compile time, so that math::ternary's switch folds away.
+template <typename T, TernaryOp kOp>
+void launch_ternary(const View& a, const View& b, const View& c, const View& out, double v, const Stream& s) {
+  using M = opmath_t<T>;
+  const int64_t n = out.numel();
+  const M vm = static_cast<M>(v);
+  const T* x = a.ptr<T>();
+  const T* z = b.ptr<T>();
+  const T* w = c.ptr<T>();
+  T* y = out.ptr<T>();
+  auto f = [=] __device__(T p, T q, T r) {
+    return static_cast<T>(math::ternary<M>(kOp, static_cast<M>(p), static_cast<M>(q), static_cast<M>(r), vm));
+  };
+  if (vectorizable(out, out) && vectorizable(a, out) && vectorizable(b, out) && vectorizable(c, out)) {
+    ternary_vec_kernel<<<blocks_for(n / Vec16<T>::kSize + 1), kThreads, 0, stream_of(s)>>>(n, x, z, w, y, f);
+    KILN_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  launch_elementwise(n, make_offset_calc<4>({&out, &a, &b, &c}), stream_of(s),
+                     [=] __device__(int64_t, const int64_t* o) { y[o[0]] = f(x[o[1]], z[o[2]], w[o[3]]); });
 }
 
 }  // namespace
@@ -248,6 +288,25 @@ void where_launch(const View& cond, const View& a, const View& b, const View& ou
     launch_elementwise(n, calc, stream_of(s), [=] __device__(int64_t, const int64_t* o) {
       y[o[0]] = c[o[1]] ? x[o[2]] : z[o[3]];
     });
+  });
+}
+
+// Integers have addcmul only (math::ternary ignores the op for them: ops/ sends no other), so they
+// are compiled once; the floating types once per op.
+void ternary_launch(TernaryOp op, const View& a, const View& b, const View& c, const View& out, double v,
+                    const Stream& s) {
+  if (out.numel() == 0) return;
+  KILN_DISPATCH_NUMERIC_TYPES(out.dtype, "ternary op", [&] {
+    if constexpr (std::is_integral_v<scalar_t>) {
+      launch_ternary<scalar_t, TernaryOp::Addcmul>(a, b, c, out, v, s);
+    } else {
+      switch (op) {
+        case TernaryOp::Addcmul: return launch_ternary<scalar_t, TernaryOp::Addcmul>(a, b, c, out, v, s);
+        case TernaryOp::Addcdiv: return launch_ternary<scalar_t, TernaryOp::Addcdiv>(a, b, c, out, v, s);
+        case TernaryOp::Lerp: return launch_ternary<scalar_t, TernaryOp::Lerp>(a, b, c, out, v, s);
+        case TernaryOp::LerpScalar: return launch_ternary<scalar_t, TernaryOp::LerpScalar>(a, b, c, out, v, s);
+      }
+    }
   });
 }
 

@@ -31,6 +31,8 @@ void binary_launch(BinaryOp op, const View& a, const View& b, const View& out, d
                    const Stream& s);
 void where_launch(const View& cond, const View& a, const View& b, const View& out,
                   const Stream& s);
+void ternary_launch(TernaryOp op, const View& a, const View& b, const View& c, const View& out, double v,
+                    const Stream& s);
 
 // reduce.cu
 void reduce_launch(ReduceKind op, const View& in, const View& out, const Stream& s);

@@ -24,6 +24,8 @@
 
 #ifdef KILN_HAVE_CUPTI
 #include <cupti.h>
+
+#include "cuda/context.h"
 #endif
 
 namespace kiln::cuda {
@@ -34,6 +36,7 @@ namespace {
 struct Records {
   std::map<std::string, KernelTime> totals;
   bool running = false;
+  uint64_t lost = 0;  // buffers whose records could not all be kept
 };
 
 }  // namespace
@@ -151,16 +154,18 @@ std::string copy_name(uint8_t kind) {
   }
 }
 
+// CUPTI calls this from its own threads, through C: nothing may escape it (a failed allocation
+// while the records are read loses the rest of the buffer, which stop() reports).
 void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
-  {
-    std::lock_guard<std::mutex> lock(g_mutex);
+  std::lock_guard<std::mutex> lock(g_mutex);
+  try {
     CUpti_Activity* record = nullptr;
     while (cupti().next_record(buffer, valid, &record) == CUPTI_SUCCESS) {
       switch (record->kind) {
         case CUPTI_ACTIVITY_KIND_KERNEL:
         case CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL: {
           const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-          add_record(short_name(k->name), k->start, k->end);
+          add_record(k->name ? short_name(k->name) : std::string("[unnamed kernel]"), k->start, k->end);
           break;
         }
         case CUPTI_ACTIVITY_KIND_MEMCPY: {
@@ -176,6 +181,8 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
         default: break;
       }
     }
+  } catch (...) {
+    if (g_active) ++g_active->lost;
   }
   std::free(buffer);
 }
@@ -224,11 +231,11 @@ KernelProfiler::~KernelProfiler() {
 void KernelProfiler::start() {
 #ifdef KILN_HAVE_CUPTI
   KILN_CHECK(!impl_->running, "KernelProfiler::start: already started; call stop() first");
-  for (int d = 0; d < device_count(); ++d) synchronize(d);  // what ran before is not counted
-  check(cupti().flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
+  for (int d : devices_in_use()) synchronize(d);  // what ran before is not counted
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     impl_->totals.clear();
+    impl_->lost = 0;
     impl_->running = true;
   }
   for (CUpti_ActivityKind kind : kKinds) check(cupti().enable(kind), "cuptiActivityEnable");
@@ -238,11 +245,14 @@ void KernelProfiler::start() {
 void KernelProfiler::stop() {
 #ifdef KILN_HAVE_CUPTI
   KILN_CHECK(impl_->running, "KernelProfiler::stop: not started; call start() first");
-  for (int d = 0; d < device_count(); ++d) synchronize(d);
-  check(cupti().flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
+  for (int d : devices_in_use()) synchronize(d);
+  // Disabled first, then flushed: a record made between the two is still delivered.
   for (CUpti_ActivityKind kind : kKinds) check(cupti().disable(kind), "cuptiActivityDisable");
+  check(cupti().flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
   std::lock_guard<std::mutex> lock(g_mutex);
   impl_->running = false;
+  KILN_CHECK(impl_->lost == 0, "KernelProfiler::stop: {} buffers of CUPTI's records could not be read (out of "
+             "host memory?); the profile is incomplete, so profile a shorter run", impl_->lost);
 #endif
 }
 

@@ -13,7 +13,8 @@
 //
 // libcupti is opened when the first profiler is made (it ships with the CUDA toolkit, and with
 // PyTorch as its nvidia-cuda-cupti wheel); without a GPU, or without CUPTI, the constructor is an
-// Error saying what is missing. CUPTI's activity buffers are the process's: one profiler at a time.
+// Error saying what is missing. CUPTI's activity buffers are the process's: one profiler at a time,
+// and no other CUPTI client (torch.profiler's Kineto, Nsight Systems) in the same process.
 #pragma once
 
 #include <cstdint>
@@ -37,9 +38,11 @@ class KernelProfiler {
   KernelProfiler(const KernelProfiler&) = delete;
   KernelProfiler& operator=(const KernelProfiler&) = delete;
 
-  // Drops what an earlier profile recorded and records from now on.
+  // Waits for the devices in use (what ran before is not counted), drops what an earlier profile
+  // recorded, and records from now on.
   void start();
-  // Waits for every device, then stops recording and collects what was recorded.
+  // Waits for the devices in use, then stops recording and collects what was recorded; an Error if
+  // some of CUPTI's records could not be read (the profile would be short).
   void stop();
   // The recorded kernels grouped by name, the most GPU time first.
   std::vector<KernelTime> kernels() const;

@@ -3,6 +3,8 @@
 // cuda/context.h. Plain C++ against cudart.
 // Siblings: backend.cu (the Backend class, matmul), copy.cpp (copies), elementwise.cu, reduce.cu,
 // index.cu (kernels), allocator.cpp. A build without CUDA links cuda/stub.cpp instead of them all.
+#include <atomic>
+#include <cstdint>
 #include <vector>
 
 #include "core/error.h"
@@ -226,8 +228,24 @@ void CudaStream::wait_stream(const CudaStream& other) const {
   wait_event(event);
 }
 
+namespace {
+std::atomic<uint64_t> g_guarded{0};  // bit d: a DeviceGuard entered device d (the first 64)
+}  // namespace
+
+std::vector<int> devices_in_use() {
+  int current = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&current));
+  const uint64_t guarded = g_guarded.load(std::memory_order_relaxed);
+  std::vector<int> devices;
+  for (int d = 0; d < device_count(); ++d) {
+    if (d == current || (d < 64 ? (guarded >> d) & 1 : true)) devices.push_back(d);
+  }
+  return devices;
+}
+
 DeviceGuard::DeviceGuard(int device_index, const char* what) {
   check_device(device_index, what);
+  if (device_index < 64) g_guarded.fetch_or(uint64_t{1} << device_index, std::memory_order_relaxed);
   KILN_CUDA_CHECK(cudaGetDevice(&previous_));
   if (previous_ != device_index) {
     KILN_CUDA_CHECK(cudaSetDevice(device_index));

@@ -1,7 +1,10 @@
-// ops/elementwise.cpp: unary and binary elementwise ops, where/masked_fill, their in-place forms, and
-// PyTorch's type promotion. Each op's backward formula sits right after its forward.
+// ops/elementwise.cpp: unary, binary and ternary (addcmul, addcdiv, lerp) elementwise ops,
+// where/masked_fill, their in-place forms, and PyTorch's type promotion. Each op's backward formula
+// sits right after its forward.
 #include <cmath>
+#include <functional>
 #include <limits>
+#include <optional>
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
@@ -128,6 +131,63 @@ Tensor wrap(const Scalar& s, const Tensor& like) {
 }
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// ---- ternary (addcmul, addcdiv, lerp) ----
+
+// result_type over three tensors, as PyTorch: the dimensioned tensors decide, and 0-dim tensors
+// only raise the category.
+DType result_type3(const Tensor& a, const Tensor& b, const Tensor& c) {
+  std::optional<DType> dimmed, zero;
+  for (const Tensor* t : {&a, &b, &c}) {
+    std::optional<DType>& slot = t->dim() == 0 ? zero : dimmed;
+    slot = slot ? promote_types(*slot, t->dtype()) : t->dtype();
+  }
+  if (!dimmed) return *zero;
+  if (zero && category(*zero) > category(*dimmed)) return *zero;
+  return *dimmed;
+}
+
+Tensor ternary_forward(TernaryOp op, const Tensor& a, const Tensor& b, const Tensor& c, DType dt, double v,
+                       const char* name) {
+  check_same_device(name, a, b);
+  check_same_device(name, a, c);
+  const Shape shape = broadcast_shapes(broadcast_shapes(a.sizes(), b.sizes(), name), c.sizes(), name);
+  Tensor ac = cast_no_grad(a, dt), bc = cast_no_grad(b, dt), cc = cast_no_grad(c, dt);
+  Tensor out = empty_tensor(shape, dt, a.device());
+  flops::Op count(0, is_floating(dt) ? 3 * out.numel() : 0);
+  backend_for(a.device())
+      .ternary(op, broadcast_view(ac, shape), broadcast_view(bc, shape), broadcast_view(cc, shape), view_of(out), v,
+               stream_for(a.device()));
+  return out;
+}
+
+// The checks of addcmul and addcdiv (PyTorch's): no bool; a floating value needs a floating result;
+// addcdiv divides floats only.
+DType addc_result_type(const Tensor& a, const Tensor& t1, const Tensor& t2, const Scalar& value, bool div,
+                       const char* name) {
+  const DType dt = result_type3(a, t1, t2);
+  KILN_CHECK(dt != kBool, "{}: not defined for bool tensors; convert them first, e.g. x.to(kFloat32)", name);
+  KILN_CHECK(!div || is_floating(t1.dtype()) || is_floating(t2.dtype()),
+             "{}: integer division is not supported (tensor1 is {}, tensor2 {}); convert one of them to a "
+             "floating dtype first",
+             name, dtype_name(t1.dtype()), dtype_name(t2.dtype()));
+  KILN_CHECK(is_floating(dt) || !value.is_floating(),
+             "{}: for {} tensors the value must be an integer, got {}; convert the tensors to a floating dtype "
+             "or pass an integer value",
+             name, dtype_name(dt), value.to_double());
+  return dt;
+}
+
+// lerp's dtypes: floating, and the same for start, end and a tensor weight (PyTorch's rule).
+void check_lerp_dtypes(const Tensor& start, const Tensor& end, const Tensor* weight, const char* name) {
+  KILN_CHECK(is_floating(start.dtype()), "{}: needs floating tensors, got {}; convert first, e.g. x.to(kFloat32)",
+             name, dtype_name(start.dtype()));
+  KILN_CHECK(end.dtype() == start.dtype(), "{}: end is {} but the input is {}; convert one of them with .to()",
+             name, dtype_name(end.dtype()), dtype_name(start.dtype()));
+  KILN_CHECK(weight == nullptr || weight->dtype() == start.dtype(),
+             "{}: weight is {} but the input is {}; convert one of them with .to()", name,
+             dtype_name(weight ? weight->dtype() : start.dtype()), dtype_name(start.dtype()));
+}
 
 }  // namespace
 
@@ -583,6 +643,80 @@ Tensor masked_fill(const Tensor& x, const Tensor& mask, const Scalar& value) {
   return where(mask, scalar_tensor(value, x.options()), x);
 }
 
+// ---- addcmul, addcdiv, lerp ----
+
+Tensor addcmul(const Tensor& input, const Tensor& tensor1, const Tensor& tensor2, const Scalar& value) {
+  const DType dt = addc_result_type(input, tensor1, tensor2, value, false, "addcmul");
+  const double v = value.to_double();
+  Tensor out = ternary_forward(TernaryOp::Addcmul, input, tensor1, tensor2, dt, v, "addcmul");
+  if (should_record({input, tensor1, tensor2})) {
+    record("AddcmulBackward", {input, tensor1, tensor2}, {out},
+           [ia = InputInfo(input), i1 = InputInfo(tensor1), i2 = InputInfo(tensor2), v,
+            s1 = SavedTensor(tensor2.requires_grad() ? tensor1 : Tensor(), false),
+            s2 = SavedTensor(tensor1.requires_grad() ? tensor2 : Tensor(), false)](const Grads& g) -> TensorList {
+             Tensor gv = v == 1 ? g[0] : g[0] * v;
+             return {g.needs_grad(0) ? ia.fit(g[0]) : Tensor(),
+                     g.needs_grad(1) ? i1.fit(gv * s2.unpack("AddcmulBackward")) : Tensor(),
+                     g.needs_grad(2) ? i2.fit(gv * s1.unpack("AddcmulBackward")) : Tensor()};
+           });
+  }
+  return out;
+}
+
+Tensor addcdiv(const Tensor& input, const Tensor& tensor1, const Tensor& tensor2, const Scalar& value) {
+  const DType dt = addc_result_type(input, tensor1, tensor2, value, true, "addcdiv");
+  const double v = value.to_double();
+  Tensor out = ternary_forward(TernaryOp::Addcdiv, input, tensor1, tensor2, dt, v, "addcdiv");
+  if (should_record({input, tensor1, tensor2})) {
+    record("AddcdivBackward", {input, tensor1, tensor2}, {out},
+           [ia = InputInfo(input), i1 = InputInfo(tensor1), i2 = InputInfo(tensor2), v,
+            s1 = SavedTensor(tensor2.requires_grad() ? tensor1 : Tensor(), false),
+            s2 = SavedTensor(tensor2, false)](const Grads& g) -> TensorList {
+             Tensor t2 = s2.unpack("AddcdivBackward");
+             Tensor gv = v == 1 ? g[0] : g[0] * v;
+             Tensor g1 = gv / t2;  // d/dt1 of v t1 / t2; d/dt2 = -(v t1 / t2^2) = -(g v / t2) t1 / t2
+             return {g.needs_grad(0) ? ia.fit(g[0]) : Tensor(),
+                     g.needs_grad(1) ? i1.fit(g1) : Tensor(),
+                     g.needs_grad(2) ? i2.fit(-(g1 * s1.unpack("AddcdivBackward")) / t2) : Tensor()};
+           });
+  }
+  return out;
+}
+
+Tensor lerp(const Tensor& input, const Tensor& end, const Tensor& weight) {
+  check_lerp_dtypes(input, end, &weight, "lerp");
+  Tensor out = ternary_forward(TernaryOp::Lerp, input, end, weight, input.dtype(), 0, "lerp");
+  if (should_record({input, end, weight})) {
+    record("LerpBackward", {input, end, weight}, {out},
+           [ia = InputInfo(input), ie = InputInfo(end), iw = InputInfo(weight),
+            sw = SavedTensor(input.requires_grad() || end.requires_grad() ? weight : Tensor(), false),
+            ss = SavedTensor(weight.requires_grad() ? input : Tensor(), false),
+            se = SavedTensor(weight.requires_grad() ? end : Tensor(), false)](const Grads& g) -> TensorList {
+             Tensor w = g.needs_grad(0) || g.needs_grad(1) ? sw.unpack("LerpBackward") : Tensor();
+             return {g.needs_grad(0) ? ia.fit(g[0] * (1 - w)) : Tensor(),
+                     g.needs_grad(1) ? ie.fit(g[0] * w) : Tensor(),
+                     g.needs_grad(2) ? iw.fit(g[0] * (se.unpack("LerpBackward") - ss.unpack("LerpBackward")))
+                                     : Tensor()};
+           });
+  }
+  return out;
+}
+
+Tensor lerp(const Tensor& input, const Tensor& end, const Scalar& weight) {
+  check_lerp_dtypes(input, end, nullptr, "lerp");
+  const double w = weight.to_double();
+  // The weight goes to the kernel as a number (in opmath, as PyTorch's); the third operand is unread.
+  Tensor out = ternary_forward(TernaryOp::LerpScalar, input, end, input, input.dtype(), w, "lerp");
+  if (should_record(input, end)) {
+    record("LerpBackward", {input, end}, {out},
+           [ia = InputInfo(input), ie = InputInfo(end), w](const Grads& g) -> TensorList {
+             return {g.needs_grad(0) ? ia.fit(g[0] * (1 - w)) : Tensor(),
+                     g.needs_grad(1) ? ie.fit(g[0] * w) : Tensor()};
+           });
+  }
+  return out;
+}
+
 }  // namespace ops
 
 // ---- in-place forms ----
@@ -748,5 +882,49 @@ Tensor& Tensor::fill_(const Scalar& value) {
   return *this;
 }
 Tensor& Tensor::zero_() { return fill_(0); }
+
+// addcmul_, addcdiv_, lerp_: the result must keep this tensor's shape and be castable to its dtype.
+namespace {
+Tensor& ternary_inplace(Tensor& self, TernaryOp op, const Tensor& b, const Tensor& c, DType dt, double v,
+                        const char* name, const std::function<Tensor(const Tensor&)>& out_of_place) {
+  check_inference_write(self, name);
+  KILN_CHECK(can_cast(dt, self.dtype()), "{}: the result type {} can't be cast to the tensor's type {}", name,
+             dtype_name(dt), dtype_name(self.dtype()));
+  const Shape shape = broadcast_shapes(broadcast_shapes(self.sizes(), b.sizes(), name), c.sizes(), name);
+  KILN_CHECK(shape == self.sizes(), "{}: the operands broadcast to shape {}, not to this tensor's shape {}", name,
+             shape.str(), self.sizes().str());
+  if (should_record({self, b, c})) return inplace_recorded(self, name, out_of_place);
+  check_same_device(name, self, b);
+  check_same_device(name, self, c);
+  check_no_internal_overlap(self, name);
+  Tensor bc = unaliased(cast_no_grad(b, self.dtype()), self), cc = unaliased(cast_no_grad(c, self.dtype()), self);
+  backend_for(self.device())
+      .ternary(op, view_of(self), broadcast_view(bc, shape), broadcast_view(cc, shape), view_of(self), v,
+               stream_for(self.device()));
+  self.bump_version();
+  return self;
+}
+}  // namespace
+
+Tensor& Tensor::addcmul_(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value) {
+  const DType dt = addc_result_type(*this, tensor1, tensor2, value, false, "addcmul_");
+  return ternary_inplace(*this, TernaryOp::Addcmul, tensor1, tensor2, dt, value.to_double(), "addcmul_",
+                         [&](const Tensor& s) { return ops::addcmul(s, tensor1, tensor2, value); });
+}
+Tensor& Tensor::addcdiv_(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value) {
+  const DType dt = addc_result_type(*this, tensor1, tensor2, value, true, "addcdiv_");
+  return ternary_inplace(*this, TernaryOp::Addcdiv, tensor1, tensor2, dt, value.to_double(), "addcdiv_",
+                         [&](const Tensor& s) { return ops::addcdiv(s, tensor1, tensor2, value); });
+}
+Tensor& Tensor::lerp_(const Tensor& end, const Tensor& weight) {
+  check_lerp_dtypes(*this, end, &weight, "lerp_");
+  return ternary_inplace(*this, TernaryOp::Lerp, end, weight, dtype(), 0, "lerp_",
+                         [&](const Tensor& s) { return ops::lerp(s, end, weight); });
+}
+Tensor& Tensor::lerp_(const Tensor& end, const Scalar& weight) {
+  check_lerp_dtypes(*this, end, nullptr, "lerp_");
+  return ternary_inplace(*this, TernaryOp::LerpScalar, end, end, dtype(), weight.to_double(), "lerp_",
+                         [&](const Tensor& s) { return ops::lerp(s, end, weight); });
+}
 
 }  // namespace kiln

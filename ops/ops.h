@@ -155,6 +155,13 @@ Tensor logical_not(const Tensor& x);
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b);
 Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b);
 Tensor masked_fill(const Tensor& x, const Tensor& mask, const Scalar& value);
+// input + value * tensor1 * tensor2 and input + value * tensor1 / tensor2, broadcast, in the
+// promoted dtype of the three (PyTorch's addcmul, addcdiv; addcdiv never divides integers).
+Tensor addcmul(const Tensor& input, const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1);
+Tensor addcdiv(const Tensor& input, const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1);
+// input + weight * (end - input), broadcast; floating, one dtype for input, end and a weight tensor.
+Tensor lerp(const Tensor& input, const Tensor& end, const Tensor& weight);
+Tensor lerp(const Tensor& input, const Tensor& end, const Scalar& weight);
 DType result_type(const Tensor& a, const Tensor& b);
 DType result_type(const Tensor& a, const Scalar& b);
 Shape broadcast_shapes(const Shape& a, const Shape& b, const char* op = "broadcast_shapes");

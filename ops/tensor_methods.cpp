@@ -52,6 +52,14 @@ Tensor Tensor::logical_and(const Tensor& o) const { return ops::logical_and(*thi
 Tensor Tensor::logical_or(const Tensor& o) const { return ops::logical_or(*this, o); }
 Tensor Tensor::logical_not() const { return ops::logical_not(*this); }
 Tensor Tensor::masked_fill(const Tensor& mask, const Scalar& v) const { return ops::masked_fill(*this, mask, v); }
+Tensor Tensor::addcmul(const Tensor& t1, const Tensor& t2, const Scalar& v) const {
+  return ops::addcmul(*this, t1, t2, v);
+}
+Tensor Tensor::addcdiv(const Tensor& t1, const Tensor& t2, const Scalar& v) const {
+  return ops::addcdiv(*this, t1, t2, v);
+}
+Tensor Tensor::lerp(const Tensor& end, const Tensor& weight) const { return ops::lerp(*this, end, weight); }
+Tensor Tensor::lerp(const Tensor& end, const Scalar& weight) const { return ops::lerp(*this, end, weight); }
 
 Tensor Tensor::sum(std::optional<DType> dtype) const { return ops::sum(*this, {}, false, dtype); }
 Tensor Tensor::sum(const Shape& dims, bool keepdim) const { return ops::sum(*this, dims, keepdim); }

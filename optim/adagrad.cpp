@@ -72,10 +72,10 @@ void Adagrad::step() {
 
       const double clr = lr / (1 + (t - 1) * lr_decay);
       Tensor sum = st.buffers.at("sum");
-      sum.add_(grad * grad);  // addcmul_(grad, grad, 1)
+      sum.addcmul_(grad, grad);
       Tensor std = sqrt(sum);
       std.add_(eps);
-      p.add_(grad / std, -clr);  // addcdiv_(grad, std, -clr)
+      p.addcdiv_(grad, std, -clr);
     }
   }
 }

@@ -126,8 +126,8 @@ void Adam::step_impl(bool decoupled_weight_decay) {
       } else if (a.weight_decay != 0) {
         grad = add(grad, p, a.weight_decay);
       }
-      exp_avg.mul_(a.beta1).add_(grad, 1 - a.beta1);
-      exp_avg_sq.mul_(a.beta2).add_(grad * grad, 1 - a.beta2);  // addcmul_(grad, grad, 1 - beta2)
+      exp_avg.lerp_(grad, 1 - a.beta1);
+      exp_avg_sq.mul_(a.beta2).addcmul_(grad, grad, 1 - a.beta2);
       Tensor denom;
       if (a.amsgrad) {
         max_exp_avg_sq.copy_(maximum(max_exp_avg_sq, exp_avg_sq));
@@ -136,7 +136,7 @@ void Adam::step_impl(bool decoupled_weight_decay) {
         denom = sqrt(exp_avg_sq);
       }
       denom.div_(a.bias_correction2_sqrt).add_(a.eps);
-      p.add_(exp_avg / denom, -a.step_size);  // addcdiv_(exp_avg, denom, -step_size)
+      p.addcdiv_(exp_avg, denom, -a.step_size);
     }
     for (auto& [key, b] : batches) fused_adam_(b.p, b.g, b.m, b.v, b.vmax, at_step(std::get<2>(key)));
   }

@@ -70,12 +70,12 @@ void RMSprop::step() {
       if (weight_decay != 0) grad = add(grad, p, weight_decay);
 
       Tensor square_avg = st.buffers.at("square_avg");
-      square_avg.mul_(alpha).add_(grad * grad, 1 - alpha);  // addcmul_(grad, grad, 1 - alpha)
+      square_avg.mul_(alpha).addcmul_(grad, grad, 1 - alpha);
       Tensor avg;
       if (centered) {
         Tensor grad_avg = st.buffers.at("grad_avg");
-        grad_avg.mul_(alpha).add_(grad, 1 - alpha);
-        avg = sub(square_avg, grad_avg * grad_avg);  // addcmul(grad_avg, grad_avg, -1)
+        grad_avg.lerp_(grad, 1 - alpha);
+        avg = addcmul(square_avg, grad_avg, grad_avg, -1);
         avg.sqrt_();
       } else {
         avg = sqrt(square_avg);
@@ -83,10 +83,10 @@ void RMSprop::step() {
       avg.add_(eps);
       if (momentum > 0) {
         Tensor buf = st.buffers.at("momentum_buffer");
-        buf.mul_(momentum).add_(grad / avg);  // addcdiv_(grad, avg)
+        buf.mul_(momentum).addcdiv_(grad, avg);
         p.add_(buf, -lr);
       } else {
-        p.add_(grad / avg, -lr);  // addcdiv_(grad, avg, -lr)
+        p.addcdiv_(grad, avg, -lr);
       }
     }
   }

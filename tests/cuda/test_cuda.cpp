@@ -244,6 +244,40 @@ TEST_CASE("softmax of contiguous rows held in registers matches the CPU", "[gpu]
   }
 }
 
+TEST_CASE("row kernels where each block takes several rows (more rows than blocks) match the CPU", "[gpu]") {
+  // A grid has at most kMaxBlocks (2^16) blocks; past that a block takes rows r, r + 2^16, ..., and
+  // the shared slots of one row's reductions are reused by the next (the parity slots of Note
+  // [layer_norm rows sixteen bytes at a time]). 2^16 + 3 rows: the first three blocks take two.
+  const int64_t rows = (int64_t{1} << 16) + 3;
+  for (int64_t len : {1024, 1001}) {  // the vector and the scalar register kernels
+    INFO("softmax, rows of " << len);
+    Tensor x = test::sample({rows, len}, kFloat32, 0.2) * 10;
+    Tensor xg = x.to(kGpu);
+    test::check_close(xg.softmax(1).cpu(), x.softmax(1));
+    test::check_close(xg.log_softmax(1).cpu(), x.log_softmax(1));
+  }
+  // Fused float32 layer_norm, rms_norm and add_layer_norm at M = 1028: the vector kernel.
+  const int64_t m = 1028;
+  Tensor x = test::sample({rows, m}, kFloat32, 0.4) * 3 + 1, r = test::sample({rows, m}, kFloat32, 0.8);
+  Tensor w = test::sample({m}, kFloat32, 1.2), b = test::sample({m}, kFloat32, 1.6);
+  Tensor xg = x.to(kGpu), rg = r.to(kGpu), wg = w.to(kGpu), bg = b.to(kGpu);
+  {
+    INFO("layer_norm");
+    test::check_close(layer_norm(xg, {m}, wg, bg).cpu(), layer_norm(x, {m}, w, b));
+  }
+  {
+    INFO("rms_norm");
+    test::check_close(rms_norm(xg, {m}, wg).cpu(), rms_norm(x, {m}, w));
+  }
+  {
+    INFO("add_layer_norm");
+    auto [h, y] = add_layer_norm(xg, rg, {m}, wg, bg);
+    auto [hc, yc] = add_layer_norm(x, r, {m}, w, b);
+    test::check_close(h.cpu(), hc);
+    test::check_close(y.cpu(), yc);
+  }
+}
+
 TEST_CASE("binary ops of a full tensor and a repeated row match the CPU", "[gpu]") {
   // The row kernel of cuda/elementwise.cu takes rows whose length is a multiple of 16 bytes; the
   // others (and a misaligned row) take the strided path. Both operand orders, for ops that care.

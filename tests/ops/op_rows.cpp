@@ -98,6 +98,22 @@ const std::vector<OpRow>& op_table() {
          return TensorList{kiln::masked_fill(in.at(0), in.at(1), c.scalar("value"))};
        }},
 
+      // ---- elementwise, ternary ----
+      {"addcmul", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::addcmul(in.at(0), in.at(1), in.at(2), c.scalar("value", Scalar(1)))};
+       }},
+      {"addcdiv", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::addcdiv(in.at(0), in.at(1), in.at(2), c.scalar("value", Scalar(1)))};
+       }},
+      {"lerp", D::GradGrad,
+       [](const TensorList& in, const GoldenCase&) { return TensorList{kiln::lerp(in.at(0), in.at(1), in.at(2))}; }},
+      {"lerp_scalar", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::lerp(in.at(0), in.at(1), c.scalar("weight"))};
+       }},
+
       // ---- elementwise, scalar forms ----
       unary_args("add_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::add(x, c.scalar("s")); }),
       unary_args("sub_scalar", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::sub(x, c.scalar("s")); }),
