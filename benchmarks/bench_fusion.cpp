@@ -1,10 +1,11 @@
 // bench_fusion: each fused op of docs/fusion.md against its unfused composition (set_fusion), forward
 // and backward, at the sizes of a GPT step: gpt_char's (2,048 tokens, d_model 128, MLP 512, vocab
 // 256; causal attention over windows of 128 tokens in heads of 32, without dropout and with dropout
-// 0.1) by default, or --tokens/--dim/--vocab (attention takes whole windows and heads: tokens a
-// multiple of 128 or below it, dim a multiple of 32 or below it). On CUDA, attention with dropout
-// is composed both ways (the CUDA kernel takes no dropout). One JSON line per op and setting, with the median time
-// of a forward + backward over --reps repetitions, and the ratio fused / unfused.
+// 0.1; the softmax of its attention scores, rows of 128) by default, or --tokens/--dim/--vocab
+// (attention takes whole windows and heads: tokens a multiple of 128 or below it, dim a multiple of
+// 32 or below it). On CUDA, attention with dropout is composed both ways (the CUDA kernel takes no
+// dropout). One JSON line per op and setting, with the median time of a forward + backward over
+// --reps repetitions, and the ratio fused / unfused.
 //
 //   bench_fusion [--tokens 2048] [--dim 128] [--vocab 256] [--reps 200] [--threads N] [--device cpu|cuda]
 #include <kiln/kiln.h>
@@ -80,6 +81,9 @@ int main(int argc, char** argv) {
   const Shape qkv_shape{tokens / T, heads, T, dim / heads};
   Tensor q = param(qkv_shape), k = param(qkv_shape), v = param(qkv_shape);
   Tensor cot_a = randn(qkv_shape, kFloat32, &gen).to(device);
+  // The attention probabilities' softmax, as a composed attention (a mask) takes it: rows of T.
+  const Shape scores_shape{tokens / T, heads, T, T};
+  Tensor scores = param(scores_shape), cot_s = randn(scores_shape, kFloat32, &gen).to(device);
   // Each loss is a weighted sum, so that backward gets a full, non-uniform gradient.
   Tensor cot_d = randn({tokens, dim}, kFloat32, &gen).to(device), cot_h = randn({tokens, 4 * dim}, kFloat32, &gen).to(device);
   struct Case {
@@ -95,6 +99,7 @@ int main(int argc, char** argv) {
        }},
       {"bias_gelu", [&] { return (bias_gelu(h, hb) * cot_h).sum(); }},
       {"cross_entropy", [&] { return nn::functional::cross_entropy(logits, target); }},
+      {"softmax", [&] { return (softmax(scores, -1) * cot_s).sum(); }},
       {"attention", [&] { return (scaled_dot_product_attention(q, k, v, {}, 0.0, true) * cot_a).sum(); }},
       {"attention_dropout",
        [&] { return (scaled_dot_product_attention(q, k, v, {}, 0.1, true, {}, &gen) * cot_a).sum(); }},

@@ -258,6 +258,12 @@ class Backend {
 
   // -- softmax along `dim` (log_softmax when log is true) --
   virtual void softmax(const View& in, const View& out, int dim, bool log, const Stream& s) = 0;
+  // The gradient of softmax (log_softmax when log) along `dim` from its output y and the output's
+  // gradient g, in one pass over each row: out = y * (g - sum(g * y)), or g - exp(y) * sum(g). y,
+  // g and out have one shape and one floating dtype (g may be broadcast: stride 0); the row sums
+  // are taken in opmath_t.
+  virtual void softmax_backward(const View& y, const View& g, const View& out, int dim, bool log,
+                                const Stream& s) = 0;
 
   // -- indexing: index is int64; out[..., i, ...] = in[..., index[i], ...] along dim --
   virtual void index_select(const View& in, int dim, const View& index, const View& out,

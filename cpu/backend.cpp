@@ -51,6 +51,9 @@ class CpuBackend final : public Backend {
   void softmax(const View& in, const View& out, int dim, bool log, const Stream&) override {
     softmax_kernel(in, out, dim, log);
   }
+  void softmax_backward(const View& y, const View& g, const View& out, int dim, bool log, const Stream&) override {
+    softmax_backward_kernel(y, g, out, dim, log);
+  }
   void index_select(const View& in, int dim, const View& index, const View& out,
                     const Stream&) override {
     index_select_kernel(in, dim, index, out);

@@ -44,6 +44,7 @@ void ternary_kernel(TernaryOp op, const View& a, const View& b, const View& c, c
 void reduce_kernel(ReduceKind op, const View& in, const View& out);            // reduce.cpp
 void matmul_kernel(const View& a, const View& b, const View& c);             // matmul.cpp
 void softmax_kernel(const View& in, const View& out, int dim, bool log);     // reduce.cpp
+void softmax_backward_kernel(const View& y, const View& g, const View& out, int dim, bool log);  // reduce.cpp
 void index_select_kernel(const View& in, int dim, const View& index, const View& out);  // index.cpp
 void index_add_kernel(const View& out, int dim, const View& index, const View& src);
 void gather_kernel(const View& in, int dim, const View& index, const View& out);

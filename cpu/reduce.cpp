@@ -347,4 +347,61 @@ void softmax_kernel(const View& in, const View& out, int dim, bool log) {
   KILN_DISPATCH_FLOAT_TYPES(in.dtype, "softmax", [&] { softmax_typed<scalar_t>(in, out, dim, log); });
 }
 
+// ======== softmax backward ========
+// One row at a time, as the forward: the row's sum (of g * y, or of g for log_softmax), then the
+// gradient. Rows are read into opmath buffers (a float32/float64 row along a contiguous dim is used
+// where it lies) so that Eigen's vectorized sum, exp and products apply.
+
+namespace {
+
+template <typename T>
+void softmax_backward_typed(const View& y, const View& g, const View& out, int dim, bool log) {
+  using M = opmath_t<T>;
+  using Row = Eigen::Array<M, Eigen::Dynamic, 1>;
+  const int64_t len = out.sizes[dim];
+  const int64_t y_step = y.strides[dim], g_step = g.strides[dim], out_step = out.strides[dim];
+  View rows = out;  // every index but `dim`
+  rows.sizes[dim] = 1;
+  const int64_t n_rows = rows.numel();
+  const int nd = out.ndim();
+  parallel_for(0, n_rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(len, 1)), [&](int64_t b, int64_t e) {
+    Row ybuf(len), gbuf(len), obuf(len);
+    for (int64_t r = b; r < e; ++r) {
+      int64_t rem = r, oy = 0, og = 0, oo = 0;
+      for (int d = nd - 1; d >= 0; --d) {
+        const int64_t i = rem % rows.sizes[d];
+        rem /= rows.sizes[d];
+        oy += i * y.strides[d];
+        og += i * g.strides[d];
+        oo += i * out.strides[d];
+      }
+      const T* yp = y.ptr<T>() + oy;
+      const T* gp = g.ptr<T>() + og;
+      T* op = out.ptr<T>() + oo;
+      // A row in place when it is contiguous and already of type M; else a copy in the buffer.
+      auto row_of = [len](const T* p, int64_t step, Row& buf) -> Eigen::Map<const Row> {
+        if constexpr (std::is_same_v<T, M>) {
+          if (step == 1) return Eigen::Map<const Row>(p, len);
+        }
+        for (int64_t i = 0; i < len; ++i) buf[i] = static_cast<M>(p[i * step]);
+        return Eigen::Map<const Row>(buf.data(), len);
+      };
+      const Eigen::Map<const Row> yr = row_of(yp, y_step, ybuf), gr = row_of(gp, g_step, gbuf);
+      if (log) {
+        obuf = gr - exact_exp(yr) * gr.sum();  // d log_softmax: g - softmax * sum(g)
+      } else {
+        obuf = yr * (gr - (gr * yr).sum());  // d softmax: y * (g - <g, y>)
+      }
+      for (int64_t i = 0; i < len; ++i) op[i * out_step] = static_cast<T>(obuf[i]);
+    }
+  });
+}
+
+}  // namespace
+
+void softmax_backward_kernel(const View& y, const View& g, const View& out, int dim, bool log) {
+  KILN_DISPATCH_FLOAT_TYPES(out.dtype, "softmax backward",
+                            [&] { softmax_backward_typed<scalar_t>(y, g, out, dim, log); });
+}
+
 }  // namespace kiln::cpu

@@ -96,6 +96,10 @@ class CudaBackend final : public Backend {
     DeviceGuard guard(s.device.index, log ? "log_softmax" : "softmax");
     softmax_launch(in, out, dim, log, s);
   }
+  void softmax_backward(const View& y, const View& g, const View& out, int dim, bool log, const Stream& s) override {
+    DeviceGuard guard(s.device.index, log ? "log_softmax backward" : "softmax backward");
+    softmax_backward_launch(y, g, out, dim, log, s);
+  }
 
   void index_select(const View& in, int dim, const View& index, const View& out,
                     const Stream& s) override {

@@ -37,6 +37,7 @@ void ternary_launch(TernaryOp op, const View& a, const View& b, const View& c, c
 // reduce.cu
 void reduce_launch(ReduceKind op, const View& in, const View& out, const Stream& s);
 void softmax_launch(const View& in, const View& out, int dim, bool log, const Stream& s);
+void softmax_backward_launch(const View& y, const View& g, const View& out, int dim, bool log, const Stream& s);
 
 // matmul.cu: c = a @ b on device `device` (cuBLAS for the floating dtypes).
 void matmul_launch(const View& a, const View& b, const View& c, int device, const Stream& s);

@@ -447,6 +447,88 @@ __global__ void __launch_bounds__(kThreads) softmax_rows_vec_kernel(const T* in,
   }
 }
 
+// ---- softmax backward ----
+// Note [softmax backward in one pass]: dx = y * (g - sum(g * y)) (log_softmax: g - exp(y) * sum(g))
+// composed of ops is four kernels: a product, a row sum, a difference and a product, with two
+// temporaries the size of the input. Here it is one block per row: each thread sums its elements'
+// terms, one block reduction, and each thread writes its elements' gradients. softmax_backward_kernel
+// takes any strides (g may be broadcast) and reads the row twice; contiguous rows of up to 4096 whose
+// length is a multiple of sixteen bytes are read once, a Vec16 of y and of g at a time, into
+// registers (softmax_backward_rows_vec_kernel), as the forward's rows are (Note [softmax rows
+// sixteen bytes at a time]); its one reduction a row takes one barrier, with two sets of slots
+// used by alternate rows.
+
+template <typename T>
+__global__ void softmax_backward_kernel(const T* y, const T* g, T* out, int64_t n_rows, int64_t len, int64_t y_step,
+                                        int64_t g_step, int64_t out_step, OffsetCalc<3> rows, bool log_softmax) {
+  using M = opmath_t<T>;
+  __shared__ M shared[32];
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x) {
+    int64_t o[3];
+    rows.get(r, o);
+    const T* yr = y + o[0];
+    const T* gr = g + o[1];
+    T* dr = out + o[2];
+    M sum = 0;
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+      const M gv = static_cast<M>(gr[j * g_step]);
+      sum += log_softmax ? gv : gv * static_cast<M>(yr[j * y_step]);
+    }
+    sum = block_reduce(sum, SumOp(), shared);
+    for (int64_t j = threadIdx.x; j < len; j += blockDim.x) {
+      const M gv = static_cast<M>(gr[j * g_step]), yv = static_cast<M>(yr[j * y_step]);
+      dr[j * out_step] = static_cast<T>(log_softmax ? gv - exp(yv) * sum : yv * (gv - sum));
+    }
+  }
+}
+
+template <typename T, int kPer>
+__global__ void __launch_bounds__(kThreads) softmax_backward_rows_vec_kernel(const T* y, const T* g, T* out,
+                                                                             int64_t n_rows, int64_t len,
+                                                                             bool log_softmax) {
+  using M = opmath_t<T>;
+  constexpr int V = Vec16<T>::kSize, kVecs = kPer / V;
+  static_assert(kPer % V == 0, "a thread's elements are whole vectors");
+  __shared__ M slots[2][32];
+  const int64_t nvec = len / V;
+  int parity = 0;
+  for (int64_t r = blockIdx.x; r < n_rows; r += gridDim.x, parity ^= 1) {
+    const auto* yv = reinterpret_cast<const Vec16<T>*>(y + r * len);
+    const auto* gv = reinterpret_cast<const Vec16<T>*>(g + r * len);
+    auto* ov = reinterpret_cast<Vec16<T>*>(out + r * len);
+    M a[kPer], b[kPer];  // this thread's elements of y and of g (0 past the row's end)
+    M sum = 0;
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kVecs; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      Vec16<T> wy, wg;
+      if (j < nvec) {
+        wy = yv[j];
+        wg = gv[j];
+      }
+      KILN_CUDA_UNROLL
+      for (int e = 0; e < V; ++e) {
+        a[u * V + e] = j < nvec ? static_cast<M>(wy.v[e]) : M(0);
+        b[u * V + e] = j < nvec ? static_cast<M>(wg.v[e]) : M(0);
+        sum += log_softmax ? b[u * V + e] : a[u * V + e] * b[u * V + e];
+      }
+    }
+    sum = block_all_reduce(sum, SumOp(), slots[parity]);
+    KILN_CUDA_UNROLL
+    for (int u = 0; u < kVecs; ++u) {
+      const int64_t j = threadIdx.x + static_cast<int64_t>(u) * blockDim.x;
+      if (j >= nvec) continue;
+      Vec16<T> w;
+      KILN_CUDA_UNROLL
+      for (int e = 0; e < V; ++e) {
+        const M ya = a[u * V + e], gb = b[u * V + e];
+        w.v[e] = static_cast<T>(log_softmax ? gb - exp(ya) * sum : ya * (gb - sum));
+      }
+      ov[j] = w;
+    }
+  }
+}
+
 // ---- launchers ----
 
 // Which dims a reduction keeps and which it reduces (size-1 dims are in neither), as in
@@ -612,6 +694,37 @@ void softmax_launch(const View& in, const View& out, int dim, bool log, const St
     softmax_kernel<scalar_t><<<blocks, threads, 0, stream_of(s)>>>(
         in.ptr<scalar_t>(), out.ptr<scalar_t>(), n_rows, len, in.strides[dim], out.strides[dim],
         rows, log);
+    KILN_CUDA_CHECK(cudaGetLastError());
+  });
+}
+
+void softmax_backward_launch(const View& y, const View& g, const View& out, int dim, bool log, const Stream& s) {
+  if (out.numel() == 0) return;
+  const int64_t len = out.sizes[dim];
+  Shape row_sizes = out.sizes;  // every index but `dim`
+  row_sizes[dim] = 1;
+  const int64_t n_rows = row_sizes.numel();
+  const auto blocks = static_cast<unsigned>(std::clamp<int64_t>(n_rows, 1, kMaxBlocks));
+  constexpr int kPer = 16;
+  // See Note [softmax backward in one pass].
+  const bool rows_contiguous = dim == out.ndim() - 1 && y.is_contiguous() && g.is_contiguous() && out.is_contiguous();
+  bool done = false;
+  KILN_DISPATCH_FLOAT_TYPES(out.dtype, "softmax backward", [&] {
+    if (rows_contiguous && len <= kPer * kThreads && len % Vec16<scalar_t>::kSize == 0 && aligned16(y.data) &&
+        aligned16(g.data) && aligned16(out.data)) {
+      softmax_backward_rows_vec_kernel<scalar_t, kPer><<<blocks, kThreads, 0, stream_of(s)>>>(
+          y.ptr<scalar_t>(), g.ptr<scalar_t>(), out.ptr<scalar_t>(), n_rows, len, log);
+      KILN_CUDA_CHECK(cudaGetLastError());
+      done = true;
+    }
+  });
+  if (done) return;
+  const auto rows = make_offset_calc<3>(row_sizes, {y.strides, g.strides, out.strides});
+  const int threads = len <= 32 ? 32 : len <= 64 ? 64 : len <= 128 ? 128 : kThreads;
+  KILN_DISPATCH_FLOAT_TYPES(out.dtype, "softmax backward", [&] {
+    softmax_backward_kernel<scalar_t><<<blocks, threads, 0, stream_of(s)>>>(
+        y.ptr<scalar_t>(), g.ptr<scalar_t>(), out.ptr<scalar_t>(), n_rows, len, y.strides[dim], g.strides[dim],
+        out.strides[dim], rows, log);
     KILN_CUDA_CHECK(cudaGetLastError());
   });
 }

@@ -98,6 +98,8 @@ void check_pinned_memory(const TensorOptions& options) {
   if (options.pinned_memory()) (void)pinned_allocator(options.device(), "pinned_memory");
 }
 
+bool fused_backward() { return fusion_enabled() && !GradMode::is_enabled(); }
+
 void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
   KILN_CHECK(a.device() == b.device(),
              "{}: expected all tensors on one device, got {} and {}; move one with .to(device)", op,

@@ -36,6 +36,10 @@ Tensor empty_pinned(const Shape& shape, DType dtype, const char* op);
 // The Errors empty_tensor(shape, options) would raise for options' pinned_memory, without allocating.
 void check_pinned_memory(const TensorOptions& options);
 
+// Whether a backward formula may run as one fused kernel: fusion is on (set_fusion) and the backward
+// is not itself being differentiated (create_graph), which needs it written as ops.
+bool fused_backward();
+
 // "add: expected all tensors on one device, got cpu and cuda:0 (move one with .to(device))"
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);
 

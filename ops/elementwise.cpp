@@ -71,10 +71,6 @@ Tensor with_input_grad(Tensor y, const Tensor& x, const char* name, F formula) {
   }
   return y;
 }
-// Whether a backward formula may run as one fused kernel: fusion is on (set_fusion) and the backward
-// is not itself being differentiated (create_graph), which needs it written as ops.
-bool fused_backward() { return fusion_enabled() && !GradMode::is_enabled(); }
-
 template <typename F>
 Tensor with_output_grad(Tensor y, const Tensor& x, const char* name, F formula) {
   if (should_record(x)) {

@@ -2,6 +2,8 @@
 // cuda/reduce.cu):
 //   softmax:     dx = y * (g - sum(g * y))
 //   log_softmax: dx = g - exp(y) * sum(g)
+// The backward is one kernel (Backend::softmax_backward) while fusion is on and no create_graph
+// backward runs; else these formulas as ops, which can themselves be differentiated.
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/flops.h"
@@ -28,6 +30,15 @@ static Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
     record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {x}, {out},
            [d, log, ys = SavedTensor(out, true)](const Grads& g) -> TensorList {
              Tensor y = ys.unpack("SoftmaxBackward");
+             if (fused_backward()) {
+               Tensor grad = g[0].dtype() == y.dtype() ? g[0] : g[0].to(y.dtype());
+               Tensor dx = empty_tensor(y.sizes(), y.dtype(), y.device());
+               flops::Op count(0, 4 * y.numel());  // as the composition's four passes
+               backend_for(y.device())
+                   .softmax_backward(view_of(y), broadcast_view(grad, y.sizes()), view_of(dx), d, log,
+                                     stream_for(y.device()));
+               return {dx};
+             }
              if (log) return {g[0] - y.exp() * g[0].sum({d}, true)};
              return {y * (g[0] - (g[0] * y).sum({d}, true))};
            });

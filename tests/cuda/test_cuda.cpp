@@ -244,10 +244,42 @@ TEST_CASE("softmax of contiguous rows held in registers matches the CPU", "[gpu]
   }
 }
 
+TEST_CASE("the one-pass softmax and log_softmax backward matches the CPU's", "[gpu]") {
+  // Note [softmax backward in one pass] in cuda/reduce.cu: contiguous rows read into registers a
+  // Vec16 at a time (1000, 4096; 4092 in float32 and float64), rows taken element by element (129,
+  // 4097), rows across a strided dim, and a gradient broadcast along the rows (stride 0).
+  for (int64_t len : {129, 1000, 4092, 4096, 4097}) {
+    for (DType dt : {kFloat32, kFloat64, kBFloat16, kFloat16}) {
+      for (bool log : {false, true}) {
+        INFO("rows of " << len << ", " << dtype_name(dt) << (log ? ", log_softmax" : ", softmax"));
+        Tensor x = (test::sample({5, len}, kFloat32, 0.3) * 4).to(dt), g = test::sample({5, len}, kFloat32, 1.1).to(dt);
+        auto grad_of = [&](Device d, bool broadcast) {
+          Tensor leaf = x.to(d).requires_grad_();
+          Tensor y = log ? log_softmax(leaf, 1) : softmax(leaf, 1);
+          if (broadcast) return autograd::grad({y.sum({1})}, {leaf}, {g.select(1, 0).to(d)})[0].cpu();
+          return autograd::grad({y}, {leaf}, {g.to(d)})[0].cpu();
+        };
+        test::check_close(grad_of(kGpu, false), grad_of(Device::cpu(), false));
+        test::check_close(grad_of(kGpu, true), grad_of(Device::cpu(), true));
+      }
+    }
+  }
+  for (bool log : {false, true}) {
+    INFO("dim 0 of (300, 7), " << (log ? "log_softmax" : "softmax"));
+    Tensor x = test::sample({300, 7}, kFloat32, 0.7) * 3, g = test::sample({300, 7}, kFloat32, 1.9);
+    auto grad_of = [&](Device d) {
+      Tensor leaf = x.to(d).requires_grad_();
+      return autograd::grad({log ? log_softmax(leaf, 0) : softmax(leaf, 0)}, {leaf}, {g.to(d)})[0].cpu();
+    };
+    test::check_close(grad_of(kGpu), grad_of(Device::cpu()));
+  }
+}
+
 TEST_CASE("row kernels where each block takes several rows (more rows than blocks) match the CPU", "[gpu]") {
   // A grid has at most kMaxBlocks (2^16) blocks; past that a block takes rows r, r + 2^16, ..., and
   // the shared slots of one row's reductions are reused by the next (the parity slots of Note
-  // [layer_norm rows sixteen bytes at a time]). 2^16 + 3 rows: the first three blocks take two.
+  // [layer_norm rows sixteen bytes at a time] and of softmax's backward). 2^16 + 3 rows: the first
+  // three blocks take two.
   const int64_t rows = (int64_t{1} << 16) + 3;
   for (int64_t len : {1024, 1001}) {  // the vector and the scalar register kernels
     INFO("softmax, rows of " << len);
@@ -255,6 +287,11 @@ TEST_CASE("row kernels where each block takes several rows (more rows than block
     Tensor xg = x.to(kGpu);
     test::check_close(xg.softmax(1).cpu(), x.softmax(1));
     test::check_close(xg.log_softmax(1).cpu(), x.log_softmax(1));
+    // The backward's rows too (its vector kernel alternates two sets of slots).
+    Tensor g = test::sample({rows, len}, kFloat32, 0.6);
+    Tensor xl = x.clone().requires_grad_(), xgl = xg.clone().requires_grad_();
+    test::check_close(autograd::grad({xgl.softmax(1)}, {xgl}, {g.to(kGpu)})[0].cpu(),
+                      autograd::grad({xl.softmax(1)}, {xl}, {g})[0]);
   }
   // Fused float32 layer_norm, rms_norm and add_layer_norm at M = 1028: the vector kernel.
   const int64_t m = 1028;

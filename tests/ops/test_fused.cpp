@@ -1,5 +1,6 @@
 // tests/ops/test_fused.cpp: the fused kernels of cpu/fused.cpp behind layer_norm, rms_norm,
-// add_layer_norm, bias_gelu and softmax_cross_entropy, and relu's one-pass backward. Each is checked
+// add_layer_norm, bias_gelu and softmax_cross_entropy, and the one-pass backwards of relu, softmax
+// and log_softmax. Each is checked
 // against its unfused composition (the same op with set_fusion(false), whose pieces the op table checks
 // against PyTorch), forward and every gradient with a random cotangent, in float64 to 1e-12 and in
 // float32 to 1e-5, at odd sizes; gradcheck and gradgradcheck (the create_graph path) in float64;
@@ -255,6 +256,48 @@ TEST_CASE("relu's one-pass backward equals g * (y > 0)", "[ops][fused]") {
   Tensor y = tensor({-1.0, 2.0}).requires_grad_();
   relu(y).backward(tensor({std::nan(""), 1.0}));
   CHECK(y.grad()[0].item<double>() == 0);
+}
+
+TEST_CASE("softmax and log_softmax: the one-pass backward equals the composition", "[ops][fused]") {
+  // Every dim of a 3-D tensor (rows along a contiguous dim and across strided ones), a transposed
+  // input, a gradient broadcast along the rows (from a sum), and the 16-bit types, whose rows are
+  // taken in float32.
+  Generator gen(12);
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (bool log : {false, true}) {
+      auto sm = [log](const Tensor& x, int64_t d) { return log ? log_softmax(x, d) : softmax(x, d); };
+      INFO(dtype_name(dt) << (log ? " log_softmax" : " softmax"));
+      Tensor x = randn({5, 7, 33}, dt, &gen) * 3;
+      for (int64_t d : {0, 1, 2, -1}) {
+        INFO("dim " << d);
+        check_fused_equals_composed([&](const TensorList& t) -> TensorList { return {sm(t[0], d)}; }, {x}, {true}, 5);
+      }
+      check_fused_equals_composed([&](const TensorList& t) -> TensorList { return {sm(t[0].transpose(0, 2), 2)}; },
+                                  {x}, {true}, 6);
+      check_fused_equals_composed(
+          [&](const TensorList& t) -> TensorList { return {sm(t[0], 2).sum({2}, true) * 1.5}; }, {x}, {true}, 7);
+      Tensor wide = randn({3, 1025}, dt, &gen);
+      check_fused_equals_composed([&](const TensorList& t) -> TensorList { return {sm(t[0], 1)}; }, {wide}, {true}, 8);
+    }
+  }
+  // 16 bits: the fused rows compute in float32 and round once, so the gradient is the formula's on
+  // the (rounded) output y, rounded to the dtype. (The composition rounds g * y, its sum and the
+  // difference to 16 bits on the way, and is further off.)
+  FusionGuard fused(true);
+  for (DType dt : {kBFloat16, kFloat16}) {
+    Tensor x = (randn({6, 40}, kFloat32, &gen) * 2).to(dt);
+    Tensor g = randn({6, 40}, kFloat32, &gen).to(dt);
+    for (bool log : {false, true}) {
+      INFO(dtype_name(dt) << (log ? " log_softmax" : " softmax"));
+      Tensor leaf = x.clone().requires_grad_();
+      Tensor y = log ? log_softmax(leaf, 1) : softmax(leaf, 1);
+      Tensor dx = autograd::grad({y}, {leaf}, {g})[0];
+      REQUIRE(dx.dtype() == dt);
+      Tensor y64 = y.detach().to(kFloat64), g64 = g.to(kFloat64);
+      Tensor expected = log ? g64 - y64.exp() * g64.sum({1}, true) : y64 * (g64 - (g64 * y64).sum({1}, true));
+      test::check_close(dx.to(kFloat64), expected.to(dt).to(kFloat64), test::tolerance_for(dt));
+    }
+  }
 }
 
 TEST_CASE("nn::functional::cross_entropy through the fused rows equals the unfused path", "[ops][fused]") {
