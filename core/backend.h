@@ -66,7 +66,10 @@ enum class UnaryOp : uint8_t {
   Relu, GeluErf, GeluTanh, Silu, Softplus, Erf, Square,
   PowScalar,  // x^a            (args.a)
   Clamp,      // min(max(x, a), b) with a = -inf / b = +inf meaning "no bound"
-  LogicalNot, // output bool
+  Floor, Ceil, Trunc,
+  Round,       // to the nearest integer, halves to even (PyTorch's round)
+  BitwiseNot,  // integers only
+  LogicalNot,  // output bool
 };
 struct UnaryArgs {
   double a = 0, b = 0;
@@ -77,6 +80,11 @@ enum class BinaryOp : uint8_t {
   Mul, Div, Pow, Maximum, Minimum,
   GeluErfBackward, GeluTanhBackward,  // a * gelu'(b): the gradient a of gelu at the input b, in one pass
   ReluBackward,                       // b > 0 ? a : 0: the gradient a of relu at its output b (threshold_backward)
+  Remainder,    // a - floor(a / b) * b: the sign of b (Python's %, PyTorch's remainder)
+  Fmod,         // a - trunc(a / b) * b: the sign of a (C's fmod)
+  FloorDivide,  // floor(a / b)
+  BitwiseAnd, BitwiseOr, BitwiseXor,  // integers only
+  // (Integer divisors are never 0 here: ops/ checks. ops/ sends the bitwise ops integers only.)
   Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,  // output bool
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }

@@ -35,10 +35,58 @@ KILN_HOST_DEVICE inline T int_pow(T x, T e) {
   return static_cast<T>(result);
 }
 
+// Floor division and remainder (Python's // and %: the quotient rounded toward -inf, the remainder
+// with y's sign) and C's truncating remainder, for integers; y != 0 (ops/ checks). y == -1 is taken
+// apart: min / -1 overflows, which traps on x86; the quotient wraps, as two's complement.
+template <typename T>
+KILN_HOST_DEVICE inline T int_floor_divide(T x, T y) {
+  if constexpr (std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    if (y == T(-1)) return static_cast<T>(U(0) - static_cast<U>(x));
+    const T q = static_cast<T>(x / y);
+    return (x % y != 0 && ((x < 0) != (y < 0))) ? static_cast<T>(q - 1) : q;
+  } else {
+    return static_cast<T>(x / y);
+  }
+}
+template <typename T>
+KILN_HOST_DEVICE inline T int_remainder(T x, T y, bool floor) {
+  if constexpr (std::is_signed_v<T>) {
+    if (y == T(-1)) return T(0);
+    const T r = static_cast<T>(x % y);
+    return floor && r != 0 && ((r < 0) != (y < 0)) ? static_cast<T>(r + y) : r;
+  } else {
+    return static_cast<T>(x % y);
+  }
+}
+
+// The same for floating x and y, as PyTorch computes them: the remainder from fmod (exact), the
+// floor quotient from (x - fmod(x, y)) / y, nudged to the nearest integer; y = 0 gives IEEE's
+// x / y (inf or nan) for the quotient and nan for the remainders.
+template <typename T>
+KILN_HOST_DEVICE inline T float_remainder(T x, T y) {
+  using std::fmod;
+  T mod = fmod(x, y);
+  if (mod != T(0) && ((y < T(0)) != (mod < T(0)))) mod += y;
+  return mod;
+}
+template <typename T>
+KILN_HOST_DEVICE inline T float_floor_divide(T x, T y) {
+  using std::fmod, std::floor, std::copysign;
+  if (y == T(0)) return x / y;
+  const T mod = fmod(x, y);
+  T div = (x - mod) / y;
+  if (mod != T(0) && ((y < T(0)) != (mod < T(0)))) div -= T(1);
+  if (div == T(0)) return copysign(T(0), x / y);
+  T q = floor(div);
+  if (div - q > T(0.5)) q += T(1);
+  return q;
+}
+
 template <typename T>
 KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
   using std::abs, std::exp, std::log, std::log1p, std::expm1, std::sqrt, std::sin, std::cos,
-      std::tanh, std::erf, std::erfc, std::pow;
+      std::tanh, std::erf, std::erfc, std::pow, std::floor, std::ceil, std::trunc, std::nearbyint;
   if constexpr (std::is_integral_v<T>) {
     switch (op) {
       case UnaryOp::Neg: return static_cast<T>(-x);
@@ -51,8 +99,9 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
       case UnaryOp::Relu: return x > 0 ? x : T(0);
       case UnaryOp::Square: return static_cast<T>(x * x);
       case UnaryOp::PowScalar: return int_pow(x, static_cast<T>(a));
-      // ops/ promotes integers to float for every other op, and clamps integers exactly through
-      // maximum and minimum (ops/elementwise.cpp).
+      case UnaryOp::BitwiseNot: return static_cast<T>(~x);
+      // floor, ceil, trunc and round leave an integer as it is; ops/ promotes integers to float for
+      // every other op, and clamps integers exactly through maximum and minimum (ops/elementwise.cpp).
       default: return x;
     }
   } else {
@@ -95,6 +144,11 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
         T v = x < lo ? lo : x;
         return v > hi ? hi : v;  // max wins when min > max, as in PyTorch
       }
+      case UnaryOp::Floor: return floor(x);
+      case UnaryOp::Ceil: return ceil(x);
+      case UnaryOp::Trunc: return trunc(x);
+      case UnaryOp::Round: return nearbyint(x);  // the default rounding mode: halves to even
+      case UnaryOp::BitwiseNot: return x;         // ops/ sends integers only
       case UnaryOp::LogicalNot: return x == T(0) ? T(1) : T(0);
     }
     return x;
@@ -142,6 +196,28 @@ KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
     // PyTorch's threshold_backward: 0 where y <= 0 (a NaN gradient there too), g elsewhere, a NaN y
     // included (relu passes NaN through, and so does its gradient).
     case BinaryOp::ReluBackward: return y <= T(0) ? T(0) : x;
+    case BinaryOp::Remainder:
+    case BinaryOp::Fmod:
+      if constexpr (std::is_integral_v<T>) {
+        return int_remainder(x, y, op == BinaryOp::Remainder);
+      } else {
+        using std::fmod;
+        return op == BinaryOp::Remainder ? float_remainder(x, y) : fmod(x, y);
+      }
+    case BinaryOp::FloorDivide:
+      if constexpr (std::is_integral_v<T>) {
+        return int_floor_divide(x, y);
+      } else {
+        return float_floor_divide(x, y);
+      }
+    case BinaryOp::BitwiseAnd:
+    case BinaryOp::BitwiseOr:
+    case BinaryOp::BitwiseXor:
+      if constexpr (std::is_integral_v<T>) {
+        return static_cast<T>(op == BinaryOp::BitwiseAnd ? (x & y) : op == BinaryOp::BitwiseOr ? (x | y) : (x ^ y));
+      } else {
+        return x;  // ops/ sends integers only
+      }
     default: return x;  // comparisons go through compare()
   }
 }

@@ -197,6 +197,16 @@ class Tensor {
   Tensor logical_and(const Tensor& other) const;
   Tensor logical_or(const Tensor& other) const;
   Tensor logical_not() const;
+  Tensor floor() const;
+  Tensor ceil() const;
+  Tensor trunc() const;
+  Tensor round() const;
+  Tensor remainder(const Tensor& other) const;
+  Tensor remainder(const Scalar& other) const;
+  Tensor fmod(const Tensor& other) const;
+  Tensor fmod(const Scalar& other) const;
+  Tensor floor_divide(const Tensor& other) const;
+  Tensor floor_divide(const Scalar& other) const;
   Tensor masked_fill(const Tensor& mask, const Scalar& value) const;
   Tensor addcmul(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1) const;
   Tensor addcdiv(const Tensor& tensor1, const Tensor& tensor2, const Scalar& value = 1) const;
@@ -302,6 +312,15 @@ Tensor operator+(const Scalar& a, const Tensor& b);
 Tensor operator-(const Scalar& a, const Tensor& b);
 Tensor operator*(const Scalar& a, const Tensor& b);
 Tensor operator/(const Scalar& a, const Tensor& b);
+Tensor operator%(const Tensor& a, const Tensor& b);  // remainder (Python's %, as LibTorch's)
+Tensor operator%(const Tensor& a, const Scalar& b);
+Tensor operator&(const Tensor& a, const Tensor& b);  // bitwise_and (integers and bools)
+Tensor operator&(const Tensor& a, const Scalar& b);
+Tensor operator|(const Tensor& a, const Tensor& b);
+Tensor operator|(const Tensor& a, const Scalar& b);
+Tensor operator^(const Tensor& a, const Tensor& b);
+Tensor operator^(const Tensor& a, const Scalar& b);
+Tensor operator~(const Tensor& a);  // bitwise_not
 Tensor& operator+=(Tensor& a, const Tensor& b);
 Tensor& operator-=(Tensor& a, const Tensor& b);
 Tensor& operator*=(Tensor& a, const Tensor& b);

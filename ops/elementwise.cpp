@@ -571,6 +571,18 @@ Tensor mul(const Tensor& a, const Scalar& b) {
 Tensor div(const Tensor& a, const Scalar& b) {
   return with_number(a, b, [](const Tensor& x, const Tensor& y) { return div(x, y); });
 }
+Tensor remainder(const Tensor& a, const Scalar& b) {
+  return with_number(a, b, [](const Tensor& x, const Tensor& y) { return remainder(x, y); });
+}
+Tensor fmod(const Tensor& a, const Scalar& b) {
+  return with_number(a, b, [](const Tensor& x, const Tensor& y) { return fmod(x, y); });
+}
+Tensor floor_divide(const Tensor& a, const Scalar& b) {
+  return with_number(a, b, [](const Tensor& x, const Tensor& y) { return floor_divide(x, y); });
+}
+Tensor bitwise_and(const Tensor& a, const Scalar& b) { return bitwise_and(a, wrap(b, a)); }
+Tensor bitwise_or(const Tensor& a, const Scalar& b) { return bitwise_or(a, wrap(b, a)); }
+Tensor bitwise_xor(const Tensor& a, const Scalar& b) { return bitwise_xor(a, wrap(b, a)); }
 Tensor rdiv(const Scalar& a, const Tensor& b) {
   return with_number(b, a, [](const Tensor& x, const Tensor& y) { return div(y, x); });
 }
@@ -605,6 +617,107 @@ Tensor isfinite(const Tensor& x) {
 }
 Tensor logical_and(const Tensor& a, const Tensor& b) { return compare(BinaryOp::LogicalAnd, a, b, "logical_and"); }
 Tensor logical_or(const Tensor& a, const Tensor& b) { return compare(BinaryOp::LogicalOr, a, b, "logical_or"); }
+
+// ---- rounding, remainders, floor division, bitwise ----
+
+// floor, ceil, trunc and round keep the dtype (an integer tensor comes back as it is, copied, as
+// PyTorch's); their gradient is 0 wherever it is defined, as PyTorch gives it.
+static Tensor rounding(UnaryOp op, const Tensor& x, const char* name, const char* backward) {
+  check_not_bool(x, name);
+  Tensor y = unary_forward(op, x, x.dtype());
+  if (should_record(x)) {
+    record(backward, {x}, {y}, [](const Grads& g) -> TensorList { return {zeros_like(g[0])}; });
+  }
+  return y;
+}
+Tensor floor(const Tensor& x) { return rounding(UnaryOp::Floor, x, "floor", "FloorBackward"); }
+Tensor ceil(const Tensor& x) { return rounding(UnaryOp::Ceil, x, "ceil", "CeilBackward"); }
+Tensor trunc(const Tensor& x) { return rounding(UnaryOp::Trunc, x, "trunc", "TruncBackward"); }
+Tensor round(const Tensor& x) { return rounding(UnaryOp::Round, x, "round", "RoundBackward"); }
+
+// remainder, fmod and floor_divide in the promoted dtype (integers stay integers). An integer
+// divisor of 0 is an Error, as PyTorch's ZeroDivisionError, found before the kernel runs: one pass
+// over b, and a wait for it on a GPU.
+static Tensor division(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  const DType dt = result_type(a, b);
+  KILN_CHECK(dt != kBool, "{}: not defined for two bool tensors; convert one first, e.g. x.to(kInt64)", name);
+  if (!is_floating(dt)) {
+    check_same_device(name, a, b);
+    KILN_CHECK(!b.eq(0).any().item<bool>(),
+               "{}: integer division by zero (the divisor holds a 0); mask those elements first, or divide in "
+               "a floating dtype (x.to(kFloat32)), where the result is inf or nan",
+               name);
+  }
+  return binary_forward(op, a, b, dt, 1, name);
+}
+Tensor remainder(const Tensor& a, const Tensor& b) {
+  Tensor out = division(BinaryOp::Remainder, a, b, "remainder");
+  if (should_record(a, b)) {  // a - floor(a / b) b: d/da = 1, d/db = -floor(a / b)
+    record("RemainderBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),
+            sb = SavedTensor(b.requires_grad() ? b : Tensor(), false)](const Grads& g) -> TensorList {
+             return {g.needs_grad(0) ? ia.fit(g[0]) : Tensor(),
+                     g.needs_grad(1)
+                         ? ib.fit(-(g[0] * floor_divide(sa.unpack("RemainderBackward"), sb.unpack("RemainderBackward"))))
+                         : Tensor()};
+           });
+  }
+  return out;
+}
+Tensor fmod(const Tensor& a, const Tensor& b) {
+  Tensor out = division(BinaryOp::Fmod, a, b, "fmod");
+  if (should_record(a, b)) {  // a - trunc(a / b) b: d/da = 1, d/db = -trunc(a / b)
+    record("FmodBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),
+            sb = SavedTensor(b.requires_grad() ? b : Tensor(), false)](const Grads& g) -> TensorList {
+             return {g.needs_grad(0) ? ia.fit(g[0]) : Tensor(),
+                     g.needs_grad(1)
+                         ? ib.fit(-(g[0] * trunc(sa.unpack("FmodBackward") / sb.unpack("FmodBackward"))))
+                         : Tensor()};
+           });
+  }
+  return out;
+}
+Tensor floor_divide(const Tensor& a, const Tensor& b) {
+  Tensor out = division(BinaryOp::FloorDivide, a, b, "floor_divide");
+  if (should_record(a, b)) {  // piecewise constant: 0, as PyTorch's
+    record("FloorDivideBackward", {a, b}, {out}, [ia = InputInfo(a), ib = InputInfo(b)](const Grads& g) -> TensorList {
+      return {g.needs_grad(0) ? ia.fit(zeros_like(g[0])) : Tensor(), g.needs_grad(1) ? ib.fit(zeros_like(g[0])) : Tensor()};
+    });
+  }
+  return out;
+}
+Tensor div(const Tensor& a, const Tensor& b, std::string_view rounding_mode) {
+  if (rounding_mode == "floor") return floor_divide(a, b);
+  KILN_CHECK(rounding_mode == "trunc",
+             "div: rounding_mode must be \"trunc\" or \"floor\" (or leave it out for true division), got \"{}\"",
+             rounding_mode);
+  // A 16-bit quotient is rounded to its dtype before trunc, as PyTorch's kernel rounds it.
+  if (is_floating(result_type(a, b))) return trunc(div(a, b));
+  // Integers: a - fmod(a, b) is a multiple of b, so its floor quotient is the truncated one.
+  return floor_divide(sub(a, fmod(a, b)), b);
+}
+
+// The bitwise ops take integers and bools (on bools they are the logical ops), never floats.
+static Tensor bitwise(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  const DType dt = result_type(a, b);
+  KILN_CHECK(!is_floating(dt), "{}: needs integer or bool tensors, got {} and {}", name, dtype_name(a.dtype()),
+             dtype_name(b.dtype()));
+  if (dt == kBool) {
+    if (op == BinaryOp::BitwiseAnd) return logical_and(a, b);
+    if (op == BinaryOp::BitwiseOr) return logical_or(a, b);
+    return ne(a, b);
+  }
+  return binary_forward(op, a, b, dt, 1, name);
+}
+Tensor bitwise_and(const Tensor& a, const Tensor& b) { return bitwise(BinaryOp::BitwiseAnd, a, b, "bitwise_and"); }
+Tensor bitwise_or(const Tensor& a, const Tensor& b) { return bitwise(BinaryOp::BitwiseOr, a, b, "bitwise_or"); }
+Tensor bitwise_xor(const Tensor& a, const Tensor& b) { return bitwise(BinaryOp::BitwiseXor, a, b, "bitwise_xor"); }
+Tensor bitwise_not(const Tensor& x) {
+  KILN_CHECK(!is_floating(x.dtype()), "bitwise_not: needs an integer or bool tensor, got {}", dtype_name(x.dtype()));
+  if (x.dtype() == kBool) return logical_not(x);
+  return unary_forward(UnaryOp::BitwiseNot, x, x.dtype());
+}
 
 Tensor where(const Tensor& condition, const Tensor& a, const Tensor& b) {
   KILN_CHECK(condition.dtype() == kBool, "where: the condition must be a bool tensor, got {}",

@@ -131,6 +131,29 @@ Tensor mul(const Tensor& a, const Scalar& b);
 Tensor div(const Tensor& a, const Tensor& b);  // true division: integers give float32
 Tensor div(const Tensor& a, const Scalar& b);
 Tensor rdiv(const Scalar& a, const Tensor& b);  // a / b
+// div with rounding: "trunc" (toward 0) or "floor" (floor_divide); integers stay integers.
+Tensor div(const Tensor& a, const Tensor& b, std::string_view rounding_mode);
+// Rounding to integral values in the same dtype (integers unchanged); round takes halves to even.
+Tensor floor(const Tensor& x);
+Tensor ceil(const Tensor& x);
+Tensor trunc(const Tensor& x);
+Tensor round(const Tensor& x);
+// a - floor(a / b) * b (the sign of b: Python's %), a - trunc(a / b) * b (the sign of a: C's fmod)
+// and floor(a / b), in the promoted dtype; an integer division by zero is an Error.
+Tensor remainder(const Tensor& a, const Tensor& b);
+Tensor remainder(const Tensor& a, const Scalar& b);
+Tensor fmod(const Tensor& a, const Tensor& b);
+Tensor fmod(const Tensor& a, const Scalar& b);
+Tensor floor_divide(const Tensor& a, const Tensor& b);
+Tensor floor_divide(const Tensor& a, const Scalar& b);
+// Integers and bools only (on bools, the logical ops).
+Tensor bitwise_and(const Tensor& a, const Tensor& b);
+Tensor bitwise_and(const Tensor& a, const Scalar& b);
+Tensor bitwise_or(const Tensor& a, const Tensor& b);
+Tensor bitwise_or(const Tensor& a, const Scalar& b);
+Tensor bitwise_xor(const Tensor& a, const Tensor& b);
+Tensor bitwise_xor(const Tensor& a, const Scalar& b);
+Tensor bitwise_not(const Tensor& x);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
 Tensor eq(const Tensor& a, const Tensor& b);

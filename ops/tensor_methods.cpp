@@ -58,6 +58,16 @@ Tensor Tensor::addcmul(const Tensor& t1, const Tensor& t2, const Scalar& v) cons
 Tensor Tensor::addcdiv(const Tensor& t1, const Tensor& t2, const Scalar& v) const {
   return ops::addcdiv(*this, t1, t2, v);
 }
+Tensor Tensor::floor() const { return ops::floor(*this); }
+Tensor Tensor::ceil() const { return ops::ceil(*this); }
+Tensor Tensor::trunc() const { return ops::trunc(*this); }
+Tensor Tensor::round() const { return ops::round(*this); }
+Tensor Tensor::remainder(const Tensor& o) const { return ops::remainder(*this, o); }
+Tensor Tensor::remainder(const Scalar& o) const { return ops::remainder(*this, o); }
+Tensor Tensor::fmod(const Tensor& o) const { return ops::fmod(*this, o); }
+Tensor Tensor::fmod(const Scalar& o) const { return ops::fmod(*this, o); }
+Tensor Tensor::floor_divide(const Tensor& o) const { return ops::floor_divide(*this, o); }
+Tensor Tensor::floor_divide(const Scalar& o) const { return ops::floor_divide(*this, o); }
 Tensor Tensor::lerp(const Tensor& end, const Tensor& weight) const { return ops::lerp(*this, end, weight); }
 Tensor Tensor::lerp(const Tensor& end, const Scalar& weight) const { return ops::lerp(*this, end, weight); }
 
@@ -115,6 +125,15 @@ Tensor operator+(const Scalar& a, const Tensor& b) { return ops::add(b, a); }
 Tensor operator-(const Scalar& a, const Tensor& b) { return ops::rsub(b, a); }
 Tensor operator*(const Scalar& a, const Tensor& b) { return ops::mul(b, a); }
 Tensor operator/(const Scalar& a, const Tensor& b) { return ops::rdiv(a, b); }
+Tensor operator%(const Tensor& a, const Tensor& b) { return ops::remainder(a, b); }
+Tensor operator%(const Tensor& a, const Scalar& b) { return ops::remainder(a, b); }
+Tensor operator&(const Tensor& a, const Tensor& b) { return ops::bitwise_and(a, b); }
+Tensor operator&(const Tensor& a, const Scalar& b) { return ops::bitwise_and(a, b); }
+Tensor operator|(const Tensor& a, const Tensor& b) { return ops::bitwise_or(a, b); }
+Tensor operator|(const Tensor& a, const Scalar& b) { return ops::bitwise_or(a, b); }
+Tensor operator^(const Tensor& a, const Tensor& b) { return ops::bitwise_xor(a, b); }
+Tensor operator^(const Tensor& a, const Scalar& b) { return ops::bitwise_xor(a, b); }
+Tensor operator~(const Tensor& a) { return ops::bitwise_not(a); }
 Tensor& operator+=(Tensor& a, const Tensor& b) { return a.add_(b); }
 Tensor& operator-=(Tensor& a, const Tensor& b) { return a.sub_(b); }
 Tensor& operator*=(Tensor& a, const Tensor& b) { return a.mul_(b); }

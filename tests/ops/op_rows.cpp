@@ -98,6 +98,28 @@ const std::vector<OpRow>& op_table() {
          return TensorList{kiln::masked_fill(in.at(0), in.at(1), c.scalar("value"))};
        }},
 
+      // ---- rounding, remainders, floor division, bitwise ----
+      unary("floor", D::Grad, [](const Tensor& x) { return kiln::floor(x); }),
+      unary("ceil", D::Grad, [](const Tensor& x) { return kiln::ceil(x); }),
+      unary("trunc", D::Grad, [](const Tensor& x) { return kiln::trunc(x); }),
+      unary("round", D::Grad, [](const Tensor& x) { return kiln::round(x); }),
+      binary("remainder", D::Grad, [](const Tensor& a, const Tensor& b) { return kiln::remainder(a, b); }),
+      binary("fmod", D::Grad, [](const Tensor& a, const Tensor& b) { return kiln::fmod(a, b); }),
+      binary("floor_divide", D::Grad, [](const Tensor& a, const Tensor& b) { return kiln::floor_divide(a, b); }),
+      binary("div_trunc", D::Grad, [](const Tensor& a, const Tensor& b) { return kiln::div(a, b, "trunc"); }),
+      binary("div_floor", D::Grad, [](const Tensor& a, const Tensor& b) { return kiln::div(a, b, "floor"); }),
+      unary_args("remainder_scalar", D::Grad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::remainder(x, c.scalar("s")); }),
+      unary_args("fmod_scalar", D::Grad, [](const Tensor& x, const GoldenCase& c) { return kiln::fmod(x, c.scalar("s")); }),
+      unary_args("floor_divide_scalar", D::Grad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::floor_divide(x, c.scalar("s")); }),
+      binary("bitwise_and", D::None, [](const Tensor& a, const Tensor& b) { return a & b; }),
+      binary("bitwise_or", D::None, [](const Tensor& a, const Tensor& b) { return a | b; }),
+      binary("bitwise_xor", D::None, [](const Tensor& a, const Tensor& b) { return a ^ b; }),
+      unary("bitwise_not", D::None, [](const Tensor& x) { return ~x; }),
+      unary_args("bitwise_and_scalar", D::None,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::bitwise_and(x, c.scalar("s")); }),
+
       // ---- elementwise, ternary ----
       {"addcmul", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {

@@ -58,6 +58,15 @@ TEST_CASE("every op's misuse is an Error that names the problem") {
       {"addcdiv_ broadcast", [] { Tensor x = f32({2}); x.addcdiv_(f32({3, 2}), f32({2})); },
        {"addcdiv_", "[3, 2]", "[2]"}},
       {"lerp_ end dtype", [] { Tensor x = f32({2}); x.lerp_(zeros({2}, kFloat64), 0.5); }, {"lerp_", "float64"}},
+      {"integer remainder by zero", [] { remainder(i64({2}) + 3, tensor({1, 0}, kInt64)); },
+       {"remainder", "integer division by zero", "floating dtype"}},
+      {"integer floor_divide by zero", [] { floor_divide(i64({2}), 0); }, {"floor_divide", "division by zero"}},
+      {"integer fmod by zero", [] { fmod(i64({2}), i64({2})); }, {"fmod", "division by zero"}},
+      {"div rounding mode", [] { div(f32({2}), f32({2}), "round"); }, {"div", "\"trunc\" or \"floor\"", "round"}},
+      {"remainder of bools", [] { remainder(b8({2}), b8({2})); }, {"remainder", "bool"}},
+      {"bitwise_and of floats", [] { bitwise_and(f32({2}), i64({2})); }, {"bitwise_and", "integer or bool", "float32"}},
+      {"bitwise_not of floats", [] { ~f32({2}); }, {"bitwise_not", "float32"}},
+      {"floor of bool", [] { floor(b8({2})); }, {"floor", "bool"}},
       // factories
       {"arange step 0", [] { arange(0, 5, 0); }, {"arange", "step must be nonzero"}},
       {"arange direction", [] { arange(5, 0, 1); }, {"arange", "[5, 0)", "step 1"}},
@@ -318,6 +327,15 @@ TEST_CASE("edge values near the int64 limits give PyTorch's results") {
   Tensor sevens = randint(7, 8, {3}, kInt32);
   CHECK(sevens.dtype() == kInt32);
   CHECK(sevens.to_vector<int32_t>() == std::vector<int32_t>{7, 7, 7});
+  // The minimum over -1: a trap in C++ (and in PyTorch 1.13's CPU kernel, a SIGFPE); here the
+  // quotient wraps, as two's complement, and the remainders are 0.
+  Tensor lows = tensor({0, -7, 9}, kInt64);
+  lows[0].fill_(INT64_MIN);
+  Tensor minus_one = full({3}, -1, kInt64);
+  CHECK(floor_divide(lows, minus_one).to_vector<int64_t>() == std::vector<int64_t>{INT64_MIN, 7, -9});
+  CHECK(remainder(lows, minus_one).to_vector<int64_t>() == std::vector<int64_t>{0, 0, 0});
+  CHECK(fmod(lows, minus_one).to_vector<int64_t>() == std::vector<int64_t>{0, 0, 0});
+  CHECK(div(lows, minus_one, "trunc").to_vector<int64_t>() == std::vector<int64_t>{INT64_MIN, 7, -9});
 }
 
 TEST_CASE("16-bit floats with numbers compute in float32, and their mean does not overflow") {
