@@ -237,13 +237,17 @@ KILN_HOST_DEVICE inline bool compare(BinaryOp op, T x, T y) {
   }
 }
 
-// addcmul, addcdiv and lerp (TernaryOp) on one element, v already in T. The products associate as
-// PyTorch's kernels do: (v * b) * c for addcmul, v * (b / c) for addcdiv. lerp takes the end nearer
-// the weight, so that w = 1 gives b exactly. Integers only reach Addcmul (ops/ checks the rest).
+// addcmul, addcdiv and lerp (TernaryOp) on one element, v already in T. addcmul associates as
+// PyTorch's kernels do, (v * b) * c; addcdiv as its CUDA kernel, v * (b / c) (its CPU kernel takes
+// (v * b) / c, which may differ in the last bit). lerp takes the end nearer the weight, so that
+// w = 1 gives b exactly. Integers only reach Addcmul (ops/ checks the rest), which wraps on
+// overflow, as two's complement.
 template <typename T>
 KILN_HOST_DEVICE inline T ternary(TernaryOp op, T a, T b, T c, T v) {
   if constexpr (std::is_integral_v<T>) {
-    return static_cast<T>(a + v * b * c);
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(static_cast<U>(v) * static_cast<U>(b)) *
+                                                               static_cast<U>(c)));
   } else {
     switch (op) {
       case TernaryOp::Addcmul: return a + v * b * c;

@@ -298,6 +298,7 @@ void ternary_launch(TernaryOp op, const View& a, const View& b, const View& c, c
   if (out.numel() == 0) return;
   KILN_DISPATCH_NUMERIC_TYPES(out.dtype, "ternary op", [&] {
     if constexpr (std::is_integral_v<scalar_t>) {
+      KILN_CHECK(op == TernaryOp::Addcmul, "ternary op: integers take addcmul only");
       launch_ternary<scalar_t, TernaryOp::Addcmul>(a, b, c, out, v, s);
     } else {
       switch (op) {

@@ -2,9 +2,11 @@
 // where/masked_fill, their in-place forms, and PyTorch's type promotion. Each op's backward formula
 // sits right after its forward.
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <limits>
 #include <optional>
+#include <utility>
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
@@ -171,6 +173,16 @@ DType addc_result_type(const Tensor& a, const Tensor& t1, const Tensor& t2, cons
              "{}: for {} tensors the value must be an integer, got {}; convert the tensors to a floating dtype "
              "or pass an integer value",
              name, dtype_name(dt), value.to_double());
+  if (!is_floating(dt)) {  // the value reaches the kernels as a double, then in the dtype: exact within these
+    const int64_t v = value.to_int();
+    constexpr int64_t kExact = int64_t{1} << 53;
+    const auto [lo, hi] = dt == kInt64   ? std::pair<int64_t, int64_t>{-kExact, kExact}
+                          : dt == kInt32 ? std::pair<int64_t, int64_t>{INT32_MIN, INT32_MAX}
+                          : dt == kInt8  ? std::pair<int64_t, int64_t>{INT8_MIN, INT8_MAX}
+                                         : std::pair<int64_t, int64_t>{0, UINT8_MAX};
+    KILN_CHECK(v >= lo && v <= hi, "{}: the value {} does not fit {} ([{}, {}]); pass a smaller value or convert the "
+               "tensors to a wider dtype", name, v, dtype_name(dt), lo, hi);
+  }
   return dt;
 }
 
@@ -641,14 +653,14 @@ Tensor round(const Tensor& x) { return rounding(UnaryOp::Round, x, "round", "Rou
 static Tensor division(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
   const DType dt = result_type(a, b);
   KILN_CHECK(dt != kBool, "{}: not defined for two bool tensors; convert one first, e.g. x.to(kInt64)", name);
-  if (!is_floating(dt)) {
-    check_same_device(name, a, b);
-    KILN_CHECK(!b.eq(0).any().item<bool>(),
-               "{}: integer division by zero (the divisor holds a 0); mask those elements first, or divide in "
-               "a floating dtype (x.to(kFloat32)), where the result is inf or nan",
-               name);
-  }
-  return binary_forward(op, a, b, dt, 1, name);
+  if (is_floating(dt)) return binary_forward(op, a, b, dt, 1, name);
+  check_same_device(name, a, b);
+  const Tensor divisor = cast_no_grad(b, dt);  // as the kernel sees it: 256 is 0 in int8
+  KILN_CHECK(!divisor.eq(0).any().item<bool>(),
+             "{}: integer division by zero (the divisor holds a 0 in {}); mask those elements first, or divide in "
+             "a floating dtype (x.to(kFloat32)), where the result is inf or nan",
+             name, dtype_name(dt));
+  return binary_forward(op, a, divisor, dt, 1, name);
 }
 Tensor remainder(const Tensor& a, const Tensor& b) {
   Tensor out = division(BinaryOp::Remainder, a, b, "remainder");
@@ -780,7 +792,9 @@ Tensor addcdiv(const Tensor& input, const Tensor& tensor1, const Tensor& tensor2
     record("AddcdivBackward", {input, tensor1, tensor2}, {out},
            [ia = InputInfo(input), i1 = InputInfo(tensor1), i2 = InputInfo(tensor2), v,
             s1 = SavedTensor(tensor2.requires_grad() ? tensor1 : Tensor(), false),
-            s2 = SavedTensor(tensor2, false)](const Grads& g) -> TensorList {
+            s2 = SavedTensor(tensor1.requires_grad() || tensor2.requires_grad() ? tensor2 : Tensor(), false)](
+               const Grads& g) -> TensorList {
+             if (!g.needs_grad(1) && !g.needs_grad(2)) return {g.needs_grad(0) ? ia.fit(g[0]) : Tensor(), {}, {}};
              Tensor t2 = s2.unpack("AddcdivBackward");
              Tensor gv = v == 1 ? g[0] : g[0] * v;
              Tensor g1 = gv / t2;  // d/dt1 of v t1 / t2; d/dt2 = -(v t1 / t2^2) = -(g v / t2) t1 / t2
@@ -1003,6 +1017,12 @@ Tensor& ternary_inplace(Tensor& self, TernaryOp op, const Tensor& b, const Tenso
   KILN_CHECK(shape == self.sizes(), "{}: the operands broadcast to shape {}, not to this tensor's shape {}", name,
              shape.str(), self.sizes().str());
   if (should_record({self, b, c})) return inplace_recorded(self, name, out_of_place);
+  if (dt != self.dtype()) {  // computed in the promoted dtype, as PyTorch, then rounded into self
+    Tensor r = out_of_place(self);
+    backend_for(self.device()).copy(view_of(r), r.device(), view_of(self), self.device(), stream_for(self.device()));
+    self.bump_version();
+    return self;
+  }
   check_same_device(name, self, b);
   check_same_device(name, self, c);
   check_no_internal_overlap(self, name);

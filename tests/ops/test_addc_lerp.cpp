@@ -56,6 +56,11 @@ TEST_CASE("addcmul_, addcdiv_ and lerp_ write what addcmul, addcdiv and lerp ret
     y.lerp_(end, y);
     test::check_equal(y, lerped);
   }
+  SECTION("a float16 tensor with float32 operands: computed in float32, rounded once into it") {
+    Tensor x = ones({4}, kFloat16), tiny = full({4}, 1e-8);  // 1e-8 is 0 in float16
+    x.addcdiv_(tiny, tiny);
+    test::check_equal(x, full({4}, 2.0, kFloat16));
+  }
   SECTION("integers: addcmul_ with an integer value") {
     Tensor x = tensor({1, -2, 3}, kInt64);
     x.addcmul_(tensor({2, 3, -1}, kInt64), tensor({5, -1, 4}, kInt64), 3);
