@@ -413,6 +413,51 @@ TEST_CASE("fused Adam and AdamW on the GPU equal the unfused step on the CPU", "
   }
 }
 
+TEST_CASE("the unfused Adam, AdamW, RMSprop and Adagrad steps on the GPU equal the CPU's", "[gpu]") {
+  // Their steps are lerp_, addcmul_ and addcdiv_ (cuda/elementwise.cu's ternary kernels: vectorized,
+  // and one by one for the misaligned param 11), besides mul_, sqrt and the rest.
+  for (DType dt : {kFloat32, kFloat64}) {
+    for (int variant = 0; variant < 5; ++variant) {
+      INFO(dtype_name(dt) << " variant " << variant);
+      std::vector<Tensor> cpu_params, gpu_params;
+      make_step_params(dt, cpu_params, gpu_params);
+      auto make = [&](std::vector<Tensor> params) -> std::unique_ptr<optim::Optimizer> {
+        switch (variant) {
+          case 0: return std::make_unique<optim::AdamW>(params, optim::AdamWOptions{.lr = 1e-2, .weight_decay = 0.1});
+          case 1:
+            return std::make_unique<optim::Adam>(params, optim::AdamOptions{.lr = 1e-2, .weight_decay = 0.05,
+                                                                             .amsgrad = true, .maximize = true});
+          case 2:
+            return std::make_unique<optim::RMSprop>(params, optim::RMSpropOptions{.lr = 1e-2, .momentum = 0.9,
+                                                                                   .centered = true});
+          case 3: return std::make_unique<optim::RMSprop>(params, optim::RMSpropOptions{.lr = 1e-2});
+          default: return std::make_unique<optim::Adagrad>(params, optim::AdagradOptions{.lr = 0.1, .lr_decay = 0.01});
+        }
+      };
+      auto cpu_opt = make(cpu_params), gpu_opt = make(gpu_params);
+      step_and_compare(dt, cpu_params, gpu_params, *cpu_opt, *gpu_opt);
+    }
+  }
+}
+
+TEST_CASE("addcmul_, addcdiv_ and lerp_ on the GPU equal the CPU's, broadcast and strided", "[gpu]") {
+  for (DType dt : {kFloat32, kFloat64, kBFloat16, kFloat16}) {
+    INFO(dtype_name(dt));
+    Tensor x = test::sample({37, 40}, kFloat32, 0.2).to(dt), b = test::sample({40}, kFloat32, 0.9).to(dt);
+    Tensor c = (test::sample({40, 37}, kFloat32, 1.4).abs() + 0.5).to(dt).t();  // strided
+    Tensor w = test::sample({37, 40}, kFloat32, 1.9).to(dt);                    // weights in (-2, 2)
+    Tensor xg = x.to(kGpu), bg = b.to(kGpu), cg = c.to(kGpu), wg = w.to(kGpu);
+    test::check_close(addcmul(xg, bg, cg, -0.5).cpu(), addcmul(x, b, c, -0.5));
+    test::check_close(addcdiv(xg, bg, cg, 2).cpu(), addcdiv(x, b, c, 2));
+    test::check_close(lerp(xg, bg.expand({37, 40}), wg).cpu(), lerp(x, b.expand({37, 40}), w));
+    test::check_close(lerp(xg, wg, 0.7).cpu(), lerp(x, w, 0.7));
+    Tensor y = x.clone(), yg = xg.clone();
+    y.addcmul_(w, w, 0.25).addcdiv_(b, c).lerp_(w, 0.3);
+    yg.addcmul_(wg, wg, 0.25).addcdiv_(bg, cg).lerp_(wg, 0.3);
+    test::check_close(yg.cpu(), y);
+  }
+}
+
 TEST_CASE("fused SGD on the GPU equals the unfused step on the CPU", "[gpu]") {
   // Every option of the rule, float32 and float64; params 3 and 7 start their momentum buffers a
   // step late, beside running ones.
