@@ -83,6 +83,7 @@ enum class BinaryOp : uint8_t {
   Remainder,    // a - floor(a / b) * b: the sign of b (Python's %, PyTorch's remainder)
   Fmod,         // a - trunc(a / b) * b: the sign of a (C's fmod)
   FloorDivide,  // floor(a / b)
+  TruncDivide,  // trunc(a / b) (C's integer division)
   BitwiseAnd, BitwiseOr, BitwiseXor,  // integers only
   // (Integer divisors are never 0 here: ops/ checks. ops/ sends the bitwise ops integers only.)
   Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,  // output bool

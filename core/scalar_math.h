@@ -50,6 +50,14 @@ KILN_HOST_DEVICE inline T int_floor_divide(T x, T y) {
   }
 }
 template <typename T>
+KILN_HOST_DEVICE inline T int_trunc_divide(T x, T y) {
+  if constexpr (std::is_signed_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    if (y == T(-1)) return static_cast<T>(U(0) - static_cast<U>(x));
+  }
+  return static_cast<T>(x / y);
+}
+template <typename T>
 KILN_HOST_DEVICE inline T int_remainder(T x, T y, bool floor) {
   if constexpr (std::is_signed_v<T>) {
     if (y == T(-1)) return T(0);
@@ -209,6 +217,13 @@ KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
         return int_floor_divide(x, y);
       } else {
         return float_floor_divide(x, y);
+      }
+    case BinaryOp::TruncDivide:
+      if constexpr (std::is_integral_v<T>) {
+        return int_trunc_divide(x, y);
+      } else {
+        using std::trunc;
+        return trunc(x / y);
       }
     case BinaryOp::BitwiseAnd:
     case BinaryOp::BitwiseOr:

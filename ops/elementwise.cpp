@@ -690,24 +690,30 @@ Tensor fmod(const Tensor& a, const Tensor& b) {
   }
   return out;
 }
-Tensor floor_divide(const Tensor& a, const Tensor& b) {
-  Tensor out = division(BinaryOp::FloorDivide, a, b, "floor_divide");
-  if (should_record(a, b)) {  // piecewise constant: 0, as PyTorch's
-    record("FloorDivideBackward", {a, b}, {out}, [ia = InputInfo(a), ib = InputInfo(b)](const Grads& g) -> TensorList {
-      return {g.needs_grad(0) ? ia.fit(zeros_like(g[0])) : Tensor(), g.needs_grad(1) ? ib.fit(zeros_like(g[0])) : Tensor()};
-    });
+// floor(a / b) or trunc(a / b): piecewise constant, so a gradient of 0, as PyTorch's.
+static Tensor rounded_division(BinaryOp op, const Tensor& a, const Tensor& b, const char* name,
+                               const char* backward) {
+  Tensor out = division(op, a, b, name);
+  if (should_record(a, b)) {
+    record(backward, {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b)](const Grads& g) -> TensorList {
+             return {g.needs_grad(0) ? ia.fit(zeros_like(g[0])) : Tensor(),
+                     g.needs_grad(1) ? ib.fit(zeros_like(g[0])) : Tensor()};
+           });
   }
   return out;
+}
+Tensor floor_divide(const Tensor& a, const Tensor& b) {
+  return rounded_division(BinaryOp::FloorDivide, a, b, "floor_divide", "FloorDivideBackward");
 }
 Tensor div(const Tensor& a, const Tensor& b, std::string_view rounding_mode) {
   if (rounding_mode == "floor") return floor_divide(a, b);
   KILN_CHECK(rounding_mode == "trunc",
              "div: rounding_mode must be \"trunc\" or \"floor\" (or leave it out for true division), got \"{}\"",
              rounding_mode);
-  // A 16-bit quotient is rounded to its dtype before trunc, as PyTorch's kernel rounds it.
-  if (is_floating(result_type(a, b))) return trunc(div(a, b));
-  // Integers: a - fmod(a, b) is a multiple of b, so its floor quotient is the truncated one.
-  return floor_divide(sub(a, fmod(a, b)), b);
+  // A 16-bit quotient is rounded to its dtype before trunc, as PyTorch's kernel rounds it: two ops.
+  if (is_reduced_float(result_type(a, b))) return trunc(div(a, b));
+  return rounded_division(BinaryOp::TruncDivide, a, b, "div", "DivBackward");
 }
 
 // The bitwise ops take integers and bools (on bools they are the logical ops), never floats.
