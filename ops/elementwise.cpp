@@ -647,9 +647,9 @@ Tensor ceil(const Tensor& x) { return rounding(UnaryOp::Ceil, x, "ceil", "CeilBa
 Tensor trunc(const Tensor& x) { return rounding(UnaryOp::Trunc, x, "trunc", "TruncBackward"); }
 Tensor round(const Tensor& x) { return rounding(UnaryOp::Round, x, "round", "RoundBackward"); }
 
-// remainder, fmod and floor_divide in the promoted dtype (integers stay integers). An integer
-// divisor of 0 is an Error, as PyTorch's ZeroDivisionError, found before the kernel runs: one pass
-// over b, and a wait for it on a GPU.
+// remainder, fmod, floor_divide and div's "trunc" in the promoted dtype (integers stay integers). An
+// integer divisor of 0 is an Error, as PyTorch's ZeroDivisionError, found before the kernel runs:
+// one pass over b, and a wait for it on a GPU.
 static Tensor division(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
   const DType dt = result_type(a, b);
   KILN_CHECK(dt != kBool, "{}: not defined for two bool tensors; convert one first, e.g. x.to(kInt64)", name);
@@ -668,10 +668,9 @@ Tensor remainder(const Tensor& a, const Tensor& b) {
     record("RemainderBackward", {a, b}, {out},
            [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),
             sb = SavedTensor(b.requires_grad() ? b : Tensor(), false)](const Grads& g) -> TensorList {
-             return {g.needs_grad(0) ? ia.fit(g[0]) : Tensor(),
-                     g.needs_grad(1)
-                         ? ib.fit(-(g[0] * floor_divide(sa.unpack("RemainderBackward"), sb.unpack("RemainderBackward"))))
-                         : Tensor()};
+             if (!g.needs_grad(1)) return {g.needs_grad(0) ? ia.fit(g[0]) : Tensor(), Tensor()};
+             Tensor quotient = floor_divide(sa.unpack("RemainderBackward"), sb.unpack("RemainderBackward"));
+             return {g.needs_grad(0) ? ia.fit(g[0]) : Tensor(), ib.fit(-(g[0] * quotient))};
            });
   }
   return out;
