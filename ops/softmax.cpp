@@ -31,7 +31,7 @@ static Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
            [d, log, ys = SavedTensor(out, true)](const Grads& g) -> TensorList {
              Tensor y = ys.unpack("SoftmaxBackward");
              if (fused_backward()) {
-               Tensor grad = g[0].dtype() == y.dtype() ? g[0] : g[0].to(y.dtype());
+               Tensor grad = g[0].to(y.dtype());
                Tensor dx = empty_tensor(y.sizes(), y.dtype(), y.device());
                flops::Op count(0, 4 * y.numel());  // as the composition's four passes
                backend_for(y.device())

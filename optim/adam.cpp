@@ -126,7 +126,7 @@ void Adam::step_impl(bool decoupled_weight_decay) {
       } else if (a.weight_decay != 0) {
         grad = add(grad, p, a.weight_decay);
       }
-      exp_avg.lerp_(grad.dtype() == exp_avg.dtype() ? grad : grad.to(exp_avg.dtype()), 1 - a.beta1);
+      exp_avg.lerp_(grad.to(exp_avg.dtype()), 1 - a.beta1);  // to(): grad itself when the dtypes agree
       exp_avg_sq.mul_(a.beta2).addcmul_(grad, grad, 1 - a.beta2);
       Tensor denom;
       if (a.amsgrad) {

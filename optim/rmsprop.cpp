@@ -74,7 +74,7 @@ void RMSprop::step() {
       Tensor avg;
       if (centered) {
         Tensor grad_avg = st.buffers.at("grad_avg");
-        grad_avg.lerp_(grad.dtype() == grad_avg.dtype() ? grad : grad.to(grad_avg.dtype()), 1 - alpha);
+        grad_avg.lerp_(grad.to(grad_avg.dtype()), 1 - alpha);
         avg = addcmul(square_avg, grad_avg, grad_avg, -1);
         avg.sqrt_();
       } else {
