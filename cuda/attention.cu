@@ -441,18 +441,19 @@ __device__ __forceinline__ void cp_async_wait() {
 }
 
 // Note [exp2 in the register-tiled kernels]: between the products, these kernels issue the softmax's
-// arithmetic, and it is most of what they issue: in the forward's walk (SASS, sm_90, bfloat16, D = 64)
-// a 64-key tile without masked keys took 682 instructions a warp, 64 of them HMMA, which a
-// multiprocessor's four schedulers issue at one a cycle each. So the exponentials are taken as
+// arithmetic and the next tiles' loads, and that is most of what they issue: in the forward's walk
+// (SASS, sm_90, bfloat16, D = 64) a 64-key tile without masked keys took 865 instructions a warp,
+// 64 of them HMMA, which a multiprocessor's four schedulers issue at one a cycle each. So the exponentials are taken as
 // FlashAttention takes them: scores are scaled by scale * log2(e) once, the running max kept in
 // those units, and p = 2^(s' - m') is one hardware ex2 that flushes results below 2^-126 (where
 // __expf(x) was x * log2(e) and an ex2 with a guard for subnormal results: four instructions more an
 // element). In the backward, P = 2^(fma(s, scale log2 e, -lse log2 e)), one fma and one ex2 where
 // there were seven instructions, and dS is kept without the scale, which multiplies dQ and dK once
 // at the end, as FlashAttention-2 does (exactly, for D = 64's power-of-two scale; within a rounding
-// of dS otherwise). lse is stored in natural units, as before. The forward's tile now takes 539
-// instructions; the loops of the dQ and dK/dV kernels (both paths, masked and not) 769 and 980
-// where they took 1209 and 1404.
+// of dS otherwise). lse is stored in natural units, as before. With the cheaper tile loads of
+// load_tile_async, the forward's tile now takes 667 instructions; the loops of the dQ and dK/dV
+// kernels (both paths, masked and not, each load loop once) 760 and 973 where they took 1209 and
+// 1404.
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr float kLn2 = 0.69314718055994530942f;
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -488,15 +489,32 @@ __device__ __forceinline__ float2 unpack2(uint32_t r) {
 }
 
 // Rows [row0, row0 + kRows) of a (rows, D) matrix (rows ld_src apart) into shared memory (leading
-// dimension D + kPad16) by cp.async, zeros past `rows`; the caller commits and waits.
+// dimension D + kPad16) by cp.async, zeros past `rows`; the caller commits and waits. The block's
+// kWarps * 32 threads take the tile's 16-byte pieces in turn. Where a row's pieces divide the block
+// (D = 32, 64, 128), a thread keeps one column and steps down the rows: 22 instructions a piece
+// where the loop over pieces by blockDim.x took 30 (SASS, D = 64), in a walk whose key tile takes
+// about 700. (Unrolled, the loop took 12 a piece, but ptxas then kept every piece's address in
+// registers across the walk: up to 70 more a thread, fewer blocks per multiprocessor.) A row past
+// `rows` reads nothing (src-size 0), from the matrix's first row.
 template <typename T, int D>
 __device__ __forceinline__ void load_tile_async(T* dst, const T* src, int64_t ld_src, int64_t row0, int64_t rows) {
   constexpr int kVec = 8;  // 16-bit elements per 16 bytes
-  constexpr int kPerRow = D / kVec;
-  for (int i = threadIdx.x; i < kRows * kPerRow; i += blockDim.x) {
-    const int r = i / kPerRow, c = (i % kPerRow) * kVec;
-    const bool valid = row0 + r < rows;
-    cp_async_16(dst + r * (D + kPad16) + c, src + (valid ? row0 + r : rows - 1) * ld_src + c, valid);
+  constexpr int kPerRow = D / kVec, kThreads = kWarps * 32;
+  if constexpr (kThreads % kPerRow == 0) {
+    constexpr int kRowsPerPass = kThreads / kPerRow;
+    const int c = static_cast<int>(threadIdx.x) % kPerRow * kVec;
+    const int64_t present = rows - row0;  // rows of the tile that exist
+#pragma unroll 1
+    for (int r = static_cast<int>(threadIdx.x) / kPerRow; r < kRows; r += kRowsPerPass) {
+      const bool valid = r < present;
+      cp_async_16(dst + r * (D + kPad16) + c, src + (valid ? row0 + r : 0) * ld_src + c, valid);
+    }
+  } else {
+    for (int i = threadIdx.x; i < kRows * kPerRow; i += kThreads) {
+      const int r = i / kPerRow, c = (i % kPerRow) * kVec;
+      const bool valid = row0 + r < rows;
+      cp_async_16(dst + r * (D + kPad16) + c, src + (valid ? row0 + r : rows - 1) * ld_src + c, valid);
+    }
   }
 }
 
@@ -687,9 +705,11 @@ attention_forward_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T
   store_rows_mma<T, D>(o, oh.slice(b), oh.ld, q0 + warp * 16, L, inv);
 }
 
-// dQ for 64 query rows (16 per warp): walks the keys, as attention_grad_q_kernel does.
+// dQ for 64 query rows (16 per warp): walks the keys, as attention_grad_q_kernel does. Four blocks a
+// multiprocessor up to D = 64, as its shared memory allows (55 KiB a block at D = 64): unbounded,
+// ptxas took 164 registers a thread (three blocks); held to 128 it needs no spill.
 template <typename T, int D>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, D <= 64 ? 4 : 1)
 attention_grad_q_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh, Heads<const T> goh,
                             const float* lse, const float* delta, Heads<T> gqh, int64_t L, int64_t S, float scale,
                             bool causal) {

@@ -11,17 +11,24 @@ to 16 bits, cp.async and the barriers
 those the GPU tests check (tests/cuda/test_cuda_transformer.cpp,
 scripts/gpu_check.sh). The functions forward, grad_q and grad_kv transcribe the kernels
 attention_forward_mma_kernel, attention_grad_q_mma_kernel and attention_grad_kv_mma_kernel line for
-line (lanes as a loop, registers as arrays): change them together. Needs numpy (python3-numpy).
-Prints the largest error of each case and exits non-zero if one exceeds 1e-12.
+line (lanes as a loop, registers as arrays): change them together. Needs numpy (python3-numpy;
+without it the script exits 77, which CTest reports as skipped). Prints the largest error of each
+case and exits non-zero if one exceeds 1e-12. CTest runs it.
 
   /usr/bin/python3 scripts/emulate_attention_fragments.py
 """
 import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    print("emulate_attention_fragments.py: numpy is missing (python3-numpy); skipped")
+    sys.exit(77)  # CTest: skipped
 
 kTile = 64  # keys (forward, dQ) or queries (dK, dV) per step of the walk
 kRows = 64  # rows of a block: 4 warps of 16
+kLog2e = 1.0 / np.log(2.0)  # Note [exp2 in the register-tiled kernels]: scores in units of log2
+kLn2 = np.log(2.0)
 
 def ldmatrix(sm, addr, trans):
     """ldmatrix.x4 from shared memory sm: lanes 8i..8i+7 give (row, col) of matrix i's 8 rows (addr(lane));
@@ -105,6 +112,7 @@ def forward(q, k, v, scale, causal, q0, warp):
     L, D = q.shape
     S = k.shape[0]
     qs = tile_of(q, q0, L, D)
+    scale_log2 = scale * kLog2e
     o = np.zeros((32, D // 8, 4))
     m = np.full((32, 2), -np.inf)
     l = np.zeros((32, 2))
@@ -123,7 +131,7 @@ def forward(q, k, v, scale, causal, q0, warp):
                 for e in range(4):
                     i = row + 8*(e >> 1)
                     j = k0 + 8*n + 2*t + (e & 1)
-                    s[L][n][e] = -np.inf if edge and (j >= S or (causal and j > i)) else s[L][n][e]*scale
+                    s[L][n][e] = -np.inf if edge and (j >= S or (causal and j > i)) else s[L][n][e]*scale_log2
         mx = np.full((32, 2), -np.inf)
         for L in range(32):
             for n in range(8):
@@ -134,13 +142,13 @@ def forward(q, k, v, scale, causal, q0, warp):
         for L in range(32):
             for h in range(2):
                 mn = max(m[L][h], mx[L][h])
-                alpha[L][h] = 1 if mn == -np.inf else np.exp(m[L][h] - mn)
+                alpha[L][h] = 1 if mn == -np.inf else np.exp2(m[L][h] - mn)
                 m[L][h] = mn
                 l[L][h] *= alpha[L][h]
         for L in range(32):
             for j, r, n, h in for_each_a_register():
                 mh = 0 if m[L][h] == -np.inf else m[L][h]
-                p[L][j][r] = np.exp(s[L][n][2*h:2*h+2] - mh)
+                p[L][j][r] = np.exp2(s[L][n][2*h:2*h+2] - mh)
                 l[L][h] += p[L][j][r].sum()
         for L in range(32):
             for n in range(D // 8):
@@ -154,7 +162,7 @@ def forward(q, k, v, scale, causal, q0, warp):
         for h in range(2):
             lt = sum(l[4*(L//4) + x][h] for x in range(4))
             for n in range(D // 8): out[g + 8*h, 8*n + 2*t: 8*n + 2*t + 2] = o[L][n][2*h:2*h+2] / lt
-            lse[g + 8*h] = m[L][h] + np.log(lt)
+            lse[g + 8*h] = m[L][h]*kLn2 + np.log(lt)
     return out, lse
 
 
@@ -174,13 +182,14 @@ def grad_kv(q, k, v, go, lse, delta, scale, causal, k0, warp):
     S = k.shape[0]
     ks = tile_of(k, k0, S, D)
     vs = tile_of(v, k0, S, D)
+    scale_log2 = scale * kLog2e
     dk = np.zeros((32, D // 8, 4))
     dv = np.zeros((32, D // 8, 4))
     qstart = k0 if causal else 0
     for q0 in range(qstart, L, kTile):
         qs = tile_of(q, q0, L, D)
         gos = tile_of(go, q0, L, D)
-        lse_s = [lse[q0+i] if q0+i < L else 0 for i in range(kTile)]
+        lse_s = [lse[q0+i]*kLog2e if q0+i < L else 0 for i in range(kTile)]
         delta_s = [delta[q0+i] if q0+i < L else 0 for i in range(kTile)]
         st = np.zeros((32, 8, 4))
         dpt = np.zeros((32, 8, 4))
@@ -198,12 +207,12 @@ def grad_kv(q, k, v, go, lse, delta, scale, causal, k0, warp):
                     i = q0 + c
                     jj = key + 8*h
                     hidden = edge and (i >= L or (causal and jj > i))
-                    p = 0 if hidden else np.exp(st[Ln][n][2*h+e]*scale - lse_s[c])
+                    p = 0 if hidden else np.exp2(st[Ln][n][2*h+e]*scale_log2 - lse_s[c])
                     pt[Ln][j][r][e] = p
-                    dst[Ln][j][r][e] = p*(dpt[Ln][n][2*h+e] - delta_s[c])*scale
+                    dst[Ln][j][r][e] = p*(dpt[Ln][n][2*h+e] - delta_s[c])
         acc_p_times(dv, pt, gos, D)
         acc_p_times(dk, dst, qs, D)
-    return warp_rows(dk, D), warp_rows(dv, D)
+    return warp_rows(dk, D) * scale, warp_rows(dv, D)
 
 
 def grad_q(q, k, v, go, lse, delta, scale, causal, q0, warp):
@@ -212,6 +221,7 @@ def grad_q(q, k, v, go, lse, delta, scale, causal, q0, warp):
     S = k.shape[0]
     qs = tile_of(q, q0, L, D)
     gos = tile_of(go, q0, L, D)
+    scale_log2 = scale * kLog2e
     dq = np.zeros((32, D // 8, 4))
     kend = q0 + kRows if causal and q0 + kRows < S else S
     for k0 in range(0, kend, kTile):
@@ -227,15 +237,15 @@ def grad_q(q, k, v, go, lse, delta, scale, causal, q0, warp):
             g, t = Ln // 4, Ln % 4
             row = q0 + warp*16 + g
             for j, r, n, h in for_each_a_register():
-                lr = lse[row+8*h] if row+8*h < L else 0
+                lr = lse[row+8*h]*kLog2e if row+8*h < L else 0
                 dr = delta[row+8*h] if row+8*h < L else 0
                 for e in range(2):
                     i = row + 8*h
                     jj = k0 + 8*n + 2*t + e
-                    p = 0 if edge and (jj >= S or (causal and jj > i)) else np.exp(s[Ln][n][2*h+e]*scale - lr)
-                    ds[Ln][j][r][e] = p*(dp[Ln][n][2*h+e] - dr)*scale
+                    p = 0 if edge and (jj >= S or (causal and jj > i)) else np.exp2(s[Ln][n][2*h+e]*scale_log2 - lr)
+                    ds[Ln][j][r][e] = p*(dp[Ln][n][2*h+e] - dr)
         acc_p_times(dq, ds, ks, D)
-    return warp_rows(dq, D)
+    return warp_rows(dq, D) * scale
 
 
 

@@ -4,8 +4,8 @@
 #   --bench   also LibTorch and PyTorch, the benchmark anchors (about 1 GB)
 set -euo pipefail
 pkgs=(cmake ninja-build g++ ccache libeigen3-dev libfmt-dev nlohmann-json3-dev catch2 zlib1g-dev
-      libopenblas-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist gnuplot-nox fortunes)
-[[ ${1:-} == --bench ]] && pkgs+=(libtorch-dev python3-torch python3-numpy)
+      libopenblas-dev libopenmpi-dev openmpi-bin dataset-fashion-mnist gnuplot-nox fortunes python3-numpy)
+[[ ${1:-} == --bench ]] && pkgs+=(libtorch-dev python3-torch)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
