@@ -451,15 +451,37 @@ __device__ __forceinline__ void cp_async_wait() {
 // there were seven instructions, and dS is kept without the scale, which multiplies dQ and dK once
 // at the end, as FlashAttention-2 does (exactly, for D = 64's power-of-two scale; within a rounding
 // of dS otherwise). lse is stored in natural units, as before. With the cheaper tile loads of
-// load_tile_async, the forward's tile now takes 667 instructions; the loops of the dQ and dK/dV
-// kernels (both paths, masked and not, each load loop once) 760 and 973 where they took 1209 and
-// 1404.
+// load_tile_async and the masks of visible_keys, the forward's tile now takes 647 instructions; the
+// loops of the dQ and dK/dV kernels (both paths, masked and not, each load loop once) have 561 and
+// 687 where they had 1209 and 1404.
 constexpr float kLog2e = 1.44269504088896340736f;
 constexpr float kLn2 = 0.69314718055994530942f;
 __device__ __forceinline__ float exp2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// Blocks a multiprocessor holds of each register-tiled kernel: __launch_bounds__'s second argument,
+// so ptxas fits its registers to them (65536 / (128 threads * blocks) a thread) instead of its own
+// guess, which moved with every change to the code (a spill at D = 96, or 134 registers at D = 64,
+// one block fewer). They are what the shared memory allows (the forward holds five tiles of
+// 64 * (D + 8) 16-bit values: four blocks at D = 64, two at D = 128), less where the registers
+// would spill: five forward blocks at D = 32, three of the dK/dV kernel (two accumulators) at D = 64.
+// At D <= 64 the backward kernels still spill one 8-byte value, loaded once a tile.
+constexpr int forward_blocks(int D) { return D == 32 ? 5 : D == 64 ? 4 : D == 96 ? 3 : 2; }
+constexpr int grad_q_blocks(int D) { return D <= 64 ? 4 : 2; }
+constexpr int grad_kv_blocks(int D) { return D == 32 ? 4 : D == 64 ? 3 : 2; }
+
+// The masks of an edge tile as one 32-bit comparison an element: column c (0 .. kTile - 1) of a
+// tile starting at key k0 is visible to query i when k0 + c < S and, if causal, k0 + c <= i, that is
+// when c < visible_keys(i, k0, S, causal); the count is clamped to [0, kTile], so int holds it. The
+// per-element 64-bit comparisons it replaces were four instructions an element on the edge tiles
+// (the diagonal's, under a causal mask); the kernels apply the masks in a branch of their own after
+// the scores are scaled, so the other tiles skip them.
+__device__ __forceinline__ int visible_keys(int64_t i, int64_t k0, int64_t S, bool causal) {
+  const int64_t end = causal && i + 1 < S ? i + 1 : S;  // one past the last visible key
+  return static_cast<int>(end - k0 < 0 ? 0 : end - k0 > kTile ? kTile : end - k0);
 }
 
 // Two values rounded to 16 bits and packed as an mma operand register (lo in the low half), and back.
@@ -637,7 +659,7 @@ __device__ __forceinline__ void store_rows_mma(const float (&acc)[D / 8][4], T* 
 }
 
 template <typename T, int D>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, forward_blocks(D))
 attention_forward_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh, Heads<T> oh, float* lse,
                              int64_t L, int64_t S, float scale, bool causal) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -658,15 +680,24 @@ attention_forward_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T
     float s[kTile / 8][4] = {};
     rows_times_tile_t_mma<T, D>(s, qs + warp * 16 * ld, ks);  // S = Q K^T
     const bool edge = (causal && k0 + kTile > q0) || k0 + kTile > S;  // a tile that holds masked keys
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] *= scale_log2;
+    if (edge) {  // the masks only where a tile holds masked keys: the other tiles skip the comparisons
+      const int visible[2] = {visible_keys(row, k0, S, causal), visible_keys(row + 8, k0, S, causal)};
+#pragma unroll
+      for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (8 * n + 2 * t + (e & 1) >= visible[e >> 1]) s[n][e] = -INFINITY;
+        }
+    }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int64_t i = row + 8 * (e >> 1), j = k0 + 8 * n + 2 * t + (e & 1);
-        s[n][e] = edge && (j >= S || (causal && j > i)) ? -INFINITY : s[n][e] * scale_log2;
-        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-      }
+      for (int e = 0; e < 4; ++e) mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
     float alpha[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -705,11 +736,9 @@ attention_forward_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T
   store_rows_mma<T, D>(o, oh.slice(b), oh.ld, q0 + warp * 16, L, inv);
 }
 
-// dQ for 64 query rows (16 per warp): walks the keys, as attention_grad_q_kernel does. Four blocks a
-// multiprocessor up to D = 64, as its shared memory allows (55 KiB a block at D = 64): unbounded,
-// ptxas took 164 registers a thread (three blocks); held to 128 it needs no spill.
+// dQ for 64 query rows (16 per warp): walks the keys, as attention_grad_q_kernel does.
 template <typename T, int D>
-__global__ void __launch_bounds__(kWarps * 32, D <= 64 ? 4 : 1)
+__global__ void __launch_bounds__(kWarps * 32, grad_q_blocks(D))
 attention_grad_q_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh, Heads<const T> goh,
                             const float* lse, const float* delta, Heads<T> gqh, int64_t L, int64_t S, float scale,
                             bool causal) {
@@ -739,18 +768,22 @@ attention_grad_q_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T>
     rows_times_tile_t_mma<T, D>(s, qs + warp * 16 * ld, ks);    // S = Q K^T
     rows_times_tile_t_mma<T, D>(dp, gos + warp * 16 * ld, vs);  // dP = dO V^T
     const bool edge = (causal && k0 + kTile > q0) || k0 + kTile > S;
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[n][e] = exp2_ftz(fmaf(s[n][e], scale_log2, -lse_r[e >> 1]));  // P
+    if (edge) {  // See visible_keys
+      const int visible[2] = {visible_keys(row, k0, S, causal), visible_keys(row + 8, k0, S, causal)};
+#pragma unroll
+      for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (8 * n + 2 * t + (e & 1) >= visible[e >> 1]) s[n][e] = 0.0f;
+        }
+    }
     uint32_t ds[kTile / 16][4];  // dS / scale = P (dP - Delta), as the A fragments of dS K
     for_each_a_register([&](int j, int r, int n, int h) {
-      float d2[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int64_t i = row + 8 * h, jj = k0 + 8 * n + 2 * t + e;
-        const float p = edge && (jj >= S || (causal && jj > i))
-                            ? 0.0f
-                            : exp2_ftz(fmaf(s[n][2 * h + e], scale_log2, -lse_r[h]));
-        d2[e] = p * (dp[n][2 * h + e] - delta_r[h]);
-      }
-      ds[j][r] = pack2<T>(d2[0], d2[1]);
+      ds[j][r] = pack2<T>(s[n][2 * h] * (dp[n][2 * h] - delta_r[h]), s[n][2 * h + 1] * (dp[n][2 * h + 1] - delta_r[h]));
     });
     accumulate_p_times_mma<T, D>(dq, ds, ks);  // dQ += dS K, but for the scale
   });
@@ -761,7 +794,7 @@ attention_grad_q_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T>
 // dK and dV for 64 keys (16 per warp): walks the queries, as attention_grad_kv_kernel does. Here the
 // warp's rows are keys and a tile's columns queries: S^T = K Q^T, dP^T = V dO^T.
 template <typename T, int D>
-__global__ void __launch_bounds__(kWarps * 32)
+__global__ void __launch_bounds__(kWarps * 32, grad_kv_blocks(D))
 attention_grad_kv_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T> vh, Heads<const T> goh,
                              const float* lse, const float* delta, Heads<T> gkh, Heads<T> gvh, int64_t L, int64_t S,
                              float scale, bool causal) {
@@ -803,20 +836,35 @@ attention_grad_kv_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T
     rows_times_tile_t_mma<T, D>(st, ks + warp * 16 * ld, qs);    // S^T = K Q^T
     rows_times_tile_t_mma<T, D>(dpt, vs + warp * 16 * ld, gos);  // dP^T = V dO^T
     const bool edge = (causal && q0 < k0 + kRows) || q0 + kTile > L;
+#pragma unroll
+    for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        st[n][e] = exp2_ftz(fmaf(st[n][e], scale_log2, -lse_s[8 * n + 2 * t + (e & 1)]));  // P^T
+      }
+    if (edge) {
+      // Query column c sees key jj when q0 + c < L and, if causal, jj <= q0 + c: c in [first[h], last).
+      const int last = static_cast<int>(L - q0 < kTile ? L - q0 : kTile);
+      int first[2] = {0, 0};
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int64_t f = key + 8 * h - q0;
+        if (causal) first[h] = static_cast<int>(f < 0 ? 0 : f > kTile ? kTile : f);
+      }
+#pragma unroll
+      for (int n = 0; n < kTile / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int c = 8 * n + 2 * t + (e & 1);
+          if (c >= last || c < first[e >> 1]) st[n][e] = 0.0f;
+        }
+    }
     uint32_t pt[kTile / 16][4], dst[kTile / 16][4];  // P^T and dS^T / scale as A fragments
     for_each_a_register([&](int j, int r, int n, int h) {
-      float p2[2], d2[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int c = 8 * n + 2 * t + e;  // the query's column in the tile
-        const int64_t i = q0 + c, jj = key + 8 * h;
-        const float p = edge && (i >= L || (causal && jj > i)) ? 0.0f
-                                                               : exp2_ftz(fmaf(st[n][2 * h + e], scale_log2, -lse_s[c]));
-        p2[e] = p;
-        d2[e] = p * (dpt[n][2 * h + e] - delta_s[c]);
-      }
-      pt[j][r] = pack2<T>(p2[0], p2[1]);
-      dst[j][r] = pack2<T>(d2[0], d2[1]);
+      const int c = 8 * n + 2 * t;  // the query's column in the tile (and c + 1)
+      const float p0 = st[n][2 * h], p1 = st[n][2 * h + 1];
+      pt[j][r] = pack2<T>(p0, p1);
+      dst[j][r] = pack2<T>(p0 * (dpt[n][2 * h] - delta_s[c]), p1 * (dpt[n][2 * h + 1] - delta_s[c + 1]));
     });
     accumulate_p_times_mma<T, D>(dv, pt, gos);  // dV += P^T dO
     accumulate_p_times_mma<T, D>(dk, dst, qs);  // dK += dS^T Q, but for the scale

@@ -99,6 +99,12 @@ def acc_p_times(acc, p, m_sm, D):
             mma(d1, pa, fb[:, 2], fb[:, 3])
 
 
+def visible_keys(i, k0, S, causal):
+    """visible_keys: query i sees columns c < this of the key tile at k0 (clamped to [0, kTile])."""
+    end = i + 1 if causal and i + 1 < S else S
+    return max(0, min(kTile, end - k0))
+
+
 def tile_of(x, row0, rows, D):
     """load_tile_async: rows row0 .. row0+63 of x, zeros past `rows`."""
     t = np.zeros((kRows, D))
@@ -127,11 +133,11 @@ def forward(q, k, v, scale, causal, q0, warp):
         for L in range(32):
             g, t = L // 4, L % 4
             row = q0 + warp*16 + g
+            visible = [visible_keys(row + 8*h, k0, S, causal) if edge else kTile for h in range(2)]
             for n in range(8):
                 for e in range(4):
-                    i = row + 8*(e >> 1)
-                    j = k0 + 8*n + 2*t + (e & 1)
-                    s[L][n][e] = -np.inf if edge and (j >= S or (causal and j > i)) else s[L][n][e]*scale_log2
+                    c = 8*n + 2*t + (e & 1)
+                    s[L][n][e] = -np.inf if c >= visible[e >> 1] else s[L][n][e]*scale_log2
         mx = np.full((32, 2), -np.inf)
         for L in range(32):
             for n in range(8):
@@ -198,15 +204,15 @@ def grad_kv(q, k, v, go, lse, delta, scale, causal, k0, warp):
         edge = (causal and q0 < k0 + kRows) or q0 + kTile > L
         pt = np.zeros((32, 4, 4, 2))
         dst = np.zeros((32, 4, 4, 2))
+        last = min(L - q0, kTile) if edge else kTile
         for Ln in range(32):
             g, t = Ln // 4, Ln % 4
             key = k0 + warp*16 + g
+            first = [max(0, min(kTile, key + 8*h - q0)) if edge and causal else 0 for h in range(2)]
             for j, r, n, h in for_each_a_register():
                 for e in range(2):
                     c = 8*n + 2*t + e
-                    i = q0 + c
-                    jj = key + 8*h
-                    hidden = edge and (i >= L or (causal and jj > i))
+                    hidden = c >= last or c < first[h]
                     p = 0 if hidden else np.exp2(st[Ln][n][2*h+e]*scale_log2 - lse_s[c])
                     pt[Ln][j][r][e] = p
                     dst[Ln][j][r][e] = p*(dpt[Ln][n][2*h+e] - delta_s[c])
@@ -236,13 +242,12 @@ def grad_q(q, k, v, go, lse, delta, scale, causal, q0, warp):
         for Ln in range(32):
             g, t = Ln // 4, Ln % 4
             row = q0 + warp*16 + g
+            visible = [visible_keys(row + 8*h, k0, S, causal) if edge else kTile for h in range(2)]
             for j, r, n, h in for_each_a_register():
                 lr = lse[row+8*h]*kLog2e if row+8*h < L else 0
                 dr = delta[row+8*h] if row+8*h < L else 0
                 for e in range(2):
-                    i = row + 8*h
-                    jj = k0 + 8*n + 2*t + e
-                    p = 0 if edge and (jj >= S or (causal and jj > i)) else np.exp2(s[Ln][n][2*h+e]*scale_log2 - lr)
+                    p = 0 if 8*n + 2*t + e >= visible[h] else np.exp2(s[Ln][n][2*h+e]*scale_log2 - lr)
                     ds[Ln][j][r][e] = p*(dp[Ln][n][2*h+e] - dr)
         acc_p_times(dq, ds, ks, D)
     return warp_rows(dq, D) * scale
