@@ -39,7 +39,20 @@ KILN_HOST_DEVICE inline float bits_float(uint32_t u) {
 // 2.0 ms (medians of 41 calls; 1.9 ms is about this machine's memory bandwidth).
 // On the GPU, the same source compiles to selects: a kernel that decodes and one that encodes went
 // from 14 branches in their PTX to 2 (their bounds checks).
+//
+// Note [16-bit conversions on the GPU]: device code converts with the hardware's cvt instead (one
+// instruction: cvt.rn.f16.f32, cvt.f32.f16, and from sm_80 cvt.rn.bf16.f32), where the bit
+// arithmetic below took 8 (float -> bfloat16) to 15 (float -> half) instructions an element: in a
+// 16-bit kernel that moves 4 bytes an element, such as GELU or the cross-entropy's gradient in
+// bfloat16, that was a quarter to a half of what a multiprocessor can issue at 4.2 TB/s (SASS,
+// sm_90). The values are the same (round to nearest even, subnormals kept, overflow to inf); a NaN
+// comes out as the hardware's canonical NaN where the CPU keeps its sign and top payload bits.
 KILN_HOST_DEVICE inline uint16_t float_to_half_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  uint16_t h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+#else
   uint32_t x = float_bits(f);
   uint32_t sign = (x >> 16) & 0x8000u;
   uint32_t abs = x & 0x7fffffffu;
@@ -55,9 +68,15 @@ KILN_HOST_DEVICE inline uint16_t float_to_half_bits(float f) {
   uint32_t take_tiny = 0u - static_cast<uint32_t>(abs < 0x38800000u);
   return static_cast<uint16_t>(sign | (big & take_big) | (tiny & take_tiny) |
                                (normal & ~(take_big | take_tiny)));
+#endif
 }
 
 KILN_HOST_DEVICE inline float half_bits_to_float(uint16_t h) {
+#if defined(__CUDA_ARCH__)  // Note [16-bit conversions on the GPU]
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+#else
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t body = static_cast<uint32_t>(h & 0x7fffu) << 13;  // exponent and mantissa in place
@@ -68,14 +87,21 @@ KILN_HOST_DEVICE inline float half_bits_to_float(uint16_t h) {
   uint32_t take_special = 0u - static_cast<uint32_t>(exp == 0x1fu);
   return bits_float(sign | (tiny & take_tiny) | (special & take_special) |
                     (normal & ~(take_tiny | take_special)));
+#endif
 }
 
 // bfloat16: the top 16 bits of a float.
 KILN_HOST_DEVICE inline uint16_t float_to_bf16_bits(float f) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800  // Note [16-bit conversions on the GPU]
+  uint16_t b;
+  asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b) : "f"(f));
+  return b;
+#else
   uint32_t x = float_bits(f);
   if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // quiet nan
   x += 0x7fffu + ((x >> 16) & 1u);  // round to nearest even
   return static_cast<uint16_t>(x >> 16);
+#endif
 }
 KILN_HOST_DEVICE inline float bf16_bits_to_float(uint16_t b) {
   return bits_float(static_cast<uint32_t>(b) << 16);
