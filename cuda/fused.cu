@@ -437,9 +437,11 @@ struct ColumnOf {
 // then one rescale of s, then exp(x - m) summed. Per logit that is a maximum, a subtraction, a
 // multiplication, an exp2 and an add, where a branch on x > m (with its reconvergence) and an
 // accurate exp took about 25 instructions (SASS, sm_90), more than a multiprocessor can issue while
-// the memory delivers 16-bit logits (about 16 an element at 4.2 TB/s). For float the exponential is the hardware's exp2
-// (within 2 ulp) of (x - m) log2 e: the difference first, so that the largest term is exactly 1 and
-// a large m's rounding (as in x log2 e - m log2 e) does not scale every term. double keeps exp.
+// the memory delivers 16-bit logits (about 16 an element at 4.2 TB/s). Rows read element by element
+// (unaligned, or a length whose bytes 16 does not divide) go in chunks of 8, 8 loads in flight. For
+// float the exponential is the hardware's exp2 (within 2 ulp) of (x - m) log2 e: the difference
+// first, so that the largest term is exactly 1 and a large m's rounding (as in x log2 e - m log2 e)
+// does not scale every term. double keeps exp.
 template <typename A>
 __device__ __forceinline__ A exp_of_difference(A x, A m) {  // exp(x - m) for x <= m (or NaN)
   if constexpr (std::is_same_v<A, float>) {
@@ -471,7 +473,7 @@ struct RunningLse {
     for (int i = 0; i < n; ++i) s += exp_of_difference(x[i], base);
   }
   __device__ void merge(A m2, A s2) {
-    const A mm = fmax(m, m2);  // m is never NaN: add only takes an x above it
+    const A mm = fmax(m, m2);  // m is never NaN: add_chunk's fmax passes over NaN
     s = rescale(s, m, mm) + rescale(s2, m2, mm);
     m = mm;
   }
@@ -507,10 +509,12 @@ __device__ RunningLse<A> group_lse(RunningLse<A> run, A* shared_m, A* shared_s) 
   }
 }
 
+// Four blocks a multiprocessor (two in double): left to itself, ptxas gave the 16-bit block-per-row
+// kernels 48 registers and spilled.
 template <typename T, typename A, int kWidth>
-__global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* logits, const int64_t* target, A* loss,
-                                                                 A* lse, int64_t R, int64_t C, int64_t ignore_index,
-                                                                 double eps, bool vectorized) {
+__global__ void __launch_bounds__(kThreads, std::is_same_v<A, double> ? 2 : 4)
+    cross_entropy_kernel(const T* logits, const int64_t* target, A* loss, A* lse, int64_t R, int64_t C,
+                         int64_t ignore_index, double eps, bool vectorized) {
   using G = RowGroup<kWidth>;
   constexpr int V = Vec16<T>::kSize, kUnroll = 4;
   __shared__ A shared_m[kThreads / 32], shared_s[kThreads / 32];
@@ -547,7 +551,15 @@ __global__ void __launch_bounds__(kThreads) cross_entropy_kernel(const T* logits
       }
       for (; i < n; i += kWidth) take(xv[i].v);
     } else {
-      for (int64_t i = lane; i < C; i += kWidth) {
+      constexpr int kChunk = 8;
+      int64_t i = lane;
+      for (; i + (kChunk - 1) * kWidth < C; i += kChunk * kWidth) {
+        T u[kChunk];
+        KILN_CUDA_UNROLL
+        for (int k = 0; k < kChunk; ++k) u[k] = x[i + k * kWidth];
+        take(u);
+      }
+      for (; i < C; i += kWidth) {
         const T one[1] = {x[i]};
         take(one);
       }
