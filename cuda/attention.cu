@@ -443,11 +443,11 @@ __device__ __forceinline__ void cp_async_wait() {
 // Note [exp2 in the register-tiled kernels]: between the products, these kernels issue the softmax's
 // arithmetic and the next tiles' loads, and that is most of what they issue: in the forward's walk
 // (SASS, sm_90, bfloat16, D = 64) a 64-key tile without masked keys took 865 instructions a warp,
-// 64 of them HMMA, which a multiprocessor's four schedulers issue at one a cycle each. So the exponentials are taken as
-// FlashAttention takes them: scores are scaled by scale * log2(e) once, the running max kept in
-// those units, and p = 2^(s' - m') is one hardware ex2 that flushes results below 2^-126 (where
-// __expf(x) was x * log2(e) and an ex2 with a guard for subnormal results: four instructions more an
-// element). In the backward, P = 2^(fma(s, scale log2 e, -lse log2 e)), one fma and one ex2 where
+// 64 of them HMMA, which a multiprocessor's four schedulers issue at one a cycle each. So the
+// exponentials are taken as FlashAttention takes them: scores are scaled by scale * log2(e) once,
+// the running max kept in those units, and p = 2^(s' - m') is one hardware ex2 that flushes results
+// below 2^-126 (where __expf(x) was x * log2(e) and an ex2 with a guard for subnormal results: four
+// instructions more an element). In the backward, P = 2^(fma(s, scale log2 e, -lse log2 e)), one fma and one ex2 where
 // there were seven instructions, and dS is kept without the scale, which multiplies dQ and dK once
 // at the end, as FlashAttention-2 does (exactly, for D = 64's power-of-two scale; within a rounding
 // of dS otherwise). lse is stored in natural units, as before. With the cheaper tile loads of
@@ -515,7 +515,7 @@ __device__ __forceinline__ float2 unpack2(uint32_t r) {
 // kWarps * 32 threads take the tile's 16-byte pieces in turn. Where a row's pieces divide the block
 // (D = 32, 64, 128), a thread keeps one column and steps down the rows: 22 instructions a piece
 // where the loop over pieces by blockDim.x took 30 (SASS, D = 64), in a walk whose key tile takes
-// about 700. (Unrolled, the loop took 12 a piece, but ptxas then kept every piece's address in
+// about 650. (Unrolled, the loop took 12 a piece, but ptxas then kept every piece's address in
 // registers across the walk: up to 70 more a thread, fewer blocks per multiprocessor.) A row past
 // `rows` reads nothing (src-size 0), from the matrix's first row.
 template <typename T, int D>
