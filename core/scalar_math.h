@@ -113,11 +113,39 @@ KILN_HOST_DEVICE inline T float_floor_divide(T x, T y) {
 // gelu(-inf) = NaN (-inf * 0), gelu'(+-inf) = NaN; |x| is clamped to 64 first, where the result has
 // long underflowed (Phi(-14.5) < 1e-47), so that no inf - inf arises inside.
 // On the GPU the reciprocal is the approximate instruction and one Newton step, and exp2 the
-// hardware's (2 ulp, flushing subnormals: its argument is above -30 where it matters). Measured
+// hardware's (Note [exp2 on the GPU]; its argument is above -30 where it matters). Measured
 // over every 997th float in [-16, 16] against long double, the reciprocal taken 1 ulp off and exp2
 // 2 ulp off either way: relative error below 8.9e-7 forward and 8.7e-7 of |Phi| + |x phi| backward
 // (the largest near x = 0, where P's fit and exp2 show most), against 1.2e-5 and 3.9e-6 for the
 // erfcf form (in the tail); 36 instructions an element on sm_90 forward, against 52.
+inline constexpr float kLog2e = 1.44269504088896340736f;
+inline constexpr float kLn2 = 0.69314718055994530942f;
+
+// Note [exp2 on the GPU]: 2^v as the hardware's ex2.approx.ftz on the GPU (one instruction, within
+// 2 ulp, results below 2^-126 flushed to 0), std::exp2 on the host. An accurate expf is about ten
+// instructions, which the memory-bound GPU kernels cannot always afford (SASS, sm_90): GELU (below),
+// the attention kernels (Note [exp2 in the register-tiled kernels]), the cross-entropy (Note [the
+// logits a chunk at a time]) and the softmax rows (Note [softmax rows in few instructions]) take
+// this one. fast_exp(v) is exp(v) through it in float, and exp itself in double.
+KILN_HOST_DEVICE inline float fast_exp2(float v) {
+#ifdef __CUDA_ARCH__
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(v));
+  return y;
+#else
+  return std::exp2(v);
+#endif
+}
+template <typename T>
+KILN_HOST_DEVICE inline T fast_exp(T v) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fast_exp2(v * kLog2e);
+  } else {
+    using std::exp;
+    return exp(v);
+  }
+}
+
 namespace detail {
 KILN_HOST_DEVICE inline float approx_reciprocal(float d) {  // d in [1, 2^126)
 #ifdef __CUDA_ARCH__
@@ -126,15 +154,6 @@ KILN_HOST_DEVICE inline float approx_reciprocal(float d) {  // d in [1, 2^126)
   return fmaf(t, fmaf(-d, t, 1.0f), t);  // one Newton step: within an ulp
 #else
   return 1.0f / d;
-#endif
-}
-KILN_HOST_DEVICE inline float approx_exp2(float v) {  // 2^v; 0 below -126 on the GPU
-#ifdef __CUDA_ARCH__
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(v));
-  return y;
-#else
-  return std::exp2(v);
 #endif
 }
 KILN_HOST_DEVICE inline float pow2_float(float k) {  // 2^k for an integer k in [-126, 127]
@@ -153,7 +172,6 @@ struct NormalParts {
   float q, pdf, scale;
 };
 KILN_HOST_DEVICE inline NormalParts normal_parts(float x, bool with_pdf) {
-  constexpr float kLog2e = 1.44269504088896340736f;
   constexpr float kLn2Hi = 0.693145751953125f;          // 16 bits: n * kLn2Hi is exact for |n| < 2^8
   constexpr float kLn2Lo = 1.42860682030941723212e-6f;  // ln 2 - kLn2Hi
   const float ax = fminf(fabsf(x), 64.0f);              // NaN gives 64 here; x carries it out
@@ -174,9 +192,9 @@ KILN_HOST_DEVICE inline NormalParts normal_parts(float x, bool with_pdf) {
   p = fmaf(t, p, 1.4427292f);
   p = fmaf(t, p, -2.82574822f);
   NormalParts out;
-  out.q = t * approx_exp2(fmaf(r, kLog2e, p + n_rest));
+  out.q = t * fast_exp2(fmaf(r, kLog2e, p + n_rest));
   // phi = exp(r) 2^n / sqrt(2 pi): log2(1 / sqrt(2 pi)) = -1.32574806
-  out.pdf = with_pdf ? approx_exp2(fmaf(r, kLog2e, -1.32574806f + n_rest)) : 0.0f;
+  out.pdf = with_pdf ? fast_exp2(fmaf(r, kLog2e, -1.32574806f + n_rest)) : 0.0f;
   out.scale = pow2_float(n_scale);
   return out;
 }

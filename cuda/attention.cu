@@ -45,6 +45,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "core/scalar_math.h"
 #include "cuda/context.h"
 #include "cuda/kernels.h"
 #include "cuda/loops.cuh"
@@ -454,13 +455,7 @@ __device__ __forceinline__ void cp_async_wait() {
 // load_tile_async and the masks of visible_keys, the forward's tile now takes 647 instructions; the
 // loops of the dQ and dK/dV kernels (both paths, masked and not, each load loop once) have 561 and
 // 687 where they had 1209 and 1404.
-constexpr float kLog2e = 1.44269504088896340736f;
-constexpr float kLn2 = 0.69314718055994530942f;
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
+using math::fast_exp2, math::kLn2, math::kLog2e;  // Note [exp2 on the GPU]
 
 // Blocks a multiprocessor holds of each register-tiled kernel: __launch_bounds__'s second argument,
 // so ptxas fits its registers to them (65536 / (128 threads * blocks) a thread) instead of its own
@@ -704,7 +699,7 @@ attention_forward_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       const float m_new = fmaxf(m[h], mx[h]);
-      alpha[h] = m_new == -INFINITY ? 1.0f : exp2_ftz(m[h] - m_new);  // no inf - inf
+      alpha[h] = m_new == -INFINITY ? 1.0f : fast_exp2(m[h] - m_new);  // no inf - inf
       m[h] = m_new;
       l[h] *= alpha[h];
     }
@@ -712,7 +707,7 @@ attention_forward_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T
     uint32_t p[kTile / 16][4];
     for_each_a_register([&](int j, int r, int n, int h) {
       const float mh = m[h] == -INFINITY ? 0.0f : m[h];
-      p[j][r] = pack2<T>(exp2_ftz(s[n][2 * h] - mh), exp2_ftz(s[n][2 * h + 1] - mh));
+      p[j][r] = pack2<T>(fast_exp2(s[n][2 * h] - mh), fast_exp2(s[n][2 * h + 1] - mh));
       const float2 rounded = unpack2<T>(p[j][r]);
       l[h] += rounded.x + rounded.y;
     });
@@ -771,7 +766,7 @@ attention_grad_q_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T>
 #pragma unroll
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = exp2_ftz(fmaf(s[n][e], scale_log2, -lse_r[e >> 1]));  // P
+      for (int e = 0; e < 4; ++e) s[n][e] = fast_exp2(fmaf(s[n][e], scale_log2, -lse_r[e >> 1]));  // P
     if (edge) {  // See visible_keys
       const int visible[2] = {visible_keys(row, k0, S, causal), visible_keys(row + 8, k0, S, causal)};
 #pragma unroll
@@ -840,7 +835,7 @@ attention_grad_kv_mma_kernel(Heads<const T> qh, Heads<const T> kh, Heads<const T
     for (int n = 0; n < kTile / 8; ++n)
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        st[n][e] = exp2_ftz(fmaf(st[n][e], scale_log2, -lse_s[8 * n + 2 * t + (e & 1)]));  // P^T
+        st[n][e] = fast_exp2(fmaf(st[n][e], scale_log2, -lse_s[8 * n + 2 * t + (e & 1)]));  // P^T
       }
     if (edge) {
       // Query column c sees key jj when q0 + c < L and, if causal, jj <= q0 + c: c in [first[h], last).

@@ -438,21 +438,10 @@ struct ColumnOf {
 // multiplication, an exp2 and an add, where a branch on x > m (with its reconvergence) and an
 // accurate exp took about 25 instructions (SASS, sm_90), more than a multiprocessor can issue while
 // the memory delivers 16-bit logits (about 16 an element at 4.2 TB/s). Rows read element by element
-// (unaligned, or a length whose bytes 16 does not divide) go in chunks of 8, 8 loads in flight. For
-// float the exponential is the hardware's exp2 (within 2 ulp) of (x - m) log2 e: the difference
-// first, so that the largest term is exactly 1 and a large m's rounding (as in x log2 e - m log2 e)
-// does not scale every term. double keeps exp.
-template <typename A>
-__device__ __forceinline__ A exp_of_difference(A x, A m) {  // exp(x - m) for x <= m (or NaN)
-  if constexpr (std::is_same_v<A, float>) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"((x - m) * 1.44269504088896340736f));
-    return y;
-  } else {
-    return exp(x - m);
-  }
-}
-
+// (unaligned, or a length whose bytes 16 does not divide) go in chunks of 8, 8 loads in flight. The
+// exponential is math::fast_exp(x - m) (Note [exp2 on the GPU]: the hardware's exp2 in float, exp in
+// double): the difference first, so that the largest term is exactly 1 and a large m's rounding (as
+// in x log2 e - m log2 e) does not scale every term.
 template <typename A>
 struct RunningLse {
   A m = -INFINITY, s = 0;  // s == 0 until a logit above -inf arrives
@@ -470,7 +459,7 @@ struct RunningLse {
     m = mx;
     const A base = m == -INFINITY ? A(0) : m;  // all -inf so far: each exp is of -inf, 0
     KILN_CUDA_UNROLL
-    for (int i = 0; i < n; ++i) s += exp_of_difference(x[i], base);
+    for (int i = 0; i < n; ++i) s += math::fast_exp(x[i] - base);
   }
   __device__ void merge(A m2, A s2) {
     const A mm = fmax(m, m2);  // m is never NaN: add_chunk's fmax passes over NaN
@@ -585,7 +574,7 @@ __global__ void __launch_bounds__(kThreads, std::is_same_v<A, double> ? 2 : 4)
 // One element's gradient (Note [one pass over the logits]), in A.
 template <typename A>
 __device__ __forceinline__ A cross_entropy_grad(A x, A l, A scale, A smooth, A hit, bool is_target) {
-  A v = (exp_of_difference(x, l) - smooth) * scale;  // Note [the logits a chunk at a time]: exp2 for float
+  A v = (math::fast_exp(x - l) - smooth) * scale;  // Note [the logits a chunk at a time]
   if (is_target) v -= hit * scale;
   return v;
 }

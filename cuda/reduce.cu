@@ -23,6 +23,7 @@
 #include <optional>
 #include <type_traits>
 
+#include "core/scalar_math.h"
 #include "cuda/context.h"
 #include "cuda/kernels.h"
 #include "cuda/loops.cuh"
@@ -352,20 +353,10 @@ __global__ void softmax_kernel(const T* in, T* out, int64_t n_rows, int64_t len,
 // forward (SASS, sm_90, float32): an accurate expf (about 10) and an IEEE division (a check, a
 // reciprocal, four fmas and a slow path) among them, against the 60 or so that a multiprocessor can
 // issue while the memory moves a float32 element in and out at 4.2 TB/s. In float (and for the
-// 16-bit types, computed in float) the exponential is now the hardware's exp2 of (x - max) log2 e
-// (within 2 ulp, as in the attention and cross-entropy kernels), and the outputs are multiplied by
-// 1 / sum, computed once a row: a few ulp from the CPU's exp and division, within float32's
-// tolerance. double keeps exp and the division. The strided softmax_kernel above is unchanged.
-template <typename M>
-__device__ __forceinline__ M exp_nonpositive(M v) {  // exp(v) for v <= 0, -inf or NaN
-  if constexpr (std::is_same_v<M, float>) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(v * 1.44269504088896340736f));
-    return y;
-  } else {
-    return exp(v);
-  }
-}
+// 16-bit types, computed in float) the exponential is now math::fast_exp, the hardware's exp2 of
+// (x - max) log2 e (Note [exp2 on the GPU]), and the outputs are multiplied by 1 / sum, computed
+// once a row: a few ulp from the CPU's exp and division, within float32's tolerance. double keeps
+// exp and the division. The strided softmax_kernel above is unchanged.
 
 // The register kernels' middle step on a thread's elements, given the row's max: v becomes
 // exp(x - max) for softmax (one exp an element), x - max for log_softmax; returns the thread's sum of
@@ -378,7 +369,7 @@ __device__ __forceinline__ M shift_and_exp(M (&v)[kPer], M mx, bool log_softmax)
   KILN_CUDA_UNROLL
   for (int u = 0; u < kPer; ++u) {
     v[u] -= mx;
-    const M e = exp_nonpositive(v[u]);  // See Note [softmax rows in few instructions]
+    const M e = math::fast_exp(v[u]);  // See Note [softmax rows in few instructions]
     sum += e;
     if (!log_softmax) v[u] = e;
   }
