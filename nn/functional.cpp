@@ -397,7 +397,9 @@ Tensor cross_entropy(const Tensor& input, const Tensor& target, const CrossEntro
       prod = prod * along_classes(options.weight, input.dim());
     }
     Tensor loss = -prod.sum({cdim});
-    if (r == Reduction::Mean) return loss.sum() / static_cast<double>(input.numel() / classes);
+    // The mean over the rows, input.numel() / classes of them: with no classes 0 / 0, NaN, as PyTorch
+    // (and as for no rows), computed in double so that no integer divides by zero.
+    if (r == Reduction::Mean) return loss.sum() / (static_cast<double>(input.numel()) / static_cast<double>(classes));
     return reduce(loss, r);
   }
 

@@ -61,6 +61,7 @@ Tensor to(const Tensor& t, Device device, DType dtype, bool non_blocking) {
 }
 
 Tensor detach(const Tensor& t) {
+  KILN_CHECK(t.defined(), "detach: the tensor is undefined (default-constructed, or a grad that was never computed)");
   auto impl = std::make_shared<TensorImpl>();
   impl->storage = t.impl()->storage;
   impl->sizes = t.sizes();
@@ -84,6 +85,7 @@ Tensor Tensor::to(Device device, DType dtype, bool non_blocking) const {
 Tensor Tensor::pin_memory() const { return ops::pin_memory(*this); }
 Tensor Tensor::detach() const { return ops::detach(*this); }
 Tensor& Tensor::detach_() {
+  KILN_CHECK(defined(), "detach_: the tensor is undefined (default-constructed, or a grad that was never computed)");
   KILN_CHECK(!impl_->is_view || !requires_grad(),
              "detach_: a view that takes part in autograd cannot be detached in place (its base keeps its "
              "history); use detach(), which returns a new handle, as PyTorch asks");

@@ -131,6 +131,12 @@ void check_no_internal_overlap(const Tensor& self, const char* op) {
              op, d);
 }
 
+void throw_undefined_write(const char* op) {
+  KILN_FAIL("{}: the tensor to change in place is undefined (default-constructed, or a grad that was never "
+            "computed); give it values first, e.g. with zeros(shape)",
+            op);
+}
+
 void throw_inference_write(const char* op) {
   KILN_FAIL("{}: this is an inference tensor (made in inference mode), and an in-place change of one is "
             "allowed only inside an InferenceMode scope; clone() it to get a normal tensor first",

@@ -55,10 +55,13 @@ void check_no_internal_overlap(const Tensor& self, const char* op);
 // The first dim along which t is expanded (size > 1, stride 0), or -1 if there is none.
 int first_expanded_dim(const Tensor& t);
 Tensor unaliased(const Tensor& operand, const Tensor& self);
-// Every in-place entry point calls this before it writes: an inference tensor can be written only
-// in inference mode (Note [inference mode] in core/grad_mode.h).
+// Every in-place entry point calls this before it writes: the tensor written must be defined, and
+// an inference tensor can be written only in inference mode (Note [inference mode] in
+// core/grad_mode.h).
+[[noreturn]] void throw_undefined_write(const char* op);
 [[noreturn]] void throw_inference_write(const char* op);
 inline void check_inference_write(const Tensor& self, const char* op) {
+  if (self.impl() == nullptr) [[unlikely]] throw_undefined_write(op);
   if (self.impl()->storage->inference && !InferenceMode::is_enabled()) [[unlikely]] throw_inference_write(op);
 }
 // The range of storage elements [lo, hi] a layout reaches (hi < lo when it has no elements).

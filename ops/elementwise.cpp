@@ -57,9 +57,9 @@ void check_not_bool(const Tensor& x, const char* op) {
   KILN_CHECK(x.dtype() != kBool, "{}: not defined for bool tensors; convert first, e.g. x.to(kFloat32)", op);
 }
 
-// A floating unary op: integers are promoted to float32, as in PyTorch.
+// A floating unary op: integers and bool are promoted to float32, as in PyTorch (exp(mask) is
+// float32); the activations gelu, silu and softplus refuse bool, as PyTorch does, at their call.
 Tensor float_unary(UnaryOp op, const Tensor& x, const char* name, UnaryArgs args = {}) {
-  check_not_bool(x, name);
   return unary_forward(op, x, floating_of(x.dtype()), args);
 }
 
@@ -112,8 +112,17 @@ struct InputInfo {
 
 Tensor arithmetic(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, const char* name) {
   DType dt = result_type(a, b);  // bool operands promote (mask * float is float)
-  KILN_CHECK(dt != kBool || op == BinaryOp::Div,
-             "{}: not defined for two bool tensors; convert one first, e.g. x.to(kFloat32)", name);
+  // PyTorch refuses a bool on either side of a subtraction (to invert a mask, logical_not is meant).
+  KILN_CHECK(op != BinaryOp::Sub || (a.dtype() != kBool && b.dtype() != kBool),
+             "{}: subtraction with a bool tensor is not supported; to invert a mask use logical_not(), or "
+             "convert the bool tensor first, e.g. x.to(kInt64)",
+             name);
+  if (dt == kBool) {  // two bools, as PyTorch: + and maximum are or, * and minimum are and
+    if (op == BinaryOp::Add || op == BinaryOp::Maximum) return logical_or(a, b);
+    if (op == BinaryOp::Mul || op == BinaryOp::Minimum) return logical_and(a, b);
+    KILN_CHECK(op == BinaryOp::Div, "{}: not defined for two bool tensors; convert one first, e.g. x.to(kFloat32)",
+               name);
+  }
   if (op == BinaryOp::Div) dt = floating_of(dt);
   return binary_forward(op, a, b, dt, alpha, name);
 }
@@ -248,7 +257,7 @@ Tensor abs(const Tensor& x) {
                          [](const Tensor& g, const Tensor& x) { return g * x.sign(); });
 }
 Tensor sign(const Tensor& x) {
-  check_not_bool(x, "sign");
+  if (x.dtype() == kBool) return x.clone();  // PyTorch: the sign of a bool is itself
   Tensor y = unary_forward(UnaryOp::Sign, x, x.dtype());
   if (should_record(x)) record("SignBackward", {x}, {y}, [](const Grads& g) -> TensorList { return {zeros_like(g[0])}; });
   return y;
@@ -366,6 +375,7 @@ Tensor gelu(const Tensor& x, std::string_view approximate) {
   // The backward is one fused pass, g * gelu'(x) (BinaryOp::GeluErfBackward / GeluTanhBackward in
   // core/scalar_math.h), unless it is itself being differentiated (create_graph): then the same
   // formula as ops, so that it has a gradient of its own; likewise with fusion off (set_fusion).
+  check_not_bool(x, "gelu");
   return with_input_grad(float_unary(tanh_form ? UnaryOp::GeluTanh : UnaryOp::GeluErf, x, "gelu"), x,
                          "GeluBackward",
                          [tanh_form](const Tensor& g, const Tensor& x) { return gelu_backward(g, x, tanh_form); });
@@ -414,6 +424,7 @@ Tensor bias_gelu(const Tensor& input, const Tensor& bias, std::string_view appro
 }
 
 Tensor silu(const Tensor& x) {  // d x s(x) = s (1 + x (1 - s))
+  check_not_bool(x, "silu");
   return with_input_grad(float_unary(UnaryOp::Silu, x, "silu"), x, "SiluBackward",
                          [](const Tensor& g, const Tensor& x) {
                            Tensor s = x.sigmoid();
@@ -424,6 +435,7 @@ Tensor softplus(const Tensor& x) {  // d log(1 + e^x) = sigmoid(x); the identity
   if (autocast::is_enabled(x.device().type)) {
     if (autocast::OpScope ac{autocast::Op::Softplus, x.device()}) return softplus(ac.cast(x));
   }
+  check_not_bool(x, "softplus");
   return with_input_grad(float_unary(UnaryOp::Softplus, x, "softplus"), x, "SoftplusBackward",
                          [](const Tensor& g, const Tensor& x) { return where(x.gt(20), g, g * x.sigmoid()); });
 }
@@ -432,7 +444,7 @@ Tensor erf(const Tensor& x) {  // d erf = 2/sqrt(pi) e^(-x^2)
                          [](const Tensor& g, const Tensor& x) { return g * (x * x).neg().exp() * 1.1283791670955126; });
 }
 Tensor square(const Tensor& x) {
-  check_not_bool(x, "square");
+  if (x.dtype() == kBool) return square(x.to(kInt64));  // as PyTorch: bool squares as int64
   return with_input_grad(unary_forward(UnaryOp::Square, x, x.dtype()), x, "SquareBackward",
                          [](const Tensor& g, const Tensor& x) { return g * x * 2; });
 }
@@ -440,8 +452,9 @@ Tensor pow(const Tensor& x, const Scalar& exponent) {
   if (autocast::is_enabled(x.device().type)) {
     if (autocast::OpScope ac{autocast::Op::Pow, x.device()}) return pow(ac.cast(x), exponent);
   }
-  check_not_bool(x, "pow");
   DType dt = result_type(x, exponent);
+  // A bool base as PyTorch: int64 to an integer power, float32 to a floating one.
+  if (x.dtype() == kBool) return pow(x.to(dt == kBool ? kInt64 : dt), exponent);
   KILN_CHECK(!(is_integral(dt) && exponent.to_double() < 0),
              "pow: integers to negative integer powers are not allowed; convert the base to float");
   const double p = exponent.to_double();
@@ -452,11 +465,14 @@ Tensor pow(const Tensor& x, const Scalar& exponent) {
                          });
 }
 Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> max) {
-  check_not_bool(x, "clamp");
   KILN_CHECK(min || max, "clamp: at least one of min and max must be given");
   DType dt = x.dtype();
   if (min) dt = promote_types(dt, result_type(x, *min));
   if (max) dt = promote_types(dt, result_type(x, *max));
+  if (x.dtype() == kBool) {  // clamps in the type its bounds promote it to (int64 or float32), as PyTorch
+    KILN_CHECK(dt != kBool, "clamp: not defined for a bool tensor with bool bounds; convert first, e.g. x.to(kInt64)");
+    return clamp(x.to(dt), min, max);
+  }
   if (is_integral(dt)) {  // in the integer type: int64 values and bounds beyond 2^53 stay exact
     Tensor out = x.to(dt);
     if (min) out = maximum(out, scalar_tensor(*min, x.options().dtype(dt)));

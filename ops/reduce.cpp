@@ -86,7 +86,8 @@ Shape reduced_dims(const Plan& p, int nd) {
 // amax / amin: the gradient is shared evenly among the elements equal to the extreme.
 Tensor extreme(const Tensor& x, const Shape& dims, bool keepdim, bool is_max) {
   const char* name = is_max ? "amax" : "amin";
-  KILN_CHECK(x.dtype() != kBool, "{}: not defined for bool tensors", name);
+  // bool as PyTorch: the extreme of the values as 0 and 1 (any / all along the dims), a bool result.
+  if (x.dtype() == kBool) return extreme(x.to(kUInt8), dims, keepdim, is_max).to(kBool);
   Plan p = make_plan(x, dims, keepdim, name);
   check_nonempty(x, p, name);
   Tensor out = reduce_raw(is_max ? ReduceKind::Max : ReduceKind::Min, x, p, x.dtype());
@@ -143,10 +144,9 @@ Tensor prod(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   if (autocast::is_enabled(x.device().type)) {
     if (autocast::OpScope ac{autocast::Op::Prod, x.device()}) return prod(ac.cast(x), dim, keepdim);
   }
-  KILN_CHECK(x.dtype() != kBool, "prod: not defined for bool tensors");
   Shape dims = dim ? Shape{*dim} : Shape{};
   Plan p = make_plan(x, dims, keepdim, "prod");
-  if (!is_floating(x.dtype()) && x.dtype() != kInt64) return prod(x.to(kInt64), dim, keepdim);  // as sum
+  if (!is_floating(x.dtype()) && x.dtype() != kInt64) return prod(x.to(kInt64), dim, keepdim);  // as sum (bool too)
   Tensor out = reduce_raw(ReduceKind::Prod, x, p, x.dtype());
   if (should_record(x)) {
     // d prod / d x_i = product of the others: prod / x_i where x_i != 0; where a slice has exactly one
@@ -174,7 +174,7 @@ Tensor min(const Tensor& x) { return extreme(x, {}, false, false); }
 
 static Tensor arg_extreme(const Tensor& x, std::optional<int64_t> dim, bool keepdim, bool is_max) {
   const char* name = is_max ? "argmax" : "argmin";
-  KILN_CHECK(x.dtype() != kBool, "{}: not defined for bool tensors", name);
+  if (x.dtype() == kBool) return arg_extreme(x.to(kUInt8), dim, keepdim, is_max);  // false < true, as PyTorch
   if (!dim) {  // over the flattened tensor
     KILN_CHECK(x.numel() > 0, "{}: cannot take the {} of an empty tensor", name, name);
     Tensor flat = x.reshape({-1});
@@ -247,12 +247,15 @@ Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
   if (autocast::is_enabled(x.device().type)) {
     if (autocast::OpScope ac{autocast::Op::Logsumexp, x.device()}) return logsumexp(ac.cast(x), dims, keepdim);
   }
-  floating_input(x, "logsumexp");
-  Tensor m = amax(x.detach(), dims, true);
+  // Integers and bool as PyTorch: computed in the default float dtype, float32.
+  if (!is_floating(x.dtype())) return logsumexp(x.to(kFloat32), dims, keepdim);
+  Plan p = make_plan(x, dims, keepdim, "logsumexp");
+  // Shifted by the max for range; over no elements the sum is 0 and the result -inf (as PyTorch),
+  // where amax would have no value, so the shift is then 0.
+  Tensor m = p.count == 0 ? zeros(p.keep_shape, x.options()) : amax(x.detach(), dims, true);
   m = where(m.abs().eq(std::numeric_limits<double>::infinity()), zeros({}, m.options()), m);
   Tensor r = (x - m).exp().sum(dims, true).log() + m;  // d/dx = softmax(x); m is a constant
   if (keepdim) return r;
-  Plan p = make_plan(x, dims, keepdim, "logsumexp");
   return r.reshape(p.out_shape);
 }
 

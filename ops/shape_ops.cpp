@@ -136,9 +136,12 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<int64_t>
 }
 
 std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
-  KILN_CHECK(split_size > 0, "split: split_size must be positive, got {}", split_size);
   KILN_CHECK(x.dim() > 0, "split: expects a tensor of at least 1 dimension, got a 0-dimensional one");
   int d = wrap_dim(dim, x.dim(), "split");
+  // As PyTorch: a split_size of 0 only for a dim of size 0 (one empty piece).
+  KILN_CHECK(split_size > 0 || (split_size == 0 && x.sizes()[d] == 0),
+             "split: split_size must be positive (0 only for a dim of size 0), got {} for dim {} of size {}",
+             split_size, d, x.sizes()[d]);
   std::vector<int64_t> sizes;
   for (int64_t left = x.sizes()[d]; left > 0; left -= split_size) sizes.push_back(std::min(left, split_size));
   if (sizes.empty()) sizes.push_back(0);
@@ -150,7 +153,13 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
   KILN_CHECK(x.dim() > 0, "chunk: expects a tensor of at least 1 dimension, got a 0-dimensional one");
   int d = wrap_dim(dim, x.dim(), "chunk");
   int64_t n = x.sizes()[d];
-  return split(x, std::max<int64_t>(1, (n + chunks - 1) / chunks), d);
+  // A dim of size 0 gives `chunks` empty pieces, as PyTorch; otherwise pieces of ceil(n / chunks).
+  if (n == 0) {
+    KILN_CHECK(chunks <= (int64_t{1} << 24), "chunk: {} empty pieces of a dim of size 0 are too many to return",
+               chunks);
+    return split_with_sizes(x, std::vector<int64_t>(static_cast<size_t>(chunks), 0), d);
+  }
+  return split(x, (n + chunks - 1) / chunks, d);
 }
 
 Tensor flip(const Tensor& x, const Shape& dims) {

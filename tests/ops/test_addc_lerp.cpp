@@ -40,7 +40,7 @@ TEST_CASE("addcmul_, addcdiv_ and lerp_ write what addcmul, addcdiv and lerp ret
       Tensor b = test::sample({6}, kFloat32, 1.7).to(dt);              // broadcast over the rows
       Tensor c = test::sample({6, 5}, kFloat32, 2.9).to(dt).t();       // strided
       Tensor expected = f.out_of_place(x, b, c);
-      const int64_t version = x._version();
+      const uint64_t version = x._version();
       f.in_place(x, b, c);
       CHECK(x._version() > version);
       test::check_equal(x, expected);  // the same kernel on the same values: bit for bit
