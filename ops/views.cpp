@@ -121,15 +121,23 @@ Shape infer_shape(const Shape& shape, int64_t numel, const char* op) {
   Shape out = shape;
   int infer = -1;
   int64_t known = 1;
+  bool any_zero = false;  // then the product is 0, whatever the others multiply to
   for (int i = 0; i < out.size(); ++i) {
     if (out[i] == -1) {
       KILN_CHECK(infer < 0, "{}: only one dimension can be -1, got {}", op, shape.str());
       infer = i;
     } else {
       KILN_CHECK(out[i] >= 0, "{}: invalid size {} in shape {}", op, out[i], shape.str());
-      known *= out[i];
+      any_zero = any_zero || out[i] == 0;
     }
   }
+  // Multiplied with a check: a product that wraps past 2^63 (2^62 x 4 is 0 modulo 2^64) must not pass
+  // for the element count of an empty tensor.
+  for (int i = 0; i < out.size() && !any_zero; ++i) {
+    KILN_CHECK(i == infer || !__builtin_mul_overflow(known, out[i], &known),
+               "{}: shape {} has more elements than fit in 64 bits", op, shape.str());
+  }
+  if (any_zero) known = 0;
   if (infer >= 0) {
     KILN_CHECK(known != 0 && numel % known == 0, "{}: shape {} is invalid for input of size {}", op,
                shape.str(), numel);
