@@ -530,8 +530,11 @@ Tensor div(const Tensor& a, const Tensor& b) {
            [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(b.requires_grad() ? a : Tensor(), false),
             sb = SavedTensor(b, false)](const Grads& g) -> TensorList {
              Tensor bv = sb.unpack("DivBackward");
-             return {g.needs_grad(0) ? ia.fit(g[0] / bv) : Tensor(),  // d a/b / da = 1/b
-                     g.needs_grad(1) ? ib.fit(-(g[0] * sa.unpack("DivBackward")) / (bv * bv)) : Tensor()};
+             // d a/b / da = 1/b; d a/b / db = -(a/b)/b, divided twice (as PyTorch) where b*b could
+             // underflow to 0 (b = 1e-30 in float32) and a/b^2 become inf.
+             Tensor gb = g[0] / bv;
+             return {g.needs_grad(0) ? ia.fit(gb) : Tensor(),
+                     g.needs_grad(1) ? ib.fit(-(gb * (sa.unpack("DivBackward") / bv))) : Tensor()};
            });
   }
   return out;
@@ -547,7 +550,10 @@ Tensor pow(const Tensor& a, const Tensor& b) {
             so = SavedTensor(out, true)](const Grads& g) -> TensorList {
              Tensor av = sa.unpack("PowBackward"), bv = sb.unpack("PowBackward");
              Tensor ga, gb;
-             if (g.needs_grad(0)) ga = ia.fit(g[0] * bv * av.pow(bv - 1));  // b a^(b-1)
+             if (g.needs_grad(0)) {  // b a^(b-1), and 0 where b = 0 (as PyTorch: not 0 * 0^-1 = NaN at a = 0)
+               Tensor d = g[0] * bv * av.pow(bv - 1);
+               ga = ia.fit(where(bv.eq(0), zeros_like(d), d));
+             }
              if (g.needs_grad(1)) {  // a^b log a, taken as 0 where a = 0 and b >= 0
                Tensor d = g[0] * so.unpack("PowBackward") * av.log();
                gb = ib.fit(where(av.eq(0).logical_and(bv.ge(0)), zeros_like(d), d));

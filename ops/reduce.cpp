@@ -240,7 +240,25 @@ Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
     return out;
   }
   if (is_reduced_float(x.dtype())) return norm(x.to(kFloat32), p, dims, keepdim).to(x.dtype());  // as for p = 2
-  return sum(x.abs().pow(p), dims, keepdim).pow(1.0 / p);
+  Plan plan = make_plan(x, dims, keepdim, "norm");
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = sum(x.abs().pow(p), dims, keepdim).pow(1.0 / p);
+  }
+  if (should_record(x)) {
+    // d ||x||_p / dx = sgn(x) |x|^(p-1) / ||x||_p^(p-1), as PyTorch: 0 where the norm is 0, and 0 at
+    // x = 0 (for p < 1, where |x|^(p-1) is inf there). Composed, 0^(1/p - 1) at a zero norm made NaN.
+    record("NormBackward", {x}, {out},
+           [plan, p, xs = SavedTensor(x, false), ns = SavedTensor(out, true)](const Grads& g) -> TensorList {
+             Tensor xv = xs.unpack("NormBackward");
+             Tensor n = expand_back(ns.unpack("NormBackward"), plan.keep_shape, xv.sizes());
+             Tensor zero = zeros({}, xv.options());
+             Tensor scale = where(n.eq(0), zero, expand_back(g[0], plan.keep_shape, xv.sizes()) / n.pow(p - 1));
+             return {where(xv.eq(0), zero, xv.sign() * xv.abs().pow(p - 1)) * scale};
+           });
+  }
+  return out;
 }
 
 Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {

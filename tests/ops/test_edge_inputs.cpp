@@ -109,6 +109,32 @@ TEST_CASE("bool tensors in arithmetic and math, as PyTorch", "[ops]") {
   test::check_error([&] { silu(b); }, {"silu", "bool"});
 }
 
+namespace {
+// x's gradient of f(x) summed, x float32 leaves holding `values`.
+Tensor grad_of(const std::function<Tensor(const Tensor&)>& f, std::vector<double> values) {
+  Tensor x = from_vector<double>(values).to(kFloat32).requires_grad_();
+  f(x).sum().backward();
+  return x.grad();
+}
+}  // namespace
+
+TEST_CASE("gradients at the edges of their formulas, as PyTorch", "[ops]") {
+  // p-norms (torch.linalg.vector_norm(x, p).backward()): 0 where the norm is 0, 0 at x = 0 for p < 1
+  test::check_equal(grad_of([](const Tensor& x) { return x.norm(3); }, {0, 0}), zeros({2}));
+  test::check_equal(grad_of([](const Tensor& x) { return x.norm(3); }, {0, 1}), tensor({0.0, 1.0}));
+  test::check_equal(grad_of([](const Tensor& x) { return x.norm(0.5); }, {0, 1}), tensor({0.0, 1.0}));
+  test::check_equal(grad_of([](const Tensor& x) { return x.norm(-1); }, {0, 1}), zeros({2}));
+  test::check_close(grad_of([](const Tensor& x) { return x.norm(3); }, {2, -1}), tensor({0.9244816899299622, -0.23112042248249054}));
+  test::check_close(grad_of([](const Tensor& x) { return x.norm(0.5); }, {2, -1}), tensor({1.7071068286895752, -2.4142136573791504}));
+  test::check_close(grad_of([](const Tensor& x) { return x.norm(-1); }, {2, -1}), tensor({0.111111119389534, -0.444444477558136}));
+  test::check_close(grad_of([](const Tensor& x) { return x.norm(1.5); }, {2, -1}), tensor({0.9040133953094482, -0.6392340064048767}));
+  // x / x at x = 1e-30 in float32: 1/x - (x/x)/x = 0, where x*x underflows (it was -inf)
+  test::check_equal(grad_of([](const Tensor& x) { return x / x; }, {1e-30, 2}), zeros({2}));
+  // pow(x, exponent tensor 0) at x = 0: 0, not 0 * 0^-1 (torch.pow(x, torch.tensor([0.])))
+  test::check_equal(grad_of([](const Tensor& x) { return pow(x, tensor({0.0, 0.0})); }, {0, 3}), zeros({2}));
+  test::check_equal(grad_of([](const Tensor& x) { return x.pow(0); }, {0, 3}), zeros({2}));
+}
+
 TEST_CASE("chunk and split of a dim of size 0, as PyTorch", "[ops]") {
   // [t.shape for t in torch.zeros(0).chunk(3)] == [(0,), (0,), (0,)]
   auto c = zeros({0}).chunk(3);
