@@ -37,6 +37,24 @@ KILN_HOST_DEVICE inline T int_pow(T x, T e) {
   return static_cast<T>(result);
 }
 
+// +, - and * of signed integers wrap as two's complement (PyTorch's results: int64 2^62 * 4 is 0),
+// computed in the unsigned type, where C++ defines the wrap (in the signed type it is undefined).
+template <typename T>
+KILN_HOST_DEVICE inline T wrap_add(T x, T y) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(x) + static_cast<U>(y)));
+}
+template <typename T>
+KILN_HOST_DEVICE inline T wrap_sub(T x, T y) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(x) - static_cast<U>(y)));
+}
+template <typename T>
+KILN_HOST_DEVICE inline T wrap_mul(T x, T y) {
+  using U = std::make_unsigned_t<T>;
+  return static_cast<T>(static_cast<U>(static_cast<U>(x) * static_cast<U>(y)));
+}
+
 // Floor division and remainder (Python's // and %: the quotient rounded toward -inf, the remainder
 // with y's sign) and C's truncating remainder, for integers; y != 0 (ops/ checks). y == -1 is taken
 // apart: min / -1 overflows, which traps on x86; the quotient wraps, as two's complement.
@@ -219,15 +237,15 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
       std::tanh, std::erf, std::erfc, std::pow, std::floor, std::ceil, std::trunc, std::nearbyint;
   if constexpr (std::is_integral_v<T>) {
     switch (op) {
-      case UnaryOp::Neg: return static_cast<T>(-x);
+      case UnaryOp::Neg: return wrap_sub(T(0), x);  // -INT64_MIN wraps to itself, as PyTorch
       case UnaryOp::Abs:
         if constexpr (std::is_unsigned_v<T>) return x;
-        else return x < 0 ? static_cast<T>(-x) : x;
+        else return x < 0 ? wrap_sub(T(0), x) : x;
       case UnaryOp::Sign:
         if constexpr (std::is_unsigned_v<T>) return static_cast<T>(x > 0);
         else return static_cast<T>((x > 0) - (x < 0));
       case UnaryOp::Relu: return x > 0 ? x : T(0);
-      case UnaryOp::Square: return static_cast<T>(x * x);
+      case UnaryOp::Square: return wrap_mul(x, x);
       case UnaryOp::PowScalar: return int_pow(x, static_cast<T>(a));
       case UnaryOp::BitwiseNot: return static_cast<T>(~x);
       // floor, ceil, trunc and round leave an integer as it is; ops/ promotes integers to float for
@@ -295,9 +313,15 @@ template <typename T>
 KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
   using std::pow;
   switch (op) {
-    case BinaryOp::Add: return static_cast<T>(x + alpha * y);
-    case BinaryOp::Sub: return static_cast<T>(x - alpha * y);
-    case BinaryOp::Mul: return static_cast<T>(x * y);
+    case BinaryOp::Add:
+      if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) return wrap_add(x, wrap_mul(alpha, y));
+      else return static_cast<T>(x + alpha * y);
+    case BinaryOp::Sub:
+      if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) return wrap_sub(x, wrap_mul(alpha, y));
+      else return static_cast<T>(x - alpha * y);
+    case BinaryOp::Mul:
+      if constexpr (std::is_integral_v<T> && std::is_signed_v<T>) return wrap_mul(x, y);
+      else return static_cast<T>(x * y);
     case BinaryOp::Div: return static_cast<T>(x / y);
     case BinaryOp::Pow:
       if constexpr (std::is_integral_v<T>) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <numbers>
 
 #include "core/philox.h"
@@ -31,8 +32,17 @@ SyntheticImages::SyntheticImages(int64_t size, Shape shape, int64_t num_classes,
   KILN_CHECK(num_classes >= 1, "SyntheticImages: num_classes must be at least 1, got {}",
              num_classes);
   KILN_CHECK(noise >= 0, "SyntheticImages: noise must be non-negative, got {}", noise);
-  numel_ = shape[0] * shape[1] * shape[2];
-  patterns_.resize(static_cast<size_t>(num_classes * numel_));
+  int64_t pattern_floats = 0;  // one (C, H, W) pattern a class, in float32
+  KILN_CHECK(!__builtin_mul_overflow(shape[0], shape[1], &numel_) && !__builtin_mul_overflow(numel_, shape[2], &numel_) &&
+                 !__builtin_mul_overflow(numel_, num_classes, &pattern_floats) && pattern_floats <= (int64_t{1} << 40),
+             "SyntheticImages: {} classes of images of shape {} are more than it can hold; ask for smaller images",
+             num_classes, shape.str());
+  try {
+    patterns_.resize(static_cast<size_t>(pattern_floats));
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError(fmt::format("SyntheticImages: out of CPU memory for {} patterns of shape {} ({:.1f} GiB)",
+                                       num_classes, shape.str(), pattern_floats * 4.0 / (1 << 30)));
+  }
   const double two_pi = 2 * std::numbers::pi;
   for (int64_t c = 0; c < num_classes; ++c) {
     double f[6];  // two waves: x frequency, y frequency, phase

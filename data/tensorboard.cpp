@@ -7,12 +7,13 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
+#include <memory>
 
 #include "core/error.h"
+#include "data/gzip_file.h"
 
 namespace kiln::tensorboard {
 
@@ -116,10 +117,13 @@ std::string tf_record(std::string_view payload) {
 }
 
 std::vector<std::string> read_tf_records(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  KILN_CHECK(in.good(), "tensorboard::read_tf_records: cannot open '{}'; check the path", path);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  KILN_CHECK(!in.bad(), "tensorboard::read_tf_records: reading '{}' failed", path);
+  // A regular file only: a directory, a device (/dev/zero would never end) or a FIFO is an Error.
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(
+      data::open_regular_file(path, "tensorboard::read_tf_records: ", "give the path of an event file"), &std::fclose);
+  std::string bytes;
+  char chunk[1 << 16];
+  for (size_t got; (got = std::fread(chunk, 1, sizeof chunk, in.get())) > 0;) bytes.append(chunk, got);
+  KILN_CHECK(!std::ferror(in.get()), "tensorboard::read_tf_records: reading '{}' failed", path);
   auto le = [&](size_t at, size_t n) {
     uint64_t v = 0;
     for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[at + i])) << (8 * i);

@@ -163,7 +163,11 @@ Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOp
   KILN_CHECK(options.temperature >= 0 && options.top_k >= 0,
              "GPT::generate: temperature ({}) and top_k ({}) must be >= 0", options.temperature, options.top_k);
   const int64_t B = idx.sizes()[0], T0 = idx.sizes()[1];
-  if (B == 0) return empty({0, T0 + std::max<int64_t>(max_new_tokens, 0)}, idx.options());  // nothing to sample
+  // The result is (B, T0 + max_new_tokens): a count that is negative, or whose tokens could not be
+  // indexed, is an Error (PyTorch's nanoGPT would loop max_new_tokens times).
+  KILN_CHECK(max_new_tokens >= 0 && max_new_tokens <= (int64_t{1} << 40) - T0,
+             "GPT::generate: max_new_tokens must be in [0, 2^40 - T], got {}", max_new_tokens);
+  if (B == 0) return empty({0, T0 + max_new_tokens}, idx.options());  // nothing to sample
   Generator& g = gen ? *gen : default_generator();
   struct ModeRestore {  // the caller's train/eval mode, also when a step throws
     GPT& model;

@@ -36,7 +36,7 @@ struct GPTConfig {
   static GPTConfig gpt2();      // GPT-2 124M: 12 layers, 12 heads, 768 wide, context 1024, 50257 tokens
   static GPTConfig gpt_char();  // BENCHMARKS.md e: 4 layers, 4 heads, 128 wide, context 128, 256 bytes,
                                 // erf GELU, every weight N(0, 0.02): 842,496 parameters
-  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t head_dim() const { return n_head > 0 ? n_embd / n_head : 0; }  // 0 for no heads (GPT's constructor refuses them)
 };
 
 struct GenerateOptions {

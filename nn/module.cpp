@@ -118,6 +118,12 @@ Tensor Module::set_parameter(const std::string& name, Tensor t) {
     KILN_CHECK(!t.defined() || !p.tensor.defined() || t.sizes() == p.tensor.sizes(),
                "nn::Module::set_parameter: '{}' of {} has shape {}; the new tensor has {}", name, this->name(),
                p.tensor.sizes().str(), t.sizes().str());
+    if (t.defined()) {  // what register_parameter asks of a parameter
+      KILN_CHECK(t.is_floating_point(), "nn::Module::set_parameter: parameter '{}' must be floating, not {}", name,
+                 dtype_name(t.dtype()));
+      KILN_CHECK(t.is_leaf(), "nn::Module::set_parameter: parameter '{}' must be a leaf tensor; pass t.detach()",
+                 name);
+    }
     p.tensor = std::move(t);
     return p.tensor;
   }
@@ -131,7 +137,14 @@ Tensor Module::register_buffer(const std::string& name, Tensor t, bool persisten
   return buffers_.back().tensor;
 }
 
+void Module::throw_null_module(const std::string& name) const {
+  KILN_FAIL("nn::Module: the submodule '{}' given to {} is a null pointer; make it first, e.g. "
+            "std::make_shared<nn::Linear>(4, 2)",
+            name, this->name());
+}
+
 void Module::add_child(const std::string& name, Module* module, std::shared_ptr<Module> owned, bool wrapped) {
+  if (module == nullptr) throw_null_module(name);
   check_new_name(name, "submodule");
   KILN_CHECK(module != this, "nn::Module: {} cannot register itself as its submodule '{}'", this->name(), name);
   // The tree stays a tree (every add is checked, so the walk below ends): a module that holds this

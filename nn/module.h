@@ -97,6 +97,7 @@ class Module {
     return module;
   }
   template <class M> M& register_module(const std::string& name, std::shared_ptr<M> module) {
+    if (module == nullptr) throw_null_module(name);
     M& ref = *module;
     add_child(name, &ref, std::move(module));
     return ref;
@@ -108,6 +109,7 @@ class Module {
     NamedRef(std::string n, M& m) : name(std::move(n)), module(m) {}  // NOLINT: {"c1", c1}
   };
   void register_modules(std::initializer_list<NamedRef> modules);
+  [[noreturn]] void throw_null_module(const std::string& name) const;
 
   // ---- traversal (PyTorch's order: registration order, depth first, parent before children) ----
   // Parameter and buffer names (and state_dict keys) are dotted paths of child names, except that a

@@ -121,6 +121,7 @@ CausalSelfAttention::CausalSelfAttention(int64_t n_embd, int64_t n_head, Transfo
       c_proj(n_embd, n_embd, {options.bias}) {
   KILN_CHECK(n_embd > 0 && n_head > 0 && n_embd % n_head == 0,
              "nn::CausalSelfAttention: n_embd ({}) must be a positive multiple of n_head ({})", n_embd, n_head);
+  KILN_CHECK(dropout >= 0 && dropout <= 1, "nn::CausalSelfAttention: dropout must be in [0, 1], got {}", dropout);
   register_modules({{"c_attn", c_attn}, {"c_proj", c_proj}});
 }
 
@@ -133,7 +134,7 @@ Tensor CausalSelfAttention::forward(const Tensor& x, KVCache* cache) {
   // Query t of the new positions is position past + t: it sees keys 0 .. past + t.
   const int64_t past = cache ? cache->length() : 0;
   if (cache) {
-    if (past > 0) {
+    if (cache->k.defined()) {  // a cache of the wrong rank or shape is an Error, not replaced
       const Shape& ks = cache->k.sizes();
       KILN_CHECK(ks.size() == 4 && ks == cache->v.sizes() && ks[0] == k.sizes()[0] && ks[1] == n_head &&
                      ks[3] == k.sizes()[3] && cache->k.dtype() == k.dtype() && cache->k.device() == k.device(),
@@ -172,6 +173,7 @@ GeluMLP::GeluMLP(int64_t n_embd, TransformerOptions options)
       c_proj(4 * n_embd, n_embd, {options.bias}) {
   KILN_CHECK(gelu_approximate == "none" || gelu_approximate == "tanh",
              "nn::GeluMLP: gelu_approximate must be \"none\" or \"tanh\", got \"{}\"", gelu_approximate);
+  KILN_CHECK(dropout >= 0 && dropout <= 1, "nn::GeluMLP: dropout must be in [0, 1], got {}", dropout);
   register_modules({{"c_fc", c_fc}, {"c_proj", c_proj}});
 }
 

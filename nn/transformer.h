@@ -53,7 +53,7 @@ class MultiheadAttention : public Module {
 // generation runs one new token at a time instead of the whole sequence again.
 struct KVCache {
   Tensor k, v;
-  int64_t length() const { return k.defined() ? k.sizes()[2] : 0; }
+  int64_t length() const { return k.defined() && k.dim() == 4 ? k.sizes()[2] : 0; }  // (B, H, T, D)
 };
 
 struct TransformerOptions {

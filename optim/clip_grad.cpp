@@ -12,8 +12,8 @@ namespace kiln::nn::utils {
 Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
   NoGradGuard no_grad;
-  KILN_CHECK(norm_type >= 0 || std::isinf(norm_type),
-             "clip_grad_norm_: norm_type must be >= 0 or infinity, got {}", norm_type);
+  // Any p-norm, negative p and -inf too (the smallest |g|), as PyTorch's vector_norm; not NaN.
+  KILN_CHECK(!std::isnan(norm_type), "clip_grad_norm_: norm_type must be a number (a p-norm's p, or inf), got NaN");
   std::vector<Tensor> grads;
   for (const Tensor& p : parameters) {
     Tensor g = p.grad();

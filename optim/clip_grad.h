@@ -11,8 +11,9 @@ namespace kiln::nn::utils {
 
 // Scales the grads of `parameters` in place so that their total norm (the norm of all grads viewed
 // as one vector) is at most max_norm: each grad is multiplied by min(1, max_norm / (total + 1e-6)).
-// norm_type is p > 0, infinity (the largest |g|), or 0, which PyTorch computes as the number of
-// grads that hold a nonzero element, and so does Kiln. Parameters without a grad are skipped. Returns
+// norm_type is any p (negative ones too, as PyTorch's vector_norm), infinity (the largest |g|),
+// -infinity (the smallest), or 0, which PyTorch computes as the number of grads that hold a nonzero
+// element, and so does Kiln; NaN is an Error. Parameters without a grad are skipped. Returns
 // the total norm before clipping (a 0-d tensor; 0 when no parameter has a grad). With
 // error_if_nonfinite, a nan or infinite total norm is an Error and the grads are left unchanged.
 Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, double norm_type = 2,

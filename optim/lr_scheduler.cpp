@@ -120,9 +120,10 @@ void LRScheduler::load_state_dict(const TensorDict& dict) {
   const int64_t last_epoch = entry("last_epoch").item<int64_t>(), step_count = entry("step_count").item<int64_t>();
   std::vector<double> base_lrs = base.to(kFloat64).to_vector<double>(), last_lr = last.to(kFloat64).to_vector<double>();
   // Checked before any is taken, so that a damaged state dict leaves the scheduler as it was.
-  KILN_CHECK(last_epoch >= -1 && step_count >= 0,
-             "{}.load_state_dict: 'last_epoch' is {} and 'step_count' {}, but they must be >= -1 and >= 0; the "
-             "state dict is damaged", name_, last_epoch, step_count);
+  constexpr int64_t kMaxSteps = int64_t{1} << 53;  // beyond any run, and far from wrapping at the next step
+  KILN_CHECK(last_epoch >= -1 && step_count >= 0 && last_epoch < kMaxSteps && step_count < kMaxSteps,
+             "{}.load_state_dict: 'last_epoch' is {} and 'step_count' {}, but they must be in [-1, 2^53) and "
+             "[0, 2^53); the state dict is damaged", name_, last_epoch, step_count);
   check_loaded_lrs(base_lrs, "base_lrs", name_);
   check_loaded_lrs(last_lr, "last_lr", name_);
   last_epoch_ = last_epoch;
@@ -542,6 +543,12 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
              "OneCycleLR: expected pct_start in [0, 1], got {}", o.pct_start);
   KILN_CHECK(o.anneal_strategy == "cos" || o.anneal_strategy == "linear",
              "OneCycleLR: anneal_strategy must be 'cos' or 'linear', got '{}'", o.anneal_strategy);
+  // The lr starts at max_lr / div_factor and ends at that / final_div_factor: both finite and > 0
+  // (PyTorch's division by 0 raises ZeroDivisionError).
+  KILN_CHECK(o.div_factor > 0 && std::isfinite(o.div_factor) && o.final_div_factor > 0 &&
+                 std::isfinite(o.final_div_factor),
+             "OneCycleLR: div_factor and final_div_factor must be positive and finite, got {} and {}", o.div_factor,
+             o.final_div_factor);
   const double total = static_cast<double>(total_steps_);
   if (o.three_phase) {
     phases_ = {
@@ -689,8 +696,12 @@ void ComposedScheduler::load_state_dict(const TensorDict& dict) {
   const Tensor* last_lr = dict.find("last_lr");
   KILN_CHECK(last_epoch != nullptr && last_lr != nullptr,
              "{}.load_state_dict: the state dict lacks 'last_epoch' or 'last_lr'", name_);
+  const int64_t epoch = last_epoch->item<int64_t>();
+  KILN_CHECK(epoch >= -1 && epoch < (int64_t{1} << 53),
+             "{}.load_state_dict: 'last_epoch' is {}, but it must be in [-1, 2^53); the state dict is damaged", name_,
+             epoch);
   for (size_t k = 0; k < schedulers_.size(); ++k) schedulers_[k]->load_state_dict(children[k]);
-  last_epoch_ = last_epoch->item<int64_t>();
+  last_epoch_ = epoch;
   last_lr_ = last_lr->to(kFloat64).to_vector<double>();
 }
 
@@ -809,7 +820,8 @@ void ReduceLROnPlateau::load_state_dict(const TensorDict& dict) {
   const double best = entry("best", true).item<double>();
   std::vector<double> last_lr = entry("last_lr", false).to(kFloat64).to_vector<double>();
   // Checked before any is taken, so that a damaged state dict leaves the scheduler as it was.
-  KILN_CHECK(last_epoch >= 0 && bad >= 0 && cooldown >= 0 && cooldown <= options_.cooldown,
+  KILN_CHECK(last_epoch >= 0 && bad >= 0 && cooldown >= 0 && cooldown <= options_.cooldown &&
+                 last_epoch < (int64_t{1} << 53) && bad < (int64_t{1} << 53),
              "ReduceLROnPlateau.load_state_dict: 'last_epoch' {}, 'num_bad_epochs' {} and 'cooldown_counter' {} "
              "must be >= 0 (and the last at most this scheduler's cooldown, {}); the state dict is damaged or "
              "was saved with other options",

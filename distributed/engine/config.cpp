@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
@@ -787,6 +788,10 @@ Config Config::from_string(const std::string& text, const std::string& source) {
 }
 
 Config Config::from_file(const std::string& path) {
+  // A regular file only: reading a FIFO would wait for a writer, /dev/zero would never end.
+  std::error_code ec;
+  KILN_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
+             "Config::from_file: '{}' is not a regular file; give the path of a DeepSpeed ds_config.json", path);
   std::ifstream in(path, std::ios::binary);
   KILN_CHECK(in.good(), "Config::from_file: cannot open '{}'; check the path (a DeepSpeed ds_config.json)", path);
   std::ostringstream text;
@@ -800,16 +805,24 @@ Config::Batch Config::resolve_batch(int world_size) const {
   const int64_t n = world_size;
   auto tb = train_batch_size, mb = train_micro_batch_size_per_gpu, ga = gradient_accumulation_steps;
   KILN_CHECK(tb || mb, "Config: neither train_batch_size nor train_micro_batch_size_per_gpu is set; set one");
+  // micro x accumulation x ranks, checked: a product past 2^63 must not wrap into an agreeing batch.
+  const auto product = [&](int64_t micro, int64_t accumulation) {
+    int64_t p = 0;
+    KILN_CHECK(!__builtin_mul_overflow(micro, accumulation, &p) && !__builtin_mul_overflow(p, n, &p),
+               "Config: train_micro_batch_size_per_gpu {} x gradient_accumulation_steps {} x {} ranks is more than "
+               "fits in 64 bits; give smaller batch sizes", micro, accumulation, n);
+    return p;
+  };
   // DeepSpeed's order (runtime/config.py, _set_batch_related_parameters): given two, the third.
   if (tb && mb && !ga) ga = *tb / *mb / n;
   else if (tb && ga && !mb) mb = *tb / n / *ga;
-  else if (mb && ga && !tb) tb = *mb * *ga * n;
+  else if (mb && ga && !tb) tb = product(*mb, *ga);
   else if (tb && !mb && !ga) ga = 1, mb = *tb / n;
-  else if (mb && !tb && !ga) ga = 1, tb = *mb * n;
-  KILN_CHECK(*mb >= 1 && *ga >= 1 && *tb == *mb * *ga * n,
+  else if (mb && !tb && !ga) ga = 1, tb = product(*mb, 1);
+  KILN_CHECK(*mb >= 1 && *ga >= 1 && *tb >= 1 && *tb == product(*mb, *ga),
              "Config: the batch sizes do not agree: train_batch_size {} != micro {} x accumulation {} x data-parallel "
              "{} = {}; train_batch_size must be train_micro_batch_size_per_gpu x gradient_accumulation_steps x the "
-             "number of ranks", *tb, *mb, *ga, n, *mb * *ga * n);
+             "number of ranks", *tb, *mb, *ga, n, product(*mb, *ga));
   return {*tb, *mb, *ga};
 }
 

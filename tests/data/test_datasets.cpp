@@ -141,3 +141,9 @@ TEST_CASE("ByteText: windows of T bytes and the T that follow, at offsets unifor
   write_bytes(dir / "corpus.txt.gz", gzip(text));
   CHECK(data::ByteText(dir / "corpus.txt.gz").bytes() == text);
 }
+
+TEST_CASE("SyntheticImages: sizes whose product wraps past 2^63 are an Error", "[data]") {
+  // 2^62 x 4 x 1 wrapped to 0 elements, and get() wrote past the empty patterns (SIGSEGV).
+  check_error([] { data::SyntheticImages(10, {int64_t{1} << 62, 4, 1}); }, {"SyntheticImages", "more than it can hold"});
+  check_error([] { data::SyntheticImages(10, {int64_t{1} << 40, int64_t{1} << 40, 1}); }, {"SyntheticImages"});
+}

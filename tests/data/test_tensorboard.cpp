@@ -1,6 +1,7 @@
 // tests/data/test_tensorboard.cpp: TensorBoard event files: the CRC-32C and the Event encoding
 // byte for byte against TensorBoard's own (tests/fixtures/gen_tensorboard_golden.py), and a
 // SummaryWriter's file read back record by record.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -164,4 +165,14 @@ TEST_CASE("tensorboard: a SummaryWriter's file reads back, record by record", "[
   CHECK_THROWS_WITH(tb::read_tf_records(write(dir / "length", flipped)), Catch::Contains("the length of record 6"));
   CHECK_THROWS_WITH(tb::read_tf_records((dir / "absent").string()), Catch::Contains("cannot open"));
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("read_tf_records: a directory, a device or a FIFO is an Error, not a hang", "[data]") {
+  // A directory threw std::ios_base::failure; /dev/zero was read forever.
+  test::check_error([] { tb::read_tf_records("/dev/zero"); }, {"read_tf_records", "'/dev/zero' is not a regular file"});
+  test::check_error([] { tb::read_tf_records("/tmp"); }, {"read_tf_records", "not a regular file"});
+  const std::string fifo = (std::filesystem::temp_directory_path() / ("kiln_fifo_" + std::to_string(::getpid()))).string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  test::check_error([&] { tb::read_tf_records(fifo); }, {"not a regular file"});
+  std::filesystem::remove(fifo);
 }

@@ -954,6 +954,14 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
   check_error([&] { cfg.resolve_batch(2); },
               {"train_batch_size 64 != micro 4 x accumulation 4 x data-parallel 2 = 32"});
   CHECK(cfg.resolve_batch(4).train_batch_size == 64);
+  // A product past 2^63 does not wrap into an agreeing batch (micro 2^62 + 1 x 4 was 4, 2^62 x 4 ranks 0).
+  check_error([] { Config::from_string(R"({"train_batch_size": 4, "train_micro_batch_size_per_gpu": 4611686018427387905,
+                                          "gradient_accumulation_steps": 4})").resolve_batch(1); },
+              {"more than fits in 64 bits"});
+  check_error([] { Config::from_string(R"({"train_micro_batch_size_per_gpu": 4611686018427387904})").resolve_batch(4); },
+              {"more than fits in 64 bits"});
+  // Not a regular file: /dev/zero would be read forever, a FIFO would wait for a writer.
+  check_error([] { Config::from_file("/dev/zero"); }, {"'/dev/zero' is not a regular file"});
 }
 
 TEST_CASE("engine: \"activation_checkpointing\" reaches the modules that take it, and needs one", "[distributed]") {

@@ -357,3 +357,22 @@ TEST_CASE("GPT: activation offload (SaveOnCpu) gives the same gradients, host te
   auto params = model.parameters();
   for (size_t i = 0; i < params.size(); ++i) check_equal(params[i].grad(), plain[i]);
 }
+
+TEST_CASE("GPT: odd arguments are Errors before any work, and a malformed KV cache is not replaced", "[models][gpt]") {
+  GPTConfig c{.n_layer = 1, .n_head = 2, .n_embd = 8, .block_size = 6, .vocab_size = 11};
+  GPTConfig none = c;
+  none.n_head = 0;
+  CHECK(none.head_dim() == 0);  // was a division by zero (SIGFPE)
+  GPT model(c);
+  const Tensor prompt = zeros({1, 2}, kInt64);
+  check_error([&] { model.generate(prompt, -1); }, {"max_new_tokens", "got -1"});
+  check_error([&] { model.generate(prompt, int64_t{1} << 62); }, {"max_new_tokens"});
+  CHECK(model.generate(prompt, 0).sizes() == Shape{1, 2});
+  // A cache of the wrong rank read as empty (its length from past the shape) and was overwritten.
+  nn::KVCache cache{zeros({4}), zeros({4})};
+  check_error([&] { model.block(0).attn.forward(randn({1, 2, 8}), &cache); }, {"KV cache", "[4]"});
+  // Dropout outside [0, 1] is an Error when the block is built, not at its first training step.
+  check_error([] { nn::CausalSelfAttention(8, 2, {.dropout = 2}); }, {"CausalSelfAttention", "dropout", "[0, 1]"});
+  check_error([] { nn::GeluMLP(8, {.dropout = -1}); }, {"GeluMLP", "dropout", "[0, 1]"});
+  check_error([] { nn::TransformerBlock(8, 2, {.dropout = std::nan("")}); }, {"dropout", "[0, 1]"});
+}

@@ -438,3 +438,20 @@ TEST_CASE("Modules form a tree: registering an ancestor as a child is an Error, 
   c.register_module("d", d);  // a new leaf is fine
   CHECK(a.modules().size() == 4);
 }
+
+TEST_CASE("a null submodule and a parameter that is not one are Errors, not crashes", "[nn][module]") {
+  // Each dereferenced the null pointer (SIGSEGV) before.
+  nn::ModuleList list;
+  test::check_error([&] { list.push_back(std::shared_ptr<nn::Linear>()); }, {"submodule '0'", "null pointer"});
+  nn::ModuleDict dict;
+  test::check_error([&] { dict.insert("a", std::shared_ptr<nn::Linear>()); }, {"submodule 'a'", "null pointer"});
+  test::check_error([] { nn::ModuleDict({{"b", std::shared_ptr<nn::Module>()}}); }, {"submodule 'b'", "null pointer"});
+  nn::Sequential seq;
+  test::check_error([&] { seq.push_back(std::shared_ptr<nn::ReLU>()); }, {"null pointer"});
+  CHECK(list.size() == 0);
+  // set_parameter asks what register_parameter asks: a floating leaf.
+  nn::Linear lin(2, 3);
+  test::check_error([&] { lin.set_parameter("weight", zeros({3, 2}, kInt64)); }, {"set_parameter", "floating", "int64"});
+  Tensor w = zeros({3, 2}).requires_grad_();
+  test::check_error([&] { lin.set_parameter("weight", w * 2); }, {"set_parameter", "leaf"});
+}

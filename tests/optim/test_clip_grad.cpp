@@ -40,7 +40,17 @@ TEST_CASE("clip_grad_norm_: non-finite norms, no grads, bad norm_type") {
   CHECK(p.grad().to_vector<float>()[0] == 0.0f);
   Tensor q = zeros({2}).requires_grad_();
   CHECK(nn::utils::clip_grad_norm_({q}, 1.0).item<double>() == 0.0);
-  check_error([&] { nn::utils::clip_grad_norm_({q}, 1.0, -1.0); }, {"norm_type", "-1"});
+  check_error([&] { nn::utils::clip_grad_norm_({q}, 1.0, std::nan("")); }, {"norm_type", "NaN"});
+}
+
+TEST_CASE("clip_grad_norm_ of a negative order, as PyTorch's vector_norm") {
+  // torch.nn.utils.clip_grad_norm_([p], 10.0, norm_type=-1) with p.grad = [1, 2, -3]: 0.5454545
+  // ((1 + 1/2 + 1/3)^-1); with -inf: 1.0, the smallest |g|
+  Tensor p = zeros({3}).requires_grad_();
+  p.set_grad(tensor({1.0, 2.0, -3.0}));
+  CHECK(nn::utils::clip_grad_norm_({p}, 10.0, -1.0).item<double>() == Approx(0.5454545454).epsilon(1e-6));
+  CHECK(nn::utils::clip_grad_norm_({p}, 10.0, -std::numeric_limits<double>::infinity()).item<double>() == 1.0);
+  check_equal(p.grad(), tensor({1.0, 2.0, -3.0}));  // both under max_norm: unchanged
 }
 
 TEST_CASE("clip_grad_norm_ of order 0 counts the grads that hold a nonzero, as PyTorch does") {

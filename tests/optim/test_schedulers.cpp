@@ -390,6 +390,22 @@ TEST_CASE("OneCycleLR: a step in a phase of no length is an Error, not a NaN lr"
   CHECK(std::isfinite(b.opt->param_groups()[0].lr()));
 }
 
+TEST_CASE("OneCycleLR: a div_factor of 0 is an Error; a damaged last_epoch does not load") {
+  // PyTorch: max_lr / div_factor raises ZeroDivisionError; Kiln set an lr of inf.
+  Setup a;
+  check_error([&] { OneCycleLR(*a.opt, {.max_lr = 0.5, .total_steps = 10, .div_factor = 0}); },
+              {"OneCycleLR", "div_factor and final_div_factor must be positive"});
+  check_error([&] { OneCycleLR(*a.opt, {.max_lr = 0.5, .total_steps = 10, .final_div_factor = 0}); },
+              {"OneCycleLR", "div_factor and final_div_factor must be positive"});
+  // A last_epoch of 2^62 loaded, its next step would overflow into a non-finite lr.
+  Setup b;
+  StepLR sched(*b.opt, 2);
+  TensorDict dict = sched.state_dict();
+  dict.set("last_epoch", scalar_tensor(int64_t{1} << 62, kInt64));
+  check_error([&] { sched.load_state_dict(dict); }, {"StepLR.load_state_dict", "'last_epoch'", "damaged"});
+  CHECK(sched.last_epoch() == 0);  // left as it was
+}
+
 TEST_CASE("a group added after the scheduler was made is an Error at its next step") {
   // CosineAnnealingLR read base_lrs_[1] from a one-element vector at the bottom of its cycle.
   Tensor p = zeros({2}).requires_grad_(), q = zeros({2}).requires_grad_();
