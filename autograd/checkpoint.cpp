@@ -165,17 +165,16 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
                outputs[i].defined() ? std::string(dtype_name(outputs[i].dtype())) : "undefined");
   }
   if (!GradMode::is_enabled()) return outputs;
-  // An output that is one of the inputs itself (fn returned it, or an op such as contiguous() or a
-  // same-dtype to() passed it through) becomes a view of it: the node below must not be attached to
-  // the caller's tensor (a parameter would stop being a leaf), and as a view it refuses in-place
-  // changes (which would change the input).
+  // An output that fn did not make (one of the inputs itself, which fn returned or an op such as
+  // contiguous() or a same-dtype to() passed through, or a tensor it captured: under no_grad a
+  // fresh output has no history, so one that requires grad came from outside) becomes a view of it:
+  // the node below must not be attached to the caller's tensor (a parameter would stop being a
+  // leaf, and a recompute returning it again would reach this node from itself, without end), and as
+  // a view it refuses in-place changes (which would change the original).
   for (Tensor& out : outputs) {
-    for (const Tensor& in : inputs) {
-      if (in.defined() && out.is_same(in)) {
-        out = ops::alias(out);
-        break;
-      }
-    }
+    bool outside = out.requires_grad() || out.grad_fn() != nullptr;
+    for (const Tensor& in : inputs) outside = outside || (in.defined() && out.is_same(in));
+    if (outside) out = ops::alias(out);
   }
 
   // The backward keeps the inputs (as detached handles, which share their version counters, or in

@@ -345,6 +345,7 @@ void AnomalyMode::set_enabled(bool enabled) { g_anomaly.store(enabled, std::memo
 void queue_callback(std::function<void()> fn) {
   KILN_CHECK(t_callbacks != nullptr,
              "queue_callback: no backward is running on this thread; call it from a hook during backward");
+  KILN_CHECK(fn != nullptr, "queue_callback: the callback is empty; pass a callable");
   t_callbacks->push_back(std::move(fn));
 }
 
@@ -366,6 +367,7 @@ uint64_t next_hook_handle() {  // unique over both kinds of hooks; 0 means none
 }  // namespace
 
 uint64_t Tensor::register_hook(TensorHook fn) const {
+  KILN_CHECK(fn != nullptr, "register_hook: the hook is empty; pass a callable");
   KILN_CHECK(requires_grad(), "register_hook: the tensor does not require grad, so no gradient will reach it");
   const uint64_t handle = next_hook_handle();
   if (is_leaf()) impl_->leaf_hooks.emplace_back(handle, std::move(fn));
@@ -387,6 +389,7 @@ void Tensor::remove_hook(uint64_t handle) const {
 }
 
 uint64_t Tensor::register_post_accumulate_grad_hook(PostAccumulateGradHook fn) const {
+  KILN_CHECK(fn != nullptr, "register_post_accumulate_grad_hook: the hook is empty; pass a callable");
   KILN_CHECK(is_leaf() && requires_grad(),
              "register_post_accumulate_grad_hook: only a leaf that requires grad accumulates a gradient "
              "(this tensor is {}); register it on a parameter",

@@ -24,6 +24,7 @@ double vjp_dot(const TensorList& outs, const TensorList& vs) {
 }  // namespace
 
 bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& opt) {
+  KILN_CHECK(fn != nullptr, "gradcheck: the function is empty; pass a callable");
   for (size_t i = 0; i < inputs.size(); ++i) {
     KILN_CHECK(!inputs[i].defined() || !inputs[i].requires_grad() || inputs[i].dtype() == kFloat64,
                "gradcheck: input {} is {}; finite differences need float64 inputs (x.to(kFloat64))", i,

@@ -48,6 +48,8 @@ void Tensor::set_grad(const Tensor& grad) {
                "set_grad: the gradient ({} {} on {}) must match the tensor ({} {} on {})",
                grad.sizes().str(), dtype_name(grad.dtype()), grad.device().str(), sizes().str(),
                dtype_name(dtype()), device().str());
+    // As PyTorch ("can't assign Variable as its own grad"): backward would accumulate into the tensor.
+    KILN_CHECK(!grad.is_same(*this), "set_grad: a tensor cannot be its own gradient; pass a copy (t.clone())");
   }
   get().grad = grad.impl_ptr();
 }
@@ -98,6 +100,8 @@ thread_local std::vector<SavedTensorHooks> hook_stack;
 }
 
 SavedTensorHooksGuard::SavedTensorHooksGuard(SavedTensorHooks hooks) {
+  KILN_CHECK(hooks.pack != nullptr && hooks.unpack != nullptr,
+             "SavedTensorHooksGuard: both hooks, pack and unpack, must be callable (one is empty)");
   hook_stack.push_back(std::move(hooks));
 }
 SavedTensorHooksGuard::~SavedTensorHooksGuard() { hook_stack.pop_back(); }
@@ -127,6 +131,8 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   }
   if (hooked) {
     data_ = hook_stack.back().pack(data_);
+    KILN_CHECK(data_.defined(), "the saved-tensor pack hook returned an undefined tensor; it must return what "
+               "unpack can turn back into the tensor it was given");
     unpack_hook_ = hook_stack.back().unpack;
   }
 }
@@ -140,6 +146,11 @@ Tensor SavedTensor::unpack(const char* op) const {
              "instead of x.mul_(y)) or clone() the tensor before changing it",
              op, storage ? storage->version : 0, saved_version_);
   Tensor t = unpack_hook_ ? unpack_hook_(data_) : data_;
+  // What an unpack hook returns stands for the saved tensor: PyTorch raises a TypeError for nothing.
+  KILN_CHECK(!unpack_hook_ || t.defined(),
+             "{}: the saved-tensor unpack hook returned an undefined tensor; it must return the tensor that "
+             "pack was given (or one of its shape, dtype and values)",
+             op);
   std::shared_ptr<Node> fn = grad_fn_strong_;
   if (is_output_) {
     fn = grad_fn_.lock();

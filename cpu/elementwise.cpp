@@ -240,6 +240,14 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
     loop.parallel_run([&](char* const* p, const int64_t* s, int64_t n) { binary_run<T, T>(p, s, n, f); });
   };
   auto cvt = [](M v) { return static_cast<T>(v); };
+  if constexpr (std::is_integral_v<M> && std::is_signed_v<M>) {  // they wrap (math::wrap_add in scalar_math.h)
+    switch (op) {
+      case BinaryOp::Add: return run([&](T x, T y) { return cvt(math::wrap_add(M(x), math::wrap_mul(alpha, M(y)))); });
+      case BinaryOp::Sub: return run([&](T x, T y) { return cvt(math::wrap_sub(M(x), math::wrap_mul(alpha, M(y)))); });
+      case BinaryOp::Mul: return run([&](T x, T y) { return cvt(math::wrap_mul(M(x), M(y))); });
+      default: break;
+    }
+  }
   // The hot ops get their own loops so the compiler sees straight-line arithmetic.
   switch (op) {
     case BinaryOp::Add:

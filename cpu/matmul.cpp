@@ -9,7 +9,8 @@
 // it does not pack at all, Note [unpacked products]).
 // A transposed operand (a view with strides (1, M)) is passed to BLAS as "transposed", not copied.
 // float16 is converted to float32, multiplied and rounded back; bfloat16 too, unless it goes to
-// Kiln's AMX or AVX512-BF16 GEMM (Note [which bfloat16 GEMM]); integers use Eigen.
+// Kiln's AMX or AVX512-BF16 GEMM (Note [which bfloat16 GEMM]); integers use a wrapping loop
+// (gemm_integer).
 #include <Eigen/Core>
 #if defined(KILN_HAVE_BF16GEMM_AVX512) && defined(__linux__)
 #include <cpuid.h>
@@ -190,6 +191,22 @@ bool own_gemm(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
   }
 }
 
+// Integers: row by row in the unsigned type, so that products and sums wrap as two's complement,
+// PyTorch's integer matmul (in the signed type, as Eigen computes, the overflow is undefined).
+template <typename T>
+void gemm_integer(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
+  using U = std::make_unsigned_t<T>;
+  std::vector<U> row(static_cast<size_t>(c.cols));
+  for (int64_t i = 0; i < c.rows; ++i) {
+    std::fill(row.begin(), row.end(), U(0));
+    for (int64_t k = 0; k < a.cols; ++k) {
+      const U aik = static_cast<U>(a.data[i * a.rs + k * a.cs]);
+      for (int64_t j = 0; j < c.cols; ++j) row[j] = static_cast<U>(row[j] + static_cast<U>(aik * static_cast<U>(b.data[k * b.rs + j * b.cs])));
+    }
+    for (int64_t j = 0; j < c.cols; ++j) c.data[i * c.rs + j * c.cs] = static_cast<T>(row[j]);
+  }
+}
+
 // c = a @ b for float, double and the integers (gemm_serial).
 template <typename T>
 void gemm_serial_blas(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool own) {
@@ -226,7 +243,11 @@ void gemm_serial_blas(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c, bool ow
     }
   }
 #endif
-  gemm_eigen(a, b, c);
+  if constexpr (std::is_integral_v<T>) {
+    gemm_integer(a, b, c);
+  } else {
+    gemm_eigen(a, b, c);
+  }
 }
 
 // c = a @ b: by sgemm.cpp when own (which threads through the pool unless called from a

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/convert.h"
+#include "core/scalar_math.h"
 #include "cpu/exact_math.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
@@ -28,20 +29,32 @@ namespace {
 template <typename T>
 using wide_t = std::conditional_t<std::is_floating_point_v<opmath_t<T>>, double, int64_t>;
 
+// An integer sum or product wraps as two's complement, as PyTorch's (math::wrap_add: in the signed
+// type the overflow would be undefined).
+template <typename A>
+A add_wrapping(A a, A b) {
+  if constexpr (std::is_integral_v<A>) return math::wrap_add(a, b);
+  else return a + b;
+}
+template <typename A>
+A mul_wrapping(A a, A b) {
+  if constexpr (std::is_integral_v<A>) return math::wrap_mul(a, b);
+  else return a * b;
+}
 template <typename T> struct SumR {
   using acc_t = wide_t<T>;
   using out_t = T;
   static acc_t init() { return 0; }
-  static void update(acc_t& a, T x, int64_t) { a += static_cast<acc_t>(static_cast<opmath_t<T>>(x)); }
-  static void merge(acc_t& a, const acc_t& b) { a += b; }
+  static void update(acc_t& a, T x, int64_t) { a = add_wrapping(a, static_cast<acc_t>(static_cast<opmath_t<T>>(x))); }
+  static void merge(acc_t& a, const acc_t& b) { a = add_wrapping(a, b); }
   static out_t result(acc_t a) { return static_cast<T>(static_cast<opmath_t<T>>(a)); }
 };
 template <typename T> struct ProdR {
   using acc_t = wide_t<T>;
   using out_t = T;
   static acc_t init() { return 1; }
-  static void update(acc_t& a, T x, int64_t) { a *= static_cast<acc_t>(static_cast<opmath_t<T>>(x)); }
-  static void merge(acc_t& a, const acc_t& b) { a *= b; }
+  static void update(acc_t& a, T x, int64_t) { a = mul_wrapping(a, static_cast<acc_t>(static_cast<opmath_t<T>>(x))); }
+  static void merge(acc_t& a, const acc_t& b) { a = mul_wrapping(a, b); }
   static out_t result(acc_t a) { return static_cast<T>(static_cast<opmath_t<T>>(a)); }
 };
 // Max (kMax true) or min; NaN wins, as in PyTorch.

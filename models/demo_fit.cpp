@@ -8,17 +8,10 @@
 
 using namespace kiln;
 
-int main(int argc, char** argv) {
-  if (argc > 1) {
-    const bool help = std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0;
-    if (!help) {
-      std::fprintf(stderr, "kiln-demo: error: unknown argument '%s'; kiln-demo takes none (see --help)\n", argv[1]);
-      return 2;
-    }
-    std::puts("usage: kiln-demo\nFits a two-layer network to y = sin(3x) on [-1, 1] with tensors and autograd "
-              "alone and prints the loss as it falls; exits 1 unless it falls 10x.");
-    return 0;
-  }
+namespace {
+
+// The fit itself; main() below reads the arguments and reports an Error (a bad KILN_* setting).
+int fit() {
   manual_seed(0);
   const int64_t N = 256, H = 32;               // N samples, H hidden units
   Tensor x = linspace(-1, 1, N).unsqueeze(1);  // (N, 1)
@@ -50,4 +43,25 @@ int main(int argc, char** argv) {
   }
   std::printf("loss fell from %.4f to %.6f (%.0fx)\n", first, last, first / last);
   return last * 10 < first ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1) {
+    const bool help = std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0;
+    if (!help) {
+      std::fprintf(stderr, "kiln-demo: error: unknown argument '%s'; kiln-demo takes none (see --help)\n", argv[1]);
+      return 2;
+    }
+    std::puts("usage: kiln-demo\nFits a two-layer network to y = sin(3x) on [-1, 1] with tensors and autograd "
+              "alone and prints the loss as it falls; exits 1 unless it falls 10x.");
+    return 0;
+  }
+  try {
+    return fit();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln-demo: error: %s\n", e.what());
+    return 2;
+  }
 }

@@ -8,8 +8,6 @@
 //   kiln-run -n 2 kiln-train --deepspeed-config configs/ds_zero3_bf16.json --out runs/cnn-zero3
 #include <climits>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 
 #include <kiln/kiln.h>
 
@@ -72,11 +70,7 @@ int main(int argc, char** argv) {
     o.limit_test = flags.get_int("limit-test", 0);
     o.max_steps = flags.get_int("max-steps", 0);
     if (const std::string& path = flags.get("deepspeed-config"); !path.empty()) {
-      std::ifstream in(path);
-      KILN_CHECK(in.good(), "--deepspeed-config: cannot open '{}'; check the path", path);
-      std::stringstream text;
-      text << in.rdbuf();
-      o.deepspeed_config = text.str();
+      o.deepspeed_config = train::read_flag_file(path, "deepspeed-config");
       Config::from_string(o.deepspeed_config, path);  // its mistakes now, named with the file's path
     }
     o.out_dir = flags.get("out");

@@ -36,9 +36,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
-#include <fstream>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include <kiln/kiln.h>
@@ -107,12 +105,13 @@ void check_resumed(const Run& r, const std::string& manifest) {
   auto check = [&](bool ok, const char* field, const std::string& value, const char* rule) {
     KILN_CHECK(ok, "{}: config.{} is {}, but it must be {}; the checkpoint is damaged", manifest, field, value, rule);
   };
-  check(r.n_layer >= 0, "n_layer", std::to_string(r.n_layer), ">= 0");
-  check(r.n_head >= 0, "n_head", std::to_string(r.n_head), ">= 0");
-  check(r.n_embd >= 0, "n_embd", std::to_string(r.n_embd), ">= 0");
-  check(r.context >= 0, "context", std::to_string(r.context), ">= 0");
-  check(r.batch_size >= 1, "batch_size", std::to_string(r.batch_size), ">= 1");
-  check(r.grad_accum >= 1, "grad_accum", std::to_string(r.grad_accum), ">= 1");
+  // The flags' bounds (parse_run): a value past them would overflow a product or run for ever.
+  check(r.n_layer >= 0 && r.n_layer <= (1 << 16), "n_layer", std::to_string(r.n_layer), "in [0, 2^16]");
+  check(r.n_head >= 0 && r.n_head <= (1 << 16), "n_head", std::to_string(r.n_head), "in [0, 2^16]");
+  check(r.n_embd >= 0 && r.n_embd <= (1 << 20), "n_embd", std::to_string(r.n_embd), "in [0, 2^20]");
+  check(r.context >= 0 && r.context <= (1 << 24), "context", std::to_string(r.context), "in [0, 2^24]");
+  check(r.batch_size >= 1 && r.batch_size <= (1 << 24), "batch_size", std::to_string(r.batch_size), "in [1, 2^24]");
+  check(r.grad_accum >= 1 && r.grad_accum <= (1 << 20), "grad_accum", std::to_string(r.grad_accum), "in [1, 2^20]");
   check(std::isfinite(r.dropout) && r.dropout >= 0 && r.dropout < 1, "dropout", fmt::format("{}", r.dropout),
         "in [0, 1)");
   check(std::isfinite(r.lr) && r.lr >= 0, "lr", fmt::format("{}", r.lr), "finite and >= 0");
@@ -121,9 +120,12 @@ void check_resumed(const Run& r, const std::string& manifest) {
   check(std::isfinite(r.clip) && r.clip >= 0, "clip", fmt::format("{}", r.clip), "finite and >= 0");
   check(r.autocast == "none" || r.autocast == "bf16" || r.autocast == "fp16", "autocast", "'" + r.autocast + "'",
         "none, bf16 or fp16");
-  check(r.tensor_parallel >= 1 && r.pipeline_parallel >= 1, "tensor_parallel",
-        fmt::format("{} (pipeline_parallel {})", r.tensor_parallel, r.pipeline_parallel), ">= 1, as pipeline_parallel");
-  check(r.virtual_stages >= 1, "virtual_stages", std::to_string(r.virtual_stages), ">= 1");
+  check(r.tensor_parallel >= 1 && r.pipeline_parallel >= 1 && r.tensor_parallel <= (1 << 16) &&
+            r.pipeline_parallel <= (1 << 16),
+        "tensor_parallel", fmt::format("{} (pipeline_parallel {})", r.tensor_parallel, r.pipeline_parallel),
+        "in [1, 2^16], as pipeline_parallel");
+  check(r.virtual_stages >= 1 && r.virtual_stages <= (1 << 16), "virtual_stages", std::to_string(r.virtual_stages),
+        "in [1, 2^16]");
 }
 
 // On --resume the checkpoint's settings hold. One given on the command line that differs from
@@ -282,11 +284,7 @@ int run(int argc, char** argv) {
   r.sequence_parallel = flags.get_switch("sequence-parallel");
   r.head_tied_across_stages = true;
   if (const std::string& path = flags.get("deepspeed-config"); !path.empty()) {
-    std::ifstream in(path, std::ios::binary);
-    KILN_CHECK(in.good(), "--deepspeed-config: cannot open '{}'; check the path", path);
-    std::ostringstream text;
-    text << in.rdbuf();
-    r.deepspeed_config = text.str();
+    r.deepspeed_config = train::read_flag_file(path, "deepspeed-config");
     Config::from_string(r.deepspeed_config, path);  // its mistakes now, before anything starts
   }
   const int64_t steps = flags.get_int("steps", 1);
@@ -435,6 +433,10 @@ int run(int argc, char** argv) {
       history.loss = extra.value("loss", std::vector<double>{});
       history.eval_step = extra.value("eval_step", std::vector<double>{});
       history.eval_loss = extra.value("eval_loss", std::vector<double>{});
+      KILN_CHECK(history.step.size() == history.loss.size() && history.eval_step.size() == history.eval_loss.size(),
+                 "the checkpoint's loss history has columns of different lengths ({} steps, {} losses; {} "
+                 "validation steps, {} losses): the checkpoint is damaged", history.step.size(), history.loss.size(),
+                 history.eval_step.size(), history.eval_loss.size());
       // Dropout's masks go on from where they were (the same state on every rank); a checkpoint
       // from before the state was saved resumes them from the seed's.
       if (extra.contains("dropout_rng")) {

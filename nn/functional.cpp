@@ -86,6 +86,8 @@ Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t 
              "{}: class-index targets must be int64 or int32, got {}; for class probabilities pass a "
              "floating target of the input's shape",
              op, dtype_name(target.dtype()));
+  KILN_CHECK(logp.dim() >= 1, "{}: input must be log-probabilities of shape (N, C, ...) or (C), got a 0-dimensional "
+             "tensor", op);
   int cdim = logp.dim() == 1 ? 0 : 1;
   Shape expected = logp.sizes();
   expected.erase(cdim);

@@ -254,6 +254,7 @@ std::vector<Module*> Module::modules() {
 }
 
 Module& Module::apply(const std::function<void(Module&)>& fn) {
+  KILN_CHECK(fn != nullptr, "nn::Module::apply: the function is empty; pass a callable");
   for (const Child& c : children_) c.module->apply(fn);
   fn(*this);
   return *this;
@@ -364,6 +365,7 @@ void Module::load_state_dict(const TensorDict& state, bool strict) {
 // ---- hooks ----
 
 RemovableHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
+  KILN_CHECK(hook != nullptr, "nn::Module::register_forward_pre_hook: the hook is empty; pass a callable");
   uint64_t id = hooks_->next_id++;
   hooks_->pre.emplace_back(id, std::move(hook));
   std::weak_ptr<Hooks> weak = hooks_;
@@ -373,6 +375,7 @@ RemovableHandle Module::register_forward_pre_hook(ForwardPreHook hook) {
 }
 
 RemovableHandle Module::register_forward_hook(ForwardHook hook) {
+  KILN_CHECK(hook != nullptr, "nn::Module::register_forward_hook: the hook is empty; pass a callable");
   uint64_t id = hooks_->next_id++;
   hooks_->post.emplace_back(id, std::move(hook));
   std::weak_ptr<Hooks> weak = hooks_;

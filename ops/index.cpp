@@ -1,5 +1,7 @@
 // ops/index.cpp: indexing ops: index_select, index_add, gather, scatter(_add), embedding, one_hot.
 // Their gradients pair up: index_select <-> index_add, gather <-> scatter_add.
+#include <limits>
+
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -151,7 +153,11 @@ Tensor one_hot(const Tensor& indices, int64_t num_classes) {
              "non-negative, got {}", num_classes);
   if (indices.numel() > 0) {
     int64_t lo = indices.min().item<int64_t>(), hi = indices.max().item<int64_t>();
-    if (num_classes < 0) num_classes = hi + 1;
+    if (num_classes < 0) {  // one more than the largest, which must have a successor
+      KILN_CHECK(lo >= 0 && hi < std::numeric_limits<int64_t>::max(),
+                 "one_hot: class values must be in [0, 2^63 - 1) to infer num_classes, got values in [{}, {}]", lo, hi);
+      num_classes = hi + 1;
+    }
     KILN_CHECK(lo >= 0 && hi < num_classes, "one_hot: class values must be in [0, {}), got values in [{}, {}]",
                num_classes, lo, hi);
   }

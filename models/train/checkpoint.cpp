@@ -163,6 +163,9 @@ void save_checkpoint(const std::string& dir, const Checkpoint& c) {
   const int err = errno;
   fsync_directory(parent);
   fs::remove_all(stage, ec);  // after an exchange, the old checkpoint; after a failure, the new one
+  if (ec) {
+    std::fprintf(stderr, "warning: could not remove %s: %s; remove it by hand\n", stage.c_str(), ec.message().c_str());
+  }
   const fs::path previous = previous_path(target);
   if (rc == 0) {
     fs::remove_all(previous, ec);  // one left by an earlier save cut short
@@ -177,10 +180,11 @@ Checkpoint load_checkpoint(const std::string& dir) {
   const fs::path d(dir);
   const std::string manifest = (d / "checkpoint.json").string();
   std::ifstream in;
-  if (fs::is_regular_file(manifest)) in.open(manifest);  // a FIFO would block the open
+  std::error_code ec;  // the non-throwing forms: a name too long or a symbolic link loop is "missing"
+  if (fs::is_regular_file(manifest, ec)) in.open(manifest);  // a FIFO would block the open
   if (!in.is_open() || !in.good()) {
     const fs::path previous = previous_path(checkpoint_path(dir));
-    KILN_CHECK(!fs::exists(previous / "checkpoint.json"),
+    KILN_CHECK(!fs::exists(previous / "checkpoint.json", ec),
                "no checkpoint in {}, but {} holds one: a save was cut short while it replaced the checkpoint "
                "(Note [replacing a checkpoint whole] in models/train/checkpoint.cpp); resume from {}",
                dir, previous.string(), previous.string());
@@ -233,6 +237,10 @@ Checkpoint load_checkpoint(const std::string& dir) {
 }
 
 std::FILE* open_metrics(const std::string& path, bool resume, int64_t step) {
+  // A regular file or none: a FIFO in its place would block the open (and a device never end).
+  std::error_code ec;
+  KILN_CHECK(!fs::exists(path, ec) || fs::is_regular_file(path, ec),
+             "{} is not a regular file; remove it, or choose another output directory", path);
   if (resume) {
     std::ifstream in(path);
     if (in.good()) {
@@ -312,8 +320,15 @@ std::string engine_tag_of(const Checkpoint& ckpt, const std::string& source) {
 }
 
 void remove_other_engine_checkpoints(const std::string& ckpt_dir, const std::string& tag) {
-  for (const auto& entry : fs::directory_iterator(engine_dir_of(ckpt_dir))) {
-    if (entry.is_directory() && entry.path().filename() != tag) fs::remove_all(entry.path());
+  // Old engine checkpoints are tidied, not needed: one that cannot be removed stays, with a warning,
+  // after a save that has succeeded.
+  std::error_code ec;
+  for (fs::directory_iterator it(engine_dir_of(ckpt_dir), ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code rm;
+    if (it->is_directory(rm) && it->path().filename() != tag && fs::remove_all(it->path(), rm) == static_cast<std::uintmax_t>(-1)) {
+      std::fprintf(stderr, "warning: could not remove the old engine checkpoint %s: %s\n", it->path().c_str(),
+                   rm.message().c_str());
+    }
   }
 }
 

@@ -9,7 +9,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <filesystem>
+#include <fstream>
 #include <new>
+#include <sstream>
 #include <thread>
 
 #include "core/error.h"
@@ -140,9 +143,28 @@ int exit_on_exception(const char* program, std::string_view memory_hint) {
   std::fprintf(stderr, "%s: error: %s\n", program, message.c_str());
   // The rank that failed prints why and stops the job itself; stopping it from here at once could
   // kill that rank before it has printed (seen on a loaded machine), so this rank waits a moment.
-  if (peer && distributed::world_info().size > 1) std::this_thread::sleep_for(std::chrono::seconds(2));
-  if (distributed::world_info().size > 1) distributed::abort_job(code);
+  // The world's size once, and as 1 when the launcher's variables are what failed (RANK=abc): asked
+  // again here, they would throw out of this handler and abort.
+  int world = 1;
+  try {
+    world = distributed::world_info().size;
+  } catch (const std::exception&) {
+  }
+  if (peer && world > 1) std::this_thread::sleep_for(std::chrono::seconds(2));
+  if (world > 1) distributed::abort_job(code);
   return code;
+}
+
+std::string read_flag_file(const std::string& path, const char* flag) {
+  std::error_code ec;
+  KILN_CHECK(std::filesystem::is_regular_file(path, ec), "--{}: '{}' is not a regular file{}; check the path", flag,
+             path, std::filesystem::exists(path, ec) ? "" : " (it does not exist)");
+  std::ifstream in(path, std::ios::binary);
+  KILN_CHECK(in.good(), "--{}: cannot open '{}'; check the path", flag, path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  KILN_CHECK(!in.bad(), "--{}: reading '{}' failed", flag, path);
+  return text.str();
 }
 
 }  // namespace kiln::train

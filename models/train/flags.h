@@ -59,4 +59,8 @@ class Flags {
 // waits 2 s first, so that the failing rank's own message is printed before the job ends.
 int exit_on_exception(const char* program, std::string_view memory_hint);
 
+// The text of the file a flag names (--deepspeed-config): an Error naming the flag when it is not a
+// regular file (a FIFO would wait for a writer, /dev/zero would never end) or cannot be read.
+std::string read_flag_file(const std::string& path, const char* flag);
+
 }  // namespace kiln::train

@@ -352,6 +352,11 @@ TrainResult train(const TrainOptions& options, std::FILE* out) {
       history.epoch = extra.value("history_epoch", std::vector<double>{});
       history.test_loss = extra.value("history_test_loss", std::vector<double>{});
       history.test_accuracy = extra.value("history_test_accuracy", std::vector<double>{});
+      KILN_CHECK(history.step.size() == history.loss.size() && history.epoch.size() == history.test_loss.size() &&
+                     history.epoch.size() == history.test_accuracy.size(),
+                 "{}/checkpoint.json: its history's columns have different lengths ({} steps, {} losses; {} epochs, "
+                 "{} test losses, {} accuracies): the checkpoint is damaged", o.resume, history.step.size(),
+                 history.loss.size(), history.epoch.size(), history.test_loss.size(), history.test_accuracy.size());
     } catch (const json::exception& e) {
       KILN_FAIL("{}/checkpoint.json: its \"trainer\" entry is not kiln-train's running state ({}): the "
                 "checkpoint is damaged", o.resume, e.what());

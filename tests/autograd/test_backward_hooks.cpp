@@ -63,3 +63,23 @@ TEST_CASE("a gradient hook may change values, not the gradient's dtype, shape or
   (z * 3).sum().backward();
   check_close(z.grad(), tensor({30.0, 30.0}));
 }
+
+TEST_CASE("empty hooks and callbacks, an unpack hook that returns nothing, a tensor as its own grad: Errors") {
+  // Each threw std::bad_function_call, or crashed in backward (the unpack hook).
+  Tensor x = ones({2}).requires_grad_();
+  kiln::test::check_error([&] { x.register_hook(nullptr); }, {"register_hook", "empty"});
+  kiln::test::check_error([&] { x.register_post_accumulate_grad_hook(nullptr); }, {"register_post_accumulate_grad_hook", "empty"});
+  kiln::test::check_error([] { autograd::SavedTensorHooksGuard g({nullptr, [](const Tensor& t) { return t; }}); },
+                          {"SavedTensorHooksGuard", "empty"});
+  Tensor y;
+  {
+    autograd::SavedTensorHooksGuard g({[](const Tensor& t) { return t; }, [](const Tensor&) { return Tensor(); }});
+    y = (x * 1).sin().sum();
+  }
+  kiln::test::check_error([&] { y.backward(); }, {"unpack hook returned an undefined tensor"});
+  // "can't assign Variable as its own grad" in PyTorch
+  kiln::test::check_error([&] { x.set_grad(x); }, {"set_grad", "its own gradient"});
+  nn::Linear lin(2, 2);
+  kiln::test::check_error([&] { lin.register_forward_hook(nullptr); }, {"register_forward_hook", "empty"});
+  kiln::test::check_error([&] { lin.apply(nullptr); }, {"apply", "empty"});
+}

@@ -382,3 +382,22 @@ TEST_CASE("checkpoint: profile counts forwards and backwards, and each phase's t
   CHECK(profile->forwards == 2);
   CHECK(profile->backwards == 1);
 }
+
+TEST_CASE("checkpoint: an output the function did not make (a captured tensor) stays the caller's") {
+  // fn returned a captured leaf: the node was attached to it (it stopped being a leaf), and in backward
+  // the recompute returned it again, reaching the node from itself until the stack ran out (SIGSEGV).
+  // PyTorch's non-reentrant checkpoint gives w.grad = ones.
+  Tensor x = ones({3}).requires_grad_();
+  Tensor w = tensor({1.0, 2.0, 3.0}).requires_grad_();
+  autograd::TensorList out = autograd::checkpoint([w](const autograd::TensorList&) { return autograd::TensorList{w}; }, {x});
+  CHECK(w.is_leaf());
+  (out[0] * 2).sum().backward();
+  test::check_equal(w.grad(), full({3}, 2.0));
+  // A captured tensor with a history of its own: the gradient flows through it to its leaf.
+  Tensor v = tensor({1.0, -1.0}).requires_grad_();
+  Tensor captured = v * 3;
+  autograd::TensorList out2 =
+      autograd::checkpoint([captured](const autograd::TensorList& in) { return autograd::TensorList{captured + in[0].sum()}; }, {x});
+  out2[0].sum().backward();
+  test::check_equal(v.grad(), full({2}, 3.0));
+}

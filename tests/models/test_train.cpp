@@ -13,6 +13,7 @@
 
 #include "models/train/checkpoint.h"
 #include "models/train/flags.h"
+#include "models/train/plot.h"
 #include "models/train/progress.h"
 #include "models/train/trainer.h"
 #include "support.h"
@@ -436,6 +437,48 @@ TEST_CASE("exit_on_exception: the exit code by kind of exception, and the memory
   CHECK(end([] { throw Error("--epochs must be 1 or more"); }) == Ended{2, "prog: error: --epochs must be 1 or more\n"});
   CHECK(end([] { throw std::runtime_error("disk on fire"); }) == Ended{1, "prog: error: disk on fire\n"});
   CHECK(end([] { throw 42; }) == Ended{1, "prog: error: an exception that is not a std::exception\n"});
+  // A launcher variable that does not parse (RANK=abc) is itself often the error being reported: the
+  // handler asked the world's size again, which threw out of it and aborted (exit 134).
+  ::setenv("RANK", "abc", 1);
+  ::setenv("WORLD_SIZE", "2", 1);
+  const Ended bad_env = end([] { throw Error("--bogus is not a flag"); });
+  ::unsetenv("RANK");
+  ::unsetenv("WORLD_SIZE");
+  CHECK(bad_env == Ended{2, "prog: error: --bogus is not a flag\n"});
+}
+
+TEST_CASE("the training plot runs gnuplot without a shell: no quote or semicolon in --out is a command") {
+  // kiln-train --out "runs/q';touch /tmp/PWNED;'" ran `touch` through std::system.
+  const fs::path dir = fs::path(scratch_dir("plot")) / "q';touch kiln_pwned;'";
+  fs::create_directories(dir);
+  const fs::path marker = fs::current_path() / "kiln_pwned";
+  fs::remove(marker);
+  train::History h;
+  h.step = {1, 2, 3};
+  h.loss = {2.0, 1.5};  // a damaged history: one loss short; plotted up to the shorter column
+  h.epoch = {1};
+  h.test_loss = {1.4};
+  h.test_accuracy = {0.5};
+  std::string why;
+  const std::string png = train::plot_history(h, dir.string(), &why);
+  CHECK_FALSE(fs::exists(marker));
+  if (std::system("command -v gnuplot > /dev/null 2>&1") == 0) {  // the image itself where gnuplot is
+    INFO(why);
+    CHECK(png == (dir / "training.png").string());
+    CHECK(fs::file_size(png) > 0);
+  }
+  std::ifstream tsv(dir / "history.tsv");
+  const std::string text((std::istreambuf_iterator<char>(tsv)), std::istreambuf_iterator<char>());
+  CHECK(text.find("2\t1.5\n") != std::string::npos);
+  CHECK(text.find("3\t") == std::string::npos);
+}
+
+TEST_CASE("read_flag_file: a device, a FIFO or a directory is an Error, not a hang") {
+  kiln::test::check_error([] { train::read_flag_file("/dev/zero", "deepspeed-config"); },
+                          {"--deepspeed-config", "'/dev/zero' is not a regular file"});
+  kiln::test::check_error([] { train::read_flag_file("/nonexistent/ds.json", "deepspeed-config"); },
+                          {"--deepspeed-config", "does not exist"});
+  kiln::test::check_error([] { train::read_flag_file("/tmp", "deepspeed-config"); }, {"not a regular file"});
 }
 
 TEST_CASE("The plateau scheduler of kiln-train halves the lr after an epoch whose test loss is not below the best") {

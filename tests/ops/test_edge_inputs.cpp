@@ -147,6 +147,12 @@ TEST_CASE("signed integer arithmetic wraps as two's complement, as PyTorch", "[o
   CHECK((m + m).to_vector<int64_t>() == std::vector<int64_t>{0, -2, lo});
   CHECK(m.square().to_vector<int64_t>() == std::vector<int64_t>{0, 1, 0});
   CHECK((from_vector<int32_t>({2147483647}) + 1).to_vector<int32_t>() == std::vector<int32_t>{-2147483648});
+  // Reductions and matmul too: torch.tensor([2**62, 2**62]).sum() and torch.tensor([2**62, 4]).prod()
+  // are -2**63 and 0; [[2**62, 1], [-2**63, 2**63 - 1]] @ [[4], [3]] is [[3], [9223372036854775805]]
+  CHECK(from_vector<int64_t>({int64_t{1} << 62, int64_t{1} << 62}).sum().item<int64_t>() == lo);
+  CHECK(from_vector<int64_t>({int64_t{1} << 62, 4}).prod().item<int64_t>() == 0);
+  const Tensor a = from_vector<int64_t>({int64_t{1} << 62, 1, lo, hi}, {2, 2}), b = from_vector<int64_t>({4, 3}, {2, 1});
+  CHECK(matmul(a, b).to_vector<int64_t>() == std::vector<int64_t>{3, 9223372036854775805});
 }
 
 TEST_CASE("chunk and split of a dim of size 0, as PyTorch", "[ops]") {

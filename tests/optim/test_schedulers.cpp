@@ -390,7 +390,7 @@ TEST_CASE("OneCycleLR: a step in a phase of no length is an Error, not a NaN lr"
   CHECK(std::isfinite(b.opt->param_groups()[0].lr()));
 }
 
-TEST_CASE("OneCycleLR: a div_factor of 0 is an Error; a damaged last_epoch does not load") {
+TEST_CASE("OneCycleLR: a div_factor of 0 is an Error, and a damaged last_epoch does not load") {
   // PyTorch: max_lr / div_factor raises ZeroDivisionError; Kiln set an lr of inf.
   Setup a;
   check_error([&] { OneCycleLR(*a.opt, {.max_lr = 0.5, .total_steps = 10, .div_factor = 0}); },
