@@ -27,6 +27,15 @@ constexpr int kVersion = 1;
 
 namespace {
 
+// A file or directory name a checkpoint's manifest gives: a plain name inside the checkpoint, not a
+// path elsewhere (an absolute path or "../" would load from anywhere).
+std::string plain_name(const std::string& name, const char* what, const std::string& manifest) {
+  KILN_CHECK(!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos,
+             "{}: {} is '{}', but it must be a plain name inside the checkpoint: the checkpoint is damaged", manifest,
+             what, name);
+  return name;
+}
+
 void fsync_directory(const fs::path& dir) {  // makes the renames in `dir` durable
   if (int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); fd >= 0) {
     ::fsync(fd);
@@ -213,17 +222,19 @@ Checkpoint load_checkpoint(const std::string& dir) {
     c.loader.seed = m.at("loader").at("seed").get<uint64_t>();
     c.rng.seed = m.at("rng").at("seed").get<uint64_t>();
     c.rng.offset = m.at("rng").at("offset").get<uint64_t>();
-    KILN_CHECK(c.step >= 0 && c.epoch >= 0 && c.loader.epoch >= 0 && c.loader.batch >= 0,
-               "{}: step {}, epoch {}, loader epoch {} and loader batch {} must all be >= 0: the checkpoint is damaged",
-               manifest, c.step, c.epoch, c.loader.epoch, c.loader.batch);
+    constexpr int64_t kMax = int64_t{1} << 53;  // beyond any run, and far from wrapping at the next step
+    KILN_CHECK(c.step >= 0 && c.epoch >= 0 && c.loader.epoch >= 0 && c.loader.batch >= 0 && c.step < kMax &&
+                   c.epoch < kMax && c.loader.epoch < kMax && c.loader.batch < kMax,
+               "{}: step {}, epoch {}, loader epoch {} and loader batch {} must all be in [0, 2^53): the checkpoint is "
+               "damaged", manifest, c.step, c.epoch, c.loader.epoch, c.loader.batch);
     const json& files = m.at("files");
-    c.model = safetensors::load_file((d / files.at("model").get<std::string>()).string());
-    c.optimizer = safetensors::load_file((d / files.at("optimizer").get<std::string>()).string());
+    c.model = safetensors::load_file((d / plain_name(files.at("model").get<std::string>(), "files.model", manifest)).string());
+    c.optimizer = safetensors::load_file((d / plain_name(files.at("optimizer").get<std::string>(), "files.optimizer", manifest)).string());
     if (files.contains("scheduler")) {
-      c.scheduler = safetensors::load_file((d / files.at("scheduler").get<std::string>()).string());
+      c.scheduler = safetensors::load_file((d / plain_name(files.at("scheduler").get<std::string>(), "files.scheduler", manifest)).string());
     }
     if (files.contains("scaler")) {
-      c.scaler = safetensors::load_file((d / files.at("scaler").get<std::string>()).string());
+      c.scaler = safetensors::load_file((d / plain_name(files.at("scaler").get<std::string>(), "files.scaler", manifest)).string());
     }
     KILN_CHECK(m.at("config").is_object() && m.at("trainer").is_object(),
                "{}: \"config\" and \"trainer\" must be JSON objects: the checkpoint is damaged", manifest);
@@ -316,7 +327,7 @@ std::string engine_tag_of(const Checkpoint& ckpt, const std::string& source) {
   }
   KILN_CHECK(!tag.empty(), "{}: the checkpoint names no engine checkpoint: it was written without a DeepSpeed "
              "config (resume it without --deepspeed-config), or it is damaged", source);
-  return tag;
+  return plain_name(tag, "engine_tag", source);
 }
 
 void remove_other_engine_checkpoints(const std::string& ckpt_dir, const std::string& tag) {

@@ -149,8 +149,19 @@ TEST_CASE("load_checkpoint names what is missing or damaged") {
   const std::string field = "\"step\": 3";
   const size_t at = text.find(field);
   REQUIRE(at != std::string::npos);
+  const std::string good = text;
   train::write_file_atomic(dir + "/checkpoint.json", text.replace(at, field.size(), "\"step\": -3"));
-  check_error([&] { train::load_checkpoint(dir); }, {"step -3", "must all be >= 0", "damaged"});
+  check_error([&] { train::load_checkpoint(dir); }, {"step -3", "must all be in [0, 2^53)", "damaged"});
+  // A step whose next one would overflow, and a file named by a path out of the checkpoint.
+  text = good;
+  train::write_file_atomic(dir + "/checkpoint.json", text.replace(at, field.size(), "\"step\": 9223372036854775807"));
+  check_error([&] { train::load_checkpoint(dir); }, {"step 9223372036854775807", "[0, 2^53)", "damaged"});
+  text = good;
+  const std::string model_file = "\"model.safetensors\"";
+  const size_t m = text.find(model_file);
+  REQUIRE(m != std::string::npos);
+  train::write_file_atomic(dir + "/checkpoint.json", text.replace(m, model_file.size(), "\"/etc/passwd\""));
+  check_error([&] { train::load_checkpoint(dir); }, {"files.model is '/etc/passwd'", "plain name", "damaged"});
   // A FIFO in the manifest's place is an Error, not a wait for a writer.
   fs::remove(dir + "/checkpoint.json");
   REQUIRE(::mkfifo((dir + "/checkpoint.json").c_str(), 0600) == 0);
