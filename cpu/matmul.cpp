@@ -201,7 +201,9 @@ void gemm_integer(const Mat<T>& a, const Mat<T>& b, const Mat<T>& c) {
     std::fill(row.begin(), row.end(), U(0));
     for (int64_t k = 0; k < a.cols; ++k) {
       const U aik = static_cast<U>(a.data[i * a.rs + k * a.cs]);
-      for (int64_t j = 0; j < c.cols; ++j) row[j] = static_cast<U>(row[j] + static_cast<U>(aik * static_cast<U>(b.data[k * b.rs + j * b.cs])));
+      for (int64_t j = 0; j < c.cols; ++j) {
+        row[j] = static_cast<U>(row[j] + static_cast<U>(aik * static_cast<U>(b.data[k * b.rs + j * b.cs])));
+      }
     }
     for (int64_t j = 0; j < c.cols; ++j) c.data[i * c.rs + j * c.cs] = static_cast<T>(row[j]);
   }

@@ -29,11 +29,17 @@ namespace {
 
 // A file or directory name a checkpoint's manifest gives: a plain name inside the checkpoint, not a
 // path elsewhere (an absolute path or "../" would load from anywhere).
-std::string plain_name(const std::string& name, const char* what, const std::string& manifest) {
+std::string plain_name(const std::string& name, std::string_view what, const std::string& manifest) {
   KILN_CHECK(!name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos,
              "{}: {} is '{}', but it must be a plain name inside the checkpoint: the checkpoint is damaged", manifest,
              what, name);
   return name;
+}
+
+// The tensors of one of the checkpoint's files, named in its manifest's "files".
+TensorDict load_part(const fs::path& dir, const nlohmann::json& files, const char* key, const std::string& manifest) {
+  const std::string name = plain_name(files.at(key).get<std::string>(), fmt::format("files.{}", key), manifest);
+  return safetensors::load_file((dir / name).string());
 }
 
 void fsync_directory(const fs::path& dir) {  // makes the renames in `dir` durable
@@ -228,13 +234,13 @@ Checkpoint load_checkpoint(const std::string& dir) {
                "{}: step {}, epoch {}, loader epoch {} and loader batch {} must all be in [0, 2^53): the checkpoint is "
                "damaged", manifest, c.step, c.epoch, c.loader.epoch, c.loader.batch);
     const json& files = m.at("files");
-    c.model = safetensors::load_file((d / plain_name(files.at("model").get<std::string>(), "files.model", manifest)).string());
-    c.optimizer = safetensors::load_file((d / plain_name(files.at("optimizer").get<std::string>(), "files.optimizer", manifest)).string());
+    c.model = load_part(d, files, "model", manifest);
+    c.optimizer = load_part(d, files, "optimizer", manifest);
     if (files.contains("scheduler")) {
-      c.scheduler = safetensors::load_file((d / plain_name(files.at("scheduler").get<std::string>(), "files.scheduler", manifest)).string());
+      c.scheduler = load_part(d, files, "scheduler", manifest);
     }
     if (files.contains("scaler")) {
-      c.scaler = safetensors::load_file((d / plain_name(files.at("scaler").get<std::string>(), "files.scaler", manifest)).string());
+      c.scaler = load_part(d, files, "scaler", manifest);
     }
     KILN_CHECK(m.at("config").is_object() && m.at("trainer").is_object(),
                "{}: \"config\" and \"trainer\" must be JSON objects: the checkpoint is damaged", manifest);
@@ -336,7 +342,8 @@ void remove_other_engine_checkpoints(const std::string& ckpt_dir, const std::str
   std::error_code ec;
   for (fs::directory_iterator it(engine_dir_of(ckpt_dir), ec), end; !ec && it != end; it.increment(ec)) {
     std::error_code rm;
-    if (it->is_directory(rm) && it->path().filename() != tag && fs::remove_all(it->path(), rm) == static_cast<std::uintmax_t>(-1)) {
+    if (!it->is_directory(rm) || it->path().filename() == tag) continue;
+    if (fs::remove_all(it->path(), rm) == static_cast<std::uintmax_t>(-1)) {
       std::fprintf(stderr, "warning: could not remove the old engine checkpoint %s: %s\n", it->path().c_str(),
                    rm.message().c_str());
     }
