@@ -4,6 +4,7 @@
 // v^T J for every input element at once; central differences give it one element at a time:
 //   numeric_k = sum_j < v_j, (f_j(x + eps e_k) - f_j(x - eps e_k)) / (2 eps) >
 // A random v (not ones) catches a gradient that is right in sum but wrongly placed.
+#include <algorithm>
 #include <cmath>
 
 #include "autograd/autograd.h"
@@ -25,6 +26,10 @@ double vjp_dot(const TensorList& outs, const TensorList& vs) {
 
 bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& opt) {
   KILN_CHECK(fn != nullptr, "gradcheck: the function is empty; pass a callable");
+  // As PyTorch: with no input requiring grad there is nothing to check, and passing would say nothing.
+  KILN_CHECK(std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.defined() && t.requires_grad(); }),
+             "gradcheck: no input requires grad, so there is no gradient to check; call requires_grad_() on the "
+             "float64 inputs to check");
   for (size_t i = 0; i < inputs.size(); ++i) {
     KILN_CHECK(!inputs[i].defined() || !inputs[i].requires_grad() || inputs[i].dtype() == kFloat64,
                "gradcheck: input {} is {}; finite differences need float64 inputs (x.to(kFloat64))", i,

@@ -46,9 +46,26 @@ MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, Mul
 Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const MultiheadAttentionCall& call) {
   const char* op = "nn::MultiheadAttention";
+  if (query.dim() == 2 && key.dim() == 2 && value.dim() == 2) {
+    // Unbatched, as PyTorch: (L, E) inputs, a (S) key_padding_mask, an (L, S) or (num_heads, L, S)
+    // attn_mask; one sequence run as a batch of one.
+    const int64_t batch_dim = options.batch_first ? 0 : 1;
+    MultiheadAttentionCall one = call;
+    if (call.key_padding_mask.defined()) {
+      KILN_CHECK(call.key_padding_mask.dim() == 1, "{}: with unbatched (L, E) inputs key_padding_mask must be (S), got {}",
+                 op, call.key_padding_mask.sizes().str());
+      one.key_padding_mask = call.key_padding_mask.unsqueeze(0);
+    }
+    const Tensor q = query.unsqueeze(batch_dim);
+    const bool self = query.is_same(key) && key.is_same(value);  // kept self-attention: one projection
+    const Tensor out = self ? forward(q, q, q, one)
+                            : forward(q, key.unsqueeze(batch_dim), value.unsqueeze(batch_dim), one);
+    return out.squeeze(batch_dim);
+  }
   KILN_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3,
-             "{}: query, key and value must be 3-D ({}), got shapes {}, {} and {}", op,
-             options.batch_first ? "N, L, E" : "L, N, E", query.sizes().str(), key.sizes().str(), value.sizes().str());
+             "{}: query, key and value must be 3-D ({}), or all 2-D (L, E) for one unbatched sequence, got shapes {}, "
+             "{} and {}", op, options.batch_first ? "N, L, E" : "L, N, E", query.sizes().str(), key.sizes().str(),
+             value.sizes().str());
   KILN_CHECK(query.sizes()[2] == embed_dim && key.sizes()[2] == embed_dim && value.sizes()[2] == embed_dim,
              "{}: the last dim of query, key and value must be embed_dim = {}, got shapes {}, {} and {}", op,
              embed_dim, query.sizes().str(), key.sizes().str(), value.sizes().str());

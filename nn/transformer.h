@@ -35,7 +35,8 @@ struct MultiheadAttentionCall {
 // out = out_proj(concat over heads of softmax(q_h k_h^T / sqrt(E / num_heads) + mask) v_h), with q, k, v
 // the packed in-projection of query, key and value. Parameters as PyTorch: in_proj_weight (3E, E)
 // xavier_uniform_, in_proj_bias (3E) zeros, out_proj = Linear(E, E) with its bias zeroed. Returns only
-// the output (PyTorch's need_weights = false).
+// the output (PyTorch's need_weights = false). Inputs are batched (3-D), or all (L, E) for one
+// unbatched sequence, as PyTorch.
 class MultiheadAttention : public Module {
  public:
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, MultiheadAttentionOptions options = {});

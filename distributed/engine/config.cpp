@@ -753,6 +753,9 @@ void read_data_types(Section& top, const std::string& source, Config& cfg) {
 }  // namespace
 
 Config Config::from_string(const std::string& text, const std::string& source) {
+  // The JSON parser would stop at a NUL byte and take the text before it for the whole file.
+  KILN_CHECK(text.find('\0') == std::string::npos, "{}: not valid JSON: it holds a NUL byte at offset {}", source,
+             text.find('\0'));
   const json j = parse_refusing_duplicates(text, source);
   Config cfg;
   Section top(source, "", j, kUnsupportedTop);

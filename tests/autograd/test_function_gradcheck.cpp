@@ -109,3 +109,11 @@ TEST_CASE("a Function's gradient of another dtype is cast to its argument's dtyp
   REQUIRE(x.grad().dtype() == kFloat32);
   CHECK(x.grad().to_vector<float>() == std::vector<float>{2, 2});
 }
+
+TEST_CASE("gradcheck with no input that requires grad is an Error, as PyTorch's ValueError") {
+  // It returned true having compared nothing.
+  const autograd::DifferentiableFn f = [](const autograd::TensorList& in) { return autograd::TensorList{in[0] * 2}; };
+  kiln::test::check_error([&] { autograd::gradcheck(f, {ones({2}, kFloat64)}); }, {"gradcheck", "no input requires grad"});
+  kiln::test::check_error([&] { autograd::gradcheck(f, {}); }, {"gradcheck", "no input requires grad"});
+  CHECK(autograd::gradcheck(f, {ones({2}, kFloat64).requires_grad_()}));
+}

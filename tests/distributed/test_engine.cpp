@@ -962,6 +962,9 @@ TEST_CASE("engine config: every mistake is an Error that names the key and what 
               {"more than fits in 64 bits"});
   // Not a regular file: /dev/zero would be read forever, a FIFO would wait for a writer.
   check_error([] { Config::from_file("/dev/zero"); }, {"'/dev/zero' is not a regular file"});
+  // The parser stopped at a NUL byte and took what came before it for the whole file.
+  check_error([] { Config::from_string(std::string("{\"train_batch_size\": 8}\0{garbage", 32)); },
+              {"not valid JSON", "NUL byte at offset 23"});
 }
 
 TEST_CASE("engine: \"activation_checkpointing\" reaches the modules that take it, and needs one", "[distributed]") {

@@ -317,6 +317,37 @@ TEST_CASE("MultiheadAttention with its masks matches torch, output and every gra
   }
 }
 
+TEST_CASE("MultiheadAttention takes one unbatched (L, E) sequence, as torch", "[nn][attention]") {
+  // torch.nn.MultiheadAttention(4, 2, dtype=float64) with in_proj_weight = sin(0.37 arange(48)).reshape(12, 4),
+  // in_proj_bias = 0.1 cos(0.5 arange(12)), out_proj.weight = cos(0.29 arange(16)).reshape(4, 4),
+  // out_proj.bias = 0.05 arange(4); x = sin(0.7 arange(12)).reshape(3, 4), kv = cos(0.9 arange(8)).reshape(2, 4):
+  // m(x, x, x, key_padding_mask=[False, False, True]) and m(x, kv, kv).
+  const Tensor self_out = tensor({{1.1512678876, 1.2956588214, -0.0563862726, -1.2205612624},
+                                  {-0.9463421985, -1.2995382012, -0.0315057019, 1.394507351},
+                                  {1.1324786973, 1.1930789709, -0.1195254607, -1.1684093592}}, kFloat64);
+  const Tensor cross_out = tensor({{0.4134621774, 0.9387926781, 0.3963979222, -0.5020658646},
+                                   {0.100126267, -0.5758321156, -0.499965272, 0.2966524168},
+                                   {0.4142114785, 0.8882502348, 0.3552814301, -0.4843623024}}, kFloat64);
+  for (bool batch_first : {false, true}) {  // an unbatched sequence has no batch dim to put first
+    INFO("batch_first " << batch_first);
+    nn::MultiheadAttention m(4, 2, {.batch_first = batch_first});
+    m.to(kFloat64);
+    {
+      NoGradGuard no_grad;
+      m.in_proj_weight.copy_((arange(48, kFloat64) * 0.37).sin().reshape({12, 4}));
+      m.in_proj_bias.copy_((arange(12, kFloat64) * 0.5).cos() * 0.1);
+      m.out_proj.weight.copy_((arange(16, kFloat64) * 0.29).cos().reshape({4, 4}));
+      m.out_proj.bias.copy_(arange(4, kFloat64) * 0.05);
+    }
+    const Tensor x = (arange(12, kFloat64) * 0.7).sin().reshape({3, 4});
+    const Tensor kv = (arange(8, kFloat64) * 0.9).cos().reshape({2, 4});
+    test::check_close(m.forward(x, x, x, {.key_padding_mask = tensor({0, 0, 1}, kBool)}), self_out,
+                      {1e-9, 1e-9});
+    test::check_close(m.forward(x, kv, kv), cross_out, {1e-9, 1e-9});
+    test::check_error([&] { m.forward(x, kv.unsqueeze(0), kv); }, {"MultiheadAttention", "all 2-D"});
+  }
+}
+
 TEST_CASE("LeakyReLU, ELU, Hardtanh and Softplus match torch, at their kinks too", "[nn][layers]") {
   // The fixture's input holds 0 (leaky_relu's and elu's kink), -0.5 and 0.7 (hardtanh's bounds, where
   // PyTorch's gradient is 0) and values past softplus's threshold.
