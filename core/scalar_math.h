@@ -61,8 +61,7 @@ KILN_HOST_DEVICE inline T wrap_mul(T x, T y) {
 template <typename T>
 KILN_HOST_DEVICE inline T int_floor_divide(T x, T y) {
   if constexpr (std::is_signed_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    if (y == T(-1)) return static_cast<T>(U(0) - static_cast<U>(x));
+    if (y == T(-1)) return wrap_sub(T(0), x);
     const T q = static_cast<T>(x / y);
     return (x % y != 0 && ((x < 0) != (y < 0))) ? static_cast<T>(q - 1) : q;
   } else {
@@ -72,8 +71,7 @@ KILN_HOST_DEVICE inline T int_floor_divide(T x, T y) {
 template <typename T>
 KILN_HOST_DEVICE inline T int_trunc_divide(T x, T y) {
   if constexpr (std::is_signed_v<T>) {
-    using U = std::make_unsigned_t<T>;
-    if (y == T(-1)) return static_cast<T>(U(0) - static_cast<U>(x));
+    if (y == T(-1)) return wrap_sub(T(0), x);
   }
   return static_cast<T>(x / y);
 }

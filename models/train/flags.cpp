@@ -9,13 +9,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <filesystem>
-#include <fstream>
+#include <memory>
 #include <new>
-#include <sstream>
 #include <thread>
 
 #include "core/error.h"
+#include "data/gzip_file.h"
 #include "distributed/comm/communicator.h"
 #include "distributed/comm/peer_error.h"
 
@@ -156,15 +155,14 @@ int exit_on_exception(const char* program, std::string_view memory_hint) {
 }
 
 std::string read_flag_file(const std::string& path, const char* flag) {
-  std::error_code ec;
-  KILN_CHECK(std::filesystem::is_regular_file(path, ec), "--{}: '{}' is not a regular file{}; check the path", flag,
-             path, std::filesystem::exists(path, ec) ? "" : " (it does not exist)");
-  std::ifstream in(path, std::ios::binary);
-  KILN_CHECK(in.good(), "--{}: cannot open '{}'; check the path", flag, path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  KILN_CHECK(!in.bad(), "--{}: reading '{}' failed", flag, path);
-  return text.str();
+  // data::open_regular_file refuses a FIFO (without waiting for a writer), a device or a directory.
+  const std::unique_ptr<std::FILE, int (*)(std::FILE*)> in(
+      data::open_regular_file(path, fmt::format("--{}: ", flag), "check the path"), &std::fclose);
+  std::string text;
+  char chunk[1 << 16];
+  for (size_t got; (got = std::fread(chunk, 1, sizeof chunk, in.get())) > 0;) text.append(chunk, got);
+  KILN_CHECK(!std::ferror(in.get()), "--{}: reading '{}' failed", flag, path);
+  return text;
 }
 
 }  // namespace kiln::train

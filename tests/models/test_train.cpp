@@ -488,7 +488,7 @@ TEST_CASE("read_flag_file: a device, a FIFO or a directory is an Error, not a ha
   kiln::test::check_error([] { train::read_flag_file("/dev/zero", "deepspeed-config"); },
                           {"--deepspeed-config", "'/dev/zero' is not a regular file"});
   kiln::test::check_error([] { train::read_flag_file("/nonexistent/ds.json", "deepspeed-config"); },
-                          {"--deepspeed-config", "does not exist"});
+                          {"--deepspeed-config", "cannot open '/nonexistent/ds.json'"});
   kiln::test::check_error([] { train::read_flag_file("/tmp", "deepspeed-config"); }, {"not a regular file"});
 }
 
