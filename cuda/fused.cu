@@ -271,9 +271,14 @@ __global__ void __launch_bounds__(kThreads) layer_norm_vec_kernel(const float* x
       Vec wv, bv, o;
       if (w) wv = reinterpret_cast<const Vec*>(w)[j];
       if (b) bv = reinterpret_cast<const Vec*>(b)[j];
+      // normalized()'s steps written out: a pointer into wv or bv, taken conditionally, put them in
+      // local memory (a stack slot and an STL.128 and four LDL a vector).
       KILN_CUDA_UNROLL
       for (int e = 0; e < V; ++e) {
-        o.v[e] = normalized(v[u * V + e], tm, ti, w ? wv.v : nullptr, b ? bv.v : nullptr, e);
+        float y = (v[u * V + e] - tm) * ti;
+        if (w) y = y * wv.v[e];
+        if (b) y = y + bv.v[e];
+        o.v[e] = y;
       }
       reinterpret_cast<Vec*>(out + r * M)[j] = o;
     }

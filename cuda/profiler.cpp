@@ -232,6 +232,9 @@ void KernelProfiler::start() {
 #ifdef KILN_HAVE_CUPTI
   KILN_CHECK(!impl_->running, "KernelProfiler::start: already started; call stop() first");
   for (int d : devices_in_use()) synchronize(d);  // what ran before is not counted
+  // Records still buffered (a profiler whose stop() failed before it disabled them) are delivered
+  // now, while no profile runs, and dropped.
+  check(cupti().flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
   {
     std::lock_guard<std::mutex> lock(g_mutex);
     impl_->totals.clear();

@@ -40,20 +40,24 @@ template <typename T> struct SumR {
   using acc_t = wide_t<T>;
   using out_t = T;
   __device__ static acc_t init() { return 0; }
-  __device__ static void update(acc_t& a, T x, int64_t) {
-    a += static_cast<acc_t>(static_cast<opmath_t<T>>(x));
+  __device__ static void update(acc_t& a, T x, int64_t) { merge(a, static_cast<acc_t>(static_cast<opmath_t<T>>(x))); }
+  // An integer sum wraps as two's complement, as the CPU's and PyTorch's (math::wrap_add: signed
+  // overflow is undefined behaviour in CUDA C++ as in C++).
+  __device__ static void merge(acc_t& a, const acc_t& b) {
+    if constexpr (std::is_integral_v<acc_t>) a = math::wrap_add(a, b);
+    else a += b;
   }
-  __device__ static void merge(acc_t& a, const acc_t& b) { a += b; }
   __device__ static out_t result(acc_t a) { return static_cast<T>(static_cast<opmath_t<T>>(a)); }
 };
 template <typename T> struct ProdR {
   using acc_t = wide_t<T>;
   using out_t = T;
   __device__ static acc_t init() { return 1; }
-  __device__ static void update(acc_t& a, T x, int64_t) {
-    a *= static_cast<acc_t>(static_cast<opmath_t<T>>(x));
+  __device__ static void update(acc_t& a, T x, int64_t) { merge(a, static_cast<acc_t>(static_cast<opmath_t<T>>(x))); }
+  __device__ static void merge(acc_t& a, const acc_t& b) {  // wraps, as SumR
+    if constexpr (std::is_integral_v<acc_t>) a = math::wrap_mul(a, b);
+    else a *= b;
   }
-  __device__ static void merge(acc_t& a, const acc_t& b) { a *= b; }
   __device__ static out_t result(acc_t a) { return static_cast<T>(static_cast<opmath_t<T>>(a)); }
 };
 // Max (kMax true) or min; NaN wins, as in PyTorch.

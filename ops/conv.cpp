@@ -8,6 +8,7 @@
 //   gw = backward_weight(g, x):         dg = conv2d(x, ggw),        dx = backward_input(g, ggw)
 // which gives double backward (gradient penalties) for free. 16-bit floats run in float32.
 #include <array>
+#include <limits>
 #include <vector>
 
 #include "ops/autocast.h"
@@ -46,24 +47,41 @@ Conv2dArgs conv_args(const Shape& stride, const Shape& padding, const Shape& dil
   return a;
 }
 
-int64_t conv_out_size(int64_t in, int64_t k, int64_t pad, int64_t dil, int64_t stride) {
-  return (in + 2 * pad - dil * (k - 1) - 1) / stride + 1;
+// Note [convolution geometry in 128 bits]
+// Sizes, strides, paddings and dilations are any int64 a caller passes, and a tensor with no elements
+// may have a dim of 2^62: dil * (k - 1), in + 2 * pad and (in - 1) * stride can pass 2^63, where a
+// signed int64 overflows (undefined, and in practice a wrapped size that some later check names
+// wrongly). So the geometry is computed in 128 bits, where no product of two int64 overflows, and a
+// result is narrowed to int64 only once it is known to fit.
+using Wide = __int128;
+constexpr Wide kMaxSize = std::numeric_limits<int64_t>::max();
+
+// The output length (in + 2 pad - dil (k - 1) - 1) / stride + 1; the caller checked that the padded
+// input holds the dilated kernel.
+int64_t conv_out_size(int64_t in, int64_t k, int64_t pad, int64_t dil, int64_t stride, const char* op) {
+  const Wide n = (Wide{in} + 2 * Wide{pad} - Wide{dil} * (Wide{k} - 1) - 1) / stride + 1;
+  KILN_CHECK(n <= kMaxSize, "{}: the output would be {} long (input {}, padding {}): past 2^63", op, n, in, pad);
+  return static_cast<int64_t>(n);
 }
 
-// The output shape of conv2d; checks the channels and the sizes.
+// The output shape of conv2d; checks the channels and the sizes (the backward ops' given shapes too).
 Shape conv_output_shape(const Shape& in, const Shape& w, const Conv2dArgs& a, const char* op) {
+  for (int64_t size : {in[0], in[1], in[2], in[3], w[0], w[1], w[2], w[3]}) {
+    KILN_CHECK(size >= 0, "{}: sizes must be non-negative, got input {} and weight {}", op, in.str(), w.str());
+  }
   KILN_CHECK(w[0] % a.groups == 0, "{}: the weight's {} output channels are not divisible by groups {}", op,
              w[0], a.groups);
-  KILN_CHECK(in[1] == w[1] * a.groups,
+  KILN_CHECK(Wide{in[1]} == Wide{w[1]} * a.groups,
              "{}: the input {} has {} channels, but the weight {} with groups {} expects {} (weight dim 1 times "
              "groups)",
-             op, in.str(), in[1], w.str(), a.groups, w[1] * a.groups);
-  const int64_t eff_h = a.dilation_h * (w[2] - 1) + 1, eff_w = a.dilation_w * (w[3] - 1) + 1;
-  KILN_CHECK(in[2] + 2 * a.pad_h >= eff_h && in[3] + 2 * a.pad_w >= eff_w,
+             op, in.str(), in[1], w.str(), a.groups, Wide{w[1]} * a.groups);
+  const Wide eff_h = Wide{a.dilation_h} * (Wide{w[2]} - 1) + 1, eff_w = Wide{a.dilation_w} * (Wide{w[3]} - 1) + 1;
+  const Wide padded_h = Wide{in[2]} + 2 * Wide{a.pad_h}, padded_w = Wide{in[3]} + 2 * Wide{a.pad_w};
+  KILN_CHECK(padded_h >= eff_h && padded_w >= eff_w,
              "{}: the padded input ({} x {}) is smaller than the dilated kernel ({} x {}); input {}, weight {}",
-             op, in[2] + 2 * a.pad_h, in[3] + 2 * a.pad_w, eff_h, eff_w, in.str(), w.str());
-  return {in[0], w[0], conv_out_size(in[2], w[2], a.pad_h, a.dilation_h, a.stride_h),
-          conv_out_size(in[3], w[3], a.pad_w, a.dilation_w, a.stride_w)};
+             op, padded_h, padded_w, eff_h, eff_w, in.str(), w.str());
+  return {in[0], w[0], conv_out_size(in[2], w[2], a.pad_h, a.dilation_h, a.stride_h, op),
+          conv_out_size(in[3], w[3], a.pad_w, a.dilation_w, a.stride_w, op)};
 }
 
 Shape stride_of(const Conv2dArgs& a) { return {a.stride_h, a.stride_w}; }
@@ -169,13 +187,14 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
   const int64_t channels = in[in.size() - 2], length = in[in.size() - 1];
   KILN_CHECK(w[0] % groups == 0, "conv1d: the weight's {} output channels are not divisible by groups {}", w[0],
              groups);
-  KILN_CHECK(channels == w[1] * groups,
+  KILN_CHECK(Wide{channels} == Wide{w[1]} * groups,
              "conv1d: the input {} has {} channels, but the weight {} with groups {} expects {} (weight dim 1 times "
              "groups)",
-             in.str(), channels, w.str(), groups, w[1] * groups);
-  KILN_CHECK(length + 2 * padding >= dilation * (w[2] - 1) + 1,
+             in.str(), channels, w.str(), groups, Wide{w[1]} * groups);
+  const Wide padded = Wide{length} + 2 * Wide{padding}, eff = Wide{dilation} * (w[2] - 1) + 1;
+  KILN_CHECK(padded >= eff,
              "conv1d: the padded input length {} is shorter than the dilated kernel ({}); input {}, weight {}",
-             length + 2 * padding, dilation * (w[2] - 1) + 1, in.str(), w.str());
+             padded, eff, in.str(), w.str());
   Tensor x = input.dim() == 2 ? input.unsqueeze(0) : input;
   Tensor out = conv2d_impl(x.unsqueeze(2), weight.unsqueeze(2), bias, a, "conv1d").squeeze(2);
   return input.dim() == 2 ? out.squeeze(0) : out;
@@ -212,21 +231,22 @@ Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
   const Shape in = x.sizes(), w = weight.sizes();
   KILN_CHECK(w[0] % groups == 0, "conv3d: the weight's {} output channels are not divisible by groups {}", w[0],
              groups);
-  KILN_CHECK(in[1] == w[1] * groups,
+  KILN_CHECK(Wide{in[1]} == Wide{w[1]} * groups,
              "conv3d: the input {} has {} channels, but the weight {} with groups {} expects {} (weight dim 1 times "
              "groups)",
-             in.str(), in[1], w.str(), groups, w[1] * groups);
+             in.str(), in[1], w.str(), groups, Wide{w[1]} * groups);
+  std::array<Wide, 3> padded, eff;
+  for (int i = 0; i < 3; ++i) padded[i] = Wide{in[2 + i]} + 2 * Wide{p[i]}, eff[i] = Wide{d[i]} * (w[2 + i] - 1) + 1;
   for (int i = 0; i < 3; ++i) {
-    KILN_CHECK(in[2 + i] + 2 * p[i] >= d[i] * (w[2 + i] - 1) + 1,
+    KILN_CHECK(padded[i] >= eff[i],
                "conv3d: the padded input ({} x {} x {}) is smaller than the dilated kernel ({} x {} x {}); input {}, "
                "weight {}",
-               in[2] + 2 * p[0], in[3] + 2 * p[1], in[4] + 2 * p[2], d[0] * (w[2] - 1) + 1, d[1] * (w[3] - 1) + 1,
-               d[2] * (w[4] - 1) + 1, in.str(), w.str());
+               padded[0], padded[1], padded[2], eff[0], eff[1], eff[2], in.str(), w.str());
   }
   KILN_CHECK(w[2] > 0 && w[3] > 0 && w[4] > 0, "conv3d: the weight's kernel sizes must be positive, got weight {}",
              w.str());
   const int64_t N = in[0], C = in[1], H = in[3], W = in[4], kD = w[2], O = w[0];
-  const int64_t Do = conv_out_size(in[2], kD, p[0], d[0], s[0]);
+  const int64_t Do = conv_out_size(in[2], kD, p[0], d[0], s[0], op);
   if (p[0] > 0) x = pad(x, {0, 0, 0, 0, p[0], p[0]});
   // Each tap is a view (N, Do, groups, C / groups, H, W) of x; stacked at dim 3 they are one contiguous
   // (N, Do, groups, kD, C / groups, H, W) tensor, so the stack is the only copy.
@@ -288,15 +308,25 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
              in.str(), in[1], w.str(), w[0]);
   KILN_CHECK(w[0] >= groups && w[0] % groups == 0,
              "conv_transpose2d: the weight's {} input channels are not divisible by groups {}", w[0], groups);
-  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == w[1] * groups),
+  const Wide channels_out = Wide{w[1]} * groups;
+  KILN_CHECK(channels_out <= kMaxSize, "conv_transpose2d: the weight {} with groups {} gives more output channels "
+             "than fit in 64 bits", w.str(), groups);
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == channels_out),
              "conv_transpose2d: the bias must be 1-D with {} elements (the output channels), got shape {}",
-             w[1] * groups, bias.defined() ? bias.sizes().str() : std::string());
-  const int64_t h_min = (in[2] - 1) * a.stride_h - 2 * a.pad_h + a.dilation_h * (w[2] - 1) + 1;
-  const int64_t w_min = (in[3] - 1) * a.stride_w - 2 * a.pad_w + a.dilation_w * (w[3] - 1) + 1;
-  KILN_CHECK(h_min + op_h > 0 && w_min + op_w > 0,
+             channels_out, bias.defined() ? bias.sizes().str() : std::string());
+  const Wide out_h = Wide{in[2] - 1} * a.stride_h - 2 * Wide{a.pad_h} + Wide{a.dilation_h} * (w[2] - 1) + 1 + op_h;
+  const Wide out_w = Wide{in[3] - 1} * a.stride_w - 2 * Wide{a.pad_w} + Wide{a.dilation_w} * (w[3] - 1) + 1 + op_w;
+  KILN_CHECK(out_h > 0 && out_w > 0,
              "conv_transpose2d: the output would be empty ({} x {}): padding {} is too large for input {} and "
              "weight {}",
-             h_min + op_h, w_min + op_w, padding.str(), in.str(), w.str());
+             out_h, out_w, padding.str(), in.str(), w.str());
+  int64_t out_numel = 0;  // also the bias add's flop count
+  KILN_CHECK(out_h <= kMaxSize && out_w <= kMaxSize &&
+                 !__builtin_mul_overflow(in[0], static_cast<int64_t>(channels_out), &out_numel) &&
+                 !__builtin_mul_overflow(out_numel, static_cast<int64_t>(out_h), &out_numel) &&
+                 !__builtin_mul_overflow(out_numel, static_cast<int64_t>(out_w), &out_numel),
+             "conv_transpose2d: the output ({} x {} x {} x {}) would have more elements than fit in 64 bits; input {}, "
+             "weight {}, stride {}", in[0], channels_out, out_h, out_w, in.str(), w.str(), stride.str());
   if (is_reduced_float(input.dtype())) {  // in float32, the bias added before rounding, as PyTorch's kernels
     Tensor out = conv_transpose2d(x.to(kFloat32), weight.to(kFloat32), bias.defined() ? bias.to(kFloat32) : bias,
                                   stride, padding, output_padding, groups, dilation);
@@ -304,12 +334,12 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
     return input.dim() == 3 ? out.squeeze(0) : out;
   }
   // Each input element times (C_out / groups) x kH x kW weights; and the bias's add.
-  flops::Op count(input.numel() * weight.numel() / w[0],
-                  bias.defined() ? in[0] * w[1] * groups * (h_min + op_h) * (w_min + op_w) : 0);
+  flops::Op count(input.numel() * weight.numel() / w[0], bias.defined() ? out_numel : 0);
   const int64_t extra_h = op_h / a.stride_h, extra_w = op_w / a.stride_w;  // zero rows and columns of x
   if (extra_h > 0 || extra_w > 0) x = pad(x, {0, extra_w, 0, extra_h});
-  Tensor out = conv2d_backward_input(x, weight, {in[0], w[1] * groups, h_min + op_h, w_min + op_w}, stride_of(a),
-                                     padding_of(a), dilation_of(a), groups);
+  const Shape out_shape{in[0], static_cast<int64_t>(channels_out), static_cast<int64_t>(out_h),
+                        static_cast<int64_t>(out_w)};
+  Tensor out = conv2d_backward_input(x, weight, out_shape, stride_of(a), padding_of(a), dilation_of(a), groups);
   if (bias.defined()) out = out + bias.view({1, -1, 1, 1});
   return input.dim() == 3 ? out.squeeze(0) : out;
 }
@@ -334,7 +364,8 @@ Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor&
              input.sizes().str(), channels, weight.sizes().str(), weight.size(0));
   KILN_CHECK(length > 0 && weight.size(2) > 0, "conv_transpose1d: expected a non-empty length and kernel, got input "
              "{} and weight {}", input.sizes().str(), weight.sizes().str());
-  const int64_t out_length = (length - 1) * stride - 2 * padding + dilation * (weight.size(2) - 1) + 1 + output_padding;
+  const Wide out_length =
+      Wide{length - 1} * stride - 2 * Wide{padding} + Wide{dilation} * (weight.size(2) - 1) + 1 + output_padding;
   KILN_CHECK(out_length > 0, "conv_transpose1d: the output would be empty (length {}): padding {} is too large for "
              "input {} and weight {}", out_length, padding, input.sizes().str(), weight.sizes().str());
   // A height-1 image with a height-1 kernel: the height dim's stride 1 allows no output padding there.

@@ -168,9 +168,9 @@ Tensor dropout_part(const Tensor& input, double p, bool train, int64_t dim, int6
   KILN_CHECK(input.dim() > 0, "dropout_part: needs a dim to cut along; a scalar has none (use dropout)");
   const int64_t d = wrap_dim(dim, static_cast<int>(input.dim()), "dropout_part");
   const int64_t part = input.size(d);
-  KILN_CHECK(start >= 0 && whole >= 0 && start + part <= whole,
+  KILN_CHECK(start >= 0 && whole >= 0 && start <= whole - part,
              "dropout_part: indices [{}, {}) of dim {} do not fit a whole tensor {} long there; start must be "
-             "in [0, whole - {}]", start, start + part, d, whole, part);
+             "in [0, whole - {}]", start, static_cast<__int128>(start) + part, d, whole, part);
   if (!train || p == 0) return input;
   KILN_CHECK(is_floating(input.dtype()), "dropout_part: needs a floating-point input, got {}",
              dtype_name(input.dtype()));
@@ -180,7 +180,11 @@ Tensor dropout_part(const Tensor& input, double p, bool train, int64_t dim, int6
   int64_t outer = 1, inner = 1;
   for (int64_t i = 0; i < d; ++i) outer *= input.size(i);
   for (int64_t i = d + 1; i < input.dim(); ++i) inner *= input.size(i);
-  const Generator::State state = (gen ? *gen : default_generator()).reserve(outer * whole * inner);
+  int64_t draws = 0;  // the whole tensor's elements
+  KILN_CHECK(!__builtin_mul_overflow(outer, whole, &draws) && !__builtin_mul_overflow(draws, inner, &draws),
+             "dropout_part: a whole tensor {} long in dim {} of a part {} has more elements than fit in 64 bits", whole,
+             d, input.sizes().str());
+  const Generator::State state = (gen ? *gen : default_generator()).reserve(draws);
   Tensor mask = empty_tensor(input.sizes(), input.dtype(), input.device());
   if (mask.numel() > 0) {
     RandomArgs args{.a = 1 - p};

@@ -203,7 +203,8 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
   floating_input(x, "var");
   Plan p = make_plan(x, dims, keepdim, "var");
   Tensor centered = x - x.mean(dims, true);
-  double denom = std::max<double>(0, static_cast<double>(p.count - correction));
+  // In double: count - correction overflows int64 for a correction near INT64_MIN.
+  double denom = std::max<double>(0, static_cast<double>(p.count) - static_cast<double>(correction));
   // The explicit dtype (the same result) keeps CUDA autocast's float32 sum out: var is not on its list.
   return sum(centered * centered, dims, keepdim, centered.dtype()) / denom;
 }

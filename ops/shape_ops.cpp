@@ -1,6 +1,8 @@
 // ops/shape_ops.cpp: ops that rearrange whole tensors: cat, stack, split, chunk, flip, repeat, pad,
 // tril and triu. Most are views plus copies; the split family returns views.
 
+#include <cstdint>
+
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -97,7 +99,8 @@ std::vector<Tensor> split_with_sizes(const Tensor& x, const std::vector<int64_t>
   for (int64_t s : sizes) {
     KILN_CHECK(s >= 0 && s <= x.sizes()[d], "split: each size must be in [0, {}] (the size of dim {}), got {}",
                x.sizes()[d], d, s);
-    total += s;
+    KILN_CHECK(!__builtin_add_overflow(total, s, &total), "split: the sizes add up to more than 2^63 but dim {} has "
+               "size {}", d, x.sizes()[d]);
   }
   KILN_CHECK(total == x.sizes()[d], "split: the sizes add up to {} but dim {} has size {}", total, d, x.sizes()[d]);
   // One node for all the pieces, as PyTorch's SplitBackward: their gradients are joined by one cat,
@@ -159,7 +162,7 @@ std::vector<Tensor> chunk(const Tensor& x, int64_t chunks, int64_t dim) {
                chunks);
     return split_with_sizes(x, std::vector<int64_t>(static_cast<size_t>(chunks), 0), d);
   }
-  return split(x, (n + chunks - 1) / chunks, d);
+  return split(x, (n - 1) / chunks + 1, d);  // ceil(n / chunks), without n + chunks overflowing
 }
 
 Tensor flip(const Tensor& x, const Shape& dims) {
@@ -195,7 +198,10 @@ Tensor repeat(const Tensor& x, const Shape& repeats) {
   for (int i = 0; i < n; ++i) {
     interleaved.push_back(1), interleaved.push_back(padded[i]);
     expanded.push_back(repeats[i]), expanded.push_back(padded[i]);
-    result.push_back(repeats[i] * padded[i]);
+    int64_t size = 0;
+    KILN_CHECK(!__builtin_mul_overflow(repeats[i], padded[i], &size),
+               "repeat: {} repeats of a dim of size {} make a size past 2^63", repeats[i], padded[i]);
+    result.push_back(size);
   }
   return x.reshape(interleaved).expand(expanded).contiguous().view(result);
 }
@@ -208,12 +214,19 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, double value) {
   std::vector<std::tuple<int, int64_t, int64_t>> windows;  // dim, start in out, length
   for (size_t i = 0; i < padding.size() / 2; ++i) {
     int d = x.dim() - 1 - static_cast<int>(i);
-    int64_t lo = padding[2 * i], hi = padding[2 * i + 1];
-    shape[d] = x.sizes()[d] + lo + hi;
-    KILN_CHECK(shape[d] >= 0, "pad: padding ({}, {}) makes dim {} of size {} negative", lo, hi, d, x.sizes()[d]);
+    const int64_t lo = padding[2 * i], hi = padding[2 * i + 1];
+    // In 128 bits: the sums, and the negations below and in the backward, of any int64 paddings.
+    using Wide = __int128;
+    KILN_CHECK(lo != INT64_MIN && hi != INT64_MIN, "pad: a padding of -2^63 has no negation in int64 (the "
+               "gradient's padding); got ({}, {}) for dim {}", lo, hi, d);
+    const Wide size = Wide{x.sizes()[d]} + lo + hi;
+    KILN_CHECK(size >= 0, "pad: padding ({}, {}) makes dim {} of size {} negative", lo, hi, d, x.sizes()[d]);
+    KILN_CHECK(size <= INT64_MAX, "pad: padding ({}, {}) makes dim {} of size {} longer than 2^63", lo, hi, d,
+               x.sizes()[d]);
+    shape[d] = static_cast<int64_t>(size);
     // Negative padding crops the input.
-    int64_t crop_lo = std::max<int64_t>(0, -lo), crop_hi = std::max<int64_t>(0, -hi);
-    int64_t len = std::max<int64_t>(0, x.sizes()[d] - crop_lo - crop_hi);
+    const int64_t crop_lo = std::max<int64_t>(0, -lo), crop_hi = std::max<int64_t>(0, -hi);
+    const int64_t len = static_cast<int64_t>(std::max<Wide>(0, Wide{x.sizes()[d]} - crop_lo - crop_hi));
     src = src.narrow(d, std::min(crop_lo, x.sizes()[d]), len);
     windows.emplace_back(d, std::max<int64_t>(0, lo), len);
   }

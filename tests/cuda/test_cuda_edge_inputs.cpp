@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <sstream>
 
 #include "ops/edge_sweep.h"
@@ -96,4 +98,32 @@ TEST_CASE("the edge sweep on cuda:0 ends as on the CPU, call by call", "[gpu]") 
   INFO(cases << " cases; the first disagreements:\n" << listed.str());
   CHECK(mismatches == 0);
   CHECK(cases > 50000);
+}
+
+TEST_CASE("signed integers wrap on cuda:0 as on the CPU: elementwise, sums and products", "[gpu]") {
+  // Exact int64 values (the sweep compares through double): the CPU's are PyTorch's
+  // (tests/ops/test_edge_inputs.cpp). A million elements take the split reduction, whose partial
+  // sums wrap before they are merged.
+  constexpr int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
+  const Tensor m = from_vector<int64_t>({lo, hi, int64_t{1} << 62, -7});
+  const Tensor big = full({1 << 20}, (int64_t{1} << 62) + 3, kInt64);
+  const Tensor rows = full({3, 1 << 18}, hi - 5, kInt64);
+  const auto same = [](const Tensor& gpu, const Tensor& cpu) {
+    CHECK(gpu.device() == kGpu);
+    CHECK(gpu.cpu().to_vector<int64_t>() == cpu.to_vector<int64_t>());
+  };
+  const Tensor g = m.to(kGpu);
+  same(-g, -m);
+  same(g.abs(), m.abs());
+  same(g * 4, m * 4);
+  same(g + g, m + m);
+  same(g - (-g), m - (-m));
+  same(g.square(), m.square());
+  same(g.sum(), m.sum());
+  same(g.prod(), m.prod());
+  same(big.to(kGpu).sum(), big.sum());
+  same(rows.to(kGpu).sum({1}), rows.sum({1}));
+  same(rows.to(kGpu).sum({0}), rows.sum({0}));
+  same(rows.to(kGpu).narrow(1, 0, 63).prod(1), rows.narrow(1, 0, 63).prod(1));
+  CHECK(big.sum().item<int64_t>() == static_cast<int64_t>(uint64_t{1} << 20) * 3);  // 2^82 wraps away
 }

@@ -175,6 +175,39 @@ TEST_CASE("chunk and split of a dim of size 0, as PyTorch", "[ops]") {
   CHECK(c5[1].numel() == 2);
 }
 
+TEST_CASE("arguments whose size arithmetic passes 2^63 are Errors, not wrapped sizes", "[ops]") {
+  // Each computed a size in int64 that overflowed (undefined behaviour: the sanitizers' CI build
+  // stops at it) and was refused, if at all, by a later check naming a wrapped size.
+  const int64_t big = int64_t{1} << 62, top = std::numeric_limits<int64_t>::max(),
+                bottom = std::numeric_limits<int64_t>::min();
+  const Tensor x = ones({1, 1, 4, 4}), w = ones({1, 1, 3, 3});
+  test::check_error([&] { conv2d(x, w, {}, {1, 1}, {0, 0}, {big, 1}); }, {"conv2d", "dilated kernel (9223372036854775809 x 3)"});
+  test::check_error([&] { conv2d(x, w, {}, {1, 1}, {top, 0}); }, {"conv2d", "output would be 18446744073709551616 long"});
+  test::check_error([&] { conv2d(ones({1, 2, 4, 4}), zeros({0, big, 1, 1}), {}, {1, 1}, {0, 0}, {1, 1}, 4); },
+                    {"conv2d", "expects 18446744073709551616"});
+  test::check_error([&] { conv1d(ones({1, 1, 4}), ones({1, 1, 3}), {}, 1, 0, top); }, {"conv1d", "dilated kernel"});
+  test::check_error([&] { conv3d(ones({1, 1, 4, 4, 4}), ones({1, 1, 2, 2, 2}), {}, {1, 1, 1}, {0, 0, 0}, {1, top, 1}); },
+                    {"conv3d", "9223372036854775808"});
+  test::check_error([&] { conv_transpose2d(ones({2, 1, 3, 3}), w, {}, {top, top}); },
+                    {"conv_transpose2d", "more elements than fit in 64 bits"});
+  test::check_error([&] { conv_transpose1d(ones({1, 1, 4}), ones({1, 1, 3}), {}, top); },
+                    {"conv_transpose2d", "more elements than fit in 64 bits"});
+  test::check_error([&] { conv2d_backward_weight(ones({1, 1, 2, 2}), x, {1, 1, bottom, 3}, {1, 1}, {0, 0}, {1, 1}, 1); },
+                    {"conv2d_backward_weight", "non-negative"});
+  test::check_error([&] { dropout_part(ones({4, 3}), 0.5, true, 0, top, top); },
+                    {"dropout_part", "indices [9223372036854775807, 9223372036854775811)"});
+  test::check_error([&] { dropout_part(ones({4, 3}), 0.5, true, 1, 0, top); },
+                    {"dropout_part", "more elements than fit in 64 bits"});
+  test::check_error([&] { repeat(zeros({4, 0}), {big, 1}); }, {"repeat", "past 2^63"});
+  test::check_error([&] { pad(zeros({16}), {top, 1}); }, {"pad", "longer than 2^63"});
+  test::check_error([&] { pad(zeros({16}), {bottom, top}); }, {"pad", "-2^63"});
+  test::check_error([&] { split_with_sizes(empty({big, 0}), {big, big}); }, {"split", "more than 2^63"});
+  // Two that have an answer: var divides by count - correction taken in double; chunk(2^63 - 1) of 16
+  // elements gives pieces of ceil(16 / (2^63 - 1)) = 1.
+  CHECK(var(tensor({1, 2, 3, 4}), {}, bottom).item<double>() == 5.0 / (4.0 + 0x1p63));
+  CHECK(chunk(zeros({16}), top).size() == 16);
+}
+
 TEST_CASE("cross_entropy with class probabilities over no classes", "[nn]") {
   const Tensor x = zeros({3, 0}), t = zeros({3, 0});
   // F.cross_entropy(torch.zeros(3,0), torch.zeros(3,0)) is nan; reduction 'none' [-0., -0., -0.],
