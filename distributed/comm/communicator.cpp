@@ -2,6 +2,7 @@
 // backend.
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -177,6 +178,11 @@ void check_signature(const std::string& what, const Signature& mine, const int64
   std::string diffs;
   for (int i = 0; i < kSignatureLen; ++i) {
     if (!differs(i)) continue;
+    if (i == 6) {  // a hash of the lists, which says only that they differ
+      diffs += fmt::format("{}per-rank sizes (the lists of every rank's element count, one per rank, are not the "
+                           "same list on every rank)", diffs.empty() ? "" : "; ");
+      continue;
+    }
     const int64_t m = mine[static_cast<size_t>(i)], hi = maxima[i], lo = -maxima[kSignatureLen + i];
     auto show = [&](int64_t v) -> std::string {
       if (i == 2 && v >= 0 && v <= static_cast<int64_t>(kFloat64)) {
@@ -410,7 +416,8 @@ std::shared_ptr<Communicator> init(const std::string& backend, const CommOptions
   if (const char* t = std::getenv("KILN_COMM_TIMEOUT"); t && *t) {
     char* end = nullptr;
     double seconds = std::strtod(t, &end);
-    KILN_CHECK(*end == '\0' && seconds >= 0.001,
+    // strtod reads hexadecimal too ("0x10" is 16): a decimal number only.
+    KILN_CHECK(*end == '\0' && std::strpbrk(t, "xX") == nullptr && seconds >= 0.001,
                "distributed: KILN_COMM_TIMEOUT='{}' must be a number of seconds, at least 0.001", t);
     // Past a year means "never" in practice; larger values (inf, 1e20) would overflow the deadline.
     o.timeout = std::chrono::milliseconds(static_cast<int64_t>(std::min(seconds, kMaxTimeoutSeconds) * 1000));

@@ -101,7 +101,8 @@ class Communicator {
   // passes the same list of shapes.
   virtual Work all_gather(const std::vector<Tensor>& outputs, const Tensor& input, bool async_op = false) = 0;
   // output (size() x input.numel() elements) = the inputs of ranks 0, 1, ... one after the other.
-  // input may be this rank's slice of output (in place, as ZeRO uses it).
+  // input may be this rank's slice of output (in place, as ZeRO uses it); an input that overlaps
+  // output elsewhere is copied first.
   virtual Work all_gather_into_tensor(const Tensor& output, const Tensor& input, bool async_op = false) = 0;
   // output = op over ranks of their inputs[rank()]; inputs[r] and rank r's output have the same
   // number of elements, which may differ from rank to rank.

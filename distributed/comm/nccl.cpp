@@ -550,10 +550,15 @@ class NcclCommunicator final : public Communicator {
                output.numel(), size_, input.numel(), input.numel() * size_);
     std::string what = describe_op("all_gather_into_tensor", ++seq_, input, "");
     const Signature sig = sign(kAllGatherTensor, input, -1, ReduceOp::Sum, {});
-    // In place (input is this rank's slice of output) is NCCL's own in-place case.
-    return launch(std::move(what), &sig, {output, input}, async_op, [&](ncclComm_t c, cudaStream_t s) {
-      return ncclAllGather(input.data_ptr(), output.data_ptr(), static_cast<size_t>(input.numel()),
-                           nccl_type(input.dtype()), c, s);
+    // In place (input is this rank's slice of output) is NCCL's own in-place case; any other overlap
+    // needs a copy (made on the current stream, so the ready event orders it), as reduce_scatter_tensor.
+    const char* in_begin = static_cast<const char*>(input.data_ptr());
+    const char* out_begin = static_cast<const char*>(output.data_ptr());
+    const bool overlaps = out_begin < in_begin + input.nbytes() && in_begin < out_begin + output.nbytes();
+    const Tensor in = overlaps && in_begin != out_begin + rank_ * input.nbytes() ? input.clone() : input;
+    return launch(std::move(what), &sig, {output, in}, async_op, [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllGather(in.data_ptr(), output.data_ptr(), static_cast<size_t>(in.numel()),
+                           nccl_type(in.dtype()), c, s);
     });
   }
 

@@ -747,20 +747,33 @@ bool Engine::save_16bit_model(const std::string& save_dir, const std::string& sa
   return true;
 }
 
-std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {
-  // The ranks agree on the outcome, so that a stage that cannot load (a folder missing, another
-  // model) stops every rank with its Error instead of leaving the other stages waiting for it. The
-  // ranks of one stage and slice read the same files, so they fail alike, before any collective.
+// What load_checkpoint reads from this stage's folder before it changes anything.
+struct Engine::StageFiles {
   std::string tag;
-  run_and_agree(*world_, true, "load_checkpoint", "loading this stage's checkpoint",
-                [&] { tag = load_stage(dir, tag_in); });
+  TensorDict untrained;              // the model's buffers and frozen parameters
+  std::vector<TensorDict> shards;    // zero_rank_<r>.safetensors of every rank that saved
+  TensorDict engine_state;
+};
+
+std::string Engine::load_checkpoint(const std::string& dir, const std::string& tag_in) {
+  // The ranks agree on each phase's outcome, so that a rank that cannot load (a folder missing,
+  // another model) stops every rank with its Error instead of leaving the others waiting for it.
+  // Reading takes no collective, so a rank given a path the others were not fails alone there,
+  // and the communicator stays in step; loading what was read may gather (ZeRO stage 3, the tied
+  // weights) and fails alike on every rank, as the model is the same on all of them.
+  StageFiles files;
+  run_and_agree(*world_, true, "load_checkpoint", "reading this stage's checkpoint",
+                [&] { files = read_stage(dir, tag_in); });
+  run_and_agree(*world_, true, "load_checkpoint", "loading this stage's checkpoint", [&] { load_stage(files); });
   // A tied weight's copy is not trained here: it is the owner's, loaded above.
   if (!tied_.empty()) distributed::copy_tied_weights(tied_, *pipeline_comm_);
-  return tag;
+  return files.tag;
 }
 
-std::string Engine::load_stage(const std::string& dir, const std::string& tag_in) {
-  std::string tag = tag_in;
+Engine::StageFiles Engine::read_stage(const std::string& dir, const std::string& tag_in) const {
+  StageFiles files;
+  std::string& tag = files.tag;
+  tag = tag_in;
   if (tag.empty()) {
     std::ifstream in(std::filesystem::path(dir) / "latest");
     KILN_CHECK(in.good(), "load_checkpoint: '{}/latest' does not exist; is '{}' a checkpoint directory written by "
@@ -784,36 +797,40 @@ std::string Engine::load_stage(const std::string& dir, const std::string& tag_in
              stages, chunks, slices, my_stages, chunks_, my_slices);
   const int old_world = std::stoi(meta.at("world_size"));
   // The model's buffers and frozen parameters; the trainable weights come from the optimizer's
-  // float32 masters below (at stage 3 the parameters hold nothing to load into).
-  TensorDict model_state = safetensors::load_file((folder / "model.safetensors").string());
-  TensorDict untrained;
+  // float32 masters (at stage 3 the parameters hold nothing to load into).
+  const TensorDict model_state = safetensors::load_file((folder / "model.safetensors").string());
   std::vector<std::string> trainable;
   for (const auto& [name, p] : model_.named_parameters())
     if (p.requires_grad()) trainable.push_back(name);
+  const TensorDict current = model_.state_dict();
   for (const auto& [name, t] : model_state) {
-    if (std::find(trainable.begin(), trainable.end(), name) == trainable.end()) untrained.insert(name, t);
+    if (std::find(trainable.begin(), trainable.end(), name) != trainable.end()) continue;
+    KILN_CHECK(current.find(name) != nullptr, "load_checkpoint: the checkpoint has '{}', which this model does not",
+               name);
+    files.untrained.insert(name, t);
   }
+  for (int r = 0; r < old_world; ++r) {
+    files.shards.push_back(safetensors::load_file((folder / fmt::format("zero_rank_{}.safetensors", r)).string()));
+  }
+  files.engine_state = safetensors::load_file(engine_file);
+  KILN_CHECK(files.engine_state.find("global_steps") != nullptr, "load_checkpoint: '{}' has no global_steps; the "
+             "checkpoint is damaged", engine_file);
+  return files;
+}
+
+void Engine::load_stage(StageFiles& files) {
   {
     NoGradGuard no_grad;
     const TensorDict current = model_.state_dict();
-    for (const auto& [name, t] : untrained) {
-      const Tensor* dst = current.find(name);
-      KILN_CHECK(dst != nullptr, "load_checkpoint: the checkpoint has '{}', which this model does not", name);
-      Tensor(*dst).copy_(t);
-    }
+    for (const auto& [name, t] : files.untrained) Tensor(*current.find(name)).copy_(t);
   }
-  std::vector<TensorDict> shards;
-  for (int r = 0; r < old_world; ++r) {
-    shards.push_back(safetensors::load_file((folder / fmt::format("zero_rank_{}.safetensors", r)).string()));
-  }
-  optimizer_->load_sharded_state_dict(shards);
-  const TensorDict engine_state = safetensors::load_file(engine_file);
+  optimizer_->load_sharded_state_dict(files.shards);
   TensorDict scaler_state, scheduler_state;
-  for (const auto& [key, t] : engine_state) {
+  for (const auto& [key, t] : files.engine_state) {
     if (key.rfind("scaler.", 0) == 0) scaler_state.insert(key.substr(7), t);
     if (key.rfind("scheduler.", 0) == 0) scheduler_state.insert(key.substr(10), t);
   }
-  global_steps_ = engine_state.at("global_steps").item<int64_t>();
+  global_steps_ = files.engine_state.at("global_steps").item<int64_t>();
   // At an accumulation boundary, whatever the accumulation was then: at another world size the same
   // train_batch_size may mean another gradient_accumulation_steps (and the gradients of a part-done
   // accumulation were not saved).
@@ -824,7 +841,6 @@ std::string Engine::load_stage(const std::string& dir, const std::string& tag_in
              "\"scheduler\" section", scheduler_state.empty() ? "without" : "with", scheduler_ ? "one" : "none");
   if (scheduler_) scheduler_->load_state_dict(scheduler_state);
   optimizer_->zero_grad();
-  return tag;
 }
 
 Engine initialize(nn::Module& model, const Config& config, std::shared_ptr<distributed::Communicator> comm) {

@@ -203,7 +203,11 @@ class Engine {
          const distributed::ParallelGrid& grid, distributed::Pipeline::LossFn loss_fn);
   void init(std::shared_ptr<distributed::Communicator> world);
   void sum_tied_gradients(DType wide);  // tied_sums_ and tied_gradients_
-  std::string load_stage(const std::string& dir, const std::string& tag);  // load_checkpoint's work on this rank
+  // load_checkpoint's work on this rank: reading this stage's files (no collective), then loading
+  // what was read into the model, optimizer, scaler and scheduler.
+  struct StageFiles;
+  StageFiles read_stage(const std::string& dir, const std::string& tag) const;
+  void load_stage(StageFiles& files);
   void optimizer_step();  // at an accumulation boundary: unscale, clip, step, schedule, zero_grad
   void report();
   void print_flops_profile(double step_seconds);

@@ -1,6 +1,10 @@
 // distributed/grid/grid.cpp: the data x pipeline x tensor grid of ranks (see grid.h).
 #include "distributed/grid/grid.h"
 
+#include <fmt/format.h>
+
+#include <cstdint>
+
 #include "core/grad_mode.h"
 #include "ops/ops.h"
 
@@ -9,12 +13,18 @@ namespace kiln::distributed {
 ParallelGrid::ParallelGrid(std::shared_ptr<Communicator> world, GridSizes sizes)
     : world_(std::move(world)), sizes_(sizes) {
   KILN_CHECK(world_ != nullptr, "ParallelGrid: the communicator is null; pass distributed::init()");
+  // Compared first, so that sizes given differently on some rank are an Error on every rank (the
+  // checks below then fail or pass everywhere alike).
+  KILN_CHECK(same_on_every_rank(*world_, fmt::format("{} {}", sizes_.tensor, sizes_.pipeline)),
+             "ParallelGrid: the ranks were given different grid sizes (this rank: tensor {}, pipeline {}); every "
+             "rank must pass the same GridSizes", sizes_.tensor, sizes_.pipeline);
   const int n = world_->size();
-  KILN_CHECK(sizes_.tensor >= 1 && sizes_.pipeline >= 1 && n % (sizes_.tensor * sizes_.pipeline) == 0,
+  const int64_t cell = int64_t{sizes_.tensor} * sizes_.pipeline;  // in int64: two ints' product overflows int
+  KILN_CHECK(sizes_.tensor >= 1 && sizes_.pipeline >= 1 && n % cell == 0,
              "ParallelGrid: {} ranks do not make a grid of tensor {} x pipeline {} x data (the world size must be a "
              "multiple of tensor x pipeline = {})",
-             n, sizes_.tensor, sizes_.pipeline, sizes_.tensor * sizes_.pipeline);
-  data_size_ = n / (sizes_.tensor * sizes_.pipeline);
+             n, sizes_.tensor, sizes_.pipeline, cell);
+  data_size_ = static_cast<int>(n / cell);
   const int r = world_->rank();
   tensor_rank_ = r % sizes_.tensor;
   data_rank_ = (r / sizes_.tensor) % data_size_;

@@ -2,6 +2,8 @@
 // pipeline.h).
 #include "distributed/pipeline/pipeline.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -43,6 +45,19 @@ Pipeline::Pipeline(std::vector<nn::Module*> chunks, std::shared_ptr<Communicator
                    PipelineOptions options)
     : chunks_(std::move(chunks)), comm_(std::move(comm)), loss_fn_(std::move(loss_fn)), options_(std::move(options)) {
   KILN_CHECK(comm_ != nullptr, "Pipeline: the communicator is null; pass distributed::init()");
+  // The stages compare what the schedule depends on first (one all-reduce), so that options given
+  // differently on some stage are an Error on every stage, not stages waiting for each other's
+  // messages until the communicator's timeout; the checks below then fail or pass everywhere alike.
+  const PipelineSchedule schedule = options_.schedule;
+  const char* schedule_name = schedule == PipelineSchedule::kGPipe             ? "kGPipe"
+                              : schedule == PipelineSchedule::k1F1B            ? "k1F1B"
+                              : schedule == PipelineSchedule::kInterleaved1F1B ? "kInterleaved1F1B"
+                                                                               : "(not a PipelineSchedule)";
+  const std::string agreed = fmt::format("micro_batches {}, schedule {}, recv_ahead {}, {} model chunk(s)",
+                                         options_.micro_batches, schedule_name, options_.recv_ahead, chunks_.size());
+  KILN_CHECK(same_on_every_rank(*comm_, agreed), "Pipeline: the stages were given different options (stage {}: {}); "
+             "every stage must pass the same micro_batches, schedule and recv_ahead, and as many model chunks",
+             comm_->rank(), agreed);
   KILN_CHECK(options_.micro_batches >= 1, "Pipeline: micro_batches must be >= 1, not {}", options_.micro_batches);
   KILN_CHECK(loss_fn_ != nullptr, "Pipeline: the loss function is empty");
   KILN_CHECK(!chunks_.empty(), "Pipeline: no model chunks; pass this rank's stage, or its chunks for the interleaved "
@@ -281,12 +296,12 @@ void Pipeline::backward_step(int64_t chunk, MicroBatch& mb) {
 namespace {
 
 // The micro-batches of a batch, along dim 0; every rank of a stage that reads it calls this.
-std::vector<Tensor> cut(const Tensor& t, int64_t m, const char* what, int stage) {
-  KILN_CHECK(t.defined() && t.dim() >= 1, "Pipeline.train_batch: stage {} needs the {} (a tensor with the batch in "
-             "dim 0)", stage, what);
+std::vector<Tensor> cut(const Tensor& t, int64_t m, const char* what, int stage, const char* op) {
+  KILN_CHECK(t.defined() && t.dim() >= 1, "Pipeline.{}: stage {} needs the {} (a tensor with the batch in dim 0)", op,
+             stage, what);
   KILN_CHECK(t.size(0) % m == 0,
-             "Pipeline.train_batch: the {}'s {} rows do not split into {} equal micro-batches; use a batch that is a "
-             "multiple of micro_batches", what, t.size(0), m);
+             "Pipeline.{}: the {}'s {} rows do not split into {} equal micro-batches; use a batch that is a "
+             "multiple of micro_batches", op, what, t.size(0), m);
   return t.split(t.size(0) / m, 0);
 }
 
@@ -308,8 +323,8 @@ Tensor Pipeline::train_batch(const Tensor& input, const Tensor& target) {
   const int64_t m = options_.micro_batches, v = num_chunks();
   const int s = stage_id(), p = num_stages();
   std::vector<Tensor> inputs(m), targets(m);
-  if (is_first_stage()) inputs = cut(input, m, "input", s);
-  if (is_last_stage()) targets = cut(target, m, "target", s);
+  if (is_first_stage()) inputs = cut(input, m, "input", s, "train_batch");
+  if (is_last_stage()) targets = cut(target, m, "target", s, "train_batch");
   stats_ = Stats();
   start_batch();
   loss_sum_ = 0;
@@ -415,7 +430,7 @@ Tensor Pipeline::eval_batch(const Tensor& input) {
   for (nn::Module* chunk : chunks_) chunk->eval();
   const int64_t m = options_.micro_batches, v = num_chunks();
   std::vector<Tensor> inputs(m);
-  if (is_first_stage()) inputs = cut(input, m, "input", stage_id());
+  if (is_first_stage()) inputs = cut(input, m, "input", stage_id(), "eval_batch");
   start_batch();
   std::vector<Tensor> outputs;
   // The forwards in the training schedules' order: micro-batch order for one chunk, groups of p

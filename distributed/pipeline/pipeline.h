@@ -88,7 +88,7 @@ struct PipelineOptions {
   // but not the time per batch, as the stages' computation slowed by as much (it shares the cores
   // with the polling of the receives in flight). Ignored where send and recv run in call order
   // (NCCL): an early receive would hold back the sends called after it. Every rank must pass the
-  // same value.
+  // same value (compared when the Pipeline is made).
   bool recv_ahead = false;
   // Called on this stage just before each micro-batch's backward, with its index and whether it is
   // the batch's last backward here (the backwards run in micro-batch order in every schedule; with
@@ -110,9 +110,10 @@ class Pipeline {
   using LossFn = std::function<Tensor(const Tensor& output, const Tensor& target)>;
   Pipeline(nn::Module& stage, std::shared_ptr<Communicator> comm, LossFn loss_fn, PipelineOptions options = {});
   // Interleaved 1F1B: this rank's v model chunks, chunk c being virtual stage c p + s (c = 0 holds the
-  // layers nearest the input). Every rank must pass as many chunks (unchecked: a rank with fewer
-  // leaves its neighbours waiting until the communicator's timeout), and the schedule
+  // layers nearest the input). Every rank must pass as many chunks, and the schedule
   // kInterleaved1F1B (with one chunk it runs 1F1B). The chunks must outlive the pipeline.
+  // Every rank of comm constructs its stage's Pipeline (an all-reduce compares the ranks' options
+  // and chunk counts: a difference is an Error on every rank).
   Pipeline(std::vector<nn::Module*> chunks, std::shared_ptr<Communicator> comm, LossFn loss_fn,
            PipelineOptions options = {});
 

@@ -227,6 +227,14 @@ TEST_CASE("comm: all_gather with uneven sizes, and into one tensor (also in plac
   buf.narrow(0, r * 4, 4).copy_(ramp(4, r, kFloat32));
   comm->all_gather_into_tensor(buf, buf.narrow(0, r * 4, 4));
   check_equal(buf, out.flatten());
+
+  // An input that is another rank's slice of the output is sent from a copy (MPI forbids the
+  // overlap; rank r's slice came back as zeros where rank r - 1's input had been).
+  Tensor other = full({p * 4}, -1.0, kFloat32);
+  Tensor src = other.narrow(0, ((r + 1) % p) * 4, 4);
+  src.copy_(ramp(4, r, kFloat32));
+  comm->all_gather_into_tensor(other, src);
+  check_equal(other, out.flatten());
 }
 
 TEST_CASE("comm: reduce_scatter with uneven sizes, and from one tensor", "[distributed]") {
@@ -245,6 +253,13 @@ TEST_CASE("comm: reduce_scatter with uneven sizes, and from one tensor", "[distr
   check_equal(o, (arange(3, kFloat64) + r * 3 + r * 97 + (p - 1)).to(kFloat32));
   comm->reduce_scatter_tensor(o, in, ReduceOp::Sum);
   check_equal(o, ((arange(3, kFloat64) + r * 3 + r * 97) * p + p * (p - 1) / 2).to(kFloat32));
+  // An output that overlaps the input from before its start is computed from a copy of the input
+  // (the overlap check looked only for an output starting inside the input).
+  Tensor both = zeros({p * 3 + 2}, kFloat32);
+  Tensor in2 = both.narrow(0, 2, p * 3), o2 = both.narrow(0, 0, 3);
+  in2.copy_(in.flatten());
+  comm->reduce_scatter_tensor(o2, in2, ReduceOp::Sum);
+  check_equal(o2, ((arange(3, kFloat64) + r * 3 + r * 97) * p + p * (p - 1) / 2).to(kFloat32));
 }
 
 TEST_CASE("comm: all_to_all with sizes that differ from pair to pair, several in flight", "[distributed]") {
@@ -442,7 +457,7 @@ TEST_CASE("comm: KILN_COMM_TIMEOUT: inf and huge values mean a year, below a mil
     comm->all_reduce(t);
     check_equal(t, full({4}, static_cast<double>(p), kFloat32));
   }
-  for (const char* bad : {"0.0001", "0", "-3", "5s", "nan"}) {
+  for (const char* bad : {"0.0001", "0", "-3", "5s", "nan", "0x10"}) {
     setenv("KILN_COMM_TIMEOUT", bad, 1);
     check_error([] { init("mpi"); }, {"KILN_COMM_TIMEOUT", "at least 0.001"});
   }

@@ -1343,6 +1343,21 @@ TEST_CASE("engine: a checkpoint resumes where it stopped, at another ZeRO stage,
     ZeroOptimizer::GatheredParameters gathered(e.optimizer());
     for (const auto& [name, t] : expect) check_close(fourth.state_dict().at(name), t, {1e-5, 1e-6});
   }
+  if (p > 1) {
+    // A path that only rank 0 cannot read: its own Error there, a PeerError on the others, and the
+    // communicator still in step. (Reading takes no collective; loading at stage 3 gathers, and a
+    // rank that failed while the others gathered set every rank's collectives apart.)
+    manual_seed(79);
+    Mlp fifth;
+    Engine e = kiln::initialize(fifth, config(3, p), comm);
+    check_error([&] { e.load_checkpoint(r == 0 ? "/nonexistent" : dir); },
+                {r == 0 ? "'/nonexistent/latest' does not exist" : "reading this stage's checkpoint failed on another "
+                                                                    "rank"});
+    CHECK(e.load_checkpoint(dir) == "global_step3");
+    train(e, 3, 6, r, p);
+    ZeroOptimizer::GatheredParameters gathered(e.optimizer());
+    for (const auto& [name, t] : expect) check_close(fifth.state_dict().at(name), t, {1e-5, 1e-6});
+  }
   // The same checkpoint on rank 0 alone (world size 1) at stage 1.
   auto solo = comm->split(r == 0 ? 0 : -1, 0);
   if (solo) {

@@ -2,6 +2,8 @@
 // rank's coordinates and axis communicators, and "3D parallelism" put together: a model of
 // tensor-parallel MLP blocks cut into pipeline stages, replicated over the data axis, trains as one
 // process trains the whole model on the whole batch.
+#include <climits>
+
 #include "parity.h"
 
 using namespace kiln;
@@ -99,6 +101,20 @@ TEST_CASE("grid: every rank's coordinates and axis communicators", "[distributed
     CHECK(sum_over(*grid.data()) == data_sum);
   }
   if (n > 1) check_error([&] { ParallelGrid g(world, {.tensor = n + 1}); }, {"do not make a grid"});
+  // tensor x pipeline is taken in int64: 2^16 x 2^16 wrapped to 0 in int (a division by zero), and
+  // INT_MAX x INT_MAX to 1, which made a "grid" of every world size.
+  check_error([&] { ParallelGrid g(world, {.tensor = 65536, .pipeline = 65536}); },
+              {"do not make a grid", "4294967296"});
+  check_error([&] { ParallelGrid g(world, {.tensor = INT_MAX, .pipeline = INT_MAX}); },
+              {"do not make a grid", "4611686014132420609"});
+  // Sizes given differently on some rank are an Error on every rank (the grid's axes disagreed with
+  // its sizes before), and the world communicator is still in step afterwards.
+  if (n > 1) {
+    check_error([&] { ParallelGrid g(world, {.tensor = r == 0 ? n : 1}); }, {"different grid sizes"});
+    Tensor v = from_vector<int64_t>({1});
+    world->all_reduce(v);
+    CHECK(v.item<int64_t>() == n);
+  }
 }
 
 TEST_CASE("grid: data x pipeline x tensor parallel training matches one process over 10 steps", "[distributed]") {

@@ -543,12 +543,24 @@ TEST_CASE("pipeline: bad use is an Error", "[distributed]") {
                        {.micro_batches = p + 1, .schedule = PipelineSchedule::kInterleaved1F1B});
         },
         {fmt::format("micro-batches {} at a time", p), fmt::format("{} is not a multiple of {}", p + 1, p)});
+    // Options that differ between stages: an Error on every stage (the stages waited for each
+    // other's messages until the timeout), and the communicator still in step.
+    check_error([&] { Pipeline bad(stage, comm, loss_fn, {.micro_batches = s == 0 ? 2 : 4}); },
+                {"stages were given different options", fmt::format("micro_batches {}", s == 0 ? 2 : 4)});
+    check_error([&] { Pipeline bad(stage, comm, loss_fn, {.recv_ahead = s == 0}); }, {"different options"});
+    check_error([&] { Pipeline bad(s == 0 ? std::vector<nn::Module*>{&stage, &other} : std::vector<nn::Module*>{&stage},
+                                   comm, loss_fn, {.schedule = PipelineSchedule::kInterleaved1F1B}); },
+                {"different options", s == 0 ? "2 model chunk(s)" : "1 model chunk(s)"});
+    Tensor v = full({1}, 1.0);
+    comm->all_reduce(v);
+    CHECK(v.item<double>() == p);
   }
   if (p == 1) {  // a stage alone: no other rank waits for its messages
     Pipeline pipe(stage, comm, loss_fn, {.micro_batches = 4});
     auto [x, y] = batch(0, 10);
     check_error([&] { pipe.train_batch(x, y); }, {"input's 10 rows do not split into 4 equal micro-batches"});
-    check_error([&] { pipe.train_batch(Tensor(), y); }, {"stage 0 needs the input"});
+    check_error([&] { pipe.train_batch(Tensor(), y); }, {"Pipeline.train_batch: stage 0 needs the input"});
+    check_error([&] { pipe.eval_batch(Tensor()); }, {"Pipeline.eval_batch: stage 0 needs the input"});
   }
 }
 
