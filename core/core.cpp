@@ -107,7 +107,10 @@ void set_contiguous_strides(const Shape& sizes, Shape& strides) {
   int64_t running = 1;
   for (int i = sizes.size() - 1; i >= 0; --i) {
     strides[i] = running;
-    running *= std::max<int64_t>(sizes[i], 1);
+    // A shape with a 0 has no elements but still strides: the sizes other than 0 must multiply
+    // within int64 too (zeros({0, 1LL << 62, 3}) would wrap its first stride).
+    KILN_CHECK(!__builtin_mul_overflow(running, std::max<int64_t>(sizes[i], 1), &running) || i == 0,
+               "shape {} is too large: its sizes other than 0 multiply past 2^63", sizes.str());
   }
 }
 

@@ -70,9 +70,11 @@ class Shape {
   operator std::span<const int64_t>() const { return {d_, static_cast<size_t>(n_)}; }  // NOLINT
 
   int64_t numel() const {  // product of the entries; 1 for an empty shape (a scalar)
-    int64_t n = 1;
-    for (int i = 0; i < n_; ++i) n *= d_[i];
-    return n;
+    // In uint64: a shape with a 0 may hold dims whose product, taken before the 0, passes 2^63
+    // (the permuted view of zeros({0, 1LL << 62, 4})); a tensor with elements has fewer than 2^63.
+    uint64_t n = 1;
+    for (int i = 0; i < n_; ++i) n *= static_cast<uint64_t>(d_[i]);
+    return static_cast<int64_t>(n);
   }
   std::string str() const;  // "[2, 3]"
 

@@ -23,6 +23,10 @@ class StridedLoop {
   explicit StridedLoop(const std::array<const View*, N>& views) {
     const View& first = *views[0];
     for (int k = 0; k < N; ++k) base_[k] = static_cast<char*>(views[k]->data);
+    if (first.numel() == 0) {  // nothing to visit; its other dims' strides in bytes may pass 2^63
+      ndim_ = 1;
+      return;
+    }
     // Innermost dim last; keep dims of size > 1 only.
     for (int d = 0; d < first.ndim(); ++d) {
       if (first.sizes[d] == 1) continue;

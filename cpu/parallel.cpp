@@ -139,7 +139,10 @@ class ThreadPool {
 
   void run_piece(const Job& job, int piece) {
     int64_t n = job.end - job.begin;
-    int64_t b = job.begin + n * piece / job.pieces, e = job.begin + n * (piece + 1) / job.pieces;
+    // In 128 bits: n * piece passes 2^63 for n near it (a loop over the rows of an empty tensor's
+    // huge other dims).
+    const auto cut = [&](int k) { return job.begin + static_cast<int64_t>(static_cast<__int128>(n) * k / job.pieces); };
+    int64_t b = cut(piece), e = cut(piece + 1);
     inside_pool_job = true;
     try {
       job.fn(job.ctx, b, e);

@@ -187,10 +187,17 @@ Tensor attention_fused(const Tensor& q4, const Tensor& k4, const Tensor& v4, con
                Tensor gq = empty_in_order_of(qs, qs.sizes()[3], compute);
                Tensor gk = empty_in_order_of(ks, ks.sizes()[3], compute);
                Tensor gv = empty_in_order_of(vs, vs.sizes()[3], compute);
-               backend_for(qs.device())
-                   .attention_backward(view_of(qs), view_of(ks), view_of(vs), view_of(out.unpack(name)),
-                                       view_of(lse.unpack(name)), view_of(go), view_of(gq), view_of(gk), view_of(gv), args,
-                                       stream_for(qs.device()));
+               const Tensor saved_out = out.unpack(name);
+               if (saved_out.numel() == 0) {  // no output, no gradient: the forward left lse unwritten, and
+                 gq.zero_();                  // an empty key's other dims may hold 2^62 rows to visit
+                 gk.zero_();
+                 gv.zero_();
+               } else {
+                 backend_for(qs.device())
+                     .attention_backward(view_of(qs), view_of(ks), view_of(vs), view_of(saved_out),
+                                         view_of(lse.unpack(name)), view_of(go), view_of(gq), view_of(gk), view_of(gv),
+                                         args, stream_for(qs.device()));
+               }
                grads = {gq, gk, gv};
              }
              for (auto& t : grads) t = t.to(dtype);
@@ -239,7 +246,10 @@ Tensor attention(const char* op, const Tensor& query, const Tensor& key, const T
              "{}: give attn_mask or is_causal = true, not both (fold the causal mask into attn_mask)", op);
   Shape batch = broadcast_shapes(broadcast_shapes(batch_of(query), batch_of(key), op), batch_of(value), op);
   // Q Kᵀ and the product with V per head, and the softmax over the scores.
-  flops::Op count(batch.numel() * L * S * (E + value.sizes()[value.dim() - 1]), batch.numel() * L * S);
+  // Counted only with elements: an empty input's other sizes may multiply past 2^63.
+  const bool empty = query.numel() == 0 || key.numel() == 0 || value.numel() == 0;
+  flops::Op count(empty ? 0 : batch.numel() * L * S * (E + value.sizes()[value.dim() - 1]),
+                  empty ? 0 : batch.numel() * L * S);
   if (attn_mask.defined()) {
     check_same_device(op, query, attn_mask);
     KILN_CHECK(attn_mask.dtype() == kBool || attn_mask.dtype() == query.dtype(),

@@ -80,7 +80,10 @@ Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index_in, const Ten
   KILN_CHECK(source.dtype() == x.dtype(), "index_add: source dtype {} must match the tensor's {}",
              dtype_name(source.dtype()), dtype_name(x.dtype()));
   Tensor out = x.detach().clone();
-  backend_for(x.device()).index_add(view_of(out), d, view_of(index.reshape({-1})), view_of(source), stream_for(x.device()));
+  if (source.numel() > 0) {  // nothing to add otherwise (and the tensor's other dims may hold 2^62 rows to visit)
+    backend_for(x.device()).index_add(view_of(out), d, view_of(index.reshape({-1})), view_of(source),
+                                      stream_for(x.device()));
+  }
   if (should_record(x, source)) {
     record("IndexAddBackward", {x, source}, {out}, [d, ix = SavedTensor(index, false)](const Grads& g) -> TensorList {
       return {g[0], g.needs_grad(1) ? g[0].index_select(d, ix.unpack("IndexAddBackward")) : Tensor()};

@@ -50,7 +50,8 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                  "cat: sizes must match except in dim {}; tensor 0 has shape {} and tensor {} has shape {}", d,
                  first.sizes().str(), i, t.sizes().str());
     }
-    shape[d] += t.sizes()[d];
+    KILN_CHECK(!__builtin_add_overflow(shape[d], t.sizes()[d], &shape[d]),
+               "cat: the sizes in dim {} add up past 2^63 (tensor {} has shape {})", d, i, t.sizes().str());
     dt = promote_types(dt, t.dtype());
   }
   Tensor out = empty_tensor(shape, dt, first.device());
@@ -145,8 +146,12 @@ std::vector<Tensor> split(const Tensor& x, int64_t split_size, int64_t dim) {
   KILN_CHECK(split_size > 0 || (split_size == 0 && x.sizes()[d] == 0),
              "split: split_size must be positive (0 only for a dim of size 0), got {} for dim {} of size {}",
              split_size, d, x.sizes()[d]);
+  // At most 2^31 pieces (a split of a dim of 2^62 into pairs would build its list until memory ran out).
+  const int64_t n = x.sizes()[d];
+  KILN_CHECK(split_size == 0 || (n - 1) / split_size < (int64_t{1} << 31),
+             "split: a dim of size {} in pieces of {} makes more pieces than the 2^31 a list can return", n, split_size);
   std::vector<int64_t> sizes;
-  for (int64_t left = x.sizes()[d]; left > 0; left -= split_size) sizes.push_back(std::min(left, split_size));
+  for (int64_t left = n; left > 0; left -= split_size) sizes.push_back(std::min(left, split_size));
   if (sizes.empty()) sizes.push_back(0);
   return split_with_sizes(x, sizes, d);
 }
@@ -172,7 +177,7 @@ Tensor flip(const Tensor& x, const Shape& dims) {
     int d = wrap_dim(dim, x.dim(), "flip");
     KILN_CHECK(!seen[d], "flip: dim {} appears more than once in {}", d, dims.str());
     seen[d] = true;
-    if (x.sizes()[d] == 0) continue;
+    if (x.numel() == 0) continue;  // nothing to walk (the offset below could pass 2^63 in bytes)
     // Start at the last element along d and walk backwards: a negative stride, which kernels accept.
     src.data = static_cast<char*>(src.data) + (x.sizes()[d] - 1) * x.strides()[d] * x.element_size();
     src.strides[d] = -src.strides[d];

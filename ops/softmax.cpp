@@ -25,7 +25,8 @@ static Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
   if (x.dim() == 0) return softmax_impl(x.reshape({1}), 0, log).reshape({});
   flops::Op count(0, x.numel());
   Tensor out = empty_tensor(x.sizes(), x.dtype(), x.device());
-  backend_for(x.device()).softmax(view_of(x), view_of(out), d, log, stream_for(x.device()));
+  // No elements, no rows to visit (an empty tensor's other dims may still hold 2^62 of them).
+  if (x.numel() > 0) backend_for(x.device()).softmax(view_of(x), view_of(out), d, log, stream_for(x.device()));
   if (should_record(x)) {
     record(log ? "LogSoftmaxBackward" : "SoftmaxBackward", {x}, {out},
            [d, log, ys = SavedTensor(out, true)](const Grads& g) -> TensorList {
@@ -34,9 +35,11 @@ static Tensor softmax_impl(const Tensor& x, int64_t dim, bool log) {
                Tensor grad = g[0].to(y.dtype());
                Tensor dx = empty_tensor(y.sizes(), y.dtype(), y.device());
                flops::Op count(0, 4 * y.numel());  // as the composition's four passes
-               backend_for(y.device())
-                   .softmax_backward(view_of(y), broadcast_view(grad, y.sizes()), view_of(dx), d, log,
-                                     stream_for(y.device()));
+               if (y.numel() > 0) {
+                 backend_for(y.device())
+                     .softmax_backward(view_of(y), broadcast_view(grad, y.sizes()), view_of(dx), d, log,
+                                       stream_for(y.device()));
+               }
                return {dx};
              }
              if (log) return {g[0] - y.exp() * g[0].sum({d}, true)};

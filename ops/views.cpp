@@ -337,7 +337,9 @@ Tensor slice(const Tensor& t, int64_t dim, std::optional<int64_t> start_opt,
   sizes[d] = end == start ? 0 : 1 + (end - start - 1) / step;  // no overflow for a step near INT64_MAX
   // A dim of one element may keep any stride; the others' stride * step stays inside the storage.
   if (__builtin_mul_overflow(strides[d], step, &strides[d])) strides[d] = t.strides()[d];
-  Tensor out = make_view(t, sizes, strides, t.storage_offset() + start * t.strides()[d]);
+  // An empty view keeps its base's offset: start * stride may pass 2^63 where the base has no elements.
+  const int64_t offset = sizes.numel() == 0 ? t.storage_offset() : t.storage_offset() + start * t.strides()[d];
+  Tensor out = make_view(t, sizes, strides, offset);
   if (should_record(t)) {
     Shape shape = t.sizes();
     record("SliceBackward", {t}, {out}, [shape, d, start, end, step](const Grads& g) -> TensorList {
@@ -357,7 +359,8 @@ Tensor select(const Tensor& t, int64_t dim, int64_t index) {
   Shape sizes = t.sizes(), strides = t.strides();
   sizes.erase(d);
   strides.erase(d);
-  Tensor out = make_view(t, sizes, strides, t.storage_offset() + index * t.strides()[d]);
+  const int64_t offset = sizes.numel() == 0 ? t.storage_offset() : t.storage_offset() + index * t.strides()[d];
+  Tensor out = make_view(t, sizes, strides, offset);  // an empty view keeps its base's offset, as slice's
   if (should_record(t)) {
     Shape shape = t.sizes();
     record("SelectBackward", {t}, {out}, [shape, d, index](const Grads& g) -> TensorList {

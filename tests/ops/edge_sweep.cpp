@@ -20,6 +20,10 @@ std::vector<EdgeInput> edge_inputs() {
       {"f32[0]", [] { return zeros({0}); }},
       {"f32[3,0]", [] { return zeros({3, 0}); }},
       {"f32[0,4]", [] { return zeros({0, 4}); }},
+      // No elements, and a dim of 2^62: sizes, strides and offsets that multiply past 2^63 if an op
+      // computes them before it sees there is nothing to compute.
+      {"f32[0,2^62]", [] { return zeros({0, int64_t{1} << 62}); }},
+      {"f32[2^62,0] view", [] { return zeros({0, int64_t{1} << 62}).t(); }},
       {"f32[2,3]^T", [] { return test::sample({2, 3}).t(); }},
       {"f32[4,3] expanded", [] { return test::sample({1, 3}).expand({4, 3}); }},
       {"f32[1]", [] { return ones({1}); }},

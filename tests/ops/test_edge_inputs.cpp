@@ -4,6 +4,7 @@
 // crash, hang or throw anything else. The last case sweeps a few hundred ops over every pair of
 // two dozen odd inputs (tests/ops/edge_sweep.h; under the sanitizers in CI, a read out of bounds
 // there fails it).
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -208,6 +209,38 @@ TEST_CASE("arguments whose size arithmetic passes 2^63 are Errors, not wrapped s
   CHECK(chunk(zeros({16}), top).size() == 16);
 }
 
+TEST_CASE("a tensor with no elements and a dim of 2^62", "[ops]") {
+  // Its strides and offsets multiply past 2^63 if an op computes them before it sees there is
+  // nothing to compute (undefined behaviour, which the sanitizers' CI build stops at), and its rows,
+  // 2^62 of nothing, took softmax, index_add and attention's backward past any test's time.
+  const int64_t big = int64_t{1} << 62;
+  test::check_error([&] { zeros({0, big, 3}); }, {"multiply past 2^63"});  // its first stride would wrap
+  const Tensor e = zeros({0, big}).t();                                     // [2^62, 0]
+  CHECK(e.numel() == 0);
+  // 2^62 * 4 * 0: the element count of a view whose sizes before the 0 multiply past 2^63
+  CHECK(zeros({0, big}).unsqueeze(-1).expand({0, big, 4}).permute({1, 2, 0}).numel() == 0);
+  CHECK(softmax(e, 1).sizes() == Shape{big, 0});
+  CHECK(log_softmax(e, 0).sizes() == Shape{big, 0});
+  CHECK(e.narrow(0, big - 1, 1).sizes() == Shape{1, 0});
+  CHECK(e.select(0, big - 1).sizes() == Shape{0});
+  CHECK(e.flip({0, 1}).sizes() == Shape{big, 0});
+  CHECK(cat({e, e}, 1).sizes() == Shape{big, 0});
+  test::check_error([&] { cat({e, e}, 0); }, {"cat", "past 2^63"});
+  CHECK(split(e, big / 2, 0).size() == 2);
+  test::check_error([&] { split(e, 2, 0); }, {"split", "2^31"});
+  CHECK(index_add(e, 1, zeros({0}, kInt64), e).sizes() == Shape{big, 0});
+  // Attention whose values have no columns: an empty output and zero gradients, as PyTorch's
+  // (F.scaled_dot_product_attention(q, k, v) with v of shape (1, 1, 4, 0)).
+  Tensor q = ones({1, 1, 2, 3}).requires_grad_(), k = ones({1, 1, 4, 3}).requires_grad_();
+  Tensor v = zeros({1, 1, 4, 0}).requires_grad_();
+  Tensor o = scaled_dot_product_attention(q, k, v);
+  CHECK(o.sizes() == Shape{1, 1, 2, 0});
+  o.sum().backward();
+  test::check_equal(q.grad(), zeros({1, 1, 2, 3}));
+  test::check_equal(k.grad(), zeros({1, 1, 4, 3}));
+  CHECK(v.grad().sizes() == Shape{1, 1, 4, 0});
+}
+
 TEST_CASE("cross_entropy with class probabilities over no classes", "[nn]") {
   const Tensor x = zeros({3, 0}), t = zeros({3, 0});
   // F.cross_entropy(torch.zeros(3,0), torch.zeros(3,0)) is nan; reduction 'none' [-0., -0., -0.],
@@ -281,8 +314,14 @@ TEST_CASE("every op on every pair of odd inputs returns a tensor or raises a kil
           ++returned;
           if (!y.defined()) continue;
           try {  // a result must be readable, every element (its layout inside its storage)
+            // and its element count within int64 (a shape with a 0 may have other dims past it)
+            const Shape& s = y.sizes();
             int64_t n = 1;
-            for (int64_t size : y.sizes()) REQUIRE(!__builtin_mul_overflow(n, size, &n));
+            if (std::find(s.begin(), s.end(), 0) == s.end()) {
+              for (int64_t size : s) REQUIRE(!__builtin_mul_overflow(n, size, &n));
+            } else {
+              n = 0;
+            }
             if (n < 100000) (void)y.contiguous().to(kFloat64).sum().item<double>();
           } catch (const std::exception& e) {
             FAIL_CHECK(name << " returned a result of shape " << y.sizes().str() << " that cannot be read: " << e.what());
