@@ -117,7 +117,10 @@ class Communicator {
   // dtype and device for every tensor.
   virtual Work all_to_all(const std::vector<Tensor>& outputs, const std::vector<Tensor>& inputs,
                           bool async_op = false) = 0;
-  // Point to point; the receiver's tensor has the sender's dtype and number of elements.
+  // Point to point; the receiver's tensor has the sender's dtype and number of elements. On MPI a
+  // size that differs is an Error (NCCL does not check it); a dtype that differs with the same
+  // bytes is not checked on either (the bytes are read as the receiver's dtype, as in
+  // torch.distributed): send a header first where they may differ, as Pipeline does.
   virtual Work send(const Tensor& t, int dst, int tag = 0, bool async_op = false) = 0;
   virtual Work recv(const Tensor& t, int src, int tag = 0, bool async_op = false) = 0;
   // Returns once every rank has called it.
