@@ -242,6 +242,12 @@ void check_tensor(const char* op, const Tensor& t, const Tensor& like) {
 
 void check_written(const char* op, const Tensor& t) { check_inference_write(t, op); }
 
+bool bytes_overlap(const Tensor& a, const Tensor& b) {
+  const char* a_begin = static_cast<const char*>(a.data_ptr());
+  const char* b_begin = static_cast<const char*>(b.data_ptr());
+  return a.device() == b.device() && a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
+}
+
 void check_send_dst(int dst, int rank, bool async_op) {
   KILN_CHECK(dst != rank || async_op,
              "send: a blocking send to this rank itself (dst = {}) never completes, because the recv that would "

@@ -146,13 +146,6 @@ MPI_Op mpi_op(const MpiOps& ops, ReduceOp op, DType t, const char* what) {
   return k == 0 ? MPI_SUM : k == 1 ? MPI_MAX : MPI_MIN;
 }
 
-// Whether the bytes of two tensors (contiguous, as every tensor here) on one device overlap.
-bool overlap(const Tensor& a, const Tensor& b) {
-  const char* a_begin = static_cast<const char*>(a.data_ptr());
-  const char* b_begin = static_cast<const char*>(b.data_ptr());
-  return a.device() == b.device() && a_begin < b_begin + b.nbytes() && b_begin < a_begin + a.nbytes();
-}
-
 // ReduceOp::Avg of float16 and bfloat16 is summed in float32 (the host copy is widened, and
 // narrowed after the division): a 16-bit sum overflows where the average fits (float16's largest
 // value is 65504), which NCCL's Avg avoids too, by scaling before it sums.
@@ -736,7 +729,7 @@ class MpiCommunicator final : public Communicator {
     Tensor in = in_place ? Tensor() : staging.host(input, true, false);
     // MPI forbids the input overlapping the output other than as this rank's slice (MPI_IN_PLACE);
     // one overlapping elsewhere (another rank's slice) is sent from a copy.
-    if (!in_place && in.is_same(input) && overlap(input, output)) in = input.clone();
+    if (!in_place && in.is_same(input) && bytes_overlap(input, output)) in = input.clone();
     const int n = to_int_count(input.numel(), what);
     task->post = [in, out, n, c = comm_, what](std::vector<MPI_Request>& reqs) {
       reqs.resize(1);
@@ -791,7 +784,7 @@ class MpiCommunicator final : public Communicator {
     // MPI forbids the output overlapping the input; ZeRO's in-place use passes a slice of it.
     if (widen) {
       in = in.to(kFloat32);  // a copy, so no overlap either
-    } else if (in.is_same(input) && overlap(input, output)) {
+    } else if (in.is_same(input) && bytes_overlap(input, output)) {
       in = input.clone();
     }
     Tensor out = staging.host(output, false, true);

@@ -552,10 +552,8 @@ class NcclCommunicator final : public Communicator {
     const Signature sig = sign(kAllGatherTensor, input, -1, ReduceOp::Sum, {});
     // In place (input is this rank's slice of output) is NCCL's own in-place case; any other overlap
     // needs a copy (made on the current stream, so the ready event orders it), as reduce_scatter_tensor.
-    const char* in_begin = static_cast<const char*>(input.data_ptr());
-    const char* out_begin = static_cast<const char*>(output.data_ptr());
-    const bool overlaps = out_begin < in_begin + input.nbytes() && in_begin < out_begin + output.nbytes();
-    const Tensor in = overlaps && in_begin != out_begin + rank_ * input.nbytes() ? input.clone() : input;
+    const bool in_place = input.data_ptr() == static_cast<char*>(output.data_ptr()) + rank_ * input.nbytes();
+    const Tensor in = bytes_overlap(input, output) && !in_place ? input.clone() : input;
     return launch(std::move(what), &sig, {output, in}, async_op, [&](ncclComm_t c, cudaStream_t s) {
       return ncclAllGather(in.data_ptr(), output.data_ptr(), static_cast<size_t>(in.numel()),
                            nccl_type(in.dtype()), c, s);
@@ -598,10 +596,8 @@ class NcclCommunicator final : public Communicator {
     const Signature sig = sign(kReduceScatterTensor, output, -1, op, {});
     // NCCL works in place when output is this rank's slice of input; any other overlap needs a copy
     // (made on the current stream, so the ready event orders it).
-    const char* in_begin = static_cast<const char*>(input.data_ptr());
-    const char* out_begin = static_cast<const char*>(output.data_ptr());
-    const bool overlaps = out_begin < in_begin + input.nbytes() && in_begin < out_begin + output.nbytes();
-    const Tensor in = overlaps && out_begin != in_begin + rank_ * output.nbytes() ? input.clone() : input;
+    const bool in_place = output.data_ptr() == static_cast<char*>(input.data_ptr()) + rank_ * output.nbytes();
+    const Tensor in = bytes_overlap(input, output) && !in_place ? input.clone() : input;
     return launch(std::move(what), &sig, {output, in}, async_op, [&](ncclComm_t c, cudaStream_t s) {
       return ncclReduceScatter(in.data_ptr(), output.data_ptr(), static_cast<size_t>(output.numel()),
                                nccl_type(output.dtype()), nop, c, s);

@@ -95,6 +95,9 @@ void check_tensor(const char* op, const Tensor& t, const Tensor& like = {});
 // torch's c10d ops declare them, all_gather's outputs, reduce_scatter's output, recv's tensor): an
 // inference tensor is writable only in inference mode, as for every in-place op.
 void check_written(const char* op, const Tensor& t);
+// Whether the bytes of two contiguous tensors on one device overlap: MPI and NCCL take only the
+// in-place case of an overlap (this rank's slice), so the backends copy an input for any other.
+bool bytes_overlap(const Tensor& a, const Tensor& b);
 // A blocking send to this rank itself can only complete if the matching recv was posted first,
 // which it cannot be: an Error, not a hang until the timeout.
 void check_send_dst(int dst, int rank, bool async_op);
