@@ -357,20 +357,28 @@ WorldInfo world_info() { return world_info([](const char* name) { return std::ge
 WorldInfo world_info(const std::function<const char*(const char*)>& env) {
   WorldInfo w;
   // Rank and size come as a pair; a launcher counts only when both of its variables are set.
-  auto rank_and_size = [&](const char* rank, const char* size) {
+  // mpirun and PMI launchers always set both, so half of their pair is a broken environment, not
+  // "no launcher" (rank 0 of 1 on every rank would train the same model n times, unaware). Half of
+  // Slurm's (a batch script) or torchrun's (a stray RANK) pair is no launcher.
+  auto rank_and_size = [&](const char* rank, const char* size, bool pair_required = false) {
     int r = 0, n = 0;
-    if (!env_int(env, rank, r) || !env_int(env, size, n)) return false;
+    const bool has_rank = env_int(env, rank, r), has_size = env_int(env, size, n);
+    KILN_CHECK(!pair_required || has_rank == has_size,
+               "distributed: {} is set but {} is not; start the program through its launcher, or unset the "
+               "variable left in the environment",
+               has_rank ? rank : size, has_rank ? size : rank);
+    if (!has_rank || !has_size) return false;
     w.rank = r;
     w.size = n;
     return true;
   };
   // PMI's variables come before Slurm's: MPICH's and Intel MPI's mpiexec start their per-node
   // proxies with srun, so their ranks carry the proxy's SLURM_PROCID (a node number) as well.
-  if (rank_and_size("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")) {
+  if (rank_and_size("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", true)) {
     w.launcher = "mpirun";
     if (!env_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", w.local_rank)) w.local_rank = w.rank;
     if (!env_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", w.local_size)) w.local_size = w.size;
-  } else if (rank_and_size("PMI_RANK", "PMI_SIZE")) {
+  } else if (rank_and_size("PMI_RANK", "PMI_SIZE", true)) {
     w.launcher = "pmi";
     if (!env_int(env, "MPI_LOCALRANKID", w.local_rank)) w.local_rank = 0;
     if (!env_int(env, "MPI_LOCALNRANKS", w.local_size)) w.local_size = 1;

@@ -138,7 +138,7 @@ class Communicator {
 // MPI's mpirun (OMPI_COMM_WORLD_*), PMI launchers such as MPICH's mpiexec (PMI_RANK, PMI_SIZE),
 // Slurm's srun (SLURM_PROCID, SLURM_STEP_NUM_TASKS, SLURM_LOCALID, and SLURM_STEP_TASKS_PER_NODE at
 // SLURM_NODEID) or torchrun (RANK, WORLD_SIZE, LOCAL_RANK); rank 0 of 1 without any (a Slurm batch
-// script itself included).
+// script itself included). Half of mpirun's or PMI's rank-and-size pair is an Error.
 struct WorldInfo {
   int rank = 0;
   int size = 1;

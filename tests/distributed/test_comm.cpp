@@ -111,6 +111,13 @@ TEST_CASE("comm: a launcher's environment that does not add up is an Error namin
               {"torchrun", "local rank 0 of 4", "unset that launcher's variables"});
   check_error([] { world_info_with({{"OMPI_COMM_WORLD_RANK", "one"}, {"OMPI_COMM_WORLD_SIZE", "2"}}); },
               {"OMPI_COMM_WORLD_RANK='one'", "not a rank"});
+  // mpirun and PMI launchers set both of their pair: half of it is a broken environment, not rank 0 of 1.
+  check_error([] { world_info_with({{"OMPI_COMM_WORLD_RANK", "1"}}); },
+              {"OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not", "unset the variable"});
+  check_error([] { world_info_with({{"PMI_SIZE", "4"}, {"RANK", "1"}, {"WORLD_SIZE", "4"}}); },
+              {"PMI_SIZE is set but PMI_RANK is not"});
+  // A stray RANK (torchrun's name, and a common one) is no launcher, as half of Slurm's pair.
+  check_world(world_info_with({{"RANK", "3"}}), "none", 0, 1);
 }
 
 TEST_CASE("comm: all_reduce sum, avg, max and min are exact for every dtype", "[distributed]") {

@@ -3,14 +3,20 @@
 // parameter's gradient within 1e-4 relative), and a 25-step AdamW loss curve from the same init and
 // data. Then what the model adds: the Hugging Face file round trip and its errors, generation with and
 // without the key/value cache, activation checkpointing (same gradients, dropout masks replayed), and
-// gradient accumulation (N micro-batches of b = one batch of N b).
+// gradient accumulation (N micro-batches of b = one batch of N b), and models trained on several
+// threads at once.
 #include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
+#include <barrier>
+#include <thread>
 
+#include "core/grad_mode.h"
 #include "data/safetensors.h"
 #include "models/gpt.h"
+#include "ops/autocast.h"
+#include "optim/adam.h"
 #include "support.h"
 
 using namespace kiln;
@@ -375,4 +381,84 @@ TEST_CASE("GPT: odd arguments are Errors before any work, and a malformed KV cac
   check_error([] { nn::CausalSelfAttention(8, 2, {.dropout = 2}); }, {"CausalSelfAttention", "dropout", "[0, 1]"});
   check_error([] { nn::GeluMLP(8, {.dropout = -1}); }, {"GeluMLP", "dropout", "[0, 1]"});
   check_error([] { nn::TransformerBlock(8, 2, {.dropout = std::nan("")}); }, {"dropout", "[0, 1]"});
+}
+
+namespace {
+// One of the runs below: a small GPT, its AdamW and its batch, made from one seed; what `kind` does
+// with them: 0 trains, 1 trains under bfloat16 autocast, 2 trains with every block checkpointed, 3
+// only evaluates, under NoGradGuard. Each keeps its losses (or logits' sums) step by step.
+struct ThreadRun {
+  int kind;
+  std::unique_ptr<GPT> model;
+  std::unique_ptr<optim::AdamW> opt;
+  Tensor idx, targets;
+  std::vector<float> trace;
+  explicit ThreadRun(int kind) : kind(kind) {
+    manual_seed(1000);
+    model = std::make_unique<GPT>(GPTConfig{.n_layer = 2, .n_head = 4, .n_embd = 32, .block_size = 16,
+                                            .vocab_size = 64});
+    model->set_checkpointing(kind == 2);
+    opt = std::make_unique<optim::AdamW>(model->parameters(), optim::AdamWOptions{.lr = 1e-2});
+    idx = randint(0, 64, {3, 16});
+    targets = randint(0, 64, {3, 16});
+  }
+  std::string error;  // what a step threw, if one did
+  // `steps` steps; with `sync`, each step starts when every run has arrived at it, so that the
+  // runs' steps overlap.
+  void run(int steps, std::barrier<>* sync = nullptr) {
+    for (int s = 0; s < steps; ++s) {
+      if (sync) sync->arrive_and_wait();
+      try {
+        step();
+      } catch (const std::exception& e) {
+        if (error.empty()) error = e.what();
+      }
+    }
+  }
+  void step() {
+    if (kind == 3) {
+      NoGradGuard no_grad;
+      Tensor logits = (*model)(idx);
+      trace.push_back(logits.requires_grad() ? -1.0f : logits.sum().item<float>());  // -1: grad mode leaked in
+      return;
+    }
+    opt->zero_grad();
+    Tensor loss;
+    {
+      AutocastGuard autocast(Device::cpu(), kBFloat16, /*enabled=*/kind == 1);
+      loss = GPT::loss((*model)(idx), targets);
+    }
+    loss.backward();
+    opt->step();
+    trace.push_back(loss.item<float>());
+  }
+};
+}  // namespace
+
+TEST_CASE("GPT: models trained on four threads at once get what each gets alone, grad mode and autocast per thread",
+          "[models][gpt]") {
+  // Autocast's state, grad mode and the autograd engine's are the thread's own, and the CPU's pool
+  // and allocator are shared: the four runs together must give, bit for bit, what each gives alone.
+  const int steps = 20;
+  std::vector<std::unique_ptr<ThreadRun>> alone, together;
+  for (int kind = 0; kind < 4; ++kind) {
+    alone.push_back(std::make_unique<ThreadRun>(kind));
+    together.push_back(std::make_unique<ThreadRun>(kind));
+  }
+  for (auto& r : alone) r->run(steps);
+  std::barrier<> sync(4);
+  std::vector<std::thread> threads;
+  for (auto& r : together) threads.emplace_back([&r, &sync] { r->run(steps, &sync); });
+  for (auto& t : threads) t.join();
+  for (int kind = 0; kind < 4; ++kind) {
+    INFO("run " << kind);
+    CHECK(alone[kind]->error == "");
+    CHECK(together[kind]->error == "");
+    CHECK(together[kind]->trace == alone[kind]->trace);
+    if (kind < 3) CHECK(alone[kind]->trace.back() < alone[kind]->trace.front() - 0.5f);  // they did train
+    const auto a = alone[kind]->model->parameters(), b = together[kind]->model->parameters();
+    for (size_t i = 0; i < a.size(); ++i) CHECK(a[i].to_vector<float>() == b[i].to_vector<float>());
+  }
+  // The same model and batch in each: autocast changed its own run's losses (bfloat16 products).
+  CHECK(alone[1]->trace != alone[0]->trace);
 }
