@@ -222,6 +222,15 @@ TensorList checkpoint(const CheckpointFn& fn, const CheckpointFn& recompute, con
                "checkpoint: the function returned {} tensors when run again in backward but {} in forward; it "
                "must compute the same thing both times",
                outs.size(), g.grads.size());
+    for (size_t i = 0; i < outs.size(); ++i) {  // g[i] has the forward output's shape and dtype
+      if (!g[i].defined()) continue;
+      KILN_CHECK(outs[i].defined() && outs[i].sizes() == g[i].sizes() && outs[i].dtype() == g[i].dtype(),
+                 "checkpoint: output {} of the function was {} {} in forward but {} when run again in backward; it "
+                 "must compute the same thing both times",
+                 i, dtype_name(g[i].dtype()), g[i].sizes().str(),
+                 outs[i].defined() ? fmt::format("{} {}", dtype_name(outs[i].dtype()), outs[i].sizes().str())
+                                   : std::string("undefined"));
+    }
     if (profile) {
       wait_for(device);
       profile->recompute_s += seconds_since(recompute_start);

@@ -26,6 +26,8 @@ double vjp_dot(const TensorList& outs, const TensorList& vs) {
 
 bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& opt) {
   KILN_CHECK(fn != nullptr, "gradcheck: the function is empty; pass a callable");
+  KILN_CHECK(opt.eps > 0 && std::isfinite(opt.eps),
+             "gradcheck: eps must be a positive finite step, got {}; 1e-6 (the default) suits float64", opt.eps);
   // As PyTorch: with no input requiring grad there is nothing to check, and passing would say nothing.
   KILN_CHECK(std::any_of(inputs.begin(), inputs.end(), [](const Tensor& t) { return t.defined() && t.requires_grad(); }),
              "gradcheck: no input requires grad, so there is no gradient to check; call requires_grad_() on the "
@@ -93,6 +95,7 @@ bool gradcheck(const DifferentiableFn& fn, const TensorList& inputs, const Gradc
 }
 
 bool gradgradcheck(const DifferentiableFn& fn, const TensorList& inputs, const GradcheckOptions& opt) {
+  KILN_CHECK(fn != nullptr, "gradgradcheck: the function is empty; pass a callable");
   // G(inputs, v) = d<fn(inputs), v>/d inputs, built with create_graph so it can be differentiated.
   TensorList outs = fn(inputs);
   Generator gen(opt.seed + 1);

@@ -70,14 +70,19 @@ DType promote_types(DType a, DType b) {
 
 // ---- devices ----
 
+void throw_bad_cuda_index(int index) {
+  KILN_FAIL("Device: CUDA device index {} is out of range; it must be in [0, {})", index, kMaxCudaDevices);
+}
+
 Device Device::parse(std::string_view text) {
-  if (text == "cpu") return cpu();
+  if (text == "cpu" || text == "cpu:0") return cpu();  // PyTorch's "cpu:0" too
   if (text == "cuda") return cuda(0);
   if (text.starts_with("cuda:")) {
     std::string_view num = text.substr(5);
     int index = -1;
     auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), index);
-    if (ec == std::errc() && end == num.data() + num.size() && index >= 0 && index < 4096) {
+    const bool canonical = num.size() == 1 || num[0] != '0';  // "cuda:01" is not PyTorch's either
+    if (ec == std::errc() && end == num.data() + num.size() && canonical && index >= 0 && index < kMaxCudaDevices) {
       return cuda(index);
     }
   }

@@ -34,8 +34,14 @@ class Generator {
     seed_ = seed;
     offset_ = 0;
   }
-  uint64_t seed() const { return seed_; }
-  uint64_t offset() const { return offset_; }
+  uint64_t seed() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return seed_;
+  }
+  uint64_t offset() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return offset_;
+  }
 
   struct State {
     uint64_t seed;
@@ -59,7 +65,7 @@ class Generator {
   }
 
  private:
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   uint64_t seed_;
   uint64_t offset_ = 0;
 };

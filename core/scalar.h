@@ -4,9 +4,12 @@
 // as in PyTorch.
 #pragma once
 
+#include <cmath>
 #include <concepts>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
+#include <utility>
 
 #include "core/dtype.h"
 
@@ -18,9 +21,15 @@ class Scalar {
 
   Scalar() : Scalar(int64_t{0}) {}
   Scalar(bool v) : kind_(Kind::Bool), i_(v) {}  // NOLINT: numbers convert implicitly
+  // An integer past int64 (a uint64 above 2^63 - 1) is an Error, as PyTorch's "Overflow when
+  // unpacking long", not a wrapped negative number.
   template <std::integral T>
     requires(!std::same_as<T, bool>)
-  Scalar(T v) : kind_(Kind::Int), i_(static_cast<int64_t>(v)) {}  // NOLINT
+  Scalar(T v) : kind_(Kind::Int), i_(static_cast<int64_t>(v)) {  // NOLINT
+    if constexpr (!std::in_range<int64_t>(std::numeric_limits<T>::max())) {
+      KILN_CHECK(std::in_range<int64_t>(v), "the value {} is past int64's range, which scalars hold", v);
+    }
+  }
   template <std::floating_point T>
   Scalar(T v) : kind_(Kind::Float), d_(static_cast<double>(v)) {}  // NOLINT
   Scalar(Half v) : Scalar(static_cast<float>(v)) {}                // NOLINT
@@ -39,18 +48,33 @@ class Scalar {
     return static_cast<int64_t>(d_);
   }
   bool to_bool() const { return kind_ == Kind::Float ? d_ != 0 : i_ != 0; }
-  // To an integer type, the value must fit it: full({2}, 1e10, kInt32) is an Error, not a wrap.
+  // The value must fit T, as PyTorch's checked conversions (fill_, full, item): full({2}, 1e10,
+  // kInt32) and full({2}, 1e10, kFloat16) are Errors, not a wrap or an inf; inf and nan go to a
+  // floating type as they are.
   template <typename T> T to() const {
     if constexpr (std::is_same_v<T, bool>) {
       return to_bool();
     } else if constexpr (std::is_integral_v<T>) {
-      const int64_t v = to_int();
-      KILN_CHECK(v >= std::numeric_limits<T>::min() && v <= std::numeric_limits<T>::max(),
-                 "the value {} cannot be converted to {}{} without overflow", v,
-                 std::is_signed_v<T> ? "int" : "uint", 8 * sizeof(T));
-      return static_cast<T>(v);
+      constexpr const char* name = std::is_signed_v<T> ? "int" : "uint";
+      if (kind_ == Kind::Float) {  // against T's range itself: nan, or 3e9 for int32, names int32
+        const double upper = std::ldexp(1.0, std::numeric_limits<T>::digits), lower = std::is_signed_v<T> ? -upper : 0;
+        KILN_CHECK(d_ >= lower && d_ < upper, "the value {} cannot be converted to {}{} without overflow", d_, name,
+                   8 * sizeof(T));
+        return static_cast<T>(d_);
+      }
+      KILN_CHECK(std::in_range<T>(i_), "the value {} cannot be converted to {}{} without overflow", i_, name,
+                 8 * sizeof(T));
+      return static_cast<T>(i_);
     } else {
-      return static_cast<T>(static_cast<opmath_t<T>>(to_double()));
+      const double v = to_double();
+      if constexpr (!std::is_same_v<T, double>) {
+        const double largest = std::is_same_v<T, Half> ? 65504.0
+                               : std::is_same_v<T, BFloat16> ? 0x1.fep127
+                                                             : static_cast<double>(std::numeric_limits<float>::max());
+        KILN_CHECK(!std::isfinite(v) || std::fabs(v) <= largest, "the value {} cannot be converted to {} without overflow",
+                   v, std::is_same_v<T, Half> ? "float16" : std::is_same_v<T, BFloat16> ? "bfloat16" : "float32");
+      }
+      return static_cast<T>(static_cast<opmath_t<T>>(v));
     }
   }
   // The dtype a tensor made from this scalar gets: bool, int64 or the default float (float32).

@@ -45,7 +45,10 @@ class Shape {
   int64_t* begin() { return d_; }
   int64_t* end() { return d_ + n_; }
   const int64_t* data() const { return d_; }
-  int64_t back() const { return d_[n_ - 1]; }
+  int64_t back() const {
+    KILN_CHECK(n_ > 0, "Shape::back: the shape is empty (no dimensions)");
+    return d_[n_ - 1];
+  }
 
   void push_back(int64_t v) {
     check_capacity(n_ + 1);
@@ -53,11 +56,14 @@ class Shape {
   }
   void insert(int pos, int64_t v) {
     check_capacity(n_ + 1);
+    KILN_CHECK(pos >= 0 && pos <= n_, "Shape::insert: position {} is out of range for a shape of {} dims (0..{})",
+               pos, n_, n_);
     for (int i = n_; i > pos; --i) d_[i] = d_[i - 1];
     d_[pos] = v;
     ++n_;
   }
   void erase(int pos) {
+    KILN_CHECK(pos >= 0 && pos < n_, "Shape::erase: position {} is out of range for a shape of {} dims", pos, n_);
     for (int i = pos; i + 1 < n_; ++i) d_[i] = d_[i + 1];
     d_[--n_] = 0;  // no stale entry past the end (operator== and copies compare only n_ entries)
   }
@@ -92,7 +98,7 @@ class Shape {
     for (int i = 0; i < n_; ++i) d_[i] = p[i];
   }
   static void check_capacity(int64_t n) {
-    KILN_CHECK(n <= kMaxDims, "Kiln tensors have at most {} dimensions; {} were asked for", kMaxDims, n);
+    KILN_CHECK(n >= 0 && n <= kMaxDims, "Kiln tensors have 0 to {} dimensions; {} were asked for", kMaxDims, n);
   }
 
   int64_t d_[kMaxDims] = {};

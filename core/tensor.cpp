@@ -58,6 +58,11 @@ void Tensor::set_data(const Tensor& new_data) const {
   TensorImpl* d = &get();
   KILN_CHECK(new_data.defined(), "set_data: the new data is an undefined tensor");
   const TensorImpl* s = new_data.impl();
+  // As PyTorch: only floating data can require grad (a backward and an optimizer step would pass
+  // an int64 parameter by without a word).
+  KILN_CHECK(!d->requires_grad || is_floating(s->dtype),
+             "set_data: this tensor requires grad, so its data must be floating, not {}; call requires_grad_(false) "
+             "first", dtype_name(s->dtype));
   if (s == d) return;
   const bool same_kind = d->dtype == s->dtype && d->device() == s->device();
   const bool counted = d->counts_as_view;  // the view count moves with the data (a parameter that is a view)

@@ -183,6 +183,8 @@ struct CudaEvent::Impl {
 CudaEvent::CudaEvent(bool enable_timing) : impl_(std::make_shared<Impl>()) { impl_->timing = enable_timing; }
 
 void CudaEvent::record() {
+  KILN_CHECK(count_devices() > 0, "CudaEvent::record: no CUDA device is available (no GPU or no working driver); "
+             "check with cuda::is_available()");
   int device = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   record(current_stream(device));

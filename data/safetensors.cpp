@@ -141,6 +141,7 @@ class AtomicFile {
 }  // namespace
 
 void save_file(const TensorDict& tensors, const std::string& path, const Metadata& metadata) {
+  KILN_CHECK(!path.empty(), "safetensors: the path to save to is empty; name a file");
   struct Entry {
     const std::string* name;
     const Tensor* tensor;

@@ -1,6 +1,8 @@
 // models/gpt.cpp: see models/gpt.h.
 #include "models/gpt.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -39,6 +41,22 @@ void check_config(const GPTConfig& c) {
   KILN_CHECK(c.block_size > 0 && c.vocab_size > 0, "GPT: block_size ({}) and vocab_size ({}) must be positive",
              c.block_size, c.vocab_size);
   KILN_CHECK(c.dropout >= 0 && c.dropout < 1, "GPT: dropout must be in [0, 1), got {}", c.dropout);
+  // The blocks are made one at a time, each of a few small tensors: a config of 10^9 thin layers
+  // would take a day to run out of memory. Counted first (in long double: no product overflows),
+  // what cannot fit is an Error at once. Per block: ln_1 and ln_2, c_attn (3 d^2), attn.c_proj
+  // (d^2), mlp.c_fc (4 d^2) and mlp.c_proj (4 d^2), with their biases; then wte, wpe, ln_f and an
+  // untied head.
+  const long double d = static_cast<long double>(c.n_embd), L = static_cast<long double>(c.n_layer);
+  const long double V = static_cast<long double>(c.vocab_size), T = static_cast<long double>(c.block_size);
+  const long double params = L * (12 * d * d + (c.bias ? 13 : 2) * d) + (V + T) * d + (c.bias ? 2 : 1) * d +
+                             (c.tie_weights ? 0 : V * d);
+  const long double memory =
+      static_cast<long double>(sysconf(_SC_PHYS_PAGES)) * static_cast<long double>(sysconf(_SC_PAGE_SIZE));
+  KILN_CHECK(memory <= 0 || 4 * params <= memory,
+             "GPT: this config has {:.4g} parameters, {:.4g} GiB in float32, more than this machine's memory ({:.4g} "
+             "GiB); choose fewer layers (n_layer = {}) or a smaller n_embd ({}), vocab_size or block_size",
+             static_cast<double>(params), static_cast<double>(4 * params / (1 << 30)),
+             static_cast<double>(memory / (1 << 30)), c.n_layer, c.n_embd);
 }
 
 }  // namespace
@@ -87,13 +105,19 @@ bool GPT::checkpointing(int64_t block) const {
 
 Tensor GPT::forward(const Tensor& idx, std::vector<nn::KVCache>* caches) {
   KILN_CHECK(idx.dim() == 2 && (idx.dtype() == kInt64 || idx.dtype() == kInt32),
-             "GPT: expected token ids (B, T) of int64, got {} of shape {}", dtype_name(idx.dtype()), idx.sizes().str());
+             "GPT: expected token ids (B, T) of int64 or int32, got {} of shape {}", dtype_name(idx.dtype()), idx.sizes().str());
   const int64_t T = idx.sizes()[1];
   KILN_CHECK(!caches || caches->empty() || caches->size() == static_cast<size_t>(config.n_layer),
              "GPT: the KV caches are {}, one per layer of another model; this GPT has n_layer = {}. Pass an "
              "empty vector to start new ones",
              caches ? caches->size() : 0, config.n_layer);
   const int64_t past = caches && !caches->empty() ? (*caches)[0].length() : 0;
+  for (size_t i = 1; caches && i < caches->size(); ++i) {  // the positions come from layer 0's
+    KILN_CHECK((*caches)[i].length() == past,
+               "GPT: the KV cache of layer {} holds {} positions but layer 0's holds {}; the caches must come from "
+               "one sequence's steps. Pass an empty vector to start new ones",
+               i, (*caches)[i].length(), past);
+  }
   KILN_CHECK(past + T <= config.block_size,
              "GPT: a sequence of {} tokens{} is longer than the context, block_size = {}; crop it to the last {}",
              past + T, past > 0 ? " (counting the cached ones)" : "", config.block_size, config.block_size);
@@ -158,10 +182,13 @@ int64_t sample_row(std::vector<double> logits, const GenerateOptions& o, Generat
 Tensor GPT::generate(const Tensor& idx, int64_t max_new_tokens, const GenerateOptions& options, Generator* gen) {
   KILN_CHECK(idx.dim() == 2 && idx.sizes()[1] >= 1, "GPT::generate: expected a prompt (B, T) with T >= 1, got shape {}",
              idx.sizes().str());
-  KILN_CHECK(idx.dtype() == kInt64 || idx.dtype() == kInt32, "GPT::generate: expected token ids of int64, got {}",
+  KILN_CHECK(idx.dtype() == kInt64 || idx.dtype() == kInt32, "GPT::generate: expected token ids of int64 or int32, got {}",
              dtype_name(idx.dtype()));
-  KILN_CHECK(options.temperature >= 0 && options.top_k >= 0,
-             "GPT::generate: temperature ({}) and top_k ({}) must be >= 0", options.temperature, options.top_k);
+  // An infinite temperature would divide a top_k-masked logit's -inf into NaN (PyTorch's sampling
+  // then raises); a flat distribution is top_k = 0 with a large finite temperature.
+  KILN_CHECK(options.temperature >= 0 && std::isfinite(options.temperature) && options.top_k >= 0,
+             "GPT::generate: temperature ({}) must be finite and >= 0 and top_k ({}) >= 0", options.temperature,
+             options.top_k);
   const int64_t B = idx.sizes()[0], T0 = idx.sizes()[1];
   // The result is (B, T0 + max_new_tokens): a count that is negative, or whose tokens could not be
   // indexed, is an Error (PyTorch's nanoGPT would loop max_new_tokens times).

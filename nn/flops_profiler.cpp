@@ -1,9 +1,13 @@
 // nn/flops_profiler.cpp: nn::FlopsProfiler (nn/flops_profiler.h).
 #include "nn/flops_profiler.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <utility>
 
@@ -78,6 +82,7 @@ void FlopsProfiler::start_profile() {
     }
   }
   reset_profile();
+  counting_.reset();  // a second start restarts, as DeepSpeed's
   counting_ = std::make_unique<flops::Counting>(&counts_);
 }
 
@@ -190,20 +195,25 @@ void FlopsProfiler::print_model_profile(int64_t profile_step, int module_depth, 
     std::fflush(stdout);
     return;
   }
-  // Written beside it and renamed over it: a failed write leaves no half-written file.
-  const std::string tmp = output_file + ".tmp";
+  // Written beside it, under a name of this process's own, and renamed over it: a failed write
+  // leaves neither a half-written file nor the temporary one.
+  const std::string tmp = fmt::format("{}.tmp.{}", output_file, ::getpid());
   {
     std::ofstream f(tmp, std::ios::trunc);
-    KILN_CHECK(f.good(), "FlopsProfiler: cannot write '{}'; check that its directory exists and is writable", tmp);
+    KILN_CHECK(f.good(), "FlopsProfiler: cannot write '{}': {}; check that its directory exists and is writable",
+               output_file, std::strerror(errno));
     f << text;
     f.close();
     if (!f.good()) {
       std::remove(tmp.c_str());
-      KILN_FAIL("FlopsProfiler: writing '{}' failed (is the disk full?)", tmp);
+      KILN_FAIL("FlopsProfiler: writing '{}' failed (is the disk full?); '{}' is unchanged", tmp, output_file);
     }
   }
-  KILN_CHECK(std::rename(tmp.c_str(), output_file.c_str()) == 0, "FlopsProfiler: cannot rename '{}' to '{}'", tmp,
-             output_file);
+  if (std::rename(tmp.c_str(), output_file.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    KILN_FAIL("FlopsProfiler: cannot write '{}': {}; it is unchanged", output_file, std::strerror(err));
+  }
 }
 
 }  // namespace kiln::nn

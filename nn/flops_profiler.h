@@ -33,14 +33,15 @@ namespace kiln::nn {
 class FlopsProfiler {
  public:
   // numel gives a parameter's element count where numel() does not (ZeRO stage 3 drops the
-  // parameters between uses: ZeroOptimizer::full_numel); empty: numel().
+  // parameters between uses: ZeroOptimizer::full_numel); empty: numel(). The profiler keeps a
+  // reference to the model, which must outlive it (as a module's hooks refer to their module).
   explicit FlopsProfiler(Module& model, std::function<int64_t(const Tensor&)> numel = {});
   ~FlopsProfiler();
   FlopsProfiler(const FlopsProfiler&) = delete;
   FlopsProfiler& operator=(const FlopsProfiler&) = delete;
 
   // Hooks every module (on the first call) and counts this thread's forward ops from now on; the
-  // figures start from zero.
+  // figures start from zero (a second call without stop_profile restarts).
   void start_profile();
   // Stops counting; the figures stay until the next start_profile or reset_profile.
   void stop_profile();

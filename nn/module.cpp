@@ -343,9 +343,16 @@ void Module::load_state_dict(const TensorDict& state, bool strict) {
       unexpected.push_back(key);
       continue;
     }
-    KILN_CHECK(src.defined() && src.sizes() == dst->sizes(),
+    KILN_CHECK(src.defined(), "load_state_dict: the state dict's entry '{}' is an undefined tensor; the model's is {}",
+               key, dst->sizes().str());
+    KILN_CHECK(src.sizes() == dst->sizes(),
                "load_state_dict: size mismatch for '{}': the checkpoint has shape {}, the model has {}",
-               key, src.defined() ? src.sizes().str() : "(undefined)", dst->sizes().str());
+               key, src.sizes().str(), dst->sizes().str());
+    // Checked before anything is copied, as the shapes: a model made in inference mode holds
+    // inference tensors, which only an inference-mode scope may write (PyTorch refuses it too).
+    KILN_CHECK(!dst->is_inference() || InferenceMode::is_enabled(),
+               "load_state_dict: the model's '{}' is an inference tensor (the model was made under InferenceMode); "
+               "make the model outside InferenceMode, or load the state dict inside one", key);
   }
   if (strict && (!missing.empty() || !unexpected.empty())) {
     std::string msg = fmt::format("load_state_dict: error(s) loading the state dict into {}:", name());

@@ -97,10 +97,15 @@ Policy policy_of(const Row& r, DeviceType type) { return type == DeviceType::CUD
 uint8_t bit(DeviceType type) { return static_cast<uint8_t>(1u << static_cast<unsigned>(type)); }
 
 // One cached cast (Note [autocast cache]). `source` keeps the parameter's TensorImpl from being
-// freed while it is a key, so its address cannot be reused by another tensor.
+// freed while it is a key, so its address cannot be reused by another tensor; `storage`, `offset`
+// and `sizes` are the memory it read, which set_data replaces without moving the version (ZeRO
+// stage 3 swaps its parameters' data in and out so).
 struct CacheEntry {
   std::weak_ptr<TensorImpl> source;
   uint64_t version;
+  std::weak_ptr<Storage> storage;
+  int64_t offset;
+  Shape sizes;
   Tensor cast;
 };
 
@@ -122,10 +127,14 @@ Tensor cached_cast(const Tensor& t, DType to) {
   auto it = cache.find(t.impl());
   if (it != cache.end()) {
     const CacheEntry& e = it->second;
-    if (e.source.lock().get() == t.impl() && e.version == t._version() && e.cast.dtype() == to) return e.cast;
+    const TensorImpl* impl = t.impl();
+    if (e.source.lock().get() == impl && e.version == t._version() && e.storage.lock() == impl->storage &&
+        e.offset == impl->offset && e.sizes == impl->sizes && e.cast.dtype() == to) {
+      return e.cast;
+    }
   }
   Tensor cast = ops::to(t, t.device(), to);
-  cache[t.impl()] = CacheEntry{t.impl_ptr(), t._version(), cast};
+  cache[t.impl()] = CacheEntry{t.impl_ptr(), t._version(), t.impl()->storage, t.impl()->offset, t.impl()->sizes, cast};
   return cast;
 }
 

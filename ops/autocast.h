@@ -34,8 +34,9 @@
 // A float32 leaf that requires grad (a parameter) is cast to the 16-bit dtype once per outermost
 // autocast scope, not once per use (PyTorch's heuristic, from Apex): a weight read by several ops,
 // or by every step of a loop inside the scope, is converted once. The entry is dropped when the
-// outermost guard exits, when a backward starts (its cast nodes are freed by that backward), and
-// when the parameter is modified in place (its version counter moves, e.g. by an optimizer step).
+// outermost guard exits, when a backward starts (its cast nodes are freed by that backward), when
+// the parameter is modified in place (its version counter moves, e.g. by an optimizer step), and
+// when set_data gives it other memory (PyTorch keeps the stale cast then).
 // Graphs built in one scope share the cast's node; it saves no tensor, so each of their backwards
 // runs it (ops/record.h, FunctionNode::release_saved).
 // Only casts made with grad mode on are cached, so a no_grad cast never feeds a graph.

@@ -984,6 +984,8 @@ Tensor& Tensor::pow_(const Scalar& exponent) {
   check_inference_write(*this, "pow_");
   KILN_CHECK(can_cast(result_type(*this, exponent), dtype()), "pow_: the result type can't be cast to {}",
              dtype_name(dtype()));
+  KILN_CHECK(!(is_integral(dtype()) && exponent.to_double() < 0),
+             "pow_: integers to negative integer powers are not allowed; convert the base to float");
   if (should_record(*this)) return inplace_recorded(*this, "pow_", [&](const Tensor& x) { return ops::pow(x, exponent); });
   backend_for(device()).unary(UnaryOp::PowScalar, view_of(*this), view_of(*this), {exponent.to_double(), 0},
                               stream_for(device()));

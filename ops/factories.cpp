@@ -251,9 +251,9 @@ Tensor tensor(std::initializer_list<std::initializer_list<double>> rows, TensorO
 
 template <typename T>
 Tensor from_vector(const std::vector<T>& values, const Shape& shape, Device device) {
-  KILN_CHECK(shape.numel() == static_cast<int64_t>(values.size()),
-             "from_vector: {} values cannot fill shape {} ({} elements)", values.size(), shape.str(),
-             shape.numel());
+  const int64_t numel = checked_numel(shape, "from_vector");  // negative or overflowing sizes, named
+  KILN_CHECK(numel == static_cast<int64_t>(values.size()), "from_vector: {} values cannot fill shape {} ({} elements)",
+             values.size(), shape.str(), numel);
   Tensor t = empty_tensor(shape, dtype_of<T>(), Device::cpu());
   if constexpr (std::is_same_v<T, bool>) {
     for (size_t i = 0; i < values.size(); ++i) t.data_ptr<bool>()[i] = values[i];

@@ -28,16 +28,14 @@ struct Counts {
 };
 
 // Counts the forward ops this thread runs into *counts while it lives; nests (the inner scope's
-// counts are its own, the outer one's resume after it).
+// counts are its own, the outer one's resume after it). Scopes may end in any order (two profilers'
+// start and stop interleaved): the one made last of those still alive counts.
 class Counting {
  public:
   explicit Counting(Counts* counts);
   ~Counting();
   Counting(const Counting&) = delete;
   Counting& operator=(const Counting&) = delete;
-
- private:
-  Counts* previous_;
 };
 
 namespace detail {

@@ -54,6 +54,17 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
     if (replaced.defined()) g = detail::checked_hook_result(g, std::move(replaced));
   }
   Tensor leaf(leaf_);
+  // The gradient has the shape the leaf had when the forward used it; set_data can have given the
+  // leaf another since (PyTorch then stores a .grad of the old shape).
+  const Shape& want = leaf.sizes();
+  bool fits = g.dim() >= static_cast<int>(want.size());
+  for (int d = 0; fits && d < static_cast<int>(want.size()); ++d) {
+    const int64_t have = g.sizes()[g.dim() - static_cast<int>(want.size()) + d];
+    fits = want[d] == have || want[d] == 1;
+  }
+  KILN_CHECK(fits, "backward: the gradient for a leaf of shape {} has shape {}: the leaf's data was replaced "
+             "(set_data) with another shape after the forward that used it; replace it before that forward, or "
+             "after the backward", want.str(), g.sizes().str());
   if (!leaf_->grad) {
     // Keep the incoming gradient if nothing else holds it; otherwise copy, so that later in-place
     // accumulation cannot write into a tensor someone else sees.

@@ -307,11 +307,11 @@ Tensor permute(const Tensor& t, const Shape& dims) {
 
 Tensor transpose(const Tensor& t, int64_t dim0, int64_t dim1) {
   const int nd = t.dim();
-  if (nd == 0) return t;
   Shape dims = Shape::filled(nd, 0);
   for (int i = 0; i < nd; ++i) dims[i] = i;
-  std::swap(dims[wrap_dim(dim0, nd, "transpose")], dims[wrap_dim(dim1, nd, "transpose")]);
-  return permute(t, dims);
+  const int a = wrap_dim(dim0, nd, "transpose"), b = wrap_dim(dim1, nd, "transpose");  // a 0-d tensor: -1 or 0
+  if (nd > 0) std::swap(dims[a], dims[b]);
+  return permute(t, dims);  // a view, also of a 0-d tensor, as PyTorch
 }
 
 Tensor narrow(const Tensor& t, int64_t dim, int64_t start, int64_t length) {
@@ -404,7 +404,7 @@ Tensor expand(const Tensor& t, const Shape& shape) {
 
 Tensor squeeze(const Tensor& t, std::optional<int64_t> dim) {
   Shape sizes, strides;
-  int only = dim ? (t.dim() == 0 ? -1 : wrap_dim(*dim, t.dim(), "squeeze")) : -1;
+  const int only = dim ? wrap_dim(*dim, t.dim(), "squeeze") : -1;  // a 0-d tensor: dim -1 or 0, nothing to drop
   for (int d = 0; d < t.dim(); ++d) {
     bool drop = t.sizes()[d] == 1 && (!dim || d == only);
     if (!drop) {

@@ -155,7 +155,16 @@ void GradScaler::load_state_dict(const TensorDict& dict) {
     KILN_CHECK(dict.contains(key), "GradScaler.load_state_dict: the state dict lacks '{}'", key);
   }
   auto num = [&](const char* key) { return dict.at(key).item<double>(); };
-  auto integer = [&](const char* key) { return dict.at(key).item<int64_t>(); };
+  // A count saved as a floating number must be a whole one: 2.5 was read as 2.
+  auto integer = [&](const char* key) {
+    const Tensor& t = dict.at(key);
+    if (!t.is_floating_point()) return t.item<int64_t>();
+    const double v = t.item<double>();
+    KILN_CHECK(std::isfinite(v) && v == std::trunc(v) && std::fabs(v) < 0x1p62,
+               "GradScaler.load_state_dict: '{}' is {}, but it must be a whole number; the state dict is damaged", key,
+               v);
+    return static_cast<int64_t>(v);
+  };
   // The values are checked as the constructor checks its options, and all of them before any is
   // taken, so that a damaged state dict leaves this scaler as it was.
   auto check = [](bool ok, const char* key, double value, const char* rule) {
@@ -175,7 +184,7 @@ void GradScaler::load_state_dict(const TensorDict& dict) {
         static_cast<double>(hysteresis), ">= 1");
   check(cur_hysteresis >= 1 && cur_hysteresis <= hysteresis, "cur_hysteresis", static_cast<double>(cur_hysteresis),
         "in [1, hysteresis]");
-  check(cur_iter >= 0, "cur_iter", static_cast<double>(cur_iter), ">= 0");
+  check(cur_iter >= 0 && cur_iter < (int64_t{1} << 62), "cur_iter", static_cast<double>(cur_iter), "in [0, 2^62)");
   check(last_overflow_iter >= -1 && last_overflow_iter <= cur_iter, "last_overflow_iter",
         static_cast<double>(last_overflow_iter), "in [-1, cur_iter]");
   check(skipped_steps >= 0, "skipped_steps", static_cast<double>(skipped_steps), ">= 0");

@@ -69,8 +69,13 @@ std::vector<Tensor> MasterWeights::master_params() const {
 
 void MasterWeights::copy_grads() {
   NoGradGuard no_grad;
-  for (Pair& pr : pairs_) {
+  for (size_t i = 0; i < pairs_.size(); ++i) {
+    Pair& pr = pairs_[i];
     if (pr.own()) continue;
+    KILN_CHECK(pr.param.sizes() == pr.master.sizes(),
+               "{}: parameter {} has shape {} but its float32 master {}: its data was replaced (set_data) with "
+               "another shape after the {} was made; make it after the model has its final shapes",
+               name_, i, pr.param.sizes().str(), pr.master.sizes().str(), name_);
     Tensor g = pr.param.grad();
     if (g.is_same(pr.copied_from) && (!g.defined() || g._version() == pr.copied_version)) continue;  // current
     pr.master.set_grad(g.defined() ? g.to(kFloat32) : Tensor());

@@ -396,3 +396,19 @@ TEST_CASE("linear keeps its input only when the weight needs a gradient, as PyTo
   x2.add_(1);
   check_error([&] { (y2 * c).sum().backward(); }, {"LinearBackward", "modified by an in-place operation"});
 }
+
+TEST_CASE("backward into a leaf whose data set_data gave another shape after the forward is an Error naming it",
+          "[autograd]") {
+  // It was sum_to's "shape [5] does not broadcast to [3]", naming an op the user never called.
+  Tensor x = ones({3}).requires_grad_();
+  Tensor y = (x * 2).sum();
+  x.set_data(ones({5}));
+  test::check_error([&] { y.backward(); }, {"gradient for a leaf of shape [5] has shape [3]", "set_data"});
+  // A broadcastable change (the gradient sums to it) still accumulates, as before.
+  Tensor z = ones({2, 3}).requires_grad_();
+  Tensor w = (z * 2).sum();
+  z.set_data(ones({1, 3}));
+  w.backward();
+  CHECK(z.grad().sizes() == Shape{1, 3});
+  CHECK(z.grad().to_vector<float>() == std::vector<float>{4, 4, 4});
+}

@@ -123,6 +123,25 @@ TEST_CASE("checkpoint: misuse is an Error", "[autograd]") {
   check_error([&] { autograd::grad({y.sum()}, {x}, {}, {}, /*create_graph=*/true); }, {"create_graph", "not supported"});
 }
 
+TEST_CASE("checkpoint: a recompute whose outputs differ in shape or dtype from the forward's is an Error naming it",
+          "[autograd]") {
+  // It reached the engine as "backward: the gradient for output 0 has shape ...", which named
+  // neither the checkpoint nor the cause; a different dtype went through unnoticed.
+  Tensor x = randn({4}).requires_grad_();
+  for (int change : {0, 1}) {
+    int calls = 0;
+    auto fn = [&calls, change](const autograd::TensorList& in) {
+      Tensor y = in[0] * 2;
+      if (calls++ == 0) return autograd::TensorList{y};
+      return autograd::TensorList{change == 0 ? y.narrow(0, 0, 3) : y.to(kFloat64)};
+    };
+    Tensor out = autograd::checkpoint(fn, {x})[0];
+    check_error([&] { out.sum().backward(); },
+                {"checkpoint: output 0 of the function was float32 [4] in forward but",
+                 change == 0 ? "float32 [3] when run again" : "float64 [4] when run again"});
+  }
+}
+
 TEST_CASE("checkpoint: an input changed in place before backward is an Error, not a wrong gradient", "[autograd]") {
   Tensor x = from_vector<float>({1, 2, 3}).requires_grad_();
   Tensor y = x * 1;

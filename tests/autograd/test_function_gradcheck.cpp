@@ -1,5 +1,7 @@
 // tests/autograd/test_function_gradcheck.cpp: user-defined autograd::Function, and gradcheck /
 // gradgradcheck themselves: they pass on right gradients and fail, with a message, on wrong ones.
+#include <cmath>
+
 #include "support.h"
 
 using namespace kiln;
@@ -116,4 +118,16 @@ TEST_CASE("gradcheck with no input that requires grad is an Error, as PyTorch's 
   kiln::test::check_error([&] { autograd::gradcheck(f, {ones({2}, kFloat64)}); }, {"gradcheck", "no input requires grad"});
   kiln::test::check_error([&] { autograd::gradcheck(f, {}); }, {"gradcheck", "no input requires grad"});
   CHECK(autograd::gradcheck(f, {ones({2}, kFloat64).requires_grad_()}));
+}
+
+TEST_CASE("gradcheck and gradgradcheck with an empty function or a step that is not positive are Errors") {
+  // gradgradcheck called the empty function (std::bad_function_call); an eps of 0 or NaN reported
+  // a gradient mismatch ("numeric nan").
+  const Tensor x = ones({2}, kFloat64).requires_grad_();
+  kiln::test::check_error([&] { autograd::gradgradcheck(autograd::DifferentiableFn(), {x}); },
+                          {"gradgradcheck: the function is empty"});
+  const autograd::DifferentiableFn f = [](const autograd::TensorList& in) { return autograd::TensorList{in[0] * 2}; };
+  for (double eps : {0.0, -1e-6, std::nan(""), double(INFINITY)}) {
+    kiln::test::check_error([&] { autograd::gradcheck(f, {x}, {.eps = eps}); }, {"gradcheck: eps must be a positive"});
+  }
 }

@@ -1,6 +1,9 @@
 // tests/core/test_tensor.cpp: the tensor model: storage sharing, strides of views, factories, copies,
 // devices, the allocator's statistics, printing, and the Error for each misuse.
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <sstream>
 #include <string>
 
@@ -21,7 +24,27 @@ TEST_CASE("factories give the right shapes, dtypes and values") {
   test::check_error([] { zeros({2, -1}); }, {"empty", "non-negative", "[2, -1]"});
   test::check_error([] { from_vector(std::vector<float>{1, 2, 3}, {2, 2}); }, {"3 values", "[2, 2]"});
   test::check_error([] { tensor({{1, 2}, {3}}); }, {"same length"});
-  test::check_error([] { zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}); }, {"at most 8 dimensions"});
+  test::check_error([] { zeros({1, 1, 1, 1, 1, 1, 1, 1, 1}); }, {"0 to 8 dimensions; 9 were asked for"});
+}
+
+TEST_CASE("Shape's mutators check their positions and counts") {
+  // insert(20) wrote past the inline array (a segfault), insert(-3) and erase on an empty shape
+  // wrote before it, resize(-1) made a rank of -1 that a factory then walked off the stack.
+  Shape s{1, 2};
+  test::check_error([&] { s.insert(20, 5); }, {"Shape::insert: position 20 is out of range for a shape of 2 dims"});
+  test::check_error([&] { s.insert(-3, 5); }, {"Shape::insert: position -3"});
+  s.insert(2, 5);  // at the end
+  s.insert(0, 7);
+  CHECK(s == Shape{7, 1, 2, 5});
+  s.erase(3);
+  CHECK(s == Shape{7, 1, 2});
+  test::check_error([&] { s.erase(3); }, {"Shape::erase: position 3 is out of range for a shape of 3 dims"});
+  Shape none;
+  test::check_error([&] { none.erase(0); }, {"Shape::erase: position 0"});
+  test::check_error([&] { (void)none.back(); }, {"Shape::back: the shape is empty"});
+  test::check_error([&] { none.resize(-1); }, {"0 to 8 dimensions; -1 were asked for"});
+  test::check_error([] { zeros(Shape::filled(-1, 1)); }, {"-1 were asked for"});
+  CHECK(none.size() == 0);
 }
 
 TEST_CASE("views share storage and have the expected strides") {
@@ -98,6 +121,13 @@ TEST_CASE("devices: parsing, and CUDA without a GPU is an Error, not a crash") {
   CHECK(Device::parse("cpu").is_cpu());
   CHECK(Device::cuda(1).str() == "cuda:1");
   test::check_error([] { Device::parse("gpu0"); }, {"Device", "gpu0", "cuda:N"});
+  // PyTorch's spellings: "cpu:0" is the CPU, "cuda:01" is not a device; an index past the range
+  // is an Error where it was cut to 16 bits (70000 became cuda:4464).
+  CHECK(Device::parse("cpu:0").is_cpu());
+  test::check_error([] { Device::parse("cuda:01"); }, {"cannot parse \"cuda:01\""});
+  test::check_error([] { Device::cuda(70000); }, {"CUDA device index 70000 is out of range", "[0, 4096)"});
+  test::check_error([] { Device::cuda(-1); }, {"CUDA device index -1 is out of range"});
+  test::check_error([] { zeros({2}).cuda(5000); }, {"CUDA device index 5000"});
   if (!cuda::is_available()) {
     test::check_error([] { zeros({2}, Device::cuda()); }, {"CUDA"});
   }
@@ -349,4 +379,58 @@ TEST_CASE("reductions give bit-identical results on 1 and 2 threads") {
   std::vector<Tensor> parallel = run();
   for (size_t i = 0; i < serial.size(); ++i) test::check_equal(parallel[i], serial[i]);
   test::check_close(x.sum({0}), x.to(kFloat64).sum({0}).to(kFloat32));
+}
+
+TEST_CASE("scalars convert into a dtype only where the value fits it, as PyTorch's checked conversions") {
+  // A finite value past a floating dtype's largest is an Error (it became inf); inf and nan pass.
+  test::check_error([] { full({2}, 1e10, kFloat16); }, {"the value 10000000000 cannot be converted to float16"});
+  test::check_error([] { full({2}, 70000, kFloat16); }, {"70000", "float16"});
+  test::check_error([] { full({2}, 1e300, kBFloat16); }, {"bfloat16"});
+  test::check_error([] { full({2}, 1e300); }, {"float32"});
+  test::check_error([] { zeros({2}, kFloat16).fill_(1e10); }, {"float16"});
+  test::check_error([] { (void)full({}, 1e300, kFloat64).item<float>(); }, {"float32"});
+  CHECK(std::isinf(full({1}, INFINITY, kFloat16).item<float>()));
+  CHECK(std::isnan(full({1}, NAN, kBFloat16).item<float>()));
+  CHECK(full({1}, 65504, kFloat16).item<float>() == 65504);
+  CHECK(full({1}, -3.3895313892515355e38, kBFloat16).item<float>() == -3.3895313892515355e38f);
+  // An integer past int64 is an Error where it wrapped to -1; to an integer type, the message
+  // names that type (a NaN to int32 said int64).
+  test::check_error([] { full({1}, std::numeric_limits<uint64_t>::max(), kInt64); },
+                    {"18446744073709551615 is past int64's range"});
+  CHECK(full({1}, uint64_t{1} << 62, kInt64).item<int64_t>() == int64_t{1} << 62);
+  test::check_error([] { (void)full({}, -1, kInt64).item<uint64_t>(); }, {"-1 cannot be converted to uint64"});
+  test::check_error([] { (void)full({}, NAN).item<int>(); }, {"nan cannot be converted to int32"});
+  test::check_error([] { full({2}, 3e9, kInt32); }, {"3000000000 cannot be converted to int32"});
+  CHECK(full({}, -2147483648.0).item<int>() == INT32_MIN);
+  CHECK(full({}, 255.0).item<uint8_t>() == 255);
+  test::check_error([] { (void)full({}, 256.0).item<uint8_t>(); }, {"256 cannot be converted to uint8"});
+  test::check_error([] { full({2}, 256, kUInt8); }, {"256 cannot be converted to uint8"});
+}
+
+TEST_CASE("odd calls on tensors that were accepted: PyTorch's Errors") {
+  // set_data gave a tensor that requires grad int64 data; backward and optimizer steps then passed
+  // it by without a word.
+  Tensor x = ones({2}).requires_grad_();
+  test::check_error([&] { x.set_data(ones({2}, kInt64)); }, {"set_data", "requires grad", "not int64"});
+  CHECK(x.dtype() == kFloat32);
+  Tensor plain = ones({2});
+  plain.set_data(ones({2}, kInt64));  // without requires_grad it may
+  CHECK(plain.dtype() == kInt64);
+  // pow_ to a negative power on integers gave zeros; pow refused it already.
+  test::check_error([] { full({2}, 2, kInt64).pow_(-1); }, {"pow_: integers to negative integer powers"});
+  // A 0-d tensor takes dims -1 and 0 only; transpose gives a view, not the tensor itself.
+  Tensor s = full({}, 1.0);
+  test::check_error([&] { s.transpose(1, 0); }, {"transpose", "dim 1 is out of range"});
+  test::check_error([&] { s.squeeze(5); }, {"squeeze", "dim 5 is out of range"});
+  Tensor t = s.transpose(0, -1);
+  CHECK_FALSE(t.is_same(s));
+  CHECK(t.data_ptr() == s.data_ptr());
+  CHECK(s.squeeze(0).dim() == 0);
+  // from_vector names itself for a negative or overflowing shape (it named `empty`).
+  test::check_error([] { from_vector(std::vector<float>{1, 2}, {-1, -2}); }, {"from_vector: sizes must be non-negative"});
+  test::check_error([] { from_vector(std::vector<float>{}, {int64_t{1} << 32, int64_t{1} << 32}); },
+                    {"from_vector: shape", "more elements than fit in 64 bits"});
+  if (!cuda::is_available()) {  // a raw cudaGetDevice message with a source path before
+    test::check_error([] { cuda::CudaEvent().record(); }, {"CudaEvent::record: no CUDA device is available"});
+  }
 }

@@ -275,6 +275,9 @@ TEST_CASE("safetensors: what cannot be written is an Error before any file exist
   check_error([&] { st::save_file({{"bad", Tensor()}}, path); }, {"tensor 'bad' is undefined"});
   check_error([&] { st::save_file({{"\xff", ones({1})}}, path); }, {"valid UTF-8"});
   CHECK(std::filesystem::is_empty(dir.path()));
+  // An empty path: said so, where a temporary file was written in the working directory and the
+  // rename to '' failed.
+  check_error([&] { st::save_file({{"w", ones({1})}}, ""); }, {"safetensors: the path to save to is empty"});
 }
 
 TEST_CASE("safetensors: a failed write leaves the old file and no temporary",

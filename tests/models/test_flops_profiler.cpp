@@ -1,5 +1,7 @@
 // tests/models/test_flops_profiler.cpp: the ops' counts of multiply-accumulates and flops (DeepSpeed's
 // rules, ops/flops.h), and nn::FlopsProfiler on an MLP and on GPT against their counts by hand.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -154,16 +156,43 @@ TEST_CASE("FlopsProfiler: an MLP's modules, and their profile printed and writte
   CHECK(written.str() == text);
   std::filesystem::remove(file);
   check_error([&] { prof.print_model_profile(1, -1, 1, true, "/nonexistent-dir/profile.txt"); },
-              {"FlopsProfiler: cannot write '/nonexistent-dir/profile.txt.tmp'", "directory exists"});
+              {"FlopsProfiler: cannot write '/nonexistent-dir/profile.txt': No such file", "directory exists"});
+  // A directory where the file should go: an Error with the reason, and no temporary file left.
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / fmt::format("kiln_flops_dir_{}", ::getpid());
+  std::filesystem::create_directories(dir);
+  check_error([&] { prof.print_model_profile(1, -1, 1, true, dir.string()); },
+              {fmt::format("FlopsProfiler: cannot write '{}': Is a directory; it is unchanged", dir.string())});
+  int left = 0;  // temporary files beside it
+  for (const auto& e : std::filesystem::directory_iterator(dir.parent_path())) {
+    left += e.path().filename().string().rfind(dir.filename().string() + ".tmp", 0) == 0;
+  }
+  CHECK(left == 0);
+  std::filesystem::remove(dir);
   check_error([&] { prof.model_profile(1, -1, 0); }, {"top_modules must be >= 1, not 0"});
 
-  // A second start_profile starts from zero; end_profile removes the hooks.
+  // A second start_profile starts from zero, also without a stop_profile between (it counted
+  // nothing after that once); end_profile removes the hooks.
+  prof.start_profile();
+  mlp(x);
   prof.start_profile();
   mlp(x);
   mlp(x);
   prof.end_profile();
   CHECK(prof.get_total_macs() == 2 * macs);
   CHECK(prof.modules()[0].calls == 2);
+
+  // Two profilers whose scopes interleave (a starts, b starts, a stops): b keeps counting.
+  {
+    nn::FlopsProfiler a(mlp), b(mlp);
+    a.start_profile();
+    b.start_profile();
+    a.stop_profile();
+    mlp(x);
+    b.stop_profile();
+    CHECK(a.get_total_macs() == 0);
+    CHECK(b.get_total_macs() == macs);
+    CHECK_FALSE(flops::counting());
+  }
   nn::FlopsProfiler unused(mlp);
   check_error([&] { unused.model_profile(); }, {"nothing was profiled; call start_profile()"});
 }

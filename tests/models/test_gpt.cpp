@@ -381,6 +381,28 @@ TEST_CASE("GPT: odd arguments are Errors before any work, and a malformed KV cac
   check_error([] { nn::CausalSelfAttention(8, 2, {.dropout = 2}); }, {"CausalSelfAttention", "dropout", "[0, 1]"});
   check_error([] { nn::GeluMLP(8, {.dropout = -1}); }, {"GeluMLP", "dropout", "[0, 1]"});
   check_error([] { nn::TransformerBlock(8, 2, {.dropout = std::nan("")}); }, {"dropout", "[0, 1]"});
+
+  // An infinite temperature made a top_k-masked logit's -inf / inf a NaN, and the sampler then
+  // returned the last token, V - 1, every time.
+  check_error([&] { model.generate(prompt, 1, {.temperature = INFINITY, .top_k = 1}); },
+              {"temperature (inf) must be finite"});
+  // Each layer's cache must hold as many positions as layer 0's, whose length gives the positions.
+  GPTConfig two = c;
+  two.n_layer = 2;
+  GPT deep(two);
+  std::vector<nn::KVCache> a, b;
+  deep.forward(ones({1, 2}, kInt64), &a);
+  deep.forward(ones({1, 5}, kInt64), &b);
+  a[1] = b[1];
+  check_error([&] { deep.forward(ones({1, 1}, kInt64), &a); },
+              {"the KV cache of layer 1 holds 5 positions but layer 0's holds 2"});
+  // 10^9 thin layers: refused at once (they were built one at a time, for about a day), with the
+  // parameter count: 10^9 (12 d^2 + 13 d) for d = 8, plus the embeddings and ln_f.
+  GPTConfig huge = c;
+  huge.n_layer = 1000000000;
+  check_error([&] { GPT{huge}; }, {"GPT: this config has 8.72e+11 parameters", "more than this machine's memory"});
+  huge.n_layer = int64_t{1} << 62;
+  check_error([&] { GPT{huge}; }, {"GPT: this config has", "n_layer = 4611686018427387904"});
 }
 
 namespace {

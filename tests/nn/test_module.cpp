@@ -1,5 +1,6 @@
 // tests/nn/test_module.cpp: nn::Module's registry, traversal, state dicts, placement, hooks, copy/move
 // rules and printing.
+#include <optional>
 #include <sstream>
 #include <type_traits>
 
@@ -124,6 +125,24 @@ TEST_CASE("state_dict round-trips and load_state_dict reports what is wrong", "[
   bad.set("seq.2.weight", zeros({3, 4}));
   test::check_error([&] { b.load_state_dict(bad, false); },
                     {"size mismatch for 'seq.2.weight'", "[3, 4]", "[2, 4]"});
+  bad.set("seq.2.weight", Tensor());
+  test::check_error([&] { b.load_state_dict(bad, false); },
+                    {"the state dict's entry 'seq.2.weight' is an undefined tensor"});
+  // A model made in inference mode: named before anything is copied (it was copy_'s "this is an
+  // inference tensor"); inside an inference-mode scope it loads.
+  std::optional<nn::Linear> frozen;
+  {
+    InferenceMode inference;
+    frozen.emplace(4, 2);
+  }
+  nn::Linear source(4, 2);
+  test::check_error([&] { frozen->load_state_dict(source.state_dict()); },
+                    {"the model's 'weight' is an inference tensor", "InferenceMode"});
+  {
+    InferenceMode inference;
+    frozen->load_state_dict(source.state_dict());
+  }
+  CHECK(frozen->weight.to_vector<float>() == source.weight.to_vector<float>());
 }
 
 TEST_CASE("Modules cannot be copied, leaf layers move, modules with borrowed children refuse to move",

@@ -308,6 +308,16 @@ TEST_CASE("autocast cache: an in-place update of the parameter, or a backward, d
   }
   test::check_equal(g1, g2);
   CHECK(autocast::cache_size() == 0);  // the last backward dropped it
+
+  // set_data gives the parameter other memory without moving its version (ZeRO stage 3 swaps its
+  // parameters so): the stale cast gave [[2, 2]] and then the old shape. PyTorch keeps it stale.
+  Tensor p = ones({2, 2}).requires_grad_();
+  Tensor ones_row = ones({1, 2});
+  test::check_equal(matmul(ones_row, p).to(kFloat32), full({1, 2}, 2.0));
+  p.set_data(full({2, 2}, 3.0));
+  test::check_equal(matmul(ones_row, p).to(kFloat32), full({1, 2}, 6.0));
+  p.set_data(ones({2, 3}));
+  CHECK(matmul(ones_row, p).sizes() == Shape{1, 3});
 }
 
 TEST_CASE("autocast cache: two graphs built in one scope both run backward through the shared cast", "[ops][autocast]") {

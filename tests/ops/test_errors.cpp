@@ -159,7 +159,7 @@ TEST_CASE("every op's misuse is an Error that names the problem") {
       {"randint int32", [] { randint(0, int64_t{1} << 40, {3}, kInt32); }, {"randint", "out of bounds for int32"}},
       {"randint float32", [] { randint(0, (int64_t{1} << 24) + 2, {3}, kFloat32); }, {"randint", "float32"}},
       {"full nan int64", [] { full({2}, NAN, kInt64); }, {"nan cannot be converted to int64"}},
-      {"fill inf int32", [] { zeros({2}, kInt32).fill_(INFINITY); }, {"inf cannot be converted to int64"}},
+      {"fill inf int32", [] { zeros({2}, kInt32).fill_(INFINITY); }, {"inf cannot be converted to int32"}},
       {"full int32 overflow", [] { full({2}, int64_t{1} << 40, kInt32); }, {"1099511627776 cannot be converted to int32"}},
       {"item nan to int", [] { (void)scalar_tensor(NAN).item<int64_t>(); }, {"nan cannot be converted"}},
       {"undefined operand", [] { (void)(f32({2}) + Tensor()); }, {"an undefined Tensor", "check .defined() first"}},

@@ -245,6 +245,22 @@ TEST_CASE("GradScaler: state_dict round trip resumes the same scale sequence", "
     test::check_error([&] { target.load_state_dict(damaged); }, {"'" + key + "'", rule, "damaged"});
     CHECK(target.get_scale() == 65536);
   }
+  // A count saved as a floating number must be whole (2.5 was read as 2), and cur_iter leaves room
+  // to count on (INT64_MAX overflowed at the next step).
+  for (const auto& [key, value, rule] : std::vector<std::tuple<std::string, Tensor, std::string>>{
+           {"hysteresis", scalar_tensor(2.5, kFloat64), "is 2.5, but it must be a whole number"},
+           {"cur_iter", scalar_tensor(std::numeric_limits<int64_t>::max(), kInt64), "in [0, 2^62)"}}) {
+    INFO(key);
+    TensorDict damaged;
+    for (const auto& [k, t] : saved) damaged.insert(k, k == key ? value : t);
+    GradScaler target;
+    test::check_error([&] { target.load_state_dict(damaged); }, {"'" + key + "'", rule, "damaged"});
+  }
+  TensorDict whole;  // a whole number saved as float64 is read
+  for (const auto& [k, t] : saved) whole.insert(k, k == "hysteresis" ? scalar_tensor(2.0, kFloat64) : t);
+  GradScaler target;
+  target.load_state_dict(whole);
+  CHECK(target.get_scale() == saved.at("scale").item<double>());
 }
 
 TEST_CASE("GradScaler: disabled, it does nothing and always steps", "[optim][amp]") {

@@ -242,4 +242,13 @@ TEST_CASE("MasterWeights: Errors", "[optim][amp]") {
       return std::make_unique<optim::SGD>(std::vector<Tensor>{stranger}, optim::SGDOptions{.lr = 0.1});
     });
   }, {"not one of the masters"});
+  // A parameter given another shape by set_data after the masters were made: named, where it was
+  // copy_'s "shapes [2] and [5] cannot be broadcast".
+  MasterWeights mw({p}, [](std::vector<Tensor> masters) {
+    return std::make_unique<optim::SGD>(std::move(masters), optim::SGDOptions{.lr = 0.1});
+  });
+  p.set_data(ones({5}, kBFloat16));
+  p.set_grad(ones({5}, kBFloat16));
+  test::check_error([&] { mw.step(); }, {"MasterWeights(SGD): parameter 0 has shape [5] but its float32 master [2]",
+                                         "set_data"});
 }
