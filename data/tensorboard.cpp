@@ -89,6 +89,39 @@ uint32_t masked_crc32c(const void* data, size_t n) {
   return ((c >> 15) | (c << 17)) + 0xa282ead8u;
 }
 
+// Whether `s` is well-formed UTF-8: no stray continuation byte, overlong form, surrogate or code
+// point past U+10FFFF. A Summary.Value's tag is a protobuf string, which TensorBoard's parser
+// rejects otherwise.
+bool valid_utf8(std::string_view s) {
+  static constexpr uint32_t kSmallest[] = {0, 0x80, 0x800, 0x10000};  // by count of continuation bytes
+  for (size_t i = 0; i < s.size();) {
+    const auto lead = static_cast<unsigned char>(s[i]);
+    size_t extra = 0;
+    uint32_t cp = lead;
+    if (lead >= 0x80) {
+      if ((lead & 0xE0) == 0xC0) {
+        extra = 1;
+      } else if ((lead & 0xF0) == 0xE0) {
+        extra = 2;
+      } else if ((lead & 0xF8) == 0xF0) {
+        extra = 3;
+      } else {
+        return false;
+      }
+      cp = lead & (0x3F >> extra);  // the lead byte's payload bits
+      if (s.size() - i <= extra) return false;
+      for (size_t k = 1; k <= extra; ++k) {
+        const auto b = static_cast<unsigned char>(s[i + k]);
+        if ((b & 0xC0) != 0x80) return false;
+        cp = cp << 6 | (b & 0x3F);
+      }
+      if (cp < kSmallest[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    }
+    i += extra + 1;
+  }
+  return true;
+}
+
 std::string scalar_event(double wall_time, int64_t step, std::string_view tag, float value) {
   std::string v;  // Summary.Value: 1 tag (string), 2 simple_value (float)
   put_bytes(v, 1, tag);
@@ -178,6 +211,8 @@ void SummaryWriter::write(const std::string& record) {
 
 void SummaryWriter::add_scalar(std::string_view tag, double value, int64_t step, double wall_time) {
   KILN_CHECK(!tag.empty(), "tensorboard::SummaryWriter.add_scalar: the tag is empty; name the scalar (\"Train/loss\")");
+  KILN_CHECK(valid_utf8(tag), "tensorboard::SummaryWriter.add_scalar: the tag is not valid UTF-8, which TensorBoard "
+             "cannot read; name the scalar in UTF-8");
   write(tf_record(scalar_event(wall_time < 0 ? now_seconds() : wall_time, step, tag, static_cast<float>(value))));
 }
 

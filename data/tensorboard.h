@@ -47,7 +47,7 @@ class SummaryWriter {
   SummaryWriter(const SummaryWriter&) = delete;
   SummaryWriter& operator=(const SummaryWriter&) = delete;
 
-  // wall_time: seconds since the Unix epoch; negative: now.
+  // wall_time: seconds since the Unix epoch; negative: now. The tag must be non-empty UTF-8.
   void add_scalar(std::string_view tag, double value, int64_t step, double wall_time = -1);
   void flush();  // what was added is on disk (the C library's buffer written out)
   void close();  // flushes and closes; later adds are Errors

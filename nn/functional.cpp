@@ -3,6 +3,7 @@
 #include "nn/functional.h"
 
 #include <cmath>
+#include <string_view>
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
@@ -82,10 +83,10 @@ struct Nll {
 
 Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t ignore_index, Reduction r,
         const char* op) {
-  KILN_CHECK(target.dtype() == kInt64 || target.dtype() == kInt32,
-             "{}: class-index targets must be int64 or int32, got {}; for class probabilities pass a "
-             "floating target of the input's shape",
-             op, dtype_name(target.dtype()));
+  const bool probabilities = std::string_view(op) == "cross_entropy";  // nll_loss takes class indices only
+  KILN_CHECK(target.dtype() == kInt64 || target.dtype() == kInt32, "{}: class-index targets must be int64 or int32, got {}{}",
+             op, dtype_name(target.dtype()),
+             probabilities ? "; for class probabilities pass a floating target of the input's shape" : "");
   KILN_CHECK(logp.dim() >= 1, "{}: input must be log-probabilities of shape (N, C, ...) or (C), got a 0-dimensional "
              "tensor", op);
   int cdim = logp.dim() == 1 ? 0 : 1;
@@ -101,13 +102,16 @@ Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t 
   Tensor index, denom, keep;
   {
     NoGradGuard no_grad;
-    // Ignored targets index class 0 (with weight 0), so gather stays in range.
+    // Ignored targets index class 0 (with weight 0), so gather stays in range. They are masked
+    // with masked_fill, not by a product with 0: a NaN or inf log-probability there (a padded
+    // position's), or an inf weight of class 0, would make 0 times it NaN; PyTorch skips them.
     keep = target.ne(ignore_index);
-    Tensor safe = target.masked_fill(keep.logical_not(), 0);
+    const Tensor ignored = keep.logical_not();
+    Tensor safe = target.masked_fill(ignored, 0);
     index = safe.unsqueeze(cdim);
-    out.weights = weight.defined() ? index_select(weight, 0, safe.reshape({-1})).view(target.sizes()) * keep
+    out.weights = weight.defined() ? index_select(weight, 0, safe.reshape({-1})).view(target.sizes()).masked_fill(ignored, 0)
                                    : keep.to(logp.dtype());
-    Tensor picked = gather(logp, cdim, index).squeeze(cdim) * out.weights;  // -loss per element
+    Tensor picked = (gather(logp, cdim, index).squeeze(cdim) * out.weights).masked_fill(ignored, 0);  // -loss
     switch (r) {
       case Reduction::Mean:  // PyTorch's weighted mean
         denom = out.weights.sum();
@@ -477,9 +481,10 @@ Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivLossOptions&
     loss = target.exp() * (target - input);
   } else {
     // target * log(target) as 0 at target = 0, with the log taken of 1 there so that no 0 * -inf
-    // reaches the gradient.
-    Tensor positive = target.gt(0);
-    loss = where(positive, target * (where(positive, target, 1.0).log() - input), 0.0);
+    // reaches the gradient. A negative or NaN target gives NaN, as PyTorch's xlogy: bad targets
+    // show in the loss rather than count as 0.
+    Tensor nonzero = target.ne(0);  // NaN too
+    loss = where(nonzero, target * (where(nonzero, target, 1.0).log() - input), 0.0);
   }
   if (red == "none") return loss;
   if (red == "sum") return loss.sum();

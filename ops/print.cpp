@@ -126,9 +126,9 @@ std::string to_string(const Tensor& t) {
   std::string s;
   if (c.numel() == 0) {
     s = "[]";
-    if (c.dim() != 1) {
+    if (c.dim() != 1) {  // 2 or more dims: "(0, 3)"
       std::string size = c.sizes().str();
-      suffixes.push_back("size=(" + size.substr(1, size.size() - 2) + (c.dim() == 1 ? ",)" : ")"));
+      suffixes.push_back("size=(" + size.substr(1, size.size() - 2) + ")");
     }
   } else {
     bool summarize = c.numel() > kThreshold;
@@ -137,7 +137,8 @@ std::string to_string(const Tensor& t) {
     s = body(c, indent, summarize, make_formatter(c, values));
   }
   if (t.device() != Device::cpu()) suffixes.push_back("device='" + t.device().str() + "'");
-  if (t.dtype() != kFloat32 && t.dtype() != kInt64 && t.dtype() != kBool) {
+  // As PyTorch: int64 and bool values show their dtype by their look, except where there are none.
+  if (t.dtype() != kFloat32 && (c.numel() == 0 || (t.dtype() != kInt64 && t.dtype() != kBool))) {
     suffixes.push_back("dtype=kiln." + std::string(dtype_name(t.dtype())));
   }
   if (t.grad_fn()) suffixes.push_back(std::string("grad_fn=<") + t.grad_fn()->name() + ">");

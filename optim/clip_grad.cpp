@@ -26,7 +26,11 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
   // hold a nonzero, and Kiln does as PyTorch (so one grad gives 1, not its count of nonzeros).
   std::vector<Tensor> norms;
   norms.reserve(grads.size());
-  for (const Tensor& g : grads) norms.push_back(norm(g, norm_type).to(device));
+  // 16-bit grads are measured in float32: their total norm passes float16's 65504 long before the
+  // grads themselves overflow, and an inf norm would clip every grad to 0.
+  for (const Tensor& g : grads) {
+    norms.push_back(norm(is_reduced_float(g.dtype()) ? g.to(kFloat32) : g, norm_type).to(device));
+  }
   Tensor total = norms.size() == 1 && norm_type != 0 ? norms[0] : norm(stack(norms), norm_type);
   if (error_if_nonfinite) {
     const double value = total.item<double>();
@@ -46,6 +50,8 @@ Tensor clip_grad_norm_(const std::vector<Tensor>& parameters, double max_norm, d
 
 void clip_grad_value_(const std::vector<Tensor>& parameters, double clip_value) {
   NoGradGuard no_grad;
+  // NaN clipped nothing (every comparison with it is false); the grads were left as they were.
+  KILN_CHECK(!std::isnan(clip_value), "clip_grad_value_: clip_value must be a number, got NaN");
   for (const Tensor& p : parameters) {
     Tensor g = p.grad();
     if (g.defined()) g.clamp_(-clip_value, clip_value);

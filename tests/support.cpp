@@ -6,6 +6,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <mutex>
 #include <sstream>
 
 namespace kiln::test {
@@ -120,6 +123,24 @@ std::string captured_output(int fd, const std::function<void()>& fn) {
   for (size_t n; (n = std::fread(buffer, 1, sizeof buffer, file)) > 0;) text.append(buffer, n);
   std::fclose(file);
   return text;
+}
+
+std::string process_scratch_dir(const std::string& stem) {
+  static struct Dirs {
+    std::mutex mutex;
+    std::map<std::string, std::filesystem::path> made;
+    ~Dirs() {
+      for (const auto& [name, path] : made) {
+        std::error_code ignored;
+        std::filesystem::remove_all(path, ignored);
+      }
+    }
+  } dirs;
+  std::lock_guard<std::mutex> lock(dirs.mutex);
+  auto [it, fresh] =
+      dirs.made.try_emplace(stem, std::filesystem::temp_directory_path() / (stem + "-" + std::to_string(::getpid())));
+  if (fresh) std::filesystem::create_directories(it->second);
+  return it->second.string();
 }
 
 }  // namespace kiln::test

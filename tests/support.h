@@ -79,4 +79,8 @@ Tensor sample(const Shape& shape, DType dtype = kFloat32, double seed = 0.5);
 // scripts (the same expression there).
 Tensor sines(const Shape& shape, double seed, bool requires_grad = true);
 
+// The folder <temp dir>/<stem>-<pid>, made on the first call for `stem` and removed, with what it
+// holds, when the test program exits: a test's scratch files outlive its cases, not its process.
+std::string process_scratch_dir(const std::string& stem);
+
 }  // namespace kiln::test

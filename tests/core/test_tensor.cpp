@@ -308,6 +308,9 @@ TEST_CASE("printing matches PyTorch") {
   CHECK(tensor({1e-5, 1.0}).str() == "tensor([1.0000e-05, 1.0000e+00])");
   CHECK(zeros({0, 3}).str() == "tensor([], size=(0, 3))");
   CHECK(zeros({0}).str() == "tensor([])");
+  CHECK(zeros({0}, kInt64).str() == "tensor([], dtype=kiln.int64)");  // empty: its dtype, bool's and int64's too
+  CHECK(zeros({0, 3}, kBool).str() == "tensor([], size=(0, 3), dtype=kiln.bool)");
+  CHECK(zeros({0}, kFloat64).str() == "tensor([], dtype=kiln.float64)");
   CHECK(arange(2000).str() == "tensor([   0,    1,    2,  ..., 1997, 1998, 1999])");
   CHECK(tensor({1.5, 2.0}, kFloat64).str() == "tensor([1.5000, 2.0000], dtype=kiln.float64)");
   CHECK((tensor({1.0}, TensorOptions().requires_grad(true)) * 2).str() == "tensor([2.], grad_fn=<MulBackward>)");
@@ -431,6 +434,10 @@ TEST_CASE("odd calls on tensors that were accepted: PyTorch's Errors") {
   test::check_error([] { from_vector(std::vector<float>{}, {int64_t{1} << 32, int64_t{1} << 32}); },
                     {"from_vector: shape", "more elements than fit in 64 bits"});
   if (!cuda::is_available()) {  // a raw cudaGetDevice message with a source path before
+#ifdef KILN_WITH_CUDA
     test::check_error([] { cuda::CudaEvent().record(); }, {"CudaEvent::record: no CUDA device is available"});
+#else
+    test::check_error([] { cuda::CudaEvent().record(); }, {"Kiln was built without CUDA"});
+#endif
   }
 }

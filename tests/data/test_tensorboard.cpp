@@ -120,6 +120,11 @@ TEST_CASE("tensorboard: a SummaryWriter's file reads back, record by record", "[
     CHECK(std::filesystem::path(path).parent_path() == dir / "run" / "a");
     CHECK(std::filesystem::path(path).filename().string().rfind("events.out.tfevents.", 0) == 0);
     for (int64_t step = 0; step < 5; ++step) writer.add_scalar("Train/loss", 3.0 - 0.5 * step, 8 * step, 100.0 + step);
+    // A tag that is not UTF-8 (a stray byte, an overlong '/', a surrogate, a cut sequence, past
+    // U+10FFFF) is an Error before anything is written: TensorBoard's parser rejects such a string.
+    for (const char* bad : {"loss\xff", "a\xc0\xaf", "\xed\xa0\x80", "\xe2\x82", "\xf4\x90\x80\x80"}) {
+      CHECK_THROWS_WITH(writer.add_scalar(bad, 1, 1), Catch::Contains("the tag is not valid UTF-8"));
+    }
     writer.add_scalar("Train/lr", 1e-3, 40);  // now
     writer.flush();
     writer.close();
@@ -164,6 +169,22 @@ TEST_CASE("tensorboard: a SummaryWriter's file reads back, record by record", "[
   flipped[last] ^= 1;  // its length
   CHECK_THROWS_WITH(tb::read_tf_records(write(dir / "length", flipped)), Catch::Contains("the length of record 6"));
   CHECK_THROWS_WITH(tb::read_tf_records((dir / "absent").string()), Catch::Contains("cannot open"));
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("tensorboard: tags in UTF-8 of every length of sequence are written as they are", "[data]") {
+  const auto dir = std::filesystem::temp_directory_path() / fmt::format("kiln-tb-utf8-{}", ::getpid());
+  std::filesystem::remove_all(dir);
+  const std::string tag = "Verlust/\xc3\xa9tape \xe2\x82\xac \xf0\x9f\x94\xa5";  // 2-, 3- and 4-byte forms
+  std::string path;
+  {
+    tb::SummaryWriter writer(dir.string());
+    path = writer.path();
+    writer.add_scalar(tag, 2.5, 7, 100.0);
+  }
+  const std::vector<std::string> records = tb::read_tf_records(path);
+  REQUIRE(records.size() == 2);
+  CHECK(records[1] == tb::scalar_event(100.0, 7, tag, 2.5f));
   std::filesystem::remove_all(dir);
 }
 

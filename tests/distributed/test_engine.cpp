@@ -1286,6 +1286,7 @@ TEST_CASE("engine: a checkpoint resumes where it stopped, at another ZeRO stage,
           "[distributed]") {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
+  if (p != 1 && p != 2 && p != 4) return;  // 8 samples split evenly (before the directory, or it is left)
   const std::string dir = shared_temp_dir(*comm, "kiln-engine");
   // 8 samples a step, split among the ranks.
   auto config = [](int stage, int world) {
@@ -1302,7 +1303,6 @@ TEST_CASE("engine: a checkpoint resumes where it stopped, at another ZeRO stage,
       e.step();
     }
   };
-  if (p != 1 && p != 2 && p != 4) return;  // 8 samples split evenly
   // Uninterrupted: 6 steps at stage 2.
   manual_seed(3);
   Mlp whole;

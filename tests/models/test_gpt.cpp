@@ -42,9 +42,7 @@ struct TinyGradRun {
 std::string fixture(const std::string& name) { return std::string(KILN_TEST_FIXTURES) + "/" + name; }
 
 std::string scratch(const std::string& name) {
-  fs::path dir = fs::temp_directory_path() / ("kiln-test-gpt-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return (dir / name).string();
+  return (fs::path(kiln::test::process_scratch_dir("kiln-test-gpt")) / name).string();
 }
 
 int64_t meta_int(const safetensors::Metadata& m, const std::string& key) { return std::stoll(m.at(key)); }

@@ -25,7 +25,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string scratch_dir(const std::string& name) {
-  fs::path p = fs::temp_directory_path() / ("kiln-test-train-" + std::to_string(::getpid())) / name;
+  fs::path p = fs::path(process_scratch_dir("kiln-test-train")) / name;
   fs::remove_all(p);
   return p.string();
 }

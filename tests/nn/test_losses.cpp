@@ -286,3 +286,49 @@ TEST_CASE("binary_cross_entropy_with_logits' float32 gradient keeps its relative
     }
   }
 }
+
+TEST_CASE("An ignored element whose log-probability or class weight is not finite leaves the loss alone, as PyTorch",
+          "[nn][losses]") {
+  // The ignored elements were masked by a product with 0, and 0 * nan (a padded position's logits) or
+  // 0 * inf (class 0's weight, which ignored elements index) is nan. Goldens: PyTorch 1.13.
+  const Tensor with_nan = from_vector<float>({0, NAN, 1, 2}, {1, 2, 2});  // (N, C, d): position 1 is NaN
+  const Tensor target = from_vector<int64_t>({1, -100}, {1, 2});
+  test::check_close(nn::cross_entropy(with_nan, target), scalar_tensor(0.31326165795326233, kFloat32));
+  test::check_close(nn::cross_entropy(with_nan, target, {.reduction = "none", .label_smoothing = 0.1}),
+                    from_vector<float>({0.3632616400718689f, 0}, {1, 2}));
+  test::check_close(nn::nll_loss(from_vector<float>({-1, -2, NAN, -1}, {2, 2}), from_vector<int64_t>({0, -100})),
+                    scalar_tensor(1.0, kFloat32));
+  Tensor x = from_vector<float>({1, 2, 3, 4, 1, 2, 3, 4}, {2, 4}).requires_grad_();
+  Tensor loss = nn::cross_entropy(x, from_vector<int64_t>({-100, 1}), {.weight = from_vector<float>({INFINITY, 1, 1, 1})});
+  test::check_close(loss, scalar_tensor(2.4401895999908447, kFloat32));
+  loss.backward();
+  test::check_close(x.grad(), from_vector<float>({0, 0, 0, 0, 0.032058607786893845f, -0.9128556847572327f,
+                                                  0.23688280582427979f, 0.6439142823219299f},
+                                                 {2, 4}));
+  // nll_loss takes class indices only: its message offers no class probabilities.
+  test::check_error([] { nn::nll_loss(zeros({3, 4}), zeros({3})); }, {"nll_loss: class-index targets must be int64 or int32, got float32"});
+  try {
+    nn::nll_loss(zeros({3, 4}), zeros({3}));
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("probabilities") == std::string::npos);
+  }
+}
+
+TEST_CASE("kl_div of a negative or NaN target is NaN, as PyTorch's xlogy, not 0", "[nn][losses]") {
+  const Tensor logq = from_vector<float>({0.2f, 0.3f, 0.5f, 0.1f, 0.6f, 0.3f}, {2, 3}).log();
+  for (float bad : {NAN, -0.2f}) {
+    INFO(bad);
+    Tensor loss = nn::kl_div(logq, from_vector<float>({bad, 0.5f, 0.3f, 0, 0.9f, 0.1f}, {2, 3}), {.reduction = "none"});
+    const std::vector<float> v = loss.to_vector<float>();
+    CHECK(std::isnan(v[0]));
+    test::check_close(loss.narrow(1, 1, 2).flatten().narrow(0, 0, 2),
+                      from_vector<float>({0.2554128170013428f, -0.15324769914150238f}));
+    CHECK(v[3] == 0);  // a target of 0 adds 0
+    test::check_close(loss.select(0, 1), from_vector<float>({0, 0.3649185001850128f, -0.10986122488975525f}));
+  }
+  Tensor q = logq.clone().requires_grad_();
+  Tensor loss = nn::kl_div(q, from_vector<float>({0.2f, 0.5f, 0.3f, 0, 0.9f, 0.1f}, {2, 3}), {.reduction = "sum"});
+  test::check_close(loss, scalar_tensor(0.35722237825393677, kFloat32));
+  loss.backward();
+  test::check_close(q.grad(), from_vector<float>({-0.2f, -0.5f, -0.3f, 0, -0.9f, -0.1f}, {2, 3}));
+}

@@ -79,3 +79,21 @@ TEST_CASE("clip_grad_value_ clamps every grad to [-v, v]") {
   check_equal(b.grad(), tensor({1.0, -1.0}));
   CHECK(!c.grad().defined());
 }
+
+TEST_CASE("clip_grad_norm_ measures 16-bit grads in float32, and clip_grad_value_ refuses NaN") {
+  // A float16 total past 65504 was inf, and max_norm / inf scaled every grad to 0 without a word.
+  for (DType dt : {kFloat16, kBFloat16}) {
+    INFO(dtype_name(dt));
+    Tensor p = zeros({2}, dt).requires_grad_();
+    p.set_grad(full({2}, 60000.0, dt));
+    const double want = std::sqrt(2.0) * p.grad().to(kFloat64)[0].item<double>();  // 84852.8 in float16
+    Tensor total = nn::utils::clip_grad_norm_({p}, 1.0);
+    CHECK(total.dtype() == kFloat32);
+    CHECK(total.item<double>() == Approx(want).epsilon(1e-6));
+    check_close(p.grad().to(kFloat32), full({2}, 1 / std::sqrt(2.0)), {1e-2, 1e-2});
+  }
+  Tensor a = zeros({2}).requires_grad_();
+  a.set_grad(tensor({3.0, -3.0}));
+  check_error([&] { nn::utils::clip_grad_value_({a}, std::nan("")); }, {"clip_grad_value_: clip_value must be a number"});
+  check_equal(a.grad(), tensor({3.0, -3.0}));
+}
