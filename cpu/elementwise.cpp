@@ -96,7 +96,7 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
     case UnaryOp::Exp: out = exact_exp(in); return true;  // Note [Eigen's exp below its range]
     case UnaryOp::Log: out = exact_log(in); return true;  // Note [Eigen's log of subnormals]
     case UnaryOp::Log1p: out = in.log1p(); return true;
-    case UnaryOp::Expm1: out = in.expm1(); return true;
+    case UnaryOp::Expm1: out = exact_expm1(in); return true;  // Note [Eigen's exp near its top]
     case UnaryOp::Reciprocal: out = in.inverse(); return true;
     case UnaryOp::Sin: out = in.sin(); return true;
     case UnaryOp::Cos: out = in.cos(); return true;

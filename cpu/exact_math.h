@@ -9,7 +9,15 @@
 // -inf was -inf * 2.9e-39 = -inf where PyTorch gives nan. exact_exp computes exp(x + s) * exp(-s)
 // for x below -80 (-700), where x + s is inside Eigen's range: s = 32 (64) gives the subnormals
 // rounded once, and 0 for x below the subnormals (exp(-inf + s) is the clamped value, times exp(-s)
-// it rounds to 0). NaN stays NaN. Cost: a compare, an add, a multiply and two blends per packet.
+// it rounds to 0). NaN stays NaN.
+//
+// Note [Eigen's exp near its top]: at the other end, Eigen's vectorized float exp returned inf for x
+// in [88.38, 88.72], where exp(x) is still below FLT_MAX (3.4e38): x / ln 2 rounds to 128 there,
+// and 2^128 overflows before the rest of the product scales it down. exact_exp mirrors the low
+// end: above 80 (700 for double) it computes exp(x - s) * exp(s), rounded twice (within 3e-7
+// relative for float, as Eigen's own exp just below it).
+// Cost: two compares and a branch per packet; where a lane is past either end, an add, a multiply
+// and four blends more.
 #pragma once
 
 #include <Eigen/Core>
@@ -26,21 +34,51 @@ struct ExactExpOp {
   static constexpr T kShift = std::is_same_v<T, float> ? T(32) : T(64);
   static constexpr T kUnshift = std::is_same_v<T, float> ? T(1.26641655490941755e-14)   // exp(-32)
                                                          : T(1.60381089054863793e-28);  // exp(-64)
+  static constexpr T kHigh = -kLow;                                                      // Note [Eigen's exp near its top]
+  static constexpr T kReshift = std::is_same_v<T, float> ? T(78962960182680.6952)        // exp(32)
+                                                         : T(6.23514908081161688e27);    // exp(64)
 
   T operator()(const T& x) const { return std::exp(x); }
   template <typename Packet>
   Packet packetOp(const Packet& x) const {
     namespace in = Eigen::internal;
     const Packet low = in::pcmp_lt(x, in::pset1<Packet>(kLow));
-    const Packet y = in::pexp(in::pselect(low, in::padd(x, in::pset1<Packet>(kShift)), x));
-    return in::pselect(low, in::pmul(y, in::pset1<Packet>(kUnshift)), y);
+    const Packet high = in::pcmp_lt(in::pset1<Packet>(kHigh), x);
+    if (!in::predux_any(in::por(low, high))) return in::pexp(x);  // the common case
+    const Packet zero = in::pset1<Packet>(T(0)), one = in::pset1<Packet>(T(1));
+    // Other lanes add 0 and multiply by 1, which changes no value (exp(-0) = exp(0)).
+    const Packet shift =
+        in::pselect(low, in::pset1<Packet>(kShift), in::pselect(high, in::pset1<Packet>(-kShift), zero));
+    const Packet scale =
+        in::pselect(low, in::pset1<Packet>(kUnshift), in::pselect(high, in::pset1<Packet>(kReshift), one));
+    return in::pmul(in::pexp(in::padd(x, shift)), scale);
   }
 };
 
-// exact_exp(a): as a.exp(), exact below Eigen's range; a an Eigen array expression of float or double.
+// exact_exp(a): as a.exp(), exact below Eigen's range and finite up to its top; a an Eigen array
+// expression of float or double.
 template <typename Derived>
 auto exact_exp(const Eigen::ArrayBase<Derived>& a) {
   return a.unaryExpr(ExactExpOp<typename Derived::Scalar>{});
+}
+
+// expm1 as Eigen's, but through exact_exp above 80 (700), where Eigen's overflowed early as its exp
+// (Note [Eigen's exp near its top]) and where expm1(x) rounds to exp(x).
+template <typename T>
+struct ExactExpm1Op {
+  T operator()(const T& x) const { return std::expm1(x); }
+  template <typename Packet>
+  Packet packetOp(const Packet& x) const {
+    namespace in = Eigen::internal;
+    const Packet high = in::pcmp_lt(in::pset1<Packet>(ExactExpOp<T>::kHigh), x);
+    const Packet y = in::pexpm1(x);
+    return in::predux_any(high) ? in::pselect(high, ExactExpOp<T>{}.packetOp(x), y) : y;
+  }
+};
+
+template <typename Derived>
+auto exact_expm1(const Eigen::ArrayBase<Derived>& a) {
+  return a.unaryExpr(ExactExpm1Op<typename Derived::Scalar>{});
 }
 
 // Note [Eigen's log of subnormals]: Eigen 3.4's vectorized log treats a subnormal x as the smallest
@@ -78,6 +116,11 @@ template <typename T>
 struct functor_traits<kiln::cpu::ExactExpOp<T>> {
   enum { Cost = functor_traits<scalar_exp_op<T>>::Cost + 5 * NumTraits<T>::AddCost,
          PacketAccess = packet_traits<T>::HasExp && packet_traits<T>::HasCmp };  // pselect is generic
+};
+template <typename T>
+struct functor_traits<kiln::cpu::ExactExpm1Op<T>> {
+  enum { Cost = functor_traits<scalar_expm1_op<T>>::Cost + 6 * NumTraits<T>::AddCost,
+         PacketAccess = packet_traits<T>::HasExpm1 && packet_traits<T>::HasExp && packet_traits<T>::HasCmp };
 };
 template <typename T>
 struct functor_traits<kiln::cpu::ExactLogOp<T>> {

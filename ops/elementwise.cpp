@@ -480,7 +480,10 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> m
     return out;
   }
   double lo = min ? min->to_double() : -kInf, hi = max ? max->to_double() : kInf;
-  return with_input_grad(unary_forward(UnaryOp::Clamp, x, dt, {lo, hi}), x, "ClampBackward",
+  // A NaN bound makes every element NaN, as PyTorch's clamp (the kernels read NaN as no bound).
+  Tensor out = std::isnan(lo) || std::isnan(hi) ? full(x.sizes(), NAN, x.options().dtype(dt))
+                                                : unary_forward(UnaryOp::Clamp, x, dt, {lo, hi});
+  return with_input_grad(out, x, "ClampBackward",
                          [lo, hi](const Tensor& g, const Tensor& x) {
                            return g * x.ge(lo).logical_and(x.le(hi));  // 1 inside [min, max]
                          });
@@ -1005,8 +1008,9 @@ Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
     bump_version();
     return *this;
   }
-  backend_for(device()).unary(UnaryOp::Clamp, view_of(*this), view_of(*this),
-                              {min ? min->to_double() : -kInf, max ? max->to_double() : kInf}, stream_for(device()));
+  const double lo = min ? min->to_double() : -kInf, hi = max ? max->to_double() : kInf;
+  if (std::isnan(lo) || std::isnan(hi)) return fill_(NAN);  // as ops::clamp
+  backend_for(device()).unary(UnaryOp::Clamp, view_of(*this), view_of(*this), {lo, hi}, stream_for(device()));
   bump_version();
   return *this;
 }

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/functional.h"
@@ -340,4 +342,86 @@ TEST_CASE("every op on every pair of odd inputs returns a tensor or raises a kil
   // Both outcomes are common: the sweep reaches the ops' results as well as their checks.
   CHECK(returned > 10000);
   CHECK(refused > 10000);
+}
+
+TEST_CASE("values near the top of float32's range, and sums, variances and norms that cancel, against float64",
+          "[ops]") {
+  // exp: Eigen's vectorized float exp gave inf for x in [88.38, 88.72], where exp(x) < FLT_MAX
+  // (PyTorch 1.13: exp(88.7) = 3.3259769e38). 32 elements, so that the vectorized path runs.
+  std::vector<float> top(32);
+  for (size_t i = 0; i < top.size(); ++i) top[i] = 88.0f + 0.0225f * static_cast<float>(i);  // 88 .. 88.7
+  const Tensor x = from_vector(top);
+  const std::vector<float> e = exp(x).to_vector<float>(), m1 = expm1(x).to_vector<float>();
+  const std::vector<float> b = exp(x.to(kBFloat16)).to(kFloat32).to_vector<float>();
+  for (size_t i = 0; i < top.size(); ++i) {
+    INFO("x = " << top[i]);
+    const double want = std::exp(static_cast<double>(top[i]));
+    CHECK(std::fabs(e[i] - want) <= 4e-7 * want);
+    CHECK(std::fabs(m1[i] - want) <= 4e-7 * want);
+    CHECK(std::isfinite(b[i]));
+  }
+  CHECK(std::isinf(exp(full({32}, 88.75)).to_vector<float>()[0]));  // past FLT_MAX: inf, as it should
+
+  // var over a dim of float32 columns 1e4 +- 0.005: the float32 mean's rounding added its square
+  // (+3%; PyTorch 7.8756884e-06). Reference: the same float32 values, two passes in long double.
+  std::vector<float> cols(1000 * 100);
+  for (size_t i = 0; i < cols.size(); ++i) cols[i] = 1e4f + 1e-2f * (static_cast<float>((i * 7919) % 1000) / 1000 - 0.5f);
+  const Tensor y = from_vector(cols, {1000, 100});
+  const std::vector<float> v = y.var({0}).to_vector<float>();
+  for (int64_t c = 0; c < 100; c += 33) {
+    long double mean = 0, ss = 0;
+    for (int64_t r = 0; r < 1000; ++r) mean += cols[static_cast<size_t>(r * 100 + c)];
+    mean /= 1000;
+    for (int64_t r = 0; r < 1000; ++r) ss += (cols[static_cast<size_t>(r * 100 + c)] - mean) * (cols[static_cast<size_t>(r * 100 + c)] - mean);
+    const double want = static_cast<double>(ss / 999);
+    INFO("column " << c);
+    CHECK(std::fabs(v[static_cast<size_t>(c)] - want) <= 1e-5 * want);
+  }
+
+  // float64: a variance at an offset of 1e8 and a long sum keep their digits (they were 1e-9 and
+  // 4e-12 off, relative; PyTorch's are exact), a layer_norm at an offset of 1e7 keeps all but what
+  // the offset's ulp leaves, and one of a constant row is 0 (it was 3.7e-8).
+  std::vector<double> far(1 << 20);
+  for (size_t i = 0; i < far.size(); ++i) far[i] = 1e8 + 1e-2 * (static_cast<double>((i * 7919) % 1000) / 1000 - 0.5);
+  long double mean = 0, ss = 0;
+  for (double f : far) mean += f;
+  mean /= far.size();
+  for (double f : far) ss += (f - mean) * (f - mean);
+  const double var_want = static_cast<double>(ss / (far.size() - 1));
+  CHECK(std::fabs(from_vector(far).var().item<double>() - var_want) <= 1e-12 * var_want);
+  const int64_t n = 1 << 22;
+  CHECK(std::fabs(full({n}, 0.1, kFloat64).sum().item<double>() - 0.1 * n) <= 1e-14 * 0.1 * n);
+  std::vector<double> row(1024);
+  for (size_t i = 0; i < row.size(); ++i) row[i] = 1e7 + (static_cast<double>((i * 7919) % 1000) / 1000 - 0.5);
+  long double rm = 0, rv = 0;
+  for (double r : row) rm += r;
+  rm /= row.size();
+  for (double r : row) rv += (r - rm) * (r - rm);
+  rv /= row.size();
+  const std::vector<double> ln = layer_norm(from_vector(row, {1, 1024}), {1024}, {}, {}, 0).to_vector<double>();
+  double worst = 0;
+  for (size_t i = 0; i < row.size(); ++i) {
+    worst = std::max(worst, std::fabs(ln[i] - static_cast<double>((row[i] - rm) / std::sqrt(rv))));
+  }
+  CHECK(worst < 1e-8);
+  const std::vector<double> flat = layer_norm(full({2, 1000}, 12345.678, kFloat64), {1000}).to_vector<double>();
+  CHECK(*std::max_element(flat.begin(), flat.end()) == 0);
+  CHECK(*std::min_element(flat.begin(), flat.end()) == 0);
+}
+
+TEST_CASE("clamp with a NaN bound gives NaN everywhere, as PyTorch's, not the other bound alone", "[ops]") {
+  const Tensor x = from_vector<float>({-2, 0.5, 3});
+  for (const auto& [lo, hi] : std::vector<std::pair<std::optional<Scalar>, std::optional<Scalar>>>{
+           {0.0, NAN}, {NAN, 1.0}, {NAN, std::nullopt}}) {
+    const std::vector<float> out = clamp(x, lo, hi).to_vector<float>();
+    CHECK(std::all_of(out.begin(), out.end(), [](float f) { return std::isnan(f); }));
+    Tensor inplace = x.clone();
+    inplace.clamp_(lo, hi);
+    const std::vector<float> in = inplace.to_vector<float>();
+    CHECK(std::all_of(in.begin(), in.end(), [](float f) { return std::isnan(f); }));
+  }
+  Tensor g = x.clone().requires_grad_();
+  clamp(g, 0.0, NAN).sum().backward();
+  test::check_equal(g.grad(), zeros({3}));  // no element is inside [min, max]
+  test::check_equal(clamp(x, 0.0, 1.0), from_vector<float>({0, 0.5, 1}));  // unchanged
 }
