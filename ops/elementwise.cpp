@@ -110,8 +110,18 @@ struct InputInfo {
   }
 };
 
+// add's and sub's alpha reaches an integer kernel cast to the integer type: a fraction would be cut
+// off (alpha 0.9 added nothing). PyTorch refuses any floating alpha there; whole ones pass here.
+void check_integer_alpha(DType dt, double alpha, const char* name) {
+  KILN_CHECK(is_floating(dt) || alpha == std::trunc(alpha),
+             "{}: alpha ({}) must be a whole number for {} tensors, or it would be truncated; convert the "
+             "tensors to a floating dtype first",
+             name, alpha, dtype_name(dt));
+}
+
 Tensor arithmetic(BinaryOp op, const Tensor& a, const Tensor& b, double alpha, const char* name) {
   DType dt = result_type(a, b);  // bool operands promote (mask * float is float)
+  if (op == BinaryOp::Add || op == BinaryOp::Sub) check_integer_alpha(dt, alpha, name);
   // PyTorch refuses a bool on either side of a subtraction (to invert a mask, logical_not is meant).
   KILN_CHECK(op != BinaryOp::Sub || (a.dtype() != kBool && b.dtype() != kBool),
              "{}: subtraction with a bool tensor is not supported; to invert a mask use logical_not(), or "
@@ -899,6 +909,7 @@ Tensor& binary_inplace(Tensor& self, BinaryOp op, const Tensor& other, double al
   if (op == BinaryOp::Div) dt = floating_of(dt);
   KILN_CHECK(can_cast(dt, self.dtype()), "{}: the result type {} can't be cast to the tensor's type {}", name,
              dtype_name(dt), dtype_name(self.dtype()));
+  if (op == BinaryOp::Add || op == BinaryOp::Sub) check_integer_alpha(self.dtype(), alpha, name);
   KILN_CHECK(broadcast_shapes(other.sizes(), self.sizes(), name) == self.sizes(),
              "{}: the other operand's shape {} must broadcast to this tensor's shape {}", name,
              other.sizes().str(), self.sizes().str());

@@ -216,7 +216,21 @@ Tensor var(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim)
   return ((squares - drift * drift / static_cast<double>(p.count)) / denom).to(x.dtype());
 }
 Tensor std(const Tensor& x, const Shape& dims, int64_t correction, bool keepdim) {
-  return var(x, dims, correction, keepdim).sqrt();
+  const Tensor v = var(x, dims, correction, keepdim);
+  Tensor out;
+  {
+    NoGradGuard no_grad;
+    out = v.sqrt();
+  }
+  if (should_record(v)) {
+    // PyTorch's std backward: 0 where the deviation is 0 (a constant slice), where sqrt's derivative
+    // is inf and var's gradient 0 would make it nan.
+    record("StdBackward", {v}, {out}, [ss = SavedTensor(out, true)](const Grads& g) -> TensorList {
+      const Tensor s = ss.unpack("StdBackward");
+      return {where(s.eq(0), zeros({}, s.options()), g[0] / (s * 2))};
+    });
+  }
+  return out;
 }
 
 Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {

@@ -425,3 +425,24 @@ TEST_CASE("clamp with a NaN bound gives NaN everywhere, as PyTorch's, not the ot
   test::check_equal(g.grad(), zeros({3}));  // no element is inside [min, max]
   test::check_equal(clamp(x, 0.0, 1.0), from_vector<float>({0, 0.5, 1}));  // unchanged
 }
+
+TEST_CASE("std's gradient at a constant slice is 0, as PyTorch's, and a fractional alpha on integers is an Error",
+          "[ops]") {
+  // std was var().sqrt(): sqrt's derivative at 0 is inf, times var's 0 a nan that poisoned the row.
+  // Golden: PyTorch 1.13, x.std(1).backward([1, 2]).
+  Tensor x = from_vector<double>({1, 2, 4, 8, 3, 3, 3, 3}, {2, 4}).requires_grad_();
+  Tensor s = x.std({1});
+  test::check_close(s, from_vector<double>({3.0956959368344514, 0}));
+  (s * from_vector<double>({1, 2})).sum().backward();
+  test::check_close(x.grad(), from_vector<double>({-0.29611004613199104, -0.18843366572035794, 0.026919095102908276,
+                                                   0.4576246167494407, 0, 0, 0, 0},
+                                                  {2, 4}));
+  // alpha 0.9 was cut to 0 in an int64 add (add(a, b, 0.9) returned a), 2.5 to 2 in sub.
+  const Tensor a = from_vector<int64_t>({1, 2}), b = from_vector<int64_t>({1, 1});
+  test::check_error([&] { add(a, b, 0.9); }, {"add: alpha (0.9) must be a whole number for int64 tensors"});
+  test::check_error([&] { sub(a, b, 2.5); }, {"sub: alpha (2.5) must be a whole number"});
+  test::check_error([&] { a.clone().add_(b, 0.5); }, {"add_: alpha (0.5) must be a whole number"});
+  test::check_equal(add(a, b, 3), from_vector<int64_t>({4, 5}));
+  test::check_equal(sub(a, b, 2.0), from_vector<int64_t>({-1, 0}));  // whole: as the integer 2
+  test::check_close(add(a.to(kFloat32), b.to(kFloat32), 0.5), from_vector<float>({1.5, 2.5}));
+}
