@@ -301,11 +301,15 @@ Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor&
              "{}: give both running_mean and running_var, or neither", op);
   const int d = input.dim();
   Tensor y;
-  if (training) {
-    const int64_t count = input.numel() / std::max<int64_t>(C, 1);
-    KILN_CHECK(count > 1, "{}: expected more than 1 value per channel when training, got input of shape {}", op,
-               input.sizes().str());
-    Tensor xc = input.transpose(0, 1).reshape({C, count}).contiguous();  // channel rows
+  const int64_t values = input.numel() / std::max<int64_t>(C, 1);  // per channel
+  KILN_CHECK(!training || values != 1, "{}: expected more than 1 value per channel when training, got input of shape {}",
+             op, input.sizes().str());
+  if (training && values == 0) {
+    // An empty batch gives an empty output and leaves the running statistics as they are, as
+    // PyTorch.
+    y = input.clone();
+  } else if (training) {
+    Tensor xc = input.transpose(0, 1).reshape({C, values}).contiguous();  // channel rows
     Tensor mean, rstd;
     Tensor yc = normalize_rows(xc, eps, false, &mean, &rstd);
     Shape moved = input.sizes();

@@ -446,3 +446,18 @@ TEST_CASE("std's gradient at a constant slice is 0, as PyTorch's, and a fraction
   test::check_equal(sub(a, b, 2.0), from_vector<int64_t>({-1, 0}));  // whole: as the integer 2
   test::check_close(add(a.to(kFloat32), b.to(kFloat32), 0.5), from_vector<float>({1.5, 2.5}));
 }
+
+TEST_CASE("batch_norm in training on an empty batch gives an empty output and keeps its running statistics",
+          "[ops]") {
+  // It was "expected more than 1 value per channel"; PyTorch refuses exactly 1 value only.
+  Tensor x = zeros({0, 3, 4, 4}).requires_grad_();
+  Tensor rm = ones({3}), rv = full({3}, 2.0);
+  Tensor y = batch_norm(x, rm, rv, ones({3}), zeros({3}), /*training=*/true);
+  CHECK(y.sizes() == Shape{0, 3, 4, 4});
+  test::check_equal(rm, ones({3}));
+  test::check_equal(rv, full({3}, 2.0));
+  y.sum().backward();
+  CHECK(x.grad().sizes() == Shape{0, 3, 4, 4});
+  test::check_error([] { batch_norm(ones({1, 3}), Tensor(), Tensor(), Tensor(), Tensor(), true); },
+                    {"batch_norm: expected more than 1 value per channel when training", "[1, 3]"});
+}
