@@ -796,11 +796,11 @@ Tensor where(const Tensor& condition, const Tensor& a, const Scalar& b) {
   return where(condition, a, scalar_tensor(b, TensorOptions(result_type(a, b)).device(a.device())));
 }
 
+// Out of place, the tensor and the mask broadcast together, as PyTorch's (masked_fill_ needs the
+// mask to fit the tensor).
 Tensor masked_fill(const Tensor& x, const Tensor& mask, const Scalar& value) {
   KILN_CHECK(mask.dtype() == kBool, "masked_fill: the mask must be a bool tensor, got {}", dtype_name(mask.dtype()));
-  KILN_CHECK(broadcast_shapes(mask.sizes(), x.sizes(), "masked_fill") == x.sizes(),
-             "masked_fill: the mask of shape {} must broadcast to the tensor's shape {}", mask.sizes().str(),
-             x.sizes().str());
+  (void)broadcast_shapes(mask.sizes(), x.sizes(), "masked_fill");  // an Error naming both when they do not
   return where(mask, scalar_tensor(value, x.options()), x);
 }
 
@@ -1027,6 +1027,9 @@ Tensor& Tensor::clamp_(std::optional<Scalar> min, std::optional<Scalar> max) {
 }
 Tensor& Tensor::masked_fill_(const Tensor& mask, const Scalar& value) {
   check_inference_write(*this, "masked_fill_");
+  KILN_CHECK(broadcast_shapes(mask.sizes(), sizes(), "masked_fill_") == sizes(),
+             "masked_fill_: the mask of shape {} must broadcast to the tensor's shape {}", mask.sizes().str(),
+             sizes().str());
   if (should_record(*this)) {
     return inplace_recorded(*this, "masked_fill_", [&](const Tensor& x) { return ops::masked_fill(x, mask, value); });
   }

@@ -302,12 +302,12 @@ Tensor logsumexp(const Tensor& x, const Shape& dims, bool keepdim) {
 Tensor all(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   Tensor b = x.dtype() == kBool ? x : x.ne(0);
   Plan p = make_plan(b, dim ? Shape{*dim} : Shape{}, keepdim, "all");
-  return reduce_raw(ReduceKind::All, b.detach(), p, kBool);
+  return reduce_raw(ReduceKind::All, b.detach(), p, kBool).to(x.dtype() == kUInt8 ? kUInt8 : kBool);  // as PyTorch
 }
 Tensor any(const Tensor& x, std::optional<int64_t> dim, bool keepdim) {
   Tensor b = x.dtype() == kBool ? x : x.ne(0);
   Plan p = make_plan(b, dim ? Shape{*dim} : Shape{}, keepdim, "any");
-  return reduce_raw(ReduceKind::Any, b.detach(), p, kBool);
+  return reduce_raw(ReduceKind::Any, b.detach(), p, kBool).to(x.dtype() == kUInt8 ? kUInt8 : kBool);
 }
 
 Tensor sum_to(const Tensor& x, const Shape& shape) {

@@ -461,3 +461,21 @@ TEST_CASE("batch_norm in training on an empty batch gives an empty output and ke
   test::check_error([] { batch_norm(ones({1, 3}), Tensor(), Tensor(), Tensor(), Tensor(), true); },
                     {"batch_norm: expected more than 1 value per channel when training", "[1, 3]"});
 }
+
+TEST_CASE("masked_fill broadcasts its tensor to the mask out of place, and all/any of uint8 are uint8, as PyTorch",
+          "[ops]") {
+  // masked_fill of a [5] tensor with a [2, 5] mask was an Error; PyTorch gives the [2, 5] result and
+  // sums its gradient back to [5]. Goldens: PyTorch 1.13.
+  Tensor x = from_vector<float>({1, 2, 3, 4, 5}).requires_grad_();
+  const Tensor mask = from_vector(std::vector<bool>{true, false, true, false, false, false, false, false, false, true}, {2, 5});
+  Tensor y = masked_fill(x, mask, 2.0);
+  test::check_equal(y, from_vector<float>({2, 2, 2, 4, 5, 1, 2, 3, 4, 2}, {2, 5}));
+  (y * arange(10, kFloat32).view({2, 5})).sum().backward();
+  test::check_equal(x.grad(), from_vector<float>({5, 7, 7, 11, 4}));
+  test::check_error([&] { x.detach().clone().masked_fill_(mask, 2.0); },
+                    {"masked_fill_: the mask of shape [2, 5] must broadcast to the tensor's shape [5]"});
+  // all and any of uint8 give uint8 (0 or 1), of other dtypes bool.
+  test::check_equal(from_vector<int64_t>({1, 2, 0}).to(kUInt8).all(), scalar_tensor(0, kUInt8));
+  test::check_equal(from_vector<int64_t>({1, 2, 0, 0}, {2, 2}).to(kUInt8).any(1), from_vector<int64_t>({1, 0}).to(kUInt8));
+  CHECK(from_vector<int64_t>({1, 2}).all().dtype() == kBool);
+}

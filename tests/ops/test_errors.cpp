@@ -37,7 +37,7 @@ TEST_CASE("every op's misuse is an Error that names the problem") {
       {"clamp without bounds", [] { clamp(f32({2}), std::nullopt, std::nullopt); }, {"clamp", "min and max"}},
       {"where condition dtype", [] { where(f32({2}), f32({2}), f32({2})); }, {"where", "bool", "float32"}},
       {"masked_fill mask dtype", [] { masked_fill(f32({2}), i64({2}), 1); }, {"masked_fill", "bool", "int64"}},
-      {"masked_fill mask shape", [] { masked_fill(f32({2}), b8({3, 2}), 1); }, {"masked_fill", "[3, 2]", "[2]"}},
+      {"masked_fill mask shape", [] { masked_fill(f32({2}), b8({3}), 1); }, {"masked_fill", "[3]", "[2]"}},
       {"in-place result type", [] { Tensor x = i64({2}); x.add_(f32({2})); }, {"add_", "float32", "int64"}},
       {"in-place broadcast", [] { Tensor x = f32({2}); x.mul_(f32({3, 2})); }, {"mul_", "[3, 2]", "[2]"}},
       {"in-place on bool", [] { Tensor x = b8({2}); x.add_(b8({2})); }, {"add_", "bool"}},
