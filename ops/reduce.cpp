@@ -239,7 +239,14 @@ Tensor norm(const Tensor& x, double p, const Shape& dims, bool keepdim) {
   }
   floating_input(x, "norm");
   if (std::isinf(p)) return p > 0 ? amax(x.abs(), dims, keepdim) : amin(x.abs(), dims, keepdim);
-  if (p == 0) return sum(x.ne(0), dims, keepdim).to(x.dtype());  // the count of nonzeros
+  if (p == 0) {  // the count of nonzeros: recorded, so that backward from it runs, but it sends x no
+                 // gradient (PyTorch's leaves x.grad undefined too)
+    Tensor out = sum(x.ne(0), dims, keepdim).to(x.dtype());
+    if (should_record(x)) {
+      record("NormBackward", {x}, {out}, [](const Grads&) -> TensorList { return {Tensor()}; });
+    }
+    return out;
+  }
   if (p == 1) return sum(x.abs(), dims, keepdim);
   if (p == 2) {
     // sqrt(sum x^2), with the gradient x / norm taken as 0 where the norm is 0 (as PyTorch).

@@ -479,3 +479,16 @@ TEST_CASE("masked_fill broadcasts its tensor to the mask out of place, and all/a
   test::check_equal(from_vector<int64_t>({1, 2, 0, 0}, {2, 2}).to(kUInt8).any(1), from_vector<int64_t>({1, 0}).to(kUInt8));
   CHECK(from_vector<int64_t>({1, 2}).all().dtype() == kBool);
 }
+
+TEST_CASE("norm of order 0 counts the nonzeros, and backward from it runs and sends no gradient, as PyTorch's",
+          "[ops]") {
+  // It recorded nothing, so norm(x, 0).backward() said x did not require grad. PyTorch 1.13's runs
+  // and leaves x.grad None.
+  Tensor x = from_vector<float>({1, 0, 3, 4}, {2, 2}).requires_grad_();
+  Tensor n = norm(x, 0);
+  test::check_equal(n, scalar_tensor(3.0, kFloat32));
+  CHECK(n.requires_grad());
+  n.backward();
+  CHECK_FALSE(x.grad().defined());
+  test::check_equal(norm(x.detach(), 0, {1}), from_vector<float>({1, 2}));
+}
