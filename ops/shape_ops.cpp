@@ -54,6 +54,7 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
                "cat: the sizes in dim {} add up past 2^63 (tensor {} has shape {})", d, i, t.sizes().str());
     dt = promote_types(dt, t.dtype());
   }
+  for (const auto& t : tensors) dt = promote_types(dt, t.dtype());  // the skipped ones' too, as PyTorch
   Tensor out = empty_tensor(shape, dt, first.device());
   std::vector<int64_t> offsets, sizes;
   int64_t offset = 0;
@@ -63,16 +64,32 @@ Tensor cat(const std::vector<Tensor>& tensors, int64_t dim) {
     sizes.push_back(t.sizes()[d]);
     offset += t.sizes()[d];
   }
-  if (should_record(parts)) {
+  if (should_record(tensors)) {
+    // Every input gets its gradient, a skipped 1-D empty one an empty gradient, as PyTorch's.
     std::vector<DType> dtypes;
-    for (const auto& t : parts) dtypes.push_back(t.dtype());
-    record_no_tensors("CatBackward", parts, {out}, [d, offsets, sizes, dtypes](const Grads& g) -> TensorList {
-      TensorList grads;
-      for (size_t i = 0; i < offsets.size(); ++i) {
-        grads.push_back(g.needs_grad(i) ? g[0].narrow(d, offsets[i], sizes[i]).to(dtypes[i]) : Tensor());
-      }
-      return grads;
-    });
+    std::vector<int64_t> input_offsets, input_sizes;  // offset -1: skipped
+    size_t part = 0;
+    for (const auto& t : tensors) {
+      dtypes.push_back(t.dtype());
+      const bool skipped = t.dim() == 1 && t.numel() == 0;
+      input_offsets.push_back(skipped ? -1 : offsets[part]);
+      input_sizes.push_back(skipped ? 0 : sizes[part]);
+      if (!skipped) ++part;
+    }
+    record_no_tensors("CatBackward", tensors, {out},
+                      [d, input_offsets, input_sizes, dtypes](const Grads& g) -> TensorList {
+                        TensorList grads;
+                        for (size_t i = 0; i < input_offsets.size(); ++i) {
+                          if (!g.needs_grad(i)) {
+                            grads.push_back(Tensor());
+                          } else if (input_offsets[i] < 0) {
+                            grads.push_back(zeros({0}, g[0].options().dtype(dtypes[i])));
+                          } else {
+                            grads.push_back(g[0].narrow(d, input_offsets[i], input_sizes[i]).to(dtypes[i]));
+                          }
+                        }
+                        return grads;
+                      });
   }
   return out;
 }

@@ -492,3 +492,16 @@ TEST_CASE("norm of order 0 counts the nonzeros, and backward from it runs and se
   CHECK_FALSE(x.grad().defined());
   test::check_equal(norm(x.detach(), 0, {1}), from_vector<float>({1, 2}));
 }
+
+TEST_CASE("cat gives a skipped 1-D empty input an empty gradient and promotes its dtype, as PyTorch", "[ops]") {
+  // PyTorch skips 1-D empty tensors in cat whatever the others' shapes; its backward still gives
+  // them a gradient (tensor([])), where Kiln's left grad() undefined.
+  Tensor e = zeros({0}).requires_grad_(), b = ones({2, 3}).requires_grad_();
+  Tensor y = cat({e, b, e.to(kFloat64)}, 1);
+  CHECK(y.sizes() == Shape{2, 3});
+  CHECK(y.dtype() == kFloat64);  // the skipped ones promote too: torch.cat([zeros(0), ones(2, 3), zeros(0, dtype=float64)], 1)
+  (y * 2).sum().backward();
+  REQUIRE(e.grad().defined());
+  CHECK(e.grad().sizes() == Shape{0});
+  test::check_equal(b.grad(), full({2, 3}, 2.0));
+}
