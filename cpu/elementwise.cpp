@@ -6,7 +6,6 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
-#include <limits>
 #include <unsupported/Eigen/SpecialFunctions>
 
 #include "core/scalar_math.h"
@@ -181,10 +180,6 @@ void unary_kernel(UnaryOp op, const View& in, const View& out, UnaryArgs args) {
       });
     });
     return;
-  }
-  if (op == UnaryOp::Clamp) {  // "no bound" is +-infinity
-    if (std::isnan(args.a)) args.a = -std::numeric_limits<double>::infinity();
-    if (std::isnan(args.b)) args.b = std::numeric_limits<double>::infinity();
   }
   KILN_DISPATCH_NUMERIC_TYPES(in.dtype, "unary op", [&] { unary_typed<scalar_t>(op, loop, args); });
 }

@@ -8,7 +8,6 @@
 // a network), the vectorized kernels below move 16 bytes per load and store; so do binary ops of a
 // full operand and a row repeated over its leading dims (a bias).
 #include <cmath>
-#include <limits>
 #include <type_traits>
 
 #include "core/scalar_math.h"
@@ -190,10 +189,6 @@ void unary_launch(UnaryOp op, const View& in, const View& out, UnaryArgs args, c
       });
     });
     return;
-  }
-  if (op == UnaryOp::Clamp) {  // "no bound" is +-infinity
-    if (std::isnan(args.a)) args.a = -std::numeric_limits<double>::infinity();
-    if (std::isnan(args.b)) args.b = std::numeric_limits<double>::infinity();
   }
   const double a = args.a, b = args.b;
   KILN_DISPATCH_NUMERIC_TYPES(in.dtype, "unary op", [&] {

@@ -490,7 +490,7 @@ Tensor clamp(const Tensor& x, std::optional<Scalar> min, std::optional<Scalar> m
     return out;
   }
   double lo = min ? min->to_double() : -kInf, hi = max ? max->to_double() : kInf;
-  // A NaN bound makes every element NaN, as PyTorch's clamp (the kernels read NaN as no bound).
+  // A NaN bound makes every element NaN, as PyTorch's clamp; the kernels are given none.
   Tensor out = std::isnan(lo) || std::isnan(hi) ? full(x.sizes(), NAN, x.options().dtype(dt))
                                                 : unary_forward(UnaryOp::Clamp, x, dt, {lo, hi});
   return with_input_grad(out, x, "ClampBackward",
