@@ -10,28 +10,17 @@
 // operands), each line saying "autocast":"bf16", and the parts beyond the CNN are skipped.
 #include <kiln/kiln.h>
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
+
 using namespace kiln;
 
-static double median_ms(const std::function<void()>& fn) {
-  using Clock = std::chrono::steady_clock;
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<double> ms;
-  for (int i = 0; i < 15; ++i) {
-    auto t0 = Clock::now();
-    fn();
-    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
+static double median_ms(const std::function<void()>& fn) { return kiln_bench::median_ms(fn, 3, 15); }
 
 int main(int argc, char** argv) {
   int threads = 2;

@@ -1,10 +1,12 @@
-// bench_util.h: what every benchmark program measures with: the median of a set of timings and the
-// process's peak resident set size.
+// bench_util.h: what every benchmark program measures with: the median of a set of timings (or of
+// repeated calls of a function) and the process's peak resident set size.
 #pragma once
 
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <vector>
 
 namespace kiln_bench {
@@ -14,6 +16,19 @@ inline double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t mid = values.size() / 2;
   return values.size() % 2 == 1 ? values[mid] : 0.5 * (values[mid - 1] + values[mid]);
+}
+
+// The median time of `runs` calls of fn, in milliseconds, after `warmup` calls that are not timed.
+inline double median_ms(const std::function<void()>& fn, int warmup, int runs) {
+  using Clock = std::chrono::steady_clock;
+  for (int i = 0; i < warmup; ++i) fn();
+  std::vector<double> ms;
+  for (int i = 0; i < runs; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+  }
+  return median(ms);
 }
 
 // Peak resident set size of the whole process so far, in MiB (ru_maxrss is in KiB on Linux).

@@ -24,6 +24,7 @@
 #include "cpu/exact_math.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/row_sums.h"
 
 namespace kiln::cpu {
 namespace {
@@ -132,13 +133,17 @@ void layer_norm_backward_typed(const View& gv, const View& gsv, const View& hv, 
     const T* gr = g + r * M;
     const T* hr = h + r * M;
     const T mu = mean[r], rs = rstd[r];
-    double sum_gx = 0, sum_gx_xhat = 0;
-    for (int64_t i = 0; i < M; ++i) {
-      xhat[i] = (hr[i] - mu) * rs;
-      gx[i] = w ? gr[i] * w[i] : gr[i];
-      sum_gx += gx[i];
-      sum_gx_xhat += static_cast<double>(gx[i]) * xhat[i];
+    if (w) {
+      for (int64_t i = 0; i < M; ++i) {
+        xhat[i] = (hr[i] - mu) * rs;
+        gx[i] = gr[i] * w[i];
+      }
+    } else {
+      for (int64_t i = 0; i < M; ++i) xhat[i] = (hr[i] - mu) * rs;
+      std::copy(gr, gr + M, gx);
     }
+    double sum_gx = 0, sum_gx_xhat = 0;
+    shifted_sums(gx, xhat, 0.0, M, sum_gx, sum_gx_xhat);  // Note [lane sums] in cpu/row_sums.h
     const T a = rms ? T(0) : static_cast<T>(sum_gx / static_cast<double>(M));
     const T c = static_cast<T>(sum_gx_xhat / static_cast<double>(M));
     T* out = gi + r * M;
@@ -148,10 +153,14 @@ void layer_norm_backward_typed(const View& gv, const View& gsv, const View& hv, 
     } else {
       for (int64_t i = 0; i < M; ++i) out[i] = rs * (gx[i] - a - xhat[i] * c);
     }
-    if (acc_w) {
+    if (acc_w && acc_b) {
+      for (int64_t i = 0; i < M; ++i) {
+        acc_w[i] += static_cast<double>(gr[i]) * xhat[i];
+        acc_b[i] += gr[i];
+      }
+    } else if (acc_w) {
       for (int64_t i = 0; i < M; ++i) acc_w[i] += static_cast<double>(gr[i]) * xhat[i];
-    }
-    if (acc_b) {
+    } else if (acc_b) {
       for (int64_t i = 0; i < M; ++i) acc_b[i] += gr[i];
     }
   };

@@ -4,8 +4,6 @@
 // pool, norm, optim, fused, attention).
 #pragma once
 
-#include <algorithm>
-#include <cmath>
 #include <type_traits>
 
 #include "core/allocator.h"
@@ -92,32 +90,6 @@ void cross_entropy_kernel(const View& logits, const View& target, const View& lo
 void cross_entropy_backward_kernel(const View& logits, const View& target, const View& lse,
                                    const View& grad_loss, const View& grad_logits, int64_t ignore_index,
                                    double label_smoothing);
-
-// The statistics of one row of M values for norm.cpp and fused.cpp, in double and in two passes (a
-// one-pass sum of squares loses digits when |mean| >> std): mean (0 when rms) and
-// rstd = 1 / sqrt(mean((x - mean)^2) + eps). The second pass also sums d = x - m, which is the
-// first pass's rounding error times M: it corrects the mean (m + sum d / M) and, by the corrected
-// two-pass formula, the variance (sum d^2 - (sum d)^2 / M) / M, so that a float64 row of 1e7 + noise
-// normalizes to its last digits and a constant row to 0.
-template <typename T>
-inline void row_statistics(const T* x, int64_t M, bool rms, double eps, double& mean, double& rstd) {
-  double m = 0;
-  if (!rms) {
-    for (int64_t i = 0; i < M; ++i) m += x[i];
-    m /= static_cast<double>(M);
-  }
-  double ss = 0, drift = 0;
-  for (int64_t i = 0; i < M; ++i) {
-    const double d = x[i] - m;
-    drift += d;
-    ss += d * d;
-  }
-  if (rms) drift = 0;  // the mean square of x itself
-  mean = m + drift / static_cast<double>(M);
-  // >= 0 in exact arithmetic; rounding can leave a constant row a hair below.
-  const double var = std::max(0.0, ss - drift * drift / static_cast<double>(M)) / static_cast<double>(M);
-  rstd = 1.0 / std::sqrt(var + eps);
-}
 
 // gelu(x) and g * gelu'(x) over contiguous runs of float or double, the elementwise ops' vectorized
 // math (elementwise.cpp), so that the fused kernels round exactly as gelu does. y must not alias x.

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "cpu/kernels.h"
 #include "cpu/parallel.h"
+#include "cpu/row_sums.h"
 
 namespace kiln::cpu {
 namespace {

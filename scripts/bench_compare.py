@@ -11,12 +11,13 @@ For each bench NAME it runs BUILD/bin/bench_NAME (Kiln, with no tuning variables
 good out of the box) and its anchor (at its best, with OMP_WAIT_POLICY=passive) alternately,
 A B A B ..., for --rounds rounds. The anchor is BUILD_ANCHORS/bin/anchor_NAME (LibTorch), except
 where ANCHOR_COMMANDS names another: checkpointing_mem's is the PyTorch script torch_gpt_char.py,
-run once without and once with --checkpoint (LibTorch has no activation checkpointing). Every stdout
-line that is a JSON object is a result; figures are grouped by (bench, key) for the keys that start
-with gflops_ or us_, the keys s_epoch_median, test_acc and peak_rss_mib, the bench's own keys of
-BENCH_KEYS (plus any named with --keys), and split by case (n, ckpt, ...) where one side prints
-several. A table of per-impl medians, min-max and the ratio kiln/anchor of the medians is printed,
-followed by one PASS/FAIL line per target of BENCHMARKS.md that the run measured. With --out, a
+run once without and once with --checkpoint (LibTorch has no activation checkpointing), and
+layer_norm's is the PyTorch script benchmarks/torch_layer_norm.py. Every stdout line that is a JSON
+object is a result; figures are grouped by (bench, key) for the keys that start with gflops_ or us_,
+the keys s_epoch_median, test_acc and peak_rss_mib, the bench's own keys of BENCH_KEYS (plus any
+named with --keys), and split by case (n, ckpt, ...) where one side prints several. A table of
+per-impl medians, min-max and the ratio kiln/anchor of the medians is printed, followed by one
+PASS/FAIL line per target of BENCHMARKS.md that the run measured. With --out, a
 JSON-lines file is written: a "meta" line (machine, date, commit, command), every raw result tagged
 with its round, one "summary" line per key, then one "target" line per target checked. --dry-run
 prints the commands of one round and runs nothing.
@@ -51,6 +52,7 @@ DEFAULT_KEYS = ("s_epoch_median", "test_acc", "peak_rss_mib")
 BENCH_KEYS = {
     "gpt_char": ("ms_per_step", "loss_final"),
     "checkpointing_mem": ("ms_per_step", "loss_final"),
+    "layer_norm": ("ms_median",),
 }
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,11 +62,13 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # /usr/bin/python3's; another python3 on PATH may not have it.
 TORCH_PYTHON = "/usr/bin/python3"
 TORCH_GPT_CHAR = os.path.join(REPO_ROOT, "benchmarks", "anchors", "torch_gpt_char.py")
+TORCH_LAYER_NORM = os.path.join(REPO_ROOT, "benchmarks", "torch_layer_norm.py")
 ANCHOR_COMMANDS = {
     "checkpointing_mem": (PYTORCH, (
         (TORCH_PYTHON, TORCH_GPT_CHAR, "--bench", "checkpointing_mem"),
         (TORCH_PYTHON, TORCH_GPT_CHAR, "--bench", "checkpointing_mem", "--checkpoint"),
     )),
+    "layer_norm": (PYTORCH, ((TORCH_PYTHON, TORCH_LAYER_NORM),)),
 }
 
 # The CPU targets of BENCHMARKS.md, checked on the summaries: (bench, key, what, op, bound), where
@@ -99,7 +103,7 @@ ANCHOR_ENV = {"OMP_WAIT_POLICY": "passive"}
 
 # Fields that tell apart the cases of one bench. A key printed by several cases (say median_s,
 # once per n) is compared per case; keys such as gflops_256 already name their case.
-CASE_FIELDS = ("n", "numel", "requires_grad", "dtype", "ckpt")
+CASE_FIELDS = ("n", "numel", "requires_grad", "dtype", "ckpt", "rows", "width", "part")
 
 
 def parse_args(argv):

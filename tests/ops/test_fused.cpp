@@ -118,6 +118,63 @@ TEST_CASE("add_layer_norm: the residual add and the norm equal their composition
   test::check_close(y, layer_norm(x + r, {9}), {1e-6, 1e-6});
 }
 
+TEST_CASE("layer_norm and rms_norm against long double at every tail of the row sums' 16 lanes",
+          "[ops][fused]") {
+  // The row statistics and the backward's row sums run in 16 lanes plus a tail (Note [lane sums] in
+  // cpu/row_sums.h); fused and composed share them, so the reference here is long double: mean, var,
+  // xhat and the gradients of <y, g> from the same rounded inputs, fusion on and off.
+  for (bool fused : {true, false}) {
+    FusionGuard guard(fused);
+    for (DType dt : {kFloat64, kFloat32}) {
+      for (int64_t m : {1, 7, 15, 16, 17, 31, 32, 33, 100, 769}) {
+        for (bool rms : {false, true}) {
+          INFO((fused ? "fused" : "composed") << ", " << dtype_name(dt) << ", M " << m << (rms ? ", rms" : ""));
+          const int64_t rows = 3;
+          Generator gen(static_cast<uint64_t>(m * 7 + rms));
+          // |mean| = 10 std: the two passes must not lose the variance to it.
+          const Tensor x = (randn({rows, m}, kFloat64, &gen) + 10).to(dt), w = randn({m}, kFloat64, &gen).to(dt),
+                       b = randn({m}, kFloat64, &gen).to(dt), g = randn({rows, m}, kFloat64, &gen).to(dt);
+          const double eps = 1e-5;
+          Tensor xl = x.clone().requires_grad_(), wl = w.clone().requires_grad_(), bl = b.clone().requires_grad_();
+          const Tensor y = rms ? rms_norm(xl, {m}, wl, eps) : layer_norm(xl, {m}, wl, bl, eps);
+          y.backward(g);
+          const std::vector<double> xv = x.to(kFloat64).to_vector<double>(), wv = w.to(kFloat64).to_vector<double>(),
+                                    bv = b.to(kFloat64).to_vector<double>(), gv = g.to(kFloat64).to_vector<double>();
+          std::vector<double> want_y(xv.size()), want_gx(xv.size()), want_gw(static_cast<size_t>(m), 0),
+              want_gb(static_cast<size_t>(m), 0);
+          for (int64_t r = 0; r < rows; ++r) {
+            const size_t o = static_cast<size_t>(r * m);
+            long double mean = 0, var = 0;
+            for (int64_t i = 0; i < m; ++i) mean += xv[o + i];
+            mean = rms ? 0 : mean / m;
+            for (int64_t i = 0; i < m; ++i) var += (xv[o + i] - mean) * (xv[o + i] - mean);
+            const long double rstd = 1 / std::sqrt(var / m + eps);
+            long double sum_gx = 0, sum_gx_xhat = 0;
+            for (int64_t i = 0; i < m; ++i) {
+              const long double xhat = (xv[o + i] - mean) * rstd, gx = gv[o + i] * wv[i];
+              want_y[o + i] = static_cast<double>(xhat * wv[i] + (rms ? 0 : bv[i]));
+              sum_gx += gx;
+              sum_gx_xhat += gx * xhat;
+              want_gw[i] += static_cast<double>(gv[o + i] * xhat);
+              want_gb[i] += gv[o + i];
+            }
+            for (int64_t i = 0; i < m; ++i) {
+              const long double xhat = (xv[o + i] - mean) * rstd, gx = gv[o + i] * wv[i];
+              want_gx[o + i] = static_cast<double>(rstd * (gx - (rms ? 0 : sum_gx / m) - xhat * sum_gx_xhat / m));
+            }
+          }
+          // float32: the kernels round x - mean and each product to float32, about ulp(10) = 1e-6.
+          const test::Tolerance tol = dt == kFloat64 ? test::Tolerance{1e-11, 1e-11} : test::Tolerance{2e-5, 2e-5};
+          test::check_close(y.to(kFloat64), from_vector(want_y, {rows, m}), tol);
+          test::check_close(xl.grad().to(kFloat64), from_vector(want_gx, {rows, m}), tol);
+          test::check_close(wl.grad().to(kFloat64), from_vector(want_gw, {m}), tol);
+          if (!rms) test::check_close(bl.grad().to(kFloat64), from_vector(want_gb, {m}), tol);
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("bias_gelu: gelu(x + bias) fused equals the composition, both forms", "[ops][fused]") {
   for (DType dt : {kFloat64, kFloat32}) {
     for (const char* approx : {"none", "tanh"}) {
