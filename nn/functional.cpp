@@ -5,6 +5,7 @@
 #include <cmath>
 #include <string_view>
 
+#include "core/grad_mode.h"
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -631,6 +632,41 @@ Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& targe
     loss = loss * options.weight;
   }
   return reduce(loss, r);
+}
+
+Tensor instance_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var, const Tensor& weight,
+                     const Tensor& bias, bool use_input_stats, double momentum, double eps) {
+  KILN_CHECK(input.dim() >= 3, "instance_norm: expects an input (N, C, *) of at least 3 dims, got shape {}",
+             input.sizes().str());
+  const int64_t n = input.size(0), c = input.size(1);
+  for (const Tensor* t : {&running_mean, &running_var, &weight, &bias}) {
+    KILN_CHECK(!t->defined() || t->sizes() == Shape{c}, "instance_norm: weight, bias and running statistics "
+               "must have shape ({}) for input of shape {}, got {}", c, input.sizes().str(), t->sizes().str());
+  }
+  KILN_CHECK(running_mean.defined() == running_var.defined(),
+             "instance_norm: give both running_mean and running_var, or neither");
+  KILN_CHECK(!use_input_stats || input.numel() == 0 || input.numel() / (n * c) > 1,
+             "instance_norm: needs more than one spatial element per channel when using the input's statistics, "
+             "got input of shape {}", input.sizes().str());
+  // Each (sample, channel) plane is a channel of batch_norm over (1, N C, *).
+  Shape planes = input.sizes();
+  planes[0] = 1;
+  planes[1] = n * c;
+  auto per_plane = [n](const Tensor& t) { return t.defined() ? t.repeat(Shape{n}) : Tensor(); };
+  Tensor mean_copy, var_copy;
+  if (running_mean.defined()) {
+    NoGradGuard no_grad;
+    mean_copy = per_plane(running_mean);
+    var_copy = per_plane(running_var);
+  }
+  Tensor out = batch_norm(input.reshape(planes), mean_copy, var_copy, per_plane(weight), per_plane(bias),
+                          use_input_stats, momentum, eps);
+  if (running_mean.defined() && use_input_stats) {  // each channel's statistics averaged over the batch
+    NoGradGuard no_grad;
+    Tensor(running_mean).copy_(mean_copy.reshape(Shape{n, c}).mean(Shape{0}));
+    Tensor(running_var).copy_(var_copy.reshape(Shape{n, c}).mean(Shape{0}));
+  }
+  return out.reshape(input.sizes());
 }
 
 }  // namespace functional

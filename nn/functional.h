@@ -13,6 +13,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/tensor.h"
 #include "ops/ops.h"
@@ -46,6 +47,8 @@ using ops::max_pool2d;
 using ops::max_pool2d_with_indices;
 using ops::one_hot;
 using ops::pad;
+using ops::pixel_shuffle;
+using ops::pixel_unshuffle;
 using ops::relu;
 using ops::rms_norm;
 using ops::scaled_dot_product_attention;
@@ -85,6 +88,34 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, const EmbeddingFun
 // PyTorch's torch.embedding_renorm_: the rows of weight (V, C) that indices reference, each once, whose
 // norm_type-norm is above max_norm, times max_norm / (norm + 1e-7); the norm and the factor in float64.
 Tensor& embedding_renorm_(Tensor& weight, const Tensor& indices, double max_norm, double norm_type = 2);
+
+// ---- resampling and instance norm (compositions of ops: any device, differentiable twice) ----
+// torch.nn.functional.interpolate's arguments:
+//   nn::interpolate(x, {.size = {64, 64}, .mode = "bilinear"});
+//   nn::interpolate(x, {.scale_factor = {2}});   // nearest, every spatial dim twice as large
+// size or scale_factor (one of them): one value per spatial dim of the input (N, C, d1[, d2[, d3]]), or
+// one for all; with scale_factor the output is floor(in * scale_factor) and, unless
+// recompute_scale_factor, the source positions use 1 / scale_factor itself, as PyTorch's.
+// mode: "nearest" (source floor(o * in / out), PyTorch's, which shifts the image by half a pixel),
+// "nearest-exact" (floor((o + 0.5) * in / out)), "linear" (3-D input), "bilinear" (4-D), "trilinear"
+// (5-D), "bicubic" (4-D; a = -0.75, edge pixels repeated) or "area" (adaptive average pooling; 3-D
+// and 4-D). align_corners (the linear modes and bicubic; false by default) maps the corner pixels'
+// centres onto each other instead of their outer edges. The linear modes take floating inputs.
+struct InterpolateOptions {
+  std::vector<int64_t> size = {};
+  std::vector<double> scale_factor = {};
+  std::string mode = "nearest";
+  std::optional<bool> align_corners = {};
+  std::optional<bool> recompute_scale_factor = {};
+};
+Tensor interpolate(const Tensor& input, const InterpolateOptions& options);
+// Each (sample, channel) plane of input (N, C, *) normalised by its own mean and variance, as
+// torch.nn.functional.instance_norm: batch_norm over input viewed as (1, N C, *). With
+// use_input_stats the running statistics (C), when given, are updated with the mean over the batch of
+// each plane's statistics; without it they normalise instead.
+Tensor instance_norm(const Tensor& input, const Tensor& running_mean = {}, const Tensor& running_var = {},
+                     const Tensor& weight = {}, const Tensor& bias = {}, bool use_input_stats = true,
+                     double momentum = 0.1, double eps = 1e-5);
 
 // ---- activations with parameters (compositions of ops; gradients as PyTorch's at the kinks) ----
 // x for x > 0, negative_slope * x otherwise (gradient negative_slope at 0).

@@ -11,4 +11,5 @@
 #include "nn/linear.h"
 #include "nn/module.h"
 #include "nn/norm.h"
+#include "nn/resample.h"
 #include "nn/transformer.h"

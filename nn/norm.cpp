@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "core/grad_mode.h"
+#include "nn/functional.h"
 #include "nn/linear.h"  // py_float
 #include "ops/ops.h"
 
@@ -25,20 +26,28 @@ void check_normalized_shape(const Shape& shape, const char* layer) {
   }
 }
 
+// BatchNorm's and InstanceNorm's per-channel state, as PyTorch's: weight (ones) and bias (zeros) when
+// affine; running_mean (zeros), running_var (ones) and num_batches_tracked (int64 0) when tracking.
+void register_channel_state(Module& m, int64_t channels, bool affine, bool track, Tensor& weight, Tensor& bias,
+                            Tensor& running_mean, Tensor& running_var, Tensor& num_batches_tracked) {
+  if (affine) {
+    weight = m.register_parameter("weight", ones({channels}));
+    bias = m.register_parameter("bias", zeros({channels}));
+  }
+  if (track) {
+    running_mean = m.register_buffer("running_mean", zeros({channels}));
+    running_var = m.register_buffer("running_var", ones({channels}));
+    num_batches_tracked = m.register_buffer("num_batches_tracked", zeros({}, kInt64));
+  }
+}
+
 }  // namespace
 
 BatchNormBase::BatchNormBase(int64_t num_features, BatchNormOptions options)
     : num_features(num_features), options(options) {
   KILN_CHECK(num_features > 0, "nn::BatchNorm: num_features must be positive, got {}", num_features);
-  if (options.affine) {
-    weight = register_parameter("weight", ones({num_features}));
-    bias = register_parameter("bias", zeros({num_features}));
-  }
-  if (options.track_running_stats) {
-    running_mean = register_buffer("running_mean", zeros({num_features}));
-    running_var = register_buffer("running_var", ones({num_features}));
-    num_batches_tracked = register_buffer("num_batches_tracked", zeros({}, kInt64));
-  }
+  register_channel_state(*this, num_features, options.affine, options.track_running_stats, weight, bias,
+                         running_mean, running_var, num_batches_tracked);
 }
 
 Tensor BatchNormBase::forward(const Tensor& input) {
@@ -69,6 +78,37 @@ void BatchNorm1d::check_input(const Tensor& input) const {
 
 void BatchNorm2d::check_input(const Tensor& input) const {
   KILN_CHECK(input.dim() == 4, "nn::BatchNorm2d: expected 4D input (got {}D input)", input.dim());
+}
+
+void BatchNorm3d::check_input(const Tensor& input) const {
+  KILN_CHECK(input.dim() == 5, "nn::BatchNorm3d: expected 5D input (got {}D input)", input.dim());
+}
+
+InstanceNormBase::InstanceNormBase(int64_t num_features, InstanceNormOptions options, int spatial_dims)
+    : num_features(num_features), options(options), spatial_dims_(spatial_dims) {
+  KILN_CHECK(num_features > 0, "nn::InstanceNorm: num_features must be positive, got {}", num_features);
+  register_channel_state(*this, num_features, options.affine, options.track_running_stats, weight, bias,
+                         running_mean, running_var, num_batches_tracked);
+}
+
+Tensor InstanceNormBase::forward(const Tensor& input) {
+  const int batched = spatial_dims_ + 2;
+  KILN_CHECK(input.dim() == batched || input.dim() == batched - 1,
+             "nn::{}: expected {}D (batched) or {}D (unbatched) input, got shape {}", name(), batched, batched - 1,
+             input.sizes().str());
+  const Tensor x = input.dim() == batched ? input : input.unsqueeze(0);
+  // PyTorch only warns when the channels differ without affine or statistics, which then never match.
+  KILN_CHECK(x.size(1) == num_features || (!options.affine && !options.track_running_stats),
+             "nn::{}: expected {} channels, got input of shape {}", name(), num_features, input.sizes().str());
+  const Tensor out = instance_norm(x, running_mean, running_var, weight, bias,
+                                   is_training() || !options.track_running_stats, options.momentum, options.eps);
+  return input.dim() == batched ? out : out.squeeze(0);
+}
+
+std::string InstanceNormBase::extra_repr() const {
+  return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}", num_features,
+                     py_float(options.eps), py_float(options.momentum), py_bool(options.affine),
+                     py_bool(options.track_running_stats));
 }
 
 LayerNorm::LayerNorm(Shape normalized_shape, LayerNormOptions options)

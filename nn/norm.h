@@ -1,5 +1,5 @@
-// nn/norm.h: BatchNorm1d/2d, LayerNorm, RMSNorm and GroupNorm over the ops of ops/ops.h (norm.cpp), and
-// Dropout. Affine weights start at one and biases at zero, as PyTorch.
+// nn/norm.h: BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LayerNorm, RMSNorm and GroupNorm over the ops of
+// ops/ops.h (norm.cpp) and nn::functional::instance_norm, and Dropout. Affine weights start at one and biases at zero, as PyTorch.
 #pragma once
 
 #include <optional>
@@ -51,6 +51,61 @@ class BatchNorm2d : public BatchNormBase {
 
  protected:
   void check_input(const Tensor& input) const override;
+};
+
+// input (N, C, D, H, W).
+class BatchNorm3d : public BatchNormBase {
+ public:
+  explicit BatchNorm3d(int64_t num_features, BatchNormOptions options = {}) : BatchNormBase(num_features, options) {}
+
+ protected:
+  void check_input(const Tensor& input) const override;
+};
+
+struct InstanceNormOptions {
+  double eps = 1e-5;
+  double momentum = 0.1;              // weight of the new batch's mean statistics in the running ones
+  bool affine = false;                // learnable weight and bias (C)
+  bool track_running_stats = false;  // running_mean, running_var (C) and num_batches_tracked, as PyTorch's
+};
+
+// Normalises each channel of each sample over its own spatial dims (nn::functional::instance_norm).
+// Training, or without running statistics: each plane's own statistics (and the running statistics,
+// when tracked, take their mean over the batch); eval with running statistics: those. The input is
+// batched (N, C, *) or, one dim fewer, a single sample.
+class InstanceNormBase : public Module {
+ public:
+  InstanceNormBase(int64_t num_features, InstanceNormOptions options, int spatial_dims);
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t num_features;
+  InstanceNormOptions options;
+  Tensor weight, bias;               // (C) when affine
+  Tensor running_mean, running_var;  // (C) when tracking
+  Tensor num_batches_tracked;        // () int64 when tracking (kept at 0, as PyTorch's)
+
+ private:
+  int spatial_dims_;
+};
+
+// input (N, C, L) or (C, L).
+class InstanceNorm1d : public InstanceNormBase {
+ public:
+  explicit InstanceNorm1d(int64_t num_features, InstanceNormOptions options = {})
+      : InstanceNormBase(num_features, options, 1) {}
+};
+// input (N, C, H, W) or (C, H, W).
+class InstanceNorm2d : public InstanceNormBase {
+ public:
+  explicit InstanceNorm2d(int64_t num_features, InstanceNormOptions options = {})
+      : InstanceNormBase(num_features, options, 2) {}
+};
+// input (N, C, D, H, W) or (C, D, H, W).
+class InstanceNorm3d : public InstanceNormBase {
+ public:
+  explicit InstanceNorm3d(int64_t num_features, InstanceNormOptions options = {})
+      : InstanceNormBase(num_features, options, 3) {}
 };
 
 struct LayerNormOptions {

@@ -1,7 +1,11 @@
-// ops/shape_ops.cpp: ops that rearrange whole tensors: cat, stack, split, chunk, flip, repeat, pad,
-// tril and triu. Most are views plus copies; the split family returns views.
+// ops/shape_ops.cpp: ops that rearrange whole tensors: cat, stack, split, chunk, flip, repeat, pad
+// (every mode), pixel_shuffle, tril and triu. Most are views plus copies; the split family returns views.
 
+#include <algorithm>
 #include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
@@ -262,6 +266,101 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, double value) {
     record_no_tensors("PadBackward", {x}, {out}, [negated](const Grads& g) -> TensorList { return {pad(g[0], negated, 0)}; });
   }
   return out;
+}
+
+// The modes other than "constant" gather: along each padded dim, output position o reads input
+// position map(o - left) of the (uncropped) input, with map reflecting, clamping or wrapping into
+// [0, size); index_select does the gather and its backward (an index_add) the gradient.
+Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, std::string_view mode, double value) {
+  if (mode == "constant") return pad(x, padding, value);
+  const bool reflect = mode == "reflect", replicate = mode == "replicate", circular = mode == "circular";
+  KILN_CHECK(reflect || replicate || circular,
+             "pad: mode must be \"constant\", \"reflect\", \"replicate\" or \"circular\", got \"{}\"", mode);
+  KILN_CHECK(value == 0, "pad: mode \"{}\" takes no value (got {}); only \"constant\" pads with a value", mode,
+             value);
+  const int n = static_cast<int>(padding.size()) / 2;
+  KILN_CHECK(padding.size() % 2 == 0 && n >= 1 && n <= 3,
+             "pad: mode \"{}\" pads 1, 2 or 3 trailing dims, as (left, right) pairs; got {} values", mode,
+             padding.size());
+  KILN_CHECK(x.dim() == n + 1 || x.dim() == n + 2,
+             "pad: mode \"{}\" with {} (left, right) pairs takes a {}-D or {}-D input (unbatched or batched), "
+             "got shape {}", mode, n, n + 1, n + 2, x.sizes().str());
+  Tensor out = x;
+  for (int i = 0; i < n; ++i) {
+    const int d = x.dim() - 1 - i;
+    const int64_t size = x.sizes()[d], lo = padding[2 * i], hi = padding[2 * i + 1];
+    if (reflect) {
+      KILN_CHECK(lo < size && hi < size, "pad: reflect's padding ({}, {}) of dim {} must be below its size {} "
+                 "(the reflection does not repeat the edge)", lo, hi, d, size);
+    } else if (replicate) {
+      KILN_CHECK(size > 0 || (lo <= 0 && hi <= 0), "pad: replicate cannot pad dim {} of size 0", d);
+    }
+    const __int128 wide = static_cast<__int128>(size) + lo + hi;  // no int64 overflow for any pads
+    KILN_CHECK(wide >= 0 && wide <= INT64_MAX, "pad: padding ({}, {}) makes dim {} of size {} {}", lo, hi, d, size,
+               wide < 0 ? "negative" : "longer than 2^63");
+    const auto length = static_cast<int64_t>(wide);
+    // circular crops first and wraps around what is left, as PyTorch's (reflect and replicate read the
+    // uncropped input, so a crop on one side does not change the other side's pad).
+    const int64_t crop_lo = std::max<int64_t>(0, -lo), inner = size - crop_lo - std::max<int64_t>(0, -hi);
+    const int64_t pad_lo = std::max<int64_t>(0, lo);
+    if (circular) {
+      KILN_CHECK(pad_lo <= inner && hi <= inner, "pad: circular's padding ({}, {}) of dim {} must be at most the "
+                 "size left after cropping, {} (it wraps around once)", lo, hi, d, inner);
+    }
+    if (lo == 0 && hi == 0) continue;
+    Tensor positions = empty(Shape{length}, kInt64);  // from the allocator: too long is an Error, as for x
+    int64_t* index = positions.data_ptr<int64_t>();
+    for (int64_t o = 0; o < length; ++o) {
+      int64_t c = o - lo;
+      if (reflect) {
+        c = c < 0 ? -c : c >= size ? 2 * (size - 1) - c : c;
+      } else if (replicate) {
+        c = std::clamp<int64_t>(c, 0, size - 1);
+      } else {
+        c = crop_lo + ((o - pad_lo) % inner + inner) % inner;
+      }
+      index[o] = c;
+    }
+    out = index_select(out, d, positions.to(x.device()));
+  }
+  return out;
+}
+
+Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor) {
+  const int64_t r = upscale_factor;
+  KILN_CHECK(r > 0, "pixel_shuffle: upscale_factor must be positive, got {}", r);
+  KILN_CHECK(x.dim() >= 3, "pixel_shuffle: expects an input (*, C r^2, H, W), got shape {}", x.sizes().str());
+  const int k = x.dim();
+  const int64_t c = x.sizes()[k - 3], h = x.sizes()[k - 2], w = x.sizes()[k - 1];
+  KILN_CHECK(c % (r * r) == 0, "pixel_shuffle: the channels ({}) must be divisible by upscale_factor^2 ({})", c, r * r);
+  Shape lead;
+  for (int i = 0; i < k - 3; ++i) lead.push_back(x.sizes()[i]);
+  // (*, C, r, r, H, W) -> (*, C, H, r, W, r) -> (*, C, H r, W r)
+  Shape split = lead, perm, merged = lead;
+  for (int64_t s : {c / (r * r), r, r, h, w}) split.push_back(s);
+  for (int i = 0; i < k - 3; ++i) perm.push_back(i);
+  for (int i : {0, 3, 1, 4, 2}) perm.push_back(k - 3 + i);
+  for (int64_t s : {c / (r * r), h * r, w * r}) merged.push_back(s);
+  return x.reshape(split).permute(perm).reshape(merged);
+}
+
+Tensor pixel_unshuffle(const Tensor& x, int64_t downscale_factor) {
+  const int64_t r = downscale_factor;
+  KILN_CHECK(r > 0, "pixel_unshuffle: downscale_factor must be positive, got {}", r);
+  KILN_CHECK(x.dim() >= 3, "pixel_unshuffle: expects an input (*, C, H r, W r), got shape {}", x.sizes().str());
+  const int k = x.dim();
+  const int64_t c = x.sizes()[k - 3], h = x.sizes()[k - 2], w = x.sizes()[k - 1];
+  KILN_CHECK(h % r == 0 && w % r == 0, "pixel_unshuffle: height {} and width {} must be divisible by "
+             "downscale_factor {}", h, w, r);
+  Shape lead;
+  for (int i = 0; i < k - 3; ++i) lead.push_back(x.sizes()[i]);
+  // (*, C, H, r, W, r) -> (*, C, r, r, H, W) -> (*, C r^2, H, W)
+  Shape split = lead, perm, merged = lead;
+  for (int64_t s : {c, h / r, r, w / r, r}) split.push_back(s);
+  for (int i = 0; i < k - 3; ++i) perm.push_back(i);
+  for (int i : {0, 2, 4, 1, 3}) perm.push_back(k - 3 + i);
+  for (int64_t s : {c * r * r, h / r, w / r}) merged.push_back(s);
+  return x.reshape(split).permute(perm).reshape(merged);
 }
 
 static Tensor triangle(const Tensor& x, int64_t diagonal, bool upper) {

@@ -46,6 +46,16 @@ TEST_CASE("The nn headers' examples compile and run", "[nn][examples]") {
   Tensor labels = from_vector<int64_t>({0, 2, 1, 0}, {4});
   Tensor loss = nn::cross_entropy(logits, labels, {.ignore_index = 0, .reduction = "sum", .label_smoothing = 0.1});
   CHECK(loss.dim() == 0);
+  Tensor image = test::sample({1, 3, 16, 20});
+  CHECK(nn::interpolate(image, {.size = {64, 64}, .mode = "bilinear"}).sizes() == Shape{1, 3, 64, 64});
+  CHECK(nn::interpolate(image, {.scale_factor = {2}}).sizes() == Shape{1, 3, 32, 40});
+
+  // nn/resample.h
+  CHECK(nn::ReflectionPad2d({1, 1, 2, 2})(image).sizes() == Shape{1, 3, 20, 22});
+  CHECK(nn::ReplicationPad1d(3)(image[0]).sizes() == Shape{3, 16, 26});
+  CHECK(nn::ConstantPad2d(2, 3.5)(image).sizes() == Shape{1, 3, 20, 24});
+  CHECK(nn::ConstantPad2d({1, 1, 2, 0}, 3.5)(image).sizes() == Shape{1, 3, 18, 22});
+  CHECK(nn::Upsample({.scale_factor = {2}, .mode = "bilinear"})(image).sizes() == Shape{1, 3, 32, 40});
 
   // nn/module.h, Module::set_parameter
   nn::Embedding embedding(10, 8);

@@ -151,6 +151,15 @@ std::vector<EdgeOp> edge_ops() {
   u("pad negative", [](const Tensor& a) { return pad(a, {-5, -5}); });
   u("pad odd", [](const Tensor& a) { return pad(a, {1}); });
   u("pad 5 dims", [](const Tensor& a) { return pad(a, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1}); });
+  u("pad reflect 1", [](const Tensor& a) { return pad(a, {1, 1}, "reflect"); });
+  u("pad reflect 2 dims", [](const Tensor& a) { return pad(a, {1, 1, 1, 0}, "reflect"); });
+  u("pad replicate 2^62", [](const Tensor& a) { return pad(a, {int64_t{1} << 62, 1}, "replicate"); });
+  u("pad replicate int64 max", [](const Tensor& a) {
+    return pad(a, {std::numeric_limits<int64_t>::max(), 1}, "replicate");
+  });
+  u("pad circular crop", [](const Tensor& a) { return pad(a, {2, -1}, "circular"); });
+  u("pixel_shuffle 2", [](const Tensor& a) { return pixel_shuffle(a, 2); });
+  u("pixel_unshuffle 1", [](const Tensor& a) { return pixel_unshuffle(a, 1); });
   u("tril -100", [](const Tensor& a) { return tril(a, -100); });
   u("chunk 5", [](const Tensor& a) { return chunk(a, 5).back(); });
   u("split sizes -1", [](const Tensor& a) { return split_with_sizes(a, {1, -1, 3})[0]; });
@@ -174,6 +183,12 @@ std::vector<EdgeOp> edge_ops() {
   u("layer_norm [3]", [](const Tensor& a) { return layer_norm(a, {3}); });
   u("layer_norm []", [](const Tensor& a) { return layer_norm(a, {}); });
   u("rms_norm [3]", [](const Tensor& a) { return rms_norm(a, {3}); });
+  u("instance_norm", [](const Tensor& a) { return nn::instance_norm(a); });
+  u("interpolate nearest 2x", [](const Tensor& a) { return nn::interpolate(a, {.scale_factor = {2}}); });
+  u("interpolate bilinear", [](const Tensor& a) { return nn::interpolate(a, {.size = {3, 2}, .mode = "bilinear"}); });
+  u("interpolate 2^50", [](const Tensor& a) { return nn::interpolate(a, {.size = {int64_t{1} << 50}}); });
+  u("interpolate scale inf", [](const Tensor& a) { return nn::interpolate(a, {.scale_factor = {kInf}}); });
+  u("interpolate area", [](const Tensor& a) { return nn::interpolate(a, {.size = {1}, .mode = "area"}); });
   u("group_norm 0", [](const Tensor& a) { return group_norm(a, 0); });
   u("max_pool2d 2", [](const Tensor& a) { return max_pool2d(a, {2, 2}); });
   u("max_pool2d 0", [](const Tensor& a) { return max_pool2d(a, {0, 0}); });

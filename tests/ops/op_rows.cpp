@@ -412,6 +412,27 @@ const std::vector<OpRow>& op_table() {
          return TensorList{kiln::group_norm(in.at(0), c.integer("groups"), opt_input(in, 1), opt_input(in, 2),
                                             c.real("eps", 1e-5))};
        }},
+      {"instance_norm", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{nn::instance_norm(in.at(0), {}, {}, opt_input(in, 1), opt_input(in, 2), true, 0.1,
+                                             c.real("eps", 1e-5))};
+       }},
+      unary_args("pad_mode", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::pad(x, c.ints("padding"), c.str("mode")); }),
+      unary_args("pixel_shuffle", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::pixel_shuffle(x, c.integer("r")); }),
+      unary_args("pixel_unshuffle", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::pixel_unshuffle(x, c.integer("r")); }),
+      unary_args("interpolate", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        nn::InterpolateOptions o;
+        if (c.has("size")) o.size = c.ints("size");
+        if (c.has("scale")) o.scale_factor.push_back(c.real("scale"));
+        if (c.has("scale2")) o.scale_factor.push_back(c.real("scale2"));
+        o.mode = c.str("mode");
+        if (c.has("align_corners")) o.align_corners = c.flag("align_corners");
+        if (c.has("recompute")) o.recompute_scale_factor = c.flag("recompute");
+        return nn::interpolate(x, o);
+      }),
       {"batch_norm", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
          return TensorList{kiln::batch_norm(in.at(0), {}, {}, opt_input(in, 1), opt_input(in, 2), true, 0.1,
