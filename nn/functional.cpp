@@ -143,6 +143,14 @@ Nll nll(const Tensor& logp, const Tensor& target, const Tensor& weight, int64_t 
 
 namespace {
 
+// t (*, n) as a matrix (rows, n), rows the product of the other dims: reshape({-1, n}) cannot say
+// that when n is 0 (a Linear or an Embedding of width 0).
+Tensor as_rows(const Tensor& t) {
+  int64_t rows = 1;
+  for (int d = 0; d + 1 < t.dim(); ++d) rows *= t.size(d);
+  return t.reshape({rows, t.size(-1)});
+}
+
 // linear's checks, shared by linear and linear_graph_only.
 void check_linear(const Tensor& input, const Tensor& weight, const Tensor& bias) {
   KILN_CHECK(weight.dim() == 2, "linear: weight must be 2-D (out_features, in_features), got shape {}",
@@ -171,11 +179,8 @@ void record_linear(const Tensor& input, const Tensor& weight, const Tensor& bias
     Tensor gy = g[0];
     autograd::TensorList out(has_bias ? 3 : 2);
     if (g.needs_grad(0)) out[0] = matmul(gy, w.unpack("LinearBackward"));  // dL/dx = gy W
-    Tensor gy2 = gy.reshape({-1, gy.size(-1)});
-    if (g.needs_grad(1)) {
-      Tensor xv = x.unpack("LinearBackward");
-      out[1] = matmul(gy2.t(), xv.reshape({-1, xv.size(-1)}));  // gy^T x
-    }
+    Tensor gy2 = as_rows(gy);
+    if (g.needs_grad(1)) out[1] = matmul(gy2.t(), as_rows(x.unpack("LinearBackward")));  // gy^T x
     if (has_bias && g.needs_grad(2)) out[2] = gy2.sum({0});
     return out;
   };
@@ -309,7 +314,7 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, const EmbeddingFun
                       by_freq = options.scale_grad_by_freq,
                       dtype = weight.dtype()](const autograd::Grads& g) -> autograd::TensorList {
                        Tensor flat = idx.unpack("EmbeddingBackward").reshape({-1});
-                       Tensor gy = g[0].reshape({-1, g[0].size(-1)});
+                       Tensor gy = as_rows(g[0]);
                        if (pad >= 0) gy = gy.masked_fill(flat.eq(pad).unsqueeze(1), 0);  // no gradient
                        const TensorOptions opts = TensorOptions(dtype).device(gy.device());
                        if (by_freq) {  // each occurrence's share: 1 / (the row's count in indices)
@@ -500,24 +505,34 @@ Tensor leaky_relu(const Tensor& input, double negative_slope) {
 }
 
 Tensor elu(const Tensor& input, double alpha) {
-  // expm1 of min(x, 0): for a large x the unused branch would be inf, and its zero gradient times
-  // exp(x) = inf a NaN in the sum.
-  return where(input.gt(0), input, input.clamp({}, 0.0).expm1() * alpha);
+  // NaN takes the identity branch, so its gradient passes as PyTorch's (x <= 0 ? ... : g). The other
+  // branch reads 0 wherever it is not taken: a large x would make it inf and a NaN keep it NaN, and its
+  // zero gradient times exp(x) would then be a NaN in the sum.
+  const Tensor negative = input.le(0);
+  return where(negative, input.masked_fill(negative.logical_not(), 0.0).expm1() * alpha, input);
 }
 
 Tensor hardtanh(const Tensor& input, double min_val, double max_val) {
   KILN_CHECK(min_val <= max_val, "hardtanh: min_val ({}) must be <= max_val ({})", min_val, max_val);
-  // clamp's value; the gradient only strictly inside (clamp's passes at the bounds too).
-  Tensor inside = input.gt(min_val).logical_and(input.lt(max_val));
-  return where(inside, input, input.detach().clamp(min_val, max_val));
+  // clamp's value; the gradient only strictly inside (clamp's passes at the bounds too), and at NaN,
+  // which is neither outside nor at a bound, as PyTorch's ((x <= min || x >= max) ? 0 : g).
+  Tensor outside = input.le(min_val).logical_or(input.ge(max_val));
+  return where(outside, input.detach().clamp(min_val, max_val), input);
 }
 
 Tensor softplus(const Tensor& input, double beta, double threshold) {
   KILN_CHECK(beta != 0 && std::isfinite(beta), "softplus: beta must be finite and nonzero, got {}", beta);
   if (beta == 1 && threshold == 20) return ops::softplus(input);  // the op's own threshold
   Tensor bx = input * beta;
-  // ops::softplus is the identity above 20 itself, so its branch never overflows.
-  return where(bx.gt(threshold), input, ops::softplus(bx) / beta);
+  // ops::softplus is the identity above 20 itself, so its branch never overflows. Above a threshold
+  // past 20, softplus(u) = u + log1p(exp(-u)) for 20 < u <= threshold; u clamped to 20 below keeps
+  // the unused branch finite (its zero gradient times an inf would be a NaN).
+  Tensor soft = ops::softplus(bx);
+  if (threshold > 20) {
+    Tensor u = bx.clamp(20.0, {});
+    soft = where(bx.gt(20), u + (-u).exp().log1p(), soft);
+  }
+  return where(bx.gt(threshold), input, soft / beta);
 }
 
 namespace {

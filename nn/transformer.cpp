@@ -92,9 +92,9 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
   Tensor mask = call.attn_mask;
   bool causal = call.is_causal;
   if (mask.defined()) {
-    KILN_CHECK(mask.dim() == 2 || (mask.dim() == 3 && mask.sizes()[0] == N * num_heads),
-               "{}: attn_mask must be (L, S) or (N * num_heads, L, S) = ({}, {}, {}), got shape {}", op, N * num_heads,
-               L, S, mask.sizes().str());
+    KILN_CHECK(mask.sizes() == Shape({L, S}) || mask.sizes() == Shape({N * num_heads, L, S}),
+               "{}: attn_mask must be (L, S) = ({}, {}) or (N * num_heads, L, S) = ({}, {}, {}), got shape {}", op,
+               L, S, N * num_heads, L, S, mask.sizes().str());
     if (mask.dim() == 3) mask = mask.view({N, num_heads, L, S});
     if (mask.dtype() == kBool) mask = mask.logical_not();
     causal = false;  // PyTorch: with attn_mask, is_causal is only a hint that the mask is causal

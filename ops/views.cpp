@@ -429,7 +429,11 @@ Tensor unsqueeze(const Tensor& t, int64_t dim) {
 }
 
 Tensor flatten(const Tensor& t, int64_t start_dim, int64_t end_dim) {
-  if (t.dim() == 0) return t.reshape({1});
+  if (t.dim() == 0) {  // its dims are checked as a 1-D tensor's, as PyTorch's
+    (void)wrap_dim(start_dim, 1, "flatten");
+    (void)wrap_dim(end_dim, 1, "flatten");
+    return t.reshape({1});
+  }
   int s = wrap_dim(start_dim, t.dim(), "flatten"), e = wrap_dim(end_dim, t.dim(), "flatten");
   KILN_CHECK(s <= e, "flatten: start_dim {} comes after end_dim {}", start_dim, end_dim);
   Shape shape;

@@ -21,9 +21,12 @@ Adagrad::Adagrad(std::vector<GroupSpec<AdagradOptions>> groups) : Optimizer("Ada
 namespace {
 
 void check_options(const AdagradOptions& o) {
-  KILN_CHECK(o.lr >= 0, "Adagrad: invalid learning rate {}; lr must be >= 0", o.lr);
-  KILN_CHECK(o.lr_decay >= 0, "Adagrad: invalid lr_decay value {}; it must be >= 0", o.lr_decay);
-  KILN_CHECK(o.weight_decay >= 0, "Adagrad: invalid weight_decay value {}; it must be >= 0",
+  KILN_CHECK(std::isfinite(o.lr) && o.lr >= 0, "Adagrad: invalid learning rate {}; lr must be finite and >= 0",
+             o.lr);
+  KILN_CHECK(std::isfinite(o.lr_decay) && o.lr_decay >= 0,
+             "Adagrad: invalid lr_decay value {}; it must be finite and >= 0", o.lr_decay);
+  KILN_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+             "Adagrad: invalid weight_decay value {}; it must be finite and >= 0",
              o.weight_decay);
   KILN_CHECK(o.initial_accumulator_value >= 0,
              "Adagrad: invalid initial_accumulator_value value {}; it must be >= 0",

@@ -17,13 +17,14 @@ std::vector<std::pair<std::string, double>> checked_options(const char* name, do
                                                             double beta1, double beta2, double eps,
                                                             double weight_decay, bool amsgrad,
                                                             bool maximize, bool fused) {
-  KILN_CHECK(lr >= 0, "{}: invalid learning rate {}; lr must be >= 0", name, lr);
+  KILN_CHECK(std::isfinite(lr) && lr >= 0, "{}: invalid learning rate {}; lr must be finite and >= 0", name, lr);
   KILN_CHECK(eps >= 0, "{}: invalid epsilon value {}; eps must be >= 0", name, eps);
   KILN_CHECK(beta1 >= 0 && beta1 < 1,
              "{}: invalid beta parameter at index 0: {}; it must be in [0, 1)", name, beta1);
   KILN_CHECK(beta2 >= 0 && beta2 < 1,
              "{}: invalid beta parameter at index 1: {}; it must be in [0, 1)", name, beta2);
-  KILN_CHECK(weight_decay >= 0, "{}: invalid weight_decay value {}; it must be >= 0", name,
+  KILN_CHECK(std::isfinite(weight_decay) && weight_decay >= 0,
+             "{}: invalid weight_decay value {}; it must be finite and >= 0", name,
              weight_decay);
   return {{"lr", lr},
           {"beta1", beta1},

@@ -71,6 +71,14 @@ void LRScheduler::apply(const std::vector<double>& lrs) {
              "{}: computed {} lrs for {} parameter groups; build the "
              "scheduler after adding every group",
              name_, lrs.size(), groups.size());
+  // A NaN or infinite lr (from a LambdaLR's function, say) is an Error where it is written: a step with
+  // it makes every parameter NaN, and a state dict holding it does not load. A negative one goes
+  // through, as in PyTorch: OneCycleLR's linear anneal ends below 0 on the last step PyTorch allows.
+  for (size_t g = 0; g < groups.size(); ++g) {
+    KILN_CHECK(std::isfinite(lrs[g]), "{}: computed the learning rate {} for parameter group {} at step {}; a "
+               "learning rate must be finite (check the scheduler's arguments, or its lambda)", name_, lrs[g], g,
+               last_epoch_);
+  }
   for (size_t g = 0; g < groups.size(); ++g) groups[g].set_lr(lrs[g]);
   last_lr_ = lrs;
 }
@@ -141,9 +149,17 @@ static std::vector<double> current_lrs(const Optimizer& optimizer) {
 
 // ---- StepLR ----
 
+namespace {
+// A decay factor or an lr floor: finite and >= 0, or every lr after it is NaN or negative.
+void check_factor(const char* scheduler, const char* name, double value) {
+  KILN_CHECK(std::isfinite(value) && value >= 0, "{}: {} must be finite and >= 0, got {}", scheduler, name, value);
+}
+}  // namespace
+
 StepLR::StepLR(Optimizer& optimizer, int64_t step_size, double gamma)
     : LRScheduler(optimizer, "StepLR"), step_size_(step_size), gamma_(gamma) {
   KILN_CHECK(step_size > 0, "StepLR: step_size must be positive, got {}", step_size);
+  check_factor("StepLR", "gamma", gamma);
   initial_step();
 }
 
@@ -166,6 +182,7 @@ std::vector<double> StepLR::closed_form_lr() {
 
 MultiStepLR::MultiStepLR(Optimizer& optimizer, std::vector<int64_t> milestones, double gamma)
     : LRScheduler(optimizer, "MultiStepLR"), milestones_(std::move(milestones)), gamma_(gamma) {
+  check_factor("MultiStepLR", "gamma", gamma);
   std::sort(milestones_.begin(), milestones_.end());
   initial_step();
 }
@@ -191,6 +208,7 @@ std::vector<double> MultiStepLR::closed_form_lr() {
 
 ExponentialLR::ExponentialLR(Optimizer& optimizer, double gamma)
     : LRScheduler(optimizer, "ExponentialLR"), gamma_(gamma) {
+  check_factor("ExponentialLR", "gamma", gamma);
   initial_step();
 }
 
@@ -213,6 +231,7 @@ std::vector<double> ExponentialLR::closed_form_lr() {
 CosineAnnealingLR::CosineAnnealingLR(Optimizer& optimizer, int64_t T_max, double eta_min)
     : LRScheduler(optimizer, "CosineAnnealingLR"), T_max_(T_max), eta_min_(eta_min) {
   KILN_CHECK(T_max > 0, "CosineAnnealingLR: T_max must be positive, got {}", T_max);
+  check_factor("CosineAnnealingLR", "eta_min", eta_min);
   initial_step();
 }
 
@@ -384,6 +403,7 @@ CosineAnnealingWarmRestarts::CosineAnnealingWarmRestarts(Optimizer& optimizer, i
     : LRScheduler(optimizer, "CosineAnnealingWarmRestarts"), T_0_(T_0), T_mult_(T_mult), eta_min_(eta_min) {
   KILN_CHECK(T_0 > 0, "CosineAnnealingWarmRestarts: T_0 must be positive, got {}", T_0);
   KILN_CHECK(T_mult >= 1, "CosineAnnealingWarmRestarts: T_mult must be >= 1, got {}", T_mult);
+  check_factor("CosineAnnealingWarmRestarts", "eta_min", eta_min);
   initial_step();
 }
 
@@ -474,6 +494,10 @@ CyclicLR::CyclicLR(Optimizer& optimizer, CyclicLROptions options)
   total_size_ = up + static_cast<double>(o.step_size_down > 0 ? o.step_size_down : o.step_size_up);
   step_ratio_ = up / total_size_;
   if (o.cycle_momentum) {
+    KILN_CHECK(o.base_momentum >= 0 && o.max_momentum >= 0 && std::isfinite(o.base_momentum) &&
+                   std::isfinite(o.max_momentum),
+               "CyclicLR: base_momentum and max_momentum must be finite and >= 0, got {} and {}", o.base_momentum,
+               o.max_momentum);
     KILN_CHECK(groups.at(0).has("momentum"),
                "CyclicLR: {} has no momentum to cycle; pass cycle_momentum = false (PyTorch 1.13 cycles only "
                "\"momentum\")", optimizer.name());
@@ -537,7 +561,8 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
     KILN_CHECK(o.max_lr > 0, "OneCycleLR: max_lr is required and must be positive, got {}", o.max_lr);
   }
   for (size_t g = 0; g < groups; ++g) {
-    KILN_CHECK(max_lrs[g] > 0, "OneCycleLR: max_lrs[{}] must be positive, got {}", g, max_lrs[g]);
+    KILN_CHECK(max_lrs[g] > 0 && std::isfinite(max_lrs[g]), "OneCycleLR: max_lrs[{}] must be positive and finite, "
+               "got {}", g, max_lrs[g]);
   }
   KILN_CHECK(o.pct_start >= 0 && o.pct_start <= 1,
              "OneCycleLR: expected pct_start in [0, 1], got {}", o.pct_start);
@@ -566,6 +591,12 @@ OneCycleLR::OneCycleLR(Optimizer& optimizer, OneCycleLROptions options)
                "OneCycleLR: {} has no momentum or beta1 to cycle; pass "
                "cycle_momentum = false",
                optimizer.name());
+    // What the optimizer itself accepts: beta1 in [0, 1), a momentum >= 0.
+    const double top = std::string(momentum_name_) == "beta1" ? 1.0 : std::numeric_limits<double>::infinity();
+    KILN_CHECK(o.base_momentum >= 0 && o.max_momentum >= 0 && o.base_momentum < top && o.max_momentum < top,
+               "OneCycleLR: base_momentum and max_momentum become {}'s {}, which must be {}; got {} and {}",
+               optimizer.name(), momentum_name_, top == 1.0 ? "in [0, 1)" : "finite and >= 0", o.base_momentum,
+               o.max_momentum);
   }
   base_lrs_.clear();
   for (size_t g = 0; g < groups; ++g) {
@@ -607,6 +638,8 @@ std::vector<double> OneCycleLR::get_lr() {
                    "{}{}); use more total_steps or another pct_start",
                    last_epoch_, i + 1, phases_.size(), total_steps_, options_.pct_start,
                    options_.three_phase ? ", three_phase" : "");
+        // Past 1 on the one step beyond the last phase that PyTorch allows (last_epoch == total_steps),
+        // as PyTorch's: the anneal goes on past min_lr there (below 0 for the linear one).
         const double pct = (step_num - start_step) / (phase.end_step - start_step);
         lrs.push_back(anneal(group.get(phase.start_lr), group.get(phase.end_lr), pct));
         if (momentum_name_ != nullptr) {

@@ -259,14 +259,16 @@ void Optimizer::load_state_dict(const TensorDict& dict) {
     for (const Tensor& p : group.params) params.push_back(&p);
   }
   // Every value is checked as the constructor checks it: a damaged or hand-edited file gets an Error
-  // here rather than a NaN loss later.
+  // here rather than a NaN loss later. The lr only for being finite: a scheduler may have written a
+  // negative one (OneCycleLR's linear anneal on its last step, as PyTorch's), and the optimizer's own
+  // state dict must load.
   for (const auto& [g, values] : options) {
     ParamGroup loaded{{}, groups_[g].options};
     for (const auto& [key, value] : values) {
       KILN_CHECK(std::isfinite(value) && (value >= 0 || !scheduler_option(key)),
                  "{}.load_state_dict: 'param_groups.{}.{}' is {}, but it must be a finite number{}; the state "
                  "dict is damaged", name_, g, key, value, scheduler_option(key) ? " >= 0" : "");
-      loaded.set(key, value);
+      loaded.set(key, key == "lr" ? std::max(value, 0.0) : value);
     }
     try {
       check_group(loaded);

@@ -1,6 +1,8 @@
 // optim/rmsprop.cpp: RMSprop's option checks and update (see rmsprop.h for the rule).
 #include "optim/rmsprop.h"
 
+#include <cmath>
+
 #include "core/error.h"
 #include "core/grad_mode.h"
 #include "ops/ops.h"
@@ -19,12 +21,16 @@ RMSprop::RMSprop(std::vector<GroupSpec<RMSpropOptions>> groups) : Optimizer("RMS
 namespace {
 
 void check_options(const RMSpropOptions& o) {
-  KILN_CHECK(o.lr >= 0, "RMSprop: invalid learning rate {}; lr must be >= 0", o.lr);
+  KILN_CHECK(std::isfinite(o.lr) && o.lr >= 0, "RMSprop: invalid learning rate {}; lr must be finite and >= 0",
+             o.lr);
   KILN_CHECK(o.eps >= 0, "RMSprop: invalid epsilon value {}; eps must be >= 0", o.eps);
-  KILN_CHECK(o.momentum >= 0, "RMSprop: invalid momentum value {}; it must be >= 0", o.momentum);
-  KILN_CHECK(o.weight_decay >= 0, "RMSprop: invalid weight_decay value {}; it must be >= 0",
+  KILN_CHECK(std::isfinite(o.momentum) && o.momentum >= 0,
+             "RMSprop: invalid momentum value {}; it must be finite and >= 0", o.momentum);
+  KILN_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+             "RMSprop: invalid weight_decay value {}; it must be finite and >= 0",
              o.weight_decay);
-  KILN_CHECK(o.alpha >= 0, "RMSprop: invalid alpha value {}; it must be >= 0", o.alpha);
+  // alpha > 1 makes square_avg = alpha v + (1 - alpha) g^2 negative, and its sqrt NaN.
+  KILN_CHECK(o.alpha >= 0 && o.alpha <= 1, "RMSprop: invalid alpha value {}; it must be in [0, 1]", o.alpha);
 }
 
 }  // namespace

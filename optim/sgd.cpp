@@ -25,9 +25,12 @@ namespace {
 void check_options(const SGDOptions& o) {
   KILN_CHECK(!std::isnan(o.lr),
              "SGD: lr is required (PyTorch's SGD has no default); pass {{.lr = ...}}");
-  KILN_CHECK(o.lr >= 0, "SGD: invalid learning rate {}; lr must be >= 0", o.lr);
-  KILN_CHECK(o.momentum >= 0, "SGD: invalid momentum value {}; momentum must be >= 0", o.momentum);
-  KILN_CHECK(o.weight_decay >= 0, "SGD: invalid weight_decay value {}; it must be >= 0",
+  KILN_CHECK(std::isfinite(o.lr) && o.lr >= 0, "SGD: invalid learning rate {}; lr must be finite and >= 0", o.lr);
+  KILN_CHECK(std::isfinite(o.momentum) && o.momentum >= 0,
+             "SGD: invalid momentum value {}; momentum must be finite and >= 0", o.momentum);
+  KILN_CHECK(std::isfinite(o.dampening), "SGD: invalid dampening value {}; it must be finite", o.dampening);
+  KILN_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+             "SGD: invalid weight_decay value {}; it must be finite and >= 0",
              o.weight_decay);
   KILN_CHECK(!o.nesterov || (o.momentum > 0 && o.dampening == 0),
              "SGD: Nesterov momentum requires a momentum and zero dampening (got momentum {}, "

@@ -374,3 +374,55 @@ TEST_CASE("LeakyReLU, ELU, Hardtanh and Softplus match torch, at their kinks too
   test::check_close(big.grad(), from_vector<double>({2.0, 0.0}), {1e-15, 1e-150});  // sigmoid(-400) at -800
   test::check_error([] { nn::Hardtanh(1.0, -1.0); }, {"nn::Hardtanh", "min_val (1)", "max_val (-1)"});
 }
+
+TEST_CASE("layers at their edges as PyTorch: width 0, NaN inputs, Softplus past 20, a 0-d Flatten, mask shapes",
+          "[nn][layers]") {
+  // Width 0: the backward reshaped to (-1, 0), which no shape satisfies. Golden: PyTorch 1.13.
+  nn::Linear empty_in(0, 3);
+  Tensor x = zeros({2, 0}).requires_grad_();
+  empty_in(x).sum().backward();
+  test::check_equal(empty_in.bias.grad(), full({3}, 2.0));
+  CHECK(empty_in.weight.grad().sizes() == Shape{3, 0});
+  CHECK(x.grad().sizes() == Shape{2, 0});
+  nn::Linear empty_out(4, 0);
+  Tensor x2 = ones({2, 4}).requires_grad_();
+  empty_out(x2).sum().backward();
+  test::check_equal(x2.grad(), zeros({2, 4}));
+  nn::Embedding narrow(5, 0);
+  narrow(from_vector<int64_t>({1, 2})).sum().backward();
+  CHECK(narrow.weight.grad().sizes() == Shape{5, 0});
+
+  // A NaN input: NaN out, and the incoming gradient passed through (PyTorch: x <= 0 ? ... : g for ELU,
+  // x <= min || x >= max ? 0 : g for Hardtanh).
+  for (int layer = 0; layer < 2; ++layer) {
+    Tensor v = from_vector<double>({NAN, 0.5, -0.5}).requires_grad_();
+    Tensor y = layer == 0 ? nn::ELU(1.0)(v) : nn::Hardtanh()(v);
+    y.backward(ones({3}, kFloat64));
+    CHECK(std::isnan(y[0].item<double>()));
+    test::check_close(v.grad(), from_vector<double>({1, 1, layer == 0 ? 0.6065306597126334 : 1}), {1e-15, 1e-15});
+  }
+
+  // Softplus(1, 30) between 20 and the threshold is softplus, not the identity (golden: PyTorch 1.13).
+  Tensor s = from_vector<double>({20.5, 25}).requires_grad_();
+  Tensor sp = nn::Softplus(1.0, 30.0)(s);
+  sp.sum().backward();
+  test::check_close(sp, from_vector<double>({20.500000001250154, 25.000000000013888}), {1e-15, 0});
+  test::check_close(s.grad(), from_vector<double>({0.99999999874984713, 0.99999999998611211}), {1e-15, 0});
+  test::check_close(nn::Softplus(2.0, 50.0)(from_vector<double>({-3, 0, 4, 12})),
+                    from_vector<double>({0.0012378425688652247, 0.34657359027997264, 4.000167703186448,
+                                         12.000000000018876}),
+                    {1e-14, 0});
+
+  // Flatten's dims are checked on a 0-d tensor too (PyTorch: "Dimension out of range").
+  test::check_error([] { nn::Flatten()(scalar_tensor(5.0)); }, {"flatten", "out of range"});
+  CHECK(nn::Flatten(0, -1)(scalar_tensor(5.0)).sizes() == Shape{1});
+
+  // attn_mask must be (L, S) or (N * heads, L, S): a (1, S) mask was broadcast silently.
+  nn::MultiheadAttention mha(6, 2, {.batch_first = true});
+  const Tensor q = test::sample({2, 3, 6}), k = test::sample({2, 4, 6}, kFloat32, 1.7);
+  for (const Shape& bad : {Shape{1, 4}, Shape{3, 1}, Shape{4, 3, 6}}) {
+    test::check_error([&] { mha.forward(q, k, k, {.attn_mask = zeros(bad, kBool)}); },
+                      {"attn_mask must be (L, S) = (3, 4)", "(4, 3, 4)", bad.str()});
+  }
+  CHECK(mha.forward(q, k, k, {.attn_mask = zeros({3, 4}, kBool)}).sizes() == Shape{2, 3, 6});
+}

@@ -187,6 +187,15 @@ TEST_CASE("bad options and parameters are Errors that name the problem") {
   check_error([&] { optim::RMSprop({p}, {.alpha = -0.9}); }, {"RMSprop", "alpha"});
   check_error([&] { optim::RMSprop({p}, {.momentum = -0.9}); }, {"RMSprop", "momentum"});
   check_error([&] { optim::Adagrad({p}, {.lr_decay = -1}); }, {"Adagrad", "lr_decay"});
+  // Non-finite values, and RMSprop's alpha above 1: every parameter NaN within a step or two.
+  check_error([&] { optim::SGD({p}, {.lr = INFINITY}); }, {"SGD", "learning rate inf", "finite"});
+  check_error([&] { optim::SGD({p}, {.lr = 0.1, .momentum = INFINITY}); }, {"SGD", "momentum value inf"});
+  check_error([&] { optim::SGD({p}, {.lr = 0.1, .dampening = NAN}); }, {"SGD", "dampening value nan"});
+  check_error([&] { optim::SGD({p}, {.lr = 0.1, .weight_decay = INFINITY}); }, {"SGD", "weight_decay value inf"});
+  check_error([&] { optim::Adam({p}, {.lr = INFINITY}); }, {"Adam", "learning rate inf"});
+  check_error([&] { optim::AdamW({p}, {.weight_decay = INFINITY}); }, {"AdamW", "weight_decay value inf"});
+  check_error([&] { optim::RMSprop({p}, {.alpha = 1.5}); }, {"RMSprop", "alpha value 1.5", "[0, 1]"});
+  check_error([&] { optim::Adagrad({p}, {.lr_decay = INFINITY}); }, {"Adagrad", "lr_decay value inf"});
   check_error([&] { optim::Adagrad({p}, {.initial_accumulator_value = -1}); },
               {"Adagrad", "initial_accumulator_value"});
   check_error([&] { optim::Adam(std::vector<Tensor>{}, {}); }, {"Adam", "empty parameter list"});

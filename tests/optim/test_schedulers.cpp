@@ -443,6 +443,13 @@ TEST_CASE("bad scheduler arguments are Errors that name the problem") {
   Optimizer& o = *s.opt;
   check_error([&] { StepLR(o, 0); }, {"StepLR", "step_size"});
   check_error([&] { CosineAnnealingLR(o, 0); }, {"CosineAnnealingLR", "T_max"});
+  // Decay factors and floors that make every later lr NaN or negative (PyTorch takes them silently).
+  check_error([&] { StepLR(o, 2, NAN); }, {"StepLR", "gamma must be finite and >= 0, got nan"});
+  check_error([&] { MultiStepLR(o, {2, 4}, -0.5); }, {"MultiStepLR", "gamma", "-0.5"});
+  check_error([&] { ExponentialLR(o, -0.9); }, {"ExponentialLR", "gamma", "-0.9"});
+  check_error([&] { CosineAnnealingLR(o, 10, NAN); }, {"CosineAnnealingLR", "eta_min", "nan"});
+  check_error([&] { CosineAnnealingWarmRestarts(o, 10, 1, -0.05); }, {"CosineAnnealingWarmRestarts", "eta_min"});
+  check_error([&] { OneCycleLR(o, {.max_lr = INFINITY, .total_steps = 10}); }, {"OneCycleLR", "positive and finite"});
   check_error([&] { LinearLR(o, 1.5); }, {"LinearLR", "start_factor"});
   check_error([&] { LambdaLR(o, std::vector<LambdaLR::Lambda>{[](int64_t) { return 1.0; }}); },
               {"LambdaLR", "expected 2 lr_lambdas", "got 1"});
@@ -456,6 +463,9 @@ TEST_CASE("bad scheduler arguments are Errors that name the problem") {
   Adagrad adagrad({p}, {});
   check_error([&] { OneCycleLR(adagrad, {.max_lr = 0.1, .total_steps = 10}); },
               {"OneCycleLR", "Adagrad", "cycle_momentum = false"});
+  Adam adam({p}, {});
+  check_error([&] { OneCycleLR(adam, {.max_lr = 0.1, .total_steps = 10, .max_momentum = 1.5}); },
+              {"OneCycleLR", "Adam's beta1", "in [0, 1)", "1.5"});
   OneCycleLR short_cycle(o, {.max_lr = 0.1, .total_steps = 3});
   for (int k = 0; k < 3; ++k) short_cycle.step();
   check_error([&] { short_cycle.step(); },

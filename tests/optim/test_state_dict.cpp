@@ -104,7 +104,6 @@ TEST_CASE("load_state_dict names the mismatch: groups, parameter counts, shapes,
   const std::vector<std::tuple<std::string, double, std::vector<std::string>>> bad = {
       {"param_groups.0.lr", std::nan(""), {"'param_groups.0.lr' is nan", "a finite number"}},
       {"param_groups.0.weight_decay", INFINITY, {"'param_groups.0.weight_decay' is inf", "a finite number"}},
-      {"param_groups.0.lr", -1, {"'param_groups.0' holds options that Adam refuses", "invalid learning rate -1"}},
       {"param_groups.0.beta1", 5, {"'param_groups.0'", "invalid beta parameter at index 0: 5", "in [0, 1)"}},
       {"param_groups.0.eps", -1, {"'param_groups.0'", "invalid epsilon value -1"}},
       {"param_groups.0.amsgrad", 0.5, {"'param_groups.0'", "option 'amsgrad' is 0.5", "a flag: 0 or 1"}}};
@@ -250,4 +249,28 @@ TEST_CASE("every optimizer's load_state_dict applies its constructor's checks to
   CHECK(sgd.param_groups()[0].get("momentum") == 0.9);
   sgd.load_state_dict(with(sgd, "param_groups.0.lr", 0.5));
   CHECK(sgd.param_groups()[0].lr() == 0.5);
+}
+
+TEST_CASE("an optimizer's state dict after PyTorch's OneCycleLR loop loads, its negative last lr too",
+          "[optim][state_dict]") {
+  // PyTorch's loop calls sched.step() total_steps times; the last call anneals linearly past min_lr to
+  // -0.014285257142857138 (PyTorch 1.13's value), and the end-of-training checkpoint held it. It was
+  // refused as "damaged" (the constructor's lr >= 0 rule).
+  Tensor p = full({2}, 1.0, kFloat64).requires_grad_();
+  optim::SGD opt({p}, {.lr = 0.1, .momentum = 0.9});
+  optim::OneCycleLR sched(opt, {.max_lr = 0.1, .total_steps = 10, .anneal_strategy = "linear"});
+  for (int i = 0; i < 10; ++i) {
+    p.set_grad(full({2}, 1.0, kFloat64));
+    opt.step();
+    sched.step();
+  }
+  CHECK(opt.param_groups()[0].lr() == Approx(-0.014285257142857138).epsilon(1e-12));
+  Tensor q = full({2}, 1.0, kFloat64).requires_grad_();
+  optim::SGD reloaded({q}, {.lr = 0.1, .momentum = 0.9});
+  reloaded.load_state_dict(opt.state_dict());
+  CHECK(reloaded.param_groups()[0].lr() == opt.param_groups()[0].lr());
+  // A NaN from a LambdaLR's function is an Error at the step that computes it, naming the scheduler.
+  optim::LambdaLR bad(opt, [](int64_t epoch) { return epoch >= 2 ? std::nan("") : 1.0; });
+  bad.step();
+  check_error([&] { bad.step(); }, {"LambdaLR", "learning rate nan", "finite"});
 }
