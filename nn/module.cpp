@@ -325,6 +325,12 @@ void Module::collect_state(const std::string& prefix, TensorDict& out) const {
   for (const Child& c : children_) c.module->collect_state(c.prefix(prefix), out);
 }
 
+void Module::collect_zero_when_missing(const std::string& prefix, std::vector<std::string>& out) const {
+  for (const Slot& b : buffers_)
+    if (b.tensor.defined() && b.persistent && zero_when_missing(b.name)) out.push_back(prefix + b.name);
+  for (const Child& c : children_) c.module->collect_zero_when_missing(c.prefix(prefix), out);
+}
+
 TensorDict Module::state_dict() const {
   TensorDict out;
   collect_state("", out);
@@ -334,9 +340,13 @@ TensorDict Module::state_dict() const {
 void Module::load_state_dict(const TensorDict& state, bool strict) {
   TensorDict own;
   collect_state("", own);
-  std::vector<std::string> missing, unexpected;
+  std::vector<std::string> missing, unexpected, zeroed;
+  collect_zero_when_missing("", zeroed);
+  auto zero_if_missing = [&zeroed](const std::string& key) {
+    return std::find(zeroed.begin(), zeroed.end(), key) != zeroed.end();
+  };
   for (const auto& [key, t] : own)
-    if (!state.contains(key)) missing.push_back(key);
+    if (!state.contains(key) && !zero_if_missing(key)) missing.push_back(key);
   for (const auto& [key, src] : state) {
     const Tensor* dst = own.find(key);
     if (dst == nullptr) {
@@ -362,9 +372,11 @@ void Module::load_state_dict(const TensorDict& state, bool strict) {
   }
   NoGradGuard no_grad;
   for (auto& [key, dst] : own) {
+    Tensor target = dst;
     if (const Tensor* src = state.find(key)) {
-      Tensor target = dst;
       target.copy_(*src);
+    } else if (zero_if_missing(key)) {
+      target.zero_();
     }
   }
 }

@@ -139,7 +139,8 @@ class Module {
   // The tensors are detached handles on the module's data (no copy), as PyTorch's state_dict().
   TensorDict state_dict() const;
   // Copies each entry into the existing tensor of that name (under no_grad). strict: missing and
-  // unexpected keys are an Error that lists them. A shape mismatch is always an Error.
+  // unexpected keys are an Error that lists them, but a buffer that zero_when_missing() names is set to
+  // zero instead (an older format). A shape mismatch is always an Error.
   void load_state_dict(const TensorDict& state, bool strict = true);
 
   // ---- hooks ----
@@ -154,6 +155,11 @@ class Module {
   int64_t num_parameters() const;  // elements over all parameters, recursively
 
  protected:
+  // A buffer of this module that a state dict may lack, which load_state_dict then sets to zero:
+  // BatchNorm's and InstanceNorm's num_batches_tracked, as PyTorch's _NormBase does for state dicts
+  // saved before the counter existed (and for those converted from elsewhere).
+  virtual bool zero_when_missing(const std::string& buffer) const { return false; }
+
   // An owned child whose parameters and buffers are named as this module's own ("weight", not
   // "name.weight"), so that wrapping a module leaves its state_dict keys alone (nn::CheckpointWrapper,
   // as PyTorch's CheckpointWrapper strips its "_checkpoint_wrapped_module." prefix). It keeps its name
@@ -185,6 +191,7 @@ class Module {
   void collect_buffers(const std::string& prefix, bool persistent_only,
                        std::vector<std::pair<std::string, Tensor>>& out) const;
   void collect_state(const std::string& prefix, TensorDict& out) const;
+  void collect_zero_when_missing(const std::string& prefix, std::vector<std::string>& out) const;
   void collect_modules(const std::string& prefix, std::vector<std::pair<std::string, Module*>>& out);
   void convert(const std::function<Tensor(const Tensor&)>& fn);
   void print(std::string& out, int indent) const;

@@ -33,6 +33,7 @@ class BatchNormBase : public Module {
 
  protected:
   virtual void check_input(const Tensor& input) const = 0;
+  bool zero_when_missing(const std::string& buffer) const override { return buffer == "num_batches_tracked"; }
 };
 
 // input (N, C) or (N, C, L).
@@ -84,6 +85,9 @@ class InstanceNormBase : public Module {
   Tensor weight, bias;               // (C) when affine
   Tensor running_mean, running_var;  // (C) when tracking
   Tensor num_batches_tracked;        // () int64 when tracking (kept at 0, as PyTorch's)
+
+ protected:
+  bool zero_when_missing(const std::string& buffer) const override { return buffer == "num_batches_tracked"; }
 
  private:
   int spatial_dims_;

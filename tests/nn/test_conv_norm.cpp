@@ -252,3 +252,30 @@ TEST_CASE("Dropout drops while training and is the identity in eval", "[nn][laye
   drop.eval();
   test::check_equal(drop(x), x);
 }
+
+TEST_CASE("a BatchNorm or InstanceNorm state dict without num_batches_tracked loads, the counter set to 0",
+          "[nn][layers][state_dict]") {
+  // PyTorch's _NormBase fills the counter in with 0 for such (older, or converted) state dicts; every
+  // other missing key is still an Error.
+  nn::BatchNorm2d src(3), dst(3);
+  {
+    NoGradGuard no_grad;
+    src.running_mean.fill_(0.5);
+    dst.num_batches_tracked.fill_(7);
+  }
+  TensorDict without;
+  for (const auto& [k, t] : src.state_dict())
+    if (k != "num_batches_tracked") without.insert(k, t);
+  dst.load_state_dict(without);
+  CHECK(dst.num_batches_tracked.item<int64_t>() == 0);
+  test::check_equal(dst.running_mean, full({3}, 0.5));
+  nn::Sequential nested{nn::Linear(2, 3), nn::InstanceNorm1d(3, {.track_running_stats = true})};
+  TensorDict nested_without;
+  for (const auto& [k, t] : nested.state_dict())
+    if (k != "1.num_batches_tracked") nested_without.insert(k, t);
+  nested.load_state_dict(nested_without);
+  TensorDict no_mean;
+  for (const auto& [k, t] : src.state_dict())
+    if (k != "running_mean") no_mean.insert(k, t);
+  test::check_error([&] { dst.load_state_dict(no_mean); }, {"missing key(s)", "running_mean"});
+}
