@@ -2,8 +2,9 @@
 // at batch 128: Conv(1->32, 3x3, pad 1)-ReLU-MaxPool2-Conv(32->64, 3x3, pad 1)-ReLU-MaxPool2 on a
 // (128, 1, 28, 28) input, forward alone and forward + backward (gradients of both convolutions' weights
 // and biases; the input needs none), and each layer's forward alone. ms = median of 15 runs after 3
-// warm-up runs. Then conv3d, conv_transpose2d, a stride-2 conv2d, adaptive max pooling, and the gather
-// and scatter_add that losses and pooling backwards use (see the end of main). One JSON line per result.
+// warm-up runs. Then conv3d, conv_transpose2d, a stride-2 conv2d, adaptive max pooling, the gather and
+// scatter_add that losses and pooling backwards use, bilinear and nearest 2x upsampling and reflect
+// padding (see the end of main). One JSON line per result.
 // Its PyTorch counterpart: benchmarks/torch_cnn_layers.py.
 // Usage: bench_cnn_layers [threads] [--autocast bf16] (threads default 2). With --autocast bf16 the
 // CNN's parts run under bfloat16 autocast (the backward kernels' parts on bfloat16 copies of their
@@ -127,6 +128,24 @@ int main(int argc, char** argv) {
     report("gather_dim1", median_ms([&] { src.gather(1, picks); }));
     report("gather_dim0", median_ms([&] { src.gather(0, picks); }));
     report("scatter_add_dim1", median_ms([&] { base.scatter_add(1, picks, src); }));
+  }
+  // A decoder's 2x upsampling and a reflect-padded 7x7 convolution's input: (8, 32, 64, 64), forward
+  // alone and forward + backward (compositions of index_select, Note [interpolation is separable]).
+  Tensor u = randn({8, 32, 64, 64}, {}, &gen).requires_grad_();
+  Tensor cot_u = randn({8, 32, 128, 128}, {}, &gen), cot_p = randn({8, 32, 70, 70}, {}, &gen);
+  report("upsample_bilinear_forward_backward", median_ms([&] {
+           u.set_grad(Tensor());
+           nn::interpolate(u, {.scale_factor = {2}, .mode = "bilinear"}).backward(cot_u);
+         }));
+  report("pad_reflect_forward_backward", median_ms([&] {
+           u.set_grad(Tensor());
+           pad(u, {3, 3, 3, 3}, "reflect").backward(cot_p);
+         }));
+  {
+    NoGradGuard no_grad;
+    report("upsample_bilinear_forward", median_ms([&] { nn::interpolate(u, {.scale_factor = {2}, .mode = "bilinear"}); }));
+    report("upsample_nearest_forward", median_ms([&] { nn::interpolate(u, {.scale_factor = {2}}); }));
+    report("pad_reflect_forward", median_ms([&] { pad(u, {3, 3, 3, 3}, "reflect"); }));
   }
   return 0;
 }

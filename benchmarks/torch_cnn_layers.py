@@ -79,7 +79,7 @@ if bf16:
     sys.exit(0)
 
 # Beyond the CNN, as bench_cnn_layers.cpp: conv3d, conv_transpose2d, a stride-2 conv2d, adaptive max
-# pooling, gather and scatter_add.
+# pooling, gather and scatter_add, upsampling and reflect padding.
 x3 = torch.randn(4, 16, 16, 32, 32)
 w3 = (torch.randn(32, 16, 3, 3, 3) * 0.05).requires_grad_()
 cot3 = torch.randn(4, 32, 16, 32, 32)
@@ -132,3 +132,23 @@ with torch.no_grad():
     report("gather_dim1", median_ms(lambda: src.gather(1, picks)))
     report("gather_dim0", median_ms(lambda: src.gather(0, picks)))
     report("scatter_add_dim1", median_ms(lambda: base.scatter_add(1, picks, src)))
+u = torch.randn(8, 32, 64, 64).requires_grad_()
+cot_u, cot_p = torch.randn(8, 32, 128, 128), torch.randn(8, 32, 70, 70)
+
+
+def upsample_fwd_bwd():
+    u.grad = None
+    F.interpolate(u, scale_factor=2, mode="bilinear").backward(cot_u)
+
+
+def pad_reflect_fwd_bwd():
+    u.grad = None
+    F.pad(u, (3, 3, 3, 3), mode="reflect").backward(cot_p)
+
+
+report("upsample_bilinear_forward_backward", median_ms(upsample_fwd_bwd))
+report("pad_reflect_forward_backward", median_ms(pad_reflect_fwd_bwd))
+with torch.no_grad():
+    report("upsample_bilinear_forward", median_ms(lambda: F.interpolate(u, scale_factor=2, mode="bilinear")))
+    report("upsample_nearest_forward", median_ms(lambda: F.interpolate(u, scale_factor=2)))
+    report("pad_reflect_forward", median_ms(lambda: F.pad(u, (3, 3, 3, 3), mode="reflect")))

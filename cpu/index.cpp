@@ -73,6 +73,20 @@ void index_select_kernel(const View& in, int dim, const View& index, const View&
     const bool contiguous = in.is_contiguous() && out.is_contiguous();
     parallel_for(0, split.outer * n, std::max<int64_t>(1, kGrain / std::max<int64_t>(split.inner, 1)),
                  [&](int64_t b, int64_t e) {
+                   if (contiguous && split.inner == 1) {
+                     // One element per (o, j): the indices checked once, then a plain gather along each
+                     // row (a check per element took half of a 2x bilinear upsampling, which selects
+                     // along the last dim).
+                     for (int64_t j = 0; j < n; ++j) checked(idx[j * istride], size, "index_select", dim);
+                     for (int64_t p = b; p < e;) {
+                       const int64_t o = p / n, j0 = p % n, run = std::min(e - p, n - j0);
+                       const scalar_t* row = x + o * size;
+                       scalar_t* to = y + p;
+                       for (int64_t j = 0; j < run; ++j) to[j] = row[idx[(j0 + j) * istride]];
+                       p += run;
+                     }
+                     return;
+                   }
                    if (contiguous) {  // (o, j) stepped along, not divided out of p: a division per element dominated
                      for (int64_t p = b, o = b / n, j = b % n; p < e; ++p) {
                        const scalar_t* from = x + (o * size + checked(idx[j * istride], size, "index_select", dim)) *
@@ -105,6 +119,20 @@ void index_add_kernel(const View& out, int dim, const View& index, const View& s
     scalar_t* y = out.ptr<scalar_t>();
     // Serial over the indexed dim (repeated indices add into the same row); parallel over `outer`.
     const bool contiguous = out.is_contiguous() && src.is_contiguous();  // runs of `inner` on both sides
+    if (contiguous && split.inner == 1) {  // one element per (o, j): the indices checked once, as index_select
+      for (int64_t j = 0; j < n; ++j) checked(idx[j * istride], size, "index_add", dim);
+      parallel_for(0, split.outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
+        for (int64_t o = b; o < e; ++o) {
+          scalar_t* to = y + o * size;
+          const scalar_t* from = x + o * n;
+          for (int64_t j = 0; j < n; ++j) {
+            scalar_t& t = to[idx[j * istride]];
+            t = static_cast<scalar_t>(static_cast<M>(t) + static_cast<M>(from[j]));
+          }
+        }
+      });
+      return;
+    }
     parallel_for(0, split.outer, 1, [&](int64_t b, int64_t e) {
       for (int64_t o = b; o < e; ++o) {
         for (int64_t j = 0; j < n; ++j) {

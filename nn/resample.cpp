@@ -101,6 +101,10 @@ Tensor resample_dim(const Tensor& x, int d, const Taps& taps) {
   if (taps.weight.empty()) return index_select(x, d, taps.index[0].to(device));
   Shape along = Shape::filled(x.dim(), 1);  // the weights vary along d only
   along[d] = taps.index[0].numel();
+  if (taps.index.size() == 2) {  // linear: x0 + w1 (x1 - x0), one pass (its weights sum to 1)
+    return lerp(index_select(x, d, taps.index[0].to(device)), index_select(x, d, taps.index[1].to(device)),
+                taps.weight[1].reshape(along).to(device).to(x.dtype()));
+  }
   Tensor sum;
   for (size_t k = 0; k < taps.index.size(); ++k) {
     const Tensor w = taps.weight[k].reshape(along).to(device).to(x.dtype());
