@@ -1,5 +1,6 @@
 // nn/norm.h: BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LayerNorm, RMSNorm and GroupNorm over the ops of
-// ops/ops.h (norm.cpp) and nn::functional::instance_norm, and Dropout. Affine weights start at one and biases at zero, as PyTorch.
+// ops/ops.h (norm.cpp) and nn::functional::instance_norm, and Dropout. Affine weights start at one and
+// biases at zero, as PyTorch.
 #pragma once
 
 #include <optional>

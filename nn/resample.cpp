@@ -4,10 +4,11 @@
 // output position o of a dim reads a few input positions (taps) along that dim and weighs them, the
 // same taps and weights for every other coordinate. So each dim is a sum over taps of
 // index_select(x, dim, tap's positions) * tap's weights (a tensor along that dim only): nearest has one
-// tap of weight 1, linear two, bicubic four. Written with ops, it runs on any device and its backward
-// (index_select's is an index_add) is differentiable again. The positions and weights follow PyTorch's
-// upsample kernels: source x = scale * (o + 0.5) - 0.5 (clamped at 0 for linear), or scale * o with
-// align_corners, where scale is 1 / scale_factor when that was given, else in / out.
+// tap of weight 1, linear two (summed as one lerp), bicubic four. Written with ops, it runs on any
+// device and its backward (index_select's is an index_add) is differentiable again. The positions
+// and weights follow PyTorch's upsample kernels: source x = scale * (o + 0.5) - 0.5 (clamped at 0 for
+// linear), or scale * o with align_corners, where scale is 1 / scale_factor when that was given, else
+// in / out.
 #include "nn/resample.h"
 
 #include <fmt/format.h>

@@ -273,12 +273,13 @@ Tensor flip(const Tensor& x, const Shape& dims);
 Tensor repeat(const Tensor& x, const Shape& repeats);
 // pad: (left, right) pairs starting from the last dim, as torch.nn.functional.pad; constant mode.
 Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, double value = 0);
-// pad in mode "constant" (as above), "reflect" (mirrored about the edge element, which is not repeated:
-// 0 1 2 3 padded by 2 gives 2 1 | 0 1 2 3 | 2 1), "replicate" (the edge element repeated: 0 0 | ... | 3 3)
-// or "circular" (wrapped around: 2 3 | ... | 0 1). As PyTorch: the non-constant modes pad the last 1, 2 or 3 dims of an
-// input with one or two more (unbatched or batched), reflect's pads must be below the dim's size and
-// circular's at most what a crop leaves, a negative pad crops (circular wraps around the cropped input,
-// reflect and replicate read the uncropped one), and value is for "constant" only.
+// pad in mode "constant" (as above), "reflect" (mirrored about the edge element, which is not
+// repeated: 0 1 2 3 padded by 2 gives 2 1 | 0 1 2 3 | 2 1), "replicate" (the edge element repeated:
+// 0 0 | ... | 3 3) or "circular" (wrapped around: 2 3 | ... | 0 1). As PyTorch: the non-constant
+// modes pad the last 1, 2 or 3 dims of an input with one or two more (unbatched or batched),
+// reflect's pads must be below the dim's size and circular's at most what a crop leaves, a negative
+// pad crops (circular wraps around the cropped input, reflect and replicate read the uncropped one),
+// and value is for "constant" only.
 Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, std::string_view mode, double value = 0);
 // (*, C r^2, H, W) -> (*, C, H r, W r), as torch.pixel_shuffle; pixel_unshuffle is its inverse.
 Tensor pixel_shuffle(const Tensor& x, int64_t upscale_factor);

@@ -268,9 +268,10 @@ Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, double value) {
   return out;
 }
 
-// The modes other than "constant" gather: along each padded dim, output position o reads input
-// position map(o - left) of the (uncropped) input, with map reflecting, clamping or wrapping into
-// [0, size); index_select does the gather and its backward (an index_add) the gradient.
+// The modes other than "constant" gather: along each padded dim, output position o reads the input
+// position that reflecting or clamping o - left into [0, size) gives (circular: wrapping o - left
+// around what the crops leave); index_select does the gather and its backward (an index_add) the
+// gradient.
 Tensor pad(const Tensor& x, const std::vector<int64_t>& padding, std::string_view mode, double value) {
   if (mode == "constant") return pad(x, padding, value);
   const bool reflect = mode == "reflect", replicate = mode == "replicate", circular = mode == "circular";
