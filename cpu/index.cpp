@@ -71,13 +71,15 @@ void index_select_kernel(const View& in, int dim, const View& index, const View&
     scalar_t* y = out.ptr<scalar_t>();
     // Both contiguous (the common case): each (o, j) is a run of `inner` elements on both sides.
     const bool contiguous = in.is_contiguous() && out.is_contiguous();
+    // One element per (o, j): the indices are checked here, once, and the pieces below gather unchecked
+    // (a check per element took half of a 2x bilinear upsampling, which selects along the last dim).
+    const bool gather_rows = contiguous && split.inner == 1;
+    if (gather_rows) {
+      for (int64_t j = 0; j < n; ++j) checked(idx[j * istride], size, "index_select", dim);
+    }
     parallel_for(0, split.outer * n, std::max<int64_t>(1, kGrain / std::max<int64_t>(split.inner, 1)),
                  [&](int64_t b, int64_t e) {
-                   if (contiguous && split.inner == 1) {
-                     // One element per (o, j): the indices checked once, then a plain gather along each
-                     // row (a check per element took half of a 2x bilinear upsampling, which selects
-                     // along the last dim).
-                     for (int64_t j = 0; j < n; ++j) checked(idx[j * istride], size, "index_select", dim);
+                   if (gather_rows) {
                      for (int64_t p = b; p < e;) {
                        const int64_t o = p / n, j0 = p % n, run = std::min(e - p, n - j0);
                        const scalar_t* row = x + o * size;
