@@ -504,12 +504,156 @@ Tensor leaky_relu(const Tensor& input, double negative_slope) {
   return where(input.gt(0), input, input * negative_slope);
 }
 
-Tensor elu(const Tensor& input, double alpha) {
-  // NaN takes the identity branch, so its gradient passes as PyTorch's (x <= 0 ? ... : g). The other
-  // branch reads 0 wherever it is not taken: a large x would make it inf and a NaN keep it NaN, and its
-  // zero gradient times exp(x) would then be a NaN in the sum.
+namespace {
+
+// scale x for x > 0, scale alpha (exp(input_scale x) - 1) otherwise: elu, selu and celu (PyTorch's
+// elu with its scale and input_scale). NaN takes the identity branch, so its gradient passes as
+// PyTorch's (x <= 0 ? ... : g). The other branch reads 0 wherever it is not taken: a large x would
+// make it inf and a NaN keep it NaN, and its zero gradient times exp(x) would then be a NaN in the sum.
+Tensor scaled_elu(const Tensor& input, double alpha, double scale, double input_scale) {
   const Tensor negative = input.le(0);
-  return where(negative, input.masked_fill(negative.logical_not(), 0.0).expm1() * alpha, input);
+  Tensor x = input.masked_fill(negative.logical_not(), 0.0);
+  if (input_scale != 1) x = x * input_scale;
+  if (scale == 1) return where(negative, x.expm1() * alpha, input);
+  return where(negative, x.expm1() * (alpha * scale), input * scale);
+}
+
+}  // namespace
+
+Tensor elu(const Tensor& input, double alpha) { return scaled_elu(input, alpha, 1, 1); }
+
+Tensor selu(const Tensor& input) {
+  constexpr double alpha = 1.6732632423543772848170429916717;
+  constexpr double scale = 1.0507009873554804934193349852946;
+  return scaled_elu(input, alpha, scale, 1);
+}
+
+Tensor celu(const Tensor& input, double alpha) {
+  KILN_CHECK(alpha != 0, "celu: alpha must not be 0 (it divides x)");
+  return scaled_elu(input, alpha, 1, 1 / alpha);
+}
+
+Tensor relu6(const Tensor& input) { return hardtanh(input, 0, 6); }
+
+Tensor mish(const Tensor& input) { return input * ops::softplus(input).tanh(); }
+
+Tensor hardswish(const Tensor& input) {
+  // The middle branch reads 0 wherever it is not taken (a NaN or an infinite x would make its unused
+  // gradient a NaN); taken on [-3, 3] closed, so at -3 and 3 the slope is x / 3 + 1/2 (PyTorch's
+  // scalar kernel; its vectorized one gives 1 at 3).
+  const Tensor inside = input.ge(-3).logical_and(input.le(3));
+  const Tensor c = input.masked_fill(inside.logical_not(), 0.0);
+  return where(inside, c * (c + 3) / 6, input.masked_fill(input.lt(-3), 0.0));
+}
+
+Tensor hardsigmoid(const Tensor& input) {
+  const Tensor inside = input.gt(-3).logical_and(input.lt(3));
+  const Tensor shifted = input + 3;
+  return where(inside, shifted, shifted.detach().clamp(0.0, 6.0)) / 6;
+}
+
+Tensor softsign(const Tensor& input) { return input / (input.abs() + 1); }
+
+Tensor tanhshrink(const Tensor& input) { return input - input.tanh(); }
+
+Tensor threshold(const Tensor& input, double threshold, double value) {
+  return input.masked_fill(input.le(threshold), value);
+}
+
+Tensor logsigmoid(const Tensor& input) {
+  // softplus without a threshold computes u + log1p(exp(-u)) above 20, exact where the identity is not.
+  return -softplus(-input, 1.0, INFINITY);
+}
+
+Tensor hardshrink(const Tensor& input, double lambd) {
+  const Tensor magnitude = input.abs();
+  // Not kept: 0, or the NaN itself without a gradient (as PyTorch: its value NaN, its gradient 0).
+  return where(magnitude.gt(lambd), input, input.detach().masked_fill(magnitude.le(lambd), 0.0));
+}
+
+Tensor softshrink(const Tensor& input, double lambd) {
+  KILN_CHECK(lambd >= 0, "softshrink: lambd must be >= 0, got {}", lambd);
+  const Tensor keep = input.abs().gt(lambd);
+  return (input - input.detach().sign() * lambd).masked_fill(keep.logical_not(), 0.0);
+}
+
+Tensor prelu(const Tensor& input, const Tensor& weight) {
+  KILN_CHECK(weight.defined(), "prelu: weight is undefined");
+  KILN_CHECK(weight.dim() <= 1, "prelu: weight must be 0-d or 1-D (one slope, or one per channel), got {}-D {}",
+             weight.dim(), weight.sizes().str());
+  Tensor slope = weight;
+  if (weight.numel() == 1) {
+    slope = weight.reshape({});
+  } else {
+    const int64_t channels = input.dim() >= 2 ? input.size(1) : 1;
+    KILN_CHECK(input.dim() > 0 && weight.numel() == channels,
+               "prelu: weight has {} slopes but the input {} has {} channel(s) (dim 1; a 0-d or 1-D input "
+               "has one): give one slope, or one per channel", weight.numel(), input.sizes().str(), channels);
+    std::vector<int64_t> shape(static_cast<size_t>(input.dim() - 1), 1);
+    shape[0] = channels;
+    slope = weight.reshape(Shape(shape));
+  }
+  return where(input.gt(0), input, input * slope);
+}
+
+Tensor glu(const Tensor& input, int64_t dim) {
+  KILN_CHECK(input.dim() > 0, "glu: needs a dim to halve; a 0-d tensor has none");
+  const int64_t d = wrap_dim(dim, static_cast<int>(input.dim()), "glu");
+  KILN_CHECK(input.size(d) % 2 == 0, "glu: the halved dim {} must have an even size, got {}", d, input.size(d));
+  const int64_t half = input.size(d) / 2;
+  return input.narrow(d, 0, half) * input.narrow(d, half, half).sigmoid();
+}
+
+Tensor softmin(const Tensor& input, int64_t dim) { return softmax(-input, dim); }
+
+Tensor rrelu(const Tensor& input, double lower, double upper, bool train, Generator* gen) {
+  KILN_CHECK(std::isfinite(lower) && std::isfinite(upper) && lower <= upper,
+             "rrelu: lower ({}) must be <= upper ({}), both finite", lower, upper);
+  if (!train) return leaky_relu(input, (lower + upper) / 2);
+  KILN_CHECK(is_floating(input.dtype()), "rrelu: needs a floating-point input, got {}", dtype_name(input.dtype()));
+  Tensor slope = ops::rand(input.sizes(), input.options(), gen);
+  slope = slope * (upper - lower) + lower;
+  return where(input.gt(0), input, input * slope);
+}
+
+namespace {
+
+// One bernoulli(1 - p) draw per (sample, channel), scaled by 1 / (1 - p) and broadcast over the rest:
+// the mask has input's shape up to the channel dim (channel_dim) and 1 after it.
+Tensor channel_dropout(const Tensor& input, double p, bool train, Generator* gen, int64_t channel_dim,
+                       const char* op) {
+  KILN_CHECK(p >= 0 && p <= 1, "{}: probability p must be in [0, 1], got {}", op, p);
+  if (!train || p == 0) return input;
+  KILN_CHECK(is_floating(input.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(input.dtype()));
+  if (p == 1) return input * zeros_like(input);
+  std::vector<int64_t> shape(static_cast<size_t>(input.dim()), 1);
+  for (int64_t d = 0; d <= channel_dim; ++d) shape[static_cast<size_t>(d)] = input.size(d);
+  Tensor mask = ops::bernoulli(Shape(shape), 1 - p, input.options(), gen);
+  mask.div_(1 - p);
+  return input * mask;
+}
+
+}  // namespace
+
+Tensor dropout1d(const Tensor& input, double p, bool train, Generator* gen) {
+  KILN_CHECK(input.dim() == 2 || input.dim() == 3,
+             "dropout1d: needs a (C, L) or (N, C, L) input, got {}-D {} (use dropout2d or dropout3d for more "
+             "spatial dims, dropout for elementwise)", input.dim(), input.sizes().str());
+  return channel_dropout(input, p, train, gen, input.dim() == 3 ? 1 : 0, "dropout1d");
+}
+
+Tensor dropout2d(const Tensor& input, double p, bool train, Generator* gen) {
+  KILN_CHECK(input.dim() == 3 || input.dim() == 4,
+             "dropout2d: needs an (N, C, H, W) input (or (N, C, L), as PyTorch reads a 3-D one), got {}-D {}",
+             input.dim(), input.sizes().str());
+  return channel_dropout(input, p, train, gen, 1, "dropout2d");
+}
+
+Tensor dropout3d(const Tensor& input, double p, bool train, Generator* gen) {
+  KILN_CHECK(input.dim() == 4 || input.dim() == 5,
+             "dropout3d: needs a (C, D, H, W) or (N, C, D, H, W) input, got {}-D {}", input.dim(),
+             input.sizes().str());
+  return channel_dropout(input, p, train, gen, input.dim() == 5 ? 1 : 0, "dropout3d");
 }
 
 Tensor hardtanh(const Tensor& input, double min_val, double max_val) {

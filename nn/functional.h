@@ -127,6 +127,53 @@ Tensor hardtanh(const Tensor& input, double min_val = -1.0, double max_val = 1.0
 // log(1 + exp(beta x)) / beta, and x where beta x > threshold; softplus(x) is ops::softplus (beta 1,
 // threshold 20).
 Tensor softplus(const Tensor& input, double beta, double threshold = 20.0);
+// The rest of torch.nn.functional's activations. At a kink the gradient is the one PyTorch's scalar
+// CPU kernel gives (its vectorized path disagrees at a few points, noted where it does).
+// min(max(x, 0), 6): hardtanh(input, 0, 6), gradient 0 at 0 and 6.
+Tensor relu6(const Tensor& input);
+// scale * elu(x, alpha) with alpha = 1.6732632423543772 and scale = 1.0507009873554805 (self-normalising).
+Tensor selu(const Tensor& input);
+// max(0, x) + min(0, alpha (exp(x / alpha) - 1)); alpha must not be 0.
+Tensor celu(const Tensor& input, double alpha = 1.0);
+// x tanh(softplus(x)).
+Tensor mish(const Tensor& input);
+// x relu6(x + 3) / 6. Gradient: 0 below -3, x / 3 + 1/2 on [-3, 3], 1 above (at exactly 3 PyTorch's
+// vectorized kernel gives 1); hardswish(-inf) is 0, where PyTorch's formula gives -inf x 0 = NaN.
+Tensor hardswish(const Tensor& input);
+// relu6(x + 3) / 6, gradient 1/6 strictly inside (-3, 3) (PyTorch's 1/6 is a float32 constant, 3e-8 off).
+Tensor hardsigmoid(const Tensor& input);
+// x / (1 + |x|).
+Tensor softsign(const Tensor& input);
+// x - tanh(x).
+Tensor tanhshrink(const Tensor& input);
+// value where x <= threshold, x elsewhere (a NaN stays NaN and passes its gradient).
+Tensor threshold(const Tensor& input, double threshold, double value);
+// log(sigmoid(x)) = -softplus(-x), exact for all x (no threshold), gradient 1 - sigmoid(x).
+Tensor logsigmoid(const Tensor& input);
+// x where |x| > lambd, 0 elsewhere; NaN stays NaN with gradient 0.
+Tensor hardshrink(const Tensor& input, double lambd = 0.5);
+// x - lambd where x > lambd, x + lambd where x < -lambd, 0 elsewhere (NaN too); lambd >= 0.
+Tensor softshrink(const Tensor& input, double lambd = 0.5);
+// x for x > 0, weight * x otherwise; weight holds one slope or one per channel (dim 1 of an input of
+// 2 or more dims), as torch.nn.functional.prelu.
+Tensor prelu(const Tensor& input, const Tensor& weight);
+// a * sigmoid(b) where a and b are the two halves of input along dim (whose size must be even).
+Tensor glu(const Tensor& input, int64_t dim = -1);
+// softmax(-x, dim).
+Tensor softmin(const Tensor& input, int64_t dim);
+// Randomized leaky ReLU: while training each element x <= 0 is multiplied by its own slope drawn
+// uniformly from [lower, upper) (from gen); otherwise leaky_relu with slope (lower + upper) / 2.
+Tensor rrelu(const Tensor& input, double lower = 1.0 / 8, double upper = 1.0 / 3, bool train = false,
+             Generator* gen = nullptr);
+
+// ---- channel dropout (torch.nn.functional.dropout1d/2d/3d) ----
+// Each channel (every element of one (sample, channel) plane) is zeroed with probability p, and the
+// rest scaled by 1 / (1 - p); the identity when !train or p = 0. Inputs: dropout1d (C, L) or
+// (N, C, L); dropout2d (N, C, H, W), or (N, C, L) as PyTorch 1.13 reads a 3-D input (it warns that
+// this will become (C, H, W)); dropout3d (C, D, H, W) or (N, C, D, H, W).
+Tensor dropout1d(const Tensor& input, double p = 0.5, bool train = true, Generator* gen = nullptr);
+Tensor dropout2d(const Tensor& input, double p = 0.5, bool train = true, Generator* gen = nullptr);
+Tensor dropout3d(const Tensor& input, double p = 0.5, bool train = true, Generator* gen = nullptr);
 
 // ---- losses ----
 struct CrossEntropyOptions {

@@ -167,4 +167,14 @@ Tensor Dropout::forward(const Tensor& input) { return dropout(input, p, is_train
 
 std::string Dropout::extra_repr() const { return fmt::format("p={}, inplace=False", py_float(p)); }
 
+ChannelDropoutBase::ChannelDropoutBase(double p, const char* layer) : p(p) {
+  KILN_CHECK(p >= 0 && p <= 1, "nn::{}: p must be in [0, 1], got {}", layer, p);
+}
+
+std::string ChannelDropoutBase::extra_repr() const { return fmt::format("p={}, inplace=False", py_float(p)); }
+
+Tensor Dropout1d::forward(const Tensor& input) { return dropout1d(input, p, is_training()); }
+Tensor Dropout2d::forward(const Tensor& input) { return dropout2d(input, p, is_training()); }
+Tensor Dropout3d::forward(const Tensor& input) { return dropout3d(input, p, is_training()); }
+
 }  // namespace kiln::nn

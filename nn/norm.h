@@ -1,5 +1,5 @@
 // nn/norm.h: BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LayerNorm, RMSNorm and GroupNorm over the ops of
-// ops/ops.h (norm.cpp) and nn::functional::instance_norm, and Dropout. Affine weights start at one and
+// ops/ops.h (norm.cpp) and nn::functional::instance_norm, and Dropout, Dropout1d/2d/3d. Affine weights start at one and
 // biases at zero, as PyTorch.
 #pragma once
 
@@ -173,6 +173,37 @@ class Dropout : public Module {
   std::string extra_repr() const override;
 
   double p;
+};
+
+// Channel dropout (torch.nn.Dropout1d/2d/3d): while training, every element of a (sample, channel)
+// plane is zeroed together with probability p, the rest scaled by 1 / (1 - p); the identity in eval.
+// Inputs as nn::functional::dropout1d/2d/3d.
+class ChannelDropoutBase : public Module {
+ public:
+  std::string extra_repr() const override;
+
+  double p;
+
+ protected:
+  ChannelDropoutBase(double p, const char* layer);
+};
+
+class Dropout1d : public ChannelDropoutBase {
+ public:
+  explicit Dropout1d(double p = 0.5) : ChannelDropoutBase(p, "Dropout1d") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+class Dropout2d : public ChannelDropoutBase {
+ public:
+  explicit Dropout2d(double p = 0.5) : ChannelDropoutBase(p, "Dropout2d") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+class Dropout3d : public ChannelDropoutBase {
+ public:
+  explicit Dropout3d(double p = 0.5) : ChannelDropoutBase(p, "Dropout3d") {}
+  Tensor forward(const Tensor& input) override;
 };
 
 }  // namespace kiln::nn

@@ -94,6 +94,25 @@ std::vector<EdgeOp> edge_ops() {
   u("leaky_relu", [](const Tensor& a) { return nn::leaky_relu(a); });
   u("hardtanh min > max", [](const Tensor& a) { return nn::hardtanh(a, 1, -1); });
   u("softplus beta 0", [](const Tensor& a) { return nn::softplus(a, 0.0); });
+  u("relu6", [](const Tensor& a) { return nn::relu6(a); });
+  u("selu", [](const Tensor& a) { return nn::selu(a); });
+  u("celu alpha 0", [](const Tensor& a) { return nn::celu(a, 0.0); });
+  u("mish", [](const Tensor& a) { return nn::mish(a); });
+  u("hardswish", [](const Tensor& a) { return nn::hardswish(a); });
+  u("hardsigmoid", [](const Tensor& a) { return nn::hardsigmoid(a); });
+  u("softsign", [](const Tensor& a) { return nn::softsign(a); });
+  u("tanhshrink", [](const Tensor& a) { return nn::tanhshrink(a); });
+  u("threshold", [](const Tensor& a) { return nn::threshold(a, 0.5, -1); });
+  u("logsigmoid", [](const Tensor& a) { return nn::logsigmoid(a); });
+  u("hardshrink", [](const Tensor& a) { return nn::hardshrink(a); });
+  u("softshrink -1", [](const Tensor& a) { return nn::softshrink(a, -1); });
+  u("glu", [](const Tensor& a) { return nn::glu(a); });
+  u("softmin", [](const Tensor& a) { return nn::softmin(a, 0); });
+  u("rrelu", [](const Tensor& a) { return nn::rrelu(a); });
+  u("rrelu train", [](const Tensor& a) { return nn::rrelu(a, 0.1, 0.3, true); });
+  u("dropout2d train", [](const Tensor& a) { return nn::dropout2d(a, 0.5); });
+  u("dropout1d 1", [](const Tensor& a) { return nn::dropout1d(a, 1.0); });
+  u("dropout3d eval", [](const Tensor& a) { return nn::dropout3d(a, 0.5, false); });
   // reductions
   u("sum", [](const Tensor& a) { return sum(a); });
   u("mean", [](const Tensor& a) { return mean(a); });
@@ -264,6 +283,7 @@ std::vector<EdgeOp> edge_ops() {
   b("nn::embedding padding -100", [](const Tensor& a, const Tensor& c) { return nn::embedding(c, a, -100); });
   b("linear", [](const Tensor& a, const Tensor& c) { return nn::linear(a, c, c); });
   b("linear_gelu", [](const Tensor& a, const Tensor& c) { return nn::linear_gelu(a, c, a); });
+  b("prelu", [](const Tensor& a, const Tensor& c) { return nn::prelu(a, c); });
   b("cross_entropy", [](const Tensor& a, const Tensor& c) { return nn::cross_entropy(a, c); });
   b("cross_entropy smoothing", [](const Tensor& a, const Tensor& c) {
     return nn::cross_entropy(a, c, {.ignore_index = 0, .label_smoothing = 0.2});
@@ -296,8 +316,9 @@ std::vector<EdgeOp> edge_ops() {
   bd("cross_entropy ignore_index", [](const Tensor& a, const Tensor& c, int64_t d) {
     return nn::cross_entropy(a, c, {.ignore_index = d});
   });
-  for (EdgeOp& op : v)  // dropout_part's p = 0.5 draws a mask; to_string's text names the device
-    op.device_specific = op.name.starts_with("dropout_part") || op.name == "to_string";
+  // dropout_part's p = 0.5 and the " train" ops draw random numbers; to_string's text names the device
+  for (EdgeOp& op : v)
+    op.device_specific = op.name.starts_with("dropout_part") || op.name.ends_with(" train") || op.name == "to_string";
   return v;
 }
 
