@@ -59,6 +59,10 @@ void Adagrad::check_group(const ParamGroup& g) const {
                  .maximize = flag(g, "maximize")});
 }
 
+std::optional<Optimizer::BufferNames> Adagrad::buffer_names(const ParamGroup&) const {
+  return BufferNames{{"sum"}, {}};
+}
+
 void Adagrad::step() {
   NoGradGuard no_grad;
   for (ParamGroup& group : groups_) {
@@ -74,6 +78,10 @@ void Adagrad::step() {
       if (weight_decay != 0) grad = add(grad, p, weight_decay);
 
       const double clr = lr / (1 + (t - 1) * lr_decay);
+      // A parameter whose state a loaded state dict did not hold starts as at construction.
+      if (!st.buffers.contains("sum")) {
+        st.buffers.insert("sum", full_like(p.detach(), group.get("initial_accumulator_value")));
+      }
       Tensor sum = st.buffers.at("sum");
       sum.addcmul_(grad, grad);
       Tensor std = sqrt(sum);

@@ -27,6 +27,7 @@ class Adagrad : public Optimizer {
   void add_param_group(std::vector<Tensor> params, AdagradOptions options);
   void step() override;
   void check_group(const ParamGroup& group) const override;
+  std::optional<BufferNames> buffer_names(const ParamGroup& group) const override;
 };
 
 }  // namespace kiln::optim

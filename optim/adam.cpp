@@ -71,6 +71,12 @@ void Adam::check_group(const ParamGroup& g) const {
                         g.get("weight_decay"), flag(g, "amsgrad"), flag(g, "maximize"), flag(g, "fused"));
 }
 
+std::optional<Optimizer::BufferNames> Adam::buffer_names(const ParamGroup& g) const {
+  BufferNames names{{"exp_avg", "exp_avg_sq"}, {}};
+  if (flag(g, "amsgrad")) names.required.emplace_back("max_exp_avg_sq");
+  return names;
+}
+
 void Adam::step() { step_impl(false); }
 void AdamW::step() { step_impl(true); }
 

@@ -49,6 +49,7 @@ class Adam : public Optimizer {
   void add_param_group(std::vector<Tensor> params, AdamOptions options);
   void step() override;
   void check_group(const ParamGroup& group) const override;  // Adam's and AdamW's, under name()
+  std::optional<BufferNames> buffer_names(const ParamGroup& group) const override;
 
  protected:
   explicit Adam(std::string name) : Optimizer(std::move(name)) {}

@@ -197,6 +197,32 @@ bool scheduler_option(std::string_view key) {
 
 }  // namespace
 
+std::optional<Optimizer::BufferNames> Optimizer::buffer_names(const ParamGroup&) const { return std::nullopt; }
+
+void Optimizer::check_buffer_names(int64_t index, int64_t step, const TensorDict& buffers, const ParamGroup& group,
+                                   size_t g) const {
+  const std::optional<BufferNames> names = buffer_names(group);
+  if (!names || (step == 0 && buffers.size() == 0)) return;  // a step-0 entry without buffers is no state
+  const auto listed = [&] {
+    std::string all;
+    for (const std::string& n : names->required) all += (all.empty() ? "" : ", ") + n;
+    for (const std::string& n : names->optional) all += (all.empty() ? "" : ", ") + n + " (optional)";
+    return all.empty() ? std::string("no buffers") : all;
+  };
+  for (const std::string& name : names->required) {
+    KILN_CHECK(buffers.contains(name),
+               "{}.load_state_dict: 'state.{}' lacks '{}' (for a parameter of group {}, {} keeps {}); the state "
+               "dict is damaged or from another optimizer", name_, index, name, g, name_, listed());
+  }
+  for (const std::string& name : buffers.keys()) {
+    const bool known = std::find(names->required.begin(), names->required.end(), name) != names->required.end() ||
+                       std::find(names->optional.begin(), names->optional.end(), name) != names->optional.end();
+    KILN_CHECK(known, "{}.load_state_dict: 'state.{}.{}' is not a buffer {} keeps (for a parameter of group {}: "
+               "{}); the state dict is from another optimizer or other options", name_, index, name, name_, g,
+               listed());
+  }
+}
+
 void Optimizer::load_state_dict(const TensorDict& dict) {
   // Read everything and check it against this optimizer before changing anything.
   std::map<int64_t, std::vector<std::pair<std::string, double>>> options;
@@ -262,21 +288,24 @@ void Optimizer::load_state_dict(const TensorDict& dict) {
   // here rather than a NaN loss later. The lr only for being finite: a scheduler may have written a
   // negative one (OneCycleLR's linear anneal on its last step, as PyTorch's), and the optimizer's own
   // state dict must load.
-  for (const auto& [g, values] : options) {
-    ParamGroup loaded{{}, groups_[g].options};
-    for (const auto& [key, value] : values) {
+  std::vector<ParamGroup> loaded(groups_.size());  // each group's options as they will be (no params)
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    loaded[g].options = groups_[g].options;
+    for (const auto& [key, value] : options[static_cast<int64_t>(g)]) {
       KILN_CHECK(std::isfinite(value) && (value >= 0 || !scheduler_option(key)),
                  "{}.load_state_dict: 'param_groups.{}.{}' is {}, but it must be a finite number{}; the state "
                  "dict is damaged", name_, g, key, value, scheduler_option(key) ? " >= 0" : "");
-      loaded.set(key, key == "lr" ? std::max(value, 0.0) : value);
+      loaded[g].set(key, key == "lr" ? std::max(value, 0.0) : value);
     }
     try {
-      check_group(loaded);
+      check_group(loaded[g]);
     } catch (const Error& e) {
       KILN_FAIL("{}.load_state_dict: 'param_groups.{}' holds options that {} refuses ({}); the state dict is damaged",
                 name_, g, name_, e.what());
     }
   }
+  std::vector<size_t> group_of;  // parameter index -> group
+  for (size_t g = 0; g < groups_.size(); ++g) group_of.insert(group_of.end(), groups_[g].params.size(), g);
   for (const auto& [index, entry] : states) {
     KILN_CHECK(entry.first >= 0, "{}.load_state_dict: 'state.{}.step' is {}, but a step count is >= 0; the state "
                "dict is damaged", name_, index, entry.first);
@@ -289,6 +318,8 @@ void Optimizer::load_state_dict(const TensorDict& dict) {
                  "{}.load_state_dict: 'state.{}.{}' has shape {} but parameter {} has shape {}",
                  name_, index, name, buffer.sizes().str(), index, p.sizes().str());
     }
+    check_buffer_names(index, entry.first, entry.second, loaded[group_of[static_cast<size_t>(index)]],
+                       group_of[static_cast<size_t>(index)]);
   }
 
   for (size_t g = 0; g < groups_.size(); ++g) {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -79,14 +80,25 @@ class Optimizer {
   //   "state.<i>.<buffer>"        the buffers, shared with the optimizer (as PyTorch's)
   virtual TensorDict state_dict() const;
   // Restores a state_dict() of an optimizer built over the same parameters: an Error when the group
-  // count, a group's parameter count or a buffer's shape differs, or an entry is unknown. Buffers
-  // are copied, cast to their parameter's dtype and device.
+  // count, a group's parameter count or a buffer's shape differs, an entry is unknown, or a
+  // parameter's buffers are not the ones step() keeps (buffer_names). Buffers are copied, cast to
+  // their parameter's dtype and device.
   virtual void load_state_dict(const TensorDict& dict);
   // The constructor's checks applied to a group's options, as load_state_dict applies them to the
   // values a state dict brings: an Error for one the constructor would refuse. Read the options
   // with group.get and the 0/1 ones with flag(). The default checks nothing (for optimizers of
   // one's own); Kiln's optimizers override it.
   virtual void check_group(const ParamGroup& group) const;
+  // The buffers step() keeps for a parameter of `group`: those it reads once the parameter has
+  // state (`required`) and those it makes itself when they are absent (`optional`: SGD's
+  // momentum_buffer, which then restarts from the next gradient, as PyTorch's). load_state_dict
+  // refuses a parameter's state that lacks a required buffer or holds one of another name, before
+  // it changes anything, so that no step stops halfway. The default (nullopt, for optimizers of
+  // one's own) checks no names.
+  struct BufferNames {
+    std::vector<std::string> required, optional;
+  };
+  virtual std::optional<BufferNames> buffer_names(const ParamGroup& group) const;
 
  protected:
   explicit Optimizer(std::string name) : name_(std::move(name)) {}
@@ -101,6 +113,9 @@ class Optimizer {
   // fused_sgd_): p float32 or float64 and contiguous, t of p's dtype and device. The others take the
   // unfused step.
   static bool fusable(const Tensor& p, const Tensor& t);
+  // load_state_dict's check of parameter `index`'s buffers against buffer_names(group) (group g).
+  void check_buffer_names(int64_t index, int64_t step, const TensorDict& buffers, const ParamGroup& group,
+                          size_t g) const;
 
   std::string name_;
   std::vector<ParamGroup> groups_;

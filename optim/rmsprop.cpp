@@ -56,6 +56,13 @@ void RMSprop::check_group(const ParamGroup& g) const {
                  .maximize = flag(g, "maximize")});
 }
 
+std::optional<Optimizer::BufferNames> RMSprop::buffer_names(const ParamGroup& g) const {
+  BufferNames names{{"square_avg"}, {}};
+  if (g.get("momentum") > 0) names.required.emplace_back("momentum_buffer");
+  if (flag(g, "centered")) names.required.emplace_back("grad_avg");
+  return names;
+}
+
 void RMSprop::step() {
   NoGradGuard no_grad;
   for (ParamGroup& group : groups_) {

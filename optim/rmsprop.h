@@ -31,6 +31,7 @@ class RMSprop : public Optimizer {
   void add_param_group(std::vector<Tensor> params, RMSpropOptions options);
   void step() override;
   void check_group(const ParamGroup& group) const override;
+  std::optional<BufferNames> buffer_names(const ParamGroup& group) const override;
 };
 
 }  // namespace kiln::optim

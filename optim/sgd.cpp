@@ -61,6 +61,10 @@ void SGD::check_group(const ParamGroup& g) const {
                  .fused = flag(g, "fused")});
 }
 
+std::optional<Optimizer::BufferNames> SGD::buffer_names(const ParamGroup&) const {
+  return BufferNames{{}, {"momentum_buffer"}};  // without it, momentum restarts from the next gradient
+}
+
 void SGD::step() {
   NoGradGuard no_grad;
   for (ParamGroup& group : groups_) {

@@ -37,6 +37,7 @@ class SGD : public Optimizer {
   void add_param_group(std::vector<Tensor> params, SGDOptions options);
   void step() override;
   void check_group(const ParamGroup& group) const override;
+  std::optional<BufferNames> buffer_names(const ParamGroup& group) const override;
 };
 
 }  // namespace kiln::optim

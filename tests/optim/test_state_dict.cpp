@@ -137,6 +137,77 @@ TEST_CASE("load_state_dict names the mismatch: groups, parameter counts, shapes,
   CHECK(fused.find_state(a) != nullptr);
 }
 
+TEST_CASE("load_state_dict refuses buffers that step would not find, before it changes anything") {
+  Tensor a = sample({3, 2}).requires_grad_(), b = sample({4}).requires_grad_();
+  const auto take_step = [&](Optimizer& opt) {
+    a.set_grad(ones({3, 2}));
+    b.set_grad(ones({4}));
+    opt.step();
+  };
+  const auto without = [](const TensorDict& dict, const std::string& key) {
+    TensorDict out;
+    for (const auto& [k, t] : dict) {
+      if (k != key) out.insert(k, t.clone());
+    }
+    REQUIRE(out.size() + 1 == dict.size());
+    return out;
+  };
+  // Adam with amsgrad reads three buffers: a state dict that lacks one was loaded, and the next step
+  // updated parameter 0 and then stopped at parameter 1 (a half-applied step).
+  Adam amsgrad({a, b}, {.lr = 0.1, .amsgrad = true});
+  take_step(amsgrad);
+  const TensorDict saved = amsgrad.state_dict();
+  Adam target({a, b}, {.lr = 0.1, .amsgrad = true});
+  check_error([&] { target.load_state_dict(without(saved, "state.1.max_exp_avg_sq")); },
+              {"Adam.load_state_dict", "'state.1' lacks 'max_exp_avg_sq'", "group 0",
+               "exp_avg, exp_avg_sq, max_exp_avg_sq", "damaged or from another optimizer"});
+  CHECK(target.find_state(a) == nullptr);  // nothing loaded
+  // amsgrad comes from the state dict: one saved without it loads, one saved with it needs its buffer.
+  Adam plain({a, b}, {.lr = 0.1});
+  take_step(plain);
+  Adam toggled({a, b}, {.lr = 0.1, .amsgrad = true});
+  toggled.load_state_dict(plain.state_dict());
+  CHECK(toggled.param_groups()[0].get("amsgrad") == 0);
+  // A buffer of another optimizer or other options is named.
+  TensorDict foreign = plain.state_dict();
+  foreign.insert("state.0.momentum_buffer", zeros({3, 2}));
+  check_error([&] { target.load_state_dict(foreign); },
+              {"'state.0.momentum_buffer' is not a buffer Adam keeps", "exp_avg, exp_avg_sq", "other options"});
+  // A parameter without state (no entry, or a step-0 entry without buffers) is fine.
+  TensorDict no_state = without(without(without(plain.state_dict(), "state.1.step"), "state.1.exp_avg"),
+                                "state.1.exp_avg_sq");
+  target.load_state_dict(no_state);
+  take_step(target);
+  CHECK(target.find_state(b)->step == 1);
+
+  // RMSprop: momentum_buffer and grad_avg when momentum > 0 and centered.
+  RMSprop rms({a, b}, {.lr = 0.01, .momentum = 0.9, .centered = true});
+  take_step(rms);
+  RMSprop rms_target({a, b}, {.lr = 0.01, .momentum = 0.9, .centered = true});
+  check_error([&] { rms_target.load_state_dict(without(rms.state_dict(), "state.0.grad_avg")); },
+              {"RMSprop.load_state_dict", "'state.0' lacks 'grad_avg'", "square_avg, momentum_buffer, grad_avg"});
+  rms_target.load_state_dict(rms.state_dict());
+  // SGD's momentum buffer is optional (momentum restarts without it, as PyTorch's); others are not.
+  SGD sgd({a, b}, {.lr = 0.1, .momentum = 0.9});
+  take_step(sgd);
+  SGD sgd_target({a, b}, {.lr = 0.1, .momentum = 0.9});
+  sgd_target.load_state_dict(without(sgd.state_dict(), "state.0.momentum_buffer"));
+  TensorDict sgd_foreign = sgd.state_dict();
+  sgd_foreign.insert("state.0.exp_avg", zeros({3, 2}));
+  check_error([&] { sgd_target.load_state_dict(sgd_foreign); },
+              {"SGD.load_state_dict", "'state.0.exp_avg' is not a buffer SGD keeps", "momentum_buffer (optional)"});
+  // Adagrad: a parameter that took steps needs its sum; one without state starts from
+  // initial_accumulator_value, as at construction.
+  Adagrad ada({a, b}, {.lr = 0.1, .initial_accumulator_value = 0.5});
+  take_step(ada);
+  Adagrad ada_target({a, b}, {.lr = 0.1, .initial_accumulator_value = 0.5});
+  check_error([&] { ada_target.load_state_dict(without(ada.state_dict(), "state.1.sum")); },
+              {"Adagrad.load_state_dict", "'state.1' lacks 'sum'"});
+  ada_target.load_state_dict(without(without(ada.state_dict(), "state.1.sum"), "state.1.step"));
+  take_step(ada_target);
+  check_close(ada_target.find_state(b)->buffers.at("sum"), full({4}, 1.5), {0, 0});  // 0.5 + 1^2
+}
+
 TEST_CASE("a state dict saved before a scheduler was made loads into an optimizer that has one") {
   // The scheduler's initial_lr is absent from it; PyTorch loads it, and so does Kiln now (it was
   // "the state dict lacks 'param_groups.0.initial_lr'"). The group keeps the scheduler's value.
