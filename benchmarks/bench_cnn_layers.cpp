@@ -3,8 +3,8 @@
 // (128, 1, 28, 28) input, forward alone and forward + backward (gradients of both convolutions' weights
 // and biases; the input needs none), and each layer's forward alone. ms = median of 15 runs after 3
 // warm-up runs. Then conv3d, conv_transpose2d, a stride-2 conv2d, adaptive max pooling, the gather and
-// scatter_add that losses and pooling backwards use, bilinear and nearest 2x upsampling and reflect
-// padding (see the end of main). One JSON line per result.
+// scatter_add that losses and pooling backwards use, bilinear and nearest 2x upsampling, reflect
+// padding, 3-D pooling, conv_transpose3d, unfold and fold (see the end of main). One JSON line per result.
 // Its PyTorch counterpart: benchmarks/torch_cnn_layers.py.
 // Usage: bench_cnn_layers [threads] [--autocast bf16] (threads default 2). With --autocast bf16 the
 // CNN's parts run under bfloat16 autocast (the backward kernels' parts on bfloat16 copies of their
@@ -146,6 +146,33 @@ int main(int argc, char** argv) {
     report("upsample_bilinear_forward", median_ms([&] { nn::interpolate(u, {.scale_factor = {2}, .mode = "bilinear"}); }));
     report("upsample_nearest_forward", median_ms([&] { nn::interpolate(u, {.scale_factor = {2}}); }));
     report("pad_reflect_forward", median_ms([&] { pad(u, {3, 3, 3, 3}, "reflect"); }));
+  }
+  // 3-D pooling (two 2-D poolings, Note [3-D pooling is separable]) of the conv3d input above,
+  // conv_transpose3d (one conv_transpose2d and an index_add) as a 3-D decoder's 2x upsampling of
+  // (4, 32, 8, 16, 16) to 16 channels, and unfold / fold (index_select / index_add) of
+  // (32, 64, 28, 28) with a 3x3 kernel, padding 1.
+  Tensor v = x3.clone().requires_grad_();
+  Tensor cot_v = randn({4, 16, 8, 16, 16}, {}, &gen);
+  report("max_pool3d_forward_backward", median_ms([&] {
+           v.set_grad(Tensor());
+           max_pool3d(v, {2}).backward(cot_v);
+         }));
+  Tensor xd = randn({4, 32, 8, 16, 16}, {}, &gen);
+  Tensor wd = (randn({32, 16, 4, 4, 4}, {}, &gen) * 0.05).requires_grad_();
+  Tensor cot_d = randn({4, 16, 16, 32, 32}, {}, &gen);
+  report("conv_transpose3d_forward_backward", median_ms([&] {
+           wd.set_grad(Tensor());
+           conv_transpose3d(xd, wd, {}, {2}, {1}).backward(cot_d);
+         }));
+  {
+    NoGradGuard no_grad;
+    report("max_pool3d_forward", median_ms([&] { max_pool3d(x3, {2}); }));
+    report("avg_pool3d_forward", median_ms([&] { avg_pool3d(x3, {3}, {2}, {1}); }));
+    report("conv_transpose3d_forward", median_ms([&] { conv_transpose3d(xd, wd, {}, {2}, {1}); }));
+    Tensor img = randn({32, 64, 28, 28}, {}, &gen);
+    Tensor cols = nn::unfold(img, {3}, {1}, {1});
+    report("unfold_forward", median_ms([&] { nn::unfold(img, {3}, {1}, {1}); }));
+    report("fold_forward", median_ms([&] { nn::fold(cols, {28, 28}, {3}, {1}, {1}); }));
   }
   return 0;
 }

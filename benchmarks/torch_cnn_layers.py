@@ -79,7 +79,8 @@ if bf16:
     sys.exit(0)
 
 # Beyond the CNN, as bench_cnn_layers.cpp: conv3d, conv_transpose2d, a stride-2 conv2d, adaptive max
-# pooling, gather and scatter_add, upsampling and reflect padding.
+# pooling, gather and scatter_add, upsampling, reflect padding, 3-D pooling, conv_transpose3d, unfold
+# and fold.
 x3 = torch.randn(4, 16, 16, 32, 32)
 w3 = (torch.randn(32, 16, 3, 3, 3) * 0.05).requires_grad_()
 cot3 = torch.randn(4, 32, 16, 32, 32)
@@ -152,3 +153,30 @@ with torch.no_grad():
     report("upsample_bilinear_forward", median_ms(lambda: F.interpolate(u, scale_factor=2, mode="bilinear")))
     report("upsample_nearest_forward", median_ms(lambda: F.interpolate(u, scale_factor=2)))
     report("pad_reflect_forward", median_ms(lambda: F.pad(u, (3, 3, 3, 3), mode="reflect")))
+v = x3.clone().requires_grad_()
+cot_v = torch.randn(4, 16, 8, 16, 16)
+xd = torch.randn(4, 32, 8, 16, 16)
+wd = (torch.randn(32, 16, 4, 4, 4) * 0.05).requires_grad_()
+cot_d = torch.randn(4, 16, 16, 32, 32)
+
+
+def max_pool3d_fwd_bwd():
+    v.grad = None
+    F.max_pool3d(v, 2).backward(cot_v)
+
+
+def conv_transpose3d_fwd_bwd():
+    wd.grad = None
+    F.conv_transpose3d(xd, wd, None, 2, 1).backward(cot_d)
+
+
+report("max_pool3d_forward_backward", median_ms(max_pool3d_fwd_bwd))
+report("conv_transpose3d_forward_backward", median_ms(conv_transpose3d_fwd_bwd))
+with torch.no_grad():
+    report("max_pool3d_forward", median_ms(lambda: F.max_pool3d(x3, 2)))
+    report("avg_pool3d_forward", median_ms(lambda: F.avg_pool3d(x3, 3, 2, 1)))
+    report("conv_transpose3d_forward", median_ms(lambda: F.conv_transpose3d(xd, wd, None, 2, 1)))
+    img = torch.randn(32, 64, 28, 28)
+    cols = F.unfold(img, 3, padding=1)
+    report("unfold_forward", median_ms(lambda: F.unfold(img, 3, padding=1)))
+    report("fold_forward", median_ms(lambda: F.fold(cols, (28, 28), 3, padding=1)))

@@ -148,6 +148,8 @@ class Tensor {
   Tensor unsqueeze(int64_t dim) const;
   Tensor flatten(int64_t start_dim = 0, int64_t end_dim = -1) const;
   Tensor unflatten(int64_t dim, const Shape& sizes) const;
+  // The windows of `size` elements every `step` along `dimension`, as a new last dim (a view).
+  Tensor unfold(int64_t dimension, int64_t size, int64_t step) const;
 
   // ---- elementwise (ops/elementwise.cpp) ----
   Tensor neg() const;

@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "nn/functional.h"
 #include "nn/init.h"
 #include "ops/ops.h"
 
@@ -308,6 +309,39 @@ std::string ConvTranspose2d::extra_repr() const {
                    o.dilation.shape(), o.groups, bias.defined(), o.output_padding.shape());
 }
 
+ConvTranspose3d::ConvTranspose3d(int64_t in_channels, int64_t out_channels, Size3 kernel_size,
+                                 ConvTranspose3dOptions options)
+    : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(std::move(options)) {
+  check_channels(in_channels, out_channels, this->options.groups, kernel_size.shape(), "ConvTranspose3d");
+  weight = register_parameter("weight", empty({in_channels, out_channels / this->options.groups, kernel_size.d,
+                                               kernel_size.h, kernel_size.w}));
+  if (this->options.bias) bias = register_parameter("bias", empty({out_channels}));
+  reset_conv(weight, bias);
+}
+
+Tensor ConvTranspose3d::forward(const Tensor& input) {
+  const ConvTranspose3dOptions& o = options;
+  return conv_transpose3d(input, weight, bias, o.stride.shape(), o.padding.shape(), o.output_padding.shape(),
+                          o.groups, o.dilation.shape());
+}
+
+Tensor ConvTranspose3d::forward(const Tensor& input, const Shape& output_size) {
+  const ConvTranspose3dOptions& o = options;
+  KILN_CHECK(input.dim() == 4 || input.dim() == 5,
+             "nn::ConvTranspose3d: expected a 4-D (unbatched) or 5-D (batched) input, got shape {}",
+             input.sizes().str());
+  const Shape output_padding = output_padding_for(input, output_size, kernel_size.shape(), o.stride.shape(),
+                                                  o.padding.shape(), o.dilation.shape(), "ConvTranspose3d");
+  return conv_transpose3d(input, weight, bias, o.stride.shape(), o.padding.shape(), output_padding, o.groups,
+                          o.dilation.shape());
+}
+
+std::string ConvTranspose3d::extra_repr() const {
+  const ConvTranspose3dOptions& o = options;
+  return conv_repr(in_channels, out_channels, kernel_size.shape(), o.stride.shape(), "", o.padding.shape(),
+                   o.dilation.shape(), o.groups, bias.defined(), o.output_padding.shape());
+}
+
 ConvTranspose1d::ConvTranspose1d(int64_t in_channels, int64_t out_channels, int64_t kernel_size,
                                  ConvTranspose1dOptions options)
     : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(std::move(options)) {
@@ -336,6 +370,73 @@ std::string ConvTranspose1d::extra_repr() const {
   const ConvTranspose1dOptions& o = options;
   return conv_repr(in_channels, out_channels, {kernel_size}, {o.stride}, "", {o.padding}, {o.dilation}, o.groups,
                    bias.defined(), {o.output_padding});
+}
+
+namespace {
+
+std::string size_or_triple(const Size3& s) { return s.d == s.h && s.h == s.w ? std::to_string(s.d) : s.str(); }
+
+}  // namespace
+
+MaxPool3d::MaxPool3d(Size3 kernel_size, MaxPool3dOptions options) : kernel_size(kernel_size), options(options) {
+  if (!this->options.stride) this->options.stride = kernel_size;
+}
+
+Tensor MaxPool3d::forward(const Tensor& input) { return std::get<0>(forward_with_indices(input)); }
+
+std::tuple<Tensor, Tensor> MaxPool3d::forward_with_indices(const Tensor& input) {
+  return max_pool3d_with_indices(input, kernel_size.shape(), options.stride->shape(), options.padding.shape(),
+                                 options.dilation.shape(), options.ceil_mode);
+}
+
+std::string MaxPool3d::extra_repr() const {
+  return fmt::format("kernel_size={}, stride={}, padding={}, dilation={}, ceil_mode={}", size_or_triple(kernel_size),
+                     size_or_triple(*options.stride), size_or_triple(options.padding),
+                     size_or_triple(options.dilation), options.ceil_mode ? "True" : "False");
+}
+
+AvgPool3d::AvgPool3d(Size3 kernel_size, AvgPool3dOptions options) : kernel_size(kernel_size), options(options) {
+  if (!this->options.stride) this->options.stride = kernel_size;
+}
+
+Tensor AvgPool3d::forward(const Tensor& input) {
+  return avg_pool3d(input, kernel_size.shape(), options.stride->shape(), options.padding.shape(), options.ceil_mode,
+                    options.count_include_pad, options.divisor_override);
+}
+
+// PyTorch 1.13's AvgPool3d prints these three only.
+std::string AvgPool3d::extra_repr() const {
+  return fmt::format("kernel_size={}, stride={}, padding={}", size_or_triple(kernel_size),
+                     size_or_triple(*options.stride), size_or_triple(options.padding));
+}
+
+Tensor AdaptiveAvgPool3d::forward(const Tensor& input) { return adaptive_avg_pool3d(input, output_size.shape()); }
+std::string AdaptiveAvgPool3d::extra_repr() const { return "output_size=" + size_or_triple(output_size); }
+
+Tensor AdaptiveMaxPool3d::forward(const Tensor& input) { return adaptive_max_pool3d(input, output_size.shape()); }
+std::tuple<Tensor, Tensor> AdaptiveMaxPool3d::forward_with_indices(const Tensor& input) {
+  return adaptive_max_pool3d_with_indices(input, output_size.shape());
+}
+std::string AdaptiveMaxPool3d::extra_repr() const { return "output_size=" + size_or_triple(output_size); }
+
+Tensor Unfold::forward(const Tensor& input) {
+  return unfold(input, kernel_size.shape(), options.dilation.shape(), options.padding.shape(), options.stride.shape());
+}
+
+std::string Unfold::extra_repr() const {
+  return fmt::format("kernel_size={}, dilation={}, padding={}, stride={}", size_or_pair(kernel_size),
+                     size_or_pair(options.dilation), size_or_pair(options.padding), size_or_pair(options.stride));
+}
+
+Tensor Fold::forward(const Tensor& input) {
+  return fold(input, output_size.shape(), kernel_size.shape(), options.dilation.shape(), options.padding.shape(),
+              options.stride.shape());
+}
+
+std::string Fold::extra_repr() const {
+  return fmt::format("output_size={}, kernel_size={}, dilation={}, padding={}, stride={}", size_or_pair(output_size),
+                     size_or_pair(kernel_size), size_or_pair(options.dilation), size_or_pair(options.padding),
+                     size_or_pair(options.stride));
 }
 
 }  // namespace kiln::nn

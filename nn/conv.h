@@ -1,5 +1,6 @@
-// nn/conv.h: Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d and the pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d,
-// AdaptiveMaxPool2d and their 1-D forms), over the ops of ops/ops.h (conv.cpp, pool.cpp). Options
+// nn/conv.h: Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d and the pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d,
+// AdaptiveMaxPool2d, their 1-D and 3-D forms), over the ops of ops/ops.h (conv.cpp, pool.cpp), and
+// Unfold and Fold (nn::functional::unfold, fold). Options
 // follow PyTorch's keyword arguments:
 //   nn::Conv2d c1{1, 32, 3, {.padding = 1}};
 //   nn::Conv2d c2{32, 32, {3, 2}, {.stride = {2, 1}, .padding = {1, 0}}};
@@ -186,6 +187,32 @@ class ConvTranspose1d : public Module {
   Tensor bias;    // (C_out)
 };
 
+struct ConvTranspose3dOptions {  // LibTorch's order
+  Size3 stride = 1;
+  Size3 padding = 0;
+  Size3 output_padding = 0;
+  int64_t groups = 1;
+  bool bias = true;
+  Size3 dilation = 1;
+};
+
+// input (N, C_in, D, H, W) or (C_in, D, H, W) -> (N, C_out, D', H', W'); weight (C_in, C_out / groups,
+// kD, kH, kW). The op is one conv_transpose2d and an index_add (Note [conv_transpose3d as
+// conv_transpose2d], ops/conv.cpp).
+class ConvTranspose3d : public Module {
+ public:
+  ConvTranspose3d(int64_t in_channels, int64_t out_channels, Size3 kernel_size, ConvTranspose3dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  Tensor forward(const Tensor& input, const Shape& output_size);
+  std::string extra_repr() const override;
+
+  int64_t in_channels, out_channels;
+  Size3 kernel_size;
+  ConvTranspose3dOptions options;
+  Tensor weight;  // (C_in, C_out / groups, kD, kH, kW)
+  Tensor bias;    // (C_out), undefined without bias
+};
+
 struct MaxPool2dOptions {
   Size2 stride = {};  // unset: kernel_size
   Size2 padding = 0;
@@ -289,6 +316,89 @@ class AdaptiveMaxPool1d : public Module {
   std::string extra_repr() const override;
 
   int64_t output_size;
+};
+
+// The 3-D poolings: input (N, C, D, H, W) or (C, D, H, W); two 2-D poolings each (Note [3-D pooling is
+// separable], ops/pool.cpp).
+struct MaxPool3dOptions {
+  std::optional<Size3> stride = {};  // unset: kernel_size
+  Size3 padding = 0;
+  Size3 dilation = 1;
+  bool ceil_mode = false;
+};
+class MaxPool3d : public Module {
+ public:
+  explicit MaxPool3d(Size3 kernel_size, MaxPool3dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);  // indices into D H W
+  std::string extra_repr() const override;
+
+  Size3 kernel_size;
+  MaxPool3dOptions options;
+};
+
+struct AvgPool3dOptions {
+  std::optional<Size3> stride = {};  // unset: kernel_size
+  Size3 padding = 0;
+  bool ceil_mode = false;
+  bool count_include_pad = true;
+  std::optional<int64_t> divisor_override = {};
+};
+class AvgPool3d : public Module {
+ public:
+  explicit AvgPool3d(Size3 kernel_size, AvgPool3dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Size3 kernel_size;
+  AvgPool3dOptions options;
+};
+
+class AdaptiveAvgPool3d : public Module {
+ public:
+  explicit AdaptiveAvgPool3d(Size3 output_size) : output_size(output_size) {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Size3 output_size;
+};
+
+class AdaptiveMaxPool3d : public Module {
+ public:
+  explicit AdaptiveMaxPool3d(Size3 output_size) : output_size(output_size) {}
+  Tensor forward(const Tensor& input) override;
+  std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);  // indices into D H W
+  std::string extra_repr() const override;
+
+  Size3 output_size;
+};
+
+// The sliding blocks as layers: Unfold (im2col) and Fold (col2im), nn::functional::unfold and fold.
+struct UnfoldOptions {  // LibTorch's and PyTorch's order after kernel_size
+  Size2 dilation = 1;
+  Size2 padding = 0;
+  Size2 stride = 1;
+};
+class Unfold : public Module {
+ public:
+  explicit Unfold(Size2 kernel_size, UnfoldOptions options = {}) : kernel_size(kernel_size), options(options) {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Size2 kernel_size;
+  UnfoldOptions options;
+};
+
+using FoldOptions = UnfoldOptions;
+class Fold : public Module {
+ public:
+  Fold(Size2 output_size, Size2 kernel_size, FoldOptions options = {})
+      : output_size(output_size), kernel_size(kernel_size), options(options) {}
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  Size2 output_size, kernel_size;
+  FoldOptions options;
 };
 
 }  // namespace kiln::nn

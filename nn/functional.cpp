@@ -3,7 +3,11 @@
 #include "nn/functional.h"
 
 #include <cmath>
+#include <initializer_list>
 #include <string_view>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "core/grad_mode.h"
 #include "ops/autocast.h"
@@ -500,6 +504,115 @@ Tensor kl_div(const Tensor& input, const Tensor& target, const KLDivLossOptions&
 
 // ---- activations with parameters ----
 
+namespace {
+
+// The geometry of unfold and fold: the kernel's positions over the zero-padded (Hp, Wp) image.
+struct Blocks {
+  int64_t kh, kw, dh, dw, ph, pw, sh, sw;
+  int64_t height, width;  // the image's, unpadded
+  int64_t oh, ow;         // the positions
+
+  int64_t padded_width() const { return width + 2 * pw; }
+  int64_t padded_height() const { return height + 2 * ph; }
+  // The flat index into the padded image of every element unfold reads, in its order (i, j, y, x):
+  // (y sh + i dh) Wp + x sw + j dw for kernel tap (i, j) at position (y, x).
+  Tensor indices(Device device) const {
+    Tensor at = empty({kh * kw * oh * ow}, kInt64);  // too large: the allocator's Error
+    int64_t* next = at.data_ptr<int64_t>();
+    for (int64_t i = 0; i < kh; ++i) {
+      for (int64_t j = 0; j < kw; ++j) {
+        for (int64_t y = 0; y < oh; ++y) {
+          for (int64_t x = 0; x < ow; ++x) *next++ = (y * sh + i * dh) * padded_width() + x * sw + j * dw;
+        }
+      }
+    }
+    return at.to(device);
+  }
+};
+
+// One number for both dims or two; each checked against `least`.
+std::pair<int64_t, int64_t> pair_of(const Shape& v, const char* op, const char* what, int64_t least) {
+  KILN_CHECK(v.size() == 1 || v.size() == 2, "{}: {} must be one number or two, got {}", op, what, v.str());
+  const int64_t a = v[0], b = v.size() == 2 ? v[1] : v[0];
+  KILN_CHECK(a >= least && b >= least, "{}: {} must be >= {}, got {}", op, what, least, v.str());
+  return {a, b};
+}
+
+Blocks blocks(int64_t height, int64_t width, const Shape& kernel_size, const Shape& dilation, const Shape& padding,
+              const Shape& stride, const char* op) {
+  Blocks b{};
+  std::tie(b.kh, b.kw) = pair_of(kernel_size, op, "kernel_size", 1);
+  std::tie(b.dh, b.dw) = pair_of(dilation, op, "dilation", 1);
+  std::tie(b.ph, b.pw) = pair_of(padding, op, "padding", 0);
+  std::tie(b.sh, b.sw) = pair_of(stride, op, "stride", 1);
+  b.height = height;
+  b.width = width;
+  // In 128 bits: a huge padding or dilation must not wrap around into a plausible size.
+  const auto positions = [](int64_t size, int64_t pad, int64_t k, int64_t dil, int64_t str) -> __int128 {
+    const __int128 span = static_cast<__int128>(dil) * (k - 1) + 1, room = size + 2 * static_cast<__int128>(pad);
+    return room < span ? 0 : (room - span) / str + 1;
+  };
+  const __int128 oh = positions(height, b.ph, b.kh, b.dh, b.sh), ow = positions(width, b.pw, b.kw, b.dw, b.sw);
+  KILN_CHECK(oh >= 1 && ow >= 1,
+             "{}: the image ({}, {}) padded by ({}, {}) holds no ({}, {}) kernel dilated by ({}, {}); the number of "
+             "positions must be at least one in each dim (a smaller kernel or dilation, or more padding)", op,
+             height, width, b.ph, b.pw, b.kh, b.kw, b.dh, b.dw);
+  // Each product checked before the next factor joins it, so that none passes 2^124.
+  const auto fits = [](std::initializer_list<__int128> factors) {
+    const __int128 limit = static_cast<__int128>(1) << 62;
+    __int128 product = 1;
+    for (__int128 f : factors) {
+      if (f >= limit || (product *= f) >= limit) return false;
+    }
+    return true;
+  };
+  KILN_CHECK(fits({oh, ow, b.kh, b.kw}) &&
+                 fits({height + 2 * static_cast<__int128>(b.ph), width + 2 * static_cast<__int128>(b.pw)}),
+             "{}: the padded image or its {} x {} blocks are too large to index", op, b.kh, b.kw);
+  b.oh = static_cast<int64_t>(oh);
+  b.ow = static_cast<int64_t>(ow);
+  return b;
+}
+
+}  // namespace
+
+Tensor unfold(const Tensor& input, const Shape& kernel_size, const Shape& dilation, const Shape& padding,
+              const Shape& stride) {
+  KILN_CHECK(input.dim() == 3 || input.dim() == 4, "unfold: needs an (N, C, H, W) or (C, H, W) input, got {}-D {}",
+             input.dim(), input.sizes().str());
+  if (input.dim() == 3) return unfold(input.unsqueeze(0), kernel_size, dilation, padding, stride).squeeze(0);
+  const int64_t n = input.size(0), c = input.size(1);
+  const Blocks b = blocks(input.size(2), input.size(3), kernel_size, dilation, padding, stride, "unfold");
+  const Tensor padded = b.ph == 0 && b.pw == 0 ? input : pad(input, {b.pw, b.pw, b.ph, b.ph});
+  return padded.reshape({n, c, b.padded_height() * b.padded_width()})
+      .index_select(2, b.indices(input.device()))
+      .reshape({n, c * b.kh * b.kw, b.oh * b.ow});
+}
+
+Tensor fold(const Tensor& input, const Shape& output_size, const Shape& kernel_size, const Shape& dilation,
+            const Shape& padding, const Shape& stride) {
+  KILN_CHECK(input.dim() == 2 || input.dim() == 3, "fold: needs an (N, C kh kw, L) or (C kh kw, L) input, got {}-D {}",
+             input.dim(), input.sizes().str());
+  if (input.dim() == 2) {
+    return fold(input.unsqueeze(0), output_size, kernel_size, dilation, padding, stride).squeeze(0);
+  }
+  const auto [height, width] = pair_of(output_size, "fold", "output_size", 0);
+  const Blocks b = blocks(height, width, kernel_size, dilation, padding, stride, "fold");
+  const int64_t n = input.size(0), taps = b.kh * b.kw;
+  KILN_CHECK(input.size(1) % taps == 0,
+             "fold: the input's dim 1 ({}) must be a multiple of the kernel's kh kw = {} x {} = {} (C kh kw rows)",
+             input.size(1), b.kh, b.kw, taps);
+  KILN_CHECK(input.size(2) == b.oh * b.ow,
+             "fold: the input's dim 2 ({}) must be the number of blocks, {} x {} = {}, that a ({}, {}) kernel "
+             "(dilation ({}, {}), padding ({}, {}), stride ({}, {})) takes over output_size ({}, {})",
+             input.size(2), b.oh, b.ow, b.oh * b.ow, b.kh, b.kw, b.dh, b.dw, b.ph, b.pw, b.sh, b.sw, height, width);
+  const int64_t c = input.size(1) / taps;
+  Tensor image = index_add(zeros({n, c, b.padded_height() * b.padded_width()}, input.options()), 2,
+                           b.indices(input.device()), input.reshape({n, c, taps * b.oh * b.ow}));
+  image = image.view({n, c, b.padded_height(), b.padded_width()});
+  return b.ph == 0 && b.pw == 0 ? image : image.narrow(2, b.ph, height).narrow(3, b.pw, width).contiguous();
+}
+
 Tensor leaky_relu(const Tensor& input, double negative_slope) {
   return where(input.gt(0), input, input * negative_slope);
 }
@@ -566,13 +679,14 @@ Tensor logsigmoid(const Tensor& input) {
 }
 
 Tensor hardshrink(const Tensor& input, double lambd) {
-  const Tensor magnitude = input.abs();
-  // Not kept: 0, or the NaN itself without a gradient (as PyTorch: its value NaN, its gradient 0).
-  return where(magnitude.gt(lambd), input, input.detach().masked_fill(magnitude.le(lambd), 0.0));
+  // A NaN is not inside [-lambd, lambd]: it stays, with its gradient.
+  return input.masked_fill(input.abs().le(lambd), 0.0);
 }
 
 Tensor softshrink(const Tensor& input, double lambd) {
   KILN_CHECK(lambd >= 0, "softshrink: lambd must be >= 0, got {}", lambd);
+  // A NaN gives 0, as both of PyTorch's kernels; no finite value carries a NaN's gradient, so it gets
+  // none (PyTorch's vectorized kernel's; its scalar one passes it).
   const Tensor keep = input.abs().gt(lambd);
   return (input - input.detach().sign() * lambd).masked_fill(keep.logical_not(), 0.0);
 }
@@ -593,7 +707,9 @@ Tensor prelu(const Tensor& input, const Tensor& weight) {
     shape[0] = channels;
     slope = weight.reshape(Shape(shape));
   }
-  return where(input.gt(0), input, input * slope);
+  // The branch not taken reads 0: x = inf times a zero gradient would put a NaN in the slope's gradient.
+  const Tensor positive = input.gt(0);
+  return where(positive, input, input.masked_fill(positive, 0.0) * slope);
 }
 
 Tensor glu(const Tensor& input, int64_t dim) {
@@ -613,7 +729,9 @@ Tensor rrelu(const Tensor& input, double lower, double upper, bool train, Genera
   KILN_CHECK(is_floating(input.dtype()), "rrelu: needs a floating-point input, got {}", dtype_name(input.dtype()));
   Tensor slope = ops::rand(input.sizes(), input.options(), gen);
   slope = slope * (upper - lower) + lower;
-  return where(input.gt(0), input, input * slope);
+  // PyTorch's noise: the slope where x <= 0, 1 elsewhere (a NaN too).
+  const Tensor negative = input.le(0);
+  return where(negative, input.masked_fill(negative.logical_not(), 0.0) * slope, input);
 }
 
 namespace {

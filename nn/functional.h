@@ -24,18 +24,23 @@ inline namespace functional {
 // The ops that torch.nn.functional also has, under the same names (the same functions as kiln::).
 using ops::adaptive_avg_pool1d;
 using ops::adaptive_avg_pool2d;
+using ops::adaptive_avg_pool3d;
 using ops::adaptive_max_pool1d;
 using ops::adaptive_max_pool1d_with_indices;
 using ops::adaptive_max_pool2d;
 using ops::adaptive_max_pool2d_with_indices;
+using ops::adaptive_max_pool3d;
+using ops::adaptive_max_pool3d_with_indices;
 using ops::avg_pool1d;
 using ops::avg_pool2d;
+using ops::avg_pool3d;
 using ops::batch_norm;
 using ops::conv1d;
 using ops::conv2d;
 using ops::conv3d;
 using ops::conv_transpose1d;
 using ops::conv_transpose2d;
+using ops::conv_transpose3d;
 using ops::dropout;
 using ops::gelu;
 using ops::group_norm;
@@ -45,6 +50,8 @@ using ops::max_pool1d;
 using ops::max_pool1d_with_indices;
 using ops::max_pool2d;
 using ops::max_pool2d_with_indices;
+using ops::max_pool3d;
+using ops::max_pool3d_with_indices;
 using ops::one_hot;
 using ops::pad;
 using ops::pixel_shuffle;
@@ -117,6 +124,19 @@ Tensor instance_norm(const Tensor& input, const Tensor& running_mean = {}, const
                      const Tensor& weight = {}, const Tensor& bias = {}, bool use_input_stats = true,
                      double momentum = 0.1, double eps = 1e-5);
 
+// ---- sliding blocks (torch.nn.functional.unfold and fold; compositions of ops) ----
+// unfold ("im2col"): input (N, C, H, W) or (C, H, W) -> (N, C kh kw, L), one column per position of
+// the kernel over the zero-padded input, L = oh ow positions, each column's rows ordered (c, i, j)
+// as conv2d's weight (C_out, C, kh, kw) is, so conv2d(x, w) == w.view({C_out, -1}).matmul(unfold(x)).
+// kernel_size, dilation, padding and stride: one number for both dims or two (PyTorch's order).
+Tensor unfold(const Tensor& input, const Shape& kernel_size, const Shape& dilation = {1},
+              const Shape& padding = {0}, const Shape& stride = {1});
+// fold ("col2im"), unfold's adjoint: input (N, C kh kw, L) or (C kh kw, L) -> (N, C, H, W) with
+// (H, W) = output_size, each column's values summed into the positions unfold reads them from (so
+// fold(unfold(x)) is x times how many blocks cover each pixel).
+Tensor fold(const Tensor& input, const Shape& output_size, const Shape& kernel_size, const Shape& dilation = {1},
+            const Shape& padding = {0}, const Shape& stride = {1});
+
 // ---- activations with parameters (compositions of ops; gradients as PyTorch's at the kinks) ----
 // x for x > 0, negative_slope * x otherwise (gradient negative_slope at 0).
 Tensor leaky_relu(const Tensor& input, double negative_slope = 0.01);
@@ -150,9 +170,10 @@ Tensor tanhshrink(const Tensor& input);
 Tensor threshold(const Tensor& input, double threshold, double value);
 // log(sigmoid(x)) = -softplus(-x), exact for all x (no threshold), gradient 1 - sigmoid(x).
 Tensor logsigmoid(const Tensor& input);
-// x where |x| > lambd, 0 elsewhere; NaN stays NaN with gradient 0.
+// x where |x| > lambd, 0 elsewhere; NaN stays NaN and passes its gradient.
 Tensor hardshrink(const Tensor& input, double lambd = 0.5);
-// x - lambd where x > lambd, x + lambd where x < -lambd, 0 elsewhere (NaN too); lambd >= 0.
+// x - lambd where x > lambd, x + lambd where x < -lambd, 0 elsewhere; lambd >= 0. A NaN gives 0 and
+// no gradient (PyTorch's vectorized kernel; its scalar one passes the gradient of that 0).
 Tensor softshrink(const Tensor& input, double lambd = 0.5);
 // x for x > 0, weight * x otherwise; weight holds one slope or one per channel (dim 1 of an input of
 // 2 or more dims), as torch.nn.functional.prelu.

@@ -7,6 +7,7 @@
 //   gx = backward_input(g, w):          dg = conv2d(ggx, w),        dw = backward_weight(g, ggx)
 //   gw = backward_weight(g, x):         dg = conv2d(x, ggw),        dx = backward_input(g, ggw)
 // which gives double backward (gradient penalties) for free. 16-bit floats run in float32.
+#include <algorithm>
 #include <array>
 #include <limits>
 #include <vector>
@@ -200,6 +201,20 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
   return input.dim() == 2 ? out.squeeze(0) : out;
 }
 
+namespace {
+
+// A 3-D argument (stride, padding, ...): one number for all three dims, or three, each >= min.
+std::array<int64_t, 3> triple_arg(const Shape& v, const char* op, const char* name, int64_t min) {
+  KILN_CHECK(v.size() == 1 || v.size() == 3, "{}: {} must have one or three elements, got {}", op, name, v.str());
+  std::array<int64_t, 3> t{v[0], v[v.size() == 3 ? 1 : 0], v[v.size() == 3 ? 2 : 0]};
+  for (int64_t e : t) {
+    KILN_CHECK(e >= min, "{}: {} must be {}, got {}", op, name, min == 0 ? "non-negative" : "positive", v.str());
+  }
+  return t;
+}
+
+}  // namespace
+
 // Note [conv3d as conv2d]
 // A 3-D convolution is one 2-D convolution once the depth windows are moved into the channels: output
 // depth t reads input depths t * sD + kd * dD - pD for kd < kD, so those kD slices of every channel,
@@ -217,15 +232,8 @@ Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
   KILN_CHECK(weight.dim() == 5, "conv3d: expected a 5-D weight (C_out, C_in / groups, kD, kH, kW), got shape {}",
              weight.sizes().str());
   if (!autocast::is_enabled(input.device().type)) check_float_pair(op, input, weight);  // else conv2d casts
-  auto triple = [&](const Shape& v, const char* name, int64_t min) {
-    KILN_CHECK(v.size() == 1 || v.size() == 3, "{}: {} must have one or three elements, got {}", op, name, v.str());
-    std::array<int64_t, 3> t{v[0], v[v.size() == 3 ? 1 : 0], v[v.size() == 3 ? 2 : 0]};
-    for (int64_t e : t) {
-      KILN_CHECK(e >= min, "{}: {} must be {}, got {}", op, name, min == 0 ? "non-negative" : "positive", v.str());
-    }
-    return t;
-  };
-  const auto s = triple(stride, "stride", 1), p = triple(padding, "padding", 0), d = triple(dilation, "dilation", 1);
+  const auto s = triple_arg(stride, op, "stride", 1), p = triple_arg(padding, op, "padding", 0),
+             d = triple_arg(dilation, op, "dilation", 1);
   KILN_CHECK(groups >= 1, "conv3d: groups must be positive, got {}", groups);
   Tensor x = input.dim() == 4 ? input.unsqueeze(0) : input;
   const Shape in = x.sizes(), w = weight.sizes();
@@ -372,6 +380,73 @@ Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor&
   return conv_transpose2d(input.unsqueeze(-2), weight.unsqueeze(2), bias, {1, stride}, {0, padding},
                           {0, output_padding}, groups, {1, dilation})
       .squeeze(-2);
+}
+
+// Note [conv_transpose3d as conv_transpose2d]
+// conv_transpose3d is conv3d's adjoint: input depth t sends its values through the kernel's depth tap
+// kd to output depth t sD + kd dD - pD. For one (t, kd) pair that is the 2-D transposed convolution of
+// depth slice t with the weight's slice kd, and all kD taps at once are one conv_transpose2d over the
+// (n, t) slices as a batch, whose weight (C_in, C_out / groups, kD, kH, kW) is read as (C_in,
+// kD C_out / groups, kH, kW): per group its output channels come out as (kd, c). An index_add sums
+// each (t, kd) slice into its output depth, the padding crops the depths, and the last
+// output_padding depths hold only the bias. conv_transpose2d handles height and width, with their
+// padding and output padding. Differentiable twice over, on any device conv_transpose2d runs on.
+Tensor conv_transpose3d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
+                        const Shape& padding, const Shape& output_padding, int64_t groups, const Shape& dilation) {
+  const char* op = "conv_transpose3d";
+  KILN_CHECK(input.dim() == 4 || input.dim() == 5,
+             "{}: expected a 4-D (unbatched C, D, H, W) or 5-D (batched N, C, D, H, W) input, got shape {}", op,
+             input.sizes().str());
+  KILN_CHECK(weight.dim() == 5, "{}: expected a 5-D weight (C_in, C_out / groups, kD, kH, kW), got shape {}", op,
+             weight.sizes().str());
+  if (!autocast::is_enabled(input.device().type)) {  // else conv_transpose2d casts
+    check_float_pair(op, input, weight);
+    if (bias.defined()) check_float_pair(op, input, bias, "input and bias");
+  }
+  const auto s = triple_arg(stride, op, "stride", 1), p = triple_arg(padding, op, "padding", 0),
+             d = triple_arg(dilation, op, "dilation", 1);
+  const auto o = triple_arg(output_padding, op, "output_padding", 0);
+  KILN_CHECK(o[0] < s[0] || o[0] < d[0],
+             "{}: output_padding {} must be smaller than either stride or dilation in each dim (stride {}, dilation {})",
+             op, output_padding.str(), stride.str(), dilation.str());
+  KILN_CHECK(groups >= 1, "{}: groups must be positive, got {}", op, groups);
+  const Tensor x = input.dim() == 4 ? input.unsqueeze(0) : input;
+  const Shape in = x.sizes(), w = weight.sizes();
+  KILN_CHECK(in[1] == w[0], "{}: the input {} has {} channels, but the weight {} expects {} (its dim 0, C_in)", op,
+             in.str(), in[1], w.str(), w[0]);
+  KILN_CHECK(in[2] > 0 && w[2] > 0, "{}: expected a non-empty depth and kernel depth, got input {} and weight {}", op,
+             in.str(), w.str());
+  KILN_CHECK(w[0] % groups == 0, "{}: the weight's {} input channels are not divisible by groups {}", op, w[0],
+             groups);
+  const int64_t N = in[0], C = in[1], D = in[2], kD = w[2], per_group = w[1];
+  const Wide full_depth = Wide{D - 1} * s[0] + Wide{d[0]} * (kD - 1) + 1 + o[0];
+  KILN_CHECK(full_depth - 2 * Wide{p[0]} > 0 && full_depth <= kMaxSize,
+             "{}: the output depth would be {}: padding {} does not fit input {} and weight {}", op,
+             static_cast<int64_t>(std::clamp<Wide>(full_depth - 2 * Wide{p[0]}, -kMaxSize, kMaxSize)), padding.str(),
+             in.str(), w.str());
+  const Wide channels_out = Wide{per_group} * groups;
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == channels_out),
+             "{}: the bias must be 1-D with {} elements (the output channels), got shape {}", op,
+             static_cast<int64_t>(std::min<Wide>(channels_out, kMaxSize)), bias.defined() ? bias.sizes().str() : "");
+  // Every tap at once: (C_in, C_out / groups, kD, kH, kW) as (C_in, kD C_out / groups, kH, kW).
+  const Tensor taps = weight.permute({0, 2, 1, 3, 4}).reshape({C, kD * per_group, w[3], w[4]});
+  const Tensor slices = x.permute({0, 2, 1, 3, 4}).reshape({N * D, C, in[3], in[4]});
+  Tensor y = conv_transpose2d(slices, taps, {}, {s[1], s[2]}, {p[1], p[2]}, {o[1], o[2]}, groups, {d[1], d[2]});
+  const int64_t Ho = y.size(2), Wo = y.size(3);
+  // (N D, groups kD per_group, Ho, Wo) -> (N, groups per_group, D kD, Ho, Wo), each (t, kd) to t sD + kd dD.
+  y = y.view({N, D, groups, kD, per_group, Ho, Wo})
+          .permute({0, 2, 4, 1, 3, 5, 6})
+          .reshape({N, groups * per_group, D * kD, Ho, Wo});
+  Tensor depths = empty({D * kD}, kInt64);
+  int64_t* next = depths.data_ptr<int64_t>();
+  for (int64_t t = 0; t < D; ++t) {
+    for (int64_t kd = 0; kd < kD; ++kd) *next++ = t * s[0] + kd * d[0];
+  }
+  Tensor out = index_add(zeros({N, groups * per_group, static_cast<int64_t>(full_depth), Ho, Wo}, y.options()), 2,
+                         depths.to(y.device()), y);
+  if (p[0] > 0) out = out.narrow(2, p[0], static_cast<int64_t>(full_depth) - 2 * p[0]).contiguous();
+  if (bias.defined()) out = out + bias.to(out.dtype()).view({1, -1, 1, 1, 1});
+  return input.dim() == 4 ? out.squeeze(0) : out;
 }
 
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,

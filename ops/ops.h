@@ -93,6 +93,10 @@ Tensor squeeze(const Tensor& t, std::optional<int64_t> dim = {});
 Tensor unsqueeze(const Tensor& t, int64_t dim);
 Tensor flatten(const Tensor& t, int64_t start_dim = 0, int64_t end_dim = -1);
 Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes);
+// PyTorch's Tensor.unfold: a view with dim `dimension` replaced by the (size_d - size) / step + 1
+// windows and a new last dim of each window's `size` elements (windows overlap when step < size).
+// Its backward sums the overlapping windows' gradients (an index_add, itself differentiable).
+Tensor unfold(const Tensor& t, int64_t dimension, int64_t size, int64_t step);
 Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset);
 
 // ---- elementwise.cpp ----
@@ -315,6 +319,13 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
                         const Shape& output_padding = {0, 0}, int64_t groups = 1, const Shape& dilation = {1, 1});
 Tensor conv_transpose1d(const Tensor& input, const Tensor& weight, const Tensor& bias = {}, int64_t stride = 1,
                         int64_t padding = 0, int64_t output_padding = 0, int64_t groups = 1, int64_t dilation = 1);
+// The 3-D form: input (N, C_in, D, H, W) or (C_in, D, H, W), weight (C_in, C_out / groups, kD, kH, kW);
+// stride, padding, output_padding and dilation one number for all three dims, or three. One
+// conv_transpose2d over the depth slices and an index_add of its depth taps (Note [conv_transpose3d
+// as conv_transpose2d], ops/conv.cpp).
+Tensor conv_transpose3d(const Tensor& input, const Tensor& weight, const Tensor& bias = {},
+                        const Shape& stride = {1}, const Shape& padding = {0}, const Shape& output_padding = {0},
+                        int64_t groups = 1, const Shape& dilation = {1});
 // The gradients of conv2d (its backward; ordinary ops, so they have a backward too): with respect to
 // the input, of shape input_shape (N, C_in, H, W), and with respect to the weight, of weight_shape.
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
@@ -354,6 +365,21 @@ Tensor avg_pool1d(const Tensor& x, int64_t kernel_size, std::optional<int64_t> s
 Tensor adaptive_avg_pool1d(const Tensor& x, int64_t output_size);
 Tensor adaptive_max_pool1d(const Tensor& x, int64_t output_size);
 std::tuple<Tensor, Tensor> adaptive_max_pool1d_with_indices(const Tensor& x, int64_t output_size);
+// 3-D pooling over the last three dims of an (N, C, D, H, W) or unbatched (C, D, H, W) input, with
+// PyTorch's arguments (one number for all three dims, or three; stride {} means = kernel_size), output
+// sizes and checks; the indices of the max poolings index D * H * W. Each is two 2-D poolings (Note
+// [3-D pooling is separable], ops/pool.cpp), so any device and differentiable twice.
+Tensor max_pool3d(const Tensor& x, const Shape& kernel_size, const Shape& stride = {}, const Shape& padding = {0},
+                  const Shape& dilation = {1}, bool ceil_mode = false);
+std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& x, const Shape& kernel_size, const Shape& stride = {},
+                                                   const Shape& padding = {0}, const Shape& dilation = {1},
+                                                   bool ceil_mode = false);
+Tensor avg_pool3d(const Tensor& x, const Shape& kernel_size, const Shape& stride = {}, const Shape& padding = {0},
+                  bool ceil_mode = false, bool count_include_pad = true,
+                  std::optional<int64_t> divisor_override = {});
+Tensor adaptive_avg_pool3d(const Tensor& x, const Shape& output_size);
+Tensor adaptive_max_pool3d(const Tensor& x, const Shape& output_size);
+std::tuple<Tensor, Tensor> adaptive_max_pool3d_with_indices(const Tensor& x, const Shape& output_size);
 
 // ---- norm.cpp ----
 // training: normalises with batch statistics and updates running_mean/var in place (unbiased var,

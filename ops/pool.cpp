@@ -6,7 +6,13 @@
 // pooling's; the average poolings' backward is the transpose of a linear map (its backward is the
 // forward). 16-bit floats run in float32, except max and adaptive max pooling on the CPU, whose kernels
 // take them as they are (the maxima are the same values; a gradient is summed in float32 there).
+// The 3-D poolings are two 2-D ones (Note [3-D pooling is separable]).
 
+#include <array>
+#include <optional>
+#include <tuple>
+
+#include "core/grad_mode.h"
 #include "ops/dispatch.h"
 #include "ops/flops.h"
 #include "ops/ops.h"
@@ -319,6 +325,169 @@ Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size) {
   if (is_half(x.dtype())) return adaptive_avg_pool2d(x.to(kFloat32), output_size).to(x.dtype());
   Tensor input = batched(x);
   return unbatched_like(adaptive_forward(input, {input.sizes()[0], input.sizes()[1], Ho, Wo}), x);
+}
+
+// Note [3-D pooling is separable]
+// A 3-D window is a 2-D window (h, w) at each of the depths the window's d range covers, and max,
+// sum and the count of cells all split that way: max over the window = max over d of the 2-D
+// maxima, and an average's divisor is the product of the per-dim counts (PyTorch's, with or without
+// the padding, with ceil_mode's clipped last windows). So a 3-D pooling is the 2-D pooling of every
+// depth slice ((N C, D, H, W): the depths as channels), then the 2-D pooling of the result viewed as
+// a (D, Ho Wo) image with a (kd, 1) kernel. Ties and NaNs resolve as PyTorch's scan in (d, h, w)
+// order does: the first maximum wins in each step, so the first depth and within it the first
+// (h, w); the last NaN wins in each step (a NaN replaces the maximum so far), so the last depth
+// holding a NaN and within it the last NaN. The indices are the 2-D steps' combined:
+// d H W + the index into H W of the maximum at depth d. The backward is the two poolings'.
+
+namespace {
+
+struct Pool3dArgs {
+  int64_t k[3], s[3], p[3], dil[3];
+};
+
+// One number for all three dims, or three.
+void triple_arg(const Shape& v, const char* op, const char* name, int64_t min, int64_t (&out)[3]) {
+  KILN_CHECK(v.size() == 1 || v.size() == 3, "{}: {} must have one or three elements, got {}", op, name, v.str());
+  for (int i = 0; i < 3; ++i) out[i] = v[v.size() == 3 ? i : 0];
+  KILN_CHECK(out[0] >= min && out[1] >= min && out[2] >= min, "{}: {} must be {}, got {}", op, name,
+             min == 0 ? "non-negative" : "positive", v.str());
+}
+
+void check_pool3d_input(const Tensor& x, const char* op) {
+  KILN_CHECK(x.dim() == 4 || x.dim() == 5,
+             "{}: expected a 4-D (unbatched C, D, H, W) or 5-D (batched N, C, D, H, W) input, got shape {}", op,
+             x.sizes().str());
+  for (int d = x.dim() - 4; d < x.dim(); ++d) {
+    KILN_CHECK(x.sizes()[d] > 0, "{}: expected non-empty channel, depth, height and width dims, got shape {}", op,
+               x.sizes().str());
+  }
+  KILN_CHECK(is_floating(x.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(x.dtype()));
+}
+
+Pool3dArgs pool3d_args(const Tensor& x, const Shape& kernel_size, const Shape& stride, const Shape& padding,
+                       const Shape& dilation, bool ceil_mode, const char* op) {
+  check_pool3d_input(x, op);
+  Pool3dArgs a{};
+  triple_arg(kernel_size, op, "kernel_size", 1, a.k);
+  triple_arg(stride.empty() ? kernel_size : stride, op, "stride", 1, a.s);
+  triple_arg(padding, op, "padding", 0, a.p);
+  triple_arg(dilation, op, "dilation", 1, a.dil);
+  for (int i = 0; i < 3; ++i) {
+    KILN_CHECK(a.p[i] <= a.k[i] / 2, "{}: padding {} must be at most half of the kernel size {}", op, padding.str(),
+               kernel_size.str());
+  }
+  for (int i = 0; i < 3; ++i) {
+    const int64_t in = x.size(x.dim() - 3 + i);
+    KILN_CHECK(pool_out_size(in, a.k[i], a.p[i], a.s[i], a.dil[i], ceil_mode) > 0,
+               "{}: the output would be empty: the input {} is too small for kernel {} with padding {} and dilation {}",
+               op, x.sizes().str(), kernel_size.str(), padding.str(), dilation.str());
+  }
+  return a;
+}
+
+Tensor batched5(const Tensor& x) { return x.dim() == 4 ? x.unsqueeze(0) : x; }
+Tensor unbatched5_like(const Tensor& out, const Tensor& x) { return x.dim() == 4 ? out.squeeze(0) : out; }
+
+// The maxima of the 2-D steps (Note [3-D pooling is separable]) put together: out (N, C, Do, Ho, Wo)
+// and indices into D H W. `first` and `first_indices` are the 2-D step's (N C, D, Ho, Wo); `second`
+// and `second_indices` the depth step's (N C, 1, Do, Ho Wo), whose indices run over D x Ho Wo.
+std::tuple<Tensor, Tensor> join_max3d(const Tensor& input, const Tensor& first_indices, const Tensor& second,
+                                      const Tensor& second_indices) {
+  const int64_t N = input.size(0), C = input.size(1), H = input.size(3), W = input.size(4);
+  const int64_t Ho = first_indices.size(2), Wo = first_indices.size(3), Do = second.size(2);
+  const int64_t plane = Ho * Wo;
+  Tensor indices;
+  {
+    NoGradGuard no_grad;
+    const Tensor depth = second_indices.reshape({N * C, Do, plane}).floor_divide(plane);
+    const Tensor in_plane = first_indices.reshape({N * C, first_indices.size(1), plane}).gather(1, depth);
+    indices = (depth * (H * W) + in_plane).reshape({N, C, Do, Ho, Wo});
+  }
+  return {second.reshape({N, C, Do, Ho, Wo}), indices};
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> max_pool3d_with_indices(const Tensor& x, const Shape& kernel_size, const Shape& stride,
+                                                   const Shape& padding, const Shape& dilation, bool ceil_mode) {
+  const Pool3dArgs a = pool3d_args(x, kernel_size, stride, padding, dilation, ceil_mode, "max_pool3d");
+  const Tensor input = batched5(x);
+  const int64_t N = input.size(0), C = input.size(1), D = input.size(2);
+  auto [first, first_indices] =
+      max_pool2d_with_indices(input.reshape({N * C, D, input.size(3), input.size(4)}), {a.k[1], a.k[2]},
+                              {a.s[1], a.s[2]}, {a.p[1], a.p[2]}, {a.dil[1], a.dil[2]}, ceil_mode);
+  auto [second, second_indices] =
+      max_pool2d_with_indices(first.reshape({N * C, 1, D, first.size(2) * first.size(3)}), {a.k[0], 1}, {a.s[0], 1},
+                              {a.p[0], 0}, {a.dil[0], 1}, ceil_mode);
+  auto [out, indices] = join_max3d(input, first_indices, second, second_indices);
+  return {unbatched5_like(out, x), unbatched5_like(indices, x)};
+}
+
+Tensor max_pool3d(const Tensor& x, const Shape& kernel_size, const Shape& stride, const Shape& padding,
+                  const Shape& dilation, bool ceil_mode) {
+  return std::get<0>(max_pool3d_with_indices(x, kernel_size, stride, padding, dilation, ceil_mode));
+}
+
+Tensor avg_pool3d(const Tensor& x, const Shape& kernel_size, const Shape& stride, const Shape& padding,
+                  bool ceil_mode, bool count_include_pad, std::optional<int64_t> divisor_override) {
+  const Pool3dArgs a = pool3d_args(x, kernel_size, stride, padding, {1}, ceil_mode, "avg_pool3d");
+  KILN_CHECK(!divisor_override || *divisor_override != 0, "avg_pool3d: divisor_override must be nonzero");
+  const Tensor input = batched5(x);
+  const int64_t N = input.size(0), C = input.size(1), D = input.size(2);
+  // With divisor_override, both steps sum (divisor 1) and the sum is divided once.
+  const std::optional<int64_t> sum = divisor_override ? std::optional<int64_t>(1) : std::nullopt;
+  const Tensor first = avg_pool2d(input.reshape({N * C, D, input.size(3), input.size(4)}), {a.k[1], a.k[2]},
+                                  {a.s[1], a.s[2]}, {a.p[1], a.p[2]}, ceil_mode, count_include_pad, sum);
+  const int64_t Ho = first.size(2), Wo = first.size(3);
+  Tensor out = avg_pool2d(first.reshape({N * C, 1, D, Ho * Wo}), {a.k[0], 1}, {a.s[0], 1}, {a.p[0], 0}, ceil_mode,
+                          count_include_pad, sum);
+  out = out.reshape({N, C, out.size(2), Ho, Wo});
+  if (divisor_override) out = out / static_cast<double>(*divisor_override);
+  return unbatched5_like(out, x);
+}
+
+namespace {
+
+std::array<int64_t, 3> adaptive_output_size3(const Shape& output_size, const char* op) {
+  KILN_CHECK(output_size.size() == 1 || output_size.size() == 3,
+             "{}: output_size must have one or three elements, got {}", op, output_size.str());
+  std::array<int64_t, 3> o{};
+  for (int i = 0; i < 3; ++i) o[static_cast<size_t>(i)] = output_size[output_size.size() == 3 ? i : 0];
+  KILN_CHECK(o[0] >= 0 && o[1] >= 0 && o[2] >= 0, "{}: output_size must be non-negative, got {}", op,
+             output_size.str());
+  return o;
+}
+
+}  // namespace
+
+Tensor adaptive_avg_pool3d(const Tensor& x, const Shape& output_size) {
+  const char* op = "adaptive_avg_pool3d";
+  check_pool3d_input(x, op);
+  const auto o = adaptive_output_size3(output_size, op);
+  const Tensor input = batched5(x);
+  const int64_t N = input.size(0), C = input.size(1), D = input.size(2);
+  // The depth step's width, Ho Wo cells into Ho Wo, keeps each cell as it is.
+  const Tensor first = adaptive_avg_pool2d(input.reshape({N * C, D, input.size(3), input.size(4)}), {o[1], o[2]});
+  const Tensor out = adaptive_avg_pool2d(first.reshape({N * C, 1, D, o[1] * o[2]}), {o[0], o[1] * o[2]});
+  return unbatched5_like(out.reshape({N, C, o[0], o[1], o[2]}), x);
+}
+
+std::tuple<Tensor, Tensor> adaptive_max_pool3d_with_indices(const Tensor& x, const Shape& output_size) {
+  const char* op = "adaptive_max_pool3d";
+  check_pool3d_input(x, op);
+  const auto o = adaptive_output_size3(output_size, op);
+  const Tensor input = batched5(x);
+  const int64_t N = input.size(0), C = input.size(1), D = input.size(2);
+  auto [first, first_indices] =
+      adaptive_max_pool2d_with_indices(input.reshape({N * C, D, input.size(3), input.size(4)}), {o[1], o[2]});
+  auto [second, second_indices] =
+      adaptive_max_pool2d_with_indices(first.reshape({N * C, 1, D, o[1] * o[2]}), {o[0], o[1] * o[2]});
+  auto [out, indices] = join_max3d(input, first_indices, second, second_indices);
+  return {unbatched5_like(out, x), unbatched5_like(indices, x)};
+}
+
+Tensor adaptive_max_pool3d(const Tensor& x, const Shape& output_size) {
+  return std::get<0>(adaptive_max_pool3d_with_indices(x, output_size));
 }
 
 }  // namespace ops

@@ -460,6 +460,61 @@ Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes) {
   return t.view(shape);
 }
 
+namespace {
+
+// The positions along the unfolded dim of every window's elements, window by window: w step + k.
+Tensor window_positions(int64_t windows, int64_t size, int64_t step, Device device) {
+  Tensor at = empty({windows * size}, kInt64);  // as many as the gradient has elements
+  int64_t* next = at.data_ptr<int64_t>();
+  for (int64_t w = 0; w < windows; ++w) {
+    for (int64_t k = 0; k < size; ++k) *next++ = w * step + k;
+  }
+  return at.to(device);
+}
+
+}  // namespace
+
+Tensor unfold(const Tensor& t, int64_t dimension, int64_t size, int64_t step) {
+  if (t.dim() == 0) {  // PyTorch's: the one element, as a window along dim 0, without that dim
+    KILN_CHECK(dimension == 0 || dimension == -1, "unfold: dimension {} is out of range for a 0-d tensor (0 or -1)",
+               dimension);
+    KILN_CHECK(size >= 0 && size <= 1, "unfold: size {} is not in [0, 1], the sizes a 0-d tensor's window can have",
+               size);
+    return unfold(t.reshape({1}), 0, size, step).select(0, 0);
+  }
+  const int d = wrap_dim(dimension, t.dim(), "unfold");
+  const int64_t length = t.size(d);
+  KILN_CHECK(size >= 0 && size <= length, "unfold: size {} must be in [0, {}], the size of dimension {}", size,
+             length, d);
+  KILN_CHECK(step > 0, "unfold: step must be > 0, got {}", step);
+  const int64_t windows = (length - size) / step + 1;
+  Shape sizes = t.sizes(), strides = t.strides();
+  sizes[d] = windows;
+  // A dim of one window may keep any stride; the others' stride * step stays inside the storage.
+  if (__builtin_mul_overflow(strides[d], step, &strides[d])) strides[d] = t.strides()[d];
+  sizes.push_back(size);
+  strides.push_back(t.strides()[d]);
+  Tensor out = make_view(t, sizes, strides, t.storage_offset());
+  if (should_record(t)) {
+    const Shape shape = t.sizes();
+    record("UnfoldBackward", {t}, {out}, [shape, d, size, step, windows](const Grads& g) -> TensorList {
+      if (g[0].numel() == 0) return {zeros(shape, g[0].options())};  // no positions to list
+      // g (..., windows at d, ..., size): each window's elements next to each other at d, then
+      // summed into their positions.
+      Shape order;
+      const int nd = g[0].dim();
+      for (int i = 0; i < nd - 1; ++i) {
+        order.push_back(i);
+        if (i == d) order.push_back(nd - 1);
+      }
+      const Tensor windowed = g[0].permute(order).flatten(d, d + 1);
+      return {index_add(zeros(shape, g[0].options()), d, window_positions(windows, size, step, g[0].device()),
+                        windowed)};
+    });
+  }
+  return out;
+}
+
 Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset) {
   const bool grad = should_record(t);
   const int expanded = grad ? first_expanded_dim(t) : -1;
@@ -515,5 +570,8 @@ Tensor Tensor::squeeze(int64_t dim) const { return ops::squeeze(*this, dim); }
 Tensor Tensor::unsqueeze(int64_t dim) const { return ops::unsqueeze(*this, dim); }
 Tensor Tensor::flatten(int64_t s, int64_t e) const { return ops::flatten(*this, s, e); }
 Tensor Tensor::unflatten(int64_t dim, const Shape& sizes) const { return ops::unflatten(*this, dim, sizes); }
+Tensor Tensor::unfold(int64_t dimension, int64_t size, int64_t step) const {
+  return ops::unfold(*this, dimension, size, step);
+}
 
 }  // namespace kiln

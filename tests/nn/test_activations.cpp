@@ -106,7 +106,8 @@ std::pair<Tensor, Tensor> value_and_slope(const std::function<Tensor(const Tenso
 TEST_CASE("the activations at the points PyTorch's kernels disagree on, at NaN and far out", "[nn][layers][activations]") {
   // PyTorch 1.13's scalar CPU kernels (the definition; its vectorized ones differ at hardswish's 3
   // and at NaN): hardswish's slope is x / 3 + 1/2 on [-3, 3]; NaN passes the gradient in relu6 (as
-  // hardtanh), hardswish and threshold, and not in the shrinks and hardsigmoid.
+  // hardtanh), hardswish, threshold and hardshrink, and not in hardsigmoid; softshrink maps NaN to 0
+  // without a gradient (the vectorized kernel's: no 0 computed from a NaN can carry one).
   const double nan = NAN, inf = INFINITY;
   auto [hs, hs_slope] = value_and_slope(F::hardswish, {3, -3, nan, inf, -inf, 1});
   const test::Tolerance exact{0, 0};  // check_close, not check_equal: NaN matches NaN
@@ -120,7 +121,7 @@ TEST_CASE("the activations at the points PyTorch's kernels disagree on, at NaN a
   test::check_equal(th_slope, from_vector<double>({1, 0, 1}));
   auto [hk, hk_slope] = value_and_slope([](const Tensor& x) { return F::hardshrink(x, 0.5); }, {nan, 0.5, -0.6});
   test::check_close(hk, from_vector<double>({nan, 0, -0.6}), exact);
-  test::check_equal(hk_slope, from_vector<double>({0, 0, 1}));
+  test::check_equal(hk_slope, from_vector<double>({1, 0, 1}));
   auto [sk, sk_slope] = value_and_slope([](const Tensor& x) { return F::softshrink(x, 0.5); }, {nan, -0.5, -0.75, inf});
   test::check_equal(sk, from_vector<double>({0, 0, -0.25, inf}));
   test::check_equal(sk_slope, from_vector<double>({0, 0, 1, 1}));
@@ -134,11 +135,22 @@ TEST_CASE("the activations at the points PyTorch's kernels disagree on, at NaN a
   test::check_close(ls_slope, from_vector<double>({1 - 1 / (1 + std::exp(30.0)), 1, 0, 0.5}), {1e-16, 0});
 
   // No NaN gradient from a branch where() does not take.
+  Generator gen(3);
   for (const auto& f : std::vector<std::function<Tensor(const Tensor&)>>{
-           F::selu, [](const Tensor& x) { return F::celu(x, 0.5); }, F::mish, F::hardswish, F::softsign}) {
+           F::selu, [](const Tensor& x) { return F::celu(x, 0.5); }, F::mish, F::hardswish, F::softsign,
+           [&](const Tensor& x) { return F::rrelu(x, 0.1, 0.3, true, &gen); }}) {
     auto [y, slope] = value_and_slope(f, {800, -800});
     CHECK_FALSE(slope.isnan().any().item<bool>());
   }
+  // prelu at +-inf: the slope's gradient sums x g over x <= 0 only (an inf on the other branch is not
+  // 0 x inf = NaN there); rrelu while training gives a NaN its gradient 1, as PyTorch's noise of 1.
+  Tensor weight = from_vector<double>({0.25}).requires_grad_();
+  Tensor x = from_vector<double>({inf, -2, 3}).requires_grad_();
+  F::prelu(x, weight).sum().backward();
+  test::check_equal(weight.grad(), from_vector<double>({-2}));
+  test::check_equal(x.grad(), from_vector<double>({1, 0.25, 1}));
+  auto [rr, rr_slope] = value_and_slope([&](const Tensor& v) { return F::rrelu(v, 0.1, 0.3, true, &gen); }, {nan, 2});
+  test::check_equal(rr_slope, from_vector<double>({1, 1}));
 }
 
 TEST_CASE("the activations keep float32 and equal a float64 evaluation, and differentiate twice", "[nn][layers][activations]") {
@@ -180,7 +192,7 @@ TEST_CASE("the activations keep float32 and equal a float64 evaluation, and diff
   CHECK(autograd::gradgradcheck([](const autograd::TensorList& in) { return autograd::TensorList{F::glu(in[0], 0)}; }, {x}));
 }
 
-TEST_CASE("rrelu while training draws each slope from the generator in [lower, upper)", "[nn][layers][activations]") {
+TEST_CASE("rrelu while training draws each slope from the generator, between lower and upper", "[nn][layers][activations]") {
   Tensor x = test::sample({5, 8}, kFloat64).requires_grad_();
   Generator gen(17), same(17);
   Tensor y = F::rrelu(x, 0.1, 0.3, true, &gen);

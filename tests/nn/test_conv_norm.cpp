@@ -86,6 +86,61 @@ TEST_CASE("ConvTranspose2d and ConvTranspose1d match torch: every option, unbatc
                     {"conv_transpose2d", "non-empty height and width"});
 }
 
+TEST_CASE("ConvTranspose3d matches torch: every option on each dim, unbatched, output_size, and its repr",
+          "[nn][layers][conv]") {
+  nn::ConvTranspose3d full(4, 6, {2, 3, 2},
+                           {.stride = {2, 1, 2}, .padding = {0, 1, 1}, .output_padding = {1, 0, 1}, .groups = 2,
+                            .dilation = {1, 1, 2}});
+  check_layer(full, "conv_transpose3d");
+  nn::ConvTranspose3d unbatched(2, 3, 2, {.bias = false});
+  check_layer(unbatched, "conv_transpose3d_unbatched");
+  // output_size picks the output padding: depth (3 - 1) * 2 - 2 + 2 + 1 = 5 at least, 6 asked for.
+  const test::NnCase& c = test::nn_case("conv_transpose3d_output_size");
+  nn::ConvTranspose3d sized(2, 3, 3, {.stride = 2, .padding = 1});
+  sized.to(kFloat64);
+  sized.load_state_dict(c.state());
+  test::check_close(sized.forward(c.at("in.0"), Shape{6, 8, 4}), c.at("out"));
+  test::check_error([&] { sized.forward(c.at("in.0"), Shape{7, 8, 4}); },
+                    {"nn::ConvTranspose3d", "output size of [7, 8, 4]", "from 5 to 6"});
+  nn::Sequential reprs;
+  reprs.push_back(std::make_shared<nn::ConvTranspose3d>(3, 2, 3));
+  reprs.push_back(std::make_shared<nn::ConvTranspose3d>(
+      4, 6, nn::Size3{2, 3, 2},
+      nn::ConvTranspose3dOptions{.stride = {2, 1, 2},
+                                 .padding = {0, 1, 1},
+                                 .output_padding = {1, 0, 1},
+                                 .groups = 2,
+                                 .bias = false,
+                                 .dilation = {1, 1, 2}}));
+  const std::string repr = reprs.to_string();
+  CHECK(repr.substr(0, repr.rfind("\nParameters: ")) == test::nn_case("conv_transpose3d_reprs").strings.at("repr"));
+  // It is conv3d's adjoint: <conv3d(x, w), y> == <x, conv_transpose3d(y, w)> with the same arguments.
+  const Tensor x = test::sample({2, 4, 5, 6, 7}, kFloat64), w = test::sample({6, 2, 2, 3, 2}, kFloat64, 1.3);
+  const Shape stride{2, 1, 3}, padding{1, 1, 0}, dilation{2, 1, 1};
+  const Tensor y = conv3d(x, w, {}, stride, padding, dilation, 2);
+  const Tensor cot = test::sample(y.sizes(), kFloat64, 0.7);
+  const Tensor back = nn::functional::conv_transpose3d(cot, w, {}, stride, padding, {0, 0, 2}, 2, dilation);
+  REQUIRE(back.sizes() == x.sizes());
+  CHECK((y * cot).sum().item<double>() == Approx((x * back).sum().item<double>()).epsilon(1e-12));
+  // Bad arguments: Errors that name them.
+  using nn::functional::conv_transpose3d;
+  test::check_error([] { conv_transpose3d(ones({1, 2, 3, 3, 3}), ones({3, 2, 2, 2, 2})); },
+                    {"conv_transpose3d", "2 channels", "expects 3"});
+  test::check_error([] { conv_transpose3d(ones({1, 2, 3, 3, 3}), ones({2, 2, 2, 2})); },
+                    {"conv_transpose3d", "5-D weight"});
+  test::check_error([] { conv_transpose3d(ones({2, 3, 3, 3}), ones({2, 2, 2, 2, 2}), {}, {2}, {0}, {2}); },
+                    {"conv_transpose3d", "output_padding [2]", "smaller than either stride or dilation"});
+  test::check_error([] { conv_transpose3d(ones({1, 2, 2, 3, 3}), ones({2, 2, 2, 2, 2}), {}, {1}, {3, 0, 0}); },
+                    {"conv_transpose3d", "output depth would be", "padding [3, 0, 0]"});
+  test::check_error([] { conv_transpose3d(ones({1, 2, 2, 3, 3}), ones({2, 2, 2, 2, 2}), ones({3})); },
+                    {"conv_transpose3d", "bias", "2 elements"});
+  test::check_error([] { conv_transpose3d(ones({1, 2, 2, 3, 3}), ones({2, 2, 2, 2, 2}), {}, {1, 1}); },
+                    {"conv_transpose3d", "stride", "one or three"});
+  test::check_error([] { conv_transpose3d(ones({1, 3, 2, 3, 3}), ones({3, 2, 2, 2, 2}), {}, {1}, {0}, {0}, 2); },
+                    {"conv_transpose3d", "3 input channels", "divisible by groups 2"});
+  test::check_error([] { nn::ConvTranspose3d(3, 4, 3, {.groups = 2}); }, {"nn::ConvTranspose3d", "divisible by groups"});
+}
+
 TEST_CASE("Conv3d matches torch: every option on each dim, 'same', 'valid', unbatched, and its repr",
           "[nn][layers][conv]") {
   nn::Conv3d plain(2, 3, 3);
@@ -192,6 +247,41 @@ TEST_CASE("1-D pooling layers match torch, and print as torch's", "[nn][layers][
   auto [values, indices] = nn::functional::max_pool1d_with_indices(from_vector<float>({0, 3, 1, 2, 5}, {1, 5}), 2);
   CHECK(values.to_vector<float>() == std::vector<float>{3, 2});
   CHECK(indices.to_vector<int64_t>() == std::vector<int64_t>{1, 3});
+}
+
+TEST_CASE("3-D pooling layers match torch, index D H W, and print as torch's", "[nn][layers][pool]") {
+  nn::MaxPool3d mp({2, 3, 2}, {.stride = nn::Size3{1, 2, 2},
+                               .padding = nn::Size3{1, 1, 0},
+                               .dilation = nn::Size3{1, 1, 2},
+                               .ceil_mode = true});
+  check_layer(mp, "maxpool3d");
+  nn::AvgPool3d ap(3, {.stride = 2, .padding = 1, .ceil_mode = true, .count_include_pad = false});
+  check_layer(ap, "avgpool3d");
+  nn::AdaptiveAvgPool3d aap({2, 3, 4});
+  check_layer(aap, "adaptive_avgpool3d");
+  nn::AdaptiveMaxPool3d amp({3, 2, 2});
+  check_layer(amp, "adaptive_maxpool3d");  // unbatched (C, D, H, W)
+  nn::Sequential reprs;
+  reprs.push_back(std::make_shared<nn::MaxPool3d>(3));
+  reprs.push_back(std::make_shared<nn::MaxPool3d>(
+      nn::Size3{2, 3, 1}, nn::MaxPool3dOptions{.stride = nn::Size3{1, 2, 1},
+                                               .padding = nn::Size3{1, 1, 0},
+                                               .dilation = nn::Size3{2, 1, 1},
+                                               .ceil_mode = true}));
+  reprs.push_back(std::make_shared<nn::AvgPool3d>(2));
+  reprs.push_back(
+      std::make_shared<nn::AvgPool3d>(nn::Size3{2, 3, 3}, nn::AvgPool3dOptions{.stride = 1, .padding = 1}));
+  reprs.push_back(std::make_shared<nn::AdaptiveAvgPool3d>(2));
+  reprs.push_back(std::make_shared<nn::AdaptiveAvgPool3d>(nn::Size3{2, 3, 4}));
+  reprs.push_back(std::make_shared<nn::AdaptiveMaxPool3d>(nn::Size3{1, 2, 3}));
+  const std::string repr = reprs.to_string();
+  CHECK(repr.substr(0, repr.rfind("\nParameters: ")) == test::nn_case("pool3d_reprs").strings.at("repr"));
+  // The indices index D H W: gathering the input at them gives the maxima.
+  const Tensor x = test::sample({2, 3, 5, 6, 7});
+  for (auto [values, indices] : {mp.forward_with_indices(x), amp.forward_with_indices(x)}) {
+    const Tensor gathered = x.reshape({2, 3, -1}).gather(2, indices.reshape({2, 3, -1})).reshape(values.sizes());
+    test::check_equal(gathered, values);
+  }
 }
 
 TEST_CASE("BatchNorm matches torch in train and eval mode, running statistics included", "[nn][layers][norm]") {

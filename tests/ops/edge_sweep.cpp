@@ -216,6 +216,16 @@ std::vector<EdgeOp> edge_ops() {
   u("avg_pool2d padding 5", [](const Tensor& a) { return avg_pool2d(a, {2, 2}, {1, 1}, {5, 5}); });
   u("adaptive_avg_pool2d 0", [](const Tensor& a) { return adaptive_avg_pool2d(a, {0, 0}); });
   u("adaptive_max_pool2d -1", [](const Tensor& a) { return adaptive_max_pool2d(a, {-1, 2}); });
+  u("max_pool3d 2", [](const Tensor& a) { return max_pool3d(a, {2}); });
+  u("max_pool3d padding 2", [](const Tensor& a) { return max_pool3d(a, {2}, {1}, {2}); });
+  u("avg_pool3d 1", [](const Tensor& a) { return avg_pool3d(a, {1}, {}, {0}, true, false, 3); });
+  u("adaptive_avg_pool3d 0", [](const Tensor& a) { return adaptive_avg_pool3d(a, {0}); });
+  u("adaptive_max_pool3d 2", [](const Tensor& a) { return adaptive_max_pool3d(a, {2, 1, 3}); });
+  u("unfold view", [](const Tensor& a) { return unfold(a, -1, 1, 2); });
+  u("unfold view 0 0", [](const Tensor& a) { return unfold(a, 0, 0, 1); });
+  u("unfold 2", [](const Tensor& a) { return nn::unfold(a, {2}); });
+  u("unfold padding 2^61", [](const Tensor& a) { return nn::unfold(a, {1}, {1}, {int64_t{1} << 61}); });
+  u("fold 1", [](const Tensor& a) { return nn::fold(a, {1, 2}, {1}); });
   u("max_pool1d 0", [](const Tensor& a) { return max_pool1d(a, 0); });
   u("avg_pool1d -2", [](const Tensor& a) { return avg_pool1d(a, -2); });
   u("adaptive_max_pool1d 0", [](const Tensor& a) { return adaptive_max_pool1d(a, 0); });

@@ -312,6 +312,10 @@ const std::vector<OpRow>& op_table() {
       view_op("flatten", [](const Tensor& x, const GoldenCase& c) {
         return kiln::flatten(x, c.integer("start", 0), c.integer("end", -1));
       }),
+      view_op("unfold_view",
+              [](const Tensor& x, const GoldenCase& c) {
+                return kiln::unfold(x, c.integer("dim"), c.integer("size"), c.integer("step"));
+              }),
       view_op("unflatten",
               [](const Tensor& x, const GoldenCase& c) { return kiln::unflatten(x, c.integer("dim"), c.shape("sizes")); }),
       view_op("view", [](const Tensor& x, const GoldenCase& c) { return kiln::view(x, c.shape("shape")); }),
@@ -336,6 +340,12 @@ const std::vector<OpRow>& op_table() {
                                                   c.shape("padding", Shape{0, 0}),
                                                   c.shape("output_padding", Shape{0, 0}), c.integer("groups", 1),
                                                   c.shape("dilation", Shape{1, 1}))};
+       }},
+      {"conv_transpose3d", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::conv_transpose3d(in.at(0), in.at(1), opt_input(in, 2), c.shape("stride", Shape{1}),
+                                                  c.shape("padding", Shape{0}), c.shape("output_padding", Shape{0}),
+                                                  c.integer("groups", 1), c.shape("dilation", Shape{1}))};
        }},
       {"conv_transpose1d", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
@@ -389,6 +399,24 @@ const std::vector<OpRow>& op_table() {
          auto [values, indices] = kiln::adaptive_max_pool2d_with_indices(in.at(0), c.shape("size"));
          return TensorList{values, indices};
        }},
+      {"max_pool3d_with_indices", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::max_pool3d_with_indices(
+             in.at(0), c.shape("kernel"), c.shape("stride", Shape{}), c.shape("padding", Shape{0}),
+             c.shape("dilation", Shape{1}), c.flag("ceil_mode"));
+         return TensorList{values, indices};
+       }},
+      unary_args("avg_pool3d", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::avg_pool3d(x, c.shape("kernel"), c.shape("stride", Shape{}), c.shape("padding", Shape{0}),
+                                c.flag("ceil_mode"), c.flag("count_include_pad", true), c.opt_integer("divisor"));
+      }),
+      unary_args("adaptive_avg_pool3d", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::adaptive_avg_pool3d(x, c.shape("size")); }),
+      {"adaptive_max_pool3d_with_indices", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::adaptive_max_pool3d_with_indices(in.at(0), c.shape("size"));
+         return TensorList{values, indices};
+       }},
       unary_args("adaptive_max_pool1d", D::GradGrad,
                  [](const Tensor& x, const GoldenCase& c) { return kiln::adaptive_max_pool1d(x, c.integer("size")); }),
       {"adaptive_max_pool1d_with_indices", D::GradGrad,
@@ -423,6 +451,15 @@ const std::vector<OpRow>& op_table() {
                  [](const Tensor& x, const GoldenCase& c) { return kiln::pixel_shuffle(x, c.integer("r")); }),
       unary_args("pixel_unshuffle", D::GradGrad,
                  [](const Tensor& x, const GoldenCase& c) { return kiln::pixel_unshuffle(x, c.integer("r")); }),
+      unary_args("unfold", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   return nn::unfold(x, c.shape("kernel"), c.shape("dilation"), c.shape("padding"), c.shape("stride"));
+                 }),
+      unary_args("fold", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   return nn::fold(x, c.shape("output"), c.shape("kernel"), c.shape("dilation"), c.shape("padding"),
+                                   c.shape("stride"));
+                 }),
       unary_args("interpolate", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
         nn::InterpolateOptions o;
         if (c.has("size")) o.size = c.ints("size");
