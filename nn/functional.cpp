@@ -736,19 +736,17 @@ Tensor rrelu(const Tensor& input, double lower, double upper, bool train, Genera
 
 namespace {
 
-// One bernoulli(1 - p) draw per (sample, channel), scaled by 1 / (1 - p) and broadcast over the rest:
-// the mask has input's shape up to the channel dim (channel_dim) and 1 after it.
+// dropout's mask (ops::dropout of ones: bernoulli(1 - p) scaled by 1 / (1 - p)) drawn once per
+// (sample, channel) and broadcast over the rest: it has input's shape up to the channel dim
+// (channel_dim) and 1 after it.
 Tensor channel_dropout(const Tensor& input, double p, bool train, Generator* gen, int64_t channel_dim,
                        const char* op) {
   KILN_CHECK(p >= 0 && p <= 1, "{}: probability p must be in [0, 1], got {}", op, p);
   if (!train || p == 0) return input;
   KILN_CHECK(is_floating(input.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(input.dtype()));
-  if (p == 1) return input * zeros_like(input);
   std::vector<int64_t> shape(static_cast<size_t>(input.dim()), 1);
   for (int64_t d = 0; d <= channel_dim; ++d) shape[static_cast<size_t>(d)] = input.size(d);
-  Tensor mask = ops::bernoulli(Shape(shape), 1 - p, input.options(), gen);
-  mask.div_(1 - p);
-  return input * mask;
+  return input * dropout(ones(Shape(shape), input.options()), p, true, gen);
 }
 
 }  // namespace

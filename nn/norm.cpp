@@ -159,19 +159,26 @@ std::string GroupNorm::extra_repr() const {
                      py_bool(options.affine));
 }
 
-Dropout::Dropout(double p) : p(p) {
-  KILN_CHECK(p >= 0 && p <= 1, "nn::Dropout: p must be in [0, 1], got {}", p);
+namespace {
+
+// The dropout layers' p, checked when the layer is made, and their repr (PyTorch's).
+double checked_dropout_p(double p, const char* layer) {
+  KILN_CHECK(p >= 0 && p <= 1, "nn::{}: p must be in [0, 1], got {}", layer, p);
+  return p;
 }
+std::string dropout_repr(double p) { return fmt::format("p={}, inplace=False", py_float(p)); }
+
+}  // namespace
+
+Dropout::Dropout(double p) : p(checked_dropout_p(p, "Dropout")) {}
 
 Tensor Dropout::forward(const Tensor& input) { return dropout(input, p, is_training()); }
 
-std::string Dropout::extra_repr() const { return fmt::format("p={}, inplace=False", py_float(p)); }
+std::string Dropout::extra_repr() const { return dropout_repr(p); }
 
-ChannelDropoutBase::ChannelDropoutBase(double p, const char* layer) : p(p) {
-  KILN_CHECK(p >= 0 && p <= 1, "nn::{}: p must be in [0, 1], got {}", layer, p);
-}
+ChannelDropoutBase::ChannelDropoutBase(double p, const char* layer) : p(checked_dropout_p(p, layer)) {}
 
-std::string ChannelDropoutBase::extra_repr() const { return fmt::format("p={}, inplace=False", py_float(p)); }
+std::string ChannelDropoutBase::extra_repr() const { return dropout_repr(p); }
 
 Tensor Dropout1d::forward(const Tensor& input) { return dropout1d(input, p, is_training()); }
 Tensor Dropout2d::forward(const Tensor& input) { return dropout2d(input, p, is_training()); }

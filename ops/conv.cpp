@@ -201,20 +201,6 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
   return input.dim() == 2 ? out.squeeze(0) : out;
 }
 
-namespace {
-
-// A 3-D argument (stride, padding, ...): one number for all three dims, or three, each >= min.
-std::array<int64_t, 3> triple_arg(const Shape& v, const char* op, const char* name, int64_t min) {
-  KILN_CHECK(v.size() == 1 || v.size() == 3, "{}: {} must have one or three elements, got {}", op, name, v.str());
-  std::array<int64_t, 3> t{v[0], v[v.size() == 3 ? 1 : 0], v[v.size() == 3 ? 2 : 0]};
-  for (int64_t e : t) {
-    KILN_CHECK(e >= min, "{}: {} must be {}, got {}", op, name, min == 0 ? "non-negative" : "positive", v.str());
-  }
-  return t;
-}
-
-}  // namespace
-
 // Note [conv3d as conv2d]
 // A 3-D convolution is one 2-D convolution once the depth windows are moved into the channels: output
 // depth t reads input depths t * sD + kd * dD - pD for kd < kD, so those kD slices of every channel,

@@ -173,4 +173,13 @@ void reset_peak(Device device) { backend_for(device).allocator(device.index).res
 void empty_cache(Device device) { backend_for(device).allocator(device.index).empty_cache(); }
 }  // namespace memory
 
+std::array<int64_t, 3> triple_arg(const Shape& v, const char* op, const char* name, int64_t min) {
+  KILN_CHECK(v.size() == 1 || v.size() == 3, "{}: {} must have one or three elements, got {}", op, name, v.str());
+  std::array<int64_t, 3> t{v[0], v[v.size() == 3 ? 1 : 0], v[v.size() == 3 ? 2 : 0]};
+  for (int64_t e : t) {
+    KILN_CHECK(e >= min, "{}: {} must be {}, got {}", op, name, min == 0 ? "non-negative" : "positive", v.str());
+  }
+  return t;
+}
+
 }  // namespace kiln

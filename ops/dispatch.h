@@ -2,6 +2,7 @@
 // a tensor, broadcast views, and output allocation.
 #pragma once
 
+#include <array>
 #include <string_view>
 #include <utility>
 
@@ -66,6 +67,10 @@ inline void check_inference_write(const Tensor& self, const char* op) {
 }
 // The range of storage elements [lo, hi] a layout reaches (hi < lo when it has no elements).
 std::pair<int64_t, int64_t> element_span(const Shape& sizes, const Shape& strides, int64_t offset);
+
+// A 3-D op's size argument (kernel_size, stride, padding, ...): one number for all three dims, or
+// three, each >= min; else an Error naming op and argument. conv3d, conv_transpose3d, the 3-D poolings.
+std::array<int64_t, 3> triple_arg(const Shape& v, const char* op, const char* name, int64_t min);
 
 // GELU's pieces shared by gelu, bias_gelu (elementwise.cpp) and addmm_gelu (linalg.cpp):
 // whether `approximate` ("none" or "tanh", else an Error naming `op`) is the tanh form;

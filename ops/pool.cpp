@@ -342,16 +342,8 @@ Tensor adaptive_avg_pool2d(const Tensor& x, const Shape& output_size) {
 namespace {
 
 struct Pool3dArgs {
-  int64_t k[3], s[3], p[3], dil[3];
+  std::array<int64_t, 3> k, s, p, dil;
 };
-
-// One number for all three dims, or three.
-void triple_arg(const Shape& v, const char* op, const char* name, int64_t min, int64_t (&out)[3]) {
-  KILN_CHECK(v.size() == 1 || v.size() == 3, "{}: {} must have one or three elements, got {}", op, name, v.str());
-  for (int i = 0; i < 3; ++i) out[i] = v[v.size() == 3 ? i : 0];
-  KILN_CHECK(out[0] >= min && out[1] >= min && out[2] >= min, "{}: {} must be {}, got {}", op, name,
-             min == 0 ? "non-negative" : "positive", v.str());
-}
 
 void check_pool3d_input(const Tensor& x, const char* op) {
   KILN_CHECK(x.dim() == 4 || x.dim() == 5,
@@ -367,11 +359,9 @@ void check_pool3d_input(const Tensor& x, const char* op) {
 Pool3dArgs pool3d_args(const Tensor& x, const Shape& kernel_size, const Shape& stride, const Shape& padding,
                        const Shape& dilation, bool ceil_mode, const char* op) {
   check_pool3d_input(x, op);
-  Pool3dArgs a{};
-  triple_arg(kernel_size, op, "kernel_size", 1, a.k);
-  triple_arg(stride.empty() ? kernel_size : stride, op, "stride", 1, a.s);
-  triple_arg(padding, op, "padding", 0, a.p);
-  triple_arg(dilation, op, "dilation", 1, a.dil);
+  const Pool3dArgs a{triple_arg(kernel_size, op, "kernel_size", 1),
+                     triple_arg(stride.empty() ? kernel_size : stride, op, "stride", 1),
+                     triple_arg(padding, op, "padding", 0), triple_arg(dilation, op, "dilation", 1)};
   for (int i = 0; i < 3; ++i) {
     KILN_CHECK(a.p[i] <= a.k[i] / 2, "{}: padding {} must be at most half of the kernel size {}", op, padding.str(),
                kernel_size.str());
