@@ -4,7 +4,8 @@
 // and biases; the input needs none), and each layer's forward alone. ms = median of 15 runs after 3
 // warm-up runs. Then conv3d, conv_transpose2d, a stride-2 conv2d, adaptive max pooling, the gather and
 // scatter_add that losses and pooling backwards use, bilinear and nearest 2x upsampling, reflect
-// padding, 3-D pooling, conv_transpose3d, unfold and fold (see the end of main). One JSON line per result.
+// padding, 3-D pooling, overlapping 2-D average pooling, conv_transpose3d, unfold and fold (see the
+// end of main). One JSON line per result.
 // Its PyTorch counterpart: benchmarks/torch_cnn_layers.py.
 // Usage: bench_cnn_layers [threads] [--autocast bf16] (threads default 2). With --autocast bf16 the
 // CNN's parts run under bfloat16 autocast (the backward kernels' parts on bfloat16 copies of their
@@ -153,6 +154,13 @@ int main(int argc, char** argv) {
   // (32, 64, 28, 28) with a 3x3 kernel, padding 1.
   Tensor v = x3.clone().requires_grad_();
   Tensor cot_v = randn({4, 16, 8, 16, 16}, {}, &gen);
+  // Average pooling with overlapping windows (3x3, stride 2, padding 1) of (64, 16, 32, 32).
+  Tensor xa = randn({64, 16, 32, 32}, {}, &gen).requires_grad_();
+  Tensor cot_xa = randn({64, 16, 16, 16}, {}, &gen);
+  report("avg_pool2d_forward_backward", median_ms([&] {
+           xa.set_grad(Tensor());
+           avg_pool2d(xa, {3}, {2}, {1}).backward(cot_xa);
+         }));
   report("max_pool3d_forward_backward", median_ms([&] {
            v.set_grad(Tensor());
            max_pool3d(v, {2}).backward(cot_v);
@@ -168,6 +176,7 @@ int main(int argc, char** argv) {
     NoGradGuard no_grad;
     report("max_pool3d_forward", median_ms([&] { max_pool3d(x3, {2}); }));
     report("avg_pool3d_forward", median_ms([&] { avg_pool3d(x3, {3}, {2}, {1}); }));
+    report("avg_pool2d_forward", median_ms([&] { avg_pool2d(xa, {3}, {2}, {1}); }));
     report("conv_transpose3d_forward", median_ms([&] { conv_transpose3d(xd, wd, {}, {2}, {1}); }));
     Tensor img = randn({32, 64, 28, 28}, {}, &gen);
     Tensor cols = nn::unfold(img, {3}, {1}, {1});

@@ -79,8 +79,8 @@ if bf16:
     sys.exit(0)
 
 # Beyond the CNN, as bench_cnn_layers.cpp: conv3d, conv_transpose2d, a stride-2 conv2d, adaptive max
-# pooling, gather and scatter_add, upsampling, reflect padding, 3-D pooling, conv_transpose3d, unfold
-# and fold.
+# pooling, gather and scatter_add, upsampling, reflect padding, 3-D pooling, overlapping 2-D average
+# pooling, conv_transpose3d, unfold and fold.
 x3 = torch.randn(4, 16, 16, 32, 32)
 w3 = (torch.randn(32, 16, 3, 3, 3) * 0.05).requires_grad_()
 cot3 = torch.randn(4, 32, 16, 32, 32)
@@ -170,11 +170,22 @@ def conv_transpose3d_fwd_bwd():
     F.conv_transpose3d(xd, wd, None, 2, 1).backward(cot_d)
 
 
+xa = torch.randn(64, 16, 32, 32).requires_grad_()
+cot_xa = torch.randn(64, 16, 16, 16)
+
+
+def avg_pool2d_fwd_bwd():
+    xa.grad = None
+    F.avg_pool2d(xa, 3, 2, 1).backward(cot_xa)
+
+
+report("avg_pool2d_forward_backward", median_ms(avg_pool2d_fwd_bwd))
 report("max_pool3d_forward_backward", median_ms(max_pool3d_fwd_bwd))
 report("conv_transpose3d_forward_backward", median_ms(conv_transpose3d_fwd_bwd))
 with torch.no_grad():
     report("max_pool3d_forward", median_ms(lambda: F.max_pool3d(x3, 2)))
     report("avg_pool3d_forward", median_ms(lambda: F.avg_pool3d(x3, 3, 2, 1)))
+    report("avg_pool2d_forward", median_ms(lambda: F.avg_pool2d(xa, 3, 2, 1)))
     report("conv_transpose3d_forward", median_ms(lambda: F.conv_transpose3d(xd, wd, None, 2, 1)))
     img = torch.randn(32, 64, 28, 28)
     cols = F.unfold(img, 3, padding=1)

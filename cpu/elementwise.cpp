@@ -349,6 +349,14 @@ void ternary_kernel(TernaryOp op, const View& a, const View& b, const View& c, c
           const T* y = reinterpret_cast<const T*>(p[2]);
           const T* z = reinterpret_cast<const T*>(p[3]);
           for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i], z[i]);
+        } else if (s[0] == kT && s[1] == kT && s[2] == kT && s[3] == 0) {
+          // the third operand constant along the run: a lerp weight or addcmul factor per row (as the
+          // linear modes of interpolate weigh the rows of a dim other than the last)
+          T* o = reinterpret_cast<T*>(p[0]);
+          const T* x = reinterpret_cast<const T*>(p[1]);
+          const T* y = reinterpret_cast<const T*>(p[2]);
+          const T z = *reinterpret_cast<const T*>(p[3]);
+          for (int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i], z);
         } else {
           for (int64_t i = 0; i < n; ++i) {
             at<T>(p[0], i * s[0]) = f(at<T>(p[1], i * s[1]), at<T>(p[2], i * s[2]), at<T>(p[3], i * s[3]));

@@ -5,7 +5,9 @@
 // pooling loop, im2col's spans) against an independent float64 computation, the bfloat16
 // convolution kernels against float64, the 16-bit max pooling kernels against float32's, and the
 // contiguous fast paths of the index kernels against their strided path and an explicit loop.
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -106,6 +108,79 @@ TEST_CASE("pooling takes the kernel size as one number", "[ops][pool]") {
   test::check_close(max_pool2d(x, 2), max_pool2d(x, Shape{2, 2}, Shape{2, 2}), test::Tolerance{0, 0});
   test::check_close(avg_pool2d(x, 2), avg_pool2d(x, Shape{2, 2}, Shape{2, 2}), test::Tolerance{0, 0});
   CHECK(max_pool2d(x, 2).sizes() == Shape{2, 3, 3, 3});
+}
+
+// Average pooling by windows, in float64 through narrow and sum: each output's window clipped to the
+// input, divided by PyTorch's divisor. An independent check of cpu/pool.cpp's column sums (Note
+// [average pooling is separable]) and, through autograd, of its backward.
+struct AvgRef {
+  int64_t kh, kw, sh, sw, ph = 0, pw = 0;
+  bool count_include_pad = true;
+  int64_t divisor = 0;
+  bool adaptive = false;
+};
+static Tensor avg_reference(const Tensor& x, int64_t Ho, int64_t Wo, const AvgRef& a) {
+  const int64_t H = x.size(2), W = x.size(3);
+  std::vector<Tensor> cells;
+  for (int64_t oh = 0; oh < Ho; ++oh) {
+    for (int64_t ow = 0; ow < Wo; ++ow) {
+      int64_t h0, h1, w0, w1, div;
+      if (a.adaptive) {
+        h0 = oh * H / Ho, h1 = ((oh + 1) * H + Ho - 1) / Ho, w0 = ow * W / Wo, w1 = ((ow + 1) * W + Wo - 1) / Wo;
+        div = (h1 - h0) * (w1 - w0);
+      } else {
+        h0 = oh * a.sh - a.ph, w0 = ow * a.sw - a.pw;
+        h1 = std::min(h0 + a.kh, H + a.ph), w1 = std::min(w0 + a.kw, W + a.pw);
+        const int64_t padded = (h1 - h0) * (w1 - w0);
+        h0 = std::max<int64_t>(h0, 0), w0 = std::max<int64_t>(w0, 0), h1 = std::min(h1, H), w1 = std::min(w1, W);
+        div = a.divisor != 0 ? a.divisor : a.count_include_pad ? padded : (h1 - h0) * (w1 - w0);
+      }
+      cells.push_back(x.narrow(2, h0, h1 - h0).narrow(3, w0, w1 - w0).sum({2, 3}) / static_cast<double>(div));
+    }
+  }
+  return stack(cells, 2).view({x.size(0), x.size(1), Ho, Wo});
+}
+
+TEST_CASE("average pooling of many planes on two threads matches a float64 sum of each window", "[ops][pool]") {
+  ThreadsGuard threads(2);
+  // 256 planes of 9 x 10: more than one chunk of planes, each with its own row of column sums.
+  Tensor x64 = test::sample({4, 64, 9, 10}, kFloat64, 7).requires_grad_();
+  Tensor x32 = x64.detach().to(kFloat32).requires_grad_();
+  struct Case {
+    const char* name;
+    AvgRef ref;
+    std::function<Tensor(const Tensor&)> pool;
+  };
+  const std::vector<Case> cases = {
+      {"3x3 stride 2 padding 1", {3, 3, 2, 2, 1, 1}, [](const Tensor& t) { return avg_pool2d(t, {3}, {2}, {1}); }},
+      {"ceil_mode without the padding", {3, 3, 2, 2, 1, 1, false},
+       [](const Tensor& t) { return avg_pool2d(t, {3}, {2}, {1}, true, false); }},
+      {"divisor_override 3", {2, 2, 1, 1, 1, 1, true, 3},
+       [](const Tensor& t) { return avg_pool2d(t, {2}, {1}, {1}, false, true, 3); }},
+      {"rectangular 3x2, stride (1, 2)", {3, 2, 1, 2, 1, 0},
+       [](const Tensor& t) { return avg_pool2d(t, {3, 2}, {1, 2}, {1, 0}); }},
+      {"adaptive to 4x3", {0, 0, 0, 0, 0, 0, true, 0, true}, [](const Tensor& t) { return adaptive_avg_pool2d(t, {4, 3}); }},
+      {"adaptive to 13x7", {0, 0, 0, 0, 0, 0, true, 0, true},
+       [](const Tensor& t) { return adaptive_avg_pool2d(t, {13, 7}); }},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    x64.set_grad(Tensor()), x32.set_grad(Tensor());
+    Tensor y32 = c.pool(x32);
+    Tensor ref = avg_reference(x64, y32.size(2), y32.size(3), c.ref);
+    test::check_close(y32, ref, test::Tolerance{1e-6, 1e-6});
+    test::check_close(c.pool(x64), ref, test::Tolerance{1e-13, 1e-13});
+    Tensor cot = test::sample(y32.sizes(), kFloat64, 8);
+    ref.backward(cot);
+    y32.backward(cot.to(kFloat32));
+    test::check_close(x32.grad(), x64.grad(), test::Tolerance{1e-6, 1e-6});
+    x64.set_grad(Tensor());
+    c.pool(x64).backward(cot);
+    Tensor ref_grad = x64.grad();
+    x64.set_grad(Tensor());
+    avg_reference(x64, y32.size(2), y32.size(3), c.ref).backward(cot);
+    test::check_close(ref_grad, x64.grad(), test::Tolerance{1e-13, 1e-13});
+  }
 }
 
 // conv2d at stride 1 as a sum of shifted products, group by group, in float64: an independent check
