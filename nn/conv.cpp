@@ -206,6 +206,10 @@ Tensor MaxPool2d::forward(const Tensor& input) {
   return max_pool2d(input, kernel_size.shape(), options.stride.shape(), options.padding.shape(),
                     options.dilation.shape(), options.ceil_mode);
 }
+std::tuple<Tensor, Tensor> MaxPool2d::forward_with_indices(const Tensor& input) {
+  return max_pool2d_with_indices(input, kernel_size.shape(), options.stride.shape(), options.padding.shape(),
+                                 options.dilation.shape(), options.ceil_mode);
+}
 
 std::string MaxPool2d::extra_repr() const {
   return fmt::format("kernel_size={}, stride={}, padding={}, dilation={}, ceil_mode={}", size_or_pair(kernel_size),
@@ -243,6 +247,10 @@ MaxPool1d::MaxPool1d(int64_t kernel_size, MaxPool1dOptions options) : kernel_siz
 
 Tensor MaxPool1d::forward(const Tensor& input) {
   return max_pool1d(input, kernel_size, options.stride, options.padding, options.dilation, options.ceil_mode);
+}
+std::tuple<Tensor, Tensor> MaxPool1d::forward_with_indices(const Tensor& input) {
+  return max_pool1d_with_indices(input, kernel_size, options.stride, options.padding, options.dilation,
+                                 options.ceil_mode);
 }
 
 std::string MaxPool1d::extra_repr() const {

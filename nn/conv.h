@@ -1,7 +1,7 @@
-// nn/conv.h: Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d and the pooling layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d,
-// AdaptiveMaxPool2d, their 1-D and 3-D forms), over the ops of ops/ops.h (conv.cpp, pool.cpp), and
-// Unfold and Fold (nn::functional::unfold, fold). Options
-// follow PyTorch's keyword arguments:
+// nn/conv.h: Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d and the pooling
+// layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, AdaptiveMaxPool2d, their 1-D and 3-D forms), over
+// the ops of ops/ops.h (conv.cpp, pool.cpp), MaxUnpool1d/2d/3d (nn/unpool.cpp), and Unfold and Fold
+// (nn::functional::unfold, fold). Options follow PyTorch's keyword arguments:
 //   nn::Conv2d c1{1, 32, 3, {.padding = 1}};
 //   nn::Conv2d c2{32, 32, {3, 2}, {.stride = {2, 1}, .padding = {1, 0}}};
 //   nn::Conv2d c3{32, 32, 4, {.padding = "same", .dilation = 2}};  // "same": stride 1 only
@@ -223,6 +223,7 @@ class MaxPool2d : public Module {
  public:
   explicit MaxPool2d(Size2 kernel_size, MaxPool2dOptions options = {});
   Tensor forward(const Tensor& input) override;
+  std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);  // indices into H W
   std::string extra_repr() const override;
 
   Size2 kernel_size;
@@ -277,6 +278,7 @@ class MaxPool1d : public Module {
  public:
   explicit MaxPool1d(int64_t kernel_size, MaxPool1dOptions options = {});
   Tensor forward(const Tensor& input) override;
+  std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);  // indices into L
   std::string extra_repr() const override;
 
   int64_t kernel_size;
@@ -371,6 +373,54 @@ class AdaptiveMaxPool3d : public Module {
   std::string extra_repr() const override;
 
   Size3 output_size;
+};
+
+// Max unpooling (nn::functional::max_unpool1d/2d/3d, Note [max unpooling is a scatter] in
+// nn/unpool.cpp): forward(input, indices[, output_size]) with the values and indices of the max
+// pooling of the same kernel_size, stride and padding (MaxPool*d::forward_with_indices).
+struct MaxUnpool1dOptions {
+  std::optional<int64_t> stride = {};  // unset: kernel_size
+  int64_t padding = 0;
+};
+class MaxUnpool1d : public Module {
+ public:
+  explicit MaxUnpool1d(int64_t kernel_size, MaxUnpool1dOptions options = {});
+  Tensor forward(const Tensor& input) override;  // an Error: the indices are needed
+  Tensor forward(const Tensor& input, const Tensor& indices, const Shape& output_size = {});
+  std::string extra_repr() const override;
+
+  int64_t kernel_size;
+  MaxUnpool1dOptions options;
+};
+
+struct MaxUnpool2dOptions {
+  Size2 stride = {};  // unset: kernel_size
+  Size2 padding = 0;
+};
+class MaxUnpool2d : public Module {
+ public:
+  explicit MaxUnpool2d(Size2 kernel_size, MaxUnpool2dOptions options = {});
+  Tensor forward(const Tensor& input) override;  // an Error: the indices are needed
+  Tensor forward(const Tensor& input, const Tensor& indices, const Shape& output_size = {});
+  std::string extra_repr() const override;
+
+  Size2 kernel_size;
+  MaxUnpool2dOptions options;
+};
+
+struct MaxUnpool3dOptions {
+  std::optional<Size3> stride = {};  // unset: kernel_size
+  Size3 padding = 0;
+};
+class MaxUnpool3d : public Module {
+ public:
+  explicit MaxUnpool3d(Size3 kernel_size, MaxUnpool3dOptions options = {});
+  Tensor forward(const Tensor& input) override;  // an Error: the indices are needed
+  Tensor forward(const Tensor& input, const Tensor& indices, const Shape& output_size = {});
+  std::string extra_repr() const override;
+
+  Size3 kernel_size;
+  MaxUnpool3dOptions options;
 };
 
 // The sliding blocks as layers: Unfold (im2col) and Fold (col2im), nn::functional::unfold and fold.

@@ -772,6 +772,38 @@ Tensor dropout3d(const Tensor& input, double p, bool train, Generator* gen) {
   return channel_dropout(input, p, train, gen, input.dim() == 5 ? 1 : 0, "dropout3d");
 }
 
+namespace {
+
+// Note [alpha dropout]: with keep = the dropout mask (1 kept, 0 dropped), PyTorch computes
+// x * (keep a) + ((keep - 1) alpha' a + alpha' a p): a x + alpha' a p where kept, alpha' a (p - 1)
+// (that is, a (-alpha') + b) where dropped. The same ops in the same order give its float32 values.
+Tensor alpha_dropout_with(const Tensor& input, double p, bool train, Generator* gen, bool feature, const char* op) {
+  KILN_CHECK(p >= 0 && p <= 1, "{}: probability p must be in [0, 1], got {}", op, p);
+  if (!train || p == 0 || input.numel() == 0) return input;
+  KILN_CHECK(is_floating(input.dtype()), "{}: needs a floating-point input, got {}", op, dtype_name(input.dtype()));
+  if (p == 1) return input * 0.0;
+  Shape mask_shape = input.sizes();
+  if (feature) {  // one draw per (sample, channel)
+    KILN_CHECK(input.dim() >= 2, "{}: needs an input of at least 2 dims (N, C, ...), got shape {}", op,
+               input.sizes().str());
+    for (int d = 2; d < input.dim(); ++d) mask_shape[d] = 1;
+  }
+  constexpr double kAlpha = 1.7580993408473766;  // SELU's lambda * alpha
+  const double a = 1 / std::sqrt((kAlpha * kAlpha * p + 1) * (1 - p));
+  const Tensor keep = dropout(ones(mask_shape, input.options()), p, true, gen).ne(0).to(input.dtype());
+  return input * (keep * a) + ((keep - 1.0) * (kAlpha * a) + kAlpha * a * p);
+}
+
+}  // namespace
+
+Tensor alpha_dropout(const Tensor& input, double p, bool train, Generator* gen) {
+  return alpha_dropout_with(input, p, train, gen, false, "alpha_dropout");
+}
+
+Tensor feature_alpha_dropout(const Tensor& input, double p, bool train, Generator* gen) {
+  return alpha_dropout_with(input, p, train, gen, true, "feature_alpha_dropout");
+}
+
 Tensor hardtanh(const Tensor& input, double min_val, double max_val) {
   KILN_CHECK(min_val <= max_val, "hardtanh: min_val ({}) must be <= max_val ({})", min_val, max_val);
   // clamp's value; the gradient only strictly inside (clamp's passes at the bounds too), and at NaN,

@@ -196,6 +196,41 @@ Tensor dropout1d(const Tensor& input, double p = 0.5, bool train = true, Generat
 Tensor dropout2d(const Tensor& input, double p = 0.5, bool train = true, Generator* gen = nullptr);
 Tensor dropout3d(const Tensor& input, double p = 0.5, bool train = true, Generator* gen = nullptr);
 
+// ---- alpha dropout (torch.nn.functional.alpha_dropout, feature_alpha_dropout) ----
+// Dropout for self-normalizing (SELU) networks: while training, each element (alpha_dropout), or all
+// the elements of each (sample, channel) together (feature_alpha_dropout: dim 1 is the channel, inputs
+// of at least 2 dims), is set with probability p to SELU's negative saturation -alpha' (alpha' =
+// lambda alpha = 1.7580993408473766), and the result is scaled and shifted, a x + b with a = 1 /
+// sqrt((alpha'^2 p + 1)(1 - p)) and b = a alpha' p, so that inputs of zero mean and unit variance keep
+// them. The identity when !train or p = 0 (PyTorch's default is train = false); zeros at p = 1. The
+// mask is dropout's: the same draws from gen as dropout of the mask's shape.
+Tensor alpha_dropout(const Tensor& input, double p = 0.5, bool train = false, Generator* gen = nullptr);
+Tensor feature_alpha_dropout(const Tensor& input, double p = 0.5, bool train = false, Generator* gen = nullptr);
+
+// ---- bilinear (torch.nn.functional.bilinear) ----
+// y[..., o] = sum over (i, j) of input1[..., i] weight[o, i, j] input2[..., j], plus bias[o]:
+// input1 (*, in1), input2 (*, in2) with the same leading dims, weight (out, in1, in2), bias (out) or
+// undefined; y (*, out).
+Tensor bilinear(const Tensor& input1, const Tensor& input2, const Tensor& weight, const Tensor& bias = {});
+
+// ---- max unpooling (torch.nn.functional.max_unpool1d/2d/3d) ----
+// Max pooling's partial inverse: a zero tensor of the output size with each input value put at its
+// index, as max_pool*d_with_indices gives them (int64, into the L, H * W or D * H * W elements of each
+// (n, c) plane); differentiable in input (its gradient gathers the output's at the indices). The output
+// size of each spatial dim is (in - 1) * stride - 2 * padding + kernel_size (stride unset: kernel_size),
+// or output_size (the spatial sizes, or all of the input's dims), which must lie strictly between that
+// size minus and plus the stride, as PyTorch's rule. Inputs (N, C, ...) or unbatched (C, ...); indices of
+// the input's shape. An index outside its plane is an Error; where indices repeat, one of the values
+// lands there and each gets that element's gradient.
+Tensor max_unpool1d(const Tensor& input, const Tensor& indices, int64_t kernel_size,
+                    std::optional<int64_t> stride = {}, int64_t padding = 0, const Shape& output_size = {});
+// kernel_size, stride and padding: one number for both dims, or two (stride {}: kernel_size).
+Tensor max_unpool2d(const Tensor& input, const Tensor& indices, const Shape& kernel_size, const Shape& stride = {},
+                    const Shape& padding = {0}, const Shape& output_size = {});
+// kernel_size, stride and padding: one number for all three dims, or three (stride {}: kernel_size).
+Tensor max_unpool3d(const Tensor& input, const Tensor& indices, const Shape& kernel_size, const Shape& stride = {},
+                    const Shape& padding = {0}, const Shape& output_size = {});
+
 // ---- losses ----
 struct CrossEntropyOptions {
   Tensor weight = {};          // (C): a rescaling weight per class

@@ -18,6 +18,40 @@ std::string py_float(double value) {
   return s;
 }
 
+inline namespace functional {
+
+// One matmul of input1 with the weight's (in1, out * in2) view, then a product with input2 summed
+// over in2: no (*, in1, in2) outer product is formed.
+Tensor bilinear(const Tensor& input1, const Tensor& input2, const Tensor& weight, const Tensor& bias) {
+  KILN_CHECK(weight.dim() == 3, "bilinear: the weight must be 3-D (out_features, in1_features, in2_features), got "
+             "shape {}", weight.sizes().str());
+  KILN_CHECK(input1.dim() >= 1 && input1.dim() == input2.dim(),
+             "bilinear: input1 {} and input2 {} must have the same number of dims (at least 1)", input1.sizes().str(),
+             input2.sizes().str());
+  for (int d = 0; d + 1 < input1.dim(); ++d) {
+    KILN_CHECK(input1.size(d) == input2.size(d),
+               "bilinear: the inputs' leading (batch) dims must match: input1 {} and input2 {} differ in dim {}",
+               input1.sizes().str(), input2.sizes().str(), d);
+  }
+  const int64_t out = weight.size(0), in1 = weight.size(1), in2 = weight.size(2);
+  KILN_CHECK(input1.size(-1) == in1, "bilinear: input1's last dim is {} but the weight {} expects in1_features = {}",
+             input1.size(-1), weight.sizes().str(), in1);
+  KILN_CHECK(input2.size(-1) == in2, "bilinear: input2's last dim is {} but the weight {} expects in2_features = {}",
+             input2.size(-1), weight.sizes().str(), in2);
+  KILN_CHECK(!bias.defined() || (bias.dim() == 1 && bias.size(0) == out),
+             "bilinear: the bias must be 1-D of out_features = {} elements, got shape {}", out, bias.sizes().str());
+  Shape lead = input1.sizes();
+  lead.resize(input1.dim() - 1);
+  Shape mixed = lead;  // (*, out, in2)
+  mixed.push_back(out);
+  mixed.push_back(in2);
+  Tensor y = (matmul(input1, weight.permute({1, 0, 2}).reshape({in1, out * in2})).view(mixed) * input2.unsqueeze(-2))
+                 .sum({-1});
+  return bias.defined() ? y + bias : y;
+}
+
+}  // namespace functional
+
 Linear::Linear(int64_t in_features, int64_t out_features, LinearOptions options)
     : in_features(in_features), out_features(out_features) {
   KILN_CHECK(in_features >= 0 && out_features >= 0, "nn::Linear: features must be >= 0, got ({}, {})",
@@ -40,6 +74,32 @@ Tensor Linear::forward(const Tensor& input) { return linear(input, weight, bias)
 std::string Linear::extra_repr() const {
   return fmt::format("in_features={}, out_features={}, bias={}", in_features, out_features,
                      bias.defined() ? "True" : "False");
+}
+
+Bilinear::Bilinear(int64_t in1_features, int64_t in2_features, int64_t out_features, BilinearOptions options)
+    : in1_features(in1_features), in2_features(in2_features), out_features(out_features) {
+  KILN_CHECK(in1_features >= 0 && in2_features >= 0 && out_features >= 0,
+             "nn::Bilinear: features must be >= 0, got ({}, {}, {})", in1_features, in2_features, out_features);
+  weight = register_parameter("weight", empty({out_features, in1_features, in2_features}));
+  if (options.bias) bias = register_parameter("bias", empty({out_features}));
+  reset_parameters();
+}
+
+void Bilinear::reset_parameters() {  // U(+-1/sqrt(in1_features)) for both, as PyTorch
+  const double bound = in1_features > 0 ? 1 / std::sqrt(static_cast<double>(in1_features)) : 0;
+  init::uniform_(weight, -bound, bound);
+  if (bias.defined()) init::uniform_(bias, -bound, bound);
+}
+
+Tensor Bilinear::forward(const Tensor&) {
+  KILN_FAIL("nn::Bilinear: forward takes two inputs: call forward(input1, input2)");
+}
+
+Tensor Bilinear::forward(const Tensor& input1, const Tensor& input2) { return bilinear(input1, input2, weight, bias); }
+
+std::string Bilinear::extra_repr() const {
+  return fmt::format("in1_features={}, in2_features={}, out_features={}, bias={}", in1_features, in2_features,
+                     out_features, bias.defined() ? "True" : "False");
 }
 
 Embedding::Embedding(int64_t num_embeddings, int64_t embedding_dim, EmbeddingOptions options)

@@ -1,4 +1,4 @@
-// nn/linear.h: Linear, Embedding, Flatten and Identity. Their functional forms are in nn/functional.h.
+// nn/linear.h: Linear, Bilinear, Embedding, Flatten and Identity. Their functional forms are in nn/functional.h.
 #pragma once
 
 #include <optional>
@@ -22,6 +22,26 @@ class Linear : public Module {
 
   int64_t in_features, out_features;
   Tensor weight;  // (out_features, in_features)
+  Tensor bias;    // (out_features), undefined without bias
+};
+
+struct BilinearOptions {
+  bool bias = true;
+};
+
+// y = x1^T W x2 + b per output feature (nn::functional::bilinear): forward(input1, input2) with input1
+// (*, in1_features) and input2 (*, in2_features). weight (out_features, in1_features, in2_features) and
+// bias (out_features) ~ U(+-1/sqrt(in1_features)), as PyTorch.
+class Bilinear : public Module {
+ public:
+  Bilinear(int64_t in1_features, int64_t in2_features, int64_t out_features, BilinearOptions options = {});
+  Tensor forward(const Tensor& input) override;  // an Error: it takes two inputs
+  Tensor forward(const Tensor& input1, const Tensor& input2);
+  std::string extra_repr() const override;
+  void reset_parameters();
+
+  int64_t in1_features, in2_features, out_features;
+  Tensor weight;  // (out_features, in1_features, in2_features)
   Tensor bias;    // (out_features), undefined without bias
 };
 

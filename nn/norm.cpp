@@ -159,29 +159,17 @@ std::string GroupNorm::extra_repr() const {
                      py_bool(options.affine));
 }
 
-namespace {
-
-// The dropout layers' p, checked when the layer is made, and their repr (PyTorch's).
-double checked_dropout_p(double p, const char* layer) {
+DropoutBase::DropoutBase(double p, const char* layer) : p(p) {
   KILN_CHECK(p >= 0 && p <= 1, "nn::{}: p must be in [0, 1], got {}", layer, p);
-  return p;
 }
-std::string dropout_repr(double p) { return fmt::format("p={}, inplace=False", py_float(p)); }
 
-}  // namespace
-
-Dropout::Dropout(double p) : p(checked_dropout_p(p, "Dropout")) {}
+std::string DropoutBase::extra_repr() const { return fmt::format("p={}, inplace=False", py_float(p)); }
 
 Tensor Dropout::forward(const Tensor& input) { return dropout(input, p, is_training()); }
-
-std::string Dropout::extra_repr() const { return dropout_repr(p); }
-
-ChannelDropoutBase::ChannelDropoutBase(double p, const char* layer) : p(checked_dropout_p(p, layer)) {}
-
-std::string ChannelDropoutBase::extra_repr() const { return dropout_repr(p); }
-
 Tensor Dropout1d::forward(const Tensor& input) { return dropout1d(input, p, is_training()); }
 Tensor Dropout2d::forward(const Tensor& input) { return dropout2d(input, p, is_training()); }
 Tensor Dropout3d::forward(const Tensor& input) { return dropout3d(input, p, is_training()); }
+Tensor AlphaDropout::forward(const Tensor& input) { return alpha_dropout(input, p, is_training()); }
+Tensor FeatureAlphaDropout::forward(const Tensor& input) { return feature_alpha_dropout(input, p, is_training()); }
 
 }  // namespace kiln::nn

@@ -1,6 +1,7 @@
 // nn/norm.h: BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LayerNorm, RMSNorm and GroupNorm over the ops of
-// ops/ops.h (norm.cpp) and nn::functional::instance_norm, and Dropout, Dropout1d/2d/3d. Affine weights start at one and
-// biases at zero, as PyTorch.
+// ops/ops.h (norm.cpp) and nn::functional::instance_norm, and the dropout layers (Dropout,
+// Dropout1d/2d/3d, AlphaDropout, FeatureAlphaDropout). Affine weights start at one and biases at zero,
+// as PyTorch.
 #pragma once
 
 #include <optional>
@@ -165,44 +166,57 @@ class GroupNorm : public Module {
   Tensor weight, bias;  // (C)
 };
 
-// Zeroes elements with probability p while training (scaling the rest by 1 / (1 - p)); the identity in eval.
-class Dropout : public Module {
- public:
-  explicit Dropout(double p = 0.5);
-  Tensor forward(const Tensor& input) override;
-  std::string extra_repr() const override;
-
-  double p;
-};
-
-// Channel dropout (torch.nn.Dropout1d/2d/3d): while training, every element of a (sample, channel)
-// plane is zeroed together with probability p, the rest scaled by 1 / (1 - p); the identity in eval.
-// Inputs as nn::functional::dropout1d/2d/3d.
-class ChannelDropoutBase : public Module {
+// The dropout layers' common part (PyTorch's _DropoutNd): p, checked in [0, 1] when the layer is made,
+// and the repr "p=0.5, inplace=False".
+class DropoutBase : public Module {
  public:
   std::string extra_repr() const override;
 
   double p;
 
  protected:
-  ChannelDropoutBase(double p, const char* layer);
+  DropoutBase(double p, const char* layer);
 };
 
-class Dropout1d : public ChannelDropoutBase {
+// Zeroes elements with probability p while training (scaling the rest by 1 / (1 - p)); the identity in eval.
+class Dropout : public DropoutBase {
  public:
-  explicit Dropout1d(double p = 0.5) : ChannelDropoutBase(p, "Dropout1d") {}
+  explicit Dropout(double p = 0.5) : DropoutBase(p, "Dropout") {}
   Tensor forward(const Tensor& input) override;
 };
 
-class Dropout2d : public ChannelDropoutBase {
+// Channel dropout (torch.nn.Dropout1d/2d/3d): while training, every element of a (sample, channel)
+// plane is zeroed together with probability p, the rest scaled by 1 / (1 - p); the identity in eval.
+// Inputs as nn::functional::dropout1d/2d/3d.
+class Dropout1d : public DropoutBase {
  public:
-  explicit Dropout2d(double p = 0.5) : ChannelDropoutBase(p, "Dropout2d") {}
+  explicit Dropout1d(double p = 0.5) : DropoutBase(p, "Dropout1d") {}
   Tensor forward(const Tensor& input) override;
 };
 
-class Dropout3d : public ChannelDropoutBase {
+class Dropout2d : public DropoutBase {
  public:
-  explicit Dropout3d(double p = 0.5) : ChannelDropoutBase(p, "Dropout3d") {}
+  explicit Dropout2d(double p = 0.5) : DropoutBase(p, "Dropout2d") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+class Dropout3d : public DropoutBase {
+ public:
+  explicit Dropout3d(double p = 0.5) : DropoutBase(p, "Dropout3d") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+// Alpha dropout for self-normalizing (SELU) networks, as nn::functional::alpha_dropout (each element)
+// and feature_alpha_dropout (each (sample, channel)'s elements together); the identity in eval.
+class AlphaDropout : public DropoutBase {
+ public:
+  explicit AlphaDropout(double p = 0.5) : DropoutBase(p, "AlphaDropout") {}
+  Tensor forward(const Tensor& input) override;
+};
+
+class FeatureAlphaDropout : public DropoutBase {
+ public:
+  explicit FeatureAlphaDropout(double p = 0.5) : DropoutBase(p, "FeatureAlphaDropout") {}
   Tensor forward(const Tensor& input) override;
 };
 

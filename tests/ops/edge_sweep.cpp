@@ -113,6 +113,9 @@ std::vector<EdgeOp> edge_ops() {
   u("dropout2d train", [](const Tensor& a) { return nn::dropout2d(a, 0.5); });
   u("dropout1d 1", [](const Tensor& a) { return nn::dropout1d(a, 1.0); });
   u("dropout3d eval", [](const Tensor& a) { return nn::dropout3d(a, 0.5, false); });
+  u("alpha_dropout train", [](const Tensor& a) { return nn::alpha_dropout(a, 0.3, true); });
+  u("feature_alpha_dropout train", [](const Tensor& a) { return nn::feature_alpha_dropout(a, 0.5, true); });
+  u("alpha_dropout 1", [](const Tensor& a) { return nn::alpha_dropout(a, 1.0, true); });
   // reductions
   u("sum", [](const Tensor& a) { return sum(a); });
   u("mean", [](const Tensor& a) { return mean(a); });
@@ -313,6 +316,13 @@ std::vector<EdgeOp> edge_ops() {
   b("batch_norm", [](const Tensor& a, const Tensor& c) { return batch_norm(a, c, c, {}, {}, true); });
   b("group_norm affine", [](const Tensor& a, const Tensor& c) { return group_norm(a, 1, c, c); });
   b("attention", [](const Tensor& a, const Tensor& c) { return scaled_dot_product_attention(a, c, c); });
+  b("max_unpool2d", [](const Tensor& a, const Tensor& c) { return nn::max_unpool2d(a, c, {2}); });
+  b("max_unpool1d output_size", [](const Tensor& a, const Tensor& c) { return nn::max_unpool1d(a, c, 2, 1, 0, {4}); });
+  b("max_unpool3d padding 2^61", [](const Tensor& a, const Tensor& c) {
+    return nn::max_unpool3d(a, c, {1}, {1}, {int64_t{1} << 61});
+  });
+  b("bilinear", [](const Tensor& a, const Tensor& c) { return nn::bilinear(a, a, c); });
+  b("bilinear bias", [](const Tensor& a, const Tensor& c) { return nn::bilinear(a, c, a.unsqueeze(0), c); });
   b("attention with a mask", [](const Tensor& a, const Tensor& c) { return scaled_dot_product_attention(a, a, a, c); });
   bd("index_select", [](const Tensor& a, const Tensor& c, int64_t d) { return index_select(a, d, c); });
   bd("gather", [](const Tensor& a, const Tensor& c, int64_t d) { return gather(a, d, c); });
