@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
+#include <vector>
+
 #include "core/grad_mode.h"
 #include "nn/functional.h"
 #include "nn/init.h"
@@ -30,21 +33,63 @@ Tensor merge_heads(const Tensor& y) {
 // ---- MultiheadAttention ----
 
 MultiheadAttention::MultiheadAttention(int64_t embed_dim, int64_t num_heads, MultiheadAttentionOptions options)
-    : embed_dim(embed_dim), num_heads(num_heads), options(options), out_proj(embed_dim, embed_dim, {options.bias}) {
+    : embed_dim(embed_dim),
+      num_heads(num_heads),
+      kdim(options.kdim.value_or(embed_dim)),
+      vdim(options.vdim.value_or(embed_dim)),
+      options(options),
+      out_proj(embed_dim, embed_dim, {options.bias}) {
   KILN_CHECK(embed_dim > 0 && num_heads > 0 && embed_dim % num_heads == 0,
              "nn::MultiheadAttention: embed_dim ({}) must be a positive multiple of num_heads ({})", embed_dim,
              num_heads);
   KILN_CHECK(options.dropout >= 0 && options.dropout < 1, "nn::MultiheadAttention: dropout must be in [0, 1), got {}",
              options.dropout);
-  in_proj_weight = register_parameter("in_proj_weight", empty({3 * embed_dim, embed_dim}));
-  init::xavier_uniform_(in_proj_weight);
+  KILN_CHECK(kdim > 0 && vdim > 0, "nn::MultiheadAttention: kdim and vdim must be positive, got {} and {}", kdim, vdim);
+  // PyTorch's order: the projections, in_proj_bias, out_proj, then bias_k and bias_v.
+  if (kdim == embed_dim && vdim == embed_dim) {
+    in_proj_weight = register_parameter("in_proj_weight", empty({3 * embed_dim, embed_dim}));
+    init::xavier_uniform_(in_proj_weight);
+  } else {
+    q_proj_weight = register_parameter("q_proj_weight", empty({embed_dim, embed_dim}));
+    k_proj_weight = register_parameter("k_proj_weight", empty({embed_dim, kdim}));
+    v_proj_weight = register_parameter("v_proj_weight", empty({embed_dim, vdim}));
+    for (Tensor* w : {&q_proj_weight, &k_proj_weight, &v_proj_weight}) init::xavier_uniform_(*w);
+  }
   if (options.bias) in_proj_bias = register_parameter("in_proj_bias", zeros({3 * embed_dim}));
   register_module("out_proj", out_proj);
   if (out_proj.bias.defined()) init::zeros_(out_proj.bias);
+  if (options.add_bias_kv) {
+    bias_k = register_parameter("bias_k", empty({1, 1, embed_dim}));
+    bias_v = register_parameter("bias_v", empty({1, 1, embed_dim}));
+    init::xavier_normal_(bias_k);
+    init::xavier_normal_(bias_v);
+  }
 }
 
 Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const Tensor& value,
                                    const MultiheadAttentionCall& call) {
+  return std::get<0>(attend(query, key, value, call, false));
+}
+
+std::tuple<Tensor, Tensor> MultiheadAttention::forward_with_weights(const Tensor& query, const Tensor& key,
+                                                                    const Tensor& value,
+                                                                    const MultiheadAttentionCall& call) {
+  return attend(query, key, value, call, true);
+}
+
+namespace {
+
+// m with `extra` more columns (its last dim) of zeros: false for a bool mask (attend), 0 for a float one.
+Tensor with_zero_columns(const Tensor& m, int64_t extra) {
+  Shape tail = m.sizes();
+  tail[tail.size() - 1] = extra;
+  return cat({m, zeros(tail, m.options())}, -1);
+}
+
+}  // namespace
+
+std::tuple<Tensor, Tensor> MultiheadAttention::attend(const Tensor& query, const Tensor& key, const Tensor& value,
+                                                      const MultiheadAttentionCall& call, bool need_weights) {
   const char* op = "nn::MultiheadAttention";
   if (query.dim() == 2 && key.dim() == 2 && value.dim() == 2) {
     // Unbatched, as PyTorch: (L, E) inputs, a (S) key_padding_mask, an (L, S) or (num_heads, L, S)
@@ -58,52 +103,79 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
     }
     const Tensor q = query.unsqueeze(batch_dim);
     const bool self = query.is_same(key) && key.is_same(value);  // kept self-attention: one projection
-    const Tensor out = self ? forward(q, q, q, one)
-                            : forward(q, key.unsqueeze(batch_dim), value.unsqueeze(batch_dim), one);
-    return out.squeeze(batch_dim);
+    auto [out, weights] = self ? attend(q, q, q, one, need_weights)
+                               : attend(q, key.unsqueeze(batch_dim), value.unsqueeze(batch_dim), one, need_weights);
+    return {out.squeeze(batch_dim), weights.defined() ? weights.squeeze(0) : weights};
   }
   KILN_CHECK(query.dim() == 3 && key.dim() == 3 && value.dim() == 3,
              "{}: query, key and value must be 3-D ({}), or all 2-D (L, E) for one unbatched sequence, got shapes {}, "
              "{} and {}", op, options.batch_first ? "N, L, E" : "L, N, E", query.sizes().str(), key.sizes().str(),
              value.sizes().str());
-  KILN_CHECK(query.sizes()[2] == embed_dim && key.sizes()[2] == embed_dim && value.sizes()[2] == embed_dim,
-             "{}: the last dim of query, key and value must be embed_dim = {}, got shapes {}, {} and {}", op,
-             embed_dim, query.sizes().str(), key.sizes().str(), value.sizes().str());
-  const bool self = query.is_same(key) && key.is_same(value);
+  KILN_CHECK(query.sizes()[2] == embed_dim && key.sizes()[2] == kdim && value.sizes()[2] == vdim,
+             "{}: the last dim of query, key and value must be embed_dim = {}, kdim = {} and vdim = {}, got shapes "
+             "{}, {} and {}", op, embed_dim, kdim, vdim, query.sizes().str(), key.sizes().str(), value.sizes().str());
   auto batch_first = [&](const Tensor& t) { return options.batch_first ? t : t.transpose(0, 1); };
   Tensor q, k, v;
-  if (self) {  // one projection for the three
+  if (in_proj_weight.defined() && query.is_same(key) && key.is_same(value)) {  // one projection for the three
     auto qkv = linear(batch_first(query), in_proj_weight, in_proj_bias).chunk(3, -1);
     q = qkv[0], k = qkv[1], v = qkv[2];
   } else {
-    auto w = in_proj_weight.chunk(3, 0);
+    std::vector<Tensor> w = in_proj_weight.defined() ? in_proj_weight.chunk(3, 0)
+                                                     : std::vector<Tensor>{q_proj_weight, k_proj_weight, v_proj_weight};
     std::vector<Tensor> b = in_proj_bias.defined() ? in_proj_bias.chunk(3, 0) : std::vector<Tensor>(3);
     q = linear(batch_first(query), w[0], b[0]);
     k = linear(batch_first(key), w[1], b[1]);
     v = linear(batch_first(value), w[2], b[2]);
   }
-  const int64_t N = q.sizes()[0], L = q.sizes()[1], S = k.sizes()[1];
-  KILN_CHECK(k.sizes()[0] == N && v.sizes()[0] == N && v.sizes()[1] == S,
+  const int64_t N = q.sizes()[0], L = q.sizes()[1], given_S = k.sizes()[1];
+  KILN_CHECK(k.sizes()[0] == N && v.sizes()[0] == N && v.sizes()[1] == given_S,
              "{}: query, key and value disagree on the batch size or the key length: shapes {}, {} and {}", op,
              query.sizes().str(), key.sizes().str(), value.sizes().str());
 
   // PyTorch's masks say where NOT to attend (true = masked out); scaled_dot_product_attention's bool
   // mask says where to attend. A float mask is added as it is.
-  Tensor mask = call.attn_mask;
+  Tensor mask = call.attn_mask, padding = call.key_padding_mask;
   bool causal = call.is_causal;
   if (mask.defined()) {
-    KILN_CHECK(mask.sizes() == Shape({L, S}) || mask.sizes() == Shape({N * num_heads, L, S}),
+    KILN_CHECK(mask.sizes() == Shape({L, given_S}) || mask.sizes() == Shape({N * num_heads, L, given_S}),
                "{}: attn_mask must be (L, S) = ({}, {}) or (N * num_heads, L, S) = ({}, {}, {}), got shape {}", op,
-               L, S, N * num_heads, L, S, mask.sizes().str());
-    if (mask.dim() == 3) mask = mask.view({N, num_heads, L, S});
-    if (mask.dtype() == kBool) mask = mask.logical_not();
+               L, given_S, N * num_heads, L, given_S, mask.sizes().str());
     causal = false;  // PyTorch: with attn_mask, is_causal is only a hint that the mask is causal
   }
-  if (call.key_padding_mask.defined()) {
-    KILN_CHECK(call.key_padding_mask.dtype() == kBool && call.key_padding_mask.sizes() == Shape({N, S}),
-               "{}: key_padding_mask must be a bool (N, S) = ({}, {}) tensor, got {} of shape {}", op, N, S,
-               dtype_name(call.key_padding_mask.dtype()), call.key_padding_mask.sizes().str());
-    Tensor padded = call.key_padding_mask.view({N, 1, 1, S});
+  if (padding.defined()) {
+    KILN_CHECK(padding.dtype() == kBool && padding.sizes() == Shape({N, given_S}),
+               "{}: key_padding_mask must be a bool (N, S) = ({}, {}) tensor, got {} of shape {}", op, N, given_S,
+               dtype_name(padding.dtype()), padding.sizes().str());
+  }
+  // The appended keys and values (bias_k and bias_v, then a zero one per head) are attended by every
+  // query: the masks get as many columns that mask nothing, as PyTorch pads them.
+  const int64_t head_dim = embed_dim / num_heads;
+  int64_t S = given_S;
+  if (bias_k.defined()) {
+    k = cat({k, bias_k.expand({N, 1, embed_dim})}, 1);
+    v = cat({v, bias_v.expand({N, 1, embed_dim})}, 1);
+    S += 1;
+  }
+  Tensor qh = split_heads(q, num_heads), kh = split_heads(k, num_heads), vh = split_heads(v, num_heads);
+  if (options.add_zero_attn) {
+    kh = cat({kh, zeros({N, num_heads, 1, head_dim}, kh.options())}, 2);
+    vh = cat({vh, zeros({N, num_heads, 1, head_dim}, vh.options())}, 2);
+    S += 1;
+  }
+  if (S > given_S) {
+    if (causal) {  // over the given keys only
+      mask = ones({L, given_S}, TensorOptions().dtype(kBool).device(q.device())).triu(1);
+      causal = false;
+    }
+    if (mask.defined()) mask = with_zero_columns(mask, S - given_S);
+    if (padding.defined()) padding = with_zero_columns(padding, S - given_S);
+  }
+  if (mask.defined()) {
+    if (mask.dim() == 3) mask = mask.view({N, num_heads, L, S});
+    if (mask.dtype() == kBool) mask = mask.logical_not();
+  }
+  if (padding.defined()) {
+    Tensor padded = padding.view({N, 1, 1, S});
     if (causal) {
       mask = ones({L, S}, TensorOptions().dtype(kBool).device(q.device())).tril();
       causal = false;
@@ -117,10 +189,20 @@ Tensor MultiheadAttention::forward(const Tensor& query, const Tensor& key, const
     }
   }
   const double p = is_training() ? options.dropout : 0.0;
-  Tensor y = scaled_dot_product_attention(split_heads(q, num_heads), split_heads(k, num_heads),
-                                          split_heads(v, num_heads), mask, p, causal);
+  Tensor y, weights;
+  if (need_weights) {  // the probabilities themselves, as PyTorch's need_weights path computes them
+    Tensor scores = matmul(qh * (1 / std::sqrt(static_cast<double>(head_dim))), kh.transpose(-2, -1));
+    if (causal) mask = ones({L, S}, TensorOptions().dtype(kBool).device(q.device())).tril();
+    if (mask.defined()) scores = mask.dtype() == kBool ? where(mask, scores, -INFINITY) : scores + mask;
+    weights = softmax(scores, -1);
+    if (p > 0) weights = dropout(weights, p, true);
+    y = matmul(weights, vh);
+    if (call.average_attn_weights) weights = weights.sum({1}) / static_cast<double>(num_heads);
+  } else {
+    y = scaled_dot_product_attention(qh, kh, vh, mask, p, causal);
+  }
   Tensor out = out_proj(merge_heads(y));
-  return options.batch_first ? out : out.transpose(0, 1);
+  return {options.batch_first ? out : out.transpose(0, 1), weights};
 }
 
 std::string MultiheadAttention::extra_repr() const {

@@ -18,10 +18,15 @@
 
 namespace kiln::nn {
 
+// PyTorch's keyword arguments, in its order.
 struct MultiheadAttentionOptions {
-  double dropout = 0.0;      // on the attention probabilities, in training mode
-  bool bias = true;          // in_proj_bias and out_proj.bias
-  bool batch_first = false;  // inputs (N, L, E) instead of PyTorch's default (L, N, E)
+  double dropout = 0.0;                // on the attention probabilities, in training mode
+  bool bias = true;                    // in_proj_bias and out_proj.bias
+  bool add_bias_kv = false;            // learned bias_k, bias_v (1, 1, E) appended to the keys and values
+  bool add_zero_attn = false;          // a zero key and value appended to each head's
+  std::optional<int64_t> kdim = {};    // the keys' features (unset: embed_dim)
+  std::optional<int64_t> vdim = {};    // the values' features (unset: embed_dim)
+  bool batch_first = false;            // inputs (N, L, E) instead of PyTorch's default (L, N, E)
 };
 
 // What MultiheadAttention::forward takes besides query, key and value (PyTorch's keyword arguments).
@@ -30,24 +35,38 @@ struct MultiheadAttentionCall {
                                  // float (added to the scores)
   Tensor key_padding_mask = {};  // (N, S) bool, true = this key is padding
   bool is_causal = false;        // a causal mask, instead of attn_mask
+  bool average_attn_weights = true;  // forward_with_weights: the weights averaged over the heads
 };
 
 // out = out_proj(concat over heads of softmax(q_h k_h^T / sqrt(E / num_heads) + mask) v_h), with q, k, v
-// the packed in-projection of query, key and value. Parameters as PyTorch: in_proj_weight (3E, E)
-// xavier_uniform_, in_proj_bias (3E) zeros, out_proj = Linear(E, E) with its bias zeroed. Returns only
-// the output (PyTorch's need_weights = false). Inputs are batched (3-D), or all (L, E) for one
-// unbatched sequence, as PyTorch.
+// the in-projections of query, key and value. Parameters as PyTorch: in_proj_weight (3E, E), or with a
+// kdim or vdim other than E q_proj_weight (E, E), k_proj_weight (E, kdim) and v_proj_weight (E, vdim),
+// each xavier_uniform_; in_proj_bias (3E) zeros; out_proj = Linear(E, E) with its bias zeroed; with
+// add_bias_kv bias_k and bias_v (1, 1, E) xavier_normal_. forward returns the output (PyTorch's
+// need_weights = false; it runs the fused attention); forward_with_weights also the attention weights
+// after dropout, (N, L, S) averaged over the heads or (N, num_heads, L, S) (PyTorch's need_weights =
+// true), S counting the appended keys. Inputs are batched (3-D), or all 2-D ((L, E), (S, kdim),
+// (S, vdim)) for one unbatched sequence, as PyTorch.
 class MultiheadAttention : public Module {
  public:
   MultiheadAttention(int64_t embed_dim, int64_t num_heads, MultiheadAttentionOptions options = {});
   Tensor forward(const Tensor& query, const Tensor& key, const Tensor& value, const MultiheadAttentionCall& call = {});
   Tensor forward(const Tensor& x) override { return forward(x, x, x); }  // self-attention, no mask
+  std::tuple<Tensor, Tensor> forward_with_weights(const Tensor& query, const Tensor& key, const Tensor& value,
+                                                  const MultiheadAttentionCall& call = {});
   std::string extra_repr() const override;
 
-  int64_t embed_dim, num_heads;
+  int64_t embed_dim, num_heads, kdim, vdim;
   MultiheadAttentionOptions options;
-  Tensor in_proj_weight, in_proj_bias;
+  Tensor in_proj_weight;                              // (3E, E) when kdim = vdim = E, else undefined
+  Tensor q_proj_weight, k_proj_weight, v_proj_weight;  // otherwise these
+  Tensor in_proj_bias;                                // (3E), undefined without bias
+  Tensor bias_k, bias_v;                              // (1, 1, E) with add_bias_kv
   Linear out_proj;
+
+ private:
+  std::tuple<Tensor, Tensor> attend(const Tensor& query, const Tensor& key, const Tensor& value,
+                                    const MultiheadAttentionCall& call, bool need_weights);
 };
 
 // The keys and values a CausalSelfAttention has seen, (B, n_head, T_seen, head_dim) each, so that

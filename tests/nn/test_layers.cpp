@@ -1,6 +1,12 @@
 // tests/nn/test_layers.cpp: every layer against PyTorch (tests/fixtures/gen_nn_golden.py): the output,
 // the buffers after the forward, and the gradients of the input and of every parameter for a random
 // cotangent, all in float64 with torch's weights loaded through load_state_dict.
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "nn_golden.h"
 
 using namespace kiln;
@@ -315,6 +321,91 @@ TEST_CASE("MultiheadAttention with its masks matches torch, output and every gra
       test::check_close(grads[i], c.at(names[i]));
     }
   }
+}
+
+TEST_CASE("MultiheadAttention's kdim, vdim, add_bias_kv, add_zero_attn and attention weights match torch",
+          "[nn][attention]") {
+  struct Case {
+    const char* name;
+    int64_t embed, heads;
+    nn::MultiheadAttentionOptions options;
+    std::optional<bool> average;  // forward_with_weights with average_attn_weights; unset: forward
+  };
+  const std::vector<Case> cases = {
+      {"mha_kdim_vdim_bias_kv_zero_attn", 8, 2,
+       {.add_bias_kv = true, .add_zero_attn = true, .kdim = 5, .vdim = 3, .batch_first = true}, {}},
+      {"mha_bias_kv_bool_mask_3d", 8, 4, {.add_bias_kv = true}, {}},
+      {"mha_zero_attn_kdim", 6, 3, {.bias = false, .add_zero_attn = true, .kdim = 4}, {}},
+      {"mha_weights_averaged", 8, 2, {.batch_first = true}, true},
+      {"mha_weights_per_head_bias_kv", 8, 4, {.add_bias_kv = true, .add_zero_attn = true, .vdim = 6}, false},
+      {"mha_weights_unbatched", 4, 2, {}, true},
+  };
+  for (const Case& k : cases) {
+    INFO("golden case " << k.name);
+    const test::NnCase& c = test::nn_case(k.name);
+    nn::MultiheadAttention mha(k.embed, k.heads, k.options);
+    mha.to(kFloat64);
+    mha.load_state_dict(c.state());  // refuses a missing or extra parameter: the names are PyTorch's
+    CHECK(mha.in_proj_weight.defined() == c.has("p.in_proj_weight"));
+    CHECK(mha.bias_k.defined() == c.has("p.bias_k"));
+    nn::MultiheadAttentionCall call;
+    if (c.has("mask.attn_mask")) {
+      call.attn_mask = c.at("mask.attn_mask");
+      if (!call.attn_mask.is_floating_point()) call.attn_mask = call.attn_mask.to(kBool);
+    }
+    if (c.has("mask.key_padding_mask")) call.key_padding_mask = c.at("mask.key_padding_mask").to(kBool);
+    std::vector<Tensor> in;
+    for (int i = 0; i < 3; ++i) in.push_back(c.at("in." + std::to_string(i)).clone().requires_grad_());
+    std::vector<Tensor> outputs, cots = {c.at("cot")};
+    if (k.average) {
+      call.average_attn_weights = *k.average;
+      auto [y, w] = mha.forward_with_weights(in[0], in[1], in[2], call);
+      test::check_close(w, c.at("weights"));
+      outputs = {y, w};
+      cots.push_back(c.at("cot_weights"));
+      test::check_close(mha.forward(in[0], in[1], in[2], call), y);  // the fused attention: the same output
+    } else {
+      outputs = {mha.forward(in[0], in[1], in[2], call)};
+    }
+    test::check_close(outputs[0], c.at("out"));
+    std::vector<Tensor> targets = in;
+    std::vector<std::string> names = {"g.in.0", "g.in.1", "g.in.2"};
+    for (const auto& [name, p] : mha.named_parameters()) {
+      targets.push_back(p);
+      names.push_back("g." + name);
+    }
+    auto grads = autograd::grad(outputs, targets, cots);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      INFO("gradient " << names[i]);
+      test::check_close(grads[i], c.at(names[i]));
+    }
+  }
+  // In training, the weights returned are those after dropout, as PyTorch's: each 0 or 1 / (1 - p)
+  // times its value in evaluation.
+  nn::MultiheadAttention dropping(8, 2, {.dropout = 0.5, .batch_first = true});
+  const Tensor x = test::sample({2, 5, 8});
+  dropping.eval();
+  const Tensor eval_w = std::get<1>(dropping.forward_with_weights(x, x, x, {.average_attn_weights = false}));
+  dropping.train();
+  const Tensor train_w = std::get<1>(dropping.forward_with_weights(x, x, x, {.average_attn_weights = false}));
+  CHECK(train_w.eq(0).any().item<bool>());
+  test::check_close(where(train_w.eq(0), zeros_like(train_w), eval_w * 2), train_w, {1e-6, 1e-6});
+  // PyTorch's parameters and initialisation.
+  nn::MultiheadAttention split(8, 2, {.add_bias_kv = true, .kdim = 5, .vdim = 3});
+  CHECK(!split.in_proj_weight.defined());
+  CHECK(split.k_proj_weight.sizes() == Shape{8, 5});
+  CHECK(split.v_proj_weight.sizes() == Shape{8, 3});
+  CHECK(split.bias_k.sizes() == Shape{1, 1, 8});
+  std::vector<std::string> keys;
+  for (const auto& [name, value] : split.state_dict()) keys.push_back(name);
+  std::sort(keys.begin(), keys.end());
+  CHECK(keys == std::vector<std::string>{"bias_k", "bias_v", "in_proj_bias", "k_proj_weight", "out_proj.bias",
+                                         "out_proj.weight", "q_proj_weight", "v_proj_weight"});
+  const double bound = std::sqrt(6.0 / (8 + 5));  // xavier_uniform_ of (8, 5)
+  CHECK(split.k_proj_weight.abs().max().item<float>() <= bound);
+  test::check_error([&] { split.forward(ones({3, 2, 8}), ones({4, 2, 8}), ones({4, 2, 3})); },
+                    {"MultiheadAttention", "kdim = 5", "[4, 2, 8]"});
+  test::check_error([] { nn::MultiheadAttention(8, 2, {.kdim = 0}); }, {"MultiheadAttention", "kdim and vdim"});
 }
 
 TEST_CASE("MultiheadAttention takes one unbatched (L, E) sequence, as torch", "[nn][attention]") {
