@@ -285,46 +285,8 @@ TEST_CASE("Embedding's backward refuses indices modified in place after the forw
   test::check_error([&] { y.sum().backward(); }, {"EmbeddingBackward"});
 }
 
-TEST_CASE("MultiheadAttention with its masks matches torch, output and every gradient", "[nn][attention]") {
-  struct Case {
-    const char* name;
-    int64_t heads;
-    nn::MultiheadAttentionOptions options;
-  };
-  for (const Case& k : {Case{"mha_float_mask_padding", 2, {.batch_first = true}},
-                        Case{"mha_bool_mask_padding", 4, {}},
-                        Case{"mha_float_mask_3d", 2, {.bias = false, .batch_first = true}}}) {
-    INFO("golden case " << k.name);
-    const test::NnCase& c = test::nn_case(k.name);
-    nn::MultiheadAttention mha(8, k.heads, k.options);
-    mha.to(kFloat64);
-    mha.load_state_dict(c.state());
-    nn::MultiheadAttentionCall call;
-    if (c.has("mask.attn_mask")) {
-      call.attn_mask = c.at("mask.attn_mask");
-      if (!call.attn_mask.is_floating_point()) call.attn_mask = call.attn_mask.to(kBool);
-    }
-    if (c.has("mask.key_padding_mask")) call.key_padding_mask = c.at("mask.key_padding_mask").to(kBool);
-    std::vector<Tensor> in;
-    for (int i = 0; i < 3; ++i) in.push_back(c.at("in." + std::to_string(i)).clone().requires_grad_());
-    Tensor y = mha.forward(in[0], in[1], in[2], call);
-    test::check_close(y, c.at("out"));
-    std::vector<Tensor> targets = in;
-    std::vector<std::string> names = {"g.in.0", "g.in.1", "g.in.2"};
-    for (const auto& [name, p] : mha.named_parameters()) {
-      targets.push_back(p);
-      names.push_back("g." + name);
-    }
-    auto grads = autograd::grad({y}, targets, {c.at("cot")});
-    for (size_t i = 0; i < grads.size(); ++i) {
-      INFO("gradient " << names[i]);
-      test::check_close(grads[i], c.at(names[i]));
-    }
-  }
-}
-
-TEST_CASE("MultiheadAttention's kdim, vdim, add_bias_kv, add_zero_attn and attention weights match torch",
-          "[nn][attention]") {
+TEST_CASE("MultiheadAttention with its masks, kdim, vdim, add_bias_kv, add_zero_attn and attention weights "
+          "matches torch: output, weights and every gradient", "[nn][attention]") {
   struct Case {
     const char* name;
     int64_t embed, heads;
@@ -332,6 +294,9 @@ TEST_CASE("MultiheadAttention's kdim, vdim, add_bias_kv, add_zero_attn and atten
     std::optional<bool> average;  // forward_with_weights with average_attn_weights; unset: forward
   };
   const std::vector<Case> cases = {
+      {"mha_float_mask_padding", 8, 2, {.batch_first = true}, {}},
+      {"mha_bool_mask_padding", 8, 4, {}, {}},
+      {"mha_float_mask_3d", 8, 2, {.bias = false, .batch_first = true}, {}},
       {"mha_kdim_vdim_bias_kv_zero_attn", 8, 2,
        {.add_bias_kv = true, .add_zero_attn = true, .kdim = 5, .vdim = 3, .batch_first = true}, {}},
       {"mha_bias_kv_bool_mask_3d", 8, 4, {.add_bias_kv = true}, {}},
