@@ -23,10 +23,12 @@ namespace {
 
 constexpr const char* kSpatial[] = {"", "L", "H, W", "D, H, W"};
 
+// A 128-bit size in decimal: exact within 2^53, rounded beyond (only Errors print them).
+std::string decimal(__int128 v) { return fmt::format("{:.0f}", static_cast<double>(v)); }
+
 // One number for all `dims` dims, or one per dim, each >= least.
 std::vector<int64_t> per_dim(const Shape& v, int dims, const char* op, const char* what, int64_t least) {
-  KILN_CHECK(v.size() == 1 || v.size() == dims, "{}: {} must be one number or {}, got {}", op,
-             what, dims, v.str());
+  KILN_CHECK(v.size() == 1 || v.size() == dims, "{}: {} must be one number or {}, got {}", op, what, dims, v.str());
   std::vector<int64_t> out(static_cast<size_t>(dims), v[0]);
   if (v.size() > 1) out.assign(v.begin(), v.end());
   for (int64_t x : out) KILN_CHECK(x >= least, "{}: {} must be >= {}, got {}", op, what, least, v.str());
@@ -47,8 +49,7 @@ Tensor max_unpool(const Tensor& input, const Tensor& indices, int dims, const Sh
   const std::vector<int64_t> kernel = per_dim(kernel_size, dims, op, "kernel_size", 1);
   const std::vector<int64_t> stride = stride_in.empty() ? kernel : per_dim(stride_in, dims, op, "stride", 1);
   const std::vector<int64_t> padding = per_dim(padding_in, dims, op, "padding", 0);
-  KILN_CHECK(output_size.empty() || output_size.size() == dims ||
-                 output_size.size() == dims + 2,
+  KILN_CHECK(output_size.empty() || output_size.size() == dims || output_size.size() == dims + 2,
              "{}: output_size must give the {} spatial sizes or {} sizes (N, C, {}), got {}", op, dims, dims + 2,
              kSpatial[dims], output_size.str());
   const int skip = output_size.size() == dims + 2 ? 2 : 0;
@@ -64,12 +65,12 @@ Tensor max_unpool(const Tensor& input, const Tensor& indices, int dims, const Sh
       KILN_CHECK(natural - stride[d] < size && size < natural + stride[d],
                  "{}: invalid output_size {}: dim {} must be strictly between {} and {} (the default size {} minus "
                  "and plus the stride {})",
-                 op, output_size.str(), d, static_cast<int64_t>(natural - stride[d]),
-                 static_cast<int64_t>(natural + stride[d]), static_cast<int64_t>(natural), stride[d]);
+                 op, output_size.str(), d, decimal(natural - stride[d]), decimal(natural + stride[d]),
+                 decimal(natural), stride[d]);
     }
     KILN_CHECK(size >= 0 && size < (static_cast<__int128>(1) << 62),
                "{}: the output's dim {} would have size {} (input size {}, kernel_size {}, stride {}, padding {}); "
-               "check these arguments", op, first + d, static_cast<double>(size), input.size(first + d), kernel[d],
+               "check these arguments", op, first + d, decimal(size), input.size(first + d), kernel[d],
                stride[d], padding[d]);
     out_shape[first + d] = static_cast<int64_t>(size);
   }

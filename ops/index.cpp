@@ -68,6 +68,14 @@ Tensor index_select(const Tensor& x, int64_t dim, const Tensor& index_in) {
 Tensor index_add(const Tensor& x, int64_t dim, const Tensor& index_in, const Tensor& source) {
   Tensor index = as_index(index_in, x, "index_add");
   int d = wrap_dim(dim, x.dim(), "index_add");
+  if (x.dim() == 0 || (x.dim() == 1 && source.dim() == 0)) {
+    // As PyTorch: a 0-d tensor adds as a 1-element 1-d one, from a 0-d or 1-d source; a 0-d source
+    // into a 1-d tensor is one slice.
+    KILN_CHECK(source.dim() <= 1, "index_add: a {}-d tensor takes a 0-d or 1-d source, got shape {}", x.dim(),
+               source.sizes().str());
+    const Tensor y = index_add(x.reshape({-1}), 0, index.reshape({-1}), source.reshape({-1}));
+    return x.dim() == 0 ? y.reshape({}) : y;
+  }
   KILN_CHECK(index.dim() <= 1 && source.dim() == x.dim() && source.sizes()[d] == index.numel(),
              "index_add: expects a 1-D index with one entry per slice of the source along dim {}; got index {} "
              "and source {}",

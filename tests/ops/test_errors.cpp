@@ -306,7 +306,7 @@ TEST_CASE("int64 values beyond 2^53 stay exact in clamp, arange and printing") {
   CHECK(from_vector<int64_t>({INT64_MAX, big}).str() == "tensor([9223372036854775807,    9007199254740995])");
 }
 
-TEST_CASE("gather and scatter on 0-dimensional tensors, as PyTorch") {
+TEST_CASE("gather, scatter and index_add on 0-dimensional tensors, as PyTorch") {
   Tensor x = scalar_tensor(3.0).requires_grad_();
   Tensor g = x.gather(0, scalar_tensor(0, kInt64));
   CHECK(g.dim() == 0);
@@ -317,6 +317,20 @@ TEST_CASE("gather and scatter on 0-dimensional tensors, as PyTorch") {
   Tensor s = scalar_tensor(1.0).scatter_add(0, scalar_tensor(0, kInt64), scalar_tensor(2.0));
   CHECK(s.dim() == 0);
   CHECK(s.item<double>() == 3.0);
+  // index_add: a 0-d tensor as a 1-element 1-d one (PyTorch 1.13's values: 6, 5, 5 and [0, 5, 0]).
+  Tensor src = tensor({5.0, 1.0}).requires_grad_();
+  Tensor a = index_add(zeros({}), 0, tensor({0, 0}, kInt64), src);
+  CHECK(a.dim() == 0);
+  CHECK(a.item<float>() == 6.0f);
+  a.backward();
+  CHECK(src.grad().to_vector<float>() == std::vector<float>{1, 1});
+  CHECK(index_add(zeros({}), -1, scalar_tensor(0, kInt64), tensor({5.0})).item<float>() == 5.0f);
+  CHECK(index_add(zeros({}), 0, tensor({0}, kInt64), scalar_tensor(5.0f)).item<float>() == 5.0f);
+  CHECK(index_add(zeros({3}), 0, scalar_tensor(1, kInt64), scalar_tensor(5.0f)).to_vector<float>() ==
+        std::vector<float>{0, 5, 0});
+  test::check_error([] { index_add(zeros({}), 0, tensor({1}, kInt64), scalar_tensor(5.0f)); }, {"index_add", "1"});
+  test::check_error([] { index_add(zeros({}), 0, tensor({0}, kInt64), ones({1, 1})); },
+                    {"index_add", "0-d or 1-d source", "[1, 1]"});
 }
 
 TEST_CASE("edge values near the int64 limits give PyTorch's results") {
