@@ -28,15 +28,6 @@ using autograd::TensorList;
 
 namespace {
 
-// stride/padding/dilation: one number for both dims, or two.
-void pair_arg(const Shape& s, const char* op, const char* name, int64_t min, int64_t& h, int64_t& w) {
-  KILN_CHECK(s.size() == 1 || s.size() == 2, "{}: {} must have one or two elements, got {}", op, name, s.str());
-  h = s[0];
-  w = s.size() == 2 ? s[1] : s[0];
-  KILN_CHECK(h >= min && w >= min, "{}: {} must be {}, got {}", op, name, min == 0 ? "non-negative" : "positive",
-             s.str());
-}
-
 Conv2dArgs conv_args(const Shape& stride, const Shape& padding, const Shape& dilation, int64_t groups,
                      const char* op) {
   Conv2dArgs a;

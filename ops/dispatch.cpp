@@ -173,6 +173,14 @@ void reset_peak(Device device) { backend_for(device).allocator(device.index).res
 void empty_cache(Device device) { backend_for(device).allocator(device.index).empty_cache(); }
 }  // namespace memory
 
+void pair_arg(const Shape& s, const char* op, const char* name, int64_t min, int64_t& h, int64_t& w) {
+  KILN_CHECK(s.size() == 1 || s.size() == 2, "{}: {} must have one or two elements, got {}", op, name, s.str());
+  h = s[0];
+  w = s.size() == 2 ? s[1] : s[0];
+  KILN_CHECK(h >= min && w >= min, "{}: {} must be {}, got {}", op, name, min == 0 ? "non-negative" : "positive",
+             s.str());
+}
+
 std::array<int64_t, 3> triple_arg(const Shape& v, const char* op, const char* name, int64_t min) {
   KILN_CHECK(v.size() == 1 || v.size() == 3, "{}: {} must have one or three elements, got {}", op, name, v.str());
   std::array<int64_t, 3> t{v[0], v[v.size() == 3 ? 1 : 0], v[v.size() == 3 ? 2 : 0]};

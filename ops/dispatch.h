@@ -68,6 +68,9 @@ inline void check_inference_write(const Tensor& self, const char* op) {
 // The range of storage elements [lo, hi] a layout reaches (hi < lo when it has no elements).
 std::pair<int64_t, int64_t> element_span(const Shape& sizes, const Shape& strides, int64_t offset);
 
+// A 2-D op's size argument (kernel_size, stride, padding, dilation): one number for both dims, or two,
+// each >= min, into h and w; else an Error naming op and argument. The 2-D convolutions and poolings.
+void pair_arg(const Shape& s, const char* op, const char* name, int64_t min, int64_t& h, int64_t& w);
 // A 3-D op's size argument (kernel_size, stride, padding, ...): one number for all three dims, or
 // three, each >= min; else an Error naming op and argument. conv3d, conv_transpose3d, the 3-D poolings.
 std::array<int64_t, 3> triple_arg(const Shape& v, const char* op, const char* name, int64_t min);

@@ -34,15 +34,6 @@ bool is_half(DType t) { return t == kFloat16 || t == kBFloat16; }
 // and float64 only.
 bool max_pool_through_float32(const Tensor& x) { return is_half(x.dtype()) && !x.device().is_cpu(); }
 
-// kernel_size / stride / padding / dilation: one number for both dims, or two.
-void pair_arg(const Shape& s, const char* op, const char* name, int64_t min, int64_t& h, int64_t& w) {
-  KILN_CHECK(s.size() == 1 || s.size() == 2, "{}: {} must have one or two elements, got {}", op, name, s.str());
-  h = s[0];
-  w = s.size() == 2 ? s[1] : s[0];
-  KILN_CHECK(h >= min && w >= min, "{}: {} must be {}, got {}", op, name, min == 0 ? "non-negative" : "positive",
-             s.str());
-}
-
 Pool2dArgs pool_args(const Shape& kernel_size, const Shape& stride, const Shape& padding, const Shape& dilation,
                      const char* op) {
   Pool2dArgs a;
