@@ -321,4 +321,191 @@ Tensor TransformerBlock::forward_for_recompute(const Tensor& x) {
   return h + nn::dropout(projected, mlp.dropout, mlp.is_training());
 }
 
+// ---- torch.nn's encoder-decoder transformer ----
+
+namespace {
+
+const TransformerLayerOptions& checked_layer_options(const TransformerLayerOptions& o, const char* layer) {
+  KILN_CHECK(o.activation == "relu" || o.activation == "gelu",
+             "nn::{}: activation must be \"relu\" or \"gelu\", got \"{}\"", layer, o.activation);
+  KILN_CHECK(o.dim_feedforward > 0, "nn::{}: dim_feedforward must be positive, got {}", layer, o.dim_feedforward);
+  return o;
+}
+
+// The feed-forward block: linear2(dropout(activation(linear1(x)))).
+Tensor feed_forward(const std::string& activation, Linear& linear1, Dropout& dropout, Linear& linear2,
+                    const Tensor& x) {
+  Tensor h = linear1(x);
+  return linear2(dropout(activation == "gelu" ? gelu(h) : relu(h)));
+}
+
+// num_layers copies of `layer` in `layers`: new layers of its sizes and options, given its parameters,
+// buffers and mode (PyTorch deep-copies the layer).
+template <class Layer>
+void push_copies(ModuleList& layers, const Layer& layer, int64_t num_layers, const char* stack) {
+  KILN_CHECK(num_layers >= 1, "nn::{}: num_layers must be positive, got {}", stack, num_layers);
+  NoGradGuard no_grad;
+  for (int64_t i = 0; i < num_layers; ++i) {
+    Layer& copy = layers.push_back(std::make_shared<Layer>(layer.d_model, layer.nhead, layer.options));
+    copy.load_state_dict(layer.state_dict());
+    copy.train(layer.is_training());
+  }
+}
+
+}  // namespace
+
+TransformerEncoderLayer::TransformerEncoderLayer(int64_t d_model, int64_t nhead, TransformerLayerOptions options)
+    : d_model(d_model),
+      nhead(nhead),
+      options(checked_layer_options(options, "TransformerEncoderLayer")),
+      self_attn(d_model, nhead, {.dropout = options.dropout, .batch_first = options.batch_first}),
+      linear1(d_model, options.dim_feedforward),
+      dropout(options.dropout),
+      linear2(options.dim_feedforward, d_model),
+      norm1(d_model, {.eps = options.layer_norm_eps}),
+      norm2(d_model, {.eps = options.layer_norm_eps}),
+      dropout1(options.dropout),
+      dropout2(options.dropout) {
+  register_modules({{"self_attn", self_attn}, {"linear1", linear1}, {"dropout", dropout}, {"linear2", linear2},
+                    {"norm1", norm1}, {"norm2", norm2}, {"dropout1", dropout1}, {"dropout2", dropout2}});
+}
+
+Tensor TransformerEncoderLayer::forward(const Tensor& src, const TransformerEncoderCall& call) {
+  const MultiheadAttentionCall masks{.attn_mask = call.src_mask, .key_padding_mask = call.src_key_padding_mask};
+  auto attend = [&](const Tensor& x) { return dropout1(self_attn.forward(x, x, x, masks)); };
+  auto ff = [&](const Tensor& x) { return dropout2(feed_forward(options.activation, linear1, dropout, linear2, x)); };
+  Tensor x = src;
+  if (options.norm_first) {
+    x = x + attend(norm1(x));
+    return x + ff(norm2(x));
+  }
+  x = norm1(x + attend(x));
+  return norm2(x + ff(x));
+}
+
+TransformerDecoderLayer::TransformerDecoderLayer(int64_t d_model, int64_t nhead, TransformerLayerOptions options)
+    : d_model(d_model),
+      nhead(nhead),
+      options(checked_layer_options(options, "TransformerDecoderLayer")),
+      self_attn(d_model, nhead, {.dropout = options.dropout, .batch_first = options.batch_first}),
+      multihead_attn(d_model, nhead, {.dropout = options.dropout, .batch_first = options.batch_first}),
+      linear1(d_model, options.dim_feedforward),
+      dropout(options.dropout),
+      linear2(options.dim_feedforward, d_model),
+      norm1(d_model, {.eps = options.layer_norm_eps}),
+      norm2(d_model, {.eps = options.layer_norm_eps}),
+      norm3(d_model, {.eps = options.layer_norm_eps}),
+      dropout1(options.dropout),
+      dropout2(options.dropout),
+      dropout3(options.dropout) {
+  register_modules({{"self_attn", self_attn}, {"multihead_attn", multihead_attn}, {"linear1", linear1},
+                    {"dropout", dropout}, {"linear2", linear2}, {"norm1", norm1}, {"norm2", norm2}, {"norm3", norm3},
+                    {"dropout1", dropout1}, {"dropout2", dropout2}, {"dropout3", dropout3}});
+}
+
+Tensor TransformerDecoderLayer::forward(const Tensor&) {
+  KILN_FAIL("nn::TransformerDecoderLayer: forward needs the encoder's output too: call forward(tgt, memory)");
+}
+
+Tensor TransformerDecoderLayer::forward(const Tensor& tgt, const Tensor& memory, const TransformerDecoderCall& call) {
+  const MultiheadAttentionCall self_masks{.attn_mask = call.tgt_mask, .key_padding_mask = call.tgt_key_padding_mask};
+  const MultiheadAttentionCall memory_masks{.attn_mask = call.memory_mask,
+                                            .key_padding_mask = call.memory_key_padding_mask};
+  auto attend_self = [&](const Tensor& x) { return dropout1(self_attn.forward(x, x, x, self_masks)); };
+  auto attend_memory = [&](const Tensor& x) {
+    return dropout2(multihead_attn.forward(x, memory, memory, memory_masks));
+  };
+  auto ff = [&](const Tensor& x) { return dropout3(feed_forward(options.activation, linear1, dropout, linear2, x)); };
+  Tensor x = tgt;
+  if (options.norm_first) {
+    x = x + attend_self(norm1(x));
+    x = x + attend_memory(norm2(x));
+    return x + ff(norm3(x));
+  }
+  x = norm1(x + attend_self(x));
+  x = norm2(x + attend_memory(x));
+  return norm3(x + ff(x));
+}
+
+TransformerEncoder::TransformerEncoder(const TransformerEncoderLayer& layer, int64_t num_layers,
+                                       std::shared_ptr<Module> norm)
+    : num_layers(num_layers), norm(std::move(norm)) {
+  push_copies(layers, layer, num_layers, "TransformerEncoder");
+  register_module("layers", layers);
+  if (this->norm) register_module("norm", this->norm);
+}
+
+Tensor TransformerEncoder::forward(const Tensor& src, const TransformerEncoderCall& call) {
+  Tensor x = src;
+  for (const auto& layer : layers) x = static_cast<TransformerEncoderLayer&>(*layer).forward(x, call);
+  return norm ? (*norm)(x) : x;
+}
+
+TransformerDecoder::TransformerDecoder(const TransformerDecoderLayer& layer, int64_t num_layers,
+                                       std::shared_ptr<Module> norm)
+    : num_layers(num_layers), norm(std::move(norm)) {
+  push_copies(layers, layer, num_layers, "TransformerDecoder");
+  register_module("layers", layers);
+  if (this->norm) register_module("norm", this->norm);
+}
+
+Tensor TransformerDecoder::forward(const Tensor&) {
+  KILN_FAIL("nn::TransformerDecoder: forward needs the encoder's output too: call forward(tgt, memory)");
+}
+
+Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory, const TransformerDecoderCall& call) {
+  Tensor x = tgt;
+  for (const auto& layer : layers) x = static_cast<TransformerDecoderLayer&>(*layer).forward(x, memory, call);
+  return norm ? (*norm)(x) : x;
+}
+
+Transformer::Transformer(int64_t d_model, int64_t nhead, TransformerModelOptions options)
+    : d_model(d_model), nhead(nhead), options(options) {
+  const TransformerLayerOptions layer{.dim_feedforward = options.dim_feedforward,
+                                     .dropout = options.dropout,
+                                     .activation = options.activation,
+                                     .layer_norm_eps = options.layer_norm_eps,
+                                     .batch_first = options.batch_first,
+                                     .norm_first = options.norm_first};
+  const LayerNormOptions norm{.eps = options.layer_norm_eps};
+  encoder = std::make_shared<TransformerEncoder>(TransformerEncoderLayer(d_model, nhead, layer),
+                                                 options.num_encoder_layers, std::make_shared<LayerNorm>(d_model, norm));
+  decoder = std::make_shared<TransformerDecoder>(TransformerDecoderLayer(d_model, nhead, layer),
+                                                 options.num_decoder_layers, std::make_shared<LayerNorm>(d_model, norm));
+  register_module("encoder", encoder);
+  register_module("decoder", decoder);
+  for (Tensor& p : parameters()) {
+    if (p.dim() > 1) init::xavier_uniform_(p);
+  }
+}
+
+Tensor Transformer::forward(const Tensor&) {
+  KILN_FAIL("nn::Transformer: forward takes the source and the target: call forward(src, tgt)");
+}
+
+Tensor Transformer::forward(const Tensor& src, const Tensor& tgt, const TransformerCall& call) {
+  const int batch = options.batch_first ? 0 : 1;
+  KILN_CHECK(src.dim() == tgt.dim() && (src.dim() == 2 || src.dim() == 3),
+             "nn::Transformer: src and tgt must both be batched ({}) or both unbatched (S, E), got shapes {} and {}",
+             options.batch_first ? "N, S, E" : "S, N, E", src.sizes().str(), tgt.sizes().str());
+  KILN_CHECK(src.dim() == 2 || src.size(batch) == tgt.size(batch),
+             "nn::Transformer: the batch number of src and tgt must be equal, got shapes {} and {}", src.sizes().str(),
+             tgt.sizes().str());
+  KILN_CHECK(src.size(-1) == d_model && tgt.size(-1) == d_model,
+             "nn::Transformer: the feature number of src and tgt must be d_model = {}, got shapes {} and {}", d_model,
+             src.sizes().str(), tgt.sizes().str());
+  const Tensor memory =
+      encoder->forward(src, {.src_mask = call.src_mask, .src_key_padding_mask = call.src_key_padding_mask});
+  return decoder->forward(tgt, memory,
+                          {.tgt_mask = call.tgt_mask,
+                           .memory_mask = call.memory_mask,
+                           .tgt_key_padding_mask = call.tgt_key_padding_mask,
+                           .memory_key_padding_mask = call.memory_key_padding_mask});
+}
+
+Tensor Transformer::generate_square_subsequent_mask(int64_t size, TensorOptions options) {
+  KILN_CHECK(size >= 0, "nn::Transformer::generate_square_subsequent_mask: size must be >= 0, got {}", size);
+  return full({size, size}, -INFINITY, options).triu(1);
+}
+
 }  // namespace kiln::nn

@@ -1,17 +1,23 @@
 // nn/transformer.h: the attention layers and the pieces of a GPT-style decoder, over
 // scaled_dot_product_attention (ops/attention.cpp).
-//   MultiheadAttention    torch.nn.MultiheadAttention: packed in-projection (3E, E), out_proj
+//   MultiheadAttention    torch.nn.MultiheadAttention: packed in-projection (3E, E) (or q/k/v_proj_weight
+//                         with kdim, vdim), out_proj, bias_k/v, zero attention, the weights on request
 //   CausalSelfAttention   GPT-2's attention: c_attn Linear(C, 3C) -> heads -> causal attention -> c_proj,
 //                         with an optional key/value cache for generation
 //   GeluMLP               GPT-2's feed-forward: c_fc Linear(C, 4C) -> GELU -> c_proj Linear(4C, C)
 //   TransformerBlock      pre-LN: x + attn(ln_1(x)), then x + mlp(ln_2(x))
-// The submodule names are GPT-2's (Hugging Face's and nanoGPT's), so state dicts line up with theirs.
+// The GPT pieces' submodule names are GPT-2's (Hugging Face's and nanoGPT's), so state dicts line up
+// with theirs. Then torch.nn's encoder-decoder layers, under PyTorch's names, so PyTorch's state
+// dicts load: TransformerEncoderLayer, TransformerDecoderLayer, TransformerEncoder, TransformerDecoder
+// and Transformer.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <tuple>
 
+#include "nn/container.h"
 #include "nn/linear.h"
 #include "nn/module.h"
 #include "nn/norm.h"
@@ -129,6 +135,131 @@ class TransformerBlock : public Module {
  private:
   // x + attn(ln_1(x)) and ln_2 of it: the residual stream h and the MLP's input.
   std::tuple<Tensor, Tensor> attention_half(const Tensor& x, KVCache* cache);
+};
+
+// ---- torch.nn's encoder-decoder transformer ----
+
+// TransformerEncoderLayer's and TransformerDecoderLayer's keyword arguments, in PyTorch's order.
+struct TransformerLayerOptions {
+  int64_t dim_feedforward = 2048;
+  double dropout = 0.1;            // after attention, inside and after the feed-forward block, in training
+  std::string activation = "relu";  // of the feed-forward block: "relu" or "gelu"
+  double layer_norm_eps = 1e-5;
+  bool batch_first = false;  // inputs (N, S, E) instead of (S, N, E)
+  bool norm_first = false;   // pre-LN: x + block(norm(x)); else post-LN: norm(x + block(x))
+};
+
+// What an encoder layer or encoder takes besides src (PyTorch's keyword arguments; the masks as
+// MultiheadAttentionCall's attn_mask and key_padding_mask).
+struct TransformerEncoderCall {
+  Tensor src_mask = {};              // (S, S) or (N * nhead, S, S)
+  Tensor src_key_padding_mask = {};  // (N, S) bool
+};
+
+// What a decoder layer or decoder takes besides tgt and memory.
+struct TransformerDecoderCall {
+  Tensor tgt_mask = {};                  // (T, T) or (N * nhead, T, T); Transformer::generate_square_subsequent_mask
+  Tensor memory_mask = {};               // (T, S) or (N * nhead, T, S)
+  Tensor tgt_key_padding_mask = {};      // (N, T) bool
+  Tensor memory_key_padding_mask = {};   // (N, S) bool
+};
+
+// torch.nn.TransformerEncoderLayer: self-attention, then a feed-forward block linear2(dropout(
+// activation(linear1(x)))), each with dropout and a residual connection, post- or pre-LN. Its
+// parameters as PyTorch's (self_attn, linear1, linear2, norm1, norm2), PyTorch's initialisation.
+class TransformerEncoderLayer : public Module {
+ public:
+  TransformerEncoderLayer(int64_t d_model, int64_t nhead, TransformerLayerOptions options = {});
+  Tensor forward(const Tensor& src) override { return forward(src, TransformerEncoderCall{}); }
+  Tensor forward(const Tensor& src, const TransformerEncoderCall& call);
+
+  int64_t d_model, nhead;
+  TransformerLayerOptions options;
+  MultiheadAttention self_attn;
+  Linear linear1;
+  Dropout dropout;
+  Linear linear2;
+  LayerNorm norm1, norm2;
+  Dropout dropout1, dropout2;
+};
+
+// torch.nn.TransformerDecoderLayer: self-attention over tgt, attention to memory (multihead_attn),
+// then the feed-forward block, each with dropout and a residual connection, post- or pre-LN (norm1,
+// norm2, norm3).
+class TransformerDecoderLayer : public Module {
+ public:
+  TransformerDecoderLayer(int64_t d_model, int64_t nhead, TransformerLayerOptions options = {});
+  Tensor forward(const Tensor& tgt) override;  // an Error: the memory is needed
+  Tensor forward(const Tensor& tgt, const Tensor& memory, const TransformerDecoderCall& call = {});
+
+  int64_t d_model, nhead;
+  TransformerLayerOptions options;
+  MultiheadAttention self_attn, multihead_attn;
+  Linear linear1;
+  Dropout dropout;
+  Linear linear2;
+  LayerNorm norm1, norm2, norm3;
+  Dropout dropout1, dropout2, dropout3;
+};
+
+// torch.nn.TransformerEncoder: num_layers copies of `layer` (the same starting parameters and mode, as
+// PyTorch's deep copies) in `layers`, then `norm` when given (PyTorch's norm=).
+class TransformerEncoder : public Module {
+ public:
+  TransformerEncoder(const TransformerEncoderLayer& layer, int64_t num_layers, std::shared_ptr<Module> norm = nullptr);
+  Tensor forward(const Tensor& src) override { return forward(src, TransformerEncoderCall{}); }
+  Tensor forward(const Tensor& src, const TransformerEncoderCall& call);
+
+  int64_t num_layers;
+  ModuleList layers;  // of TransformerEncoderLayer
+  std::shared_ptr<Module> norm;
+};
+
+// torch.nn.TransformerDecoder: num_layers copies of `layer` in `layers`, then `norm` when given.
+class TransformerDecoder : public Module {
+ public:
+  TransformerDecoder(const TransformerDecoderLayer& layer, int64_t num_layers, std::shared_ptr<Module> norm = nullptr);
+  Tensor forward(const Tensor& tgt) override;  // an Error: the memory is needed
+  Tensor forward(const Tensor& tgt, const Tensor& memory, const TransformerDecoderCall& call = {});
+
+  int64_t num_layers;
+  ModuleList layers;  // of TransformerDecoderLayer
+  std::shared_ptr<Module> norm;
+};
+
+// torch.nn.Transformer's keyword arguments after d_model and nhead, in PyTorch's order.
+struct TransformerModelOptions {
+  int64_t num_encoder_layers = 6;
+  int64_t num_decoder_layers = 6;
+  int64_t dim_feedforward = 2048;
+  double dropout = 0.1;
+  std::string activation = "relu";
+  double layer_norm_eps = 1e-5;
+  bool batch_first = false;
+  bool norm_first = false;
+};
+
+// What Transformer::forward takes besides src and tgt.
+struct TransformerCall {
+  Tensor src_mask = {}, tgt_mask = {}, memory_mask = {};
+  Tensor src_key_padding_mask = {}, tgt_key_padding_mask = {}, memory_key_padding_mask = {};
+};
+
+// torch.nn.Transformer: encoder (its layers and a final LayerNorm) over src, decoder (its layers and a
+// final LayerNorm) over tgt and the encoder's output; every parameter of 2 or more dims re-initialised
+// xavier_uniform_, as PyTorch's _reset_parameters.
+class Transformer : public Module {
+ public:
+  explicit Transformer(int64_t d_model = 512, int64_t nhead = 8, TransformerModelOptions options = {});
+  Tensor forward(const Tensor& src) override;  // an Error: tgt is needed
+  Tensor forward(const Tensor& src, const Tensor& tgt, const TransformerCall& call = {});
+  // The (size, size) float mask that hides the later positions: -inf above the diagonal, 0 elsewhere.
+  static Tensor generate_square_subsequent_mask(int64_t size, TensorOptions options = {});
+
+  int64_t d_model, nhead;
+  TransformerModelOptions options;
+  std::shared_ptr<TransformerEncoder> encoder;
+  std::shared_ptr<TransformerDecoder> decoder;
 };
 
 }  // namespace kiln::nn

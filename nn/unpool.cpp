@@ -38,14 +38,14 @@ std::vector<int64_t> per_dim(const Shape& v, int dims, const char* op, const cha
 Tensor max_unpool(const Tensor& input, const Tensor& indices, int dims, const Shape& kernel_size,
                   const Shape& stride_in, const Shape& padding_in, const Shape& output_size, const char* op) {
   KILN_CHECK(input.dim() == dims + 1 || input.dim() == dims + 2,
-             "{}: expects an input (N, C, {}) or unbatched (C, {}), of {} or {} dims, got shape {}", op,
-             kSpatial[dims], kSpatial[dims], dims + 1, dims + 2, input.sizes().str());
-  KILN_CHECK(indices.dtype() == kInt64, "{}: indices must be int64, as max_pool{}d_with_indices gives them, got {}",
-             op, dims, dtype_name(indices.dtype()));
+             "{}: expects an input (N, C, {}) or unbatched (C, {}), of {} or {} dims, got shape {}", op, kSpatial[dims],
+             kSpatial[dims], dims + 1, dims + 2, input.sizes().str());
+  KILN_CHECK(indices.dtype() == kInt64, "{}: indices must be int64, as max_pool{}d_with_indices gives them, got {}", op,
+             dims, dtype_name(indices.dtype()));
   KILN_CHECK(indices.sizes() == input.sizes(), "{}: indices must have the input's shape {}, got {}", op,
              input.sizes().str(), indices.sizes().str());
-  KILN_CHECK(indices.device() == input.device(), "{}: indices are on {} but the input is on {}; move them together",
-             op, indices.device().str(), input.device().str());
+  KILN_CHECK(indices.device() == input.device(), "{}: indices are on {} but the input is on {}; move them together", op,
+             indices.device().str(), input.device().str());
   const std::vector<int64_t> kernel = per_dim(kernel_size, dims, op, "kernel_size", 1);
   const std::vector<int64_t> stride = stride_in.empty() ? kernel : per_dim(stride_in, dims, op, "stride", 1);
   const std::vector<int64_t> padding = per_dim(padding_in, dims, op, "padding", 0);
@@ -65,13 +65,13 @@ Tensor max_unpool(const Tensor& input, const Tensor& indices, int dims, const Sh
       KILN_CHECK(natural - stride[d] < size && size < natural + stride[d],
                  "{}: invalid output_size {}: dim {} must be strictly between {} and {} (the default size {} minus "
                  "and plus the stride {})",
-                 op, output_size.str(), d, decimal(natural - stride[d]), decimal(natural + stride[d]),
-                 decimal(natural), stride[d]);
+                 op, output_size.str(), d, decimal(natural - stride[d]), decimal(natural + stride[d]), decimal(natural),
+                 stride[d]);
     }
     KILN_CHECK(size >= 0 && size < (static_cast<__int128>(1) << 62),
                "{}: the output's dim {} would have size {} (input size {}, kernel_size {}, stride {}, padding {}); "
-               "check these arguments", op, first + d, decimal(size), input.size(first + d), kernel[d],
-               stride[d], padding[d]);
+               "check these arguments",
+               op, first + d, decimal(size), input.size(first + d), kernel[d], stride[d], padding[d]);
     out_shape[first + d] = static_cast<int64_t>(size);
   }
   if (input.dim() == dims + 1) {  // unbatched: one sample
@@ -93,7 +93,8 @@ Tensor max_unpool(const Tensor& input, const Tensor& indices, int dims, const Sh
     KILN_CHECK(lo >= 0 && hi < plane,
                "{}: index {} is outside the output plane of {} elements (output shape {}); the indices must come "
                "from max_pool{}d_with_indices of an input of that size with the same kernel_size, stride and "
-               "padding", op, bad, static_cast<int64_t>(plane), out_shape.str(), dims);
+               "padding",
+               op, bad, static_cast<int64_t>(plane), out_shape.str(), dims);
   }
   const Tensor flat_in = input.reshape({n, c, static_cast<int64_t>(in_plane)});
   const Tensor flat_ix = indices.reshape({n, c, static_cast<int64_t>(in_plane)});
@@ -123,8 +124,10 @@ Tensor max_unpool3d(const Tensor& input, const Tensor& indices, const Shape& ker
 namespace {
 
 [[noreturn]] void needs_indices(const char* layer) {
-  KILN_FAIL("nn::{}: forward needs the pooling's indices too: call forward(input, indices) or forward(input, "
-            "indices, output_size)", layer);
+  KILN_FAIL(
+      "nn::{}: forward needs the pooling's indices too: call forward(input, indices) or forward(input, "
+      "indices, output_size)",
+      layer);
 }
 
 }  // namespace

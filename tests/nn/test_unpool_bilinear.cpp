@@ -31,9 +31,13 @@ TEST_CASE("MaxUnpool1d/2d/3d match torch: strides, padding, output_size, unbatch
   nn::MaxUnpool2d two({2, 3}, {.stride = nn::Size2{2, 1}, .padding = nn::Size2{0, 1}});
   check_unpool("max_unpool2d", [&](const Tensor& v, const Tensor& i) { return two.forward(v, i); });
   nn::MaxUnpool2d plain(2);
-  check_unpool("max_unpool2d_output_size", [&](const Tensor& v, const Tensor& i) { return plain.forward(v, i, {5, 5}); });
+  check_unpool("max_unpool2d_output_size", [&](const Tensor& v, const Tensor& i) {
+    return plain.forward(v, i, {5, 5});
+  });
   check_unpool("max_unpool2d_output_size",  // all four dims, as PyTorch takes them too
-               [&](const Tensor& v, const Tensor& i) { return plain.forward(v, i, {1, 2, 5, 5}); });
+               [&](const Tensor& v, const Tensor& i) {
+                 return plain.forward(v, i, {1, 2, 5, 5});
+               });
   check_unpool("max_unpool2d_unbatched", [&](const Tensor& v, const Tensor& i) { return plain.forward(v, i); });
   nn::MaxUnpool1d one(3, {.stride = 2, .padding = 1});
   check_unpool("max_unpool1d", [&](const Tensor& v, const Tensor& i) { return one.forward(v, i); });
@@ -42,19 +46,23 @@ TEST_CASE("MaxUnpool1d/2d/3d match torch: strides, padding, output_size, unbatch
   nn::MaxUnpool3d three_padded({2, 3, 2}, {.stride = nn::Size3{1, 2, 2}, .padding = nn::Size3{1, 1, 0}});
   check_unpool("max_unpool3d_padding", [&](const Tensor& v, const Tensor& i) { return three_padded.forward(v, i); });
   // The functional forms take the same arguments.
-  check_unpool("max_unpool2d", [](const Tensor& v, const Tensor& i) { return F::max_unpool2d(v, i, {2, 3}, {2, 1}, {0, 1}); });
+  check_unpool("max_unpool2d", [](const Tensor& v, const Tensor& i) {
+    return F::max_unpool2d(v, i, {2, 3}, {2, 1}, {0, 1});
+  });
   check_unpool("max_unpool1d", [](const Tensor& v, const Tensor& i) { return F::max_unpool1d(v, i, 3, 2, 1); });
-  check_unpool("max_unpool3d_padding",
-               [](const Tensor& v, const Tensor& i) { return F::max_unpool3d(v, i, {2, 3, 2}, {1, 2, 2}, {1, 1, 0}); });
+  check_unpool("max_unpool3d_padding", [](const Tensor& v, const Tensor& i) {
+    return F::max_unpool3d(v, i, {2, 3, 2}, {1, 2, 2}, {1, 1, 0});
+  });
 
   nn::Sequential reprs;
   reprs.push_back(std::make_shared<nn::MaxUnpool1d>(3));
   reprs.push_back(std::make_shared<nn::MaxUnpool1d>(3, nn::MaxUnpool1dOptions{.stride = 2, .padding = 1}));
   reprs.push_back(std::make_shared<nn::MaxUnpool2d>(2));
-  reprs.push_back(std::make_shared<nn::MaxUnpool2d>(nn::Size2{2, 3}, nn::MaxUnpool2dOptions{.stride = 1, .padding = {1, 0}}));
+  reprs.push_back(
+      std::make_shared<nn::MaxUnpool2d>(nn::Size2{2, 3}, nn::MaxUnpool2dOptions{.stride = 1, .padding = {1, 0}}));
   reprs.push_back(std::make_shared<nn::MaxUnpool3d>(2));
-  reprs.push_back(std::make_shared<nn::MaxUnpool3d>(nn::Size3{1, 2, 3},
-                                                    nn::MaxUnpool3dOptions{.stride = nn::Size3{2, 1, 1}, .padding = 1}));
+  reprs.push_back(std::make_shared<nn::MaxUnpool3d>(
+      nn::Size3{1, 2, 3}, nn::MaxUnpool3dOptions{.stride = nn::Size3{2, 1, 1}, .padding = 1}));
   const std::string repr = reprs.to_string();
   CHECK(repr.substr(0, repr.rfind("\nParameters: ")) == test::nn_case("unpool_reprs").strings.at("repr"));
 }
@@ -90,9 +98,12 @@ TEST_CASE("max unpooling's Errors name the argument and what to do", "[nn][layer
   Tensor x = test::sample({1, 2, 5, 5});
   auto [v, i] = F::max_pool2d_with_indices(x, Shape{2});
   test::check_error([&] { F::max_unpool2d(v, i, {2}); }, {"max_unpool2d", "index", "outside the output plane of 16",
-                                                        "[1, 2, 4, 4]", "same kernel_size, stride and padding"});
-  test::check_error([&] { F::max_unpool2d(v, i, {2}, {}, {0}, {7, 5}); },
-                    {"max_unpool2d", "invalid output_size [7, 5]", "dim 0", "strictly between 2 and 6"});
+                                                          "[1, 2, 4, 4]", "same kernel_size, stride and padding"});
+  test::check_error(
+      [&] {
+        F::max_unpool2d(v, i, {2}, {}, {0}, {7, 5});
+      },
+      {"max_unpool2d", "invalid output_size [7, 5]", "dim 0", "strictly between 2 and 6"});
   test::check_error([&] { F::max_unpool2d(v, i, {2}, {}, {0}, {5}); },
                     {"max_unpool2d", "output_size", "2 spatial sizes or 4", "[5]"});
   test::check_error([&] { F::max_unpool2d(v, -i - 1, {2}, {}, {0}, {5, 5}); }, {"max_unpool2d", "index -"});
@@ -101,8 +112,11 @@ TEST_CASE("max unpooling's Errors name the argument and what to do", "[nn][layer
                     {"max_unpool2d", "input's shape [1, 2, 2, 2]", "[1, 2, 1, 2]"});
   test::check_error([&] { F::max_unpool2d(v.flatten(), i.flatten(), {2}); }, {"max_unpool2d", "(N, C, H, W)", "[8]"});
   test::check_error([&] { F::max_unpool2d(v, i, {2, 2, 2}); }, {"max_unpool2d", "kernel_size", "one number or 2"});
-  test::check_error([&] { F::max_unpool3d(v.unsqueeze(2), i.unsqueeze(2), {1, 2, 2}, {0, 2, 2}); },
-                    {"max_unpool3d", "stride must be >= 1"});
+  test::check_error(
+      [&] {
+        F::max_unpool3d(v.unsqueeze(2), i.unsqueeze(2), {1, 2, 2}, {0, 2, 2});
+      },
+      {"max_unpool3d", "stride must be >= 1"});
   test::check_error([&] { F::max_unpool1d(v.flatten(2), i.flatten(2), 1, 1, 3); },
                     {"max_unpool1d", "dim 2 would have size -2"});
   test::check_error([&] { nn::MaxUnpool2d(2)(v); }, {"nn::MaxUnpool2d", "forward(input, indices)"});
@@ -135,11 +149,13 @@ TEST_CASE("Bilinear matches torch: output and every gradient, batched and one sa
   CHECK(wide.bias.abs().max().item<float>() <= 0.25f);
   CHECK(wide.bias.abs().max().item<float>() > 0.2f);
   // Differentiable twice in every argument.
-  auto fn = [](const autograd::TensorList& in) { return autograd::TensorList{F::bilinear(in[0], in[1], in[2], in[3])}; };
-  CHECK(autograd::gradgradcheck(fn, {test::sample({2, 3}, kFloat64).requires_grad_(),
-                                     test::sample({2, 2}, kFloat64, 0.3).requires_grad_(),
-                                     test::sample({4, 3, 2}, kFloat64, 0.7).requires_grad_(),
-                                     test::sample({4}, kFloat64, 0.9).requires_grad_()}));
+  auto fn = [](const autograd::TensorList& in) {
+    return autograd::TensorList{F::bilinear(in[0], in[1], in[2], in[3])};
+  };
+  CHECK(autograd::gradgradcheck(
+      fn,
+      {test::sample({2, 3}, kFloat64).requires_grad_(), test::sample({2, 2}, kFloat64, 0.3).requires_grad_(),
+       test::sample({4, 3, 2}, kFloat64, 0.7).requires_grad_(), test::sample({4}, kFloat64, 0.9).requires_grad_()}));
 
   nn::Sequential reprs;
   reprs.push_back(std::make_shared<nn::Bilinear>(3, 4, 5));
