@@ -19,8 +19,8 @@
 // replaces the data behind that same handle (as PyTorch's `param.data = ...`), so every holder sees the
 // moved tensor; an optimizer is built afterwards, as in PyTorch.
 //
-// Layers are in nn/linear.h, nn/conv.h, nn/norm.h (with Dropout), nn/activation.h, nn/container.h (with
-// CheckpointWrapper), nn/transformer.h.
+// Layers are in nn/linear.h, nn/conv.h, nn/norm.h (with the dropouts), nn/activation.h, nn/container.h
+// (with CheckpointWrapper), nn/resample.h, nn/rnn.h, nn/transformer.h.
 #pragma once
 
 #include <functional>

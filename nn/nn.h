@@ -1,5 +1,5 @@
-// nn/nn.h: everything of kiln::nn in one include: Module, the layers (attention and transformer blocks
-// too), the losses and functional forms, nn::init and the flops profiler.
+// nn/nn.h: everything of kiln::nn in one include: Module, the layers (recurrent, attention and
+// transformer ones too), the losses and functional forms, nn::init and the flops profiler.
 #pragma once
 
 #include "nn/activation.h"
@@ -12,4 +12,5 @@
 #include "nn/module.h"
 #include "nn/norm.h"
 #include "nn/resample.h"
+#include "nn/rnn.h"
 #include "nn/transformer.h"

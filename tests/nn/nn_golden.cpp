@@ -89,6 +89,33 @@ const NnCase& nn_case(const std::string& name) {
   return it->second;
 }
 
+std::vector<Tensor> load_case(nn::Module& module, const NnCase& c) {
+  module.to(kFloat64);
+  module.load_state_dict(c.state());
+  std::vector<Tensor> in;
+  for (int i = 0; c.has("in." + std::to_string(i)); ++i) {
+    in.push_back(c.at("in." + std::to_string(i)).clone().requires_grad_());
+  }
+  return in;
+}
+
+void check_gradients(const std::vector<Tensor>& outputs, const std::vector<Tensor>& cots,
+                     const std::vector<Tensor>& inputs, const nn::Module& module, const NnCase& c) {
+  std::vector<Tensor> targets = inputs;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < inputs.size(); ++i) names.push_back("g.in." + std::to_string(i));
+  for (const auto& [key, p] : module.named_parameters()) {
+    targets.push_back(p);
+    names.push_back("g." + key);
+  }
+  CHECK(names.size() == inputs.size() + c.state().size());
+  const auto grads = autograd::grad(outputs, targets, cots);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    INFO("gradient " << names[i]);
+    check_close(grads[i], c.at(names[i]));
+  }
+}
+
 void check_layer(nn::Module& layer, const std::string& case_name, bool train) {
   INFO("golden case " << case_name);
   const NnCase& c = nn_case(case_name);

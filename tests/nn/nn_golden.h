@@ -4,6 +4,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "support.h"
 
@@ -26,5 +27,13 @@ const NnCase& nn_case(const std::string& name);
 // Loads the case's parameters into `layer` (made float64), runs it on in.0 (a leaf requiring grad when
 // floating), checks out, every after.<buffer> and after.<param>, and the gradients g.in.0 and g.<param> of <out, cot>.
 void check_layer(nn::Module& layer, const std::string& case_name, bool train = true);
+
+// Loads the case's parameters into `module` (made float64; strictly, so the names must be PyTorch's) and
+// gives the case's inputs in.0, in.1, ... as leaves that require grad.
+std::vector<Tensor> load_case(nn::Module& module, const NnCase& c);
+// The gradients of the sum of <outputs[i], cots[i]> with respect to `inputs` (against g.in.<i>) and
+// every parameter of `module` (against g.<name>); the case must hold exactly the module's parameters.
+void check_gradients(const std::vector<Tensor>& outputs, const std::vector<Tensor>& cots,
+                     const std::vector<Tensor>& inputs, const nn::Module& module, const NnCase& c);
 
 }  // namespace kiln::test

@@ -19,33 +19,16 @@ Tensor mask_of(const test::NnCase& c, const std::string& name) {
   return m.is_floating_point() ? m : m.to(kBool);
 }
 
-// Loads the case's parameters into `module` (float64), runs `run` on the case's inputs and checks the
-// output and the gradients of <out, cot> for every input and parameter.
+// Runs `run` on the case's inputs (the case's parameters loaded into `module`) and checks the output
+// and the gradients of <out, cot> for every input and parameter.
 void check_case(nn::Module& module, const std::string& name,
                 const std::function<Tensor(const std::vector<Tensor>&, const test::NnCase&)>& run) {
   INFO("golden case " << name);
   const test::NnCase& c = test::nn_case(name);
-  module.to(kFloat64);
-  module.load_state_dict(c.state());  // strict: every name PyTorch's
-  std::vector<Tensor> in;
-  for (int i = 0; c.has("in." + std::to_string(i)); ++i) {
-    in.push_back(c.at("in." + std::to_string(i)).clone().requires_grad_());
-  }
+  const std::vector<Tensor> in = test::load_case(module, c);
   const Tensor y = run(in, c);
   test::check_close(y, c.at("out"));
-  std::vector<Tensor> targets = in;
-  std::vector<std::string> names;
-  for (size_t i = 0; i < in.size(); ++i) names.push_back("g.in." + std::to_string(i));
-  for (const auto& [key, p] : module.named_parameters()) {
-    targets.push_back(p);
-    names.push_back("g." + key);
-  }
-  CHECK(names.size() == in.size() + c.state().size());  // every parameter of PyTorch's
-  const auto grads = autograd::grad({y}, targets, {c.at("cot")});
-  for (size_t i = 0; i < grads.size(); ++i) {
-    INFO("gradient " << names[i]);
-    test::check_close(grads[i], c.at(names[i]));
-  }
+  test::check_gradients({y}, {c.at("cot")}, in, module, c);
 }
 
 }  // namespace
@@ -105,7 +88,7 @@ TEST_CASE("TransformerEncoder, TransformerDecoder and Transformer match torch, w
                     test::nn_case("square_subsequent_mask").at("out"));
 }
 
-TEST_CASE("a TransformerEncoder's layers start as copies of its layer; the Transformer re-initialises them",
+TEST_CASE("a TransformerEncoder's layers start as copies of its layer, and the Transformer re-initialises them",
           "[nn][attention]") {
   nn::TransformerEncoderLayer layer(8, 2, {.dim_feedforward = 16});
   layer.eval();
