@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -74,14 +75,15 @@ RNNBase::RNNBase(std::string mode, int64_t input_size, int64_t hidden_size, RNNO
     for (int dir = 0; dir < directions; ++dir) {
       const std::string suffix = fmt::format("_l{}{}", l, dir == 1 ? "_reverse" : "");
       const int64_t layer_input = l == 0 ? input_size : real_hidden * directions;
-      std::vector<Tensor> w = {register_parameter("weight_ih" + suffix, empty({gate_size, layer_input})),
-                               register_parameter("weight_hh" + suffix, empty({gate_size, real_hidden}))};
-      if (o.bias) {
-        w.push_back(register_parameter("bias_ih" + suffix, empty({gate_size})));
-        w.push_back(register_parameter("bias_hh" + suffix, empty({gate_size})));
+      std::vector<std::pair<std::string, Shape>> w = {{"weight_ih", {gate_size, layer_input}},
+                                                      {"weight_hh", {gate_size, real_hidden}}};
+      if (o.bias) w.insert(w.end(), {{"bias_ih", {gate_size}}, {"bias_hh", {gate_size}}});
+      if (o.proj_size > 0) w.push_back({"weight_hr", {o.proj_size, hidden_size}});
+      std::vector<std::string>& names = names_.emplace_back();
+      for (const auto& [stem, shape] : w) {
+        names.push_back(stem + suffix);
+        register_parameter(names.back(), empty(shape));
       }
-      if (o.proj_size > 0) w.push_back(register_parameter("weight_hr" + suffix, empty({o.proj_size, hidden_size})));
-      weights_.push_back(std::move(w));
     }
   }
   reset_parameters();
@@ -97,7 +99,14 @@ std::vector<Tensor> RNNBase::layer_parameters(int64_t layer, int direction) cons
   KILN_CHECK(layer >= 0 && layer < options.num_layers && direction >= 0 && direction < directions,
              "nn::{}: there is no layer {} direction {} ({} layers, {} directions)", name(), layer, direction,
              options.num_layers, directions);
-  return weights_[static_cast<size_t>(layer * directions + direction)];
+  std::vector<Tensor> found;
+  const auto own = named_parameters(false);
+  for (const std::string& wanted : names_[static_cast<size_t>(layer * directions + direction)]) {
+    const auto it = std::find_if(own.begin(), own.end(), [&](const auto& entry) { return entry.first == wanted; });
+    KILN_CHECK(it != own.end(), "nn::{}: its parameter {} is missing", name(), wanted);
+    found.push_back(it->second);
+  }
+  return found;
 }
 
 std::string RNNBase::extra_repr() const {  // PyTorch's: the options that differ from the defaults
@@ -137,7 +146,7 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
   for (int64_t l = 0; l < o.num_layers; ++l) {
     std::vector<Tensor> outs;
     for (int dir = 0; dir < directions; ++dir) {
-      const std::vector<Tensor>& w = weights_[static_cast<size_t>(l * directions + dir)];
+      const std::vector<Tensor> w = layer_parameters(l, dir);
       const Tensor b_ih = o.bias ? w[2] : Tensor(), b_hh = o.bias ? w[3] : Tensor();
       const Tensor w_hr = o.proj_size > 0 ? w.back() : Tensor();
       const Tensor gi = linear(x, w[0], b_ih);  // every step's input gates in one GEMM

@@ -42,7 +42,7 @@ class RNNBase : public Module {
   std::string extra_repr() const override;
   void reset_parameters();  // every parameter U(+-1/sqrt(hidden_size)), as PyTorch
   // The parameters of layer `layer`, direction `direction` (1: reverse): w_ih, w_hh, then b_ih and b_hh
-  // with bias, then w_hr with a projection.
+  // with bias, then w_hr with a projection; looked up by name, so a set_parameter takes effect.
   std::vector<Tensor> layer_parameters(int64_t layer, int direction) const;
 
   std::string mode;  // "RNN_TANH", "RNN_RELU", "LSTM" or "GRU"
@@ -55,7 +55,7 @@ class RNNBase : public Module {
   std::tuple<Tensor, Tensor, Tensor> run(const Tensor& input, const Tensor& h0, const Tensor& c0);
 
  private:
-  std::vector<std::vector<Tensor>> weights_;  // per (layer, direction), as layer_parameters
+  std::vector<std::vector<std::string>> names_;  // per (layer, direction), as layer_parameters
 };
 
 // Elman RNN: h_t = act(x_t W_ih^T + b_ih + h_{t-1} W_hh^T + b_hh), act tanh or relu.

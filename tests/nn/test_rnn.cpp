@@ -139,6 +139,12 @@ TEST_CASE("recurrent layers are differentiable twice, drop out between layers, a
   nn::RNN shallow(4, 8, {.dropout = 0.5});
   test::check_equal(shallow(seq), shallow(seq));
 
+  // A parameter replaced with set_parameter (as in weight tying) is the one the layer reads: without
+  // the recurrent weight each step sees its own input only.
+  nn::RNN plain(4, 8, {.bias = false});
+  plain.set_parameter("weight_hh_l0", zeros({8, 8}).requires_grad_());
+  test::check_close(plain(seq), tanh(matmul(seq, plain.layer_parameters(0, 0)[0].t())));
+
   // PyTorch's initialisation: U(+-1/sqrt(hidden_size)) for every parameter.
   nn::GRU wide(16, 25);
   float largest = 0;
