@@ -218,7 +218,7 @@ Tensor bilinear(const Tensor& input1, const Tensor& input2, const Tensor& weight
 // index, as max_pool*d_with_indices gives them (int64, into the L, H * W or D * H * W elements of each
 // (n, c) plane); differentiable in input (its gradient gathers the output's at the indices). The output
 // size of each spatial dim is (in - 1) * stride - 2 * padding + kernel_size (stride unset: kernel_size),
-// or output_size (the spatial sizes, or all of the input's dims), which must lie strictly between that
+// or output_size (the spatial sizes, or N, C and the spatial sizes), which must lie strictly between that
 // size minus and plus the stride, as PyTorch's rule. Inputs (N, C, ...) or unbatched (C, ...); indices of
 // the input's shape. An index outside its plane is an Error; where indices repeat, one of the values
 // lands there and each gets that element's gradient.

@@ -182,6 +182,13 @@ void Module::collect_buffers(const std::string& prefix, bool persistent_only,
   for (const Child& c : children_) c.module->collect_buffers(c.prefix(prefix), persistent_only, out);
 }
 
+Tensor Module::own_parameter(const std::string& name) const {
+  for (const Slot& slot : parameters_) {
+    if (slot.name == name) return slot.tensor;
+  }
+  return {};
+}
+
 namespace {
 // PyTorch lists a tensor shared by two modules once, under its first name.
 std::vector<std::pair<std::string, Tensor>> unique(std::vector<std::pair<std::string, Tensor>> all) {

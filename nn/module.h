@@ -160,6 +160,10 @@ class Module {
   // saved before the counter existed (and for those converted from elsewhere).
   virtual bool zero_when_missing(const std::string& buffer) const { return false; }
 
+  // This module's own parameter `name` (undefined when it has none), found even when it is the same
+  // tensor as another of its parameters (which named_parameters lists once).
+  Tensor own_parameter(const std::string& name) const;
+
   // An owned child whose parameters and buffers are named as this module's own ("weight", not
   // "name.weight"), so that wrapping a module leaves its state_dict keys alone (nn::CheckpointWrapper,
   // as PyTorch's CheckpointWrapper strips its "_checkpoint_wrapped_module." prefix). It keeps its name

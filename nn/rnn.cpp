@@ -3,7 +3,6 @@
 
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -100,11 +99,9 @@ std::vector<Tensor> RNNBase::layer_parameters(int64_t layer, int direction) cons
              "nn::{}: there is no layer {} direction {} ({} layers, {} directions)", name(), layer, direction,
              options.num_layers, directions);
   std::vector<Tensor> found;
-  const auto own = named_parameters(false);
   for (const std::string& wanted : names_[static_cast<size_t>(layer * directions + direction)]) {
-    const auto it = std::find_if(own.begin(), own.end(), [&](const auto& entry) { return entry.first == wanted; });
-    KILN_CHECK(it != own.end(), "nn::{}: its parameter {} is missing", name(), wanted);
-    found.push_back(it->second);
+    found.push_back(own_parameter(wanted));
+    KILN_CHECK(found.back().defined(), "nn::{}: its parameter {} is missing", name(), wanted);
   }
   return found;
 }
@@ -132,6 +129,7 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
   const bool unbatched = input.dim() == 2;
   Tensor x = unbatched ? input.unsqueeze(1) : o.batch_first ? input.transpose(0, 1) : input;  // (L, N, in)
   const int64_t L = x.size(0), N = x.size(1), states = o.num_layers * directions;
+  KILN_CHECK(L > 0, "{}: the sequence length must be above 0, got input {}", layer, input.sizes().str());
   // A state given (num_layers * directions, N, size), or without N for an unbatched input.
   auto state = [&](const Tensor& given, int64_t size, const char* what) {
     if (!given.defined()) return zeros({states, N, size}, x.options());
@@ -158,7 +156,7 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
         std::tie(h, c) = step(mode, gi[t], h, c, w[1], b_hh, w_hr);
         ys[static_cast<size_t>(t)] = h;
       }
-      outs.push_back(L > 0 ? stack(ys, 0) : zeros({0, N, real_hidden}, x.options()));
+      outs.push_back(stack(ys, 0));
       h_n.push_back(h);
       if (c.defined()) c_n.push_back(c);
     }

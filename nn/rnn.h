@@ -5,13 +5,15 @@
 // U(+-1/sqrt(hidden_size)); so PyTorch's state dicts load as they are.
 //
 //   nn::LSTM lstm(32, 64, {.num_layers = 2, .batch_first = true});
-//   auto [out, state] = lstm.forward(x);          // out (N, L, 64); state = (h_n, c_n), (2, N, 64) each
+//   auto [out, state] = lstm.forward(x, std::nullopt);  // out (N, L, 64); (h_n, c_n), (2, N, 64) each
 //   auto [h_n, c_n] = state;
 //
 // Note [recurrence as ops]: each layer multiplies the whole input sequence by weight_ih in one GEMM,
 // then steps through time with one small GEMM by weight_hh and the gates' elementwise ops per step, all
 // recorded ops: so any device, the backward (through time) is autograd's, and differentiable twice.
-// PackedSequence is not supported: pad the sequences and pass the key lengths' masks yourself.
+// PackedSequence is not supported: with padded sequences of different lengths, h_n holds the state
+// after the padding too, and the reverse direction starts on it; take the forward direction's output
+// at each sequence's last step instead (gather by length), or batch sequences of one length.
 #pragma once
 
 #include <optional>

@@ -339,6 +339,14 @@ Tensor feed_forward(const std::string& activation, Linear& linear1, Dropout& dro
   return linear2(dropout(activation == "gelu" ? gelu(h) : relu(h)));
 }
 
+// An element of a stack's `layers` as the layer type it must be (a user may push other modules).
+template <class Layer>
+Layer& layer_of(const std::shared_ptr<Module>& module, const char* stack, const char* layer_name) {
+  auto* layer = dynamic_cast<Layer*>(module.get());
+  KILN_CHECK(layer != nullptr, "nn::{}: its layers must all be {}, found a {}", stack, layer_name, module->name());
+  return *layer;
+}
+
 // num_layers copies of `layer` in `layers`: new layers of its sizes and options, given its parameters,
 // buffers and mode (PyTorch deep-copies the layer).
 template <class Layer>
@@ -437,7 +445,7 @@ TransformerEncoder::TransformerEncoder(const TransformerEncoderLayer& layer, int
 
 Tensor TransformerEncoder::forward(const Tensor& src, const TransformerEncoderCall& call) {
   Tensor x = src;
-  for (const auto& layer : layers) x = static_cast<TransformerEncoderLayer&>(*layer).forward(x, call);
+  for (const auto& layer : layers) x = layer_of<TransformerEncoderLayer>(layer, "TransformerEncoder", "TransformerEncoderLayer").forward(x, call);
   return norm ? (*norm)(x) : x;
 }
 
@@ -455,7 +463,9 @@ Tensor TransformerDecoder::forward(const Tensor&) {
 
 Tensor TransformerDecoder::forward(const Tensor& tgt, const Tensor& memory, const TransformerDecoderCall& call) {
   Tensor x = tgt;
-  for (const auto& layer : layers) x = static_cast<TransformerDecoderLayer&>(*layer).forward(x, memory, call);
+  for (const auto& layer : layers) {
+    x = layer_of<TransformerDecoderLayer>(layer, "TransformerDecoder", "TransformerDecoderLayer").forward(x, memory, call);
+  }
   return norm ? (*norm)(x) : x;
 }
 

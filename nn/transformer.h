@@ -203,7 +203,9 @@ class TransformerDecoderLayer : public Module {
 };
 
 // torch.nn.TransformerEncoder: num_layers copies of `layer` (the same starting parameters and mode, as
-// PyTorch's deep copies) in `layers`, then `norm` when given (PyTorch's norm=).
+// PyTorch's deep copies) in `layers`, then `norm` when given (PyTorch's norm=). PyTorch 1.13's
+// inference fast path (eval, no grad, batch_first, a src_key_padding_mask) runs on nested tensors and
+// gives zeros at the padded positions; Kiln computes them as in training (the other positions agree).
 class TransformerEncoder : public Module {
  public:
   TransformerEncoder(const TransformerEncoderLayer& layer, int64_t num_layers, std::shared_ptr<Module> norm = nullptr);

@@ -46,6 +46,10 @@ Tensor max_unpool(const Tensor& input, const Tensor& indices, int dims, const Sh
              input.sizes().str(), indices.sizes().str());
   KILN_CHECK(indices.device() == input.device(), "{}: indices are on {} but the input is on {}; move them together", op,
              indices.device().str(), input.device().str());
+  for (int d = 1; d < input.dim(); ++d) {  // PyTorch's check: only the first dim may be empty
+    KILN_CHECK(input.size(d) > 0, "{}: expected an input with no empty dim but the first, got shape {} (dim {} is empty)",
+               op, input.sizes().str(), d);
+  }
   const std::vector<int64_t> kernel = per_dim(kernel_size, dims, op, "kernel_size", 1);
   const std::vector<int64_t> stride = stride_in.empty() ? kernel : per_dim(stride_in, dims, op, "stride", 1);
   const std::vector<int64_t> padding = per_dim(padding_in, dims, op, "padding", 0);

@@ -123,6 +123,8 @@ TEST_CASE("a TransformerEncoder's layers start as copies of its layer, and the T
                     {"TransformerEncoderLayer", "\"relu\" or \"gelu\"", "tanh"});
   test::check_error([] { nn::TransformerEncoderLayer(8, 3); }, {"MultiheadAttention", "multiple of num_heads"});
   test::check_error([&] { nn::TransformerEncoder(layer, 0); }, {"TransformerEncoder", "num_layers", "0"});
+  encoder.layers.push_back(nn::Linear(8, 8));
+  test::check_error([&] { encoder(x); }, {"TransformerEncoder", "TransformerEncoderLayer", "Linear"});
   test::check_error([&] { nn::TransformerDecoderLayer(8, 2)(x); }, {"TransformerDecoderLayer", "forward(tgt, memory)"});
   test::check_error([&] { model(x); }, {"nn::Transformer", "forward(src, tgt)"});
   test::check_error(

@@ -345,6 +345,25 @@ TEST_CASE("MultiheadAttention with its masks, kdim, vdim, add_bias_kv, add_zero_
       test::check_close(grads[i], c.at(names[i]));
     }
   }
+  // is_causal is the (L, S) mask that hides the later keys; the appended keys stay visible.
+  for (bool appended : {false, true}) {
+    INFO("add_bias_kv and add_zero_attn " << appended);
+    nn::MultiheadAttention causal(8, 2, {.add_bias_kv = appended, .add_zero_attn = appended});
+    const Tensor q = test::sample({4, 2, 8}), kv = test::sample({4, 2, 8}, kFloat32, 0.3);
+    const Tensor later = ones({4, 4}, TensorOptions().dtype(kBool)).triu(1);
+    const Tensor padding = tensor({{0, 0, 0, 1}, {0, 0, 0, 0}}, kBool);
+    for (const Tensor& keys_padded : {Tensor(), padding}) {
+      const Tensor expected = causal.forward(q, kv, kv, {.attn_mask = later, .key_padding_mask = keys_padded});
+      test::check_close(causal.forward(q, kv, kv, {.key_padding_mask = keys_padded, .is_causal = true}), expected,
+                        {1e-5, 1e-6});
+      auto [y, w] = causal.forward_with_weights(q, kv, kv, {.key_padding_mask = keys_padded, .is_causal = true});
+      test::check_close(y, expected, {1e-5, 1e-6});
+      test::check_close(w, std::get<1>(causal.forward_with_weights(q, kv, kv, {.attn_mask = later,
+                                                                              .key_padding_mask = keys_padded})),
+                        {1e-6, 1e-7});
+    }
+  }
+
   // In training, the weights returned are those after dropout, as PyTorch's: each 0 or 1 / (1 - p)
   // times its value in evaluation.
   nn::MultiheadAttention dropping(8, 2, {.dropout = 0.5, .batch_first = true});

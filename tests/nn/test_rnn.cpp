@@ -72,7 +72,7 @@ TEST_CASE("RNN, LSTM and GRU match torch: layers, directions, batch_first, proj_
     auto [out, h] = gru1.forward(in[0], Tensor());
     return Results{{"out", out}, {"h_n", h}};
   });
-  // forward(x) gives the output alone, so the layers sit in a Sequential.
+  // forward(x) gives the output alone (what a Sequential calls).
   test::check_close(gru1.forward(test::nn_case("gru_unbatched").at("in.0")), test::nn_case("gru_unbatched").at("out"));
 }
 
@@ -144,6 +144,13 @@ TEST_CASE("recurrent layers are differentiable twice, drop out between layers, a
   nn::RNN plain(4, 8, {.bias = false});
   plain.set_parameter("weight_hh_l0", zeros({8, 8}).requires_grad_());
   test::check_close(plain(seq), tanh(matmul(seq, plain.layer_parameters(0, 0)[0].t())));
+
+  // Two parameters of one layer tied together: both directions read the one tensor.
+  nn::GRU tied(4, 8, {.bidirectional = true});
+  tied.set_parameter("weight_hh_l0_reverse", tied.layer_parameters(0, 0)[1]);
+  CHECK(tied.layer_parameters(0, 1)[1].is_same(tied.layer_parameters(0, 0)[1]));
+  CHECK(tied(seq).sizes() == Shape{5, 3, 16});
+  test::check_error([&] { tied(zeros({0, 3, 4})); }, {"nn::GRU", "sequence length", "[0, 3, 4]"});
 
   // PyTorch's initialisation: U(+-1/sqrt(hidden_size)) for every parameter.
   nn::GRU wide(16, 25);

@@ -120,6 +120,9 @@ TEST_CASE("max unpooling's Errors name the argument and what to do", "[nn][layer
   test::check_error([&] { F::max_unpool1d(v.flatten(2), i.flatten(2), 1, 1, 3); },
                     {"max_unpool1d", "dim 2 would have size -2"});
   test::check_error([&] { nn::MaxUnpool2d(2)(v); }, {"nn::MaxUnpool2d", "forward(input, indices)"});
+  test::check_error([] { F::max_unpool1d(zeros({1, 2, 0}), zeros({1, 2, 0}, kInt64), 3, 1); },
+                    {"max_unpool1d", "no empty dim but the first", "dim 2"});
+  CHECK(F::max_unpool2d(zeros({0, 2, 2, 2}), zeros({0, 2, 2, 2}, kInt64), {2}).sizes() == Shape{0, 2, 4, 4});
 }
 
 TEST_CASE("Bilinear matches torch: output and every gradient, batched and one sample, and prints as torch's",
