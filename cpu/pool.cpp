@@ -32,6 +32,16 @@ void for_planes(int64_t planes, int64_t work, const F& fn) {
   });
 }
 
+// The same, by chunks of planes: fn(p0, p1, scratch) with an uninitialized scratch of `scratch_size`
+// T (none when 0) for each chunk.
+template <typename T, typename F>
+void for_plane_chunks(int64_t planes, int64_t work, int64_t scratch_size, const F& fn) {
+  parallel_for(0, planes, plane_grain(work), [&](int64_t p0, int64_t p1) {
+    ScratchBuffer<T> scratch(static_cast<size_t>(scratch_size));
+    fn(p0, p1, scratch.data());
+  });
+}
+
 // Max pooling compares and copies; it does no arithmetic, so every dtype's kernel picks the value the
 // float64 kernel would pick from the same values, and stores it unchanged. Its loops compare Lane<T>s:
 // - float32 and float64: the values themselves;
@@ -197,12 +207,11 @@ void max_pool2d_backward_typed(const View& grad_out, const View& indices, const 
   const T* gy = grad_out.ptr<T>();
   const int64_t* idx = indices.ptr<int64_t>();
   T* gx = grad_in.ptr<T>();
-  parallel_for(0, planes, plane_grain(HW), [&](int64_t p0, int64_t p1) {  // for_planes, with a scratch per run
-    ScratchBuffer<C> sums(kNarrow ? static_cast<size_t>(HW) : 0);
+  for_plane_chunks<C>(planes, HW, kNarrow ? HW : 0, [&](int64_t p0, int64_t p1, C* sums) {
     for (int64_t p = p0; p < p1; ++p) {
       C* gp;  // where the plane's gradient is summed
       if constexpr (kNarrow) {
-        gp = sums.data();
+        gp = sums;
       } else {
         gp = gx + p * HW;
       }
@@ -272,16 +281,6 @@ struct AdaptiveWindows {
   AvgSpan col(int64_t ow) const { return span(ow, W, Wo); }
   double divisor(const AvgSpan& r, const AvgSpan& c) const { return static_cast<double>(r.padded * c.padded); }
 };
-
-// Runs fn(p0, p1, scratch) over the planes of a (N, C, ...) view in parallel, scratch a zeroed buffer of
-// `scratch_size` T per chunk of planes.
-template <typename T, typename F>
-void for_plane_chunks(int64_t planes, int64_t work, int64_t scratch_size, const F& fn) {
-  parallel_for(0, planes, plane_grain(work), [&](int64_t p0, int64_t p1) {
-    std::vector<T> scratch(static_cast<size_t>(scratch_size));
-    fn(p0, p1, scratch.data());
-  });
-}
 
 // Average pooling over separable windows (Note [average pooling is separable]); plain and adaptive
 // average pooling differ only in the Windows.

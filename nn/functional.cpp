@@ -530,12 +530,11 @@ struct Blocks {
   }
 };
 
-// One number for both dims or two; each checked against `least`.
+// One number for both dims or two, each >= least (pair_arg, ops/dispatch.h).
 std::pair<int64_t, int64_t> pair_of(const Shape& v, const char* op, const char* what, int64_t least) {
-  KILN_CHECK(v.size() == 1 || v.size() == 2, "{}: {} must be one number or two, got {}", op, what, v.str());
-  const int64_t a = v[0], b = v.size() == 2 ? v[1] : v[0];
-  KILN_CHECK(a >= least && b >= least, "{}: {} must be >= {}, got {}", op, what, least, v.str());
-  return {a, b};
+  std::pair<int64_t, int64_t> hw;
+  pair_arg(v, op, what, least, hw.first, hw.second);
+  return hw;
 }
 
 Blocks blocks(int64_t height, int64_t width, const Shape& kernel_size, const Shape& dilation, const Shape& padding,

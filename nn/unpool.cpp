@@ -8,6 +8,7 @@
 // differentiable again.
 #include <fmt/format.h>
 
+#include <array>
 #include <span>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "core/error.h"
 #include "nn/conv.h"
 #include "nn/functional.h"
+#include "ops/dispatch.h"
 
 namespace kiln::nn {
 inline namespace functional {
@@ -26,13 +28,20 @@ constexpr const char* kSpatial[] = {"", "L", "H, W", "D, H, W"};
 // A 128-bit size in decimal: exact within 2^53, rounded beyond (only Errors print them).
 std::string decimal(__int128 v) { return fmt::format("{:.0f}", static_cast<double>(v)); }
 
-// One number for all `dims` dims, or one per dim, each >= least.
+// kernel_size, stride or padding: one number for all `dims` dims, or one per dim, each >= least (the
+// 2-D and 3-D ops' rule, ops/dispatch.h).
 std::vector<int64_t> per_dim(const Shape& v, int dims, const char* op, const char* what, int64_t least) {
-  KILN_CHECK(v.size() == 1 || v.size() == dims, "{}: {} must be one number or {}, got {}", op, what, dims, v.str());
-  std::vector<int64_t> out(static_cast<size_t>(dims), v[0]);
-  if (v.size() > 1) out.assign(v.begin(), v.end());
-  for (int64_t x : out) KILN_CHECK(x >= least, "{}: {} must be >= {}, got {}", op, what, least, v.str());
-  return out;
+  if (dims == 3) {
+    const std::array<int64_t, 3> t = triple_arg(v, op, what, least);
+    return {t.begin(), t.end()};
+  }
+  if (dims == 2) {
+    std::vector<int64_t> hw(2);
+    pair_arg(v, op, what, least, hw[0], hw[1]);
+    return hw;
+  }
+  KILN_CHECK(v.size() == 1 && v[0] >= least, "{}: {} must be one number >= {}, got {}", op, what, least, v.str());
+  return {v[0]};
 }
 
 Tensor max_unpool(const Tensor& input, const Tensor& indices, int dims, const Shape& kernel_size,

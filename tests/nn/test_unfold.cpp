@@ -70,16 +70,16 @@ TEST_CASE("unfold, fold and Tensor::unfold refuse bad arguments with Errors that
           "[nn][unfold][errors]") {
   const Tensor x = test::sample({1, 2, 3, 3});
   test::check_error([&] { nn::unfold(x, {4}); }, {"unfold", "(3, 3)", "(4, 4) kernel", "at least one"});
-  test::check_error([&] { nn::unfold(x, {2}, {1}, {-1}); }, {"unfold", "padding must be >= 0"});
-  test::check_error([&] { nn::unfold(x, {2}, {0}); }, {"unfold", "dilation must be >= 1"});
-  test::check_error([&] { nn::unfold(x, {2, 2, 2}); }, {"unfold", "kernel_size", "one number or two"});
+  test::check_error([&] { nn::unfold(x, {2}, {1}, {-1}); }, {"unfold", "padding must be non-negative"});
+  test::check_error([&] { nn::unfold(x, {2}, {0}); }, {"unfold", "dilation must be positive"});
+  test::check_error([&] { nn::unfold(x, {2, 2, 2}); }, {"unfold", "kernel_size", "one or two elements"});
   test::check_error([&] { nn::unfold(ones({2, 3}), {2}); }, {"unfold", "(N, C, H, W)", "2-D"});
   test::check_error([&] { nn::unfold(x, {1}, {int64_t{1} << 40}, {int64_t{1} << 61}); }, {"unfold", "too large"});
   test::check_error([] { nn::fold(ones({1, 5, 4}), {3, 3}, {2}); }, {"fold", "dim 1 (5)", "multiple", "2 x 2 = 4"});
   test::check_error([] { nn::fold(ones({1, 8, 5}), {3, 3}, {2}); },
                     {"fold", "dim 2 (5)", "number of blocks, 2 x 2 = 4", "output_size (3, 3)"});
   test::check_error([] { nn::fold(ones({1, 8, 5, 1}), {3, 3}, {2}); }, {"fold", "(N, C kh kw, L)", "4-D"});
-  test::check_error([] { nn::fold(ones({1, 4, 1}), {-3, 3}, {2}); }, {"fold", "output_size must be >= 0"});
+  test::check_error([] { nn::fold(ones({1, 4, 1}), {-3, 3}, {2}); }, {"fold", "output_size must be non-negative"});
   const Tensor v = arange(10);
   test::check_error([&] { v.unfold(0, 11, 1); }, {"unfold", "size 11", "[0, 10]"});
   test::check_error([&] { v.unfold(0, 2, 0); }, {"unfold", "step must be > 0"});

@@ -111,12 +111,12 @@ TEST_CASE("max unpooling's Errors name the argument and what to do", "[nn][layer
   test::check_error([&] { F::max_unpool2d(v, i.narrow(2, 0, 1), {2}); },
                     {"max_unpool2d", "input's shape [1, 2, 2, 2]", "[1, 2, 1, 2]"});
   test::check_error([&] { F::max_unpool2d(v.flatten(), i.flatten(), {2}); }, {"max_unpool2d", "(N, C, H, W)", "[8]"});
-  test::check_error([&] { F::max_unpool2d(v, i, {2, 2, 2}); }, {"max_unpool2d", "kernel_size", "one number or 2"});
+  test::check_error([&] { F::max_unpool2d(v, i, {2, 2, 2}); }, {"max_unpool2d", "kernel_size", "one or two elements"});
   test::check_error(
       [&] {
         F::max_unpool3d(v.unsqueeze(2), i.unsqueeze(2), {1, 2, 2}, {0, 2, 2});
       },
-      {"max_unpool3d", "stride must be >= 1"});
+      {"max_unpool3d", "stride must be positive"});
   test::check_error([&] { F::max_unpool1d(v.flatten(2), i.flatten(2), 1, 1, 3); },
                     {"max_unpool1d", "dim 2 would have size -2"});
   test::check_error([&] { nn::MaxUnpool2d(2)(v); }, {"nn::MaxUnpool2d", "forward(input, indices)"});
