@@ -4,12 +4,11 @@
 # Usage: /usr/bin/python3 benchmarks/torch_cnn_layers.py [threads] [--autocast bf16] (threads default 2);
 # --autocast bf16 as bench_cnn_layers: the CNN's parts under bfloat16 autocast, the rest skipped.
 import json
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+import torch_timing
 
 args = sys.argv[1:]
 bf16 = args[-2:] == ["--autocast", "bf16"]
@@ -32,14 +31,7 @@ def forward():
 
 
 def median_ms(fn):
-    for _ in range(3):
-        fn()
-    ms = []
-    for _ in range(15):
-        t0 = time.perf_counter()
-        fn()
-        ms.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ms)
+    return torch_timing.median_ms(fn, 3, 15)
 
 
 def report(part, ms):

@@ -3,26 +3,18 @@
 # timing rule: median of 101 runs after 10 warm-up runs), for Debian's /usr/bin/python3 with torch.
 # Usage: /usr/bin/python3 benchmarks/torch_layer_norm.py [threads] (default 2).
 import json
-import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
+import torch_timing
 
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 torch.set_num_threads(threads)
 
 
 def median_ms(fn):
-    for _ in range(10):
-        fn()
-    ms = []
-    for _ in range(101):
-        t0 = time.perf_counter()
-        fn()
-        ms.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ms)
+    return torch_timing.median_ms(fn, 10, 101)
 
 
 for dtype, name in ((torch.float32, "float32"), (torch.float64, "float64")):

@@ -3,25 +3,17 @@
 # of 7 runs after 2 warm-up runs), for Debian's /usr/bin/python3 with torch.
 # Usage: /usr/bin/python3 benchmarks/torch_rnn.py [threads] (default 2).
 import json
-import statistics
 import sys
-import time
 
 import torch
+import torch_timing
 
 threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
 torch.set_num_threads(threads)
 
 
 def median_ms(fn):
-    for _ in range(2):
-        fn()
-    ms = []
-    for _ in range(7):
-        t0 = time.perf_counter()
-        fn()
-        ms.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ms)
+    return torch_timing.median_ms(fn, 2, 7)
 
 
 def report(part, ms):

@@ -3,6 +3,8 @@
 // gradient: linear(), embedding(), nll_loss (and cross_entropy's class-index path), binary_cross_entropy
 // and binary_cross_entropy_with_logits.
 // Reachable as nn::cross_entropy and nn::functional::cross_entropy alike (an inline namespace).
+// Implemented in nn/functional.cpp, the losses and distances in nn/loss.cpp; the losses as modules
+// (nn::CrossEntropyLoss ...) are in nn/loss.h.
 //
 // Losses take an options struct with PyTorch's names and defaults:
 //   nn::cross_entropy(logits, labels, {.ignore_index = 0, .reduction = "sum", .label_smoothing = 0.1})
@@ -10,6 +12,7 @@
 // reduction: "mean" (default), "sum" or "none".
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -294,6 +297,149 @@ struct BCEWithLogitsLossOptions {
 // sigmoid + binary cross-entropy in one numerically stable formula (no overflow for large |x|).
 Tensor binary_cross_entropy_with_logits(const Tensor& input, const Tensor& target,
                                         const BCEWithLogitsLossOptions& options = {});
+
+// ---- margin, embedding and likelihood losses (compositions of ops: any device, differentiable twice) ----
+// Each is PyTorch's formula; the input and target of one shape (Kiln does not broadcast losses), except
+// margin_ranking_loss, which broadcasts as PyTorch's does.
+
+// log(1 + exp(-target * input)), target +-1; computed as softplus, so that it stays finite where
+// PyTorch's exp overflows (target * input below about -710 in float64).
+Tensor soft_margin_loss(const Tensor& input, const Tensor& target, const LossOptions& options = {});
+
+struct MarginRankingLossOptions {
+  double margin = 0;
+  std::string reduction = "mean";
+};
+// max(0, -target * (input1 - input2) + margin): target 1 asks input1 to rank above input2, -1 below.
+// The three have one number of dims and broadcast.
+Tensor margin_ranking_loss(const Tensor& input1, const Tensor& input2, const Tensor& target,
+                           const MarginRankingLossOptions& options = {});
+
+struct HingeEmbeddingLossOptions {
+  double margin = 1;
+  std::string reduction = "mean";
+};
+// input where target is not -1, plus max(0, margin - input) where target is not 1 (so both for a target
+// other than +-1, as PyTorch). input: distances, target +-1 (similar / dissimilar).
+Tensor hinge_embedding_loss(const Tensor& input, const Tensor& target, const HingeEmbeddingLossOptions& options = {});
+
+struct CosineEmbeddingLossOptions {
+  double margin = 0;
+  std::string reduction = "mean";
+};
+// 1 - cos(input1, input2) where target is 1, max(0, cos - margin) where it is -1 (0 elsewhere). input1
+// and input2 (N, D) with target (N), or (D) with a 0-d target; cos = <x1, x2> / sqrt((|x1|^2 + 1e-12)
+// (|x2|^2 + 1e-12)), PyTorch's.
+Tensor cosine_embedding_loss(const Tensor& input1, const Tensor& input2, const Tensor& target,
+                             const CosineEmbeddingLossOptions& options = {});
+
+struct MultiLabelSoftMarginLossOptions {
+  Tensor weight = {};  // (C) or broadcasting to the input: a weight per class
+  std::string reduction = "mean";
+};
+// input (N, C) or (C) logits, target of its shape in [0, 1]: the binary cross-entropy of each class
+// (times weight), averaged over the C classes: a loss per sample, then reduced.
+Tensor multilabel_soft_margin_loss(const Tensor& input, const Tensor& target,
+                                   const MultiLabelSoftMarginLossOptions& options = {});
+
+// input (N, C) or (C); target of its shape, int64 or int32: each row's class indices, ended by the first
+// -1 (the rest is ignored). Per sample the sum over its target classes j and the other classes i of
+// max(0, 1 - (x[j] - x[i])), divided by C.
+Tensor multilabel_margin_loss(const Tensor& input, const Tensor& target, const LossOptions& options = {});
+
+struct MultiMarginLossOptions {
+  int64_t p = 1;  // 1 or 2
+  double margin = 1;
+  Tensor weight = {};  // (C): a weight per target class
+  std::string reduction = "mean";
+};
+// input (N, C) or (C); target (N) class indices (int64 or int32; 0-d or (1) for a (C) input). Per sample
+// sum over i != y of weight[y] max(0, margin - x[y] + x[i])^p, divided by C; the result has the
+// target's shape before reduction. No gradient reaches weight (as PyTorch).
+Tensor multi_margin_loss(const Tensor& input, const Tensor& target, const MultiMarginLossOptions& options = {});
+
+struct TripletMarginLossOptions {
+  double margin = 1;
+  double p = 2;
+  double eps = 1e-6;
+  bool swap = false;  // also measure positive to negative and take the smaller distance
+  std::string reduction = "mean";
+};
+// max(0, d(anchor, positive) - d(anchor, negative) + margin), d = pairwise_distance(p, eps); the three of
+// one number of dims: (N, D) or (D).
+Tensor triplet_margin_loss(const Tensor& anchor, const Tensor& positive, const Tensor& negative,
+                           const TripletMarginLossOptions& options = {});
+
+struct TripletMarginWithDistanceLossOptions {
+  // d(x, y) -> the distance of each pair; pairwise_distance when empty.
+  std::function<Tensor(const Tensor&, const Tensor&)> distance_function = {};
+  double margin = 1;
+  bool swap = false;
+  std::string reduction = "mean";
+};
+Tensor triplet_margin_with_distance_loss(const Tensor& anchor, const Tensor& positive, const Tensor& negative,
+                                         const TripletMarginWithDistanceLossOptions& options = {});
+
+struct PoissonNLLLossOptions {
+  bool log_input = true;  // the input is log(rate): exp(input) - target input; else input - target log(input + eps)
+  bool full = false;      // add Stirling's target log(target) - target + 0.5 log(2 pi target) where target > 1
+  double eps = 1e-8;
+  std::string reduction = "mean";
+};
+Tensor poisson_nll_loss(const Tensor& input, const Tensor& target, const PoissonNLLLossOptions& options = {});
+
+struct GaussianNLLLossOptions {
+  bool full = false;  // add 0.5 log(2 pi)
+  double eps = 1e-6;  // var is clamped to it from below (the gradient passes the clamp, as PyTorch's)
+  std::string reduction = "mean";
+};
+// 0.5 (log(var) + (input - target)^2 / var). var: the input's shape, or it without the last dim, or with
+// a last dim of 1 (one variance per row); no entry negative.
+Tensor gaussian_nll_loss(const Tensor& input, const Tensor& target, const Tensor& var,
+                         const GaussianNLLLossOptions& options = {});
+
+struct CTCLossOptions {
+  int64_t blank = 0;
+  std::string reduction = "mean";  // "mean": each sample's loss over its target length (at least 1), then their mean
+  bool zero_infinity = false;      // an impossible alignment's infinite loss becomes 0
+};
+// Connectionist temporal classification (Graves et al., 2006), as torch.nn.functional.ctc_loss: minus the
+// log of the summed probability of every frame-wise path that collapses (repeats merged, blanks dropped)
+// to the target. log_probs (T, N, C) or unbatched (T, C): log-softmax outputs over C classes, blank
+// included; targets (N, S) padded, or 1-D holding the batch's targets one after another (unbatched: the
+// one target);
+// input_lengths and target_lengths (N) (unbatched: 0-d), integer tensors read on the host: frames used
+// per sample (<= T) and target length. A composition of ops over the T frames (Note [ctc as ops] in
+// nn/loss.cpp). Its gradient with respect to log_probs is the derivative; PyTorch's native one adds
+// exp(log_probs), which a log_softmax's backward cancels, so through a log_softmax the two agree. An
+// infinite loss (a target too long for its frames) passes no gradient (PyTorch's NaN).
+Tensor ctc_loss(const Tensor& log_probs, const Tensor& targets, const Tensor& input_lengths,
+                const Tensor& target_lengths, const CTCLossOptions& options = {});
+
+// ---- distances ----
+struct NormalizeOptions {
+  double p = 2;
+  int64_t dim = 1;
+  double eps = 1e-12;
+};
+// input / max(||input||_p over dim, eps), as torch.nn.functional.normalize.
+Tensor normalize(const Tensor& input, const NormalizeOptions& options = {});
+
+struct CosineSimilarityOptions {
+  int64_t dim = 1;
+  double eps = 1e-8;
+};
+// sum over dim of (x1 / max(|x1|, eps)) (x2 / max(|x2|, eps)), x1 and x2 broadcast; PyTorch 1.13's
+// formula and gradient (see Note [cosine similarity's clamped norm] in nn/loss.cpp).
+Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, const CosineSimilarityOptions& options = {});
+
+struct PairwiseDistanceOptions {
+  double p = 2;
+  double eps = 1e-6;  // added to the difference
+  bool keepdim = false;
+};
+// ||x1 - x2 + eps||_p over the last dim (of the one with more dims), x1 and x2 broadcast.
+Tensor pairwise_distance(const Tensor& x1, const Tensor& x2, const PairwiseDistanceOptions& options = {});
 
 }  // namespace functional
 }  // namespace kiln::nn

@@ -9,6 +9,7 @@
 #include "nn/functional.h"
 #include "nn/init.h"
 #include "nn/linear.h"
+#include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/norm.h"
 #include "nn/resample.h"

@@ -1,7 +1,8 @@
 // ops/autocast.cpp: the autocast policy table, the per-thread state, the cast cache and the guards.
 // See Note [autocast] and Note [autocast cache] in ops/autocast.h; the ops that read the table
 // begin with an OpScope (ops/linalg.cpp, conv.cpp, elementwise.cpp, reduce.cpp, softmax.cpp,
-// norm.cpp, shape_ops.cpp, index.cpp, attention.cpp; linear and the losses in nn/functional.cpp).
+// norm.cpp, shape_ops.cpp, index.cpp, attention.cpp; linear in nn/functional.cpp, the losses and
+// cosine_similarity in nn/loss.cpp).
 #include "ops/autocast.h"
 
 #include <iterator>
@@ -41,7 +42,9 @@ struct Row {
 // Kiln's own 16-bit kernels compute in float32 and round the result (cpu/matmul.cpp, ops/norm.cpp).
 // Not on any list, so they run in their inputs' dtypes: the elementwise arithmetic (add, mul...,
 // which promote mixed dtypes by themselves), activations (relu, gelu, tanh...), mean, var,
-// batch_norm, rms_norm, pooling, embedding, dropout.
+// batch_norm, rms_norm, pooling, embedding, dropout, and the losses PyTorch composes in Python
+// (gaussian_nll_loss, multilabel_soft_margin_loss, triplet_margin_with_distance_loss), whose inner
+// ops follow their own rows.
 constexpr Row kTable[] = {
     // op                                name                                 CPU       CUDA
     {Op::Matmul,                       "matmul",                            kLower,   kLower},
@@ -70,13 +73,24 @@ constexpr Row kTable[] = {
     {Op::LogSoftmax,                   "log_softmax",                       kNone,    kFp32},
     {Op::LayerNorm,                    "layer_norm",                        kNone,    kFp32},
     {Op::GroupNorm,                    "group_norm",                        kNone,    kFp32},
+    {Op::CosineSimilarity,             "cosine_similarity",                 kNone,    kFp32},
     {Op::NllLoss,                      "nll_loss",                          kFp32,    kFp32},
     {Op::CrossEntropy,                 "cross_entropy",                     kFp32,    kFp32},
     {Op::MseLoss,                      "mse_loss",                          kFp32,    kFp32},
     {Op::L1Loss,                       "l1_loss",                           kFp32,    kFp32},
     {Op::SmoothL1Loss,                 "smooth_l1_loss",                    kFp32,    kFp32},
+    {Op::HuberLoss,                    "huber_loss",                        kFp32,    kFp32},
+    {Op::KlDiv,                        "kl_div",                            kFp32,    kFp32},
     {Op::BinaryCrossEntropyWithLogits, "binary_cross_entropy_with_logits",  kFp32,    kFp32},
     {Op::BinaryCrossEntropy,           "binary_cross_entropy",              kFp32,    kBanned},
+    {Op::SoftMarginLoss,               "soft_margin_loss",                  kFp32,    kFp32},
+    {Op::MarginRankingLoss,            "margin_ranking_loss",               kFp32,    kFp32},
+    {Op::HingeEmbeddingLoss,           "hinge_embedding_loss",              kFp32,    kFp32},
+    {Op::CosineEmbeddingLoss,          "cosine_embedding_loss",             kFp32,    kFp32},
+    {Op::MultilabelMarginLoss,         "multilabel_margin_loss",            kFp32,    kFp32},
+    {Op::MultiMarginLoss,              "multi_margin_loss",                 kFp32,    kFp32},
+    {Op::TripletMarginLoss,            "triplet_margin_loss",               kFp32,    kFp32},
+    {Op::PoissonNllLoss,               "poisson_nll_loss",                  kFp32,    kFp32},
     {Op::Cat,                          "cat",                               kPromote, kNone},
     {Op::Stack,                        "stack",                             kPromote, kNone},
     {Op::ScatterAdd,                   "scatter_add",                       kNone,    kPromote},

@@ -90,10 +90,11 @@ enum class Op : uint8_t {
   // float32: pointwise ops with a wide range or a large derivative
   Exp, Expm1, Log, Log1p, Reciprocal, Rsqrt, Pow, Softplus,
   // float32: reductions and normalisations
-  Sum, Prod, Norm, Logsumexp, Softmax, LogSoftmax, LayerNorm, GroupNorm,
+  Sum, Prod, Norm, Logsumexp, Softmax, LogSoftmax, LayerNorm, GroupNorm, CosineSimilarity,
   // float32: losses
-  NllLoss, CrossEntropy, MseLoss, L1Loss, SmoothL1Loss, BinaryCrossEntropyWithLogits,
-  BinaryCrossEntropy,
+  NllLoss, CrossEntropy, MseLoss, L1Loss, SmoothL1Loss, HuberLoss, KlDiv, BinaryCrossEntropyWithLogits,
+  BinaryCrossEntropy, SoftMarginLoss, MarginRankingLoss, HingeEmbeddingLoss, CosineEmbeddingLoss,
+  MultilabelMarginLoss, MultiMarginLoss, TripletMarginLoss, PoissonNllLoss,
   // promote
   Cat, Stack, ScatterAdd,
   kCount

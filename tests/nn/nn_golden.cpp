@@ -158,4 +158,30 @@ void check_layer(nn::Module& layer, const std::string& case_name, bool train) {
   }
 }
 
+void check_loss(const std::string& name, const LossFn& fn) {
+  INFO("golden case " << name);
+  const NnCase& c = nn_case(name);
+  std::vector<Tensor> in;
+  for (int i = 0; c.has("in." + std::to_string(i)); ++i) {
+    Tensor x = c.at("in." + std::to_string(i)).clone();
+    if (c.has("g.in." + std::to_string(i))) x.requires_grad_();
+    in.push_back(x);
+  }
+  Tensor y = fn(in);
+  check_close(y, c.at("out"));
+  std::vector<Tensor> targets;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < in.size(); ++i) {
+    if (in[i].requires_grad()) {
+      targets.push_back(in[i]);
+      names.push_back("g.in." + std::to_string(i));
+    }
+  }
+  auto grads = autograd::grad({y}, targets, {c.at("cot")});
+  for (size_t i = 0; i < grads.size(); ++i) {
+    INFO("gradient " << names[i]);
+    check_close(grads[i], c.at(names[i]));
+  }
+}
+
 }  // namespace kiln::test

@@ -2,6 +2,7 @@
 // the format is in that script's header) and checks Kiln layers against it.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -35,5 +36,10 @@ std::vector<Tensor> load_case(nn::Module& module, const NnCase& c);
 // every parameter of `module` (against g.<name>); the case must hold exactly the module's parameters.
 void check_gradients(const std::vector<Tensor>& outputs, const std::vector<Tensor>& cots,
                      const std::vector<Tensor>& inputs, const nn::Module& module, const NnCase& c);
+
+// A loss or another function of the case's inputs: runs fn on in.0, in.1, ... (those that have a
+// g.in.<i> require grad) and checks out and those gradients of <out, cot>.
+using LossFn = std::function<Tensor(const std::vector<Tensor>&)>;
+void check_loss(const std::string& name, const LossFn& fn);
 
 }  // namespace kiln::test

@@ -116,6 +116,7 @@ std::vector<EdgeOp> edge_ops() {
   u("alpha_dropout train", [](const Tensor& a) { return nn::alpha_dropout(a, 0.3, true); });
   u("feature_alpha_dropout train", [](const Tensor& a) { return nn::feature_alpha_dropout(a, 0.5, true); });
   u("alpha_dropout 1", [](const Tensor& a) { return nn::alpha_dropout(a, 1.0, true); });
+  u("normalize", [](const Tensor& a) { return nn::normalize(a, {.p = 3, .dim = -1}); });
   // reductions
   u("sum", [](const Tensor& a) { return sum(a); });
   u("mean", [](const Tensor& a) { return mean(a); });
@@ -308,6 +309,22 @@ std::vector<EdgeOp> edge_ops() {
   b("huber delta -1", [](const Tensor& a, const Tensor& c) { return nn::huber_loss(a, c, {.delta = -1}); });
   b("kl_div", [](const Tensor& a, const Tensor& c) { return nn::kl_div(a, c); });
   b("binary_cross_entropy", [](const Tensor& a, const Tensor& c) { return nn::binary_cross_entropy(a, c); });
+  b("soft_margin_loss", [](const Tensor& a, const Tensor& c) { return nn::soft_margin_loss(a, c); });
+  b("margin_ranking_loss", [](const Tensor& a, const Tensor& c) { return nn::margin_ranking_loss(a, c, c); });
+  b("hinge_embedding_loss", [](const Tensor& a, const Tensor& c) { return nn::hinge_embedding_loss(a, c); });
+  b("cosine_embedding_loss", [](const Tensor& a, const Tensor& c) { return nn::cosine_embedding_loss(a, a, c); });
+  b("multilabel_soft_margin_loss weight",
+    [](const Tensor& a, const Tensor& c) { return nn::multilabel_soft_margin_loss(a, a, {.weight = c}); });
+  b("multilabel_margin_loss", [](const Tensor& a, const Tensor& c) { return nn::multilabel_margin_loss(a, c); });
+  b("multi_margin_loss p 2 weight",
+    [](const Tensor& a, const Tensor& c) { return nn::multi_margin_loss(a, c, {.p = 2, .weight = a.select(0, 0)}); });
+  b("triplet_margin_loss swap",
+    [](const Tensor& a, const Tensor& c) { return nn::triplet_margin_loss(a, c, a, {.swap = true}); });
+  b("poisson_nll_loss full", [](const Tensor& a, const Tensor& c) { return nn::poisson_nll_loss(a, c, {.full = true}); });
+  b("gaussian_nll_loss", [](const Tensor& a, const Tensor& c) { return nn::gaussian_nll_loss(a, a, c); });
+  b("cosine_similarity", [](const Tensor& a, const Tensor& c) { return nn::cosine_similarity(a, c); });
+  b("pairwise_distance", [](const Tensor& a, const Tensor& c) { return nn::pairwise_distance(a, c); });
+  b("ctc_loss", [](const Tensor& a, const Tensor& c) { return nn::ctc_loss(a, c, c, c); });
   b("conv2d", [](const Tensor& a, const Tensor& c) { return conv2d(a, c); });
   b("conv1d stride 0", [](const Tensor& a, const Tensor& c) { return conv1d(a, c, {}, 0); });
   b("conv_transpose1d", [](const Tensor& a, const Tensor& c) { return conv_transpose1d(a, c); });
