@@ -57,6 +57,17 @@ TEST_CASE("The nn headers' examples compile and run", "[nn][examples]") {
   CHECK(nn::ConstantPad2d({1, 1, 2, 0}, 3.5)(image).sizes() == Shape{1, 3, 18, 22});
   CHECK(nn::Upsample({.scale_factor = {2}, .mode = "bilinear"})(image).sizes() == Shape{1, 3, 32, 40});
 
+  // nn/loss.h
+  nn::CrossEntropyLoss criterion({.ignore_index = 0, .label_smoothing = 0.1});
+  Tensor criterion_loss = criterion(logits, labels);
+  CHECK(criterion_loss.item<float>() ==
+        Approx(nn::cross_entropy(logits, labels, {.ignore_index = 0, .label_smoothing = 0.1}).item<float>()));
+  Tensor anchor = test::sample({4, 6}), positive = test::sample({4, 6}, kFloat32, 1);
+  Tensor negative = test::sample({4, 6}, kFloat32, 2);
+  nn::TripletMarginLoss triplet({.margin = 0.5});
+  Tensor t = triplet(anchor, positive, negative);
+  CHECK(t.dim() == 0);
+
   // nn/module.h, Module::set_parameter
   nn::Embedding embedding(10, 8);
   nn::Linear head(8, 10, {.bias = false});
