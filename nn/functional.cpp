@@ -3,6 +3,7 @@
 // differentiable again). The losses and distances are in nn/loss.cpp.
 #include "nn/functional.h"
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <string_view>
@@ -205,6 +206,140 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, const EmbeddingFun
                      });
   }
   return y;
+}
+
+namespace {
+
+// Where each bag of embedding_bag starts and ends in the flattened input, read on the host.
+struct Bags {
+  std::vector<int64_t> start, end;
+  int64_t count() const { return static_cast<int64_t>(start.size()); }
+};
+
+Bags bags_of(const Tensor& input, const EmbeddingBagFuncOptions& options, const char* op) {
+  Bags bags;
+  if (input.dim() == 2) {
+    KILN_CHECK(!options.offsets.defined(), "{}: a 2-D input (bags, L) is its own bags; leave offsets undefined", op);
+    for (int64_t b = 0; b < input.size(0); ++b) {
+      bags.start.push_back(b * input.size(1));
+      bags.end.push_back((b + 1) * input.size(1));
+    }
+    return bags;
+  }
+  const Tensor& offsets = options.offsets;
+  KILN_CHECK(offsets.defined() && offsets.dim() == 1 && (offsets.dtype() == kInt64 || offsets.dtype() == kInt32),
+             "{}: a 1-D input needs offsets, a 1-D int64 or int32 tensor of where each bag starts, got {}", op,
+             offsets.defined() ? fmt::format("{} of shape {}", dtype_name(offsets.dtype()), offsets.sizes().str())
+                               : std::string("none"));
+  const std::vector<int64_t> at = offsets.to(kInt64).to(Device::cpu()).to_vector<int64_t>();
+  const int64_t n = input.numel(), entries = static_cast<int64_t>(at.size());
+  KILN_CHECK(!options.include_last_offset || entries >= 1,
+             "{}: with include_last_offset, offsets needs at least one entry (the end of the last bag)", op);
+  KILN_CHECK(entries == 0 || at[0] == 0, "{}: offsets[0] is {}; the first bag must start at the input's start, 0", op,
+             entries == 0 ? 0 : at[0]);
+  for (int64_t i = 1; i < entries; ++i) {
+    KILN_CHECK(at[i] >= at[i - 1], "{}: offsets must not decrease, but offsets[{}] = {} < offsets[{}] = {}", op, i,
+               at[i], i - 1, at[i - 1]);
+  }
+  KILN_CHECK(entries == 0 || at.back() <= n, "{}: offsets[{}] is {}, past the input's {} indices", op, entries - 1,
+             entries == 0 ? 0 : at.back(), n);
+  const int64_t count = options.include_last_offset ? entries - 1 : entries;
+  for (int64_t b = 0; b < count; ++b) {
+    bags.start.push_back(at[b]);
+    bags.end.push_back(b + 1 < entries ? at[b + 1] : n);
+  }
+  return bags;
+}
+
+}  // namespace
+
+Tensor embedding_bag(const Tensor& input, const Tensor& weight, const EmbeddingBagFuncOptions& options) {
+  const char* op = "embedding_bag";
+  const std::string& mode = options.mode;
+  KILN_CHECK(mode == "sum" || mode == "mean" || mode == "max", "{}: mode '{}' is not one of 'sum', 'mean', 'max'", op,
+             mode);
+  KILN_CHECK(weight.dim() == 2 && weight.is_floating_point(),
+             "{}: weight must be a 2-D floating tensor (num_embeddings, embedding_dim), got {} of shape {}", op,
+             dtype_name(weight.dtype()), weight.sizes().str());
+  KILN_CHECK(input.dim() == 1 || input.dim() == 2,
+             "{}: input must be 2-D (bags, L), or 1-D with offsets, got shape {}", op, input.sizes().str());
+  const Tensor& psw = options.per_sample_weights;
+  if (psw.defined()) {
+    KILN_CHECK(mode == "sum", "{}: per_sample_weights needs mode 'sum', got '{}'", op, mode);
+    KILN_CHECK(psw.sizes() == input.sizes() && psw.dtype() == weight.dtype(),
+               "{}: per_sample_weights ({} of shape {}) must have the input's shape {} and the weight's dtype {}", op,
+               dtype_name(psw.dtype()), psw.sizes().str(), input.sizes().str(), dtype_name(weight.dtype()));
+  }
+  const Bags bags = bags_of(input, options, op);
+  const int64_t n = input.numel(), dim = weight.size(1);
+  // Each flattened index's bag, and whether it counts: in a bag, and not padding_idx.
+  std::vector<int64_t> bag_of(n, -1);
+  int64_t longest = 0;
+  for (int64_t b = 0; b < bags.count(); ++b) {
+    for (int64_t i = bags.start[b]; i < bags.end[b]; ++i) bag_of[i] = b;
+    longest = std::max(longest, bags.end[b] - bags.start[b]);
+  }
+  const Tensor flat = input.reshape({-1});
+  Tensor rows = embedding(flat, weight,
+                          EmbeddingFuncOptions{.padding_idx = options.padding_idx, .max_norm = options.max_norm,
+                                               .norm_type = options.norm_type,
+                                               .scale_grad_by_freq = options.scale_grad_by_freq});  // (n, D)
+  if (psw.defined()) rows = rows * psw.reshape({-1, 1});
+  const Device device = weight.device();
+  const Tensor bag_index = from_vector(bag_of, {n}, device);
+  Tensor counted = bag_index.ge(0);
+  if (options.padding_idx) {
+    const int64_t pad = *options.padding_idx < 0 ? *options.padding_idx + weight.size(0) : *options.padding_idx;
+    counted = counted.logical_and(flat.ne(pad));
+  }
+  const Tensor kept = where(counted.unsqueeze(1), rows, 0.0);
+  if (mode != "max") {
+    const Tensor into = bag_index.clamp(0);  // the rows in no bag are zero
+    Tensor out = index_add(zeros({bags.count(), dim}, weight.options()), 0, into, kept);
+    if (mode == "sum") return out;
+    const Tensor counts = index_add(zeros({bags.count()}, weight.options()), 0, into, counted.to(weight.dtype()));
+    return out / counts.clamp(1).unsqueeze(1);
+  }
+  if (longest == 0) return zeros({bags.count(), dim}, weight.options());
+  // max: the bags padded to the longest, (B, L, D), the padding at -inf.
+  std::vector<int64_t> position(bags.count() * longest, 0);
+  std::vector<uint8_t> in_bag(bags.count() * longest, 0);
+  for (int64_t b = 0; b < bags.count(); ++b) {
+    for (int64_t j = 0; j < bags.end[b] - bags.start[b]; ++j) {
+      position[b * longest + j] = bags.start[b] + j;
+      in_bag[b * longest + j] = 1;
+    }
+  }
+  const Tensor at = from_vector(position, {bags.count() * longest}, device);
+  const Tensor valid = from_vector(in_bag, {bags.count(), longest}, device).to(kBool).logical_and(
+      counted.index_select(0, at).view({bags.count(), longest}));
+  const Tensor padded = rows.index_select(0, at).view({bags.count(), longest, dim});
+  const Tensor most = padded.masked_fill(valid.logical_not().unsqueeze(2), -INFINITY).amax({1});
+  return where(valid.any(1, true), most, 0.0);  // an empty bag (or one of padding only) gives zeros
+}
+
+Tensor channel_shuffle(const Tensor& input, int64_t groups) {
+  KILN_CHECK(input.dim() >= 3, "channel_shuffle: input must be (N, C, *) with at least one dim after C, got shape {}",
+             input.sizes().str());
+  const int64_t channels = input.size(1);
+  KILN_CHECK(groups > 0 && channels % groups == 0,
+             "channel_shuffle: groups ({}) must be positive and divide the {} channels", groups, channels);
+  Shape split = input.sizes();
+  split[1] = channels / groups;
+  split.insert(1, groups);  // (N, groups, C / groups, *)
+  return input.reshape(split).transpose(1, 2).reshape(input.sizes());
+}
+
+Tensor local_response_norm(const Tensor& input, int64_t size, double alpha, double beta, double k) {
+  KILN_CHECK(input.dim() >= 3, "local_response_norm: input must be (N, C, *) with at least one dim after C, got shape {}",
+             input.sizes().str());
+  KILN_CHECK(size > 0, "local_response_norm: size must be positive, got {}", size);
+  if (input.numel() == 0) return input;
+  // The squares as (N, 1, C, rest), zero-padded along C, averaged over windows of `size` channels.
+  const int64_t n = input.size(0), c = input.size(1), rest = input.numel() / (n * c);
+  const Tensor squares = pad(input.square().reshape({n, 1, c, rest}), {0, 0, size / 2, (size - 1) / 2});
+  const Tensor mean = avg_pool2d(squares, {size, 1}, {1, 1}).reshape(input.sizes());
+  return input / (mean * alpha + k).pow(beta);
 }
 
 // ---- activations with parameters ----

@@ -98,6 +98,29 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, const EmbeddingFun
 // PyTorch's torch.embedding_renorm_: the rows of weight (V, C) that indices reference, each once, whose
 // norm_type-norm is above max_norm, times max_norm / (norm + 1e-7); the norm and the factor in float64.
 Tensor& embedding_renorm_(Tensor& weight, const Tensor& indices, double max_norm, double norm_type = 2);
+// torch.nn.functional.embedding_bag's other arguments, in its order:
+//   nn::embedding_bag(tokens, weight, {.offsets = starts, .mode = "sum", .per_sample_weights = w});
+struct EmbeddingBagFuncOptions {
+  Tensor offsets = {};  // a 1-D input's bags: where each starts (1-D, int64 or int32; first 0, none decreasing)
+  std::optional<double> max_norm = {};  // as embedding's
+  double norm_type = 2;
+  bool scale_grad_by_freq = false;
+  std::string mode = "mean";            // "sum", "mean" or "max" over each bag's embeddings
+  Tensor per_sample_weights = {};       // the input's shape: each embedding's factor ("sum" only)
+  bool include_last_offset = false;     // offsets has one entry more than there are bags: the last bag's end
+  std::optional<int64_t> padding_idx = {};  // that index is left out of its bag (and of the mean's count)
+};
+// The embeddings of each bag of indices reduced by mode -> (B, embedding_dim): input (B, L) is B bags of L
+// indices; a 1-D input is cut into bags at offsets. An empty bag gives zeros. Sum and mean add each row
+// into its bag (index_add), so no (B, L, embedding_dim) tensor is formed; max pads the bags to the longest.
+Tensor embedding_bag(const Tensor& input, const Tensor& weight, const EmbeddingBagFuncOptions& options = {});
+// input (N, C, *) -> the same, each channel's group of C / groups moved so that the groups interleave:
+// channel g (C / groups) + i goes to i groups + g (torch.nn.functional.channel_shuffle, ShuffleNet's).
+Tensor channel_shuffle(const Tensor& input, int64_t groups);
+// Each element of input (N, C, *) over (k + alpha / size * (sum of the squares of the `size` channels
+// around it, zero beyond the ends))^beta: the window runs from size / 2 channels before to (size - 1) / 2
+// after (torch.nn.functional.local_response_norm, AlexNet's).
+Tensor local_response_norm(const Tensor& input, int64_t size, double alpha = 1e-4, double beta = 0.75, double k = 1.0);
 
 // ---- resampling and instance norm (compositions of ops: any device, differentiable twice) ----
 // torch.nn.functional.interpolate's arguments:

@@ -165,6 +165,58 @@ std::string Embedding::extra_repr() const {
   return s;
 }
 
+EmbeddingBag::EmbeddingBag(int64_t num_embeddings, int64_t embedding_dim, EmbeddingBagOptions options)
+    : num_embeddings(num_embeddings), embedding_dim(embedding_dim), options(std::move(options)) {
+  KILN_CHECK(num_embeddings >= 0 && embedding_dim >= 0,
+             "nn::EmbeddingBag: num_embeddings ({}) and embedding_dim ({}) must be non-negative", num_embeddings,
+             embedding_dim);
+  const std::string& mode = this->options.mode;
+  KILN_CHECK(mode == "sum" || mode == "mean" || mode == "max",
+             "nn::EmbeddingBag: mode '{}' is not one of 'sum', 'mean', 'max'", mode);
+  std::optional<int64_t>& padding_idx = this->options.padding_idx;
+  if (padding_idx) {
+    KILN_CHECK(*padding_idx < num_embeddings && *padding_idx >= -num_embeddings,
+               "nn::EmbeddingBag: padding_idx {} must be within [-{}, {})", *padding_idx, num_embeddings,
+               num_embeddings);
+    if (*padding_idx < 0) *padding_idx += num_embeddings;
+  }
+  weight = register_parameter("weight", empty({num_embeddings, embedding_dim}));
+  init::normal_(weight);
+  if (padding_idx) {
+    NoGradGuard no_grad;
+    weight[*padding_idx].zero_();
+  }
+}
+
+Tensor EmbeddingBag::forward(const Tensor& input, const Tensor& offsets, const Tensor& per_sample_weights) {
+  return embedding_bag(input, weight,
+                       EmbeddingBagFuncOptions{.offsets = offsets,
+                                               .max_norm = options.max_norm,
+                                               .norm_type = options.norm_type,
+                                               .scale_grad_by_freq = options.scale_grad_by_freq,
+                                               .mode = options.mode,
+                                               .per_sample_weights = per_sample_weights,
+                                               .include_last_offset = options.include_last_offset,
+                                               .padding_idx = options.padding_idx});
+}
+
+// As PyTorch's: the options that differ from their defaults, and the mode always.
+std::string EmbeddingBag::extra_repr() const {
+  std::string s = fmt::format("{}, {}", num_embeddings, embedding_dim);
+  if (options.max_norm) s += ", max_norm=" + py_float(*options.max_norm);
+  if (options.norm_type != 2) s += ", norm_type=" + py_float(options.norm_type);
+  if (options.scale_grad_by_freq) s += ", scale_grad_by_freq=True";
+  s += ", mode=" + options.mode;
+  if (options.padding_idx) s += fmt::format(", padding_idx={}", *options.padding_idx);
+  return s;
+}
+
+std::string Unflatten::extra_repr() const {
+  std::string sizes;
+  for (int i = 0; i < unflattened_size.size(); ++i) sizes += (i ? ", " : "") + std::to_string(unflattened_size[i]);
+  return fmt::format("dim={}, unflattened_size=({}{})", dim, sizes, unflattened_size.size() == 1 ? "," : "");
+}
+
 std::string Flatten::extra_repr() const {
   return fmt::format("start_dim={}, end_dim={}", options.start_dim, options.end_dim);
 }

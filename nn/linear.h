@@ -1,7 +1,9 @@
-// nn/linear.h: Linear, Bilinear, Embedding, Flatten and Identity. Their functional forms are in nn/functional.h.
+// nn/linear.h: Linear, Bilinear, Embedding, EmbeddingBag, Flatten, Unflatten and Identity. Their functional
+// forms are in nn/functional.h.
 #pragma once
 
 #include <optional>
+#include <string>
 
 #include "nn/module.h"
 
@@ -77,6 +79,36 @@ class Embedding : public Module {
   void set_options(const EmbeddingOptions& options);
 };
 
+// As torch.nn.EmbeddingBag's keyword arguments (see nn::functional::EmbeddingBagFuncOptions); sparse
+// gradients are not offered.
+struct EmbeddingBagOptions {
+  std::optional<double> max_norm = {};
+  double norm_type = 2;
+  bool scale_grad_by_freq = false;
+  std::string mode = "mean";  // "sum", "mean" or "max"
+  bool include_last_offset = false;
+  std::optional<int64_t> padding_idx = {};
+};
+
+// Bags of indices -> (bags, embedding_dim): the sum, mean or max of each bag's embeddings, without the
+// (bags, L, embedding_dim) tensor of Embedding followed by a reduction. weight ~ N(0, 1), the padding row
+// zero, as PyTorch. forward(input (B, L)), or forward(input (n), offsets (B)) for bags of any length.
+class EmbeddingBag : public Module {
+ public:
+  EmbeddingBag(int64_t num_embeddings, int64_t embedding_dim, EmbeddingBagOptions options = {});
+  Tensor forward(const Tensor& input) override { return forward(input, Tensor()); }
+  Tensor forward(const Tensor& input, const Tensor& offsets, const Tensor& per_sample_weights = {});
+  using Module::operator();  // bag(input): through the hooks
+  Tensor operator()(const Tensor& input, const Tensor& offsets, const Tensor& per_sample_weights = {}) {
+    return forward(input, offsets, per_sample_weights);
+  }
+  std::string extra_repr() const override;
+
+  int64_t num_embeddings, embedding_dim;
+  EmbeddingBagOptions options;  // padding_idx normalised to [0, num_embeddings)
+  Tensor weight;                // (num_embeddings, embedding_dim)
+};
+
 struct FlattenOptions {
   int64_t start_dim = 1;
   int64_t end_dim = -1;
@@ -89,6 +121,18 @@ class Flatten : public Module {
   std::string extra_repr() const override;
 
   FlattenOptions options;
+};
+
+// input.unflatten(dim, unflattened_size): dim split into unflattened_size (one entry may be -1), as
+// torch.nn.Unflatten.
+class Unflatten : public Module {
+ public:
+  Unflatten(int64_t dim, Shape unflattened_size) : dim(dim), unflattened_size(unflattened_size) {}
+  Tensor forward(const Tensor& input) override { return input.unflatten(dim, unflattened_size); }
+  std::string extra_repr() const override;
+
+  int64_t dim;
+  Shape unflattened_size;
 };
 
 class Identity : public Module {

@@ -12,6 +12,7 @@
 #include "nn/loss.h"
 #include "nn/module.h"
 #include "nn/norm.h"
+#include "nn/packed_sequence.h"
 #include "nn/resample.h"
 #include "nn/rnn.h"
 #include "nn/transformer.h"

@@ -154,6 +154,17 @@ GroupNorm::GroupNorm(int64_t num_groups, int64_t num_channels, GroupNormOptions 
 
 Tensor GroupNorm::forward(const Tensor& input) { return group_norm(input, num_groups, weight, bias, options.eps); }
 
+LocalResponseNorm::LocalResponseNorm(int64_t size, LocalResponseNormOptions options) : size(size), options(options) {
+  KILN_CHECK(size > 0, "nn::LocalResponseNorm: size must be positive, got {}", size);
+}
+Tensor LocalResponseNorm::forward(const Tensor& input) {
+  return local_response_norm(input, size, options.alpha, options.beta, options.k);
+}
+std::string LocalResponseNorm::extra_repr() const {
+  return fmt::format("{}, alpha={}, beta={}, k={}", size, py_float(options.alpha), py_float(options.beta),
+                     py_float(options.k));
+}
+
 std::string GroupNorm::extra_repr() const {
   return fmt::format("{}, {}, eps={}, affine={}", num_groups, num_channels, py_float(options.eps),
                      py_bool(options.affine));

@@ -1,5 +1,5 @@
 // nn/norm.h: BatchNorm1d/2d/3d, InstanceNorm1d/2d/3d, LayerNorm, RMSNorm and GroupNorm over the ops of
-// ops/ops.h (norm.cpp) and nn::functional::instance_norm, and the dropout layers (Dropout,
+// ops/ops.h (norm.cpp) and nn::functional::instance_norm, LocalResponseNorm, and the dropout layers (Dropout,
 // Dropout1d/2d/3d, AlphaDropout, FeatureAlphaDropout). Affine weights start at one and biases at zero,
 // as PyTorch.
 #pragma once
@@ -164,6 +164,22 @@ class GroupNorm : public Module {
   int64_t num_groups, num_channels;
   GroupNormOptions options;
   Tensor weight, bias;  // (C)
+};
+
+struct LocalResponseNormOptions {
+  double alpha = 1e-4;
+  double beta = 0.75;
+  double k = 1.0;
+};
+// nn::functional::local_response_norm over windows of `size` channels (AlexNet's); no parameters.
+class LocalResponseNorm : public Module {
+ public:
+  explicit LocalResponseNorm(int64_t size, LocalResponseNormOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  int64_t size;
+  LocalResponseNormOptions options;
 };
 
 // The dropout layers' common part (PyTorch's _DropoutNd): p, checked in [0, 1] when the layer is made,

@@ -216,4 +216,9 @@ PixelUnshuffle::PixelUnshuffle(int64_t downscale_factor) : downscale_factor(down
 }
 std::string PixelUnshuffle::extra_repr() const { return fmt::format("downscale_factor={}", downscale_factor); }
 
+ChannelShuffle::ChannelShuffle(int64_t groups) : groups(groups) {
+  KILN_CHECK(groups > 0, "nn::ChannelShuffle: groups must be positive, got {}", groups);
+}
+std::string ChannelShuffle::extra_repr() const { return fmt::format("groups={}", groups); }
+
 }  // namespace kiln::nn

@@ -1,7 +1,7 @@
 // nn/resample.h: the layers that change a feature map's spatial size without weights: the padding
 // layers (ConstantPad, ZeroPad2d, ReflectionPad, ReplicationPad, CircularPad), Upsample and
-// PixelShuffle / PixelUnshuffle, as PyTorch's. Their functional forms are ops::pad,
-// nn::functional::interpolate and ops::pixel_shuffle.
+// PixelShuffle / PixelUnshuffle and ChannelShuffle, as PyTorch's. Their functional forms are ops::pad,
+// nn::functional::interpolate, ops::pixel_shuffle and nn::functional::channel_shuffle.
 #pragma once
 
 #include <optional>
@@ -142,6 +142,16 @@ class PixelUnshuffle : public Module {
   std::string extra_repr() const override;
 
   int64_t downscale_factor;
+};
+
+// nn::functional::channel_shuffle: (N, C, *) with the channels' groups interleaved (ShuffleNet's).
+class ChannelShuffle : public Module {
+ public:
+  explicit ChannelShuffle(int64_t groups);
+  Tensor forward(const Tensor& input) override { return functional::channel_shuffle(input, groups); }
+  std::string extra_repr() const override;
+
+  int64_t groups;
 };
 
 }  // namespace kiln::nn

@@ -118,7 +118,8 @@ std::string RNNBase::extra_repr() const {  // PyTorch's: the options that differ
   return s;
 }
 
-std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tensor& h0_in, const Tensor& c0_in) {
+std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tensor& h0_in, const Tensor& c0_in,
+                                                const std::vector<int64_t>* lengths) {
   const char* layer = name() == "LSTM" ? "nn::LSTM" : name() == "GRU" ? "nn::GRU" : "nn::RNN";
   const RNNOptions& o = options;
   const int directions = o.bidirectional ? 2 : 1;
@@ -127,7 +128,8 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
              "{}: expected an input ({}, {}) or unbatched (L, {}), got shape {}", layer,
              o.batch_first ? "N, L" : "L, N", input_size, input_size, input.sizes().str());
   const bool unbatched = input.dim() == 2;
-  Tensor x = unbatched ? input.unsqueeze(1) : o.batch_first ? input.transpose(0, 1) : input;  // (L, N, in)
+  const bool batch_first = o.batch_first && lengths == nullptr;
+  Tensor x = unbatched ? input.unsqueeze(1) : batch_first ? input.transpose(0, 1) : input;  // (L, N, in)
   const int64_t L = x.size(0), N = x.size(1), states = o.num_layers * directions;
   KILN_CHECK(L > 0, "{}: the sequence length must be above 0, got input {}", layer, input.sizes().str());
   // A state given (num_layers * directions, N, size), or without N for an unbatched input.
@@ -140,6 +142,9 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
   };
   const Tensor h0 = state(h0_in, real_hidden, mode == "LSTM" ? "h_0" : "hx");
   const Tensor c0 = mode == "LSTM" ? state(c0_in, hidden_size, "c_0") : Tensor();
+  // With lengths, a step past a sequence's end keeps its state: the forward direction's state stops at
+  // its last step, and the reverse direction's stays h_0 until its last step, where it starts.
+  const Tensor steps_of = lengths ? from_vector(*lengths, {N, 1}, x.device()) : Tensor();
   std::vector<Tensor> h_n, c_n;
   for (int64_t l = 0; l < o.num_layers; ++l) {
     std::vector<Tensor> outs;
@@ -153,7 +158,15 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
       std::vector<Tensor> ys(static_cast<size_t>(L));
       for (int64_t i = 0; i < L; ++i) {
         const int64_t t = dir == 0 ? i : L - 1 - i;
-        std::tie(h, c) = step(mode, gi[t], h, c, w[1], b_hh, w_hr);
+        auto [h_next, c_next] = step(mode, gi[t], h, c, w[1], b_hh, w_hr);
+        if (steps_of.defined()) {
+          const Tensor running = steps_of.gt(t);
+          h = where(running, h_next, h);
+          if (c.defined()) c = where(running, c_next, c);
+        } else {
+          h = h_next;
+          c = c_next;
+        }
         ys[static_cast<size_t>(t)] = h;
       }
       outs.push_back(stack(ys, 0));
@@ -163,7 +176,7 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
     x = directions == 1 ? outs[0] : cat(outs, -1);
     if (l + 1 < o.num_layers && o.dropout > 0 && is_training()) x = dropout(x, o.dropout, true);
   }
-  Tensor out = unbatched ? x.squeeze(1) : o.batch_first ? x.transpose(0, 1) : x;
+  Tensor out = unbatched ? x.squeeze(1) : batch_first ? x.transpose(0, 1) : x;
   Tensor hn = stack(h_n, 0), cn = c_n.empty() ? Tensor() : stack(c_n, 0);
   if (unbatched) {
     hn = hn.squeeze(1);
@@ -172,11 +185,25 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
   return {out, hn, cn};
 }
 
+std::tuple<utils::rnn::PackedSequence, Tensor, Tensor> RNNBase::run_packed(const utils::rnn::PackedSequence& input,
+                                                                          const Tensor& h0, const Tensor& c0) {
+  auto [padded, lengths] = utils::rnn::pad_packed_sequence(input);  // (L, N, in), the batch's order
+  const std::vector<int64_t> steps = lengths.to_vector<int64_t>();
+  auto [out, h, c] = run(padded, h0, c0, &steps);
+  return {utils::rnn::pack_like(out, input), h, c};
+}
+
 RNN::RNN(int64_t input_size, int64_t hidden_size, RNNOptions options)
     : RNNBase(elman_mode(options.nonlinearity, "RNN"), input_size, hidden_size, options) {}
 
 std::tuple<Tensor, Tensor> RNN::forward(const Tensor& input, const Tensor& hx) {
   auto [out, h, c] = run(input, hx, Tensor());
+  return {out, h};
+}
+
+std::tuple<utils::rnn::PackedSequence, Tensor> RNN::forward_with_packed_input(const utils::rnn::PackedSequence& input,
+                                                                              const Tensor& hx) {
+  auto [out, h, c] = run_packed(input, hx, Tensor());
   return {out, h};
 }
 
@@ -189,11 +216,23 @@ std::tuple<Tensor, std::tuple<Tensor, Tensor>> LSTM::forward(const Tensor& input
   return {out, {h, c}};
 }
 
+std::tuple<utils::rnn::PackedSequence, std::tuple<Tensor, Tensor>> LSTM::forward_with_packed_input(
+    const utils::rnn::PackedSequence& input, const std::optional<std::tuple<Tensor, Tensor>>& hx) {
+  auto [out, h, c] = hx ? run_packed(input, std::get<0>(*hx), std::get<1>(*hx)) : run_packed(input, {}, {});
+  return {out, {h, c}};
+}
+
 GRU::GRU(int64_t input_size, int64_t hidden_size, RNNOptions options)
     : RNNBase("GRU", input_size, hidden_size, std::move(options)) {}
 
 std::tuple<Tensor, Tensor> GRU::forward(const Tensor& input, const Tensor& hx) {
   auto [out, h, c] = run(input, hx, Tensor());
+  return {out, h};
+}
+
+std::tuple<utils::rnn::PackedSequence, Tensor> GRU::forward_with_packed_input(const utils::rnn::PackedSequence& input,
+                                                                              const Tensor& hx) {
+  auto [out, h, c] = run_packed(input, hx, Tensor());
   return {out, h};
 }
 

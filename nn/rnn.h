@@ -11,9 +11,10 @@
 // Note [recurrence as ops]: each layer multiplies the whole input sequence by weight_ih in one GEMM,
 // then steps through time with one small GEMM by weight_hh and the gates' elementwise ops per step, all
 // recorded ops: so any device, the backward (through time) is autograd's, and differentiable twice.
-// PackedSequence is not supported: with padded sequences of different lengths, h_n holds the state
-// after the padding too, and the reverse direction starts on it; take the forward direction's output
-// at each sequence's last step instead (gather by length), or batch sequences of one length.
+// Sequences of different lengths go in packed (nn/packed_sequence.h) through forward_with_packed_input:
+// each sequence then runs for its own length (a step past it keeps the state), so h_n is the state at
+// its last step and the reverse direction starts there. A padded batch given to forward runs every
+// sequence over the padding too.
 #pragma once
 
 #include <optional>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "nn/module.h"
+#include "nn/packed_sequence.h"
 
 namespace kiln::nn {
 
@@ -54,7 +56,13 @@ class RNNBase : public Module {
  protected:
   RNNBase(std::string mode, int64_t input_size, int64_t hidden_size, RNNOptions options);
   // The output and the final states (h_n, and c_n for an LSTM) for the states given (undefined: zeros).
-  std::tuple<Tensor, Tensor, Tensor> run(const Tensor& input, const Tensor& h0, const Tensor& c0);
+  // With `lengths` (one per sequence), input and output are time-major (L, N, *) whatever batch_first
+  // says, and sequence n runs for its first lengths[n] steps only.
+  std::tuple<Tensor, Tensor, Tensor> run(const Tensor& input, const Tensor& h0, const Tensor& c0,
+                                         const std::vector<int64_t>* lengths = nullptr);
+  // run over a packed input; the output packed as the input.
+  std::tuple<utils::rnn::PackedSequence, Tensor, Tensor> run_packed(const utils::rnn::PackedSequence& input,
+                                                                   const Tensor& h0, const Tensor& c0);
 
  private:
   std::vector<std::vector<std::string>> names_;  // per (layer, direction), as layer_parameters
@@ -66,6 +74,9 @@ class RNN : public RNNBase {
   RNN(int64_t input_size, int64_t hidden_size, RNNOptions options = {});
   Tensor forward(const Tensor& input) override { return std::get<0>(forward(input, Tensor())); }
   std::tuple<Tensor, Tensor> forward(const Tensor& input, const Tensor& hx);  // (output, h_n)
+  // (packed output, h_n) for sequences of different lengths; hx and h_n in the batch's order.
+  std::tuple<utils::rnn::PackedSequence, Tensor> forward_with_packed_input(const utils::rnn::PackedSequence& input,
+                                                                           const Tensor& hx = {});
 };
 
 // LSTM: i, f, g, o = sigmoid, sigmoid, tanh, sigmoid of the gates; c_t = f c_{t-1} + i g;
@@ -77,6 +88,8 @@ class LSTM : public RNNBase {
   // (output, (h_n, c_n)); hx = (h_0, c_0), zeros when unset.
   std::tuple<Tensor, std::tuple<Tensor, Tensor>> forward(const Tensor& input,
                                                          const std::optional<std::tuple<Tensor, Tensor>>& hx);
+  std::tuple<utils::rnn::PackedSequence, std::tuple<Tensor, Tensor>> forward_with_packed_input(
+      const utils::rnn::PackedSequence& input, const std::optional<std::tuple<Tensor, Tensor>>& hx = std::nullopt);
 };
 
 // GRU: r, z = sigmoid of their gates; n = tanh(x W_in^T + b_in + r (h W_hn^T + b_hn));
@@ -86,6 +99,8 @@ class GRU : public RNNBase {
   GRU(int64_t input_size, int64_t hidden_size, RNNOptions options = {});
   Tensor forward(const Tensor& input) override { return std::get<0>(forward(input, Tensor())); }
   std::tuple<Tensor, Tensor> forward(const Tensor& input, const Tensor& hx);  // (output, h_n)
+  std::tuple<utils::rnn::PackedSequence, Tensor> forward_with_packed_input(const utils::rnn::PackedSequence& input,
+                                                                           const Tensor& hx = {});
 };
 
 struct RNNCellOptions {

@@ -177,6 +177,7 @@ void check_loss(const std::string& name, const LossFn& fn) {
       names.push_back("g.in." + std::to_string(i));
     }
   }
+  if (targets.empty()) return;  // torch gave no gradient (an op without a derivative in 1.13)
   auto grads = autograd::grad({y}, targets, {c.at("cot")});
   for (size_t i = 0; i < grads.size(); ++i) {
     INFO("gradient " << names[i]);

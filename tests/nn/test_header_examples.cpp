@@ -68,6 +68,16 @@ TEST_CASE("The nn headers' examples compile and run", "[nn][examples]") {
   Tensor t = triplet(anchor, positive, negative);
   CHECK(t.dim() == 0);
 
+  // nn/packed_sequence.h
+  nn::LSTM lstm(3, 4, {.batch_first = true});
+  Tensor x = test::sample({2, 5, 3});
+  Tensor lengths = from_vector<int64_t>({3, 5});
+  auto packed = nn::utils::rnn::pack_padded_sequence(x, lengths, /*batch_first=*/true, /*enforce_sorted=*/false);
+  auto [out, state] = lstm.forward_with_packed_input(packed);
+  auto [padded, out_lengths] = nn::utils::rnn::pad_packed_sequence(out, /*batch_first=*/true);
+  CHECK(padded.sizes() == Shape{2, 5, 4});
+  test::check_equal(out_lengths, lengths);
+
   // nn/module.h, Module::set_parameter
   nn::Embedding embedding(10, 8);
   nn::Linear head(8, 10, {.bias = false});

@@ -184,3 +184,98 @@ TEST_CASE("recurrent layers are differentiable twice, drop out between layers, a
   test::check_error([] { nn::LSTMCell(3, 4, {.nonlinearity = "relu"}); }, {"nn::LSTMCell", "nonlinearity"});
   test::check_error([&] { two.layer_parameters(2, 0); }, {"nn::LSTM", "no layer 2"});
 }
+
+TEST_CASE("RNN, LSTM and GRU match torch on packed sequences of different lengths", "[nn][rnn][packed]") {
+  namespace rnn_utils = nn::utils::rnn;
+  // Each case: the padded input in.0, its lengths (unsorted: enforce_sorted false), the states in.1...
+  auto packed_input = [](const Tensor& padded, const std::string& name, bool batch_first) {
+    const test::NnCase& c = test::nn_case(name);
+    rnn_utils::PackedSequence packed = rnn_utils::pack_padded_sequence(padded, c.at("lengths"), batch_first, false);
+    test::check_equal(packed.batch_sizes, c.at("batch_sizes"));
+    test::check_equal(packed.sorted_indices, c.at("sorted_indices"));
+    return packed;
+  };
+  nn::LSTM lstm(3, 4, {.num_layers = 2, .bidirectional = true});
+  check_rnn(lstm, "packed_lstm_2_layers_bidirectional", [&](const std::vector<Tensor>& in) {
+    auto [out, state] =
+        lstm.forward_with_packed_input(packed_input(in[0], "packed_lstm_2_layers_bidirectional", false), {{in[1], in[2]}});
+    return Results{{"out", out.data}, {"h_n", std::get<0>(state)}, {"c_n", std::get<1>(state)}};
+  });
+  nn::GRU gru(3, 4, {.batch_first = true, .bidirectional = true});
+  check_rnn(gru, "packed_gru_batch_first_bidirectional", [&](const std::vector<Tensor>& in) {
+    auto [out, h] = gru.forward_with_packed_input(packed_input(in[0], "packed_gru_batch_first_bidirectional", true));
+    return Results{{"out", out.data}, {"h_n", h}};
+  });
+  nn::RNN relu(3, 4, {.nonlinearity = "relu"});
+  check_rnn(relu, "packed_rnn_relu", [&](const std::vector<Tensor>& in) {
+    auto [out, h] = relu.forward_with_packed_input(packed_input(in[0], "packed_rnn_relu", false), in[1]);
+    return Results{{"out", out.data}, {"h_n", h}};
+  });
+}
+
+TEST_CASE("pad_sequence, pack_sequence and pad_packed_sequence match torch and invert each other", "[nn][rnn][packed]") {
+  namespace rnn_utils = nn::utils::rnn;
+  const test::NnCase& c = test::nn_case("padded_sequences");
+  const std::vector<Tensor> seqs = {c.at("seq.0"), c.at("seq.1"), c.at("seq.2")};
+  test::check_equal(rnn_utils::pad_sequence(seqs, true, -1.5), c.at("pad_sequence_batch_first"));
+  const rnn_utils::PackedSequence packed = rnn_utils::pack_sequence(seqs, false);
+  test::check_equal(packed.data, c.at("pack_sequence.data"));
+  test::check_equal(packed.batch_sizes, c.at("pack_sequence.batch_sizes"));
+  test::check_equal(packed.sorted_indices, c.at("pack_sequence.sorted_indices"));
+  test::check_equal(packed.unsorted_indices, c.at("pack_sequence.unsorted_indices"));
+  auto [padded, lengths] = rnn_utils::pad_packed_sequence(packed, false, 2.0, 6);
+  test::check_equal(padded, c.at("pad_packed"));
+  test::check_equal(lengths, c.at("pad_packed.lengths"));
+  // batch_first both ways, and the gradient of the padded data reaches only the packed steps.
+  const Tensor x = test::sample({2, 4, 3}, kFloat64).requires_grad_();
+  const rnn_utils::PackedSequence p = rnn_utils::pack_padded_sequence(x, from_vector<int64_t>({4, 2}), true);
+  CHECK_FALSE(p.sorted_indices.defined());  // enforce_sorted: the batch came sorted
+  auto [back, back_lengths] = rnn_utils::pad_packed_sequence(p, true);
+  const Tensor mask = from_vector<double>({1, 1, 1, 1, 1, 1, 0, 0}, {2, 4, 1});
+  test::check_equal(back, x * mask);
+  back.sum().backward();
+  test::check_equal(x.grad(), mask.expand({2, 4, 3}));
+}
+
+TEST_CASE("A sequence in a packed batch gives what it gives alone", "[nn][rnn][packed]") {
+  // The state stops at each sequence's last step and the reverse direction starts there: each sequence's
+  // h_n and outputs equal those of the same layer run on that sequence alone.
+  nn::LSTM lstm(3, 5, {.num_layers = 2, .bidirectional = true, .proj_size = 2});
+  lstm.to(kFloat64);
+  const std::vector<Tensor> seqs = {test::sample({2, 3}, kFloat64, 0.1), test::sample({5, 3}, kFloat64, 0.2),
+                                    test::sample({3, 3}, kFloat64, 0.3)};
+  auto [out, state] = lstm.forward_with_packed_input(nn::utils::rnn::pack_sequence(seqs, false));
+  auto [padded, lengths] = nn::utils::rnn::pad_packed_sequence(out);
+  for (int64_t n = 0; n < 3; ++n) {
+    INFO("sequence " << n);
+    auto [alone, alone_state] = lstm.forward(seqs[n], std::nullopt);  // unbatched (L, 3)
+    test::check_close(padded.select(1, n).narrow(0, 0, seqs[n].size(0)), alone);
+    test::check_close(std::get<0>(state).select(1, n), std::get<0>(alone_state));
+    test::check_close(std::get<1>(state).select(1, n), std::get<1>(alone_state));
+  }
+}
+
+TEST_CASE("Packing refuses bad lengths with a clear Error", "[nn][rnn][packed][errors]") {
+  namespace rnn_utils = nn::utils::rnn;
+  const Tensor x = zeros({4, 3, 2});
+  test::check_error([&] { rnn_utils::pack_padded_sequence(x, from_vector<int64_t>({4, 2, 3})); },
+                    {"pack_padded_sequence", "enforce_sorted", "lengths[2] = 3 > lengths[1] = 2", "enforce_sorted = false"});
+  test::check_error([&] { rnn_utils::pack_padded_sequence(x, from_vector<int64_t>({4, 0, 0}), false, false); },
+                    {"pack_padded_sequence", "lengths[1] is 0", "[1, 4]"});
+  test::check_error([&] { rnn_utils::pack_padded_sequence(x, from_vector<int64_t>({5, 2, 1})); },
+                    {"pack_padded_sequence", "lengths[0] is 5"});
+  test::check_error([&] { rnn_utils::pack_padded_sequence(x, from_vector<int64_t>({4, 2})); },
+                    {"pack_padded_sequence", "2 entries for a batch of 3"});
+  test::check_error([&] { rnn_utils::pack_padded_sequence(x, from_vector<float>({4, 2, 1})); },
+                    {"pack_padded_sequence", "lengths must be a 1-D int64 or int32 tensor"});
+  test::check_error([] { rnn_utils::pad_sequence({zeros({2, 3}), zeros({2, 4})}); },
+                    {"pad_sequence", "sequence 1 has trailing shape [4]", "[3]"});
+  test::check_error([] { rnn_utils::pad_sequence({}); }, {"pad_sequence", "at least one"});
+  const rnn_utils::PackedSequence p = rnn_utils::pack_padded_sequence(x, from_vector<int64_t>({4, 2, 1}));
+  test::check_error([&] { rnn_utils::pad_packed_sequence(p, false, 0.0, 3); }, {"total_length 3", "4 steps"});
+  rnn_utils::PackedSequence broken = p;
+  broken.data = zeros({5, 2});
+  test::check_error([&] { rnn_utils::pad_packed_sequence(broken); }, {"batch_sizes sum to 7", "data has 5 rows"});
+  nn::GRU gru(3, 4);
+  test::check_error([&] { gru.forward_with_packed_input(p); }, {"nn::GRU", "input", "3"});
+}
