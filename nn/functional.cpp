@@ -210,45 +210,61 @@ Tensor embedding(const Tensor& indices, const Tensor& weight, const EmbeddingFun
 
 namespace {
 
-// Where each bag of embedding_bag starts and ends in the flattened input, read on the host.
+// The bags of a 1-D input: where each starts and ends, and each index's bag (-1: in none), read on the
+// host from the offsets. The vectors are sized before they are filled, so an input too large for host
+// memory is an OutOfMemoryError, not a slow death.
 struct Bags {
-  std::vector<int64_t> start, end;
+  std::vector<int64_t> start, end, bag_of;
+  int64_t longest = 0;
   int64_t count() const { return static_cast<int64_t>(start.size()); }
 };
 
 Bags bags_of(const Tensor& input, const EmbeddingBagFuncOptions& options, const char* op) {
-  Bags bags;
-  if (input.dim() == 2) {
-    KILN_CHECK(!options.offsets.defined(), "{}: a 2-D input (bags, L) is its own bags; leave offsets undefined", op);
-    for (int64_t b = 0; b < input.size(0); ++b) {
-      bags.start.push_back(b * input.size(1));
-      bags.end.push_back((b + 1) * input.size(1));
-    }
-    return bags;
-  }
   const Tensor& offsets = options.offsets;
   KILN_CHECK(offsets.defined() && offsets.dim() == 1 && (offsets.dtype() == kInt64 || offsets.dtype() == kInt32),
              "{}: a 1-D input needs offsets, a 1-D int64 or int32 tensor of where each bag starts, got {}", op,
              offsets.defined() ? fmt::format("{} of shape {}", dtype_name(offsets.dtype()), offsets.sizes().str())
                                : std::string("none"));
-  const std::vector<int64_t> at = offsets.to(kInt64).to(Device::cpu()).to_vector<int64_t>();
-  const int64_t n = input.numel(), entries = static_cast<int64_t>(at.size());
+  const int64_t n = input.numel(), entries = offsets.numel();
   KILN_CHECK(!options.include_last_offset || entries >= 1,
              "{}: with include_last_offset, offsets needs at least one entry (the end of the last bag)", op);
-  KILN_CHECK(entries == 0 || at[0] == 0, "{}: offsets[0] is {}; the first bag must start at the input's start, 0", op,
-             entries == 0 ? 0 : at[0]);
-  for (int64_t i = 1; i < entries; ++i) {
-    KILN_CHECK(at[i] >= at[i - 1], "{}: offsets must not decrease, but offsets[{}] = {} < offsets[{}] = {}", op, i,
-               at[i], i - 1, at[i - 1]);
-  }
-  KILN_CHECK(entries == 0 || at.back() <= n, "{}: offsets[{}] is {}, past the input's {} indices", op, entries - 1,
-             entries == 0 ? 0 : at.back(), n);
-  const int64_t count = options.include_last_offset ? entries - 1 : entries;
-  for (int64_t b = 0; b < count; ++b) {
-    bags.start.push_back(at[b]);
-    bags.end.push_back(b + 1 < entries ? at[b + 1] : n);
+  Bags bags;
+  try {
+    const std::vector<int64_t> at = offsets.to(kInt64).to(Device::cpu()).to_vector<int64_t>();
+    KILN_CHECK(entries == 0 || at[0] == 0, "{}: offsets[0] is {}; the first bag must start at the input's start, 0",
+               op, entries == 0 ? 0 : at[0]);
+    for (int64_t i = 1; i < entries; ++i) {
+      KILN_CHECK(at[i] >= at[i - 1], "{}: offsets must not decrease, but offsets[{}] = {} < offsets[{}] = {}", op, i,
+                 at[i], i - 1, at[i - 1]);
+    }
+    KILN_CHECK(entries == 0 || at.back() <= n, "{}: offsets[{}] is {}, past the input's {} indices", op,
+               entries - 1, entries == 0 ? 0 : at.back(), n);
+    const int64_t count = options.include_last_offset ? entries - 1 : entries;
+    bags.start.assign(at.begin(), at.begin() + count);
+    bags.end.resize(static_cast<size_t>(count));
+    bags.bag_of.assign(static_cast<size_t>(n), -1);
+    for (int64_t b = 0; b < count; ++b) {
+      bags.end[b] = b + 1 < entries ? at[b + 1] : n;
+      for (int64_t i = bags.start[b]; i < bags.end[b]; ++i) bags.bag_of[i] = b;
+      bags.longest = std::max(bags.longest, bags.end[b] - bags.start[b]);
+    }
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError(
+        fmt::format("{}: out of CPU memory for the bags of {} indices at {} offsets", op, n, entries));
   }
   return bags;
+}
+
+// Whether each index counts in its bag: not padding_idx.
+Tensor not_padding(const Tensor& indices, const Tensor& weight, std::optional<int64_t> padding_idx) {
+  if (!padding_idx) return ones(indices.sizes(), TensorOptions(kBool).device(indices.device()));
+  return indices.ne(*padding_idx < 0 ? *padding_idx + weight.size(0) : *padding_idx);
+}
+
+// max over dim 1 of rows (B, L, D) where counted (B, L), zeros for a bag that counts nothing.
+Tensor bag_max(const Tensor& rows, const Tensor& counted) {
+  const Tensor most = rows.masked_fill(counted.logical_not().unsqueeze(2), -INFINITY).amax({1});
+  return where(counted.any(1, true), most, 0.0);
 }
 
 }  // namespace
@@ -270,52 +286,54 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const EmbeddingB
                "{}: per_sample_weights ({} of shape {}) must have the input's shape {} and the weight's dtype {}", op,
                dtype_name(psw.dtype()), psw.sizes().str(), input.sizes().str(), dtype_name(weight.dtype()));
   }
+  const EmbeddingFuncOptions lookup{.padding_idx = options.padding_idx, .max_norm = options.max_norm,
+                                    .norm_type = options.norm_type, .scale_grad_by_freq = options.scale_grad_by_freq};
+  if (input.dim() == 2) {  // B bags of L: the rows (B, L, D), reduced over L
+    KILN_CHECK(!options.offsets.defined(), "{}: a 2-D input (bags, L) is its own bags; leave offsets undefined", op);
+    Tensor rows = embedding(input, weight, lookup);
+    if (psw.defined()) rows = rows * psw.unsqueeze(2);
+    const Tensor counted = not_padding(input, weight, options.padding_idx);
+    if (mode == "max") return bag_max(rows, counted);
+    const Tensor sum = where(counted.unsqueeze(2), rows, 0.0).sum({1});
+    if (mode == "sum") return sum;
+    return sum / counted.sum({1}, true).clamp(1).to(weight.dtype());
+  }
+  // 1-D: each row added into its bag (sum, mean), or the bags padded to the longest (max).
   const Bags bags = bags_of(input, options, op);
-  const int64_t n = input.numel(), dim = weight.size(1);
-  // Each flattened index's bag, and whether it counts: in a bag, and not padding_idx.
-  std::vector<int64_t> bag_of(n, -1);
-  int64_t longest = 0;
-  for (int64_t b = 0; b < bags.count(); ++b) {
-    for (int64_t i = bags.start[b]; i < bags.end[b]; ++i) bag_of[i] = b;
-    longest = std::max(longest, bags.end[b] - bags.start[b]);
-  }
-  const Tensor flat = input.reshape({-1});
-  Tensor rows = embedding(flat, weight,
-                          EmbeddingFuncOptions{.padding_idx = options.padding_idx, .max_norm = options.max_norm,
-                                               .norm_type = options.norm_type,
-                                               .scale_grad_by_freq = options.scale_grad_by_freq});  // (n, D)
-  if (psw.defined()) rows = rows * psw.reshape({-1, 1});
+  const int64_t n = input.numel(), dim = weight.size(1), count = bags.count();
+  Tensor rows = embedding(input, weight, lookup);  // (n, D)
+  if (psw.defined()) rows = rows * psw.unsqueeze(1);
   const Device device = weight.device();
-  const Tensor bag_index = from_vector(bag_of, {n}, device);
-  Tensor counted = bag_index.ge(0);
-  if (options.padding_idx) {
-    const int64_t pad = *options.padding_idx < 0 ? *options.padding_idx + weight.size(0) : *options.padding_idx;
-    counted = counted.logical_and(flat.ne(pad));
-  }
-  const Tensor kept = where(counted.unsqueeze(1), rows, 0.0);
+  const Tensor bag_index = from_vector(bags.bag_of, {n}, device);
+  const Tensor counted = bag_index.ge(0).logical_and(not_padding(input, weight, options.padding_idx));
   if (mode != "max") {
-    const Tensor into = bag_index.clamp(0);  // the rows in no bag are zero
-    Tensor out = index_add(zeros({bags.count(), dim}, weight.options()), 0, into, kept);
+    const Tensor into = bag_index.clamp(0);  // a row in no bag adds zero to bag 0
+    Tensor out = index_add(zeros({count, dim}, weight.options()), 0, into, where(counted.unsqueeze(1), rows, 0.0));
     if (mode == "sum") return out;
-    const Tensor counts = index_add(zeros({bags.count()}, weight.options()), 0, into, counted.to(weight.dtype()));
+    const Tensor counts = index_add(zeros({count}, weight.options()), 0, into, counted.to(weight.dtype()));
     return out / counts.clamp(1).unsqueeze(1);
   }
-  if (longest == 0) return zeros({bags.count(), dim}, weight.options());
-  // max: the bags padded to the longest, (B, L, D), the padding at -inf.
-  std::vector<int64_t> position(bags.count() * longest, 0);
-  std::vector<uint8_t> in_bag(bags.count() * longest, 0);
-  for (int64_t b = 0; b < bags.count(); ++b) {
+  if (bags.longest == 0) return zeros({count, dim}, weight.options());
+  std::vector<int64_t> position;
+  std::vector<uint8_t> in_bag;
+  try {
+    position.assign(static_cast<size_t>(count * bags.longest), 0);
+    in_bag.assign(position.size(), 0);
+  } catch (const std::bad_alloc&) {
+    throw OutOfMemoryError(fmt::format("{}: out of CPU memory for {} bags padded to {} indices", op, count,
+                                       bags.longest));
+  }
+  for (int64_t b = 0; b < count; ++b) {
     for (int64_t j = 0; j < bags.end[b] - bags.start[b]; ++j) {
-      position[b * longest + j] = bags.start[b] + j;
-      in_bag[b * longest + j] = 1;
+      position[b * bags.longest + j] = bags.start[b] + j;
+      in_bag[b * bags.longest + j] = 1;
     }
   }
-  const Tensor at = from_vector(position, {bags.count() * longest}, device);
-  const Tensor valid = from_vector(in_bag, {bags.count(), longest}, device).to(kBool).logical_and(
-      counted.index_select(0, at).view({bags.count(), longest}));
-  const Tensor padded = rows.index_select(0, at).view({bags.count(), longest, dim});
-  const Tensor most = padded.masked_fill(valid.logical_not().unsqueeze(2), -INFINITY).amax({1});
-  return where(valid.any(1, true), most, 0.0);  // an empty bag (or one of padding only) gives zeros
+  const Tensor at = from_vector(position, {count * bags.longest}, device);
+  const Tensor valid = from_vector(in_bag, {count, bags.longest}, device)
+                           .to(kBool)
+                           .logical_and(counted.index_select(0, at).view({count, bags.longest}));
+  return bag_max(rows.index_select(0, at).view({count, bags.longest, dim}), valid);
 }
 
 Tensor channel_shuffle(const Tensor& input, int64_t groups) {

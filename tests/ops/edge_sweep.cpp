@@ -117,6 +117,8 @@ std::vector<EdgeOp> edge_ops() {
   u("feature_alpha_dropout train", [](const Tensor& a) { return nn::feature_alpha_dropout(a, 0.5, true); });
   u("alpha_dropout 1", [](const Tensor& a) { return nn::alpha_dropout(a, 1.0, true); });
   u("normalize", [](const Tensor& a) { return nn::normalize(a, {.p = 3, .dim = -1}); });
+  u("channel_shuffle", [](const Tensor& a) { return nn::channel_shuffle(a, 2); });
+  u("local_response_norm", [](const Tensor& a) { return nn::local_response_norm(a, 3, 0.5); });
   // reductions
   u("sum", [](const Tensor& a) { return sum(a); });
   u("mean", [](const Tensor& a) { return mean(a); });
@@ -325,6 +327,13 @@ std::vector<EdgeOp> edge_ops() {
   b("cosine_similarity", [](const Tensor& a, const Tensor& c) { return nn::cosine_similarity(a, c); });
   b("pairwise_distance", [](const Tensor& a, const Tensor& c) { return nn::pairwise_distance(a, c); });
   b("ctc_loss", [](const Tensor& a, const Tensor& c) { return nn::ctc_loss(a, c, c, c); });
+  b("embedding_bag max", [](const Tensor& a, const Tensor& c) { return nn::embedding_bag(c, a, {.mode = "max"}); });
+  b("embedding_bag offsets", [](const Tensor& a, const Tensor& c) {
+    return nn::embedding_bag(c, a, {.offsets = c, .mode = "sum", .per_sample_weights = a, .padding_idx = 0});
+  });
+  b("pack_padded_sequence", [](const Tensor& a, const Tensor& c) {
+    return std::get<0>(nn::utils::rnn::pad_packed_sequence(nn::utils::rnn::pack_padded_sequence(a, c, true, false)));
+  });
   b("conv2d", [](const Tensor& a, const Tensor& c) { return conv2d(a, c); });
   b("conv1d stride 0", [](const Tensor& a, const Tensor& c) { return conv1d(a, c, {}, 0); });
   b("conv_transpose1d", [](const Tensor& a, const Tensor& c) { return conv_transpose1d(a, c); });
