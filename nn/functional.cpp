@@ -261,9 +261,10 @@ Tensor not_padding(const Tensor& indices, const Tensor& weight, std::optional<in
   return indices.ne(*padding_idx < 0 ? *padding_idx + weight.size(0) : *padding_idx);
 }
 
-// max over dim 1 of rows (B, L, D) where counted (B, L), zeros for a bag that counts nothing.
+// max over dim 1 of rows (B, L, D) where counted (B, L), zeros for a bag that counts nothing. max(dim),
+// not amax: its gradient goes to the first of tied rows only, as PyTorch's.
 Tensor bag_max(const Tensor& rows, const Tensor& counted) {
-  const Tensor most = rows.masked_fill(counted.logical_not().unsqueeze(2), -INFINITY).amax({1});
+  const Tensor most = std::get<0>(max(rows.masked_fill(counted.logical_not().unsqueeze(2), -INFINITY), 1));
   return where(counted.any(1, true), most, 0.0);
 }
 
@@ -279,6 +280,8 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const EmbeddingB
              dtype_name(weight.dtype()), weight.sizes().str());
   KILN_CHECK(input.dim() == 1 || input.dim() == 2,
              "{}: input must be 2-D (bags, L), or 1-D with offsets, got shape {}", op, input.sizes().str());
+  KILN_CHECK(!(mode == "max" && options.scale_grad_by_freq),
+             "{}: mode 'max' cannot scale the gradient by frequency (scale_grad_by_freq); use 'sum' or 'mean'", op);
   const Tensor& psw = options.per_sample_weights;
   if (psw.defined()) {
     KILN_CHECK(mode == "sum", "{}: per_sample_weights needs mode 'sum', got '{}'", op, mode);
@@ -290,9 +293,14 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const EmbeddingB
                                     .norm_type = options.norm_type, .scale_grad_by_freq = options.scale_grad_by_freq};
   if (input.dim() == 2) {  // B bags of L: the rows (B, L, D), reduced over L
     KILN_CHECK(!options.offsets.defined(), "{}: a 2-D input (bags, L) is its own bags; leave offsets undefined", op);
-    Tensor rows = embedding(input, weight, lookup);
-    if (psw.defined()) rows = rows * psw.unsqueeze(2);
-    const Tensor counted = not_padding(input, weight, options.padding_idx);
+    KILN_CHECK(!options.include_last_offset || input.size(0) >= 1,
+               "{}: include_last_offset with a 2-D input needs at least one row (its offsets end at the last)", op);
+    // include_last_offset: PyTorch's offsets for a 2-D input are each row's start, the last one read as
+    // the end of the one before, so the last row is in no bag.
+    const Tensor bagged = options.include_last_offset ? input.narrow(0, 0, input.size(0) - 1) : input;
+    Tensor rows = embedding(bagged, weight, lookup);
+    if (psw.defined()) rows = rows * psw.narrow(0, 0, bagged.size(0)).unsqueeze(2);
+    const Tensor counted = not_padding(bagged, weight, options.padding_idx);
     if (mode == "max") return bag_max(rows, counted);
     const Tensor sum = where(counted.unsqueeze(2), rows, 0.0).sum({1});
     if (mode == "sum") return sum;
@@ -306,6 +314,7 @@ Tensor embedding_bag(const Tensor& input, const Tensor& weight, const EmbeddingB
   const Device device = weight.device();
   const Tensor bag_index = from_vector(bags.bag_of, {n}, device);
   const Tensor counted = bag_index.ge(0).logical_and(not_padding(input, weight, options.padding_idx));
+  if (count == 0) return zeros({0, dim}, weight.options());
   if (mode != "max") {
     const Tensor into = bag_index.clamp(0);  // a row in no bag adds zero to bag 0
     Tensor out = index_add(zeros({count, dim}, weight.options()), 0, into, where(counted.unsqueeze(1), rows, 0.0));

@@ -111,8 +111,10 @@ struct EmbeddingBagFuncOptions {
   std::optional<int64_t> padding_idx = {};  // that index is left out of its bag (and of the mean's count)
 };
 // The embeddings of each bag of indices reduced by mode -> (B, embedding_dim): input (B, L) is B bags of L
-// indices; a 1-D input is cut into bags at offsets. An empty bag gives zeros. Sum and mean add each row
-// into its bag (index_add), so no (B, L, embedding_dim) tensor is formed; max pads the bags to the longest.
+// indices (with include_last_offset the last row is in no bag, as PyTorch's); a 1-D input is cut into bags
+// at offsets. An empty bag gives zeros; max's gradient goes to the first of tied rows. For a 1-D input,
+// sum and mean add each row into its bag (index_add), so no (B, longest bag, embedding_dim) tensor is
+// formed; max pads the bags to the longest.
 Tensor embedding_bag(const Tensor& input, const Tensor& weight, const EmbeddingBagFuncOptions& options = {});
 // input (N, C, *) -> the same, each channel's group of C / groups moved so that the groups interleave:
 // channel g (C / groups) + i goes to i groups + g (torch.nn.functional.channel_shuffle, ShuffleNet's).

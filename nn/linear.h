@@ -90,9 +90,9 @@ struct EmbeddingBagOptions {
   std::optional<int64_t> padding_idx = {};
 };
 
-// Bags of indices -> (bags, embedding_dim): the sum, mean or max of each bag's embeddings, without the
-// (bags, L, embedding_dim) tensor of Embedding followed by a reduction. weight ~ N(0, 1), the padding row
-// zero, as PyTorch. forward(input (B, L)), or forward(input (n), offsets (B)) for bags of any length.
+// Bags of indices -> (bags, embedding_dim): the sum, mean or max of each bag's embeddings (for bags of
+// any length, without padding them to the longest: nn::functional::embedding_bag). weight ~ N(0, 1), the
+// padding row zero, as PyTorch. forward(input (B, L)), or forward(input (n), offsets (B)).
 class EmbeddingBag : public Module {
  public:
   EmbeddingBag(int64_t num_embeddings, int64_t embedding_dim, EmbeddingBagOptions options = {});

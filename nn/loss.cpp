@@ -479,6 +479,10 @@ void check_indices_in(const Tensor& target, int64_t low, int64_t classes, const 
             target.reshape({-1})[at].item<int64_t>(), at, low, classes);
 }
 
+// max(z, 0) with no gradient at z = 0, as the native kernels of multi_margin_loss and
+// multilabel_margin_loss (a clamp's passes there, and equal logits put every hinge at 0).
+Tensor positive_part(const Tensor& z) { return where(z.gt(0), z, 0.0); }
+
 // x (*, n) -> a detached (*, 1) that broadcasts against x: [i == j] for j the last-dim index.
 Tensor is_index(const Tensor& index_column, int64_t n) {
   return arange(n, kInt64, index_column.device()).eq(index_column);
@@ -587,7 +591,7 @@ Tensor multilabel_margin_loss(const Tensor& input, const Tensor& target, const L
     is_target = zeros(x.sizes(), x.options()).scatter_add(1, safe, listed.to(x.dtype())).gt(0);
   }
   // hinge[n, k, i] = max(0, 1 - x[n, target k] + x[n, i]), for listed k and non-target classes i.
-  const Tensor hinge = (1.0 - x.gather(1, safe).unsqueeze(2) + x.unsqueeze(1)).clamp(0.0);
+  const Tensor hinge = positive_part(1.0 - x.gather(1, safe).unsqueeze(2) + x.unsqueeze(1));
   const Tensor counted = listed.unsqueeze(2).logical_and(is_target.logical_not().unsqueeze(1));
   Tensor loss = where(counted, hinge, 0.0).sum({1, 2}) / static_cast<double>(classes);
   return reduce(input.dim() == 1 ? loss.squeeze(0) : loss, r);
@@ -606,14 +610,14 @@ Tensor multi_margin_loss(const Tensor& input, const Tensor& target, const MultiM
   check_class_matrix(input, op);
   check_index_dtype(target, op);
   const int64_t classes = input.size(-1), rows = input.dim() == 2 ? input.size(0) : 1;
-  KILN_CHECK(target.numel() == rows && (input.dim() == 2 ? target.dim() == 1 : target.dim() <= 1),
+  KILN_CHECK(target.numel() == rows && target.dim() <= 1,
              "{}: for input of shape {} the target must have shape ({}){}, got {}", op, input.sizes().str(), rows,
-             input.dim() == 2 ? "" : " or ()", target.sizes().str());
+             rows == 1 ? " or ()" : "", target.sizes().str());
   if (options.weight.defined()) check_class_weight(options.weight, input, classes, op);
   check_indices_in(target, 0, classes, op);
   const Tensor x = input.reshape({rows, classes});
   const Tensor y = target.reshape({rows, 1}).to(kInt64);
-  Tensor hinge = (options.margin - x.gather(1, y) + x).clamp(0.0);  // (N, C); its target column is dropped below
+  Tensor hinge = positive_part(options.margin - x.gather(1, y) + x);  // (N, C); its target column is dropped below
   if (options.p == 2) hinge = hinge.square();
   if (options.weight.defined()) hinge = hinge * options.weight.index_select(0, y.reshape({-1})).unsqueeze(1);
   Tensor loss = hinge.masked_fill(is_index(y, classes), 0.0).sum({1}) / static_cast<double>(classes);
@@ -734,6 +738,8 @@ std::vector<int64_t> host_lengths(const Tensor& lengths, int64_t samples, bool b
 
 Tensor ctc_loss(const Tensor& log_probs, const Tensor& targets, const Tensor& input_lengths,
                 const Tensor& target_lengths, const CTCLossOptions& options) {
+  const auto again = [&](const Tensor& lp) { return ctc_loss(lp, targets, input_lengths, target_lengths, options); };
+  if (auto cast = under_autocast(autocast::Op::CtcLoss, again, log_probs)) return *cast;
   const char* op = "ctc_loss";
   Reduction r = parse_reduction(options.reduction, op);
   check_floating_input(log_probs, op, "log_probs");
@@ -775,8 +781,9 @@ Tensor ctc_loss(const Tensor& log_probs, const Tensor& targets, const Tensor& in
                         : targets.to(kInt64).index_select(0, from_vector(at, {samples * longest}, targets.device()))
                               .view({samples, longest});
   } else {
-    KILN_CHECK(batched && targets.dim() == 2 && targets.size(0) == samples, "{}: targets must be {}, got shape {}", op,
-               batched ? fmt::format("({}, S) padded or 1-D concatenated", samples) : std::string("(S) (unbatched)"),
+    KILN_CHECK(targets.dim() == 2 && targets.size(0) == samples, "{}: targets must be {}, got shape {}", op,
+               batched ? fmt::format("({}, S) padded or 1-D concatenated", samples)
+                       : std::string("(S) or (1, S) (unbatched)"),
                targets.sizes().str());
     KILN_CHECK(longest <= targets.size(-1), "{}: a target length of {} exceeds the targets' {} columns", op, longest,
                targets.size(-1));
@@ -868,8 +875,9 @@ Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, const CosineSimilar
   const auto again = [&](const Tensor& a, const Tensor& b) { return cosine_similarity(a, b, options); };
   if (auto cast = under_autocast(autocast::Op::CosineSimilarity, again, x1, x2)) return *cast;
   const char* op = "cosine_similarity";
-  check_floating_input(x1, op, "x1");
-  check_floating_input(x2, op, "x2");
+  KILN_CHECK(x1.is_floating_point() || x2.is_floating_point(),
+             "{}: x1 or x2 must be floating (the other is promoted to it), got {} and {}", op,
+             dtype_name(x1.dtype()), dtype_name(x2.dtype()));
   const Shape shape = broadcast_shapes(x1.sizes(), x2.sizes(), op);
   KILN_CHECK(shape.size() >= 1, "{}: x1 and x2 are 0-dimensional; they need a dim to compare along", op);
   const int64_t dim = options.dim < 0 ? options.dim + static_cast<int64_t>(shape.size()) : options.dim;
@@ -878,7 +886,8 @@ Tensor cosine_similarity(const Tensor& x1, const Tensor& x2, const CosineSimilar
   // 16-bit inputs in float32 (as PyTorch's norms accumulate), the result in their dtype.
   const DType dtype = result_type(x1, x2);
   const bool low = dtype == kFloat16 || dtype == kBFloat16;
-  const Tensor a = (low ? x1.to(kFloat32) : x1).expand(shape), b = (low ? x2.to(kFloat32) : x2).expand(shape);
+  const DType compute = low ? kFloat32 : dtype;
+  const Tensor a = x1.to(compute).expand(shape), b = x2.to(compute).expand(shape);
   const Tensor cos = ((a / clamped_norm(a, dim, options.eps)) * (b / clamped_norm(b, dim, options.eps))).sum({dim});
   return low ? cos.to(dtype) : cos;
 }

@@ -19,7 +19,8 @@ namespace kiln::nn::utils::rnn {
 
 // The steps of a batch of sequences, step by step: data holds step 0 of every sequence, then step 1 of
 // every sequence at least 2 long, and so on, the sequences in decreasing order of length (ties in their
-// batch order). batch_sizes[t] is how many sequences have a step t. sorted_indices lists the batch's
+// batch order; PyTorch's sort is not stable, so in a large batch its data and sorted_indices may order
+// ties otherwise, while the padded sequences and the layers' results agree). batch_sizes[t] is how many sequences have a step t. sorted_indices lists the batch's
 // sequences in that order (sorted_indices[i] is the batch position of the i-th longest) and
 // unsorted_indices is its inverse; both undefined when the batch came sorted (enforce_sorted).
 struct PackedSequence {

@@ -124,11 +124,11 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
   const RNNOptions& o = options;
   const int directions = o.bidirectional ? 2 : 1;
   const int64_t real_hidden = o.proj_size > 0 ? o.proj_size : hidden_size;
+  const bool batch_first = o.batch_first && lengths == nullptr;
   KILN_CHECK((input.dim() == 2 || input.dim() == 3) && input.size(-1) == input_size,
              "{}: expected an input ({}, {}) or unbatched (L, {}), got shape {}", layer,
-             o.batch_first ? "N, L" : "L, N", input_size, input_size, input.sizes().str());
+             batch_first ? "N, L" : "L, N", input_size, input_size, input.sizes().str());
   const bool unbatched = input.dim() == 2;
-  const bool batch_first = o.batch_first && lengths == nullptr;
   Tensor x = unbatched ? input.unsqueeze(1) : batch_first ? input.transpose(0, 1) : input;  // (L, N, in)
   const int64_t L = x.size(0), N = x.size(1), states = o.num_layers * directions;
   KILN_CHECK(L > 0, "{}: the sequence length must be above 0, got input {}", layer, input.sizes().str());
@@ -187,6 +187,9 @@ std::tuple<Tensor, Tensor, Tensor> RNNBase::run(const Tensor& input, const Tenso
 
 std::tuple<utils::rnn::PackedSequence, Tensor, Tensor> RNNBase::run_packed(const utils::rnn::PackedSequence& input,
                                                                           const Tensor& h0, const Tensor& c0) {
+  KILN_CHECK(input.data.defined() && input.data.dim() == 2 && input.data.size(1) == input_size,
+             "nn::{}: expected a PackedSequence of steps (sum of the lengths, {}), got data of shape {}", name(),
+             input_size, input.data.defined() ? input.data.sizes().str() : std::string("none"));
   auto [padded, lengths] = utils::rnn::pad_packed_sequence(input);  // (L, N, in), the batch's order
   const std::vector<int64_t> steps = lengths.to_vector<int64_t>();
   auto [out, h, c] = run(padded, h0, c0, &steps);

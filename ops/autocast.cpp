@@ -91,6 +91,7 @@ constexpr Row kTable[] = {
     {Op::MultiMarginLoss,              "multi_margin_loss",                 kFp32,    kFp32},
     {Op::TripletMarginLoss,            "triplet_margin_loss",               kFp32,    kFp32},
     {Op::PoissonNllLoss,               "poisson_nll_loss",                  kFp32,    kFp32},
+    {Op::CtcLoss,                      "ctc_loss",                          kFp32,    kNone},
     {Op::Cat,                          "cat",                               kPromote, kNone},
     {Op::Stack,                        "stack",                             kPromote, kNone},
     {Op::ScatterAdd,                   "scatter_add",                       kNone,    kPromote},

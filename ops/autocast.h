@@ -94,7 +94,7 @@ enum class Op : uint8_t {
   // float32: losses
   NllLoss, CrossEntropy, MseLoss, L1Loss, SmoothL1Loss, HuberLoss, KlDiv, BinaryCrossEntropyWithLogits,
   BinaryCrossEntropy, SoftMarginLoss, MarginRankingLoss, HingeEmbeddingLoss, CosineEmbeddingLoss,
-  MultilabelMarginLoss, MultiMarginLoss, TripletMarginLoss, PoissonNllLoss,
+  MultilabelMarginLoss, MultiMarginLoss, TripletMarginLoss, PoissonNllLoss, CtcLoss,
   // promote
   Cat, Stack, ScatterAdd,
   kCount

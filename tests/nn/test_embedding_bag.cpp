@@ -115,3 +115,28 @@ TEST_CASE("embedding_bag, channel_shuffle and local_response_norm refuse bad inp
   test::check_equal(nn::embedding_bag(zeros({0}, kInt64), w, {.offsets = from_vector<int64_t>({0, 0}), .mode = "max"}),
                     zeros({2, 3}));
 }
+
+TEST_CASE("embedding_bag as PyTorch at the edges: max's ties, no bags, a 2-D input with include_last_offset",
+          "[nn][embedding_bag]") {
+  // Rows [1, 2] and [1, 3] in one bag: the max of column 0 ties; PyTorch's gradient goes to the first.
+  const Tensor w = from_vector<double>({0, 0, 1, 2, 1, 3}, {3, 2}).requires_grad_();
+  const Tensor y = nn::embedding_bag(from_vector<int64_t>({1, 2}, {1, 2}), w, {.mode = "max"});
+  test::check_equal(y, from_vector<double>({1, 3}, {1, 2}));
+  y.sum().backward();
+  test::check_equal(w.grad(), from_vector<double>({0, 0, 1, 0, 0, 1}, {3, 2}));
+  // Indices but no bags (no offsets, or only the end with include_last_offset): (0, D), as PyTorch.
+  for (std::string mode : {"sum", "mean", "max"}) {
+    INFO(mode);
+    CHECK(nn::embedding_bag(from_vector<int64_t>({1, 2}), w, {.offsets = zeros({0}, kInt64), .mode = mode}).sizes() ==
+          Shape{0, 2});
+    CHECK(nn::embedding_bag(from_vector<int64_t>({1, 2}), w,
+                            {.offsets = zeros({1}, kInt64), .mode = mode, .include_last_offset = true})
+              .sizes() == Shape{0, 2});
+  }
+  // A 2-D input (3, 2) with include_last_offset: PyTorch's offsets 0, 2, 4 with the last an end, so 2 bags.
+  const Tensor square = from_vector<int64_t>({0, 1, 2, 1, 2, 2}, {3, 2});
+  test::check_equal(nn::embedding_bag(square, w, {.mode = "sum", .include_last_offset = true}),
+                    from_vector<double>({1, 2, 2, 5}, {2, 2}));
+  test::check_error([&] { nn::embedding_bag(square, w, {.scale_grad_by_freq = true, .mode = "max"}); },
+                    {"embedding_bag", "mode 'max' cannot scale the gradient by frequency"});
+}

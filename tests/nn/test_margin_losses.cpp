@@ -199,7 +199,8 @@ TEST_CASE("The margin and likelihood losses refuse bad input with a clear Error"
                     {"gaussian_nll_loss", "var has negative entries"});
   test::check_error([&] { nn::cosine_similarity(x, zeros({2, 4})); }, {"cosine_similarity", "[3, 4]", "[2, 4]"});
   test::check_error([&] { nn::cosine_similarity(x, x, {.dim = 2}); }, {"cosine_similarity", "dim 2 is out of range"});
-  test::check_error([&] { nn::cosine_similarity(zeros({3}, kInt64), x); }, {"cosine_similarity", "x1 must be floating"});
+  test::check_error([&] { nn::cosine_similarity(zeros({3}, kInt64), zeros({3}, kInt32)); },
+                    {"cosine_similarity", "x1 or x2 must be floating", "int64 and int32"});
 }
 
 TEST_CASE("The loss modules call their functional forms with their options", "[nn][losses][modules]") {
@@ -393,4 +394,26 @@ TEST_CASE("ctc_loss passes gradcheck and gradgradcheck in float64", "[nn][losses
   };
   CHECK(autograd::gradcheck(fn, {logits}));
   CHECK(autograd::gradgradcheck(fn, {logits}));
+}
+
+TEST_CASE("The margin losses' hinges pass no gradient at 0, as PyTorch's kernels, and their inputs as PyTorch",
+          "[nn][losses]") {
+  // x = (1, 0, 0.5), class 0: multi_margin's hinge for class 1 is 1 - 1 + 0 = 0 exactly (torch 1.13:
+  // the gradient is (-1/3, 0, 1/3) for both losses; a clamp's would be (-2/3, 1/3, 1/3)).
+  Tensor x = from_vector<double>({1, 0, 0.5}, {1, 3}).requires_grad_();
+  const Tensor expected = from_vector<double>({-1.0 / 3, 0, 1.0 / 3}, {1, 3});
+  nn::multi_margin_loss(x, from_vector<int64_t>({0})).backward();
+  test::check_close(x.grad(), expected);
+  x.set_grad(Tensor());
+  nn::multilabel_margin_loss(x, from_vector<int64_t>({0, -1, 0}, {1, 3})).backward();
+  test::check_close(x.grad(), expected);
+  // As PyTorch: a (1, C) input with a 0-d target, an integer x2 for cosine_similarity (promoted), and
+  // an unbatched CTC input with (1, S) targets.
+  CHECK(nn::multi_margin_loss(x.detach(), scalar_tensor(0, kInt64), {.reduction = "none"}).dim() == 0);
+  test::check_close(nn::cosine_similarity(from_vector<double>({1, 0, 1}, {1, 3}), from_vector<int64_t>({2, 0, 0}, {1, 3})),
+                    from_vector<double>({1 / std::sqrt(2.0)}));
+  const Tensor lp = log_softmax(test::sample({5, 4}, kFloat64), 1);
+  test::check_equal(nn::ctc_loss(lp, from_vector<int64_t>({1, 2}, {1, 2}), scalar_tensor(5, kInt64),
+                                 scalar_tensor(2, kInt64)),
+                    nn::ctc_loss(lp, from_vector<int64_t>({1, 2}), scalar_tensor(5, kInt64), scalar_tensor(2, kInt64)));
 }

@@ -277,5 +277,6 @@ TEST_CASE("Packing refuses bad lengths with a clear Error", "[nn][rnn][packed][e
   broken.data = zeros({5, 2});
   test::check_error([&] { rnn_utils::pad_packed_sequence(broken); }, {"batch_sizes sum to 7", "data has 5 rows"});
   nn::GRU gru(3, 4);
-  test::check_error([&] { gru.forward_with_packed_input(p); }, {"nn::GRU", "input", "3"});
+  test::check_error([&] { gru.forward_with_packed_input(p); },
+                    {"nn::GRU: expected a PackedSequence of steps (sum of the lengths, 3)", "[7, 2]"});
 }

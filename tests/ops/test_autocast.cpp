@@ -106,6 +106,10 @@ std::vector<Case> cases() {
        [](const V& v) { return nn::triplet_margin_loss(v[0], v[1], v[2]); }},
       {"poisson_nll_loss", [](DType d) { return V{s({4, 5}, d), positive({4, 5}, d, 1)}; },
        [](const V& v) { return nn::poisson_nll_loss(v[0], v[1]); }},
+      {"ctc_loss", [](DType d) { return V{s({6, 2, 4}, d).log_softmax(2), from_vector<int64_t>({1, 2, 3, 1}, {2, 2})}; },
+       [](const V& v) {
+         return nn::ctc_loss(v[0], v[1], from_vector<int64_t>({6, 5}), from_vector<int64_t>({2, 2}));
+       }},
       {"binary_cross_entropy", [](DType d) { return V{(s({4, 5}, kFloat32).sigmoid()).to(d), positive({4, 5}, d, 1) / 3}; },
        [](const V& v) { return nn::binary_cross_entropy(v[0], v[1]); }},
       {"scaled_dot_product_attention", [](DType d) { return V{s({2, 5, 4}, d), s({2, 6, 4}, d, 1), s({2, 6, 3}, d, 2)}; },
@@ -194,6 +198,7 @@ TEST_CASE("autocast policy table: the rows that follow PyTorch's CPU and CUDA li
                                        {"kl_div", F, F},
                                        {"triplet_margin_loss", F, F},
                                        {"cosine_similarity", N, F},
+                                       {"ctc_loss", F, N},
                                        {"binary_cross_entropy", F, Policy::Banned},
                                        {"cat", P, N},
                                        {"scatter_add", N, P},
