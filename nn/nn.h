@@ -4,6 +4,7 @@
 
 #include "nn/activation.h"
 #include "nn/container.h"
+#include "nn/convert_parameters.h"
 #include "nn/conv.h"
 #include "nn/flops_profiler.h"
 #include "nn/functional.h"

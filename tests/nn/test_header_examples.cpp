@@ -78,6 +78,12 @@ TEST_CASE("The nn headers' examples compile and run", "[nn][examples]") {
   CHECK(padded.sizes() == Shape{2, 5, 4});
   test::check_equal(out_lengths, lengths);
 
+  // nn/convert_parameters.h
+  nn::Linear model(3, 2);
+  Tensor flat = nn::utils::parameters_to_vector(model.parameters());
+  nn::utils::vector_to_parameters(flat * 0.5, model.parameters());
+  test::check_close(nn::utils::parameters_to_vector(model.parameters()), flat.detach() * 0.5);
+
   // nn/module.h, Module::set_parameter
   nn::Embedding embedding(10, 8);
   nn::Linear head(8, 10, {.bias = false});
