@@ -269,6 +269,50 @@ Module& Module::apply(const std::function<void(Module&)>& fn) {
 
 // ---- mode, placement, gradients ----
 
+Module& Module::get_submodule(const std::string& target) {
+  Module* at = this;
+  std::string path;  // the part found so far
+  size_t begin = 0;
+  while (!target.empty() && begin <= target.size()) {
+    const size_t dot = target.find('.', begin);
+    const std::string part = target.substr(begin, dot == std::string::npos ? std::string::npos : dot - begin);
+    Module* next = nullptr;
+    for (const auto& [name, child] : at->named_children()) {
+      if (name == part) next = child;
+    }
+    KILN_CHECK(next != nullptr, "nn::Module::get_submodule: {} has no submodule '{}' (looking for '{}')",
+               path.empty() ? name() : fmt::format("{} ('{}')", at->name(), path), part, target);
+    path += (path.empty() ? "" : ".") + part;
+    at = next;
+    if (dot == std::string::npos) break;
+    begin = dot + 1;
+  }
+  return *at;
+}
+
+Tensor Module::get_parameter(const std::string& target) const {
+  std::vector<std::pair<std::string, Tensor>> all;
+  collect_parameters("", all);  // every name, a tied parameter's second one too
+  for (const auto& [name, t] : all) {
+    if (name == target) return t;
+  }
+  KILN_FAIL("nn::Module::get_parameter: {} has no parameter '{}'", name(), target);
+}
+
+Tensor Module::get_buffer(const std::string& target) const {
+  std::vector<std::pair<std::string, Tensor>> all;
+  collect_buffers("", false, all);
+  for (const auto& [name, t] : all) {
+    if (name == target) return t;
+  }
+  KILN_FAIL("nn::Module::get_buffer: {} has no buffer '{}'", name(), target);
+}
+
+Module& Module::requires_grad_(bool requires_grad) {
+  for (Tensor& p : parameters()) p.requires_grad_(requires_grad);
+  return *this;
+}
+
 Module& Module::train(bool on) {
   training_ = on;
   for (const Child& c : children_) c.module->train(on);

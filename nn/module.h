@@ -124,6 +124,13 @@ class Module {
   std::vector<std::pair<std::string, Module*>> named_modules();  // this one is named ""
   // fn on every submodule (children first), then on this one, as PyTorch's apply; returns *this.
   Module& apply(const std::function<void(Module&)>& fn);
+  // By dotted name, as PyTorch's get_submodule / get_parameter / get_buffer: "" is this module,
+  // "blocks.1.conv" a child of a child; a parameter or buffer by the name named_parameters() or
+  // named_buffers() gives it (a tied parameter under either of its names). An Error names the part that
+  // is missing.
+  Module& get_submodule(const std::string& target);
+  Tensor get_parameter(const std::string& target) const;
+  Tensor get_buffer(const std::string& target) const;
 
   // ---- mode, placement, gradients ----
   Module& train(bool on = true);
@@ -132,6 +139,14 @@ class Module {
   Module& to(Device device);
   Module& to(DType dtype);  // floating parameters and buffers only (int64 counters keep their dtype)
   Module& to(Device device, DType dtype);
+  // PyTorch's shorthands: to(Device::cpu()), to(Device::cuda(index)), to(kFloat16), to(kBFloat16).
+  // (float() and double() are C++ keywords: to(kFloat32), to(kFloat64).)
+  Module& cpu() { return to(Device::cpu()); }
+  Module& cuda(int index = 0) { return to(Device::cuda(index)); }
+  Module& half() { return to(kFloat16); }
+  Module& bfloat16() { return to(kBFloat16); }
+  // Sets requires_grad of every parameter (freezing a part: `backbone.requires_grad_(false)`).
+  Module& requires_grad_(bool requires_grad = true);
   void zero_grad(bool set_to_none = true);
 
   // ---- state ----

@@ -474,3 +474,43 @@ TEST_CASE("a null submodule and a parameter that is not one are Errors, not cras
   Tensor w = zeros({3, 2}).requires_grad_();
   test::check_error([&] { lin.set_parameter("weight", w * 2); }, {"set_parameter", "leaf"});
 }
+
+TEST_CASE("get_submodule, get_parameter and get_buffer find by dotted name, requires_grad_ freezes, and the "
+          "to() shorthands convert",
+          "[nn][module]") {
+  nn::Sequential net{nn::Linear(3, 4), nn::BatchNorm1d(4), nn::Sequential{nn::ReLU(), nn::Linear(4, 2)}};
+  CHECK(&net.get_submodule("") == &net);
+  nn::Module& inner = net.get_submodule("2.1");
+  CHECK(inner.name() == "Linear");
+  CHECK(net.get_parameter("2.1.weight").is_same(dynamic_cast<nn::Linear&>(inner).weight));
+  CHECK(net.get_buffer("1.running_mean").is_same(net.named_buffers()[0].second));
+  test::check_error([&] { net.get_submodule("2.5"); },
+                    {"get_submodule", "Sequential ('2') has no submodule '5'", "looking for '2.5'"});
+  test::check_error([&] { net.get_submodule("x"); }, {"Sequential has no submodule 'x'"});
+  test::check_error([&] { net.get_parameter("1.running_mean"); }, {"get_parameter", "no parameter '1.running_mean'"});
+  test::check_error([&] { net.get_buffer("0.weight"); }, {"get_buffer", "no buffer '0.weight'"});
+  // A tied parameter answers to both of its names (named_parameters lists it once).
+  struct Tied : nn::Module {
+    nn::Embedding e{5, 3};
+    nn::Linear h{3, 5, {.bias = false}};
+    Tied() {
+      register_modules({{"e", e}, {"h", h}});
+      h.weight = h.set_parameter("weight", e.weight);
+    }
+  } model;
+  CHECK(model.named_parameters().size() == 1);
+  CHECK(model.get_parameter("h.weight").is_same(model.get_parameter("e.weight")));
+  // requires_grad_(false) freezes every parameter, and true thaws them.
+  net.get_submodule("2").requires_grad_(false);
+  CHECK_FALSE(net.get_parameter("2.1.weight").requires_grad());
+  CHECK(net.get_parameter("0.weight").requires_grad());
+  net.requires_grad_();
+  CHECK(net.get_parameter("2.1.bias").requires_grad());
+  // The shorthands: half() and bfloat16() convert the floating parameters and buffers, cpu() stays.
+  net.half();
+  CHECK(net.get_parameter("0.weight").dtype() == kFloat16);
+  CHECK(net.get_buffer("1.num_batches_tracked").dtype() == kInt64);
+  net.bfloat16().cpu();
+  CHECK(net.get_buffer("1.running_var").dtype() == kBFloat16);
+  CHECK(net.get_parameter("0.weight").device() == Device::cpu());
+}
