@@ -20,12 +20,8 @@ using namespace kiln;
 static double median_ms(const std::function<void()>& fn) { return kiln_bench::median_ms(fn, 10, 101); }
 
 int main(int argc, char** argv) {
-  int threads = 2;
-  if (argc > 2 || (argc == 2 && std::atoi(argv[1]) <= 0)) {
-    std::fprintf(stderr, "usage: %s [threads]\n", argv[0]);
-    return 2;
-  }
-  if (argc == 2) threads = std::atoi(argv[1]);
+  const int threads = kiln_bench::threads_arg(argc, argv);
+  if (threads == 0) return 2;
   set_num_threads(threads);
   for (DType dt : {kFloat32, kFloat64}) {
     for (auto [rows, width] : std::vector<std::pair<int64_t, int64_t>>{{2048, 128}, {512, 768}}) {

@@ -26,11 +26,8 @@ static Tensor ctc_targets(int64_t samples, int64_t length, int64_t classes) {
 }
 
 int main(int argc, char** argv) {
-  if (argc > 2 || (argc == 2 && std::atoi(argv[1]) <= 0)) {
-    std::fprintf(stderr, "usage: %s [threads]\n", argv[0]);
-    return 2;
-  }
-  const int threads = argc == 2 ? std::atoi(argv[1]) : 2;
+  const int threads = kiln_bench::threads_arg(argc, argv);
+  if (threads == 0) return 2;
   set_num_threads(threads);
   auto report = [&](const std::string& part, double ms) {
     std::printf("{\"bench\":\"losses\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,\"part\":\"%s\",\"ms\":%.3f}\n",

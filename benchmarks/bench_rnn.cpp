@@ -18,11 +18,8 @@ using namespace kiln;
 static double median_ms(const std::function<void()>& fn) { return kiln_bench::median_ms(fn, 2, 7); }
 
 int main(int argc, char** argv) {
-  if (argc > 2 || (argc == 2 && std::atoi(argv[1]) <= 0)) {
-    std::fprintf(stderr, "usage: %s [threads]\n", argv[0]);
-    return 2;
-  }
-  const int threads = argc == 2 ? std::atoi(argv[1]) : 2;
+  const int threads = kiln_bench::threads_arg(argc, argv);
+  if (threads == 0) return 2;
   set_num_threads(threads);
   auto report = [&](const std::string& part, double ms) {
     std::printf("{\"bench\":\"rnn\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,\"part\":\"%s\",\"ms\":%.3f}\n",

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <vector>
 
@@ -29,6 +31,16 @@ inline double median_ms(const std::function<void()>& fn, int warmup, int runs) {
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   return median(ms);
+}
+
+// The optional thread count of a program called as `prog [threads]` (2 when absent); 0 after printing
+// the usage line for anything else, for main to return 2.
+inline int threads_arg(int argc, char** argv) {
+  if (argc > 2 || (argc == 2 && std::atoi(argv[1]) <= 0)) {
+    std::fprintf(stderr, "usage: %s [threads]\n", argv[0]);
+    return 0;
+  }
+  return argc == 2 ? std::atoi(argv[1]) : 2;
 }
 
 // Peak resident set size of the whole process so far, in MiB (ru_maxrss is in KiB on Linux).
