@@ -1,8 +1,9 @@
-// bench_losses: the losses written as compositions of ops (nn/loss.cpp) on the CPU, forward + backward
-// of the mean loss with respect to the input(s): CTC over (T, N, C) log-softmax outputs (T = 50 and 200),
-// triplet margin, multi-margin, multi-label margin (one (N, C, C) tensor of hinges), cosine embedding,
-// Gaussian NLL and cosine similarity. ms: the median of 7 runs after 2 warm-up runs. One JSON line per
-// result. Its PyTorch counterpart: benchmarks/torch_losses.py (same shapes, parts and timing rule).
+// bench_losses: the losses of nn/loss.cpp on the CPU, forward + backward of the mean loss with respect
+// to the input(s): CTC over (T, N, C) log-softmax outputs (T = 50 and 200; its fused kernels, and with
+// fusion off its composition of ops), triplet margin, multi-margin, multi-label margin (one (N, C, C)
+// tensor of hinges), cosine embedding, Gaussian NLL and cosine similarity. ms: the median of 7 runs
+// after 2 warm-up runs. One JSON line per result. Its PyTorch counterpart: benchmarks/torch_losses.py
+// (same shapes, parts and timing rule; no composed parts).
 // Usage: bench_losses [threads] (default 2).
 #include <kiln/kiln.h>
 
@@ -47,8 +48,14 @@ int main(int argc, char** argv) {
   for (auto [frames, samples, classes, length] : std::vector<std::array<int64_t, 4>>{{50, 16, 20, 10}, {200, 32, 30, 40}}) {
     const Tensor targets = ctc_targets(samples, length, classes);
     const Tensor in_len = full({samples}, frames, kInt64), tgt_len = full({samples}, length, kInt64);
-    fwd_bwd("ctc_T" + std::to_string(frames) + "_forward_backward", {randn({frames, samples, classes}, {}, &gen)},
-            [&](const std::vector<Tensor>& in) { return nn::ctc_loss(log_softmax(in[0], 2), targets, in_len, tgt_len); });
+    const Tensor logits = randn({frames, samples, classes}, {}, &gen);
+    const auto ctc = [&](const std::vector<Tensor>& in) {
+      return nn::ctc_loss(log_softmax(in[0], 2), targets, in_len, tgt_len);
+    };
+    fwd_bwd("ctc_T" + std::to_string(frames) + "_forward_backward", {logits}, ctc);
+    set_fusion(false);  // the recursion composed from ops (Note [ctc as ops] in nn/loss.cpp)
+    fwd_bwd("ctc_T" + std::to_string(frames) + "_composed_forward_backward", {logits}, ctc);
+    set_fusion(true);
   }
   const Tensor signs = (randn({1024}, {}, &gen).gt(0).to(kFloat32) * 2 - 1);
   fwd_bwd("triplet_margin_forward_backward",

@@ -373,6 +373,28 @@ class Backend {
                                       const View& grad_loss, const View& grad_logits, int64_t ignore_index,
                                       double label_smoothing, const Stream& s) = 0;
 
+  // CTC (Graves et al., 2006) of each sample n of log_probs (T, N, C), float32 or float64, with targets
+  //   (N, S) int64 whose first target_lengths[n] columns are sample n's labels (class indices), and
+  //   input_lengths, target_lengths (N) int64 in [0, T] and [0, S] (ops/ctc.cpp has checked them all).
+  //   Over the extended target l' = (blank, l_1, blank, l_2, ..., blank) of L_n = 2 target_lengths[n]
+  //   + 1 states, with T_n = input_lengths[n]:
+  //     log_alpha[n][t][s] = log of the probability of the alignments of frames 0..t that end in state s
+  //       (for t < T_n and s < L_n; the other entries are not written);
+  //     nll[n] = -log(alpha[T_n - 1][L_n - 1] + alpha[T_n - 1][L_n - 2]), +inf where no alignment
+  //       exists, 0 for an empty target without frames.
+  //   nll (N) and log_alpha (N, T, 2 S + 1) are of log_probs' dtype, every view contiguous.
+  virtual void ctc_loss(const View& log_probs, const View& targets, const View& input_lengths,
+                        const View& target_lengths, const View& nll, const View& log_alpha, int64_t blank,
+                        const Stream& s) = 0;
+  // From the forward's views and grad_nll (N): grad_log_probs[t][n][c] = -grad_nll[n] exp(log(sum over
+  //   states s with l'[s] = c of alpha[t][s] beta[t][s]) + nll[n] - log_probs[t][n][c]) for t < T_n,
+  //   beta the same recursion run from the last frame back (into log_beta, (N, T, 2 S + 1) scratch), and
+  //   0 on the other frames and for a sample whose nll is +inf. grad_log_probs is overwritten.
+  virtual void ctc_loss_backward(const View& grad_nll, const View& log_probs, const View& targets,
+                                 const View& input_lengths, const View& target_lengths, const View& nll,
+                                 const View& log_alpha, const View& log_beta, const View& grad_log_probs,
+                                 int64_t blank, const Stream& s) = 0;
+
   // -- attention over (B, H, rows, cols) views of one floating dtype: q (B, H, L, E), k (B, H, S, E),
   //    v (B, H, S, Ev), out (B, H, L, Ev) = softmax(scores) v row by row (the probabilities dropped
   //    and scaled first where args.dropout > 0), never holding a whole (L, S) score matrix, and lse

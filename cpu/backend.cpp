@@ -144,6 +144,16 @@ class CpuBackend final : public Backend {
                               const Stream&) override {
     cross_entropy_backward_kernel(logits, target, lse, grad_loss, grad_logits, ignore_index, label_smoothing);
   }
+  void ctc_loss(const View& log_probs, const View& targets, const View& input_lengths, const View& target_lengths,
+                const View& nll, const View& log_alpha, int64_t blank, const Stream&) override {
+    ctc_loss_kernel(log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank);
+  }
+  void ctc_loss_backward(const View& grad_nll, const View& log_probs, const View& targets, const View& input_lengths,
+                         const View& target_lengths, const View& nll, const View& log_alpha, const View& log_beta,
+                         const View& grad_log_probs, int64_t blank, const Stream&) override {
+    ctc_loss_backward_kernel(grad_nll, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, log_beta,
+                             grad_log_probs, blank);
+  }
   void attention(const View& q, const View& k, const View& v, const View& out, const View& lse,
                  const AttentionArgs& args, const Stream&) override {
     attention_kernel(q, k, v, out, lse, args);

@@ -232,8 +232,8 @@ void bias_gelu_backward_typed(const View& gv, const View& inv, const View& biasv
 inline bool target_class(const int64_t* target, int64_t r, int64_t C, int64_t ignore_index, int64_t& t) {
   t = target[r];
   if (t == ignore_index) return false;
-  KILN_CHECK(t >= 0 && t < C, "cross_entropy: target {} at position {} is not a class index in [0, {}) nor "
-             "ignore_index ({})", t, r, C, ignore_index);
+  KILN_CHECK(t >= 0 && t < C, "cross_entropy: target {} at position {} is out of range: it must be in [0, {}) or "
+             "equal to ignore_index ({})", t, r, C, ignore_index);
   return true;
 }
 

@@ -1,7 +1,7 @@
 // cpu/kernels.h: the CPU kernels, one group per file (private to cpu/). backend.cpp binds them to
 // the Backend contract of core/backend.h, whose comments say what each computes. Each file's CUDA
 // counterpart has the same stem in cuda/ (copy, elementwise, reduce, matmul, index, random, conv,
-// pool, norm, optim, fused, attention).
+// pool, norm, optim, fused, ctc, attention).
 #pragma once
 
 #include <type_traits>
@@ -90,6 +90,14 @@ void cross_entropy_kernel(const View& logits, const View& target, const View& lo
 void cross_entropy_backward_kernel(const View& logits, const View& target, const View& lse,
                                    const View& grad_loss, const View& grad_logits, int64_t ignore_index,
                                    double label_smoothing);
+
+// ctc.cpp
+void ctc_loss_kernel(const View& log_probs, const View& targets, const View& input_lengths,
+                     const View& target_lengths, const View& nll, const View& log_alpha, int64_t blank);
+void ctc_loss_backward_kernel(const View& grad_nll, const View& log_probs, const View& targets,
+                              const View& input_lengths, const View& target_lengths, const View& nll,
+                              const View& log_alpha, const View& log_beta, const View& grad_log_probs,
+                              int64_t blank);
 
 // gelu(x) and g * gelu'(x) over contiguous runs of float or double, the elementwise ops' vectorized
 // math (elementwise.cpp), so that the fused kernels round exactly as gelu does. y must not alias x.

@@ -4,8 +4,8 @@
 // elementwise.cu (unary, binary, where), reduce.cu (reduce, softmax), matmul.cu, index.cu
 // (index_select, index_add, gather, scatter), conv.cu (conv2d and its two backward kernels,
 // through cuDNN), pool.cu (max, average, adaptive average and adaptive max pooling), norm.cu (norm_rows),
-// fused.cu (layer_norm, bias_gelu, cross_entropy and their backward), optim.cu (adam_step,
-// sgd_step). The caching allocator is allocator.cpp, the entry points of cuda/cuda.h runtime.cpp.
+// fused.cu (layer_norm, bias_gelu, cross_entropy and their backward), ctc.cu (ctc_loss and its
+// backward), optim.cu (adam_step, sgd_step), attention.cu. The caching allocator is allocator.cpp, the entry points of cuda/cuda.h runtime.cpp.
 // Streams: Note [CUDA streams] in cuda/context.h. CPU sibling: cpu/backend.cpp.
 #include <climits>
 #include <mutex>
@@ -219,6 +219,18 @@ class CudaBackend final : public Backend {
                               const Stream& s) override {
     DeviceGuard guard(s.device.index, "cross_entropy backward");
     cross_entropy_backward_launch(logits, target, lse, grad_loss, grad_logits, ignore_index, label_smoothing, s);
+  }
+  void ctc_loss(const View& log_probs, const View& targets, const View& input_lengths, const View& target_lengths,
+                const View& nll, const View& log_alpha, int64_t blank, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "ctc_loss");
+    ctc_loss_launch(log_probs, targets, input_lengths, target_lengths, nll, log_alpha, blank, s);
+  }
+  void ctc_loss_backward(const View& grad_nll, const View& log_probs, const View& targets, const View& input_lengths,
+                         const View& target_lengths, const View& nll, const View& log_alpha, const View& log_beta,
+                         const View& grad_log_probs, int64_t blank, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "ctc_loss backward");
+    ctc_loss_backward_launch(grad_nll, log_probs, targets, input_lengths, target_lengths, nll, log_alpha, log_beta,
+                             grad_log_probs, blank, s);
   }
   // float16, bfloat16 and float32 (ops/attention.cpp composes float64, masked attention and attention
   // with dropout on this device).

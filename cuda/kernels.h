@@ -1,9 +1,9 @@
 // cuda/kernels.h: the CUDA launchers, one group per file (private to cuda/), each file with the
 // stem of its CPU sibling in cpu/ (copy, elementwise, reduce, matmul, index, random, conv, pool,
-// norm, optim). backend.cu binds them to the Backend contract of core/backend.h, whose comments say
-// what each computes. Each launcher runs on the stream it is given, on the current device (the
-// caller holds a DeviceGuard; copy_between sets the devices itself), and checks its launch with
-// KILN_CUDA_CHECK(cudaGetLastError()).
+// norm, optim, fused, ctc, attention). backend.cu binds them to the Backend contract of
+// core/backend.h, whose comments say what each computes. Each launcher runs on the stream it is
+// given, on the current device (the caller holds a DeviceGuard; copy_between sets the devices
+// itself), and checks its launch with KILN_CUDA_CHECK(cudaGetLastError()).
 #pragma once
 
 #include "core/backend.h"
@@ -107,6 +107,14 @@ void cross_entropy_launch(const View& logits, const View& target, const View& lo
 void cross_entropy_backward_launch(const View& logits, const View& target, const View& lse, const View& grad_loss,
                                    const View& grad_logits, int64_t ignore_index, double label_smoothing,
                                    const Stream& s);
+
+// ctc.cu
+void ctc_loss_launch(const View& log_probs, const View& targets, const View& input_lengths, const View& target_lengths,
+                     const View& nll, const View& log_alpha, int64_t blank, const Stream& s);
+void ctc_loss_backward_launch(const View& grad_nll, const View& log_probs, const View& targets,
+                              const View& input_lengths, const View& target_lengths, const View& nll,
+                              const View& log_alpha, const View& log_beta, const View& grad_log_probs, int64_t blank,
+                              const Stream& s);
 
 // attention.cu: Backend::attention and its backward for float16, bfloat16 and float32 (B, H, L, D)
 // views with any strides on their first three dims, D = 32, 64, 96 or 128, L and S > 0, lse in

@@ -230,7 +230,7 @@ Bags bags_of(const Tensor& input, const EmbeddingBagFuncOptions& options, const 
              "{}: with include_last_offset, offsets needs at least one entry (the end of the last bag)", op);
   Bags bags;
   try {
-    const std::vector<int64_t> at = offsets.to(kInt64).to(Device::cpu()).to_vector<int64_t>();
+    const std::vector<int64_t> at = offsets.to_vector<int64_t>();
     KILN_CHECK(entries == 0 || at[0] == 0, "{}: offsets[0] is {}; the first bag must start at the input's start, 0",
                op, entries == 0 ? 0 : at[0]);
     for (int64_t i = 1; i < entries; ++i) {

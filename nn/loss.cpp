@@ -468,17 +468,6 @@ void check_class_matrix(const Tensor& input, const char* op) {
              "{}: input must be (N, C) or (C) with C >= 1 classes, got shape {}", op, input.sizes().str());
 }
 
-// Every element of target in [low, classes); reads the target (one synchronisation on CUDA, as PyTorch's check).
-void check_indices_in(const Tensor& target, int64_t low, int64_t classes, const char* op) {
-  if (target.numel() == 0) return;
-  NoGradGuard no_grad;
-  Tensor bad = target.lt(low).logical_or(target.ge(classes));
-  if (!bad.any().item<bool>()) return;
-  const int64_t at = bad.reshape({-1}).to(kInt64).argmax().item<int64_t>();
-  KILN_FAIL("{}: target {} at position {} is out of range: it must be in [{}, {})", op,
-            target.reshape({-1})[at].item<int64_t>(), at, low, classes);
-}
-
 // max(z, 0) with no gradient at z = 0, as the native kernels of multi_margin_loss and
 // multilabel_margin_loss (a clamp's passes there, and equal logits put every hinge at 0).
 Tensor positive_part(const Tensor& z) { return where(z.gt(0), z, 0.0); }
@@ -575,7 +564,7 @@ Tensor multilabel_margin_loss(const Tensor& input, const Tensor& target, const L
   check_index_dtype(target, op);
   check_same_shape(input, target, op);
   const int64_t classes = input.size(-1);
-  check_indices_in(target, -1, classes, op);
+  check_class_targets(target, classes, std::nullopt, op, -1);
   const Tensor x = input.dim() == 1 ? input.unsqueeze(0) : input;  // (N, C)
   // (N, K), K the longest list: which target entries precede the row's first -1; them, else 0. (N, C):
   // which classes are targets.
@@ -614,7 +603,7 @@ Tensor multi_margin_loss(const Tensor& input, const Tensor& target, const MultiM
              "{}: for input of shape {} the target must have shape ({}){}, got {}", op, input.sizes().str(), rows,
              rows == 1 ? " or ()" : "", target.sizes().str());
   if (options.weight.defined()) check_class_weight(options.weight, input, classes, op);
-  check_indices_in(target, 0, classes, op);
+  check_class_targets(target, classes, std::nullopt, op);
   const Tensor x = input.reshape({rows, classes});
   const Tensor y = target.reshape({rows, 1}).to(kInt64);
   Tensor hinge = positive_part(options.margin - x.gather(1, y) + x);  // (N, C); its target column is dropped below
@@ -721,6 +710,9 @@ Tensor gaussian_nll_loss(const Tensor& input, const Tensor& target, const Tensor
 // forward-backward algorithm's beta pass, without writing it. Unreachable states hold kUnreachable
 // (-1e30) instead of -inf, so that a logsumexp of unreachable states has a finite gradient (0 / 0 with
 // -inf); a loss still at that size is an impossible alignment, returned as inf (or 0) with no gradient.
+// That is ctc_loss with fusion off (set_fusion(false)), and the reference of the fused kernels that
+// run while it is on (ops::ctc_nll: cpu/ctc.cpp, cuda/ctc.cu), which do the same recursion state by
+// state, then the beta pass and the gradient, instead of a dozen ops on (N, L) per frame each way.
 namespace {
 constexpr double kUnreachable = -1e30;
 
@@ -732,7 +724,57 @@ std::vector<int64_t> host_lengths(const Tensor& lengths, int64_t samples, bool b
              "ctc_loss: {} must have {}, got shape {}", what,
              batched ? fmt::format("one entry per sample: shape ({})", samples) : std::string("one entry"),
              lengths.sizes().str());
-  return lengths.reshape({-1}).to(kInt64).to(Device::cpu()).to_vector<int64_t>();
+  return lengths.to_vector<int64_t>();
+}
+
+// ops::ctc_nll's loss (N) composed from ops (Note [ctc as ops]): padded (N, S) the labels, lengths
+// (N, 1) the target lengths, in_len on the host; >= -kUnreachable / 2 where the target is impossible.
+Tensor ctc_nll_composed(const Tensor& lp, const Tensor& padded, const Tensor& lengths,
+                        const std::vector<int64_t>& in_len, int64_t frames_used, int64_t blank) {
+  const int64_t frames = lp.size(0), samples = lp.size(1), classes = lp.size(2), longest = padded.size(1);
+  const Device device = lp.device();
+  const TensorOptions index_options = TensorOptions(kInt64).device(device);
+  const Tensor listed = arange(longest, kInt64, device).lt(lengths);  // (N, S)
+  {
+    NoGradGuard no_grad;
+    Tensor bad = listed.logical_and(padded.lt(0).logical_or(padded.ge(classes)));
+    KILN_CHECK(!bad.any().item<bool>(), "ctc_loss: a target is not a class index in [0, {})", classes);
+  }
+  const Tensor labels = padded.masked_fill(listed.logical_not(), blank);
+
+  // The extended targets (N, L) and where a state may be reached from two states back.
+  const int64_t states = 2 * longest + 1;
+  const Tensor blanks = full({samples, longest}, blank, index_options);
+  const Tensor extended =
+      cat({stack({blanks, labels}, 2).view({samples, 2 * longest}), full({samples, 1}, blank, index_options)}, 1);
+  Tensor skip = zeros({samples, states}, TensorOptions(kBool).device(device));
+  if (states > 2) {
+    const Tensor from = extended.narrow(1, 0, states - 2), to = extended.narrow(1, 2, states - 2);
+    skip = cat({skip.narrow(1, 0, 2), to.ne(blank).logical_and(to.ne(from))}, 1);
+  }
+  const Tensor emit = lp.gather(2, extended.unsqueeze(0).expand({frames, samples, states}).contiguous());  // (T, N, L)
+
+  const TensorOptions value_options = lp.options();
+  const Tensor unreachable_column = full({samples, 1}, kUnreachable, value_options);
+  Tensor alpha = cat({zeros({samples, 1}, value_options), full({samples, states - 1}, kUnreachable, value_options)}, 1);
+  const Tensor frames_of = from_vector(in_len, {samples, 1}, device);
+  for (int64_t t = 0; t < frames_used; ++t) {
+    const Tensor stay = alpha;
+    const Tensor step = cat({unreachable_column, alpha.narrow(1, 0, states - 1)}, 1);
+    const Tensor jump =
+        states > 2 ? where(skip, cat({unreachable_column, unreachable_column, alpha.narrow(1, 0, states - 2)}, 1),
+                           kUnreachable)
+                   : full({samples, states}, kUnreachable, value_options);
+    const Tensor next = logsumexp(stack({stay, step, jump}), {0}) + emit.select(0, t);
+    alpha = where(frames_of.gt(t), next, alpha);
+  }
+  // The last state and the one before it (a final blank, or the last label) of each sample.
+  const Tensor last = lengths * 2;                          // L_n - 1
+  const Tensor ends = cat({last, (last - 1).clamp(0)}, 1);  // (N, 2)
+  const Tensor no_label =
+      cat({zeros({samples, 1}, TensorOptions(kBool).device(device)), lengths.eq(0)}, 1);  // no state L_n - 2
+  const Tensor end_alpha = alpha.gather(1, ends).masked_fill(no_label, kUnreachable);
+  return -logsumexp(end_alpha, {1});
 }
 }  // namespace
 
@@ -790,49 +832,12 @@ Tensor ctc_loss(const Tensor& log_probs, const Tensor& targets, const Tensor& in
     padded = targets.to(kInt64).narrow(1, 0, longest);
   }
   const Device device = lp.device();
-  const TensorOptions index_options = TensorOptions(kInt64).device(device);
+  padded = padded.to(device);  // targets may be on the CPU for log_probs on a GPU, as in PyTorch
   const Tensor lengths = from_vector(tgt_len, {samples, 1}, device);
-  const Tensor listed = arange(longest, kInt64, device).lt(lengths);  // (N, S)
-  {
-    NoGradGuard no_grad;
-    Tensor bad = listed.logical_and(padded.lt(0).logical_or(padded.ge(classes)));
-    KILN_CHECK(!bad.any().item<bool>(), "{}: a target is not a class index in [0, {})", op, classes);
-  }
-  const Tensor labels = padded.masked_fill(listed.logical_not(), options.blank);
-
-  // The extended targets (N, L) and where a state may be reached from two states back.
-  const int64_t states = 2 * longest + 1;
-  const Tensor blanks = full({samples, longest}, options.blank, index_options);
-  const Tensor extended =
-      cat({stack({blanks, labels}, 2).view({samples, 2 * longest}), full({samples, 1}, options.blank, index_options)},
-          1);
-  Tensor skip = zeros({samples, states}, TensorOptions(kBool).device(device));
-  if (states > 2) {
-    const Tensor from = extended.narrow(1, 0, states - 2), to = extended.narrow(1, 2, states - 2);
-    skip = cat({skip.narrow(1, 0, 2), to.ne(options.blank).logical_and(to.ne(from))}, 1);
-  }
-  const Tensor emit = lp.gather(2, extended.unsqueeze(0).expand({frames, samples, states}).contiguous());  // (T, N, L)
-
-  const TensorOptions value_options = lp.options();
-  const Tensor unreachable_column = full({samples, 1}, kUnreachable, value_options);
-  Tensor alpha = cat({zeros({samples, 1}, value_options), full({samples, states - 1}, kUnreachable, value_options)}, 1);
-  const Tensor frames_of = from_vector(in_len, {samples, 1}, device);
-  for (int64_t t = 0; t < frames_used; ++t) {
-    const Tensor stay = alpha;
-    const Tensor step = cat({unreachable_column, alpha.narrow(1, 0, states - 1)}, 1);
-    const Tensor jump =
-        states > 2 ? where(skip, cat({unreachable_column, unreachable_column, alpha.narrow(1, 0, states - 2)}, 1),
-                           kUnreachable)
-                   : full({samples, states}, kUnreachable, value_options);
-    const Tensor next = logsumexp(stack({stay, step, jump}), {0}) + emit.select(0, t);
-    alpha = where(frames_of.gt(t), next, alpha);
-  }
-  // The last state and the one before it (a final blank, or the last label) of each sample.
-  const Tensor last = lengths * 2;                                         // L_n - 1
-  const Tensor ends = cat({last, (last - 1).clamp(0)}, 1);                 // (N, 2)
-  const Tensor no_label = cat({zeros({samples, 1}, TensorOptions(kBool).device(device)), lengths.eq(0)}, 1);  // no state L_n - 2
-  const Tensor end_alpha = alpha.gather(1, ends).masked_fill(no_label, kUnreachable);
-  Tensor loss = -logsumexp(end_alpha, {1});  // (N)
+  Tensor loss = fusion_enabled()  // (N), >= -kUnreachable / 2 (inf from the kernel) where impossible
+                    ? ops::ctc_nll(lp, padded, from_vector(in_len, {samples}, device), lengths.view({samples}),
+                                   options.blank)
+                    : ctc_nll_composed(lp, padded, lengths, in_len, frames_used, options.blank);
   const Tensor impossible = loss.detach().ge(-kUnreachable / 2);
   loss = where(impossible.logical_not(), loss, options.zero_infinity ? 0.0 : INFINITY);
   if (!batched) loss = loss.squeeze(0);

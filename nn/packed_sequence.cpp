@@ -14,8 +14,6 @@ namespace kiln::nn::utils::rnn {
 
 namespace {
 
-std::vector<int64_t> host_longs(const Tensor& t) { return t.to(kInt64).to(Device::cpu()).reshape({-1}).to_vector<int64_t>(); }
-
 // How many of the sequences (lengths in batch order) have a step t, for each t below the longest.
 std::vector<int64_t> batch_sizes_of(const std::vector<int64_t>& lengths) {
   const int64_t longest = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
@@ -61,7 +59,7 @@ std::vector<int64_t> checked_order(const PackedSequence& sequence, const std::ve
   std::vector<int64_t> order(static_cast<size_t>(batch));
   std::iota(order.begin(), order.end(), 0);
   if (sequence.sorted_indices.defined()) {
-    order = host_longs(sequence.sorted_indices);
+    order = sequence.sorted_indices.to_vector<int64_t>();
     std::vector<int64_t> seen = order;
     std::sort(seen.begin(), seen.end());
     bool permutation = static_cast<int64_t>(seen.size()) == batch;
@@ -99,7 +97,7 @@ PackedSequence pack_padded_sequence(const Tensor& input, const Tensor& lengths, 
              "{}: lengths must be a 1-D int64 or int32 tensor, one length per sequence", op);
   const Tensor x = batch_first ? input.transpose(0, 1) : input;  // (L, B, *)
   const int64_t steps = x.size(0), batch = x.size(1);
-  const std::vector<int64_t> length = host_longs(lengths);
+  const std::vector<int64_t> length = lengths.to_vector<int64_t>();
   KILN_CHECK(batch >= 1 && static_cast<int64_t>(length.size()) == batch,
              "{}: lengths has {} entries for a batch of {} sequences (at least one)", op, length.size(), batch);
   for (int64_t b = 0; b < batch; ++b) {
@@ -122,7 +120,7 @@ std::tuple<Tensor, Tensor> pad_packed_sequence(const PackedSequence& sequence, b
   const char* op = "pad_packed_sequence";
   KILN_CHECK(sequence.batch_sizes.defined() && sequence.batch_sizes.dim() == 1,
              "{}: the PackedSequence has no batch_sizes", op);
-  const std::vector<int64_t> batch_sizes = host_longs(sequence.batch_sizes);
+  const std::vector<int64_t> batch_sizes = sequence.batch_sizes.to_vector<int64_t>();
   const std::vector<int64_t> order = checked_order(sequence, batch_sizes, op);
   const int64_t longest = static_cast<int64_t>(batch_sizes.size()), batch = static_cast<int64_t>(order.size());
   const int64_t steps = total_length.value_or(longest);
@@ -193,7 +191,7 @@ PackedSequence pack_sequence(const std::vector<Tensor>& sequences, bool enforce_
 }
 
 PackedSequence pack_like(const Tensor& padded, const PackedSequence& like) {
-  const std::vector<int64_t> batch_sizes = host_longs(like.batch_sizes);
+  const std::vector<int64_t> batch_sizes = like.batch_sizes.to_vector<int64_t>();
   const std::vector<int64_t> order = checked_order(like, batch_sizes, "pack_like");
   std::vector<int64_t> lengths(order.size(), 0);
   for (size_t t = 0; t < batch_sizes.size(); ++t) {

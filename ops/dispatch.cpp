@@ -106,14 +106,17 @@ void check_same_device(const char* op, const Tensor& a, const Tensor& b) {
              a.device().str(), b.device().str());
 }
 
-void check_class_targets(const Tensor& target, int64_t classes, int64_t ignore_index, const char* op) {
+void check_class_targets(const Tensor& target, int64_t classes, std::optional<int64_t> ignore_index, const char* op,
+                         int64_t low) {
   if (target.numel() == 0) return;
   NoGradGuard no_grad;
-  Tensor bad = target.ne(ignore_index).logical_and(target.lt(0).logical_or(target.ge(classes)));
+  Tensor bad = target.lt(low).logical_or(target.ge(classes));
+  if (ignore_index) bad = bad.logical_and(target.ne(*ignore_index));
   if (!bad.any().item<bool>()) return;
   const int64_t at = bad.reshape({-1}).to(kInt64).argmax().item<int64_t>();
-  KILN_FAIL("{}: target {} at position {} is not a class index in [0, {}) nor ignore_index ({})", op,
-            target.reshape({-1})[at].item<int64_t>(), at, classes, ignore_index);
+  KILN_FAIL("{}: target {} at position {} is out of range: it must be in [{}, {}){}", op,
+            target.reshape({-1})[at].item<int64_t>(), at, low, classes,
+            ignore_index ? fmt::format(" or equal to ignore_index ({})", *ignore_index) : std::string());
 }
 
 int first_expanded_dim(const Tensor& t) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -44,10 +45,12 @@ bool fused_backward();
 // "add: expected all tensors on one device, got cpu and cuda:0 (move one with .to(device))"
 void check_same_device(const char* op, const Tensor& a, const Tensor& b);
 
-// Class-index targets (cross_entropy, nll_loss): each in [0, classes) or equal to ignore_index, else
-// an Error naming `op`, the first bad target and its position. One pass, and a sync on a GPU (whose
-// kernels cannot throw, and whose gather would wrap a negative index).
-void check_class_targets(const Tensor& target, int64_t classes, int64_t ignore_index, const char* op);
+// Class-index targets (cross_entropy, nll_loss, the margin losses): each in [low, classes) (low is 0,
+// or -1 where a -1 ends a list of targets: multilabel_margin_loss) or equal to ignore_index where one
+// is given, else an Error naming `op`, the first bad target and its position. One pass, and a sync on
+// a GPU (whose kernels cannot throw, and whose gather would wrap a negative index).
+void check_class_targets(const Tensor& target, int64_t classes, std::optional<int64_t> ignore_index, const char* op,
+                         int64_t low = 0);
 
 // In-place writes. The written tensor must not have two elements at one memory location (an
 // expanded tensor); an operand that shares memory with it other than element for element (x.t()

@@ -245,6 +245,18 @@ Tensor log_softmax(const Tensor& x, int64_t dim);
 Tensor softmax_cross_entropy(const Tensor& logits, const Tensor& target, int64_t ignore_index = -100,
                              double label_smoothing = 0);
 
+// ---- ctc.cpp ----
+// CTC's negative log-likelihood (Graves et al., 2006) of each sample, -log p(targets[n] | log_probs[:, n]),
+// as one fused kernel each way: log_probs (T, N, C) float32 or float64, targets (N, S) int64 whose
+// first target_lengths[n] columns are sample n's labels (class indices), input_lengths and
+// target_lengths (N) int64 in [0, T] and [0, S]; -> (N) of log_probs' dtype, +inf where the target
+// has no alignment in the sample's frames (with no gradient). Its gradient with respect to log_probs
+// is the true one (PyTorch's adds exp(log_probs), which a log_softmax before it cancels), and cannot
+// itself be differentiated (create_graph is an Error, as in PyTorch). nn::ctc_loss (the reductions,
+// concatenated targets, zero_infinity, 16-bit inputs) calls it while fusion is on (set_fusion).
+Tensor ctc_nll(const Tensor& log_probs, const Tensor& targets, const Tensor& input_lengths,
+               const Tensor& target_lengths, int64_t blank = 0);
+
 // ---- attention.cpp ----
 // softmax(query key^T * scale + mask) value, as torch.nn.functional.scaled_dot_product_attention:
 // query (..., L, E), key (..., S, E), value (..., S, Ev) -> (..., L, Ev), batch dims broadcast.
@@ -406,8 +418,8 @@ std::string to_string(const Tensor& t);
 
 // Kernel fusion (DESIGN.md §5): on by default. set_fusion(false), or KILN_FUSION=0 in the environment,
 // makes the fused ops (scaled_dot_product_attention, gelu's backward, bias_gelu, addmm_gelu,
-// layer_norm, rms_norm, add_layer_norm and softmax_cross_entropy) run as their unfused compositions,
-// so that a benchmark can measure what fusion buys. Process-wide (attention.cpp). The fused
+// layer_norm, rms_norm, add_layer_norm, softmax_cross_entropy, and nn::ctc_loss's ctc_nll) run as their
+// unfused compositions, so that a benchmark can measure what fusion buys. Process-wide (attention.cpp). The fused
 // Adam/AdamW and SGD steps are the optimizers' own `fused` option, as in PyTorch. docs/fusion.md
 // lists them all.
 void set_fusion(bool enabled);

@@ -1,9 +1,10 @@
 // tests/cuda/test_cuda_fused.cpp: the fused kernels of cuda/fused.cu (layer_norm, rms_norm,
-// add_layer_norm, bias_gelu, softmax_cross_entropy) on cuda:0 against the CPU's fused kernels (which
-// tests/ops/test_fused.cpp checks against the unfused compositions), forward and every gradient, in
-// float64 and float32 (softmax_cross_entropy also in float16 and bfloat16), at odd sizes and rows
-// longer than a warp's stride; the target check; and the composed CUDA path (fusion off) against the
-// fused one. Skipped (exit 77) without a GPU.
+// add_layer_norm, bias_gelu, softmax_cross_entropy) and cuda/ctc.cu (ctc_loss) on cuda:0 against the
+// CPU's fused kernels (which tests/ops/test_fused.cpp and tests/nn/test_margin_losses.cpp check
+// against the unfused compositions), forward and every gradient, in float64 and float32
+// (softmax_cross_entropy also in float16 and bfloat16), at odd sizes and rows longer than a warp's
+// stride; the target checks; and the composed CUDA path (fusion off) against the fused one. Skipped
+// (exit 77) without a GPU.
 #include <cmath>
 
 #include "support.h"
@@ -155,4 +156,32 @@ TEST_CASE("fused softmax_cross_entropy on cuda:0 equals the CPU's, bad targets a
   Tensor logits = zeros({3, 4}, TensorOptions().device(kGpu));
   test::check_error([&] { softmax_cross_entropy(logits, from_vector<int64_t>({0, 4, 1}, {3}).to(kGpu)); },
                     {"cross_entropy", "target 4 at position 1", "[0, 4)"});
+}
+
+TEST_CASE("fused ctc_loss on cuda:0 equals the CPU's, bad lengths and labels are an Error", "[gpu][fused][ctc]") {
+  // 161 states (more than a block's 128 threads), frames past a sample's length, a target without
+  // frames, one its frames cannot hold (45 distinct labels in 40 frames), an empty one; the GPU fused
+  // and composed against the CPU's fused kernel (which tests/nn checks against the composition).
+  const int64_t frames = 100, samples = 5, classes = 30, longest = 80;
+  std::vector<int64_t> labels(samples * longest);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = 1 + (static_cast<int64_t>(i) * 7) % (classes - 1);
+  const Tensor targets = from_vector(labels, {samples, longest});
+  const Tensor in_len = from_vector<int64_t>({100, 90, 0, 40, 100}), tgt_len = from_vector<int64_t>({80, 30, 2, 45, 0});
+  const Fn fn = [](const TensorList& t) {
+    return TensorList{nn::ctc_loss(log_softmax(t[0], 2), t[1], t[2], t[3], {.reduction = "none"})};
+  };
+  for (DType dt : {kFloat64, kFloat32}) {
+    INFO(dtype_name(dt));
+    const Tensor logits = test::sample({frames, samples, classes}, dt, 0.9) * 2;
+    check_gpu_equals_cpu(fn, {logits, targets, in_len, tgt_len}, 11);
+    check_gpu_equals_cpu(fn, {logits, targets, in_len, tgt_len}, 11, false);
+  }
+  const Tensor lp = zeros({3, 2, 4}, TensorOptions().device(kGpu));
+  const Tensor t = from_vector<int64_t>({1, 2, 3, 1}, {2, 2}).to(kGpu), l = from_vector<int64_t>({3, 2}).to(kGpu);
+  test::check_error([&] { ops::ctc_nll(lp, t, from_vector<int64_t>({3, 4}).to(kGpu), l); },
+                    {"ctc_loss", "input length is outside [0, 3]"});
+  test::check_error([&] { ops::ctc_nll(lp, t, l, from_vector<int64_t>({2, 3}).to(kGpu)); },
+                    {"ctc_loss", "target length is outside [0, 2]"});
+  test::check_error([&] { ops::ctc_nll(lp, from_vector<int64_t>({1, 2, 4, 1}, {2, 2}).to(kGpu), l, l - l + 2); },
+                    {"ctc_loss", "not a class index in [0, 4)"});
 }

@@ -392,8 +392,85 @@ TEST_CASE("ctc_loss passes gradcheck and gradgradcheck in float64", "[nn][losses
     return TensorList{nn::ctc_loss(log_softmax(in[0], 2), targets, from_vector<int64_t>({5, 4}),
                                    from_vector<int64_t>({3, 1}))};
   };
-  CHECK(autograd::gradcheck(fn, {logits}));
+  for (bool fused : {true, false}) {
+    INFO("fusion " << fused);
+    test::FusionGuard fusion(fused);
+    CHECK(autograd::gradcheck(fn, {logits}));
+  }
+  // The fused kernel's gradient is not differentiable again (as PyTorch's): gradgradcheck composes.
+  test::FusionGuard composed(false);
   CHECK(autograd::gradgradcheck(fn, {logits}));
+}
+
+TEST_CASE("ctc_loss's fused kernels equal its composition, forward and gradient", "[nn][losses][ctc][fused]") {
+  // Six samples: repeated labels (no skip between them), an empty target, a target without frames, a
+  // target its frames cannot hold (3 frames for a, b, b: it needs 4), a label equal to the blank (which
+  // PyTorch forbids but does not check: both paths treat it as a state without a skip into it), and one
+  // using every frame; padded and concatenated targets; float64 and float32; 1 and 2 threads.
+  const std::vector<int64_t> labels = {1, 1, 2, 3, 0, 0, 0, 0, 0, 0, 0, 0, 4, 2, 2,
+                                       3, 2, 2, 3, 0, 2, 1, 0, 2, 1, 2, 3, 4, 1, 0};
+  const Tensor targets = from_vector(labels, {6, 5}).narrow(1, 0, 4);  // a view with strides (5, 1)
+  const Tensor in_len = from_vector<int64_t>({9, 7, 0, 3, 9, 9}), tgt_len = from_vector<int64_t>({3, 0, 2, 3, 3, 4});
+  const Tensor concatenated = from_vector<int64_t>({1, 1, 2, 0, 0, 3, 2, 2, 2, 1, 0, 2, 3, 4, 1});
+  for (DType dt : {kFloat64, kFloat32}) {
+    INFO(dtype_name(dt));
+    const Tensor logits = test::sample({9, 6, 5}, dt, 1.3);
+    const Tensor cotangent = test::sample({6}, dt, 0.5);
+    auto run = [&](bool fused, const Tensor& t, bool zero_infinity) {
+      test::FusionGuard fusion(fused);
+      Tensor x = logits.clone().requires_grad_();
+      Tensor loss = nn::ctc_loss(log_softmax(x, 2), t, in_len, tgt_len,
+                                 {.reduction = "none", .zero_infinity = zero_infinity});
+      // The impossible sample's loss is inf; its cotangent is 0 so the others' gradients stay finite.
+      (loss.masked_fill(loss.isinf(), 0) * cotangent).sum().backward();
+      return std::make_pair(loss, x.grad());
+    };
+    for (bool zero_infinity : {false, true}) {
+      const auto [loss, grad] = run(false, targets, zero_infinity);
+      CHECK(std::isinf(loss.to_vector<double>()[3]) != zero_infinity);
+      for (int threads : {1, 2}) {
+        INFO("threads " << threads << ", zero_infinity " << zero_infinity);
+        test::ThreadsGuard pool(threads);
+        for (const Tensor& t : {targets, concatenated}) {
+          const auto [fused_loss, fused_grad] = run(true, t, zero_infinity);
+          test::check_close(fused_loss, loss);
+          test::check_close(fused_grad, grad);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("ops::ctc_nll: the true gradient, its arguments checked, no double backward", "[nn][losses][ctc][errors]") {
+  // Raw (unnormalised) log_probs: the gradient is -d log p / d log_probs itself, without PyTorch's
+  // exp(log_probs) term (which a log_softmax before it cancels).
+  const Tensor x = test::sample({6, 2, 4}, kFloat64, 0.8).requires_grad_();
+  const Tensor targets = from_vector<int64_t>({1, 2, 2, 3, 3, 0}, {2, 3});
+  const Tensor il = from_vector<int64_t>({6, 5}), tl = from_vector<int64_t>({3, 2});
+  CHECK(autograd::gradcheck([&](const TensorList& in) { return TensorList{ops::ctc_nll(in[0], targets, il, tl, 0)}; },
+                            {x}));
+  Tensor nll = ops::ctc_nll(x, targets, il, tl);
+  test::check_error([&] { autograd::grad({nll.sum()}, {x}, {}, true, true); },
+                    {"ctc_loss", "cannot be differentiated again", "set_fusion(false)"});
+  const Tensor lp = x.detach();
+  test::check_error([&] { ops::ctc_nll(lp.to(kFloat16), targets, il, tl); },
+                    {"ctc_loss", "float32 or float64 (T, N, C)", "float16"});
+  test::check_error([&] { ops::ctc_nll(lp, targets.narrow(0, 0, 1), il, tl); },
+                    {"ctc_loss", "targets must be int64 of shape (2, S)", "[1, 3]"});
+  test::check_error([&] { ops::ctc_nll(lp, targets, il.to(kInt32), tl); },
+                    {"ctc_loss", "input_lengths must be int64 of shape (2)", "int32"});
+  test::check_error([&] { ops::ctc_nll(lp, targets, il, Tensor()); },
+                    {"ctc_loss", "target_lengths", "undefined"});
+  test::check_error([&] { ops::ctc_nll(lp, targets, il, tl, 4); }, {"ctc_loss", "blank 4", "[0, 4)"});
+  test::check_error([&] { ops::ctc_nll(lp, targets, from_vector<int64_t>({6, 7}), tl); },
+                    {"ctc_loss", "input_lengths[1] is 7", "[0, 6]"});
+  test::check_error([&] { ops::ctc_nll(lp, targets, il, from_vector<int64_t>({-1, 2})); },
+                    {"ctc_loss", "target_lengths[0] is -1", "[0, 3]"});
+  test::check_error([&] { ops::ctc_nll(lp, from_vector<int64_t>({1, 2, 2, 3, 4, 0}, {2, 3}), il, tl); },
+                    {"ctc_loss", "target 1 of sample 1 is 4", "[0, 4)"});
+  // A label past the target's length is not read, so it may be anything.
+  test::check_close(ops::ctc_nll(lp, from_vector<int64_t>({1, 2, 2, 3, 3, -7}, {2, 3}), il, tl),
+                    ops::ctc_nll(lp, targets, il, tl));
 }
 
 TEST_CASE("The margin losses' hinges pass no gradient at 0, as PyTorch's kernels, and their inputs as PyTorch",
