@@ -60,10 +60,16 @@ Tensor BatchNormBase::forward(const Tensor& input) {
     num_batches_tracked.add_(1);
     if (!options.momentum) factor = 1.0 / static_cast<double>(num_batches_tracked.item<int64_t>());
   }
-  // Batch statistics while training, and always when there are no running statistics.
+  // Batch statistics while training, and always when there are no running statistics; across the
+  // processes of `sync` while training, as PyTorch's SyncBatchNorm.
+  if (is_training() && sync) {
+    return sync->batch_norm(input, running_mean, running_var, weight, bias, factor, options.eps);
+  }
   bool use_batch_stats = is_training() || !options.track_running_stats;
   return batch_norm(input, running_mean, running_var, weight, bias, use_batch_stats, factor, options.eps);
 }
+
+std::string BatchNormBase::name() const { return sync ? "SyncBatchNorm" : Module::name(); }
 
 std::string BatchNormBase::extra_repr() const {
   return fmt::format("{}, eps={}, momentum={}, affine={}, track_running_stats={}", num_features,

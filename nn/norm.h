@@ -4,6 +4,7 @@
 // as PyTorch.
 #pragma once
 
+#include <memory>
 #include <optional>
 
 #include "nn/module.h"
@@ -18,6 +19,20 @@ struct BatchNormOptions {
   bool track_running_stats = true;  // running_mean, running_var (C) and num_batches_tracked (int64)
 };
 
+// Batch statistics shared by several processes (PyTorch's SyncBatchNorm): a training BatchNorm that
+// holds one normalises with the statistics of the whole batch, every process's part of it. nn knows
+// only this interface; distributed::convert_sync_batchnorm and distributed::SyncBatchNorm
+// (distributed/ddp/sync_batch_norm.h) give BatchNorms one that runs collectives.
+class BatchNormSync {
+ public:
+  virtual ~BatchNormSync() = default;
+  // What batch_norm(input, running_mean, running_var, weight, bias, true, momentum, eps) gives on the
+  // concatenation of every process's input along dim 0: this process's rows of it, and the running
+  // statistics updated with the whole batch's.
+  virtual Tensor batch_norm(const Tensor& input, const Tensor& running_mean, const Tensor& running_var,
+                            const Tensor& weight, const Tensor& bias, double momentum, double eps) = 0;
+};
+
 // Normalises each channel over the batch (and spatial dims). Training: batch statistics, and the running
 // statistics are updated (by batch_norm) and num_batches_tracked counts the batches; eval: the running
 // statistics. Without running statistics the batch statistics are used in both modes.
@@ -26,12 +41,15 @@ class BatchNormBase : public Module {
   BatchNormBase(int64_t num_features, BatchNormOptions options);
   Tensor forward(const Tensor& input) override;
   std::string extra_repr() const override;
+  std::string name() const override;  // "SyncBatchNorm" while `sync` is set, as PyTorch's converted layers
 
   int64_t num_features;
   BatchNormOptions options;
   Tensor weight, bias;                 // (C) when affine
   Tensor running_mean, running_var;    // (C) when tracking
   Tensor num_batches_tracked;          // () int64 when tracking
+  // Set: while training, the batch statistics span every process that shares it (BatchNormSync).
+  std::shared_ptr<BatchNormSync> sync;
 
  protected:
   virtual void check_input(const Tensor& input) const = 0;
