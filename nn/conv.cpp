@@ -10,6 +10,7 @@
 
 #include "nn/functional.h"
 #include "nn/init.h"
+#include "nn/linear.h"  // py_float
 #include "ops/ops.h"
 
 namespace kiln::nn {
@@ -283,6 +284,33 @@ std::tuple<Tensor, Tensor> AdaptiveMaxPool1d::forward_with_indices(const Tensor&
   return adaptive_max_pool1d_with_indices(input, output_size);
 }
 std::string AdaptiveMaxPool1d::extra_repr() const { return fmt::format("output_size={}", output_size); }
+
+LPPool1d::LPPool1d(double norm_type, int64_t kernel_size, LPPool1dOptions options)
+    : norm_type(norm_type), kernel_size(kernel_size), options(options) {
+  KILN_CHECK(kernel_size > 0, "nn::LPPool1d: kernel_size must be positive, got {}", kernel_size);
+}
+Tensor LPPool1d::forward(const Tensor& input) {
+  return lp_pool1d(input, norm_type, kernel_size, options.stride, options.ceil_mode);
+}
+std::string LPPool1d::extra_repr() const {  // as PyTorch's: the sizes as given, an unset stride None
+  return fmt::format("norm_type={}, kernel_size={}, stride={}, ceil_mode={}", py_float(norm_type), kernel_size,
+                     options.stride ? std::to_string(*options.stride) : "None", options.ceil_mode ? "True" : "False");
+}
+
+LPPool2d::LPPool2d(double norm_type, Size2 kernel_size, LPPool2dOptions options)
+    : norm_type(norm_type), kernel_size(kernel_size), options(options) {
+  KILN_CHECK(kernel_size.has_value() && kernel_size.h > 0 && kernel_size.w > 0,
+             "nn::LPPool2d: kernel_size must be positive, got {}", kernel_size.str());
+}
+Tensor LPPool2d::forward(const Tensor& input) {
+  return lp_pool2d(input, norm_type, kernel_size.shape(),
+                   options.stride.has_value() ? options.stride.shape() : Shape{}, options.ceil_mode);
+}
+std::string LPPool2d::extra_repr() const {
+  return fmt::format("norm_type={}, kernel_size={}, stride={}, ceil_mode={}", py_float(norm_type),
+                     size_or_pair(kernel_size), options.stride.has_value() ? size_or_pair(options.stride) : "None",
+                     options.ceil_mode ? "True" : "False");
+}
 
 ConvTranspose2d::ConvTranspose2d(int64_t in_channels, int64_t out_channels, Size2 kernel_size,
                                  ConvTranspose2dOptions options)

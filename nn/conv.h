@@ -1,5 +1,6 @@
 // nn/conv.h: Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d and the pooling
-// layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, AdaptiveMaxPool2d, their 1-D and 3-D forms), over
+// layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, AdaptiveMaxPool2d, their 1-D and 3-D forms, LPPool1d
+// and LPPool2d), over
 // the ops of ops/ops.h (conv.cpp, pool.cpp), MaxUnpool1d/2d/3d (nn/unpool.cpp), and Unfold and Fold
 // (nn::functional::unfold, fold). Options follow PyTorch's keyword arguments:
 //   nn::Conv2d c1{1, 32, 3, {.padding = 1}};
@@ -318,6 +319,37 @@ class AdaptiveMaxPool1d : public Module {
   std::string extra_repr() const override;
 
   int64_t output_size;
+};
+
+// Power-average pooling (nn::functional::lp_pool1d / lp_pool2d): each window's (sum of x^p)^(1/p).
+struct LPPool1dOptions {
+  std::optional<int64_t> stride = {};  // unset: kernel_size
+  bool ceil_mode = false;
+};
+class LPPool1d : public Module {
+ public:
+  LPPool1d(double norm_type, int64_t kernel_size, LPPool1dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  double norm_type;
+  int64_t kernel_size;
+  LPPool1dOptions options;
+};
+
+struct LPPool2dOptions {
+  Size2 stride = {};  // unset: kernel_size
+  bool ceil_mode = false;
+};
+class LPPool2d : public Module {
+ public:
+  LPPool2d(double norm_type, Size2 kernel_size, LPPool2dOptions options = {});
+  Tensor forward(const Tensor& input) override;
+  std::string extra_repr() const override;
+
+  double norm_type;
+  Size2 kernel_size;
+  LPPool2dOptions options;
 };
 
 // The 3-D poolings: input (N, C, D, H, W) or (C, D, H, W); two 2-D poolings each (Note [3-D pooling is

@@ -369,6 +369,27 @@ Tensor local_response_norm(const Tensor& input, int64_t size, double alpha, doub
   return input / (mean * alpha + k).pow(beta);
 }
 
+namespace {
+// (sign(pooled) relu(|pooled|) window)^(1/p), PyTorch's last step of lp_pool, whose gradient it keeps.
+Tensor lp_pool_finish(const Tensor& pooled, double norm_type, int64_t window) {
+  return (pooled.sign() * pooled.abs().relu() * static_cast<double>(window)).pow(1.0 / norm_type);
+}
+}  // namespace
+
+Tensor lp_pool1d(const Tensor& input, double norm_type, int64_t kernel_size, std::optional<int64_t> stride,
+                 bool ceil_mode) {
+  KILN_CHECK(norm_type != 0, "lp_pool1d: norm_type must not be 0 (the power 1 / norm_type)");
+  return lp_pool_finish(avg_pool1d(input.pow(norm_type), kernel_size, stride, 0, ceil_mode), norm_type, kernel_size);
+}
+
+Tensor lp_pool2d(const Tensor& input, double norm_type, const Shape& kernel_size, const Shape& stride, bool ceil_mode) {
+  KILN_CHECK(norm_type != 0, "lp_pool2d: norm_type must not be 0 (the power 1 / norm_type)");
+  KILN_CHECK(kernel_size.size() == 1 || kernel_size.size() == 2,
+             "lp_pool2d: kernel_size must be one number or two, got {}", kernel_size.str());
+  const int64_t window = kernel_size.size() == 1 ? kernel_size[0] * kernel_size[0] : kernel_size[0] * kernel_size[1];
+  return lp_pool_finish(avg_pool2d(input.pow(norm_type), kernel_size, stride, {0, 0}, ceil_mode), norm_type, window);
+}
+
 // ---- activations with parameters ----
 
 namespace {

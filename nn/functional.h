@@ -123,6 +123,15 @@ Tensor channel_shuffle(const Tensor& input, int64_t groups);
 // around it, zero beyond the ends))^beta: the window runs from size / 2 channels before to (size - 1) / 2
 // after (torch.nn.functional.local_response_norm, AlexNet's).
 Tensor local_response_norm(const Tensor& input, int64_t size, double alpha = 1e-4, double beta = 0.75, double k = 1.0);
+// Power-average pooling (torch.nn.functional.lp_pool1d / lp_pool2d): each window's (sum of x^p)^(1/p),
+// over (N, C, L) / (N, C, H, W) inputs or their unbatched forms, without padding; stride unset: the
+// kernel. Computed as PyTorch does, avg_pool(x^p) times the window's size (so with ceil_mode a window
+// cut by the border is scaled by the whole window's size) and then ^(1/p): the same values, and the
+// same NaN gradient where a window sums to 0.
+Tensor lp_pool1d(const Tensor& input, double norm_type, int64_t kernel_size, std::optional<int64_t> stride = {},
+                 bool ceil_mode = false);
+Tensor lp_pool2d(const Tensor& input, double norm_type, const Shape& kernel_size, const Shape& stride = {},
+                 bool ceil_mode = false);
 
 // ---- resampling and instance norm (compositions of ops: any device, differentiable twice) ----
 // torch.nn.functional.interpolate's arguments:

@@ -205,6 +205,19 @@ std::string Upsample::extra_repr() const {  // as PyTorch's: size=4, size=(4, 6)
                      values.size() == 1 ? joined : "(" + joined + ")", options.mode);
 }
 
+namespace {
+UpsampleOptions with_mode(UpsampleOptions options, const char* mode, std::optional<bool> align_corners) {
+  options.mode = mode;
+  options.align_corners = align_corners;
+  return options;
+}
+}  // namespace
+
+UpsamplingNearest2d::UpsamplingNearest2d(UpsampleOptions options)
+    : Upsample(with_mode(std::move(options), "nearest", std::nullopt)) {}
+UpsamplingBilinear2d::UpsamplingBilinear2d(UpsampleOptions options)
+    : Upsample(with_mode(std::move(options), "bilinear", true)) {}
+
 PixelShuffle::PixelShuffle(int64_t upscale_factor) : upscale_factor(upscale_factor) {
   KILN_CHECK(upscale_factor > 0, "nn::PixelShuffle: upscale_factor must be positive, got {}", upscale_factor);
 }

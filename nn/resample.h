@@ -1,7 +1,8 @@
 // nn/resample.h: the layers that change a feature map's spatial size without weights: the padding
-// layers (ConstantPad, ZeroPad2d, ReflectionPad, ReplicationPad, CircularPad), Upsample and
-// PixelShuffle / PixelUnshuffle and ChannelShuffle, as PyTorch's. Their functional forms are ops::pad,
-// nn::functional::interpolate, ops::pixel_shuffle and nn::functional::channel_shuffle.
+// layers (ConstantPad, ZeroPad2d, ReflectionPad, ReplicationPad, CircularPad), Upsample (with
+// UpsamplingNearest2d and UpsamplingBilinear2d), PixelShuffle / PixelUnshuffle and ChannelShuffle, as
+// PyTorch's. Their functional forms are ops::pad, nn::functional::interpolate, ops::pixel_shuffle and
+// nn::functional::channel_shuffle.
 #pragma once
 
 #include <optional>
@@ -124,6 +125,17 @@ class Upsample : public Module {
   std::string extra_repr() const override;
 
   UpsampleOptions options;
+};
+
+// PyTorch's older shorthands for Upsample: nearest, and bilinear with align_corners = true
+// (nn::UpsamplingBilinear2d({.scale_factor = {2}})); the options' mode and align_corners are theirs.
+class UpsamplingNearest2d : public Upsample {
+ public:
+  explicit UpsamplingNearest2d(UpsampleOptions options);
+};
+class UpsamplingBilinear2d : public Upsample {
+ public:
+  explicit UpsamplingBilinear2d(UpsampleOptions options);
 };
 
 class PixelShuffle : public Module {

@@ -249,6 +249,35 @@ TEST_CASE("1-D pooling layers match torch, and print as torch's", "[nn][layers][
   CHECK(indices.to_vector<int64_t>() == std::vector<int64_t>{1, 3});
 }
 
+TEST_CASE("LPPool1d/2d and the Upsample shorthands match torch, and print as torch's", "[nn][layers][pool]") {
+  nn::LPPool1d lp1(2.0, 3, {.stride = 2});
+  check_layer(lp1, "lppool1d");
+  nn::LPPool1d lp1_ceil(1.5, 3, {.ceil_mode = true});
+  check_layer(lp1_ceil, "lppool1d_ceil_unbatched");
+  nn::LPPool2d lp2(2.0, {3, 2}, {.stride = {2, 1}});
+  check_layer(lp2, "lppool2d");
+  nn::LPPool2d lp2_ceil(3.0, 2, {.ceil_mode = true});
+  check_layer(lp2_ceil, "lppool2d_ceil");
+  nn::UpsamplingNearest2d nearest({.scale_factor = {2}});
+  check_layer(nearest, "upsampling_nearest2d");
+  nn::UpsamplingBilinear2d bilinear({.size = {5, 7}, .mode = "nearest", .align_corners = false});  // both overridden
+  check_layer(bilinear, "upsampling_bilinear2d");
+  nn::Sequential reprs;
+  reprs.push_back(std::make_shared<nn::UpsamplingNearest2d>(nn::UpsampleOptions{.scale_factor = {2}}));
+  reprs.push_back(std::make_shared<nn::UpsamplingBilinear2d>(nn::UpsampleOptions{.size = {5, 7}}));
+  reprs.push_back(std::make_shared<nn::LPPool1d>(2.0, 3));
+  reprs.push_back(std::make_shared<nn::LPPool1d>(1.5, 3, nn::LPPool1dOptions{.stride = 2, .ceil_mode = true}));
+  reprs.push_back(std::make_shared<nn::LPPool2d>(2.0, 3));
+  reprs.push_back(std::make_shared<nn::LPPool2d>(2.0, nn::Size2{3, 2}, nn::LPPool2dOptions{.stride = {2, 1}}));
+  const std::string repr = reprs.to_string();
+  CHECK(repr.substr(0, repr.rfind("\nParameters: ")) == test::nn_case("lppool_upsampling_reprs").strings.at("repr"));
+  test::check_error([] { nn::functional::lp_pool1d(ones({1, 4}), 0, 2); }, {"lp_pool1d", "norm_type must not be 0"});
+  test::check_error([] { nn::functional::lp_pool2d(ones({1, 4, 4}), 2, {1, 2, 3}); },
+                    {"lp_pool2d", "kernel_size", "one number or two"});
+  test::check_error([] { nn::LPPool1d(2, 0); }, {"nn::LPPool1d", "kernel_size must be positive"});
+  test::check_error([] { nn::LPPool2d(2, {2, -1}); }, {"nn::LPPool2d", "kernel_size must be positive"});
+}
+
 TEST_CASE("3-D pooling layers match torch, index D H W, and print as torch's", "[nn][layers][pool]") {
   nn::MaxPool3d mp({2, 3, 2}, {.stride = nn::Size3{1, 2, 2},
                                .padding = nn::Size3{1, 1, 0},
