@@ -2,7 +2,8 @@
 // against one BatchNorm over the whole batch, which every rank also computes itself: outputs, running
 // statistics, the input's gradient and its gradient's gradient, the parameters' gradients summed
 // over the ranks; uneven batches; with DistributedDataParallel, training equal to one process; the
-// Errors. At world size 1 it is an ordinary BatchNorm, which the same comparisons check.
+// Errors. At world size 1 it is an ordinary BatchNorm, which the same comparisons check. The first
+// comparison runs on CUDA tensors too ("[gpu]": CTest's `test_distributed [gpu]` on a GPU machine).
 #include "parity.h"
 
 using namespace kiln;
@@ -15,9 +16,9 @@ namespace {
 // Rank r's first row and row count of a batch that gives rank r 2 + r rows.
 std::pair<int64_t, int64_t> rows_of(int r) { return {2 * r + r * (r - 1) / 2, 2 + r}; }
 
-}  // namespace
-
-TEST_CASE("sync batch norm: each rank's part of one BatchNorm over every rank's rows", "[distributed][sync_bn]") {
+// The comparison, SyncBatchNorm on `device` (through the MPI backend, which stages CUDA tensors
+// through the host) against the reference on the CPU.
+void check_against_one_batch_norm(Device device) {
   auto comm = init("mpi");
   const int p = comm->size(), r = comm->rank();
   const int64_t total = rows_of(p).first;  // the rows of ranks 0 .. p - 1
@@ -32,6 +33,7 @@ TEST_CASE("sync batch norm: each rank's part of one BatchNorm over every rank's 
   nn::BatchNorm2d bn(3, {.momentum = 0.3});
   bn.to(kFloat64);
   bn.load_state_dict(ref.state_dict());
+  bn.to(device);
   CHECK(convert_sync_batchnorm(bn, comm) == 1);
   CHECK(
       bn.to_string().starts_with("SyncBatchNorm(3, eps=1e-05, momentum=0.3, affine=True, track_running_stats=True)\n"));
@@ -48,15 +50,17 @@ TEST_CASE("sync batch norm: each rank's part of one BatchNorm over every rank's 
     ref.zero_grad();
     (ref(x_all) * cot_all).sum().backward();  // the parameters' gradients (bn too runs two forwards a step)
 
-    Tensor x = x_all.narrow(0, first, rows).clone().requires_grad_();
+    Tensor x = x_all.narrow(0, first, rows).to(device).clone().requires_grad_();
+    const Tensor cot = cot_all.narrow(0, first, rows).to(device);
     Tensor y = bn(x);
+    CHECK(y.device() == device);
     check_close(y, y_ref.narrow(0, first, rows), tol);
-    Tensor g = autograd::grad({(y * cot_all.narrow(0, first, rows)).sum()}, {x}, {}, true, true)[0];
+    Tensor g = autograd::grad({(y * cot).sum()}, {x}, {}, true, true)[0];
     check_close(g, g_ref.narrow(0, first, rows), tol);
     g.square().sum().backward();  // every rank runs it: the gradient's statistics are all-reduced
     check_close(x.grad(), xr.grad().narrow(0, first, rows), tol);
     bn.zero_grad();
-    (bn(x.detach()) * cot_all.narrow(0, first, rows)).sum().backward();
+    (bn(x.detach()) * cot).sum().backward();
     for (const char* name : {"weight", "bias"}) {
       INFO(name);
       Tensor summed = bn.get_parameter(name).grad().clone();
@@ -73,7 +77,18 @@ TEST_CASE("sync batch norm: each rank's part of one BatchNorm over every rank's 
   bn.eval();
   ref.eval();
   const Tensor x_eval = test::sample({total, 3, 4, 5}, kFloat64, 2.0);
-  check_close(bn(x_eval.narrow(0, first, rows)), ref(x_eval).narrow(0, first, rows), tol);
+  check_close(bn(x_eval.narrow(0, first, rows).to(device)), ref(x_eval).narrow(0, first, rows), tol);
+}
+
+}  // namespace
+
+TEST_CASE("sync batch norm: each rank's part of one BatchNorm over every rank's rows", "[distributed][sync_bn]") {
+  check_against_one_batch_norm(Device::cpu());
+}
+
+TEST_CASE("sync batch norm on CUDA tensors: each rank's part of one BatchNorm over every rank's rows",
+          "[.][gpu][distributed][sync_bn]") {
+  check_against_one_batch_norm(Device::cuda(0));
 }
 
 TEST_CASE("sync batch norm under DistributedDataParallel trains as one process on the whole batch",
