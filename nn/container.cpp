@@ -1,6 +1,11 @@
 // nn/container.cpp: see nn/container.h.
 #include "nn/container.h"
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
 #include "autograd/autograd.h"
 
 namespace kiln::nn {
@@ -36,6 +41,86 @@ std::vector<std::string> ModuleDict::keys() const {
   std::vector<std::string> out;
   for (const auto& item : items_) out.push_back(item.first);
   return out;
+}
+
+namespace {
+// PyTorch's line for one parameter of a ParameterList / ParameterDict: "Parameter containing:
+// [torch.float32 of size 3x4]" (the list names the dtype, the dict the tensor type, as 1.13's).
+std::string parameter_line(const std::string& key, const Tensor& p, bool type_name) {
+  std::vector<std::string> sizes;
+  for (int64_t s : p.sizes()) sizes.push_back(std::to_string(s));
+  std::string type = "torch." + std::string(dtype_name(p.dtype()));
+  if (type_name) {
+    const char* base = p.dtype() == kFloat64 ? "DoubleTensor"
+                       : p.dtype() == kFloat16 ? "HalfTensor"
+                       : p.dtype() == kBFloat16 ? "BFloat16Tensor"
+                                                : "FloatTensor";
+    type = std::string(p.is_cuda() ? "torch.cuda." : "torch.") + base;
+  }
+  return fmt::format("  ({}): Parameter containing: [{} of size {}{}]", key, type, fmt::join(sizes, "x"),
+                     p.is_cuda() ? fmt::format(" (GPU {})", p.device().index) : "");
+}
+}  // namespace
+
+ParameterList::ParameterList(std::initializer_list<Tensor> params) {
+  for (const Tensor& p : params) append(p);
+}
+
+Tensor ParameterList::append(Tensor param) {
+  KILN_CHECK(param.defined(), "nn::ParameterList: the parameter to append is undefined; give it a tensor");
+  Tensor handle = register_parameter(std::to_string(count_), std::move(param));
+  ++count_;
+  return handle;
+}
+
+void ParameterList::extend(const std::vector<Tensor>& params) {
+  for (const Tensor& p : params) append(p);
+}
+
+Tensor ParameterList::operator[](int64_t i) const {
+  const int64_t n = static_cast<int64_t>(count_);
+  KILN_CHECK(i >= -n && i < n, "nn::ParameterList: index {} is out of range ({} parameters)", i, n);
+  return own_parameter(std::to_string(i < 0 ? i + n : i));
+}
+
+std::vector<Tensor> ParameterList::values() const {
+  std::vector<Tensor> out;
+  for (size_t i = 0; i < count_; ++i) out.push_back(own_parameter(std::to_string(i)));
+  return out;
+}
+
+std::string ParameterList::extra_repr() const {
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < count_; ++i) lines.push_back(parameter_line(std::to_string(i), (*this)[i], false));
+  return fmt::format("{}", fmt::join(lines, "\n"));
+}
+
+ParameterDict::ParameterDict(std::initializer_list<std::pair<std::string, Tensor>> items) {
+  for (const auto& [key, p] : items) insert(key, p);
+}
+
+Tensor ParameterDict::insert(const std::string& key, Tensor param) {
+  KILN_CHECK(param.defined(), "nn::ParameterDict: the parameter for '{}' is undefined; give it a tensor", key);
+  if (contains(key)) return set_parameter(key, std::move(param));
+  Tensor handle = register_parameter(key, std::move(param));
+  keys_.push_back(key);
+  return handle;
+}
+
+bool ParameterDict::contains(const std::string& key) const {
+  return std::find(keys_.begin(), keys_.end(), key) != keys_.end();
+}
+
+Tensor ParameterDict::operator[](const std::string& key) const {
+  KILN_CHECK(contains(key), "nn::ParameterDict: no parameter named '{}' ({} parameters); check the key", key,
+             keys_.size());
+  return own_parameter(key);
+}
+
+std::string ParameterDict::extra_repr() const {
+  std::vector<std::string> lines;
+  for (const std::string& key : keys_) lines.push_back(parameter_line(key, own_parameter(key), true));
+  return fmt::format("{}", fmt::join(lines, "\n"));
 }
 
 CheckpointWrapper::CheckpointWrapper(std::shared_ptr<Module> module, bool preserve_rng_state)

@@ -1,7 +1,7 @@
 // nn/container.h: Sequential, ModuleList, ModuleDict and CheckpointWrapper (and the options of
-// DeepSpeed's "activation_checkpointing" that checkpointing models take). Unlike the members of a
-// user's module, their children are owned (see Note [module ownership] in nn/module.h): they are moved
-// in or shared.
+// DeepSpeed's "activation_checkpointing" that checkpointing models take), and ParameterList and
+// ParameterDict. Unlike the members of a user's module, the modules' children are owned (see Note
+// [module ownership] in nn/module.h): they are moved in or shared.
 //
 //   nn::Sequential seq{nn::Linear(4, 8), nn::ReLU(), nn::Linear(8, 2)};   // children "0", "1", "2"
 //   nn::ModuleList blocks{std::make_shared<Block>(), std::make_shared<Block>()};
@@ -105,6 +105,50 @@ class ModuleDict : public Module {
 
  private:
   std::vector<std::pair<std::string, std::shared_ptr<Module>>> items_;
+};
+
+// Parameters kept in a list named "0", "1", ... (torch.nn.ParameterList); like any parameter, each is a
+// floating leaf and requires grad. They sit in parameters() and state_dict() ("scales.0") and print as
+// PyTorch's. Indexing looks the parameter up by name, so it sees what set_parameter or load_state_dict
+// put there. It has no forward.
+//   nn::ParameterList scales{ones({4}), ones({4})};
+//   scales.append(zeros({4}));   x = x * scales[i];
+class ParameterList : public Module {
+ public:
+  ParameterList() = default;
+  ParameterList(std::initializer_list<Tensor> params);
+  ParameterList(ParameterList&&) = default;
+
+  Tensor append(Tensor param);  // registered as parameter size(); returns its handle
+  void extend(const std::vector<Tensor>& params);
+  Tensor operator[](int64_t i) const;  // i < 0 counts from the end, as Python's
+  size_t size() const { return count_; }
+  std::vector<Tensor> values() const;
+  std::string extra_repr() const override;
+
+ private:
+  size_t count_ = 0;
+};
+
+// Parameters kept by name (torch.nn.ParameterDict), in insertion order (PyTorch's order for an
+// OrderedDict; a plain Python dict it sorts first). Inserting an existing key replaces that parameter.
+//   nn::ParameterDict table{{"scale", ones({4})}, {"shift", zeros({4})}};
+//   table.insert("gate", zeros({1}));   y = x * table["scale"] + table["shift"];
+class ParameterDict : public Module {
+ public:
+  ParameterDict() = default;
+  ParameterDict(std::initializer_list<std::pair<std::string, Tensor>> items);
+  ParameterDict(ParameterDict&&) = default;
+
+  Tensor insert(const std::string& key, Tensor param);  // returns its handle
+  bool contains(const std::string& key) const;
+  Tensor operator[](const std::string& key) const;
+  std::vector<std::string> keys() const { return keys_; }
+  size_t size() const { return keys_.size(); }
+  std::string extra_repr() const override;
+
+ private:
+  std::vector<std::string> keys_;
 };
 
 // input through module under autograd::checkpoint, as CheckpointWrapper and GPT's checkpointed

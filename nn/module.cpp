@@ -467,13 +467,18 @@ int64_t Module::num_parameters() const {
 void Module::print(std::string& out, int indent) const {
   std::string pad(indent, ' ');
   out += name() + "(";
-  std::string extra = extra_repr();
-  if (children_.empty()) {
+  const std::string extra = extra_repr();
+  if (children_.empty() && extra.find('\n') == std::string::npos) {
     out += extra + ")";
     return;
   }
   out += "\n";
-  if (!extra.empty()) out += pad + "  " + extra + "\n";
+  // Each line of extra_repr indented as a child's (a ParameterList's lines), as PyTorch's repr.
+  for (size_t begin = 0; !extra.empty() && begin <= extra.size();) {
+    const size_t end = std::min(extra.find('\n', begin), extra.size());
+    out += pad + "  " + extra.substr(begin, end - begin) + "\n";
+    begin = end + 1;
+  }
   for (const Child& c : children_) {
     out += pad + "  (" + c.name + "): ";
     c.module->print(out, indent + 2);

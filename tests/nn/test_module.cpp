@@ -313,6 +313,63 @@ TEST_CASE("Containers: ModuleList and ModuleDict take modules by value or shared
   test::check_error([&] { list(zeros({1, 2})); }, {"ModuleList has no forward"});
 }
 
+TEST_CASE("Containers: ParameterList and ParameterDict hold parameters by name and print as torch's",
+          "[nn][module]") {
+  nn::ParameterList list{ones({3, 4}), zeros({5}, kFloat64), full({}, 2.0)};
+  CHECK(list.size() == 3);
+  // PyTorch 1.13's repr of the same list (and below of the dict, and of a module holding a one-item list).
+  CHECK(list.to_string().starts_with(
+      "ParameterList(\n"
+      "    (0): Parameter containing: [torch.float32 of size 3x4]\n"
+      "    (1): Parameter containing: [torch.float64 of size 5]\n"
+      "    (2): Parameter containing: [torch.float32 of size ]\n"
+      ")\nParameters: 18 (18 trainable)"));
+  CHECK(list[-1].item<float>() == 2.0f);
+  CHECK(list[1].requires_grad());
+  (list[0] * 2).sum().backward();
+  test::check_equal(list[0].grad(), full({3, 4}, 2.0));
+  // Indexing reads the registered parameter: a loaded state dict and set_parameter show through.
+  list.load_state_dict({{"0", full({3, 4}, 7.0)}, {"1", zeros({5}, kFloat64)}, {"2", full({}, 3.0)}});
+  CHECK(list[0].sum().item<double>() == 84);
+  list.set_parameter("2", full({}, -1.0));
+  CHECK(list.values()[2].item<float>() == -1.0f);
+  list.extend({ones({2})});
+  CHECK(list.named_parameters().back().first == "3");
+  test::check_error([&] { list[4]; }, {"nn::ParameterList", "index 4 is out of range (4 parameters)"});
+  test::check_error([&] { list[-5]; }, {"nn::ParameterList", "index -5"});
+  test::check_error([&] { list.append(Tensor()); }, {"nn::ParameterList", "undefined"});
+  test::check_error([&] { list.append(zeros({2}, kInt64)); }, {"parameter '4' must be floating", "int64"});
+  test::check_error([&] { list(zeros({1})); }, {"ParameterList has no forward"});
+
+  nn::ParameterDict dict{{"b", ones({2})}, {"a", ones({1, 2, 3}, kFloat64)}};
+  CHECK(dict.keys() == std::vector<std::string>{"b", "a"});  // insertion order, as an OrderedDict's
+  CHECK(dict.to_string().starts_with(
+      "ParameterDict(\n"
+      "    (b): Parameter containing: [torch.FloatTensor of size 2]\n"
+      "    (a): Parameter containing: [torch.DoubleTensor of size 1x2x3]\n"
+      ")"));
+  dict.insert("b", full({2}, 5.0));  // replaces, keeping its place
+  CHECK(dict.size() == 2);
+  CHECK(dict["b"].sum().item<float>() == 10.0f);
+  CHECK(dict.contains("a"));
+  CHECK_FALSE(dict.contains("c"));
+  test::check_error([&] { dict["c"]; }, {"nn::ParameterDict", "no parameter named 'c'"});
+
+  struct Holder : nn::Module {
+    nn::Linear l{2, 3};
+    nn::ParameterList p{ones({2})};
+    Holder() { register_modules({{"l", l}, {"p", p}}); }
+  } holder;
+  CHECK(holder.to_string().starts_with(
+      "Holder(\n"
+      "  (l): Linear(in_features=2, out_features=3, bias=True)\n"
+      "  (p): ParameterList(  (0): Parameter containing: [torch.float32 of size 2])\n"
+      ")"));
+  std::vector<std::string> names;
+  for (const auto& [name, t] : holder.named_parameters()) names.push_back(name);
+  CHECK(names == std::vector<std::string>{"l.weight", "l.bias", "p.0"});
+}
+
 namespace {
 // A block with a dropout in it, so that the recompute must draw the same mask.
 nn::Sequential mlp_block() { return nn::Sequential{nn::Linear(8, 32), nn::GELU(), nn::Dropout(0.3), nn::Linear(32, 8)}; }
