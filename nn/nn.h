@@ -1,10 +1,12 @@
 // nn/nn.h: everything of kiln::nn in one include: Module, the layers (recurrent, attention and
-// transformer ones too), the losses and functional forms, nn::init and the flops profiler.
+// transformer ones too), the losses and functional forms, nn::init, the flops profiler and
+// nn::utils (parameter vectors, BatchNorm folding).
 #pragma once
 
 #include "nn/activation.h"
 #include "nn/container.h"
 #include "nn/convert_parameters.h"
+#include "nn/fusion.h"
 #include "nn/conv.h"
 #include "nn/flops_profiler.h"
 #include "nn/functional.h"
