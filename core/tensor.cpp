@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/grad_mode.h"
+#include "core/rebind.h"
 #include "core/saved_tensor.h"
 
 namespace kiln {
@@ -54,6 +55,16 @@ void Tensor::set_grad(const Tensor& grad) {
   get().grad = grad.impl_ptr();
 }
 
+// d reads s's storage with s's layout and dtype, uncounted as a view (the callers count it again).
+static void read_data_of(TensorImpl* d, const TensorImpl* s) {
+  d->uncount_view();
+  d->storage = s->storage;
+  d->sizes = s->sizes;
+  d->strides = s->strides;
+  d->offset = s->offset;
+  d->dtype = s->dtype;
+}
+
 void Tensor::set_data(const Tensor& new_data) const {
   TensorImpl* d = &get();
   KILN_CHECK(new_data.defined(), "set_data: the new data is an undefined tensor");
@@ -66,15 +77,30 @@ void Tensor::set_data(const Tensor& new_data) const {
   if (s == d) return;
   const bool same_kind = d->dtype == s->dtype && d->device() == s->device();
   const bool counted = d->counts_as_view;  // the view count moves with the data (a parameter that is a view)
-  d->uncount_view();
-  d->storage = s->storage;
-  d->sizes = s->sizes;
-  d->strides = s->strides;
-  d->offset = s->offset;
-  d->dtype = s->dtype;
+  read_data_of(d, s);
   if (counted) d->count_as_view();
   d->view_base.reset();  // no longer reads its base's storage (Note [views and in-place ops], ops/views.cpp)
   if (!same_kind) d->grad_accumulator.reset();
+}
+
+void rebind(const Tensor& handle, const Tensor& value) {
+  KILN_CHECK(handle.defined() && value.defined(), "rebind: both the handle and the value must be defined tensors");
+  TensorImpl* d = handle.impl();
+  const TensorImpl* s = value.impl();
+  if (d == s) return;
+  read_data_of(d, s);
+  if (s->counts_as_view) d->count_as_view();
+  d->is_view = s->is_view;
+  d->view_base = s->view_base;
+  d->view_version = s->view_version;
+  d->requires_grad = s->requires_grad;
+  d->grad_fn = s->grad_fn;
+  d->output_nr = s->output_nr;
+  d->retains_grad = false;
+  d->grad.reset();
+  d->grad_accumulator.reset();
+  d->leaf_hooks.clear();
+  d->post_accumulate_hooks.clear();
 }
 
 namespace autograd::detail {
@@ -124,15 +150,19 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   output_nr_ = t.output_nr();
   // A leaf that requires grad (a parameter) is kept as it is, hooks or not: it stays alive anyway,
   // and only the tensor itself can carry double backward to its .grad().
-  bool hooked = !hook_stack.empty() && !(t.is_leaf() && t.requires_grad());
+  const bool parameter = t.is_leaf() && t.requires_grad();
+  bool hooked = !hook_stack.empty() && !parameter;
   if (is_output) {
     grad_fn_ = t.grad_fn();
     data_ = alias_of(t);  // no grad_fn: see Note [saving outputs]
-  } else if (hooked && t.grad_fn()) {
+  } else if (parameter || (hooked && !t.grad_fn())) {
+    data_ = t;  // a pack hook is given a leaf itself, a non-leaf as an alias (below)
+  } else {
+    // An alias, not the caller's TensorImpl, whose handle may later be pointed at other data
+    // (core/rebind.h: weight_norm recomputes a layer's weight into the layer's handle before each
+    // forward, while the graphs of earlier forwards still need theirs); unpack re-attaches grad_fn.
     grad_fn_strong_ = t.grad_fn();
     data_ = alias_of(t);
-  } else {
-    data_ = t;
   }
   if (hooked) {
     data_ = hook_stack.back().pack(data_);

@@ -137,6 +137,34 @@ Tensor Module::register_buffer(const std::string& name, Tensor t, bool persisten
   return buffers_.back().tensor;
 }
 
+namespace {
+// The names of a slot list, for an Error: "'weight', 'bias'" or "none".
+template <class Slots>
+std::string slot_names(const Slots& slots) {
+  std::string out;
+  for (const auto& s : slots) out += (out.empty() ? "'" : ", '") + s.name + "'";
+  return out.empty() ? "none" : out;
+}
+}  // namespace
+
+Tensor Module::remove_parameter(const std::string& name) {
+  auto it = std::find_if(parameters_.begin(), parameters_.end(), [&](const Slot& s) { return s.name == name; });
+  KILN_CHECK(it != parameters_.end(), "nn::Module::remove_parameter: {} has no parameter '{}' (its own are {})",
+             this->name(), name, slot_names(parameters_));
+  Tensor t = std::move(it->tensor);
+  parameters_.erase(it);
+  return t;
+}
+
+Tensor Module::remove_buffer(const std::string& name) {
+  auto it = std::find_if(buffers_.begin(), buffers_.end(), [&](const Slot& s) { return s.name == name; });
+  KILN_CHECK(it != buffers_.end(), "nn::Module::remove_buffer: {} has no buffer '{}' (its own are {})", this->name(),
+             name, slot_names(buffers_));
+  Tensor t = std::move(it->tensor);
+  buffers_.erase(it);
+  return t;
+}
+
 void Module::throw_null_module(const std::string& name) const {
   KILN_FAIL("nn::Module: the submodule '{}' given to {} is a null pointer; make it first, e.g. "
             "std::make_shared<nn::Linear>(4, 2)",

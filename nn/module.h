@@ -91,6 +91,11 @@ class Module {
   Tensor set_parameter(const std::string& name, Tensor t);
   // A buffer: state that is not trained (running statistics); persistent ones go into state_dict().
   Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
+  // Unregister this module's own parameter or buffer `name` (Python's `del module.name`): it leaves
+  // parameters(), buffers() and state_dict(), while the tensor itself, which is returned, and the layer's
+  // member stay. An Error when there is none of that name. (nn::utils::weight_norm uses it.)
+  Tensor remove_parameter(const std::string& name);
+  Tensor remove_buffer(const std::string& name);
   // Borrowed (see Note [module ownership]); returns the module.
   template <class M> M& register_module(const std::string& name, M& module) {
     add_child(name, &module, nullptr);

@@ -1,6 +1,6 @@
 // nn/nn.h: everything of kiln::nn in one include: Module, the layers (recurrent, attention and
 // transformer ones too), the losses and functional forms, nn::init, the flops profiler and
-// nn::utils (parameter vectors, BatchNorm folding).
+// nn::utils (parameter vectors, BatchNorm folding, weight_norm and spectral_norm).
 #pragma once
 
 #include "nn/activation.h"
@@ -19,3 +19,4 @@
 #include "nn/resample.h"
 #include "nn/rnn.h"
 #include "nn/transformer.h"
+#include "nn/weight_norm.h"

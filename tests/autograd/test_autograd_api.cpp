@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/rebind.h"
 #include "support.h"
 
 using namespace kiln;
@@ -411,4 +412,31 @@ TEST_CASE("backward into a leaf whose data set_data gave another shape after the
   w.backward();
   CHECK(z.grad().sizes() == Shape{1, 3});
   CHECK(z.grad().to_vector<float>() == std::vector<float>{4, 4, 4});
+}
+
+TEST_CASE("rebind points a handle at another tensor's data and history, and graphs recorded before keep theirs",
+          "[autograd][rebind]") {
+  Tensor a = tensor({1.0, 2.0}, TensorOptions(kFloat64).requires_grad(true));
+  Tensor handle = a * 1.0;  // a non-leaf, as a recomputed weight
+  Tensor also = handle;     // a second holder of the same handle
+  Tensor y1 = (handle * handle).sum();  // MulBackward saves the handle's tensor: [1, 2]
+  Tensor b = tensor({3.0, 5.0}, TensorOptions(kFloat64).requires_grad(true));
+  Tensor value = b * 2.0;
+  rebind(handle, value);
+  check_equal(also, value.detach());  // every holder sees [6, 10]
+  CHECK(also.grad_fn() == value.grad_fn());
+  CHECK(also.impl() != value.impl());
+  y1.backward();  // still 2 * [1, 2] into a, not the rebound data
+  check_close(a.grad(), tensor({2.0, 4.0}, kFloat64));
+  (also * 1.0).sum().backward();  // the new history: d/db of 2b
+  check_close(b.grad(), tensor({2.0, 2.0}, kFloat64));
+  // A leaf rebound: its gradient and hooks go, it is a leaf of the new value.
+  Tensor leaf = tensor({1.0}, TensorOptions(kFloat64).requires_grad(true));
+  (leaf * 3.0).sum().backward();
+  REQUIRE(leaf.grad().defined());
+  rebind(leaf, tensor({7.0}, kFloat64));
+  CHECK_FALSE(leaf.grad().defined());
+  CHECK_FALSE(leaf.requires_grad());
+  CHECK(leaf.item<double>() == 7.0);
+  check_error([&] { rebind(leaf, Tensor()); }, {"rebind", "must be defined"});
 }

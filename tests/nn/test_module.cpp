@@ -571,3 +571,26 @@ TEST_CASE("get_submodule, get_parameter and get_buffer find by dotted name, requ
   CHECK(net.get_buffer("1.running_var").dtype() == kBFloat16);
   CHECK(net.get_parameter("0.weight").device() == Device::cpu());
 }
+
+TEST_CASE("remove_parameter and remove_buffer unregister a tensor, as Python's del, and name what is there",
+          "[nn][module]") {
+  nn::BatchNorm1d bn(3);
+  const Tensor weight = bn.weight;
+  CHECK(bn.remove_parameter("weight").is_same(weight));  // the tensor itself, which the member still holds
+  CHECK(bn.weight.is_same(weight));
+  CHECK(bn.named_parameters().size() == 1);
+  CHECK(bn.named_parameters()[0].first == "bias");
+  CHECK(bn.remove_buffer("running_mean").defined());
+  std::vector<std::string> keys;
+  for (const auto& [key, t] : bn.state_dict()) keys.push_back(key);
+  CHECK(keys == std::vector<std::string>{"bias", "running_var", "num_batches_tracked"});
+  test::check_error([&] { bn.remove_parameter("weight"); },
+                    {"remove_parameter", "BatchNorm1d has no parameter 'weight'", "its own are 'bias'"});
+  test::check_error([&] { bn.remove_buffer("running_mean"); },
+                    {"remove_buffer", "no buffer 'running_mean'", "'running_var', 'num_batches_tracked'"});
+  nn::ReLU relu;
+  test::check_error([&] { relu.remove_parameter("weight"); }, {"ReLU has no parameter 'weight'", "are none"});
+  // The name is free again.
+  bn.register_parameter("weight", ones({3}));
+  CHECK(bn.named_parameters()[1].first == "weight");
+}
