@@ -37,6 +37,16 @@ Module& ModuleDict::operator[](const std::string& key) const {
   KILN_FAIL("nn::ModuleDict: no module named '{}' ({} modules); check the key", key, items_.size());
 }
 
+std::shared_ptr<Module> ModuleDict::pop(const std::string& key) {
+  auto it = std::find_if(items_.begin(), items_.end(), [&](const auto& item) { return item.first == key; });
+  KILN_CHECK(it != items_.end(), "nn::ModuleDict::pop: no module named '{}' ({} modules); check the key", key,
+             items_.size());
+  std::shared_ptr<Module> out = std::move(it->second);
+  items_.erase(it);
+  remove_module(key);
+  return out;
+}
+
 std::vector<std::string> ModuleDict::keys() const {
   std::vector<std::string> out;
   for (const auto& item : items_) out.push_back(item.first);

@@ -98,6 +98,8 @@ class ModuleDict : public Module {
   }
   bool contains(const std::string& key) const;
   Module& operator[](const std::string& key) const;
+  // Removes the module `key` and returns it (PyTorch's pop); an Error when there is none.
+  std::shared_ptr<Module> pop(const std::string& key);
   std::vector<std::string> keys() const;
   size_t size() const { return items_.size(); }
   auto begin() const { return items_.begin(); }  // iterates (name, std::shared_ptr<Module>)

@@ -11,6 +11,7 @@
 #include <typeinfo>
 
 #include "core/grad_mode.h"
+#include "nn/container.h"
 #include "ops/ops.h"
 
 namespace kiln::nn {
@@ -163,6 +164,15 @@ Tensor Module::remove_buffer(const std::string& name) {
   Tensor t = std::move(it->tensor);
   buffers_.erase(it);
   return t;
+}
+
+std::shared_ptr<Module> Module::remove_module(const std::string& name) {
+  auto it = std::find_if(children_.begin(), children_.end(), [&](const Child& c) { return c.name == name; });
+  KILN_CHECK(it != children_.end(), "nn::Module::remove_module: {} has no submodule '{}' (its own are {})",
+             this->name(), name, slot_names(children_));
+  std::shared_ptr<Module> owned = std::move(it->owned);
+  children_.erase(it);
+  return owned;
 }
 
 void Module::throw_null_module(const std::string& name) const {
@@ -494,7 +504,11 @@ int64_t Module::num_parameters() const {
 // representation on its own first line when there is one.
 void Module::print(std::string& out, int indent) const {
   std::string pad(indent, ' ');
-  out += name() + "(";
+  // A module with parametrized tensors (nn/parametrize.h) prints as PyTorch's injected class does.
+  const bool parametrized = std::any_of(children_.begin(), children_.end(), [](const Child& c) {
+    return c.name == "parametrizations" && dynamic_cast<const ModuleDict*>(c.module) != nullptr;
+  });
+  out += (parametrized ? "Parametrized" : "") + name() + "(";
   const std::string extra = extra_repr();
   if (children_.empty() && extra.find('\n') == std::string::npos) {
     out += extra + ")";

@@ -91,11 +91,15 @@ class Module {
   Tensor set_parameter(const std::string& name, Tensor t);
   // A buffer: state that is not trained (running statistics); persistent ones go into state_dict().
   Tensor register_buffer(const std::string& name, Tensor t, bool persistent = true);
-  // Unregister this module's own parameter or buffer `name` (Python's `del module.name`): it leaves
+  // Unregisters this module's own parameter or buffer `name` (Python's `del module.name`): it leaves
   // parameters(), buffers() and state_dict(), while the tensor itself, which is returned, and the layer's
-  // member stay. An Error when there is none of that name. (nn::utils::weight_norm uses it.)
+  // member stay. An Error when there is none of that name. (nn::utils::weight_norm and
+  // nn::utils::parametrize use these.)
   Tensor remove_parameter(const std::string& name);
   Tensor remove_buffer(const std::string& name);
+  // Unregisters the submodule `name` (`del module.name`); returns it when this module owned it, else
+  // null (a borrowed one is the caller's member). An Error when there is none of that name.
+  std::shared_ptr<Module> remove_module(const std::string& name);
   // Borrowed (see Note [module ownership]); returns the module.
   template <class M> M& register_module(const std::string& name, M& module) {
     add_child(name, &module, nullptr);

@@ -1,6 +1,6 @@
 // nn/nn.h: everything of kiln::nn in one include: Module, the layers (recurrent, attention and
 // transformer ones too), the losses and functional forms, nn::init, the flops profiler and
-// nn::utils (parameter vectors, BatchNorm folding, weight_norm and spectral_norm).
+// nn::utils (parameter vectors, BatchNorm folding, weight_norm, spectral_norm and parametrize).
 #pragma once
 
 #include "nn/activation.h"
@@ -16,6 +16,7 @@
 #include "nn/module.h"
 #include "nn/norm.h"
 #include "nn/packed_sequence.h"
+#include "nn/parametrize.h"
 #include "nn/resample.h"
 #include "nn/rnn.h"
 #include "nn/transformer.h"

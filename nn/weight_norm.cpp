@@ -30,6 +30,7 @@
 #include "core/rebind.h"
 #include "nn/conv.h"
 #include "nn/functional.h"
+#include "nn/parametrize.h"
 #include "ops/ops.h"
 
 namespace kiln::nn::utils {
@@ -83,19 +84,7 @@ Tensor replaceable_parameter(const Module& module, Kind kind, const std::string&
   }
   KILN_CHECK(weight.defined(), "{}: {} has no parameter '{}'; pass the name of one of its own parameters", op,
              module.name(), name);
-  // Holders now: the module's registry, the layer's member and `weight` here.
-  const long holders = weight.impl_ptr().use_count();
-  KILN_CHECK(holders >= 3,
-             "{}: {} keeps no member handle on its parameter '{}' but looks it up by name on each use (as the "
-             "recurrent layers and ParameterList do), so there is no tensor to recompute the weight into; {} "
-             "applies to layers that hold their weight, as Linear, the convolutions and Embedding",
-             op, module.name(), name, op);
-  KILN_CHECK(holders <= 3,
-             "{}: parameter '{}' of {} is held elsewhere as well ({} handles on it): tied to another module's "
-             "parameter, given to an optimizer, DDP or another wrapper, or saved by a graph not yet run backward. "
-             "{} replaces the parameter and recomputes this tensor before each forward, which those holders "
-             "would see too; apply {} first, before tying weights or making the optimizer",
-             op, name, module.name(), holders, op, op);
+  detail::check_replaceable(module, name, weight, 1, op);
   return weight;
 }
 
@@ -106,38 +95,14 @@ void add_to_registry(const std::shared_ptr<Reparametrization>& r) {
 
 // ---- weight_norm ----
 
-// ||v|| over every dim but `dim` (keepdim), or over all of v for nullopt: PyTorch's norm_except_dim.
-Tensor norm_except_dim(const Tensor& v, std::optional<int64_t> dim) {
-  if (!dim) return v.norm(2);
-  std::vector<int64_t> dims;
-  for (int64_t d = 0; d < v.dim(); ++d) {
-    if (d != *dim) dims.push_back(d);
-  }
-  if (dims.empty()) return v.abs();  // a 1-d weight: each element is its own row (no dims means all to norm)
-  return v.norm(2, Shape(dims), /*keepdim=*/true);
-}
-
 Tensor weight_norm_weight(const Reparametrization& r) {
-  return r.v * (r.source / norm_except_dim(r.v, r.dim));  // PyTorch's _weight_norm, term for term
+  return r.v * (r.source / detail::norm_except_dim(r.v, r.dim));  // PyTorch's _weight_norm, term for term
 }
 
 // ---- spectral_norm ----
 
-// w seen as (w.size(dim), the rest): dim moved to the front.
-Tensor as_matrix(const Tensor& w, int64_t dim) {
-  Tensor m = w;
-  if (dim != 0) {
-    std::vector<int64_t> order = {dim};
-    for (int64_t d = 0; d < w.dim(); ++d) {
-      if (d != dim) order.push_back(d);
-    }
-    m = w.permute(Shape(order));
-  }
-  return m.reshape({m.size(0), -1});
-}
-
 Tensor spectral_norm_weight(const Reparametrization& r, bool power_iteration) {
-  const Tensor w = as_matrix(r.source, *r.dim);
+  const Tensor w = detail::as_matrix(r.source, *r.dim);
   Tensor u = r.u, v = r.v;
   if (power_iteration) {
     NoGradGuard no_grad;
@@ -158,11 +123,10 @@ Tensor compute(const Reparametrization& r, bool training) {
   return r.kind == Kind::kWeightNorm ? weight_norm_weight(r) : spectral_norm_weight(r, training);
 }
 
-void install_hook(Module& module, const std::shared_ptr<Reparametrization>& r) {
-  r->hook = module.register_forward_pre_hook([r](Module& m, const Tensor&) {
-    rebind(r->weight, compute(*r, m.is_training()));
-    return Tensor();
-  });
+// The weight computed before each module(x) (and now, if `now`); the hook owns the record.
+void install_hook(Module& module, const std::shared_ptr<Reparametrization>& r, bool now) {
+  r->hook = detail::recompute_before_forward(
+      module, r->weight, [r](bool training) { return compute(*r, training); }, now);
   add_to_registry(r);
 }
 
@@ -214,12 +178,11 @@ Module& weight_norm(Module& module, const std::string& name, std::optional<int64
   Tensor g;
   {
     NoGradGuard no_grad;
-    g = norm_except_dim(v, r->dim);
+    g = detail::norm_except_dim(v, r->dim);
   }
   r->source = module.register_parameter(name + "_g", g);
   r->v = module.register_parameter(name + "_v", v);
-  rebind(weight, compute(*r, module.is_training()));
-  install_hook(module, r);
+  install_hook(module, r, /*now=*/true);
   return module;
 }
 
@@ -269,7 +232,7 @@ Module& spectral_norm(Module& module, const std::string& name, int64_t n_power_i
   r->u = module.register_buffer(name + "_u", u);
   r->v = module.register_buffer(name + "_v", v);
   rebind(weight, orig.detach());
-  install_hook(module, r);
+  install_hook(module, r, /*now=*/false);
   return module;
 }
 

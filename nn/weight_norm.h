@@ -15,6 +15,7 @@
 // nn/weight_norm.cpp). Apply them before making the optimizer (which must hold the new parameters),
 // and not to a tied weight (it would change in both modules): both are Errors.
 // remove_weight_norm / remove_spectral_norm put a plain parameter `name` back, of the current weight.
+// PyTorch's newer forms, with the state dict keys of torch.nn.utils.parametrize, are in nn/parametrize.h.
 #pragma once
 
 #include <cstdint>

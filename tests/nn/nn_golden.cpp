@@ -185,4 +185,29 @@ void check_loss(const std::string& name, const LossFn& fn) {
   }
 }
 
+void check_sgd_steps(nn::Module& layer, const std::string& case_name) {
+  const NnCase& c = nn_case(case_name);
+  layer.to(kFloat64);
+  layer.load_state_dict(c.state());
+  optim::SGD opt(layer.parameters(), {.lr = 0.2, .momentum = 0.5});
+  for (int k = 0; k < 3; ++k) {
+    opt.zero_grad();
+    Tensor loss = (layer(c.at("in.0")) - c.at("target")).pow(2).mean();
+    loss.backward();
+    opt.step();
+    INFO("step " << k);
+    check_close(loss, c.at("loss." + std::to_string(k)));
+  }
+  for (const auto& [key, t] : layer.state_dict()) {
+    INFO(key);
+    check_close(t, c.at("final." + key));
+  }
+}
+
+std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tensor>>& named) {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : named) out.push_back(name);
+  return out;
+}
+
 }  // namespace kiln::test

@@ -42,4 +42,11 @@ void check_gradients(const std::vector<Tensor>& outputs, const std::vector<Tenso
 using LossFn = std::function<Tensor(const std::vector<Tensor>&)>;
 void check_loss(const std::string& name, const LossFn& fn);
 
+// Three steps of SGD(lr 0.2, momentum 0.5) on the mean squared error between layer(in.0) and "target",
+// as gen_nn_golden.py's sgd_case: each step's loss against loss.<k>, the state dict against final.*.
+void check_sgd_steps(nn::Module& layer, const std::string& case_name);
+
+// The names of (name, tensor) pairs, in their order (named_parameters(), named_buffers()).
+std::vector<std::string> names_of(const std::vector<std::pair<std::string, Tensor>>& named);
+
 }  // namespace kiln::test

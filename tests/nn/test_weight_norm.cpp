@@ -8,15 +8,11 @@
 
 using namespace kiln;
 using test::check_layer;
+using test::check_sgd_steps;
+using test::names_of;
 using test::nn_case;
 
 namespace {
-
-std::vector<std::string> names(const std::vector<std::pair<std::string, Tensor>>& named) {
-  std::vector<std::string> out;
-  for (const auto& [name, t] : named) out.push_back(name);
-  return out;
-}
 
 // The case's p.<prefix>* entries as a state dict, without the prefix.
 TensorDict prefixed_state(const test::NnCase& c, const std::string& prefix) {
@@ -25,26 +21,6 @@ TensorDict prefixed_state(const test::NnCase& c, const std::string& prefix) {
     if (key.rfind("p." + prefix, 0) == 0) out.insert(key.substr(2 + prefix.size()), t);
   }
   return out;
-}
-
-// Three steps of SGD(lr 0.2, momentum 0.5) on the mean squared error, as gen_nn_golden.py's sgd_case.
-void check_sgd(nn::Module& layer, const std::string& case_name) {
-  const test::NnCase& c = nn_case(case_name);
-  layer.to(kFloat64);
-  layer.load_state_dict(c.state());
-  optim::SGD opt(layer.parameters(), {.lr = 0.2, .momentum = 0.5});
-  for (int k = 0; k < 3; ++k) {
-    opt.zero_grad();
-    Tensor loss = (layer(c.at("in.0")) - c.at("target")).pow(2).mean();
-    loss.backward();
-    opt.step();
-    INFO("step " << k);
-    test::check_close(loss, c.at("loss." + std::to_string(k)));
-  }
-  for (const auto& [key, t] : layer.state_dict()) {
-    INFO(key);
-    test::check_close(t, c.at("final." + key));
-  }
 }
 
 }  // namespace
@@ -101,10 +77,10 @@ TEST_CASE("spectral_norm matches torch: outputs, the power iteration's u and v, 
 TEST_CASE("weight_norm and spectral_norm train as torch's: three SGD steps with momentum", "[nn][weight_norm]") {
   nn::Linear a(4, 3);
   nn::utils::weight_norm(a);
-  check_sgd(a, "weight_norm_sgd");
+  check_sgd_steps(a, "weight_norm_sgd");
   nn::Linear b(4, 3);
   nn::utils::spectral_norm(b);
-  check_sgd(b, "spectral_norm_sgd");
+  check_sgd_steps(b, "spectral_norm_sgd");
 }
 
 TEST_CASE("weight_norm and spectral_norm name their tensors as PyTorch's, and remove_* puts the weight back",
@@ -112,12 +88,12 @@ TEST_CASE("weight_norm and spectral_norm name their tensors as PyTorch's, and re
   const test::NnCase& c = nn_case("remove_norms");
   nn::Linear linear(4, 3);
   nn::utils::weight_norm(linear);
-  CHECK(names(linear.named_parameters()) == std::vector<std::string>{"bias", "weight_g", "weight_v"});
+  CHECK(names_of(linear.named_parameters()) == std::vector<std::string>{"bias", "weight_g", "weight_v"});
   CHECK(linear.get_parameter("weight_g").sizes() == Shape{3, 1});
   nn::Conv2d conv(2, 3, 2);
   nn::utils::spectral_norm(conv);
-  CHECK(names(conv.named_parameters()) == std::vector<std::string>{"bias", "weight_orig"});
-  CHECK(names(conv.named_buffers()) == std::vector<std::string>{"weight_u", "weight_v"});
+  CHECK(names_of(conv.named_parameters()) == std::vector<std::string>{"bias", "weight_orig"});
+  CHECK(names_of(conv.named_buffers()) == std::vector<std::string>{"weight_u", "weight_v"});
   std::vector<std::string> keys;
   for (const auto& [key, t] : conv.state_dict()) keys.push_back(key);
   CHECK(keys == std::vector<std::string>{"bias", "weight_orig", "weight_u", "weight_v"});
@@ -135,8 +111,8 @@ TEST_CASE("weight_norm and spectral_norm name their tensors as PyTorch's, and re
   const TensorImpl* conv_handle = conv.weight.impl();
   nn::utils::remove_weight_norm(linear);
   nn::utils::remove_spectral_norm(conv);
-  CHECK(names(linear.named_parameters()) == std::vector<std::string>{"bias", "weight"});
-  CHECK(names(conv.named_parameters()) == std::vector<std::string>{"bias", "weight"});
+  CHECK(names_of(linear.named_parameters()) == std::vector<std::string>{"bias", "weight"});
+  CHECK(names_of(conv.named_parameters()) == std::vector<std::string>{"bias", "weight"});
   CHECK(conv.named_buffers().empty());
   test::check_close(linear.weight, c.at("weight_norm.weight"));
   test::check_close(conv.weight, c.at("spectral_norm.weight"));  // sigma from u and v as they are
@@ -148,7 +124,7 @@ TEST_CASE("weight_norm and spectral_norm name their tensors as PyTorch's, and re
   CHECK(linear.weight.requires_grad());
   // And it can be normalised again.
   nn::utils::weight_norm(linear);
-  CHECK(names(linear.named_parameters()) == std::vector<std::string>{"bias", "weight_g", "weight_v"});
+  CHECK(names_of(linear.named_parameters()) == std::vector<std::string>{"bias", "weight_g", "weight_v"});
   test::check_close(linear(ones({1, 4}, kFloat64)),
                     ones({1, 4}, kFloat64).matmul(c.at("weight_norm.weight").t()) + linear.bias.detach());
 }
@@ -291,22 +267,22 @@ TEST_CASE("weight_norm and spectral_norm refuse what they cannot do with an Erro
   test::check_error([&] { nn::utils::spectral_norm(plain, "weight", 1, 1e-12, -3); },
                     {"spectral_norm", "dim -3 is out of range"});
   // Nothing changed by the refusals.
-  CHECK(names(plain.named_parameters()) == std::vector<std::string>{"weight", "bias"});
+  CHECK(names_of(plain.named_parameters()) == std::vector<std::string>{"weight", "bias"});
   // A parameter with another holder: an optimizer made first, or a tied weight.
   nn::Linear early(3, 2);
   optim::SGD opt(early.parameters(), {.lr = 0.1});
-  test::check_error([&] { nn::utils::weight_norm(early); },
-                    {"weight_norm", "'weight' of Linear is held elsewhere as well",
-                     "before tying weights or making the optimizer"});
+  test::check_error(
+      [&] { nn::utils::weight_norm(early); },
+      {"weight_norm", "'weight' of Linear is held elsewhere as well", "before tying weights or making the optimizer"});
   nn::Embedding embedding(5, 3);
   nn::Linear head(3, 5, {.bias = false});
   head.weight = head.set_parameter("weight", embedding.weight);
   test::check_error([&] { nn::utils::spectral_norm(head); }, {"spectral_norm", "held elsewhere as well", "tied"});
-  CHECK(names(head.named_parameters()) == std::vector<std::string>{"weight"});
+  CHECK(names_of(head.named_parameters()) == std::vector<std::string>{"weight"});
   // A layer that looks its parameters up by name has no handle to recompute into.
   nn::LSTM lstm(3, 4);
   test::check_error([&] { nn::utils::weight_norm(lstm, "weight_hh_l0"); },
-                    {"weight_norm", "LSTM keeps no member handle on its parameter 'weight_hh_l0'"});
+                    {"weight_norm", "LSTM keeps no member handle on its tensor 'weight_hh_l0'"});
   nn::ParameterList list;
   list.append(zeros({2, 2}));
   test::check_error([&] { nn::utils::spectral_norm(list, "0"); }, {"spectral_norm", "looks it up by name"});
