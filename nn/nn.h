@@ -1,9 +1,10 @@
 // nn/nn.h: everything of kiln::nn in one include: Module, the layers (recurrent, attention and
-// transformer ones too), the losses and functional forms, nn::init, the flops profiler and
+// transformer ones too, AdaptiveLogSoftmaxWithLoss), the losses and functional forms, nn::init, the flops profiler and
 // nn::utils (parameter vectors, BatchNorm folding, weight_norm, spectral_norm and parametrize).
 #pragma once
 
 #include "nn/activation.h"
+#include "nn/adaptive.h"
 #include "nn/container.h"
 #include "nn/convert_parameters.h"
 #include "nn/fusion.h"
