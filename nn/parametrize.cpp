@@ -323,13 +323,9 @@ Tensor tensor_of(const Module& module, const std::string& name, const char* op) 
     NoGradGuard no_grad;
     return parametrize::list_of(module, name).evaluate();
   }
-  for (const auto& [key, p] : module.named_parameters(/*recurse=*/false)) {
-    if (key == name) return p;
-  }
-  for (const auto& [key, b] : module.named_buffers(/*recurse=*/false)) {
-    if (key == name) return b;
-  }
-  KILN_FAIL("{}: module {} has no parameter or buffer with name '{}'", op, module.name(), name);
+  Tensor t = parametrize::own_tensor(module, name).first;
+  KILN_CHECK(t.defined(), "{}: module {} has no parameter or buffer with name '{}'", op, module.name(), name);
+  return t;
 }
 
 }  // namespace
