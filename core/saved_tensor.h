@@ -58,7 +58,7 @@ class SavedTensor {
   bool requires_grad_ = false;
   uint32_t output_nr_ = 0;
   std::weak_ptr<Node> grad_fn_;  // for outputs: the node that produced them
-  std::shared_ptr<Node> grad_fn_strong_;  // for non-leaf inputs: their own producer
+  std::shared_ptr<Node> grad_fn_strong_;  // for non-leaf inputs given to a pack hook: their producer
   std::function<Tensor(const Tensor&)> unpack_hook_;
 };
 

@@ -156,13 +156,18 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
     grad_fn_ = t.grad_fn();
     data_ = alias_of(t);  // no grad_fn: see Note [saving outputs]
   } else if (parameter || (hooked && !t.grad_fn())) {
-    data_ = t;  // a pack hook is given a leaf itself, a non-leaf as an alias (below)
+    data_ = t;  // a pack hook is given a leaf itself, a non-leaf as an alias without grad_fn (below)
+  } else if (hooked) {
+    grad_fn_strong_ = t.grad_fn();  // unpack re-attaches it to what unpack_hook_ returns
+    data_ = alias_of(t);
   } else {
     // An alias, not the caller's TensorImpl, whose handle may later be pointed at other data
     // (core/rebind.h: weight_norm recomputes a layer's weight into the layer's handle before each
-    // forward, while the graphs of earlier forwards still need theirs); unpack re-attaches grad_fn.
-    grad_fn_strong_ = t.grad_fn();
+    // forward, while the graphs of earlier forwards still need theirs). It carries t's grad_fn
+    // itself (no cycle: that is an earlier node), so unpack gives it back as it is.
     data_ = alias_of(t);
+    data_.impl()->grad_fn = t.grad_fn();
+    data_.impl()->output_nr = t.output_nr();
   }
   if (hooked) {
     data_ = hook_stack.back().pack(data_);

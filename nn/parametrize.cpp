@@ -63,6 +63,24 @@ Tensor as_matrix(const Tensor& w, int64_t dim) {
   return m.reshape({m.size(0), -1});
 }
 
+std::pair<Tensor, bool> own_tensor(const Module& module, const std::string& name) {
+  for (const auto& [key, p] : module.named_parameters(/*recurse=*/false)) {
+    if (key == name) return {p, true};
+  }
+  for (const auto& [key, b] : module.named_buffers(/*recurse=*/false)) {
+    if (key == name) return {b, false};
+  }
+  return {Tensor(), false};
+}
+
+int64_t default_spectral_norm_dim(const Module& module) {
+  // PyTorch's default: the output channels, dim 1 of a transposed convolution's weight.
+  const bool transposed = dynamic_cast<const ConvTranspose1d*>(&module) ||
+                          dynamic_cast<const ConvTranspose2d*>(&module) ||
+                          dynamic_cast<const ConvTranspose3d*>(&module);
+  return transposed ? 1 : 0;
+}
+
 }  // namespace detail
 
 namespace parametrize {
@@ -78,17 +96,6 @@ ModuleDict* parametrizations_of(const Module& module) {
 
 ParametrizationList& list_of(const Module& module, const std::string& name) {
   return dynamic_cast<ParametrizationList&>((*parametrizations_of(module))[name]);
-}
-
-// The module's own parameter (first) or buffer `name`, and which of the two; undefined when neither.
-std::pair<Tensor, bool> own_tensor(const Module& module, const std::string& name) {
-  for (const auto& [key, p] : module.named_parameters(/*recurse=*/false)) {
-    if (key == name) return {p, true};
-  }
-  for (const auto& [key, b] : module.named_buffers(/*recurse=*/false)) {
-    if (key == name) return {b, false};
-  }
-  return {Tensor(), false};
 }
 
 // PyTorch's checks of a parametrization's result against the tensor it parametrizes.
@@ -177,7 +184,7 @@ Module& register_parametrization(Module& module, const std::string& name, std::s
     list.unsafe = list.unsafe || unsafe;
     return module;
   }
-  auto [original, is_parameter] = own_tensor(module, name);
+  auto [original, is_parameter] = detail::own_tensor(module, name);
   KILN_CHECK(original.defined(),
              "register_parametrization: {} does not have a parameter, a buffer, or a parametrized "
              "element with name '{}'",
@@ -323,7 +330,7 @@ Tensor tensor_of(const Module& module, const std::string& name, const char* op) 
     NoGradGuard no_grad;
     return parametrize::list_of(module, name).evaluate();
   }
-  Tensor t = parametrize::own_tensor(module, name).first;
+  Tensor t = detail::own_tensor(module, name).first;
   KILN_CHECK(t.defined(), "{}: module {} has no parameter or buffer with name '{}'", op, module.name(), name);
   return t;
 }
@@ -333,11 +340,7 @@ Tensor tensor_of(const Module& module, const std::string& name, const char* op) 
 Module& spectral_norm(Module& module, const std::string& name, int64_t n_power_iterations, double eps,
                       std::optional<int64_t> dim) {
   Tensor weight = tensor_of(module, name, "parametrizations::spectral_norm");
-  if (!dim) {  // PyTorch's default: the output channels, dim 1 of a transposed convolution's weight
-    const bool transposed = dynamic_cast<ConvTranspose1d*>(&module) || dynamic_cast<ConvTranspose2d*>(&module) ||
-                            dynamic_cast<ConvTranspose3d*>(&module);
-    dim = transposed ? 1 : 0;
-  }
+  if (!dim) dim = detail::default_spectral_norm_dim(module);
   const int64_t rank = weight.dim();
   KILN_CHECK(*dim >= -rank && *dim < rank,
              "parametrizations::spectral_norm: dim {} is out of range for '{}', a {}-d tensor; pass a dim in [{}, {}]",

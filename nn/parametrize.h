@@ -25,6 +25,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nn/container.h"
@@ -100,6 +101,12 @@ void check_replaceable(const Module& module, const std::string& name, const Tens
 // mode) (Note [a weight recomputed into the layer's handle] in nn/weight_norm.cpp).
 RemovableHandle recompute_before_forward(Module& module, Tensor target, std::function<Tensor(bool training)> compute,
                                          bool now = true);
+// The module's own (not its children's) parameter `name` with true, or buffer `name` with false;
+// an undefined tensor if it has neither.
+std::pair<Tensor, bool> own_tensor(const Module& module, const std::string& name);
+// spectral_norm's dim when none is given: 1 for a transposed convolution's weight (its output
+// channels), 0 for any other.
+int64_t default_spectral_norm_dim(const Module& module);
 // ||v|| over every dim but `dim` (keepdim), or over all of v for nullopt: PyTorch's norm_except_dim.
 Tensor norm_except_dim(const Tensor& v, std::optional<int64_t> dim);
 // w seen as a matrix of (w.size(dim), the rest): dim moved to the front, the rest flattened.

@@ -13,9 +13,9 @@
 //    of the last module(x). After a backward has consumed that weight's graph, a second backward
 //    through it is the engine's "backward through the graph a second time" Error, not a silent reuse.
 //  - a layer run twice before one backward (an RNN cell over time steps, a GAN's discriminator on
-//    the real and the fake batch) gives each forward's graph its own weight: a graph saves an alias of
-//    the tensor an op read, with its data and history (core/tensor.cpp, SavedTensor), not the handle,
-//    and spectral_norm's second power iteration changes sigma.
+//    the real and the fake batch) gives each forward's graph its own weight: rebind marks the handle, and
+//    a graph saves an alias of what a marked handle holds, its data and history (core/tensor.cpp,
+//    SavedTensor), not the handle, and spectral_norm's second power iteration changes sigma.
 #include "nn/weight_norm.h"
 
 #include <fmt/format.h>
@@ -28,7 +28,6 @@
 
 #include "core/grad_mode.h"
 #include "core/rebind.h"
-#include "nn/conv.h"
 #include "nn/functional.h"
 #include "nn/parametrize.h"
 #include "ops/ops.h"
@@ -78,12 +77,9 @@ Tensor replaceable_parameter(const Module& module, Kind kind, const std::string&
   const char* op = kind_name(kind);
   KILN_CHECK(find(module, kind, name) == nullptr, "{}: cannot register two {} hooks on the same parameter {} of {}", op,
              op, name, module.name());
-  Tensor weight;
-  for (auto& [key, p] : module.named_parameters(/*recurse=*/false)) {
-    if (key == name) weight = p;
-  }
-  KILN_CHECK(weight.defined(), "{}: {} has no parameter '{}'; pass the name of one of its own parameters", op,
-             module.name(), name);
+  auto [weight, is_parameter] = detail::own_tensor(module, name);
+  KILN_CHECK(weight.defined() && is_parameter,
+             "{}: {} has no parameter '{}'; pass the name of one of its own parameters", op, module.name(), name);
   detail::check_replaceable(module, name, weight, 1, op);
   return weight;
 }
@@ -198,11 +194,7 @@ Module& spectral_norm(Module& module, const std::string& name, int64_t n_power_i
              "spectral_norm: expected n_power_iterations to be positive, but got n_power_iterations={}",
              n_power_iterations);
   KILN_CHECK(eps > 0, "spectral_norm: eps must be positive, not {}", eps);
-  if (!dim) {  // PyTorch's default: the output channels, dim 1 of a transposed convolution's weight
-    const bool transposed = dynamic_cast<ConvTranspose1d*>(&module) || dynamic_cast<ConvTranspose2d*>(&module) ||
-                            dynamic_cast<ConvTranspose3d*>(&module);
-    dim = transposed ? 1 : 0;
-  }
+  if (!dim) dim = detail::default_spectral_norm_dim(module);
   Tensor weight = replaceable_parameter(module, Kind::kSpectralNorm, name);
   const int64_t rank = weight.dim();
   KILN_CHECK(rank > 0 && *dim >= -rank && *dim < rank,
