@@ -52,6 +52,19 @@ bool same_but_dim(const View& a, const View& b, int dim) {
   return true;
 }
 
+// True when the dims after `dim` of v are laid out as in a contiguous tensor (dims of size 1 aside), so
+// each (o, j) of offset_of is one run of DimSplit's `inner` elements from offset_of(v, dim, o, j, 0),
+// whatever the strides before `dim` are (a permuted view, such as conv_transpose3d's slices).
+bool dense_after(const View& v, int dim) {
+  int64_t expected = 1;
+  for (int d = v.ndim() - 1; d > dim; --d) {
+    if (v.sizes[d] == 1) continue;
+    if (v.strides[d] != expected) return false;
+    expected *= v.sizes[d];
+  }
+  return true;
+}
+
 // a + b in the op-math type (or for bool).
 template <typename T>
 inline T add_values(T a, T b) {
@@ -74,6 +87,7 @@ void index_select_kernel(const View& in, int dim, const View& index, const View&
     // One element per (o, j): the indices are checked here, once, and the pieces below gather unchecked
     // (a check per element took half of a 2x bilinear upsampling, which selects along the last dim).
     const bool gather_rows = contiguous && split.inner == 1;
+    const bool rows = split.inner > 1 && dense_after(in, dim) && dense_after(out, dim);  // runs in strided views
     if (gather_rows) {
       for (int64_t j = 0; j < n; ++j) checked(idx[j * istride], size, "index_select", dim);
     }
@@ -102,6 +116,11 @@ void index_select_kernel(const View& in, int dim, const View& index, const View&
                    for (int64_t p = b; p < e; ++p) {
                      int64_t o = p / n, j = p % n;
                      int64_t src = checked(idx[j * istride], size, "index_select", dim);
+                     if (rows) {
+                       const scalar_t* from = x + offset_of(in, dim, o, src, 0);
+                       std::copy(from, from + split.inner, y + offset_of(out, dim, o, j, 0));
+                       continue;
+                     }
                      for (int64_t i = 0; i < split.inner; ++i) {
                        y[offset_of(out, dim, o, j, i)] = x[offset_of(in, dim, o, src, i)];
                      }
@@ -120,7 +139,8 @@ void index_add_kernel(const View& out, int dim, const View& index, const View& s
     const scalar_t* x = src.ptr<scalar_t>();
     scalar_t* y = out.ptr<scalar_t>();
     // Serial over the indexed dim (repeated indices add into the same row); parallel over `outer`.
-    const bool contiguous = out.is_contiguous() && src.is_contiguous();  // runs of `inner` on both sides
+    const bool contiguous = out.is_contiguous() && src.is_contiguous();
+    const bool rows = dense_after(out, dim) && dense_after(src, dim);  // runs of `inner` on both sides
     if (contiguous && split.inner == 1) {  // one element per (o, j): the indices checked once, as index_select
       for (int64_t j = 0; j < n; ++j) checked(idx[j * istride], size, "index_add", dim);
       parallel_for(0, split.outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
@@ -139,9 +159,9 @@ void index_add_kernel(const View& out, int dim, const View& index, const View& s
       for (int64_t o = b; o < e; ++o) {
         for (int64_t j = 0; j < n; ++j) {
           int64_t dst = checked(idx[j * istride], size, "index_add", dim);
-          if (contiguous) {
-            scalar_t* to = y + (o * size + dst) * split.inner;
-            const scalar_t* from = x + (o * n + j) * split.inner;
+          if (rows) {
+            scalar_t* to = y + offset_of(out, dim, o, dst, 0);
+            const scalar_t* from = x + offset_of(src, dim, o, j, 0);
             for (int64_t i = 0; i < split.inner; ++i) {
               to[i] = static_cast<scalar_t>(static_cast<M>(to[i]) + static_cast<M>(from[i]));
             }

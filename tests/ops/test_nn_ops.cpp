@@ -521,6 +521,43 @@ TEST_CASE("index_select and index_add take the same values on their contiguous f
   }
 }
 
+TEST_CASE("index_select and index_add on views whose leading dims are permuted copy and add whole rows",
+          "[ops][index]") {
+  // (6, 5, 9, 1, 8) indexed along dim 2: three layouts of the same values: contiguous, dims 0 and 1
+  // swapped (the rows after dim 2 stay dense, with a size-1 dim among them: conv_transpose3d's
+  // index_add reads such a view), and the last two dims swapped as well (rows not dense: element by
+  // element). Each against an explicit loop.
+  ThreadsGuard threads(2);
+  const int64_t A = 6, B = 5, D = 9, E = 8, n = 13;
+  Tensor x = test::sample({A, B, D, 1, E}, kFloat64);
+  std::vector<int64_t> picks(n);
+  for (int64_t j = 0; j < n; ++j) picks[j] = (j * 5 + 3) % D;  // repeats: index_add sums them
+  Tensor index = from_vector(picks);
+  Tensor src = test::sample({A, B, n, 1, E}, kFloat64, 1.3);
+  std::vector<double> xv = x.to_vector<double>(), sv = src.to_vector<double>();
+  std::vector<double> selected(A * B * n * E), added(A * B * D * E, 0.0);
+  for (int64_t a = 0; a < A; ++a) {
+    for (int64_t b = 0; b < B; ++b) {
+      for (int64_t j = 0; j < n; ++j) {
+        for (int64_t e = 0; e < E; ++e) {
+          selected[((a * B + b) * n + j) * E + e] = xv[((a * B + b) * D + picks[j]) * E + e];
+          added[((a * B + b) * D + picks[j]) * E + e] += sv[((a * B + b) * n + j) * E + e];
+        }
+      }
+    }
+  }
+  const Tensor want_selected = from_vector(selected, {A, B, n, 1, E});
+  const Tensor want_added = from_vector(added, {A, B, D, 1, E});
+  // A view of t's values whose memory is laid out with the dims in `order`.
+  auto laid_out = [](const Tensor& t, const Shape& order) { return t.permute(order).contiguous().permute(order); };
+  for (const Shape& order : {Shape{0, 1, 2, 3, 4}, Shape{1, 0, 2, 3, 4}, Shape{1, 0, 2, 4, 3}}) {
+    INFO("memory order " << order.str());
+    test::check_equal(laid_out(x, order).index_select(2, index), want_selected);
+    Tensor out = laid_out(zeros({A, B, D, 1, E}, kFloat64), order);
+    test::check_close(index_add(out, 2, index, laid_out(src, order)), want_added, {1e-14, 1e-14});
+  }
+}
+
 TEST_CASE("gather, scatter and scatter_add take the same values on their contiguous fast path as on the strided one",
           "[ops][index]") {
   // (40, 50, 60) with dim 0, 1 or 2: outer and inner runs of every kind. The index is smaller than the
