@@ -17,6 +17,17 @@ inline int64_t checked(int64_t idx, int64_t size, const char* op, int dim) {
   return idx;
 }
 
+// checked() for idx[0..n): one pass without branches, which vectorizes, and checked()'s Error for the
+// first index outside [0, size) when there is one (a check per element cost as much as the gather or
+// scatter it guarded).
+inline void check_all(const int64_t* idx, int64_t n, int64_t size, const char* op, int dim) {
+  uint64_t top = 0;  // a negative index is a large unsigned one
+  for (int64_t j = 0; j < n; ++j) top = std::max(top, static_cast<uint64_t>(idx[j]));
+  if (top >= static_cast<uint64_t>(size)) [[unlikely]] {
+    for (int64_t j = 0; j < n; ++j) checked(idx[j], size, op, dim);
+  }
+}
+
 // Offsets of all positions of `v` with dim `dim` fixed at 0, in row-major order of the other dims.
 // (outer, inner) split: position p = (o, i) where `dim` sits between them.
 struct DimSplit {
@@ -195,7 +206,8 @@ void gather_kernel(const View& in, int dim, const View& index, const View& out) 
                        const int64_t o = r / n, r_end = std::min(e, (o + 1) * n);
                        const scalar_t* from = x + o * size * inner;
                        if (inner == 1) {
-                         for (; r < r_end; ++r) y[r] = from[checked(ix[r], size, "gather", dim)];
+                         check_all(ix + r, r_end - r, size, "gather", dim);
+                         for (; r < r_end; ++r) y[r] = from[ix[r]];
                          continue;
                        }
                        for (int64_t q = r * inner, q_end = r_end * inner, i = 0; q < q_end; ++q) {
@@ -241,6 +253,19 @@ void scatter_kernel(const View& out, int dim, const View& index, const View& src
       const DimSplit split(index.sizes, dim);
       const int64_t n = index.sizes[dim], inner = split.inner;
       auto rows = [=](auto add, int64_t o0, int64_t o1, int64_t i0, int64_t i1) {  // copies: kept in registers
+        if (inner == 1) {  // a row's indices checked in one pass first
+          for (int64_t o = o0; o < o1; ++o) {
+            scalar_t* to = y + o * size;
+            const int64_t* at = ix + o * n;
+            const scalar_t* from = x + o * n;
+            check_all(at, n, size, op, dim);
+            for (int64_t j = 0; j < n; ++j) {
+              if constexpr (decltype(add)::value) to[at[j]] = add_values(to[at[j]], from[j]);
+              else to[at[j]] = from[j];
+            }
+          }
+          return;
+        }
         for (int64_t o = o0; o < o1; ++o) {
           scalar_t* to = y + o * size * inner;
           for (int64_t j = 0; j < n; ++j) {
