@@ -1,7 +1,8 @@
 // nn/conv.h: Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d and the pooling
 // layers (MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, AdaptiveMaxPool2d, their 1-D and 3-D forms, LPPool1d
 // and LPPool2d), over
-// the ops of ops/ops.h (conv.cpp, pool.cpp), MaxUnpool1d/2d/3d (nn/unpool.cpp), and Unfold and Fold
+// the ops of ops/ops.h (conv.cpp, pool.cpp), MaxUnpool1d/2d/3d (nn/unpool.cpp), FractionalMaxPool2d/3d
+// (nn/fractional_pool.cpp), and Unfold and Fold
 // (nn::functional::unfold, fold). Options follow PyTorch's keyword arguments:
 //   nn::Conv2d c1{1, 32, 3, {.padding = 1}};
 //   nn::Conv2d c2{32, 32, {3, 2}, {.stride = {2, 1}, .padding = {1, 0}}};
@@ -11,6 +12,7 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "nn/module.h"
 
@@ -319,6 +321,41 @@ class AdaptiveMaxPool1d : public Module {
   std::string extra_repr() const override;
 
   int64_t output_size;
+};
+
+// Fractional max pooling (torch.nn.FractionalMaxPool2d / 3d; nn::functional::fractional_max_pool2d):
+// windows of kernel_size at pseudo-random starts, output_size of them per dim, or the input's size times
+// output_ratio (each in (0, 1)) rounded down; one of the two. _random_samples, (N, C, 2) or (N, C, 3) in
+// [0, 1) (N = 1 for an unbatched input), fixes the starts and is kept as a buffer of that name, as in
+// PyTorch; unset, each forward draws new ones. forward_with_indices also gives the indices (int64 into
+// H * W, or D * H * W).
+struct FractionalMaxPool2dOptions {
+  Size2 output_size = {};                 // unset: output_ratio
+  std::vector<double> output_ratio = {};  // one for both dims, or two
+  Tensor _random_samples = {};
+};
+class FractionalMaxPool2d : public Module {
+ public:
+  FractionalMaxPool2d(Size2 kernel_size, FractionalMaxPool2dOptions options);
+  Tensor forward(const Tensor& input) override;
+  std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);
+
+  Size2 kernel_size;
+  FractionalMaxPool2dOptions options;
+};
+struct FractionalMaxPool3dOptions {
+  std::optional<Size3> output_size = {};  // unset: output_ratio
+  std::vector<double> output_ratio = {};  // one for all three dims, or three
+  Tensor _random_samples = {};
+};
+class FractionalMaxPool3d : public Module {
+ public:
+  FractionalMaxPool3d(Size3 kernel_size, FractionalMaxPool3dOptions options);
+  Tensor forward(const Tensor& input) override;
+  std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);
+
+  Size3 kernel_size;
+  FractionalMaxPool3dOptions options;
 };
 
 // Power-average pooling (nn::functional::lp_pool1d / lp_pool2d): each window's (sum of x^p)^(1/p).

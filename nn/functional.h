@@ -16,6 +16,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "core/tensor.h"
@@ -249,6 +250,31 @@ Tensor feature_alpha_dropout(const Tensor& input, double p = 0.5, bool train = f
 // input1 (*, in1), input2 (*, in2) with the same leading dims, weight (out, in1, in2), bias (out) or
 // undefined; y (*, out).
 Tensor bilinear(const Tensor& input1, const Tensor& input2, const Tensor& weight, const Tensor& bias = {});
+
+// ---- fractional max pooling (torch.nn.functional.fractional_max_pool2d / 3d) ----
+// The maximum of each window of kernel_size, the windows at pseudo-random starts (Note [fractional max
+// pooling is a gather], nn/fractional_pool.cpp): output_size windows per dim, or the input's size times
+// output_ratio rounded down (one of the two; one number for every dim, or one per dim). random_samples,
+// (N, C, 2) or (N, C, 3) in [0, 1) (N = 1 for an unbatched input; PyTorch's _random_samples, whose
+// first is the width's in 2-D, and the depth's in 3-D), fixes the starts; undefined, they are drawn from
+// U[0, 1) with gen. Input (N, C, H, W) or (C, H, W); (N, C, D, H, W) or (C, D, H, W). The indices are
+// int64 into each (n, c) plane, as max_pool2d_with_indices gives them.
+std::tuple<Tensor, Tensor> fractional_max_pool2d_with_indices(const Tensor& input, const Shape& kernel_size,
+                                                              const Shape& output_size = {},
+                                                              const std::vector<double>& output_ratio = {},
+                                                              const Tensor& random_samples = {},
+                                                              Generator* gen = nullptr);
+Tensor fractional_max_pool2d(const Tensor& input, const Shape& kernel_size, const Shape& output_size = {},
+                             const std::vector<double>& output_ratio = {}, const Tensor& random_samples = {},
+                             Generator* gen = nullptr);
+std::tuple<Tensor, Tensor> fractional_max_pool3d_with_indices(const Tensor& input, const Shape& kernel_size,
+                                                              const Shape& output_size = {},
+                                                              const std::vector<double>& output_ratio = {},
+                                                              const Tensor& random_samples = {},
+                                                              Generator* gen = nullptr);
+Tensor fractional_max_pool3d(const Tensor& input, const Shape& kernel_size, const Shape& output_size = {},
+                             const std::vector<double>& output_ratio = {}, const Tensor& random_samples = {},
+                             Generator* gen = nullptr);
 
 // ---- max unpooling (torch.nn.functional.max_unpool1d/2d/3d) ----
 // Max pooling's partial inverse: a zero tensor of the output size with each input value put at its
