@@ -175,6 +175,26 @@ std::string Conv1d::extra_repr() const {
 
 std::string Size3::str() const { return fmt::format("({}, {}, {})", d, h, w); }
 
+namespace {
+std::string size_or_none(std::optional<int64_t> v) { return v ? std::to_string(*v) : "None"; }
+int64_t or_input(std::optional<int64_t> v, const Tensor& input, int64_t from_end) {
+  return v ? *v : input.dim() >= from_end ? input.size(-from_end) : 0;  // 0: the pooling's own Error on the input
+}
+}  // namespace
+
+Shape OptionalSize2::resolve(const Tensor& input) const { return {or_input(h, input, 2), or_input(w, input, 1)}; }
+std::string OptionalSize2::str() const {
+  return h && w && *h == *w ? std::to_string(*h) : fmt::format("({}, {})", size_or_none(h), size_or_none(w));
+}
+Shape OptionalSize3::resolve(const Tensor& input) const {
+  return {or_input(d, input, 3), or_input(h, input, 2), or_input(w, input, 1)};
+}
+std::string OptionalSize3::str() const {
+  return d && h && w && *d == *h && *h == *w
+             ? std::to_string(*d)
+             : fmt::format("({}, {}, {})", size_or_none(d), size_or_none(h), size_or_none(w));
+}
+
 Conv3d::Conv3d(int64_t in_channels, int64_t out_channels, Size3 kernel_size, Conv3dOptions options)
     : in_channels(in_channels), out_channels(out_channels), kernel_size(kernel_size), options(std::move(options)) {
   check_channels(in_channels, out_channels, this->options.groups, kernel_size.shape(), "Conv3d");
@@ -232,15 +252,15 @@ std::string AvgPool2d::extra_repr() const {
                      size_or_pair(options.padding));
 }
 
-Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_pool2d(input, output_size.shape()); }
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_pool2d(input, output_size.resolve(input)); }
 
-std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + size_or_pair(output_size); }
+std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + output_size.str(); }
 
-Tensor AdaptiveMaxPool2d::forward(const Tensor& input) { return adaptive_max_pool2d(input, output_size.shape()); }
+Tensor AdaptiveMaxPool2d::forward(const Tensor& input) { return adaptive_max_pool2d(input, output_size.resolve(input)); }
 std::tuple<Tensor, Tensor> AdaptiveMaxPool2d::forward_with_indices(const Tensor& input) {
-  return adaptive_max_pool2d_with_indices(input, output_size.shape());
+  return adaptive_max_pool2d_with_indices(input, output_size.resolve(input));
 }
-std::string AdaptiveMaxPool2d::extra_repr() const { return "output_size=" + size_or_pair(output_size); }
+std::string AdaptiveMaxPool2d::extra_repr() const { return "output_size=" + output_size.str(); }
 
 MaxPool1d::MaxPool1d(int64_t kernel_size, MaxPool1dOptions options) : kernel_size(kernel_size), options(options) {
   if (!this->options.stride) this->options.stride = kernel_size;
@@ -446,14 +466,14 @@ std::string AvgPool3d::extra_repr() const {
                      size_or_triple(*options.stride), size_or_triple(options.padding));
 }
 
-Tensor AdaptiveAvgPool3d::forward(const Tensor& input) { return adaptive_avg_pool3d(input, output_size.shape()); }
-std::string AdaptiveAvgPool3d::extra_repr() const { return "output_size=" + size_or_triple(output_size); }
+Tensor AdaptiveAvgPool3d::forward(const Tensor& input) { return adaptive_avg_pool3d(input, output_size.resolve(input)); }
+std::string AdaptiveAvgPool3d::extra_repr() const { return "output_size=" + output_size.str(); }
 
-Tensor AdaptiveMaxPool3d::forward(const Tensor& input) { return adaptive_max_pool3d(input, output_size.shape()); }
+Tensor AdaptiveMaxPool3d::forward(const Tensor& input) { return adaptive_max_pool3d(input, output_size.resolve(input)); }
 std::tuple<Tensor, Tensor> AdaptiveMaxPool3d::forward_with_indices(const Tensor& input) {
-  return adaptive_max_pool3d_with_indices(input, output_size.shape());
+  return adaptive_max_pool3d_with_indices(input, output_size.resolve(input));
 }
-std::string AdaptiveMaxPool3d::extra_repr() const { return "output_size=" + size_or_triple(output_size); }
+std::string AdaptiveMaxPool3d::extra_repr() const { return "output_size=" + output_size.str(); }
 
 Tensor Unfold::forward(const Tensor& input) {
   return unfold(input, kernel_size.shape(), options.dilation.shape(), options.padding.shape(), options.stride.shape());

@@ -106,6 +106,27 @@ class Size3 {
   std::string str() const;  // "(3, 3, 2)"
   int64_t d = 0, h = 0, w = 0;
 };
+// An adaptive pooling's output size: a size per dim, or nullopt (Python's None) for a dim that keeps the
+// input's size, as torch.nn.AdaptiveAvgPool2d((None, 7)) and LibTorch's {c10::nullopt, 7}:
+//   nn::AdaptiveAvgPool2d pool({std::nullopt, 7});
+class OptionalSize2 {
+ public:
+  OptionalSize2(int64_t v) : h(v), w(v) {}                                          // NOLINT
+  OptionalSize2(const Size2& s) : h(s.h), w(s.w) {}                                 // NOLINT
+  OptionalSize2(std::optional<int64_t> h, std::optional<int64_t> w) : h(h), w(w) {}
+  Shape resolve(const Tensor& input) const;  // each nullopt: the input's size there (its last two dims)
+  std::string str() const;                   // "7", "(3, 4)", "(None, 7)", as PyTorch prints them
+  std::optional<int64_t> h, w;
+};
+class OptionalSize3 {
+ public:
+  OptionalSize3(int64_t v) : d(v), h(v), w(v) {}                                    // NOLINT
+  OptionalSize3(const Size3& s) : d(s.d), h(s.h), w(s.w) {}                         // NOLINT
+  OptionalSize3(std::optional<int64_t> d, std::optional<int64_t> h, std::optional<int64_t> w) : d(d), h(h), w(w) {}
+  Shape resolve(const Tensor& input) const;  // each nullopt: the input's size there (its last three dims)
+  std::string str() const;
+  std::optional<int64_t> d, h, w;
+};
 class Padding3d {
  public:
   Padding3d(int64_t v) : size(v) {}  // NOLINT
@@ -252,22 +273,22 @@ class AvgPool2d : public Module {
 
 class AdaptiveAvgPool2d : public Module {
  public:
-  explicit AdaptiveAvgPool2d(Size2 output_size) : output_size(output_size) {}
+  explicit AdaptiveAvgPool2d(OptionalSize2 output_size) : output_size(output_size) {}
   Tensor forward(const Tensor& input) override;
   std::string extra_repr() const override;
 
-  Size2 output_size;
+  OptionalSize2 output_size;
 };
 
 // forward_with_indices also gives the indices (int64 into H * W), as LibTorch's.
 class AdaptiveMaxPool2d : public Module {
  public:
-  explicit AdaptiveMaxPool2d(Size2 output_size) : output_size(output_size) {}
+  explicit AdaptiveMaxPool2d(OptionalSize2 output_size) : output_size(output_size) {}
   Tensor forward(const Tensor& input) override;
   std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);
   std::string extra_repr() const override;
 
-  Size2 output_size;
+  OptionalSize2 output_size;
 };
 
 // The 1-D poolings: input (N, C, L) or (C, L).
@@ -427,21 +448,21 @@ class AvgPool3d : public Module {
 
 class AdaptiveAvgPool3d : public Module {
  public:
-  explicit AdaptiveAvgPool3d(Size3 output_size) : output_size(output_size) {}
+  explicit AdaptiveAvgPool3d(OptionalSize3 output_size) : output_size(output_size) {}
   Tensor forward(const Tensor& input) override;
   std::string extra_repr() const override;
 
-  Size3 output_size;
+  OptionalSize3 output_size;
 };
 
 class AdaptiveMaxPool3d : public Module {
  public:
-  explicit AdaptiveMaxPool3d(Size3 output_size) : output_size(output_size) {}
+  explicit AdaptiveMaxPool3d(OptionalSize3 output_size) : output_size(output_size) {}
   Tensor forward(const Tensor& input) override;
   std::tuple<Tensor, Tensor> forward_with_indices(const Tensor& input);  // indices into D H W
   std::string extra_repr() const override;
 
-  Size3 output_size;
+  OptionalSize3 output_size;
 };
 
 // Max unpooling (nn::functional::max_unpool1d/2d/3d, Note [max unpooling is a scatter] in

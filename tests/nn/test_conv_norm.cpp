@@ -190,6 +190,31 @@ TEST_CASE("Pooling layers match torch", "[nn][layers][pool]") {
   check_layer(aap1, "adaptive_avgpool2d_1");
 }
 
+TEST_CASE("Adaptive poolings with nullopt (Python's None) in the output size keep the input's size there",
+          "[nn][layers][pool]") {
+  nn::AdaptiveAvgPool2d avg2({std::nullopt, 3});
+  check_layer(avg2, "adaptive_avg_pool2d_none");  // (2, 3, 5, 7) -> (2, 3, 5, 3)
+  nn::AdaptiveMaxPool2d max2({4, std::nullopt});
+  check_layer(max2, "adaptive_max_pool2d_none");  // unbatched (3, 6, 5) -> (3, 4, 5)
+  nn::AdaptiveAvgPool3d avg3({std::nullopt, 2, std::nullopt});
+  check_layer(avg3, "adaptive_avg_pool3d_none");
+  nn::AdaptiveMaxPool3d max3({2, std::nullopt, 3});
+  check_layer(max3, "adaptive_max_pool3d_none");  // unbatched
+  CHECK(std::get<1>(max2.forward_with_indices(randn({3, 6, 5}))).sizes() == Shape{3, 4, 5});
+  nn::Sequential reprs;
+  reprs.push_back(std::make_shared<nn::AdaptiveAvgPool2d>(nn::OptionalSize2{std::nullopt, 3}));
+  reprs.push_back(std::make_shared<nn::AdaptiveMaxPool2d>(nn::OptionalSize2{4, std::nullopt}));
+  reprs.push_back(std::make_shared<nn::AdaptiveAvgPool3d>(nn::OptionalSize3{std::nullopt, 2, std::nullopt}));
+  reprs.push_back(std::make_shared<nn::AdaptiveMaxPool3d>(nn::OptionalSize3{2, std::nullopt, 3}));
+  reprs.push_back(std::make_shared<nn::AdaptiveAvgPool2d>(5));
+  reprs.push_back(std::make_shared<nn::AdaptiveMaxPool3d>(2));
+  const std::string repr = reprs.to_string();
+  CHECK(repr.substr(0, repr.rfind("\nParameters: ")) ==
+        test::nn_case("adaptive_pool_none_reprs").strings.at("repr"));
+  // A None with an input of too few dims: the pooling's own Error about the input.
+  test::check_error([&] { avg2(ones({4})); }, {"adaptive_avg_pool2d", "3-D"});
+}
+
 TEST_CASE("Adaptive max pooling layers match torch, indices and reprs included", "[nn][layers][pool]") {
   nn::AdaptiveMaxPool2d amp({3, 2});
   check_layer(amp, "adaptive_maxpool2d");
