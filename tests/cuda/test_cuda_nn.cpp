@@ -337,3 +337,33 @@ TEST_CASE("CUDA nn ops take 16-bit floats (run in float32) as the CPU does", "[g
     test::check_close(group_norm(xg, 2).cpu(), group_norm(x, 2), tol);
   }
 }
+
+TEST_CASE("CUDA fractional max pooling and adaptive pooling with a None size match the CPU", "[gpu][pool]") {
+  // Compositions of gather, max and the adaptive kernels (nn/fractional_pool.cpp, nn/conv.cpp): the same
+  // samples give the same windows on both devices.
+  for (DType dt : {kFloat32, kFloat64}) {
+    INFO(dtype_name(dt));
+    const Tensor x2 = test::sample({2, 3, 11, 9}, dt, 0.6), s2 = rand({2, 3, 2}, TensorOptions(dt));
+    const Tensor x3 = test::sample({2, 2, 7, 8, 6}, dt, 0.6), s3 = rand({2, 2, 3}, TensorOptions(dt));
+    auto [y2, i2] = nn::functional::fractional_max_pool2d_with_indices(x2, {3}, {5, 4}, {}, s2);
+    auto [y2g, i2g] = nn::functional::fractional_max_pool2d_with_indices(x2.to(kGpu), {3}, {5, 4}, {}, s2);
+    test::check_equal(y2g.cpu(), y2);
+    test::check_equal(i2g.cpu(), i2);
+    check_against_cpu(
+        {x2},
+        [&](const std::vector<Tensor>& in) {
+          return nn::functional::fractional_max_pool2d(in[0], {3}, {5, 4}, {}, s2);
+        },
+        test::tolerance_for(dt));
+    check_against_cpu(
+        {x3},
+        [&](const std::vector<Tensor>& in) { return nn::functional::fractional_max_pool3d(in[0], {2}, {}, {0.6}, s3); },
+        test::tolerance_for(dt));
+    nn::AdaptiveAvgPool2d avg({std::nullopt, 3});
+    nn::AdaptiveMaxPool3d max3({2, std::nullopt, 3});
+    check_against_cpu(
+        {x2}, [&](const std::vector<Tensor>& in) { return avg(in[0]); }, test::tolerance_for(dt));
+    check_against_cpu(
+        {x3}, [&](const std::vector<Tensor>& in) { return max3(in[0]); }, test::tolerance_for(dt));
+  }
+}
