@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/grad_mode.h"
+#include "nn/qr.h"
 #include "ops/ops.h"
 
 namespace kiln::nn::init {
@@ -212,13 +213,14 @@ Tensor& dirac_(Tensor& t, int64_t groups) {
   return t;
 }
 
-namespace {
+namespace detail {
 
 // Note [orthogonal_ by Householder QR]: A (m x n, m >= n, column j at a[j * m]) = Q R by n
 // reflections H_k = I - 2 v v^T / (v^T v), H_k zeroing column k below the diagonal (R's diagonal
 // element is -sign(a_kk) * |a[k:, k]|, which keeps v free of cancellation). Q's n columns are
 // H_0 ... H_{n-1} applied to the identity's first n columns; times the sign of R's diagonal they
-// are the Q of the one QR with a positive diagonal, PyTorch's `q *= sign(diag(r))`.
+// are the Q of the one QR with a positive diagonal, PyTorch's `q *= sign(diag(r))`. Also the base of
+// parametrizations::orthogonal (nn/qr.h).
 std::vector<double> orthonormal_columns(std::vector<double> a, int64_t m, int64_t n) {
   std::vector<std::vector<double>> reflectors(static_cast<size_t>(n));
   std::vector<double> sign(static_cast<size_t>(n), 1.0);
@@ -261,7 +263,7 @@ std::vector<double> orthonormal_columns(std::vector<double> a, int64_t m, int64_
   return q;
 }
 
-}  // namespace
+}  // namespace detail
 
 Tensor& orthogonal_(Tensor& t, double gain, Generator* gen) {
   check_floating(t, "orthogonal_");
@@ -279,13 +281,13 @@ Tensor& orthogonal_(Tensor& t, double gain, Generator* gen) {
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 0; j < cols; ++j) a_cols[j * rows + i] = a[i * cols + j];
     }
-    const std::vector<double> q = orthonormal_columns(std::move(a_cols), rows, cols);  // rows x cols, by column
+    const std::vector<double> q = detail::orthonormal_columns(std::move(a_cols), rows, cols);  // rows x cols, by column
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 0; j < cols; ++j) w[i * cols + j] = gain * q[j * rows + i];
     }
   } else {
     // Q (cols x rows, column-major) of A^T; the weight is Q^T, rows x cols row-major: the same layout.
-    const std::vector<double> q = orthonormal_columns(std::move(a), cols, rows);
+    const std::vector<double> q = detail::orthonormal_columns(std::move(a), cols, rows);
     for (size_t i = 0; i < q.size(); ++i) w[i] = gain * q[i];
   }
   t.copy_(from_vector(w, t.sizes()).to(t.device()));

@@ -261,6 +261,20 @@ Module& remove_parametrizations(Module& module, const std::string& name, bool le
 
 }  // namespace parametrize
 
+namespace detail {
+
+Tensor tensor_of(const Module& module, const std::string& name, const char* op) {
+  if (parametrize::is_parametrized(module, name)) {
+    NoGradGuard no_grad;
+    return parametrize::list_of(module, name).evaluate();
+  }
+  Tensor t = own_tensor(module, name).first;
+  KILN_CHECK(t.defined(), "{}: module {} has no parameter or buffer with name '{}'", op, module.name(), name);
+  return t;
+}
+
+}  // namespace detail
+
 namespace parametrizations {
 
 namespace {
@@ -323,23 +337,11 @@ class WeightNorm final : public parametrize::Parametrization {
   std::optional<int64_t> dim_;
 };
 
-// The module's own parameter or buffer `name`, or its parametrized value (PyTorch's getattr), for an
-// Error that names what is missing.
-Tensor tensor_of(const Module& module, const std::string& name, const char* op) {
-  if (parametrize::is_parametrized(module, name)) {
-    NoGradGuard no_grad;
-    return parametrize::list_of(module, name).evaluate();
-  }
-  Tensor t = detail::own_tensor(module, name).first;
-  KILN_CHECK(t.defined(), "{}: module {} has no parameter or buffer with name '{}'", op, module.name(), name);
-  return t;
-}
-
 }  // namespace
 
 Module& spectral_norm(Module& module, const std::string& name, int64_t n_power_iterations, double eps,
                       std::optional<int64_t> dim) {
-  Tensor weight = tensor_of(module, name, "parametrizations::spectral_norm");
+  Tensor weight = detail::tensor_of(module, name, "parametrizations::spectral_norm");
   if (!dim) dim = detail::default_spectral_norm_dim(module);
   const int64_t rank = weight.dim();
   KILN_CHECK(*dim >= -rank && *dim < rank,
@@ -356,7 +358,7 @@ Module& spectral_norm(Module& module, const std::string& name, int64_t n_power_i
 }
 
 Module& weight_norm(Module& module, const std::string& name, std::optional<int64_t> dim) {
-  const int64_t rank = tensor_of(module, name, "parametrizations::weight_norm").dim();
+  const int64_t rank = detail::tensor_of(module, name, "parametrizations::weight_norm").dim();
   if (dim && *dim != -1) {  // -1 is PyTorch's "the whole tensor", as nullopt
     KILN_CHECK(*dim >= -rank && *dim < rank,
                "parametrizations::weight_norm: dim {} is out of range for '{}', a {}-d tensor; pass a dim in [{}, {}], "

@@ -8,7 +8,7 @@
 //   nn::utils::parametrize::register_parametrization(linear, "weight", std::make_shared<Symmetric>());
 //   // linear.weight is now symmetric in every forward; the state dict holds
 //   // "parametrizations.weight.original", as PyTorch's
-//   nn::utils::parametrizations::spectral_norm(conv);   // or weight_norm(conv): PyTorch's modules
+//   nn::utils::parametrizations::spectral_norm(conv);   // or weight_norm(conv), orthogonal(linear): PyTorch's
 //
 // As in PyTorch, the tensor `name` leaves the module and `module.parametrizations[name]` (a
 // ModuleDict of ParametrizationList, a ModuleList of the parametrizations) holds what replaces it,
@@ -89,6 +89,13 @@ Module& spectral_norm(Module& module, const std::string& name = "weight", int64_
 // PyTorch 2.1's parametrizations.weight_norm: g v / ||v||, the norm over every dim but dim (nullopt or
 // -1: the whole tensor), kept as original0 (g) and original1 (v).
 Module& weight_norm(Module& module, const std::string& name = "weight", std::optional<int64_t> dim = 0);
+// PyTorch's parametrizations.orthogonal: `name`, a matrix or a batch of them (..., n, k), kept with
+// orthonormal columns (n >= k) or rows, from an unconstrained original (Note [orthogonal
+// parametrization], nn/orthogonal.cpp). orthogonal_map: "matrix_exp" (the default for a square
+// matrix) or "householder" (otherwise); "cayley" is an Error. With use_trivialization, the buffer
+// `base` holds the orthogonalized tensor as it was when registered, and the original starts at -I.
+Module& orthogonal(Module& module, const std::string& name = "weight",
+                   std::optional<std::string> orthogonal_map = std::nullopt, bool use_trivialization = true);
 
 }  // namespace kiln::nn::utils::parametrizations
 
@@ -104,6 +111,9 @@ RemovableHandle recompute_before_forward(Module& module, Tensor target, std::fun
 // The module's own (not its children's) parameter `name` with true, or buffer `name` with false;
 // an undefined tensor if it has neither.
 std::pair<Tensor, bool> own_tensor(const Module& module, const std::string& name);
+// The module's own parameter or buffer `name`, or its parametrized value (PyTorch's getattr); an Error
+// from `op` naming what is missing.
+Tensor tensor_of(const Module& module, const std::string& name, const char* op);
 // spectral_norm's dim when none is given: 1 for a transposed convolution's weight (its output
 // channels), 0 for any other.
 int64_t default_spectral_norm_dim(const Module& module);
