@@ -34,9 +34,11 @@ void check_replaceable(const Module& module, const std::string& name, const Tens
 }
 
 RemovableHandle recompute_before_forward(Module& module, Tensor target, std::function<Tensor(bool)> compute, bool now) {
-  if (now) rebind(target, compute(module.is_training()));
+  if (now) {
+    if (Tensor value = compute(module.is_training()); value.defined()) rebind(target, value);
+  }
   return module.register_forward_pre_hook([target, compute = std::move(compute)](Module& m, const Tensor&) {
-    rebind(target, compute(m.is_training()));
+    if (Tensor value = compute(m.is_training()); value.defined()) rebind(target, value);
     return Tensor();
   });
 }
@@ -144,9 +146,26 @@ Tensor ParametrizationList::evaluate() {
   return x;
 }
 
+namespace {
+// The Cached scopes of this thread: how deep, and which outermost one (numbered from 1) is open.
+thread_local int cache_depth = 0;
+thread_local uint64_t cache_scope = 0, scopes_opened = 0;
+}  // namespace
+
+Cached::Cached() {
+  if (cache_depth++ == 0) cache_scope = ++scopes_opened;
+}
+Cached::~Cached() {
+  if (--cache_depth == 0) cache_scope = 0;
+}
+
 void ParametrizationList::attach_to(Module& module, Tensor target) {
   target_ = target;
-  hook_ = detail::recompute_before_forward(module, std::move(target), [this](bool) { return evaluate(); });
+  hook_ = detail::recompute_before_forward(module, std::move(target), [this](bool) {
+    if (cache_scope != 0 && cached_in_ == cache_scope) return Tensor();  // computed in this scope already
+    cached_in_ = cache_scope;
+    return evaluate();
+  });
 }
 
 Tensor ParametrizationList::release_target() {

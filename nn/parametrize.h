@@ -54,8 +54,8 @@ class ParametrizationList : public ModuleList {
   Tensor evaluate();
   const std::vector<Tensor>& originals() const { return originals_; }
   bool unsafe = false;
-  // Rebinds `target`, the module's own handle, to evaluate() now and before each module(x) of `module`;
-  // release_target stops that and returns the handle.
+  // Rebinds `target`, the module's own handle, to evaluate() now and before each module(x) of `module`
+  // (once per Cached scope while one lives); release_target stops that and returns the handle.
   void attach_to(Module& module, Tensor target);
   Tensor release_target();
 
@@ -63,6 +63,20 @@ class ParametrizationList : public ModuleList {
   std::vector<Tensor> originals_;
   Tensor target_;
   RemovableHandle hook_;
+  uint64_t cached_in_ = 0;  // the Cached scope whose value target_ holds (0: none)
+};
+
+// PyTorch's parametrize.cached(): while one lives on this thread, each parametrized tensor is computed
+// at the first module(x) that needs it and kept for the later calls, which then share its graph (an
+// RNN cell's weight over the time steps: one computation, one backward through it), instead of once
+// per call. Scopes nest; the outermost one's end lets the next call compute afresh. A change of the
+// originals inside the scope (an optimizer step) is not seen until it ends, as in PyTorch.
+class Cached {
+ public:
+  Cached();
+  ~Cached();
+  Cached(const Cached&) = delete;
+  Cached& operator=(const Cached&) = delete;
 };
 
 // Parametrizes the parameter or buffer `name` of `module` by `parametrization`, or appends it to the
@@ -105,7 +119,8 @@ namespace kiln::nn::utils::detail {
 // otherwise (tied, given to an optimizer, looked up by name by the layer).
 void check_replaceable(const Module& module, const std::string& name, const Tensor& t, long own, const char* op);
 // Before each module(x) of `module`, and now if `now`, target is rebound to compute(module's training
-// mode) (Note [a weight recomputed into the layer's handle] in nn/weight_norm.cpp).
+// mode), unless that is undefined: then target keeps what it holds (Note [a weight recomputed into the
+// layer's handle] in nn/weight_norm.cpp).
 RemovableHandle recompute_before_forward(Module& module, Tensor target, std::function<Tensor(bool training)> compute,
                                          bool now = true);
 // The module's own (not its children's) parameter `name` with true, or buffer `name` with false;

@@ -251,3 +251,51 @@ TEST_CASE("register_parametrization refuses what it cannot do with an Error and 
   test::check_error([&] { parametrize::register_parametrization(c, "weight", std::make_shared<Split>()); },
                     {"Split's right_inverse gives 2 tensors", "forward_originals"});
 }
+
+TEST_CASE("parametrize::Cached computes a parametrized weight once per scope, and backward goes through it once",
+          "[nn][parametrize]") {
+  struct Counting : nn::Module {  // a symmetric weight that counts its computations
+    Tensor forward(const Tensor& x) override {
+      ++calls;
+      return x.triu() + x.triu(1).transpose(0, 1);
+    }
+    int calls = 0;
+  };
+  const Tensor w = test::sample({3, 3}, kFloat64), x = test::sample({4, 3}, kFloat64, 0.8);
+  // Three calls of the same layer, inside a scope and without one: the same outputs and gradients.
+  auto run = [&](bool cached) {
+    nn::Linear layer(3, 3, {.bias = false});
+    layer.to(kFloat64);
+    {
+      NoGradGuard no_grad;
+      layer.weight.copy_(w);
+    }
+    auto counting = std::make_shared<Counting>();
+    parametrize::register_parametrization(layer, "weight", counting);
+    const int at_registration = counting->calls;
+    Tensor total;
+    {
+      std::optional<parametrize::Cached> scope;
+      if (cached) scope.emplace();
+      std::optional<parametrize::Cached> nested;  // a nested scope changes nothing
+      if (cached) nested.emplace();
+      Tensor h = x;
+      for (int step = 0; step < 3; ++step) h = layer(h).tanh();
+      total = h.sum();
+    }
+    CHECK(counting->calls - at_registration == (cached ? 1 : 3));
+    total.backward();
+    Tensor grad;
+    for (const auto& [key, p] : layer.named_parameters()) {
+      if (key == "parametrizations.weight.original") grad = p.grad();
+    }
+    REQUIRE(grad.defined());
+    layer(x);  // after the scope: computed again
+    CHECK(counting->calls - at_registration == (cached ? 2 : 4));
+    return std::pair{total.detach(), grad};
+  };
+  auto [plain_total, plain_grad] = run(false);
+  auto [cached_total, cached_grad] = run(true);
+  test::check_close(cached_total, plain_total, {1e-14, 1e-14});
+  test::check_close(cached_grad, plain_grad, {1e-14, 1e-14});
+}
