@@ -73,8 +73,10 @@ std::vector<double> geqrf(std::vector<double>& a, int64_t m, int64_t n) {
 
 // PyTorch's _is_orthogonal: allclose(Q^T Q, I) with atol 10 n eps of the dtype and allclose's rtol 1e-5.
 bool is_orthogonal(const std::vector<double>& q, int64_t m, int64_t n, DType dtype) {
-  const double eps = dtype == kFloat64 ? std::numeric_limits<double>::epsilon()
-                                       : std::numeric_limits<float>::epsilon();  // float32 (16-bit: float32's)
+  const double eps = dtype == kFloat64    ? std::numeric_limits<double>::epsilon()
+                     : dtype == kFloat16  ? std::ldexp(1.0, -10)
+                     : dtype == kBFloat16 ? std::ldexp(1.0, -7)
+                                          : std::numeric_limits<float>::epsilon();  // torch.finfo(dtype).eps
   const double atol = 10.0 * static_cast<double>(m) * eps;
   for (int64_t a = 0; a < n; ++a) {
     for (int64_t b = 0; b < n; ++b) {
@@ -121,7 +123,7 @@ Tensor householder_product(const Tensor& a, const Tensor& tau) {
   return q.narrow(-1, 0, k);
 }
 
-enum class Map { kMatrixExp, kCayley, kHouseholder };
+enum class Map { kMatrixExp, kHouseholder };  // "cayley" is refused by orthogonal()
 
 // PyTorch's _Orthogonal.
 class Orthogonal final : public parametrize::Parametrization {
