@@ -252,11 +252,15 @@ std::string AvgPool2d::extra_repr() const {
                      size_or_pair(options.padding));
 }
 
-Tensor AdaptiveAvgPool2d::forward(const Tensor& input) { return adaptive_avg_pool2d(input, output_size.resolve(input)); }
+Tensor AdaptiveAvgPool2d::forward(const Tensor& input) {
+  return adaptive_avg_pool2d(input, output_size.resolve(input));
+}
 
 std::string AdaptiveAvgPool2d::extra_repr() const { return "output_size=" + output_size.str(); }
 
-Tensor AdaptiveMaxPool2d::forward(const Tensor& input) { return adaptive_max_pool2d(input, output_size.resolve(input)); }
+Tensor AdaptiveMaxPool2d::forward(const Tensor& input) {
+  return adaptive_max_pool2d(input, output_size.resolve(input));
+}
 std::tuple<Tensor, Tensor> AdaptiveMaxPool2d::forward_with_indices(const Tensor& input) {
   return adaptive_max_pool2d_with_indices(input, output_size.resolve(input));
 }
@@ -466,10 +470,14 @@ std::string AvgPool3d::extra_repr() const {
                      size_or_triple(*options.stride), size_or_triple(options.padding));
 }
 
-Tensor AdaptiveAvgPool3d::forward(const Tensor& input) { return adaptive_avg_pool3d(input, output_size.resolve(input)); }
+Tensor AdaptiveAvgPool3d::forward(const Tensor& input) {
+  return adaptive_avg_pool3d(input, output_size.resolve(input));
+}
 std::string AdaptiveAvgPool3d::extra_repr() const { return "output_size=" + output_size.str(); }
 
-Tensor AdaptiveMaxPool3d::forward(const Tensor& input) { return adaptive_max_pool3d(input, output_size.resolve(input)); }
+Tensor AdaptiveMaxPool3d::forward(const Tensor& input) {
+  return adaptive_max_pool3d(input, output_size.resolve(input));
+}
 std::tuple<Tensor, Tensor> AdaptiveMaxPool3d::forward_with_indices(const Tensor& input) {
   return adaptive_max_pool3d_with_indices(input, output_size.resolve(input));
 }
