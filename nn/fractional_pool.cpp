@@ -7,13 +7,12 @@
 // order fixed by one sample u in [0, 1) per (sample, channel, dim): window i starts at
 // floor((i + u) a) - floor(u a) with a = (in - k) / (out - 1), the last at in - k (PyTorch's
 // sequence, computed here as PyTorch does, in the input's precision). The starts are worked out on the
-// host, and every window's elements become one int64 index into the flattened (n, c) plane: a gather
-// gives (N, C, out positions, window) and a max over the window gives the values and, through the
-// same index, the positions PyTorch returns. The gradient is the gather's, a scatter_add of the
-// output's gradient into those positions, as PyTorch's backward. Built from ops, it runs on any device
-// and is differentiable again. The first of equal maxima is taken, as PyTorch's kernel; of a window
-// holding NaNs, Kiln's max takes the first NaN where PyTorch's loop keeps the last (the value is NaN
-// in both, the index may differ).
+// host, and every window's elements become int64 indices into the flattened (n, c) plane, laid out
+// (window element, output position). A pass over the window elements keeps, per position, the index
+// of the maximum by PyTorch's rule (a later element replaces the kept one when it is larger or NaN:
+// the first of equal maxima, the last NaN), and one gather of the input at those indices gives the
+// values: its gradient is a scatter_add of the output's gradient into those positions, as PyTorch's
+// backward. Built from ops, it runs on any device and is differentiable again.
 #include <fmt/format.h>
 
 #include <array>
@@ -24,6 +23,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/grad_mode.h"
 #include "core/half.h"
 #include "nn/conv.h"
 #include "nn/functional.h"
@@ -131,11 +131,19 @@ std::tuple<Tensor, Tensor> fractional_max_pool(const Tensor& input, const Shape&
     KILN_CHECK(v >= 0 && v < 1, "{}: _random_samples must lie in [0, 1), got {}", op, v);
   }
 
-  // Every window's elements as indices into the (n, c) plane, window after window.
+  // Every window's elements as indices into the (n, c) plane, laid out (window element, position), so
+  // that each step of the max below reads whole rows.
   int64_t positions = 1, window = 1, plane = 1;
   for (int i = 0; i < dims; ++i) positions *= out[i], window *= k[i], plane *= in[i];
-  std::vector<int64_t> index(static_cast<size_t>(N * C * positions * window));
-  int64_t* next = index.data();
+  const int64_t kd = dims == 3 ? k[0] : 1, kh = k[dims - 2], kw = k[dims - 1];
+  const int64_t H = in[dims - 2], W = in[dims - 1];
+  std::vector<int64_t> offsets;  // of each window element from its window's first
+  for (int64_t i = 0; i < kd; ++i) {
+    for (int64_t j = 0; j < kh; ++j) {
+      for (int64_t l = 0; l < kw; ++l) offsets.push_back((i * H + j) * W + l);
+    }
+  }
+  std::vector<int64_t> index(static_cast<size_t>(N * C * window * positions)), first(static_cast<size_t>(positions));
   for (int64_t nc = 0; nc < N * C; ++nc) {
     // PyTorch's order of the samples: W then H for 2-D, D, H, W for 3-D.
     std::array<std::vector<int64_t>, 3> starts;
@@ -143,28 +151,39 @@ std::tuple<Tensor, Tensor> fractional_max_pool(const Tensor& input, const Shape&
       const int sample = dims == 2 ? 1 - i : i;
       starts[i] = window_starts(u[nc * dims + sample], in[i], out[i], k[i], input.dtype());
     }
-    const int64_t od = dims == 3 ? out[0] : 1, kd = dims == 3 ? k[0] : 1;
-    const int64_t oh = out[dims - 2], ow = out[dims - 1], kh = k[dims - 2], kw = k[dims - 1];
-    const int64_t H = in[dims - 2], W = in[dims - 1];
+    const int64_t od = dims == 3 ? out[0] : 1, oh = out[dims - 2], ow = out[dims - 1];
+    int64_t* f = first.data();
     for (int64_t a = 0; a < od; ++a) {
       const int64_t d0 = dims == 3 ? starts[0][a] : 0;
       for (int64_t b = 0; b < oh; ++b) {
-        const int64_t h0 = starts[dims - 2][b];
-        for (int64_t c = 0; c < ow; ++c) {
-          const int64_t w0 = starts[dims - 1][c];
-          for (int64_t i = 0; i < kd; ++i) {
-            for (int64_t j = 0; j < kh; ++j) {
-              for (int64_t l = 0; l < kw; ++l) *next++ = ((d0 + i) * H + h0 + j) * W + w0 + l;
-            }
-          }
-        }
+        for (int64_t c = 0; c < ow; ++c) *f++ = (d0 * H + starts[dims - 2][b]) * W + starts[dims - 1][c];
       }
     }
+    int64_t* to = index.data() + nc * window * positions;
+    for (int64_t e = 0; e < window; ++e, to += positions) {
+      for (int64_t p = 0; p < positions; ++p) to[p] = first[p] + offsets[e];
+    }
   }
-  const Tensor at = from_vector(index, {N, C, positions, window}).to(x.device());
-  const Tensor windows = x.reshape({N, C, plane}).gather(2, at.view({N, C, positions * window}));
-  auto [values, arg] = windows.view({N, C, positions, window}).max(3);
-  Tensor indices = at.gather(3, arg.unsqueeze(3)).squeeze(3);
+  const Tensor at = from_vector(index, {N, C, window, positions}).to(x.device());
+  const Tensor flat = x.reshape({N, C, plane});
+  // Which element of each window is its maximum, by PyTorch's rule: a later element replaces the one
+  // kept when it is larger or NaN (the first of equal maxima, the last NaN). Then one gather of the
+  // values, whose backward is PyTorch's: the output's gradient added in at the indices.
+  Tensor indices;
+  {
+    NoGradGuard no_grad;
+    const Tensor elements =
+        flat.detach().gather(2, at.view({N, C, window * positions})).view({N, C, window, positions});
+    Tensor best = elements.select(2, 0);
+    indices = at.select(2, 0);
+    for (int64_t e = 1; e < window; ++e) {
+      const Tensor candidate = elements.select(2, e);
+      const Tensor take = candidate.gt(best).logical_or(candidate.isnan());
+      best = where(take, candidate, best);
+      indices = where(take, at.select(2, e), indices);
+    }
+  }
+  Tensor values = flat.gather(2, indices);
   Shape shape{N, C};
   for (int i = 0; i < dims; ++i) shape.push_back(out[i]);
   values = values.view(shape);

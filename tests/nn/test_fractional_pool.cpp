@@ -3,6 +3,8 @@
 // tests/fixtures/gen_nn_golden.py, given PyTorch's _random_samples: values, indices, the input's
 // gradient; output_size and output_ratio, unbatched, a single row, ties, float32), drawn samples, and
 // the Errors.
+#include <cmath>
+
 #include "nn/nn_golden.h"
 #include "support.h"
 
@@ -94,6 +96,19 @@ TEST_CASE("fractional max pooling with drawn samples takes the maximum of window
   test::check_equal(nn::functional::fractional_max_pool2d(x, {3}, {}, {0.5}, {}, &a),
                     nn::functional::fractional_max_pool2d(x, {3}, {}, {0.5}, {}, &b));
   CHECK(nn::functional::fractional_max_pool2d(x, {3}, {}, {0.5}, {}, &a).sizes() == Shape{3, 4, 8, 8});
+}
+
+TEST_CASE("fractional max pooling takes the first of equal maxima and the last NaN, as PyTorch 1.13",
+          "[nn][pool][fractional]") {
+  // One window over each 2 x 2 plane: [1, NaN, 3, NaN] -> the NaN at 3; [2, 5, 5, 1] -> the 5 at 1 (PyTorch's
+  // indices for these planes), and the gradient goes to that element only.
+  const Tensor x = from_vector(std::vector<double>{1, NAN, 3, NAN, 2, 5, 5, 1}, {2, 1, 2, 2}).requires_grad_(true);
+  auto [values, indices] = nn::functional::fractional_max_pool2d_with_indices(x, {2}, {1}, {}, rand({2, 1, 2}));
+  CHECK(indices.to_vector<int64_t>() == std::vector<int64_t>{3, 1});
+  CHECK(std::isnan(values.to_vector<double>()[0]));
+  CHECK(values.to_vector<double>()[1] == 5.0);
+  values.sum().backward();
+  CHECK(x.grad().to_vector<double>() == std::vector<double>{0, 0, 0, 1, 0, 1, 0, 0});
 }
 
 TEST_CASE("fractional max pooling's Errors name the argument and what to do", "[nn][pool][fractional][errors]") {
