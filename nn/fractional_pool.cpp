@@ -27,6 +27,7 @@
 #include "core/half.h"
 #include "nn/conv.h"
 #include "nn/functional.h"
+#include "ops/dispatch.h"
 
 namespace kiln::nn {
 inline namespace functional {
@@ -62,12 +63,14 @@ std::vector<int64_t> window_starts(double u, int64_t in, int64_t out, int64_t k,
   return starts;
 }
 
-// One number for every dim or one per dim (a Python int or tuple).
-template <typename T>
-std::vector<T> per_dim(const std::vector<T>& v, int dims, const char* op, const char* what) {
-  KILN_CHECK(v.size() == 1 || v.size() == static_cast<size_t>(dims), "{}: {} must be one number or {}, got {}", op,
-             what, dims, v.size());
-  return v.size() == 1 ? std::vector<T>(dims, v[0]) : v;
+// output_ratio: one ratio for every dim or one per dim (a Python float or tuple), each in (0, 1).
+std::vector<double> ratio_per_dim(const std::vector<double>& r, int dims, const char* op) {
+  KILN_CHECK(r.size() == 1 || r.size() == static_cast<size_t>(dims),
+             "{}: output_ratio must be one number or {}, got {}", op, dims, r.size());
+  for (double v : r) {
+    KILN_CHECK(v > 0 && v < 1, "{}: output_ratio must be between 0 and 1 (exclusive), got {}", op, v);
+  }
+  return r.size() == 1 ? std::vector<double>(dims, r[0]) : r;
 }
 
 constexpr const char* kDimNames[3][3] = {{}, {"height", "width"}, {"depth", "height", "width"}};
@@ -87,8 +90,7 @@ std::tuple<Tensor, Tensor> fractional_max_pool(const Tensor& input, const Shape&
                input.sizes().str());
   }
   const int64_t N = x.size(0), C = x.size(1);
-  const std::vector<int64_t> k =
-      per_dim(std::vector<int64_t>(kernel_size.begin(), kernel_size.end()), dims, op, "kernel_size");
+  const std::vector<int64_t> k = dims_arg(kernel_size, dims, op, "kernel_size", 1);
   KILN_CHECK(output_size.size() > 0 || !output_ratio.empty(),
              "{}: requires either an output_size or an output_ratio; pass one of them", op);
   KILN_CHECK(output_size.size() == 0 || output_ratio.empty(),
@@ -96,17 +98,14 @@ std::tuple<Tensor, Tensor> fractional_max_pool(const Tensor& input, const Shape&
   std::vector<int64_t> in(dims), out(dims);
   for (int i = 0; i < dims; ++i) in[i] = x.size(2 + i);
   if (output_size.size() > 0) {
-    out = per_dim(std::vector<int64_t>(output_size.begin(), output_size.end()), dims, op, "output_size");
+    out = dims_arg(output_size, dims, op, "output_size", 1);
   } else {
-    const std::vector<double> ratio = per_dim(output_ratio, dims, op, "output_ratio");
+    const std::vector<double> ratio = ratio_per_dim(output_ratio, dims, op);
     for (int i = 0; i < dims; ++i) {
-      KILN_CHECK(ratio[i] > 0 && ratio[i] < 1, "{}: output_ratio must be between 0 and 1 (exclusive), got {}", op,
-                 ratio[i]);
       out[i] = static_cast<int64_t>(static_cast<double>(in[i]) * ratio[i]);  // Python's int(): toward zero
     }
   }
   for (int i = 0; i < dims; ++i) {
-    KILN_CHECK(k[i] > 0, "{}: kernel_size must be positive, got {} for the {}", op, k[i], names[i]);
     KILN_CHECK(out[i] > 0, "{}: the output {} is {}; it must be at least 1 (a larger output_size or output_ratio)", op,
                names[i], out[i]);
     KILN_CHECK(out[i] + k[i] - 1 <= in[i],

@@ -213,58 +213,9 @@ Tensor& dirac_(Tensor& t, int64_t groups) {
   return t;
 }
 
-namespace detail {
-
-// Note [orthogonal_ by Householder QR]: A (m x n, m >= n, column j at a[j * m]) = Q R by n
-// reflections H_k = I - 2 v v^T / (v^T v), H_k zeroing column k below the diagonal (R's diagonal
-// element is -sign(a_kk) * |a[k:, k]|, which keeps v free of cancellation). Q's n columns are
-// H_0 ... H_{n-1} applied to the identity's first n columns; times the sign of R's diagonal they
-// are the Q of the one QR with a positive diagonal, PyTorch's `q *= sign(diag(r))`. Also the base of
-// parametrizations::orthogonal (nn/qr.h).
-std::vector<double> orthonormal_columns(std::vector<double> a, int64_t m, int64_t n) {
-  std::vector<std::vector<double>> reflectors(static_cast<size_t>(n));
-  std::vector<double> sign(static_cast<size_t>(n), 1.0);
-  auto col = [&](std::vector<double>& x, int64_t j) { return x.data() + j * m; };
-  for (int64_t k = 0; k < n; ++k) {
-    const double* x = col(a, k);
-    double norm2 = 0;
-    for (int64_t i = k; i < m; ++i) norm2 += x[i] * x[i];
-    const double r_kk = x[k] >= 0 ? -std::sqrt(norm2) : std::sqrt(norm2);
-    sign[k] = r_kk < 0 ? -1.0 : 1.0;
-    std::vector<double>& v = reflectors[k];
-    v.assign(x + k, x + m);
-    v[0] -= r_kk;
-    double vv = 0;
-    for (double e : v) vv += e * e;
-    if (vv == 0) continue;  // the column is zero below the diagonal already
-    for (double& e : v) e *= std::sqrt(2 / vv);  // now H_k = I - v v^T
-    for (int64_t j = k; j < n; ++j) {
-      double* y = col(a, j) + k;
-      double s = 0;
-      for (int64_t i = 0; i < m - k; ++i) s += v[i] * y[i];
-      for (int64_t i = 0; i < m - k; ++i) y[i] -= s * v[i];
-    }
-  }
-  std::vector<double> q(static_cast<size_t>(m * n), 0.0);
-  for (int64_t j = 0; j < n; ++j) col(q, j)[j] = 1;
-  for (int64_t k = n - 1; k >= 0; --k) {
-    const std::vector<double>& v = reflectors[k];
-    if (v.empty()) continue;
-    for (int64_t j = k; j < n; ++j) {  // H_k leaves the columns j < k of the partial product alone
-      double* y = col(q, j) + k;
-      double s = 0;
-      for (size_t i = 0; i < v.size(); ++i) s += v[i] * y[i];
-      for (size_t i = 0; i < v.size(); ++i) y[i] -= s * v[i];
-    }
-  }
-  for (int64_t j = 0; j < n; ++j) {
-    for (int64_t i = 0; i < m; ++i) col(q, j)[i] *= sign[j];
-  }
-  return q;
-}
-
-}  // namespace detail
-
+// Note [orthogonal_ by Householder QR]: W is the Q of the QR of a normal draw A (of A^T when it has
+// fewer rows than columns, W then Q^T), with R's diagonal made positive: PyTorch's
+// `q *= sign(diag(r))`. The QR is LAPACK's Householder one, on the host in float64 (nn/qr.h).
 Tensor& orthogonal_(Tensor& t, double gain, Generator* gen) {
   check_floating(t, "orthogonal_");
   KILN_CHECK(t.dim() >= 2, "nn::init::orthogonal_: needs a tensor of at least 2 dimensions, got shape {}",
@@ -272,23 +223,20 @@ Tensor& orthogonal_(Tensor& t, double gain, Generator* gen) {
   if (t.numel() == 0) return t;  // as PyTorch: nothing to fill
   const int64_t rows = t.size(0), cols = t.numel() / rows;
   NoGradGuard no_grad;
-  // The normal draw is rows x cols, row-major; read column-major it is its transpose (cols x rows),
-  // which is the matrix to factor when rows < cols.
-  std::vector<double> a = randn({rows, cols}, TensorOptions(kFloat64), gen).to_vector<double>();
+  std::vector<double> a = randn({rows, cols}, TensorOptions(kFloat64), gen).to_vector<double>();  // row-major
   std::vector<double> w(a.size());
   if (rows >= cols) {
-    std::vector<double> a_cols(a.size());  // column-major copy of the rows x cols matrix
+    const std::vector<double> q = nn::detail::q_factor(std::move(a), rows, cols);
+    for (size_t i = 0; i < q.size(); ++i) w[i] = gain * q[i];
+  } else {
+    std::vector<double> transposed(a.size());  // A^T, cols x rows
     for (int64_t i = 0; i < rows; ++i) {
-      for (int64_t j = 0; j < cols; ++j) a_cols[j * rows + i] = a[i * cols + j];
+      for (int64_t j = 0; j < cols; ++j) transposed[j * rows + i] = a[i * cols + j];
     }
-    const std::vector<double> q = detail::orthonormal_columns(std::move(a_cols), rows, cols);  // rows x cols, by column
+    const std::vector<double> q = nn::detail::q_factor(std::move(transposed), cols, rows);  // cols x rows
     for (int64_t i = 0; i < rows; ++i) {
       for (int64_t j = 0; j < cols; ++j) w[i * cols + j] = gain * q[j * rows + i];
     }
-  } else {
-    // Q (cols x rows, column-major) of A^T; the weight is Q^T, rows x cols row-major: the same layout.
-    const std::vector<double> q = detail::orthonormal_columns(std::move(a), cols, rows);
-    for (size_t i = 0; i < q.size(); ++i) w[i] = gain * q[i];
   }
   t.copy_(from_vector(w, t.sizes()).to(t.device()));
   return t;

@@ -22,8 +22,8 @@
 // brings the 1-norm to 1/2 (the truncation is then below 1e-21 of the value), squared s times; the
 // Householder product a loop of rank-1 updates. Both are compositions of ops, which autograd
 // differentiates, on any device. (PyTorch's matrix_exp evaluates other polynomials: the values agree
-// within rounding.) The QR at registration runs on the host in float64: nn::init::orthogonal_'s (nn/qr.h)
-// for base, and geqrf below for the Householder vectors.
+// within rounding.) The QR at registration runs on the host in float64 (nn/qr.h, shared with
+// nn::init::orthogonal_).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -45,31 +45,7 @@ namespace kiln::nn::utils::parametrizations {
 
 namespace {
 
-// ---- host linear algebra on one row-major m x n matrix (m >= n), in float64 ----
-
-// LAPACK's geqrf: Householder QR in place. R in the upper triangle; below the diagonal of column j the
-// vector v_j (v_j[j] = 1 implied), and tau[j], so that H_j = I - tau_j v_j v_j^T and A = H_0 ... H_{n-1} R.
-std::vector<double> geqrf(std::vector<double>& a, int64_t m, int64_t n) {
-  std::vector<double> tau(static_cast<size_t>(n), 0.0);
-  auto at = [&](int64_t i, int64_t j) -> double& { return a[static_cast<size_t>(i * n + j)]; };
-  for (int64_t j = 0; j < n; ++j) {
-    double below = 0;
-    for (int64_t i = j + 1; i < m; ++i) below += at(i, j) * at(i, j);
-    if (below == 0) continue;  // H_j = I, tau 0 (LAPACK's dlarfg for a column already reduced)
-    const double alpha = at(j, j), beta = -std::copysign(std::sqrt(alpha * alpha + below), alpha);
-    tau[j] = (beta - alpha) / beta;
-    for (int64_t i = j + 1; i < m; ++i) at(i, j) /= alpha - beta;
-    at(j, j) = beta;
-    for (int64_t c = j + 1; c < n; ++c) {  // H_j applied to the columns right of j
-      double s = at(j, c);
-      for (int64_t i = j + 1; i < m; ++i) s += at(i, j) * at(i, c);
-      s *= tau[j];
-      at(j, c) -= s;
-      for (int64_t i = j + 1; i < m; ++i) at(i, c) -= s * at(i, j);
-    }
-  }
-  return tau;
-}
+// ---- host linear algebra on one row-major m x n matrix (m >= n), in float64 (QR: nn/qr.h) ----
 
 // PyTorch's _is_orthogonal: allclose(Q^T Q, I) with atol 10 n eps of the dtype and allclose's rtol 1e-5.
 bool is_orthogonal(const std::vector<double>& q, int64_t m, int64_t n, DType dtype) {
@@ -175,7 +151,7 @@ class Orthogonal final : public parametrize::Parametrization {
       std::vector<double> out(all.size());
       for (int64_t b = 0; b < count; ++b) {
         std::vector<double> a(all.begin() + b * n * k, all.begin() + (b + 1) * n * k);
-        const std::vector<double> tau = geqrf(a, n, k);
+        const std::vector<double> tau = nn::detail::geqrf(a, n, k);
         for (int64_t j = 0; j < k; ++j) {  // PyTorch: the diagonal's signs, flipped where tau is 0
           double& d = a[static_cast<size_t>(j * k + j)];
           d = (d > 0 ? 1.0 : d < 0 ? -1.0 : 0.0) * (tau[j] == 0 ? -1.0 : 1.0);
@@ -200,16 +176,7 @@ class Orthogonal final : public parametrize::Parametrization {
                                                     : extra[static_cast<size_t>((b * n + i) * (n - k) + j - k)];
         }
       }
-      if (n != k || !is_orthogonal(a, n, n, value.dtype())) {  // PyTorch's _make_orthogonal, by columns
-        std::vector<double> columns(a.size());
-        for (int64_t i = 0; i < n; ++i) {
-          for (int64_t j = 0; j < n; ++j) columns[static_cast<size_t>(j * n + i)] = a[static_cast<size_t>(i * n + j)];
-        }
-        columns = init::detail::orthonormal_columns(std::move(columns), n, n);
-        for (int64_t i = 0; i < n; ++i) {
-          for (int64_t j = 0; j < n; ++j) a[static_cast<size_t>(i * n + j)] = columns[static_cast<size_t>(j * n + i)];
-        }
-      }
+      if (n != k || !is_orthogonal(a, n, n, value.dtype())) a = nn::detail::q_factor(std::move(a), n, n);
       std::copy(a.begin(), a.end(), base.begin() + b * n * n);
     }
     const Tensor b = from_vector(base, base_shape).to(value.dtype()).to(value.device());

@@ -8,7 +8,6 @@
 // differentiable again.
 #include <fmt/format.h>
 
-#include <array>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,21 +27,6 @@ constexpr const char* kSpatial[] = {"", "L", "H, W", "D, H, W"};
 // A 128-bit size in decimal: exact within 2^53, rounded beyond (only Errors print them).
 std::string decimal(__int128 v) { return fmt::format("{:.0f}", static_cast<double>(v)); }
 
-// kernel_size, stride or padding: one number for all `dims` dims, or one per dim, each >= least (the
-// 2-D and 3-D ops' rule, ops/dispatch.h).
-std::vector<int64_t> per_dim(const Shape& v, int dims, const char* op, const char* what, int64_t least) {
-  if (dims == 3) {
-    const std::array<int64_t, 3> t = triple_arg(v, op, what, least);
-    return {t.begin(), t.end()};
-  }
-  if (dims == 2) {
-    std::vector<int64_t> hw(2);
-    pair_arg(v, op, what, least, hw[0], hw[1]);
-    return hw;
-  }
-  KILN_CHECK(v.size() == 1 && v[0] >= least, "{}: {} must be one number >= {}, got {}", op, what, least, v.str());
-  return {v[0]};
-}
 
 Tensor max_unpool(const Tensor& input, const Tensor& indices, int dims, const Shape& kernel_size,
                   const Shape& stride_in, const Shape& padding_in, const Shape& output_size, const char* op) {
@@ -59,9 +43,9 @@ Tensor max_unpool(const Tensor& input, const Tensor& indices, int dims, const Sh
     KILN_CHECK(input.size(d) > 0, "{}: expected an input with no empty dim but the first, got shape {} (dim {} is empty)",
                op, input.sizes().str(), d);
   }
-  const std::vector<int64_t> kernel = per_dim(kernel_size, dims, op, "kernel_size", 1);
-  const std::vector<int64_t> stride = stride_in.empty() ? kernel : per_dim(stride_in, dims, op, "stride", 1);
-  const std::vector<int64_t> padding = per_dim(padding_in, dims, op, "padding", 0);
+  const std::vector<int64_t> kernel = dims_arg(kernel_size, dims, op, "kernel_size", 1);
+  const std::vector<int64_t> stride = stride_in.empty() ? kernel : dims_arg(stride_in, dims, op, "stride", 1);
+  const std::vector<int64_t> padding = dims_arg(padding_in, dims, op, "padding", 0);
   KILN_CHECK(output_size.empty() || output_size.size() == dims || output_size.size() == dims + 2,
              "{}: output_size must give the {} spatial sizes or {} sizes (N, C, {}), got {}", op, dims, dims + 2,
              kSpatial[dims], output_size.str());

@@ -193,4 +193,18 @@ std::array<int64_t, 3> triple_arg(const Shape& v, const char* op, const char* na
   return t;
 }
 
+std::vector<int64_t> dims_arg(const Shape& v, int dims, const char* op, const char* name, int64_t min) {
+  if (dims == 3) {
+    const std::array<int64_t, 3> t = triple_arg(v, op, name, min);
+    return {t.begin(), t.end()};
+  }
+  if (dims == 2) {
+    std::vector<int64_t> hw(2);
+    pair_arg(v, op, name, min, hw[0], hw[1]);
+    return hw;
+  }
+  KILN_CHECK(v.size() == 1 && v[0] >= min, "{}: {} must be one number >= {}, got {}", op, name, min, v.str());
+  return {v[0]};
+}
+
 }  // namespace kiln

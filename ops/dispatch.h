@@ -6,6 +6,7 @@
 #include <optional>
 #include <string_view>
 #include <utility>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/grad_mode.h"
@@ -77,6 +78,9 @@ void pair_arg(const Shape& s, const char* op, const char* name, int64_t min, int
 // A 3-D op's size argument (kernel_size, stride, padding, ...): one number for all three dims, or
 // three, each >= min; else an Error naming op and argument. conv3d, conv_transpose3d, the 3-D poolings.
 std::array<int64_t, 3> triple_arg(const Shape& v, const char* op, const char* name, int64_t min);
+// A size argument of a 1-, 2- or 3-D op as `dims` numbers: one number >= min for 1 dim, else pair_arg's
+// or triple_arg's rule. max_unpool1d/2d/3d and fractional_max_pool2d/3d.
+std::vector<int64_t> dims_arg(const Shape& v, int dims, const char* op, const char* name, int64_t min);
 
 // GELU's pieces shared by gelu, bias_gelu (elementwise.cpp) and addmm_gelu (linalg.cpp):
 // whether `approximate` ("none" or "tanh", else an Error naming `op`) is the tanh form;

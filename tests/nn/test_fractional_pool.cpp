@@ -122,7 +122,7 @@ TEST_CASE("fractional max pooling's Errors name the argument and what to do", "[
   test::check_error([&] { F::fractional_max_pool2d(x, {2}, {}, {1.0}); }, {"output_ratio must be between 0 and 1"});
   test::check_error([&] { F::fractional_max_pool2d(x, {2}, {}, {0.05}); }, {"output height is 0", "at least 1"});
   test::check_error([&] { F::fractional_max_pool2d(x, {4}, {6}); }, {"pool height 4 too large", "input height 8"});
-  test::check_error([&] { F::fractional_max_pool2d(x, {2, 2, 2}, {4}); }, {"kernel_size must be one number or 2"});
+  test::check_error([&] { F::fractional_max_pool2d(x, {2, 2, 2}, {4}); }, {"kernel_size must have one or two elements"});
   test::check_error([&] { F::fractional_max_pool2d(x, {0}, {4}); }, {"kernel_size must be positive"});
   test::check_error([&] { F::fractional_max_pool2d(x.flatten(1), {2}, {4}); }, {"expected a 3-D", "or 4-D"});
   test::check_error([&] { F::fractional_max_pool2d(x.to(kInt64), {2}, {4}); }, {"floating input", "int64"});
