@@ -122,10 +122,12 @@ struct RandomArgs {
   }
 };
 
-// The geometry of a 2-D convolution (per dim: h, w).
-struct Conv2dArgs {
+// The geometry of a 2-D convolution (per dim: h, w), and of a 3-D one with its depth (d), which
+// only the 5-D views of a 3-D convolution read.
+struct ConvArgs {
   int64_t stride_h = 1, stride_w = 1, pad_h = 0, pad_w = 0, dilation_h = 1, dilation_w = 1;
   int64_t groups = 1;
+  int64_t stride_d = 1, pad_d = 0, dilation_d = 1;
 };
 
 // The geometry of a 2-D pooling window. Window (oh, ow) covers input rows
@@ -290,15 +292,19 @@ class Backend {
   // -- convolution: NCHW, every view contiguous, floating dtypes; input (N, C_in, H, W), weight
   //    (C_out, C_in / groups, kH, kW), out (N, C_out, H_out, W_out) with PyTorch's output size;
   //    bias (C_out) or data == nullptr for none. Group g maps input channels
-  //    [g * C_in/groups, (g+1) * C_in/groups) to output channels likewise --
-  virtual void conv2d(const View& input, const View& weight, const View& bias, const View& out,
-                      const Conv2dArgs& args, const Stream& s) = 0;
-  // grad_input (N, C_in, H, W) = d<grad_out, conv2d(input, weight)> / d input (overwritten)
-  virtual void conv2d_backward_input(const View& grad_out, const View& weight, const View& grad_input,
-                                     const Conv2dArgs& args, const Stream& s) = 0;
-  // grad_weight (C_out, C_in / groups, kH, kW) = d<grad_out, conv2d(input, weight)> / d weight
-  virtual void conv2d_backward_weight(const View& grad_out, const View& input, const View& grad_weight,
-                                      const Conv2dArgs& args, const Stream& s) = 0;
+  //    [g * C_in/groups, (g+1) * C_in/groups) to output channels likewise. A backend whose
+  //    conv3d_kernels() is true also takes 5-D views, NCDHW, with the weight (C_out, C_in / groups,
+  //    kD, kH, kW) and the depth's fields of ConvArgs: a 3-D convolution; ops composes one from 2-D
+  //    convolutions on the others (Note [conv3d as conv2d] in ops/conv.cpp) --
+  virtual void conv(const View& input, const View& weight, const View& bias, const View& out, const ConvArgs& args,
+                    const Stream& s) = 0;
+  // grad_input (N, C_in, H, W) = d<grad_out, conv(input, weight)> / d input (overwritten)
+  virtual void conv_backward_input(const View& grad_out, const View& weight, const View& grad_input,
+                                   const ConvArgs& args, const Stream& s) = 0;
+  // grad_weight (C_out, C_in / groups, kH, kW) = d<grad_out, conv(input, weight)> / d weight
+  virtual void conv_backward_weight(const View& grad_out, const View& input, const View& grad_weight,
+                                    const ConvArgs& args, const Stream& s) = 0;
+  virtual bool conv3d_kernels() const { return false; }
 
   // -- pooling over the last two dims of contiguous (N, C, H, W) views (N * C planes) --
   // out: the max of each window (padding never wins; NaN wins), indices (int64, out's shape): its

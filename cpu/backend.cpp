@@ -69,18 +69,19 @@ class CpuBackend final : public Backend {
                const Stream&) override {
     scatter_kernel(out, dim, index, src, accumulate);
   }
-  void conv2d(const View& input, const View& weight, const View& bias, const View& out,
-              const Conv2dArgs& args, const Stream&) override {
-    conv2d_kernel(input, weight, bias, out, args);
+  void conv(const View& input, const View& weight, const View& bias, const View& out, const ConvArgs& args,
+            const Stream&) override {
+    conv_kernel(input, weight, bias, out, args);
   }
-  void conv2d_backward_input(const View& grad_out, const View& weight, const View& grad_input,
-                             const Conv2dArgs& args, const Stream&) override {
-    conv2d_backward_input_kernel(grad_out, weight, grad_input, args);
+  void conv_backward_input(const View& grad_out, const View& weight, const View& grad_input, const ConvArgs& args,
+                           const Stream&) override {
+    conv_backward_input_kernel(grad_out, weight, grad_input, args);
   }
-  void conv2d_backward_weight(const View& grad_out, const View& input, const View& grad_weight,
-                              const Conv2dArgs& args, const Stream&) override {
-    conv2d_backward_weight_kernel(grad_out, input, grad_weight, args);
+  void conv_backward_weight(const View& grad_out, const View& input, const View& grad_weight, const ConvArgs& args,
+                            const Stream&) override {
+    conv_backward_weight_kernel(grad_out, input, grad_weight, args);
   }
+  bool conv3d_kernels() const override { return true; }
   void max_pool2d(const View& in, const View& out, const View& indices, const Pool2dArgs& args,
                   const Stream&) override {
     max_pool2d_kernel(in, out, indices, args);

@@ -50,12 +50,13 @@ void gather_kernel(const View& in, int dim, const View& index, const View& out);
 void scatter_kernel(const View& out, int dim, const View& index, const View& src, bool accumulate);
 void random_kernel(RandomKind kind, const View& out, uint64_t seed, uint64_t offset,
                    const RandomArgs& args);                                  // random.cpp
-void conv2d_kernel(const View& input, const View& weight, const View& bias, const View& out,
-                   const Conv2dArgs& args);                                  // conv.cpp
-void conv2d_backward_input_kernel(const View& grad_out, const View& weight, const View& grad_input,
-                                  const Conv2dArgs& args);
-void conv2d_backward_weight_kernel(const View& grad_out, const View& input, const View& grad_weight,
-                                   const Conv2dArgs& args);
+// 2-D or (5-D views) 3-D
+void conv_kernel(const View& input, const View& weight, const View& bias, const View& out,
+                 const ConvArgs& args);                                    // conv.cpp
+void conv_backward_input_kernel(const View& grad_out, const View& weight, const View& grad_input,
+                                const ConvArgs& args);
+void conv_backward_weight_kernel(const View& grad_out, const View& input, const View& grad_weight,
+                                 const ConvArgs& args);
 void max_pool2d_kernel(const View& in, const View& out, const View& indices,
                        const Pool2dArgs& args);                              // pool.cpp
 void max_pool2d_backward_kernel(const View& grad_out, const View& indices, const View& grad_in);
@@ -126,8 +127,9 @@ void gemm_chosen(bool own_sgemm, bool ta, bool tb, int64_t m, int64_t n, int64_t
 void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,
                   const float* b, int64_t b_rs, int64_t b_cs, bool accumulate, float* c, int64_t ldc);
 // Whether sgemm_avx512 multiplies c (m, n) = a (m, k) @ b (k, n) without packing (Note [unpacked
-// products] in sgemm.cpp): a and b with contiguous rows (a_cs == b_cs == 1), b at most 512 columns
-// wide, and k one block of b's rows or c at most 1 MiB.
+// products] in sgemm.cpp): a and b with contiguous rows (a_cs == b_cs == 1), and b at most 512
+// columns wide with k one block of b's rows or c at most 1 MiB, or c at most 64 rows high (Note
+// [short products]).
 bool sgemm_avx512_unpacked(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs);
 bool cpu_has_avx512();
 // bfloat16 c = a @ b with AVX512-BF16 (bf16gemm.cpp): float32 sums, each rounded once; a and b as
@@ -167,7 +169,8 @@ Bf16Gemm bf16gemm_choice();
 // absent or runs an AVX2 kernel (or KILN_CPU_GEMM=own), when c is at least one tile's height and a
 // third of its width (thinner products, matrix-vector ones among them, would mostly multiply the
 // zero padding); where OpenBLAS runs an AVX-512 kernel, only products with m, n and k all at least
-// 1024, and unpacked ones (sgemm_avx512_unpacked) with m, n and k all at least 256.
+// 1024, and unpacked ones (sgemm_avx512_unpacked) with m, n and k all at least 256, or with 8 to 64
+// rows, or with at least 8 rows and 16 to 64 columns.
 bool use_own_sgemm(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs);
 // The choice gemm() makes for its arguments (float32 only), for gemm_chosen's callers.
 template <typename T>

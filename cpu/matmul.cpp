@@ -140,14 +140,21 @@ void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
 // an AVX2 kernel runs about 220; Eigen's own GEMM 111-146. sgemm.cpp taking every float32 GEMM made
 // the CNN benchmark 8-11% slower (its convolutions' GEMMs have 32-64 rows, where packing b costs
 // sgemm.cpp most). So where OpenBLAS runs an AVX-512 kernel it keeps float32 except for products
-// with m, n and k all at least kOwnFrom, and unpacked ones with m, n and k all at least
-// kOwnUnpackedFrom (the sizes measured; smaller ones, the CNN's among them, stay where they were);
-// sgemm.cpp takes every float32 GEMM on an AVX-512 CPU where OpenBLAS is absent or runs an AVX2
-// kernel (as it does under OPENBLAS_CORETYPE=Haswell, which some shells set).
+// with m, n and k all at least kOwnFrom, unpacked ones with m, n and k all at least
+// kOwnUnpackedFrom (the sizes measured), unpacked ones with 8 to 64 rows, which pack nothing at
+// any width (Note [short products] in sgemm.cpp), and the unpacked ones at most 64 columns wide (a
+// convolution's weight gradient, Note [the weight's gradient transposed] in conv.cpp). On a Sapphire
+// Rapids Xeon (session 72) those ran faster than OpenBLAS at every shape measured (GFLOP/s, one
+// thread / two): m, n, k = 432, 32, 1024 109 / 214 -> 153 / 281; 1024, 32, 1024 100 / 209 -> 151 /
+// 273; 4096, 16, 512 73 / 142 -> 114 / 214; 256, 64, 256 137 / 231 -> 163 / 281; 1000, 48, 2000
+// 116 / 223 -> 171 / 324; and the CNN's second convolution's forward took 3.89 ms instead of 4.55
+// (bench_cnn_layers). sgemm.cpp takes every float32 GEMM on an AVX-512 CPU where OpenBLAS is absent
+// or runs an AVX2 kernel (as it does under OPENBLAS_CORETYPE=Haswell, which some shells set).
 // KILN_CPU_GEMM=own|blas overrides the choice.
 namespace {
 constexpr int64_t kOwnFrom = 1024;
 constexpr int64_t kOwnUnpackedFrom = 256;
+constexpr int64_t kOwnThinFrom = 8, kOwnThinUpTo = 64;  // short or narrow products, unpacked (Note [short products])
 enum class SgemmChoice { kBlas, kOwnLarge, kOwn };
 }  // namespace
 
@@ -169,7 +176,8 @@ bool use_own_sgemm(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs) 
     case SgemmChoice::kBlas: return false;
     case SgemmChoice::kOwnLarge:
       return (m >= kOwnFrom && n >= kOwnFrom && k >= kOwnFrom) ||
-             (m >= kOwnUnpackedFrom && n >= kOwnUnpackedFrom && k >= kOwnUnpackedFrom &&
+             (((m >= kOwnUnpackedFrom && n >= kOwnUnpackedFrom && k >= kOwnUnpackedFrom) ||
+               (m >= kOwnThinFrom && n >= 16 && (m <= kOwnThinUpTo || n <= kOwnThinUpTo))) &&
               sgemm_avx512_unpacked(m, n, k, a_cs, b_cs));
     case SgemmChoice::kOwn: return m >= 8 && n >= 16;
   }

@@ -45,7 +45,7 @@
 // costs only speed.)
 //
 // Products whose b is at most 512 columns wide, with a and b in contiguous rows, are mostly not
-// packed at all: Note [unpacked products].
+// packed at all: Note [unpacked products]; nor are those with at most 64 rows: Note [short products].
 //
 // Every element of c is the same sum in the same order whatever the thread count or the split, so
 // results are reproducible. This file is compiled with -mavx512f (cpu/CMakeLists.txt); matmul.cpp
@@ -259,6 +259,25 @@ constexpr int64_t kUnpackedCUpTo = int64_t(1) << 18;        // c: m x n <= 1 MiB
 
 int64_t unpacked_block_rows(int64_t n) { return std::clamp<int64_t>(kUnpackedBlockFloats / n, 16, KC); }
 
+// Note [short products]: with few rows of c (m <= 64: a convolution's output channels per group,
+// multiplying its im2col columns) each element of b feeds only m multiply-adds, so packing b, as
+// OpenBLAS does for every product, costs about as much as the arithmetic: in conv3d's forward
+// (cpu/conv.cpp) OpenBLAS's packing of the columns took as much time as its kernel. Such products go
+// unpacked at any width: b in chunks of 11 panels (528 columns; a chunk of kc rows stays in L2 while
+// c's tiles walk it), each chunk's blocks of k in turn, so c's chunk (m x 528 floats) stays in cache
+// across them. A panel's rows are a line each, far apart, which no hardware prefetcher follows: the
+// kernel prefetches the row kPrefetchRows ahead. Measured on a 2-vCPU Sapphire Rapids Xeon against
+// OpenBLAS's AVX-512 kernel split by Kiln's pool (best of 7, two processes alternating, two rounds,
+// GFLOP/s on one thread / two): m, n, k = 32, 1024, 432 (conv3d's columns) 87 / 185 -> 154-158 /
+// 280-284; 64, 196, 288 (the CNN's second convolution) 132 / 157-181 -> 147-151 / 251-269; 64,
+// 4096, 576 113 / 218-222 -> 136-142 / 244-251; 8, 4096, 256 38 / 81 -> 98 / 229; 32, 784, 9 (the
+// CNN's first) 79-82 / 75-81 -> 95-96 / 76-83. The prefetch alone took 32, 1024, 432 from 120-138
+// to 167-173 on one thread, and left 256^3 and 512^3 (unpacked products before) level. Measured on
+// that Xeon only: on the Zen 4 and 5 where the unpacked path was tuned, the choice is unmeasured.
+constexpr int64_t kShortRows = 64;
+constexpr int64_t kPrefetchRows = 6;  // how far ahead the unpacked kernel prefetches b's rows
+constexpr int64_t kChunkPanels = (kUnpackedUpToN + NR - 1) / NR;  // 11 panels, 528 columns
+
 // c[:mr, :nr] (+)= a[:mr, :k] @ b[:k, :nr] from unpacked rows: a's row i at a + i * lda (rows from mr
 // on read row mr - 1 again and are not stored), b's row p at b + p * ldb, NV*16 floats of which are
 // read (nr <= NV*16). Each element of the tile is one sum over p in order, as in micro_kernel. Not
@@ -278,6 +297,8 @@ __attribute__((noinline)) void unpacked_kernel(int64_t k, const float* a, int64_
       for (int64_t i = 0; i < mr; ++i)
         for (int j = 0; j < NV; ++j) _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + j * 16), _MM_HINT_T0);
     __m512 bv[NV];
+    for (int j = 0; j < NV; ++j)  // Note [short products]
+      _mm_prefetch(reinterpret_cast<const char*>(b + kPrefetchRows * ldb + j * 16), _MM_HINT_T0);
     for (int j = 0; j < NV; ++j) bv[j] = _mm512_loadu_ps(b + j * 16);  // unmasked: see the Note
     for (int i = 0; i < MR; ++i) {
       const __m512 av = _mm512_set1_ps(row[i][p]);
@@ -318,17 +339,20 @@ void unpacked_block(const Operand& a, const Operand& b, int64_t i0, int64_t i1, 
 // sums, so the bits do not depend on the thread count.
 void unpacked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int64_t k, bool accumulate, float* c,
                    int64_t ldc) {
-  const int64_t kc_max = unpacked_block_rows(n);
+  const int64_t kc_max = unpacked_block_rows(std::min(n, kChunkPanels * NR));
   const int64_t n_full = n / NR * NR, w = n - n_full, edge_width = (w + 15) / 16 * 16;
   const int64_t m_tiles = (m + MR - 1) / MR, panels = (n + NR - 1) / NR;
   auto block = [&](int64_t i0, int64_t i1, int64_t jp0, int64_t jp1) {
     const bool edge_in = w > 0 && jp1 == panels;
     ScratchBuffer<float> edge(static_cast<size_t>(edge_in ? std::min(kc_max, k) * edge_width : 1));
-    for (int64_t pc = 0; pc < k; pc += kc_max) {
-      const int64_t kc = std::min(kc_max, k - pc);
-      if (edge_in) pack_b_panels(B, pc, kc, n_full, w, 0, 1, edge.data());
-      unpacked_block({A.at(0, pc), A.rs, 1}, {B.at(pc, 0), B.rs, 1}, i0, i1, jp0, jp1, n, kc, accumulate || pc > 0,
-                     c, ldc, n_full, edge.data());
+    for (int64_t jq0 = jp0; jq0 < jp1; jq0 += kChunkPanels) {  // a wide b in chunks (Note [short products])
+      const int64_t jq1 = std::min(jp1, jq0 + kChunkPanels);
+      for (int64_t pc = 0; pc < k; pc += kc_max) {
+        const int64_t kc = std::min(kc_max, k - pc);
+        if (edge_in && jq1 == panels) pack_b_panels(B, pc, kc, n_full, w, 0, 1, edge.data());
+        unpacked_block({A.at(0, pc), A.rs, 1}, {B.at(pc, 0), B.rs, 1}, i0, i1, jq0, jq1, n, kc,
+                       accumulate || pc > 0, c, ldc, n_full, edge.data());
+      }
     }
   };
   if (split_by_rows(m_tiles, panels)) {
@@ -372,8 +396,9 @@ void blocked_gemm(const Operand& A, const Operand& B, int64_t m, int64_t n, int6
 }  // namespace
 
 bool sgemm_avx512_unpacked(int64_t m, int64_t n, int64_t k, int64_t a_cs, int64_t b_cs) {
-  return a_cs == 1 && b_cs == 1 && n > 0 && n <= kUnpackedUpToN &&
-         (k <= unpacked_block_rows(n) || m * n <= kUnpackedCUpTo);
+  if (a_cs != 1 || b_cs != 1 || n <= 0) return false;
+  if (n > kUnpackedUpToN) return m <= kShortRows;  // Note [short products]
+  return k <= unpacked_block_rows(n) || m * n <= kUnpackedCUpTo;
 }
 
 void sgemm_avx512(int64_t m, int64_t n, int64_t k, const float* a, int64_t a_rs, int64_t a_cs,

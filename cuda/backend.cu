@@ -123,18 +123,19 @@ class CudaBackend final : public Backend {
   }
 
   // The nn kernels: conv.cu (cuDNN), pool.cu and norm.cu (own kernels).
-  void conv2d(const View& input, const View& weight, const View& bias, const View& out,
-              const Conv2dArgs& args, const Stream& s) override {
+  // 2-D only (conv3d_kernels() is false: ops composes 3-D convolutions from these).
+  void conv(const View& input, const View& weight, const View& bias, const View& out, const ConvArgs& args,
+            const Stream& s) override {
     DeviceGuard guard(s.device.index, "conv2d");
     conv2d_launch(input, weight, bias, out, args, s.device.index, s);
   }
-  void conv2d_backward_input(const View& grad_out, const View& weight, const View& grad_input,
-                             const Conv2dArgs& args, const Stream& s) override {
+  void conv_backward_input(const View& grad_out, const View& weight, const View& grad_input, const ConvArgs& args,
+                           const Stream& s) override {
     DeviceGuard guard(s.device.index, "conv2d_backward_input");
     conv2d_backward_input_launch(grad_out, weight, grad_input, args, s.device.index, s);
   }
-  void conv2d_backward_weight(const View& grad_out, const View& input, const View& grad_weight,
-                              const Conv2dArgs& args, const Stream& s) override {
+  void conv_backward_weight(const View& grad_out, const View& input, const View& grad_weight, const ConvArgs& args,
+                            const Stream& s) override {
     DeviceGuard guard(s.device.index, "conv2d_backward_weight");
     conv2d_backward_weight_launch(grad_out, input, grad_weight, args, s.device.index, s);
   }

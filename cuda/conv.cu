@@ -2,7 +2,7 @@
 // to the weight) through cuDNN 9's convolution API (cudnnConvolutionForward, ...BackwardData,
 // ...BackwardFilter). CPU sibling: cpu/conv.cpp (im2col + GEMM), whose semantics these follow:
 // NCHW, contiguous, float32 or float64 (ops/conv.cpp runs 16-bit floats in float32), groups,
-// stride, padding and dilation as in core/backend.h's Conv2dArgs, cross-correlation (no kernel
+// stride, padding and dilation as in core/backend.h's ConvArgs, cross-correlation (no kernel
 // flip), the bias added per output channel (cudnnAddTensor). Siblings: backend.cu, matmul.cu (the
 // other library-backed file), pool.cu, norm.cu. Without cuDNN, conv_stub.cpp takes its place.
 //
@@ -125,7 +125,7 @@ struct Geometry {
   int64_t N, C, H, W;  // input (N, C, H, W)
   int64_t Co, Cg, kH, kW;  // weight (Co, Cg = C / groups, kH, kW)
   int64_t Ho, Wo;  // out (N, Co, Ho, Wo)
-  Conv2dArgs a;
+  ConvArgs a;
 };
 
 int64_t out_size(int64_t in, int64_t k, int64_t pad, int64_t dil, int64_t stride) {
@@ -133,7 +133,7 @@ int64_t out_size(int64_t in, int64_t k, int64_t pad, int64_t dil, int64_t stride
 }
 
 // x (N, C, H, W), w (Co, C / groups, kH, kW), y (N, Co, Ho, Wo): 4-D, contiguous, one float dtype.
-Geometry geometry(const View& x, const View& w, const View& y, const Conv2dArgs& a,
+Geometry geometry(const View& x, const View& w, const View& y, const ConvArgs& a,
                   const char* op) {
   check_nn_dtype(x.dtype, op);
   KILN_CHECK(w.dtype == x.dtype && y.dtype == x.dtype,
@@ -198,7 +198,7 @@ struct Descriptors {
 
 void describe(Descriptors& d, const Geometry& g, int64_t n, DType dtype, const char* op) {
   const cudnnDataType_t t = cudnn_dtype(dtype);
-  const Conv2dArgs& a = g.a;
+  const ConvArgs& a = g.a;
   d.x.set(t, as_int(n, "the batch", op), as_int(g.C, "C_in", op), as_int(g.H, "H", op),
           as_int(g.W, "W", op));
   d.y.set(t, as_int(n, "the batch", op), as_int(g.Co, "C_out", op), as_int(g.Ho, "H_out", op),
@@ -295,7 +295,7 @@ using Key = std::array<int64_t, 18>;  // ... and whether deterministic algorithm
 template <Pass P>
 Choice choose(cudnnHandle_t h, const Descriptors& d, int device, DType dtype, const Geometry& g,
               int64_t n) {
-  const Conv2dArgs& a = g.a;
+  const ConvArgs& a = g.a;
   const bool deterministic = are_deterministic_algorithms_enabled();
   const Key key{static_cast<int64_t>(P), device, static_cast<int64_t>(dtype), n, g.C, g.H, g.W,
                 g.Co, g.kH, g.kW, a.stride_h, a.stride_w, a.pad_h, a.pad_w, a.dilation_h,
@@ -388,7 +388,7 @@ void for_each_piece(const Geometry& g, DType dtype, int device, const Stream& s,
 // ---- launchers ----
 
 void conv2d_launch(const View& input, const View& weight, const View& bias, const View& out,
-                   const Conv2dArgs& args, int device, const Stream& s) {
+                   const ConvArgs& args, int device, const Stream& s) {
   const char* op = "conv2d";
   const Geometry g = geometry(input, weight, out, args, op);
   if (bias.data) {
@@ -427,7 +427,7 @@ void conv2d_launch(const View& input, const View& weight, const View& bias, cons
 }
 
 void conv2d_backward_input_launch(const View& grad_out, const View& weight, const View& grad_input,
-                                  const Conv2dArgs& args, int device, const Stream& s) {
+                                  const ConvArgs& args, int device, const Stream& s) {
   const Geometry g = geometry(grad_input, weight, grad_out, args, "conv2d_backward_input");
   if (grad_input.numel() == 0) return;
   const DType dt = grad_input.dtype;
@@ -447,7 +447,7 @@ void conv2d_backward_input_launch(const View& grad_out, const View& weight, cons
 }
 
 void conv2d_backward_weight_launch(const View& grad_out, const View& input,
-                                   const View& grad_weight, const Conv2dArgs& args, int device,
+                                   const View& grad_weight, const ConvArgs& args, int device,
                                    const Stream& s) {
   const Geometry g = geometry(input, grad_weight, grad_out, args, "conv2d_backward_weight");
   if (grad_weight.numel() == 0) return;

@@ -15,15 +15,15 @@ namespace {
 
 }  // namespace
 
-void conv2d_launch(const View&, const View&, const View&, const View&, const Conv2dArgs&, int,
+void conv2d_launch(const View&, const View&, const View&, const View&, const ConvArgs&, int,
                    const Stream&) {
   no_cudnn("conv2d");
 }
-void conv2d_backward_input_launch(const View&, const View&, const View&, const Conv2dArgs&, int,
+void conv2d_backward_input_launch(const View&, const View&, const View&, const ConvArgs&, int,
                                   const Stream&) {
   no_cudnn("conv2d_backward_input");
 }
-void conv2d_backward_weight_launch(const View&, const View&, const View&, const Conv2dArgs&, int,
+void conv2d_backward_weight_launch(const View&, const View&, const View&, const ConvArgs&, int,
                                    const Stream&) {
   no_cudnn("conv2d_backward_weight");
 }

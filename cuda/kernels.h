@@ -68,11 +68,11 @@ inline void check_nn_dtype(DType dtype, const char* op) {
 // conv.cu: through cuDNN (see the Notes there). Views as core/backend.h's contract; `device` is the
 // stream's device.
 void conv2d_launch(const View& input, const View& weight, const View& bias, const View& out,
-                   const Conv2dArgs& args, int device, const Stream& s);
+                   const ConvArgs& args, int device, const Stream& s);
 void conv2d_backward_input_launch(const View& grad_out, const View& weight, const View& grad_input,
-                                  const Conv2dArgs& args, int device, const Stream& s);
+                                  const ConvArgs& args, int device, const Stream& s);
 void conv2d_backward_weight_launch(const View& grad_out, const View& input,
-                                   const View& grad_weight, const Conv2dArgs& args, int device,
+                                   const View& grad_weight, const ConvArgs& args, int device,
                                    const Stream& s);
 
 // pool.cu: max, average, adaptive average and adaptive max pooling over contiguous (N, C, H, W) views.

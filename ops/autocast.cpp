@@ -55,6 +55,7 @@ constexpr Row kTable[] = {
     {Op::Linear,                       "linear",                            kLower,   kLower},
     {Op::Conv1d,                       "conv1d",                            kLower,   kLower},
     {Op::Conv2d,                       "conv2d",                            kLower,   kLower},
+    {Op::Conv3d,                       "conv3d",                            kLower,   kLower},
     {Op::ConvTranspose2d,              "conv_transpose2d",                  kLower,   kLower},
     {Op::ScaledDotProductAttention,    "scaled_dot_product_attention",      kLower,   kLower},
     {Op::Exp,                          "exp",                               kNone,    kFp32},

@@ -86,7 +86,7 @@ const char* policy_name(Policy p);  // "lower_precision_fp", "fp32", "promote", 
 // The ops that have a policy on some device type: one row each in ops/autocast.cpp.
 enum class Op : uint8_t {
   // lower precision: the ops that tensor cores and 16-bit GEMMs make fast
-  Matmul, Mm, Addmm, AddmmGelu, Bmm, Linear, Conv1d, Conv2d, ConvTranspose2d, ScaledDotProductAttention,
+  Matmul, Mm, Addmm, AddmmGelu, Bmm, Linear, Conv1d, Conv2d, Conv3d, ConvTranspose2d, ScaledDotProductAttention,
   // float32: pointwise ops with a wide range or a large derivative
   Exp, Expm1, Log, Log1p, Reciprocal, Rsqrt, Pow, Softplus,
   // float32: reductions and normalisations

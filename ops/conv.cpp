@@ -1,15 +1,18 @@
-// ops/conv.cpp: conv2d, conv1d (a conv2d over a height-1 image) and conv3d (one conv2d, Note [conv3d as
-// conv2d]), conv_transpose2d and conv_transpose1d (conv2d's backward, Note [transposed convolution]),
-// and the two ops that are conv2d's backward: the gradient with respect to the input and
-// with respect to the weight (kernels: cpu/conv.cpp). Those three are linear in each argument, so each
-// one's backward is written with the other two:
+// ops/conv.cpp: conv2d, conv1d (a conv2d over a height-1 image) and conv3d (the backend's 3-D kernels
+// where it has them, as the CPU's; else one conv2d, Note [conv3d as conv2d]), conv_transpose2d and
+// conv_transpose1d (conv2d's backward, Note [transposed convolution]), and the two ops that are a
+// convolution's backward: the gradient with respect to the input and with respect to the weight
+// (kernels: cpu/conv.cpp). Those three are linear in each argument, so each one's backward is written
+// with the other two:
 //   out = conv2d(x, w):                 dx = backward_input(g, w),  dw = backward_weight(g, x)
 //   gx = backward_input(g, w):          dg = conv2d(ggx, w),        dw = backward_weight(g, ggx)
 //   gw = backward_weight(g, x):         dg = conv2d(x, ggw),        dx = backward_input(g, ggw)
-// which gives double backward (gradient penalties) for free. 16-bit floats run in float32.
+// which gives double backward (gradient penalties) for free. float16 (and bfloat16 on CUDA) run in
+// float32.
 #include <algorithm>
 #include <array>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "ops/autocast.h"
@@ -28,9 +31,8 @@ using autograd::TensorList;
 
 namespace {
 
-Conv2dArgs conv_args(const Shape& stride, const Shape& padding, const Shape& dilation, int64_t groups,
-                     const char* op) {
-  Conv2dArgs a;
+ConvArgs conv_args(const Shape& stride, const Shape& padding, const Shape& dilation, int64_t groups, const char* op) {
+  ConvArgs a;
   pair_arg(stride, op, "stride", 1, a.stride_h, a.stride_w);
   pair_arg(padding, op, "padding", 0, a.pad_h, a.pad_w);
   pair_arg(dilation, op, "dilation", 1, a.dilation_h, a.dilation_w);
@@ -56,10 +58,13 @@ int64_t conv_out_size(int64_t in, int64_t k, int64_t pad, int64_t dil, int64_t s
   return static_cast<int64_t>(n);
 }
 
-// The output shape of conv2d; checks the channels and the sizes (the backward ops' given shapes too).
-Shape conv_output_shape(const Shape& in, const Shape& w, const Conv2dArgs& a, const char* op) {
-  for (int64_t size : {in[0], in[1], in[2], in[3], w[0], w[1], w[2], w[3]}) {
-    KILN_CHECK(size >= 0, "{}: sizes must be non-negative, got input {} and weight {}", op, in.str(), w.str());
+// The output shape of a 2-D (4-D input) or 3-D (5-D input) convolution; checks the channels and the
+// sizes (the backward ops' given shapes too).
+Shape conv_output_shape(const Shape& in, const Shape& w, const ConvArgs& a, const char* op) {
+  const int dims = in.size() - 2;  // 2 or 3 spatial dims, the weight's last ones
+  for (int i = 0; i < in.size(); ++i) {
+    KILN_CHECK(in[i] >= 0 && w[i] >= 0, "{}: sizes must be non-negative, got input {} and weight {}", op, in.str(),
+               w.str());
   }
   KILN_CHECK(w[0] % a.groups == 0, "{}: the weight's {} output channels are not divisible by groups {}", op,
              w[0], a.groups);
@@ -67,18 +72,31 @@ Shape conv_output_shape(const Shape& in, const Shape& w, const Conv2dArgs& a, co
              "{}: the input {} has {} channels, but the weight {} with groups {} expects {} (weight dim 1 times "
              "groups)",
              op, in.str(), in[1], w.str(), a.groups, Wide{w[1]} * a.groups);
-  const Wide eff_h = Wide{a.dilation_h} * (Wide{w[2]} - 1) + 1, eff_w = Wide{a.dilation_w} * (Wide{w[3]} - 1) + 1;
-  const Wide padded_h = Wide{in[2]} + 2 * Wide{a.pad_h}, padded_w = Wide{in[3]} + 2 * Wide{a.pad_w};
-  KILN_CHECK(padded_h >= eff_h && padded_w >= eff_w,
-             "{}: the padded input ({} x {}) is smaller than the dilated kernel ({} x {}); input {}, weight {}",
-             op, padded_h, padded_w, eff_h, eff_w, in.str(), w.str());
-  return {in[0], w[0], conv_out_size(in[2], w[2], a.pad_h, a.dilation_h, a.stride_h, op),
-          conv_out_size(in[3], w[3], a.pad_w, a.dilation_w, a.stride_w, op)};
+  // Per spatial dim (depth, height, width; a 2-D convolution's are the last two).
+  const std::array<int64_t, 3> stride{a.stride_d, a.stride_h, a.stride_w}, pad{a.pad_d, a.pad_h, a.pad_w},
+      dil{a.dilation_d, a.dilation_h, a.dilation_w};
+  std::string padded, eff;
+  bool fits = true;
+  for (int i = 0; i < dims; ++i) {
+    const int arg = 3 - dims + i;
+    const Wide e = Wide{dil[arg]} * (Wide{w[2 + i]} - 1) + 1, p = Wide{in[2 + i]} + 2 * Wide{pad[arg]};
+    fits = fits && p >= e;
+    padded += (i ? " x " : "") + fmt::format("{}", p);
+    eff += (i ? " x " : "") + fmt::format("{}", e);
+  }
+  KILN_CHECK(fits, "{}: the padded input ({}) is smaller than the dilated kernel ({}); input {}, weight {}", op,
+             padded, eff, in.str(), w.str());
+  Shape out{in[0], w[0]};
+  for (int i = 0; i < dims; ++i) {
+    const int arg = 3 - dims + i;
+    out.push_back(conv_out_size(in[2 + i], w[2 + i], pad[arg], dil[arg], stride[arg], op));
+  }
+  return out;
 }
 
-Shape stride_of(const Conv2dArgs& a) { return {a.stride_h, a.stride_w}; }
-Shape padding_of(const Conv2dArgs& a) { return {a.pad_h, a.pad_w}; }
-Shape dilation_of(const Conv2dArgs& a) { return {a.dilation_h, a.dilation_w}; }
+Shape stride_of(const ConvArgs& a) { return {a.stride_h, a.stride_w}; }
+Shape padding_of(const ConvArgs& a) { return {a.pad_h, a.pad_w}; }
+Shape dilation_of(const ConvArgs& a) { return {a.dilation_h, a.dilation_w}; }
 
 
 void check_float_pair(const char* op, const Tensor& a, const Tensor& b, const char* names = "input and weight") {
@@ -94,8 +112,25 @@ bool through_float32(const Tensor& t) {
   return is_reduced_float(t.dtype()) && !(t.dtype() == kBFloat16 && t.device().is_cpu());
 }
 
-Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, const Conv2dArgs& a,
-                   const char* op) {
+Tensor conv_backward_input_impl(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
+                                const ConvArgs& a, const char* op);
+Tensor conv_backward_weight_impl(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,
+                                 const ConvArgs& a, const char* op);
+
+// The names of a 2-D (4-D tensors) or 3-D (5-D) convolution's ops and autograd nodes.
+struct ConvNames {
+  const char *forward, *backward_input, *backward_weight, *node, *input_node, *weight_node;
+};
+const ConvNames& conv_names(const Shape& shape) {
+  static const ConvNames two{"conv2d",         "conv2d_backward_input",       "conv2d_backward_weight",
+                             "Conv2dBackward", "Conv2dBackwardInputBackward", "Conv2dBackwardWeightBackward"};
+  static const ConvNames three{"conv3d",         "conv3d_backward_input",       "conv3d_backward_weight",
+                               "Conv3dBackward", "Conv3dBackwardInputBackward", "Conv3dBackwardWeightBackward"};
+  return shape.size() == 5 ? three : two;
+}
+
+// A 2-D convolution of a 4-D input, or (on a backend with conv3d_kernels()) a 3-D one of a 5-D input.
+Tensor conv_impl(const Tensor& input, const Tensor& weight, const Tensor& bias, const ConvArgs& a, const char* op) {
   check_float_pair(op, input, weight);
   if (bias.defined()) {
     check_float_pair(op, input, bias, "input and bias");
@@ -106,36 +141,107 @@ Tensor conv2d_impl(const Tensor& input, const Tensor& weight, const Tensor& bias
   Shape out_shape = conv_output_shape(input.sizes(), weight.sizes(), a, op);
   if (through_float32(input)) {
     Tensor b = bias.defined() ? bias.to(kFloat32) : Tensor();
-    return conv2d_impl(input.to(kFloat32), weight.to(kFloat32), b, a, op).to(input.dtype());
+    return conv_impl(input.to(kFloat32), weight.to(kFloat32), b, a, op).to(input.dtype());
   }
   Tensor x = input.contiguous(), w = weight.contiguous(), b = bias.defined() ? bias.contiguous() : Tensor();
   Tensor out = empty_tensor(out_shape, x.dtype(), x.device());
-  // Per output element, (C_in / groups) x kH x kW products; and the bias's add.
+  // Per output element, (C_in / groups) x kH x kW (x kD) products; and the bias's add.
   flops::Op count(out.numel() * w.numel() / w.size(0), b.defined() ? out.numel() : 0);
   View bias_view;
   if (b.defined()) bias_view = view_of(b);
   if (out.numel() > 0) {
-    backend_for(x.device()).conv2d(view_of(x), view_of(w), bias_view, view_of(out), a, stream_for(x.device()));
+    backend_for(x.device()).conv(view_of(x), view_of(w), bias_view, view_of(out), a, stream_for(x.device()));
   }
   if (should_record({input, weight, bias})) {
-    record("Conv2dBackward", {input, weight, bias}, {out},
+    const ConvNames& names = conv_names(x.sizes());
+    record(names.node, {input, weight, bias}, {out},
            [xs = SavedTensor(weight.requires_grad() ? x : Tensor(), false),
             ws = SavedTensor(input.requires_grad() ? w : Tensor(), false), a, in_shape = x.sizes(),
-            w_shape = w.sizes()](const Grads& g) -> TensorList {
+            w_shape = w.sizes(), &names](const Grads& g) -> TensorList {
              Tensor gx, gw, gb;
-             if (g.needs_grad(0)) {
-               gx = conv2d_backward_input(g[0], ws.unpack("Conv2dBackward"), in_shape, stride_of(a),
-                                          padding_of(a), dilation_of(a), a.groups);
-             }
-             if (g.needs_grad(1)) {
-               gw = conv2d_backward_weight(g[0], xs.unpack("Conv2dBackward"), w_shape, stride_of(a),
-                                           padding_of(a), dilation_of(a), a.groups);
-             }
-             if (g.needs_grad(2)) gb = g[0].sum({0, 2, 3});
+             if (g.needs_grad(0))
+               gx = conv_backward_input_impl(g[0], ws.unpack(names.node), in_shape, a, names.backward_input);
+             if (g.needs_grad(1))
+               gw = conv_backward_weight_impl(g[0], xs.unpack(names.node), w_shape, a, names.backward_weight);
+             if (g.needs_grad(2)) gb = in_shape.size() == 5 ? g[0].sum({0, 2, 3, 4}) : g[0].sum({0, 2, 3});
              return {gx, gw, gb};
            });
   }
   return out;
+}
+
+// A convolution's two backward ops: grad_output and weight 4-D or 5-D alike, checked against the
+// input shape (Note at the top of this file for their own backward).
+Tensor conv_backward_input_impl(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
+                                const ConvArgs& a, const char* op) {
+  check_float_pair(op, grad_output, weight);
+  Shape out_shape = conv_output_shape(input_shape, weight.sizes(), a, op);
+  KILN_CHECK(grad_output.sizes() == out_shape, "{}: grad_output has shape {}, but the convolution's output is {}",
+             op, grad_output.sizes().str(), out_shape.str());
+  if (through_float32(weight)) {
+    return conv_backward_input_impl(grad_output.to(kFloat32), weight.to(kFloat32), input_shape, a, op)
+        .to(weight.dtype());
+  }
+  Tensor g = grad_output.contiguous(), w = weight.contiguous();
+  Tensor gx = empty_tensor(input_shape, w.dtype(), w.device());
+  if (gx.numel() > 0) {
+    if (g.numel() == 0 || w.numel() == 0) {
+      gx.zero_();
+    } else {
+      backend_for(w.device()).conv_backward_input(view_of(g), view_of(w), view_of(gx), a, stream_for(w.device()));
+    }
+  }
+  if (should_record(grad_output, weight)) {
+    const ConvNames& names = conv_names(input_shape);
+    record(names.input_node, {grad_output, weight}, {gx},
+           [gs = SavedTensor(weight.requires_grad() ? g : Tensor(), false),
+            ws = SavedTensor(grad_output.requires_grad() ? w : Tensor(), false), a, w_shape = w.sizes(),
+            &names](const Grads& gg) -> TensorList {
+             Tensor dg, dw;
+             if (gg.needs_grad(0)) dg = conv_impl(gg[0], ws.unpack(names.input_node), {}, a, names.forward);
+             if (gg.needs_grad(1)) {
+               dw = conv_backward_weight_impl(gs.unpack(names.input_node), gg[0], w_shape, a, names.backward_weight);
+             }
+             return {dg, dw};
+           });
+  }
+  return gx;
+}
+
+Tensor conv_backward_weight_impl(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,
+                                 const ConvArgs& a, const char* op) {
+  check_float_pair(op, grad_output, input);
+  Shape out_shape = conv_output_shape(input.sizes(), weight_shape, a, op);
+  KILN_CHECK(grad_output.sizes() == out_shape, "{}: grad_output has shape {}, but the convolution's output is {}",
+             op, grad_output.sizes().str(), out_shape.str());
+  if (through_float32(input)) {
+    return conv_backward_weight_impl(grad_output.to(kFloat32), input.to(kFloat32), weight_shape, a, op)
+        .to(input.dtype());
+  }
+  Tensor g = grad_output.contiguous(), x = input.contiguous();
+  Tensor gw = empty_tensor(weight_shape, x.dtype(), x.device());
+  if (gw.numel() > 0) {
+    if (g.numel() == 0) {
+      gw.zero_();
+    } else {
+      backend_for(x.device()).conv_backward_weight(view_of(g), view_of(x), view_of(gw), a, stream_for(x.device()));
+    }
+  }
+  if (should_record(grad_output, input)) {
+    const ConvNames& names = conv_names(weight_shape);
+    record(names.weight_node, {grad_output, input}, {gw},
+           [gs = SavedTensor(input.requires_grad() ? g : Tensor(), false),
+            xs = SavedTensor(grad_output.requires_grad() ? x : Tensor(), false), a, x_shape = x.sizes(),
+            &names](const Grads& gg) -> TensorList {
+             Tensor dg, dx;
+             if (gg.needs_grad(0)) dg = conv_impl(xs.unpack(names.weight_node), gg[0], {}, a, names.forward);
+             if (gg.needs_grad(1)) {
+               dx = conv_backward_input_impl(gs.unpack(names.weight_node), gg[0], x_shape, a, names.backward_input);
+             }
+             return {dg, dx};
+           });
+  }
+  return gw;
 }
 
 }  // namespace
@@ -153,9 +259,9 @@ Tensor conv2d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
              input.sizes().str());
   KILN_CHECK(weight.dim() == 4, "conv2d: expected a 4-D weight (C_out, C_in / groups, kH, kW), got shape {}",
              weight.sizes().str());
-  Conv2dArgs a = conv_args(stride, padding, dilation, groups, "conv2d");
-  if (input.dim() == 3) return conv2d_impl(input.unsqueeze(0), weight, bias, a, "conv2d").squeeze(0);
-  return conv2d_impl(input, weight, bias, a, "conv2d");
+  ConvArgs a = conv_args(stride, padding, dilation, groups, "conv2d");
+  if (input.dim() == 3) return conv_impl(input.unsqueeze(0), weight, bias, a, "conv2d").squeeze(0);
+  return conv_impl(input, weight, bias, a, "conv2d");
 }
 
 Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int64_t stride, int64_t padding,
@@ -172,7 +278,7 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
   KILN_CHECK(stride >= 1 && dilation >= 1 && padding >= 0,
              "conv1d: stride ({}) and dilation ({}) must be positive and padding ({}) non-negative", stride, dilation,
              padding);
-  Conv2dArgs a = conv_args({1, stride}, {0, padding}, {1, dilation}, groups, "conv1d");
+  ConvArgs a = conv_args({1, stride}, {0, padding}, {1, dilation}, groups, "conv1d");
   // The channel and length checks here, so that their messages show the 1-D shapes.
   const Shape& in = input.sizes();
   const Shape& w = weight.sizes();
@@ -188,12 +294,13 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
              "conv1d: the padded input length {} is shorter than the dilated kernel ({}); input {}, weight {}",
              padded, eff, in.str(), w.str());
   Tensor x = input.dim() == 2 ? input.unsqueeze(0) : input;
-  Tensor out = conv2d_impl(x.unsqueeze(2), weight.unsqueeze(2), bias, a, "conv1d").squeeze(2);
+  Tensor out = conv_impl(x.unsqueeze(2), weight.unsqueeze(2), bias, a, "conv1d").squeeze(2);
   return input.dim() == 2 ? out.squeeze(0) : out;
 }
 
 // Note [conv3d as conv2d]
-// A 3-D convolution is one 2-D convolution once the depth windows are moved into the channels: output
+// On a backend without 3-D kernels (CUDA; the CPU's are Note [3-D convolution] in cpu/conv.cpp):
+// a 3-D convolution is one 2-D convolution once the depth windows are moved into the channels: output
 // depth t reads input depths t * sD + kd * dD - pD for kd < kD, so those kD slices of every channel,
 // stacked as (kD, C) channels (group by group), are a 2-D image per (n, t), and the weight
 // (C_out, C_in / groups, kD, kH, kW) read as (C_out, kD * C_in / groups, kH, kW) is its 2-D kernel.
@@ -203,12 +310,16 @@ Tensor conv1d(const Tensor& input, const Tensor& weight, const Tensor& bias, int
 Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, const Shape& stride,
               const Shape& padding, const Shape& dilation, int64_t groups) {
   const char* op = "conv3d";
+  if (autocast::is_enabled(input.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Conv3d, input.device()})
+      return conv3d(ac.cast(input), ac.cast(weight), ac.cast(bias), stride, padding, dilation, groups);
+  }
   KILN_CHECK(input.dim() == 4 || input.dim() == 5,
              "conv3d: expected a 4-D (unbatched C, D, H, W) or 5-D (batched N, C, D, H, W) input, got shape {}",
              input.sizes().str());
   KILN_CHECK(weight.dim() == 5, "conv3d: expected a 5-D weight (C_out, C_in / groups, kD, kH, kW), got shape {}",
              weight.sizes().str());
-  if (!autocast::is_enabled(input.device().type)) check_float_pair(op, input, weight);  // else conv2d casts
+  check_float_pair(op, input, weight);
   const auto s = triple_arg(stride, op, "stride", 1), p = triple_arg(padding, op, "padding", 0),
              d = triple_arg(dilation, op, "dilation", 1);
   KILN_CHECK(groups >= 1, "conv3d: groups must be positive, got {}", groups);
@@ -230,6 +341,13 @@ Tensor conv3d(const Tensor& input, const Tensor& weight, const Tensor& bias, con
   }
   KILN_CHECK(w[2] > 0 && w[3] > 0 && w[4] > 0, "conv3d: the weight's kernel sizes must be positive, got weight {}",
              w.str());
+  if (backend_for(x.device()).conv3d_kernels()) {  // Note [3-D convolution] in cpu/conv.cpp
+    ConvArgs a;
+    a.stride_d = s[0], a.stride_h = s[1], a.stride_w = s[2], a.pad_d = p[0], a.pad_h = p[1], a.pad_w = p[2];
+    a.dilation_d = d[0], a.dilation_h = d[1], a.dilation_w = d[2], a.groups = groups;
+    Tensor out = conv_impl(x, weight, bias, a, op);
+    return input.dim() == 4 ? out.squeeze(0) : out;
+  }
   const int64_t N = in[0], C = in[1], H = in[3], W = in[4], kD = w[2], O = w[0];
   const int64_t Do = conv_out_size(in[2], kD, p[0], d[0], s[0], op);
   if (p[0] > 0) x = pad(x, {0, 0, 0, 0, p[0], p[0]});
@@ -274,7 +392,7 @@ Tensor conv_transpose2d(const Tensor& input, const Tensor& weight, const Tensor&
              weight.sizes().str());
   check_float_pair(op, input, weight);
   if (bias.defined()) check_float_pair(op, input, bias, "input and bias");
-  const Conv2dArgs a = conv_args(stride, padding, dilation, groups, op);
+  const ConvArgs a = conv_args(stride, padding, dilation, groups, op);
   int64_t op_h = 0, op_w = 0;
   pair_arg(output_padding, op, "output_padding", 0, op_h, op_w);
   KILN_CHECK((op_h < a.stride_h || op_h < a.dilation_h) && (op_w < a.stride_w || op_w < a.dilation_w),
@@ -429,91 +547,21 @@ Tensor conv_transpose3d(const Tensor& input, const Tensor& weight, const Tensor&
 Tensor conv2d_backward_input(const Tensor& grad_output, const Tensor& weight, const Shape& input_shape,
                              const Shape& stride, const Shape& padding, const Shape& dilation, int64_t groups) {
   const char* op = "conv2d_backward_input";
-  check_float_pair(op, grad_output, weight);
   KILN_CHECK(weight.dim() == 4 && input_shape.size() == 4 && grad_output.dim() == 4,
              "{}: expected a 4-D grad_output, weight and input shape, got {}, {} and {}", op,
              grad_output.sizes().str(), weight.sizes().str(), input_shape.str());
-  Conv2dArgs a = conv_args(stride, padding, dilation, groups, op);
-  Shape out_shape = conv_output_shape(input_shape, weight.sizes(), a, op);
-  KILN_CHECK(grad_output.sizes() == out_shape, "{}: grad_output has shape {}, but the convolution's output is {}",
-             op, grad_output.sizes().str(), out_shape.str());
-  if (through_float32(weight)) {
-    return conv2d_backward_input(grad_output.to(kFloat32), weight.to(kFloat32), input_shape, stride, padding,
-                                 dilation, groups)
-        .to(weight.dtype());
-  }
-  Tensor g = grad_output.contiguous(), w = weight.contiguous();
-  Tensor gx = empty_tensor(input_shape, w.dtype(), w.device());
-  if (gx.numel() > 0) {
-    if (g.numel() == 0 || w.numel() == 0) {
-      gx.zero_();
-    } else {
-      backend_for(w.device()).conv2d_backward_input(view_of(g), view_of(w), view_of(gx), a, stream_for(w.device()));
-    }
-  }
-  if (should_record(grad_output, weight)) {
-    record("Conv2dBackwardInputBackward", {grad_output, weight}, {gx},
-           [gs = SavedTensor(weight.requires_grad() ? g : Tensor(), false),
-            ws = SavedTensor(grad_output.requires_grad() ? w : Tensor(), false), a,
-            w_shape = w.sizes()](const Grads& gg) -> TensorList {
-             Tensor dg, dw;
-             if (gg.needs_grad(0)) {
-               dg = conv2d(gg[0], ws.unpack("Conv2dBackwardInputBackward"), {}, stride_of(a), padding_of(a),
-                           dilation_of(a), a.groups);
-             }
-             if (gg.needs_grad(1)) {
-               dw = conv2d_backward_weight(gs.unpack("Conv2dBackwardInputBackward"), gg[0], w_shape, stride_of(a),
-                                           padding_of(a), dilation_of(a), a.groups);
-             }
-             return {dg, dw};
-           });
-  }
-  return gx;
+  return conv_backward_input_impl(grad_output, weight, input_shape, conv_args(stride, padding, dilation, groups, op),
+                                  op);
 }
 
 Tensor conv2d_backward_weight(const Tensor& grad_output, const Tensor& input, const Shape& weight_shape,
                               const Shape& stride, const Shape& padding, const Shape& dilation, int64_t groups) {
   const char* op = "conv2d_backward_weight";
-  check_float_pair(op, grad_output, input);
   KILN_CHECK(input.dim() == 4 && weight_shape.size() == 4 && grad_output.dim() == 4,
              "{}: expected a 4-D grad_output, input and weight shape, got {}, {} and {}", op,
              grad_output.sizes().str(), input.sizes().str(), weight_shape.str());
-  Conv2dArgs a = conv_args(stride, padding, dilation, groups, op);
-  Shape out_shape = conv_output_shape(input.sizes(), weight_shape, a, op);
-  KILN_CHECK(grad_output.sizes() == out_shape, "{}: grad_output has shape {}, but the convolution's output is {}",
-             op, grad_output.sizes().str(), out_shape.str());
-  if (through_float32(input)) {
-    return conv2d_backward_weight(grad_output.to(kFloat32), input.to(kFloat32), weight_shape, stride, padding,
-                                  dilation, groups)
-        .to(input.dtype());
-  }
-  Tensor g = grad_output.contiguous(), x = input.contiguous();
-  Tensor gw = empty_tensor(weight_shape, x.dtype(), x.device());
-  if (gw.numel() > 0) {
-    if (g.numel() == 0) {
-      gw.zero_();
-    } else {
-      backend_for(x.device()).conv2d_backward_weight(view_of(g), view_of(x), view_of(gw), a, stream_for(x.device()));
-    }
-  }
-  if (should_record(grad_output, input)) {
-    record("Conv2dBackwardWeightBackward", {grad_output, input}, {gw},
-           [gs = SavedTensor(input.requires_grad() ? g : Tensor(), false),
-            xs = SavedTensor(grad_output.requires_grad() ? x : Tensor(), false), a,
-            x_shape = x.sizes()](const Grads& gg) -> TensorList {
-             Tensor dg, dx;
-             if (gg.needs_grad(0)) {
-               dg = conv2d(xs.unpack("Conv2dBackwardWeightBackward"), gg[0], {}, stride_of(a), padding_of(a),
-                           dilation_of(a), a.groups);
-             }
-             if (gg.needs_grad(1)) {
-               dx = conv2d_backward_input(gs.unpack("Conv2dBackwardWeightBackward"), gg[0], x_shape, stride_of(a),
-                                          padding_of(a), dilation_of(a), a.groups);
-             }
-             return {dg, dx};
-           });
-  }
-  return gw;
+  return conv_backward_weight_impl(grad_output, input, weight_shape, conv_args(stride, padding, dilation, groups, op),
+                                   op);
 }
 
 }  // namespace ops

@@ -167,25 +167,33 @@ TEST_CASE("float32 cpu/sgemm.cpp does not depend on the thread count") {
 }
 
 TEST_CASE("float32 cpu/sgemm.cpp without packing: every edge panel width, blocks of k, strides, accumulation") {
-  // Note [unpacked products] in cpu/sgemm.cpp: a and b with contiguous rows, b at most 512 wide. n
-  // covers no edge panel (48, 96), an edge of 1..16 columns (16, 64, 100), of 17..32 (68, 512) and
-  // of 33..47 (47, 90); k covers several blocks of b's rows (at n = 512 a block has 256 rows, at
-  // n = 16 1,024) with a tail; m rows under and over one 8-row tile. On one thread c is split by
-  // rows; on two, the shapes with fewer than four tiles of rows are split by panels of b.
+  // Note [unpacked products] in cpu/sgemm.cpp: a and b with contiguous rows, b at most 512 wide, or
+  // wider with at most 64 rows of a (Note [short products]). n covers no edge panel (48, 96), an
+  // edge of 1..16 columns (16, 64, 100), of 17..32 (68, 512) and of 33..47 (47, 90); k covers several
+  // blocks of b's rows (at n = 512 a block has 256 rows, at n = 16 1,024) with a tail; m rows under
+  // and over one 8-row tile. On one thread c is split by rows; on two, the shapes with fewer than
+  // four tiles of rows are split by panels of b.
   if (!cpu::cpu_has_avx512()) {
     WARN("no AVX-512 on this CPU: cpu/sgemm.cpp is not used, not checked");
     return;
   }
-  // The path's rule: contiguous rows, n <= 512, and one block of k or c at most 2^18 floats.
+  // The path's rule: contiguous rows, n <= 512, and one block of k or c at most 2^18 floats; or, for
+  // a wider b, at most 64 rows of c (Note [short products]).
   CHECK(cpu::sgemm_avx512_unpacked(512, 512, 512, 1, 1));
-  CHECK_FALSE(cpu::sgemm_avx512_unpacked(8, 513, 8, 1, 1));
+  CHECK(cpu::sgemm_avx512_unpacked(64, 513, 8, 1, 1));
+  CHECK(cpu::sgemm_avx512_unpacked(8, 100000, 5000, 1, 1));
+  CHECK_FALSE(cpu::sgemm_avx512_unpacked(65, 513, 8, 1, 1));
   CHECK_FALSE(cpu::sgemm_avx512_unpacked(8, 100, 8, 1, 7));
   CHECK_FALSE(cpu::sgemm_avx512_unpacked(8, 100, 8, 3, 1));
+  CHECK_FALSE(cpu::sgemm_avx512_unpacked(8, 600, 8, 1, 7));
   CHECK(cpu::sgemm_avx512_unpacked(100000, 512, 256, 1, 1));
   CHECK_FALSE(cpu::sgemm_avx512_unpacked(100000, 512, 257, 1, 1));
+  // The short products' b in chunks of 11 panels (528 columns): two chunks, the second only the edge
+  // (529); three, with edges of 16 (1024) and 44 (1100) columns; many blocks of k (2000 rows).
   const std::vector<std::array<int64_t, 3>> shapes = {
-      {1, 1, 16},       {7, 5, 47},     {9, 33, 48},     {37, 600, 512}, {64, 70, 64},
-      {300, 2100, 16},  {130, 257, 90}, {20, 1030, 100}, {8, 300, 96},   {11, 700, 68}};
+      {1, 1, 16},      {7, 5, 47},     {9, 33, 48},     {37, 600, 512}, {64, 70, 64},   {300, 2100, 16},
+      {130, 257, 90},  {20, 1030, 100}, {8, 300, 96},   {11, 700, 68},  {64, 300, 529}, {32, 432, 1024},
+      {9, 2000, 1100}, {17, 40, 2000}};
   for (int threads : {1, 2}) {
     ThreadsGuard g(threads);
     for (const auto& [m, k, n] : shapes) {

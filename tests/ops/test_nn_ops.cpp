@@ -265,6 +265,7 @@ TEST_CASE("stride-1 convolutions as wide as their input (im2col in spans) match 
       {{2, 4, 6, 6}, {6, 2, 3, 3}, {1, 1, 1, 1, 2}},
       {{2, 3, 3, 6}, {4, 3, 3, 3}, {3, 1, 1, 1, 1}},    // output 7 rows high: whole rows of padding both ends
       {{1, 2, 2, 3}, {2, 2, 1, 3}, {5, 1, 1, 1, 1}},    // output 12 rows high, 2 of them from the input
+      {{2, 4, 6, 6}, {32, 2, 3, 3}, {1, 1, 1, 1, 2}},   // 16 outputs per group: the weight's gradient transposed
   };
   for (DType dt : {kFloat32, kFloat64}) {
     for (size_t n = 0; n < geos.size(); ++n) {
@@ -750,5 +751,112 @@ TEST_CASE("bfloat16 cpu conv2d: forward and both backwards read bfloat16, agains
                    conv2d_backward_weight(g64, x64, c.w, c.stride, c.padding, c.dilation, c.groups),
                    conv2d_backward_weight(g64.abs(), x64.abs(), c.w, c.stride, c.padding, c.dilation, c.groups),
                    per_weight);
+  }
+}
+
+namespace {
+
+// A 3-D convolution by its definition, in float64 loops: out = conv3d(x, w, b), and for the
+// cotangent g (out's shape) the gradients of <g, out> with respect to x and w.
+struct Conv3dGeometry {
+  Shape x, w;
+  std::array<int64_t, 3> stride, padding, dilation;
+  int64_t groups;
+  Shape out() const {
+    Shape o{x[0], w[0]};
+    for (int i = 0; i < 3; ++i)
+      o.push_back((x[2 + i] + 2 * padding[i] - dilation[i] * (w[2 + i] - 1) - 1) / stride[i] + 1);
+    return o;
+  }
+};
+struct Conv3dValues {
+  Tensor out, gx, gw;
+};
+Conv3dValues conv3d_by_definition(const Conv3dGeometry& c, const Tensor& x, const Tensor& w, const Tensor& b,
+                                  const Tensor& g) {
+  const Shape o = c.out();
+  Tensor xs = x.to(kFloat64).contiguous(), ws = w.to(kFloat64).contiguous(), gs = g.to(kFloat64).contiguous();
+  Tensor out = zeros(o, kFloat64), gx = zeros(c.x, kFloat64), gw = zeros(c.w, kFloat64);
+  const double *xp = xs.data_ptr<double>(), *wp = ws.data_ptr<double>(), *gp = gs.data_ptr<double>();
+  double *op = out.data_ptr<double>(), *gxp = gx.data_ptr<double>(), *gwp = gw.data_ptr<double>();
+  const int64_t Cg = c.w[1], Og = c.w[0] / c.groups;
+  for (int64_t n = 0; n < o[0]; ++n)
+    for (int64_t oc = 0; oc < o[1]; ++oc)
+      for (int64_t t = 0; t < o[2]; ++t)
+        for (int64_t h = 0; h < o[3]; ++h)
+          for (int64_t v = 0; v < o[4]; ++v) {
+            const int64_t oi = (((n * o[1] + oc) * o[2] + t) * o[3] + h) * o[4] + v;
+            double sum = b.defined() ? b.to(kFloat64)[oc].item<double>() : 0.0;
+            for (int64_t ci = 0; ci < Cg; ++ci)
+              for (int64_t kd = 0; kd < c.w[2]; ++kd)
+                for (int64_t kh = 0; kh < c.w[3]; ++kh)
+                  for (int64_t kw = 0; kw < c.w[4]; ++kw) {
+                    const int64_t z = t * c.stride[0] + kd * c.dilation[0] - c.padding[0];
+                    const int64_t y = h * c.stride[1] + kh * c.dilation[1] - c.padding[1];
+                    const int64_t q = v * c.stride[2] + kw * c.dilation[2] - c.padding[2];
+                    if (z < 0 || z >= c.x[2] || y < 0 || y >= c.x[3] || q < 0 || q >= c.x[4]) continue;
+                    const int64_t channel = oc / Og * Cg + ci;
+                    const int64_t xi = (((n * c.x[1] + channel) * c.x[2] + z) * c.x[3] + y) * c.x[4] + q;
+                    const int64_t wi = (((oc * Cg + ci) * c.w[2] + kd) * c.w[3] + kh) * c.w[4] + kw;
+                    sum += xp[xi] * wp[wi];
+                    gxp[xi] += gp[oi] * wp[wi];
+                    gwp[wi] += gp[oi] * xp[xi];
+                  }
+            op[oi] = sum;
+          }
+  return {out, gx, gw};
+}
+
+}  // namespace
+
+TEST_CASE("cpu 3-D convolution kernels: forward and both gradients against the definition, float32, float64 and "
+          "bfloat16, on 1 and 2 threads",
+          "[ops][conv]") {
+  // Note [3-D convolution] in cpu/conv.cpp: each (sample, output depth) an image of the 2-D kernels,
+  // its columns read from the depth planes where they lie (zero rows for depths in the padding), its
+  // output a depth plane of out. Geometries: a 'same' 3x3x3 (columns in spans); depth stride,
+  // dilation and padding with groups; a pointwise one (the input planes are the columns, D H W
+  // apart); one sample (fewer than the threads: the input gradient's GEMMs split their columns);
+  // whole output depths in the padding; a stride past the kernel; 16 and more output channels per
+  // group, whose float32 weight gradient is summed transposed (Note [the weight's gradient
+  // transposed]). bfloat16 multiplies several images' columns side by side, across samples.
+  const std::vector<Conv3dGeometry> geos{
+      {{3, 4, 5, 6, 7}, {6, 4, 3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, 1},
+      {{2, 4, 7, 6, 5}, {6, 2, 3, 2, 3}, {2, 1, 2}, {1, 0, 2}, {2, 1, 1}, 2},
+      {{3, 6, 4, 5, 5}, {4, 6, 1, 1, 1}, {1, 1, 1}, {0, 0, 0}, {1, 1, 1}, 1},
+      {{1, 3, 6, 8, 8}, {5, 3, 3, 3, 3}, {1, 1, 1}, {2, 1, 1}, {2, 1, 1}, 1},
+      {{2, 2, 3, 4, 4}, {3, 2, 3, 3, 3}, {1, 1, 1}, {3, 1, 1}, {1, 1, 1}, 1},
+      {{4, 3, 5, 2, 3}, {2, 3, 2, 1, 2}, {3, 1, 1}, {0, 0, 0}, {1, 1, 1}, 1},
+      {{2, 3, 4, 6, 5}, {20, 3, 3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, 1},
+      {{2, 8, 3, 5, 5}, {32, 4, 3, 1, 3}, {1, 2, 1}, {1, 0, 1}, {1, 1, 1}, 2},
+  };
+  for (int threads : {1, 2}) {
+    ThreadsGuard guard(threads);
+    for (DType dt : {kFloat32, kFloat64, kBFloat16}) {
+      for (size_t i = 0; i < geos.size(); ++i) {
+        const Conv3dGeometry& c = geos[i];
+        INFO(dtype_name(dt) << ", geometry " << i << ", threads " << threads);
+        Tensor x = test::sample(c.x, kFloat32, 0.3).to(dt), w = test::sample(c.w, kFloat32, 0.6).to(dt);
+        Tensor b = test::sample({c.w[0]}, kFloat32, 0.9).to(dt), g = test::sample(c.out(), kFloat32, 0.4).to(dt);
+        Tensor xa = x.clone().requires_grad_(), wa = w.clone().requires_grad_();
+        Tensor y = conv3d(xa, wa, b, Shape(c.stride), Shape(c.padding), Shape(c.dilation), c.groups);
+        REQUIRE(y.sizes() == c.out());
+        CHECK(std::string(y.grad_fn()->name()) == "Conv3dBackward");
+        y.backward(g);
+        const Conv3dValues exact = conv3d_by_definition(c, x, w, b, g);
+        if (dt == kBFloat16) {  // each a float32 sum of exact products, rounded once (Note [bfloat16 convolution])
+          const Conv3dValues abs = conv3d_by_definition(c, x.abs(), w.abs(), b.abs(), g.abs());
+          const int64_t taps = c.w[2] * c.w[3] * c.w[4];
+          check_bf16_sum("forward", y, exact.out, abs.out, c.w[1] * taps + 1);
+          check_bf16_sum("grad of the input", xa.grad(), exact.gx, abs.gx, c.w[0] / c.groups * taps);
+          check_bf16_sum("grad of the weight", wa.grad(), exact.gw, abs.gw, c.out().numel() / c.out()[1]);
+        } else {
+          const test::Tolerance tol = dt == kFloat32 ? test::Tolerance{1e-4, 1e-4} : test::tolerance_for(kFloat64);
+          test::check_close(y, exact.out.to(dt), tol);
+          test::check_close(xa.grad(), exact.gx.to(dt), tol);
+          test::check_close(wa.grad(), exact.gw.to(dt), tol);
+        }
+      }
+    }
   }
 }
