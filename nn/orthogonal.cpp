@@ -9,14 +9,15 @@
 //  - householder (the default otherwise): X's strict lower triangle holds k Householder vectors v_i
 //    (with an implicit 1 at row i), each reflection I - tau_i v_i v_i^T with tau_i = 2 / |v_i|^2, and Q
 //    the first k columns of their product, each column's sign that of X's diagonal (truncated to an
-//    integer, as PyTorch's .int(): no gradient reaches the diagonal).
+//    integer, as PyTorch's .int(): no gradient reaches the diagonal);
+//  - cayley: matrix_exp's A, and Q the first k columns of the Cayley retraction (I - A/2)^-1 (I + A/2)
+//    (linalg::solve, ops/solve.cpp).
 // With use_trivialization (the default), Q is base Q(X) for a buffer `base`: the orthogonal matrix the
 // tensor was when registered (kept as it is if it is orthogonal, else its QR factor with a non-negative
 // diagonal in R; for n > k, the factor of the tensor completed with random columns), and X starts at -I,
-// where both maps give the identity: the layer starts from its orthogonalized weight and X moves in a
+// where every map gives the identity: the layer starts from its orthogonalized weight and X moves in a
 // flat space around it. Without trivialization only householder can take a value: X holds the
 // Householder vectors of the weight's QR (LAPACK's geqrf), with the signs of R's diagonal on X's.
-// "cayley" needs a linear solve, which Kiln does not have: an Error.
 //
 // The matrix exponential is the Taylor polynomial of degree 18 of A / 2^s, with s the smallest that
 // brings the 1-norm to 1/2 (the truncation is then below 1e-21 of the value), squared s times; the
@@ -99,7 +100,7 @@ Tensor householder_product(const Tensor& a, const Tensor& tau) {
   return q.narrow(-1, 0, k);
 }
 
-enum class Map { kMatrixExp, kHouseholder };  // "cayley" is refused by orthogonal()
+enum class Map { kMatrixExp, kCayley, kHouseholder };
 
 // PyTorch's _Orthogonal.
 class Orthogonal final : public parametrize::Parametrization {
@@ -114,14 +115,20 @@ class Orthogonal final : public parametrize::Parametrization {
     const bool transposed = n < k;
     if (transposed) x = x.mT(), std::swap(n, k);
     Tensor q;
-    if (map_ == Map::kMatrixExp) {
+    if (map_ != Map::kHouseholder) {
       Tensor l = x.tril();
       if (n != k) {
         Shape pad = l.sizes();
         pad[pad.size() - 1] = n - k;
         l = cat({l, zeros(pad, TensorOptions(l.dtype()).device(l.device()))}, -1);
       }
-      q = matrix_exp(l - l.mT());
+      const Tensor a = l - l.mT();
+      if (map_ == Map::kMatrixExp) {
+        q = matrix_exp(a);
+      } else {  // the Cayley retraction (I - A/2)^-1 (I + A/2)
+        const Tensor id = eye(n, {}, TensorOptions(a.dtype()).device(a.device()));
+        q = linalg::solve(id - a * 0.5, id + a * 0.5);
+      }
       if (n != k) q = q.narrow(-1, 0, k);
     } else {
       const Tensor a = x.tril(-1);
@@ -185,7 +192,7 @@ class Orthogonal final : public parametrize::Parametrization {
     } else {
       base_ = register_buffer("base", b);
     }
-    // -I: both maps give the identity there, so the parametrized tensor starts as base's first columns.
+    // -I: every map gives the identity there, so the parametrized tensor starts as base's first columns.
     return {-eye(value.size(-2), value.size(-1), TensorOptions(value.dtype()).device(value.device()))
                  .expand(value.sizes())
                  .contiguous()};
@@ -213,11 +220,8 @@ Module& orthogonal(Module& module, const std::string& name, std::optional<std::s
              "parametrizations::orthogonal: orthogonal_map has to be one of \"matrix_exp\", \"cayley\", "
              "\"householder\"; got \"{}\"",
              map);
-  KILN_CHECK(map != "cayley",
-             "parametrizations::orthogonal: the \"cayley\" map needs a linear solve, which Kiln does not have; use "
-             "\"matrix_exp\" or \"householder\"");
-  auto parametrization = std::make_shared<Orthogonal>(
-      weight.sizes(), map == "matrix_exp" ? Map::kMatrixExp : Map::kHouseholder, use_trivialization);
+  const Map kind = map == "matrix_exp" ? Map::kMatrixExp : map == "cayley" ? Map::kCayley : Map::kHouseholder;
+  auto parametrization = std::make_shared<Orthogonal>(weight.sizes(), kind, use_trivialization);
   weight = Tensor();  // no handle of ours while register_parametrization counts them
   return parametrize::register_parametrization(module, name, std::move(parametrization), /*unsafe=*/true);
 }

@@ -106,7 +106,7 @@ Module& weight_norm(Module& module, const std::string& name = "weight", std::opt
 // PyTorch's parametrizations.orthogonal: `name`, a matrix or a batch of them (..., n, k), kept with
 // orthonormal columns (n >= k) or rows, from an unconstrained original (Note [orthogonal
 // parametrization], nn/orthogonal.cpp). orthogonal_map: "matrix_exp" (the default for a square
-// matrix) or "householder" (otherwise); "cayley" is an Error. With use_trivialization, the buffer
+// matrix), "cayley" or "householder" (the default otherwise). With use_trivialization, the buffer
 // `base` holds the orthogonalized tensor as it was when registered, and the original starts at -I.
 Module& orthogonal(Module& module, const std::string& name = "weight",
                    std::optional<std::string> orthogonal_map = std::nullopt, bool use_trivialization = true);

@@ -233,6 +233,15 @@ Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const T
 // torch._addmm_activation(bias, a, b, use_gelu=True). Autocast: lower precision, as addmm.
 Tensor addmm_gelu(const Tensor& bias, const Tensor& a, const Tensor& b, std::string_view approximate = "tanh");
 
+// ---- solve.cpp: torch.linalg's solve and inv (LU with partial pivoting on the host, float32 and
+// float64, batched with broadcasting; differentiable; an exactly singular matrix is an Error) ----
+namespace linalg {
+// X with A X = B (left) or X A = B; A (*, n, n), B (*, n, k), or a vector (*, n) when B is 1-D or
+// has A's shape without its last dim, as PyTorch's.
+Tensor solve(const Tensor& a, const Tensor& b, bool left = true);
+Tensor inv(const Tensor& a);  // A^-1 for A (*, n, n)
+}  // namespace linalg
+
 // ---- softmax.cpp ----
 Tensor softmax(const Tensor& x, int64_t dim);
 Tensor log_softmax(const Tensor& x, int64_t dim);

@@ -1,7 +1,7 @@
 // tests/nn/test_orthogonal.cpp: nn::utils::parametrizations::orthogonal (nn/orthogonal.cpp) against
 // PyTorch 1.13 (goldens of tests/fixtures/gen_nn_golden.py: the original and base it registers, the
-// weight, a forward and its gradients, SGD steps through matrix_exp, householder, a wide weight and no
-// trivialization), orthogonality of batches in float32 and float64, and the Errors.
+// weight, a forward and its gradients, SGD steps through matrix_exp, householder, cayley, a wide weight
+// and no trivialization), orthogonality of batches in float32 and float64, and the Errors.
 #include <algorithm>
 
 #include "nn/nn_golden.h"
@@ -85,7 +85,9 @@ TEST_CASE("parametrizations::orthogonal's forward, gradients and SGD steps match
   for (const Case& k : {Case{"orthogonal_square_sgd", 4, 4, std::nullopt, true},
                         Case{"orthogonal_tall_householder_sgd", 3, 5, std::nullopt, true},
                         Case{"orthogonal_wide_matrix_exp_sgd", 5, 3, "matrix_exp", true},
-                        Case{"orthogonal_householder_no_trivialization_sgd", 3, 5, std::nullopt, false}}) {
+                        Case{"orthogonal_householder_no_trivialization_sgd", 3, 5, std::nullopt, false},
+                        Case{"orthogonal_square_cayley_sgd", 4, 4, "cayley", true},
+                        Case{"orthogonal_tall_cayley_sgd", 3, 5, "cayley", true}}) {
     INFO(k.name);
     nn::Linear layer(k.in, k.out);
     P::orthogonal(layer, "weight", k.map, k.trivialization);
@@ -99,7 +101,7 @@ TEST_CASE("parametrizations::orthogonal keeps batches of matrices orthogonal thr
   Generator gen(11);
   for (DType dt : {kFloat64, kFloat32}) {
     for (const Shape& shape : {Shape{2, 5, 3}, Shape{2, 3, 5}, Shape{3, 4, 4}}) {
-      for (const char* map : {"matrix_exp", "householder"}) {
+      for (const char* map : {"matrix_exp", "householder", "cayley"}) {
         INFO(dtype_name(dt) << " " << shape.str() << " " << map);
         Holder h(randn(shape, TensorOptions(dt), &gen));
         P::orthogonal(h, "weight", std::string(map));
@@ -145,8 +147,8 @@ TEST_CASE("parametrizations::orthogonal's matrix exponential stays orthogonal fa
 TEST_CASE("parametrizations::orthogonal's Errors name what is wrong", "[nn][parametrize][orthogonal][errors]") {
   nn::Linear layer(3, 4);
   test::check_error([&] { P::orthogonal(layer, "bias"); }, {"matrix or batch of matrices", "1 dimensions"});
-  test::check_error([&] { P::orthogonal(layer, "weight", std::string("cayley")); },
-                    {"cayley", "linear solve", "matrix_exp"});
+  test::check_error([&] { P::orthogonal(layer, "weight", std::string("cayley"), false); },
+                    {"use_trivialization=false", "Cayley", "householder"});
   test::check_error([&] { P::orthogonal(layer, "weight", std::string("qr")); }, {"has to be one of", "\"qr\""});
   test::check_error([&] { P::orthogonal(layer, "kernel"); }, {"no parameter or buffer with name 'kernel'"});
   test::check_error([&] { P::orthogonal(layer, "weight", std::string("matrix_exp"), false); },

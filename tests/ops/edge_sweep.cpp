@@ -63,6 +63,7 @@ std::vector<EdgeOp> edge_ops() {
   };
   // elementwise
   u("neg", [](const Tensor& a) { return neg(a); });
+  u("linalg::inv", [](const Tensor& a) { return linalg::inv(a); });
   u("abs", [](const Tensor& a) { return abs(a); });
   u("sign", [](const Tensor& a) { return sign(a); });
   u("exp", [](const Tensor& a) { return exp(a); });
@@ -286,6 +287,8 @@ std::vector<EdgeOp> edge_ops() {
   b("matmul", [](const Tensor& a, const Tensor& c) { return matmul(a, c); });
   b("matmul by the transpose", [](const Tensor& a, const Tensor& c) { return matmul(a, c.t()); });
   b("bmm", [](const Tensor& a, const Tensor& c) { return bmm(a, c); });
+  b("linalg::solve", [](const Tensor& a, const Tensor& c) { return linalg::solve(a, c); });
+  b("linalg::solve, left = false", [](const Tensor& a, const Tensor& c) { return linalg::solve(a, c, false); });
   b("addmm", [](const Tensor& a, const Tensor& c) { return addmm(a, c, c.t()); });
   b("addmm_gelu", [](const Tensor& a, const Tensor& c) { return addmm_gelu(a, c, c.t()); });
   b("addmm_out", [](const Tensor& a, const Tensor& c) { return addmm_out(a, a, c, c.t()); });

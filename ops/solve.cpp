@@ -1,0 +1,160 @@
+// ops/solve.cpp: linalg::solve (A X = B, or X A = B) and linalg::inv, PyTorch's torch.linalg.solve
+// and torch.linalg.inv, with their gradients.
+//
+// Each n x n matrix is factored P A = L U by Gaussian elimination with partial pivoting (the row of
+// the largest |entry| of the column becomes the pivot, the first of equal ones), in A's dtype as
+// LAPACK's getrf computes, and the right-hand sides are carried through the same row operations, then
+// solved by back substitution. It runs on the host, one matrix after another: CUDA tensors are
+// copied to it and back. That is O(n^3) per matrix without blocking, meant for the small systems of
+// parametrizations (the Cayley map of nn::utils::parametrizations::orthogonal) and coursework, not
+// for n in the thousands. A zero pivot (an exactly singular matrix) is an Error naming the batch
+// element; a nearly singular one gives large values, as LAPACK's.
+//
+// Backward (X = A^-1 B): dB = A^-T dX, dA = -dB X^T, both written with solve and matmul, so they are
+// differentiable again; inv(A) is solve(A, I) and takes its gradient from there.
+#include <cmath>
+#include <string>
+
+#include "ops/dispatch.h"
+#include "ops/ops.h"
+#include "ops/record.h"
+
+namespace kiln {
+
+using autograd::Grads;
+using autograd::record;
+using autograd::SavedTensor;
+using autograd::should_record;
+using autograd::TensorList;
+
+namespace {
+
+// x (batch, n, k) := A^-1 x for each of the batch's matrices a (batch, n, n), both contiguous on the
+// host; a is overwritten by its LU factors. Returns the first batch element whose matrix is singular
+// (with its zero pivot's column in *column), or -1.
+template <typename T>
+int64_t lu_solve(T* a, T* x, int64_t batch, int64_t n, int64_t k, int64_t* column) {
+  for (int64_t b = 0; b < batch; ++b) {
+    T* m = a + b * n * n;
+    T* r = x + b * n * k;
+    for (int64_t j = 0; j < n; ++j) {
+      int64_t p = j;  // the pivot: the first row of the largest |m[i][j]|, i >= j
+      for (int64_t i = j + 1; i < n; ++i)
+        if (std::abs(m[i * n + j]) > std::abs(m[p * n + j])) p = i;
+      if (m[p * n + j] == T(0)) {
+        *column = j;
+        return b;
+      }
+      if (p != j) {
+        for (int64_t c = 0; c < n; ++c) std::swap(m[j * n + c], m[p * n + c]);
+        for (int64_t c = 0; c < k; ++c) std::swap(r[j * k + c], r[p * k + c]);
+      }
+      const T pivot = m[j * n + j];
+      for (int64_t i = j + 1; i < n; ++i) {
+        const T f = m[i * n + j] / pivot;
+        m[i * n + j] = f;  // L's entry
+        for (int64_t c = j + 1; c < n; ++c) m[i * n + c] -= f * m[j * n + c];
+        for (int64_t c = 0; c < k; ++c) r[i * k + c] -= f * r[j * k + c];
+      }
+    }
+    for (int64_t i = n - 1; i >= 0; --i) {  // U x = the eliminated right-hand sides
+      for (int64_t c = 0; c < k; ++c) {
+        T s = r[i * k + c];
+        for (int64_t q = i + 1; q < n; ++q) s -= m[i * n + q] * r[q * k + c];
+        r[i * k + c] = s / m[i * n + i];
+      }
+    }
+  }
+  return -1;
+}
+
+// X = A^-1 B for A (*, n, n) and B (*, n, k) with the same batch dims, checked by the caller; op names
+// the public op in a singular matrix's Error.
+Tensor solve_matrices(const Tensor& a, const Tensor& b, const char* op) {
+  const int64_t n = a.size(-1), k = b.size(-1);
+  const int64_t batch = n == 0 ? 0 : a.numel() / (n * n);
+  Tensor lu = a.to(Device::cpu()).contiguous().clone();  // factored in place
+  Tensor x = b.to(Device::cpu()).contiguous().clone();   // solved in place
+  int64_t column = 0, singular = -1;
+  if (batch > 0 && k > 0) {
+    if (a.dtype() == kFloat64) {
+      singular = lu_solve(lu.data_ptr<double>(), x.data_ptr<double>(), batch, n, k, &column);
+    } else {
+      singular = lu_solve(lu.data_ptr<float>(), x.data_ptr<float>(), batch, n, k, &column);
+    }
+  }
+  KILN_CHECK(singular < 0,
+             "{}: the matrix {}is singular: column {} has no nonzero pivot in its LU factorization, so A X = B has "
+             "no unique solution; check the matrix, or add a small multiple of the identity to regularize it",
+             op, a.dim() > 2 ? fmt::format("of batch element {} ", singular) : std::string(), column);
+  x = x.to(a.device());
+  if (should_record(a, b)) {
+    record("LinalgSolveBackward", {a, b}, {x},
+           [as = SavedTensor(a, false), xs = SavedTensor(a.requires_grad() ? x : Tensor(), true),
+            op](const Grads& g) -> TensorList {
+             const Tensor a = as.unpack("LinalgSolveBackward");
+             Tensor db = solve_matrices(a.mT(), g[0], op);
+             Tensor da;
+             if (g.needs_grad(0)) da = -matmul(db, xs.unpack("LinalgSolveBackward").mT());
+             return {da, g.needs_grad(1) ? db : Tensor()};
+           });
+  }
+  return x;
+}
+
+// PyTorch's checks of A: floating (float32 or float64 here), at least 2-D, square.
+void check_square(const Tensor& a, const char* op) {
+  KILN_CHECK(a.dim() >= 2, "{}: A must have at least 2 dimensions (a batch of square matrices), got shape {}", op,
+             a.sizes().str());
+  KILN_CHECK(a.size(-1) == a.size(-2), "{}: A must be a batch of square matrices, but they are {} by {}", op,
+             a.size(-2), a.size(-1));
+  KILN_CHECK(a.dtype() == kFloat32 || a.dtype() == kFloat64,
+             "{}: takes float32 or float64 matrices (PyTorch's CPU kernels take no 16-bit or integer ones), got {}; "
+             "convert with .to(kFloat32)",
+             op, dtype_name(a.dtype()));
+}
+
+}  // namespace
+
+inline namespace ops {
+namespace linalg {
+
+Tensor solve(const Tensor& a, const Tensor& b, bool left) {
+  const char* op = "linalg.solve";
+  check_square(a, op);
+  check_same_device(op, a, b);
+  KILN_CHECK(a.dtype() == b.dtype(), "{}: A and B must have the same dtype, got {} and {}", op,
+             dtype_name(a.dtype()), dtype_name(b.dtype()));
+  // PyTorch's rule: B is a (batch of) vector(s) when it is 1-D, or has A's shape without its last dim.
+  const Shape batch_a(std::span<const int64_t>(a.sizes().begin(), a.sizes().end() - 2));
+  const Shape a_rows(std::span<const int64_t>(a.sizes().begin(), a.sizes().end() - 1));
+  const bool vector = b.dim() == 1 || (b.dim() == a.dim() - 1 && b.sizes() == a_rows);
+  KILN_CHECK(vector || b.dim() >= 2, "{}: B must be a vector or a batch of matrices, got shape {}", op,
+             b.sizes().str());
+  const int64_t n = a.size(-1);
+  // X A = B is A^T X^T = B^T (a vector x A = b is A^T x = b).
+  const Tensor lhs = left ? a : a.mT();
+  const Tensor rhs = vector ? b.unsqueeze(-1) : (left ? b : b.mT());
+  KILN_CHECK(rhs.size(-2) == n,
+             "{}: incompatible shapes of A {} and B {} for the equation {}: B has {} {} where A has {}", op,
+             a.sizes().str(), b.sizes().str(), left ? "A X = B" : "X A = B", rhs.size(-2),
+             left ? "rows" : "columns", n);
+  const Shape batch_b(std::span<const int64_t>(rhs.sizes().begin(), rhs.sizes().end() - 2));
+  Shape batch = broadcast_shapes(batch_a, batch_b, op);
+  Shape a_shape = batch, b_shape = batch;
+  a_shape.push_back(n), a_shape.push_back(n);
+  b_shape.push_back(n), b_shape.push_back(rhs.size(-1));
+  Tensor x = solve_matrices(lhs.expand(a_shape), rhs.expand(b_shape), op);
+  if (vector) return x.squeeze(-1);
+  return left ? x : x.mT();
+}
+
+Tensor inv(const Tensor& a) {
+  const char* op = "linalg.inv";
+  check_square(a, op);
+  return solve_matrices(a, eye(a.size(-1), {}, a.options()).expand(a.sizes()), op);
+}
+
+}  // namespace linalg
+}  // namespace ops
+}  // namespace kiln
