@@ -233,13 +233,16 @@ Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const T
 // torch._addmm_activation(bias, a, b, use_gelu=True). Autocast: lower precision, as addmm.
 Tensor addmm_gelu(const Tensor& bias, const Tensor& a, const Tensor& b, std::string_view approximate = "tanh");
 
-// ---- solve.cpp: torch.linalg's solve and inv (LU with partial pivoting on the host, float32 and
-// float64, batched with broadcasting; differentiable; an exactly singular matrix is an Error) ----
+// ---- solve.cpp: torch.linalg's solve, inv, det and slogdet (LU with partial pivoting on the host,
+// float32 and float64, batched; differentiable; solving with an exactly singular matrix is an Error) ----
 namespace linalg {
 // X with A X = B (left) or X A = B; A (*, n, n), B (*, n, k), or a vector (*, n) when B is 1-D or
 // has A's shape without its last dim, as PyTorch's.
 Tensor solve(const Tensor& a, const Tensor& b, bool left = true);
 Tensor inv(const Tensor& a);  // A^-1 for A (*, n, n)
+Tensor det(const Tensor& a);  // det A (*), 0 for a singular matrix (whose gradient is an Error)
+// (sign, log |det A|), each (*): sign 0 and -inf for a singular matrix; the gradient through log |det|.
+std::tuple<Tensor, Tensor> slogdet(const Tensor& a);
 }  // namespace linalg
 
 // ---- softmax.cpp ----

@@ -1,5 +1,5 @@
-// ops/solve.cpp: linalg::solve (A X = B, or X A = B) and linalg::inv, PyTorch's torch.linalg.solve
-// and torch.linalg.inv, with their gradients.
+// ops/solve.cpp: linalg::solve (A X = B, or X A = B), linalg::inv, linalg::det and linalg::slogdet,
+// PyTorch's torch.linalg functions of those names, with their gradients.
 //
 // Each n x n matrix is factored P A = L U by Gaussian elimination with partial pivoting (the row of
 // the largest |entry| of the column becomes the pivot, the first of equal ones), in A's dtype as
@@ -10,10 +10,17 @@
 // for n in the thousands. A zero pivot (an exactly singular matrix) is an Error naming the batch
 // element; a nearly singular one gives large values, as LAPACK's.
 //
+// The determinant is the product of U's diagonal and the permutation's sign: det and slogdet of a
+// singular matrix are 0 and (0, -inf), as PyTorch's.
+//
 // Backward (X = A^-1 B): dB = A^-T dX, dA = -dB X^T, both written with solve and matmul, so they are
-// differentiable again; inv(A) is solve(A, I) and takes its gradient from there.
+// differentiable again; inv(A) is solve(A, I) and takes its gradient from there; d det / dA =
+// det A^-T and d log|det| / dA = A^-T, A^-T again a solve. At a singular matrix, where A^-T does not
+// exist, that gradient is an Error (PyTorch's goes through an SVD, which Kiln does not have).
 #include <cmath>
+#include <limits>
 #include <string>
+#include <tuple>
 
 #include "ops/dispatch.h"
 #include "ops/ops.h"
@@ -29,6 +36,34 @@ using autograd::TensorList;
 
 namespace {
 
+// Factors one n x n matrix m in place, P m = L U (U on and above the diagonal, L's multipliers below
+// it), applying the same row operations to the k right-hand sides in r (n x k, none when k is 0).
+// Returns the first column without a nonzero pivot (then m is left part-way), else -1; *swaps counts
+// the row exchanges (det P = (-1)^swaps).
+template <typename T>
+int64_t lu_factor(T* m, T* r, int64_t n, int64_t k, int64_t* swaps) {
+  *swaps = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    int64_t p = j;  // the pivot: the first row of the largest |m[i][j]|, i >= j
+    for (int64_t i = j + 1; i < n; ++i)
+      if (std::abs(m[i * n + j]) > std::abs(m[p * n + j])) p = i;
+    if (m[p * n + j] == T(0)) return j;
+    if (p != j) {
+      for (int64_t c = 0; c < n; ++c) std::swap(m[j * n + c], m[p * n + c]);
+      for (int64_t c = 0; c < k; ++c) std::swap(r[j * k + c], r[p * k + c]);
+      ++*swaps;
+    }
+    const T pivot = m[j * n + j];
+    for (int64_t i = j + 1; i < n; ++i) {
+      const T f = m[i * n + j] / pivot;
+      m[i * n + j] = f;  // L's entry
+      for (int64_t c = j + 1; c < n; ++c) m[i * n + c] -= f * m[j * n + c];
+      for (int64_t c = 0; c < k; ++c) r[i * k + c] -= f * r[j * k + c];
+    }
+  }
+  return -1;
+}
+
 // x (batch, n, k) := A^-1 x for each of the batch's matrices a (batch, n, n), both contiguous on the
 // host; a is overwritten by its LU factors. Returns the first batch element whose matrix is singular
 // (with its zero pivot's column in *column), or -1.
@@ -37,26 +72,9 @@ int64_t lu_solve(T* a, T* x, int64_t batch, int64_t n, int64_t k, int64_t* colum
   for (int64_t b = 0; b < batch; ++b) {
     T* m = a + b * n * n;
     T* r = x + b * n * k;
-    for (int64_t j = 0; j < n; ++j) {
-      int64_t p = j;  // the pivot: the first row of the largest |m[i][j]|, i >= j
-      for (int64_t i = j + 1; i < n; ++i)
-        if (std::abs(m[i * n + j]) > std::abs(m[p * n + j])) p = i;
-      if (m[p * n + j] == T(0)) {
-        *column = j;
-        return b;
-      }
-      if (p != j) {
-        for (int64_t c = 0; c < n; ++c) std::swap(m[j * n + c], m[p * n + c]);
-        for (int64_t c = 0; c < k; ++c) std::swap(r[j * k + c], r[p * k + c]);
-      }
-      const T pivot = m[j * n + j];
-      for (int64_t i = j + 1; i < n; ++i) {
-        const T f = m[i * n + j] / pivot;
-        m[i * n + j] = f;  // L's entry
-        for (int64_t c = j + 1; c < n; ++c) m[i * n + c] -= f * m[j * n + c];
-        for (int64_t c = 0; c < k; ++c) r[i * k + c] -= f * r[j * k + c];
-      }
-    }
+    int64_t swaps = 0;
+    *column = lu_factor(m, r, n, k, &swaps);
+    if (*column >= 0) return b;
     for (int64_t i = n - 1; i >= 0; --i) {  // U x = the eliminated right-hand sides
       for (int64_t c = 0; c < k; ++c) {
         T s = r[i * k + c];
@@ -66,6 +84,29 @@ int64_t lu_solve(T* a, T* x, int64_t batch, int64_t n, int64_t k, int64_t* colum
     }
   }
   return -1;
+}
+
+// For each of the batch's matrices a (batch, n, n; overwritten): the sign of its determinant (0 for
+// a singular one) and log |det|, the sum of log |U_ii| (-inf for a singular one), in A's dtype as
+// PyTorch's; and the determinant itself, the product (-1)^swaps U_00 ... U_nn.
+template <typename T>
+void lu_det(T* a, int64_t batch, int64_t n, T* sign, T* logabs, T* det) {
+  for (int64_t b = 0; b < batch; ++b) {
+    T* m = a + b * n * n;
+    int64_t swaps = 0;
+    if (lu_factor(m, static_cast<T*>(nullptr), n, 0, &swaps) >= 0) {
+      sign[b] = T(0), logabs[b] = -std::numeric_limits<T>::infinity(), det[b] = T(0);
+      continue;
+    }
+    T s = swaps % 2 == 0 ? T(1) : T(-1), l = T(0), d = s;
+    for (int64_t i = 0; i < n; ++i) {
+      const T u = m[i * n + i];
+      if (u < T(0)) s = -s;
+      l += std::log(std::abs(u));
+      d *= u;
+    }
+    sign[b] = s, logabs[b] = l, det[b] = d;
+  }
 }
 
 // X = A^-1 B for A (*, n, n) and B (*, n, k) with the same batch dims, checked by the caller; op names
@@ -114,6 +155,28 @@ void check_square(const Tensor& a, const char* op) {
              op, dtype_name(a.dtype()));
 }
 
+// The sign, log |det| and det of each matrix of A (*, n, n), recording nothing.
+std::tuple<Tensor, Tensor, Tensor> determinants(const Tensor& a, const char* op) {
+  check_square(a, op);
+  const int64_t n = a.size(-1);
+  const Shape batch(std::span<const int64_t>(a.sizes().begin(), a.sizes().end() - 2));
+  const int64_t count = n == 0 ? batch.numel() : a.numel() / (n * n);
+  Tensor lu = a.to(Device::cpu()).contiguous().clone();
+  Tensor sign = empty(batch, TensorOptions(a.dtype())), logabs = empty(batch, TensorOptions(a.dtype())),
+         det = empty(batch, TensorOptions(a.dtype()));
+  if (a.dtype() == kFloat64) {
+    lu_det(lu.data_ptr<double>(), count, n, sign.data_ptr<double>(), logabs.data_ptr<double>(),
+           det.data_ptr<double>());
+  } else {
+    lu_det(lu.data_ptr<float>(), count, n, sign.data_ptr<float>(), logabs.data_ptr<float>(), det.data_ptr<float>());
+  }
+  return {sign.to(a.device()), logabs.to(a.device()), det.to(a.device())};
+}
+
+// The op named in the Error of a determinant's gradient at a singular matrix (A^-T does not exist
+// there; PyTorch's gradient of det there goes through an SVD, which Kiln does not have).
+constexpr const char* kSingularGradient = "the gradient of linalg.det or linalg.slogdet";
+
 }  // namespace
 
 inline namespace ops {
@@ -153,6 +216,32 @@ Tensor inv(const Tensor& a) {
   const char* op = "linalg.inv";
   check_square(a, op);
   return solve_matrices(a, eye(a.size(-1), {}, a.options()).expand(a.sizes()), op);
+}
+
+std::tuple<Tensor, Tensor> slogdet(const Tensor& a) {
+  auto [sign, logabs, det] = determinants(a, "linalg.slogdet");
+  if (should_record(a)) {  // d log|det A| / dA = A^-T; the sign has no gradient
+    record("LinalgSlogdetBackward", {a}, {logabs}, [as = SavedTensor(a, false)](const Grads& g) -> TensorList {
+      const Tensor a = as.unpack("LinalgSlogdetBackward");
+      return {solve_matrices(a.mT(), eye(a.size(-1), {}, a.options()).expand(a.sizes()), kSingularGradient) *
+              g[0].unsqueeze(-1).unsqueeze(-1)};
+    });
+  }
+  return {sign, logabs};
+}
+
+Tensor det(const Tensor& a) {
+  auto [sign, logabs, det] = determinants(a, "linalg.det");
+  if (should_record(a)) {  // d det A / dA = det A A^-T
+    record("LinalgDetBackward", {a}, {det},
+           [as = SavedTensor(a, false), ds = SavedTensor(det, true)](const Grads& g) -> TensorList {
+             const Tensor a = as.unpack("LinalgDetBackward");
+             const Tensor scale = (g[0] * ds.unpack("LinalgDetBackward")).unsqueeze(-1).unsqueeze(-1);
+             return {solve_matrices(a.mT(), eye(a.size(-1), {}, a.options()).expand(a.sizes()), kSingularGradient) *
+                     scale};
+           });
+  }
+  return det;
 }
 
 }  // namespace linalg

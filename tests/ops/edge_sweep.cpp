@@ -64,6 +64,8 @@ std::vector<EdgeOp> edge_ops() {
   // elementwise
   u("neg", [](const Tensor& a) { return neg(a); });
   u("linalg::inv", [](const Tensor& a) { return linalg::inv(a); });
+  u("linalg::det", [](const Tensor& a) { return linalg::det(a); });
+  u("linalg::slogdet", [](const Tensor& a) { return std::get<1>(linalg::slogdet(a)); });
   u("abs", [](const Tensor& a) { return abs(a); });
   u("sign", [](const Tensor& a) { return sign(a); });
   u("exp", [](const Tensor& a) { return exp(a); });

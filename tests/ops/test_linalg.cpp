@@ -1,7 +1,11 @@
-// tests/ops/test_linalg.cpp: linalg::solve and linalg::inv (ops/solve.cpp) against float64
-// compositions: A X - B (or X A - B) and A A^-1 - I near zero, PyTorch's vector and broadcasting rules
-// for B, partial pivoting (a zero leading entry), gradients and second derivatives by finite
-// differences, and the Errors.
+// tests/ops/test_linalg.cpp: linalg::solve, inv, det and slogdet (ops/solve.cpp) against float64
+// compositions: A X - B (or X A - B) and A A^-1 - I near zero, det(A B) = det A det B, PyTorch's values
+// on fixed matrices and its vector and broadcasting rules for B, partial pivoting (a zero leading
+// entry), singular and empty matrices, gradients and second derivatives by finite differences, and
+// the Errors.
+#include <cmath>
+#include <limits>
+
 #include "support.h"
 
 using namespace kiln;
@@ -97,6 +101,51 @@ TEST_CASE("linalg::solve and inv: gradients and second derivatives against finit
   CHECK(autograd::gradcheck(solve_ab, {var(a1), var(b)}));  // one matrix for the batch: likewise
   CHECK(autograd::gradcheck(inv_a, {var(a)}));
   CHECK(autograd::gradgradcheck(inv_a, {var(a)}));
+}
+
+TEST_CASE("linalg::det and slogdet: PyTorch's values, row exchanges' signs, singular and empty matrices",
+          "[ops][linalg]") {
+  // torch.linalg.det / slogdet (torch 1.13, float64): det -5 (the zero leading entry pivots, row
+  // exchanges' signs), and a batch of -2 and a singular matrix (PyTorch's -0 there is 0 here).
+  const Tensor a = from_vector(std::vector<double>{0, 2, 1, 1, 1, 0, 3, 0, 1}, {3, 3});
+  CHECK(linalg::det(a).item<double>() == Approx(-5.0).epsilon(1e-15));
+  auto [s1, l1] = linalg::slogdet(a);
+  CHECK(s1.item<double>() == -1.0);
+  CHECK(l1.item<double>() == Approx(std::log(5.0)).epsilon(1e-15));
+  const Tensor b = from_vector(std::vector<double>{1, 2, 3, 4, 1, 2, 2, 4}, {2, 2, 2});
+  test::check_close(linalg::det(b), from_vector(std::vector<double>{-2, 0}, {2}), test::Tolerance{1e-15, 1e-15});
+  auto [sign, logabs] = linalg::slogdet(b);
+  test::check_close(sign, from_vector(std::vector<double>{-1, 0}, {2}), test::Tolerance{0, 0});
+  CHECK(logabs[0].item<double>() == Approx(std::log(2.0)).epsilon(1e-15));
+  CHECK(logabs[1].item<double>() == -std::numeric_limits<double>::infinity());
+  // Against the product of eigen-free facts: det(A B) = det A det B, det(A^T) = det A, float32 too.
+  const Tensor p = well_conditioned({3, 4, 4}, 0.2), q = well_conditioned({3, 4, 4}, 0.7);
+  test::check_close(linalg::det(p.matmul(q)), linalg::det(p) * linalg::det(q), test::Tolerance{1e-12, 1e-12});
+  test::check_close(linalg::det(p.mT()), linalg::det(p), test::Tolerance{1e-12, 1e-12});
+  test::check_close(linalg::det(p.to(kFloat32)), linalg::det(p).to(kFloat32), test::Tolerance{1e-5, 1e-6});
+  test::check_close(std::get<1>(linalg::slogdet(p)), linalg::det(p).abs().log(), test::Tolerance{1e-12, 1e-12});
+  // No rows: det 1, as PyTorch's.
+  test::check_close(linalg::det(zeros({2, 0, 0}, kFloat64)), ones({2}, kFloat64), test::Tolerance{0, 0});
+}
+
+TEST_CASE("linalg::det and slogdet: gradients against finite differences, and their Error at a singular matrix",
+          "[ops][linalg]") {
+  using autograd::TensorList;
+  const Tensor a = well_conditioned({2, 3, 3}, 0.5).clone().requires_grad_(true);
+  auto det_fn = [](const TensorList& in) { return TensorList{linalg::det(in[0])}; };
+  auto logabs_fn = [](const TensorList& in) { return TensorList{std::get<1>(linalg::slogdet(in[0]))}; };
+  CHECK(autograd::gradcheck(det_fn, {a}));
+  CHECK(autograd::gradgradcheck(det_fn, {a}));
+  CHECK(autograd::gradcheck(logabs_fn, {a}));
+  // A negative determinant: log |det| still differentiates to A^-T.
+  const Tensor neg = (well_conditioned({3, 3}, 0.9) * from_vector(std::vector<double>{-1, 1, 1}, {3, 1}))
+                         .requires_grad_(true);
+  REQUIRE(linalg::det(neg).item<double>() < 0);
+  CHECK(autograd::gradcheck(logabs_fn, {neg}));
+  Tensor singular = from_vector(std::vector<double>{1, 2, 2, 4}, {2, 2}).requires_grad_(true);
+  Tensor d = linalg::det(singular);
+  CHECK(d.item<double>() == 0.0);
+  test::check_error([&] { d.backward(); }, {"gradient of linalg.det", "singular"});
 }
 
 TEST_CASE("linalg::solve and inv: Errors name the problem", "[ops][linalg][errors]") {
