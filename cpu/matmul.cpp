@@ -154,7 +154,7 @@ void zero_rows(T* c, int64_t rows, int64_t cols, int64_t row_stride) {
 namespace {
 constexpr int64_t kOwnFrom = 1024;
 constexpr int64_t kOwnUnpackedFrom = 256;
-constexpr int64_t kOwnThinFrom = 8, kOwnThinUpTo = 64;  // short or narrow products, unpacked (Note [short products])
+constexpr int64_t kOwnThinFrom = 8, kOwnThinUpTo = 64;  // short or narrow products, unpacked
 enum class SgemmChoice { kBlas, kOwnLarge, kOwn };
 }  // namespace
 

@@ -266,14 +266,15 @@ int64_t unpacked_block_rows(int64_t n) { return std::clamp<int64_t>(kUnpackedBlo
 // unpacked at any width: b in chunks of 11 panels (528 columns; a chunk of kc rows stays in L2 while
 // c's tiles walk it), each chunk's blocks of k in turn, so c's chunk (m x 528 floats) stays in cache
 // across them. A panel's rows are a line each, far apart, which no hardware prefetcher follows: the
-// kernel prefetches the row kPrefetchRows ahead. Measured on a 2-vCPU Sapphire Rapids Xeon against
-// OpenBLAS's AVX-512 kernel split by Kiln's pool (best of 7, two processes alternating, two rounds,
-// GFLOP/s on one thread / two): m, n, k = 32, 1024, 432 (conv3d's columns) 87 / 185 -> 154-158 /
-// 280-284; 64, 196, 288 (the CNN's second convolution) 132 / 157-181 -> 147-151 / 251-269; 64,
-// 4096, 576 113 / 218-222 -> 136-142 / 244-251; 8, 4096, 256 38 / 81 -> 98 / 229; 32, 784, 9 (the
-// CNN's first) 79-82 / 75-81 -> 95-96 / 76-83. The prefetch alone took 32, 1024, 432 from 120-138
-// to 167-173 on one thread, and left 256^3 and 512^3 (unpacked products before) level. Measured on
-// that Xeon only: on the Zen 4 and 5 where the unpacked path was tuned, the choice is unmeasured.
+// kernel prefetches the row kPrefetchRows ahead (past b's last row too: a prefetch never faults).
+// Measured on a 2-vCPU Sapphire Rapids Xeon against OpenBLAS's AVX-512 kernel split by Kiln's pool
+// (best of 7, two processes alternating, two rounds, GFLOP/s on one thread / two): m, n, k = 32,
+// 1024, 432 (conv3d's columns) 87 / 185 -> 154-158 / 280-284; 64, 196, 288 (the CNN's second
+// convolution) 132 / 157-181 -> 147-151 / 251-269; 64, 4096, 576 113 / 218-222 -> 136-142 / 244-251;
+// 8, 4096, 256 38 / 81 -> 98 / 229; 32, 784, 9 (the CNN's first) 79-82 / 75-81 -> 95-96 / 76-83. The
+// prefetch alone took 32, 1024, 432 from 120-138 to 167-173 on one thread, and left 256^3 and 512^3
+// (unpacked products before) level. Measured on that Xeon only: on the Zen 4 and 5 where the
+// unpacked path was tuned, the choice is unmeasured.
 constexpr int64_t kShortRows = 64;
 constexpr int64_t kPrefetchRows = 6;  // how far ahead the unpacked kernel prefetches b's rows
 constexpr int64_t kChunkPanels = (kUnpackedUpToN + NR - 1) / NR;  // 11 panels, 528 columns
