@@ -143,6 +143,11 @@ Tensor solve_matrices(const Tensor& a, const Tensor& b, const char* op) {
   return x;
 }
 
+// A^-1 for A (*, n, n): solve_matrices with the identity, op naming the caller in its Error.
+Tensor inverse(const Tensor& a, const char* op) {
+  return solve_matrices(a, eye(a.size(-1), {}, a.options()).expand(a.sizes()), op);
+}
+
 // PyTorch's checks of A: floating (float32 or float64 here), at least 2-D, square.
 void check_square(const Tensor& a, const char* op) {
   KILN_CHECK(a.dim() >= 2, "{}: A must have at least 2 dimensions (a batch of square matrices), got shape {}", op,
@@ -215,7 +220,7 @@ Tensor solve(const Tensor& a, const Tensor& b, bool left) {
 Tensor inv(const Tensor& a) {
   const char* op = "linalg.inv";
   check_square(a, op);
-  return solve_matrices(a, eye(a.size(-1), {}, a.options()).expand(a.sizes()), op);
+  return inverse(a, op);
 }
 
 std::tuple<Tensor, Tensor> slogdet(const Tensor& a) {
@@ -223,8 +228,7 @@ std::tuple<Tensor, Tensor> slogdet(const Tensor& a) {
   if (should_record(a)) {  // d log|det A| / dA = A^-T; the sign has no gradient
     record("LinalgSlogdetBackward", {a}, {logabs}, [as = SavedTensor(a, false)](const Grads& g) -> TensorList {
       const Tensor a = as.unpack("LinalgSlogdetBackward");
-      return {solve_matrices(a.mT(), eye(a.size(-1), {}, a.options()).expand(a.sizes()), kSingularGradient) *
-              g[0].unsqueeze(-1).unsqueeze(-1)};
+      return {inverse(a.mT(), kSingularGradient) * g[0].unsqueeze(-1).unsqueeze(-1)};
     });
   }
   return {sign, logabs};
@@ -237,8 +241,7 @@ Tensor det(const Tensor& a) {
            [as = SavedTensor(a, false), ds = SavedTensor(det, true)](const Grads& g) -> TensorList {
              const Tensor a = as.unpack("LinalgDetBackward");
              const Tensor scale = (g[0] * ds.unpack("LinalgDetBackward")).unsqueeze(-1).unsqueeze(-1);
-             return {solve_matrices(a.mT(), eye(a.size(-1), {}, a.options()).expand(a.sizes()), kSingularGradient) *
-                     scale};
+             return {inverse(a.mT(), kSingularGradient) * scale};
            });
   }
   return det;
