@@ -100,6 +100,9 @@ enum class TernaryOp : uint8_t {
 
 enum class ReduceKind : uint8_t { Sum, Prod, Max, Min, ArgMax, ArgMin, All, Any };
 
+// The running reductions of Backend::scan (PyTorch's cumsum, cumprod, cummax, cummin, logcumsumexp).
+enum class ScanKind : uint8_t { Sum, Prod, Max, Min, LogSumExp };
+
 enum class RandomKind : uint8_t {
   Uniform,    // U[a, b)
   Normal,     // N(a, b^2)
@@ -420,6 +423,29 @@ class Backend {
                                   const View& lse, const View& grad_out, const View& grad_q,
                                   const View& grad_k, const View& grad_v, const AttentionArgs& args,
                                   const Stream& s) = 0;
+
+  // ---- sorting and scanning (cpu/sort.cpp, cuda/sort.cu) ----
+  // Along dim `dim` of in, any strides: each line of in (all other dims fixed) is ordered ascending,
+  // or descending, and its first k = values.sizes[dim] elements written to values (in's dtype) and
+  // their positions in the line to indices (int64); values and indices have in's sizes but k along
+  // dim, 0 < k <= n. The order is total and so stable: NaN above every number (last ascending, first
+  // descending, as PyTorch's sort), and equal keys (0 and -0 too) in increasing position. A line
+  // whose first k are asked for gets the first k of its full sort (topk).
+  virtual void sort(const View& in, int dim, bool descending, const View& values, const View& indices,
+                    const Stream& s) = 0;
+  // The element of rank k - 1 (1 <= k <= n) in each line's ascending order above, and its position:
+  // values and indices have in's sizes but 1 along dim (PyTorch's kthvalue with keepdim; median).
+  virtual void kthvalue(const View& in, int dim, int64_t k, const View& values, const View& indices,
+                        const Stream& s) = 0;
+  // Along dim `dim`: out[..., j, ...] = the reduction of in[..., 0..j, ...], out of in's sizes and
+  // dtype (any strides; ops/ converts integer inputs to int64 for Sum and Prod unless a dtype is asked
+  // for), summed and multiplied in double (float32 and float64), float (16-bit), or the integer type
+  // itself, wrapping as two's complement. Max and Min also
+  // write the position of the running extreme to indices (int64): the latest position whose value is
+  // >= the running max (<= min), a NaN taking over and staying until the next NaN, as PyTorch's
+  // cummax/cummin; indices is ignored otherwise. LogSumExp: log(sum exp), floating dtypes only.
+  virtual void scan(ScanKind kind, const View& in, int dim, const View& out, const View& indices,
+                    const Stream& s) = 0;
 };
 
 }  // namespace kiln

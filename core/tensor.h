@@ -259,6 +259,18 @@ class Tensor {
   Tensor std(const Shape& dims = {}, int64_t correction = 1, bool keepdim = false) const;
   Tensor norm(double p = 2, const Shape& dims = {}, bool keepdim = false) const;
   Tensor logsumexp(const Shape& dims, bool keepdim = false) const;
+  // ---- sorting and running reductions (ops/sort.cpp) ----
+  std::tuple<Tensor, Tensor> sort(int64_t dim = -1, bool descending = false) const;
+  Tensor argsort(int64_t dim = -1, bool descending = false) const;
+  std::tuple<Tensor, Tensor> topk(int64_t k, int64_t dim = -1, bool largest = true) const;
+  std::tuple<Tensor, Tensor> kthvalue(int64_t k, int64_t dim = -1, bool keepdim = false) const;
+  Tensor median() const;
+  std::tuple<Tensor, Tensor> median(int64_t dim, bool keepdim = false) const;
+  Tensor cumsum(int64_t dim, std::optional<DType> dtype = {}) const;
+  Tensor cumprod(int64_t dim, std::optional<DType> dtype = {}) const;
+  std::tuple<Tensor, Tensor> cummax(int64_t dim) const;
+  std::tuple<Tensor, Tensor> cummin(int64_t dim) const;
+  Tensor logcumsumexp(int64_t dim) const;
   Tensor all() const;
   Tensor all(int64_t dim, bool keepdim = false) const;
   Tensor any() const;

@@ -164,6 +164,15 @@ class CpuBackend final : public Backend {
                           const AttentionArgs& args, const Stream&) override {
     attention_backward_kernel(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args);
   }
+  void sort(const View& in, int dim, bool descending, const View& values, const View& indices, const Stream&) override {
+    sort_kernel(in, dim, descending, values, indices);
+  }
+  void kthvalue(const View& in, int dim, int64_t k, const View& values, const View& indices, const Stream&) override {
+    kthvalue_kernel(in, dim, k, values, indices);
+  }
+  void scan(ScanKind kind, const View& in, int dim, const View& out, const View& indices, const Stream&) override {
+    scan_kernel(kind, in, dim, out, indices);
+  }
 };
 
 }  // namespace

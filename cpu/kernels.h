@@ -1,7 +1,7 @@
 // cpu/kernels.h: the CPU kernels, one group per file (private to cpu/). backend.cpp binds them to
 // the Backend contract of core/backend.h, whose comments say what each computes. Each file's CUDA
 // counterpart has the same stem in cuda/ (copy, elementwise, reduce, matmul, index, random, conv,
-// pool, norm, optim, fused, ctc, attention).
+// pool, norm, optim, fused, ctc, attention, sort).
 #pragma once
 
 #include <type_traits>
@@ -92,6 +92,10 @@ void cross_entropy_backward_kernel(const View& logits, const View& target, const
                                    const View& grad_loss, const View& grad_logits, int64_t ignore_index,
                                    double label_smoothing);
 
+// sort.cpp
+void sort_kernel(const View& in, int dim, bool descending, const View& values, const View& indices);
+void kthvalue_kernel(const View& in, int dim, int64_t k, const View& values, const View& indices);
+void scan_kernel(ScanKind kind, const View& in, int dim, const View& out, const View& indices);
 // ctc.cpp
 void ctc_loss_kernel(const View& log_probs, const View& targets, const View& input_lengths,
                      const View& target_lengths, const View& nll, const View& log_alpha, int64_t blank);

@@ -5,8 +5,9 @@
 // (index_select, index_add, gather, scatter), conv.cu (conv2d and its two backward kernels,
 // through cuDNN), pool.cu (max, average, adaptive average and adaptive max pooling), norm.cu (norm_rows),
 // fused.cu (layer_norm, bias_gelu, cross_entropy and their backward), ctc.cu (ctc_loss and its
-// backward), optim.cu (adam_step, sgd_step), attention.cu. The caching allocator is allocator.cpp, the entry points of cuda/cuda.h runtime.cpp.
-// Streams: Note [CUDA streams] in cuda/context.h. CPU sibling: cpu/backend.cpp.
+// backward), optim.cu (adam_step, sgd_step), attention.cu, sort.cu (sort, kthvalue, scan). The caching allocator is
+// allocator.cpp, the entry points of cuda/cuda.h runtime.cpp. Streams: Note [CUDA streams] in cuda/context.h. CPU
+// sibling: cpu/backend.cpp.
 #include <climits>
 #include <mutex>
 #include <optional>
@@ -249,6 +250,19 @@ class CudaBackend final : public Backend {
                                   "takes no dropout");
     DeviceGuard guard(s.device.index, "scaled_dot_product_attention backward");
     attention_backward_launch(q, k, v, out, lse, grad_out, grad_q, grad_k, grad_v, args, s);
+  }
+  void sort(const View& in, int dim, bool descending, const View& values, const View& indices,
+            const Stream& s) override {
+    DeviceGuard guard(s.device.index, "sort");
+    sort_launch(in, dim, descending, values, indices, s);
+  }
+  void kthvalue(const View& in, int dim, int64_t k, const View& values, const View& indices, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "kthvalue");
+    kthvalue_launch(in, dim, k, values, indices, s);
+  }
+  void scan(ScanKind kind, const View& in, int dim, const View& out, const View& indices, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "scan");
+    scan_launch(kind, in, dim, out, indices, s);
   }
 };
 

@@ -1,6 +1,6 @@
 // cuda/kernels.h: the CUDA launchers, one group per file (private to cuda/), each file with the
 // stem of its CPU sibling in cpu/ (copy, elementwise, reduce, matmul, index, random, conv, pool,
-// norm, optim, fused, ctc, attention). backend.cu binds them to the Backend contract of
+// norm, optim, fused, ctc, attention, sort). backend.cu binds them to the Backend contract of
 // core/backend.h, whose comments say what each computes. Each launcher runs on the stream it is
 // given, on the current device (the caller holds a DeviceGuard; copy_between sets the devices
 // itself), and checks its launch with KILN_CUDA_CHECK(cudaGetLastError()).
@@ -115,6 +115,11 @@ void ctc_loss_backward_launch(const View& grad_nll, const View& log_probs, const
                               const View& input_lengths, const View& target_lengths, const View& nll,
                               const View& log_alpha, const View& log_beta, const View& grad_log_probs, int64_t blank,
                               const Stream& s);
+
+// sort.cu: Backend::sort and kthvalue (Note [sorting by rank]) and Backend::scan (a thread per line).
+void sort_launch(const View& in, int dim, bool descending, const View& values, const View& indices, const Stream& s);
+void kthvalue_launch(const View& in, int dim, int64_t k, const View& values, const View& indices, const Stream& s);
+void scan_launch(ScanKind kind, const View& in, int dim, const View& out, const View& indices, const Stream& s);
 
 // attention.cu: Backend::attention and its backward for float16, bfloat16 and float32 (B, H, L, D)
 // views with any strides on their first three dims, D = 32, 64, 96 or 128, L and S > 0, lse in

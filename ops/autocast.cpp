@@ -68,6 +68,8 @@ constexpr Row kTable[] = {
     {Op::Softplus,                     "softplus",                          kNone,    kFp32},
     {Op::Sum,                          "sum",                               kNone,    kFp32},  // without a dtype
     {Op::Prod,                         "prod",                              kFp32,    kFp32},
+    {Op::Cumsum,                       "cumsum",                            kNone,    kFp32},  // without a dtype
+    {Op::Cumprod,                      "cumprod",                           kNone,    kFp32},  // without a dtype
     {Op::Norm,                         "norm",                              kNone,    kFp32},
     {Op::Logsumexp,                    "logsumexp",                         kNone,    kFp32},
     {Op::Softmax,                      "softmax",                           kNone,    kFp32},

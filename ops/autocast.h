@@ -90,7 +90,7 @@ enum class Op : uint8_t {
   // float32: pointwise ops with a wide range or a large derivative
   Exp, Expm1, Log, Log1p, Reciprocal, Rsqrt, Pow, Softplus,
   // float32: reductions and normalisations
-  Sum, Prod, Norm, Logsumexp, Softmax, LogSoftmax, LayerNorm, GroupNorm, CosineSimilarity,
+  Sum, Prod, Cumsum, Cumprod, Norm, Logsumexp, Softmax, LogSoftmax, LayerNorm, GroupNorm, CosineSimilarity,
   // float32: losses
   NllLoss, CrossEntropy, MseLoss, L1Loss, SmoothL1Loss, HuberLoss, KlDiv, BinaryCrossEntropyWithLogits,
   BinaryCrossEntropy, SoftMarginLoss, MarginRankingLoss, HingeEmbeddingLoss, CosineEmbeddingLoss,

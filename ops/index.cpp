@@ -108,7 +108,9 @@ Tensor gather(const Tensor& x, int64_t dim, const Tensor& index_in) {
   }
   check_gather_shapes(x, d, index, nullptr, "gather");
   Tensor out = empty_tensor(index.sizes(), x.dtype(), x.device());
-  backend_for(x.device()).gather(view_of(x), d, view_of(index), view_of(out), stream_for(x.device()));
+  if (index.numel() > 0) {  // nothing to gather (and the index's other dims may hold 2^62 rows to visit)
+    backend_for(x.device()).gather(view_of(x), d, view_of(index), view_of(out), stream_for(x.device()));
+  }
   if (should_record(x)) {
     record("GatherBackward", {x}, {out}, [d, shape = x.sizes(), ix = SavedTensor(index, false)](const Grads& g) -> TensorList {
       return {scatter_add(zeros(shape, g[0].options()), d, ix.unpack("GatherBackward"), g[0])};
@@ -128,7 +130,9 @@ static Tensor scatter_impl(const Tensor& x, int64_t dim, const Tensor& index_in,
   KILN_CHECK(src.dtype() == x.dtype(), "{}: source dtype {} must match the tensor's {}", name,
              dtype_name(src.dtype()), dtype_name(x.dtype()));
   Tensor out = x.detach().clone();
-  backend_for(x.device()).scatter(view_of(out), d, view_of(index), view_of(src), add, stream_for(x.device()));
+  if (index.numel() > 0) {  // as gather
+    backend_for(x.device()).scatter(view_of(out), d, view_of(index), view_of(src), add, stream_for(x.device()));
+  }
   if (should_record(x, src)) {
     record(add ? "ScatterAddBackward" : "ScatterBackward", {x, src}, {out},
            [d, add, ix = SavedTensor(index, false)](const Grads& g) -> TensorList {

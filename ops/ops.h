@@ -233,6 +233,13 @@ Tensor addmm_out(const Tensor& out, const Tensor& bias, const Tensor& a, const T
 // torch._addmm_activation(bias, a, b, use_gelu=True). Autocast: lower precision, as addmm.
 Tensor addmm_gelu(const Tensor& bias, const Tensor& a, const Tensor& b, std::string_view approximate = "tanh");
 
+// ---- einsum.cpp ----
+// Einstein summation as PyTorch's torch.einsum: einsum("bij,bjk->bik", {a, b}); letters label dims,
+// "..." the dims left over (broadcast), a letter twice in one term its diagonal, and without "->" the
+// output is "..." and the letters written once, in ASCII order. Composed of sums and bmm (Note
+// [einsum as products] in ops/einsum.cpp), so differentiable on every device.
+Tensor einsum(std::string_view equation, const std::vector<Tensor>& operands);
+
 // ---- solve.cpp: torch.linalg's solve, inv, det and slogdet (LU with partial pivoting on the host,
 // float32 and float64, batched; differentiable; solving with an exactly singular matrix is an Error) ----
 namespace linalg {
@@ -244,6 +251,29 @@ Tensor det(const Tensor& a);  // det A (*), 0 for a singular matrix (whose gradi
 // (sign, log |det A|), each (*): sign 0 and -inf for a singular matrix; the gradient through log |det|.
 std::tuple<Tensor, Tensor> slogdet(const Tensor& a);
 }  // namespace linalg
+
+// ---- sort.cpp: along one dim (default the last), 0-d tensors as one element ----
+// (values, indices): every line in ascending (descending) order, stable: equal values keep their
+// order, NaN counts as larger than every number (PyTorch's sort with stable = true).
+std::tuple<Tensor, Tensor> sort(const Tensor& x, int64_t dim = -1, bool descending = false);
+Tensor argsort(const Tensor& x, int64_t dim = -1, bool descending = false);  // sort's indices
+// The k largest (smallest) of each line and their indices, in order, ties by position (PyTorch's
+// sorted = true; its order among equal values is unspecified).
+std::tuple<Tensor, Tensor> topk(const Tensor& x, int64_t k, int64_t dim = -1, bool largest = true);
+std::tuple<Tensor, Tensor> kthvalue(const Tensor& x, int64_t k, int64_t dim = -1, bool keepdim = false);  // k >= 1
+// The lower of the two middle values (and its index) for an even count; NaN where a line holds NaN.
+// nanmedian leaves NaN out (NaN only where the whole line is NaN).
+std::tuple<Tensor, Tensor> median(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor median(const Tensor& x);  // of all elements
+std::tuple<Tensor, Tensor> nanmedian(const Tensor& x, int64_t dim, bool keepdim = false);
+Tensor nanmedian(const Tensor& x);
+// Running sums and products (integers and bool as int64 unless dtype says otherwise), extremes with
+// the latest position of the extreme (a NaN holding until the next one), log-sum-exp (floating).
+Tensor cumsum(const Tensor& x, int64_t dim, std::optional<DType> dtype = {});
+Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype = {});
+std::tuple<Tensor, Tensor> cummax(const Tensor& x, int64_t dim);
+std::tuple<Tensor, Tensor> cummin(const Tensor& x, int64_t dim);
+Tensor logcumsumexp(const Tensor& x, int64_t dim);
 
 // ---- softmax.cpp ----
 Tensor softmax(const Tensor& x, int64_t dim);

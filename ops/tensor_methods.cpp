@@ -78,6 +78,23 @@ Tensor Tensor::mean(const Shape& dims, bool keepdim) const { return ops::mean(*t
 Tensor Tensor::prod() const { return ops::prod(*this); }
 Tensor Tensor::prod(int64_t dim, bool keepdim) const { return ops::prod(*this, dim, keepdim); }
 Tensor Tensor::max() const { return ops::max(*this); }
+std::tuple<Tensor, Tensor> Tensor::sort(int64_t dim, bool descending) const {
+  return ops::sort(*this, dim, descending);
+}
+Tensor Tensor::argsort(int64_t dim, bool descending) const { return ops::argsort(*this, dim, descending); }
+std::tuple<Tensor, Tensor> Tensor::topk(int64_t k, int64_t dim, bool largest) const {
+  return ops::topk(*this, k, dim, largest);
+}
+std::tuple<Tensor, Tensor> Tensor::kthvalue(int64_t k, int64_t dim, bool keepdim) const {
+  return ops::kthvalue(*this, k, dim, keepdim);
+}
+Tensor Tensor::median() const { return ops::median(*this); }
+std::tuple<Tensor, Tensor> Tensor::median(int64_t dim, bool keepdim) const { return ops::median(*this, dim, keepdim); }
+Tensor Tensor::cumsum(int64_t dim, std::optional<DType> dtype) const { return ops::cumsum(*this, dim, dtype); }
+Tensor Tensor::cumprod(int64_t dim, std::optional<DType> dtype) const { return ops::cumprod(*this, dim, dtype); }
+std::tuple<Tensor, Tensor> Tensor::cummax(int64_t dim) const { return ops::cummax(*this, dim); }
+std::tuple<Tensor, Tensor> Tensor::cummin(int64_t dim) const { return ops::cummin(*this, dim); }
+Tensor Tensor::logcumsumexp(int64_t dim) const { return ops::logcumsumexp(*this, dim); }
 std::tuple<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim) const { return ops::max(*this, dim, keepdim); }
 Tensor Tensor::min() const { return ops::min(*this); }
 std::tuple<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim) const { return ops::min(*this, dim, keepdim); }

@@ -138,6 +138,22 @@ std::vector<EdgeOp> edge_ops() {
   ud("sum twice", [](const Tensor& a, int64_t d) { return sum(a, {d, d}); });
   ud("mean keepdim", [](const Tensor& a, int64_t d) { return mean(a, {d}, true); });
   ud("prod", [](const Tensor& a, int64_t d) { return prod(a, d); });
+  // sorting and running reductions
+  ud("sort", [](const Tensor& a, int64_t d) { return std::get<0>(sort(a, d)); });
+  ud("sort descending indices", [](const Tensor& a, int64_t d) { return std::get<1>(sort(a, d, true)); });
+  ud("argsort", [](const Tensor& a, int64_t d) { return argsort(a, d); });
+  ud("topk 2", [](const Tensor& a, int64_t d) { return std::get<0>(topk(a, 2, d)); });
+  ud("kthvalue 1", [](const Tensor& a, int64_t d) { return std::get<1>(kthvalue(a, 1, d)); });
+  ud("median", [](const Tensor& a, int64_t d) { return std::get<0>(median(a, d)); });
+  ud("nanmedian", [](const Tensor& a, int64_t d) { return std::get<0>(nanmedian(a, d)); });
+  ud("cumsum", [](const Tensor& a, int64_t d) { return cumsum(a, d); });
+  ud("cumprod", [](const Tensor& a, int64_t d) { return cumprod(a, d); });
+  ud("cummax", [](const Tensor& a, int64_t d) { return std::get<1>(cummax(a, d)); });
+  ud("cummin", [](const Tensor& a, int64_t d) { return std::get<0>(cummin(a, d)); });
+  ud("logcumsumexp", [](const Tensor& a, int64_t d) { return logcumsumexp(a, d); });
+  u("median of all", [](const Tensor& a) { return median(a); });
+  u("einsum ii", [](const Tensor& a) { return einsum("ii", {a}); });
+  u("einsum ...ij->...ji", [](const Tensor& a) { return einsum("...ij->...ji", {a}); });
   ud("amax", [](const Tensor& a, int64_t d) { return amax(a, {d}); });
   ud("max values", [](const Tensor& a, int64_t d) { return std::get<0>(max(a, d)); });
   ud("min indices", [](const Tensor& a, int64_t d) { return std::get<1>(min(a, d, true)); });
@@ -289,6 +305,8 @@ std::vector<EdgeOp> edge_ops() {
   b("matmul", [](const Tensor& a, const Tensor& c) { return matmul(a, c); });
   b("matmul by the transpose", [](const Tensor& a, const Tensor& c) { return matmul(a, c.t()); });
   b("bmm", [](const Tensor& a, const Tensor& c) { return bmm(a, c); });
+  b("einsum ij,jk", [](const Tensor& a, const Tensor& c) { return einsum("ij,jk", {a, c}); });
+  b("einsum ...,...", [](const Tensor& a, const Tensor& c) { return einsum("...,...", {a, c}); });
   b("linalg::solve", [](const Tensor& a, const Tensor& c) { return linalg::solve(a, c); });
   b("linalg::solve, left = false", [](const Tensor& a, const Tensor& c) { return linalg::solve(a, c, false); });
   b("addmm", [](const Tensor& a, const Tensor& c) { return addmm(a, c, c.t()); });

@@ -488,6 +488,56 @@ const std::vector<OpRow>& op_table() {
                                      c.real("momentum"));
          return TensorList{y, running_mean, running_var};
        }},
+      // ---- sorting and running reductions (ops/sort.cpp) ----
+      {"sort", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::sort(in.at(0), c.integer("dim", -1), c.flag("descending"));
+         return TensorList{values, indices};
+       }},
+      unary_args("argsort", D::None, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::argsort(x, c.integer("dim", -1), c.flag("descending"));
+      }),
+      {"topk", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::topk(in.at(0), c.integer("k"), c.integer("dim", -1), c.flag("largest", true));
+         return TensorList{values, indices};
+       }},
+      {"kthvalue", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::kthvalue(in.at(0), c.integer("k"), c.integer("dim", -1), keepdim_arg(c));
+         return TensorList{values, indices};
+       }},
+      {"median_dim", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::median(in.at(0), c.integer("dim"), keepdim_arg(c));
+         return TensorList{values, indices};
+       }},
+      unary("median_all", D::GradGrad, [](const Tensor& x) { return kiln::median(x); }),
+      {"nanmedian_dim", D::None,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::nanmedian(in.at(0), c.integer("dim"), keepdim_arg(c));
+         return TensorList{values, indices};
+       }},
+      unary_args("cumsum", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::cumsum(x, c.integer("dim"), c.opt_dtype("dtype"));
+      }),
+      unary_args("cumprod", D::GradGrad, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::cumprod(x, c.integer("dim"), c.opt_dtype("dtype"));
+      }),
+      {"cummax", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::cummax(in.at(0), c.integer("dim"));
+         return TensorList{values, indices};
+       }},
+      {"cummin", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, indices] = kiln::cummin(in.at(0), c.integer("dim"));
+         return TensorList{values, indices};
+       }},
+      {"einsum", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) { return TensorList{kiln::einsum(c.str("eq"), in)}; }},
+      unary_args("logcumsumexp", D::Grad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::logcumsumexp(x, c.integer("dim")); }),
   };
   return rows;
 }
