@@ -92,10 +92,6 @@ __global__ void scan_line_kernel(ScanKind kind, int64_t lines, int64_t n, Offset
   }
 }
 
-}  // namespace
-
-namespace {
-
 void launch_rank(const View& in, int dim, bool descending, int64_t select, const View& values, const View& indices,
                  const Stream& s) {
   if (in.numel() == 0 || values.numel() == 0) return;

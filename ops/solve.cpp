@@ -19,6 +19,7 @@
 // exist, that gradient is an Error (PyTorch's goes through an SVD, which Kiln does not have).
 #include <cmath>
 #include <limits>
+#include <span>
 #include <string>
 #include <tuple>
 
@@ -35,6 +36,20 @@ using autograd::should_record;
 using autograd::TensorList;
 
 namespace {
+
+// A contiguous copy of t on the host, made in one pass whatever t's strides and device (the kernels
+// below work on it in place); no gradient is recorded through it.
+Tensor host_copy(const Tensor& t) {
+  NoGradGuard no_grad;
+  Tensor c = empty(t.sizes(), TensorOptions(t.dtype()));
+  c.copy_(t);
+  return c;
+}
+
+// t's sizes without their last `drop` dims (a batch's shape).
+Shape leading(const Tensor& t, int drop) {
+  return Shape(std::span<const int64_t>(t.sizes().begin(), t.sizes().end() - drop));
+}
 
 // Factors one n x n matrix m in place, P m = L U (U on and above the diagonal, L's multipliers below
 // it), applying the same row operations to the k right-hand sides in r (n x k, none when k is 0).
@@ -114,8 +129,8 @@ void lu_det(T* a, int64_t batch, int64_t n, T* sign, T* logabs, T* det) {
 Tensor solve_matrices(const Tensor& a, const Tensor& b, const char* op) {
   const int64_t n = a.size(-1), k = b.size(-1);
   const int64_t batch = n == 0 ? 0 : a.numel() / (n * n);
-  Tensor lu = a.to(Device::cpu()).contiguous().clone();  // factored in place
-  Tensor x = b.to(Device::cpu()).contiguous().clone();   // solved in place
+  Tensor lu = host_copy(a);  // factored in place
+  Tensor x = host_copy(b);   // solved in place
   int64_t column = 0, singular = -1;
   if (batch > 0 && k > 0) {
     if (a.dtype() == kFloat64) {
@@ -164,9 +179,9 @@ void check_square(const Tensor& a, const char* op) {
 std::tuple<Tensor, Tensor, Tensor> determinants(const Tensor& a, const char* op) {
   check_square(a, op);
   const int64_t n = a.size(-1);
-  const Shape batch(std::span<const int64_t>(a.sizes().begin(), a.sizes().end() - 2));
+  const Shape batch = leading(a, 2);
   const int64_t count = n == 0 ? batch.numel() : a.numel() / (n * n);
-  Tensor lu = a.to(Device::cpu()).contiguous().clone();
+  Tensor lu = host_copy(a);
   Tensor sign = empty(batch, TensorOptions(a.dtype())), logabs = empty(batch, TensorOptions(a.dtype())),
          det = empty(batch, TensorOptions(a.dtype()));
   if (a.dtype() == kFloat64) {
@@ -194,8 +209,7 @@ Tensor solve(const Tensor& a, const Tensor& b, bool left) {
   KILN_CHECK(a.dtype() == b.dtype(), "{}: A and B must have the same dtype, got {} and {}", op,
              dtype_name(a.dtype()), dtype_name(b.dtype()));
   // PyTorch's rule: B is a (batch of) vector(s) when it is 1-D, or has A's shape without its last dim.
-  const Shape batch_a(std::span<const int64_t>(a.sizes().begin(), a.sizes().end() - 2));
-  const Shape a_rows(std::span<const int64_t>(a.sizes().begin(), a.sizes().end() - 1));
+  const Shape batch_a = leading(a, 2), a_rows = leading(a, 1);
   const bool vector = b.dim() == 1 || (b.dim() == a.dim() - 1 && b.sizes() == a_rows);
   KILN_CHECK(vector || b.dim() >= 2, "{}: B must be a vector or a batch of matrices, got shape {}", op,
              b.sizes().str());
@@ -207,7 +221,7 @@ Tensor solve(const Tensor& a, const Tensor& b, bool left) {
              "{}: incompatible shapes of A {} and B {} for the equation {}: B has {} {} where A has {}", op,
              a.sizes().str(), b.sizes().str(), left ? "A X = B" : "X A = B", rhs.size(-2),
              left ? "rows" : "columns", n);
-  const Shape batch_b(std::span<const int64_t>(rhs.sizes().begin(), rhs.sizes().end() - 2));
+  const Shape batch_b = leading(rhs, 2);
   Shape batch = broadcast_shapes(batch_a, batch_b, op);
   Shape a_shape = batch, b_shape = batch;
   a_shape.push_back(n), a_shape.push_back(n);
