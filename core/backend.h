@@ -446,6 +446,21 @@ class Backend {
   // cummax/cummin; indices is ignored otherwise. LogSumExp: log(sum exp), floating dtypes only.
   virtual void scan(ScanKind kind, const View& in, int dim, const View& out, const View& indices,
                     const Stream& s) = 0;
+  // Binary search along rows: for each element v of row b of values (B, n), the position in row b
+  // of sorted (B, m), or in its only row when it has one (1, m), where v would go to keep the row in
+  // order: the first position whose element is not below v (>= v), or with right the first above
+  // it (> v), m when there is none, written to out (B, n; int64 or int32). Every view contiguous,
+  // sorted and values of one dtype. The search halves [0, m) exactly as PyTorch's does, stepping right
+  // while !(element >= v) (!(element > v) with right), so a NaN value lands at m and NaN elements at
+  // a row's end compare as PyTorch's do.
+  virtual void searchsorted(const View& sorted, const View& values, bool right, const View& out,
+                            const Stream& s) = 0;
+
+  // ---- selection (cpu/index.cpp, cuda/index.cu) ----
+  // The flat positions of mask's true elements (mask bool and contiguous), in increasing order, into
+  // out (int64, contiguous), which has exactly as many elements as mask has true ones (ops/ counts
+  // them first: torch.nonzero's output size depends on the values).
+  virtual void nonzero(const View& mask, const View& out, const Stream& s) = 0;
 };
 
 }  // namespace kiln

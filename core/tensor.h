@@ -271,6 +271,20 @@ class Tensor {
   std::tuple<Tensor, Tensor> cummax(int64_t dim) const;
   std::tuple<Tensor, Tensor> cummin(int64_t dim) const;
   Tensor logcumsumexp(int64_t dim) const;
+  Tensor msort() const;
+  Tensor quantile(double q, std::optional<int64_t> dim = {}, bool keepdim = false,
+                  const std::string& interpolation = "linear") const;
+  Tensor nanquantile(double q, std::optional<int64_t> dim = {}, bool keepdim = false,
+                     const std::string& interpolation = "linear") const;
+  // ---- selection (ops/select.cpp) ----
+  Tensor nonzero() const;
+  Tensor argwhere() const;
+  Tensor count_nonzero(const Shape& dims = {}) const;
+  Tensor masked_select(const Tensor& mask) const;
+  Tensor masked_scatter(const Tensor& mask, const Tensor& source) const;
+  std::tuple<Tensor, Tensor, Tensor> unique(std::optional<int64_t> dim = {}) const;
+  Tensor bincount(const Tensor& weights = {}, int64_t minlength = 0) const;
+  Tensor histc(int64_t bins = 100, double min = 0, double max = 0) const;
   Tensor all() const;
   Tensor all(int64_t dim, bool keepdim = false) const;
   Tensor any() const;

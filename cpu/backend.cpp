@@ -173,6 +173,10 @@ class CpuBackend final : public Backend {
   void scan(ScanKind kind, const View& in, int dim, const View& out, const View& indices, const Stream&) override {
     scan_kernel(kind, in, dim, out, indices);
   }
+  void searchsorted(const View& sorted, const View& values, bool right, const View& out, const Stream&) override {
+    searchsorted_kernel(sorted, values, right, out);
+  }
+  void nonzero(const View& mask, const View& out, const Stream&) override { nonzero_kernel(mask, out); }
 };
 
 }  // namespace

@@ -1,7 +1,10 @@
 // cpu/index.cpp: index_select, index_add, gather and scatter along one dim. Every index is checked
-// against the dim's size; a bad one is an Error naming the op, the index and the size.
+// against the dim's size; a bad one is an Error naming the op, the index and the size. And nonzero:
+// the positions of a mask's true elements.
 #include <algorithm>
+#include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
@@ -83,6 +86,31 @@ inline T add_values(T a, T b) {
   else return static_cast<T>(static_cast<opmath_t<T>>(a) + static_cast<opmath_t<T>>(b));
 }
 
+// Integer sums do not depend on their order: with many sources into few targets (a histogram) each
+// piece of the pool adds into its own zeroed copy of the targets, and the copies are summed after.
+// Whether it took the sums (enough sources and few enough targets).
+template <typename T>
+bool add_in_pieces(T* y, int64_t so, const T* x, int64_t ss, const int64_t* idx, int64_t istride, int64_t n,
+                   int64_t size, int dim) {
+  const int pieces = parallel_pieces(n, 2 * kGrain);
+  if (n < 4 * kGrain || size > (1 << 16) || pieces < 2) return false;
+  std::vector<std::vector<T>> partial(static_cast<size_t>(pieces));
+  const int64_t chunk = (n + pieces - 1) / pieces;
+  parallel_for(0, pieces, 1, [&](int64_t b, int64_t e) {
+    for (int64_t p = b; p < e; ++p) {
+      std::vector<T>& mine = partial[static_cast<size_t>(p)];
+      mine.assign(static_cast<size_t>(size), T{0});
+      for (int64_t j = p * chunk, end = std::min(n, j + chunk); j < end; ++j) {
+        mine[static_cast<size_t>(checked(idx[j * istride], size, "index_add", dim))] += x[j * ss];
+      }
+    }
+  });
+  for (const std::vector<T>& mine : partial) {
+    for (int64_t k = 0; k < size; ++k) y[k * so] = static_cast<T>(y[k * so] + mine[static_cast<size_t>(k)]);
+  }
+  return true;
+}
+
 }  // namespace
 
 void index_select_kernel(const View& in, int dim, const View& index, const View& out) {
@@ -152,6 +180,17 @@ void index_add_kernel(const View& out, int dim, const View& index, const View& s
     // Serial over the indexed dim (repeated indices add into the same row); parallel over `outer`.
     const bool contiguous = out.is_contiguous() && src.is_contiguous();
     const bool rows = dense_after(out, dim) && dense_after(src, dim);  // runs of `inner` on both sides
+    if (split.outer == 1 && split.inner == 1) {  // 1-D, any strides (a histogram: bincount, histc, unique)
+      const int64_t so = out.strides[dim], ss = src.strides[dim];
+      if constexpr (std::is_integral_v<scalar_t>) {
+        if (add_in_pieces(y, so, x, ss, idx, istride, n, size, dim)) return;
+      }
+      for (int64_t j = 0; j < n; ++j) {
+        scalar_t& t = y[checked(idx[j * istride], size, "index_add", dim) * so];
+        t = static_cast<scalar_t>(static_cast<M>(t) + static_cast<M>(x[j * ss]));
+      }
+      return;
+    }
     if (contiguous && split.inner == 1) {  // one element per (o, j): the indices checked once, as index_select
       for (int64_t j = 0; j < n; ++j) checked(idx[j * istride], size, "index_add", dim);
       parallel_for(0, split.outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)), [&](int64_t b, int64_t e) {
@@ -303,6 +342,42 @@ void scatter_kernel(const View& out, int dim, const View& index, const View& src
       }
       oy += checked(ix[oi], size, op, dim) * out.strides[dim];
       y[oy] = accumulate ? add_values(y[oy], x[os]) : x[os];
+    }
+  });
+}
+
+// Blocks of the mask counted in parallel, their starts in out summed up, then each block's positions
+// written from its start: a block copies its positions out of a local run without a branch per
+// element (the position always written, the run's end advanced by the mask's byte).
+void nonzero_kernel(const View& mask, const View& out) {
+  const int64_t n = mask.numel(), block = 1 << 16, blocks = (n + block - 1) / block;
+  const uint8_t* m = mask.ptr<uint8_t>();
+  std::vector<int64_t> start(static_cast<size_t>(blocks) + 1, 0);
+  parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
+    for (int64_t k = b; k < e; ++k) {
+      int64_t count = 0;
+      for (int64_t i = k * block, end = std::min(n, i + block); i < end; ++i) count += m[i];
+      start[k + 1] = count;
+    }
+  });
+  for (int64_t k = 0; k < blocks; ++k) start[k + 1] += start[k];
+  KILN_CHECK(start[blocks] == out.numel(), "nonzero: the mask has {} true elements but {} were expected", start[blocks],
+             out.numel());
+  int64_t* to = out.ptr<int64_t>();
+  parallel_for(0, blocks, 1, [&](int64_t b, int64_t e) {
+    int64_t run[256];
+    for (int64_t k = b; k < e; ++k) {
+      int64_t at = start[k];
+      for (int64_t i = k * block, end = std::min(n, i + block); i < end; i += 256) {
+        const int64_t len = std::min<int64_t>(256, end - i);
+        int64_t c = 0;
+        for (int64_t j = 0; j < len; ++j) {
+          run[c] = i + j;
+          c += m[i + j];
+        }
+        std::memcpy(to + at, run, static_cast<size_t>(c) * sizeof(int64_t));
+        at += c;
+      }
     }
   });
 }

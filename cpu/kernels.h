@@ -48,6 +48,7 @@ void index_select_kernel(const View& in, int dim, const View& index, const View&
 void index_add_kernel(const View& out, int dim, const View& index, const View& src);
 void gather_kernel(const View& in, int dim, const View& index, const View& out);
 void scatter_kernel(const View& out, int dim, const View& index, const View& src, bool accumulate);
+void nonzero_kernel(const View& mask, const View& out);
 void random_kernel(RandomKind kind, const View& out, uint64_t seed, uint64_t offset,
                    const RandomArgs& args);                                  // random.cpp
 // 2-D or (5-D views) 3-D
@@ -96,6 +97,7 @@ void cross_entropy_backward_kernel(const View& logits, const View& target, const
 void sort_kernel(const View& in, int dim, bool descending, const View& values, const View& indices);
 void kthvalue_kernel(const View& in, int dim, int64_t k, const View& values, const View& indices);
 void scan_kernel(ScanKind kind, const View& in, int dim, const View& out, const View& indices);
+void searchsorted_kernel(const View& sorted, const View& values, bool right, const View& out);
 // ctc.cpp
 void ctc_loss_kernel(const View& log_probs, const View& targets, const View& input_lengths,
                      const View& target_lengths, const View& nll, const View& log_alpha, int64_t blank);

@@ -1,7 +1,7 @@
 // cpu/sort.cpp: Backend::sort, kthvalue and scan along one dim of a strided view (core/backend.h has
 // the contract). A line is every element of one dim with the others fixed; the pool takes whole
 // lines. The running step is core/scan_math.h's ScanStep, shared with cuda/sort.cu; the order is its
-// sorts_before's, here by integer keys (Note [sort keys]).
+// sorts_before's, here by integer keys (Note [sort keys]). And searchsorted: a binary search per value.
 //
 // sort copies a line's keys with their positions out (Note [sort keys]), orders them with std::sort,
 // or only the first k with std::partial_sort (k at most n / 64: top-k sampling) or std::nth_element
@@ -206,6 +206,47 @@ void scan_lines(ScanKind kind, const View& in, int dim, const View& out, const V
   });
 }
 
+// PyTorch's binary search (Backend::searchsorted): halve [lo, hi) while lo < hi, stepping right where
+// the middle element is not >= v (not > v with right), in T's arithmetic type. Each step's load waits
+// for the step before, so one search at a time leaves the core idle; here kLanes probes go through
+// the steps side by side, each step a pair of selects (no branch to mispredict), for bit_width(m)
+// steps (each at least halves [lo, hi), which stays put once empty): the same lo as PyTorch's loop.
+template <typename T, typename Out, bool kRight>
+void search_rows(const View& sorted, const View& values, const View& out) {
+  using A = opmath_t<T>;
+  constexpr int64_t kLanes = 16;
+  const int64_t m = sorted.sizes[1], n = values.sizes[1], rows = values.sizes[0];
+  const int steps = std::bit_width(static_cast<uint64_t>(m));
+  const bool one_row = sorted.sizes[0] == 1;
+  const T* probes = values.ptr<T>();
+  Out* to = out.ptr<Out>();
+  parallel_for(0, rows * n, kGrain / 8, [&](int64_t b, int64_t e) {
+    for (int64_t p0 = b; p0 < e; p0 += kLanes) {
+      const int64_t lanes = std::min(kLanes, e - p0);
+      int64_t lo[kLanes], hi[kLanes];
+      A v[kLanes];
+      const T* row[kLanes];
+      for (int64_t l = 0; l < lanes; ++l) {
+        lo[l] = 0;
+        hi[l] = m;
+        v[l] = static_cast<A>(probes[p0 + l]);
+        row[l] = sorted.ptr<T>() + (one_row ? 0 : (p0 + l) / n * m);
+      }
+      for (int s = 0; s < steps; ++s) {
+        for (int64_t l = 0; l < lanes; ++l) {
+          const int64_t mid = lo[l] + ((hi[l] - lo[l]) >> 1);
+          const A x = static_cast<A>(row[l][std::min(mid, m - 1)]);
+          const bool go_right = kRight ? !(x > v[l]) : !(x >= v[l]);
+          const bool open = lo[l] < hi[l];
+          lo[l] = open && go_right ? mid + 1 : lo[l];
+          hi[l] = open && !go_right ? mid : hi[l];
+        }
+      }
+      for (int64_t l = 0; l < lanes; ++l) to[p0 + l] = static_cast<Out>(lo[l]);
+    }
+  });
+}
+
 }  // namespace
 
 void sort_kernel(const View& in, int dim, bool descending, const View& values, const View& indices) {
@@ -229,6 +270,19 @@ void scan_kernel(ScanKind kind, const View& in, int dim, const View& out, const 
   } else {
     KILN_DISPATCH_NUMERIC_TYPES(in.dtype, "cumsum", [&] { scan_lines<scalar_t>(kind, in, dim, out, indices); });
   }
+}
+
+void searchsorted_kernel(const View& sorted, const View& values, bool right, const View& out) {
+  if (values.numel() == 0) return;
+  KILN_DISPATCH_NUMERIC_TYPES(values.dtype, "searchsorted", [&] {
+    if (out.dtype == kInt32) {
+      right ? search_rows<scalar_t, int32_t, true>(sorted, values, out)
+            : search_rows<scalar_t, int32_t, false>(sorted, values, out);
+    } else {
+      right ? search_rows<scalar_t, int64_t, true>(sorted, values, out)
+            : search_rows<scalar_t, int64_t, false>(sorted, values, out);
+    }
+  });
 }
 
 }  // namespace kiln::cpu

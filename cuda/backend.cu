@@ -2,12 +2,12 @@
 // Each entry makes the stream's device current (DeviceGuard) and forwards to the launcher of the
 // same name: copy.cpp and copy.cu (copies in every direction, fill, arange), random.cu,
 // elementwise.cu (unary, binary, where), reduce.cu (reduce, softmax), matmul.cu, index.cu
-// (index_select, index_add, gather, scatter), conv.cu (conv2d and its two backward kernels,
+// (index_select, index_add, gather, scatter, nonzero), conv.cu (conv2d and its two backward kernels,
 // through cuDNN), pool.cu (max, average, adaptive average and adaptive max pooling), norm.cu (norm_rows),
 // fused.cu (layer_norm, bias_gelu, cross_entropy and their backward), ctc.cu (ctc_loss and its
-// backward), optim.cu (adam_step, sgd_step), attention.cu, sort.cu (sort, kthvalue, scan). The caching allocator is
-// allocator.cpp, the entry points of cuda/cuda.h runtime.cpp. Streams: Note [CUDA streams] in cuda/context.h. CPU
-// sibling: cpu/backend.cpp.
+// backward), optim.cu (adam_step, sgd_step), attention.cu, sort.cu (sort, kthvalue, scan, searchsorted).
+// The caching allocator is allocator.cpp, the entry points of cuda/cuda.h runtime.cpp. Streams: Note
+// [CUDA streams] in cuda/context.h. CPU sibling: cpu/backend.cpp.
 #include <climits>
 #include <mutex>
 #include <optional>
@@ -263,6 +263,14 @@ class CudaBackend final : public Backend {
   void scan(ScanKind kind, const View& in, int dim, const View& out, const View& indices, const Stream& s) override {
     DeviceGuard guard(s.device.index, "scan");
     scan_launch(kind, in, dim, out, indices, s);
+  }
+  void searchsorted(const View& sorted, const View& values, bool right, const View& out, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "searchsorted");
+    searchsorted_launch(sorted, values, right, out, s);
+  }
+  void nonzero(const View& mask, const View& out, const Stream& s) override {
+    DeviceGuard guard(s.device.index, "nonzero");
+    nonzero_launch(mask, out, s);
   }
 };
 

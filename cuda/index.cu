@@ -1,6 +1,6 @@
 // cuda/index.cu: index_select, index_add, gather and scatter (with or without accumulation) along
-// one dim: the indexing kernels of the CUDA backend. CPU sibling: cpu/index.cpp, whose semantics
-// these follow (a bad index is an Error naming the op, the index and the size), except that a
+// one dim, and nonzero: the indexing kernels of the CUDA backend. CPU sibling: cpu/index.cpp, whose
+// semantics these follow (a bad index is an Error naming the op, the index and the size), except that a
 // negative index counts from the end here, where the CPU rejects it. Siblings: backend.cu,
 // elementwise.cu, reduce.cu; helpers in loops.cuh.
 //
@@ -42,8 +42,10 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/deterministic.h"
+#include <cub/device/device_select.cuh>  // nonzero
+#include <thrust/iterator/counting_iterator.h>
 
+#include "core/deterministic.h"
 #include "cuda/context.h"
 #include "cuda/kernels.h"
 #include "cuda/loops.cuh"
@@ -412,6 +414,23 @@ void scatter_launch(const View& out, int dim, const View& index, const View& src
     });
   }
   check.finish(name, dim, size);
+}
+
+// The positions 0, 1, ... n - 1 kept where the mask is true, in order, by CUB's DeviceSelect::Flagged;
+// its scratch and the count it writes come from the caching allocator (ops/ counted the true
+// elements already, so the count is not read back).
+void nonzero_launch(const View& mask, const View& out, const Stream& s) {
+  const int64_t n = mask.numel();
+  if (n == 0 || out.numel() == 0) return;
+  const auto positions = thrust::make_counting_iterator<int64_t>(0);
+  const bool* flags = mask.ptr<bool>();
+  DeviceBuffer count(s.device.index, sizeof(int64_t));
+  size_t bytes = 0;
+  KILN_CUDA_CHECK(cub::DeviceSelect::Flagged(nullptr, bytes, positions, flags, out.ptr<int64_t>(),
+                                             static_cast<int64_t*>(count.data()), n, stream_of(s)));
+  DeviceBuffer scratch(s.device.index, std::max<size_t>(bytes, 1));
+  KILN_CUDA_CHECK(cub::DeviceSelect::Flagged(scratch.data(), bytes, positions, flags, out.ptr<int64_t>(),
+                                             static_cast<int64_t*>(count.data()), n, stream_of(s)));
 }
 
 }  // namespace kiln::cuda

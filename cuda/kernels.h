@@ -57,6 +57,8 @@ void index_add_launch(const View& out, int dim, const View& index, const View& s
 void gather_launch(const View& in, int dim, const View& index, const View& out, const Stream& s);
 void scatter_launch(const View& out, int dim, const View& index, const View& src, bool accumulate,
                     const Stream& s);
+// Backend::nonzero: the true positions of a contiguous bool mask, in order (CUB's DeviceSelect).
+void nonzero_launch(const View& mask, const View& out, const Stream& s);
 
 // The nn kernels (conv, pool, norm) take float32 and float64, as on the CPU: ops/ runs 16-bit
 // floats in float32 before they reach a backend.
@@ -120,6 +122,8 @@ void ctc_loss_backward_launch(const View& grad_nll, const View& log_probs, const
 void sort_launch(const View& in, int dim, bool descending, const View& values, const View& indices, const Stream& s);
 void kthvalue_launch(const View& in, int dim, int64_t k, const View& values, const View& indices, const Stream& s);
 void scan_launch(ScanKind kind, const View& in, int dim, const View& out, const View& indices, const Stream& s);
+// Backend::searchsorted: a thread per value, PyTorch's binary search.
+void searchsorted_launch(const View& sorted, const View& values, bool right, const View& out, const Stream& s);
 
 // attention.cu: Backend::attention and its backward for float16, bfloat16 and float32 (B, H, L, D)
 // views with any strides on their first three dims, D = 32, 64, 96 or 128, L and S > 0, lse in

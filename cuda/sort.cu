@@ -1,4 +1,5 @@
-// cuda/sort.cu: Backend::sort and Backend::scan along one dim (core/backend.h has the contract). CPU
+// cuda/sort.cu: Backend::sort and Backend::scan along one dim, and Backend::searchsorted (a thread
+// per value, PyTorch's binary search, as cpu/sort.cpp's) (core/backend.h has the contract). CPU
 // sibling: cpu/sort.cpp; the order and the running step are core/scan_math.h's, shared with it, so
 // both devices give the same order and, for the integer and extreme scans, the same values.
 //
@@ -92,6 +93,28 @@ __global__ void scan_line_kernel(ScanKind kind, int64_t lines, int64_t n, Offset
   }
 }
 
+template <typename T, typename Out>
+__global__ void search_kernel(int64_t total, int64_t n, int64_t m, bool one_row, const T* sorted, const T* values,
+                              bool right, Out* out) {
+  using A = opmath_t<T>;
+  const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t p = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; p < total; p += step) {
+    const T* row = sorted + (one_row ? 0 : p / n * m);
+    const A v = static_cast<A>(values[p]);
+    int64_t lo = 0, hi = m;
+    while (lo < hi) {
+      const int64_t mid = lo + ((hi - lo) >> 1);
+      const A x = static_cast<A>(row[mid]);
+      if (right ? !(x > v) : !(x >= v)) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    out[p] = static_cast<Out>(lo);
+  }
+}
+
 void launch_rank(const View& in, int dim, bool descending, int64_t select, const View& values, const View& indices,
                  const Stream& s) {
   if (in.numel() == 0 || values.numel() == 0) return;
@@ -136,6 +159,24 @@ void scan_launch(ScanKind kind, const View& in, int dim, const View& out, const 
   } else {
     KILN_DISPATCH_NUMERIC_TYPES(in.dtype, "cumsum", [&] { run(scalar_t{}); });
   }
+}
+
+void searchsorted_launch(const View& sorted, const View& values, bool right, const View& out, const Stream& s) {
+  const int64_t total = values.numel();
+  if (total == 0) return;
+  const int64_t n = values.sizes[1], m = sorted.sizes[1];
+  KILN_DISPATCH_NUMERIC_TYPES(values.dtype, "searchsorted", [&] {
+    const auto run = [&](auto* to) {
+      search_kernel<<<blocks_for(total, 256), 256, 0, stream_of(s)>>>(
+          total, n, m, sorted.sizes[0] == 1, sorted.ptr<scalar_t>(), values.ptr<scalar_t>(), right, to);
+      KILN_CUDA_CHECK(cudaGetLastError());
+    };
+    if (out.dtype == kInt32) {
+      run(out.ptr<int32_t>());
+    } else {
+      run(out.ptr<int64_t>());
+    }
+  });
 }
 
 }  // namespace kiln::cuda

@@ -274,6 +274,62 @@ Tensor cumprod(const Tensor& x, int64_t dim, std::optional<DType> dtype = {});
 std::tuple<Tensor, Tensor> cummax(const Tensor& x, int64_t dim);
 std::tuple<Tensor, Tensor> cummin(const Tensor& x, int64_t dim);
 Tensor logcumsumexp(const Tensor& x, int64_t dim);
+Tensor msort(const Tensor& x);  // sort(x, 0)'s values
+// For each of values, where it would go in the last dim of sorted_sequence to keep that in order: the
+// first position whose element is >= it (> it with right), or the size of that dim. sorted_sequence
+// is 1-D, or (*, m) with values (*, n) of the same leading dims; values any shape for a 1-D one. An
+// int64 result of values' shape (int32 with out_int32); sorter (int64 or int32, the sequence's shape)
+// gives the order of an unsorted sequence (argsort's). As PyTorch's, whose binary search this follows
+// step for step (an unsorted sequence gives its answers too).
+Tensor searchsorted(const Tensor& sorted_sequence, const Tensor& values, bool out_int32 = false, bool right = false,
+                    const Tensor& sorter = {});
+Tensor searchsorted(const Tensor& sorted_sequence, const Scalar& value, bool out_int32 = false, bool right = false,
+                    const Tensor& sorter = {});
+// searchsorted(boundaries, input, out_int32, right) for 1-D boundaries: the bucket of each element.
+Tensor bucketize(const Tensor& input, const Tensor& boundaries, bool out_int32 = false, bool right = false);
+// The q-quantiles (q in [0, 1]: a number, or a 0-d or 1-D tensor of x's dtype, whose dim then comes
+// first in the result) of x's elements, or along dim (kept as size 1 with keepdim). interpolation:
+// "linear", "lower", "higher", "midpoint" or "nearest" (halves to even), between the two ranks
+// around q (n - 1) in the sorted line. float32 and float64; a line holding NaN gives NaN, which
+// nanquantile leaves out (Note [quantile as a sort and a lerp] in ops/sort.cpp). Differentiable.
+Tensor quantile(const Tensor& x, const Tensor& q, std::optional<int64_t> dim = {}, bool keepdim = false,
+                std::string_view interpolation = "linear");
+Tensor quantile(const Tensor& x, double q, std::optional<int64_t> dim = {}, bool keepdim = false,
+                std::string_view interpolation = "linear");
+Tensor nanquantile(const Tensor& x, const Tensor& q, std::optional<int64_t> dim = {}, bool keepdim = false,
+                   std::string_view interpolation = "linear");
+Tensor nanquantile(const Tensor& x, double q, std::optional<int64_t> dim = {}, bool keepdim = false,
+                   std::string_view interpolation = "linear");
+
+// ---- select.cpp: ops whose output size depends on the values (one count read back to the host) ----
+// The coordinates of x's nonzero elements (NaN counts as nonzero), (count, x.dim()) int64, in
+// row-major order; argwhere is the same. where(condition) gives them as one 1-D tensor per dim
+// (PyTorch's nonzero(as_tuple=True); a 0-d condition gives one).
+Tensor nonzero(const Tensor& x);
+Tensor argwhere(const Tensor& x);
+std::vector<Tensor> where(const Tensor& condition);
+Tensor count_nonzero(const Tensor& x, const Shape& dims = {});  // int64; every dim when dims is empty
+// The elements of x where mask (bool) is true, x and mask broadcast together, as a 1-D tensor in
+// row-major order. Differentiable (an index_select).
+Tensor masked_select(const Tensor& x, const Tensor& mask);
+// x (broadcast with mask) with its elements where mask is true replaced, in row-major order, by the
+// first elements of source (x's dtype, at least as many elements as mask has true ones; any shape).
+// Differentiable with respect to x and source (a scatter).
+Tensor masked_scatter(const Tensor& x, const Tensor& mask, const Tensor& source);
+// (values, inverse, counts): the distinct elements of x in ascending order (NaN last, each NaN its
+// own value; -0 and 0 one value), for each element of x the index of its value (x's shape), and how
+// many times each value occurs. With dim: the distinct slices along dim in lexicographic order,
+// inverse of x.size(dim) elements. unique_consecutive merges only runs of equal neighbours, in place.
+// Not differentiable, as PyTorch's; always sorted (PyTorch's sorted = true).
+std::tuple<Tensor, Tensor, Tensor> unique(const Tensor& x, std::optional<int64_t> dim = {});
+std::tuple<Tensor, Tensor, Tensor> unique_consecutive(const Tensor& x, std::optional<int64_t> dim = {});
+// How often each value 0, 1, ... max(x) occurs in x (1-D, non-negative integers), or the sum of the
+// weights (one per element) of each; at least minlength bins. int64 counts, float32 sums of float32
+// weights, float64 sums of other weights (PyTorch's dtypes).
+Tensor bincount(const Tensor& x, const Tensor& weights = {}, int64_t minlength = 0);
+// A histogram of x (floating) in `bins` equal bins over [min, max], or over x's own range when min ==
+// max; elements outside the range and NaN are not counted (Note [histc's bins] in ops/select.cpp).
+Tensor histc(const Tensor& x, int64_t bins = 100, double min = 0, double max = 0);
 
 // ---- softmax.cpp ----
 Tensor softmax(const Tensor& x, int64_t dim);

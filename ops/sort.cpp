@@ -1,10 +1,12 @@
-// ops/sort.cpp: sorting and running reductions along one dim: sort, argsort, topk and nanmedian
-// (Backend::sort), kthvalue and median (Backend::kthvalue: one rank selected, not a sort), and cumsum,
-// cumprod, cummax, cummin, logcumsumexp (Backend::scan). The order is stable (ties keep their order;
-// NaN counts as the largest value, as PyTorch's). The gradients are ops, so each differentiates
-// again; logcumsumexp's takes the log of the gradient's positive and negative parts, so its own
-// derivative is not finite where a part is 0.
+// ops/sort.cpp: sorting and running reductions along one dim: sort, argsort, msort, topk and
+// nanmedian (Backend::sort), kthvalue and median (Backend::kthvalue: one rank selected, not a sort),
+// cumsum, cumprod, cummax, cummin, logcumsumexp (Backend::scan), searchsorted and bucketize
+// (Backend::searchsorted), and quantile and nanquantile (a sort and a lerp). The order is stable (ties
+// keep their order; NaN counts as the largest value, as PyTorch's). The gradients are ops, so each
+// differentiates again; logcumsumexp's takes the log of the gradient's positive and negative parts,
+// so its own derivative is not finite where a part is 0.
 #include <cmath>
+#include <string_view>
 
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
@@ -161,6 +163,80 @@ std::tuple<Tensor, Tensor> middle(const Tensor& x_in, int64_t dim, bool keepdim,
   return {like_input(v, x_in), like_input(i, x_in)};
 }
 
+// Note [quantile as a sort and a lerp]
+// PyTorch's quantile, step for step, in ops (so it differentiates through sort's scatter and gather):
+// each line sorted (NaN last), q's rank q (n - 1) in it, or q (c - 1) among the c numbers of a line
+// for nanquantile (0 for a line of NaN), or the last rank where quantile's line holds a NaN (so the
+// result is NaN); the rank taken down, up or to the nearest integer (halves to even) for "lower",
+// "higher" and "nearest", and for "linear" and "midpoint" the values at the ranks below and above
+// lerped by the rank's fraction, or by 1/2. Ranks are computed in x's dtype, as PyTorch's, and carry
+// q's gradient through that fraction.
+Tensor quantile_impl(const Tensor& x_in, const Tensor& q_in, std::optional<int64_t> dim, bool keepdim,
+                     std::string_view interpolation, bool skip_nan, const char* op) {
+  KILN_CHECK(x_in.dtype() == kFloat32 || x_in.dtype() == kFloat64, "{}: the input must be float32 or float64, got {}",
+             op, dtype_name(x_in.dtype()));
+  KILN_CHECK(q_in.dtype() == x_in.dtype(), "{}: q ({}) must have the input's dtype ({})", op, dtype_name(q_in.dtype()),
+             dtype_name(x_in.dtype()));
+  KILN_CHECK(q_in.dim() <= 1, "{}: q must be a number, 0-d or 1-D, got shape {}", op, q_in.sizes().str());
+  KILN_CHECK(x_in.numel() > 0, "{}: the input (shape {}) has no elements", op, x_in.sizes().str());
+  const bool lower = interpolation == "lower", higher = interpolation == "higher", nearest = interpolation == "nearest";
+  const bool midpoint = interpolation == "midpoint";
+  KILN_CHECK(lower || higher || nearest || midpoint || interpolation == "linear",
+             "{}: interpolation must be linear, lower, higher, midpoint or nearest, got '{}'", op, interpolation);
+  check_same_device(op, x_in, q_in);
+  const Tensor q = q_in.reshape({-1, 1});  // (Q, 1)
+  {
+    NoGradGuard no_grad;
+    KILN_CHECK(logical_and(q.ge(0), q.le(1)).all().item<bool>(), "{}: q values must be in [0, 1]", op);
+  }
+  // The lines along the last dim: x flattened, or dim moved last (the other dims keep their order).
+  Tensor lines;
+  Shape kept;  // the output's dims after q's
+  if (!dim || x_in.dim() == 0) {
+    if (dim) wrap_dim(*dim, x_in.dim(), op);
+    lines = x_in.reshape({-1});
+    if (keepdim) kept = Shape(std::vector<int64_t>(static_cast<size_t>(x_in.dim()), 1));
+  } else {
+    const int d = wrap_dim(*dim, x_in.dim(), op);
+    Shape order;
+    for (int k = 0; k < x_in.dim(); ++k) {
+      if (k != d) order.push_back(k);
+    }
+    order.push_back(d);
+    lines = x_in.permute(order);
+    for (int k = 0; k < x_in.dim(); ++k) {
+      if (k != d || keepdim) kept.push_back(k == d ? 1 : x_in.sizes()[k]);
+    }
+  }
+  const int64_t n = lines.sizes()[lines.dim() - 1];
+  const Tensor sorted = std::get<0>(sort(lines, -1)).unsqueeze(-2);  // (..., 1, n)
+  Tensor ranks;  // differentiable in q, as PyTorch's: the weight of "linear" is a rank's fraction
+  if (skip_nan) {
+    ranks = q * (sum(sorted.isnan().logical_not(), {-1}, true, kInt64) - 1);
+    ranks = ranks.masked_fill(ranks.lt(0), 0);
+  } else {
+    ranks = where(sorted.isnan().any(-1, true), full({}, n - 1, q.options()), q * (n - 1));
+  }
+  if (lower) ranks = ranks.floor();
+  if (higher) ranks = ranks.ceil();
+  if (nearest) ranks = ranks.round();
+  Shape wide = ranks.sizes();  // (..., Q, 1)
+  wide[wide.size() - 1] = n;
+  const Tensor all_lines = sorted.expand(wide);
+  const Tensor below = ranks.to(kInt64);
+  Tensor result = all_lines.gather(-1, below);
+  if (midpoint || interpolation == "linear") {
+    const Tensor weight = midpoint ? full_like(ranks, 0.5) : ranks - below.to(ranks.dtype());
+    result = result.lerp(all_lines.gather(-1, ranks.ceil().to(kInt64)), weight);
+  }
+  result = result.squeeze(-1);  // (..., Q): Q first, then the kept dims (and q's dim only for a 1-D q)
+  Shape q_first{result.dim() - 1};
+  for (int k = 0; k + 1 < result.dim(); ++k) q_first.push_back(k);
+  Shape shape = kept;
+  if (q_in.dim() == 1) shape.insert(0, q_in.numel());
+  return result.permute(q_first).reshape(shape);
+}
+
 }  // namespace
 
 inline namespace ops {
@@ -267,6 +343,77 @@ Tensor logcumsumexp(const Tensor& x_in, int64_t dim) {
            });
   }
   return like_input(out, x_in);
+}
+
+Tensor msort(const Tensor& x) { return std::get<0>(sort(x, 0)); }
+
+Tensor searchsorted(const Tensor& sorted_sequence, const Tensor& values, bool out_int32, bool right,
+                    const Tensor& sorter) {
+  NoGradGuard no_grad;  // positions have no gradient
+  const Tensor& seq_in = sorted_sequence;
+  KILN_CHECK(seq_in.dim() >= 1, "searchsorted: sorted_sequence must have at least 1 dim, got a 0-d tensor");
+  check_same_device("searchsorted", seq_in, values);
+  const int64_t m = seq_in.sizes()[seq_in.dim() - 1];
+  const bool one_row = seq_in.dim() == 1;
+  if (!one_row) {
+    bool match = values.dim() == seq_in.dim();
+    for (int d = 0; match && d + 1 < seq_in.dim(); ++d) match = values.sizes()[d] == seq_in.sizes()[d];
+    KILN_CHECK(match,
+               "searchsorted: values (shape {}) must have sorted_sequence's leading dims (shape {}) and any "
+               "last dim, or give a 1-D sorted_sequence",
+               values.sizes().str(), seq_in.sizes().str());
+  }
+  Tensor seq = seq_in;
+  if (sorter.defined()) {
+    KILN_CHECK(sorter.sizes() == seq_in.sizes() && (sorter.dtype() == kInt64 || sorter.dtype() == kInt32),
+               "searchsorted: sorter must be int64 or int32 of sorted_sequence's shape {}, got {} of shape {}",
+               seq_in.sizes().str(), dtype_name(sorter.dtype()), sorter.sizes().str());
+    seq = seq.gather(-1, sorter.to(kInt64));
+  }
+  const DType dtype = promote_types(seq.dtype(), values.dtype());
+  KILN_CHECK(dtype != kBool, "searchsorted: cannot search bool values; convert them to an integer dtype");
+  int64_t rows = 1;  // the leading dims' count: 1 for a 1-D sequence, whose one row every value searches
+  for (int d = 0; d + 1 < seq.dim(); ++d) rows *= seq.sizes()[d];
+  const int64_t n = one_row ? values.numel() : values.sizes()[values.dim() - 1];
+  const Tensor rows_seq = seq.to(dtype).reshape({rows, m}).contiguous();
+  const Tensor rows_values = values.to(dtype).reshape({rows, n}).contiguous();
+  Tensor out = empty_tensor(rows_values.sizes(), out_int32 ? kInt32 : kInt64, values.device());
+  if (out.numel() > 0) {
+    backend_for(values.device())
+        .searchsorted(view_of(rows_seq), view_of(rows_values), right, view_of(out), stream_for(values.device()));
+  }
+  return out.reshape(values.sizes());
+}
+
+Tensor searchsorted(const Tensor& sorted_sequence, const Scalar& value, bool out_int32, bool right,
+                    const Tensor& sorter) {
+  // A number takes the sequence's dtype, or float32 for a floating one in integers (PyTorch's
+  // promotion of a wrapped number).
+  const DType seq = sorted_sequence.dtype();
+  const DType dtype = value.is_floating() && !is_floating(seq) ? kFloat32 : seq;
+  const Tensor v = scalar_tensor(value, TensorOptions(dtype).device(sorted_sequence.device()));
+  return searchsorted(sorted_sequence, v, out_int32, right, sorter);
+}
+
+Tensor bucketize(const Tensor& input, const Tensor& boundaries, bool out_int32, bool right) {
+  KILN_CHECK(boundaries.dim() == 1, "bucketize: boundaries must be 1-D, got shape {}", boundaries.sizes().str());
+  return searchsorted(boundaries, input, out_int32, right);
+}
+
+Tensor quantile(const Tensor& x, const Tensor& q, std::optional<int64_t> dim, bool keepdim,
+                std::string_view interpolation) {
+  return quantile_impl(x, q, dim, keepdim, interpolation, false, "quantile");
+}
+Tensor quantile(const Tensor& x, double q, std::optional<int64_t> dim, bool keepdim, std::string_view interpolation) {
+  return quantile(x, scalar_tensor(q, x.options()), dim, keepdim, interpolation);
+}
+Tensor nanquantile(const Tensor& x, const Tensor& q, std::optional<int64_t> dim, bool keepdim,
+                   std::string_view interpolation) {
+  return quantile_impl(x, q, dim, keepdim, interpolation, true, "nanquantile");
+}
+Tensor nanquantile(const Tensor& x, double q, std::optional<int64_t> dim, bool keepdim,
+                   std::string_view interpolation) {
+  return nanquantile(x, scalar_tensor(q, x.options()), dim, keepdim, interpolation);
 }
 
 }  // namespace ops

@@ -95,6 +95,25 @@ Tensor Tensor::cumprod(int64_t dim, std::optional<DType> dtype) const { return o
 std::tuple<Tensor, Tensor> Tensor::cummax(int64_t dim) const { return ops::cummax(*this, dim); }
 std::tuple<Tensor, Tensor> Tensor::cummin(int64_t dim) const { return ops::cummin(*this, dim); }
 Tensor Tensor::logcumsumexp(int64_t dim) const { return ops::logcumsumexp(*this, dim); }
+Tensor Tensor::msort() const { return ops::msort(*this); }
+Tensor Tensor::quantile(double q, std::optional<int64_t> dim, bool keepdim, const std::string& interpolation) const {
+  return ops::quantile(*this, q, dim, keepdim, interpolation);
+}
+Tensor Tensor::nanquantile(double q, std::optional<int64_t> dim, bool keepdim, const std::string& interpolation) const {
+  return ops::nanquantile(*this, q, dim, keepdim, interpolation);
+}
+Tensor Tensor::nonzero() const { return ops::nonzero(*this); }
+Tensor Tensor::argwhere() const { return ops::argwhere(*this); }
+Tensor Tensor::count_nonzero(const Shape& dims) const { return ops::count_nonzero(*this, dims); }
+Tensor Tensor::masked_select(const Tensor& mask) const { return ops::masked_select(*this, mask); }
+Tensor Tensor::masked_scatter(const Tensor& mask, const Tensor& source) const {
+  return ops::masked_scatter(*this, mask, source);
+}
+std::tuple<Tensor, Tensor, Tensor> Tensor::unique(std::optional<int64_t> dim) const { return ops::unique(*this, dim); }
+Tensor Tensor::bincount(const Tensor& weights, int64_t minlength) const {
+  return ops::bincount(*this, weights, minlength);
+}
+Tensor Tensor::histc(int64_t bins, double min, double max) const { return ops::histc(*this, bins, min, max); }
 std::tuple<Tensor, Tensor> Tensor::max(int64_t dim, bool keepdim) const { return ops::max(*this, dim, keepdim); }
 Tensor Tensor::min() const { return ops::min(*this); }
 std::tuple<Tensor, Tensor> Tensor::min(int64_t dim, bool keepdim) const { return ops::min(*this, dim, keepdim); }

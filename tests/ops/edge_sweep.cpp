@@ -152,6 +152,19 @@ std::vector<EdgeOp> edge_ops() {
   ud("cummin", [](const Tensor& a, int64_t d) { return std::get<0>(cummin(a, d)); });
   ud("logcumsumexp", [](const Tensor& a, int64_t d) { return logcumsumexp(a, d); });
   u("median of all", [](const Tensor& a) { return median(a); });
+  // searches, quantiles and selections (ops/sort.cpp, ops/select.cpp)
+  u("msort", [](const Tensor& a) { return msort(a); });
+  ud("quantile", [](const Tensor& a, int64_t d) { return quantile(a, 0.3, d); });
+  ud("nanquantile nearest keepdim", [](const Tensor& a, int64_t d) { return nanquantile(a, 0.5, d, true, "nearest"); });
+  u("quantile of all", [](const Tensor& a) { return quantile(a, 0.75); });
+  u("nonzero", [](const Tensor& a) { return nonzero(a); });
+  u("where(condition)", [](const Tensor& a) { return where(a.ne(0)).at(0); });
+  ud("count_nonzero", [](const Tensor& a, int64_t d) { return count_nonzero(a, {d}); });
+  u("unique", [](const Tensor& a) { return std::get<0>(unique(a)); });
+  ud("unique along dim", [](const Tensor& a, int64_t d) { return std::get<1>(unique(a, d)); });
+  ud("unique_consecutive along dim", [](const Tensor& a, int64_t d) { return std::get<2>(unique_consecutive(a, d)); });
+  u("bincount", [](const Tensor& a) { return bincount(a); });
+  u("histc", [](const Tensor& a) { return histc(a, 7); });
   u("einsum ii", [](const Tensor& a) { return einsum("ii", {a}); });
   u("einsum ...ij->...ji", [](const Tensor& a) { return einsum("...ij->...ji", {a}); });
   ud("amax", [](const Tensor& a, int64_t d) { return amax(a, {d}); });
@@ -307,6 +320,10 @@ std::vector<EdgeOp> edge_ops() {
   b("bmm", [](const Tensor& a, const Tensor& c) { return bmm(a, c); });
   b("einsum ij,jk", [](const Tensor& a, const Tensor& c) { return einsum("ij,jk", {a, c}); });
   b("einsum ...,...", [](const Tensor& a, const Tensor& c) { return einsum("...,...", {a, c}); });
+  b("masked_select", [](const Tensor& a, const Tensor& c) { return masked_select(a, c.gt(0)); });
+  b("masked_scatter", [](const Tensor& a, const Tensor& c) { return masked_scatter(a, c.gt(0), a); });
+  b("searchsorted", [](const Tensor& a, const Tensor& c) { return searchsorted(a, c); });
+  b("bucketize, right", [](const Tensor& a, const Tensor& c) { return bucketize(a, c, false, true); });
   b("linalg::solve", [](const Tensor& a, const Tensor& c) { return linalg::solve(a, c); });
   b("linalg::solve, left = false", [](const Tensor& a, const Tensor& c) { return linalg::solve(a, c, false); });
   b("addmm", [](const Tensor& a, const Tensor& c) { return addmm(a, c, c.t()); });

@@ -538,6 +538,63 @@ const std::vector<OpRow>& op_table() {
        [](const TensorList& in, const GoldenCase& c) { return TensorList{kiln::einsum(c.str("eq"), in)}; }},
       unary_args("logcumsumexp", D::Grad,
                  [](const Tensor& x, const GoldenCase& c) { return kiln::logcumsumexp(x, c.integer("dim")); }),
+      // ---- searches and quantiles (ops/sort.cpp), selections (ops/select.cpp) ----
+      unary("msort", D::GradGrad, [](const Tensor& x) { return kiln::msort(x); }),
+      {"searchsorted", D::None,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{
+             kiln::searchsorted(in.at(0), in.at(1), c.flag("out_int32"), c.flag("right"), opt_input(in, 2))};
+       }},
+      unary_args("searchsorted_scalar", D::None,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   return kiln::searchsorted(x, c.scalar("value"), false, c.flag("right"));
+                 }),
+      {"bucketize", D::None,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::bucketize(in.at(0), in.at(1), c.flag("out_int32"), c.flag("right"))};
+       }},
+      {"quantile", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         const std::string mode = c.has("mode") ? c.str("mode") : "linear";
+         if (in.size() > 1) return TensorList{kiln::quantile(in[0], in[1], c.opt_integer("dim"), keepdim_arg(c), mode)};
+         return TensorList{kiln::quantile(in.at(0), c.real("q"), c.opt_integer("dim"), keepdim_arg(c), mode)};
+       }},
+      {"nanquantile", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         const std::string mode = c.has("mode") ? c.str("mode") : "linear";
+         if (in.size() > 1) {
+           return TensorList{kiln::nanquantile(in[0], in[1], c.opt_integer("dim"), keepdim_arg(c), mode)};
+         }
+         return TensorList{kiln::nanquantile(in.at(0), c.real("q"), c.opt_integer("dim"), keepdim_arg(c), mode)};
+       }},
+      unary("nonzero", D::None, [](const Tensor& x) { return kiln::nonzero(x); }),
+      {"where_condition", D::None,
+       [](const TensorList& in, const GoldenCase&) { return TensorList(kiln::where(in.at(0))); }},
+      unary_args("count_nonzero", D::None,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::count_nonzero(x, c.shape("dims", {})); }),
+      {"masked_select", D::GradGrad,
+       [](const TensorList& in, const GoldenCase&) { return TensorList{kiln::masked_select(in.at(0), in.at(1))}; }},
+      {"masked_scatter", D::GradGrad,
+       [](const TensorList& in, const GoldenCase&) {
+         return TensorList{kiln::masked_scatter(in.at(0), in.at(1), in.at(2))};
+       }},
+      {"unique", D::None,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, inverse, counts] = kiln::unique(in.at(0), c.opt_integer("dim"));
+         return TensorList{values, inverse, counts};
+       }},
+      {"unique_consecutive", D::None,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [values, inverse, counts] = kiln::unique_consecutive(in.at(0), c.opt_integer("dim"));
+         return TensorList{values, inverse, counts};
+       }},
+      {"bincount", D::None,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::bincount(in.at(0), opt_input(in, 1), c.integer("minlength", 0))};
+       }},
+      unary_args("histc", D::None, [](const Tensor& x, const GoldenCase& c) {
+        return kiln::histc(x, c.integer("bins", 100), c.real("min", 0), c.real("max", 0));
+      }),
   };
   return rows;
 }
