@@ -23,11 +23,7 @@ int main(int argc, char** argv) {
   if (threads == 0) return 2;
   set_num_threads(threads);
   auto report = [&](const std::string& part, const std::function<void()>& fn) {
-    const double ms = kiln_bench::median_ms(fn, 2, 7);
-    std::printf(
-        "{\"bench\":\"sort_scan\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,\"part\":\"%s\",\"ms\":%.3f}\n",
-        threads, part.c_str(), ms);
-    std::fflush(stdout);
+    kiln_bench::report_cpu_part("sort_scan", threads, part, fn);
   };
   Generator gen(0);
   const Tensor square = randn({1024, 1024}, {}, &gen), line = randn({1 << 20}, {}, &gen);

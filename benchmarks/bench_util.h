@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace kiln_bench {
@@ -31,6 +32,16 @@ inline double median_ms(const std::function<void()>& fn, int warmup, int runs) {
     ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
   return median(ms);
+}
+
+// Times fn as median_ms(fn, 2, 7) and prints one JSON line: {"bench": bench, "impl": "kiln", "device":
+// "cpu", "threads": threads, "part": part, "ms": the median} (the CPU benchmarks measured side by side
+// with a PyTorch script printing the same keys).
+inline void report_cpu_part(const char* bench, int threads, const std::string& part, const std::function<void()>& fn) {
+  const double ms = median_ms(fn, 2, 7);
+  std::printf("{\"bench\":\"%s\",\"impl\":\"kiln\",\"device\":\"cpu\",\"threads\":%d,\"part\":\"%s\",\"ms\":%.3f}\n",
+              bench, threads, part.c_str(), ms);
+  std::fflush(stdout);
 }
 
 // The optional thread count of a program called as `prog [threads]` (2 when absent); 0 after printing

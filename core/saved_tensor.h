@@ -10,7 +10,9 @@
 // that would be a reference cycle. So an output is saved without its grad_fn, and unpack() gives
 // back a tensor re-attached to the node that produced it, so double backward still works. An output
 // is usually saved before the node exists (the backward lambda is built first), so that node is found
-// when unpacking: it is the one running (core/node.h, current_node()).
+// when unpacking: it is the one running (core/node.h, current_node()); and so is the output's place
+// among the node's outputs, which the saver gives (output_nr: 1 for the eigenvectors of eigh's
+// (eigenvalues, eigenvectors)), so that unpacking attaches it as that output, not as the first.
 //
 // Saved-tensor hooks (pack on save, unpack on use) are the basis of activation offload. They apply
 // to every saved tensor but leaves that require grad (parameters), which are saved as they are.
@@ -40,8 +42,8 @@ class SavedTensorHooksGuard {
 class SavedTensor {
  public:
   SavedTensor() = default;
-  // is_output: `t` is an output of the node that saves it (see Note [saving outputs]).
-  SavedTensor(const Tensor& t, bool is_output);
+  // is_output: `t` is output number output_nr of the node that saves it (see Note [saving outputs]).
+  SavedTensor(const Tensor& t, bool is_output, uint32_t output_nr = 0);
 
   // The saved tensor, checked against its version; `op` names the node for the error message.
   Tensor unpack(const char* op) const;

@@ -137,7 +137,7 @@ SavedTensorHooksGuard::SavedTensorHooksGuard(SavedTensorHooks hooks) {
 }
 SavedTensorHooksGuard::~SavedTensorHooksGuard() { hook_stack.pop_back(); }
 
-SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
+SavedTensor::SavedTensor(const Tensor& t, bool is_output, uint32_t output_nr) {
   if (!t.defined()) return;
   KILN_CHECK(!t.is_inference(),
              "an inference tensor (made in inference mode) cannot be saved for backward, as this op's "
@@ -147,7 +147,8 @@ SavedTensor::SavedTensor(const Tensor& t, bool is_output) {
   is_output_ = is_output;
   // An output saved before its node is attached will require grad once it is (see the Note).
   requires_grad_ = t.requires_grad() || (is_output && is_floating(t.dtype()) && GradMode::is_enabled());
-  output_nr_ = t.output_nr();
+  // An output's node, and so its place, may not be set yet: the saver says which output it is.
+  output_nr_ = is_output && !t.grad_fn() ? output_nr : t.output_nr();
   // A leaf that requires grad (a parameter) is kept as it is, hooks or not: it stays alive anyway,
   // and only the tensor itself can carry double backward to its .grad().
   const bool parameter = t.is_leaf() && t.requires_grad();

@@ -252,6 +252,24 @@ Tensor det(const Tensor& a);  // det A (*), 0 for a singular matrix (whose gradi
 std::tuple<Tensor, Tensor> slogdet(const Tensor& a);
 }  // namespace linalg
 
+// ---- decompose.cpp: torch.linalg's cholesky, solve_triangular, eigh and eigvalsh, and torch's
+// cholesky_solve (on the host in float64, float32 and float64 matrices, batched; differentiable) ----
+namespace linalg {
+// L (lower) with A = L L^T for symmetric positive-definite A (*, n, n), read from its lower triangle;
+// with upper, U = L^T (A = U^T U). Not positive-definite: an Error naming the failing minor.
+Tensor cholesky(const Tensor& a, bool upper = false);
+// X with A X = B (left) or X A = B for triangular A (*, n, n), only its upper or lower triangle read
+// (its diagonal as ones with unitriangular); B (*, n, k) (left) or (*, k, n); batch dims broadcast.
+Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left = true, bool unitriangular = false);
+// (eigenvalues ascending (*, n), eigenvectors as columns (*, n, n)) of the symmetric matrix read from
+// A's lower ("L") or upper ("U") triangle. Each eigenvector is determined only up to its sign (and
+// within an eigenspace of a repeated eigenvalue, whose gradient is not finite).
+std::tuple<Tensor, Tensor> eigh(const Tensor& a, std::string_view uplo = "L");
+Tensor eigvalsh(const Tensor& a, std::string_view uplo = "L");
+}  // namespace linalg
+// X with A X = B where A = L L^T (or U^T U with upper), given the Cholesky factor: torch.cholesky_solve.
+Tensor cholesky_solve(const Tensor& b, const Tensor& l, bool upper = false);
+
 // ---- sort.cpp: along one dim (default the last), 0-d tensors as one element ----
 // (values, indices): every line in ascending (descending) order, stable: equal values keep their
 // order, NaN counts as larger than every number (PyTorch's sort with stable = true).

@@ -19,11 +19,11 @@
 // exist, that gradient is an Error (PyTorch's goes through an SVD, which Kiln does not have).
 #include <cmath>
 #include <limits>
-#include <span>
 #include <string>
 #include <tuple>
 
 #include "ops/dispatch.h"
+#include "ops/host_linalg.h"
 #include "ops/ops.h"
 #include "ops/record.h"
 
@@ -37,19 +37,9 @@ using autograd::TensorList;
 
 namespace {
 
-// A contiguous copy of t on the host, made in one pass whatever t's strides and device (the kernels
-// below work on it in place); no gradient is recorded through it.
-Tensor host_copy(const Tensor& t) {
-  NoGradGuard no_grad;
-  Tensor c = empty(t.sizes(), TensorOptions(t.dtype()));
-  c.copy_(t);
-  return c;
-}
-
-// t's sizes without their last `drop` dims (a batch's shape).
-Shape leading(const Tensor& t, int drop) {
-  return Shape(std::span<const int64_t>(t.sizes().begin(), t.sizes().end() - drop));
-}
+using host_linalg::check_square;
+using host_linalg::host_copy;
+using host_linalg::leading;
 
 // Factors one n x n matrix m in place, P m = L U (U on and above the diagonal, L's multipliers below
 // it), applying the same row operations to the k right-hand sides in r (n x k, none when k is 0).
@@ -161,18 +151,6 @@ Tensor solve_matrices(const Tensor& a, const Tensor& b, const char* op) {
 // A^-1 for A (*, n, n): solve_matrices with the identity, op naming the caller in its Error.
 Tensor inverse(const Tensor& a, const char* op) {
   return solve_matrices(a, eye(a.size(-1), {}, a.options()).expand(a.sizes()), op);
-}
-
-// PyTorch's checks of A: floating (float32 or float64 here), at least 2-D, square.
-void check_square(const Tensor& a, const char* op) {
-  KILN_CHECK(a.dim() >= 2, "{}: A must have at least 2 dimensions (a batch of square matrices), got shape {}", op,
-             a.sizes().str());
-  KILN_CHECK(a.size(-1) == a.size(-2), "{}: A must be a batch of square matrices, but they are {} by {}", op,
-             a.size(-2), a.size(-1));
-  KILN_CHECK(a.dtype() == kFloat32 || a.dtype() == kFloat64,
-             "{}: takes float32 or float64 matrices (PyTorch's CPU kernels take no 16-bit or integer ones), got {}; "
-             "convert with .to(kFloat32)",
-             op, dtype_name(a.dtype()));
 }
 
 // The sign, log |det| and det of each matrix of A (*, n, n), recording nothing.

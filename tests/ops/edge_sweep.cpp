@@ -158,6 +158,9 @@ std::vector<EdgeOp> edge_ops() {
   ud("nanquantile nearest keepdim", [](const Tensor& a, int64_t d) { return nanquantile(a, 0.5, d, true, "nearest"); });
   u("quantile of all", [](const Tensor& a) { return quantile(a, 0.75); });
   u("nonzero", [](const Tensor& a) { return nonzero(a); });
+  u("linalg::cholesky", [](const Tensor& a) { return linalg::cholesky(a); });
+  u("linalg::eigh", [](const Tensor& a) { return std::get<1>(linalg::eigh(a)); });
+  u("linalg::eigvalsh, U", [](const Tensor& a) { return linalg::eigvalsh(a, "U"); });
   u("where(condition)", [](const Tensor& a) { return where(a.ne(0)).at(0); });
   ud("count_nonzero", [](const Tensor& a, int64_t d) { return count_nonzero(a, {d}); });
   u("unique", [](const Tensor& a) { return std::get<0>(unique(a)); });
@@ -325,6 +328,8 @@ std::vector<EdgeOp> edge_ops() {
   b("searchsorted", [](const Tensor& a, const Tensor& c) { return searchsorted(a, c); });
   b("bucketize, right", [](const Tensor& a, const Tensor& c) { return bucketize(a, c, false, true); });
   b("linalg::solve", [](const Tensor& a, const Tensor& c) { return linalg::solve(a, c); });
+  b("linalg::solve_triangular", [](const Tensor& a, const Tensor& c) { return linalg::solve_triangular(a, c, true); });
+  b("cholesky_solve", [](const Tensor& a, const Tensor& c) { return cholesky_solve(a, c); });
   b("linalg::solve, left = false", [](const Tensor& a, const Tensor& c) { return linalg::solve(a, c, false); });
   b("addmm", [](const Tensor& a, const Tensor& c) { return addmm(a, c, c.t()); });
   b("addmm_gelu", [](const Tensor& a, const Tensor& c) { return addmm_gelu(a, c, c.t()); });

@@ -595,6 +595,32 @@ const std::vector<OpRow>& op_table() {
       unary_args("histc", D::None, [](const Tensor& x, const GoldenCase& c) {
         return kiln::histc(x, c.integer("bins", 100), c.real("min", 0), c.real("max", 0));
       }),
+      // ---- decompositions (ops/decompose.cpp): symmetric inputs made as gen_golden.py's spd() and sym() ----
+      unary_args("cholesky_spd", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   const Tensor a = matmul(x, x.mT()) + eye(x.size(-2), {}, x.options()) * 0.5;
+                   return linalg::cholesky(a, c.flag("upper"));
+                 }),
+      {"solve_triangular", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{
+             linalg::solve_triangular(in.at(0), in.at(1), c.flag("upper"), c.flag("left", true), c.flag("unit"))};
+       }},
+      {"cholesky_solve", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::cholesky_solve(in.at(0), in.at(1), c.flag("upper"))};
+       }},
+      {"eigh_sym", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [w, v] = linalg::eigh(in.at(0) + in.at(0).mT(), c.has("uplo") ? c.str("uplo") : "L");
+         // Each eigenvector's sign fixed as signed_eigh() in gen_golden.py: its largest |entry| positive.
+         const Tensor top = v.gather(-2, argmax(v.abs(), -2, true));
+         return TensorList{w, v * sign(top)};
+       }},
+      unary_args("eigvalsh", D::None,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   return linalg::eigvalsh(x, c.has("uplo") ? c.str("uplo") : "L");
+                 }),
   };
   return rows;
 }

@@ -1,0 +1,44 @@
+// bench_linalg: the host linear algebra of ops/solve.cpp and ops/decompose.cpp on the CPU, for the
+// small matrices it is meant for and one larger one: linalg::solve, inv, det, cholesky,
+// solve_triangular, cholesky_solve and eigh over a batch of 256 8 x 8 float64 matrices (8 right-hand
+// sides), and solve, cholesky and eigh of one 128 x 128 matrix. ms: the median of 7 runs after 2
+// warm-up runs. One JSON line per result. Its PyTorch counterpart: benchmarks/torch_linalg.py (same
+// shapes, parts and timing rule; PyTorch calls LAPACK, Kiln its own loops, one matrix at a time).
+// Usage: bench_linalg [threads] (default 2).
+#include <kiln/kiln.h>
+
+#include <cstdio>
+#include <functional>
+#include <string>
+
+#include "bench_util.h"
+
+using namespace kiln;
+
+int main(int argc, char** argv) {
+  const int threads = kiln_bench::threads_arg(argc, argv);
+  if (threads == 0) return 2;
+  set_num_threads(threads);
+  auto report = [&](const std::string& part, const std::function<void()>& fn) {
+    kiln_bench::report_cpu_part("linalg", threads, part, fn);
+  };
+  Generator gen(0);
+  const TensorOptions f64(kFloat64);
+  NoGradGuard no_grad;
+  for (int64_t n : {8, 128}) {
+    const int64_t batch = n == 8 ? 256 : 1;
+    const std::string tag = n == 8 ? "256x8x8" : "128x128";
+    const Tensor x = randn({batch, n, n}, f64, &gen), b = randn({batch, n, 8}, f64, &gen);
+    const Tensor a = x + eye(n, {}, f64) * static_cast<double>(n);  // well-conditioned
+    const Tensor spd = matmul(x, x.mT()) + eye(n, {}, f64) * static_cast<double>(n);
+    const Tensor l = linalg::cholesky(spd);
+    report("solve_" + tag, [&] { (void)linalg::solve(a, b); });
+    if (n == 8) report("inv_" + tag, [&] { (void)linalg::inv(a); });
+    if (n == 8) report("det_" + tag, [&] { (void)linalg::det(a); });
+    report("cholesky_" + tag, [&] { (void)linalg::cholesky(spd); });
+    if (n == 8) report("solve_triangular_" + tag, [&] { (void)linalg::solve_triangular(l, b, false); });
+    if (n == 8) report("cholesky_solve_" + tag, [&] { (void)cholesky_solve(b, l); });
+    report("eigh_" + tag, [&] { (void)linalg::eigh(spd); });
+  }
+  return 0;
+}
