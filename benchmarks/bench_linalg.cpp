@@ -1,9 +1,10 @@
 // bench_linalg: the host linear algebra of ops/solve.cpp and ops/decompose.cpp on the CPU, for the
 // small matrices it is meant for and one larger one: linalg::solve, inv, det, cholesky,
-// solve_triangular, cholesky_solve and eigh over a batch of 256 8 x 8 float64 matrices (8 right-hand
-// sides), and solve, cholesky and eigh of one 128 x 128 matrix. ms: the median of 7 runs after 2
-// warm-up runs. One JSON line per result. Its PyTorch counterpart: benchmarks/torch_linalg.py (same
-// shapes, parts and timing rule; PyTorch calls LAPACK, Kiln its own loops, one matrix at a time).
+// solve_triangular, cholesky_solve, eigh and qr over a batch of 256 8 x 8 float64 matrices (8
+// right-hand sides), and solve, cholesky, eigh and qr of one 128 x 128 matrix. ms: the median of 7
+// runs after 2 warm-up runs. One JSON line per result. Its PyTorch counterpart:
+// benchmarks/torch_linalg.py (same shapes, parts and timing rule; PyTorch calls LAPACK, Kiln its own
+// loops, one matrix at a time).
 // Usage: bench_linalg [threads] (default 2).
 #include <kiln/kiln.h>
 
@@ -39,6 +40,7 @@ int main(int argc, char** argv) {
     if (n == 8) report("solve_triangular_" + tag, [&] { (void)linalg::solve_triangular(l, b, false); });
     if (n == 8) report("cholesky_solve_" + tag, [&] { (void)cholesky_solve(b, l); });
     report("eigh_" + tag, [&] { (void)linalg::eigh(spd); });
+    report("qr_" + tag, [&] { (void)linalg::qr(a); });
   }
   return 0;
 }

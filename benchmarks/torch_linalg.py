@@ -35,3 +35,4 @@ with torch.no_grad():
             report("solve_triangular_" + tag, lambda: torch.linalg.solve_triangular(l, b, upper=False))
             report("cholesky_solve_" + tag, lambda: torch.cholesky_solve(b, l))
         report("eigh_" + tag, lambda: torch.linalg.eigh(spd))
+        report("qr_" + tag, lambda: torch.linalg.qr(a))

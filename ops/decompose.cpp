@@ -1,9 +1,9 @@
-// ops/decompose.cpp: linalg::cholesky, linalg::solve_triangular, cholesky_solve, linalg::eigh and
-// linalg::eigvalsh, PyTorch's functions of those names, with their gradients.
+// ops/decompose.cpp: linalg::cholesky, linalg::solve_triangular, cholesky_solve, linalg::eigh,
+// linalg::eigvalsh and linalg::qr, PyTorch's functions of those names, with their gradients.
 //
 // As ops/solve.cpp, each matrix is worked on the host, one after another (CUDA tensors are copied
 // there and back), with the textbook algorithms, for the small matrices of coursework, Gaussian
-// processes and parametrizations, not for n in the thousands. All three compute in float64 and round
+// processes and parametrizations, not for n in the thousands. All of them compute in float64 and round
 // the result once to A's dtype (LAPACK's float32 routines compute in float32: float32 results agree
 // with PyTorch's to float32's accuracy, not bit for bit).
 //   - cholesky: A = L L^T column by column (L_jj = sqrt(A_jj - sum_k L_jk^2), then the column below
@@ -15,12 +15,13 @@
 //     Householder reflections, then the QL algorithm with implicit shifts (Note [eigh by tridiagonal
 //     QL]); eigenvalues in ascending order, eigenvectors as columns, each only up to its sign (as
 //     LAPACK's, whose signs may differ from these).
+//   - qr: Householder reflections with LAPACK's signs (Note [qr by Householder reflections]).
 //
 // Gradients, all ops (so differentiable again): solve_triangular's dB = A^-T dX (a solve_triangular),
 // dA = -dB X^T on A's triangle; cholesky's dA = sym(L^-T Phi(L^T dL) L^-1), Phi the lower triangle
 // with its diagonal halved, sym(S) = (S + S^T) / 2; eigh's dA = V (diag(dw) + F o skew(V^T dV)) V^T,
-// F_ij = 1 / (w_j - w_i) off the diagonal, skew(M) = (M - M^T) / 2. cholesky's and eigh's dA are
-// symmetric, as PyTorch's: they treat A as symmetric, though only one triangle is read.
+// F_ij = 1 / (w_j - w_i) off the diagonal, skew(M) = (M - M^T) / 2; qr's in qr_tall_backward. cholesky's
+// and eigh's dA are symmetric, as PyTorch's: they treat A as symmetric, though only one triangle is read.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -198,6 +199,42 @@ bool symmetric_eigen(double* s, double* w, double* v, int64_t n) {
   return true;
 }
 
+// Note [qr by Householder reflections]
+// A (m x n, float64, overwritten) = Q R, Q (m x m, row-major) orthogonal, R upper triangular (A's
+// first min(m, n) rows on return). Column k's reflection H = I - tau v v^T (v_0 = 1) takes A[k.., k]
+// to (beta, 0, ..., 0) with beta = -sign(A_kk) |A[k.., k]|, LAPACK's geqrf convention (a column
+// already zero below its diagonal is left as it is, tau = 0), so Q and R are LAPACK's, signs included.
+void householder_qr(double* a, double* q, int64_t m, int64_t n) {
+  for (int64_t i = 0; i < m * m; ++i) q[i] = 0;
+  for (int64_t i = 0; i < m; ++i) q[i * m + i] = 1;
+  std::vector<double> v(static_cast<size_t>(m)), t(static_cast<size_t>(std::max(m, n)));
+  for (int64_t k = 0; k < std::min(m, n); ++k) {
+    const double alpha = a[k * n + k];
+    double below = 0;
+    for (int64_t i = k + 1; i < m; ++i) below += a[i * n + k] * a[i * n + k];
+    if (below == 0) continue;
+    const double beta = -std::copysign(std::sqrt(alpha * alpha + below), alpha);
+    const double tau = (beta - alpha) / beta;
+    v[k] = 1;
+    for (int64_t i = k + 1; i < m; ++i) v[i] = a[i * n + k] / (alpha - beta);
+    // A[k.., k..] -= tau v (v^T A[k.., k..]), a row at a time.
+    std::fill(t.begin(), t.end(), 0.0);
+    for (int64_t i = k; i < m; ++i) {
+      for (int64_t j = k; j < n; ++j) t[j] += v[i] * a[i * n + j];
+    }
+    for (int64_t i = k; i < m; ++i) {
+      for (int64_t j = k; j < n; ++j) a[i * n + j] -= tau * v[i] * t[j];
+    }
+    for (int64_t i = k + 1; i < m; ++i) a[i * n + k] = 0;
+    // Q := Q H: each row of Q loses tau (row . v) v.
+    for (int64_t r = 0; r < m; ++r) {
+      double dot = 0;
+      for (int64_t i = k; i < m; ++i) dot += q[r * m + i] * v[i];
+      for (int64_t i = k; i < m; ++i) q[r * m + i] -= tau * dot * v[i];
+    }
+  }
+}
+
 // ---- the recorded ops ----
 
 void check_float_matrices(const Tensor& t, const char* what, const char* op) {
@@ -317,6 +354,62 @@ std::tuple<Tensor, Tensor> eigh_impl(const Tensor& a, std::string_view uplo, con
   return {w, v};
 }
 
+// The gradient of A = Q R (reduced, m >= n) from those of Q and R, either undefined:
+// dA = (dQ + Q copyltu(M)) R^-T, M = R dR^T - dQ^T Q, copyltu(M) M's lower triangle mirrored above
+// its diagonal (PyTorch's formula, from Q^T Q = I and R upper triangular).
+Tensor qr_tall_backward(const Tensor& gq_in, const Tensor& gr_in, const Tensor& q, const Tensor& r) {
+  const Tensor gq = gq_in.defined() ? gq_in : zeros_like(q), gr = gr_in.defined() ? gr_in : zeros_like(r);
+  const Tensor m = matmul(r, gr.mT()) - matmul(gq.mT(), q);
+  const Tensor lower = m.tril(-1);
+  const Tensor copyltu = lower + lower.mT() + m * eye(m.size(-1), {}, m.options());
+  return linalg::solve_triangular(r.mT(), gq + matmul(q, copyltu), false, false);
+}
+
+std::tuple<Tensor, Tensor> qr_impl(const Tensor& a, std::string_view mode) {
+  const char* op = "linalg.qr";
+  check_float_matrices(a, "A", op);
+  KILN_CHECK(mode == "reduced" || mode == "complete" || mode == "r",
+             "{}: mode must be 'reduced', 'complete' or 'r', got '{}'", op, mode);
+  const int64_t m = a.size(-2), n = a.size(-1), k = std::min(m, n);
+  const int64_t batch = m == 0 || n == 0 ? 0 : a.numel() / (m * n);
+  const bool complete = mode == "complete";
+  const int64_t q_cols = complete ? m : k, r_rows = complete ? m : k;
+  Tensor work = host_copy(a).to(kFloat64);
+  Shape q_shape = leading(a, 2), r_shape = leading(a, 2);
+  q_shape.push_back(m), q_shape.push_back(m);
+  r_shape.push_back(m), r_shape.push_back(n);
+  Tensor q_full = zeros(q_shape, TensorOptions(kFloat64));
+  for (int64_t b = 0; b < batch; ++b) {
+    householder_qr(work.data_ptr<double>() + b * m * n, q_full.data_ptr<double>() + b * m * m, m, n);
+  }
+  if (batch == 0 && m > 0) q_full = eye(m, {}, TensorOptions(kFloat64)).expand(q_shape).contiguous();
+  Tensor q = mode == "r" ? empty({0}, TensorOptions(a.dtype())) : q_full.narrow(-1, 0, q_cols);
+  Tensor r = work.reshape(r_shape).narrow(-2, 0, r_rows);
+  q = q.to(a.dtype()).to(a.device()).contiguous();
+  r = r.to(a.dtype()).to(a.device()).contiguous();
+  if (should_record(a)) {
+    record("LinalgQrBackward", {a}, {q, r},
+           [qs = SavedTensor(q, true, 0), rs = SavedTensor(r, true, 1), as = SavedTensor(m < n ? a : Tensor(), false),
+            m, n, mode = std::string(mode)](const Grads& g) -> TensorList {
+             // As PyTorch's: the forward runs, the backward refuses.
+             KILN_CHECK(mode == "reduced" || (mode == "complete" && m <= n),
+                        "linalg.qr: its derivative is not defined for mode '{}'{}; use mode 'reduced' if you "
+                        "differentiate through linalg.qr",
+                        mode, mode == "r" ? ", which computes no Q" : " with more rows than columns");
+             const Tensor q = qs.unpack("LinalgQrBackward"), r = rs.unpack("LinalgQrBackward");
+             if (m >= n) return {qr_tall_backward(g[0], g[1], q, r)};
+             // A = [X | Y] with X square: X = Q U, Y = Q V (R = [U | V]). Y's gradient is Q dV; X's is
+             // the square case's with dQ + Y dV^T in place of dQ.
+             const Tensor y = as.unpack("LinalgQrBackward").narrow(-1, m, n - m);
+             const Tensor gr = g[1].defined() ? g[1] : zeros_like(r);
+             const Tensor gu = gr.narrow(-1, 0, m), gv = gr.narrow(-1, m, n - m);
+             const Tensor gq = (g[0].defined() ? g[0] : zeros_like(q)) + matmul(y, gv.mT());
+             return {cat({qr_tall_backward(gq, gu, q, r.narrow(-1, 0, m)), matmul(q, gv)}, -1)};
+           });
+  }
+  return {q, r};
+}
+
 }  // namespace
 
 inline namespace ops {
@@ -354,6 +447,8 @@ Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left,
 std::tuple<Tensor, Tensor> eigh(const Tensor& a, std::string_view uplo) { return eigh_impl(a, uplo, "linalg.eigh"); }
 
 Tensor eigvalsh(const Tensor& a, std::string_view uplo) { return std::get<0>(eigh_impl(a, uplo, "linalg.eigvalsh")); }
+
+std::tuple<Tensor, Tensor> qr(const Tensor& a, std::string_view mode) { return qr_impl(a, mode); }
 
 }  // namespace linalg
 

@@ -252,7 +252,7 @@ Tensor det(const Tensor& a);  // det A (*), 0 for a singular matrix (whose gradi
 std::tuple<Tensor, Tensor> slogdet(const Tensor& a);
 }  // namespace linalg
 
-// ---- decompose.cpp: torch.linalg's cholesky, solve_triangular, eigh and eigvalsh, and torch's
+// ---- decompose.cpp: torch.linalg's cholesky, solve_triangular, eigh, eigvalsh and qr, and torch's
 // cholesky_solve (on the host in float64, float32 and float64 matrices, batched; differentiable) ----
 namespace linalg {
 // L (lower) with A = L L^T for symmetric positive-definite A (*, n, n), read from its lower triangle;
@@ -266,6 +266,11 @@ Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left 
 // within an eigenspace of a repeated eigenvalue, whose gradient is not finite).
 std::tuple<Tensor, Tensor> eigh(const Tensor& a, std::string_view uplo = "L");
 Tensor eigvalsh(const Tensor& a, std::string_view uplo = "L");
+// (Q, R) with A = Q R for A (*, m, n), k = min(m, n): mode "reduced" Q (*, m, k) with orthonormal
+// columns and R (*, k, n) upper triangular; "complete" Q (*, m, m) and R (*, m, n); "r" R only (Q
+// empty). LAPACK's signs (R's diagonal negative where the column's leading entry is positive). The
+// gradient is defined for "reduced", and for "complete" with m <= n.
+std::tuple<Tensor, Tensor> qr(const Tensor& a, std::string_view mode = "reduced");
 }  // namespace linalg
 // X with A X = B where A = L L^T (or U^T U with upper), given the Cholesky factor: torch.cholesky_solve.
 Tensor cholesky_solve(const Tensor& b, const Tensor& l, bool upper = false);

@@ -161,6 +161,8 @@ std::vector<EdgeOp> edge_ops() {
   u("linalg::cholesky", [](const Tensor& a) { return linalg::cholesky(a); });
   u("linalg::eigh", [](const Tensor& a) { return std::get<1>(linalg::eigh(a)); });
   u("linalg::eigvalsh, U", [](const Tensor& a) { return linalg::eigvalsh(a, "U"); });
+  u("linalg::qr", [](const Tensor& a) { return std::get<0>(linalg::qr(a)); });
+  u("linalg::qr, complete", [](const Tensor& a) { return std::get<1>(linalg::qr(a, "complete")); });
   u("where(condition)", [](const Tensor& a) { return where(a.ne(0)).at(0); });
   ud("count_nonzero", [](const Tensor& a, int64_t d) { return count_nonzero(a, {d}); });
   u("unique", [](const Tensor& a) { return std::get<0>(unique(a)); });

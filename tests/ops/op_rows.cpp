@@ -617,6 +617,11 @@ const std::vector<OpRow>& op_table() {
          const Tensor top = v.gather(-2, argmax(v.abs(), -2, true));
          return TensorList{w, v * sign(top)};
        }},
+      {"qr", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [q, r] = linalg::qr(in.at(0), c.has("mode") ? c.str("mode") : "reduced");
+         return TensorList{q, r};
+       }},
       unary_args("eigvalsh", D::None,
                  [](const Tensor& x, const GoldenCase& c) {
                    return linalg::eigvalsh(x, c.has("uplo") ? c.str("uplo") : "L");

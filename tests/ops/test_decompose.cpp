@@ -1,9 +1,10 @@
-// tests/ops/test_decompose.cpp: linalg::cholesky, solve_triangular, cholesky_solve, eigh and eigvalsh
-// (ops/decompose.cpp) beyond the op table's PyTorch goldens: their defining identities on larger
-// matrices (L L^T = A, A V = V diag(w) with V orthonormal, triangular solves against linalg::solve of
-// the triangle), the gradients with respect to A itself against PyTorch's symmetric ones (the op table
+// tests/ops/test_decompose.cpp: linalg::cholesky, solve_triangular, cholesky_solve, eigh, eigvalsh and
+// qr (ops/decompose.cpp) beyond the op table's PyTorch goldens: their defining identities on larger
+// matrices (L L^T = A, A V = V diag(w) with V orthonormal, A = Q R, triangular solves against
+// linalg::solve of the triangle), the gradients with respect to A itself against PyTorch's symmetric ones (the op table
 // differentiates through symmetric compositions, which cannot tell), CUDA-free device round trips,
 // and the Errors.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -89,6 +90,30 @@ TEST_CASE("eigh of a matrix holding NaN or infinity gives NaN, as PyTorch's", "[
   }
 }
 
+TEST_CASE("qr: A = Q R, Q orthonormal, R upper triangular, on 40 x 25 and 25 x 40", "[ops][linalg]") {
+  // A matrix of full rank: the sample formula's rows span only two dims, so the product of two.
+  const Tensor a = matmul(test::sample({40, 60}, kFloat64, 0.2).sin(), test::sample({60, 25}, kFloat64, 0.9).cos());
+  for (const Tensor& m : {a, a.mT()}) {
+    auto [q, r] = linalg::qr(m);
+    const int64_t k = std::min(m.size(0), m.size(1));
+    CHECK(largest(matmul(q, r) - m) < 1e-12 * largest(m));
+    CHECK(largest(matmul(q.mT(), q) - eye(k, {}, TensorOptions(kFloat64))) < 1e-13);
+    CHECK(largest(r.tril(-1)) == 0);
+    auto [qc, rc] = linalg::qr(m, "complete");
+    CHECK(largest(matmul(qc, rc) - m) < 1e-12 * largest(m));
+    CHECK(largest(matmul(qc.mT(), qc) - eye(m.size(0), {}, TensorOptions(kFloat64))) < 1e-13);
+    test::check_equal(std::get<1>(linalg::qr(m, "r")), r);
+  }
+}
+
+TEST_CASE("qr: the backward refuses mode r and complete with more rows than columns, as PyTorch's", "[ops][linalg]") {
+  const Tensor a = (test::sample({4, 3}, kFloat64, 0.2) + eye(4, 3, TensorOptions(kFloat64)) * 3).requires_grad_();
+  auto [q, r] = linalg::qr(a, "r");  // the forward runs
+  test::check_error([&] { r.sum().backward(); }, {"linalg.qr", "mode 'r'", "computes no Q"});
+  auto [qc, rc] = linalg::qr(a, "complete");
+  test::check_error([&] { (qc.sum() + rc.sum()).backward(); }, {"linalg.qr", "mode 'complete'", "more rows"});
+}
+
 TEST_CASE("decompositions: bad arguments are Errors naming them", "[ops][linalg]") {
   const Tensor a = spd(test::sample({3, 3}, kFloat64, 0.4));
   const Tensor not_pd = a - eye(3, {}, TensorOptions(kFloat64)) * 100;
@@ -97,6 +122,8 @@ TEST_CASE("decompositions: bad arguments are Errors naming them", "[ops][linalg]
   test::check_error([&] { linalg::cholesky(zeros({3, 4}, kFloat64)); }, {"linalg.cholesky", "square"});
   test::check_error([&] { linalg::cholesky(zeros({3, 3}, kInt64)); }, {"linalg.cholesky", "int64"});
   test::check_error([&] { linalg::eigh(a, "X"); }, {"linalg.eigh", "UPLO", "'X'"});
+  test::check_error([&] { linalg::qr(a, "full"); }, {"linalg.qr", "mode", "'full'"});
+  test::check_error([&] { linalg::qr(zeros({3}, kFloat64)); }, {"linalg.qr", "2 dimensions"});
   test::check_error([&] { linalg::eigvalsh(zeros({3})); }, {"linalg.eigvalsh", "2 dimensions"});
   test::check_error([&] { linalg::solve_triangular(a, zeros({4, 2}, kFloat64), false); },
                     {"linalg.solve_triangular", "B has 4 rows", "A has 3"});
