@@ -423,11 +423,9 @@ Tensor cholesky(const Tensor& a, bool upper) {
 
 Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left, bool unitriangular) {
   const char* op = "linalg.solve_triangular";
-  check_float_matrices(a, "A", op);
+  check_square(a, op);
   check_float_matrices(b, "B", op);
   check_same_device(op, a, b);
-  KILN_CHECK(a.size(-1) == a.size(-2), "{}: A must be a batch of square matrices, but they are {} by {}", op,
-             a.size(-2), a.size(-1));
   KILN_CHECK(a.dtype() == b.dtype(), "{}: A and B must have the same dtype, got {} and {}", op, dtype_name(a.dtype()),
              dtype_name(b.dtype()));
   // X A = B is A^T X^T = B^T, A^T triangular the other way.
