@@ -70,6 +70,9 @@ enum class UnaryOp : uint8_t {
   Round,       // to the nearest integer, halves to even (PyTorch's round)
   BitwiseNot,  // integers only
   LogicalNot,  // output bool
+  Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Log2, Log10, Exp2,
+  Erfc, Erfinv, Lgamma, Digamma,
+  Polygamma,  // the a-th derivative of digamma, a >= 1 (core/special_math.h)
 };
 struct UnaryArgs {
   double a = 0, b = 0;
@@ -86,6 +89,10 @@ enum class BinaryOp : uint8_t {
   TruncDivide,  // trunc(a / b) (C's integer division)
   BitwiseAnd, BitwiseOr, BitwiseXor,  // integers only
   // (Integer divisors are never 0 here: ops/ checks. ops/ sends the bitwise ops integers only.)
+  Atan2, Hypot, Copysign,  // floating only (ops/ promotes integers), as the three below
+  LogAddExp,               // log(e^a + e^b), a when a = b = +-inf
+  LogAddExp2,              // log2(2^a + 2^b)
+  Xlogy,                   // a log b, 0 where a = 0 unless b is NaN
   Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,  // output bool
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }

@@ -8,10 +8,12 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "core/backend.h"
 #include "core/half.h"
+#include "core/special_math.h"
 
 namespace kiln::math {
 
@@ -231,8 +233,9 @@ KILN_HOST_DEVICE inline float gelu_erf_backward_float(float grad, float x) {  //
 
 template <typename T>
 KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
-  using std::abs, std::exp, std::log, std::log1p, std::expm1, std::sqrt, std::sin, std::cos,
-      std::tanh, std::erf, std::erfc, std::pow, std::floor, std::ceil, std::trunc, std::nearbyint;
+  using std::abs, std::exp, std::log, std::log1p, std::expm1, std::sqrt, std::sin, std::cos, std::tanh, std::erf,
+      std::erfc, std::pow, std::floor, std::ceil, std::trunc, std::nearbyint, std::tan, std::asin, std::acos, std::atan,
+      std::sinh, std::cosh, std::asinh, std::acosh, std::atanh, std::log2, std::log10, std::exp2;
   if constexpr (std::is_integral_v<T>) {
     switch (op) {
       case UnaryOp::Neg: return wrap_sub(T(0), x);  // -INT64_MIN wraps to itself, as PyTorch
@@ -302,8 +305,49 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
       case UnaryOp::Round: return nearbyint(x);  // the default rounding mode: halves to even
       case UnaryOp::BitwiseNot: return x;         // ops/ sends integers only
       case UnaryOp::LogicalNot: return x == T(0) ? T(1) : T(0);
+      case UnaryOp::Tan: return tan(x);
+      case UnaryOp::Asin: return asin(x);
+      case UnaryOp::Acos: return acos(x);
+      case UnaryOp::Atan: return atan(x);
+      case UnaryOp::Sinh: return sinh(x);
+      case UnaryOp::Cosh: return cosh(x);
+      case UnaryOp::Asinh: return asinh(x);
+      case UnaryOp::Acosh: return acosh(x);
+      case UnaryOp::Atanh: return atanh(x);
+      case UnaryOp::Log2: return log2(x);
+      case UnaryOp::Log10: return log10(x);
+      case UnaryOp::Exp2: return exp2(x);
+      case UnaryOp::Erfc: return erfc(x);
+      case UnaryOp::Lgamma: return log_abs_gamma(x);  // +inf at the poles 0, -1, -2, ..., as PyTorch
+      // core/special_math.h: in float64, rounded once.
+      case UnaryOp::Erfinv: return static_cast<T>(erfinv_f64(static_cast<double>(x), std::is_same_v<T, float>));
+      case UnaryOp::Digamma: return static_cast<T>(digamma_f64(static_cast<double>(x)));
+      case UnaryOp::Polygamma: return static_cast<T>(polygamma_f64(static_cast<int>(a), static_cast<double>(x)));
     }
     return x;
+  }
+}
+
+// The binary ops that only floating types reach (ops/ promotes integers), PyTorch's definitions.
+template <typename T>
+KILN_HOST_DEVICE inline T float_binary(BinaryOp op, T x, T y) {
+  using std::atan2, std::hypot, std::copysign, std::log, std::log1p, std::exp, std::exp2, std::abs;
+  switch (op) {
+    case BinaryOp::Atan2: return atan2(x, y);
+    case BinaryOp::Hypot: return hypot(x, y);
+    case BinaryOp::Copysign: return copysign(x, y);
+    // max + log(1 + e^-|x - y|); two equal infinities give themselves, not inf - inf = NaN.
+    case BinaryOp::LogAddExp:
+      if (x == y && abs(x) == std::numeric_limits<T>::infinity()) return x;
+      return (x > y ? x : y) + log1p(exp(-abs(x - y)));
+    case BinaryOp::LogAddExp2:
+      if (x == y && abs(x) == std::numeric_limits<T>::infinity()) return x;
+      return (x > y ? x : y) + log1p(exp2(-abs(x - y))) * T(1.44269504088896340736);  // / ln 2
+    case BinaryOp::Xlogy:
+      if (y != y) return y;
+      if (x == T(0)) return T(0);
+      return x * log(y);
+    default: return x;
   }
 }
 
@@ -384,6 +428,17 @@ KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
         return static_cast<T>(op == BinaryOp::BitwiseAnd ? (x & y) : op == BinaryOp::BitwiseOr ? (x | y) : (x ^ y));
       } else {
         return x;  // ops/ sends integers only
+      }
+    case BinaryOp::Atan2:
+    case BinaryOp::Hypot:
+    case BinaryOp::Copysign:
+    case BinaryOp::LogAddExp:
+    case BinaryOp::LogAddExp2:
+    case BinaryOp::Xlogy:
+      if constexpr (std::is_floating_point_v<T>) {
+        return float_binary(op, x, y);
+      } else {
+        return x;  // ops/ sends floating types only
       }
     default: return x;  // comparisons go through compare()
   }

@@ -66,6 +66,14 @@ constexpr Row kTable[] = {
     {Op::Rsqrt,                        "rsqrt",                             kNone,    kFp32},
     {Op::Pow,                          "pow",                               kNone,    kFp32},
     {Op::Softplus,                     "softplus",                          kNone,    kFp32},
+    {Op::Tan,                          "tan",                               kNone,    kFp32},
+    {Op::Asin,                         "asin",                              kNone,    kFp32},
+    {Op::Acos,                         "acos",                              kNone,    kFp32},
+    {Op::Sinh,                         "sinh",                              kNone,    kFp32},
+    {Op::Cosh,                         "cosh",                              kNone,    kFp32},
+    {Op::Log2,                         "log2",                              kNone,    kFp32},
+    {Op::Log10,                        "log10",                             kNone,    kFp32},
+    {Op::Erfinv,                       "erfinv",                            kNone,    kFp32},
     {Op::Sum,                          "sum",                               kNone,    kFp32},  // without a dtype
     {Op::Prod,                         "prod",                              kFp32,    kFp32},
     {Op::Cumsum,                       "cumsum",                            kNone,    kFp32},  // without a dtype
@@ -98,6 +106,7 @@ constexpr Row kTable[] = {
     {Op::Cat,                          "cat",                               kPromote, kNone},
     {Op::Stack,                        "stack",                             kPromote, kNone},
     {Op::ScatterAdd,                   "scatter_add",                       kNone,    kPromote},
+    {Op::Atan2,                        "atan2",                             kNone,    kPromote},
 };
 static_assert(std::size(kTable) == static_cast<size_t>(Op::kCount), "one row per autocast::Op");
 

@@ -88,7 +88,7 @@ enum class Op : uint8_t {
   // lower precision: the ops that tensor cores and 16-bit GEMMs make fast
   Matmul, Mm, Addmm, AddmmGelu, Bmm, Linear, Conv1d, Conv2d, Conv3d, ConvTranspose2d, ScaledDotProductAttention,
   // float32: pointwise ops with a wide range or a large derivative
-  Exp, Expm1, Log, Log1p, Reciprocal, Rsqrt, Pow, Softplus,
+  Exp, Expm1, Log, Log1p, Reciprocal, Rsqrt, Pow, Softplus, Tan, Asin, Acos, Sinh, Cosh, Log2, Log10, Erfinv,
   // float32: reductions and normalisations
   Sum, Prod, Cumsum, Cumprod, Norm, Logsumexp, Softmax, LogSoftmax, LayerNorm, GroupNorm, CosineSimilarity,
   // float32: losses
@@ -96,7 +96,7 @@ enum class Op : uint8_t {
   BinaryCrossEntropy, SoftMarginLoss, MarginRankingLoss, HingeEmbeddingLoss, CosineEmbeddingLoss,
   MultilabelMarginLoss, MultiMarginLoss, TripletMarginLoss, PoissonNllLoss, CtcLoss,
   // promote
-  Cat, Stack, ScatterAdd,
+  Cat, Stack, ScatterAdd, Atan2,
   kCount
 };
 

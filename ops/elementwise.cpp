@@ -453,6 +453,153 @@ Tensor erf(const Tensor& x) {  // d erf = 2/sqrt(pi) e^(-x^2)
   return with_input_grad(float_unary(UnaryOp::Erf, x, "erf"), x, "ErfBackward",
                          [](const Tensor& g, const Tensor& x) { return g * (x * x).neg().exp() * 1.1283791670955126; });
 }
+// ---- trigonometric, hyperbolic, logarithmic and special functions ----
+// Integers and bool are promoted to float32 (float_unary); each gradient is PyTorch's formula, written
+// as ops, so differentiable again. On CUDA under autocast, tan, asin, acos, sinh, cosh, log2, log10
+// and erfinv run in float32 (PyTorch's list); on the CPU they run in their input's dtype.
+
+// The autocast guard of the float32 rows, for a one-input op.
+#define KILN_AUTOCAST_UNARY(OP, fn, x)                                               \
+  if (autocast::is_enabled((x).device().type)) {                                     \
+    if (autocast::OpScope ac{autocast::Op::OP, (x).device()}) return fn(ac.cast(x)); \
+  }
+
+Tensor tan(const Tensor& x) {  // d tan = 1 + tan^2
+  KILN_AUTOCAST_UNARY(Tan, tan, x);
+  return with_output_grad(float_unary(UnaryOp::Tan, x, "tan"), x, "TanBackward",
+                          [](const Tensor& g, const Tensor& y) { return g * (y * y + 1); });
+}
+Tensor asin(const Tensor& x) {  // d asin = 1 / sqrt(1 - x^2)
+  KILN_AUTOCAST_UNARY(Asin, asin, x);
+  return with_input_grad(float_unary(UnaryOp::Asin, x, "asin"), x, "AsinBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * (1 - x * x).rsqrt(); });
+}
+Tensor acos(const Tensor& x) {  // d acos = -1 / sqrt(1 - x^2)
+  KILN_AUTOCAST_UNARY(Acos, acos, x);
+  return with_input_grad(float_unary(UnaryOp::Acos, x, "acos"), x, "AcosBackward",
+                         [](const Tensor& g, const Tensor& x) { return -(g * (1 - x * x).rsqrt()); });
+}
+Tensor atan(const Tensor& x) {  // d atan = 1 / (1 + x^2)
+  return with_input_grad(float_unary(UnaryOp::Atan, x, "atan"), x, "AtanBackward",
+                         [](const Tensor& g, const Tensor& x) { return g / (x * x + 1); });
+}
+Tensor sinh(const Tensor& x) {
+  KILN_AUTOCAST_UNARY(Sinh, sinh, x);
+  return with_input_grad(float_unary(UnaryOp::Sinh, x, "sinh"), x, "SinhBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * cosh(x); });
+}
+Tensor cosh(const Tensor& x) {
+  KILN_AUTOCAST_UNARY(Cosh, cosh, x);
+  return with_input_grad(float_unary(UnaryOp::Cosh, x, "cosh"), x, "CoshBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * sinh(x); });
+}
+Tensor asinh(const Tensor& x) {  // d asinh = 1 / sqrt(x^2 + 1)
+  return with_input_grad(float_unary(UnaryOp::Asinh, x, "asinh"), x, "AsinhBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * (x * x + 1).rsqrt(); });
+}
+Tensor acosh(const Tensor& x) {  // d acosh = 1 / sqrt(x^2 - 1)
+  return with_input_grad(float_unary(UnaryOp::Acosh, x, "acosh"), x, "AcoshBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * (x * x - 1).rsqrt(); });
+}
+Tensor atanh(const Tensor& x) {  // d atanh = 1 / (1 - x^2)
+  return with_input_grad(float_unary(UnaryOp::Atanh, x, "atanh"), x, "AtanhBackward",
+                         [](const Tensor& g, const Tensor& x) { return g / (1 - x * x); });
+}
+Tensor log2(const Tensor& x) {
+  KILN_AUTOCAST_UNARY(Log2, log2, x);
+  return with_input_grad(float_unary(UnaryOp::Log2, x, "log2"), x, "Log2Backward",
+                         [](const Tensor& g, const Tensor& x) { return g / (x * 0.69314718055994530942); });
+}
+Tensor log10(const Tensor& x) {
+  KILN_AUTOCAST_UNARY(Log10, log10, x);
+  return with_input_grad(float_unary(UnaryOp::Log10, x, "log10"), x, "Log10Backward",
+                         [](const Tensor& g, const Tensor& x) { return g / (x * 2.30258509299404568402); });
+}
+Tensor exp2(const Tensor& x) {  // d 2^x = 2^x ln 2
+  return with_output_grad(float_unary(UnaryOp::Exp2, x, "exp2"), x, "Exp2Backward",
+                          [](const Tensor& g, const Tensor& y) { return g * y * 0.69314718055994530942; });
+}
+Tensor erfc(const Tensor& x) {  // d erfc = -2/sqrt(pi) e^(-x^2)
+  return with_input_grad(
+      float_unary(UnaryOp::Erfc, x, "erfc"), x, "ErfcBackward",
+      [](const Tensor& g, const Tensor& x) { return g * (x * x).neg().exp() * -1.1283791670955126; });
+}
+Tensor erfinv(const Tensor& x) {  // d erfinv = sqrt(pi)/2 e^(erfinv(x)^2)
+  KILN_AUTOCAST_UNARY(Erfinv, erfinv, x);
+  return with_output_grad(float_unary(UnaryOp::Erfinv, x, "erfinv"), x, "ErfinvBackward",
+                          [](const Tensor& g, const Tensor& y) { return g * (y * y).exp() * 0.88622692545275801365; });
+}
+Tensor lgamma(const Tensor& x) {  // d log |Gamma| = digamma
+  return with_input_grad(float_unary(UnaryOp::Lgamma, x, "lgamma"), x, "LgammaBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * digamma(x); });
+}
+Tensor digamma(const Tensor& x) { return polygamma(0, x); }
+Tensor polygamma(int64_t n, const Tensor& x) {
+  KILN_CHECK(n >= 0, "polygamma: n must be non-negative (the order of the derivative of digamma), got {}", n);
+  const UnaryOp op = n == 0 ? UnaryOp::Digamma : UnaryOp::Polygamma;
+  return with_input_grad(float_unary(op, x, n == 0 ? "digamma" : "polygamma", {static_cast<double>(n), 0}), x,
+                         n == 0 ? "DigammaBackward" : "PolygammaBackward",
+                         [n](const Tensor& g, const Tensor& x) { return g * polygamma(n + 1, x); });
+}
+#undef KILN_AUTOCAST_UNARY
+
+// sin(pi x) / (pi x), 1 at 0. The quotient is taken of x with its zeros replaced by 1, so that the
+// branch where() leaves out has no 0 / 0 whose NaN would reach the gradient.
+// Float16 and bfloat16 compute in float32 and round once, as PyTorch's kernels do (and sinc's and
+// logit's compositions would round at each of their steps).
+static bool is_16_bit(const Tensor& x) { return x.dtype() == kFloat16 || x.dtype() == kBFloat16; }
+Tensor sinc(const Tensor& x) {
+  if (is_16_bit(x)) return sinc(x.to(kFloat32)).to(x.dtype());
+  const Tensor xf = x.is_floating_point() ? x : x.to(kFloat32);
+  const Tensor zero = xf.eq(0);
+  const Tensor px = where(zero, ones_like(xf), xf) * 3.14159265358979323846;
+  return where(zero, ones_like(xf), px.sin() / px);
+}
+// log(x / (1 - x)), x first clamped to [eps, 1 - eps] when eps is given (its gradient then 0 outside).
+Tensor logit(const Tensor& x, std::optional<double> eps) {
+  if (is_16_bit(x)) return logit(x.to(kFloat32), eps).to(x.dtype());
+  Tensor z = x.is_floating_point() ? x : x.to(kFloat32);
+  if (eps) z = clamp(z, *eps, 1 - *eps);
+  return log(z / (1 - z));
+}
+Tensor deg2rad(const Tensor& x) { return (x.is_floating_point() ? x : x.to(kFloat32)) * 0.017453292519943295769; }
+Tensor rad2deg(const Tensor& x) { return (x.is_floating_point() ? x : x.to(kFloat32)) * 57.295779513082320877; }
+// NaN, +inf and -inf replaced (by default with 0 and the dtype's largest and lowest finite values);
+// the gradient passes where x is finite. Integers come back as they are.
+Tensor nan_to_num(const Tensor& x, std::optional<double> nan, std::optional<double> posinf,
+                  std::optional<double> neginf) {
+  if (!x.is_floating_point()) return x.clone();
+  const double big = x.dtype() == kFloat64   ? std::numeric_limits<double>::max()
+                     : x.dtype() == kFloat32 ? std::numeric_limits<float>::max()
+                     : x.dtype() == kFloat16 ? 65504.0
+                                             : 3.3895313892515355e38;  // bfloat16's largest
+  Tensor r = where(x.isnan(), full({}, nan.value_or(0.0), x.options()), x);
+  r = where(x.eq(kInf), full({}, posinf.value_or(big), x.options()), r);
+  return where(x.eq(-kInf), full({}, neginf.value_or(-big), x.options()), r);
+}
+// |a - b| <= atol + rtol |b| elementwise, or a == b (equal infinities); NaN equal to NaN with equal_nan.
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
+  KILN_CHECK(rtol >= 0 && atol >= 0, "isclose: rtol ({}) and atol ({}) must be non-negative", rtol, atol);
+  KILN_CHECK(a.dtype() == b.dtype(), "isclose: a is {} and b is {}; convert one of them so both have one dtype",
+             dtype_name(a.dtype()), dtype_name(b.dtype()));
+  NoGradGuard no_grad;
+  Tensor close = a.eq(b);
+  if (a.is_floating_point()) {
+    const DType wide = a.dtype() == kFloat64 ? kFloat64 : kFloat32;  // 16-bit values compare in float32
+    const Tensor aw = a.to(wide), bw = b.to(wide);
+    const Tensor finite_close = (aw - bw).abs().le(bw.abs() * rtol + atol);
+    close = close.logical_or(finite_close.logical_and(aw.isfinite()).logical_and(bw.isfinite()));
+    if (equal_nan) close = close.logical_or(a.isnan().logical_and(b.isnan()));
+  } else if (a.dtype() != kBool && (rtol != 0 || atol != 0)) {
+    const Tensor aw = a.to(kFloat64), bw = b.to(kFloat64);
+    close = close.logical_or((aw - bw).abs().le(bw.abs() * rtol + atol));
+  }
+  return close;
+}
+bool allclose(const Tensor& a, const Tensor& b, double rtol, double atol, bool equal_nan) {
+  return isclose(a, b, rtol, atol, equal_nan).all().item<bool>();
+}
+
 Tensor square(const Tensor& x) {
   if (x.dtype() == kBool) return square(x.to(kInt64));  // as PyTorch: bool squares as int64
   return with_input_grad(unary_forward(UnaryOp::Square, x, x.dtype()), x, "SquareBackward",
@@ -593,6 +740,99 @@ static Tensor extreme(const Tensor& a, const Tensor& b, bool is_max) {
 }
 Tensor maximum(const Tensor& a, const Tensor& b) { return extreme(a, b, true); }
 Tensor minimum(const Tensor& a, const Tensor& b) { return extreme(a, b, false); }
+
+// The floating binary functions: integer and bool operands are promoted to float32 (PyTorch refuses
+// integers in hypot and logaddexp; here they are promoted too). Both gradients are PyTorch's formulas.
+static Tensor float_binary(BinaryOp op, const Tensor& a, const Tensor& b, const char* name) {
+  return binary_forward(op, a, b, floating_of(result_type(a, b)), 1, name);
+}
+Tensor atan2(const Tensor& a, const Tensor& b) {  // d/da = b / (a^2 + b^2), d/db = -a / (a^2 + b^2)
+  if (autocast::is_enabled(a.device().type)) {
+    if (autocast::OpScope ac{autocast::Op::Atan2, a.device(), {a, b}}) return atan2(ac.cast(a), ac.cast(b));
+  }
+  Tensor out = float_binary(BinaryOp::Atan2, a, b, "atan2");
+  if (should_record(a, b)) {
+    record("Atan2Backward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(a, false),
+            sb = SavedTensor(b, false)](const Grads& g) -> TensorList {
+             const Tensor av = sa.unpack("Atan2Backward"), bv = sb.unpack("Atan2Backward");
+             const Tensor scaled = g[0] / (av * av + bv * bv);
+             return {g.needs_grad(0) ? ia.fit(scaled * bv) : Tensor(),
+                     g.needs_grad(1) ? ib.fit(-(scaled * av)) : Tensor()};
+           });
+  }
+  return out;
+}
+Tensor hypot(const Tensor& a, const Tensor& b) {  // d/da = a / hypot, d/db = b / hypot
+  Tensor out = float_binary(BinaryOp::Hypot, a, b, "hypot");
+  if (should_record(a, b)) {
+    record("HypotBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(a, false), sb = SavedTensor(b, false),
+            so = SavedTensor(out, true)](const Grads& g) -> TensorList {
+             const Tensor scaled = g[0] / so.unpack("HypotBackward");
+             return {g.needs_grad(0) ? ia.fit(scaled * sa.unpack("HypotBackward")) : Tensor(),
+                     g.needs_grad(1) ? ib.fit(scaled * sb.unpack("HypotBackward")) : Tensor()};
+           });
+  }
+  return out;
+}
+// log(e^a + e^b) (base 2 with base2): d/da = 1 / (1 + e^(b - a)), d/db = 1 / (1 + e^(a - b)).
+static Tensor logaddexp_impl(const Tensor& a, const Tensor& b, bool base2) {
+  const char* name = base2 ? "logaddexp2" : "logaddexp";
+  Tensor out = float_binary(base2 ? BinaryOp::LogAddExp2 : BinaryOp::LogAddExp, a, b, name);
+  if (should_record(a, b)) {
+    record(base2 ? "Logaddexp2Backward" : "LogaddexpBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(a, false), sb = SavedTensor(b, false),
+            base2](const Grads& g) -> TensorList {
+             const char* node = base2 ? "Logaddexp2Backward" : "LogaddexpBackward";
+             const Tensor av = sa.unpack(node), bv = sb.unpack(node);
+             auto weight = [base2](const Tensor& d) { return 1 / ((base2 ? exp2(d) : exp(d)) + 1); };
+             return {g.needs_grad(0) ? ia.fit(g[0] * weight(bv - av)) : Tensor(),
+                     g.needs_grad(1) ? ib.fit(g[0] * weight(av - bv)) : Tensor()};
+           });
+  }
+  return out;
+}
+Tensor logaddexp(const Tensor& a, const Tensor& b) { return logaddexp_impl(a, b, false); }
+Tensor logaddexp2(const Tensor& a, const Tensor& b) { return logaddexp_impl(a, b, true); }
+// |a| with b's sign: d/da = copysign(a, b) / a (+-1), 0 where a = 0; b gets no gradient (0), as PyTorch.
+Tensor copysign(const Tensor& a, const Tensor& b) {
+  Tensor out = float_binary(BinaryOp::Copysign, a, b, "copysign");
+  if (should_record(a, b)) {
+    record("CopysignBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(a, false),
+            so = SavedTensor(out, true)](const Grads& g) -> TensorList {
+             Tensor ga, gb;
+             if (g.needs_grad(0)) {
+               const Tensor av = sa.unpack("CopysignBackward");
+               const Tensor ratio = so.unpack("CopysignBackward") / av;
+               ga = ia.fit(g[0] * where(av.eq(0), zeros_like(ratio), ratio));
+             }
+             if (g.needs_grad(1)) gb = ib.fit(zeros_like(g[0]));
+             return {ga, gb};
+           });
+  }
+  return out;
+}
+// a log b, 0 where a = 0 (unless b is NaN): d/da = log b (0 where a = 0 and b <= 0), d/db = a / b.
+Tensor xlogy(const Tensor& a, const Tensor& b) {
+  Tensor out = float_binary(BinaryOp::Xlogy, a, b, "xlogy");
+  if (should_record(a, b)) {
+    record("XlogyBackward", {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(a, false),
+            sb = SavedTensor(b, false)](const Grads& g) -> TensorList {
+             const Tensor av = sa.unpack("XlogyBackward"), bv = sb.unpack("XlogyBackward");
+             Tensor ga, gb;
+             if (g.needs_grad(0)) {
+               const Tensor d = xlogy(g[0], bv);
+               ga = ia.fit(where(av.eq(0).logical_and(bv.le(0)), zeros_like(d), d));
+             }
+             if (g.needs_grad(1)) gb = ib.fit(g[0] * av / bv);
+             return {ga, gb};
+           });
+  }
+  return out;
+}
 
 // A 16-bit float tensor with a number computes in float32 and rounds once, as PyTorch's opmath
 // does: rounding the number first would turn 70000 into inf and 0.999 into 0.99902.

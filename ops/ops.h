@@ -122,6 +122,32 @@ Tensor bias_gelu(const Tensor& input, const Tensor& bias, std::string_view appro
 Tensor silu(const Tensor& x);
 Tensor softplus(const Tensor& x);
 Tensor erf(const Tensor& x);
+Tensor erfc(const Tensor& x);
+Tensor erfinv(const Tensor& x);  // erf's inverse on [-1, 1]: +-inf at +-1, NaN outside
+Tensor tan(const Tensor& x);
+Tensor asin(const Tensor& x);
+Tensor acos(const Tensor& x);
+Tensor atan(const Tensor& x);
+Tensor sinh(const Tensor& x);
+Tensor cosh(const Tensor& x);
+Tensor asinh(const Tensor& x);
+Tensor acosh(const Tensor& x);
+Tensor atanh(const Tensor& x);
+Tensor log2(const Tensor& x);
+Tensor log10(const Tensor& x);
+Tensor exp2(const Tensor& x);
+Tensor lgamma(const Tensor& x);                // log |Gamma(x)|: +inf at 0, -1, -2, ...
+Tensor digamma(const Tensor& x);               // d/dx lgamma: -inf at +0, +inf at -0, NaN at -1, -2, ...
+Tensor polygamma(int64_t n, const Tensor& x);  // digamma's n-th derivative (n = 0: digamma)
+Tensor sinc(const Tensor& x);                  // sin(pi x) / (pi x), 1 at 0 (the normalized sinc, torch.sinc)
+// log(x / (1 - x)); with eps, x is clamped to [eps, 1 - eps] first.
+Tensor logit(const Tensor& x, std::optional<double> eps = {});
+Tensor deg2rad(const Tensor& x);
+Tensor rad2deg(const Tensor& x);
+// NaN, +inf and -inf replaced by nan (default 0), posinf and neginf (default the dtype's largest and
+// lowest finite values); integer tensors are returned as they are (a copy).
+Tensor nan_to_num(const Tensor& x, std::optional<double> nan = 0.0, std::optional<double> posinf = {},
+                  std::optional<double> neginf = {});
 Tensor square(const Tensor& x);
 Tensor pow(const Tensor& x, const Scalar& exponent);
 Tensor pow(const Tensor& x, const Tensor& exponent);
@@ -161,6 +187,17 @@ Tensor bitwise_xor(const Tensor& a, const Scalar& b);
 Tensor bitwise_not(const Tensor& x);
 Tensor maximum(const Tensor& a, const Tensor& b);
 Tensor minimum(const Tensor& a, const Tensor& b);
+// The floating binary functions (integers promoted to float32), broadcasting, differentiable in both.
+Tensor atan2(const Tensor& a, const Tensor& b);       // the angle of (b, a): atan(a / b) in the right quadrant
+Tensor hypot(const Tensor& a, const Tensor& b);       // sqrt(a^2 + b^2) without overflow
+Tensor logaddexp(const Tensor& a, const Tensor& b);   // log(e^a + e^b), without overflow
+Tensor logaddexp2(const Tensor& a, const Tensor& b);  // log2(2^a + 2^b)
+Tensor copysign(const Tensor& a, const Tensor& b);    // |a| with b's sign (-0 counts as negative)
+Tensor xlogy(const Tensor& a, const Tensor& b);       // a log b, 0 where a = 0 (unless b is NaN)
+// |a - b| <= atol + rtol |b| elementwise (bool), or a == b; NaNs equal only with equal_nan. a and b
+// of one dtype, as PyTorch's; allclose: every element of isclose.
+Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
+bool allclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);
 Tensor eq(const Tensor& a, const Tensor& b);
 Tensor ne(const Tensor& a, const Tensor& b);
 Tensor lt(const Tensor& a, const Tensor& b);

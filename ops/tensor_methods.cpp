@@ -20,6 +20,38 @@ Tensor Tensor::tanh() const { return ops::tanh(*this); }
 Tensor Tensor::sigmoid() const { return ops::sigmoid(*this); }
 Tensor Tensor::relu() const { return ops::relu(*this); }
 Tensor Tensor::square() const { return ops::square(*this); }
+Tensor Tensor::tan() const { return ops::tan(*this); }
+Tensor Tensor::asin() const { return ops::asin(*this); }
+Tensor Tensor::acos() const { return ops::acos(*this); }
+Tensor Tensor::atan() const { return ops::atan(*this); }
+Tensor Tensor::sinh() const { return ops::sinh(*this); }
+Tensor Tensor::cosh() const { return ops::cosh(*this); }
+Tensor Tensor::asinh() const { return ops::asinh(*this); }
+Tensor Tensor::acosh() const { return ops::acosh(*this); }
+Tensor Tensor::atanh() const { return ops::atanh(*this); }
+Tensor Tensor::log2() const { return ops::log2(*this); }
+Tensor Tensor::log10() const { return ops::log10(*this); }
+Tensor Tensor::exp2() const { return ops::exp2(*this); }
+Tensor Tensor::erf() const { return ops::erf(*this); }
+Tensor Tensor::erfc() const { return ops::erfc(*this); }
+Tensor Tensor::erfinv() const { return ops::erfinv(*this); }
+Tensor Tensor::lgamma() const { return ops::lgamma(*this); }
+Tensor Tensor::digamma() const { return ops::digamma(*this); }
+Tensor Tensor::logit(std::optional<double> eps) const { return ops::logit(*this, eps); }
+Tensor Tensor::nan_to_num(std::optional<double> nan, std::optional<double> posinf, std::optional<double> neginf) const {
+  return ops::nan_to_num(*this, nan, posinf, neginf);
+}
+Tensor Tensor::atan2(const Tensor& o) const { return ops::atan2(*this, o); }
+Tensor Tensor::hypot(const Tensor& o) const { return ops::hypot(*this, o); }
+Tensor Tensor::logaddexp(const Tensor& o) const { return ops::logaddexp(*this, o); }
+Tensor Tensor::copysign(const Tensor& o) const { return ops::copysign(*this, o); }
+Tensor Tensor::xlogy(const Tensor& o) const { return ops::xlogy(*this, o); }
+Tensor Tensor::isclose(const Tensor& o, double rtol, double atol, bool equal_nan) const {
+  return ops::isclose(*this, o, rtol, atol, equal_nan);
+}
+bool Tensor::allclose(const Tensor& o, double rtol, double atol, bool equal_nan) const {
+  return ops::allclose(*this, o, rtol, atol, equal_nan);
+}
 Tensor Tensor::pow(const Scalar& e) const { return ops::pow(*this, e); }
 Tensor Tensor::pow(const Tensor& e) const { return ops::pow(*this, e); }
 Tensor Tensor::clamp(std::optional<Scalar> lo, std::optional<Scalar> hi) const { return ops::clamp(*this, lo, hi); }

@@ -79,6 +79,16 @@ std::vector<EdgeOp> edge_ops() {
   u("gelu fast", [](const Tensor& a) { return gelu(a, "fast"); });
   u("silu", [](const Tensor& a) { return silu(a); });
   u("erf", [](const Tensor& a) { return erf(a); });
+  u("tan", [](const Tensor& a) { return tan(a); });
+  u("acosh", [](const Tensor& a) { return acosh(a); });
+  u("log10", [](const Tensor& a) { return log10(a); });
+  u("erfinv", [](const Tensor& a) { return erfinv(a); });
+  u("lgamma", [](const Tensor& a) { return lgamma(a); });
+  u("digamma", [](const Tensor& a) { return digamma(a); });
+  u("polygamma 3", [](const Tensor& a) { return polygamma(3, a); });
+  u("sinc", [](const Tensor& a) { return sinc(a); });
+  u("logit eps", [](const Tensor& a) { return logit(a, 0.1); });
+  u("nan_to_num", [](const Tensor& a) { return nan_to_num(a); });
   u("pow -1", [](const Tensor& a) { return pow(a, -1); });
   u("pow 0.5", [](const Tensor& a) { return pow(a, 0.5); });
   u("clamp", [](const Tensor& a) { return clamp(a, -0.5, 0.5); });
@@ -285,6 +295,12 @@ std::vector<EdgeOp> edge_ops() {
   u("full nan int32", [](const Tensor&) { return full({2}, NAN, kInt32); });
   u("bernoulli 2", [](const Tensor&) { return bernoulli({2}, 2.0); });
   // in place
+  b("atan2", [](const Tensor& a, const Tensor& c) { return atan2(a, c); });
+  b("hypot", [](const Tensor& a, const Tensor& c) { return hypot(a, c); });
+  b("logaddexp", [](const Tensor& a, const Tensor& c) { return logaddexp(a, c); });
+  b("copysign", [](const Tensor& a, const Tensor& c) { return copysign(a, c); });
+  b("xlogy", [](const Tensor& a, const Tensor& c) { return xlogy(a, c); });
+  b("isclose", [](const Tensor& a, const Tensor& c) { return isclose(a, c); });
   b("add_", [](const Tensor& a, const Tensor& c) { Tensor x = a; return x.add_(c); });
   b("mul_", [](const Tensor& a, const Tensor& c) { Tensor x = a; return x.mul_(c); });
   b("copy_", [](const Tensor& a, const Tensor& c) { Tensor x = a; return x.copy_(c); });

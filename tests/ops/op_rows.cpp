@@ -626,6 +626,53 @@ const std::vector<OpRow>& op_table() {
                  [](const Tensor& x, const GoldenCase& c) {
                    return linalg::eigvalsh(x, c.has("uplo") ? c.str("uplo") : "L");
                  }),
+
+      // ---- trigonometric, hyperbolic, logarithmic and special functions ----
+      unary("tan", D::GradGrad, [](const Tensor& x) { return kiln::tan(x); }),
+      unary("asin", D::GradGrad, [](const Tensor& x) { return kiln::asin(x); }),
+      unary("acos", D::GradGrad, [](const Tensor& x) { return kiln::acos(x); }),
+      unary("atan", D::GradGrad, [](const Tensor& x) { return kiln::atan(x); }),
+      unary("sinh", D::GradGrad, [](const Tensor& x) { return kiln::sinh(x); }),
+      unary("cosh", D::GradGrad, [](const Tensor& x) { return kiln::cosh(x); }),
+      unary("asinh", D::GradGrad, [](const Tensor& x) { return kiln::asinh(x); }),
+      unary("acosh", D::GradGrad, [](const Tensor& x) { return kiln::acosh(x); }),
+      unary("atanh", D::GradGrad, [](const Tensor& x) { return kiln::atanh(x); }),
+      unary("log2", D::GradGrad, [](const Tensor& x) { return kiln::log2(x); }),
+      unary("log10", D::GradGrad, [](const Tensor& x) { return kiln::log10(x); }),
+      unary("exp2", D::GradGrad, [](const Tensor& x) { return kiln::exp2(x); }),
+      unary("erfc", D::GradGrad, [](const Tensor& x) { return kiln::erfc(x); }),
+      unary("erfinv", D::GradGrad, [](const Tensor& x) { return kiln::erfinv(x); }),
+      unary("lgamma", D::GradGrad, [](const Tensor& x) { return kiln::lgamma(x); }),
+      unary("digamma", D::GradGrad, [](const Tensor& x) { return kiln::digamma(x); }),
+      unary_args("polygamma", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::polygamma(c.integer("n"), x); }),
+      unary("sinc", D::GradGrad, [](const Tensor& x) { return kiln::sinc(x); }),
+      unary("deg2rad", D::GradGrad, [](const Tensor& x) { return kiln::deg2rad(x); }),
+      unary("rad2deg", D::GradGrad, [](const Tensor& x) { return kiln::rad2deg(x); }),
+      unary_args("logit", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   const auto eps = c.opt_scalar("eps");
+                   return kiln::logit(x, eps ? std::optional<double>(eps->to_double()) : std::nullopt);
+                 }),
+      unary_args("nan_to_num", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   auto get = [&](const char* key) -> std::optional<double> {
+                     const auto v = c.opt_scalar(key);
+                     return v ? std::optional<double>(v->to_double()) : std::nullopt;
+                   };
+                   return kiln::nan_to_num(x, get("nan").value_or(0.0), get("posinf"), get("neginf"));
+                 }),
+      binary("atan2", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::atan2(a, b); }),
+      binary("hypot", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::hypot(a, b); }),
+      binary("logaddexp", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::logaddexp(a, b); }),
+      binary("logaddexp2", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::logaddexp2(a, b); }),
+      binary("copysign", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::copysign(a, b); }),
+      binary("xlogy", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::xlogy(a, b); }),
+      {"isclose", D::None,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::isclose(in.at(0), in.at(1), c.scalar("rtol", Scalar(1e-5)).to_double(),
+                                         c.scalar("atol", Scalar(1e-8)).to_double(), c.flag("equal_nan"))};
+       }},
   };
   return rows;
 }

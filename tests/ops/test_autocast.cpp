@@ -63,6 +63,14 @@ std::vector<Case> cases() {
       {"pow", [](DType d) { return V{positive({4, 5}, d), s({4, 5}, d, 1)}; },
        [](const V& v) { return pow(v[0], v[1]) + pow(v[0], 1.5); }},
       {"softplus", [](DType d) { return V{s({4, 5}, d)}; }, [](const V& v) { return softplus(v[0]); }},
+      {"tan", [](DType d) { return V{s({4, 5}, d)}; }, [](const V& v) { return tan(v[0]); }},
+      {"asin", [](DType d) { return V{s({4, 5}, d) / 3}; }, [](const V& v) { return asin(v[0]); }},
+      {"acos", [](DType d) { return V{s({4, 5}, d) / 3}; }, [](const V& v) { return acos(v[0]); }},
+      {"sinh", [](DType d) { return V{s({4, 5}, d)}; }, [](const V& v) { return sinh(v[0]); }},
+      {"cosh", [](DType d) { return V{s({4, 5}, d)}; }, [](const V& v) { return cosh(v[0]); }},
+      {"log2", [](DType d) { return V{positive({4, 5}, d)}; }, [](const V& v) { return log2(v[0]); }},
+      {"log10", [](DType d) { return V{positive({4, 5}, d)}; }, [](const V& v) { return log10(v[0]); }},
+      {"erfinv", [](DType d) { return V{s({4, 5}, d) / 3}; }, [](const V& v) { return erfinv(v[0]); }},
       {"sum", [](DType d) { return V{s({4, 5}, d)}; }, [](const V& v) { return sum(v[0], {1}); }},
       {"cumsum", [](DType d) { return V{s({4, 5}, d)}; }, [](const V& v) { return cumsum(v[0], 1); }},
       {"cumprod", [](DType d) { return V{positive({4, 5}, d)}; }, [](const V& v) { return cumprod(v[0], 1); }},
@@ -125,6 +133,8 @@ std::vector<Case> cases() {
       // scatter_add promotes on CUDA only; on the CPU it needs one dtype, as outside autocast.
       {"scatter_add", [](DType d) { return V{s({3, 4}, d), labels({2, 4}, 3), s({2, 4}, d, 1)}; },
        [](const V& v) { return scatter_add(v[0], 0, v[1], v[2]); }},
+      // atan2 promotes on CUDA only; on the CPU it promotes by itself, as outside autocast.
+      {"atan2", [](DType d) { return V{s({2, 3}, d), s({2, 3}, d, 1)}; }, [](const V& v) { return atan2(v[0], v[1]); }},
   };
 }
 
@@ -195,6 +205,10 @@ TEST_CASE("autocast policy table: the rows that follow PyTorch's CPU and CUDA li
                                        {"softmax", N, F},
                                        {"layer_norm", N, F},
                                        {"exp", N, F},
+                                       {"tan", N, F},
+                                       {"erfinv", N, F},
+                                       {"log10", N, F},
+                                       {"atan2", N, P},
                                        {"sum", N, F},
                                        {"cumsum", N, F},
                                        {"cumprod", N, F},

@@ -1,0 +1,45 @@
+// bench_special: the pointwise functions of ops/elementwise.cpp without a vectorized CPU path (C++'s
+// std:: functions element by element, or core/special_math.h's) on 2^22 float32 elements: tan, asin,
+// atan, sinh, log2, erfc, erfinv, lgamma, digamma, polygamma(1, x), atan2, hypot, logaddexp and xlogy,
+// and digamma in float64. ms: the median of 7 runs after 2 warm-up runs. One JSON line per result.
+// Its PyTorch counterpart: benchmarks/torch_special.py (same shapes, distributions, parts and timing
+// rule; the data are each library's own random draws). Usage: bench_special [threads] (default 2).
+#include <kiln/kiln.h>
+
+#include <functional>
+#include <string>
+
+#include "bench_util.h"
+
+using namespace kiln;
+
+int main(int argc, char** argv) {
+  const int threads = kiln_bench::threads_arg(argc, argv);
+  if (threads == 0) return 2;
+  set_num_threads(threads);
+  auto report = [&](const std::string& part, const std::function<void()>& fn) {
+    kiln_bench::report_cpu_part("special", threads, part, fn);
+  };
+  Generator gen(0);
+  const int64_t n = int64_t{1} << 22;
+  const Tensor unit = rand({n}, {}, &gen) * 1.8 - 0.9;  // (-0.9, 0.9): inside asin's and erfinv's domains
+  const Tensor positive = rand({n}, {}, &gen) * 10 + 0.1, other = randn({n}, {}, &gen);
+  const Tensor positive64 = positive.to(kFloat64);
+  NoGradGuard no_grad;
+  report("tan_2^22", [&] { (void)tan(unit); });
+  report("asin_2^22", [&] { (void)asin(unit); });
+  report("atan_2^22", [&] { (void)atan(other); });
+  report("sinh_2^22", [&] { (void)sinh(unit); });
+  report("log2_2^22", [&] { (void)log2(positive); });
+  report("erfc_2^22", [&] { (void)erfc(other); });
+  report("erfinv_2^22", [&] { (void)erfinv(unit); });
+  report("lgamma_2^22", [&] { (void)lgamma(positive); });
+  report("digamma_2^22", [&] { (void)digamma(positive); });
+  report("digamma_f64_2^22", [&] { (void)digamma(positive64); });
+  report("polygamma1_2^22", [&] { (void)polygamma(1, positive); });
+  report("atan2_2^22", [&] { (void)atan2(unit, other); });
+  report("hypot_2^22", [&] { (void)hypot(unit, other); });
+  report("logaddexp_2^22", [&] { (void)logaddexp(unit, other); });
+  report("xlogy_2^22", [&] { (void)xlogy(other, positive); });
+  return 0;
+}

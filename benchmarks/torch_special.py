@@ -1,0 +1,41 @@
+#!/usr/bin/python3
+# benchmarks/torch_special.py: PyTorch's side of bench_special.cpp (same shapes, distributions, parts and
+# timing rule: median of 7 runs after 2 warm-up runs), for Debian's /usr/bin/python3 with torch.
+# Usage: /usr/bin/python3 benchmarks/torch_special.py [threads] (default 2).
+import json
+import sys
+
+import torch
+import torch_timing
+
+threads = int(sys.argv[1]) if len(sys.argv) > 1 else 2
+torch.set_num_threads(threads)
+
+
+def report(part, fn):
+    ms = torch_timing.median_ms(fn, 2, 7)
+    print(json.dumps({"bench": "special", "impl": "torch " + torch.__version__, "device": "cpu",
+                      "threads": threads, "part": part, "ms": round(ms, 3)}), flush=True)
+
+
+torch.manual_seed(0)
+n = 1 << 22
+unit = torch.rand(n) * 1.8 - 0.9
+positive, other = torch.rand(n) * 10 + 0.1, torch.randn(n)
+positive64 = positive.double()
+with torch.no_grad():
+    report("tan_2^22", lambda: torch.tan(unit))
+    report("asin_2^22", lambda: torch.asin(unit))
+    report("atan_2^22", lambda: torch.atan(other))
+    report("sinh_2^22", lambda: torch.sinh(unit))
+    report("log2_2^22", lambda: torch.log2(positive))
+    report("erfc_2^22", lambda: torch.erfc(other))
+    report("erfinv_2^22", lambda: torch.erfinv(unit))
+    report("lgamma_2^22", lambda: torch.lgamma(positive))
+    report("digamma_2^22", lambda: torch.digamma(positive))
+    report("digamma_f64_2^22", lambda: torch.digamma(positive64))
+    report("polygamma1_2^22", lambda: torch.polygamma(1, positive))
+    report("atan2_2^22", lambda: torch.atan2(unit, other))
+    report("hypot_2^22", lambda: torch.hypot(unit, other))
+    report("logaddexp_2^22", lambda: torch.logaddexp(unit, other))
+    report("xlogy_2^22", lambda: torch.xlogy(other, positive))
