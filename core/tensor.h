@@ -150,6 +150,9 @@ class Tensor {
   Tensor unflatten(int64_t dim, const Shape& sizes) const;
   // The windows of `size` elements every `step` along `dimension`, as a new last dim (a view).
   Tensor unfold(int64_t dimension, int64_t size, int64_t step) const;
+  Tensor diagonal(int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1) const;  // a view
+  Tensor movedim(const Shape& source, const Shape& destination) const;
+  Tensor swapaxes(int64_t axis0, int64_t axis1) const;
 
   // ---- elementwise (ops/elementwise.cpp) ----
   Tensor neg() const;
@@ -326,6 +329,16 @@ class Tensor {
   std::vector<Tensor> split(int64_t split_size, int64_t dim = 0) const;
   std::vector<Tensor> chunk(int64_t chunks, int64_t dim = 0) const;
   Tensor flip(const Shape& dims) const;
+  Tensor roll(const Shape& shifts, const Shape& dims = {}) const;
+  Tensor tile(const Shape& reps) const;
+  Tensor repeat_interleave(int64_t repeats, std::optional<int64_t> dim = {}) const;
+  Tensor diag(int64_t diagonal = 0) const;
+  Tensor trace() const;
+  Tensor outer(const Tensor& other) const;
+  Tensor dot(const Tensor& other) const;
+  Tensor mv(const Tensor& vec) const;
+  Tensor kron(const Tensor& other) const;
+  Tensor take_along_dim(const Tensor& indices, std::optional<int64_t> dim = {}) const;
   Tensor repeat(const Shape& repeats) const;
   Tensor tril(int64_t diagonal = 0) const;
   Tensor triu(int64_t diagonal = 0) const;

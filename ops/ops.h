@@ -98,6 +98,12 @@ Tensor unflatten(const Tensor& t, int64_t dim, const Shape& sizes);
 // Its backward sums the overlapping windows' gradients (an index_add, itself differentiable).
 Tensor unfold(const Tensor& t, int64_t dimension, int64_t size, int64_t step);
 Tensor as_strided(const Tensor& t, const Shape& sizes, const Shape& strides, int64_t offset);
+// The diagonal `offset` (above the main one when positive) of the matrices in dims dim1 and dim2: a
+// view with those dims removed and the diagonal as a new last dim, as torch.diagonal.
+Tensor diagonal(const Tensor& t, int64_t offset = 0, int64_t dim1 = 0, int64_t dim2 = 1);
+// A zero tensor with x's last dim written along the diagonal `offset` of the new dims dim1 and dim2
+// (x's other dims fill the rest in order): diagonal's inverse, and its gradient.
+Tensor diag_embed(const Tensor& x, int64_t offset = 0, int64_t dim1 = -2, int64_t dim2 = -1);
 
 // ---- elementwise.cpp ----
 Tensor neg(const Tensor& x);
@@ -311,6 +317,59 @@ std::tuple<Tensor, Tensor> qr(const Tensor& a, std::string_view mode = "reduced"
 }  // namespace linalg
 // X with A X = B where A = L L^T (or U^T U with upper), given the Cholesky factor: torch.cholesky_solve.
 Tensor cholesky_solve(const Tensor& b, const Tensor& l, bool upper = false);
+
+// ---- composite.cpp: arrangements and products composed of other ops (differentiable, every device) ----
+// A 1-D x as a square matrix with x on its diagonal `diagonal`; a 2-D x's diagonal, copied.
+Tensor diag(const Tensor& x, int64_t diagonal = 0);
+Tensor trace(const Tensor& x);                   // the sum of a matrix's main diagonal
+Tensor outer(const Tensor& a, const Tensor& b);  // a_i b_j for vectors a, b
+Tensor dot(const Tensor& a, const Tensor& b);    // vectors of one length and dtype; 0-d
+Tensor inner(const Tensor& a, const Tensor& b);  // sums over both last dims (a * b when either is 0-d)
+Tensor mv(const Tensor& m, const Tensor& v);     // matrix times vector
+// beta input + alpha (product): mv, outer (addr), bmm (baddbmm); beta = 0 ignores input's values.
+Tensor addmv(const Tensor& input, const Tensor& mat, const Tensor& vec, const Scalar& beta = 1,
+             const Scalar& alpha = 1);
+Tensor addr(const Tensor& input, const Tensor& vec1, const Tensor& vec2, const Scalar& beta = 1,
+            const Scalar& alpha = 1);
+Tensor baddbmm(const Tensor& input, const Tensor& batch1, const Tensor& batch2, const Scalar& beta = 1,
+               const Scalar& alpha = 1);
+// Sums of products over dims_a of a and dims_b of b (paired in order); the result has a's other dims,
+// then b's. With a number n: a's last n dims against b's first n.
+Tensor tensordot(const Tensor& a, const Tensor& b, const Shape& dims_a, const Shape& dims_b);
+Tensor tensordot(const Tensor& a, const Tensor& b, int64_t dims = 2);
+Tensor kron(const Tensor& a, const Tensor& b);  // the Kronecker product (ranks padded with leading 1s)
+// The p-norm distance between each row of x1 (..., P, M) and each of x2 (..., R, M): (..., P, R).
+Tensor cdist(const Tensor& x1, const Tensor& x2, double p = 2);
+namespace linalg {
+Tensor cross(const Tensor& a, const Tensor& b, int64_t dim = -1);  // 3-vectors along dim, broadcast
+Tensor matrix_power(const Tensor& a, int64_t n);                   // A^n by squaring; n < 0 inverts first
+}  // namespace linalg
+// x's elements moved `shifts` places along dims, wrapping around (the flattened tensor without dims).
+Tensor roll(const Tensor& x, const Shape& shifts, const Shape& dims = {});
+Tensor tile(const Tensor& x, const Shape& reps);  // repeat, reps padded with leading 1s to x's rank
+// Each element (each slice along dim; of the flattened x without dim) repeated `repeats` times in
+// place; with a tensor, a count per slice. The one-argument form gives the indices: [0, 0, 1, 2, 2]
+// for counts [2, 1, 2].
+Tensor repeat_interleave(const Tensor& x, int64_t repeats, std::optional<int64_t> dim = {});
+Tensor repeat_interleave(const Tensor& x, const Tensor& repeats, std::optional<int64_t> dim = {});
+Tensor repeat_interleave(const Tensor& repeats);
+// The dims `source` moved to `destination`, the others keeping their order (a view).
+Tensor movedim(const Tensor& x, const Shape& source, const Shape& destination);
+Tensor movedim(const Tensor& x, int64_t source, int64_t destination);
+Tensor swapaxes(const Tensor& x, int64_t axis0, int64_t axis1);  // transpose
+// Rotated by 90 degrees k times in the plane of dims, from the first toward the second.
+Tensor rot90(const Tensor& x, int64_t k = 1, const Shape& dims = {0, 1});
+Tensor fliplr(const Tensor& x);  // flip dim 1
+Tensor flipud(const Tensor& x);  // flip dim 0
+// Coordinate grids of 0-d or 1-D tensors, each expanded (a view) to the sizes of all: "ij" (matrix)
+// indexing, or "xy" (Cartesian: the first two output dims swapped).
+std::vector<Tensor> meshgrid(const std::vector<Tensor>& tensors, std::string_view indexing = "ij");
+Tensor cartesian_prod(const std::vector<Tensor>& tensors);  // every combination as a row
+// gather with indices broadcast against x in every dim but dim; without dim, of the flattened x.
+Tensor take_along_dim(const Tensor& x, const Tensor& indices, std::optional<int64_t> dim = {});
+// The (row, column) indices (2, N) of the lower (upper) triangle of a row x col matrix from diagonal offset.
+Tensor tril_indices(int64_t row, int64_t col, int64_t offset = 0, DType dtype = kInt64, Device device = Device::cpu());
+Tensor triu_indices(int64_t row, int64_t col, int64_t offset = 0, DType dtype = kInt64, Device device = Device::cpu());
 
 // ---- sort.cpp: along one dim (default the last), 0-d tensors as one element ----
 // (values, indices): every line in ascending (descending) order, stable: equal values keep their

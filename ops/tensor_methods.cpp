@@ -211,4 +211,23 @@ Tensor& operator-=(Tensor& a, const Scalar& b) { return a.sub_(b); }
 Tensor& operator*=(Tensor& a, const Scalar& b) { return a.mul_(b); }
 Tensor& operator/=(Tensor& a, const Scalar& b) { return a.div_(b); }
 
+Tensor Tensor::movedim(const Shape& source, const Shape& destination) const {
+  return ops::movedim(*this, source, destination);
+}
+Tensor Tensor::swapaxes(int64_t axis0, int64_t axis1) const { return ops::swapaxes(*this, axis0, axis1); }
+Tensor Tensor::roll(const Shape& shifts, const Shape& dims) const { return ops::roll(*this, shifts, dims); }
+Tensor Tensor::tile(const Shape& reps) const { return ops::tile(*this, reps); }
+Tensor Tensor::repeat_interleave(int64_t repeats, std::optional<int64_t> dim) const {
+  return ops::repeat_interleave(*this, repeats, dim);
+}
+Tensor Tensor::diag(int64_t diagonal) const { return ops::diag(*this, diagonal); }
+Tensor Tensor::trace() const { return ops::trace(*this); }
+Tensor Tensor::outer(const Tensor& o) const { return ops::outer(*this, o); }
+Tensor Tensor::dot(const Tensor& o) const { return ops::dot(*this, o); }
+Tensor Tensor::mv(const Tensor& v) const { return ops::mv(*this, v); }
+Tensor Tensor::kron(const Tensor& o) const { return ops::kron(*this, o); }
+Tensor Tensor::take_along_dim(const Tensor& indices, std::optional<int64_t> dim) const {
+  return ops::take_along_dim(*this, indices, dim);
+}
+
 }  // namespace kiln

@@ -370,6 +370,68 @@ Tensor select(const Tensor& t, int64_t dim, int64_t index) {
   return out;
 }
 
+// diagonal and diag_embed are each other's gradients: diagonal a view, diag_embed a zero tensor with
+// the input written along a diagonal (a view of it, written under no_grad, then recorded as a whole).
+static Tensor diagonal_scatter_zeros(const Tensor& src, const Shape& shape, int64_t offset, int64_t dim1, int64_t dim2);
+Tensor diagonal(const Tensor& t, int64_t offset, int64_t dim1, int64_t dim2) {
+  const char* op = "diagonal";
+  KILN_CHECK(t.dim() >= 2, "{}: needs at least 2 dims, got shape {}", op, t.sizes().str());
+  const int d1 = wrap_dim(dim1, t.dim(), op), d2 = wrap_dim(dim2, t.dim(), op);
+  KILN_CHECK(d1 != d2, "{}: dim1 and dim2 must differ, both are {}", op, d1);
+  const int64_t n1 = t.sizes()[d1], n2 = t.sizes()[d2];
+  // Diagonal offset k starts at (0, k) above the main one, at (-k, 0) below it.
+  const int64_t length = std::max<int64_t>(
+      0, offset >= 0 ? std::min(n1, n2 - std::min(offset, n2)) : std::min(n1 + std::max(offset, -n1), n2));
+  Shape sizes, strides;
+  for (int d = 0; d < t.dim(); ++d) {
+    if (d == d1 || d == d2) continue;
+    sizes.push_back(t.sizes()[d]), strides.push_back(t.strides()[d]);
+  }
+  sizes.push_back(length), strides.push_back(t.strides()[d1] + t.strides()[d2]);
+  int64_t start = t.storage_offset();
+  if (sizes.numel() > 0) start += offset >= 0 ? offset * t.strides()[d2] : -offset * t.strides()[d1];
+  Tensor out = make_view(t, sizes, strides, start);
+  if (should_record(t)) {
+    Shape shape = t.sizes();
+    record("DiagonalBackward", {t}, {out}, [shape, offset, d1, d2](const Grads& g) -> TensorList {
+      return {diagonal_scatter_zeros(g[0], shape, offset, d1, d2)};
+    });
+  }
+  return out;
+}
+
+// A zero tensor of `shape` with src along its diagonal (offset, dim1, dim2); its gradient is that diagonal.
+static Tensor diagonal_scatter_zeros(const Tensor& src, const Shape& shape, int64_t offset, int64_t dim1,
+                                     int64_t dim2) {
+  Tensor out = zeros(shape, src.options());
+  {
+    NoGradGuard no_grad;
+    Tensor band = diagonal(out, offset, dim1, dim2);
+    KILN_CHECK(band.sizes() == src.sizes(),
+               "diag_embed: the diagonal {} of a {} tensor has shape {}, not the input's {}", offset, shape.str(),
+               band.sizes().str(), src.sizes().str());
+    band.copy_(src);
+  }
+  if (should_record(src)) {
+    record("DiagEmbedBackward", {src}, {out},
+           [offset, dim1, dim2](const Grads& g) -> TensorList { return {diagonal(g[0], offset, dim1, dim2)}; });
+  }
+  return out;
+}
+
+Tensor diag_embed(const Tensor& x, int64_t offset, int64_t dim1, int64_t dim2) {
+  const char* op = "diag_embed";
+  KILN_CHECK(x.dim() >= 1, "{}: needs at least a 1-D input (its last dim becomes the diagonal), got a 0-d tensor", op);
+  const int nd = x.dim() + 1;
+  const int d1 = wrap_dim(dim1, nd, op), d2 = wrap_dim(dim2, nd, op);
+  KILN_CHECK(d1 != d2, "{}: dim1 and dim2 must differ, both are {}", op, d1);
+  const int64_t n = x.sizes().back() + (offset < 0 ? -offset : offset);
+  Shape shape;
+  int next = 0;  // x's batch dims fill the output's dims other than d1 and d2, in order
+  for (int d = 0; d < nd; ++d) shape.push_back(d == d1 || d == d2 ? n : x.sizes()[next++]);
+  return diagonal_scatter_zeros(x, shape, offset, d1, d2);
+}
+
 Tensor expand(const Tensor& t, const Shape& shape) {
   const int nd = shape.size(), lead = nd - t.dim();
   KILN_CHECK(lead >= 0, "expand: the target shape {} has fewer dims than the tensor's {}", shape.str(),
@@ -565,6 +627,9 @@ Tensor Tensor::slice(int64_t dim, std::optional<int64_t> start, std::optional<in
 }
 Tensor Tensor::select(int64_t dim, int64_t index) const { return ops::select(*this, dim, index); }
 Tensor Tensor::expand(const Shape& shape) const { return ops::expand(*this, shape); }
+Tensor Tensor::diagonal(int64_t offset, int64_t dim1, int64_t dim2) const {
+  return ops::diagonal(*this, offset, dim1, dim2);
+}
 Tensor Tensor::squeeze() const { return ops::squeeze(*this); }
 Tensor Tensor::squeeze(int64_t dim) const { return ops::squeeze(*this, dim); }
 Tensor Tensor::unsqueeze(int64_t dim) const { return ops::unsqueeze(*this, dim); }

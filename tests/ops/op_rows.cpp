@@ -673,6 +673,92 @@ const std::vector<OpRow>& op_table() {
          return TensorList{kiln::isclose(in.at(0), in.at(1), c.scalar("rtol", Scalar(1e-5)).to_double(),
                                          c.scalar("atol", Scalar(1e-8)).to_double(), c.flag("equal_nan"))};
        }},
+
+      // ---- diagonals, products and arrangements ----
+      view_op("diagonal",
+              [](const Tensor& x, const GoldenCase& c) {
+                return kiln::diagonal(x, c.integer("offset", 0), c.integer("dim1", 0), c.integer("dim2", 1));
+              }),
+      unary_args("diag_embed", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   return kiln::diag_embed(x, c.integer("offset", 0), c.integer("dim1", -2), c.integer("dim2", -1));
+                 }),
+      unary_args("diag", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::diag(x, c.integer("k", 0)); }),
+      unary("trace", D::GradGrad, [](const Tensor& x) { return kiln::trace(x); }),
+      binary("outer", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::outer(a, b); }),
+      binary("dot", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::dot(a, b); }),
+      binary("inner", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::inner(a, b); }),
+      binary("mv", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::mv(a, b); }),
+      {"addmv", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::addmv(in.at(0), in.at(1), in.at(2), c.scalar("beta", Scalar(1)),
+                                       c.scalar("alpha", Scalar(1)))};
+       }},
+      {"addr", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::addr(in.at(0), in.at(1), in.at(2), c.scalar("beta", Scalar(1)),
+                                      c.scalar("alpha", Scalar(1)))};
+       }},
+      {"baddbmm", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::baddbmm(in.at(0), in.at(1), in.at(2), c.scalar("beta", Scalar(1)),
+                                         c.scalar("alpha", Scalar(1)))};
+       }},
+      {"tensordot", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         if (c.has("n")) return TensorList{kiln::tensordot(in.at(0), in.at(1), c.integer("n"))};
+         return TensorList{kiln::tensordot(in.at(0), in.at(1), c.shape("dims_a"), c.shape("dims_b"))};
+       }},
+      binary("kron", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::kron(a, b); }),
+      {"cross", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{linalg::cross(in.at(0), in.at(1), c.integer("dim", -1))};
+       }},
+      unary_args("matrix_power", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return linalg::matrix_power(x, c.integer("n")); }),
+      {"cdist", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::cdist(in.at(0), in.at(1), c.scalar("p", Scalar(2.0)).to_double())};
+       }},
+      unary_args("roll", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return kiln::roll(x, c.shape("shifts"), c.shape("dims", {})); }),
+      unary_args("tile", D::GradGrad, [](const Tensor& x, const GoldenCase& c) { return kiln::tile(x, c.shape("reps")); }),
+      unary_args("repeat_interleave", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   return kiln::repeat_interleave(x, c.integer("repeats"), c.opt_integer("dim"));
+                 }),
+      {"repeat_interleave_tensor", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::repeat_interleave(in.at(0), in.at(1), c.opt_integer("dim"))};
+       }},
+      view_op("movedim",
+              [](const Tensor& x, const GoldenCase& c) { return kiln::movedim(x, c.shape("src"), c.shape("dst")); }),
+      unary_args("rot90", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   return kiln::rot90(x, c.integer("k"), c.shape("dims", Shape{0, 1}));
+                 }),
+      unary("fliplr", D::GradGrad, [](const Tensor& x) { return kiln::fliplr(x); }),
+      unary("flipud", D::GradGrad, [](const Tensor& x) { return kiln::flipud(x); }),
+      {"meshgrid", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         TensorList out;
+         for (const Tensor& t : kiln::meshgrid(in, c.str("indexing"))) out.push_back(t.contiguous());
+         return out;
+       }},
+      {"cartesian_prod", D::GradGrad,
+       [](const TensorList& in, const GoldenCase&) { return TensorList{kiln::cartesian_prod(in)}; }},
+      {"take_along_dim", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{kiln::take_along_dim(in.at(0), in.at(1), c.opt_integer("dim"))};
+       }},
+      {"tril_indices", D::None,
+       [](const TensorList&, const GoldenCase& c) {
+         return TensorList{kiln::tril_indices(c.integer("row"), c.integer("col"), c.integer("offset", 0))};
+       }},
+      {"triu_indices", D::None,
+       [](const TensorList&, const GoldenCase& c) {
+         return TensorList{kiln::triu_indices(c.integer("row"), c.integer("col"), c.integer("offset", 0))};
+       }},
   };
   return rows;
 }
