@@ -319,10 +319,11 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
       case UnaryOp::Exp2: return exp2(x);
       case UnaryOp::Erfc: return erfc(x);
       case UnaryOp::Lgamma: return log_abs_gamma(x);  // +inf at the poles 0, -1, -2, ..., as PyTorch
-      // core/special_math.h: in float64, rounded once.
+      // core/special_math.h: in float64 (to float32's need for a float32 result), rounded once.
       case UnaryOp::Erfinv: return static_cast<T>(erfinv_f64(static_cast<double>(x), std::is_same_v<T, float>));
-      case UnaryOp::Digamma: return static_cast<T>(digamma_f64(static_cast<double>(x)));
-      case UnaryOp::Polygamma: return static_cast<T>(polygamma_f64(static_cast<int>(a), static_cast<double>(x)));
+      case UnaryOp::Digamma: return static_cast<T>(digamma_f64(static_cast<double>(x), std::is_same_v<T, float>));
+      case UnaryOp::Polygamma:
+        return static_cast<T>(polygamma_f64(static_cast<int>(a), static_cast<double>(x), std::is_same_v<T, float>));
     }
     return x;
   }

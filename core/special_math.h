@@ -1,8 +1,9 @@
 // core/special_math.h: the special functions of the elementwise ops that neither C++ nor CUDA
 // provides (digamma, polygamma, erfinv), on one element, for the CPU's loops and CUDA's kernels alike
-// (core/scalar_math.h calls them). Each computes in float64 whatever T is and rounds once, so a
-// float32 result is the float64 one rounded (erfinv's is within 1e-13 of it before the rounding).
-// PyTorch's float32 kernels compute in float32, so they agree to float32's accuracy, not bit for bit.
+// (core/scalar_math.h calls them). Each computes in float64 whatever T is and rounds once; for a
+// float32 result (float16 and bfloat16 compute in float32) it takes fewer terms and Newton steps, enough
+// to be within 1e-9 of the float64 value before that rounding. PyTorch's float32 kernels compute in
+// float32, so they agree to float32's accuracy, not bit for bit.
 #pragma once
 
 #include <cmath>
@@ -36,13 +37,14 @@ KILN_HOST_DEVICE inline T log_abs_gamma(T x) {
 // Note [digamma by recurrence and asymptotic series]
 // digamma(x) = d/dx log Gamma(x). For x >= 10 the asymptotic series
 //   ln x - 1/(2x) - sum_k B_2k / (2k x^2k)  (B_2k the Bernoulli numbers)
-// cut after x^-14 is exact to float64 (the next term is below 1e-17 there); smaller x is carried up by
+// cut after x^-14 is exact to float64 (the next term is below 1e-17 there; for a float32 result x >= 6
+// is enough, the term 4e-13); smaller x is carried up by
 // digamma(x) = digamma(x + 1) - 1/x, and negative x by the reflection
 //   digamma(x) = digamma(1 - x) - pi / tan(pi x),
 // with tan taken of x's fractional part (the same value, tan having period pi, without the rounding
 // of pi x for large x). PyTorch's (and SciPy's) values at the poles: +-inf at +-0 (the sign of -x),
 // NaN at the negative integers.
-KILN_SPECIAL_FN double digamma_f64(double x) {
+KILN_SPECIAL_FN double digamma_f64(double x, bool float32_result = false) {
   constexpr double kPi = 3.14159265358979323846;
   constexpr double kInf = std::numeric_limits<double>::infinity();
   using std::log, std::tan, std::trunc;
@@ -53,7 +55,8 @@ KILN_SPECIAL_FN double digamma_f64(double x) {
     result = -kPi / tan(kPi * (x - trunc(x)));
     x = 1 - x;
   }
-  while (x < 10) {
+  const double start = float32_result ? 6 : 10;  // the series' error there: 4e-13, 1e-17
+  while (x < start) {
     result -= 1 / x;
     x += 1;
   }
@@ -75,7 +78,7 @@ KILN_SPECIAL_FN double digamma_f64(double x) {
 // polygamma) zeta is +inf, so polygamma is +inf for odd n and -inf for even n, as PyTorch's for n >= 2
 // (its n = 1 takes another formula, which gives a large finite number there). At x = +inf polygamma is
 // its limit, 0 (PyTorch's zeta gives NaN there for n >= 2).
-KILN_SPECIAL_FN double hurwitz_zeta_f64(int s, double q) {
+KILN_SPECIAL_FN double hurwitz_zeta_f64(int s, double q, bool float32_result = false) {
   using std::floor, std::abs;
   constexpr double kInf = std::numeric_limits<double>::infinity();
   if (q != q) return q;
@@ -103,8 +106,10 @@ KILN_SPECIAL_FN double hurwitz_zeta_f64(int s, double q) {
     return 1 / r;
   };
   // The tail's series needs a larger a for a larger s: from a = 9 alone it is 2e-11 off for s = 12 at
-  // q = 9; from a >= max(9, s + 4) it is within 1e-14 for s up to 21 (checked against mpmath).
-  const double start = s + 4 > 9 ? s + 4 : 9;
+  // q = 9; from a >= max(9, s + 4) it is within 1e-14 for s up to 21 (checked against mpmath). A
+  // float32 result starts it at max(4, s + 2) and stops at 1e-9 (within 4e-10): half the terms.
+  const double start = float32_result ? (s + 2 > 4 ? s + 2 : 4) : (s + 4 > 9 ? s + 4 : 9);
+  const double tolerance = float32_result ? 1e-9 : 1e-17;
   double sum = 0, a = q;
   for (; a < start; a += 1) sum += inverse_power(a);
   const double a_s = inverse_power(a), inverse_a2 = 1 / (a * a);
@@ -114,17 +119,17 @@ KILN_SPECIAL_FN double hurwitz_zeta_f64(int s, double q) {
   for (int j = 0; j < 12; ++j) {
     const double term = kB[j] * factor;
     sum += term;
-    if (abs(term) <= 1e-17 * abs(sum)) break;
+    if (abs(term) <= tolerance * abs(sum)) break;
     factor *= (s + 2.0 * j + 1) * (s + 2.0 * j + 2) * inverse_a2;
   }
   return sum;
 }
 
-KILN_SPECIAL_FN double polygamma_f64(int n, double x) {
-  if (n == 0) return digamma_f64(x);
+KILN_SPECIAL_FN double polygamma_f64(int n, double x, bool float32_result = false) {
+  if (n == 0) return digamma_f64(x, float32_result);
   double factorial = 1;
   for (int i = 2; i <= n; ++i) factorial *= i;
-  return (n % 2 == 1 ? factorial : -factorial) * hurwitz_zeta_f64(n + 1, x);
+  return (n % 2 == 1 ? factorial : -factorial) * hurwitz_zeta_f64(n + 1, x, float32_result);
 }
 
 // Note [erfinv by an approximation and Newton steps]
@@ -167,13 +172,15 @@ KILN_SPECIAL_FN double erfinv_f64(double y, bool float32_result = false) {
   }
   double x = p * ay;
   constexpr double kTwoOverSqrtPi = 1.12837916709551257390;
-  const double log_tail = log(1 - ay);
-  // One step takes the polynomials' 1e-7 to 1e-13, past float32's need (6e-8).
+  // A float32 result takes one step on erf(x) = y, even in the tail: 1 - y >= 6e-8 there, so erf(x) - y
+  // keeps 9 digits in float64, and the polynomials' 1e-7 becomes 1e-13, past float32's need.
+  const bool erf_form = float32_result || ay <= 0.5;
+  const double log_tail = erf_form ? 0 : log(1 - ay);
   const int steps = float32_result ? 1 : 12;
   for (int step = 0; step < steps && x != 0; ++step) {
     const double slope = kTwoOverSqrtPi * exp(-x * x);  // erf'(x)
     double dx;
-    if (ay <= 0.5) {
+    if (erf_form) {
       dx = (erf(x) - ay) / slope;
     } else {
       const double tail = erfc(x);

@@ -13,6 +13,7 @@
 #include "cpu/exact_math.h"
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
+#include "cpu/vector_math.h"
 
 namespace kiln::cpu {
 
@@ -118,7 +119,7 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
       if (args.a == 2) { out = in.square(); return true; }
       if (args.a == 1) { out = in; return true; }
       return false;
-    default: return false;
+    default: return vector_unary(op, x, y, n);  // glibc's SIMD functions (cpu/vector_math.cpp), or false
   }
 }
 
@@ -160,6 +161,25 @@ void unary_typed(UnaryOp op, const StridedLoop<2>& loop, UnaryArgs args) {
                                       [&](const float (&in)[1][kHalfChunk], float* out, int64_t m) {
                                         return unary_vectorized<float>(op, in[0], out, m, args);
                                       });
+      }
+    }
+    // The scalar loop, with the op fixed at compile time for the floating ops that only it computes, so
+    // that math::unary's switch folds away (it took as long as lgamma itself, 8 ns an element).
+    auto run = [&]<UnaryOp kOp>() {
+      for (int64_t i = start; i < n; ++i) {
+        M x = static_cast<M>(at<T>(p[1], i * s[1]));
+        at<T>(p[0], i * s[0]) = static_cast<T>(math::unary<M>(kOp, x, args.a, args.b));
+      }
+    };
+    if constexpr (std::is_floating_point_v<M>) {
+      switch (op) {
+        case UnaryOp::Sqrt: return run.template operator()<UnaryOp::Sqrt>();
+        case UnaryOp::Rsqrt: return run.template operator()<UnaryOp::Rsqrt>();
+        case UnaryOp::Lgamma: return run.template operator()<UnaryOp::Lgamma>();
+        case UnaryOp::Digamma: return run.template operator()<UnaryOp::Digamma>();
+        case UnaryOp::Polygamma: return run.template operator()<UnaryOp::Polygamma>();
+        case UnaryOp::Erfinv: return run.template operator()<UnaryOp::Erfinv>();
+        default: break;
       }
     }
     for (int64_t i = start; i < n; ++i) {
@@ -281,6 +301,33 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
       }
       [[fallthrough]];
     default: return run([&](T x, T y) { return cvt(math::binary<M>(op, M(x), M(y), alpha)); });
+    // glibc's SIMD functions over contiguous runs (cpu/vector_math.cpp), float16 and bfloat16 through
+    // float32; other runs, and builds without them, take math::binary one element at a time.
+    case BinaryOp::Atan2:
+    case BinaryOp::Hypot:
+    case BinaryOp::LogAddExp:
+    case BinaryOp::LogAddExp2:
+    case BinaryOp::Xlogy:
+      return loop.parallel_run([&](char* const* p, const int64_t* s, int64_t n) {
+        const bool contiguous = s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == sizeof(T);
+        const T* a = reinterpret_cast<const T*>(p[1]);
+        const T* b = reinterpret_cast<const T*>(p[2]);
+        T* y = reinterpret_cast<T*>(p[0]);
+        int64_t start = 0;  // where the scalar loop begins
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+          if (contiguous && vector_binary(op, a, b, y, n)) return;
+        } else if constexpr (std::is_same_v<M, float>) {  // Note [16-bit runs through float32]
+          if (contiguous) {
+            start = through_float32<T, 2>({a, b}, y, n, [&](const float (&in)[2][kHalfChunk], float* out, int64_t m) {
+              return vector_binary(op, in[0], in[1], out, m);
+            });
+          }
+        }
+        if (start == 0) {
+          return binary_run<T, T>(p, s, n, [&](T x, T z) { return cvt(math::binary<M>(op, M(x), M(z), alpha)); });
+        }
+        for (int64_t i = start; i < n; ++i) y[i] = cvt(math::binary<M>(op, M(a[i]), M(b[i]), alpha));
+      });
   }
 }
 
