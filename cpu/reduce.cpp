@@ -291,6 +291,9 @@ void reduce_with(const View& in, const View& out, bool allow_outer) {
 }  // namespace
 
 void reduce_kernel(ReduceKind op, const View& in, const View& out) {
+  // No output elements, nothing to write: and the strides of an empty shape with a huge dim beside its
+  // 0 ([0, 2^62], the gradient of tile or repeat of such a tensor) would overflow in the plans below.
+  if (out.numel() == 0) return;
   if (op == ReduceKind::All || op == ReduceKind::Any) {
     KILN_CHECK(in.dtype == kBool, "all/any: the CPU kernel expects bool input");
     if (op == ReduceKind::All) reduce_with<LogicalR<true>, bool>(in, out, true);

@@ -663,6 +663,7 @@ void reduce_with(const View& in, const View& out, int device, cudaStream_t strea
 }  // namespace
 
 void reduce_launch(ReduceKind op, const View& in, const View& out, const Stream& s) {
+  if (out.numel() == 0) return;  // nothing to write (as the CPU's reduce_kernel)
   cudaStream_t stream = stream_of(s);
   const int device = s.device.index;
   if (op == ReduceKind::All || op == ReduceKind::Any) {

@@ -8,7 +8,6 @@
 // any order and runs on every device without a kernel of its own.
 #include <algorithm>
 #include <cstdint>
-#include <numeric>
 #include <vector>
 
 #include "ops/ops.h"
@@ -94,7 +93,9 @@ Tensor tensordot(const Tensor& a, const Tensor& b, const Shape& dims_a, const Sh
              dims_b.str());
   std::vector<bool> contracted_a(a.dim(), false), contracted_b(b.dim(), false);
   Shape order_a, order_b, contracted_a_dims, contracted_b_dims;
-  int64_t k = 1;
+  // The sizes of the two matrices, multiplied out in 128 bits: an empty tensor may have other dims whose
+  // product passes 2^63 ([0, 2^62, 3]), so the running products may too before the 0 comes.
+  __int128 k = 1, m = 1, n = 1;
   for (int i = 0; i < dims_a.size(); ++i) {
     const int da = wrap_dim(dims_a[i], a.dim(), op), db = wrap_dim(dims_b[i], b.dim(), op);
     KILN_CHECK(!contracted_a[da] && !contracted_b[db], "{}: a dim is named twice in dims_a {} or dims_b {}", op,
@@ -107,7 +108,6 @@ Tensor tensordot(const Tensor& a, const Tensor& b, const Shape& dims_a, const Sh
   }
   // a as (free_a, k), b as (k, free_b): one matmul.
   Shape out_shape;
-  int64_t m = 1, n = 1;
   for (int d = 0; d < a.dim(); ++d) {
     if (contracted_a[d]) continue;
     order_a.push_back(d), out_shape.push_back(a.size(d));
@@ -120,7 +120,12 @@ Tensor tensordot(const Tensor& a, const Tensor& b, const Shape& dims_a, const Sh
     order_b.push_back(d), out_shape.push_back(b.size(d));
     n *= b.size(d);
   }
-  const Tensor am = a.permute(order_a).reshape({m, k}), bm = b.permute(order_b).reshape({k, n});
+  for (__int128 size : {m, k, n}) {
+    KILN_CHECK(size <= INT64_MAX, "{}: {} and {} make a product of more than 2^63 rows or columns", op,
+               a.sizes().str(), b.sizes().str());
+  }
+  const Tensor am = a.permute(order_a).reshape({static_cast<int64_t>(m), static_cast<int64_t>(k)});
+  const Tensor bm = b.permute(order_b).reshape({static_cast<int64_t>(k), static_cast<int64_t>(n)});
   return matmul(am, bm).reshape(out_shape);
 }
 Tensor tensordot(const Tensor& a, const Tensor& b, int64_t dims) {
@@ -141,7 +146,9 @@ Tensor kron(const Tensor& a, const Tensor& b) {
     const int64_t y = d < nd - b.dim() ? 1 : b.size(d - (nd - b.dim()));
     sa.push_back(x), sa.push_back(1);
     sb.push_back(1), sb.push_back(y);
-    out.push_back(x * y);
+    int64_t size = 0;
+    KILN_CHECK(!__builtin_mul_overflow(x, y, &size), "kron: dim {} of the result ({} x {}) is past 2^63", d, x, y);
+    out.push_back(size);
   }
   KILN_CHECK(2 * nd <= kMaxDims, "kron: at most {} dims are supported, got {}", kMaxDims / 2, nd);
   return (a.reshape(sa) * b.reshape(sb)).reshape(out);

@@ -543,11 +543,11 @@ Tensor polygamma(int64_t n, const Tensor& x) {
 }
 #undef KILN_AUTOCAST_UNARY
 
+// In sinc and logit, float16 and bfloat16 compute in float32 and round once, as PyTorch's kernels do
+// (their compositions would round at each of their steps).
+static bool is_16_bit(const Tensor& x) { return x.dtype() == kFloat16 || x.dtype() == kBFloat16; }
 // sin(pi x) / (pi x), 1 at 0. The quotient is taken of x with its zeros replaced by 1, so that the
 // branch where() leaves out has no 0 / 0 whose NaN would reach the gradient.
-// Float16 and bfloat16 compute in float32 and round once, as PyTorch's kernels do (and sinc's and
-// logit's compositions would round at each of their steps).
-static bool is_16_bit(const Tensor& x) { return x.dtype() == kFloat16 || x.dtype() == kBFloat16; }
 Tensor sinc(const Tensor& x) {
   if (is_16_bit(x)) return sinc(x.to(kFloat32)).to(x.dtype());
   const Tensor xf = x.is_floating_point() ? x : x.to(kFloat32);
