@@ -545,11 +545,10 @@ Tensor polygamma(int64_t n, const Tensor& x) {
 
 // In sinc and logit, float16 and bfloat16 compute in float32 and round once, as PyTorch's kernels do
 // (their compositions would round at each of their steps).
-static bool is_16_bit(const Tensor& x) { return x.dtype() == kFloat16 || x.dtype() == kBFloat16; }
 // sin(pi x) / (pi x), 1 at 0. The quotient is taken of x with its zeros replaced by 1, so that the
 // branch where() leaves out has no 0 / 0 whose NaN would reach the gradient.
 Tensor sinc(const Tensor& x) {
-  if (is_16_bit(x)) return sinc(x.to(kFloat32)).to(x.dtype());
+  if (is_reduced_float(x.dtype())) return sinc(x.to(kFloat32)).to(x.dtype());
   const Tensor xf = x.is_floating_point() ? x : x.to(kFloat32);
   const Tensor zero = xf.eq(0);
   const Tensor px = where(zero, ones_like(xf), xf) * 3.14159265358979323846;
@@ -557,7 +556,7 @@ Tensor sinc(const Tensor& x) {
 }
 // log(x / (1 - x)), x first clamped to [eps, 1 - eps] when eps is given (its gradient then 0 outside).
 Tensor logit(const Tensor& x, std::optional<double> eps) {
-  if (is_16_bit(x)) return logit(x.to(kFloat32), eps).to(x.dtype());
+  if (is_reduced_float(x.dtype())) return logit(x.to(kFloat32), eps).to(x.dtype());
   Tensor z = x.is_floating_point() ? x : x.to(kFloat32);
   if (eps) z = clamp(z, *eps, 1 - *eps);
   return log(z / (1 - z));

@@ -32,6 +32,14 @@ OpRow view_op(std::string op, Fn1a f) {
           }};
 }
 
+// beta input + alpha (a product of the other two inputs): addmv, addr, baddbmm.
+using Scaled = Tensor (*)(const Tensor&, const Tensor&, const Tensor&, const Scalar&, const Scalar&);
+OpRow scaled_product(std::string op, Scaled f) {
+  return {std::move(op), Deriv::GradGrad, [f](const TensorList& in, const GoldenCase& c) {
+            const Scalar beta = c.scalar("beta", Scalar(1)), alpha = c.scalar("alpha", Scalar(1));
+            return TensorList{f(in.at(0), in.at(1), in.at(2), beta, alpha)};
+          }};
+}
 Tensor opt_input(const TensorList& in, size_t k) { return k < in.size() ? in[k] : Tensor(); }
 Shape dims_arg(const GoldenCase& c) { return c.shape("dims", Shape{}); }
 bool keepdim_arg(const GoldenCase& c) { return c.flag("keepdim"); }
@@ -689,21 +697,9 @@ const std::vector<OpRow>& op_table() {
       binary("dot", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::dot(a, b); }),
       binary("inner", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::inner(a, b); }),
       binary("mv", D::GradGrad, [](const Tensor& a, const Tensor& b) { return kiln::mv(a, b); }),
-      {"addmv", D::GradGrad,
-       [](const TensorList& in, const GoldenCase& c) {
-         return TensorList{kiln::addmv(in.at(0), in.at(1), in.at(2), c.scalar("beta", Scalar(1)),
-                                       c.scalar("alpha", Scalar(1)))};
-       }},
-      {"addr", D::GradGrad,
-       [](const TensorList& in, const GoldenCase& c) {
-         return TensorList{kiln::addr(in.at(0), in.at(1), in.at(2), c.scalar("beta", Scalar(1)),
-                                      c.scalar("alpha", Scalar(1)))};
-       }},
-      {"baddbmm", D::GradGrad,
-       [](const TensorList& in, const GoldenCase& c) {
-         return TensorList{kiln::baddbmm(in.at(0), in.at(1), in.at(2), c.scalar("beta", Scalar(1)),
-                                         c.scalar("alpha", Scalar(1)))};
-       }},
+      scaled_product("addmv", kiln::addmv),
+      scaled_product("addr", kiln::addr),
+      scaled_product("baddbmm", kiln::baddbmm),
       {"tensordot", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {
          if (c.has("n")) return TensorList{kiln::tensordot(in.at(0), in.at(1), c.integer("n"))};
