@@ -1,7 +1,9 @@
-// bench_linalg: the host linear algebra of ops/solve.cpp and ops/decompose.cpp on the CPU, for the
+// bench_linalg: the host linear algebra of ops/solve.cpp, ops/decompose.cpp and ops/svd.cpp on the CPU, for the
 // small matrices it is meant for and one larger one: linalg::solve, inv, det, cholesky,
-// solve_triangular, cholesky_solve, eigh and qr over a batch of 256 8 x 8 float64 matrices (8
-// right-hand sides), and solve, cholesky, eigh and qr of one 128 x 128 matrix. ms: the median of 7
+// solve_triangular, cholesky_solve, eigh, qr, and ops/svd.cpp's svd (reduced), svdvals, pinv and lstsq
+// (driver gelsd) over a batch of 256 8 x 8 float64 matrices (8 right-hand sides); solve, cholesky,
+// eigh, qr, svd, svdvals, pinv and lstsq of one 128 x 128 matrix; svd, svdvals and lstsq of one
+// 1024 x 64 matrix (8 right-hand sides). ms: the median of 7
 // runs after 2 warm-up runs. One JSON line per result. Its PyTorch counterpart:
 // benchmarks/torch_linalg.py (same shapes, parts and timing rule; PyTorch calls LAPACK, Kiln its own
 // loops, one matrix at a time).
@@ -41,6 +43,15 @@ int main(int argc, char** argv) {
     if (n == 8) report("cholesky_solve_" + tag, [&] { (void)cholesky_solve(b, l); });
     report("eigh_" + tag, [&] { (void)linalg::eigh(spd); });
     report("qr_" + tag, [&] { (void)linalg::qr(a); });
+    report("svd_" + tag, [&] { (void)linalg::svd(x, false); });
+    report("svdvals_" + tag, [&] { (void)linalg::svdvals(x); });
+    report("pinv_" + tag, [&] { (void)linalg::pinv(x); });
+    report("lstsq_" + tag, [&] { (void)linalg::lstsq(x, b, {}, "gelsd"); });
   }
+  // A tall matrix, as in a least-squares fit: 1024 x 64.
+  const Tensor tall = randn({1024, 64}, f64, &gen), rhs = randn({1024, 8}, f64, &gen);
+  report("svd_1024x64", [&] { (void)linalg::svd(tall, false); });
+  report("svdvals_1024x64", [&] { (void)linalg::svdvals(tall); });
+  report("lstsq_1024x64", [&] { (void)linalg::lstsq(tall, rhs, {}, "gelsd"); });
   return 0;
 }

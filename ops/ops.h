@@ -7,6 +7,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 #include <string_view>
 #include <tuple>
 #include <vector>
@@ -317,6 +318,56 @@ std::tuple<Tensor, Tensor> qr(const Tensor& a, std::string_view mode = "reduced"
 }  // namespace linalg
 // X with A X = B where A = L L^T (or U^T U with upper), given the Cholesky factor: torch.cholesky_solve.
 Tensor cholesky_solve(const Tensor& b, const Tensor& l, bool upper = false);
+
+// ---- svd.cpp: torch.linalg's svd, svdvals, pinv, matrix_rank, lstsq and norms, and torch.svd (the SVD on
+// the host in float64, float32 and float64 matrices, batched; differentiable) ----
+namespace linalg {
+// (U, S, Vh) with A = U diag(S) Vh for A (*, m, n), k = min(m, n): S (*, k) descending; U (*, m, m) and
+// Vh (*, n, n) with full_matrices (PyTorch's default), else U (*, m, k) and Vh (*, k, n). Each pair of
+// singular vectors is determined only up to its sign (LAPACK's signs may differ from these). A
+// non-finite entry is an Error.
+std::tuple<Tensor, Tensor, Tensor> svd(const Tensor& a, bool full_matrices = true);
+Tensor svdvals(const Tensor& a);  // S (*, k), descending; NaN for a matrix with a non-finite entry
+// The Moore-Penrose pseudo-inverse (*, n, m): singular values at most max(atol, rtol * the largest)
+// count as 0; rtol by default eps * max(m, n) (0 where a positive atol is given). With hermitian, A
+// is taken as symmetric (its lower triangle read) and factored by eigh.
+Tensor pinv(const Tensor& a, std::optional<double> atol = {}, std::optional<double> rtol = {}, bool hermitian = false);
+// The number of singular values above pinv's tolerance (int64, *).
+Tensor matrix_rank(const Tensor& a, std::optional<double> atol = {}, std::optional<double> rtol = {},
+                   bool hermitian = false);
+// torch.linalg.lstsq's named tuple.
+struct LstsqResult {
+  Tensor solution;         // X (*, n, k) minimizing |A X - B| (of least norm); (*, n) for a vector B
+  Tensor residuals;        // |A X - B|^2 per column (*, k) where m > n, every A has full rank and the
+                           // driver is not gelsy; else empty
+  Tensor rank;             // int64 (*), except for gels (empty)
+  Tensor singular_values;  // (*, min(m, n)) for gelsd and gelss; else empty
+};
+// The least-squares solution of A X = B: A (*, m, n), B (*, m, k) or (*, m) (one dim fewer than A),
+// batch dims broadcast. Singular values at most rcond times the largest (by default eps * max(m, n))
+// count as 0. Every driver ("gels", "gelsy" by default, "gelsd", "gelss") solves through the SVD; the
+// driver picks which of the other outputs are filled, as PyTorch's. Differentiable in the solution.
+LstsqResult lstsq(const Tensor& a, const Tensor& b, std::optional<double> rcond = {},
+                  std::optional<std::string> driver = {});
+// The p-norm of x's elements over dim (all of them when empty): kiln::norm under PyTorch's name.
+Tensor vector_norm(const Tensor& x, double ord = 2, const Shape& dim = {}, bool keepdim = false);
+// The matrix norm over the two dims `dim`: ord 1 / -1 the largest / smallest column sum of |A|, inf /
+// -inf the row sums', 2 / -2 the largest / smallest singular value; "fro" sqrt(sum A^2), "nuc" the sum
+// of the singular values.
+Tensor matrix_norm(const Tensor& a, double ord, const Shape& dim = {-2, -1}, bool keepdim = false);
+Tensor matrix_norm(const Tensor& a, std::string_view ord = "fro", const Shape& dim = {-2, -1}, bool keepdim = false);
+// torch.linalg.norm: with one dim (or a 1-D input and no dim) a vector norm, with two (or a 2-D input)
+// a matrix norm; without ord and dim, the 2-norm of all elements.
+Tensor norm(const Tensor& a, std::optional<double> ord = {}, std::optional<Shape> dim = {}, bool keepdim = false);
+Tensor norm(const Tensor& a, std::string_view ord, std::optional<Shape> dim = {}, bool keepdim = false);
+// The condition number: the ratio of the largest and smallest singular values for p 2 (the default) and
+// -2 (any shape); norm(A, p) norm(A^-1, p) for square A otherwise (inf where A is singular).
+Tensor cond(const Tensor& a, std::optional<double> p = {});
+Tensor cond(const Tensor& a, std::string_view p);
+}  // namespace linalg
+// torch.svd: (U, S, V), reduced where some (the default), V not transposed; without compute_uv, U and
+// V are zero-filled (m x m) and (n x n).
+std::tuple<Tensor, Tensor, Tensor> svd(const Tensor& a, bool some = true, bool compute_uv = true);
 
 // ---- composite.cpp: arrangements and products composed of other ops (differentiable, every device) ----
 // A 1-D x as a square matrix with x on its diagonal `diagonal`; a 2-D x's diagonal, copied.

@@ -16,7 +16,7 @@
 // Backward (X = A^-1 B): dB = A^-T dX, dA = -dB X^T, both written with solve and matmul, so they are
 // differentiable again; inv(A) is solve(A, I) and takes its gradient from there; d det / dA =
 // det A^-T and d log|det| / dA = A^-T, A^-T again a solve. At a singular matrix, where A^-T does not
-// exist, that gradient is an Error (PyTorch's goes through an SVD, which Kiln does not have).
+// exist, that gradient is an Error (PyTorch's goes through an SVD there, which this file does not use).
 #include <cmath>
 #include <limits>
 #include <string>

@@ -187,6 +187,17 @@ std::vector<EdgeOp> edge_ops() {
   u("linalg::eigvalsh, U", [](const Tensor& a) { return linalg::eigvalsh(a, "U"); });
   u("linalg::qr", [](const Tensor& a) { return std::get<0>(linalg::qr(a)); });
   u("linalg::qr, complete", [](const Tensor& a) { return std::get<1>(linalg::qr(a, "complete")); });
+  u("linalg::svd", [](const Tensor& a) { return std::get<0>(linalg::svd(a)); });
+  u("linalg::svd, reduced", [](const Tensor& a) { return std::get<2>(linalg::svd(a, false)); });
+  u("linalg::svdvals", [](const Tensor& a) { return linalg::svdvals(a); });
+  u("linalg::pinv", [](const Tensor& a) { return linalg::pinv(a); });
+  u("linalg::pinv, hermitian", [](const Tensor& a) { return linalg::pinv(a, {}, {}, true); });
+  u("linalg::matrix_rank", [](const Tensor& a) { return linalg::matrix_rank(a); });
+  u("linalg::matrix_norm nuc", [](const Tensor& a) { return linalg::matrix_norm(a, "nuc"); });
+  u("linalg::matrix_norm inf", [](const Tensor& a) { return linalg::matrix_norm(a, INFINITY); });
+  u("linalg::norm", [](const Tensor& a) { return linalg::norm(a); });
+  u("linalg::cond", [](const Tensor& a) { return linalg::cond(a); });
+  u("linalg::cond 1", [](const Tensor& a) { return linalg::cond(a, 1); });
   u("where(condition)", [](const Tensor& a) { return where(a.ne(0)).at(0); });
   ud("count_nonzero", [](const Tensor& a, int64_t d) { return count_nonzero(a, {d}); });
   u("unique", [](const Tensor& a) { return std::get<0>(unique(a)); });
@@ -374,6 +385,8 @@ std::vector<EdgeOp> edge_ops() {
   b("linalg::solve_triangular", [](const Tensor& a, const Tensor& c) { return linalg::solve_triangular(a, c, true); });
   b("cholesky_solve", [](const Tensor& a, const Tensor& c) { return cholesky_solve(a, c); });
   b("linalg::solve, left = false", [](const Tensor& a, const Tensor& c) { return linalg::solve(a, c, false); });
+  b("linalg::lstsq", [](const Tensor& a, const Tensor& c) { return linalg::lstsq(a, c).solution; });
+  b("linalg::lstsq, gelsd residuals", [](const Tensor& a, const Tensor& c) { return linalg::lstsq(a, c, {}, "gelsd").residuals; });
   b("addmm", [](const Tensor& a, const Tensor& c) { return addmm(a, c, c.t()); });
   b("addmm_gelu", [](const Tensor& a, const Tensor& c) { return addmm_gelu(a, c, c.t()); });
   b("addmm_out", [](const Tensor& a, const Tensor& c) { return addmm_out(a, a, c, c.t()); });

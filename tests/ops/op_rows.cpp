@@ -43,6 +43,12 @@ OpRow scaled_product(std::string op, Scaled f) {
 Tensor opt_input(const TensorList& in, size_t k) { return k < in.size() ? in[k] : Tensor(); }
 Shape dims_arg(const GoldenCase& c) { return c.shape("dims", Shape{}); }
 bool keepdim_arg(const GoldenCase& c) { return c.flag("keepdim"); }
+std::optional<double> opt_real(const GoldenCase& c, const char* key) {
+  return c.has(key) ? std::optional<double>(c.real(key)) : std::nullopt;
+}
+std::optional<std::string> opt_str(const GoldenCase& c, const char* key) {
+  return c.has(key) ? std::optional<std::string>(c.str(key)) : std::nullopt;
+}
 
 }  // namespace
 
@@ -633,6 +639,58 @@ const std::vector<OpRow>& op_table() {
       unary_args("eigvalsh", D::None,
                  [](const Tensor& x, const GoldenCase& c) {
                    return linalg::eigvalsh(x, c.has("uplo") ? c.str("uplo") : "L");
+                 }),
+      // ---- the SVD and what is built on it (ops/svd.cpp) ----
+      {"svd_signed", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         const bool full = c.flag("full");
+         auto [u, s, vh] = linalg::svd(in.at(0), full);
+         const int64_t k = s.size(-1);
+         Tensor uk = u.narrow(-1, 0, k), vhk = vh.narrow(-2, 0, k);
+         if (k > 0) {  // each pair's sign fixed as signed_svd() in gen_golden.py: U's largest |entry| positive
+           const Tensor sg = sign(uk.gather(-2, argmax(uk.abs(), -2, true)));
+           uk = uk * sg;
+           vhk = vhk * sg.mT();
+         }
+         TensorList out{s, uk, vhk};
+         if (full) {  // the complements of the first k vectors, through the extra ones
+           const Tensor ue = u.narrow(-1, k, u.size(-1) - k), ve = vh.narrow(-2, k, vh.size(-2) - k);
+           out.push_back(matmul(ue, ue.mT()));
+           out.push_back(matmul(ve.mT(), ve));
+         }
+         return out;
+       }},
+      unary("svdvals", D::GradGrad, [](const Tensor& x) { return linalg::svdvals(x); }),
+      unary_args("pinv", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   return linalg::pinv(x, opt_real(c, "atol"), opt_real(c, "rtol"), c.flag("hermitian"));
+                 }),
+      unary_args("matrix_rank", D::None,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   return linalg::matrix_rank(x, opt_real(c, "atol"), opt_real(c, "rtol"), c.flag("hermitian"));
+                 }),
+      {"lstsq", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{linalg::lstsq(in.at(0), in.at(1), opt_real(c, "rcond"), opt_str(c, "driver")).solution};
+       }},
+      {"lstsq_outputs", D::None,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto r = linalg::lstsq(in.at(0), in.at(1), opt_real(c, "rcond"), opt_str(c, "driver"));
+         return TensorList{r.solution, r.residuals, r.rank, r.singular_values};
+       }},
+      unary_args("matrix_norm", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   const std::string ord = c.has("ord") ? c.str("ord") : "fro";
+                   const Shape dims = c.shape("dims", Shape{0, 1});
+                   if (ord == "fro" || ord == "nuc") return linalg::matrix_norm(x, ord, dims, keepdim_arg(c));
+                   return linalg::matrix_norm(x, c.real("ord"), dims, keepdim_arg(c));
+                 }),
+      unary_args("cond", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   if (!c.has("ord")) return linalg::cond(x);
+                   const std::string ord = c.str("ord");
+                   if (ord == "fro" || ord == "nuc") return linalg::cond(x, ord);
+                   return linalg::cond(x, c.real("ord"));
                  }),
 
       // ---- trigonometric, hyperbolic, logarithmic and special functions ----
