@@ -1,12 +1,12 @@
-// bench_linalg: the host linear algebra of ops/solve.cpp, ops/decompose.cpp and ops/svd.cpp on the CPU, for the
-// small matrices it is meant for and one larger one: linalg::solve, inv, det, cholesky,
-// solve_triangular, cholesky_solve, eigh, qr, and ops/svd.cpp's svd (reduced), svdvals, pinv and lstsq
-// (driver gelsd) over a batch of 256 8 x 8 float64 matrices (8 right-hand sides); solve, cholesky,
-// eigh, qr, svd, svdvals, pinv and lstsq of one 128 x 128 matrix; svd, svdvals and lstsq of one
-// 1024 x 64 matrix (8 right-hand sides). ms: the median of 7
-// runs after 2 warm-up runs. One JSON line per result. Its PyTorch counterpart:
-// benchmarks/torch_linalg.py (same shapes, parts and timing rule; PyTorch calls LAPACK, Kiln its own
-// loops, one matrix at a time).
+// bench_linalg: the host linear algebra of ops/solve.cpp, ops/decompose.cpp, ops/lu.cpp, ops/svd.cpp
+// and linalg::matrix_exp on the CPU, for the small matrices it is meant for and larger ones:
+// linalg::solve, inv, det, cholesky, solve_triangular, cholesky_solve, eigh, qr, ops/lu.cpp's lu_factor
+// and lu_solve, matrix_exp, and ops/svd.cpp's svd (reduced), svdvals, pinv and lstsq (driver gelsd)
+// over a batch of 256 8 x 8 float64 matrices (8 right-hand sides); solve, cholesky, eigh, qr,
+// lu_factor, lu_solve, matrix_exp, svd, svdvals, pinv and lstsq of one 128 x 128 matrix; svd, svdvals
+// and lstsq of one 1024 x 64 matrix (8 right-hand sides). ms: the median of 7 runs after 2 warm-up
+// runs. One JSON line per result. Its PyTorch counterpart: benchmarks/torch_linalg.py (same shapes,
+// parts and timing rule; PyTorch calls LAPACK, Kiln its own loops, one matrix at a time).
 // Usage: bench_linalg [threads] (default 2).
 #include <kiln/kiln.h>
 
@@ -43,6 +43,10 @@ int main(int argc, char** argv) {
     if (n == 8) report("cholesky_solve_" + tag, [&] { (void)cholesky_solve(b, l); });
     report("eigh_" + tag, [&] { (void)linalg::eigh(spd); });
     report("qr_" + tag, [&] { (void)linalg::qr(a); });
+    auto [lu, pivots] = linalg::lu_factor(a);
+    report("lu_factor_" + tag, [&] { (void)linalg::lu_factor(a); });
+    report("lu_solve_" + tag, [&] { (void)linalg::lu_solve(lu, pivots, b); });
+    report("matrix_exp_" + tag, [&] { (void)linalg::matrix_exp(x); });
     report("svd_" + tag, [&] { (void)linalg::svd(x, false); });
     report("svdvals_" + tag, [&] { (void)linalg::svdvals(x); });
     report("pinv_" + tag, [&] { (void)linalg::pinv(x); });

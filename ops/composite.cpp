@@ -1,13 +1,16 @@
 // ops/composite.cpp: PyTorch's functions that are arrangements or products of other ops: diag,
 // trace, outer, dot, inner, mv, addmv, addr, baddbmm, tensordot, kron, linalg::cross,
-// linalg::matrix_power, cdist; roll, tile, repeat_interleave, movedim, swapaxes, rot90, fliplr, flipud,
-// meshgrid, cartesian_prod, take_along_dim, tril_indices and triu_indices.
+// linalg::matrix_power, linalg::matrix_exp, linalg::multi_dot, linalg::vecdot, linalg::vander, cdist;
+// roll, tile, repeat_interleave, movedim, swapaxes, rot90, fliplr, flipud, meshgrid, cartesian_prod,
+// take_along_dim, tril_indices and triu_indices.
 //
 // Each is written in terms of ops that already differentiate (views, cat, mul, sum, matmul, gather,
 // index_select...), as PyTorch's CompositeImplicitAutograd functions are, so each has a gradient of
 // any order and runs on every device without a kernel of its own.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "ops/ops.h"
@@ -182,6 +185,109 @@ Tensor matrix_power(const Tensor& a, int64_t n) {
     if (e > 1) base = matmul(base, base);
   }
   return result;
+}
+
+// Note [matrix_exp by scaling, Pade and squaring]
+// exp(A) = exp(A / 2^s)^(2^s): with s chosen so that |A / 2^s|_1 <= theta_13 = 5.37 (Higham, 2005),
+// the [13/13] Pade approximant r(X) = q(X)^-1 p(X), p(X) = sum_j c_j X^j, q(X) = p(-X), c_j =
+// (26 - j)! 13! / (26! j! (13 - j)!), is exp(X) to float64's rounding, and s squarings undo the
+// scaling. p's odd and even parts U and V take six products (X^2, X^4, X^6 and three more), then
+// r = (V - U)^-1 (V + U) one solve. All in float64 (a float32 A is converted and the result rounded
+// once), with one s for the whole batch (that of the largest norm). Each step is a differentiable op,
+// so the gradient is that of the approximant, which is exp's to the same accuracy, of any order.
+Tensor matrix_exp(const Tensor& a) {
+  const char* op = "linalg.matrix_exp";
+  KILN_CHECK(a.dim() >= 2 && a.size(-1) == a.size(-2), "{}: A must be a batch of square matrices, got shape {}", op,
+             a.sizes().str());
+  KILN_CHECK(a.dtype() == kFloat32 || a.dtype() == kFloat64, "{}: takes float32 or float64 matrices, got {}", op,
+             dtype_name(a.dtype()));
+  const int64_t n = a.size(-1);
+  if (a.numel() == 0) return a.clone();
+  const Tensor x = a.to(kFloat64);
+  double norm;
+  {
+    NoGradGuard no_grad;
+    norm = amax(x.abs().sum({-2}), {}).item<double>();  // the largest 1-norm in the batch
+  }
+  constexpr double kTheta13 = 5.371920351148152;
+  const int squarings =
+      std::isfinite(norm) && norm > kTheta13 ? static_cast<int>(std::ceil(std::log2(norm / kTheta13))) : 0;
+  const Tensor xs = squarings > 0 ? x * std::ldexp(1.0, -squarings) : x;
+  double c[14];
+  c[0] = 1;
+  for (int j = 1; j <= 13; ++j) c[j] = c[j - 1] * double(13 - j + 1) / double(j * (26 - j + 1));
+  const Tensor identity = eye(n, {}, x.options());
+  const Tensor x2 = matmul(xs, xs), x4 = matmul(x2, x2), x6 = matmul(x4, x2);
+  const Tensor u =
+      matmul(xs, matmul(x6, x6 * c[13] + x4 * c[11] + x2 * c[9]) + x6 * c[7] + x4 * c[5] + x2 * c[3] + identity * c[1]);
+  const Tensor v =
+      matmul(x6, x6 * c[12] + x4 * c[10] + x2 * c[8]) + x6 * c[6] + x4 * c[4] + x2 * c[2] + identity * c[0];
+  Tensor r = solve(v - u, v + u);
+  for (int i = 0; i < squarings; ++i) r = matmul(r, r);
+  return r.to(a.dtype());
+}
+
+Tensor multi_dot(const std::vector<Tensor>& tensors) {
+  const char* op = "linalg.multi_dot";
+  const size_t count = tensors.size();
+  KILN_CHECK(count >= 2, "{}: expected at least 2 tensors, got {}", op, count);
+  for (size_t i = 0; i < count; ++i) {
+    const bool end = i == 0 || i + 1 == count;
+    KILN_CHECK(tensors[i].dim() == 2 || (end && tensors[i].dim() == 1), "{}: tensor {} must be 2-D{}, got shape {}", op,
+               i, end ? " (or 1-D: the first and last may be vectors)" : "", tensors[i].sizes().str());
+    KILN_CHECK(tensors[i].dtype() == tensors[0].dtype(), "{}: all tensors must have one dtype, got {} and {}", op,
+               dtype_name(tensors[0].dtype()), dtype_name(tensors[i].dtype()));
+  }
+  // A first vector is a row (1, n), a last one a column (n, 1); squeezed off again at the end.
+  std::vector<Tensor> m(tensors);
+  if (m.front().dim() == 1) m.front() = m.front().unsqueeze(0);
+  if (m.back().dim() == 1) m.back() = m.back().unsqueeze(1);
+  std::vector<int64_t> dims{m[0].size(0)};
+  for (size_t i = 0; i < count; ++i) {
+    KILN_CHECK(m[i].size(0) == dims.back(), "{}: tensor {} has {} rows where the product so far has {} columns", op, i,
+               m[i].size(0), dims.back());
+    dims.push_back(m[i].size(1));
+  }
+  // The cheapest order (the matrix-chain recurrence): cost[i][j] the fewest multiplications for the
+  // product of matrices i..j, split[i][j] where its last product splits them.
+  std::vector<std::vector<double>> cost(count, std::vector<double>(count, 0.0));
+  std::vector<std::vector<size_t>> split(count, std::vector<size_t>(count, 0));
+  for (size_t len = 2; len <= count; ++len) {
+    for (size_t i = 0; i + len <= count; ++i) {
+      const size_t j = i + len - 1;
+      cost[i][j] = -1;
+      for (size_t k = i; k < j; ++k) {
+        const double c = cost[i][k] + cost[k + 1][j] + double(dims[i]) * double(dims[k + 1]) * double(dims[j + 1]);
+        if (cost[i][j] < 0 || c < cost[i][j]) cost[i][j] = c, split[i][j] = k;
+      }
+    }
+  }
+  std::function<Tensor(size_t, size_t)> product = [&](size_t i, size_t j) -> Tensor {
+    if (i == j) return m[i];
+    return mm(product(i, split[i][j]), product(split[i][j] + 1, j));
+  };
+  Tensor r = product(0, count - 1);
+  if (tensors.back().dim() == 1) r = r.squeeze(1);
+  if (tensors.front().dim() == 1) r = r.squeeze(0);
+  return r;
+}
+
+Tensor vecdot(const Tensor& x, const Tensor& y, int64_t dim) {
+  KILN_CHECK(is_floating(x.dtype()) && is_floating(y.dtype()),
+             "linalg.vecdot: takes floating-point tensors (as PyTorch's), got {} and {}; convert them",
+             dtype_name(x.dtype()), dtype_name(y.dtype()));
+  return sum(x * y, {dim});
+}
+
+Tensor vander(const Tensor& x, std::optional<int64_t> n) {
+  const char* op = "linalg.vander";
+  KILN_CHECK(x.dim() >= 1, "{}: x must have at least 1 dimension, got a 0-d tensor", op);
+  const int64_t cols = n.value_or(x.size(-1));
+  KILN_CHECK(cols > 1, "{}: N (the number of columns, by default x.size(-1)) must be greater than 1, got {}", op, cols);
+  // 1, x, x^2, ...: a cumulative product (whose gradient is exact at x = 0, where pow's is not).
+  Shape rest = x.sizes();
+  rest.push_back(cols - 1);
+  return cat({ones_like(x).unsqueeze(-1), x.unsqueeze(-1).expand(rest)}, -1).cumprod(-1);
 }
 
 }  // namespace linalg

@@ -1,5 +1,5 @@
-// ops/decompose.cpp: linalg::cholesky, linalg::solve_triangular, cholesky_solve, linalg::eigh,
-// linalg::eigvalsh and linalg::qr, PyTorch's functions of those names, with their gradients.
+// ops/decompose.cpp: linalg::cholesky, linalg::cholesky_ex, linalg::solve_triangular, cholesky_solve,
+// linalg::eigh, linalg::eigvalsh and linalg::qr, PyTorch's functions of those names, with their gradients.
 //
 // As ops/solve.cpp, each matrix is worked on the host, one after another (CUDA tensors are copied
 // there and back), with the textbook algorithms, for the small matrices of coursework, Gaussian
@@ -275,21 +275,30 @@ Tensor triangular_left(const Tensor& a, const Tensor& b, bool upper, bool unit) 
 // The lower triangle with its diagonal halved (cholesky's backward).
 Tensor phi(const Tensor& x) { return x.tril() - x * eye(x.size(-1), {}, x.options()) * 0.5; }
 
-Tensor cholesky_impl(const Tensor& a) {
-  const char* op = "linalg.cholesky";
+// L for each matrix of A; with info (int32, A's batch shape), a matrix that is not positive-definite
+// gets NaN in L and the order of its failing minor in info (linalg.cholesky_ex) instead of an Error.
+Tensor cholesky_impl(const Tensor& a, Tensor* info = nullptr) {
+  const char* op = info ? "linalg.cholesky_ex" : "linalg.cholesky";
   const int64_t n = a.size(-1);
   const int64_t batch = n == 0 ? 0 : a.numel() / (n * n);
   Tensor l = host_copy(a).to(kFloat64);
+  if (info) *info = zeros(leading(a, 2), TensorOptions(kInt32));
   int64_t failed = 0, at = 0;
-  for (int64_t m = 0; m < batch && failed == 0; ++m) {
+  for (int64_t m = 0; m < batch && (info || failed == 0); ++m) {
     at = m;
-    failed = cholesky_lower(l.data_ptr<double>() + m * n * n, n);
+    double* lm = l.data_ptr<double>() + m * n * n;
+    failed = cholesky_lower(lm, n);
+    if (info && failed != 0) {
+      info->data_ptr<int32_t>()[m] = static_cast<int32_t>(failed);
+      std::fill_n(lm, n * n, std::nan(""));
+    }
   }
-  KILN_CHECK(failed == 0,
+  KILN_CHECK(info || failed == 0,
              "{}: the factorization could not be completed because the input{} is not positive-definite (the "
              "leading minor of order {} is not positive-definite); check that the matrix is symmetric "
              "positive-definite, or add a small multiple of the identity",
              op, a.dim() > 2 ? fmt::format(" (batch element {})", at) : std::string(), failed);
+  if (info) *info = info->to(a.device());
   l = l.to(a.dtype()).to(a.device());
   if (should_record(a)) {
     record("LinalgCholeskyBackward", {a}, {l}, [ls = SavedTensor(l, true)](const Grads& g) -> TensorList {
@@ -419,6 +428,14 @@ Tensor cholesky(const Tensor& a, bool upper) {
   check_square(a, "linalg.cholesky");
   const Tensor l = cholesky_impl(a);
   return upper ? l.mT() : l;
+}
+
+std::tuple<Tensor, Tensor> cholesky_ex(const Tensor& a, bool upper, bool check_errors) {
+  check_square(a, "linalg.cholesky_ex");
+  if (check_errors) return {cholesky(a, upper), zeros(leading(a, 2), TensorOptions(kInt32).device(a.device()))};
+  Tensor info;
+  const Tensor l = cholesky_impl(a, &info);
+  return {upper ? l.mT() : l, info};
 }
 
 Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left, bool unitriangular) {

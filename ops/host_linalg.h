@@ -1,6 +1,6 @@
 // ops/host_linalg.h: what the linear-algebra ops that compute on the host share (ops/solve.cpp,
-// ops/decompose.cpp): a one-pass host copy of a tensor to factor in place, a batch's shape, and
-// PyTorch's checks of a batch of square matrices. Private to ops/.
+// ops/decompose.cpp, ops/lu.cpp, ops/svd.cpp): a one-pass host copy of a tensor to factor in place, a
+// batch's shape, and PyTorch's checks of a batch of square matrices. Private to ops/.
 #pragma once
 
 #include <span>

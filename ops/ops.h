@@ -284,8 +284,9 @@ Tensor addmm_gelu(const Tensor& bias, const Tensor& a, const Tensor& b, std::str
 // [einsum as products] in ops/einsum.cpp), so differentiable on every device.
 Tensor einsum(std::string_view equation, const std::vector<Tensor>& operands);
 
-// ---- solve.cpp: torch.linalg's solve, inv, det and slogdet (LU with partial pivoting on the host,
-// float32 and float64, batched; differentiable; solving with an exactly singular matrix is an Error) ----
+// ---- solve.cpp: torch.linalg's solve, inv, det, slogdet, solve_ex and inv_ex (LU with partial pivoting
+// on the host, float32 and float64, batched; differentiable; solving with an exactly singular matrix is an
+// Error, or info in the _ex forms) ----
 namespace linalg {
 // X with A X = B (left) or X A = B; A (*, n, n), B (*, n, k), or a vector (*, n) when B is 1-D or
 // has A's shape without its last dim, as PyTorch's.
@@ -294,14 +295,37 @@ Tensor inv(const Tensor& a);  // A^-1 for A (*, n, n)
 Tensor det(const Tensor& a);  // det A (*), 0 for a singular matrix (whose gradient is an Error)
 // (sign, log |det A|), each (*): sign 0 and -inf for a singular matrix; the gradient through log |det|.
 std::tuple<Tensor, Tensor> slogdet(const Tensor& a);
+// solve and inv without the Error for a singular matrix: (result, info), info int32 of the batch's shape,
+// 0 or the 1-based column of a zero pivot, the result NaN for that matrix (check_errors: the Error anyway).
+std::tuple<Tensor, Tensor> solve_ex(const Tensor& a, const Tensor& b, bool left = true, bool check_errors = false);
+std::tuple<Tensor, Tensor> inv_ex(const Tensor& a, bool check_errors = false);
 }  // namespace linalg
 
-// ---- decompose.cpp: torch.linalg's cholesky, solve_triangular, eigh, eigvalsh and qr, and torch's
-// cholesky_solve (on the host in float64, float32 and float64 matrices, batched; differentiable) ----
+// ---- lu.cpp: torch.linalg's lu_factor, lu_factor_ex, lu and lu_solve, and torch.lu_unpack (P A = L U
+// with partial pivoting on the host in float64, any m x n, batched; differentiable) ----
+namespace linalg {
+// (LU, pivots, info): L's multipliers below the diagonal and U on and above it in LU (*, m, n); pivots
+// int32 (*, min(m, n)), 1-based, LAPACK's; info int32 (*), 0 or the first 1-based j with U_jj = 0 (the
+// Error with check_errors). Without pivot, no row exchanges (pivots 1, 2, ...).
+std::tuple<Tensor, Tensor, Tensor> lu_factor_ex(const Tensor& a, bool pivot = true, bool check_errors = false);
+std::tuple<Tensor, Tensor> lu_factor(const Tensor& a, bool pivot = true);   // an Error where U_jj = 0
+std::tuple<Tensor, Tensor, Tensor> lu(const Tensor& a, bool pivot = true);  // (P, L, U), A = P L U
+// X with A X = B (A^T X = B with adjoint; X A = B or X A^T = B without left) from lu_factor's output.
+Tensor lu_solve(const Tensor& lu, const Tensor& pivots, const Tensor& b, bool left = true, bool adjoint = false);
+}  // namespace linalg
+// (P (*, m, m), L (*, m, k), U (*, k, n)) from packed LU and its pivots; what is not asked for is empty.
+std::tuple<Tensor, Tensor, Tensor> lu_unpack(const Tensor& lu, const Tensor& pivots, bool unpack_data = true,
+                                             bool unpack_pivots = true);
+
+// ---- decompose.cpp: torch.linalg's cholesky, cholesky_ex, solve_triangular, eigh, eigvalsh and qr, and
+// torch's cholesky_solve (on the host in float64, float32 and float64 matrices, batched; differentiable) ----
 namespace linalg {
 // L (lower) with A = L L^T for symmetric positive-definite A (*, n, n), read from its lower triangle;
 // with upper, U = L^T (A = U^T U). Not positive-definite: an Error naming the failing minor.
 Tensor cholesky(const Tensor& a, bool upper = false);
+// (L, info): info int32 (*), 0 or the order of the leading minor that is not positive-definite, L NaN
+// for that matrix (check_errors: the Error instead).
+std::tuple<Tensor, Tensor> cholesky_ex(const Tensor& a, bool upper = false, bool check_errors = false);
 // X with A X = B (left) or X A = B for triangular A (*, n, n), only its upper or lower triangle read
 // (its diagonal as ones with unitriangular); B (*, n, k) (left) or (*, k, n); batch dims broadcast.
 Tensor solve_triangular(const Tensor& a, const Tensor& b, bool upper, bool left = true, bool unitriangular = false);
@@ -394,6 +418,12 @@ Tensor cdist(const Tensor& x1, const Tensor& x2, double p = 2);
 namespace linalg {
 Tensor cross(const Tensor& a, const Tensor& b, int64_t dim = -1);  // 3-vectors along dim, broadcast
 Tensor matrix_power(const Tensor& a, int64_t n);                   // A^n by squaring; n < 0 inverts first
+Tensor matrix_exp(const Tensor& a);  // e^A of square float32/float64 matrices, by scaling, Pade and squaring
+// The product of the matrices in the cheapest order; the first may be a row vector, the last a column.
+Tensor multi_dot(const std::vector<Tensor>& tensors);
+Tensor vecdot(const Tensor& x, const Tensor& y, int64_t dim = -1);  // sum(x * y, dim), broadcast
+// The Vandermonde matrix (*, n, N): columns x^0, x^1, ..., x^(N-1); N = n by default, at least 2.
+Tensor vander(const Tensor& x, std::optional<int64_t> n = {});
 }  // namespace linalg
 // x's elements moved `shifts` places along dims, wrapping around (the flattened tensor without dims).
 Tensor roll(const Tensor& x, const Shape& shifts, const Shape& dims = {});

@@ -1,5 +1,6 @@
-// ops/solve.cpp: linalg::solve (A X = B, or X A = B), linalg::inv, linalg::det and linalg::slogdet,
-// PyTorch's torch.linalg functions of those names, with their gradients.
+// ops/solve.cpp: linalg::solve (A X = B, or X A = B), linalg::inv, linalg::det, linalg::slogdet,
+// linalg::solve_ex and linalg::inv_ex, PyTorch's torch.linalg functions of those names, with their
+// gradients.
 //
 // Each n x n matrix is factored P A = L U by Gaussian elimination with partial pivoting (the row of
 // the largest |entry| of the column becomes the pivot, the first of equal ones), in A's dtype as
@@ -8,15 +9,18 @@
 // copied to it and back. That is O(n^3) per matrix without blocking, meant for the small systems of
 // parametrizations (the Cayley map of nn::utils::parametrizations::orthogonal) and coursework, not
 // for n in the thousands. A zero pivot (an exactly singular matrix) is an Error naming the batch
-// element; a nearly singular one gives large values, as LAPACK's.
+// element (in solve_ex and inv_ex: info, the 1-based column of the zero pivot, and NaN in that
+// matrix's result); a nearly singular one gives large values, as LAPACK's. The gradient of a solve
+// with a singular matrix is an Error in either form.
 //
 // The determinant is the product of U's diagonal and the permutation's sign: det and slogdet of a
 // singular matrix are 0 and (0, -inf), as PyTorch's.
 //
 // Backward (X = A^-1 B): dB = A^-T dX, dA = -dB X^T, both written with solve and matmul, so they are
 // differentiable again; inv(A) is solve(A, I) and takes its gradient from there; d det / dA =
-// det A^-T and d log|det| / dA = A^-T, A^-T again a solve. At a singular matrix, where A^-T does not
-// exist, that gradient is an Error (PyTorch's goes through an SVD there, which this file does not use).
+// det A^-T and d log|det| / dA = A^-T, A^-T again a solve. d det / dA is A's cofactor matrix, which
+// exists at a singular A too: there it comes from A's SVD (Note [det's gradient at a singular
+// matrix]); log |det| has no gradient there (an Error).
 #include <cmath>
 #include <limits>
 #include <string>
@@ -69,23 +73,18 @@ int64_t lu_factor(T* m, T* r, int64_t n, int64_t k, int64_t* swaps) {
   return -1;
 }
 
-// x (batch, n, k) := A^-1 x for each of the batch's matrices a (batch, n, n), both contiguous on the
-// host; a is overwritten by its LU factors. Returns the first batch element whose matrix is singular
-// (with its zero pivot's column in *column), or -1.
+// r (n, k) := A^-1 r for one matrix m (n, n), both contiguous on the host; m is overwritten by its LU
+// factors. Returns the column (0-based) of a zero pivot when A is singular (r then left part-way), or -1.
 template <typename T>
-int64_t lu_solve(T* a, T* x, int64_t batch, int64_t n, int64_t k, int64_t* column) {
-  for (int64_t b = 0; b < batch; ++b) {
-    T* m = a + b * n * n;
-    T* r = x + b * n * k;
-    int64_t swaps = 0;
-    *column = lu_factor(m, r, n, k, &swaps);
-    if (*column >= 0) return b;
-    for (int64_t i = n - 1; i >= 0; --i) {  // U x = the eliminated right-hand sides
-      for (int64_t c = 0; c < k; ++c) {
-        T s = r[i * k + c];
-        for (int64_t q = i + 1; q < n; ++q) s -= m[i * n + q] * r[q * k + c];
-        r[i * k + c] = s / m[i * n + i];
-      }
+int64_t lu_solve(T* m, T* r, int64_t n, int64_t k) {
+  int64_t swaps = 0;
+  const int64_t column = lu_factor(m, r, n, k, &swaps);
+  if (column >= 0) return column;
+  for (int64_t i = n - 1; i >= 0; --i) {  // U x = the eliminated right-hand sides
+    for (int64_t c = 0; c < k; ++c) {
+      T s = r[i * k + c];
+      for (int64_t q = i + 1; q < n; ++q) s -= m[i * n + q] * r[q * k + c];
+      r[i * k + c] = s / m[i * n + i];
     }
   }
   return -1;
@@ -115,24 +114,31 @@ void lu_det(T* a, int64_t batch, int64_t n, T* sign, T* logabs, T* det) {
 }
 
 // X = A^-1 B for A (*, n, n) and B (*, n, k) with the same batch dims, checked by the caller; op names
-// the public op in a singular matrix's Error.
-Tensor solve_matrices(const Tensor& a, const Tensor& b, const char* op) {
+// the public op in a singular matrix's Error. With info (int32, the batch's shape; solve_ex and
+// inv_ex), a singular matrix instead gets NaN in X and the 1-based column of its zero pivot in info.
+Tensor solve_matrices(const Tensor& a, const Tensor& b, const char* op, Tensor* info = nullptr) {
   const int64_t n = a.size(-1), k = b.size(-1);
   const int64_t batch = n == 0 ? 0 : a.numel() / (n * n);
   Tensor lu = host_copy(a);  // factored in place
   Tensor x = host_copy(b);   // solved in place
-  int64_t column = 0, singular = -1;
-  if (batch > 0 && k > 0) {
+  if (info) *info = zeros(leading(a, 2), TensorOptions(kInt32));
+  for (int64_t i = 0; i < batch && k > 0; ++i) {
+    const int64_t column = a.dtype() == kFloat64
+                               ? lu_solve(lu.data_ptr<double>() + i * n * n, x.data_ptr<double>() + i * n * k, n, k)
+                               : lu_solve(lu.data_ptr<float>() + i * n * n, x.data_ptr<float>() + i * n * k, n, k);
+    if (column < 0) continue;
+    KILN_CHECK(info != nullptr,
+               "{}: the matrix {}is singular: column {} has no nonzero pivot in its LU factorization, so A X = B has "
+               "no unique solution; check the matrix, or add a small multiple of the identity to regularize it",
+               op, a.dim() > 2 ? fmt::format("of batch element {} ", i) : std::string(), column);
+    info->data_ptr<int32_t>()[i] = static_cast<int32_t>(column + 1);
     if (a.dtype() == kFloat64) {
-      singular = lu_solve(lu.data_ptr<double>(), x.data_ptr<double>(), batch, n, k, &column);
+      std::fill_n(x.data_ptr<double>() + i * n * k, n * k, std::nan(""));
     } else {
-      singular = lu_solve(lu.data_ptr<float>(), x.data_ptr<float>(), batch, n, k, &column);
+      std::fill_n(x.data_ptr<float>() + i * n * k, n * k, std::nanf(""));
     }
   }
-  KILN_CHECK(singular < 0,
-             "{}: the matrix {}is singular: column {} has no nonzero pivot in its LU factorization, so A X = B has "
-             "no unique solution; check the matrix, or add a small multiple of the identity to regularize it",
-             op, a.dim() > 2 ? fmt::format("of batch element {} ", singular) : std::string(), column);
+  if (info) *info = info->to(a.device());
   x = x.to(a.device());
   if (should_record(a, b)) {
     record("LinalgSolveBackward", {a, b}, {x},
@@ -149,8 +155,8 @@ Tensor solve_matrices(const Tensor& a, const Tensor& b, const char* op) {
 }
 
 // A^-1 for A (*, n, n): solve_matrices with the identity, op naming the caller in its Error.
-Tensor inverse(const Tensor& a, const char* op) {
-  return solve_matrices(a, eye(a.size(-1), {}, a.options()).expand(a.sizes()), op);
+Tensor inverse(const Tensor& a, const char* op, Tensor* info = nullptr) {
+  return solve_matrices(a, eye(a.size(-1), {}, a.options()).expand(a.sizes()), op, info);
 }
 
 // The sign, log |det| and det of each matrix of A (*, n, n), recording nothing.
@@ -171,17 +177,41 @@ std::tuple<Tensor, Tensor, Tensor> determinants(const Tensor& a, const char* op)
   return {sign.to(a.device()), logabs.to(a.device()), det.to(a.device())};
 }
 
-// The op named in the Error of a determinant's gradient at a singular matrix (A^-T does not exist
-// there; PyTorch's gradient of det there goes through an SVD, which Kiln does not have).
-constexpr const char* kSingularGradient = "the gradient of linalg.det or linalg.slogdet";
+// The op named in the Error of log |det|'s gradient at a singular matrix (A^-T does not exist there).
+constexpr const char* kSingularGradient = "the gradient of linalg.slogdet";
 
-}  // namespace
+// Note [det's gradient at a singular matrix]
+// d det A / dA is the cofactor matrix C (adj(A)^T), det A A^-T where A is invertible. With A = U
+// diag(s) Vh, adj(A) = adj(Vh) adj(diag(s)) adj(U), so C = det(U) det(Vh) U diag(c) Vh with c_i the
+// product of the s_j, j != i (prefix times suffix products: no division by a zero s_i). That holds for
+// a singular A as well: C is nonzero at rank n - 1 and 0 below it. (PyTorch 1.13 gives 0 at every
+// singular matrix, which finite differences contradict at rank n - 1.)
+Tensor cofactor(const Tensor& a) {
+  const int64_t n = a.size(-1);
+  if (n == 0) return zeros_like(a);
+  auto [u, s, vh] = linalg::svd(a);
+  const Tensor one = ones_like(s.narrow(-1, 0, 1));
+  const Tensor prefix = cat({one, cumprod(s.narrow(-1, 0, n - 1), -1)}, -1);
+  const Tensor suffix = cat({cumprod(s.flip({-1}).narrow(-1, 0, n - 1), -1).flip({-1}), one}, -1);
+  const Tensor sign = linalg::det(u) * linalg::det(vh);  // +-1
+  return matmul(u * (prefix * suffix).unsqueeze(-2), vh) * sign.unsqueeze(-1).unsqueeze(-1);
+}
 
-inline namespace ops {
-namespace linalg {
+// The Error of solve_ex and inv_ex with check_errors: the first matrix whose info is not 0.
+void check_info(const Tensor& info, const char* op) {
+  const Tensor host = host_copy(info);
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    const int32_t column = host.data_ptr<int32_t>()[i];
+    KILN_CHECK(column == 0,
+               "{}: the matrix {}is singular: U[{}, {}] of its LU factorization is zero (check_errors is true; "
+               "with false, info says so and the result holds NaN)",
+               op, info.dim() > 0 ? fmt::format("of batch element {} ", i) : std::string(), column, column);
+  }
+}
 
-Tensor solve(const Tensor& a, const Tensor& b, bool left) {
-  const char* op = "linalg.solve";
+// linalg.solve and solve_ex (with info, see solve_matrices): PyTorch's shapes for B, batch dims
+// broadcast, X A = B as A^T X^T = B^T.
+Tensor solve_impl(const Tensor& a, const Tensor& b, bool left, const char* op, Tensor* info) {
   check_square(a, op);
   check_same_device(op, a, b);
   KILN_CHECK(a.dtype() == b.dtype(), "{}: A and B must have the same dtype, got {} and {}", op,
@@ -204,15 +234,39 @@ Tensor solve(const Tensor& a, const Tensor& b, bool left) {
   Shape a_shape = batch, b_shape = batch;
   a_shape.push_back(n), a_shape.push_back(n);
   b_shape.push_back(n), b_shape.push_back(rhs.size(-1));
-  Tensor x = solve_matrices(lhs.expand(a_shape), rhs.expand(b_shape), op);
+  Tensor x = solve_matrices(lhs.expand(a_shape), rhs.expand(b_shape), op, info);
   if (vector) return x.squeeze(-1);
   return left ? x : x.mT();
+}
+
+}  // namespace
+
+inline namespace ops {
+namespace linalg {
+
+Tensor solve(const Tensor& a, const Tensor& b, bool left) { return solve_impl(a, b, left, "linalg.solve", nullptr); }
+
+std::tuple<Tensor, Tensor> solve_ex(const Tensor& a, const Tensor& b, bool left, bool check_errors) {
+  const char* op = "linalg.solve_ex";
+  Tensor info;
+  const Tensor x = solve_impl(a, b, left, op, &info);
+  if (check_errors) check_info(info, op);
+  return {x, info};
 }
 
 Tensor inv(const Tensor& a) {
   const char* op = "linalg.inv";
   check_square(a, op);
   return inverse(a, op);
+}
+
+std::tuple<Tensor, Tensor> inv_ex(const Tensor& a, bool check_errors) {
+  const char* op = "linalg.inv_ex";
+  check_square(a, op);
+  Tensor info;
+  const Tensor x = inverse(a, op, &info);
+  if (check_errors) check_info(info, op);
+  return {x, info};
 }
 
 std::tuple<Tensor, Tensor> slogdet(const Tensor& a) {
@@ -228,12 +282,28 @@ std::tuple<Tensor, Tensor> slogdet(const Tensor& a) {
 
 Tensor det(const Tensor& a) {
   auto [sign, logabs, det] = determinants(a, "linalg.det");
-  if (should_record(a)) {  // d det A / dA = det A A^-T
+  if (should_record(a)) {  // d det A / dA = det A A^-T, the cofactor matrix
     record("LinalgDetBackward", {a}, {det},
            [as = SavedTensor(a, false), ds = SavedTensor(det, true)](const Grads& g) -> TensorList {
-             const Tensor a = as.unpack("LinalgDetBackward");
-             const Tensor scale = (g[0] * ds.unpack("LinalgDetBackward")).unsqueeze(-1).unsqueeze(-1);
-             return {inverse(a.mT(), kSingularGradient) * scale};
+             const Tensor a = as.unpack("LinalgDetBackward"), det = ds.unpack("LinalgDetBackward");
+             bool singular;
+             {
+               NoGradGuard no_grad;
+               singular = det.numel() > 0 && det.eq(0).any().item<bool>();
+             }
+             const Tensor g_ = g[0].unsqueeze(-1).unsqueeze(-1);
+             if (!singular) {
+               // A^T's elimination may meet an exact zero pivot where A's met a rounded one: then too
+               // the cofactors come from the SVD.
+               Tensor info;
+               const Tensor inv_t = inverse(a.mT(), "linalg.det", &info);
+               {
+                 NoGradGuard no_grad;
+                 singular = info.numel() > 0 && info.ne(0).any().item<bool>();
+               }
+               if (!singular) return {inv_t * (det.unsqueeze(-1).unsqueeze(-1) * g_)};
+             }
+             return {cofactor(a) * g_};
            });
   }
   return det;

@@ -424,7 +424,8 @@ std::tuple<Tensor, Tensor, Tensor> svd_impl(const Tensor& a, bool full_matrices,
     if (!std::all_of(work.begin(), work.end(), [](double x) { return std::isfinite(x); })) {
       KILN_CHECK(!vectors,
                  "{}: the algorithm failed to converge because the input matrix{} contained non-finite values (NaN "
-                 "or infinity); check the input, or use linalg::svdvals, which gives NaN singular values",
+                 "or infinity); check the input, or use linalg::svdvals without a gradient, which gives NaN "
+                 "singular values",
                  op, a.dim() > 2 ? fmt::format(" (batch element {})", b) : std::string());
       std::fill_n(sb, k, std::nan(""));
       continue;
@@ -494,13 +495,18 @@ Tensor rank_tolerance(const Tensor& a, const Tensor& smax, std::optional<double>
   return maximum(smax * r, full({}, atol.value_or(0.0), smax.options()));
 }
 
-// V S^+ U^T from A's reduced SVD, singular values at most rank_tolerance() taken as 0.
+// S^+: 1 / s where s is above rank_tolerance(), else 0.
+Tensor pseudo_reciprocal(const Tensor& a, const Tensor& s, std::optional<double> atol, std::optional<double> rtol) {
+  if (s.size(-1) == 0) return s;
+  const Tensor keep = gt(s, rank_tolerance(a, s.narrow(-1, 0, 1), atol, rtol));
+  return where(keep, reciprocal(s), zeros({}, s.options()));
+}
+
+// V S^+ U^T from A's reduced SVD.
 Tensor pinv_from_svd(const Tensor& a, const Tensor& u, const Tensor& s, const Tensor& vh, std::optional<double> atol,
                      std::optional<double> rtol) {
   if (s.size(-1) == 0) return zeros_like(a.mT()).contiguous();
-  const Tensor keep = gt(s, rank_tolerance(a, s.narrow(-1, 0, 1), atol, rtol));
-  const Tensor sinv = where(keep, reciprocal(s), zeros({}, s.options()));
-  return matmul(vh.mT() * sinv.unsqueeze(-2), u.mT());
+  return matmul(vh.mT() * pseudo_reciprocal(a, s, atol, rtol).unsqueeze(-2), u.mT());
 }
 
 // pinv(A) from its SVD (or, for hermitian, eigh), computed without a gradient.
@@ -627,13 +633,20 @@ LstsqResult lstsq(const Tensor& a, const Tensor& b, std::optional<double> rcond,
   if (rc < 0) rc = dtype_eps(a.dtype()) * double(std::max(m, n));  // LAPACK's rule for a negative rcond
   // The minimum-norm least-squares solution pinv(A) B (the same, for a matrix of full rank, as LAPACK's
   // drivers give), from one SVD that also gives the rank and the singular values.
-  Tensor u, s, vh, p;
+  Tensor u, s, vh, p, sinv;
+  const bool grad_a = should_record(ab);  // asked before the guard below turns grad mode off
   {
     NoGradGuard no_grad;
     std::tie(u, s, vh) = svd_impl(ab, false, true, op);
-    p = pinv_from_svd(ab, u, s, vh, 0.0, rc);
+    if (grad_a) {
+      p = pinv_from_svd(ab, u, s, vh, 0.0, rc);
+    } else {
+      sinv = pseudo_reciprocal(ab, s, 0.0, rc);
+    }
   }
-  const Tensor x = matmul(record_pinv(ab, p), bb);
+  // With A's gradient, through pinv's; without it, V (S^+ (U^T B)), which forms no n x m matrix.
+  const Tensor x =
+      p.defined() ? matmul(record_pinv(ab, p), bb) : matmul(vh.mT(), sinv.unsqueeze(-1) * matmul(u.mT(), bb));
   LstsqResult result;
   const TensorOptions opts = TensorOptions(a.dtype()).device(a.device());
   result.residuals = empty({0}, opts);

@@ -187,6 +187,12 @@ std::vector<EdgeOp> edge_ops() {
   u("linalg::eigvalsh, U", [](const Tensor& a) { return linalg::eigvalsh(a, "U"); });
   u("linalg::qr", [](const Tensor& a) { return std::get<0>(linalg::qr(a)); });
   u("linalg::qr, complete", [](const Tensor& a) { return std::get<1>(linalg::qr(a, "complete")); });
+  u("linalg::lu", [](const Tensor& a) { return std::get<1>(linalg::lu(a)); });
+  u("linalg::lu_factor_ex", [](const Tensor& a) { return std::get<0>(linalg::lu_factor_ex(a)); });
+  u("linalg::inv_ex", [](const Tensor& a) { return std::get<0>(linalg::inv_ex(a)); });
+  u("linalg::cholesky_ex", [](const Tensor& a) { return std::get<0>(linalg::cholesky_ex(a)); });
+  u("linalg::matrix_exp", [](const Tensor& a) { return linalg::matrix_exp(a); });
+  u("linalg::vander", [](const Tensor& a) { return linalg::vander(a, 3); });
   u("linalg::svd", [](const Tensor& a) { return std::get<0>(linalg::svd(a)); });
   u("linalg::svd, reduced", [](const Tensor& a) { return std::get<2>(linalg::svd(a, false)); });
   u("linalg::svdvals", [](const Tensor& a) { return linalg::svdvals(a); });
@@ -386,6 +392,13 @@ std::vector<EdgeOp> edge_ops() {
   b("cholesky_solve", [](const Tensor& a, const Tensor& c) { return cholesky_solve(a, c); });
   b("linalg::solve, left = false", [](const Tensor& a, const Tensor& c) { return linalg::solve(a, c, false); });
   b("linalg::lstsq", [](const Tensor& a, const Tensor& c) { return linalg::lstsq(a, c).solution; });
+  b("linalg::solve_ex", [](const Tensor& a, const Tensor& c) { return std::get<0>(linalg::solve_ex(a, c)); });
+  b("linalg::lu_solve", [](const Tensor& a, const Tensor& c) {
+    auto [lu, pivots, info] = linalg::lu_factor_ex(a);
+    return linalg::lu_solve(lu, pivots, c);
+  });
+  b("linalg::multi_dot", [](const Tensor& a, const Tensor& c) { return linalg::multi_dot({a, c}); });
+  b("linalg::vecdot", [](const Tensor& a, const Tensor& c) { return linalg::vecdot(a, c); });
   b("linalg::lstsq, gelsd residuals", [](const Tensor& a, const Tensor& c) { return linalg::lstsq(a, c, {}, "gelsd").residuals; });
   b("addmm", [](const Tensor& a, const Tensor& c) { return addmm(a, c, c.t()); });
   b("addmm_gelu", [](const Tensor& a, const Tensor& c) { return addmm_gelu(a, c, c.t()); });

@@ -640,6 +640,45 @@ const std::vector<OpRow>& op_table() {
                  [](const Tensor& x, const GoldenCase& c) {
                    return linalg::eigvalsh(x, c.has("uplo") ? c.str("uplo") : "L");
                  }),
+      // ---- LU (ops/lu.cpp), the _ex forms, matrix_exp, multi_dot, vecdot, vander ----
+      {"lu_factor_ex", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [lu, pivots, info] = linalg::lu_factor_ex(in.at(0), c.flag("pivot", true));
+         return TensorList{lu, pivots, info};
+       }},
+      {"lu", D::GradGrad,
+       [](const TensorList& in, const GoldenCase&) {
+         auto [p, l, u] = linalg::lu(in.at(0));
+         return TensorList{p, l, u};
+       }},
+      {"lu_solve", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{linalg::lu_solve(in.at(0), in.at(1), in.at(2), c.flag("left", true), c.flag("adjoint"))};
+       }},
+      {"solve_ex", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         auto [x, info] = linalg::solve_ex(in.at(0), in.at(1), c.flag("left", true));
+         return TensorList{x, info};
+       }},
+      {"inv_ex", D::GradGrad,
+       [](const TensorList& in, const GoldenCase&) {
+         auto [inverse, info] = linalg::inv_ex(in.at(0));
+         return TensorList{inverse, info};
+       }},
+      {"cholesky_ex_spd", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         const Tensor a = matmul(in.at(0), in.at(0).mT()) + eye(in.at(0).size(-2), {}, in.at(0).options()) * 0.5;
+         auto [l, info] = linalg::cholesky_ex(a, c.flag("upper"));
+         return TensorList{l, info};
+       }},
+      unary("matrix_exp", D::GradGrad, [](const Tensor& x) { return linalg::matrix_exp(x); }),
+      {"multi_dot", D::GradGrad, [](const TensorList& in, const GoldenCase&) { return TensorList{linalg::multi_dot(in)}; }},
+      {"vecdot", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         return TensorList{linalg::vecdot(in.at(0), in.at(1), c.integer("dim", -1))};
+       }},
+      unary_args("vander", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return linalg::vander(x, c.opt_integer("n")); }),
       // ---- the SVD and what is built on it (ops/svd.cpp) ----
       {"svd_signed", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {

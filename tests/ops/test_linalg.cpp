@@ -128,8 +128,10 @@ TEST_CASE("linalg::det and slogdet: PyTorch's values, row exchanges' signs, sing
   test::check_close(linalg::det(zeros({2, 0, 0}, kFloat64)), ones({2}, kFloat64), test::Tolerance{0, 0});
 }
 
-TEST_CASE("linalg::det and slogdet: gradients against finite differences, and their Error at a singular matrix",
-          "[ops][linalg]") {
+TEST_CASE(
+    "linalg::det and slogdet: gradients against finite differences, det's at singular matrices, and slogdet's "
+    "Error there",
+    "[ops][linalg]") {
   using autograd::TensorList;
   const Tensor a = well_conditioned({2, 3, 3}, 0.5).clone().requires_grad_(true);
   auto det_fn = [](const TensorList& in) { return TensorList{linalg::det(in[0])}; };
@@ -142,10 +144,49 @@ TEST_CASE("linalg::det and slogdet: gradients against finite differences, and th
                          .requires_grad_(true);
   REQUIRE(linalg::det(neg).item<double>() < 0);
   CHECK(autograd::gradcheck(logabs_fn, {neg}));
+  // det's gradient is the cofactor matrix, singular or not: [[a, b], [c, d]] -> [[d, -c], [-b, a]].
   Tensor singular = from_vector(std::vector<double>{1, 2, 2, 4}, {2, 2}).requires_grad_(true);
   Tensor d = linalg::det(singular);
   CHECK(d.item<double>() == 0.0);
-  test::check_error([&] { d.backward(); }, {"gradient of linalg.det", "singular"});
+  d.backward();
+  test::check_close(singular.grad(), from_vector(std::vector<double>{4, -2, -2, 1}, {2, 2}),
+                    test::Tolerance{1e-14, 1e-14});
+  // Rank 2 of 3 (row 1 = 2 row 0): the minors by hand; rank 1: 0. In a batch with an invertible matrix.
+  const Tensor rank2 = from_vector(std::vector<double>{1, 2, 3, 2, 4, 6, 1, 0, 1}, {3, 3});
+  const Tensor cof2 = from_vector(std::vector<double>{4, 4, -4, -2, -2, 2, 0, 0, 0}, {3, 3});
+  const Tensor batch = stack({rank2, ones({3, 3}, kFloat64), well_conditioned({3, 3}, 0.4)}).requires_grad_(true);
+  linalg::det(batch).sum().backward();
+  test::check_close(batch.grad()[0], cof2, test::Tolerance{1e-13, 1e-13});
+  test::check_close(batch.grad()[1], zeros({3, 3}, kFloat64), test::Tolerance{0, 1e-13});
+  const Tensor invertible = batch.detach()[2];
+  test::check_close(batch.grad()[2], linalg::inv(invertible).mT() * linalg::det(invertible),
+                    test::Tolerance{1e-12, 1e-12});
+  CHECK(autograd::gradcheck(det_fn, {rank2.clone().requires_grad_(true)}));
+  // Rows and columns exchanged, negated, transposed: each singular, each a cofactor matrix by its minors
+  // (the SVD's signs differ among them, so a sign rule that holds for one only fails).
+  auto minors = [](const Tensor& m) {
+    std::vector<double> c(9);
+    for (int i = 0; i < 3; ++i) {
+      for (int j = 0; j < 3; ++j) {
+        const int r0 = i == 0 ? 1 : 0, r1 = i == 2 ? 1 : 2, c0 = j == 0 ? 1 : 0, c1 = j == 2 ? 1 : 2;
+        const double minor =
+            m[r0][c0].item<double>() * m[r1][c1].item<double>() - m[r0][c1].item<double>() * m[r1][c0].item<double>();
+        c[i * 3 + j] = ((i + j) % 2 == 0 ? 1 : -1) * minor;
+      }
+    }
+    return from_vector(c, {3, 3});
+  };
+  const Tensor swap = tensor({2L, 0L, 1L}, TensorOptions(kInt64));
+  for (const Tensor& m : {rank2.index_select(0, swap), rank2.index_select(1, swap), -rank2, rank2.mT().contiguous(),
+                          rank2.index_select(0, swap).index_select(1, swap) * -2.0}) {
+    const Tensor x = m.clone().requires_grad_(true);
+    linalg::det(x).backward();
+    test::check_close(x.grad(), minors(m), test::Tolerance{1e-13, 1e-13});
+  }
+  CHECK(autograd::gradcheck(det_fn, {singular.detach().clone().requires_grad_(true)}));
+  // log |det| has none there.
+  Tensor logabs = std::get<1>(linalg::slogdet(singular));
+  test::check_error([&] { logabs.backward(); }, {"gradient of linalg.slogdet", "singular"});
 }
 
 TEST_CASE("linalg::solve and inv: Errors name the problem", "[ops][linalg][errors]") {

@@ -184,6 +184,12 @@ TEST_CASE("pinv: the Moore-Penrose conditions, inv for invertible matrices, herm
   CHECK(linalg::matrix_rank(d, {}, 1e-3).item<int64_t>() == 2);
   CHECK(linalg::matrix_rank(d, 2.0).item<int64_t>() == 1);
   CHECK(linalg::matrix_rank(-d, 2.0, {}, true).item<int64_t>() == 1);
+  // A positive atol alone sets rtol to 0, as PyTorch's: 1e-9 counts against atol 1e-10, though the
+  // default rtol (eps * 2) times 1e8 would drop it.
+  const Tensor wide_range = diag(tensor({1e8, 1e-9}, f64));
+  CHECK(linalg::matrix_rank(wide_range, 1e-10).item<int64_t>() == 2);
+  CHECK(linalg::matrix_rank(wide_range).item<int64_t>() == 1);
+  test::check_close(linalg::pinv(wide_range, 1e-10), diag(tensor({1e-8, 1e9}, f64)), test::Tolerance{1e-15, 0});
   test::check_equal(linalg::matrix_rank(stack({d, zeros({3, 3}, f64), eye(3, {}, f64)})),
                     tensor({3L, 0L, 3L}, TensorOptions(kInt64)));
 }
