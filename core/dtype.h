@@ -45,6 +45,16 @@ constexpr bool is_integral(DType t) {  // not bool
   return t == DType::UInt8 || t == DType::Int8 || t == DType::Int32 || t == DType::Int64;
 }
 constexpr bool is_reduced_float(DType t) { return t == DType::Float16 || t == DType::BFloat16; }
+// The largest finite value of a floating dtype (torch.finfo(t).max); 0 for the others.
+constexpr double largest_finite(DType t) {
+  switch (t) {
+    case DType::Float16: return 65504.0;
+    case DType::BFloat16: return 0x1.fep127;
+    case DType::Float32: return 0x1.fffffep127;
+    case DType::Float64: return 0x1.fffffffffffffp1023;
+    default: return 0;
+  }
+}
 
 std::string_view dtype_name(DType t);  // "float32", "bfloat16", "int64", "bool", ...
 

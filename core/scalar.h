@@ -68,11 +68,8 @@ class Scalar {
     } else {
       const double v = to_double();
       if constexpr (!std::is_same_v<T, double>) {
-        const double largest = std::is_same_v<T, Half> ? 65504.0
-                               : std::is_same_v<T, BFloat16> ? 0x1.fep127
-                                                             : static_cast<double>(std::numeric_limits<float>::max());
-        KILN_CHECK(!std::isfinite(v) || std::fabs(v) <= largest, "the value {} cannot be converted to {} without overflow",
-                   v, std::is_same_v<T, Half> ? "float16" : std::is_same_v<T, BFloat16> ? "bfloat16" : "float32");
+        KILN_CHECK(!std::isfinite(v) || std::fabs(v) <= largest_finite(dtype_of<T>()),
+                   "the value {} cannot be converted to {} without overflow", v, dtype_name(dtype_of<T>()));
       }
       return static_cast<T>(static_cast<opmath_t<T>>(v));
     }

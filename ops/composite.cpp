@@ -1,6 +1,7 @@
 // ops/composite.cpp: PyTorch's functions that are arrangements or products of other ops: diag,
 // trace, outer, dot, inner, mv, addmv, addr, baddbmm, tensordot, kron, linalg::cross,
-// linalg::matrix_power, linalg::matrix_exp, linalg::multi_dot, linalg::vecdot, linalg::vander, cdist;
+// linalg::matrix_power, linalg::matrix_exp, linalg::multi_dot, linalg::vecdot, linalg::vander,
+// linalg::householder_product, linalg::tensorinv, linalg::tensorsolve, linalg::diagonal, cdist;
 // roll, tile, repeat_interleave, movedim, swapaxes, rot90, fliplr, flipud, meshgrid, cartesian_prod,
 // take_along_dim, tril_indices and triu_indices.
 //
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <vector>
 
 #include "ops/ops.h"
@@ -288,6 +290,74 @@ Tensor vander(const Tensor& x, std::optional<int64_t> n) {
   Shape rest = x.sizes();
   rest.push_back(cols - 1);
   return cat({ones_like(x).unsqueeze(-1), x.unsqueeze(-1).expand(rest)}, -1).cumprod(-1);
+}
+
+// Q's first n columns, Q = H_0 H_1 ... H_{k-1}, H_i = I - tau_i v_i v_i^T with v_i column i of A below
+// its diagonal, a 1 on it and 0 above: what geqrf's output and tau stand for. The reflections are
+// applied to the first n columns of I from the last one back, one rank-1 update each.
+Tensor householder_product(const Tensor& a, const Tensor& tau) {
+  const char* op = "linalg.householder_product";
+  KILN_CHECK(a.dim() >= 2, "{}: A must have at least 2 dimensions, got shape {}", op, a.sizes().str());
+  KILN_CHECK(tau.dim() == a.dim() - 1, "{}: tau must have one dimension fewer than A {}, got shape {}", op,
+             a.sizes().str(), tau.sizes().str());
+  const int64_t m = a.size(-2), n = a.size(-1), k = tau.size(-1);
+  KILN_CHECK(m >= n, "{}: A must have at least as many rows as columns, got {} by {}", op, m, n);
+  KILN_CHECK(n >= k, "{}: tau may have at most A's {} columns of reflections, got {}", op, n, k);
+  Shape batch(std::span<const int64_t>(a.sizes().begin(), a.sizes().end() - 2));
+  KILN_CHECK(Shape(std::span<const int64_t>(tau.sizes().begin(), tau.sizes().end() - 1)) == batch,
+             "{}: A {} and tau {} must have the same batch dimensions", op, a.sizes().str(), tau.sizes().str());
+  KILN_CHECK(is_floating(a.dtype()) && a.dtype() == tau.dtype(),
+             "{}: A and tau must be of one floating dtype, got {} and {}", op, dtype_name(a.dtype()),
+             dtype_name(tau.dtype()));
+  Tensor q = eye(m, n, a.options()).expand(a.sizes());
+  Shape lead = batch;
+  for (int64_t i = k - 1; i >= 0; --i) {
+    Shape above = lead;
+    above.push_back(i);
+    const Tensor v = cat({zeros(above, a.options()), ones_like(a.select(-1, i).narrow(-1, 0, 1)),
+                          a.select(-1, i).narrow(-1, i + 1, m - i - 1)},
+                         -1)
+                         .unsqueeze(-1);  // (*, m, 1)
+    q = q - tau.select(-1, i).unsqueeze(-1).unsqueeze(-1) * matmul(v, matmul(v.mT(), q));
+  }
+  return q.contiguous();
+}
+
+Tensor tensorinv(const Tensor& a, int64_t ind) {
+  const char* op = "linalg.tensorinv";
+  KILN_CHECK(ind > 0 && ind < a.dim(), "{}: ind must be between 1 and A's rank - 1 ({}), got {}", op, a.dim() - 1, ind);
+  const Shape out(std::span<const int64_t>(a.sizes().begin() + ind, a.sizes().end()));
+  const Shape in(std::span<const int64_t>(a.sizes().begin(), a.sizes().begin() + ind));
+  KILN_CHECK(in.numel() == out.numel(),
+             "{}: the product of A's first {} dims ({}) must equal that of the rest ({}) for A {} to be invertible", op,
+             ind, in.numel(), out.numel(), a.sizes().str());
+  Shape result = out;
+  for (int64_t d : in) result.push_back(d);
+  return inv(a.reshape({in.numel(), out.numel()})).reshape(result);
+}
+
+Tensor tensorsolve(const Tensor& a, const Tensor& b, std::optional<Shape> dims) {
+  const char* op = "linalg.tensorsolve";
+  Tensor x = a;
+  if (dims) {  // those dims of A moved to the end, in order
+    Shape to;
+    const int64_t count = static_cast<int64_t>(dims->size());
+    for (int64_t i = 0; i < count; ++i) to.push_back(a.dim() - count + i);
+    x = a.movedim(*dims, to);
+  }
+  KILN_CHECK(x.dim() >= b.dim(), "{}: B {} may not have more dims than A {}", op, b.sizes().str(), x.sizes().str());
+  const Shape rows(std::span<const int64_t>(x.sizes().begin(), x.sizes().begin() + b.dim()));
+  const Shape cols(std::span<const int64_t>(x.sizes().begin() + b.dim(), x.sizes().end()));
+  KILN_CHECK(rows == b.sizes(), "{}: A's first {} dims {} must be B's shape {}", op, b.dim(), rows.str(),
+             b.sizes().str());
+  KILN_CHECK(rows.numel() == cols.numel(),
+             "{}: the product of A's first {} dims ({}) must equal that of the rest ({}): the system must be square",
+             op, b.dim(), rows.numel(), cols.numel());
+  return solve(x.reshape({rows.numel(), cols.numel()}), b.reshape({-1})).reshape(cols);
+}
+
+Tensor diagonal(const Tensor& a, int64_t offset, int64_t dim1, int64_t dim2) {
+  return ops::diagonal(a, offset, dim1, dim2);
 }
 
 }  // namespace linalg

@@ -568,10 +568,7 @@ Tensor rad2deg(const Tensor& x) { return (x.is_floating_point() ? x : x.to(kFloa
 Tensor nan_to_num(const Tensor& x, std::optional<double> nan, std::optional<double> posinf,
                   std::optional<double> neginf) {
   if (!x.is_floating_point()) return x.clone();
-  const double big = x.dtype() == kFloat64   ? std::numeric_limits<double>::max()
-                     : x.dtype() == kFloat32 ? std::numeric_limits<float>::max()
-                     : x.dtype() == kFloat16 ? 65504.0
-                                             : 3.3895313892515355e38;  // bfloat16's largest
+  const double big = largest_finite(x.dtype());
   Tensor r = where(x.isnan(), full({}, nan.value_or(0.0), x.options()), x);
   r = where(x.eq(kInf), full({}, posinf.value_or(big), x.options()), r);
   return where(x.eq(-kInf), full({}, neginf.value_or(-big), x.options()), r);

@@ -424,6 +424,14 @@ Tensor multi_dot(const std::vector<Tensor>& tensors);
 Tensor vecdot(const Tensor& x, const Tensor& y, int64_t dim = -1);  // sum(x * y, dim), broadcast
 // The Vandermonde matrix (*, n, N): columns x^0, x^1, ..., x^(N-1); N = n by default, at least 2.
 Tensor vander(const Tensor& x, std::optional<int64_t> n = {});
+// Q's first n columns from geqrf's form: the reflections I - tau_i v_i v_i^T, v_i column i of A (*, m, n)
+// below its diagonal with a 1 on it; tau (*, k), k <= n <= m.
+Tensor householder_product(const Tensor& a, const Tensor& tau);
+// The inverse of A for tensordot over its first ind dims: result (A.shape[ind:] + A.shape[:ind]).
+Tensor tensorinv(const Tensor& a, int64_t ind = 2);
+// X with tensordot(A, X, X.dim()) = B (dims of A moved to the end first).
+Tensor tensorsolve(const Tensor& a, const Tensor& b, std::optional<Shape> dims = {});
+Tensor diagonal(const Tensor& a, int64_t offset = 0, int64_t dim1 = -2, int64_t dim2 = -1);  // of the last two dims
 }  // namespace linalg
 // x's elements moved `shifts` places along dims, wrapping around (the flattened tensor without dims).
 Tensor roll(const Tensor& x, const Shape& shifts, const Shape& dims = {});

@@ -193,6 +193,8 @@ std::vector<EdgeOp> edge_ops() {
   u("linalg::cholesky_ex", [](const Tensor& a) { return std::get<0>(linalg::cholesky_ex(a)); });
   u("linalg::matrix_exp", [](const Tensor& a) { return linalg::matrix_exp(a); });
   u("linalg::vander", [](const Tensor& a) { return linalg::vander(a, 3); });
+  u("linalg::tensorinv", [](const Tensor& a) { return linalg::tensorinv(a, 1); });
+  u("linalg::diagonal", [](const Tensor& a) { return linalg::diagonal(a, 1); });
   u("linalg::svd", [](const Tensor& a) { return std::get<0>(linalg::svd(a)); });
   u("linalg::svd, reduced", [](const Tensor& a) { return std::get<2>(linalg::svd(a, false)); });
   u("linalg::svdvals", [](const Tensor& a) { return linalg::svdvals(a); });
@@ -399,6 +401,8 @@ std::vector<EdgeOp> edge_ops() {
   });
   b("linalg::multi_dot", [](const Tensor& a, const Tensor& c) { return linalg::multi_dot({a, c}); });
   b("linalg::vecdot", [](const Tensor& a, const Tensor& c) { return linalg::vecdot(a, c); });
+  b("linalg::householder_product", [](const Tensor& a, const Tensor& c) { return linalg::householder_product(a, c); });
+  b("linalg::tensorsolve", [](const Tensor& a, const Tensor& c) { return linalg::tensorsolve(a, c); });
   b("linalg::lstsq, gelsd residuals", [](const Tensor& a, const Tensor& c) { return linalg::lstsq(a, c, {}, "gelsd").residuals; });
   b("addmm", [](const Tensor& a, const Tensor& c) { return addmm(a, c, c.t()); });
   b("addmm_gelu", [](const Tensor& a, const Tensor& c) { return addmm_gelu(a, c, c.t()); });

@@ -679,6 +679,21 @@ const std::vector<OpRow>& op_table() {
        }},
       unary_args("vander", D::GradGrad,
                  [](const Tensor& x, const GoldenCase& c) { return linalg::vander(x, c.opt_integer("n")); }),
+      binary("householder_product", D::GradGrad,
+             [](const Tensor& a, const Tensor& tau) { return linalg::householder_product(a, tau); }),
+      unary_args("tensorinv", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) { return linalg::tensorinv(x, c.integer("ind", 2)); }),
+      {"tensorsolve", D::GradGrad,
+       [](const TensorList& in, const GoldenCase& c) {
+         std::optional<Shape> dims;
+         if (c.has("dims")) dims = c.shape("dims");
+         return TensorList{linalg::tensorsolve(in.at(0), in.at(1), dims)};
+       }},
+      unary_args("linalg_diagonal", D::GradGrad,
+                 [](const Tensor& x, const GoldenCase& c) {
+                   return linalg::diagonal(x, c.integer("offset", 0), c.integer("dim1", -2), c.integer("dim2", -1))
+                       .contiguous();
+                 }),
       // ---- the SVD and what is built on it (ops/svd.cpp) ----
       {"svd_signed", D::GradGrad,
        [](const TensorList& in, const GoldenCase& c) {

@@ -183,6 +183,34 @@ TEST_CASE("multi_dot, vecdot and vander against their definitions", "[ops][linal
   CHECK(linalg::vander(test::sample({2, 5}, kFloat64, 0.1)).sizes() == Shape{2, 5, 5});
 }
 
+TEST_CASE("householder_product, tensorinv and tensorsolve against their definitions", "[ops][linalg][lu]") {
+  // tau_i = 2 / |v_i|^2 makes each reflection orthogonal, so Q's columns are orthonormal; with one
+  // reflection, Q = (I - tau v v^T) applied to I's first columns, by hand.
+  const Tensor a = test::sample({2, 6, 4}, kFloat64, 0.3);
+  std::vector<Tensor> taus;
+  for (int64_t i = 0; i < 4; ++i) {
+    const Tensor below = a.select(-1, i).narrow(-1, i + 1, 6 - i - 1);
+    taus.push_back(2.0 / (1.0 + (below * below).sum({-1})));
+  }
+  const Tensor tau = stack(taus, -1);
+  const Tensor q = linalg::householder_product(a, tau);
+  CHECK(q.sizes() == Shape{2, 6, 4});
+  CHECK(largest(matmul(q.mT(), q) - eye(4, {}, f64)) < 1e-14);
+  const Tensor one = linalg::householder_product(a[0], tau[0].narrow(0, 0, 1));
+  const Tensor v = cat({ones({1}, kFloat64), a[0].select(-1, 0).narrow(0, 1, 5)}).unsqueeze(1);
+  test::check_close(one, (eye(6, {}, f64) - tau[0][0] * matmul(v, v.mT())).narrow(1, 0, 4),
+                    test::Tolerance{1e-15, 1e-15});
+  // tensorinv: tensordot(tensorinv(A), A, 2) is the identity over A's last two dims; tensorsolve solves.
+  const Tensor t = full_rank(12, 12, 0.4).reshape({3, 4, 2, 6});
+  const Tensor ti = linalg::tensorinv(t, 2);
+  CHECK(ti.sizes() == Shape{2, 6, 3, 4});
+  test::check_close(tensordot(ti, t, 2), eye(12, {}, f64).reshape({2, 6, 2, 6}), test::Tolerance{1e-13, 1e-13});
+  const Tensor rhs = test::sample({3, 4}, kFloat64, 0.9);
+  const Tensor x = linalg::tensorsolve(t, rhs);
+  CHECK(x.sizes() == Shape{2, 6});
+  test::check_close(tensordot(t, x, 2), rhs, test::Tolerance{1e-13, 1e-13});
+}
+
 TEST_CASE("lu, matrix_exp, multi_dot, vecdot and vander: bad arguments are Errors naming them", "[ops][linalg][lu]") {
   const Tensor a = full_rank(3, 3, 0.2);
   auto [packed, pivots] = linalg::lu_factor(a);
@@ -215,4 +243,25 @@ TEST_CASE("lu, matrix_exp, multi_dot, vecdot and vander: bad arguments are Error
   test::check_error([&] { linalg::vecdot(ones({3}, kInt64), ones({3}, kInt64)); }, {"linalg.vecdot", "floating"});
   test::check_error([&] { linalg::vander(ones({3}, f64), 1); }, {"linalg.vander", "greater than 1"});
   test::check_error([&] { linalg::vander(ones({}, f64)); }, {"linalg.vander", "0-d"});
+  const Tensor tall = ones({5, 3}, f64), tau = ones({3}, f64);
+  test::check_error([&] { linalg::householder_product(tall.mT(), tau); }, {"linalg.householder_product", "3 by 5"});
+  test::check_error([&] { linalg::householder_product(tall, ones({4}, f64)); }, {"householder_product", "got 4"});
+  test::check_error(
+      [&] {
+        linalg::householder_product(tall, ones({2, 3}, f64));
+      },
+      {"householder_product", "one dimension fewer"});
+  test::check_error([&] { linalg::householder_product(tall, ones({3})); }, {"householder_product", "float32"});
+  test::check_error([&] { linalg::tensorinv(ones({4, 6, 8, 2}, f64)); }, {"linalg.tensorinv", "24", "16"});
+  test::check_error([&] { linalg::tensorinv(ones({4, 4}, f64), 2); }, {"linalg.tensorinv", "ind"});
+  test::check_error(
+      [&] {
+        linalg::tensorsolve(ones({2, 3, 6}, f64), ones({3, 2}, f64));
+      },
+      {"linalg.tensorsolve", "[2, 3]", "[3, 2]"});
+  test::check_error(
+      [&] {
+        linalg::tensorsolve(ones({2, 3, 5}, f64), ones({2, 3}, f64));
+      },
+      {"linalg.tensorsolve", "square"});
 }
