@@ -292,7 +292,7 @@ namespace linalg {
 // has A's shape without its last dim, as PyTorch's.
 Tensor solve(const Tensor& a, const Tensor& b, bool left = true);
 Tensor inv(const Tensor& a);  // A^-1 for A (*, n, n)
-Tensor det(const Tensor& a);  // det A (*), 0 for a singular matrix (whose gradient is an Error)
+Tensor det(const Tensor& a);  // det A (*), 0 for a singular matrix (its gradient there: the cofactors)
 // (sign, log |det A|), each (*): sign 0 and -inf for a singular matrix; the gradient through log |det|.
 std::tuple<Tensor, Tensor> slogdet(const Tensor& a);
 // solve and inv without the Error for a singular matrix: (result, info), info int32 of the batch's shape,
