@@ -40,6 +40,7 @@ using autograd::record;
 using autograd::SavedTensor;
 using autograd::should_record;
 using autograd::TensorList;
+using host_linalg::check_float_matrices;
 using host_linalg::check_square;
 using host_linalg::host_copy;
 using host_linalg::leading;
@@ -236,13 +237,6 @@ void householder_qr(double* a, double* q, int64_t m, int64_t n) {
 }
 
 // ---- the recorded ops ----
-
-void check_float_matrices(const Tensor& t, const char* what, const char* op) {
-  KILN_CHECK(t.dim() >= 2, "{}: {} must have at least 2 dimensions (a batch of matrices), got shape {}", op, what,
-             t.sizes().str());
-  KILN_CHECK(t.dtype() == kFloat32 || t.dtype() == kFloat64, "{}: {} must be float32 or float64, got {}", op, what,
-             dtype_name(t.dtype()));
-}
 
 // X = A^-1 B for triangular A (*, n, n) and B (*, n, k) of one batch shape, recorded; the gradient
 // is this function again, for A^T.

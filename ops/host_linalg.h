@@ -1,6 +1,6 @@
 // ops/host_linalg.h: what the linear-algebra ops that compute on the host share (ops/solve.cpp,
 // ops/decompose.cpp, ops/lu.cpp, ops/svd.cpp): a one-pass host copy of a tensor to factor in place, a
-// batch's shape, and PyTorch's checks of a batch of square matrices. Private to ops/.
+// batch's shape, and PyTorch's checks of a batch of (square) matrices. Private to ops/.
 #pragma once
 
 #include <span>
@@ -21,6 +21,16 @@ inline Tensor host_copy(const Tensor& t) {
 // t's sizes without their last `drop` dims (a batch's shape).
 inline Shape leading(const Tensor& t, int drop) {
   return Shape(std::span<const int64_t>(t.sizes().begin(), t.sizes().end() - drop));
+}
+
+// PyTorch's checks of a batch of matrices: at least 2-D, float32 or float64; `what` names it ("A", "B").
+inline void check_float_matrices(const Tensor& t, const char* what, const char* op) {
+  KILN_CHECK(t.dim() >= 2, "{}: {} must have at least 2 dimensions (a batch of matrices), got shape {}", op, what,
+             t.sizes().str());
+  KILN_CHECK(t.dtype() == kFloat32 || t.dtype() == kFloat64,
+             "{}: {} must be float32 or float64 (PyTorch's CPU kernels take no 16-bit or integer ones), got {}; "
+             "convert with .to(kFloat32)",
+             op, what, dtype_name(t.dtype()));
 }
 
 // PyTorch's checks of A: floating (float32 or float64 here), at least 2-D, square.

@@ -28,6 +28,7 @@ using autograd::record;
 using autograd::SavedTensor;
 using autograd::should_record;
 using autograd::TensorList;
+using host_linalg::check_float_matrices;
 using host_linalg::host_copy;
 using host_linalg::leading;
 
@@ -57,14 +58,6 @@ int32_t lu_rectangular(double* a, int64_t m, int64_t n, int32_t* pivots, bool pi
     }
   }
   return info;
-}
-
-void check_float(const Tensor& t, const char* what, const char* op) {
-  KILN_CHECK(t.dim() >= 2, "{}: {} must have at least 2 dimensions (a batch of matrices), got shape {}", op, what,
-             t.sizes().str());
-  KILN_CHECK(t.dtype() == kFloat32 || t.dtype() == kFloat64,
-             "{}: {} must be float32 or float64 (PyTorch's CPU kernels take no 16-bit or integer ones), got {}", op,
-             what, dtype_name(t.dtype()));
 }
 
 void check_pivots(const Tensor& lu, const Tensor& pivots, const char* op) {
@@ -201,7 +194,7 @@ namespace linalg {
 
 std::tuple<Tensor, Tensor, Tensor> lu_factor_ex(const Tensor& a, bool pivot, bool check_errors) {
   const char* op = "linalg.lu_factor_ex";
-  check_float(a, "A", op);
+  check_float_matrices(a, "A", op);
   const int64_t m = a.size(-2), n = a.size(-1), k = std::min(m, n);
   Shape piv_shape = leading(a, 2);
   const int64_t batch = piv_shape.numel();
@@ -255,8 +248,8 @@ std::tuple<Tensor, Tensor, Tensor> lu(const Tensor& a, bool pivot) {
 
 Tensor lu_solve(const Tensor& lu, const Tensor& pivots, const Tensor& b, bool left, bool adjoint) {
   const char* op = "linalg.lu_solve";
-  check_float(lu, "LU", op);
-  check_float(b, "B", op);
+  check_float_matrices(lu, "LU", op);
+  check_float_matrices(b, "B", op);
   check_pivots(lu, pivots, op);
   check_same_device(op, lu, b);
   KILN_CHECK(lu.size(-1) == lu.size(-2), "{}: LU must be a batch of square matrices, but they are {} by {}", op,
@@ -298,7 +291,7 @@ Tensor lu_solve(const Tensor& lu, const Tensor& pivots, const Tensor& b, bool le
 std::tuple<Tensor, Tensor, Tensor> lu_unpack(const Tensor& lu, const Tensor& pivots, bool unpack_data,
                                              bool unpack_pivots) {
   const char* op = "lu_unpack";
-  check_float(lu, "LU", op);
+  check_float_matrices(lu, "LU", op);
   check_pivots(lu, pivots, op);
   Tensor p, l, u;
   if (unpack_pivots) p = permutation_from_pivots(pivots, lu.size(-2), lu.options(), op);

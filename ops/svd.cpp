@@ -349,13 +349,13 @@ bool svd_tall(double* a, int64_t m, int64_t n, double* s, double* ut, int64_t p,
   return true;
 }
 
-void check_svd_input(const Tensor& a, const char* op) {
-  KILN_CHECK(a.dim() >= 2, "{}: the input tensor A must have at least 2 dimensions (a batch of matrices), got shape {}",
-             op, a.sizes().str());
-  KILN_CHECK(a.dtype() == kFloat32 || a.dtype() == kFloat64,
-             "{}: takes float32 or float64 matrices (PyTorch's CPU kernels take no 16-bit or integer ones), got {}; "
-             "convert with .to(kFloat32)",
-             op, dtype_name(a.dtype()));
+void check_svd_input(const Tensor& a, const char* op) { host_linalg::check_float_matrices(a, "A", op); }
+
+// pinv's and matrix_rank's check that a hermitian A is square.
+void check_hermitian_square(const Tensor& a, bool hermitian, const char* op) {
+  KILN_CHECK(!hermitian || a.size(-1) == a.size(-2),
+             "{}: with hermitian, A must be a batch of square matrices, but they are {} by {}", op, a.size(-2),
+             a.size(-1));
 }
 
 double dtype_eps(DType t) {
@@ -581,9 +581,7 @@ Tensor svdvals(const Tensor& a) {
 Tensor pinv(const Tensor& a, std::optional<double> atol, std::optional<double> rtol, bool hermitian) {
   const char* op = "linalg.pinv";
   check_svd_input(a, op);
-  KILN_CHECK(!hermitian || a.size(-1) == a.size(-2),
-             "{}: with hermitian, A must be a batch of square matrices, but they are {} by {}",
-             op, a.size(-2), a.size(-1));
+  check_hermitian_square(a, hermitian, op);
   KILN_CHECK(atol.value_or(0) >= 0 && rtol.value_or(0) >= 0, "{}: atol and rtol must be non-negative, got {} and {}",
              op, atol.value_or(0), rtol.value_or(0));
   return record_pinv(a, pinv_value(a, atol, rtol, hermitian, op));
@@ -592,9 +590,7 @@ Tensor pinv(const Tensor& a, std::optional<double> atol, std::optional<double> r
 Tensor matrix_rank(const Tensor& a, std::optional<double> atol, std::optional<double> rtol, bool hermitian) {
   const char* op = "linalg.matrix_rank";
   check_svd_input(a, op);
-  KILN_CHECK(!hermitian || a.size(-1) == a.size(-2),
-             "{}: with hermitian, A must be a batch of square matrices, but they are {} by {}", op, a.size(-2),
-             a.size(-1));
+  check_hermitian_square(a, hermitian, op);
   NoGradGuard no_grad;
   const Tensor s = hermitian ? eigvalsh(a).abs() : std::get<1>(svd_impl(a, false, false, op));
   if (s.size(-1) == 0) return zeros(leading(a, 2), TensorOptions(kInt64).device(a.device()));
