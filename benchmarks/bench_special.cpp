@@ -1,9 +1,10 @@
 // bench_special: the pointwise functions of ops/elementwise.cpp without a vectorized CPU path (C++'s
 // std:: functions element by element, or core/special_math.h's) on 2^22 float32 elements: tan, asin,
 // atan, sinh, log2, erfc, erfinv, lgamma, digamma, polygamma(1, x), atan2, hypot, logaddexp and xlogy,
-// and digamma in float64. ms: the median of 7 runs after 2 warm-up runs. One JSON line per result.
-// Its PyTorch counterpart: benchmarks/torch_special.py (same shapes, distributions, parts and timing
-// rule; the data are each library's own random draws). Usage: bench_special [threads] (default 2).
+// digamma in float64, and torch.special's i0, i1e, erfcx, ndtr, log_ndtr, ndtri, entr, xlog1py, zeta,
+// gammainc, bessel_j0, bessel_y1, modified_bessel_k0 and spherical_bessel_j0. ms: the median of 7 runs after 2 warm-up
+// runs. One JSON line per result. Its PyTorch counterpart: benchmarks/torch_special.py (same shapes, distributions,
+// parts and timing rule; the data are each library's own random draws). Usage: bench_special [threads] (default 2).
 #include <kiln/kiln.h>
 
 #include <functional>
@@ -41,5 +42,21 @@ int main(int argc, char** argv) {
   report("hypot_2^22", [&] { (void)hypot(unit, other); });
   report("logaddexp_2^22", [&] { (void)logaddexp(unit, other); });
   report("xlogy_2^22", [&] { (void)xlogy(other, positive); });
+  const Tensor probability = unit / 2 + 0.5;  // (0.05, 0.95)
+  report("i0_2^22", [&] { (void)special::i0(other); });
+  report("i1e_2^22", [&] { (void)special::i1e(other); });
+  report("erfcx_2^22", [&] { (void)special::erfcx(other); });
+  report("ndtr_2^22", [&] { (void)special::ndtr(other); });
+  report("log_ndtr_2^22", [&] { (void)special::log_ndtr(other); });
+  report("ndtri_2^22", [&] { (void)special::ndtri(probability); });
+  report("entr_2^22", [&] { (void)special::entr(positive); });
+  report("xlog1py_2^22", [&] { (void)special::xlog1py(other, positive); });
+  const Tensor shifted = positive + 1, flipped = flip(positive, {0});
+  report("zeta_2^22", [&] { (void)special::zeta(shifted, positive); });
+  report("gammainc_2^22", [&] { (void)special::gammainc(positive, flipped); });
+  report("bessel_j0_2^22", [&] { (void)special::bessel_j0(positive); });
+  report("bessel_y1_2^22", [&] { (void)special::bessel_y1(positive); });
+  report("modified_bessel_k0_2^22", [&] { (void)special::modified_bessel_k0(positive); });
+  report("spherical_bessel_j0_2^22", [&] { (void)special::spherical_bessel_j0(positive); });
   return 0;
 }

@@ -73,6 +73,12 @@ enum class UnaryOp : uint8_t {
   Tan, Asin, Acos, Atan, Sinh, Cosh, Asinh, Acosh, Atanh, Log2, Log10, Exp2,
   Erfc, Erfinv, Lgamma, Digamma,
   Polygamma,  // the a-th derivative of digamma, a >= 1 (core/special_math.h)
+  // torch.special's (core/special_math.h): e^(x^2) erfc(x), the normal distribution's cdf, its log and
+  // its quantile, -x log x; and (core/bessel_math.h) I0, I1 and their e^-|x| scalings, J0, J1, Y0, Y1,
+  // K0, K1 and their e^x scalings, and the spherical j0, sin(x) / x.
+  Erfcx, Ndtr, LogNdtr, Ndtri, Entr,
+  I0, I0e, I1, I1e, BesselJ0, BesselJ1, BesselY0, BesselY1, BesselK0, BesselK1, BesselK0e, BesselK1e,
+  SphericalBesselJ0,
 };
 struct UnaryArgs {
   double a = 0, b = 0;
@@ -93,6 +99,9 @@ enum class BinaryOp : uint8_t {
   LogAddExp,               // log(e^a + e^b), a when a = b = +-inf
   LogAddExp2,              // log2(2^a + 2^b)
   Xlogy,                   // a log b, 0 where a = 0 unless b is NaN
+  Xlog1py,                 // a log1p(b), 0 where a = 0 unless b is NaN
+  Zeta,                    // Hurwitz's zeta(a, b) (core/special_math.h)
+  Gammainc, Gammaincc,     // the regularized incomplete gamma functions P(a, b), Q(a, b)
   Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,  // output bool
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }

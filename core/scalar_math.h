@@ -13,6 +13,7 @@
 
 #include "core/backend.h"
 #include "core/half.h"
+#include "core/bessel_math.h"
 #include "core/special_math.h"
 
 namespace kiln::math {
@@ -324,6 +325,37 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
       case UnaryOp::Digamma: return static_cast<T>(digamma_f64(static_cast<double>(x), std::is_same_v<T, float>));
       case UnaryOp::Polygamma:
         return static_cast<T>(polygamma_f64(static_cast<int>(a), static_cast<double>(x), std::is_same_v<T, float>));
+      // core/bessel_math.h: nu = 0 or 1, scaled or not.
+      case UnaryOp::I0:
+      case UnaryOp::I0e:
+      case UnaryOp::I1:
+      case UnaryOp::I1e:
+        return static_cast<T>(bessel_i_f64(op == UnaryOp::I0 || op == UnaryOp::I0e ? 0 : 1, static_cast<double>(x),
+                                           op == UnaryOp::I0e || op == UnaryOp::I1e, std::is_same_v<T, float>));
+      case UnaryOp::BesselJ0:
+      case UnaryOp::BesselJ1:
+        return static_cast<T>(
+            bessel_j_f64(op == UnaryOp::BesselJ0 ? 0 : 1, static_cast<double>(x), std::is_same_v<T, float>));
+      case UnaryOp::BesselY0:
+      case UnaryOp::BesselY1:
+        return static_cast<T>(
+            bessel_y_f64(op == UnaryOp::BesselY0 ? 0 : 1, static_cast<double>(x), std::is_same_v<T, float>));
+      case UnaryOp::BesselK0:
+      case UnaryOp::BesselK1:
+      case UnaryOp::BesselK0e:
+      case UnaryOp::BesselK1e:
+        return static_cast<T>(bessel_k_f64(op == UnaryOp::BesselK0 || op == UnaryOp::BesselK0e ? 0 : 1,
+                                           static_cast<double>(x), op == UnaryOp::BesselK0e || op == UnaryOp::BesselK1e,
+                                           std::is_same_v<T, float>));
+      case UnaryOp::SphericalBesselJ0: return static_cast<T>(spherical_bessel_j0_f64(static_cast<double>(x)));
+      case UnaryOp::Erfcx: return static_cast<T>(erfcx_f64(static_cast<double>(x)));
+      case UnaryOp::Ndtr: return static_cast<T>(ndtr_f64(static_cast<double>(x)));
+      case UnaryOp::LogNdtr: return static_cast<T>(log_ndtr_f64(static_cast<double>(x)));
+      case UnaryOp::Ndtri: return static_cast<T>(ndtri_f64(static_cast<double>(x), std::is_same_v<T, float>));
+      case UnaryOp::Entr:  // -x log x; 0 at 0, -inf left of it, NaN stays NaN
+        if (x != x) return x;
+        if (x > T(0)) return -x * log(x);
+        return x == T(0) ? T(0) : -std::numeric_limits<T>::infinity();
     }
     return x;
   }
@@ -348,6 +380,17 @@ KILN_HOST_DEVICE inline T float_binary(BinaryOp op, T x, T y) {
       if (y != y) return y;
       if (x == T(0)) return T(0);
       return x * log(y);
+    case BinaryOp::Xlog1py:
+      if (y != y) return y;
+      if (x == T(0)) return T(0);
+      return x * log1p(y);
+    // core/special_math.h: in float64 (to float32's need for a float32 result), rounded once.
+    case BinaryOp::Zeta:
+      return static_cast<T>(zeta_f64(static_cast<double>(x), static_cast<double>(y), std::is_same_v<T, float>));
+    case BinaryOp::Gammainc:
+    case BinaryOp::Gammaincc:
+      return static_cast<T>(incomplete_gamma_f64(static_cast<double>(x), static_cast<double>(y),
+                                                 op == BinaryOp::Gammaincc, std::is_same_v<T, float>));
     default: return x;
   }
 }
@@ -436,6 +479,10 @@ KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
     case BinaryOp::LogAddExp:
     case BinaryOp::LogAddExp2:
     case BinaryOp::Xlogy:
+    case BinaryOp::Xlog1py:
+    case BinaryOp::Zeta:
+    case BinaryOp::Gammainc:
+    case BinaryOp::Gammaincc:
       if constexpr (std::is_floating_point_v<T>) {
         return float_binary(op, x, y);
       } else {

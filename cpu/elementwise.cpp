@@ -179,6 +179,21 @@ void unary_typed(UnaryOp op, const StridedLoop<2>& loop, UnaryArgs args) {
         case UnaryOp::Digamma: return run.template operator()<UnaryOp::Digamma>();
         case UnaryOp::Polygamma: return run.template operator()<UnaryOp::Polygamma>();
         case UnaryOp::Erfinv: return run.template operator()<UnaryOp::Erfinv>();
+        case UnaryOp::I0: return run.template operator()<UnaryOp::I0>();
+        case UnaryOp::I0e: return run.template operator()<UnaryOp::I0e>();
+        case UnaryOp::I1: return run.template operator()<UnaryOp::I1>();
+        case UnaryOp::I1e: return run.template operator()<UnaryOp::I1e>();
+        case UnaryOp::Erfcx: return run.template operator()<UnaryOp::Erfcx>();
+        case UnaryOp::Ndtri: return run.template operator()<UnaryOp::Ndtri>();
+        case UnaryOp::LogNdtr: return run.template operator()<UnaryOp::LogNdtr>();
+        case UnaryOp::BesselJ0: return run.template operator()<UnaryOp::BesselJ0>();
+        case UnaryOp::BesselJ1: return run.template operator()<UnaryOp::BesselJ1>();
+        case UnaryOp::BesselY0: return run.template operator()<UnaryOp::BesselY0>();
+        case UnaryOp::BesselY1: return run.template operator()<UnaryOp::BesselY1>();
+        case UnaryOp::BesselK0: return run.template operator()<UnaryOp::BesselK0>();
+        case UnaryOp::BesselK1: return run.template operator()<UnaryOp::BesselK1>();
+        case UnaryOp::BesselK0e: return run.template operator()<UnaryOp::BesselK0e>();
+        case UnaryOp::BesselK1e: return run.template operator()<UnaryOp::BesselK1e>();
         default: break;
       }
     }

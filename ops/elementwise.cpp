@@ -810,25 +810,212 @@ Tensor copysign(const Tensor& a, const Tensor& b) {
   }
   return out;
 }
-// a log b, 0 where a = 0 (unless b is NaN): d/da = log b (0 where a = 0 and b <= 0), d/db = a / b.
-Tensor xlogy(const Tensor& a, const Tensor& b) {
-  Tensor out = float_binary(BinaryOp::Xlogy, a, b, "xlogy");
+// a log b and a log1p(b) (special::xlog1py), 0 where a = 0 (unless b is NaN): d/da = log b (0 where
+// a = 0 and b <= 0), d/db = a / b; d/da = log1p(b) (0 where a = 0 and b <= -1), d/db = a / (1 + b).
+static Tensor xlog_impl(const Tensor& a, const Tensor& b, bool one_plus) {
+  Tensor out = float_binary(one_plus ? BinaryOp::Xlog1py : BinaryOp::Xlogy, a, b,
+                            one_plus ? "special::xlog1py" : "xlogy");
   if (should_record(a, b)) {
-    record("XlogyBackward", {a, b}, {out},
-           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(a, false),
-            sb = SavedTensor(b, false)](const Grads& g) -> TensorList {
-             const Tensor av = sa.unpack("XlogyBackward"), bv = sb.unpack("XlogyBackward");
+    const char* node = one_plus ? "Xlog1pyBackward" : "XlogyBackward";
+    record(node, {a, b}, {out},
+           [ia = InputInfo(a), ib = InputInfo(b), sa = SavedTensor(a, false), sb = SavedTensor(b, false), node,
+            one_plus](const Grads& g) -> TensorList {
+             const Tensor av = sa.unpack(node), bv = sb.unpack(node);
              Tensor ga, gb;
              if (g.needs_grad(0)) {
-               const Tensor d = xlogy(g[0], bv);
-               ga = ia.fit(where(av.eq(0).logical_and(bv.le(0)), zeros_like(d), d));
+               const Tensor d = xlog_impl(g[0], bv, one_plus);
+               ga = ia.fit(where(av.eq(0).logical_and(bv.le(one_plus ? -1 : 0)), zeros_like(d), d));
              }
-             if (g.needs_grad(1)) gb = ib.fit(g[0] * av / bv);
+             if (g.needs_grad(1)) gb = ib.fit(g[0] * av / (one_plus ? bv + 1 : bv));
              return {ga, gb};
            });
   }
   return out;
 }
+Tensor xlogy(const Tensor& a, const Tensor& b) { return xlog_impl(a, b, false); }
+
+// ---- torch.special: Bessel, error, normal-distribution, entropy, zeta and incomplete gamma functions ----
+// Computed in float64 per element by core/special_math.h (float16 and bfloat16 through float32),
+// integers promoted to float32. Gradients are PyTorch's formulas written as ops (differentiable
+// again); where PyTorch has none (zeta's s, gammainc's a) asking for one is an Error.
+namespace special {
+
+Tensor i0(const Tensor& x) {  // d I0 = I1
+  return with_input_grad(float_unary(UnaryOp::I0, x, "special::i0"), x, "I0Backward",
+                         [](const Tensor& g, const Tensor& x) { return g * special::i1(x); });
+}
+Tensor i0e(const Tensor& x) {  // d e^-|x| I0 = i1e - sgn(x) i0e
+  return with_input_grad(float_unary(UnaryOp::I0e, x, "special::i0e"), x, "I0eBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * (i1e(x) - x.sign() * i0e(x)); });
+}
+// d I1 = I0 - I1 / x, and d e^-|x| I1 = i0e - i1e (sgn(x) + 1 / x); both 1/2 at x = 0, where the
+// quotient is taken of 1 instead (where() would pass the other branch's 0 / 0 to a second gradient).
+Tensor i1(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::I1, x, "special::i1"), x, "I1Backward",
+                         [](const Tensor& g, const Tensor& x) {
+                           const Tensor zero = x.eq(0);
+                           const Tensor safe = where(zero, ones_like(x), x);
+                           return g * where(zero, full_like(x, 0.5), special::i0(safe) - special::i1(safe) / safe);
+                         });
+}
+Tensor i1e(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::I1e, x, "special::i1e"), x, "I1eBackward",
+                         [](const Tensor& g, const Tensor& x) {
+                           const Tensor zero = x.eq(0);
+                           const Tensor safe = where(zero, ones_like(x), x);
+                           return g * where(zero, full_like(x, 0.5), i0e(safe) - i1e(safe) * (safe.sign() + 1 / safe));
+                         });
+}
+Tensor erfcx(const Tensor& x) {  // d e^(x^2) erfc(x) = 2 x erfcx(x) - 2 / sqrt(pi)
+  return with_input_grad(float_unary(UnaryOp::Erfcx, x, "special::erfcx"), x, "ErfcxBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * (2 * x * erfcx(x) - 1.1283791670955126); });
+}
+Tensor ndtr(const Tensor& x) {  // d Phi = e^(-x^2 / 2) / sqrt(2 pi)
+  return with_input_grad(
+      float_unary(UnaryOp::Ndtr, x, "special::ndtr"), x, "NdtrBackward",
+      [](const Tensor& g, const Tensor& x) { return g * (x * x * -0.5).exp() * 0.3989422804014327; });
+}
+Tensor log_ndtr(const Tensor& x) {  // d log Phi = e^(-x^2 / 2 - log Phi) / sqrt(2 pi)
+  return with_input_grad(
+      float_unary(UnaryOp::LogNdtr, x, "special::log_ndtr"), x, "LogNdtrBackward",
+      [](const Tensor& g, const Tensor& x) { return g * (x * x * -0.5 - log_ndtr(x)).exp() * 0.3989422804014327; });
+}
+Tensor ndtri(const Tensor& x) {  // d Phi^-1(p) = sqrt(2 pi) e^(Phi^-1(p)^2 / 2)
+  return with_output_grad(
+      float_unary(UnaryOp::Ndtri, x, "special::ndtri"), x, "NdtriBackward",
+      [](const Tensor& g, const Tensor& y) { return g * (y * y * 0.5).exp() * 2.5066282746310002; });
+}
+Tensor entr(const Tensor& x) {  // d -x log x = -(1 + log x): +inf at 0, NaN left of it
+  return with_input_grad(float_unary(UnaryOp::Entr, x, "special::entr"), x, "EntrBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * -(x.log() + 1); });
+}
+Tensor xlog1py(const Tensor& a, const Tensor& b) { return xlog_impl(a, b, true); }
+// zeta(s, q): d/dq = -s zeta(s + 1, q). PyTorch has no gradient for s, nor does Kiln.
+Tensor zeta(const Tensor& x, const Tensor& q) {
+  Tensor out = float_binary(BinaryOp::Zeta, x, q, "special::zeta");
+  if (should_record(x, q)) {
+    record("ZetaBackward", {x, q}, {out},
+           [iq = InputInfo(q), sx = SavedTensor(x, false), sq = SavedTensor(q, false)](const Grads& g) -> TensorList {
+             KILN_CHECK(!g.needs_grad(0),
+                        "special::zeta: the gradient with respect to x (the exponent, zeta's first argument) is not "
+                        "implemented (nor is it in PyTorch); detach x, or compute it as a sum");
+             const Tensor xv = sx.unpack("ZetaBackward"), qv = sq.unpack("ZetaBackward");
+             return {Tensor(), iq.fit(g[0] * -xv * zeta(xv + 1, qv))};
+           });
+  }
+  return out;
+}
+// P(a, x) and Q(a, x): d/dx = +-x^(a-1) e^-x / Gamma(a). PyTorch has no gradient for a, nor does Kiln.
+static Tensor incomplete_gamma(const Tensor& a, const Tensor& x, bool upper) {
+  const char* name = upper ? "special::gammaincc" : "special::gammainc";
+  Tensor out = float_binary(upper ? BinaryOp::Gammaincc : BinaryOp::Gammainc, a, x, name);
+  if (should_record(a, x)) {
+    const char* node = upper ? "GammainccBackward" : "GammaincBackward";
+    record(node, {a, x}, {out},
+           [ix = InputInfo(x), sa = SavedTensor(a, false), sx = SavedTensor(x, false), name, node,
+            upper](const Grads& g) -> TensorList {
+             KILN_CHECK(!g.needs_grad(0),
+                        "{}: the gradient with respect to a (the first argument) is not implemented (nor is it in "
+                        "PyTorch); detach a",
+                        name);
+             const Tensor av = sa.unpack(node), xv = sx.unpack(node);
+             const Tensor density = ((av - 1) * xv.log() - xv - lgamma(av)).exp();
+             return {Tensor(), ix.fit(upper ? -(g[0] * density) : g[0] * density)};
+           });
+  }
+  return out;
+}
+Tensor gammainc(const Tensor& a, const Tensor& x) { return incomplete_gamma(a, x, false); }
+Tensor gammaincc(const Tensor& a, const Tensor& x) { return incomplete_gamma(a, x, true); }
+// log of the multivariate gamma function: p (p - 1) / 4 log pi + sum_{j < p} lgamma(a - j / 2), composed.
+Tensor multigammaln(const Tensor& a, int64_t p) {
+  KILN_CHECK(p >= 1, "special::multigammaln: p must be at least 1 (the dimension), got {}", p);
+  const Tensor af = a.is_floating_point() ? a : a.to(kFloat32);
+  KILN_CHECK(af.numel() == 0 || af.gt(0.5 * static_cast<double>(p - 1)).all().item<bool>(),
+             "special::multigammaln: every element of a must be greater than (p - 1) / 2 = {} for p = {}; "
+             "the function is not defined there",
+             0.5 * static_cast<double>(p - 1), p);
+  const Tensor halves = arange(0, p, 1, af.dtype(), af.device()) * -0.5;
+  const double constant = 0.25 * static_cast<double>(p) * static_cast<double>(p - 1) * 1.1447298858494002;  // log pi
+  return lgamma(af.unsqueeze(-1) + halves).sum({-1}) + constant;
+}
+
+// The Bessel functions of the first, second and third kinds, PyTorch's names. PyTorch 1.13 gives them
+// no gradient; here they have their derivatives (DLMF 10.6.2, 10.29.2), written with each other:
+// J0' = -J1, Y0' = -Y1, K0' = -K1, J1' = J0 - J1 / x (1/2 at 0), Y1' = Y0 - Y1 / x, K1' = -K0 - K1 / x.
+Tensor bessel_j0(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::BesselJ0, x, "special::bessel_j0"), x, "BesselJ0Backward",
+                         [](const Tensor& g, const Tensor& x) { return -(g * bessel_j1(x)); });
+}
+Tensor bessel_j1(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::BesselJ1, x, "special::bessel_j1"), x, "BesselJ1Backward",
+                         [](const Tensor& g, const Tensor& x) {
+                           const Tensor zero = x.eq(0);
+                           const Tensor safe = where(zero, ones_like(x), x);
+                           return g * where(zero, full_like(x, 0.5), bessel_j0(safe) - bessel_j1(safe) / safe);
+                         });
+}
+Tensor bessel_y0(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::BesselY0, x, "special::bessel_y0"), x, "BesselY0Backward",
+                         [](const Tensor& g, const Tensor& x) { return -(g * bessel_y1(x)); });
+}
+Tensor bessel_y1(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::BesselY1, x, "special::bessel_y1"), x, "BesselY1Backward",
+                         [](const Tensor& g, const Tensor& x) { return g * (bessel_y0(x) - bessel_y1(x) / x); });
+}
+Tensor modified_bessel_i0(const Tensor& x) { return special::i0(x); }
+Tensor modified_bessel_i1(const Tensor& x) { return special::i1(x); }
+Tensor modified_bessel_k0(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::BesselK0, x, "special::modified_bessel_k0"), x,
+                         "ModifiedBesselK0Backward",
+                         [](const Tensor& g, const Tensor& x) { return -(g * modified_bessel_k1(x)); });
+}
+Tensor modified_bessel_k1(const Tensor& x) {
+  return with_input_grad(
+      float_unary(UnaryOp::BesselK1, x, "special::modified_bessel_k1"), x, "ModifiedBesselK1Backward",
+      [](const Tensor& g, const Tensor& x) { return -(g * (modified_bessel_k0(x) + modified_bessel_k1(x) / x)); });
+}
+// e^x K0 and e^x K1: (e^x K0)' = e^x (K0 - K1), (e^x K1)' = e^x (K1 - K0 - K1 / x).
+Tensor scaled_modified_bessel_k0(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::BesselK0e, x, "special::scaled_modified_bessel_k0"), x,
+                         "ScaledModifiedBesselK0Backward", [](const Tensor& g, const Tensor& x) {
+                           return g * (scaled_modified_bessel_k0(x) - scaled_modified_bessel_k1(x));
+                         });
+}
+Tensor scaled_modified_bessel_k1(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::BesselK1e, x, "special::scaled_modified_bessel_k1"), x,
+                         "ScaledModifiedBesselK1Backward", [](const Tensor& g, const Tensor& x) {
+                           const Tensor k1 = scaled_modified_bessel_k1(x);
+                           return g * (k1 - scaled_modified_bessel_k0(x) - k1 / x);
+                         });
+}
+// sin(x) / x: its derivative is -x s(x), s(x) = (sin x - x cos x) / x^3, and below |x| = 0.05, where that
+// quotient cancels, s = 1/3 - x^2/30 + x^4/840 - x^6/45360 (the next term 1e-17 of it). Written so, the
+// gradient is differentiable at 0 too (its derivative there -1/3).
+Tensor spherical_bessel_j0(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::SphericalBesselJ0, x, "special::spherical_bessel_j0"), x,
+                         "SphericalBesselJ0Backward", [](const Tensor& g, const Tensor& x) {
+                           const Tensor small = x.abs().lt(0.05);
+                           const Tensor safe = where(small, ones_like(x), x);
+                           const Tensor x2 = x * x;
+                           const Tensor series = 1.0 / 3 - x2 * (1.0 / 30 - x2 * (1.0 / 840 - x2 / 45360));
+                           const Tensor s =
+                               where(small, series, (safe.sin() - safe * safe.cos()) / (safe * safe * safe));
+                           return -(g * x * s);
+                         });
+}
+
+// torch.special's names for ops Kiln has under torch's.
+Tensor expit(const Tensor& x) { return sigmoid(x); }
+Tensor gammaln(const Tensor& x) { return lgamma(x); }
+Tensor psi(const Tensor& x) { return kiln::digamma(x); }
+
+}  // namespace special
+
+Tensor i0(const Tensor& x) { return special::i0(x); }
+Tensor igamma(const Tensor& a, const Tensor& x) { return special::gammainc(a, x); }
+Tensor igammac(const Tensor& a, const Tensor& x) { return special::gammaincc(a, x); }
+Tensor mvlgamma(const Tensor& a, int64_t p) { return special::multigammaln(a, p); }
 
 // A 16-bit float tensor with a number computes in float32 and rounds once, as PyTorch's opmath
 // does: rounding the number first would turn 70000 into inf and 0.999 into 0.99902.

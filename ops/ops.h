@@ -201,6 +201,52 @@ Tensor logaddexp(const Tensor& a, const Tensor& b);   // log(e^a + e^b), without
 Tensor logaddexp2(const Tensor& a, const Tensor& b);  // log2(2^a + 2^b)
 Tensor copysign(const Tensor& a, const Tensor& b);    // |a| with b's sign (-0 counts as negative)
 Tensor xlogy(const Tensor& a, const Tensor& b);       // a log b, 0 where a = 0 (unless b is NaN)
+// torch.special's functions (ops/elementwise.cpp; core/special_math.h computes each in float64, to
+// float32's need for float32). Integers become float32. Differentiable as in PyTorch (not in zeta's x
+// or the incomplete gammas' a: an Error there, as PyTorch's).
+namespace special {
+Tensor i0(const Tensor& x);                        // the modified Bessel function I0
+Tensor i0e(const Tensor& x);                       // e^-|x| I0(x)
+Tensor i1(const Tensor& x);                        // I1
+Tensor i1e(const Tensor& x);                       // e^-|x| I1(x)
+Tensor erfcx(const Tensor& x);                     // e^(x^2) erfc(x), without overflow (1 / (x sqrt pi) for large x)
+Tensor ndtr(const Tensor& x);                      // the standard normal cdf, erfc(-x / sqrt 2) / 2
+Tensor log_ndtr(const Tensor& x);                  // its log, accurate where it underflows (-804.6 at -40)
+Tensor ndtri(const Tensor& p);                     // its inverse: -inf at 0, +inf at 1, NaN outside [0, 1]
+Tensor entr(const Tensor& x);                      // -x log x: 0 at 0, -inf for x < 0
+Tensor xlog1py(const Tensor& a, const Tensor& b);  // a log1p(b), 0 where a = 0 (unless b is NaN)
+// Hurwitz's zeta(x, q) = sum_k (q + k)^-x: +inf at x = 1 and at q = 0, -1, ...; NaN for x < 1, and for
+// q < 0 unless x is whole.
+Tensor zeta(const Tensor& x, const Tensor& q);
+// The regularized lower and upper incomplete gamma functions P(a, x) and Q(a, x) = 1 - P (NaN for
+// a < 0 or x < 0).
+Tensor gammainc(const Tensor& a, const Tensor& x);
+Tensor gammaincc(const Tensor& a, const Tensor& x);
+// log of the multivariate gamma function of dimension p >= 1; every a must exceed (p - 1) / 2.
+Tensor multigammaln(const Tensor& a, int64_t p);
+// The Bessel functions J0 and I0 (even), J1 and I1 (odd), Y0, Y1 (NaN for x < 0, -inf at 0), K0, K1
+// (NaN for x < 0, +inf at 0), e^x K0, e^x K1 and the spherical j0 = sin(x) / x, with PyTorch's names;
+// here differentiable (PyTorch 1.13 gives them no gradient).
+Tensor bessel_j0(const Tensor& x);
+Tensor bessel_j1(const Tensor& x);
+Tensor bessel_y0(const Tensor& x);
+Tensor bessel_y1(const Tensor& x);
+Tensor modified_bessel_i0(const Tensor& x);  // i0
+Tensor modified_bessel_i1(const Tensor& x);  // i1
+Tensor modified_bessel_k0(const Tensor& x);
+Tensor modified_bessel_k1(const Tensor& x);
+Tensor scaled_modified_bessel_k0(const Tensor& x);
+Tensor scaled_modified_bessel_k1(const Tensor& x);
+Tensor spherical_bessel_j0(const Tensor& x);
+Tensor expit(const Tensor& x);    // sigmoid
+Tensor gammaln(const Tensor& x);  // lgamma
+Tensor psi(const Tensor& x);      // digamma
+}  // namespace special
+// torch's own names for four of them.
+Tensor i0(const Tensor& x);
+Tensor igamma(const Tensor& a, const Tensor& x);   // special::gammainc
+Tensor igammac(const Tensor& a, const Tensor& x);  // special::gammaincc
+Tensor mvlgamma(const Tensor& a, int64_t p);       // special::multigammaln
 // |a - b| <= atol + rtol |b| elementwise (bool), or a == b; NaNs equal only with equal_nan. a and b
 // of one dtype, as PyTorch's; allclose: every element of isclose.
 Tensor isclose(const Tensor& a, const Tensor& b, double rtol = 1e-5, double atol = 1e-8, bool equal_nan = false);

@@ -1,7 +1,10 @@
-// tests/ops/test_special.cpp: erfinv, digamma, polygamma and lgamma (core/special_math.h) beyond the
-// op table's PyTorch goldens: their defining identities over wide grids in float64 (erf(erfinv(y)) = y,
-// erfc(erfinv(y)) = 1 - y deep in the tail, the recurrences and reflections of the gamma functions),
-// known constants, float32 as the float64 value rounded once, and the Errors of the pointwise ops.
+// tests/ops/test_special.cpp: erfinv, digamma, polygamma and lgamma, and torch.special's Bessel, error,
+// normal-distribution, zeta and incomplete gamma functions (core/special_math.h) beyond the op table's
+// PyTorch goldens: their defining identities over wide grids in float64 (erf(erfinv(y)) = y,
+// erfc(erfinv(y)) = 1 - y deep in the tail, the recurrences and reflections of the gamma functions,
+// I0 and I1 as integrals, ndtri as ndtr's inverse down to 1e-300, zeta's recurrence in q, the
+// incomplete gamma functions' closed forms), known constants, float32 as the float64 value rounded
+// once, and the Errors of the pointwise ops.
 #include <cmath>
 #include <vector>
 
@@ -175,5 +178,316 @@ TEST_CASE("pointwise math: Errors, integer inputs to float32, the CPU's strided 
     test::check_close(f(x), f(x.contiguous()), {0, 0});  // NaN where x leaves the domain
     // float16 and bfloat16: computed in float32 and rounded once.
     for (DType d : {kFloat16, kBFloat16}) test::check_close(f(x.to(d)), f(x.to(d).to(kFloat32)).to(d), {0, 0});
+  }
+}
+
+namespace {
+
+// e^(-|x| scaled) I_nu(x) = (1 / N) sum_k e^(x cos t_k - scaled |x|) cos(nu t_k), t_k = 2 pi k / N: the
+// trapezoidal rule on a periodic integrand, exact to float64 once N is well past x (error about I_N(x)).
+Tensor bessel_i_integral(const std::vector<double>& xs, int nu, bool scaled) {
+  const int64_t n = 2048;
+  const Tensor t = arange(0, n, 1, kFloat64) * (2 * kPi / n);
+  const Tensor x = f64(xs).unsqueeze(1);
+  Tensor e = (x * t.cos().unsqueeze(0) - (scaled ? x.abs() : zeros_like(x))).exp();
+  if (nu == 1) e = e * t.cos().unsqueeze(0);
+  return e.mean({1});
+}
+
+}  // namespace
+
+TEST_CASE("special::i0, i0e, i1, i1e: the integral over the circle, both sides of |x| = 30, odd and even",
+          "[ops][special]") {
+  std::vector<double> xs = grid(-45, 45, 57);
+  for (double x : {1e-3, 0.25, 29.99, 30.01, 100.0, 400.0, 700.0}) xs.push_back(x);
+  const Tensor x = f64(xs);
+  // e^x I0 overflows past 709.78, where I0 itself is still finite: up to 700 the unscaled forms.
+  test::check_close(special::i0(x), bessel_i_integral(xs, 0, false), {2e-14, 0});
+  test::check_close(special::i1(x), bessel_i_integral(xs, 1, false), {2e-14, 1e-16});
+  test::check_close(special::i0e(x), bessel_i_integral(xs, 0, true), {2e-14, 0});
+  test::check_close(special::i1e(x), bessel_i_integral(xs, 1, true), {2e-14, 1e-16});
+  // I0 is even, I1 odd; I0 is finite up to 713.98 (e^x alone is not), scaled forms tend to 0 at inf.
+  test::check_close(special::i0(-x), special::i0(x), {0, 0});
+  test::check_close(special::i1(-x), -special::i1(x), {0, 0});
+  CHECK(std::isfinite(special::i0(f64({713.0})).item<double>()));
+  CHECK(std::isinf(special::i0(f64({714.0})).item<double>()));
+  // The limits at +-inf (PyTorch 1.13's i0 and i1 give NaN there).
+  const std::vector<double> limits = values_of(special::i1(f64({INFINITY, -INFINITY})));
+  CHECK(limits[0] == INFINITY);
+  CHECK(limits[1] == -INFINITY);
+  CHECK(special::i0(f64({-INFINITY})).item<double>() == INFINITY);
+  test::check_close(special::i0e(f64({1e300, INFINITY, -INFINITY})), f64({1 / std::sqrt(2 * kPi * 1e300), 0.0, 0.0}),
+                    {1e-15, 0});
+  CHECK(std::signbit(special::i1(f64({-0.0})).item<double>()));
+  // The gradients at x = 0, where I1 / x is taken as its limit: d I1 = d i1e = 1/2.
+  for (auto f : {+[](const Tensor& t) { return special::i1(t); }, +[](const Tensor& t) { return special::i1e(t); }}) {
+    Tensor z = f64({0.0}).requires_grad_();
+    f(z).sum().backward();
+    CHECK(z.grad().item<double>() == 0.5);
+  }
+}
+
+TEST_CASE("special::bessel_j0, j1, y0, y1, modified_bessel_k0, k1, scaled: integrals and Wronskians",
+          "[ops][special]") {
+  // Both sides of each switch (J, Y at 2 and 25; K at 1 and 25), small and large x.
+  std::vector<double> xs = grid(0.02, 60, 83);
+  for (double x : {1e-6, 0.999, 1.001, 1.999, 2.001, 24.999, 25.001, 150.0, 1e3}) xs.push_back(x);
+  const Tensor x = f64(xs);
+  // J_nu(x) = (1 / 2pi) int_0^2pi cos(nu t - x sin t) dt, by the trapezoidal rule (exact, N well past x).
+  const int64_t n = 4096;
+  const Tensor t = (arange(0, n, 1, kFloat64) * (2 * kPi / n)).unsqueeze(0);
+  const Tensor xc = x.unsqueeze(1);
+  // (x sin t rounds to 1e-13 at x = 1e3: the mean of 4096 such terms is within 4e-15.)
+  test::check_close(special::bessel_j0(x), (xc * t.sin()).cos().mean({1}), {0, 4e-15});
+  test::check_close(special::bessel_j1(x), (t - xc * t.sin()).cos().mean({1}), {0, 4e-15});
+  // The Wronskians J1 Y0 - J0 Y1 = 2 / (pi x) and I0 K1 + I1 K0 = 1 / x (scaled: no overflow).
+  const Tensor j0 = special::bessel_j0(x), j1 = special::bessel_j1(x);
+  const Tensor y0 = special::bessel_y0(x), y1 = special::bessel_y1(x);
+  test::check_close(j1 * y0 - j0 * y1, 2 / (kPi * x), {1e-13, 0});
+  test::check_close(
+      special::i0e(x) * special::scaled_modified_bessel_k1(x) + special::i1e(x) * special::scaled_modified_bessel_k0(x),
+      1 / x, {1e-14, 0});
+  test::check_close(special::modified_bessel_k0(x), special::scaled_modified_bessel_k0(x) * (-x).exp(), {1e-15, 0});
+  test::check_close(special::modified_bessel_k1(x), special::scaled_modified_bessel_k1(x) * (-x).exp(), {1e-15, 0});
+  // Parity, the limits (PyTorch 1.13 gives NaN for J and Y at +-inf; these are the functions' limits), the
+  // domain, and spherical j0 = sin(x) / x.
+  test::check_close(special::bessel_j0(-x), j0, {0, 0});
+  test::check_close(special::bessel_j1(-x), -j1, {0, 0});
+  const std::vector<double> ends = values_of(special::bessel_j0(f64({INFINITY, -INFINITY, 0.0})));
+  CHECK(ends[0] == 0);
+  CHECK(ends[1] == 0);
+  CHECK(ends[2] == 1);
+  CHECK(special::bessel_y1(f64({INFINITY})).item<double>() == 0);
+  CHECK(special::bessel_y0(f64({0.0})).item<double>() == -INFINITY);
+  CHECK(std::isnan(special::bessel_y0(f64({-1.0})).item<double>()));
+  CHECK(special::modified_bessel_k1(f64({0.0})).item<double>() == INFINITY);
+  CHECK(std::isnan(special::scaled_modified_bessel_k0(f64({-1.0})).item<double>()));
+  test::check_close(special::spherical_bessel_j0(x), x.sin() / x, {1e-15, 0});
+  test::check_close(special::modified_bessel_i0(x), special::i0(x), {0, 0});
+  test::check_close(special::modified_bessel_i1(x), special::i1(x), {0, 0});
+  // The gradients at 0, where J1 / x and (cos x - j0) / x take their limits.
+  Tensor z = f64({0.0, 0.0}).requires_grad_();
+  (special::bessel_j1(z.select(0, 0)) + special::spherical_bessel_j0(z.select(0, 1))).backward();
+  test::check_close(z.grad(), f64({0.5, 0.0}), {0, 0});
+}
+
+TEST_CASE("special::erfcx, ndtr, log_ndtr, ndtri: compositions, inverses to the far tail, symmetry", "[ops][special]") {
+  // Multiples of 1/16, whose squares are exact: e^(x^2) erfc(x) composed is then within a few ulps.
+  std::vector<double> xs;
+  for (int k = -80; k <= 128; ++k) xs.push_back(k / 16.0);
+  const Tensor x = f64(xs);
+  test::check_close(special::erfcx(x), (x * x).exp() * erfc(x), {1e-14, 0});
+  // Elsewhere x^2 rounds (by x^2 2^-53, 7e-14 at 25, in e^(x^2)): against long double's product.
+  std::vector<double> odd = grid(1, 25.9, 41), reference;
+  for (double v : odd) {
+    const long double lv = v;
+    reference.push_back(static_cast<double>(std::exp(lv * lv) * std::erfc(lv)));
+  }
+  test::check_close(special::erfcx(f64(odd)), f64(reference), {1e-14, 0});
+  // The asymptotic series from 26 meets the product below it; 1 / (x sqrt pi) at large x; +inf left of -26.6.
+  const double below = special::erfcx(f64({std::nextafter(26.0, 0.0)})).item<double>();
+  CHECK(std::abs(special::erfcx(f64({26.0})).item<double>() / below - 1) < 1e-14);
+  CHECK(std::abs(special::erfcx(f64({1e10})).item<double>() * 1e10 * std::sqrt(kPi) - 1) < 1e-15);
+  CHECK(std::isinf(special::erfcx(f64({-27.0})).item<double>()));
+  CHECK(std::isfinite(special::erfcx(f64({-26.6})).item<double>()));
+
+  // ndtr = erfc(-x / sqrt 2) / 2, and log_ndtr = log(ndtr) where ndtr is representable.
+  const Tensor t = f64(grid(-30, 8, 77));
+  test::check_close(special::ndtr(t), erfc(t * -std::sqrt(0.5)) / 2, {1e-15, 0});
+  // (Right of 0 log(ndtr) loses digits to ndtr's rounding near 1: there log1p(-ndtr(-x)).)
+  const Tensor left_half = f64(grid(-30, 0, 61)), right_half = f64(grid(0, 8, 33));
+  test::check_close(special::log_ndtr(left_half), special::ndtr(left_half).log(), {1e-13, 0});
+  test::check_close(special::log_ndtr(right_half), (-special::ndtr(-right_half)).log1p(), {1e-14, 0});
+  // Below, log_ndtr(x) = -x^2 / 2 - log(-x sqrt(2 pi)) + log(1 - 1/x^2 + 3/x^4 - 15/x^6 + ...).
+  for (double v : {-50.0, -1e3, -1e5}) {
+    const double z = 1 / (v * v);
+    const double series = z * (-1 + z * (3 + z * (-15 + z * (105 + z * (-945 + z * 10395)))));
+    const double asymptotic = -v * v / 2 - std::log(-v * std::sqrt(2 * kPi)) + std::log1p(series);
+    CHECK(std::abs(special::log_ndtr(f64({v})).item<double>() / asymptotic - 1) < 1e-14);
+  }
+  // ndtri inverts ndtr (left tail: ndtr keeps its digits there), down to p = 1e-300 through log_ndtr.
+  const Tensor left = f64(grid(-37, 0, 75));
+  test::check_close(special::ndtri(special::ndtr(left)), left, {1e-13, 1e-15});
+  std::vector<double> ps;
+  for (int k = 1; k <= 300; k += 7) ps.push_back(std::pow(10.0, -k));
+  const Tensor p = f64(ps);
+  test::check_close(special::log_ndtr(special::ndtri(p)), p.log(), {1e-13, 0});
+  // 1 - p is exact for these: ndtri(1 - p) = -ndtri(p), ndtri(1/2) = 0; the limits and NaN outside.
+  const Tensor q = f64(fractions(0, 1));
+  test::check_close(special::ndtri(1 - q), -special::ndtri(q), {0, 0});
+  const std::vector<double> ends = values_of(special::ndtri(f64({0.5, 0.0, 1.0, -1e-300, 1.5})));
+  CHECK(ends[0] == 0);
+  CHECK(ends[1] == -INFINITY);
+  CHECK(ends[2] == INFINITY);
+  CHECK(std::isnan(ends[3]));
+  CHECK(std::isnan(ends[4]));
+  // float32: the float64 value rounded once (the float32 steps stop at 1e-10), to 1e-38.
+  const Tensor p32 = f64({1e-38, 1e-20, 1e-7, 0.3, 0.5, 0.9, 0.9999}).to(kFloat32);
+  for (auto f :
+       {+[](const Tensor& v) { return special::ndtri(v); }, +[](const Tensor& v) { return special::log_ndtr(v); },
+        +[](const Tensor& v) { return special::erfcx(v); }, +[](const Tensor& v) { return special::i0e(v); }}) {
+    test::check_close(f(p32), f(p32.to(kFloat64)).to(kFloat32), {1.2e-7, 0});
+  }
+}
+
+TEST_CASE("special::entr, xlog1py: their compositions, zeros, the gradient at 0", "[ops][special]") {
+  const Tensor x = f64(grid(0.01, 5, 40));
+  test::check_close(special::entr(x), -x * x.log(), {1e-15, 0});
+  const std::vector<double> e = values_of(special::entr(f64({0.0, -1e-300, NAN})));
+  CHECK(e[0] == 0);
+  CHECK(e[1] == -INFINITY);
+  CHECK(std::isnan(e[2]));
+  Tensor z = f64({0.0, 1.0}).requires_grad_();
+  special::entr(z).sum().backward();
+  test::check_close(z.grad(), f64({INFINITY, -1.0}), {0, 0});  // -(1 + log x), PyTorch's
+  const Tensor a = f64(grid(-3, 3, 13)), b = f64(grid(-0.9, 4, 13));
+  test::check_close(special::xlog1py(a, b), a * b.log1p(), {1e-15, 0});
+  CHECK(special::xlog1py(f64({0.0}), f64({-1.0})).item<double>() == 0);
+  CHECK(std::isnan(special::xlog1py(f64({0.0}), f64({NAN})).item<double>()));
+  // The gradient in a is log1p(b), but 0 where a = 0 and b <= -1 (log1p is -inf or NaN there), as
+  // PyTorch's; in b it is a / (1 + b).
+  {
+    Tensor ga = f64({0.0, 0.0, 2.0, 0.0}).requires_grad_(), gb = f64({-1.0, -2.0, 3.0, 1.0}).requires_grad_();
+    special::xlog1py(ga, gb).sum().backward();
+    test::check_close(ga.grad(), f64({0.0, 0.0, std::log(4.0), std::log(2.0)}), {1e-15, 0});
+    test::check_close(gb.grad(), f64({NAN, -0.0, 0.5, 0.0}), {1e-15, 0});  // 0 / 0 at the first
+  }
+  // 1e-20: log1p keeps it (log(1 + b) would give 0).
+  CHECK(special::xlog1py(f64({3.0}), f64({1e-20})).item<double>() == 3.0 * 1e-20);
+}
+
+TEST_CASE("special::zeta: Riemann's values, the recurrence in q, negative q, large x and q, polygamma",
+          "[ops][special]") {
+  const std::vector<double> z =
+      values_of(special::zeta(f64({2.0, 4.0, 2.0, 2.0, 6.0}), f64({1.0, 1.0, 0.5, -0.5, 2.0})));
+  CHECK(std::abs(z[0] / (kPi * kPi / 6) - 1) < 1e-15);
+  CHECK(std::abs(z[1] / (std::pow(kPi, 4) / 90) - 1) < 1e-15);
+  CHECK(std::abs(z[2] / (kPi * kPi / 2) - 1) < 1e-15);      // (2^2 - 1) zeta(2)
+  CHECK(std::abs(z[3] / (kPi * kPi / 2 + 4) - 1) < 1e-15);  // and (-1/2)^-2 more
+  CHECK(std::abs(z[4] / (std::pow(kPi, 6) / 945 - 1) - 1) < 1e-14);
+  // zeta(x, q) - zeta(x, q + 1) = q^-x over real x and q, with q + 1 exact.
+  std::vector<double> xs, qs;
+  for (double xv : grid(1.05, 25, 9)) {
+    for (double qv : {0.125, 0.75, 1.5, 3.25, 9.5, 40.0, 2e3}) {
+      xs.push_back(xv);
+      qs.push_back(qv);
+    }
+  }
+  const Tensor xt = f64(xs), qt = f64(qs);
+  test::check_close(special::zeta(xt, qt) - special::zeta(xt, qt + 1), qt.pow(-xt), {5e-13, 1e-300});
+  // The sum for q < 0 taken through three positive ones: q = -1e15 + 1/2 (1e15 terms one by one) sums
+  // to pi^2 less its tail from 1e15 (1e-15).
+  CHECK(std::abs(special::zeta(f64({2.0}), f64({-1e15 + 0.5})).item<double>() / (kPi * kPi) - 1) < 1e-14);
+  CHECK(std::isnan(special::zeta(f64({2.5}), f64({-0.5})).item<double>()));  // x not whole for q < 0
+  // Large x: the first terms are the sum; large q: q^(1 - x) / (x - 1) + q^-x / 2 + ....
+  const double big = special::zeta(f64({60.0}), f64({1.5})).item<double>();
+  CHECK(std::abs(big / (std::pow(1.5, -60) + std::pow(2.5, -60) + std::pow(3.5, -60)) - 1) < 1e-15);
+  CHECK(special::zeta(f64({1e6}), f64({1.5})).item<double>() == 0);
+  const double far = special::zeta(f64({2.0}), f64({1e10})).item<double>();
+  CHECK(std::abs(far / (1e-10 + 0.5e-20) - 1) < 1e-15);
+  // polygamma(n, x) = (-1)^(n+1) n! zeta(n + 1, x).
+  const Tensor g = f64(grid(0.3, 12, 11));
+  test::check_close(polygamma(3, g), special::zeta(full_like(g, 4.0), g) * 6, {1e-14, 0});
+  // The gradient in q is -x zeta(x + 1, q); in x it is an Error, as in PyTorch.
+  Tensor q = f64({1.5}).requires_grad_();
+  special::zeta(f64({3.0}), q).backward();
+  CHECK(std::abs(q.grad().item<double>() / (-3 * special::zeta(f64({4.0}), f64({1.5})).item<double>()) - 1) < 1e-15);
+  test::check_error(
+      [] {
+        Tensor s = f64({3.0}).requires_grad_();
+        special::zeta(s, f64({1.5})).backward();
+      },
+      {"zeta", "gradient with respect to x", "detach"});
+}
+
+TEST_CASE("special::gammainc, gammaincc: P + Q = 1, closed forms, the recurrence in a up to a = 5000",
+          "[ops][special]") {
+  std::vector<double> as, xs;
+  for (double av : {0.05, 0.5, 1.0, 2.5, 7.0, 15.0, 60.0, 400.0}) {
+    for (double r : {0.01, 0.3, 0.9, 1.0, 1.1, 2.0, 5.0}) {
+      as.push_back(av);
+      xs.push_back(av * r);
+    }
+  }
+  const Tensor a = f64(as), x = f64(xs);
+  const Tensor p = special::gammainc(a, x), q = special::gammaincc(a, x);
+  test::check_close(p + q, ones_like(p), {0, 4e-16});
+  // a = 1: P = 1 - e^-x; a = 1/2: P = erf(sqrt x), Q = erfc(sqrt x) (x = (k/16)^2: sqrt exact).
+  const Tensor t = f64(grid(0.01, 40, 31));
+  test::check_close(special::gammainc(ones_like(t), t), -(-t).expm1(), {1e-14, 0});
+  test::check_close(special::gammaincc(ones_like(t), t), (-t).exp(), {1e-14, 0});
+  std::vector<double> squares;
+  for (int k = 1; k <= 96; ++k) squares.push_back(k * k / 256.0);
+  const Tensor sq = f64(squares);
+  test::check_close(special::gammainc(full_like(sq, 0.5), sq), erf(sq.sqrt()), {1e-14, 0});
+  test::check_close(special::gammaincc(full_like(sq, 0.5), sq), erfc(sq.sqrt()), {1e-13, 0});
+  // Whole a = n: Q = e^-x sum_{k < n} x^k / k!.
+  for (int n : {2, 5, 12, 30}) {
+    const Tensor v = f64(grid(0.2, 3.0 * n, 17));
+    Tensor term = ones_like(v), sum = ones_like(v);
+    for (int k = 1; k < n; ++k) {
+      term = term * v / k;
+      sum = sum + term;
+    }
+    INFO("n = " << n);
+    test::check_close(special::gammaincc(full_like(v, n), v), sum * (-v).exp(), {1e-13, 0});
+  }
+  // P(a + 1, x) = P(a, x) - x^a e^-x / Gamma(a + 1), at large a (Stirling's form of the factor) and x
+  // on both sides of a (the series and the continued fraction).
+  for (double av : {50.0, 500.0, 5000.0}) {
+    const Tensor v = f64({0.8 * av, 0.97 * av, av, 1.03 * av, 1.2 * av});
+    const Tensor av_t = full_like(v, av);
+    const Tensor density = (av_t * v.log() - v - lgamma(av_t + 1)).exp();
+    INFO("a = " << av);
+    test::check_close(special::gammainc(av_t + 1, v), special::gammainc(av_t, v) - density, {1e-11, 1e-300});
+  }
+  // The edges, as PyTorch's.
+  const std::vector<double> e =
+      values_of(special::gammainc(f64({0.0, 1.0, INFINITY, 2.0, -1.0}), f64({1.0, 0.0, 1.0, INFINITY, 1.0})));
+  CHECK(e[0] == 1);
+  CHECK(e[1] == 0);
+  CHECK(e[2] == 0);
+  CHECK(e[3] == 1);
+  CHECK(std::isnan(e[4]));
+  // The gradient in x is the density x^(a-1) e^-x / Gamma(a); in a it is an Error, as in PyTorch.
+  Tensor xg = f64({2.0}).requires_grad_();
+  special::gammaincc(f64({3.0}), xg).backward();
+  CHECK(std::abs(xg.grad().item<double>() / (-4 * std::exp(-2.0) / 2) - 1) < 1e-15);
+  test::check_error(
+      [] {
+        Tensor ag = f64({3.0}).requires_grad_();
+        special::gammainc(ag, f64({1.5})).backward();
+      },
+      {"gammainc", "gradient with respect to a", "detach"});
+  CHECK(igamma(f64({2.0}), f64({1.0})).item<double>() == special::gammainc(f64({2.0}), f64({1.0})).item<double>());
+  CHECK(igammac(f64({2.0}), f64({1.0})).item<double>() == special::gammaincc(f64({2.0}), f64({1.0})).item<double>());
+}
+
+TEST_CASE("special::multigammaln: lgamma sums and its Errors, and special's aliases", "[ops][special]") {
+  const Tensor a = f64(grid(2, 9, 15));
+  test::check_close(special::multigammaln(a, 1), lgamma(a), {0, 1e-15});
+  test::check_close(special::multigammaln(a, 3), lgamma(a) + lgamma(a - 0.5) + lgamma(a - 1) + 1.5 * std::log(kPi),
+                    {1e-15, 1e-14});
+  test::check_close(mvlgamma(a, 2), special::multigammaln(a, 2), {0, 0});
+  test::check_error([] { special::multigammaln(f64({3.0}), 0); }, {"multigammaln", "p must be at least 1"});
+  test::check_error(
+      [] {
+        special::multigammaln(f64({3.0, 1.4}), 4);
+      },
+      {"multigammaln", "greater than (p - 1) / 2", "1.5"});
+  CHECK(special::multigammaln(from_vector<int64_t>({3}), 2).dtype() == kFloat32);
+  const Tensor x = f64(grid(-3, 3, 7));
+  test::check_close(special::expit(x), sigmoid(x), {0, 0});
+  test::check_close(special::psi(a), digamma(a), {0, 0});
+  test::check_close(special::gammaln(a), lgamma(a), {0, 0});
+  test::check_close(i0(x), special::i0(x), {0, 0});
+  // Integers become float32; float16 and bfloat16 compute in float32 and round once.
+  CHECK(special::i0(from_vector<int64_t>({1, 2})).dtype() == kFloat32);
+  CHECK(special::zeta(from_vector<int64_t>({2}), from_vector<int64_t>({1})).dtype() == kFloat32);
+  const Tensor h = test::sample({4, 5}, kFloat32, 0.3) * 3;
+  for (auto f :
+       {+[](const Tensor& v) { return special::i1(v); }, +[](const Tensor& v) { return special::erfcx(v); },
+        +[](const Tensor& v) { return special::log_ndtr(v); }, +[](const Tensor& v) { return special::entr(v); }}) {
+    for (DType d : {kFloat16, kBFloat16}) test::check_close(f(h.to(d)), f(h.to(d).to(kFloat32)).to(d), {0, 0});
   }
 }
