@@ -835,9 +835,10 @@ static Tensor xlog_impl(const Tensor& a, const Tensor& b, bool one_plus) {
 Tensor xlogy(const Tensor& a, const Tensor& b) { return xlog_impl(a, b, false); }
 
 // ---- torch.special: Bessel, error, normal-distribution, entropy, zeta and incomplete gamma functions ----
-// Computed in float64 per element by core/special_math.h (float16 and bfloat16 through float32),
-// integers promoted to float32. Gradients are PyTorch's formulas written as ops (differentiable
-// again); where PyTorch has none (zeta's s, gammainc's a) asking for one is an Error.
+// Computed in float64 per element by core/special_math.h and core/bessel_math.h (float16 and bfloat16
+// through float32), integers promoted to float32. Gradients are PyTorch's formulas written as ops
+// (differentiable again), and the Bessel functions', which PyTorch lacks, their derivatives; where
+// PyTorch has none (zeta's s, gammainc's a) asking for one is an Error.
 namespace special {
 
 Tensor i0(const Tensor& x) {  // d I0 = I1

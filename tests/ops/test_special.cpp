@@ -229,9 +229,9 @@ TEST_CASE("special::i0, i0e, i1, i1e: the integral over the circle, both sides o
 
 TEST_CASE("special::bessel_j0, j1, y0, y1, modified_bessel_k0, k1, scaled: integrals and Wronskians",
           "[ops][special]") {
-  // Both sides of each switch (J, Y at 2 and 25; K at 1 and 25), small and large x.
+  // Both sides of each switch (J, Y at 2 and 8; K at 1), small and large x.
   std::vector<double> xs = grid(0.02, 60, 83);
-  for (double x : {1e-6, 0.999, 1.001, 1.999, 2.001, 24.999, 25.001, 150.0, 1e3}) xs.push_back(x);
+  for (double x : {1e-6, 0.999, 1.001, 1.999, 2.001, 7.999, 8.001, 150.0, 1e3}) xs.push_back(x);
   const Tensor x = f64(xs);
   // J_nu(x) = (1 / 2pi) int_0^2pi cos(nu t - x sin t) dt, by the trapezoidal rule (exact, N well past x).
   const int64_t n = 4096;

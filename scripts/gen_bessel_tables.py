@@ -1,0 +1,110 @@
+#!/usr/bin/python3
+# scripts/gen_bessel_tables.py: the Chebyshev coefficients of core/bessel_math.h's tables, computed with
+# mpmath at 50 digits (Debian's python3-mpmath). Each table is the Chebyshev interpolant of a smooth
+# function on [-1, 1] at 80 Chebyshev points (its coefficients are then the series' to far below
+# float64's rounding), cut where the terms left add up to less than 1e-18 of the function's smallest
+# value there, and written out as a function of core/bessel_tables.h holding its array (c_0 halved:
+# f(t) = sum_k c_k T_k(t)), with the shorter sum a float32 result needs (1e-11 of that value).
+# Usage: /usr/bin/python3 scripts/gen_bessel_tables.py (rewrites core/bessel_tables.h).
+import mpmath as mp
+
+mp.mp.dps = 50
+NODES = 80
+
+
+def chebyshev(f):
+    ts = [mp.cos(mp.pi * (k + mp.mpf(1) / 2) / NODES) for k in range(NODES)]
+    fs = [f(t) for t in ts]
+    c = [2 * mp.fsum(fs[k] * mp.cos(mp.pi * j * (k + mp.mpf(1) / 2) / NODES) for k in range(NODES)) / NODES
+         for j in range(NODES)]
+    c[0] /= 2
+    smallest = min(abs(v) for v in fs)
+    n = NODES
+    while n > 1 and mp.fsum(abs(v) for v in c[n - 1:]) < mp.mpf("1e-18") * smallest:
+        n -= 1
+    return c[:n + 1], smallest
+
+
+def emit(out, name, doc, f):
+    c, smallest = chebyshev(f)
+    n32 = len(c)
+    while n32 > 1 and mp.fsum(abs(v) for v in c[n32 - 1:]) < mp.mpf("1e-11") * smallest:
+        n32 -= 1
+    out.append("// %s: %d terms (%d for a float32 result)." % (doc, len(c), n32))
+    out.append("KILN_HOST_DEVICE inline double %s(double t, bool float32_result) {" % name)
+    out.append("  KILN_BESSEL_TABLE double c[%d] = {" % len(c))
+    for k in range(0, len(c), 3):
+        out.append("      " + ", ".join(mp.nstr(v, 17, strip_zeros=False, min_fixed=0, max_fixed=0)
+                                       for v in c[k:k + 3]) + ",")
+    out.append("  };")
+    out.append("  return chebyshev_sum(c, float32_result ? %d : %d, t);" % (n32, len(c)))
+    out.append("}")
+    out.append("")
+
+
+def hankel_pq(nu, x):
+    """P and x Q of Hankel's form J = sqrt(2 / pi x) (P cos chi - Q sin chi), Y = ... (P sin chi + Q cos chi)."""
+    chi = x - (mp.mpf(nu) / 2 + mp.mpf(1) / 4) * mp.pi
+    j, y = mp.besselj(nu, x), mp.bessely(nu, x)
+    s = mp.sqrt(mp.pi * x / 2)
+    return s * (j * mp.cos(chi) + y * mp.sin(chi)), s * (y * mp.cos(chi) - j * mp.sin(chi)) * x
+
+
+def x_of_w(t):  # x >= 8 from t = 2 w - 1, w = 64 / x^2 in (0, 1]
+    return mp.sqrt(64 / ((t + 1) / 2))
+
+
+HEADER = """// core/bessel_tables.h: the Chebyshev series of core/bessel_math.h, written by
+// scripts/gen_bessel_tables.py from mpmath's values (do not edit; rerun the script). Each function sums
+// its series at t in [-1, 1] by Clenshaw's recurrence, all of it for a float64 result, the terms a
+// float32 result needs otherwise.
+#pragma once
+
+#include "core/half.h"
+
+namespace kiln::math {
+
+// On the host the tables are static, built once; a device function's statics would need device memory,
+// so there each call builds its table (in registers or local memory).
+#if defined(__CUDA_ARCH__)
+#define KILN_BESSEL_TABLE constexpr
+#else
+#define KILN_BESSEL_TABLE static constexpr
+#endif
+
+// sum_{k < n} c_k T_k(t) by Clenshaw's recurrence.
+KILN_HOST_DEVICE inline double chebyshev_sum(const double* c, int n, double t) {
+  double b1 = 0, b2 = 0;
+  const double t2 = 2 * t;
+  for (int k = n - 1; k >= 1; --k) {
+    const double b0 = c[k] + t2 * b1 - b2;
+    b2 = b1;
+    b1 = b0;
+  }
+  return c[0] + t * b1 - b2;
+}
+
+"""
+
+if __name__ == "__main__":
+    import os
+    out = [HEADER.rstrip("\n"), ""]
+    for nu in (0, 1):
+        emit(out, "chebyshev_k%d" % nu, "sqrt(x) e^x K%d(x) for x >= 1, t = 2 / x - 1" % nu,
+             lambda t, nu=nu: (lambda x: mp.sqrt(x) * mp.exp(x) * mp.besselk(nu, x))(2 / (t + 1)))
+    for nu in (0, 1):
+        emit(out, "chebyshev_j%d_middle" % nu, "J%d(x) for 2 <= x <= 8, t = (x - 5) / 3" % nu,
+             lambda t, nu=nu: mp.besselj(nu, 5 + 3 * t))
+        emit(out, "chebyshev_y%d_middle" % nu, "Y%d(x) for 2 <= x <= 8, t = (x - 5) / 3" % nu,
+             lambda t, nu=nu: mp.bessely(nu, 5 + 3 * t))
+    for nu in (0, 1):
+        emit(out, "chebyshev_p%d" % nu, "Hankel's P%d(x) for x >= 8, t = 128 / x^2 - 1" % nu,
+             lambda t, nu=nu: hankel_pq(nu, x_of_w(t))[0])
+        emit(out, "chebyshev_xq%d" % nu, "x times Hankel's Q%d(x) for x >= 8, t = 128 / x^2 - 1" % nu,
+             lambda t, nu=nu: hankel_pq(nu, x_of_w(t))[1])
+    out.append("#undef KILN_BESSEL_TABLE")
+    out.append("")
+    out.append("}  // namespace kiln::math")
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "core", "bessel_tables.h")
+    with open(path, "w") as f:
+        f.write("\n".join(out) + "\n")
