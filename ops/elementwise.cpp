@@ -83,6 +83,15 @@ Tensor with_output_grad(Tensor y, const Tensor& x, const char* name, F formula) 
   return y;
 }
 
+// f(x) where x != 0 and `limit` where x = 0, f taken of x with its zeros replaced by 1: the branch
+// where() leaves out then has no 0 / 0 whose NaN would reach a gradient (sinc, and the gradients of
+// I1 / x-like quotients).
+template <typename F>
+Tensor with_limit_at_zero(const Tensor& x, double limit, F f) {
+  const Tensor zero = x.eq(0);
+  return where(zero, full_like(x, limit), f(where(zero, ones_like(x), x)));
+}
+
 // ---- binary ----
 
 Tensor binary_forward(BinaryOp op, const Tensor& a, const Tensor& b, DType compute, double alpha,
@@ -545,14 +554,14 @@ Tensor polygamma(int64_t n, const Tensor& x) {
 
 // In sinc and logit, float16 and bfloat16 compute in float32 and round once, as PyTorch's kernels do
 // (their compositions would round at each of their steps).
-// sin(pi x) / (pi x), 1 at 0. The quotient is taken of x with its zeros replaced by 1, so that the
-// branch where() leaves out has no 0 / 0 whose NaN would reach the gradient.
+// sin(pi x) / (pi x), 1 at 0.
 Tensor sinc(const Tensor& x) {
   if (is_reduced_float(x.dtype())) return sinc(x.to(kFloat32)).to(x.dtype());
   const Tensor xf = x.is_floating_point() ? x : x.to(kFloat32);
-  const Tensor zero = xf.eq(0);
-  const Tensor px = where(zero, ones_like(xf), xf) * 3.14159265358979323846;
-  return where(zero, ones_like(xf), px.sin() / px);
+  return with_limit_at_zero(xf, 1, [](const Tensor& safe) {
+    const Tensor px = safe * 3.14159265358979323846;
+    return px.sin() / px;
+  });
 }
 // log(x / (1 - x)), x first clamped to [eps, 1 - eps] when eps is given (its gradient then 0 outside).
 Tensor logit(const Tensor& x, std::optional<double> eps) {
@@ -849,23 +858,20 @@ Tensor i0e(const Tensor& x) {  // d e^-|x| I0 = i1e - sgn(x) i0e
   return with_input_grad(float_unary(UnaryOp::I0e, x, "special::i0e"), x, "I0eBackward",
                          [](const Tensor& g, const Tensor& x) { return g * (i1e(x) - x.sign() * i0e(x)); });
 }
-// d I1 = I0 - I1 / x, and d e^-|x| I1 = i0e - i1e (sgn(x) + 1 / x); both 1/2 at x = 0, where the
-// quotient is taken of 1 instead (where() would pass the other branch's 0 / 0 to a second gradient).
+// d I1 = I0 - I1 / x, and d e^-|x| I1 = i0e - i1e (sgn(x) + 1 / x); both 1/2 at x = 0 (with_limit_at_zero).
 Tensor i1(const Tensor& x) {
-  return with_input_grad(float_unary(UnaryOp::I1, x, "special::i1"), x, "I1Backward",
-                         [](const Tensor& g, const Tensor& x) {
-                           const Tensor zero = x.eq(0);
-                           const Tensor safe = where(zero, ones_like(x), x);
-                           return g * where(zero, full_like(x, 0.5), special::i0(safe) - special::i1(safe) / safe);
-                         });
+  return with_input_grad(
+      float_unary(UnaryOp::I1, x, "special::i1"), x, "I1Backward", [](const Tensor& g, const Tensor& x) {
+        return g * with_limit_at_zero(x, 0.5,
+                                      [](const Tensor& safe) { return special::i0(safe) - special::i1(safe) / safe; });
+      });
 }
 Tensor i1e(const Tensor& x) {
-  return with_input_grad(float_unary(UnaryOp::I1e, x, "special::i1e"), x, "I1eBackward",
-                         [](const Tensor& g, const Tensor& x) {
-                           const Tensor zero = x.eq(0);
-                           const Tensor safe = where(zero, ones_like(x), x);
-                           return g * where(zero, full_like(x, 0.5), i0e(safe) - i1e(safe) * (safe.sign() + 1 / safe));
-                         });
+  return with_input_grad(
+      float_unary(UnaryOp::I1e, x, "special::i1e"), x, "I1eBackward", [](const Tensor& g, const Tensor& x) {
+        return g * with_limit_at_zero(
+                       x, 0.5, [](const Tensor& safe) { return i0e(safe) - i1e(safe) * (safe.sign() + 1 / safe); });
+      });
 }
 Tensor erfcx(const Tensor& x) {  // d e^(x^2) erfc(x) = 2 x erfcx(x) - 2 / sqrt(pi)
   return with_input_grad(float_unary(UnaryOp::Erfcx, x, "special::erfcx"), x, "ErfcxBackward",
@@ -951,9 +957,9 @@ Tensor bessel_j0(const Tensor& x) {
 Tensor bessel_j1(const Tensor& x) {
   return with_input_grad(float_unary(UnaryOp::BesselJ1, x, "special::bessel_j1"), x, "BesselJ1Backward",
                          [](const Tensor& g, const Tensor& x) {
-                           const Tensor zero = x.eq(0);
-                           const Tensor safe = where(zero, ones_like(x), x);
-                           return g * where(zero, full_like(x, 0.5), bessel_j0(safe) - bessel_j1(safe) / safe);
+                           return g * with_limit_at_zero(x, 0.5, [](const Tensor& safe) {
+                                    return bessel_j0(safe) - bessel_j1(safe) / safe;
+                                  });
                          });
 }
 Tensor bessel_y0(const Tensor& x) {
