@@ -2,7 +2,8 @@
 // std:: functions element by element, or core/special_math.h's) on 2^22 float32 elements: tan, asin,
 // atan, sinh, log2, erfc, erfinv, lgamma, digamma, polygamma(1, x), atan2, hypot, logaddexp and xlogy,
 // digamma in float64, and torch.special's i0, i1e, erfcx, ndtr, log_ndtr, ndtri, entr, xlog1py, zeta,
-// gammainc, bessel_j0, bessel_y1, modified_bessel_k0 and spherical_bessel_j0. ms: the median of 7 runs after 2 warm-up
+// gammainc, bessel_j0, bessel_y1, modified_bessel_k0, spherical_bessel_j0, airy_ai and the orthogonal
+// polynomials T (n = 10 and 50), U (50), H, P and L (10). ms: the median of 7 runs after 2 warm-up
 // runs. One JSON line per result. Its PyTorch counterpart: benchmarks/torch_special.py (same shapes, distributions,
 // parts and timing rule; the data are each library's own random draws). Usage: bench_special [threads] (default 2).
 #include <kiln/kiln.h>
@@ -58,5 +59,13 @@ int main(int argc, char** argv) {
   report("bessel_y1_2^22", [&] { (void)special::bessel_y1(positive); });
   report("modified_bessel_k0_2^22", [&] { (void)special::modified_bessel_k0(positive); });
   report("spherical_bessel_j0_2^22", [&] { (void)special::spherical_bessel_j0(positive); });
+  const Tensor wide = other * 4;  // Ai's three regions
+  report("airy_ai_2^22", [&] { (void)special::airy_ai(wide); });
+  report("chebyshev_t_n10_2^22", [&] { (void)special::chebyshev_polynomial_t(unit, 10); });
+  report("chebyshev_t_n50_2^22", [&] { (void)special::chebyshev_polynomial_t(unit, 50); });
+  report("chebyshev_u_n50_2^22", [&] { (void)special::chebyshev_polynomial_u(unit, 50); });
+  report("hermite_h_n10_2^22", [&] { (void)special::hermite_polynomial_h(unit, 10); });
+  report("legendre_p_n10_2^22", [&] { (void)special::legendre_polynomial_p(unit, 10); });
+  report("laguerre_l_n10_2^22", [&] { (void)special::laguerre_polynomial_l(positive, 10); });
   return 0;
 }

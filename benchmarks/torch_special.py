@@ -56,3 +56,11 @@ with torch.no_grad():
     report("bessel_y1_2^22", lambda: sp.bessel_y1(positive))
     report("modified_bessel_k0_2^22", lambda: sp.modified_bessel_k0(positive))
     report("spherical_bessel_j0_2^22", lambda: sp.spherical_bessel_j0(positive))
+    wide = other * 4
+    report("airy_ai_2^22", lambda: sp.airy_ai(wide))
+    report("chebyshev_t_n10_2^22", lambda: sp.chebyshev_polynomial_t(unit, 10))
+    report("chebyshev_t_n50_2^22", lambda: sp.chebyshev_polynomial_t(unit, 50))
+    report("chebyshev_u_n50_2^22", lambda: sp.chebyshev_polynomial_u(unit, 50))
+    report("hermite_h_n10_2^22", lambda: sp.hermite_polynomial_h(unit, 10))
+    report("legendre_p_n10_2^22", lambda: sp.legendre_polynomial_p(unit, 10))
+    report("laguerre_l_n10_2^22", lambda: sp.laguerre_polynomial_l(positive, 10))

@@ -79,6 +79,7 @@ enum class UnaryOp : uint8_t {
   Erfcx, Ndtr, LogNdtr, Ndtri, Entr,
   I0, I0e, I1, I1e, BesselJ0, BesselJ1, BesselY0, BesselY1, BesselK0, BesselK1, BesselK0e, BesselK1e,
   SphericalBesselJ0,
+  AiryAi, AiryAiPrime,  // Airy's Ai and its derivative (core/bessel_math.h)
 };
 struct UnaryArgs {
   double a = 0, b = 0;
@@ -102,6 +103,10 @@ enum class BinaryOp : uint8_t {
   Xlog1py,                 // a log1p(b), 0 where a = 0 unless b is NaN
   Zeta,                    // Hurwitz's zeta(a, b) (core/special_math.h)
   Gammainc, Gammaincc,     // the regularized incomplete gamma functions P(a, b), Q(a, b)
+  // The orthogonal polynomials p_n(a) of degree n = the whole part of b, and their shifted forms p_n(2a - 1)
+  // (core/polynomial_math.h). alpha is the order of the derivative taken: 0 for p_n itself.
+  ChebyshevT, ChebyshevU, ChebyshevV, ChebyshevW, ShiftedChebyshevT, ShiftedChebyshevU, ShiftedChebyshevV,
+  ShiftedChebyshevW, HermiteH, HermiteHe, LaguerreL, LegendreP,
   Eq, Ne, Lt, Le, Gt, Ge, LogicalAnd, LogicalOr,  // output bool
 };
 constexpr bool is_comparison(BinaryOp op) { return op >= BinaryOp::Eq; }

@@ -1,6 +1,6 @@
 // core/bessel_math.h: the Bessel functions of torch.special on one element, for the CPU's loops and
 // CUDA's kernels alike (core/scalar_math.h calls them): I0, I1 and their e^-|x| scalings, J0, J1,
-// Y0, Y1, K0, K1 and their e^x scalings, and the spherical j0. Each computes in float64 and rounds
+// Y0, Y1, K0, K1 and their e^x scalings, the spherical j0, and Airy's Ai and Ai'. Each computes in float64 and rounds
 // once; a float32 result stops its series at 1e-10 instead of 1e-17 (and its Chebyshev series at
 // 1e-11). Absolute accuracy about 1e-16 where the functions oscillate (J, Y: near their zeros the
 // relative error grows, as any method that does not store the zeros gives), relative elsewhere.
@@ -175,6 +175,58 @@ KILN_SPECIAL_FN double spherical_bessel_j0_f64(double x) {
   if (abs(x) == std::numeric_limits<double>::infinity()) return 0;
   if (x == 0) return 1;
   return sin(x) / x;
+}
+
+// Note [the Airy function]
+// Ai(x) (special::airy_ai) and, for its gradient, Ai'(x) (Ai'' = x Ai). On [-2, 2] Chebyshev series of
+// Ai and Ai' themselves. Beyond, with zeta = 2/3 |x|^(3/2) (DLMF 9.7.5-9.7.11, 9.8.20):
+//   x > 2:   Ai(x) = e^-zeta / (2 sqrt(pi) x^(1/4)) f(x),   Ai'(x) = -x^(1/4) e^-zeta / (2 sqrt pi) g(x),
+//   x < -2:  Ai(x) = M(x) cos(zeta - pi/4 + theta(x)) / (sqrt(pi) |x|^(1/4)),
+//            Ai'(x) = N(x) |x|^(1/4) sin(zeta - pi/4 + phi(x)) / sqrt(pi),
+// where f, g, M, N tend to 1 and theta, phi to 0 as |x| grows: each is a Chebyshev series in
+// t = 2 (2 / |x|)^(3/2) - 1 = 2 zeta(2) / zeta - 1, fitted to mpmath's values (M and theta from the
+// modulus and phase of Ai - i Bi; scripts/gen_bessel_tables.py). zeta is carried to twice float64's
+// precision (against mpmath: 5e-16 relative for x > -2, absolute against the envelope where Ai
+// oscillates, to x = -1e4). Ai is subnormal from x = 103.9 (PyTorch 1.13: 0 there) and 0 past 107.7
+// (zeta = 745.2); at +inf Ai and Ai' are 0, at -inf Ai is 0 (PyTorch 1.13: NaN) and Ai' NaN, having no
+// limit; past x = -3.2e205 zeta overflows, and Ai there, below 1e-51 whatever its phase, is given as 0.
+KILN_SPECIAL_FN double airy_ai_f64(double x, bool derivative, bool float32_result = false) {
+  using std::abs, std::sqrt, std::exp, std::cos, std::sin;
+  constexpr double inv_sqrt_pi = 0.56418958354775628695, quarter_pi = 0.78539816339744830962;
+  if (x != x) return x;
+  if (abs(x) <= 2) {
+    return derivative ? chebyshev_airy_prime_middle(x / 2, float32_result)
+                      : chebyshev_airy_middle(x / 2, float32_result);
+  }
+  const double ax = abs(x), root = sqrt(ax), quarter = sqrt(root);
+  // zeta = zeta_hi + zeta_lo to twice float64's precision (the roundings of sqrt, of the product and of
+  // the division by 3 recovered by fma), so that e^-zeta and cos(zeta + ...) keep float64's accuracy
+  // for large |x| (with zeta alone rounded: 1e-13 relative at x = 96).
+  const double power = ax * root;  // |x|^(3/2)
+  const double power_lo = std::fma(ax, root, -power) + ax * (std::fma(-root, root, ax) / (2 * root));
+  const double zeta = 2 * power / 3;
+  const double zeta_lo = (std::fma(-3.0, zeta, 2 * power) + 2 * power_lo) / 3;
+  const double t = 5.6568542494923801952 / power - 1;  // 4 sqrt(2) / |x|^(3/2) - 1
+  if (x > 0) {
+    if (zeta > 745.2) return derivative ? -0.0 : 0.0;  // e^-zeta underflows (and at +inf)
+    const double decay = exp(-zeta) * (1 - zeta_lo) * inv_sqrt_pi / 2;
+    return derivative ? -quarter * decay * chebyshev_airy_prime_positive(t, float32_result)
+                      : decay / quarter * chebyshev_airy_positive(t, float32_result);
+  }
+  if (zeta == std::numeric_limits<double>::infinity()) {
+    return derivative ? std::numeric_limits<double>::quiet_NaN() : 0.0;
+  }
+  // cos(zeta + s) through cos zeta and sin zeta, zeta being exact: zeta + s rounded would lose up to
+  // half an ulp of zeta (2e-13 at x = -300).
+  const double s =
+      zeta_lo - quarter_pi +
+      (derivative ? chebyshev_airy_prime_phase(t, float32_result) : chebyshev_airy_phase(t, float32_result));
+  const double cos_zeta = cos(zeta), sin_zeta = sin(zeta), cos_s = cos(s), sin_s = sin(s);
+  if (derivative) {
+    return chebyshev_airy_prime_modulus(t, float32_result) * quarter * inv_sqrt_pi *
+           (sin_zeta * cos_s + cos_zeta * sin_s);
+  }
+  return chebyshev_airy_modulus(t, float32_result) / quarter * inv_sqrt_pi * (cos_zeta * cos_s - sin_zeta * sin_s);
 }
 
 }  // namespace kiln::math

@@ -14,6 +14,7 @@
 #include "core/backend.h"
 #include "core/half.h"
 #include "core/bessel_math.h"
+#include "core/polynomial_math.h"
 #include "core/special_math.h"
 
 namespace kiln::math {
@@ -348,6 +349,10 @@ KILN_HOST_DEVICE inline T unary(UnaryOp op, T x, double a, double b) {
                                            static_cast<double>(x), op == UnaryOp::BesselK0e || op == UnaryOp::BesselK1e,
                                            std::is_same_v<T, float>));
       case UnaryOp::SphericalBesselJ0: return static_cast<T>(spherical_bessel_j0_f64(static_cast<double>(x)));
+      case UnaryOp::AiryAi:
+      case UnaryOp::AiryAiPrime:
+        return static_cast<T>(
+            airy_ai_f64(static_cast<double>(x), op == UnaryOp::AiryAiPrime, std::is_same_v<T, float>));
       case UnaryOp::Erfcx: return static_cast<T>(erfcx_f64(static_cast<double>(x)));
       case UnaryOp::Ndtr: return static_cast<T>(ndtr_f64(static_cast<double>(x)));
       case UnaryOp::LogNdtr: return static_cast<T>(log_ndtr_f64(static_cast<double>(x)));
@@ -393,6 +398,27 @@ KILN_HOST_DEVICE inline T float_binary(BinaryOp op, T x, T y) {
                                                  op == BinaryOp::Gammaincc, std::is_same_v<T, float>));
     default: return x;
   }
+}
+
+// The orthogonal polynomial ops: the m-th derivative of p_n(x) (BinaryOp's ChebyshevT ... LegendreP).
+KILN_HOST_DEVICE inline double polynomial(BinaryOp op, double x, double n, int m) {
+  const bool shifted = op >= BinaryOp::ShiftedChebyshevT && op <= BinaryOp::ShiftedChebyshevW;
+  Polynomial family;
+  switch (op) {
+    case BinaryOp::ChebyshevT:
+    case BinaryOp::ShiftedChebyshevT: family = Polynomial::ChebyshevT; break;
+    case BinaryOp::ChebyshevU:
+    case BinaryOp::ShiftedChebyshevU: family = Polynomial::ChebyshevU; break;
+    case BinaryOp::ChebyshevV:
+    case BinaryOp::ShiftedChebyshevV: family = Polynomial::ChebyshevV; break;
+    case BinaryOp::ChebyshevW:
+    case BinaryOp::ShiftedChebyshevW: family = Polynomial::ChebyshevW; break;
+    case BinaryOp::HermiteH: family = Polynomial::HermiteH; break;
+    case BinaryOp::HermiteHe: family = Polynomial::HermiteHe; break;
+    case BinaryOp::LaguerreL: family = Polynomial::LaguerreL; break;
+    default: family = Polynomial::LegendreP; break;
+  }
+  return orthogonal_polynomial_f64(family, x, n, m, shifted);
 }
 
 template <typename T>
@@ -485,6 +511,24 @@ KILN_HOST_DEVICE inline T binary(BinaryOp op, T x, T y, T alpha) {
     case BinaryOp::Gammaincc:
       if constexpr (std::is_floating_point_v<T>) {
         return float_binary(op, x, y);
+      } else {
+        return x;  // ops/ sends floating types only
+      }
+    case BinaryOp::ChebyshevT:
+    case BinaryOp::ChebyshevU:
+    case BinaryOp::ChebyshevV:
+    case BinaryOp::ChebyshevW:
+    case BinaryOp::ShiftedChebyshevT:
+    case BinaryOp::ShiftedChebyshevU:
+    case BinaryOp::ShiftedChebyshevV:
+    case BinaryOp::ShiftedChebyshevW:
+    case BinaryOp::HermiteH:
+    case BinaryOp::HermiteHe:
+    case BinaryOp::LaguerreL:
+    case BinaryOp::LegendreP:
+      if constexpr (std::is_floating_point_v<T>) {
+        return static_cast<T>(
+            polynomial(op, static_cast<double>(x), static_cast<double>(y), static_cast<int>(alpha)));
       } else {
         return x;  // ops/ sends floating types only
       }

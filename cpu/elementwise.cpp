@@ -194,6 +194,7 @@ void unary_typed(UnaryOp op, const StridedLoop<2>& loop, UnaryArgs args) {
         case UnaryOp::BesselK1: return run.template operator()<UnaryOp::BesselK1>();
         case UnaryOp::BesselK0e: return run.template operator()<UnaryOp::BesselK0e>();
         case UnaryOp::BesselK1e: return run.template operator()<UnaryOp::BesselK1e>();
+        case UnaryOp::AiryAi: return run.template operator()<UnaryOp::AiryAi>();
         default: break;
       }
     }

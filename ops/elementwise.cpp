@@ -8,6 +8,7 @@
 #include <optional>
 #include <utility>
 
+#include "core/polynomial_math.h"
 #include "ops/autocast.h"
 #include "ops/dispatch.h"
 #include "ops/flops.h"
@@ -1011,6 +1012,16 @@ Tensor spherical_bessel_j0(const Tensor& x) {
                            return -(g * x * s);
                          });
 }
+// Airy's Ai: d Ai = Ai', d Ai' = x Ai (Airy's equation), so differentiable to any order (PyTorch 1.13
+// gives it no gradient).
+static Tensor airy_ai_prime(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::AiryAiPrime, x, "special::airy_ai"), x, "AiryAiPrimeBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * x * airy_ai(x); });
+}
+Tensor airy_ai(const Tensor& x) {
+  return with_input_grad(float_unary(UnaryOp::AiryAi, x, "special::airy_ai"), x, "AiryAiBackward",
+                         [](const Tensor& g, const Tensor& x) { return g * airy_ai_prime(x); });
+}
 
 // torch.special's names for ops Kiln has under torch's.
 Tensor expit(const Tensor& x) { return sigmoid(x); }
@@ -1063,6 +1074,145 @@ Tensor bitwise_xor(const Tensor& a, const Scalar& b) { return bitwise_xor(a, wra
 Tensor rdiv(const Scalar& a, const Tensor& b) {
   return with_number(b, a, [](const Tensor& x, const Tensor& y) { return div(y, x); });
 }
+
+Tensor xlogy(const Tensor& a, const Scalar& b) {
+  return with_number(a, b, [](const Tensor& x, const Tensor& y) { return xlogy(x, y); });
+}
+Tensor xlogy(const Scalar& a, const Tensor& b) {
+  return with_number(b, a, [](const Tensor& x, const Tensor& y) { return xlogy(y, x); });
+}
+
+namespace special {
+
+Tensor xlog1py(const Tensor& a, const Scalar& b) {
+  return with_number(a, b, [](const Tensor& x, const Tensor& y) { return xlog1py(x, y); });
+}
+Tensor xlog1py(const Scalar& a, const Tensor& b) {
+  return with_number(b, a, [](const Tensor& x, const Tensor& y) { return xlog1py(y, x); });
+}
+Tensor zeta(const Tensor& x, const Scalar& q) {
+  return with_number(x, q, [](const Tensor& a, const Tensor& b) { return zeta(a, b); });
+}
+Tensor zeta(const Scalar& x, const Tensor& q) {
+  return with_number(q, x, [](const Tensor& a, const Tensor& b) { return zeta(b, a); });
+}
+
+// ---- the orthogonal polynomials ----
+// p_n(x) for the whole part of n (core/polynomial_math.h). Differentiable in x to any order, each
+// derivative being the next BinaryOp call with alpha one higher (PyTorch 1.13 gives these no gradient);
+// n, a degree, gets a zero gradient, as floor's input does.
+static const char* polynomial_name(BinaryOp op) {  // in BinaryOp's order, from ChebyshevT
+  static constexpr const char* kNames[] = {
+      "special::chebyshev_polynomial_t",         "special::chebyshev_polynomial_u",
+      "special::chebyshev_polynomial_v",         "special::chebyshev_polynomial_w",
+      "special::shifted_chebyshev_polynomial_t", "special::shifted_chebyshev_polynomial_u",
+      "special::shifted_chebyshev_polynomial_v", "special::shifted_chebyshev_polynomial_w",
+      "special::hermite_polynomial_h",           "special::hermite_polynomial_he",
+      "special::laguerre_polynomial_l",          "special::legendre_polynomial_p"};
+  return kNames[static_cast<int>(op) - static_cast<int>(BinaryOp::ChebyshevT)];
+}
+// The m-th derivative. Chebyshev's polynomials have closed forms for any degree; the others, and every
+// derivative, take n steps of a recurrence, so n is checked against its limit first (an element with
+// n = 1e18 would otherwise run for years).
+static Tensor polynomial(BinaryOp op, const Tensor& x, const Tensor& n, int m) {
+  const char* name = polynomial_name(op);
+  KILN_CHECK(m <= math::kMaxPolynomialDerivative,
+             "{}: derivatives of order above {} are not implemented (asked for order {} by repeated backward "
+             "passes)",
+             name, math::kMaxPolynomialDerivative, m);
+  const bool chebyshev = op <= BinaryOp::ShiftedChebyshevW;
+  if ((m > 0 || !chebyshev) && n.defined() && n.numel() > 0) {
+    // (In float32 unless int64 or float64: 2^24 has no float16, int8, ... of its own.)
+    const Tensor wide = n.dtype() == kInt64 || n.dtype() == kFloat64 ? n : n.to(kFloat32);
+    const Tensor over = wide.gt(math::kMaxRecurrenceDegree);
+    if (over.any().item<bool>()) {
+      KILN_FAIL(
+          "{}: n (the degree) must be at most 2^24 = 16777216{}, got {}: {} by its three-term recurrence, "
+          "n steps per element",
+          name, m > 0 ? " for a gradient" : "", where(over, wide, 0).max().item<double>(),
+          m > 0 ? "the derivatives are computed" : "the polynomial is computed");
+    }
+  }
+  Tensor out = binary_forward(op, x, n, floating_of(result_type(x, n)), m, name);
+  if (should_record(x, n)) {
+    record("PolynomialBackward", {x, n}, {out},
+           [ix = InputInfo(x), in = InputInfo(n), sx = SavedTensor(x, false), sn = SavedTensor(n, false), op,
+            m](const Grads& g) -> TensorList {
+             const Tensor xv = sx.unpack("PolynomialBackward"), nv = sn.unpack("PolynomialBackward");
+             return {g.needs_grad(0) ? ix.fit(g[0] * polynomial(op, xv, nv, m + 1)) : Tensor(),
+                     g.needs_grad(1) ? in.fit(zeros_like(g[0])) : Tensor()};
+           });
+  }
+  return out;
+}
+static Tensor polynomial(BinaryOp op, const Tensor& x, const Scalar& n) {
+  return with_number(x, n, [op](const Tensor& a, const Tensor& b) { return polynomial(op, a, b, 0); });
+}
+static Tensor polynomial(BinaryOp op, const Scalar& x, const Tensor& n) {
+  return with_number(n, x, [op](const Tensor& a, const Tensor& b) { return polynomial(op, b, a, 0); });
+}
+Tensor chebyshev_polynomial_t(const Tensor& x, const Tensor& n) { return polynomial(BinaryOp::ChebyshevT, x, n, 0); }
+Tensor chebyshev_polynomial_t(const Tensor& x, const Scalar& n) { return polynomial(BinaryOp::ChebyshevT, x, n); }
+Tensor chebyshev_polynomial_t(const Scalar& x, const Tensor& n) { return polynomial(BinaryOp::ChebyshevT, x, n); }
+Tensor chebyshev_polynomial_u(const Tensor& x, const Tensor& n) { return polynomial(BinaryOp::ChebyshevU, x, n, 0); }
+Tensor chebyshev_polynomial_u(const Tensor& x, const Scalar& n) { return polynomial(BinaryOp::ChebyshevU, x, n); }
+Tensor chebyshev_polynomial_u(const Scalar& x, const Tensor& n) { return polynomial(BinaryOp::ChebyshevU, x, n); }
+Tensor chebyshev_polynomial_v(const Tensor& x, const Tensor& n) { return polynomial(BinaryOp::ChebyshevV, x, n, 0); }
+Tensor chebyshev_polynomial_v(const Tensor& x, const Scalar& n) { return polynomial(BinaryOp::ChebyshevV, x, n); }
+Tensor chebyshev_polynomial_v(const Scalar& x, const Tensor& n) { return polynomial(BinaryOp::ChebyshevV, x, n); }
+Tensor chebyshev_polynomial_w(const Tensor& x, const Tensor& n) { return polynomial(BinaryOp::ChebyshevW, x, n, 0); }
+Tensor chebyshev_polynomial_w(const Tensor& x, const Scalar& n) { return polynomial(BinaryOp::ChebyshevW, x, n); }
+Tensor chebyshev_polynomial_w(const Scalar& x, const Tensor& n) { return polynomial(BinaryOp::ChebyshevW, x, n); }
+Tensor shifted_chebyshev_polynomial_t(const Tensor& x, const Tensor& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevT, x, n, 0);
+}
+Tensor shifted_chebyshev_polynomial_t(const Tensor& x, const Scalar& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevT, x, n);
+}
+Tensor shifted_chebyshev_polynomial_t(const Scalar& x, const Tensor& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevT, x, n);
+}
+Tensor shifted_chebyshev_polynomial_u(const Tensor& x, const Tensor& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevU, x, n, 0);
+}
+Tensor shifted_chebyshev_polynomial_u(const Tensor& x, const Scalar& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevU, x, n);
+}
+Tensor shifted_chebyshev_polynomial_u(const Scalar& x, const Tensor& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevU, x, n);
+}
+Tensor shifted_chebyshev_polynomial_v(const Tensor& x, const Tensor& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevV, x, n, 0);
+}
+Tensor shifted_chebyshev_polynomial_v(const Tensor& x, const Scalar& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevV, x, n);
+}
+Tensor shifted_chebyshev_polynomial_v(const Scalar& x, const Tensor& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevV, x, n);
+}
+Tensor shifted_chebyshev_polynomial_w(const Tensor& x, const Tensor& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevW, x, n, 0);
+}
+Tensor shifted_chebyshev_polynomial_w(const Tensor& x, const Scalar& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevW, x, n);
+}
+Tensor shifted_chebyshev_polynomial_w(const Scalar& x, const Tensor& n) {
+  return polynomial(BinaryOp::ShiftedChebyshevW, x, n);
+}
+Tensor hermite_polynomial_h(const Tensor& x, const Tensor& n) { return polynomial(BinaryOp::HermiteH, x, n, 0); }
+Tensor hermite_polynomial_h(const Tensor& x, const Scalar& n) { return polynomial(BinaryOp::HermiteH, x, n); }
+Tensor hermite_polynomial_h(const Scalar& x, const Tensor& n) { return polynomial(BinaryOp::HermiteH, x, n); }
+Tensor hermite_polynomial_he(const Tensor& x, const Tensor& n) { return polynomial(BinaryOp::HermiteHe, x, n, 0); }
+Tensor hermite_polynomial_he(const Tensor& x, const Scalar& n) { return polynomial(BinaryOp::HermiteHe, x, n); }
+Tensor hermite_polynomial_he(const Scalar& x, const Tensor& n) { return polynomial(BinaryOp::HermiteHe, x, n); }
+Tensor laguerre_polynomial_l(const Tensor& x, const Tensor& n) { return polynomial(BinaryOp::LaguerreL, x, n, 0); }
+Tensor laguerre_polynomial_l(const Tensor& x, const Scalar& n) { return polynomial(BinaryOp::LaguerreL, x, n); }
+Tensor laguerre_polynomial_l(const Scalar& x, const Tensor& n) { return polynomial(BinaryOp::LaguerreL, x, n); }
+Tensor legendre_polynomial_p(const Tensor& x, const Tensor& n) { return polynomial(BinaryOp::LegendreP, x, n, 0); }
+Tensor legendre_polynomial_p(const Tensor& x, const Scalar& n) { return polynomial(BinaryOp::LegendreP, x, n); }
+Tensor legendre_polynomial_p(const Scalar& x, const Tensor& n) { return polynomial(BinaryOp::LegendreP, x, n); }
+
+}  // namespace special
 
 Tensor eq(const Tensor& a, const Tensor& b) { return compare(BinaryOp::Eq, a, b, "eq"); }
 Tensor ne(const Tensor& a, const Tensor& b) { return compare(BinaryOp::Ne, a, b, "ne"); }

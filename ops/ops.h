@@ -201,6 +201,8 @@ Tensor logaddexp(const Tensor& a, const Tensor& b);   // log(e^a + e^b), without
 Tensor logaddexp2(const Tensor& a, const Tensor& b);  // log2(2^a + 2^b)
 Tensor copysign(const Tensor& a, const Tensor& b);    // |a| with b's sign (-0 counts as negative)
 Tensor xlogy(const Tensor& a, const Tensor& b);       // a log b, 0 where a = 0 (unless b is NaN)
+Tensor xlogy(const Tensor& a, const Scalar& b);
+Tensor xlogy(const Scalar& a, const Tensor& b);
 // torch.special's functions (ops/elementwise.cpp; core/special_math.h computes each in float64, to
 // float32's need for float32). Integers become float32. Differentiable as in PyTorch (not in zeta's x
 // or the incomplete gammas' a: an Error there, as PyTorch's).
@@ -215,9 +217,13 @@ Tensor log_ndtr(const Tensor& x);                  // its log, accurate where it
 Tensor ndtri(const Tensor& p);                     // its inverse: -inf at 0, +inf at 1, NaN outside [0, 1]
 Tensor entr(const Tensor& x);                      // -x log x: 0 at 0, -inf for x < 0
 Tensor xlog1py(const Tensor& a, const Tensor& b);  // a log1p(b), 0 where a = 0 (unless b is NaN)
+Tensor xlog1py(const Tensor& a, const Scalar& b);
+Tensor xlog1py(const Scalar& a, const Tensor& b);
 // Hurwitz's zeta(x, q) = sum_k (q + k)^-x: +inf at x = 1 and at q = 0, -1, ...; NaN for x < 1, and for
 // q < 0 unless x is whole.
 Tensor zeta(const Tensor& x, const Tensor& q);
+Tensor zeta(const Tensor& x, const Scalar& q);
+Tensor zeta(const Scalar& x, const Tensor& q);
 // The regularized lower and upper incomplete gamma functions P(a, x) and Q(a, x) = 1 - P (NaN for
 // a < 0 or x < 0).
 Tensor gammainc(const Tensor& a, const Tensor& x);
@@ -238,6 +244,51 @@ Tensor modified_bessel_k1(const Tensor& x);
 Tensor scaled_modified_bessel_k0(const Tensor& x);
 Tensor scaled_modified_bessel_k1(const Tensor& x);
 Tensor spherical_bessel_j0(const Tensor& x);
+// Airy's Ai (0 at +-inf; PyTorch 1.13: NaN), here differentiable (Ai'' = x Ai).
+Tensor airy_ai(const Tensor& x);
+// The orthogonal polynomials p_n(x) of degree n = the whole part of n (7.9 -> 7), a tensor or a number:
+// Chebyshev's T, U, V, W, the same shifted to [0, 1] (p_n(2x - 1)), Hermite's H (physicists') and He
+// (probabilists'), Laguerre's L and Legendre's P, with PyTorch's names. 0 for n < 0, 1 for n = 0; NaN
+// for a NaN n or n = +inf (PyTorch 1.13: 0). Chebyshev's take any n; the others n <= 2^24 (an Error
+// beyond: they run n steps of a recurrence). Values beyond float64's range are +-inf with their sign
+// (PyTorch 1.13: NaN, as at x = +-inf). Differentiable in x to order 7, for n <= 2^24 (PyTorch 1.13
+// gives them no gradient); n gets a zero gradient.
+Tensor chebyshev_polynomial_t(const Tensor& x, const Tensor& n);
+Tensor chebyshev_polynomial_t(const Tensor& x, const Scalar& n);
+Tensor chebyshev_polynomial_t(const Scalar& x, const Tensor& n);
+Tensor chebyshev_polynomial_u(const Tensor& x, const Tensor& n);
+Tensor chebyshev_polynomial_u(const Tensor& x, const Scalar& n);
+Tensor chebyshev_polynomial_u(const Scalar& x, const Tensor& n);
+Tensor chebyshev_polynomial_v(const Tensor& x, const Tensor& n);
+Tensor chebyshev_polynomial_v(const Tensor& x, const Scalar& n);
+Tensor chebyshev_polynomial_v(const Scalar& x, const Tensor& n);
+Tensor chebyshev_polynomial_w(const Tensor& x, const Tensor& n);
+Tensor chebyshev_polynomial_w(const Tensor& x, const Scalar& n);
+Tensor chebyshev_polynomial_w(const Scalar& x, const Tensor& n);
+Tensor shifted_chebyshev_polynomial_t(const Tensor& x, const Tensor& n);
+Tensor shifted_chebyshev_polynomial_t(const Tensor& x, const Scalar& n);
+Tensor shifted_chebyshev_polynomial_t(const Scalar& x, const Tensor& n);
+Tensor shifted_chebyshev_polynomial_u(const Tensor& x, const Tensor& n);
+Tensor shifted_chebyshev_polynomial_u(const Tensor& x, const Scalar& n);
+Tensor shifted_chebyshev_polynomial_u(const Scalar& x, const Tensor& n);
+Tensor shifted_chebyshev_polynomial_v(const Tensor& x, const Tensor& n);
+Tensor shifted_chebyshev_polynomial_v(const Tensor& x, const Scalar& n);
+Tensor shifted_chebyshev_polynomial_v(const Scalar& x, const Tensor& n);
+Tensor shifted_chebyshev_polynomial_w(const Tensor& x, const Tensor& n);
+Tensor shifted_chebyshev_polynomial_w(const Tensor& x, const Scalar& n);
+Tensor shifted_chebyshev_polynomial_w(const Scalar& x, const Tensor& n);
+Tensor hermite_polynomial_h(const Tensor& x, const Tensor& n);
+Tensor hermite_polynomial_h(const Tensor& x, const Scalar& n);
+Tensor hermite_polynomial_h(const Scalar& x, const Tensor& n);
+Tensor hermite_polynomial_he(const Tensor& x, const Tensor& n);
+Tensor hermite_polynomial_he(const Tensor& x, const Scalar& n);
+Tensor hermite_polynomial_he(const Scalar& x, const Tensor& n);
+Tensor laguerre_polynomial_l(const Tensor& x, const Tensor& n);
+Tensor laguerre_polynomial_l(const Tensor& x, const Scalar& n);
+Tensor laguerre_polynomial_l(const Scalar& x, const Tensor& n);
+Tensor legendre_polynomial_p(const Tensor& x, const Tensor& n);
+Tensor legendre_polynomial_p(const Tensor& x, const Scalar& n);
+Tensor legendre_polynomial_p(const Scalar& x, const Tensor& n);
 Tensor expit(const Tensor& x);    // sigmoid
 Tensor gammaln(const Tensor& x);  // lgamma
 Tensor psi(const Tensor& x);      // digamma

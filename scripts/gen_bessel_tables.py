@@ -5,28 +5,31 @@
 # float64's rounding), cut where the terms left add up to less than 1e-18 of the function's smallest
 # value there, and written out as a function of core/bessel_tables.h holding its array (c_0 halved:
 # f(t) = sum_k c_k T_k(t)), with the shorter sum a float32 result needs (1e-11 of that value).
-# Usage: /usr/bin/python3 scripts/gen_bessel_tables.py (rewrites core/bessel_tables.h).
+# The Airy function Ai and its derivative are Bessel functions of order 1/3 and 2/3; their tables are
+# here too. Usage: /usr/bin/python3 scripts/gen_bessel_tables.py (rewrites core/bessel_tables.h).
 import mpmath as mp
 
 mp.mp.dps = 50
 NODES = 80
 
 
-def chebyshev(f):
+def chebyshev(f, scale=None):
     ts = [mp.cos(mp.pi * (k + mp.mpf(1) / 2) / NODES) for k in range(NODES)]
     fs = [f(t) for t in ts]
     c = [2 * mp.fsum(fs[k] * mp.cos(mp.pi * j * (k + mp.mpf(1) / 2) / NODES) for k in range(NODES)) / NODES
          for j in range(NODES)]
     c[0] /= 2
-    smallest = min(abs(v) for v in fs)
+    smallest = min(abs(v) for v in fs) if scale is None else mp.mpf(scale)
     n = NODES
     while n > 1 and mp.fsum(abs(v) for v in c[n - 1:]) < mp.mpf("1e-18") * smallest:
         n -= 1
     return c[:n + 1], smallest
 
 
-def emit(out, name, doc, f):
-    c, smallest = chebyshev(f)
+def emit(out, name, doc, f, scale=None):
+    """scale: what the cut is relative to, where not the function's smallest value (which nears 0 for a
+    function with a zero, or one that is itself a small correction, measured absolutely)."""
+    c, smallest = chebyshev(f, scale)
     n32 = len(c)
     while n32 > 1 and mp.fsum(abs(v) for v in c[n32 - 1:]) < mp.mpf("1e-11") * smallest:
         n32 -= 1
@@ -48,6 +51,33 @@ def hankel_pq(nu, x):
     j, y = mp.besselj(nu, x), mp.bessely(nu, x)
     s = mp.sqrt(mp.pi * x / 2)
     return s * (j * mp.cos(chi) + y * mp.sin(chi)), s * (y * mp.cos(chi) - j * mp.sin(chi)) * x
+
+
+AIRY_X0 = 2  # the middle series covers [-2, 2], the modulus-and-phase forms |x| >= 2
+
+
+def airy_zeta(x):
+    return 2 * x * mp.sqrt(x) / 3
+
+
+def airy_x(t):  # |x| >= 2 from t = 2 u - 1, u = zeta(2) / zeta(|x|) in (0, 1]
+    return AIRY_X0 * (2 / (t + 1)) ** (mp.mpf(2) / 3)
+
+
+def airy_positive(t, d):
+    """Ai(x) = e^-zeta / (2 sqrt(pi) x^(1/4)) f and Ai'(x) = -x^(1/4) e^-zeta / (2 sqrt pi) f: f."""
+    x = airy_x(t)
+    return (-1) ** d * mp.airyai(x, d) * 2 * mp.sqrt(mp.pi) * x ** (mp.mpf(1 - 2 * d) / 4) * mp.exp(airy_zeta(x))
+
+
+def airy_negative(t, d):
+    """Ai(-x) = M x^(-1/4) / sqrt(pi) cos(zeta - pi/4 + theta), Ai'(-x) = N x^(1/4) / sqrt(pi)
+    sin(zeta - pi/4 + theta'): (M, theta) for d = 0, (N, theta') for d = 1, from Ai and Bi."""
+    x = airy_x(t)
+    a, b = mp.airyai(-x, d), mp.airybi(-x, d)
+    modulus = mp.sqrt(a * a + b * b) * mp.sqrt(mp.pi) * x ** (mp.mpf(1 - 2 * d) / 4)
+    phase = (mp.atan2(-b, a) if d == 0 else mp.atan2(a, b)) - (airy_zeta(x) - mp.pi / 4)
+    return modulus, phase - 2 * mp.pi * mp.nint(phase / (2 * mp.pi))
 
 
 def x_of_w(t):  # x >= 8 from t = 2 w - 1, w = 64 / x^2 in (0, 1]
@@ -102,6 +132,20 @@ if __name__ == "__main__":
              lambda t, nu=nu: hankel_pq(nu, x_of_w(t))[0])
         emit(out, "chebyshev_xq%d" % nu, "x times Hankel's Q%d(x) for x >= 8, t = 128 / x^2 - 1" % nu,
              lambda t, nu=nu: hankel_pq(nu, x_of_w(t))[1])
+    for d, what in ((0, "Ai"), (1, "Ai'")):
+        name = "prime_" if d else ""
+        # Ai' has a zero at -1.0188: its cut is against 1e-2, below its values elsewhere there.
+        emit(out, "chebyshev_airy_%smiddle" % name, "%s(x) for -2 <= x <= 2, t = x / 2" % what,
+             lambda t, d=d: mp.airyai(2 * t, d), scale=None if d == 0 else "1e-2")
+        emit(out, "chebyshev_airy_%spositive" % name,
+             "%s(x) e^zeta 2 sqrt(pi) x^(%s1/4), x >= 2, t = 2 (2 / x)^(3/2) - 1" % (what, "-" if d else ""),
+             lambda t, d=d: airy_positive(t, d))
+        emit(out, "chebyshev_airy_%smodulus" % name,
+             "the modulus %s (Note [the Airy function]), x <= -2, t = 2 (2 / |x|)^(3/2) - 1" % ("N" if d else "M"),
+             lambda t, d=d: airy_negative(t, d)[0])
+        emit(out, "chebyshev_airy_%sphase" % name,
+             "the phase %s, x <= -2, t = 2 (2 / |x|)^(3/2) - 1 (cut absolutely)" % ("phi" if d else "theta"),
+             lambda t, d=d: airy_negative(t, d)[1], scale=1)
     out.append("#undef KILN_BESSEL_TABLE")
     out.append("")
     out.append("}  // namespace kiln::math")

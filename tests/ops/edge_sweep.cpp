@@ -98,6 +98,7 @@ std::vector<EdgeOp> edge_ops() {
   u("special::modified_bessel_k1", [](const Tensor& a) { return special::modified_bessel_k1(a); });
   u("special::scaled_modified_bessel_k0", [](const Tensor& a) { return special::scaled_modified_bessel_k0(a); });
   u("special::spherical_bessel_j0", [](const Tensor& a) { return special::spherical_bessel_j0(a); });
+  u("special::airy_ai", [](const Tensor& a) { return special::airy_ai(a); });
   u("sinc", [](const Tensor& a) { return sinc(a); });
   u("logit eps", [](const Tensor& a) { return logit(a, 0.1); });
   u("nan_to_num", [](const Tensor& a) { return nan_to_num(a); });
@@ -349,6 +350,30 @@ std::vector<EdgeOp> edge_ops() {
   b("special::zeta", [](const Tensor& a, const Tensor& c) { return special::zeta(a, c); });
   b("special::gammainc", [](const Tensor& a, const Tensor& c) { return special::gammainc(a, c); });
   b("special::gammaincc", [](const Tensor& a, const Tensor& c) { return special::gammaincc(a, c); });
+  b("special::chebyshev_polynomial_t",
+    [](const Tensor& a, const Tensor& c) { return special::chebyshev_polynomial_t(a, c); });
+  b("special::chebyshev_polynomial_u",
+    [](const Tensor& a, const Tensor& c) { return special::chebyshev_polynomial_u(a, c); });
+  b("special::chebyshev_polynomial_v",
+    [](const Tensor& a, const Tensor& c) { return special::chebyshev_polynomial_v(a, c); });
+  b("special::chebyshev_polynomial_w",
+    [](const Tensor& a, const Tensor& c) { return special::chebyshev_polynomial_w(a, c); });
+  b("special::shifted_chebyshev_polynomial_t",
+    [](const Tensor& a, const Tensor& c) { return special::shifted_chebyshev_polynomial_t(a, c); });
+  b("special::shifted_chebyshev_polynomial_u",
+    [](const Tensor& a, const Tensor& c) { return special::shifted_chebyshev_polynomial_u(a, c); });
+  b("special::shifted_chebyshev_polynomial_v",
+    [](const Tensor& a, const Tensor& c) { return special::shifted_chebyshev_polynomial_v(a, c); });
+  b("special::shifted_chebyshev_polynomial_w",
+    [](const Tensor& a, const Tensor& c) { return special::shifted_chebyshev_polynomial_w(a, c); });
+  b("special::hermite_polynomial_h",
+    [](const Tensor& a, const Tensor& c) { return special::hermite_polynomial_h(a, c); });
+  b("special::hermite_polynomial_he",
+    [](const Tensor& a, const Tensor& c) { return special::hermite_polynomial_he(a, c); });
+  b("special::laguerre_polynomial_l",
+    [](const Tensor& a, const Tensor& c) { return special::laguerre_polynomial_l(a, c); });
+  b("special::legendre_polynomial_p",
+    [](const Tensor& a, const Tensor& c) { return special::legendre_polynomial_p(a, c); });
   b("isclose", [](const Tensor& a, const Tensor& c) { return isclose(a, c); });
   b("outer", [](const Tensor& a, const Tensor& c) { return outer(a, c); });
   b("dot", [](const Tensor& a, const Tensor& c) { return dot(a, c); });

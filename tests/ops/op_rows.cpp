@@ -23,6 +23,14 @@ OpRow binary(std::string op, Deriv d, Fn2 f) {
   return {std::move(op), d,
           [f](const TensorList& in, const GoldenCase&) { return TensorList{f(in.at(0), in.at(1))}; }};
 }
+// An orthogonal polynomial p_n(x): n is the second input, or the case's number n (the Scalar overload).
+using Polynomial = Tensor (*)(const Tensor&, const Tensor&);
+using PolynomialOfNumber = Tensor (*)(const Tensor&, const Scalar&);
+OpRow polynomial(std::string op, Polynomial f, PolynomialOfNumber g) {
+  return {std::move(op), Deriv::GradGrad, [f, g](const TensorList& in, const GoldenCase& c) {
+            return TensorList{c.has("n") ? g(in.at(0), c.scalar("n")) : f(in.at(0), in.at(1))};
+          }};
+}
 // A view followed by contiguous(): the copy must be contiguous and hold the view's values.
 OpRow view_op(std::string op, Fn1a f) {
   return {std::move(op), Deriv::GradGrad, [f](const TensorList& in, const GoldenCase& c) {
@@ -814,6 +822,27 @@ const std::vector<OpRow>& op_table() {
       unary("scaled_modified_bessel_k1", D::GradGrad,
             [](const Tensor& x) { return kiln::special::scaled_modified_bessel_k1(x); }),
       unary("spherical_bessel_j0", D::GradGrad, [](const Tensor& x) { return kiln::special::spherical_bessel_j0(x); }),
+      unary("airy_ai", D::GradGrad, [](const Tensor& x) { return kiln::special::airy_ai(x); }),
+      polynomial("chebyshev_polynomial_t", kiln::special::chebyshev_polynomial_t,
+                 kiln::special::chebyshev_polynomial_t),
+      polynomial("chebyshev_polynomial_u", kiln::special::chebyshev_polynomial_u,
+                 kiln::special::chebyshev_polynomial_u),
+      polynomial("chebyshev_polynomial_v", kiln::special::chebyshev_polynomial_v,
+                 kiln::special::chebyshev_polynomial_v),
+      polynomial("chebyshev_polynomial_w", kiln::special::chebyshev_polynomial_w,
+                 kiln::special::chebyshev_polynomial_w),
+      polynomial("shifted_chebyshev_polynomial_t", kiln::special::shifted_chebyshev_polynomial_t,
+                 kiln::special::shifted_chebyshev_polynomial_t),
+      polynomial("shifted_chebyshev_polynomial_u", kiln::special::shifted_chebyshev_polynomial_u,
+                 kiln::special::shifted_chebyshev_polynomial_u),
+      polynomial("shifted_chebyshev_polynomial_v", kiln::special::shifted_chebyshev_polynomial_v,
+                 kiln::special::shifted_chebyshev_polynomial_v),
+      polynomial("shifted_chebyshev_polynomial_w", kiln::special::shifted_chebyshev_polynomial_w,
+                 kiln::special::shifted_chebyshev_polynomial_w),
+      polynomial("hermite_polynomial_h", kiln::special::hermite_polynomial_h, kiln::special::hermite_polynomial_h),
+      polynomial("hermite_polynomial_he", kiln::special::hermite_polynomial_he, kiln::special::hermite_polynomial_he),
+      polynomial("laguerre_polynomial_l", kiln::special::laguerre_polynomial_l, kiln::special::laguerre_polynomial_l),
+      polynomial("legendre_polynomial_p", kiln::special::legendre_polynomial_p, kiln::special::legendre_polynomial_p),
       unary_args("multigammaln", D::GradGrad,
                  [](const Tensor& x, const GoldenCase& c) { return kiln::special::multigammaln(x, c.integer("p")); }),
       {"isclose", D::None,

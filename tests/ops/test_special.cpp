@@ -491,3 +491,262 @@ TEST_CASE("special::multigammaln: lgamma sums and its Errors, and special's alia
     for (DType d : {kFloat16, kBFloat16}) test::check_close(f(h.to(d)), f(h.to(d).to(kFloat32)).to(d), {0, 0});
   }
 }
+
+namespace {
+using PolynomialFn = Tensor (*)(const Tensor&, const Tensor&);
+// d^k/dx^k of f(x, n) at x, by autograd (each order a call of the next derivative op).
+Tensor derivative(PolynomialFn f, const Tensor& x, const Tensor& n, int k) {
+  Tensor leaf = x.detach().requires_grad_();
+  Tensor y = f(leaf, n);
+  for (int i = 0; i < k; ++i) y = autograd::grad({y.sum()}, {leaf}, {}, {}, true).at(0);
+  return y.detach();
+}
+}  // namespace
+
+TEST_CASE("special's orthogonal polynomials: recurrences across the closed forms, relations, limits, Errors",
+          "[ops][special]") {
+  // Inside and outside [-1, 1], and at the ends, for n = 1 .. 40 (Chebyshev's closed forms from 16):
+  // each family's three-term recurrence holds between the op's own values.
+  std::vector<double> xs = grid(-1.6, 1.6, 29);
+  for (double v : {-1.0, 1.0, -0.999999, 1.000001}) xs.push_back(v);
+  const Tensor x = f64(xs);
+  auto at = [&](PolynomialFn f, int n) { return f(x, scalar_tensor(n, kFloat64)); };
+  for (int k = 1; k < 40; ++k) {
+    INFO("k = " << k);
+    for (PolynomialFn f : {+[](const Tensor&a, const Tensor&n) { return special::chebyshev_polynomial_t(a, n); },
+                           +[](const Tensor&a, const Tensor&n) { return special::chebyshev_polynomial_u(a, n); },
+                           +[](const Tensor&a, const Tensor&n) { return special::chebyshev_polynomial_v(a, n); },
+                           +[](const Tensor&a, const Tensor&n) { return special::chebyshev_polynomial_w(a, n); }}) {
+      const Tensor next = at(f, k + 1), scale = at(f, k).abs() + at(f, k - 1).abs() + 1;
+      test::check_close((next - (2 * x * at(f, k) - at(f, k - 1))) / scale, zeros_like(x), {0, 1e-13});
+    }
+    const double kd = k;
+    test::check_close(at(special::hermite_polynomial_h, k + 1),
+                      2 * x * at(special::hermite_polynomial_h, k) - 2 * kd * at(special::hermite_polynomial_h, k - 1),
+                      {1e-12, 1e-12});
+    test::check_close(
+        at(special::legendre_polynomial_p, k + 1) * (kd + 1),
+        (2 * kd + 1) * x * at(special::legendre_polynomial_p, k) - kd * at(special::legendre_polynomial_p, k - 1),
+        {1e-12, 1e-12});
+    test::check_close(
+        at(special::laguerre_polynomial_l, k + 1) * (kd + 1),
+        (2 * kd + 1 - x) * at(special::laguerre_polynomial_l, k) - kd * at(special::laguerre_polynomial_l, k - 1),
+        {1e-12, 1e-12});
+  }
+  // Closed forms: T_n(cos t) = cos(n t), U_n(cosh t) = sinh((n + 1) t) / sinh t; V and W through U;
+  // H_n(x) = 2^(n/2) He_n(sqrt(2) x); shifted p_n(x) = p_n(2x - 1).
+  const Tensor t = f64(grid(0.05, 3.1, 23)), n20 = scalar_tensor(20.0, kFloat64);
+  test::check_close(special::chebyshev_polynomial_t(t.cos(), n20), (t * 20).cos(), {0, 1e-13});
+  test::check_close(special::chebyshev_polynomial_u(t.cosh(), n20), (t * 21).sinh() / t.sinh(), {1e-13, 0});
+  for (double n : {3.0, 17.0, 40.0}) {
+    const Tensor nn = scalar_tensor(n, kFloat64), before = scalar_tensor(n - 1, kFloat64);
+    const Tensor u = special::chebyshev_polynomial_u(x, nn), u1 = special::chebyshev_polynomial_u(x, before);
+    const Tensor scale = u.abs() + u1.abs() + 1;
+    test::check_close((special::chebyshev_polynomial_v(x, nn) - (u - u1)) / scale, zeros_like(x), {0, 1e-13});
+    test::check_close((special::chebyshev_polynomial_w(x, nn) - (u + u1)) / scale, zeros_like(x), {0, 1e-13});
+    test::check_close(special::hermite_polynomial_h(x, nn),
+                      std::pow(2.0, n / 2) * special::hermite_polynomial_he(x * std::sqrt(2.0), nn), {1e-13, 1e-13});
+    const Tensor s = (x + 1) / 2;
+    test::check_close(special::shifted_chebyshev_polynomial_t(s, nn), special::chebyshev_polynomial_t(2 * s - 1, nn),
+                      {0, 0});
+    test::check_close(special::shifted_chebyshev_polynomial_w(s, nn), special::chebyshev_polynomial_w(2 * s - 1, nn),
+                      {0, 0});
+  }
+  // Values from mpmath at 50 digits: far past 16 (U at n = 5000 just outside [-1, 1]); the leading term
+  // past |x| = 2^400 and 1e40 below it; values past float64's range as +-inf with their sign, where
+  // PyTorch 1.13's recurrence makes inf - inf = NaN; and a finite value reached through such scalings.
+  auto value = [](PolynomialFn f, double x, double n) {
+    return f(f64({x}), scalar_tensor(n, kFloat64)).item<double>();
+  };
+  CHECK(std::abs(value(special::chebyshev_polynomial_u, -1.0000001, 5000) / 10346.089477434352 - 1) < 1e-13);
+  CHECK(std::abs(value(special::chebyshev_polynomial_t, 1e40, 7) / 6.4e281 - 1) < 1e-15);
+  CHECK(std::abs(value(special::laguerre_polynomial_l, 1e40, 7) / -1.9841269841269845e276 - 1) < 1e-15);
+  CHECK(std::abs(value(special::legendre_polynomial_p, -1e40, 7) / -2.6812500000000006e281 - 1) < 1e-15);
+  CHECK(std::abs(value(special::hermite_polynomial_h, 1e200, 1) / 2e200 - 1) < 1e-15);
+  // Below 2^400 the recurrence: L_7(1e13) is 5e-12 from its leading term there.
+  CHECK(std::abs(value(special::laguerre_polynomial_l, 1e13, 7) / -1.9841269841172619e87 - 1) < 1e-15);
+  // Chebyshev's quotients through their logarithms where the numerator passes e^700 and the value does
+  // not overflow (x = cosh(1/2) rounded, mpmath's values; the phase n t = 700 carries 1e-13).
+  const double c = 1.1276259652063807;
+  CHECK(std::abs(value(special::chebyshev_polynomial_u, c, 1400) / 1.6044914859506180e304 - 1) < 5e-13);
+  CHECK(std::abs(value(special::chebyshev_polynomial_t, c, 1401) / 8.3609298103355363e303 - 1) < 5e-13);
+  CHECK(std::abs(value(special::chebyshev_polynomial_v, c, 1401) / 1.0408677555934213e304 - 1) < 5e-13);
+  CHECK(std::abs(value(special::chebyshev_polynomial_w, c, 1401) / 4.2498507274946573e304 - 1) < 5e-13);
+  CHECK(std::abs(value(special::laguerre_polynomial_l, -5, 1000) / 7.7049554067913034e58 - 1) < 1e-12);
+  CHECK(std::abs(value(special::legendre_polynomial_p, 1.001, 3000) / 6.4414365455732847e56 - 1) < 1e-12);
+  CHECK(value(special::hermite_polynomial_h, 0.5, 1000) == -INFINITY);  // -3.5e1433
+  CHECK(value(special::hermite_polynomial_he, 2.5, 777) == INFINITY);
+  CHECK(value(special::hermite_polynomial_h, 0.0, 1001) == 0);
+  CHECK(value(special::chebyshev_polynomial_t, -2.0, 1001) == -INFINITY);
+  CHECK(value(special::legendre_polynomial_p, -1.5, 2001) == -INFINITY);
+  // The limits at +-inf (PyTorch 1.13: NaN): the leading term's sign; degree 0 is 1 everywhere.
+  CHECK(value(special::chebyshev_polynomial_t, -INFINITY, 3) == -INFINITY);
+  CHECK(value(special::laguerre_polynomial_l, INFINITY, 3) == -INFINITY);
+  CHECK(value(special::laguerre_polynomial_l, -INFINITY, 4) == INFINITY);
+  CHECK(value(special::hermite_polynomial_he, -INFINITY, 2) == INFINITY);
+  CHECK(value(special::legendre_polynomial_p, NAN, 0) == 1);
+  // n: its whole part; 0 below 0; NaN for NaN and +inf (PyTorch 1.13: 0).
+  CHECK(value(special::chebyshev_polynomial_t, 0.5, 7.9) == value(special::chebyshev_polynomial_t, 0.5, 7));
+  CHECK(value(special::legendre_polynomial_p, 0.5, -0.5) == 1);
+  CHECK(value(special::hermite_polynomial_h, 0.5, -3) == 0);
+  CHECK(std::isnan(value(special::chebyshev_polynomial_t, 0.5, NAN)));
+  CHECK(std::isnan(value(special::chebyshev_polynomial_w, 0.5, INFINITY)));
+  CHECK(value(special::chebyshev_polynomial_t, 1.0, 1e300) == 1);  // any degree in closed form
+  CHECK(value(special::chebyshev_polynomial_u, -1.0, 1e15 + 1) == -(1e15 + 2));
+
+  // The recurrence's families take n <= 2^24; so do the gradients of all.
+  test::check_error([] { special::hermite_polynomial_h(f64({0.5}), f64({16777217.0})); },
+                    {"hermite_polynomial_h", "at most 2^24", "16777217", "three-term recurrence"});
+  test::check_error([] { special::laguerre_polynomial_l(f64({0.5}), from_vector<int64_t>({int64_t{1} << 40})); },
+                    {"laguerre_polynomial_l", "at most 2^24"});
+  test::check_error([] { special::legendre_polynomial_p(f64({0.5}), f64({INFINITY})); }, {"at most 2^24"});
+  Tensor leaf = f64({0.5}).requires_grad_();
+  Tensor far = special::chebyshev_polynomial_t(leaf, f64({1e9}));
+  CHECK(std::isfinite(far.item<double>()));
+  test::check_error([&] { far.backward(); }, {"chebyshev_polynomial_t", "at most 2^24", "for a gradient"});
+
+  // Numbers for x or n: the same values; an integer n keeps x's dtype, a number x with an integer n gives
+  // float32, as in PyTorch.
+  const Tensor n = from_vector<int64_t>({0, 3, 8, 17});
+  const Tensor x32 = test::sample({4}, kFloat32, 0.6);
+  test::check_close(special::legendre_polynomial_p(x32, 5), special::legendre_polynomial_p(x32, full({4}, 5.0)),
+                    {0, 0});
+  CHECK(special::legendre_polynomial_p(x32, 5).dtype() == kFloat32);
+  CHECK(special::legendre_polynomial_p(x, 5).dtype() == kFloat64);
+  const Tensor by_number = special::chebyshev_polynomial_w(0.25, n);
+  CHECK(by_number.dtype() == kFloat32);
+  test::check_close(by_number, special::chebyshev_polynomial_w(full({4}, 0.25), n), {0, 0});
+  CHECK(special::hermite_polynomial_he(from_vector<int64_t>({2}), from_vector<int64_t>({3})).item<float>() == 2);
+  // zeta, xlog1py and xlogy take a number on either side too.
+  const Tensor q = f64({0.5, 1.0, 3.0});
+  test::check_close(special::zeta(2.0, q), special::zeta(full_like(q, 2.0), q), {0, 0});
+  test::check_close(special::zeta(q + 1.5, 1.0), special::zeta(q + 1.5, ones_like(q)), {0, 0});
+  test::check_close(special::xlog1py(q, 2.0), q * std::log1p(2.0), {1e-15, 0});
+  test::check_close(special::xlog1py(3.0, q), 3.0 * q.log1p(), {1e-15, 0});
+  test::check_close(xlogy(q, 2.0), q * std::log(2.0), {1e-15, 0});
+  test::check_close(xlogy(0.0, q), zeros_like(q), {0, 0});
+  CHECK(special::zeta(2, from_vector<int64_t>({1, 2})).dtype() == kFloat32);
+  for (DType d : {kFloat16, kBFloat16}) {
+    test::check_close(special::laguerre_polynomial_l(x32.to(d), n),
+                      special::laguerre_polynomial_l(x32.to(d).to(kFloat32), n).to(d), {0, 0});
+  }
+}
+
+TEST_CASE("special's orthogonal polynomials: derivatives to the third order against their ODEs and relations",
+          "[ops][special]") {
+  const Tensor x = f64(grid(-0.98, 0.98, 17)), wide = f64(grid(-2.5, 2.5, 19)), y = f64(grid(0.05, 8, 15));
+  // sum(terms) = 0 to tol of the terms' largest size over the grid (near a root each term has the
+  // absolute error of its values elsewhere).
+  auto check_zero = [](const std::vector<Tensor>& terms, double tol) {
+    Tensor total = zeros_like(terms[0]);
+    double size = 1;
+    for (const Tensor& t : terms) {
+      total = total + t;
+      size += t.abs().max().item<double>();
+    }
+    test::check_close(total / size, zeros_like(total), {0, tol});
+  };
+  for (int n : {0, 1, 2, 5, 16, 23}) {
+    INFO("n = " << n);
+    const double nd = n;
+    const Tensor nn = scalar_tensor(nd, kFloat64), before = scalar_tensor(nd - 1, kFloat64);
+    auto d = [&](PolynomialFn f, const Tensor& at, int k) { return derivative(f, at, nn, k); };
+    // T' = n U_(n-1); Chebyshev's equations (1 - x^2) T'' - x T' + n^2 T = 0, differentiated once for the
+    // third derivative, and (1 - x^2) U'' - 3x U' + n (n + 2) U = 0.
+    test::check_close(d(special::chebyshev_polynomial_t, wide, 1), nd * special::chebyshev_polynomial_u(wide, before),
+                      {1e-12, 1e-12});
+    const Tensor t1 = d(special::chebyshev_polynomial_t, x, 1), t2 = d(special::chebyshev_polynomial_t, x, 2);
+    check_zero({(1 - x * x) * t2, -x * t1, nd * nd * special::chebyshev_polynomial_t(x, nn)}, 1e-14);
+    check_zero({(1 - x * x) * d(special::chebyshev_polynomial_t, x, 3), -3 * x * t2, (nd * nd - 1) * t1}, 1e-14);
+    check_zero(
+        {(1 - x * x) * d(special::chebyshev_polynomial_u, x, 2), -3 * x * d(special::chebyshev_polynomial_u, x, 1),
+         nd * (nd + 2) * special::chebyshev_polynomial_u(x, nn)},
+        1e-14);
+    // Hermite: H' = 2n H_(n-1), He' = n He_(n-1), H'' - 2x H' + 2n H = 0.
+    test::check_close(d(special::hermite_polynomial_h, wide, 1), 2 * nd * special::hermite_polynomial_h(wide, before),
+                      {1e-12, 1e-12});
+    test::check_close(d(special::hermite_polynomial_he, wide, 1), nd * special::hermite_polynomial_he(wide, before),
+                      {1e-12, 1e-12});
+    check_zero({d(special::hermite_polynomial_h, wide, 2), -2 * wide * d(special::hermite_polynomial_h, wide, 1),
+                2 * nd * special::hermite_polynomial_h(wide, nn)},
+               1e-14);
+    // Legendre's (1 - x^2) P'' - 2x P' + n (n + 1) P = 0 and Laguerre's x L'' + (1 - x) L' + n L = 0.
+    check_zero({(1 - x * x) * d(special::legendre_polynomial_p, x, 2), -2 * x * d(special::legendre_polynomial_p, x, 1),
+                nd * (nd + 1) * special::legendre_polynomial_p(x, nn)},
+               1e-14);
+    check_zero({y * d(special::laguerre_polynomial_l, y, 2), (1 - y) * d(special::laguerre_polynomial_l, y, 1),
+                nd * special::laguerre_polynomial_l(y, nn)},
+               1e-14);
+    // Shifted: d^2/dx^2 p_n(2x - 1) = 4 p_n''(2x - 1); W = U_n + U_(n-1), so W' = U_n' + U_(n-1)'.
+    const Tensor s = (x + 1) / 2;
+    test::check_close(d(special::shifted_chebyshev_polynomial_v, s, 2), 4 * d(special::chebyshev_polynomial_v, x, 2),
+                      {1e-12, 1e-12});
+    test::check_close(
+        d(special::chebyshev_polynomial_w, x, 1),
+        d(special::chebyshev_polynomial_u, x, 1) + derivative(special::chebyshev_polynomial_u, x, before, 1),
+        {1e-12, 1e-12});
+  }
+  // At the leading term's side of 2^400 and at +-inf: n! / (n - k)! c_n x^(n - k).
+  CHECK(derivative(special::chebyshev_polynomial_t, f64({INFINITY}), f64({3.0}), 3).item<double>() == 24);
+  CHECK(derivative(special::chebyshev_polynomial_t, f64({-INFINITY}), f64({4.0}), 2).item<double>() == INFINITY);
+  CHECK(derivative(special::legendre_polynomial_p, f64({1e121}), f64({2.0}), 2).item<double>() == 3);
+  // n gets a zero gradient; past the seventh derivative an Error.
+  Tensor n = f64({3.5, 2.0}).requires_grad_();
+  special::hermite_polynomial_he(f64({0.7, 1.1}), n).sum().backward();
+  test::check_close(n.grad(), f64({0.0, 0.0}), {0, 0});
+  test::check_error([] { derivative(special::chebyshev_polynomial_t, f64({0.3}), f64({9.0}), 8); },
+                    {"chebyshev_polynomial_t", "order above 7"});
+}
+
+TEST_CASE("special::airy_ai: Airy's equation, values at 0 and the zeros, the integral, limits", "[ops][special]") {
+  // Ai(0) = 1 / (3^(2/3) Gamma(2/3)), Ai'(0) = -1 / (3^(1/3) Gamma(1/3)) (DLMF 9.2.3, 9.2.4).
+  Tensor z = f64({0.0}).requires_grad_();
+  const Tensor a0 = special::airy_ai(z);
+  CHECK(std::abs(a0.item<double>() - 0.35502805388781723926) < 1e-16);
+  CHECK(std::abs(autograd::grad({a0}, {z}).at(0).item<double>() + 0.25881940379280679840) < 1e-16);
+  // Ai'' = x Ai, through the derivative's own gradient, on each side of the switches at -2 and 2.
+  const Tensor x = f64(grid(-30, 60, 181));
+  Tensor leaf = x.detach().requires_grad_();
+  const Tensor d1 = autograd::grad({special::airy_ai(leaf).sum()}, {leaf}, {}, {}, true).at(0);
+  const Tensor d2 = autograd::grad({d1.sum()}, {leaf}).at(0);
+  test::check_close(d2, x * special::airy_ai(x), {0, 0});
+  // Ai' from the tables against Ai's central differences (h = 1e-5: error 1e-10 relative).
+  const Tensor y = f64(grid(-12, 12, 97));
+  const double h = 1e-5;
+  test::check_close(derivative(
+                        +[](const Tensor& a, const Tensor&) { return special::airy_ai(a); }, y, y, 1),
+                    (special::airy_ai(y + h) - special::airy_ai(y - h)) / (2 * h), {1e-7, 1e-10});
+  // At its zeros a_1, a_2, a_10 (DLMF table 9.9.1) rounded to float64: mpmath's values there, 3e-17,
+  // -2.7e-16 and -4.2e-16 (the roundings times Ai'(a_k)).
+  test::check_close(special::airy_ai(f64({-2.338107410459767038, -4.087949444130970617, -12.828776752865757200})),
+                    f64({2.7433e-17, -2.7203e-16, -4.2219e-16}), {0, 1.5e-16});
+  // The integral over [0, inf) is 1/3 (DLMF 9.10.11): Simpson's rule on [0, 40], h = 1/2000 (its error
+  // about 40 h^4 / 180 = 1.4e-14).
+  const int steps = 80000;
+  std::vector<double> nodes;
+  for (int i = 0; i <= steps; ++i) nodes.push_back(40.0 * i / steps);
+  const std::vector<double> f = values_of(special::airy_ai(f64(nodes)));
+  double sum = f.front() + f.back();
+  for (int i = 1; i < steps; ++i) sum += (i % 2 ? 4 : 2) * f[i];
+  CHECK(std::abs(sum * (40.0 / steps) / 3 - 1.0 / 3) < 5e-14);
+  // Far right, e^-zeta with zeta carried to twice float64's precision (rounded, 1e-13 off at 96.5):
+  // mpmath's Ai and Ai'.
+  const Tensor right = f64({20.5, 50.25, 96.5});
+  test::check_close(special::airy_ai(right),
+                    f64({1.772136354314942104e-28, 7.8001500149504749667e-105, 3.0979822162318944528e-276}),
+                    {2e-15, 0});
+  test::check_close(derivative(
+                        +[](const Tensor& a, const Tensor&) { return special::airy_ai(a); }, right, right, 1),
+                    f64({-8.0451567937554895894e-28, -5.5331845153115389072e-104, -3.0440867188788630031e-275}),
+                    {2e-15, 0});
+  // Limits (PyTorch 1.13: NaN at +-inf), the subnormal values up to 107.7 (PyTorch 1.13: 0 past 103.9)
+  // and 0 beyond, and float32 as float64 rounded once.
+  const std::vector<double> ends = values_of(special::airy_ai(f64({INFINITY, -INFINITY, 105.0, 107.8, NAN})));
+  CHECK(ends[0] == 0);
+  CHECK(ends[1] == 0);
+  CHECK(std::abs(ends[2] / 2.7006204174325602e-313 - 1) < 1e-10);  // subnormal: 1e-11 of its digits are gone
+  CHECK(ends[3] == 0);
+  CHECK(std::isnan(ends[4]));
+  const Tensor w = f64(grid(-50, 50, 41)).to(kFloat32);
+  test::check_close(special::airy_ai(w), special::airy_ai(w.to(kFloat64)).to(kFloat32), {1.2e-7, 1e-30});
+}
