@@ -1,9 +1,10 @@
 // core/bessel_math.h: the Bessel functions of torch.special on one element, for the CPU's loops and
 // CUDA's kernels alike (core/scalar_math.h calls them): I0, I1 and their e^-|x| scalings, J0, J1,
-// Y0, Y1, K0, K1 and their e^x scalings, the spherical j0, and Airy's Ai and Ai'. Each computes in float64 and rounds
-// once; a float32 result stops its series at 1e-10 instead of 1e-17 (and its Chebyshev series at
-// 1e-11). Absolute accuracy about 1e-16 where the functions oscillate (J, Y: near their zeros the
-// relative error grows, as any method that does not store the zeros gives), relative elsewhere.
+// Y0, Y1, K0, K1 and their e^x scalings, the spherical j0, and Airy's Ai and Ai'. Each computes in
+// float64 and rounds once; a float32 result stops its series at 1e-10 instead of 1e-17 (and its
+// Chebyshev series at 1e-11). Absolute accuracy about 1e-16 where the functions oscillate (J, Y, Ai:
+// near their zeros the relative error grows, as any method that does not store the zeros gives),
+// relative elsewhere.
 #pragma once
 
 #include <cmath>
@@ -186,7 +187,7 @@ KILN_SPECIAL_FN double spherical_bessel_j0_f64(double x) {
 // where f, g, M, N tend to 1 and theta, phi to 0 as |x| grows: each is a Chebyshev series in
 // t = 2 (2 / |x|)^(3/2) - 1 = 2 zeta(2) / zeta - 1, fitted to mpmath's values (M and theta from the
 // modulus and phase of Ai - i Bi; scripts/gen_bessel_tables.py). zeta is carried to twice float64's
-// precision (against mpmath: 5e-16 relative for x > -2, absolute against the envelope where Ai
+// precision (against mpmath: 1e-15 relative for x > -2, 4e-16 absolute against the envelope where Ai
 // oscillates, to x = -1e4). Ai is subnormal from x = 103.9 (PyTorch 1.13: 0 there) and 0 past 107.7
 // (zeta = 745.2); at +inf Ai and Ai' are 0, at -inf Ai is 0 (PyTorch 1.13: NaN) and Ai' NaN, having no
 // limit; past x = -3.2e205 zeta overflows, and Ai there, below 1e-51 whatever its phase, is given as 0.
