@@ -1,11 +1,12 @@
-// bench_special: the pointwise functions of ops/elementwise.cpp without a vectorized CPU path (C++'s
-// std:: functions element by element, or core/special_math.h's) on 2^22 float32 elements: tan, asin,
-// atan, sinh, log2, erfc, erfinv, lgamma, digamma, polygamma(1, x), atan2, hypot, logaddexp and xlogy,
-// digamma in float64, and torch.special's i0, i1e, erfcx, ndtr, log_ndtr, ndtri, entr, xlog1py, zeta,
-// gammainc, bessel_j0, bessel_y1, modified_bessel_k0, spherical_bessel_j0, airy_ai and the orthogonal
-// polynomials T (n = 10 and 50), U (50), H, P and L (10). ms: the median of 7 runs after 2 warm-up
-// runs. One JSON line per result. Its PyTorch counterpart: benchmarks/torch_special.py (same shapes, distributions,
-// parts and timing rule; the data are each library's own random draws). Usage: bench_special [threads] (default 2).
+// bench_special: the pointwise functions that Eigen does not vectorize (glibc's SIMD functions, or
+// core/special_math.h's and core/bessel_math.h's element by element or a block at a time) on 2^22
+// float32 elements: tan, asin, atan, sinh, log2, erfc, erfinv, lgamma, digamma, polygamma(1, x), atan2,
+// hypot, logaddexp and xlogy, digamma in float64, and torch.special's i0, i1e, i0e (of x up to 30), i1
+// in float64, erfcx, ndtr, log_ndtr, ndtri, entr, xlog1py, zeta, gammainc, bessel_j0, bessel_y1,
+// modified_bessel_k0, spherical_bessel_j0, airy_ai and the orthogonal polynomials T (n = 10 and 50),
+// U (50), H, P and L (10). ms: the median of 7 runs after 2 warm-up runs. One JSON line per result.
+// Its PyTorch counterpart: benchmarks/torch_special.py (same shapes, distributions, parts and timing
+// rule; the data are each library's own random draws). Usage: bench_special [threads] (default 2).
 #include <kiln/kiln.h>
 
 #include <functional>
@@ -46,6 +47,9 @@ int main(int argc, char** argv) {
   const Tensor probability = unit / 2 + 0.5;  // (0.05, 0.95)
   report("i0_2^22", [&] { (void)special::i0(other); });
   report("i1e_2^22", [&] { (void)special::i1e(other); });
+  const Tensor up_to_30 = positive * 3, other64 = other.to(kFloat64);  // (0.3, 30.3): both of I's series
+  report("i0e_wide_2^22", [&] { (void)special::i0e(up_to_30); });
+  report("i1_f64_2^22", [&] { (void)special::i1(other64); });
   report("erfcx_2^22", [&] { (void)special::erfcx(other); });
   report("ndtr_2^22", [&] { (void)special::ndtr(other); });
   report("log_ndtr_2^22", [&] { (void)special::log_ndtr(other); });

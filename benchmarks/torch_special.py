@@ -43,6 +43,9 @@ with torch.no_grad():
     probability = unit / 2 + 0.5
     report("i0_2^22", lambda: sp.i0(other))
     report("i1e_2^22", lambda: sp.i1e(other))
+    up_to_30, other64 = positive * 3, other.double()
+    report("i0e_wide_2^22", lambda: sp.i0e(up_to_30))
+    report("i1_f64_2^22", lambda: sp.i1(other64))
     report("erfcx_2^22", lambda: sp.erfcx(other))
     report("ndtr_2^22", lambda: sp.ndtr(other))
     report("log_ndtr_2^22", lambda: sp.log_ndtr(other))

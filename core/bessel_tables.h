@@ -1,7 +1,8 @@
 // core/bessel_tables.h: the Chebyshev series of core/bessel_math.h, written by
 // scripts/gen_bessel_tables.py from mpmath's values (do not edit; rerun the script). Each function sums
 // its series at t in [-1, 1] by Clenshaw's recurrence, all of it for a float64 result, the terms a
-// float32 result needs otherwise.
+// float32 result needs otherwise. T is double, or on the CPU a fixed-size Eigen array of them, whose
+// lanes then sum their series side by side (cpu/vector_bessel.cpp).
 #pragma once
 
 #include "core/half.h"
@@ -16,12 +17,14 @@ namespace kiln::math {
 #define KILN_BESSEL_TABLE static constexpr
 #endif
 
-// sum_{k < n} c_k T_k(t) by Clenshaw's recurrence.
-KILN_HOST_DEVICE inline double chebyshev_sum(const double* c, int n, double t) {
-  double b1 = 0, b2 = 0;
-  const double t2 = 2 * t;
+// sum_{k < n} c_k T_k(t) by Clenshaw's recurrence. (b1 starts as 0 * t, which is 0 for the t in
+// [-1, 1] it is called with, written so because an Eigen array has no conversion from 0.0.)
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_sum(const double* c, int n, const T& t) {
+  T b1 = 0.0 * t, b2 = b1;
+  const T t2 = 2.0 * t;
   for (int k = n - 1; k >= 1; --k) {
-    const double b0 = c[k] + t2 * b1 - b2;
+    const T b0 = c[k] + t2 * b1 - b2;
     b2 = b1;
     b1 = b0;
   }
@@ -29,7 +32,8 @@ KILN_HOST_DEVICE inline double chebyshev_sum(const double* c, int n, double t) {
 }
 
 // sqrt(x) e^x K0(x) for x >= 1, t = 2 / x - 1: 37 terms (17 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_k0(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_k0(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[37] = {
       1.1944330762167386, -5.3855323307629492e-2, 4.3620000682517013e-3,
       -5.5212703498632346e-4, 8.9595655557559522e-5, -1.7138726856421186e-5,
@@ -49,7 +53,8 @@ KILN_HOST_DEVICE inline double chebyshev_k0(double t, bool float32_result) {
 }
 
 // sqrt(x) e^x K1(x) for x >= 1, t = 2 / x - 1: 37 terms (18 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_k1(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_k1(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[37] = {
       1.4532756675938413, 1.9051350202061164e-1, -8.4067064604956539e-3,
       8.8153631645143891e-4, -1.2999576958398300e-4, 2.3441638979785088e-5,
@@ -68,8 +73,83 @@ KILN_HOST_DEVICE inline double chebyshev_k1(double t, bool float32_result) {
   return chebyshev_sum(c, float32_result ? 18 : 37, t);
 }
 
+// e^-x I0(x) for 0 <= x <= 8, t = x / 4 - 1: 32 terms (23 for a float32 result).
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_i0_small(const T& t, bool float32_result) {
+  KILN_BESSEL_TABLE double c[32] = {
+      3.3839763720473804e-1, -3.0468267234319840e-1, 1.7162090152220878e-1,
+      -9.4901097048047644e-2, 4.9305284239670708e-2, -2.3737414805899469e-2,
+      1.0546460394594998e-2, -4.3243099950505759e-3, 1.6394756169413358e-3,
+      -5.7637557453858237e-4, 1.8850288509584166e-4, -5.7541950100821037e-5,
+      1.6448448070728897e-5, -4.4167383584587506e-6, 1.1173875391201037e-6,
+      -2.6707938539406117e-7, 6.0469950225419189e-8, -1.3000250099862480e-8,
+      2.6598237246823867e-9, -5.1897956016352629e-10, 9.6758090353732369e-11,
+      -1.7268262914415557e-11, 2.9550526631296398e-12, -4.8564467831119295e-13,
+      7.6761854986049356e-14, -1.1685332877993452e-14, 1.7153912855551330e-15,
+      -2.4312798465479547e-16, 3.3307945188222381e-17, -4.4153416464793394e-18,
+      5.6691780069214962e-19, -7.0571006924572934e-20,
+  };
+  return chebyshev_sum(c, float32_result ? 23 : 32, t);
+}
+
+// sqrt(x) e^-x I0(x) for x >= 8, t = 16 / x - 1: 29 terms (11 for a float32 result).
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_i0_large(const T& t, bool float32_result) {
+  KILN_BESSEL_TABLE double c[29] = {
+      4.0224520550705442e-1, 3.3691164782556941e-3, 6.8897583469168240e-5,
+      2.8913705208347565e-6, 2.0489185894690637e-7, 2.2666689904981781e-8,
+      3.3962320257083863e-9, 4.9406023882249696e-10, 1.1889147107846438e-11,
+      -3.1499165279632414e-11, -1.3215811840447713e-11, -1.7941785315068061e-12,
+      7.1801244513836662e-13, 3.8527783827421427e-13, 1.5400862175214098e-14,
+      -4.1505693472872221e-14, -9.5548466988283076e-15, 3.8116806693526224e-15,
+      1.7725601330565264e-15, -3.4254856196772191e-16, -2.8276239805165835e-16,
+      3.4612228676974611e-17, 4.4656214202967600e-17, -4.8305044859441821e-18,
+      -7.2331804878747540e-18, 9.9214754121736986e-19, 1.1936508908459821e-18,
+      -2.4887098371508072e-19, -1.9384264541609059e-19,
+  };
+  return chebyshev_sum(c, float32_result ? 11 : 29, t);
+}
+
+// e^-x I1(x) / x for 0 <= x <= 8, t = x / 4 - 1: 32 terms (23 for a float32 result).
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_i1_small(const T& t, bool float32_result) {
+  KILN_BESSEL_TABLE double c[32] = {
+      1.2629359322181683e-1, -1.7641651835783406e-1, 1.0264365868984710e-1,
+      -5.2945981208094991e-2, 2.4726449030626517e-2, -1.0564084894626198e-2,
+      4.1564229443128882e-3, -1.5135724506312531e-3, 5.1228595616857577e-4,
+      -1.6176081582589675e-4, 4.7815651075500542e-5, -1.3273163656039436e-5,
+      3.4702513081376785e-6, -8.5687202646954547e-7, 2.0032947535521353e-7,
+      -4.4450591287963281e-8, 9.3815373864957718e-9, -1.8872497517228293e-9,
+      3.6255902815521170e-10, -6.6634897235020277e-11, 1.1736186298890902e-11,
+      -1.9839743977649437e-12, 3.2237933659455747e-13, -5.0421855047279117e-14,
+      7.6006842947354069e-15, -1.1055969477353863e-15, 1.5536319577362005e-16,
+      -2.1114212143581661e-17, 2.7779141127610464e-18, -3.5415817725421362e-19,
+      4.3793027566550710e-20, -5.2567299825746412e-21,
+  };
+  return chebyshev_sum(c, float32_result ? 23 : 32, t);
+}
+
+// sqrt(x) e^-x I1(x) for x >= 8, t = 16 / x - 1: 29 terms (11 for a float32 result).
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_i1_large(const T& t, bool float32_result) {
+  KILN_BESSEL_TABLE double c[29] = {
+      3.8928811750914006e-1, -9.7610974913614684e-3, -1.1058893876262372e-4,
+      -3.8825648088776904e-6, -2.5122362378702089e-7, -2.6314688468895195e-8,
+      -3.8353803859642370e-9, -5.5897434621965838e-10, -1.8974958123505412e-11,
+      3.2526035830154882e-11, 1.4125807436613781e-11, 2.0356285441470895e-12,
+      -7.1985517762459085e-13, -4.0835511110921973e-13, -2.1015418427726643e-14,
+      4.2724400167119514e-14, 1.0420276984128803e-14, -3.8144030724370078e-15,
+      -1.8803547755107824e-15, 3.3082023109209283e-16, 2.9626289976459501e-16,
+      -3.2095259219934240e-17, -4.6503053684893583e-17, 4.4143483230717079e-18,
+      7.5172963108421048e-18, -9.3141788673268834e-19, -1.2421932751948910e-18,
+      2.4142767194548485e-19, 2.0269443840532852e-19,
+  };
+  return chebyshev_sum(c, float32_result ? 11 : 29, t);
+}
+
 // J0(x) for 2 <= x <= 8, t = (x - 5) / 3: 25 terms (18 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_j0_middle(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_j0_middle(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[25] = {
       2.5592646707550780e-2, 1.7028222725477627e-1, 1.8736431533290821e-1,
       -2.2215643533652540e-1, -1.5511707760084995e-2, 2.7132059905019798e-2,
@@ -85,7 +165,8 @@ KILN_HOST_DEVICE inline double chebyshev_j0_middle(double t, bool float32_result
 }
 
 // Y0(x) for 2 <= x <= 8, t = (x - 5) / 3: 42 terms (27 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_y0_middle(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_y0_middle(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[42] = {
       1.2106564200553586e-1, -2.1449436587320127e-1, 3.3121821135401185e-1,
       7.2937333368271584e-2, -9.1568722326890060e-2, -1.9589401275205615e-3,
@@ -106,7 +187,8 @@ KILN_HOST_DEVICE inline double chebyshev_y0_middle(double t, bool float32_result
 }
 
 // J1(x) for 2 <= x <= 8, t = (x - 5) / 3: 26 terms (19 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_j1_middle(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_j1_middle(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[26] = {
       1.2336340573059384e-1, -2.0976366703829208e-1, 3.6024829629770519e-1,
       4.0055420072252196e-2, -8.4064574375345605e-2, -1.3091339546411232e-3,
@@ -122,7 +204,8 @@ KILN_HOST_DEVICE inline double chebyshev_j1_middle(double t, bool float32_result
 }
 
 // Y1(x) for 2 <= x <= 8, t = (x - 5) / 3: 43 terms (28 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_y1_middle(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_y1_middle(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[43] = {
       1.6118405217649750e-3, -2.2200999112455069e-1, -1.3977256287193757e-1,
       2.1961429068079844e-1, 6.1021038646056014e-3, -2.4568968857575057e-2,
@@ -144,7 +227,8 @@ KILN_HOST_DEVICE inline double chebyshev_y1_middle(double t, bool float32_result
 }
 
 // Hankel's P0(x) for x >= 8, t = 128 / x^2 - 1: 15 terms (6 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_p0(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_p0(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[15] = {
       9.9946034934751867e-1, -5.3652204681321174e-4, 3.0751847875194746e-6,
       -5.1705945376060977e-8, 1.6306464635151383e-9, -7.8640913772370700e-11,
@@ -156,7 +240,8 @@ KILN_HOST_DEVICE inline double chebyshev_p0(double t, bool float32_result) {
 }
 
 // x times Hankel's Q0(x) for x >= 8, t = 128 / x^2 - 1: 18 terms (8 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_xq0(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_xq0(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[18] = {
       -1.2444683684269607e-1, 5.4708159540893197e-4, -5.9315987288485178e-6,
       1.4377965798375193e-7, -5.8175327494930560e-9, 3.3760975237349908e-10,
@@ -169,7 +254,8 @@ KILN_HOST_DEVICE inline double chebyshev_xq0(double t, bool float32_result) {
 }
 
 // Hankel's P1(x) for x >= 8, t = 128 / x^2 - 1: 15 terms (6 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_p1(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_p1(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[15] = {
       1.0009030408600137, 8.9898983308594086e-4, -3.9872843004889085e-6,
       6.1776339606442985e-8, -1.8718907491063066e-9, 8.8168986595823389e-11,
@@ -181,7 +267,8 @@ KILN_HOST_DEVICE inline double chebyshev_p1(double t, bool float32_result) {
 }
 
 // x times Hankel's Q1(x) for x >= 8, t = 128 / x^2 - 1: 17 terms (7 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_xq1(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_xq1(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[17] = {
       3.7422229655628260e-1, -7.7021788393256635e-4, 7.3108922063643633e-6,
       -1.6767825107266738e-7, 6.5833546621204433e-9, -3.7490909505415562e-10,
@@ -194,7 +281,8 @@ KILN_HOST_DEVICE inline double chebyshev_xq1(double t, bool float32_result) {
 }
 
 // Ai(x) for -2 <= x <= 2, t = x / 2: 29 terms (20 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_airy_middle(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_airy_middle(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[29] = {
       2.6381798191440016e-1, -1.9176745775077353e-1, -1.1544587863809751e-1,
       1.0129229869705276e-1, -2.0634225363441998e-2, -5.2634602358797243e-3,
@@ -211,7 +299,8 @@ KILN_HOST_DEVICE inline double chebyshev_airy_middle(double t, bool float32_resu
 }
 
 // Ai(x) e^zeta 2 sqrt(pi) x^(1/4), x >= 2, t = 2 (2 / x)^(3/2) - 1: 27 terms (13 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_airy_positive(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_airy_positive(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[27] = {
       9.8440530491715520e-1, -1.4792784850104199e-2, 7.3271774654267143e-4,
       -6.1259542341782499e-5, 6.8347669755726903e-6, -9.2372297354039816e-7,
@@ -227,7 +316,8 @@ KILN_HOST_DEVICE inline double chebyshev_airy_positive(double t, bool float32_re
 }
 
 // the modulus M (Note [the Airy function]), x <= -2, t = 2 (2 / |x|)^(3/2) - 1: 32 terms (15 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_airy_modulus(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_airy_modulus(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[32] = {
       9.9700755610983217e-1, -3.8469910186222618e-3, -7.6454974531525857e-4,
       8.9619783375587380e-5, -2.3782480178683377e-6, -1.5150796625667145e-6,
@@ -245,7 +335,8 @@ KILN_HOST_DEVICE inline double chebyshev_airy_modulus(double t, bool float32_res
 }
 
 // the phase theta, x <= -2, t = 2 (2 / |x|)^(3/2) - 1 (cut absolutely): 32 terms (14 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_airy_phase(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_airy_phase(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[32] = {
       -1.7278502878934332e-2, -1.6771117423779869e-2, 5.6179952350642971e-4,
       3.9704272124082525e-5, -1.3147616076513280e-5, 1.6616065647078885e-6,
@@ -263,7 +354,8 @@ KILN_HOST_DEVICE inline double chebyshev_airy_phase(double t, bool float32_resul
 }
 
 // Ai'(x) for -2 <= x <= 2, t = x / 2: 29 terms (21 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_airy_prime_middle(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_airy_prime_middle(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[29] = {
       4.1183818422673813e-2, -2.9305975644782629e-1, 2.7413509459612115e-1,
       -6.2167999171631268e-2, -2.9741801495037126e-2, 2.0368902282136726e-2,
@@ -280,7 +372,8 @@ KILN_HOST_DEVICE inline double chebyshev_airy_prime_middle(double t, bool float3
 }
 
 // Ai'(x) e^zeta 2 sqrt(pi) x^(-1/4), x >= 2, t = 2 (2 / x)^(3/2) - 1: 27 terms (13 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_airy_prime_positive(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_airy_prime_positive(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[27] = {
       1.0223917438953566, 2.1419543172417698e-2, -8.9293208640988331e-4,
       7.0438656066541591e-5, -7.6290195630204571e-6, 1.0124594126717679e-6,
@@ -296,7 +389,8 @@ KILN_HOST_DEVICE inline double chebyshev_airy_prime_positive(double t, bool floa
 }
 
 // the modulus N (Note [the Airy function]), x <= -2, t = 2 (2 / |x|)^(3/2) - 1: 32 terms (15 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_airy_prime_modulus(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_airy_prime_modulus(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[32] = {
       1.0042870314247989, 5.5343895609554908e-3, 1.1317364217286574e-3,
       -1.1615145412135078e-4, 1.9994204626872024e-6, 1.9639903839372409e-6,
@@ -314,7 +408,8 @@ KILN_HOST_DEVICE inline double chebyshev_airy_prime_modulus(double t, bool float
 }
 
 // the phase phi, x <= -2, t = 2 (2 / |x|)^(3/2) - 1 (cut absolutely): 32 terms (14 for a float32 result).
-KILN_HOST_DEVICE inline double chebyshev_airy_prime_phase(double t, bool float32_result) {
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_airy_prime_phase(const T& t, bool float32_result) {
   KILN_BESSEL_TABLE double c[32] = {
       2.4232061002941382e-2, 2.3534485003774753e-2, -7.7716000005345428e-4,
       -6.0377643137212447e-5, 1.7413688929087211e-5, -1.9518593601781442e-6,

@@ -100,7 +100,9 @@ KILN_HOST_DEVICE inline double scaled_back(double v, int64_t scale) {
 
 // The three-term recurrence to degree n >= 1 (whole, at most kMaxRecurrenceDegree), the value only:
 // first as it is, then, if that overflowed (an inf or NaN at the end, which no overflow avoids), again
-// with the scalings. (Checking every step for them took 25% longer.)
+// with the scalings. (Checking every step for them took 25% longer; one loop templated on whether it
+// scales, called twice, took 12% longer than these two at degree 10: 23.1 against 20.6 ms for 2^22
+// float32 T_10(x) in bench_special, so the step is written twice.)
 template <Polynomial F>
 KILN_SPECIAL_FN double polynomial_value(double x, double n) {
   using std::abs;

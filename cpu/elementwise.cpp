@@ -1,8 +1,9 @@
 // cpu/elementwise.cpp: elementwise unary and binary ops (broadcasting already in the strides) and
 // where(). The math is core/scalar_math.h's, shared with cuda/elementwise.cu; contiguous float32 and
 // float64 runs of the transcendental unary ops take Eigen's vectorized (AVX-512 here) versions of the
-// same functions (float16 and bfloat16 runs too, widened to float32 in chunks), and the contiguous
-// and scalar-broadcast runs of binary ops are plain loops the compiler vectorizes.
+// same functions (float16 and bfloat16 runs too, widened to float32 in chunks; the Bessel I functions
+// a block of elements at a time, cpu/vector_bessel.cpp), and the contiguous and scalar-broadcast runs
+// of binary ops are plain loops the compiler vectorizes.
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
@@ -119,6 +120,11 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
       if (args.a == 2) { out = in.square(); return true; }
       if (args.a == 1) { out = in; return true; }
       return false;
+    case UnaryOp::I0:
+    case UnaryOp::I0e:
+    case UnaryOp::I1:
+    case UnaryOp::I1e:
+      return vector_bessel_i(op, x, y, n);      // cpu/vector_bessel.cpp
     default: return vector_unary(op, x, y, n);  // glibc's SIMD functions (cpu/vector_math.cpp), or false
   }
 }

@@ -1,6 +1,6 @@
 // cpu/vector_math.cpp: the pointwise functions that <cmath> has and Eigen does not vectorize (and
-// logaddexp and xlogy, made of them) over contiguous float32 and float64 runs, through glibc's vector
-// math library (libmvec). Each loop below calls a function this file declares with GCC's simd
+// logaddexp, xlogy and the spherical j0, made of them) over contiguous float32 and float64 runs,
+// through glibc's vector math library (libmvec). Each loop below calls a function this file declares with GCC's simd
 // attribute, so GCC compiles it to calls of the function's SIMD variant (_ZGVdN8v_tanf: 8 float32
 // lanes of AVX2, _ZGVeN16v_tanf 16 of AVX-512), the same functions glibc's <math.h> declares that way
 // under -ffast-math, here without it. glibc's own tests bound these variants' errors at a few ulp (its
@@ -11,6 +11,7 @@
 // a time.
 #include "cpu/vector_math.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
@@ -52,6 +53,7 @@ KILN_SIMD double exp(double) noexcept;
 KILN_SIMD double log1p(double) noexcept;
 KILN_SIMD double log(double) noexcept;
 KILN_SIMD double erfc(double) noexcept;
+KILN_SIMD double sin(double) noexcept;
 KILN_SIMD double atan2(double, double) noexcept;
 KILN_SIMD double hypot(double, double) noexcept;
 }
@@ -73,9 +75,40 @@ namespace {
     _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i]); \
   } while (0)
 
+// special::spherical_bessel_j0, sin(x) / x, as core/bessel_math.h's: in float64 for float32 too
+// (through_double), 1 at 0 and 0 at +-inf. (A loop that converts float32 to float64 in it and selects
+// does not vectorize: GCC 12 reports control flow.)
+void spherical_bessel_j0(const double* x, double* y, int64_t n) {
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i], r = std::sin(v) / v;
+    y[i] = v == 0 ? 1.0 : std::abs(v) == kInf ? 0.0 : r;
+  }
+}
+
+// f(in, out, m) over float64 copies of a float32 run, kChunk elements at a time, each result rounded once.
+template <typename F>
+void through_double(const float* x, float* y, int64_t n, const F& f) {
+  constexpr int64_t kChunk = 256;
+  double in[kChunk], out[kChunk];
+  for (int64_t start = 0; start < n; start += kChunk) {
+    const int64_t m = std::min(kChunk, n - start);
+    for (int64_t i = 0; i < m; ++i) in[i] = x[start + i];
+    f(in, out, m);
+    for (int64_t i = 0; i < m; ++i) y[start + i] = static_cast<float>(out[i]);
+  }
+}
+
 template <typename T>
 bool unary_run(UnaryOp op, const T* x, T* y, int64_t n) {
   switch (op) {
+    case UnaryOp::SphericalBesselJ0:
+      if constexpr (std::is_same_v<T, float>) {
+        through_double(x, y, n, spherical_bessel_j0);
+      } else {
+        spherical_bessel_j0(x, y, n);
+      }
+      return true;
     case UnaryOp::Tan: KILN_MAP1(std::tan); return true;
     case UnaryOp::Asin: KILN_MAP1(std::asin); return true;
     case UnaryOp::Acos: KILN_MAP1(std::acos); return true;

@@ -34,7 +34,8 @@ def emit(out, name, doc, f, scale=None):
     while n32 > 1 and mp.fsum(abs(v) for v in c[n32 - 1:]) < mp.mpf("1e-11") * smallest:
         n32 -= 1
     out.append("// %s: %d terms (%d for a float32 result)." % (doc, len(c), n32))
-    out.append("KILN_HOST_DEVICE inline double %s(double t, bool float32_result) {" % name)
+    out.append("template <typename T>")
+    out.append("KILN_HOST_DEVICE inline T %s(const T& t, bool float32_result) {" % name)
     out.append("  KILN_BESSEL_TABLE double c[%d] = {" % len(c))
     for k in range(0, len(c), 3):
         out.append("      " + ", ".join(mp.nstr(v, 17, strip_zeros=False, min_fixed=0, max_fixed=0)
@@ -87,7 +88,8 @@ def x_of_w(t):  # x >= 8 from t = 2 w - 1, w = 64 / x^2 in (0, 1]
 HEADER = """// core/bessel_tables.h: the Chebyshev series of core/bessel_math.h, written by
 // scripts/gen_bessel_tables.py from mpmath's values (do not edit; rerun the script). Each function sums
 // its series at t in [-1, 1] by Clenshaw's recurrence, all of it for a float64 result, the terms a
-// float32 result needs otherwise.
+// float32 result needs otherwise. T is double, or on the CPU a fixed-size Eigen array of them, whose
+// lanes then sum their series side by side (cpu/vector_bessel.cpp).
 #pragma once
 
 #include "core/half.h"
@@ -102,12 +104,14 @@ namespace kiln::math {
 #define KILN_BESSEL_TABLE static constexpr
 #endif
 
-// sum_{k < n} c_k T_k(t) by Clenshaw's recurrence.
-KILN_HOST_DEVICE inline double chebyshev_sum(const double* c, int n, double t) {
-  double b1 = 0, b2 = 0;
-  const double t2 = 2 * t;
+// sum_{k < n} c_k T_k(t) by Clenshaw's recurrence. (b1 starts as 0 * t, which is 0 for the t in
+// [-1, 1] it is called with, written so because an Eigen array has no conversion from 0.0.)
+template <typename T>
+KILN_HOST_DEVICE inline T chebyshev_sum(const double* c, int n, const T& t) {
+  T b1 = 0.0 * t, b2 = b1;
+  const T t2 = 2.0 * t;
   for (int k = n - 1; k >= 1; --k) {
-    const double b0 = c[k] + t2 * b1 - b2;
+    const T b0 = c[k] + t2 * b1 - b2;
     b2 = b1;
     b1 = b0;
   }
@@ -122,6 +126,12 @@ if __name__ == "__main__":
     for nu in (0, 1):
         emit(out, "chebyshev_k%d" % nu, "sqrt(x) e^x K%d(x) for x >= 1, t = 2 / x - 1" % nu,
              lambda t, nu=nu: (lambda x: mp.sqrt(x) * mp.exp(x) * mp.besselk(nu, x))(2 / (t + 1)))
+    for nu in (0, 1):
+        emit(out, "chebyshev_i%d_small" % nu,
+             "e^-x I%d(x)%s for 0 <= x <= 8, t = x / 4 - 1" % (nu, " / x" if nu else ""),
+             lambda t, nu=nu: (lambda x: mp.exp(-x) * mp.besseli(nu, x) / x ** nu)(4 * (t + 1)))
+        emit(out, "chebyshev_i%d_large" % nu, "sqrt(x) e^-x I%d(x) for x >= 8, t = 16 / x - 1" % nu,
+             lambda t, nu=nu: (lambda x: mp.sqrt(x) * mp.exp(-x) * mp.besseli(nu, x))(16 / (t + 1)))
     for nu in (0, 1):
         emit(out, "chebyshev_j%d_middle" % nu, "J%d(x) for 2 <= x <= 8, t = (x - 5) / 3" % nu,
              lambda t, nu=nu: mp.besselj(nu, 5 + 3 * t))
