@@ -24,7 +24,7 @@ namespace kiln::math {
 // overflows at 709.78). I1 is odd, I0 even. Relatively within 8e-16 of mpmath's I0, 2e-15 of its I1 (near
 // x = 8, where e^-x I1(x) / x has fallen to a thirtieth of its value at 0). (The power series and
 // Hankel's expansion, which this replaced, took up to 60 terms with a division each.)
-// cpu/vector_bessel.cpp sums the same series for a block of elements at a time.
+// cpu/vector_special.cpp sums the same series for a block of elements at a time.
 KILN_SPECIAL_FN double bessel_i_f64(int nu, double x, bool scaled, bool float32_result = false) {
   using std::abs, std::exp, std::sqrt;
   if (x != x) return x;

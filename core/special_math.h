@@ -71,6 +71,23 @@ KILN_SPECIAL_FN double digamma_f64(double x, bool float32_result = false) {
   return result + log(x) - 0.5 / x - series;  // NaN stays NaN through the sums
 }
 
+// B_2j / (2j)! for j = 1..12 (index j - 1): the coefficients of the Euler-Maclaurin series.
+KILN_HOST_DEVICE inline double bernoulli_over_factorial(int index) {
+  constexpr double kB[12] = {1.0 / 12,
+                             -1.0 / 720,
+                             1.0 / 30240,
+                             -1.0 / 1209600,
+                             1.0 / 47900160,
+                             -691.0 / 1307674368000.0,
+                             1.0 / 74724249600.0,
+                             -3617.0 / 10670622842880000.0,
+                             43867.0 / 5109094217170944000.0,
+                             -174611.0 / 802857662698291200000.0,
+                             77683.0 / 14101100039391805440000.0,
+                             -236364091.0 / 1693824136731743669452800000.0};
+  return kB[index];
+}
+
 // Note [polygamma as a Hurwitz zeta]
 // polygamma(n, x), the n-th derivative of digamma (n >= 1), is (-1)^(n+1) n! zeta(n + 1, x) with
 // Hurwitz's zeta(s, q) = sum_{k >= 0} (q + k)^-s. The sum is taken term by term until
@@ -91,19 +108,10 @@ template <typename InversePower>
 KILN_HOST_DEVICE inline double hurwitz_zeta_positive(double s, double q, InversePower inverse_power,
                                                      bool float32_result) {
   using std::abs;
-  // B_2j / (2j)! for j = 1..12.
-  constexpr double kB[12] = {1.0 / 12,
-                             -1.0 / 720,
-                             1.0 / 30240,
-                             -1.0 / 1209600,
-                             1.0 / 47900160,
-                             -691.0 / 1307674368000.0,
-                             1.0 / 74724249600.0,
-                             -3617.0 / 10670622842880000.0,
-                             43867.0 / 5109094217170944000.0,
-                             -174611.0 / 802857662698291200000.0,
-                             77683.0 / 14101100039391805440000.0,
-                             -236364091.0 / 1693824136731743669452800000.0};
+  // Far out the tail's first two terms are the sum, q^(1-s) / (s - 1) (1 + (s - 1) / (2q)) (the next is
+  // s (s - 1) / (12 q^2) of it), taken through one power: q^-s alone underflows where q^(1-s) does not
+  // (zeta(2, 1e200) = 1e-200 was 0).
+  if (q > 0x1p60) return std::pow(q, 1 - s) / (s - 1) * (1 + (s - 1) / (2 * q));
   // The tail's series needs a larger a for a larger s: from a = 9 alone it is 2e-11 off for s = 12 at
   // q = 9; from a >= max(9, s + 4) it is within 1e-14 for s up to 21 (checked against mpmath). A
   // float32 result starts it at max(4, s + 2) and stops at 1e-9 (within 4e-10): half the terms.
@@ -120,7 +128,7 @@ KILN_HOST_DEVICE inline double hurwitz_zeta_positive(double s, double q, Inverse
   // factor = s (s + 1) ... (s + 2j - 2) a^(1 - s - 2j), built up two factors and a^-2 at a time.
   double factor = s * a_s / a;
   for (int j = 0; j < 12; ++j) {
-    const double term = kB[j] * factor;
+    const double term = bernoulli_over_factorial(j) * factor;
     sum += term;
     if (abs(term) <= tolerance * abs(sum)) break;
     factor *= (s + 2.0 * j + 1) * (s + 2.0 * j + 2) * inverse_a2;
@@ -230,6 +238,40 @@ KILN_SPECIAL_FN double log_ndtr_f64(double x) {
   return log1p(-erfc(t) / 2);
 }
 
+// Giles's polynomials, erfinv(y) / y to about 1e-7 from w = -log((1 - y)(1 + y)): the central one for
+// w < 5, the tail one for 5 <= w <= 37 (both defined everywhere, so that a SIMD loop can take each and
+// keep one, cpu/vector_math.cpp).
+KILN_HOST_DEVICE inline double erfinv_start_central(double w) {
+  w -= 2.5;
+  double p = 2.81022636e-08;
+  p = 3.43273939e-07 + p * w;
+  p = -3.5233877e-06 + p * w;
+  p = -4.39150654e-06 + p * w;
+  p = 0.00021858087 + p * w;
+  p = -0.00125372503 + p * w;
+  p = -0.00417768164 + p * w;
+  p = 0.246640727 + p * w;
+  return 1.50140941 + p * w;
+}
+KILN_HOST_DEVICE inline double erfinv_start_tail(double w) {
+  w = std::sqrt(w) - 3;
+  double p = -0.000200214257;
+  p = 0.000100950558 + p * w;
+  p = 0.00134934322 + p * w;
+  p = -0.00367342844 + p * w;
+  p = 0.00573950773 + p * w;
+  p = -0.0076224613 + p * w;
+  p = 0.00943887047 + p * w;
+  p = 1.00167406 + p * w;
+  return 2.83297682 + p * w;
+}
+
+// The Newton step for erf(x) = ay from x is x -= erf_newton_delta(x, ay) (erf'(x) = 2 / sqrt(pi) e^(-x^2)).
+KILN_HOST_DEVICE inline double erf_newton_delta(double x, double ay) {
+  using std::erf, std::exp;
+  return (erf(x) - ay) / (1.12837916709551257390 * exp(-x * x));
+}
+
 // Note [erfinv by an approximation and Newton steps]
 // erfinv(y) for |y| < 1 starts from Giles's single-precision polynomials in w = -log((1 - y)(1 + y))
 // ("Approximating the erfinv function", GPU Computing Gems, 2011; relative error about 1e-7 where
@@ -243,36 +285,17 @@ KILN_SPECIAL_FN double log_ndtr_f64(double x) {
 // float64's 1 - |y| (the normal distribution's tail, p = q / 2 down to 5e-324); past x = 26, where erfc
 // underflows, log erfc(x) is log erfcx(x) - x^2.
 KILN_HOST_DEVICE inline double erfinv_positive(double ay, double q, bool float32_result) {
-  using std::log, std::sqrt, std::erf, std::erfc, std::exp, std::abs;
-  double w = -log(q * (2 - q)), p;
+  using std::log, std::sqrt, std::erfc, std::exp, std::abs;
+  const double w = -log(q * (2 - q));
+  double p;
   if (w > 37) {
     // Past erfinv's float64 reach (w = 36 at 1 - |y| = 2^-53): erfc(x) = q where x^2 is about
     // L - log(pi L) / 2, L = -log q (Giles's polynomials diverge out here). log erfc is concave, so the
     // steps converge from any positive start.
     const double l = -log(q);
     p = sqrt(l - 0.5 * log(3.14159265358979323846 * l));
-  } else if (w < 5) {
-    w -= 2.5;
-    p = 2.81022636e-08;
-    p = 3.43273939e-07 + p * w;
-    p = -3.5233877e-06 + p * w;
-    p = -4.39150654e-06 + p * w;
-    p = 0.00021858087 + p * w;
-    p = -0.00125372503 + p * w;
-    p = -0.00417768164 + p * w;
-    p = 0.246640727 + p * w;
-    p = 1.50140941 + p * w;
   } else {
-    w = sqrt(w) - 3;
-    p = -0.000200214257;
-    p = 0.000100950558 + p * w;
-    p = 0.00134934322 + p * w;
-    p = -0.00367342844 + p * w;
-    p = 0.00573950773 + p * w;
-    p = -0.0076224613 + p * w;
-    p = 0.00943887047 + p * w;
-    p = 1.00167406 + p * w;
-    p = 2.83297682 + p * w;
+    p = w < 5 ? erfinv_start_central(w) : erfinv_start_tail(w);
   }
   double x = p * ay;
   constexpr double kTwoOverSqrtPi = 1.12837916709551257390;
@@ -281,14 +304,14 @@ KILN_HOST_DEVICE inline double erfinv_positive(double ay, double q, bool float32
   // need. Below, ndtri's float32 tail takes the steps on log erfc to 1e-10.
   const bool erf_form = ay <= 0.5 || (float32_result && q >= 0x1p-24);
   if (float32_result && erf_form) {  // the one step apart, out of the loop: 6% of erfinv's time
-    return x == 0 ? x : x - (erf(x) - ay) / (kTwoOverSqrtPi * exp(-x * x));
+    return x == 0 ? x : x - erf_newton_delta(x, ay);
   }
   const double log_tail = erf_form ? 0 : log(q);
   const double tolerance = float32_result ? 1e-10 : 1e-16;
   for (int step = 0; step < 12 && x != 0; ++step) {
     double dx;
     if (erf_form) {
-      dx = (erf(x) - ay) / (kTwoOverSqrtPi * exp(-x * x));  // erf'(x)
+      dx = erf_newton_delta(x, ay);
     } else if (x < 26) {
       const double tail = erfc(x);  // d log erfc / dx = -erf'(x) / erfc
       dx = (log_tail - log(tail)) * tail / (kTwoOverSqrtPi * exp(-x * x));

@@ -2,7 +2,7 @@
 // where(). The math is core/scalar_math.h's, shared with cuda/elementwise.cu; contiguous float32 and
 // float64 runs of the transcendental unary ops take Eigen's vectorized (AVX-512 here) versions of the
 // same functions (float16 and bfloat16 runs too, widened to float32 in chunks; the Bessel I functions
-// a block of elements at a time, cpu/vector_bessel.cpp), and the contiguous and scalar-broadcast runs
+// a block of elements at a time, cpu/vector_special.cpp), and the contiguous and scalar-broadcast runs
 // of binary ops are plain loops the compiler vectorizes.
 #include <Eigen/Core>
 #include <algorithm>
@@ -124,7 +124,9 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
     case UnaryOp::I0e:
     case UnaryOp::I1:
     case UnaryOp::I1e:
-      return vector_bessel_i(op, x, y, n);      // cpu/vector_bessel.cpp
+      return vector_bessel_i(op, x, y, n);  // cpu/vector_special.cpp
+    case UnaryOp::Polygamma:
+      return args.a == 1 && vector_trigamma(x, y, n);
     default: return vector_unary(op, x, y, n);  // glibc's SIMD functions (cpu/vector_math.cpp), or false
   }
 }

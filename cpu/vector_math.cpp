@@ -16,6 +16,8 @@
 #include <limits>
 #include <type_traits>
 
+#include "core/special_math.h"
+
 #if KILN_HAVE_LIBMVEC
 #define KILN_SIMD __attribute__((simd("notinbranch")))
 extern "C" {
@@ -54,6 +56,7 @@ KILN_SIMD double log1p(double) noexcept;
 KILN_SIMD double log(double) noexcept;
 KILN_SIMD double erfc(double) noexcept;
 KILN_SIMD double sin(double) noexcept;
+KILN_SIMD double erf(double) noexcept;
 KILN_SIMD double atan2(double, double) noexcept;
 KILN_SIMD double hypot(double, double) noexcept;
 }
@@ -99,9 +102,40 @@ void through_double(const float* x, float* y, int64_t n, const F& f) {
   }
 }
 
+// erfinv and ndtri for a float32 result, in float64 (through_double): the start of Note [erfinv by an
+// approximation and Newton steps] (both of Giles's polynomials taken, one kept) and its one Newton step
+// on erf(x) = |y|, as erfinv_positive takes them where q = 1 - |y| >= 2^-24: every float32 y in
+// (-1, 1), and ndtri's p from 2^-25 to 1 - 2^-25. The other elements (+-1, NaN, outside the domain,
+// and ndtri's far tail, whose steps solve for log erfc) the scalar function then computes again.
+template <bool kNdtri>
+void inverse_erf_float32(const double* v, double* y, int64_t n) {
+  constexpr double kSqrt2 = 1.41421356237309504880;
+  auto complement = [](double u) { return kNdtri ? (u < 0.5 ? 2 * u : 2 * (1 - u)) : 1 - std::abs(u); };
+  int outside = 0;
+  _Pragma("omp simd reduction(|:outside)") for (int64_t i = 0; i < n; ++i) {
+    const double u = v[i], q = complement(u), ay = 1 - q;
+    const double w = -std::log(q * (2 - q));
+    const double start = (w < 5 ? math::erfinv_start_central(w) : math::erfinv_start_tail(w)) * ay;
+    const double x = start - math::erf_newton_delta(start, ay);
+    y[i] = kNdtri ? (u < 0.5 ? -kSqrt2 * x : kSqrt2 * x) : std::copysign(x, u);
+    outside |= !(q >= 0x1p-24);
+  }
+  if (!outside) return;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!(complement(v[i]) >= 0x1p-24)) y[i] = kNdtri ? math::ndtri_f64(v[i], true) : math::erfinv_f64(v[i], true);
+  }
+}
+
 template <typename T>
 bool unary_run(UnaryOp op, const T* x, T* y, int64_t n) {
   switch (op) {
+    case UnaryOp::Erfinv:
+    case UnaryOp::Ndtri:
+      if constexpr (std::is_same_v<T, float>) {
+        through_double(x, y, n, op == UnaryOp::Ndtri ? inverse_erf_float32<true> : inverse_erf_float32<false>);
+        return true;
+      }
+      return false;  // float64: the scalar loop's two or three steps
     case UnaryOp::SphericalBesselJ0:
       if constexpr (std::is_same_v<T, float>) {
         through_double(x, y, n, spherical_bessel_j0);

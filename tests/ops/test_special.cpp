@@ -146,6 +146,17 @@ TEST_CASE("polygamma: zeta values at 1, the recurrence in x for n up to 10, deri
   CHECK(poles[2] == -INFINITY);
   CHECK(polygamma(3, f64({-4.0})).item<double>() == INFINITY);
   CHECK(poles[3] == 0);
+  // polygamma(1, x) of a contiguous run takes the fixed-length sums of cpu/vector_special.cpp for x > 0
+  // (and the scalar function for the rest of its block), a strided run the scalar loop: the same
+  // values to rounding, from near 0 to far out, poles, the reflection, NaN and inf in between.
+  std::vector<double> sweep = grid(-20, 40, 1500);
+  for (double v : {1e-300, 1e-8, 0.0, -0.0, -3.0, 1e8, 1e15, 1e200, double(INFINITY), -double(INFINITY), double(NAN)}) {
+    sweep.push_back(v);
+  }
+  const Tensor run = f64(sweep), strided = stack({run, run}, 1).select(1, 0);
+  const Tensor run32 = run.to(kFloat32), strided32 = stack({run32, run32}, 1).select(1, 0);
+  test::check_close(polygamma(1, run), polygamma(1, strided), {2e-15, 0});
+  test::check_close(polygamma(1, run32), polygamma(1, strided32), {1.2e-7, 0});
 }
 
 TEST_CASE("pointwise math: Errors, integer inputs to float32, the CPU's strided and 16-bit paths", "[ops][special]") {
@@ -219,9 +230,11 @@ TEST_CASE("special::i0, i0e, i1, i1e: the integral over the circle, both sides o
   test::check_close(special::i0e(f64({1e300, INFINITY, -INFINITY})), f64({1 / std::sqrt(2 * kPi * 1e300), 0.0, 0.0}),
                     {1e-15, 0});
   CHECK(std::signbit(special::i1(f64({-0.0})).item<double>()));
-  // A contiguous run goes through cpu/vector_bessel.cpp, 64 elements at a time, a strided one through
+  // A contiguous run goes through cpu/vector_special.cpp, 64 elements at a time, a strided one through
   // core/bessel_math.h element by element: the same series, so the same values to rounding (e^x is
-  // Eigen's in one, glibc's in the other), in blocks that need one series, the other or both.
+  // Eigen's in one, glibc's in the other; where the series' terms cancel, 20-fold near x = 8, a build
+  // that fuses multiply-adds in one and not the other differs by 1e-15), in blocks that need one
+  // series, the other or both.
   std::vector<double> sweep = grid(-720, 720, 1001);
   for (double v : grid(-9, 9, 300)) sweep.push_back(v);
   for (double v : {0.0, -0.0, 1e-300, double(INFINITY), -double(INFINITY), double(NAN)}) sweep.push_back(v);
@@ -231,7 +244,7 @@ TEST_CASE("special::i0, i0e, i1, i1e: the integral over the circle, both sides o
   REQUIRE_FALSE(strided32.is_contiguous());
   for (auto f : {+[](const Tensor& t) { return special::i0(t); }, +[](const Tensor& t) { return special::i0e(t); },
                  +[](const Tensor& t) { return special::i1(t); }, +[](const Tensor& t) { return special::i1e(t); }}) {
-    test::check_close(f(contiguous), f(strided), {1e-15, 0});
+    test::check_close(f(contiguous), f(strided), {4e-15, 0});
     test::check_close(f(contiguous.to(kFloat32)), f(strided32), {2.4e-7, 0});
   }
   // The gradients at x = 0, where I1 / x is taken as its limit: d I1 = d i1e = 1/2.
@@ -348,6 +361,17 @@ TEST_CASE("special::erfcx, ndtr, log_ndtr, ndtri: compositions, inverses to the 
         +[](const Tensor& v) { return special::erfcx(v); }, +[](const Tensor& v) { return special::i0e(v); }}) {
     test::check_close(f(p32), f(p32.to(kFloat64)).to(kFloat32), {1.2e-7, 0});
   }
+  // A float32 run of ndtri or erfinv goes through cpu/vector_math.cpp's loop, which leaves 0, 1 (+-1),
+  // NaN, the outside and ndtri's far tail (p < 2^-25) to the scalar function; a strided one through
+  // the scalar loop: the same steps, so the same values to rounding.
+  std::vector<double> mixed = grid(0, 1, 1999);
+  for (double v : {0.0, 1.0, 1e-30, 0x1p-25, 0x1p-26, 1 - 0x1p-24, -0.5, 1.5, double(NAN)}) mixed.push_back(v);
+  const Tensor run = f64(mixed).to(kFloat32), signed_run = (f64(mixed) * 2 - 1).to(kFloat32);
+  const Tensor strided = stack({run, run}, 1).select(1, 0),
+               signed_strided = stack({signed_run, signed_run}, 1).select(1, 0);
+  REQUIRE_FALSE(strided.is_contiguous());
+  test::check_close(special::ndtri(strided), special::ndtri(run), {2.4e-7, 0});
+  test::check_close(erfinv(signed_strided), erfinv(signed_run), {2.4e-7, 0});
 }
 
 TEST_CASE("special::entr, xlog1py: their compositions, zeros, the gradient at 0", "[ops][special]") {
@@ -405,6 +429,11 @@ TEST_CASE("special::zeta: Riemann's values, the recurrence in q, negative q, lar
   CHECK(special::zeta(f64({1e6}), f64({1.5})).item<double>() == 0);
   const double far = special::zeta(f64({2.0}), f64({1e10})).item<double>();
   CHECK(std::abs(far / (1e-10 + 0.5e-20) - 1) < 1e-15);
+  // Past q = 2^60 the first two terms through one power, which does not underflow where q^-x does:
+  // zeta(2, 1e200) = 1e-200, zeta(3, 1e160) = 5e-321 (a subnormal), polygamma(1, 1e200) = 1e-200.
+  test::check_close(special::zeta(f64({2.0, 3.0, 2.0}), f64({1e200, 1e160, 0x1p61})),
+                    f64({1e-200, 5e-321, 1 / 0x1p61 + 0.5 / 0x1p122}), {1e-15, 1e-323});
+  test::check_close(polygamma(1, f64({1e200})), f64({1e-200}), {1e-15, 0});
   // polygamma(n, x) = (-1)^(n+1) n! zeta(n + 1, x).
   const Tensor g = f64(grid(0.3, 12, 11));
   test::check_close(polygamma(3, g), special::zeta(full_like(g, 4.0), g) * 6, {1e-14, 0});
