@@ -1,14 +1,14 @@
-// cpu/vector_math.cpp: the pointwise functions that <cmath> has and Eigen does not vectorize (and
-// logaddexp, xlogy and the spherical j0, made of them) over contiguous float32 and float64 runs,
-// through glibc's vector math library (libmvec). Each loop below calls a function this file declares with GCC's simd
-// attribute, so GCC compiles it to calls of the function's SIMD variant (_ZGVdN8v_tanf: 8 float32
-// lanes of AVX2, _ZGVeN16v_tanf 16 of AVX-512), the same functions glibc's <math.h> declares that way
-// under -ffast-math, here without it. glibc's own tests bound these variants' errors at a few ulp (its
-// scalar functions at 1 or 2); the op table's PyTorch goldens check them at float32's and float64's
-// tolerances, special values included, since each variant hands NaN, infinities and out-of-range
-// inputs to the scalar function. Built where CMake finds libmvec (KILN_HAVE_LIBMVEC); without it these
-// return false and the scalar loop of cpu/elementwise.cpp computes the same functions one element at
-// a time.
+// cpu/vector_math.cpp: the pointwise functions that <cmath> has and Eigen does not vectorize, and those
+// made of them (logaddexp, xlogy, entr, ndtr, the spherical j0, float32 erfinv and ndtri), over
+// contiguous float32 and float64 runs, through glibc's vector math library (libmvec). Each loop below
+// calls a function this file declares with GCC's simd attribute, so GCC compiles it to calls of the
+// function's SIMD variant (_ZGVdN8v_tanf: 8 float32 lanes of AVX2, _ZGVeN16v_tanf 16 of AVX-512), the
+// same functions glibc's <math.h> declares that way under -ffast-math, here without it. glibc's own
+// tests bound these variants' errors at a few ulp (its scalar functions at 1 or 2); the op table's
+// PyTorch goldens check them at float32's and float64's tolerances, special values included, since
+// each variant hands NaN, infinities and out-of-range inputs to the scalar function. Built where CMake
+// finds libmvec (KILN_HAVE_LIBMVEC); without it these return false and the scalar loop of
+// cpu/elementwise.cpp computes the same functions one element at a time.
 #include "cpu/vector_math.h"
 
 #include <algorithm>
@@ -89,6 +89,21 @@ void spherical_bessel_j0(const double* x, double* y, int64_t n) {
   }
 }
 
+// special::entr, -x log x as math::unary's Entr (in T): 0 at 0, -inf left of it, NaN stays NaN.
+template <typename T>
+void entr(const T* x, T* y, int64_t n) {
+  constexpr T kInf = std::numeric_limits<T>::infinity();
+  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
+    const T v = x[i], r = -v * std::log(v);
+    y[i] = v > T(0) ? r : (v == T(0) ? T(0) : (v != v ? v : -kInf));
+  }
+}
+
+// special::ndtr, core/special_math.h's ndtr_f64 (in float64 for float32 too, through_double).
+void ndtr(const double* x, double* y, int64_t n) {
+  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) y[i] = 0.5 * std::erfc(-x[i] * 0.70710678118654752440);
+}
+
 // f(in, out, m) over float64 copies of a float32 run, kChunk elements at a time, each result rounded once.
 template <typename F>
 void through_double(const float* x, float* y, int64_t n, const F& f) {
@@ -137,12 +152,16 @@ bool unary_run(UnaryOp op, const T* x, T* y, int64_t n) {
       }
       return false;  // float64: the scalar loop's two or three steps
     case UnaryOp::SphericalBesselJ0:
+    case UnaryOp::Ndtr: {
+      const auto f = op == UnaryOp::Ndtr ? ndtr : spherical_bessel_j0;
       if constexpr (std::is_same_v<T, float>) {
-        through_double(x, y, n, spherical_bessel_j0);
+        through_double(x, y, n, f);
       } else {
-        spherical_bessel_j0(x, y, n);
+        f(x, y, n);
       }
       return true;
+    }
+    case UnaryOp::Entr: entr(x, y, n); return true;
     case UnaryOp::Tan: KILN_MAP1(std::tan); return true;
     case UnaryOp::Asin: KILN_MAP1(std::asin); return true;
     case UnaryOp::Acos: KILN_MAP1(std::acos); return true;

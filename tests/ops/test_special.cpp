@@ -381,6 +381,16 @@ TEST_CASE("special::entr, xlog1py: their compositions, zeros, the gradient at 0"
   CHECK(e[0] == 0);
   CHECK(e[1] == -INFINITY);
   CHECK(std::isnan(e[2]));
+  // entr and ndtr of a contiguous run take glibc's SIMD log and erfc (cpu/vector_math.cpp), a strided
+  // run the scalar loop: the same values to rounding, special values included.
+  std::vector<double> sweep = grid(-40, 40, 1999);
+  for (double v : {0.0, -0.0, 1e-300, -1e-300, double(INFINITY), -double(INFINITY), double(NAN)}) sweep.push_back(v);
+  for (DType d : {kFloat64, kFloat32}) {
+    const Tensor run = f64(sweep).to(d), strided = stack({run, run}, 1).select(1, 0);
+    const test::Tolerance tol = d == kFloat64 ? test::Tolerance{1e-15, 1e-300} : test::Tolerance{2.4e-7, 1e-38};
+    test::check_close(special::entr(run), special::entr(strided), tol);
+    test::check_close(special::ndtr(run), special::ndtr(strided), tol);
+  }
   Tensor z = f64({0.0, 1.0}).requires_grad_();
   special::entr(z).sum().backward();
   test::check_close(z.grad(), f64({INFINITY, -1.0}), {0, 0});  // -(1 + log x), PyTorch's
