@@ -332,6 +332,7 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
     case BinaryOp::LogAddExp:
     case BinaryOp::LogAddExp2:
     case BinaryOp::Xlogy:
+    case BinaryOp::Xlog1py:
       return loop.parallel_run([&](char* const* p, const int64_t* s, int64_t n) {
         const bool contiguous = s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == sizeof(T);
         const T* a = reinterpret_cast<const T*>(p[1]);

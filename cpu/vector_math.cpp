@@ -1,5 +1,5 @@
 // cpu/vector_math.cpp: the pointwise functions that <cmath> has and Eigen does not vectorize, and those
-// made of them (logaddexp, xlogy, entr, ndtr, the spherical j0, float32 erfinv and ndtri), over
+// made of them (logaddexp, xlogy, xlog1py, entr, ndtr, the spherical j0, float32 erfinv and ndtri), over
 // contiguous float32 and float64 runs, through glibc's vector math library (libmvec). Each loop below
 // calls a function this file declares with GCC's simd attribute, so GCC compiles it to calls of the
 // function's SIMD variant (_ZGVdN8v_tanf: 8 float32 lanes of AVX2, _ZGVeN16v_tanf 16 of AVX-512), the
@@ -180,8 +180,8 @@ bool unary_run(UnaryOp op, const T* x, T* y, int64_t n) {
 }
 
 // log(e^a + e^b) (base 2 with base2) as math::binary's LogAddExp: max + log1p(e^-|a - b|), a where a and
-// b are the same infinity; a log b as its Xlogy: NaN where b is NaN, else 0 where a = 0. Selects, not
-// branches, so that the loops vectorize.
+// b are the same infinity; a log b and a log1p(b) as its Xlogy and Xlog1py: NaN where b is NaN, else 0
+// where a = 0. Selects, not branches, so that the loops vectorize.
 template <typename T, bool base2>
 void log_add_exp(const T* a, const T* b, T* y, int64_t n) {
   constexpr T kInf = std::numeric_limits<T>::infinity();
@@ -194,10 +194,10 @@ void log_add_exp(const T* a, const T* b, T* y, int64_t n) {
     y[i] = same_infinity ? u : r;
   }
 }
-template <typename T>
-void xlogy(const T* a, const T* b, T* y, int64_t n) {
+template <typename T, bool kLog1p>
+void x_log(const T* a, const T* b, T* y, int64_t n) {
   _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
-    const T u = a[i], v = b[i], r = u * std::log(v);
+    const T u = a[i], v = b[i], r = u * (kLog1p ? std::log1p(v) : std::log(v));
     y[i] = v != v ? v : (u == T(0) ? T(0) : r);
   }
 }
@@ -209,7 +209,8 @@ bool binary_run(BinaryOp op, const T* a, const T* b, T* y, int64_t n) {
     case BinaryOp::Hypot: KILN_MAP2(std::hypot); return true;
     case BinaryOp::LogAddExp: log_add_exp<T, false>(a, b, y, n); return true;
     case BinaryOp::LogAddExp2: log_add_exp<T, true>(a, b, y, n); return true;
-    case BinaryOp::Xlogy: xlogy(a, b, y, n); return true;
+    case BinaryOp::Xlogy: x_log<T, false>(a, b, y, n); return true;
+    case BinaryOp::Xlog1py: x_log<T, true>(a, b, y, n); return true;
     default: return false;
   }
 }

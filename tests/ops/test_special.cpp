@@ -390,6 +390,9 @@ TEST_CASE("special::entr, xlog1py: their compositions, zeros, the gradient at 0"
     const test::Tolerance tol = d == kFloat64 ? test::Tolerance{1e-15, 1e-300} : test::Tolerance{2.4e-7, 1e-38};
     test::check_close(special::entr(run), special::entr(strided), tol);
     test::check_close(special::ndtr(run), special::ndtr(strided), tol);
+    // xlog1py too (glibc's SIMD log1p), with 0 and NaN among the x and y below -1 among the y.
+    const Tensor y = run.flip({0}) / 20, y_strided = stack({y, y}, 1).select(1, 0);
+    test::check_close(special::xlog1py(run, y), special::xlog1py(strided, y_strided), tol);
   }
   Tensor z = f64({0.0, 1.0}).requires_grad_();
   special::entr(z).sum().backward();
