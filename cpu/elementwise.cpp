@@ -2,8 +2,8 @@
 // where(). The math is core/scalar_math.h's, shared with cuda/elementwise.cu; contiguous float32 and
 // float64 runs of the transcendental unary ops take Eigen's vectorized (AVX-512 here) versions of the
 // same functions (float16 and bfloat16 runs too, widened to float32 in chunks; the Bessel I functions
-// a block of elements at a time, cpu/vector_special.cpp), and the contiguous and scalar-broadcast runs
-// of binary ops are plain loops the compiler vectorizes.
+// and polygamma(1, x) a block of elements at a time, cpu/vector_special.cpp), and the contiguous and
+// scalar-broadcast runs of binary ops are plain loops the compiler vectorizes.
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>

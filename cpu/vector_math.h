@@ -1,8 +1,8 @@
 // cpu/vector_math.h: the pointwise functions computed by glibc's vector math library over contiguous
 // float32 and float64 runs (cpu/vector_math.cpp), and the modified Bessel functions I0, I1 and their
-// scalings, summed a block of elements at a time (cpu/vector_special.cpp). Each returns false, having
-// written nothing, for an op it does not cover, or (vector_unary, vector_binary) where Kiln was built
-// without libmvec.
+// scalings, and polygamma(1, x), a block of elements at a time (cpu/vector_special.cpp). Each returns
+// false, having written nothing, for an op it does not cover, or (vector_unary, vector_binary) where
+// Kiln was built without libmvec.
 #pragma once
 
 #include <cstdint>

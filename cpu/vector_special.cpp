@@ -101,27 +101,22 @@ Lanes trigamma(const Lanes& x) {
 }
 
 template <typename T>
-void bessel_i_run(UnaryOp op, const T* x, T* y, int64_t n) {
+bool bessel_i_run(UnaryOp op, const T* x, T* y, int64_t n) {
   const bool scaled = op == UnaryOp::I0e || op == UnaryOp::I1e, float32_result = std::is_same_v<T, float>;
   if (op == UnaryOp::I0 || op == UnaryOp::I0e) {
     run_blocks(x, y, n, [&](const Lanes& in) { return bessel_i<0>(in, scaled, float32_result); });
-  } else {
+  } else if (op == UnaryOp::I1 || op == UnaryOp::I1e) {
     run_blocks(x, y, n, [&](const Lanes& in) { return bessel_i<1>(in, scaled, float32_result); });
+  } else {
+    return false;
   }
+  return true;
 }
 
 }  // namespace
 
-bool vector_bessel_i(UnaryOp op, const float* x, float* y, int64_t n) {
-  if (op != UnaryOp::I0 && op != UnaryOp::I0e && op != UnaryOp::I1 && op != UnaryOp::I1e) return false;
-  bessel_i_run(op, x, y, n);
-  return true;
-}
-bool vector_bessel_i(UnaryOp op, const double* x, double* y, int64_t n) {
-  if (op != UnaryOp::I0 && op != UnaryOp::I0e && op != UnaryOp::I1 && op != UnaryOp::I1e) return false;
-  bessel_i_run(op, x, y, n);
-  return true;
-}
+bool vector_bessel_i(UnaryOp op, const float* x, float* y, int64_t n) { return bessel_i_run(op, x, y, n); }
+bool vector_bessel_i(UnaryOp op, const double* x, double* y, int64_t n) { return bessel_i_run(op, x, y, n); }
 
 bool vector_trigamma(const float* x, float* y, int64_t n) {
   run_blocks(x, y, n, trigamma<true>);
