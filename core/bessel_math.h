@@ -173,7 +173,7 @@ KILN_SPECIAL_FN double spherical_bessel_j0_f64(double x) {
 //            Ai'(x) = N(x) |x|^(1/4) sin(zeta - pi/4 + phi(x)) / sqrt(pi),
 // where f, g, M, N tend to 1 and theta, phi to 0 as |x| grows: each is a Chebyshev series in
 // t = 2 (2 / |x|)^(3/2) - 1 = 2 zeta(2) / zeta - 1, fitted to mpmath's values (M and theta from the
-// modulus and phase of Ai - i Bi; scripts/gen_bessel_tables.py). zeta is carried to twice float64's
+// modulus and phase of Ai - i Bi; scripts/gen_chebyshev_tables.py). zeta is carried to twice float64's
 // precision (against mpmath: 1e-15 relative for x > -2, 4e-16 absolute against the envelope where Ai
 // oscillates, to x = -1e4). Ai is subnormal from x = 103.9 (PyTorch 1.13: 0 there) and 0 past 107.7
 // (zeta = 745.2); at +inf Ai and Ai' are 0, at -inf Ai is 0 (PyTorch 1.13: NaN) and Ai' NaN, having no

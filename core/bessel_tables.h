@@ -1,5 +1,5 @@
 // core/bessel_tables.h: the Chebyshev series of core/bessel_math.h, written by
-// scripts/gen_bessel_tables.py from mpmath's values (do not edit; rerun the script). Each function sums
+// scripts/gen_chebyshev_tables.py from mpmath's values (do not edit; rerun the script). Each function sums
 // its series at t in [-1, 1] by Clenshaw's recurrence, all of it for a float64 result, the terms a
 // float32 result needs otherwise. T is double, or on the CPU a fixed-size Eigen array of them, whose
 // lanes then sum their series side by side (cpu/vector_special.cpp).

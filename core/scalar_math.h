@@ -400,25 +400,38 @@ KILN_HOST_DEVICE inline T float_binary(BinaryOp op, T x, T y) {
   }
 }
 
-// The orthogonal polynomial ops: the m-th derivative of p_n(x) (BinaryOp's ChebyshevT ... LegendreP).
-KILN_HOST_DEVICE inline double polynomial(BinaryOp op, double x, double n, int m) {
-  const bool shifted = op >= BinaryOp::ShiftedChebyshevT && op <= BinaryOp::ShiftedChebyshevW;
+// Whether op is an orthogonal polynomial: BinaryOp's ChebyshevT ... LegendreP, declared in a row.
+KILN_HOST_DEVICE constexpr bool is_polynomial(BinaryOp op) {
+  return op >= BinaryOp::ChebyshevT && op <= BinaryOp::LegendreP;
+}
+
+// The family of an orthogonal polynomial op, and whether it is shifted: p_n(2x - 1).
+struct PolynomialKind {
   Polynomial family;
+  bool shifted;
+};
+KILN_HOST_DEVICE inline PolynomialKind polynomial_kind(BinaryOp op) {
+  const bool shifted = op >= BinaryOp::ShiftedChebyshevT && op <= BinaryOp::ShiftedChebyshevW;
   switch (op) {
     case BinaryOp::ChebyshevT:
-    case BinaryOp::ShiftedChebyshevT: family = Polynomial::ChebyshevT; break;
+    case BinaryOp::ShiftedChebyshevT: return {Polynomial::ChebyshevT, shifted};
     case BinaryOp::ChebyshevU:
-    case BinaryOp::ShiftedChebyshevU: family = Polynomial::ChebyshevU; break;
+    case BinaryOp::ShiftedChebyshevU: return {Polynomial::ChebyshevU, shifted};
     case BinaryOp::ChebyshevV:
-    case BinaryOp::ShiftedChebyshevV: family = Polynomial::ChebyshevV; break;
+    case BinaryOp::ShiftedChebyshevV: return {Polynomial::ChebyshevV, shifted};
     case BinaryOp::ChebyshevW:
-    case BinaryOp::ShiftedChebyshevW: family = Polynomial::ChebyshevW; break;
-    case BinaryOp::HermiteH: family = Polynomial::HermiteH; break;
-    case BinaryOp::HermiteHe: family = Polynomial::HermiteHe; break;
-    case BinaryOp::LaguerreL: family = Polynomial::LaguerreL; break;
-    default: family = Polynomial::LegendreP; break;
+    case BinaryOp::ShiftedChebyshevW: return {Polynomial::ChebyshevW, shifted};
+    case BinaryOp::HermiteH: return {Polynomial::HermiteH, false};
+    case BinaryOp::HermiteHe: return {Polynomial::HermiteHe, false};
+    case BinaryOp::LaguerreL: return {Polynomial::LaguerreL, false};
+    default: return {Polynomial::LegendreP, false};
   }
-  return orthogonal_polynomial_f64(family, x, n, m, shifted);
+}
+
+// The orthogonal polynomial ops: the m-th derivative of p_n(x).
+KILN_HOST_DEVICE inline double polynomial(BinaryOp op, double x, double n, int m) {
+  const PolynomialKind kind = polynomial_kind(op);
+  return orthogonal_polynomial_f64(kind.family, x, n, m, kind.shifted);
 }
 
 template <typename T>

@@ -1,9 +1,10 @@
 // cpu/elementwise.cpp: elementwise unary and binary ops (broadcasting already in the strides) and
 // where(). The math is core/scalar_math.h's, shared with cuda/elementwise.cu; contiguous float32 and
 // float64 runs of the transcendental unary ops take Eigen's vectorized (AVX-512 here) versions of the
-// same functions (float16 and bfloat16 runs too, widened to float32 in chunks; the Bessel I functions
-// and polygamma(1, x) a block of elements at a time, cpu/vector_special.cpp), and the contiguous and
-// scalar-broadcast runs of binary ops are plain loops the compiler vectorizes.
+// same functions (float16 and bfloat16 runs too, widened to float32 in chunks; the Bessel I functions,
+// lgamma, digamma, polygamma(1, x) and the orthogonal polynomials of one degree a block of elements at
+// a time, cpu/vector_special.cpp), and the contiguous and scalar-broadcast runs of binary ops are plain
+// loops the compiler vectorizes.
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
@@ -124,9 +125,9 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
     case UnaryOp::I0e:
     case UnaryOp::I1:
     case UnaryOp::I1e:
-      return vector_bessel_i(op, x, y, n);  // cpu/vector_special.cpp
-    case UnaryOp::Polygamma:
-      return args.a == 1 && vector_trigamma(x, y, n);
+    case UnaryOp::Lgamma:
+    case UnaryOp::Digamma:
+    case UnaryOp::Polygamma: return vector_special(op, x, y, n, args.a);  // cpu/vector_special.cpp
     default: return vector_unary(op, x, y, n);  // glibc's SIMD functions (cpu/vector_math.cpp), or false
   }
 }
@@ -286,6 +287,20 @@ void arithmetic(BinaryOp op, const StridedLoop<3>& loop, double alpha_d) {
       case BinaryOp::Mul: return run([&](T x, T y) { return cvt(math::wrap_mul(M(x), M(y))); });
       default: break;
     }
+  }
+  // The orthogonal polynomials' values (alpha, the derivative's order, 0) of a contiguous x with one
+  // degree, a block at a time (Note [the orthogonal polynomials a block at a time]).
+  if (math::is_polynomial(op)) {
+    return loop.parallel_run([&](char* const* p, const int64_t* s, int64_t n) {
+      if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+        const T* a = reinterpret_cast<const T*>(p[1]);
+        if (alpha == M(0) && s[0] == sizeof(T) && s[1] == sizeof(T) && s[2] == 0 &&
+            vector_polynomial(op, a, reinterpret_cast<T*>(p[0]), n, double(*reinterpret_cast<const T*>(p[2])))) {
+          return;
+        }
+      }
+      binary_run<T, T>(p, s, n, [&](T x, T z) { return cvt(math::binary<M>(op, M(x), M(z), alpha)); });
+    });
   }
   // The hot ops get their own loops so the compiler sees straight-line arithmetic.
   switch (op) {

@@ -16,6 +16,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "core/polynomial_math.h"
 #include "core/special_math.h"
 
 #if KILN_HAVE_LIBMVEC
@@ -56,6 +57,7 @@ KILN_SIMD double log1p(double) noexcept;
 KILN_SIMD double log(double) noexcept;
 KILN_SIMD double erfc(double) noexcept;
 KILN_SIMD double sin(double) noexcept;
+KILN_SIMD double cos(double) noexcept;
 KILN_SIMD double erf(double) noexcept;
 KILN_SIMD double atan2(double, double) noexcept;
 KILN_SIMD double hypot(double, double) noexcept;
@@ -141,6 +143,31 @@ void inverse_erf_float32(const double* v, double* y, int64_t n) {
   }
 }
 
+// Chebyshev's T, U, V or W of degree n >= 16 by its closed form at |x| < 1, as core/polynomial_math.h's
+// chebyshev_closed_form takes it (t = acos |x|, the sign and V's and W's mirror images for x < 0).
+// Returns whether some x was not inside (+-1, beyond, NaN): its y is then not the polynomial's.
+template <math::Polynomial F>
+bool chebyshev_closed_form(const double* x, double* y, int64_t count, double n) {
+  using math::Polynomial;
+  const bool odd = std::fmod(n, 2.0) != 0;
+  int outside = 0;
+  _Pragma("omp simd reduction(|:outside)") for (int64_t i = 0; i < count; ++i) {
+    const double v = x[i], t = std::acos(std::abs(v)), sign = (v < 0) & odd ? -1.0 : 1.0;
+    double r;
+    if constexpr (F == Polynomial::ChebyshevT) {
+      r = std::cos(n * t);
+    } else if constexpr (F == Polynomial::ChebyshevU) {
+      r = std::sin((n + 1) * t) / std::sin(t);
+    } else {  // V, or W: each the other's mirror image
+      const double c = std::cos((n + 0.5) * t) / std::cos(0.5 * t), s = std::sin((n + 0.5) * t) / std::sin(0.5 * t);
+      r = (F == Polynomial::ChebyshevV) == (v < 0) ? s : c;
+    }
+    y[i] = sign * r;
+    outside |= !(std::abs(v) < 1);
+  }
+  return outside;
+}
+
 template <typename T>
 bool unary_run(UnaryOp op, const T* x, T* y, int64_t n) {
   switch (op) {
@@ -224,6 +251,15 @@ bool vector_binary(BinaryOp op, const float* a, const float* b, float* y, int64_
 }
 bool vector_binary(BinaryOp op, const double* a, const double* b, double* y, int64_t n) {
   return binary_run(op, a, b, y, n);
+}
+bool vector_chebyshev_closed_form(math::Polynomial family, const double* x, double* y, int64_t n, double degree) {
+  using math::Polynomial;
+  switch (family) {
+    case Polynomial::ChebyshevT: return chebyshev_closed_form<Polynomial::ChebyshevT>(x, y, n, degree);
+    case Polynomial::ChebyshevU: return chebyshev_closed_form<Polynomial::ChebyshevU>(x, y, n, degree);
+    case Polynomial::ChebyshevV: return chebyshev_closed_form<Polynomial::ChebyshevV>(x, y, n, degree);
+    default: return chebyshev_closed_form<Polynomial::ChebyshevW>(x, y, n, degree);
+  }
 }
 
 #else  // no libmvec: the scalar loops compute these

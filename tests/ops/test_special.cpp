@@ -101,6 +101,32 @@ TEST_CASE("digamma and lgamma: recurrences, reflection and constants over negati
   test::check_close(polygamma(3, x32), polygamma(3, x32.to(kFloat64)).to(kFloat32), {1.2e-7, 1e-7});
 }
 
+TEST_CASE("lgamma and digamma: a contiguous run, a block at a time, against the scalar loop on a strided copy",
+          "[ops][special]") {
+  // Contiguous runs take cpu/vector_special.cpp's fixed steps for x > 0 (Note [log Gamma a block at a
+  // time]) and the scalar function for the rest of each block; strided runs glibc's lgamma_r and
+  // digamma_f64 element by element. Both sides of each switch (1, 2, 3, 10), next to the zeros of lgamma
+  // (1, 2) and digamma (1.4616...), tiny and huge x, poles, the reflection, +-0, +-inf and NaN.
+  std::vector<double> sweep = grid(-20, 40, 1500);
+  for (double edge : {1.0, 2.0, 3.0, 10.0, 1.4616321449683623}) {
+    for (int k = -8; k <= 8; ++k) sweep.push_back(edge + k * 0x1p-50);
+  }
+  for (double v : {1e-300, 4.9e-324, 1e-8, 0.5, 0.0, -0.0, -3.0, -2.5, 1e8, 1e15, 1e200, 2.5e305, 3e305,
+                   double(INFINITY), -double(INFINITY), double(NAN)}) {
+    sweep.push_back(v);
+  }
+  const Tensor run = f64(sweep), strided = stack({run, run}, 1).select(1, 0);
+  const Tensor run32 = run.to(kFloat32), strided32 = stack({run32, run32}, 1).select(1, 0);
+  // Each side within 4e-16 of mpmath's value (scripts in the Note); digamma's near its zero within
+  // 8e-16 absolutely. Float32 blocks: the float64 value rounded once (from fewer terms: an ulp apart at
+  // most); the strided float32 lgamma is glibc's lgammaf, within 2 ulp.
+  test::check_close(lgamma(run), lgamma(strided), {1e-15, 0});
+  test::check_close(digamma(run), digamma(strided), {1e-15, 2e-15});
+  test::check_close(lgamma(run32), lgamma(run32.to(kFloat64)).to(kFloat32), {1.2e-7, 0});
+  test::check_close(lgamma(run32), lgamma(strided32), {2.4e-7, 0});
+  test::check_close(digamma(run32), digamma(strided32), {1.2e-7, 1e-7});
+}
+
 TEST_CASE("polygamma: zeta values at 1, the recurrence in x for n up to 10, derivatives of each other",
           "[ops][special]") {
   // polygamma(n, 1) = (-1)^(n+1) n! zeta(n + 1).
@@ -691,6 +717,76 @@ TEST_CASE("special's orthogonal polynomials: recurrences across the closed forms
   for (DType d : {kFloat16, kBFloat16}) {
     test::check_close(special::laguerre_polynomial_l(x32.to(d), n),
                       special::laguerre_polynomial_l(x32.to(d).to(kFloat32), n).to(d), {0, 0});
+  }
+}
+
+namespace {
+
+// The size of the three-term recurrence's terms at x (Note [the orthogonal polynomials]): the same
+// recurrence with |a x + b| and |c|, M_{k+1} = (|a x + b| M_k + |c| M_{k-1}) / d. Each step's rounding
+// is within an ulp of it. family: 0-3 Chebyshev's T, U, V, W, 4-7 the same shifted, 8 H, 9 He, 10 L, 11 P.
+double recurrence_size(size_t family, double x, double n) {
+  if (family >= 4 && family < 8) family -= 4, x = 2 * x - 1;
+  const double first[12][2] = {{1, 0}, {2, 0}, {2, -1}, {2, 1}, {}, {}, {}, {}, {2, 0}, {1, 0}, {-1, 1}, {1, 0}};
+  double p = 1, q = std::abs(first[family][0] * x + first[family][1]);
+  for (double k = 1; k < n; ++k) {
+    double a = 2, b = 0, c = 1, d = 1;  // Chebyshev's
+    if (family == 8) c = 2 * k;
+    if (family == 9) a = 1, c = k;
+    if (family == 10) a = -1, b = 2 * k + 1, c = k, d = k + 1;
+    if (family == 11) a = 2 * k + 1, c = k, d = k + 1;
+    const double r = (std::abs(a * x + b) * q + c * p) / d;
+    p = q;
+    q = r;
+  }
+  return q + 1;
+}
+
+}  // namespace
+
+TEST_CASE("special's orthogonal polynomials: a contiguous run of one degree, a block at a time, against strided",
+          "[ops][special]") {
+  // A contiguous x with one degree takes cpu/vector_special.cpp's recurrence across a block's lanes, or
+  // from degree 16 Chebyshev's closed forms through glibc's SIMD functions (Note [the orthogonal
+  // polynomials a block at a time]); a strided x the scalar loop. Every family and shift, degrees on
+  // both sides of 16, x inside and beyond [-1, 1], at +-1, past 2^400 (the leading term), +-inf, NaN,
+  // and where the plain recurrence overflows (H_300(50), beyond float64; L_300(1000), which the scaled
+  // recurrence brings back into range).
+  std::vector<double> xs = grid(-1.5, 1.5, 301);
+  for (double v : {-1.0, 1.0, 0.0, -0.0, 0.5, 50.0, -50.0, 1e3, 0x1p401, -0x1p401, 1e300, double(INFINITY),
+                   -double(INFINITY), double(NAN)}) {
+    xs.push_back(v);
+  }
+  const Tensor run = f64(xs), strided = stack({run, run}, 1).select(1, 0);
+  const Tensor run32 = run.to(kFloat32), strided32 = stack({run32, run32}, 1).select(1, 0);
+  using Fn = Tensor (*)(const Tensor&, const Tensor&);
+  const std::vector<Fn> families = {special::chebyshev_polynomial_t,         special::chebyshev_polynomial_u,
+                                    special::chebyshev_polynomial_v,         special::chebyshev_polynomial_w,
+                                    special::shifted_chebyshev_polynomial_t, special::shifted_chebyshev_polynomial_u,
+                                    special::shifted_chebyshev_polynomial_v, special::shifted_chebyshev_polynomial_w,
+                                    special::hermite_polynomial_h,           special::hermite_polynomial_he,
+                                    special::laguerre_polynomial_l,          special::legendre_polynomial_p};
+  for (size_t f = 0; f < families.size(); ++f) {
+    for (double n : {1.0, 2.0, 3.0, 10.0, 15.0, 16.0, 17.7, 50.0, 300.0}) {
+      INFO("family " << f << ", n = " << n);
+      const Tensor degree = scalar_tensor(n, kFloat64);
+      const std::vector<double> got = values_of(families[f](run, degree)),
+                                want = values_of(families[f](strided, degree));
+      for (size_t i = 0; i < want.size(); ++i) {
+        INFO("x = " << xs[i] << ": " << got[i] << " against " << want[i]);
+        if (std::isfinite(want[i])) {
+          // The closed forms' cos(n t) carries acos's rounding n-fold: n ulp of the value's size. The
+          // recurrence rounds each step (fused or not, as each loop compiles): n ulp of its terms' size.
+          const bool closed_form = f < 8 && n >= 16;
+          const double size = closed_form ? std::abs(want[i]) + 1 : recurrence_size(f, xs[i], n);
+          CHECK(std::abs(got[i] - want[i]) <= 4e-16 * n * size);
+        } else {
+          CHECK((got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))));
+        }
+      }
+      test::check_close(families[f](run32, degree.to(kFloat32)), families[f](strided32, degree.to(kFloat32)),
+                        {1.2e-7, 1.2e-7});
+    }
   }
 }
 

@@ -1,12 +1,14 @@
 #!/usr/bin/python3
-# scripts/gen_bessel_tables.py: the Chebyshev coefficients of core/bessel_math.h's tables, computed with
-# mpmath at 50 digits (Debian's python3-mpmath). Each table is the Chebyshev interpolant of a smooth
-# function on [-1, 1] at 80 Chebyshev points (its coefficients are then the series' to far below
-# float64's rounding), cut where the terms left add up to less than 1e-18 of the function's smallest
-# value there, and written out as a function of core/bessel_tables.h holding its array (c_0 halved:
-# f(t) = sum_k c_k T_k(t)), with the shorter sum a float32 result needs (1e-11 of that value).
+# scripts/gen_chebyshev_tables.py: the Chebyshev coefficients of core/bessel_math.h's tables and of
+# cpu/vector_special.cpp's log Gamma, computed with mpmath at 50 digits (Debian's python3-mpmath). Each
+# table is the Chebyshev interpolant of a smooth function on [-1, 1] at 80 Chebyshev points (its
+# coefficients are then the series' to far below float64's rounding), cut where the terms left add up
+# to less than 1e-18 of the function's smallest value there, and written out as a function holding its
+# array (c_0 halved: f(t) = sum_k c_k T_k(t)), with the shorter sum a float32 result needs (1e-11 of
+# that value).
 # The Airy function Ai and its derivative are Bessel functions of order 1/3 and 2/3; their tables are
-# here too. Usage: /usr/bin/python3 scripts/gen_bessel_tables.py (rewrites core/bessel_tables.h).
+# here too. log Gamma's table goes to its own header, core/gamma_tables.h, which only the CPU's block
+# functions include. Usage: /usr/bin/python3 scripts/gen_chebyshev_tables.py (rewrites both headers).
 import mpmath as mp
 
 mp.mp.dps = 50
@@ -26,17 +28,19 @@ def chebyshev(f, scale=None):
     return c[:n + 1], smallest
 
 
-def emit(out, name, doc, f, scale=None):
+def emit(out, name, doc, f, scale=None, host_only=False):
     """scale: what the cut is relative to, where not the function's smallest value (which nears 0 for a
-    function with a zero, or one that is itself a small correction, measured absolutely)."""
+    function with a zero, or one that is itself a small correction, measured absolutely). host_only: a
+    function for the host alone, its table static."""
     c, smallest = chebyshev(f, scale)
     n32 = len(c)
     while n32 > 1 and mp.fsum(abs(v) for v in c[n32 - 1:]) < mp.mpf("1e-11") * smallest:
         n32 -= 1
     out.append("// %s: %d terms (%d for a float32 result)." % (doc, len(c), n32))
     out.append("template <typename T>")
-    out.append("KILN_HOST_DEVICE inline T %s(const T& t, bool float32_result) {" % name)
-    out.append("  KILN_BESSEL_TABLE double c[%d] = {" % len(c))
+    device = "" if host_only else "KILN_HOST_DEVICE "
+    out.append("%sinline T %s(const T& t, bool float32_result) {" % (device, name))
+    out.append("  %s double c[%d] = {" % ("static constexpr" if host_only else "KILN_BESSEL_TABLE", len(c)))
     for k in range(0, len(c), 3):
         out.append("      " + ", ".join(mp.nstr(v, 17, strip_zeros=False, min_fixed=0, max_fixed=0)
                                        for v in c[k:k + 3]) + ",")
@@ -86,7 +90,7 @@ def x_of_w(t):  # x >= 8 from t = 2 w - 1, w = 64 / x^2 in (0, 1]
 
 
 HEADER = """// core/bessel_tables.h: the Chebyshev series of core/bessel_math.h, written by
-// scripts/gen_bessel_tables.py from mpmath's values (do not edit; rerun the script). Each function sums
+// scripts/gen_chebyshev_tables.py from mpmath's values (do not edit; rerun the script). Each function sums
 // its series at t in [-1, 1] by Clenshaw's recurrence, all of it for a float64 result, the terms a
 // float32 result needs otherwise. T is double, or on the CPU a fixed-size Eigen array of them, whose
 // lanes then sum their series side by side (cpu/vector_special.cpp).
@@ -117,6 +121,18 @@ KILN_HOST_DEVICE inline T chebyshev_sum(const double* c, int n, const T& t) {
   }
   return c[0] + t * b1 - b2;
 }
+
+"""
+
+GAMMA_HEADER = """// core/gamma_tables.h: the Chebyshev series of log Gamma that cpu/vector_special.cpp sums a block at a
+// time (Note [log Gamma a block at a time]), written by scripts/gen_chebyshev_tables.py from mpmath's
+// values (do not edit; rerun the script). The Chebyshev nodes never fall on z = 1 or 2, where the
+// quotient's limits are Euler's gamma and 1 - gamma. Host only: T is double or a fixed-size Eigen array.
+#pragma once
+
+#include "core/bessel_tables.h"  // chebyshev_sum
+
+namespace kiln::math {
 
 """
 
@@ -159,6 +175,12 @@ if __name__ == "__main__":
     out.append("#undef KILN_BESSEL_TABLE")
     out.append("")
     out.append("}  // namespace kiln::math")
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "core", "bessel_tables.h")
-    with open(path, "w") as f:
+    core = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "core")
+    with open(os.path.join(core, "bessel_tables.h"), "w") as f:
+        f.write("\n".join(out) + "\n")
+    out = [GAMMA_HEADER.rstrip("\n"), ""]
+    emit(out, "chebyshev_lgamma", "log Gamma(z) / ((z - 1) (z - 2)) for 1 <= z <= 3, t = z - 2",
+         lambda t: (lambda z: mp.loggamma(z) / ((z - 1) * (z - 2)))(2 + t), host_only=True)
+    out.append("}  // namespace kiln::math")
+    with open(os.path.join(core, "gamma_tables.h"), "w") as f:
         f.write("\n".join(out) + "\n")
