@@ -201,25 +201,25 @@ KILN_HOST_DEVICE inline double exp_of_square(double x) {
   return exp(h) * (1 + fma(x, x, -h));
 }
 
+// The asymptotic series for x >= 26 (0 at +inf).
+KILN_HOST_DEVICE inline double erfcx_asymptotic(double x) {
+  constexpr double kInverseSqrtPi = 0.56418958354775628695;
+  const double z = 1 / (2 * x * x);
+  double term = 1, sum = 1;
+  for (int k = 1; k <= 10; ++k) {
+    term *= -(2 * k - 1) * z;
+    sum += term;
+  }
+  return kInverseSqrtPi / x * sum;
+}
+
 KILN_SPECIAL_FN double erfcx_f64(double x) {
   using std::abs, std::erfc;
   constexpr double kInf = std::numeric_limits<double>::infinity();
-  constexpr double kInverseSqrtPi = 0.56418958354775628695;
   if (x != x) return x;
   if (x < -27) return kInf;
   const double ax = abs(x);
-  double positive;
-  if (ax < 26) {
-    positive = exp_of_square(ax) * erfc(ax);
-  } else {
-    const double z = 1 / (2 * ax * ax);
-    double term = 1, sum = 1;
-    for (int k = 1; k <= 10; ++k) {
-      term *= -(2 * k - 1) * z;
-      sum += term;
-    }
-    positive = kInverseSqrtPi / ax * sum;  // 0 at +inf
-  }
+  const double positive = ax < 26 ? exp_of_square(ax) * erfc(ax) : erfcx_asymptotic(ax);
   return x < 0 ? 2 * exp_of_square(x) - positive : positive;
 }
 

@@ -1,10 +1,10 @@
 // cpu/elementwise.cpp: elementwise unary and binary ops (broadcasting already in the strides) and
 // where(). The math is core/scalar_math.h's, shared with cuda/elementwise.cu; contiguous float32 and
 // float64 runs of the transcendental unary ops take Eigen's vectorized (AVX-512 here) versions of the
-// same functions (float16 and bfloat16 runs too, widened to float32 in chunks; the Bessel I functions,
-// lgamma, digamma, polygamma(1, x) and the orthogonal polynomials of one degree a block of elements at
-// a time, cpu/vector_special.cpp), and the contiguous and scalar-broadcast runs of binary ops are plain
-// loops the compiler vectorizes.
+// same functions (float16 and bfloat16 runs too, widened to float32 in chunks; the Bessel functions I,
+// J, Y and K, lgamma, digamma, polygamma(1, x) and the orthogonal polynomials of one degree a block of
+// elements at a time, cpu/vector_special.cpp), and the contiguous and scalar-broadcast runs of binary
+// ops are plain loops the compiler vectorizes.
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
@@ -16,6 +16,7 @@
 #include "cpu/kernels.h"
 #include "cpu/loops.h"
 #include "cpu/vector_math.h"
+#include "cpu/widen.h"
 
 namespace kiln::cpu {
 
@@ -125,6 +126,14 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
     case UnaryOp::I0e:
     case UnaryOp::I1:
     case UnaryOp::I1e:
+    case UnaryOp::BesselJ0:
+    case UnaryOp::BesselJ1:
+    case UnaryOp::BesselY0:
+    case UnaryOp::BesselY1:
+    case UnaryOp::BesselK0:
+    case UnaryOp::BesselK1:
+    case UnaryOp::BesselK0e:
+    case UnaryOp::BesselK1e:
     case UnaryOp::Lgamma:
     case UnaryOp::Digamma:
     case UnaryOp::Polygamma: return vector_special(op, x, y, n, args.a);  // cpu/vector_special.cpp
@@ -134,23 +143,13 @@ bool unary_vectorized(UnaryOp op, const T* x, T* y, int64_t n, UnaryArgs args) {
 
 // Note [16-bit runs through float32]: float16 and bfloat16 compute in float anyway, so a contiguous
 // run of them goes through float32 buffers of kHalfChunk elements and a float32 kernel, whose vector
-// math (GELU's erf, exp, tanh) then serves them too; each result is the float32 one rounded once.
-// f(in, out, m) computes out[:m] from in[0][:m], ..., in[N-1][:m] (separate buffers: GELU's tail
-// reads x after out is written), or returns false, before writing, for an op it lacks. Returns how
-// many elements were done: n, or where f declined.
+// math (GELU's erf, exp, tanh) then serves them too; each result is the float32 one rounded once
+// (through_wider, cpu/widen.h, whose f may decline an op it lacks).
 constexpr int64_t kHalfChunk = 512;
 
 template <typename T, size_t N, typename F>
 int64_t through_float32(const std::array<const T*, N>& in, T* out, int64_t n, const F& f) {
-  float in_f[N][kHalfChunk], out_f[kHalfChunk];
-  for (int64_t start = 0; start < n; start += kHalfChunk) {
-    const int64_t m = std::min(kHalfChunk, n - start);
-    for (size_t k = 0; k < N; ++k)
-      for (int64_t i = 0; i < m; ++i) in_f[k][i] = static_cast<float>(in[k][start + i]);
-    if (!f(in_f, out_f, m)) return start;
-    for (int64_t i = 0; i < m; ++i) out[start + i] = static_cast<T>(out_f[i]);
-  }
-  return n;
+  return through_wider<float, kHalfChunk>(in, out, n, f);
 }
 
 template <typename T>

@@ -1,23 +1,25 @@
 // cpu/vector_math.cpp: the pointwise functions that <cmath> has and Eigen does not vectorize, and those
-// made of them (logaddexp, xlogy, xlog1py, entr, ndtr, the spherical j0, float32 erfinv and ndtri), over
-// contiguous float32 and float64 runs, through glibc's vector math library (libmvec). Each loop below
-// calls a function this file declares with GCC's simd attribute, so GCC compiles it to calls of the
-// function's SIMD variant (_ZGVdN8v_tanf: 8 float32 lanes of AVX2, _ZGVeN16v_tanf 16 of AVX-512), the
-// same functions glibc's <math.h> declares that way under -ffast-math, here without it. glibc's own
-// tests bound these variants' errors at a few ulp (its scalar functions at 1 or 2); the op table's
-// PyTorch goldens check them at float32's and float64's tolerances, special values included, since
-// each variant hands NaN, infinities and out-of-range inputs to the scalar function. Built where CMake
-// finds libmvec (KILN_HAVE_LIBMVEC); without it these return false and the scalar loop of
-// cpu/elementwise.cpp computes the same functions one element at a time.
+// made of them (logaddexp, xlogy, xlog1py, entr, ndtr, log_ndtr, erfcx, the spherical j0, float32 erfinv
+// and ndtri, Chebyshev's closed forms), over contiguous float32 and float64 runs, through glibc's vector
+// math library (libmvec). Each loop below calls a function this file declares with GCC's simd
+// attribute, so GCC compiles it to calls of the function's SIMD variant (_ZGVdN8v_tanf: 8 float32
+// lanes of AVX2, _ZGVeN16v_tanf 16 of AVX-512), the same functions glibc's <math.h> declares that way
+// under -ffast-math, here without it. glibc's own tests bound these variants' errors at a few ulp (its
+// scalar functions at 1 or 2); the op table's PyTorch goldens check them at float32's and float64's
+// tolerances, special values included, since each variant hands NaN, infinities and out-of-range inputs
+// to the scalar function. Built where CMake finds libmvec (KILN_HAVE_LIBMVEC); without it these return
+// false and the scalar loop of cpu/elementwise.cpp computes the same functions one element at a time.
 #include "cpu/vector_math.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <type_traits>
 
 #include "core/polynomial_math.h"
 #include "core/special_math.h"
+#include "cpu/widen.h"
 
 #if KILN_HAVE_LIBMVEC
 #define KILN_SIMD __attribute__((simd("notinbranch")))
@@ -106,17 +108,44 @@ void ndtr(const double* x, double* y, int64_t n) {
   _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) y[i] = 0.5 * std::erfc(-x[i] * 0.70710678118654752440);
 }
 
-// f(in, out, m) over float64 copies of a float32 run, kChunk elements at a time, each result rounded once.
+// special::erfcx (Note [erfcx without overflow]) and special::log_ndtr as core/special_math.h's
+// erfcx_f64 and log_ndtr_f64 compute them, in float64 for float32 too (through_double): both of
+// erfcx's forms taken for every element and one kept. Left of 0 erfcx is 2 e^(x^2) - erfcx(|x|), +inf
+// where e^(x^2) overflows (x < -26.6; set from -27 on, where the split square is inf - inf), as the
+// scalar function's; NaN stays NaN through every form.
+void erfcx(const double* x, double* y, int64_t n) {
+  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
+    const double v = x[i], ax = std::abs(v), square = math::exp_of_square(ax);
+    const double product = square * std::erfc(ax), asymptotic = math::erfcx_asymptotic(ax);
+    const double positive = ax < 26 ? product : asymptotic;
+    const double left = v < -27 ? std::numeric_limits<double>::infinity() : 2 * square - positive;
+    y[i] = v < 0 ? left : positive;
+  }
+}
+// log_ndtr takes two loops: the form through erfcx for every element (at |x|, where each is defined),
+// then the other where x >= -1. (In one loop GCC computes each side of the select for its lanes only,
+// the other lanes' arguments zeroed, and a vector log of 0 hands each lane to the scalar function: 36
+// ms for 2^22 float32 elements on two threads.)
+void log_ndtr(const double* x, double* y, int64_t n) {
+  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
+    const double t = x[i] * 0.70710678118654752440, at = std::abs(t);  // at = -t where x < -1
+    const double product = math::exp_of_square(at) * std::erfc(at), asymptotic = math::erfcx_asymptotic(at);
+    y[i] = std::log((at < 26 ? product : asymptotic) / 2) - t * t;
+  }
+  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
+    y[i] = x[i] < -1 ? y[i] : std::log1p(-std::erfc(x[i] * 0.70710678118654752440) / 2);
+  }
+}
+
+// f(in, out, m) over float64 copies of a float32 run (through_wider, cpu/widen.h), each result rounded once.
 template <typename F>
 void through_double(const float* x, float* y, int64_t n, const F& f) {
   constexpr int64_t kChunk = 256;
-  double in[kChunk], out[kChunk];
-  for (int64_t start = 0; start < n; start += kChunk) {
-    const int64_t m = std::min(kChunk, n - start);
-    for (int64_t i = 0; i < m; ++i) in[i] = x[start + i];
-    f(in, out, m);
-    for (int64_t i = 0; i < m; ++i) y[start + i] = static_cast<float>(out[i]);
-  }
+  through_wider<double, kChunk>(std::array<const float*, 1>{x}, y, n,
+                                [&](const double (&in)[1][kChunk], double* out, int64_t m) {
+                                  f(in[0], out, m);
+                                  return true;
+                                });
 }
 
 // erfinv and ndtri for a float32 result, in float64 (through_double): the start of Note [erfinv by an
@@ -179,8 +208,13 @@ bool unary_run(UnaryOp op, const T* x, T* y, int64_t n) {
       }
       return false;  // float64: the scalar loop's two or three steps
     case UnaryOp::SphericalBesselJ0:
+    case UnaryOp::Erfcx:
+    case UnaryOp::LogNdtr:
     case UnaryOp::Ndtr: {
-      const auto f = op == UnaryOp::Ndtr ? ndtr : spherical_bessel_j0;
+      const auto f = op == UnaryOp::Ndtr      ? ndtr
+                     : op == UnaryOp::Erfcx   ? erfcx
+                     : op == UnaryOp::LogNdtr ? log_ndtr
+                                              : spherical_bessel_j0;
       if constexpr (std::is_same_v<T, float>) {
         through_double(x, y, n, f);
       } else {
@@ -252,6 +286,12 @@ bool vector_binary(BinaryOp op, const float* a, const float* b, float* y, int64_
 bool vector_binary(BinaryOp op, const double* a, const double* b, double* y, int64_t n) {
   return binary_run(op, a, b, y, n);
 }
+void vector_sin_cos(const double* x, double* s, double* c, int64_t n) {
+  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
+    s[i] = std::sin(x[i]);
+    c[i] = std::cos(x[i]);
+  }
+}
 bool vector_chebyshev_closed_form(math::Polynomial family, const double* x, double* y, int64_t n, double degree) {
   using math::Polynomial;
   switch (family) {
@@ -268,6 +308,12 @@ bool vector_unary(UnaryOp, const float*, float*, int64_t) { return false; }
 bool vector_unary(UnaryOp, const double*, double*, int64_t) { return false; }
 bool vector_binary(BinaryOp, const float*, const float*, float*, int64_t) { return false; }
 bool vector_binary(BinaryOp, const double*, const double*, double*, int64_t) { return false; }
+void vector_sin_cos(const double* x, double* s, double* c, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    s[i] = std::sin(x[i]);
+    c[i] = std::cos(x[i]);
+  }
+}
 
 #endif
 

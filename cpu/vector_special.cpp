@@ -1,21 +1,20 @@
 // cpu/vector_special.cpp: special functions over contiguous float32 and float64 runs, kLanes elements
 // at a time in float64 (Eigen fixed-size arrays, which stay in vector registers), where core's scalar
-// functions branch element by element: special::i0, i0e, i1 and i1e (modified_bessel_i0, i1), lgamma,
-// digamma, polygamma(1, x), and the orthogonal polynomials of one degree. For I a block sums the
-// Chebyshev series of core/bessel_tables.h for all its lanes side by side (T an Eigen array there),
-// each of the two series where any lane of the block needs it, and each lane keeps the one its |x|
-// calls for: the series and steps of bessel_i_f64 in core/bessel_math.h (Note [the modified Bessel
-// functions I0 and I1]), which strided runs and CUDA take element by element. The others: Note
-// [trigamma a block at a time], Note [log Gamma a block at a time], digamma's comment, Note [the
-// orthogonal polynomials a block at a time]. 2^22 float32 elements on two threads, against the scalar
-// loop on a strided view of the same data (a 2-vCPU AMD EPYC, Zen 4): lgamma 15.5 ms against 46.8,
-// digamma 9.8 against 48.5, chebyshev_polynomial_t at n = 50 8.7 against 132, hermite_polynomial_h at
-// n = 10 9.6 against 38.8 (benchmarks/results/README.md has the runs against PyTorch).
+// functions branch element by element: special::i0, i0e, i1 and i1e (modified_bessel_i0, i1), the
+// Bessel functions J0, J1, Y0, Y1, K0, K1 and the scaled K, lgamma, digamma, polygamma(1, x), and the
+// orthogonal polynomials of one degree. For I a block sums the Chebyshev series of core/bessel_tables.h
+// for all its lanes side by side (T an Eigen array there), each of the two series where any lane of the
+// block needs it, and each lane keeps the one its |x| calls for: the series and steps of bessel_i_f64
+// in core/bessel_math.h (Note [the modified Bessel functions I0 and I1]), which strided runs and CUDA
+// take element by element. The others: Note [J, Y and K a block at a time], Note [trigamma a block at
+// a time], Note [log Gamma a block at a time], digamma's comment, Note [the orthogonal polynomials a
+// block at a time]. benchmarks/results/README.md has the runs against PyTorch.
 #include <Eigen/Core>
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "core/bessel_tables.h"
 #include "core/gamma_tables.h"
@@ -33,9 +32,14 @@ namespace {
 constexpr int64_t kLanes = 64;
 using Lanes = Eigen::Array<double, kLanes, 1>;
 
+// Each block function inlines all it calls (Eigen's expression and assignment templates, the series'
+// Clenshaw steps), so that a block's arrays stay in registers: left to GCC's heuristics, which weigh
+// the whole file, an array copy became a call of its own once the file grew (lgamma 15.5 ms -> 42).
+#define KILN_BLOCK_FN [[gnu::flatten]]
+
 // I_nu(x) lane by lane, or e^-|x| I_nu(x) where scaled.
 template <int nu>
-Lanes bessel_i(const Lanes& x, bool scaled, bool float32_result) {
+KILN_BLOCK_FN Lanes bessel_i(const Lanes& x, bool scaled, bool float32_result) {
   using math::chebyshev_i0_large, math::chebyshev_i0_small, math::chebyshev_i1_large, math::chebyshev_i1_small;
   const Lanes ax = x.abs();
   // Each series at an argument clamped into its own interval, so that every lane's sum is finite; a
@@ -78,6 +82,115 @@ void run_blocks(const T* x, T* y, int64_t n, const F& f) {
   for (int64_t i = start; i < n; ++i) y[i] = static_cast<T>(out[i - start]);
 }
 
+// Note [J, Y and K a block at a time]
+// bessel_j0, j1, y0, y1 and modified_bessel_k0, k1 (and their scalings) take the regions of
+// bessel_jy_positive and bessel_k_f64 (core/bessel_math.h: Note [J0, J1, Y0 and Y1: series, Chebyshev
+// series, Hankel's form], Note [K0 and K1: series, Chebyshev series]) for all lanes of a block, each
+// region's sums where some lane of the block needs them, each lane keeping its own region's value.
+// The power series, to x = 2 (J, Y) and 1 (K), take a fixed kSeriesTerms terms, where the scalar
+// function stops at a tolerance: 13 (the last below 3e-20 of the sum at x = 2), 9 for a float32 result
+// (below 4e-11). Hankel's cos x and sin x come from glibc's SIMD functions (vector_sin_cos), whose
+// argument reduction is exact as the scalar ones' is. Lanes at 0, beyond the domain, +-inf and NaN go
+// to the scalar function, lane by lane.
+int series_terms(bool float32_result) { return float32_result ? 9 : 13; }
+
+// bessel_series of core/bessel_math.h for nu = 0 or 1, lane by lane, with a fixed number of terms:
+// f = sum_k s^k (x/2)^nu / (k! (k + nu)!) and, where wanted, h = the same terms weighted by H_k (nu = 0)
+// or psi(k + 1) + psi(k + 2) (nu = 1).
+template <int nu>
+std::pair<Lanes, Lanes> bessel_series(const Lanes& x, const Lanes& s, bool with_h, int terms) {
+  constexpr double kEulerGamma = 0.57721566490153286061;
+  Lanes term = nu == 0 ? Lanes(Lanes::Ones()) : Lanes(x / 2.0), f = term, h = Lanes::Zero();
+  double weight = nu == 0 ? 0 : 1 - 2 * kEulerGamma;  // H_0, or psi(1) + psi(2)
+  if (with_h) h = weight * term;
+  for (int k = 1; k < terms; ++k) {
+    term *= s * (1.0 / (double(k) * (k + nu)));
+    weight += nu == 0 ? 1.0 / k : 1.0 / k + 1.0 / (k + 1);
+    f += term;
+    if (with_h) h += weight * term;
+  }
+  return {f, h};
+}
+
+// J_nu (second_kind false) or Y_nu lane by lane.
+template <int nu, bool second_kind>
+KILN_BLOCK_FN Lanes bessel_jy(const Lanes& input, bool float32_result) {
+  constexpr double kPi = 3.14159265358979323846, kEulerGamma = 0.57721566490153286061;
+  const Lanes x = second_kind ? input : Lanes(input.abs());
+  Lanes small = Lanes::Zero(), middle = Lanes::Zero(), large = Lanes::Zero();
+  if ((x <= 2.0).any()) {
+    const Lanes xs = x.min(2.0);
+    const auto [f, h] = bessel_series<nu>(xs, -xs.square() / 4.0, second_kind, series_terms(float32_result));
+    if constexpr (!second_kind) {
+      small = f;
+    } else {
+      const Lanes log_half = exact_log(Lanes(xs / 2.0));
+      small = nu == 0 ? Lanes(2 / kPi * ((log_half + kEulerGamma) * f - h))
+                      : Lanes(-2 / kPi / xs + 2 / kPi * log_half * f - h / kPi);
+    }
+  }
+  if ((x > 2.0 && x <= 8.0).any()) {
+    const Lanes t = (x.max(2.0).min(8.0) - 5.0) / 3.0;
+    if constexpr (nu == 0) {
+      middle =
+          second_kind ? math::chebyshev_y0_middle(t, float32_result) : math::chebyshev_j0_middle(t, float32_result);
+    } else {
+      middle =
+          second_kind ? math::chebyshev_y1_middle(t, float32_result) : math::chebyshev_j1_middle(t, float32_result);
+    }
+  }
+  if ((x > 8.0).any()) {
+    const Lanes xl = x.max(8.0), t = 128.0 / xl.square() - 1.0;
+    const Lanes p = nu == 0 ? math::chebyshev_p0(t, float32_result) : math::chebyshev_p1(t, float32_result);
+    const Lanes q = (nu == 0 ? math::chebyshev_xq0(t, float32_result) : math::chebyshev_xq1(t, float32_result)) / xl;
+    Lanes c, s;
+    vector_sin_cos(xl.data(), s.data(), c.data(), kLanes);
+    // sqrt 2 cos chi and sqrt 2 sin chi, as bessel_jy_positive forms them
+    const Lanes cos_chi = nu == 0 ? Lanes(c + s) : Lanes(s - c), sin_chi = nu == 0 ? Lanes(s - c) : Lanes(-(s + c));
+    const Lanes factor = (1.0 / (kPi * xl)).sqrt();
+    large = second_kind ? Lanes(factor * (p * sin_chi + q * cos_chi)) : Lanes(factor * (p * cos_chi - q * sin_chi));
+  }
+  Lanes value = (x <= 2.0).select(small, (x <= 8.0).select(middle, large));
+  if (nu == 1 && !second_kind) value = (input < 0.0).select(-value, value);  // J1 is odd
+  if (!(x > 0.0 && x < std::numeric_limits<double>::infinity()).all()) {
+    for (int64_t i = 0; i < kLanes; ++i) {
+      if (!(x[i] > 0 && x[i] < std::numeric_limits<double>::infinity())) {
+        value[i] = second_kind ? math::bessel_y_f64(nu, input[i], float32_result)
+                               : math::bessel_j_f64(nu, input[i], float32_result);
+      }
+    }
+  }
+  return value;
+}
+
+// K_nu lane by lane, or e^x K_nu where scaled.
+template <int nu>
+KILN_BLOCK_FN Lanes bessel_k(const Lanes& x, bool scaled, bool float32_result) {
+  constexpr double kEulerGamma = 0.57721566490153286061;
+  Lanes small = Lanes::Zero(), large = Lanes::Zero();
+  if ((x <= 1.0).any()) {
+    const Lanes xs = x.min(1.0);  // (lanes at or below 0 go to the scalar function)
+    const auto [f, h] = bessel_series<nu>(xs, xs.square() / 4.0, true, series_terms(float32_result));
+    const Lanes log_half = exact_log(Lanes(xs / 2.0));
+    small = nu == 0 ? Lanes(-(log_half + kEulerGamma) * f + h) : Lanes(xs.inverse() + log_half * f - h / 2.0);
+    if (scaled) small *= exact_exp(xs);
+  }
+  if ((x > 1.0).any()) {
+    const Lanes xl = x.max(1.0), t = 2.0 / xl - 1.0;
+    large = (nu == 0 ? math::chebyshev_k0(t, float32_result) : math::chebyshev_k1(t, float32_result)) / xl.sqrt();
+    if (!scaled) large *= exact_exp(Lanes(-xl));
+  }
+  Lanes value = (x <= 1.0).select(small, large);
+  if (!(x > 0.0 && x < std::numeric_limits<double>::infinity()).all()) {
+    for (int64_t i = 0; i < kLanes; ++i) {
+      if (!(x[i] > 0 && x[i] < std::numeric_limits<double>::infinity())) {
+        value[i] = math::bessel_k_f64(nu, x[i], scaled, float32_result);
+      }
+    }
+  }
+  return value;
+}
+
 // Note [trigamma a block at a time]
 // polygamma(1, x) = zeta(2, x) for x > 0 as Note [polygamma as a Hurwitz zeta] sums it, with fixed
 // lengths: the first kShift terms of the sum, then the Euler-Maclaurin tail from a = x + kShift,
@@ -87,7 +200,7 @@ void run_blocks(const T* x, T* y, int64_t n, const F& f) {
 // per term, where a block takes every term for every lane. x <= 0 (the reflection) and NaN go to the
 // scalar function, lane by lane.
 template <bool float32_result>
-Lanes trigamma(const Lanes& x) {
+KILN_BLOCK_FN Lanes trigamma(const Lanes& x) {
   constexpr int kShift = float32_result ? 6 : 10, kTerms = float32_result ? 6 : 10;
   Lanes sum = Lanes::Zero();
   for (int k = 0; k < kShift; ++k) sum += (x + double(k)).square().inverse();
@@ -125,7 +238,7 @@ Lanes trigamma(const Lanes& x) {
 // +inf is +inf. Against mpmath (40 digits) on 3,800 points from 1e-300 to 1e300, dense in (0, 10)
 // and next to 1 and 2: within 3.5e-16 relative (glibc's lgamma_r, the strided loop's: 2.8e-16).
 template <bool float32_result>
-Lanes lgamma(const Lanes& x) {
+KILN_BLOCK_FN Lanes lgamma(const Lanes& x) {
   constexpr double kStirling = 10, kHalfLog2Pi = 0.91893853320467274178;
   constexpr int kSteps = int(kStirling) - 3;
   const bool below = (x < kStirling).any(), above = (x >= kStirling).any();
@@ -174,7 +287,7 @@ Lanes lgamma(const Lanes& x) {
 // longer change the result) so that the denominators, (x + 9)^5 at most, stay finite. x <= 0 and NaN
 // go to the scalar function, lane by lane; +inf is +inf.
 template <bool float32_result>
-Lanes digamma(const Lanes& x) {
+KILN_BLOCK_FN Lanes digamma(const Lanes& x) {
   constexpr int kShift = float32_result ? 6 : 10, kGroup = float32_result ? 6 : 5;
   const Lanes clamped = x.min(1e50);
   Lanes reciprocals = Lanes::Zero();
@@ -213,7 +326,7 @@ Lanes digamma(const Lanes& x) {
 // math::binary's switch picks the family for every element and the recurrence runs one element at a
 // time, took 23 ms for 2^22 float32 T_10(x) on two threads, 1.9x PyTorch's H_10.
 template <math::Polynomial F>
-Lanes recurrence(const Lanes& x, double n) {
+KILN_BLOCK_FN Lanes recurrence(const Lanes& x, double n) {
   const math::PolynomialStep first = math::polynomial_first<F>();
   Lanes p = Lanes::Ones(), q = first.a * x + first.b;
   // Two steps a round, each writing over the older value, so that no array is copied.
@@ -281,7 +394,7 @@ bool polynomial_run(BinaryOp op, const T* x, T* y, int64_t count, double degree)
 template <typename T>
 bool special_run(UnaryOp op, const T* x, T* y, int64_t n, double a) {
   constexpr bool float32_result = std::is_same_v<T, float>;
-  const bool scaled = op == UnaryOp::I0e || op == UnaryOp::I1e;
+  const bool scaled = op == UnaryOp::I0e || op == UnaryOp::I1e || op == UnaryOp::BesselK0e || op == UnaryOp::BesselK1e;
   switch (op) {
     case UnaryOp::I0:
     case UnaryOp::I0e:
@@ -294,6 +407,26 @@ bool special_run(UnaryOp op, const T* x, T* y, int64_t n, double a) {
     case UnaryOp::Polygamma:
       if (a != 1) return false;  // the scalar loop's Hurwitz zeta
       run_blocks(x, y, n, trigamma<float32_result>);
+      return true;
+    case UnaryOp::BesselJ0:
+      run_blocks(x, y, n, [&](const Lanes& in) { return bessel_jy<0, false>(in, float32_result); });
+      return true;
+    case UnaryOp::BesselJ1:
+      run_blocks(x, y, n, [&](const Lanes& in) { return bessel_jy<1, false>(in, float32_result); });
+      return true;
+    case UnaryOp::BesselY0:
+      run_blocks(x, y, n, [&](const Lanes& in) { return bessel_jy<0, true>(in, float32_result); });
+      return true;
+    case UnaryOp::BesselY1:
+      run_blocks(x, y, n, [&](const Lanes& in) { return bessel_jy<1, true>(in, float32_result); });
+      return true;
+    case UnaryOp::BesselK0:
+    case UnaryOp::BesselK0e:
+      run_blocks(x, y, n, [&](const Lanes& in) { return bessel_k<0>(in, scaled, float32_result); });
+      return true;
+    case UnaryOp::BesselK1:
+    case UnaryOp::BesselK1e:
+      run_blocks(x, y, n, [&](const Lanes& in) { return bessel_k<1>(in, scaled, float32_result); });
       return true;
     case UnaryOp::Lgamma: run_blocks(x, y, n, lgamma<float32_result>); return true;
     case UnaryOp::Digamma: run_blocks(x, y, n, digamma<float32_result>); return true;

@@ -324,6 +324,44 @@ TEST_CASE("special::bessel_j0, j1, y0, y1, modified_bessel_k0, k1, scaled: integ
                     special::spherical_bessel_j0(sweep.to(kFloat32)), {2.4e-7, 0});
   test::check_close(special::modified_bessel_i0(x), special::i0(x), {0, 0});
   test::check_close(special::modified_bessel_i1(x), special::i1(x), {0, 0});
+  // J, Y and K of contiguous runs take cpu/vector_special.cpp's blocks (Note [J, Y and K a block at a
+  // time]), strided ones the scalar loop: the same to rounding on both sides of each switch (1, 2, 8),
+  // near 0, far out (Hankel's sin x and cos x reduced exactly to x = 1e300), the edges of the domain,
+  // subnormal K, +-inf and NaN. J and Y against their envelope (their zeros), K relatively.
+  std::vector<double> points = grid(-30, 60, 1800);
+  for (double edge : {1.0, 2.0, 8.0}) {
+    for (int k = -4; k <= 4; ++k) points.push_back(edge + k * 0x1p-49);
+  }
+  for (double v : {1e-300, 4.9e-324, 1e-8, 0.0, -0.0, -1.0, -8.5, 700.0, 740.0, 1e5, 1e10, 1e22, 1e300,
+                   double(INFINITY), -double(INFINITY), double(NAN)}) {
+    points.push_back(v);
+  }
+  const Tensor run = f64(points), strided = stack({run, run}, 1).select(1, 0);
+  const Tensor run32 = run.to(kFloat32), strided32 = stack({run32, run32}, 1).select(1, 0);
+  using Unary = Tensor (*)(const Tensor&);
+  const std::vector<Unary> functions = {special::bessel_j0,
+                                        special::bessel_j1,
+                                        special::bessel_y0,
+                                        special::bessel_y1,
+                                        special::modified_bessel_k0,
+                                        special::modified_bessel_k1,
+                                        special::scaled_modified_bessel_k0,
+                                        special::scaled_modified_bessel_k1};
+  for (size_t f = 0; f < functions.size(); ++f) {
+    const std::vector<double> got = values_of(functions[f](run)), want = values_of(functions[f](strided));
+    for (size_t i = 0; i < want.size(); ++i) {
+      INFO("function " << f << ", x = " << points[i] << ": " << got[i] << " against " << want[i]);
+      if (std::isfinite(want[i])) {
+        const double size =
+            f < 4 ? std::max(std::abs(want[i]), 1 / std::sqrt(std::max(std::abs(points[i]), 1.0))) : std::abs(want[i]);
+        CHECK(std::abs(got[i] - want[i]) <= 2e-15 * size + 1e-320);
+      } else {
+        CHECK((got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i]))));
+      }
+    }
+    // Float32: each the float64 value rounded once (from fewer terms: an ulp apart at most).
+    test::check_close(functions[f](run32), functions[f](strided32), {1.2e-7, 1e-30});
+  }
   // The gradients at 0, where J1 / x and (cos x - j0) / x take their limits.
   Tensor z = f64({0.0, 0.0}).requires_grad_();
   (special::bessel_j1(z.select(0, 0)) + special::spherical_bessel_j0(z.select(0, 1))).backward();
@@ -398,6 +436,21 @@ TEST_CASE("special::erfcx, ndtr, log_ndtr, ndtri: compositions, inverses to the 
   REQUIRE_FALSE(strided.is_contiguous());
   test::check_close(special::ndtri(strided), special::ndtri(run), {2.4e-7, 0});
   test::check_close(erfinv(signed_strided), erfinv(signed_run), {2.4e-7, 0});
+  // erfcx and log_ndtr of contiguous runs: SIMD loops that take both of erfcx's forms and keep one
+  // (cpu/vector_math.cpp); strided runs the scalar functions. Both sides of 26 and of -1, where
+  // e^(x^2) overflows (-26.6), far out, +-inf and NaN.
+  std::vector<double> wide = grid(-40, 60, 2000);
+  for (double v : {26.0, -26.0, 26 - 1e-12, -26.6, -26.7, -27.5, -1.0, -1 - 1e-15, 0.0, -0.0, 1e10, 1e300, -1e300,
+                   double(INFINITY), -double(INFINITY), double(NAN)}) {
+    wide.push_back(v);
+  }
+  const Tensor wide_run = f64(wide), wide_strided = stack({wide_run, wide_run}, 1).select(1, 0);
+  const Tensor wide32 = wide_run.to(kFloat32), wide_strided32 = stack({wide32, wide32}, 1).select(1, 0);
+  for (auto f :
+       {+[](const Tensor& v) { return special::erfcx(v); }, +[](const Tensor& v) { return special::log_ndtr(v); }}) {
+    test::check_close(f(wide_run), f(wide_strided), {4e-15, 0});
+    test::check_close(f(wide32), f(wide_strided32), {1.2e-7, 0});
+  }
 }
 
 TEST_CASE("special::entr, xlog1py: their compositions, zeros, the gradient at 0", "[ops][special]") {
