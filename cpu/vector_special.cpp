@@ -87,9 +87,9 @@ void run_blocks(const T* x, T* y, int64_t n, const F& f) {
 // bessel_jy_positive and bessel_k_f64 (core/bessel_math.h: Note [J0, J1, Y0 and Y1: series, Chebyshev
 // series, Hankel's form], Note [K0 and K1: series, Chebyshev series]) for all lanes of a block, each
 // region's sums where some lane of the block needs them, each lane keeping its own region's value.
-// The power series, to x = 2 (J, Y) and 1 (K), take a fixed kSeriesTerms terms, where the scalar
-// function stops at a tolerance: 13 (the last below 3e-20 of the sum at x = 2), 9 for a float32 result
-// (below 4e-11). Hankel's cos x and sin x come from glibc's SIMD functions (vector_sin_cos), whose
+// The power series, to x = 2 (J, Y) and 1 (K), take a fixed number of terms (series_terms), where the
+// scalar function stops at a tolerance: 13 (the last below 3e-20 of the sum at x = 2), 9 for a float32
+// result (below 4e-11). Hankel's cos x and sin x come from glibc's SIMD functions (vector_sin_cos), whose
 // argument reduction is exact as the scalar ones' is. Lanes at 0, beyond the domain, +-inf and NaN go
 // to the scalar function, lane by lane.
 int series_terms(bool float32_result) { return float32_result ? 9 : 13; }
@@ -320,11 +320,11 @@ KILN_BLOCK_FN Lanes digamma(const Lanes& x) {
 // common case) takes Note [the orthogonal polynomials]'s steps for a block of lanes side by side: the
 // recurrence, k outer and lanes inner, or from degree 16 Chebyshev's closed forms through glibc's
 // SIMD acos, cos and sin (cpu/vector_math.cpp). The lanes whose recurrence overflowed (an inf or NaN at
-// the end), and those outside (-1, 1) for a closed form, are computed again by the scalar function. (Past
-// |x| = 2^400, where the scalar function takes the leading term, the recurrence overflows from n = 2,
-// and at n = 1 is that term to the last bit.) The scalar loop, where
-// math::binary's switch picks the family for every element and the recurrence runs one element at a
-// time, took 23 ms for 2^22 float32 T_10(x) on two threads, 1.9x PyTorch's H_10.
+// the end), and those outside (-1, 1) for a closed form, are computed again by the scalar function.
+// (Past |x| = 2^400, where the scalar function takes the leading term, the recurrence overflows from
+// n = 2, and at n = 1 is that term to the last bit.) The scalar loop, where math::binary's switch picks
+// the family for every element and the recurrence runs one element at a time, took 21 to 23 ms for 2^22
+// float32 T_10(x) and H_10(x) on two threads (the Xeon of session 79: 1.9x PyTorch's time for H_10).
 template <math::Polynomial F>
 KILN_BLOCK_FN Lanes recurrence(const Lanes& x, double n) {
   const math::PolynomialStep first = math::polynomial_first<F>();
