@@ -642,6 +642,27 @@ Tensor derivative(PolynomialFn f, const Tensor& x, const Tensor& n, int k) {
   for (int i = 0; i < k; ++i) y = autograd::grad({y.sum()}, {leaf}, {}, {}, true).at(0);
   return y.detach();
 }
+
+// The size of the three-term recurrence's terms at x (Note [the orthogonal polynomials]): the same
+// recurrence with |a x + b| and |c|, M_{k+1} = (|a x + b| M_k + |c| M_{k-1}) / d. Each step's rounding
+// is within an ulp of it. family: 0-3 Chebyshev's T, U, V, W, 4-7 the same shifted, 8 H, 9 He, 10 L, 11 P.
+double recurrence_size(size_t family, double x, double n) {
+  if (family >= 4 && family < 8) family -= 4, x = 2 * x - 1;
+  const double first[12][2] = {{1, 0}, {2, 0}, {2, -1}, {2, 1}, {}, {}, {}, {}, {2, 0}, {1, 0}, {-1, 1}, {1, 0}};
+  double p = 1, q = std::abs(first[family][0] * x + first[family][1]);
+  for (double k = 1; k < n; ++k) {
+    double a = 2, b = 0, c = 1, d = 1;  // Chebyshev's
+    if (family == 8) c = 2 * k;
+    if (family == 9) a = 1, c = k;
+    if (family == 10) a = -1, b = 2 * k + 1, c = k, d = k + 1;
+    if (family == 11) a = 2 * k + 1, c = k, d = k + 1;
+    const double r = (std::abs(a * x + b) * q + c * p) / d;
+    p = q;
+    q = r;
+  }
+  return q + 1;
+}
+
 }  // namespace
 
 TEST_CASE("special's orthogonal polynomials: recurrences across the closed forms, relations, limits, Errors",
@@ -685,8 +706,14 @@ TEST_CASE("special's orthogonal polynomials: recurrences across the closed forms
     const Tensor scale = u.abs() + u1.abs() + 1;
     test::check_close((special::chebyshev_polynomial_v(x, nn) - (u - u1)) / scale, zeros_like(x), {0, 1e-13});
     test::check_close((special::chebyshev_polynomial_w(x, nn) - (u + u1)) / scale, zeros_like(x), {0, 1e-13});
-    test::check_close(special::hermite_polynomial_h(x, nn),
-                      std::pow(2.0, n / 2) * special::hermite_polynomial_he(x * std::sqrt(2.0), nn), {1e-13, 1e-13});
+    // H_n's recurrence cancels (at x = -1.07 its terms reach 1.6e4 times H_17): a bound of n ulp of them.
+    const std::vector<double> h = values_of(special::hermite_polynomial_h(x, nn)),
+                              he = values_of(std::pow(2.0, n / 2) *
+                                             special::hermite_polynomial_he(x * std::sqrt(2.0), nn));
+    for (size_t i = 0; i < xs.size(); ++i) {
+      INFO("H_" << n << "(" << xs[i] << ")");
+      CHECK(std::abs(h[i] - he[i]) <= 4e-16 * n * recurrence_size(8, xs[i], n));
+    }
     const Tensor s = (x + 1) / 2;
     test::check_close(special::shifted_chebyshev_polynomial_t(s, nn), special::chebyshev_polynomial_t(2 * s - 1, nn),
                       {0, 0});
@@ -772,30 +799,6 @@ TEST_CASE("special's orthogonal polynomials: recurrences across the closed forms
                       special::laguerre_polynomial_l(x32.to(d).to(kFloat32), n).to(d), {0, 0});
   }
 }
-
-namespace {
-
-// The size of the three-term recurrence's terms at x (Note [the orthogonal polynomials]): the same
-// recurrence with |a x + b| and |c|, M_{k+1} = (|a x + b| M_k + |c| M_{k-1}) / d. Each step's rounding
-// is within an ulp of it. family: 0-3 Chebyshev's T, U, V, W, 4-7 the same shifted, 8 H, 9 He, 10 L, 11 P.
-double recurrence_size(size_t family, double x, double n) {
-  if (family >= 4 && family < 8) family -= 4, x = 2 * x - 1;
-  const double first[12][2] = {{1, 0}, {2, 0}, {2, -1}, {2, 1}, {}, {}, {}, {}, {2, 0}, {1, 0}, {-1, 1}, {1, 0}};
-  double p = 1, q = std::abs(first[family][0] * x + first[family][1]);
-  for (double k = 1; k < n; ++k) {
-    double a = 2, b = 0, c = 1, d = 1;  // Chebyshev's
-    if (family == 8) c = 2 * k;
-    if (family == 9) a = 1, c = k;
-    if (family == 10) a = -1, b = 2 * k + 1, c = k, d = k + 1;
-    if (family == 11) a = 2 * k + 1, c = k, d = k + 1;
-    const double r = (std::abs(a * x + b) * q + c * p) / d;
-    p = q;
-    q = r;
-  }
-  return q + 1;
-}
-
-}  // namespace
 
 TEST_CASE("special's orthogonal polynomials: a contiguous run of one degree, a block at a time, against strided",
           "[ops][special]") {
