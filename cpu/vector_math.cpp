@@ -103,9 +103,11 @@ void entr(const T* x, T* y, int64_t n) {
   }
 }
 
+constexpr double kInverseSqrt2 = 0.70710678118654752440;
+
 // special::ndtr, core/special_math.h's ndtr_f64 (in float64 for float32 too, through_double).
 void ndtr(const double* x, double* y, int64_t n) {
-  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) y[i] = 0.5 * std::erfc(-x[i] * 0.70710678118654752440);
+  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) y[i] = 0.5 * std::erfc(-x[i] * kInverseSqrt2);
 }
 
 // special::erfcx (Note [erfcx without overflow]) and special::log_ndtr as core/special_math.h's
@@ -113,11 +115,14 @@ void ndtr(const double* x, double* y, int64_t n) {
 // erfcx's forms taken for every element and one kept. Left of 0 erfcx is 2 e^(x^2) - erfcx(|x|), +inf
 // where e^(x^2) overflows (x < -26.6; set from -27 on, where the split square is inf - inf), as the
 // scalar function's; NaN stays NaN through every form.
+inline double erfcx_nonnegative(double ax, double square) {  // square: e^(ax^2), exp_of_square(ax)
+  const double product = square * std::erfc(ax), asymptotic = math::erfcx_asymptotic(ax);
+  return ax < 26 ? product : asymptotic;
+}
 void erfcx(const double* x, double* y, int64_t n) {
   _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
     const double v = x[i], ax = std::abs(v), square = math::exp_of_square(ax);
-    const double product = square * std::erfc(ax), asymptotic = math::erfcx_asymptotic(ax);
-    const double positive = ax < 26 ? product : asymptotic;
+    const double positive = erfcx_nonnegative(ax, square);
     const double left = v < -27 ? std::numeric_limits<double>::infinity() : 2 * square - positive;
     y[i] = v < 0 ? left : positive;
   }
@@ -128,12 +133,11 @@ void erfcx(const double* x, double* y, int64_t n) {
 // ms for 2^22 float32 elements on two threads.)
 void log_ndtr(const double* x, double* y, int64_t n) {
   _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
-    const double t = x[i] * 0.70710678118654752440, at = std::abs(t);  // at = -t where x < -1
-    const double product = math::exp_of_square(at) * std::erfc(at), asymptotic = math::erfcx_asymptotic(at);
-    y[i] = std::log((at < 26 ? product : asymptotic) / 2) - t * t;
+    const double t = x[i] * kInverseSqrt2, at = std::abs(t);  // at = -t where x < -1
+    y[i] = std::log(erfcx_nonnegative(at, math::exp_of_square(at)) / 2) - t * t;
   }
   _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
-    y[i] = x[i] < -1 ? y[i] : std::log1p(-std::erfc(x[i] * 0.70710678118654752440) / 2);
+    y[i] = x[i] < -1 ? y[i] : std::log1p(-std::erfc(x[i] * kInverseSqrt2) / 2);
   }
 }
 
@@ -286,12 +290,6 @@ bool vector_binary(BinaryOp op, const float* a, const float* b, float* y, int64_
 bool vector_binary(BinaryOp op, const double* a, const double* b, double* y, int64_t n) {
   return binary_run(op, a, b, y, n);
 }
-void vector_sin_cos(const double* x, double* s, double* c, int64_t n) {
-  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
-    s[i] = std::sin(x[i]);
-    c[i] = std::cos(x[i]);
-  }
-}
 bool vector_chebyshev_closed_form(math::Polynomial family, const double* x, double* y, int64_t n, double degree) {
   using math::Polynomial;
   switch (family) {
@@ -308,13 +306,15 @@ bool vector_unary(UnaryOp, const float*, float*, int64_t) { return false; }
 bool vector_unary(UnaryOp, const double*, double*, int64_t) { return false; }
 bool vector_binary(BinaryOp, const float*, const float*, float*, int64_t) { return false; }
 bool vector_binary(BinaryOp, const double*, const double*, double*, int64_t) { return false; }
+
+#endif
+
+// Through glibc's SIMD sin and cos where declared so above; their scalar forms otherwise.
 void vector_sin_cos(const double* x, double* s, double* c, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
+  _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) {
     s[i] = std::sin(x[i]);
     c[i] = std::cos(x[i]);
   }
 }
-
-#endif
 
 }  // namespace kiln::cpu
